@@ -1,0 +1,41 @@
+// autosp-bench: time a model step on this machine, optionally against PyTorch eager.
+//   autosp-bench --config F [--set k=v]... [--mode forward] [--warmup W] [--iters I] [--compare-pytorch]
+#include <cxxopts.hpp>
+#include <iostream>
+
+#include "runtime/bench.h"
+#include "runtime/cli.h"
+#include "tensor/check.h"
+
+using namespace autosp;
+
+int main(int argc, char** argv) {
+  return run_app("autosp-bench", [&] {
+    cxxopts::Options opts("autosp-bench", "Benchmark a model step (and PyTorch eager with --compare-pytorch)");
+    opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
+        "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
+        "mode", "forward", cxxopts::value<std::string>()->default_value("forward"))(
+        "warmup", "untimed iterations", cxxopts::value<int>()->default_value("1"))(
+        "iters", "timed iterations (the median is reported)", cxxopts::value<int>()->default_value("5"))(
+        "compare-pytorch", "also run the same model in PyTorch eager (/usr/bin/python3)")("h,help", "show help");
+    auto args = opts.parse(argc, argv);
+    if (args.count("help")) {
+      std::cout << opts.help() << std::endl;
+      return 0;
+    }
+    if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
+    if (!args.count("config")) throw UsageError("--config is required");
+    std::vector<std::string> sets;
+    if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
+    Config cfg = load_config(args["config"].as<std::string>(), sets);
+    for (const auto& w : cfg.warnings) std::cerr << "warning: " << w << "\n";
+    BenchOptions opt;
+    opt.mode = args["mode"].as<std::string>();
+    opt.warmup = args["warmup"].as<int>();
+    opt.iters = args["iters"].as<int>();
+    opt.compare_pytorch = args.count("compare-pytorch") > 0;
+    opt.source_dir = AUTOSP_SOURCE_DIR;
+    std::cout << run_bench(cfg, opt).dump() << std::endl;
+    return 0;
+  });
+}

@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""PyTorch eager speed baseline for autosp-bench (same model code as tests/ref/model_ref.py).
+
+  /usr/bin/python3 scripts/bench_pytorch.py [--config CFG.json] [--arch gpt2|llama] [--layers L]
+      [--hidden C] [--heads N] [--kv-heads Nkv] [--intermediate I] [--vocab V] [--batch B] [--seq S]
+      [--threads T] [--mode forward|step] [--warmup W] [--iters I] [--seed K]
+
+The model comes from an autosp config (its "model" object; data.batch_size / data.seq_len /
+runtime.threads / train.{lr,weight_decay,beta1,beta2,eps} are used when present), and flags override
+it. Without --config the defaults are GPT-2, 4 layers, hidden 256, 8 heads, vocab 512, batch 4,
+seq 256. Llama's intermediate size defaults to 4*hidden when neither the config nor a flag gives it.
+
+float32, random init (N(0, 0.02)), one fixed random batch (labels = the next token).
+  forward: logits + mean cross-entropy under torch.no_grad()
+  step:    forward + loss.backward() + torch.optim.AdamW.step() (decay only on tensors of rank >= 2),
+           gradients set to None before each step; no clipping.
+Attention is the materialised causal softmax(QK^T/sqrt(D))V, like Hugging Face eager.
+
+Prints one JSON line: {"impl": "pytorch", "mode", "tokens_per_sec", "step_ms" (median), "peak_rss_bytes",
+...config and timing details,
+loadavg_1m at the end: a busy machine makes the numbers meaningless}. tokens_per_sec = batch*seq / median step time.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "tests", "ref"))
+
+import torch  # noqa: E402
+
+import torch_models as tm  # noqa: E402
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="PyTorch eager baseline for autosp-bench")
+    ap.add_argument("--config")
+    ap.add_argument("--arch", choices=["gpt2", "llama"])
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--hidden", type=int)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--intermediate", type=int)
+    ap.add_argument("--vocab", type=int)
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--seq", type=int)
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--mode", choices=["forward", "step"], default="step")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    doc = {}
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            fail(f"{args.config}: {e}")
+        if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+            fail(f"{args.config}: no \"model\" object")
+    model = dict(doc.get("model") or {"arch": "gpt2", "num_hidden_layers": 4, "hidden_size": 256,
+                                      "num_attention_heads": 8, "vocab_size": 512})
+    data = doc.get("data") or {}
+    train = doc.get("train") or {}
+    runtime = doc.get("runtime") or {}
+    for flag, key in (("arch", "arch"), ("layers", "num_hidden_layers"), ("hidden", "hidden_size"),
+                      ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"),
+                      ("intermediate", "intermediate_size"), ("vocab", "vocab_size")):
+        if getattr(args, flag) is not None:
+            model[key] = getattr(args, flag)
+    arch = model.get("arch")
+    if arch == "gpt2":
+        for k in ("num_key_value_heads", "intermediate_size", "rope_theta"):
+            model.pop(k, None)
+    elif arch == "llama" and "intermediate_size" not in model and isinstance(model.get("hidden_size"), int):
+        model["intermediate_size"] = 4 * model["hidden_size"]
+    B = args.batch or data.get("batch_size") or 4
+    S = args.seq or data.get("seq_len") or 256
+    model["max_position_embeddings"] = max(S, model.get("max_position_embeddings") or 0)
+    try:
+        cfg = tm.ModelConfig(model)
+    except tm.ConfigError as e:
+        fail(str(e))
+    if B <= 0 or S <= 0 or args.iters <= 0 or args.warmup < 0:
+        fail("--batch, --seq and --iters must be positive, --warmup non-negative")
+    threads = args.threads or runtime.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+
+    g = torch.Generator().manual_seed(args.seed)
+    params = tm.init_params(cfg, g, dtype=torch.float32, zero_bias=True, norm_std=0.0)
+    tokens = torch.randint(0, cfg.vocab_size, (B, S + 1), generator=g)
+    ids, labels = tokens[:, :S].contiguous(), tokens[:, 1:].contiguous()
+    pos = torch.arange(S).expand(B, S).contiguous()
+    n_params = sum(p.numel() for p in params.values())
+
+    if args.mode == "step":
+        for p in params.values():
+            p.requires_grad_(True)
+        decay = [p for p in params.values() if p.dim() >= 2]
+        no_decay = [p for p in params.values() if p.dim() < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": float(train.get("weight_decay", 0.1))},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=float(train.get("lr", 3e-4)), betas=(float(train.get("beta1", 0.9)), float(train.get("beta2", 0.95))),
+            eps=float(train.get("eps", 1e-8)))
+
+        def one():
+            opt.zero_grad(set_to_none=True)
+            loss, _, _ = tm.token_loss(tm.forward(cfg, params, ids, pos), labels)
+            loss.backward()
+            opt.step()
+            return loss
+    else:
+        def one():
+            with torch.no_grad():
+                loss, _, _ = tm.token_loss(tm.forward(cfg, params, ids, pos), labels)
+            return loss
+
+    for _ in range(args.warmup):
+        one()
+    times = []
+    loss = None
+    for _ in range(args.iters):
+        t0 = time.perf_counter()
+        loss = one()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    out = {"impl": "pytorch", "mode": args.mode, "tokens_per_sec": B * S / med, "step_ms": med * 1e3,
+           "peak_rss_bytes": peak, "step_ms_min": min(times) * 1e3, "iters": args.iters, "warmup": args.warmup,
+           "arch": cfg.arch, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+           "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+           "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size, "batch": B, "seq": S,
+           "params": n_params, "threads": torch.get_num_threads(), "dtype": "float32",
+           "final_loss": float(loss), "torch": torch.__version__,
+           "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

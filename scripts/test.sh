@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing (Debian packages), configures, builds, runs ctest.
+#   scripts/test.sh [ctest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"

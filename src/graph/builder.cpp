@@ -1,0 +1,81 @@
+// Builder: one method per op, each a thin call to Graph::add with the op's attributes.
+#include "graph/builder.h"
+
+
+
+namespace autosp {
+
+Node* Builder::op(Op op, std::vector<Node*> inputs, Attrs attrs, const std::string& name) {
+  return g_.add(op, std::move(inputs), std::move(attrs), prefix_ + name);
+}
+
+Node* Builder::input(const std::string& name, DType dtype, SymShape shape, Role role) {
+  return g_.add(Op::input, {}, {}, name, role, TensorType{dtype, std::move(shape)});
+}
+Node* Builder::parameter(const std::string& name, DType dtype, SymShape shape) {
+  return g_.add(Op::parameter, {}, {}, name, Role::parameter, TensorType{dtype, std::move(shape)});
+}
+
+Node* Builder::embedding(Node* w, Node* ids, const std::string& name) { return op(Op::embedding, {w, ids}, {}, name); }
+Node* Builder::matmul(Node* a, Node* b, bool ta, bool tb, const std::string& name) {
+  return op(Op::matmul, {a, b}, {{"trans_a", ta}, {"trans_b", tb}}, name);
+}
+Node* Builder::linear(Node* x, Node* w, Node* bias, bool w_out_in, const std::string& name) {
+  Node* y = matmul(x, w, false, w_out_in, name);
+  return bias ? add(y, bias, name + ".b") : y;
+}
+Node* Builder::add(Node* a, Node* b, const std::string& name) { return op(Op::add, {a, b}, {}, name); }
+Node* Builder::sub(Node* a, Node* b, const std::string& name) { return op(Op::sub, {a, b}, {}, name); }
+Node* Builder::mul(Node* a, Node* b, const std::string& name) { return op(Op::mul, {a, b}, {}, name); }
+Node* Builder::div(Node* a, Node* b, const std::string& name) { return op(Op::div, {a, b}, {}, name); }
+Node* Builder::scale(Node* x, double f, const std::string& name) { return op(Op::scale, {x}, {{"factor", f}}, name); }
+Node* Builder::neg(Node* x, const std::string& name) { return op(Op::neg, {x}, {}, name); }
+Node* Builder::exp(Node* x, const std::string& name) { return op(Op::exp, {x}, {}, name); }
+Node* Builder::gelu_tanh(Node* x, const std::string& name) { return op(Op::gelu_tanh, {x}, {}, name); }
+Node* Builder::silu(Node* x, const std::string& name) { return op(Op::silu, {x}, {}, name); }
+Node* Builder::reshape(Node* x, SymShape shape, const std::string& name) {
+  return op(Op::reshape, {x}, {{"shape", std::move(shape)}}, name);
+}
+Node* Builder::transpose(Node* x, int d0, int d1, const std::string& name) {
+  return op(Op::transpose, {x}, {{"dim0", int64_t{d0}}, {"dim1", int64_t{d1}}}, name);
+}
+Node* Builder::permute(Node* x, std::vector<int64_t> perm, const std::string& name) {
+  return op(Op::permute, {x}, {{"perm", std::move(perm)}}, name);
+}
+Node* Builder::slice(Node* x, int dim, Dim start, Dim end, const std::string& name) {
+  return op(Op::slice, {x}, {{"dim", int64_t{dim}}, {"start", std::move(start)}, {"end", std::move(end)}}, name);
+}
+std::vector<Node*> Builder::split(Node* x, int dim, const std::vector<Dim>& sizes, const std::string& name) {
+  std::vector<Node*> out;
+  Dim at(0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(slice(x, dim, at, at + sizes[i], name + "." + std::to_string(i)));
+    at = at + sizes[i];
+  }
+  return out;
+}
+Node* Builder::concat(std::vector<Node*> xs, int dim, const std::string& name) {
+  return op(Op::concat, std::move(xs), {{"dim", int64_t{dim}}}, name);
+}
+Node* Builder::layernorm(Node* x, Node* w, Node* b, double eps, const std::string& name) {
+  return op(Op::layernorm, {x, w, b}, {{"eps", eps}}, name);
+}
+Node* Builder::rmsnorm(Node* x, Node* w, double eps, const std::string& name) {
+  return op(Op::rmsnorm, {x, w}, {{"eps", eps}}, name);
+}
+Node* Builder::softmax(Node* x, const std::string& name) { return op(Op::softmax, {x}, {}, name); }
+Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
+  return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
+}
+Node* Builder::sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name) {
+  return op(Op::sdpa, {q, k, v}, {{"causal", causal}, {"scale", scale}}, name);
+}
+Node* Builder::cross_entropy_sum(Node* logits, Node* labels, const std::string& name) {
+  return op(Op::cross_entropy_sum, {logits, labels}, {{"ignore_index", kIgnoreIndex}}, name);
+}
+Node* Builder::count_valid(Node* labels, DType dtype, const std::string& name) {
+  return op(Op::count_valid, {labels},
+            {{"ignore_index", kIgnoreIndex}, {"dtype", std::string(dtype_name(dtype))}}, name);
+}
+
+}  // namespace autosp

@@ -1,0 +1,58 @@
+// Builder: the API model code uses to record a forward graph. Each call appends one node whose
+// type comes from the op's shape rule, so a mistake throws at the line that made it, naming the op
+// and the shapes. Shapes are spelled with symbols (B, S), never -1.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+
+namespace autosp {
+
+class Builder {
+ public:
+  explicit Builder(Graph& g) : g_(g) {}
+  Graph& graph() { return g_; }
+
+  // Name prefix for the nodes that follow ("l0."), so printed graphs read by layer.
+  void set_prefix(std::string p) { prefix_ = std::move(p); }
+
+  Node* input(const std::string& name, DType dtype, SymShape shape, Role role);
+  Node* parameter(const std::string& name, DType dtype, SymShape shape);
+
+  Node* embedding(Node* weight, Node* ids, const std::string& name = "emb");
+  Node* matmul(Node* a, Node* b, bool trans_a, bool trans_b, const std::string& name = "mm");
+  // x [..., in] · W: W [out, in] when w_out_in (nn.Linear), else W [in, out] (GPT-2 Conv1D); + bias.
+  Node* linear(Node* x, Node* w, Node* bias, bool w_out_in, const std::string& name);
+  Node* add(Node* a, Node* b, const std::string& name = "add");
+  Node* sub(Node* a, Node* b, const std::string& name = "sub");
+  Node* mul(Node* a, Node* b, const std::string& name = "mul");
+  Node* div(Node* a, Node* b, const std::string& name = "div");
+  Node* scale(Node* x, double factor, const std::string& name = "scale");
+  Node* neg(Node* x, const std::string& name = "neg");
+  Node* exp(Node* x, const std::string& name = "exp");
+  Node* gelu_tanh(Node* x, const std::string& name = "gelu");
+  Node* silu(Node* x, const std::string& name = "silu");
+  Node* reshape(Node* x, SymShape shape, const std::string& name = "reshape");
+  Node* transpose(Node* x, int dim0, int dim1, const std::string& name = "transpose");
+  Node* permute(Node* x, std::vector<int64_t> perm, const std::string& name = "permute");
+  Node* slice(Node* x, int dim, Dim start, Dim end, const std::string& name = "slice");
+  // Split along `dim` into pieces of the given sizes (one slice node each).
+  std::vector<Node*> split(Node* x, int dim, const std::vector<Dim>& sizes, const std::string& name = "split");
+  Node* concat(std::vector<Node*> xs, int dim, const std::string& name = "concat");
+  Node* layernorm(Node* x, Node* w, Node* b, double eps, const std::string& name = "ln");
+  Node* rmsnorm(Node* x, Node* w, double eps, const std::string& name = "rms");
+  Node* softmax(Node* x, const std::string& name = "softmax");
+  Node* rope(Node* x, Node* position_ids, double theta, const std::string& name = "rope");
+  Node* sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name = "attn");
+  Node* cross_entropy_sum(Node* logits, Node* labels, const std::string& name = "ce_sum");
+  Node* count_valid(Node* labels, DType dtype, const std::string& name = "valid");
+
+ private:
+  Node* op(Op op, std::vector<Node*> inputs, Attrs attrs, const std::string& name);
+  Graph& g_;
+  std::string prefix_;
+};
+
+}  // namespace autosp

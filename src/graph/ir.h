@@ -1,0 +1,140 @@
+// The IR: a Graph owns Nodes in topological (= execution) order. A node has an op, inputs, typed
+// attributes, an output type (dtype + symbolic shape), a unique name and a role tag. Users lists and
+// order are maintained by the Graph API (add, insert_after, replace_all_uses_with, erase); passes never
+// edit them by hand. Knows nothing of kernels, tensors' data or devices.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "graph/ops.h"
+#include "graph/sym.h"
+#include "tensor/dtype.h"
+
+namespace autosp {
+
+enum class Role : uint8_t {
+  none, input_ids, labels, position_ids, attention_mask, parameter, logits, loss, gradient,
+};
+std::string_view role_name(Role r);
+std::optional<Role> role_from_name(std::string_view s);
+
+struct TensorType {
+  DType dtype = DType::f32;
+  SymShape shape;
+  int rank() const { return static_cast<int>(shape.size()); }
+  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
+  std::string str() const;  // "f32[B, S, 64]"
+};
+
+using AttrValue = std::variant<int64_t, double, bool, std::string, Dim, std::vector<Dim>, std::vector<int64_t>>;
+
+class Attrs {
+ public:
+  Attrs() = default;
+  Attrs(std::initializer_list<std::pair<const std::string, AttrValue>> init) : map_(init) {}
+  bool has(const std::string& k) const { return map_.count(k) != 0; }
+  void set(const std::string& k, AttrValue v) { map_[k] = std::move(v); }
+  // Typed getters throw UsageError naming the attribute when missing or of another type.
+  int64_t i(const std::string& k) const;
+  double f(const std::string& k) const;
+  bool b(const std::string& k) const;
+  const std::string& s(const std::string& k) const;
+  const Dim& dim(const std::string& k) const;
+  const std::vector<Dim>& dims(const std::string& k) const;
+  const std::vector<int64_t>& ints(const std::string& k) const;
+  const std::map<std::string, AttrValue>& map() const { return map_; }
+  std::map<std::string, AttrValue>& map() { return map_; }
+
+ private:
+  template <class T>
+  const T& get(const std::string& k, const char* type) const;
+  std::map<std::string, AttrValue> map_;
+};
+std::string attr_str(const AttrValue& v);
+
+class Graph;
+
+class Node {
+ public:
+  int id() const { return id_; }
+  Op op() const { return op_; }
+  std::string_view op_name() const;
+  const std::string& name() const { return name_; }
+  Role role() const { return role_; }
+  void set_role(Role r) { role_ = r; }
+  const std::vector<Node*>& inputs() const { return inputs_; }
+  Node* input(size_t i) const { return inputs_.at(i); }
+  const std::vector<Node*>& users() const { return users_; }
+  const Attrs& attrs() const { return attrs_; }
+  Attrs& attrs() { return attrs_; }  // editing attributes keeps the use lists valid
+  const TensorType& type() const { return type_; }
+  void set_type(TensorType t) { type_ = std::move(t); }
+  const SymShape& shape() const { return type_.shape; }
+  DType dtype() const { return type_.dtype; }
+
+ private:
+  friend class Graph;
+  int id_ = 0;
+  Op op_ = Op::input;
+  std::string name_;
+  Role role_ = Role::none;
+  std::vector<Node*> inputs_;
+  std::vector<Node*> users_;
+  Attrs attrs_;
+  TensorType type_;
+};
+
+class Graph {
+ public:
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  Graph(Graph&&) = default;
+  Graph& operator=(Graph&&) = default;
+  std::unique_ptr<Graph> clone() const;
+
+  // Create a node at the end (builders) or right after `pos` (passes). The type is inferred with
+  // the op's shape rule unless given. `name` is made unique with a numeric suffix.
+  Node* add(Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role = Role::none,
+            std::optional<TensorType> type = std::nullopt);
+  Node* insert_after(Node* pos, Op op, std::vector<Node*> inputs, Attrs attrs, std::string name,
+                     Role role = Role::none, std::optional<TensorType> type = std::nullopt);
+  // Every use of `from` becomes a use of `to`, except in `except` (typically `to` itself).
+  void replace_all_uses_with(Node* from, Node* to, const Node* except = nullptr);
+  void replace_input(Node* user, size_t index, Node* to);
+  void erase(Node* n);  // n must have no users and not be an output
+
+  const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
+  size_t size() const { return nodes_.size(); }
+  Node* find(std::string_view name) const;
+  std::vector<Node*> with_role(Role r) const;
+  size_t position(const Node* n) const;  // index in execution order
+
+  // Graph outputs (loss, logits, gradients): kept alive by DCE and fetched by the executor.
+  const std::vector<Node*>& outputs() const { return outputs_; }
+  void add_output(Node* n);
+  bool is_output(const Node* n) const;
+
+  const std::vector<Divisibility>& assumptions() const { return assumptions_; }
+  void assume(Divisibility d);
+
+ private:
+  Node* make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
+             std::optional<TensorType> type, size_t at);
+  std::string unique_name(std::string base);
+  void renumber();
+
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<Node*> outputs_;
+  std::vector<Divisibility> assumptions_;
+  std::map<std::string, Node*, std::less<>> by_name_;
+  int next_id_ = 0;
+};
+
+}  // namespace autosp

@@ -1,0 +1,316 @@
+// Shape rules and the op table. Each rule validates its inputs and attributes and throws a
+// UsageError that names the op and the shapes: `[matmul] lhs f32[B, S, 256] vs rhs f32[512, 128]: ...`.
+#include "graph/ops.h"
+
+#include <algorithm>
+
+#include "graph/ir.h"
+#include "tensor/check.h"
+
+namespace autosp {
+
+bool ShapeContext::same(const Dim& a, const Dim& b) const {
+  if (a == b) return true;
+  if (!assumptions) return false;
+  return simplify(a, *assumptions) == simplify(b, *assumptions);
+}
+
+namespace {
+
+[[noreturn]] void fail(const Node& n, const std::string& what) {
+  throw UsageError(str("[", n.op_name(), "] ", n.name(), ": ", what));
+}
+
+const TensorType& in(const Node& n, size_t i) { return n.input(i)->type(); }
+
+void expect_float(const Node& n, size_t i) {
+  if (!is_floating(in(n, i).dtype)) fail(n, str("input ", i, " is ", in(n, i).str(), ", expected a float tensor"));
+}
+void expect_int(const Node& n, size_t i) {
+  auto t = in(n, i).dtype;
+  if (t != DType::i64 && t != DType::i32) fail(n, str("input ", i, " is ", in(n, i).str(), ", expected integer ids"));
+}
+void expect_same_dtype(const Node& n, size_t i, size_t j) {
+  if (in(n, i).dtype != in(n, j).dtype)
+    fail(n, str("dtypes differ: ", in(n, i).str(), " vs ", in(n, j).str()));
+}
+void expect_rank(const Node& n, size_t i, int rank) {
+  if (in(n, i).rank() != rank) fail(n, str("input ", i, " is ", in(n, i).str(), ", expected rank ", rank));
+}
+int norm_axis(const Node& n, int64_t d, int rank) {
+  int64_t a = d < 0 ? d + rank : d;
+  if (a < 0 || a >= rank) fail(n, str("dim ", d, " out of range for rank ", rank));
+  return static_cast<int>(a);
+}
+Dim product(const SymShape& s) {
+  Dim p(1);
+  for (const auto& d : s) p = p * d;
+  return p;
+}
+
+TensorType declared(const Node& n, const ShapeContext&) { return n.type(); }
+
+TensorType embedding_rule(const Node& n, const ShapeContext&) {
+  expect_float(n, 0);
+  expect_rank(n, 0, 2);
+  expect_int(n, 1);
+  SymShape s = in(n, 1).shape;
+  s.push_back(in(n, 0).shape[1]);
+  return {in(n, 0).dtype, s};
+}
+
+// a [..., M, K] · b [K, N] (2-D, broadcast over the batch) or b [..., K, N] with equal batch dims.
+TensorType matmul_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_same_dtype(n, 0, 1);
+  const auto& a = in(n, 0);
+  const auto& b = in(n, 1);
+  bool ta = n.attrs().b("trans_a"), tb = n.attrs().b("trans_b");
+  if (a.rank() < 2 || b.rank() < 2) fail(n, str("lhs ", a.str(), " and rhs ", b.str(), " must have rank >= 2"));
+  if (b.rank() != 2 && b.rank() != a.rank())
+    fail(n, str("lhs ", a.str(), " vs rhs ", b.str(), ": rhs must be 2-D or have the rank of lhs"));
+  Dim m = a.shape[a.rank() - (ta ? 1 : 2)], ka = a.shape[a.rank() - (ta ? 2 : 1)];
+  Dim kb = b.shape[b.rank() - (tb ? 1 : 2)], nn = b.shape[b.rank() - (tb ? 2 : 1)];
+  if (!ctx.same(ka, kb))
+    fail(n, str("lhs ", a.str(), " vs rhs ", b.str(), ": inner dims differ (", ka.str(), " vs ", kb.str(), ")"));
+  if (b.rank() == a.rank())
+    for (int i = 0; i < a.rank() - 2; ++i)
+      if (!ctx.same(a.shape[i], b.shape[i]))
+        fail(n, str("lhs ", a.str(), " vs rhs ", b.str(), ": batch dim ", i, " differs"));
+  SymShape s(a.shape.begin(), a.shape.end() - 2);
+  s.push_back(m);
+  s.push_back(nn);
+  return {a.dtype, s};
+}
+
+TensorType binary_rule(const Node& n, const ShapeContext& ctx) {
+  expect_same_dtype(n, 0, 1);
+  const auto& a = in(n, 0).shape;
+  const auto& b = in(n, 1).shape;
+  size_t r = std::max(a.size(), b.size());
+  SymShape s(r);
+  for (size_t i = 0; i < r; ++i) {
+    Dim da = i + a.size() >= r ? a[i + a.size() - r] : Dim(1);
+    Dim db = i + b.size() >= r ? b[i + b.size() - r] : Dim(1);
+    if (ctx.same(da, db) || db == Dim(1))
+      s[i] = da;
+    else if (da == Dim(1))
+      s[i] = db;
+    else
+      fail(n, str(in(n, 0).str(), " and ", in(n, 1).str(), " do not broadcast (dim ", i, ")"));
+  }
+  return {in(n, 0).dtype, s};
+}
+
+TensorType unary_rule(const Node& n, const ShapeContext&) {
+  expect_float(n, 0);
+  return in(n, 0);
+}
+
+TensorType reshape_rule(const Node& n, const ShapeContext& ctx) {
+  const auto& target = n.attrs().dims("shape");
+  for (const auto& d : target)
+    if (d.is_const() && d.value() < 0)
+      fail(n, str("target ", sym_shape_str(target), " has a negative dim; spell shapes with symbols, not -1"));
+  if (!ctx.same(product(target), product(in(n, 0).shape)))
+    fail(n, str("cannot reshape ", in(n, 0).str(), " to ", sym_shape_str(target), ": element counts differ"));
+  return {in(n, 0).dtype, target};
+}
+
+TensorType transpose_rule(const Node& n, const ShapeContext&) {
+  auto t = in(n, 0);
+  int a = norm_axis(n, n.attrs().i("dim0"), t.rank()), b = norm_axis(n, n.attrs().i("dim1"), t.rank());
+  std::swap(t.shape[a], t.shape[b]);
+  return t;
+}
+
+TensorType permute_rule(const Node& n, const ShapeContext&) {
+  const auto& x = in(n, 0);
+  const auto& perm = n.attrs().ints("perm");
+  if (static_cast<int>(perm.size()) != x.rank()) fail(n, str("perm has ", perm.size(), " entries for ", x.str()));
+  std::vector<bool> seen(perm.size());
+  SymShape s;
+  for (int64_t p : perm) {
+    int a = norm_axis(n, p, x.rank());
+    if (seen[a]) fail(n, str("perm repeats dim ", a));
+    seen[a] = true;
+    s.push_back(x.shape[a]);
+  }
+  return {x.dtype, s};
+}
+
+TensorType slice_rule(const Node& n, const ShapeContext&) {
+  auto t = in(n, 0);
+  int d = norm_axis(n, n.attrs().i("dim"), t.rank());
+  const Dim& start = n.attrs().dim("start");
+  const Dim& end = n.attrs().dim("end");
+  Dim len = end - start;
+  if (len.is_const() && len.value() < 0) fail(n, str("end ", end.str(), " < start ", start.str()));
+  if (start.is_const() && start.value() < 0) fail(n, str("negative start ", start.str()));
+  if (t.shape[d].is_const() && end.is_const() && end.value() > t.shape[d].value())
+    fail(n, str("end ", end.str(), " beyond dim ", d, " of ", t.str()));
+  t.shape[d] = len;
+  return t;
+}
+
+TensorType concat_rule(const Node& n, const ShapeContext& ctx) {
+  auto t = in(n, 0);
+  int d = norm_axis(n, n.attrs().i("dim"), t.rank());
+  for (size_t i = 1; i < n.inputs().size(); ++i) {
+    const auto& o = in(n, i);
+    if (o.rank() != t.rank() || o.dtype != t.dtype) fail(n, str("cannot concat ", t.str(), " and ", o.str()));
+    for (int k = 0; k < t.rank(); ++k)
+      if (k != d && !ctx.same(o.shape[k], t.shape[k]))
+        fail(n, str("inputs differ off the concat dim: ", in(n, 0).str(), " vs ", o.str()));
+    t.shape[d] = t.shape[d] + o.shape[d];
+  }
+  return t;
+}
+
+void expect_weight(const Node& n, size_t i, const ShapeContext& ctx) {
+  const auto& x = in(n, 0);
+  const auto& w = in(n, i);
+  if (w.rank() != 1 || !ctx.same(w.shape[0], x.shape.back()))
+    fail(n, str("weight ", w.str(), " does not match the last dim of ", x.str()));
+  expect_same_dtype(n, 0, i);
+}
+
+TensorType layernorm_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_weight(n, 1, ctx);
+  expect_weight(n, 2, ctx);
+  return in(n, 0);
+}
+
+TensorType rmsnorm_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_weight(n, 1, ctx);
+  return in(n, 0);
+}
+
+// x [B, N, S, D], position_ids [B, S]
+TensorType rope_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_rank(n, 0, 4);
+  expect_int(n, 1);
+  expect_rank(n, 1, 2);
+  const auto& x = in(n, 0).shape;
+  const auto& p = in(n, 1).shape;
+  if (!ctx.same(x[0], p[0]) || !ctx.same(x[2], p[1]))
+    fail(n, str("x ", in(n, 0).str(), " [B, N, S, D] vs position_ids ", in(n, 1).str(), " [B, S]"));
+  if (!x[3].is_const() || x[3].value() % 2 != 0) fail(n, str("head dim ", x[3].str(), " must be an even constant"));
+  return in(n, 0);
+}
+
+// q [B, N, S, D], k, v [B, Nkv, S, D] with N % Nkv == 0
+TensorType sdpa_rule(const Node& n, const ShapeContext& ctx) {
+  for (size_t i = 0; i < 3; ++i) {
+    expect_float(n, i);
+    expect_rank(n, i, 4);
+    expect_same_dtype(n, 0, i);
+  }
+  const auto& q = in(n, 0).shape;
+  const auto& k = in(n, 1).shape;
+  const auto& v = in(n, 2).shape;
+  bool ok = ctx.same(q[0], k[0]) && ctx.same(k[0], v[0]) && ctx.same(k[1], v[1]) && ctx.same(k[2], v[2]) &&
+            ctx.same(q[3], k[3]) && ctx.same(k[3], v[3]);
+  if (ok && q[1].is_const() && k[1].is_const()) ok = k[1].value() > 0 && q[1].value() % k[1].value() == 0;
+  if (ok && n.attrs().b("causal")) ok = ctx.same(q[2], k[2]);
+  if (!ok)
+    fail(n, str("q ", in(n, 0).str(), ", k ", in(n, 1).str(), ", v ", in(n, 2).str(),
+                ": expected [B, N, S, D] and [B, Nkv, S, D] with N % Nkv == 0"));
+  return in(n, 0);
+}
+
+TensorType cross_entropy_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_int(n, 1);
+  const auto& l = in(n, 0).shape;
+  const auto& y = in(n, 1).shape;
+  bool ok = l.size() == y.size() + 1;
+  for (size_t i = 0; ok && i < y.size(); ++i) ok = ctx.same(l[i], y[i]);
+  if (!ok) fail(n, str("logits ", in(n, 0).str(), " vs labels ", in(n, 1).str(), ": expected [..., V] and [...]"));
+  return {in(n, 0).dtype, {}};
+}
+
+TensorType count_valid_rule(const Node& n, const ShapeContext&) {
+  expect_int(n, 0);
+  auto t = dtype_from_name(n.attrs().s("dtype"));
+  if (!t || !is_floating(*t)) fail(n, str("dtype '", n.attrs().s("dtype"), "' is not a float dtype"));
+  return {*t, {}};
+}
+
+// One row per op, in enum order.
+constexpr std::array<OpInfo, kNumOps> kOps{{
+    {Op::input, "input", 0, "", declared, nullptr},
+    {Op::parameter, "parameter", 0, "", declared, nullptr},
+    {Op::embedding, "embedding", 2, "", embedding_rule, nullptr},
+    {Op::matmul, "matmul", 2, "trans_a,trans_b", matmul_rule, nullptr},
+    {Op::add, "add", 2, "", binary_rule, nullptr},
+    {Op::sub, "sub", 2, "", binary_rule, nullptr},
+    {Op::mul, "mul", 2, "", binary_rule, nullptr},
+    {Op::div, "div", 2, "", binary_rule, nullptr},
+    {Op::scale, "scale", 1, "factor", unary_rule, nullptr},
+    {Op::neg, "neg", 1, "", unary_rule, nullptr},
+    {Op::exp, "exp", 1, "", unary_rule, nullptr},
+    {Op::gelu_tanh, "gelu_tanh", 1, "", unary_rule, nullptr},
+    {Op::silu, "silu", 1, "", unary_rule, nullptr},
+    {Op::reshape, "reshape", 1, "shape", reshape_rule, nullptr},
+    {Op::transpose, "transpose", 1, "dim0,dim1", transpose_rule, nullptr},
+    {Op::permute, "permute", 1, "perm", permute_rule, nullptr},
+    {Op::slice, "slice", 1, "dim,start,end", slice_rule, nullptr},
+    {Op::concat, "concat", -1, "dim", concat_rule, nullptr},
+    {Op::layernorm, "layernorm", 3, "eps", layernorm_rule, nullptr},
+    {Op::rmsnorm, "rmsnorm", 2, "eps", rmsnorm_rule, nullptr},
+    {Op::softmax, "softmax", 1, "", unary_rule, nullptr},
+    {Op::rope, "rope", 2, "theta", rope_rule, nullptr},
+    {Op::sdpa, "sdpa", 3, "causal,scale", sdpa_rule, nullptr},
+    {Op::cross_entropy_sum, "cross_entropy_sum", 2, "ignore_index", cross_entropy_rule, nullptr},
+    {Op::count_valid, "count_valid", 1, "ignore_index,dtype", count_valid_rule, nullptr},
+}};
+
+constexpr bool table_in_order() {
+  for (size_t i = 0; i < kOps.size(); ++i)
+    if (static_cast<size_t>(kOps[i].op) != i || kOps[i].name.empty()) return false;
+  return true;
+}
+static_assert(kOps.size() == kNumOps, "every op needs a row in the op table");
+static_assert(table_in_order(), "op table rows must follow the Op enum order");
+
+}  // namespace
+
+const OpInfo& op_info(Op op) { return kOps.at(static_cast<size_t>(op)); }
+std::string_view op_name(Op op) { return op_info(op).name; }
+
+bool op_from_name(std::string_view name, Op& out) {
+  for (const auto& r : kOps)
+    if (r.name == name) {
+      out = r.op;
+      return true;
+    }
+  return false;
+}
+
+std::vector<std::string> op_required_attrs(Op op) {
+  std::vector<std::string> out;
+  std::string_view s = op_info(op).attrs;
+  while (!s.empty()) {
+    size_t c = s.find(',');
+    out.emplace_back(s.substr(0, c));
+    s = c == std::string_view::npos ? std::string_view{} : s.substr(c + 1);
+  }
+  return out;
+}
+
+TensorType infer_type(const Node& n, const std::vector<Divisibility>& assumptions) {
+  const OpInfo& info = op_info(n.op());
+  if (info.arity >= 0 && static_cast<int>(n.inputs().size()) != info.arity)
+    fail(n, str("expected ", info.arity, " inputs, got ", n.inputs().size()));
+  if (info.arity < 0 && n.inputs().empty()) fail(n, "expected at least one input");
+  for (const auto& a : op_required_attrs(n.op()))
+    if (!n.attrs().has(a)) fail(n, str("missing attribute '", a, "'"));
+  ShapeContext ctx{&assumptions};
+  return info.infer(n, ctx);
+}
+
+}  // namespace autosp

@@ -1,0 +1,63 @@
+// The op table: one row per op with its name, arity, required attributes, shape rule and vjp rule.
+// Adding an op = one enum value + one row here + one row in the kernel dispatch table
+// (src/runtime/dispatch.cpp) + one line in the op-case test table. static_asserts keep the
+// tables complete. Knows nothing of kernels or devices.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/sym.h"
+
+namespace autosp {
+
+enum class Op : uint16_t {
+  // leaves
+  input, parameter,
+  // dense algebra
+  embedding, matmul,
+  // elementwise (binary ops broadcast, numpy rules)
+  add, sub, mul, div, scale, neg, exp, gelu_tanh, silu,
+  // layout (explicit symbolic shapes)
+  reshape, transpose, permute, slice, concat,
+  // normalisation, position, attention
+  layernorm, rmsnorm, softmax, rope, sdpa,
+  // loss
+  cross_entropy_sum, count_valid,
+  kCount
+};
+inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);
+inline constexpr int64_t kIgnoreIndex = -100;  // labels with this value are not scored (PyTorch)
+
+class Node;
+struct TensorType;
+struct VjpContext;  // defined by graph/autograd (the backward pass)
+
+struct ShapeContext {
+  const std::vector<Divisibility>* assumptions = nullptr;
+  bool same(const Dim& a, const Dim& b) const;  // equal under the assumptions
+};
+
+using ShapeFn = TensorType (*)(const Node&, const ShapeContext&);
+using VjpFn = void (*)(VjpContext&);
+
+struct OpInfo {
+  Op op;
+  std::string_view name;   // snake_case, as printed
+  int arity;               // number of inputs, -1 = one or more
+  std::string_view attrs;  // required attributes, comma-separated
+  ShapeFn infer;           // shape rule; validates and throws UsageError naming op and shapes
+  VjpFn vjp;               // backward rule (builds IR); nullptr until the op is differentiable
+};
+
+const OpInfo& op_info(Op op);
+std::string_view op_name(Op op);
+bool op_from_name(std::string_view name, Op& out);
+std::vector<std::string> op_required_attrs(Op op);
+
+// Infer `n`'s output type from its inputs and attributes (the op's shape rule).
+TensorType infer_type(const Node& n, const std::vector<Divisibility>& assumptions);
+
+}  // namespace autosp

@@ -1,0 +1,306 @@
+// CPU elementwise kernels: unary maps, broadcasting binary ops, strided copies, fill and the
+// bf16 / f16 conversions. Knows nothing of graphs; broadcasting arrives as strides (0 = broadcast).
+//
+// Speed: every strided op first simplifies its index space (drops size-1 dims, merges dims that are
+// contiguous for every operand), so the common cases become flat loops: same-shape contiguous
+// operands become one rank-1 loop split across threads, a bias [C] over [.., C] becomes rows with a
+// unit-stride inner loop. The inner loop has specialisations for strides (1, 1), (1, 0) and (0, 1)
+// that the compiler vectorises; threads take contiguous ranges of rows and walk them with an
+// odometer instead of dividing per element.
+#include "kernels/cpu/elementwise.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "tensor/check.h"
+
+namespace autosp::cpu {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // elements below which a kernel runs on one thread
+
+// [lo, hi) of n items for thread t of nt.
+inline void thread_range(int64_t n, int t, int nt, int64_t& lo, int64_t& hi) {
+  lo = n * t / nt;
+  hi = n * (t + 1) / nt;
+}
+
+// A row-major index space walked by up to two strided operands (the output is contiguous over it).
+struct Space {
+  int rank = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t stride[2][kMaxRank] = {};
+  int64_t numel = 1;
+};
+
+// Drops size-1 dims and merges adjacent dims that are contiguous for every operand. The result has
+// rank ≥ 1; numel == 0 means there is nothing to do.
+Space simplify(int rank, const int64_t* shape, int nops, const int64_t* const* strides) {
+  AUTOSP_ASSERT(rank >= 0 && rank <= kMaxRank, "rank ", rank);
+  Space s;
+  for (int d = 0; d < rank; ++d) {
+    AUTOSP_ASSERT(shape[d] >= 0, "negative dim ", shape[d]);
+    s.numel *= shape[d];
+    if (shape[d] == 1) continue;
+    const int r = s.rank;
+    bool merge = r > 0;
+    for (int o = 0; o < nops && merge; ++o)
+      merge = s.stride[o][r - 1] == strides[o][d] * shape[d];
+    if (merge) {  // the previous dim steps exactly over this one: fold it in
+      s.shape[r - 1] *= shape[d];
+      for (int o = 0; o < nops; ++o) s.stride[o][r - 1] = strides[o][d];
+    } else {
+      s.shape[r] = shape[d];
+      for (int o = 0; o < nops; ++o) s.stride[o][r] = strides[o][d];
+      ++s.rank;
+    }
+  }
+  if (s.rank == 0) {  // a scalar: one element
+    s.rank = 1;
+    s.shape[0] = 1;
+  }
+  return s;
+}
+
+// Calls f(out_offset, op_offsets, n, op_inner_strides) for runs of the innermost dim, split over
+// threads. out_offset is the linear index (the output is contiguous over the space).
+template <class F>
+void for_each_run(const Space& s, int nops, F f) {
+  const int r = s.rank;
+  const int64_t inner = s.shape[r - 1];
+  int64_t inner_stride[2] = {s.stride[0][r - 1], s.stride[1][r - 1]};
+  if (r == 1) {  // one flat run: split it
+#pragma omp parallel if (s.numel > kGrain)
+    {
+      int64_t lo, hi;
+      thread_range(inner, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
+      if (hi > lo) {
+        int64_t off[2] = {lo * inner_stride[0], lo * inner_stride[1]};
+        f(lo, off, hi - lo, inner_stride);
+      }
+    }
+    return;
+  }
+  const int64_t rows = s.numel / inner;
+#pragma omp parallel if (s.numel > kGrain)
+  {
+    int64_t lo, hi;
+    thread_range(rows, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
+    if (hi > lo) {
+      int64_t idx[kMaxRank] = {};  // odometer over the outer dims [0, r-1)
+      int64_t off[2] = {0, 0};
+      for (int64_t rem = lo, d = r - 2; d >= 0; --d) {
+        idx[d] = rem % s.shape[d];
+        rem /= s.shape[d];
+        for (int o = 0; o < nops; ++o) off[o] += idx[d] * s.stride[o][d];
+      }
+      for (int64_t row = lo; row < hi; ++row) {
+        f(row * inner, off, inner, inner_stride);
+        for (int d = r - 2; d >= 0; --d) {  // advance the odometer
+          for (int o = 0; o < nops; ++o) off[o] += s.stride[o][d];
+          if (++idx[d] < s.shape[d]) break;
+          for (int o = 0; o < nops; ++o) off[o] -= idx[d] * s.stride[o][d];
+          idx[d] = 0;
+        }
+      }
+    }
+  }
+}
+
+// ---- unary -----------------------------------------------------------------------------------
+
+template <class T, class F>
+void map(const T* x, T* y, int64_t n, F f) {
+#pragma omp parallel for schedule(static) if (n > kGrain)
+  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+}
+
+// ---- binary ----------------------------------------------------------------------------------
+
+struct Add {
+  template <class T> T operator()(T a, T b) const { return a + b; }
+};
+struct Sub {
+  template <class T> T operator()(T a, T b) const { return a - b; }
+};
+struct Mul {
+  template <class T> T operator()(T a, T b) const { return a * b; }
+};
+struct Div {
+  template <class T> T operator()(T a, T b) const { return a / b; }
+};
+struct Max {  // NaN-propagating, like torch.maximum
+  template <class T> T operator()(T a, T b) const { return (a > b || a != a) ? a : b; }
+};
+struct Min {
+  template <class T> T operator()(T a, T b) const { return (a < b || a != a) ? a : b; }
+};
+
+template <class T, class Op>
+void binary_run(Op op, const T* a, int64_t sa, const T* b, int64_t sb, T* out, int64_t n) {
+  if (sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) out[i] = op(a[i], b[i]);
+  } else if (sa == 1 && sb == 0) {
+    const T bv = *b;
+    for (int64_t i = 0; i < n; ++i) out[i] = op(a[i], bv);
+  } else if (sa == 0 && sb == 1) {
+    const T av = *a;
+    for (int64_t i = 0; i < n; ++i) out[i] = op(av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = op(a[i * sa], b[i * sb]);
+  }
+}
+
+template <class T, class Op>
+void binary_op(Op op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides,
+               const T* b, const int64_t* b_strides, T* out) {
+  const int64_t* strides[2] = {a_strides, b_strides};
+  const Space s = simplify(rank, out_shape, 2, strides);
+  if (s.numel == 0) return;
+  for_each_run(s, 2, [&](int64_t o, const int64_t* off, int64_t n, const int64_t* st) {
+    binary_run(op, a + off[0], st[0], b + off[1], st[1], out + o, n);
+  });
+}
+
+}  // namespace
+
+template <class T>
+void unary(Unary op, const T* x, T* y, int64_t n, double scalar) {
+  switch (op) {
+    case Unary::neg: return map(x, y, n, [](T v) { return -v; });
+    case Unary::exp: return map(x, y, n, [](T v) { return std::exp(v); });
+    case Unary::log: return map(x, y, n, [](T v) { return std::log(v); });
+    case Unary::tanh: return map(x, y, n, [](T v) { return std::tanh(v); });
+    case Unary::sqrt: return map(x, y, n, [](T v) { return std::sqrt(v); });
+    case Unary::rsqrt: return map(x, y, n, [](T v) { return T(1) / std::sqrt(v); });
+    case Unary::square: return map(x, y, n, [](T v) { return v * v; });
+    case Unary::gelu_tanh:
+      return map(x, y, n, [](T v) {
+        const T k = T(0.7978845608028654);  // √(2/π)
+        return T(0.5) * v * (T(1) + std::tanh(k * (v + T(0.044715) * v * v * v)));
+      });
+    case Unary::silu: return map(x, y, n, [](T v) { return v / (T(1) + std::exp(-v)); });
+    case Unary::scale: {
+      const T s = T(scalar);
+      return map(x, y, n, [s](T v) { return v * s; });
+    }
+    case Unary::relu: return map(x, y, n, [](T v) { return v < T(0) ? T(0) : v; });
+  }
+  AUTOSP_ASSERT(false, "unknown unary op ", int(op));
+}
+
+template <class T>
+void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides,
+            const T* b, const int64_t* b_strides, T* out) {
+  switch (op) {
+    case Binary::add: return binary_op(Add{}, rank, out_shape, a, a_strides, b, b_strides, out);
+    case Binary::sub: return binary_op(Sub{}, rank, out_shape, a, a_strides, b, b_strides, out);
+    case Binary::mul: return binary_op(Mul{}, rank, out_shape, a, a_strides, b, b_strides, out);
+    case Binary::div: return binary_op(Div{}, rank, out_shape, a, a_strides, b, b_strides, out);
+    case Binary::max: return binary_op(Max{}, rank, out_shape, a, a_strides, b, b_strides, out);
+    case Binary::min: return binary_op(Min{}, rank, out_shape, a, a_strides, b, b_strides, out);
+  }
+  AUTOSP_ASSERT(false, "unknown binary op ", int(op));
+}
+
+template <class T>
+void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* src_strides, T* dst) {
+  const int64_t* strides[1] = {src_strides};
+  const Space s = simplify(rank, shape, 1, strides);
+  if (s.numel == 0) return;
+  for_each_run(s, 1, [&](int64_t o, const int64_t* off, int64_t n, const int64_t* st) {
+    const T* from = src + off[0];
+    T* to = dst + o;
+    const int64_t step = st[0];
+    if (step == 1) {
+      std::memcpy(to, from, size_t(n) * sizeof(T));
+    } else {
+      for (int64_t i = 0; i < n; ++i) to[i] = from[i * step];
+    }
+  });
+}
+
+template <class T>
+void fill(T* dst, int64_t n, T value) {
+#pragma omp parallel if (n > kGrain)
+  {
+    int64_t lo, hi;
+    thread_range(n, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
+    std::fill(dst + lo, dst + hi, value);
+  }
+}
+
+// ---- storage conversions -----------------------------------------------------------------------
+
+float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
+
+uint16_t f32_to_bf16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x0040u);  // NaN stays (quiet) NaN
+  // Round to nearest even on the 16 dropped bits; a carry moves into the exponent (→ inf at the top).
+  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {  // inf / NaN, payload kept
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {  // normal: rebias 15 → 127
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {  // ±0
+    bits = sign;
+  } else {  // subnormal mant · 2^-24: normalise around its leading bit p
+    const int p = std::bit_width(mant) - 1;
+    bits = sign | (uint32_t(p + 103) << 23) | ((mant ^ (1u << p)) << (23 - p));
+  }
+  return std::bit_cast<float>(bits);
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((x >> 13) & 0x3ffu));  // quiet NaN
+  if (x >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // inf, or ≥ 65520 which rounds to inf
+  if (x >= 0x38800000u) {  // normal half (≥ 2^-14): rebias 127 → 15, round 23 → 10 mantissa bits
+    uint32_t r = x - 0x38000000u;
+    r += 0xfffu + ((r >> 13) & 1u);
+    return uint16_t(sign | (r >> 13));
+  }
+  const uint32_t e = x >> 23;
+  if (e < 102) return sign;  // below 2^-25: rounds to ±0 (2^-25 itself ties to even 0 below)
+  // Subnormal half: value / 2^-24 = mant · 2^(e - 126), rounded to nearest even.
+  const uint32_t mant = (x & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - e;  // 14 … 24
+  uint32_t r = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (r & 1u))) ++r;  // r may become 0x400, the smallest normal
+  return uint16_t(sign | r);
+}
+
+#define AUTOSP_INSTANTIATE_FLOAT(T)                                                                   \
+  template void unary<T>(Unary, const T*, T*, int64_t, double);                                     \
+  template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*,          \
+                          const int64_t*, T*);
+AUTOSP_INSTANTIATE_FLOAT(float)
+AUTOSP_INSTANTIATE_FLOAT(double)
+#undef AUTOSP_INSTANTIATE_FLOAT
+
+#define AUTOSP_INSTANTIATE_COPY(T)                                                                    \
+  template void copy_strided<T>(int, const int64_t*, const T*, const int64_t*, T*);                 \
+  template void fill<T>(T*, int64_t, T);
+AUTOSP_INSTANTIATE_COPY(float)
+AUTOSP_INSTANTIATE_COPY(double)
+AUTOSP_INSTANTIATE_COPY(int32_t)
+AUTOSP_INSTANTIATE_COPY(int64_t)
+AUTOSP_INSTANTIATE_COPY(uint16_t)
+#undef AUTOSP_INSTANTIATE_COPY
+
+}  // namespace autosp::cpu

@@ -1,0 +1,44 @@
+// CPU elementwise launchers: unary maps, broadcasting binary ops, strided copies and casts.
+// Knows nothing of graphs. Broadcasting is expressed by the caller as strides (0 on a broadcast dim).
+//
+// All shapes are row-major; `rank` ≤ kMaxRank; strides are in elements.
+#pragma once
+
+#include <cstdint>
+
+namespace autosp::cpu {
+
+inline constexpr int kMaxRank = 8;
+
+enum class Unary { neg, exp, log, tanh, sqrt, rsqrt, square, gelu_tanh, silu, scale, relu };
+enum class Binary { add, sub, mul, div, max, min };
+
+// y[i] = f(x[i]) for i < n. `scalar` is the factor for Unary::scale (ignored otherwise).
+// gelu_tanh: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))); silu: x·sigmoid(x). x and y may alias.
+template <class T>
+void unary(Unary op, const T* x, T* y, int64_t n, double scalar);
+
+// out[idx] = a[idx·a_strides] op b[idx·b_strides] over the row-major index space `out_shape`
+// (out is contiguous). Fast paths: both contiguous; b broadcast along leading dims (bias).
+template <class T>
+void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides,
+            const T* b, const int64_t* b_strides, T* out);
+
+// dst (contiguous, row-major over `shape`) = src read with `src_strides`. Used for transpose,
+// permute, slice and concat. T is any trivially copyable element (instantiated for float,
+// double, int32_t, int64_t, uint16_t).
+template <class T>
+void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* src_strides, T* dst);
+
+// dst[i] = value for i < n.
+template <class T>
+void fill(T* dst, int64_t n, T value);
+
+// Element conversions between the storage dtypes (bf16 / f16 are raw uint16_t bit patterns;
+// float→bf16 and float→f16 round to nearest even).
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+}  // namespace autosp::cpu

@@ -1,0 +1,12 @@
+// CPU embedding lookup. Knows nothing of graphs.
+// weight [V, C], ids [n] int64, out [n, C]. An id outside [0, V) throws autosp::UsageError naming it.
+#pragma once
+
+#include <cstdint>
+
+namespace autosp::cpu {
+
+template <class T>
+void embedding_forward(const T* weight, const int64_t* ids, T* out, int64_t n, int64_t V, int64_t C);
+
+}  // namespace autosp::cpu

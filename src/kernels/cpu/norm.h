@@ -1,0 +1,22 @@
+// CPU normalisation launchers over the last dim. Knows nothing of graphs.
+// x, y: [rows, C] contiguous. mean/rstd (optional, may be null): [rows], saved for backward.
+#pragma once
+
+#include <cstdint>
+
+namespace autosp::cpu {
+
+// y = (x - mean) · rstd · w + b, rstd = 1/sqrt(var + eps), var is the biased variance. b may be null.
+template <class T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows,
+                       int64_t C, double eps);
+
+// y = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps) (Hugging Face LlamaRMSNorm).
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t C, double eps);
+
+// Softmax over the last dim: y[r, :] = exp(x[r, :] - max) / sum. x and y may alias.
+template <class T>
+void softmax_forward(const T* x, T* y, int64_t rows, int64_t C);
+
+}  // namespace autosp::cpu

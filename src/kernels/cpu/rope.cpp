@@ -1,0 +1,67 @@
+// CPU rotary position embedding, rotate-half form (Hugging Face Llama). Knows nothing of graphs.
+//
+// For T = float each step is float and in Hugging Face's order, so outputs match PyTorch's float32
+// model: inv_freq = 1 / theta^(2i/D) (powf, then a float divide), angle = float(pos) · inv_freq,
+// cosf / sinf, y = (x · cos) + (rotate_half(x) · sin). For T = double every step is double.
+// Each product is rounded before the add, as in PyTorch's separate ops: the pragma below stops GCC
+// from fusing them into an FMA when the target has one (its C++ default is -ffp-contract=fast).
+//
+// Speed: (b, s) positions are split over OpenMP threads; each computes its D/2 cos/sin values once
+// into per-thread scratch and applies them to all N heads.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include "kernels/cpu/rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "tensor/check.h"
+
+namespace autosp::cpu {
+
+template <class T>
+void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S,
+                  int64_t D, double theta) {
+  AUTOSP_ASSERT(D > 0 && D % 2 == 0, "rope head dim ", D, " must be even");
+  AUTOSP_ASSERT(x != y, "rope x and y may not alias");
+  const int64_t H = D / 2;
+  std::vector<T> inv_freq(static_cast<size_t>(H), T(0));  // [D/2]
+  const T theta_t = T(theta);
+  for (int64_t i = 0; i < H; ++i)
+    inv_freq[i] = T(1) / std::pow(theta_t, T(2 * i) / T(D));
+#pragma omp parallel if (B * N * S * D > (1 << 15))
+  {
+    std::vector<T> cs(static_cast<size_t>(H)), sn(static_cast<size_t>(H));  // [D/2] per thread
+#pragma omp for schedule(static)
+    for (int64_t bs = 0; bs < B * S; ++bs) {
+      const int64_t b = bs / S, s = bs % S;
+      const T pos = T(position_ids[bs]);  // position_ids [B, S]
+      for (int64_t i = 0; i < H; ++i) {
+        const T angle = pos * inv_freq[i];
+        cs[i] = std::cos(angle);
+        sn[i] = std::sin(angle);
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t off = ((b * N + n) * S + s) * D;  // x, y [B, N, S, D]
+        const T* xr = x + off;
+        T* yr = y + off;
+        for (int64_t i = 0; i < H; ++i) {
+          const T x_cos = xr[i] * cs[i], rot_sin = (-xr[i + H]) * sn[i];
+          yr[i] = x_cos + rot_sin;
+        }
+        for (int64_t i = 0; i < H; ++i) {
+          const T x_cos = xr[i + H] * cs[i], rot_sin = xr[i] * sn[i];
+          yr[i + H] = x_cos + rot_sin;
+        }
+      }
+    }
+  }
+}
+
+template void rope_forward<float>(const float*, const int64_t*, float*, int64_t, int64_t, int64_t,
+                                  int64_t, double);
+template void rope_forward<double>(const double*, const int64_t*, double*, int64_t, int64_t,
+                                   int64_t, int64_t, double);
+
+}  // namespace autosp::cpu

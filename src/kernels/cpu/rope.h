@@ -1,0 +1,18 @@
+// CPU rotary position embedding, rotate-half form (Hugging Face Llama). Knows nothing of graphs.
+//
+// x, y [B, N, S, D] contiguous (D even), position_ids [B, S] int64.
+// inv_freq[i] = 1 / theta^(2i/D) for i < D/2; angle = pos · inv_freq[i mod D/2];
+// y = x·cos(angle) + rotate_half(x)·sin(angle), rotate_half(x) = cat(-x[D/2:], x[:D/2]).
+// For T = float every step is computed in float, in the same order as Hugging Face, so results
+// match PyTorch's float32 model; for T = double everything is double. x and y may not alias.
+#pragma once
+
+#include <cstdint>
+
+namespace autosp::cpu {
+
+template <class T>
+void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S,
+                  int64_t D, double theta);
+
+}  // namespace autosp::cpu

@@ -1,0 +1,249 @@
+// Config schema and validation. The schema is one table (key path, type, range or choices);
+// defaults come from the structs in config.h.
+#include "models/config.h"
+
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "tensor/check.h"
+#include "tensor/dtype.h"
+
+namespace autosp {
+namespace {
+
+using json = nlohmann::json;
+enum class Kind { integer, number, boolean, string };
+
+struct Key {
+  const char* path;  // "model.hidden_size"
+  Kind kind;
+  double lo, hi;        // inclusive range for numbers
+  const char* choices;  // "a|b|c" for strings, "" = any
+  const char* arch;     // "" = all archs, else the only arch it applies to
+  std::function<void(Config&, const json&)> set;
+};
+
+constexpr double kBig = 9.0e15;
+
+template <class T, class S>
+auto field(T S::*sec, auto member) {
+  return [sec, member](Config& c, const json& v) { (c.*sec).*member = v.get<std::remove_reference_t<decltype((c.*sec).*member)>>(); };
+}
+#define F(section, name) field(&Config::section, &decltype(Config::section)::name)
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = {
+      {"model.arch", Kind::string, 0, 0, "gpt2|llama", "", F(model, arch)},
+      {"model.vocab_size", Kind::integer, 2, 1 << 24, "", "", F(model, vocab_size)},
+      {"model.hidden_size", Kind::integer, 2, 1 << 16, "", "", F(model, hidden_size)},
+      {"model.num_hidden_layers", Kind::integer, 1, 1024, "", "", F(model, num_hidden_layers)},
+      {"model.num_attention_heads", Kind::integer, 1, 1024, "", "", F(model, num_attention_heads)},
+      {"model.num_key_value_heads", Kind::integer, 1, 1024, "", "llama", F(model, num_key_value_heads)},
+      {"model.intermediate_size", Kind::integer, 1, 1 << 20, "", "llama", F(model, intermediate_size)},
+      {"model.max_position_embeddings", Kind::integer, 1, 1 << 24, "", "", F(model, max_position_embeddings)},
+      {"model.rope_theta", Kind::number, 1, 1e12, "", "llama", F(model, rope_theta)},
+      {"model.norm_eps", Kind::number, 0, 1, "", "", F(model, norm_eps)},
+      {"model.tie_word_embeddings", Kind::boolean, 0, 0, "", "llama", F(model, tie_word_embeddings)},
+      {"data.source", Kind::string, 0, 0, "synthetic|tokens|text", "", F(data, source)},
+      {"data.path", Kind::string, 0, 0, "", "", F(data, path)},
+      {"data.seq_len", Kind::integer, 1, 1 << 26, "", "", F(data, seq_len)},
+      {"data.batch_size", Kind::integer, 1, 1 << 20, "", "", F(data, batch_size)},
+      {"train.steps", Kind::integer, 0, kBig, "", "", F(train, steps)},
+      {"train.lr", Kind::number, 0, 10, "", "", F(train, lr)},
+      {"train.min_lr", Kind::number, 0, 10, "", "", F(train, min_lr)},
+      {"train.warmup_steps", Kind::integer, 0, kBig, "", "", F(train, warmup_steps)},
+      {"train.weight_decay", Kind::number, 0, 10, "", "", F(train, weight_decay)},
+      {"train.beta1", Kind::number, 0, 0.999999, "", "", F(train, beta1)},
+      {"train.beta2", Kind::number, 0, 0.999999999, "", "", F(train, beta2)},
+      {"train.eps", Kind::number, 0, 1, "", "", F(train, eps)},
+      {"train.grad_clip", Kind::number, 0, 1e9, "", "", F(train, grad_clip)},
+      {"train.seed", Kind::integer, 0, kBig, "", "", F(train, seed)},
+      {"train.log_every", Kind::integer, 1, kBig, "", "", F(train, log_every)},
+      {"train.checkpoint_dir", Kind::string, 0, 0, "", "", F(train, checkpoint_dir)},
+      {"train.checkpoint_every", Kind::integer, 0, kBig, "", "", F(train, checkpoint_every)},
+      {"runtime.device", Kind::string, 0, 0, "cpu|cuda", "", F(runtime, device)},
+      {"runtime.dtype", Kind::string, 0, 0, "float32|float64|bfloat16", "", F(runtime, dtype)},
+      {"runtime.threads", Kind::integer, 0, 1024, "", "", F(runtime, threads)},
+      {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", "", F(runtime, activation_checkpointing)},
+      {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", "", F(sequence_parallel, autosp_size)},
+  };
+  return keys;
+}
+#undef F
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::integer: return "an integer";
+    case Kind::number: return "a number";
+    case Kind::boolean: return "true or false";
+    case Kind::string: return "a string";
+  }
+  return "";
+}
+
+std::string json_path(const std::string& path) {
+  std::string p = "/";
+  for (char c : path) p += c == '.' ? '/' : c;
+  return p;
+}
+
+void check_value(const std::string& origin, const Key& k, const json& v) {
+  auto bad = [&](const std::string& what) {
+    throw UsageError(str(origin, ": ", k.path, " = ", v.dump(), ": ", what));
+  };
+  switch (k.kind) {
+    case Kind::integer:
+      if (!v.is_number_integer()) bad(str("expected ", kind_name(k.kind)));
+      break;
+    case Kind::number:
+      if (!v.is_number()) bad(str("expected ", kind_name(k.kind)));
+      break;
+    case Kind::boolean:
+      if (!v.is_boolean()) bad(str("expected ", kind_name(k.kind)));
+      break;
+    case Kind::string:
+      if (!v.is_string()) bad(str("expected ", kind_name(k.kind)));
+      break;
+  }
+  if (k.kind == Kind::integer || k.kind == Kind::number) {
+    double x = v.get<double>();
+    if (!(x >= k.lo && x <= k.hi)) bad(str("expected a value in [", k.lo, ", ", k.hi, "]"));
+  }
+  if (k.kind == Kind::string && *k.choices) {
+    std::string choices = k.choices;
+    std::string s = v.get<std::string>();
+    std::stringstream ss(choices);
+    std::string c;
+    bool ok = false;
+    while (std::getline(ss, c, '|')) ok |= c == s;
+    if (!ok) bad(str("expected one of ", choices));
+  }
+}
+
+void apply_override(json& j, const std::string& origin, const std::string& ov) {
+  auto eq = ov.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UsageError(str(origin, ": --set '", ov, "': expected key.path=value"));
+  std::string key = ov.substr(0, eq), text = ov.substr(eq + 1);
+  json v = json::parse(text, nullptr, false);
+  if (v.is_discarded()) v = text;
+  if (key.find('.') == std::string::npos) throw UsageError(str(origin, ": --set ", key, ": expected section.key"));
+  try {
+    j[json::json_pointer(json_path(key))] = v;
+  } catch (const json::exception& e) {
+    throw UsageError(str(origin, ": --set ", key, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin) {
+  if (!input.is_object()) throw UsageError(str(origin, ": expected a JSON object at the top level"));
+  json j = input;
+  for (const auto& ov : overrides) apply_override(j, origin, ov);
+
+  // Unknown sections and keys are named.
+  std::set<std::string> known_sections, known_keys;
+  for (const auto& k : schema()) {
+    std::string p = k.path;
+    known_sections.insert(p.substr(0, p.find('.')));
+    known_keys.insert(p);
+  }
+  for (auto& [section, body] : j.items()) {
+    if (!known_sections.count(section)) throw UsageError(str(origin, ": unknown key '", section, "'"));
+    if (!body.is_object()) throw UsageError(str(origin, ": '", section, "' must be an object"));
+    for (auto& [key, v] : body.items())
+      if (!known_keys.count(section + "." + key)) throw UsageError(str(origin, ": unknown key '", section, ".", key, "'"));
+  }
+
+  Config c;
+  std::string arch = c.model.arch;
+  if (j.contains("model") && j["model"].contains("arch")) {
+    check_value(origin, schema()[0], j["model"]["arch"]);
+    arch = j["model"]["arch"].get<std::string>();
+  }
+  bool kv_given = false;
+  for (const auto& k : schema()) {
+    json::json_pointer ptr(json_path(k.path));
+    if (!j.contains(ptr)) continue;
+    const json& v = j[ptr];
+    check_value(origin, k, v);
+    if (*k.arch && arch != k.arch) {
+      c.warnings.push_back(str(origin, ": ", k.path, " does not apply to arch ", arch, "; ignored"));
+      continue;
+    }
+    kv_given |= std::string(k.path) == "model.num_key_value_heads";
+    // An integer written where a number is expected is fine; store it as double.
+    k.set(c, k.kind == Kind::number ? json(v.get<double>()) : v);
+  }
+  auto& m = c.model;
+  if (!kv_given) m.num_key_value_heads = m.num_attention_heads;
+  if (m.arch == "gpt2") {
+    m.tie_word_embeddings = true;
+    m.num_key_value_heads = m.num_attention_heads;
+  } else if (!(j.contains("model") && j["model"].contains("tie_word_embeddings"))) {
+    m.tie_word_embeddings = false;
+  }
+  if (m.arch == "llama" && !(j.contains("model") && j["model"].contains("norm_eps"))) m.norm_eps = 1e-6;
+
+  // Cross-key rules.
+  auto bad = [&](const std::string& what) { throw UsageError(str(origin, ": ", what)); };
+  if (m.hidden_size % m.num_attention_heads != 0)
+    bad(str("model.hidden_size ", m.hidden_size, " is not divisible by model.num_attention_heads ",
+            m.num_attention_heads));
+  if (m.num_attention_heads % m.num_key_value_heads != 0)
+    bad(str("model.num_attention_heads ", m.num_attention_heads, " is not divisible by model.num_key_value_heads ",
+            m.num_key_value_heads));
+  if (m.arch == "llama" && m.head_dim() % 2 != 0) bad(str("llama head dim ", m.head_dim(), " must be even for RoPE"));
+  if (m.arch == "gpt2" && c.data.seq_len > m.max_position_embeddings)
+    bad(str("data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ", m.max_position_embeddings));
+  if (c.data.source != "synthetic" && c.data.path.empty())
+    bad(str("data.path is required for data.source \"", c.data.source, "\""));
+  if (c.data.source == "text" && m.vocab_size < 256) bad(str("data.source \"text\" needs model.vocab_size >= 256"));
+  if (c.train.min_lr > c.train.lr) bad(str("train.min_lr ", c.train.min_lr, " exceeds train.lr ", c.train.lr));
+
+  // The resolved config, every key present.
+  json r;
+  r["model"] = {{"arch", m.arch},
+                {"vocab_size", m.vocab_size},
+                {"hidden_size", m.hidden_size},
+                {"num_hidden_layers", m.num_hidden_layers},
+                {"num_attention_heads", m.num_attention_heads},
+                {"num_key_value_heads", m.num_key_value_heads},
+                {"intermediate_size", m.intermediate_size},
+                {"max_position_embeddings", m.max_position_embeddings},
+                {"rope_theta", m.rope_theta},
+                {"norm_eps", m.norm_eps},
+                {"tie_word_embeddings", m.tie_word_embeddings}};
+  r["data"] = {{"source", c.data.source}, {"path", c.data.path}, {"seq_len", c.data.seq_len},
+               {"batch_size", c.data.batch_size}};
+  const auto& t = c.train;
+  r["train"] = {{"steps", t.steps},         {"lr", t.lr},
+                {"min_lr", t.min_lr},       {"warmup_steps", t.warmup_steps},
+                {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
+                {"beta2", t.beta2},         {"eps", t.eps},
+                {"grad_clip", t.grad_clip}, {"seed", t.seed},
+                {"log_every", t.log_every}, {"checkpoint_dir", t.checkpoint_dir},
+                {"checkpoint_every", t.checkpoint_every}};
+  r["runtime"] = {{"device", c.runtime.device},
+                  {"dtype", c.runtime.dtype},
+                  {"threads", c.runtime.threads},
+                  {"activation_checkpointing", c.runtime.activation_checkpointing}};
+  r["sequence_parallel"] = {{"autosp_size", c.sequence_parallel.autosp_size}};
+  c.resolved = r;
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path);
+  if (!f) throw UsageError(str(path, ": cannot open config file"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) throw UsageError(str(path, ": not valid JSON"));
+  return parse_config(j, overrides, path);
+}
+
+}  // namespace autosp

@@ -1,0 +1,72 @@
+// The run configuration (config.json + --set overrides), validated against one schema table:
+// an unknown key, a wrong type or a value out of range is a UsageError naming the key path.
+// Knows nothing of graphs or kernels.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace autosp {
+
+struct ModelConfig {
+  std::string arch = "gpt2";  // "gpt2" | "llama"
+  int64_t vocab_size = 256, hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 4;
+  int64_t num_key_value_heads = 4;  // llama (defaults to num_attention_heads)
+  int64_t intermediate_size = 512;  // llama; GPT-2's MLP width is 4·hidden_size
+  int64_t max_position_embeddings = 1024;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_word_embeddings = true;  // GPT-2 always ties
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t mlp_width() const { return arch == "gpt2" ? 4 * hidden_size : intermediate_size; }
+  bool is_llama() const { return arch == "llama"; }
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // "synthetic" | "tokens" | "text"
+  std::string path;
+  int64_t seq_len = 256, batch_size = 4;
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+  int64_t seed = 1234, log_every = 10;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+};
+
+struct RuntimeConfig {
+  std::string device = "cpu";  // "cpu" | "cuda"
+  std::string dtype = "float32";
+  int64_t threads = 0;  // 0 = OpenMP's default
+  bool activation_checkpointing = false;
+};
+
+struct SequenceParallelConfig {
+  int64_t autosp_size = 1;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  RuntimeConfig runtime;
+  SequenceParallelConfig sequence_parallel;
+  nlohmann::json resolved;  // every key with its value after defaults and overrides
+  std::vector<std::string> warnings;  // keys that do not apply to the chosen arch
+};
+
+// Parse and validate. `overrides` are "key.path=value" strings (--set); a value is read as JSON
+// when it parses (numbers, true/false), otherwise as a string. `origin` names the source in errors.
+Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {},
+                    const std::string& origin = "config");
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace autosp

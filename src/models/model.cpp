@@ -1,0 +1,187 @@
+// GPT-2 and Llama graph builders. Shapes: B = batch, S = sequence, C = hidden, N = heads,
+// Nkv = key/value heads, D = head dim, V = vocab, I = MLP width.
+#include "models/model.h"
+
+#include <cmath>
+#include <random>
+
+#include "graph/builder.h"
+
+namespace autosp {
+namespace {
+
+const Dim B = Dim::sym("B"), S = Dim::sym("S");
+
+std::string gpt2_layer(int64_t l) { return "transformer.h." + std::to_string(l) + "."; }
+std::string llama_layer(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+struct Inputs {
+  Node *ids, *pos, *labels;
+};
+
+Inputs make_inputs(Builder& b) {
+  return {b.input("input_ids", DType::i64, {B, S}, Role::input_ids),
+          b.input("position_ids", DType::i64, {B, S}, Role::position_ids),
+          b.input("labels", DType::i64, {B, S}, Role::labels)};
+}
+
+// [B, S, H·D] → [B, H, S, D]
+Node* to_heads(Builder& b, Node* x, int64_t heads, int64_t D, const std::string& name) {
+  return b.transpose(b.reshape(x, {B, S, heads, D}, name + ".view"), 1, 2, name);
+}
+// [B, N, S, D] → [B, S, N·D]
+Node* from_heads(Builder& b, Node* x, int64_t N, int64_t D, const std::string& name) {
+  return b.reshape(b.transpose(x, 1, 2, name + ".t"), {B, S, N * D}, name);
+}
+
+void finish(Builder& b, Node* logits, Node* labels, DType dtype) {
+  Graph& g = b.graph();
+  b.set_prefix("");
+  logits->set_role(Role::logits);
+  Node* sum = b.cross_entropy_sum(logits, labels, "loss_sum");
+  Node* count = b.count_valid(labels, dtype, "valid_tokens");
+  Node* loss = b.div(sum, count, "loss");
+  loss->set_role(Role::loss);
+  g.add_output(logits);
+  g.add_output(loss);
+}
+
+std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt) {
+  auto g = std::make_unique<Graph>();
+  Builder b(*g);
+  const int64_t C = m.hidden_size, N = m.num_attention_heads, D = m.head_dim(), V = m.vocab_size;
+  auto in = make_inputs(b);
+  auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
+  // Parameters are created right before their first use, in a fixed order (argument evaluation
+  // order is unspecified in C++, so every node is made in its own statement).
+  Node* wte = p("transformer.wte.weight", {V, C});
+  Node* tok = b.embedding(wte, in.ids, "tok_emb");
+  Node* wpe = p("transformer.wpe.weight", {m.max_position_embeddings, C});
+  Node* x = b.add(tok, b.embedding(wpe, in.pos, "pos_emb"), "x");
+  auto layernorm = [&](Node* v, const std::string& pname, const std::string& name) {
+    Node* w = p(pname + ".weight", {C});
+    Node* bias = p(pname + ".bias", {C});
+    return b.layernorm(v, w, bias, m.norm_eps, name);
+  };
+  auto conv1d = [&](Node* v, const std::string& pname, int64_t in_dim, int64_t out_dim, const std::string& name) {
+    Node* w = p(pname + ".weight", {in_dim, out_dim});  // Conv1D: [in, out]
+    Node* bias = p(pname + ".bias", {out_dim});
+    return b.linear(v, w, bias, false, name);
+  };
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    const std::string h = gpt2_layer(l);
+    b.set_prefix("h" + std::to_string(l) + ".");
+    // attention: x [B, S, C] → qkv [B, S, 3C] → q, k, v [B, N, S, D]
+    Node* a = layernorm(x, h + "ln_1", "ln1");
+    Node* qkv = conv1d(a, h + "attn.c_attn", C, 3 * C, "qkv");
+    auto parts = b.split(qkv, 2, {C, C, C}, "qkv");
+    Node* q = to_heads(b, parts[0], N, D, "q");
+    Node* k = to_heads(b, parts[1], N, D, "k");
+    Node* v = to_heads(b, parts[2], N, D, "v");
+    Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn");
+    Node* proj = conv1d(from_heads(b, o, N, D, "attn_out"), h + "attn.c_proj", C, C, "attn_proj");
+    x = b.add(x, proj, "res1");
+    // MLP: [B, S, C] → [B, S, 4C] → [B, S, C]
+    Node* mm = layernorm(x, h + "ln_2", "ln2");
+    Node* fc = conv1d(mm, h + "mlp.c_fc", C, 4 * C, "fc");
+    Node* mlp = conv1d(b.gelu_tanh(fc, "gelu"), h + "mlp.c_proj", 4 * C, C, "mlp_proj");
+    x = b.add(x, mlp, "res2");
+  }
+  b.set_prefix("");
+  x = layernorm(x, "transformer.ln_f", "ln_f");
+  Node* logits = b.matmul(x, wte, false, true, "logits");  // tied head: x · wteᵀ
+  finish(b, logits, in.labels, dt);
+  return g;
+}
+
+std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt) {
+  auto g = std::make_unique<Graph>();
+  Builder b(*g);
+  const int64_t C = m.hidden_size, N = m.num_attention_heads, Nkv = m.num_key_value_heads, D = m.head_dim();
+  const int64_t V = m.vocab_size, I = m.intermediate_size;
+  auto in = make_inputs(b);
+  auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
+  Node* embed = p("model.embed_tokens.weight", {V, C});
+  Node* x = b.embedding(embed, in.ids, "x");
+  auto linear = [&](Node* v, const std::string& pname, int64_t out_dim, int64_t in_dim, const std::string& name) {
+    Node* w = p(pname + ".weight", {out_dim, in_dim});  // nn.Linear: [out, in]
+    return b.linear(v, w, nullptr, true, name);
+  };
+  auto rmsnorm = [&](Node* v, const std::string& pname, const std::string& name) {
+    Node* w = p(pname + ".weight", {C});
+    return b.rmsnorm(v, w, m.norm_eps, name);
+  };
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    const std::string h = llama_layer(l);
+    b.set_prefix("l" + std::to_string(l) + ".");
+    // attention: x [B, S, C] → q [B, N, S, D], k, v [B, Nkv, S, D]
+    Node* a = rmsnorm(x, h + "input_layernorm", "norm1");
+    Node* q = to_heads(b, linear(a, h + "self_attn.q_proj", N * D, C, "q_proj"), N, D, "q");
+    Node* k = to_heads(b, linear(a, h + "self_attn.k_proj", Nkv * D, C, "k_proj"), Nkv, D, "k");
+    Node* v = to_heads(b, linear(a, h + "self_attn.v_proj", Nkv * D, C, "v_proj"), Nkv, D, "v");
+    q = b.rope(q, in.pos, m.rope_theta, "q_rope");
+    k = b.rope(k, in.pos, m.rope_theta, "k_rope");
+    Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn");
+    Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, "o_proj");
+    x = b.add(x, proj, "res1");
+    // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
+    Node* mm = rmsnorm(x, h + "post_attention_layernorm", "norm2");
+    Node* gate = linear(mm, h + "mlp.gate_proj", I, C, "gate");
+    Node* up = linear(mm, h + "mlp.up_proj", I, C, "up");
+    Node* act = b.mul(b.silu(gate, "silu"), up, "swiglu");
+    Node* down = linear(act, h + "mlp.down_proj", C, I, "down");
+    x = b.add(x, down, "res2");
+  }
+  b.set_prefix("");
+  x = rmsnorm(x, "model.norm", "norm_f");
+  Node* head = m.tie_word_embeddings ? embed : p("lm_head.weight", {V, C});
+  Node* logits = b.matmul(x, head, false, true, "logits");
+  finish(b, logits, in.labels, dt);
+  return g;
+}
+
+}  // namespace
+
+std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype) {
+  return m.is_llama() ? build_llama(m, dtype) : build_gpt2(m, dtype);
+}
+
+std::vector<ParamSpec> param_specs(const ModelConfig& m) {
+  // The parameters are exactly the graph's parameter nodes (one source of truth).
+  auto g = build_forward(m, DType::f32);
+  std::vector<ParamSpec> out;
+  for (Node* n : g->with_role(Role::parameter)) {
+    Shape s;
+    for (const auto& d : n->shape()) s.push_back(d.value());
+    out.push_back({n->name(), s});
+  }
+  return out;
+}
+
+ParamMap init_params(const ModelConfig& m, uint64_t seed, DType dtype) {
+  std::mt19937_64 rng(seed);
+  const double resid_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.num_hidden_layers));
+  ParamMap out;
+  for (const auto& spec : param_specs(m)) {
+    const std::string& n = spec.name;
+    auto ends = [&](const char* suffix) { return n.size() >= std::char_traits<char>::length(suffix) &&
+                                                 n.compare(n.size() - std::char_traits<char>::length(suffix),
+                                                           std::string::npos, suffix) == 0; };
+    bool is_norm = n.find("ln_") != std::string::npos || n.find("layernorm") != std::string::npos ||
+                   n == "model.norm.weight";
+    std::vector<double> v(static_cast<size_t>(shape_numel(spec.shape)));
+    if (is_norm && ends(".weight")) {
+      std::fill(v.begin(), v.end(), 1.0);
+    } else if (ends(".bias")) {
+      std::fill(v.begin(), v.end(), 0.0);
+    } else {
+      bool resid = ends("c_proj.weight") || ends("o_proj.weight") || ends("down_proj.weight");
+      std::normal_distribution<double> nd(0.0, resid ? resid_std : 0.02);
+      for (auto& x : v) x = nd(rng);
+    }
+    out[n] = Tensor::from_vector(spec.shape, v).to(dtype);
+  }
+  return out;
+}
+
+}  // namespace autosp

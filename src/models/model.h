@@ -1,0 +1,35 @@
+// GPT-2 and Llama forward graphs with Hugging Face semantics, recorded on the symbols B (batch)
+// and S (sequence) through the Builder, plus the list of parameters with their HF names and shapes.
+// The graph's inputs are tagged input_ids, position_ids and labels (already shifted by the data
+// loader); its outputs are the logits [B, S, V] and the token-mean loss
+// loss = cross_entropy_sum(logits, labels) / count_valid(labels).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "models/config.h"
+#include "tensor/tensor.h"
+
+namespace autosp {
+
+using ParamMap = std::map<std::string, Tensor>;
+
+struct ParamSpec {
+  std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  Shape shape;       // Hugging Face layout ([out, in] for Linear, [in, out] for GPT-2 Conv1D)
+};
+
+std::vector<ParamSpec> param_specs(const ModelConfig& m);
+
+// The forward graph in `dtype` (f32 or f64). Outputs: logits, then loss.
+std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype);
+
+// Deterministic initialisation in the style of GPT-2 / Llama (normal(0, 0.02), residual
+// projections scaled by 1/sqrt(2·layers), norm weights 1, biases 0).
+ParamMap init_params(const ModelConfig& m, uint64_t seed, DType dtype);
+
+}  // namespace autosp

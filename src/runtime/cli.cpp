@@ -1,0 +1,34 @@
+// Exception → exit code mapping for the apps.
+#include "runtime/cli.h"
+
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <new>
+#include <nlohmann/json.hpp>
+
+#include "tensor/check.h"
+
+namespace autosp {
+
+int run_app(const char* app, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const cxxopts::exceptions::exception& e) {
+    std::fprintf(stderr, "error: %s (see %s --help)\n", e.what(), app);
+    return kExitUsage;
+  } catch (const RuntimeFailure& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return kExitRuntime;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return kExitRuntime;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s: %s\n", app, e.what());
+    return kExitRuntime;
+  }
+}
+
+}  // namespace autosp

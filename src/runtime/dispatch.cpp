@@ -1,0 +1,309 @@
+// CPU launchers and the dispatch table. Each launcher reads shapes from tensors, picks the element
+// type and calls a kernel in src/kernels/cpu. Every output is a fresh contiguous tensor, except
+// reshape, which is a view of its contiguous input.
+#include "runtime/dispatch.h"
+
+#include <array>
+#include <cstring>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/loss.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+
+namespace autosp {
+namespace {
+
+Tensor out_like(const KernelCall& c, DType dt) { return Tensor::empty(c.out_shape, dt, c.alloc); }
+
+// Call f.template operator()<T>() with T = float or double, by dtype.
+template <class F>
+Tensor by_float(const KernelCall& c, DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    default:
+      throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": ", dtype_name(dt),
+                           " compute is not supported on CPU (use float32 or float64)"));
+  }
+}
+
+// Integer ids as int64 (i32 ids are widened).
+Tensor ids64(const Tensor& t) { return t.dtype() == DType::i64 ? t.contiguous() : t.to(DType::i64); }
+
+Tensor embedding_cpu(const KernelCall& c) {
+  const Tensor& w = c.in[0];
+  Tensor ids = ids64(c.in[1]);
+  return by_float(c, w.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, w.dtype());
+    cpu::embedding_forward(w.data<T>(), ids.data<int64_t>(), y.data<T>(), ids.numel(), w.dim(0), w.dim(1));
+    return y;
+  });
+}
+
+Tensor matmul_cpu(const KernelCall& c) {
+  const Tensor a = c.in[0].contiguous(), b = c.in[1].contiguous();
+  const bool ta = c.node.attrs().b("trans_a"), tb = c.node.attrs().b("trans_b");
+  const int r = a.rank();
+  const int64_t M = c.out_shape[r - 2], N = c.out_shape[r - 1], K = a.dim(ta ? -2 : -1);
+  int64_t batch = a.numel() / (a.dim(-1) * a.dim(-2));
+  return by_float(c, a.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, a.dtype());
+    if (b.rank() == 2 && !ta)  // [..., M, K] · [K, N]: one GEMM with batch·M rows
+      cpu::gemm_batched<T>(false, tb, 1, batch * M, N, K, T(1), a.data<T>(), 0, b.data<T>(), 0, T(0), y.data<T>(), 0);
+    else
+      cpu::gemm_batched<T>(ta, tb, batch, M, N, K, T(1), a.data<T>(), M * K, b.data<T>(), b.rank() == 2 ? 0 : K * N,
+                           T(0), y.data<T>(), M * N);
+    return y;
+  });
+}
+
+// Strides of `t` broadcast (right-aligned) to `out` rank: 0 on broadcast dims.
+Shape broadcast_strides(const Tensor& t, const Shape& out) {
+  Shape st(out.size(), 0);
+  const size_t off = out.size() - t.shape().size();
+  for (size_t i = 0; i < t.shape().size(); ++i) st[off + i] = t.shape()[i] == 1 && out[off + i] != 1 ? 0 : t.strides()[i];
+  return st;
+}
+
+template <cpu::Binary kOp>
+Tensor binary_cpu(const KernelCall& c) {
+  const Tensor &a = c.in[0], &b = c.in[1];
+  const Shape& out = c.out_shape;
+  AUTOSP_ASSERT(static_cast<int>(out.size()) <= cpu::kMaxRank, "rank ", out.size(), " too large");
+  Shape sa = broadcast_strides(a, out), sb = broadcast_strides(b, out);
+  return by_float(c, a.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, a.dtype());
+    if (out.empty()) {
+      Shape one{1}, z{0};
+      cpu::binary<T>(kOp, 1, one.data(), a.data<T>(), z.data(), b.data<T>(), z.data(), y.data<T>());
+    } else {
+      cpu::binary<T>(kOp, static_cast<int>(out.size()), out.data(), a.data<T>(), sa.data(), b.data<T>(), sb.data(),
+                     y.data<T>());
+    }
+    return y;
+  });
+}
+
+template <cpu::Unary kOp>
+Tensor unary_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous();
+  double s = kOp == cpu::Unary::scale ? c.node.attrs().f("factor") : 0.0;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::unary<T>(kOp, x.data<T>(), y.data<T>(), x.numel(), s);
+    return y;
+  });
+}
+
+// Materialise a strided view of `x` as a contiguous tensor of the output shape.
+Tensor copy_view(const KernelCall& c, const Tensor& view) {
+  Tensor y = Tensor::empty(view.shape(), view.dtype(), c.alloc);
+  AUTOSP_ASSERT(view.rank() <= cpu::kMaxRank, "rank ", view.rank(), " too large");
+  const int64_t* sh = view.shape().data();
+  const int64_t* st = view.strides().data();
+  switch (dtype_size(view.dtype())) {
+    case 2: cpu::copy_strided(view.rank(), sh, view.data<uint16_t>(), st, y.data<uint16_t>()); break;
+    case 4:
+      cpu::copy_strided(view.rank(), sh, static_cast<const int32_t*>(view.raw()), st, static_cast<int32_t*>(y.raw()));
+      break;
+    default:
+      cpu::copy_strided(view.rank(), sh, static_cast<const int64_t*>(view.raw()), st, static_cast<int64_t*>(y.raw()));
+  }
+  return y;
+}
+
+Tensor reshape_cpu(const KernelCall& c) { return c.in[0].contiguous().reshape(c.out_shape); }
+
+Tensor permute_by(const KernelCall& c, const std::vector<int64_t>& perm) {
+  const Tensor& x = c.in[0];
+  Shape sh, st;
+  for (int64_t p : perm) {
+    sh.push_back(x.shape()[p]);
+    st.push_back(x.strides()[p]);
+  }
+  return copy_view(c, x.as_strided(sh, st, 0));
+}
+
+int axis(int64_t d, int rank) { return static_cast<int>(d < 0 ? d + rank : d); }
+
+Tensor transpose_cpu(const KernelCall& c) {
+  const int r = c.in[0].rank();
+  std::vector<int64_t> perm(r);
+  for (int i = 0; i < r; ++i) perm[i] = i;
+  std::swap(perm[axis(c.node.attrs().i("dim0"), r)], perm[axis(c.node.attrs().i("dim1"), r)]);
+  return permute_by(c, perm);
+}
+
+Tensor permute_cpu(const KernelCall& c) {
+  std::vector<int64_t> perm;
+  for (int64_t p : c.node.attrs().ints("perm")) perm.push_back(axis(p, c.in[0].rank()));
+  return permute_by(c, perm);
+}
+
+Tensor slice_cpu(const KernelCall& c) {
+  const Tensor& x = c.in[0];
+  const int d = axis(c.node.attrs().i("dim"), x.rank());
+  const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
+  const int64_t end = c.node.attrs().dim("end").eval(c.bindings);
+  if (start < 0 || end < start || end > x.dim(d))
+    throw UsageError(str("[slice] ", c.node.name(), ": bounds [", start, ", ", end, ") outside dim ", d, " of ", x.str()));
+  Shape sh = x.shape();
+  sh[d] = end - start;
+  return copy_view(c, x.as_strided(sh, x.strides(), start * x.strides()[d]));
+}
+
+// y [..., Σ n_i, ...] from x_i [..., n_i, ...]: for each index over the dims before `d`, the inputs'
+// contiguous blocks are laid side by side.
+Tensor concat_cpu(const KernelCall& c) {
+  const int d = axis(c.node.attrs().i("dim"), c.in[0].rank());
+  Tensor y = out_like(c, c.in[0].dtype());
+  const size_t es = dtype_size(y.dtype());
+  const int64_t outer = shape_numel(std::span(c.out_shape).first(d));
+  const int64_t y_block = outer ? y.numel() / outer : 0;
+  int64_t at = 0;  // offset of this input's block inside y's block, in elements
+  for (const Tensor& in : c.in) {
+    const Tensor x = in.contiguous();
+    const int64_t block = outer ? x.numel() / outer : 0;
+    const char* src = static_cast<const char*>(x.raw());
+    char* dst = static_cast<char*>(y.raw());
+#pragma omp parallel for if (outer > 64)
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(dst + (o * y_block + at) * es, src + o * block * es, static_cast<size_t>(block) * es);
+    at += block;
+  }
+  return y;
+}
+
+Tensor layernorm_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous();
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::layernorm_forward<T>(x.data<T>(), c.in[1].data<T>(), c.in[2].data<T>(), y.data<T>(), nullptr, nullptr, rows,
+                              C, c.node.attrs().f("eps"));
+    return y;
+  });
+}
+
+Tensor rmsnorm_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous();
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::rmsnorm_forward<T>(x.data<T>(), c.in[1].data<T>(), y.data<T>(), nullptr, rows, C, c.node.attrs().f("eps"));
+    return y;
+  });
+}
+
+Tensor softmax_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous();
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::softmax_forward<T>(x.data<T>(), y.data<T>(), rows, C);
+    return y;
+  });
+}
+
+Tensor rope_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous();
+  Tensor pos = ids64(c.in[1]);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::rope_forward<T>(x.data<T>(), pos.data<int64_t>(), y.data<T>(), x.dim(0), x.dim(1), x.dim(2), x.dim(3),
+                         c.node.attrs().f("theta"));
+    return y;
+  });
+}
+
+Tensor sdpa_cpu(const KernelCall& c) {
+  const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
+  return by_float(c, q.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, q.dtype());
+    cpu::sdpa_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), y.data<T>(), nullptr, q.dim(0), q.dim(1), k.dim(1),
+                         q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"));
+    return y;
+  });
+}
+
+Tensor cross_entropy_sum_cpu(const KernelCall& c) {
+  const Tensor logits = c.in[0].contiguous();
+  Tensor labels = ids64(c.in[1]);
+  const int64_t V = logits.dim(-1);
+  return by_float(c, logits.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, logits.dtype());
+    *y.data<T>() = static_cast<T>(cpu::cross_entropy_sum<T>(logits.data<T>(), labels.data<int64_t>(), labels.numel(), V,
+                                                            c.node.attrs().i("ignore_index")));
+    return y;
+  });
+}
+
+Tensor count_valid_cpu(const KernelCall& c) {
+  Tensor labels = ids64(c.in[0]);
+  const DType dt = c.node.dtype();
+  return by_float(c, dt, [&]<class T>() {
+    Tensor y = out_like(c, dt);
+    *y.data<T>() = static_cast<T>(cpu::count_valid(labels.data<int64_t>(), labels.numel(), c.node.attrs().i("ignore_index")));
+    return y;
+  });
+}
+
+Tensor leaf(const KernelCall& c) {
+  AUTOSP_ASSERT(false, "leaf node ", c.node.name(), " is fed, not dispatched");
+  return {};
+}
+
+Tensor no_cuda(const KernelCall& c) {
+  throw RuntimeFailure(str(c.node.op_name(), " has no CUDA kernel"));
+}
+
+using cpu::Binary;
+using cpu::Unary;
+constexpr std::array<KernelRow, kNumOps> kKernels{{
+    {Op::input, leaf, leaf},
+    {Op::parameter, leaf, leaf},
+    {Op::embedding, embedding_cpu, no_cuda},
+    {Op::matmul, matmul_cpu, no_cuda},
+    {Op::add, binary_cpu<Binary::add>, no_cuda},
+    {Op::sub, binary_cpu<Binary::sub>, no_cuda},
+    {Op::mul, binary_cpu<Binary::mul>, no_cuda},
+    {Op::div, binary_cpu<Binary::div>, no_cuda},
+    {Op::scale, unary_cpu<Unary::scale>, no_cuda},
+    {Op::neg, unary_cpu<Unary::neg>, no_cuda},
+    {Op::exp, unary_cpu<Unary::exp>, no_cuda},
+    {Op::gelu_tanh, unary_cpu<Unary::gelu_tanh>, no_cuda},
+    {Op::silu, unary_cpu<Unary::silu>, no_cuda},
+    {Op::reshape, reshape_cpu, no_cuda},
+    {Op::transpose, transpose_cpu, no_cuda},
+    {Op::permute, permute_cpu, no_cuda},
+    {Op::slice, slice_cpu, no_cuda},
+    {Op::concat, concat_cpu, no_cuda},
+    {Op::layernorm, layernorm_cpu, no_cuda},
+    {Op::rmsnorm, rmsnorm_cpu, no_cuda},
+    {Op::softmax, softmax_cpu, no_cuda},
+    {Op::rope, rope_cpu, no_cuda},
+    {Op::sdpa, sdpa_cpu, no_cuda},
+    {Op::cross_entropy_sum, cross_entropy_sum_cpu, no_cuda},
+    {Op::count_valid, count_valid_cpu, no_cuda},
+}};
+
+constexpr bool kernels_in_order() {
+  for (size_t i = 0; i < kKernels.size(); ++i)
+    if (static_cast<size_t>(kKernels[i].op) != i || !kKernels[i].cpu || !kKernels[i].cuda) return false;
+  return true;
+}
+static_assert(kKernels.size() == kNumOps, "every op needs a row in the kernel dispatch table");
+static_assert(kernels_in_order(), "dispatch rows must follow the Op enum order and name both launchers");
+
+}  // namespace
+
+Tensor dispatch(const KernelCall& call, DeviceKind device) {
+  const KernelRow& row = kKernels[static_cast<size_t>(call.node.op())];
+  return device == DeviceKind::cuda ? row.cuda(call) : row.cpu(call);
+}
+
+}  // namespace autosp

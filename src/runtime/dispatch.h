@@ -1,0 +1,33 @@
+// The kernel dispatch table: one row per op (same enum as the op table in src/graph) with a CPU
+// launcher and a CUDA launcher. A launcher turns tensors into the raw pointers and sizes of a
+// kernel in src/kernels/{cpu,cuda}. An op without a CUDA kernel has an explicit entry that throws
+// "<op> has no CUDA kernel". static_asserts keep the table complete.
+#pragma once
+
+#include <span>
+
+#include "graph/ir.h"
+#include "tensor/tensor.h"
+
+namespace autosp {
+
+struct KernelCall {
+  const Node& node;
+  std::span<const Tensor> in;
+  const Shape& out_shape;    // the node's shape with symbols bound
+  const Bindings& bindings;  // for attributes that are dims (slice bounds)
+  Allocator& alloc;
+};
+
+using KernelFn = Tensor (*)(const KernelCall&);
+
+struct KernelRow {
+  Op op;
+  KernelFn cpu;
+  KernelFn cuda;
+};
+
+// Run `call.node` on the device of its inputs. Leaves (input, parameter) are not dispatched.
+Tensor dispatch(const KernelCall& call, DeviceKind device);
+
+}  // namespace autosp

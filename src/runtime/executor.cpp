@@ -1,0 +1,93 @@
+// Executor: symbol binding, assumption checks, in-order dispatch with last-use freeing.
+#include "runtime/executor.h"
+
+#include "runtime/dispatch.h"
+
+namespace autosp {
+
+Shape eval_shape(const SymShape& s, const Bindings& b) {
+  Shape out;
+  for (const auto& d : s) out.push_back(d.eval(b));
+  return out;
+}
+
+Executor::Executor(const Graph& g) : g_(g), last_use_(g.size()) {
+  for (const auto& n : g.nodes()) {
+    size_t at = g.position(n.get());
+    last_use_[at] = at;
+    for (const Node* i : n->inputs()) last_use_[g.position(i)] = at;
+  }
+}
+
+Bindings Executor::bind(const TensorMap& feeds) const {
+  Bindings b;
+  std::vector<const Node*> leaves;
+  for (const auto& n : g_.nodes()) {
+    if (n->op() != Op::input && n->op() != Op::parameter) continue;
+    auto it = feeds.find(n->name());
+    if (it == feeds.end()) throw UsageError(str("no tensor fed for ", n->op_name(), " '", n->name(), "'"));
+    const Tensor& t = it->second;
+    if (t.dtype() != n->dtype())
+      throw UsageError(str("'", n->name(), "' is ", t.str(), ", the graph expects ", n->type().str()));
+    if (t.rank() != n->type().rank())
+      throw UsageError(str("'", n->name(), "' is ", t.str(), ", the graph expects ", n->type().str()));
+    for (int i = 0; i < t.rank(); ++i) {
+      const Dim& d = n->shape()[i];
+      if (d.is_symbol() && !b.count(d.symbol_name())) b[d.symbol_name()] = t.dim(i);
+    }
+    leaves.push_back(n.get());
+  }
+  for (const Node* n : leaves) {
+    const Tensor& t = feeds.at(n->name());
+    for (int i = 0; i < t.rank(); ++i) {
+      int64_t want = n->shape()[i].eval(b);
+      if (want != t.dim(i))
+        throw UsageError(str("'", n->name(), "' is ", t.str(), " but the graph expects ", n->type().str(), " = ",
+                             shape_str(eval_shape(n->shape(), b))));
+    }
+  }
+  for (const auto& a : g_.assumptions()) {
+    int64_t v = a.expr.eval(b);
+    if (v % a.modulus != 0) {
+      std::string sizes;
+      for (const auto& [k, x] : b) sizes += (sizes.empty() ? "" : ", ") + k + " = " + std::to_string(x);
+      throw UsageError(str("assumption ", a.str(), " does not hold (", sizes, ")"));
+    }
+  }
+  return b;
+}
+
+RunResult Executor::run(const TensorMap& feeds) const {
+  RunResult r;
+  r.bindings = bind(feeds);
+  Allocator& alloc = cpu_allocator();
+  alloc.reset_peak();
+  std::vector<Tensor> values(g_.size());
+  std::vector<Tensor> args;
+  for (const auto& up : g_.nodes()) {
+    const Node& n = *up;
+    const size_t at = g_.position(&n);
+    if (n.op() == Op::input || n.op() == Op::parameter) {
+      values[at] = feeds.at(n.name());
+      continue;
+    }
+    args.clear();
+    for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
+    Shape shape = eval_shape(n.shape(), r.bindings);
+    values[at] = dispatch(KernelCall{n, args, shape, r.bindings, alloc}, args.empty() ? DeviceKind::cpu : args[0].device().kind);
+    AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
+                  shape_str(shape));
+    // Free inputs whose last use this was (fed tensors stay alive with the caller).
+    for (const Node* i : n.inputs()) {
+      size_t ip = g_.position(i);
+      if (last_use_[ip] == at && !g_.is_output(i)) values[ip] = Tensor();
+    }
+    if (last_use_[at] == at && !g_.is_output(&n)) values[at] = Tensor();
+  }
+  args.clear();
+  for (const Node* o : g_.outputs()) r.outputs[o->name()] = values[g_.position(o)];
+  r.peak_bytes = alloc.peak_bytes();
+  return r;
+}
+
+}  // namespace autosp

@@ -1,0 +1,41 @@
+// The executor: binds the graph's symbols (B, S, ...) to the sizes of the fed tensors, checks the
+// graph's assumptions (a violated one is a UsageError naming it), then runs the nodes in order
+// through the kernel dispatch table, freeing each intermediate after its last use. It reports the
+// peak bytes held during the run. Joins src/graph and src/kernels; holds no model knowledge.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "graph/ir.h"
+#include "tensor/tensor.h"
+
+namespace autosp {
+
+using TensorMap = std::map<std::string, Tensor>;
+
+struct RunResult {
+  TensorMap outputs;     // graph outputs by node name
+  Bindings bindings;     // the symbol sizes used
+  size_t peak_bytes = 0; // allocator high-water mark during the run (includes fed tensors)
+};
+
+class Executor {
+ public:
+  explicit Executor(const Graph& g);
+
+  // `feeds` holds a tensor for every input node (by node name) and every parameter (by name).
+  RunResult run(const TensorMap& feeds) const;
+
+  // Bind symbols from the feeds' shapes and check every dim and assumption.
+  Bindings bind(const TensorMap& feeds) const;
+
+ private:
+  const Graph& g_;
+  std::vector<size_t> last_use_;  // per node: position of its last user (or itself)
+};
+
+// Concrete shape of a symbolic one.
+Shape eval_shape(const SymShape& s, const Bindings& b);
+
+}  // namespace autosp

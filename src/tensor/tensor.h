@@ -1,0 +1,85 @@
+// Tensor: a dtype, a shape, strides (in elements) and an offset into shared storage that came from
+// an Allocator. Copies share storage (like torch.Tensor); clone() copies data. Knows nothing of graphs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tensor/allocator.h"
+#include "tensor/check.h"
+#include "tensor/dtype.h"
+
+namespace autosp {
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_str(std::span<const int64_t> shape);  // "[2, 3, 4]"
+int64_t shape_numel(std::span<const int64_t> shape);
+Shape contiguous_strides(std::span<const int64_t> shape);
+
+class Storage {
+ public:
+  Storage(Allocator& alloc, size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return alloc_.device(); }
+
+ private:
+  Allocator& alloc_;
+  void* data_;
+  size_t nbytes_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(Shape shape, DType dtype, Allocator& alloc = cpu_allocator());
+  static Tensor zeros(Shape shape, DType dtype);  // CPU
+  template <class T>
+  static Tensor from_vector(Shape shape, const std::vector<T>& values);  // CPU, T in f32/f64/i32/i64
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int64_t dim(int i) const { return shape_.at(i < 0 ? i + rank() : i); }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  Device device() const { return storage_ ? storage_->device() : Device{}; }
+  bool is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+  void* raw() const;  // pointer to element 0 (offset applied)
+  template <class T>
+  T* data() const {
+    AUTOSP_ASSERT(dtype_of<T> == dtype_ || (sizeof(T) == 2 && dtype_size(dtype_) == 2),
+                  "data<T>() on a ", dtype_name(dtype_), " tensor");
+    return static_cast<T*>(raw());
+  }
+
+  // Views (share storage).
+  Tensor reshape(Shape shape) const;  // requires contiguous
+  Tensor as_strided(Shape shape, Shape strides, int64_t offset) const;
+
+  // Copies.
+  Tensor contiguous() const;  // a contiguous copy (or *this when already contiguous)
+  Tensor clone() const;
+  Tensor to(DType dtype) const;        // CPU dtype conversion (copy)
+  std::vector<double> to_doubles() const;  // CPU, any dtype, row-major
+
+  std::string str() const;  // "f32[2, 3]"
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  int64_t offset_ = 0;  // elements
+  Shape shape_, strides_;
+  DType dtype_ = DType::f32;
+};
+
+}  // namespace autosp

@@ -1,0 +1,292 @@
+// Naive reference implementations for tests: the obvious loops, in double, over row-major data in
+// std::vector<double> with explicit shapes. They must stay independent of src/ (no kernel code, no
+// shared helpers), so a bug in a kernel cannot hide in its reference. Used by the kernel tests and
+// by the graph-level op-case table.
+//
+// Notation: B = batch, N = query heads, Nkv = kv heads, S = sequence, D = head dim, C = channels,
+// V = vocab. All tensors are contiguous row-major unless a signature says otherwise.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+namespace autosp::naive {
+
+using Vec = std::vector<double>;
+using Shape = std::vector<int64_t>;
+
+inline int64_t numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// n values drawn from N(0, stddev²) with a fixed seed (deterministic across runs and platforms
+// that share libstdc++'s distributions).
+inline Vec random_normal(int64_t n, uint32_t seed, double stddev = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> dist(0.0, stddev);
+  Vec x(size_t(n), 0.0);
+  for (double& v : x) v = dist(gen);
+  return x;
+}
+
+// n values drawn uniformly from [lo, hi) with a fixed seed.
+inline Vec random_uniform(int64_t n, uint32_t seed, double lo, double hi) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Vec x(size_t(n), 0.0);
+  for (double& v : x) v = dist(gen);
+  return x;
+}
+
+// ---- matmul ------------------------------------------------------------------------------------
+
+// One GEMM: returns alpha · op(A) · op(B) + beta · C, C [M, N]. op(A) is [M, K]: A is stored [M, K],
+// or [K, M] when trans_a. op(B) is [K, N]: B is stored [K, N], or [N, K] when trans_b. beta == 0
+// ignores C (which may then be empty).
+inline Vec gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const Vec& a,
+                const Vec& b, double beta, const Vec& c) {
+  Vec out(size_t(M * N), 0.0);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < K; ++p) {
+        const double av = trans_a ? a[size_t(p * M + i)] : a[size_t(i * K + p)];
+        const double bv = trans_b ? b[size_t(j * K + p)] : b[size_t(p * N + j)];
+        sum += av * bv;
+      }
+      out[size_t(i * N + j)] = alpha * sum + (beta == 0 ? 0.0 : beta * c[size_t(i * N + j)]);
+    }
+  return out;
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+inline double gelu_tanh(double x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
+inline double relu(double x) { return x > 0 ? x : 0.0; }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+
+// y[i] = f(x[i]).
+inline Vec map(const Vec& x, const std::function<double(double)>& f) {
+  Vec y(x.size(), 0.0);
+  for (size_t i = 0; i < x.size(); ++i) y[i] = f(x[i]);
+  return y;
+}
+
+// NumPy broadcasting of two shapes (aligned at the right; a dim of 1 stretches). Throws
+// std::invalid_argument when they do not broadcast.
+inline Shape broadcast_shape(const Shape& a, const Shape& b) {
+  const size_t r = std::max(a.size(), b.size());
+  Shape out(r, 1);
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    const int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    if (da != db && da != 1 && db != 1) throw std::invalid_argument("shapes do not broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// out = f(a, b) with NumPy broadcasting; out has broadcast_shape(a_shape, b_shape).
+inline Vec broadcast_binary(const Vec& a, const Shape& a_shape, const Vec& b, const Shape& b_shape,
+                            const std::function<double(double, double)>& f) {
+  const Shape out_shape = broadcast_shape(a_shape, b_shape);
+  const size_t r = out_shape.size();
+  Vec out(size_t(numel(out_shape)), 0.0);
+  Shape idx(r, 0);
+  for (size_t lin = 0; lin < out.size(); ++lin) {
+    // idx = multi-index of lin in out_shape
+    for (int64_t rem = int64_t(lin), d = int64_t(r) - 1; d >= 0; --d) {
+      idx[size_t(d)] = rem % out_shape[size_t(d)];
+      rem /= out_shape[size_t(d)];
+    }
+    auto offset = [&](const Shape& shape) {
+      int64_t off = 0;
+      for (size_t d = 0; d < shape.size(); ++d) {
+        const int64_t i = shape[d] == 1 ? 0 : idx[d + (r - shape.size())];
+        off = off * shape[d] + i;
+      }
+      return size_t(off);
+    };
+    out[lin] = f(a[offset(a_shape)], b[offset(b_shape)]);
+  }
+  return out;
+}
+
+// Permutes the dims of x [shape]: out dim d is input dim perm[d] (torch.permute).
+inline Vec permute(const Vec& x, const Shape& shape, const std::vector<int>& perm) {
+  const size_t r = shape.size();
+  Shape out_shape(r), in_idx(r, 0);
+  for (size_t d = 0; d < r; ++d) out_shape[d] = shape[size_t(perm[d])];
+  Vec out(x.size(), 0.0);
+  for (size_t lin = 0; lin < out.size(); ++lin) {
+    for (int64_t rem = int64_t(lin), d = int64_t(r) - 1; d >= 0; --d) {
+      in_idx[size_t(perm[size_t(d)])] = rem % out_shape[size_t(d)];
+      rem /= out_shape[size_t(d)];
+    }
+    int64_t off = 0;
+    for (size_t d = 0; d < r; ++d) off = off * shape[d] + in_idx[d];
+    out[lin] = x[size_t(off)];
+  }
+  return out;
+}
+
+// ---- normalisation -----------------------------------------------------------------------------
+
+// x [rows, C]; w, b [C] (b may be empty). mean, rstd [rows] are written when non-null.
+inline Vec layernorm(const Vec& x, const Vec& w, const Vec& b, int64_t rows, int64_t C, double eps,
+                     Vec* mean = nullptr, Vec* rstd = nullptr) {
+  Vec y(x.size(), 0.0);
+  if (mean) mean->assign(size_t(rows), 0.0);
+  if (rstd) rstd->assign(size_t(rows), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mu = 0;
+    for (int64_t c = 0; c < C; ++c) mu += x[size_t(r * C + c)];
+    mu /= double(C);
+    double var = 0;
+    for (int64_t c = 0; c < C; ++c) var += (x[size_t(r * C + c)] - mu) * (x[size_t(r * C + c)] - mu);
+    var /= double(C);
+    const double rs = 1.0 / std::sqrt(var + eps);
+    for (int64_t c = 0; c < C; ++c)
+      y[size_t(r * C + c)] =
+          (x[size_t(r * C + c)] - mu) * rs * w[size_t(c)] + (b.empty() ? 0.0 : b[size_t(c)]);
+    if (mean) (*mean)[size_t(r)] = mu;
+    if (rstd) (*rstd)[size_t(r)] = rs;
+  }
+  return y;
+}
+
+// x [rows, C]; w [C]. y = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps), written to rstd [rows].
+inline Vec rmsnorm(const Vec& x, const Vec& w, int64_t rows, int64_t C, double eps,
+                   Vec* rstd = nullptr) {
+  Vec y(x.size(), 0.0);
+  if (rstd) rstd->assign(size_t(rows), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (int64_t c = 0; c < C; ++c) ms += x[size_t(r * C + c)] * x[size_t(r * C + c)];
+    const double rs = 1.0 / std::sqrt(ms / double(C) + eps);
+    for (int64_t c = 0; c < C; ++c) y[size_t(r * C + c)] = x[size_t(r * C + c)] * rs * w[size_t(c)];
+    if (rstd) (*rstd)[size_t(r)] = rs;
+  }
+  return y;
+}
+
+// Softmax over the last dim of x [rows, C].
+inline Vec softmax(const Vec& x, int64_t rows, int64_t C) {
+  Vec y(x.size(), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t c = 0; c < C; ++c) mx = std::max(mx, x[size_t(r * C + c)]);
+    double sum = 0;
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(x[size_t(r * C + c)] - mx);
+    for (int64_t c = 0; c < C; ++c) y[size_t(r * C + c)] = std::exp(x[size_t(r * C + c)] - mx) / sum;
+  }
+  return y;
+}
+
+// ---- attention ---------------------------------------------------------------------------------
+
+// Materialises the full score matrix. q [B, N, Sq, D], k, v [B, Nkv, Skv, D] → o [B, N, Sq, D];
+// query head h reads kv head h / (N / Nkv). Causal: query i sees keys j ≤ i + (Skv - Sq). A query
+// that sees no key gets o = 0 and lse = -inf. lse [B, N, Sq] is written when non-null.
+inline Vec sdpa(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t N, int64_t Nkv,
+                int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, Vec* lse = nullptr) {
+  Vec o(size_t(B * N * Sq * D), 0.0);
+  if (lse) lse->assign(size_t(B * N * Sq), 0.0);
+  const int64_t group = N / Nkv;
+  Vec score(size_t(Sq * Skv), 0.0);  // [Sq, Skv]
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < N; ++h) {
+      const int64_t hk = h / group;
+      const double* qh = q.data() + (b * N + h) * Sq * D;
+      const double* kh = k.data() + (b * Nkv + hk) * Skv * D;
+      const double* vh = v.data() + (b * Nkv + hk) * Skv * D;
+      double* oh = o.data() + (b * N + h) * Sq * D;
+      for (int64_t i = 0; i < Sq; ++i)
+        for (int64_t j = 0; j < Skv; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += qh[i * D + d] * kh[j * D + d];
+          const bool visible = !causal || j <= i + (Skv - Sq);
+          score[size_t(i * Skv + j)] = visible ? dot * scale : -std::numeric_limits<double>::infinity();
+        }
+      for (int64_t i = 0; i < Sq; ++i) {
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < Skv; ++j) mx = std::max(mx, score[size_t(i * Skv + j)]);
+        double sum = 0;
+        if (mx > -std::numeric_limits<double>::infinity())
+          for (int64_t j = 0; j < Skv; ++j) sum += std::exp(score[size_t(i * Skv + j)] - mx);
+        for (int64_t j = 0; j < Skv && sum > 0; ++j) {
+          const double p = std::exp(score[size_t(i * Skv + j)] - mx) / sum;
+          for (int64_t d = 0; d < D; ++d) oh[i * D + d] += p * vh[j * D + d];
+        }
+        if (lse)
+          (*lse)[size_t((b * N + h) * Sq + i)] =
+              sum > 0 ? mx + std::log(sum) : -std::numeric_limits<double>::infinity();
+      }
+    }
+  return o;
+}
+
+// ---- rope --------------------------------------------------------------------------------------
+
+// Rotate-half RoPE in double. x [B, N, S, D], position_ids [B, S]:
+// y[.., i] = x[i]·cos(a_i) - x[i + D/2]·sin(a_i), y[.., i + D/2] = x[i + D/2]·cos(a_i) + x[i]·sin(a_i)
+// with a_i = pos · theta^(-2i/D), i < D/2.
+inline Vec rope(const Vec& x, const std::vector<int64_t>& position_ids, int64_t B, int64_t N,
+                int64_t S, int64_t D, double theta) {
+  Vec y(x.size(), 0.0);
+  const int64_t H = D / 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s) {
+        const double pos = double(position_ids[size_t(b * S + s)]);
+        const size_t row = size_t(((b * N + n) * S + s) * D);
+        for (int64_t i = 0; i < H; ++i) {
+          const double a = pos / std::pow(theta, double(2 * i) / double(D));
+          const double x1 = x[row + size_t(i)], x2 = x[row + size_t(i + H)];
+          y[row + size_t(i)] = x1 * std::cos(a) - x2 * std::sin(a);
+          y[row + size_t(i + H)] = x2 * std::cos(a) + x1 * std::sin(a);
+        }
+      }
+  return y;
+}
+
+// ---- loss and embedding ------------------------------------------------------------------------
+
+// Σ over rows whose label is not ignore_index of (log Σ_j exp(logits[r, j]) - logits[r, label]).
+// logits [rows, V]. Labels must be valid (the reference does not check).
+inline double cross_entropy(const Vec& logits, const std::vector<int64_t>& labels, int64_t rows,
+                            int64_t V, int64_t ignore_index = -100) {
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (labels[size_t(r)] == ignore_index) continue;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, logits[size_t(r * V + j)]);
+    double sum = 0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(logits[size_t(r * V + j)] - mx);
+    total += mx + std::log(sum) - logits[size_t(r * V + labels[size_t(r)])];
+  }
+  return total;
+}
+
+// weight [V, C], ids [n] → out [n, C]. Ids must be valid (the reference does not check).
+inline Vec embedding(const Vec& weight, const std::vector<int64_t>& ids, int64_t C) {
+  Vec out(ids.size() * size_t(C), 0.0);
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int64_t c = 0; c < C; ++c) out[i * size_t(C) + size_t(c)] = weight[size_t(ids[i] * C + c)];
+  return out;
+}
+
+}  // namespace autosp::naive

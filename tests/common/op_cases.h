@@ -1,0 +1,176 @@
+// The op-case table: one row per op (at least), each a tiny graph over symbolic B and S, its input
+// specs, and an independent reference in double from tests/common/naive.h. It drives the forward
+// op tests now, and the gradient checks and CPU-vs-CUDA comparisons as those land.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/naive.h"
+#include "graph/builder.h"
+
+namespace autosp::testing {
+
+using naive::Vec;
+
+struct InputSpec {
+  SymShape shape;
+  bool ids = false;      // integer input (i64) with values in [0, hi)
+  int64_t hi = 0;
+  bool ignore = false;   // some ids are set to -100 (labels)
+};
+
+struct OpCase {
+  std::string name;
+  Op op;  // the op the case is about (for the completeness check)
+  std::vector<InputSpec> inputs;
+  std::function<Node*(Builder&, const std::vector<Node*>&)> build;
+  // in: the input values (ids as doubles), shapes: their concrete shapes.
+  std::function<Vec(const std::vector<Vec>& in, const std::vector<naive::Shape>& shapes)> ref;
+};
+
+inline const Bindings& op_case_bindings() {
+  static const Bindings b{{"B", 2}, {"S", 5}};
+  return b;
+}
+
+inline std::vector<int64_t> as_ids(const Vec& v) { return std::vector<int64_t>(v.begin(), v.end()); }
+
+inline const std::vector<OpCase>& op_cases() {
+  using naive::Shape;
+  static const Dim B = Dim::sym("B"), S = Dim::sym("S");
+  auto unary = [](std::string name, Op op, std::function<double(double)> f) {
+    return OpCase{name, op, {{{B, S, 6}}},
+                  [op](Builder& b, const std::vector<Node*>& x) { return b.graph().add(op, {x[0]}, {}, "y"); },
+                  [f](const std::vector<Vec>& in, const std::vector<Shape>&) { return naive::map(in[0], f); }};
+  };
+  auto binary = [](std::string name, Op op, SymShape sa, SymShape sb, std::function<double(double, double)> f) {
+    return OpCase{name, op, {{sa}, {sb}},
+                  [op](Builder& b, const std::vector<Node*>& x) { return b.graph().add(op, {x[0], x[1]}, {}, "y"); },
+                  [f](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+                    return naive::broadcast_binary(in[0], sh[0], in[1], sh[1], f);
+                  }};
+  };
+  auto gemm_case = [](std::string name, SymShape sa, SymShape sb, bool ta, bool tb) {
+    return OpCase{name, Op::matmul, {{sa}, {sb}},
+                  [ta, tb](Builder& b, const std::vector<Node*>& x) { return b.matmul(x[0], x[1], ta, tb); },
+                  [ta, tb](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+                    const auto& a = sh[0];
+                    const auto& bs = sh[1];
+                    const int64_t r = static_cast<int64_t>(a.size());
+                    const int64_t M = ta ? a[r - 1] : a[r - 2], K = ta ? a[r - 2] : a[r - 1];
+                    const int64_t N = tb ? bs[bs.size() - 2] : bs[bs.size() - 1];
+                    const int64_t batch = naive::numel(a) / (M * K);
+                    const bool shared = bs.size() == 2;
+                    Vec out;
+                    for (int64_t i = 0; i < batch; ++i) {
+                      Vec ai(in[0].begin() + i * M * K, in[0].begin() + (i + 1) * M * K);
+                      Vec bi = shared ? in[1] : Vec(in[1].begin() + i * K * N, in[1].begin() + (i + 1) * K * N);
+                      Vec c = naive::gemm(ta, tb, M, N, K, 1.0, ai, bi, 0.0, {});
+                      out.insert(out.end(), c.begin(), c.end());
+                    }
+                    return out;
+                  }};
+  };
+  static const std::vector<OpCase> cases = {
+      {"embedding", Op::embedding, {{{11, 4}}, {{B, S}, true, 11}},
+       [](Builder& b, const std::vector<Node*>& x) { return b.embedding(x[0], x[1]); },
+       [](const std::vector<Vec>& in, const std::vector<Shape>&) { return naive::embedding(in[0], as_ids(in[1]), 4); }},
+      gemm_case("matmul", {B, S, 6}, {6, 3}, false, false),
+      gemm_case("matmul_trans_b", {B, S, 6}, {3, 6}, false, true),
+      gemm_case("matmul_batched_trans_a", {B, 4, 6, S}, {B, 4, 6, 3}, true, false),
+      gemm_case("matmul_batched_trans_b", {B, 3, S, 4}, {B, 3, S, 4}, false, true),
+      binary("add", Op::add, {B, S, 6}, {6}, [](double a, double b) { return a + b; }),
+      binary("add_mid_broadcast", Op::add, {B, 1, S, 3}, {4, 1, 3}, [](double a, double b) { return a + b; }),
+      binary("sub", Op::sub, {B, S, 6}, {B, S, 6}, [](double a, double b) { return a - b; }),
+      binary("mul", Op::mul, {B, S, 1}, {S, 6}, [](double a, double b) { return a * b; }),
+      binary("div", Op::div, {B, S, 6}, {B, 1, 1}, [](double a, double b) { return a / b; }),
+      OpCase{"scale", Op::scale, {{{B, S, 6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.scale(x[0], -0.375); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) {
+               return naive::map(in[0], [](double v) { return -0.375 * v; });
+             }},
+      unary("neg", Op::neg, [](double v) { return -v; }),
+      unary("exp", Op::exp, [](double v) { return std::exp(v); }),
+      unary("gelu_tanh", Op::gelu_tanh, naive::gelu_tanh),
+      unary("silu", Op::silu, naive::silu),
+      OpCase{"reshape", Op::reshape, {{{B, S, 6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.reshape(x[0], {B * S, 2, 3}); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return in[0]; }},
+      OpCase{"transpose", Op::transpose, {{{B, S, 3, 4}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.transpose(x[0], 1, 2); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) { return naive::permute(in[0], sh[0], {0, 2, 1, 3}); }},
+      OpCase{"permute", Op::permute, {{{B, S, 3, 4}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.permute(x[0], {3, 0, 2, 1}); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) { return naive::permute(in[0], sh[0], {3, 0, 2, 1}); }},
+      OpCase{"slice", Op::slice, {{{B, S, 6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.slice(x[0], 1, S / 2, S); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               Vec out;
+               const int64_t s = sh[0][1], c = sh[0][2];
+               for (int64_t i = 0; i < sh[0][0]; ++i)
+                 for (int64_t t = s / 2; t < s; ++t)
+                   for (int64_t k = 0; k < c; ++k) out.push_back(in[0][(i * s + t) * c + k]);
+               return out;
+             }},
+      OpCase{"concat", Op::concat, {{{B, S, 2}}, {{B, S, 3}}, {{B, S, 1}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.concat({x[0], x[1], x[2]}, 2); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               Vec out;
+               const int64_t rows = sh[0][0] * sh[0][1];
+               for (int64_t r = 0; r < rows; ++r)
+                 for (size_t j = 0; j < in.size(); ++j) {
+                   const int64_t w = sh[j][2];
+                   out.insert(out.end(), in[j].begin() + r * w, in[j].begin() + (r + 1) * w);
+                 }
+               return out;
+             }},
+      OpCase{"layernorm", Op::layernorm, {{{B, S, 8}}, {{8}}, {{8}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.layernorm(x[0], x[1], x[2], 1e-5); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::layernorm(in[0], in[1], in[2], naive::numel(sh[0]) / 8, 8, 1e-5);
+             }},
+      OpCase{"rmsnorm", Op::rmsnorm, {{{B, S, 8}}, {{8}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.rmsnorm(x[0], x[1], 1e-6); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::rmsnorm(in[0], in[1], naive::numel(sh[0]) / 8, 8, 1e-6);
+             }},
+      OpCase{"softmax", Op::softmax, {{{B, S, 7}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.softmax(x[0]); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::softmax(in[0], naive::numel(sh[0]) / 7, 7);
+             }},
+      OpCase{"rope", Op::rope, {{{B, 3, S, 8}}, {{B, S}, true, 40}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.rope(x[0], x[1], 10000.0); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::rope(in[0], as_ids(in[1]), sh[0][0], 3, sh[0][2], 8, 10000.0);
+             }},
+      OpCase{"sdpa_causal_gqa", Op::sdpa, {{{B, 4, S, 8}}, {{B, 2, S, 8}}, {{B, 2, S, 8}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.sdpa(x[0], x[1], x[2], true, 0.3); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::sdpa(in[0], in[1], in[2], sh[0][0], 4, 2, sh[0][2], sh[1][2], 8, 0.3, true);
+             }},
+      OpCase{"sdpa_full", Op::sdpa, {{{B, 2, S, 4}}, {{B, 2, S + 2, 4}}, {{B, 2, S + 2, 4}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.sdpa(x[0], x[1], x[2], false, 0.5); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::sdpa(in[0], in[1], in[2], sh[0][0], 2, 2, sh[0][2], sh[1][2], 4, 0.5, false);
+             }},
+      OpCase{"cross_entropy_sum", Op::cross_entropy_sum, {{{B, S, 9}}, {{B, S}, true, 9, true}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.cross_entropy_sum(x[0], x[1]); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return Vec{naive::cross_entropy(in[0], as_ids(in[1]), naive::numel(sh[1]), 9)};
+             }},
+      OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) {
+               double n = 0;
+               for (double v : in[0]) n += v != -100;
+               return Vec{n};
+             }},
+  };
+  return cases;
+}
+
+}  // namespace autosp::testing

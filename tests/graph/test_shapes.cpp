@@ -1,0 +1,102 @@
+// Shape rules of the op table, with symbolic dims, and the errors they give.
+#include <catch2/catch.hpp>
+
+#include "graph/builder.h"
+#include "graph/verify.h"
+#include "tensor/check.h"
+
+using namespace autosp;
+
+namespace {
+const Dim B = Dim::sym("B"), S = Dim::sym("S");
+
+struct Fixture {
+  Graph g;
+  Builder b{g};
+  Node* x(SymShape s, DType t = DType::f32) { return b.input("x", t, std::move(s), Role::none); }
+};
+}  // namespace
+
+TEST_CASE("every op has a complete row", "[ops]") {
+  for (size_t i = 0; i < kNumOps; ++i) {
+    Op op = static_cast<Op>(i);
+    Op back;
+    REQUIRE(op_from_name(op_name(op), back));
+    CHECK(back == op);
+  }
+}
+
+TEST_CASE("matmul shape rules", "[ops]") {
+  Fixture f;
+  Node* a = f.x({B, S, 256});
+  CHECK(f.b.matmul(a, f.x({256, 64}), false, false)->type().str() == "f32[B, S, 64]");
+  CHECK(f.b.matmul(a, f.x({64, 256}), false, true)->type().str() == "f32[B, S, 64]");
+  CHECK(f.b.matmul(f.x({B, 8, S, 16}), f.x({B, 8, S, 16}), false, true)->type().str() == "f32[B, 8, S, S]");
+  CHECK(f.b.matmul(f.x({B, 256, S}), f.x({256, 64}), true, false)->type().str() == "f32[B, S, 64]");
+  CHECK_THROWS_WITH(f.b.matmul(a, f.x({512, 128}), false, false),
+                    Catch::Contains("[matmul]") && Catch::Contains("inner dims differ") && Catch::Contains("f32[B, S, 256]"));
+  CHECK_THROWS_WITH(f.b.matmul(a, f.x({256, 64}, DType::f64), false, false), Catch::Contains("dtypes differ"));
+  CHECK_THROWS_AS(f.b.matmul(f.x({B, S, 8}), f.x({2, S, 8}), false, true), UsageError);
+}
+
+TEST_CASE("broadcasting follows numpy rules on symbolic dims", "[ops]") {
+  Fixture f;
+  CHECK(f.b.add(f.x({B, S, 64}), f.x({64}))->type().str() == "f32[B, S, 64]");
+  CHECK(f.b.mul(f.x({B, 1, 64}), f.x({S, 1}))->type().str() == "f32[B, S, 64]");
+  CHECK(f.b.div(f.x({}), f.x({}))->type().str() == "f32[]");
+  CHECK_THROWS_WITH(f.b.add(f.x({B, S, 64}), f.x({32})), Catch::Contains("do not broadcast"));
+  CHECK_THROWS_AS(f.b.add(f.x({S}), f.x({B})), UsageError);  // different symbols never broadcast
+}
+
+TEST_CASE("layout ops keep symbolic shapes", "[ops]") {
+  Fixture f;
+  Node* x = f.x({B, S, 128});
+  Node* r = f.b.reshape(x, {B, S, 8, 16});
+  CHECK(r->type().str() == "f32[B, S, 8, 16]");
+  CHECK(f.b.transpose(r, 1, 2)->type().str() == "f32[B, 8, S, 16]");
+  CHECK(f.b.permute(r, {2, 0, 3, 1})->type().str() == "f32[8, B, 16, S]");
+  CHECK(f.b.reshape(x, {B * S, 128})->type().str() == "f32[B*S, 128]");
+  CHECK(f.b.slice(x, 1, S / 4, Dim(2) * (S / 4))->type().str() == "f32[B, S//4, 128]");
+  CHECK(f.b.slice(x, 2, 32, 96)->type().str() == "f32[B, S, 64]");
+  auto parts = f.b.split(x, 2, {64, 32, 32});
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[2]->type().str() == "f32[B, S, 32]");
+  CHECK(f.b.concat({x, f.x({B, S, 64})}, 2)->type().str() == "f32[B, S, 192]");
+  CHECK(f.b.concat({x, x}, 1)->type().str() == "f32[B, 2*S, 128]");
+  CHECK_THROWS_WITH(f.b.reshape(x, {B, S, 8, 8}), Catch::Contains("element counts differ"));
+  CHECK_THROWS_WITH(f.b.reshape(x, {B, -1, 128}), Catch::Contains("-1"));
+  CHECK_THROWS_AS(f.b.transpose(x, 0, 3), UsageError);
+  CHECK_THROWS_AS(f.b.permute(x, {0, 0, 1}), UsageError);
+  CHECK_THROWS_AS(f.b.slice(x, 2, 10, 200), UsageError);
+  CHECK_THROWS_AS(f.b.concat({x, f.x({B, S})}, 1), UsageError);
+}
+
+TEST_CASE("reshape uses the graph's assumptions", "[ops]") {
+  Fixture f;
+  Node* x = f.x({B, S / 4, 4, 16});
+  CHECK_THROWS_AS(f.b.reshape(x, {B, S, 16}), UsageError);
+  f.g.assume({S, 4});
+  CHECK(f.b.reshape(x, {B, S, 16})->type().str() == "f32[B, S, 16]");
+}
+
+TEST_CASE("model ops check their operands", "[ops]") {
+  Fixture f;
+  Node* ids = f.x({B, S}, DType::i64);
+  Node* w = f.x({100, 64});
+  CHECK(f.b.embedding(w, ids)->type().str() == "f32[B, S, 64]");
+  CHECK_THROWS_AS(f.b.embedding(w, w), UsageError);
+  Node* h = f.x({B, S, 64});
+  CHECK(f.b.layernorm(h, f.x({64}), f.x({64}), 1e-5)->type() == h->type());
+  CHECK_THROWS_WITH(f.b.rmsnorm(h, f.x({32}), 1e-5), Catch::Contains("does not match"));
+  Node* q = f.x({B, 8, S, 16});
+  Node* kv = f.x({B, 2, S, 16});
+  CHECK(f.b.sdpa(q, kv, kv, true, 0.25)->type().str() == "f32[B, 8, S, 16]");
+  CHECK_THROWS_AS(f.b.sdpa(q, f.x({B, 3, S, 16}), f.x({B, 3, S, 16}), true, 0.25), UsageError);
+  CHECK_THROWS_AS(f.b.sdpa(q, f.x({B, 2, S / 2, 16}), f.x({B, 2, S / 2, 16}), true, 0.25), UsageError);
+  CHECK(f.b.rope(q, ids, 1e4)->type() == q->type());
+  CHECK_THROWS_AS(f.b.rope(f.x({B, 8, S, 15}), ids, 1e4), UsageError);
+  Node* logits = f.x({B, S, 100});
+  CHECK(f.b.cross_entropy_sum(logits, ids)->type().str() == "f32[]");
+  CHECK_THROWS_AS(f.b.cross_entropy_sum(logits, f.x({B, 2 * S}, DType::i64)), UsageError);
+  CHECK(f.b.count_valid(ids, DType::f64)->type().str() == "f64[]");
+}

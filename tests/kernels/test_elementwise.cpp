@@ -1,0 +1,349 @@
+// CPU elementwise kernels against naive references: every unary op, broadcasting binary ops over a
+// table of shape pairs (bias, middle-dim rank-4, outer product, scalar, rank 8, empty), strided
+// reads (transpose, slice, permute) for every storage type, fill, and the bf16 / f16 conversions
+// on known bit patterns plus nearest-even properties over many values.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/naive.h"
+#include "kernel_test.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace {
+
+using namespace autosp;
+using cpu::Binary;
+using cpu::Unary;
+using naive::Shape;
+
+// Strides that read a tensor of `shape` (contiguous) at every index of `out` (NumPy broadcasting:
+// right-aligned, stride 0 on a dim of size 1 or a missing leading dim).
+std::vector<int64_t> broadcast_strides(const Shape& shape, const Shape& out) {
+  std::vector<int64_t> strides(out.size(), 0);
+  int64_t step = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i + out.size() - shape.size()] = shape[i] == 1 ? 0 : step;
+    step *= shape[i];
+  }
+  return strides;
+}
+
+struct UnaryCase {
+  Unary op;
+  const char* name;
+  double (*ref)(double);
+  bool positive;  // domain needs x > 0
+};
+
+const UnaryCase kUnaryCases[] = {
+    {Unary::neg, "neg", [](double x) { return -x; }, false},
+    {Unary::exp, "exp", [](double x) { return std::exp(x); }, false},
+    {Unary::log, "log", [](double x) { return std::log(x); }, true},
+    {Unary::tanh, "tanh", [](double x) { return std::tanh(x); }, false},
+    {Unary::sqrt, "sqrt", [](double x) { return std::sqrt(x); }, true},
+    {Unary::rsqrt, "rsqrt", naive::rsqrt, true},
+    {Unary::square, "square", [](double x) { return x * x; }, false},
+    {Unary::gelu_tanh, "gelu_tanh", naive::gelu_tanh, false},
+    {Unary::silu, "silu", naive::silu, false},
+    {Unary::scale, "scale", [](double x) { return -0.375 * x; }, false},
+    {Unary::relu, "relu", naive::relu, false},
+};
+
+struct BinaryCase {
+  Binary op;
+  const char* name;
+  double (*ref)(double, double);
+};
+
+const BinaryCase kBinaryOps[] = {
+    {Binary::add, "add", [](double a, double b) { return a + b; }},
+    {Binary::sub, "sub", [](double a, double b) { return a - b; }},
+    {Binary::mul, "mul", [](double a, double b) { return a * b; }},
+    {Binary::div, "div", [](double a, double b) { return a / b; }},
+    {Binary::max, "max", [](double a, double b) { return a > b ? a : b; }},
+    {Binary::min, "min", [](double a, double b) { return a < b ? a : b; }},
+};
+
+struct ShapePair {
+  Shape a, b;
+};
+
+const ShapePair kBroadcastShapes[] = {
+    {{7}, {7}},
+    {{65, 130}, {65, 130}},
+    {{64, 1024}, {64, 1024}},        // contiguous, split across threads
+    {{4, 65, 130}, {130}},           // bias
+    {{64, 600}, {600}},              // bias, split across threads
+    {{2, 8, 65, 16}, {1, 8, 1, 16}}, // rank 4, broadcast on middle dims
+    {{2, 8, 7, 16}, {2, 1, 7, 1}},
+    {{4, 8, 64, 32}, {1, 8, 1, 32}}, // rank 4, split across threads
+    {{2, 3, 5, 7}, {3, 1, 1}},
+    {{1, 130}, {65, 130}},           // a broadcast
+    {{65, 1}, {1, 130}},             // outer product
+    {{}, {5, 7}},                    // scalar a
+    {{5, 7}, {}},                    // scalar b
+    {{2, 1, 3, 1, 2, 3, 1, 2}, {1, 2, 1, 3, 2, 1, 2, 2}},  // rank 8
+    {{0, 5}, {5}},                   // empty
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("unary ops match the naive maps", "[kernels][elementwise]", float, double) {
+  using T = TestType;
+  for (const int64_t n : {1, 1000, 70000}) {
+    for (const UnaryCase& u : kUnaryCases) {
+      INFO("op " << u.name << " n " << n);
+      const auto x = test::cast<T>(u.positive ? naive::random_uniform(n, 7, 0.05, 4.0)
+                                              : naive::random_normal(n, 7, 2.0));
+      std::vector<T> y(x.size(), T(0));
+      cpu::unary<T>(u.op, x.data(), y.data(), n, -0.375);
+      test::check_close(y, naive::map(test::widen(x), u.ref));
+      std::vector<T> z = x;  // in place
+      cpu::unary<T>(u.op, z.data(), z.data(), n, -0.375);
+      CHECK(z == y);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("binary ops broadcast like NumPy", "[kernels][elementwise]", float, double) {
+  using T = TestType;
+  uint32_t seed = 1;
+  for (const ShapePair& sp : kBroadcastShapes) {
+    const Shape out_shape = naive::broadcast_shape(sp.a, sp.b);
+    const auto a = test::cast<T>(naive::random_normal(naive::numel(sp.a), seed++));
+    const auto b = test::cast<T>(naive::random_uniform(naive::numel(sp.b), seed++, 0.5, 2.0));
+    const auto sa = broadcast_strides(sp.a, out_shape), sb = broadcast_strides(sp.b, out_shape);
+    for (const BinaryCase& op : kBinaryOps) {
+      INFO("op " << op.name << " a " << Catch::Detail::stringify(sp.a) << " b "
+                 << Catch::Detail::stringify(sp.b));
+      std::vector<T> out(static_cast<size_t>(naive::numel(out_shape)), T(-777));
+      cpu::binary<T>(op.op, int(out_shape.size()), out_shape.data(), a.data(), sa.data(), b.data(),
+                     sb.data(), out.data());
+      test::check_close(
+          out, naive::broadcast_binary(test::widen(a), sp.a, test::widen(b), sp.b, op.ref));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("binary reads a transposed operand through strides", "[kernels][elementwise]",
+                   float, double) {
+  using T = TestType;
+  const int64_t R = 33, C = 70;
+  const auto at = test::cast<T>(naive::random_normal(C * R, 11));  // stored [C, R]
+  const auto b = test::cast<T>(naive::random_normal(C, 12));       // [C]
+  const Shape out_shape = {R, C};
+  const int64_t sa[] = {1, R}, sb[] = {0, 1};
+  std::vector<T> out(static_cast<size_t>(R * C));
+  cpu::binary<T>(Binary::sub, 2, out_shape.data(), at.data(), sa, b.data(), sb, out.data());
+  const naive::Vec a = naive::permute(test::widen(at), {C, R}, {1, 0});
+  test::check_close(out, naive::broadcast_binary(a, {R, C}, test::widen(b), {C},
+                                                 [](double x, double y) { return x - y; }));
+}
+
+TEMPLATE_TEST_CASE("copy_strided permutes and slices", "[kernels][elementwise]", float, double,
+                   int32_t, int64_t, uint16_t) {
+  using T = TestType;
+  auto iota = [](int64_t n) {
+    std::vector<T> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = T(i % 65521);
+    return v;
+  };
+  SECTION("permutations") {
+    struct PermCase {
+      Shape shape;
+      std::vector<int> perm;
+    };
+    const PermCase cases[] = {
+        {{4, 5, 6}, {2, 0, 1}},     {{4, 5, 6}, {0, 2, 1}},      {{2, 3, 4, 5}, {0, 2, 1, 3}},
+        {{2, 3, 4, 5}, {3, 2, 1, 0}}, {{1, 7, 1, 9}, {3, 1, 2, 0}}, {{300, 257}, {1, 0}},
+        {{5}, {0}},
+    };
+    for (const PermCase& pc : cases) {
+      INFO("shape " << Catch::Detail::stringify(pc.shape) << " perm "
+                    << Catch::Detail::stringify(pc.perm));
+      const int r = int(pc.shape.size());
+      const auto src = iota(naive::numel(pc.shape));
+      std::vector<int64_t> in_strides(static_cast<size_t>(r)), out_shape(static_cast<size_t>(r)), src_strides(static_cast<size_t>(r));
+      for (int d = r - 1, step = 1; d >= 0; --d) {
+        in_strides[size_t(d)] = step;
+        step *= int(pc.shape[size_t(d)]);
+      }
+      for (int d = 0; d < r; ++d) {
+        out_shape[size_t(d)] = pc.shape[size_t(pc.perm[size_t(d)])];
+        src_strides[size_t(d)] = in_strides[size_t(pc.perm[size_t(d)])];
+      }
+      std::vector<T> dst(src.size(), T(0));
+      cpu::copy_strided<T>(r, out_shape.data(), src.data(), src_strides.data(), dst.data());
+      const naive::Vec ref = naive::permute(test::widen(src), pc.shape, pc.perm);
+      CHECK(test::widen(dst) == ref);
+    }
+  }
+  SECTION("slice with a step") {
+    const auto base = iota(10 * 12);                  // [10, 12]
+    const int64_t shape[] = {5, 4}, strides[] = {12, 2};  // rows 2..6, cols 3, 5, 7, 9
+    std::vector<T> dst(20, T(0));
+    cpu::copy_strided<T>(2, shape, base.data() + 2 * 12 + 3, strides, dst.data());
+    for (int64_t i = 0; i < 5; ++i)
+      for (int64_t j = 0; j < 4; ++j) CHECK(dst[size_t(i * 4 + j)] == T((2 + i) * 12 + 3 + 2 * j));
+  }
+  SECTION("rank 0 and broadcast reads") {
+    const std::vector<T> one = {T(42)};
+    std::vector<T> dst(1, T(0));
+    cpu::copy_strided<T>(0, nullptr, one.data(), nullptr, dst.data());
+    CHECK(dst[0] == T(42));
+    const int64_t shape[] = {3, 4}, strides[] = {1, 0};  // expand [3] to [3, 4]
+    const std::vector<T> col = {T(1), T(2), T(3)};
+    std::vector<T> wide(12, T(0));
+    cpu::copy_strided<T>(2, shape, col.data(), strides, wide.data());
+    for (int64_t i = 0; i < 12; ++i) CHECK(wide[size_t(i)] == T(1 + i / 4));
+  }
+}
+
+TEMPLATE_TEST_CASE("fill writes every element", "[kernels][elementwise]", float, double, int32_t,
+                   int64_t, uint16_t) {
+  using T = TestType;
+  for (const int64_t n : {0, 3, 100001}) {
+    std::vector<T> x(static_cast<size_t>(n) + 1, T(9));
+    cpu::fill<T>(x.data(), n, T(5));
+    for (int64_t i = 0; i < n; ++i) REQUIRE(x[size_t(i)] == T(5));
+    CHECK(x[size_t(n)] == T(9));  // no write past n
+  }
+}
+
+namespace {
+
+float bits_f(uint32_t u) { return std::bit_cast<float>(u); }
+
+// Independent decoders: the value of a bf16 / f16 pattern as a double, from the format definition.
+double bf16_value(uint16_t h) { return double(bits_f(uint32_t(h) << 16)); }
+double f16_value(uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
+  if (e == 0) return sign * std::ldexp(double(m), -24);
+  return sign * std::ldexp(double(1024 + m), e - 25);
+}
+
+// h is the nearest pattern to f (ties to an even mantissa) among its neighbours h ± 1.
+bool is_nearest_even(float f, uint16_t h, double (*value)(uint16_t)) {
+  const double x = double(f);
+  double v = value(h);
+  if (std::isinf(v)) {  // inf rounds like the value one ulp past the largest finite one
+    const double max = value(uint16_t(h - 1));
+    v = max + (max - value(uint16_t(h - 2)));
+  }
+  for (int delta : {-1, 1}) {
+    const uint16_t n = uint16_t(h + delta);
+    if ((n & 0x7fff) == 0x7fff || ((n ^ h) & 0x8000)) continue;  // stepped off the sign's range
+    const double w = value(n);
+    if (std::isnan(w)) continue;
+    const double dv = std::abs(x - v), dw = std::abs(x - w);
+    if (dw < dv) return false;
+    if (dw == dv && (h & 1)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 conversion on known bit patterns", "[kernels][elementwise][convert]") {
+  using cpu::f32_to_bf16;
+  CHECK(f32_to_bf16(1.0f) == 0x3F80);
+  CHECK(f32_to_bf16(-2.0f) == 0xC000);
+  CHECK(f32_to_bf16(0.0f) == 0x0000);
+  CHECK(f32_to_bf16(-0.0f) == 0x8000);
+  CHECK(f32_to_bf16(bits_f(0x3F808000)) == 0x3F80);  // tie, even stays
+  CHECK(f32_to_bf16(bits_f(0x3F818000)) == 0x3F82);  // tie, odd rounds up
+  CHECK(f32_to_bf16(bits_f(0x3F808001)) == 0x3F81);
+  CHECK(f32_to_bf16(bits_f(0x3F807FFF)) == 0x3F80);
+  CHECK(f32_to_bf16(INFINITY) == 0x7F80);
+  CHECK(f32_to_bf16(-INFINITY) == 0xFF80);
+  CHECK(f32_to_bf16(std::numeric_limits<float>::max()) == 0x7F80);  // rounds up to inf
+  CHECK(f32_to_bf16(bits_f(0x00000001)) == 0x0000);                 // smallest subnormal
+  CHECK(f32_to_bf16(bits_f(0x00018000)) == 0x0002);                 // subnormal tie to even
+  const uint16_t nan = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  CHECK(((nan & 0x7F80) == 0x7F80 && (nan & 0x7F) != 0));
+  const uint16_t low_nan = f32_to_bf16(bits_f(0x7F800001));  // payload only in dropped bits
+  CHECK(((low_nan & 0x7F80) == 0x7F80 && (low_nan & 0x7F) != 0));
+  CHECK(cpu::bf16_to_f32(0x3F80) == 1.0f);
+  CHECK(cpu::bf16_to_f32(0xC000) == -2.0f);
+  CHECK(std::isinf(cpu::bf16_to_f32(0x7F80)));
+  CHECK(std::isnan(cpu::bf16_to_f32(0x7FC0)));
+  for (uint32_t h = 0; h < 0x10000; ++h) {  // every pattern round-trips
+    const float f = cpu::bf16_to_f32(uint16_t(h));
+    if (std::isnan(bf16_value(uint16_t(h)))) {
+      REQUIRE(std::isnan(f));
+      continue;
+    }
+    REQUIRE(double(f) == bf16_value(uint16_t(h)));
+    REQUIRE(f32_to_bf16(f) == h);
+  }
+}
+
+TEST_CASE("f16 conversion on known bit patterns", "[kernels][elementwise][convert]") {
+  using cpu::f32_to_f16;
+  CHECK(f32_to_f16(1.0f) == 0x3C00);
+  CHECK(f32_to_f16(-2.0f) == 0xC000);
+  CHECK(f32_to_f16(0.0f) == 0x0000);
+  CHECK(f32_to_f16(-0.0f) == 0x8000);
+  CHECK(f32_to_f16(65504.0f) == 0x7BFF);                      // largest finite
+  CHECK(f32_to_f16(std::nextafter(65520.0f, 0.0f)) == 0x7BFF);
+  CHECK(f32_to_f16(65520.0f) == 0x7C00);                      // tie rounds to even: inf
+  CHECK(f32_to_f16(1e6f) == 0x7C00);
+  CHECK(f32_to_f16(-1e6f) == 0xFC00);
+  CHECK(f32_to_f16(INFINITY) == 0x7C00);
+  CHECK(f32_to_f16(-INFINITY) == 0xFC00);
+  CHECK(f32_to_f16(1.0f + 0x1p-11f) == 0x3C00);  // tie, even stays
+  CHECK(f32_to_f16(1.0f + 0x3p-11f) == 0x3C02);  // tie, odd rounds up
+  CHECK(f32_to_f16(0x1p-14f) == 0x0400);         // smallest normal
+  CHECK(f32_to_f16(0x1p-24f) == 0x0001);         // smallest subnormal
+  CHECK(f32_to_f16(0x1p-25f) == 0x0000);         // tie to even zero
+  CHECK(f32_to_f16(0x1.8p-25f) == 0x0001);
+  CHECK(f32_to_f16(0x3p-25f) == 0x0002);         // 1.5 units: tie to even 2
+  CHECK(f32_to_f16(0x5p-25f) == 0x0002);         // 2.5 units: tie to even 2
+  CHECK(f32_to_f16(-0x1p-24f) == 0x8001);
+  CHECK(f32_to_f16(0x1p-14f - 0x1p-25f) == 0x0400);  // 1023.5 units: tie to even 1024 = normal
+  CHECK(f32_to_f16(1e-10f) == 0x0000);
+  CHECK(f32_to_f16(bits_f(0x00000001)) == 0x0000);
+  const uint16_t nan = f32_to_f16(std::numeric_limits<float>::quiet_NaN());
+  CHECK(((nan & 0x7C00) == 0x7C00 && (nan & 0x3FF) != 0));
+  const uint16_t low_nan = f32_to_f16(bits_f(0xFF800001));
+  CHECK(((low_nan & 0x7C00) == 0x7C00 && (low_nan & 0x3FF) != 0));
+  CHECK(cpu::f16_to_f32(0x3C00) == 1.0f);
+  CHECK(cpu::f16_to_f32(0x0001) == 0x1p-24f);
+  CHECK(cpu::f16_to_f32(0x83FF) == -0x3FFp-24f);
+  CHECK(std::isnan(cpu::f16_to_f32(0x7E00)));
+  for (uint32_t h = 0; h < 0x10000; ++h) {  // every pattern decodes exactly and round-trips
+    const float f = cpu::f16_to_f32(uint16_t(h));
+    const double ref = f16_value(uint16_t(h));
+    if (std::isnan(ref)) {
+      REQUIRE(std::isnan(f));
+      continue;
+    }
+    REQUIRE(double(f) == ref);
+    REQUIRE(f32_to_f16(f) == h);
+  }
+}
+
+TEST_CASE("f32 to bf16 / f16 rounds to the nearest, ties to even", "[kernels][elementwise][convert]") {
+  std::mt19937 gen(5);
+  for (int i = 0; i < 200000; ++i) {
+    // Random sign and mantissa; exponents spanning f16's subnormals to its overflow.
+    const uint32_t e = 127 - 26 + gen() % 43;
+    const uint32_t u = (gen() & 0x80000000u) | (e << 23) | (gen() & 0x7fffffu);
+    const float f = bits_f(u);
+    INFO("f32 bits " << std::hex << u);
+    REQUIRE(is_nearest_even(f, cpu::f32_to_f16(f), f16_value));
+    REQUIRE(is_nearest_even(f, cpu::f32_to_bf16(f), bf16_value));
+    // Exact ties: the low half of the dropped bits is exactly one half.
+    const float tie = bits_f((u & ~0xffffu) | 0x8000u);
+    REQUIRE(is_nearest_even(tie, cpu::f32_to_bf16(tie), bf16_value));
+  }
+}

@@ -1,0 +1,98 @@
+// Config parsing: defaults, overrides, arch-specific keys, and a table of malformed configs that
+// must each give a UsageError naming the key.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "models/config.h"
+#include "tensor/check.h"
+
+using namespace autosp;
+using nlohmann::json;
+
+TEST_CASE("configs resolve defaults and overrides", "[config]") {
+  Config c = parse_config(json::parse(R"({"model": {"arch": "llama", "hidden_size": 64, "num_attention_heads": 8}})"),
+                          {"train.lr=0.01", "data.seq_len=64", "model.num_key_value_heads=2", "runtime.dtype=float64"});
+  CHECK(c.model.arch == "llama");
+  CHECK(c.model.num_key_value_heads == 2);
+  CHECK(c.model.head_dim() == 8);
+  CHECK(c.model.norm_eps == 1e-6);  // llama default
+  CHECK_FALSE(c.model.tie_word_embeddings);
+  CHECK(c.train.lr == 0.01);
+  CHECK(c.data.seq_len == 64);
+  CHECK(c.runtime.dtype == "float64");
+  CHECK(c.resolved["train"]["lr"] == 0.01);
+  CHECK(c.resolved["model"]["num_key_value_heads"] == 2);
+
+  Config g = parse_config(json::parse(R"({"model": {"arch": "gpt2", "num_key_value_heads": 2}})"));
+  CHECK(g.model.num_key_value_heads == g.model.num_attention_heads);  // does not apply to gpt2
+  REQUIRE(g.warnings.size() == 1);
+  CHECK_THAT(g.warnings[0], Catch::Contains("model.num_key_value_heads"));
+  CHECK(g.model.tie_word_embeddings);
+  CHECK(g.model.mlp_width() == 4 * g.model.hidden_size);
+}
+
+TEST_CASE("malformed configs are named errors", "[config]") {
+  struct Bad {
+    const char* json;
+    std::vector<std::string> sets;
+    const char* expect;
+  };
+  const std::vector<Bad> table = {
+      {R"([1, 2])", {}, "top level"},
+      {R"({"modle": {}})", {}, "unknown key 'modle'"},
+      {R"({"model": {"hidden": 4}})", {}, "unknown key 'model.hidden'"},
+      {R"({"model": 3})", {}, "'model' must be an object"},
+      {R"({"model": {"arch": "bert"}})", {}, "model.arch"},
+      {R"({"model": {"arch": 7}})", {}, "model.arch"},
+      {R"({"model": {"hidden_size": "big"}})", {}, "model.hidden_size"},
+      {R"({"model": {"hidden_size": 12.5}})", {}, "model.hidden_size"},
+      {R"({"model": {"hidden_size": -4}})", {}, "model.hidden_size"},
+      {R"({"model": {"vocab_size": 1e30}})", {}, "model.vocab_size"},
+      {R"({"model": {"hidden_size": 100, "num_attention_heads": 8}})", {}, "not divisible"},
+      {R"({"model": {"arch": "llama", "num_attention_heads": 4, "num_key_value_heads": 3}})", {}, "num_key_value_heads"},
+      {R"({"model": {"norm_eps": true}})", {}, "model.norm_eps"},
+      {R"({"model": {"tie_word_embeddings": 1, "arch": "llama"}})", {}, "model.tie_word_embeddings"},
+      {R"({"data": {"source": "csv"}})", {}, "data.source"},
+      {R"({"data": {"source": "tokens"}})", {}, "data.path is required"},
+      {R"({"data": {"seq_len": 0}})", {}, "data.seq_len"},
+      {R"({"data": {"seq_len": 4096}})", {}, "max_position_embeddings"},
+      {R"({"train": {"lr": -1}})", {}, "train.lr"},
+      {R"({"train": {"lr": 0.001, "min_lr": 0.01}})", {}, "train.min_lr"},
+      {R"({"train": {"beta2": 1.5}})", {}, "train.beta2"},
+      {R"({"runtime": {"device": "tpu"}})", {}, "runtime.device"},
+      {R"({"runtime": {"dtype": "int8"}})", {}, "runtime.dtype"},
+      {R"({"sequence_parallel": {"autosp_size": 0}})", {}, "sequence_parallel.autosp_size"},
+      {R"({"sequence_parallel": {"ulysses": 2}})", {}, "unknown key 'sequence_parallel.ulysses'"},
+      {R"({})", {"train.lr"}, "expected key.path=value"},
+      {R"({})", {"lr=3"}, "expected section.key"},
+      {R"({})", {"train.nope=3"}, "unknown key 'train.nope'"},
+      {R"({})", {"train.steps=many"}, "train.steps"},
+      {R"({"model": 5})", {"model.arch=gpt2"}, "--set model.arch"},
+  };
+  for (const auto& t : table) {
+    INFO(t.json);
+    CHECK_THROWS_WITH(parse_config(json::parse(t.json), t.sets, "cfg.json"),
+                      Catch::Contains(t.expect) && Catch::StartsWith("cfg.json"));
+  }
+}
+
+TEST_CASE("config files that are not JSON are named errors", "[config]") {
+  auto dir = std::filesystem::temp_directory_path() / "autosp-config-test";
+  std::filesystem::create_directories(dir);
+  auto path = (dir / "bad.json").string();
+  std::ofstream(path) << "{\"model\": {";
+  CHECK_THROWS_WITH(load_config(path), Catch::Contains("bad.json") && Catch::Contains("not valid JSON"));
+  CHECK_THROWS_WITH(load_config((dir / "missing.json").string()), Catch::Contains("cannot open"));
+  std::ofstream(path, std::ios::trunc) << std::string("\x00\xff\xfe", 3);
+  CHECK_THROWS_AS(load_config(path), UsageError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the shipped configs are valid", "[config]") {
+  for (const auto& e : std::filesystem::directory_iterator(std::string(AUTOSP_SOURCE_DIR) + "/configs")) {
+    INFO(e.path());
+    CHECK_NOTHROW(load_config(e.path().string()));
+  }
+}

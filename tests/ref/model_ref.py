@@ -1,0 +1,212 @@
+#!/usr/bin/python3
+"""Independent PyTorch reference for autosp's models: logits, loss and (optionally) gradients.
+
+  /usr/bin/python3 tests/ref/model_ref.py --config CFG.json --weights W.safetensors \
+      --batch IN.safetensors --dtype float32|float64 --out OUT.safetensors [--grads]
+
+CFG.json   an autosp config; only its "model" object is read (a file holding just the model object,
+           i.e. with "arch" at the top level, is accepted too).
+W          Hugging Face names and layouts (float32/float64/bf16/f16; cast to --dtype). GPT-2 names may
+           lack the "transformer." prefix; "*.attn.bias" / "*.attn.masked_bias" buffers are ignored.
+IN         input_ids, labels, position_ids: I64 [B, S]; labels may hold -100 (ignored). Labels are
+           already shifted (label[t] = token[t+1]); nothing is shifted here.
+OUT        logits [B,S,V], loss [], loss_sum [] (in --dtype), valid_count [] (I64); with --grads
+           also "grad.<name>" for every weight, under the name used in W (tied weights: one gradient).
+
+loss = loss_sum / valid_count = F.cross_entropy(ignore_index=-100, reduction="mean").
+Threads: torch.set_num_threads($OMP_NUM_THREADS) when that is set.
+Exit codes: 0 ok; 2 bad usage/config/input (one "error: ..." line on stderr).
+"""
+import argparse
+import json
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import torch  # noqa: E402
+
+import safetensors_io as st  # noqa: E402
+import torch_models as tm  # noqa: E402
+
+
+class RefError(Exception):
+    pass
+
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+GPT2_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+def warn(msg):
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def load_config(path):
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise RefError(f"{path}: cannot read config ({e.strerror})")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RefError(f"{path}: config is not valid JSON ({e})")
+    if isinstance(doc, dict) and "model" in doc:
+        model = doc["model"]
+    elif isinstance(doc, dict) and "arch" in doc:
+        model = doc
+    else:
+        raise RefError(f"{path}: config has no \"model\" object")
+    try:
+        return tm.ModelConfig(model, warn=warn)
+    except tm.ConfigError as e:
+        raise RefError(f"{path}: {e}")
+
+
+def map_weight_names(cfg, names, path):
+    """Returns dict canonical name -> name in the file. Raises RefError for missing/duplicate weights."""
+    shapes = tm.param_shapes(cfg)
+    canon_to_file = {}
+    for name in names:
+        if cfg.arch == "gpt2":
+            if name.endswith(GPT2_BUFFER_SUFFIXES):
+                continue
+            canon = name if name.startswith("transformer.") else "transformer." + name
+            if name == "lm_head.weight":
+                warn(f"{path}: lm_head.weight ignored (GPT-2 ties the LM head to wte)")
+                continue
+        else:
+            canon = name
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                warn(f"{path}: lm_head.weight ignored (tie_word_embeddings is true)")
+                continue
+        if canon not in shapes:
+            warn(f"{path}: tensor '{name}' is not a parameter of this model; ignored")
+            continue
+        if canon in canon_to_file:
+            raise RefError(f"{path}: weight '{canon}' given twice (as '{canon_to_file[canon]}' and '{name}')")
+        canon_to_file[canon] = name
+    for canon in shapes:
+        if canon not in canon_to_file:
+            raise RefError(f"{path}: missing required weight '{canon}'")
+    return canon_to_file
+
+
+def load_weights(cfg, path, dtype, requires_grad):
+    try:
+        tensors, _ = st.load(path)
+    except OSError as e:
+        raise RefError(f"{path}: cannot read weights ({e.strerror})")
+    except st.SafetensorsError as e:
+        raise RefError(str(e))
+    names = map_weight_names(cfg, list(tensors), path)
+    params = {}
+    for canon, shape in tm.param_shapes(cfg).items():
+        t = tensors[names[canon]]
+        if tuple(t.shape) != tuple(shape):
+            raise RefError(f"{path}: weight '{names[canon]}' has shape {list(t.shape)}, expected {list(shape)}")
+        if not t.is_floating_point():
+            raise RefError(f"{path}: weight '{names[canon]}' has dtype {t.dtype}, expected a float type")
+        params[canon] = t.to(dtype).contiguous().requires_grad_(requires_grad)
+    return params, names
+
+
+def load_batch(cfg, path):
+    try:
+        tensors, _ = st.load(path)
+    except OSError as e:
+        raise RefError(f"{path}: cannot read batch ({e.strerror})")
+    except st.SafetensorsError as e:
+        raise RefError(str(e))
+    out = {}
+    for key in ("input_ids", "labels", "position_ids"):
+        if key not in tensors:
+            raise RefError(f"{path}: missing tensor '{key}'")
+        t = tensors[key]
+        if t.dtype not in (torch.int64, torch.int32):
+            raise RefError(f"{path}: '{key}' has dtype {t.dtype}, expected I64")
+        if t.dim() != 2:
+            raise RefError(f"{path}: '{key}' has shape {list(t.shape)}, expected [B, S]")
+        out[key] = t.to(torch.int64)
+    shape = out["input_ids"].shape
+    for key in ("labels", "position_ids"):
+        if out[key].shape != shape:
+            raise RefError(f"{path}: '{key}' has shape {list(out[key].shape)}, expected {list(shape)} "
+                           f"like input_ids")
+    V = cfg.vocab_size
+    ids, labels, pos = out["input_ids"], out["labels"], out["position_ids"]
+    if ids.numel() == 0:
+        raise RefError(f"{path}: empty batch {list(shape)}")
+    if ids.min() < 0 or ids.max() >= V:
+        raise RefError(f"{path}: input_ids outside [0, {V})")
+    bad = (labels != -100) & ((labels < 0) | (labels >= V))
+    if bad.any():
+        raise RefError(f"{path}: labels must be in [0, {V}) or -100")
+    if pos.min() < 0:
+        raise RefError(f"{path}: negative position_ids")
+    if cfg.arch == "gpt2" and pos.max() >= cfg.max_position_embeddings:
+        raise RefError(f"{path}: position_ids up to {int(pos.max())} but max_position_embeddings is "
+                       f"{cfg.max_position_embeddings}")
+    return out
+
+
+def run(cfg, params, batch, want_grads):
+    """Returns (logits, loss, loss_sum, valid_count, {canonical name: grad} or None)."""
+    with torch.set_grad_enabled(want_grads):
+        logits = tm.forward(cfg, params, batch["input_ids"], batch["position_ids"])
+        loss, loss_sum, valid = tm.token_loss(logits, batch["labels"])
+    grads = None
+    if want_grads:
+        names = list(params)
+        gs = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
+        grads = {n: (g if g is not None else torch.zeros_like(params[n])) for n, g in zip(names, gs)}
+    return logits.detach(), loss.detach(), loss_sum.detach(), valid, grads
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--weights", required=True)
+    ap.add_argument("--batch", required=True)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--grads", action="store_true", help="also write grad.<weight name> for every weight")
+    args = ap.parse_args(argv)
+
+    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if threads:
+        try:
+            torch.set_num_threads(max(1, int(threads)))
+        except ValueError:
+            warn(f"OMP_NUM_THREADS={threads!r} is not an integer; ignored")
+
+    dtype = DTYPES[args.dtype]
+    try:
+        cfg = load_config(args.config)
+        params, names = load_weights(cfg, args.weights, dtype, args.grads)
+        batch = load_batch(cfg, args.batch)
+    except RefError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if int((batch["labels"] != -100).sum()) == 0:
+        warn(f"{args.batch}: every label is -100; loss is 0/0 = nan (like F.cross_entropy)")
+
+    logits, loss, loss_sum, valid, grads = run(cfg, params, batch, args.grads)
+    out = {"logits": logits, "loss": loss.reshape(()), "loss_sum": loss_sum.reshape(()),
+           "valid_count": valid.to(torch.int64).reshape(())}
+    if grads is not None:
+        for canon in params:
+            out["grad." + names[canon]] = grads[canon]
+    meta = {"arch": cfg.arch, "dtype": args.dtype, "producer": "tests/ref/model_ref.py",
+            "torch": torch.__version__}
+    try:
+        st.save(args.out, out, meta)
+    except OSError as e:
+        print(f"error: {args.out}: cannot write output ({e.strerror})", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

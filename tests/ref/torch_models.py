@@ -1,0 +1,284 @@
+"""The one Python implementation of autosp's models (GPT-2 and Llama, Hugging Face semantics),
+written with plain torch ops.  Used by tests/ref/model_ref.py (the reference for the C++ model)
+and scripts/bench_pytorch.py (the PyTorch speed baseline).
+
+Parameters are a dict of tensors keyed by *canonical* Hugging Face names:
+  GPT-2: transformer.wte.weight [V,C], transformer.wpe.weight [P,C], transformer.h.{i}.ln_1.{weight,bias},
+         transformer.h.{i}.attn.c_attn.{weight [C,3C], bias [3C]} (Conv1D: y = x @ W + b),
+         transformer.h.{i}.attn.c_proj.{weight [C,C], bias}, transformer.h.{i}.ln_2.{weight,bias},
+         transformer.h.{i}.mlp.c_fc.{weight [C,4C], bias}, transformer.h.{i}.mlp.c_proj.{weight [4C,C], bias},
+         transformer.ln_f.{weight,bias}; the LM head is tied to wte.
+  Llama: model.embed_tokens.weight [V,C], model.layers.{i}.input_layernorm.weight,
+         model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (nn.Linear [out,in]: y = x @ W.T),
+         model.layers.{i}.post_attention_layernorm.weight, model.layers.{i}.mlp.{gate,up,down}_proj.weight,
+         model.norm.weight, lm_head.weight [V,C] (only when not tied).
+
+Everything is computed in the dtype of the parameters (the "working dtype"); attention materialises
+the S x S score matrix like Hugging Face's eager attention.
+"""
+import collections
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_KNOWN_MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta",
+                     "norm_eps", "tie_word_embeddings"}
+
+
+class ModelConfig:
+    """The `model` object of an autosp config, with Hugging Face defaults filled in."""
+
+    def __init__(self, d, warn=None):
+        if not isinstance(d, dict):
+            raise ConfigError("model: expected a JSON object")
+        unknown = sorted(set(d) - _KNOWN_MODEL_KEYS)
+        if unknown:
+            raise ConfigError(f"model.{unknown[0]}: unknown key")
+        arch = d.get("arch")
+        if arch not in ("gpt2", "llama"):
+            raise ConfigError(f"model.arch: expected \"gpt2\" or \"llama\", got {arch!r}")
+        self.arch = arch
+
+        def pos_int(key, default=None):
+            v = d.get(key, default)
+            if v is None:
+                raise ConfigError(f"model.{key}: required for arch {arch}")
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"model.{key}: expected a positive integer, got {v!r}")
+            return v
+
+        def pos_float(key, default):
+            v = d.get(key, default)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or not math.isfinite(v):
+                raise ConfigError(f"model.{key}: expected a positive number, got {v!r}")
+            return float(v)
+
+        self.vocab_size = pos_int("vocab_size")
+        self.hidden_size = pos_int("hidden_size")
+        self.num_hidden_layers = pos_int("num_hidden_layers")
+        self.num_attention_heads = pos_int("num_attention_heads")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"model.num_attention_heads: {self.num_attention_heads} does not divide "
+                              f"hidden_size {self.hidden_size}")
+        self.head_dim = self.hidden_size // self.num_attention_heads
+        if arch == "gpt2":
+            self.max_position_embeddings = pos_int("max_position_embeddings", 1024)
+            self.num_key_value_heads = self.num_attention_heads
+            self.intermediate_size = 4 * self.hidden_size
+            self.norm_eps = pos_float("norm_eps", 1e-5)
+            self.rope_theta = None
+            if d.get("tie_word_embeddings", True) is not True and warn:
+                warn("model.tie_word_embeddings: GPT-2 always ties the LM head to wte; ignored")
+            self.tie_word_embeddings = True
+            for k in ("num_key_value_heads", "intermediate_size", "rope_theta"):
+                if k in d and warn:
+                    warn(f"model.{k}: does not apply to arch gpt2; ignored")
+        else:
+            self.max_position_embeddings = pos_int("max_position_embeddings", 2048)
+            self.num_key_value_heads = pos_int("num_key_value_heads", self.num_attention_heads)
+            if self.num_attention_heads % self.num_key_value_heads:
+                raise ConfigError(f"model.num_key_value_heads: {self.num_key_value_heads} does not divide "
+                                  f"num_attention_heads {self.num_attention_heads}")
+            self.intermediate_size = pos_int("intermediate_size")
+            self.norm_eps = pos_float("norm_eps", 1e-6)
+            self.rope_theta = pos_float("rope_theta", 10000.0)
+            if self.head_dim % 2:
+                raise ConfigError(f"model: head dim {self.head_dim} must be even for RoPE")
+            t = d.get("tie_word_embeddings", False)
+            if not isinstance(t, bool):
+                raise ConfigError(f"model.tie_word_embeddings: expected true or false, got {t!r}")
+            self.tie_word_embeddings = t
+
+    def as_dict(self):
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def param_shapes(cfg):
+    """OrderedDict canonical name -> shape tuple, in Hugging Face order."""
+    V, C, L = cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers
+    s = collections.OrderedDict()
+    if cfg.arch == "gpt2":
+        s["transformer.wte.weight"] = (V, C)
+        s["transformer.wpe.weight"] = (cfg.max_position_embeddings, C)
+        for i in range(L):
+            p = f"transformer.h.{i}."
+            s[p + "ln_1.weight"] = (C,)
+            s[p + "ln_1.bias"] = (C,)
+            s[p + "attn.c_attn.weight"] = (C, 3 * C)
+            s[p + "attn.c_attn.bias"] = (3 * C,)
+            s[p + "attn.c_proj.weight"] = (C, C)
+            s[p + "attn.c_proj.bias"] = (C,)
+            s[p + "ln_2.weight"] = (C,)
+            s[p + "ln_2.bias"] = (C,)
+            s[p + "mlp.c_fc.weight"] = (C, 4 * C)
+            s[p + "mlp.c_fc.bias"] = (4 * C,)
+            s[p + "mlp.c_proj.weight"] = (4 * C, C)
+            s[p + "mlp.c_proj.bias"] = (C,)
+        s["transformer.ln_f.weight"] = (C,)
+        s["transformer.ln_f.bias"] = (C,)
+    else:
+        N, Nkv, D, I = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+        s["model.embed_tokens.weight"] = (V, C)
+        for i in range(L):
+            p = f"model.layers.{i}."
+            s[p + "input_layernorm.weight"] = (C,)
+            s[p + "self_attn.q_proj.weight"] = (N * D, C)
+            s[p + "self_attn.k_proj.weight"] = (Nkv * D, C)
+            s[p + "self_attn.v_proj.weight"] = (Nkv * D, C)
+            s[p + "self_attn.o_proj.weight"] = (C, N * D)
+            s[p + "post_attention_layernorm.weight"] = (C,)
+            s[p + "mlp.gate_proj.weight"] = (I, C)
+            s[p + "mlp.up_proj.weight"] = (I, C)
+            s[p + "mlp.down_proj.weight"] = (C, I)
+        s["model.norm.weight"] = (C,)
+        if not cfg.tie_word_embeddings:
+            s["lm_head.weight"] = (V, C)
+    return s
+
+
+def is_norm_weight(name):
+    return any(t in name for t in ("ln_1.weight", "ln_2.weight", "ln_f.weight", "layernorm.weight",
+                                   "model.norm.weight"))
+
+
+def init_params(cfg, generator, dtype=torch.float32, std=0.02, norm_std=0.1, zero_bias=False):
+    """Random parameters: N(0, std) for matrices/embeddings/biases, 1 + N(0, norm_std) for norm weights."""
+    out = collections.OrderedDict()
+    for name, shape in param_shapes(cfg).items():
+        if is_norm_weight(name):
+            t = 1.0 + norm_std * torch.randn(shape, generator=generator, dtype=torch.float64)
+        elif name.endswith(".bias") and zero_bias:
+            t = torch.zeros(shape, dtype=torch.float64)
+        else:
+            t = std * torch.randn(shape, generator=generator, dtype=torch.float64)
+        out[name] = t.to(dtype)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# building blocks
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def conv1d(x, w, b):
+    """Hugging Face GPT-2 Conv1D: y = x @ W + b with W [in, out]."""
+    shape = x.shape[:-1] + (w.shape[1],)
+    return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(shape)
+
+
+def rms_norm(x, w, eps):
+    """LlamaRMSNorm, computed in the working dtype."""
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def causal_attention(q, k, v):
+    """q, k, v [B, N, S, D] -> [B, N, S, D]; materialised causal softmax(q k^T / sqrt(D)) v."""
+    S, D = q.shape[-2], q.shape[-1]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
+    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v)
+
+
+def rope_cos_sin(position_ids, head_dim, theta, dtype):
+    """cos, sin [B, S, D] for rotate-half RoPE (Hugging Face Llama, computed in `dtype`)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim))
+    freqs = position_ids[..., None].to(dtype) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x [B, N, S, D]; cos/sin [B, S, D]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+def repeat_kv(x, rep):
+    """[B, Nkv, S, D] -> [B, Nkv*rep, S, D]; head h uses kv head h // rep."""
+    if rep == 1:
+        return x
+    B, Nkv, S, D = x.shape
+    return x[:, :, None].expand(B, Nkv, rep, S, D).reshape(B, Nkv * rep, S, D)
+
+
+# ---------------------------------------------------------------------------------------------------
+# models
+
+def gpt2_forward(cfg, p, input_ids, position_ids):
+    B, S = input_ids.shape
+    C, N, D, eps = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.norm_eps
+    wte = p["transformer.wte.weight"]
+    x = F.embedding(input_ids, wte) + F.embedding(position_ids, p["transformer.wpe.weight"])
+    for i in range(cfg.num_hidden_layers):
+        pre = f"transformer.h.{i}."
+        a = F.layer_norm(x, (C,), p[pre + "ln_1.weight"], p[pre + "ln_1.bias"], eps)
+        qkv = conv1d(a, p[pre + "attn.c_attn.weight"], p[pre + "attn.c_attn.bias"])
+        q, k, v = qkv.split(C, dim=2)
+        q = q.view(B, S, N, D).transpose(1, 2)
+        k = k.view(B, S, N, D).transpose(1, 2)
+        v = v.view(B, S, N, D).transpose(1, 2)
+        o = causal_attention(q, k, v).transpose(1, 2).reshape(B, S, C)
+        x = x + conv1d(o, p[pre + "attn.c_proj.weight"], p[pre + "attn.c_proj.bias"])
+        m = F.layer_norm(x, (C,), p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], eps)
+        h = gelu_tanh(conv1d(m, p[pre + "mlp.c_fc.weight"], p[pre + "mlp.c_fc.bias"]))
+        x = x + conv1d(h, p[pre + "mlp.c_proj.weight"], p[pre + "mlp.c_proj.bias"])
+    x = F.layer_norm(x, (C,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], eps)
+    return F.linear(x, wte)
+
+
+def llama_forward(cfg, p, input_ids, position_ids):
+    B, S = input_ids.shape
+    N, Nkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.norm_eps
+    emb = p["model.embed_tokens.weight"]
+    x = F.embedding(input_ids, emb)
+    cos, sin = rope_cos_sin(position_ids, D, cfg.rope_theta, x.dtype)
+    for i in range(cfg.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        q = F.linear(h, p[pre + "self_attn.q_proj.weight"]).view(B, S, N, D).transpose(1, 2)
+        k = F.linear(h, p[pre + "self_attn.k_proj.weight"]).view(B, S, Nkv, D).transpose(1, 2)
+        v = F.linear(h, p[pre + "self_attn.v_proj.weight"]).view(B, S, Nkv, D).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        k = repeat_kv(k, N // Nkv)
+        v = repeat_kv(v, N // Nkv)
+        o = causal_attention(q, k, v).transpose(1, 2).reshape(B, S, N * D)
+        x = x + F.linear(o, p[pre + "self_attn.o_proj.weight"])
+        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        g = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
+        x = x + F.linear(g, p[pre + "mlp.down_proj.weight"])
+    x = rms_norm(x, p["model.norm.weight"], eps)
+    head = emb if cfg.tie_word_embeddings else p["lm_head.weight"]
+    return F.linear(x, head)
+
+
+def forward(cfg, params, input_ids, position_ids):
+    """logits [B, S, V] in the parameters' dtype."""
+    if cfg.arch == "gpt2":
+        return gpt2_forward(cfg, params, input_ids, position_ids)
+    return llama_forward(cfg, params, input_ids, position_ids)
+
+
+def token_loss(logits, labels):
+    """Returns (loss, loss_sum, valid_count): mean cross-entropy over labels != -100.
+    Labels are already shifted by the data loader; nothing is shifted here."""
+    V = logits.shape[-1]
+    loss_sum = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100, reduction="sum")
+    valid = (labels != -100).sum()
+    return loss_sum / valid.to(logits.dtype), loss_sum, valid
