@@ -17,8 +17,8 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("autosp-graph", "Print the model graph at a stage of the AutoSP pipeline");
     opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
-        "world", "world size", cxxopts::value<int64_t>()->default_value("1"))(
-        "rank", "rank to show", cxxopts::value<int64_t>()->default_value("0"))(
+        "world", "world size", cxxopts::value<std::string>()->default_value("1"))(
+        "rank", "rank to show", cxxopts::value<std::string>()->default_value("0"))(
         "stage", "forward", cxxopts::value<std::string>()->default_value("forward"))(
         "format", "text|json|dot", cxxopts::value<std::string>()->default_value("text"))("h,help", "show help");
     auto args = opts.parse(argc, argv);
@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
     Config cfg = load_config(args["config"].as<std::string>(), sets);
-    const int64_t world = args["world"].as<int64_t>(), rank = args["rank"].as<int64_t>();
+    const int64_t world = parse_int_flag("world", args["world"].as<std::string>());
+    const int64_t rank = parse_int_flag("rank", args["rank"].as<std::string>());
     if (world < 1) throw UsageError(str("--world ", world, ": expected >= 1"));
     if (rank < 0 || rank >= world) throw UsageError(str("--rank ", rank, ": expected 0 <= rank < ", world));
     const std::string stage = args["stage"].as<std::string>(), format = args["format"].as<std::string>();

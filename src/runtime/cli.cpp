@@ -31,4 +31,14 @@ int run_app(const char* app, const std::function<int()>& body) {
   }
 }
 
+int64_t parse_int_flag(const std::string& name, const std::string& text) {
+  try {
+    size_t used = 0;
+    long long v = std::stoll(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(str("--", name, " '", text, "': expected an integer"));
+}
+
 }  // namespace autosp

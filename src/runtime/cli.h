@@ -2,7 +2,9 @@
 // `error:` line on stderr, 3 runtime failure) and flag parsing errors mapped onto it.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <string>
 
 namespace autosp {
 
@@ -11,5 +13,8 @@ inline constexpr int kExitRuntime = 3;
 
 // Runs `body`, mapping exceptions to the exit-code contract.
 int run_app(const char* app, const std::function<int()>& body);
+
+// The integer value of flag `name` given as text; anything else is a UsageError naming the flag.
+int64_t parse_int_flag(const std::string& name, const std::string& text);
 
 }  // namespace autosp

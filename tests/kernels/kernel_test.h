@@ -29,15 +29,20 @@ constexpr double tol() {
   return sizeof(T) == 4 ? 1e-5 : 1e-12;
 }
 
-// Checks every element; on failure reports the worst index with both values.
+// Checks every element: |got - ref| ≤ tolerance · (1 + m), where m is |ref| or, when `magnitude` is
+// given, the size of the terms that were summed (e.g. Σ|a·b| for a dot product, which bounds the
+// rounding error however much the terms cancel). On failure reports the worst index.
 template <class T>
-void check_close(const std::vector<T>& got, const naive::Vec& ref, double tolerance = tol<T>()) {
+void check_close(const std::vector<T>& got, const naive::Vec& ref, double tolerance = tol<T>(),
+                 const naive::Vec* magnitude = nullptr) {
   REQUIRE(got.size() == ref.size());
+  if (magnitude) REQUIRE(magnitude->size() == ref.size());
   double worst = 0;
   size_t at = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     if (double(got[i]) == ref[i]) continue;  // exact, including equal infinities
-    const double err = std::abs(double(got[i]) - ref[i]) / (1.0 + std::abs(ref[i]));
+    const double m = magnitude ? (*magnitude)[i] : std::abs(ref[i]);
+    const double err = std::abs(double(got[i]) - ref[i]) / (1.0 + m);
     if (!(err <= worst)) {  // also catches NaN
       worst = err;
       at = i;

@@ -2,6 +2,9 @@
 // on both sides of the parallel-over-batch threshold, and K = 0.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <vector>
+
 #include "common/naive.h"
 #include "kernel_test.h"
 #include "kernels/cpu/matmul.h"
@@ -29,16 +32,23 @@ void run_gemm_case(const GemmCase& g, uint32_t seed) {
   const naive::Vec c0 = test::widen(c);
   cpu::gemm_batched<T>(g.ta, g.tb, g.batch, g.M, g.N, g.K, T(g.alpha), a.data(), sa, b.data(), sb,
                        T(g.beta), c.data(), sc);
-  naive::Vec ref;
+  naive::Vec ref, mag;  // mag: the same GEMM on absolute values, the scale of its rounding error
   const naive::Vec aw = test::widen(a), bw = test::widen(b);
+  auto abs_of = [](naive::Vec x) {
+    for (double& v : x) v = std::abs(v);
+    return x;
+  };
   for (int64_t p = 0; p < g.batch; ++p) {
     const naive::Vec ap(aw.begin() + p * sa, aw.begin() + p * sa + g.M * g.K);
     const naive::Vec bp(bw.begin() + p * sb, bw.begin() + p * sb + g.K * g.N);
     const naive::Vec cp(c0.begin() + p * sc, c0.begin() + (p + 1) * sc);
     const naive::Vec r = naive::gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, ap, bp, g.beta, cp);
+    const naive::Vec m = naive::gemm(g.ta, g.tb, g.M, g.N, g.K, std::abs(g.alpha), abs_of(ap),
+                                     abs_of(bp), std::abs(g.beta), abs_of(cp));
     ref.insert(ref.end(), r.begin(), r.end());
+    mag.insert(mag.end(), m.begin(), m.end());
   }
-  test::check_close(c, ref);
+  test::check_close(c, ref, test::tol<T>(), &mag);
 }
 
 const GemmCase kGemmCases[] = {
@@ -49,6 +59,8 @@ const GemmCase kGemmCases[] = {
     {true, true, 2, 16, 65, 9, false, false, -1.5, 0.25},
     {false, false, 37, 8, 8, 8, false, true, 1.0, 0.0},    // many small GEMMs, shared B
     {false, true, 37, 9, 11, 13, true, false, 1.0, 1.0},   // shared A, accumulate
+    {true, false, 12, 30, 33, 20, false, true, 1.0, 0.5},  // mid-sized: spread over the batch
+    {false, true, 9, 40, 40, 40, true, false, -1.0, 0.0},
     {true, true, 5, 130, 65, 64, false, false, 1.0, 0.0},  // large: one threaded BLAS call each
     {false, false, 2, 100, 101, 102, true, true, 2.0, -1.0},
     {true, false, 4, 6, 10, 0, false, false, 1.0, 0.5},    // K = 0: C = beta · C

@@ -1,10 +1,16 @@
 // CPU GEMM launchers: batched row-major GEMM on OpenBLAS, and the thread count shared by OpenMP
 // regions and OpenBLAS. Knows nothing of graphs or tensors.
 //
-// Threading: a large GEMM is one cblas call per batch entry, threaded inside OpenBLAS. Many small
-// GEMMs (M·N·K ≤ kSmallMNK) are spread over the batch with OpenMP instead: at that size OpenBLAS
-// 0.3.x runs single-threaded in the calling thread (its interface/gemm.c threshold is
-// 65536 · GEMM_MULTITHREAD_THRESHOLD = 65536 · 4), and concurrent single-threaded calls are safe.
+// Threading: a large GEMM is one cblas call per batch entry, threaded inside OpenBLAS. A batch of
+// mid-sized GEMMs (kMinBatchMNK ≤ M·N·K ≤ kSmallMNK) is spread over the batch with OpenMP instead:
+// at that size OpenBLAS 0.3.x runs single-threaded in the calling thread (its interface/gemm.c
+// threshold is 65536 · GEMM_MULTITHREAD_THRESHOLD = 65536 · 4) and concurrent calls are safe.
+// Tiny GEMMs stay sequential: per-call overhead and OpenBLAS's shared buffer pool make them slower
+// when issued from several threads at once.
+//
+// The build links OpenBLAS's OpenMP variant (libopenblas-openmp-dev) so that BLAS and our kernels
+// share one thread pool: the pthread build keeps a second pool spinning beside OpenMP's, and on a
+// machine with few cores an OpenMP kernel right after a threaded GEMM ran 1.5–3× slower.
 #include "kernels/cpu/matmul.h"
 
 #include <cblas.h>
@@ -18,7 +24,8 @@ namespace autosp::cpu {
 
 namespace {
 
-constexpr double kSmallMNK = 65536.0 * 4.0;
+constexpr double kSmallMNK = 65536.0 * 4.0;  // largest GEMM OpenBLAS keeps single-threaded
+constexpr double kMinBatchMNK = 16384.0;     // smallest GEMM worth a thread of its own
 
 void gemm_one(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint M, blasint N, blasint K, float alpha,
               const float* a, blasint lda, const float* b, blasint ldb, float beta, float* c,
@@ -54,7 +61,8 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
   const blasint lda = blasint(trans_a ? M : K), ldb = blasint(trans_b ? K : N), ldc = blasint(N);
   const double mnk = double(M) * double(N) * double(K);
   // stride_c == 0 accumulates into one C in batch order, so it must stay sequential.
-  const bool over_batch = batch > 1 && stride_c != 0 && mnk <= kSmallMNK && !omp_in_parallel();
+  const bool over_batch = batch > 1 && stride_c != 0 && mnk >= kMinBatchMNK && mnk <= kSmallMNK &&
+                          !omp_in_parallel();
   if (over_batch) {
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < batch; ++p)

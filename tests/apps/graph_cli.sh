@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# autosp-graph: prints both architectures' forward graphs; bad flags and configs give one
+# `error:` line and exit code 2.
+#   graph_cli.sh BIN_DIR SOURCE_DIR
+set -u
+bin=$1/autosp-graph
+src=$2
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+expect_ok() {  # expect_ok NEEDLE ARGS...
+  local needle=$1
+  shift
+  if ! out=$("$bin" "$@" 2>"$tmp/err"); then
+    echo "FAIL: autosp-graph $* exited non-zero: $(cat "$tmp/err")"
+    fail=1
+  elif ! grep -qF -- "$needle" <<<"$out"; then
+    echo "FAIL: autosp-graph $* did not print '$needle'"
+    fail=1
+  fi
+}
+
+expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
+  local needle=$1
+  shift
+  "$bin" "$@" >/dev/null 2>"$tmp/err"
+  local rc=$?
+  if [ $rc -ne 2 ]; then
+    echo "FAIL: autosp-graph $* exited $rc, expected 2"
+    fail=1
+  elif [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/err"; then
+    echo "FAIL: autosp-graph $* stderr was: $(cat "$tmp/err") (expected one 'error:' line naming '$needle')"
+    fail=1
+  fi
+}
+
+expect_ok "sdpa(%l0.q_rope, %l0.k_rope, %l0.v, causal=true" --config "$src/configs/llama-tiny.json"
+expect_ok "f32[B, 4, S, 16]" --config "$src/configs/llama-tiny.json" --world 2 --rank 1
+expect_ok "layernorm(%x, %transformer.h.0.ln_1.weight" --config "$src/configs/gpt2-tiny.json" --stage forward
+expect_ok '"op": "sdpa"' --config "$src/configs/gpt2-tiny.json" --format json
+expect_ok "digraph autosp" --config "$src/configs/gpt2-tiny.json" --format dot
+expect_ok "--config" --help
+
+echo '{"model": {"arch": "gpt3"}}' >"$tmp/bad-arch.json"
+echo '{"model": ' >"$tmp/truncated.json"
+echo '{"model": {"hidden_size": 4}, "extra": 1}' >"$tmp/unknown.json"
+head -c 300 /dev/urandom >"$tmp/random.json"
+expect_usage_error "config is required"
+expect_usage_error "gpt3" --config "$tmp/bad-arch.json"
+expect_usage_error "not valid JSON" --config "$tmp/truncated.json"
+expect_usage_error "unknown key 'extra'" --config "$tmp/unknown.json"
+expect_usage_error "random.json" --config "$tmp/random.json"
+expect_usage_error "cannot open" --config "$tmp/nope.json"
+expect_usage_error "--rank" --config "$src/configs/gpt2-tiny.json" --world 2 --rank 2
+expect_usage_error "--world" --config "$src/configs/gpt2-tiny.json" --world 0
+expect_usage_error "--format" --config "$src/configs/gpt2-tiny.json" --format yaml
+expect_usage_error "--stage" --config "$src/configs/gpt2-tiny.json" --stage sideways
+expect_usage_error "world" --config "$src/configs/gpt2-tiny.json" --world two
+expect_usage_error "bogus" --config "$src/configs/gpt2-tiny.json" --bogus
+expect_usage_error "model.hidden_size" --config "$src/configs/gpt2-tiny.json" --set model.hidden_size=abc
+
+if [ $fail -eq 0 ]; then echo "graph_cli: all checks passed"; fi
+exit $fail
