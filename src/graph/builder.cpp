@@ -78,4 +78,45 @@ Node* Builder::count_valid(Node* labels, DType dtype, const std::string& name) {
             {{"ignore_index", kIgnoreIndex}, {"dtype", std::string(dtype_name(dtype))}}, name);
 }
 
+Node* Builder::full(SymShape shape, double value, DType dtype, const std::string& name) {
+  return op(Op::full, {}, {{"shape", std::move(shape)}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}}, name);
+}
+Node* Builder::output(Node* x, int64_t index, const std::string& name) {
+  return op(Op::output, {x}, {{"index", index}}, name);
+}
+Node* Builder::sum_to(Node* x, SymShape shape, const std::string& name) {
+  return op(Op::sum_to, {x}, {{"shape", std::move(shape)}}, name);
+}
+Node* Builder::embedding_backward(Node* dy, Node* ids, Dim v, const std::string& name) {
+  return op(Op::embedding_backward, {dy, ids}, {{"num_embeddings", std::move(v)}}, name);
+}
+Node* Builder::gelu_tanh_backward(Node* dy, Node* x, const std::string& name) {
+  return op(Op::gelu_tanh_backward, {dy, x}, {}, name);
+}
+Node* Builder::silu_backward(Node* dy, Node* x, const std::string& name) { return op(Op::silu_backward, {dy, x}, {}, name); }
+Node* Builder::slice_backward(Node* dy, int64_t dim, Dim start, Dim end, Dim size, const std::string& name) {
+  return op(Op::slice_backward, {dy},
+            {{"dim", dim}, {"start", std::move(start)}, {"end", std::move(end)}, {"size", std::move(size)}}, name);
+}
+Node* Builder::layernorm_backward(Node* dy, Node* x, Node* w, double eps, const std::string& name) {
+  return op(Op::layernorm_backward, {dy, x, w}, {{"eps", eps}}, name);
+}
+Node* Builder::rmsnorm_backward(Node* dy, Node* x, Node* w, double eps, const std::string& name) {
+  return op(Op::rmsnorm_backward, {dy, x, w}, {{"eps", eps}}, name);
+}
+Node* Builder::softmax_backward(Node* dy, Node* y, const std::string& name) {
+  return op(Op::softmax_backward, {dy, y}, {}, name);
+}
+Node* Builder::rope_backward(Node* dy, Node* pos, double theta, const std::string& name) {
+  return op(Op::rope_backward, {dy, pos}, {{"theta", theta}}, name);
+}
+Node* Builder::sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
+                             const std::string& name) {
+  return op(Op::sdpa_backward, {q, k, v, o, lse, dout}, {{"causal", causal}, {"scale", scale}}, name);
+}
+Node* Builder::cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
+                                      const std::string& name) {
+  return op(Op::cross_entropy_backward, {logits, labels, grad}, {{"ignore_index", ignore_index}}, name);
+}
+
 }  // namespace autosp

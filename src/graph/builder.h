@@ -48,6 +48,24 @@ class Builder {
   Node* sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name = "attn");
   Node* cross_entropy_sum(Node* logits, Node* labels, const std::string& name = "ce_sum");
   Node* count_valid(Node* labels, DType dtype, const std::string& name = "valid");
+  Node* full(SymShape shape, double value, DType dtype, const std::string& name = "full");
+  // Extra output `index` (1, 2, ...) of a multi-output node.
+  Node* output(Node* x, int64_t index, const std::string& name = "out");
+
+  // Backward-only ops, used by vjp rules.
+  Node* sum_to(Node* x, SymShape shape, const std::string& name = "sum_to");
+  Node* embedding_backward(Node* dy, Node* ids, Dim num_embeddings, const std::string& name = "embedding_bwd");
+  Node* gelu_tanh_backward(Node* dy, Node* x, const std::string& name = "gelu_bwd");
+  Node* silu_backward(Node* dy, Node* x, const std::string& name = "silu_bwd");
+  Node* slice_backward(Node* dy, int64_t dim, Dim start, Dim end, Dim size, const std::string& name = "slice_bwd");
+  Node* layernorm_backward(Node* dy, Node* x, Node* w, double eps, const std::string& name = "ln_bwd");
+  Node* rmsnorm_backward(Node* dy, Node* x, Node* w, double eps, const std::string& name = "rms_bwd");
+  Node* softmax_backward(Node* dy, Node* y, const std::string& name = "softmax_bwd");
+  Node* rope_backward(Node* dy, Node* position_ids, double theta, const std::string& name = "rope_bwd");
+  Node* sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
+                      const std::string& name = "attn_bwd");
+  Node* cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
+                               const std::string& name = "ce_bwd");
 
  private:
   Node* op(Op op, std::vector<Node*> inputs, Attrs attrs, const std::string& name);

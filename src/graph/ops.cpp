@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "graph/ir.h"
+#include "graph/vjp.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -240,42 +241,154 @@ TensorType count_valid_rule(const Node& n, const ShapeContext&) {
   return {*t, {}};
 }
 
+
+TensorType full_rule(const Node& n, const ShapeContext&) {
+  auto t = dtype_from_name(n.attrs().s("dtype"));
+  if (!t) fail(n, str("unknown dtype '", n.attrs().s("dtype"), "'"));
+  n.attrs().f("value");
+  return {*t, n.attrs().dims("shape")};
+}
+
+TensorType output_rule(const Node& n, const ShapeContext&) {
+  const Node& src = *n.input(0);
+  auto extras = extra_types(src);
+  int64_t i = n.attrs().i("index");
+  if (i < 1 || i > static_cast<int64_t>(extras.size()))
+    fail(n, str("%", src.name(), " (", src.op_name(), ") has no output ", i));
+  return extras[i - 1];
+}
+
+// x [..] summed down to `shape` (right-aligned; each target dim equals x's or is 1).
+TensorType sum_to_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  const auto& x = in(n, 0).shape;
+  const auto& target = n.attrs().dims("shape");
+  bool ok = target.size() <= x.size();
+  for (size_t i = 0; ok && i < target.size(); ++i) {
+    const Dim& xd = x[x.size() - target.size() + i];
+    ok = ctx.same(target[i], xd) || target[i] == Dim(1);
+  }
+  if (!ok) fail(n, str("cannot sum ", in(n, 0).str(), " to ", sym_shape_str(target)));
+  return {in(n, 0).dtype, target};
+}
+
+// dy [..., C], ids [...] → dweight [V, C]
+TensorType embedding_backward_rule(const Node& n, const ShapeContext&) {
+  expect_float(n, 0);
+  expect_int(n, 1);
+  return {in(n, 0).dtype, {n.attrs().dim("num_embeddings"), in(n, 0).shape.back()}};
+}
+
+TensorType same_as_second(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_same_dtype(n, 0, 1);
+  const auto& a = in(n, 0).shape;
+  const auto& b = in(n, 1).shape;
+  bool ok = a.size() == b.size();
+  for (size_t i = 0; ok && i < a.size(); ++i) ok = ctx.same(a[i], b[i]);
+  if (!ok) fail(n, str("gradient ", in(n, 0).str(), " does not match ", in(n, 1).str()));
+  return in(n, 1);
+}
+
+TensorType slice_backward_rule(const Node& n, const ShapeContext&) {
+  auto t = in(n, 0);
+  int d = norm_axis(n, n.attrs().i("dim"), t.rank());
+  n.attrs().dim("start");
+  n.attrs().dim("end");
+  t.shape[d] = n.attrs().dim("size");
+  return t;
+}
+
+// dy, x [..., C], w [C] → dx (extras: dw, db)
+TensorType norm_backward_rule(const Node& n, const ShapeContext& ctx) {
+  TensorType t = same_as_second(n, ctx);
+  const auto& w = in(n, 2);
+  if (w.rank() != 1 || !ctx.same(w.shape[0], t.shape.back())) fail(n, str("weight ", w.str(), " vs x ", t.str()));
+  return t;
+}
+std::vector<TensorType> layernorm_backward_extra(const Node& n) { return {in(n, 2), in(n, 2)}; }
+std::vector<TensorType> rmsnorm_backward_extra(const Node& n) { return {in(n, 2)}; }
+
+
+// lse [B, N, Sq]
+std::vector<TensorType> sdpa_extra(const Node& n) {
+  const auto& q = in(n, 0).shape;
+  return {{in(n, 0).dtype, {q[0], q[1], q[2]}}};
+}
+
+// q, k, v, o, lse, dout → dq (extras: dk, dv)
+TensorType sdpa_backward_rule(const Node& n, const ShapeContext& ctx) {
+  const auto& q = in(n, 0);
+  for (size_t i : {3, 5}) {
+    const auto& t = in(n, i);
+    bool ok = t.dtype == q.dtype && t.rank() == q.rank();
+    for (int d = 0; ok && d < q.rank(); ++d) ok = ctx.same(t.shape[d], q.shape[d]);
+    if (!ok) fail(n, str("input ", i, " ", t.str(), " must match q ", q.str()));
+  }
+  return q;
+}
+std::vector<TensorType> sdpa_backward_extra(const Node& n) { return {in(n, 1), in(n, 2)}; }
+
+// logits [..., V], labels [...], grad [] → dlogits
+TensorType cross_entropy_backward_rule(const Node& n, const ShapeContext&) {
+  expect_float(n, 0);
+  expect_int(n, 1);
+  if (in(n, 2).rank() != 0) fail(n, str("loss gradient ", in(n, 2).str(), " must be a scalar"));
+  return in(n, 0);
+}
+
 // One row per op, in enum order.
 constexpr std::array<OpInfo, kNumOps> kOps{{
-    {Op::input, "input", 0, "", declared, nullptr},
-    {Op::parameter, "parameter", 0, "", declared, nullptr},
-    {Op::embedding, "embedding", 2, "", embedding_rule, nullptr},
-    {Op::matmul, "matmul", 2, "trans_a,trans_b", matmul_rule, nullptr},
-    {Op::add, "add", 2, "", binary_rule, nullptr},
-    {Op::sub, "sub", 2, "", binary_rule, nullptr},
-    {Op::mul, "mul", 2, "", binary_rule, nullptr},
-    {Op::div, "div", 2, "", binary_rule, nullptr},
-    {Op::scale, "scale", 1, "factor", unary_rule, nullptr},
-    {Op::neg, "neg", 1, "", unary_rule, nullptr},
-    {Op::exp, "exp", 1, "", unary_rule, nullptr},
-    {Op::gelu_tanh, "gelu_tanh", 1, "", unary_rule, nullptr},
-    {Op::silu, "silu", 1, "", unary_rule, nullptr},
-    {Op::reshape, "reshape", 1, "shape", reshape_rule, nullptr},
-    {Op::transpose, "transpose", 1, "dim0,dim1", transpose_rule, nullptr},
-    {Op::permute, "permute", 1, "perm", permute_rule, nullptr},
-    {Op::slice, "slice", 1, "dim,start,end", slice_rule, nullptr},
-    {Op::concat, "concat", -1, "dim", concat_rule, nullptr},
-    {Op::layernorm, "layernorm", 3, "eps", layernorm_rule, nullptr},
-    {Op::rmsnorm, "rmsnorm", 2, "eps", rmsnorm_rule, nullptr},
-    {Op::softmax, "softmax", 1, "", unary_rule, nullptr},
-    {Op::rope, "rope", 2, "theta", rope_rule, nullptr},
-    {Op::sdpa, "sdpa", 3, "causal,scale", sdpa_rule, nullptr},
-    {Op::cross_entropy_sum, "cross_entropy_sum", 2, "ignore_index", cross_entropy_rule, nullptr},
-    {Op::count_valid, "count_valid", 1, "ignore_index,dtype", count_valid_rule, nullptr},
+    // op, name, arity, required attributes, shape rule, extra outputs, vjp, backward-only
+    {Op::input, "input", 0, "", declared, nullptr, nullptr, false},
+    {Op::parameter, "parameter", 0, "", declared, nullptr, nullptr, false},
+    {Op::embedding, "embedding", 2, "", embedding_rule, nullptr, vjp::embedding, false},
+    {Op::matmul, "matmul", 2, "trans_a,trans_b", matmul_rule, nullptr, vjp::matmul, false},
+    {Op::add, "add", 2, "", binary_rule, nullptr, vjp::add, false},
+    {Op::sub, "sub", 2, "", binary_rule, nullptr, vjp::sub, false},
+    {Op::mul, "mul", 2, "", binary_rule, nullptr, vjp::mul, false},
+    {Op::div, "div", 2, "", binary_rule, nullptr, vjp::div, false},
+    {Op::scale, "scale", 1, "factor", unary_rule, nullptr, vjp::scale, false},
+    {Op::neg, "neg", 1, "", unary_rule, nullptr, vjp::neg, false},
+    {Op::exp, "exp", 1, "", unary_rule, nullptr, vjp::exp, false},
+    {Op::gelu_tanh, "gelu_tanh", 1, "", unary_rule, nullptr, vjp::gelu_tanh, false},
+    {Op::silu, "silu", 1, "", unary_rule, nullptr, vjp::silu, false},
+    {Op::reshape, "reshape", 1, "shape", reshape_rule, nullptr, vjp::reshape, false},
+    {Op::transpose, "transpose", 1, "dim0,dim1", transpose_rule, nullptr, vjp::transpose, false},
+    {Op::permute, "permute", 1, "perm", permute_rule, nullptr, vjp::permute, false},
+    {Op::slice, "slice", 1, "dim,start,end", slice_rule, nullptr, vjp::slice, false},
+    {Op::concat, "concat", -1, "dim", concat_rule, nullptr, vjp::concat, false},
+    {Op::layernorm, "layernorm", 3, "eps", layernorm_rule, nullptr, vjp::layernorm, false},
+    {Op::rmsnorm, "rmsnorm", 2, "eps", rmsnorm_rule, nullptr, vjp::rmsnorm, false},
+    {Op::softmax, "softmax", 1, "", unary_rule, nullptr, vjp::softmax, false},
+    {Op::rope, "rope", 2, "theta", rope_rule, nullptr, vjp::rope, false},
+    {Op::sdpa, "sdpa", 3, "causal,scale", sdpa_rule, sdpa_extra, vjp::sdpa, false},
+    {Op::cross_entropy_sum, "cross_entropy_sum", 2, "ignore_index", cross_entropy_rule, nullptr, vjp::cross_entropy_sum, false},
+    {Op::count_valid, "count_valid", 1, "ignore_index,dtype", count_valid_rule, nullptr, vjp::no_gradient, false},
+    {Op::full, "full", 0, "shape,value,dtype", full_rule, nullptr, vjp::no_gradient, false},
+    {Op::output, "output", 1, "index", output_rule, nullptr, nullptr, true},
+    {Op::sum_to, "sum_to", 1, "shape", sum_to_rule, nullptr, nullptr, true},
+    {Op::embedding_backward, "embedding_backward", 2, "num_embeddings", embedding_backward_rule, nullptr, nullptr, true},
+    {Op::gelu_tanh_backward, "gelu_tanh_backward", 2, "", same_as_second, nullptr, nullptr, true},
+    {Op::silu_backward, "silu_backward", 2, "", same_as_second, nullptr, nullptr, true},
+    {Op::slice_backward, "slice_backward", 1, "dim,start,end,size", slice_backward_rule, nullptr, nullptr, true},
+    {Op::layernorm_backward, "layernorm_backward", 3, "eps", norm_backward_rule, layernorm_backward_extra, nullptr, true},
+    {Op::rmsnorm_backward, "rmsnorm_backward", 3, "eps", norm_backward_rule, rmsnorm_backward_extra, nullptr, true},
+    {Op::softmax_backward, "softmax_backward", 2, "", same_as_second, nullptr, nullptr, true},
+    {Op::rope_backward, "rope_backward", 2, "theta", rope_rule, nullptr, nullptr, true},
+    {Op::sdpa_backward, "sdpa_backward", 6, "causal,scale", sdpa_backward_rule, sdpa_backward_extra, nullptr, true},
+    {Op::cross_entropy_backward, "cross_entropy_backward", 3, "ignore_index", cross_entropy_backward_rule, nullptr, nullptr, true},
 }};
 
 constexpr bool table_in_order() {
-  for (size_t i = 0; i < kOps.size(); ++i)
+  for (size_t i = 0; i < kOps.size(); ++i) {
     if (static_cast<size_t>(kOps[i].op) != i || kOps[i].name.empty()) return false;
+    if (!kOps[i].backward_only && kOps[i].op != Op::input && kOps[i].op != Op::parameter && !kOps[i].vjp) return false;
+  }
   return true;
 }
 static_assert(kOps.size() == kNumOps, "every op needs a row in the op table");
-static_assert(table_in_order(), "op table rows must follow the Op enum order");
+static_assert(table_in_order(), "op table rows must follow the Op enum order, and every forward op needs a vjp");
 
 }  // namespace
 
@@ -300,6 +413,11 @@ std::vector<std::string> op_required_attrs(Op op) {
     s = c == std::string_view::npos ? std::string_view{} : s.substr(c + 1);
   }
   return out;
+}
+
+std::vector<TensorType> extra_types(const Node& n) {
+  const OpInfo& info = op_info(n.op());
+  return info.extra ? info.extra(n) : std::vector<TensorType>{};
 }
 
 TensorType infer_type(const Node& n, const std::vector<Divisibility>& assumptions) {

@@ -26,6 +26,11 @@ enum class Op : uint16_t {
   layernorm, rmsnorm, softmax, rope, sdpa,
   // loss
   cross_entropy_sum, count_valid,
+  // constants and multi-output access
+  full, output,
+  // backward-only ops (built by vjp rules; not differentiated again)
+  sum_to, embedding_backward, gelu_tanh_backward, silu_backward, slice_backward, layernorm_backward,
+  rmsnorm_backward, softmax_backward, rope_backward, sdpa_backward, cross_entropy_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);
@@ -41,6 +46,8 @@ struct ShapeContext {
 };
 
 using ShapeFn = TensorType (*)(const Node&, const ShapeContext&);
+// Types of a node's extra outputs (1, 2, ...), read through `output(node, index=i)` nodes.
+using ExtraFn = std::vector<TensorType> (*)(const Node&);
 using VjpFn = void (*)(VjpContext&);
 
 struct OpInfo {
@@ -49,7 +56,10 @@ struct OpInfo {
   int arity;               // number of inputs, -1 = one or more
   std::string_view attrs;  // required attributes, comma-separated
   ShapeFn infer;           // shape rule; validates and throws UsageError naming op and shapes
-  VjpFn vjp;               // backward rule (builds IR); nullptr until the op is differentiable
+  ExtraFn extra;           // extra outputs (nullptr: the node has one output)
+  VjpFn vjp;               // backward rule (builds IR); nullptr: not differentiable
+  bool backward_only;      // made by vjp rules only; never differentiated again
+  bool side_effects = false;  // kept by DCE even when unused (collectives, optimizer updates)
 };
 
 const OpInfo& op_info(Op op);
@@ -59,5 +69,7 @@ std::vector<std::string> op_required_attrs(Op op);
 
 // Infer `n`'s output type from its inputs and attributes (the op's shape rule).
 TensorType infer_type(const Node& n, const std::vector<Divisibility>& assumptions);
+// Types of `n`'s extra outputs (empty for single-output ops).
+std::vector<TensorType> extra_types(const Node& n);
 
 }  // namespace autosp

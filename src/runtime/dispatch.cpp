@@ -220,13 +220,33 @@ Tensor rope_cpu(const KernelCall& c) {
   });
 }
 
+// o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (saved for the backward)
 Tensor sdpa_cpu(const KernelCall& c) {
   const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
   return by_float(c, q.dtype(), [&]<class T>() {
     Tensor y = out_like(c, q.dtype());
-    cpu::sdpa_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), y.data<T>(), nullptr, q.dim(0), q.dim(1), k.dim(1),
-                         q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"));
+    Tensor lse = Tensor::empty({q.dim(0), q.dim(1), q.dim(2)}, q.dtype(), c.alloc);
+    cpu::sdpa_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), y.data<T>(), lse.data<T>(), q.dim(0), q.dim(1),
+                         k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"));
+    c.extras.push_back(lse);
     return y;
+  });
+}
+
+// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout.
+Tensor sdpa_backward_cpu(const KernelCall& c) {
+  std::vector<Tensor> t;
+  for (const Tensor& x : c.in) t.push_back(x.contiguous());
+  const Tensor &q = t[0], &k = t[1], &v = t[2];
+  return by_float(c, q.dtype(), [&]<class T>() {
+    Tensor dq = out_like(c, q.dtype());
+    Tensor dk = Tensor::empty(k.shape(), k.dtype(), c.alloc), dv = Tensor::empty(v.shape(), v.dtype(), c.alloc);
+    cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), t[3].data<T>(), t[4].data<T>(), t[5].data<T>(),
+                          dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
+                          q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"));
+    c.extras.push_back(dk);
+    c.extras.push_back(dv);
+    return dq;
   });
 }
 
@@ -252,8 +272,140 @@ Tensor count_valid_cpu(const KernelCall& c) {
   });
 }
 
+
+Tensor full_cpu(const KernelCall& c) {
+  const DType dt = c.node.dtype();
+  return by_float(c, dt, [&]<class T>() {
+    Tensor y = out_like(c, dt);
+    cpu::fill<T>(y.data<T>(), y.numel(), static_cast<T>(c.node.attrs().f("value")));
+    return y;
+  });
+}
+
+// x [..] summed to out [..] (right-aligned; padded with leading 1s to x's rank for the kernel)
+Tensor sum_to_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous();
+  Shape out_full(static_cast<size_t>(x.rank()) - c.out_shape.size(), 1);
+  out_full.insert(out_full.end(), c.out_shape.begin(), c.out_shape.end());
+  AUTOSP_ASSERT(x.rank() <= cpu::kMaxRank, "rank ", x.rank(), " too large");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    if (x.rank() == 0)
+      *y.data<T>() = *x.data<T>();
+    else
+      cpu::sum_to<T>(x.data<T>(), x.rank(), x.shape().data(), out_full.data(), y.data<T>());
+    return y;
+  });
+}
+
+// dy [..., C], ids [...] → dweight [V, C]
+Tensor embedding_backward_cpu(const KernelCall& c) {
+  const Tensor dy = c.in[0].contiguous();
+  Tensor ids = ids64(c.in[1]);
+  return by_float(c, dy.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, dy.dtype());
+    cpu::embedding_backward<T>(dy.data<T>(), ids.data<int64_t>(), y.data<T>(), ids.numel(), c.out_shape[0],
+                               c.out_shape[1]);
+    return y;
+  });
+}
+
+template <cpu::UnaryGrad kOp>
+Tensor unary_backward_cpu(const KernelCall& c) {
+  const Tensor dy = c.in[0].contiguous(), x = c.in[1].contiguous();
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::unary_backward<T>(kOp, dy.data<T>(), x.data<T>(), y.data<T>(), x.numel());
+    return y;
+  });
+}
+
+// dy [.., end-start, ..] placed at [start, end) of dim d of a zero tensor.
+Tensor slice_backward_cpu(const KernelCall& c) {
+  const Tensor dy = c.in[0].contiguous();
+  const int d = axis(c.node.attrs().i("dim"), dy.rank());
+  const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
+  Tensor y = Tensor::zeros(c.out_shape, dy.dtype());
+  const size_t es = dtype_size(dy.dtype());
+  const int64_t outer = shape_numel(std::span(dy.shape()).first(d));
+  const int64_t inner = shape_numel(std::span(dy.shape()).subspan(d + 1));
+  const int64_t rows_in = dy.dim(d), rows_out = c.out_shape[d];
+  const char* src = static_cast<const char*>(dy.raw());
+  char* dst = static_cast<char*>(y.raw());
+#pragma omp parallel for if (outer > 64)
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(dst + ((o * rows_out + start) * inner) * es, src + o * rows_in * inner * es,
+                static_cast<size_t>(rows_in * inner) * es);
+  return y;
+}
+
+// dx; extra outputs dw, db. Inputs: dy, x, w.
+Tensor layernorm_backward_cpu(const KernelCall& c) {
+  const Tensor dy = c.in[0].contiguous(), x = c.in[1].contiguous();
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const double eps = c.node.attrs().f("eps");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    Tensor dw = Tensor::empty({C}, x.dtype(), c.alloc), db = Tensor::empty({C}, x.dtype(), c.alloc);
+    cpu::layernorm_backward_input<T>(dy.data<T>(), x.data<T>(), c.in[2].data<T>(), dx.data<T>(), rows, C, eps);
+    cpu::layernorm_backward_params<T>(dy.data<T>(), x.data<T>(), dw.data<T>(), db.data<T>(), rows, C, eps);
+    c.extras.push_back(dw);
+    c.extras.push_back(db);
+    return dx;
+  });
+}
+
+// dx; extra output dw. Inputs: dy, x, w.
+Tensor rmsnorm_backward_cpu(const KernelCall& c) {
+  const Tensor dy = c.in[0].contiguous(), x = c.in[1].contiguous();
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const double eps = c.node.attrs().f("eps");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    Tensor dw = Tensor::empty({C}, x.dtype(), c.alloc);
+    cpu::rmsnorm_backward_input<T>(dy.data<T>(), x.data<T>(), c.in[2].data<T>(), dx.data<T>(), rows, C, eps);
+    cpu::rmsnorm_backward_weight<T>(dy.data<T>(), x.data<T>(), dw.data<T>(), rows, C, eps);
+    c.extras.push_back(dw);
+    return dx;
+  });
+}
+
+Tensor softmax_backward_cpu(const KernelCall& c) {
+  const Tensor dy = c.in[0].contiguous(), y = c.in[1].contiguous();
+  const int64_t C = y.dim(-1), rows = y.numel() / C;
+  return by_float(c, y.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, y.dtype());
+    cpu::softmax_backward<T>(dy.data<T>(), y.data<T>(), dx.data<T>(), rows, C);
+    return dx;
+  });
+}
+
+Tensor rope_backward_cpu(const KernelCall& c) {
+  const Tensor dy = c.in[0].contiguous();
+  Tensor pos = ids64(c.in[1]);
+  return by_float(c, dy.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, dy.dtype());
+    cpu::rope_backward<T>(dy.data<T>(), pos.data<int64_t>(), dx.data<T>(), dy.dim(0), dy.dim(1), dy.dim(2), dy.dim(3),
+                          c.node.attrs().f("theta"));
+    return dx;
+  });
+}
+
+// dlogits = g · (softmax(logits) - onehot(labels)). Inputs: logits, labels, g (scalar).
+Tensor cross_entropy_backward_cpu(const KernelCall& c) {
+  const Tensor logits = c.in[0].contiguous();
+  Tensor labels = ids64(c.in[1]);
+  const double g = c.in[2].to_doubles()[0];
+  return by_float(c, logits.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, logits.dtype());
+    cpu::cross_entropy_backward<T>(logits.data<T>(), labels.data<int64_t>(), dx.data<T>(), labels.numel(),
+                                   logits.dim(-1), g, c.node.attrs().i("ignore_index"));
+    return dx;
+  });
+}
+
 Tensor leaf(const KernelCall& c) {
-  AUTOSP_ASSERT(false, "leaf node ", c.node.name(), " is fed, not dispatched");
+  AUTOSP_ASSERT(false, "node ", c.node.name(), " is resolved by the executor, not dispatched");
   return {};
 }
 
@@ -289,6 +441,19 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::sdpa, sdpa_cpu, no_cuda},
     {Op::cross_entropy_sum, cross_entropy_sum_cpu, no_cuda},
     {Op::count_valid, count_valid_cpu, no_cuda},
+    {Op::full, full_cpu, no_cuda},
+    {Op::output, leaf, leaf},
+    {Op::sum_to, sum_to_cpu, no_cuda},
+    {Op::embedding_backward, embedding_backward_cpu, no_cuda},
+    {Op::gelu_tanh_backward, unary_backward_cpu<cpu::UnaryGrad::gelu_tanh>, no_cuda},
+    {Op::silu_backward, unary_backward_cpu<cpu::UnaryGrad::silu>, no_cuda},
+    {Op::slice_backward, slice_backward_cpu, no_cuda},
+    {Op::layernorm_backward, layernorm_backward_cpu, no_cuda},
+    {Op::rmsnorm_backward, rmsnorm_backward_cpu, no_cuda},
+    {Op::softmax_backward, softmax_backward_cpu, no_cuda},
+    {Op::rope_backward, rope_backward_cpu, no_cuda},
+    {Op::sdpa_backward, sdpa_backward_cpu, no_cuda},
+    {Op::cross_entropy_backward, cross_entropy_backward_cpu, no_cuda},
 }};
 
 constexpr bool kernels_in_order() {

@@ -17,6 +17,7 @@ struct KernelCall {
   const Shape& out_shape;    // the node's shape with symbols bound
   const Bindings& bindings;  // for attributes that are dims (slice bounds)
   Allocator& alloc;
+  std::vector<Tensor>& extras;  // a multi-output op appends its extra outputs (1, 2, ...) here
 };
 
 using KernelFn = Tensor (*)(const KernelCall&);
@@ -27,7 +28,8 @@ struct KernelRow {
   KernelFn cuda;
 };
 
-// Run `call.node` on the device of its inputs. Leaves (input, parameter) are not dispatched.
+// Run `call.node` on the device of its inputs. Leaves (input, parameter) and `output` (which reads
+// an extra output kept by the executor) are not dispatched.
 Tensor dispatch(const KernelCall& call, DeviceKind device);
 
 }  // namespace autosp

@@ -63,6 +63,7 @@ RunResult Executor::run(const TensorMap& feeds) const {
   Allocator& alloc = cpu_allocator();
   alloc.reset_peak();
   std::vector<Tensor> values(g_.size());
+  std::vector<std::vector<Tensor>> extras(g_.size());  // extra outputs of multi-output nodes
   std::vector<Tensor> args;
   for (const auto& up : g_.nodes()) {
     const Node& n = *up;
@@ -71,18 +72,33 @@ RunResult Executor::run(const TensorMap& feeds) const {
       values[at] = feeds.at(n.name());
       continue;
     }
-    args.clear();
-    for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
     Shape shape = eval_shape(n.shape(), r.bindings);
-    values[at] = dispatch(KernelCall{n, args, shape, r.bindings, alloc}, args.empty() ? DeviceKind::cpu : args[0].device().kind);
+    if (n.op() == Op::output) {
+      const auto& xs = extras[g_.position(n.input(0))];
+      const int64_t index = n.attrs().i("index");
+      AUTOSP_ASSERT(index >= 1 && static_cast<size_t>(index) <= xs.size(), "no extra output ", index, " of ",
+                    n.input(0)->name());
+      values[at] = xs[index - 1];
+    } else {
+      args.clear();
+      for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
+      values[at] = dispatch(KernelCall{n, args, shape, r.bindings, alloc, extras[at]},
+                            args.empty() ? DeviceKind::cpu : args[0].device().kind);
+    }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
                   shape_str(shape));
     // Free inputs whose last use this was (fed tensors stay alive with the caller).
     for (const Node* i : n.inputs()) {
       size_t ip = g_.position(i);
-      if (last_use_[ip] == at && !g_.is_output(i)) values[ip] = Tensor();
+      if (last_use_[ip] == at && !g_.is_output(i)) {
+        values[ip] = Tensor();
+        extras[ip].clear();
+      }
     }
-    if (last_use_[at] == at && !g_.is_output(&n)) values[at] = Tensor();
+    if (last_use_[at] == at && !g_.is_output(&n)) {
+      values[at] = Tensor();
+      extras[at].clear();
+    }
   }
   args.clear();
   for (const Node* o : g_.outputs()) r.outputs[o->name()] = values[g_.position(o)];

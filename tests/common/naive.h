@@ -85,6 +85,34 @@ inline Vec map(const Vec& x, const std::function<double(double)>& f) {
   return y;
 }
 
+// Derivatives of the activations above, from the tanh / sigmoid formulas.
+inline double gelu_tanh_grad(double x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi), t = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+inline double silu_grad(double x) {
+  const double s = 1.0 / (1.0 + std::exp(-x));
+  return s + x * s * (1.0 - s);
+}
+
+// Sums x [x_shape] down to out_shape (same rank, each dim equal or 1): every element of x is added
+// to the output element whose index clamps the summed dims to 0.
+inline Vec sum_to(const Vec& x, const Shape& x_shape, const Shape& out_shape) {
+  const size_t r = x_shape.size();
+  Vec out(size_t(numel(out_shape)), 0.0);
+  Shape idx(r, 0);
+  for (size_t lin = 0; lin < x.size(); ++lin) {
+    for (int64_t rem = int64_t(lin), d = int64_t(r) - 1; d >= 0; --d) {
+      idx[size_t(d)] = rem % x_shape[size_t(d)];
+      rem /= x_shape[size_t(d)];
+    }
+    int64_t off = 0;
+    for (size_t d = 0; d < r; ++d) off = off * out_shape[d] + (out_shape[d] == 1 ? 0 : idx[d]);
+    out[size_t(off)] += x[lin];
+  }
+  return out;
+}
+
 // NumPy broadcasting of two shapes (aligned at the right; a dim of 1 stretches). Throws
 // std::invalid_argument when they do not broadcast.
 inline Shape broadcast_shape(const Shape& a, const Shape& b) {
@@ -196,6 +224,76 @@ inline Vec softmax(const Vec& x, int64_t rows, int64_t C) {
   return y;
 }
 
+// Backward of the normalisations through their explicit Jacobians (dx_k = Σ_c dy_c ∂y_c/∂x_k,
+// O(C²) per row), not through the simplified formulas the kernels use. x, dy [rows, C]; w [C].
+
+// Layernorm: ∂y_c/∂x_k = w_c · rstd · (δ_ck - 1/C - xhat_c · xhat_k / C); dw = Σ_r dy · xhat,
+// db = Σ_r dy. Outputs are resized.
+inline void layernorm_backward(const Vec& dy, const Vec& x, const Vec& w, int64_t rows, int64_t C, double eps,
+                               Vec& dx, Vec& dw, Vec& db) {
+  dx.assign(x.size(), 0.0);
+  dw.assign(size_t(C), 0.0);
+  db.assign(size_t(C), 0.0);
+  Vec xhat(static_cast<size_t>(C));
+  for (int64_t r = 0; r < rows; ++r) {
+    // The mean in long double: a plain double sum of C values with a large common offset shifts
+    // every xhat by ~√C·ε·offset, which the Jacobian sums amplify past the 1e-12 tolerance.
+    long double mu = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) mu += x[size_t(r * C + c)];
+    mu /= double(C);
+    for (int64_t c = 0; c < C; ++c) var += (x[size_t(r * C + c)] - mu) * (x[size_t(r * C + c)] - mu);
+    const double rs = double(1.0L / std::sqrt(var / C + eps));
+    for (int64_t c = 0; c < C; ++c) xhat[size_t(c)] = double((x[size_t(r * C + c)] - mu) * rs);
+    for (int64_t k = 0; k < C; ++k) {
+      double sum = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const double jac = w[size_t(c)] * rs *
+                           ((c == k ? 1.0 : 0.0) - 1.0 / double(C) - xhat[size_t(c)] * xhat[size_t(k)] / double(C));
+        sum += dy[size_t(r * C + c)] * jac;
+      }
+      dx[size_t(r * C + k)] = sum;
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      dw[size_t(c)] += dy[size_t(r * C + c)] * xhat[size_t(c)];
+      db[size_t(c)] += dy[size_t(r * C + c)];
+    }
+  }
+}
+
+// RMSNorm: ∂y_c/∂x_k = w_c · (rstd · δ_ck - x_c · x_k · rstd³ / C); dw = Σ_r dy · x · rstd.
+inline void rmsnorm_backward(const Vec& dy, const Vec& x, const Vec& w, int64_t rows, int64_t C, double eps,
+                             Vec& dx, Vec& dw) {
+  dx.assign(x.size(), 0.0);
+  dw.assign(size_t(C), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* xr = x.data() + r * C;
+    double ms = 0;
+    for (int64_t c = 0; c < C; ++c) ms += xr[c] * xr[c];
+    const double rs = 1.0 / std::sqrt(ms / double(C) + eps);
+    for (int64_t k = 0; k < C; ++k) {
+      double sum = 0;
+      for (int64_t c = 0; c < C; ++c)
+        sum += dy[size_t(r * C + c)] * w[size_t(c)] *
+               ((c == k ? rs : 0.0) - xr[c] * xr[k] * rs * rs * rs / double(C));
+      dx[size_t(r * C + k)] = sum;
+    }
+    for (int64_t c = 0; c < C; ++c) dw[size_t(c)] += dy[size_t(r * C + c)] * xr[c] * rs;
+  }
+}
+
+// Softmax with output y [rows, C]: ∂y_c/∂x_k = y_c · (δ_ck - y_k).
+inline Vec softmax_backward(const Vec& dy, const Vec& y, int64_t rows, int64_t C) {
+  Vec dx(y.size(), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < C; ++k) {
+      double sum = 0;
+      for (int64_t c = 0; c < C; ++c)
+        sum += dy[size_t(r * C + c)] * y[size_t(r * C + c)] * ((c == k ? 1.0 : 0.0) - y[size_t(r * C + k)]);
+      dx[size_t(r * C + k)] = sum;
+    }
+  return dx;
+}
+
 // ---- attention ---------------------------------------------------------------------------------
 
 // Materialises the full score matrix. q [B, N, Sq, D], k, v [B, Nkv, Skv, D] → o [B, N, Sq, D];
@@ -239,6 +337,59 @@ inline Vec sdpa(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t N, 
   return o;
 }
 
+// Backward of sdpa by the textbook formulas on the materialised probabilities, per head:
+// P = softmax(scale · q·kᵀ) over the visible keys (a row that sees none is 0), dv = Pᵀ·dout,
+// dP = dout·vᵀ, dS_ij = P_ij · (dP_ij - Σ_j' P_ij' · dP_ij'), dq = scale · dS·k, dk = scale · dSᵀ·q;
+// dk, dv of a kv head sum over its query heads. Outputs are resized.
+inline void sdpa_backward(const Vec& q, const Vec& k, const Vec& v, const Vec& dout, int64_t B, int64_t N,
+                          int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, Vec& dq,
+                          Vec& dk, Vec& dv) {
+  dq.assign(size_t(B * N * Sq * D), 0.0);
+  dk.assign(size_t(B * Nkv * Skv * D), 0.0);
+  dv.assign(size_t(B * Nkv * Skv * D), 0.0);
+  const int64_t group = N / Nkv;
+  Vec P(size_t(Sq * Skv)), dS(size_t(Sq * Skv));  // [Sq, Skv]
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < N; ++h) {
+      const int64_t hk = h / group;
+      const size_t qo = size_t((b * N + h) * Sq * D), ko = size_t((b * Nkv + hk) * Skv * D);
+      for (int64_t i = 0; i < Sq; ++i) {
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < Skv; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += q[qo + size_t(i * D + d)] * k[ko + size_t(j * D + d)];
+          const bool visible = !causal || j <= i + (Skv - Sq);
+          P[size_t(i * Skv + j)] = visible ? dot * scale : -std::numeric_limits<double>::infinity();
+          mx = std::max(mx, P[size_t(i * Skv + j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < Skv; ++j) {
+          const double e = mx == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(P[size_t(i * Skv + j)] - mx);
+          P[size_t(i * Skv + j)] = e;
+          sum += e;
+        }
+        for (int64_t j = 0; j < Skv; ++j) P[size_t(i * Skv + j)] = sum > 0 ? P[size_t(i * Skv + j)] / sum : 0.0;
+        double rowdot = 0;  // Σ_j P_ij · dP_ij
+        for (int64_t j = 0; j < Skv; ++j) {
+          double dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += dout[qo + size_t(i * D + d)] * v[ko + size_t(j * D + d)];
+          dS[size_t(i * Skv + j)] = dp;
+          rowdot += P[size_t(i * Skv + j)] * dp;
+        }
+        for (int64_t j = 0; j < Skv; ++j)
+          dS[size_t(i * Skv + j)] = P[size_t(i * Skv + j)] * (dS[size_t(i * Skv + j)] - rowdot);
+      }
+      for (int64_t i = 0; i < Sq; ++i)
+        for (int64_t j = 0; j < Skv; ++j)
+          for (int64_t d = 0; d < D; ++d) {
+            const double p = P[size_t(i * Skv + j)], ds = dS[size_t(i * Skv + j)];
+            dv[ko + size_t(j * D + d)] += p * dout[qo + size_t(i * D + d)];
+            dq[qo + size_t(i * D + d)] += scale * ds * k[ko + size_t(j * D + d)];
+            dk[ko + size_t(j * D + d)] += scale * ds * q[qo + size_t(i * D + d)];
+          }
+    }
+}
+
 // ---- rope --------------------------------------------------------------------------------------
 
 // Rotate-half RoPE in double. x [B, N, S, D], position_ids [B, S]:
@@ -261,6 +412,28 @@ inline Vec rope(const Vec& x, const std::vector<int64_t>& position_ids, int64_t 
         }
       }
   return y;
+}
+
+// Backward of rope: the transpose of each 2×2 rotation [[cos, -sin], [sin, cos]] applied to the
+// pair (dy[i], dy[i + D/2]).
+inline Vec rope_backward(const Vec& dy, const std::vector<int64_t>& position_ids, int64_t B, int64_t N,
+                         int64_t S, int64_t D, double theta) {
+  Vec dx(dy.size(), 0.0);
+  const int64_t H = D / 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s) {
+        const double pos = double(position_ids[size_t(b * S + s)]);
+        const size_t row = size_t(((b * N + n) * S + s) * D);
+        for (int64_t i = 0; i < H; ++i) {
+          const double a = pos / std::pow(theta, double(2 * i) / double(D));
+          const double rot[2][2] = {{std::cos(a), -std::sin(a)}, {std::sin(a), std::cos(a)}};
+          const double g[2] = {dy[row + size_t(i)], dy[row + size_t(i + H)]};
+          dx[row + size_t(i)] = rot[0][0] * g[0] + rot[1][0] * g[1];
+          dx[row + size_t(i + H)] = rot[0][1] * g[0] + rot[1][1] * g[1];
+        }
+      }
+  return dx;
 }
 
 // ---- loss and embedding ------------------------------------------------------------------------
@@ -287,6 +460,44 @@ inline Vec embedding(const Vec& weight, const std::vector<int64_t>& ids, int64_t
   for (size_t i = 0; i < ids.size(); ++i)
     for (int64_t c = 0; c < C; ++c) out[i * size_t(C) + size_t(c)] = weight[size_t(ids[i] * C + c)];
   return out;
+}
+
+// dlogits = grad · (softmax(logits[r]) - onehot(label[r])) for labelled rows, 0 for ignored ones.
+inline Vec cross_entropy_backward(const Vec& logits, const std::vector<int64_t>& labels, int64_t rows, int64_t V,
+                                  double grad, int64_t ignore_index = -100) {
+  Vec d(logits.size(), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (labels[size_t(r)] == ignore_index) continue;
+    const Vec p = softmax(Vec(logits.begin() + r * V, logits.begin() + (r + 1) * V), 1, V);
+    for (int64_t j = 0; j < V; ++j)
+      d[size_t(r * V + j)] = grad * (p[size_t(j)] - (j == labels[size_t(r)] ? 1.0 : 0.0));
+  }
+  return d;
+}
+
+// dweight [V, C] = Σ over positions i of dy[i, :] added to row ids[i].
+inline Vec embedding_backward(const Vec& dy, const std::vector<int64_t>& ids, int64_t V, int64_t C) {
+  Vec dw(size_t(V * C), 0.0);
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int64_t c = 0; c < C; ++c) dw[size_t(ids[i] * C + c)] += dy[i * size_t(C) + size_t(c)];
+  return dw;
+}
+
+// ---- optimizer ---------------------------------------------------------------------------------
+
+// One AdamW step as written in the torch.optim.AdamW documentation (amsgrad = false, t from 1):
+//   θ ← θ - γλθ;  m ← β1·m + (1-β1)·g;  v ← β2·v + (1-β2)·g²;
+//   m̂ = m / (1-β1^t);  v̂ = v / (1-β2^t);  θ ← θ - γ·m̂ / (√v̂ + ε)
+inline void adamw_step(Vec& p, const Vec& g, Vec& m, Vec& v, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, int64_t t) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    p[i] -= lr * weight_decay * p[i];
+    m[i] = beta1 * m[i] + (1 - beta1) * g[i];
+    v[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i];
+    const double m_hat = m[i] / (1 - std::pow(beta1, double(t)));
+    const double v_hat = v[i] / (1 - std::pow(beta2, double(t)));
+    p[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+  }
 }
 
 }  // namespace autosp::naive

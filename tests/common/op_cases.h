@@ -162,6 +162,9 @@ inline const std::vector<OpCase>& op_cases() {
              [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
                return Vec{naive::cross_entropy(in[0], as_ids(in[1]), naive::numel(sh[1]), 9)};
              }},
+      OpCase{"full", Op::full, {},
+             [](Builder& b, const std::vector<Node*>&) { return b.full({2, 3}, -1.25, DType::f64); },
+             [](const std::vector<Vec>&, const std::vector<Shape>&) { return Vec(6, -1.25); }},
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

@@ -1,6 +1,9 @@
 // CPU flash-style sdpa_forward against the naive attention that materialises every score: GQA,
 // causal (bottom-right aligned, including Sq > Skv rows that see no key) and non-causal, Sq ≠ Skv,
 // lengths that are not multiples of the blocks, odd head dims, and the optional lse output.
+// Backward: against the naive textbook backward on the materialised probabilities over the same
+// kind of table, against central differences of sdpa_forward (double), and bitwise across thread
+// counts.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -76,4 +79,119 @@ TEST_CASE("sdpa_forward causal masking hides future keys", "[kernels][attention]
   cpu::sdpa_forward<double>(q.data(), k.data(), v.data(), o.data(), nullptr, 1, 1, 1, S, S, 1, 1.0,
                             true);
   for (int64_t i = 0; i < S; ++i) CHECK(o[size_t(i)] == Approx(double(i) / 2).epsilon(1e-12));
+}
+
+// ---- backward ----------------------------------------------------------------------------------
+
+namespace {
+
+const SdpaCase kSdpaBackwardCases[] = {
+    {1, 1, 1, 1, 1, 8, false, 0},
+    {1, 1, 1, 1, 1, 8, true, 0},
+    {2, 2, 2, 7, 7, 16, true, 0},
+    {1, 8, 2, 65, 65, 64, true, 0},    // GQA
+    {1, 6, 2, 65, 65, 32, false, 0},
+    {2, 4, 4, 130, 130, 16, true, 0},  // several key and query blocks
+    {1, 2, 1, 130, 130, 8, false, 0},
+    {1, 2, 2, 7, 130, 16, false, 0},   // Sq < Skv
+    {2, 4, 2, 65, 7, 64, false, 0},    // Sq > Skv
+    {1, 2, 2, 7, 130, 16, true, 0},    // causal, bottom-right: query i sees keys ≤ i + 123
+    {1, 4, 2, 65, 130, 8, true, 0},
+    {1, 2, 1, 130, 65, 16, true, 0},   // causal, Sq > Skv: the first 65 queries see nothing
+    {1, 3, 3, 33, 70, 3, true, 0},     // odd head dims
+    {1, 2, 2, 66, 129, 100, false, 0},
+    {1, 2, 2, 200, 200, 128, true, 0}, // D = 128: smaller query blocks
+    {1, 2, 1, 65, 65, 16, true, 2.0},  // large scale: wide exp range
+    {1, 1, 1, 3, 0, 8, false, 0},      // no keys at all
+    {1, 2, 1, 0, 5, 8, true, 0},       // no queries at all
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("sdpa_backward matches the naive backward", "[kernels][attention][backward]", float, double) {
+  using T = TestType;
+  uint32_t seed = 2300;
+  for (const SdpaCase& c : kSdpaBackwardCases) {
+    INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv
+              << " D " << c.D << " causal " << c.causal << " scale " << c.scale);
+    const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+    const auto q = test::cast<T>(naive::random_normal(c.B * c.N * c.Sq * c.D, seed++));
+    const auto k = test::cast<T>(naive::random_normal(c.B * c.Nkv * c.Skv * c.D, seed++));
+    const auto v = test::cast<T>(naive::random_normal(c.B * c.Nkv * c.Skv * c.D, seed++));
+    const auto dout = test::cast<T>(naive::random_normal(c.B * c.N * c.Sq * c.D, seed++));
+    std::vector<T> o(q.size()), lse(static_cast<size_t>(c.B * c.N * c.Sq));
+    cpu::sdpa_forward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D,
+                         scale, c.causal);
+    std::vector<T> dq(q.size(), T(-777)), dk(k.size(), T(-777)), dv(v.size(), T(-777));
+    cpu::sdpa_backward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                          dv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal);
+    naive::Vec ref_dq, ref_dk, ref_dv;
+    naive::sdpa_backward(test::widen(q), test::widen(k), test::widen(v), test::widen(dout), c.B, c.N, c.Nkv, c.Sq,
+                         c.Skv, c.D, scale, c.causal, ref_dq, ref_dk, ref_dv);
+    test::check_close(dq, ref_dq);
+    test::check_close(dk, ref_dk);
+    test::check_close(dv, ref_dv);
+    if (c.causal && c.Sq > c.Skv) {  // queries that see no key get exactly zero
+      const int64_t blind = c.Sq - c.Skv;
+      for (int64_t bh = 0; bh < c.B * c.N; ++bh)
+        for (int64_t i = 0; i < blind * c.D; ++i) REQUIRE(dq[size_t(bh * c.Sq * c.D + i)] == T(0));
+    }
+  }
+}
+
+TEST_CASE("sdpa_backward agrees with central differences of sdpa_forward", "[kernels][attention][backward]") {
+  const SdpaCase cases[] = {
+      {1, 2, 1, 9, 9, 4, true, 0},     {1, 4, 2, 7, 13, 8, false, 0}, {1, 2, 2, 13, 7, 4, true, 0},
+      {2, 2, 1, 70, 70, 8, true, 0},   {1, 2, 1, 70, 5, 8, false, 0}, {1, 1, 1, 5, 80, 6, true, 1.5},
+  };
+  uint32_t seed = 2400;
+  for (const SdpaCase& c : cases) {
+    INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv
+              << " D " << c.D << " causal " << c.causal);
+    const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+    const int64_t nq = c.B * c.N * c.Sq * c.D, nkv = c.B * c.Nkv * c.Skv * c.D;
+    naive::Vec q = naive::random_normal(nq, seed++), k = naive::random_normal(nkv, seed++),
+               v = naive::random_normal(nkv, seed++);
+    const naive::Vec dout = naive::random_normal(nq, seed++);
+    std::vector<double> o(static_cast<size_t>(nq)), lse(static_cast<size_t>(c.B * c.N * c.Sq));
+    auto loss = [&] {
+      cpu::sdpa_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv,
+                                c.D, scale, c.causal);
+      return test::dot(o, dout);
+    };
+    loss();  // o, lse at the unperturbed inputs
+    std::vector<double> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nkv)), dv(static_cast<size_t>(nkv));
+    cpu::sdpa_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(),
+                               dk.data(), dv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal);
+    test::check_directional(q, naive::random_normal(nq, seed++), dq, loss);
+    test::check_directional(k, naive::random_normal(nkv, seed++), dk, loss);
+    test::check_directional(v, naive::random_normal(nkv, seed++), dv, loss);
+  }
+}
+
+TEMPLATE_TEST_CASE("sdpa_backward does not depend on the thread count", "[kernels][attention][backward]", float,
+                   double) {
+  using T = TestType;
+  const int64_t B = 2, N = 4, Nkv = 2, S = 130, D = 32;
+  const double scale = 1.0 / std::sqrt(double(D));
+  const auto q = test::cast<T>(naive::random_normal(B * N * S * D, 2500));
+  const auto k = test::cast<T>(naive::random_normal(B * Nkv * S * D, 2501));
+  const auto v = test::cast<T>(naive::random_normal(B * Nkv * S * D, 2502));
+  const auto dout = test::cast<T>(naive::random_normal(B * N * S * D, 2503));
+  std::vector<T> o(q.size()), lse(static_cast<size_t>(B * N * S));
+  cpu::sdpa_forward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), B, N, Nkv, S, S, D, scale, true);
+  std::vector<T> dq1, dk1, dv1;
+  test::with_threads({1, 2, 3}, [&](int threads) {
+    INFO("threads " << threads);
+    std::vector<T> dq(q.size()), dk(k.size()), dv(v.size());
+    cpu::sdpa_backward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                          dv.data(), B, N, Nkv, S, S, D, scale, true);
+    if (threads == 1) {
+      dq1 = dq, dk1 = dk, dv1 = dv;
+    } else {
+      CHECK(dq == dq1);
+      CHECK(dk == dk1);
+      CHECK(dv == dv1);
+    }
+  });
 }

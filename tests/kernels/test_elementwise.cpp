@@ -1,7 +1,10 @@
 // CPU elementwise kernels against naive references: every unary op, broadcasting binary ops over a
 // table of shape pairs (bias, middle-dim rank-4, outer product, scalar, rank 8, empty), strided
 // reads (transpose, slice, permute) for every storage type, fill, and the bf16 / f16 conversions
-// on known bit patterns plus nearest-even properties over many values.
+// on known bit patterns plus nearest-even properties over many values. Backward: unary_backward
+// and sum_to (a table of patterns: no-op, leading, trailing, middle, alternating rank 4, rank 8,
+// empty) against naive references and central differences of the forward ops; the reductions
+// bitwise across thread counts.
 #include <catch2/catch.hpp>
 
 #include <bit>
@@ -10,6 +13,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/naive.h"
@@ -345,5 +349,165 @@ TEST_CASE("f32 to bf16 / f16 rounds to the nearest, ties to even", "[kernels][el
     // Exact ties: the low half of the dropped bits is exactly one half.
     const float tie = bits_f((u & ~0xffffu) | 0x8000u);
     REQUIRE(is_nearest_even(tie, cpu::f32_to_bf16(tie), bf16_value));
+  }
+}
+
+// ---- backward and reductions -------------------------------------------------------------------
+
+namespace {
+
+struct UnaryGradCase {
+  cpu::UnaryGrad grad;
+  Unary forward;
+  const char* name;
+  double (*ref)(double);
+};
+const UnaryGradCase kUnaryGradCases[] = {
+    {cpu::UnaryGrad::gelu_tanh, Unary::gelu_tanh, "gelu_tanh", naive::gelu_tanh_grad},
+    {cpu::UnaryGrad::silu, Unary::silu, "silu", naive::silu_grad},
+};
+
+struct SumToCase {
+  Shape x, out;
+};
+const SumToCase kSumToCases[] = {
+    {{}, {}},                                                  // rank 0
+    {{7}, {7}},                                                // no-op: a copy
+    {{65, 130}, {65, 130}},
+    {{7}, {1}},                                                // everything
+    {{100003}, {1}},                                           // everything, chunked
+    {{65, 130}, {1, 130}},                                     // bias: leading dims
+    {{4, 33, 130}, {1, 1, 130}},
+    {{4096, 33}, {1, 33}},                                     // many rows, chunked
+    {{300, 3000}, {1, 3000}},                                  // chunks × column blocks
+    {{3, 100000}, {1, 100000}},                                // column blocks only
+    {{65, 130}, {65, 1}},                                      // trailing dim
+    {{2000, 70}, {2000, 1}},
+    {{3, 5, 7}, {3, 1, 7}},                                    // a middle dim
+    {{4, 512, 33}, {4, 1, 33}},
+    {{3, 5, 7}, {1, 5, 1}},                                    // leading and trailing
+    {{8, 300, 40}, {1, 300, 1}},
+    {{2, 3, 4, 5}, {1, 3, 1, 5}},                              // rank 4, alternating
+    {{2, 3, 4, 5}, {2, 1, 4, 1}},
+    {{2, 3, 4, 5}, {1, 1, 1, 1}},
+    {{6, 1, 5, 9}, {1, 1, 5, 1}},                              // a size-1 dim in x
+    {{2, 1, 3, 2, 1, 2, 3, 2}, {1, 1, 3, 1, 1, 2, 1, 2}},      // rank 8
+    {{0, 3}, {1, 3}},                                          // empty x: zeros
+};
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("unary_backward matches the naive derivatives", "[kernels][elementwise][backward]", float,
+                   double) {
+  using T = TestType;
+  for (const UnaryGradCase& c : kUnaryGradCases) {
+    for (const int64_t n : {int64_t(1), int64_t(1000), int64_t(70001)}) {
+      INFO(c.name << " n " << n);
+      naive::Vec xs = naive::random_normal(n, 1200 + uint32_t(n), 3.0);
+      if (n >= 4) xs[0] = 40.0, xs[1] = -40.0, xs[2] = 12.0, xs[3] = -12.0;  // saturated: no NaN
+      const auto x = test::cast<T>(xs);
+      const auto dy = test::cast<T>(naive::random_normal(n, 1300 + uint32_t(n)));
+      std::vector<T> dx(x.size(), T(-777));
+      cpu::unary_backward<T>(c.grad, dy.data(), x.data(), dx.data(), n);
+      const naive::Vec xw = test::widen(x), dyw = test::widen(dy);
+      naive::Vec ref(xw.size());
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] = dyw[i] * c.ref(xw[i]);
+      test::check_close(dx, ref);
+    }
+  }
+}
+
+TEST_CASE("unary_backward agrees with central differences of unary", "[kernels][elementwise][backward]") {
+  for (const UnaryGradCase& c : kUnaryGradCases) {
+    INFO(c.name);
+    const int64_t n = 777;
+    naive::Vec x = naive::random_normal(n, 1400, 2.0);
+    const naive::Vec dy = naive::random_normal(n, 1401), u = naive::random_normal(n, 1402);
+    std::vector<double> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n));
+    cpu::unary_backward<double>(c.grad, dy.data(), x.data(), dx.data(), n);
+    test::check_directional(x, u, dx, [&] {
+      cpu::unary<double>(c.forward, x.data(), y.data(), n, 0.0);
+      return test::dot(y, dy);
+    });
+  }
+}
+
+TEMPLATE_TEST_CASE("sum_to matches the naive sum over broadcast dims", "[kernels][elementwise][backward]", float,
+                   double) {
+  using T = TestType;
+  uint32_t seed = 1500;
+  for (const SumToCase& c : kSumToCases) {
+    INFO(shape_str(c.x) << " -> " << shape_str(c.out));
+    const auto x = test::cast<T>(naive::random_normal(naive::numel(c.x), seed++));
+    std::vector<T> out(size_t(naive::numel(c.out)), T(-777));
+    cpu::sum_to<T>(x.data(), int(c.x.size()), c.x.data(), c.out.data(), out.data());
+    test::check_close(out, naive::sum_to(test::widen(x), c.x, c.out));
+  }
+}
+
+TEST_CASE("sum_to agrees with central differences of a broadcasting copy", "[kernels][elementwise][backward]") {
+  // sum_to is the backward of broadcasting: y = a read with stride 0 on the summed dims.
+  uint32_t seed = 1600;
+  for (const SumToCase& c : kSumToCases) {
+    if (naive::numel(c.x) > 20000 || naive::numel(c.x) == 0) continue;
+    INFO(shape_str(c.x) << " -> " << shape_str(c.out));
+    const int rank = int(c.x.size());
+    std::vector<int64_t> strides(c.x.size());
+    for (int64_t d = rank - 1, step = 1; d >= 0; --d) {
+      strides[size_t(d)] = c.out[size_t(d)] == 1 ? 0 : step;
+      step *= c.out[size_t(d)];
+    }
+    naive::Vec a = naive::random_normal(naive::numel(c.out), seed++);
+    const naive::Vec dy = naive::random_normal(naive::numel(c.x), seed++),
+                     u = naive::random_normal(naive::numel(c.out), seed++);
+    std::vector<double> y(dy.size()), da(a.size());
+    cpu::sum_to<double>(dy.data(), rank, c.x.data(), c.out.data(), da.data());
+    test::check_directional(a, u, da, [&] {
+      cpu::copy_strided<double>(rank, c.x.data(), a.data(), strides.data(), y.data());
+      return test::dot(y, dy);
+    });
+  }
+}
+
+TEMPLATE_TEST_CASE("sum_to and sum_squares do not depend on the thread count",
+                   "[kernels][elementwise][backward]", float, double) {
+  using T = TestType;
+  const auto x = test::cast<T>(naive::random_normal(300 * 3000, 1700));
+  for (const SumToCase& c : {SumToCase{{300, 3000}, {1, 3000}}, SumToCase{{900000}, {1}},
+                             SumToCase{{9000, 100}, {1, 100}}, SumToCase{{30, 300, 100}, {1, 300, 1}},
+                             SumToCase{{3, 300000}, {3, 1}}}) {
+    INFO(shape_str(c.x) << " -> " << shape_str(c.out));
+    REQUIRE(naive::numel(c.x) == int64_t(x.size()));
+    std::vector<T> first;
+    test::with_threads({1, 2, 3}, [&](int threads) {
+      INFO("threads " << threads);
+      std::vector<T> out(static_cast<size_t>(naive::numel(c.out)));
+      cpu::sum_to<T>(x.data(), int(c.x.size()), c.x.data(), c.out.data(), out.data());
+      if (threads == 1) first = out;
+      else CHECK(out == first);
+    });
+  }
+  double first = 0;
+  test::with_threads({1, 2, 3}, [&](int threads) {
+    const double s = cpu::sum_squares<T>(x.data(), int64_t(x.size()));
+    if (threads == 1) first = s;
+    else CHECK(s == first);
+  });
+}
+
+TEMPLATE_TEST_CASE("sum_squares matches the naive sum", "[kernels][elementwise][backward]", float, double) {
+  using T = TestType;
+  for (const int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(100003)}) {
+    INFO("n " << n);
+    const auto x = test::cast<T>(naive::random_normal(n, 1800 + uint32_t(n)));
+    double ref = 0;
+    for (T v : x) ref += double(v) * double(v);
+    test::check_close(std::vector<double>{cpu::sum_squares<T>(x.data(), n)}, {ref}, 1e-12);
   }
 }

@@ -119,34 +119,40 @@ def load_batch(cfg, path):
         raise RefError(f"{path}: cannot read batch ({e.strerror})")
     except st.SafetensorsError as e:
         raise RefError(str(e))
+    return check_batch(cfg, tensors, path)
+
+
+def check_batch(cfg, tensors, path, suffix=""):
+    """Validates input_ids{suffix}, labels{suffix}, position_ids{suffix} in `tensors` (read from `path`).
+    Returns dict input_ids, labels, position_ids (int64 [B, S])."""
     out = {}
     for key in ("input_ids", "labels", "position_ids"):
-        if key not in tensors:
-            raise RefError(f"{path}: missing tensor '{key}'")
-        t = tensors[key]
+        if key + suffix not in tensors:
+            raise RefError(f"{path}: missing tensor '{key}{suffix}'")
+        t = tensors[key + suffix]
         if t.dtype not in (torch.int64, torch.int32):
-            raise RefError(f"{path}: '{key}' has dtype {t.dtype}, expected I64")
+            raise RefError(f"{path}: '{key}{suffix}' has dtype {t.dtype}, expected I64")
         if t.dim() != 2:
-            raise RefError(f"{path}: '{key}' has shape {list(t.shape)}, expected [B, S]")
+            raise RefError(f"{path}: '{key}{suffix}' has shape {list(t.shape)}, expected [B, S]")
         out[key] = t.to(torch.int64)
     shape = out["input_ids"].shape
     for key in ("labels", "position_ids"):
         if out[key].shape != shape:
-            raise RefError(f"{path}: '{key}' has shape {list(out[key].shape)}, expected {list(shape)} "
-                           f"like input_ids")
+            raise RefError(f"{path}: '{key}{suffix}' has shape {list(out[key].shape)}, expected {list(shape)} "
+                           f"like input_ids{suffix}")
     V = cfg.vocab_size
     ids, labels, pos = out["input_ids"], out["labels"], out["position_ids"]
     if ids.numel() == 0:
-        raise RefError(f"{path}: empty batch {list(shape)}")
+        raise RefError(f"{path}: empty batch{suffix} {list(shape)}")
     if ids.min() < 0 or ids.max() >= V:
-        raise RefError(f"{path}: input_ids outside [0, {V})")
+        raise RefError(f"{path}: input_ids{suffix} outside [0, {V})")
     bad = (labels != -100) & ((labels < 0) | (labels >= V))
     if bad.any():
-        raise RefError(f"{path}: labels must be in [0, {V}) or -100")
+        raise RefError(f"{path}: labels{suffix} must be in [0, {V}) or -100")
     if pos.min() < 0:
-        raise RefError(f"{path}: negative position_ids")
+        raise RefError(f"{path}: negative position_ids{suffix}")
     if cfg.arch == "gpt2" and pos.max() >= cfg.max_position_embeddings:
-        raise RefError(f"{path}: position_ids up to {int(pos.max())} but max_position_embeddings is "
+        raise RefError(f"{path}: position_ids{suffix} up to {int(pos.max())} but max_position_embeddings is "
                        f"{cfg.max_position_embeddings}")
     return out
 

@@ -10,6 +10,8 @@ Exits non-zero on failure.
 3. model_ref.py end to end through make_case.py files: GPT-2 with/without the "transformer." prefix
    and with HF attn.bias buffers; Llama with GQA + untied head, MQA, tied head; float32 vs float64;
    error exits (missing weight, shape mismatch, bad config) with code 2 and an "error:" line.
+4. train_ref.py (tests/ref/selftest_train.py): LR schedule, AdamW param groups, clipping, a numpy float64
+   AdamW vs torch.optim.AdamW, and the CLI.
 """
 import contextlib
 import io
@@ -30,6 +32,7 @@ import torch  # noqa: E402
 import make_case  # noqa: E402
 import model_ref  # noqa: E402
 import safetensors_io as st  # noqa: E402
+import selftest_train  # noqa: E402
 import torch_models as tm  # noqa: E402
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2") or 2))
@@ -411,9 +414,14 @@ def main():
         check(p.returncode == 2 and p.stderr.startswith("error:"), f"subprocess error rc {p.returncode}")
         print(f"  rc=0 run ok; missing weight -> rc={p.returncode} {p.stderr.strip()}")
 
+    print("train_ref.py:")
+    n_train, train_failures = selftest_train.run_all()
+    CHECKS[0] += n_train
+    FAILURES.extend(train_failures)
+
     dt = time.time() - t_start
     print(f"{CHECKS[0]} checks, {len(FAILURES)} failures, {dt:.1f}s")
-    check(dt < 30, f"selftest took {dt:.1f}s (budget 30s)")
+    check(dt < 40, f"selftest took {dt:.1f}s (budget 40s)")
     return 1 if FAILURES else 0
 
 

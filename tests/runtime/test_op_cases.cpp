@@ -58,12 +58,14 @@ std::unique_ptr<Prepared> prepare(const OpCase& c, DType dt, uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE("the op-case table covers every op", "[ops]") {
+TEST_CASE("the op-case table covers every forward op", "[ops]") {
   std::set<Op> covered{Op::input, Op::parameter};
   for (const auto& c : op_cases()) covered.insert(c.op);
   for (size_t i = 0; i < kNumOps; ++i) {
-    INFO("op " << op_name(static_cast<Op>(i)));
-    CHECK(covered.count(static_cast<Op>(i)) == 1);
+    const Op op = static_cast<Op>(i);
+    if (op_info(op).backward_only) continue;  // reached through the vjp rules (test_gradcheck)
+    INFO("op " << op_name(op));
+    CHECK(covered.count(op) == 1);
   }
 }
 

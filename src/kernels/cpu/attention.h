@@ -16,4 +16,14 @@ template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
                   int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal);
 
+// Backward of sdpa_forward from its saved lse (FlashAttention-2 style): the probabilities are
+// recomputed blockwise as P = exp(scale · q·kᵀ - lse), with Δ_i = Σ_d dout_i · o_i;
+//   dv = Pᵀ · dout,  dP = dout · vᵀ,  dS = P ∘ (dP - Δ),  dq = scale · dS · k,  dk = scale · dSᵀ · q.
+// GQA: dk, dv of a kv head sum over the query heads that read it. Never allocates Sq×Skv;
+// deterministic (no atomics). dq [B, N, Sq, D], dk, dv [B, Nkv, Skv, D] are overwritten.
+template <class T>
+void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
+                   T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
+                   bool causal);
+
 }  // namespace autosp::cpu

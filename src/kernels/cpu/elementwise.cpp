@@ -7,6 +7,14 @@
 // unit-stride inner loop. The inner loop has specialisations for strides (1, 1), (1, 0) and (0, 1)
 // that the compiler vectorises; threads take contiguous ranges of rows and walk them with an
 // odometer instead of dividing per element.
+//
+// Reductions (sum_to, sum_squares) accumulate in double and split their work by sizes only (fixed
+// chunks, partials added in a fixed order; see reduce.h), so results do not depend on the thread
+// count. sum_to first simplifies its dims (drops size-1 dims, merges neighbours that are both kept
+// or both summed) and then reads x as [L, tail]: L is a leading summed dim (1 if none), split into
+// row chunks by sum_rows; the tail's output elements are split into column blocks, each summing
+// its contiguous runs. The common cases: same shape is a copy; a bias gradient [rows, C] → [C] is
+// L = rows with a contiguous tail; summing everything is one chunked contiguous sum.
 #include "kernels/cpu/elementwise.h"
 
 #include <omp.h>
@@ -15,7 +23,9 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "kernels/cpu/reduce.h"
 #include "tensor/check.h"
 
 namespace autosp::cpu {
@@ -201,7 +211,163 @@ void binary_op(Op op, int rank, const int64_t* out_shape, const T* a, const int6
   });
 }
 
+// ---- reductions ------------------------------------------------------------------------------
+
+// Σ_{i < n} f(x[i]) in double, four partial sums.
+template <class T, class F>
+double run_sum(const T* x, int64_t n, F f) {
+  double s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) s[k] += f(double(x[i + k]));
+  for (; i < n; ++i) s[0] += f(double(x[i]));
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// Σ_{i < n} f(x[i]) over fixed chunks (from n alone) summed in parallel and added in chunk order.
+template <class T, class F>
+double chunked_sum(const T* x, int64_t n, F f) {
+  const int64_t nchunks = std::clamp<int64_t>(n / kGrain, 1, 64);
+  std::vector<double> part(static_cast<size_t>(nchunks));
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (int64_t ch = 0; ch < nchunks; ++ch) {
+    const int64_t lo = n * ch / nchunks, hi = n * (ch + 1) / nchunks;
+    part[ch] = run_sum(x + lo, hi - lo, f);
+  }
+  double total = 0;
+  for (double p : part) total += p;
+  return total;
+}
+
 }  // namespace
+
+template <class T>
+void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n) {
+  AUTOSP_ASSERT(n >= 0, "unary_backward n ", n);
+  switch (op) {
+    case UnaryGrad::gelu_tanh: {
+      // f = x·s, s = sigmoid(2u) = 0.5·(1 + tanh u), u = k·(x + a·x³), k = √(2/π), a = 0.044715;
+      // f' = s + x·(1 - tanh²u)/2·u' = s + 2·x·s·(1 - s)·k·(1 + 3a·x²). s saturates to 0 or 1
+      // without NaN, like the forward.
+      const T k = T(0.7978845608028654), a = T(0.044715);
+#pragma omp parallel for schedule(static) if (n > kGrain)
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = x[i];
+        const T sg = T(1) / (T(1) + std::exp(T(-2) * k * (v + a * v * v * v)));
+        dx[i] = dy[i] * (sg + T(2) * v * sg * (T(1) - sg) * k * (T(1) + T(3) * a * v * v));
+      }
+      return;
+    }
+    case UnaryGrad::silu: {
+      // f = x·s, s = sigmoid(x); f' = s·(1 + x·(1 - s)).
+#pragma omp parallel for schedule(static) if (n > kGrain)
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = x[i];
+        const T sg = T(1) / (T(1) + std::exp(-v));
+        dx[i] = dy[i] * (sg * (T(1) + v * (T(1) - sg)));
+      }
+      return;
+    }
+  }
+  AUTOSP_ASSERT(false, "unknown unary grad op ", int(op));
+}
+
+template <class T>
+void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_shape, T* out) {
+  AUTOSP_ASSERT(rank >= 0 && rank <= kMaxRank, "sum_to rank ", rank);
+  // Simplified dims: size-1 dims dropped, neighbours with the same kind (kept / summed) merged.
+  int n = 0;
+  int64_t size[kMaxRank];
+  bool summed[kMaxRank];
+  int64_t x_numel = 1, out_numel = 1;
+  for (int d = 0; d < rank; ++d) {
+    AUTOSP_ASSERT(x_shape[d] >= 0 && (out_shape[d] == x_shape[d] || out_shape[d] == 1),
+                  "sum_to dim ", d, ": x ", x_shape[d], " out ", out_shape[d]);
+    x_numel *= x_shape[d];
+    out_numel *= out_shape[d];
+    if (x_shape[d] == 1) continue;
+    const bool s = out_shape[d] == 1;
+    if (n > 0 && summed[n - 1] == s) {
+      size[n - 1] *= x_shape[d];
+    } else {
+      size[n] = x_shape[d];
+      summed[n] = s;
+      ++n;
+    }
+  }
+  if (x_numel == 0) return fill(out, out_numel, T(0));
+  if (n == 0 || (n == 1 && !summed[0])) {  // nothing is summed: a copy
+    const int64_t unit = 1;
+    return copy_strided(1, &x_numel, x, &unit, out);
+  }
+  if (n == 1) {  // everything is summed
+    out[0] = T(chunked_sum(x, x_numel, [](double v) { return v; }));
+    return;
+  }
+
+  // x = [L, tail]; L is the leading summed dim (1 if the first dim is kept).
+  const int64_t L = summed[0] ? size[0] : 1;
+  const int t0 = summed[0] ? 1 : 0;  // first tail dim
+  const bool inner_summed = summed[n - 1];
+  const int64_t W = inner_summed ? 1 : size[n - 1];    // outputs per contiguous run
+  const int64_t run = inner_summed ? size[n - 1] : W;  // elements per contiguous run
+  // Outer tail dims [t0, n-1): kept ones index the output rows, summed ones are walked by an
+  // odometer. stride[d] is x's contiguous stride of dim d.
+  int64_t stride[kMaxRank];
+  stride[n - 1] = 1;
+  for (int d = n - 2; d >= 0; --d) stride[d] = stride[d + 1] * size[d + 1];
+  int nk = 0, ns = 0;
+  int64_t ksize[kMaxRank], kstride[kMaxRank], ssize[kMaxRank], sstride[kMaxRank];
+  int64_t tail_out = W, tail_runs = 1;  // output elements and contiguous runs summed per output
+  for (int d = t0; d < n - 1; ++d) {
+    if (summed[d]) {
+      ssize[ns] = size[d], sstride[ns] = stride[d], ++ns;
+      tail_runs *= size[d];
+    } else {
+      ksize[nk] = size[d], kstride[nk] = stride[d], ++nk;
+      tail_out *= size[d];
+    }
+  }
+  const int64_t lstride = summed[0] ? stride[0] : 0;
+
+  std::vector<double> acc_out(static_cast<size_t>(tail_out));  // [tail_out]
+  // Adds x[l] to acc for the output elements [c0, c1) (indexed [rows of the kept dims, W]).
+  auto add = [&](int64_t l, int64_t c0, int64_t c1, double* acc) {
+    for (int64_t row = c0 / W; row * W < c1; ++row) {
+      int64_t base = l * lstride;
+      for (int64_t rem = row, d = nk - 1; d >= 0; --d) {
+        base += (rem % ksize[d]) * kstride[d];
+        rem /= ksize[d];
+      }
+      const int64_t w0 = std::max(c0 - row * W, int64_t(0)), w1 = std::min(c1 - row * W, W);
+      double* a = acc + row * W;
+      int64_t idx[kMaxRank] = {};  // odometer over the summed outer tail dims
+      for (int64_t s = 0, off = base; s < tail_runs; ++s) {
+        const T* xr = x + off;
+        if (inner_summed) {
+          a[0] += run_sum(xr, run, [](double v) { return v; });
+        } else {
+          for (int64_t w = w0; w < w1; ++w) a[w] += double(xr[w]);
+        }
+        for (int d = ns - 1; d >= 0; --d) {
+          off += sstride[d];
+          if (++idx[d] < ssize[d]) break;
+          off -= idx[d] * sstride[d];
+          idx[d] = 0;
+        }
+      }
+    }
+  };
+  detail::sum_rows(L, tail_out, 1, tail_runs * (inner_summed ? run : 1), acc_out.data(), add);
+#pragma omp parallel for schedule(static) if (tail_out > kGrain)
+  for (int64_t i = 0; i < tail_out; ++i) out[i] = T(acc_out[i]);
+}
+
+template <class T>
+double sum_squares(const T* x, int64_t n) {
+  AUTOSP_ASSERT(n >= 0, "sum_squares n ", n);
+  return chunked_sum(x, n, [](double v) { return v * v; });
+}
 
 template <class T>
 void unary(Unary op, const T* x, T* y, int64_t n, double scalar) {
@@ -328,7 +494,10 @@ uint16_t f32_to_f16(float f) {
 #define AUTOSP_INSTANTIATE_FLOAT(T)                                                                   \
   template void unary<T>(Unary, const T*, T*, int64_t, double);                                     \
   template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*,          \
-                          const int64_t*, T*);
+                          const int64_t*, T*);                                                      \
+  template void unary_backward<T>(UnaryGrad, const T*, const T*, T*, int64_t);                      \
+  template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*);                       \
+  template double sum_squares<T>(const T*, int64_t);
 AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)
 #undef AUTOSP_INSTANTIATE_FLOAT

@@ -41,4 +41,21 @@ uint16_t f32_to_bf16(float f);
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+// ---- backward and reductions ----
+
+enum class UnaryGrad { gelu_tanh, silu };
+// dx[i] = dy[i] · f'(x[i]) for the activation f.
+template <class T>
+void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n);
+
+// Sum x (row-major `x_shape`, rank ≤ kMaxRank) down to `out_shape` (same rank; each dim either
+// equal to x's or 1, which is summed over). Deterministic; float sums accumulate in double.
+// This is the one place gradients are summed over broadcast dims.
+template <class T>
+void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_shape, T* out);
+
+// Σ x[i]² accumulated in double (for global gradient norms).
+template <class T>
+double sum_squares(const T* x, int64_t n);
+
 }  // namespace autosp::cpu

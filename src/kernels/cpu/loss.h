@@ -17,4 +17,10 @@ double cross_entropy_sum(const T* logits, const int64_t* labels, int64_t rows, i
 // Number of labels that are not ignore_index.
 int64_t count_valid(const int64_t* labels, int64_t n, int64_t ignore_index = kIgnoreIndex);
 
+// dlogits[r, :] = grad · (softmax(logits[r, :]) - onehot(label[r])) for valid rows, 0 for ignored
+// rows. `grad` is the gradient of the summed loss. Labels were validated by the forward.
+template <class T>
+void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, int64_t rows, int64_t V, double grad,
+                            int64_t ignore_index = kIgnoreIndex);
+
 }  // namespace autosp::cpu

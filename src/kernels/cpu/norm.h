@@ -19,4 +19,22 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_
 template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t C);
 
+// ---- backward (statistics are recomputed from x; nothing is saved by the forward) ----
+
+// dx of layernorm: dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · w.
+template <class T>
+void layernorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_t rows, int64_t C, double eps);
+// dw[c] = Σ_r dy[r, c] · xhat[r, c]; db[c] = Σ_r dy[r, c] (db may be null). Deterministic.
+template <class T>
+void layernorm_backward_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps);
+// dx of rmsnorm: dx = rstd · (g - xhat · mean(g · xhat)), g = dy · w, xhat = x · rstd.
+template <class T>
+void rmsnorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_t rows, int64_t C, double eps);
+// dw[c] = Σ_r dy[r, c] · x[r, c] · rstd[r]. Deterministic.
+template <class T>
+void rmsnorm_backward_weight(const T* dy, const T* x, T* dw, int64_t rows, int64_t C, double eps);
+// dx = y · (dy - Σ_c dy · y), y = softmax output.
+template <class T>
+void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t C);
+
 }  // namespace autosp::cpu

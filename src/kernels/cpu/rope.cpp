@@ -8,6 +8,10 @@
 //
 // Speed: (b, s) positions are split over OpenMP threads; each computes its D/2 cos/sin values once
 // into per-thread scratch and applies them to all N heads.
+//
+// Backward: the rotation by -angle, i.e. the forward with sin negated: dx[i] = dy[i]·cos +
+// dy[i + D/2]·sin, dx[i + D/2] = dy[i + D/2]·cos + (-dy[i])·sin, which is bitwise what PyTorch's
+// autograd computes for dy·cos + rotate_halfᵀ(dy·sin) (negating a factor is exact).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #endif
@@ -20,9 +24,12 @@
 
 namespace autosp::cpu {
 
+namespace {
+
+// y = x·cos(angle) + rotate_half(x)·(sign·sin(angle)); sign = 1 forward, -1 backward.
 template <class T>
-void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S,
-                  int64_t D, double theta) {
+void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S, int64_t D,
+                 double theta, T sign) {
   AUTOSP_ASSERT(D > 0 && D % 2 == 0, "rope head dim ", D, " must be even");
   AUTOSP_ASSERT(x != y, "rope x and y may not alias");
   const int64_t H = D / 2;
@@ -40,7 +47,7 @@ void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int6
       for (int64_t i = 0; i < H; ++i) {
         const T angle = pos * inv_freq[i];
         cs[i] = std::cos(angle);
-        sn[i] = std::sin(angle);
+        sn[i] = sign * std::sin(angle);
       }
       for (int64_t n = 0; n < N; ++n) {
         const int64_t off = ((b * N + n) * S + s) * D;  // x, y [B, N, S, D]
@@ -59,9 +66,27 @@ void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int6
   }
 }
 
+}  // namespace
+
+template <class T>
+void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S,
+                  int64_t D, double theta) {
+  rope_rotate(x, position_ids, y, B, N, S, D, theta, T(1));
+}
+
+template <class T>
+void rope_backward(const T* dy, const int64_t* position_ids, T* dx, int64_t B, int64_t N, int64_t S, int64_t D,
+                   double theta) {
+  rope_rotate(dy, position_ids, dx, B, N, S, D, theta, T(-1));
+}
+
 template void rope_forward<float>(const float*, const int64_t*, float*, int64_t, int64_t, int64_t,
                                   int64_t, double);
 template void rope_forward<double>(const double*, const int64_t*, double*, int64_t, int64_t,
                                    int64_t, int64_t, double);
+template void rope_backward<float>(const float*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t,
+                                   double);
+template void rope_backward<double>(const double*, const int64_t*, double*, int64_t, int64_t, int64_t, int64_t,
+                                    double);
 
 }  // namespace autosp::cpu

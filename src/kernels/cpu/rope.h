@@ -15,4 +15,9 @@ template <class T>
 void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S,
                   int64_t D, double theta);
 
+// Backward of rope_forward: the rotation is orthogonal, so dx = rotation by -angle of dy.
+template <class T>
+void rope_backward(const T* dy, const int64_t* position_ids, T* dx, int64_t B, int64_t N, int64_t S, int64_t D,
+                   double theta);
+
 }  // namespace autosp::cpu

@@ -1,0 +1,56 @@
+// The Communicator interface: collectives over a group of ranks. Backends: single-process
+// (comm/single.cpp), MPI (comm/mpi.cpp) and NCCL (with the CUDA backend). Tensors are contiguous
+// and live on the backend's device; collectives are blocking. A failed collective throws
+// RuntimeFailure; abort() ends every rank of the job. Knows nothing of graphs.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace autosp {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // Sum `t` over the group, in place (f32, f64, i64).
+  virtual void all_reduce_sum(Tensor& t) = 0;
+  // Copy root's `t` into every rank's `t` (same shape and dtype everywhere).
+  virtual void broadcast(Tensor& t, int root) = 0;
+  // `in` holds size() equal contiguous chunks; chunk j goes to rank j, and `out` (same byte size)
+  // receives the chunk each rank i sent here, in rank order (MPI_Alltoall semantics).
+  virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
+  // out = the concatenation of every rank's `in` in rank order (out has size()× its bytes).
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  virtual void barrier() = 0;
+  // A sub-group of the ranks with the same `color`, ordered by `key` (MPI_Comm_split).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // Ends every rank of the job with `message` on stderr and `exit_code` (never returns).
+  [[noreturn]] virtual void abort(const std::string& message, int exit_code) = 0;
+};
+
+// One rank, no communication: collectives over a group of one.
+std::unique_ptr<Communicator> make_single_process_communicator();
+
+// The world: MPI when this build has it and the process was launched by mpirun (or an MPI
+// launcher), else single-process. Initialises MPI on first use; MPI is finalised at exit.
+std::unique_ptr<Communicator> make_world_communicator();
+
+// The process mesh: world = dp × sp, SP groups are consecutive world ranks
+// (sp_rank = rank % sp, dp_rank = rank / sp). `world.size() % sp != 0` is a UsageError.
+struct ProcessMesh {
+  int world_size = 1, world_rank = 0;
+  int sp = 1, sp_rank = 0;
+  int dp = 1, dp_rank = 0;
+  std::unique_ptr<Communicator> sp_group;  // ranks sharing one sequence
+  std::unique_ptr<Communicator> dp_group;  // ranks holding the same sequence shard
+};
+ProcessMesh make_mesh(Communicator& world, int sp);
+
+}  // namespace autosp

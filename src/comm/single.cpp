@@ -1,0 +1,58 @@
+// The single-process communicator (every collective over a group of one is a copy or nothing),
+// the world factory for builds without MPI, and the process mesh.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "comm/communicator.h"
+
+namespace autosp {
+namespace {
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "single"; }
+  void all_reduce_sum(Tensor&) override {}
+  void broadcast(Tensor&, int root) override { AUTOSP_ASSERT(root == 0, "broadcast from rank ", root, " of 1"); }
+  void all_to_all(const Tensor& in, Tensor& out) override { copy(in, out); }
+  void all_gather(const Tensor& in, Tensor& out) override { copy(in, out); }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcess>(); }
+  [[noreturn]] void abort(const std::string& message, int exit_code) override {
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    std::exit(exit_code);
+  }
+
+ private:
+  static void copy(const Tensor& in, Tensor& out) {
+    AUTOSP_ASSERT(in.nbytes() == out.nbytes(), "collective: ", in.str(), " vs ", out.str());
+    if (in.raw() != out.raw()) std::memcpy(out.raw(), in.raw(), in.nbytes());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_process_communicator() { return std::make_unique<SingleProcess>(); }
+
+#ifndef AUTOSP_WITH_MPI
+std::unique_ptr<Communicator> make_world_communicator() { return make_single_process_communicator(); }
+#endif
+
+ProcessMesh make_mesh(Communicator& world, int sp) {
+  if (sp < 1 || world.size() % sp != 0)
+    throw UsageError(str("sequence_parallel.autosp_size ", sp, " does not divide the world size ", world.size()));
+  ProcessMesh m;
+  m.world_size = world.size();
+  m.world_rank = world.rank();
+  m.sp = sp;
+  m.dp = world.size() / sp;
+  m.sp_rank = world.rank() % sp;
+  m.dp_rank = world.rank() / sp;
+  m.sp_group = world.split(m.dp_rank, m.sp_rank);
+  m.dp_group = world.split(m.sp_rank, m.dp_rank);
+  return m;
+}
+
+}  // namespace autosp

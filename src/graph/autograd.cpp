@@ -1,0 +1,83 @@
+// Reverse-mode autograd over the IR.
+#include "graph/autograd.h"
+
+#include <algorithm>
+
+#include "graph/passes/dce.h"
+#include "tensor/check.h"
+
+namespace autosp {
+namespace {
+
+bool same_shape(const Graph& g, const SymShape& a, const SymShape& b) {
+  if (a.size() != b.size()) return false;
+  ShapeContext ctx{&g.assumptions()};
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!ctx.same(a[i], b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<Node*> build_backward(Graph& g, Node* loss, const std::vector<Node*>& params) {
+  if (loss->type().rank() != 0) throw UsageError(str("autograd: loss %", loss->name(), " is ", loss->type().str(), ", not a scalar"));
+  std::vector<Node*> fwd;
+  for (const auto& n : g.nodes()) fwd.push_back(n.get());
+  const size_t n = fwd.size();
+
+  // A node needs a gradient when it depends on a parameter and the loss depends on it.
+  std::vector<bool> from_param(n, false), to_loss(n, false);
+  for (Node* p : params) from_param[g.position(p)] = true;
+  for (size_t i = 0; i < n; ++i)
+    for (Node* in : fwd[i]->inputs()) from_param[i] = from_param[i] || from_param[g.position(in)];
+  to_loss[g.position(loss)] = true;
+  for (size_t i = n; i-- > 0;)
+    for (Node* u : fwd[i]->users()) to_loss[i] = to_loss[i] || to_loss[g.position(u)];
+
+  Builder b(g);
+  std::map<Node*, Node*> grad;
+  grad[loss] = g.add(Op::full, {}, {{"shape", SymShape{}}, {"value", 1.0}, {"dtype", std::string(dtype_name(loss->dtype()))}},
+                     "d." + loss->name());
+  for (size_t i = n; i-- > 0;) {
+    Node* node = fwd[i];
+    auto it = grad.find(node);
+    if (it == grad.end() || !from_param[i] || !to_loss[i]) continue;
+    if (node->op() == Op::input || node->op() == Op::parameter) continue;
+    const OpInfo& info = op_info(node->op());
+    if (!info.vjp)
+      throw UsageError(str("autograd: [", node->op_name(), "] %", node->name(), " is not differentiable"));
+    b.set_prefix("d." + node->name() + ".");
+    VjpContext ctx{b, node, it->second, std::vector<Node*>(node->inputs().size(), nullptr)};
+    info.vjp(ctx);
+    for (size_t k = 0; k < node->inputs().size(); ++k) {
+      Node* in = node->input(k);
+      Node* gi = ctx.input_grads[k];
+      if (!gi || !from_param[g.position(in)]) continue;
+      if (!same_shape(g, gi->shape(), in->shape())) gi = b.sum_to(gi, in->shape());
+      auto acc = grad.find(in);
+      grad[in] = acc == grad.end() ? gi : b.add(acc->second, gi, "acc");
+    }
+  }
+
+  std::vector<Node*> out;
+  b.set_prefix("");
+  for (Node* p : params) {
+    auto it = grad.find(p);
+    Node* gp;
+    if (it == grad.end()) {
+      gp = g.add(Op::full, {}, {{"shape", p->shape()}, {"value", 0.0}, {"dtype", std::string(dtype_name(p->dtype()))}},
+                 "grad/" + p->name());
+    } else {
+      gp = it->second;
+      // A gradient node shared with another parameter, or a forward value, gets its own copy.
+      if (gp->role() != Role::none || g.position(gp) < n) gp = b.scale(gp, 1.0, "grad/" + p->name());
+    }
+    gp->set_role(Role::gradient);
+    g.add_output(gp);
+    out.push_back(gp);
+  }
+  eliminate_dead_code(g);
+  return out;
+}
+
+}  // namespace autosp

@@ -1,0 +1,123 @@
+// vjp rules: gradients of each op's inputs as IR. Shapes: G is the output gradient, with the
+// output's shape; a rule may return a gradient in the broadcast shape, autograd sums it back.
+#include "graph/vjp.h"
+
+#include "graph/autograd.h"
+
+namespace autosp::vjp {
+namespace {
+Dim product(const SymShape& s, size_t from, size_t to) {
+  Dim p(1);
+  for (size_t i = from; i < to; ++i) p = p * s[i];
+  return p;
+}
+}  // namespace
+
+void no_gradient(VjpContext&) {}
+
+// out [..., C] = weight [V, C] gathered by ids [...]
+void embedding(VjpContext& c) {
+  c.input_grads[0] = c.b.embedding_backward(c.grad, c.in(1), c.in_shape(0)[0]);
+}
+
+// C = op(A) · op(B). dop(A) = G · op(B)ᵀ, dop(B) = op(A)ᵀ · G; a transposed operand's gradient is
+// the transpose of that. A 2-D B shared over A's batch gets its gradient from the flattened batch.
+void matmul(VjpContext& c) {
+  Builder& b = c.b;
+  Node *A = c.in(0), *B = c.in(1), *G = c.grad;
+  const bool ta = c.node->attrs().b("trans_a"), tb = c.node->attrs().b("trans_b");
+  const size_t ra = A->shape().size();
+  const bool shared_b = B->shape().size() == 2 && ra > 2;
+  if (!ta)
+    c.input_grads[0] = b.matmul(G, B, false, !tb, "dA");
+  else if (!shared_b)
+    c.input_grads[0] = b.matmul(B, G, tb, true, "dA");
+  else  // dA = (G · op(B)ᵀ)ᵀ over the last two dims
+    c.input_grads[0] = b.transpose(b.matmul(G, B, false, !tb, "dAt"), static_cast<int>(ra) - 2,
+                                   static_cast<int>(ra) - 1, "dA");
+  if (shared_b && !ta) {
+    // A [..., M, K] → [R, K] and G [..., M, N] → [R, N], R = product of A's leading dims and M: one GEMM.
+    const Dim R = product(A->shape(), 0, ra - 1);
+    Node* A2 = b.reshape(A, {R, A->shape()[ra - 1]}, "A2");
+    Node* G2 = b.reshape(G, {R, G->shape()[ra - 1]}, "G2");
+    c.input_grads[1] = tb ? b.matmul(G2, A2, true, false, "dB") : b.matmul(A2, G2, true, false, "dB");
+  } else {
+    // Batched; for a shared B the per-batch products are summed back to [K, N] by autograd.
+    c.input_grads[1] = tb ? b.matmul(G, A, true, ta, "dB") : b.matmul(A, G, !ta, false, "dB");
+  }
+}
+
+void add(VjpContext& c) { c.input_grads = {c.grad, c.grad}; }
+void sub(VjpContext& c) { c.input_grads = {c.grad, c.b.neg(c.grad, "dB")}; }
+void mul(VjpContext& c) {
+  c.input_grads = {c.b.mul(c.grad, c.in(1), "dA"), c.b.mul(c.grad, c.in(0), "dB")};
+}
+// y = a / b: da = G / b, db = -G · y / b
+void div(VjpContext& c) {
+  c.input_grads[0] = c.b.div(c.grad, c.in(1), "dA");
+  c.input_grads[1] = c.b.neg(c.b.div(c.b.mul(c.grad, c.node, "Gy"), c.in(1), "Gy_b"), "dB");
+}
+void scale(VjpContext& c) { c.input_grads[0] = c.b.scale(c.grad, c.node->attrs().f("factor"), "dx"); }
+void neg(VjpContext& c) { c.input_grads[0] = c.b.neg(c.grad, "dx"); }
+void exp(VjpContext& c) { c.input_grads[0] = c.b.mul(c.grad, c.node, "dx"); }
+void gelu_tanh(VjpContext& c) { c.input_grads[0] = c.b.gelu_tanh_backward(c.grad, c.in(0), "dx"); }
+void silu(VjpContext& c) { c.input_grads[0] = c.b.silu_backward(c.grad, c.in(0), "dx"); }
+
+void reshape(VjpContext& c) { c.input_grads[0] = c.b.reshape(c.grad, c.in_shape(0), "dx"); }
+void transpose(VjpContext& c) {
+  const auto& a = c.node->attrs();
+  c.input_grads[0] = c.b.transpose(c.grad, static_cast<int>(a.i("dim0")), static_cast<int>(a.i("dim1")), "dx");
+}
+void permute(VjpContext& c) {
+  const auto& perm = c.node->attrs().ints("perm");
+  const int64_t r = static_cast<int64_t>(perm.size());
+  std::vector<int64_t> inverse(perm.size());
+  for (int64_t i = 0; i < r; ++i) inverse[(perm[i] + r) % r] = i;
+  c.input_grads[0] = c.b.permute(c.grad, inverse, "dx");
+}
+void slice(VjpContext& c) {
+  const auto& a = c.node->attrs();
+  const int64_t r = static_cast<int64_t>(c.in_shape(0).size());
+  const int64_t d = (a.i("dim") + r) % r;
+  c.input_grads[0] = c.b.slice_backward(c.grad, d, a.dim("start"), a.dim("end"), c.in_shape(0)[d], "dx");
+}
+void concat(VjpContext& c) {
+  const int64_t r = static_cast<int64_t>(c.in_shape(0).size());
+  const int d = static_cast<int>((c.node->attrs().i("dim") + r) % r);
+  Dim at(0);
+  for (size_t i = 0; i < c.node->inputs().size(); ++i) {
+    const Dim len = c.in_shape(i)[d];
+    c.input_grads[i] = c.b.slice(c.grad, d, at, at + len, "dx" + std::to_string(i));
+    at = at + len;
+  }
+}
+
+// y = layernorm(x, w, b): one backward node gives dx, with dw and db as its extra outputs.
+void layernorm(VjpContext& c) {
+  Node* bwd = c.b.layernorm_backward(c.grad, c.in(0), c.in(1), c.node->attrs().f("eps"), "dx");
+  c.input_grads = {bwd, c.b.output(bwd, 1, "dw"), c.b.output(bwd, 2, "db")};
+}
+void rmsnorm(VjpContext& c) {
+  Node* bwd = c.b.rmsnorm_backward(c.grad, c.in(0), c.in(1), c.node->attrs().f("eps"), "dx");
+  c.input_grads = {bwd, c.b.output(bwd, 1, "dw")};
+}
+void softmax(VjpContext& c) { c.input_grads[0] = c.b.softmax_backward(c.grad, c.node, "dx"); }
+void rope(VjpContext& c) {
+  c.input_grads[0] = c.b.rope_backward(c.grad, c.in(1), c.node->attrs().f("theta"), "dx");
+}
+
+// o = sdpa(q, k, v): the backward recomputes probabilities from the forward's saved log-sum-exp
+// (extra output 1 of the sdpa node) and yields dq, with dk and dv as extra outputs.
+void sdpa(VjpContext& c) {
+  const auto& a = c.node->attrs();
+  Node* lse = c.b.output(c.node, 1, "lse");
+  Node* bwd = c.b.sdpa_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"), "dq");
+  c.input_grads = {bwd, c.b.output(bwd, 1, "dk"), c.b.output(bwd, 2, "dv")};
+}
+
+void cross_entropy_sum(VjpContext& c) {
+  c.input_grads[0] =
+      c.b.cross_entropy_backward(c.in(0), c.in(1), c.grad, c.node->attrs().i("ignore_index"), "dlogits");
+}
+
+}  // namespace autosp::vjp

@@ -1,0 +1,33 @@
+// The vjp rules of the op table (defined in vjp.cpp): each builds the gradient of a node's inputs
+// as IR from the gradient of its output. Internal to src/graph; the op table points at them.
+#pragma once
+
+#include "graph/ops.h"
+
+namespace autosp::vjp {
+
+void embedding(VjpContext&);
+void matmul(VjpContext&);
+void add(VjpContext&);
+void sub(VjpContext&);
+void mul(VjpContext&);
+void div(VjpContext&);
+void scale(VjpContext&);
+void neg(VjpContext&);
+void exp(VjpContext&);
+void gelu_tanh(VjpContext&);
+void silu(VjpContext&);
+void reshape(VjpContext&);
+void transpose(VjpContext&);
+void permute(VjpContext&);
+void slice(VjpContext&);
+void concat(VjpContext&);
+void layernorm(VjpContext&);
+void rmsnorm(VjpContext&);
+void softmax(VjpContext&);
+void rope(VjpContext&);
+void sdpa(VjpContext&);
+void cross_entropy_sum(VjpContext&);
+void no_gradient(VjpContext&);  // count_valid, full: nothing flows to the inputs
+
+}  // namespace autosp::vjp

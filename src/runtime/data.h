@@ -1,0 +1,47 @@
+// Data sources for training: each yields, for a step and a data-parallel rank, a batch of
+// input_ids, labels and position_ids [batch, seq_len] (int64). Labels are shifted here, before any
+// sequence sharding: label[t] = token[t+1] of the full sequence, so no target is lost at a shard
+// boundary. The read order is a pure function of (step, dp rank), so resuming needs only the step.
+//
+//   tokens     llm.c shards (256 × int32 header; magic 20240520 version 1 with uint16 tokens, or
+//              magic 20240801 version 7 with uint32 tokens). `path` is one file or a glob; matching
+//              shards are concatenated in sorted order into one token stream. Step k, dp rank d,
+//              sequence b reads seq_len + 1 tokens from ((k·dp + d)·batch + b)·seq_len, wrapping.
+//   text       the UTF-8 bytes of the file at `path` as tokens (vocab ≥ 256), same read order.
+//   synthetic  the embedded default: a generated associative-recall task. Each sequence lists
+//              key→value pairs in its first half and queries them, in another order, in its second
+//              half; only the answers (the value after a queried key) are labelled, everything else
+//              is -100. Answering needs attention across the whole sequence, so a falling loss shows
+//              that attention spans it; `accuracy` reports the task's accuracy.
+// Every malformed input (file, header, sizes, token ≥ vocab) is a UsageError naming the file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "models/config.h"
+#include "tensor/tensor.h"
+
+namespace autosp {
+
+struct Batch {
+  Tensor input_ids, labels, position_ids;  // i64 [batch, seq_len]
+};
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const = 0;
+  virtual int64_t num_tokens() const = 0;  // size of the token stream (0 for synthetic)
+  virtual std::string describe() const = 0;  // one line for the log
+};
+
+// `seed` only matters for synthetic data.
+std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed);
+
+// Fraction of labelled positions (label != -100) where argmax(logits) == label, as (correct, total).
+// logits [rows, V] (f32 or f64), labels [rows].
+std::pair<int64_t, int64_t> count_correct(const Tensor& logits, const Tensor& labels);
+
+}  // namespace autosp

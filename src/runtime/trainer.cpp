@@ -1,0 +1,146 @@
+// The training loop.
+#include "runtime/trainer.h"
+
+#include <chrono>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+
+#include "graph/autograd.h"
+#include "graph/verify.h"
+#include "kernels/cpu/matmul.h"
+#include "models/weights.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+#include "runtime/executor.h"
+#include "runtime/optimizer.h"
+#include "tensor/safetensors.h"
+
+namespace autosp {
+namespace {
+
+DType run_dtype(const Config& cfg) {
+  if (cfg.runtime.device != "cpu")
+    throw UsageError(str("runtime.device \"", cfg.runtime.device, "\": this build runs on cpu only"));
+  if (cfg.runtime.dtype == "float32") return DType::f32;
+  if (cfg.runtime.dtype == "float64") return DType::f64;
+  throw UsageError(str("runtime.dtype \"", cfg.runtime.dtype, "\" needs runtime.device \"cuda\"; use float32 or float64 on cpu"));
+}
+
+struct JointGraph {
+  std::unique_ptr<Graph> graph;
+  std::vector<std::string> param_names, grad_names;
+};
+
+JointGraph build_joint(const Config& cfg, DType dt) {
+  JointGraph j;
+  j.graph = build_forward(cfg.model, dt);
+  std::vector<Node*> params = j.graph->with_role(Role::parameter);
+  Node* loss = j.graph->with_role(Role::loss).at(0);
+  std::vector<Node*> grads = build_backward(*j.graph, loss, params);
+  verify(*j.graph);
+  for (size_t i = 0; i < params.size(); ++i) {
+    j.param_names.push_back(params[i]->name());
+    j.grad_names.push_back(grads[i]->name());
+  }
+  return j;
+}
+
+}  // namespace
+
+TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
+  const DType dt = run_dtype(cfg);
+  if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
+  const bool lead = world.rank() == 0;
+  const int64_t total = args.steps.value_or(cfg.train.steps);
+  if (total < 0) throw UsageError(str("--steps ", total, ": expected >= 0"));
+  if (!args.resume.empty() && !args.init_from.empty()) throw UsageError("--resume and --init-from exclude each other");
+
+  JointGraph joint = build_joint(cfg, dt);
+  Executor ex(*joint.graph);
+  auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
+
+  TrainResult result;
+  AdamW opt;
+  int64_t start = 0;
+  if (!args.resume.empty()) {
+    Checkpoint ck = load_checkpoint(args.resume, cfg, dt);
+    result.params = std::move(ck.params);
+    opt = std::move(ck.optimizer);
+    start = ck.step;
+    if (lead) spdlog::info("resumed from {} at step {}", args.resume, start);
+  } else {
+    result.params = args.init_from.empty() ? init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), dt)
+                                           : load_weights(args.init_from, cfg.model, dt);
+    opt.init(result.params);
+  }
+  for (auto& [name, p] : result.params) world.broadcast(p, 0);  // every rank starts from rank 0's weights
+  if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
+
+  std::ofstream metrics;
+  if (lead && !args.metrics.empty()) {
+    metrics.open(args.metrics, std::ios::app);
+    if (!metrics) throw UsageError(str("--metrics ", args.metrics, ": cannot open for writing"));
+  }
+  const int64_t dp = world.size(), tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * dp;
+
+  for (int64_t step = start; step < total; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Batch batch = data->get(step, world.rank(), dp);
+    TensorMap feeds = {{"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
+    for (const auto& [name, p] : result.params) feeds[name] = p;
+    RunResult r = ex.run(feeds);
+
+    ParamMap grads;
+    for (size_t i = 0; i < joint.param_names.size(); ++i) {
+      Tensor g = r.outputs.at(joint.grad_names[i]);
+      world.all_reduce_sum(g);
+      grads[joint.param_names[i]] = g;
+    }
+    Tensor loss_t = r.outputs.at("loss");
+    if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, grads);
+
+    StepRecord rec;
+    rec.step = step + 1;
+    rec.loss = loss_t.to_doubles()[0];
+    rec.grad_norm = global_grad_norm(grads);
+    clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
+    rec.lr = lr_at(cfg.train, step, total);
+    opt.update(result.params, grads, cfg.train, rec.lr);
+    if (cfg.data.source == "synthetic") {
+      const Tensor& logits = r.outputs.at("logits");
+      auto [correct, counted] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
+                                              batch.labels.reshape({batch.labels.numel()}));
+      rec.accuracy = counted ? static_cast<double>(correct) / static_cast<double>(counted) : 0.0;
+    }
+    rec.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    rec.tokens_per_sec = static_cast<double>(tokens_per_step) / (rec.step_ms / 1000.0);
+    rec.peak_bytes = r.peak_bytes;
+    result.steps.push_back(rec);
+
+    const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start;
+    if (lead && log_now) {
+      if (!args.quiet)
+        spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB",
+                     rec.step, total, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "",
+                     rec.lr, rec.grad_norm, rec.tokens_per_sec, rec.step_ms,
+                     static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0));
+      if (metrics.is_open()) {
+        nlohmann::json m = {{"step", rec.step},         {"loss", rec.loss},       {"lr", rec.lr},
+                            {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
+                            {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes}};
+        if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
+        metrics << m.dump() << "\n" << std::flush;
+      }
+    }
+    const bool ckpt_now = !cfg.train.checkpoint_dir.empty() &&
+                          ((cfg.train.checkpoint_every > 0 && rec.step % cfg.train.checkpoint_every == 0) || rec.step == total);
+    if (lead && ckpt_now) {
+      std::string dir = save_checkpoint(cfg.train.checkpoint_dir, rec.step, result.params, opt, cfg.resolved);
+      spdlog::info("saved checkpoint {}", dir);
+    }
+  }
+  return result;
+}
+
+}  // namespace autosp
