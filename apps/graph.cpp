@@ -9,6 +9,7 @@
 #include "models/config.h"
 #include "models/model.h"
 #include "runtime/cli.h"
+#include "runtime/program.h"
 
 using namespace autosp;
 
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
         "world", "world size", cxxopts::value<std::string>()->default_value("1"))(
         "rank", "rank to show", cxxopts::value<std::string>()->default_value("0"))(
-        "stage", "forward", cxxopts::value<std::string>()->default_value("forward"))(
+        "stage", "forward|autosp|joint", cxxopts::value<std::string>()->default_value("forward"))(
         "format", "text|json|dot", cxxopts::value<std::string>()->default_value("text"))("h,help", "show help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
@@ -33,14 +34,18 @@ int main(int argc, char** argv) {
     Config cfg = load_config(args["config"].as<std::string>(), sets);
     const int64_t world = parse_int_flag("world", args["world"].as<std::string>());
     const int64_t rank = parse_int_flag("rank", args["rank"].as<std::string>());
-    if (world < 1) throw UsageError(str("--world ", world, ": expected >= 1"));
+    if (world < 1 || world > 65536) throw UsageError(str("--world ", world, ": expected 1..65536"));
     if (rank < 0 || rank >= world) throw UsageError(str("--rank ", rank, ": expected 0 <= rank < ", world));
     const std::string stage = args["stage"].as<std::string>(), format = args["format"].as<std::string>();
-    if (stage != "forward") throw UsageError(str("--stage '", stage, "': expected forward"));
+    if (stage != "forward" && stage != "autosp" && stage != "joint")
+      throw UsageError(str("--stage '", stage, "': expected forward, autosp or joint"));
     if (format != "text" && format != "json" && format != "dot")
       throw UsageError(str("--format '", format, "': expected text, json or dot"));
 
-    auto g = build_forward(cfg.model, cfg.runtime.dtype == "float64" ? DType::f64 : DType::f32);
+    const Stage st = stage == "forward" ? Stage::forward : stage == "autosp" ? Stage::autosp : Stage::joint;
+    const PassContext ctx = pass_context(cfg, static_cast<int>(world), static_cast<int>(rank));
+    RankProgram prog = build_program(cfg, cfg.runtime.dtype == "float64" ? DType::f64 : DType::f32, st, ctx);
+    const Graph* g = prog.graph.get();
     verify(*g);
     if (format == "text")
       std::cout << to_text(*g);

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
     ta.dump_grads = opt("dump-grads");
     ta.quiet = args.count("quiet") > 0;
 
-    auto world = make_single_process_communicator();
+    auto world = make_world_communicator();
     if (world->rank() == 0) {
       for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
       spdlog::info("config: {}", cfg.resolved.dump());

@@ -81,6 +81,19 @@ Node* Builder::count_valid(Node* labels, DType dtype, const std::string& name) {
 Node* Builder::full(SymShape shape, double value, DType dtype, const std::string& name) {
   return op(Op::full, {}, {{"shape", std::move(shape)}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}}, name);
 }
+Node* Builder::causal_mask(Node* scores, double value, const std::string& name) {
+  return op(Op::causal_mask, {scores}, {{"value", value}}, name);
+}
+Node* Builder::all_to_all(Node* x, int scatter_dim, int gather_dim, const std::string& group, int64_t group_size,
+                          const std::string& name) {
+  return op(Op::all_to_all, {x},
+            {{"scatter_dim", int64_t{scatter_dim}}, {"gather_dim", int64_t{gather_dim}}, {"group", group},
+             {"group_size", group_size}},
+            name);
+}
+Node* Builder::all_reduce(Node* x, const std::string& group, const std::string& name) {
+  return op(Op::all_reduce, {x}, {{"group", group}}, name);
+}
 Node* Builder::output(Node* x, int64_t index, const std::string& name) {
   return op(Op::output, {x}, {{"index", index}}, name);
 }

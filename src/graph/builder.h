@@ -49,6 +49,12 @@ class Builder {
   Node* cross_entropy_sum(Node* logits, Node* labels, const std::string& name = "ce_sum");
   Node* count_valid(Node* labels, DType dtype, const std::string& name = "valid");
   Node* full(SymShape shape, double value, DType dtype, const std::string& name = "full");
+  // scores [..., Sq, Skv] with entries j > i + (Skv - Sq) replaced by `value` (-inf for attention).
+  Node* causal_mask(Node* scores, double value, const std::string& name = "mask");
+  // Collectives over a named process group ("sp", "world") of `group_size` ranks.
+  Node* all_to_all(Node* x, int scatter_dim, int gather_dim, const std::string& group, int64_t group_size,
+                   const std::string& name = "a2a");
+  Node* all_reduce(Node* x, const std::string& group, const std::string& name = "all_reduce");
   // Extra output `index` (1, 2, ...) of a multi-output node.
   Node* output(Node* x, int64_t index, const std::string& name = "out");
 

@@ -337,6 +337,39 @@ TensorType cross_entropy_backward_rule(const Node& n, const ShapeContext&) {
   return in(n, 0);
 }
 
+
+// scores [..., Sq, Skv]: entries with j > i + (Skv - Sq) set to `value`.
+TensorType causal_mask_rule(const Node& n, const ShapeContext&) {
+  expect_float(n, 0);
+  if (in(n, 0).rank() < 2) fail(n, str("input ", in(n, 0).str(), " must have rank >= 2"));
+  n.attrs().f("value");
+  return in(n, 0);
+}
+
+// Ulysses all-to-all over a group of `group_size` ranks: dim scatter_dim is split into group_size
+// chunks (one per rank), the received chunks are concatenated along gather_dim.
+TensorType all_to_all_rule(const Node& n, const ShapeContext& ctx) {
+  auto t = in(n, 0);
+  const int s = norm_axis(n, n.attrs().i("scatter_dim"), t.rank());
+  const int g = norm_axis(n, n.attrs().i("gather_dim"), t.rank());
+  const int64_t p = n.attrs().i("group_size");
+  n.attrs().s("group");
+  if (s == g) fail(n, "scatter_dim and gather_dim must differ");
+  if (p < 1) fail(n, str("group_size ", p));
+  if (t.shape[s].is_const() && t.shape[s].value() % p != 0)
+    fail(n, str("dim ", s, " of ", t.str(), " (", t.shape[s].str(), ") is not divisible by the group size ", p));
+  const std::vector<Divisibility> none;
+  const auto& as = ctx.assumptions ? *ctx.assumptions : none;
+  t.shape[s] = simplify(t.shape[s].floordiv(p), as);
+  t.shape[g] = simplify(t.shape[g] * Dim(p), as);
+  return t;
+}
+
+TensorType all_reduce_rule(const Node& n, const ShapeContext&) {
+  n.attrs().s("group");
+  return in(n, 0);
+}
+
 // One row per op, in enum order.
 constexpr std::array<OpInfo, kNumOps> kOps{{
     // op, name, arity, required attributes, shape rule, extra outputs, vjp, backward-only
@@ -367,6 +400,9 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {Op::count_valid, "count_valid", 1, "ignore_index,dtype", count_valid_rule, nullptr, vjp::no_gradient, false},
     {Op::full, "full", 0, "shape,value,dtype", full_rule, nullptr, vjp::no_gradient, false},
     {Op::output, "output", 1, "index", output_rule, nullptr, nullptr, true},
+    {Op::causal_mask, "causal_mask", 1, "value", causal_mask_rule, nullptr, vjp::causal_mask, false},
+    {Op::all_to_all, "all_to_all", 1, "scatter_dim,gather_dim,group,group_size", all_to_all_rule, nullptr, vjp::all_to_all, false, true},
+    {Op::all_reduce, "all_reduce", 1, "group", all_reduce_rule, nullptr, vjp::all_reduce, false, true},
     {Op::sum_to, "sum_to", 1, "shape", sum_to_rule, nullptr, nullptr, true},
     {Op::embedding_backward, "embedding_backward", 2, "num_embeddings", embedding_backward_rule, nullptr, nullptr, true},
     {Op::gelu_tanh_backward, "gelu_tanh_backward", 2, "", same_as_second, nullptr, nullptr, true},

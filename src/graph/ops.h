@@ -28,6 +28,8 @@ enum class Op : uint16_t {
   cross_entropy_sum, count_valid,
   // constants and multi-output access
   full, output,
+  // masking (composite attention) and collectives
+  causal_mask, all_to_all, all_reduce,
   // backward-only ops (built by vjp rules; not differentiated again)
   sum_to, embedding_backward, gelu_tanh_backward, silu_backward, slice_backward, layernorm_backward,
   rmsnorm_backward, softmax_backward, rope_backward, sdpa_backward, cross_entropy_backward,

@@ -8,7 +8,7 @@
 
 namespace autosp {
 
-void verify(const Graph& g) {
+void verify(const Graph& g, VerifyLevel level) {
   auto bad = [](const Node& n, const std::string& what) {
     throw UsageError(str("verify: node %", n.name(), " (", n.op_name(), "): ", what));
   };
@@ -31,6 +31,14 @@ void verify(const Graph& g) {
     if (n.op() == Op::parameter && n.role() != Role::parameter) bad(n, "parameter without the parameter role");
     for (const auto& d : n.shape())
       if (d.is_const() && d.value() < 0) bad(n, str("negative dim in ", n.type().str()));
+    if (level == VerifyLevel::structure) {
+      for (const auto& a : op_required_attrs(n.op()))
+        if (!n.attrs().has(a)) bad(n, str("missing attribute '", a, "'"));
+      const int arity = op_info(n.op()).arity;
+      if (arity >= 0 && static_cast<int>(n.inputs().size()) != arity) bad(n, str("expected ", arity, " inputs"));
+      seen.insert(&n);
+      continue;
+    }
     TensorType t;
     try {
       t = infer_type(n, g.assumptions());

@@ -9,6 +9,10 @@
 
 namespace autosp {
 
-void verify(const Graph& g);
+enum class VerifyLevel {
+  structure,  // order, use lists, names, arity, attributes, roles
+  full,       // and every recorded type equals what its shape rule infers
+};
+void verify(const Graph& g, VerifyLevel level = VerifyLevel::full);
 
 }  // namespace autosp

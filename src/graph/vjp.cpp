@@ -120,4 +120,17 @@ void cross_entropy_sum(VjpContext& c) {
       c.b.cross_entropy_backward(c.in(0), c.in(1), c.grad, c.node->attrs().i("ignore_index"), "dlogits");
 }
 
+// Masked entries get no gradient: the same mask with 0.
+void causal_mask(VjpContext& c) { c.input_grads[0] = c.b.causal_mask(c.grad, 0.0, "dx"); }
+
+// The transpose of an all-to-all is the all-to-all with scatter and gather swapped.
+void all_to_all(VjpContext& c) {
+  const auto& a = c.node->attrs();
+  c.input_grads[0] = c.b.all_to_all(c.grad, static_cast<int>(a.i("gather_dim")), static_cast<int>(a.i("scatter_dim")),
+                                    a.s("group"), a.i("group_size"), "dx");
+}
+
+// y_r = Σ_i x_i on every rank, so dL/dx_r = Σ_i dL/dy_i: an all-reduce of the gradient.
+void all_reduce(VjpContext& c) { c.input_grads[0] = c.b.all_reduce(c.grad, c.node->attrs().s("group"), "dx"); }
+
 }  // namespace autosp::vjp

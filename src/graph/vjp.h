@@ -28,6 +28,9 @@ void softmax(VjpContext&);
 void rope(VjpContext&);
 void sdpa(VjpContext&);
 void cross_entropy_sum(VjpContext&);
+void causal_mask(VjpContext&);
+void all_to_all(VjpContext&);
+void all_reduce(VjpContext&);
 void no_gradient(VjpContext&);  // count_valid, full: nothing flows to the inputs
 
 }  // namespace autosp::vjp

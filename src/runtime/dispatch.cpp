@@ -404,6 +404,65 @@ Tensor cross_entropy_backward_cpu(const KernelCall& c) {
   });
 }
 
+Tensor causal_mask_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous();
+  const int64_t Sq = x.dim(-2), Skv = x.dim(-1);
+  const double value = c.node.attrs().f("value");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::causal_mask<T>(x.data<T>(), y.data<T>(), x.numel() / std::max<int64_t>(1, Sq * Skv), Sq, Skv,
+                        static_cast<T>(value));
+    return y;
+  });
+}
+
+// x with dim s split as (P, s/P), P moved to the front: the P chunks, each contiguous, rank order.
+Tensor split_to_chunks(const KernelCall& c, const Tensor& x, int s, int64_t P) {
+  Shape sh, st;
+  sh.push_back(P);
+  st.push_back(x.dim(s) / P * x.strides()[s]);
+  for (int d = 0; d < x.rank(); ++d) {
+    sh.push_back(d == s ? x.dim(s) / P : x.dim(d));
+    st.push_back(x.strides()[d]);
+  }
+  return copy_view(c, x.as_strided(sh, st, 0));
+}
+
+// Ulysses all-to-all: chunk j of dim scatter_dim goes to rank j; the chunks received are laid
+// side by side along gather_dim in rank order.
+Tensor all_to_all_cpu(const KernelCall& c) {
+  AUTOSP_ASSERT(c.comm, "all_to_all without a communicator");
+  const Tensor x = c.in[0].contiguous();
+  const int s = axis(c.node.attrs().i("scatter_dim"), x.rank());
+  const int g = axis(c.node.attrs().i("gather_dim"), x.rank());
+  const int64_t P = c.node.attrs().i("group_size");
+  if (c.comm->size() != P)
+    throw RuntimeFailure(str("[all_to_all] ", c.node.name(), ": group '", c.node.attrs().s("group"), "' has ",
+                             c.comm->size(), " ranks, the graph was built for ", P));
+  Tensor send = split_to_chunks(c, x, s, P);  // [P, chunk...]
+  Tensor recv = Tensor::empty(send.shape(), send.dtype(), c.alloc);
+  c.comm->all_to_all(send, recv);
+  // recv [P, chunk...] → out: move P next to gather dim (g+1 in recv) and merge.
+  std::vector<int64_t> perm;
+  for (int d = 1; d <= x.rank(); ++d) {
+    if (d == g + 1) perm.push_back(0);
+    perm.push_back(d);
+  }
+  Shape sh, st;
+  for (int64_t p : perm) {
+    sh.push_back(recv.shape()[p]);
+    st.push_back(recv.strides()[p]);
+  }
+  return copy_view(c, recv.as_strided(sh, st, 0)).reshape(c.out_shape);
+}
+
+Tensor all_reduce_cpu(const KernelCall& c) {
+  AUTOSP_ASSERT(c.comm, "all_reduce without a communicator");
+  Tensor y = c.in[0].clone();
+  c.comm->all_reduce_sum(y);
+  return y;
+}
+
 Tensor leaf(const KernelCall& c) {
   AUTOSP_ASSERT(false, "node ", c.node.name(), " is resolved by the executor, not dispatched");
   return {};
@@ -443,6 +502,9 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::count_valid, count_valid_cpu, no_cuda},
     {Op::full, full_cpu, no_cuda},
     {Op::output, leaf, leaf},
+    {Op::causal_mask, causal_mask_cpu, no_cuda},
+    {Op::all_to_all, all_to_all_cpu, no_cuda},
+    {Op::all_reduce, all_reduce_cpu, no_cuda},
     {Op::sum_to, sum_to_cpu, no_cuda},
     {Op::embedding_backward, embedding_backward_cpu, no_cuda},
     {Op::gelu_tanh_backward, unary_backward_cpu<cpu::UnaryGrad::gelu_tanh>, no_cuda},

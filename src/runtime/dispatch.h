@@ -6,6 +6,7 @@
 
 #include <span>
 
+#include "comm/communicator.h"
 #include "graph/ir.h"
 #include "tensor/tensor.h"
 
@@ -18,6 +19,7 @@ struct KernelCall {
   const Bindings& bindings;  // for attributes that are dims (slice bounds)
   Allocator& alloc;
   std::vector<Tensor>& extras;  // a multi-output op appends its extra outputs (1, 2, ...) here
+  Communicator* comm;           // the group named by the node's "group" attribute (collectives)
 };
 
 using KernelFn = Tensor (*)(const KernelCall&);

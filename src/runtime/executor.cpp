@@ -57,7 +57,7 @@ Bindings Executor::bind(const TensorMap& feeds) const {
   return b;
 }
 
-RunResult Executor::run(const TensorMap& feeds) const {
+RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups) const {
   RunResult r;
   r.bindings = bind(feeds);
   Allocator& alloc = cpu_allocator();
@@ -82,7 +82,15 @@ RunResult Executor::run(const TensorMap& feeds) const {
     } else {
       args.clear();
       for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
-      values[at] = dispatch(KernelCall{n, args, shape, r.bindings, alloc, extras[at]},
+      Communicator* comm = nullptr;
+      if (n.attrs().has("group")) {
+        auto it = groups.find(n.attrs().s("group"));
+        if (it == groups.end())
+          throw RuntimeFailure(str("[", n.op_name(), "] ", n.name(), ": no communicator for group '",
+                                   n.attrs().s("group"), "'"));
+        comm = it->second;
+      }
+      values[at] = dispatch(KernelCall{n, args, shape, r.bindings, alloc, extras[at], comm},
                             args.empty() ? DeviceKind::cpu : args[0].device().kind);
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",

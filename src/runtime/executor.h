@@ -7,12 +7,15 @@
 #include <map>
 #include <string>
 
+#include "comm/communicator.h"
 #include "graph/ir.h"
 #include "tensor/tensor.h"
 
 namespace autosp {
 
 using TensorMap = std::map<std::string, Tensor>;
+// Process groups by the names collectives use in their "group" attribute ("sp", "world", "dp").
+using CommGroups = std::map<std::string, Communicator*>;
 
 struct RunResult {
   TensorMap outputs;     // graph outputs by node name
@@ -24,8 +27,9 @@ class Executor {
  public:
   explicit Executor(const Graph& g);
 
-  // `feeds` holds a tensor for every input node (by node name) and every parameter (by name).
-  RunResult run(const TensorMap& feeds) const;
+  // `feeds` holds a tensor for every input node (by node name) and every parameter (by name);
+  // `groups` the communicators the graph's collectives name.
+  RunResult run(const TensorMap& feeds, const CommGroups& groups = {}) const;
 
   // Bind symbols from the feeds' shapes and check every dim and assumption.
   Bindings bind(const TensorMap& feeds) const;

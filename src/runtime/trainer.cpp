@@ -6,14 +6,14 @@
 
 #include <spdlog/spdlog.h>
 
-#include "graph/autograd.h"
-#include "graph/verify.h"
 #include "kernels/cpu/matmul.h"
 #include "models/weights.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/executor.h"
+#include "runtime/grad_sync.h"
 #include "runtime/optimizer.h"
+#include "runtime/program.h"
 #include "tensor/safetensors.h"
 
 namespace autosp {
@@ -27,37 +27,36 @@ DType run_dtype(const Config& cfg) {
   throw UsageError(str("runtime.dtype \"", cfg.runtime.dtype, "\" needs runtime.device \"cuda\"; use float32 or float64 on cpu"));
 }
 
-struct JointGraph {
-  std::unique_ptr<Graph> graph;
-  std::vector<std::string> param_names, grad_names;
-};
-
-JointGraph build_joint(const Config& cfg, DType dt) {
-  JointGraph j;
-  j.graph = build_forward(cfg.model, dt);
-  std::vector<Node*> params = j.graph->with_role(Role::parameter);
-  Node* loss = j.graph->with_role(Role::loss).at(0);
-  std::vector<Node*> grads = build_backward(*j.graph, loss, params);
-  verify(*j.graph);
-  for (size_t i = 0; i < params.size(); ++i) {
-    j.param_names.push_back(params[i]->name());
-    j.grad_names.push_back(grads[i]->name());
-  }
-  return j;
+// The batch padded at the end to a sequence length P divides: pad tokens 0 with ignored labels
+// (-100) and position 0. Causal attention never lets a real token see the padding, and the
+// ignored labels keep the loss and gradients exact.
+Batch pad_to_multiple(const Batch& b, int64_t p) {
+  const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1), Sp = (S + p - 1) / p * p;
+  if (Sp == S) return b;
+  auto pad = [&](const Tensor& t, int64_t fill) {
+    Tensor out = Tensor::empty({B, Sp}, DType::i64);
+    for (int64_t i = 0; i < B; ++i)
+      for (int64_t j = 0; j < Sp; ++j) out.data<int64_t>()[i * Sp + j] = j < S ? t.data<int64_t>()[i * S + j] : fill;
+    return out;
+  };
+  return {pad(b.input_ids, 0), pad(b.labels, -100), pad(b.position_ids, 0)};
 }
 
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
   const DType dt = run_dtype(cfg);
+  const PassContext ctx = pass_context(cfg, world.size(), world.rank());
+  ProcessMesh mesh = make_mesh(world, static_cast<int>(ctx.sp_size));
+  const CommGroups groups{{"world", &world}, {"sp", mesh.sp_group.get()}, {"dp", mesh.dp_group.get()}};
   if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
   const bool lead = world.rank() == 0;
   const int64_t total = args.steps.value_or(cfg.train.steps);
   if (total < 0) throw UsageError(str("--steps ", total, ": expected >= 0"));
   if (!args.resume.empty() && !args.init_from.empty()) throw UsageError("--resume and --init-from exclude each other");
 
-  JointGraph joint = build_joint(cfg, dt);
-  Executor ex(*joint.graph);
+  RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
+  Executor ex(*prog.graph);
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
 
   TrainResult result;
@@ -82,22 +81,22 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     metrics.open(args.metrics, std::ios::app);
     if (!metrics) throw UsageError(str("--metrics ", args.metrics, ": cannot open for writing"));
   }
-  const int64_t dp = world.size(), tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * dp;
+  const int64_t tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * mesh.dp;
 
   for (int64_t step = start; step < total; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    Batch batch = data->get(step, world.rank(), dp);
+    // Every rank of an SP group reads the same sequences; the graph slices its block.
+    Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), ctx.sp_size);
     TensorMap feeds = {{"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
     for (const auto& [name, p] : result.params) feeds[name] = p;
-    RunResult r = ex.run(feeds);
+    RunResult r = ex.run(feeds, groups);
 
+    std::vector<Tensor> grad_list;
+    for (const auto& name : prog.grad_names) grad_list.push_back(r.outputs.at(name));
+    all_reduce_bucketed(world, grad_list);
     ParamMap grads;
-    for (size_t i = 0; i < joint.param_names.size(); ++i) {
-      Tensor g = r.outputs.at(joint.grad_names[i]);
-      world.all_reduce_sum(g);
-      grads[joint.param_names[i]] = g;
-    }
-    Tensor loss_t = r.outputs.at("loss");
+    for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = grad_list[i];
+    Tensor loss_t = r.outputs.at(prog.loss);
     if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, grads);
 
     StepRecord rec;
@@ -108,10 +107,16 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.lr = lr_at(cfg.train, step, total);
     opt.update(result.params, grads, cfg.train, rec.lr);
     if (cfg.data.source == "synthetic") {
+      // This rank's logits cover its block of the sequence: count there, sum over the world.
       const Tensor& logits = r.outputs.at("logits");
+      const int64_t S = batch.labels.dim(1), block = S / ctx.sp_size;
+      Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block).contiguous();
       auto [correct, counted] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
-                                              batch.labels.reshape({batch.labels.numel()}));
-      rec.accuracy = counted ? static_cast<double>(correct) / static_cast<double>(counted) : 0.0;
+                                              local.reshape({local.numel()}));
+      Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
+      world.all_reduce_sum(counts);
+      const int64_t total_counted = counts.data<int64_t>()[1];
+      rec.accuracy = total_counted ? static_cast<double>(counts.data<int64_t>()[0]) / static_cast<double>(total_counted) : 0.0;
     }
     rec.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     rec.tokens_per_sec = static_cast<double>(tokens_per_step) / (rec.step_ms / 1000.0);

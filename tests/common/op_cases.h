@@ -162,6 +162,24 @@ inline const std::vector<OpCase>& op_cases() {
              [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
                return Vec{naive::cross_entropy(in[0], as_ids(in[1]), naive::numel(sh[1]), 9)};
              }},
+      OpCase{"causal_mask", Op::causal_mask, {{{B, 3, S, S + 2}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.causal_mask(x[0], -7.0); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               Vec out = in[0];
+               const int64_t sq = sh[0][2], skv = sh[0][3];
+               for (size_t e = 0; e < out.size(); ++e) {
+                 const int64_t j = static_cast<int64_t>(e) % skv, i = static_cast<int64_t>(e) / skv % sq;
+                 if (j > i + (skv - sq)) out[e] = -7.0;
+               }
+               return out;
+             }},
+      // Collectives over a group of one (the multi-rank cases run under mpirun in tests/mpi).
+      OpCase{"all_to_all", Op::all_to_all, {{{B, 4, S, 3}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.all_to_all(x[0], 1, 2, "sp", 1); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return in[0]; }},
+      OpCase{"all_reduce", Op::all_reduce, {{{B, S}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.all_reduce(x[0], "world"); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return in[0]; }},
       OpCase{"full", Op::full, {},
              [](Builder& b, const std::vector<Node*>&) { return b.full({2, 3}, -1.25, DType::f64); },
              [](const std::vector<Vec>&, const std::vector<Shape>&) { return Vec(6, -1.25); }},

@@ -285,4 +285,20 @@ template void sdpa_backward<double>(const double*, const double*, const double*,
                                     const double*, double*, double*, double*, int64_t, int64_t, int64_t, int64_t,
                                     int64_t, int64_t, double, bool);
 
+template <class T>
+void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < batch * Sq; ++r) {
+    const int64_t i = r % Sq;
+    const int64_t last = std::min(Skv, std::max<int64_t>(0, i + (Skv - Sq) + 1));  // keys [0, last) are visible
+    const T* xr = x + r * Skv;
+    T* yr = y + r * Skv;
+    for (int64_t j = 0; j < last; ++j) yr[j] = xr[j];
+    for (int64_t j = last; j < Skv; ++j) yr[j] = value;
+  }
+}
+
+template void causal_mask<float>(const float*, float*, int64_t, int64_t, int64_t, float);
+template void causal_mask<double>(const double*, double*, int64_t, int64_t, int64_t, double);
+
 }  // namespace autosp::cpu

@@ -26,4 +26,9 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
                    T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
                    bool causal);
 
+// y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]);
+// the mask of composite (matmul → softmax → matmul) attention. x and y may alias.
+template <class T>
+void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value);
+
 }  // namespace autosp::cpu

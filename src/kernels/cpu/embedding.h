@@ -10,7 +10,8 @@ template <class T>
 void embedding_forward(const T* weight, const int64_t* ids, T* out, int64_t n, int64_t V, int64_t C);
 
 // dweight [V, C] = Σ over i with ids[i] == v of dy[i, :] (overwritten, zeros for unused rows).
-// Deterministic (parallel over columns, not over ids).
+// Deterministic: positions are grouped by id, and each dweight element is summed (in double) by one
+// thread in position order; work is split over (vocab rows × column blocks), never over ids.
 template <class T>
 void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, int64_t V, int64_t C);
 

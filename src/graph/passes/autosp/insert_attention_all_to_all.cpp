@@ -1,0 +1,77 @@
+// insert_attention_all_to_all: Ulysses all-to-alls around every attention node. With P ranks:
+//   q [B, N, S/P, D] → all_to_all(scatter heads=1, gather seq=2) → [B, N/P, S, D]
+//   k, v [B, Nkv, S/P, D]: all-to-all'd the same way when Nkv % P == 0; when Nkv < P (and P % Nkv == 0)
+//     each kv head is first repeated P/Nkv times, so rank r receives kv head r·Nkv/P, the one its
+//     query heads read; otherwise an error
+//   o [B, N/P, S, D] → all_to_all(scatter seq=2, gather heads=1) → [B, N, S/P, D]
+// A graph without attention is an error: AutoSP has nothing to parallelise.
+#include "graph/passes/autosp/autosp.h"
+#include "tensor/check.h"
+
+namespace autosp::passes {
+namespace {
+
+const std::string kGroup = "sp";
+
+Node* a2a(Graph& g, Node* after, Node* x, int scatter, int gather, int64_t p, const std::string& name) {
+  return g.insert_after(after, Op::all_to_all, {x},
+                        {{"scatter_dim", int64_t{scatter}}, {"gather_dim", int64_t{gather}}, {"group", kGroup}, {"group_size", p}},
+                        name);
+}
+
+// x [B, Nkv, S/P, D] → [B, P, S/P, D] with head j = kv head j / (P/Nkv), inserted after x: one
+// slice per kv head, each repeated P/Nkv times, concatenated (no attribute names the sequence).
+Node* repeat_heads(Graph& g, Node* x, int64_t nkv, int64_t p) {
+  std::vector<Node*> heads;
+  Node* at = x;
+  for (int64_t h = 0; h < nkv; ++h) {
+    at = g.insert_after(at, Op::slice, {x}, {{"dim", int64_t{1}}, {"start", Dim(h)}, {"end", Dim(h + 1)}},
+                        x->name() + ".h" + std::to_string(h));
+    heads.insert(heads.end(), static_cast<size_t>(p / nkv), at);
+  }
+  return g.insert_after(at, Op::concat, heads, {{"dim", int64_t{1}}}, x->name() + ".rep");
+}
+
+}  // namespace
+
+PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
+  PassResult res;
+  std::vector<Node*> attn;
+  for (const auto& n : g.nodes())
+    if (n->op() == Op::sdpa) attn.push_back(n.get());
+  if (attn.empty())
+    throw UsageError("insert_attention_all_to_all: the graph has no attention node (sdpa, or matmul → softmax → matmul "
+                     "attention); AutoSP shards the sequence around attention and needs one");
+  const int64_t p = ctx.sp_size;
+  if (p == 1) return res;
+  for (Node* n : attn) {
+    Node *q = n->input(0), *k = n->input(1), *v = n->input(2);
+    const Dim& nq = q->shape()[1];
+    const Dim& nk = k->shape()[1];
+    if (!nq.is_const() || !nk.is_const())
+      throw UsageError(str("insert_attention_all_to_all: %", n->name(), " has symbolic head counts ", nq.str(), ", ", nk.str()));
+    const int64_t heads = nq.value(), kv_heads = nk.value();
+    if (heads % p != 0)
+      throw UsageError(str("insert_attention_all_to_all: %", n->name(), " has ", heads, " attention heads, not divisible by ",
+                           "autosp_size ", p));
+    g.replace_input(n, 0, a2a(g, q, q, 1, 2, p, q->name() + ".a2a"));
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      Node* x = n->input(i);
+      Node* src = x;
+      if (kv_heads % p != 0) {
+        if (kv_heads > p || p % kv_heads != 0)
+          throw UsageError(str("insert_attention_all_to_all: %", n->name(), " has ", kv_heads,
+                               " key/value heads: with autosp_size ", p, " they must be a multiple of ", p,
+                               " (all-to-all) or divide it (replicated)"));
+        src = repeat_heads(g, x, kv_heads, p);
+      }
+      g.replace_input(n, i, a2a(g, src, src, 1, 2, p, x->name() + ".a2a"));
+    }
+    Node* out = a2a(g, n, n, 2, 1, p, n->name() + ".a2a");
+    g.replace_all_uses_with(n, out, out);
+    res.changed = true;
+  }
+  return res;
+}
+
+}  // namespace autosp::passes

@@ -1,0 +1,24 @@
+// The AutoSP pipeline: the passes in their contractual order.
+#include "graph/passes/autosp/autosp.h"
+
+namespace autosp {
+
+const std::vector<Pass>& autosp_pipeline() {
+  static const std::vector<Pass> pipeline = {
+      {"rewrite_composite_attention", passes::rewrite_composite_attention, true},
+      {"prepare_autosp_inputs", passes::prepare_autosp_inputs, true},
+      {"shard_seq_dim", passes::shard_seq_dim, false},
+      {"shard_input_ids", passes::shard_input_ids, false},
+      {"shard_label_ids", passes::shard_label_ids, false},
+      {"shard_position_ids", passes::shard_position_ids, false},
+      {"normalize_loss", passes::normalize_loss, false},
+      {"insert_attention_all_to_all", passes::insert_attention_all_to_all, false},
+      {"propagate_shapes", passes::propagate_shapes, true},
+      {"canonicalize", passes::canonicalize, true},
+  };
+  return pipeline;
+}
+
+void apply_autosp(Graph& g, const PassContext& ctx) { run_pipeline(g, autosp_pipeline(), ctx); }
+
+}  // namespace autosp

@@ -1,0 +1,31 @@
+// prepare_autosp_inputs: find the inputs tagged input_ids and labels (position_ids optional), check
+// their sequence dim (dim 1) is the symbol S, and record the assumption S % P == 0 (the runtime
+// pads sequences to a multiple of P with ignored labels).
+#include "graph/passes/autosp/autosp.h"
+#include "tensor/check.h"
+
+namespace autosp::passes {
+
+PassResult prepare_autosp_inputs(Graph& g, const PassContext& ctx) {
+  PassResult r;
+  for (Role role : {Role::input_ids, Role::labels, Role::position_ids}) {
+    auto nodes = g.with_role(role);
+    if (nodes.empty() && role != Role::position_ids)
+      throw UsageError(str("prepare_autosp_inputs: no input is tagged ", role_name(role)));
+    for (Node* n : nodes) {
+      if (n->op() != Op::input || n->type().rank() < 2)
+        throw UsageError(str("prepare_autosp_inputs: %", n->name(), " tagged ", role_name(role), " must be an input [B, S, ...]"));
+      const Dim& d = n->shape()[1];
+      if (!d.is_symbol() || d.symbol_name() != ctx.seq)
+        throw UsageError(str("prepare_autosp_inputs: %", n->name(), " has sequence dim ", d.str(), "; build the graph on the symbol ",
+                             ctx.seq));
+    }
+  }
+  if (ctx.sp_size > 1) {
+    g.assume({Dim::sym(ctx.seq), ctx.sp_size});
+    r.changed = true;
+  }
+  return r;
+}
+
+}  // namespace autosp::passes

@@ -1,0 +1,37 @@
+// Graph passes: one file and one function each, `PassResult run(Graph&, const PassContext&)`,
+// registered by name. A pipeline runs passes in order and verifies the graph after each; a failure
+// names the pass and the passes before it. Passes edit only through the Graph API.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/ir.h"
+
+namespace autosp {
+
+struct PassContext {
+  int64_t sp_size = 1;   // P: ranks sharing one sequence
+  int64_t sp_rank = 0;   // r: this rank's index in its SP group
+  int64_t world_size = 1;
+  std::string seq = "S";  // the sequence symbol
+};
+
+struct PassResult {
+  bool changed = false;
+};
+
+using PassFn = PassResult (*)(Graph&, const PassContext&);
+
+struct Pass {
+  std::string_view name;
+  PassFn run;
+  bool types_valid_after;  // false while types wait for propagate_shapes (structure-only verify)
+};
+
+// Runs `passes` in order with the verifier after each. Any error becomes a UsageError
+// "<pass>: ... (in pass <pass> after [a, b])".
+void run_pipeline(Graph& g, const std::vector<Pass>& passes, const PassContext& ctx);
+
+}  // namespace autosp

@@ -1,0 +1,46 @@
+// Building a rank's program: model → AutoSP pipeline → autograd.
+#include "runtime/program.h"
+
+#include "graph/autograd.h"
+#include "graph/passes/autosp/autosp.h"
+#include "graph/verify.h"
+#include "models/model.h"
+#include "tensor/check.h"
+
+namespace autosp {
+
+PassContext pass_context(const Config& cfg, int world_size, int world_rank) {
+  const int64_t p = cfg.sequence_parallel.autosp_size;
+  if (world_size < 1 || world_rank < 0 || world_rank >= world_size)
+    throw UsageError(str("rank ", world_rank, " is outside a world of ", world_size));
+  if (world_size % p != 0)
+    throw UsageError(str("sequence_parallel.autosp_size ", p, " does not divide the world size ", world_size,
+                         " (world = dp x sp)"));
+  PassContext ctx;
+  ctx.sp_size = p;
+  ctx.sp_rank = world_rank % p;
+  ctx.world_size = world_size;
+  return ctx;
+}
+
+RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const PassContext& ctx) {
+  RankProgram p;
+  p.graph = build_forward(cfg.model, dtype);
+  p.loss = "loss";
+  if (stage == Stage::forward) return p;
+  if (ctx.world_size > 1) {
+    apply_autosp(*p.graph, ctx);
+    if (p.graph->find("loss.global")) p.loss = "loss.global";
+  }
+  if (stage == Stage::autosp) return p;
+  std::vector<Node*> params = p.graph->with_role(Role::parameter);
+  std::vector<Node*> grads = build_backward(*p.graph, p.graph->with_role(Role::loss).at(0), params);
+  verify(*p.graph);
+  for (size_t i = 0; i < params.size(); ++i) {
+    p.param_names.push_back(params[i]->name());
+    p.grad_names.push_back(grads[i]->name());
+  }
+  return p;
+}
+
+}  // namespace autosp

@@ -1,0 +1,30 @@
+// The graph one rank runs: the model's forward graph, rewritten by the AutoSP pipeline for this
+// rank of its SP group when the world has several ranks, then (for training) the backward graph.
+// Shared by autosp-train and autosp-graph so both show and run the same thing.
+#include <memory>
+#include <string>
+#include <vector>
+
+#pragma once
+
+#include "graph/ir.h"
+#include "graph/passes/pass.h"
+#include "models/config.h"
+
+namespace autosp {
+
+enum class Stage { forward, autosp, joint };
+
+struct RankProgram {
+  std::unique_ptr<Graph> graph;
+  std::vector<std::string> param_names, grad_names;  // parallel lists (joint stage)
+  std::string loss;  // the output holding the reported (global) loss
+};
+
+// P = sequence_parallel.autosp_size; rank r of its SP group = world_rank % P. A world size that P
+// does not divide is a UsageError.
+PassContext pass_context(const Config& cfg, int world_size, int world_rank);
+
+RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const PassContext& ctx);
+
+}  // namespace autosp
