@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# autosp-train: the --metrics and --dump-grads contracts, the same first-step gradients from one
+# process and from 2 ranks with sequence parallelism 2, checkpoint + resume through the CLI, and
+# bad flags / configs / files giving an `error:` line with exit code 2.
+#   train_cli.sh BIN_DIR SOURCE_DIR
+set -u
+bin=$1/autosp-train
+src=$2
+py=/usr/bin/python3
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+
+cat >"$tmp/cfg.json" <<'JSON'
+{"model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48},
+ "data": {"source": "synthetic", "seq_len": 30, "batch_size": 2},
+ "train": {"steps": 4, "log_every": 1},
+ "runtime": {"threads": 1}}
+JSON
+
+check() {  # check DESCRIPTION COMMAND...
+  local what=$1
+  shift
+  if ! "$@"; then
+    echo "FAIL: $what"
+    fail=1
+  fi
+}
+
+# One process: metrics and gradient dump.
+"$bin" --config "$tmp/cfg.json" --metrics "$tmp/m1.jsonl" --dump-grads "$tmp/g1.safetensors" --quiet 2>"$tmp/log1" ||
+  { echo "FAIL: single-process run: $(tail -3 "$tmp/log1")"; fail=1; }
+check "metrics lines carry the contract's keys" $py - "$tmp/m1.jsonl" <<'PY'
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [1, 2, 3, 4], rows
+for r in rows:
+    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "step_ms", "peak_bytes", "accuracy"):
+        assert k in r, (k, r)
+    assert math.isfinite(r["loss"]) and r["peak_bytes"] > 0
+PY
+
+# Two ranks, sequence parallel 2 (S = 30 is padded to 30: divisible; use 31 to exercise padding too).
+mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=2 \
+  --metrics "$tmp/m2.jsonl" --dump-grads "$tmp/g2.safetensors" --quiet 2>"$tmp/log2" ||
+  { echo "FAIL: 2-rank run: $(tail -3 "$tmp/log2")"; fail=1; }
+check "2-rank SP gradients and losses equal the single-process ones" $py - "$src" "$tmp" <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[1] + "/tests/ref")
+import safetensors_io as st
+tmp = sys.argv[2]
+g1, _ = st.load(tmp + "/g1.safetensors")
+g2, _ = st.load(tmp + "/g2.safetensors")
+assert sorted(g1) == sorted(g2) and "model.embed_tokens.weight" in g1 and "lm_head.weight" in g1, sorted(g1)
+for k in g1:
+    err = (g1[k].double() - g2[k].double()).abs().max().item()
+    scale = g1[k].double().abs().max().item()
+    assert err <= 1e-5 * scale + 1e-12, (k, err, scale)
+l1 = [json.loads(l)["loss"] for l in open(tmp + "/m1.jsonl")]
+l2 = [json.loads(l)["loss"] for l in open(tmp + "/m2.jsonl")]
+assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(l1, l2)), (l1, l2)
+PY
+
+# Checkpoint at step 2, resume to 4: same losses as the uninterrupted run.
+"$bin" --config "$tmp/cfg.json" --set train.checkpoint_every=2 --set "train.checkpoint_dir=$tmp/ck" --steps 2 --quiet 2>/dev/null ||
+  { echo "FAIL: checkpointing run"; fail=1; }
+"$bin" --config "$tmp/cfg.json" --resume "$tmp/ck" --metrics "$tmp/m3.jsonl" --quiet 2>/dev/null ||
+  { echo "FAIL: resumed run"; fail=1; }
+check "resumed losses equal the uninterrupted run" $py - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+full = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(tmp + "/m1.jsonl")}
+res = [json.loads(l) for l in open(tmp + "/m3.jsonl")]
+assert [r["step"] for r in res] == [3, 4], res
+assert all(r["loss"] == full[r["step"]] for r in res), (res, full)
+PY
+
+expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
+  local needle=$1
+  shift
+  "$@" >/dev/null 2>"$tmp/err"
+  local rc=$?
+  if [ $rc -ne 2 ] || ! grep -q "^error: .*$needle" "$tmp/err"; then
+    echo "FAIL: $* exited $rc with: $(grep -m3 . "$tmp/err") (expected exit 2 and an 'error:' line naming '$needle')"
+    fail=1
+  fi
+}
+head -c 4000 /dev/urandom >"$tmp/garbage.safetensors"
+mkdir -p "$tmp/notackpt"
+expect_usage_error "config is required" "$bin"
+expect_usage_error "--steps 'many'" "$bin" --config "$tmp/cfg.json" --steps many
+expect_usage_error "--steps -1" "$bin" --config "$tmp/cfg.json" --steps -1
+expect_usage_error "garbage.safetensors" "$bin" --config "$tmp/cfg.json" --init-from "$tmp/garbage.safetensors"
+expect_usage_error "no such checkpoint" "$bin" --config "$tmp/cfg.json" --resume "$tmp/nowhere"
+expect_usage_error "holds no checkpoint" "$bin" --config "$tmp/cfg.json" --resume "$tmp/notackpt"
+expect_usage_error "exclude each other" "$bin" --config "$tmp/cfg.json" --resume "$tmp/ck" --init-from "$tmp/garbage.safetensors"
+expect_usage_error "was written for model" "$bin" --config "$tmp/cfg.json" --set model.hidden_size=64 --resume "$tmp/ck"
+expect_usage_error "runtime.dtype" "$bin" --config "$tmp/cfg.json" --set runtime.dtype=bfloat16
+expect_usage_error "runtime.device" "$bin" --config "$tmp/cfg.json" --set runtime.device=cuda
+expect_usage_error "unknown key 'train.stepz'" "$bin" --config "$tmp/cfg.json" --set train.stepz=3
+expect_usage_error "metrics" "$bin" --config "$tmp/cfg.json" --metrics "$tmp/no/such/dir/m.jsonl"
+expect_usage_error "does not divide the world size" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=4
+expect_usage_error "attention heads" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=2 --set model.num_attention_heads=1 --set model.num_key_value_heads=1
+
+if [ $fail -eq 0 ]; then echo "train_cli: all checks passed"; fi
+exit $fail
