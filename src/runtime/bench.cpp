@@ -11,6 +11,7 @@
 #include "kernels/cpu/matmul.h"
 #include "models/model.h"
 #include "runtime/executor.h"
+#include "runtime/trainer.h"
 
 namespace autosp {
 namespace {
@@ -55,15 +56,42 @@ nlohmann::json run_pytorch(const Config& cfg, const BenchOptions& opt, int threa
   return j;
 }
 
+
+// A training step (forward, backward, AdamW) timed through the trainer itself.
+std::pair<double, size_t> time_steps(const Config& cfg, const BenchOptions& opt, double& loss) {
+  Config c = cfg;
+  c.train.checkpoint_dir.clear();
+  c.train.log_every = 1 << 30;
+  TrainArgs ta;
+  ta.steps = opt.warmup + opt.iters;
+  ta.quiet = true;
+  auto world = make_single_process_communicator();
+  TrainResult r = train(c, ta, *world);
+  std::vector<double> ms;
+  size_t peak = 0;
+  for (size_t i = static_cast<size_t>(opt.warmup); i < r.steps.size(); ++i) {
+    ms.push_back(r.steps[i].step_ms);
+    peak = std::max(peak, r.steps[i].peak_bytes);
+  }
+  loss = r.steps.front().loss;
+  return {median(ms), peak};
+}
+
 }  // namespace
 
 nlohmann::json run_bench(const Config& cfg, const BenchOptions& opt) {
-  if (opt.mode != "forward") throw UsageError(str("--mode '", opt.mode, "': expected forward"));
+  if (opt.mode != "forward" && opt.mode != "step")
+    throw UsageError(str("--mode '", opt.mode, "': expected forward or step"));
   if (opt.iters < 1 || opt.warmup < 0) throw UsageError("--iters must be >= 1 and --warmup >= 0");
   if (cfg.runtime.device != "cpu") throw UsageError("autosp-bench: runtime.device must be cpu in this build");
   const DType dt = cfg.runtime.dtype == "float64" ? DType::f64 : DType::f32;
   if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
   const int threads = cpu::num_threads();
+  double loss = 0, step = 0;
+  size_t peak = 0;
+  if (opt.mode == "step") {
+    std::tie(step, peak) = time_steps(cfg, opt, loss);
+  } else {
 
   auto g = build_forward(cfg.model, dt);
   TensorMap feeds = random_batch(cfg.data.batch_size, cfg.data.seq_len, cfg.model.vocab_size,
@@ -71,8 +99,6 @@ nlohmann::json run_bench(const Config& cfg, const BenchOptions& opt) {
   for (auto& [n, t] : init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), dt)) feeds[n] = t;
   Executor ex(*g);
   std::vector<double> ms;
-  double loss = 0;
-  size_t peak = 0;
   for (int i = 0; i < opt.warmup + opt.iters; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     RunResult r = ex.run(feeds);
@@ -81,7 +107,8 @@ nlohmann::json run_bench(const Config& cfg, const BenchOptions& opt) {
     loss = r.outputs.at("loss").to_doubles()[0];
     peak = std::max(peak, r.peak_bytes);
   }
-  const double step = median(ms);
+  step = median(ms);
+  }
   const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len);
   nlohmann::json row = {{"impl", "autosp"},       {"mode", opt.mode},
                         {"arch", cfg.model.arch}, {"batch", cfg.data.batch_size},

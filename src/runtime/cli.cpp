@@ -6,11 +6,16 @@
 #include <new>
 #include <nlohmann/json.hpp>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include "tensor/check.h"
 
 namespace autosp {
 
 int run_app(const char* app, const std::function<int()>& body) {
+  // Logs go to stderr; stdout is kept for what an app prints as data (graphs, benchmark rows).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("autosp"));
   try {
     return body();
   } catch (const UsageError& e) {
