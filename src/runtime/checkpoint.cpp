@@ -66,8 +66,14 @@ std::string save_checkpoint(const std::string& root, int64_t step, const ParamMa
   for (const auto& [name, t] : opt.exp_avg) moments["exp_avg." + name] = t;
   for (const auto& [name, t] : opt.exp_avg_sq) moments["exp_avg_sq." + name] = t;
   save_safetensors((tmp / "optimizer.safetensors").string(), moments);
-  nlohmann::json meta = {{"format", kFormat},        {"step", step},       {"optimizer_step", opt.step},
-                         {"data_position", step},    {"config", resolved_config}};
+  // The data order is a pure function of the step and the seed, and nothing else draws random
+  // numbers after initialisation, so (step, seed) is the whole RNG state.
+  nlohmann::json meta = {{"format", kFormat},
+                         {"step", step},
+                         {"optimizer_step", opt.step},
+                         {"data_position", step},
+                         {"rng", {{"seed", resolved_config["train"]["seed"]}, {"state", "stateless (step, seed)"}}},
+                         {"config", resolved_config}};
   {
     std::ofstream f(tmp / "meta.json");
     f << meta.dump(2) << "\n";

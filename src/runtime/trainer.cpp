@@ -83,6 +83,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   }
   const int64_t tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * mesh.dp;
 
+  const auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start; step < total; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     // Every rank of an SP group reads the same sequences; the graph slices its block.
@@ -125,11 +126,15 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
 
     const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start;
     if (lead && log_now) {
-      if (!args.quiet)
-        spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB",
+      if (!args.quiet) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+        const double eta = elapsed / static_cast<double>(rec.step - start) * static_cast<double>(total - rec.step);
+        spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB | eta {}m{:02d}s",
                      rec.step, total, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "",
                      rec.lr, rec.grad_norm, rec.tokens_per_sec, rec.step_ms,
-                     static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0));
+                     static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0), static_cast<int64_t>(eta) / 60,
+                     static_cast<int64_t>(eta) % 60);
+      }
       if (metrics.is_open()) {
         nlohmann::json m = {{"step", rec.step},         {"loss", rec.loss},       {"lr", rec.lr},
                             {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
