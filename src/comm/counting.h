@@ -1,0 +1,69 @@
+// Communication accounting: CountingCommunicator forwards every collective to an inner
+// Communicator and records, per kind of collective, the number of calls, the bytes moved and the
+// wall time spent inside the call. split() returns counting children that add into the same
+// totals, so wrapping the world communicator handed to train() also counts the sp/dp groups the
+// trainer's mesh splits off it. Used by autosp-bench and the communication-volume tests.
+//
+// Bytes moved, per call on this rank (`n` = the tensor's bytes, P = the group size):
+//   all_to_all      n · (P-1)/P   the chunks this rank sends to other ranks (its own chunk stays)
+//   all_reduce_sum  n             the buffer reduced (how many bytes the wire carries depends on the
+//                                 algorithm: a ring moves 2(P-1)/P · n per rank; docs/scaling.md)
+//   all_gather      n · (P-1)     this rank's input, sent to each other rank
+//   broadcast       n             the buffer broadcast (on every rank, root or not)
+//   barrier         0
+// A collective over a group of one moves nothing: it counts as a call with 0 bytes.
+// Time: steady-clock wall time of the inner call, so it includes waiting for slower ranks.
+// Knows nothing of graphs or of what the tensors hold.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace autosp {
+
+struct CollectiveStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
+struct CommStats {
+  CollectiveStats all_reduce, all_to_all, all_gather, broadcast, barrier;
+  // Sum over every kind of collective.
+  CollectiveStats total() const;
+};
+
+class CountingCommunicator final : public Communicator {
+ public:
+  // Wraps `inner` without owning it (it must outlive this object and its children).
+  explicit CountingCommunicator(Communicator& inner);
+  // Wraps and owns `inner`.
+  explicit CountingCommunicator(std::unique_ptr<Communicator> inner);
+
+  // The totals of this communicator and of every communicator split off it (transitively).
+  const CommStats& stats() const { return *stats_; }
+  void reset_stats() { *stats_ = CommStats{}; }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  void all_reduce_sum(Tensor& t) override;
+  void broadcast(Tensor& t, int root) override;
+  void all_to_all(const Tensor& in, Tensor& out) override;
+  void all_gather(const Tensor& in, Tensor& out) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  [[noreturn]] void abort(const std::string& message, int exit_code) override { inner_->abort(message, exit_code); }
+
+ private:
+  CountingCommunicator(std::unique_ptr<Communicator> owned, std::shared_ptr<CommStats> stats);
+
+  std::unique_ptr<Communicator> owned_;
+  Communicator* inner_;
+  std::shared_ptr<CommStats> stats_;
+};
+
+}  // namespace autosp
