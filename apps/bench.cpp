@@ -1,44 +1,163 @@
-// autosp-bench: time a model step on this machine, optionally against PyTorch eager.
-//   autosp-bench --config F [--set k=v]... [--mode forward] [--warmup W] [--iters I] [--compare-pytorch]
+// autosp-bench: time a model step on this machine, optionally against PyTorch eager; sweep
+// models × P × seq_len (multi-rank points under mpirun); project the scaling model.
+//   autosp-bench --config F [--set k=v]... [--mode forward|step] [--warmup W] [--iters I] [--compare-pytorch]
+//   autosp-bench --config F --sweep-seq 1024,2048 --sweep-ranks 1,2,4 [--models a.json,b.json]
+//                [--out results.csv|.jsonl] [--mode step] [--compare-pytorch]
+//   autosp-bench --project [--project-config P.json] [--compute-tflops X | --compute-from results.jsonl]
+//   autosp-bench --point ...   (internal: one sweep point on the mpirun world; rank 0 prints the row)
 #include <cxxopts.hpp>
+#include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "runtime/bench.h"
 #include "runtime/cli.h"
+#include "runtime/scaling.h"
 #include "tensor/check.h"
 
 using namespace autosp;
+
+namespace {
+
+// "1024,2048" → {1024, 2048}; every item a positive integer, else a UsageError naming the flag.
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const int64_t v = parse_int_flag(flag, item);
+    if (v < 1) throw UsageError(str("--", flag, " ", v, ": expected positive integers"));
+    out.push_back(v);
+  }
+  if (out.empty() || text.back() == ',') throw UsageError(str("--", flag, " '", text, "': expected a comma-separated list of integers"));
+  return out;
+}
+
+std::vector<std::string> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) throw UsageError(str("--", flag, " '", text, "': empty item"));
+    out.push_back(item);
+  }
+  if (out.empty()) throw UsageError(str("--", flag, ": expected a comma-separated list"));
+  return out;
+}
+
+double parse_positive(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size() && v > 0 && v < 1e9) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(str("--", flag, " '", text, "': expected a positive number"));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   return run_app("autosp-bench", [&] {
     cxxopts::Options opts("autosp-bench", "Benchmark a model step (and PyTorch eager with --compare-pytorch)");
     opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
-        "mode", "forward", cxxopts::value<std::string>()->default_value("forward"))(
+        "mode", "forward or step (sweeps: step)", cxxopts::value<std::string>())(
         "warmup", "untimed iterations", cxxopts::value<std::string>()->default_value("1"))(
         "iters", "timed iterations (the median is reported)", cxxopts::value<std::string>()->default_value("5"))(
-        "compare-pytorch", "also run the same model in PyTorch eager (/usr/bin/python3)")("h,help", "show help");
+        "compare-pytorch", "also run the same model in PyTorch eager (/usr/bin/python3); sweeps: P = 1 points")(
+        "sweep-seq", "sweep these sequence lengths (comma-separated)", cxxopts::value<std::string>())(
+        "sweep-ranks", "sweep these SP degrees P (comma-separated; P > 1 runs under mpirun -np P)",
+        cxxopts::value<std::string>())(
+        "models", "sweep these config files (comma-separated) instead of --config", cxxopts::value<std::string>())(
+        "out", "write the sweep's rows to this .csv or .jsonl file", cxxopts::value<std::string>())(
+        "project", "print the scaling projection (docs/scaling.md)")(
+        "project-config", "projection parameters (JSON; default: built-in Llama-3-8B on H200s)",
+        cxxopts::value<std::string>())(
+        "compute-tflops", "projection: achieved TFLOP/s per GPU", cxxopts::value<std::string>())(
+        "compute-from", "projection: take the achieved TFLOP/s from a sweep's .jsonl (P = 1, longest seq)",
+        cxxopts::value<std::string>())(
+        "peak-tflops", "device peak TFLOP/s for the MFU column (CUDA runs)", cxxopts::value<std::string>())(
+        "point", "internal: run one sweep point on the mpirun world")("h,help", "show help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
       std::cout << opts.help() << std::endl;
       return 0;
     }
     if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
-    if (!args.count("config")) throw UsageError("--config is required");
+    const bool project = args.count("project") > 0, point = args.count("point") > 0;
+    const bool sweep = args.count("sweep-seq") || args.count("sweep-ranks") || args.count("models") || args.count("out");
+    for (const char* f : {"project-config", "compute-tflops", "compute-from"})
+      if (args.count(f) && !project) throw UsageError(str("--", f, " needs --project"));
+    if (project + point + sweep > 1) throw UsageError("--project, --point and the sweep flags exclude each other");
+
+    if (project) {
+      if (args.count("config") || args.count("set"))
+        throw UsageError("--project takes its model from --project-config (docs/scaling.md), not --config/--set");
+      if (args.count("compute-tflops") && args.count("compute-from"))
+        throw UsageError("--compute-tflops and --compute-from exclude each other");
+      ProjectionConfig pc = args.count("project-config") ? load_projection_config(args["project-config"].as<std::string>())
+                                                         : parse_projection_config(nlohmann::json::object(), "built-in defaults");
+      if (args.count("compute-tflops")) pc.achieved_tflops = parse_positive("compute-tflops", args["compute-tflops"].as<std::string>());
+      if (args.count("compute-from")) {
+        const std::string from = args["compute-from"].as<std::string>();
+        pc.achieved_tflops = measured_tflops(from);
+        pc.source += ", compute measured in " + from;
+      }
+      std::cout << projection_report(pc);
+      return 0;
+    }
+
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-    Config cfg = load_config(args["config"].as<std::string>(), sets);
-    for (const auto& w : cfg.warnings) std::cerr << "warning: " << w << "\n";
     BenchOptions opt;
-    opt.mode = args["mode"].as<std::string>();
+    opt.mode = args.count("mode") ? args["mode"].as<std::string>() : (sweep || point ? "step" : "forward");
     const int64_t warmup = parse_int_flag("warmup", args["warmup"].as<std::string>());
     const int64_t iters = parse_int_flag("iters", args["iters"].as<std::string>());
     if (warmup < 0 || warmup > 100000) throw UsageError(str("--warmup ", warmup, ": expected 0..100000"));
     if (iters < 1 || iters > 100000) throw UsageError(str("--iters ", iters, ": expected 1..100000"));
+    if (opt.mode != "forward" && opt.mode != "step") throw UsageError(str("--mode '", opt.mode, "': expected forward or step"));
     opt.warmup = static_cast<int>(warmup);
     opt.iters = static_cast<int>(iters);
     opt.compare_pytorch = args.count("compare-pytorch") > 0;
     opt.source_dir = AUTOSP_SOURCE_DIR;
+    if (args.count("peak-tflops")) opt.peak_tflops = parse_positive("peak-tflops", args["peak-tflops"].as<std::string>());
+
+    if (sweep) {
+      SweepOptions so;
+      so.bench = opt;
+      so.overrides = sets;
+      if (args.count("models")) so.configs = parse_list("models", args["models"].as<std::string>());
+      else if (args.count("config")) so.configs = {args["config"].as<std::string>()};
+      else throw UsageError("--config or --models is required");
+      if (args.count("models") && args.count("config"))
+        throw UsageError("--models replaces --config: give one of them");
+      so.ranks = args.count("sweep-ranks") ? parse_int_list("sweep-ranks", args["sweep-ranks"].as<std::string>())
+                                           : std::vector<int64_t>{1};
+      if (args.count("sweep-seq")) {
+        so.seqs = parse_int_list("sweep-seq", args["sweep-seq"].as<std::string>());
+      } else {
+        so.seqs = {load_config(so.configs.front(), sets).data.seq_len};
+      }
+      if (args.count("out")) so.out = args["out"].as<std::string>();
+      so.self = std::filesystem::read_symlink("/proc/self/exe").string();
+      const int failed = run_sweep(so, [](const nlohmann::json& row) { std::cout << row.dump() << std::endl; });
+      if (failed) {
+        std::cerr << "error: " << failed << " sweep point(s) failed (rows with an \"error\" field)\n";
+        return kExitRuntime;
+      }
+      return 0;
+    }
+
+    if (!args.count("config")) throw UsageError("--config is required");
+    Config cfg = load_config(args["config"].as<std::string>(), sets);
+    for (const auto& w : cfg.warnings) std::cerr << "warning: " << w << "\n";
+    if (point) {
+      auto world = make_world_communicator();
+      nlohmann::json row = run_point(cfg, opt, *world);
+      if (world->rank() == 0) std::cout << row.dump() << std::endl;
+      return 0;
+    }
     std::cout << run_bench(cfg, opt).dump() << std::endl;
     return 0;
   });

@@ -3,7 +3,7 @@
 
   /usr/bin/python3 scripts/bench_pytorch.py [--config CFG.json] [--arch gpt2|llama] [--layers L]
       [--hidden C] [--heads N] [--kv-heads Nkv] [--intermediate I] [--vocab V] [--batch B] [--seq S]
-      [--threads T] [--mode forward|step] [--warmup W] [--iters I] [--seed K]
+      [--threads T] [--mode forward|step] [--warmup W] [--iters I] [--seed K] [--tie | --no-tie]
 
 The model comes from an autosp config (its "model" object; data.batch_size / data.seq_len /
 runtime.threads / train.{lr,weight_decay,beta1,beta2,eps} are used when present), and flags override
@@ -16,9 +16,18 @@ float32, random init (N(0, 0.02)), one fixed random batch (labels = the next tok
            gradients set to None before each step; no clipping.
 Attention is the materialised causal softmax(QK^T/sqrt(D))V, like Hugging Face eager.
 
-Prints one JSON line: {"impl": "pytorch", "mode", "tokens_per_sec", "step_ms" (median), "peak_rss_bytes",
-...config and timing details,
+Prints one JSON line: {"impl": "pytorch", "mode", "tokens_per_sec", "step_ms" (median), "peak_bytes",
+"peak_rss_bytes", ...config and timing details,
 loadavg_1m at the end: a busy machine makes the numbers meaningless}. tokens_per_sec = batch*seq / median step time.
+
+Memory (CPU): peak_bytes is the resident-set high-water mark during the warm-up and timed iterations
+minus the resident set just before them, i.e. after the model, its parameters, the optimizer object
+and the batch exist (the high-water mark is reset there by writing 5 to /proc/self/clear_refs, so an
+earlier peak, e.g. from importing torch, does not count). It covers everything the steps add:
+activations (here the materialised S x S attention), gradients, AdamW's state (created by the first
+step) and allocator slack. peak_method says whether the reset worked ("rss_hwm_delta") or the
+delta is over the process's lifetime peak ("rss_hwm_delta_unreset", an upper bound).
+peak_rss_bytes is the process's lifetime peak RSS (interpreter and torch included).
 """
 import argparse
 import json
@@ -41,6 +50,29 @@ def fail(msg):
     sys.exit(2)
 
 
+def proc_status_bytes(field):
+    """A field of /proc/self/status (VmRSS, VmHWM) in bytes; 0 where unavailable."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def rss_baseline():
+    """The current RSS, with the kernel's high-water mark reset to it when /proc allows."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        reset = True
+    except OSError:
+        reset = False
+    return proc_status_bytes("VmRSS"), reset
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="PyTorch eager baseline for autosp-bench")
     ap.add_argument("--config")
@@ -58,6 +90,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tie", action=argparse.BooleanOptionalAction, default=None,
+                    help="Llama: tie the LM head to the embedding (default: the config's, else untied)")
     args = ap.parse_args(argv)
 
     doc = {}
@@ -79,6 +113,8 @@ def main(argv=None):
                       ("intermediate", "intermediate_size"), ("vocab", "vocab_size")):
         if getattr(args, flag) is not None:
             model[key] = getattr(args, flag)
+    if args.tie is not None and model.get("arch") == "llama":
+        model["tie_word_embeddings"] = args.tie
     arch = model.get("arch")
     if arch == "gpt2":
         for k in ("num_key_value_heads", "intermediate_size", "rope_theta"):
@@ -128,6 +164,7 @@ def main(argv=None):
                 loss, _, _ = tm.token_loss(tm.forward(cfg, params, ids, pos), labels)
             return loss
 
+    baseline, reset = rss_baseline()
     for _ in range(args.warmup):
         one()
     times = []
@@ -138,7 +175,9 @@ def main(argv=None):
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    peak_delta = max(0, proc_status_bytes("VmHWM") - baseline)
     out = {"impl": "pytorch", "mode": args.mode, "tokens_per_sec": B * S / med, "step_ms": med * 1e3,
+           "peak_bytes": peak_delta, "peak_method": "rss_hwm_delta" if reset else "rss_hwm_delta_unreset",
            "peak_rss_bytes": peak, "step_ms_min": min(times) * 1e3, "iters": args.iters, "warmup": args.warmup,
            "arch": cfg.arch, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
            "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,

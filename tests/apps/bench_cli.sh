@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# autosp-bench: a small forward benchmark prints one JSON row with a finite loss; bad flags and
-# configs give one `error:` line and exit code 2.
+# autosp-bench: a small forward benchmark prints one JSON row with a finite loss; a tiny sweep
+# (P = 1 in-process child, P = 2 under mpirun) writes CSV and JSON-lines rows with the
+# communication columns; --project prints the scaling tables; bad flags and configs give one
+# `error:` line and exit code 2.
 #   bench_cli.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1/autosp-bench
@@ -33,6 +35,99 @@ expect_usage_error "--mode" --config "$src/configs/llama-tiny.json" --mode sidew
 expect_usage_error "--iters" --config "$src/configs/llama-tiny.json" --iters 0
 expect_usage_error "iters" --config "$src/configs/llama-tiny.json" --iters lots
 expect_usage_error "data.seq_len" --config "$src/configs/llama-tiny.json" --set data.seq_len=-3
+
+
+# Sweep flags.
+cfg=$src/configs/llama-tiny.json
+expect_usage_error "--sweep-seq" --config "$cfg" --sweep-seq abc
+expect_usage_error "--sweep-seq" --config "$cfg" --sweep-seq 0
+expect_usage_error "--sweep-seq" --config "$cfg" --sweep-seq 64,
+expect_usage_error "--sweep-seq" --config "$cfg" --sweep-seq=-64
+expect_usage_error "--sweep-ranks" --config "$cfg" --sweep-seq 64 --sweep-ranks two
+expect_usage_error "P = 3" --config "$cfg" --sweep-seq 64 --sweep-ranks 3
+expect_usage_error "--out" --config "$cfg" --sweep-seq 64 --out "$tmp/rows.txt"
+expect_usage_error "--out" --config "$cfg" --sweep-seq 64 --out "$tmp/no/such/dir/rows.csv"
+expect_usage_error "nope.json" --models "$tmp/nope.json" --sweep-seq 64
+expect_usage_error "--models" --models "$cfg,," --sweep-seq 64
+expect_usage_error "--models replaces --config" --config "$cfg" --models "$cfg" --sweep-seq 64
+expect_usage_error "--config or --models" --sweep-seq 64
+expect_usage_error "--mode" --config "$cfg" --sweep-seq 64 --mode sideways
+expect_usage_error "not a multiple of P = 2" --config "$cfg" --sweep-seq 63 --sweep-ranks 2 --mode forward
+expect_usage_error "exclude" --config "$cfg" --sweep-seq 64 --point
+# Projection flags.
+echo '{"gpu": 8}' >"$tmp/proj-bad.json"
+echo '{"links": {"nvlink": {"alpha_us": "fast"}}}' >"$tmp/proj-bad2.json"
+expect_usage_error "gpu: unknown key" --project --project-config "$tmp/proj-bad.json"
+expect_usage_error "links.nvlink.alpha_us" --project --project-config "$tmp/proj-bad2.json"
+expect_usage_error "cannot open" --project --project-config "$tmp/none.json"
+expect_usage_error "--compute-tflops" --project --compute-tflops -3
+expect_usage_error "--compute-tflops" --project --compute-tflops lots
+expect_usage_error "needs --project" --compute-tflops 3
+expect_usage_error "exclude" --project --sweep-seq 64
+expect_usage_error "--project" --project --config "$cfg"
+expect_usage_error "exclude each other" --project --compute-tflops 3 --compute-from "$tmp/x.jsonl"
+expect_usage_error "no P = 1 step row" --project --compute-from "$tmp/proj-bad.json"
+
+# A tiny sweep: CSV with a header and one row per point; the P = 2 rows (MPI builds: the build
+# has autosp-mpi-tests) count all-to-all and all-reduce bytes; the JSON-lines form feeds
+# --project --compute-from.
+ranks=1
+[ -x "$1/autosp-mpi-tests" ] && ranks=1,2
+if "$bin" --config "$cfg" --set data.batch_size=1 --sweep-seq 32,64 --sweep-ranks $ranks --warmup 0 --iters 1 \
+    --out "$tmp/rows.csv" >"$tmp/rows.stdout" 2>"$tmp/sweep.err"; then
+  if ! /usr/bin/python3 - "$tmp/rows.csv" "$tmp/rows.stdout" "$ranks" <<'PY'
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+points = [(p, s) for p in sys.argv[3].split(",") for s in ("32", "64")]
+assert [(r["P"], r["seq"]) for r in rows] == points, rows
+for r in rows:
+    assert r["model"] == "llama-tiny" and float(r["tokens_per_sec"]) > 0 and float(r["tflops"]) > 0, r
+    assert r["mfu"] == "" and int(r["peak_bytes"]) > 0 and r["error"] == "", r
+    p2 = r["P"] == "2"
+    assert (int(r["all_to_all_bytes"]) > 0) == p2 and (int(r["all_reduce_bytes"]) > 0) == p2, r
+    assert 0 <= float(r["comm_share"]) <= 1, r
+if len(rows) == 4:
+    # llama-tiny, sp 2, B 1, S 64: 2 layers x 2 directions x (2 x 8 + 2 x 4 heads) x 1*(64/2)*16*4/2 bytes;
+    # gradients (361088 f32) + the loss scalars + the synthetic task's accuracy counts
+    assert int(rows[3]["all_to_all_bytes"]) == 2 * 2 * (2 * 8 + 2 * 4) * 32 * 16 * 4 // 2, rows[3]
+    assert int(rows[3]["all_reduce_bytes"]) == 361088 * 4 + 8 + 16, rows[3]
+lines = [json.loads(l) for l in open(sys.argv[2])]
+assert [(str(l["P"]), str(l["seq"])) for l in lines] == points, lines
+PY
+  then
+    echo "FAIL: sweep rows: $(cat "$tmp/rows.csv")"
+    fail=1
+  fi
+  # The plots (when Debian's python3-matplotlib is installed: scripts/setup.sh installs it).
+  if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+    if ! /usr/bin/python3 "$src/scripts/plot_bench.py" "$tmp/rows.csv" --out-dir "$tmp/plots" >/dev/null ||
+       [ ! -s "$tmp/plots/llama-tiny-throughput.png" ] || [ ! -s "$tmp/plots/llama-tiny-memory.png" ]; then
+      echo "FAIL: plot_bench.py did not write the PNGs"
+      fail=1
+    fi
+  fi
+else
+  echo "FAIL: sweep exited non-zero: $(cat "$tmp/sweep.err")"
+  fail=1
+fi
+if "$bin" --config "$cfg" --set data.batch_size=1 --sweep-seq 32 --warmup 0 --iters 1 --out "$tmp/rows.jsonl" >/dev/null 2>&1; then
+  proj=$("$bin" --project --compute-from "$tmp/rows.jsonl") || { echo "FAIL: --project --compute-from exited non-zero"; fail=1; }
+  if ! grep -q "compute measured in" <<<"$proj"; then echo "FAIL: --compute-from not used: $proj"; fail=1; fi
+else
+  echo "FAIL: jsonl sweep exited non-zero"
+  fail=1
+fi
+
+# The projection: the documented GPU counts, 64 GPUs as dp 2 x sp 32 (32 heads), and the
+# shipped parameter file equals the built-in defaults.
+proj=$("$bin" --project) || { echo "FAIL: --project exited non-zero"; fail=1; }
+for needle in "| 8 | 8 × 1 |" "| 64 | 32 × 2 |" "Longest trainable sequence"; do
+  grep -qF "$needle" <<<"$proj" || { echo "FAIL: --project lacks '$needle'"; fail=1; }
+done
+if ! diff <(tail -n +2 <<<"$proj") <("$bin" --project --project-config "$src/configs/projection-llama3-8b-h200.json" | tail -n +2) >/dev/null; then
+  echo "FAIL: configs/projection-llama3-8b-h200.json differs from the built-in defaults"
+  fail=1
+fi
 
 if [ $fail -eq 0 ]; then echo "bench_cli: all checks passed"; fi
 exit $fail
