@@ -1,0 +1,46 @@
+// CUDA scaled-dot-product attention (our own flash attention, forward and backward) and the causal
+// mask of composite attention. The same operations as kernels/cpu/attention.h, over device
+// pointers, enqueued on `stream`. Knows nothing of graphs.
+//
+// B = batch, N = query heads, Nkv = key/value heads (N % Nkv == 0; GQA: query head h reads kv head
+// h / (N/Nkv)), Sq = query length, Skv = key length, D = head dim (≤ 128). Contiguous layouts:
+//   q, o, dout, dq [B, N, Sq, D], k, v, dk, dv [B, Nkv, Skv, D], lse [B, N, Sq] (float, always)
+// Causal means query i sees keys j ≤ i + (Skv - Sq) (bottom-right aligned). A query row that sees
+// no key gets o = 0 and lse = -inf. T is float or bf16; all accumulation is fp32; the log-sum-exp
+// is saved in fp32 whatever T is (the runtime must give sdpa's extra output dtype f32).
+//
+// Two implementations, chosen per call:
+//   - tensor cores (mma.sync m16n8k16 bf16, FlashAttention-2 tiling): T = bf16, D ∈ {64, 128},
+//     16-byte aligned pointers, compute capability ≥ 8.0;
+//   - SIMT (one warp per row, fp32 FMA): everything else — float inputs (exact fp32, no TF32),
+//     other head dims — and any call with SdpaKernel::simt (a reference path for testing).
+// Both are deterministic: dq is computed by its own pass over the keys (no atomics).
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace autosp::cuda {
+
+enum class SdpaKernel { automatic, simt };
+
+template <class T>
+void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
+                  int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream,
+                  SdpaKernel kernel = SdpaKernel::automatic);
+
+// Backward of sdpa_forward from its saved lse (FlashAttention-2): with Δ_i = Σ_d dout_i · o_i and
+// P = exp(scale · q·kᵀ - lse) recomputed per tile,
+//   dv = Pᵀ · dout,  dS = P ∘ (dout · vᵀ - Δ),  dq = scale · dS · k,  dk = scale · dSᵀ · q.
+// GQA: dk, dv of a kv head sum over the query heads that read it. dq, dk, dv are overwritten.
+// Scratch: Δ [B, N, Sq] floats from the stream-ordered pool.
+template <class T>
+void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk,
+                   T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
+                   bool causal, cudaStream_t stream, SdpaKernel kernel = SdpaKernel::automatic);
+
+// y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]).
+// x and y may alias. T is float, double or bf16.
+template <class T>
+void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value, cudaStream_t stream);
+
+}  // namespace autosp::cuda

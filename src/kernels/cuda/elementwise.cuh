@@ -1,0 +1,60 @@
+// CUDA elementwise launchers: unary maps and their activation gradients, broadcasting binary ops,
+// strided copies, fill, dtype casts and the deterministic sums sum_to and sum_squares. The same
+// operations as kernels/cpu/elementwise.h (whose enums they reuse), over device pointers, enqueued
+// on `stream` (nothing synchronises). Knows nothing of graphs.
+//
+// T is float, double or bf16 for the arithmetic launchers (bf16 computes in float and rounds once
+// per result). Broadcasting arrives as strides (0 = broadcast), row-major, rank ≤ kMaxRank; shape
+// and stride arrays are host memory.
+#pragma once
+
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/common.cuh"
+
+namespace autosp::cuda {
+
+using cpu::Binary;
+using cpu::kMaxRank;
+using cpu::Unary;
+using cpu::UnaryGrad;
+
+// y[i] = f(x[i]) for i < n; `scalar` is the factor of Unary::scale. x and y may alias.
+template <class T>
+void unary(Unary op, const T* x, T* y, int64_t n, double scalar, cudaStream_t stream);
+
+// dx[i] = dy[i] · f'(x[i]) for the activation f. dx may alias dy.
+template <class T>
+void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n, cudaStream_t stream);
+
+// out[idx] = a[idx·a_strides] op b[idx·b_strides] over the row-major index space `out_shape`
+// (out is contiguous). max/min propagate NaN like torch.maximum.
+template <class T>
+void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides, const T* b,
+            const int64_t* b_strides, T* out, cudaStream_t stream);
+
+// dst (contiguous over `shape`) = src read with `src_strides` (transpose, permute, slice, concat
+// pieces). T: float, double, bf16, int32_t, int64_t, uint16_t.
+template <class T>
+void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* src_strides, T* dst,
+                  cudaStream_t stream);
+
+// dst[i] = value for i < n. T as for copy_strided.
+template <class T>
+void fill(T* dst, int64_t n, T value, cudaStream_t stream);
+
+// dst[i] = Dst(src[i]); floats round to nearest even. Pairs: float↔bf16, float↔f16, float↔double,
+// int32_t↔int64_t.
+template <class Src, class Dst>
+void cast(const Src* src, Dst* dst, int64_t n, cudaStream_t stream);
+
+// Sum x (row-major `x_shape`) down to `out_shape` (same rank; each dim equal to x's or 1, which
+// is summed). Deterministic: the split into partial sums depends on the shapes only and the
+// partials are added in a fixed order (acc_t<T> accumulation).
+template <class T>
+void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_shape, T* out, cudaStream_t stream);
+
+// *out (device) = Σ x[i]², accumulated in double, deterministic (for global gradient norms).
+template <class T>
+void sum_squares(const T* x, int64_t n, double* out, cudaStream_t stream);
+
+}  // namespace autosp::cuda

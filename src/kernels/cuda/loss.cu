@@ -1,0 +1,148 @@
+// CUDA cross-entropy: the summed loss into a device scalar, the count of labelled rows, and the
+// gradient. Knows nothing of graphs; nothing synchronises with the host.
+//
+// Forward: one block per row computes a stable logsumexp in two passes (block max, then the block
+// sum of exp(x - max)), like the CPU kernel, and writes its row's loss in double to scratch
+// [rows]; then one block adds the row losses — each thread a fixed stride of rows in order, then
+// a fixed tree — into the device scalar. Deterministic: the order depends on `rows` only.
+// Backward: one block per row recomputes max and sum, then writes g · softmax - g · onehot.
+#include "kernels/cuda/loss.cuh"
+
+namespace autosp::cuda {
+
+namespace {
+
+constexpr int kRowBlock = 256;   // threads per row
+constexpr int kSumBlock = 1024;  // threads of the final sum
+
+}  // namespace
+
+// ==== kernels ===================================================================================
+
+namespace {
+
+// max and Σ exp(x - max) of row xr [V], on every thread of the block.
+template <class T>
+__device__ __forceinline__ void row_logsumexp(const T* xr, int64_t V, acc_t<T>* shared, acc_t<T>& m, acc_t<T>& s) {
+  using A = acc_t<T>;
+  A mx = -A(INFINITY);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = dmax(mx, load(xr, j));
+  m = block_max(mx, shared);
+  A sum = A(0);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += dexp(load(xr, j) - m);
+  s = block_sum(sum, shared);
+}
+
+template <class T>
+__global__ void cross_entropy_rows_kernel(const T* logits, const int64_t* labels, double* row_loss, int64_t V,
+                                          int64_t ignore_index) {
+  using A = acc_t<T>;
+  __shared__ A shared[kWarp];
+  const int64_t r = blockIdx.x, y = labels[r];
+  if (y == ignore_index) {  // uniform over the block
+    if (threadIdx.x == 0) row_loss[r] = 0.0;
+    return;
+  }
+  if (y < 0 || y >= V) {
+    if (threadIdx.x == 0) row_loss[r] = NAN;
+    return;
+  }
+  const T* xr = logits + r * V;  // [V]
+  A m, s;
+  row_logsumexp(xr, V, shared, m, s);
+  if (threadIdx.x == 0) row_loss[r] = double(m) + log(double(s)) - double(load(xr, y));
+}
+
+template <class A>
+__global__ void sum_rows_kernel(const double* row_loss, int64_t rows, A* loss) {
+  __shared__ double shared[kWarp];
+  double acc = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) acc += row_loss[r];
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) *loss = A(acc);
+}
+
+template <class C>
+__global__ void count_valid_kernel(const int64_t* labels, int64_t n, int64_t ignore_index, C* count) {
+  __shared__ long long shared[kWarp];
+  long long k = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) k += labels[i] != ignore_index;
+  k = block_sum(k, shared);
+  if (threadIdx.x == 0) *count = C(k);
+}
+
+template <class T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* labels, T* dlogits, int64_t V,
+                                              const acc_t<T>* grad, int64_t ignore_index) {
+  using A = acc_t<T>;
+  __shared__ A shared[kWarp];
+  const int64_t r = blockIdx.x, y = labels[r];
+  const T* xr = logits + r * V;  // [V]
+  T* dr = dlogits + r * V;       // [V]; may alias xr: every read of the row precedes block_sum's barrier
+  if (y == ignore_index || y < 0 || y >= V) {
+    const A fill = y == ignore_index ? A(0) : A(NAN);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) store(dr, j, fill);
+    return;
+  }
+  A m, s;
+  row_logsumexp(xr, V, shared, m, s);
+  const A g = *grad, gs = g / s;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    A d = dexp(load(xr, j) - m) * gs;
+    if (j == y) d -= g;
+    store(dr, j, d);
+  }
+}
+
+}  // namespace
+
+// ==== launchers =================================================================================
+
+template <class T>
+void cross_entropy_sum(const T* logits, const int64_t* labels, acc_t<T>* loss, int64_t rows, int64_t V,
+                       int64_t ignore_index, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && V > 0, "cross_entropy rows ", rows, " V ", V);
+  AUTOSP_ASSERT(rows < (int64_t(1) << 31), "cross_entropy rows ", rows, " exceed the grid");
+  if (rows == 0) {
+    CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(acc_t<T>), stream));
+    return;
+  }
+  Scratch row_loss(size_t(rows) * sizeof(double), stream);
+  cross_entropy_rows_kernel<T><<<unsigned(rows), kRowBlock, 0, stream>>>(logits, labels, row_loss.as<double>(), V,
+                                                                         ignore_index);
+  CUDA_CHECK_LAUNCH();
+  sum_rows_kernel<acc_t<T>><<<1, kSumBlock, 0, stream>>>(row_loss.as<double>(), rows, loss);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class C>
+void count_valid(const int64_t* labels, int64_t n, int64_t ignore_index, C* count, cudaStream_t stream) {
+  AUTOSP_ASSERT(n >= 0, "count_valid n ", n);
+  count_valid_kernel<C><<<1, kSumBlock, 0, stream>>>(labels, n, ignore_index, count);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, int64_t rows, int64_t V,
+                            const acc_t<T>* grad, int64_t ignore_index, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && V > 0, "cross_entropy_backward rows ", rows, " V ", V);
+  AUTOSP_ASSERT(rows < (int64_t(1) << 31), "cross_entropy_backward rows ", rows, " exceed the grid");
+  if (rows == 0) return;
+  cross_entropy_backward_kernel<T><<<unsigned(rows), kRowBlock, 0, stream>>>(logits, labels, dlogits, V, grad,
+                                                                             ignore_index);
+  CUDA_CHECK_LAUNCH();
+}
+
+#define AUTOSP_INSTANTIATE(T)                                                                                       \
+  template void cross_entropy_sum<T>(const T*, const int64_t*, acc_t<T>*, int64_t, int64_t, int64_t, cudaStream_t); \
+  template void cross_entropy_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, const acc_t<T>*, int64_t, \
+                                          cudaStream_t);
+AUTOSP_INSTANTIATE(float)
+AUTOSP_INSTANTIATE(double)
+AUTOSP_INSTANTIATE(bf16)
+#undef AUTOSP_INSTANTIATE
+
+template void count_valid<float>(const int64_t*, int64_t, int64_t, float*, cudaStream_t);
+template void count_valid<double>(const int64_t*, int64_t, int64_t, double*, cudaStream_t);
+
+}  // namespace autosp::cuda

@@ -1,0 +1,37 @@
+// CUDA cross-entropy launchers, forward (a device scalar) and backward. The same operations as
+// kernels/cpu/loss.h, over device pointers, enqueued on `stream`: no host synchronisation.
+// Knows nothing of graphs.
+//
+// logits, dlogits [rows, V] contiguous, labels [rows] int64; a label equal to ignore_index
+// contributes nothing. T is float, double or bf16; scalars (the loss, its gradient, the count) are
+// acc_t<T> (float for float and bf16, double for double): a bf16 model reports an f32 loss, as
+// PyTorch's autocast does for cross_entropy.
+// Labels are validated by the caller (the runtime checks them on the host, as the CPU kernel does);
+// a label outside [0, V) that is not ignore_index makes the loss NaN instead of reading out of bounds.
+#pragma once
+
+#include "kernels/cpu/loss.h"
+#include "kernels/cuda/common.cuh"
+
+namespace autosp::cuda {
+
+using cpu::kIgnoreIndex;
+
+// *loss (device) = Σ over valid rows of (logsumexp(logits[r]) - logits[r, label[r]]). Each row is
+// reduced by one block, the row losses are summed by one block in row order (in double):
+// deterministic.
+template <class T>
+void cross_entropy_sum(const T* logits, const int64_t* labels, acc_t<T>* loss, int64_t rows, int64_t V,
+                       int64_t ignore_index, cudaStream_t stream);
+
+// *count (device) = number of labels that are not ignore_index (exact). C is float or double.
+template <class C>
+void count_valid(const int64_t* labels, int64_t n, int64_t ignore_index, C* count, cudaStream_t stream);
+
+// dlogits[r, :] = g · (softmax(logits[r, :]) - onehot(label[r])) for valid rows, 0 for ignored rows;
+// g = *grad (device scalar: the gradient of the summed loss). dlogits may alias logits.
+template <class T>
+void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, int64_t rows, int64_t V,
+                            const acc_t<T>* grad, int64_t ignore_index, cudaStream_t stream);
+
+}  // namespace autosp::cuda
