@@ -63,6 +63,7 @@ const std::vector<Key>& schema() {
       {"train.log_every", Kind::integer, 1, kBig, "", "", F(train, log_every)},
       {"train.checkpoint_dir", Kind::string, 0, 0, "", "", F(train, checkpoint_dir)},
       {"train.checkpoint_every", Kind::integer, 0, kBig, "", "", F(train, checkpoint_every)},
+      {"train.keep_checkpoints", Kind::integer, 0, kBig, "", "", F(train, keep_checkpoints)},
       {"runtime.device", Kind::string, 0, 0, "cpu|cuda", "", F(runtime, device)},
       {"runtime.dtype", Kind::string, 0, 0, "float32|float64|bfloat16", "", F(runtime, dtype)},
       {"runtime.threads", Kind::integer, 0, 1024, "", "", F(runtime, threads)},
@@ -127,9 +128,20 @@ void apply_override(json& j, const std::string& origin, const std::string& ov) {
   if (eq == std::string::npos || eq == 0)
     throw UsageError(str(origin, ": --set '", ov, "': expected key.path=value"));
   std::string key = ov.substr(0, eq), text = ov.substr(eq + 1);
-  json v = json::parse(text, nullptr, false);
-  if (v.is_discarded()) v = text;
-  if (key.find('.') == std::string::npos) throw UsageError(str(origin, ": --set ", key, ": expected section.key"));
+  json v;
+  try {
+    v = parse_json(text, "--set");
+  } catch (const UsageError&) {
+    v = text;  // not JSON: a string
+  }
+  try {
+    (void)v.dump();  // every string in the resolved config must print (and go into checkpoints)
+  } catch (const json::exception&) {
+    throw UsageError(str(origin, ": --set ", key, ": the value is not valid UTF-8"));
+  }
+  const auto dot = key.find('.');
+  if (dot == std::string::npos || key.find('.', dot + 1) != std::string::npos || key.find_first_of("/~") != std::string::npos)
+    throw UsageError(str(origin, ": --set ", key, ": expected section.key"));
   try {
     j[json::json_pointer(json_path(key))] = v;
   } catch (const json::exception& e) {
@@ -226,7 +238,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"beta2", t.beta2},         {"eps", t.eps},
                 {"grad_clip", t.grad_clip}, {"seed", t.seed},
                 {"log_every", t.log_every}, {"checkpoint_dir", t.checkpoint_dir},
-                {"checkpoint_every", t.checkpoint_every}};
+                {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints}};
   r["runtime"] = {{"device", c.runtime.device},
                   {"dtype", c.runtime.dtype},
                   {"threads", c.runtime.threads},
@@ -241,9 +253,21 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!f) throw UsageError(str(path, ": cannot open config file"));
   std::stringstream ss;
   ss << f.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded()) throw UsageError(str(path, ": not valid JSON"));
-  return parse_config(j, overrides, path);
+  if (f.bad()) throw UsageError(str(path, ": cannot read config file"));
+  return parse_config(parse_json(ss.str(), path), overrides, path);
+}
+
+json parse_json(const std::string& text, const std::string& origin) {
+  constexpr int kMaxDepth = 32;
+  auto limit_depth = [&](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxDepth) throw UsageError(str(origin, ": JSON nested deeper than ", kMaxDepth, " levels"));
+    return true;
+  };
+  try {
+    return json::parse(text, limit_depth);
+  } catch (const json::exception& e) {
+    throw UsageError(str(origin, ": not valid JSON: ", e.what()));
+  }
 }
 
 }  // namespace autosp

@@ -40,6 +40,7 @@ struct TrainConfig {
   int64_t seed = 1234, log_every = 10;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  int64_t keep_checkpoints = 3;  // newest step_* directories kept under checkpoint_dir (0 = all)
 };
 
 struct RuntimeConfig {
@@ -68,5 +69,9 @@ struct Config {
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {},
                     const std::string& origin = "config");
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// JSON text from `origin` (a config file, a checkpoint's meta.json): invalid JSON, or nesting
+// deeper than 32 levels (which would only recurse deeply later), is a UsageError naming `origin`.
+nlohmann::json parse_json(const std::string& text, const std::string& origin);
 
 }  // namespace autosp

@@ -24,6 +24,9 @@ TEST_CASE("configs resolve defaults and overrides", "[config]") {
   CHECK(c.runtime.dtype == "float64");
   CHECK(c.resolved["train"]["lr"] == 0.01);
   CHECK(c.resolved["model"]["num_key_value_heads"] == 2);
+  CHECK(c.train.keep_checkpoints == 3);  // default: the newest 3 checkpoints
+  CHECK(c.resolved["train"]["keep_checkpoints"] == 3);
+  CHECK(parse_config(json::object(), {"train.keep_checkpoints=0"}).resolved["train"]["keep_checkpoints"] == 0);
 
   Config g = parse_config(json::parse(R"({"model": {"arch": "gpt2", "num_key_value_heads": 2}})"));
   CHECK(g.model.num_key_value_heads == g.model.num_attention_heads);  // does not apply to gpt2
@@ -70,6 +73,15 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({})", {"train.nope=3"}, "unknown key 'train.nope'"},
       {R"({})", {"train.steps=many"}, "train.steps"},
       {R"({"model": 5})", {"model.arch=gpt2"}, "--set model.arch"},
+      {R"({"train": {"keep_checkpoints": -1}})", {}, "train.keep_checkpoints"},
+      {R"({"train": {"keep_checkpoints": 2.5}})", {}, "train.keep_checkpoints"},
+      {R"({"train": {"keep_checkpoints": "all"}})", {}, "train.keep_checkpoints"},
+      {R"({})", {"train.keep_checkpoints=[3]"}, "train.keep_checkpoints"},
+      {R"({})", {"train.keep_checkpoints=1e300"}, "train.keep_checkpoints"},
+      {R"({})", {"model.arch=\xff"}, "not valid UTF-8"},
+      {R"({})", {"train.lr.x=1"}, "expected section.key"},
+      {R"({})", {"train/lr=1"}, "expected section.key"},
+      {R"({})", {"train.lr=" + std::string(40, '[') + std::string(40, ']')}, "train.lr"},
   };
   for (const auto& t : table) {
     INFO(t.json);
