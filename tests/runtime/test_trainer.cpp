@@ -186,11 +186,11 @@ TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
   fs::create_directories(dir / "empty");
   CHECK_THROWS_WITH(load_checkpoint((dir / "empty").string(), cfg, DType::f32), Catch::Contains("holds no checkpoint"));
   fs::path p = copy_of_good("garbled-meta");
-  std::ofstream(p / "meta.json", std::ios::trunc) << "{\"format\": 1, \"step\": ";
+  std::ofstream(p / "meta.json", std::ios::trunc) << "{\"format\": 2, \"step\": ";
   CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("not valid JSON"));
   p = copy_of_good("negative-step");
   std::ofstream(p / "meta.json", std::ios::trunc)
-      << nlohmann::json({{"format", 1}, {"step", -2}, {"optimizer_step", 0}, {"config", cfg.resolved}}).dump();
+      << nlohmann::json({{"format", 2}, {"step", -2}, {"optimizer_step", 0}, {"config", cfg.resolved}}).dump();
   CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("'step'"));
   p = copy_of_good("future-format");
   std::ofstream(p / "meta.json", std::ios::trunc)
@@ -201,6 +201,16 @@ TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
   CHECK_THROWS_AS(load_checkpoint(p.string(), cfg, DType::f32), UsageError);
   p = copy_of_good("missing-moments");
   save_safetensors((p / "optimizer.safetensors").string(), {});
+  CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("optimizer.safetensors: ") && Catch::Contains("meta.json records"));
+  {  // with a matching checksum the content is checked too
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(p / "meta.json"));
+    uint64_t size = 0;
+    const uint32_t crc = crc32c_file((p / "optimizer.safetensors").string(), &size);
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", crc);
+    meta["files"]["optimizer.safetensors"] = {{"bytes", size}, {"crc32c", hex}};
+    std::ofstream(p / "meta.json", std::ios::trunc) << meta.dump();
+  }
   CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("missing 'exp_avg."));
   fs::remove_all(dir);
 }
