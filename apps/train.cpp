@@ -1,9 +1,14 @@
 // autosp-train: train a model from a JSON config (see DESIGN.md "Contracts").
 //   autosp-train --config FILE [--set key.path=value]... [--steps N] [--init-from W.safetensors]
 //                [--resume DIR] [--metrics FILE.jsonl] [--dump-grads FILE.safetensors] [--quiet]
+// Rank 0 echoes the resolved config, logs progress and a final summary to stderr and, when
+// train.checkpoint_dir is set, to <checkpoint_dir>/train.log as well (appended, every run).
+#include <chrono>
 #include <cxxopts.hpp>
+#include <filesystem>
 #include <iostream>
 
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "comm/communicator.h"
@@ -12,6 +17,45 @@
 #include "tensor/check.h"
 
 using namespace autosp;
+
+namespace {
+
+constexpr const char* kEnvHelp = R"(
+Environment:
+  AUTOSP_COLLECTIVE_TIMEOUT  seconds one rank may wait in a collective before it aborts the job
+                             (default 600)
+  AUTOSP_FAULT               fault injection for tests: rank:R,step:K,kind:exit|abort|crash|hang
+                             [,where:step|checkpoint] (docs/reliability.md)
+
+Exit codes: 0 success, 2 bad usage, config or input, 3 runtime failure.
+)";
+
+// Rank 0's log also goes to <dir>/train.log: the default logger gets a second sink, and the same
+// sink is registered as the logger "train.log" for lines meant only for the file (progress under
+// --quiet, the error that ends the run).
+void open_run_log(const std::string& dir, int argc, char** argv, int world_size) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw UsageError(str("train.checkpoint_dir '", dir, "': cannot create: ", ec.message()));
+  const std::string path = (std::filesystem::path(dir) / "train.log").string();
+  std::shared_ptr<spdlog::sinks::basic_file_sink_mt> sink;
+  try {
+    sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/false);
+  } catch (const spdlog::spdlog_ex& e) {
+    throw UsageError(str(path, ": cannot open the run log: ", e.what()));
+  }
+  auto file = std::make_shared<spdlog::logger>("train.log", sink);
+  file->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [autosp] [%l] %v");  // the default logger's, under its name
+  file->flush_on(spdlog::level::info);  // a crash loses nothing already logged
+  spdlog::register_logger(file);
+  spdlog::default_logger()->sinks().push_back(sink);
+  spdlog::default_logger()->flush_on(spdlog::level::info);
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += str(i ? " " : "", argv[i]);
+  file->info("---- {} ({} rank{})", cmd, world_size, world_size == 1 ? "" : "s");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   return run_app("autosp-train", [&] {
@@ -23,10 +67,11 @@ int main(int argc, char** argv) {
         "resume", "continue from a checkpoint directory (or the newest under a root)", cxxopts::value<std::string>())(
         "metrics", "append one JSON object per logged step to this file", cxxopts::value<std::string>())(
         "dump-grads", "write the first step's gradients (after all-reduce, before clipping)",
-        cxxopts::value<std::string>())("quiet", "no per-step log lines")("h,help", "show this help");
+        cxxopts::value<std::string>())("quiet", "no per-step log lines on stderr (train.log keeps them)")(
+        "h,help", "show this help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
-      std::cout << opts.help() << std::endl;
+      std::cout << opts.help() << kEnvHelp << std::flush;
       return 0;
     }
     if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
@@ -45,16 +90,27 @@ int main(int argc, char** argv) {
     ta.quiet = args.count("quiet") > 0;
 
     auto world = make_world_communicator();
-    if (world->rank() == 0) {
-      for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
-      spdlog::info("config: {}", cfg.resolved.dump());
-    }
-    TrainResult r = train(cfg, ta, *world);
-    if (world->rank() == 0 && !r.steps.empty()) {
-      const auto& first = r.steps.front();
-      const auto& last = r.steps.back();
-      spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}{}", r.steps.size(), first.loss, last.loss,
-                   last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
+    const bool lead = world->rank() == 0;
+    if (lead && !cfg.train.checkpoint_dir.empty())
+      open_run_log(cfg.train.checkpoint_dir, argc, argv, world->size());
+    try {
+      if (lead) {
+        for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
+        spdlog::info("config: {}", cfg.resolved.dump());
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      TrainResult r = train(cfg, ta, *world);
+      if (lead && !r.steps.empty()) {
+        const auto& first = r.steps.front();
+        const auto& last = r.steps.back();
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        spdlog::info("done: {} steps (to step {}) in {:.1f} s, loss {:.4f} -> {:.4f}{}", r.steps.size(), last.step,
+                     secs, first.loss, last.loss,
+                     last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
+      }
+    } catch (const std::exception& e) {
+      if (auto file = spdlog::get("train.log")) file->error("{}", e.what());  // stderr gets it from run_app
+      throw;
     }
     return 0;
   });

@@ -2,6 +2,7 @@
 #include "runtime/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 
 #include <spdlog/spdlog.h>
@@ -11,6 +12,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/executor.h"
+#include "runtime/fault.h"
 #include "runtime/grad_sync.h"
 #include "runtime/optimizer.h"
 #include "runtime/program.h"
@@ -48,7 +50,22 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const DType dt = run_dtype(cfg);
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
   ProcessMesh mesh = make_mesh(world, static_cast<int>(ctx.sp_size));
-  const CommGroups groups{{"world", &world}, {"sp", mesh.sp_group.get()}, {"dp", mesh.dp_group.get()}};
+  // Every collective runs under the watchdog (runtime/fault.h): a rank that dies or hangs makes the
+  // others abort the job instead of waiting forever. AUTOSP_FAULT injects such failures in tests.
+  const std::optional<Fault> fault = fault_from_env(world.size());
+  Watchdog watchdog(
+      collective_timeout_from_env(), world.rank(),
+      [&world](const std::string& msg) {
+        if (auto file = spdlog::get("train.log")) {
+          file->error("{}", msg);
+          file->flush();
+        }
+        world.abort(msg, 3);
+      },
+      world.size() > 1);
+  GuardedCommunicator gworld(world, watchdog, "world"), gsp(*mesh.sp_group, watchdog, "sp"),
+      gdp(*mesh.dp_group, watchdog, "dp");
+  const CommGroups groups{{"world", &gworld}, {"sp", &gsp}, {"dp", &gdp}};
   if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
   const bool lead = world.rank() == 0;
   const int64_t total = args.steps.value_or(cfg.train.steps);
@@ -73,7 +90,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
                                            : load_weights(args.init_from, cfg.model, dt);
     opt.init(result.params);
   }
-  for (auto& [name, p] : result.params) world.broadcast(p, 0);  // every rank starts from rank 0's weights
+  for (auto& [name, p] : result.params) gworld.broadcast(p, 0);  // every rank starts from rank 0's weights
   if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
 
   std::ofstream metrics;
@@ -86,6 +103,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start; step < total; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    watchdog.set_step(step + 1);
+    inject_fault(fault, FaultWhere::step, world.rank(), step + 1, world);
     // Every rank of an SP group reads the same sequences; the graph slices its block.
     Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), ctx.sp_size);
     TensorMap feeds = {{"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
@@ -94,7 +113,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
 
     std::vector<Tensor> grad_list;
     for (const auto& name : prog.grad_names) grad_list.push_back(r.outputs.at(name));
-    all_reduce_bucketed(world, grad_list);
+    all_reduce_bucketed(gworld, grad_list);
     ParamMap grads;
     for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = grad_list[i];
     Tensor loss_t = r.outputs.at(prog.loss);
@@ -104,6 +123,12 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.step = step + 1;
     rec.loss = loss_t.to_doubles()[0];
     rec.grad_norm = global_grad_norm(grads);
+    // Loss and norm are all-reduced, so every rank stops here together, before a bad update
+    // reaches the parameters or a checkpoint.
+    if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm))
+      throw RuntimeFailure(str("step ", rec.step, ": loss ", rec.loss, ", gradient norm ", rec.grad_norm,
+                               " is not finite; stopping before the update (try a lower train.lr or more "
+                               "train.warmup_steps, and --resume from the last checkpoint)"));
     clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
     rec.lr = lr_at(cfg.train, step, total);
     opt.update(result.params, grads, cfg.train, rec.lr);
@@ -115,7 +140,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       auto [correct, counted] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
                                               local.reshape({local.numel()}));
       Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
-      world.all_reduce_sum(counts);
+      gworld.all_reduce_sum(counts);
       const int64_t total_counted = counts.data<int64_t>()[1];
       rec.accuracy = total_counted ? static_cast<double>(counts.data<int64_t>()[0]) / static_cast<double>(total_counted) : 0.0;
     }
@@ -126,14 +151,18 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
 
     const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start;
     if (lead && log_now) {
-      if (!args.quiet) {
+      // --quiet keeps progress lines off stderr; the run's train.log (apps/train.cpp) still gets them.
+      auto file_log = spdlog::get("train.log");
+      if (!args.quiet || file_log) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
         const double eta = elapsed / static_cast<double>(rec.step - start) * static_cast<double>(total - rec.step);
-        spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB | eta {}m{:02d}s",
-                     rec.step, total, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "",
-                     rec.lr, rec.grad_norm, rec.tokens_per_sec, rec.step_ms,
-                     static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0), static_cast<int64_t>(eta) / 60,
-                     static_cast<int64_t>(eta) % 60);
+        const std::string line = fmt::format(
+            "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB | eta {}m{:02d}s",
+            rec.step, total, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
+            rec.grad_norm, rec.tokens_per_sec, rec.step_ms, static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0),
+            static_cast<int64_t>(eta) / 60, static_cast<int64_t>(eta) % 60);
+        if (!args.quiet) spdlog::info("{}", line);
+        else file_log->info("{}", line);
       }
       if (metrics.is_open()) {
         nlohmann::json m = {{"step", rec.step},         {"loss", rec.loss},       {"lr", rec.lr},
@@ -146,7 +175,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     const bool ckpt_now = !cfg.train.checkpoint_dir.empty() &&
                           ((cfg.train.checkpoint_every > 0 && rec.step % cfg.train.checkpoint_every == 0) || rec.step == total);
     if (lead && ckpt_now) {
-      std::string dir = save_checkpoint(cfg.train.checkpoint_dir, rec.step, result.params, opt, cfg.resolved);
+      SaveOptions save;
+      save.keep_last = cfg.train.keep_checkpoints;
+      save.before_commit = [&] { inject_fault(fault, FaultWhere::checkpoint, world.rank(), rec.step, world); };
+      std::string dir = save_checkpoint(cfg.train.checkpoint_dir, rec.step, result.params, opt, cfg.resolved, save);
       spdlog::info("saved checkpoint {}", dir);
     }
   }
