@@ -4,7 +4,9 @@
 // with the file's path. Knows nothing of graphs, kernels or devices beyond CPU tensors.
 #include "runtime/data.h"
 
+#include <fcntl.h>
 #include <glob.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -104,7 +106,11 @@ class StreamSource final : public DataSource {
 // An open file that closes itself.
 struct File {
   std::FILE* f = nullptr;
-  explicit File(const std::string& path) : f(std::fopen(path.c_str(), "rb")) {}
+  // O_NONBLOCK: opening a FIFO must not block (open_regular then rejects it).
+  explicit File(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0 && !(f = ::fdopen(fd, "rb"))) ::close(fd);
+  }
   ~File() {
     if (f) std::fclose(f);
   }

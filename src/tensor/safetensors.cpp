@@ -25,6 +25,7 @@ using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 constexpr const char* kMetadataKey = "__metadata__";
+constexpr int kMaxHeaderDepth = 8;
 
 // A malformed file: "<prefix><what>".
 template <class... Args>
@@ -164,7 +165,7 @@ std::string quoted(const std::string& s) { return json(s).dump(); }
 }  // namespace
 
 SafetensorsFile load_safetensors(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO must not block the open
   if (fd.get() < 0) fail(path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw RuntimeFailure(str(path, ": cannot stat: ", std::strerror(errno)));
@@ -195,6 +196,9 @@ SafetensorsFile load_safetensors(const std::string& path) {
   // Parse, rejecting a tensor name given twice (nlohmann would keep the last silently).
   std::set<std::string> names;
   auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    // A valid header nests 3 levels ({name: {shape: [..]}}); deeper input would only make the error
+    // messages below recurse deeply.
+    if (depth > kMaxHeaderDepth) fail(path, ": header is not a safetensors header: JSON nested deeper than ", kMaxHeaderDepth, " levels");
     if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second)
       fail(path, ": header names '", clip(parsed.get<std::string>()), "' twice");
     return true;
