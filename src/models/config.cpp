@@ -2,6 +2,7 @@
 // defaults come from the structs in config.h.
 #include "models/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -110,7 +111,11 @@ void check_value(const std::string& origin, const Key& k, const json& v) {
   }
   if (k.kind == Kind::integer || k.kind == Kind::number) {
     double x = v.get<double>();
-    if (!(x >= k.lo && x <= k.hi)) bad(str("expected a value in [", k.lo, ", ", k.hi, "]"));
+    if (!(x >= k.lo && x <= k.hi)) {
+      if (k.kind == Kind::integer)  // exact bounds, not 1.67772e+07
+        bad(str("expected an integer in [", static_cast<int64_t>(k.lo), ", ", static_cast<int64_t>(k.hi), "]"));
+      bad(str("expected a value in [", k.lo, ", ", k.hi, "]"));
+    }
   }
   if (k.kind == Kind::string && *k.choices) {
     std::string choices = k.choices;
@@ -249,6 +254,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw UsageError(str(path, ": is a directory, not a config file"));
   std::ifstream f(path);
   if (!f) throw UsageError(str(path, ": cannot open config file"));
   std::stringstream ss;

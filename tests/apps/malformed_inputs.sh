@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# Malformed inputs through the real autosp-train binary, one table row each: config files, --set,
+# flags, environment, token shards, text, safetensors (--init-from) and checkpoint directories
+# (--resume). Every row must exit 2 (bad input) within 20 s (no hang, no crash) with an
+# `error:` line containing the row's text. Rows marked mpi run on 2 ranks: the job must end with
+# exit code 2, and errors found before MPI starts must be reported by both ranks.
+#   malformed_inputs.sh BIN_DIR SOURCE_DIR
+set -u
+bin=$1/autosp-train
+py=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+unset AUTOSP_FAULT AUTOSP_COLLECTIVE_TIMEOUT
+fail=0
+rows=0
+
+# ---- fixtures -----------------------------------------------------------------------------------
+cat >"$tmp/cfg.json" <<'JSON'
+{"model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48},
+ "data": {"source": "synthetic", "seq_len": 16, "batch_size": 2},
+ "train": {"steps": 2, "log_every": 1},
+ "runtime": {"threads": 1}}
+JSON
+tokens=(--set data.source=tokens --set data.path=)  # data.path is appended per row
+$py - "$tmp" <<'PY'
+import json, os, struct, sys
+d = sys.argv[1]
+def write(name, data):
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+def shard(magic=20240520, version=1, count=None, tokens=range(100), width="H"):
+    tokens = list(tokens)
+    hdr = [0] * 256
+    hdr[0], hdr[1], hdr[2] = magic, version, len(tokens) if count is None else count
+    return struct.pack("<256i", *hdr) + struct.pack("<%d%s" % (len(tokens), width), *tokens)
+good = [t % 32 for t in range(100)]
+write("good.bin", shard(tokens=good))
+write("bad_magic.bin", shard(magic=12345, tokens=good))
+write("bad_version.bin", shard(version=3, tokens=good))
+write("truncated_header.bin", shard(tokens=good)[:100])
+write("lying_count.bin", shard(count=2**31 - 1, tokens=good))
+write("negative_count.bin", shard(count=-5, tokens=good))
+write("odd_bytes.bin", shard(tokens=good) + b"\x01")
+write("big_token.bin", shard(tokens=good[:50] + [31, 32] + good[:48]))
+write("big_token_u32.bin", shard(magic=20240801, version=7, tokens=good[:10] + [70000] + good[:89], width="I"))
+write("short.bin", shard(tokens=good[:10]))
+write("empty.bin", b"")
+write("empty.txt", b"")
+write("short.txt", b"hello")
+
+def st(header, data=b"", raw_len=None):
+    h = json.dumps(header).encode() if isinstance(header, dict) else header
+    return struct.pack("<Q", len(h) if raw_len is None else raw_len) + h + data
+f32 = lambda n: struct.pack("<%df" % n, *([0.5] * n))
+norm = lambda **kw: {"dtype": "F32", "shape": [32], "data_offsets": [0, 128], **kw}
+write("garbage.safetensors", bytes((i * 97 + 13) % 256 for i in range(4000)))
+write("tiny.safetensors", b"\x05\x00\x00")
+write("huge_header.safetensors", st(b"{}", raw_len=2**63 + 5))
+write("header_not_json.safetensors", st(b"{'model.norm.weight': 1}"))
+write("deep.safetensors", st(b"[" * 5000 + b"]" * 5000))
+write("beyond.safetensors", st({"model.norm.weight": norm(data_offsets=[0, 1 << 40])}, f32(32)))
+write("dtype.safetensors", st({"model.norm.weight": norm(dtype="F13")}, f32(32)))
+write("size_mismatch.safetensors", st({"model.norm.weight": norm(shape=[1000000, 1000000])}, f32(32)))
+write("overlap.safetensors", st({"model.norm.weight": norm(), "x": norm(data_offsets=[64, 192])}, f32(48)))
+write("wrong_name.safetensors", st({"transformer.wte.weight": norm()}, f32(32)))
+write("missing.safetensors", st({"model.norm.weight": norm()}, f32(32)))
+write("wrong_shape.safetensors", st({"model.norm.weight": norm(shape=[4, 8])}, f32(32)))
+write("int_dtype.safetensors", st({"model.norm.weight": norm(dtype="I32")}, f32(32)))
+PY
+mkfifo "$tmp/fifo"
+mkdir -p "$tmp/adir" "$tmp/emptyckpt"
+"$bin" --config "$tmp/cfg.json" --set "train.checkpoint_dir=$tmp/ck" --quiet 2>"$tmp/ck.log" ||
+  { echo "FAIL: could not write the checkpoint the rows corrupt: $(tail -3 "$tmp/ck.log")"; exit 1; }
+good_ck=$tmp/ck/step_00000002
+ck() {  # ck NAME: a copy of the good checkpoint to corrupt
+  cp -r "$good_ck" "$tmp/$1"
+  echo "$tmp/$1"
+}
+flip() {  # flip FILE OFFSET: xor one byte with 0x10
+  $py -c 'import sys; p, o = sys.argv[1], int(sys.argv[2]); b = bytearray(open(p, "rb").read()); b[o] ^= 0x10; open(p, "wb").write(b)' "$1" "$2"
+}
+edit_meta() {  # edit_meta DIR PYTHON-STATEMENT (on the dict m)
+  $py -c 'import json, sys; p = sys.argv[1] + "/meta.json"; m = json.load(open(p)); exec(sys.argv[2]); json.dump(m, open(p, "w"))' "$1" "$2"
+}
+flipped=$(ck flipped) && flip "$flipped/model.safetensors" 2000
+truncated=$(ck truncated) && truncate -s 500 "$truncated/optimizer.safetensors"
+garbled=$(ck garbled) && echo '{"format": 2, "step": ' >"$garbled/meta.json"
+nofiles=$(ck nofiles) && edit_meta "$nofiles" 'del m["files"]'
+format1=$(ck format1) && edit_meta "$format1" 'm["format"] = 1'
+badstep=$(ck badstep) && edit_meta "$badstep" 'm["step"] = -3'
+nometa=$(ck nometa) && rm "$nometa/meta.json" && mkdir -p "$tmp/nometa_root" && mv "$nometa" "$tmp/nometa_root/step_00000002"
+printf '{"model": {' >"$tmp/truncated.json"
+: >"$tmp/empty.json"
+echo '[1, 2]' >"$tmp/array.json"
+$py -c 'print("{\"train\": {\"lr\": " + "[" * 100 + "]" * 100 + "}}")' >"$tmp/deep.json"
+echo '{"modle": {}}' >"$tmp/unknown.json"
+echo '{"model": {"hidden_size": "big"}}' >"$tmp/type.json"
+echo '{"model": {"vocab_size": 99999999999}}' >"$tmp/range.json"
+echo '{"model": {"hidden_size": 30, "num_attention_heads": 4}}' >"$tmp/divide.json"
+
+# ---- the table ----------------------------------------------------------------------------------
+# row [mpi] [env:VAR=VALUE]... 'NEEDLE' ARGS...   (ARGS follow the binary; NEEDLE is a grep regex)
+row() {
+  local mode=single
+  local envs=()
+  if [ "$1" = mpi ]; then mode=mpi && shift; fi
+  while [[ $1 == env:* ]]; do envs+=("${1#env:}") && shift; done
+  local needle=$1
+  shift
+  rows=$((rows + 1))
+  local cmd=("$bin" "$@")
+  [ $mode = mpi ] && cmd=(mpirun --oversubscribe -np 2 "$bin" "$@")
+  timeout -k 5 20 env "${envs[@]}" "${cmd[@]}" >"$tmp/out" 2>&1 </dev/null
+  local rc=$?
+  local lines
+  lines=$(grep -c "^error: .*$needle" "$tmp/out")
+  local why=""
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then why="did not end within 20 s"
+  elif [ $rc -ne 2 ]; then why="exit code $rc, expected 2"
+  elif [ "$lines" -lt 1 ]; then why="no 'error:' line containing '$needle'"
+  elif [ $mode = single ] && [ "$(grep -c '^error:' "$tmp/out")" -ne 1 ]; then why="more than one error line"
+  fi
+  if [ -n "$why" ]; then
+    echo "FAIL [$rows] $*: $why; output:"
+    head -5 "$tmp/out" | sed 's/^/    /'
+    fail=1
+  else
+    echo "ok   [$rows] $(grep -m1 '^error:' "$tmp/out" | cut -c1-150)"
+  fi
+  last_lines=$lines
+}
+c=(--config "$tmp/cfg.json")
+
+# config files
+row 'truncated.json: not valid JSON' --config "$tmp/truncated.json"
+row 'empty.json: not valid JSON' --config "$tmp/empty.json"
+row 'top level' --config "$tmp/array.json"
+row 'deep.json: JSON nested deeper than 32 levels' --config "$tmp/deep.json"
+row "unknown key 'modle'" --config "$tmp/unknown.json"
+row 'model.hidden_size = "big": expected an integer' --config "$tmp/type.json"
+row 'model.vocab_size = 99999999999: expected an integer in \[2, 16777216\]' --config "$tmp/range.json"
+row 'not divisible by model.num_attention_heads' --config "$tmp/divide.json"
+row 'nope.json: cannot open config file' --config "$tmp/nope.json"
+row 'adir: is a directory' --config "$tmp/adir"
+# --set
+row "expected key.path=value" "${c[@]}" --set train.lr
+row 'train.keep_checkpoints = -1' "${c[@]}" --set train.keep_checkpoints=-1
+row 'runtime.threads = 1.5: expected an integer' "${c[@]}" --set runtime.threads=1.5
+row 'model.arch: the value is not valid UTF-8' "${c[@]}" --set $'model.arch=\xff\xfe'
+row 'expected section.key' "${c[@]}" --set train.lr.max=3
+row 'data.path is required' "${c[@]}" --set data.source=tokens
+# flags and environment
+row '--config is required'
+row "--steps 'many': expected an integer" "${c[@]}" --steps many
+row "bogus" "${c[@]}" --bogus
+row "unexpected argument 'extra'" "${c[@]}" extra
+row 'exclude each other' "${c[@]}" --resume "$good_ck" --init-from "$tmp/missing.safetensors"
+row env:AUTOSP_FAULT=rank:1,step:x,kind:exit "AUTOSP_FAULT='rank:1,step:x,kind:exit': step 'x'" "${c[@]}"
+row env:AUTOSP_FAULT=rank:5,step:1,kind:exit 'AUTOSP_FAULT=.*rank 5 does not exist in a job of 1 rank' "${c[@]}"
+row env:AUTOSP_COLLECTIVE_TIMEOUT=soon "AUTOSP_COLLECTIVE_TIMEOUT='soon'" "${c[@]}"
+# token shards
+row 'bad_magic.bin: bad magic 12345' "${c[@]}" "${tokens[@]}$tmp/bad_magic.bin"
+row 'bad_version.bin: unsupported version 3' "${c[@]}" "${tokens[@]}$tmp/bad_version.bin"
+row 'truncated_header.bin: truncated header' "${c[@]}" "${tokens[@]}$tmp/truncated_header.bin"
+row 'lying_count.bin: token count mismatch: the header says 2147483647 tokens' "${c[@]}" "${tokens[@]}$tmp/lying_count.bin"
+row 'negative_count.bin: token count mismatch' "${c[@]}" "${tokens[@]}$tmp/negative_count.bin"
+row 'odd_bytes.bin: token count mismatch' "${c[@]}" "${tokens[@]}$tmp/odd_bytes.bin"
+row 'big_token.bin: token 32 at index 51 is ≥ vocab_size 32' "${c[@]}" "${tokens[@]}$tmp/big_token.bin"
+row 'big_token_u32.bin: token 70000 at index 10' "${c[@]}" "${tokens[@]}$tmp/big_token_u32.bin"
+row 'short.bin: the token stream holds 10 tokens, fewer than seq_len' "${c[@]}" "${tokens[@]}$tmp/short.bin"
+row 'empty.bin: empty file' "${c[@]}" "${tokens[@]}$tmp/empty.bin"
+row 'no file matches the pattern' "${c[@]}" "${tokens[@]}$tmp/shards_*.bin"
+row 'adir: not a regular file' "${c[@]}" "${tokens[@]}$tmp/adir"
+row 'fifo: not a regular file' "${c[@]}" "${tokens[@]}$tmp/fifo"
+# text
+row 'empty.txt: empty file' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/empty.txt"
+row 'short.txt: the text holds 5 bytes' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/short.txt"
+row 'data.source "text" needs model.vocab_size >= 256' "${c[@]}" --set data.source=text --set "data.path=$tmp/short.txt"
+row 'nothere.txt: cannot open' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/nothere.txt"
+# safetensors (--init-from)
+row 'garbage.safetensors: header length' "${c[@]}" --init-from "$tmp/garbage.safetensors"
+row 'tiny.safetensors: file is 3 bytes, shorter than 8' "${c[@]}" --init-from "$tmp/tiny.safetensors"
+row 'huge_header.safetensors: header length 9223372036854775813 exceeds the file size' "${c[@]}" --init-from "$tmp/huge_header.safetensors"
+row 'header_not_json.safetensors: header is not valid JSON' "${c[@]}" --init-from "$tmp/header_not_json.safetensors"
+row 'deep.safetensors: .*nested deeper than 8 levels' "${c[@]}" --init-from "$tmp/deep.safetensors"
+row 'exceed the data section' "${c[@]}" --init-from "$tmp/beyond.safetensors"
+row "unsupported dtype 'F13'" "${c[@]}" --init-from "$tmp/dtype.safetensors"
+row 'hold 128 bytes but f32\[1000000, 1000000\] needs' "${c[@]}" --init-from "$tmp/size_mismatch.safetensors"
+row 'overlap' "${c[@]}" --init-from "$tmp/overlap.safetensors"
+row "tensor 'transformer.wte.weight' is not a parameter of this llama model" "${c[@]}" --init-from "$tmp/wrong_name.safetensors"
+row "missing tensor 'lm_head.weight' \[32, 32\]" "${c[@]}" --init-from "$tmp/missing.safetensors"
+row "'model.norm.weight' has shape \[4, 8\], the model expects \[32\]" "${c[@]}" --init-from "$tmp/wrong_shape.safetensors"
+row "'model.norm.weight' is i32, expected a float dtype" "${c[@]}" --init-from "$tmp/int_dtype.safetensors"
+row 'fifo: not a regular file' "${c[@]}" --init-from "$tmp/fifo"
+# checkpoint directories (--resume)
+row 'nowhere: no such checkpoint directory' "${c[@]}" --resume "$tmp/nowhere"
+row 'emptyckpt: holds no checkpoint' "${c[@]}" --resume "$tmp/emptyckpt"
+row 'nometa_root: holds no checkpoint' "${c[@]}" --resume "$tmp/nometa_root"
+row 'flipped/model.safetensors: checksum mismatch' "${c[@]}" --resume "$flipped"
+row 'truncated/optimizer.safetensors: 500 bytes, meta.json records' "${c[@]}" --resume "$truncated"
+row 'garbled/meta.json: not valid JSON' "${c[@]}" --resume "$garbled"
+row "nofiles/meta.json: no 'files' checksums" "${c[@]}" --resume "$nofiles"
+row 'format1/meta.json: unsupported checkpoint format 1' "${c[@]}" --resume "$format1"
+row "badstep/meta.json: 'step' must be a non-negative integer" "${c[@]}" --resume "$badstep"
+row 'was written for model' "${c[@]}" --set model.hidden_size=64 --resume "$good_ck"
+# on 2 ranks: found before MPI starts (both ranks report it), and found after (the job still ends with 2)
+row mpi 'deep.json: JSON nested deeper' --config "$tmp/deep.json"
+[ "${last_lines:-0}" -eq 2 ] || { echo "FAIL: expected the error from both ranks, got $last_lines line(s)"; fail=1; }
+row mpi env:AUTOSP_FAULT=rank:1,kind:exit "AUTOSP_FAULT='rank:1,kind:exit': missing field 'step'" "${c[@]}"
+row mpi 'big_token.bin: token 32' "${c[@]}" "${tokens[@]}$tmp/big_token.bin"
+row mpi 'flipped/model.safetensors: checksum mismatch' "${c[@]}" --resume "$flipped"
+row mpi 'does not divide the world size' "${c[@]}" --set sequence_parallel.autosp_size=4
+
+# --help lists every flag the binary accepts.
+"$bin" --help >"$tmp/help" 2>&1 || { echo "FAIL: --help exited $?"; fail=1; }
+for flag in --config --set --steps --init-from --resume --metrics --dump-grads --quiet --help \
+            AUTOSP_FAULT AUTOSP_COLLECTIVE_TIMEOUT; do
+  grep -q -- "$flag" "$tmp/help" || { echo "FAIL: --help does not list $flag"; fail=1; }
+done
+flags_in_source=$(grep -o '("[a-z,-]*", "[a-z]' "$2/apps/train.cpp" | grep -o '"[a-z,-]*"' | grep -o '[a-z-]\{2,\}' | sort -u)
+for flag in $flags_in_source; do
+  grep -q -- "--$flag" "$tmp/help" || { echo "FAIL: --help does not list --$flag (declared in apps/train.cpp)"; fail=1; }
+done
+
+echo "malformed_inputs: $rows rows"
+if [ $fail -eq 0 ]; then echo "malformed_inputs: all checks passed"; fi
+exit $fail
