@@ -17,7 +17,26 @@
 namespace autosp {
 namespace {
 
-Tensor out_like(const KernelCall& c, DType dt) { return Tensor::empty(c.out_shape, dt, c.alloc); }
+// The node's output: the planned place in the arena when there is one, else a fresh tensor.
+Tensor out_like(const KernelCall& c, DType dt) {
+  if (c.out.defined()) {
+    AUTOSP_ASSERT(c.out.dtype() == dt && c.out.shape() == c.out_shape, "planned output of ", c.node.name(), " is ",
+                  c.out.str());
+    return c.out;
+  }
+  return Tensor::empty(c.out_shape, dt, c.alloc);
+}
+
+// The next extra output (index = how many were pushed so far), planned or fresh.
+Tensor extra_like(const KernelCall& c, Shape shape, DType dt) {
+  const size_t i = c.extras.size();
+  if (i < c.extra_out.size() && c.extra_out[i].defined()) {
+    AUTOSP_ASSERT(c.extra_out[i].dtype() == dt && c.extra_out[i].shape() == shape, "planned extra output ", i + 1,
+                  " of ", c.node.name(), " is ", c.extra_out[i].str());
+    return c.extra_out[i];
+  }
+  return Tensor::empty(std::move(shape), dt, c.alloc);
+}
 
 // Call f.template operator()<T>() with T = float or double, by dtype.
 template <class F>
@@ -99,9 +118,10 @@ Tensor unary_cpu(const KernelCall& c) {
   });
 }
 
-// Materialise a strided view of `x` as a contiguous tensor of the output shape.
-Tensor copy_view(const KernelCall& c, const Tensor& view) {
-  Tensor y = Tensor::empty(view.shape(), view.dtype(), c.alloc);
+// Materialise a strided view as a contiguous tensor: the node's output (reshaped to the view's
+// shape) when `as_output`, else a temporary.
+Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true) {
+  Tensor y = as_output ? out_like(c, view.dtype()).reshape(view.shape()) : Tensor::empty(view.shape(), view.dtype(), c.alloc);
   AUTOSP_ASSERT(view.rank() <= cpu::kMaxRank, "rank ", view.rank(), " too large");
   const int64_t* sh = view.shape().data();
   const int64_t* st = view.strides().data();
@@ -225,7 +245,7 @@ Tensor sdpa_cpu(const KernelCall& c) {
   const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
   return by_float(c, q.dtype(), [&]<class T>() {
     Tensor y = out_like(c, q.dtype());
-    Tensor lse = Tensor::empty({q.dim(0), q.dim(1), q.dim(2)}, q.dtype(), c.alloc);
+    Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, q.dtype());
     cpu::sdpa_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), y.data<T>(), lse.data<T>(), q.dim(0), q.dim(1),
                          k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"));
     c.extras.push_back(lse);
@@ -240,12 +260,13 @@ Tensor sdpa_backward_cpu(const KernelCall& c) {
   const Tensor &q = t[0], &k = t[1], &v = t[2];
   return by_float(c, q.dtype(), [&]<class T>() {
     Tensor dq = out_like(c, q.dtype());
-    Tensor dk = Tensor::empty(k.shape(), k.dtype(), c.alloc), dv = Tensor::empty(v.shape(), v.dtype(), c.alloc);
+    Tensor dk = extra_like(c, k.shape(), k.dtype());
+    c.extras.push_back(dk);
+    Tensor dv = extra_like(c, v.shape(), v.dtype());
+    c.extras.push_back(dv);
     cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), t[3].data<T>(), t[4].data<T>(), t[5].data<T>(),
                           dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
                           q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"));
-    c.extras.push_back(dk);
-    c.extras.push_back(dv);
     return dq;
   });
 }
@@ -325,7 +346,8 @@ Tensor slice_backward_cpu(const KernelCall& c) {
   const Tensor dy = c.in[0].contiguous();
   const int d = axis(c.node.attrs().i("dim"), dy.rank());
   const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
-  Tensor y = Tensor::zeros(c.out_shape, dy.dtype());
+  Tensor y = out_like(c, dy.dtype());
+  std::memset(y.raw(), 0, y.nbytes());
   const size_t es = dtype_size(dy.dtype());
   const int64_t outer = shape_numel(std::span(dy.shape()).first(d));
   const int64_t inner = shape_numel(std::span(dy.shape()).subspan(d + 1));
@@ -346,11 +368,12 @@ Tensor layernorm_backward_cpu(const KernelCall& c) {
   const double eps = c.node.attrs().f("eps");
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor dx = out_like(c, x.dtype());
-    Tensor dw = Tensor::empty({C}, x.dtype(), c.alloc), db = Tensor::empty({C}, x.dtype(), c.alloc);
+    Tensor dw = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(dw);
+    Tensor db = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(db);
     cpu::layernorm_backward_input<T>(dy.data<T>(), x.data<T>(), c.in[2].data<T>(), dx.data<T>(), rows, C, eps);
     cpu::layernorm_backward_params<T>(dy.data<T>(), x.data<T>(), dw.data<T>(), db.data<T>(), rows, C, eps);
-    c.extras.push_back(dw);
-    c.extras.push_back(db);
     return dx;
   });
 }
@@ -362,10 +385,10 @@ Tensor rmsnorm_backward_cpu(const KernelCall& c) {
   const double eps = c.node.attrs().f("eps");
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor dx = out_like(c, x.dtype());
-    Tensor dw = Tensor::empty({C}, x.dtype(), c.alloc);
+    Tensor dw = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(dw);
     cpu::rmsnorm_backward_input<T>(dy.data<T>(), x.data<T>(), c.in[2].data<T>(), dx.data<T>(), rows, C, eps);
     cpu::rmsnorm_backward_weight<T>(dy.data<T>(), x.data<T>(), dw.data<T>(), rows, C, eps);
-    c.extras.push_back(dw);
     return dx;
   });
 }
@@ -425,7 +448,7 @@ Tensor split_to_chunks(const KernelCall& c, const Tensor& x, int s, int64_t P) {
     sh.push_back(d == s ? x.dim(s) / P : x.dim(d));
     st.push_back(x.strides()[d]);
   }
-  return copy_view(c, x.as_strided(sh, st, 0));
+  return copy_view(c, x.as_strided(sh, st, 0), false);
 }
 
 // Ulysses all-to-all: chunk j of dim scatter_dim goes to rank j; the chunks received are laid
@@ -458,7 +481,8 @@ Tensor all_to_all_cpu(const KernelCall& c) {
 
 Tensor all_reduce_cpu(const KernelCall& c) {
   AUTOSP_ASSERT(c.comm, "all_reduce without a communicator");
-  Tensor y = c.in[0].clone();
+  Tensor y = out_like(c, c.in[0].dtype());
+  std::memcpy(y.raw(), c.in[0].contiguous().raw(), y.nbytes());
   c.comm->all_reduce_sum(y);
   return y;
 }

@@ -20,6 +20,8 @@ struct KernelCall {
   Allocator& alloc;
   std::vector<Tensor>& extras;  // a multi-output op appends its extra outputs (1, 2, ...) here
   Communicator* comm;           // the group named by the node's "group" attribute (collectives)
+  Tensor out;                   // where the output goes when the memory plan placed it (else undefined)
+  std::vector<Tensor> extra_out;  // likewise for the extra outputs
 };
 
 using KernelFn = Tensor (*)(const KernelCall&);

@@ -11,7 +11,7 @@ Shape eval_shape(const SymShape& s, const Bindings& b) {
   return out;
 }
 
-Executor::Executor(const Graph& g) : g_(g), last_use_(g.size()) {
+Executor::Executor(const Graph& g, ExecOptions options) : g_(g), options_(options), last_use_(g.size()) {
   for (const auto& n : g.nodes()) {
     size_t at = g.position(n.get());
     last_use_[at] = at;
@@ -61,6 +61,13 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups) const 
   RunResult r;
   r.bindings = bind(feeds);
   Allocator& alloc = cpu_allocator();
+  if (options_.plan_memory && (plan_.offset.empty() || planned_for_ != r.bindings)) {
+    arena_ = Tensor();
+    plan_ = plan_memory(g_, r.bindings);
+    planned_for_ = r.bindings;
+    arena_ = Tensor::empty({static_cast<int64_t>((plan_.arena_bytes + 7) / 8)}, DType::i64, alloc);
+  }
+  r.planned_bytes = options_.plan_memory ? plan_.arena_bytes : 0;
   alloc.reset_peak();
   std::vector<Tensor> values(g_.size());
   std::vector<std::vector<Tensor>> extras(g_.size());  // extra outputs of multi-output nodes
@@ -90,8 +97,18 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups) const 
                                    n.attrs().s("group"), "'"));
         comm = it->second;
       }
-      values[at] = dispatch(KernelCall{n, args, shape, r.bindings, alloc, extras[at], comm},
-                            args.empty() ? DeviceKind::cpu : args[0].device().kind);
+      KernelCall call{n, args, shape, r.bindings, alloc, extras[at], comm, {}, {}};
+      if (options_.plan_memory) {
+        if (plan_.offset[at] != MemoryPlan::kHeap)
+          call.out = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.offset[at]), shape, n.dtype());
+        const auto types = extra_types(n);
+        for (size_t e = 0; e < plan_.extra_offset[at].size(); ++e)
+          call.extra_out.push_back(plan_.extra_offset[at][e] == MemoryPlan::kHeap
+                                       ? Tensor()
+                                       : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
+                                                            eval_shape(types[e].shape, r.bindings), types[e].dtype));
+      }
+      values[at] = dispatch(call, args.empty() ? DeviceKind::cpu : args[0].device().kind);
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
                   shape_str(shape));

@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "graph/ir.h"
+#include "runtime/memory_plan.h"
 #include "tensor/tensor.h"
 
 namespace autosp {
@@ -21,11 +22,16 @@ struct RunResult {
   TensorMap outputs;     // graph outputs by node name
   Bindings bindings;     // the symbol sizes used
   size_t peak_bytes = 0; // allocator high-water mark during the run (includes fed tensors)
+  size_t planned_bytes = 0;  // the memory plan's arena (the planned peak of intermediates), 0 unplanned
+};
+
+struct ExecOptions {
+  bool plan_memory = true;  // place intermediates in one planned arena (runtime/memory_plan.h)
 };
 
 class Executor {
  public:
-  explicit Executor(const Graph& g);
+  explicit Executor(const Graph& g, ExecOptions options = {});
 
   // `feeds` holds a tensor for every input node (by node name) and every parameter (by name);
   // `groups` the communicators the graph's collectives name.
@@ -36,7 +42,12 @@ class Executor {
 
  private:
   const Graph& g_;
+  ExecOptions options_;
   std::vector<size_t> last_use_;  // per node: position of its last user (or itself)
+  // The plan and arena of the last bindings seen (plans depend on the sizes).
+  mutable Bindings planned_for_;
+  mutable MemoryPlan plan_;
+  mutable Tensor arena_;
 };
 
 // Concrete shape of a symbolic one.

@@ -67,6 +67,20 @@ void* Tensor::raw() const {
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
 }
 
+Tensor Tensor::view_bytes(const Tensor& base, size_t byte_offset, Shape shape, DType dtype) {
+  const size_t es = dtype_size(dtype);
+  AUTOSP_ASSERT(byte_offset % es == 0, "view at byte ", byte_offset, " is not aligned to ", es);
+  Tensor t;
+  t.storage_ = base.storage_;
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  t.offset_ = static_cast<int64_t>(byte_offset / es);
+  AUTOSP_ASSERT(base.storage_ && byte_offset + t.nbytes() <= base.storage_->nbytes(), "view of ", t.nbytes(),
+                " bytes at ", byte_offset, " exceeds the base's ", base.storage_ ? base.storage_->nbytes() : 0);
+  return t;
+}
+
 Tensor Tensor::reshape(Shape shape) const {
   AUTOSP_ASSERT(is_contiguous(), "reshape of a non-contiguous tensor ", str());
   AUTOSP_ASSERT(shape_numel(shape) == numel(), "reshape ", str(), " to ", shape_str(shape));

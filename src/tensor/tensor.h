@@ -63,6 +63,10 @@ class Tensor {
     return static_cast<T*>(raw());
   }
 
+  // A contiguous tensor of `shape` and `dtype` placed `byte_offset` bytes into `base`'s storage
+  // (a memory-plan arena). The offset must be a multiple of the element size.
+  static Tensor view_bytes(const Tensor& base, size_t byte_offset, Shape shape, DType dtype);
+
   // Views (share storage).
   Tensor reshape(Shape shape) const;  // requires contiguous
   Tensor as_strided(Shape shape, Shape strides, int64_t offset) const;

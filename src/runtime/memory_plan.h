@@ -1,0 +1,27 @@
+// The memory planner: with the symbols bound, every intermediate value the executor would allocate
+// gets a byte offset in one arena, by liveness. Buffers are placed best-fit in execution order and
+// freed after their last use (views — reshape, and `output` nodes reading extra outputs — extend the
+// life of the buffer they view); an elementwise op whose input dies at it and has its size writes in
+// place. Leaves and graph outputs stay outside the arena (the caller owns them). The arena's size
+// is the planned peak of intermediates.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/ir.h"
+
+namespace autosp {
+
+struct MemoryPlan {
+  static constexpr int64_t kHeap = -1;  // not in the arena: fed, a graph output, or a view
+  std::vector<int64_t> offset;                    // per node position: its output's byte offset
+  std::vector<std::vector<int64_t>> extra_offset;  // per node position: its extra outputs' offsets
+  size_t arena_bytes = 0;     // the planned peak of intermediates
+  size_t max_live_bytes = 0;  // the largest total of simultaneously live planned buffers (lower bound)
+  size_t in_place = 0;        // number of ops planned to write over their input
+};
+
+MemoryPlan plan_memory(const Graph& g, const Bindings& b);
+
+}  // namespace autosp
