@@ -8,9 +8,12 @@
 // Per device: one cuBLASLt handle and, per stream, one workspace of kGemmWorkspaceBytes (kept for
 // the process). Per GEMM shape (types, transposes, sizes, strides and the pointers' alignment):
 // the descriptors and the heuristic's first algorithm, created once and cached, so a training step
-// asks the heuristic only on its first iteration. A shape with no algorithm is a RuntimeFailure
-// naming it.
+// asks the heuristic only on its first iteration. A shape for which cuBLASLt offers no algorithm
+// (odd leading dims of bf16 operands, say) falls back to cublasGemmStridedBatchedEx with the same
+// mapping, on a cuBLAS handle of the device given the stream's workspace.
 #include "kernels/cuda/matmul.cuh"
+
+#include <cublas_v2.h>
 
 #include <map>
 #include <memory>
@@ -26,6 +29,7 @@ constexpr int kBlock = 256;
 
 struct DeviceState {
   cublasLtHandle_t handle = nullptr;
+  cublasHandle_t blas = nullptr;  // the fallback, created when first needed
   std::map<cudaStream_t, void*> workspaces;
 };
 
@@ -33,6 +37,7 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A, B, C (= D)
   cublasLtMatmulAlgo_t algo{};
+  bool fallback = false;  // cuBLASLt has no algorithm: use cublasGemmStridedBatchedEx
 };
 
 // device, dtype, trans_a, trans_b, batch, M, N, K, stride_a, stride_b, stride_c, alignments a, b, c
@@ -77,7 +82,7 @@ uint32_t alignment(const void* p, int64_t stride_bytes, bool batched) {
 }
 
 template <class T>
-struct GemmTypes;
+struct GemmTypes;  // cuBLAS data, scale and compute types of T
 template <>
 struct GemmTypes<float> {
   static constexpr cudaDataType_t data = CUDA_R_32F, scale = CUDA_R_32F;
@@ -150,11 +155,8 @@ const Plan& plan_for(cublasLtHandle_t handle, const PlanKey& key) {
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-    throw RuntimeFailure(str("[matmul] cuBLASLt has no algorithm for batch ", batch, " M ", M, " N ", N, " K ", K,
-                             " trans_a ", ta, " trans_b ", tb, " strides ", sa, "/", sb, "/", sc, " (status ", int(st),
-                             ")"));
-  p.algo = result.algo;
+  p.fallback = st != CUBLAS_STATUS_SUCCESS || found == 0;
+  if (!p.fallback) p.algo = result.algo;
   (void)dev;
   (void)dt;
   return g_plans.emplace(key, p).first->second;
@@ -214,20 +216,28 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
                     alignment(a, stride_a * int64_t(sizeof(T)), batched),
                     alignment(b, stride_b * int64_t(sizeof(T)), batched),
                     alignment(c, stride_c * int64_t(sizeof(T)), batched)};
-  cublasLtHandle_t handle;
-  void* workspace;
-  const Plan* plan;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    DeviceState& s = device_state(dev);
-    handle = s.handle;
-    workspace = stream_workspace(s, stream);
-    plan = &plan_for<T>(handle, key);  // std::map nodes are stable
-  }
-  using Scale = typename GemmTypes<T>::Scale;
+  using G = GemmTypes<T>;
+  using Scale = typename G::Scale;
   const Scale al = Scale(alpha), be = Scale(beta);
-  CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, &al, b, plan->a, a, plan->b, &be, c, plan->c, c, plan->c,
-                              &plan->algo, workspace, kGemmWorkspaceBytes, stream));
+  std::unique_lock<std::mutex> lock(g_mutex);
+  DeviceState& s = device_state(dev);
+  void* workspace = stream_workspace(s, stream);
+  const Plan& plan = plan_for<T>(s.handle, key);  // std::map nodes are stable
+  if (!plan.fallback) {
+    lock.unlock();
+    CUBLAS_CHECK(cublasLtMatmul(s.handle, plan.desc, &al, b, plan.a, a, plan.b, &be, c, plan.c, c, plan.c, &plan.algo,
+                                workspace, kGemmWorkspaceBytes, stream));
+    return;
+  }
+  // The fallback: stream and workspace are per call, so keep the lock until it is enqueued.
+  AUTOSP_ASSERT(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX, "gemm dims exceed int32");
+  if (s.blas == nullptr) CUBLAS_CHECK(cublasCreate(&s.blas));
+  CUBLAS_CHECK(cublasSetStream(s.blas, stream));
+  CUBLAS_CHECK(cublasSetWorkspace(s.blas, workspace, kGemmWorkspaceBytes));
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      s.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K), &al, b,
+      G::data, int(trans_b ? K : N), stride_b, a, G::data, int(trans_a ? M : K), stride_a, &be, c, G::data, int(N),
+      stride_c, int(batch), G::compute, CUBLAS_GEMM_DEFAULT));
 }
 
 #define AUTOSP_INSTANTIATE(T)                                                                                   \

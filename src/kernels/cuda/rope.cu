@@ -4,9 +4,14 @@
 // y[i + D/2]. Like the CPU kernel, every step is in acc_t<T> in Hugging Face's order —
 // inv_freq = 1 / theta^(2i/D), angle = pos · inv_freq, y = (x · cos) + (rotate_half(x) · sin) —
 // and products are rounded before the add (explicit _rn intrinsics, so nvcc does not fuse them
-// into an FMA). cos/sin are recomputed per head; they are cheap next to the memory traffic.
+// into an FMA). inv_freq is computed on the host with the CPU kernel's expression and passed as a
+// kernel parameter: a 1-ulp difference in inv_freq would move an angle of a late position by far
+// more than the tolerance. cos/sin are recomputed per head; they are cheap next to the memory
+// traffic.
 // Backward is the forward with sin negated (the rotation by -angle).
 #include "kernels/cuda/rope.cuh"
+
+#include <cmath>
 
 namespace autosp::cuda {
 
@@ -18,8 +23,12 @@ __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, 
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float dpow(float a, float b) { return powf(a, b); }
-__device__ __forceinline__ double dpow(double a, double b) { return pow(a, b); }
+constexpr int kMaxHalf = 128;  // D ≤ 256
+
+template <class A>
+struct InvFreq {
+  A v[kMaxHalf];  // [D/2]
+};
 __device__ __forceinline__ void dsincos(float a, float* s, float* c) { sincosf(a, s, c); }
 __device__ __forceinline__ void dsincos(double a, double* s, double* c) { sincos(a, s, c); }
 
@@ -32,13 +41,12 @@ namespace {
 // y = x·cos + rotate_half(x)·(sign·sin) over pairs (b, n, s, i), i < H = D/2.
 template <class T>
 __global__ void rope_kernel(const T* x, const int64_t* position_ids, T* y, int64_t N, int64_t S, int64_t D,
-                            int64_t pairs, acc_t<T> theta, acc_t<T> sign) {
+                            int64_t pairs, InvFreq<acc_t<T>> inv_freq, acc_t<T> sign) {
   using A = acc_t<T>;
   const int64_t H = D / 2;
   AUTOSP_GRID_STRIDE(t, pairs) {
     const int64_t i = t % H, s = (t / H) % S, bn = t / (H * S), b = bn / N;
-    const A inv_freq = A(1) / dpow(theta, A(2 * i) / A(D));
-    const A angle = mul_rn(A(position_ids[b * S + s]), inv_freq);
+    const A angle = mul_rn(A(position_ids[b * S + s]), inv_freq.v[i]);
     A sn, cs;
     dsincos(angle, &sn, &cs);
     sn = sign * sn;
@@ -54,11 +62,16 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
                  double theta, double sign, cudaStream_t stream) {
   AUTOSP_ASSERT(B >= 0 && N >= 0 && S >= 0, "rope sizes B ", B, " N ", N, " S ", S);
   AUTOSP_ASSERT(D > 0 && D % 2 == 0, "rope head dim ", D, " must be even");
+  AUTOSP_ASSERT(D / 2 <= kMaxHalf, "rope head dim ", D, " > ", 2 * kMaxHalf);
   AUTOSP_ASSERT(x != y, "rope x and y may not alias");
+  using A = acc_t<T>;
   const int64_t pairs = B * N * S * (D / 2);
   if (pairs == 0) return;
-  rope_kernel<T><<<grid_for(pairs, kBlock), kBlock, 0, stream>>>(x, position_ids, y, N, S, D, pairs,
-                                                                 acc_t<T>(theta), acc_t<T>(sign));
+  InvFreq<A> inv_freq{};
+  const A theta_a = A(theta);
+  for (int64_t i = 0; i < D / 2; ++i) inv_freq.v[i] = A(1) / std::pow(theta_a, A(2 * i) / A(D));  // as cpu/rope.cpp
+  rope_kernel<T><<<grid_for(pairs, kBlock), kBlock, 0, stream>>>(x, position_ids, y, N, S, D, pairs, inv_freq,
+                                                                 A(sign));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -2,7 +2,7 @@
 // The same operations as kernels/cpu/rope.h, over device pointers, enqueued on `stream`. Knows
 // nothing of graphs.
 //
-// x, y [B, N, S, D] contiguous (D even), position_ids [B, S] int64 (device).
+// x, y [B, N, S, D] contiguous (D even, ≤ 256), position_ids [B, S] int64 (device).
 // inv_freq[i] = 1 / theta^(2i/D); angle = pos · inv_freq[i mod D/2];
 // y = x·cos(angle) + rotate_half(x)·sin(angle). T is float, double or bf16 (bf16 computes in
 // float and rounds once). x and y may not alias.

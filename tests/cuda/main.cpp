@@ -1,0 +1,17 @@
+// Entry point of autosp-cuda-tests: runs the Catch2 session when a CUDA device is present, and
+// otherwise prints why and returns 77, which ctest reports as skipped (SKIP_RETURN_CODE).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("no CUDA device: skipping (%s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
