@@ -146,6 +146,12 @@ std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype) {
   return m.is_llama() ? build_llama(m, dtype) : build_gpt2(m, dtype);
 }
 
+std::vector<std::string> layer_scopes(const ModelConfig& m) {
+  std::vector<std::string> out;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) out.push_back((m.is_llama() ? "l" : "h") + std::to_string(l) + ".");
+  return out;
+}
+
 std::vector<ParamSpec> param_specs(const ModelConfig& m) {
   // The parameters are exactly the graph's parameter nodes (one source of truth).
   auto g = build_forward(m, DType::f32);

@@ -28,6 +28,10 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m);
 // The forward graph in `dtype` (f32 or f64). Outputs: logits, then loss.
 std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype);
 
+// The name prefix of each transformer layer's nodes ("l0.", … for Llama, "h0.", … for GPT-2):
+// the scopes activation checkpointing recomputes.
+std::vector<std::string> layer_scopes(const ModelConfig& m);
+
 // Deterministic initialisation in the style of GPT-2 / Llama (normal(0, 0.02), residual
 // projections scaled by 1/sqrt(2·layers), norm weights 1, biases 0).
 ParamMap init_params(const ModelConfig& m, uint64_t seed, DType dtype);

@@ -3,6 +3,7 @@
 
 #include "graph/autograd.h"
 #include "graph/passes/autosp/autosp.h"
+#include "graph/passes/checkpoint_activations.h"
 #include "graph/verify.h"
 #include "models/model.h"
 #include "tensor/check.h"
@@ -34,7 +35,9 @@ RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const Pas
   }
   if (stage == Stage::autosp) return p;
   std::vector<Node*> params = p.graph->with_role(Role::parameter);
+  const size_t forward_end = p.graph->size();
   std::vector<Node*> grads = build_backward(*p.graph, p.graph->with_role(Role::loss).at(0), params);
+  if (cfg.runtime.activation_checkpointing) checkpoint_activations(*p.graph, forward_end, layer_scopes(cfg.model));
   verify(*p.graph);
   for (size_t i = 0; i < params.size(); ++i) {
     p.param_names.push_back(params[i]->name());
