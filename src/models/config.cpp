@@ -145,13 +145,13 @@ void apply_override(json& j, const std::string& origin, const std::string& ov) {
     throw UsageError(str(origin, ": --set ", key, ": the value is not valid UTF-8"));
   }
   const auto dot = key.find('.');
-  if (dot == std::string::npos || key.find('.', dot + 1) != std::string::npos || key.find_first_of("/~") != std::string::npos)
+  if (dot == std::string::npos || key.find('.', dot + 1) != std::string::npos)
     throw UsageError(str(origin, ": --set ", key, ": expected section.key"));
-  try {
-    j[json::json_pointer(json_path(key))] = v;
-  } catch (const json::exception& e) {
-    throw UsageError(str(origin, ": --set ", key, ": ", e.what()));
-  }
+  // Plain object keys, not a JSON pointer: "/x/99999999999" would resize an array to that length.
+  json& section = j[key.substr(0, dot)];
+  if (section.is_null()) section = json::object();
+  if (!section.is_object()) throw UsageError(str(origin, ": --set ", key, ": '", key.substr(0, dot), "' must be an object"));
+  section[key.substr(dot + 1)] = v;
 }
 
 }  // namespace

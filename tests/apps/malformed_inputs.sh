@@ -59,7 +59,7 @@ write("garbage.safetensors", bytes((i * 97 + 13) % 256 for i in range(4000)))
 write("tiny.safetensors", b"\x05\x00\x00")
 write("huge_header.safetensors", st(b"{}", raw_len=2**63 + 5))
 write("header_not_json.safetensors", st(b"{'model.norm.weight': 1}"))
-write("deep.safetensors", st(b"[" * 5000 + b"]" * 5000))
+write("deep.safetensors", st(b"[" * 500000 + b"]" * 500000))  # crashed the reader once (recursive dump)
 write("beyond.safetensors", st({"model.norm.weight": norm(data_offsets=[0, 1 << 40])}, f32(32)))
 write("dtype.safetensors", st({"model.norm.weight": norm(dtype="F13")}, f32(32)))
 write("size_mismatch.safetensors", st({"model.norm.weight": norm(shape=[1000000, 1000000])}, f32(32)))
@@ -94,7 +94,7 @@ nometa=$(ck nometa) && rm "$nometa/meta.json" && mkdir -p "$tmp/nometa_root" && 
 printf '{"model": {' >"$tmp/truncated.json"
 : >"$tmp/empty.json"
 echo '[1, 2]' >"$tmp/array.json"
-$py -c 'print("{\"train\": {\"lr\": " + "[" * 100 + "]" * 100 + "}}")' >"$tmp/deep.json"
+$py -c 'print("{\"train\": {\"lr\": " + "[" * 500000 + "]" * 500000 + "}}")' >"$tmp/deep.json"
 echo '{"modle": {}}' >"$tmp/unknown.json"
 echo '{"model": {"hidden_size": "big"}}' >"$tmp/type.json"
 echo '{"model": {"vocab_size": 99999999999}}' >"$tmp/range.json"
@@ -150,6 +150,7 @@ row 'train.keep_checkpoints = -1' "${c[@]}" --set train.keep_checkpoints=-1
 row 'runtime.threads = 1.5: expected an integer' "${c[@]}" --set runtime.threads=1.5
 row 'model.arch: the value is not valid UTF-8' "${c[@]}" --set $'model.arch=\xff\xfe'
 row 'expected section.key' "${c[@]}" --set train.lr.max=3
+row "unknown key 'layers'" "${c[@]}" --set layers.99999999999=1  # was a 1.6 TB allocation (fuzzer find)
 row 'data.path is required' "${c[@]}" --set data.source=tokens
 # flags and environment
 row '--config is required'

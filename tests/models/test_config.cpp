@@ -81,6 +81,8 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({})", {"model.arch=\xff"}, "not valid UTF-8"},
       {R"({})", {"train.lr.x=1"}, "expected section.key"},
       {R"({})", {"train/lr=1"}, "expected section.key"},
+      {R"({})", {"x.9999999999999=1"}, "unknown key 'x'"},  // not an array index (fuzzer find)
+      {R"({"train": 3})", {"train.lr=1"}, "'train' must be an object"},
       {R"({})", {"train.lr=" + std::string(40, '[') + std::string(40, ']')}, "train.lr"},
   };
   for (const auto& t : table) {
