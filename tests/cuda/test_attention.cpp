@@ -72,8 +72,10 @@ void check_sdpa(const SdpaCase& c, cuda::SdpaKernel kernel, uint32_t seed) {
   const auto got_lse = dlse.download();
   check_against<T>(std::vector<H>(got_lse.begin(), got_lse.end()), lse);
 
+  // The backward reads o as the forward stored it (rounded to T), as training does.
+  const auto o_t = values<T>(widen(o));
   std::vector<H> gq(static_cast<size_t>(nq)), gk(static_cast<size_t>(nkv)), gv(static_cast<size_t>(nkv));
-  cpu::sdpa_backward<H>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), gq.data(), gk.data(),
+  cpu::sdpa_backward<H>(q.data(), k.data(), v.data(), o_t.data(), lse.data(), dout.data(), gq.data(), gk.data(),
                         gv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal);
   Dev<T> dgq(static_cast<size_t>(nq)), dgk(static_cast<size_t>(nkv)), dgv(static_cast<size_t>(nkv)), dgq2(static_cast<size_t>(nq)), dgk2(static_cast<size_t>(nkv)), dgv2(static_cast<size_t>(nkv));
   cuda::sdpa_backward<T>(dq_.get(), dk_.get(), dv_.get(), dout_o.get(), dlse.get(), ddout.get(), dgq.get(), dgk.get(),
