@@ -9,9 +9,55 @@
 #include "models/config.h"
 #include "models/model.h"
 #include "runtime/cli.h"
+#include "runtime/memory_plan.h"
 #include "runtime/program.h"
 
 using namespace autosp;
+
+namespace {
+
+// "S=16384,B=1" → {S: 16384, B: 1}; B defaults to 1.
+Bindings parse_bindings(const std::string& text) {
+  Bindings b{{"B", 1}};
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) throw UsageError(str("--plan-memory '", text, "': expected SYMBOL=SIZE,..."));
+    int64_t v = parse_int_flag("plan-memory " + item.substr(0, eq), item.substr(eq + 1));
+    if (v < 1) throw UsageError(str("--plan-memory ", item, ": sizes must be >= 1"));
+    b[item.substr(0, eq)] = v;
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  if (!b.count("S")) throw UsageError(str("--plan-memory '", text, "': S is required"));
+  return b;
+}
+
+// Planned bytes of one rank's step: the arena of intermediates, plus what lives outside it —
+// parameters, gradients (graph outputs) and, for training, AdamW's two moments.
+nlohmann::json plan_summary(const Graph& g, const Bindings& b) {
+  MemoryPlan plan = plan_memory(g, b);
+  size_t params = 0, outputs = 0, inputs = 0;
+  for (const auto& n : g.nodes()) {
+    size_t bytes = dtype_size(n->dtype());
+    for (const auto& d : n->shape()) bytes *= static_cast<size_t>(d.eval(b));
+    if (n->op() == Op::parameter) params += bytes;
+    else if (n->op() == Op::input) inputs += bytes;
+    if (g.is_output(n.get())) outputs += bytes;
+  }
+  const bool training = !g.with_role(Role::gradient).empty();
+  const size_t optimizer = training ? 2 * params : 0;
+  nlohmann::json j = {{"arena_bytes", plan.arena_bytes}, {"max_live_bytes", plan.max_live_bytes},
+                      {"parameter_bytes", params},      {"output_bytes", outputs},
+                      {"input_bytes", inputs},          {"optimizer_bytes", optimizer},
+                      {"total_bytes", plan.arena_bytes + params + outputs + inputs + optimizer}};
+  for (const auto& [k, v] : b) j["bindings"][k] = v;
+  return j;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   return run_app("autosp-graph", [&] {
@@ -21,7 +67,9 @@ int main(int argc, char** argv) {
         "world", "world size", cxxopts::value<std::string>()->default_value("1"))(
         "rank", "rank to show", cxxopts::value<std::string>()->default_value("0"))(
         "stage", "forward|autosp|joint", cxxopts::value<std::string>()->default_value("forward"))(
-        "format", "text|json|dot", cxxopts::value<std::string>()->default_value("text"))("h,help", "show help");
+        "format", "text|json|dot", cxxopts::value<std::string>()->default_value("text"))(
+        "plan-memory", "instead of the graph, print the memory plan for sizes like S=16384,B=1 (JSON)",
+        cxxopts::value<std::string>())("h,help", "show help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
       std::cout << opts.help() << std::endl;
@@ -47,6 +95,10 @@ int main(int argc, char** argv) {
     RankProgram prog = build_program(cfg, cfg.runtime.dtype == "float64" ? DType::f64 : DType::f32, st, ctx);
     const Graph* g = prog.graph.get();
     verify(*g);
+    if (args.count("plan-memory")) {
+      std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>())).dump() << "\n";
+      return 0;
+    }
     if (format == "text")
       std::cout << to_text(*g);
     else if (format == "json")
