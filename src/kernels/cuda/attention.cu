@@ -59,6 +59,10 @@ inline constexpr int kKvQueryTile = D == 128 ? 32 : 64;  // queries per dk/dv ti
 
 // ==== kernels ===================================================================================
 
+#ifndef AUTOSP_CUDA_EMULATION  // the CPU emulation (tests/cuda/emulation.h) defines it as a plain array
+extern __shared__ __align__(16) unsigned char attention_smem[];  // dynamic shared memory, tensor-core kernels
+#endif
+
 namespace {
 
 // ---- shared helpers ----
@@ -293,7 +297,9 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
 
 // c += a · b for one m16n8k16 tile (bf16 inputs, fp32 accumulators).
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(AUTOSP_CUDA_EMULATION)
+  emulated_mma_bf16(c, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
@@ -377,8 +383,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     sdpa_forward_mma_kernel(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int N, int Nkv,
                             int64_t Sq, int64_t Skv, float scale_log2, bool causal) {
   constexpr int LD = D + 8, NT = kMmaKeys / 8, DT = D / 8;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [64][LD]
+  bf16* qs = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
   bf16* ks = qs + kMmaRows * LD;                  // [64][LD]
   bf16* vs = ks + kMmaKeys * LD;                  // [64][LD]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane / 4, t = lane % 4;
@@ -479,8 +484,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
                                 const bf16* dout, bf16* dk, bf16* dv, int N, int Nkv, int64_t Sq, int64_t Skv,
                                 float scale, bool causal) {
   constexpr int LD = D + 8, BQ = kKvQueryTile<D>, NT = BQ / 8, DT = D / 8;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* ks = reinterpret_cast<bf16*>(smem_raw);  // [64][LD]
+  bf16* ks = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
   bf16* vs = ks + kMmaRows * LD;                  // [64][LD]
   bf16* qs = vs + kMmaRows * LD;                  // [BQ][LD]
   bf16* dos = qs + BQ * LD;                       // [BQ][LD]
@@ -575,8 +579,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
                                const bf16* dout, bf16* dq, int N, int Nkv, int64_t Sq, int64_t Skv, float scale,
                                bool causal) {
   constexpr int LD = D + 8, NT = kMmaKeys / 8, DT = D / 8;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [64][LD]
+  bf16* qs = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
   bf16* dos = qs + kMmaRows * LD;                 // [64][LD]
   bf16* ks = dos + kMmaRows * LD;                 // [64][LD]
   bf16* vs = ks + kMmaKeys * LD;                  // [64][LD]
@@ -655,7 +658,15 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   }
 }
 
-// ---- dispatch helpers (host) ----
+}  // namespace
+
+// ==== launchers =================================================================================
+
+#ifndef AUTOSP_CUDA_EMULATION  // the emulation runs the kernels itself
+
+namespace {
+
+// ---- dispatch helpers ----
 
 void check_sizes(const char* what, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D) {
   AUTOSP_ASSERT(B >= 0 && Sq >= 0 && Skv >= 0 && D > 0, what, " sizes B ", B, " Sq ", Sq, " Skv ", Skv, " D ", D);
@@ -751,8 +762,6 @@ void backward_mma(const bf16* q, const bf16* k, const bf16* v, const float* lse,
 
 }  // namespace
 
-// ==== launchers =================================================================================
-
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
                   int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream, SdpaKernel kernel) {
@@ -828,5 +837,7 @@ template void sdpa_backward<bf16>(const bf16*, const bf16*, const bf16*, const b
 template void causal_mask<float>(const float*, float*, int64_t, int64_t, int64_t, float, cudaStream_t);
 template void causal_mask<double>(const double*, double*, int64_t, int64_t, int64_t, double, cudaStream_t);
 template void causal_mask<bf16>(const bf16*, bf16*, int64_t, int64_t, int64_t, bf16, cudaStream_t);
+
+#endif  // AUTOSP_CUDA_EMULATION
 
 }  // namespace autosp::cuda

@@ -4,7 +4,8 @@
 // stream-ordered scratch memory. Knows nothing of graphs, tensors or the runtime.
 //
 // The top half is plain host C++ (headers of the families include it from .cpp files compiled by
-// the host compiler); everything under `#ifdef __CUDACC__` is for the .cu files only.
+// the host compiler); everything under `#if defined(__CUDACC__)` is for the .cu files only (and for
+// the CPU emulation of kernels in tests/cuda/emulation.h).
 //
 // Precision: a kernel stores T and computes in acc_t<T>: float for float, bf16 and f16, double for
 // double. Reductions are deterministic: every sum is split by the sizes alone (never by timing or
@@ -82,7 +83,7 @@ class Scratch {
 // After a kernel launch: a bad configuration (grid, shared memory) is reported here.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(AUTOSP_CUDA_EMULATION)  // tests/cuda/emulation.h
 
 namespace autosp::cuda {
 
@@ -194,4 +195,4 @@ inline unsigned grid_for(int64_t n, int block) {
 
 }  // namespace autosp::cuda
 
-#endif  // __CUDACC__
+#endif  // __CUDACC__ || AUTOSP_CUDA_EMULATION

@@ -1,0 +1,222 @@
+// A CPU emulation of the few CUDA features our attention kernels use, so their logic (tiling,
+// masking, online softmax, tensor-core fragment layouts) is tested by CI on machines without a
+// GPU. Include this, then a kernel source (`src/kernels/cuda/attention.cu`), in one host
+// translation unit: AUTOSP_CUDA_EMULATION makes the kernel source compile its kernels for the host
+// (and skip its launchers), and emu::launch runs a kernel's blocks one after another.
+//
+// A block's threads are fibers (ucontext) on the calling thread, switched round-robin: a fiber
+// runs until it reaches a barrier (__syncthreads, or the warp barriers inside shuffles, votes and
+// mma), so the emulation is deterministic and data races of real hardware cannot show up here.
+// `__shared__` becomes `static` (blocks run one at a time), the dynamic shared memory of the
+// tensor-core kernels is `autosp::cuda::attention_smem`, and mma.sync.m16n8k16 (bf16 → f32) is
+// computed from the operand registers of the 32 lanes with the fragment layouts of the PTX ISA,
+// written out here independently of the kernel's own helpers.
+//
+// What it cannot catch: anything about real hardware — timing, bank conflicts, register limits,
+// shared-memory size limits, a wrong belief about the PTX layouts shared by both sides.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <ucontext.h>
+#include <vector_functions.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#define AUTOSP_CUDA_EMULATION 1
+#define __launch_bounds__(...)
+#undef __shared__
+#define __shared__ static
+
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+namespace emu {
+
+struct Barrier {
+  int participants = 0, arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Fiber {
+  ucontext_t ctx{};
+  std::vector<unsigned char> stack;
+  unsigned tid = 0;
+  bool done = false;
+};
+
+struct Warp {
+  Barrier bar;
+  unsigned char buf[32][8] = {};  // shuffles and votes
+  uint32_t a[32][4] = {}, b[32][2] = {};
+  float c[32][4] = {};
+};
+
+struct Block {
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  std::vector<Warp> warps;
+  Barrier bar;
+  ucontext_t scheduler{};
+  Fiber* current = nullptr;
+  std::function<void()> body;
+};
+
+inline Block* g_block = nullptr;
+inline uint64_t g_progress = 0;  // barrier arrivals and finished fibers: a pass without any is a deadlock
+
+inline void yield() {
+  Fiber* f = g_block->current;
+  swapcontext(&f->ctx, &g_block->scheduler);
+}
+
+inline void wait(Barrier& b) {
+  const uint64_t gen = b.generation;
+  ++g_progress;
+  if (++b.arrived == b.participants) {
+    b.arrived = 0;
+    ++b.generation;
+    return;
+  }
+  while (b.generation == gen) yield();
+}
+
+inline Warp& my_warp() { return g_block->warps[threadIdx.x / 32]; }
+inline unsigned my_lane() { return threadIdx.x % 32; }
+
+// The value `v` of lane `src` of this warp (every lane of the warp must call it).
+template <class V>
+V exchange(V v, unsigned src) {
+  static_assert(sizeof(V) <= 8);
+  Warp& w = my_warp();
+  std::memcpy(w.buf[my_lane()], &v, sizeof(V));
+  wait(w.bar);
+  V r;
+  std::memcpy(&r, w.buf[src % 32], sizeof(V));
+  wait(w.bar);
+  return r;
+}
+
+inline void trampoline() {
+  Fiber* f = g_block->current;
+  g_block->body();
+  f->done = true;
+  ++g_progress;
+  swapcontext(&f->ctx, &g_block->scheduler);
+}
+
+// Runs body() as every thread of every block of `grid` (1-D blocks of block.x threads).
+inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+  constexpr size_t kStack = 256 * 1024;
+  gridDim = grid;
+  blockDim = block;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        Block blk;
+        blk.body = body;
+        blk.bar.participants = int(block.x);
+        blk.warps.resize((block.x + 31) / 32);
+        for (Warp& w : blk.warps) w.bar.participants = 32;
+        g_block = &blk;
+        blockIdx = uint3{bx, by, bz};
+        for (unsigned t = 0; t < block.x; ++t) {
+          auto f = std::make_unique<Fiber>();
+          f->tid = t;
+          f->stack.resize(kStack);
+          getcontext(&f->ctx);
+          f->ctx.uc_stack.ss_sp = f->stack.data();
+          f->ctx.uc_stack.ss_size = kStack;
+          f->ctx.uc_link = nullptr;
+          makecontext(&f->ctx, trampoline, 0);
+          blk.fibers.push_back(std::move(f));
+        }
+        for (bool running = true; running;) {  // round-robin until every fiber has returned
+          running = false;
+          const uint64_t progress = g_progress;
+          for (auto& f : blk.fibers) {
+            if (f->done) continue;
+            running = true;
+            blk.current = f.get();
+            threadIdx = uint3{f->tid, 0, 0};
+            swapcontext(&blk.scheduler, &f->ctx);
+          }
+          if (running && progress == g_progress)
+            throw std::runtime_error("emulation deadlock: every live thread waits at a barrier the others never reach");
+        }
+        g_block = nullptr;
+      }
+}
+
+inline float bf16_bits_to_float(uint32_t h) {
+  const uint32_t bits = h << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline float bf16_lo(uint32_t r) { return bf16_bits_to_float(r & 0xffffu); }
+inline float bf16_hi(uint32_t r) { return bf16_bits_to_float(r >> 16); }
+
+}  // namespace emu
+
+inline void __syncthreads() { emu::wait(emu::g_block->bar); }
+
+template <class V>
+V __shfl_sync(unsigned, V v, int src, int = 32) {
+  return emu::exchange(v, unsigned(src));
+}
+template <class V>
+V __shfl_xor_sync(unsigned, V v, int lane_mask, int = 32) {
+  return emu::exchange(v, emu::my_lane() ^ unsigned(lane_mask));
+}
+inline int __any_sync(unsigned, int pred) {
+  emu::Warp& w = emu::my_warp();
+  w.buf[emu::my_lane()][0] = pred != 0;
+  emu::wait(w.bar);
+  int any = 0;
+  for (int l = 0; l < 32; ++l) any |= w.buf[l][0];
+  emu::wait(w.bar);
+  return any;
+}
+[[noreturn]] inline void __trap() { std::abort(); }
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, c += a·b, from the PTX ISA's fragment
+// tables (g = lane / 4, t = lane % 4):
+//   A 16×16: a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
+//   B 16×8:  b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
+//   C 16×8:  c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+// (the lower index of each pair in the low 16 bits).
+inline void emulated_mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  emu::Warp& w = emu::my_warp();
+  const unsigned lane = emu::my_lane();
+  std::memcpy(w.a[lane], a, sizeof(a));
+  std::memcpy(w.b[lane], b, sizeof(b));
+  std::memcpy(w.c[lane], c, sizeof(c));
+  emu::wait(w.bar);
+  float A[16][16], B[16][8];
+  for (unsigned l = 0; l < 32; ++l) {
+    const unsigned g = l / 4, t = l % 4;
+    const uint32_t* al = w.a[l];
+    A[g][2 * t] = emu::bf16_lo(al[0]), A[g][2 * t + 1] = emu::bf16_hi(al[0]);
+    A[g + 8][2 * t] = emu::bf16_lo(al[1]), A[g + 8][2 * t + 1] = emu::bf16_hi(al[1]);
+    A[g][2 * t + 8] = emu::bf16_lo(al[2]), A[g][2 * t + 9] = emu::bf16_hi(al[2]);
+    A[g + 8][2 * t + 8] = emu::bf16_lo(al[3]), A[g + 8][2 * t + 9] = emu::bf16_hi(al[3]);
+    B[2 * t][g] = emu::bf16_lo(w.b[l][0]), B[2 * t + 1][g] = emu::bf16_hi(w.b[l][0]);
+    B[2 * t + 8][g] = emu::bf16_lo(w.b[l][1]), B[2 * t + 9][g] = emu::bf16_hi(w.b[l][1]);
+  }
+  const unsigned g = lane / 4, t = lane % 4;
+  const unsigned rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  float d[4];
+  for (int e = 0; e < 4; ++e) {
+    float s = w.c[lane][e];
+    for (int k = 0; k < 16; ++k) s += A[rows[e]][k] * B[k][cols[e]];
+    d[e] = s;
+  }
+  emu::wait(w.bar);  // every lane has read the operands
+  std::memcpy(c, d, sizeof(d));
+}
