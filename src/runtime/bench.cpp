@@ -257,7 +257,8 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
               {"all_reduce_bytes", s.all_reduce.bytes / t.runs},
               {"all_to_all_calls", s.all_to_all.calls / t.runs},
               {"comm_share", t.total_ms > 0 ? comm_s * 1000.0 / t.total_ms : 0.0}};
-  if (cfg.runtime.device == "cuda" && opt.peak_tflops > 0) row["mfu"] = row["tflops"].get<double>() / opt.peak_tflops;
+  if (cfg.runtime.device == "cuda" && opt.peak_tflops > 0)
+    row["mfu"] = row["tflops"].get<double>() / (opt.peak_tflops * world.size());  // tflops is the whole job's
   return row;
 }
 

@@ -35,7 +35,8 @@ nlohmann::json run_bench(const Config& cfg, const BenchOptions& opt);
 
 // One sweep point on `world` (every rank calls it; the row is complete on rank 0). Fields:
 // P, seq, batch, mode, threads, loss, step_ms (median over iters), tokens_per_sec (global batch),
-// tflops (step_flops / step time / 1e12), mfu (null on CPU), peak_bytes (allocator high-water,
+// tflops (the whole job's: step_flops of the global batch / step time / 1e12), mfu (tflops / (peak
+// × ranks); null on CPU), peak_bytes (allocator high-water,
 // max over ranks), peak_rss_bytes (resident-set high-water over the pre-run baseline, max over
 // ranks), all_to_all_bytes / all_reduce_bytes (rank 0, per step), comm_share (rank 0's time in
 // collectives / its step time, over every step run).
