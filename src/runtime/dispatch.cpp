@@ -229,13 +229,16 @@ Tensor softmax_cpu(const KernelCall& c) {
   });
 }
 
+// Rotary embedding and its backward (the rotation by minus the angle): x or dy [B, N, S, D], position_ids [B, S].
+template <bool kBackward>
 Tensor rope_cpu(const KernelCall& c) {
   const Tensor x = c.in[0].contiguous();
   Tensor pos = ids64(c.in[1]);
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, x.dtype());
-    cpu::rope_forward<T>(x.data<T>(), pos.data<int64_t>(), y.data<T>(), x.dim(0), x.dim(1), x.dim(2), x.dim(3),
-                         c.node.attrs().f("theta"));
+    auto kernel = kBackward ? cpu::rope_backward<T> : cpu::rope_forward<T>;
+    kernel(x.data<T>(), pos.data<int64_t>(), y.data<T>(), x.dim(0), x.dim(1), x.dim(2), x.dim(3),
+           c.node.attrs().f("theta"));
     return y;
   });
 }
@@ -403,17 +406,6 @@ Tensor softmax_backward_cpu(const KernelCall& c) {
   });
 }
 
-Tensor rope_backward_cpu(const KernelCall& c) {
-  const Tensor dy = c.in[0].contiguous();
-  Tensor pos = ids64(c.in[1]);
-  return by_float(c, dy.dtype(), [&]<class T>() {
-    Tensor dx = out_like(c, dy.dtype());
-    cpu::rope_backward<T>(dy.data<T>(), pos.data<int64_t>(), dx.data<T>(), dy.dim(0), dy.dim(1), dy.dim(2), dy.dim(3),
-                          c.node.attrs().f("theta"));
-    return dx;
-  });
-}
-
 // dlogits = g · (softmax(logits) - onehot(labels)). Inputs: logits, labels, g (scalar).
 Tensor cross_entropy_backward_cpu(const KernelCall& c) {
   const Tensor logits = c.in[0].contiguous();
@@ -520,7 +512,7 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::layernorm, layernorm_cpu, no_cuda},
     {Op::rmsnorm, rmsnorm_cpu, no_cuda},
     {Op::softmax, softmax_cpu, no_cuda},
-    {Op::rope, rope_cpu, no_cuda},
+    {Op::rope, rope_cpu<false>, no_cuda},
     {Op::sdpa, sdpa_cpu, no_cuda},
     {Op::cross_entropy_sum, cross_entropy_sum_cpu, no_cuda},
     {Op::count_valid, count_valid_cpu, no_cuda},
@@ -537,7 +529,7 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::layernorm_backward, layernorm_backward_cpu, no_cuda},
     {Op::rmsnorm_backward, rmsnorm_backward_cpu, no_cuda},
     {Op::softmax_backward, softmax_backward_cpu, no_cuda},
-    {Op::rope_backward, rope_backward_cpu, no_cuda},
+    {Op::rope_backward, rope_cpu<true>, no_cuda},
     {Op::sdpa_backward, sdpa_backward_cpu, no_cuda},
     {Op::cross_entropy_backward, cross_entropy_backward_cpu, no_cuda},
 }};

@@ -10,6 +10,7 @@
 
 #include "common/naive.h"
 #include "graph/builder.h"
+#include "runtime/executor.h"
 
 namespace autosp::testing {
 
@@ -34,6 +35,13 @@ struct OpCase {
 inline const Bindings& op_case_bindings() {
   static const Bindings b{{"B", 2}, {"S", 5}};
   return b;
+}
+
+// The op cases' collectives run over groups of one.
+inline const CommGroups& single_groups() {
+  static auto comm = make_single_process_communicator();
+  static const CommGroups groups{{"sp", comm.get()}, {"world", comm.get()}};
+  return groups;
 }
 
 inline std::vector<int64_t> as_ids(const Vec& v) { return std::vector<int64_t>(v.begin(), v.end()); }

@@ -9,6 +9,7 @@
 
 #include "graph/builder.h"
 #include "graph/passes/autosp/autosp.h"
+#include "common/golden.h"
 #include "graph/printer.h"
 #include "graph/verify.h"
 #include "models/model.h"
@@ -17,24 +18,12 @@
 #include "tensor/check.h"
 
 using namespace autosp;
+using autosp::testing::check_golden;
 
 namespace {
 
 const Dim B = Dim::sym("B"), S = Dim::sym("S");
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void check_golden(const std::string& name, const std::string& text) {
-  const std::string path = std::string(AUTOSP_SOURCE_DIR) + "/tests/golden/autosp/" + name;
-  if (std::getenv("AUTOSP_UPDATE_GOLDEN")) std::ofstream(path) << text;
-  INFO("golden file " << path);
-  CHECK(text == read_file(path));
-}
 
 ModelConfig tiny_llama(int64_t heads, int64_t kv_heads) {
   ModelConfig m;
@@ -71,13 +60,13 @@ TEST_CASE("each AutoSP pass matches its golden IR (Llama GQA, P = 4, rank 1)", "
   const auto& pipeline = autosp_pipeline();
   for (size_t k = 1; k <= pipeline.size(); ++k) {
     const std::string name = (k < 10 ? "0" : "") + std::to_string(k) + "-" + std::string(pipeline[k - 1].name) + ".txt";
-    DYNAMIC_SECTION(name) { check_golden("p4r1-" + name, run_prefix(tiny_llama(4, 2), ctx_of(4, 1), k)); }
+    DYNAMIC_SECTION(name) { check_golden("autosp/p4r1-" + name, run_prefix(tiny_llama(4, 2), ctx_of(4, 1), k)); }
   }
 }
 
 TEST_CASE("the full pipeline matches golden IR for other ranks and models", "[autosp][golden]") {
   const size_t all = autosp_pipeline().size();
-  check_golden("llama-p2r0.txt", run_prefix(tiny_llama(4, 2), ctx_of(2, 0), all));  // K/V all-to-all'd
+  check_golden("autosp/llama-p2r0.txt", run_prefix(tiny_llama(4, 2), ctx_of(2, 0), all));  // K/V all-to-all'd
   ModelConfig gpt2;
   gpt2.vocab_size = 64;
   gpt2.hidden_size = 32;
@@ -85,8 +74,8 @@ TEST_CASE("the full pipeline matches golden IR for other ranks and models", "[au
   gpt2.num_attention_heads = 4;
   gpt2.num_key_value_heads = 4;
   gpt2.max_position_embeddings = 128;
-  check_golden("gpt2-p2r1.txt", run_prefix(gpt2, ctx_of(2, 1), all));
-  check_golden("llama-dp2-p1.txt", run_prefix(tiny_llama(4, 2), ctx_of(1, 0, 2), all));  // data parallel only
+  check_golden("autosp/gpt2-p2r1.txt", run_prefix(gpt2, ctx_of(2, 1), all));
+  check_golden("autosp/llama-dp2-p1.txt", run_prefix(tiny_llama(4, 2), ctx_of(1, 0, 2), all));  // data parallel only
 }
 
 TEST_CASE("slice bounds depend on the rank", "[autosp]") {

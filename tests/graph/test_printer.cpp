@@ -7,26 +7,15 @@
 #include <sstream>
 
 #include "graph/builder.h"
+#include "common/golden.h"
 #include "graph/printer.h"
 #include "models/model.h"
 
 using namespace autosp;
+using autosp::testing::check_golden;
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void check_golden(const std::string& name, const std::string& text) {
-  const std::string path = std::string(AUTOSP_SOURCE_DIR) + "/tests/golden/" + name;
-  if (std::getenv("AUTOSP_UPDATE_GOLDEN")) std::ofstream(path) << text;
-  INFO("golden file " << path);
-  CHECK(text == read_file(path));
-}
 
 ModelConfig tiny(const std::string& arch) {
   ModelConfig m;

@@ -14,15 +14,6 @@ using namespace autosp;
 using namespace autosp::testing;
 
 namespace {
-// The op cases' collectives run over groups of one.
-const CommGroups& single_groups() {
-  static auto comm = make_single_process_communicator();
-  static const CommGroups groups{{"sp", comm.get()}, {"world", comm.get()}};
-  return groups;
-}
-}  // namespace
-
-namespace {
 
 struct Check {
   Graph g;

@@ -12,15 +12,6 @@ using namespace autosp;
 using namespace autosp::testing;
 
 namespace {
-// The op cases' collectives run over groups of one.
-const CommGroups& single_groups() {
-  static auto comm = make_single_process_communicator();
-  static const CommGroups groups{{"sp", comm.get()}, {"world", comm.get()}};
-  return groups;
-}
-}  // namespace
-
-namespace {
 
 double max_rel_error(const std::vector<double>& got, const std::vector<double>& want) {
   double scale = 1e-30, err = 0;
