@@ -3,9 +3,6 @@
 // rewrite (numerically equal), and one test per clear early error.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "graph/builder.h"
 #include "graph/passes/autosp/autosp.h"

@@ -2,9 +2,6 @@
 // rewrite them after a deliberate change, then review the diff), the json contract, and dot.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "graph/builder.h"
 #include "common/golden.h"
