@@ -24,7 +24,7 @@ constexpr const char* kEnvHelp = R"(
 Environment:
   AUTOSP_COLLECTIVE_TIMEOUT  seconds one rank may wait in a collective before it aborts the job
                              (default 600)
-  AUTOSP_FAULT               fault injection for tests: rank:R,step:K,kind:exit|abort|crash|hang
+  AUTOSP_FAULT               fault injection for tests: rank:R,step:K,kind:exit|abort|crash|hang|nan
                              [,where:step|checkpoint] (docs/reliability.md)
 
 Exit codes: 0 success, 2 bad usage, config or input, 3 runtime failure.

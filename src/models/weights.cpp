@@ -1,6 +1,7 @@
 // Safetensors ↔ ParamMap with Hugging Face names.
 #include "models/weights.h"
 
+#include <cmath>
 #include <set>
 
 #include "tensor/safetensors.h"
@@ -19,6 +20,17 @@ std::string canonical_name(const std::string& name, const ModelConfig& m) {
   if (name == "lm_head.weight") return "";  // GPT-2 ties the head to wte
   if (name.rfind("transformer.", 0) == 0) return name;
   return "transformer." + name;
+}
+
+// A NaN or infinity in the weights would only surface as a NaN loss steps later.
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+  auto scan = [&](const auto* p) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(p[i]))
+        throw UsageError(str(path, ": tensor '", name, "' holds a non-finite value (", p[i], ") at index ", i));
+  };
+  if (t.dtype() == DType::f32) scan(t.data<float>());
+  if (t.dtype() == DType::f64) scan(t.data<double>());
 }
 
 }  // namespace
@@ -41,6 +53,7 @@ ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype
     if (!is_floating(t.dtype()))
       throw UsageError(str(path, ": tensor '", name, "' is ", dtype_name(t.dtype()), ", expected a float dtype"));
     out[c] = t.dtype() == dtype ? t : t.to(dtype);
+    check_finite(path, name, out[c]);
   }
   for (const auto& [name, shape] : expected)
     if (!out.count(name)) throw UsageError(str(path, ": missing tensor '", name, "' ", shape_str(shape)));

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -21,7 +22,7 @@ namespace {
 
 constexpr const char* kFaultVar = "AUTOSP_FAULT";
 constexpr const char* kTimeoutVar = "AUTOSP_COLLECTIVE_TIMEOUT";
-constexpr const char* kFaultSyntax = "expected rank:R,step:K,kind:exit|abort|crash|hang[,where:step|checkpoint]";
+constexpr const char* kFaultSyntax = "expected rank:R,step:K,kind:exit|abort|crash|hang|nan[,where:step|checkpoint]";
 constexpr int kExitRuntime = 3;  // runtime/cli.h's code for a runtime failure
 
 int64_t parse_nonneg(const std::string& field, const std::string& text, const std::string& whole) {
@@ -112,6 +113,7 @@ std::optional<Fault> parse_fault(const std::string& text) {
   else if (kind == "abort") f.kind = FaultKind::abort;
   else if (kind == "crash") f.kind = FaultKind::crash;
   else if (kind == "hang") f.kind = FaultKind::hang;
+  else if (kind == "nan") f.kind = FaultKind::nan;
   else throw bad(str("unknown kind '", kind, "'"));
   if (fields.count("where")) {
     const std::string& where = fields["where"];
@@ -119,6 +121,7 @@ std::optional<Fault> parse_fault(const std::string& text) {
     else if (where == "checkpoint") f.where = FaultWhere::checkpoint;
     else throw bad(str("unknown where '", where, "'"));
   }
+  if (f.kind == FaultKind::nan && f.where == FaultWhere::checkpoint) throw bad("kind:nan happens in a step, not a checkpoint");
   return f;
 }
 
@@ -137,7 +140,17 @@ std::optional<Fault> fault_from_env(int world_size) {
 }
 
 void inject_fault(const std::optional<Fault>& fault, FaultWhere where, int rank, int64_t step, Communicator& world) {
-  if (fault && fault->where == where && fault->rank == rank && fault->step == step) fire(*fault, step, world);
+  if (fault && fault->kind != FaultKind::nan && fault->where == where && fault->rank == rank && fault->step == step)
+    fire(*fault, step, world);
+}
+
+void inject_nan(const std::optional<Fault>& fault, int rank, int64_t step, std::vector<Tensor>& grads) {
+  if (!fault || fault->kind != FaultKind::nan || fault->rank != rank || fault->step != step) return;
+  std::fprintf(stderr, "AUTOSP_FAULT: rank %d injected NaN gradients at step %lld\n", rank, static_cast<long long>(step));
+  for (Tensor& g : grads) {
+    if (g.dtype() == DType::f32) std::fill_n(g.data<float>(), g.numel(), std::numeric_limits<float>::quiet_NaN());
+    if (g.dtype() == DType::f64) std::fill_n(g.data<double>(), g.numel(), std::numeric_limits<double>::quiet_NaN());
+  }
 }
 
 double collective_timeout_from_env() {

@@ -113,6 +113,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
 
     std::vector<Tensor> grad_list;
     for (const auto& name : prog.grad_names) grad_list.push_back(r.outputs.at(name));
+    inject_nan(fault, world.rank(), step + 1, grad_list);
     all_reduce_bucketed(gworld, grad_list);
     ParamMap grads;
     for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = grad_list[i];

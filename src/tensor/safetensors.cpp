@@ -198,7 +198,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
     // A valid header nests 3 levels ({name: {shape: [..]}}); deeper input would only make the error
     // messages below recurse deeply.
-    if (depth > kMaxHeaderDepth) fail(path, ": header is not a safetensors header: JSON nested deeper than ", kMaxHeaderDepth, " levels");
+    if (depth > kMaxHeaderDepth)
+      fail(path, ": header is not valid JSON: nested deeper than ", kMaxHeaderDepth, " levels (a header nests 3)");
     if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second)
       fail(path, ": header names '", clip(parsed.get<std::string>()), "' twice");
     return true;

@@ -68,6 +68,7 @@ write("wrong_name.safetensors", st({"transformer.wte.weight": norm()}, f32(32)))
 write("missing.safetensors", st({"model.norm.weight": norm()}, f32(32)))
 write("wrong_shape.safetensors", st({"model.norm.weight": norm(shape=[4, 8])}, f32(32)))
 write("int_dtype.safetensors", st({"model.norm.weight": norm(dtype="I32")}, f32(32)))
+write("nan.safetensors", st({"model.norm.weight": norm()}, struct.pack("<32f", *([1.0] * 7 + [float("nan")] + [1.0] * 24))))
 PY
 mkfifo "$tmp/fifo"
 mkdir -p "$tmp/adir" "$tmp/emptyckpt"
@@ -194,6 +195,7 @@ row "tensor 'transformer.wte.weight' is not a parameter of this llama model" "${
 row "missing tensor 'lm_head.weight' \[32, 32\]" "${c[@]}" --init-from "$tmp/missing.safetensors"
 row "'model.norm.weight' has shape \[4, 8\], the model expects \[32\]" "${c[@]}" --init-from "$tmp/wrong_shape.safetensors"
 row "'model.norm.weight' is i32, expected a float dtype" "${c[@]}" --init-from "$tmp/int_dtype.safetensors"
+row "nan.safetensors: tensor 'model.norm.weight' holds a non-finite value (nan) at index 7" "${c[@]}" --init-from "$tmp/nan.safetensors"
 row 'fifo: not a regular file' "${c[@]}" --init-from "$tmp/fifo"
 # checkpoint directories (--resume)
 row 'nowhere: no such checkpoint directory' "${c[@]}" --resume "$tmp/nowhere"

@@ -61,6 +61,7 @@ TEST_CASE("AUTOSP_FAULT values parse or are named errors", "[fault]") {
   CHECK(f->step == 3);
   CHECK(f->kind == FaultKind::hang);
   CHECK(f->where == FaultWhere::step);
+  CHECK(parse_fault("rank:0,step:2,kind:nan")->kind == FaultKind::nan);
   f = parse_fault("kind:crash,where:checkpoint,step:12,rank:0");
   REQUIRE(f);
   CHECK(f->kind == FaultKind::crash);
@@ -83,6 +84,7 @@ TEST_CASE("AUTOSP_FAULT values parse or are named errors", "[fault]") {
       {"rank:1,,step:3,kind:exit", "is not key:value"},
       {"rank:1,step:3,kind:exit,", "trailing ','"},
       {"garbage", "is not key:value"},
+      {"rank:0,step:2,kind:nan,where:checkpoint", "kind:nan happens in a step"},
   };
   for (const auto& [text, needle] : bad) {
     INFO(text);
