@@ -25,13 +25,13 @@ namespace {
 
 using autosp::cuda::bf16;
 
-#define BENCH_CHECK(expr)                                                                        \
-  do {                                                                                           \
-    const cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "error: %s failed: %s\n", #expr, cudaGetErrorString(e_));             \
-      std::exit(1);                                                                              \
-    }                                                                                            \
+#define BENCH_CHECK(expr)                                                            \
+  do {                                                                               \
+    const cudaError_t e_ = (expr);                                                   \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "error: %s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
   } while (0)
 
 // Fills n bf16 with values of a fixed pattern in [-1, 1) (the timing does not depend on them).

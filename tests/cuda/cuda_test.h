@@ -124,6 +124,30 @@ class Dev {
   size_t n_ = 0;
 };
 
+// Host arrays in storage type T and back (the CPU emulation of the kernels works on host memory).
+template <class T>
+std::vector<T> to_storage(const std::vector<Host<T>>& h) {
+  std::vector<T> out(h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    if constexpr (std::is_same_v<T, bf16>)
+      out[i] = bf16_from_bits(cpu::f32_to_bf16(h[i]));
+    else
+      out[i] = h[i];
+  }
+  return out;
+}
+template <class T>
+std::vector<Host<T>> from_storage(const std::vector<T>& d) {
+  std::vector<Host<T>> out(d.size());
+  for (size_t i = 0; i < d.size(); ++i) {
+    if constexpr (std::is_same_v<T, bf16>)
+      out[i] = cpu::bf16_to_f32(bits_of(d[i]));
+    else
+      out[i] = d[i];
+  }
+  return out;
+}
+
 template <class H>
 naive::Vec widen(const std::vector<H>& v) {
   return naive::Vec(v.begin(), v.end());

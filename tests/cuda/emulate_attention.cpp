@@ -1,8 +1,7 @@
-// The CUDA flash-attention kernels (tensor-core bf16 and SIMT), run on the CPU by the emulation in
-// emulation.h, against the CPU flash attention: forward (o, lse) and backward (dq, dk, dv). This
-// runs everywhere (no GPU needed), so CI checks the kernels' tiling, masking, online softmax and
-// fragment bookkeeping; autosp-cuda-tests checks the same kernels on a real GPU. The launch
-// geometry below mirrors the launchers at the end of attention.cu.
+// The CUDA flash-attention launchers and kernels (tensor-core bf16 and SIMT), run on the CPU by the
+// emulation in emulation.h, against the CPU flash attention: forward (o, lse) and backward (dq, dk,
+// dv). This runs everywhere (no GPU needed), so CI checks the kernels' tiling, masking, online
+// softmax and fragment bookkeeping; autosp-cuda-tests checks the same kernels on a real GPU.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -29,8 +28,6 @@ struct Case {
   int64_t B, N, Nkv, Sq, Skv, D;
   bool causal;
 };
-
-unsigned blocks_of(int64_t n, int64_t per) { return unsigned((n + per - 1) / per); }
 
 bf16 to_bf16(float x) {
   const uint16_t h = cpu::f32_to_bf16(x);
@@ -73,12 +70,14 @@ naive::Vec widen(const std::vector<T>& x) {
   return out;
 }
 
-// Runs the forward and backward kernels of one path (mma: template D; SIMT: DPL) under emulation
-// and compares with the CPU kernels.
-template <class T, bool kMma, int kDim>
+// Runs sdpa_forward / sdpa_backward (the launchers, so also their choice of kernel and launch
+// geometry) under emulation and compares with the CPU kernels. kMma: the tensor-core path
+// (automatic, bf16, D 64/128) or the SIMT path.
+template <class T, bool kMma>
 void check_emulated(const Case& c, uint32_t seed) {
   INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv << " D " << c.D
             << " causal " << c.causal << (kMma ? " mma" : " simt"));
+  const cuda::SdpaKernel kernel = kMma ? cuda::SdpaKernel::automatic : cuda::SdpaKernel::simt;
   const double tol = std::is_same_v<T, bf16> ? 1e-2 : 1e-5;
   const double scale = 1.0 / std::sqrt(double(c.D));
   const int64_t nq = c.B * c.N * c.Sq * c.D, nkv = c.B * c.Nkv * c.Skv * c.D, nl = c.B * c.N * c.Sq;
@@ -91,60 +90,23 @@ void check_emulated(const Case& c, uint32_t seed) {
   std::vector<float> o_ref(static_cast<size_t>(nq)), lse_ref(static_cast<size_t>(nl));
   cpu::sdpa_forward<float>(qf.data(), kf.data(), vf.data(), o_ref.data(), lse_ref.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv,
                            c.D, scale, c.causal);
-
-  // emulated forward
   std::vector<T> o(static_cast<size_t>(nq));
   std::vector<float> lse(static_cast<size_t>(nl));
-  if constexpr (kMma) {
-    emu::launch(dim3(blocks_of(c.Sq, cuda::kMmaRows), unsigned(c.B * c.N)), dim3(128), [&] {
-      cuda::sdpa_forward_mma_kernel<kDim>(q.data(), k.data(), v.data(), o.data(), lse.data(), int(c.N), int(c.Nkv),
-                                          c.Sq, c.Skv, float(scale) * cuda::kLog2e, c.causal);
-    });
-  } else {
-    emu::launch(dim3(blocks_of(c.Sq, cuda::kSimtWarps), unsigned(c.B * c.N)), dim3(256), [&] {
-      cuda::sdpa_forward_simt_kernel<T, kDim>(q.data(), k.data(), v.data(), o.data(), lse.data(), int(c.N),
-                                              int(c.Nkv), c.Sq, c.Skv, int(c.D), float(scale), c.causal);
-    });
-  }
+  cuda::sdpa_forward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale,
+                        c.causal, nullptr, kernel);
   test::check_close(widen(o), widen(o_ref), tol);
   test::check_close(widen(lse), widen(lse_ref), tol);
 
   // CPU backward, reading o as the kernel stored it
-  std::vector<float> o_seen = [&] {
-    auto w = widen(o);
-    return std::vector<float>(w.begin(), w.end());
-  }();
-  std::vector<float> gq_ref(static_cast<size_t>(nq)), gk_ref(static_cast<size_t>(nkv)), gv_ref(static_cast<size_t>(nkv));
+  const naive::Vec o_wide = widen(o);
+  const std::vector<float> o_seen(o_wide.begin(), o_wide.end());
+  std::vector<float> gq_ref(static_cast<size_t>(nq)), gk_ref(static_cast<size_t>(nkv)),
+      gv_ref(static_cast<size_t>(nkv));
   cpu::sdpa_backward<float>(qf.data(), kf.data(), vf.data(), o_seen.data(), lse_ref.data(), dof.data(), gq_ref.data(),
                             gk_ref.data(), gv_ref.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal);
-
-  // emulated backward
-  std::vector<float> delta(static_cast<size_t>(nl));
   std::vector<T> gq(static_cast<size_t>(nq)), gk(static_cast<size_t>(nkv)), gv(static_cast<size_t>(nkv));
-  emu::launch(dim3(blocks_of(nl, 8)), dim3(256),
-              [&] { cuda::sdpa_delta_kernel<T>(o.data(), dout.data(), delta.data(), nl, int(c.D)); });
-  if constexpr (kMma) {
-    emu::launch(dim3(blocks_of(c.Skv, cuda::kMmaRows), unsigned(c.B * c.Nkv)), dim3(128), [&] {
-      cuda::sdpa_backward_kv_mma_kernel<kDim>(q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
-                                              gk.data(), gv.data(), int(c.N), int(c.Nkv), c.Sq, c.Skv, float(scale),
-                                              c.causal);
-    });
-    emu::launch(dim3(blocks_of(c.Sq, cuda::kMmaRows), unsigned(c.B * c.N)), dim3(128), [&] {
-      cuda::sdpa_backward_q_mma_kernel<kDim>(q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
-                                             gq.data(), int(c.N), int(c.Nkv), c.Sq, c.Skv, float(scale), c.causal);
-    });
-  } else {
-    emu::launch(dim3(blocks_of(c.Skv, cuda::kSimtWarps), unsigned(c.B * c.Nkv)), dim3(256), [&] {
-      cuda::sdpa_backward_kv_simt_kernel<T, kDim>(q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
-                                                  gk.data(), gv.data(), int(c.N), int(c.Nkv), c.Sq, c.Skv, int(c.D),
-                                                  float(scale), c.causal);
-    });
-    emu::launch(dim3(blocks_of(c.Sq, cuda::kSimtWarps), unsigned(c.B * c.N)), dim3(256), [&] {
-      cuda::sdpa_backward_q_simt_kernel<T, kDim>(q.data(), k.data(), v.data(), lse.data(), delta.data(), dout.data(),
-                                                 gq.data(), int(c.N), int(c.Nkv), c.Sq, c.Skv, int(c.D), float(scale),
-                                                 c.causal);
-    });
-  }
+  cuda::sdpa_backward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), gq.data(), gk.data(),
+                         gv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, nullptr, kernel);
   {
     INFO("dq");
     test::check_close(widen(gq), widen(gq_ref), tol);
@@ -165,19 +127,19 @@ TEST_CASE("emulated tensor-core attention (bf16, D = 64) matches the CPU", "[cud
   uint32_t seed = 1200;
   for (const Case& c : {Case{1, 4, 2, 130, 130, 64, true}, Case{1, 2, 2, 70, 200, 64, true},
                         Case{1, 2, 1, 150, 65, 64, true}, Case{2, 2, 2, 65, 100, 64, false}})
-    check_emulated<bf16, true, 64>(c, seed += 4);
+    check_emulated<bf16, true>(c, seed += 4);
 }
 
 TEST_CASE("emulated tensor-core attention (bf16, D = 128) matches the CPU", "[cuda-emulation][attention]") {
   uint32_t seed = 1300;
   for (const Case& c : {Case{1, 2, 1, 100, 100, 128, true}, Case{1, 2, 2, 33, 80, 128, false}})
-    check_emulated<bf16, true, 128>(c, seed += 4);
+    check_emulated<bf16, true>(c, seed += 4);
 }
 
 TEST_CASE("emulated SIMT attention matches the CPU", "[cuda-emulation][attention]") {
   uint32_t seed = 1400;
-  check_emulated<float, false, 1>(Case{1, 3, 3, 17, 40, 3, true}, seed += 4);
-  check_emulated<float, false, 4>(Case{1, 2, 2, 20, 45, 100, false}, seed += 4);
-  check_emulated<float, false, 2>(Case{1, 2, 1, 40, 20, 64, true}, seed += 4);
-  check_emulated<bf16, false, 2>(Case{1, 2, 1, 40, 40, 64, true}, seed += 4);
+  check_emulated<float, false>(Case{1, 3, 3, 17, 40, 3, true}, seed += 4);
+  check_emulated<float, false>(Case{1, 2, 2, 20, 45, 100, false}, seed += 4);
+  check_emulated<float, false>(Case{1, 2, 1, 40, 20, 64, true}, seed += 4);
+  check_emulated<bf16, false>(Case{1, 2, 1, 40, 40, 64, true}, seed += 4);
 }

@@ -1,8 +1,10 @@
-// A CPU emulation of the few CUDA features our attention kernels use, so their logic (tiling,
-// masking, online softmax, tensor-core fragment layouts) is tested by CI on machines without a
-// GPU. Include this, then a kernel source (`src/kernels/cuda/attention.cu`), in one host
-// translation unit: AUTOSP_CUDA_EMULATION makes the kernel source compile its kernels for the host
-// (and skip its launchers), and emu::launch runs a kernel's blocks one after another.
+// A CPU emulation of the few CUDA features our kernels use, so their logic (tiling, masking,
+// reductions, online softmax, tensor-core fragment layouts) and their launchers are tested by CI on
+// machines without a GPU. Include this, then one kernel source (`src/kernels/cuda/norm.cu`, …), in
+// a host translation unit: AUTOSP_CUDA_EMULATION makes common.cuh's device helpers compile for the
+// host and launch_kernel run the kernel here; the CUDA runtime calls the launchers make (memcpy,
+// memset, attributes) are redirected below, and Scratch is malloc (emulation.cpp). Memory is host
+// memory: pass host pointers to the launchers.
 //
 // A block's threads are fibers (ucontext) on the calling thread, switched round-robin: a fiber
 // runs until it reaches a barrier (__syncthreads, or the warp barriers inside shuffles, votes and
@@ -27,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #define AUTOSP_CUDA_EMULATION 1
@@ -47,7 +50,7 @@ struct Barrier {
 struct Fiber {
   ucontext_t ctx{};
   std::vector<unsigned char> stack;
-  unsigned tid = 0;
+  unsigned tid = 0;  // linear thread index in the block
   bool done = false;
 };
 
@@ -59,7 +62,6 @@ struct Warp {
 };
 
 struct Block {
-  std::vector<std::unique_ptr<Fiber>> fibers;
   std::vector<Warp> warps;
   Barrier bar;
   ucontext_t scheduler{};
@@ -86,8 +88,8 @@ inline void wait(Barrier& b) {
   while (b.generation == gen) yield();
 }
 
-inline Warp& my_warp() { return g_block->warps[threadIdx.x / 32]; }
-inline unsigned my_lane() { return threadIdx.x % 32; }
+inline Warp& my_warp() { return g_block->warps[g_block->current->tid / 32]; }
+inline unsigned my_lane() { return g_block->current->tid % 32; }
 
 // The value `v` of lane `src` of this warp (every lane of the warp must call it).
 template <class V>
@@ -110,40 +112,48 @@ inline void trampoline() {
   swapcontext(&f->ctx, &g_block->scheduler);
 }
 
-// Runs body() as every thread of every block of `grid` (1-D blocks of block.x threads).
+// Makes f start at trampoline() when it is first switched to. (Its own function: getcontext
+// "returns twice" for the compiler, which would otherwise worry about the caller's variables.)
+[[gnu::noinline]] inline void start_fiber(Fiber& f) {
+  f.done = false;
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack.data();
+  f.ctx.uc_stack.ss_size = f.stack.size();
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, trampoline, 0);
+}
+
+// Runs body() as every thread of every block of `grid` (blocks of block.x × block.y threads).
 inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
-  constexpr size_t kStack = 256 * 1024;
+  constexpr size_t kStack = 64 * 1024;
+  const unsigned threads = block.x * block.y * block.z;
   gridDim = grid;
   blockDim = block;
+  std::vector<std::unique_ptr<Fiber>> fibers(threads);  // reused by every block
+  for (unsigned t = 0; t < threads; ++t) {
+    fibers[t] = std::make_unique<Fiber>();
+    fibers[t]->tid = t;
+    fibers[t]->stack.resize(kStack);
+  }
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         Block blk;
         blk.body = body;
-        blk.bar.participants = int(block.x);
-        blk.warps.resize((block.x + 31) / 32);
+        blk.bar.participants = int(threads);
+        blk.warps.resize((threads + 31) / 32);
         for (Warp& w : blk.warps) w.bar.participants = 32;
         g_block = &blk;
         blockIdx = uint3{bx, by, bz};
-        for (unsigned t = 0; t < block.x; ++t) {
-          auto f = std::make_unique<Fiber>();
-          f->tid = t;
-          f->stack.resize(kStack);
-          getcontext(&f->ctx);
-          f->ctx.uc_stack.ss_sp = f->stack.data();
-          f->ctx.uc_stack.ss_size = kStack;
-          f->ctx.uc_link = nullptr;
-          makecontext(&f->ctx, trampoline, 0);
-          blk.fibers.push_back(std::move(f));
-        }
+        for (auto& f : fibers) start_fiber(*f);
         for (bool running = true; running;) {  // round-robin until every fiber has returned
           running = false;
           const uint64_t progress = g_progress;
-          for (auto& f : blk.fibers) {
+          for (auto& f : fibers) {
             if (f->done) continue;
             running = true;
             blk.current = f.get();
-            threadIdx = uint3{f->tid, 0, 0};
+            threadIdx = uint3{f->tid % block.x, f->tid / block.x % block.y, f->tid / (block.x * block.y)};
             swapcontext(&blk.scheduler, &f->ctx);
           }
           if (running && progress == g_progress)
@@ -162,7 +172,26 @@ inline float bf16_bits_to_float(uint32_t h) {
 inline float bf16_lo(uint32_t r) { return bf16_bits_to_float(r & 0xffffu); }
 inline float bf16_hi(uint32_t r) { return bf16_bits_to_float(r >> 16); }
 
+inline void check(cudaError_t err, const char* expr) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string("emulated CUDA call failed: ") + expr);
+}
+
 }  // namespace emu
+
+// What common.cuh's launch_kernel calls in emulation.
+template <class F>
+void emulated_launch(dim3 grid, dim3 block, F&& body) {
+  emu::launch(grid, block, std::function<void()>(body));
+}
+
+// The runtime calls of the launchers, on host memory. (After the CUDA headers, so their
+// declarations stay intact.)
+#define CUDA_CHECK(expr) ::emu::check((expr), #expr)
+#define cudaMemcpyAsync(dst, src, bytes, kind, stream) (std::memcpy((dst), (src), (bytes)), cudaSuccess)
+#define cudaMemsetAsync(dst, value, bytes, stream) (std::memset((dst), (value), (bytes)), cudaSuccess)
+#define cudaFuncSetAttribute(kernel, attr, value) ((void)(kernel), (void)(value), cudaSuccess)
+#define cudaGetDevice(dev) (*(dev) = 0, cudaSuccess)
+#define cudaDeviceGetAttribute(value, attr, dev) (*(value) = 9, cudaSuccess)  // an sm_90 device
 
 inline void __syncthreads() { emu::wait(emu::g_block->bar); }
 
@@ -184,6 +213,11 @@ inline int __any_sync(unsigned, int pred) {
   return any;
 }
 [[noreturn]] inline void __trap() { std::abort(); }
+// Rounded products and sums, never fused (host code here is built without FMA contraction).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, c += a·b, from the PTX ISA's fragment
 // tables (g = lane / 4, t = lane % 4):

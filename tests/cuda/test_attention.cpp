@@ -77,11 +77,12 @@ void check_sdpa(const SdpaCase& c, cuda::SdpaKernel kernel, uint32_t seed) {
   std::vector<H> gq(static_cast<size_t>(nq)), gk(static_cast<size_t>(nkv)), gv(static_cast<size_t>(nkv));
   cpu::sdpa_backward<H>(q.data(), k.data(), v.data(), o_t.data(), lse.data(), dout.data(), gq.data(), gk.data(),
                         gv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal);
-  Dev<T> dgq(static_cast<size_t>(nq)), dgk(static_cast<size_t>(nkv)), dgv(static_cast<size_t>(nkv)), dgq2(static_cast<size_t>(nq)), dgk2(static_cast<size_t>(nkv)), dgv2(static_cast<size_t>(nkv));
+  Dev<T> dgq(static_cast<size_t>(nq)), dgk(static_cast<size_t>(nkv)), dgv(static_cast<size_t>(nkv)),
+      dgq2(static_cast<size_t>(nq)), dgk2(static_cast<size_t>(nkv)), dgv2(static_cast<size_t>(nkv));
   cuda::sdpa_backward<T>(dq_.get(), dk_.get(), dv_.get(), dout_o.get(), dlse.get(), ddout.get(), dgq.get(), dgk.get(),
                          dgv.get(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, nullptr, kernel);
-  cuda::sdpa_backward<T>(dq_.get(), dk_.get(), dv_.get(), dout_o.get(), dlse.get(), ddout.get(), dgq2.get(),
-                         dgk2.get(), dgv2.get(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, nullptr, kernel);
+  cuda::sdpa_backward<T>(dq_.get(), dk_.get(), dv_.get(), dout_o.get(), dlse.get(), ddout.get(), dgq2.get(), dgk2.get(),
+                         dgv2.get(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, nullptr, kernel);
   const auto got_q = dgq.download(), got_k = dgk.download(), got_v = dgv.download();
   {
     INFO("dq");

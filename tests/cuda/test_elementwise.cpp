@@ -14,9 +14,9 @@ namespace {
 using namespace autosp;
 using namespace autosp::cudatest;
 
-const cpu::Unary kUnaryOps[] = {cpu::Unary::neg,       cpu::Unary::exp,  cpu::Unary::log,   cpu::Unary::tanh,
-                                cpu::Unary::sqrt,      cpu::Unary::rsqrt, cpu::Unary::square, cpu::Unary::gelu_tanh,
-                                cpu::Unary::silu,      cpu::Unary::scale, cpu::Unary::relu};
+const cpu::Unary kUnaryOps[] = {cpu::Unary::neg,  cpu::Unary::exp,   cpu::Unary::log,    cpu::Unary::tanh,
+                                cpu::Unary::sqrt, cpu::Unary::rsqrt, cpu::Unary::square, cpu::Unary::gelu_tanh,
+                                cpu::Unary::silu, cpu::Unary::scale, cpu::Unary::relu};
 
 bool needs_positive(cpu::Unary op) {
   return op == cpu::Unary::log || op == cpu::Unary::sqrt || op == cpu::Unary::rsqrt;
@@ -32,8 +32,8 @@ const BinaryCase kBinaryCases[] = {
     {{2, 5, 6}, {2, 5, 6}, {2, 5, 6}},        // same shape
     {{2, 5, 1}, {5, 6}, {2, 5, 6}},           // both broadcast
     {{2, 5, 6}, {2, 1, 1}, {2, 5, 6}},
-    {{64, 33, 130}, {130}, {64, 33, 130}},    // larger
-    {{300001}, {1}, {300001}},                // scalar operand
+    {{64, 33, 130}, {130}, {64, 33, 130}},  // larger
+    {{300001}, {1}, {300001}},              // scalar operand
 };
 
 }  // namespace
@@ -44,8 +44,8 @@ TEMPLATE_TEST_CASE("cuda unary matches the CPU", "[cuda][elementwise]", float, d
   for (const int64_t n : {int64_t(1000), int64_t(100003)}) {
     for (cpu::Unary op : kUnaryOps) {
       INFO("op " << int(op) << " n " << n);
-      const auto x = values<T>(needs_positive(op) ? naive::random_uniform(n, 11, 0.1, 3.0)
-                                                  : naive::random_normal(n, 12, 1.5));
+      const auto x =
+          values<T>(needs_positive(op) ? naive::random_uniform(n, 11, 0.1, 3.0) : naive::random_normal(n, 12, 1.5));
       std::vector<H> ref(x.size());
       cpu::unary<H>(op, x.data(), ref.data(), n, -0.375);
       Dev<T> dx(x), dy(static_cast<size_t>(n));
@@ -81,8 +81,8 @@ TEMPLATE_TEST_CASE("cuda binary broadcasts like the CPU", "[cuda][elementwise]",
     const auto sa = broadcast_strides(c.a, c.out), sb = broadcast_strides(c.b, c.out);
     const int rank = int(c.out.size());
     Dev<T> da(a), db(b), dout(size_t(numel(c.out)));
-    for (cpu::Binary op : {cpu::Binary::add, cpu::Binary::sub, cpu::Binary::mul, cpu::Binary::div, cpu::Binary::max,
-                           cpu::Binary::min}) {
+    for (cpu::Binary op :
+         {cpu::Binary::add, cpu::Binary::sub, cpu::Binary::mul, cpu::Binary::div, cpu::Binary::max, cpu::Binary::min}) {
       INFO("op " << int(op) << " out rank " << rank << " numel " << numel(c.out));
       std::vector<H> ref(size_t(numel(c.out)));
       cpu::binary<H>(op, rank, c.out.data(), a.data(), sa.data(), b.data(), sb.data(), ref.data());
@@ -123,11 +123,11 @@ TEMPLATE_TEST_CASE("cuda copy_strided and fill are exact", "[cuda][elementwise]"
     int64_t offset, src_numel;
   };
   const CopyCase cases[] = {
-      {{2, 4, 5, 3}, {60, 3, 12, 1}, 0, 120},     // transpose(1, 2) of [2, 5, 4, 3]
-      {{4, 2, 3, 5}, {1, 60, 4, 12}, 0, 120},     // permute {3, 0, 2, 1} of [2, 5, 3, 4]
-      {{2, 3, 6}, {30, 6, 1}, 12, 60},            // slice [2, 5) of dim 1 of [2, 5, 6]
-      {{128, 96}, {1, 128}, 0, 128 * 96},         // a large transpose
-      {{3, 1000}, {1000, 1}, 0, 3000},            // contiguous: a memcpy
+      {{2, 4, 5, 3}, {60, 3, 12, 1}, 0, 120},  // transpose(1, 2) of [2, 5, 4, 3]
+      {{4, 2, 3, 5}, {1, 60, 4, 12}, 0, 120},  // permute {3, 0, 2, 1} of [2, 5, 3, 4]
+      {{2, 3, 6}, {30, 6, 1}, 12, 60},         // slice [2, 5) of dim 1 of [2, 5, 6]
+      {{128, 96}, {1, 128}, 0, 128 * 96},      // a large transpose
+      {{3, 1000}, {1000, 1}, 0, 3000},         // contiguous: a memcpy
   };
   uint32_t seed = 60;
   for (const CopyCase& c : cases) {
@@ -151,9 +151,21 @@ TEMPLATE_TEST_CASE("cuda copy_strided and fill are exact", "[cuda][elementwise]"
 }
 
 TEST_CASE("cuda casts round like the CPU conversions", "[cuda][elementwise]") {
-  std::vector<float> x = {0.f, -0.f, 1.f, -1.5f, 3.14159265f, 1e-30f, 65504.f, 65520.f, 1e30f,
-                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          5.9604645e-08f, 2.9802322e-08f, 1.0009765625f, 1.00048828125f};
+  std::vector<float> x = {0.f,
+                          -0.f,
+                          1.f,
+                          -1.5f,
+                          3.14159265f,
+                          1e-30f,
+                          65504.f,
+                          65520.f,
+                          1e30f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          5.9604645e-08f,
+                          2.9802322e-08f,
+                          1.0009765625f,
+                          1.00048828125f};
   const auto more = naive::random_normal(10000, 70, 100.0);
   x.insert(x.end(), more.begin(), more.end());
   const int64_t n = int64_t(x.size());
@@ -212,18 +224,18 @@ TEMPLATE_TEST_CASE("cuda sum_to matches the CPU and is deterministic", "[cuda][e
     std::vector<int64_t> x, out;
   };
   const SumCase cases[] = {
-      {{2, 5, 6}, {1, 1, 6}},          // bias gradient (op cases)
-      {{2, 5, 6}, {2, 1, 1}},          // inner summed
-      {{2, 5, 6}, {1, 5, 1}},          // outer and inner summed
-      {{2, 5, 6}, {1, 1, 1}},          // everything
-      {{2, 5, 6}, {2, 5, 6}},          // nothing: a copy
-      {{2, 3, 4, 5}, {1, 3, 1, 5}},    // alternating
-      {{4096, 768}, {1, 768}},         // a bias over many rows
-      {{64, 4096}, {64, 1}},           // long rows
-      {{3, 70001}, {3, 1}},            // very long rows
-      {{8, 300, 9}, {8, 1, 9}},        // middle summed, inner kept
-      {{200003}, {1}},                 // rank 1, everything
-      {{0, 7}, {1, 7}},                // empty: zeros
+      {{2, 5, 6}, {1, 1, 6}},        // bias gradient (op cases)
+      {{2, 5, 6}, {2, 1, 1}},        // inner summed
+      {{2, 5, 6}, {1, 5, 1}},        // outer and inner summed
+      {{2, 5, 6}, {1, 1, 1}},        // everything
+      {{2, 5, 6}, {2, 5, 6}},        // nothing: a copy
+      {{2, 3, 4, 5}, {1, 3, 1, 5}},  // alternating
+      {{4096, 768}, {1, 768}},       // a bias over many rows
+      {{64, 4096}, {64, 1}},         // long rows
+      {{3, 70001}, {3, 1}},          // very long rows
+      {{8, 300, 9}, {8, 1, 9}},      // middle summed, inner kept
+      {{200003}, {1}},               // rank 1, everything
+      {{0, 7}, {1, 7}},              // empty: zeros
   };
   uint32_t seed = 80;
   for (const SumCase& c : cases) {

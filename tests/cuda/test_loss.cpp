@@ -43,8 +43,8 @@ TEMPLATE_TEST_CASE("cuda cross-entropy matches the CPU", "[cuda][loss]", float, 
     Dev<A> dg(std::vector<A>{A(g)});
     std::vector<H> grad(logits.size());
     cpu::cross_entropy_backward<H>(logits.data(), labels.data(), grad.data(), c.rows, c.V, double(A(g)));
-    cuda::cross_entropy_backward<T>(dlogits.get(), dlabels.get(), dgrad.get(), c.rows, c.V, dg.get(),
-                                    cpu::kIgnoreIndex, nullptr);
+    cuda::cross_entropy_backward<T>(dlogits.get(), dlabels.get(), dgrad.get(), c.rows, c.V, dg.get(), cpu::kIgnoreIndex,
+                                    nullptr);
     check_against<T>(dgrad.download(), grad);
     cuda::cross_entropy_backward<T>(dlogits.get(), dlabels.get(), dlogits.get(), c.rows, c.V, dg.get(),
                                     cpu::kIgnoreIndex, nullptr);  // in place

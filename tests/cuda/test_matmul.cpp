@@ -18,14 +18,12 @@ struct GemmCase {
 };
 
 const GemmCase kGemmCases[] = {
-    {false, false, 1, 10, 3, 6, false, 1, 0},   // [B, S, 6] · [6, 3] folded into one GEMM
-    {false, true, 1, 10, 3, 6, false, 1, 0},    // [B, S, 6] · [3, 6]ᵀ
-    {true, false, 8, 5, 3, 6, false, 1, 0},     // [B, 4, 6, S]ᵀ · [B, 4, 6, 3]
-    {false, true, 6, 5, 5, 4, false, 1, 0},     // [B, 3, S, 4] · [B, 3, S, 4]ᵀ
-    {false, false, 3, 128, 96, 200, false, 1, 0},
-    {true, false, 3, 128, 96, 200, false, 1, 0},
-    {false, true, 3, 128, 96, 200, false, 1, 0},
-    {true, true, 3, 128, 96, 200, false, 1, 0},
+    {false, false, 1, 10, 3, 6, false, 1, 0},  // [B, S, 6] · [6, 3] folded into one GEMM
+    {false, true, 1, 10, 3, 6, false, 1, 0},   // [B, S, 6] · [3, 6]ᵀ
+    {true, false, 8, 5, 3, 6, false, 1, 0},    // [B, 4, 6, S]ᵀ · [B, 4, 6, 3]
+    {false, true, 6, 5, 5, 4, false, 1, 0},    // [B, 3, S, 4] · [B, 3, S, 4]ᵀ
+    {false, false, 3, 128, 96, 200, false, 1, 0},   {true, false, 3, 128, 96, 200, false, 1, 0},
+    {false, true, 3, 128, 96, 200, false, 1, 0},    {true, true, 3, 128, 96, 200, false, 1, 0},
     {false, false, 4, 64, 256, 128, true, 1, 0},  // shared weight
     {false, true, 2, 33, 17, 65, false, 0.5, 1},  // odd sizes, accumulate into C
     {false, false, 2, 7, 5, 0, false, 1, 0.25},   // K = 0: C = beta · C

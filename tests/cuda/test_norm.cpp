@@ -64,7 +64,8 @@ TEMPLATE_TEST_CASE("cuda norm backwards match the CPU", "[cuda][norm]", float, d
     const auto x = values<T>(naive::random_normal(int64_t(n), seed++, 2.0));
     const auto gy = values<T>(naive::random_normal(int64_t(n), seed++));
     const auto w = values<T>(naive::random_normal(c.C, seed++));
-    Dev<T> dx(x), dgy(gy), dw(w), dgx(n), dgw(static_cast<size_t>(c.C)), dgb(static_cast<size_t>(c.C)), dgw2(static_cast<size_t>(c.C));
+    Dev<T> dx(x), dgy(gy), dw(w), dgx(n), dgw(static_cast<size_t>(c.C)), dgb(static_cast<size_t>(c.C)),
+        dgw2(static_cast<size_t>(c.C));
     std::vector<H> gx(n), gw(static_cast<size_t>(c.C)), gb(static_cast<size_t>(c.C));
 
     cpu::layernorm_backward_input<H>(gy.data(), x.data(), w.data(), gx.data(), c.rows, c.C, 1e-5);

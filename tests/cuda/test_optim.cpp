@@ -8,7 +8,7 @@ using namespace autosp;
 using namespace autosp::cudatest;
 
 TEMPLATE_TEST_CASE("cuda adamw matches the CPU", "[cuda][optim]", float, double, cuda::bf16) {
-  using G = TestType;                                            // gradient storage
+  using G = TestType;                                                      // gradient storage
   using P = std::conditional_t<std::is_same_v<G, double>, double, float>;  // master weights
   const int64_t n = 100003;
   const double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, wd = 0.1;

@@ -16,8 +16,8 @@ TEMPLATE_TEST_CASE("cuda rope matches the CPU", "[cuda][rope]", float, double, c
     int64_t pos0;  // first position (positions are pos0 + s, reversed in batch 1)
   };
   uint32_t seed = 400;
-  for (const Case c : {Case{2, 3, 5, 8, 10000.0, 0}, Case{1, 4, 256, 64, 10000.0, 0},
-                       Case{2, 2, 300, 128, 500000.0, 30000}}) {
+  for (const Case c :
+       {Case{2, 3, 5, 8, 10000.0, 0}, Case{1, 4, 256, 64, 10000.0, 0}, Case{2, 2, 300, 128, 500000.0, 30000}}) {
     INFO("B " << c.B << " N " << c.N << " S " << c.S << " D " << c.D << " pos0 " << c.pos0);
     const int64_t n = c.B * c.N * c.S * c.D;
     std::vector<int64_t> pos(size_t(c.B * c.S));

@@ -45,8 +45,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // SIMT tiling.
-constexpr int kSimtWarps = 8;   // rows per block, one warp each
-constexpr int kSimtTile = 32;   // rows of the other operand per shared tile: one per lane
+constexpr int kSimtWarps = 8;  // rows per block, one warp each
+constexpr int kSimtTile = 32;  // rows of the other operand per shared tile: one per lane
 
 // Tensor-core tiling.
 constexpr int kMmaWarps = 4;
@@ -102,8 +102,8 @@ __device__ __forceinline__ int64_t key_end(int64_t i, int64_t Sq, int64_t Skv, b
 
 // Loads rows [row0, row0 + 32) of src [rows, D] into dst [32][DP] as float, zeros outside.
 template <class T, int DPL>
-__device__ __forceinline__ void simt_load_tile(float (*dst)[kWarp * DPL + 1], const T* src, int64_t row0,
-                                               int64_t rows, int D) {
+__device__ __forceinline__ void simt_load_tile(float (*dst)[kWarp * DPL + 1], const T* src, int64_t row0, int64_t rows,
+                                               int D) {
   constexpr int W = kWarp * DPL;
   for (int idx = threadIdx.x; idx < kSimtTile * W; idx += blockDim.x) {
     const int r = idx / W, d = idx % W;
@@ -247,9 +247,8 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
 // dq. grid (ceil(Sq / 8), B·N), block 256: warp w owns query row blockIdx·8 + w.
 template <class T, int DPL>
 __global__ void __launch_bounds__(kSimtWarps* kWarp)
-    sdpa_backward_q_simt_kernel(const T* q, const T* k, const T* v, const float* lse, const float* delta,
-                                const T* dout, T* dq, int N, int Nkv, int64_t Sq, int64_t Skv, int D, float scale,
-                                bool causal) {
+    sdpa_backward_q_simt_kernel(const T* q, const T* k, const T* v, const float* lse, const float* delta, const T* dout,
+                                T* dq, int N, int Nkv, int64_t Sq, int64_t Skv, int D, float scale, bool causal) {
   constexpr int W = kWarp * DPL;
   __shared__ float ks[kSimtTile][W + 1], vs[kSimtTile][W + 1];
   __shared__ float qs[kSimtWarps][W], dos[kSimtWarps][W];
@@ -313,7 +312,9 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 // Two floats as a bf16x2 register: lo in the low half.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  uint32_t r;
+  memcpy(&r, &v, sizeof(r));
+  return r;
 }
 
 // Two bf16 of shared memory as a bf16x2 register: lo in the low half.
@@ -384,8 +385,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
                             int64_t Sq, int64_t Skv, float scale_log2, bool causal) {
   constexpr int LD = D + 8, NT = kMmaKeys / 8, DT = D / 8;
   bf16* qs = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
-  bf16* ks = qs + kMmaRows * LD;                  // [64][LD]
-  bf16* vs = ks + kMmaKeys * LD;                  // [64][LD]
+  bf16* ks = qs + kMmaRows * LD;                       // [64][LD]
+  bf16* vs = ks + kMmaKeys * LD;                       // [64][LD]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane / 4, t = lane % 4;
   const int64_t qb = gridDim.x - 1 - blockIdx.x;  // late query tiles (most keys) first
   const int64_t bh = blockIdx.y, b = bh / N, hk = (bh % N) / (N / Nkv);
@@ -484,10 +485,10 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
                                 const bf16* dout, bf16* dk, bf16* dv, int N, int Nkv, int64_t Sq, int64_t Skv,
                                 float scale, bool causal) {
   constexpr int LD = D + 8, BQ = kKvQueryTile<D>, NT = BQ / 8, DT = D / 8;
-  bf16* ks = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
-  bf16* vs = ks + kMmaRows * LD;                  // [64][LD]
-  bf16* qs = vs + kMmaRows * LD;                  // [BQ][LD]
-  bf16* dos = qs + BQ * LD;                       // [BQ][LD]
+  bf16* ks = reinterpret_cast<bf16*>(attention_smem);      // [64][LD]
+  bf16* vs = ks + kMmaRows * LD;                           // [64][LD]
+  bf16* qs = vs + kMmaRows * LD;                           // [BQ][LD]
+  bf16* dos = qs + BQ * LD;                                // [BQ][LD]
   float* lse_s = reinterpret_cast<float*>(dos + BQ * LD);  // [BQ], log2 units
   float* delta_s = lse_s + BQ;                             // [BQ]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane / 4, t = lane % 4;
@@ -540,7 +541,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
           st[nt][e] = p;
           dpt[nt][e] = p * (dpt[nt][e] - delta_s[qi]);
         }
-      // dv [16 × D] += Pᵀ [16 × BQ] · dout [BQ × D];  dk [16 × D] += dSᵀ · q
+        // dv [16 × D] += Pᵀ [16 × BQ] · dout [BQ × D];  dk [16 × D] += dSᵀ · q
 #pragma unroll
       for (int kc = 0; kc < BQ / 16; ++kc) {
         uint32_t ap[4], ads[4];
@@ -580,9 +581,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
                                bool causal) {
   constexpr int LD = D + 8, NT = kMmaKeys / 8, DT = D / 8;
   bf16* qs = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
-  bf16* dos = qs + kMmaRows * LD;                 // [64][LD]
-  bf16* ks = dos + kMmaRows * LD;                 // [64][LD]
-  bf16* vs = ks + kMmaKeys * LD;                  // [64][LD]
+  bf16* dos = qs + kMmaRows * LD;                      // [64][LD]
+  bf16* ks = dos + kMmaRows * LD;                      // [64][LD]
+  bf16* vs = ks + kMmaKeys * LD;                       // [64][LD]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane / 4, t = lane % 4;
   const int64_t qb = gridDim.x - 1 - blockIdx.x;
   const int64_t bh = blockIdx.y, b = bh / N, hk = (bh % N) / (N / Nkv);
@@ -634,7 +635,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
         const float p = kj < row_end[r] ? exp2f(s[nt][e] * scale_log2 - L[r]) : 0.f;
         s[nt][e] = p * (dp[nt][e] - dl[r]);
       }
-    // dq [16 × D] += dS [16 × 64] · K [64 × D]
+      // dq [16 × D] += dS [16 × 64] · K [64 × D]
 #pragma unroll
     for (int kc = 0; kc < kMmaKeys / 16; ++kc) {
       uint32_t a[4];
@@ -661,8 +662,6 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
 }  // namespace
 
 // ==== launchers =================================================================================
-
-#ifndef AUTOSP_CUDA_EMULATION  // the emulation runs the kernels itself
 
 namespace {
 
@@ -705,11 +704,10 @@ void set_smem(Kernel kernel, size_t bytes) {
 unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
 
 template <class T, int DPL>
-void forward_simt(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv,
-                  int64_t Sq, int64_t Skv, int64_t D, float scale, bool causal, cudaStream_t stream) {
-  sdpa_forward_simt_kernel<T, DPL><<<dim3(blocks(Sq, kSimtWarps), unsigned(B * N)), kSimtWarps * kWarp, 0, stream>>>(
-      q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, int(D), scale, causal);
-  CUDA_CHECK_LAUNCH();
+void forward_simt(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
+                  int64_t Skv, int64_t D, float scale, bool causal, cudaStream_t stream) {
+  launch_kernel(sdpa_forward_simt_kernel<T, DPL>, dim3(blocks(Sq, kSimtWarps), unsigned(B * N)), kSimtWarps * kWarp, 0,
+                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, int(D), scale, causal);
 }
 
 template <class T, int DPL>
@@ -717,15 +715,14 @@ void backward_simt(const T* q, const T* k, const T* v, const float* lse, const f
                    T* dk, T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, float scale,
                    bool causal, cudaStream_t stream) {
   if (Skv > 0) {
-    sdpa_backward_kv_simt_kernel<T, DPL>
-        <<<dim3(blocks(Skv, kSimtWarps), unsigned(B * Nkv)), kSimtWarps * kWarp, 0, stream>>>(
-            q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, int(D), scale, causal);
-    CUDA_CHECK_LAUNCH();
+    launch_kernel(sdpa_backward_kv_simt_kernel<T, DPL>, dim3(blocks(Skv, kSimtWarps), unsigned(B * Nkv)),
+                  kSimtWarps * kWarp, 0, stream, q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, int(D),
+                  scale, causal);
   }
   if (Sq > 0) {
-    sdpa_backward_q_simt_kernel<T, DPL><<<dim3(blocks(Sq, kSimtWarps), unsigned(B * N)), kSimtWarps * kWarp, 0, stream>>>(
-        q, k, v, lse, delta, dout, dq, int(N), int(Nkv), Sq, Skv, int(D), scale, causal);
-    CUDA_CHECK_LAUNCH();
+    launch_kernel(sdpa_backward_q_simt_kernel<T, DPL>, dim3(blocks(Sq, kSimtWarps), unsigned(B * N)),
+                  kSimtWarps * kWarp, 0, stream, q, k, v, lse, delta, dout, dq, int(N), int(Nkv), Sq, Skv, int(D),
+                  scale, causal);
   }
 }
 
@@ -734,29 +731,26 @@ void forward_mma(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* ls
                  int64_t Sq, int64_t Skv, float scale, bool causal, cudaStream_t stream) {
   const size_t smem = size_t(kMmaRows + 2 * kMmaKeys) * (D + 8) * sizeof(bf16);
   set_smem(sdpa_forward_mma_kernel<D>, smem);
-  sdpa_forward_mma_kernel<D><<<dim3(blocks(Sq, kMmaRows), unsigned(B * N)), kMmaWarps * kWarp, smem, stream>>>(
-      q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, scale * kLog2e, causal);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(sdpa_forward_mma_kernel<D>, dim3(blocks(Sq, kMmaRows), unsigned(B * N)), kMmaWarps * kWarp, smem,
+                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, scale * kLog2e, causal);
 }
 
 template <int D>
 void backward_mma(const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta, const bf16* dout,
-                  bf16* dq, bf16* dk, bf16* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv,
-                  float scale, bool causal, cudaStream_t stream) {
+                  bf16* dq, bf16* dk, bf16* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, float scale,
+                  bool causal, cudaStream_t stream) {
   constexpr int BQ = kKvQueryTile<D>;
   if (Skv > 0) {
     const size_t smem = size_t(2 * kMmaRows + 2 * BQ) * (D + 8) * sizeof(bf16) + 2 * BQ * sizeof(float);
     set_smem(sdpa_backward_kv_mma_kernel<D>, smem);
-    sdpa_backward_kv_mma_kernel<D><<<dim3(blocks(Skv, kMmaRows), unsigned(B * Nkv)), kMmaWarps * kWarp, smem, stream>>>(
-        q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, scale, causal);
-    CUDA_CHECK_LAUNCH();
+    launch_kernel(sdpa_backward_kv_mma_kernel<D>, dim3(blocks(Skv, kMmaRows), unsigned(B * Nkv)), kMmaWarps * kWarp,
+                  smem, stream, q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, scale, causal);
   }
   if (Sq > 0) {
     const size_t smem = size_t(2 * kMmaRows + 2 * kMmaKeys) * (D + 8) * sizeof(bf16);
     set_smem(sdpa_backward_q_mma_kernel<D>, smem);
-    sdpa_backward_q_mma_kernel<D><<<dim3(blocks(Sq, kMmaRows), unsigned(B * N)), kMmaWarps * kWarp, smem, stream>>>(
-        q, k, v, lse, delta, dout, dq, int(N), int(Nkv), Sq, Skv, scale, causal);
-    CUDA_CHECK_LAUNCH();
+    launch_kernel(sdpa_backward_q_mma_kernel<D>, dim3(blocks(Sq, kMmaRows), unsigned(B * N)), kMmaWarps * kWarp, smem,
+                  stream, q, k, v, lse, delta, dout, dq, int(N), int(Nkv), Sq, Skv, scale, causal);
   }
 }
 
@@ -786,17 +780,17 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t 
 }
 
 template <class T>
-void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk,
-                   T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal, cudaStream_t stream, SdpaKernel kernel) {
+void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv,
+                   int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
+                   cudaStream_t stream, SdpaKernel kernel) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   if (B == 0) return;
   const float sc = float(scale);
   const int64_t rows = B * N * Sq;
   Scratch delta(size_t(rows) * sizeof(float), stream);  // Δ [B, N, Sq]
   if (rows > 0) {
-    sdpa_delta_kernel<T><<<blocks(rows, 8), 8 * kWarp, 0, stream>>>(o, dout, delta.as<float>(), rows, int(D));
-    CUDA_CHECK_LAUNCH();
+    launch_kernel(sdpa_delta_kernel<T>, blocks(rows, 8), 8 * kWarp, 0, stream, o, dout, delta.as<float>(), rows,
+                  int(D));
   }
   if constexpr (std::is_same_v<T, bf16>) {
     if (use_mma<T>(kernel, D, {q, k, v, dout, dq, dk, dv})) {
@@ -820,8 +814,7 @@ void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T val
   AUTOSP_ASSERT(batch >= 0 && Sq >= 0 && Skv >= 0, "causal_mask sizes ", batch, " ", Sq, " ", Skv);
   const int64_t total = batch * Sq * Skv;
   if (total == 0) return;
-  causal_mask_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(x, y, total, Sq, Skv, value);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(causal_mask_kernel<T>, grid_for(total, 256), 256, 0, stream, x, y, total, Sq, Skv, value);
 }
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
@@ -837,7 +830,5 @@ template void sdpa_backward<bf16>(const bf16*, const bf16*, const bf16*, const b
 template void causal_mask<float>(const float*, float*, int64_t, int64_t, int64_t, float, cudaStream_t);
 template void causal_mask<double>(const double*, double*, int64_t, int64_t, int64_t, double, cudaStream_t);
 template void causal_mask<bf16>(const bf16*, bf16*, int64_t, int64_t, int64_t, bf16, cudaStream_t);
-
-#endif  // AUTOSP_CUDA_EMULATION
 
 }  // namespace autosp::cuda

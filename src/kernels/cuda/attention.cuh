@@ -34,9 +34,9 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t 
 // GQA: dk, dv of a kv head sum over the query heads that read it. dq, dk, dv are overwritten.
 // Scratch: Δ [B, N, Sq] floats from the stream-ordered pool.
 template <class T>
-void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk,
-                   T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal, cudaStream_t stream, SdpaKernel kernel = SdpaKernel::automatic);
+void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv,
+                   int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
+                   cudaStream_t stream, SdpaKernel kernel = SdpaKernel::automatic);
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]).
 // x and y may alias. T is float, double or bf16.

@@ -7,13 +7,13 @@ namespace autosp::cuda {
 namespace detail {
 
 void throw_cuda(cudaError_t err, const char* expr, const char* file, int line) {
-  throw RuntimeFailure(str("CUDA error ", cudaGetErrorName(err), ": ", cudaGetErrorString(err), " in ", expr, " at ",
-                           file, ":", line));
+  throw RuntimeFailure(
+      str("CUDA error ", cudaGetErrorName(err), ": ", cudaGetErrorString(err), " in ", expr, " at ", file, ":", line));
 }
 
 void throw_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
-  throw RuntimeFailure(str("cuBLAS error ", int(st), " (", cublasGetStatusString(st), ") in ", expr, " at ", file, ":",
-                           line));
+  throw RuntimeFailure(
+      str("cuBLAS error ", int(st), " (", cublasGetStatusString(st), ") in ", expr, " at ", file, ":", line));
 }
 
 }  // namespace detail

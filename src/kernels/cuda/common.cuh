@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "tensor/check.h"
 
@@ -66,22 +67,20 @@ class Scratch {
 }  // namespace autosp::cuda
 
 // Throws autosp::RuntimeFailure "CUDA error <name>: <text> in <expr> at file:line".
-#define CUDA_CHECK(expr)                                                                   \
-  do {                                                                                     \
-    const cudaError_t autosp_err_ = (expr);                                                \
-    if (autosp_err_ != cudaSuccess)                                                        \
-      ::autosp::cuda::detail::throw_cuda(autosp_err_, #expr, __FILE__, __LINE__);          \
+#ifndef CUDA_CHECK  // (tests/cuda/emulation.h has its own)
+#define CUDA_CHECK(expr)                                                                                        \
+  do {                                                                                                          \
+    const cudaError_t autosp_err_ = (expr);                                                                     \
+    if (autosp_err_ != cudaSuccess) ::autosp::cuda::detail::throw_cuda(autosp_err_, #expr, __FILE__, __LINE__); \
   } while (0)
+#endif
 
-#define CUBLAS_CHECK(expr)                                                                 \
-  do {                                                                                     \
-    const cublasStatus_t autosp_st_ = (expr);                                              \
-    if (autosp_st_ != CUBLAS_STATUS_SUCCESS)                                               \
-      ::autosp::cuda::detail::throw_cublas(autosp_st_, #expr, __FILE__, __LINE__);         \
+#define CUBLAS_CHECK(expr)                                                         \
+  do {                                                                             \
+    const cublasStatus_t autosp_st_ = (expr);                                      \
+    if (autosp_st_ != CUBLAS_STATUS_SUCCESS)                                       \
+      ::autosp::cuda::detail::throw_cublas(autosp_st_, #expr, __FILE__, __LINE__); \
   } while (0)
-
-// After a kernel launch: a bad configuration (grid, shared memory) is reported here.
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 #if defined(__CUDACC__) || defined(AUTOSP_CUDA_EMULATION)  // tests/cuda/emulation.h
 
@@ -181,6 +180,24 @@ __device__ A block_max(A v, A* shared) {
   return shared[0];
 }
 
+// ---- launches ----------------------------------------------------------------------------------
+
+// kernel<<<grid, block, smem, stream>>>(args...), then a check of the launch (a bad grid or
+// shared-memory size throws here). A function rather than the raw syntax so that the CPU emulation
+// (tests/cuda/emulation.h) runs the very same launchers.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: wrong number of kernel arguments");
+#ifdef AUTOSP_CUDA_EMULATION
+  (void)smem;
+  (void)stream;
+  emulated_launch(grid, block, [&] { kernel(static_cast<Params>(args)...); });
+#else
+  kernel<<<grid, block, smem, stream>>>(static_cast<Params>(std::forward<Args>(args))...);
+  CUDA_CHECK(cudaGetLastError());
+#endif
+}
+
 // ---- launch sizes ------------------------------------------------------------------------------
 
 // Blocks for a grid-stride loop over n items (capped: each thread then loops).
@@ -189,9 +206,8 @@ inline unsigned grid_for(int64_t n, int block) {
   return static_cast<unsigned>(g < 1 ? 1 : (g > (int64_t(1) << 20) ? (int64_t(1) << 20) : g));
 }
 
-#define AUTOSP_GRID_STRIDE(i, n)                                                             \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);                  \
-       i += int64_t(gridDim.x) * blockDim.x)
+#define AUTOSP_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 }  // namespace autosp::cuda
 

@@ -92,19 +92,39 @@ __global__ void unary_kernel(Unary op, const T* x, T* y, int64_t n, acc_t<T> s) 
     const A v = load(x, i);
     A r = v;
     switch (op) {
-      case Unary::neg: r = -v; break;
-      case Unary::exp: r = dexp(v); break;
-      case Unary::log: r = dlog(v); break;
-      case Unary::tanh: r = dtanh(v); break;
-      case Unary::sqrt: r = dsqrt(v); break;
-      case Unary::rsqrt: r = A(1) / dsqrt(v); break;
-      case Unary::square: r = v * v; break;
+      case Unary::neg:
+        r = -v;
+        break;
+      case Unary::exp:
+        r = dexp(v);
+        break;
+      case Unary::log:
+        r = dlog(v);
+        break;
+      case Unary::tanh:
+        r = dtanh(v);
+        break;
+      case Unary::sqrt:
+        r = dsqrt(v);
+        break;
+      case Unary::rsqrt:
+        r = A(1) / dsqrt(v);
+        break;
+      case Unary::square:
+        r = v * v;
+        break;
       case Unary::gelu_tanh:  // 0.5·(1 + tanh u) = sigmoid(2u), as on the CPU
         r = v / (A(1) + dexp(-A(2 * 0.7978845608028654) * (v + A(0.044715) * v * v * v)));
         break;
-      case Unary::silu: r = v / (A(1) + dexp(-v)); break;
-      case Unary::scale: r = v * s; break;
-      case Unary::relu: r = v < A(0) ? A(0) : v; break;
+      case Unary::silu:
+        r = v / (A(1) + dexp(-v));
+        break;
+      case Unary::scale:
+        r = v * s;
+        break;
+      case Unary::relu:
+        r = v < A(0) ? A(0) : v;
+        break;
     }
     store(y, i, r);
   }
@@ -132,12 +152,18 @@ __global__ void unary_backward_kernel(UnaryGrad op, const T* dy, const T* x, T* 
 template <class A>
 __device__ __forceinline__ A binary_op(Binary op, A a, A b) {
   switch (op) {
-    case Binary::add: return a + b;
-    case Binary::sub: return a - b;
-    case Binary::mul: return a * b;
-    case Binary::div: return a / b;
-    case Binary::max: return (a > b || a != a) ? a : b;  // NaN-propagating, like torch.maximum
-    case Binary::min: return (a < b || a != a) ? a : b;
+    case Binary::add:
+      return a + b;
+    case Binary::sub:
+      return a - b;
+    case Binary::mul:
+      return a * b;
+    case Binary::div:
+      return a / b;
+    case Binary::max:
+      return (a > b || a != a) ? a : b;  // NaN-propagating, like torch.maximum
+    case Binary::min:
+      return (a < b || a != a) ? a : b;
   }
   return a;
 }
@@ -306,8 +332,7 @@ template <class T>
 void unary(Unary op, const T* x, T* y, int64_t n, double scalar, cudaStream_t stream) {
   AUTOSP_ASSERT(n >= 0, "unary n ", n);
   if (n == 0) return;
-  unary_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(op, x, y, n, acc_t<T>(scalar));
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(unary_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, op, x, y, n, acc_t<T>(scalar));
 }
 
 template <class T>
@@ -315,8 +340,7 @@ void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n, cud
   AUTOSP_ASSERT(n >= 0, "unary_backward n ", n);
   AUTOSP_ASSERT(op == UnaryGrad::gelu_tanh || op == UnaryGrad::silu, "unknown unary grad op ", int(op));
   if (n == 0) return;
-  unary_backward_kernel<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(op, dy, x, dx, n);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(unary_backward_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, op, dy, x, dx, n);
 }
 
 template <class T>
@@ -326,11 +350,10 @@ void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int
   const Space s = simplify(rank, out_shape, 2, strides);
   if (s.numel == 0) return;
   if (s.rank == 1 && s.stride[0][0] == 1 && s.stride[1][0] == 1) {
-    binary_contiguous_kernel<T><<<grid_for(s.numel, kBlock), kBlock, 0, stream>>>(op, a, b, out, s.numel);
+    launch_kernel(binary_contiguous_kernel<T>, grid_for(s.numel, kBlock), kBlock, 0, stream, op, a, b, out, s.numel);
   } else {
-    binary_strided_kernel<T><<<grid_for(s.numel, kBlock), kBlock, 0, stream>>>(op, s, a, b, out);
+    launch_kernel(binary_strided_kernel<T>, grid_for(s.numel, kBlock), kBlock, 0, stream, op, s, a, b, out);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
@@ -344,9 +367,8 @@ void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* s
     return;
   }
   using U = Bits<T>;
-  copy_strided_kernel<U><<<grid_for(s.numel, kBlock), kBlock, 0, stream>>>(s, reinterpret_cast<const U*>(src),
-                                                                            reinterpret_cast<U*>(dst));
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(copy_strided_kernel<U>, grid_for(s.numel, kBlock), kBlock, 0, stream, s,
+                reinterpret_cast<const U*>(src), reinterpret_cast<U*>(dst));
 }
 
 template <class T>
@@ -356,16 +378,14 @@ void fill(T* dst, int64_t n, T value, cudaStream_t stream) {
   using U = Bits<T>;
   U bits;
   std::memcpy(&bits, &value, sizeof(U));
-  fill_kernel<U><<<grid_for(n, kBlock), kBlock, 0, stream>>>(reinterpret_cast<U*>(dst), n, bits);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(fill_kernel<U>, grid_for(n, kBlock), kBlock, 0, stream, reinterpret_cast<U*>(dst), n, bits);
 }
 
 template <class Src, class Dst>
 void cast(const Src* src, Dst* dst, int64_t n, cudaStream_t stream) {
   AUTOSP_ASSERT(n >= 0, "cast n ", n);
   if (n == 0) return;
-  cast_kernel<Src, Dst><<<grid_for(n, kBlock), kBlock, 0, stream>>>(src, dst, n);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(cast_kernel<Src, Dst>, grid_for(n, kBlock), kBlock, 0, stream, src, dst, n);
 }
 
 template <class T>
@@ -429,14 +449,14 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
   Scratch partial(p.nc > 1 ? size_t(p.nc * out_numel) * sizeof(A) : 0, stream);
   const int64_t work = out_numel * p.nc;
   if (inner_summed) {
-    sum_to_warps_kernel<T><<<grid_for(work * kWarp, kBlock), kBlock, 0, stream>>>(p, x, out, partial.as<A>());
+    launch_kernel(sum_to_warps_kernel<T>, grid_for(work * kWarp, kBlock), kBlock, 0, stream, p, x, out,
+                  partial.as<A>());
   } else {
-    sum_to_threads_kernel<T><<<grid_for(work, kBlock), kBlock, 0, stream>>>(p, x, out, partial.as<A>());
+    launch_kernel(sum_to_threads_kernel<T>, grid_for(work, kBlock), kBlock, 0, stream, p, x, out, partial.as<A>());
   }
-  CUDA_CHECK_LAUNCH();
   if (p.nc > 1) {
-    sum_chunks_kernel<T><<<grid_for(out_numel, kBlock), kBlock, 0, stream>>>(partial.as<A>(), p.nc, out_numel, out);
-    CUDA_CHECK_LAUNCH();
+    launch_kernel(sum_chunks_kernel<T>, grid_for(out_numel, kBlock), kBlock, 0, stream, partial.as<A>(), p.nc,
+                  out_numel, out);
   }
 }
 
@@ -445,26 +465,25 @@ void sum_squares(const T* x, int64_t n, double* out, cudaStream_t stream) {
   AUTOSP_ASSERT(n >= 0, "sum_squares n ", n);
   const int64_t nchunks = std::clamp<int64_t>(n / (int64_t(1) << 16), 1, 1024);
   Scratch partial(size_t(nchunks) * sizeof(double), stream);
-  sum_squares_chunks_kernel<T><<<unsigned(nchunks), kBlock, 0, stream>>>(x, n, nchunks, partial.as<double>());
-  CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, 1024, 0, stream>>>(partial.as<double>(), nchunks, out);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(sum_squares_chunks_kernel<T>, unsigned(nchunks), kBlock, 0, stream, x, n, nchunks,
+                partial.as<double>());
+  launch_kernel(sum_partials_kernel, 1, 1024, 0, stream, partial.as<double>(), nchunks, out);
 }
 
-#define AUTOSP_INSTANTIATE_FLOAT(T)                                                                          \
-  template void unary<T>(Unary, const T*, T*, int64_t, double, cudaStream_t);                              \
-  template void unary_backward<T>(UnaryGrad, const T*, const T*, T*, int64_t, cudaStream_t);               \
-  template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*, const int64_t*, \
-                          T*, cudaStream_t);                                                               \
-  template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*, cudaStream_t);                \
+#define AUTOSP_INSTANTIATE_FLOAT(T)                                                                            \
+  template void unary<T>(Unary, const T*, T*, int64_t, double, cudaStream_t);                                  \
+  template void unary_backward<T>(UnaryGrad, const T*, const T*, T*, int64_t, cudaStream_t);                   \
+  template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*, const int64_t*, T*, \
+                          cudaStream_t);                                                                       \
+  template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*, cudaStream_t);                    \
   template void sum_squares<T>(const T*, int64_t, double*, cudaStream_t);
 AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)
 AUTOSP_INSTANTIATE_FLOAT(bf16)
 #undef AUTOSP_INSTANTIATE_FLOAT
 
-#define AUTOSP_INSTANTIATE_COPY(T)                                                                    \
-  template void copy_strided<T>(int, const int64_t*, const T*, const int64_t*, T*, cudaStream_t);   \
+#define AUTOSP_INSTANTIATE_COPY(T)                                                                \
+  template void copy_strided<T>(int, const int64_t*, const T*, const int64_t*, T*, cudaStream_t); \
   template void fill<T>(T*, int64_t, T, cudaStream_t);
 AUTOSP_INSTANTIATE_COPY(float)
 AUTOSP_INSTANTIATE_COPY(double)

@@ -31,8 +31,7 @@ constexpr int kColBlock = 128;  // columns per backward block
 namespace {
 
 template <class T>
-__global__ void embedding_forward_kernel(const T* weight, const int64_t* ids, T* out, int64_t n, int64_t V,
-                                         int64_t C) {
+__global__ void embedding_forward_kernel(const T* weight, const int64_t* ids, T* out, int64_t n, int64_t V, int64_t C) {
   AUTOSP_GRID_STRIDE(e, n * C) {
     const int64_t i = e / C, c = e % C, id = ids[i];
     out[e] = (id >= 0 && id < V) ? weight[id * C + c] : from_acc<T>(acc_t<T>(NAN));
@@ -83,8 +82,7 @@ void embedding_forward(const T* weight, const int64_t* ids, T* out, int64_t n, i
                        cudaStream_t stream) {
   AUTOSP_ASSERT(n >= 0 && V >= 0 && C >= 0, "embedding n ", n, " V ", V, " C ", C);
   if (n == 0 || C == 0) return;
-  embedding_forward_kernel<T><<<grid_for(n * C, kBlock), kBlock, 0, stream>>>(weight, ids, out, n, V, C);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(embedding_forward_kernel<T>, grid_for(n * C, kBlock), kBlock, 0, stream, weight, ids, out, n, V, C);
 }
 
 template <class T>
@@ -101,8 +99,8 @@ void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, 
   Scratch keys_in(size_t(n) * sizeof(uint32_t), stream), keys_out(size_t(n) * sizeof(uint32_t), stream);
   Scratch pos_in(size_t(n) * sizeof(int32_t), stream), pos_out(size_t(n) * sizeof(int32_t), stream);
   Scratch start(size_t(V + 1) * sizeof(int32_t), stream);
-  make_keys_kernel<<<grid_for(n, kBlock), kBlock, 0, stream>>>(ids, keys_in.as<uint32_t>(), pos_in.as<int32_t>(), n, V);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(make_keys_kernel, grid_for(n, kBlock), kBlock, 0, stream, ids, keys_in.as<uint32_t>(),
+                pos_in.as<int32_t>(), n, V);
   int end_bit = 1;  // bits the keys (≤ V) need
   while (end_bit < 32 && (uint64_t(V) >> end_bit) != 0) ++end_bit;
   size_t temp_bytes = 0;
@@ -112,16 +110,14 @@ void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, 
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, keys_in.as<uint32_t>(),
                                              keys_out.as<uint32_t>(), pos_in.as<int32_t>(), pos_out.as<int32_t>(),
                                              int(n), 0, end_bit, stream));
-  segment_starts_kernel<<<grid_for(V + 1, kBlock), kBlock, 0, stream>>>(keys_out.as<uint32_t>(), n, V,
-                                                                        start.as<int32_t>());
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(segment_starts_kernel, grid_for(V + 1, kBlock), kBlock, 0, stream, keys_out.as<uint32_t>(), n, V,
+                start.as<int32_t>());
   const int64_t ncb = (C + kColBlock - 1) / kColBlock;
-  embedding_backward_kernel<T><<<grid_for(V * ncb * kColBlock, kColBlock), kColBlock, 0, stream>>>(
-      dy, pos_out.as<int32_t>(), start.as<int32_t>(), dweight, V, C, ncb);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(embedding_backward_kernel<T>, grid_for(V * ncb * kColBlock, kColBlock), kColBlock, 0, stream, dy,
+                pos_out.as<int32_t>(), start.as<int32_t>(), dweight, V, C, ncb);
 }
 
-#define AUTOSP_INSTANTIATE(T)                                                                                 \
+#define AUTOSP_INSTANTIATE(T)                                                                                \
   template void embedding_forward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, cudaStream_t); \
   template void embedding_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, cudaStream_t);
 AUTOSP_INSTANTIATE(float)

@@ -108,18 +108,15 @@ void cross_entropy_sum(const T* logits, const int64_t* labels, acc_t<T>* loss, i
     return;
   }
   Scratch row_loss(size_t(rows) * sizeof(double), stream);
-  cross_entropy_rows_kernel<T><<<unsigned(rows), kRowBlock, 0, stream>>>(logits, labels, row_loss.as<double>(), V,
-                                                                         ignore_index);
-  CUDA_CHECK_LAUNCH();
-  sum_rows_kernel<acc_t<T>><<<1, kSumBlock, 0, stream>>>(row_loss.as<double>(), rows, loss);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(cross_entropy_rows_kernel<T>, unsigned(rows), kRowBlock, 0, stream, logits, labels,
+                row_loss.as<double>(), V, ignore_index);
+  launch_kernel(sum_rows_kernel<acc_t<T>>, 1, kSumBlock, 0, stream, row_loss.as<double>(), rows, loss);
 }
 
 template <class C>
 void count_valid(const int64_t* labels, int64_t n, int64_t ignore_index, C* count, cudaStream_t stream) {
   AUTOSP_ASSERT(n >= 0, "count_valid n ", n);
-  count_valid_kernel<C><<<1, kSumBlock, 0, stream>>>(labels, n, ignore_index, count);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(count_valid_kernel<C>, 1, kSumBlock, 0, stream, labels, n, ignore_index, count);
 }
 
 template <class T>
@@ -128,9 +125,8 @@ void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, 
   AUTOSP_ASSERT(rows >= 0 && V > 0, "cross_entropy_backward rows ", rows, " V ", V);
   AUTOSP_ASSERT(rows < (int64_t(1) << 31), "cross_entropy_backward rows ", rows, " exceed the grid");
   if (rows == 0) return;
-  cross_entropy_backward_kernel<T><<<unsigned(rows), kRowBlock, 0, stream>>>(logits, labels, dlogits, V, grad,
-                                                                             ignore_index);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(cross_entropy_backward_kernel<T>, unsigned(rows), kRowBlock, 0, stream, logits, labels, dlogits, V,
+                grad, ignore_index);
 }
 
 #define AUTOSP_INSTANTIATE(T)                                                                                       \

@@ -196,8 +196,8 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
   AUTOSP_ASSERT(batch <= 1 || stride_c != 0, "gemm stride_c 0 with batch ", batch);
   if (batch == 0 || M == 0 || N == 0) return;
   if (K == 0) {
-    scale_c_kernel<T><<<grid_for(batch * M * N, kBlock), kBlock, 0, stream>>>(c, batch, M * N, stride_c, beta);
-    CUDA_CHECK_LAUNCH();
+    launch_kernel(scale_c_kernel<T>, grid_for(batch * M * N, kBlock), kBlock, 0, stream, c, batch, M * N, stride_c,
+                  beta);
     return;
   }
   const bool batched = batch > 1;
@@ -240,9 +240,9 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
       stride_c, int(batch), G::compute, CUBLAS_GEMM_DEFAULT));
 }
 
-#define AUTOSP_INSTANTIATE(T)                                                                                   \
-  template void gemm_batched<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, double, const T*, int64_t,     \
-                                const T*, int64_t, double, T*, int64_t, cudaStream_t);
+#define AUTOSP_INSTANTIATE(T)                                                                                        \
+  template void gemm_batched<T>(bool, bool, int64_t, int64_t, int64_t, int64_t, double, const T*, int64_t, const T*, \
+                                int64_t, double, T*, int64_t, cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)
 AUTOSP_INSTANTIATE(bf16)

@@ -54,12 +54,12 @@ __device__ __forceinline__ void row_stats(const T* xr, int64_t C, bool rms, acc_
 }
 
 template <class T>
-__global__ void norm_forward_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows,
-                                    int64_t C, acc_t<T> eps, bool rms) {
+__global__ void norm_forward_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
+                                    acc_t<T> eps, bool rms) {
   using A = acc_t<T>;
   const int lane = threadIdx.x % kWarp;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (r >= rows) return;  // the whole warp leaves
+  if (r >= rows) return;    // the whole warp leaves
   const T* xr = x + r * C;  // [C]
   T* yr = y + r * C;
   A mu, rs;
@@ -210,17 +210,14 @@ void norm_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C,
   Scratch partial(size_t(nacc * nchunks * C) * sizeof(A), stream);
   A* pw = partial.as<A>();
   A* pb = db != nullptr ? pw + nchunks * C : nullptr;
-  row_stats_kernel<T><<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(x, stats.as<A>(), rows, C, A(eps), rms);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(row_stats_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, x, stats.as<A>(), rows, C,
+                A(eps), rms);
   AUTOSP_ASSERT(ncb < (int64_t(1) << 31), "norm params C ", C);
-  param_partials_kernel<T><<<dim3(unsigned(ncb), unsigned(nchunks)), dim3(kColTile, kRowLanes), 0, stream>>>(
-      dy, x, stats.as<A>(), rows, C, nchunks, pw, pb);
-  CUDA_CHECK_LAUNCH();
-  sum_chunks_kernel<T><<<grid_for(C, 256), 256, 0, stream>>>(pw, nchunks, C, dw);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(param_partials_kernel<T>, dim3(unsigned(ncb), unsigned(nchunks)), dim3(kColTile, kRowLanes), 0, stream,
+                dy, x, stats.as<A>(), rows, C, nchunks, pw, pb);
+  launch_kernel(sum_chunks_kernel<T>, grid_for(C, 256), 256, 0, stream, pw, nchunks, C, dw);
   if (db != nullptr) {
-    sum_chunks_kernel<T><<<grid_for(C, 256), 256, 0, stream>>>(pb, nchunks, C, db);
-    CUDA_CHECK_LAUNCH();
+    launch_kernel(sum_chunks_kernel<T>, grid_for(C, 256), 256, 0, stream, pb, nchunks, C, db);
   }
 }
 
@@ -229,30 +226,27 @@ void norm_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C,
 // ==== launchers =================================================================================
 
 template <class T>
-void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
-                       double eps, cudaStream_t stream) {
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t C, double eps,
+                       cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "layernorm rows ", rows, " C ", C);
   if (rows == 0) return;
-  norm_forward_kernel<T><<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(x, w, b, y, mean, rstd, rows, C,
-                                                                                 acc_t<T>(eps), false);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(norm_forward_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, x, w, b, y, mean, rstd,
+                rows, C, acc_t<T>(eps), false);
 }
 
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t C, double eps, cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "rmsnorm rows ", rows, " C ", C);
   if (rows == 0) return;
-  norm_forward_kernel<T><<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(x, w, nullptr, y, nullptr, rstd, rows,
-                                                                                 C, acc_t<T>(eps), true);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(norm_forward_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, x, w, nullptr, y, nullptr,
+                rstd, rows, C, acc_t<T>(eps), true);
 }
 
 template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t C, cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "softmax rows ", rows, " C ", C);
   if (rows == 0) return;
-  softmax_forward_kernel<T><<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(x, y, rows, C);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(softmax_forward_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, x, y, rows, C);
 }
 
 template <class T>
@@ -260,9 +254,8 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_
                               cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "layernorm_backward rows ", rows, " C ", C);
   if (rows == 0) return;
-  norm_backward_input_kernel<T><<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(dy, x, w, dx, rows, C,
-                                                                                        acc_t<T>(eps), false);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(norm_backward_input_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, dy, x, w, dx, rows,
+                C, acc_t<T>(eps), false);
 }
 
 template <class T>
@@ -277,14 +270,12 @@ void rmsnorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_t 
                             cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "rmsnorm_backward rows ", rows, " C ", C);
   if (rows == 0) return;
-  norm_backward_input_kernel<T><<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(dy, x, w, dx, rows, C,
-                                                                                        acc_t<T>(eps), true);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(norm_backward_input_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, dy, x, w, dx, rows,
+                C, acc_t<T>(eps), true);
 }
 
 template <class T>
-void rmsnorm_backward_weight(const T* dy, const T* x, T* dw, int64_t rows, int64_t C, double eps,
-                             cudaStream_t stream) {
+void rmsnorm_backward_weight(const T* dy, const T* x, T* dw, int64_t rows, int64_t C, double eps, cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "rmsnorm_backward rows ", rows, " C ", C);
   norm_params(dy, x, dw, static_cast<T*>(nullptr), rows, C, eps, true, stream);
 }
@@ -293,21 +284,18 @@ template <class T>
 void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t C, cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "softmax_backward rows ", rows, " C ", C);
   if (rows == 0) return;
-  softmax_backward_kernel<T><<<row_blocks(rows), kRowsPerBlock * kWarp, 0, stream>>>(dy, y, dx, rows, C);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(softmax_backward_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, dy, y, dx, rows, C);
 }
 
-#define AUTOSP_INSTANTIATE(T)                                                                                    \
-  template void layernorm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double,         \
-                                     cudaStream_t);                                                              \
-  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t);          \
-  template void softmax_forward<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                \
-  template void layernorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double,          \
-                                            cudaStream_t);                                                       \
-  template void layernorm_backward_params<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t); \
-  template void rmsnorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double,            \
-                                          cudaStream_t);                                                         \
-  template void rmsnorm_backward_weight<T>(const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t);      \
+#define AUTOSP_INSTANTIATE(T)                                                                                          \
+  template void layernorm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double,               \
+                                     cudaStream_t);                                                                    \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t);                \
+  template void softmax_forward<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                      \
+  template void layernorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t); \
+  template void layernorm_backward_params<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t);      \
+  template void rmsnorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t);   \
+  template void rmsnorm_backward_weight<T>(const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t);            \
   template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)

@@ -13,8 +13,8 @@ namespace autosp::cuda {
 
 // y = (x - mean) · rstd · w + b, rstd = 1/sqrt(var + eps) (biased variance). b may be null.
 template <class T>
-void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
-                       double eps, cudaStream_t stream);
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t C, double eps,
+                       cudaStream_t stream);
 
 // y = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps).
 template <class T>
@@ -38,8 +38,7 @@ void rmsnorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_t 
                             cudaStream_t stream);
 // dw[c] = Σ_r dy · x · rstd.
 template <class T>
-void rmsnorm_backward_weight(const T* dy, const T* x, T* dw, int64_t rows, int64_t C, double eps,
-                             cudaStream_t stream);
+void rmsnorm_backward_weight(const T* dy, const T* x, T* dw, int64_t rows, int64_t C, double eps, cudaStream_t stream);
 // dx = y · (dy - Σ_c dy · y). dx may alias dy.
 template <class T>
 void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t C, cudaStream_t stream);

@@ -47,9 +47,8 @@ void adamw_step(P* p, const G* g, P* m, P* v, bf16* p_copy, int64_t n, double lr
   const double decay = 1.0 - lr * weight_decay;
   const double step_size = lr / (1.0 - std::pow(beta1, double(step)));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2, double(step)));
-  adamw_kernel<P, G><<<grid_for(n, kBlock), kBlock, 0, stream>>>(p, g, m, v, p_copy, n, P(decay), P(beta1), P(beta2),
-                                                                  P(step_size), P(bc2_sqrt), P(eps), grad_scale);
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(adamw_kernel<P, G>, grid_for(n, kBlock), kBlock, 0, stream, p, g, m, v, p_copy, n, P(decay), P(beta1),
+                P(beta2), P(step_size), P(bc2_sqrt), P(eps), grad_scale);
 }
 
 template void adamw_step<float, float>(float*, const float*, float*, float*, bf16*, int64_t, double, double, double,

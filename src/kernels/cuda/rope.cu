@@ -70,9 +70,8 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
   InvFreq<A> inv_freq{};
   const A theta_a = A(theta);
   for (int64_t i = 0; i < D / 2; ++i) inv_freq.v[i] = A(1) / std::pow(theta_a, A(2 * i) / A(D));  // as cpu/rope.cpp
-  rope_kernel<T><<<grid_for(pairs, kBlock), kBlock, 0, stream>>>(x, position_ids, y, N, S, D, pairs, inv_freq,
-                                                                 A(sign));
-  CUDA_CHECK_LAUNCH();
+  launch_kernel(rope_kernel<T>, grid_for(pairs, kBlock), kBlock, 0, stream, x, position_ids, y, N, S, D, pairs,
+                inv_freq, A(sign));
 }
 
 }  // namespace
@@ -91,10 +90,10 @@ void rope_backward(const T* dy, const int64_t* position_ids, T* dx, int64_t B, i
   rope_rotate(dy, position_ids, dx, B, N, S, D, theta, -1.0, stream);
 }
 
-#define AUTOSP_INSTANTIATE(T)                                                                                 \
-  template void rope_forward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, double,    \
-                                cudaStream_t);                                                                \
-  template void rope_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, double,   \
+#define AUTOSP_INSTANTIATE(T)                                                                              \
+  template void rope_forward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, double,  \
+                                cudaStream_t);                                                             \
+  template void rope_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, double, \
                                  cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)

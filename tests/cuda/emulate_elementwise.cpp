@@ -1,0 +1,97 @@
+// The CUDA elementwise launchers run on the CPU by emulation.h, against the CPU kernels: every
+// unary op and gradient, broadcasting binary ops, strided copies, sum_to through each of its paths
+// (a copy, thread and warp partials with and without chunks) and sum_squares.
+#include "cuda/emulation.h"
+//
+#include "kernels/cuda/elementwise.cu"
+//
+#include "cuda/cuda_test.h"
+#include "kernels/cpu/elementwise.h"
+
+using namespace autosp;
+using namespace autosp::cudatest;
+
+TEMPLATE_TEST_CASE("emulated elementwise launchers match the CPU", "[cuda-emulation][elementwise]", float, double,
+                   cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  const int64_t n = 777;
+  const auto x = values<T>(naive::random_normal(n, 2100, 1.5)), pos = values<T>(naive::random_uniform(n, 2101, 0.1, 3));
+  const auto xs = to_storage<T>(x), ps = to_storage<T>(pos);
+  std::vector<T> y(static_cast<size_t>(n));
+  std::vector<H> ref(static_cast<size_t>(n));
+  for (cpu::Unary op :
+       {cpu::Unary::neg, cpu::Unary::exp, cpu::Unary::log, cpu::Unary::tanh, cpu::Unary::sqrt, cpu::Unary::rsqrt,
+        cpu::Unary::square, cpu::Unary::gelu_tanh, cpu::Unary::silu, cpu::Unary::scale, cpu::Unary::relu}) {
+    INFO("unary " << int(op));
+    const bool positive = op == cpu::Unary::log || op == cpu::Unary::sqrt || op == cpu::Unary::rsqrt;
+    cpu::unary<H>(op, (positive ? pos : x).data(), ref.data(), n, 0.3);
+    cuda::unary<T>(op, (positive ? ps : xs).data(), y.data(), n, 0.3, nullptr);
+    check_against<T>(from_storage(y), ref);
+  }
+  for (cpu::UnaryGrad op : {cpu::UnaryGrad::gelu_tanh, cpu::UnaryGrad::silu}) {
+    cpu::unary_backward<H>(op, pos.data(), x.data(), ref.data(), n);
+    cuda::unary_backward<T>(op, ps.data(), xs.data(), y.data(), n, nullptr);
+    check_against<T>(from_storage(y), ref);
+  }
+
+  struct BinaryCase {
+    std::vector<int64_t> a, b, out;
+  };
+  for (const BinaryCase& c : {BinaryCase{{2, 5, 6}, {6}, {2, 5, 6}}, BinaryCase{{2, 1, 5, 3}, {4, 1, 3}, {2, 4, 5, 3}},
+                              BinaryCase{{2, 5, 6}, {2, 5, 6}, {2, 5, 6}}, BinaryCase{{2, 5, 1}, {5, 6}, {2, 5, 6}}}) {
+    const auto a = values<T>(naive::random_normal(numel(c.a), 2102));
+    const auto b = values<T>(naive::random_uniform(numel(c.b), 2103, 0.5, 2));
+    const auto as = to_storage<T>(a), bs = to_storage<T>(b);
+    const auto sa = broadcast_strides(c.a, c.out), sb = broadcast_strides(c.b, c.out);
+    std::vector<H> r(static_cast<size_t>(numel(c.out)));
+    std::vector<T> o(r.size());
+    for (cpu::Binary op :
+         {cpu::Binary::add, cpu::Binary::sub, cpu::Binary::mul, cpu::Binary::div, cpu::Binary::max, cpu::Binary::min}) {
+      INFO("binary " << int(op) << " rank " << c.out.size());
+      cpu::binary<H>(op, int(c.out.size()), c.out.data(), a.data(), sa.data(), b.data(), sb.data(), r.data());
+      cuda::binary<T>(op, int(c.out.size()), c.out.data(), as.data(), sa.data(), bs.data(), sb.data(), o.data(),
+                      nullptr);
+      check_against<T>(from_storage(o), r);
+    }
+  }
+
+  {  // permute {3, 0, 2, 1} of [2, 5, 3, 4], and a slice
+    const std::vector<int64_t> shape{4, 2, 3, 5}, strides{1, 60, 4, 12};
+    std::vector<H> r(120);
+    std::vector<T> o(120);
+    cpu::copy_strided<H>(4, shape.data(), x.data(), strides.data(), r.data());
+    cuda::copy_strided<T>(4, shape.data(), xs.data(), strides.data(), o.data(), nullptr);
+    check_identical(from_storage(o), r);
+    const std::vector<int64_t> sshape{2, 3, 6}, sstrides{30, 6, 1};
+    std::vector<H> r2(36);
+    std::vector<T> o2(36);
+    cpu::copy_strided<H>(3, sshape.data(), x.data() + 12, sstrides.data(), r2.data());
+    cuda::copy_strided<T>(3, sshape.data(), xs.data() + 12, sstrides.data(), o2.data(), nullptr);
+    check_identical(from_storage(o2), r2);
+  }
+
+  struct SumCase {
+    std::vector<int64_t> x, out;
+  };
+  for (const SumCase& c :
+       {SumCase{{2, 5, 6}, {1, 1, 6}}, SumCase{{2, 5, 6}, {2, 1, 1}}, SumCase{{2, 5, 6}, {1, 5, 1}},
+        SumCase{{2, 5, 6}, {1, 1, 1}}, SumCase{{2, 5, 6}, {2, 5, 6}}, SumCase{{2, 3, 4, 5}, {1, 3, 1, 5}},
+        SumCase{{300, 40}, {1, 40}}, SumCase{{6, 3000}, {6, 1}}, SumCase{{0, 7}, {1, 7}}}) {
+    INFO("sum_to numel " << numel(c.x) << " → " << numel(c.out));
+    const auto v = values<T>(naive::random_normal(numel(c.x), 2104));
+    const auto vs = to_storage<T>(v);
+    std::vector<H> r(static_cast<size_t>(numel(c.out)));
+    std::vector<T> o(r.size());
+    cpu::sum_to<H>(v.data(), int(c.x.size()), c.x.data(), c.out.data(), r.data());
+    cuda::sum_to<T>(vs.data(), int(c.x.size()), c.x.data(), c.out.data(), o.data(), nullptr);
+    check_against<T>(from_storage(o), r);
+  }
+
+  const auto big = values<T>(naive::random_normal(300000, 2105));
+  const auto bigs = to_storage<T>(big);
+  double ss = -1;
+  cuda::sum_squares<T>(bigs.data(), int64_t(bigs.size()), &ss, nullptr);
+  const double rss = cpu::sum_squares<H>(big.data(), int64_t(big.size()));
+  CHECK(std::abs(ss - rss) <= 1e-12 * rss);
+}
