@@ -131,7 +131,7 @@ TEMPLATE_TEST_CASE("cuda copy_strided and fill are exact", "[cuda][elementwise]"
   };
   uint32_t seed = 60;
   for (const CopyCase& c : cases) {
-    const auto src = values<T>(naive::random_uniform(c.src_numel, seed++, -100, 100));
+    const auto src = values<T>(naive::random_uniform(c.src_numel, seed++, 0, 100));  // ≥ 0: also unsigned T
     std::vector<H> ref(size_t(numel(c.shape)));
     cpu::copy_strided<H>(int(c.shape.size()), c.shape.data(), src.data() + c.offset, c.strides.data(), ref.data());
     Dev<T> dsrc(src), ddst(ref.size());
