@@ -124,8 +124,8 @@ proj=$("$bin" --project) || { echo "FAIL: --project exited non-zero"; fail=1; }
 for needle in "| 8 | 8 × 1 |" "| 64 | 32 × 2 |" "Longest trainable sequence"; do
   grep -qF "$needle" <<<"$proj" || { echo "FAIL: --project lacks '$needle'"; fail=1; }
 done
-if ! diff <(tail -n +2 <<<"$proj") <("$bin" --project --project-config "$src/configs/projection-llama3-8b-h200.json" | tail -n +2) >/dev/null; then
-  echo "FAIL: configs/projection-llama3-8b-h200.json differs from the built-in defaults"
+if ! diff <(tail -n +2 <<<"$proj") <("$bin" --project --project-config "$src/docs/projection-llama3-8b-h200.json" | tail -n +2) >/dev/null; then
+  echo "FAIL: docs/projection-llama3-8b-h200.json differs from the built-in defaults"
   fail=1
 fi
 
