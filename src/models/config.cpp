@@ -150,7 +150,8 @@ void apply_override(json& j, const std::string& origin, const std::string& ov) {
   // Plain object keys, not a JSON pointer: "/x/99999999999" would resize an array to that length.
   json& section = j[key.substr(0, dot)];
   if (section.is_null()) section = json::object();
-  if (!section.is_object()) throw UsageError(str(origin, ": --set ", key, ": '", key.substr(0, dot), "' must be an object"));
+  if (!section.is_object())
+    throw UsageError(str(origin, ": --set ", key, ": '", key.substr(0, dot), "' must be an object"));
   section[key.substr(dot + 1)] = v;
 }
 

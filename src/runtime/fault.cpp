@@ -123,7 +123,8 @@ std::optional<Fault> parse_fault(const std::string& text) {
     else if (where == "checkpoint") f.where = FaultWhere::checkpoint;
     else throw bad(str("unknown where '", where, "'"));
   }
-  if (f.kind == FaultKind::nan && f.where == FaultWhere::checkpoint) throw bad("kind:nan happens in a step, not a checkpoint");
+  if (f.kind == FaultKind::nan && f.where == FaultWhere::checkpoint)
+    throw bad("kind:nan happens in a step, not a checkpoint");
   return f;
 }
 
@@ -135,7 +136,8 @@ std::optional<Fault> fault_from_env(int world_size) {
     throw UsageError(str(kFaultVar, "='", v, "': rank ", f->rank, " does not exist in a job of ", world_size,
                          world_size == 1 ? " rank" : " ranks"));
   if (f->kind == FaultKind::hang && world_size == 1)
-    throw UsageError(str(kFaultVar, "='", v, "': kind:hang needs at least 2 ranks (another rank's watchdog ends the job)"));
+    throw UsageError(
+        str(kFaultVar, "='", v, "': kind:hang needs at least 2 ranks (another rank's watchdog ends the job)"));
   if (f->where == FaultWhere::checkpoint && f->rank != 0)
     throw UsageError(str(kFaultVar, "='", v, "': where:checkpoint needs rank:0 (only rank 0 writes checkpoints)"));
   return f;
@@ -148,7 +150,8 @@ void inject_fault(const std::optional<Fault>& fault, FaultWhere where, int rank,
 
 void inject_nan(const std::optional<Fault>& fault, int rank, int64_t step, std::vector<Tensor>& grads) {
   if (!fault || fault->kind != FaultKind::nan || fault->rank != rank || fault->step != step) return;
-  std::fprintf(stderr, "AUTOSP_FAULT: rank %d injected NaN gradients at step %lld\n", rank, static_cast<long long>(step));
+  std::fprintf(stderr, "AUTOSP_FAULT: rank %d injected NaN gradients at step %lld\n", rank,
+               static_cast<long long>(step));
   for (Tensor& g : grads) {
     if (g.dtype() == DType::f32) std::fill_n(g.data<float>(), g.numel(), std::numeric_limits<float>::quiet_NaN());
     if (g.dtype() == DType::f64) std::fill_n(g.data<double>(), g.numel(), std::numeric_limits<double>::quiet_NaN());

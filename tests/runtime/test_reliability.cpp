@@ -222,7 +222,8 @@ TEST_CASE("checkpoints carry checksums, and a flipped byte is named", "[checkpoi
   // meta.json's step must agree with its directory; format 1 (no checksums) is refused by name.
   const fs::path moved = dir / "root" / "step_00000005";
   fs::copy(good, moved, fs::copy_options::recursive);
-  CHECK_THROWS_WITH(load_checkpoint(moved.string(), cfg, DType::f32), Catch::Contains("but the directory is step_00000005"));
+  CHECK_THROWS_WITH(load_checkpoint(moved.string(), cfg, DType::f32),
+                    Catch::Contains("but the directory is step_00000005"));
   fs::remove_all(moved);
   meta["format"] = 1;
   const fs::path old = dir / "format1";
@@ -232,7 +233,8 @@ TEST_CASE("checkpoints carry checksums, and a flipped byte is named", "[checkpoi
   meta["format"] = 2;
   meta["files"].erase("model.safetensors");
   std::ofstream(old / "meta.json", std::ios::trunc) << meta.dump();
-  CHECK_THROWS_WITH(load_checkpoint(old.string(), cfg, DType::f32), Catch::Contains("no {bytes, crc32c} entry for model.safetensors"));
+  CHECK_THROWS_WITH(load_checkpoint(old.string(), cfg, DType::f32),
+                    Catch::Contains("no {bytes, crc32c} entry for model.safetensors"));
   std::ofstream(old / "meta.json", std::ios::trunc) << std::string(100, '[') << std::string(100, ']');
   CHECK_THROWS_WITH(load_checkpoint(old.string(), cfg, DType::f32), Catch::Contains("nested deeper than"));
   fs::remove_all(dir);
