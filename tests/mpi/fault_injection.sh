@@ -93,6 +93,13 @@ case $kind in
     [ $rc -eq 0 ] || say_fail "resumed run exited $rc: $(tail -3 "$tmp/resume.log")"
     grep -q "resumed from $tmp/ck at step 2" "$tmp/resume.log" || say_fail "did not resume from step 2"
     compgen -G "$tmp/ck/.step_*" >/dev/null && say_fail "the dead writer's temporary directory was not cleaned up"
+    # The run log in the checkpoint directory kept both runs, progress lines included (--quiet).
+    log=$tmp/ck/train.log
+    for needle in 'autosp-train --config' '"keep_checkpoints":3' 'step 3/6 | loss' 'saved checkpoint .*step_00000002' \
+                  'injected SIGSEGV at step 4 while writing its checkpoint' "resumed from $tmp/ck at step 2" \
+                  'done: 4 steps (to step 6)'; do
+      grep -q -- "$needle" "$log" || say_fail "train.log has no line matching '$needle'"
+    done
     $py - "$tmp" <<'PY' || say_fail "resumed losses differ from the uninterrupted run"
 import json, sys
 tmp = sys.argv[1]
