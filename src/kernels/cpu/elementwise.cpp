@@ -16,6 +16,7 @@
 // its contiguous runs. The common cases: same shape is a copy; a bias gradient [rows, C] → [C] is
 // L = rows with a contiguous tail; summing everything is one chunked contiguous sum.
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/strided_space.h"
 
 #include <omp.h>
 
@@ -38,43 +39,6 @@ constexpr int64_t kGrain = 1 << 15;  // elements below which a kernel runs on on
 inline void thread_range(int64_t n, int t, int nt, int64_t& lo, int64_t& hi) {
   lo = n * t / nt;
   hi = n * (t + 1) / nt;
-}
-
-// A row-major index space walked by up to two strided operands (the output is contiguous over it).
-struct Space {
-  int rank = 0;
-  int64_t shape[kMaxRank] = {};
-  int64_t stride[2][kMaxRank] = {};
-  int64_t numel = 1;
-};
-
-// Drops size-1 dims and merges adjacent dims that are contiguous for every operand. The result has
-// rank ≥ 1; numel == 0 means there is nothing to do.
-Space simplify(int rank, const int64_t* shape, int nops, const int64_t* const* strides) {
-  AUTOSP_ASSERT(rank >= 0 && rank <= kMaxRank, "rank ", rank);
-  Space s;
-  for (int d = 0; d < rank; ++d) {
-    AUTOSP_ASSERT(shape[d] >= 0, "negative dim ", shape[d]);
-    s.numel *= shape[d];
-    if (shape[d] == 1) continue;
-    const int r = s.rank;
-    bool merge = r > 0;
-    for (int o = 0; o < nops && merge; ++o)
-      merge = s.stride[o][r - 1] == strides[o][d] * shape[d];
-    if (merge) {  // the previous dim steps exactly over this one: fold it in
-      s.shape[r - 1] *= shape[d];
-      for (int o = 0; o < nops; ++o) s.stride[o][r - 1] = strides[o][d];
-    } else {
-      s.shape[r] = shape[d];
-      for (int o = 0; o < nops; ++o) s.stride[o][r] = strides[o][d];
-      ++s.rank;
-    }
-  }
-  if (s.rank == 0) {  // a scalar: one element
-    s.rank = 1;
-    s.shape[0] = 1;
-  }
-  return s;
 }
 
 // Calls f(out_offset, op_offsets, n, op_inner_strides) for runs of the innermost dim, split over

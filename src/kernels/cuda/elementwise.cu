@@ -17,6 +17,7 @@
 // depends on the shapes only, never on timing, and nothing is added atomically.
 // sum_squares: fixed chunks, each a block reduction in double, then one block adds them in order.
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cpu/strided_space.h"
 
 #include <algorithm>
 #include <cstring>
@@ -27,40 +28,9 @@ namespace {
 
 constexpr int kBlock = 256;
 
-// A row-major index space over up to two strided operands (the output is contiguous over it).
-struct Space {
-  int rank = 0;
-  int64_t shape[kMaxRank] = {};
-  int64_t stride[2][kMaxRank] = {};
-  int64_t numel = 1;
-};
-
-// Drops size-1 dims and merges adjacent dims that are contiguous for every operand (rank ≥ 1 after).
-Space simplify(int rank, const int64_t* shape, int nops, const int64_t* const* strides) {
-  AUTOSP_ASSERT(rank >= 0 && rank <= kMaxRank, "rank ", rank);
-  Space s;
-  for (int d = 0; d < rank; ++d) {
-    AUTOSP_ASSERT(shape[d] >= 0, "negative dim ", shape[d]);
-    s.numel *= shape[d];
-    if (shape[d] == 1) continue;
-    const int r = s.rank;
-    bool merge = r > 0;
-    for (int o = 0; o < nops && merge; ++o) merge = s.stride[o][r - 1] == strides[o][d] * shape[d];
-    if (merge) {
-      s.shape[r - 1] *= shape[d];
-      for (int o = 0; o < nops; ++o) s.stride[o][r - 1] = strides[o][d];
-    } else {
-      s.shape[r] = shape[d];
-      for (int o = 0; o < nops; ++o) s.stride[o][r] = strides[o][d];
-      ++s.rank;
-    }
-  }
-  if (s.rank == 0) {
-    s.rank = 1;
-    s.shape[0] = 1;
-  }
-  return s;
-}
+// The simplified strided index space is the CPU kernels' (kernels/cpu/strided_space.h).
+using cpu::Space;
+using cpu::simplify;
 
 // Offsets of linear index i (row-major over s.shape) for operands [0, nops).
 template <int kOps>

@@ -1,0 +1,50 @@
+// The strided index space shared by the CPU and CUDA elementwise kernels: an output shape walked by
+// up to two strided operands, simplified so the kernels loop over as few dims as possible. Host
+// code only (the CUDA kernels receive the simplified Space by value). Knows nothing of graphs.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/elementwise.h"
+#include "tensor/check.h"
+
+namespace autosp::cpu {
+
+// A row-major index space walked by up to two strided operands (the output is contiguous over it).
+struct Space {
+  int rank = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t stride[2][kMaxRank] = {};
+  int64_t numel = 1;
+};
+
+// Drops size-1 dims and merges adjacent dims that are contiguous for every operand. The result has
+// rank ≥ 1; numel == 0 means there is nothing to do.
+inline Space simplify(int rank, const int64_t* shape, int nops, const int64_t* const* strides) {
+  AUTOSP_ASSERT(rank >= 0 && rank <= kMaxRank, "rank ", rank);
+  Space s;
+  for (int d = 0; d < rank; ++d) {
+    AUTOSP_ASSERT(shape[d] >= 0, "negative dim ", shape[d]);
+    s.numel *= shape[d];
+    if (shape[d] == 1) continue;
+    const int r = s.rank;
+    bool merge = r > 0;
+    for (int o = 0; o < nops && merge; ++o)
+      merge = s.stride[o][r - 1] == strides[o][d] * shape[d];
+    if (merge) {  // the previous dim steps exactly over this one: fold it in
+      s.shape[r - 1] *= shape[d];
+      for (int o = 0; o < nops; ++o) s.stride[o][r - 1] = strides[o][d];
+    } else {
+      s.shape[r] = shape[d];
+      for (int o = 0; o < nops; ++o) s.stride[o][r] = strides[o][d];
+      ++s.rank;
+    }
+  }
+  if (s.rank == 0) {  // a scalar: one element
+    s.rank = 1;
+    s.shape[0] = 1;
+  }
+  return s;
+}
+
+}  // namespace autosp::cpu
