@@ -1,7 +1,8 @@
 // The Communicator interface: collectives over a group of ranks. Backends: single-process
 // (comm/single.cpp), MPI (comm/mpi.cpp) and NCCL (with the CUDA backend). Tensors are contiguous
-// and live on the backend's device; collectives are blocking. A failed collective throws
-// RuntimeFailure; abort() ends every rank of the job. Knows nothing of graphs.
+// and live on the backend's device; collectives are blocking, except all_reduce_sum_async, which
+// returns a PendingCollective (the gradient all-reduce overlaps with the backward with it). A failed
+// collective throws RuntimeFailure; abort() ends every rank of the job. Knows nothing of graphs.
 #pragma once
 
 #include <memory>
@@ -12,6 +13,20 @@
 
 namespace autosp {
 
+// A collective in flight. test() makes progress without blocking and says whether it has finished;
+// wait() blocks until it has. After either says so, the result is visible to the host (CPU tensors)
+// or to work enqueued afterwards on the device's compute stream (CUDA tensors). The tensor handed to
+// the call must stay alive and untouched until then. Destroying an unfinished one waits for it.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual bool test() = 0;
+  virtual void wait() = 0;
+};
+
+// One that has already finished (what a blocking backend returns).
+std::unique_ptr<PendingCollective> finished_collective();
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -21,6 +36,12 @@ class Communicator {
 
   // Sum `t` over the group, in place (f32, f64, i64).
   virtual void all_reduce_sum(Tensor& t) = 0;
+  // The same, started and returned without waiting: every rank must start its non-blocking
+  // collectives in the same order. The default runs the blocking call.
+  virtual std::unique_ptr<PendingCollective> all_reduce_sum_async(Tensor& t) {
+    all_reduce_sum(t);
+    return finished_collective();
+  }
   // Copy root's `t` into every rank's `t` (same shape and dtype everywhere).
   virtual void broadcast(Tensor& t, int root) = 0;
   // `in` holds size() equal contiguous chunks; chunk j goes to rank j, and `out` (same byte size)

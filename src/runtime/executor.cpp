@@ -57,7 +57,7 @@ Bindings Executor::bind(const TensorMap& feeds) const {
   return b;
 }
 
-RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups) const {
+RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const NodeHook& on_value) const {
   RunResult r;
   r.bindings = bind(feeds);
   Allocator& alloc = cpu_allocator();

@@ -4,6 +4,7 @@
 // peak bytes held during the run. Joins src/graph and src/kernels; holds no model knowledge.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -25,6 +26,10 @@ struct RunResult {
   size_t planned_bytes = 0;  // the memory plan's arena (the planned peak of intermediates), 0 unplanned
 };
 
+// Called after each computed node (not inputs or parameters) with its value, before anything is
+// freed: the trainer starts a gradient's all-reduce as soon as the gradient exists.
+using NodeHook = std::function<void(const Node&, const Tensor&)>;
+
 struct ExecOptions {
   bool plan_memory = true;  // place intermediates in one planned arena (runtime/memory_plan.h)
 };
@@ -35,7 +40,7 @@ class Executor {
 
   // `feeds` holds a tensor for every input node (by node name) and every parameter (by name);
   // `groups` the communicators the graph's collectives name.
-  RunResult run(const TensorMap& feeds, const CommGroups& groups = {}) const;
+  RunResult run(const TensorMap& feeds, const CommGroups& groups = {}, const NodeHook& on_value = {}) const;
 
   // Bind symbols from the feeds' shapes and check every dim and assumption.
   Bindings bind(const TensorMap& feeds) const;

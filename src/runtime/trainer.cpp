@@ -21,9 +21,14 @@
 namespace autosp {
 namespace {
 
-DType run_dtype(const Config& cfg) {
+// The device this rank runs on (runtime.device).
+void check_device(const Config& cfg) {
   if (cfg.runtime.device != "cpu")
     throw UsageError(str("runtime.device \"", cfg.runtime.device, "\": this build runs on cpu only"));
+}
+
+// The dtype parameters and activations have (runtime.dtype).
+DType run_dtype(const Config& cfg) {
   if (cfg.runtime.dtype == "float32") return DType::f32;
   if (cfg.runtime.dtype == "float64") return DType::f64;
   throw UsageError(str("runtime.dtype \"", cfg.runtime.dtype, "\" needs runtime.device \"cuda\"; use float32 or float64 on cpu"));
@@ -47,6 +52,7 @@ Batch pad_to_multiple(const Batch& b, int64_t p) {
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
+  check_device(cfg);
   const DType dt = run_dtype(cfg);
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
   ProcessMesh mesh = make_mesh(world, static_cast<int>(ctx.sp_size));
