@@ -112,6 +112,7 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
                   shape_str(shape));
+    if (on_value) on_value(n, values[at]);
     // Free inputs whose last use this was (fed tensors stay alive with the caller).
     for (const Node* i : n.inputs()) {
       size_t ip = g_.position(i);
