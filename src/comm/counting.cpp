@@ -46,6 +46,37 @@ void CountingCommunicator::all_reduce_sum(Tensor& t) {
   counted(stats_->all_reduce, size(), n, [&] { inner_->all_reduce_sum(t); });
 }
 
+namespace {
+// Adds the time spent in test() and wait() to the all-reduce's seconds.
+class CountedPending final : public PendingCollective {
+ public:
+  CountedPending(std::unique_ptr<PendingCollective> inner, CollectiveStats& s) : inner_(std::move(inner)), s_(s) {}
+  bool test() override {
+    bool done = false;
+    timed([&] { done = inner_->test(); });
+    return done;
+  }
+  void wait() override { timed([&] { inner_->wait(); }); }
+
+ private:
+  template <class F>
+  void timed(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    s_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::unique_ptr<PendingCollective> inner_;
+  CollectiveStats& s_;
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> CountingCommunicator::all_reduce_sum_async(Tensor& t) {
+  const auto n = static_cast<int64_t>(t.nbytes());
+  std::unique_ptr<PendingCollective> pending;
+  counted(stats_->all_reduce, size(), n, [&] { pending = inner_->all_reduce_sum_async(t); });
+  return std::make_unique<CountedPending>(std::move(pending), stats_->all_reduce);
+}
+
 void CountingCommunicator::broadcast(Tensor& t, int root) {
   const auto n = static_cast<int64_t>(t.nbytes());
   counted(stats_->broadcast, size(), n, [&] { inner_->broadcast(t, root); });

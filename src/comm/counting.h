@@ -12,7 +12,8 @@
 //   broadcast       n             the buffer broadcast (on every rank, root or not)
 //   barrier         0
 // A collective over a group of one moves nothing: it counts as a call with 0 bytes.
-// Time: steady-clock wall time of the inner call, so it includes waiting for slower ranks.
+// Time: steady-clock wall time of the inner call, so it includes waiting for slower ranks; for a
+// non-blocking all-reduce, the time spent in its start, test() and wait() calls.
 // Knows nothing of graphs or of what the tensors hold.
 #pragma once
 
@@ -51,6 +52,9 @@ class CountingCommunicator final : public Communicator {
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
   void all_reduce_sum(Tensor& t) override;
+  // Counted when started; its time is what the caller spends inside the start, test() and wait()
+  // calls (the exposed part: reduction that ran behind compute costs nothing here).
+  std::unique_ptr<PendingCollective> all_reduce_sum_async(Tensor& t) override;
   void broadcast(Tensor& t, int root) override;
   void all_to_all(const Tensor& in, Tensor& out) override;
   void all_gather(const Tensor& in, Tensor& out) override;

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -145,6 +146,33 @@ void check_host(const char* what, const Tensor& t) {
   AUTOSP_ASSERT(t.is_contiguous(), what, ": ", t.str(), " is not contiguous");
 }
 
+// MPI_Iallreduce requests (one per 2^30-element piece) in flight. MPI progresses them only inside
+// MPI calls, which is why test() exists: the trainer calls it between backward nodes.
+class MpiPending final : public PendingCollective {
+ public:
+  explicit MpiPending(std::vector<MPI_Request> requests) : requests_(std::move(requests)) {}
+  ~MpiPending() override {
+    if (!mpi_finalized() && !requests_.empty()) MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  }
+  MpiPending(const MpiPending&) = delete;
+  MpiPending& operator=(const MpiPending&) = delete;
+  bool test() override {
+    if (requests_.empty()) return true;
+    int done = 0;
+    MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) requests_.clear();
+    return done != 0;
+  }
+  void wait() override {
+    if (requests_.empty()) return;
+    MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    requests_.clear();
+  }
+
+ private:
+  std::vector<MPI_Request> requests_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed in the destructor).
@@ -166,14 +194,18 @@ class MpiCommunicator final : public Communicator {
   void all_reduce_sum(Tensor& t) override {
     check_host("all_reduce_sum", t);
     const MPI_Datatype type = mpi_type(t.dtype());
-    // MPI counts are ints: reduce buffers of more than 2^30 elements in pieces.
-    constexpr int64_t kPiece = int64_t{1} << 30;
-    char* p = static_cast<char*>(t.raw());
-    const size_t esize = dtype_size(t.dtype());
-    for (int64_t done = 0; done < t.numel(); done += kPiece) {
-      const int n = static_cast<int>(std::min(kPiece, t.numel() - done));
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, n, type, MPI_SUM, comm_));
-    }
+    for_each_piece(t, [&](void* p, int n) { MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p, n, type, MPI_SUM, comm_)); });
+  }
+
+  std::unique_ptr<PendingCollective> all_reduce_sum_async(Tensor& t) override {
+    check_host("all_reduce_sum_async", t);
+    const MPI_Datatype type = mpi_type(t.dtype());
+    std::vector<MPI_Request> requests;
+    for_each_piece(t, [&](void* p, int n) {
+      requests.push_back(MPI_REQUEST_NULL);
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p, n, type, MPI_SUM, comm_, &requests.back()));
+    });
+    return std::make_unique<MpiPending>(std::move(requests));
   }
 
   void broadcast(Tensor& t, int root) override {
@@ -226,6 +258,15 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // MPI counts are ints: `f(pointer, count)` over pieces of at most 2^30 elements of `t`.
+  template <class F>
+  static void for_each_piece(Tensor& t, F&& f) {
+    constexpr int64_t kPiece = int64_t{1} << 30;
+    char* p = static_cast<char*>(t.raw());
+    const size_t esize = dtype_size(t.dtype());
+    for (int64_t done = 0; done < t.numel(); done += kPiece) f(p + done * esize, static_cast<int>(std::min(kPiece, t.numel() - done)));
+  }
+
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };

@@ -48,6 +48,10 @@ struct RuntimeConfig {
   std::string dtype = "float32";
   int64_t threads = 0;  // 0 = OpenMP's default
   bool activation_checkpointing = false;
+  // Gradient all-reduce: buckets of about grad_bucket_mb MiB (DDP's bucket_cap_mb), each started
+  // while the backward still runs when overlap_grad_sync (runtime/grad_sync.h).
+  bool overlap_grad_sync = true;
+  double grad_bucket_mb = 25;
 };
 
 struct SequenceParallelConfig {

@@ -239,6 +239,28 @@ void GuardedCommunicator::all_reduce_sum(Tensor& t) {
   Armed a(watchdog_, "all_reduce_sum", group_);
   inner_->all_reduce_sum(t);
 }
+namespace {
+class GuardedPending final : public PendingCollective {
+ public:
+  GuardedPending(std::unique_ptr<PendingCollective> inner, Watchdog& w, const std::string& group)
+      : inner_(std::move(inner)), w_(w), group_(group) {}
+  bool test() override { return inner_->test(); }
+  void wait() override {
+    Armed a(w_, "all_reduce_sum_async", group_);
+    inner_->wait();
+  }
+
+ private:
+  std::unique_ptr<PendingCollective> inner_;
+  Watchdog& w_;
+  const std::string& group_;
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> GuardedCommunicator::all_reduce_sum_async(Tensor& t) {
+  Armed a(watchdog_, "all_reduce_sum_async", group_);
+  return std::make_unique<GuardedPending>(inner_->all_reduce_sum_async(t), watchdog_, group_);
+}
 void GuardedCommunicator::broadcast(Tensor& t, int root) {
   Armed a(watchdog_, "broadcast", group_);
   inner_->broadcast(t, root);

@@ -102,6 +102,8 @@ class GuardedCommunicator final : public Communicator {
   int size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
   void all_reduce_sum(Tensor& t) override;
+  // Its wait() runs under the watchdog (test() never blocks, so it is not timed).
+  std::unique_ptr<PendingCollective> all_reduce_sum_async(Tensor& t) override;
   void broadcast(Tensor& t, int root) override;
   void all_to_all(const Tensor& in, Tensor& out) override;
   void all_gather(const Tensor& in, Tensor& out) override;

@@ -1,22 +1,46 @@
-// Bucketed gradient all-reduce.
+// Bucketed gradient all-reduce, blocking (all_reduce_bucketed) and overlapped with the backward
+// (GradSync).
 #include "runtime/grad_sync.h"
 
 #include <cstring>
 
 namespace autosp {
+namespace {
+
+// Buckets over items [0, n) of byte sizes `bytes(i)` and dtypes `dtype(i)`: consecutive items of one
+// dtype, at most `cap` bytes each (at least one item). Returns the bucket boundaries.
+template <class Bytes, class Dt>
+std::vector<size_t> bucket_bounds(size_t n, Bytes&& bytes, Dt&& dtype, size_t cap) {
+  std::vector<size_t> bounds{0};
+  size_t i = 0;
+  while (i < n) {
+    size_t j = i, total = 0;
+    while (j < n && dtype(j) == dtype(i) && (j == i || total + bytes(j) <= cap)) total += bytes(j++);
+    bounds.push_back(j);
+    i = j;
+  }
+  return bounds;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 GradSyncStats all_reduce_bucketed(Communicator& comm, std::vector<Tensor>& grads, size_t bucket_bytes) {
   GradSyncStats stats;
   if (comm.size() == 1) return stats;
-  size_t i = 0;
-  while (i < grads.size()) {
-    // The bucket: grads[i, j) of one dtype, at most bucket_bytes (at least one tensor).
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto bounds = bucket_bounds(
+      grads.size(), [&](size_t k) { return grads[k].nbytes(); }, [&](size_t k) { return grads[k].dtype(); },
+      bucket_bytes);
+  for (size_t b = 0; b + 1 < bounds.size(); ++b) {
+    const size_t i = bounds[b], j = bounds[b + 1];
     const DType dt = grads[i].dtype();
-    size_t j = i, bytes = 0;
-    while (j < grads.size() && grads[j].dtype() == dt && (j == i || bytes + grads[j].nbytes() <= bucket_bytes))
-      bytes += grads[j++].nbytes();
-    const size_t es = dtype_size(dt);
-    Tensor flat = Tensor::empty({static_cast<int64_t>(bytes / es)}, dt);
+    size_t bytes = 0;
+    for (size_t k = i; k < j; ++k) bytes += grads[k].nbytes();
+    Tensor flat = Tensor::empty({static_cast<int64_t>(bytes / dtype_size(dt))}, dt);
     char* p = static_cast<char*>(flat.raw());
     for (size_t k = i; k < j; ++k) {
       grads[k] = grads[k].contiguous();
@@ -31,9 +55,83 @@ GradSyncStats all_reduce_bucketed(Communicator& comm, std::vector<Tensor>& grads
     }
     ++stats.calls;
     stats.bytes += bytes;
-    i = j;
   }
+  stats.exposed_seconds = seconds_since(t0);
   return stats;
+}
+
+GradSync::GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes)
+    : comm_(comm), slots_(std::move(slots)), overlap_(overlap) {
+  auto nbytes = [&](size_t k) { return static_cast<size_t>(shape_numel(slots_[k].shape)) * dtype_size(slots_[k].dtype); };
+  const auto bounds = bucket_bounds(slots_.size(), nbytes, [&](size_t k) { return slots_[k].dtype; }, bucket_bytes);
+  bucket_of_.resize(slots_.size());
+  offset_of_.resize(slots_.size());
+  seen_.assign(slots_.size(), false);
+  for (size_t b = 0; b + 1 < bounds.size(); ++b) {
+    Bucket bucket;
+    bucket.first = bounds[b];
+    bucket.last = bounds[b + 1];
+    size_t bytes = 0;
+    for (size_t k = bucket.first; k < bucket.last; ++k) {
+      bucket_of_[k] = b;
+      offset_of_[k] = bytes;
+      bytes += nbytes(k);
+    }
+    const DType dt = slots_[bucket.first].dtype;
+    bucket.flat = Tensor::empty({static_cast<int64_t>(bytes / dtype_size(dt))}, dt);
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+GradSync::~GradSync() = default;  // a bucket still in flight is waited for by its PendingCollective
+
+void GradSync::start(Bucket& b) {
+  ++stats_.calls;
+  stats_.bytes += b.flat.nbytes();
+  if (comm_.size() == 1) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (overlap_) b.pending = comm_.all_reduce_sum_async(b.flat);
+  stats_.exposed_seconds += seconds_since(t0);
+}
+
+void GradSync::ready(size_t slot, const Tensor& grad) {
+  AUTOSP_ASSERT(slot < slots_.size() && !seen_[slot], "gradient slot ", slot, " given twice or out of range");
+  AUTOSP_ASSERT(grad.shape() == slots_[slot].shape && grad.dtype() == slots_[slot].dtype, "gradient slot ", slot,
+                " is ", grad.str(), ", expected ", dtype_name(slots_[slot].dtype), shape_str(slots_[slot].shape));
+  seen_[slot] = true;
+  Bucket& b = buckets_[bucket_of_[slot]];
+  const Tensor g = grad.contiguous();
+  std::memcpy(static_cast<char*>(b.flat.raw()) + offset_of_[slot], g.raw(), g.nbytes());
+  if (++b.filled == b.last - b.first) start(b);
+}
+
+void GradSync::poll() {
+  if (!overlap_ || comm_.size() == 1) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Buckets finish in the order they started: test the oldest unfinished one only.
+  while (next_poll_ < buckets_.size() && buckets_[next_poll_].pending && buckets_[next_poll_].pending->test()) {
+    buckets_[next_poll_].pending.reset();
+    ++next_poll_;
+  }
+  stats_.exposed_seconds += seconds_since(t0);
+}
+
+std::vector<Tensor> GradSync::finish() {
+  for (size_t k = 0; k < slots_.size(); ++k) AUTOSP_ASSERT(seen_[k], "gradient slot ", k, " was never ready");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (Bucket& b : buckets_) {
+    if (b.pending) b.pending->wait();
+    else if (!overlap_ && comm_.size() > 1) comm_.all_reduce_sum(b.flat);
+    b.pending.reset();
+    b.filled = 0;
+  }
+  stats_.exposed_seconds += seconds_since(t0);
+  next_poll_ = 0;
+  seen_.assign(slots_.size(), false);
+  std::vector<Tensor> out;
+  for (size_t k = 0; k < slots_.size(); ++k)
+    out.push_back(Tensor::view_bytes(buckets_[bucket_of_[k]].flat, offset_of_[k], slots_[k].shape, slots_[k].dtype));
+  return out;
 }
 
 }  // namespace autosp

@@ -1,9 +1,12 @@
 // The training loop.
 #include "runtime/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <numeric>
+#include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
@@ -99,6 +102,25 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   for (auto& [name, p] : result.params) gworld.broadcast(p, 0);  // every rank starts from rank 0's weights
   if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
 
+  // The gradient all-reduce over the world, in buckets in the order the backward produces the
+  // gradients (grad_order[k] = the index into prog.param_names of the k-th gradient produced).
+  std::vector<size_t> grad_order(prog.grad_names.size());
+  std::iota(grad_order.begin(), grad_order.end(), size_t{0});
+  auto position = [&](size_t i) { return prog.graph->position(prog.graph->find(prog.grad_names[i])); };
+  std::sort(grad_order.begin(), grad_order.end(), [&](size_t a, size_t b) { return position(a) < position(b); });
+  std::unique_ptr<GradSync> sync;
+  std::unordered_map<const Node*, size_t> slot_of;
+  if (world.size() > 1) {
+    std::vector<GradSync::Slot> slots;
+    for (size_t k = 0; k < grad_order.size(); ++k) {
+      const Node* n = prog.graph->find(prog.grad_names[grad_order[k]]);
+      slots.push_back({result.params.at(prog.param_names[grad_order[k]]).shape(), n->dtype()});
+      slot_of[n] = k;
+    }
+    sync = std::make_unique<GradSync>(gworld, std::move(slots), cfg.runtime.overlap_grad_sync,
+                                      static_cast<size_t>(cfg.runtime.grad_bucket_mb * 1024 * 1024));
+  }
+
   std::ofstream metrics;
   if (lead && !args.metrics.empty()) {
     metrics.open(args.metrics, std::ios::app);
@@ -115,14 +137,24 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), ctx.sp_size);
     TensorMap feeds = {{"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
     for (const auto& [name, p] : result.params) feeds[name] = p;
-    RunResult r = ex.run(feeds, groups);
-
-    std::vector<Tensor> grad_list;
-    for (const auto& name : prog.grad_names) grad_list.push_back(r.outputs.at(name));
-    inject_nan(fault, world.rank(), step + 1, grad_list);
-    all_reduce_bucketed(gworld, grad_list);
+    // Each gradient goes to its bucket the moment the backward produces it (grad_sync.h).
+    const double synced_before = sync ? sync->stats().exposed_seconds : 0.0;
+    RunResult r = ex.run(feeds, groups, [&](const Node& n, const Tensor& v) {
+      if (!sync) return;
+      if (auto it = slot_of.find(&n); it != slot_of.end()) {
+        std::vector<Tensor> g{v};
+        inject_nan(fault, world.rank(), step + 1, g);
+        sync->ready(it->second, v);
+      }
+      sync->poll();
+    });
     ParamMap grads;
-    for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = grad_list[i];
+    if (sync) {
+      std::vector<Tensor> summed = sync->finish();
+      for (size_t k = 0; k < grad_order.size(); ++k) grads[prog.param_names[grad_order[k]]] = summed[k];
+    } else {
+      for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = r.outputs.at(prog.grad_names[i]);
+    }
     Tensor loss_t = r.outputs.at(prog.loss);
     if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, grads);
 
@@ -154,6 +186,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     rec.tokens_per_sec = static_cast<double>(tokens_per_step) / (rec.step_ms / 1000.0);
     rec.peak_bytes = r.peak_bytes;
+    rec.grad_sync_ms = sync ? (sync->stats().exposed_seconds - synced_before) * 1000.0 : 0.0;
     result.steps.push_back(rec);
 
     const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start;
