@@ -81,6 +81,9 @@ Node* Builder::count_valid(Node* labels, DType dtype, const std::string& name) {
 Node* Builder::full(SymShape shape, double value, DType dtype, const std::string& name) {
   return op(Op::full, {}, {{"shape", std::move(shape)}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}}, name);
 }
+Node* Builder::cast(Node* x, DType dtype, const std::string& name) {
+  return op(Op::cast, {x}, {{"dtype", std::string(dtype_name(dtype))}}, name);
+}
 Node* Builder::causal_mask(Node* scores, double value, const std::string& name) {
   return op(Op::causal_mask, {scores}, {{"value", value}}, name);
 }

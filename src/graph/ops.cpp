@@ -231,7 +231,7 @@ TensorType cross_entropy_rule(const Node& n, const ShapeContext& ctx) {
   bool ok = l.size() == y.size() + 1;
   for (size_t i = 0; ok && i < y.size(); ++i) ok = ctx.same(l[i], y[i]);
   if (!ok) fail(n, str("logits ", in(n, 0).str(), " vs labels ", in(n, 1).str(), ": expected [..., V] and [...]"));
-  return {in(n, 0).dtype, {}};
+  return {accumulate_dtype(in(n, 0).dtype), {}};  // a bf16 model's loss is summed and kept in f32
 }
 
 TensorType count_valid_rule(const Node& n, const ShapeContext&) {
@@ -310,10 +310,10 @@ std::vector<TensorType> layernorm_backward_extra(const Node& n) { return {in(n, 
 std::vector<TensorType> rmsnorm_backward_extra(const Node& n) { return {in(n, 2)}; }
 
 
-// lse [B, N, Sq]
+// lse [B, N, Sq], f32 for bf16 q (what the kernels write)
 std::vector<TensorType> sdpa_extra(const Node& n) {
   const auto& q = in(n, 0).shape;
-  return {{in(n, 0).dtype, {q[0], q[1], q[2]}}};
+  return {{accumulate_dtype(in(n, 0).dtype), {q[0], q[1], q[2]}}};
 }
 
 // q, k, v, o, lse, dout → dq (extras: dk, dv)
@@ -325,16 +325,31 @@ TensorType sdpa_backward_rule(const Node& n, const ShapeContext& ctx) {
     for (int d = 0; ok && d < q.rank(); ++d) ok = ctx.same(t.shape[d], q.shape[d]);
     if (!ok) fail(n, str("input ", i, " ", t.str(), " must match q ", q.str()));
   }
+  const auto& lse = in(n, 4);
+  if (lse.dtype != accumulate_dtype(q.dtype) || lse.rank() != 3)
+    fail(n, str("lse ", lse.str(), " must be ", dtype_name(accumulate_dtype(q.dtype)), "[B, N, Sq] for q ", q.str()));
   return q;
 }
 std::vector<TensorType> sdpa_backward_extra(const Node& n) { return {in(n, 1), in(n, 2)}; }
 
-// logits [..., V], labels [...], grad [] → dlogits
+// logits [..., V], labels [...], grad [] (the loss's dtype: f32 for bf16 logits) → dlogits
 TensorType cross_entropy_backward_rule(const Node& n, const ShapeContext&) {
   expect_float(n, 0);
   expect_int(n, 1);
-  if (in(n, 2).rank() != 0) fail(n, str("loss gradient ", in(n, 2).str(), " must be a scalar"));
+  const auto& g = in(n, 2);
+  if (g.rank() != 0 || g.dtype != accumulate_dtype(in(n, 0).dtype))
+    fail(n, str("loss gradient ", g.str(), " must be a ", dtype_name(accumulate_dtype(in(n, 0).dtype)),
+                " scalar for logits ", in(n, 0).str()));
   return in(n, 0);
+}
+
+// x → x in `dtype`; the CPU and CUDA kernels convert between f32, f64 and bf16.
+TensorType cast_rule(const Node& n, const ShapeContext&) {
+  auto convertible = [](DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; };
+  auto t = dtype_from_name(n.attrs().s("dtype"));
+  if (!t || !convertible(*t)) fail(n, str("dtype '", n.attrs().s("dtype"), "': expected f32, f64 or bf16"));
+  if (!convertible(in(n, 0).dtype)) fail(n, str("input ", in(n, 0).str(), " is not f32, f64 or bf16"));
+  return {*t, in(n, 0).shape};
 }
 
 
@@ -414,6 +429,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {Op::rope_backward, "rope_backward", 2, "theta", rope_rule, nullptr, nullptr, true},
     {Op::sdpa_backward, "sdpa_backward", 6, "causal,scale", sdpa_backward_rule, sdpa_backward_extra, nullptr, true},
     {Op::cross_entropy_backward, "cross_entropy_backward", 3, "ignore_index", cross_entropy_backward_rule, nullptr, nullptr, true},
+    {Op::cast, "cast", 1, "dtype", cast_rule, nullptr, vjp::cast, false},
 }};
 
 constexpr bool table_in_order() {
@@ -427,6 +443,8 @@ static_assert(kOps.size() == kNumOps, "every op needs a row in the op table");
 static_assert(table_in_order(), "op table rows must follow the Op enum order, and every forward op needs a vjp");
 
 }  // namespace
+
+DType accumulate_dtype(DType t) { return t == DType::bf16 || t == DType::f16 ? DType::f32 : t; }
 
 const OpInfo& op_info(Op op) { return kOps.at(static_cast<size_t>(op)); }
 std::string_view op_name(Op op) { return op_info(op).name; }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "graph/sym.h"
+#include "tensor/dtype.h"
 
 namespace autosp {
 
@@ -33,6 +34,8 @@ enum class Op : uint16_t {
   // backward-only ops (built by vjp rules; not differentiated again)
   sum_to, embedding_backward, gelu_tanh_backward, silu_backward, slice_backward, layernorm_backward,
   rmsnorm_backward, softmax_backward, rope_backward, sdpa_backward, cross_entropy_backward,
+  // conversion between float dtypes (mixed precision)
+  cast,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);
@@ -68,6 +71,10 @@ const OpInfo& op_info(Op op);
 std::string_view op_name(Op op);
 bool op_from_name(std::string_view name, Op& out);
 std::vector<std::string> op_required_attrs(Op op);
+
+// The dtype a reduction over `t` values is kept in: f32 for bf16/f16 (a loss, a log-sum-exp, a
+// token count), else `t` itself.
+DType accumulate_dtype(DType t);
 
 // Infer `n`'s output type from its inputs and attributes (the op's shape rule).
 TensorType infer_type(const Node& n, const std::vector<Divisibility>& assumptions);

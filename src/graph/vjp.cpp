@@ -133,4 +133,7 @@ void all_to_all(VjpContext& c) {
 // y_r = Σ_i x_i on every rank, so dL/dx_r = Σ_i dL/dy_i: an all-reduce of the gradient.
 void all_reduce(VjpContext& c) { c.input_grads[0] = c.b.all_reduce(c.grad, c.node->attrs().s("group"), "dx"); }
 
+// The gradient goes back in the input's dtype (a bf16 gradient of an f32 master weight becomes f32).
+void cast(VjpContext& c) { c.input_grads[0] = c.b.cast(c.grad, c.in(0)->dtype(), "dx"); }
+
 }  // namespace autosp::vjp

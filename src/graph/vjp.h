@@ -31,6 +31,7 @@ void cross_entropy_sum(VjpContext&);
 void causal_mask(VjpContext&);
 void all_to_all(VjpContext&);
 void all_reduce(VjpContext&);
+void cast(VjpContext&);
 void no_gradient(VjpContext&);  // count_valid, full: nothing flows to the inputs
 
 }  // namespace autosp::vjp

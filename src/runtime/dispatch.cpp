@@ -289,6 +289,12 @@ Tensor cross_entropy_sum_cpu(const KernelCall& c) {
 Tensor count_valid_cpu(const KernelCall& c) {
   Tensor labels = ids64(c.in[0]);
   const DType dt = c.node.dtype();
+  if (dt == DType::bf16) {
+    Tensor y = out_like(c, dt);
+    *y.data<uint16_t>() = cpu::f64_to_bf16(static_cast<double>(
+        cpu::count_valid(labels.data<int64_t>(), labels.numel(), c.node.attrs().i("ignore_index"))));
+    return y;
+  }
   return by_float(c, dt, [&]<class T>() {
     Tensor y = out_like(c, dt);
     *y.data<T>() = static_cast<T>(cpu::count_valid(labels.data<int64_t>(), labels.numel(), c.node.attrs().i("ignore_index")));
@@ -299,6 +305,11 @@ Tensor count_valid_cpu(const KernelCall& c) {
 
 Tensor full_cpu(const KernelCall& c) {
   const DType dt = c.node.dtype();
+  if (dt == DType::bf16) {  // the constant rounded once
+    Tensor y = out_like(c, dt);
+    cpu::fill<uint16_t>(y.data<uint16_t>(), y.numel(), cpu::f64_to_bf16(c.node.attrs().f("value")));
+    return y;
+  }
   return by_float(c, dt, [&]<class T>() {
     Tensor y = out_like(c, dt);
     cpu::fill<T>(y.data<T>(), y.numel(), static_cast<T>(c.node.attrs().f("value")));
@@ -479,6 +490,74 @@ Tensor all_reduce_cpu(const KernelCall& c) {
   return y;
 }
 
+// Call f.template operator()<T>() with T the storage type of a cast's dtype (bf16 as its raw bits).
+template <class F>
+void by_storage(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32: f.template operator()<float>(); break;
+    case DType::f64: f.template operator()<double>(); break;
+    case DType::bf16: f.template operator()<uint16_t>(); break;
+    default: AUTOSP_ASSERT(false, "cast of ", dtype_name(dt), " (f32, f64, bf16 only)");
+  }
+}
+
+// y = x converted elementwise (both contiguous, same element count).
+void convert(const Tensor& x, const Tensor& y) {
+  by_storage(x.dtype(), [&]<class From>() {
+    by_storage(y.dtype(), [&]<class To>() { cpu::cast<From, To>(x.data<From>(), y.data<To>(), x.numel()); });
+  });
+}
+
+Tensor cast_cpu(const KernelCall& c) {
+  Tensor y = out_like(c, c.node.dtype());
+  convert(c.in[0].contiguous(), y);
+  return y;
+}
+
+// bf16 on CPU is emulated: a node with a bf16 input or output runs its f32 kernel on inputs
+// widened to f32, and each result is rounded once to its (bf16) type: the numerics of the CUDA
+// kernels (f32 compute, one rounding per result), not their speed. Ops that only move bytes, and
+// the conversion and constant ops, handle bf16 themselves.
+bool emulate_bf16(const KernelCall& c) {
+  switch (c.node.op()) {
+    case Op::reshape: case Op::transpose: case Op::permute: case Op::slice: case Op::concat:
+    case Op::slice_backward: case Op::all_to_all: case Op::cast: case Op::full: case Op::count_valid:
+      return false;
+    default: break;
+  }
+  if (c.node.dtype() == DType::bf16) return true;
+  for (const Tensor& t : c.in)
+    if (t.dtype() == DType::bf16) return true;
+  return false;
+}
+
+Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_kernel) {
+  std::vector<Tensor> in;
+  for (const Tensor& t : c.in) {
+    if (t.dtype() != DType::bf16) {
+      in.push_back(t);
+      continue;
+    }
+    in.push_back(Tensor::empty(t.shape(), DType::f32, c.alloc));
+    convert(t.contiguous(), in.back());
+  }
+  std::vector<Tensor> extras;
+  const KernelCall call{.node = c.node, .in = in, .out_shape = c.out_shape, .bindings = c.bindings,
+                        .alloc = c.alloc, .extras = extras, .comm = c.comm, .out = {}, .extra_out = {}};
+  // A result in its node's dtype, in the planned place when there is one.
+  auto settle = [&](const Tensor& y, DType dt, const Tensor& planned) {
+    if (!planned.defined() && y.dtype() == dt) return y;
+    Tensor out = planned.defined() ? planned : Tensor::empty(y.shape(), dt, c.alloc);
+    convert(y, out);
+    return out;
+  };
+  Tensor y = f32_kernel(call);
+  const std::vector<TensorType> types = extra_types(c.node);
+  for (size_t i = 0; i < extras.size(); ++i)
+    c.extras.push_back(settle(extras[i], types.at(i).dtype, i < c.extra_out.size() ? c.extra_out[i] : Tensor{}));
+  return settle(y, c.node.dtype(), c.out);
+}
+
 Tensor leaf(const KernelCall& c) {
   AUTOSP_ASSERT(false, "node ", c.node.name(), " is resolved by the executor, not dispatched");
   return {};
@@ -532,6 +611,7 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::rope_backward, rope_cpu<true>, no_cuda},
     {Op::sdpa_backward, sdpa_backward_cpu, no_cuda},
     {Op::cross_entropy_backward, cross_entropy_backward_cpu, no_cuda},
+    {Op::cast, cast_cpu, no_cuda},
 }};
 
 constexpr bool kernels_in_order() {
@@ -546,7 +626,8 @@ static_assert(kernels_in_order(), "dispatch rows must follow the Op enum order a
 
 Tensor dispatch(const KernelCall& call, DeviceKind device) {
   const KernelRow& row = kKernels[static_cast<size_t>(call.node.op())];
-  return device == DeviceKind::cuda ? row.cuda(call) : row.cpu(call);
+  if (device == DeviceKind::cuda) return row.cuda(call);
+  return emulate_bf16(call) ? bf16_via_f32(call, row.cpu) : row.cpu(call);
 }
 
 }  // namespace autosp

@@ -74,6 +74,18 @@ inline double gelu_tanh(double x) {
   const double k = std::sqrt(2.0 / std::numbers::pi);
   return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
+// x rounded to bfloat16 (8 significant bits, f32's exponent range), ties to even, by scaling:
+// the value in units of its bf16 spacing, rounded to an integer (nearbyint: ties to even).
+inline double round_bf16(double x) {
+  if (std::isnan(x) || std::isinf(x) || x == 0) return x;
+  int e;
+  std::frexp(x, &e);                         // |x| = m·2^e, m in [0.5, 1)
+  const int q = std::max(e, -125) - 8;       // spacing 2^q; below 2^-126 the subnormals share 2^-133
+  const double r = std::ldexp(std::nearbyint(std::ldexp(x, -q)), q);
+  return std::fabs(r) >= std::ldexp(1.0, 128) ? std::copysign(INFINITY, x) : r;
+}
+inline double round_f32(double x) { return static_cast<double>(static_cast<float>(x)); }
+
 inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
 inline double relu(double x) { return x > 0 ? x : 0.0; }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }

@@ -191,6 +191,20 @@ inline const std::vector<OpCase>& op_cases() {
       OpCase{"full", Op::full, {},
              [](Builder& b, const std::vector<Node*>&) { return b.full({2, 3}, -1.25, DType::f64); },
              [](const std::vector<Vec>&, const std::vector<Shape>&) { return Vec(6, -1.25); }},
+      // Conversions (the input has the run's dtype): to f64 is exact, to f32 and bf16 round to
+      // nearest even; bf16 → f32/f64 is exact.
+      OpCase{"cast_to_f64", Op::cast, {{{B, S, 6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.cast(x[0], DType::f64); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return in[0]; }},
+      OpCase{"cast_to_f32", Op::cast, {{{B, S, 6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.cast(x[0], DType::f32); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return naive::map(in[0], naive::round_f32); }},
+      OpCase{"cast_to_bf16", Op::cast, {{{B, S, 6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.cast(x[0], DType::bf16); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return naive::map(in[0], naive::round_bf16); }},
+      OpCase{"cast_from_bf16", Op::cast, {{{B, S, 6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.cast(b.cast(x[0], DType::bf16), x[0]->dtype()); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return naive::map(in[0], naive::round_bf16); }},
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

@@ -511,3 +511,47 @@ TEMPLATE_TEST_CASE("sum_squares matches the naive sum", "[kernels][elementwise][
     test::check_close(std::vector<double>{cpu::sum_squares<T>(x.data(), n)}, {ref}, 1e-12);
   }
 }
+
+// cpu::cast in every direction between f32, f64 and bf16, against naive::round_bf16 (scaling and
+// nearbyint, not bit tricks): ties to even, subnormals, overflow to inf, NaN kept NaN; f64 → bf16
+// rounds once (a double just past a bf16 tie must not round through f32 to the tie).
+TEST_CASE("cast converts between f32, f64 and bf16, rounding to nearest even", "[kernels][elementwise][convert]") {
+  std::vector<double> x = {0.0, -0.0, 1.0, -2.5, 1.0 + 0x1p-8, 1.0 + 0x3p-8, -(1.0 + 0x3p-8), 1.0 + 0x1p-8 + 0x1p-40,
+                           0x1p-130, 0x1.8p-133, 0x1p-134, 0x1p-140, 3.3e38, 3.4e38, -1e39, 1e300, INFINITY, -INFINITY,
+                           std::numeric_limits<double>::quiet_NaN()};
+  std::mt19937_64 gen(11);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::uniform_int_distribution<int> ex(-140, 130);
+  for (int i = 0; i < 20000; ++i) x.push_back(std::ldexp(nd(gen), ex(gen)));
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> xf(x.begin(), x.end());  // f64 → f32 by the compiler
+  std::vector<uint16_t> from64(x.size()), from32(x.size());
+  cpu::cast(x.data(), from64.data(), n);
+  cpu::cast(xf.data(), from32.data(), n);
+  std::vector<float> back32(x.size());
+  std::vector<double> back64(x.size()), f32_to_64(x.size());
+  std::vector<float> f64_to_32(x.size());
+  cpu::cast(from64.data(), back32.data(), n);
+  cpu::cast(from64.data(), back64.data(), n);
+  cpu::cast(xf.data(), f32_to_64.data(), n);
+  cpu::cast(x.data(), f64_to_32.data(), n);
+  auto same = [](double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; };
+  for (size_t i = 0; i < x.size(); ++i) {
+    INFO("x = " << x[i]);
+    REQUIRE(same(bf16_value(from64[i]), naive::round_bf16(x[i])));
+    REQUIRE(same(bf16_value(from32[i]), naive::round_bf16(xf[i])));
+    REQUIRE(same(back64[i], bf16_value(from64[i])));
+    REQUIRE(same(double(back32[i]), bf16_value(from64[i])));
+    REQUIRE(same(f32_to_64[i], double(xf[i])));
+    REQUIRE(same(double(f64_to_32[i]), double(xf[i])));
+  }
+  CHECK(from64[5] == 0x3F82);  // 1 + 3·2^-8: tie, odd rounds up
+  CHECK(from64[4] == 0x3F80);  // 1 + 2^-8: tie, even stays
+  CHECK(from64[7] == 0x3F81);  // just past the tie: up (through f32 it would be the tie, then 0x3F80)
+  CHECK(from32[7] == 0x3F80);  // the f32 value is the tie itself
+  std::vector<uint16_t> all(0x10000), again(0x10000);  // bf16 → bf16 keeps every non-NaN pattern
+  std::iota(all.begin(), all.end(), uint16_t{0});
+  cpu::cast(all.data(), again.data(), 0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h)
+    if (!std::isnan(bf16_value(uint16_t(h)))) REQUIRE(again[h] == h);
+}

@@ -89,6 +89,36 @@ TEST_CASE("ops match naive references through the executor", "[ops][executor]") 
   }
 }
 
+// bf16 on CPU is f32 compute with one rounding per result (dispatch.cpp): each op's bf16 output
+// must be exactly the bf16 rounding (naive, ties to even) of its f32 kernel's output on the same
+// values, and within one bf16 rounding (unit roundoff 2^-8, relative to the largest entry) of the
+// float64 reference. Outputs the op table keeps in f32 (a loss sum, a count) are not rounded.
+TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][bf16]") {
+  for (const auto& c : op_cases()) {
+    DYNAMIC_SECTION(c.name) {
+      auto p = prepare(c, DType::bf16, 7);
+      verify(p->g);
+      const Node* out_node = p->g.outputs()[0];
+      const Tensor out = Executor(p->g).run(p->feeds, single_groups()).outputs.at(out_node->name());
+      CHECK(out.dtype() == out_node->dtype());
+      const Vec got = out.to_doubles();
+      const Vec want = c.ref(p->values, p->shapes);
+      REQUIRE(got.size() == want.size());
+      CHECK(max_rel_error(got, want) < (out.dtype() == DType::bf16 ? 4e-3 : 2e-5));
+
+      // The same values as f32 through the f32 kernels, then rounded (or not) like the node's dtype.
+      auto p32 = prepare(c, DType::f32, 7);
+      for (auto& [name, t] : p32->feeds)
+        if (t.dtype() == DType::f32) t = p->feeds.at(name).to(DType::f32);
+      const Node* out32 = p32->g.outputs()[0];
+      Vec want32 = Executor(p32->g).run(p32->feeds, single_groups()).outputs.at(out32->name()).to_doubles();
+      if (out.dtype() == DType::bf16 && out32->dtype() != DType::bf16) want32 = naive::map(want32, naive::round_bf16);
+      INFO("bf16 output " << out.str() << " vs the f32 kernel's " << out32->type().str());
+      CHECK(got == want32);
+    }
+  }
+}
+
 TEST_CASE("the executor binds symbols and rejects inconsistent feeds", "[executor]") {
   const OpCase& c = op_cases().front();  // embedding: weight [11, 4], ids [B, S]
   auto p = prepare(c, DType::f32, 3);

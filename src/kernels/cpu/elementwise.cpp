@@ -24,6 +24,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
@@ -454,6 +455,50 @@ uint16_t f32_to_f16(float f) {
   if (rem > half || (rem == half && (r & 1u))) ++r;  // r may become 0x400, the smallest normal
   return uint16_t(sign | r);
 }
+
+uint16_t f64_to_bf16(double d) {
+  if (std::isnan(d)) return f32_to_bf16(static_cast<float>(d));
+  if (std::fabs(d) < 0x1p-126) {  // bf16 subnormals: multiples of 2^-133, the scaling is exact
+    return f32_to_bf16(static_cast<float>(std::nearbyint(d * 0x1p133) * 0x1p-133));
+  }
+  // Keep 7 of the 52 fraction bits: round to nearest even on the 45 dropped ones (a carry moves
+  // into the exponent). The result has 8 significant bits, so it is exact in f32 and in bf16.
+  constexpr uint64_t kDrop = (uint64_t(1) << 45) - 1;
+  uint64_t x = std::bit_cast<uint64_t>(d);
+  x = (x + (kDrop >> 1) + ((x >> 45) & 1u)) & ~kDrop;
+  const double r = std::bit_cast<double>(x);
+  if (std::fabs(r) >= 0x1p128) return std::signbit(r) ? 0xff80u : 0x7f80u;  // ±inf
+  return f32_to_bf16(static_cast<float>(r));
+}
+
+namespace {
+template <class To, class From>
+To convert(From v) {
+  if constexpr (std::is_same_v<From, uint16_t>)
+    return convert<To>(bf16_to_f32(v));
+  else if constexpr (std::is_same_v<To, uint16_t> && std::is_same_v<From, double>)
+    return f64_to_bf16(v);
+  else if constexpr (std::is_same_v<To, uint16_t>)
+    return f32_to_bf16(v);
+  else
+    return static_cast<To>(v);
+}
+}  // namespace
+
+template <class From, class To>
+void cast(const From* x, To* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > kGrain)
+  for (int64_t i = 0; i < n; ++i) y[i] = convert<To>(x[i]);
+}
+
+#define AUTOSP_INSTANTIATE_CAST(From)                                                                 \
+  template void cast<From, float>(const From*, float*, int64_t);                                    \
+  template void cast<From, double>(const From*, double*, int64_t);                                  \
+  template void cast<From, uint16_t>(const From*, uint16_t*, int64_t);
+AUTOSP_INSTANTIATE_CAST(float)
+AUTOSP_INSTANTIATE_CAST(double)
+AUTOSP_INSTANTIATE_CAST(uint16_t)
+#undef AUTOSP_INSTANTIATE_CAST
 
 #define AUTOSP_INSTANTIATE_FLOAT(T)                                                                   \
   template void unary<T>(Unary, const T*, T*, int64_t, double);                                     \

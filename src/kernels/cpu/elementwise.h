@@ -40,6 +40,13 @@ float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+// double → bf16 rounded once, to nearest even (not through f32, which would round twice).
+uint16_t f64_to_bf16(double d);
+
+// y[i] = x[i] converted, for From, To in {float, double, uint16_t = bf16 bits}: to bf16 rounds to
+// nearest even (NaN stays NaN, past the range → ±inf); bf16 → f32/f64 and f32 → f64 are exact.
+template <class From, class To>
+void cast(const From* x, To* y, int64_t n);
 
 // ---- backward and reductions ----
 

@@ -39,7 +39,7 @@ int seq_dim_of(const Node& n, const std::vector<int>& in, const std::string& seq
       }
       return out;
     }
-    case Op::scale: case Op::neg: case Op::exp: case Op::gelu_tanh: case Op::silu:
+    case Op::scale: case Op::neg: case Op::exp: case Op::gelu_tanh: case Op::silu: case Op::cast:
       return in[0];
     case Op::causal_mask:
       if (in[0] >= r - 2) reject(n, in[0], "masks along");
