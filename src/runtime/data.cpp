@@ -403,7 +403,8 @@ std::pair<int64_t, int64_t> count_correct(const Tensor& logits, const Tensor& la
   lab.reserve(static_cast<size_t>(labels.numel()));
   for (double v : labels.to_doubles()) lab.push_back(static_cast<int64_t>(v));
   if (logits.dtype() == DType::f32) return count_correct_as<float>(logits, lab, V);
-  AUTOSP_ASSERT(logits.dtype() == DType::f64, "count_correct: logits must be f32 or f64, got ", logits.str());
+  if (logits.dtype() == DType::bf16) return count_correct_as<float>(logits.to(DType::f32), lab, V);  // exact
+  AUTOSP_ASSERT(logits.dtype() == DType::f64, "count_correct: logits must be f32, f64 or bf16, got ", logits.str());
   return count_correct_as<double>(logits, lab, V);
 }
 

@@ -1,9 +1,10 @@
-// Building a rank's program: model → AutoSP pipeline → autograd.
+// Building a rank's program: model → mixed precision (bf16) → AutoSP pipeline → autograd.
 #include "runtime/program.h"
 
 #include "graph/autograd.h"
 #include "graph/passes/autosp/autosp.h"
 #include "graph/passes/checkpoint_activations.h"
+#include "graph/passes/mixed_precision.h"
 #include "graph/verify.h"
 #include "models/model.h"
 #include "tensor/check.h"
@@ -24,9 +25,21 @@ PassContext pass_context(const Config& cfg, int world_size, int world_rank) {
   return ctx;
 }
 
+DType run_dtype(const Config& cfg) {
+  if (cfg.runtime.dtype == "float32") return DType::f32;
+  if (cfg.runtime.dtype == "float64") return DType::f64;
+  if (cfg.runtime.dtype == "bfloat16") return DType::bf16;
+  throw UsageError(str("runtime.dtype \"", cfg.runtime.dtype, "\": expected float32, float64 or bfloat16"));
+}
+
+DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
+
 RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const PassContext& ctx) {
   RankProgram p;
-  p.graph = build_forward(cfg.model, dtype);
+  p.graph = build_forward(cfg.model, master_dtype(dtype));
+  // Before AutoSP and autograd: AutoSP shards whatever dtype flows, and autograd differentiates
+  // the casts, so the gradients reach the f32 parameters as f32 (docs/decisions.md).
+  if (dtype == DType::bf16) apply_mixed_precision(*p.graph, ctx);
   p.loss = "loss";
   if (stage == Stage::forward) return p;
   if (ctx.world_size > 1) {

@@ -1,5 +1,6 @@
 // The graph one rank runs: the model's forward graph, rewritten by the AutoSP pipeline for this
 // rank of its SP group when the world has several ranks, then (for training) the backward graph.
+// A bf16 run first gets the mixed-precision pass (f32 master weights, bf16 compute).
 // Shared by autosp-train and autosp-graph so both show and run the same thing.
 #include <memory>
 #include <string>
@@ -25,6 +26,14 @@ struct RankProgram {
 // does not divide is a UsageError.
 PassContext pass_context(const Config& cfg, int world_size, int world_rank);
 
+// runtime.dtype as the dtype the graph computes in: f32, f64, or bf16 (mixed precision).
+DType run_dtype(const Config& cfg);
+// The dtype of the parameters, their gradients, the optimizer state, checkpoints and --init-from
+// weights for a run dtype: f32 master weights for a bf16 run, else the run dtype itself.
+DType master_dtype(DType run);
+
+// The model is built in master_dtype(dtype); for bf16 the mixed-precision pass runs first (at
+// every stage, so autosp-graph shows what runs), then AutoSP, then autograd.
 RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const PassContext& ctx);
 
 }  // namespace autosp

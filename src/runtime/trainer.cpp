@@ -30,13 +30,6 @@ void check_device(const Config& cfg) {
     throw UsageError(str("runtime.device \"", cfg.runtime.device, "\": this build runs on cpu only"));
 }
 
-// The dtype parameters and activations have (runtime.dtype).
-DType run_dtype(const Config& cfg) {
-  if (cfg.runtime.dtype == "float32") return DType::f32;
-  if (cfg.runtime.dtype == "float64") return DType::f64;
-  throw UsageError(str("runtime.dtype \"", cfg.runtime.dtype, "\" needs runtime.device \"cuda\"; use float32 or float64 on cpu"));
-}
-
 // The batch padded at the end to a sequence length P divides: pad tokens 0 with ignored labels
 // (-100) and position 0. Causal attention never lets a real token see the padding, and the
 // ignored labels keep the loss and gradients exact.
@@ -56,7 +49,7 @@ Batch pad_to_multiple(const Batch& b, int64_t p) {
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
   check_device(cfg);
-  const DType dt = run_dtype(cfg);
+  const DType dt = run_dtype(cfg), master = master_dtype(dt);  // compute; parameters and optimizer state
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
   ProcessMesh mesh = make_mesh(world, static_cast<int>(ctx.sp_size));
   // Every collective runs under the watchdog (runtime/fault.h): a rank that dies or hangs makes the
@@ -89,17 +82,20 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   AdamW opt;
   int64_t start = 0;
   if (!args.resume.empty()) {
-    Checkpoint ck = load_checkpoint(args.resume, cfg, dt);
+    Checkpoint ck = load_checkpoint(args.resume, cfg, master);
     result.params = std::move(ck.params);
     opt = std::move(ck.optimizer);
     start = ck.step;
     if (lead) spdlog::info("resumed from {} at step {}", args.resume, start);
   } else {
-    result.params = args.init_from.empty() ? init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), dt)
-                                           : load_weights(args.init_from, cfg.model, dt);
+    result.params = args.init_from.empty() ? init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master)
+                                           : load_weights(args.init_from, cfg.model, master);
     opt.init(result.params);
   }
   for (auto& [name, p] : result.params) gworld.broadcast(p, 0);  // every rank starts from rank 0's weights
+  if (lead && dt == DType::bf16)
+    spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
+                 cfg.runtime.device == "cpu" ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
   if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
 
   // The gradient all-reduce over the world, in buckets in the order the backward produces the

@@ -97,7 +97,7 @@ expect_usage_error "no such checkpoint" "$bin" --config "$tmp/cfg.json" --resume
 expect_usage_error "holds no checkpoint" "$bin" --config "$tmp/cfg.json" --resume "$tmp/notackpt"
 expect_usage_error "exclude each other" "$bin" --config "$tmp/cfg.json" --resume "$tmp/ck" --init-from "$tmp/garbage.safetensors"
 expect_usage_error "was written for model" "$bin" --config "$tmp/cfg.json" --set model.hidden_size=64 --resume "$tmp/ck"
-expect_usage_error "runtime.dtype" "$bin" --config "$tmp/cfg.json" --set runtime.dtype=bfloat16
+expect_usage_error "runtime.dtype" "$bin" --config "$tmp/cfg.json" --set runtime.dtype=bfloat17
 expect_usage_error "runtime.device" "$bin" --config "$tmp/cfg.json" --set runtime.device=cuda
 expect_usage_error "unknown key 'train.stepz'" "$bin" --config "$tmp/cfg.json" --set train.stepz=3
 expect_usage_error "metrics" "$bin" --config "$tmp/cfg.json" --metrics "$tmp/no/such/dir/m.jsonl"

@@ -102,8 +102,8 @@ struct LossAndGrads {
 // Build `cfg`'s joint program for `ctx`, run it on `batch`, then sum the gradients over `sum_over`
 // (the world for an SP run; a group of one for the reference).
 LossAndGrads run_joint(const Config& cfg, const PassContext& ctx, const Batch& batch, const ParamMap& params,
-                       const CommGroups& groups, Communicator& sum_over) {
-  RankProgram prog = build_program(cfg, DType::f32, Stage::joint, ctx);
+                       const CommGroups& groups, Communicator& sum_over, DType dt) {
+  RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
   Executor ex(*prog.graph);
   TensorMap feeds = {{"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
   for (const auto& [name, p] : params) feeds[name] = p;
@@ -118,19 +118,19 @@ LossAndGrads run_joint(const Config& cfg, const PassContext& ctx, const Batch& b
 }
 
 // The P = 1 program on the whole global batch, in a world of one.
-LossAndGrads run_reference(const Config& cfg_p1, const Batch& batch, const ParamMap& params) {
+LossAndGrads run_reference(const Config& cfg_p1, const Batch& batch, const ParamMap& params, DType dt = DType::f32) {
   auto single = make_single_process_communicator();
   const CommGroups groups{{"world", single.get()}, {"sp", single.get()}, {"dp", single.get()}};
-  return run_joint(cfg_p1, pass_context(cfg_p1, 1, 0), batch, params, groups, *single);
+  return run_joint(cfg_p1, pass_context(cfg_p1, 1, 0), batch, params, groups, *single, dt);
 }
 
 // The SP program of this rank of test_world() (autosp_size = cfg's), on this rank's batch.
-LossAndGrads run_sp(const Config& cfg, const Batch& batch, const ParamMap& params) {
+LossAndGrads run_sp(const Config& cfg, const Batch& batch, const ParamMap& params, DType dt = DType::f32) {
   Communicator& w = test_world();
   const PassContext ctx = pass_context(cfg, w.size(), w.rank());
   ProcessMesh mesh = make_mesh(w, static_cast<int>(ctx.sp_size));
   const CommGroups groups{{"world", &w}, {"sp", mesh.sp_group.get()}, {"dp", mesh.dp_group.get()}};
-  return run_joint(cfg, ctx, batch, params, groups, w);
+  return run_joint(cfg, ctx, batch, params, groups, w, dt);
 }
 
 double rel_err(const Tensor& got, const Tensor& want) {
@@ -271,6 +271,45 @@ TEST_CASE("autosp: a 20-step loss curve with P = world size equals the P = 1 cur
   }
   CHECK(ref.steps.back().loss < ref.steps.front().loss);  // the curve is a training curve
   report("20-step loss curve P=" + std::to_string(P), worst);
+}
+
+// bf16 mixed precision under AutoSP (bf16 all-to-alls, f32 loss all-reduces, f32 gradients summed
+// over the world): the same bf16 math as the P = 1 bf16 run, except that each rank rounds its
+// partial weight gradients to bf16 before the f32 sum over ranks where P = 1 rounds the full sum
+// once — about one bf16 rounding (2^-8 relative) per element. Bounds: loss 1e-3 relative, each
+// gradient 1e-2 relative L2 (a few roundings' worth).
+TEST_CASE("autosp: in bf16, P = world size equals the P = 1 bf16 run within bf16 tolerance", "[autosp][bf16]") {
+  const int64_t P = test_world().size();
+  for (const json& model : {kGpt2, kLlamaGqa}) {
+    INFO(model_name(model) << ", P = " << P << ", bf16");
+    const Config cfg = make_config(model, P), cfg_p1 = make_config(model, 1);
+    const ParamMap params = init_params(cfg.model, 14, DType::f32);
+    const Batch batch = random_batch(2, 32, cfg.model.vocab_size, 7);
+    const LossAndGrads sp = run_sp(cfg, batch, params, DType::bf16);
+    const LossAndGrads ref = run_reference(cfg_p1, batch, params, DType::bf16);
+    const double loss_err = std::abs(sp.loss - ref.loss) / std::abs(ref.loss);
+    INFO("loss " << sp.loss << " vs P = 1 " << ref.loss);
+    CHECK(loss_err < 1e-3);
+    double worst = 0;
+    REQUIRE(sp.grads.size() == ref.grads.size());
+    for (const auto& [name, want] : ref.grads) {
+      const Tensor& got = sp.grads.at(name);
+      INFO("gradient of " << name);
+      CHECK(got.dtype() == DType::f32);
+      const auto g = got.to_doubles(), r = want.to_doubles();
+      REQUIRE(g.size() == r.size());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < g.size(); ++i) {
+        num += (g[i] - r[i]) * (g[i] - r[i]);
+        den += r[i] * r[i];
+      }
+      const double e = std::sqrt(num / std::max(den, 1e-300));
+      CHECK(e < 1e-2);
+      worst = std::max(worst, e);
+    }
+    report(model_name(model) + " P=" + std::to_string(P) + " bf16 (loss " + std::to_string(loss_err) + ", gradients rel L2)",
+           worst);
+  }
 }
 
 TEST_CASE("autosp: each rank slices its own block of the sequence", "[autosp]") {
