@@ -133,8 +133,6 @@ void add_pytorch_columns(json& row, const json& pt) {
     row["memory_ratio"] = row["peak_rss_bytes"].get<double>() / pt["peak_bytes"].get<double>();
 }
 
-DType bench_dtype(const Config& cfg) { return cfg.runtime.dtype == "float64" ? DType::f64 : DType::f32; }
-
 void check_options(const Config& cfg, const BenchOptions& opt) {
   if (opt.mode != "forward" && opt.mode != "step")
     throw UsageError(str("--mode '", opt.mode, "': expected forward or step"));
@@ -179,7 +177,7 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
 
 // The forward pass with the loss, through this rank's AutoSP program when the world has several ranks.
 PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicator& world) {
-  const DType dt = bench_dtype(cfg);
+  const DType dt = run_dtype(cfg);
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
   if (cfg.data.seq_len % ctx.sp_size != 0)
     throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of P = ", ctx.sp_size,
@@ -189,7 +187,7 @@ PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicato
   RankProgram prog = build_program(cfg, dt, Stage::autosp, ctx);
   TensorMap feeds = random_batch(cfg.data.batch_size, cfg.data.seq_len, cfg.model.vocab_size,
                                  static_cast<uint64_t>(cfg.train.seed) + static_cast<uint64_t>(mesh.dp_rank));
-  for (auto& [n, p] : init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), dt)) feeds[n] = p;
+  for (auto& [n, p] : init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master_dtype(dt))) feeds[n] = p;
   Executor ex(*prog.graph);
   PointTiming t;
   std::vector<double> ms;
@@ -248,7 +246,7 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
               {"seq", S},
               {"batch", B},
               {"threads", cpu::num_threads()},
-              {"dtype", dtype_name(bench_dtype(cfg))},
+              {"dtype", dtype_name(run_dtype(cfg))},
               {"loss", t.loss},
               {"step_ms", t.step_ms},
               {"tokens_per_sec", static_cast<double>(B * dp * S) / step_s},
@@ -345,7 +343,7 @@ int run_sweep(const SweepOptions& opt, const std::function<void(const json&)>& e
         sets.push_back(str("sequence_parallel.autosp_size=", P));
         sets.push_back(str("runtime.threads=", std::max<int64_t>(1, total_threads / P)));
         Config cfg = load_config(path, sets);
-        const DType dt = bench_dtype(cfg);
+        const DType dt = run_dtype(cfg);
         try {
           (void)build_program(cfg, dt, Stage::autosp, pass_context(cfg, static_cast<int>(P), 0));
         } catch (const UsageError& e) {
