@@ -13,9 +13,15 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#ifdef AUTOSP_WITH_CUDA
+#include "runtime/cuda/launchers.h"
+// The CUDA column names the launcher of runtime/cuda/launchers.h; builds without CUDA name no_cuda.
+#define AUTOSP_CUDA(launcher) cuda_ops::launcher
+#else
+#define AUTOSP_CUDA(launcher) no_cuda
+#endif
 
 namespace autosp {
-namespace {
 
 // The node's output: the planned place in the arena when there is one, else a fresh tensor.
 Tensor out_like(const KernelCall& c, DType dt) {
@@ -37,6 +43,8 @@ Tensor extra_like(const KernelCall& c, Shape shape, DType dt) {
   }
   return Tensor::empty(std::move(shape), dt, c.alloc);
 }
+
+namespace {
 
 // Call f.template operator()<T>() with T = float or double, by dtype.
 template <class F>
@@ -563,7 +571,7 @@ Tensor leaf(const KernelCall& c) {
   return {};
 }
 
-Tensor no_cuda(const KernelCall& c) {
+[[maybe_unused]] Tensor no_cuda(const KernelCall& c) {
   throw RuntimeFailure(str(c.node.op_name(), " has no CUDA kernel"));
 }
 
@@ -572,45 +580,45 @@ using cpu::Unary;
 constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::input, leaf, leaf},
     {Op::parameter, leaf, leaf},
-    {Op::embedding, embedding_cpu, no_cuda},
-    {Op::matmul, matmul_cpu, no_cuda},
-    {Op::add, binary_cpu<Binary::add>, no_cuda},
-    {Op::sub, binary_cpu<Binary::sub>, no_cuda},
-    {Op::mul, binary_cpu<Binary::mul>, no_cuda},
-    {Op::div, binary_cpu<Binary::div>, no_cuda},
-    {Op::scale, unary_cpu<Unary::scale>, no_cuda},
-    {Op::neg, unary_cpu<Unary::neg>, no_cuda},
-    {Op::exp, unary_cpu<Unary::exp>, no_cuda},
-    {Op::gelu_tanh, unary_cpu<Unary::gelu_tanh>, no_cuda},
-    {Op::silu, unary_cpu<Unary::silu>, no_cuda},
-    {Op::reshape, reshape_cpu, no_cuda},
-    {Op::transpose, transpose_cpu, no_cuda},
-    {Op::permute, permute_cpu, no_cuda},
-    {Op::slice, slice_cpu, no_cuda},
-    {Op::concat, concat_cpu, no_cuda},
-    {Op::layernorm, layernorm_cpu, no_cuda},
-    {Op::rmsnorm, rmsnorm_cpu, no_cuda},
-    {Op::softmax, softmax_cpu, no_cuda},
-    {Op::rope, rope_cpu<false>, no_cuda},
-    {Op::sdpa, sdpa_cpu, no_cuda},
-    {Op::cross_entropy_sum, cross_entropy_sum_cpu, no_cuda},
-    {Op::count_valid, count_valid_cpu, no_cuda},
-    {Op::full, full_cpu, no_cuda},
+    {Op::embedding, embedding_cpu, AUTOSP_CUDA(embedding)},
+    {Op::matmul, matmul_cpu, AUTOSP_CUDA(matmul)},
+    {Op::add, binary_cpu<Binary::add>, AUTOSP_CUDA(binary<Binary::add>)},
+    {Op::sub, binary_cpu<Binary::sub>, AUTOSP_CUDA(binary<Binary::sub>)},
+    {Op::mul, binary_cpu<Binary::mul>, AUTOSP_CUDA(binary<Binary::mul>)},
+    {Op::div, binary_cpu<Binary::div>, AUTOSP_CUDA(binary<Binary::div>)},
+    {Op::scale, unary_cpu<Unary::scale>, AUTOSP_CUDA(unary<Unary::scale>)},
+    {Op::neg, unary_cpu<Unary::neg>, AUTOSP_CUDA(unary<Unary::neg>)},
+    {Op::exp, unary_cpu<Unary::exp>, AUTOSP_CUDA(unary<Unary::exp>)},
+    {Op::gelu_tanh, unary_cpu<Unary::gelu_tanh>, AUTOSP_CUDA(unary<Unary::gelu_tanh>)},
+    {Op::silu, unary_cpu<Unary::silu>, AUTOSP_CUDA(unary<Unary::silu>)},
+    {Op::reshape, reshape_cpu, AUTOSP_CUDA(reshape)},
+    {Op::transpose, transpose_cpu, AUTOSP_CUDA(transpose)},
+    {Op::permute, permute_cpu, AUTOSP_CUDA(permute)},
+    {Op::slice, slice_cpu, AUTOSP_CUDA(slice)},
+    {Op::concat, concat_cpu, AUTOSP_CUDA(concat)},
+    {Op::layernorm, layernorm_cpu, AUTOSP_CUDA(layernorm)},
+    {Op::rmsnorm, rmsnorm_cpu, AUTOSP_CUDA(rmsnorm)},
+    {Op::softmax, softmax_cpu, AUTOSP_CUDA(softmax)},
+    {Op::rope, rope_cpu<false>, AUTOSP_CUDA(rope<false>)},
+    {Op::sdpa, sdpa_cpu, AUTOSP_CUDA(sdpa)},
+    {Op::cross_entropy_sum, cross_entropy_sum_cpu, AUTOSP_CUDA(cross_entropy_sum)},
+    {Op::count_valid, count_valid_cpu, AUTOSP_CUDA(count_valid)},
+    {Op::full, full_cpu, AUTOSP_CUDA(full)},
     {Op::output, leaf, leaf},
-    {Op::causal_mask, causal_mask_cpu, no_cuda},
-    {Op::all_to_all, all_to_all_cpu, no_cuda},
-    {Op::all_reduce, all_reduce_cpu, no_cuda},
-    {Op::sum_to, sum_to_cpu, no_cuda},
-    {Op::embedding_backward, embedding_backward_cpu, no_cuda},
-    {Op::gelu_tanh_backward, unary_backward_cpu<cpu::UnaryGrad::gelu_tanh>, no_cuda},
-    {Op::silu_backward, unary_backward_cpu<cpu::UnaryGrad::silu>, no_cuda},
-    {Op::slice_backward, slice_backward_cpu, no_cuda},
-    {Op::layernorm_backward, layernorm_backward_cpu, no_cuda},
-    {Op::rmsnorm_backward, rmsnorm_backward_cpu, no_cuda},
-    {Op::softmax_backward, softmax_backward_cpu, no_cuda},
-    {Op::rope_backward, rope_cpu<true>, no_cuda},
-    {Op::sdpa_backward, sdpa_backward_cpu, no_cuda},
-    {Op::cross_entropy_backward, cross_entropy_backward_cpu, no_cuda},
+    {Op::causal_mask, causal_mask_cpu, AUTOSP_CUDA(causal_mask)},
+    {Op::all_to_all, all_to_all_cpu, AUTOSP_CUDA(all_to_all)},
+    {Op::all_reduce, all_reduce_cpu, AUTOSP_CUDA(all_reduce)},
+    {Op::sum_to, sum_to_cpu, AUTOSP_CUDA(sum_to)},
+    {Op::embedding_backward, embedding_backward_cpu, AUTOSP_CUDA(embedding_backward)},
+    {Op::gelu_tanh_backward, unary_backward_cpu<cpu::UnaryGrad::gelu_tanh>, AUTOSP_CUDA(unary_backward<cpu::UnaryGrad::gelu_tanh>)},
+    {Op::silu_backward, unary_backward_cpu<cpu::UnaryGrad::silu>, AUTOSP_CUDA(unary_backward<cpu::UnaryGrad::silu>)},
+    {Op::slice_backward, slice_backward_cpu, AUTOSP_CUDA(slice_backward)},
+    {Op::layernorm_backward, layernorm_backward_cpu, AUTOSP_CUDA(layernorm_backward)},
+    {Op::rmsnorm_backward, rmsnorm_backward_cpu, AUTOSP_CUDA(rmsnorm_backward)},
+    {Op::softmax_backward, softmax_backward_cpu, AUTOSP_CUDA(softmax_backward)},
+    {Op::rope_backward, rope_cpu<true>, AUTOSP_CUDA(rope<true>)},
+    {Op::sdpa_backward, sdpa_backward_cpu, AUTOSP_CUDA(sdpa_backward)},
+    {Op::cross_entropy_backward, cross_entropy_backward_cpu, AUTOSP_CUDA(cross_entropy_backward)},
     {Op::cast, cast_cpu, no_cuda},
 }};
 

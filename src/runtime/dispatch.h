@@ -26,6 +26,12 @@ struct KernelCall {
 
 using KernelFn = Tensor (*)(const KernelCall&);
 
+// For launchers (CPU and CUDA): the node's output, in the planned place (`out`) when the memory
+// plan placed it, else fresh from `alloc`; and likewise its next extra output (index = how many
+// the launcher has pushed to `extras` so far).
+Tensor out_like(const KernelCall& c, DType dt);
+Tensor extra_like(const KernelCall& c, Shape shape, DType dt);
+
 struct KernelRow {
   Op op;
   KernelFn cpu;

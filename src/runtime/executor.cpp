@@ -1,9 +1,31 @@
 // Executor: symbol binding, assumption checks, in-order dispatch with last-use freeing.
 #include "runtime/executor.h"
 
+#include "runtime/cuda/device.h"
 #include "runtime/dispatch.h"
 
 namespace autosp {
+namespace {
+
+// The device a run uses: the one every fed leaf is on (CPU for a graph without leaves).
+Device feed_device(const Graph& g, const TensorMap& feeds) {
+  Device dev;
+  const Node* first = nullptr;
+  for (const auto& n : g.nodes()) {
+    if (n->op() != Op::input && n->op() != Op::parameter) continue;
+    const Device d = feeds.at(n->name()).device();
+    if (first == nullptr) {
+      dev = d;
+      first = n.get();
+    } else if (d != dev) {
+      throw UsageError(str("'", n->name(), "' is on ", d.str(), " but '", first->name(), "' is on ", dev.str(),
+                           ": feed every input and parameter on one device"));
+    }
+  }
+  return dev;
+}
+
+}  // namespace
 
 Shape eval_shape(const SymShape& s, const Bindings& b) {
   Shape out;
@@ -60,8 +82,11 @@ Bindings Executor::bind(const TensorMap& feeds) const {
 RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const NodeHook& on_value) const {
   RunResult r;
   r.bindings = bind(feeds);
-  Allocator& alloc = cpu_allocator();
-  if (options_.plan_memory && (plan_.offset.empty() || planned_for_ != r.bindings)) {
+  // Intermediates, the arena and the peak come from the allocator of the feeds' device.
+  const Device dev = feed_device(g_, feeds);
+  if (dev.kind == DeviceKind::cuda) use_device(dev.index);
+  Allocator& alloc = dev.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(dev.index)) : cpu_allocator();
+  if (options_.plan_memory && (plan_.offset.empty() || planned_for_ != r.bindings || arena_.device() != dev)) {
     arena_ = Tensor();
     plan_ = plan_memory(g_, r.bindings);
     planned_for_ = r.bindings;
@@ -108,7 +133,7 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
                                        : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
                                                             eval_shape(types[e].shape, r.bindings), types[e].dtype));
       }
-      values[at] = dispatch(call, args.empty() ? DeviceKind::cpu : args[0].device().kind);
+      values[at] = dispatch(call, dev.kind);
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
                   shape_str(shape));

@@ -142,18 +142,30 @@ void store_double(void* base, DType t, int64_t i, double v) {
 }
 }  // namespace
 
+namespace {
+// The copies and conversions below are host loops: a device tensor gets a clear failure instead of
+// a crash (the device runtime has its own: runtime/cuda/device.h to_device, runtime/cuda/copy.h).
+void expect_host(const Tensor& t, const char* what) {
+  AUTOSP_ASSERT(t.device().kind == DeviceKind::cpu, what, " of ", t.str(), " on ", t.device().str(),
+                ": host-only; copy it with to_device(t, Device{}) first (runtime/cuda/device.h)");
+}
+}  // namespace
+
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
+  expect_host(*this, "contiguous()");
   return clone();
 }
 
 Tensor Tensor::clone() const {
+  expect_host(*this, "clone()");
   Tensor t = empty(shape_, dtype_);
   copy_into(*this, t);
   return t;
 }
 
 Tensor Tensor::to(DType dtype) const {
+  expect_host(*this, "to(dtype)");
   Tensor src = contiguous();
   if (dtype == dtype_) return src.clone();
   Tensor t = empty(shape_, dtype);
@@ -168,6 +180,7 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 std::vector<double> Tensor::to_doubles() const {
+  expect_host(*this, "to_doubles()");
   Tensor src = contiguous();
   std::vector<double> out(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) out[i] = element_as_double(src.raw(), dtype_, i);

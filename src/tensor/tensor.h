@@ -55,7 +55,10 @@ class Tensor {
   Device device() const { return storage_ ? storage_->device() : Device{}; }
   bool is_contiguous() const { return strides_ == contiguous_strides(shape_); }
 
-  void* raw() const;  // pointer to element 0 (offset applied)
+  // Pointer to element 0 (offset applied): a device pointer for a tensor on a CUDA device, which
+  // only kernels may dereference. contiguous() (when it must copy), clone(), to() and to_doubles()
+  // are host loops and fail with a clear assertion on device tensors (docs/decisions.md).
+  void* raw() const;
   template <class T>
   T* data() const {
     AUTOSP_ASSERT(dtype_of<T> == dtype_ || (sizeof(T) == 2 && dtype_size(dtype_) == 2),

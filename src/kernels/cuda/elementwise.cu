@@ -168,7 +168,9 @@ __global__ void fill_kernel(U* dst, int64_t n, U value) {
 
 template <class Dst, class Src>
 __device__ __forceinline__ Dst convert(Src v) {
-  if constexpr (std::is_same_v<Src, bf16> || std::is_same_v<Src, f16>) {
+  if constexpr (std::is_same_v<Src, double> && std::is_same_v<Dst, bf16>) {
+    return __double2bfloat16(v);  // rounded once (through float would round twice)
+  } else if constexpr (std::is_same_v<Src, bf16> || std::is_same_v<Src, f16>) {
     return Dst(to_acc(v));
   } else if constexpr (std::is_same_v<Dst, bf16> || std::is_same_v<Dst, f16>) {
     return from_acc<Dst>(float(v));
@@ -469,6 +471,8 @@ template void cast<float, f16>(const float*, f16*, int64_t, cudaStream_t);
 template void cast<f16, float>(const f16*, float*, int64_t, cudaStream_t);
 template void cast<float, double>(const float*, double*, int64_t, cudaStream_t);
 template void cast<double, float>(const double*, float*, int64_t, cudaStream_t);
+template void cast<double, bf16>(const double*, bf16*, int64_t, cudaStream_t);
+template void cast<bf16, double>(const bf16*, double*, int64_t, cudaStream_t);
 template void cast<int32_t, int64_t>(const int32_t*, int64_t*, int64_t, cudaStream_t);
 template void cast<int64_t, int32_t>(const int64_t*, int32_t*, int64_t, cudaStream_t);
 

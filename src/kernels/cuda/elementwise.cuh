@@ -42,8 +42,8 @@ void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* s
 template <class T>
 void fill(T* dst, int64_t n, T value, cudaStream_t stream);
 
-// dst[i] = Dst(src[i]); floats round to nearest even. Pairs: float↔bf16, float↔f16, float↔double,
-// int32_t↔int64_t.
+// dst[i] = Dst(src[i]); floats round to nearest even (once: double → bf16 does not go through
+// float). Pairs: float↔bf16, float↔f16, float↔double, double↔bf16, int32_t↔int64_t.
 template <class Src, class Dst>
 void cast(const Src* src, Dst* dst, int64_t n, cudaStream_t stream);
 

@@ -1,0 +1,37 @@
+// The device runtime of builds without CUDA (src/runtime/cuda/device.h): no device exists and
+// every call that needs one is a UsageError saying why. CUDA builds compile src/runtime/cuda/
+// instead, so this file is empty there.
+#ifndef AUTOSP_WITH_CUDA
+
+#include "runtime/cuda/device.h"
+
+namespace autosp {
+namespace {
+
+[[noreturn]] void no_backend(const char* what) {
+  throw UsageError(str(what, ": this build has no CUDA backend (nvcc was not found at configure time); use "
+                             "runtime.device \"cpu\", or rebuild with the CUDA toolkit installed"));
+}
+
+}  // namespace
+
+bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
+int select_device_for_local_rank() { no_backend("runtime.device \"cuda\""); }
+void use_device(int) { no_backend("runtime.device \"cuda\""); }
+CachingAllocator& cuda_allocator(int) { no_backend("a CUDA allocator"); }
+CUstream_st* compute_stream(int) { no_backend("a CUDA stream"); }
+Tensor to_device(const Tensor& t, Device to) {
+  if (t.device().kind == DeviceKind::cpu && to.kind == DeviceKind::cpu) return t.clone();
+  no_backend(("a copy to " + to.str()).c_str());
+}
+void copy_on_device(const Tensor&, const Tensor&) { no_backend("a device copy"); }
+void synchronize() {}
+void set_attention_backend(AttentionBackend backend) {
+  if (backend != AttentionBackend::flash) no_backend("runtime.attention \"cudnn\"");
+}
+AttentionBackend attention_backend() { return AttentionBackend::flash; }
+
+}  // namespace autosp
+
+#endif  // AUTOSP_WITH_CUDA

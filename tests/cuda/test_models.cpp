@@ -1,0 +1,92 @@
+// Tiny GPT-2 and tiny Llama (GQA: 4 query heads, 2 key/value heads) joint graphs (forward, loss,
+// backward) on CUDA against the same programs on the CPU kernels: f32 loss and every parameter
+// gradient within 1e-5, and the bf16 mixed-precision programs within bf16's tolerance (relative L2
+// error of each gradient ≤ 3e-2, as tests/runtime/test_mixed_precision.cpp explains).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "cuda/dispatch_test.h"
+#include "models/model.h"
+#include "runtime/program.h"
+
+using namespace autosp;
+using namespace autosp::cudatest;
+
+namespace {
+
+Config tiny(const std::string& arch) {
+  nlohmann::json model = {{"arch", arch}, {"vocab_size", 64}, {"hidden_size", 64}, {"num_hidden_layers", 2},
+                          {"num_attention_heads", 4}};
+  if (arch == "gpt2") model["max_position_embeddings"] = 64;
+  if (arch == "llama") {
+    model["num_key_value_heads"] = 2;
+    model["intermediate_size"] = 96;
+  }
+  return parse_config({{"model", model}, {"data", {{"seq_len", 24}, {"batch_size", 2}}}});
+}
+
+TensorMap batch(int64_t B, int64_t S, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids, labels, pos;
+  for (int64_t i = 0; i < B * S; ++i) {
+    ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
+    labels.push_back(rng() % 5 == 0 ? -100 : static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
+    pos.push_back(i % S);
+  }
+  return {{"input_ids", Tensor::from_vector({B, S}, ids)},
+          {"labels", Tensor::from_vector({B, S}, labels)},
+          {"position_ids", Tensor::from_vector({B, S}, pos)}};
+}
+
+double rel_l2(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_doubles(), y = b.to_doubles();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace
+
+TEST_CASE("tiny GPT-2 and Llama (GQA) forward and backward on CUDA match the CPU", "[models]") {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      DYNAMIC_SECTION(arch << " " << dtype_name(dt)) {
+        const Config cfg = tiny(arch);
+        RankProgram prog = build_program(cfg, dt, Stage::joint, PassContext{});
+        TensorMap feeds = batch(2, 24, 64, 7);
+        const DType master = dt == DType::bf16 ? DType::f32 : dt;  // f32 master weights for bf16
+        for (const auto& [name, p] : init_params(cfg.model, 3, master)) feeds[name] = p;
+        Executor ex(*prog.graph);
+        const RunResult cpu = ex.run(feeds);
+        const RunResult gpu = ex.run(upload(feeds));  // the same executor: plans and arena per device
+        INFO(arch << " " << dtype_name(dt));
+        const double loss_cpu = cpu.outputs.at(prog.loss).to_doubles()[0];
+        const double loss_gpu = down(gpu.outputs.at(prog.loss)).to_doubles()[0];
+        INFO("loss: cpu " << loss_cpu << ", cuda " << loss_gpu);
+        CHECK(std::isfinite(loss_gpu));
+        CHECK(std::abs(loss_gpu - loss_cpu) <= (dt == DType::f32 ? 1e-5 : 1e-2) * std::abs(loss_cpu));
+        REQUIRE(prog.grad_names.size() == prog.param_names.size());
+        for (size_t i = 0; i < prog.grad_names.size(); ++i) {
+          const Tensor& g_cpu = cpu.outputs.at(prog.grad_names[i]);
+          const Tensor& g_gpu = gpu.outputs.at(prog.grad_names[i]);
+          if (dt == DType::f32) {
+            check_tensor("gradient of " + prog.param_names[i], g_gpu, g_cpu, 1e-5);
+          } else {
+            const double e = rel_l2(down(g_gpu), g_cpu);
+            INFO("gradient of " << prog.param_names[i] << ": relative L2 error " << e);
+            CHECK(e <= 3e-2);
+          }
+        }
+        // Memory: the plan is the same on both devices, the peak comes from the CUDA allocator.
+        CHECK(gpu.planned_bytes == cpu.planned_bytes);
+        CHECK(gpu.peak_bytes >= gpu.planned_bytes);
+        CHECK(gpu.peak_bytes <= cuda_allocator(0).reserved_bytes());
+      }
+    }
+  }
+}
