@@ -619,7 +619,7 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::rope_backward, rope_cpu<true>, AUTOSP_CUDA(rope<true>)},
     {Op::sdpa_backward, sdpa_backward_cpu, AUTOSP_CUDA(sdpa_backward)},
     {Op::cross_entropy_backward, cross_entropy_backward_cpu, AUTOSP_CUDA(cross_entropy_backward)},
-    {Op::cast, cast_cpu, no_cuda},
+    {Op::cast, cast_cpu, AUTOSP_CUDA(cast)},
 }};
 
 constexpr bool kernels_in_order() {
