@@ -66,6 +66,7 @@ const std::vector<Key>& schema() {
       {"train.checkpoint_every", Kind::integer, 0, kBig, "", "", F(train, checkpoint_every)},
       {"train.keep_checkpoints", Kind::integer, 0, kBig, "", "", F(train, keep_checkpoints)},
       {"runtime.device", Kind::string, 0, 0, "cpu|cuda", "", F(runtime, device)},
+      {"runtime.attention", Kind::string, 0, 0, "flash|cudnn", "", F(runtime, attention)},
       {"runtime.dtype", Kind::string, 0, 0, "float32|float64|bfloat16", "", F(runtime, dtype)},
       {"runtime.threads", Kind::integer, 0, 1024, "", "", F(runtime, threads)},
       {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", "", F(runtime, activation_checkpointing)},
@@ -223,6 +224,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad(str("data.path is required for data.source \"", c.data.source, "\""));
   if (c.data.source == "text" && m.vocab_size < 256) bad(str("data.source \"text\" needs model.vocab_size >= 256"));
   if (c.train.min_lr > c.train.lr) bad(str("train.min_lr ", c.train.min_lr, " exceeds train.lr ", c.train.lr));
+  if (c.runtime.attention == "cudnn" && c.runtime.device != "cuda")
+    bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", c.runtime.device, "\")"));
 
   // The resolved config, every key present.
   json r;
@@ -248,6 +251,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"log_every", t.log_every}, {"checkpoint_dir", t.checkpoint_dir},
                 {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints}};
   r["runtime"] = {{"device", c.runtime.device},
+                  {"attention", c.runtime.attention},
                   {"dtype", c.runtime.dtype},
                   {"threads", c.runtime.threads},
                   {"activation_checkpointing", c.runtime.activation_checkpointing},

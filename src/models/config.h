@@ -45,6 +45,7 @@ struct TrainConfig {
 
 struct RuntimeConfig {
   std::string device = "cpu";  // "cpu" | "cuda"
+  std::string attention = "flash";  // CUDA attention: "flash" (ours) | "cudnn" (cuDNN SDPA, kernels/cuda/cudnn_attention.cuh)
   std::string dtype = "float32";
   int64_t threads = 0;  // 0 = OpenMP's default
   bool activation_checkpointing = false;

@@ -66,6 +66,8 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"train": {"beta2": 1.5}})", {}, "train.beta2"},
       {R"({"runtime": {"device": "tpu"}})", {}, "runtime.device"},
       {R"({"runtime": {"dtype": "int8"}})", {}, "runtime.dtype"},
+      {R"({"runtime": {"attention": "xformers"}})", {}, "runtime.attention"},
+      {R"({"runtime": {"attention": "cudnn"}})", {}, "runtime.attention \"cudnn\" needs runtime.device \"cuda\""},
       {R"({"sequence_parallel": {"autosp_size": 0}})", {}, "sequence_parallel.autosp_size"},
       {R"({"sequence_parallel": {"ulysses": 2}})", {}, "unknown key 'sequence_parallel.ulysses'"},
       {R"({})", {"train.lr"}, "expected key.path=value"},
