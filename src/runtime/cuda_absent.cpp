@@ -4,6 +4,7 @@
 #ifndef AUTOSP_WITH_CUDA
 
 #include "runtime/cuda/device.h"
+#include "runtime/cuda/optim.h"
 
 namespace autosp {
 namespace {
@@ -31,6 +32,16 @@ void set_attention_backend(AttentionBackend backend) {
   if (backend != AttentionBackend::flash) no_backend("runtime.attention \"cudnn\"");
 }
 AttentionBackend attention_backend() { return AttentionBackend::flash; }
+
+namespace cudart {
+double global_norm(const std::vector<Tensor>&) { no_backend("a device gradient norm"); }
+void scale(const std::vector<Tensor>&, double) { no_backend("device gradient clipping"); }
+Tensor zeros_like(const Tensor&) { no_backend("a device tensor"); }
+void adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, double, double, double, double,
+                int64_t) {
+  no_backend("AdamW on a device");
+}
+}  // namespace cudart
 
 }  // namespace autosp
 

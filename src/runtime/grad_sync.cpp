@@ -4,8 +4,33 @@
 
 #include <cstring>
 
+#include "runtime/cuda/device.h"
+
 namespace autosp {
 namespace {
+
+// Gradients on a CUDA device are packed into buckets on that device, with copies enqueued on its
+// compute stream (ordered after the kernel that produced the gradient, before the all-reduce that
+// NCCL orders after the stream); host gradients with memcpy.
+Allocator& allocator_of(Device d) {
+  return d.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(d.index)) : cpu_allocator();
+}
+
+// flat[offset, offset + g.nbytes()) = g (any strides).
+void pack(const Tensor& flat, size_t offset, const Tensor& g) {
+  const Tensor dst = Tensor::view_bytes(flat, offset, g.shape(), g.dtype());
+  if (g.device().kind == DeviceKind::cuda) return copy_on_device(g, dst);
+  const Tensor src = g.contiguous();
+  std::memcpy(dst.raw(), src.raw(), src.nbytes());
+}
+
+// g (contiguous) = flat[offset, offset + g.nbytes()).
+void unpack(const Tensor& flat, size_t offset, const Tensor& g) {
+  const Tensor src = Tensor::view_bytes(flat, offset, g.shape(), g.dtype());
+  if (g.device().kind == DeviceKind::cuda) return copy_on_device(src, g);
+  std::memcpy(g.raw(), src.raw(), g.nbytes());
+}
+
 
 // Buckets over items [0, n) of byte sizes `bytes(i)` and dtypes `dtype(i)`: consecutive items of one
 // dtype, at most `cap` bytes each (at least one item). Returns the bucket boundaries.
@@ -40,18 +65,22 @@ GradSyncStats all_reduce_bucketed(Communicator& comm, std::vector<Tensor>& grads
     const DType dt = grads[i].dtype();
     size_t bytes = 0;
     for (size_t k = i; k < j; ++k) bytes += grads[k].nbytes();
-    Tensor flat = Tensor::empty({static_cast<int64_t>(bytes / dtype_size(dt))}, dt);
-    char* p = static_cast<char*>(flat.raw());
+    Tensor flat = Tensor::empty({static_cast<int64_t>(bytes / dtype_size(dt))}, dt, allocator_of(grads[i].device()));
+    size_t at = 0;
     for (size_t k = i; k < j; ++k) {
-      grads[k] = grads[k].contiguous();
-      std::memcpy(p, grads[k].raw(), grads[k].nbytes());
-      p += grads[k].nbytes();
+      if (!grads[k].is_contiguous()) {  // the reduced values come back into a contiguous tensor
+        Tensor c = Tensor::empty(grads[k].shape(), grads[k].dtype(), allocator_of(grads[k].device()));
+        pack(c, 0, grads[k]);
+        grads[k] = c;
+      }
+      pack(flat, at, grads[k]);
+      at += grads[k].nbytes();
     }
     comm.all_reduce_sum(flat);
-    p = static_cast<char*>(flat.raw());
+    at = 0;
     for (size_t k = i; k < j; ++k) {
-      std::memcpy(grads[k].raw(), p, grads[k].nbytes());
-      p += grads[k].nbytes();
+      unpack(flat, at, grads[k]);
+      at += grads[k].nbytes();
     }
     ++stats.calls;
     stats.bytes += bytes;
@@ -100,8 +129,9 @@ void GradSync::ready(size_t slot, const Tensor& grad) {
                 " is ", grad.str(), ", expected ", dtype_name(slots_[slot].dtype), shape_str(slots_[slot].shape));
   seen_[slot] = true;
   Bucket& b = buckets_[bucket_of_[slot]];
-  const Tensor g = grad.contiguous();
-  std::memcpy(static_cast<char*>(b.flat.raw()) + offset_of_[slot], g.raw(), g.nbytes());
+  if (b.flat.device() != grad.device())  // first use: the bucket moves to the gradients' device
+    b.flat = Tensor::empty(b.flat.shape(), b.flat.dtype(), allocator_of(grad.device()));
+  pack(b.flat, offset_of_[slot], grad);
   if (++b.filled == b.last - b.first) start(b);
 }
 

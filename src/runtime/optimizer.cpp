@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/optim.h"
+#include "runtime/cuda/optim.h"
 
 namespace autosp {
 
@@ -16,7 +17,19 @@ double lr_at(const TrainConfig& t, int64_t step, int64_t total_steps) {
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+namespace {
+// Parameters and gradients on a CUDA device go through runtime/cuda/optim.h (all on one device).
+bool on_device(const ParamMap& m) { return !m.empty() && m.begin()->second.device().kind == DeviceKind::cuda; }
+
+std::vector<Tensor> values(const ParamMap& m) {
+  std::vector<Tensor> out;
+  for (const auto& [name, t] : m) out.push_back(t);
+  return out;
+}
+}  // namespace
+
 double global_grad_norm(const ParamMap& grads) {
+  if (on_device(grads)) return cudart::global_norm(values(grads));
   double sq = 0;
   for (const auto& [name, g] : grads) {
     if (g.dtype() == DType::f32)
@@ -31,6 +44,7 @@ void clip_grads(ParamMap& grads, double norm, double max_norm) {
   if (max_norm <= 0) return;
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return;
+  if (on_device(grads)) return cudart::scale(values(grads), coef);
   for (auto& [name, g] : grads) {
     if (g.dtype() == DType::f32)
       cpu::unary(cpu::Unary::scale, g.data<float>(), g.data<float>(), g.numel(), coef);
@@ -42,9 +56,10 @@ void clip_grads(ParamMap& grads, double norm, double max_norm) {
 void AdamW::init(const ParamMap& params) {
   exp_avg.clear();
   exp_avg_sq.clear();
+  const bool device = on_device(params);
   for (const auto& [name, p] : params) {
-    exp_avg[name] = Tensor::zeros(p.shape(), p.dtype());
-    exp_avg_sq[name] = Tensor::zeros(p.shape(), p.dtype());
+    exp_avg[name] = device ? cudart::zeros_like(p) : Tensor::zeros(p.shape(), p.dtype());
+    exp_avg_sq[name] = device ? cudart::zeros_like(p) : Tensor::zeros(p.shape(), p.dtype());
   }
   step = 0;
 }
@@ -56,7 +71,9 @@ void AdamW::update(ParamMap& params, const ParamMap& grads, const TrainConfig& t
     Tensor& m = exp_avg.at(name);
     Tensor& v = exp_avg_sq.at(name);
     const double wd = p.rank() >= 2 ? t.weight_decay : 0.0;  // no decay on biases and norm weights
-    if (p.dtype() == DType::f32)
+    if (p.device().kind == DeviceKind::cuda)
+      cudart::adamw_step(p, g, m, v, lr, t.beta1, t.beta2, t.eps, wd, step);
+    else if (p.dtype() == DType::f32)
       cpu::adamw_step(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), lr, t.beta1,
                       t.beta2, t.eps, wd, step);
     else

@@ -1,6 +1,7 @@
 // Optimisation: AdamW with PyTorch semantics (decoupled weight decay on tensors of rank >= 2 only),
 // global-norm gradient clipping like torch.nn.utils.clip_grad_norm_, and the learning-rate schedule
-// (linear warmup, then cosine decay to min_lr). Works on ParamMaps; knows nothing of graphs.
+// (linear warmup, then cosine decay to min_lr). Works on ParamMaps on the host or all on one CUDA
+// device (then through runtime/cuda/optim.h); knows nothing of graphs.
 #pragma once
 
 #include "models/config.h"

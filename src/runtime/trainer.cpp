@@ -13,6 +13,7 @@
 #include "kernels/cpu/matmul.h"
 #include "models/weights.h"
 #include "runtime/checkpoint.h"
+#include "runtime/cuda/device.h"
 #include "runtime/data.h"
 #include "runtime/executor.h"
 #include "runtime/fault.h"
@@ -24,10 +25,45 @@
 namespace autosp {
 namespace {
 
-// The device this rank runs on (runtime.device).
-void check_device(const Config& cfg) {
-  if (cfg.runtime.device != "cpu")
-    throw UsageError(str("runtime.device \"", cfg.runtime.device, "\": this build runs on cpu only"));
+// The device this rank runs on (runtime.device): the host, or the GPU of its node-local rank, which
+// becomes the process's current device (a build without CUDA, or a machine without a GPU, is a
+// UsageError saying so).
+Device pick_device(const Config& cfg) {
+  if (cfg.runtime.device == "cpu") return Device{};
+  if (cfg.runtime.device != "cuda")
+    throw UsageError(str("runtime.device \"", cfg.runtime.device, "\": expected \"cpu\" or \"cuda\""));
+  const Device dev{DeviceKind::cuda, select_device_for_local_rank()};
+  set_attention_backend(cfg.runtime.attention == "cudnn" ? AttentionBackend::cudnn : AttentionBackend::flash);
+  return dev;
+}
+
+// Every tensor of `m` moved to `dev` (copied when it is elsewhere).
+void move_to(ParamMap& m, Device dev) {
+  for (auto& [name, t] : m)
+    if (t.device() != dev) t = to_device(t, dev);
+}
+
+// Host copies of `m`'s tensors (for checkpoints, --dump-grads and the returned parameters).
+ParamMap on_host(const ParamMap& m) {
+  ParamMap out;
+  for (const auto& [name, t] : m) out[name] = t.device().kind == DeviceKind::cpu ? t : to_device(t, Device{});
+  return out;
+}
+
+// Token ids and labels checked against the vocabulary on the host, before they go to a device
+// whose kernels do not check them (there a bad id is a NaN loss, not an error naming it).
+void check_batch(const Batch& b, int64_t vocab) {
+  const int64_t n = b.input_ids.numel();
+  const int64_t* ids = b.input_ids.data<int64_t>();
+  const int64_t* labels = b.labels.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab)
+      throw UsageError(str("token id ", ids[i], " at position ", i, " of the batch is outside [0, ", vocab,
+                           ") (model.vocab_size)"));
+    if (labels[i] != kIgnoreIndex && (labels[i] < 0 || labels[i] >= vocab))
+      throw UsageError(str("label ", labels[i], " at position ", i, " of the batch is outside [0, ", vocab,
+                           ") (model.vocab_size)"));
+  }
 }
 
 // The batch padded at the end to a sequence length P divides: pad tokens 0 with ignored labels
@@ -48,10 +84,18 @@ Batch pad_to_multiple(const Batch& b, int64_t p) {
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
-  check_device(cfg);
+  const Device dev = pick_device(cfg);
+  const bool on_gpu = dev.kind == DeviceKind::cuda;
   const DType dt = run_dtype(cfg), master = master_dtype(dt);  // compute; parameters and optimizer state
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
-  ProcessMesh mesh = make_mesh(world, static_cast<int>(ctx.sp_size));
+  // On CUDA with several ranks, device tensors (the graph's collectives, gradients) must travel over
+  // NCCL, bootstrapped over `world` (comm/nccl.h), while host tensors (initial weights, accuracy
+  // counts) still go over `world`. Until the NCCL communicator is wired here, one rank only.
+  if (on_gpu && world.size() > 1)
+    throw UsageError(str("runtime.device \"cuda\" runs on one rank for now (", world.size(),
+                         " were started): the trainer does not create the NCCL communicator yet"));
+  Communicator& device_world = world;
+  ProcessMesh mesh = make_mesh(device_world, static_cast<int>(ctx.sp_size));
   // Every collective runs under the watchdog (runtime/fault.h): a rank that dies or hangs makes the
   // others abort the job instead of waiting forever. AUTOSP_FAULT injects such failures in tests.
   const std::optional<Fault> fault = fault_from_env(world.size());
@@ -65,8 +109,9 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
         world.abort(msg, 3);
       },
       world.size() > 1);
-  GuardedCommunicator gworld(world, watchdog, "world"), gsp(*mesh.sp_group, watchdog, "sp"),
-      gdp(*mesh.dp_group, watchdog, "dp");
+  GuardedCommunicator gworld(device_world, watchdog, "world"), gsp(*mesh.sp_group, watchdog, "sp"),
+      gdp(*mesh.dp_group, watchdog, "dp"), ghost(world, watchdog, "world");
+  Communicator& host_world = &device_world == &world ? static_cast<Communicator&>(gworld) : ghost;
   const CommGroups groups{{"world", &gworld}, {"sp", &gsp}, {"dp", &gdp}};
   if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
   const bool lead = world.rank() == 0;
@@ -92,7 +137,13 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
                                            : load_weights(args.init_from, cfg.model, master);
     opt.init(result.params);
   }
-  for (auto& [name, p] : result.params) gworld.broadcast(p, 0);  // every rank starts from rank 0's weights
+  for (auto& [name, p] : result.params) host_world.broadcast(p, 0);  // every rank starts from rank 0's weights
+  if (on_gpu) {  // parameters, gradients and AdamW state live on the device from here on
+    move_to(result.params, dev);
+    move_to(opt.exp_avg, dev);
+    move_to(opt.exp_avg_sq, dev);
+    if (lead) spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(), cfg.runtime.attention);
+  }
   if (lead && dt == DType::bf16)
     spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
                  cfg.runtime.device == "cpu" ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
@@ -132,14 +183,21 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     // Every rank of an SP group reads the same sequences; the graph slices its block.
     Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), ctx.sp_size);
     TensorMap feeds = {{"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
+    if (on_gpu) {
+      check_batch(batch, cfg.model.vocab_size);
+      for (auto& [name, t] : feeds) t = to_device(t, dev);
+    }
     for (const auto& [name, p] : result.params) feeds[name] = p;
     // Each gradient goes to its bucket the moment the backward produces it (grad_sync.h).
     const double synced_before = sync ? sync->stats().exposed_seconds : 0.0;
     RunResult r = ex.run(feeds, groups, [&](const Node& n, const Tensor& v) {
       if (!sync) return;
       if (auto it = slot_of.find(&n); it != slot_of.end()) {
-        std::vector<Tensor> g{v};
-        inject_nan(fault, world.rank(), step + 1, g);
+        if (fault && fault->kind == FaultKind::nan) {  // inject_nan writes host memory
+          std::vector<Tensor> g{on_gpu ? to_device(v, Device{}) : v};
+          inject_nan(fault, world.rank(), step + 1, g);
+          if (on_gpu) copy_on_device(to_device(g[0], dev), v);
+        }
         sync->ready(it->second, v);
       }
       sync->poll();
@@ -151,8 +209,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     } else {
       for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = r.outputs.at(prog.grad_names[i]);
     }
-    Tensor loss_t = r.outputs.at(prog.loss);
-    if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, grads);
+    // Device results are read through synchronous copies (with NCCL: after its synchronize(), so a
+    // hung peer fails the deadline instead of blocking a copy forever).
+    const Tensor loss_t = on_gpu ? to_device(r.outputs.at(prog.loss), Device{}) : r.outputs.at(prog.loss);
+    if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, on_host(grads));
 
     StepRecord rec;
     rec.step = step + 1;
@@ -169,13 +229,13 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     opt.update(result.params, grads, cfg.train, rec.lr);
     if (cfg.data.source == "synthetic") {
       // This rank's logits cover its block of the sequence: count there, sum over the world.
-      const Tensor& logits = r.outputs.at("logits");
+      const Tensor logits = on_gpu ? to_device(r.outputs.at("logits"), Device{}) : r.outputs.at("logits");
       const int64_t S = batch.labels.dim(1), block = S / ctx.sp_size;
       Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block).contiguous();
       auto [correct, counted] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
                                               local.reshape({local.numel()}));
       Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
-      gworld.all_reduce_sum(counts);
+      host_world.all_reduce_sum(counts);
       const int64_t total_counted = counts.data<int64_t>()[1];
       rec.accuracy = total_counted ? static_cast<double>(counts.data<int64_t>()[0]) / static_cast<double>(total_counted) : 0.0;
     }
@@ -214,10 +274,19 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       SaveOptions save;
       save.keep_last = cfg.train.keep_checkpoints;
       save.before_commit = [&] { inject_fault(fault, FaultWhere::checkpoint, world.rank(), rec.step, world); };
-      std::string dir = save_checkpoint(cfg.train.checkpoint_dir, rec.step, result.params, opt, cfg.resolved, save);
+      // Checkpoints are host files: device state is copied down for them.
+      AdamW host_opt;
+      if (on_gpu) {
+        host_opt.exp_avg = on_host(opt.exp_avg);
+        host_opt.exp_avg_sq = on_host(opt.exp_avg_sq);
+        host_opt.step = opt.step;
+      }
+      std::string dir = save_checkpoint(cfg.train.checkpoint_dir, rec.step, on_gpu ? on_host(result.params) : result.params,
+                                        on_gpu ? host_opt : opt, cfg.resolved, save);
       spdlog::info("saved checkpoint {}", dir);
     }
   }
+  if (on_gpu) result.params = on_host(result.params);
   return result;
 }
 

@@ -10,6 +10,7 @@
 #include "runtime/cuda/device.h"
 #include "runtime/executor.h"
 #include "runtime/local_rank.h"
+#include "runtime/trainer.h"
 
 using namespace autosp;
 
@@ -164,3 +165,21 @@ TEST_CASE("a build without CUDA runs nothing on cuda and says why", "[device][ex
                     Catch::Contains("this build has no CUDA backend"));
 }
 #endif
+
+TEST_CASE("training on cuda without a usable device is a usage error saying why", "[device][trainer]") {
+  if (cuda_available()) return;  // tests/cuda/test_trainer_cuda.cpp trains there
+  const Config cfg = parse_config({{"model", {{"arch", "llama"}, {"vocab_size", 32}, {"hidden_size", 16},
+                                              {"num_hidden_layers", 1}, {"num_attention_heads", 2}}},
+                                   {"data", {{"seq_len", 8}, {"batch_size", 1}}},
+                                   {"runtime", {{"device", "cuda"}}}});
+  auto world = make_single_process_communicator();
+  TrainArgs args;
+  args.steps = 1;
+  args.quiet = true;
+  CHECK_THROWS_AS(train(cfg, args, *world), UsageError);
+#ifdef AUTOSP_WITH_CUDA
+  CHECK_THROWS_WITH(train(cfg, args, *world), Catch::Contains("no CUDA device"));
+#else
+  CHECK_THROWS_WITH(train(cfg, args, *world), Catch::Contains("this build has no CUDA backend"));
+#endif
+}
