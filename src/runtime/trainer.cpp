@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/nccl.h"
 #include "kernels/cpu/matmul.h"
 #include "models/weights.h"
 #include "runtime/checkpoint.h"
@@ -88,13 +89,17 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const bool on_gpu = dev.kind == DeviceKind::cuda;
   const DType dt = run_dtype(cfg), master = master_dtype(dt);  // compute; parameters and optimizer state
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
-  // On CUDA with several ranks, device tensors (the graph's collectives, gradients) must travel over
-  // NCCL, bootstrapped over `world` (comm/nccl.h), while host tensors (initial weights, accuracy
-  // counts) still go over `world`. Until the NCCL communicator is wired here, one rank only.
-  if (on_gpu && world.size() > 1)
-    throw UsageError(str("runtime.device \"cuda\" runs on one rank for now (", world.size(),
-                         " were started): the trainer does not create the NCCL communicator yet"));
-  Communicator& device_world = world;
+  // On CUDA with several ranks, device tensors (the graph's collectives, gradients) travel over NCCL,
+  // bootstrapped over `world` (comm/nccl.h); host tensors (initial weights, accuracy counts) still
+  // go over `world`.
+  std::unique_ptr<NcclCommunicator> nccl;
+  if (on_gpu && world.size() > 1) {
+    if (!nccl_built())
+      throw UsageError("runtime.device \"cuda\" on more than one rank needs NCCL, which this build does not have "
+                       "(install NCCL and reconfigure)");
+    nccl = make_nccl_communicator(world, compute_stream(dev.index), collective_timeout_from_env());
+  }
+  Communicator& device_world = nccl ? static_cast<Communicator&>(*nccl) : world;
   ProcessMesh mesh = make_mesh(device_world, static_cast<int>(ctx.sp_size));
   // Every collective runs under the watchdog (runtime/fault.h): a rank that dies or hangs makes the
   // others abort the job instead of waiting forever. AUTOSP_FAULT injects such failures in tests.
@@ -209,8 +214,9 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     } else {
       for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = r.outputs.at(prog.grad_names[i]);
     }
-    // Device results are read through synchronous copies (with NCCL: after its synchronize(), so a
-    // hung peer fails the deadline instead of blocking a copy forever).
+    // Device results are read on the host only once every collective has finished (a hung peer
+    // then fails the NCCL deadline instead of blocking a copy forever).
+    if (nccl) nccl->synchronize();
     const Tensor loss_t = on_gpu ? to_device(r.outputs.at(prog.loss), Device{}) : r.outputs.at(prog.loss);
     if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, on_host(grads));
 

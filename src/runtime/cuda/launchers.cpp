@@ -6,9 +6,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <type_traits>
 
+#include <spdlog/spdlog.h>
+
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/cudnn_attention.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/loss.cuh"
@@ -380,8 +385,24 @@ void check_attention(const KernelCall& c, const Tensor& q) {
   if (q.dim(3) > 128)
     throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": head dim ", q.dim(3),
                          " > 128, which the CUDA attention kernels do not support"));
-  if (attention_backend() == AttentionBackend::cudnn)
-    throw UsageError("runtime.attention \"cudnn\": the cuDNN SDPA launcher is not in this build yet; use \"flash\"");
+}
+
+// Whether this attention node runs on cuDNN's fused SDPA: runtime.attention "cudnn" and sizes
+// cuDNN supports (kernels/cuda/cudnn_attention.cuh). Otherwise our flash attention runs, with one
+// warning per distinct reason (both write the same f32 lse, so forward and backward may differ).
+template <class T>
+bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
+  if (attention_backend() != AttentionBackend::cudnn) return false;
+  const std::string why = cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
+                                                          c.node.attrs().b("causal"));
+  if (why.empty()) return true;
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned.insert(why).second)
+    spdlog::warn("runtime.attention \"cudnn\": {} ({}): {}; using our flash attention", c.node.op_name(),
+                 c.node.name(), why);
+  return false;
 }
 }  // namespace
 
@@ -395,9 +416,14 @@ Tensor sdpa(const KernelCall& c) {
     const Shape lse_shape{q.dim(0), q.dim(1), q.dim(2)};
     Tensor lse = extra_like(c, lse_shape, extra_types(c.node).at(0).dtype);
     const Tensor lse32 = lse.dtype() == DType::f32 ? lse : Tensor::empty(lse_shape, DType::f32, c.alloc);
-    cuda::sdpa_forward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse32), q.dim(0), q.dim(1), k.dim(1),
-                          q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
-                          stream(c));
+    const double scale = c.node.attrs().f("scale");
+    const bool causal = c.node.attrs().b("causal");
+    if (use_cudnn<T>(c, q, k))
+      cuda::cudnn_sdpa_forward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse32), q.dim(0), q.dim(1),
+                                  k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c));
+    else
+      cuda::sdpa_forward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse32), q.dim(0), q.dim(1), k.dim(1),
+                            q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c));
     settle_scalar(lse32, lse, stream(c));
     c.extras.push_back(lse);
     return o;
@@ -415,9 +441,16 @@ Tensor sdpa_backward(const KernelCall& c) {
     c.extras.push_back(dk);
     Tensor dv = extra_like(c, v.shape(), v.dtype());
     c.extras.push_back(dv);
-    cuda::sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout), ptr<T>(dq),
-                           ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
-                           c.node.attrs().f("scale"), c.node.attrs().b("causal"), stream(c));
+    const double scale = c.node.attrs().f("scale");
+    const bool causal = c.node.attrs().b("causal");
+    if (use_cudnn<T>(c, q, k))
+      cuda::cudnn_sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout),
+                                   ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
+                                   q.dim(3), scale, causal, stream(c));
+    else
+      cuda::sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout), ptr<T>(dq),
+                             ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale,
+                             causal, stream(c));
     return dq;
   });
 }
