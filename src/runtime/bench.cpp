@@ -150,6 +150,7 @@ struct PointTiming {
   size_t peak_bytes = 0;   // allocator high-water over the timed iterations
   double loss = 0;
   double grad_sync_ms = 0;  // median time blocked on the gradient all-reduce per timed step (trainer)
+  double grad_sync_wait_ms = 0;  // median of the part of it after the backward
 };
 
 // Training steps through the trainer itself (forward, backward, gradient all-reduce, AdamW).
@@ -162,17 +163,19 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
   ta.quiet = true;
   TrainResult r = train(c, ta, world);
   PointTiming t;
-  std::vector<double> ms, sync_ms;
+  std::vector<double> ms, sync_ms, wait_ms;
   for (size_t i = 0; i < r.steps.size(); ++i) {
     t.total_ms += r.steps[i].step_ms;
     if (i < static_cast<size_t>(opt.warmup)) continue;
     ms.push_back(r.steps[i].step_ms);
     sync_ms.push_back(r.steps[i].grad_sync_ms);
+    wait_ms.push_back(r.steps[i].grad_sync_wait_ms);
     t.peak_bytes = std::max(t.peak_bytes, r.steps[i].peak_bytes);
   }
   t.runs = static_cast<int64_t>(r.steps.size());
   t.step_ms = median(ms);
   t.grad_sync_ms = median(sync_ms);
+  t.grad_sync_wait_ms = median(wait_ms);
   t.loss = r.steps.front().loss;
   return t;
 }
@@ -260,7 +263,8 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
               {"all_reduce_bytes", s.all_reduce.bytes / t.runs},
               {"all_to_all_calls", s.all_to_all.calls / t.runs},
               {"comm_share", t.total_ms > 0 ? comm_s * 1000.0 / t.total_ms : 0.0},
-              {"grad_sync_ms", t.grad_sync_ms}};
+              {"grad_sync_ms", t.grad_sync_ms},
+              {"grad_sync_wait_ms", t.grad_sync_wait_ms}};
   if (cfg.runtime.device == "cuda" && opt.peak_tflops > 0)
     row["mfu"] = row["tflops"].get<double>() / (opt.peak_tflops * world.size());  // tflops is the whole job's
   return row;
@@ -284,7 +288,7 @@ const std::vector<std::string>& sweep_columns() {
       "model",         "P",          "seq",          "batch",          "mode",
       "threads",       "tokens_per_sec", "step_ms",  "tflops",         "mfu",
       "peak_bytes",    "peak_rss_bytes", "all_to_all_bytes", "all_reduce_bytes", "comm_share",
-      "grad_sync_ms",
+      "grad_sync_ms",  "grad_sync_wait_ms",
       "loss",          "pytorch_tokens_per_sec", "pytorch_step_ms", "pytorch_peak_bytes", "speedup",
       "memory_ratio",  "error"};
   return cols;

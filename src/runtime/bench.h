@@ -40,7 +40,8 @@ nlohmann::json run_bench(const Config& cfg, const BenchOptions& opt);
 // max over ranks), peak_rss_bytes (resident-set high-water over the pre-run baseline, max over
 // ranks), all_to_all_bytes / all_reduce_bytes (rank 0, per step), comm_share (rank 0's time in
 // collectives / its step time, over every step run), grad_sync_ms (rank 0's median time per step
-// blocked on the gradient all-reduce: with runtime.overlap_grad_sync, what the backward did not hide).
+// blocked on the gradient all-reduce: with runtime.overlap_grad_sync, what the backward did not hide),
+// grad_sync_wait_ms (the part of it after the backward ended).
 nlohmann::json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world);
 
 struct SweepOptions {

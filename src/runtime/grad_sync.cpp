@@ -31,7 +31,6 @@ void unpack(const Tensor& flat, size_t offset, const Tensor& g) {
   std::memcpy(g.raw(), src.raw(), g.nbytes());
 }
 
-
 // Buckets over items [0, n) of byte sizes `bytes(i)` and dtypes `dtype(i)`: consecutive items of one
 // dtype, at most `cap` bytes each (at least one item). Returns the bucket boundaries.
 template <class Bytes, class Dt>
@@ -155,6 +154,7 @@ std::vector<Tensor> GradSync::finish() {
     b.pending.reset();
     b.filled = 0;
   }
+  stats_.wait_seconds += seconds_since(t0);
   stats_.exposed_seconds += seconds_since(t0);
   next_poll_ = 0;
   seen_.assign(slots_.size(), false);

@@ -27,6 +27,10 @@ struct GradSyncStats {
   // or reducing them when overlap is off) plus starting and polling them. What overlap hides is
   // the reduction time that does not show up here.
   double exposed_seconds = 0;
+  // The part of it spent in finish(): the tail the backward did not cover. The rest is spent in
+  // start and poll calls, where on a CPU the MPI library does the reduction's own copying and
+  // adding on the calling core (shared-memory transports have no engine of their own).
+  double wait_seconds = 0;
 };
 
 GradSyncStats all_reduce_bucketed(Communicator& comm, std::vector<Tensor>& grads, size_t bucket_bytes = 32u << 20);

@@ -149,10 +149,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     move_to(opt.exp_avg_sq, dev);
     if (lead) spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(), cfg.runtime.attention);
   }
+  if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
   if (lead && dt == DType::bf16)
     spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
                  cfg.runtime.device == "cpu" ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
-  if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
 
   // The gradient all-reduce over the world, in buckets in the order the backward produces the
   // gradients (grad_order[k] = the index into prog.param_names of the k-th gradient produced).
@@ -194,7 +194,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     }
     for (const auto& [name, p] : result.params) feeds[name] = p;
     // Each gradient goes to its bucket the moment the backward produces it (grad_sync.h).
-    const double synced_before = sync ? sync->stats().exposed_seconds : 0.0;
+    const GradSyncStats synced_before = sync ? sync->stats() : GradSyncStats{};
     RunResult r = ex.run(feeds, groups, [&](const Node& n, const Tensor& v) {
       if (!sync) return;
       if (auto it = slot_of.find(&n); it != slot_of.end()) {
@@ -248,7 +248,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     rec.tokens_per_sec = static_cast<double>(tokens_per_step) / (rec.step_ms / 1000.0);
     rec.peak_bytes = r.peak_bytes;
-    rec.grad_sync_ms = sync ? (sync->stats().exposed_seconds - synced_before) * 1000.0 : 0.0;
+    if (sync) {
+      rec.grad_sync_ms = (sync->stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
+      rec.grad_sync_wait_ms = (sync->stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
+    }
     result.steps.push_back(rec);
 
     const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start;

@@ -25,7 +25,8 @@ struct TrainArgs {
 struct StepRecord {
   int64_t step = 0;  // 1-based number of the completed step
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_sec = 0, step_ms = 0;
-  double grad_sync_ms = 0;  // time blocked on the gradient all-reduce (runtime/grad_sync.h)
+  double grad_sync_ms = 0;       // time blocked on the gradient all-reduce (runtime/grad_sync.h)
+  double grad_sync_wait_ms = 0;  // the part of it after the backward (GradSyncStats::wait_seconds)
   size_t peak_bytes = 0;
   double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources)
 };
