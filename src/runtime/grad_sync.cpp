@@ -105,8 +105,7 @@ GradSync::GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, si
       offset_of_[k] = bytes;
       bytes += nbytes(k);
     }
-    const DType dt = slots_[bucket.first].dtype;
-    bucket.flat = Tensor::empty({static_cast<int64_t>(bytes / dtype_size(dt))}, dt);
+    bucket.numel = static_cast<int64_t>(bytes / dtype_size(slots_[bucket.first].dtype));
     buckets_.push_back(std::move(bucket));
   }
 }
@@ -128,8 +127,8 @@ void GradSync::ready(size_t slot, const Tensor& grad) {
                 " is ", grad.str(), ", expected ", dtype_name(slots_[slot].dtype), shape_str(slots_[slot].shape));
   seen_[slot] = true;
   Bucket& b = buckets_[bucket_of_[slot]];
-  if (b.flat.device() != grad.device())  // first use: the bucket moves to the gradients' device
-    b.flat = Tensor::empty(b.flat.shape(), b.flat.dtype(), allocator_of(grad.device()));
+  if (!b.flat.defined() || b.flat.device() != grad.device())  // first use: on the gradients' device
+    b.flat = Tensor::empty({b.numel}, grad.dtype(), allocator_of(grad.device()));
   pack(b.flat, offset_of_[slot], grad);
   if (++b.filled == b.last - b.first) start(b);
 }

@@ -63,7 +63,8 @@ class GradSync {
 
  private:
   struct Bucket {
-    Tensor flat;  // the slots' gradients side by side
+    Tensor flat;  // the slots' gradients side by side (allocated by the first ready(), on its device)
+    int64_t numel = 0;
     size_t first = 0, last = 0;  // slots [first, last)
     size_t filled = 0;           // slots ready this step
     std::unique_ptr<PendingCollective> pending;
