@@ -38,16 +38,34 @@ std::vector<Node*> build_backward(Graph& g, Node* loss, const std::vector<Node*>
   std::map<Node*, Node*> grad;
   grad[loss] = g.add(Op::full, {}, {{"shape", SymShape{}}, {"value", 1.0}, {"dtype", std::string(dtype_name(loss->dtype()))}},
                      "d." + loss->name());
+  // Gradients of extra outputs, gathered from the `output` nodes that read them: [node][index].
+  std::map<Node*, std::vector<Node*>> extra_grad;
   for (size_t i = n; i-- > 0;) {
     Node* node = fwd[i];
     auto it = grad.find(node);
-    if (it == grad.end() || !from_param[i] || !to_loss[i]) continue;
+    auto xt = extra_grad.find(node);
+    if ((it == grad.end() && xt == extra_grad.end()) || !from_param[i] || !to_loss[i]) continue;
     if (node->op() == Op::input || node->op() == Op::parameter) continue;
+    if (node->op() == Op::output && it != grad.end()) {
+      // The gradient of an extra output goes to its source node's vjp (output_grads).
+      Node* src = node->input(0);
+      if (!op_info(src->op()).differentiable_extras)
+        throw UsageError(str("autograd: extra output ", node->attrs().i("index"), " of [", src->op_name(), "] %",
+                             src->name(), " is on the loss path but not differentiable"));
+      const size_t index = static_cast<size_t>(node->attrs().i("index"));
+      auto& slots = extra_grad[src];
+      if (slots.size() <= index) slots.resize(index + 1, nullptr);
+      b.set_prefix("d." + node->name() + ".");
+      slots[index] = slots[index] ? b.add(slots[index], it->second, "acc") : it->second;
+      continue;
+    }
     const OpInfo& info = op_info(node->op());
     if (!info.vjp)
       throw UsageError(str("autograd: [", node->op_name(), "] %", node->name(), " is not differentiable"));
     b.set_prefix("d." + node->name() + ".");
-    VjpContext ctx{b, node, it->second, std::vector<Node*>(node->inputs().size(), nullptr)};
+    VjpContext ctx{b, node, it == grad.end() ? nullptr : it->second,
+                   xt == extra_grad.end() ? std::vector<Node*>{} : xt->second,
+                   std::vector<Node*>(node->inputs().size(), nullptr)};
     info.vjp(ctx);
     for (size_t k = 0; k < node->inputs().size(); ++k) {
       Node* in = node->input(k);

@@ -15,7 +15,9 @@ namespace autosp {
 struct VjpContext {
   Builder& b;
   Node* node;  // the forward node
-  Node* grad;  // gradient of the loss with respect to node's output
+  Node* grad;  // gradient of the loss with respect to node's output (null only for ops with
+               // differentiable extras whose primary output does not reach the loss)
+  std::vector<Node*> output_grads;  // [i]: gradient of extra output i (1, 2, ...) or null; index 0 unused
   std::vector<Node*> input_grads;  // set by the rule; nullptr = no gradient for that input
 
   Node* in(size_t i) const { return node->input(i); }

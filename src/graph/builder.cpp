@@ -64,6 +64,15 @@ Node* Builder::rmsnorm(Node* x, Node* w, double eps, const std::string& name) {
   return op(Op::rmsnorm, {x, w}, {{"eps", eps}}, name);
 }
 Node* Builder::softmax(Node* x, const std::string& name) { return op(Op::softmax, {x}, {}, name); }
+Node* Builder::add_layernorm(Node* x, Node* r, Node* w, Node* b, double eps, const std::string& name) {
+  return op(Op::add_layernorm, {x, r, w, b}, {{"eps", eps}}, name);
+}
+Node* Builder::add_rmsnorm(Node* x, Node* r, Node* w, double eps, const std::string& name) {
+  return op(Op::add_rmsnorm, {x, r, w}, {{"eps", eps}}, name);
+}
+Node* Builder::bias_gelu_tanh(Node* x, Node* b, const std::string& name) {
+  return op(Op::bias_gelu_tanh, {x, b}, {}, name);
+}
 Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
   return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
 }
@@ -110,6 +119,9 @@ Node* Builder::gelu_tanh_backward(Node* dy, Node* x, const std::string& name) {
   return op(Op::gelu_tanh_backward, {dy, x}, {}, name);
 }
 Node* Builder::silu_backward(Node* dy, Node* x, const std::string& name) { return op(Op::silu_backward, {dy, x}, {}, name); }
+Node* Builder::bias_gelu_tanh_backward(Node* dy, Node* x, Node* b, const std::string& name) {
+  return op(Op::bias_gelu_tanh_backward, {dy, x, b}, {}, name);
+}
 Node* Builder::slice_backward(Node* dy, int64_t dim, Dim start, Dim end, Dim size, const std::string& name) {
   return op(Op::slice_backward, {dy},
             {{"dim", dim}, {"start", std::move(start)}, {"end", std::move(end)}, {"size", std::move(size)}}, name);

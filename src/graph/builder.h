@@ -59,12 +59,19 @@ class Builder {
   Node* cast(Node* x, DType dtype, const std::string& name = "cast");
   // Extra output `index` (1, 2, ...) of a multi-output node.
   Node* output(Node* x, int64_t index, const std::string& name = "out");
+  // Fused ops (passes/fuse_elementwise): y = norm(x + r), extra output 1 = x + r (read it with
+  // output(node, 1)); y = gelu_tanh(x + b), b [C] broadcast over x [..., C].
+  Node* add_layernorm(Node* x, Node* r, Node* w, Node* b, double eps, const std::string& name = "add_ln");
+  Node* add_rmsnorm(Node* x, Node* r, Node* w, double eps, const std::string& name = "add_rms");
+  Node* bias_gelu_tanh(Node* x, Node* b, const std::string& name = "bias_gelu");
 
   // Backward-only ops, used by vjp rules.
   Node* sum_to(Node* x, SymShape shape, const std::string& name = "sum_to");
   Node* embedding_backward(Node* dy, Node* ids, Dim num_embeddings, const std::string& name = "embedding_bwd");
   Node* gelu_tanh_backward(Node* dy, Node* x, const std::string& name = "gelu_bwd");
   Node* silu_backward(Node* dy, Node* x, const std::string& name = "silu_bwd");
+  // dx = dy · gelu_tanh'(x + b); b's gradient is dx summed to [C] (by autograd).
+  Node* bias_gelu_tanh_backward(Node* dy, Node* x, Node* b, const std::string& name = "bias_gelu_bwd");
   Node* slice_backward(Node* dy, int64_t dim, Dim start, Dim end, Dim size, const std::string& name = "slice_bwd");
   Node* layernorm_backward(Node* dy, Node* x, Node* w, double eps, const std::string& name = "ln_bwd");
   Node* rmsnorm_backward(Node* dy, Node* x, Node* w, double eps, const std::string& name = "rms_bwd");

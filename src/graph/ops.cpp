@@ -353,6 +353,49 @@ TensorType cast_rule(const Node& n, const ShapeContext&) {
 }
 
 
+// Fused residual add + norm: x, r [..., C] (the same shape, no broadcast), w (, b) [C] → y = norm(x + r);
+// extra output 1: s = x + r (the residual stream continues with it).
+void expect_residual(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_same_dtype(n, 0, 1);
+  const auto& x = in(n, 0).shape;
+  const auto& r = in(n, 1).shape;
+  bool ok = x.size() == r.size() && !x.empty();
+  for (size_t i = 0; ok && i < x.size(); ++i) ok = ctx.same(x[i], r[i]);
+  if (!ok) fail(n, str("x ", in(n, 0).str(), " and r ", in(n, 1).str(), " must have the same shape [..., C]"));
+}
+TensorType add_layernorm_rule(const Node& n, const ShapeContext& ctx) {
+  expect_residual(n, ctx);
+  expect_weight(n, 2, ctx);
+  expect_weight(n, 3, ctx);
+  return in(n, 0);
+}
+TensorType add_rmsnorm_rule(const Node& n, const ShapeContext& ctx) {
+  expect_residual(n, ctx);
+  expect_weight(n, 2, ctx);
+  return in(n, 0);
+}
+std::vector<TensorType> residual_extra(const Node& n) { return {in(n, 0)}; }
+
+// x [..., C], b [C] → gelu_tanh(x + b) [..., C]
+TensorType bias_gelu_tanh_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  if (in(n, 0).rank() < 1) fail(n, str("x ", in(n, 0).str(), " must have rank >= 1"));
+  const auto& b = in(n, 1);
+  if (b.rank() != 1 || !ctx.same(b.shape[0], in(n, 0).shape.back()))
+    fail(n, str("bias ", b.str(), " does not match the last dim of ", in(n, 0).str()));
+  expect_same_dtype(n, 0, 1);
+  return in(n, 0);
+}
+// dy, x [..., C], b [C] → dx [..., C]
+TensorType bias_gelu_tanh_backward_rule(const Node& n, const ShapeContext& ctx) {
+  TensorType t = same_as_second(n, ctx);
+  const auto& b = in(n, 2);
+  if (b.rank() != 1 || !ctx.same(b.shape[0], t.shape.back()) || b.dtype != t.dtype)
+    fail(n, str("bias ", b.str(), " vs x ", t.str()));
+  return t;
+}
+
 // scores [..., Sq, Skv]: entries with j > i + (Skv - Sq) set to `value`.
 TensorType causal_mask_rule(const Node& n, const ShapeContext&) {
   expect_float(n, 0);
@@ -430,6 +473,10 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {Op::sdpa_backward, "sdpa_backward", 6, "causal,scale", sdpa_backward_rule, sdpa_backward_extra, nullptr, true},
     {Op::cross_entropy_backward, "cross_entropy_backward", 3, "ignore_index", cross_entropy_backward_rule, nullptr, nullptr, true},
     {Op::cast, "cast", 1, "dtype", cast_rule, nullptr, vjp::cast, false},
+    {Op::add_layernorm, "add_layernorm", 4, "eps", add_layernorm_rule, residual_extra, vjp::add_layernorm, false, false, true},
+    {Op::add_rmsnorm, "add_rmsnorm", 3, "eps", add_rmsnorm_rule, residual_extra, vjp::add_rmsnorm, false, false, true},
+    {Op::bias_gelu_tanh, "bias_gelu_tanh", 2, "", bias_gelu_tanh_rule, nullptr, vjp::bias_gelu_tanh, false},
+    {Op::bias_gelu_tanh_backward, "bias_gelu_tanh_backward", 3, "", bias_gelu_tanh_backward_rule, nullptr, nullptr, true},
 }};
 
 constexpr bool table_in_order() {

@@ -36,6 +36,9 @@ enum class Op : uint16_t {
   rmsnorm_backward, softmax_backward, rope_backward, sdpa_backward, cross_entropy_backward,
   // conversion between float dtypes (mixed precision)
   cast,
+  // fused kernels (made by passes/fuse_elementwise): residual add + norm (extra output 1: the sum),
+  // bias + tanh-GELU, and the latter's backward
+  add_layernorm, add_rmsnorm, bias_gelu_tanh, bias_gelu_tanh_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);
@@ -65,6 +68,9 @@ struct OpInfo {
   VjpFn vjp;               // backward rule (builds IR); nullptr: not differentiable
   bool backward_only;      // made by vjp rules only; never differentiated again
   bool side_effects = false;  // kept by DCE even when unused (collectives, optimizer updates)
+  // The vjp also takes gradients of the extra outputs (VjpContext::output_grads); for other
+  // multi-output ops an extra output on the loss path is an autograd error.
+  bool differentiable_extras = false;
 };
 
 const OpInfo& op_info(Op op);

@@ -136,4 +136,37 @@ void all_reduce(VjpContext& c) { c.input_grads[0] = c.b.all_reduce(c.grad, c.nod
 // The gradient goes back in the input's dtype (a bf16 gradient of an f32 master weight becomes f32).
 void cast(VjpContext& c) { c.input_grads[0] = c.b.cast(c.grad, c.in(0)->dtype(), "dx"); }
 
+// Fused residual add + norm: y = norm(s), s = x + r (extra output 1). ds = dy through the norm's
+// backward on the saved s, plus the gradient arriving at s itself; dx = dr = ds. Either gradient
+// may be missing (c.grad or output_grads[1] null) when only one output reaches the loss.
+namespace {
+void add_norm(VjpContext& c, bool rms) {
+  Node* g_s = c.output_grads.size() > 1 ? c.output_grads[1] : nullptr;
+  Node* dw = nullptr;
+  Node* db = nullptr;
+  Node* ds = g_s;
+  if (c.grad) {
+    Node* s = c.b.output(c.node, 1, "s");
+    const double eps = c.node->attrs().f("eps");
+    Node* bwd = rms ? c.b.rmsnorm_backward(c.grad, s, c.in(2), eps, "dnorm")
+                    : c.b.layernorm_backward(c.grad, s, c.in(2), eps, "dnorm");
+    dw = c.b.output(bwd, 1, "dw");
+    if (!rms) db = c.b.output(bwd, 2, "db");
+    ds = g_s ? c.b.add(bwd, g_s, "ds") : bwd;
+  }
+  c.input_grads[0] = ds;
+  c.input_grads[1] = ds;
+  c.input_grads[2] = dw;
+  if (!rms) c.input_grads[3] = db;
+}
+}  // namespace
+void add_layernorm(VjpContext& c) { add_norm(c, false); }
+void add_rmsnorm(VjpContext& c) { add_norm(c, true); }
+
+// y = gelu_tanh(x + b): one fused backward pass gives dx (= d(x + b)); autograd sums it to b's [C].
+void bias_gelu_tanh(VjpContext& c) {
+  Node* dx = c.b.bias_gelu_tanh_backward(c.grad, c.in(0), c.in(1), "dx");
+  c.input_grads = {dx, dx};
+}
+
 }  // namespace autosp::vjp

@@ -32,6 +32,9 @@ void causal_mask(VjpContext&);
 void all_to_all(VjpContext&);
 void all_reduce(VjpContext&);
 void cast(VjpContext&);
+void add_layernorm(VjpContext&);
+void add_rmsnorm(VjpContext&);
+void bias_gelu_tanh(VjpContext&);
 void no_gradient(VjpContext&);  // count_valid, full: nothing flows to the inputs
 
 }  // namespace autosp::vjp

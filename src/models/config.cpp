@@ -70,6 +70,7 @@ const std::vector<Key>& schema() {
       {"runtime.dtype", Kind::string, 0, 0, "float32|float64|bfloat16", "", F(runtime, dtype)},
       {"runtime.threads", Kind::integer, 0, 1024, "", "", F(runtime, threads)},
       {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", "", F(runtime, activation_checkpointing)},
+      {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", "", F(runtime, fuse_kernels)},
       {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", "", F(runtime, overlap_grad_sync)},
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", "", F(runtime, grad_bucket_mb)},
       {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", "", F(sequence_parallel, autosp_size)},
@@ -255,6 +256,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                   {"dtype", c.runtime.dtype},
                   {"threads", c.runtime.threads},
                   {"activation_checkpointing", c.runtime.activation_checkpointing},
+                  {"fuse_kernels", c.runtime.fuse_kernels},
                   {"overlap_grad_sync", c.runtime.overlap_grad_sync},
                   {"grad_bucket_mb", c.runtime.grad_bucket_mb}};
   r["sequence_parallel"] = {{"autosp_size", c.sequence_parallel.autosp_size}};

@@ -49,6 +49,8 @@ struct RuntimeConfig {
   std::string dtype = "float32";
   int64_t threads = 0;  // 0 = OpenMP's default
   bool activation_checkpointing = false;
+  // Fused kernels (residual add + norm, bias + GELU) by passes/fuse_elementwise before autograd.
+  bool fuse_kernels = true;
   // Gradient all-reduce: buckets of about grad_bucket_mb MiB (DDP's bucket_cap_mb), each started
   // while the backward still runs when overlap_grad_sync (runtime/grad_sync.h).
   bool overlap_grad_sync = true;

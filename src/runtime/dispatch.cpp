@@ -522,6 +522,41 @@ Tensor cast_cpu(const KernelCall& c) {
   return y;
 }
 
+// Fused residual add + norm: y = norm(x + r); extra output 1: s = x + r. Inputs: x, r, w (, b).
+template <bool kRms>
+Tensor add_norm_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous(), r = c.in[1].contiguous();
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    Tensor s = extra_like(c, x.shape(), x.dtype());
+    c.extras.push_back(s);
+    cpu::add_norm_forward<T>(x.data<T>(), r.data<T>(), c.in[2].data<T>(), kRms ? nullptr : c.in[3].data<T>(),
+                             y.data<T>(), s.data<T>(), rows, C, c.node.attrs().f("eps"), kRms);
+    return y;
+  });
+}
+// gelu_tanh(x + b): x [..., C], b [C].
+Tensor bias_gelu_tanh_cpu(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous(), b = c.in[1].contiguous();
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::bias_gelu_tanh<T>(x.data<T>(), b.data<T>(), y.data<T>(), rows, C);
+    return y;
+  });
+}
+// dx = dy · gelu_tanh'(x + b). Inputs: dy, x, b.
+Tensor bias_gelu_tanh_backward_cpu(const KernelCall& c) {
+  const Tensor dy = c.in[0].contiguous(), x = c.in[1].contiguous(), b = c.in[2].contiguous();
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    cpu::bias_gelu_tanh_backward<T>(dy.data<T>(), x.data<T>(), b.data<T>(), dx.data<T>(), rows, C);
+    return dx;
+  });
+}
+
 // bf16 on CPU is emulated: a node with a bf16 input or output runs its f32 kernel on inputs
 // widened to f32, and each result is rounded once to its (bf16) type: the numerics of the CUDA
 // kernels (f32 compute, one rounding per result), not their speed. Ops that only move bytes, and
@@ -620,6 +655,10 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::sdpa_backward, sdpa_backward_cpu, AUTOSP_CUDA(sdpa_backward)},
     {Op::cross_entropy_backward, cross_entropy_backward_cpu, AUTOSP_CUDA(cross_entropy_backward)},
     {Op::cast, cast_cpu, AUTOSP_CUDA(cast)},
+    {Op::add_layernorm, add_norm_cpu<false>, AUTOSP_CUDA(add_layernorm)},
+    {Op::add_rmsnorm, add_norm_cpu<true>, AUTOSP_CUDA(add_rmsnorm)},
+    {Op::bias_gelu_tanh, bias_gelu_tanh_cpu, AUTOSP_CUDA(bias_gelu_tanh)},
+    {Op::bias_gelu_tanh_backward, bias_gelu_tanh_backward_cpu, AUTOSP_CUDA(bias_gelu_tanh_backward)},
 }};
 
 constexpr bool kernels_in_order() {

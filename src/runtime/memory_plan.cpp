@@ -32,6 +32,7 @@ bool may_write_over_input(Op op) {
   switch (op) {
     case Op::scale: case Op::neg: case Op::exp: case Op::gelu_tanh: case Op::silu: case Op::causal_mask:
     case Op::add: case Op::sub: case Op::mul: case Op::div:
+    case Op::bias_gelu_tanh: case Op::bias_gelu_tanh_backward:
       return true;  // elementwise kernels that read element i before writing element i
     default:
       return false;

@@ -1,9 +1,10 @@
-// Building a rank's program: model → mixed precision (bf16) → AutoSP pipeline → autograd.
+// Building a rank's program: model → mixed precision (bf16) → AutoSP pipeline → kernel fusion → autograd.
 #include "runtime/program.h"
 
 #include "graph/autograd.h"
 #include "graph/passes/autosp/autosp.h"
 #include "graph/passes/checkpoint_activations.h"
+#include "graph/passes/fuse_elementwise.h"
 #include "graph/passes/mixed_precision.h"
 #include "graph/verify.h"
 #include "models/model.h"
@@ -47,6 +48,14 @@ RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const Pas
     if (p.graph->find("loss.global")) p.loss = "loss.global";
   }
   if (stage == Stage::autosp) return p;
+  // Fusion after AutoSP (whose passes then never see the fused ops) and before autograd (so the
+  // backward comes from the fused ops' vjps); no residual + norm fusion under activation
+  // checkpointing (it would cost memory there: passes/fuse_elementwise.cpp).
+  if (cfg.runtime.fuse_kernels) {
+    PassContext fuse_ctx = ctx;
+    fuse_ctx.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
+    apply_fuse_elementwise(*p.graph, fuse_ctx);
+  }
   std::vector<Node*> params = p.graph->with_role(Role::parameter);
   const size_t forward_end = p.graph->size();
   std::vector<Node*> grads = build_backward(*p.graph, p.graph->with_role(Role::loss).at(0), params);

@@ -205,6 +205,38 @@ inline const std::vector<OpCase>& op_cases() {
       OpCase{"cast_from_bf16", Op::cast, {{{B, S, 6}}},
              [](Builder& b, const std::vector<Node*>& x) { return b.cast(b.cast(x[0], DType::bf16), x[0]->dtype()); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) { return naive::map(in[0], naive::round_bf16); }},
+      // Fused ops (passes/fuse_elementwise): y = norm(x + r) and the sum s = x + r (extra output 1),
+      // gelu_tanh(x + b); the references add first, then apply the plain naive op.
+      OpCase{"add_layernorm", Op::add_layernorm, {{{B, S, 8}}, {{B, S, 8}}, {{8}}, {{8}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.add_layernorm(x[0], x[1], x[2], x[3], 1e-5); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               const Vec s = naive::broadcast_binary(in[0], sh[0], in[1], sh[1], std::plus<double>());
+               return naive::layernorm(s, in[2], in[3], naive::numel(sh[0]) / 8, 8, 1e-5);
+             }},
+      OpCase{"add_layernorm_sum", Op::add_layernorm, {{{B, S, 8}}, {{B, S, 8}}, {{8}}, {{8}}},
+             [](Builder& b, const std::vector<Node*>& x) {
+               return b.output(b.add_layernorm(x[0], x[1], x[2], x[3], 1e-5), 1, "s");
+             },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::broadcast_binary(in[0], sh[0], in[1], sh[1], std::plus<double>());
+             }},
+      OpCase{"add_rmsnorm", Op::add_rmsnorm, {{{B, S, 8}}, {{B, S, 8}}, {{8}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.add_rmsnorm(x[0], x[1], x[2], 1e-6); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               const Vec s = naive::broadcast_binary(in[0], sh[0], in[1], sh[1], std::plus<double>());
+               return naive::rmsnorm(s, in[2], naive::numel(sh[0]) / 8, 8, 1e-6);
+             }},
+      OpCase{"add_rmsnorm_sum", Op::add_rmsnorm, {{{B, S, 8}}, {{B, S, 8}}, {{8}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.output(b.add_rmsnorm(x[0], x[1], x[2], 1e-6), 1, "s"); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::broadcast_binary(in[0], sh[0], in[1], sh[1], std::plus<double>());
+             }},
+      OpCase{"bias_gelu_tanh", Op::bias_gelu_tanh, {{{B, S, 6}}, {{6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.bias_gelu_tanh(x[0], x[1]); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::map(naive::broadcast_binary(in[0], sh[0], in[1], sh[1], std::plus<double>()),
+                                 naive::gelu_tanh);
+             }},
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

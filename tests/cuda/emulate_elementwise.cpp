@@ -95,3 +95,25 @@ TEMPLATE_TEST_CASE("emulated elementwise launchers match the CPU", "[cuda-emulat
   const double rss = cpu::sum_squares<H>(big.data(), int64_t(big.size()));
   CHECK(std::abs(ss - rss) <= 1e-12 * rss);
 }
+
+// The fused bias + tanh-GELU and its backward against the CPU kernels.
+TEMPLATE_TEST_CASE("emulated fused bias + GELU matches the CPU", "[cuda-emulation][elementwise][fuse]", float, double,
+                   cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  for (const auto& [rows, C] : {std::pair<int64_t, int64_t>{7, 37}, {300, 4}, {1, 1}}) {
+    INFO("rows " << rows << " C " << C);
+    const size_t n = static_cast<size_t>(rows * C);
+    const auto x = values<T>(naive::random_normal(int64_t(n), 2200, 2.0)), dy = values<T>(naive::random_normal(int64_t(n), 2201));
+    const auto b = values<T>(naive::random_normal(C, 2202));
+    const auto xs = to_storage<T>(x), dys = to_storage<T>(dy), bs = to_storage<T>(b);
+    std::vector<T> y(n);
+    std::vector<H> ref(n);
+    cpu::bias_gelu_tanh<H>(x.data(), b.data(), ref.data(), rows, C);
+    cuda::bias_gelu_tanh<T>(xs.data(), bs.data(), y.data(), rows, C, nullptr);
+    check_against<T>(from_storage(y), ref);
+    cpu::bias_gelu_tanh_backward<H>(dy.data(), x.data(), b.data(), ref.data(), rows, C);
+    cuda::bias_gelu_tanh_backward<T>(dys.data(), xs.data(), bs.data(), y.data(), rows, C, nullptr);
+    check_against<T>(from_storage(y), ref);
+  }
+}

@@ -69,3 +69,29 @@ TEMPLATE_TEST_CASE("emulated norm launchers match the CPU", "[cuda-emulation][no
     check_against<T>(from_storage(gx), rgx);
   }
 }
+
+// The fused residual add + norm (add_layernorm, add_rmsnorm: y and the sum s) against the CPU kernel.
+TEMPLATE_TEST_CASE("emulated fused add + norm matches the CPU", "[cuda-emulation][norm][fuse]", float, double,
+                   cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  uint32_t seed = 2100;
+  for (const auto& [rows, C] : {std::pair<int64_t, int64_t>{10, 8}, {9, 300}, {200, 40}, {1, 1}}) {
+    const size_t n = static_cast<size_t>(rows * C);
+    const auto x = values<T>(naive::random_normal(int64_t(n), seed++, 2.0));
+    const auto r = values<T>(naive::random_normal(int64_t(n), seed++));
+    const auto w = values<T>(naive::random_normal(C, seed++)), b = values<T>(naive::random_normal(C, seed++));
+    const auto xs = to_storage<T>(x), rs = to_storage<T>(r), ws = to_storage<T>(w), bs = to_storage<T>(b);
+    for (const bool rms : {false, true}) {
+      INFO("rows " << rows << " C " << C << (rms ? " rmsnorm" : " layernorm"));
+      std::vector<T> y(n), s(n);
+      std::vector<H> ry(n), rsum(n);
+      cpu::add_norm_forward<H>(x.data(), r.data(), w.data(), rms ? nullptr : b.data(), ry.data(), rsum.data(), rows, C,
+                               1e-5, rms);
+      cuda::add_norm_forward<T>(xs.data(), rs.data(), ws.data(), rms ? nullptr : bs.data(), y.data(), s.data(), rows, C,
+                                1e-5, rms, nullptr);
+      check_against<T>(from_storage(y), ry);
+      check_against<T>(from_storage(s), rsum);
+    }
+  }
+}

@@ -16,6 +16,9 @@ struct PassContext {
   int64_t sp_rank = 0;   // r: this rank's index in its SP group
   int64_t world_size = 1;
   std::string seq = "S";  // the sequence symbol
+  // fuse_elementwise: whether residual add + norm pairs are fused (off under activation
+  // checkpointing, where they would cost activation memory: docs/decisions.md).
+  bool fuse_residual_norms = true;
 };
 
 struct PassResult {

@@ -123,6 +123,23 @@ void copy_tiled(const Space& s, int p, const T* src, T* dst) {
 
 // ---- unary -----------------------------------------------------------------------------------
 
+// gelu_tanh and its derivative, shared by the plain and the fused (bias) kernels so both give the
+// same bits. 0.5·(1 + tanh(u)) = sigmoid(2u): one exp instead of a (slower) tanh, no cancellation.
+// f = x·s, s = sigmoid(2u), u = k·(x + a·x³), k = √(2/π), a = 0.044715;
+// f' = s + x·(1 - tanh²u)/2·u' = s + 2·x·s·(1 - s)·k·(1 + 3a·x²). s saturates to 0 or 1 without NaN.
+template <class T>
+inline T gelu_tanh_of(T v) {
+  const T two_k = T(2 * 0.7978845608028654);  // 2·√(2/π)
+  return v / (T(1) + std::exp(-two_k * (v + T(0.044715) * v * v * v)));
+}
+template <class T>
+inline T gelu_tanh_grad(T v) {
+  const T k = T(0.7978845608028654), a = T(0.044715);
+  const T sg = T(1) / (T(1) + std::exp(T(-2) * k * (v + a * v * v * v)));
+  return sg + T(2) * v * sg * (T(1) - sg) * k * (T(1) + T(3) * a * v * v);
+}
+
+
 template <class T, class F>
 void map(const T* x, T* y, int64_t n, F f) {
 #pragma omp parallel for schedule(static) if (n > kGrain)
@@ -211,16 +228,8 @@ void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n) {
   AUTOSP_ASSERT(n >= 0, "unary_backward n ", n);
   switch (op) {
     case UnaryGrad::gelu_tanh: {
-      // f = x·s, s = sigmoid(2u) = 0.5·(1 + tanh u), u = k·(x + a·x³), k = √(2/π), a = 0.044715;
-      // f' = s + x·(1 - tanh²u)/2·u' = s + 2·x·s·(1 - s)·k·(1 + 3a·x²). s saturates to 0 or 1
-      // without NaN, like the forward.
-      const T k = T(0.7978845608028654), a = T(0.044715);
 #pragma omp parallel for schedule(static) if (n > kGrain)
-      for (int64_t i = 0; i < n; ++i) {
-        const T v = x[i];
-        const T sg = T(1) / (T(1) + std::exp(T(-2) * k * (v + a * v * v * v)));
-        dx[i] = dy[i] * (sg + T(2) * v * sg * (T(1) - sg) * k * (T(1) + T(3) * a * v * v));
-      }
+      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_tanh_grad(x[i]);
       return;
     }
     case UnaryGrad::silu: {
@@ -329,6 +338,28 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
 }
 
 template <class T>
+void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, "bias_gelu_tanh rows ", rows, " C ", C);
+#pragma omp parallel for schedule(static) if (rows * C > kGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * C;  // [C]
+    T* yr = y + r * C;
+    for (int64_t c = 0; c < C; ++c) yr[c] = gelu_tanh_of(T(xr[c] + b[c]));
+  }
+}
+
+template <class T>
+void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, "bias_gelu_tanh_backward rows ", rows, " C ", C);
+#pragma omp parallel for schedule(static) if (rows * C > kGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xr = x + r * C, *dyr = dy + r * C;  // [C]
+    T* dxr = dx + r * C;
+    for (int64_t c = 0; c < C; ++c) dxr[c] = dyr[c] * gelu_tanh_grad(T(xr[c] + b[c]));
+  }
+}
+
+template <class T>
 double sum_squares(const T* x, int64_t n) {
   AUTOSP_ASSERT(n >= 0, "sum_squares n ", n);
   return chunked_sum(x, n, [](double v) { return v * v; });
@@ -344,12 +375,7 @@ void unary(Unary op, const T* x, T* y, int64_t n, double scalar) {
     case Unary::sqrt: return map(x, y, n, [](T v) { return std::sqrt(v); });
     case Unary::rsqrt: return map(x, y, n, [](T v) { return T(1) / std::sqrt(v); });
     case Unary::square: return map(x, y, n, [](T v) { return v * v; });
-    case Unary::gelu_tanh:
-      // 0.5·(1 + tanh(u)) = sigmoid(2u): one exp instead of a (slower) tanh, no cancellation.
-      return map(x, y, n, [](T v) {
-        const T two_k = T(2 * 0.7978845608028654);  // 2·√(2/π)
-        return v / (T(1) + std::exp(-two_k * (v + T(0.044715) * v * v * v)));
-      });
+    case Unary::gelu_tanh: return map(x, y, n, [](T v) { return gelu_tanh_of(v); });
     case Unary::silu: return map(x, y, n, [](T v) { return v / (T(1) + std::exp(-v)); });
     case Unary::scale: {
       const T s = T(scalar);
@@ -505,6 +531,8 @@ AUTOSP_INSTANTIATE_CAST(uint16_t)
   template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*,          \
                           const int64_t*, T*);                                                      \
   template void unary_backward<T>(UnaryGrad, const T*, const T*, T*, int64_t);                      \
+  template void bias_gelu_tanh<T>(const T*, const T*, T*, int64_t, int64_t);                        \
+  template void bias_gelu_tanh_backward<T>(const T*, const T*, const T*, T*, int64_t, int64_t);     \
   template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*);                       \
   template double sum_squares<T>(const T*, int64_t);
 AUTOSP_INSTANTIATE_FLOAT(float)

@@ -55,6 +55,14 @@ enum class UnaryGrad { gelu_tanh, silu };
 template <class T>
 void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n);
 
+// Fused bias + tanh-GELU over x [rows, C], b [C]: y = gelu_tanh(x + b), the sum rounded to T first
+// (exactly add then gelu_tanh). x and y may alias.
+template <class T>
+void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C);
+// Its backward in one pass: dx = dy · gelu_tanh'(x + b). dx may alias dy or x.
+template <class T>
+void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C);
+
 // Sum x (row-major `x_shape`, rank ≤ kMaxRank) down to `out_shape` (same rank; each dim either
 // equal to x's or 1, which is summed over). Deterministic; float sums accumulate in double.
 // This is the one place gradients are summed over broadcast dims.

@@ -95,6 +95,30 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_
 }
 
 template <class T>
+void add_norm_forward(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C,
+                      double eps, bool rms) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, rms ? "add_rmsnorm" : "add_layernorm", " rows ", rows, " C ", C);
+#pragma omp parallel for schedule(static) if (rows * C > kGrain)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T *xr = x + i * C, *rr = r + i * C;  // [C]
+    T *sr = s + i * C, *yr = y + i * C;
+    for (int64_t c = 0; c < C; ++c) sr[c] = xr[c] + rr[c];  // the row stays in cache for the norm
+    if (rms) {
+      const double rs = rmsnorm_rstd(sr, C, eps);
+      for (int64_t c = 0; c < C; ++c) yr[c] = T(double(sr[c]) * rs * double(w[c]));
+      continue;
+    }
+    double mu, rs;
+    layernorm_stats(sr, C, eps, mu, rs);
+    if (b != nullptr) {
+      for (int64_t c = 0; c < C; ++c) yr[c] = T((double(sr[c]) - mu) * rs * double(w[c]) + double(b[c]));
+    } else {
+      for (int64_t c = 0; c < C; ++c) yr[c] = T((double(sr[c]) - mu) * rs * double(w[c]));
+    }
+  }
+}
+
+template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t C) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "softmax rows ", rows, " C ", C);
 #pragma omp parallel for schedule(static) if (rows * C > kGrain)
@@ -203,6 +227,10 @@ template void rmsnorm_forward<float>(const float*, const float*, float*, float*,
                                      double);
 template void rmsnorm_forward<double>(const double*, const double*, double*, double*, int64_t,
                                       int64_t, double);
+template void add_norm_forward<float>(const float*, const float*, const float*, const float*, float*, float*,
+                                      int64_t, int64_t, double, bool);
+template void add_norm_forward<double>(const double*, const double*, const double*, const double*, double*,
+                                       double*, int64_t, int64_t, double, bool);
 template void softmax_forward<float>(const float*, float*, int64_t, int64_t);
 template void softmax_forward<double>(const double*, double*, int64_t, int64_t);
 

@@ -55,6 +55,30 @@ using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<siz
 
 namespace {
 
+// gelu_tanh and its derivative in A = acc_t<T>, shared by the plain and the fused (bias) kernels:
+// 0.5·(1 + tanh u) = sigmoid(2u) as on the CPU; f' = s + 2·x·s·(1 - s)·k·(1 + 3a·x²),
+// s = sigmoid(2k(x + a·x³)) (see cpu/elementwise.cpp).
+template <class A>
+__device__ __forceinline__ A gelu_tanh_of(A v) {
+  return v / (A(1) + dexp(-A(2 * 0.7978845608028654) * (v + A(0.044715) * v * v * v)));
+}
+template <class A>
+__device__ __forceinline__ A gelu_tanh_grad(A v) {
+  const A k = A(0.7978845608028654), a = A(0.044715);
+  const A sg = A(1) / (A(1) + dexp(A(-2) * k * (v + a * v * v * v)));
+  return sg + A(2) * v * sg * (A(1) - sg) * k * (A(1) + A(3) * a * v * v);
+}
+
+// y = gelu_tanh(x + b[i % C]) and dx = dy · gelu_tanh'(x + b[i % C]): grid-stride over n = rows·C.
+template <class T>
+__global__ void bias_gelu_tanh_kernel(const T* x, const T* b, T* y, int64_t n, int64_t C) {
+  AUTOSP_GRID_STRIDE(i, n) store(y, i, gelu_tanh_of(load(x, i) + load(b, i % C)));
+}
+template <class T>
+__global__ void bias_gelu_tanh_backward_kernel(const T* dy, const T* x, const T* b, T* dx, int64_t n, int64_t C) {
+  AUTOSP_GRID_STRIDE(i, n) store(dx, i, load(dy, i) * gelu_tanh_grad(load(x, i) + load(b, i % C)));
+}
+
 template <class T>
 __global__ void unary_kernel(Unary op, const T* x, T* y, int64_t n, acc_t<T> s) {
   using A = acc_t<T>;
@@ -83,8 +107,8 @@ __global__ void unary_kernel(Unary op, const T* x, T* y, int64_t n, acc_t<T> s) 
       case Unary::square:
         r = v * v;
         break;
-      case Unary::gelu_tanh:  // 0.5·(1 + tanh u) = sigmoid(2u), as on the CPU
-        r = v / (A(1) + dexp(-A(2 * 0.7978845608028654) * (v + A(0.044715) * v * v * v)));
+      case Unary::gelu_tanh:
+        r = gelu_tanh_of(v);
         break;
       case Unary::silu:
         r = v / (A(1) + dexp(-v));
@@ -107,10 +131,7 @@ __global__ void unary_backward_kernel(UnaryGrad op, const T* dy, const T* x, T* 
     const A v = load(x, i), g = load(dy, i);
     A d = A(0);
     if (op == UnaryGrad::gelu_tanh) {
-      // f' = s + 2·x·s·(1 - s)·k·(1 + 3a·x²), s = sigmoid(2k(x + a·x³)); see cpu/elementwise.cpp
-      const A k = A(0.7978845608028654), a = A(0.044715);
-      const A sg = A(1) / (A(1) + dexp(A(-2) * k * (v + a * v * v * v)));
-      d = g * (sg + A(2) * v * sg * (A(1) - sg) * k * (A(1) + A(3) * a * v * v));
+      d = g * gelu_tanh_grad(v);
     } else {  // silu: f' = s·(1 + x·(1 - s))
       const A sg = A(1) / (A(1) + dexp(-v));
       d = g * (sg * (A(1) + v * (A(1) - sg)));
@@ -316,6 +337,22 @@ void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n, cud
 }
 
 template <class T>
+void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, "bias_gelu_tanh rows ", rows, " C ", C);
+  const int64_t n = rows * C;
+  if (n == 0) return;
+  launch_kernel(bias_gelu_tanh_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, x, b, y, n, C);
+}
+
+template <class T>
+void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, "bias_gelu_tanh_backward rows ", rows, " C ", C);
+  const int64_t n = rows * C;
+  if (n == 0) return;
+  launch_kernel(bias_gelu_tanh_backward_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, dy, x, b, dx, n, C);
+}
+
+template <class T>
 void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides, const T* b,
             const int64_t* b_strides, T* out, cudaStream_t stream) {
   const int64_t* strides[2] = {a_strides, b_strides};
@@ -445,6 +482,8 @@ void sum_squares(const T* x, int64_t n, double* out, cudaStream_t stream) {
 #define AUTOSP_INSTANTIATE_FLOAT(T)                                                                            \
   template void unary<T>(Unary, const T*, T*, int64_t, double, cudaStream_t);                                  \
   template void unary_backward<T>(UnaryGrad, const T*, const T*, T*, int64_t, cudaStream_t);                   \
+  template void bias_gelu_tanh<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);                     \
+  template void bias_gelu_tanh_backward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, cudaStream_t);  \
   template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*, const int64_t*, T*, \
                           cudaStream_t);                                                                       \
   template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*, cudaStream_t);                    \

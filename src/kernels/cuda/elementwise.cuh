@@ -26,6 +26,14 @@ void unary(Unary op, const T* x, T* y, int64_t n, double scalar, cudaStream_t st
 template <class T>
 void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n, cudaStream_t stream);
 
+// Fused bias + tanh-GELU over x [rows, C], b [C]: y = gelu_tanh(x + b), the sum in acc_t<T> (for
+// bf16 not rounded before the GELU, like the CPU emulation). x and y may alias.
+template <class T>
+void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C, cudaStream_t stream);
+// dx = dy · gelu_tanh'(x + b) in one pass. dx may alias dy or x.
+template <class T>
+void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C, cudaStream_t stream);
+
 // out[idx] = a[idx·a_strides] op b[idx·b_strides] over the row-major index space `out_shape`
 // (out is contiguous). max/min propagate NaN like torch.maximum.
 template <class T>

@@ -5,7 +5,9 @@
 // and combine with a fixed butterfly, so every row is reduced in the same order on every run.
 // Statistics are two-pass (mean, then Σ(x - mean)²) in acc_t<T>; a row is re-read from global
 // memory for each pass (it stays in L1/L2). Layernorm and RMSNorm share their kernels (rms = no
-// mean, no bias).
+// mean, no bias). The fused add + norm (add_norm_forward) is the same warp-per-row kernel over
+// v = x + r: the first pass also writes s, later passes re-read x and r (L1/L2) rather than the
+// rounded s, so a bf16 y is normalised from the f32 sum.
 //
 // Parameter gradients sum over rows, deterministically and without atomics:
 //   1. one warp per row writes (mean, rstd) in acc_t to scratch [rows];
@@ -72,6 +74,36 @@ __global__ void norm_forward_kernel(const T* x, const T* w, const T* b, T* y, T*
   if (lane == 0) {
     if (mean != nullptr) store(mean, r, mu);
     if (rstd != nullptr) store(rstd, r, rs);
+  }
+}
+
+// y = norm(x + r), s = x + r: one warp per row.
+template <class T>
+__global__ void add_norm_forward_kernel(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows,
+                                        int64_t C, acc_t<T> eps, bool rms) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;  // the whole warp leaves
+  const T *xr = x + row * C, *rr = r + row * C;  // [C]
+  T *sr = s + row * C, *yr = y + row * C;
+  A sum = A(0);
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const A v = load(xr, c) + load(rr, c);
+    store(sr, c, v);
+    sum += v;
+  }
+  const A mu = rms ? A(0) : warp_sum(sum) / A(C);
+  A sq = A(0);
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const A d = load(xr, c) + load(rr, c) - mu;
+    sq += d * d;
+  }
+  const A rs = A(1) / dsqrt(warp_sum(sq) / A(C) + eps);
+  for (int64_t c = lane; c < C; c += kWarp) {
+    A v = (load(xr, c) + load(rr, c) - mu) * rs * load(w, c);
+    if (b != nullptr) v += load(b, c);
+    store(yr, c, v);
   }
 }
 
@@ -243,6 +275,15 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_
 }
 
 template <class T>
+void add_norm_forward(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C, double eps,
+                      bool rms, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, rms ? "add_rmsnorm" : "add_layernorm", " rows ", rows, " C ", C);
+  if (rows == 0) return;
+  launch_kernel(add_norm_forward_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, x, r, w, b, y, s, rows,
+                C, acc_t<T>(eps), rms);
+}
+
+template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t C, cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "softmax rows ", rows, " C ", C);
   if (rows == 0) return;
@@ -291,6 +332,8 @@ void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t C, c
   template void layernorm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double,               \
                                      cudaStream_t);                                                                    \
   template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t);                \
+  template void add_norm_forward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t, double, bool,   \
+                                    cudaStream_t);                                                                     \
   template void softmax_forward<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                      \
   template void layernorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t); \
   template void layernorm_backward_params<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t);      \

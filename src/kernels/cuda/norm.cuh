@@ -20,6 +20,13 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rst
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t C, double eps, cudaStream_t stream);
 
+// Fused residual add + norm: s = x + r, y = layernorm(x + r) with w, b (b may be null) or, when
+// `rms`, rmsnorm(x + r) with w; the sum is formed in acc_t<T> and each result rounded once (for
+// bf16, y is normalised from the unrounded sum, like the CPU emulation). s must not alias x or r.
+template <class T>
+void add_norm_forward(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C, double eps,
+                      bool rms, cudaStream_t stream);
+
 // y = softmax over the last dim. x and y may alias.
 template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t C, cudaStream_t stream);

@@ -1,0 +1,21 @@
+// fuse_elementwise: rewrites memory-bound op pairs of the forward graph into fused ops that read and
+// write each tensor once (docs/decisions.md):
+//   add(x, r) → layernorm / rmsnorm        ⇒ add_layernorm / add_rmsnorm (x, r [..., C] same shape);
+//       the add's other users read the sum from the fused node's extra output 1 (`output(·, 1)`);
+//   add(x, b [C]) → gelu_tanh (the add has no other user) ⇒ bias_gelu_tanh(x, b).
+// Run after AutoSP and before autograd (runtime/program.cpp), so the backward is built from the
+// fused ops' vjps. Edits through the Graph API only; the replaced nodes are erased.
+#pragma once
+
+#include "graph/passes/pass.h"
+
+namespace autosp {
+
+namespace passes {
+PassResult fuse_elementwise(Graph&, const PassContext&);
+}  // namespace passes
+
+// Runs passes::fuse_elementwise with the verifier after it.
+void apply_fuse_elementwise(Graph& g, const PassContext& ctx);
+
+}  // namespace autosp
