@@ -106,6 +106,23 @@ void settle_scalar(const Tensor& src, const Tensor& dst, cudaStream_t s) {
   if (src.raw() != dst.raw()) cudart::cast_into(src, dst, s);
 }
 
+// ---- fused ops (passes/fuse_elementwise) ----
+
+// y = norm(x + r); extra output 1: s = x + r. Inputs: x, r, w (, b).
+Tensor add_norm(const KernelCall& c, bool rms) {
+  const Tensor x = arg(c, 0), r = arg(c, 1), w = arg(c, 2);
+  const Tensor b = rms ? Tensor() : arg(c, 3);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    Tensor s = extra_like(c, x.shape(), x.dtype());
+    c.extras.push_back(s);
+    cuda::add_norm_forward<T>(ptr<T>(x), ptr<T>(r), ptr<T>(w), rms ? nullptr : ptr<T>(b), ptr<T>(y), ptr<T>(s), rows,
+                              C, c.node.attrs().f("eps"), rms, stream(c));
+    return y;
+  });
+}
+
 }  // namespace
 
 // ---- dense algebra ----
@@ -619,6 +636,33 @@ Tensor all_reduce(const KernelCall& c) {
   cudart::cast_into(x, y, stream(c));  // a device copy (same dtype)
   if (comm.size() > 1) comm.all_reduce_sum(y);
   return y;
+}
+
+// ---- fused ops ----
+
+Tensor add_layernorm(const KernelCall& c) { return add_norm(c, false); }
+Tensor add_rmsnorm(const KernelCall& c) { return add_norm(c, true); }
+
+// gelu_tanh(x + b): x [..., C], b [C].
+Tensor bias_gelu_tanh(const KernelCall& c) {
+  const Tensor x = arg(c, 0), b = arg(c, 1);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cuda::bias_gelu_tanh<T>(ptr<T>(x), ptr<T>(b), ptr<T>(y), rows, C, stream(c));
+    return y;
+  });
+}
+
+// dx = dy · gelu_tanh'(x + b). Inputs: dy, x, b.
+Tensor bias_gelu_tanh_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), b = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    cuda::bias_gelu_tanh_backward<T>(ptr<T>(dy), ptr<T>(x), ptr<T>(b), ptr<T>(dx), rows, C, stream(c));
+    return dx;
+  });
 }
 
 }  // namespace autosp::cuda_ops

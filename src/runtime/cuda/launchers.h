@@ -52,7 +52,7 @@ Tensor softmax_backward(const KernelCall& c);
 Tensor sdpa_backward(const KernelCall& c);
 Tensor cross_entropy_backward(const KernelCall& c);
 Tensor cast(const KernelCall& c);
-// Fused kernels (runtime/cuda/fused_launchers.cpp): residual add + norm, bias + tanh-GELU.
+// Fused kernels (passes/fuse_elementwise; in launchers.cpp): residual add + norm, bias + tanh-GELU.
 Tensor add_layernorm(const KernelCall& c);
 Tensor add_rmsnorm(const KernelCall& c);
 Tensor bias_gelu_tanh(const KernelCall& c);
