@@ -149,6 +149,8 @@ row 'adir: is a directory' --config "$tmp/adir"
 row "expected key.path=value" "${c[@]}" --set train.lr
 row 'train.keep_checkpoints = -1' "${c[@]}" --set train.keep_checkpoints=-1
 row 'runtime.threads = 1.5: expected an integer' "${c[@]}" --set runtime.threads=1.5
+row 'runtime.grad_bucket_mb = 0' "${c[@]}" --set runtime.grad_bucket_mb=0
+row 'runtime.overlap_grad_sync = "sometimes": expected true or false' "${c[@]}" --set runtime.overlap_grad_sync=sometimes
 row 'model.arch: the value is not valid UTF-8' "${c[@]}" --set $'model.arch=\xff\xfe'
 row 'expected section.key' "${c[@]}" --set train.lr.max=3
 row "unknown key 'layers'" "${c[@]}" --set layers.99999999999=1  # was a 1.6 TB allocation (fuzzer find)
