@@ -134,7 +134,7 @@ void store_double(void* base, DType t, int64_t i, double v) {
   switch (t) {
     case DType::f32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
     case DType::f64: static_cast<double*>(base)[i] = v; break;
-    case DType::bf16: static_cast<uint16_t*>(base)[i] = cpu::f32_to_bf16(static_cast<float>(v)); break;
+    case DType::bf16: static_cast<uint16_t*>(base)[i] = cpu::f64_to_bf16(v); break;  // rounded once
     case DType::f16: static_cast<uint16_t*>(base)[i] = cpu::f32_to_f16(static_cast<float>(v)); break;
     case DType::i32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
     case DType::i64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
