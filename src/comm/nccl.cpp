@@ -61,8 +61,10 @@ std::string nccl_text(ncclResult_t r, ncclComm_t comm) {
 }
 
 // Polls `comm` until it is no longer ncclInProgress. On an error or the deadline the communicator
-// is aborted and RuntimeFailure names `what`.
-void wait_ready(ncclComm_t comm, const std::string& what, double timeout_s, const char* file, int line) {
+// is aborted (and *aborted set, when given: the handle is freed, nothing may touch it again) and
+// RuntimeFailure names `what`.
+void wait_ready(ncclComm_t comm, const std::string& what, double timeout_s, const char* file, int line,
+                bool* aborted = nullptr) {
   ncclResult_t state = ncclInProgress;
   const WaitResult w = nccl_support::wait_with_deadline(timeout_s, [&] {
     const ncclResult_t q = ncclCommGetAsyncError(comm, &state);
@@ -72,6 +74,7 @@ void wait_ready(ncclComm_t comm, const std::string& what, double timeout_s, cons
   });
   if (w == WaitResult::done) return;
   const std::string text = nccl_text(w == WaitResult::failed ? state : ncclInProgress, comm);
+  if (aborted != nullptr) *aborted = true;
   ncclCommAbort(comm);
   if (w == WaitResult::failed)
     throw RuntimeFailure(str("NCCL failure at ", file, ":", line, ": ", what, ": ", text, "; communicator aborted"));
@@ -80,12 +83,13 @@ void wait_ready(ncclComm_t comm, const std::string& what, double timeout_s, cons
                            ")"));
 }
 
-// A NCCL call on `comm`: an error throws; ncclInProgress waits until the communicator is ready.
-#define NCCL_CALL(comm, timeout_s, call)                                                      \
+// A NCCL call on `comm`: an error throws; ncclInProgress waits until the communicator is ready
+// (aborting it, and setting *aborted, on an error or the deadline).
+#define NCCL_CALL(comm, timeout_s, aborted, call)                                             \
   do {                                                                                        \
     const ncclResult_t nccl_call_r_ = (call);                                                 \
     if (nccl_call_r_ == ncclInProgress)                                                       \
-      wait_ready((comm), #call, (timeout_s), __FILE__, __LINE__);                             \
+      wait_ready((comm), #call, (timeout_s), __FILE__, __LINE__, (aborted));                  \
     else if (nccl_call_r_ != ncclSuccess)                                                     \
       nccl_fail(#call, nccl_call_r_, (comm), __FILE__, __LINE__);                             \
   } while (0)
@@ -128,10 +132,18 @@ class NcclComm final : public NcclCommunicator {
  public:
   NcclComm(ncclComm_t comm, Communicator& bootstrap, cudaStream_t compute, double timeout_s, int device)
       : comm_(comm), bootstrap_(bootstrap), compute_(compute), timeout_s_(timeout_s), device_(device) {
-    NCCL_CALL(comm_, timeout_s_, ncclCommUserRank(comm_, &rank_));
-    NCCL_CALL(comm_, timeout_s_, ncclCommCount(comm_, &size_));
-    COMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    COMM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+    try {  // the destructor does not run when this throws: release what we own here
+      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclCommUserRank(comm_, &rank_));
+      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclCommCount(comm_, &size_));
+      COMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      COMM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+      COMM_CUDA_CHECK(cudaMemset(barrier_buf_, 0, sizeof(float)));
+    } catch (...) {
+      if (!aborted_) ncclCommAbort(comm_);
+      if (barrier_buf_ != nullptr) cudaFree(barrier_buf_);
+      if (stream_ != nullptr) cudaStreamDestroy(stream_);
+      throw;
+    }
   }
 
   ~NcclComm() override {
@@ -140,7 +152,7 @@ class NcclComm final : public NcclCommunicator {
       try {
         use_device();
         synchronize();
-        NCCL_CALL(comm_, timeout_s_, ncclCommFinalize(comm_));
+        NCCL_CALL(comm_, timeout_s_, &aborted_, ncclCommFinalize(comm_));
         ncclCommDestroy(comm_);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "warning: NCCL communicator shutdown: %s\n", e.what());
@@ -171,7 +183,7 @@ class NcclComm final : public NcclCommunicator {
     AUTOSP_ASSERT(root >= 0 && root < size_, "NCCL broadcast from rank ", root, " of ", size_);
     if (t.nbytes() == 0) return;
     begin();
-    NCCL_CALL(comm_, timeout_s_, ncclBroadcast(t.raw(), t.raw(), t.nbytes(), ncclUint8, root, comm_, stream_));
+    NCCL_CALL(comm_, timeout_s_, &aborted_, ncclBroadcast(t.raw(), t.raw(), t.nbytes(), ncclUint8, root, comm_, stream_));
     join(record_done());
   }
 
@@ -188,7 +200,7 @@ class NcclComm final : public NcclCommunicator {
       COMM_CUDA_CHECK(cudaMemcpyAsync(scratch, in.raw(), in.nbytes(), cudaMemcpyDeviceToDevice, stream_));
       send = scratch;
     }
-    NCCL_CALL(comm_, timeout_s_, ncclAlltoAll(send, out.raw(), count, ncclUint8, comm_, stream_));
+    NCCL_CALL(comm_, timeout_s_, &aborted_, ncclAlltoAll(send, out.raw(), count, ncclUint8, comm_, stream_));
     if (scratch != nullptr) COMM_CUDA_CHECK(cudaFreeAsync(scratch, stream_));
     join(record_done());
   }
@@ -200,7 +212,7 @@ class NcclComm final : public NcclCommunicator {
     (void)nccl_support::all_gather_in_place(in.raw(), in.nbytes(), out.raw(), out.nbytes(), rank_, size_);
     if (in.nbytes() == 0) return;
     begin();
-    NCCL_CALL(comm_, timeout_s_, ncclAllGather(in.raw(), out.raw(), in.nbytes(), ncclUint8, comm_, stream_));
+    NCCL_CALL(comm_, timeout_s_, &aborted_, ncclAllGather(in.raw(), out.raw(), in.nbytes(), ncclUint8, comm_, stream_));
     join(record_done());
   }
 
@@ -209,7 +221,7 @@ class NcclComm final : public NcclCommunicator {
   // stream.
   void barrier() override {
     use_device();
-    NCCL_CALL(comm_, timeout_s_, ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
+    NCCL_CALL(comm_, timeout_s_, &aborted_, ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
     cudaEvent_t done = record_done();
     host_wait(done, "barrier");
   }
@@ -227,7 +239,7 @@ class NcclComm final : public NcclCommunicator {
     ncclComm_t child = nullptr;
     const ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
     if (r != ncclSuccess && r != ncclInProgress) nccl_fail("ncclCommSplit", r, comm_, __FILE__, __LINE__);
-    wait_ready(comm_, "ncclCommSplit (parent communicator)", timeout_s_, __FILE__, __LINE__);
+    wait_ready(comm_, "ncclCommSplit (parent communicator)", timeout_s_, __FILE__, __LINE__, &aborted_);
     AUTOSP_ASSERT(child != nullptr, "ncclCommSplit with color ", color, " returned no communicator");
     wait_ready(child, "ncclCommSplit (new communicator)", timeout_s_, __FILE__, __LINE__);
     return std::make_unique<NcclComm>(child, bootstrap_, compute_, timeout_s_, device_);
@@ -320,7 +332,7 @@ class NcclComm final : public NcclCommunicator {
     const ncclDataType_t type = nccl_type(t.dtype());
     begin();
     if (t.numel() > 0)
-      NCCL_CALL(comm_, timeout_s_,
+      NCCL_CALL(comm_, timeout_s_, &aborted_,
                 ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), type, ncclSum, comm_, stream_));
     return record_done();
   }
