@@ -8,10 +8,15 @@
 //
 //   forward:  S = Q·KT → ×scale → [causal: select(row ≥ col, S, -inf)] → M = max_j → E = exp(S - M)
 //             → Z = Σ_j E → Stats = M + log Z (= lse, written to our lse) → P = E / Z (T) → O = P·V
-//   backward: Δ = Σ_d dO∘O (fp32, workspace) ; S = Q·KT → ×scale → - Stats → [causal select]
+//   backward: Δ = (Σ_d dO∘O)×1 (fp32, virtual) ; S = Q·KT → ×scale → [causal select] → - Stats
 //             → P = exp (fp32) ; dV = reshape(P)ᵀ·dO (GQA: then Σ over the head group)
-//             dP = dO·VT ; dS = (dP - Δ)∘P×scale ; dK = reshape(dS)ᵀ·Q (GQA: Σ) ;
-//             dQacc = dS·K (fp32, workspace) ; dQ = identity(dQacc) (T)
+//             dP = (dO·VT)×1 ; dS = (dP - Δ)∘P×scale ; dK = reshape(dS)ᵀ·Q (GQA: Σ) ;
+//             dQacc = dS·K (fp32, F16x16-reordered, zeroed workspace) ; dQ = identity(dQacc) (T)
+// The fused engines match these graphs node by node, so the order and the seemingly useless ×1
+// nodes (where dropout's scale and mask go) are exactly those of cudnn-frontend's SDPA backward
+// node for cuDNN ≥ 9.0 (include/cudnn_frontend/node/scaled_dot_product_flash_attention.h): the
+// causal select comes before "- Stats", Δ is virtual (non-virtual only before cuDNN 8.9.5), and a
+// non-virtual F16x16 dQ accumulator is how the backend is told to use its dP-workspace-free path.
 // Execution plans come from heuristics mode A (then the fallback list): the first engine config
 // that finalizes is kept, per shape.
 #include "kernels/cuda/cudnn_attention.cuh"
@@ -121,7 +126,8 @@ std::array<int64_t, 4> packed(const std::array<int64_t, 4>& d) {
 class GraphBuilder {
  public:
   TensorRef tensor(int64_t uid, cudnnDataType_t type, std::array<int64_t, 4> dims, std::array<int64_t, 4> strides,
-                   bool is_virtual, bool by_value = false) {
+                   bool is_virtual, bool by_value = false,
+                   cudnnBackendTensorReordering_t reorder = CUDNN_TENSOR_REORDERING_NONE) {
     Desc& t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     if (uid == 0) uid = next_virtual_++;
     const int64_t alignment = 16;
@@ -132,6 +138,8 @@ class GraphBuilder {
     SET_ATTR(t.get(), CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
     SET_ATTR(t.get(), CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
     if (by_value) SET_ATTR(t.get(), CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    if (reorder != CUDNN_TENSOR_REORDERING_NONE)
+      SET_ATTR(t.get(), CUDNN_ATTR_TENSOR_REORDERING_MODE, CUDNN_TYPE_TENSOR_REORDERING_MODE, 1, &reorder);
     CUDNN_CHECK(cudnnBackendFinalize(t.get()));
     return {t.get(), uid, dims, strides};
   }
@@ -241,7 +249,7 @@ class GraphBuilder {
 // Unique ids of the tensors a call binds (the rest are virtual).
 enum Uid : int64_t {
   kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kScale = 6, kNegInf = 7, kDO = 8, kDQ = 9, kDK = 10, kDV = 11,
-  kOne = 12, kDelta = 13, kDQAcc = 14,
+  kOne = 12, kDQAcc = 14,
 };
 
 struct Shape {
@@ -326,19 +334,18 @@ void build_backward(GraphBuilder& g, const Shape& s, cudnnDataType_t t) {
   TensorRef scale = g.scalar(kScale);
   TensorRef one = g.scalar(kOne);
 
-  // Δ = Σ_d dO ∘ O (to the workspace).
+  // Δ = Σ_d dO ∘ O (×1: where dropout's inverse scale goes), virtual.
   TensorRef dOO = g.binary(CUDNN_POINTWISE_MUL, dO, O);
   TensorRef dOO_sum = g.virt(CUDNN_DATA_FLOAT, rows);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, dOO_sum);
-  TensorRef delta = g.tensor(kDelta, CUDNN_DATA_FLOAT, rows, packed(rows), false);
-  g.pointwise(CUDNN_POINTWISE_MUL, dOO_sum, &one, nullptr, delta);
+  TensorRef delta = g.binary(CUDNN_POINTWISE_MUL, dOO_sum, one);
 
-  // P = exp(scale · Q·KT - lse), masked.
+  // P = exp(mask(scale · Q·KT) - lse): the mask before the subtraction, as the engines expect.
   TensorRef S = g.virt(CUDNN_DATA_FLOAT, scores);
   g.matmul(in.q, in.kt, S);
   S = g.binary(CUDNN_POINTWISE_MUL, S, scale);
-  S = g.binary(CUDNN_POINTWISE_SUB, S, stats);
   if (s.causal) S = causal_mask(g, S);
+  S = g.binary(CUDNN_POINTWISE_SUB, S, stats);
   TensorRef P = g.unary(CUDNN_POINTWISE_EXP, S);
 
   // dV = Pᵀ·dO.
@@ -347,9 +354,10 @@ void build_backward(GraphBuilder& g, const Shape& s, cudnnDataType_t t) {
   TensorRef dV = g.tensor(kDV, t, kvshape, packed(kvshape), false);
   matmul_to_kv_heads(g, s, t, PT, dO, dV);
 
-  // dS = (dO·VT - Δ) ∘ P × scale.
+  // dS = ((dO·VT)×1 - Δ) ∘ P × scale (×1: where dropout's mask goes).
   TensorRef dP = g.virt(CUDNN_DATA_FLOAT, scores);
   g.matmul(dO, in.v_or_vt, dP);
+  dP = g.binary(CUDNN_POINTWISE_MUL, dP, one);
   TensorRef dS = g.binary(CUDNN_POINTWISE_MUL, g.binary(CUDNN_POINTWISE_SUB, dP, delta), P);
   dS = g.binary(CUDNN_POINTWISE_MUL, dS, scale);
 
@@ -359,10 +367,11 @@ void build_backward(GraphBuilder& g, const Shape& s, cudnnDataType_t t) {
   TensorRef dK = g.tensor(kDK, t, kvshape, packed(kvshape), false);
   matmul_to_kv_heads(g, s, t, dST, in.q, dK);
 
-  // dQ = dS·K, accumulated in fp32 (workspace), then rounded to T.
+  // dQ = dS·K, accumulated in fp32 (zeroed workspace, F16x16 as the frontend declares it), then T.
   TensorRef K = g.tensor(0, t, kvshape, packed(kvshape), true);
   g.reshape(in.kt, K);
-  TensorRef dQacc = g.tensor(kDQAcc, CUDNN_DATA_FLOAT, qshape, packed(qshape), false);
+  TensorRef dQacc = g.tensor(kDQAcc, CUDNN_DATA_FLOAT, qshape, packed(qshape), false, false,
+                             CUDNN_TENSOR_REORDERING_F16x16);
   g.matmul(dS, K, dQacc);
   TensorRef dQ = g.tensor(kDQ, t, qshape, packed(qshape), false);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dQacc, nullptr, nullptr, dQ);
@@ -437,45 +446,26 @@ class PlanCache {
     return *cache;
   }
 
-  // Runs the plan of (backward?, shape, dtype) on `stream` with the given bound pointers; the extra
-  // fp32 buffers (Δ, dq accumulator) are carved from the same workspace after cuDNN's own.
+  // Runs the plan of (backward?, shape, dtype) on `stream` with the given bound pointers; the
+  // backward's fp32 dq accumulator is carved from the same workspace after cuDNN's own.
   void run(bool backward, const Shape& s, cudnnDataType_t t, std::vector<std::pair<int64_t, void*>> bound,
            float scale, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     cudnnHandle_t handle = handle_for(device);
-    const PlanKey key{device, static_cast<int>(t), backward, s.B, s.N, s.Nkv, s.Sq, s.Skv, s.D, s.causal};
-    auto it = plans_.find(key);
     const std::string what = shape_text(backward ? "backward" : "forward", s, t);
-    if (it == plans_.end()) {
-      auto plan = std::make_unique<Plan>();
-      try {
-        if (backward)
-          build_backward(plan->graph, s, t);
-        else
-          build_forward(plan->graph, s, t);
-        cudnnBackendDescriptor_t graph = plan->graph.finish_graph(handle);
-        choose_plan(*plan, handle, graph, what);
-      } catch (const RuntimeFailure& e) {
-        throw RuntimeFailure(str(what, ": building the execution plan: ", e.what()));
-      }
-      it = plans_.emplace(key, std::move(plan)).first;
-    }
-    const Plan& plan = *it->second;
+    const Plan& plan = plan_for(device, handle, backward, s, t);
 
-    // Workspace: cuDNN's, then (backward) Δ [B, N, Sq] and the dq accumulator [B, N, Sq, D], fp32.
+    // Workspace: cuDNN's, then (backward) the dq accumulator [B, N, Sq, D] fp32, zeroed.
     auto align = [](int64_t n) { return (n + 255) / 256 * 256; };
-    const int64_t delta_bytes = backward ? s.B * s.N * s.Sq * 4 : 0;
     const int64_t acc_bytes = backward ? s.B * s.N * s.Sq * s.D * 4 : 0;
-    const int64_t total = align(plan.workspace) + align(delta_bytes) + acc_bytes;
+    const int64_t total = align(plan.workspace) + acc_bytes;
     Scratch ws(static_cast<size_t>(total), stream);
     char* base = ws.as<char>();
     if (backward) {
-      void* delta = base + align(plan.workspace);
-      void* acc = base + align(plan.workspace) + align(delta_bytes);
+      void* acc = base + align(plan.workspace);
       CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(acc_bytes), stream));
-      bound.emplace_back(kDelta, delta);
       bound.emplace_back(kDQAcc, acc);
     }
     // By-value scalars: read from host memory when the plan is enqueued.
@@ -510,7 +500,46 @@ class PlanCache {
     }
   }
 
+  // "" when the forward and backward plans of this shape build on the current device (building
+  // and caching them now), else why not. A failure is remembered, so it is tried once per shape.
+  std::string plan_error(const Shape& s, cudnnDataType_t t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      int device = 0;
+      CUDA_CHECK(cudaGetDevice(&device));
+      cudnnHandle_t handle = handle_for(device);
+      for (bool backward : {false, true}) plan_for(device, handle, backward, s, t);
+    } catch (const RuntimeFailure& e) {
+      return e.what();
+    }
+    return "";
+  }
+
  private:
+  // The cached plan of (device, dtype, backward?, shape), built on first use. A build failure is
+  // cached too and thrown again (RuntimeFailure naming the shape and the cuDNN error).
+  const Plan& plan_for(int device, cudnnHandle_t handle, bool backward, const Shape& s, cudnnDataType_t t) {
+    const PlanKey key{device, static_cast<int>(t), backward, s.B, s.N, s.Nkv, s.Sq, s.Skv, s.D, s.causal};
+    if (auto failed = failures_.find(key); failed != failures_.end()) throw RuntimeFailure(failed->second);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return *it->second;
+    const std::string what = shape_text(backward ? "backward" : "forward", s, t);
+    auto plan = std::make_unique<Plan>();
+    try {
+      if (backward)
+        build_backward(plan->graph, s, t);
+      else
+        build_forward(plan->graph, s, t);
+      cudnnBackendDescriptor_t graph = plan->graph.finish_graph(handle);
+      choose_plan(*plan, handle, graph, what);
+    } catch (const RuntimeFailure& e) {
+      const std::string text = str(what, ": building the execution plan: ", e.what());
+      failures_.emplace(key, text);
+      throw RuntimeFailure(text);
+    }
+    return *plans_.emplace(key, std::move(plan)).first->second;
+  }
+
   cudnnHandle_t handle_for(int device) {
     auto it = handles_.find(device);
     if (it != handles_.end()) return it->second;
@@ -523,6 +552,7 @@ class PlanCache {
   std::mutex mu_;
   std::map<int, cudnnHandle_t> handles_;
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+  std::map<PlanKey, std::string> failures_;
 };
 
 template <class T>
@@ -566,7 +596,9 @@ std::string cudnn_sdpa_unsupported(int64_t B, int64_t N, int64_t Nkv, int64_t Sq
       return "no CUDA device";
     }
     if (major < 8) return str("compute capability ", major, ".x (cuDNN SDPA needs 8.0 or newer)");
-    return "";
+    // Last, whether cuDNN has an engine for both graphs of these sizes ("no engine" becomes a
+    // fallback to our kernels instead of a failed run); builds and caches both plans.
+    return PlanCache::get().plan_error(Shape{B, N, Nkv, Sq, Skv, D, causal}, cudnn_type<T>());
   }
 }
 

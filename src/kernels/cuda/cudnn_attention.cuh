@@ -11,14 +11,16 @@
 // scores, f32 [B, N, Sq, 1]), so lse is written and read in place, without conversion, and a
 // forward of one implementation feeds the backward of the other.
 //
-// Supported (cudnn_sdpa_supported says why not): a build with cuDNN, compute capability ≥ 8.0,
-// T = bf16 or f16, D ∈ {64, 128}, N % Nkv == 0 (GQA), Sq, Skv ≥ 1, and causal only with Sq == Skv
-// (cuDNN's causal mask is top-left aligned; ours is bottom-right, the same when Sq == Skv).
+// Supported (cudnn_sdpa_unsupported says why not): a build with cuDNN, compute capability ≥ 8.0,
+// T = bf16 or f16, D ∈ {64, 128}, N % Nkv == 0 (GQA), Sq, Skv ≥ 1, causal only with Sq == Skv
+// (cuDNN's causal mask is top-left aligned; ours is bottom-right, the same when Sq == Skv), and
+// cuDNN has an engine for both graphs of these sizes (checked by building both plans, so "no
+// engine supports this graph" is a reason to fall back, not a failed run).
 // Pointers must be 16-byte aligned. The backward is not bitwise deterministic (cuDNN accumulates
 // dq in fp32 with atomics), unlike our kernels.
 //
 // Execution plans are built once per (device, dtype, shape, causal) and cached for the process;
-// each call takes its workspace (plus the backward's fp32 dq accumulator and Δ) from the
+// each call takes its workspace (plus the backward's fp32 dq accumulator) from the
 // stream-ordered pool (cudaMallocAsync on `stream`). A cuDNN failure throws RuntimeFailure naming
 // the descriptor call, the shape, cudnnGetErrorString and cudnnGetLastErrorString.
 #pragma once
