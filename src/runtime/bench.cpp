@@ -161,6 +161,7 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
   TrainArgs ta;
   ta.steps = opt.warmup + opt.iters;
   ta.quiet = true;
+  ta.accuracy = false;  // an evaluation on the host, not part of the step being timed
   TrainResult r = train(c, ta, world);
   PointTiming t;
   std::vector<double> ms, sync_ms, wait_ms;

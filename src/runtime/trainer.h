@@ -20,6 +20,10 @@ struct TrainArgs {
   std::string metrics;           // JSON lines file, one object per logged step (rank 0)
   std::string dump_grads;        // safetensors of the first step's gradients (rank 0)
   bool quiet = false;            // no per-step log lines
+  // Score the synthetic task's accuracy each step (StepRecord::accuracy). It copies this rank's
+  // logits to the host and scans them there (at S = 32k and a 32k vocabulary, 2 GiB and seconds
+  // per step), so autosp-bench, which times steps, turns it off.
+  bool accuracy = true;
 };
 
 struct StepRecord {
@@ -28,7 +32,7 @@ struct StepRecord {
   double grad_sync_ms = 0;       // time blocked on the gradient all-reduce (runtime/grad_sync.h)
   double grad_sync_wait_ms = 0;  // the part of it after the backward (GradSyncStats::wait_seconds)
   size_t peak_bytes = 0;
-  double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources)
+  double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources or when not scored)
 };
 
 struct TrainResult {

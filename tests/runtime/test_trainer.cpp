@@ -166,6 +166,31 @@ TEST_CASE("a resumed run continues exactly like the uninterrupted run", "[traine
   fs::remove_all(dir);
 }
 
+TEST_CASE("TrainArgs::accuracy off skips the synthetic task's scoring, and nothing else", "[trainer]") {
+  // autosp-bench times steps with it off: scoring copies the logits to the host (2 GiB at S = 32k,
+  // V = 32000 on a GPU) and must not count as step time.
+  const Config cfg = parse_config(nlohmann::json::parse(R"({
+    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
+    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
+    "train": {"steps": 2, "log_every": 100},
+    "runtime": {"threads": 2}})"));
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  const TrainResult scored = train(cfg, ta, *world);
+  ta.accuracy = false;
+  const TrainResult unscored = train(cfg, ta, *world);
+  REQUIRE(scored.steps.size() == 2);
+  REQUIRE(unscored.steps.size() == 2);
+  for (size_t k = 0; k < 2; ++k) {
+    CHECK(scored.steps[k].accuracy >= 0);
+    CHECK(unscored.steps[k].accuracy == -1);
+    CHECK(unscored.steps[k].loss == scored.steps[k].loss);
+    CHECK(unscored.steps[k].grad_norm == scored.steps[k].grad_norm);
+  }
+}
+
 TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
   const fs::path dir = temp_dir("badckpt");
   Config cfg = parse_config(nlohmann::json::parse(R"({
