@@ -3,6 +3,17 @@
 // and then the communicator is polled with ncclCommGetAsyncError until it is ready, within the
 // deadline, so no host thread ever blocks inside NCCL (creation and split included).
 // Knows nothing of graphs; the device is the caller's current one.
+//
+// Not run on a GPU yet (written against NCCL 2.28's nccl.h). Risks, with what to try first:
+// - ncclAlltoAll (count = elements per peer) exists only from NCCL 2.28: an older libnccl on the
+//   GPU machine fails to compile or load here; the fix is ncclSend/ncclRecv per peer inside
+//   ncclGroupStart/End, where only ncclGroupEnd may return ncclInProgress (wait on it as below).
+// - ncclCommSplit leaves the new handle NULL until the split completes: split() waits on the parent
+//   first, then on the child. An assert "returned no communicator" means the parent's state said
+//   ready too early; poll the parent until `child` is set instead.
+// - Several communicators (world, sp, dp) each enqueue on their own stream: with more than one GPU
+//   and the overlapped gradient all-reduce, kernels of two communicators can interleave differently
+//   on different ranks and hang; try NCCL_LAUNCH_ORDER_IMPLICIT=1 first.
 #include "comm/nccl.h"
 
 #include "comm/nccl_support.h"
