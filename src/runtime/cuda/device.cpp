@@ -66,12 +66,16 @@ std::vector<std::unique_ptr<DeviceState>>& states() {
   return *s;
 }
 
+void check_index(int device, size_t visible) {
+  if (device < 0 || device >= static_cast<int>(visible))
+    throw UsageError(str("CUDA device ", device, " does not exist (", visible, " visible)",
+                         visible == 0 ? ": no CUDA device is visible to this process" : ""));
+}
+
 DeviceState& state(int device) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto& all = states();
-  if (device < 0 || device >= static_cast<int>(all.size()))
-    throw UsageError(str("CUDA device ", device, " does not exist (", all.size(), " visible)",
-                         all.empty() ? ": no CUDA device is visible to this process" : ""));
+  check_index(device, all.size());
   auto& st = all[static_cast<size_t>(device)];
   if (!st) {
     auto s = std::make_unique<DeviceState>();
@@ -114,8 +118,15 @@ int select_device_for_local_rank() {
 }
 
 void use_device(int device) {
-  state(device);  // validates the index
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    check_index(device, states().size());
+  }
+  // Current before its state is created: creating it while another device is current would switch
+  // to `device` and back, and switching back initialises a context on the previous device (GPU 0
+  // by default) in every rank, a few hundred MiB of GPU 0 per rank.
   CUDA_CHECK(cudaSetDevice(device));
+  state(device);
 }
 
 CachingAllocator& cuda_allocator(int device) { return *state(device).alloc; }
