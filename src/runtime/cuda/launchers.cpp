@@ -101,6 +101,22 @@ Shape broadcast_strides(const Tensor& t, const Shape& out) {
   return st;
 }
 
+// `height` rows of `width` bytes from src (rows `spitch` apart) to dst (rows `dpitch` apart), on
+// the device. cudaMemcpy2DAsync refuses pitches above the device's limit (cudaDevAttrMaxPitch,
+// 2^31 - 1 bytes), which a row of a large tensor exceeds (concat or slice_backward along a late dim
+// with B = 1): such rows are copied one by one.
+void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, cudaStream_t s) {
+  if (width == 0 || height == 0) return;
+  constexpr size_t kMaxPitch = (size_t(1) << 31) - 1;
+  if (height == 1 || dpitch > kMaxPitch || spitch > kMaxPitch) {
+    for (size_t r = 0; r < height; ++r)
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                                 width, cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, s));
+}
+
 // A scalar `src` (device) in the dtype of `dst` (device, one element): a copy or a cast.
 void settle_scalar(const Tensor& src, const Tensor& dst, cudaStream_t s) {
   if (src.raw() != dst.raw()) cudart::cast_into(src, dst, s);
@@ -274,9 +290,7 @@ Tensor concat(const KernelCall& c) {
   for (size_t i = 0; i < c.in.size(); ++i) {
     const Tensor x = arg(c, i);
     const int64_t block = outer ? x.numel() / outer : 0;
-    if (block > 0)
-      CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(y.raw()) + at * es, y_block * es, x.raw(), block * es, block * es,
-                                   outer, cudaMemcpyDeviceToDevice, stream(c)));
+    copy_rows(static_cast<char*>(y.raw()) + at * es, y_block * es, x.raw(), block * es, block * es, outer, stream(c));
     at += block;
   }
   return y;
@@ -294,9 +308,8 @@ Tensor slice_backward(const KernelCall& c) {
   const int64_t inner = shape_numel(std::span(dy.shape()).subspan(d + 1));
   const int64_t rows_in = dy.dim(d), rows_out = c.out_shape[d];
   const size_t width = static_cast<size_t>(rows_in * inner) * es;
-  if (width > 0 && outer > 0)
-    CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(y.raw()) + start * inner * es, rows_out * inner * es, dy.raw(),
-                                 width, width, outer, cudaMemcpyDeviceToDevice, stream(c)));
+  copy_rows(static_cast<char*>(y.raw()) + start * inner * es, rows_out * inner * es, dy.raw(), width, width, outer,
+            stream(c));
   return y;
 }
 
