@@ -88,20 +88,12 @@ Tensor matmul_cpu(const KernelCall& c) {
   });
 }
 
-// Strides of `t` broadcast (right-aligned) to `out` rank: 0 on broadcast dims.
-Shape broadcast_strides(const Tensor& t, const Shape& out) {
-  Shape st(out.size(), 0);
-  const size_t off = out.size() - t.shape().size();
-  for (size_t i = 0; i < t.shape().size(); ++i) st[off + i] = t.shape()[i] == 1 && out[off + i] != 1 ? 0 : t.strides()[i];
-  return st;
-}
-
 template <cpu::Binary kOp>
 Tensor binary_cpu(const KernelCall& c) {
   const Tensor &a = c.in[0], &b = c.in[1];
   const Shape& out = c.out_shape;
   AUTOSP_ASSERT(static_cast<int>(out.size()) <= cpu::kMaxRank, "rank ", out.size(), " too large");
-  Shape sa = broadcast_strides(a, out), sb = broadcast_strides(b, out);
+  Shape sa = launch::broadcast_strides(a, out), sb = launch::broadcast_strides(b, out);
   return by_float(c, a.dtype(), [&]<class T>() {
     Tensor y = out_like(c, a.dtype());
     if (out.empty()) {
@@ -146,48 +138,15 @@ Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true)
 
 Tensor reshape_cpu(const KernelCall& c) { return c.in[0].contiguous().reshape(c.out_shape); }
 
-Tensor permute_by(const KernelCall& c, const std::vector<int64_t>& perm) {
-  const Tensor& x = c.in[0];
-  Shape sh, st;
-  for (int64_t p : perm) {
-    sh.push_back(x.shape()[p]);
-    st.push_back(x.strides()[p]);
-  }
-  return copy_view(c, x.as_strided(sh, st, 0));
-}
+// transpose and permute
+Tensor permute_cpu(const KernelCall& c) { return copy_view(c, launch::permuted_view(c, c.in[0])); }
 
-int axis(int64_t d, int rank) { return static_cast<int>(d < 0 ? d + rank : d); }
-
-Tensor transpose_cpu(const KernelCall& c) {
-  const int r = c.in[0].rank();
-  std::vector<int64_t> perm(r);
-  for (int i = 0; i < r; ++i) perm[i] = i;
-  std::swap(perm[axis(c.node.attrs().i("dim0"), r)], perm[axis(c.node.attrs().i("dim1"), r)]);
-  return permute_by(c, perm);
-}
-
-Tensor permute_cpu(const KernelCall& c) {
-  std::vector<int64_t> perm;
-  for (int64_t p : c.node.attrs().ints("perm")) perm.push_back(axis(p, c.in[0].rank()));
-  return permute_by(c, perm);
-}
-
-Tensor slice_cpu(const KernelCall& c) {
-  const Tensor& x = c.in[0];
-  const int d = axis(c.node.attrs().i("dim"), x.rank());
-  const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
-  const int64_t end = c.node.attrs().dim("end").eval(c.bindings);
-  if (start < 0 || end < start || end > x.dim(d))
-    throw UsageError(str("[slice] ", c.node.name(), ": bounds [", start, ", ", end, ") outside dim ", d, " of ", x.str()));
-  Shape sh = x.shape();
-  sh[d] = end - start;
-  return copy_view(c, x.as_strided(sh, x.strides(), start * x.strides()[d]));
-}
+Tensor slice_cpu(const KernelCall& c) { return copy_view(c, launch::slice_view(c, c.in[0])); }
 
 // y [..., Σ n_i, ...] from x_i [..., n_i, ...]: for each index over the dims before `d`, the inputs'
 // contiguous blocks are laid side by side.
 Tensor concat_cpu(const KernelCall& c) {
-  const int d = axis(c.node.attrs().i("dim"), c.in[0].rank());
+  const int d = launch::axis(c.node.attrs().i("dim"), c.in[0].rank());
   Tensor y = out_like(c, c.in[0].dtype());
   const size_t es = dtype_size(y.dtype());
   const int64_t outer = shape_numel(std::span(c.out_shape).first(d));
@@ -366,7 +325,7 @@ Tensor unary_backward_cpu(const KernelCall& c) {
 // dy [.., end-start, ..] placed at [start, end) of dim d of a zero tensor.
 Tensor slice_backward_cpu(const KernelCall& c) {
   const Tensor dy = c.in[0].contiguous();
-  const int d = axis(c.node.attrs().i("dim"), dy.rank());
+  const int d = launch::axis(c.node.attrs().i("dim"), dy.rank());
   const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
   Tensor y = out_like(c, dy.dtype());
   std::memset(y.raw(), 0, y.nbytes());
@@ -450,44 +409,13 @@ Tensor causal_mask_cpu(const KernelCall& c) {
   });
 }
 
-// x with dim s split as (P, s/P), P moved to the front: the P chunks, each contiguous, rank order.
-Tensor split_to_chunks(const KernelCall& c, const Tensor& x, int s, int64_t P) {
-  Shape sh, st;
-  sh.push_back(P);
-  st.push_back(x.dim(s) / P * x.strides()[s]);
-  for (int d = 0; d < x.rank(); ++d) {
-    sh.push_back(d == s ? x.dim(s) / P : x.dim(d));
-    st.push_back(x.strides()[d]);
-  }
-  return copy_view(c, x.as_strided(sh, st, 0), false);
-}
-
-// Ulysses all-to-all: chunk j of dim scatter_dim goes to rank j; the chunks received are laid
-// side by side along gather_dim in rank order.
+// Ulysses all-to-all (launch::all_to_all_send_view / recv_view).
 Tensor all_to_all_cpu(const KernelCall& c) {
   AUTOSP_ASSERT(c.comm, "all_to_all without a communicator");
-  const Tensor x = c.in[0].contiguous();
-  const int s = axis(c.node.attrs().i("scatter_dim"), x.rank());
-  const int g = axis(c.node.attrs().i("gather_dim"), x.rank());
-  const int64_t P = c.node.attrs().i("group_size");
-  if (c.comm->size() != P)
-    throw RuntimeFailure(str("[all_to_all] ", c.node.name(), ": group '", c.node.attrs().s("group"), "' has ",
-                             c.comm->size(), " ranks, the graph was built for ", P));
-  Tensor send = split_to_chunks(c, x, s, P);  // [P, chunk...]
+  Tensor send = copy_view(c, launch::all_to_all_send_view(c, c.in[0].contiguous(), *c.comm), false);
   Tensor recv = Tensor::empty(send.shape(), send.dtype(), c.alloc);
   c.comm->all_to_all(send, recv);
-  // recv [P, chunk...] → out: move P next to gather dim (g+1 in recv) and merge.
-  std::vector<int64_t> perm;
-  for (int d = 1; d <= x.rank(); ++d) {
-    if (d == g + 1) perm.push_back(0);
-    perm.push_back(d);
-  }
-  Shape sh, st;
-  for (int64_t p : perm) {
-    sh.push_back(recv.shape()[p]);
-    st.push_back(recv.strides()[p]);
-  }
-  return copy_view(c, recv.as_strided(sh, st, 0)).reshape(c.out_shape);
+  return copy_view(c, launch::all_to_all_recv_view(c, recv)).reshape(c.out_shape);
 }
 
 Tensor all_reduce_cpu(const KernelCall& c) {
@@ -627,7 +555,7 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::gelu_tanh, unary_cpu<Unary::gelu_tanh>, AUTOSP_CUDA(unary<Unary::gelu_tanh>)},
     {Op::silu, unary_cpu<Unary::silu>, AUTOSP_CUDA(unary<Unary::silu>)},
     {Op::reshape, reshape_cpu, AUTOSP_CUDA(reshape)},
-    {Op::transpose, transpose_cpu, AUTOSP_CUDA(transpose)},
+    {Op::transpose, permute_cpu, AUTOSP_CUDA(permute)},
     {Op::permute, permute_cpu, AUTOSP_CUDA(permute)},
     {Op::slice, slice_cpu, AUTOSP_CUDA(slice)},
     {Op::concat, concat_cpu, AUTOSP_CUDA(concat)},
@@ -670,6 +598,77 @@ static_assert(kKernels.size() == kNumOps, "every op needs a row in the kernel di
 static_assert(kernels_in_order(), "dispatch rows must follow the Op enum order and name both launchers");
 
 }  // namespace
+
+namespace launch {
+
+int axis(int64_t d, int rank) { return static_cast<int>(d < 0 ? d + rank : d); }
+
+Shape broadcast_strides(const Tensor& t, const Shape& out) {
+  Shape st(out.size(), 0);
+  const size_t off = out.size() - t.shape().size();
+  for (size_t i = 0; i < t.shape().size(); ++i) st[off + i] = t.shape()[i] == 1 && out[off + i] != 1 ? 0 : t.strides()[i];
+  return st;
+}
+
+Tensor permuted_view(const KernelCall& c, const Tensor& x) {
+  std::vector<int64_t> perm;
+  if (c.node.op() == Op::transpose) {
+    for (int i = 0; i < x.rank(); ++i) perm.push_back(i);
+    std::swap(perm[axis(c.node.attrs().i("dim0"), x.rank())], perm[axis(c.node.attrs().i("dim1"), x.rank())]);
+  } else {
+    for (int64_t p : c.node.attrs().ints("perm")) perm.push_back(axis(p, x.rank()));
+  }
+  Shape sh, st;
+  for (int64_t p : perm) {
+    sh.push_back(x.shape()[p]);
+    st.push_back(x.strides()[p]);
+  }
+  return x.as_strided(sh, st, 0);
+}
+
+Tensor slice_view(const KernelCall& c, const Tensor& x) {
+  const int d = axis(c.node.attrs().i("dim"), x.rank());
+  const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
+  const int64_t end = c.node.attrs().dim("end").eval(c.bindings);
+  if (start < 0 || end < start || end > x.dim(d))
+    throw UsageError(str("[slice] ", c.node.name(), ": bounds [", start, ", ", end, ") outside dim ", d, " of ", x.str()));
+  Shape sh = x.shape();
+  sh[d] = end - start;
+  return x.as_strided(sh, x.strides(), start * x.strides()[d]);
+}
+
+Tensor all_to_all_send_view(const KernelCall& c, const Tensor& x, const Communicator& comm) {
+  const int64_t P = c.node.attrs().i("group_size");
+  if (comm.size() != P)
+    throw RuntimeFailure(str("[all_to_all] ", c.node.name(), ": group '", c.node.attrs().s("group"), "' has ",
+                             comm.size(), " ranks, the graph was built for ", P));
+  // Dim s split as (P, s/P), P moved to the front.
+  const int s = axis(c.node.attrs().i("scatter_dim"), x.rank());
+  Shape sh{P}, st{x.dim(s) / P * x.strides()[s]};
+  for (int d = 0; d < x.rank(); ++d) {
+    sh.push_back(d == s ? x.dim(s) / P : x.dim(d));
+    st.push_back(x.strides()[d]);
+  }
+  return x.as_strided(sh, st, 0);
+}
+
+Tensor all_to_all_recv_view(const KernelCall& c, const Tensor& recv) {
+  // recv [P, chunk...]: move P next to the gather dim (g + 1 in recv), to be merged with it.
+  const int rank = recv.rank() - 1;
+  const int g = axis(c.node.attrs().i("gather_dim"), rank);
+  Shape sh, st;
+  for (int d = 1; d <= rank; ++d) {
+    if (d == g + 1) {
+      sh.push_back(recv.shape()[0]);
+      st.push_back(recv.strides()[0]);
+    }
+    sh.push_back(recv.shape()[d]);
+    st.push_back(recv.strides()[d]);
+  }
+  return recv.as_strided(sh, st, 0);
+}
+
+}  // namespace launch
 
 Tensor dispatch(const KernelCall& call, DeviceKind device) {
   const KernelRow& row = kKernels[static_cast<size_t>(call.node.op())];

@@ -32,6 +32,23 @@ using KernelFn = Tensor (*)(const KernelCall&);
 Tensor out_like(const KernelCall& c, DType dt);
 Tensor extra_like(const KernelCall& c, Shape shape, DType dt);
 
+// Geometry the CPU and CUDA launchers share: views of their inputs (no data moves), so both
+// devices read the same elements for a node.
+namespace launch {
+int axis(int64_t d, int rank);  // a negative dim counted from the end
+// Strides of `t` broadcast (right-aligned) to `out`'s rank: 0 on broadcast dims.
+Shape broadcast_strides(const Tensor& t, const Shape& out);
+// `x` with its dims reordered as a transpose or permute node says.
+Tensor permuted_view(const KernelCall& c, const Tensor& x);
+// The [start, end) part of `x` along a slice node's dim; bounds outside `x` are a UsageError.
+Tensor slice_view(const KernelCall& c, const Tensor& x);
+// Ulysses all-to-all: the send view of `x`, [P, chunk...] (chunk j of scatter_dim goes to rank j),
+// after checking that `group_size` (P) ranks are in the node's group; and the received
+// [P, chunk...] as the node's output view: the chunks side by side along gather_dim, rank order.
+Tensor all_to_all_send_view(const KernelCall& c, const Tensor& x, const Communicator& comm);
+Tensor all_to_all_recv_view(const KernelCall& c, const Tensor& recv);
+}  // namespace launch
+
 struct KernelRow {
   Op op;
   KernelFn cpu;

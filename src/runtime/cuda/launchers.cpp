@@ -83,22 +83,12 @@ T host_value(double v) {
     return static_cast<T>(v);
 }
 
-int axis(int64_t d, int rank) { return static_cast<int>(d < 0 ? d + rank : d); }
-
 // `view` (a strided view of a device input) materialised: into the node's output when `as_output`,
 // else into a temporary.
 Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true) {
   Tensor y = as_output ? out_like(c, view.dtype()).reshape(view.shape()) : Tensor::empty(view.shape(), view.dtype(), c.alloc);
   cudart::copy_strided_into(view, y, stream(c));
   return y;
-}
-
-// Strides of `t` broadcast (right-aligned) to `out` rank: 0 on broadcast dims.
-Shape broadcast_strides(const Tensor& t, const Shape& out) {
-  Shape st(out.size(), 0);
-  const size_t off = out.size() - t.shape().size();
-  for (size_t i = 0; i < t.shape().size(); ++i) st[off + i] = t.shape()[i] == 1 && out[off + i] != 1 ? 0 : t.strides()[i];
-  return st;
 }
 
 // `height` rows of `width` bytes from src (rows `spitch` apart) to dst (rows `dpitch` apart), on
@@ -183,7 +173,7 @@ Tensor binary(const KernelCall& c) {
   const Tensor &a = on_device(c, 0), &b = on_device(c, 1);
   const Shape& out = c.out_shape;
   AUTOSP_ASSERT(static_cast<int>(out.size()) <= cuda::kMaxRank, "rank ", out.size(), " too large");
-  const Shape sa = broadcast_strides(a, out), sb = broadcast_strides(b, out);
+  const Shape sa = launch::broadcast_strides(a, out), sb = launch::broadcast_strides(b, out);
   return by_float(c, a.dtype(), [&]<class T>() {
     Tensor y = out_like(c, a.dtype());
     if (out.empty()) {
@@ -240,48 +230,15 @@ Tensor cast(const KernelCall& c) {
 
 Tensor reshape(const KernelCall& c) { return arg(c, 0).reshape(c.out_shape); }
 
-namespace {
-Tensor permute_by(const KernelCall& c, const std::vector<int64_t>& perm) {
-  const Tensor& x = on_device(c, 0);
-  Shape sh, st;
-  for (int64_t p : perm) {
-    sh.push_back(x.shape()[p]);
-    st.push_back(x.strides()[p]);
-  }
-  return copy_view(c, x.as_strided(sh, st, 0));
-}
-}  // namespace
+// transpose and permute
+Tensor permute(const KernelCall& c) { return copy_view(c, launch::permuted_view(c, on_device(c, 0))); }
 
-Tensor transpose(const KernelCall& c) {
-  const int r = c.in[0].rank();
-  std::vector<int64_t> perm(r);
-  for (int i = 0; i < r; ++i) perm[i] = i;
-  std::swap(perm[axis(c.node.attrs().i("dim0"), r)], perm[axis(c.node.attrs().i("dim1"), r)]);
-  return permute_by(c, perm);
-}
-
-Tensor permute(const KernelCall& c) {
-  std::vector<int64_t> perm;
-  for (int64_t p : c.node.attrs().ints("perm")) perm.push_back(axis(p, c.in[0].rank()));
-  return permute_by(c, perm);
-}
-
-Tensor slice(const KernelCall& c) {
-  const Tensor& x = on_device(c, 0);
-  const int d = axis(c.node.attrs().i("dim"), x.rank());
-  const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
-  const int64_t end = c.node.attrs().dim("end").eval(c.bindings);
-  if (start < 0 || end < start || end > x.dim(d))
-    throw UsageError(str("[slice] ", c.node.name(), ": bounds [", start, ", ", end, ") outside dim ", d, " of ", x.str()));
-  Shape sh = x.shape();
-  sh[d] = end - start;
-  return copy_view(c, x.as_strided(sh, x.strides(), start * x.strides()[d]));
-}
+Tensor slice(const KernelCall& c) { return copy_view(c, launch::slice_view(c, on_device(c, 0))); }
 
 // y [..., Σ n_i, ...] from x_i [..., n_i, ...]: per index over the dims before `d`, the inputs'
 // contiguous blocks side by side (one 2-D copy per input: height = outer, width = its block).
 Tensor concat(const KernelCall& c) {
-  const int d = axis(c.node.attrs().i("dim"), c.in[0].rank());
+  const int d = launch::axis(c.node.attrs().i("dim"), c.in[0].rank());
   Tensor y = out_like(c, c.in[0].dtype());
   const size_t es = dtype_size(y.dtype());
   const int64_t outer = shape_numel(std::span(c.out_shape).first(d));
@@ -299,7 +256,7 @@ Tensor concat(const KernelCall& c) {
 // dy [.., end-start, ..] placed at [start, end) of dim d of a zero tensor.
 Tensor slice_backward(const KernelCall& c) {
   const Tensor dy = arg(c, 0);
-  const int d = axis(c.node.attrs().i("dim"), dy.rank());
+  const int d = launch::axis(c.node.attrs().i("dim"), dy.rank());
   const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
   Tensor y = out_like(c, dy.dtype());
   if (y.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream(c)));
@@ -595,18 +552,6 @@ Communicator& device_comm(const KernelCall& c) {
                              "' uses the MPI communicator, which cannot move CUDA tensors; CUDA runs need NCCL"));
   return *c.comm;
 }
-
-// x with dim s split as (P, s/P), P moved to the front: the P chunks, each contiguous, rank order.
-Tensor split_to_chunks(const KernelCall& c, const Tensor& x, int s, int64_t P) {
-  Shape sh, st;
-  sh.push_back(P);
-  st.push_back(x.dim(s) / P * x.strides()[s]);
-  for (int d = 0; d < x.rank(); ++d) {
-    sh.push_back(d == s ? x.dim(s) / P : x.dim(d));
-    st.push_back(x.strides()[d]);
-  }
-  return copy_view(c, x.as_strided(sh, st, 0), false);
-}
 }  // namespace
 
 // Ulysses all-to-all (as all_to_all_cpu): chunk j of dim scatter_dim goes to rank j; the chunks
@@ -614,32 +559,16 @@ Tensor split_to_chunks(const KernelCall& c, const Tensor& x, int s, int64_t P) {
 Tensor all_to_all(const KernelCall& c) {
   Communicator& comm = device_comm(c);
   const Tensor x = arg(c, 0);
-  const int s = axis(c.node.attrs().i("scatter_dim"), x.rank());
-  const int g = axis(c.node.attrs().i("gather_dim"), x.rank());
-  const int64_t P = c.node.attrs().i("group_size");
-  if (comm.size() != P)
-    throw RuntimeFailure(str("[all_to_all] ", c.node.name(), ": group '", c.node.attrs().s("group"), "' has ",
-                             comm.size(), " ranks, the graph was built for ", P));
-  if (P == 1) {
+  const Tensor send_view = launch::all_to_all_send_view(c, x, comm);  // checks the group's size
+  if (comm.size() == 1) {
     Tensor y = out_like(c, x.dtype());
     cudart::cast_into(x.reshape(c.out_shape), y, stream(c));
     return y;
   }
-  Tensor send = split_to_chunks(c, x, s, P);  // [P, chunk...]
+  Tensor send = copy_view(c, send_view, false);  // [P, chunk...]
   Tensor recv = Tensor::empty(send.shape(), send.dtype(), c.alloc);
   comm.all_to_all(send, recv);
-  // recv [P, chunk...] → out: move P next to gather dim (g+1 in recv) and merge.
-  std::vector<int64_t> perm;
-  for (int d = 1; d <= x.rank(); ++d) {
-    if (d == g + 1) perm.push_back(0);
-    perm.push_back(d);
-  }
-  Shape sh, st;
-  for (int64_t p : perm) {
-    sh.push_back(recv.shape()[p]);
-    st.push_back(recv.strides()[p]);
-  }
-  return copy_view(c, recv.as_strided(sh, st, 0)).reshape(c.out_shape);
+  return copy_view(c, launch::all_to_all_recv_view(c, recv)).reshape(c.out_shape);
 }
 
 Tensor all_reduce(const KernelCall& c) {

@@ -25,8 +25,7 @@ Tensor binary(const KernelCall& c);
 template <cpu::Unary kOp>
 Tensor unary(const KernelCall& c);
 Tensor reshape(const KernelCall& c);
-Tensor transpose(const KernelCall& c);
-Tensor permute(const KernelCall& c);
+Tensor permute(const KernelCall& c);  // transpose and permute
 Tensor slice(const KernelCall& c);
 Tensor concat(const KernelCall& c);
 Tensor layernorm(const KernelCall& c);
