@@ -16,19 +16,11 @@ Allocator& allocator_of(Device d) {
   return d.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(d.index)) : cpu_allocator();
 }
 
-// flat[offset, offset + g.nbytes()) = g (any strides).
-void pack(const Tensor& flat, size_t offset, const Tensor& g) {
-  const Tensor dst = Tensor::view_bytes(flat, offset, g.shape(), g.dtype());
-  if (g.device().kind == DeviceKind::cuda) return copy_on_device(g, dst);
-  const Tensor src = g.contiguous();
-  std::memcpy(dst.raw(), src.raw(), src.nbytes());
-}
-
-// g (contiguous) = flat[offset, offset + g.nbytes()).
-void unpack(const Tensor& flat, size_t offset, const Tensor& g) {
-  const Tensor src = Tensor::view_bytes(flat, offset, g.shape(), g.dtype());
-  if (g.device().kind == DeviceKind::cuda) return copy_on_device(src, g);
-  std::memcpy(g.raw(), src.raw(), g.nbytes());
+// dst = src: same shape, dtype and device; src any strides, dst contiguous.
+void copy_into(const Tensor& src, const Tensor& dst) {
+  if (src.device().kind == DeviceKind::cuda) return copy_on_device(src, dst);
+  const Tensor c = src.contiguous();
+  std::memcpy(dst.raw(), c.raw(), c.nbytes());
 }
 
 // Buckets over items [0, n) of byte sizes `bytes(i)` and dtypes `dtype(i)`: consecutive items of one
@@ -53,39 +45,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 GradSyncStats all_reduce_bucketed(Communicator& comm, std::vector<Tensor>& grads, size_t bucket_bytes) {
-  GradSyncStats stats;
-  if (comm.size() == 1) return stats;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto bounds = bucket_bounds(
-      grads.size(), [&](size_t k) { return grads[k].nbytes(); }, [&](size_t k) { return grads[k].dtype(); },
-      bucket_bytes);
-  for (size_t b = 0; b + 1 < bounds.size(); ++b) {
-    const size_t i = bounds[b], j = bounds[b + 1];
-    const DType dt = grads[i].dtype();
-    size_t bytes = 0;
-    for (size_t k = i; k < j; ++k) bytes += grads[k].nbytes();
-    Tensor flat = Tensor::empty({static_cast<int64_t>(bytes / dtype_size(dt))}, dt, allocator_of(grads[i].device()));
-    size_t at = 0;
-    for (size_t k = i; k < j; ++k) {
-      if (!grads[k].is_contiguous()) {  // the reduced values come back into a contiguous tensor
-        Tensor c = Tensor::empty(grads[k].shape(), grads[k].dtype(), allocator_of(grads[k].device()));
-        pack(c, 0, grads[k]);
-        grads[k] = c;
-      }
-      pack(flat, at, grads[k]);
-      at += grads[k].nbytes();
-    }
-    comm.all_reduce_sum(flat);
-    at = 0;
-    for (size_t k = i; k < j; ++k) {
-      unpack(flat, at, grads[k]);
-      at += grads[k].nbytes();
-    }
-    ++stats.calls;
-    stats.bytes += bytes;
+  if (comm.size() == 1) return {};
+  // The same buckets as the overlapped path, reduced with blocking calls once all are in.
+  std::vector<GradSync::Slot> slots;
+  for (const Tensor& g : grads) slots.push_back({g.shape(), g.dtype()});
+  GradSync sync(comm, std::move(slots), /*overlap=*/false, bucket_bytes);
+  for (size_t k = 0; k < grads.size(); ++k) sync.ready(k, grads[k]);
+  const std::vector<Tensor> summed = sync.finish();
+  for (size_t k = 0; k < grads.size(); ++k) {
+    if (!grads[k].is_contiguous())  // the reduced values come back into a contiguous tensor
+      grads[k] = Tensor::empty(grads[k].shape(), grads[k].dtype(), allocator_of(grads[k].device()));
+    copy_into(summed[k], grads[k]);
   }
-  stats.exposed_seconds = seconds_since(t0);
-  return stats;
+  return sync.stats();
 }
 
 GradSync::GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes)
@@ -129,7 +101,7 @@ void GradSync::ready(size_t slot, const Tensor& grad) {
   Bucket& b = buckets_[bucket_of_[slot]];
   if (!b.flat.defined() || b.flat.device() != grad.device())  // first use: on the gradients' device
     b.flat = Tensor::empty({b.numel}, grad.dtype(), allocator_of(grad.device()));
-  pack(b.flat, offset_of_[slot], grad);
+  copy_into(grad, Tensor::view_bytes(b.flat, offset_of_[slot], grad.shape(), grad.dtype()));
   if (++b.filled == b.last - b.first) start(b);
 }
 
