@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "common/tiny_models.h"
 #include "comm/communicator.h"
 #include "models/config.h"
 #include "runtime/trainer.h"
@@ -24,13 +25,8 @@ namespace {
 Communicator* g_world = nullptr;
 
 Config make(const std::string& arch, int64_t sp, const std::string& device, const std::string& dtype) {
-  nlohmann::json model = {{"arch", arch}, {"vocab_size", 64}, {"hidden_size", 64}, {"num_hidden_layers", 2},
-                          {"num_attention_heads", 4}};
+  nlohmann::json model = testing::tiny_model(arch, 64, 2, 96);
   if (arch == "gpt2") model["max_position_embeddings"] = 128;
-  if (arch == "llama") {
-    model["num_key_value_heads"] = 2;  // GQA: all-to-all'd K/V at P = 2, replicated at P = 4
-    model["intermediate_size"] = 96;
-  }
   return parse_config({{"model", model},
                        {"data", {{"source", "synthetic"}, {"seq_len", 64}, {"batch_size", 2}}},
                        {"train", {{"lr", 1e-3}, {"min_lr", 1e-3}, {"warmup_steps", 1}, {"grad_clip", 1.0}}},

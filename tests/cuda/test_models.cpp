@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/tiny_models.h"
 #include "cuda/dispatch_test.h"
 #include "models/model.h"
 #include "runtime/program.h"
@@ -17,27 +18,8 @@ using namespace autosp::cudatest;
 namespace {
 
 Config tiny(const std::string& arch) {
-  nlohmann::json model = {{"arch", arch}, {"vocab_size", 64}, {"hidden_size", 64}, {"num_hidden_layers", 2},
-                          {"num_attention_heads", 4}};
-  if (arch == "gpt2") model["max_position_embeddings"] = 64;
-  if (arch == "llama") {
-    model["num_key_value_heads"] = 2;
-    model["intermediate_size"] = 96;
-  }
+  nlohmann::json model = testing::tiny_model(arch, 64, 2, 96);
   return parse_config({{"model", model}, {"data", {{"seq_len", 24}, {"batch_size", 2}}}});
-}
-
-TensorMap batch(int64_t B, int64_t S, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> ids, labels, pos;
-  for (int64_t i = 0; i < B * S; ++i) {
-    ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-    labels.push_back(rng() % 5 == 0 ? -100 : static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-    pos.push_back(i % S);
-  }
-  return {{"input_ids", Tensor::from_vector({B, S}, ids)},
-          {"labels", Tensor::from_vector({B, S}, labels)},
-          {"position_ids", Tensor::from_vector({B, S}, pos)}};
 }
 
 double rel_l2(const Tensor& a, const Tensor& b) {
@@ -58,7 +40,7 @@ TEST_CASE("tiny GPT-2 and Llama (GQA) forward and backward on CUDA match the CPU
       DYNAMIC_SECTION(arch << " " << dtype_name(dt)) {
         const Config cfg = tiny(arch);
         RankProgram prog = build_program(cfg, dt, Stage::joint, PassContext{});
-        TensorMap feeds = batch(2, 24, 64, 7);
+        TensorMap feeds = testing::random_token_batch(2, 24, 64, 7);
         const DType master = dt == DType::bf16 ? DType::f32 : dt;  // f32 master weights for bf16
         for (const auto& [name, p] : init_params(cfg.model, 3, master)) feeds[name] = p;
         Executor ex(*prog.graph);

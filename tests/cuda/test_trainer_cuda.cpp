@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/tiny_models.h"
 #include "cuda/dispatch_test.h"
 #include "runtime/checkpoint.h"
 #include "runtime/trainer.h"
@@ -17,13 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 Config tiny(const std::string& arch, const std::string& device, const std::string& dtype = "float32") {
-  nlohmann::json model = {{"arch", arch}, {"vocab_size", 64}, {"hidden_size", 64}, {"num_hidden_layers", 2},
-                          {"num_attention_heads", 4}};
-  if (arch == "gpt2") model["max_position_embeddings"] = 64;
-  if (arch == "llama") {
-    model["num_key_value_heads"] = 2;
-    model["intermediate_size"] = 96;
-  }
+  nlohmann::json model = testing::tiny_model(arch, 64, 2, 96);
   return parse_config({{"model", model},
                        {"data", {{"seq_len", 32}, {"batch_size", 2}}},
                        {"train", {{"steps", 4}, {"lr", 1e-3}, {"min_lr", 1e-3}, {"warmup_steps", 1}, {"grad_clip", 1.0}}},

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/tiny_models.h"
 #include "common/golden.h"
 #include "graph/builder.h"
 #include "graph/passes/fuse_elementwise.h"
@@ -23,13 +24,7 @@ using autosp::testing::check_golden;
 namespace {
 
 Config tiny(const std::string& arch, int64_t layers, bool fuse, bool checkpointing = false) {
-  nlohmann::json model = {{"arch", arch}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", layers},
-                          {"num_attention_heads", 4}};
-  if (arch == "gpt2") model["max_position_embeddings"] = 64;
-  if (arch == "llama") {
-    model["num_key_value_heads"] = 2;
-    model["intermediate_size"] = 48;
-  }
+  nlohmann::json model = testing::tiny_model(arch, 32, layers, 48);
   return parse_config({{"model", model},
                        {"data", {{"seq_len", 16}, {"batch_size", 2}}},
                        {"runtime", {{"fuse_kernels", fuse}, {"activation_checkpointing", checkpointing}}}});
@@ -49,19 +44,6 @@ std::unique_ptr<Graph> fused_forward(const Config& cfg, bool residual_norms = tr
   return g;
 }
 
-TensorMap batch(int64_t B, int64_t S, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> ids, labels, pos;
-  for (int64_t i = 0; i < B * S; ++i) {
-    ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-    labels.push_back(rng() % 5 == 0 ? -100 : static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-    pos.push_back(i % S);
-  }
-  return {{"input_ids", Tensor::from_vector({B, S}, ids)},
-          {"labels", Tensor::from_vector({B, S}, labels)},
-          {"position_ids", Tensor::from_vector({B, S}, pos)}};
-}
-
 struct Step {
   double loss = 0;
   std::map<std::string, Tensor> grads;
@@ -70,7 +52,7 @@ struct Step {
 
 Step run(const Config& cfg, DType dt) {
   RankProgram prog = build_program(cfg, dt, Stage::joint, PassContext{});
-  TensorMap feeds = batch(2, 16, 64, 5);
+  TensorMap feeds = testing::random_token_batch(2, 16, 64, 5);
   // Non-trivial norm weights and biases (init gives ones and zeros), so their gradients are tested.
   ParamMap params = init_params(cfg.model, 11, master_dtype(dt));
   std::mt19937_64 rng(3);

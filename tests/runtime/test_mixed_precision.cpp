@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <random>
 
+#include "common/tiny_models.h"
 #include "common/golden.h"
 #include "graph/printer.h"
 #include "models/model.h"
@@ -32,27 +33,8 @@ namespace fs = std::filesystem;
 namespace {
 
 Config tiny(const std::string& arch, int64_t layers = 1) {
-  nlohmann::json model = {{"arch", arch}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", layers},
-                          {"num_attention_heads", 4}};
-  if (arch == "gpt2") model["max_position_embeddings"] = 64;
-  if (arch == "llama") {
-    model["num_key_value_heads"] = 2;
-    model["intermediate_size"] = 48;
-  }
+  nlohmann::json model = testing::tiny_model(arch, 32, layers, 48);
   return parse_config({{"model", model}, {"data", {{"seq_len", 24}, {"batch_size", 2}}}});
-}
-
-TensorMap batch(int64_t B, int64_t S, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> ids, labels, pos;
-  for (int64_t i = 0; i < B * S; ++i) {
-    ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-    labels.push_back(rng() % 5 == 0 ? -100 : static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-    pos.push_back(i % S);
-  }
-  return {{"input_ids", Tensor::from_vector({B, S}, ids)},
-          {"labels", Tensor::from_vector({B, S}, labels)},
-          {"position_ids", Tensor::from_vector({B, S}, pos)}};
 }
 
 struct LossAndGrads {
@@ -131,7 +113,7 @@ TEST_CASE("bf16 forward and backward on CPU track f32 (tiny GPT-2 and Llama)", "
     DYNAMIC_SECTION(arch) {
       const Config cfg = tiny(arch, 2);
       const ParamMap params = init_params(cfg.model, 3, DType::f32);
-      const TensorMap data = batch(2, 24, cfg.model.vocab_size, 9);
+      const TensorMap data = testing::random_token_batch(2, 24, cfg.model.vocab_size, 9);
       const LossAndGrads f32 = run(cfg, DType::f32, data, params);
       const LossAndGrads bf16 = run(cfg, DType::bf16, data, params);
       const double loss_err = std::abs(bf16.loss - f32.loss) / f32.loss;
