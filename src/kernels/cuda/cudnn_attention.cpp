@@ -47,17 +47,6 @@ void cudnn_sdpa_backward(const T*, const T*, const T*, const T*, const float*, c
 
 size_t cudnn_runtime_version() { return 0; }
 
-#define AUTOSP_CUDNN_INSTANTIATE(T)                                                                                 \
-  template std::string cudnn_sdpa_unsupported<T>(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool);     \
-  template void cudnn_sdpa_forward<T>(const T*, const T*, const T*, T*, float*, int64_t, int64_t, int64_t, int64_t, \
-                                      int64_t, int64_t, double, bool, cudaStream_t);                                \
-  template void cudnn_sdpa_backward<T>(const T*, const T*, const T*, const T*, const float*, const T*, T*, T*, T*,   \
-                                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,          \
-                                       cudaStream_t);
-AUTOSP_CUDNN_INSTANTIATE(float)
-AUTOSP_CUDNN_INSTANTIATE(bf16)
-AUTOSP_CUDNN_INSTANTIATE(f16)
-
 }  // namespace autosp::cuda
 
 #else  // AUTOSP_WITH_CUDNN
@@ -635,6 +624,13 @@ void cudnn_sdpa_backward(const T* q, const T* k, const T* v, const T* o, const f
   }
 }
 
+}  // namespace autosp::cuda
+
+#endif  // AUTOSP_WITH_CUDNN
+
+// Both builds (with cuDNN or without) define the same instantiations.
+namespace autosp::cuda {
+
 #define AUTOSP_CUDNN_INSTANTIATE(T)                                                                                 \
   template std::string cudnn_sdpa_unsupported<T>(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool);     \
   template void cudnn_sdpa_forward<T>(const T*, const T*, const T*, T*, float*, int64_t, int64_t, int64_t, int64_t, \
@@ -647,5 +643,3 @@ AUTOSP_CUDNN_INSTANTIATE(bf16)
 AUTOSP_CUDNN_INSTANTIATE(f16)
 
 }  // namespace autosp::cuda
-
-#endif  // AUTOSP_WITH_CUDNN
