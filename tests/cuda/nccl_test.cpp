@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_count.h"
 #include "comm/communicator.h"
 #include "comm/nccl.h"
 #include "tensor/tensor.h"
@@ -316,13 +317,7 @@ void test_timeout(Env& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "--device-count") {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) return 1;
-    std::printf("%d\n", count);
-    return 0;
-  }
+  if (const int rc = autosp::cudatest::device_count_mode(argc, argv); rc >= 0) return rc;
   auto mpi = make_world_communicator();
   g_rank = mpi->rank();
   const int P = mpi->size();

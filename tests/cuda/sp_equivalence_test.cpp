@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "cuda/device_count.h"
 #include "common/tiny_models.h"
 #include "comm/communicator.h"
 #include "models/config.h"
@@ -92,13 +93,7 @@ TEST_CASE("gpu sp: bf16 AutoSP training on CUDA tracks the CPU's bf16 emulation"
 }  // namespace autosp
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "--device-count") {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) return 1;
-    std::printf("%d\n", count);
-    return 0;
-  }
+  if (const int rc = autosp::cudatest::device_count_mode(argc, argv); rc >= 0) return rc;
   auto world = autosp::make_world_communicator();
   autosp::g_world = world.get();
   const int failed = Catch::Session().run(argc, argv);
