@@ -3,6 +3,8 @@
 // sections and the batch are the same everywhere.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -41,6 +43,17 @@ inline TensorMap random_token_batch(int64_t B, int64_t S, int64_t vocab, uint64_
   return {{"input_ids", Tensor::from_vector({B, S}, ids)},
           {"labels", Tensor::from_vector({B, S}, labels)},
           {"position_ids", Tensor::from_vector({B, S}, pos)}};
+}
+
+// ‖a − b‖ / ‖b‖ over every element (host tensors of one shape).
+inline double rel_l2(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_doubles(), y = b.to_doubles();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 }  // namespace autosp::testing

@@ -22,16 +22,6 @@ Config tiny(const std::string& arch) {
   return parse_config({{"model", model}, {"data", {{"seq_len", 24}, {"batch_size", 2}}}});
 }
 
-double rel_l2(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_doubles(), y = b.to_doubles();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (x[i] - y[i]) * (x[i] - y[i]);
-    den += y[i] * y[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 }  // namespace
 
 TEST_CASE("tiny GPT-2 and Llama (GQA) forward and backward on CUDA match the CPU", "[models]") {
@@ -59,7 +49,7 @@ TEST_CASE("tiny GPT-2 and Llama (GQA) forward and backward on CUDA match the CPU
           if (dt == DType::f32) {
             check_tensor("gradient of " + prog.param_names[i], g_gpu, g_cpu, 1e-5);
           } else {
-            const double e = rel_l2(down(g_gpu), g_cpu);
+            const double e = testing::rel_l2(down(g_gpu), g_cpu);
             INFO("gradient of " << prog.param_names[i] << ": relative L2 error " << e);
             CHECK(e <= 3e-2);
           }

@@ -53,17 +53,6 @@ LossAndGrads run(const Config& cfg, DType dt, const TensorMap& data, const Param
   return out;
 }
 
-// ‖a − b‖ / ‖b‖
-double rel_l2(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_doubles(), y = b.to_doubles();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (x[i] - y[i]) * (x[i] - y[i]);
-    den += y[i] * y[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 }  // namespace
 
 TEST_CASE("the mixed-precision pass matches its golden IR (GPT-2)", "[bf16][golden]") {
@@ -125,7 +114,7 @@ TEST_CASE("bf16 forward and backward on CPU track f32 (tiny GPT-2 and Llama)", "
         const Tensor& got = bf16.grads.at(name);
         REQUIRE(got.dtype() == DType::f32);
         REQUIRE(got.shape() == want.shape());
-        const double e = rel_l2(got, want);
+        const double e = testing::rel_l2(got, want);
         INFO("gradient of " << name << ": relative L2 error " << e);
         CHECK(e <= 3e-2);
         worst = std::max(worst, e);
