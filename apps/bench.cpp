@@ -10,9 +10,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "runtime/bench.h"
-#include "runtime/cli.h"
-#include "runtime/scaling.h"
+#include "tools/bench.h"
+#include "tools/cli.h"
+#include "tools/scaling.h"
 #include "tensor/check.h"
 
 using namespace autosp;

@@ -8,9 +8,9 @@
 #include "graph/verify.h"
 #include "models/config.h"
 #include "models/model.h"
-#include "runtime/cli.h"
-#include "runtime/memory_plan.h"
-#include "runtime/program.h"
+#include "tools/cli.h"
+#include "engine/memory_plan.h"
+#include "engine/program.h"
 
 using namespace autosp;
 

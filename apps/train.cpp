@@ -12,8 +12,8 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/communicator.h"
-#include "runtime/cli.h"
-#include "runtime/trainer.h"
+#include "tools/cli.h"
+#include "train/trainer.h"
 #include "tensor/check.h"
 
 using namespace autosp;

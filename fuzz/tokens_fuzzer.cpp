@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <string>
 
-#include "runtime/data.h"
+#include "train/data.h"
 #include "tensor/check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

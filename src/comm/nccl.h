@@ -4,7 +4,7 @@
 //
 // How the trainer creates it (one process per GPU, launched by mpirun):
 //   auto mpi_world = make_world_communicator();            // MPI: the bootstrap, and host tensors
-//   select_device_for_local_rank();                        // runtime/cuda (before anything below)
+//   select_device_for_local_rank();                        // device/cuda (before anything below)
 //   auto world = make_nccl_communicator(*mpi_world, compute_stream, collective_timeout_from_env());
 //   ProcessMesh mesh = make_mesh(*world, sp);              // sp/dp groups: ncclCommSplit, same mesh
 // `mpi_world` must outlive `world` and every group split off it (abort() ends the job through it).

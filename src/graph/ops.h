@@ -1,6 +1,6 @@
 // The op table: one row per op with its name, arity, required attributes, shape rule and vjp rule.
 // Adding an op = one enum value + one row here + one row in the kernel dispatch table
-// (src/runtime/dispatch.cpp) + one line in the op-case test table. static_asserts keep the
+// (src/engine/dispatch.cpp) + one line in the op-case test table. static_asserts keep the
 // tables complete. Knows nothing of kernels or devices.
 #pragma once
 

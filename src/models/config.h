@@ -52,7 +52,7 @@ struct RuntimeConfig {
   // Fused kernels (residual add + norm, bias + GELU) by passes/fuse_elementwise before autograd.
   bool fuse_kernels = true;
   // Gradient all-reduce: buckets of about grad_bucket_mb MiB (DDP's bucket_cap_mb), each started
-  // while the backward still runs when overlap_grad_sync (runtime/grad_sync.h).
+  // while the backward still runs when overlap_grad_sync (train/grad_sync.h).
   bool overlap_grad_sync = true;
   double grad_bucket_mb = 25;
 };

@@ -1,5 +1,5 @@
 // Allocators: where tensor storage comes from. The CPU allocator is here; the CUDA caching allocator
-// implements the same interface in src/runtime/cuda. Every allocator tracks live and peak bytes, which
+// implements the same interface in src/device/cuda. Every allocator tracks live and peak bytes, which
 // is what the executor reports as peak memory. Knows nothing of graphs.
 #pragma once
 

@@ -144,10 +144,10 @@ void store_double(void* base, DType t, int64_t i, double v) {
 
 namespace {
 // The copies and conversions below are host loops: a device tensor gets a clear failure instead of
-// a crash (the device runtime has its own: runtime/cuda/device.h to_device, runtime/cuda/copy.h).
+// a crash (the device runtime has its own: device/cuda/device.h to_device, device/cuda/copy.h).
 void expect_host(const Tensor& t, const char* what) {
   AUTOSP_ASSERT(t.device().kind == DeviceKind::cpu, what, " of ", t.str(), " on ", t.device().str(),
-                ": host-only; copy it with to_device(t, Device{}) first (runtime/cuda/device.h)");
+                ": host-only; copy it with to_device(t, Device{}) first (device/cuda/device.h)");
 }
 }  // namespace
 

@@ -10,7 +10,7 @@
 
 #include "common/naive.h"
 #include "graph/builder.h"
-#include "runtime/executor.h"
+#include "engine/executor.h"
 
 namespace autosp::testing {
 

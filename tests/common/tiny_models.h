@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/executor.h"
+#include "engine/executor.h"
 #include "tensor/tensor.h"
 
 namespace autosp::testing {

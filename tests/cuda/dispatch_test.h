@@ -8,8 +8,8 @@
 #include <cmath>
 #include <string>
 
-#include "runtime/cuda/device.h"
-#include "runtime/executor.h"
+#include "device/cuda/device.h"
+#include "engine/executor.h"
 
 namespace autosp::cudatest {
 

@@ -18,7 +18,7 @@
 #include "common/tiny_models.h"
 #include "comm/communicator.h"
 #include "models/config.h"
-#include "runtime/trainer.h"
+#include "train/trainer.h"
 
 namespace autosp {
 namespace {
@@ -83,7 +83,7 @@ TEST_CASE("gpu sp: f32 AutoSP training on CUDA equals single-process CPU trainin
 }
 
 // bf16: both sides compute in f32 and round each result once to bf16 (the CPU emulates the CUDA
-// kernels), but different summation orders round differently: bf16 bounds (tests/runtime/
+// kernels), but different summation orders round differently: bf16 bounds (tests/engine/
 // test_mixed_precision.cpp explains 1e-2).
 TEST_CASE("gpu sp: bf16 AutoSP training on CUDA tracks the CPU's bf16 emulation", "[gpu][sp]") {
   for (const std::string arch : {"llama", "gpt2"}) compare(arch, "bfloat16", 1e-2, 3e-2);

@@ -10,7 +10,7 @@
 #include "common/naive.h"
 #include "cuda/dispatch_test.h"
 #include "graph/builder.h"
-#include "runtime/local_rank.h"
+#include "device/local_rank.h"
 
 using namespace autosp;
 using namespace autosp::cudatest;
@@ -91,7 +91,7 @@ TEST_CASE("host <-> device copies keep every dtype's bits", "[device]") {
 }
 
 TEST_CASE("the executor's peak on CUDA is the device allocator's high-water mark", "[device]") {
-  // x [S, 1024] → 6 chained negations (as tests/runtime/test_op_cases.cpp on the CPU).
+  // x [S, 1024] → 6 chained negations (as tests/engine/test_op_cases.cpp on the CPU).
   Graph g;
   Builder b(g);
   Node* x = b.input("x", DType::f64, {Dim::sym("S"), 1024}, Role::none);

@@ -8,8 +8,8 @@
 
 #include "common/tiny_models.h"
 #include "cuda/dispatch_test.h"
-#include "runtime/checkpoint.h"
-#include "runtime/trainer.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
 
 using namespace autosp;
 using namespace autosp::cudatest;

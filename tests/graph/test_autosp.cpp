@@ -10,8 +10,8 @@
 #include "graph/printer.h"
 #include "graph/verify.h"
 #include "models/model.h"
-#include "runtime/executor.h"
-#include "runtime/program.h"
+#include "engine/executor.h"
+#include "engine/program.h"
 #include "tensor/check.h"
 
 using namespace autosp;

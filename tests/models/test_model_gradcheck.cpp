@@ -7,7 +7,7 @@
 
 #include "graph/autograd.h"
 #include "models/model.h"
-#include "runtime/executor.h"
+#include "engine/executor.h"
 
 using namespace autosp;
 

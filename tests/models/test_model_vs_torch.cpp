@@ -13,7 +13,7 @@
 #include "graph/autograd.h"
 #include "models/model.h"
 #include "models/weights.h"
-#include "runtime/executor.h"
+#include "engine/executor.h"
 #include "tensor/safetensors.h"
 
 using namespace autosp;

@@ -24,11 +24,11 @@
 
 #include "graph/printer.h"
 #include "mpi/mpi_test.h"
-#include "runtime/data.h"
-#include "runtime/executor.h"
-#include "runtime/grad_sync.h"
-#include "runtime/program.h"
-#include "runtime/trainer.h"
+#include "train/data.h"
+#include "engine/executor.h"
+#include "train/grad_sync.h"
+#include "engine/program.h"
+#include "train/trainer.h"
 
 namespace autosp::test {
 namespace {

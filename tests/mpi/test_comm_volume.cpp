@@ -1,4 +1,4 @@
-// The scaling model's communication volumes (runtime/scaling.h, docs/scaling.md) equal, byte for
+// The scaling model's communication volumes (apps/tools/scaling.h, docs/scaling.md) equal, byte for
 // byte, what autosp moves: a training step through train() on the world wrapped in a
 // CountingCommunicator (which counts the sp/dp groups the trainer splits off it too) at
 // sp = world (2 or 4 under ctest), and on a dp 2 × sp 2 mesh at 4 ranks; Llama with all-to-all'd
@@ -7,8 +7,8 @@
 
 #include "comm/counting.h"
 #include "mpi/mpi_test.h"
-#include "runtime/scaling.h"
-#include "runtime/trainer.h"
+#include "tools/scaling.h"
+#include "train/trainer.h"
 
 namespace autosp::test {
 namespace {

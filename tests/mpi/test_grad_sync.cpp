@@ -1,4 +1,4 @@
-// GradSync (runtime/grad_sync.h) on however many ranks mpirun started: buckets reduced while the
+// GradSync (train/grad_sync.h) on however many ranks mpirun started: buckets reduced while the
 // "backward" is still handing in gradients equal the closed-form sums, with overlap on and off, for
 // several steps in a row; and the trainer gives the same losses and weights with the all-reduce
 // overlapped as with it blocking after the backward.
@@ -9,8 +9,8 @@
 
 #include "models/config.h"
 #include "mpi/mpi_test.h"
-#include "runtime/grad_sync.h"
-#include "runtime/trainer.h"
+#include "train/grad_sync.h"
+#include "train/trainer.h"
 
 namespace autosp::test {
 namespace {

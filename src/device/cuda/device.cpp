@@ -1,0 +1,179 @@
+// The CUDA device runtime (see device.h): per-device state (caching allocator, compute stream),
+// device selection by local rank, host <-> device copies.
+#include "device/cuda/device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "device/cuda/copy.h"
+#include "device/local_rank.h"
+
+namespace autosp {
+namespace {
+
+struct DeviceState {
+  std::unique_ptr<CachingAllocator> alloc;
+  cudaStream_t stream = nullptr;
+};
+
+// Makes `device` current for the scope (allocation and stream creation for a device other than the
+// current one), restoring the previous device after.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) CUDA_CHECK(cudaSetDevice(device));
+    set_ = prev_ != device;
+  }
+  ~CurrentDevice() {
+    if (set_) cudaSetDevice(prev_);  // a destructor must not throw
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool set_ = false;
+};
+
+void* raw_allocate(int device, size_t bytes) {
+  CurrentDevice on(device);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear it, or the next launch check would report this stale error
+    return nullptr;
+  }
+  CUDA_CHECK(err);
+  return p;
+}
+
+void raw_release(int device, void* p) {
+  CurrentDevice on(device);
+  CUDA_CHECK(cudaFree(p));  // waits for the device: no kernel still uses the segment
+}
+
+std::mutex g_mu;
+// Never destroyed: tensors that outlive main() (statics) still free into the allocators, and the
+// driver reclaims the memory at exit anyway.
+std::vector<std::unique_ptr<DeviceState>>& states() {
+  static auto* s = new std::vector<std::unique_ptr<DeviceState>>(static_cast<size_t>(cuda_device_count()));
+  return *s;
+}
+
+void check_index(int device, size_t visible) {
+  if (device < 0 || device >= static_cast<int>(visible))
+    throw UsageError(str("CUDA device ", device, " does not exist (", visible, " visible)",
+                         visible == 0 ? ": no CUDA device is visible to this process" : ""));
+}
+
+DeviceState& state(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& all = states();
+  check_index(device, all.size());
+  auto& st = all[static_cast<size_t>(device)];
+  if (!st) {
+    auto s = std::make_unique<DeviceState>();
+    s->alloc = std::make_unique<CachingAllocator>(
+        Device{DeviceKind::cuda, device},
+        RawMemory{[device](size_t n) { return raw_allocate(device, n); },
+                  [device](void* p) { raw_release(device, p); }});
+    CurrentDevice on(device);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    st = std::move(s);
+  }
+  return *st;
+}
+
+int current_device() {
+  int d = 0;
+  CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+std::atomic<AttentionBackend> g_attention{AttentionBackend::flash};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error of any later call
+    return 0;
+  }
+  return n;
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+int select_device_for_local_rank() {
+  const int d = device_for_local_rank(local_rank_from_env(), local_size_from_env(), cuda_device_count());
+  use_device(d);
+  return d;
+}
+
+void use_device(int device) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    check_index(device, states().size());
+  }
+  // Current before its state is created: creating it while another device is current would switch
+  // to `device` and back, and switching back initialises a context on the previous device (GPU 0
+  // by default) in every rank, a few hundred MiB of GPU 0 per rank.
+  CUDA_CHECK(cudaSetDevice(device));
+  state(device);
+}
+
+CachingAllocator& cuda_allocator(int device) { return *state(device).alloc; }
+
+CUstream_st* compute_stream(int device) { return state(device).stream; }
+
+Tensor to_device(const Tensor& t, Device to) {
+  AUTOSP_ASSERT(t.defined(), "to_device of an undefined tensor");
+  const Device from = t.device();
+  if (from.kind == DeviceKind::cpu && to.kind == DeviceKind::cpu) return t.clone();
+  if (from.kind == DeviceKind::cpu) {  // host → device
+    const Tensor src = t.contiguous();
+    Tensor dst = Tensor::empty(t.shape(), t.dtype(), cuda_allocator(to.index));
+    // From pageable host memory the call returns once `src` is staged, so `src` may be freed after.
+    if (dst.nbytes() > 0)
+      CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyHostToDevice, compute_stream(to.index)));
+    return dst;
+  }
+  cudaStream_t s = compute_stream(from.index);
+  const Tensor src = cudart::contiguous(t, cuda_allocator(from.index), s);
+  if (to.kind == DeviceKind::cpu) {  // device → host, synchronous
+    Tensor dst = Tensor::empty(t.shape(), t.dtype());
+    if (dst.nbytes() > 0) CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return dst;
+  }
+  Tensor dst = Tensor::empty(t.shape(), t.dtype(), cuda_allocator(to.index));
+  if (dst.nbytes() == 0) return dst;
+  if (from.index == to.index) {
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToDevice, s));
+  } else {  // between devices: rare (tests); both streams are drained so neither side races
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw(), to.index, src.raw(), from.index, dst.nbytes(), compute_stream(to.index)));
+    CUDA_CHECK(cudaStreamSynchronize(compute_stream(to.index)));
+  }
+  return dst;
+}
+
+void copy_on_device(const Tensor& src, const Tensor& dst) {
+  AUTOSP_ASSERT(src.dtype() == dst.dtype() && src.device() == dst.device(), "device copy of ", src.str(), " on ",
+                src.device().str(), " into ", dst.str(), " on ", dst.device().str());
+  cudart::copy_strided_into(src, dst, compute_stream(dst.device().index));
+}
+
+void synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_stream(current_device()))); }
+
+void set_attention_backend(AttentionBackend backend) { g_attention.store(backend); }
+AttentionBackend attention_backend() { return g_attention.load(); }
+
+}  // namespace autosp

@@ -1,0 +1,59 @@
+// The CUDA device runtime as the rest of autosp sees it: which devices exist, which one this rank
+// uses, each device's caching allocator and its one compute stream, copies between host and
+// device, and the attention backend. No CUDA header is needed to include this (the stream is the
+// driver's opaque CUstream_st*, which is what cudaStream_t names).
+//
+// Every kernel of a device is enqueued on its compute stream, so tensors freed to the caching
+// allocator are reused in stream order without events. Anything that works on another stream (the
+// NCCL communicator) must order itself after the compute stream and back (cudaEventRecord on one,
+// cudaStreamWaitEvent on the other).
+//
+// Builds without CUDA have the same functions (src/device/cuda_absent.cpp): cuda_available() is
+// false, cuda_device_count() 0, and the others throw UsageError("... this build has no CUDA backend
+// (nvcc was not found at configure time)").
+#pragma once
+
+#include "device/cuda/caching_allocator.h"
+#include "tensor/tensor.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace autosp {
+
+// A usable CUDA device exists (false in builds without CUDA, or when the driver finds none).
+bool cuda_available();
+int cuda_device_count();
+
+// Picks this rank's device from its node-local rank (device/local_rank.h), makes it the current
+// device of the process and returns its index. More local ranks than devices: UsageError (exit 2).
+int select_device_for_local_rank();
+
+// Make `device` current (cudaSetDevice); the executor calls it before running on that device.
+void use_device(int device);
+
+// The caching allocator of `device` (created on first use).
+CachingAllocator& cuda_allocator(int device);
+
+// The stream every kernel of `device` runs on (created on first use; never the legacy default
+// stream, so host threads using other streams are not serialised behind it).
+CUstream_st* compute_stream(int device);
+
+// A copy of `t` on `to` (host → device, device → host, device → device; contiguous result). A copy
+// to the host waits for it (and for all work before it on the compute stream); the others are
+// enqueued on the compute stream. A copy to the device `t` is already on still copies.
+Tensor to_device(const Tensor& t, Device to);
+
+// dst = src on one CUDA device (src any strides, dst contiguous of the same shape and dtype),
+// enqueued on the compute stream: for host code that packs device tensors (gradient buckets).
+void copy_on_device(const Tensor& src, const Tensor& dst);
+
+// Wait until all work enqueued on the current device's compute stream has finished; a kernel
+// failure that happened asynchronously is thrown here as RuntimeFailure.
+void synchronize();
+
+// The sdpa implementation (runtime.attention): our flash attention, or cuDNN's fused SDPA.
+enum class AttentionBackend { flash, cudnn };
+void set_attention_backend(AttentionBackend backend);
+AttentionBackend attention_backend();
+
+}  // namespace autosp

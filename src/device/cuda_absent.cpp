@@ -1,0 +1,48 @@
+// The device runtime of builds without CUDA (src/device/cuda/device.h): no device exists and
+// every call that needs one is a UsageError saying why. CUDA builds compile src/device/cuda/
+// instead, so this file is empty there.
+#ifndef AUTOSP_WITH_CUDA
+
+#include "device/cuda/device.h"
+#include "device/cuda/optim.h"
+
+namespace autosp {
+namespace {
+
+[[noreturn]] void no_backend(const char* what) {
+  throw UsageError(str(what, ": this build has no CUDA backend (nvcc was not found at configure time); use "
+                             "runtime.device \"cpu\", or rebuild with the CUDA toolkit installed"));
+}
+
+}  // namespace
+
+bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
+int select_device_for_local_rank() { no_backend("runtime.device \"cuda\""); }
+void use_device(int) { no_backend("runtime.device \"cuda\""); }
+CachingAllocator& cuda_allocator(int) { no_backend("a CUDA allocator"); }
+CUstream_st* compute_stream(int) { no_backend("a CUDA stream"); }
+Tensor to_device(const Tensor& t, Device to) {
+  if (t.device().kind == DeviceKind::cpu && to.kind == DeviceKind::cpu) return t.clone();
+  no_backend(("a copy to " + to.str()).c_str());
+}
+void copy_on_device(const Tensor&, const Tensor&) { no_backend("a device copy"); }
+void synchronize() {}
+void set_attention_backend(AttentionBackend backend) {
+  if (backend != AttentionBackend::flash) no_backend("runtime.attention \"cudnn\"");
+}
+AttentionBackend attention_backend() { return AttentionBackend::flash; }
+
+namespace cudart {
+double global_norm(const std::vector<Tensor>&) { no_backend("a device gradient norm"); }
+void scale(const std::vector<Tensor>&, double) { no_backend("device gradient clipping"); }
+Tensor zeros_like(const Tensor&) { no_backend("a device tensor"); }
+void adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, double, double, double, double,
+                int64_t) {
+  no_backend("AdamW on a device");
+}
+}  // namespace cudart
+
+}  // namespace autosp
+
+#endif  // AUTOSP_WITH_CUDA

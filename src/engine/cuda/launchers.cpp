@@ -1,0 +1,610 @@
+// CUDA launchers of the dispatch table (see launchers.h). Each mirrors its CPU launcher in
+// src/engine/dispatch.cpp: same shapes, same folding of dims, same planned outputs (c.out,
+// c.extra_out, else fresh from c.alloc); strided inputs are made contiguous on the device first.
+#include "engine/cuda/launchers.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <type_traits>
+
+#include <spdlog/spdlog.h>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/cudnn_attention.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/loss.cuh"
+#include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "device/cuda/copy.h"
+#include "device/cuda/device.h"
+
+namespace autosp::cuda_ops {
+namespace {
+
+using cuda::bf16;
+
+cudaStream_t stream(const KernelCall& c) {
+  AUTOSP_ASSERT(c.alloc.device().kind == DeviceKind::cuda, "CUDA launcher for ", c.node.name(), " with a ",
+                c.alloc.device().str(), " allocator");
+  return compute_stream(c.alloc.device().index);
+}
+
+// Input i on the device (asserted), as it is (strided views allowed).
+const Tensor& on_device(const KernelCall& c, size_t i) {
+  const Tensor& t = c.in[i];
+  AUTOSP_ASSERT(t.device() == c.alloc.device(), "[", c.node.op_name(), "] ", c.node.name(), ": input ", i, " ",
+                t.str(), " is on ", t.device().str(), ", the node runs on ", c.alloc.device().str());
+  return t;
+}
+
+// Input i on the device, contiguous (copied there when it is a strided view).
+Tensor arg(const KernelCall& c, size_t i) { return cudart::contiguous(on_device(c, i), c.alloc, stream(c)); }
+
+// Integer input i as contiguous int64 on the device (i32 ids are widened).
+Tensor ids64(const KernelCall& c, size_t i) { return cudart::cast(on_device(c, i), DType::i64, c.alloc, stream(c)); }
+
+template <class T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.raw());
+}
+
+// Call f.template operator()<T>() with T = float, bf16 or (when kF64) double, by dtype.
+template <bool kF64 = true, class F>
+Tensor by_float(const KernelCall& c, DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::bf16: return f.template operator()<bf16>();
+    case DType::f64:
+      if constexpr (kF64) return f.template operator()<double>();
+      [[fallthrough]];
+    default:
+      throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": ", dtype_name(dt),
+                           " has no CUDA kernel (use float32 or bfloat16", kF64 ? " or float64" : "", ")"));
+  }
+}
+
+// The dtype a kernel over T writes its scalars in (acc_t<T>).
+template <class T>
+constexpr DType acc_dtype() {
+  return std::is_same_v<cuda::acc_t<T>, double> ? DType::f64 : DType::f32;
+}
+
+// `v` in storage type T (bf16 rounded once to nearest even, as the CPU rounds constants).
+template <class T>
+T host_value(double v) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return __double2bfloat16(v);
+  else
+    return static_cast<T>(v);
+}
+
+// `view` (a strided view of a device input) materialised: into the node's output when `as_output`,
+// else into a temporary.
+Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true) {
+  Tensor y = as_output ? out_like(c, view.dtype()).reshape(view.shape()) : Tensor::empty(view.shape(), view.dtype(), c.alloc);
+  cudart::copy_strided_into(view, y, stream(c));
+  return y;
+}
+
+// `height` rows of `width` bytes from src (rows `spitch` apart) to dst (rows `dpitch` apart), on
+// the device. cudaMemcpy2DAsync refuses pitches above the device's limit (cudaDevAttrMaxPitch,
+// 2^31 - 1 bytes), which a row of a large tensor exceeds (concat or slice_backward along a late dim
+// with B = 1): such rows are copied one by one.
+void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, cudaStream_t s) {
+  if (width == 0 || height == 0) return;
+  constexpr size_t kMaxPitch = (size_t(1) << 31) - 1;
+  if (height == 1 || dpitch > kMaxPitch || spitch > kMaxPitch) {
+    for (size_t r = 0; r < height; ++r)
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                                 width, cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, s));
+}
+
+// A scalar `src` (device) in the dtype of `dst` (device, one element): a copy or a cast.
+void settle_scalar(const Tensor& src, const Tensor& dst, cudaStream_t s) {
+  if (src.raw() != dst.raw()) cudart::cast_into(src, dst, s);
+}
+
+// ---- fused ops (passes/fuse_elementwise) ----
+
+// y = norm(x + r); extra output 1: s = x + r. Inputs: x, r, w (, b).
+Tensor add_norm(const KernelCall& c, bool rms) {
+  const Tensor x = arg(c, 0), r = arg(c, 1), w = arg(c, 2);
+  const Tensor b = rms ? Tensor() : arg(c, 3);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    Tensor s = extra_like(c, x.shape(), x.dtype());
+    c.extras.push_back(s);
+    cuda::add_norm_forward<T>(ptr<T>(x), ptr<T>(r), ptr<T>(w), rms ? nullptr : ptr<T>(b), ptr<T>(y), ptr<T>(s), rows,
+                              C, c.node.attrs().f("eps"), rms, stream(c));
+    return y;
+  });
+}
+
+}  // namespace
+
+// ---- dense algebra ----
+
+// w [V, C], ids [...] → y [..., C]
+Tensor embedding(const KernelCall& c) {
+  const Tensor w = arg(c, 0);
+  const Tensor ids = ids64(c, 1);
+  return by_float(c, w.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, w.dtype());
+    cuda::embedding_forward<T>(ptr<T>(w), ptr<int64_t>(ids), ptr<T>(y), ids.numel(), w.dim(0), w.dim(1), stream(c));
+    return y;
+  });
+}
+
+Tensor matmul(const KernelCall& c) {
+  const Tensor a = arg(c, 0), b = arg(c, 1);
+  const bool ta = c.node.attrs().b("trans_a"), tb = c.node.attrs().b("trans_b");
+  const int r = a.rank();
+  const int64_t M = c.out_shape[r - 2], N = c.out_shape[r - 1], K = a.dim(ta ? -2 : -1);
+  return by_float(c, a.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, a.dtype());
+    if (y.numel() == 0) return y;
+    if (K == 0) {  // an empty sum
+      CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream(c)));
+      return y;
+    }
+    const int64_t batch = a.numel() / (a.dim(-1) * a.dim(-2));
+    if (b.rank() == 2 && !ta)  // [..., M, K] · [K, N]: one GEMM with batch·M rows
+      cuda::gemm_batched<T>(false, tb, 1, batch * M, N, K, 1.0, ptr<T>(a), 0, ptr<T>(b), 0, 0.0, ptr<T>(y), 0, stream(c));
+    else
+      cuda::gemm_batched<T>(ta, tb, batch, M, N, K, 1.0, ptr<T>(a), M * K, ptr<T>(b), b.rank() == 2 ? 0 : K * N, 0.0,
+                            ptr<T>(y), M * N, stream(c));
+    return y;
+  });
+}
+
+// ---- elementwise ----
+
+template <cpu::Binary kOp>
+Tensor binary(const KernelCall& c) {
+  const Tensor &a = on_device(c, 0), &b = on_device(c, 1);
+  const Shape& out = c.out_shape;
+  AUTOSP_ASSERT(static_cast<int>(out.size()) <= cuda::kMaxRank, "rank ", out.size(), " too large");
+  const Shape sa = launch::broadcast_strides(a, out), sb = launch::broadcast_strides(b, out);
+  return by_float(c, a.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, a.dtype());
+    if (out.empty()) {
+      const Shape one{1}, z{0};
+      cuda::binary<T>(kOp, 1, one.data(), ptr<T>(a), z.data(), ptr<T>(b), z.data(), ptr<T>(y), stream(c));
+    } else {
+      cuda::binary<T>(kOp, static_cast<int>(out.size()), out.data(), ptr<T>(a), sa.data(), ptr<T>(b), sb.data(),
+                      ptr<T>(y), stream(c));
+    }
+    return y;
+  });
+}
+template Tensor binary<cpu::Binary::add>(const KernelCall&);
+template Tensor binary<cpu::Binary::sub>(const KernelCall&);
+template Tensor binary<cpu::Binary::mul>(const KernelCall&);
+template Tensor binary<cpu::Binary::div>(const KernelCall&);
+
+template <cpu::Unary kOp>
+Tensor unary(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const double factor = kOp == cpu::Unary::scale ? c.node.attrs().f("factor") : 0.0;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cuda::unary<T>(kOp, ptr<T>(x), ptr<T>(y), x.numel(), factor, stream(c));
+    return y;
+  });
+}
+template Tensor unary<cpu::Unary::scale>(const KernelCall&);
+template Tensor unary<cpu::Unary::neg>(const KernelCall&);
+template Tensor unary<cpu::Unary::exp>(const KernelCall&);
+template Tensor unary<cpu::Unary::gelu_tanh>(const KernelCall&);
+template Tensor unary<cpu::Unary::silu>(const KernelCall&);
+
+template <cpu::UnaryGrad kOp>
+Tensor unary_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cuda::unary_backward<T>(kOp, ptr<T>(dy), ptr<T>(x), ptr<T>(y), x.numel(), stream(c));
+    return y;
+  });
+}
+template Tensor unary_backward<cpu::UnaryGrad::gelu_tanh>(const KernelCall&);
+template Tensor unary_backward<cpu::UnaryGrad::silu>(const KernelCall&);
+
+Tensor cast(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  Tensor y = out_like(c, c.node.dtype());
+  cudart::cast_into(x, y, stream(c));
+  return y;
+}
+
+// ---- layout ----
+
+Tensor reshape(const KernelCall& c) { return arg(c, 0).reshape(c.out_shape); }
+
+// transpose and permute
+Tensor permute(const KernelCall& c) { return copy_view(c, launch::permuted_view(c, on_device(c, 0))); }
+
+Tensor slice(const KernelCall& c) { return copy_view(c, launch::slice_view(c, on_device(c, 0))); }
+
+// y [..., Σ n_i, ...] from x_i [..., n_i, ...]: per index over the dims before `d`, the inputs'
+// contiguous blocks side by side (one 2-D copy per input: height = outer, width = its block).
+Tensor concat(const KernelCall& c) {
+  const int d = launch::axis(c.node.attrs().i("dim"), c.in[0].rank());
+  Tensor y = out_like(c, c.in[0].dtype());
+  const size_t es = dtype_size(y.dtype());
+  const int64_t outer = shape_numel(std::span(c.out_shape).first(d));
+  const int64_t y_block = outer ? y.numel() / outer : 0;
+  int64_t at = 0;  // offset of this input's block inside y's block, in elements
+  for (size_t i = 0; i < c.in.size(); ++i) {
+    const Tensor x = arg(c, i);
+    const int64_t block = outer ? x.numel() / outer : 0;
+    copy_rows(static_cast<char*>(y.raw()) + at * es, y_block * es, x.raw(), block * es, block * es, outer, stream(c));
+    at += block;
+  }
+  return y;
+}
+
+// dy [.., end-start, ..] placed at [start, end) of dim d of a zero tensor.
+Tensor slice_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0);
+  const int d = launch::axis(c.node.attrs().i("dim"), dy.rank());
+  const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
+  Tensor y = out_like(c, dy.dtype());
+  if (y.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(y.raw(), 0, y.nbytes(), stream(c)));
+  const size_t es = dtype_size(dy.dtype());
+  const int64_t outer = shape_numel(std::span(dy.shape()).first(d));
+  const int64_t inner = shape_numel(std::span(dy.shape()).subspan(d + 1));
+  const int64_t rows_in = dy.dim(d), rows_out = c.out_shape[d];
+  const size_t width = static_cast<size_t>(rows_in * inner) * es;
+  copy_rows(static_cast<char*>(y.raw()) + start * inner * es, rows_out * inner * es, dy.raw(), width, width, outer,
+            stream(c));
+  return y;
+}
+
+// ---- normalisation ----
+
+Tensor layernorm(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1), b = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cuda::layernorm_forward<T>(ptr<T>(x), ptr<T>(w), ptr<T>(b), ptr<T>(y), nullptr, nullptr, rows, C,
+                               c.node.attrs().f("eps"), stream(c));
+    return y;
+  });
+}
+
+Tensor rmsnorm(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cuda::rmsnorm_forward<T>(ptr<T>(x), ptr<T>(w), ptr<T>(y), nullptr, rows, C, c.node.attrs().f("eps"), stream(c));
+    return y;
+  });
+}
+
+Tensor softmax(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cuda::softmax_forward<T>(ptr<T>(x), ptr<T>(y), rows, C, stream(c));
+    return y;
+  });
+}
+
+// dx; extra outputs dw, db. Inputs: dy, x, w.
+Tensor layernorm_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), w = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const double eps = c.node.attrs().f("eps");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    Tensor dw = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(dw);
+    Tensor db = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(db);
+    cuda::layernorm_backward_input<T>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(dx), rows, C, eps, stream(c));
+    cuda::layernorm_backward_params<T>(ptr<T>(dy), ptr<T>(x), ptr<T>(dw), ptr<T>(db), rows, C, eps, stream(c));
+    return dx;
+  });
+}
+
+// dx; extra output dw. Inputs: dy, x, w.
+Tensor rmsnorm_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), w = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const double eps = c.node.attrs().f("eps");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    Tensor dw = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(dw);
+    cuda::rmsnorm_backward_input<T>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(dx), rows, C, eps, stream(c));
+    cuda::rmsnorm_backward_weight<T>(ptr<T>(dy), ptr<T>(x), ptr<T>(dw), rows, C, eps, stream(c));
+    return dx;
+  });
+}
+
+Tensor softmax_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), y = arg(c, 1);
+  const int64_t C = y.dim(-1), rows = y.numel() / C;
+  return by_float(c, y.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, y.dtype());
+    cuda::softmax_backward<T>(ptr<T>(dy), ptr<T>(y), ptr<T>(dx), rows, C, stream(c));
+    return dx;
+  });
+}
+
+// ---- position, attention ----
+
+// Rotary embedding and its backward: x or dy [B, N, S, D], position_ids [B, S].
+template <bool kBackward>
+Tensor rope(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const Tensor pos = ids64(c, 1);
+  if (x.dim(3) > 256)
+    throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": head dim ", x.dim(3),
+                         " > 256, which the CUDA rope kernel does not support"));
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    auto kernel = kBackward ? cuda::rope_backward<T> : cuda::rope_forward<T>;
+    kernel(ptr<T>(x), ptr<int64_t>(pos), ptr<T>(y), x.dim(0), x.dim(1), x.dim(2), x.dim(3), c.node.attrs().f("theta"),
+           stream(c));
+    return y;
+  });
+}
+template Tensor rope<false>(const KernelCall&);
+template Tensor rope<true>(const KernelCall&);
+
+namespace {
+// The sdpa kernels' limits, as a UsageError naming the node (kernels only assert).
+void check_attention(const KernelCall& c, const Tensor& q) {
+  if (q.dim(3) > 128)
+    throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": head dim ", q.dim(3),
+                         " > 128, which the CUDA attention kernels do not support"));
+}
+
+// Whether this attention node runs on cuDNN's fused SDPA: runtime.attention "cudnn" and sizes
+// cuDNN supports (kernels/cuda/cudnn_attention.cuh). Otherwise our flash attention runs, with one
+// warning per distinct reason (both write the same f32 lse, so forward and backward may differ).
+template <class T>
+bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
+  if (attention_backend() != AttentionBackend::cudnn) return false;
+  const std::string why = cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
+                                                          c.node.attrs().b("causal"));
+  if (why.empty()) return true;
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned.insert(why).second)
+    spdlog::warn("runtime.attention \"cudnn\": {} ({}): {}; using our flash attention", c.node.op_name(),
+                 c.node.name(), why);
+  return false;
+}
+}  // namespace
+
+// o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (written in f32; cast when the op table declares
+// another dtype).
+Tensor sdpa(const KernelCall& c) {
+  const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2);
+  check_attention(c, q);
+  return by_float<false>(c, q.dtype(), [&]<class T>() {
+    Tensor o = out_like(c, q.dtype());
+    const Shape lse_shape{q.dim(0), q.dim(1), q.dim(2)};
+    Tensor lse = extra_like(c, lse_shape, extra_types(c.node).at(0).dtype);
+    const Tensor lse32 = lse.dtype() == DType::f32 ? lse : Tensor::empty(lse_shape, DType::f32, c.alloc);
+    const double scale = c.node.attrs().f("scale");
+    const bool causal = c.node.attrs().b("causal");
+    if (use_cudnn<T>(c, q, k))
+      cuda::cudnn_sdpa_forward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse32), q.dim(0), q.dim(1),
+                                  k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c));
+    else
+      cuda::sdpa_forward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse32), q.dim(0), q.dim(1), k.dim(1),
+                            q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c));
+    settle_scalar(lse32, lse, stream(c));
+    c.extras.push_back(lse);
+    return o;
+  });
+}
+
+// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout.
+Tensor sdpa_backward(const KernelCall& c) {
+  const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2), o = arg(c, 3), dout = arg(c, 5);
+  const Tensor lse = cudart::cast(on_device(c, 4), DType::f32, c.alloc, stream(c));
+  check_attention(c, q);
+  return by_float<false>(c, q.dtype(), [&]<class T>() {
+    Tensor dq = out_like(c, q.dtype());
+    Tensor dk = extra_like(c, k.shape(), k.dtype());
+    c.extras.push_back(dk);
+    Tensor dv = extra_like(c, v.shape(), v.dtype());
+    c.extras.push_back(dv);
+    const double scale = c.node.attrs().f("scale");
+    const bool causal = c.node.attrs().b("causal");
+    if (use_cudnn<T>(c, q, k))
+      cuda::cudnn_sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout),
+                                   ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
+                                   q.dim(3), scale, causal, stream(c));
+    else
+      cuda::sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout), ptr<T>(dq),
+                             ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale,
+                             causal, stream(c));
+    return dq;
+  });
+}
+
+Tensor causal_mask(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const int64_t Sq = x.dim(-2), Skv = x.dim(-1);
+  const double value = c.node.attrs().f("value");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cuda::causal_mask<T>(ptr<T>(x), ptr<T>(y), x.numel() / std::max<int64_t>(1, Sq * Skv), Sq, Skv,
+                         host_value<T>(value), stream(c));
+    return y;
+  });
+}
+
+// ---- loss ----
+
+// The summed loss of logits [..., V] and labels [...], a device scalar of the node's dtype.
+Tensor cross_entropy_sum(const KernelCall& c) {
+  const Tensor logits = arg(c, 0);
+  const Tensor labels = ids64(c, 1);
+  const int64_t V = logits.dim(-1);
+  return by_float(c, logits.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, c.node.dtype());
+    const Tensor acc = y.dtype() == acc_dtype<T>() ? y : Tensor::empty({}, acc_dtype<T>(), c.alloc);
+    cuda::cross_entropy_sum<T>(ptr<T>(logits), ptr<int64_t>(labels), ptr<cuda::acc_t<T>>(acc), labels.numel(), V,
+                               c.node.attrs().i("ignore_index"), stream(c));
+    settle_scalar(acc, y, stream(c));
+    return y;
+  });
+}
+
+Tensor count_valid(const KernelCall& c) {
+  const Tensor labels = ids64(c, 0);
+  const DType dt = c.node.dtype();
+  Tensor y = out_like(c, dt);
+  const int64_t ignore = c.node.attrs().i("ignore_index");
+  if (dt == DType::f64) {
+    cuda::count_valid<double>(ptr<int64_t>(labels), labels.numel(), ignore, ptr<double>(y), stream(c));
+  } else if (dt == DType::f32 || dt == DType::bf16) {
+    const Tensor acc = dt == DType::f32 ? y : Tensor::empty({}, DType::f32, c.alloc);
+    cuda::count_valid<float>(ptr<int64_t>(labels), labels.numel(), ignore, ptr<float>(acc), stream(c));
+    settle_scalar(acc, y, stream(c));
+  } else {
+    throw UsageError(str("[count_valid] ", c.node.name(), ": ", dtype_name(dt), " has no CUDA kernel"));
+  }
+  return y;
+}
+
+// dlogits = g · (softmax(logits) - onehot(labels)). Inputs: logits, labels, g (a device scalar,
+// read by the kernel: no host synchronisation).
+Tensor cross_entropy_backward(const KernelCall& c) {
+  const Tensor logits = arg(c, 0);
+  const Tensor labels = ids64(c, 1);
+  return by_float(c, logits.dtype(), [&]<class T>() {
+    const Tensor g = cudart::cast(on_device(c, 2), acc_dtype<T>(), c.alloc, stream(c));
+    Tensor dx = out_like(c, logits.dtype());
+    cuda::cross_entropy_backward<T>(ptr<T>(logits), ptr<int64_t>(labels), ptr<T>(dx), labels.numel(), logits.dim(-1),
+                                    ptr<cuda::acc_t<T>>(g), c.node.attrs().i("ignore_index"), stream(c));
+    return dx;
+  });
+}
+
+// ---- constants, reductions, embedding gradient ----
+
+Tensor full(const KernelCall& c) {
+  const DType dt = c.node.dtype();
+  return by_float(c, dt, [&]<class T>() {
+    Tensor y = out_like(c, dt);
+    cuda::fill<T>(ptr<T>(y), y.numel(), host_value<T>(c.node.attrs().f("value")), stream(c));
+    return y;
+  });
+}
+
+// x [..] summed to out [..] (right-aligned; padded with leading 1s to x's rank for the kernel)
+Tensor sum_to(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  Shape out_full(static_cast<size_t>(x.rank()) - c.out_shape.size(), 1);
+  out_full.insert(out_full.end(), c.out_shape.begin(), c.out_shape.end());
+  AUTOSP_ASSERT(x.rank() <= cuda::kMaxRank, "rank ", x.rank(), " too large");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    if (x.rank() == 0)
+      CUDA_CHECK(cudaMemcpyAsync(y.raw(), x.raw(), sizeof(T), cudaMemcpyDeviceToDevice, stream(c)));
+    else
+      cuda::sum_to<T>(ptr<T>(x), x.rank(), x.shape().data(), out_full.data(), ptr<T>(y), stream(c));
+    return y;
+  });
+}
+
+// dy [..., C], ids [...] → dweight [V, C]
+Tensor embedding_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0);
+  const Tensor ids = ids64(c, 1);
+  return by_float(c, dy.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, dy.dtype());
+    cuda::embedding_backward<T>(ptr<T>(dy), ptr<int64_t>(ids), ptr<T>(y), ids.numel(), c.out_shape[0], c.out_shape[1],
+                                stream(c));
+    return y;
+  });
+}
+
+// ---- collectives ----
+
+namespace {
+// The group's communicator, checked to move device tensors (the MPI backend reads host memory).
+Communicator& device_comm(const KernelCall& c) {
+  AUTOSP_ASSERT(c.comm, c.node.op_name(), " without a communicator");
+  if (c.comm->size() > 1 && c.comm->backend() == "mpi")
+    throw RuntimeFailure(str("[", c.node.op_name(), "] ", c.node.name(), ": group '", c.node.attrs().s("group"),
+                             "' uses the MPI communicator, which cannot move CUDA tensors; CUDA runs need NCCL"));
+  return *c.comm;
+}
+}  // namespace
+
+// Ulysses all-to-all (as all_to_all_cpu): chunk j of dim scatter_dim goes to rank j; the chunks
+// received are laid side by side along gather_dim in rank order. A group of one is a copy.
+Tensor all_to_all(const KernelCall& c) {
+  Communicator& comm = device_comm(c);
+  const Tensor x = arg(c, 0);
+  const Tensor send_view = launch::all_to_all_send_view(c, x, comm);  // checks the group's size
+  if (comm.size() == 1) {
+    Tensor y = out_like(c, x.dtype());
+    cudart::cast_into(x.reshape(c.out_shape), y, stream(c));
+    return y;
+  }
+  Tensor send = copy_view(c, send_view, false);  // [P, chunk...]
+  Tensor recv = Tensor::empty(send.shape(), send.dtype(), c.alloc);
+  comm.all_to_all(send, recv);
+  return copy_view(c, launch::all_to_all_recv_view(c, recv)).reshape(c.out_shape);
+}
+
+Tensor all_reduce(const KernelCall& c) {
+  Communicator& comm = device_comm(c);
+  const Tensor x = arg(c, 0);
+  Tensor y = out_like(c, x.dtype());
+  cudart::cast_into(x, y, stream(c));  // a device copy (same dtype)
+  if (comm.size() > 1) comm.all_reduce_sum(y);
+  return y;
+}
+
+// ---- fused ops ----
+
+Tensor add_layernorm(const KernelCall& c) { return add_norm(c, false); }
+Tensor add_rmsnorm(const KernelCall& c) { return add_norm(c, true); }
+
+// gelu_tanh(x + b): x [..., C], b [C].
+Tensor bias_gelu_tanh(const KernelCall& c) {
+  const Tensor x = arg(c, 0), b = arg(c, 1);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cuda::bias_gelu_tanh<T>(ptr<T>(x), ptr<T>(b), ptr<T>(y), rows, C, stream(c));
+    return y;
+  });
+}
+
+// dx = dy · gelu_tanh'(x + b). Inputs: dy, x, b.
+Tensor bias_gelu_tanh_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), b = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    cuda::bias_gelu_tanh_backward<T>(ptr<T>(dy), ptr<T>(x), ptr<T>(b), ptr<T>(dx), rows, C, stream(c));
+    return dx;
+  });
+}
+
+}  // namespace autosp::cuda_ops

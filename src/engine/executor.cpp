@@ -1,0 +1,160 @@
+// Executor: symbol binding, assumption checks, in-order dispatch with last-use freeing.
+#include "engine/executor.h"
+
+#include "device/cuda/device.h"
+#include "engine/dispatch.h"
+
+namespace autosp {
+namespace {
+
+// The device a run uses: the one every fed leaf is on (CPU for a graph without leaves).
+Device feed_device(const Graph& g, const TensorMap& feeds) {
+  Device dev;
+  const Node* first = nullptr;
+  for (const auto& n : g.nodes()) {
+    if (n->op() != Op::input && n->op() != Op::parameter) continue;
+    const Device d = feeds.at(n->name()).device();
+    if (first == nullptr) {
+      dev = d;
+      first = n.get();
+    } else if (d != dev) {
+      throw UsageError(str("'", n->name(), "' is on ", d.str(), " but '", first->name(), "' is on ", dev.str(),
+                           ": feed every input and parameter on one device"));
+    }
+  }
+  return dev;
+}
+
+}  // namespace
+
+Shape eval_shape(const SymShape& s, const Bindings& b) {
+  Shape out;
+  for (const auto& d : s) out.push_back(d.eval(b));
+  return out;
+}
+
+Executor::Executor(const Graph& g, ExecOptions options) : g_(g), options_(options), last_use_(g.size()) {
+  for (const auto& n : g.nodes()) {
+    size_t at = g.position(n.get());
+    last_use_[at] = at;
+    for (const Node* i : n->inputs()) last_use_[g.position(i)] = at;
+  }
+}
+
+Bindings Executor::bind(const TensorMap& feeds) const {
+  Bindings b;
+  std::vector<const Node*> leaves;
+  for (const auto& n : g_.nodes()) {
+    if (n->op() != Op::input && n->op() != Op::parameter) continue;
+    auto it = feeds.find(n->name());
+    if (it == feeds.end()) throw UsageError(str("no tensor fed for ", n->op_name(), " '", n->name(), "'"));
+    const Tensor& t = it->second;
+    if (t.dtype() != n->dtype())
+      throw UsageError(str("'", n->name(), "' is ", t.str(), ", the graph expects ", n->type().str()));
+    if (t.rank() != n->type().rank())
+      throw UsageError(str("'", n->name(), "' is ", t.str(), ", the graph expects ", n->type().str()));
+    for (int i = 0; i < t.rank(); ++i) {
+      const Dim& d = n->shape()[i];
+      if (d.is_symbol() && !b.count(d.symbol_name())) b[d.symbol_name()] = t.dim(i);
+    }
+    leaves.push_back(n.get());
+  }
+  for (const Node* n : leaves) {
+    const Tensor& t = feeds.at(n->name());
+    for (int i = 0; i < t.rank(); ++i) {
+      int64_t want = n->shape()[i].eval(b);
+      if (want != t.dim(i))
+        throw UsageError(str("'", n->name(), "' is ", t.str(), " but the graph expects ", n->type().str(), " = ",
+                             shape_str(eval_shape(n->shape(), b))));
+    }
+  }
+  for (const auto& a : g_.assumptions()) {
+    int64_t v = a.expr.eval(b);
+    if (v % a.modulus != 0) {
+      std::string sizes;
+      for (const auto& [k, x] : b) sizes += (sizes.empty() ? "" : ", ") + k + " = " + std::to_string(x);
+      throw UsageError(str("assumption ", a.str(), " does not hold (", sizes, ")"));
+    }
+  }
+  return b;
+}
+
+RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const NodeHook& on_value) const {
+  RunResult r;
+  r.bindings = bind(feeds);
+  // Intermediates, the arena and the peak come from the allocator of the feeds' device.
+  const Device dev = feed_device(g_, feeds);
+  if (dev.kind == DeviceKind::cuda) use_device(dev.index);
+  Allocator& alloc = dev.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(dev.index)) : cpu_allocator();
+  if (options_.plan_memory && (plan_.offset.empty() || planned_for_ != r.bindings || arena_.device() != dev)) {
+    arena_ = Tensor();
+    plan_ = plan_memory(g_, r.bindings);
+    planned_for_ = r.bindings;
+    arena_ = Tensor::empty({static_cast<int64_t>((plan_.arena_bytes + 7) / 8)}, DType::i64, alloc);
+  }
+  r.planned_bytes = options_.plan_memory ? plan_.arena_bytes : 0;
+  alloc.reset_peak();
+  std::vector<Tensor> values(g_.size());
+  std::vector<std::vector<Tensor>> extras(g_.size());  // extra outputs of multi-output nodes
+  std::vector<Tensor> args;
+  for (const auto& up : g_.nodes()) {
+    const Node& n = *up;
+    const size_t at = g_.position(&n);
+    if (n.op() == Op::input || n.op() == Op::parameter) {
+      values[at] = feeds.at(n.name());
+      continue;
+    }
+    Shape shape = eval_shape(n.shape(), r.bindings);
+    if (n.op() == Op::output) {
+      const auto& xs = extras[g_.position(n.input(0))];
+      const int64_t index = n.attrs().i("index");
+      AUTOSP_ASSERT(index >= 1 && static_cast<size_t>(index) <= xs.size(), "no extra output ", index, " of ",
+                    n.input(0)->name());
+      values[at] = xs[index - 1];
+    } else {
+      args.clear();
+      for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
+      Communicator* comm = nullptr;
+      if (n.attrs().has("group")) {
+        auto it = groups.find(n.attrs().s("group"));
+        if (it == groups.end())
+          throw RuntimeFailure(str("[", n.op_name(), "] ", n.name(), ": no communicator for group '",
+                                   n.attrs().s("group"), "'"));
+        comm = it->second;
+      }
+      KernelCall call{n, args, shape, r.bindings, alloc, extras[at], comm, {}, {}};
+      if (options_.plan_memory) {
+        if (plan_.offset[at] != MemoryPlan::kHeap)
+          call.out = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.offset[at]), shape, n.dtype());
+        const auto types = extra_types(n);
+        for (size_t e = 0; e < plan_.extra_offset[at].size(); ++e)
+          call.extra_out.push_back(plan_.extra_offset[at][e] == MemoryPlan::kHeap
+                                       ? Tensor()
+                                       : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
+                                                            eval_shape(types[e].shape, r.bindings), types[e].dtype));
+      }
+      values[at] = dispatch(call, dev.kind);
+    }
+    AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
+                  shape_str(shape));
+    if (on_value) on_value(n, values[at]);
+    // Free inputs whose last use this was (fed tensors stay alive with the caller).
+    for (const Node* i : n.inputs()) {
+      size_t ip = g_.position(i);
+      if (last_use_[ip] == at && !g_.is_output(i)) {
+        values[ip] = Tensor();
+        extras[ip].clear();
+      }
+    }
+    if (last_use_[at] == at && !g_.is_output(&n)) {
+      values[at] = Tensor();
+      extras[at].clear();
+    }
+  }
+  args.clear();
+  for (const Node* o : g_.outputs()) r.outputs[o->name()] = values[g_.position(o)];
+  r.peak_bytes = alloc.peak_bytes();
+  return r;
+}
+
+}  // namespace autosp

@@ -1,0 +1,63 @@
+// The executor: binds the graph's symbols (B, S, ...) to the sizes of the fed tensors, checks the
+// graph's assumptions (a violated one is a UsageError naming it), then runs the nodes in order
+// through the kernel dispatch table, freeing each intermediate after its last use. It runs on the
+// device the fed tensors are on (all on one): intermediates and the memory-plan arena come from that
+// device's allocator, whose peak during the run it reports. Joins src/graph and src/kernels; holds
+// no model knowledge.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "comm/communicator.h"
+#include "graph/ir.h"
+#include "engine/memory_plan.h"
+#include "tensor/tensor.h"
+
+namespace autosp {
+
+using TensorMap = std::map<std::string, Tensor>;
+// Process groups by the names collectives use in their "group" attribute ("sp", "world", "dp").
+using CommGroups = std::map<std::string, Communicator*>;
+
+struct RunResult {
+  TensorMap outputs;     // graph outputs by node name
+  Bindings bindings;     // the symbol sizes used
+  size_t peak_bytes = 0; // allocator high-water mark during the run (includes fed tensors)
+  size_t planned_bytes = 0;  // the memory plan's arena (the planned peak of intermediates), 0 unplanned
+};
+
+// Called after each computed node (not inputs or parameters) with its value, before anything is
+// freed: the trainer starts a gradient's all-reduce as soon as the gradient exists.
+using NodeHook = std::function<void(const Node&, const Tensor&)>;
+
+struct ExecOptions {
+  bool plan_memory = true;  // place intermediates in one planned arena (engine/memory_plan.h)
+};
+
+class Executor {
+ public:
+  explicit Executor(const Graph& g, ExecOptions options = {});
+
+  // `feeds` holds a tensor for every input node (by node name) and every parameter (by name);
+  // `groups` the communicators the graph's collectives name.
+  RunResult run(const TensorMap& feeds, const CommGroups& groups = {}, const NodeHook& on_value = {}) const;
+
+  // Bind symbols from the feeds' shapes and check every dim and assumption.
+  Bindings bind(const TensorMap& feeds) const;
+
+ private:
+  const Graph& g_;
+  ExecOptions options_;
+  std::vector<size_t> last_use_;  // per node: position of its last user (or itself)
+  // The plan and arena of the last bindings seen (plans depend on the sizes).
+  mutable Bindings planned_for_;
+  mutable MemoryPlan plan_;
+  mutable Tensor arena_;
+};
+
+// Concrete shape of a symbolic one.
+Shape eval_shape(const SymShape& s, const Bindings& b);
+
+}  // namespace autosp

@@ -1,0 +1,179 @@
+// Liveness-based best-fit memory planning.
+#include "engine/memory_plan.h"
+
+#include <algorithm>
+#include <map>
+
+#include "tensor/check.h"
+#include "tensor/tensor.h"
+
+namespace autosp {
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+struct Buffer {
+  size_t bytes = 0;
+  size_t def = 0, end = 0;  // defined at / last read at (execution positions)
+  bool external = false;    // lives outside the arena
+  int inherits = -1;        // buffer whose place this one takes over (in-place op)
+  bool handed_over = false;  // its place was taken over: never freed by itself
+  int64_t offset = MemoryPlan::kHeap;
+};
+
+size_t bytes_of(const TensorType& t, const Bindings& b) {
+  int64_t n = 1;
+  for (const auto& d : t.shape) n *= d.eval(b);
+  return static_cast<size_t>(n) * dtype_size(t.dtype);
+}
+
+bool may_write_over_input(Op op) {
+  switch (op) {
+    case Op::scale: case Op::neg: case Op::exp: case Op::gelu_tanh: case Op::silu: case Op::causal_mask:
+    case Op::add: case Op::sub: case Op::mul: case Op::div:
+    case Op::bias_gelu_tanh: case Op::bias_gelu_tanh_backward:
+      return true;  // elementwise kernels that read element i before writing element i
+    default:
+      return false;
+  }
+}
+
+// Best-fit allocation in a growing arena with coalescing frees.
+class Arena {
+ public:
+  int64_t allocate(size_t bytes) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->second >= bytes && (best == free_.end() || it->second < best->second)) best = it;
+    if (best != free_.end()) {
+      const int64_t at = best->first;
+      const size_t left = best->second - bytes;
+      free_.erase(best);
+      if (left) free_[at + static_cast<int64_t>(bytes)] = left;
+      return at;
+    }
+    // Grow: extend a free block that ends at the top, or start a new one there.
+    if (!free_.empty()) {
+      auto last = std::prev(free_.end());
+      if (last->first + static_cast<int64_t>(last->second) == static_cast<int64_t>(top_)) {
+        const int64_t at = last->first;
+        top_ = static_cast<size_t>(at) + bytes;
+        free_.erase(last);
+        return at;
+      }
+    }
+    const int64_t at = static_cast<int64_t>(top_);
+    top_ += bytes;
+    return at;
+  }
+  void release(int64_t at, size_t bytes) {
+    auto it = free_.emplace(at, bytes).first;
+    auto next = std::next(it);
+    if (next != free_.end() && it->first + static_cast<int64_t>(it->second) == next->first) {
+      it->second += next->second;
+      free_.erase(next);
+    }
+    if (it != free_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + static_cast<int64_t>(prev->second) == it->first) {
+        prev->second += it->second;
+        free_.erase(it);
+      }
+    }
+  }
+  size_t top() const { return top_; }
+
+ private:
+  std::map<int64_t, size_t> free_;
+  size_t top_ = 0;
+};
+
+}  // namespace
+
+MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
+  const size_t n = g.size();
+  std::vector<Buffer> bufs;
+  std::vector<int> primary(n, -1);             // node → buffer of its output (-1: a leaf)
+  std::vector<std::vector<int>> extras(n);     // node → buffers of its extra outputs
+  auto make = [&](const TensorType& t, size_t at) {
+    bufs.push_back({align_up(bytes_of(t, b)), at, at});
+    return static_cast<int>(bufs.size() - 1);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = *g.nodes()[i];
+    if (node.op() == Op::input || node.op() == Op::parameter) continue;
+    if (node.op() == Op::reshape) {
+      primary[i] = primary[g.position(node.input(0))];  // a view of its input
+    } else if (node.op() == Op::output) {
+      primary[i] = extras[g.position(node.input(0))].at(static_cast<size_t>(node.attrs().i("index") - 1));
+    } else {
+      primary[i] = make(node.type(), i);
+      for (const auto& t : extra_types(node)) extras[i].push_back(make(t, i));
+    }
+  }
+  // Lifetimes: a buffer lives until the last read of any node that views it.
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = *g.nodes()[i];
+    for (const Node* in : node.inputs()) {
+      const int buf = primary[g.position(in)];
+      if (buf >= 0) bufs[buf].end = std::max(bufs[buf].end, i);
+    }
+    if (primary[i] >= 0) bufs[primary[i]].end = std::max(bufs[primary[i]].end, i);
+    if (g.is_output(&node) && primary[i] >= 0) bufs[primary[i]].external = true;
+  }
+  // In place: an elementwise op whose same-sized input buffer dies here takes over its place.
+  MemoryPlan plan;
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = *g.nodes()[i];
+    if (!may_write_over_input(node.op()) || primary[i] < 0) continue;
+    Buffer& out = bufs[primary[i]];
+    for (size_t k = 0; k < node.inputs().size(); ++k) {
+      const Node* in = node.input(k);
+      const int buf = primary[g.position(in)];
+      if (buf < 0 || buf == primary[i] || bufs[buf].external || out.external || bufs[buf].end != i ||
+          bufs[buf].handed_over || in->dtype() != node.dtype() || !(in->shape() == node.shape()) ||
+          bufs[buf].bytes != out.bytes)
+        continue;
+      out.inherits = buf;
+      bufs[buf].handed_over = true;
+      ++plan.in_place;
+      break;
+    }
+  }
+  // Place buffers in execution order; free after the last read.
+  Arena arena;
+  std::vector<std::vector<int>> ending(n);
+  for (size_t k = 0; k < bufs.size(); ++k)
+    if (!bufs[k].external) ending[bufs[k].end].push_back(static_cast<int>(k));
+  size_t live = 0;
+  for (size_t i = 0, k = 0; i < n; ++i) {
+    for (; k < bufs.size() && bufs[k].def == i; ++k) {
+      Buffer& buf = bufs[k];
+      if (buf.external) continue;
+      if (buf.inherits >= 0) {
+        buf.offset = bufs[buf.inherits].offset;
+        continue;
+      }
+      buf.offset = arena.allocate(buf.bytes);
+      live += buf.bytes;
+      plan.max_live_bytes = std::max(plan.max_live_bytes, live);
+    }
+    for (int k2 : ending[i]) {
+      if (bufs[k2].handed_over) continue;
+      arena.release(bufs[k2].offset, bufs[k2].bytes);
+      live -= bufs[k2].bytes;
+    }
+  }
+  plan.arena_bytes = arena.top();
+  plan.offset.assign(n, MemoryPlan::kHeap);
+  plan.extra_offset.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Op op = g.nodes()[i]->op();
+    if (primary[i] >= 0 && op != Op::reshape && op != Op::output) plan.offset[i] = bufs[primary[i]].offset;
+    for (int e : extras[i]) plan.extra_offset[i].push_back(bufs[e].offset);
+  }
+  return plan;
+}
+
+}  // namespace autosp

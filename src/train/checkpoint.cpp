@@ -1,0 +1,310 @@
+// Atomic checkpoint directories with CRC-32C checksums, keep-last-K pruning and validated loading.
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "models/weights.h"
+#include "tensor/safetensors.h"
+
+namespace autosp {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kFormat = 2;  // 2: meta.json carries the files' sizes and CRC-32C
+constexpr const char* kDataFiles[] = {"model.safetensors", "optimizer.safetensors"};
+constexpr uint64_t kMaxMetaBytes = uint64_t{64} << 20;
+
+// ---- CRC-32C, slicing by 8 ----------------------------------------------------------------------
+
+struct CrcTables {
+  uint32_t t[8][256];
+};
+constexpr CrcTables make_crc_tables() {
+  CrcTables T{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;  // reflected Castagnoli
+    T.t[0][i] = c;
+  }
+  for (uint32_t i = 0; i < 256; ++i)
+    for (int s = 1; s < 8; ++s) T.t[s][i] = (T.t[s - 1][i] >> 8) ^ T.t[0][T.t[s - 1][i] & 0xFF];
+  return T;
+}
+constexpr CrcTables kCrc = make_crc_tables();
+
+// ---- files and directories ----------------------------------------------------------------------
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw RuntimeFailure(str(p.string(), ": cannot open for fsync: ", std::strerror(errno)));
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0 && errno != EINVAL) throw RuntimeFailure(str(p.string(), ": fsync failed: ", std::strerror(errno)));
+}
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// The step of a "step_<digits>" name, or -1.
+int64_t step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0) return -1;
+  const std::string digits = name.substr(5);
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+// The complete checkpoints (step_N directories with a meta.json) under `root`, newest first.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const int64_t s = step_of(it->path().filename().string());
+    if (s >= 0 && fs::exists(it->path() / "meta.json", ec)) out.emplace_back(s, it->path());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+fs::path resolve(const std::string& path) {
+  fs::path p(path);
+  std::error_code ec;
+  if (!fs::is_directory(p, ec)) throw UsageError(str(path, ": no such checkpoint directory"));
+  if (fs::exists(p / "meta.json", ec)) return p;
+  auto all = list_checkpoints(p);
+  if (all.empty()) throw UsageError(str(path, ": holds no checkpoint (no meta.json, no step_* directory)"));
+  return all.front().second;
+}
+
+// ".step_N.{tmp,old,del}.<pid>" left by a process that is gone (a crash mid-write): the pid.
+pid_t stale_pid(const std::string& name) {
+  if (name.rfind(".step_", 0) != 0) return 0;
+  const auto dot = name.rfind('.');
+  const std::string pid = name.substr(dot + 1);
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) return 0;
+  const pid_t p = static_cast<pid_t>(std::stol(pid));
+  if (p == ::getpid() || p <= 0) return 0;
+  return ::kill(p, 0) != 0 && errno == ESRCH ? p : 0;
+}
+
+// Remove all but the newest `keep` checkpoints, and what dead writers left behind. Failures here
+// never fail the run: the new checkpoint is already in place.
+void prune(const fs::path& root, int64_t keep) {
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (stale_pid(name)) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
+  if (keep <= 0) return;
+  auto all = list_checkpoints(root);
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+    const fs::path& dir = all[i].second;
+    const fs::path trash = root / ("." + dir.filename().string() + ".del." + std::to_string(::getpid()));
+    std::error_code rm;
+    fs::rename(dir, trash, rm);
+    if (!rm) fs::remove_all(trash, rm);
+    if (rm) spdlog::warn("{}: cannot remove old checkpoint: {}", dir.string(), rm.message());
+  }
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+std::string read_small_file(const std::string& path, uint64_t limit) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) throw UsageError(str(path, ": cannot read: ", ec.message()));
+  if (size > limit) throw UsageError(str(path, ": ", size, " bytes is too large (limit ", limit, ")"));
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (!f) throw UsageError(str(path, ": cannot read"));
+  return ss.str();
+}
+
+// Compare each data file with the size and CRC-32C meta.json records for it.
+void verify_files(const fs::path& dir, const nlohmann::json& meta, const std::string& meta_path) {
+  if (!meta.contains("files") || !meta["files"].is_object()) throw UsageError(str(meta_path, ": no 'files' checksums"));
+  for (const char* name : kDataFiles) {
+    const std::string path = (dir / name).string();
+    const nlohmann::json& f = meta["files"].contains(name) ? meta["files"][name] : nlohmann::json();
+    if (!f.is_object() || !f.contains("bytes") || !f["bytes"].is_number_unsigned() || !f.contains("crc32c") ||
+        !f["crc32c"].is_string())
+      throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", name));
+    uint64_t size = 0;
+    const uint32_t crc = crc32c_file(path, &size);
+    if (size != f["bytes"].get<uint64_t>())
+      throw UsageError(str(path, ": ", size, " bytes, meta.json records ", f["bytes"].get<uint64_t>(),
+                           ": the file is truncated or was replaced"));
+    if (hex32(crc) != f["crc32c"].get<std::string>())
+      throw UsageError(str(path, ": checksum mismatch (crc32c ", hex32(crc), ", meta.json records ",
+                           f["crc32c"].get<std::string>(), "): the file is corrupt"));
+  }
+}
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  const auto& t = kCrc.t;
+  crc = ~crc;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);  // little-endian (safetensors.cpp asserts the host is)
+    w ^= crc;
+    crc = t[7][w & 0xFF] ^ t[6][(w >> 8) & 0xFF] ^ t[5][(w >> 16) & 0xFF] ^ t[4][(w >> 24) & 0xFF] ^
+          t[3][(w >> 32) & 0xFF] ^ t[2][(w >> 40) & 0xFF] ^ t[1][(w >> 48) & 0xFF] ^ t[0][w >> 56];
+  }
+  for (; n > 0; --n) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xFF];
+  return ~crc;
+}
+
+uint32_t crc32c_file(const std::string& path, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw UsageError(str(path, ": cannot open: ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw UsageError(str(path, ": not a regular file"));
+  }
+  std::vector<unsigned char> buf(size_t{1} << 20);
+  uint32_t crc = 0;
+  uint64_t total = 0;
+  for (;;) {
+    const ssize_t got = ::read(fd, buf.data(), buf.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw RuntimeFailure(str(path, ": read failed: ", std::strerror(err)));
+    }
+    if (got == 0) break;
+    crc = crc32c(buf.data(), static_cast<size_t>(got), crc);
+    total += static_cast<uint64_t>(got);
+  }
+  ::close(fd);
+  if (size) *size = total;
+  return crc;
+}
+
+std::string save_checkpoint(const std::string& root, int64_t step, const ParamMap& params, const AdamW& opt,
+                            const nlohmann::json& resolved_config, const SaveOptions& options) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw RuntimeFailure(str(root, ": cannot create checkpoint directory: ", ec.message()));
+  const fs::path final_dir = fs::path(root) / step_name(step);
+  const fs::path tmp = fs::path(root) / ("." + step_name(step) + ".tmp." + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) throw RuntimeFailure(str(tmp.string(), ": cannot create: ", ec.message()));
+
+  save_weights((tmp / "model.safetensors").string(), params);
+  std::map<std::string, Tensor> moments;
+  for (const auto& [name, t] : opt.exp_avg) moments["exp_avg." + name] = t;
+  for (const auto& [name, t] : opt.exp_avg_sq) moments["exp_avg_sq." + name] = t;
+  save_safetensors((tmp / "optimizer.safetensors").string(), moments);
+  // Checksums of what is on disk (read back), so a load sees exactly the bytes written here.
+  nlohmann::json files = nlohmann::json::object();
+  for (const char* name : kDataFiles) {
+    uint64_t size = 0;
+    const uint32_t crc = crc32c_file((tmp / name).string(), &size);
+    files[name] = {{"bytes", size}, {"crc32c", hex32(crc)}};
+  }
+  // The data order is a pure function of the step and the seed, and nothing else draws random
+  // numbers after initialisation, so (step, seed) is the whole RNG state.
+  nlohmann::json meta = {{"format", kFormat},
+                         {"step", step},
+                         {"optimizer_step", opt.step},
+                         {"data_position", step},
+                         {"rng", {{"seed", resolved_config["train"]["seed"]}, {"state", "stateless (step, seed)"}}},
+                         {"files", files},
+                         {"config", resolved_config}};
+  {
+    std::ofstream f(tmp / "meta.json");
+    f << meta.dump(2) << "\n";
+    if (!f.flush()) throw RuntimeFailure(str((tmp / "meta.json").string(), ": write failed"));
+  }
+  fsync_path(tmp / "meta.json");
+  fsync_path(tmp);
+  if (options.before_commit) options.before_commit();
+
+  // Replace an existing checkpoint of the same step only after the new one is complete.
+  const fs::path old = fs::path(root) / ("." + step_name(step) + ".old." + std::to_string(::getpid()));
+  if (fs::exists(final_dir)) fs::rename(final_dir, old, ec);
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw RuntimeFailure(str(final_dir.string(), ": cannot move checkpoint into place: ", ec.message()));
+  fsync_path(root);
+  fs::remove_all(old, ec);
+  prune(root, options.keep_last);
+  return final_dir.string();
+}
+
+Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dtype) {
+  const fs::path dir = resolve(path);
+  const std::string meta_path = (dir / "meta.json").string();
+  nlohmann::json meta = parse_json(read_small_file(meta_path, kMaxMetaBytes), meta_path);
+  auto bad = [&](const std::string& what) { throw UsageError(str(meta_path, ": ", what)); };
+  if (!meta.is_object()) bad("not a JSON object");
+  if (!meta.contains("format") || meta["format"] != kFormat)
+    bad(str("unsupported checkpoint format ", meta.contains("format") ? meta["format"].dump() : "(none)",
+            " (expected ", kFormat, "; format 1 predates checksums)"));
+  for (const char* k : {"step", "optimizer_step"})
+    if (!meta.contains(k) || !meta[k].is_number_integer() || meta[k].get<int64_t>() < 0)
+      bad(str("'", k, "' must be a non-negative integer"));
+  const int64_t dir_step = step_of(dir.filename().string());
+  if (dir_step >= 0 && dir_step != meta["step"].get<int64_t>())
+    bad(str("'step' is ", meta["step"].get<int64_t>(), " but the directory is ", dir.filename().string()));
+  if (!meta.contains("config") || !meta["config"].is_object() || !meta["config"].contains("model"))
+    bad("missing the config it was written with");
+  if (meta["config"]["model"] != cfg.resolved["model"])
+    bad(str("was written for model ", meta["config"]["model"].dump(), ", this run's model is ",
+            cfg.resolved["model"].dump()));
+  verify_files(dir, meta, meta_path);
+
+  Checkpoint ck;
+  ck.meta = meta;
+  ck.step = meta["step"].get<int64_t>();
+  ck.params = load_weights((dir / "model.safetensors").string(), cfg.model, dtype);
+  SafetensorsFile opt = load_safetensors((dir / "optimizer.safetensors").string());
+  const std::string opt_path = (dir / "optimizer.safetensors").string();
+  for (const auto& [name, p] : ck.params)
+    for (const char* kind : {"exp_avg.", "exp_avg_sq."}) {
+      auto it = opt.tensors.find(kind + name);
+      if (it == opt.tensors.end()) throw UsageError(str(opt_path, ": missing '", kind, name, "'"));
+      if (it->second.shape() != p.shape())
+        throw UsageError(str(opt_path, ": '", kind, name, "' has shape ", shape_str(it->second.shape()), ", expected ",
+                             shape_str(p.shape())));
+      if (!is_floating(it->second.dtype())) throw UsageError(str(opt_path, ": '", kind, name, "' is not a float tensor"));
+      (std::string(kind) == "exp_avg." ? ck.optimizer.exp_avg : ck.optimizer.exp_avg_sq)[name] =
+          it->second.dtype() == dtype ? it->second : it->second.to(dtype);
+    }
+  if (opt.tensors.size() != 2 * ck.params.size())
+    throw UsageError(str(opt_path, ": holds ", opt.tensors.size(), " tensors, expected ", 2 * ck.params.size()));
+  ck.optimizer.step = meta["optimizer_step"].get<int64_t>();
+  return ck;
+}
+
+}  // namespace autosp

@@ -1,0 +1,411 @@
+// Data sources for training (see data.h): llm.c token shards, raw text bytes and the synthetic
+// associative-recall task, plus count_correct for the task's accuracy. Everything read from a file
+// is validated before we allocate or index with it; a malformed file is a UsageError that starts
+// with the file's path. Knows nothing of graphs, kernels or devices beyond CPU tensors.
+#include "train/data.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "tensor/check.h"
+
+namespace autosp {
+namespace {
+
+constexpr int64_t kIgnore = -100;  // label of a position that is not scored
+
+// Check the shape parameters every source relies on (the config schema checks them too; a source
+// built directly must not divide by zero or allocate a negative size).
+void check_sizes(const DataConfig& cfg, int64_t vocab_size) {
+  if (cfg.seq_len < 1) throw UsageError(str("data.seq_len: expected ≥ 1, got ", cfg.seq_len));
+  if (cfg.batch_size < 1) throw UsageError(str("data.batch_size: expected ≥ 1, got ", cfg.batch_size));
+  if (vocab_size < 1) throw UsageError(str("model.vocab_size: expected ≥ 1, got ", vocab_size));
+}
+
+// Global index of sequence b of step k on dp rank d: ((k·dp + d)·batch + b). The global batch of a
+// step is the same whatever the dp split, because ranks take consecutive blocks of it.
+void check_get_args(int64_t step, int64_t dp_rank, int64_t dp_size) {
+  AUTOSP_ASSERT(step >= 0 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "data: step ", step,
+                ", dp rank ", dp_rank, " of ", dp_size);
+}
+
+// (a · b) mod n for 0 ≤ a, b < n, without overflow.
+uint64_t mulmod(uint64_t a, uint64_t b, uint64_t n) {
+  __extension__ typedef unsigned __int128 u128;
+  return static_cast<uint64_t>(static_cast<u128>(a) * b % n);
+}
+
+// The first token read by sequence b: ((k·dp + d)·batch + b)·seq_len mod n, in modular arithmetic
+// so that no step is large enough to overflow.
+int64_t start_token(int64_t step, int64_t dp_rank, int64_t dp_size, int64_t batch, int64_t b,
+                    int64_t seq_len, int64_t n) {
+  const uint64_t N = static_cast<uint64_t>(n);
+  auto m = [N](int64_t v) { return static_cast<uint64_t>(v) % N; };
+  uint64_t x = mulmod(m(step), m(dp_size), N);
+  x = (x + m(dp_rank)) % N;
+  x = mulmod(x, m(batch), N);
+  x = (x + m(b)) % N;
+  x = mulmod(x, m(seq_len), N);
+  return static_cast<int64_t>(x);
+}
+
+Batch make_batch(int64_t batch, int64_t seq_len, std::vector<int64_t> input, std::vector<int64_t> labels) {
+  std::vector<int64_t> pos(static_cast<size_t>(batch * seq_len));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < seq_len; ++t) pos[static_cast<size_t>(b * seq_len + t)] = t;
+  return {Tensor::from_vector<int64_t>({batch, seq_len}, input),
+          Tensor::from_vector<int64_t>({batch, seq_len}, labels),
+          Tensor::from_vector<int64_t>({batch, seq_len}, pos)};
+}
+
+// ---- token streams (tokens and text) ----------------------------------------------------------
+
+// A token stream held in memory (uint32 for llm.c shards, uint8 for text), read in the order of
+// data.h: sequence b of step k on rank d is seq_len + 1 tokens from start_token(), wrapping.
+template <class T>
+class StreamSource final : public DataSource {
+ public:
+  StreamSource(std::vector<T> tokens, int64_t seq_len, int64_t batch, std::string description)
+      : tokens_(std::move(tokens)), seq_len_(seq_len), batch_(batch), description_(std::move(description)) {}
+
+  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const override {
+    check_get_args(step, dp_rank, dp_size);
+    const int64_t n = num_tokens(), S = seq_len_;
+    std::vector<int64_t> input(static_cast<size_t>(batch_ * S)), labels(input.size());
+    for (int64_t b = 0; b < batch_; ++b) {
+      int64_t at = start_token(step, dp_rank, dp_size, batch_, b, S, n);
+      int64_t* in = input.data() + b * S;
+      int64_t* lab = labels.data() + b * S;
+      for (int64_t t = 0; t <= S; ++t) {
+        const int64_t tok = tokens_[static_cast<size_t>(at)];
+        if (t < S) in[t] = tok;
+        if (t > 0) lab[t - 1] = tok;
+        if (++at == n) at = 0;
+      }
+    }
+    return make_batch(batch_, S, std::move(input), std::move(labels));
+  }
+  int64_t num_tokens() const override { return static_cast<int64_t>(tokens_.size()); }
+  std::string describe() const override { return description_; }
+
+ private:
+  std::vector<T> tokens_;
+  int64_t seq_len_, batch_;
+  std::string description_;
+};
+
+// An open file that closes itself.
+struct File {
+  std::FILE* f = nullptr;
+  // O_NONBLOCK: opening a FIFO must not block (open_regular then rejects it).
+  explicit File(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0 && !(f = ::fdopen(fd, "rb"))) ::close(fd);
+  }
+  ~File() {
+    if (f) std::fclose(f);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+};
+
+// Open `path` as a regular file and return its size; a missing or unreadable file is a UsageError.
+int64_t open_regular(const std::string& path, File& file) {
+  if (!file.f) throw UsageError(str(path, ": cannot open (", std::strerror(errno), ")"));
+  struct stat st;
+  if (fstat(fileno(file.f), &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
+  if (!S_ISREG(st.st_mode)) throw UsageError(str(path, ": not a regular file"));
+  return static_cast<int64_t>(st.st_size);
+}
+
+void read_exact(const std::string& path, File& file, void* dst, size_t nbytes) {
+  if (std::fread(dst, 1, nbytes, file.f) != nbytes)
+    throw RuntimeFailure(str(path, ": short read (the file changed while it was read?)"));
+}
+
+uint32_t le32(const unsigned char* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+// llm.c shard header: 256 little-endian int32; [0] magic, [1] version, [2] number of tokens.
+constexpr int64_t kHeaderInts = 256, kHeaderBytes = kHeaderInts * 4;
+constexpr int32_t kMagicU16 = 20240520, kVersionU16 = 1;
+constexpr int32_t kMagicU32 = 20240801, kVersionU32 = 7;
+
+struct Shard {
+  std::string path;
+  int64_t count = 0;       // tokens
+  int64_t token_size = 0;  // bytes: 2 or 4
+};
+
+// Read and check a shard's header against its file size; allocates nothing that the header sizes.
+Shard read_shard_header(const std::string& path) {
+  File file(path);
+  const int64_t size = open_regular(path, file);
+  if (size == 0) throw UsageError(str(path, ": empty file (expected an llm.c token shard)"));
+  if (size < kHeaderBytes)
+    throw UsageError(str(path, ": truncated header: the file holds ", size, " bytes, an llm.c shard header is ",
+                         kHeaderBytes));
+  unsigned char raw[kHeaderBytes];
+  read_exact(path, file, raw, sizeof raw);
+  const int32_t magic = static_cast<int32_t>(le32(raw)), version = static_cast<int32_t>(le32(raw + 4));
+  const int32_t count = static_cast<int32_t>(le32(raw + 8));
+  Shard s{path, count, 0};
+  if (magic == kMagicU16) {
+    if (version != kVersionU16)
+      throw UsageError(str(path, ": unsupported version ", version, " for magic ", magic, " (expected ",
+                           kVersionU16, ", uint16 tokens)"));
+    s.token_size = 2;
+  } else if (magic == kMagicU32) {
+    if (version != kVersionU32)
+      throw UsageError(str(path, ": unsupported version ", version, " for magic ", magic, " (expected ",
+                           kVersionU32, ", uint32 tokens)"));
+    s.token_size = 4;
+  } else {
+    throw UsageError(str(path, ": bad magic ", magic, " (expected ", kMagicU16, " for uint16 tokens or ",
+                         kMagicU32, " for uint32 tokens; not an llm.c token shard)"));
+  }
+  const int64_t data_bytes = size - kHeaderBytes;
+  if (count < 0 || count * s.token_size != data_bytes)
+    throw UsageError(str(path, ": token count mismatch: the header says ", count, " tokens (",
+                         int64_t{count} * s.token_size, " bytes) but the file holds ", data_bytes,
+                         " bytes after the header"));
+  return s;
+}
+
+// Append a validated shard's tokens to `out`, checking each against the vocab.
+void read_shard_tokens(const Shard& s, int64_t vocab_size, std::vector<uint32_t>& out) {
+  File file(s.path);
+  const int64_t size = open_regular(s.path, file);
+  if (size != kHeaderBytes + s.count * s.token_size)
+    throw RuntimeFailure(str(s.path, ": the file changed while it was read"));
+  if (std::fseek(file.f, kHeaderBytes, SEEK_SET) != 0) throw RuntimeFailure(str(s.path, ": cannot seek"));
+  constexpr int64_t kChunk = 1 << 20;  // tokens per read
+  std::vector<unsigned char> buf(static_cast<size_t>(std::min(s.count, kChunk) * s.token_size));
+  for (int64_t done = 0; done < s.count;) {
+    const int64_t n = std::min(kChunk, s.count - done);
+    read_exact(s.path, file, buf.data(), static_cast<size_t>(n * s.token_size));
+    for (int64_t i = 0; i < n; ++i) {
+      const unsigned char* p = buf.data() + i * s.token_size;
+      const uint32_t tok = s.token_size == 2 ? uint32_t(p[0]) | uint32_t(p[1]) << 8 : le32(p);
+      if (static_cast<int64_t>(tok) >= vocab_size)
+        throw UsageError(str(s.path, ": token ", tok, " at index ", done + i, " is ≥ vocab_size ", vocab_size));
+      out.push_back(tok);
+    }
+    done += n;
+  }
+}
+
+// The files a `path` names: the file itself when it exists, else the matches of a glob, sorted.
+std::vector<std::string> expand_path(const std::string& pattern) {
+  std::error_code ec;
+  if (std::filesystem::exists(pattern, ec) || pattern.find_first_of("*?[") == std::string::npos)
+    return {pattern};
+  glob_t g;
+  const int rc = glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  if (rc == GLOB_NOSPACE) throw RuntimeFailure(str(pattern, ": out of memory expanding the glob"));
+  if (rc != 0 && rc != GLOB_NOMATCH) throw UsageError(str(pattern, ": cannot expand the glob (read error)"));
+  if (files.empty()) throw UsageError(str(pattern, ": no file matches the pattern"));
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, int64_t vocab_size) {
+  if (cfg.path.empty()) throw UsageError("data.path: required for data.source 'tokens'");
+  std::vector<Shard> shards;
+  int64_t total = 0;
+  bool u16 = false, u32 = false;
+  for (const std::string& path : expand_path(cfg.path)) {
+    shards.push_back(read_shard_header(path));
+    total += shards.back().count;
+    (shards.back().token_size == 2 ? u16 : u32) = true;
+  }
+  if (total < cfg.seq_len + 1)
+    throw UsageError(str(cfg.path, ": the token stream holds ", total, " tokens, fewer than seq_len + 1 = ",
+                         cfg.seq_len + 1));
+  std::vector<uint32_t> tokens;
+  tokens.reserve(static_cast<size_t>(total));
+  for (const Shard& s : shards) read_shard_tokens(s, vocab_size, tokens);
+  const char* kind = u16 && u32 ? "uint16 and uint32" : u16 ? "uint16" : "uint32";
+  std::string desc = str("tokens: ", shards.size(), shards.size() == 1 ? " shard, " : " shards, ", total,
+                         " tokens (", kind, ") from ", cfg.path);
+  return std::make_unique<StreamSource<uint32_t>>(std::move(tokens), cfg.seq_len, cfg.batch_size, std::move(desc));
+}
+
+std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, int64_t vocab_size) {
+  if (cfg.path.empty()) throw UsageError("data.path: required for data.source 'text'");
+  if (vocab_size < 256)
+    throw UsageError(str(cfg.path, ": the text source uses bytes as tokens and needs vocab_size ≥ 256, got ",
+                         vocab_size));
+  File file(cfg.path);
+  const int64_t size = open_regular(cfg.path, file);
+  if (size == 0) throw UsageError(str(cfg.path, ": empty file"));
+  if (size < cfg.seq_len + 1)
+    throw UsageError(str(cfg.path, ": the text holds ", size, " bytes, fewer than seq_len + 1 = ", cfg.seq_len + 1));
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  read_exact(cfg.path, file, bytes.data(), bytes.size());
+  return std::make_unique<StreamSource<uint8_t>>(std::move(bytes), cfg.seq_len, cfg.batch_size,
+                                                 str("text: ", size, " bytes from ", cfg.path));
+}
+
+// ---- synthetic associative recall -------------------------------------------------------------
+
+// splitmix64: a counter-based generator, so a sequence depends only on (seed, global index).
+struct SplitMix64 {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
+};
+
+// Each sequence is L = seq_len + 1 tokens (input = the first seq_len, labels = the last seq_len,
+// as for the token streams):
+//
+//   position  0     1  2   …  2n-1 2n    2n+1 … L-2n-2   L-2n-1   L-2n     L-2n+1   …  L-2  L-1
+//   token     BOS   k1 v1  …  kn   vn    PAD  …  PAD     SEP      k_π1     v_π1     …  k_πn v_πn
+//
+// n = min(#keys, (L - 2) / 4) pairs with distinct keys k from [3, 3 + #keys) and values v from
+// [3 + #keys, vocab) (values may repeat); the queries repeat the pairs in a shuffled order π and
+// end at the last token, so any remainder is PAD between the pairs and SEP. Specials: PAD = 0,
+// BOS = 1, SEP = 2; #keys = (vocab - 3) / 2, the rest are values. The label at input position p is
+// token p+1 only where p holds a query key (its label is that key's value); every other label is
+// -100. Keys sit in the first half and their queries in the second, so answering means attending
+// from the end of the sequence back to its start.
+class SyntheticSource final : public DataSource {
+ public:
+  static constexpr int64_t kPad = 0, kBos = 1, kSep = 2, kFirstKey = 3;
+
+  SyntheticSource(const DataConfig& cfg, int64_t vocab_size, uint64_t seed)
+      : seq_len_(cfg.seq_len), batch_(cfg.batch_size), vocab_(vocab_size), seed_(seed) {
+    if (vocab_size < 16)
+      throw UsageError(str("model.vocab_size: the synthetic data needs ≥ 16, got ", vocab_size));
+    if (cfg.seq_len < 8) throw UsageError(str("data.seq_len: the synthetic data needs ≥ 8, got ", cfg.seq_len));
+    num_keys_ = (vocab_size - kFirstKey) / 2;
+    pairs_ = std::min(num_keys_, (seq_len_ + 1 - 2) / 4);
+  }
+
+  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const override {
+    check_get_args(step, dp_rank, dp_size);
+    const int64_t S = seq_len_;
+    std::vector<int64_t> input(static_cast<size_t>(batch_ * S)), labels(input.size());
+    std::vector<int64_t> seq(static_cast<size_t>(S + 1));
+    for (int64_t b = 0; b < batch_; ++b) {
+      // Unsigned arithmetic: wraps instead of overflowing, and stays the same for every dp split.
+      const uint64_t global = (static_cast<uint64_t>(step) * static_cast<uint64_t>(dp_size) +
+                               static_cast<uint64_t>(dp_rank)) * static_cast<uint64_t>(batch_) +
+                              static_cast<uint64_t>(b);
+      const int64_t first_query = generate(global, seq);
+      std::copy(seq.begin(), seq.begin() + S, input.begin() + b * S);
+      int64_t* lab = labels.data() + b * S;
+      std::fill(lab, lab + S, kIgnore);
+      for (int64_t p = first_query; p < S; p += 2) lab[p] = seq[static_cast<size_t>(p + 1)];
+    }
+    return make_batch(batch_, S, std::move(input), std::move(labels));
+  }
+  int64_t num_tokens() const override { return 0; }
+  std::string describe() const override {
+    return str("synthetic: associative recall, ", pairs_, " key-value pairs per sequence of ", seq_len_,
+               " (keys ", kFirstKey, "..", kFirstKey + num_keys_ - 1, ", values ", kFirstKey + num_keys_, "..",
+               vocab_ - 1, ")");
+  }
+
+ private:
+  // Fill `seq` (L = seq_len + 1 tokens) for one global sequence index; returns the position of the
+  // first query key.
+  int64_t generate(uint64_t global, std::vector<int64_t>& seq) const {
+    SplitMix64 seeder{seed_ ^ 0x5DEECE66Dull};
+    SplitMix64 rng{seeder.next() ^ (global * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull)};
+    rng.next();
+    const int64_t L = static_cast<int64_t>(seq.size()), n = pairs_, num_values = vocab_ - kFirstKey - num_keys_;
+    std::vector<int64_t> keys, values(static_cast<size_t>(n)), order(static_cast<size_t>(n));
+    std::vector<char> used(static_cast<size_t>(num_keys_), 0);
+    while (static_cast<int64_t>(keys.size()) < n) {  // distinct keys by rejection (n ≤ #keys)
+      const int64_t k = rng.below(num_keys_);
+      if (!used[static_cast<size_t>(k)]) used[static_cast<size_t>(k)] = 1, keys.push_back(kFirstKey + k);
+    }
+    for (auto& v : values) v = kFirstKey + num_keys_ + rng.below(num_values);
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+    for (int64_t i = n - 1; i > 0; --i) std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng.below(i + 1))]);
+
+    std::fill(seq.begin(), seq.end(), kPad);
+    seq[0] = kBos;
+    for (int64_t i = 0; i < n; ++i) {
+      seq[static_cast<size_t>(1 + 2 * i)] = keys[static_cast<size_t>(i)];
+      seq[static_cast<size_t>(2 + 2 * i)] = values[static_cast<size_t>(i)];
+    }
+    const int64_t first_query = L - 2 * n;
+    seq[static_cast<size_t>(first_query - 1)] = kSep;
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t i = static_cast<size_t>(order[static_cast<size_t>(j)]);
+      seq[static_cast<size_t>(first_query + 2 * j)] = keys[i];
+      seq[static_cast<size_t>(first_query + 2 * j + 1)] = values[i];
+    }
+    return first_query;
+  }
+
+  int64_t seq_len_, batch_, vocab_;
+  uint64_t seed_;
+  int64_t num_keys_ = 0, pairs_ = 0;
+};
+
+template <class T>
+std::pair<int64_t, int64_t> count_correct_as(const Tensor& logits, const std::vector<int64_t>& labels, int64_t V) {
+  const T* x = logits.data<T>();
+  int64_t correct = 0, total = 0;
+  for (size_t r = 0; r < labels.size(); ++r) {
+    if (labels[r] == kIgnore) continue;
+    ++total;
+    const T* row = x + static_cast<int64_t>(r) * V;
+    const int64_t best = std::max_element(row, row + V) - row;  // first maximum on ties
+    correct += best == labels[r];
+  }
+  return {correct, total};
+}
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
+  check_sizes(cfg, vocab_size);
+  if (cfg.source == "synthetic") return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
+  if (cfg.source == "tokens") return make_tokens_source(cfg, vocab_size);
+  if (cfg.source == "text") return make_text_source(cfg, vocab_size);
+  throw UsageError(str("data.source: unknown source '", cfg.source, "' (expected synthetic, tokens or text)"));
+}
+
+// logits [rows, V] (any leading dims whose product is rows), labels [rows] (i64 or i32).
+std::pair<int64_t, int64_t> count_correct(const Tensor& logits, const Tensor& labels) {
+  AUTOSP_ASSERT(logits.device().kind == DeviceKind::cpu && labels.device().kind == DeviceKind::cpu,
+                "count_correct: CPU tensors only");
+  AUTOSP_ASSERT(logits.rank() >= 1 && logits.is_contiguous(), "count_correct: logits ", logits.str());
+  const int64_t V = logits.dim(-1);
+  AUTOSP_ASSERT(V >= 1 && logits.numel() == labels.numel() * V, "count_correct: logits ", logits.str(),
+                " vs labels ", labels.str());
+  AUTOSP_ASSERT(labels.dtype() == DType::i64 || labels.dtype() == DType::i32, "count_correct: labels ",
+                labels.str());
+  std::vector<int64_t> lab;
+  lab.reserve(static_cast<size_t>(labels.numel()));
+  for (double v : labels.to_doubles()) lab.push_back(static_cast<int64_t>(v));
+  if (logits.dtype() == DType::f32) return count_correct_as<float>(logits, lab, V);
+  if (logits.dtype() == DType::bf16) return count_correct_as<float>(logits.to(DType::f32), lab, V);  // exact
+  AUTOSP_ASSERT(logits.dtype() == DType::f64, "count_correct: logits must be f32, f64 or bf16, got ", logits.str());
+  return count_correct_as<double>(logits, lab, V);
+}
+
+}  // namespace autosp

@@ -1,0 +1,45 @@
+// The training loop behind autosp-train: builds the joint forward+backward graph once, then per
+// step reads a batch, runs the graph, all-reduces gradients over the world, clips, steps AdamW,
+// logs (rank 0) and checkpoints. Everything a test wants to check is returned in TrainResult.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/config.h"
+#include "models/model.h"
+
+namespace autosp {
+
+struct TrainArgs {
+  std::optional<int64_t> steps;  // overrides train.steps
+  std::string init_from;         // safetensors weights to start from
+  std::string resume;            // checkpoint directory (or root) to continue from
+  std::string metrics;           // JSON lines file, one object per logged step (rank 0)
+  std::string dump_grads;        // safetensors of the first step's gradients (rank 0)
+  bool quiet = false;            // no per-step log lines
+  // Score the synthetic task's accuracy each step (StepRecord::accuracy). It copies this rank's
+  // logits to the host and scans them there (at S = 32k and a 32k vocabulary, 2 GiB and seconds
+  // per step), so autosp-bench, which times steps, turns it off.
+  bool accuracy = true;
+};
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based number of the completed step
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_sec = 0, step_ms = 0;
+  double grad_sync_ms = 0;       // time blocked on the gradient all-reduce (train/grad_sync.h)
+  double grad_sync_wait_ms = 0;  // the part of it after the backward (GradSyncStats::wait_seconds)
+  size_t peak_bytes = 0;
+  double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources or when not scored)
+};
+
+struct TrainResult {
+  std::vector<StepRecord> steps;  // every step run by this process
+  ParamMap params;                // final parameters
+};
+
+TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world);
+
+}  // namespace autosp

@@ -1,0 +1,212 @@
+// passes/fuse_elementwise: golden IR of the fused tiny GPT-2 and Llama forward graphs
+// (tests/golden/fused/), what it fuses and what it must leave alone, and whole-model loss and
+// parameter gradients with runtime.fuse_kernels on against off (f64 within 1e-10, f32 within 1e-5,
+// bf16 within a few roundings), with and without activation checkpointing.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "common/tiny_models.h"
+#include "common/golden.h"
+#include "graph/builder.h"
+#include "graph/passes/fuse_elementwise.h"
+#include "graph/printer.h"
+#include "graph/verify.h"
+#include "models/model.h"
+#include "engine/executor.h"
+#include "engine/memory_plan.h"
+#include "engine/program.h"
+
+using namespace autosp;
+using autosp::testing::check_golden;
+
+namespace {
+
+Config tiny(const std::string& arch, int64_t layers, bool fuse, bool checkpointing = false) {
+  nlohmann::json model = testing::tiny_model(arch, 32, layers, 48);
+  return parse_config({{"model", model},
+                       {"data", {{"seq_len", 16}, {"batch_size", 2}}},
+                       {"runtime", {{"fuse_kernels", fuse}, {"activation_checkpointing", checkpointing}}}});
+}
+
+size_t count(const Graph& g, Op op) {
+  size_t n = 0;
+  for (const auto& node : g.nodes()) n += node->op() == op;
+  return n;
+}
+
+std::unique_ptr<Graph> fused_forward(const Config& cfg, bool residual_norms = true) {
+  auto g = build_forward(cfg.model, DType::f32);
+  PassContext ctx;
+  ctx.fuse_residual_norms = residual_norms;
+  apply_fuse_elementwise(*g, ctx);
+  return g;
+}
+
+struct Step {
+  double loss = 0;
+  std::map<std::string, Tensor> grads;
+  size_t arena_bytes = 0;
+};
+
+Step run(const Config& cfg, DType dt) {
+  RankProgram prog = build_program(cfg, dt, Stage::joint, PassContext{});
+  TensorMap feeds = testing::random_token_batch(2, 16, 64, 5);
+  // Non-trivial norm weights and biases (init gives ones and zeros), so their gradients are tested.
+  ParamMap params = init_params(cfg.model, 11, master_dtype(dt));
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> nd(0.0, 0.3);
+  for (auto& [name, p] : params) {
+    if (p.rank() != 1) continue;
+    auto v = p.to_doubles();
+    for (auto& e : v) e += nd(rng);
+    p = Tensor::from_vector(p.shape(), v).to(p.dtype());
+  }
+  for (const auto& [name, p] : params) feeds[name] = p;
+  RunResult r = Executor(*prog.graph).run(feeds);
+  Step out;
+  out.loss = r.outputs.at(prog.loss).to_doubles().at(0);
+  for (size_t i = 0; i < prog.param_names.size(); ++i) out.grads[prog.param_names[i]] = r.outputs.at(prog.grad_names[i]);
+  out.arena_bytes = plan_memory(*prog.graph, {{"B", 2}, {"S", 16}}).arena_bytes;
+  return out;
+}
+
+// max over elements of |a − b| / (1 + |b|)
+double worst(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_doubles(), y = b.to_doubles();
+  REQUIRE(x.size() == y.size());
+  double w = 0;
+  for (size_t i = 0; i < x.size(); ++i) w = std::max(w, std::abs(x[i] - y[i]) / (1 + std::abs(y[i])));
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("fused forward graphs match their golden IR (tiny GPT-2 and Llama, 2 layers)", "[fuse][golden]") {
+  check_golden("fused/gpt2-2layer.txt", to_text(*fused_forward(tiny("gpt2", 2, true))));
+  check_golden("fused/llama-2layer-gqa.txt", to_text(*fused_forward(tiny("llama", 2, true))));
+}
+
+TEST_CASE("fuse_elementwise fuses every residual add + norm and bias + GELU of the models", "[fuse]") {
+  for (int64_t L : {1, 3}) {
+    auto gpt2 = fused_forward(tiny("gpt2", L, true));
+    // x = tok + pos → ln_1, then per layer res1 → ln_2 and res2 → next ln_1 / ln_f; no plain norm left.
+    CHECK(count(*gpt2, Op::add_layernorm) == size_t(2 * L + 1));
+    CHECK(count(*gpt2, Op::layernorm) == 0);
+    CHECK(count(*gpt2, Op::bias_gelu_tanh) == size_t(L));
+    CHECK(count(*gpt2, Op::gelu_tanh) == 0);
+    // The residual stream continues through the sums (extra outputs); only the last one is unused.
+    CHECK(count(*gpt2, Op::output) == size_t(2 * L));
+    auto llama = fused_forward(tiny("llama", L, true));
+    CHECK(count(*llama, Op::add_rmsnorm) == size_t(2 * L));
+    CHECK(count(*llama, Op::rmsnorm) == 1);  // layer 0's input norm reads the embedding
+    // Under activation checkpointing: bias + GELU only.
+    auto checkpointed = fused_forward(tiny("gpt2", L, true), false);
+    CHECK(count(*checkpointed, Op::add_layernorm) == 0);
+    CHECK(count(*checkpointed, Op::bias_gelu_tanh) == size_t(L));
+  }
+}
+
+TEST_CASE("fuse_elementwise leaves patterns it cannot fuse exactly", "[fuse]") {
+  const Dim B = Dim::sym("B"), S = Dim::sym("S");
+  Graph g;
+  Builder b(g);
+  Node* x = b.input("x", DType::f32, {B, S, 8}, Role::none);
+  Node* r = b.input("r", DType::f32, {B, S, 8}, Role::none);
+  Node* row = b.input("row", DType::f32, {S, 8}, Role::none);
+  Node* w = b.input("w", DType::f32, {8}, Role::none);
+  Node* bias = b.input("bias", DType::f32, {8}, Role::none);
+  // 1. the sum is read before the norm: the extra output would come too late.
+  Node* s1 = b.add(x, r, "s1");
+  Node* early = b.neg(s1, "early");
+  Node* n1 = b.layernorm(s1, w, bias, 1e-5, "n1");
+  // 2. a broadcast add (row [S, 8] over [B, S, 8]) is not a residual.
+  Node* n2 = b.rmsnorm(b.add(x, row, "s2"), w, 1e-6, "n2");
+  // 3. the biased value has another user: it stays materialised, so the GELU is not fused.
+  Node* u = b.add(x, bias, "u");
+  Node* gl = b.gelu_tanh(u, "gl");
+  Node* keep = b.neg(u, "keep");
+  for (Node* o : {early, n1, n2, gl, keep}) g.add_output(o);
+  CHECK_FALSE(passes::fuse_elementwise(g, PassContext{}).changed);
+  verify(g);
+
+  // The plain cases: x + r → layernorm with the sum used later, and a bias → GELU.
+  Graph h;
+  Builder c(h);
+  Node* hx = c.input("x", DType::f32, {B, S, 8}, Role::none);
+  Node* hr = c.input("r", DType::f32, {B, S, 8}, Role::none);
+  Node* hw = c.input("w", DType::f32, {8}, Role::none);
+  Node* hb = c.input("b", DType::f32, {8}, Role::none);
+  Node* sum = c.add(hx, hr, "sum");
+  Node* y = c.layernorm(sum, hw, hb, 1e-5, "y");
+  h.add_output(c.add(sum, c.gelu_tanh(c.add(y, hb, "yb"), "g"), "out"));
+  CHECK(passes::fuse_elementwise(h, PassContext{}).changed);
+  verify(h);
+  CHECK(count(h, Op::add_layernorm) == 1);
+  CHECK(count(h, Op::bias_gelu_tanh) == 1);
+  const Node* s = h.find("sum.s");
+  REQUIRE(s != nullptr);
+  CHECK(s->op() == Op::output);
+  CHECK(s->input(0)->op() == Op::add_layernorm);
+}
+
+TEST_CASE("fused and unfused models give the same loss and gradients", "[fuse][model]") {
+  struct Run {
+    std::string arch;
+    DType dt;
+    bool checkpointing;
+    double tol;
+  };
+  for (const Run& c : {Run{"gpt2", DType::f64, false, 1e-10}, Run{"llama", DType::f64, false, 1e-10},
+                       Run{"gpt2", DType::f32, false, 1e-5}, Run{"llama", DType::f32, false, 1e-5},
+                       Run{"gpt2", DType::f64, true, 1e-10}, Run{"llama", DType::f32, true, 1e-5}}) {
+    DYNAMIC_SECTION(c.arch << " " << dtype_name(c.dt) << (c.checkpointing ? " checkpointed" : "")) {
+      const Step off = run(tiny(c.arch, 2, false, c.checkpointing), c.dt);
+      const Step on = run(tiny(c.arch, 2, true, c.checkpointing), c.dt);
+      CHECK(std::abs(on.loss - off.loss) <= c.tol * (1 + std::abs(off.loss)));
+      REQUIRE(on.grads.size() == off.grads.size());
+      for (const auto& [name, g] : off.grads) {
+        INFO(name);
+        CHECK(worst(on.grads.at(name), g) <= c.tol);
+      }
+      // Fusion never needs more activation memory than the unfused graph.
+      CHECK(on.arena_bytes <= off.arena_bytes);
+    }
+  }
+}
+
+TEST_CASE("fused bf16 models track the unfused ones", "[fuse][model][bf16]") {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    DYNAMIC_SECTION(arch) {
+      const Step off = run(tiny(arch, 2, false), DType::bf16);
+      const Step on = run(tiny(arch, 2, true), DType::bf16);
+      // bf16 s = round(x + r) once either way; the fused norm reads the unrounded f32 sum, so the
+      // two differ by about one bf16 rounding per layer (see test_mixed_precision's tolerances).
+      CHECK(std::abs(on.loss - off.loss) <= 1e-2 * std::abs(off.loss));
+      for (const auto& [name, g] : off.grads) {
+        const auto a = on.grads.at(name).to_doubles(), b = g.to_doubles();
+        double num = 0, den = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          num += (a[i] - b[i]) * (a[i] - b[i]);
+          den += b[i] * b[i];
+        }
+        INFO(name);
+        CHECK(std::sqrt(num / std::max(den, 1e-300)) <= 3e-2);
+      }
+    }
+  }
+}
+
+TEST_CASE("fusion runs after AutoSP: a sequence-parallel rank's program builds and verifies", "[fuse][autosp]") {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    Config cfg = tiny(arch, 2, true);
+    cfg.sequence_parallel.autosp_size = 2;
+    RankProgram p = build_program(cfg, DType::f32, Stage::joint, pass_context(cfg, 2, 1));
+    verify(*p.graph);
+    CHECK(count(*p.graph, Op::all_to_all) > 0);
+    CHECK(count(*p.graph, arch == "gpt2" ? Op::add_layernorm : Op::add_rmsnorm) == (arch == "gpt2" ? 5u : 4u));
+    RankProgram q = build_program(cfg, DType::bf16, Stage::joint, pass_context(cfg, 2, 0));
+    CHECK(count(*q.graph, arch == "gpt2" ? Op::add_layernorm : Op::add_rmsnorm) == (arch == "gpt2" ? 5u : 4u));
+  }
+}

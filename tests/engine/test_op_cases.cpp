@@ -1,0 +1,171 @@
+// Every op of the op table, run through the builder and the executor on symbolic shapes, against
+// the naive double-precision references of the op-case table (tests/common/op_cases.h).
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "common/op_cases.h"
+#include "graph/verify.h"
+#include "engine/executor.h"
+
+using namespace autosp;
+using namespace autosp::testing;
+
+namespace {
+
+double max_rel_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double scale = 1e-30, err = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(got[i] - want[i]));
+  return err / scale;
+}
+
+struct Prepared {
+  Graph g;
+  TensorMap feeds;
+  std::vector<Vec> values;
+  std::vector<naive::Shape> shapes;
+};
+
+std::unique_ptr<Prepared> prepare(const OpCase& c, DType dt, uint32_t seed) {
+  auto p = std::make_unique<Prepared>();
+  Builder b(p->g);
+  std::vector<Node*> ins;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const InputSpec& spec = c.inputs[i];
+    const std::string name = "in" + std::to_string(i);
+    ins.push_back(b.input(name, spec.ids ? DType::i64 : dt, spec.shape, Role::none));
+    naive::Shape shape;
+    for (const auto& d : spec.shape) shape.push_back(d.eval(op_case_bindings()));
+    const int64_t n = naive::numel(shape);
+    Vec v = spec.ids ? naive::random_uniform(n, seed + i, 0, static_cast<double>(spec.hi))
+                     : naive::random_normal(n, seed + i);
+    if (spec.ids) {
+      for (auto& x : v) x = std::floor(x);
+      if (spec.ignore)
+        for (size_t k = 0; k < v.size(); k += 3) v[k] = -100;
+      p->feeds[name] = Tensor::from_vector(shape, as_ids(v));
+    } else {
+      p->feeds[name] = Tensor::from_vector(shape, v).to(dt);
+      v = p->feeds[name].to_doubles();  // the reference sees exactly what the kernel sees
+    }
+    p->values.push_back(v);
+    p->shapes.push_back(shape);
+  }
+  p->g.add_output(c.build(b, ins));
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("the op-case table covers every forward op", "[ops]") {
+  std::set<Op> covered{Op::input, Op::parameter};
+  for (const auto& c : op_cases()) covered.insert(c.op);
+  for (size_t i = 0; i < kNumOps; ++i) {
+    const Op op = static_cast<Op>(i);
+    if (op_info(op).backward_only) continue;  // reached through the vjp rules (test_gradcheck)
+    INFO("op " << op_name(op));
+    CHECK(covered.count(op) == 1);
+  }
+}
+
+TEST_CASE("ops match naive references through the executor", "[ops][executor]") {
+  for (DType dt : {DType::f64, DType::f32}) {
+    const double tol = dt == DType::f64 ? 1e-12 : 2e-6;
+    for (const auto& c : op_cases()) {
+      DYNAMIC_SECTION(c.name << " " << dtype_name(dt)) {
+        auto p = prepare(c, dt, 7);
+        verify(p->g);
+        Executor ex(p->g);
+        RunResult r = ex.run(p->feeds, single_groups());
+        const Tensor& out = r.outputs.at(p->g.outputs()[0]->name());
+        CHECK(out.shape() == eval_shape(p->g.outputs()[0]->shape(), op_case_bindings()));
+        Vec want = c.ref(p->values, p->shapes);
+        Vec got = out.to_doubles();
+        REQUIRE(got.size() == want.size());
+        CHECK(max_rel_error(got, want) < tol);
+      }
+    }
+  }
+}
+
+// bf16 on CPU is f32 compute with one rounding per result (dispatch.cpp): each op's bf16 output
+// must be exactly the bf16 rounding (naive, ties to even) of its f32 kernel's output on the same
+// values, and within one bf16 rounding (unit roundoff 2^-8, relative to the largest entry) of the
+// float64 reference. Outputs the op table keeps in f32 (a loss sum, a count) are not rounded.
+TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][bf16]") {
+  for (const auto& c : op_cases()) {
+    DYNAMIC_SECTION(c.name) {
+      auto p = prepare(c, DType::bf16, 7);
+      verify(p->g);
+      const Node* out_node = p->g.outputs()[0];
+      const Tensor out = Executor(p->g).run(p->feeds, single_groups()).outputs.at(out_node->name());
+      CHECK(out.dtype() == out_node->dtype());
+      const Vec got = out.to_doubles();
+      const Vec want = c.ref(p->values, p->shapes);
+      REQUIRE(got.size() == want.size());
+      CHECK(max_rel_error(got, want) < (out.dtype() == DType::bf16 ? 4e-3 : 2e-5));
+
+      // The same values as f32 through the f32 kernels, then rounded (or not) like the node's dtype.
+      auto p32 = prepare(c, DType::f32, 7);
+      for (auto& [name, t] : p32->feeds)
+        if (t.dtype() == DType::f32) t = p->feeds.at(name).to(DType::f32);
+      const Node* out32 = p32->g.outputs()[0];
+      Vec want32 = Executor(p32->g).run(p32->feeds, single_groups()).outputs.at(out32->name()).to_doubles();
+      if (out.dtype() == DType::bf16 && out32->dtype() != DType::bf16) want32 = naive::map(want32, naive::round_bf16);
+      INFO("bf16 output " << out.str() << " vs the f32 kernel's " << out32->type().str());
+      CHECK(got == want32);
+    }
+  }
+}
+
+TEST_CASE("the executor binds symbols and rejects inconsistent feeds", "[executor]") {
+  const OpCase& c = op_cases().front();  // embedding: weight [11, 4], ids [B, S]
+  auto p = prepare(c, DType::f32, 3);
+  Executor ex(p->g);
+  Bindings b = ex.bind(p->feeds);
+  CHECK(b.at("B") == 2);
+  CHECK(b.at("S") == 5);
+
+  TensorMap wrong_shape = p->feeds;
+  wrong_shape["in0"] = Tensor::zeros({12, 4}, DType::f32);
+  CHECK_THROWS_WITH(ex.run(wrong_shape), Catch::Contains("in0") && Catch::Contains("[11, 4]"));
+  TensorMap wrong_dtype = p->feeds;
+  wrong_dtype["in0"] = Tensor::zeros({11, 4}, DType::f64);
+  CHECK_THROWS_WITH(ex.run(wrong_dtype), Catch::Contains("f64[11, 4]"));
+  TensorMap missing = p->feeds;
+  missing.erase("in1");
+  CHECK_THROWS_WITH(ex.run(missing), Catch::Contains("no tensor fed") && Catch::Contains("in1"));
+  TensorMap bad_ids = p->feeds;
+  bad_ids["in1"] = Tensor::from_vector<int64_t>({1, 2}, {3, 11});
+  CHECK_THROWS_AS(ex.run(bad_ids), UsageError);
+}
+
+TEST_CASE("a violated assumption is a clear error", "[executor]") {
+  Graph g;
+  Builder b(g);
+  const Dim S = Dim::sym("S");
+  Node* x = b.input("x", DType::f32, {S, 4}, Role::none);
+  g.assume({S, 4});
+  g.add_output(b.reshape(x, {S / 4, 16}));
+  Executor ex(g);
+  CHECK_THROWS_WITH(ex.run({{"x", Tensor::zeros({6, 4}, DType::f32)}}),
+                    Catch::Contains("S % 4 == 0") && Catch::Contains("S = 6"));
+  RunResult r = ex.run({{"x", Tensor::zeros({8, 4}, DType::f32)}});
+  CHECK(r.outputs.begin()->second.shape() == Shape{2, 16});
+}
+
+TEST_CASE("the executor frees intermediates after their last use", "[executor]") {
+  // x [S, 1024] → 6 chained negations: a naive executor would hold 7 buffers at once.
+  Graph g;
+  Builder b(g);
+  Node* x = b.input("x", DType::f64, {Dim::sym("S"), 1024}, Role::none);
+  Node* y = x;
+  for (int i = 0; i < 6; ++i) y = b.neg(y);
+  g.add_output(y);
+  Executor ex(g);
+  Tensor in = Tensor::zeros({64, 1024}, DType::f64);
+  RunResult r = ex.run({{"x", in}});
+  CHECK(r.peak_bytes >= 3 * in.nbytes());
+  CHECK(r.peak_bytes < 4 * in.nbytes());  // input + at most two live values
+}

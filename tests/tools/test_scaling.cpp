@@ -1,0 +1,139 @@
+// The arithmetic of apps/tools/scaling.h on hand-computed cases: parameter counts (and that they
+// match the graph's parameters), the FLOP formula, the per-step communication volumes, and the
+// projection's SP degree, memory and monotonicity. (The volumes are checked against the bytes a
+// real training step moves in tests/mpi/test_comm_volume.cpp.)
+#include <catch2/catch.hpp>
+
+#include "models/model.h"
+#include "tools/scaling.h"
+
+namespace autosp {
+namespace {
+
+ModelConfig llama_tiny() {  // configs/llama-tiny.json
+  return parse_config({{"model", {{"arch", "llama"}, {"vocab_size", 256}, {"hidden_size", 128}, {"num_hidden_layers", 2},
+                                  {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"intermediate_size", 256}}}})
+      .model;
+}
+
+ModelConfig gpt2_tiny() {  // configs/gpt2-tiny.json
+  return parse_config({{"model", {{"arch", "gpt2"}, {"vocab_size", 512}, {"hidden_size", 256}, {"num_hidden_layers", 4},
+                                  {"num_attention_heads", 8}, {"max_position_embeddings", 1024}}}})
+      .model;
+}
+
+int64_t graph_param_count(const ModelConfig& m) {
+  int64_t n = 0;
+  for (const auto& p : param_specs(m)) {
+    int64_t k = 1;
+    for (int64_t d : p.shape) k *= d;
+    n += k;
+  }
+  return n;
+}
+
+TEST_CASE("scaling: parameter counts", "[scaling]") {
+  // Llama tiny, per layer: q, o 128·128; k, v 128·64; gate, up, down 128·256; two norms 128.
+  //   16384·2 + 8192·2 + 32768·3 + 256 = 147712; ×2 layers + final norm 128 + embed and head 256·128 each.
+  const ModelConfig l = llama_tiny();
+  CHECK(param_count(l) == 147712 * 2 + 128 + 2 * 32768);
+  CHECK(param_count(l) == 361088);
+  CHECK(flop_param_count(l) == 361088 - 32768);  // the embedding lookup does no FLOPs
+  CHECK(param_count(l) == graph_param_count(l));
+  ModelConfig tied = l;
+  tied.tie_word_embeddings = true;
+  CHECK(param_count(tied) == 361088 - 32768);
+  CHECK(flop_param_count(tied) == 361088 - 32768);  // the tied table counts once, as the head
+  CHECK(param_count(tied) == graph_param_count(tied));
+
+  // GPT-2 tiny: 12·C² + 13·C per layer, wte 512·256, wpe 1024·256, ln_f 2·256.
+  const ModelConfig g = gpt2_tiny();
+  CHECK(param_count(g) == 4 * 789760 + 131072 + 262144 + 512);
+  CHECK(flop_param_count(g) == 4 * 789760 + 131072 + 512);
+  CHECK(param_count(g) == graph_param_count(g));
+
+  // Llama-3-8B: 8.03 B.
+  ProjectionConfig pc = parse_projection_config(nlohmann::json::object(), "test");
+  CHECK(param_count(pc.model) == 8030261248);
+}
+
+TEST_CASE("scaling: FLOPs of a training step", "[scaling]") {
+  // Llama tiny, B = 1, S = 1024: 6 · 328320 · 1024 = 2017198080 dense, and causal attention
+  // 12 · 2 layers · 1024² · 128 · ½ = 1610612736.
+  CHECK(step_flops(llama_tiny(), 1, 1024) == 3627810816.0);
+  // GPT-2 tiny, B = 4, S = 256: 6 · 3290624 · 1024 tokens = 20217593856, attention
+  // 12 · 4 · 256² · 256 · 4 · ½ = 1610612736.
+  CHECK(step_flops(gpt2_tiny(), 4, 256) == 21828206592.0);
+  // Doubling S doubles the dense part and quadruples attention.
+  CHECK(step_flops(llama_tiny(), 1, 2048) == 2 * 2017198080.0 + 4 * 1610612736.0);
+}
+
+TEST_CASE("scaling: communication volume per rank and step", "[scaling]") {
+  const ModelConfig l = llama_tiny();
+  // sp = 2, B = 4, S = 256, f32: one all-to-all of h heads sends 4·h·128·16·4 / 2 bytes; q and o
+  // have 8 heads, k and v 4; forward and backward; 2 layers.
+  CommVolume v = step_comm_volume(l, 4, 256, 2, 2, 4, 4);
+  CHECK(v.all_to_all_calls == 16);
+  CHECK(v.kv_heads == 4);
+  CHECK(v.all_to_all_bytes == 2 * 2 * (2 * 16384 * 8 + 2 * 16384 * 4));
+  CHECK(v.all_to_all_bytes == 1572864);
+  CHECK(v.grad_bytes == 361088 * 4);
+  CHECK(v.all_reduce_bytes == 361088 * 4 + 8);
+
+  // sp = 8: 4 K/V heads are replicated up to 8, so k and v carry as much as q and o.
+  v = step_comm_volume(l, 1, 1024, 8, 8, 4, 4);
+  CHECK(v.kv_heads == 8);
+  CHECK(v.all_to_all_bytes == 2 * 2 * 4 * (1 * 8 * 128 * 16 * 4 / 8 * 7));
+
+  // A sequence sp does not divide is padded (1023 → 1024); dp × sp: the all-to-alls are the sp
+  // group's, the gradients go over the whole world.
+  CHECK(step_comm_volume(l, 1, 1023, 4, 8, 4, 4).all_to_all_bytes == step_comm_volume(l, 1, 1024, 4, 4, 4, 4).all_to_all_bytes);
+  v = step_comm_volume(l, 1, 1024, 1, 2, 4, 4);
+  CHECK(v.all_to_all_bytes == 0);
+  CHECK(v.all_reduce_bytes == 361088 * 4 + 8);
+  v = step_comm_volume(l, 1, 1024, 1, 1, 4, 4);
+  CHECK(v.all_reduce_bytes == 0);
+
+  CHECK_THROWS_AS(step_comm_volume(l, 1, 1024, 3, 3, 4, 4), UsageError);   // 8 heads, sp 3
+  CHECK_THROWS_AS(step_comm_volume(l, 1, 1024, 2, 3, 4, 4), UsageError);   // world 3, sp 2
+}
+
+TEST_CASE("scaling: projection", "[scaling]") {
+  ProjectionConfig c = parse_projection_config(nlohmann::json::object(), "test");
+  // 32 heads: Ulysses stops at sp = 32; 64 GPUs are dp 2 × sp 32.
+  CHECK(projection_sp(c.model, 8) == 8);
+  CHECK(projection_sp(c.model, 32) == 32);
+  CHECK(projection_sp(c.model, 64) == 32);
+  CHECK(projection_sp(c.model, 48) == 16);
+
+  // Activations with checkpointing, per local token: (32·4096 + 2·(7·4096 + 2·1024 + 4·14336)) bf16
+  // elements plus fp32 logits and their gradient.
+  CHECK(activation_bytes_per_token(c) == (32.0 * 4096 + 2 * (7 * 4096 + 2 * 1024 + 4 * 14336)) * 2 + 2.0 * 128256 * 4);
+
+  int64_t previous = 0;
+  for (int64_t g : {8, 16, 32, 64}) {
+    const int64_t s = longest_sequence(c, g);
+    CHECK(s % 1024 == 0);
+    CHECK(s >= previous);
+    previous = s;
+    CHECK(project_point(c, g, s).fits);
+    CHECK_FALSE(project_point(c, g, s + 64 * 1024).fits);
+    const ProjectionRow r = project_point(c, g, 262144);
+    CHECK(r.step_s == Approx(r.compute_s + r.all_to_all_s + r.exposed_all_reduce_s));
+    CHECK(r.efficiency > 0);
+    CHECK(r.efficiency <= 1);
+  }
+  CHECK(longest_sequence(c, 32) > 3 * longest_sequence(c, 8));
+
+  // Replicated fp32 Adam state of 8 B parameters alone exceeds 141 GB: nothing fits.
+  ProjectionConfig r = parse_projection_config({{"replicated_bytes_per_param", 18}, {"sharded_bytes_per_param", 0}}, "t");
+  CHECK(longest_sequence(r, 8) == 0);
+
+  CHECK_THROWS_AS(parse_projection_config({{"gpu", 8}}, "t"), UsageError);
+  CHECK_THROWS_AS(parse_projection_config({{"gpus", {8, 0}}}, "t"), UsageError);
+  CHECK_THROWS_AS(parse_projection_config({{"links", {{"nvlink", {{"alpha", 1}}}}}}, "t"), UsageError);
+  CHECK_THROWS_AS(parse_projection_config({{"model", {{"arch", "llama"}, {"hidden_size", "big"}}}}, "t"), UsageError);
+}
+
+}  // namespace
+}  // namespace autosp

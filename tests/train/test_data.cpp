@@ -1,0 +1,424 @@
+// Data sources (src/train/data.h): llm.c shards and text read back in the documented order, a
+// table of malformed inputs that must each be a UsageError naming the file, the synthetic
+// associative-recall task checked by parsing its sequences independently, and count_correct.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+
+#include "train/data.h"
+
+using namespace autosp;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Bytes = std::vector<unsigned char>;
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    static int counter = 0;
+    dir = fs::temp_directory_path() / ("autosp-test-data-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+};
+
+void write_file(const std::string& path, const Bytes& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(f.good());
+}
+
+void put32(Bytes& b, size_t at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b[at + i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+// An llm.c shard: 256 × int32 header (magic, version, count) then the tokens (token_size 2 or 4).
+Bytes shard(int32_t magic, int32_t version, uint32_t count, const std::vector<uint32_t>& tokens, int token_size) {
+  Bytes b(1024, 0);
+  put32(b, 0, static_cast<uint32_t>(magic));
+  put32(b, 4, static_cast<uint32_t>(version));
+  put32(b, 8, count);
+  for (uint32_t t : tokens)
+    for (int i = 0; i < token_size; ++i) b.push_back(static_cast<unsigned char>(t >> (8 * i)));
+  return b;
+}
+Bytes shard16(const std::vector<uint32_t>& tokens) {
+  return shard(20240520, 1, static_cast<uint32_t>(tokens.size()), tokens, 2);
+}
+Bytes shard32(const std::vector<uint32_t>& tokens) {
+  return shard(20240801, 7, static_cast<uint32_t>(tokens.size()), tokens, 4);
+}
+
+std::vector<uint32_t> iota_tokens(uint32_t first, int n) {
+  std::vector<uint32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + static_cast<uint32_t>(i);
+  return t;
+}
+
+DataConfig data_cfg(const std::string& source, const std::string& path, int64_t seq_len, int64_t batch) {
+  DataConfig c;
+  c.source = source;
+  c.path = path;
+  c.seq_len = seq_len;
+  c.batch_size = batch;
+  return c;
+}
+
+std::vector<int64_t> values(const Tensor& t) {
+  REQUIRE(t.dtype() == DType::i64);
+  const int64_t* p = t.data<int64_t>();
+  return {p, p + t.numel()};
+}
+std::vector<int64_t> row(const Tensor& t, int64_t b) {
+  const int64_t S = t.dim(1);
+  const int64_t* p = t.data<int64_t>() + b * S;
+  return {p, p + S};
+}
+
+// The seq_len + 1 tokens starting at `start` of `stream`, wrapping.
+std::vector<int64_t> window(const std::vector<uint32_t>& stream, int64_t start, int64_t len) {
+  std::vector<int64_t> w;
+  for (int64_t i = 0; i < len; ++i) w.push_back(stream[static_cast<size_t>((start + i) % static_cast<int64_t>(stream.size()))]);
+  return w;
+}
+
+void check_row(const Batch& batch, int64_t b, const std::vector<int64_t>& seq_plus_one) {
+  const std::vector<int64_t> in(seq_plus_one.begin(), seq_plus_one.end() - 1);
+  const std::vector<int64_t> lab(seq_plus_one.begin() + 1, seq_plus_one.end());
+  CHECK(row(batch.input_ids, b) == in);
+  CHECK(row(batch.labels, b) == lab);
+}
+
+}  // namespace
+
+TEST_CASE("tokens: uint16 shard read back in the documented order", "[data]") {
+  TempDir tmp;
+  const std::vector<uint32_t> stream = iota_tokens(1000, 50);  // token i is 1000 + i
+  write_file(tmp.path("a.bin"), shard16(stream));
+  auto src = make_data_source(data_cfg("tokens", tmp.path("a.bin"), 4, 2), 2000, 0);
+  CHECK(src->num_tokens() == 50);
+  CHECK(src->describe().find("tokens: 1 shard, 50 tokens (uint16)") == 0);
+
+  // step 0, dp 1: sequence b starts at b·4.
+  Batch b0 = src->get(0, 0, 1);
+  CHECK(b0.input_ids.shape() == Shape{2, 4});
+  CHECK(values(b0.input_ids) == std::vector<int64_t>{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007});
+  CHECK(values(b0.labels) == std::vector<int64_t>{1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008});
+  CHECK(values(b0.position_ids) == std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3});
+
+  // step 6, dp 1, b 0: (6·1 + 0)·2·4 = 48 → tokens 48, 49, 0, 1, 2 (wraps token by token).
+  Batch b6 = src->get(6, 0, 1);
+  check_row(b6, 0, {1048, 1049, 1000, 1001, 1002});
+  // b 1: 52 mod 50 = 2.
+  check_row(b6, 1, {1002, 1003, 1004, 1005, 1006});
+
+  // dp 2: step 3, rank 1, b 1 starts at ((3·2 + 1)·2 + 1)·4 = 60 → 10.
+  Batch d = src->get(3, 1, 2);
+  check_row(d, 1, {1010, 1011, 1012, 1013, 1014});
+  // step 3, rank 0, b 0 starts at (3·2·2)·4 = 48.
+  check_row(src->get(3, 0, 2), 0, {1048, 1049, 1000, 1001, 1002});
+
+  // A step so large that ((k·dp + d)·batch + b)·seq_len overflows int64; k ≡ 0 (mod 50) reads
+  // like step 0.
+  const int64_t huge = 4'000'000'000'000'000'000;
+  CHECK(values(src->get(huge, 0, 1).input_ids) == values(b0.input_ids));
+  CHECK(values(src->get(huge, 0, 1).labels) == values(b0.labels));
+  // k = huge + 1: start (huge+1)·8 ≡ 8 (mod 50).
+  check_row(src->get(huge + 1, 0, 1), 0, {1008, 1009, 1010, 1011, 1012});
+}
+
+TEST_CASE("tokens: uint32 shard, labels are inputs shifted by one, dp ranks interleave", "[data]") {
+  TempDir tmp;
+  std::vector<uint32_t> stream;
+  for (uint32_t i = 0; i < 37; ++i) stream.push_back(100000 + i * 7);  // beyond uint16
+  write_file(tmp.path("big.bin"), shard32(stream));
+  const int64_t S = 5;
+  auto one = make_data_source(data_cfg("tokens", tmp.path("big.bin"), S, 4), 400000, 0);
+  auto two = make_data_source(data_cfg("tokens", tmp.path("big.bin"), S, 2), 400000, 0);
+  CHECK(one->describe().find("(uint32)") != std::string::npos);
+  for (int64_t step : {0, 1, 2, 7, 123}) {
+    Batch g = one->get(step, 0, 1);
+    for (int64_t b = 0; b < 4; ++b) {
+      // Every row is the window at its global index, and labels are inputs shifted by one.
+      check_row(g, b, window(stream, ((step * 4 + b) * S) % 37, S + 1));
+      const std::vector<int64_t> in = row(g.input_ids, b), lab = row(g.labels, b);
+      for (int64_t t = 0; t + 1 < S; ++t) CHECK(lab[static_cast<size_t>(t)] == in[static_cast<size_t>(t + 1)]);
+      CHECK(row(g.position_ids, b) == std::vector<int64_t>{0, 1, 2, 3, 4});
+    }
+    // dp 2 × batch 2 is the same global batch as dp 1 × batch 4: rank d takes rows 2d, 2d+1.
+    for (int64_t d = 0; d < 2; ++d) {
+      Batch r = two->get(step, d, 2);
+      for (int64_t b = 0; b < 2; ++b) {
+        CHECK(row(r.input_ids, b) == row(g.input_ids, 2 * d + b));
+        CHECK(row(r.labels, b) == row(g.labels, 2 * d + b));
+      }
+    }
+  }
+}
+
+TEST_CASE("tokens: a glob concatenates the matching shards in sorted order", "[data]") {
+  TempDir tmp;
+  // Written out of order; one uint16 shard among uint32 ones; a file that does not match.
+  write_file(tmp.path("train_002.bin"), shard32({20, 21, 22}));
+  write_file(tmp.path("train_000.bin"), shard32({0, 1, 2, 3}));
+  write_file(tmp.path("train_001.bin"), shard16({10, 11}));
+  write_file(tmp.path("val_000.bin"), shard32({99, 99, 99, 99, 99}));
+  auto src = make_data_source(data_cfg("tokens", tmp.path("train_*.bin"), 3, 1), 100, 0);
+  CHECK(src->num_tokens() == 9);
+  CHECK(src->describe().find("tokens: 3 shards, 9 tokens (uint16 and uint32)") == 0);
+  // Stream: 0 1 2 3 10 11 20 21 22. Step k reads 4 tokens from 3k (mod 9).
+  check_row(src->get(0, 0, 1), 0, {0, 1, 2, 3});
+  check_row(src->get(1, 0, 1), 0, {3, 10, 11, 20});  // crosses two shard boundaries
+  check_row(src->get(2, 0, 1), 0, {20, 21, 22, 0});  // wraps to the first shard
+  check_row(src->get(3, 0, 1), 0, {0, 1, 2, 3});
+}
+
+TEST_CASE("text: the file's bytes are the tokens, same read order", "[data]") {
+  TempDir tmp;
+  const std::string text = "hello, w\xC3\xB6rld";  // 13 bytes, two of them ≥ 128
+  write_file(tmp.path("t.txt"), Bytes(text.begin(), text.end()));
+  auto src = make_data_source(data_cfg("text", tmp.path("t.txt"), 4, 2), 256, 0);
+  CHECK(src->num_tokens() == 13);
+  std::vector<uint32_t> stream;
+  for (unsigned char c : text) stream.push_back(c);
+  Batch b = src->get(1, 0, 1);  // starts 8 and 12
+  check_row(b, 0, window(stream, 8, 5));
+  check_row(b, 1, {stream[12], 'h', 'e', 'l', 'l'});
+  CHECK(row(b.input_ids, 0)[0] == 0xC3);
+  CHECK(values(b.position_ids) == std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3});
+}
+
+TEST_CASE("data: malformed inputs are usage errors that name the file", "[data]") {
+  TempDir tmp;
+  std::mt19937 gen(7);
+  Bytes noise(2000);
+  for (auto& c : noise) c = static_cast<unsigned char>(gen());
+  const std::vector<uint32_t> ten = iota_tokens(0, 10);
+
+  struct Case {
+    const char* name;
+    std::function<Bytes()> bytes;  // written to `file` when set
+    std::string source = "tokens", file = "x.bin", path = "";  // path defaults to file
+    int64_t seq_len = 4, vocab = 256;
+    std::string expect;            // substring of the message
+    bool prefix_is_path = true;    // the message starts with the path
+  };
+  auto bad_count = [&](uint32_t count) { return [=] { return shard(20240520, 1, count, iota_tokens(0, 10), 2); }; };
+  std::vector<Case> cases = {
+      {"bad magic", [&] { return shard(12345, 1, 10, ten, 2); }, "tokens", "x.bin", "", 4, 256, "bad magic 12345"},
+      {"bad version u16", [&] { return shard(20240520, 2, 10, ten, 2); }, "tokens", "x.bin", "", 4, 256,
+       "unsupported version 2 for magic 20240520"},
+      {"bad version u32", [&] { return shard(20240801, 1, 10, ten, 4); }, "tokens", "x.bin", "", 4, 256,
+       "unsupported version 1 for magic 20240801"},
+      {"count larger than the file", bad_count(11), "tokens", "x.bin", "", 4, 256,
+       "token count mismatch: the header says 11 tokens (22 bytes) but the file holds 20 bytes"},
+      {"count smaller than the file", bad_count(9), "tokens", "x.bin", "", 4, 256, "header says 9 tokens"},
+      {"odd data bytes", [&] { Bytes b = shard16(ten); b.push_back(0); return b; }, "tokens", "x.bin", "", 4, 256,
+       "holds 21 bytes after the header"},
+      {"negative count", bad_count(static_cast<uint32_t>(-5)), "tokens", "x.bin", "", 4, 256, "header says -5 tokens"},
+      {"2^31 tokens on a tiny file", bad_count(0x80000000u), "tokens", "x.bin", "", 4, 256, "token count mismatch"},
+      {"2^31-1 tokens on a tiny file", bad_count(0x7FFFFFFFu), "tokens", "x.bin", "", 4, 256,
+       "header says 2147483647 tokens"},
+      {"2^31-1 uint32 tokens, header only", [&] { return shard(20240801, 7, 0x7FFFFFFFu, {}, 4); }, "tokens", "x.bin",
+       "", 4, 256, "token count mismatch"},
+      {"truncated header", [&] { Bytes b = shard16(ten); b.resize(500); return b; }, "tokens", "x.bin", "", 4, 256,
+       "truncated header: the file holds 500 bytes"},
+      {"empty shard", [] { return Bytes{}; }, "tokens", "x.bin", "", 4, 256, "empty file"},
+      {"random bytes", [&] { return noise; }, "tokens", "x.bin", "", 4, 256, "bad magic"},
+      {"token ≥ vocab", [&] { std::vector<uint32_t> t = ten; t[5] = 300; return shard16(t); }, "tokens", "x.bin", "",
+       4, 256, "token 300 at index 5 is ≥ vocab_size 256"},
+      {"uint32 token ≥ vocab", [&] { std::vector<uint32_t> t = ten; t[9] = 70000; return shard32(t); }, "tokens",
+       "x.bin", "", 4, 65536, "token 70000 at index 9 is ≥ vocab_size 65536"},
+      {"stream shorter than seq_len + 1", [&] { return shard16(ten); }, "tokens", "x.bin", "", 10, 256,
+       "holds 10 tokens, fewer than seq_len + 1 = 11"},
+      {"glob with no match", nullptr, "tokens", "x.bin", "nothing_*.bin", 4, 256, "no file matches"},
+      {"missing file", nullptr, "tokens", "x.bin", "missing.bin", 4, 256, "cannot open"},
+      {"directory", nullptr, "tokens", "x.bin", ".", 4, 256, "not a regular file"},
+      {"one bad shard in a glob", [&] { return shard(20240520, 1, 3, ten, 2); }, "tokens", "s_1.bin", "s_*.bin", 4,
+       256, "token count mismatch"},
+      {"text with vocab < 256", [] { return Bytes(100, 'a'); }, "text", "t.txt", "", 4, 255,
+       "needs vocab_size ≥ 256, got 255"},
+      {"empty text", [] { return Bytes{}; }, "text", "t.txt", "", 4, 256, "empty file"},
+      {"text shorter than seq_len + 1", [] { return Bytes(8, 'a'); }, "text", "t.txt", "", 8, 256,
+       "holds 8 bytes, fewer than seq_len + 1 = 9"},
+      {"missing text", nullptr, "text", "t.txt", "nope.txt", 4, 256, "cannot open"},
+      {"tokens without a path", nullptr, "tokens", "x.bin", "<empty>", 4, 256, "data.path", false},
+      {"unknown source", nullptr, "parquet", "x.bin", "", 4, 256, "unknown source 'parquet'", false},
+      {"synthetic vocab < 16", nullptr, "synthetic", "x.bin", "", 64, 15, "needs ≥ 16, got 15", false},
+      {"synthetic seq_len < 8", nullptr, "synthetic", "x.bin", "", 7, 256, "needs ≥ 8, got 7", false},
+      {"seq_len 0", nullptr, "tokens", "x.bin", "", 0, 256, "data.seq_len", false},
+  };
+  REQUIRE(cases.size() >= 12);
+  // The good shard that sits next to the bad one in the glob case.
+  write_file(tmp.path("s_0.bin"), shard16(ten));
+  for (const Case& c : cases) {
+    SECTION(c.name) {
+      if (c.bytes) write_file(tmp.path(c.file), c.bytes());
+      const std::string path = c.path == "<empty>" ? "" : tmp.path(c.path.empty() ? c.file : c.path);
+      const std::string named = c.bytes && c.path.find('*') != std::string::npos ? tmp.path(c.file) : path;
+      std::string msg;
+      try {
+        make_data_source(data_cfg(c.source, path, c.seq_len, 2), c.vocab, 0);
+        FAIL("no error for " << c.name);
+      } catch (const UsageError& e) {
+        msg = e.what();
+      }
+      INFO(c.name << ": " << msg);
+      CHECK(msg.find(c.expect) != std::string::npos);
+      if (c.prefix_is_path) CHECK(msg.rfind(named, 0) == 0);
+      CHECK(msg.find('\n') == std::string::npos);
+    }
+  }
+}
+
+namespace {
+
+// Parse one synthetic sequence (input + labels, as a training step sees it) without the
+// generator's layout code: BOS, key-value pairs up to the first PAD/SEP, SEP, then queries.
+struct Parsed {
+  std::map<int64_t, int64_t> pairs;
+  std::vector<int64_t> pair_order, query_order;
+  int64_t sep = -1;
+};
+
+Parsed parse_synthetic(const std::vector<int64_t>& in, const std::vector<int64_t>& lab, int64_t vocab) {
+  const int64_t S = static_cast<int64_t>(in.size());
+  const int64_t first_key = 3, num_keys = (vocab - 3) / 2;
+  auto is_key = [&](int64_t t) { return t >= first_key && t < first_key + num_keys; };
+  auto is_value = [&](int64_t t) { return t >= first_key + num_keys && t < vocab; };
+  Parsed p;
+  REQUIRE(in[0] == 1);  // BOS
+  int64_t i = 1;
+  for (; i + 1 < S && is_key(in[static_cast<size_t>(i)]); i += 2) {
+    const int64_t k = in[static_cast<size_t>(i)], v = in[static_cast<size_t>(i + 1)];
+    REQUIRE(is_value(v));
+    REQUIRE(p.pairs.count(k) == 0);  // keys are distinct
+    p.pairs[k] = v;
+    p.pair_order.push_back(k);
+  }
+  for (; i < S && in[static_cast<size_t>(i)] == 0; ++i) {}  // PAD
+  REQUIRE(i < S);
+  REQUIRE(in[static_cast<size_t>(i)] == 2);  // SEP
+  p.sep = i;
+  std::vector<bool> answer(static_cast<size_t>(S), false);
+  for (int64_t q = i + 1; q < S; q += 2) {
+    const int64_t k = in[static_cast<size_t>(q)];
+    REQUIRE(p.pairs.count(k) == 1);  // a query asks for a key given earlier
+    CHECK(lab[static_cast<size_t>(q)] == p.pairs[k]);  // its label is that key's value
+    if (q + 1 < S) CHECK(in[static_cast<size_t>(q + 1)] == p.pairs[k]);
+    answer[static_cast<size_t>(q)] = true;
+    p.query_order.push_back(k);
+  }
+  for (int64_t t = 0; t < S; ++t)
+    if (!answer[static_cast<size_t>(t)]) CHECK(lab[static_cast<size_t>(t)] == -100);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("synthetic: associative recall, answers only at query keys", "[data]") {
+  struct Dims {
+    int64_t vocab, seq_len, expect_pairs;
+  };
+  for (Dims d : {Dims{16, 8, 1}, Dims{16, 64, 6}, Dims{256, 256, 63}, Dims{256, 33, 8}, Dims{50257, 128, 31}}) {
+    INFO("vocab " << d.vocab << " seq_len " << d.seq_len);
+    auto src = make_data_source(data_cfg("synthetic", "", d.seq_len, 3), d.vocab, 42);
+    CHECK(src->num_tokens() == 0);
+    CHECK(src->describe().find("synthetic") == 0);
+    int shuffled = 0;
+    for (int64_t step : {0, 1, 1000}) {
+      Batch b = src->get(step, 0, 1);
+      CHECK(b.input_ids.shape() == Shape{3, d.seq_len});
+      CHECK(b.labels.shape() == Shape{3, d.seq_len});
+      for (int64_t t : values(b.input_ids)) CHECK((t >= 0 && t < d.vocab));
+      for (int64_t r = 0; r < 3; ++r) {
+        std::vector<int64_t> pos = row(b.position_ids, r);
+        for (int64_t t = 0; t < d.seq_len; ++t) CHECK(pos[static_cast<size_t>(t)] == t);
+        Parsed p = parse_synthetic(row(b.input_ids, r), row(b.labels, r), d.vocab);
+        CHECK(static_cast<int64_t>(p.pairs.size()) == d.expect_pairs);
+        // Every key is queried exactly once, all in the second half; the pairs are in the first.
+        std::vector<int64_t> asked = p.query_order;
+        std::sort(asked.begin(), asked.end());
+        std::vector<int64_t> keys = p.pair_order;
+        std::sort(keys.begin(), keys.end());
+        CHECK(asked == keys);
+        CHECK(2 * p.sep >= d.seq_len);
+        CHECK(2 * (2 * d.expect_pairs + 1) <= d.seq_len + 1);
+        int64_t labelled = 0;
+        for (int64_t l : row(b.labels, r)) labelled += l != -100;
+        CHECK(labelled == d.expect_pairs);
+        shuffled += p.query_order != p.pair_order;
+      }
+    }
+    if (d.expect_pairs > 4) CHECK(shuffled > 0);
+  }
+}
+
+TEST_CASE("synthetic: deterministic, varies with step and seed, independent of the dp split", "[data]") {
+  auto make = [](int64_t batch, uint64_t seed) { return make_data_source(data_cfg("synthetic", "", 64, batch), 256, seed); };
+  auto a = make(4, 1), a2 = make(4, 1), other_seed = make(4, 2);
+  auto two = make(2, 1), four = make(1, 1);
+  for (int64_t step : {int64_t{0}, int64_t{5}, int64_t{99999999999}}) {
+    Batch g = a->get(step, 0, 1);
+    CHECK(values(g.input_ids) == values(a->get(step, 0, 1).input_ids));  // same call, same batch
+    CHECK(values(g.input_ids) == values(a2->get(step, 0, 1).input_ids));  // same seed, same batch
+    CHECK(values(g.labels) == values(a2->get(step, 0, 1).labels));
+    CHECK(values(g.input_ids) != values(a->get(step + 1, 0, 1).input_ids));
+    CHECK(values(g.input_ids) != values(other_seed->get(step, 0, 1).input_ids));
+    std::set<std::vector<int64_t>> rows;
+    for (int64_t b = 0; b < 4; ++b) rows.insert(row(g.input_ids, b));
+    CHECK(rows.size() == 4);  // sequences within a batch differ
+    // dp 2 × batch 2 and dp 4 × batch 1 see the same global batch as dp 1 × batch 4.
+    for (int64_t d = 0; d < 2; ++d) {
+      Batch r = two->get(step, d, 2);
+      for (int64_t b = 0; b < 2; ++b) {
+        CHECK(row(r.input_ids, b) == row(g.input_ids, 2 * d + b));
+        CHECK(row(r.labels, b) == row(g.labels, 2 * d + b));
+      }
+    }
+    for (int64_t d = 0; d < 4; ++d) {
+      Batch r = four->get(step, d, 4);
+      CHECK(row(r.input_ids, 0) == row(g.input_ids, d));
+      CHECK(row(r.labels, 0) == row(g.labels, d));
+    }
+  }
+}
+
+TEST_CASE("count_correct: argmax against labels, skipping -100", "[data]") {
+  // rows: argmax 2 (label 2, right), ignored, argmax 1 (label 0, wrong), tie 1/2 → first (label 1, right)
+  const std::vector<float> lf = {0.1f, 0.2f, 0.9f,  5, 0, 0,  0, 3, -1,  0, 2, 2};
+  const Tensor labels = Tensor::from_vector<int64_t>({4}, {2, -100, 0, 1});
+  CHECK(count_correct(Tensor::from_vector<float>({4, 3}, lf), labels) == std::pair<int64_t, int64_t>{2, 3});
+  const std::vector<double> ld(lf.begin(), lf.end());
+  CHECK(count_correct(Tensor::from_vector<double>({4, 3}, ld), labels) == std::pair<int64_t, int64_t>{2, 3});
+  // [B, S, V] logits with [B, S] labels (i32), all ignored → (0, 0).
+  CHECK(count_correct(Tensor::from_vector<float>({2, 2, 3}, lf), Tensor::from_vector<int32_t>({2, 2}, {-100, -100, -100, -100})) ==
+        std::pair<int64_t, int64_t>{0, 0});
+
+  // One-hot logits at the synthetic labels score every answer.
+  auto src = make_data_source(data_cfg("synthetic", "", 32, 2), 64, 3);
+  Batch b = src->get(0, 0, 1);
+  const std::vector<int64_t> lab = values(b.labels);
+  std::vector<float> logits(lab.size() * 64, 0.f);
+  for (size_t i = 0; i < lab.size(); ++i)
+    if (lab[i] != -100) logits[i * 64 + static_cast<size_t>(lab[i])] = 1.f;
+  const auto [correct, total] = count_correct(Tensor::from_vector<float>({2, 32, 64}, logits), b.labels);
+  CHECK(total == 2 * 7);  // (33 - 2) / 4 = 7 pairs per sequence
+  CHECK(correct == total);
+}

@@ -1,0 +1,292 @@
+// Reliability pieces one process can check: AUTOSP_FAULT parsing, the collective watchdog, CRC-32C,
+// checkpoint checksums (a flipped byte is named), keep-last-K pruning, leftovers of dead writers,
+// and a commit interrupted before its rename. The multi-rank behaviour is tests/mpi/fault_injection.sh.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "models/weights.h"
+#include "train/checkpoint.h"
+#include "train/fault.h"
+#include "tensor/check.h"
+
+using namespace autosp;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("autosp-reliability-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+Config tiny_config() {
+  return parse_config(nlohmann::json::parse(R"({
+    "model": {"arch": "gpt2", "vocab_size": 16, "hidden_size": 8, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "max_position_embeddings": 16}, "data": {"seq_len": 8}})"));
+}
+
+void flip_byte(const fs::path& p, uint64_t offset) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+struct EnvVar {  // sets an environment variable for one scope
+  std::string name;
+  EnvVar(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+  ~EnvVar() { ::unsetenv(name.c_str()); }
+};
+
+}  // namespace
+
+TEST_CASE("AUTOSP_FAULT values parse or are named errors", "[fault]") {
+  CHECK_FALSE(parse_fault("").has_value());
+  auto f = parse_fault("rank:1,step:3,kind:hang");
+  REQUIRE(f);
+  CHECK(f->rank == 1);
+  CHECK(f->step == 3);
+  CHECK(f->kind == FaultKind::hang);
+  CHECK(f->where == FaultWhere::step);
+  CHECK(parse_fault("rank:0,step:2,kind:nan")->kind == FaultKind::nan);
+  f = parse_fault("kind:crash,where:checkpoint,step:12,rank:0");
+  REQUIRE(f);
+  CHECK(f->kind == FaultKind::crash);
+  CHECK(f->where == FaultWhere::checkpoint);
+  CHECK(f->step == 12);
+
+  const std::vector<std::pair<const char*, const char*>> bad = {
+      {"rank:1,step:3", "missing field 'kind'"},
+      {"rank:1,kind:exit", "missing field 'step'"},
+      {"step:1,kind:exit", "missing field 'rank'"},
+      {"rank:1,step:3,kind:explode", "unknown kind 'explode'"},
+      {"rank:1,step:3,kind:exit,where:later", "unknown where 'later'"},
+      {"rank:x,step:3,kind:exit", "rank 'x' is not a non-negative integer"},
+      {"rank:-1,step:3,kind:exit", "rank '-1'"},
+      {"rank:1,step:0,kind:exit", "step must be"},
+      {"rank:1,step:3.5,kind:exit", "step '3.5'"},
+      {"rank:1,step:99999999999999999999,kind:exit", "step '99999999999999999999'"},
+      {"rank:1,step:3,kind:exit,rank:2", "given twice"},
+      {"rank:1,step:3,kind:exit,color:red", "unknown field 'color'"},
+      {"rank:1,,step:3,kind:exit", "is not key:value"},
+      {"rank:1,step:3,kind:exit,", "trailing ','"},
+      {"garbage", "is not key:value"},
+      {"rank:0,step:2,kind:nan,where:checkpoint", "kind:nan happens in a step"},
+  };
+  for (const auto& [text, needle] : bad) {
+    INFO(text);
+    CHECK_THROWS_AS(parse_fault(text), UsageError);
+    CHECK_THROWS_WITH(parse_fault(text), Catch::Contains("AUTOSP_FAULT") && Catch::Contains(needle));
+  }
+
+  {
+    EnvVar e("AUTOSP_FAULT", "rank:2,step:1,kind:exit");
+    CHECK_THROWS_WITH(fault_from_env(2), Catch::Contains("rank 2 does not exist in a job of 2 ranks"));
+    CHECK(fault_from_env(3)->rank == 2);
+  }
+  {
+    EnvVar e("AUTOSP_FAULT", "rank:1,step:1,kind:exit,where:checkpoint");
+    CHECK_THROWS_WITH(fault_from_env(2), Catch::Contains("needs rank:0"));
+  }
+  {
+    EnvVar e("AUTOSP_FAULT", "rank:0,step:1,kind:hang");
+    CHECK_THROWS_WITH(fault_from_env(1), Catch::Contains("at least 2 ranks"));
+  }
+  CHECK_FALSE(fault_from_env(1).has_value());
+}
+
+TEST_CASE("AUTOSP_COLLECTIVE_TIMEOUT parses or is a named error", "[fault]") {
+  CHECK(collective_timeout_from_env() == 600.0);
+  {
+    EnvVar e("AUTOSP_COLLECTIVE_TIMEOUT", "2.5");
+    CHECK(collective_timeout_from_env() == 2.5);
+  }
+  for (const char* v : {"0", "-1", "soon", "5s", "inf", "nan", "1e30"}) {
+    INFO(v);
+    EnvVar e("AUTOSP_COLLECTIVE_TIMEOUT", v);
+    CHECK_THROWS_WITH(collective_timeout_from_env(), Catch::Contains("AUTOSP_COLLECTIVE_TIMEOUT"));
+  }
+}
+
+TEST_CASE("the watchdog fires on a collective that outlasts the timeout, and only then", "[fault]") {
+  std::atomic<int> fired{0};
+  std::string message;
+  std::mutex mu;
+  auto on_timeout = [&](const std::string& m) {
+    std::lock_guard<std::mutex> lk(mu);
+    message = m;
+    ++fired;
+  };
+  auto wait_for = [&](double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!fired && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+  {
+    Watchdog patient(2.0, 3, on_timeout);  // waits far shorter than the timeout never fire
+    for (int i = 0; i < 10; ++i) {
+      patient.arm("all_reduce_sum", "world");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      patient.disarm();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(fired == 0);
+  }
+  {
+    Watchdog dog(0.2, 3, on_timeout);
+    dog.set_step(7);
+    wait_for(0.5);  // not armed: nothing happens
+    CHECK(fired == 0);
+    dog.arm("all_to_all", "sp");
+    wait_for(5.0);
+    REQUIRE(fired == 1);
+    std::lock_guard<std::mutex> lk(mu);
+    CHECK_THAT(message, Catch::Contains("rank 3 waited more than 0.2 s in all_to_all (group sp) at step 7"));
+  }
+  {
+    Watchdog off(0.05, 0, on_timeout, /*enabled=*/false);  // a single process runs no thread
+    off.arm("barrier", "world");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    off.disarm();
+    CHECK(fired == 1);
+  }
+
+  // A guarded communicator forwards every call (here to one process) with the watchdog armed.
+  Watchdog dog(60, 0, on_timeout);
+  auto single = make_single_process_communicator();
+  GuardedCommunicator g(*single, dog, "world");
+  Tensor t = Tensor::from_vector<float>({3}, {1, 2, 3});
+  g.all_reduce_sum(t);
+  g.broadcast(t, 0);
+  g.barrier();
+  Tensor out = Tensor::empty({3}, DType::f32);
+  g.all_to_all(t, out);
+  CHECK(out.to_doubles() == std::vector<double>{1, 2, 3});
+  auto child = g.split(0, 0);
+  CHECK(child->size() == 1);
+  child->barrier();
+  CHECK(g.size() == 1);
+  CHECK(g.rank() == 0);
+}
+
+TEST_CASE("CRC-32C matches the standard check values", "[checkpoint]") {
+  CHECK(crc32c("123456789", 9) == 0xE3069283u);
+  std::vector<unsigned char> zeros(32, 0), ones(32, 0xFF), inc(32);
+  for (int i = 0; i < 32; ++i) inc[static_cast<size_t>(i)] = static_cast<unsigned char>(i);
+  CHECK(crc32c(zeros.data(), 32) == 0x8A9136AAu);  // RFC 3720 B.4
+  CHECK(crc32c(ones.data(), 32) == 0x62A8AB43u);
+  CHECK(crc32c(inc.data(), 32) == 0x46DD794Eu);
+  CHECK(crc32c(inc.data() + 5, 27, crc32c(inc.data(), 5)) == 0x46DD794Eu);  // continues
+  CHECK(crc32c(nullptr, 0) == 0u);
+}
+
+TEST_CASE("checkpoints carry checksums, and a flipped byte is named", "[checkpoint]") {
+  const fs::path dir = fresh_dir("checksum");
+  Config cfg = tiny_config();
+  ParamMap params = init_params(cfg.model, 1, DType::f32);
+  AdamW opt;
+  opt.init(params);
+  const std::string good = save_checkpoint((dir / "root").string(), 4, params, opt, cfg.resolved);
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(fs::path(good) / "meta.json"));
+  CHECK(meta["format"] == 2);
+  for (const char* name : {"model.safetensors", "optimizer.safetensors"}) {
+    INFO(name);
+    const fs::path file = fs::path(good) / name;
+    CHECK(meta["files"][name]["bytes"] == fs::file_size(file));
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", crc32c_file(file.string()));
+    CHECK(meta["files"][name]["crc32c"] == hex);
+
+    // A flipped byte in the data section and one in the header: both named as corrupt.
+    for (uint64_t offset : {fs::file_size(file) - 3, uint64_t{20}}) {
+      const fs::path copy = dir / ("flip-" + std::to_string(offset) + "-" + name);
+      fs::remove_all(copy);
+      fs::copy(good, copy, fs::copy_options::recursive);
+      flip_byte(copy / name, offset);
+      CHECK_THROWS_AS(load_checkpoint(copy.string(), cfg, DType::f32), UsageError);
+      CHECK_THROWS_WITH(load_checkpoint(copy.string(), cfg, DType::f32),
+                        Catch::Contains((copy / name).string() + ": checksum mismatch") &&
+                            Catch::Contains("the file is corrupt"));
+    }
+  }
+  CHECK(load_checkpoint(good, cfg, DType::f32).step == 4);
+
+  // meta.json's step must agree with its directory; format 1 (no checksums) is refused by name.
+  const fs::path moved = dir / "root" / "step_00000005";
+  fs::copy(good, moved, fs::copy_options::recursive);
+  CHECK_THROWS_WITH(load_checkpoint(moved.string(), cfg, DType::f32),
+                    Catch::Contains("but the directory is step_00000005"));
+  fs::remove_all(moved);
+  meta["format"] = 1;
+  const fs::path old = dir / "format1";
+  fs::copy(good, old, fs::copy_options::recursive);
+  std::ofstream(old / "meta.json", std::ios::trunc) << meta.dump();
+  CHECK_THROWS_WITH(load_checkpoint(old.string(), cfg, DType::f32), Catch::Contains("predates checksums"));
+  meta["format"] = 2;
+  meta["files"].erase("model.safetensors");
+  std::ofstream(old / "meta.json", std::ios::trunc) << meta.dump();
+  CHECK_THROWS_WITH(load_checkpoint(old.string(), cfg, DType::f32),
+                    Catch::Contains("no {bytes, crc32c} entry for model.safetensors"));
+  std::ofstream(old / "meta.json", std::ios::trunc) << std::string(100, '[') << std::string(100, ']');
+  CHECK_THROWS_WITH(load_checkpoint(old.string(), cfg, DType::f32), Catch::Contains("nested deeper than"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the newest K checkpoints are kept, and dead writers' leftovers removed", "[checkpoint]") {
+  const fs::path dir = fresh_dir("keep");
+  Config cfg = tiny_config();
+  ParamMap params = init_params(cfg.model, 1, DType::f32);
+  AdamW opt;
+  opt.init(params);
+  auto steps_under = [](const fs::path& root) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(root)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+
+  SaveOptions keep3;
+  keep3.keep_last = 3;
+  const fs::path root = dir / "root";
+  fs::create_directories(root);
+  // Leftovers: a temporary directory of a dead process (pid far beyond pid_max) and one of a live one.
+  fs::create_directories(root / ".step_00000001.tmp.999999999");
+  const std::string live = ".step_00000001.tmp." + std::to_string(::getppid());
+  fs::create_directories(root / live);
+  for (int64_t s = 1; s <= 5; ++s) save_checkpoint(root.string(), s, params, opt, cfg.resolved, keep3);
+  CHECK(steps_under(root) == std::vector<std::string>{live, "step_00000003", "step_00000004", "step_00000005"});
+
+  SaveOptions keep_all;  // 0 = keep every checkpoint
+  for (int64_t s = 6; s <= 9; ++s) save_checkpoint(root.string(), s, params, opt, cfg.resolved, keep_all);
+  CHECK(steps_under(root).size() == 8);
+
+  // Newest by number, not by name: step 100000000 sorts before step 99999999 as text.
+  const fs::path big = dir / "big";
+  save_checkpoint(big.string(), 99999999, params, opt, cfg.resolved);
+  save_checkpoint(big.string(), 100000000, params, opt, cfg.resolved);
+  CHECK(load_checkpoint(big.string(), cfg, DType::f32).step == 100000000);
+  SaveOptions keep1;
+  keep1.keep_last = 1;
+  save_checkpoint(big.string(), 100000001, params, opt, cfg.resolved, keep1);
+  CHECK(steps_under(big) == std::vector<std::string>{"step_100000001"});
+
+  // A write interrupted before its rename leaves the previous checkpoint as the newest.
+  SaveOptions interrupted = keep3;
+  interrupted.before_commit = [] { throw RuntimeFailure("interrupted"); };
+  CHECK_THROWS_WITH(save_checkpoint(root.string(), 10, params, opt, cfg.resolved, interrupted), "interrupted");
+  CHECK_FALSE(fs::exists(root / "step_00000010"));
+  CHECK(load_checkpoint(root.string(), cfg, DType::f32).step == 9);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,257 @@
+// The training loop: AdamW + warmup/cosine + clipping against torch.optim.AdamW over 5 steps
+// (tests/ref/train_ref.py), exact resume, a falling loss on the synthetic task, checkpoint checks.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "models/weights.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/trainer.h"
+#include "tensor/safetensors.h"
+
+using namespace autosp;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("autosp-train-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// An llm.c shard (magic 20240520, version 1, uint16 tokens) of random tokens.
+void write_shard(const fs::path& path, int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = static_cast<int32_t>(n);
+  std::vector<uint16_t> tokens(n);
+  std::mt19937_64 rng(seed);
+  for (auto& t : tokens) t = static_cast<uint16_t>(rng() % vocab);
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(header.data()), 1024);
+  f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(n * 2));
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
+
+}  // namespace
+
+TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[trainer][torch]") {
+  const std::vector<nlohmann::json> models = {
+      {{"arch", "gpt2"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+       {"num_attention_heads", 4}, {"max_position_embeddings", 64}},
+      {{"arch", "llama"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48}}};
+  for (const auto& model : models) {
+    for (const std::string dtype : {"float64", "float32"}) {
+      DYNAMIC_SECTION(model["arch"].get<std::string>() << " " << dtype) {
+        const fs::path dir = temp_dir(model["arch"].get<std::string>() + dtype);
+        write_shard(dir / "shard.bin", 4000, 64, 3);
+        // grad_clip 0.5 makes clipping active on some steps; 2 warmup steps then cosine.
+        nlohmann::json cj = {{"model", model},
+                             {"data", {{"source", "tokens"}, {"path", (dir / "shard.bin").string()}, {"seq_len", 24},
+                                       {"batch_size", 2}}},
+                             {"train", {{"lr", 3e-3}, {"min_lr", 3e-4}, {"warmup_steps", 2}, {"weight_decay", 0.1},
+                                        {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"grad_clip", 0.5},
+                                        {"log_every", 1}}},
+                             {"runtime", {{"dtype", dtype}, {"threads", 2}}}};
+        std::ofstream(dir / "cfg.json") << cj.dump();
+        Config cfg = parse_config(cj);
+        const int64_t steps = 5;
+
+        ParamMap init = init_params(cfg.model, 7, DType::f64);
+        save_safetensors((dir / "w.safetensors").string(), init);
+        auto data = make_data_source(cfg.data, cfg.model.vocab_size, 0);
+        std::map<std::string, Tensor> batches;
+        for (int64_t k = 0; k < steps; ++k) {
+          Batch b = data->get(k, 0, 1);
+          batches["input_ids_" + std::to_string(k)] = b.input_ids;
+          batches["labels_" + std::to_string(k)] = b.labels;
+          batches["position_ids_" + std::to_string(k)] = b.position_ids;
+        }
+        save_safetensors((dir / "batches.safetensors").string(), batches);
+        const std::string cmd = "OMP_NUM_THREADS=2 /usr/bin/python3 " + std::string(AUTOSP_SOURCE_DIR) +
+                                "/tests/ref/train_ref.py --config " + (dir / "cfg.json").string() + " --weights " +
+                                (dir / "w.safetensors").string() + " --batches " +
+                                (dir / "batches.safetensors").string() + " --steps " + std::to_string(steps) + " --dtype " + dtype + " --out " +
+                                (dir / "ref.safetensors").string();
+        REQUIRE(std::system(cmd.c_str()) == 0);
+        SafetensorsFile ref = load_safetensors((dir / "ref.safetensors").string());
+
+        auto world = make_single_process_communicator();
+        TrainArgs ta;
+        ta.steps = steps;
+        ta.init_from = (dir / "w.safetensors").string();
+        ta.quiet = true;
+        TrainResult r = train(cfg, ta, *world);
+        fs::remove_all(dir);
+        REQUIRE(r.steps.size() == steps);
+        const auto losses = ref.tensors.at("losses").to_doubles();
+        const auto norms = ref.tensors.at("grad_norms").to_doubles();
+        const auto lrs = ref.tensors.at("lrs").to_doubles();
+        const double tol = dtype == "float64" ? 1e-9 : 1e-4;
+        int clipped = 0;
+        for (int64_t k = 0; k < steps; ++k) {
+          INFO("step " << k << " loss " << r.steps[k].loss << " vs " << losses[k] << ", norm " << r.steps[k].grad_norm
+                       << " vs " << norms[k]);
+          CHECK(rel(r.steps[k].loss, losses[k]) < tol);
+          CHECK(rel(r.steps[k].grad_norm, norms[k]) < tol);
+          CHECK(rel(r.steps[k].lr, lrs[k]) < 1e-12);
+          clipped += norms[k] > 0.5;
+        }
+        CHECK(clipped > 0);  // the clipping path was exercised
+        // Final weights: in f64 only. In f32, parameters whose exact gradient is zero (the key bias:
+        // softmax ignores a constant shift of the scores) get float-noise gradients that Adam's
+        // normalisation turns into lr-sized steps, so they differ between any two f32 programs.
+        if (dtype == "float32") continue;
+        for (const auto& [name, p] : r.params) {
+          INFO("final " << name);
+          auto got = p.to_doubles(), want = ref.tensors.at("final." + name).to_doubles();
+          double err = 0, scale = 1e-30;
+          for (size_t i = 0; i < got.size(); ++i) {
+            err = std::max(err, std::abs(got[i] - want[i]));
+            scale = std::max(scale, std::abs(want[i]));
+          }
+          CHECK(err / scale < tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a resumed run continues exactly like the uninterrupted run", "[trainer]") {
+  const fs::path dir = temp_dir("resume");
+  Config cfg = parse_config(nlohmann::json::parse(R"({
+    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
+    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
+    "train": {"steps": 6, "warmup_steps": 2, "checkpoint_every": 3, "log_every": 100},
+    "runtime": {"threads": 2}})"),
+                            {"train.checkpoint_dir=" + (dir / "ckpt").string()});
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  TrainResult full = train(cfg, ta, *world);
+  REQUIRE(full.steps.size() == 6);
+  REQUIRE(fs::exists(dir / "ckpt" / "step_00000003" / "meta.json"));
+  REQUIRE(fs::exists(dir / "ckpt" / "step_00000006" / "meta.json"));
+
+  TrainArgs resume = ta;
+  resume.resume = (dir / "ckpt" / "step_00000003").string();
+  Config cfg2 = cfg;
+  cfg2.train.checkpoint_dir = (dir / "ckpt2").string();
+  TrainResult tail = train(cfg2, resume, *world);
+  REQUIRE(tail.steps.size() == 3);
+  for (size_t k = 0; k < 3; ++k) {
+    INFO("step " << tail.steps[k].step);
+    CHECK(tail.steps[k].step == full.steps[k + 3].step);
+    CHECK(tail.steps[k].loss == full.steps[k + 3].loss);  // bit for bit: same kernels, same order
+    CHECK(tail.steps[k].grad_norm == full.steps[k + 3].grad_norm);
+  }
+  for (const auto& [name, p] : full.params) CHECK(p.to_doubles() == tail.params.at(name).to_doubles());
+
+  // The newest checkpoint under a root is picked, and a checkpoint for another model is refused.
+  Checkpoint newest = load_checkpoint((dir / "ckpt").string(), cfg, DType::f32);
+  CHECK(newest.step == 6);
+  Config other = cfg;
+  other.resolved["model"]["hidden_size"] = 64;
+  CHECK_THROWS_WITH(load_checkpoint((dir / "ckpt").string(), other, DType::f32), Catch::Contains("was written for model"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("TrainArgs::accuracy off skips the synthetic task's scoring, and nothing else", "[trainer]") {
+  // autosp-bench times steps with it off: scoring copies the logits to the host (2 GiB at S = 32k,
+  // V = 32000 on a GPU) and must not count as step time.
+  const Config cfg = parse_config(nlohmann::json::parse(R"({
+    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
+    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
+    "train": {"steps": 2, "log_every": 100},
+    "runtime": {"threads": 2}})"));
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  const TrainResult scored = train(cfg, ta, *world);
+  ta.accuracy = false;
+  const TrainResult unscored = train(cfg, ta, *world);
+  REQUIRE(scored.steps.size() == 2);
+  REQUIRE(unscored.steps.size() == 2);
+  for (size_t k = 0; k < 2; ++k) {
+    CHECK(scored.steps[k].accuracy >= 0);
+    CHECK(unscored.steps[k].accuracy == -1);
+    CHECK(unscored.steps[k].loss == scored.steps[k].loss);
+    CHECK(unscored.steps[k].grad_norm == scored.steps[k].grad_norm);
+  }
+}
+
+TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
+  const fs::path dir = temp_dir("badckpt");
+  Config cfg = parse_config(nlohmann::json::parse(R"({
+    "model": {"arch": "gpt2", "vocab_size": 16, "hidden_size": 8, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "max_position_embeddings": 16}, "data": {"seq_len": 8}})"));
+  ParamMap params = init_params(cfg.model, 1, DType::f32);
+  AdamW opt;
+  opt.init(params);
+  const std::string good = save_checkpoint((dir / "root").string(), 4, params, opt, cfg.resolved);
+  CHECK(load_checkpoint(good, cfg, DType::f32).step == 4);
+
+  auto copy_of_good = [&](const std::string& name) {
+    fs::path p = dir / name;
+    fs::copy(good, p, fs::copy_options::recursive);
+    return p;
+  };
+  CHECK_THROWS_WITH(load_checkpoint((dir / "missing").string(), cfg, DType::f32), Catch::Contains("no such checkpoint"));
+  fs::create_directories(dir / "empty");
+  CHECK_THROWS_WITH(load_checkpoint((dir / "empty").string(), cfg, DType::f32), Catch::Contains("holds no checkpoint"));
+  fs::path p = copy_of_good("garbled-meta");
+  std::ofstream(p / "meta.json", std::ios::trunc) << "{\"format\": 2, \"step\": ";
+  CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("not valid JSON"));
+  p = copy_of_good("negative-step");
+  std::ofstream(p / "meta.json", std::ios::trunc)
+      << nlohmann::json({{"format", 2}, {"step", -2}, {"optimizer_step", 0}, {"config", cfg.resolved}}).dump();
+  CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("'step'"));
+  p = copy_of_good("future-format");
+  std::ofstream(p / "meta.json", std::ios::trunc)
+      << nlohmann::json({{"format", 9}, {"step", 1}, {"optimizer_step", 1}, {"config", cfg.resolved}}).dump();
+  CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("format"));
+  p = copy_of_good("truncated-model");
+  fs::resize_file(p / "model.safetensors", 100);
+  CHECK_THROWS_AS(load_checkpoint(p.string(), cfg, DType::f32), UsageError);
+  p = copy_of_good("missing-moments");
+  save_safetensors((p / "optimizer.safetensors").string(), {});
+  CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("optimizer.safetensors: ") && Catch::Contains("meta.json records"));
+  {  // with a matching checksum the content is checked too
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(p / "meta.json"));
+    uint64_t size = 0;
+    const uint32_t crc = crc32c_file((p / "optimizer.safetensors").string(), &size);
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", crc);
+    meta["files"]["optimizer.safetensors"] = {{"bytes", size}, {"crc32c", hex}};
+    std::ofstream(p / "meta.json", std::ios::trunc) << meta.dump();
+  }
+  CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("missing 'exp_avg."));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the default config's loss falls", "[trainer]") {
+  // configs/default.json (what scripts/train.sh runs on 2 ranks), here on one process for 80 steps.
+  Config cfg = load_config(std::string(AUTOSP_SOURCE_DIR) + "/configs/default.json",
+                           {"sequence_parallel.autosp_size=1", "runtime.threads=2", "train.steps=80"});
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  TrainResult r = train(cfg, ta, *world);
+  REQUIRE(r.steps.size() == 80);
+  double first = 0, last = 0;
+  for (int k = 0; k < 5; ++k) first += r.steps[k].loss / 5;
+  for (int k = 75; k < 80; ++k) last += r.steps[k].loss / 5;
+  INFO("mean loss of the first 5 steps " << first << ", of the last 5 " << last);
+  CHECK(last < first - 0.5);  // ln(vocab 32) = 3.47 at the start
+}
