@@ -86,13 +86,13 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
   const Device dev = feed_device(g_, feeds);
   if (dev.kind == DeviceKind::cuda) use_device(dev.index);
   Allocator& alloc = dev.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(dev.index)) : cpu_allocator();
-  if (options_.plan_memory && (plan_.offset.empty() || planned_for_ != r.bindings || arena_.device() != dev)) {
+  if ((plan_.offset.empty() || planned_for_ != r.bindings || arena_.device() != dev)) {
     arena_ = Tensor();
     plan_ = plan_memory(g_, r.bindings);
     planned_for_ = r.bindings;
     arena_ = Tensor::empty({static_cast<int64_t>((plan_.arena_bytes + 7) / 8)}, DType::i64, alloc);
   }
-  r.planned_bytes = options_.plan_memory ? plan_.arena_bytes : 0;
+  r.planned_bytes = plan_.arena_bytes;
   alloc.reset_peak();
   std::vector<Tensor> values(g_.size());
   std::vector<std::vector<Tensor>> extras(g_.size());  // extra outputs of multi-output nodes
@@ -123,16 +123,15 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
         comm = it->second;
       }
       KernelCall call{n, args, shape, r.bindings, alloc, extras[at], comm, {}, {}};
-      if (options_.plan_memory) {
-        if (plan_.offset[at] != MemoryPlan::kHeap)
-          call.out = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.offset[at]), shape, n.dtype());
-        const auto types = extra_types(n);
-        for (size_t e = 0; e < plan_.extra_offset[at].size(); ++e)
-          call.extra_out.push_back(plan_.extra_offset[at][e] == MemoryPlan::kHeap
-                                       ? Tensor()
-                                       : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
-                                                            eval_shape(types[e].shape, r.bindings), types[e].dtype));
-      }
+      // The planned places of the output and extra outputs (kHeap: allocated by the launcher).
+      if (plan_.offset[at] != MemoryPlan::kHeap)
+        call.out = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.offset[at]), shape, n.dtype());
+      const auto types = extra_types(n);
+      for (size_t e = 0; e < plan_.extra_offset[at].size(); ++e)
+        call.extra_out.push_back(plan_.extra_offset[at][e] == MemoryPlan::kHeap
+                                     ? Tensor()
+                                     : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
+                                                          eval_shape(types[e].shape, r.bindings), types[e].dtype));
       values[at] = dispatch(call, dev.kind);
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",

@@ -32,9 +32,7 @@ struct RunResult {
 // freed: the trainer starts a gradient's all-reduce as soon as the gradient exists.
 using NodeHook = std::function<void(const Node&, const Tensor&)>;
 
-struct ExecOptions {
-  bool plan_memory = true;  // place intermediates in one planned arena (engine/memory_plan.h)
-};
+struct ExecOptions {};
 
 class Executor {
  public:

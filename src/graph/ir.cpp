@@ -9,18 +9,12 @@
 namespace autosp {
 
 namespace {
-constexpr std::array<std::string_view, 9> kRoleNames{"none",      "input_ids", "labels", "position_ids", "attention_mask",
+constexpr std::array<std::string_view, 8> kRoleNames{"none",      "input_ids", "labels", "position_ids",
                                                      "parameter", "logits",    "loss",   "gradient"};
 static_assert(kRoleNames.size() == static_cast<size_t>(Role::gradient) + 1, "every role needs a name");
 }  // namespace
 
 std::string_view role_name(Role r) { return kRoleNames.at(static_cast<size_t>(r)); }
-std::optional<Role> role_from_name(std::string_view s) {
-  for (size_t i = 0; i < kRoleNames.size(); ++i)
-    if (kRoleNames[i] == s) return static_cast<Role>(i);
-  return std::nullopt;
-}
-
 std::string TensorType::str() const { return std::string(dtype_name(dtype)) + sym_shape_str(shape); }
 
 // ---- attributes --------------------------------------------------------------------------------

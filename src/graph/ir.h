@@ -19,10 +19,9 @@
 namespace autosp {
 
 enum class Role : uint8_t {
-  none, input_ids, labels, position_ids, attention_mask, parameter, logits, loss, gradient,
+  none, input_ids, labels, position_ids, parameter, logits, loss, gradient,
 };
 std::string_view role_name(Role r);
-std::optional<Role> role_from_name(std::string_view s);
 
 struct TensorType {
   DType dtype = DType::f32;
