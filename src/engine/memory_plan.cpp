@@ -28,17 +28,6 @@ size_t bytes_of(const TensorType& t, const Bindings& b) {
   return static_cast<size_t>(n) * dtype_size(t.dtype);
 }
 
-bool may_write_over_input(Op op) {
-  switch (op) {
-    case Op::scale: case Op::neg: case Op::exp: case Op::gelu_tanh: case Op::silu: case Op::causal_mask:
-    case Op::add: case Op::sub: case Op::mul: case Op::div:
-    case Op::bias_gelu_tanh: case Op::bias_gelu_tanh_backward:
-      return true;  // elementwise kernels that read element i before writing element i
-    default:
-      return false;
-  }
-}
-
 // Best-fit allocation in a growing arena with coalescing frees.
 class Arena {
  public:
@@ -126,7 +115,7 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
   MemoryPlan plan;
   for (size_t i = 0; i < n; ++i) {
     const Node& node = *g.nodes()[i];
-    if (!may_write_over_input(node.op()) || primary[i] < 0) continue;
+    if (!op_info(node.op()).in_place || primary[i] < 0) continue;
     Buffer& out = bufs[primary[i]];
     for (size_t k = 0; k < node.inputs().size(); ++k) {
       const Node* in = node.input(k);

@@ -428,55 +428,195 @@ TensorType all_reduce_rule(const Node& n, const ShapeContext&) {
   return in(n, 0);
 }
 
-// One row per op, in enum order.
+// ---- locality along the sequence (OpInfo::seq; used by AutoSP's shard_seq_dim) ----------------
+// `in[i]`: the dim of input i that holds the sequence, or kNoSeq. At least one input holds it.
+
+SeqVerdict seq_same(const Node&, std::span<const int> in, std::string_view) { return {in[0]}; }
+
+// Binary ops broadcast right-aligned: both inputs' sequence dims must land on the same output dim.
+SeqVerdict seq_broadcast(const Node& n, std::span<const int> in, std::string_view) {
+  const int r = n.type().rank();
+  int out = kNoSeq;
+  for (size_t i = 0; i < 2; ++i) {
+    if (in[i] == kNoSeq) continue;
+    const int aligned = in[i] + (r - n.input(i)->type().rank());
+    if (out != kNoSeq && out != aligned) return {in[i], "mixes"};
+    out = aligned;
+  }
+  return {out};
+}
+
+SeqVerdict seq_causal_mask(const Node& n, std::span<const int> in, std::string_view) {
+  if (in[0] >= n.type().rank() - 2) return {in[0], "masks along"};
+  return {in[0]};
+}
+
+SeqVerdict seq_embedding(const Node&, std::span<const int> in, std::string_view) { return {in[1]}; }
+
+SeqVerdict seq_matmul(const Node& n, std::span<const int> in, std::string_view) {
+  const bool ta = n.attrs().b("trans_a"), tb = n.attrs().b("trans_b");
+  const int r = n.type().rank(), ra = n.input(0)->type().rank(), rb = n.input(1)->type().rank();
+  int out = kNoSeq;
+  if (in[0] != kNoSeq) {
+    const int m = ta ? ra - 1 : ra - 2, k = ta ? ra - 2 : ra - 1;
+    if (in[0] == k) return {in[0], "contracts over"};
+    out = in[0] == m ? r - 2 : in[0];
+  }
+  if (in[1] != kNoSeq) {
+    const int k = tb ? rb - 1 : rb - 2, nn = tb ? rb - 2 : rb - 1;
+    if (in[1] == k) return {in[1], "contracts over"};
+    out = in[1] == nn ? r - 1 : in[1] + (r - rb);
+  }
+  return {out};
+}
+
+// The sequence is the one target dim spelled with the sequence symbol.
+SeqVerdict seq_reshape(const Node& n, std::span<const int> in, std::string_view seq) {
+  int found = kNoSeq;
+  for (int d = 0; d < n.type().rank(); ++d)
+    if (n.shape()[d].contains(std::string(seq))) {
+      if (found != kNoSeq) return {in[0], "splits"};
+      found = d;
+    }
+  if (found == kNoSeq) return {in[0], "hides"};
+  return {found};
+}
+
+SeqVerdict seq_transpose(const Node& n, std::span<const int> in, std::string_view) {
+  const int r = n.type().rank();
+  const int d0 = static_cast<int>((n.attrs().i("dim0") + r) % r), d1 = static_cast<int>((n.attrs().i("dim1") + r) % r);
+  return {in[0] == d0 ? d1 : in[0] == d1 ? d0 : in[0]};
+}
+
+SeqVerdict seq_permute(const Node& n, std::span<const int> in, std::string_view) {
+  const int r = n.type().rank();
+  const auto& perm = n.attrs().ints("perm");
+  for (int d = 0; d < r; ++d)
+    if ((perm[d] + r) % r == in[0]) return {d};
+  return {kNoSeq};
+}
+
+SeqVerdict seq_slice(const Node& n, std::span<const int> in, std::string_view) {
+  const int r = n.type().rank();
+  if ((n.attrs().i("dim") + r) % r == in[0]) return {in[0], "slices along"};
+  return {in[0]};
+}
+
+SeqVerdict seq_concat(const Node& n, std::span<const int> in, std::string_view) {
+  const int r = n.type().rank();
+  for (int d : in)
+    if (d == (n.attrs().i("dim") + r) % r) return {d, "concatenates along"};
+  return {in[0]};
+}
+
+// layernorm, rmsnorm, softmax: local unless they normalise over the sequence (the last dim).
+SeqVerdict seq_norm(const Node& n, std::span<const int> in, std::string_view) {
+  if (in[0] == n.type().rank() - 1) return {in[0], "normalises over"};
+  return {in[0]};
+}
+
+// x [B, N, S, D]: the rotation angle comes from position_ids [B, S], so S is dim 2.
+SeqVerdict seq_rope(const Node&, std::span<const int> in, std::string_view) {
+  if (in[0] != kNoSeq && in[0] != 2) return {in[0], "rotates along"};
+  return {in[0] == kNoSeq ? 2 : in[0]};
+}
+
+// The one op that attends over the sequence: insert_attention_all_to_all gathers it for sdpa.
+SeqVerdict seq_sdpa(const Node&, std::span<const int> in, std::string_view) {
+  for (int d : in)
+    if (d != kNoSeq && d != 2) return {d, "attends over"};
+  return {2};
+}
+
+// The loss sums over the sequence; normalize_loss makes it exact across ranks.
+SeqVerdict seq_loss(const Node&, std::span<const int>, std::string_view) { return {kNoSeq}; }
+
+// One row per op, in enum order. Unnamed columns keep their defaults (ops.h: OpInfo).
 constexpr std::array<OpInfo, kNumOps> kOps{{
-    // op, name, arity, required attributes, shape rule, extra outputs, vjp, backward-only
-    {Op::input, "input", 0, "", declared, nullptr, nullptr, false},
-    {Op::parameter, "parameter", 0, "", declared, nullptr, nullptr, false},
-    {Op::embedding, "embedding", 2, "", embedding_rule, nullptr, vjp::embedding, false},
-    {Op::matmul, "matmul", 2, "trans_a,trans_b", matmul_rule, nullptr, vjp::matmul, false},
-    {Op::add, "add", 2, "", binary_rule, nullptr, vjp::add, false},
-    {Op::sub, "sub", 2, "", binary_rule, nullptr, vjp::sub, false},
-    {Op::mul, "mul", 2, "", binary_rule, nullptr, vjp::mul, false},
-    {Op::div, "div", 2, "", binary_rule, nullptr, vjp::div, false},
-    {Op::scale, "scale", 1, "factor", unary_rule, nullptr, vjp::scale, false},
-    {Op::neg, "neg", 1, "", unary_rule, nullptr, vjp::neg, false},
-    {Op::exp, "exp", 1, "", unary_rule, nullptr, vjp::exp, false},
-    {Op::gelu_tanh, "gelu_tanh", 1, "", unary_rule, nullptr, vjp::gelu_tanh, false},
-    {Op::silu, "silu", 1, "", unary_rule, nullptr, vjp::silu, false},
-    {Op::reshape, "reshape", 1, "shape", reshape_rule, nullptr, vjp::reshape, false},
-    {Op::transpose, "transpose", 1, "dim0,dim1", transpose_rule, nullptr, vjp::transpose, false},
-    {Op::permute, "permute", 1, "perm", permute_rule, nullptr, vjp::permute, false},
-    {Op::slice, "slice", 1, "dim,start,end", slice_rule, nullptr, vjp::slice, false},
-    {Op::concat, "concat", -1, "dim", concat_rule, nullptr, vjp::concat, false},
-    {Op::layernorm, "layernorm", 3, "eps", layernorm_rule, nullptr, vjp::layernorm, false},
-    {Op::rmsnorm, "rmsnorm", 2, "eps", rmsnorm_rule, nullptr, vjp::rmsnorm, false},
-    {Op::softmax, "softmax", 1, "", unary_rule, nullptr, vjp::softmax, false},
-    {Op::rope, "rope", 2, "theta", rope_rule, nullptr, vjp::rope, false},
-    {Op::sdpa, "sdpa", 3, "causal,scale", sdpa_rule, sdpa_extra, vjp::sdpa, false},
-    {Op::cross_entropy_sum, "cross_entropy_sum", 2, "ignore_index", cross_entropy_rule, nullptr, vjp::cross_entropy_sum, false},
-    {Op::count_valid, "count_valid", 1, "ignore_index,dtype", count_valid_rule, nullptr, vjp::no_gradient, false},
-    {Op::full, "full", 0, "shape,value,dtype", full_rule, nullptr, vjp::no_gradient, false},
-    {Op::output, "output", 1, "index", output_rule, nullptr, nullptr, true},
-    {Op::causal_mask, "causal_mask", 1, "value", causal_mask_rule, nullptr, vjp::causal_mask, false},
-    {Op::all_to_all, "all_to_all", 1, "scatter_dim,gather_dim,group,group_size", all_to_all_rule, nullptr, vjp::all_to_all, false, true},
-    {Op::all_reduce, "all_reduce", 1, "group", all_reduce_rule, nullptr, vjp::all_reduce, false, true},
-    {Op::sum_to, "sum_to", 1, "shape", sum_to_rule, nullptr, nullptr, true},
-    {Op::embedding_backward, "embedding_backward", 2, "num_embeddings", embedding_backward_rule, nullptr, nullptr, true},
-    {Op::gelu_tanh_backward, "gelu_tanh_backward", 2, "", same_as_second, nullptr, nullptr, true},
-    {Op::silu_backward, "silu_backward", 2, "", same_as_second, nullptr, nullptr, true},
-    {Op::slice_backward, "slice_backward", 1, "dim,start,end,size", slice_backward_rule, nullptr, nullptr, true},
-    {Op::layernorm_backward, "layernorm_backward", 3, "eps", norm_backward_rule, layernorm_backward_extra, nullptr, true},
-    {Op::rmsnorm_backward, "rmsnorm_backward", 3, "eps", norm_backward_rule, rmsnorm_backward_extra, nullptr, true},
-    {Op::softmax_backward, "softmax_backward", 2, "", same_as_second, nullptr, nullptr, true},
-    {Op::rope_backward, "rope_backward", 2, "theta", rope_rule, nullptr, nullptr, true},
-    {Op::sdpa_backward, "sdpa_backward", 6, "causal,scale", sdpa_backward_rule, sdpa_backward_extra, nullptr, true},
-    {Op::cross_entropy_backward, "cross_entropy_backward", 3, "ignore_index", cross_entropy_backward_rule, nullptr, nullptr, true},
-    {Op::cast, "cast", 1, "dtype", cast_rule, nullptr, vjp::cast, false},
-    {Op::add_layernorm, "add_layernorm", 4, "eps", add_layernorm_rule, residual_extra, vjp::add_layernorm, false, false, true},
-    {Op::add_rmsnorm, "add_rmsnorm", 3, "eps", add_rmsnorm_rule, residual_extra, vjp::add_rmsnorm, false, false, true},
-    {Op::bias_gelu_tanh, "bias_gelu_tanh", 2, "", bias_gelu_tanh_rule, nullptr, vjp::bias_gelu_tanh, false},
-    {Op::bias_gelu_tanh_backward, "bias_gelu_tanh_backward", 3, "", bias_gelu_tanh_backward_rule, nullptr, nullptr, true},
+    {.op = Op::input, .name = "input", .arity = 0, .infer = declared},
+    {.op = Op::parameter, .name = "parameter", .arity = 0, .infer = declared},
+    {.op = Op::embedding, .name = "embedding", .arity = 2, .infer = embedding_rule, .vjp = vjp::embedding,
+     .seq = seq_embedding},
+    {.op = Op::matmul, .name = "matmul", .arity = 2, .attrs = "trans_a,trans_b", .infer = matmul_rule,
+     .vjp = vjp::matmul, .seq = seq_matmul},
+    {.op = Op::add, .name = "add", .arity = 2, .infer = binary_rule, .vjp = vjp::add, .seq = seq_broadcast,
+     .in_place = true},
+    {.op = Op::sub, .name = "sub", .arity = 2, .infer = binary_rule, .vjp = vjp::sub, .seq = seq_broadcast,
+     .in_place = true},
+    {.op = Op::mul, .name = "mul", .arity = 2, .infer = binary_rule, .vjp = vjp::mul, .seq = seq_broadcast,
+     .in_place = true},
+    {.op = Op::div, .name = "div", .arity = 2, .infer = binary_rule, .vjp = vjp::div, .seq = seq_broadcast,
+     .in_place = true},
+    {.op = Op::scale, .name = "scale", .arity = 1, .attrs = "factor", .infer = unary_rule, .vjp = vjp::scale,
+     .seq = seq_same, .in_place = true},
+    {.op = Op::neg, .name = "neg", .arity = 1, .infer = unary_rule, .vjp = vjp::neg, .seq = seq_same, .in_place = true},
+    {.op = Op::exp, .name = "exp", .arity = 1, .infer = unary_rule, .vjp = vjp::exp, .seq = seq_same, .in_place = true},
+    {.op = Op::gelu_tanh, .name = "gelu_tanh", .arity = 1, .infer = unary_rule, .vjp = vjp::gelu_tanh,
+     .seq = seq_same, .in_place = true},
+    {.op = Op::silu, .name = "silu", .arity = 1, .infer = unary_rule, .vjp = vjp::silu, .seq = seq_same,
+     .in_place = true},
+    {.op = Op::reshape, .name = "reshape", .arity = 1, .attrs = "shape", .infer = reshape_rule, .vjp = vjp::reshape,
+     .seq = seq_reshape, .numerics = Numerics::moves},
+    {.op = Op::transpose, .name = "transpose", .arity = 1, .attrs = "dim0,dim1", .infer = transpose_rule,
+     .vjp = vjp::transpose, .seq = seq_transpose, .numerics = Numerics::moves},
+    {.op = Op::permute, .name = "permute", .arity = 1, .attrs = "perm", .infer = permute_rule, .vjp = vjp::permute,
+     .seq = seq_permute, .numerics = Numerics::moves},
+    {.op = Op::slice, .name = "slice", .arity = 1, .attrs = "dim,start,end", .infer = slice_rule, .vjp = vjp::slice,
+     .seq = seq_slice, .numerics = Numerics::moves},
+    {.op = Op::concat, .name = "concat", .arity = -1, .attrs = "dim", .infer = concat_rule, .vjp = vjp::concat,
+     .seq = seq_concat, .numerics = Numerics::moves},
+    {.op = Op::layernorm, .name = "layernorm", .arity = 3, .attrs = "eps", .infer = layernorm_rule,
+     .vjp = vjp::layernorm, .seq = seq_norm},
+    {.op = Op::rmsnorm, .name = "rmsnorm", .arity = 2, .attrs = "eps", .infer = rmsnorm_rule, .vjp = vjp::rmsnorm,
+     .seq = seq_norm},
+    {.op = Op::softmax, .name = "softmax", .arity = 1, .infer = unary_rule, .vjp = vjp::softmax, .seq = seq_norm},
+    {.op = Op::rope, .name = "rope", .arity = 2, .attrs = "theta", .infer = rope_rule, .vjp = vjp::rope,
+     .seq = seq_rope},
+    {.op = Op::sdpa, .name = "sdpa", .arity = 3, .attrs = "causal,scale", .infer = sdpa_rule, .extra = sdpa_extra,
+     .vjp = vjp::sdpa, .seq = seq_sdpa},
+    {.op = Op::cross_entropy_sum, .name = "cross_entropy_sum", .arity = 2, .attrs = "ignore_index",
+     .infer = cross_entropy_rule, .vjp = vjp::cross_entropy_sum, .seq = seq_loss},
+    {.op = Op::count_valid, .name = "count_valid", .arity = 1, .attrs = "ignore_index,dtype",
+     .infer = count_valid_rule, .vjp = vjp::no_gradient, .seq = seq_loss, .numerics = Numerics::converts},
+    {.op = Op::full, .name = "full", .arity = 0, .attrs = "shape,value,dtype", .infer = full_rule,
+     .vjp = vjp::no_gradient, .numerics = Numerics::converts},
+    {.op = Op::output, .name = "output", .arity = 1, .attrs = "index", .infer = output_rule, .backward_only = true},
+    {.op = Op::causal_mask, .name = "causal_mask", .arity = 1, .attrs = "value", .infer = causal_mask_rule,
+     .vjp = vjp::causal_mask, .seq = seq_causal_mask, .in_place = true},
+    {.op = Op::all_to_all, .name = "all_to_all", .arity = 1, .attrs = "scatter_dim,gather_dim,group,group_size",
+     .infer = all_to_all_rule, .vjp = vjp::all_to_all, .side_effects = true, .numerics = Numerics::moves},
+    {.op = Op::all_reduce, .name = "all_reduce", .arity = 1, .attrs = "group", .infer = all_reduce_rule,
+     .vjp = vjp::all_reduce, .side_effects = true},
+    {.op = Op::sum_to, .name = "sum_to", .arity = 1, .attrs = "shape", .infer = sum_to_rule, .backward_only = true},
+    {.op = Op::embedding_backward, .name = "embedding_backward", .arity = 2, .attrs = "num_embeddings",
+     .infer = embedding_backward_rule, .backward_only = true},
+    {.op = Op::gelu_tanh_backward, .name = "gelu_tanh_backward", .arity = 2, .infer = same_as_second,
+     .backward_only = true},
+    {.op = Op::silu_backward, .name = "silu_backward", .arity = 2, .infer = same_as_second, .backward_only = true},
+    {.op = Op::slice_backward, .name = "slice_backward", .arity = 1, .attrs = "dim,start,end,size",
+     .infer = slice_backward_rule, .backward_only = true, .numerics = Numerics::moves},
+    {.op = Op::layernorm_backward, .name = "layernorm_backward", .arity = 3, .attrs = "eps",
+     .infer = norm_backward_rule, .extra = layernorm_backward_extra, .backward_only = true},
+    {.op = Op::rmsnorm_backward, .name = "rmsnorm_backward", .arity = 3, .attrs = "eps", .infer = norm_backward_rule,
+     .extra = rmsnorm_backward_extra, .backward_only = true},
+    {.op = Op::softmax_backward, .name = "softmax_backward", .arity = 2, .infer = same_as_second,
+     .backward_only = true},
+    {.op = Op::rope_backward, .name = "rope_backward", .arity = 2, .attrs = "theta", .infer = rope_rule,
+     .backward_only = true},
+    {.op = Op::sdpa_backward, .name = "sdpa_backward", .arity = 6, .attrs = "causal,scale",
+     .infer = sdpa_backward_rule, .extra = sdpa_backward_extra, .backward_only = true},
+    {.op = Op::cross_entropy_backward, .name = "cross_entropy_backward", .arity = 3, .attrs = "ignore_index",
+     .infer = cross_entropy_backward_rule, .backward_only = true},
+    {.op = Op::cast, .name = "cast", .arity = 1, .attrs = "dtype", .infer = cast_rule, .vjp = vjp::cast,
+     .seq = seq_same, .numerics = Numerics::converts},
+    {.op = Op::add_layernorm, .name = "add_layernorm", .arity = 4, .attrs = "eps", .infer = add_layernorm_rule,
+     .extra = residual_extra, .vjp = vjp::add_layernorm, .differentiable_extras = true},
+    {.op = Op::add_rmsnorm, .name = "add_rmsnorm", .arity = 3, .attrs = "eps", .infer = add_rmsnorm_rule,
+     .extra = residual_extra, .vjp = vjp::add_rmsnorm, .differentiable_extras = true},
+    {.op = Op::bias_gelu_tanh, .name = "bias_gelu_tanh", .arity = 2, .infer = bias_gelu_tanh_rule,
+     .vjp = vjp::bias_gelu_tanh, .in_place = true},
+    {.op = Op::bias_gelu_tanh_backward, .name = "bias_gelu_tanh_backward", .arity = 3,
+     .infer = bias_gelu_tanh_backward_rule, .backward_only = true, .in_place = true},
 }};
 
 constexpr bool table_in_order() {
@@ -495,15 +635,6 @@ DType accumulate_dtype(DType t) { return t == DType::bf16 || t == DType::f16 ? D
 
 const OpInfo& op_info(Op op) { return kOps.at(static_cast<size_t>(op)); }
 std::string_view op_name(Op op) { return op_info(op).name; }
-
-bool op_from_name(std::string_view name, Op& out) {
-  for (const auto& r : kOps)
-    if (r.name == name) {
-      out = r.op;
-      return true;
-    }
-  return false;
-}
 
 std::vector<std::string> op_required_attrs(Op op) {
   std::vector<std::string> out;

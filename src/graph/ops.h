@@ -1,10 +1,20 @@
-// The op table: one row per op with its name, arity, required attributes, shape rule and vjp rule.
-// Adding an op = one enum value + one row here + one row in the kernel dispatch table
-// (src/engine/dispatch.cpp) + one line in the op-case test table. static_asserts keep the
-// tables complete. Knows nothing of kernels or devices.
+// The op table: one row per op, and every property of an op is a column of its row: name, arity,
+// required attributes, shape rule, extra outputs, vjp rule, its locality along the sequence
+// (AutoSP's shard_seq_dim), whether its kernel may write over its input (the memory planner),
+// and how it treats element values (the CPU's bf16 emulation). static_asserts keep it complete.
+// Knows nothing of kernels or devices.
+//
+// A new op touches (docs/architecture.md counts them for silu):
+//   graph/ops.h           the enum value                         graph/ops.cpp   its row (+ shape rule)
+//   graph/vjp.cpp, .h     its vjp rule (forward ops)             graph/builder.* a builder method
+//   engine/dispatch.cpp   its kernel row (CPU and CUDA launcher)
+//   engine/cpu/launchers.*, engine/cuda/launchers.*              the launchers, over
+//   kernels/cpu/<family>.*, kernels/cuda/<family>.*              the kernels
+//   tests/common/op_cases.h                                     one op-case line (shapes, gradcheck, CPU vs CUDA)
 #pragma once
 
 #include <array>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,24 +68,45 @@ using ShapeFn = TensorType (*)(const Node&, const ShapeContext&);
 using ExtraFn = std::vector<TensorType> (*)(const Node&);
 using VjpFn = void (*)(VjpContext&);
 
+// Locality along the sequence (AutoSP's shard_seq_dim). Given which dim of each input holds the
+// sequence (kNoSeq: none), the dim of the output that holds it; or, for an op that would compute
+// something else once each rank holds S/P positions (it reduces, contracts, masks or slices along
+// the sequence), `rejects` says what it does ("contracts over") and `dim` is the offending input dim.
+inline constexpr int kNoSeq = -1;
+struct SeqVerdict {
+  int dim = kNoSeq;
+  std::string_view rejects = {};
+};
+using SeqFn = SeqVerdict (*)(const Node&, std::span<const int> in, std::string_view seq);
+
+// How an op treats element values: it computes with them (arithmetic in its dtype), only moves
+// them (layout, all-to-all: exact in any dtype), or produces values of a dtype it declares itself
+// (cast, constants, counts). The CPU emulates bf16 only for `computes` ops.
+enum class Numerics : uint8_t { computes, moves, converts };
+
+// One row of the op table; written with designated initialisers, unnamed columns keep these defaults.
 struct OpInfo {
   Op op;
-  std::string_view name;   // snake_case, as printed
-  int arity;               // number of inputs, -1 = one or more
-  std::string_view attrs;  // required attributes, comma-separated
-  ShapeFn infer;           // shape rule; validates and throws UsageError naming op and shapes
-  ExtraFn extra;           // extra outputs (nullptr: the node has one output)
-  VjpFn vjp;               // backward rule (builds IR); nullptr: not differentiable
-  bool backward_only;      // made by vjp rules only; never differentiated again
-  bool side_effects = false;  // kept by DCE even when unused (collectives, optimizer updates)
+  std::string_view name;       // snake_case, as printed
+  int arity = 0;               // number of inputs, -1 = one or more
+  std::string_view attrs = {};  // required attributes, comma-separated
+  ShapeFn infer = nullptr;     // shape rule; validates and throws UsageError naming op and shapes
+  ExtraFn extra = nullptr;     // extra outputs (nullptr: the node has one output)
+  VjpFn vjp = nullptr;         // backward rule (builds IR); nullptr: not differentiable
+  SeqFn seq = nullptr;         // locality along the sequence; nullptr: AutoSP rejects the op on the sequence path
+  bool backward_only = false;  // made by vjp rules only; never differentiated again
+  bool side_effects = false;   // kept by DCE even when unused (collectives, optimizer updates)
   // The vjp also takes gradients of the extra outputs (VjpContext::output_grads); for other
   // multi-output ops an extra output on the loss path is an autograd error.
   bool differentiable_extras = false;
+  // Elementwise: its kernel reads element i of input 0 before writing element i, so the memory
+  // planner may give the output input 0's buffer when input 0 dies here.
+  bool in_place = false;
+  Numerics numerics = Numerics::computes;
 };
 
 const OpInfo& op_info(Op op);
 std::string_view op_name(Op op);
-bool op_from_name(std::string_view name, Op& out);
 std::vector<std::string> op_required_attrs(Op op);
 
 // The dtype a reduction over `t` values is kept in: f32 for bf16/f16 (a loss, a log-sum-exp, a

@@ -1,5 +1,5 @@
 // CUDA launchers of the dispatch table (see launchers.h). Each mirrors its CPU launcher in
-// src/engine/dispatch.cpp: same shapes, same folding of dims, same planned outputs (c.out,
+// src/engine/cpu/launchers.cpp: same shapes, same folding of dims, same planned outputs (c.out,
 // c.extra_out, else fresh from c.alloc); strided inputs are made contiguous on the device first.
 #include "engine/cuda/launchers.h"
 
