@@ -1,11 +1,10 @@
 // autosp-graph: print the model's graph at a stage of the pipeline, for one rank of a world.
-//   autosp-graph --config F --world P --rank R [--stage forward] [--format text|json|dot]
+//   autosp-graph --config F --world P --rank R [--stage forward|autosp|joint|PASS] [--format text|json|dot]
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <iostream>
 
 #include "graph/printer.h"
-#include "graph/verify.h"
 #include "models/config.h"
 #include "models/model.h"
 #include "tools/cli.h"
@@ -66,7 +65,8 @@ int main(int argc, char** argv) {
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
         "world", "world size", cxxopts::value<std::string>()->default_value("1"))(
         "rank", "rank to show", cxxopts::value<std::string>()->default_value("0"))(
-        "stage", "forward|autosp|joint", cxxopts::value<std::string>()->default_value("forward"))(
+        "stage", "forward|autosp|joint, or the name of a pass to stop after",
+        cxxopts::value<std::string>()->default_value("forward"))(
         "format", "text|json|dot", cxxopts::value<std::string>()->default_value("text"))(
         "plan-memory", "instead of the graph, print the memory plan for sizes like S=16384,B=1 (JSON)",
         cxxopts::value<std::string>())("h,help", "show help");
@@ -85,16 +85,12 @@ int main(int argc, char** argv) {
     if (world < 1 || world > 65536) throw UsageError(str("--world ", world, ": expected 1..65536"));
     if (rank < 0 || rank >= world) throw UsageError(str("--rank ", rank, ": expected 0 <= rank < ", world));
     const std::string stage = args["stage"].as<std::string>(), format = args["format"].as<std::string>();
-    if (stage != "forward" && stage != "autosp" && stage != "joint")
-      throw UsageError(str("--stage '", stage, "': expected forward, autosp or joint"));
     if (format != "text" && format != "json" && format != "dot")
       throw UsageError(str("--format '", format, "': expected text, json or dot"));
 
-    const Stage st = stage == "forward" ? Stage::forward : stage == "autosp" ? Stage::autosp : Stage::joint;
     const PassContext ctx = pass_context(cfg, static_cast<int>(world), static_cast<int>(rank));
-    RankProgram prog = build_program(cfg, run_dtype(cfg), st, ctx);
-    const Graph* g = prog.graph.get();
-    verify(*g);
+    RankProgram prog = build_program(cfg, run_dtype(cfg), stage, ctx);  // a stage or a pass name
+    const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {
       std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>())).dump() << "\n";
       return 0;

@@ -1,4 +1,5 @@
-// Building a rank's program: model → mixed precision (bf16) → AutoSP pipeline → kernel fusion → autograd.
+// Building a rank's program: model → mixed precision (bf16) → AutoSP pipeline → kernel fusion →
+// autograd → activation checkpointing → canonicalize, as one pipeline.
 #include "engine/program.h"
 
 #include "graph/autograd.h"
@@ -6,7 +7,6 @@
 #include "graph/passes/checkpoint_activations.h"
 #include "graph/passes/fuse_elementwise.h"
 #include "graph/passes/mixed_precision.h"
-#include "graph/verify.h"
 #include "models/model.h"
 #include "tensor/check.h"
 
@@ -35,37 +35,81 @@ DType run_dtype(const Config& cfg) {
 
 DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
 
-RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const PassContext& ctx) {
+PassContext program_context(const Config& cfg, const PassContext& ctx) {
+  PassContext full = ctx;
+  // No residual + norm fusion under activation checkpointing (it would cost memory there:
+  // passes/fuse_elementwise.h).
+  full.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
+  full.layer_scopes = layer_scopes(cfg.model);
+  return full;
+}
+
+std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const PassContext& ctx) {
+  std::vector<ProgramPass> out;
+  if (dtype == DType::bf16) out.push_back({{"mixed_precision", passes::mixed_precision, true}, Stage::forward});
+  if (ctx.world_size > 1)
+    for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::autosp});
+  if (cfg.runtime.fuse_kernels) out.push_back({{"fuse_elementwise", passes::fuse_elementwise, true}, Stage::joint});
+  out.push_back({{"autograd", passes::autograd, true}, Stage::joint});
+  if (cfg.runtime.activation_checkpointing)
+    out.push_back({{"checkpoint_activations", passes::checkpoint_activations, true}, Stage::joint});
+  out.push_back({{"canonicalize", passes::canonicalize, true}, Stage::joint});
+  return out;
+}
+
+namespace {
+
+RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx) {
   RankProgram p;
   p.graph = build_forward(cfg.model, master_dtype(dtype));
-  // Before AutoSP and autograd: AutoSP shards whatever dtype flows, and autograd differentiates
-  // the casts, so the gradients reach the f32 parameters as f32 (docs/decisions.md).
-  if (dtype == DType::bf16) apply_mixed_precision(*p.graph, ctx);
-  p.loss = "loss";
-  if (stage == Stage::forward) return p;
-  if (ctx.world_size > 1) {
-    apply_autosp(*p.graph, ctx);
-    if (p.graph->find("loss.global")) p.loss = "loss.global";
-  }
-  if (stage == Stage::autosp) return p;
-  // Fusion after AutoSP (whose passes then never see the fused ops) and before autograd (so the
-  // backward comes from the fused ops' vjps); no residual + norm fusion under activation
-  // checkpointing (it would cost memory there: passes/fuse_elementwise.cpp).
-  if (cfg.runtime.fuse_kernels) {
-    PassContext fuse_ctx = ctx;
-    fuse_ctx.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
-    apply_fuse_elementwise(*p.graph, fuse_ctx);
-  }
-  std::vector<Node*> params = p.graph->with_role(Role::parameter);
-  const size_t forward_end = p.graph->size();
-  std::vector<Node*> grads = build_backward(*p.graph, p.graph->with_role(Role::loss).at(0), params);
-  if (cfg.runtime.activation_checkpointing) checkpoint_activations(*p.graph, forward_end, layer_scopes(cfg.model));
-  verify(*p.graph);
-  for (size_t i = 0; i < params.size(); ++i) {
-    p.param_names.push_back(params[i]->name());
-    p.grad_names.push_back(grads[i]->name());
+  run_pipeline(*p.graph, passes, program_context(cfg, ctx));
+  p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
+  // Gradients are the graph's Role::gradient outputs, in the order of the parameters (autograd).
+  std::vector<Node*> grads;
+  for (Node* o : p.graph->outputs())
+    if (o->role() == Role::gradient) grads.push_back(o);
+  if (!grads.empty()) {
+    const std::vector<Node*> params = p.graph->with_role(Role::parameter);
+    AUTOSP_ASSERT(params.size() == grads.size(), params.size(), " parameters but ", grads.size(), " gradients");
+    for (size_t i = 0; i < params.size(); ++i) {
+      p.param_names.push_back(params[i]->name());
+      p.grad_names.push_back(grads[i]->name());
+    }
   }
   return p;
+}
+
+std::string_view stage_name(Stage s) {
+  switch (s) {
+    case Stage::forward: return "forward";
+    case Stage::autosp: return "autosp";
+    case Stage::joint: return "joint";
+  }
+  return "";
+}
+
+}  // namespace
+
+RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const PassContext& ctx) {
+  std::vector<Pass> passes;
+  for (const ProgramPass& p : program_passes(cfg, dtype, ctx))
+    if (p.stage <= stage) passes.push_back(p.pass);
+  return run_program(cfg, dtype, passes, ctx);
+}
+
+RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const PassContext& ctx) {
+  for (Stage s : {Stage::forward, Stage::autosp, Stage::joint})
+    if (stop_after == stage_name(s)) return build_program(cfg, dtype, s, ctx);
+  const std::vector<ProgramPass> all = program_passes(cfg, dtype, ctx);
+  std::vector<Pass> passes;
+  std::string names;
+  for (const ProgramPass& p : all) {
+    passes.push_back(p.pass);
+    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, ctx);
+    names += (names.empty() ? "" : ", ") + std::string(p.pass.name);
+  }
+  throw UsageError(str("--stage '", stop_after, "': expected forward, autosp, joint or a pass this program runs (",
+                       names, ")"));
 }
 
 }  // namespace autosp

@@ -1,12 +1,13 @@
-// The graph one rank runs: the model's forward graph, rewritten by the AutoSP pipeline for this
-// rank of its SP group when the world has several ranks, then (for training) the backward graph.
-// A bf16 run first gets the mixed-precision pass (f32 master weights, bf16 compute).
-// Shared by autosp-train and autosp-graph so both show and run the same thing.
+// The graph one rank runs: the model's forward graph, then every pass of the program through one
+// pipeline: mixed precision (bf16), the AutoSP passes for this rank of its SP group (worlds of
+// several ranks), kernel fusion, autograd, activation checkpointing, canonicalize. Shared by
+// autosp-train, autosp-bench and autosp-graph so all show and run the same thing.
+#pragma once
+
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
-
-#pragma once
 
 #include "graph/ir.h"
 #include "graph/passes/pass.h"
@@ -14,7 +15,15 @@
 
 namespace autosp {
 
+// Where a program stops: after the forward (and mixed precision), after AutoSP, or the whole joint
+// forward + backward.
 enum class Stage { forward, autosp, joint };
+
+// One pass of a rank's program and the stage it belongs to.
+struct ProgramPass {
+  Pass pass;
+  Stage stage;
+};
 
 struct RankProgram {
   std::unique_ptr<Graph> graph;
@@ -32,8 +41,21 @@ DType run_dtype(const Config& cfg);
 // weights for a run dtype: f32 master weights for a bf16 run, else the run dtype itself.
 DType master_dtype(DType run);
 
-// The model is built in master_dtype(dtype); for bf16 the mixed-precision pass runs first (at
-// every stage, so autosp-graph shows what runs), then AutoSP, then autograd.
+// The passes of a rank's program, in order, each `PassResult run(Graph&, const PassContext&)`:
+//   forward  mixed_precision (bf16 runs: before AutoSP, which shards whatever dtype flows, and
+//            autograd, which differentiates the casts so f32 parameters get f32 gradients)
+//   autosp   the AutoSP pipeline (graph/passes/autosp/autosp.h; worlds of more than one rank)
+//   joint    fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused
+//            ops, and before autograd, so the backward comes from the fused ops' vjps),
+//            autograd, checkpoint_activations (runtime.activation_checkpointing), canonicalize
+PassContext program_context(const Config& cfg, const PassContext& ctx);
+std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const PassContext& ctx);
+
+// The model built in master_dtype(dtype), then every pass of program_passes up to `stage`, through
+// one run_pipeline (the verifier after each pass; an error says "in pass X after [...]").
 RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const PassContext& ctx);
+// The same, stopping after the named pass (its first occurrence) or stage ("forward", "autosp",
+// "joint"); a name the program does not run is a UsageError listing those it does.
+RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const PassContext& ctx);
 
 }  // namespace autosp

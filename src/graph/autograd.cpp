@@ -98,4 +98,18 @@ std::vector<Node*> build_backward(Graph& g, Node* loss, const std::vector<Node*>
   return out;
 }
 
+size_t backward_begin(const Graph& g) {
+  const std::vector<Node*> losses = g.with_role(Role::loss);
+  if (losses.empty()) return g.size();
+  const Node* seed = g.find("d." + losses[0]->name());
+  return seed ? g.position(seed) : g.size();
+}
+
+PassResult passes::autograd(Graph& g, const PassContext&) {
+  const std::vector<Node*> losses = g.with_role(Role::loss);
+  if (losses.empty()) throw UsageError("autograd: the graph has no loss (a node with role loss)");
+  build_backward(g, losses[0], g.with_role(Role::parameter));
+  return {true};
+}
+
 }  // namespace autosp

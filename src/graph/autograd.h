@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "graph/builder.h"
+#include "graph/passes/pass.h"
 
 namespace autosp {
 
@@ -29,5 +30,14 @@ struct VjpContext {
 // loss does not depend on gets a zero gradient. Throws UsageError if the loss depends on a params
 // through a non-differentiable op.
 std::vector<Node*> build_backward(Graph& g, Node* loss, const std::vector<Node*>& params);
+
+// The position where the backward starts: its first node, the seed gradient "d.<loss>" that
+// build_backward appends first; g.size() for a graph without a backward.
+size_t backward_begin(const Graph& g);
+
+namespace passes {
+// Autograd as a pass: the backward of the graph's loss (its Role::loss node) for every parameter.
+PassResult autograd(Graph& g, const PassContext& ctx);
+}  // namespace passes
 
 }  // namespace autosp

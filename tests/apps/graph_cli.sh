@@ -21,6 +21,18 @@ expect_ok() {  # expect_ok NEEDLE ARGS...
   fi
 }
 
+expect_lacks() {  # expect_lacks NEEDLE ARGS...: runs, and the output does not hold NEEDLE
+  local needle=$1
+  shift
+  if ! out=$("$bin" "$@" 2>"$tmp/err"); then
+    echo "FAIL: autosp-graph $* exited non-zero: $(cat "$tmp/err")"
+    fail=1
+  elif grep -qF -- "$needle" <<<"$out"; then
+    echo "FAIL: autosp-graph $* printed '$needle'"
+    fail=1
+  fi
+}
+
 expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
   local needle=$1
   shift
@@ -41,6 +53,15 @@ expect_ok "layernorm(%x, %transformer.h.0.ln_1.weight" --config "$src/configs/gp
 expect_ok '"op": "sdpa"' --config "$src/configs/gpt2-tiny.json" --format json
 expect_ok "digraph autosp" --config "$src/configs/gpt2-tiny.json" --format dot
 expect_ok "--config" --help
+# --stage stops after any pass of the program: the slices exist after shard_input_ids, the
+# all-to-alls only after insert_attention_all_to_all, the gradients after autograd.
+llama=(--config "$src/configs/llama-tiny.json" --set sequence_parallel.autosp_size=2 --world 2 --rank 1)
+expect_ok "slice(%input_ids" "${llama[@]}" --stage shard_input_ids
+expect_lacks "all_to_all" "${llama[@]}" --stage shard_input_ids
+expect_ok "all_to_all" "${llama[@]}" --stage insert_attention_all_to_all
+expect_lacks "role=gradient" "${llama[@]}" --stage fuse_elementwise
+expect_ok "role=gradient" "${llama[@]}" --stage autograd
+expect_ok "cast(" --config "$src/configs/gpt2-tiny.json" --set runtime.dtype=bfloat16 --stage mixed_precision
 
 echo '{"model": {"arch": "gpt3"}}' >"$tmp/bad-arch.json"
 echo '{"model": ' >"$tmp/truncated.json"
@@ -56,6 +77,9 @@ expect_usage_error "--rank" --config "$src/configs/gpt2-tiny.json" --world 2 --r
 expect_usage_error "--world" --config "$src/configs/gpt2-tiny.json" --world 0
 expect_usage_error "--format" --config "$src/configs/gpt2-tiny.json" --format yaml
 expect_usage_error "--stage" --config "$src/configs/gpt2-tiny.json" --stage sideways
+# One rank runs no AutoSP pass: the error lists the passes it does run.
+expect_usage_error "a pass this program runs (fuse_elementwise, autograd, canonicalize)" \
+  --config "$src/configs/gpt2-tiny.json" --stage shard_seq_dim
 expect_usage_error "world" --config "$src/configs/gpt2-tiny.json" --world two
 expect_usage_error "bogus" --config "$src/configs/gpt2-tiny.json" --bogus
 expect_usage_error "model.hidden_size" --config "$src/configs/gpt2-tiny.json" --set model.hidden_size=abc

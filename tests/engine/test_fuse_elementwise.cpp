@@ -40,7 +40,7 @@ std::unique_ptr<Graph> fused_forward(const Config& cfg, bool residual_norms = tr
   auto g = build_forward(cfg.model, DType::f32);
   PassContext ctx;
   ctx.fuse_residual_norms = residual_norms;
-  apply_fuse_elementwise(*g, ctx);
+  run_pipeline(*g, {{"fuse_elementwise", passes::fuse_elementwise, true}}, ctx);
   return g;
 }
 

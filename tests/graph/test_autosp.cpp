@@ -143,16 +143,16 @@ TEST_CASE("AutoSP stops early with a clear error", "[autosp][errors]") {
     Node* loss = b.div(b.cross_entropy_sum(logits, labels), b.count_valid(labels, DType::f32), "loss");
     loss->set_role(Role::loss);
     g.add_output(loss);
-    CHECK_THROWS_WITH(apply_autosp(g, ctx_of(2, 0)),
+    CHECK_THROWS_WITH(run_pipeline(g, autosp_pipeline(), ctx_of(2, 0)),
                       Catch::Contains("no attention node") && Catch::Contains("in pass insert_attention_all_to_all after ["));
   }
   SECTION("heads not divisible by P") {
     auto g = build_forward(tiny_llama(6, 6), DType::f32);
-    CHECK_THROWS_WITH(apply_autosp(*g, ctx_of(4, 0)), Catch::Contains("%l0.attn") && Catch::Contains("6 attention heads"));
+    CHECK_THROWS_WITH(run_pipeline(*g, autosp_pipeline(), ctx_of(4, 0)), Catch::Contains("%l0.attn") && Catch::Contains("6 attention heads"));
   }
   SECTION("key/value heads that neither P divides nor divide P") {
     auto g = build_forward(tiny_llama(6, 3), DType::f32);
-    CHECK_THROWS_WITH(apply_autosp(*g, ctx_of(2, 0)), Catch::Contains("%l0.attn") && Catch::Contains("3 key/value heads"));
+    CHECK_THROWS_WITH(run_pipeline(*g, autosp_pipeline(), ctx_of(2, 0)), Catch::Contains("%l0.attn") && Catch::Contains("3 key/value heads"));
   }
   SECTION("a reduction over the sharded sequence dim outside attention") {
     Graph g;
@@ -162,7 +162,7 @@ TEST_CASE("AutoSP stops early with a clear error", "[autosp][errors]") {
     Node* w = b.parameter("w", DType::f32, {16, 8});
     Node* x = b.transpose(b.embedding(w, ids), 1, 2, "xt");  // [B, 8, S]
     g.add_output(b.softmax(x, "over_seq"));
-    CHECK_THROWS_WITH(apply_autosp(g, ctx_of(2, 0)),
+    CHECK_THROWS_WITH(run_pipeline(g, autosp_pipeline(), ctx_of(2, 0)),
                       Catch::Contains("%over_seq (softmax)") && Catch::Contains("sequence dimension") &&
                           Catch::Contains("in pass shard_seq_dim"));
   }
@@ -174,14 +174,14 @@ TEST_CASE("AutoSP stops early with a clear error", "[autosp][errors]") {
     Node* w = b.parameter("w", DType::f32, {16, 8});
     Node* x = b.embedding(w, ids);  // [B, S, 8]
     g.add_output(b.matmul(x, x, true, false, "gram"));  // xᵀx sums over S
-    CHECK_THROWS_WITH(apply_autosp(g, ctx_of(2, 0)), Catch::Contains("%gram (matmul) contracts over"));
+    CHECK_THROWS_WITH(run_pipeline(g, autosp_pipeline(), ctx_of(2, 0)), Catch::Contains("%gram (matmul) contracts over"));
   }
   SECTION("a loss it cannot normalize") {
     auto g = build_forward(tiny_llama(4, 2), DType::f32);
     Node* loss = g->find("loss");
     loss->set_role(Role::none);
     g->find("loss_sum")->set_role(Role::loss);  // a summed loss: not a token mean
-    CHECK_THROWS_WITH(apply_autosp(*g, ctx_of(2, 0)),
+    CHECK_THROWS_WITH(run_pipeline(*g, autosp_pipeline(), ctx_of(2, 0)),
                       Catch::Contains("cannot normalize loss %loss_sum") && Catch::Contains("in pass normalize_loss"));
   }
   SECTION("a world the SP size does not divide") {
@@ -193,6 +193,6 @@ TEST_CASE("AutoSP stops early with a clear error", "[autosp][errors]") {
     Builder b(g);
     b.input("input_ids", DType::i64, {B, 128}, Role::input_ids);
     b.input("labels", DType::i64, {B, 128}, Role::labels);
-    CHECK_THROWS_WITH(apply_autosp(g, ctx_of(2, 0)), Catch::Contains("%input_ids has sequence dim 128"));
+    CHECK_THROWS_WITH(run_pipeline(g, autosp_pipeline(), ctx_of(2, 0)), Catch::Contains("%input_ids has sequence dim 128"));
   }
 }

@@ -5,11 +5,14 @@
 #include <map>
 #include <set>
 
-namespace autosp {
+#include "graph/autograd.h"
 
-size_t checkpoint_activations(Graph& g, size_t forward_end, const std::vector<std::string>& scopes) {
+namespace autosp::passes {
+
+PassResult checkpoint_activations(Graph& g, const PassContext& ctx) {
+  const size_t forward_end = backward_begin(g);
   size_t recomputed = 0;
-  for (const std::string& scope : scopes) {
+  for (const std::string& scope : ctx.layer_scopes) {
     // The scope's forward nodes, and those of them that backward nodes read.
     std::vector<Node*> layer;
     std::set<Node*> in_layer, read_by_backward;
@@ -71,7 +74,7 @@ size_t checkpoint_activations(Graph& g, size_t forward_end, const std::vector<st
       }
     }
   }
-  return recomputed;
+  return {recomputed > 0};
 }
 
-}  // namespace autosp
+}  // namespace autosp::passes

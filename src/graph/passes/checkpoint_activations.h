@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "graph/ir.h"
+#include "graph/passes/pass.h"
 
-namespace autosp {
+namespace autosp::passes {
 
-// `forward_end`: the number of forward nodes (the backward starts there). Returns how many nodes
-// were recomputed.
-size_t checkpoint_activations(Graph& g, size_t forward_end, const std::vector<std::string>& scopes);
+// Scopes: ctx.layer_scopes. The backward starts at the seed gradient autograd appended
+// (graph/autograd.h: backward_begin); a graph without one is left as it is.
+PassResult checkpoint_activations(Graph& g, const PassContext& ctx);
 
-}  // namespace autosp
+}  // namespace autosp::passes

@@ -72,8 +72,4 @@ PassResult fuse_elementwise(Graph& g, const PassContext& ctx) {
 
 }  // namespace passes
 
-void apply_fuse_elementwise(Graph& g, const PassContext& ctx) {
-  run_pipeline(g, {{"fuse_elementwise", passes::fuse_elementwise, true}}, ctx);
-}
-
 }  // namespace autosp

@@ -38,8 +38,4 @@ PassResult mixed_precision(Graph& g, const PassContext&) {
 
 }  // namespace passes
 
-void apply_mixed_precision(Graph& g, const PassContext& ctx) {
-  run_pipeline(g, {{"mixed_precision", passes::mixed_precision, true}}, ctx);
-}
-
 }  // namespace autosp

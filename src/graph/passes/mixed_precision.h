@@ -17,7 +17,4 @@ namespace passes {
 PassResult mixed_precision(Graph&, const PassContext&);
 }  // namespace passes
 
-// Runs passes::mixed_precision with the verifier after it.
-void apply_mixed_precision(Graph& g, const PassContext& ctx);
-
 }  // namespace autosp

@@ -1,5 +1,6 @@
 // Graph passes: one file and one function each, `PassResult run(Graph&, const PassContext&)`,
-// registered by name. A pipeline runs passes in order and verifies the graph after each; a failure
+// registered by name in a pipeline (the AutoSP pipeline, graph/passes/autosp/pipeline.cpp; a rank's
+// whole program, engine/program.cpp). A pipeline runs passes in order and verifies the graph after each; a failure
 // names the pass and the passes before it. Passes edit only through the Graph API.
 #pragma once
 
@@ -19,6 +20,8 @@ struct PassContext {
   // fuse_elementwise: whether residual add + norm pairs are fused (off under activation
   // checkpointing, where they would cost activation memory: docs/decisions.md).
   bool fuse_residual_norms = true;
+  // checkpoint_activations: the name prefixes of the scopes (transformer layers) to recompute.
+  std::vector<std::string> layer_scopes;
 };
 
 struct PassResult {

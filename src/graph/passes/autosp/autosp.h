@@ -35,10 +35,8 @@ PassResult canonicalize(Graph&, const PassContext&);
 PassResult shard_tagged_input(Graph& g, const PassContext& ctx, Role role);
 }  // namespace passes
 
-// The pipeline in its contractual order.
+// The pipeline in its contractual order: run_pipeline(g, autosp_pipeline(), ctx) rewrites `g` for
+// rank ctx.sp_rank of an SP group of ctx.sp_size in a world of ctx.world_size.
 const std::vector<Pass>& autosp_pipeline();
-
-// Rewrites `g` for rank ctx.sp_rank of an SP group of ctx.sp_size in a world of ctx.world_size.
-void apply_autosp(Graph& g, const PassContext& ctx);
 
 }  // namespace autosp

@@ -19,6 +19,4 @@ const std::vector<Pass>& autosp_pipeline() {
   return pipeline;
 }
 
-void apply_autosp(Graph& g, const PassContext& ctx) { run_pipeline(g, autosp_pipeline(), ctx); }
-
 }  // namespace autosp
