@@ -1,6 +1,6 @@
 // The CUDA column of the kernel dispatch table (src/engine/dispatch.cpp): one launcher per op,
 // mapping the op's tensors onto the launchers of src/kernels/cuda exactly as the CPU launchers map
-// them onto src/kernels/cpu (src/kernels/cuda/README.md has the table). Every kernel is enqueued on
+// them onto src/kernels/cpu (engine/cpu/launchers.h, name for name). Every kernel is enqueued on
 // the compute stream of the tensors' device (device/cuda/device.h); nothing synchronises with the
 // host. Compiled only in CUDA builds.
 //
