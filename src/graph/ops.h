@@ -4,13 +4,14 @@
 // and how it treats element values (the CPU's bf16 emulation). static_asserts keep it complete.
 // Knows nothing of kernels or devices.
 //
-// A new op touches (docs/architecture.md counts them for silu):
-//   graph/ops.h           the enum value                         graph/ops.cpp   its row (+ shape rule)
-//   graph/vjp.cpp, .h     its vjp rule (forward ops)             graph/builder.* a builder method
-//   engine/dispatch.cpp   its kernel row (CPU and CUDA launcher)
-//   engine/cpu/launchers.*, engine/cuda/launchers.*              the launchers, over
-//   kernels/cpu/<family>.*, kernels/cuda/<family>.*              the kernels
-//   tests/common/op_cases.h                                     one op-case line (shapes, gradcheck, CPU vs CUDA)
+// A new op touches (docs/architecture.md counts them for silu: 12 source files, 2 test files):
+//   graph/ops.h, graph/ops.cpp                          the enum value and its row here
+//   graph/vjp.h, graph/vjp.cpp                          its vjp rule, as IR (forward ops)
+//   graph/builder.h, graph/builder.cpp                  a builder method (what models call)
+//   engine/dispatch.cpp                                 its kernel row: a CPU and a CUDA launcher
+//   engine/cpu/launchers.cpp, engine/cuda/launchers.cpp the two launchers (+ .h when not a template row)
+//   kernels/cpu/<family>.*, kernels/cuda/<family>.cu    the kernels
+//   tests/common/op_cases.h, tests/common/naive.h       one op case and its float64 reference
 #pragma once
 
 #include <array>
