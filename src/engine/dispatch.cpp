@@ -1,14 +1,13 @@
-// The kernel dispatch table: one row per op, in Op enum order, naming its CPU launcher
-// (engine/cpu/launchers.h) and its CUDA launcher (engine/cuda/launchers.h), or an explicit entry
-// that throws "<op> has no CUDA kernel". static_asserts keep the table complete.
+// The kernel dispatch table: one row per op, in Op enum order, naming its CPU launcher and its CUDA
+// launcher (engine/launchers.h), or an explicit entry that throws "<op> has no CUDA kernel".
+// static_asserts keep the table complete.
 #include "engine/dispatch.h"
 
 #include <array>
 
-#include "engine/cpu/launchers.h"
+#include "engine/launchers.h"
 #ifdef AUTOSP_WITH_CUDA
-#include "engine/cuda/launchers.h"
-// The CUDA column names the launcher of engine/cuda/launchers.h; builds without CUDA name no_cuda.
+// The CUDA column names a cuda_ops launcher; builds without CUDA (which compile none) name no_cuda.
 #define AUTOSP_CUDA(launcher) cuda_ops::launcher
 #else
 #define AUTOSP_CUDA(launcher) no_cuda

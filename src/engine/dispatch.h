@@ -1,5 +1,5 @@
 // The kernel dispatch table: one row per op (same enum as the op table in src/graph) with a CPU
-// launcher (engine/cpu/launchers.h) and a CUDA launcher (engine/cuda/launchers.h). A launcher turns
+// launcher and a CUDA launcher (both declared in engine/launchers.h). A launcher turns
 // tensors into the raw pointers and sizes of a kernel in src/kernels/{cpu,cuda}. An op without a
 // CUDA kernel has an explicit entry that throws "<op> has no CUDA kernel". static_asserts keep the
 // table complete (engine/dispatch.cpp). This header is also the launchers' interface: KernelCall

@@ -9,7 +9,7 @@
 //   graph/vjp.h, graph/vjp.cpp                          its vjp rule, as IR (forward ops)
 //   graph/builder.h, graph/builder.cpp                  a builder method (what models call)
 //   engine/dispatch.cpp                                 its kernel row: a CPU and a CUDA launcher
-//   engine/cpu/launchers.cpp, engine/cuda/launchers.cpp the two launchers (+ .h when not a template row)
+//   engine/cpu/launchers.cpp, engine/cuda/launchers.cpp the two launchers (+ engine/launchers.h: a new name)
 //   kernels/cpu/<family>.*, kernels/cuda/<family>.cu    the kernels
 //   tests/common/op_cases.h, tests/common/naive.h       one op case and its float64 reference
 #pragma once

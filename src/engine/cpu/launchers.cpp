@@ -1,8 +1,9 @@
-// CPU launchers: the CPU column of the kernel dispatch table (engine/dispatch.cpp), mirroring
-// engine/cuda/launchers.cpp. Each reads shapes from tensors, picks the element type and calls a
+// CPU launchers: the CPU column of the kernel dispatch table (engine/dispatch.cpp), declared in
+// engine/launchers.h; the reference engine/cuda/launchers.cpp mirrors. Dtypes: f32 and f64, bf16
+// emulated (bf16_via_f32, at the end). Each reads shapes from tensors, picks the element type and calls a
 // kernel in src/kernels/cpu. Every output is a contiguous tensor in its planned place (c.out,
 // c.extra_out) or fresh from c.alloc, except reshape, which is a view of its contiguous input.
-#include "engine/cpu/launchers.h"
+#include "engine/launchers.h"
 
 #include <cstring>
 
@@ -473,7 +474,7 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
   });
 }
 
-// bf16 emulation (launchers.h): a node with a bf16 input or output runs its f32 kernel on inputs
+// bf16 emulation (engine/launchers.h): a node with a bf16 input or output runs its f32 kernel on inputs
 // widened to f32, and each result is rounded once to its (bf16) type: the numerics of the CUDA
 // kernels (f32 compute, one rounding per result), not their speed. Ops that only move bytes, and
 // the conversion and constant ops, handle bf16 themselves.

@@ -1,7 +1,20 @@
-// CUDA launchers of the dispatch table (see launchers.h). Each mirrors its CPU launcher in
-// src/engine/cpu/launchers.cpp: same shapes, same folding of dims, same planned outputs (c.out,
+// CUDA launchers: the CUDA column of the kernel dispatch table (engine/dispatch.cpp), declared in
+// engine/launchers.h beside the CPU ones: one launcher per op,
+// mapping the op's tensors onto the launchers of src/kernels/cuda exactly as the CPU launchers map
+// them onto src/kernels/cpu (engine/cpu/launchers.cpp, name for name). Every kernel is enqueued on
+// the compute stream of the tensors' device (device/cuda/device.h); nothing synchronises with the
+// host. Compiled only in CUDA builds.
+//
+// Dtypes: f32 and bf16 everywhere, f64 where the kernel has it (not attention); any other is a
+// UsageError naming the op and the dtype. Scalars a bf16 op produces (loss, token count, the
+// attention log-sum-exp) have the dtype the op table declares; the kernels write them in f32.
+// Ids (embedding, rope positions, labels) are widened to int64 on the device. Embedding ids and
+// labels are not checked on the host here (that would cost a device-to-host copy per step): an
+// out-of-range id gives a NaN row, and so a non-finite loss that stops training; the trainer checks
+// the batch on the host before uploading it.
+// Each mirrors its CPU launcher: same shapes, same folding of dims, same planned outputs (c.out,
 // c.extra_out, else fresh from c.alloc); strided inputs are made contiguous on the device first.
-#include "engine/cuda/launchers.h"
+#include "engine/launchers.h"
 
 #include <cuda_runtime_api.h>
 

@@ -1,0 +1,66 @@
+// The launchers of the kernel dispatch table's two columns (engine/dispatch.cpp): one per op, the
+// same list for both devices, declared once below for cpu_ops (engine/cpu/launchers.cpp, the
+// reference) and cuda_ops (engine/cuda/launchers.cpp, compiled only in CUDA builds), so the CUDA
+// launchers mirror the CPU ones name for name. A launcher maps the op's tensors onto the kernels of
+// src/kernels/cpu or src/kernels/cuda; each .cpp says what is particular to its device (dtypes,
+// streams, bf16). An op with no CUDA kernel would be declared for cpu_ops alone and get `no_cuda`
+// in the table.
+#pragma once
+
+#include "engine/dispatch.h"
+#include "kernels/cpu/elementwise.h"  // the Binary, Unary and UnaryGrad kinds the templates take
+
+// clang-format off
+#define AUTOSP_DECLARE_LAUNCHERS                                                         \
+  Tensor embedding(const KernelCall& c);                                                 \
+  Tensor matmul(const KernelCall& c);                                                    \
+  template <cpu::Binary kOp> Tensor binary(const KernelCall& c);                         \
+  template <cpu::Unary kOp> Tensor unary(const KernelCall& c);                           \
+  Tensor reshape(const KernelCall& c);                                                   \
+  Tensor permute(const KernelCall& c); /* transpose and permute */                       \
+  Tensor slice(const KernelCall& c);                                                     \
+  Tensor concat(const KernelCall& c);                                                    \
+  Tensor layernorm(const KernelCall& c);                                                 \
+  Tensor rmsnorm(const KernelCall& c);                                                   \
+  Tensor softmax(const KernelCall& c);                                                   \
+  template <bool kBackward> Tensor rope(const KernelCall& c);                            \
+  Tensor sdpa(const KernelCall& c);                                                      \
+  Tensor cross_entropy_sum(const KernelCall& c);                                         \
+  Tensor count_valid(const KernelCall& c);                                               \
+  Tensor full(const KernelCall& c);                                                      \
+  Tensor causal_mask(const KernelCall& c);                                               \
+  Tensor all_to_all(const KernelCall& c);                                                \
+  Tensor all_reduce(const KernelCall& c);                                                \
+  Tensor sum_to(const KernelCall& c);                                                    \
+  Tensor embedding_backward(const KernelCall& c);                                        \
+  template <cpu::UnaryGrad kOp> Tensor unary_backward(const KernelCall& c);              \
+  Tensor slice_backward(const KernelCall& c);                                            \
+  Tensor layernorm_backward(const KernelCall& c);                                        \
+  Tensor rmsnorm_backward(const KernelCall& c);                                          \
+  Tensor softmax_backward(const KernelCall& c);                                          \
+  Tensor sdpa_backward(const KernelCall& c);                                             \
+  Tensor cross_entropy_backward(const KernelCall& c);                                    \
+  Tensor cast(const KernelCall& c);                                                      \
+  Tensor add_layernorm(const KernelCall& c);                                             \
+  Tensor add_rmsnorm(const KernelCall& c);                                               \
+  Tensor bias_gelu_tanh(const KernelCall& c);                                            \
+  Tensor bias_gelu_tanh_backward(const KernelCall& c);
+// clang-format on
+
+namespace autosp::cpu_ops {
+AUTOSP_DECLARE_LAUNCHERS
+
+// bf16 on the CPU is emulated: whether `c` runs through bf16_via_f32 (its op computes, ops.h:
+// Numerics::computes, and a bf16 tensor is among its inputs or its output), and `f32_launcher` on
+// `c`'s inputs widened to f32, each result rounded once to its node's dtype and placed where the
+// memory plan put it: the numerics of the CUDA kernels (f32 compute, one rounding per result), not
+// their speed.
+bool emulates_bf16(const KernelCall& c);
+Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_launcher);
+}  // namespace autosp::cpu_ops
+
+namespace autosp::cuda_ops {
+AUTOSP_DECLARE_LAUNCHERS
+}  // namespace autosp::cuda_ops
+
+#undef AUTOSP_DECLARE_LAUNCHERS
