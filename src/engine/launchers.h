@@ -45,6 +45,23 @@
   Tensor add_rmsnorm(const KernelCall& c);                                               \
   Tensor bias_gelu_tanh(const KernelCall& c);                                            \
   Tensor bias_gelu_tanh_backward(const KernelCall& c);
+
+// The template rows of the dispatch table, instantiated by each launcher file after its
+// definitions (one list for both).
+#define AUTOSP_INSTANTIATE_LAUNCHERS                                                     \
+  template Tensor binary<cpu::Binary::add>(const KernelCall&);                           \
+  template Tensor binary<cpu::Binary::sub>(const KernelCall&);                           \
+  template Tensor binary<cpu::Binary::mul>(const KernelCall&);                           \
+  template Tensor binary<cpu::Binary::div>(const KernelCall&);                           \
+  template Tensor unary<cpu::Unary::scale>(const KernelCall&);                           \
+  template Tensor unary<cpu::Unary::neg>(const KernelCall&);                             \
+  template Tensor unary<cpu::Unary::exp>(const KernelCall&);                             \
+  template Tensor unary<cpu::Unary::gelu_tanh>(const KernelCall&);                       \
+  template Tensor unary<cpu::Unary::silu>(const KernelCall&);                            \
+  template Tensor unary_backward<cpu::UnaryGrad::gelu_tanh>(const KernelCall&);          \
+  template Tensor unary_backward<cpu::UnaryGrad::silu>(const KernelCall&);               \
+  template Tensor rope<false>(const KernelCall&);                                        \
+  template Tensor rope<true>(const KernelCall&);
 // clang-format on
 
 namespace autosp::cpu_ops {
@@ -63,4 +80,4 @@ namespace autosp::cuda_ops {
 AUTOSP_DECLARE_LAUNCHERS
 }  // namespace autosp::cuda_ops
 
-#undef AUTOSP_DECLARE_LAUNCHERS
+#undef AUTOSP_DECLARE_LAUNCHERS  // AUTOSP_INSTANTIATE_LAUNCHERS stays for the two launcher files

@@ -116,10 +116,6 @@ Tensor binary(const KernelCall& c) {
     return y;
   });
 }
-template Tensor binary<cpu::Binary::add>(const KernelCall&);
-template Tensor binary<cpu::Binary::sub>(const KernelCall&);
-template Tensor binary<cpu::Binary::mul>(const KernelCall&);
-template Tensor binary<cpu::Binary::div>(const KernelCall&);
 
 template <cpu::Unary kOp>
 Tensor unary(const KernelCall& c) {
@@ -131,11 +127,6 @@ Tensor unary(const KernelCall& c) {
     return y;
   });
 }
-template Tensor unary<cpu::Unary::scale>(const KernelCall&);
-template Tensor unary<cpu::Unary::neg>(const KernelCall&);
-template Tensor unary<cpu::Unary::exp>(const KernelCall&);
-template Tensor unary<cpu::Unary::gelu_tanh>(const KernelCall&);
-template Tensor unary<cpu::Unary::silu>(const KernelCall&);
 
 Tensor reshape(const KernelCall& c) { return c.in[0].contiguous().reshape(c.out_shape); }
 
@@ -210,8 +201,6 @@ Tensor rope(const KernelCall& c) {
     return y;
   });
 }
-template Tensor rope<false>(const KernelCall&);
-template Tensor rope<true>(const KernelCall&);
 
 // o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (saved for the backward)
 Tensor sdpa(const KernelCall& c) {
@@ -324,8 +313,6 @@ Tensor unary_backward(const KernelCall& c) {
     return y;
   });
 }
-template Tensor unary_backward<cpu::UnaryGrad::gelu_tanh>(const KernelCall&);
-template Tensor unary_backward<cpu::UnaryGrad::silu>(const KernelCall&);
 
 // dy [.., end-start, ..] placed at [start, end) of dim d of a zero tensor.
 Tensor slice_backward(const KernelCall& c) {
@@ -512,5 +499,7 @@ Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_kernel) {
     c.extras.push_back(settle(extras[i], types.at(i).dtype, i < c.extra_out.size() ? c.extra_out[i] : Tensor{}));
   return settle(y, c.node.dtype(), c.out);
 }
+
+AUTOSP_INSTANTIATE_LAUNCHERS  // the template rows (engine/launchers.h)
 
 }  // namespace autosp::cpu_ops

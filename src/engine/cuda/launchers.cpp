@@ -199,10 +199,6 @@ Tensor binary(const KernelCall& c) {
     return y;
   });
 }
-template Tensor binary<cpu::Binary::add>(const KernelCall&);
-template Tensor binary<cpu::Binary::sub>(const KernelCall&);
-template Tensor binary<cpu::Binary::mul>(const KernelCall&);
-template Tensor binary<cpu::Binary::div>(const KernelCall&);
 
 template <cpu::Unary kOp>
 Tensor unary(const KernelCall& c) {
@@ -214,11 +210,6 @@ Tensor unary(const KernelCall& c) {
     return y;
   });
 }
-template Tensor unary<cpu::Unary::scale>(const KernelCall&);
-template Tensor unary<cpu::Unary::neg>(const KernelCall&);
-template Tensor unary<cpu::Unary::exp>(const KernelCall&);
-template Tensor unary<cpu::Unary::gelu_tanh>(const KernelCall&);
-template Tensor unary<cpu::Unary::silu>(const KernelCall&);
 
 template <cpu::UnaryGrad kOp>
 Tensor unary_backward(const KernelCall& c) {
@@ -229,8 +220,6 @@ Tensor unary_backward(const KernelCall& c) {
     return y;
   });
 }
-template Tensor unary_backward<cpu::UnaryGrad::gelu_tanh>(const KernelCall&);
-template Tensor unary_backward<cpu::UnaryGrad::silu>(const KernelCall&);
 
 Tensor cast(const KernelCall& c) {
   const Tensor x = arg(c, 0);
@@ -376,8 +365,6 @@ Tensor rope(const KernelCall& c) {
     return y;
   });
 }
-template Tensor rope<false>(const KernelCall&);
-template Tensor rope<true>(const KernelCall&);
 
 namespace {
 // The sdpa kernels' limits, as a UsageError naming the node (kernels only assert).
@@ -619,5 +606,7 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
     return dx;
   });
 }
+
+AUTOSP_INSTANTIATE_LAUNCHERS  // the template rows (engine/launchers.h)
 
 }  // namespace autosp::cuda_ops
