@@ -2,11 +2,13 @@
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -71,26 +73,26 @@ int64_t step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
-// The complete checkpoints (step_N directories with a meta.json) under `root`, newest first.
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
+// The step_N directories under `root`, newest first (complete or not: a complete one has meta.json;
+// the save protocol below never leaves an incomplete one under a step_N name).
+std::vector<std::pair<int64_t, fs::path>> list_step_dirs(const fs::path& root) {
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     const int64_t s = step_of(it->path().filename().string());
-    if (s >= 0 && fs::exists(it->path() / "meta.json", ec)) out.emplace_back(s, it->path());
+    if (s >= 0 && it->is_directory(ec)) out.emplace_back(s, it->path());
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
 }
 
-fs::path resolve(const std::string& path) {
-  fs::path p(path);
+// The complete checkpoints (step_N directories with a meta.json) under `root`, newest first.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
-  if (!fs::is_directory(p, ec)) throw UsageError(str(path, ": no such checkpoint directory"));
-  if (fs::exists(p / "meta.json", ec)) return p;
-  auto all = list_checkpoints(p);
-  if (all.empty()) throw UsageError(str(path, ": holds no checkpoint (no meta.json, no step_* directory)"));
-  return all.front().second;
+  for (auto& [step, dir] : list_step_dirs(root))
+    if (fs::exists(dir / "meta.json", ec)) out.emplace_back(step, dir);
+  return out;
 }
 
 // ".step_N.{tmp,old,del}.<pid>" left by a process that is gone (a crash mid-write): the pid.
@@ -104,17 +106,9 @@ pid_t stale_pid(const std::string& name) {
   return ::kill(p, 0) != 0 && errno == ESRCH ? p : 0;
 }
 
-// Remove all but the newest `keep` checkpoints, and what dead writers left behind. Failures here
-// never fail the run: the new checkpoint is already in place.
+// Remove all but the newest `keep` checkpoints. Failures here never fail the run: the new
+// checkpoint is already in place.
 void prune(const fs::path& root, int64_t keep) {
-  std::error_code ec;
-  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (stale_pid(name)) {
-      std::error_code rm;
-      fs::remove_all(it->path(), rm);
-    }
-  }
   if (keep <= 0) return;
   auto all = list_checkpoints(root);
   for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
@@ -125,6 +119,67 @@ void prune(const fs::path& root, int64_t keep) {
     if (!rm) fs::remove_all(trash, rm);
     if (rm) spdlog::warn("{}: cannot remove old checkpoint: {}", dir.string(), rm.message());
   }
+}
+
+// The step_N name inside a ".step_N.<kind>.<pid>" leftover.
+std::string leftover_step(const std::string& name) {
+  const auto first = name.find('.', 1);
+  return first == std::string::npos ? "" : name.substr(1, first - 1);
+}
+
+}  // namespace
+
+void recover_dead_writers(const std::string& root) {
+  std::error_code ec;
+  std::vector<fs::path> leftovers;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+    if (stale_pid(it->path().filename().string())) leftovers.push_back(it->path());
+  // A dead writer's ".old" copy was a complete step_N, moved aside for a re-save that did not finish
+  // (a filesystem without RENAME_EXCHANGE): it goes back when its step_N is missing.
+  for (const fs::path& p : leftovers) {
+    const std::string name = p.filename().string();
+    if (name.find(".old.") == std::string::npos) continue;
+    const fs::path back = fs::path(root) / leftover_step(name);
+    std::error_code e;
+    if (!fs::exists(back, e) && fs::exists(p / "meta.json", e)) {
+      fs::rename(p, back, e);
+      if (!e) {
+        spdlog::warn("{}: recovered the checkpoint a dead writer had moved aside ({})", back.string(), name);
+        fsync_path(root);
+      }
+    }
+  }
+  for (const fs::path& p : leftovers) {
+    std::error_code rm;
+    if (fs::exists(p, rm)) fs::remove_all(p, rm);
+    if (rm) spdlog::warn("{}: cannot remove a dead writer's leftover: {}", p.string(), rm.message());
+  }
+}
+
+namespace {
+
+// `root/step_N` as the newest checkpoint: a newest step_N without meta.json is an error, not a
+// reason to go back silently to an older one.
+fs::path resolve(const std::string& path) {
+  fs::path p(path);
+  std::error_code ec;
+  if (!fs::is_directory(p, ec)) throw UsageError(str(path, ": no such checkpoint directory"));
+  if (fs::exists(p / "meta.json", ec)) return p;
+  recover_dead_writers(path);
+  auto all = list_step_dirs(p);
+  if (all.empty()) throw UsageError(str(path, ": holds no checkpoint (no meta.json, no step_* directory)"));
+  if (!fs::exists(all.front().second / "meta.json", ec))
+    throw UsageError(str(all.front().second.string(), ": the newest checkpoint has no meta.json (damaged or not "
+                         "written by autosp); move it away, or --resume an older step_* directory explicitly"));
+  return all.front().second;
+}
+
+// Every element of `t` finite (f32, f64, bf16 host tensors; others have no non-finite values).
+bool all_finite(const Tensor& t) {
+  if (!is_floating(t.dtype())) return true;
+  for (double v : t.to_doubles())
+    if (!std::isfinite(v)) return false;
+  return true;
 }
 
 std::string hex32(uint32_t v) {
@@ -210,22 +265,14 @@ uint32_t crc32c_file(const std::string& path, uint64_t* size) {
   return crc;
 }
 
-std::string save_checkpoint(const std::string& root, int64_t step, const ParamMap& params, const AdamW& opt,
-                            const nlohmann::json& resolved_config, const SaveOptions& options) {
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) throw RuntimeFailure(str(root, ": cannot create checkpoint directory: ", ec.message()));
-  const fs::path final_dir = fs::path(root) / step_name(step);
-  const fs::path tmp = fs::path(root) / ("." + step_name(step) + ".tmp." + std::to_string(::getpid()));
-  fs::remove_all(tmp, ec);
-  fs::create_directory(tmp, ec);
-  if (ec) throw RuntimeFailure(str(tmp.string(), ": cannot create: ", ec.message()));
+namespace {
 
+void write_files(const fs::path& tmp, const ParamMap& params, const std::map<std::string, Tensor>& moments,
+                 const AdamW& opt, const nlohmann::json& resolved_config, int64_t step,
+                 const std::function<void(const char*)>& at) {
   save_weights((tmp / "model.safetensors").string(), params);
-  std::map<std::string, Tensor> moments;
-  for (const auto& [name, t] : opt.exp_avg) moments["exp_avg." + name] = t;
-  for (const auto& [name, t] : opt.exp_avg_sq) moments["exp_avg_sq." + name] = t;
   save_safetensors((tmp / "optimizer.safetensors").string(), moments);
+  at("files");
   // Checksums of what is on disk (read back), so a load sees exactly the bytes written here.
   nlohmann::json files = nlohmann::json::object();
   for (const char* name : kDataFiles) {
@@ -249,16 +296,85 @@ std::string save_checkpoint(const std::string& root, int64_t step, const ParamMa
   }
   fsync_path(tmp / "meta.json");
   fsync_path(tmp);
-  if (options.before_commit) options.before_commit();
+}
 
-  // Replace an existing checkpoint of the same step only after the new one is complete.
-  const fs::path old = fs::path(root) / ("." + step_name(step) + ".old." + std::to_string(::getpid()));
-  if (fs::exists(final_dir)) fs::rename(final_dir, old, ec);
-  fs::rename(tmp, final_dir, ec);
-  if (ec) throw RuntimeFailure(str(final_dir.string(), ": cannot move checkpoint into place: ", ec.message()));
+// Moves the complete `tmp` to `final_dir`. A re-save of an existing step exchanges the two
+// directories in one rename (RENAME_EXCHANGE), so step_N is the old or the new checkpoint at every
+// instant, never missing; the old one then sits at the temporary name and is removed. Where the
+// filesystem cannot exchange, the old copy is moved aside first (".old.<pid>") and a crash before
+// the second rename leaves it for recover_dead_writers to put back.
+void commit(const fs::path& tmp, const fs::path& final_dir, const fs::path& root,
+            const std::function<void(const char*)>& at) {
+  std::error_code ec;
+  auto fail = [&](const char* what) {
+    throw RuntimeFailure(str(final_dir.string(), ": cannot move checkpoint into place (", what, "): ",
+                             std::strerror(errno)));
+  };
+  if (fs::exists(final_dir, ec)) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      fsync_path(root);
+      at("exchanged");
+      fs::remove_all(tmp, ec);  // the previous copy, now at the temporary name
+      return;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) fail("exchange");
+    const fs::path old = root / ("." + final_dir.filename().string() + ".old." + std::to_string(::getpid()));
+    if (::rename(final_dir.c_str(), old.c_str()) != 0) fail("move aside");
+    at("moved_aside");
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      const int err = errno;
+      ::rename(old.c_str(), final_dir.c_str());  // the previous copy back where it was
+      errno = err;
+      fail("rename");
+    }
+    fsync_path(root);
+    at("committed");
+    fs::remove_all(old, ec);
+    return;
+  }
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) fail("rename");
   fsync_path(root);
-  fs::remove_all(old, ec);
+  at("committed");
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, int64_t step, const ParamMap& params, const AdamW& opt,
+                            const nlohmann::json& resolved_config, const SaveOptions& options) {
+  // Nothing non-finite is ever written: such a checkpoint could only be refused on resume.
+  std::map<std::string, Tensor> moments;
+  for (const auto& [name, t] : opt.exp_avg) moments["exp_avg." + name] = t;
+  for (const auto& [name, t] : opt.exp_avg_sq) moments["exp_avg_sq." + name] = t;
+  for (const ParamMap* m : {&params, static_cast<const ParamMap*>(&moments)})
+    for (const auto& [name, t] : *m)
+      if (!all_finite(t))
+        throw RuntimeFailure(str("step ", step, ": '", name, "' has non-finite values; not writing a checkpoint (",
+                                 root, " keeps its last good one)"));
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw RuntimeFailure(str(root, ": cannot create checkpoint directory: ", ec.message()));
+  // What dead writers left is cleaned first, so it never takes the space this write needs.
+  recover_dead_writers(root);
+  const fs::path final_dir = fs::path(root) / step_name(step);
+  const fs::path tmp = fs::path(root) / ("." + step_name(step) + ".tmp." + std::to_string(::getpid()));
+  auto at = [&](const char* point) {
+    if (options.at_point) options.at_point(point);
+  };
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) throw RuntimeFailure(str(tmp.string(), ": cannot create: ", ec.message()));
+  try {
+    write_files(tmp, params, moments, opt, resolved_config, step, at);
+    at("synced");
+    if (options.before_commit) options.before_commit();
+    commit(tmp, final_dir, fs::path(root), at);
+  } catch (...) {  // a failed write (ENOSPC, EIO) leaves nothing behind; step_N is as it was or new
+    std::error_code rm;
+    fs::remove_all(tmp, rm);
+    throw;
+  }
   prune(root, options.keep_last);
+  at("pruned");
   return final_dir.string();
 }
 

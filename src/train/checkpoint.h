@@ -2,10 +2,11 @@
 // optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>) and meta.json (format, step, the
 // resolved config, data position, and the size and CRC-32C of both safetensors files).
 //
-// A checkpoint directory is written under a temporary name, fsynced and renamed into place, so a
-// crash mid-write never leaves a partial checkpoint where a good one was; the newest `keep_last`
-// are kept, older ones removed (renamed away first, so a crash while removing leaves no partial
-// step_* directory). Loading verifies the checksums before reading anything, then validates
+// A checkpoint directory is written under a temporary name, fsynced and renamed into place (a
+// re-save of the same step exchanges the two directories in one rename), so a crash at any point
+// leaves step_N complete, old or new, never missing or partial; the newest `keep_last` are kept,
+// older ones removed (renamed away first, so a crash while removing leaves no partial step_*
+// directory). A dead writer's leftovers are cleaned before a write, not after. Loading verifies the checksums before reading anything, then validates
 // everything against the run's config: a mismatch or a corrupt file is a UsageError naming the file.
 #pragma once
 
@@ -30,15 +31,25 @@ struct Checkpoint {
 struct SaveOptions {
   int64_t keep_last = 0;                // keep the newest N step_* directories (0 = all)
   std::function<void()> before_commit;  // runs when the files are durable, before the rename (fault tests)
+  // Fault tests: called at each point of the write, in order: "files" (data files written and
+  // fsynced), "synced" (meta.json and the directory fsynced), then "exchanged" (a re-save: the
+  // directories swapped) or "moved_aside" + "committed" (a re-save without RENAME_EXCHANGE) or
+  // "committed" (a new step), then "pruned".
+  std::function<void(const char* point)> at_point;
 };
 
-// Returns the checkpoint's directory.
+// Returns the checkpoint's directory. Non-finite parameters or moments are a RuntimeFailure, and
+// nothing is written. A write that fails leaves no temporary directory behind.
 std::string save_checkpoint(const std::string& root, int64_t step, const ParamMap& params, const AdamW& opt,
                             const nlohmann::json& resolved_config, const SaveOptions& options = {});
 
 // `path` is a checkpoint directory (it has meta.json) or a root holding step_* directories (the
-// newest complete one is used).
+// newest is used; a newest step_* without meta.json is a UsageError).
 Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dtype);
+
+// What writers that are gone (their pid no longer runs) left under `root`: an ".old" copy whose
+// step_N is missing is put back (it is complete), every other leftover is removed.
+void recover_dead_writers(const std::string& root);
 
 // CRC-32C (Castagnoli, as in iSCSI/ext4): crc32c("123456789") == 0xE3069283. `crc` continues a
 // previous call's result.
