@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -376,6 +378,69 @@ std::string save_checkpoint(const std::string& root, int64_t step, const ParamMa
   prune(root, options.keep_last);
   at("pruned");
   return final_dir.string();
+}
+
+DirLock::DirLock(const std::string& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw RuntimeFailure(str(root, ": cannot create checkpoint directory: ", ec.message()));
+  const std::string path = (fs::path(root) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw RuntimeFailure(str(path, ": cannot open: ", std::strerror(errno)));
+  char prev[256] = {};
+  const ssize_t got = ::pread(fd_, prev, sizeof prev - 1, 0);
+  std::string holder = got > 0 ? std::string(prev, static_cast<size_t>(got)) : "";
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw UsageError(str(root, ": another run is writing checkpoints here (", path, " is held by pid/host ",
+                           holder.empty() ? "unknown" : holder, "); give this run its own train.checkpoint_dir"));
+    throw RuntimeFailure(str(path, ": cannot lock: ", std::strerror(err)));
+  }
+  if (!holder.empty()) spdlog::info("{}: took over the lock of {} (no longer running)", root, holder);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = std::to_string(::getpid()) + " " + host + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
+    throw RuntimeFailure(str(path, ": cannot write: ", std::strerror(errno)));
+}
+
+DirLock::~DirLock() {
+  if (fd_ < 0) return;
+  // Emptied, so the next run does not report a takeover from a run that ended normally.
+  if (::ftruncate(fd_, 0) != 0) spdlog::warn("cannot clear the checkpoint directory lock");
+  ::close(fd_);  // releases the flock
+}
+
+int64_t newest_step(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return -1;
+  auto all = list_step_dirs(root);
+  return all.empty() ? -1 : all.front().first;
+}
+
+std::string move_aside(const std::string& root, int64_t newer_than) {
+  std::vector<fs::path> moving;
+  for (const auto& [step, dir] : list_step_dirs(root))
+    if (step > newer_than) moving.push_back(dir);
+  if (moving.empty()) return "";
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+  const fs::path aside = fs::path(root) / (std::string("previous-") + when + "-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::create_directory(aside, ec);
+  if (ec) throw RuntimeFailure(str(aside.string(), ": cannot create: ", ec.message()));
+  for (const fs::path& dir : moving) {
+    fs::rename(dir, aside / dir.filename(), ec);
+    if (ec) throw RuntimeFailure(str(dir.string(), ": cannot move aside: ", ec.message()));
+  }
+  fsync_path(aside);
+  fsync_path(root);
+  return aside.string();
 }
 
 Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dtype) {

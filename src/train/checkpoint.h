@@ -51,6 +51,29 @@ Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dty
 // step_N is missing is put back (it is complete), every other leftover is removed.
 void recover_dead_writers(const std::string& root);
 
+// One live run per checkpoint directory: `<root>/.lock` locked (flock) for the object's lifetime and
+// holding "<pid> <host>". A second live run gets a UsageError naming the holder; a lock whose owner
+// died (the kernel released it) is taken over, with a log line naming the previous owner.
+class DirLock {
+ public:
+  explicit DirLock(const std::string& root);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// The newest step_N under `root` (complete or not), or -1 when there is none.
+int64_t newest_step(const std::string& root);
+
+// Moves the step_N directories under `root` with N > `newer_than` (every one for -1) into a new
+// `root/previous-<UTC time>-<pid>/`, where nothing looks for checkpoints; returns that directory, or
+// "" when nothing was moved. A run that starts over or branches from an older step keeps what it
+// would otherwise prune or continue.
+std::string move_aside(const std::string& root, int64_t newer_than);
+
 // CRC-32C (Castagnoli, as in iSCSI/ext4): crc32c("123456789") == 0xE3069283. `crc` continues a
 // previous call's result.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);

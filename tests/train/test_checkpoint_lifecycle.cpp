@@ -186,3 +186,53 @@ TEST_CASE("a newest step without meta.json is an error, not a silent step back",
   CHECK_THROWS_AS(load_checkpoint(root.string(), f.cfg, DType::f32), UsageError);
   CHECK(load_checkpoint((root / "step_00000005").string(), f.cfg, DType::f32).step == 5);  // explicit: fine
 }
+
+TEST_CASE("one live run per checkpoint directory; a dead owner's lock is taken over", "[checkpoint]") {
+  Fixture f("lock");
+  const std::string root = (f.dir / "root").string();
+  {
+    DirLock first(root);
+    CHECK_THROWS_AS(DirLock(root), UsageError);
+    CHECK_THROWS_WITH(DirLock(root), Catch::Contains("another run is writing checkpoints here") &&
+                                         Catch::Contains(std::to_string(::getpid())));
+  }
+  DirLock again(root);  // released when the first ended
+  // A child takes the lock and dies without releasing it by hand: the kernel releases it.
+  Fixture g("lock-dead");
+  const std::string other = (g.dir / "root").string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      new DirLock(other);  // never destroyed
+    } catch (...) {
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  std::ifstream held(fs::path(other) / ".lock");
+  std::string holder;
+  std::getline(held, holder);
+  CHECK(holder.rfind(std::to_string(pid) + " ", 0) == 0);  // "<pid> <host>"
+  CHECK_NOTHROW(DirLock(other));
+}
+
+TEST_CASE("move_aside keeps older checkpoints where they are and moves newer ones out of the way", "[checkpoint]") {
+  Fixture f("aside");
+  const fs::path root = f.dir / "root";
+  CHECK(newest_step(root.string()) == -1);
+  for (int64_t s : {2, 4, 6}) save_checkpoint(root.string(), s, f.params, f.opt, f.cfg.resolved);
+  CHECK(newest_step(root.string()) == 6);
+  CHECK(move_aside(root.string(), 6).empty());  // nothing newer than 6
+  const std::string aside = move_aside(root.string(), 2);
+  REQUIRE_FALSE(aside.empty());
+  CHECK(names_under(aside) == std::vector<std::string>{"step_00000004", "step_00000006"});
+  CHECK(newest_step(root.string()) == 2);
+  CHECK(load_checkpoint(root.string(), f.cfg, DType::f32).step == 2);
+  CHECK(load_checkpoint((fs::path(aside) / "step_00000006").string(), f.cfg, DType::f32).step == 6);  // intact
+  move_aside(root.string(), -1);
+  CHECK(newest_step(root.string()) == -1);
+}
