@@ -1,0 +1,73 @@
+// Output paths against the run's inputs and checkpoints.
+#include "train/outputs.h"
+
+#include <glob.h>
+
+#include <filesystem>
+
+#include "tensor/check.h"
+
+namespace autosp {
+namespace fs = std::filesystem;
+namespace {
+
+fs::path canonical_or_weak(const fs::path& p) {
+  std::error_code ec;
+  fs::path c = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  return ec ? fs::absolute(p).lexically_normal() : c;
+}
+
+bool same_file(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  if (a == b) return true;
+  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec);
+}
+
+// `p` equals `dir` or lies below it.
+bool within(const fs::path& p, const fs::path& dir) {
+  auto [d, q] = std::mismatch(dir.begin(), dir.end(), p.begin(), p.end());
+  return d == dir.end();
+}
+
+std::vector<fs::path> expand(const std::string& pattern) {
+  if (pattern.find_first_of("*?[") == std::string::npos) return {canonical_or_weak(pattern)};
+  std::vector<fs::path> out;
+  glob_t g{};
+  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.push_back(canonical_or_weak(g.gl_pathv[i]));
+  ::globfree(&g);
+  return out;
+}
+
+}  // namespace
+
+void check_output_path(const std::string& flag, const std::string& path, const RunFiles& run) {
+  const fs::path out = canonical_or_weak(path);
+  auto refuse = [&](const std::string& why) {
+    throw UsageError(str(flag, " ", path, ": ", why, "; write it somewhere else"));
+  };
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) refuse("is a directory");
+  for (const std::string& in : run.inputs) {
+    if (in.empty()) continue;
+    for (const fs::path& p : expand(in)) {
+      if (same_file(out, p)) refuse(str("is ", in, ", which this run reads"));
+      if (fs::is_directory(p, ec) && within(out, p)) refuse(str("is inside ", in, ", which this run reads"));
+    }
+  }
+  // Inside a checkpoint: any ancestor directory holding meta.json, or a step_*/temporary directory.
+  for (fs::path d = out.parent_path(); !d.empty(); d = d.parent_path()) {
+    const std::string name = d.filename().string();
+    if (fs::exists(d / "meta.json", ec) || name.rfind("step_", 0) == 0 || name.rfind(".step_", 0) == 0)
+      refuse(str("is inside the checkpoint ", d.string()));
+    if (d == d.root_path()) break;
+  }
+  if (!run.checkpoint_dir.empty()) {
+    const fs::path root = canonical_or_weak(run.checkpoint_dir);
+    for (const char* own : {".lock", "train.log"})
+      if (same_file(out, root / own)) refuse(str("is the checkpoint directory's ", own));
+    if (same_file(out, root)) refuse("is train.checkpoint_dir");
+  }
+}
+
+}  // namespace autosp
