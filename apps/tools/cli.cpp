@@ -1,6 +1,7 @@
 // Exception → exit code mapping for the apps.
 #include "tools/cli.h"
 
+#include <csignal>
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <new>
@@ -16,6 +17,9 @@ namespace autosp {
 int run_app(const char* app, const std::function<int()>& body) {
   // Logs go to stderr; stdout is kept for what an app prints as data (graphs, benchmark rows).
   spdlog::set_default_logger(spdlog::stderr_color_mt("autosp"));
+  // A closed pipe (`| head`, a dead log collector) is a failed write, reported where the app checks
+  // its writes, not a silent death by SIGPIPE in the middle of a step or a checkpoint.
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     return body();
   } catch (const UsageError& e) {
