@@ -6,7 +6,7 @@
 
 #include "graph/printer.h"
 #include "graph/verify.h"
-#include "models/config.h"
+#include "config/config.h"
 #include "models/model.h"
 #include "tools/cli.h"
 #include "engine/memory_plan.h"

@@ -8,6 +8,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "config/config.h"
 #include "tensor/check.h"
 
 namespace autosp {

@@ -10,7 +10,7 @@
 
 #include "graph/ir.h"
 #include "graph/passes/pass.h"
-#include "models/config.h"
+#include "config/config.h"
 
 namespace autosp {
 

@@ -1,6 +1,6 @@
 // Config schema and validation. The schema is one table (key path, type, range or choices);
 // defaults come from the structs in config.h.
-#include "models/config.h"
+#include "config/config.h"
 
 #include <filesystem>
 #include <fstream>

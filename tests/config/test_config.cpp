@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "models/config.h"
+#include "config/config.h"
 #include "tensor/check.h"
 
 using namespace autosp;
