@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
 
     const Stage st = stage == "forward" ? Stage::forward : stage == "autosp" ? Stage::autosp : Stage::joint;
     const PassContext ctx = pass_context(cfg, static_cast<int>(world), static_cast<int>(rank));
-    RankProgram prog = build_program(cfg, run_dtype(cfg), st, ctx);
+    RankProgram prog = build_program(cfg, cfg.runtime.dtype, st, ctx);
     const Graph* g = prog.graph.get();
     verify(*g);
     if (args.count("plan-memory")) {

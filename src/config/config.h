@@ -1,21 +1,32 @@
 // The run configuration (config.json + --set overrides), parsed once and validated against one
 // schema table: an unknown key, a wrong type or a value out of range is a UsageError naming the
-// key path. The model section is models/model_config.h (what the builders read); the rest is here.
+// key path. Strings with a fixed set of values become enums here (model.arch → Arch, data.source
+// → DataSourceKind, runtime.device → DeviceKind, runtime.dtype → DType, runtime.attention →
+// AttentionBackend), so code that uses the config switches over them and never re-validates.
+// The model section is models/model_config.h (what the builders read); the rest is here.
 // Knows nothing of graphs or kernels.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "device/attention_backend.h"
 #include "models/model_config.h"
+#include "tensor/allocator.h"
+#include "tensor/dtype.h"
 
 namespace autosp {
 
+// data.source (train/data.h describes each).
+enum class DataSourceKind { synthetic, tokens, text };
+std::string_view data_source_name(DataSourceKind s);  // "synthetic", "tokens", "text"
+
 struct DataConfig {
-  std::string source = "synthetic";  // "synthetic" | "tokens" | "text"
+  DataSourceKind source = DataSourceKind::synthetic;
   std::string path;
   int64_t seq_len = 256, batch_size = 4;
 };
@@ -32,9 +43,11 @@ struct TrainConfig {
 };
 
 struct RuntimeConfig {
-  std::string device = "cpu";  // "cpu" | "cuda"
-  std::string attention = "flash";  // CUDA attention: "flash" (ours) | "cudnn" (cuDNN SDPA, kernels/cuda/cudnn_attention.cuh)
-  std::string dtype = "float32";
+  DeviceKind device = DeviceKind::cpu;  // "cpu" | "cuda"
+  AttentionBackend attention = AttentionBackend::flash;  // CUDA attention: "flash" | "cudnn"
+  // What the graph computes in: "float32", "float64", or "bfloat16" (mixed precision: f32 master
+  // weights, bf16 compute; engine/program.h master_dtype).
+  DType dtype = DType::f32;
   int64_t threads = 0;  // 0 = OpenMP's default
   bool activation_checkpointing = false;
   // Fused kernels (residual add + norm, bias + GELU) by passes/fuse_elementwise before autograd.

@@ -4,12 +4,26 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
+#include <string_view>
 
 namespace autosp {
 
+// The architectures the builders know. Code that differs by architecture is a `switch (m.arch)`
+// without a default, so a third architecture makes the compiler name every place it must handle
+// (and the config schema's list of arch values, config/config.cpp).
+enum class Arch { gpt2, llama };
+
+// "gpt2", "llama": the spelling of model.arch in config.json, logs and benchmark rows.
+inline std::string_view arch_name(Arch a) {
+  switch (a) {
+    case Arch::gpt2: return "gpt2";
+    case Arch::llama: return "llama";
+  }
+  return "unknown arch";
+}
+
 struct ModelConfig {
-  std::string arch = "gpt2";  // "gpt2" | "llama"
+  Arch arch = Arch::gpt2;
   int64_t vocab_size = 256, hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 4;
   int64_t num_key_value_heads = 4;  // llama (defaults to num_attention_heads)
   int64_t intermediate_size = 512;  // llama; GPT-2's MLP width is 4·hidden_size
@@ -19,8 +33,13 @@ struct ModelConfig {
   bool tie_word_embeddings = true;  // GPT-2 always ties
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  int64_t mlp_width() const { return arch == "gpt2" ? 4 * hidden_size : intermediate_size; }
-  bool is_llama() const { return arch == "llama"; }
+  int64_t mlp_width() const {
+    switch (arch) {
+      case Arch::gpt2: return 4 * hidden_size;
+      case Arch::llama: return intermediate_size;
+    }
+    return 0;
+  }
 };
 
 }  // namespace autosp
