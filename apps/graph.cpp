@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "graph/printer.h"
-#include "models/config.h"
+#include "config/config.h"
 #include "models/model.h"
 #include "tools/cli.h"
 #include "engine/memory_plan.h"
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       throw UsageError(str("--format '", format, "': expected text, json or dot"));
 
     const PassContext ctx = pass_context(cfg, static_cast<int>(world), static_cast<int>(rank));
-    RankProgram prog = build_program(cfg, run_dtype(cfg), stage, ctx);  // a stage or a pass name
+    RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, ctx);  // a stage or a pass name
     const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {
       std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>())).dump() << "\n";

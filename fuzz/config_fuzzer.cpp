@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"
+#include "config/config.h"
 #include "tensor/check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Shape parameters from the header's unused ints 3..5, so the fuzzer can vary them too.
   auto byte = [&](size_t i) { return i < size ? data[i] : uint8_t{0}; };
   autosp::DataConfig cfg;
-  cfg.source = "tokens";
+  cfg.source = autosp::DataSourceKind::tokens;
   cfg.path = path;
   cfg.seq_len = 1 + byte(12) % 64;
   cfg.batch_size = 1 + byte(16) % 4;

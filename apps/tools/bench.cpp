@@ -105,15 +105,19 @@ json last_json_line(const std::string& out) {
 
 json run_pytorch(const Config& cfg, const BenchOptions& opt, int threads) {
   const auto& m = cfg.model;
-  std::string cmd = "/usr/bin/python3 " + shell_quote(opt.source_dir + "/scripts/bench_pytorch.py") + " --arch " + m.arch +
-                    " --layers " + std::to_string(m.num_hidden_layers) + " --hidden " + std::to_string(m.hidden_size) +
+  std::string cmd = "/usr/bin/python3 " + shell_quote(opt.source_dir + "/scripts/bench_pytorch.py") +
+                    " --arch " + std::string(arch_name(m.arch)) + " --layers " + std::to_string(m.num_hidden_layers) +
+                    " --hidden " + std::to_string(m.hidden_size) +
                     " --heads " + std::to_string(m.num_attention_heads) + " --kv-heads " +
                     std::to_string(m.num_key_value_heads) + " --intermediate " + std::to_string(m.intermediate_size) +
                     " --vocab " + std::to_string(m.vocab_size) + " --batch " + std::to_string(cfg.data.batch_size) +
                     " --seq " + std::to_string(cfg.data.seq_len) + " --threads " + std::to_string(threads) +
                     " --mode " + opt.mode + " --warmup " + std::to_string(opt.warmup) + " --iters " +
                     std::to_string(opt.iters);
-  if (m.is_llama()) cmd += m.tie_word_embeddings ? " --tie" : " --no-tie";
+  switch (m.arch) {
+    case Arch::gpt2: break;  // always tied
+    case Arch::llama: cmd += m.tie_word_embeddings ? " --tie" : " --no-tie"; break;
+  }
   int status = 0;
   const std::string out = capture(cmd, status);
   json j = last_json_line(out);
@@ -138,7 +142,7 @@ void check_options(const Config& cfg, const BenchOptions& opt) {
     throw UsageError(str("--mode '", opt.mode, "': expected forward or step"));
   if (opt.iters < 1 || opt.warmup < 0) throw UsageError("--iters must be >= 1 and --warmup >= 0");
   // A step runs through the trainer, which runs on CUDA too; --mode forward feeds host tensors.
-  if (cfg.runtime.device == "cuda" && opt.mode != "step")
+  if (cfg.runtime.device == DeviceKind::cuda && opt.mode != "step")
     throw UsageError("autosp-bench: runtime.device \"cuda\" needs --mode step (--mode forward runs on cpu)");
 }
 
@@ -183,7 +187,7 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
 
 // The forward pass with the loss, through this rank's AutoSP program when the world has several ranks.
 PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicator& world) {
-  const DType dt = run_dtype(cfg);
+  const DType dt = cfg.runtime.dtype;
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
   if (cfg.data.seq_len % ctx.sp_size != 0)
     throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of P = ", ctx.sp_size,
@@ -246,13 +250,13 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
   const double comm_s = s.all_to_all.seconds + s.all_reduce.seconds + s.all_gather.seconds;
   json row = {{"impl", "autosp"},
               {"mode", opt.mode},
-              {"arch", cfg.model.arch},
+              {"arch", arch_name(cfg.model.arch)},
               {"P", P},
               {"world", world.size()},
               {"seq", S},
               {"batch", B},
               {"threads", cpu::num_threads()},
-              {"dtype", dtype_name(run_dtype(cfg))},
+              {"dtype", dtype_name(cfg.runtime.dtype)},
               {"loss", t.loss},
               {"step_ms", t.step_ms},
               {"tokens_per_sec", static_cast<double>(B * dp * S) / step_s},
@@ -266,7 +270,7 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
               {"comm_share", t.total_ms > 0 ? comm_s * 1000.0 / t.total_ms : 0.0},
               {"grad_sync_ms", t.grad_sync_ms},
               {"grad_sync_wait_ms", t.grad_sync_wait_ms}};
-  if (cfg.runtime.device == "cuda" && opt.peak_tflops > 0)
+  if (cfg.runtime.device == DeviceKind::cuda && opt.peak_tflops > 0)
     row["mfu"] = row["tflops"].get<double>() / (opt.peak_tflops * world.size());  // tflops is the whole job's
   return row;
 }
@@ -350,7 +354,7 @@ int run_sweep(const SweepOptions& opt, const std::function<void(const json&)>& e
         sets.push_back(str("sequence_parallel.autosp_size=", P));
         sets.push_back(str("runtime.threads=", std::max<int64_t>(1, total_threads / P)));
         Config cfg = load_config(path, sets);
-        const DType dt = run_dtype(cfg);
+        const DType dt = cfg.runtime.dtype;
         try {
           (void)build_program(cfg, dt, Stage::autosp, pass_context(cfg, static_cast<int>(P), 0));
         } catch (const UsageError& e) {

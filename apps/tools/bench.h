@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
-#include "models/config.h"
+#include "config/config.h"
 
 namespace autosp {
 

@@ -8,6 +8,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "config/config.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -22,19 +23,27 @@ struct Dims {
 
 Dims dims(const ModelConfig& m) {
   const int64_t N = m.num_attention_heads;
-  return {m.hidden_size, N, m.head_dim(), m.is_llama() ? m.num_key_value_heads : N, m.mlp_width(), m.vocab_size,
-          m.num_hidden_layers};
+  int64_t Nkv = N;  // GPT-2: every head has its own K and V
+  switch (m.arch) {
+    case Arch::gpt2: break;
+    case Arch::llama: Nkv = m.num_key_value_heads; break;
+  }
+  return {m.hidden_size, N, m.head_dim(), Nkv, m.mlp_width(), m.vocab_size, m.num_hidden_layers};
 }
 
 // Parameters of one transformer layer.
 int64_t layer_params(const ModelConfig& m) {
   const Dims d = dims(m);
-  if (m.is_llama()) {
-    const int64_t attn = d.C * d.N * d.D * 2 + d.C * d.Nkv * d.D * 2;  // q, o; k, v
-    return attn + 3 * d.C * d.M + 2 * d.C;                            // gate, up, down; two RMSNorms
+  switch (m.arch) {
+    case Arch::gpt2:
+      // c_attn [C, 3C] + 3C, c_proj [C, C] + C, c_fc [C, 4C] + 4C, c_proj [4C, C] + C, ln_1, ln_2.
+      return 3 * d.C * d.C + 3 * d.C + d.C * d.C + d.C + 4 * d.C * d.C + 4 * d.C + 4 * d.C * d.C + d.C + 4 * d.C;
+    case Arch::llama: {
+      const int64_t attn = d.C * d.N * d.D * 2 + d.C * d.Nkv * d.D * 2;  // q, o; k, v
+      return attn + 3 * d.C * d.M + 2 * d.C;                            // gate, up, down; two RMSNorms
+    }
   }
-  // GPT-2: c_attn [C, 3C] + 3C, c_proj [C, C] + C, c_fc [C, 4C] + 4C, c_proj [4C, C] + C, ln_1, ln_2.
-  return 3 * d.C * d.C + 3 * d.C + d.C * d.C + d.C + 4 * d.C * d.C + 4 * d.C + 4 * d.C * d.C + d.C + 4 * d.C;
+  return 0;
 }
 
 }  // namespace
@@ -42,14 +51,20 @@ int64_t layer_params(const ModelConfig& m) {
 int64_t param_count(const ModelConfig& m) {
   const Dims d = dims(m);
   const int64_t layers = d.L * layer_params(m);
-  if (m.is_llama()) return d.V * d.C + layers + d.C + (m.tie_word_embeddings ? 0 : d.V * d.C);
-  return d.V * d.C + m.max_position_embeddings * d.C + layers + 2 * d.C;  // wte, wpe, layers, ln_f
+  switch (m.arch) {
+    case Arch::gpt2: return d.V * d.C + m.max_position_embeddings * d.C + layers + 2 * d.C;  // wte, wpe, layers, ln_f
+    case Arch::llama: return d.V * d.C + layers + d.C + (m.tie_word_embeddings ? 0 : d.V * d.C);
+  }
+  return 0;
 }
 
 int64_t flop_param_count(const ModelConfig& m) {
   const Dims d = dims(m);
-  if (m.is_llama()) return param_count(m) - (m.tie_word_embeddings ? 0 : d.V * d.C);
-  return param_count(m) - m.max_position_embeddings * d.C;
+  switch (m.arch) {
+    case Arch::gpt2: return param_count(m) - m.max_position_embeddings * d.C;
+    case Arch::llama: return param_count(m) - (m.tie_word_embeddings ? 0 : d.V * d.C);
+  }
+  return 0;
 }
 
 double step_flops(const ModelConfig& m, int64_t batch, int64_t seq) {
@@ -92,7 +107,7 @@ namespace {
 
 ModelConfig llama3_8b() {
   ModelConfig m;
-  m.arch = "llama";
+  m.arch = Arch::llama;
   m.num_hidden_layers = 32;
   m.hidden_size = 4096;
   m.num_attention_heads = 32;

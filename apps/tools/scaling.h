@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/config.h"
+#include "models/model_config.h"
 
 namespace autosp {
 

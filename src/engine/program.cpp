@@ -26,13 +26,6 @@ PassContext pass_context(const Config& cfg, int world_size, int world_rank) {
   return ctx;
 }
 
-DType run_dtype(const Config& cfg) {
-  if (cfg.runtime.dtype == "float32") return DType::f32;
-  if (cfg.runtime.dtype == "float64") return DType::f64;
-  if (cfg.runtime.dtype == "bfloat16") return DType::bf16;
-  throw UsageError(str("runtime.dtype \"", cfg.runtime.dtype, "\": expected float32, float64 or bfloat16"));
-}
-
 DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
 
 PassContext program_context(const Config& cfg, const PassContext& ctx) {

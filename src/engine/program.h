@@ -11,7 +11,7 @@
 
 #include "graph/ir.h"
 #include "graph/passes/pass.h"
-#include "models/config.h"
+#include "config/config.h"
 
 namespace autosp {
 
@@ -35,8 +35,6 @@ struct RankProgram {
 // does not divide is a UsageError.
 PassContext pass_context(const Config& cfg, int world_size, int world_rank);
 
-// runtime.dtype as the dtype the graph computes in: f32, f64, or bf16 (mixed precision).
-DType run_dtype(const Config& cfg);
 // The dtype of the parameters, their gradients, the optimizer state, checkpoints and --init-from
 // weights for a run dtype: f32 master weights for a bf16 run, else the run dtype itself.
 DType master_dtype(DType run);

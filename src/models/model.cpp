@@ -143,12 +143,22 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt) {
 }  // namespace
 
 std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype) {
-  return m.is_llama() ? build_llama(m, dtype) : build_gpt2(m, dtype);
+  switch (m.arch) {
+    case Arch::gpt2: return build_gpt2(m, dtype);
+    case Arch::llama: return build_llama(m, dtype);
+  }
+  AUTOSP_ASSERT(false, "model.arch ", static_cast<int>(m.arch));
+  return nullptr;
 }
 
 std::vector<std::string> layer_scopes(const ModelConfig& m) {
+  std::string prefix;  // what build_gpt2 / build_llama name a layer's nodes with
+  switch (m.arch) {
+    case Arch::gpt2: prefix = "h"; break;
+    case Arch::llama: prefix = "l"; break;
+  }
   std::vector<std::string> out;
-  for (int64_t l = 0; l < m.num_hidden_layers; ++l) out.push_back((m.is_llama() ? "l" : "h") + std::to_string(l) + ".");
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) out.push_back(prefix + std::to_string(l) + ".");
   return out;
 }
 

@@ -11,12 +11,10 @@
 #include <vector>
 
 #include "graph/ir.h"
-#include "models/config.h"
+#include "models/model_config.h"
 #include "tensor/tensor.h"
 
 namespace autosp {
-
-using ParamMap = std::map<std::string, Tensor>;
 
 struct ParamSpec {
   std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"

@@ -15,11 +15,15 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // Map a name found in the file to our canonical name; "" = a buffer to ignore.
 std::string canonical_name(const std::string& name, const ModelConfig& m) {
-  if (m.is_llama()) return name;
-  if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return "";
-  if (name == "lm_head.weight") return "";  // GPT-2 ties the head to wte
-  if (name.rfind("transformer.", 0) == 0) return name;
-  return "transformer." + name;
+  switch (m.arch) {
+    case Arch::gpt2:
+      if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return "";
+      if (name == "lm_head.weight") return "";  // GPT-2 ties the head to wte
+      if (name.rfind("transformer.", 0) == 0) return name;
+      return "transformer." + name;
+    case Arch::llama: return name;
+  }
+  return name;
 }
 
 // A NaN or infinity in the weights would only surface as a NaN loss steps later.
@@ -45,7 +49,7 @@ ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype
     if (c.empty()) continue;
     auto it = expected.find(c);
     if (it == expected.end())
-      throw UsageError(str(path, ": tensor '", name, "' is not a parameter of this ", m.arch, " model"));
+      throw UsageError(str(path, ": tensor '", name, "' is not a parameter of this ", arch_name(m.arch), " model"));
     if (out.count(c)) throw UsageError(str(path, ": tensor '", c, "' appears twice (with and without prefix)"));
     if (t.shape() != it->second)
       throw UsageError(str(path, ": tensor '", name, "' has shape ", shape_str(t.shape()), ", the model expects ",

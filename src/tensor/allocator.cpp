@@ -8,7 +8,17 @@
 
 namespace autosp {
 
-std::string Device::str() const { return kind == DeviceKind::cpu ? "cpu" : autosp::str("cuda:", index); }
+std::string_view device_kind_name(DeviceKind k) {
+  switch (k) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return "cuda";
+  }
+  return "unknown device";
+}
+
+std::string Device::str() const {
+  return kind == DeviceKind::cpu ? "cpu" : autosp::str(device_kind_name(kind), ":", index);
+}
 
 void Allocator::note_alloc(size_t n) {
   size_t now = (live_ += n);

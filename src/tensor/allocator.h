@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace autosp {
 
 enum class DeviceKind : uint8_t { cpu, cuda };
+std::string_view device_kind_name(DeviceKind k);  // "cpu", "cuda" (runtime.device's spelling)
 
 struct Device {
   DeviceKind kind = DeviceKind::cpu;

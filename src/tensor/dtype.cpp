@@ -29,6 +29,7 @@ const DTypeRow& row(DType t) { return kRows[static_cast<size_t>(t)]; }
 
 size_t dtype_size(DType t) { return row(t).size; }
 std::string_view dtype_name(DType t) { return row(t).name; }
+std::string_view dtype_torch_name(DType t) { return row(t).torch_name; }
 std::string_view dtype_safetensors_name(DType t) { return row(t).st_name; }
 bool is_floating(DType t) { return row(t).floating; }
 

@@ -14,6 +14,7 @@ inline constexpr int kNumDTypes = 6;
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);             // "f32"
+std::string_view dtype_torch_name(DType t);       // "float32" (PyTorch's; runtime.dtype's spelling)
 std::optional<DType> dtype_from_name(std::string_view s);  // accepts "f32" and "float32", "bfloat16", ...
 std::string_view dtype_safetensors_name(DType t);  // "F32"
 std::optional<DType> dtype_from_safetensors(std::string_view s);

@@ -1,9 +1,11 @@
-// Tensor storage, views and CPU copies / conversions.
+// Tensor storage, views and CPU copies / conversions (the element loops: tensor/strided.h,
+// tensor/convert.h).
 #include "tensor/tensor.h"
 
 #include <cstring>
 
-#include "kernels/cpu/elementwise.h"
+#include "tensor/convert.h"
+#include "tensor/strided.h"
 
 namespace autosp {
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -88,5 +89,8 @@ class Tensor {
   Shape shape_, strides_;
   DType dtype_ = DType::f32;
 };
+
+// Tensors by name: a model's parameters (Hugging Face names), their gradients, optimizer moments.
+using ParamMap = std::map<std::string, Tensor>;
 
 }  // namespace autosp

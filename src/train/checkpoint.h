@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/config.h"
+#include "config/config.h"
 #include "train/optimizer.h"
 
 namespace autosp {

@@ -383,10 +383,13 @@ std::pair<int64_t, int64_t> count_correct_as(const Tensor& logits, const std::ve
 
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
-  if (cfg.source == "synthetic") return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
-  if (cfg.source == "tokens") return make_tokens_source(cfg, vocab_size);
-  if (cfg.source == "text") return make_text_source(cfg, vocab_size);
-  throw UsageError(str("data.source: unknown source '", cfg.source, "' (expected synthetic, tokens or text)"));
+  switch (cfg.source) {
+    case DataSourceKind::synthetic: return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
+    case DataSourceKind::tokens: return make_tokens_source(cfg, vocab_size);
+    case DataSourceKind::text: return make_text_source(cfg, vocab_size);
+  }
+  AUTOSP_ASSERT(false, "data.source ", static_cast<int>(cfg.source));
+  return nullptr;
 }
 
 // logits [rows, V] (any leading dims whose product is rows), labels [rows] (i64 or i32).

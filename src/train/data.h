@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "models/config.h"
+#include "config/config.h"
 #include "tensor/tensor.h"
 
 namespace autosp {

@@ -4,8 +4,8 @@
 // device (then through device/cuda/optim.h); knows nothing of graphs.
 #pragma once
 
-#include "models/config.h"
-#include "models/model.h"
+#include "config/config.h"
+#include "tensor/tensor.h"
 
 namespace autosp {
 

@@ -30,12 +30,15 @@ namespace {
 // becomes the process's current device (a build without CUDA, or a machine without a GPU, is a
 // UsageError saying so).
 Device pick_device(const Config& cfg) {
-  if (cfg.runtime.device == "cpu") return Device{};
-  if (cfg.runtime.device != "cuda")
-    throw UsageError(str("runtime.device \"", cfg.runtime.device, "\": expected \"cpu\" or \"cuda\""));
-  const Device dev{DeviceKind::cuda, select_device_for_local_rank()};
-  set_attention_backend(cfg.runtime.attention == "cudnn" ? AttentionBackend::cudnn : AttentionBackend::flash);
-  return dev;
+  switch (cfg.runtime.device) {
+    case DeviceKind::cpu: return Device{};
+    case DeviceKind::cuda: {
+      const Device dev{DeviceKind::cuda, select_device_for_local_rank()};
+      set_attention_backend(cfg.runtime.attention);
+      return dev;
+    }
+  }
+  return Device{};
 }
 
 // Every tensor of `m` moved to `dev` (copied when it is elsewhere).
@@ -87,7 +90,7 @@ Batch pad_to_multiple(const Batch& b, int64_t p) {
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
   const Device dev = pick_device(cfg);
   const bool on_gpu = dev.kind == DeviceKind::cuda;
-  const DType dt = run_dtype(cfg), master = master_dtype(dt);  // compute; parameters and optimizer state
+  const DType dt = cfg.runtime.dtype, master = master_dtype(dt);  // compute; parameters and optimizer state
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
   // On CUDA with several ranks, device tensors (the graph's collectives, gradients) travel over NCCL,
   // bootstrapped over `world` (comm/nccl.h); host tensors (initial weights, accuracy counts) still
@@ -147,12 +150,13 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     move_to(result.params, dev);
     move_to(opt.exp_avg, dev);
     move_to(opt.exp_avg_sq, dev);
-    if (lead) spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(), cfg.runtime.attention);
+    if (lead) spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(),
+                           attention_backend_name(cfg.runtime.attention));
   }
   if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
   if (lead && dt == DType::bf16)
     spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
-                 cfg.runtime.device == "cpu" ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
+                 dev.kind == DeviceKind::cpu ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
 
   // The gradient all-reduce over the world, in buckets in the order the backward produces the
   // gradients (grad_order[k] = the index into prog.param_names of the k-th gradient produced).
@@ -233,7 +237,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
     rec.lr = lr_at(cfg.train, step, total);
     opt.update(result.params, grads, cfg.train, rec.lr);
-    if (cfg.data.source == "synthetic" && args.accuracy) {
+    if (cfg.data.source == DataSourceKind::synthetic && args.accuracy) {
       // This rank's logits cover its block of the sequence: count there, sum over the world.
       const Tensor logits = on_gpu ? to_device(r.outputs.at("logits"), Device{}) : r.outputs.at("logits");
       const int64_t S = batch.labels.dim(1), block = S / ctx.sp_size;

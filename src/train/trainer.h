@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "models/config.h"
-#include "models/model.h"
+#include "config/config.h"
+#include "tensor/tensor.h"
 
 namespace autosp {
 

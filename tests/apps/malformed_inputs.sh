@@ -202,7 +202,7 @@ row 'fifo: not a regular file' "${c[@]}" --init-from "$tmp/fifo"
 # checkpoint directories (--resume)
 row 'nowhere: no such checkpoint directory' "${c[@]}" --resume "$tmp/nowhere"
 row 'emptyckpt: holds no checkpoint' "${c[@]}" --resume "$tmp/emptyckpt"
-row 'nometa_root: holds no checkpoint' "${c[@]}" --resume "$tmp/nometa_root"
+row 'nometa_root/step_00000002: the newest checkpoint has no meta.json' "${c[@]}" --resume "$tmp/nometa_root"
 row 'flipped/model.safetensors: checksum mismatch' "${c[@]}" --resume "$flipped"
 row 'truncated/optimizer.safetensors: 500 bytes, meta.json records' "${c[@]}" --resume "$truncated"
 row 'garbled/meta.json: not valid JSON' "${c[@]}" --resume "$garbled"

@@ -17,7 +17,7 @@
 #include "cuda/device_count.h"
 #include "common/tiny_models.h"
 #include "comm/communicator.h"
-#include "models/config.h"
+#include "config/config.h"
 #include "train/trainer.h"
 
 namespace autosp {

@@ -9,6 +9,7 @@
 
 #include "common/tiny_models.h"
 #include "cuda/dispatch_test.h"
+#include "config/config.h"
 #include "models/model.h"
 #include "engine/program.h"
 

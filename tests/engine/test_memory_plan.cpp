@@ -29,7 +29,7 @@ TensorMap model_feeds(const ModelConfig& m, int64_t B, int64_t S) {
 
 ModelConfig small_llama() {
   ModelConfig m;
-  m.arch = "llama";
+  m.arch = Arch::llama;
   m.vocab_size = 64;
   m.hidden_size = 64;
   m.num_hidden_layers = 2;
@@ -84,7 +84,7 @@ TEST_CASE("a planned run gives the same bits as a naive unplanned interpreter", 
   for (const std::string arch : {"gpt2", "llama"}) {
     ModelConfig m = small_llama();
     if (arch == "gpt2") {
-      m.arch = "gpt2";
+      m.arch = Arch::gpt2;
       m.num_key_value_heads = 4;
       m.tie_word_embeddings = true;
     }

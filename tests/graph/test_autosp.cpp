@@ -24,7 +24,7 @@ const Dim B = Dim::sym("B"), S = Dim::sym("S");
 
 ModelConfig tiny_llama(int64_t heads, int64_t kv_heads) {
   ModelConfig m;
-  m.arch = "llama";
+  m.arch = Arch::llama;
   m.vocab_size = 64;
   m.hidden_size = 8 * heads;
   m.num_hidden_layers = 1;

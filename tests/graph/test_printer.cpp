@@ -16,7 +16,7 @@ namespace {
 
 ModelConfig tiny(const std::string& arch) {
   ModelConfig m;
-  m.arch = arch;
+  m.arch = arch == "llama" ? Arch::llama : Arch::gpt2;
   m.vocab_size = 64;
   m.hidden_size = 32;
   m.num_hidden_layers = 1;

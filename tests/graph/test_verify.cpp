@@ -29,7 +29,7 @@ struct Small {
 TEST_CASE("the verifier accepts the model graphs", "[verify]") {
   ModelConfig gpt2;
   ModelConfig llama;
-  llama.arch = "llama";
+  llama.arch = Arch::llama;
   llama.num_key_value_heads = 2;
   llama.tie_word_embeddings = false;
   for (const auto& m : {gpt2, llama}) {

@@ -20,14 +20,14 @@ TEST_CASE("whole-model gradients match float64 finite differences", "[autograd][
   models[0].num_key_value_heads = 2;
   models[0].max_position_embeddings = 16;
   models[1] = models[0];
-  models[1].arch = "llama";
+  models[1].arch = Arch::llama;
   models[1].num_attention_heads = 4;
   models[1].num_key_value_heads = 2;
   models[1].intermediate_size = 20;
   models[1].tie_word_embeddings = false;
   models[1].norm_eps = 1e-6;
   for (const auto& m : models) {
-    DYNAMIC_SECTION(m.arch) {
+    DYNAMIC_SECTION(arch_name(m.arch)) {
       auto g = build_forward(m, DType::f64);
       std::vector<Node*> params = g->with_role(Role::parameter);
       std::vector<Node*> grads = build_backward(*g, g->find("loss"), params);
@@ -66,7 +66,7 @@ TEST_CASE("whole-model gradients match float64 finite differences", "[autograd][
           err = std::max(err, std::abs(numeric - analytic[j]));
           scale = std::max(scale, std::abs(numeric));
         }
-        INFO(m.arch << " " << name << ": max abs error " << err << ", scale " << scale);
+        INFO(arch_name(m.arch) << " " << name << ": max abs error " << err << ", scale " << scale);
         CHECK(err / scale < 1e-6);
       }
     }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "config/config.h"
 #include "graph/autograd.h"
 #include "models/model.h"
 #include "models/weights.h"

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "graph/printer.h"
+#include "models/model.h"
 #include "mpi/mpi_test.h"
 #include "train/data.h"
 #include "engine/executor.h"

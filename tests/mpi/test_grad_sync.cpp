@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "models/config.h"
+#include "config/config.h"
 #include "mpi/mpi_test.h"
 #include "train/grad_sync.h"
 #include "train/trainer.h"

@@ -4,6 +4,7 @@
 // real training step moves in tests/mpi/test_comm_volume.cpp.)
 #include <catch2/catch.hpp>
 
+#include "config/config.h"
 #include "models/model.h"
 #include "tools/scaling.h"
 

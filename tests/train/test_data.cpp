@@ -71,7 +71,7 @@ std::vector<uint32_t> iota_tokens(uint32_t first, int n) {
   return t;
 }
 
-DataConfig data_cfg(const std::string& source, const std::string& path, int64_t seq_len, int64_t batch) {
+DataConfig data_cfg(DataSourceKind source, const std::string& path, int64_t seq_len, int64_t batch) {
   DataConfig c;
   c.source = source;
   c.path = path;
@@ -111,7 +111,7 @@ TEST_CASE("tokens: uint16 shard read back in the documented order", "[data]") {
   TempDir tmp;
   const std::vector<uint32_t> stream = iota_tokens(1000, 50);  // token i is 1000 + i
   write_file(tmp.path("a.bin"), shard16(stream));
-  auto src = make_data_source(data_cfg("tokens", tmp.path("a.bin"), 4, 2), 2000, 0);
+  auto src = make_data_source(data_cfg(DataSourceKind::tokens, tmp.path("a.bin"), 4, 2), 2000, 0);
   CHECK(src->num_tokens() == 50);
   CHECK(src->describe().find("tokens: 1 shard, 50 tokens (uint16)") == 0);
 
@@ -149,8 +149,8 @@ TEST_CASE("tokens: uint32 shard, labels are inputs shifted by one, dp ranks inte
   for (uint32_t i = 0; i < 37; ++i) stream.push_back(100000 + i * 7);  // beyond uint16
   write_file(tmp.path("big.bin"), shard32(stream));
   const int64_t S = 5;
-  auto one = make_data_source(data_cfg("tokens", tmp.path("big.bin"), S, 4), 400000, 0);
-  auto two = make_data_source(data_cfg("tokens", tmp.path("big.bin"), S, 2), 400000, 0);
+  auto one = make_data_source(data_cfg(DataSourceKind::tokens, tmp.path("big.bin"), S, 4), 400000, 0);
+  auto two = make_data_source(data_cfg(DataSourceKind::tokens, tmp.path("big.bin"), S, 2), 400000, 0);
   CHECK(one->describe().find("(uint32)") != std::string::npos);
   for (int64_t step : {0, 1, 2, 7, 123}) {
     Batch g = one->get(step, 0, 1);
@@ -179,7 +179,7 @@ TEST_CASE("tokens: a glob concatenates the matching shards in sorted order", "[d
   write_file(tmp.path("train_000.bin"), shard32({0, 1, 2, 3}));
   write_file(tmp.path("train_001.bin"), shard16({10, 11}));
   write_file(tmp.path("val_000.bin"), shard32({99, 99, 99, 99, 99}));
-  auto src = make_data_source(data_cfg("tokens", tmp.path("train_*.bin"), 3, 1), 100, 0);
+  auto src = make_data_source(data_cfg(DataSourceKind::tokens, tmp.path("train_*.bin"), 3, 1), 100, 0);
   CHECK(src->num_tokens() == 9);
   CHECK(src->describe().find("tokens: 3 shards, 9 tokens (uint16 and uint32)") == 0);
   // Stream: 0 1 2 3 10 11 20 21 22. Step k reads 4 tokens from 3k (mod 9).
@@ -193,7 +193,7 @@ TEST_CASE("text: the file's bytes are the tokens, same read order", "[data]") {
   TempDir tmp;
   const std::string text = "hello, w\xC3\xB6rld";  // 13 bytes, two of them ≥ 128
   write_file(tmp.path("t.txt"), Bytes(text.begin(), text.end()));
-  auto src = make_data_source(data_cfg("text", tmp.path("t.txt"), 4, 2), 256, 0);
+  auto src = make_data_source(data_cfg(DataSourceKind::text, tmp.path("t.txt"), 4, 2), 256, 0);
   CHECK(src->num_tokens() == 13);
   std::vector<uint32_t> stream;
   for (unsigned char c : text) stream.push_back(c);
@@ -214,55 +214,56 @@ TEST_CASE("data: malformed inputs are usage errors that name the file", "[data]"
   struct Case {
     const char* name;
     std::function<Bytes()> bytes;  // written to `file` when set
-    std::string source = "tokens", file = "x.bin", path = "";  // path defaults to file
+    DataSourceKind source = DataSourceKind::tokens;
+    std::string file = "x.bin", path = "";  // path defaults to file
     int64_t seq_len = 4, vocab = 256;
     std::string expect;            // substring of the message
     bool prefix_is_path = true;    // the message starts with the path
   };
   auto bad_count = [&](uint32_t count) { return [=] { return shard(20240520, 1, count, iota_tokens(0, 10), 2); }; };
+  using enum DataSourceKind;  // the table's sources: tokens, text, synthetic
   std::vector<Case> cases = {
-      {"bad magic", [&] { return shard(12345, 1, 10, ten, 2); }, "tokens", "x.bin", "", 4, 256, "bad magic 12345"},
-      {"bad version u16", [&] { return shard(20240520, 2, 10, ten, 2); }, "tokens", "x.bin", "", 4, 256,
+      {"bad magic", [&] { return shard(12345, 1, 10, ten, 2); }, tokens, "x.bin", "", 4, 256, "bad magic 12345"},
+      {"bad version u16", [&] { return shard(20240520, 2, 10, ten, 2); }, tokens, "x.bin", "", 4, 256,
        "unsupported version 2 for magic 20240520"},
-      {"bad version u32", [&] { return shard(20240801, 1, 10, ten, 4); }, "tokens", "x.bin", "", 4, 256,
+      {"bad version u32", [&] { return shard(20240801, 1, 10, ten, 4); }, tokens, "x.bin", "", 4, 256,
        "unsupported version 1 for magic 20240801"},
-      {"count larger than the file", bad_count(11), "tokens", "x.bin", "", 4, 256,
+      {"count larger than the file", bad_count(11), tokens, "x.bin", "", 4, 256,
        "token count mismatch: the header says 11 tokens (22 bytes) but the file holds 20 bytes"},
-      {"count smaller than the file", bad_count(9), "tokens", "x.bin", "", 4, 256, "header says 9 tokens"},
-      {"odd data bytes", [&] { Bytes b = shard16(ten); b.push_back(0); return b; }, "tokens", "x.bin", "", 4, 256,
+      {"count smaller than the file", bad_count(9), tokens, "x.bin", "", 4, 256, "header says 9 tokens"},
+      {"odd data bytes", [&] { Bytes b = shard16(ten); b.push_back(0); return b; }, tokens, "x.bin", "", 4, 256,
        "holds 21 bytes after the header"},
-      {"negative count", bad_count(static_cast<uint32_t>(-5)), "tokens", "x.bin", "", 4, 256, "header says -5 tokens"},
-      {"2^31 tokens on a tiny file", bad_count(0x80000000u), "tokens", "x.bin", "", 4, 256, "token count mismatch"},
-      {"2^31-1 tokens on a tiny file", bad_count(0x7FFFFFFFu), "tokens", "x.bin", "", 4, 256,
+      {"negative count", bad_count(static_cast<uint32_t>(-5)), tokens, "x.bin", "", 4, 256, "header says -5 tokens"},
+      {"2^31 tokens on a tiny file", bad_count(0x80000000u), tokens, "x.bin", "", 4, 256, "token count mismatch"},
+      {"2^31-1 tokens on a tiny file", bad_count(0x7FFFFFFFu), tokens, "x.bin", "", 4, 256,
        "header says 2147483647 tokens"},
-      {"2^31-1 uint32 tokens, header only", [&] { return shard(20240801, 7, 0x7FFFFFFFu, {}, 4); }, "tokens", "x.bin",
+      {"2^31-1 uint32 tokens, header only", [&] { return shard(20240801, 7, 0x7FFFFFFFu, {}, 4); }, tokens, "x.bin",
        "", 4, 256, "token count mismatch"},
-      {"truncated header", [&] { Bytes b = shard16(ten); b.resize(500); return b; }, "tokens", "x.bin", "", 4, 256,
+      {"truncated header", [&] { Bytes b = shard16(ten); b.resize(500); return b; }, tokens, "x.bin", "", 4, 256,
        "truncated header: the file holds 500 bytes"},
-      {"empty shard", [] { return Bytes{}; }, "tokens", "x.bin", "", 4, 256, "empty file"},
-      {"random bytes", [&] { return noise; }, "tokens", "x.bin", "", 4, 256, "bad magic"},
-      {"token ≥ vocab", [&] { std::vector<uint32_t> t = ten; t[5] = 300; return shard16(t); }, "tokens", "x.bin", "",
+      {"empty shard", [] { return Bytes{}; }, tokens, "x.bin", "", 4, 256, "empty file"},
+      {"random bytes", [&] { return noise; }, tokens, "x.bin", "", 4, 256, "bad magic"},
+      {"token ≥ vocab", [&] { std::vector<uint32_t> t = ten; t[5] = 300; return shard16(t); }, tokens, "x.bin", "",
        4, 256, "token 300 at index 5 is ≥ vocab_size 256"},
-      {"uint32 token ≥ vocab", [&] { std::vector<uint32_t> t = ten; t[9] = 70000; return shard32(t); }, "tokens",
+      {"uint32 token ≥ vocab", [&] { std::vector<uint32_t> t = ten; t[9] = 70000; return shard32(t); }, tokens,
        "x.bin", "", 4, 65536, "token 70000 at index 9 is ≥ vocab_size 65536"},
-      {"stream shorter than seq_len + 1", [&] { return shard16(ten); }, "tokens", "x.bin", "", 10, 256,
+      {"stream shorter than seq_len + 1", [&] { return shard16(ten); }, tokens, "x.bin", "", 10, 256,
        "holds 10 tokens, fewer than seq_len + 1 = 11"},
-      {"glob with no match", nullptr, "tokens", "x.bin", "nothing_*.bin", 4, 256, "no file matches"},
-      {"missing file", nullptr, "tokens", "x.bin", "missing.bin", 4, 256, "cannot open"},
-      {"directory", nullptr, "tokens", "x.bin", ".", 4, 256, "not a regular file"},
-      {"one bad shard in a glob", [&] { return shard(20240520, 1, 3, ten, 2); }, "tokens", "s_1.bin", "s_*.bin", 4,
+      {"glob with no match", nullptr, tokens, "x.bin", "nothing_*.bin", 4, 256, "no file matches"},
+      {"missing file", nullptr, tokens, "x.bin", "missing.bin", 4, 256, "cannot open"},
+      {"directory", nullptr, tokens, "x.bin", ".", 4, 256, "not a regular file"},
+      {"one bad shard in a glob", [&] { return shard(20240520, 1, 3, ten, 2); }, tokens, "s_1.bin", "s_*.bin", 4,
        256, "token count mismatch"},
-      {"text with vocab < 256", [] { return Bytes(100, 'a'); }, "text", "t.txt", "", 4, 255,
+      {"text with vocab < 256", [] { return Bytes(100, 'a'); }, text, "t.txt", "", 4, 255,
        "needs vocab_size ≥ 256, got 255"},
-      {"empty text", [] { return Bytes{}; }, "text", "t.txt", "", 4, 256, "empty file"},
-      {"text shorter than seq_len + 1", [] { return Bytes(8, 'a'); }, "text", "t.txt", "", 8, 256,
+      {"empty text", [] { return Bytes{}; }, text, "t.txt", "", 4, 256, "empty file"},
+      {"text shorter than seq_len + 1", [] { return Bytes(8, 'a'); }, text, "t.txt", "", 8, 256,
        "holds 8 bytes, fewer than seq_len + 1 = 9"},
-      {"missing text", nullptr, "text", "t.txt", "nope.txt", 4, 256, "cannot open"},
-      {"tokens without a path", nullptr, "tokens", "x.bin", "<empty>", 4, 256, "data.path", false},
-      {"unknown source", nullptr, "parquet", "x.bin", "", 4, 256, "unknown source 'parquet'", false},
-      {"synthetic vocab < 16", nullptr, "synthetic", "x.bin", "", 64, 15, "needs ≥ 16, got 15", false},
-      {"synthetic seq_len < 8", nullptr, "synthetic", "x.bin", "", 7, 256, "needs ≥ 8, got 7", false},
-      {"seq_len 0", nullptr, "tokens", "x.bin", "", 0, 256, "data.seq_len", false},
+      {"missing text", nullptr, text, "t.txt", "nope.txt", 4, 256, "cannot open"},
+      {"tokens without a path", nullptr, tokens, "x.bin", "<empty>", 4, 256, "data.path", false},
+      {"synthetic vocab < 16", nullptr, synthetic, "x.bin", "", 64, 15, "needs ≥ 16, got 15", false},
+      {"synthetic seq_len < 8", nullptr, synthetic, "x.bin", "", 7, 256, "needs ≥ 8, got 7", false},
+      {"seq_len 0", nullptr, tokens, "x.bin", "", 0, 256, "data.seq_len", false},
   };
   REQUIRE(cases.size() >= 12);
   // The good shard that sits next to the bad one in the glob case.
@@ -338,7 +339,7 @@ TEST_CASE("synthetic: associative recall, answers only at query keys", "[data]")
   };
   for (Dims d : {Dims{16, 8, 1}, Dims{16, 64, 6}, Dims{256, 256, 63}, Dims{256, 33, 8}, Dims{50257, 128, 31}}) {
     INFO("vocab " << d.vocab << " seq_len " << d.seq_len);
-    auto src = make_data_source(data_cfg("synthetic", "", d.seq_len, 3), d.vocab, 42);
+    auto src = make_data_source(data_cfg(DataSourceKind::synthetic, "", d.seq_len, 3), d.vocab, 42);
     CHECK(src->num_tokens() == 0);
     CHECK(src->describe().find("synthetic") == 0);
     int shuffled = 0;
@@ -371,7 +372,7 @@ TEST_CASE("synthetic: associative recall, answers only at query keys", "[data]")
 }
 
 TEST_CASE("synthetic: deterministic, varies with step and seed, independent of the dp split", "[data]") {
-  auto make = [](int64_t batch, uint64_t seed) { return make_data_source(data_cfg("synthetic", "", 64, batch), 256, seed); };
+  auto make = [](int64_t batch, uint64_t seed) { return make_data_source(data_cfg(DataSourceKind::synthetic, "", 64, batch), 256, seed); };
   auto a = make(4, 1), a2 = make(4, 1), other_seed = make(4, 2);
   auto two = make(2, 1), four = make(1, 1);
   for (int64_t step : {int64_t{0}, int64_t{5}, int64_t{99999999999}}) {
@@ -412,7 +413,7 @@ TEST_CASE("count_correct: argmax against labels, skipping -100", "[data]") {
         std::pair<int64_t, int64_t>{0, 0});
 
   // One-hot logits at the synthetic labels score every answer.
-  auto src = make_data_source(data_cfg("synthetic", "", 32, 2), 64, 3);
+  auto src = make_data_source(data_cfg(DataSourceKind::synthetic, "", 32, 2), 64, 3);
   Batch b = src->get(0, 0, 1);
   const std::vector<int64_t> lab = values(b.labels);
   std::vector<float> logits(lab.size() * 64, 0.f);

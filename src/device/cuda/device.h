@@ -13,6 +13,7 @@
 // (nvcc was not found at configure time)").
 #pragma once
 
+#include "device/attention_backend.h"
 #include "device/cuda/caching_allocator.h"
 #include "tensor/tensor.h"
 
@@ -51,8 +52,7 @@ void copy_on_device(const Tensor& src, const Tensor& dst);
 // failure that happened asynchronously is thrown here as RuntimeFailure.
 void synchronize();
 
-// The sdpa implementation (runtime.attention): our flash attention, or cuDNN's fused SDPA.
-enum class AttentionBackend { flash, cudnn };
+// The sdpa implementation (runtime.attention, device/attention_backend.h).
 void set_attention_backend(AttentionBackend backend);
 AttentionBackend attention_backend();
 

@@ -1,12 +1,13 @@
-// CPU elementwise kernels: unary maps, broadcasting binary ops, strided copies, fill and the
-// bf16 / f16 conversions. Knows nothing of graphs; broadcasting arrives as strides (0 = broadcast).
+// CPU elementwise kernels: unary maps, broadcasting binary ops, fill and the sums. Knows nothing
+// of graphs; broadcasting arrives as strides (0 = broadcast). The strided copy and the dtype
+// conversions they share with Tensor are in tensor/strided.cpp and tensor/convert.cpp.
 //
 // Speed: every strided op first simplifies its index space (drops size-1 dims, merges dims that are
 // contiguous for every operand), so the common cases become flat loops: same-shape contiguous
 // operands become one rank-1 loop split across threads, a bias [C] over [.., C] becomes rows with a
 // unit-stride inner loop. The inner loop has specialisations for strides (1, 1), (1, 0) and (0, 1)
 // that the compiler vectorises; threads take contiguous ranges of rows and walk them with an
-// odometer instead of dividing per element.
+// odometer instead of dividing per element (tensor/strided_loops.h).
 //
 // Reductions (sum_to, sum_squares) accumulate in double and split their work by sizes only (fixed
 // chunks, partials added in a fixed order; see reduce.h), so results do not depend on the thread
@@ -16,110 +17,20 @@
 // its contiguous runs. The common cases: same shape is a copy; a bias gradient [rows, C] → [C] is
 // L = rows with a contiguous tail; summing everything is one chunked contiguous sum.
 #include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/strided_space.h"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
-#include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/reduce.h"
 #include "tensor/check.h"
+#include "tensor/strided_loops.h"
 
 namespace autosp::cpu {
 
 namespace {
-
-constexpr int64_t kGrain = 1 << 15;  // elements below which a kernel runs on one thread
-
-// [lo, hi) of n items for thread t of nt.
-inline void thread_range(int64_t n, int t, int nt, int64_t& lo, int64_t& hi) {
-  lo = n * t / nt;
-  hi = n * (t + 1) / nt;
-}
-
-// Calls f(out_offset, op_offsets, n, op_inner_strides) for runs of the innermost dim, split over
-// threads. out_offset is the linear index (the output is contiguous over the space).
-template <class F>
-void for_each_run(const Space& s, int nops, F f) {
-  const int r = s.rank;
-  const int64_t inner = s.shape[r - 1];
-  int64_t inner_stride[2] = {s.stride[0][r - 1], s.stride[1][r - 1]};
-  if (r == 1) {  // one flat run: split it
-#pragma omp parallel if (s.numel > kGrain)
-    {
-      int64_t lo, hi;
-      thread_range(inner, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
-      if (hi > lo) {
-        int64_t off[2] = {lo * inner_stride[0], lo * inner_stride[1]};
-        f(lo, off, hi - lo, inner_stride);
-      }
-    }
-    return;
-  }
-  const int64_t rows = s.numel / inner;
-#pragma omp parallel if (s.numel > kGrain)
-  {
-    int64_t lo, hi;
-    thread_range(rows, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
-    if (hi > lo) {
-      int64_t idx[kMaxRank] = {};  // odometer over the outer dims [0, r-1)
-      int64_t off[2] = {0, 0};
-      for (int64_t rem = lo, d = r - 2; d >= 0; --d) {
-        idx[d] = rem % s.shape[d];
-        rem /= s.shape[d];
-        for (int o = 0; o < nops; ++o) off[o] += idx[d] * s.stride[o][d];
-      }
-      for (int64_t row = lo; row < hi; ++row) {
-        f(row * inner, off, inner, inner_stride);
-        for (int d = r - 2; d >= 0; --d) {  // advance the odometer
-          for (int o = 0; o < nops; ++o) off[o] += s.stride[o][d];
-          if (++idx[d] < s.shape[d]) break;
-          for (int o = 0; o < nops; ++o) off[o] -= idx[d] * s.stride[o][d];
-          idx[d] = 0;
-        }
-      }
-    }
-  }
-}
-
-// A transpose-like copy: the innermost dim reads src with a stride while dim p reads it densely.
-// Copies (p, inner) in kTile × kTile tiles, so the src lines a tile touches are reused from cache
-// instead of being fetched once per element.
-template <class T>
-void copy_tiled(const Space& s, int p, const T* src, T* dst) {
-  constexpr int64_t kTile = 32;
-  const int r = s.rank;
-  int64_t dst_stride[kMaxRank];  // dst is contiguous over s.shape
-  dst_stride[r - 1] = 1;
-  for (int d = r - 2; d >= 0; --d) dst_stride[d] = dst_stride[d + 1] * s.shape[d + 1];
-  const int64_t np = s.shape[p], nj = s.shape[r - 1], sj = s.stride[0][r - 1], dp = dst_stride[p];
-  const int64_t ptiles = (np + kTile - 1) / kTile, outer = s.numel / (np * nj);
-#pragma omp parallel for schedule(static) if (s.numel > kGrain)
-  for (int64_t task = 0; task < outer * ptiles; ++task) {
-    int64_t src_off = 0, dst_off = 0;  // of this task's outer index (all dims but p and inner)
-    for (int64_t rem = task / ptiles, d = r - 2; d >= 0; --d) {
-      if (d == p) continue;
-      const int64_t i = rem % s.shape[d];
-      rem /= s.shape[d];
-      src_off += i * s.stride[0][d];
-      dst_off += i * dst_stride[d];
-    }
-    const int64_t p0 = (task % ptiles) * kTile, p1 = std::min(np, p0 + kTile);
-    for (int64_t j0 = 0; j0 < nj; j0 += kTile) {
-      const int64_t j1 = std::min(nj, j0 + kTile);
-      for (int64_t pp = p0; pp < p1; ++pp) {
-        const T* from = src + src_off + pp;  // src stride along p is 1
-        T* to = dst + dst_off + pp * dp;
-        for (int64_t j = j0; j < j1; ++j) to[j] = from[j * sj];
-      }
-    }
-  }
-}
 
 // ---- unary -----------------------------------------------------------------------------------
 
@@ -401,28 +312,6 @@ void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int
 }
 
 template <class T>
-void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* src_strides, T* dst) {
-  const int64_t* strides[1] = {src_strides};
-  const Space s = simplify(rank, shape, 1, strides);
-  if (s.numel == 0) return;
-  const int64_t inner_stride = s.stride[0][s.rank - 1];
-  if (inner_stride != 0 && inner_stride != 1) {  // a dense dim further out means a transpose
-    for (int p = s.rank - 2; p >= 0; --p)
-      if (s.stride[0][p] == 1) return copy_tiled(s, p, src, dst);
-  }
-  for_each_run(s, 1, [&](int64_t o, const int64_t* off, int64_t n, const int64_t* st) {
-    const T* from = src + off[0];
-    T* to = dst + o;
-    const int64_t step = st[0];
-    if (step == 1) {
-      std::memcpy(to, from, size_t(n) * sizeof(T));
-    } else {
-      for (int64_t i = 0; i < n; ++i) to[i] = from[i * step];
-    }
-  });
-}
-
-template <class T>
 void fill(T* dst, int64_t n, T value) {
 #pragma omp parallel if (n > kGrain)
   {
@@ -431,100 +320,6 @@ void fill(T* dst, int64_t n, T value) {
     std::fill(dst + lo, dst + hi, value);
   }
 }
-
-// ---- storage conversions -----------------------------------------------------------------------
-
-float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
-
-uint16_t f32_to_bf16(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x0040u);  // NaN stays (quiet) NaN
-  // Round to nearest even on the 16 dropped bits; a carry moves into the exponent (→ inf at the top).
-  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {  // inf / NaN, payload kept
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {  // normal: rebias 15 → 127
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  } else if (mant == 0) {  // ±0
-    bits = sign;
-  } else {  // subnormal mant · 2^-24: normalise around its leading bit p
-    const int p = std::bit_width(mant) - 1;
-    bits = sign | (uint32_t(p + 103) << 23) | ((mant ^ (1u << p)) << (23 - p));
-  }
-  return std::bit_cast<float>(bits);
-}
-
-uint16_t f32_to_f16(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-  x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((x >> 13) & 0x3ffu));  // quiet NaN
-  if (x >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // inf, or ≥ 65520 which rounds to inf
-  if (x >= 0x38800000u) {  // normal half (≥ 2^-14): rebias 127 → 15, round 23 → 10 mantissa bits
-    uint32_t r = x - 0x38000000u;
-    r += 0xfffu + ((r >> 13) & 1u);
-    return uint16_t(sign | (r >> 13));
-  }
-  const uint32_t e = x >> 23;
-  if (e < 102) return sign;  // below 2^-25: rounds to ±0 (2^-25 itself ties to even 0 below)
-  // Subnormal half: value / 2^-24 = mant · 2^(e - 126), rounded to nearest even.
-  const uint32_t mant = (x & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - e;  // 14 … 24
-  uint32_t r = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (r & 1u))) ++r;  // r may become 0x400, the smallest normal
-  return uint16_t(sign | r);
-}
-
-uint16_t f64_to_bf16(double d) {
-  if (std::isnan(d)) return f32_to_bf16(static_cast<float>(d));
-  if (std::fabs(d) < 0x1p-126) {  // bf16 subnormals: multiples of 2^-133, the scaling is exact
-    return f32_to_bf16(static_cast<float>(std::nearbyint(d * 0x1p133) * 0x1p-133));
-  }
-  // Keep 7 of the 52 fraction bits: round to nearest even on the 45 dropped ones (a carry moves
-  // into the exponent). The result has 8 significant bits, so it is exact in f32 and in bf16.
-  constexpr uint64_t kDrop = (uint64_t(1) << 45) - 1;
-  uint64_t x = std::bit_cast<uint64_t>(d);
-  x = (x + (kDrop >> 1) + ((x >> 45) & 1u)) & ~kDrop;
-  const double r = std::bit_cast<double>(x);
-  if (std::fabs(r) >= 0x1p128) return std::signbit(r) ? 0xff80u : 0x7f80u;  // ±inf
-  return f32_to_bf16(static_cast<float>(r));
-}
-
-namespace {
-template <class To, class From>
-To convert(From v) {
-  if constexpr (std::is_same_v<From, uint16_t>)
-    return convert<To>(bf16_to_f32(v));
-  else if constexpr (std::is_same_v<To, uint16_t> && std::is_same_v<From, double>)
-    return f64_to_bf16(v);
-  else if constexpr (std::is_same_v<To, uint16_t>)
-    return f32_to_bf16(v);
-  else
-    return static_cast<To>(v);
-}
-}  // namespace
-
-template <class From, class To>
-void cast(const From* x, To* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > kGrain)
-  for (int64_t i = 0; i < n; ++i) y[i] = convert<To>(x[i]);
-}
-
-#define AUTOSP_INSTANTIATE_CAST(From)                                                                 \
-  template void cast<From, float>(const From*, float*, int64_t);                                    \
-  template void cast<From, double>(const From*, double*, int64_t);                                  \
-  template void cast<From, uint16_t>(const From*, uint16_t*, int64_t);
-AUTOSP_INSTANTIATE_CAST(float)
-AUTOSP_INSTANTIATE_CAST(double)
-AUTOSP_INSTANTIATE_CAST(uint16_t)
-#undef AUTOSP_INSTANTIATE_CAST
 
 #define AUTOSP_INSTANTIATE_FLOAT(T)                                                                   \
   template void unary<T>(Unary, const T*, T*, int64_t, double);                                     \
@@ -539,14 +334,10 @@ AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)
 #undef AUTOSP_INSTANTIATE_FLOAT
 
-#define AUTOSP_INSTANTIATE_COPY(T)                                                                    \
-  template void copy_strided<T>(int, const int64_t*, const T*, const int64_t*, T*);                 \
-  template void fill<T>(T*, int64_t, T);
-AUTOSP_INSTANTIATE_COPY(float)
-AUTOSP_INSTANTIATE_COPY(double)
-AUTOSP_INSTANTIATE_COPY(int32_t)
-AUTOSP_INSTANTIATE_COPY(int64_t)
-AUTOSP_INSTANTIATE_COPY(uint16_t)
-#undef AUTOSP_INSTANTIATE_COPY
+template void fill<float>(float*, int64_t, float);
+template void fill<double>(double*, int64_t, double);
+template void fill<int32_t>(int32_t*, int64_t, int32_t);
+template void fill<int64_t>(int64_t*, int64_t, int64_t);
+template void fill<uint16_t>(uint16_t*, int64_t, uint16_t);
 
 }  // namespace autosp::cpu

@@ -1,14 +1,18 @@
-// CPU elementwise launchers: unary maps, broadcasting binary ops, strided copies and casts.
-// Knows nothing of graphs. Broadcasting is expressed by the caller as strides (0 on a broadcast dim).
+// CPU elementwise launchers: unary maps, broadcasting binary ops, fill, sums. Knows nothing of
+// graphs. Broadcasting is expressed by the caller as strides (0 on a broadcast dim).
+// The strided copy (copy_strided, kMaxRank) and the dtype conversions (bf16/f16 roundings, cast)
+// are the tensor library's host loops, re-exported here by the includes: tensor/strided.h,
+// tensor/convert.h (one copy each, shared with Tensor::contiguous() and Tensor::to()).
 //
 // All shapes are row-major; `rank` ≤ kMaxRank; strides are in elements.
 #pragma once
 
 #include <cstdint>
 
-namespace autosp::cpu {
+#include "tensor/convert.h"
+#include "tensor/strided.h"
 
-inline constexpr int kMaxRank = 8;
+namespace autosp::cpu {
 
 enum class Unary { neg, exp, log, tanh, sqrt, rsqrt, square, gelu_tanh, silu, scale, relu };
 enum class Binary { add, sub, mul, div, max, min };
@@ -24,29 +28,9 @@ template <class T>
 void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides,
             const T* b, const int64_t* b_strides, T* out);
 
-// dst (contiguous, row-major over `shape`) = src read with `src_strides`. Used for transpose,
-// permute, slice and concat. T is any trivially copyable element (instantiated for float,
-// double, int32_t, int64_t, uint16_t).
-template <class T>
-void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* src_strides, T* dst);
-
 // dst[i] = value for i < n.
 template <class T>
 void fill(T* dst, int64_t n, T value);
-
-// Element conversions between the storage dtypes (bf16 / f16 are raw uint16_t bit patterns;
-// float→bf16 and float→f16 round to nearest even).
-float bf16_to_f32(uint16_t h);
-uint16_t f32_to_bf16(float f);
-float f16_to_f32(uint16_t h);
-uint16_t f32_to_f16(float f);
-// double → bf16 rounded once, to nearest even (not through f32, which would round twice).
-uint16_t f64_to_bf16(double d);
-
-// y[i] = x[i] converted, for From, To in {float, double, uint16_t = bf16 bits}: to bf16 rounds to
-// nearest even (NaN stays NaN, past the range → ±inf); bf16 → f32/f64 and f32 → f64 are exact.
-template <class From, class To>
-void cast(const From* x, To* y, int64_t n);
 
 // ---- backward and reductions ----
 

@@ -17,7 +17,7 @@
 // depends on the shapes only, never on timing, and nothing is added atomically.
 // sum_squares: fixed chunks, each a block reduction in double, then one block adds them in order.
 #include "kernels/cuda/elementwise.cuh"
-#include "kernels/cpu/strided_space.h"
+#include "tensor/strided.h"
 
 #include <algorithm>
 #include <cstring>
@@ -28,7 +28,7 @@ namespace {
 
 constexpr int kBlock = 256;
 
-// The simplified strided index space is the CPU kernels' (kernels/cpu/strided_space.h).
+// The simplified strided index space is the CPU kernels' and the host copies' (tensor/strided.h).
 using cpu::Space;
 using cpu::simplify;
 

@@ -1,17 +1,29 @@
 // Config schema and validation. The schema is one table (key path, type, range or choices);
-// defaults come from the structs in config.h.
-#include "models/config.h"
+// defaults come from the structs in config.h. A string key with a fixed set of values is stored
+// as its enum: the accepted strings are the enum's names (arch_name, ...), listed once below.
+#include "config/config.h"
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "tensor/check.h"
-#include "tensor/dtype.h"
 
 namespace autosp {
+
+std::string_view data_source_name(DataSourceKind s) {
+  switch (s) {
+    case DataSourceKind::synthetic: return "synthetic";
+    case DataSourceKind::tokens: return "tokens";
+    case DataSourceKind::text: return "text";
+  }
+  return "unknown source";
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -21,12 +33,20 @@ struct Key {
   const char* path;  // "model.hidden_size"
   Kind kind;
   double lo, hi;        // inclusive range for numbers
-  const char* choices;  // "a|b|c" for strings, "" = any
-  const char* arch;     // "" = all archs, else the only arch it applies to
+  std::string choices;  // "a|b|c" for strings, "" = any
+  std::optional<Arch> arch;  // the only arch it applies to (none: all archs)
   std::function<void(Config&, const json&)> set;
 };
 
 constexpr double kBig = 9.0e15;
+
+// The values of each enum key, in the order its choices are listed in errors ("expected one of
+// gpt2|llama"); each value's string is its name function's.
+constexpr std::array kArchs{Arch::gpt2, Arch::llama};
+constexpr std::array kSources{DataSourceKind::synthetic, DataSourceKind::tokens, DataSourceKind::text};
+constexpr std::array kDevices{DeviceKind::cpu, DeviceKind::cuda};
+constexpr std::array kAttention{AttentionBackend::flash, AttentionBackend::cudnn};
+constexpr std::array kDTypes{DType::f32, DType::f64, DType::bf16};
 
 template <class T, class S>
 auto field(T S::*sec, auto member) {
@@ -34,46 +54,59 @@ auto field(T S::*sec, auto member) {
 }
 #define F(section, name) field(&Config::section, &decltype(Config::section)::name)
 
+// A string key stored as an enum: the choices are the names of `values`; check_value has checked
+// the string against them before the setter runs.
+template <class S, class E, size_t N>
+Key enum_key(const char* path, S Config::*sec, E S::*member, const std::array<E, N>& values,
+             std::string_view (*name)(E)) {
+  std::string choices;
+  for (E e : values) choices += str(choices.empty() ? "" : "|", name(e));
+  return {path, Kind::string, 0, 0, choices, {}, [=](Config& c, const json& v) {
+            for (E e : values)
+              if (name(e) == v.get<std::string>()) (c.*sec).*member = e;
+          }};
+}
+
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys = {
-      {"model.arch", Kind::string, 0, 0, "gpt2|llama", "", F(model, arch)},
-      {"model.vocab_size", Kind::integer, 2, 1 << 24, "", "", F(model, vocab_size)},
-      {"model.hidden_size", Kind::integer, 2, 1 << 16, "", "", F(model, hidden_size)},
-      {"model.num_hidden_layers", Kind::integer, 1, 1024, "", "", F(model, num_hidden_layers)},
-      {"model.num_attention_heads", Kind::integer, 1, 1024, "", "", F(model, num_attention_heads)},
-      {"model.num_key_value_heads", Kind::integer, 1, 1024, "", "llama", F(model, num_key_value_heads)},
-      {"model.intermediate_size", Kind::integer, 1, 1 << 20, "", "llama", F(model, intermediate_size)},
-      {"model.max_position_embeddings", Kind::integer, 1, 1 << 24, "", "", F(model, max_position_embeddings)},
-      {"model.rope_theta", Kind::number, 1, 1e12, "", "llama", F(model, rope_theta)},
-      {"model.norm_eps", Kind::number, 0, 1, "", "", F(model, norm_eps)},
-      {"model.tie_word_embeddings", Kind::boolean, 0, 0, "", "llama", F(model, tie_word_embeddings)},
-      {"data.source", Kind::string, 0, 0, "synthetic|tokens|text", "", F(data, source)},
-      {"data.path", Kind::string, 0, 0, "", "", F(data, path)},
-      {"data.seq_len", Kind::integer, 1, 1 << 26, "", "", F(data, seq_len)},
-      {"data.batch_size", Kind::integer, 1, 1 << 20, "", "", F(data, batch_size)},
-      {"train.steps", Kind::integer, 0, kBig, "", "", F(train, steps)},
-      {"train.lr", Kind::number, 0, 10, "", "", F(train, lr)},
-      {"train.min_lr", Kind::number, 0, 10, "", "", F(train, min_lr)},
-      {"train.warmup_steps", Kind::integer, 0, kBig, "", "", F(train, warmup_steps)},
-      {"train.weight_decay", Kind::number, 0, 10, "", "", F(train, weight_decay)},
-      {"train.beta1", Kind::number, 0, 0.999999, "", "", F(train, beta1)},
-      {"train.beta2", Kind::number, 0, 0.999999999, "", "", F(train, beta2)},
-      {"train.eps", Kind::number, 0, 1, "", "", F(train, eps)},
-      {"train.grad_clip", Kind::number, 0, 1e9, "", "", F(train, grad_clip)},
-      {"train.seed", Kind::integer, 0, kBig, "", "", F(train, seed)},
-      {"train.log_every", Kind::integer, 1, kBig, "", "", F(train, log_every)},
-      {"train.checkpoint_dir", Kind::string, 0, 0, "", "", F(train, checkpoint_dir)},
-      {"train.checkpoint_every", Kind::integer, 0, kBig, "", "", F(train, checkpoint_every)},
-      {"train.keep_checkpoints", Kind::integer, 0, kBig, "", "", F(train, keep_checkpoints)},
-      {"runtime.device", Kind::string, 0, 0, "cpu|cuda", "", F(runtime, device)},
-      {"runtime.attention", Kind::string, 0, 0, "flash|cudnn", "", F(runtime, attention)},
-      {"runtime.dtype", Kind::string, 0, 0, "float32|float64|bfloat16", "", F(runtime, dtype)},
-      {"runtime.threads", Kind::integer, 0, 1024, "", "", F(runtime, threads)},
-      {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", "", F(runtime, activation_checkpointing)},
-      {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", "", F(runtime, fuse_kernels)},
-      {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", "", F(runtime, overlap_grad_sync)},
-      {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", "", F(runtime, grad_bucket_mb)},
-      {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", "", F(sequence_parallel, autosp_size)},
+      enum_key("model.arch", &Config::model, &ModelConfig::arch, kArchs, arch_name),
+      {"model.vocab_size", Kind::integer, 2, 1 << 24, "", {}, F(model, vocab_size)},
+      {"model.hidden_size", Kind::integer, 2, 1 << 16, "", {}, F(model, hidden_size)},
+      {"model.num_hidden_layers", Kind::integer, 1, 1024, "", {}, F(model, num_hidden_layers)},
+      {"model.num_attention_heads", Kind::integer, 1, 1024, "", {}, F(model, num_attention_heads)},
+      {"model.num_key_value_heads", Kind::integer, 1, 1024, "", Arch::llama, F(model, num_key_value_heads)},
+      {"model.intermediate_size", Kind::integer, 1, 1 << 20, "", Arch::llama, F(model, intermediate_size)},
+      {"model.max_position_embeddings", Kind::integer, 1, 1 << 24, "", {}, F(model, max_position_embeddings)},
+      {"model.rope_theta", Kind::number, 1, 1e12, "", Arch::llama, F(model, rope_theta)},
+      {"model.norm_eps", Kind::number, 0, 1, "", {}, F(model, norm_eps)},
+      {"model.tie_word_embeddings", Kind::boolean, 0, 0, "", Arch::llama, F(model, tie_word_embeddings)},
+      enum_key("data.source", &Config::data, &DataConfig::source, kSources, data_source_name),
+      {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
+      {"data.seq_len", Kind::integer, 1, 1 << 26, "", {}, F(data, seq_len)},
+      {"data.batch_size", Kind::integer, 1, 1 << 20, "", {}, F(data, batch_size)},
+      {"train.steps", Kind::integer, 0, kBig, "", {}, F(train, steps)},
+      {"train.lr", Kind::number, 0, 10, "", {}, F(train, lr)},
+      {"train.min_lr", Kind::number, 0, 10, "", {}, F(train, min_lr)},
+      {"train.warmup_steps", Kind::integer, 0, kBig, "", {}, F(train, warmup_steps)},
+      {"train.weight_decay", Kind::number, 0, 10, "", {}, F(train, weight_decay)},
+      {"train.beta1", Kind::number, 0, 0.999999, "", {}, F(train, beta1)},
+      {"train.beta2", Kind::number, 0, 0.999999999, "", {}, F(train, beta2)},
+      {"train.eps", Kind::number, 0, 1, "", {}, F(train, eps)},
+      {"train.grad_clip", Kind::number, 0, 1e9, "", {}, F(train, grad_clip)},
+      {"train.seed", Kind::integer, 0, kBig, "", {}, F(train, seed)},
+      {"train.log_every", Kind::integer, 1, kBig, "", {}, F(train, log_every)},
+      {"train.checkpoint_dir", Kind::string, 0, 0, "", {}, F(train, checkpoint_dir)},
+      {"train.checkpoint_every", Kind::integer, 0, kBig, "", {}, F(train, checkpoint_every)},
+      {"train.keep_checkpoints", Kind::integer, 0, kBig, "", {}, F(train, keep_checkpoints)},
+      enum_key("runtime.device", &Config::runtime, &RuntimeConfig::device, kDevices, device_kind_name),
+      enum_key("runtime.attention", &Config::runtime, &RuntimeConfig::attention, kAttention, attention_backend_name),
+      enum_key("runtime.dtype", &Config::runtime, &RuntimeConfig::dtype, kDTypes, dtype_torch_name),
+      {"runtime.threads", Kind::integer, 0, 1024, "", {}, F(runtime, threads)},
+      {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", {}, F(runtime, activation_checkpointing)},
+      {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", {}, F(runtime, fuse_kernels)},
+      {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", {}, F(runtime, overlap_grad_sync)},
+      {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", {}, F(runtime, grad_bucket_mb)},
+      {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", {}, F(sequence_parallel, autosp_size)},
   };
   return keys;
 }
@@ -121,7 +154,7 @@ void check_value(const std::string& origin, const Key& k, const json& v) {
       bad(str("expected a value in [", k.lo, ", ", k.hi, "]"));
     }
   }
-  if (k.kind == Kind::string && *k.choices) {
+  if (k.kind == Kind::string && !k.choices.empty()) {
     std::string choices = k.choices;
     std::string s = v.get<std::string>();
     std::stringstream ss(choices);
@@ -181,19 +214,20 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   }
 
   Config c;
-  std::string arch = c.model.arch;
-  if (j.contains("model") && j["model"].contains("arch")) {
+  auto given = [&](const char* model_key) { return j.contains("model") && j["model"].contains(model_key); };
+  if (given("arch")) {  // first: which keys apply depends on it
     check_value(origin, schema()[0], j["model"]["arch"]);
-    arch = j["model"]["arch"].get<std::string>();
+    schema()[0].set(c, j["model"]["arch"]);
   }
+  const Arch arch = c.model.arch;
   bool kv_given = false;
   for (const auto& k : schema()) {
     json::json_pointer ptr(json_path(k.path));
     if (!j.contains(ptr)) continue;
     const json& v = j[ptr];
     check_value(origin, k, v);
-    if (*k.arch && arch != k.arch) {
-      c.warnings.push_back(str(origin, ": ", k.path, " does not apply to arch ", arch, "; ignored"));
+    if (k.arch && *k.arch != arch) {
+      c.warnings.push_back(str(origin, ": ", k.path, " does not apply to arch ", arch_name(arch), "; ignored"));
       continue;
     }
     kv_given |= std::string(k.path) == "model.num_key_value_heads";
@@ -202,13 +236,16 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   }
   auto& m = c.model;
   if (!kv_given) m.num_key_value_heads = m.num_attention_heads;
-  if (m.arch == "gpt2") {
-    m.tie_word_embeddings = true;
-    m.num_key_value_heads = m.num_attention_heads;
-  } else if (!(j.contains("model") && j["model"].contains("tie_word_embeddings"))) {
-    m.tie_word_embeddings = false;
+  switch (m.arch) {  // the architecture's own defaults
+    case Arch::gpt2:
+      m.tie_word_embeddings = true;
+      m.num_key_value_heads = m.num_attention_heads;
+      break;
+    case Arch::llama:
+      if (!given("tie_word_embeddings")) m.tie_word_embeddings = false;
+      if (!given("norm_eps")) m.norm_eps = 1e-6;
+      break;
   }
-  if (m.arch == "llama" && !(j.contains("model") && j["model"].contains("norm_eps"))) m.norm_eps = 1e-6;
 
   // Cross-key rules.
   auto bad = [&](const std::string& what) { throw UsageError(str(origin, ": ", what)); };
@@ -218,19 +255,27 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   if (m.num_attention_heads % m.num_key_value_heads != 0)
     bad(str("model.num_attention_heads ", m.num_attention_heads, " is not divisible by model.num_key_value_heads ",
             m.num_key_value_heads));
-  if (m.arch == "llama" && m.head_dim() % 2 != 0) bad(str("llama head dim ", m.head_dim(), " must be even for RoPE"));
-  if (m.arch == "gpt2" && c.data.seq_len > m.max_position_embeddings)
-    bad(str("data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ", m.max_position_embeddings));
-  if (c.data.source != "synthetic" && c.data.path.empty())
-    bad(str("data.path is required for data.source \"", c.data.source, "\""));
-  if (c.data.source == "text" && m.vocab_size < 256) bad(str("data.source \"text\" needs model.vocab_size >= 256"));
+  switch (m.arch) {
+    case Arch::gpt2:  // learned positions: a table of max_position_embeddings rows
+      if (c.data.seq_len > m.max_position_embeddings)
+        bad(str("data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ", m.max_position_embeddings));
+      break;
+    case Arch::llama:
+      if (m.head_dim() % 2 != 0) bad(str("llama head dim ", m.head_dim(), " must be even for RoPE"));
+      break;
+  }
+  if (c.data.source != DataSourceKind::synthetic && c.data.path.empty())
+    bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\""));
+  if (c.data.source == DataSourceKind::text && m.vocab_size < 256)
+    bad(str("data.source \"text\" needs model.vocab_size >= 256"));
   if (c.train.min_lr > c.train.lr) bad(str("train.min_lr ", c.train.min_lr, " exceeds train.lr ", c.train.lr));
-  if (c.runtime.attention == "cudnn" && c.runtime.device != "cuda")
-    bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", c.runtime.device, "\")"));
+  if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)
+    bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
+            "\")"));
 
   // The resolved config, every key present.
   json r;
-  r["model"] = {{"arch", m.arch},
+  r["model"] = {{"arch", arch_name(m.arch)},
                 {"vocab_size", m.vocab_size},
                 {"hidden_size", m.hidden_size},
                 {"num_hidden_layers", m.num_hidden_layers},
@@ -241,7 +286,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"rope_theta", m.rope_theta},
                 {"norm_eps", m.norm_eps},
                 {"tie_word_embeddings", m.tie_word_embeddings}};
-  r["data"] = {{"source", c.data.source}, {"path", c.data.path}, {"seq_len", c.data.seq_len},
+  r["data"] = {{"source", data_source_name(c.data.source)}, {"path", c.data.path}, {"seq_len", c.data.seq_len},
                {"batch_size", c.data.batch_size}};
   const auto& t = c.train;
   r["train"] = {{"steps", t.steps},         {"lr", t.lr},
@@ -251,9 +296,9 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"grad_clip", t.grad_clip}, {"seed", t.seed},
                 {"log_every", t.log_every}, {"checkpoint_dir", t.checkpoint_dir},
                 {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints}};
-  r["runtime"] = {{"device", c.runtime.device},
-                  {"attention", c.runtime.attention},
-                  {"dtype", c.runtime.dtype},
+  r["runtime"] = {{"device", device_kind_name(c.runtime.device)},
+                  {"attention", attention_backend_name(c.runtime.attention)},
+                  {"dtype", dtype_torch_name(c.runtime.dtype)},
                   {"threads", c.runtime.threads},
                   {"activation_checkpointing", c.runtime.activation_checkpointing},
                   {"fuse_kernels", c.runtime.fuse_kernels},

@@ -1,33 +1,32 @@
-// The run configuration (config.json + --set overrides), validated against one schema table:
-// an unknown key, a wrong type or a value out of range is a UsageError naming the key path.
+// The run configuration (config.json + --set overrides), parsed once and validated against one
+// schema table: an unknown key, a wrong type or a value out of range is a UsageError naming the
+// key path. Strings with a fixed set of values become enums here (model.arch → Arch, data.source
+// → DataSourceKind, runtime.device → DeviceKind, runtime.dtype → DType, runtime.attention →
+// AttentionBackend), so code that uses the config switches over them and never re-validates.
+// The model section is models/model_config.h (what the builders read); the rest is here.
 // Knows nothing of graphs or kernels.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "device/attention_backend.h"
+#include "models/model_config.h"
+#include "tensor/allocator.h"
+#include "tensor/dtype.h"
+
 namespace autosp {
 
-struct ModelConfig {
-  std::string arch = "gpt2";  // "gpt2" | "llama"
-  int64_t vocab_size = 256, hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 4;
-  int64_t num_key_value_heads = 4;  // llama (defaults to num_attention_heads)
-  int64_t intermediate_size = 512;  // llama; GPT-2's MLP width is 4·hidden_size
-  int64_t max_position_embeddings = 1024;
-  double rope_theta = 10000.0;
-  double norm_eps = 1e-5;
-  bool tie_word_embeddings = true;  // GPT-2 always ties
-
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  int64_t mlp_width() const { return arch == "gpt2" ? 4 * hidden_size : intermediate_size; }
-  bool is_llama() const { return arch == "llama"; }
-};
+// data.source (train/data.h describes each).
+enum class DataSourceKind { synthetic, tokens, text };
+std::string_view data_source_name(DataSourceKind s);  // "synthetic", "tokens", "text"
 
 struct DataConfig {
-  std::string source = "synthetic";  // "synthetic" | "tokens" | "text"
+  DataSourceKind source = DataSourceKind::synthetic;
   std::string path;
   int64_t seq_len = 256, batch_size = 4;
 };
@@ -44,9 +43,11 @@ struct TrainConfig {
 };
 
 struct RuntimeConfig {
-  std::string device = "cpu";  // "cpu" | "cuda"
-  std::string attention = "flash";  // CUDA attention: "flash" (ours) | "cudnn" (cuDNN SDPA, kernels/cuda/cudnn_attention.cuh)
-  std::string dtype = "float32";
+  DeviceKind device = DeviceKind::cpu;  // "cpu" | "cuda"
+  AttentionBackend attention = AttentionBackend::flash;  // CUDA attention: "flash" | "cudnn"
+  // What the graph computes in: "float32", "float64", or "bfloat16" (mixed precision: f32 master
+  // weights, bf16 compute; engine/program.h master_dtype).
+  DType dtype = DType::f32;
   int64_t threads = 0;  // 0 = OpenMP's default
   bool activation_checkpointing = false;
   // Fused kernels (residual add + norm, bias + GELU) by passes/fuse_elementwise before autograd.

@@ -1,14 +1,20 @@
-// The strided index space shared by the CPU and CUDA elementwise kernels: an output shape walked by
-// up to two strided operands, simplified so the kernels loop over as few dims as possible. Host
-// code only (the CUDA kernels receive the simplified Space by value). Knows nothing of graphs.
+// Strided element copies on the host, and the strided index space they share with the CPU and
+// CUDA elementwise kernels: an output shape walked by up to two strided operands, simplified so
+// loops run over as few dims as possible. Tensor::contiguous()/clone() and the elementwise kernels
+// share them, so there is one copy of each: the CPU kernels' header re-exports them, the CUDA
+// kernels receive the simplified Space by value. Namespace autosp::cpu: host loops, named like the
+// CPU kernels that use them. Knows nothing of graphs, kernels or devices.
+//
+// All shapes are row-major; `rank` ≤ kMaxRank; strides are in elements.
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/cpu/elementwise.h"
 #include "tensor/check.h"
 
 namespace autosp::cpu {
+
+inline constexpr int kMaxRank = 8;
 
 // A row-major index space walked by up to two strided operands (the output is contiguous over it).
 struct Space {
@@ -46,5 +52,11 @@ inline Space simplify(int rank, const int64_t* shape, int nops, const int64_t* c
   }
   return s;
 }
+
+// dst (contiguous, row-major over `shape`) = src read with `src_strides`. Used for contiguous
+// copies of views, transpose, permute, slice and concat. T is any trivially copyable element
+// (instantiated for float, double, int32_t, int64_t, uint16_t).
+template <class T>
+void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* src_strides, T* dst);
 
 }  // namespace autosp::cpu

@@ -4,8 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
-#include "models/config.h"
+#include "config/config.h"
 #include "tensor/check.h"
 
 using namespace autosp;
@@ -14,14 +15,14 @@ using nlohmann::json;
 TEST_CASE("configs resolve defaults and overrides", "[config]") {
   Config c = parse_config(json::parse(R"({"model": {"arch": "llama", "hidden_size": 64, "num_attention_heads": 8}})"),
                           {"train.lr=0.01", "data.seq_len=64", "model.num_key_value_heads=2", "runtime.dtype=float64"});
-  CHECK(c.model.arch == "llama");
+  CHECK(c.model.arch == Arch::llama);
   CHECK(c.model.num_key_value_heads == 2);
   CHECK(c.model.head_dim() == 8);
   CHECK(c.model.norm_eps == 1e-6);  // llama default
   CHECK_FALSE(c.model.tie_word_embeddings);
   CHECK(c.train.lr == 0.01);
   CHECK(c.data.seq_len == 64);
-  CHECK(c.runtime.dtype == "float64");
+  CHECK(c.runtime.dtype == DType::f64);
   CHECK(c.resolved["train"]["lr"] == 0.01);
   CHECK(c.resolved["model"]["num_key_value_heads"] == 2);
   CHECK(c.train.keep_checkpoints == 3);  // default: the newest 3 checkpoints
@@ -34,6 +35,52 @@ TEST_CASE("configs resolve defaults and overrides", "[config]") {
   CHECK_THAT(g.warnings[0], Catch::Contains("model.num_key_value_heads"));
   CHECK(g.model.tie_word_embeddings);
   CHECK(g.model.mlp_width() == 4 * g.model.hidden_size);
+}
+
+TEST_CASE("string keys with fixed values become enums and resolve to the same strings", "[config]") {
+  struct Row {
+    std::string key, value;
+    std::function<bool(const Config&)> parsed;
+  };
+  const std::vector<Row> rows = {
+      {"model.arch", "gpt2", [](const Config& c) { return c.model.arch == Arch::gpt2; }},
+      {"model.arch", "llama", [](const Config& c) { return c.model.arch == Arch::llama; }},
+      {"data.source", "synthetic", [](const Config& c) { return c.data.source == DataSourceKind::synthetic; }},
+      {"data.source", "tokens", [](const Config& c) { return c.data.source == DataSourceKind::tokens; }},
+      {"data.source", "text", [](const Config& c) { return c.data.source == DataSourceKind::text; }},
+      {"runtime.device", "cpu", [](const Config& c) { return c.runtime.device == DeviceKind::cpu; }},
+      {"runtime.device", "cuda", [](const Config& c) { return c.runtime.device == DeviceKind::cuda; }},
+      {"runtime.attention", "flash", [](const Config& c) { return c.runtime.attention == AttentionBackend::flash; }},
+      {"runtime.attention", "cudnn", [](const Config& c) { return c.runtime.attention == AttentionBackend::cudnn; }},
+      {"runtime.dtype", "float32", [](const Config& c) { return c.runtime.dtype == DType::f32; }},
+      {"runtime.dtype", "float64", [](const Config& c) { return c.runtime.dtype == DType::f64; }},
+      {"runtime.dtype", "bfloat16", [](const Config& c) { return c.runtime.dtype == DType::bf16; }},
+  };
+  for (const auto& r : rows) {
+    INFO(r.key << " = " << r.value);
+    // A path, which file sources need, and the device cudnn needs, unless the row sets the device.
+    std::vector<std::string> sets = {"data.path=x", r.key + "=" + r.value};
+    if (r.key != "runtime.device") sets.insert(sets.begin(), "runtime.device=cuda");
+    const Config c = parse_config(json::object(), sets);
+    CHECK(r.parsed(c));
+    const auto dot = r.key.find('.');
+    CHECK(c.resolved[r.key.substr(0, dot)][r.key.substr(dot + 1)] == r.value);
+  }
+  const Config d = parse_config(json::object());
+  CHECK(d.resolved["model"]["arch"] == "gpt2");
+  CHECK(d.resolved["data"]["source"] == "synthetic");
+  CHECK(d.resolved["runtime"]["device"] == "cpu");
+  CHECK(d.resolved["runtime"]["attention"] == "flash");
+  CHECK(d.resolved["runtime"]["dtype"] == "float32");
+  // The error names every accepted value, in this order.
+  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama"));
+  CHECK_THROWS_WITH(parse_config(json::object(), {"data.source=csv"}),
+                    Catch::EndsWith("expected one of synthetic|tokens|text"));
+  CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.device=tpu"}), Catch::EndsWith("expected one of cpu|cuda"));
+  CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.attention=x"}),
+                    Catch::EndsWith("expected one of flash|cudnn"));
+  CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.dtype=f32"}),
+                    Catch::EndsWith("expected one of float32|float64|bfloat16"));
 }
 
 TEST_CASE("malformed configs are named errors", "[config]") {

@@ -1,0 +1,22 @@
+// The sdpa implementation on CUDA devices (runtime.attention): our flash attention
+// (kernels/cuda/attention.cuh) or cuDNN's fused SDPA (kernels/cuda/cudnn_attention.cuh). A plain
+// enum that the config (which parses it), the executor's options and the CUDA launchers (which
+// read it from the KernelCall) share; no CUDA header, no state.
+#pragma once
+
+#include <string_view>
+
+namespace autosp {
+
+enum class AttentionBackend { flash, cudnn };
+
+// "flash", "cudnn": the spelling of runtime.attention.
+inline std::string_view attention_backend_name(AttentionBackend b) {
+  switch (b) {
+    case AttentionBackend::flash: return "flash";
+    case AttentionBackend::cudnn: return "cudnn";
+  }
+  return "unknown attention backend";
+}
+
+}  // namespace autosp
