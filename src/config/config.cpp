@@ -91,13 +91,15 @@ const std::vector<Key>& schema() {
       {"train.weight_decay", Kind::number, 0, 10, "", {}, F(train, weight_decay)},
       {"train.beta1", Kind::number, 0, 0.999999, "", {}, F(train, beta1)},
       {"train.beta2", Kind::number, 0, 0.999999999, "", {}, F(train, beta2)},
-      {"train.eps", Kind::number, 0, 1, "", {}, F(train, eps)},
+      // eps = 0 divides 0 by 0 where a gradient is zero: the update is undefined, not merely sharp.
+      {"train.eps", Kind::number, 1e-30, 1, "", {}, F(train, eps)},
       {"train.grad_clip", Kind::number, 0, 1e9, "", {}, F(train, grad_clip)},
       {"train.seed", Kind::integer, 0, kBig, "", {}, F(train, seed)},
       {"train.log_every", Kind::integer, 1, kBig, "", {}, F(train, log_every)},
       {"train.checkpoint_dir", Kind::string, 0, 0, "", {}, F(train, checkpoint_dir)},
       {"train.checkpoint_every", Kind::integer, 0, kBig, "", {}, F(train, checkpoint_every)},
       {"train.keep_checkpoints", Kind::integer, 0, kBig, "", {}, F(train, keep_checkpoints)},
+      {"train.save_timeout", Kind::number, 0.1, 86400, "", {}, F(train, save_timeout)},
       enum_key("runtime.device", &Config::runtime, &RuntimeConfig::device, kDevices, device_kind_name),
       enum_key("runtime.attention", &Config::runtime, &RuntimeConfig::attention, kAttention, attention_backend_name),
       enum_key("runtime.dtype", &Config::runtime, &RuntimeConfig::dtype, kDTypes, dtype_torch_name),
@@ -295,7 +297,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"beta2", t.beta2},         {"eps", t.eps},
                 {"grad_clip", t.grad_clip}, {"seed", t.seed},
                 {"log_every", t.log_every}, {"checkpoint_dir", t.checkpoint_dir},
-                {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints}};
+                {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints},
+                {"save_timeout", t.save_timeout}};
   r["runtime"] = {{"device", device_kind_name(c.runtime.device)},
                   {"attention", attention_backend_name(c.runtime.attention)},
                   {"dtype", dtype_torch_name(c.runtime.dtype)},
@@ -322,8 +325,23 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 json parse_json(const std::string& text, const std::string& origin) {
   constexpr int kMaxDepth = 32;
-  auto limit_depth = [&](int depth, json::parse_event_t, json&) {
+  // The keys seen in each open object: a repeated key is an error (nlohmann keeps the last one, so
+  // a second "train" section would silently drop the first).
+  std::vector<std::set<std::string>> keys;
+  auto limit_depth = [&](int depth, json::parse_event_t event, json& parsed) {
     if (depth > kMaxDepth) throw UsageError(str(origin, ": JSON nested deeper than ", kMaxDepth, " levels"));
+    switch (event) {
+      case json::parse_event_t::object_start: keys.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
+          throw UsageError(str(origin, ": duplicate key '", parsed.get<std::string>(),
+                               "' (JSON would keep only the last one)"));
+        break;
+      default: break;
+    }
     return true;
   };
   try {

@@ -40,6 +40,8 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int64_t keep_checkpoints = 3;  // newest step_* directories kept under checkpoint_dir (0 = all)
+  // Seconds a preempted run (SIGTERM, SIGINT, SIGUSR1) has to finish its step and save (train/preempt.h).
+  double save_timeout = 60;
 };
 
 struct RuntimeConfig {

@@ -463,6 +463,12 @@ Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dty
   if (meta["config"]["model"] != cfg.resolved["model"])
     bad(str("was written for model ", meta["config"]["model"].dump(), ", this run's model is ",
             cfg.resolved["model"].dump()));
+  // The data order is a function of (step, seed): another seed would not continue this run.
+  if (meta.contains("rng") && meta["rng"].is_object() && meta["rng"].contains("seed") &&
+      meta["rng"]["seed"] != cfg.resolved["train"]["seed"])
+    bad(str("was written with train.seed ", meta["rng"]["seed"].dump(), ", this run has ",
+            cfg.resolved["train"]["seed"].dump(), ": the data order follows the seed, so set train.seed ",
+            meta["rng"]["seed"].dump(), " to continue that run"));
   verify_files(dir, meta, meta_path);
 
   Checkpoint ck;

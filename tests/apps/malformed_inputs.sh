@@ -100,6 +100,8 @@ echo '{"modle": {}}' >"$tmp/unknown.json"
 echo '{"model": {"hidden_size": "big"}}' >"$tmp/type.json"
 echo '{"model": {"vocab_size": 99999999999}}' >"$tmp/range.json"
 echo '{"model": {"hidden_size": 30, "num_attention_heads": 4}}' >"$tmp/divide.json"
+echo '{"train": {"steps": 2}, "train": {"lr": 0.1}}' >"$tmp/dup_section.json"
+echo '{"train": {"steps": 2, "steps": 3}}' >"$tmp/dup_key.json"
 
 # ---- the table ----------------------------------------------------------------------------------
 # row [mpi] [env:VAR=VALUE]... 'NEEDLE' ARGS...   (ARGS follow the binary; NEEDLE is a grep regex)
@@ -145,6 +147,8 @@ row 'model.vocab_size = 99999999999: expected an integer in \[2, 16777216\]' --c
 row 'not divisible by model.num_attention_heads' --config "$tmp/divide.json"
 row 'nope.json: cannot open config file' --config "$tmp/nope.json"
 row 'adir: is a directory' --config "$tmp/adir"
+row "dup_section.json: duplicate key 'train'" --config "$tmp/dup_section.json"
+row "dup_key.json: duplicate key 'steps'" --config "$tmp/dup_key.json"
 # --set
 row "expected key.path=value" "${c[@]}" --set train.lr
 row 'train.keep_checkpoints = -1' "${c[@]}" --set train.keep_checkpoints=-1
@@ -155,6 +159,8 @@ row 'model.arch: the value is not valid UTF-8' "${c[@]}" --set $'model.arch=\xff
 row 'expected section.key' "${c[@]}" --set train.lr.max=3
 row "unknown key 'layers'" "${c[@]}" --set layers.99999999999=1  # was a 1.6 TB allocation (fuzzer find)
 row 'data.path is required' "${c[@]}" --set data.source=tokens
+row 'train.eps = 0: expected a value in \[1e-30, 1\]' "${c[@]}" --set train.eps=0
+row 'train.save_timeout = 0: expected a value in' "${c[@]}" --set train.save_timeout=0
 # flags and environment
 row '--config is required'
 row "--steps 'many': expected an integer" "${c[@]}" --steps many
@@ -210,6 +216,7 @@ row "nofiles/meta.json: no 'files' checksums" "${c[@]}" --resume "$nofiles"
 row 'format1/meta.json: unsupported checkpoint format 1' "${c[@]}" --resume "$format1"
 row "badstep/meta.json: 'step' must be a non-negative integer" "${c[@]}" --resume "$badstep"
 row 'was written for model' "${c[@]}" --set model.hidden_size=64 --resume "$good_ck"
+row 'was written with train.seed 1234, this run has 99' "${c[@]}" --set train.seed=99 --resume "$good_ck"
 # on 2 ranks: found before MPI starts (both ranks report it), and found after (the job still ends with 2)
 row mpi 'deep.json: JSON nested deeper' --config "$tmp/deep.json"
 [ "${last_lines:-0}" -eq 2 ] || { echo "FAIL: expected the error from both ranks, got $last_lines line(s)"; fail=1; }
