@@ -11,6 +11,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "device/attention_backend.h"
 #include "graph/ir.h"
 #include "engine/memory_plan.h"
 #include "tensor/tensor.h"
@@ -34,6 +35,9 @@ using NodeHook = std::function<void(const Node&, const Tensor&)>;
 
 struct ExecOptions {
   bool plan_memory = true;  // place intermediates in one planned arena (engine/memory_plan.h)
+  // The sdpa implementation on CUDA (runtime.attention); every KernelCall carries it. CPU kernels
+  // ignore it.
+  AttentionBackend attention = AttentionBackend::flash;
 };
 
 class Executor {
