@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/mesh.h"
 #include "comm/nccl.h"
 #include "kernels/cpu/matmul.h"
 #include "models/weights.h"
