@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 
 #include "comm/counting.h"
+#include "comm/mesh.h"
 #include "kernels/cpu/matmul.h"
 #include "models/model.h"
 #include "engine/executor.h"

@@ -63,15 +63,4 @@ std::unique_ptr<Communicator> make_single_process_communicator();
 // launcher), else single-process. Initialises MPI on first use; MPI is finalised at exit.
 std::unique_ptr<Communicator> make_world_communicator();
 
-// The process mesh: world = dp × sp, SP groups are consecutive world ranks
-// (sp_rank = rank % sp, dp_rank = rank / sp). `world.size() % sp != 0` is a UsageError.
-struct ProcessMesh {
-  int world_size = 1, world_rank = 0;
-  int sp = 1, sp_rank = 0;
-  int dp = 1, dp_rank = 0;
-  std::unique_ptr<Communicator> sp_group;  // ranks sharing one sequence
-  std::unique_ptr<Communicator> dp_group;  // ranks holding the same sequence shard
-};
-ProcessMesh make_mesh(Communicator& world, int sp);
-
 }  // namespace autosp

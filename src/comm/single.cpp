@@ -1,5 +1,5 @@
-// The single-process communicator (every collective over a group of one is a copy or nothing),
-// the world factory for builds without MPI, and the process mesh.
+// The single-process communicator (every collective over a group of one is a copy or nothing) and
+// the world factory for builds without MPI.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,20 +47,5 @@ std::unique_ptr<Communicator> make_single_process_communicator() { return std::m
 #ifndef AUTOSP_WITH_MPI
 std::unique_ptr<Communicator> make_world_communicator() { return make_single_process_communicator(); }
 #endif
-
-ProcessMesh make_mesh(Communicator& world, int sp) {
-  if (sp < 1 || world.size() % sp != 0)
-    throw UsageError(str("sequence_parallel.autosp_size ", sp, " does not divide the world size ", world.size()));
-  ProcessMesh m;
-  m.world_size = world.size();
-  m.world_rank = world.rank();
-  m.sp = sp;
-  m.dp = world.size() / sp;
-  m.sp_rank = world.rank() % sp;
-  m.dp_rank = world.rank() / sp;
-  m.sp_group = world.split(m.dp_rank, m.sp_rank);
-  m.dp_group = world.split(m.sp_rank, m.dp_rank);
-  return m;
-}
 
 }  // namespace autosp

@@ -28,10 +28,9 @@ Tensor to_device(const Tensor& t, Device to) {
 }
 void copy_on_device(const Tensor&, const Tensor&) { no_backend("a device copy"); }
 void synchronize() {}
-void set_attention_backend(AttentionBackend backend) {
+void check_attention_backend(AttentionBackend backend) {
   if (backend != AttentionBackend::flash) no_backend("runtime.attention \"cudnn\"");
 }
-AttentionBackend attention_backend() { return AttentionBackend::flash; }
 
 namespace cudart {
 double global_norm(const std::vector<Tensor>&) { no_backend("a device gradient norm"); }

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "comm/communicator.h"
+#include "device/attention_backend.h"
 #include "graph/ir.h"
 #include "tensor/tensor.h"
 
@@ -24,6 +25,7 @@ struct KernelCall {
   Communicator* comm;           // the group named by the node's "group" attribute (collectives)
   Tensor out;                   // where the output goes when the memory plan placed it (else undefined)
   std::vector<Tensor> extra_out;  // likewise for the extra outputs
+  AttentionBackend attention = AttentionBackend::flash;  // the executor's (ExecOptions::attention)
 };
 
 using KernelFn = Tensor (*)(const KernelCall&);

@@ -122,7 +122,7 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
                                    n.attrs().s("group"), "'"));
         comm = it->second;
       }
-      KernelCall call{n, args, shape, r.bindings, alloc, extras[at], comm, {}, {}};
+      KernelCall call{n, args, shape, r.bindings, alloc, extras[at], comm, {}, {}, options_.attention};
       // The planned places of the output and extra outputs (kHeap: allocated by the launcher).
       if (plan_.offset[at] != MemoryPlan::kHeap)
         call.out = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.offset[at]), shape, n.dtype());

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "device/attention_backend.h"
 #include "graph/ir.h"
 #include "engine/memory_plan.h"
 #include "tensor/tensor.h"
@@ -32,7 +33,11 @@ struct RunResult {
 // freed: the trainer starts a gradient's all-reduce as soon as the gradient exists.
 using NodeHook = std::function<void(const Node&, const Tensor&)>;
 
-struct ExecOptions {};
+struct ExecOptions {
+  // The sdpa implementation on CUDA (runtime.attention); every KernelCall carries it. CPU kernels
+  // ignore it.
+  AttentionBackend attention = AttentionBackend::flash;
+};
 
 class Executor {
  public:

@@ -2,6 +2,7 @@
 // autograd → activation checkpointing → canonicalize, as one pipeline.
 #include "engine/program.h"
 
+#include "comm/mesh.h"
 #include "graph/autograd.h"
 #include "graph/passes/autosp/autosp.h"
 #include "graph/passes/checkpoint_activations.h"
@@ -13,16 +14,11 @@
 namespace autosp {
 
 PassContext pass_context(const Config& cfg, int world_size, int world_rank) {
-  const int64_t p = cfg.sequence_parallel.autosp_size;
-  if (world_size < 1 || world_rank < 0 || world_rank >= world_size)
-    throw UsageError(str("rank ", world_rank, " is outside a world of ", world_size));
-  if (world_size % p != 0)
-    throw UsageError(str("sequence_parallel.autosp_size ", p, " does not divide the world size ", world_size,
-                         " (world = dp x sp)"));
+  const RankLayout l = rank_layout(world_size, world_rank, static_cast<int>(cfg.sequence_parallel.autosp_size));
   PassContext ctx;
-  ctx.sp_size = p;
-  ctx.sp_rank = world_rank % p;
-  ctx.world_size = world_size;
+  ctx.sp_size = l.sp;
+  ctx.sp_rank = l.sp_rank;
+  ctx.world_size = l.world_size;
   return ctx;
 }
 

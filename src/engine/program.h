@@ -31,8 +31,8 @@ struct RankProgram {
   std::string loss;  // the output holding the reported (global) loss
 };
 
-// P = sequence_parallel.autosp_size; rank r of its SP group = world_rank % P. A world size that P
-// does not divide is a UsageError.
+// P = sequence_parallel.autosp_size; rank r of its SP group as comm/mesh.h rank_layout places it
+// (world_rank % P). A world size that P does not divide is rank_layout's UsageError.
 PassContext pass_context(const Config& cfg, int world_size, int world_rank);
 
 // The dtype of the parameters, their gradients, the optimizer state, checkpoints and --init-from

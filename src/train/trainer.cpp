@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/mesh.h"
 #include "comm/nccl.h"
 #include "kernels/cpu/matmul.h"
 #include "models/weights.h"
@@ -34,7 +35,7 @@ Device pick_device(const Config& cfg) {
     case DeviceKind::cpu: return Device{};
     case DeviceKind::cuda: {
       const Device dev{DeviceKind::cuda, select_device_for_local_rank()};
-      set_attention_backend(cfg.runtime.attention);
+      check_attention_backend(cfg.runtime.attention);
       return dev;
     }
   }
@@ -128,7 +129,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   if (!args.resume.empty() && !args.init_from.empty()) throw UsageError("--resume and --init-from exclude each other");
 
   RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
-  Executor ex(*prog.graph);
+  Executor ex(*prog.graph, ExecOptions{.attention = cfg.runtime.attention});
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
 
   TrainResult result;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "comm/counting.h"
+#include "comm/mesh.h"
 
 namespace autosp {
 namespace {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/mesh.h"
 
 namespace autosp {
 namespace {

@@ -2,11 +2,16 @@
 // table on CUDA, forward and backward, against the same graph on the CPU kernels (bf16 on the CPU:
 // f32 kernels with one rounding per result, the CUDA kernels' numerics), and the forward against
 // the case's naive reference. Then what the table promises beyond the cases: strided device inputs,
-// the dtype errors, ids that are out of range, and nothing falling back to the CPU.
+// the dtype errors, ids that are out of range, nothing falling back to the CPU, and the executor's
+// attention backend reaching the sdpa launcher.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <set>
+#include <sstream>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "common/op_cases.h"
 #include "cuda/dispatch_test.h"
@@ -187,4 +192,28 @@ TEST_CASE("i32 ids are widened on the device", "[dispatch]") {
   const RunResult cpu = Executor(g).run(host);
   const RunResult gpu = Executor(g).run(upload(host));
   check_tensor("embedding of i32 ids", gpu.outputs.begin()->second, cpu.outputs.begin()->second, 0);
+}
+
+TEST_CASE("the executor's attention backend reaches the sdpa launcher", "[dispatch]") {
+  // f32 attention, which cuDNN's SDPA never takes: with runtime.attention "cudnn" the launcher
+  // says why it falls back to our flash attention (with or without cuDNN in the build); with
+  // "flash" it says nothing. Both give the CPU's result.
+  Graph g;
+  Builder b(g);
+  Node* q = b.input("q", DType::f32, {1, 2, 16, 64}, Role::none);
+  g.add_output(b.sdpa(q, q, q, true, 0.125, "attn_backend_probe"));
+  const TensorMap host{{"q", Tensor::from_vector({1, 2, 16, 64}, naive::random_normal(2 * 16 * 64, 8))}};
+  const RunResult cpu = Executor(g).run(host);
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const RunResult flash = Executor(g, ExecOptions{.attention = AttentionBackend::flash}).run(upload(host));
+  const std::string after_flash = log.str();
+  const RunResult cudnn = Executor(g, ExecOptions{.attention = AttentionBackend::cudnn}).run(upload(host));
+  spdlog::default_logger()->sinks().pop_back();
+  CHECK(after_flash.find("runtime.attention") == std::string::npos);
+  CHECK_THAT(log.str(), Catch::Contains("runtime.attention \"cudnn\"") && Catch::Contains("attn_backend_probe") &&
+                            Catch::Contains("using our flash attention"));
+  check_tensor("sdpa, flash", flash.outputs.begin()->second, cpu.outputs.begin()->second, 1e-5);
+  check_tensor("sdpa, cudnn requested", cudnn.outputs.begin()->second, cpu.outputs.begin()->second, 1e-5);
 }

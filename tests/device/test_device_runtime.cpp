@@ -122,7 +122,8 @@ TEST_CASE("without a CUDA device the device runtime says why", "[device]") {
 #else
   CHECK_THROWS_WITH(select_device_for_local_rank(), Catch::Contains("this build has no CUDA backend"));
   CHECK_THROWS_WITH(to_device(h, {DeviceKind::cuda, 0}), Catch::Contains("this build has no CUDA backend"));
-  CHECK_THROWS_WITH(set_attention_backend(AttentionBackend::cudnn), Catch::Contains("no CUDA backend"));
+  CHECK_THROWS_WITH(check_attention_backend(AttentionBackend::cudnn), Catch::Contains("no CUDA backend"));
+  CHECK_NOTHROW(check_attention_backend(AttentionBackend::flash));
 #endif
   // A host copy needs no device.
   CHECK(to_device(h, Device{}).to_doubles() == std::vector<double>{1, 2});

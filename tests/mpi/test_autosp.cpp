@@ -24,6 +24,7 @@
 
 #include "graph/printer.h"
 #include "models/model.h"
+#include "comm/mesh.h"
 #include "mpi/mpi_test.h"
 #include "train/data.h"
 #include "engine/executor.h"

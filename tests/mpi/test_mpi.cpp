@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/mesh.h"
 #include "mpi/mpi_test.h"
 
 namespace autosp::test {

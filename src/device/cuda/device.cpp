@@ -4,7 +4,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -96,8 +95,6 @@ int current_device() {
   return d;
 }
 
-std::atomic<AttentionBackend> g_attention{AttentionBackend::flash};
-
 }  // namespace
 
 int cuda_device_count() {
@@ -173,7 +170,6 @@ void copy_on_device(const Tensor& src, const Tensor& dst) {
 
 void synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_stream(current_device()))); }
 
-void set_attention_backend(AttentionBackend backend) { g_attention.store(backend); }
-AttentionBackend attention_backend() { return g_attention.load(); }
+void check_attention_backend(AttentionBackend) {}  // both run here (cudnn falls back where unsupported)
 
 }  // namespace autosp

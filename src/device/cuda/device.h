@@ -1,6 +1,6 @@
 // The CUDA device runtime as the rest of autosp sees it: which devices exist, which one this rank
 // uses, each device's caching allocator and its one compute stream, copies between host and
-// device, and the attention backend. No CUDA header is needed to include this (the stream is the
+// device, and whether the build runs an attention backend. No CUDA header is needed to include this (the stream is the
 // driver's opaque CUstream_st*, which is what cudaStream_t names).
 //
 // Every kernel of a device is enqueued on its compute stream, so tensors freed to the caching
@@ -52,8 +52,8 @@ void copy_on_device(const Tensor& src, const Tensor& dst);
 // failure that happened asynchronously is thrown here as RuntimeFailure.
 void synchronize();
 
-// The sdpa implementation (runtime.attention, device/attention_backend.h).
-void set_attention_backend(AttentionBackend backend);
-AttentionBackend attention_backend();
+// A UsageError when this build cannot run `backend` (runtime.attention "cudnn" without the CUDA
+// backend). The backend itself travels in the executor's options (engine/executor.h ExecOptions).
+void check_attention_backend(AttentionBackend backend);
 
 }  // namespace autosp

@@ -485,7 +485,8 @@ Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_kernel) {
   }
   std::vector<Tensor> extras;
   const KernelCall call{.node = c.node, .in = in, .out_shape = c.out_shape, .bindings = c.bindings,
-                        .alloc = c.alloc, .extras = extras, .comm = c.comm, .out = {}, .extra_out = {}};
+                        .alloc = c.alloc, .extras = extras, .comm = c.comm, .out = {}, .extra_out = {},
+                        .attention = c.attention};
   // A result in its node's dtype, in the planned place when there is one.
   auto settle = [&](const Tensor& y, DType dt, const Tensor& planned) {
     if (!planned.defined() && y.dtype() == dt) return y;

@@ -374,12 +374,13 @@ void check_attention(const KernelCall& c, const Tensor& q) {
                          " > 128, which the CUDA attention kernels do not support"));
 }
 
-// Whether this attention node runs on cuDNN's fused SDPA: runtime.attention "cudnn" and sizes
-// cuDNN supports (kernels/cuda/cudnn_attention.cuh). Otherwise our flash attention runs, with one
-// warning per distinct reason (both write the same f32 lse, so forward and backward may differ).
+// Whether this attention node runs on cuDNN's fused SDPA: runtime.attention "cudnn" (the
+// executor's options, carried by the KernelCall) and sizes cuDNN supports
+// (kernels/cuda/cudnn_attention.cuh). Otherwise our flash attention runs, with one warning per
+// distinct reason (both write the same f32 lse, so forward and backward may differ).
 template <class T>
 bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
-  if (attention_backend() != AttentionBackend::cudnn) return false;
+  if (c.attention != AttentionBackend::cudnn) return false;
   const std::string why = cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
                                                           c.node.attrs().b("causal"));
   if (why.empty()) return true;
