@@ -18,6 +18,8 @@
 #include <memory>
 #include <vector>
 
+#include "comm/exit.h"
+
 #include "comm/communicator.h"
 
 // Every MPI call goes through MPI_CHECK: communicators use MPI_ERRORS_RETURN, so a failure comes
@@ -55,12 +57,13 @@ bool mpi_finalized() {
 // exit status). A normal exit finalises MPI. A non-zero exit aborts the job instead: MPI_Finalize
 // waits for every rank, so a rank leaving with an error (say, a UsageError seen only here) while the
 // others sit in a collective would hang the job; MPI_Abort ends them all with this exit code.
-// Communicators destroyed after this skip MPI_Comm_free.
+// An exit every rank agreed on (comm/exit.h) finalises like a normal one. Communicators destroyed
+// after this skip MPI_Comm_free.
 void finish_mpi(int status, void*) {
   if (mpi_finalized()) return;
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (status != 0 && size > 1) {
+  if (status != 0 && size > 1 && !exit_agreed()) {
     std::fflush(stdout);
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, status);

@@ -4,7 +4,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <atomic>
+
 #include "comm/communicator.h"
+#include "comm/exit.h"
 
 namespace autosp {
 namespace {
@@ -43,6 +46,12 @@ class Finished final : public PendingCollective {
 std::unique_ptr<PendingCollective> finished_collective() { return std::make_unique<Finished>(); }
 
 std::unique_ptr<Communicator> make_single_process_communicator() { return std::make_unique<SingleProcess>(); }
+
+namespace {
+std::atomic<bool> g_exit_agreed{false};
+}  // namespace
+void mark_exit_agreed() { g_exit_agreed.store(true); }
+bool exit_agreed() { return g_exit_agreed.load(); }
 
 #ifndef AUTOSP_WITH_MPI
 std::unique_ptr<Communicator> make_world_communicator() { return make_single_process_communicator(); }
