@@ -10,8 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "comm/mesh.h"
-#include "comm/nccl.h"
+#include "comm/job_comms.h"
 #include "kernels/cpu/matmul.h"
 #include "models/weights.h"
 #include "train/checkpoint.h"
@@ -93,35 +92,12 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const bool on_gpu = dev.kind == DeviceKind::cuda;
   const DType dt = cfg.runtime.dtype, master = master_dtype(dt);  // compute; parameters and optimizer state
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
-  // On CUDA with several ranks, device tensors (the graph's collectives, gradients) travel over NCCL,
-  // bootstrapped over `world` (comm/nccl.h); host tensors (initial weights, accuracy counts) still
-  // go over `world`.
-  std::unique_ptr<NcclCommunicator> nccl;
-  if (on_gpu && world.size() > 1) {
-    if (!nccl_built())
-      throw UsageError("runtime.device \"cuda\" on more than one rank needs NCCL, which this build does not have "
-                       "(install NCCL and reconfigure)");
-    nccl = make_nccl_communicator(world, compute_stream(dev.index), collective_timeout_from_env());
-  }
-  Communicator& device_world = nccl ? static_cast<Communicator&>(*nccl) : world;
-  ProcessMesh mesh = make_mesh(device_world, static_cast<int>(ctx.sp_size));
-  // Every collective runs under the watchdog (train/fault.h): a rank that dies or hangs makes the
-  // others abort the job instead of waiting forever. AUTOSP_FAULT injects such failures in tests.
+  // AUTOSP_FAULT injects failures in tests; the watchdog of `comms` makes the other ranks end the job.
   const std::optional<Fault> fault = fault_from_env(world.size());
-  Watchdog watchdog(
-      collective_timeout_from_env(), world.rank(),
-      [&world](const std::string& msg) {
-        if (auto file = spdlog::get("train.log")) {
-          file->error("{}", msg);
-          file->flush();
-        }
-        world.abort(msg, 3);
-      },
-      world.size() > 1);
-  GuardedCommunicator gworld(device_world, watchdog, "world"), gsp(*mesh.sp_group, watchdog, "sp"),
-      gdp(*mesh.dp_group, watchdog, "dp"), ghost(world, watchdog, "world");
-  Communicator& host_world = &device_world == &world ? static_cast<Communicator&>(gworld) : ghost;
-  const CommGroups groups{{"world", &gworld}, {"sp", &gsp}, {"dp", &gdp}};
+  // NCCL or the world for device tensors, the mesh, every collective under the watchdog (comm/job_comms.h).
+  const std::unique_ptr<JobComms> comms = make_job_comms(world, dev, static_cast<int>(ctx.sp_size));
+  const ProcessMesh& mesh = comms->mesh;
+  Communicator& host_world = *comms->host_world;
   if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
   const bool lead = world.rank() == 0;
   const int64_t total = args.steps.value_or(cfg.train.steps);
@@ -174,7 +150,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       slots.push_back({result.params.at(prog.param_names[grad_order[k]]).shape(), n->dtype()});
       slot_of[n] = k;
     }
-    sync = std::make_unique<GradSync>(gworld, std::move(slots), cfg.runtime.overlap_grad_sync,
+    sync = std::make_unique<GradSync>(*comms->world, std::move(slots), cfg.runtime.overlap_grad_sync,
                                       static_cast<size_t>(cfg.runtime.grad_bucket_mb * 1024 * 1024));
   }
 
@@ -188,7 +164,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start; step < total; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    watchdog.set_step(step + 1);
+    comms->watchdog->set_step(step + 1);
     inject_fault(fault, FaultWhere::step, world.rank(), step + 1, world);
     // Every rank of an SP group reads the same sequences; the graph slices its block.
     Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), ctx.sp_size);
@@ -200,7 +176,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     for (const auto& [name, p] : result.params) feeds[name] = p;
     // Each gradient goes to its bucket the moment the backward produces it (grad_sync.h).
     const GradSyncStats synced_before = sync ? sync->stats() : GradSyncStats{};
-    RunResult r = ex.run(feeds, groups, [&](const Node& n, const Tensor& v) {
+    RunResult r = ex.run(feeds, comms->groups, [&](const Node& n, const Tensor& v) {
       if (!sync) return;
       if (auto it = slot_of.find(&n); it != slot_of.end()) {
         if (fault && fault->kind == FaultKind::nan) {  // inject_nan writes host memory
@@ -221,7 +197,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     }
     // Device results are read on the host only once every collective has finished (a hung peer
     // then fails the NCCL deadline instead of blocking a copy forever).
-    if (nccl) nccl->synchronize();
+    comms->synchronize_device();
     const Tensor loss_t = on_gpu ? to_device(r.outputs.at(prog.loss), Device{}) : r.outputs.at(prog.loss);
     if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, on_host(grads));
 
