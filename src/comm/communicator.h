@@ -5,6 +5,7 @@
 // collective throws RuntimeFailure; abort() ends every rank of the job. Knows nothing of graphs.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,9 @@ class Communicator {
   // Ends every rank of the job with `message` on stderr and `exit_code` (never returns).
   [[noreturn]] virtual void abort(const std::string& message, int exit_code) = 0;
 };
+
+// Process groups by the names collectives use in their "group" attribute ("sp", "world", "dp").
+using CommGroups = std::map<std::string, Communicator*>;
 
 // One rank, no communication: collectives over a group of one.
 std::unique_ptr<Communicator> make_single_process_communicator();

@@ -2,7 +2,7 @@
 // rank. Built when CUDA, MPI and NCCL are all found (AUTOSP_WITH_NCCL); the factory of a build
 // without them throws RuntimeFailure. Knows nothing of graphs; the caller selects the device.
 //
-// How the trainer creates it (one process per GPU, launched by mpirun):
+// How a training job creates it (one process per GPU, launched by mpirun; comm/job_comms.cpp):
 //   auto mpi_world = make_world_communicator();            // MPI: the bootstrap, and host tensors
 //   select_device_for_local_rank();                        // device/cuda (before anything below)
 //   auto world = make_nccl_communicator(*mpi_world, compute_stream, collective_timeout_from_env());

@@ -19,8 +19,6 @@
 namespace autosp {
 
 using TensorMap = std::map<std::string, Tensor>;
-// Process groups by the names collectives use in their "group" attribute ("sp", "world", "dp").
-using CommGroups = std::map<std::string, Communicator*>;
 
 struct RunResult {
   TensorMap outputs;     // graph outputs by node name

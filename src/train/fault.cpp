@@ -1,11 +1,10 @@
-// Fault injection (AUTOSP_FAULT) and the collective watchdog (AUTOSP_COLLECTIVE_TIMEOUT).
+// Fault injection (AUTOSP_FAULT).
 #include "train/fault.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +20,6 @@ namespace autosp {
 namespace {
 
 constexpr const char* kFaultVar = "AUTOSP_FAULT";
-constexpr const char* kTimeoutVar = "AUTOSP_COLLECTIVE_TIMEOUT";
 constexpr const char* kFaultSyntax = "expected rank:R,step:K,kind:exit|abort|crash|hang|nan[,where:step|checkpoint]";
 constexpr int kExitRuntime = 3;  // apps/tools/cli.h's code for a runtime failure
 
@@ -156,138 +154,6 @@ void inject_nan(const std::optional<Fault>& fault, int rank, int64_t step, std::
     if (g.dtype() == DType::f32) std::fill_n(g.data<float>(), g.numel(), std::numeric_limits<float>::quiet_NaN());
     if (g.dtype() == DType::f64) std::fill_n(g.data<double>(), g.numel(), std::numeric_limits<double>::quiet_NaN());
   }
-}
-
-double collective_timeout_from_env() {
-  const char* v = std::getenv(kTimeoutVar);
-  if (!v || !*v) return 600.0;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !std::isfinite(s) || s <= 0 || s > 1e7)
-    throw UsageError(str(kTimeoutVar, "='", v, "': expected a number of seconds in (0, 1e7]"));
-  return s;
-}
-
-// ---- watchdog ----------------------------------------------------------------------------------
-
-namespace {
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
-Watchdog::Watchdog(double timeout_s, int rank, std::function<void(const std::string&)> on_timeout, bool enabled)
-    : timeout_s_(timeout_s), rank_(rank), on_timeout_(std::move(on_timeout)) {
-  if (enabled) thread_ = std::thread([this] { loop(); });
-}
-
-Watchdog::~Watchdog() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
-void Watchdog::arm(const char* what, const char* group) {
-  what_.store(what, std::memory_order_relaxed);
-  group_.store(group, std::memory_order_relaxed);
-  armed_at_ns_.store(now_ns(), std::memory_order_release);
-}
-
-void Watchdog::disarm() { armed_at_ns_.store(0, std::memory_order_release); }
-
-// Polls a few times per timeout (at most once a second), so arm() and disarm() are two atomic
-// stores: no lock, no wake-up on the collectives' path.
-void Watchdog::loop() {
-  const auto timeout_ns = static_cast<int64_t>(timeout_s_ * 1e9);
-  const auto period = std::chrono::nanoseconds(std::clamp<int64_t>(timeout_ns / 8, 10'000'000, 1'000'000'000));
-  std::unique_lock<std::mutex> lk(mu_);
-  while (!cv_.wait_for(lk, period, [this] { return stop_; })) {
-    const int64_t since = armed_at_ns_.load(std::memory_order_acquire);
-    if (since == 0 || now_ns() - since < timeout_ns) continue;
-    const std::string msg =
-        str("rank ", rank_, " waited more than ", timeout_s_, " s in ", what_.load(), " (group ", group_.load(),
-            ") at step ", step_.load(), ": another rank has died or hangs; aborting the job (",
-            kTimeoutVar, " sets the limit)");
-    lk.unlock();
-    on_timeout_(msg);
-    return;
-  }
-}
-
-// ---- guarded communicator ----------------------------------------------------------------------
-
-GuardedCommunicator::GuardedCommunicator(Communicator& inner, Watchdog& watchdog, std::string group)
-    : inner_(&inner), watchdog_(watchdog), group_(std::move(group)) {}
-
-GuardedCommunicator::GuardedCommunicator(std::unique_ptr<Communicator> owned, Watchdog& watchdog, std::string group)
-    : owned_(std::move(owned)), inner_(owned_.get()), watchdog_(watchdog), group_(std::move(group)) {}
-
-namespace {
-// Arms the watchdog for the lifetime of one collective call.
-struct Armed {
-  Watchdog& w;
-  Armed(Watchdog& w_, const char* what, const std::string& group) : w(w_) { w.arm(what, group.c_str()); }
-  ~Armed() { w.disarm(); }
-};
-}  // namespace
-
-void GuardedCommunicator::all_reduce_sum(Tensor& t) {
-  Armed a(watchdog_, "all_reduce_sum", group_);
-  inner_->all_reduce_sum(t);
-}
-namespace {
-class GuardedPending final : public PendingCollective {
- public:
-  GuardedPending(std::unique_ptr<PendingCollective> inner, Watchdog& w, const std::string& group)
-      : inner_(std::move(inner)), w_(w), group_(group) {}
-  bool test() override { return inner_->test(); }
-  void wait() override {
-    Armed a(w_, "all_reduce_sum_async", group_);
-    inner_->wait();
-  }
-
- private:
-  std::unique_ptr<PendingCollective> inner_;
-  Watchdog& w_;
-  const std::string& group_;
-};
-}  // namespace
-
-std::unique_ptr<PendingCollective> GuardedCommunicator::all_reduce_sum_async(Tensor& t) {
-  Armed a(watchdog_, "all_reduce_sum_async", group_);
-  return std::make_unique<GuardedPending>(inner_->all_reduce_sum_async(t), watchdog_, group_);
-}
-void GuardedCommunicator::broadcast(Tensor& t, int root) {
-  Armed a(watchdog_, "broadcast", group_);
-  inner_->broadcast(t, root);
-}
-void GuardedCommunicator::all_to_all(const Tensor& in, Tensor& out) {
-  Armed a(watchdog_, "all_to_all", group_);
-  inner_->all_to_all(in, out);
-}
-void GuardedCommunicator::all_gather(const Tensor& in, Tensor& out) {
-  Armed a(watchdog_, "all_gather", group_);
-  inner_->all_gather(in, out);
-}
-void GuardedCommunicator::barrier() {
-  Armed a(watchdog_, "barrier", group_);
-  inner_->barrier();
-}
-void GuardedCommunicator::abort(const std::string& message, int exit_code) {
-  inner_->abort(message, exit_code);
-  std::_Exit(exit_code);  // not reached
-}
-std::unique_ptr<Communicator> GuardedCommunicator::split(int color, int key) {
-  std::unique_ptr<Communicator> child;
-  {
-    Armed a(watchdog_, "split", group_);
-    child = inner_->split(color, key);
-  }
-  return std::make_unique<GuardedCommunicator>(std::move(child), watchdog_, group_ + ".split");
 }
 
 }  // namespace autosp

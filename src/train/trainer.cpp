@@ -1,4 +1,7 @@
-// The training loop.
+// The training loop. train() sets a run up (device, communicators, program, starting state) and
+// runs the steps; what a step does besides running the graph is one function each below: the
+// copies between the host and the run device, the gradient all-reduce, the accuracy score, the
+// progress and metrics lines, the checkpoint.
 #include "train/trainer.h"
 
 #include <algorithm>
@@ -10,26 +13,29 @@
 
 #include <spdlog/spdlog.h>
 
-#include "comm/mesh.h"
-#include "comm/nccl.h"
+#include "comm/job_comms.h"
+#include "device/cuda/device.h"
+#include "engine/executor.h"
+#include "engine/program.h"
 #include "kernels/cpu/matmul.h"
 #include "models/weights.h"
+#include "tensor/safetensors.h"
 #include "train/checkpoint.h"
-#include "device/cuda/device.h"
 #include "train/data.h"
-#include "engine/executor.h"
 #include "train/fault.h"
 #include "train/grad_sync.h"
 #include "train/optimizer.h"
-#include "engine/program.h"
-#include "tensor/safetensors.h"
 
 namespace autosp {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+// ---- the run device and host copies ------------------------------------------------------------
+
 // The device this rank runs on (runtime.device): the host, or the GPU of its node-local rank, which
 // becomes the process's current device (a build without CUDA, or a machine without a GPU, is a
-// UsageError saying so).
+// UsageError saying so, and so is runtime.attention "cudnn" in a build without CUDA).
 Device pick_device(const Config& cfg) {
   switch (cfg.runtime.device) {
     case DeviceKind::cpu: return Device{};
@@ -42,18 +48,31 @@ Device pick_device(const Config& cfg) {
   return Device{};
 }
 
-// Every tensor of `m` moved to `dev` (copied when it is elsewhere).
-void move_to(ParamMap& m, Device dev) {
+// Every tensor of `m` on the run device `dev` (copied when it is elsewhere: a no-op on the host).
+void to_run_device(ParamMap& m, Device dev) {
   for (auto& [name, t] : m)
     if (t.device() != dev) t = to_device(t, dev);
 }
 
-// Host copies of `m`'s tensors (for checkpoints, --dump-grads and the returned parameters).
-ParamMap on_host(const ParamMap& m) {
+// A host copy of `t` for the host code that reads it (loss, logits, checkpoints, --dump-grads, the
+// returned parameters): `t` itself when it is on the host.
+Tensor host_copy(const Tensor& t) { return t.device().kind == DeviceKind::cpu ? t : to_device(t, Device{}); }
+
+ParamMap host_copy(const ParamMap& m) {
   ParamMap out;
-  for (const auto& [name, t] : m) out[name] = t.device().kind == DeviceKind::cpu ? t : to_device(t, Device{});
+  for (const auto& [name, t] : m) out[name] = host_copy(t);
   return out;
 }
+
+AdamW host_copy(const AdamW& opt) {
+  AdamW out;
+  out.exp_avg = host_copy(opt.exp_avg);
+  out.exp_avg_sq = host_copy(opt.exp_avg_sq);
+  out.step = opt.step;
+  return out;
+}
+
+// ---- the batch ---------------------------------------------------------------------------------
 
 // Token ids and labels checked against the vocabulary on the host, before they go to a device
 // whose kernels do not check them (there a bad id is a NaN loss, not an error naming it).
@@ -86,42 +105,164 @@ Batch pad_to_multiple(const Batch& b, int64_t p) {
   return {pad(b.input_ids, 0), pad(b.labels, -100), pad(b.position_ids, 0)};
 }
 
+// ---- the starting state ------------------------------------------------------------------------
+
+// What the run starts from: a checkpoint (--resume), weights (--init-from) or a fresh
+// initialisation; parameters and optimizer state in `master`, on the host.
+struct StartState {
+  ParamMap params;
+  AdamW opt;
+  int64_t step = 0;  // steps already done
+};
+
+StartState start_state(const Config& cfg, const TrainArgs& args, DType master, bool lead) {
+  StartState s;
+  if (!args.resume.empty()) {
+    Checkpoint ck = load_checkpoint(args.resume, cfg, master);
+    s.params = std::move(ck.params);
+    s.opt = std::move(ck.optimizer);
+    s.step = ck.step;
+    if (lead) spdlog::info("resumed from {} at step {}", args.resume, s.step);
+  } else {
+    s.params = args.init_from.empty() ? init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master)
+                                      : load_weights(args.init_from, cfg.model, master);
+    s.opt.init(s.params);
+  }
+  return s;
+}
+
+// ---- gradients ---------------------------------------------------------------------------------
+
+// The step's gradients: which graph outputs they are and, on several ranks, their all-reduce over
+// the world in buckets, each started the moment the backward has produced its last gradient
+// (train/grad_sync.h).
+struct Gradients {
+  explicit Gradients(const RankProgram& p) : prog(p) {}
+
+  const RankProgram& prog;
+  std::vector<size_t> order;  // order[k]: the index into prog.param_names of the k-th gradient produced
+  std::unique_ptr<GradSync> sync;                    // null on one rank
+  std::unordered_map<const Node*, size_t> slot_of;  // a gradient node's slot in `sync`
+
+  bool is_synced_gradient(const Node& n) const { return slot_of.count(&n) > 0; }
+  // The executor's hook: a gradient goes to its bucket; started buckets progress.
+  void offer(const Node& n, const Tensor& v) {
+    if (!sync) return;
+    if (auto it = slot_of.find(&n); it != slot_of.end()) sync->ready(it->second, v);
+    sync->poll();
+  }
+  // By parameter name, after the run: summed over the world, or the graph's own on one rank.
+  ParamMap collect(const RunResult& r) {
+    ParamMap grads;
+    if (sync) {
+      std::vector<Tensor> summed = sync->finish();
+      for (size_t k = 0; k < order.size(); ++k) grads[prog.param_names[order[k]]] = summed[k];
+    } else {
+      for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = r.outputs.at(prog.grad_names[i]);
+    }
+    return grads;
+  }
+  GradSyncStats stats() const { return sync ? sync->stats() : GradSyncStats{}; }
+};
+
+Gradients make_gradients(const RankProgram& prog, const ParamMap& params, const Config& cfg, Communicator& world) {
+  Gradients g(prog);
+  g.order.resize(prog.grad_names.size());
+  std::iota(g.order.begin(), g.order.end(), size_t{0});
+  auto position = [&](size_t i) { return prog.graph->position(prog.graph->find(prog.grad_names[i])); };
+  std::sort(g.order.begin(), g.order.end(), [&](size_t a, size_t b) { return position(a) < position(b); });
+  if (world.size() == 1) return g;
+  std::vector<GradSync::Slot> slots;
+  for (size_t k = 0; k < g.order.size(); ++k) {
+    const Node* n = prog.graph->find(prog.grad_names[g.order[k]]);
+    slots.push_back({params.at(prog.param_names[g.order[k]]).shape(), n->dtype()});
+    g.slot_of[n] = k;
+  }
+  g.sync = std::make_unique<GradSync>(world, std::move(slots), cfg.runtime.overlap_grad_sync,
+                                      static_cast<size_t>(cfg.runtime.grad_bucket_mb * 1024 * 1024));
+  return g;
+}
+
+// AUTOSP_FAULT kind nan on a gradient wherever it lives: inject_nan writes host memory, so a device
+// gradient goes through a host copy and back.
+void inject_nan_into(const std::optional<Fault>& fault, int rank, int64_t step, const Tensor& grad) {
+  if (!fault || fault->kind != FaultKind::nan) return;
+  std::vector<Tensor> g{host_copy(grad)};
+  inject_nan(fault, rank, step, g);
+  if (g[0].device() != grad.device()) copy_on_device(to_device(g[0], grad.device()), grad);
+}
+
+// ---- what a step reports -----------------------------------------------------------------------
+
+// The synthetic task's accuracy on the step's batch over the world: this rank's logits cover its
+// block of the sequence; count there, sum over the world.
+double score_accuracy(const Tensor& run_logits, const Batch& batch, const PassContext& ctx, Communicator& host_world) {
+  const Tensor logits = host_copy(run_logits);
+  const int64_t S = batch.labels.dim(1), block = S / ctx.sp_size;
+  Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block)
+                     .contiguous();
+  auto [correct, counted] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
+                                          local.reshape({local.numel()}));
+  Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
+  host_world.all_reduce_sum(counts);
+  const int64_t total_counted = counts.data<int64_t>()[1];
+  return total_counted ? static_cast<double>(counts.data<int64_t>()[0]) / static_cast<double>(total_counted) : 0.0;
+}
+
+// The run's steps as the progress line counts them.
+struct Progress {
+  int64_t start = 0, total = 0;  // steps done before this run, and the last step
+  Clock::time_point began;
+};
+
+// Rank 0's lines for a logged step: the progress line (stderr; under --quiet only the run's
+// train.log, apps/train.cpp) and the --metrics JSON object.
+void log_step(const StepRecord& rec, const Progress& run, bool quiet, std::ofstream& metrics) {
+  auto file_log = spdlog::get("train.log");
+  if (!quiet || file_log) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - run.began).count();
+    const double eta = elapsed / static_cast<double>(rec.step - run.start) * static_cast<double>(run.total - rec.step);
+    const std::string line = fmt::format(
+        "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB | eta {}m{:02d}s",
+        rec.step, run.total, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
+        rec.grad_norm, rec.tokens_per_sec, rec.step_ms, static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0),
+        static_cast<int64_t>(eta) / 60, static_cast<int64_t>(eta) % 60);
+    if (!quiet) spdlog::info("{}", line);
+    else file_log->info("{}", line);
+  }
+  if (metrics.is_open()) {
+    nlohmann::json m = {{"step", rec.step},         {"loss", rec.loss},       {"lr", rec.lr},
+                        {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
+                        {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes}};
+    if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
+    metrics << m.dump() << "\n" << std::flush;
+  }
+}
+
+// Rank 0 writes the checkpoint of `step` under train.checkpoint_dir, keeping the newest
+// train.keep_checkpoints; checkpoints are host files, so device state is copied down for them.
+// AUTOSP_FAULT where:checkpoint fires once the files are durable, before the rename.
+void save_step_checkpoint(const Config& cfg, int64_t step, const ParamMap& params, const AdamW& opt,
+                          const std::optional<Fault>& fault, Communicator& world) {
+  SaveOptions save;
+  save.keep_last = cfg.train.keep_checkpoints;
+  save.before_commit = [&] { inject_fault(fault, FaultWhere::checkpoint, world.rank(), step, world); };
+  const std::string dir =
+      save_checkpoint(cfg.train.checkpoint_dir, step, host_copy(params), host_copy(opt), cfg.resolved, save);
+  spdlog::info("saved checkpoint {}", dir);
+}
+
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
   const Device dev = pick_device(cfg);
-  const bool on_gpu = dev.kind == DeviceKind::cuda;
   const DType dt = cfg.runtime.dtype, master = master_dtype(dt);  // compute; parameters and optimizer state
   const PassContext ctx = pass_context(cfg, world.size(), world.rank());
-  // On CUDA with several ranks, device tensors (the graph's collectives, gradients) travel over NCCL,
-  // bootstrapped over `world` (comm/nccl.h); host tensors (initial weights, accuracy counts) still
-  // go over `world`.
-  std::unique_ptr<NcclCommunicator> nccl;
-  if (on_gpu && world.size() > 1) {
-    if (!nccl_built())
-      throw UsageError("runtime.device \"cuda\" on more than one rank needs NCCL, which this build does not have "
-                       "(install NCCL and reconfigure)");
-    nccl = make_nccl_communicator(world, compute_stream(dev.index), collective_timeout_from_env());
-  }
-  Communicator& device_world = nccl ? static_cast<Communicator&>(*nccl) : world;
-  ProcessMesh mesh = make_mesh(device_world, static_cast<int>(ctx.sp_size));
-  // Every collective runs under the watchdog (train/fault.h): a rank that dies or hangs makes the
-  // others abort the job instead of waiting forever. AUTOSP_FAULT injects such failures in tests.
+  // AUTOSP_FAULT injects failures in tests; the watchdog of `comms` makes the other ranks end the job.
   const std::optional<Fault> fault = fault_from_env(world.size());
-  Watchdog watchdog(
-      collective_timeout_from_env(), world.rank(),
-      [&world](const std::string& msg) {
-        if (auto file = spdlog::get("train.log")) {
-          file->error("{}", msg);
-          file->flush();
-        }
-        world.abort(msg, 3);
-      },
-      world.size() > 1);
-  GuardedCommunicator gworld(device_world, watchdog, "world"), gsp(*mesh.sp_group, watchdog, "sp"),
-      gdp(*mesh.dp_group, watchdog, "dp"), ghost(world, watchdog, "world");
-  Communicator& host_world = &device_world == &world ? static_cast<Communicator&>(gworld) : ghost;
-  const CommGroups groups{{"world", &gworld}, {"sp", &gsp}, {"dp", &gdp}};
+  // NCCL or the world for device tensors, the mesh, every collective under the watchdog (comm/job_comms.h).
+  const std::unique_ptr<JobComms> comms = make_job_comms(world, dev, static_cast<int>(ctx.sp_size));
+  const ProcessMesh& mesh = comms->mesh;
   if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
   const bool lead = world.rank() == 0;
   const int64_t total = args.steps.value_or(cfg.train.steps);
@@ -132,52 +273,24 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   Executor ex(*prog.graph, ExecOptions{.attention = cfg.runtime.attention});
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
 
+  StartState state = start_state(cfg, args, master, lead);
   TrainResult result;
-  AdamW opt;
-  int64_t start = 0;
-  if (!args.resume.empty()) {
-    Checkpoint ck = load_checkpoint(args.resume, cfg, master);
-    result.params = std::move(ck.params);
-    opt = std::move(ck.optimizer);
-    start = ck.step;
-    if (lead) spdlog::info("resumed from {} at step {}", args.resume, start);
-  } else {
-    result.params = args.init_from.empty() ? init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master)
-                                           : load_weights(args.init_from, cfg.model, master);
-    opt.init(result.params);
-  }
-  for (auto& [name, p] : result.params) host_world.broadcast(p, 0);  // every rank starts from rank 0's weights
-  if (on_gpu) {  // parameters, gradients and AdamW state live on the device from here on
-    move_to(result.params, dev);
-    move_to(opt.exp_avg, dev);
-    move_to(opt.exp_avg_sq, dev);
-    if (lead) spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(),
-                           attention_backend_name(cfg.runtime.attention));
-  }
+  result.params = std::move(state.params);
+  AdamW& opt = state.opt;
+  const int64_t start = state.step;
+  for (auto& [name, p] : result.params) comms->host_world->broadcast(p, 0);  // every rank starts from rank 0's weights
+  // Parameters, gradients and AdamW state live on the run device from here on.
+  to_run_device(result.params, dev);
+  to_run_device(opt.exp_avg, dev);
+  to_run_device(opt.exp_avg_sq, dev);
+  if (lead && dev.kind == DeviceKind::cuda)
+    spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(), attention_backend_name(cfg.runtime.attention));
   if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
   if (lead && dt == DType::bf16)
     spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
                  dev.kind == DeviceKind::cpu ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
 
-  // The gradient all-reduce over the world, in buckets in the order the backward produces the
-  // gradients (grad_order[k] = the index into prog.param_names of the k-th gradient produced).
-  std::vector<size_t> grad_order(prog.grad_names.size());
-  std::iota(grad_order.begin(), grad_order.end(), size_t{0});
-  auto position = [&](size_t i) { return prog.graph->position(prog.graph->find(prog.grad_names[i])); };
-  std::sort(grad_order.begin(), grad_order.end(), [&](size_t a, size_t b) { return position(a) < position(b); });
-  std::unique_ptr<GradSync> sync;
-  std::unordered_map<const Node*, size_t> slot_of;
-  if (world.size() > 1) {
-    std::vector<GradSync::Slot> slots;
-    for (size_t k = 0; k < grad_order.size(); ++k) {
-      const Node* n = prog.graph->find(prog.grad_names[grad_order[k]]);
-      slots.push_back({result.params.at(prog.param_names[grad_order[k]]).shape(), n->dtype()});
-      slot_of[n] = k;
-    }
-    sync = std::make_unique<GradSync>(gworld, std::move(slots), cfg.runtime.overlap_grad_sync,
-                                      static_cast<size_t>(cfg.runtime.grad_bucket_mb * 1024 * 1024));
-  }
-
+  Gradients gradients = make_gradients(prog, result.params, cfg, *comms->world);
   std::ofstream metrics;
   if (lead && !args.metrics.empty()) {
     metrics.open(args.metrics, std::ios::app);
@@ -185,45 +298,27 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   }
   const int64_t tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * mesh.dp;
 
-  const auto run_start = std::chrono::steady_clock::now();
+  const Progress run{start, total, Clock::now()};
   for (int64_t step = start; step < total; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    watchdog.set_step(step + 1);
+    const auto t0 = Clock::now();
+    comms->watchdog->set_step(step + 1);
     inject_fault(fault, FaultWhere::step, world.rank(), step + 1, world);
     // Every rank of an SP group reads the same sequences; the graph slices its block.
     Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), ctx.sp_size);
+    if (dev.kind == DeviceKind::cuda) check_batch(batch, cfg.model.vocab_size);
     TensorMap feeds = {{"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
-    if (on_gpu) {
-      check_batch(batch, cfg.model.vocab_size);
-      for (auto& [name, t] : feeds) t = to_device(t, dev);
-    }
+    to_run_device(feeds, dev);
     for (const auto& [name, p] : result.params) feeds[name] = p;
-    // Each gradient goes to its bucket the moment the backward produces it (grad_sync.h).
-    const GradSyncStats synced_before = sync ? sync->stats() : GradSyncStats{};
-    RunResult r = ex.run(feeds, groups, [&](const Node& n, const Tensor& v) {
-      if (!sync) return;
-      if (auto it = slot_of.find(&n); it != slot_of.end()) {
-        if (fault && fault->kind == FaultKind::nan) {  // inject_nan writes host memory
-          std::vector<Tensor> g{on_gpu ? to_device(v, Device{}) : v};
-          inject_nan(fault, world.rank(), step + 1, g);
-          if (on_gpu) copy_on_device(to_device(g[0], dev), v);
-        }
-        sync->ready(it->second, v);
-      }
-      sync->poll();
+    const GradSyncStats synced_before = gradients.stats();
+    RunResult r = ex.run(feeds, comms->groups, [&](const Node& n, const Tensor& v) {
+      if (gradients.is_synced_gradient(n)) inject_nan_into(fault, world.rank(), step + 1, v);
+      gradients.offer(n, v);
     });
-    ParamMap grads;
-    if (sync) {
-      std::vector<Tensor> summed = sync->finish();
-      for (size_t k = 0; k < grad_order.size(); ++k) grads[prog.param_names[grad_order[k]]] = summed[k];
-    } else {
-      for (size_t i = 0; i < prog.param_names.size(); ++i) grads[prog.param_names[i]] = r.outputs.at(prog.grad_names[i]);
-    }
-    // Device results are read on the host only once every collective has finished (a hung peer
-    // then fails the NCCL deadline instead of blocking a copy forever).
-    if (nccl) nccl->synchronize();
-    const Tensor loss_t = on_gpu ? to_device(r.outputs.at(prog.loss), Device{}) : r.outputs.at(prog.loss);
-    if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, on_host(grads));
+    ParamMap grads = gradients.collect(r);
+    // Device results are read on the host only once every collective has finished.
+    comms->synchronize_device();
+    const Tensor loss_t = host_copy(r.outputs.at(prog.loss));
+    if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, host_copy(grads));
 
     StepRecord rec;
     rec.step = step + 1;
@@ -238,71 +333,25 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
     rec.lr = lr_at(cfg.train, step, total);
     opt.update(result.params, grads, cfg.train, rec.lr);
-    if (cfg.data.source == DataSourceKind::synthetic && args.accuracy) {
-      // This rank's logits cover its block of the sequence: count there, sum over the world.
-      const Tensor logits = on_gpu ? to_device(r.outputs.at("logits"), Device{}) : r.outputs.at("logits");
-      const int64_t S = batch.labels.dim(1), block = S / ctx.sp_size;
-      Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block).contiguous();
-      auto [correct, counted] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
-                                              local.reshape({local.numel()}));
-      Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
-      host_world.all_reduce_sum(counts);
-      const int64_t total_counted = counts.data<int64_t>()[1];
-      rec.accuracy = total_counted ? static_cast<double>(counts.data<int64_t>()[0]) / static_cast<double>(total_counted) : 0.0;
-    }
+    if (cfg.data.source == DataSourceKind::synthetic && args.accuracy)
+      rec.accuracy = score_accuracy(r.outputs.at("logits"), batch, ctx, *comms->host_world);
     // The step's device work (AdamW is still queued here) belongs to its time, not the next step's.
-    if (on_gpu) synchronize();
-    rec.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (dev.kind == DeviceKind::cuda) synchronize();
+    rec.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     rec.tokens_per_sec = static_cast<double>(tokens_per_step) / (rec.step_ms / 1000.0);
     rec.peak_bytes = r.peak_bytes;
-    if (sync) {
-      rec.grad_sync_ms = (sync->stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
-      rec.grad_sync_wait_ms = (sync->stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
-    }
+    rec.grad_sync_ms = (gradients.stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
+    rec.grad_sync_wait_ms = (gradients.stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
     result.steps.push_back(rec);
 
     const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start;
-    if (lead && log_now) {
-      // --quiet keeps progress lines off stderr; the run's train.log (apps/train.cpp) still gets them.
-      auto file_log = spdlog::get("train.log");
-      if (!args.quiet || file_log) {
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-        const double eta = elapsed / static_cast<double>(rec.step - start) * static_cast<double>(total - rec.step);
-        const std::string line = fmt::format(
-            "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB | eta {}m{:02d}s",
-            rec.step, total, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
-            rec.grad_norm, rec.tokens_per_sec, rec.step_ms, static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0),
-            static_cast<int64_t>(eta) / 60, static_cast<int64_t>(eta) % 60);
-        if (!args.quiet) spdlog::info("{}", line);
-        else file_log->info("{}", line);
-      }
-      if (metrics.is_open()) {
-        nlohmann::json m = {{"step", rec.step},         {"loss", rec.loss},       {"lr", rec.lr},
-                            {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
-                            {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes}};
-        if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
-        metrics << m.dump() << "\n" << std::flush;
-      }
-    }
-    const bool ckpt_now = !cfg.train.checkpoint_dir.empty() &&
-                          ((cfg.train.checkpoint_every > 0 && rec.step % cfg.train.checkpoint_every == 0) || rec.step == total);
-    if (lead && ckpt_now) {
-      SaveOptions save;
-      save.keep_last = cfg.train.keep_checkpoints;
-      save.before_commit = [&] { inject_fault(fault, FaultWhere::checkpoint, world.rank(), rec.step, world); };
-      // Checkpoints are host files: device state is copied down for them.
-      AdamW host_opt;
-      if (on_gpu) {
-        host_opt.exp_avg = on_host(opt.exp_avg);
-        host_opt.exp_avg_sq = on_host(opt.exp_avg_sq);
-        host_opt.step = opt.step;
-      }
-      std::string dir = save_checkpoint(cfg.train.checkpoint_dir, rec.step, on_gpu ? on_host(result.params) : result.params,
-                                        on_gpu ? host_opt : opt, cfg.resolved, save);
-      spdlog::info("saved checkpoint {}", dir);
-    }
+    if (lead && log_now) log_step(rec, run, args.quiet, metrics);
+    const bool checkpoint_now =
+        !cfg.train.checkpoint_dir.empty() &&
+        ((cfg.train.checkpoint_every > 0 && rec.step % cfg.train.checkpoint_every == 0) || rec.step == total);
+    if (lead && checkpoint_now) save_step_checkpoint(cfg, rec.step, result.params, opt, fault, world);
   }
-  if (on_gpu) result.params = on_host(result.params);
+  result.params = host_copy(result.params);
   return result;
 }
 

@@ -1,23 +1,22 @@
-// Reliability pieces one process can check: AUTOSP_FAULT parsing, the collective watchdog, CRC-32C,
-// checkpoint checksums (a flipped byte is named), keep-last-K pruning, leftovers of dead writers,
-// and a commit interrupted before its rename. The multi-rank behaviour is tests/mpi/fault_injection.sh.
+// Reliability pieces one process can check: AUTOSP_FAULT parsing, CRC-32C, checkpoint checksums (a
+// flipped byte is named), keep-last-K pruning, leftovers of dead writers, and a commit interrupted
+// before its rename. The collective watchdog is tests/comm/test_watchdog.cpp; the multi-rank
+// behaviour is tests/mpi/fault_injection.sh.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
 
-#include <atomic>
-#include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
+#include "common/env_var.h"
 #include "models/weights.h"
 #include "train/checkpoint.h"
 #include "train/fault.h"
 #include "tensor/check.h"
 
 using namespace autosp;
+using autosp::testing::EnvVar;
 namespace fs = std::filesystem;
 
 namespace {
@@ -44,12 +43,6 @@ void flip_byte(const fs::path& p, uint64_t offset) {
   f.seekp(static_cast<std::streamoff>(offset));
   f.write(&c, 1);
 }
-
-struct EnvVar {  // sets an environment variable for one scope
-  std::string name;
-  EnvVar(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
-  ~EnvVar() { ::unsetenv(name.c_str()); }
-};
 
 }  // namespace
 
@@ -106,79 +99,6 @@ TEST_CASE("AUTOSP_FAULT values parse or are named errors", "[fault]") {
     CHECK_THROWS_WITH(fault_from_env(1), Catch::Contains("at least 2 ranks"));
   }
   CHECK_FALSE(fault_from_env(1).has_value());
-}
-
-TEST_CASE("AUTOSP_COLLECTIVE_TIMEOUT parses or is a named error", "[fault]") {
-  CHECK(collective_timeout_from_env() == 600.0);
-  {
-    EnvVar e("AUTOSP_COLLECTIVE_TIMEOUT", "2.5");
-    CHECK(collective_timeout_from_env() == 2.5);
-  }
-  for (const char* v : {"0", "-1", "soon", "5s", "inf", "nan", "1e30"}) {
-    INFO(v);
-    EnvVar e("AUTOSP_COLLECTIVE_TIMEOUT", v);
-    CHECK_THROWS_WITH(collective_timeout_from_env(), Catch::Contains("AUTOSP_COLLECTIVE_TIMEOUT"));
-  }
-}
-
-TEST_CASE("the watchdog fires on a collective that outlasts the timeout, and only then", "[fault]") {
-  std::atomic<int> fired{0};
-  std::string message;
-  std::mutex mu;
-  auto on_timeout = [&](const std::string& m) {
-    std::lock_guard<std::mutex> lk(mu);
-    message = m;
-    ++fired;
-  };
-  auto wait_for = [&](double seconds) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (!fired && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  };
-  {
-    Watchdog patient(2.0, 3, on_timeout);  // waits far shorter than the timeout never fire
-    for (int i = 0; i < 10; ++i) {
-      patient.arm("all_reduce_sum", "world");
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      patient.disarm();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    CHECK(fired == 0);
-  }
-  {
-    Watchdog dog(0.2, 3, on_timeout);
-    dog.set_step(7);
-    wait_for(0.5);  // not armed: nothing happens
-    CHECK(fired == 0);
-    dog.arm("all_to_all", "sp");
-    wait_for(5.0);
-    REQUIRE(fired == 1);
-    std::lock_guard<std::mutex> lk(mu);
-    CHECK_THAT(message, Catch::Contains("rank 3 waited more than 0.2 s in all_to_all (group sp) at step 7"));
-  }
-  {
-    Watchdog off(0.05, 0, on_timeout, /*enabled=*/false);  // a single process runs no thread
-    off.arm("barrier", "world");
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    off.disarm();
-    CHECK(fired == 1);
-  }
-
-  // A guarded communicator forwards every call (here to one process) with the watchdog armed.
-  Watchdog dog(60, 0, on_timeout);
-  auto single = make_single_process_communicator();
-  GuardedCommunicator g(*single, dog, "world");
-  Tensor t = Tensor::from_vector<float>({3}, {1, 2, 3});
-  g.all_reduce_sum(t);
-  g.broadcast(t, 0);
-  g.barrier();
-  Tensor out = Tensor::empty({3}, DType::f32);
-  g.all_to_all(t, out);
-  CHECK(out.to_doubles() == std::vector<double>{1, 2, 3});
-  auto child = g.split(0, 0);
-  CHECK(child->size() == 1);
-  child->barrier();
-  CHECK(g.size() == 1);
-  CHECK(g.rank() == 0);
 }
 
 TEST_CASE("CRC-32C matches the standard check values", "[checkpoint]") {

@@ -1,0 +1,44 @@
+// The communicators of one training rank: NCCL or MPI for device tensors, the mesh, the watchdog.
+#include "comm/job_comms.h"
+
+#include <spdlog/spdlog.h>
+
+#include "device/cuda/device.h"
+
+namespace autosp {
+
+void JobComms::synchronize_device() {
+  if (nccl) nccl->synchronize();
+}
+
+std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int sp) {
+  auto c = std::make_unique<JobComms>();
+  if (device.kind == DeviceKind::cuda && world.size() > 1) {
+    if (!nccl_built())
+      throw UsageError("runtime.device \"cuda\" on more than one rank needs NCCL, which this build does not have "
+                       "(install NCCL and reconfigure)");
+    c->nccl = make_nccl_communicator(world, compute_stream(device.index), collective_timeout_from_env());
+  }
+  c->device_world = c->nccl ? static_cast<Communicator*>(c->nccl.get()) : &world;
+  c->mesh = make_mesh(*c->device_world, sp);
+  c->watchdog = std::make_unique<Watchdog>(
+      collective_timeout_from_env(), world.rank(),
+      [&world](const std::string& msg) {
+        if (auto file = spdlog::get("train.log")) {  // the run's log file (apps/train.cpp)
+          file->error("{}", msg);
+          file->flush();
+        }
+        world.abort(msg, 3);
+      },
+      world.size() > 1);
+  Watchdog& w = *c->watchdog;
+  c->world = std::make_unique<GuardedCommunicator>(*c->device_world, w, "world");
+  c->sp = std::make_unique<GuardedCommunicator>(*c->mesh.sp_group, w, "sp");
+  c->dp = std::make_unique<GuardedCommunicator>(*c->mesh.dp_group, w, "dp");
+  if (c->nccl) c->host = std::make_unique<GuardedCommunicator>(world, w, "world");
+  c->host_world = c->host ? static_cast<Communicator*>(c->host.get()) : c->world.get();
+  c->groups = {{"world", c->world.get()}, {"sp", c->sp.get()}, {"dp", c->dp.get()}};
+  return c;
+}
+
+}  // namespace autosp
