@@ -1,6 +1,6 @@
 // autosp-train: train a model from a JSON config (see DESIGN.md "Contracts").
 //   autosp-train --config FILE [--set key.path=value]... [--steps N] [--init-from W.safetensors]
-//                [--resume DIR] [--metrics FILE.jsonl] [--dump-grads FILE.safetensors] [--quiet]
+//                [--resume DIR] [--start-over] [--metrics FILE.jsonl] [--dump-grads FILE.safetensors] [--quiet]
 // Rank 0 echoes the resolved config, logs progress and a final summary to stderr and, when
 // train.checkpoint_dir is set, to <checkpoint_dir>/train.log as well (appended, every run).
 #include <chrono>
@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "tools/cli.h"
+#include "train/preempt.h"
 #include "train/trainer.h"
 #include "tensor/check.h"
 
@@ -27,7 +28,11 @@ Environment:
   AUTOSP_FAULT               fault injection for tests: rank:R,step:K,kind:exit|abort|crash|hang|nan
                              [,where:step|checkpoint] (docs/reliability.md)
 
-Exit codes: 0 success, 2 bad usage, config or input, 3 runtime failure.
+Signals: SIGTERM, SIGINT or SIGUSR1 finish the current step, save a checkpoint (rank 0, when
+train.checkpoint_dir is set) and exit 4 within train.save_timeout seconds; a second signal exits at once.
+
+Exit codes: 0 success, 2 bad usage, config or input, 3 runtime failure, 4 stopped by a signal after
+saving a checkpoint (continue with --resume).
 )";
 
 // Rank 0's log also goes to <dir>/train.log: the default logger gets a second sink, and the same
@@ -67,7 +72,9 @@ int main(int argc, char** argv) {
         "resume", "continue from a checkpoint directory (or the newest under a root)", cxxopts::value<std::string>())(
         "metrics", "append one JSON object per logged step to this file", cxxopts::value<std::string>())(
         "dump-grads", "write the first step's gradients (after all-reduce, before clipping)",
-        cxxopts::value<std::string>())("quiet", "no per-step log lines on stderr (train.log keeps them)")(
+        cxxopts::value<std::string>())("start-over",
+                                       "train.checkpoint_dir holds an earlier run: move its checkpoints aside and start again")(
+        "quiet", "no per-step log lines on stderr (train.log keeps them)")(
         "h,help", "show this help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
@@ -88,6 +95,8 @@ int main(int argc, char** argv) {
     ta.metrics = opt("metrics");
     ta.dump_grads = opt("dump-grads");
     ta.quiet = args.count("quiet") > 0;
+    ta.start_over = args.count("start-over") > 0;
+    ta.config_path = args["config"].as<std::string>();
 
     auto world = make_world_communicator();
     const bool lead = world->rank() == 0;
@@ -107,6 +116,11 @@ int main(int argc, char** argv) {
         spdlog::info("done: {} steps (to step {}) in {:.1f} s, loss {:.4f} -> {:.4f}{}", r.steps.size(), last.step,
                      secs, first.loss, last.loss,
                      last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
+      }
+      if (r.preempted) {
+        if (lead) spdlog::warn("stopped by a signal after step {}: continue with --resume {}",
+                               r.steps.empty() ? 0 : r.steps.back().step, cfg.train.checkpoint_dir);
+        return kExitPreempted;
       }
     } catch (const std::exception& e) {
       if (auto file = spdlog::get("train.log")) file->error("{}", e.what());  // stderr gets it from run_app

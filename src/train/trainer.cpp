@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <fstream>
 #include <numeric>
@@ -13,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/exit.h"
 #include "comm/job_comms.h"
 #include "device/cuda/device.h"
 #include "engine/executor.h"
@@ -25,6 +27,8 @@
 #include "train/fault.h"
 #include "train/grad_sync.h"
 #include "train/optimizer.h"
+#include "train/outputs.h"
+#include "train/preempt.h"
 
 namespace autosp {
 namespace {
@@ -213,6 +217,7 @@ double score_accuracy(const Tensor& run_logits, const Batch& batch, const PassCo
 struct Progress {
   int64_t start = 0, total = 0;  // steps done before this run, and the last step
   Clock::time_point began;
+  std::string metrics_path;
 };
 
 // Rank 0's lines for a logged step: the progress line (stderr; under --quiet only the run's
@@ -236,6 +241,7 @@ void log_step(const StepRecord& rec, const Progress& run, bool quiet, std::ofstr
                         {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes}};
     if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
     metrics << m.dump() << "\n" << std::flush;
+    if (!metrics) throw RuntimeFailure(str("--metrics ", run.metrics_path, ": write failed (disk full or I/O error)"));
   }
 }
 
@@ -250,6 +256,56 @@ void save_step_checkpoint(const Config& cfg, int64_t step, const ParamMap& param
   const std::string dir =
       save_checkpoint(cfg.train.checkpoint_dir, step, host_copy(params), host_copy(opt), cfg.resolved, save);
   spdlog::info("saved checkpoint {}", dir);
+}
+
+// ---- the checkpoint directory's lifecycle (docs/reliability.md) --------------------------------
+
+// Rank 0, before anything is loaded: the run's own outputs may not clobber its inputs or a
+// checkpoint, and a train.checkpoint_dir that holds an earlier run's steps needs --resume from it or
+// --start-over (which moves those steps aside).
+void check_run_files(const Config& cfg, const TrainArgs& args) {
+  const RunFiles run{{args.config_path, cfg.data.source == DataSourceKind::synthetic ? "" : cfg.data.path,
+                      args.init_from, args.resume},
+                     cfg.train.checkpoint_dir};
+  if (!args.metrics.empty()) check_output_path("--metrics", args.metrics, run);
+  if (!args.dump_grads.empty()) check_output_path("--dump-grads", args.dump_grads, run);
+  if (args.start_over && !args.resume.empty()) throw UsageError("--start-over and --resume exclude each other");
+  if (args.start_over && cfg.train.checkpoint_dir.empty()) throw UsageError("--start-over needs train.checkpoint_dir");
+}
+
+// Whether `resume` names `root` itself or one of its step_* directories.
+bool resumes_from(const std::string& resume, const std::string& root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path r = fs::weakly_canonical(resume, ec), d = fs::weakly_canonical(root, ec);
+  return r == d || r.parent_path() == d;
+}
+
+void prepare_checkpoint_dir(const Config& cfg, const TrainArgs& args) {
+  const std::string& root = cfg.train.checkpoint_dir;
+  const int64_t newest = newest_step(root);
+  if (args.start_over) {
+    if (const std::string aside = move_aside(root, -1); !aside.empty())
+      spdlog::info("--start-over: moved the earlier run's checkpoints (to step {}) into {}", newest, aside);
+    return;
+  }
+  if (newest < 0) return;
+  if (args.resume.empty())
+    throw UsageError(str("train.checkpoint_dir ", root, " already holds step_", fmt::format("{:08d}", newest),
+                         " of an earlier run: --resume ", root, " to continue it, or --start-over to move its "
+                         "checkpoints aside and start again"));
+  if (!resumes_from(args.resume, root))
+    throw UsageError(str("train.checkpoint_dir ", root, " holds checkpoints of another run than --resume ",
+                         args.resume, ": give this run its own train.checkpoint_dir, or --start-over"));
+}
+
+// Resuming an older step of `root` branches from it: the newer steps move aside, so they are
+// neither pruned nor taken for this run's newest by a later --resume ROOT.
+void branch_from(const Config& cfg, const TrainArgs& args, int64_t step) {
+  const std::string& root = cfg.train.checkpoint_dir;
+  if (root.empty() || args.resume.empty() || !resumes_from(args.resume, root)) return;
+  if (const std::string aside = move_aside(root, step); !aside.empty())
+    spdlog::info("branching from step {}: the newer checkpoints of {} moved into {}", step, root, aside);
 }
 
 }  // namespace
@@ -268,6 +324,16 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const int64_t total = args.steps.value_or(cfg.train.steps);
   if (total < 0) throw UsageError(str("--steps ", total, ": expected >= 0"));
   if (!args.resume.empty() && !args.init_from.empty()) throw UsageError("--resume and --init-from exclude each other");
+  // One live run per checkpoint directory (the lock lives as long as the run), then its lifecycle.
+  std::optional<DirLock> lock;
+  if (lead) {
+    check_run_files(cfg, args);
+    if (!cfg.train.checkpoint_dir.empty()) {
+      lock.emplace(cfg.train.checkpoint_dir);
+      prepare_checkpoint_dir(cfg, args);
+    }
+  }
+  StopOnSignal stop(cfg.train.save_timeout);  // SIGTERM, SIGINT, SIGUSR1: save after this step and stop
 
   RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
   Executor ex(*prog.graph, ExecOptions{.attention = cfg.runtime.attention});
@@ -278,6 +344,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   result.params = std::move(state.params);
   AdamW& opt = state.opt;
   const int64_t start = state.step;
+  if (lead) branch_from(cfg, args, start);
   for (auto& [name, p] : result.params) comms->host_world->broadcast(p, 0);  // every rank starts from rank 0's weights
   // Parameters, gradients and AdamW state live on the run device from here on.
   to_run_device(result.params, dev);
@@ -298,7 +365,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   }
   const int64_t tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * mesh.dp;
 
-  const Progress run{start, total, Clock::now()};
+  const Progress run{start, total, Clock::now(), args.metrics};
   for (int64_t step = start; step < total; ++step) {
     const auto t0 = Clock::now();
     comms->watchdog->set_step(step + 1);
@@ -350,6 +417,22 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
         !cfg.train.checkpoint_dir.empty() &&
         ((cfg.train.checkpoint_every > 0 && rec.step % cfg.train.checkpoint_every == 0) || rec.step == total);
     if (lead && checkpoint_now) save_step_checkpoint(cfg, rec.step, result.params, opt, fault, world);
+    // Preemption: every rank agrees on this step (one tiny all-reduce), rank 0 saves it, and all
+    // leave together once the checkpoint is on disk.
+    if (stop.stop_agreed(*comms->host_world)) {
+      if (lead) {
+        spdlog::warn("stopping after step {}: a preemption signal reached {}", rec.step,
+                     StopOnSignal::received() ? "this rank" : "another rank");
+        if (cfg.train.checkpoint_dir.empty())
+          spdlog::warn("no train.checkpoint_dir: nothing saved; the run restarts from step 0");
+        else if (!checkpoint_now)
+          save_step_checkpoint(cfg, rec.step, result.params, opt, fault, world);
+      }
+      comms->host_world->barrier();
+      mark_exit_agreed();
+      result.preempted = true;
+      break;
+    }
   }
   result.params = host_copy(result.params);
   return result;

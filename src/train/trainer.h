@@ -19,6 +19,10 @@ struct TrainArgs {
   std::string resume;            // checkpoint directory (or root) to continue from
   std::string metrics;           // JSON lines file, one object per logged step (rank 0)
   std::string dump_grads;        // safetensors of the first step's gradients (rank 0)
+  std::string config_path;       // the config file (an input: --metrics and --dump-grads may not overwrite it)
+  // A train.checkpoint_dir that holds step_* directories needs --resume, or this: its checkpoints
+  // move aside into previous-<time>-<pid>/ and the run starts again (docs/reliability.md).
+  bool start_over = false;
   bool quiet = false;            // no per-step log lines
   // Score the synthetic task's accuracy each step (StepRecord::accuracy). It copies this rank's
   // logits to the host and scans them there (at S = 32k and a 32k vocabulary, 2 GiB and seconds
@@ -38,6 +42,9 @@ struct StepRecord {
 struct TrainResult {
   std::vector<StepRecord> steps;  // every step run by this process
   ParamMap params;                // final parameters
+  // Stopped early by a preemption signal (train/preempt.h) on any rank, after the checkpoint of the
+  // last step (when train.checkpoint_dir is set); the app then exits with kExitPreempted.
+  bool preempted = false;
 };
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world);
