@@ -1,5 +1,6 @@
 // Element types of autosp tensors and their names ("f32", "bf16", ...), as used by the IR,
-// the printer and safetensors ("F32", "BF16", ...). Knows nothing of graphs or devices.
+// the printer, safetensors ("F32", "BF16", ...) and the config's runtime.dtype (PyTorch's
+// "float32", "bfloat16", ...). Knows nothing of graphs or devices.
 #pragma once
 
 #include <cstddef>

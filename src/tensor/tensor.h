@@ -1,5 +1,6 @@
 // Tensor: a dtype, a shape, strides (in elements) and an offset into shared storage that came from
-// an Allocator. Copies share storage (like torch.Tensor); clone() copies data. Knows nothing of graphs.
+// an Allocator. Copies share storage (like torch.Tensor); clone() copies data. ParamMap: tensors by
+// name (parameters, gradients, optimizer moments). Knows nothing of graphs.
 #pragma once
 
 #include <cstdint>
