@@ -45,7 +45,7 @@ for f in ("model", "optimizer"):
 PY
 
 if ! mpirun --oversubscribe -np 2 "$bin/autosp-train" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=2 \
-     --steps 2 --quiet 2>"$tmp/log3"; then
+     --set "train.checkpoint_dir=$tmp/ck-sp2" --steps 2 --quiet 2>"$tmp/log3"; then
   echo "FAIL: 2-rank bf16 SP run: $(tail -3 "$tmp/log3")"
   fail=1
 fi

@@ -37,8 +37,9 @@ void check_volume(const Case& c, int64_t sp, int64_t steps) {
 
   const CommVolume v = step_comm_volume(cfg.model, c.batch, c.seq, sp, world.size(), 4, 4);
   // Besides the model's volume the trainer all-reduces the synthetic task's accuracy counts
-  // (i64[2], 16 bytes) each step; every rank broadcast-receives rank 0's initial weights once.
-  const int64_t accuracy_bytes = 16;
+  // (i64[2], 16 bytes) and the preemption-stop flag (i64[1], 8 bytes: train/preempt.h) each step;
+  // every rank broadcast-receives rank 0's initial weights once.
+  const int64_t accuracy_bytes = 16 + 8;
   INFO(c.name << " at world " << world.size() << ", sp " << sp << ": all-to-all " << s.all_to_all.bytes
                << " bytes, all-reduce " << s.all_reduce.bytes << " bytes over " << steps << " steps");
   CHECK(s.all_to_all.calls == steps * v.all_to_all_calls);
