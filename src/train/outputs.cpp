@@ -41,13 +41,15 @@ std::vector<fs::path> expand(const std::string& pattern) {
 
 }  // namespace
 
-void check_output_path(const std::string& flag, const std::string& path, const RunFiles& run) {
+void check_output_path(const std::string& flag, const std::string& path, const RunFiles& run, OutputKind kind) {
   const fs::path out = canonical_or_weak(path);
   auto refuse = [&](const std::string& why) {
     throw UsageError(str(flag, " ", path, ": ", why, "; write it somewhere else"));
   };
   std::error_code ec;
   if (fs::is_directory(out, ec)) refuse("is a directory");
+  if (kind == OutputKind::replaced && fs::exists(out, ec) && !fs::is_regular_file(out, ec))
+    refuse("is not a regular file (writing it would replace it with one)");
   for (const std::string& in : run.inputs) {
     if (in.empty()) continue;
     for (const fs::path& p : expand(in)) {

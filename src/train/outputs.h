@@ -16,6 +16,12 @@ struct RunFiles {
   std::string checkpoint_dir;       // train.checkpoint_dir ("" when the run saves none)
 };
 
-void check_output_path(const std::string& flag, const std::string& path, const RunFiles& run);
+// How an output is written: appended to (--metrics: a device or FIFO such as /dev/stdout is fine),
+// or replaced whole by a rename (--dump-grads: an existing device, FIFO or socket would be
+// replaced by a regular file, so it is refused).
+enum class OutputKind { appended, replaced };
+
+void check_output_path(const std::string& flag, const std::string& path, const RunFiles& run,
+                       OutputKind kind = OutputKind::appended);
 
 }  // namespace autosp

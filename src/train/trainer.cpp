@@ -268,7 +268,7 @@ void check_run_files(const Config& cfg, const TrainArgs& args) {
                       args.init_from, args.resume},
                      cfg.train.checkpoint_dir};
   if (!args.metrics.empty()) check_output_path("--metrics", args.metrics, run);
-  if (!args.dump_grads.empty()) check_output_path("--dump-grads", args.dump_grads, run);
+  if (!args.dump_grads.empty()) check_output_path("--dump-grads", args.dump_grads, run, OutputKind::replaced);
   if (args.start_over && !args.resume.empty()) throw UsageError("--start-over and --resume exclude each other");
   if (args.start_over && cfg.train.checkpoint_dir.empty()) throw UsageError("--start-over needs train.checkpoint_dir");
 }

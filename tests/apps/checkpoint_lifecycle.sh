@@ -79,8 +79,10 @@ expect 2 "--metrics .*is inside" "${c[@]}" --resume "$ck" --metrics "$ck/step_00
 expect 2 "--metrics .*is inside the checkpoint" "${c[@]}" --resume "$ck/step_00000006" --metrics "$ck/step_00000002/m.jsonl"
 expect 2 "--metrics .*which this run reads" "${c[@]}" --resume "$ck" --metrics "$tmp/cfg.json"
 expect 2 "--dump-grads .*is inside" "${c[@]}" --resume "$ck" --dump-grads "$ck/step_00000006/model.safetensors"
-# A failed write is exit 3 naming the file, not a silent short file.
+# A failed write is exit 3 naming the file, not a silent short file; a device is never replaced.
 expect 3 "/dev/full" --config "$tmp/cfg.json" --quiet --metrics /dev/full
+expect 2 "--dump-grads /dev/full: is not a regular file" --config "$tmp/cfg.json" --quiet --dump-grads /dev/full
+[ -c /dev/full ] || { echo "FAIL: /dev/full is no longer a device"; fail=1; }
 # A closed stderr pipe: the run goes on and finishes (SIGPIPE ignored).
 "$bin" --config "$tmp/cfg.json" --metrics "$tmp/pipe.jsonl" 2> >(head -c 1 >/dev/null)
 rc=$?

@@ -44,6 +44,10 @@ TEST_CASE("outputs may not overwrite an input or land in a checkpoint", "[output
   refused(d / "ck" / ".lock", ".lock");
   refused(d / "ck", "directory");
 
+  // A file written by rename may not replace a device (once /dev/full became a regular file).
+  CHECK_THROWS_WITH(check_output_path("--dump-grads", "/dev/null", run, OutputKind::replaced),
+                    Catch::Contains("is not a regular file"));
+  CHECK_NOTHROW(check_output_path("--metrics", "/dev/null", run));  // appended: fine
   CHECK_NOTHROW(check_output_path("--metrics", (d / "metrics.jsonl").string(), run));
   CHECK_NOTHROW(check_output_path("--metrics", (d / "ck" / "metrics.jsonl").string(), run));  // beside, not in
   CHECK_NOTHROW(check_output_path("--dump-grads", (d / "data" / "grads.safetensors").string(), run));
