@@ -4,6 +4,8 @@
 //   autosp-bench --config F --sweep-seq 1024,2048 --sweep-ranks 1,2,4 [--models a.json,b.json]
 //                [--out results.csv|.jsonl] [--mode step] [--compare-pytorch]
 //   autosp-bench --project [--project-config P.json] [--compute-tflops X | --compute-from results.jsonl]
+//   autosp-bench --mode attention [--attn-seq 1024,4096] [--attn-dims 16,64,128] [--attn-hidden C] [--attn-group G]
+//                [--attn-full] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]   (tools/bench_attention.h)
 //   autosp-bench --point ...   (internal: one sweep point on the mpirun world; rank 0 prints the row)
 #include <cxxopts.hpp>
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <sstream>
 
 #include "tools/bench.h"
+#include "tools/bench_attention.h"
 #include "tools/cli.h"
 #include "tools/scaling.h"
 #include "tensor/check.h"
@@ -79,6 +82,14 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>())(
         "peak-tflops", "device peak TFLOP/s for the MFU column (CUDA runs)", cxxopts::value<std::string>())(
         "point", "internal: run one sweep point on the mpirun world")("h,help", "show help");
+    opts.add_options("attention")("attn-seq", "--mode attention: sequence lengths", cxxopts::value<std::string>())(
+        "attn-dims", "--mode attention: head dims", cxxopts::value<std::string>())(
+        "attn-hidden", "--mode attention: N·D (heads = hidden / D)", cxxopts::value<std::string>())(
+        "attn-group", "--mode attention: query heads per kv head (GQA)", cxxopts::value<std::string>())(
+        "attn-full", "--mode attention: no causal mask")(
+        "threads", "--mode attention: threads (default: all cores)", cxxopts::value<std::string>())(
+        "pairs", "alternated turns of each side", cxxopts::value<std::string>())(
+        "no-check", "--mode attention: skip the check of our outputs against PyTorch's");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
       std::cout << opts.help() << std::endl;
@@ -105,6 +116,26 @@ int main(int argc, char** argv) {
         pc.source += ", compute measured in " + from;
       }
       std::cout << projection_report(pc);
+      return 0;
+    }
+
+    if (args.count("mode") && args["mode"].as<std::string>() == "attention") {
+      if (sweep || point || args.count("config")) throw UsageError("--mode attention takes no --config or sweep flags");
+      AttentionBenchOptions ao;
+      if (args.count("attn-seq")) ao.seqs = parse_int_list("attn-seq", args["attn-seq"].as<std::string>());
+      if (args.count("attn-dims")) ao.dims = parse_int_list("attn-dims", args["attn-dims"].as<std::string>());
+      if (args.count("attn-hidden")) ao.hidden = parse_int_list("attn-hidden", args["attn-hidden"].as<std::string>()).at(0);
+      if (args.count("attn-group")) ao.group = parse_int_list("attn-group", args["attn-group"].as<std::string>()).at(0);
+      if (args.count("threads")) ao.threads = int(parse_int_list("threads", args["threads"].as<std::string>()).at(0));
+      if (args.count("pairs")) ao.pairs = int(parse_int_list("pairs", args["pairs"].as<std::string>()).at(0));
+      ao.warmup = int(parse_int_flag("warmup", args["warmup"].as<std::string>()));
+      if (ao.warmup < 0 || ao.warmup > 1000) throw UsageError(str("--warmup ", ao.warmup, ": expected 0..1000"));
+      if (args.count("iters")) ao.iters = int(parse_int_list("iters", args["iters"].as<std::string>()).at(0));
+      ao.causal = args.count("attn-full") == 0;
+      ao.compare_pytorch = args.count("compare-pytorch") > 0;
+      ao.check = args.count("no-check") == 0;
+      ao.source_dir = AUTOSP_SOURCE_DIR;
+      run_attention_bench(ao, [](const nlohmann::json& row) { std::cout << row.dump() << std::endl; });
       return 0;
     }
 
