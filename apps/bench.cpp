@@ -1,6 +1,7 @@
 // autosp-bench: time a model step on this machine, optionally against PyTorch eager; sweep
 // models × P × seq_len (multi-rank points under mpirun); project the scaling model.
-//   autosp-bench --config F [--set k=v]... [--mode forward|step] [--warmup W] [--iters I] [--compare-pytorch]
+//   autosp-bench --config F [--set k=v]... [--mode forward|step] [--warmup W] [--iters I]
+//                [--compare-pytorch [--pytorch-compile] [--pytorch-debian] [--pairs K]]
 //   autosp-bench --config F --sweep-seq 1024,2048 --sweep-ranks 1,2,4 [--models a.json,b.json]
 //                [--out results.csv|.jsonl] [--mode step] [--compare-pytorch]
 //   autosp-bench --project [--project-config P.json] [--compute-tflops X | --compute-from results.jsonl]
@@ -15,6 +16,7 @@
 #include "tools/bench.h"
 #include "tools/bench_attention.h"
 #include "tools/cli.h"
+#include "tools/py_worker.h"
 #include "tools/scaling.h"
 #include "tensor/check.h"
 
@@ -68,7 +70,10 @@ int main(int argc, char** argv) {
         "mode", "forward or step (sweeps: step)", cxxopts::value<std::string>())(
         "warmup", "untimed iterations", cxxopts::value<std::string>()->default_value("1"))(
         "iters", "timed iterations (the median is reported)", cxxopts::value<std::string>()->default_value("5"))(
-        "compare-pytorch", "also run the same model in PyTorch eager (/usr/bin/python3); sweeps: P = 1 points")(
+        "compare-pytorch", "also run the same model in PyTorch 2.x eager (the .venv-bench venv, made on first use by "
+        "scripts/pytorch-venv.sh), alternated; sweeps: P = 1 points, not alternated")(
+        "pytorch-compile", "--compare-pytorch: also PyTorch 2.x under torch.compile")(
+        "pytorch-debian", "--compare-pytorch: also Debian's PyTorch 1.13 (/usr/bin/python3)")(
         "sweep-seq", "sweep these sequence lengths (comma-separated)", cxxopts::value<std::string>())(
         "sweep-ranks", "sweep these SP degrees P (comma-separated; P > 1 runs under mpirun -np P)",
         cxxopts::value<std::string>())(
@@ -151,10 +156,16 @@ int main(int argc, char** argv) {
     opt.warmup = static_cast<int>(warmup);
     opt.iters = static_cast<int>(iters);
     opt.compare_pytorch = args.count("compare-pytorch") > 0;
+    opt.pytorch_compile = args.count("pytorch-compile") > 0;
+    opt.pytorch_debian = args.count("pytorch-debian") > 0;
+    if ((opt.pytorch_compile || opt.pytorch_debian) && !opt.compare_pytorch)
+      throw UsageError("--pytorch-compile and --pytorch-debian need --compare-pytorch");
+    if (args.count("pairs")) opt.pairs = int(parse_int_list("pairs", args["pairs"].as<std::string>()).at(0));
     opt.source_dir = AUTOSP_SOURCE_DIR;
     if (args.count("peak-tflops")) opt.peak_tflops = parse_positive("peak-tflops", args["peak-tflops"].as<std::string>());
 
     if (sweep) {
+      if (opt.compare_pytorch) opt.pytorch_python = venv_python(opt.source_dir);
       SweepOptions so;
       so.bench = opt;
       so.overrides = sets;
@@ -182,6 +193,7 @@ int main(int argc, char** argv) {
 
     if (!args.count("config")) throw UsageError("--config is required");
     Config cfg = load_config(args["config"].as<std::string>(), sets);
+    if (opt.compare_pytorch) opt.pytorch_python = venv_python(opt.source_dir);
     for (const auto& w : cfg.warnings) std::cerr << "warning: " << w << "\n";
     if (point) {
       auto world = make_world_communicator();

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,7 +33,9 @@ PyWorker::PyWorker(const std::vector<std::string>& argv) {
   AUTOSP_ASSERT(!argv.empty(), "PyWorker needs a command");
   for (const auto& a : argv) what_ += (what_.empty() ? "" : " ") + a;
   int in[2], out[2];
-  if (pipe(in) != 0 || pipe(out) != 0) throw RuntimeFailure("pipe: " + std::string(std::strerror(errno)));
+  // Close-on-exec: a worker started later must not inherit these, or this one never sees EOF.
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0)
+    throw RuntimeFailure("pipe: " + std::string(std::strerror(errno)));
   std::signal(SIGPIPE, SIG_IGN);  // a worker that dies makes write() fail instead of killing us
   std::fflush(nullptr);
   pid_ = fork();
