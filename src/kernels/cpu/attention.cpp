@@ -1,15 +1,16 @@
 // CPU scaled-dot-product attention, flash-style (FlashAttention-2's loop order). Knows nothing of
 // graphs.
 //
-// Tiles: a block of queries meets a block of keys (128 × 512 forward, 64 × 256 backward). The tile products
-// (Q·Kᵀ, P·V and the backward's three more) are cblas calls made from inside OpenMP parallel
-// regions, where OpenBLAS's OpenMP build runs each call in the calling thread (its
-// num_cpu_avail() returns 1 when omp_in_parallel()), so the threads run their own GEMMs without
-// oversubscription. The work between the GEMMs (scale, row max, exp, row sum; the backward's
-// P = exp(scale·s - lse) and dS = P ∘ (dP - Δ)) runs over tile rows in the vector helpers below:
-// a polynomial exp for f32 (Cephes' expf, ~1 ulp), compiled per ISA with GCC's target_clones
-// (AVX-512, AVX2, the baseline) and picked at load time, so the build stays x86-64-v2. f64 keeps
-// std::exp (it is the gradient-check dtype, not a speed path).
+// Tiles: a block of queries meets a block of keys (128 × 512 forward, 64 × 256 backward). The
+// tile products (Q·Kᵀ, P·V and the backward's three more) run single-threaded inside the OpenMP
+// region: f32 on an AVX-512 machine through our register-tiled micro-kernel (gemm_avx512, with
+// Kᵀ and Vᵀ packed once per call into panels per key block), otherwise through OpenBLAS, whose
+// OpenMP build runs a call made inside a parallel region in the calling thread (num_cpu_avail()
+// is 1 when omp_in_parallel()), so no GEMM is threaded twice. The work between the GEMMs (row
+// max, exp, row sums; the backward's P = exp(scale·s - lse) and dS = P ∘ (dP - Δ)) runs over tile
+// rows in vector helpers: a polynomial exp for f32 (Cephes' expf, ~1 ulp), compiled per ISA with
+// GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
+// x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
 //
 // Causal masking: key blocks past a query block's last visible key are never visited; only the
 // tiles on the diagonal apply a per-row limit. A query row that sees no key at all (causal with
@@ -30,8 +31,8 @@
 // chunk order afterwards. The number of chunks depends only on the sizes (enough tasks for a
 // machine's threads when B·Nkv is small, 1 when it is large: then the task writes dk, dv
 // directly), so the summation order, and every bit of the result, is the same for any thread
-// count, without atomics. Scratch: two [BQ, BK] tiles per thread and, with several chunks, the
-// chunks' dK, dV for the keys each chunk sees.
+// count, without atomics. Scratch: two [BQ, BK] tiles per thread, the panels of K and V (on the
+// micro-kernel path) and, with several chunks, the chunks' dK, dV for the keys each chunk sees.
 #include "kernels/cpu/attention.h"
 
 #include <cblas.h>
@@ -42,6 +43,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/check.h"
@@ -193,10 +195,71 @@ void probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale,
 #undef AUTOSP_CLONES
 
 // ---- tile GEMMs ----
+//
+// f32 on a machine with AVX-512: our own register-tiled micro-kernel (below), which reads B
+// row-major and A through any strides, so no operand is packed per call; the key blocks that
+// appear transposed (Kᵀ in Q·Kᵀ, Vᵀ in dO·Vᵀ) are packed once per call into panels [D, BK]. This
+// also escapes OPENBLAS_CORETYPE=Haswell, which keeps OpenBLAS on 8-lane AVX2 kernels here.
+// Elsewhere (f64, or no AVX-512): OpenBLAS.
+
+bool use_micro_kernel() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+// C[r][0, 16·V) = alpha · Σ_k A[r][k] · B[k][0, 16·V) + beta · C for R rows, accumulated in
+// R × V registers; A[r][k] = a[r·ars + k·acs], B[k] = b + k·ldb.
+template <int R, int V>
+[[gnu::always_inline]] inline void micro_tile(int64_t K, float alpha, const float* a, int64_t ars, int64_t acs,
+                                              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  f32x16 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t k = 0; k < K; ++k) {
+    f32x16 bk[V];
+    for (int v = 0; v < V; ++v) bk[v] = load(b + k * ldb + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const float ar = a[r * ars + k * acs];
+      for (int v = 0; v < V; ++v) acc[r][v] += ar * bk[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) {
+      float* cp = c + r * ldc + 16 * v;
+      store(cp, beta == 0.0f ? alpha * acc[r][v] : alpha * acc[r][v] + beta * load(cp));
+    }
+}
+
+// Rows [0, M) of one column strip of width 16·V: R rows at a time, then one at a time.
+template <int R, int V>
+[[gnu::always_inline]] inline void micro_strip(int64_t M, int64_t K, float alpha, const float* a, int64_t ars,
+                                               int64_t acs, const float* b, int64_t ldb, float beta, float* c,
+                                               int64_t ldc) {
+  int64_t m = 0;
+  for (; m + R <= M; m += R) micro_tile<R, V>(K, alpha, a + m * ars, ars, acs, b, ldb, beta, c + m * ldc, ldc);
+  for (; m < M; ++m) micro_tile<1, V>(K, alpha, a + m * ars, ars, acs, b, ldb, beta, c + m * ldc, ldc);
+}
+
+// C[M×N] (ldc) = alpha · A · B + beta · C, A[m][k] = a[m·ars + k·acs], B[k][n] = b[k·ldb + n]:
+// strips of 64 columns (6 × 4 registers), then of 16 (8 × 1), then the last N % 16 columns plainly.
+__attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                                                    int64_t ars, int64_t acs, const float* b, int64_t ldb, float beta,
+                                                    float* c, int64_t ldc) {
+  int64_t n = 0;
+  for (; n + 64 <= N; n += 64) micro_strip<6, 4>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
+  for (; n + 16 <= N; n += 16) micro_strip<8, 1>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
+  for (int64_t m = 0; m < M && n < N; ++m)
+    for (int64_t j = n; j < N; ++j) {
+      float sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += a[m * ars + k * acs] * b[k * ldb + j];
+      c[m * ldc + j] = beta == 0.0f ? alpha * sum : alpha * sum + beta * c[m * ldc + j];
+    }
+}
 
 // C[M×N] (ldc) = alpha · op(A) · op(B) + beta · C; op(A) is M×K, op(B) is K×N (row-major).
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!tb && use_micro_kernel()) return gemm_avx512(M, N, K, alpha, a, ta ? 1 : lda, ta ? lda : 1, b, ldb, beta, c, ldc);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
               blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
 }
@@ -204,6 +267,34 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
           const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
               blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+}
+
+// The key blocks of x [B·Nkv, Skv, D] transposed into panels [B·Nkv, nkb, D, BK] (zero past the
+// last key), for the micro-kernel's Q·Kᵀ and dO·Vᵀ; empty where the tile GEMMs go to OpenBLAS.
+template <class T>
+std::vector<T> key_panels(const T* x, int64_t BNkv, int64_t Skv, int64_t D, int64_t BK) {
+  if (!std::is_same_v<T, float> || !use_micro_kernel()) return {};
+  const int64_t nkb = (Skv + BK - 1) / BK;
+  std::vector<T> panels(static_cast<size_t>(BNkv * nkb * D * BK));
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < BNkv * nkb; ++blk) {
+    const int64_t j0 = (blk % nkb) * BK, bk = std::min(BK, Skv - j0);
+    const T* src = x + ((blk / nkb) * Skv + j0) * D;  // [bk, D]
+    T* dst = panels.data() + blk * D * BK;           // [D, BK]
+    for (int64_t j = 0; j < bk; ++j)
+      for (int64_t d = 0; d < D; ++d) dst[d * BK + j] = src[j * D + d];
+  }
+  return panels;
+}
+
+// s [M, bk] (ldc) = a [M, D] · (keys [j0, j0 + bk) of one kv head)ᵀ, from its panel [D, BK] when
+// there are panels (the columns up to bk rounded to 16 are written; the rest of a panel is 0),
+// else from the key rows [bk, D].
+template <class T>
+void gemm_keys_t(int64_t M, int64_t bk, int64_t D, const T* a, const T* rows, const T* panel, int64_t BK, T* c,
+                 int64_t ldc) {
+  if (panel != nullptr) gemm(false, false, M, std::min(BK, (bk + 15) / 16 * 16), D, T(1), a, D, panel, BK, T(0), c, ldc);
+  else gemm(false, true, M, bk, D, T(1), a, D, rows, D, T(0), c, ldc);
 }
 
 // Keys a query block [i0, i0 + bq) can see at all (causal: j ≤ i + shift), and the first key a
@@ -235,6 +326,9 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
   const T sc = T(scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
+  const int64_t nkb = (Skv + BK - 1) / BK;
+  const std::vector<T> kt = key_panels(k, B * Nkv, Skv, D, BK);  // [B·Nkv, nkb, D, BK] or empty
+
 #pragma omp parallel
   {
     std::vector<T> s(static_cast<size_t>(BQ * BK));    // [BQ, BK] scores, then probabilities
@@ -260,7 +354,8 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
       for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         const int64_t bk = std::min(BK, kend - j0);
         // s [bq, bk] = q [bq, D] · k[j0 : j0+bk]ᵀ
-        gemm(false, true, bq, bk, D, T(1), qp, D, kp + j0 * D, D, T(0), s.data(), BK);
+        const T* panel = kt.empty() ? nullptr : kt.data() + ((b * Nkv + h / group) * nkb + j0 / BK) * D * BK;
+        gemm_keys_t(bq, bk, D, qp, kp + j0 * D, panel, BK, s.data(), BK);
         for (int64_t i = 0; i < bq; ++i) {
           T* si = s.data() + i * BK;
           const int64_t lim = row_limit(causal, i0 + i, shift, j0, bk);
@@ -314,6 +409,8 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
   };
   const int64_t stride = C > 1 ? B * Nkv * C * Skv * D : 0;
   std::vector<T> part(static_cast<size_t>(2 * stride));
+  const int64_t nkb = (Skv + BK - 1) / BK;
+  const std::vector<T> kt = key_panels(k, B * Nkv, Skv, D, BK), vt = key_panels(v, B * Nkv, Skv, D, BK);
 
 #pragma omp parallel
   {
@@ -350,8 +447,9 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
           const int64_t kend = visible_end(causal, i0, bq, shift, Skv);
           for (int64_t j0 = 0; j0 < kend; j0 += BK) {
             const int64_t bk = std::min(BK, kend - j0);
-            gemm(false, true, bq, bk, D, T(1), qp, D, kp + j0 * D, D, T(0), p.data(), BK);     // p = q · kᵀ
-            gemm(false, true, bq, bk, D, T(1), dop, D, vp + j0 * D, D, T(0), ds.data(), BK);   // ds = dO · vᵀ
+            const int64_t panel = (bkv * nkb + j0 / BK) * D * BK;
+            gemm_keys_t(bq, bk, D, qp, kp + j0 * D, kt.empty() ? nullptr : kt.data() + panel, BK, p.data(), BK);    // p = q · kᵀ
+            gemm_keys_t(bq, bk, D, dop, vp + j0 * D, vt.empty() ? nullptr : vt.data() + panel, BK, ds.data(), BK);  // ds = dO · vᵀ
             for (int64_t i = 0; i < bq; ++i) {
               const int64_t lim = lp[i] == neg_inf ? 0 : row_limit(causal, i0 + i, shift, j0, bk);
               probs_and_ds(p.data() + i * BK, ds.data() + i * BK, lim, bk, sc, lp[i], delta[size_t(i)]);
