@@ -3,10 +3,10 @@
 //
 // Tiles: a block of queries meets a block of keys (128 × 512 forward, 64 × 256 backward). The
 // tile products (Q·Kᵀ, P·V and the backward's three more) run single-threaded inside the OpenMP
-// region: f32 on an AVX-512 machine through our register-tiled micro-kernel (gemm_avx512, with
-// Kᵀ and Vᵀ packed once per call into panels per key block), otherwise through OpenBLAS, whose
-// OpenMP build runs a call made inside a parallel region in the calling thread (num_cpu_avail()
-// is 1 when omp_in_parallel()), so no GEMM is threaded twice. The work between the GEMMs (row
+// region: f32 on an AVX-512 machine through our register-tiled micro-kernel (gemm_avx512; the key
+// block of Kᵀ or Vᵀ is transposed per tile into a per-thread panel), otherwise through OpenBLAS,
+// whose OpenMP build runs a call made inside a parallel region in the calling thread
+// (num_cpu_avail() is 1 when omp_in_parallel()), so no GEMM is threaded twice. The work between the GEMMs (row
 // max, exp, row sums; the backward's P = exp(scale·s - lse) and dS = P ∘ (dP - Δ)) runs over tile
 // rows in vector helpers: a polynomial exp for f32 (Cephes' expf, ~1 ulp), compiled per ISA with
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
@@ -31,8 +31,8 @@
 // chunk order afterwards. The number of chunks depends only on the sizes (enough tasks for a
 // machine's threads when B·Nkv is small, 1 when it is large: then the task writes dk, dv
 // directly), so the summation order, and every bit of the result, is the same for any thread
-// count, without atomics. Scratch: two [BQ, BK] tiles per thread, the panels of K and V (on the
-// micro-kernel path) and, with several chunks, the chunks' dK, dV for the keys each chunk sees.
+// count, without atomics. Scratch: two [BQ, BK] tiles and a [D, BK] panel per thread and, with
+// several chunks, the chunks' dK, dV for the keys each chunk sees.
 #include "kernels/cpu/attention.h"
 
 #include <cblas.h>
@@ -43,7 +43,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "tensor/check.h"
@@ -197,8 +196,8 @@ void probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale,
 // ---- tile GEMMs ----
 //
 // f32 on a machine with AVX-512: our own register-tiled micro-kernel (below), which reads B
-// row-major and A through any strides, so no operand is packed per call; the key blocks that
-// appear transposed (Kᵀ in Q·Kᵀ, Vᵀ in dO·Vᵀ) are packed once per call into panels [D, BK]. This
+// row-major and A through any strides, so Pᵀ and dSᵀ need no copy; the key blocks that appear
+// transposed (Kᵀ in Q·Kᵀ, Vᵀ in dO·Vᵀ) are transposed per tile into a panel [D, BK]. This
 // also escapes OPENBLAS_CORETYPE=Haswell, which keeps OpenBLAS on 8-lane AVX2 kernels here.
 // Elsewhere (f64, or no AVX-512): OpenBLAS.
 
@@ -269,32 +268,27 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
               blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
 }
 
-// The key blocks of x [B·Nkv, Skv, D] transposed into panels [B·Nkv, nkb, D, BK] (zero past the
-// last key), for the micro-kernel's Q·Kᵀ and dO·Vᵀ; empty where the tile GEMMs go to OpenBLAS.
-template <class T>
-std::vector<T> key_panels(const T* x, int64_t BNkv, int64_t Skv, int64_t D, int64_t BK) {
-  if (!std::is_same_v<T, float> || !use_micro_kernel()) return {};
-  const int64_t nkb = (Skv + BK - 1) / BK;
-  std::vector<T> panels(static_cast<size_t>(BNkv * nkb * D * BK));
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < BNkv * nkb; ++blk) {
-    const int64_t j0 = (blk % nkb) * BK, bk = std::min(BK, Skv - j0);
-    const T* src = x + ((blk / nkb) * Skv + j0) * D;  // [bk, D]
-    T* dst = panels.data() + blk * D * BK;           // [D, BK]
-    for (int64_t j = 0; j < bk; ++j)
-      for (int64_t d = 0; d < D; ++d) dst[d * BK + j] = src[j * D + d];
+// s [M, bk] (ldc) = a [M, D] · (key rows [bk, D])ᵀ. On the micro-kernel path the key rows are
+// first transposed into `panel` [D, BK] (per-thread scratch; the columns up to bk rounded to 16
+// are written, zero past bk, and so are the products; that costs bk·D moves against M·bk·D FMAs).
+void gemm_keys_t(int64_t M, int64_t bk, int64_t D, const float* a, const float* rows, float* panel, int64_t BK,
+                 float* c, int64_t ldc) {
+  if (!use_micro_kernel()) return gemm(false, true, M, bk, D, 1.0f, a, D, rows, D, 0.0f, c, ldc);
+  const int64_t n = std::min(BK, (bk + 15) / 16 * 16);
+  // 16 keys at a time, so that their rows stay in L1 while each d writes one cache line.
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t w = std::min<int64_t>(16, bk - j0);
+    for (int64_t d = 0; d < D; ++d) {
+      float* dst = panel + d * BK + j0;
+      for (int64_t j = 0; j < w; ++j) dst[j] = rows[(j0 + j) * D + d];
+      for (int64_t j = std::max<int64_t>(w, 0); j < 16; ++j) dst[j] = 0.0f;
+    }
   }
-  return panels;
+  gemm(false, false, M, n, D, 1.0f, a, D, panel, BK, 0.0f, c, ldc);
 }
-
-// s [M, bk] (ldc) = a [M, D] · (keys [j0, j0 + bk) of one kv head)ᵀ, from its panel [D, BK] when
-// there are panels (the columns up to bk rounded to 16 are written; the rest of a panel is 0),
-// else from the key rows [bk, D].
-template <class T>
-void gemm_keys_t(int64_t M, int64_t bk, int64_t D, const T* a, const T* rows, const T* panel, int64_t BK, T* c,
-                 int64_t ldc) {
-  if (panel != nullptr) gemm(false, false, M, std::min(BK, (bk + 15) / 16 * 16), D, T(1), a, D, panel, BK, T(0), c, ldc);
-  else gemm(false, true, M, bk, D, T(1), a, D, rows, D, T(0), c, ldc);
+void gemm_keys_t(int64_t M, int64_t bk, int64_t D, const double* a, const double* rows, double*, int64_t,
+                 double* c, int64_t ldc) {
+  gemm(false, true, M, bk, D, 1.0, a, D, rows, D, 0.0, c, ldc);
 }
 
 // Keys a query block [i0, i0 + bq) can see at all (causal: j ≤ i + shift), and the first key a
@@ -326,12 +320,10 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
   const T sc = T(scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
-  const int64_t nkb = (Skv + BK - 1) / BK;
-  const std::vector<T> kt = key_panels(k, B * Nkv, Skv, D, BK);  // [B·Nkv, nkb, D, BK] or empty
-
 #pragma omp parallel
   {
     std::vector<T> s(static_cast<size_t>(BQ * BK));    // [BQ, BK] scores, then probabilities
+    std::vector<T> panel(static_cast<size_t>(D * BK)); // [D, BK] a key block transposed
     std::vector<T> acc(static_cast<size_t>(BQ * D));   // [BQ, D] unnormalised output
     std::vector<T> m(static_cast<size_t>(BQ));         // [BQ] running max of scaled scores
     std::vector<double> l(static_cast<size_t>(BQ));    // [BQ] running Σ exp(score - m)
@@ -354,8 +346,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
       for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         const int64_t bk = std::min(BK, kend - j0);
         // s [bq, bk] = q [bq, D] · k[j0 : j0+bk]ᵀ
-        const T* panel = kt.empty() ? nullptr : kt.data() + ((b * Nkv + h / group) * nkb + j0 / BK) * D * BK;
-        gemm_keys_t(bq, bk, D, qp, kp + j0 * D, panel, BK, s.data(), BK);
+        gemm_keys_t(bq, bk, D, qp, kp + j0 * D, panel.data(), BK, s.data(), BK);
         for (int64_t i = 0; i < bq; ++i) {
           T* si = s.data() + i * BK;
           const int64_t lim = row_limit(causal, i0 + i, shift, j0, bk);
@@ -409,12 +400,12 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
   };
   const int64_t stride = C > 1 ? B * Nkv * C * Skv * D : 0;
   std::vector<T> part(static_cast<size_t>(2 * stride));
-  const int64_t nkb = (Skv + BK - 1) / BK;
-  const std::vector<T> kt = key_panels(k, B * Nkv, Skv, D, BK), vt = key_panels(v, B * Nkv, Skv, D, BK);
+
 
 #pragma omp parallel
   {
     std::vector<T> p(static_cast<size_t>(BQ * BK)), ds(static_cast<size_t>(BQ * BK));  // [BQ, BK] tiles
+    std::vector<T> panel(static_cast<size_t>(D * BK));                                // [D, BK] Kᵀ or Vᵀ
     std::vector<T> delta(static_cast<size_t>(BQ));                                    // [BQ] Δ
 
     // Chunks late in the sequence see the most keys under causal masking: hand them out first.
@@ -447,9 +438,8 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
           const int64_t kend = visible_end(causal, i0, bq, shift, Skv);
           for (int64_t j0 = 0; j0 < kend; j0 += BK) {
             const int64_t bk = std::min(BK, kend - j0);
-            const int64_t panel = (bkv * nkb + j0 / BK) * D * BK;
-            gemm_keys_t(bq, bk, D, qp, kp + j0 * D, kt.empty() ? nullptr : kt.data() + panel, BK, p.data(), BK);    // p = q · kᵀ
-            gemm_keys_t(bq, bk, D, dop, vp + j0 * D, vt.empty() ? nullptr : vt.data() + panel, BK, ds.data(), BK);  // ds = dO · vᵀ
+            gemm_keys_t(bq, bk, D, qp, kp + j0 * D, panel.data(), BK, p.data(), BK);    // p = q · kᵀ
+            gemm_keys_t(bq, bk, D, dop, vp + j0 * D, panel.data(), BK, ds.data(), BK);  // ds = dO · vᵀ
             for (int64_t i = 0; i < bq; ++i) {
               const int64_t lim = lp[i] == neg_inf ? 0 : row_limit(causal, i0 + i, shift, j0, bk);
               probs_and_ds(p.data() + i * BK, ds.data() + i * BK, lim, bk, sc, lp[i], delta[size_t(i)]);
