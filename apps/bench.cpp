@@ -1,5 +1,6 @@
-// autosp-bench: time a model step on this machine, optionally against PyTorch eager; sweep
-// models × P × seq_len (multi-rank points under mpirun); project the scaling model.
+// autosp-bench: time a model step on this machine, optionally against PyTorch (2.x eager and
+// torch.compile, Debian's 1.13), alternated; time the CPU attention kernel against PyTorch's SDPA;
+// sweep models × P × seq_len (multi-rank points under mpirun); project the scaling model.
 //   autosp-bench --config F [--set k=v]... [--mode forward|step] [--warmup W] [--iters I]
 //                [--compare-pytorch [--pytorch-compile] [--pytorch-debian] [--pairs K]]
 //   autosp-bench --config F --sweep-seq 1024,2048 --sweep-ranks 1,2,4 [--models a.json,b.json]
