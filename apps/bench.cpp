@@ -1,9 +1,13 @@
-// autosp-bench: time a model step on this machine, optionally against PyTorch eager; sweep
-// models × P × seq_len (multi-rank points under mpirun); project the scaling model.
-//   autosp-bench --config F [--set k=v]... [--mode forward|step] [--warmup W] [--iters I] [--compare-pytorch]
+// autosp-bench: time a model step on this machine, optionally against PyTorch (2.x eager and
+// torch.compile, Debian's 1.13), alternated; time the CPU attention kernel against PyTorch's SDPA;
+// sweep models × P × seq_len (multi-rank points under mpirun); project the scaling model.
+//   autosp-bench --config F [--set k=v]... [--mode forward|step] [--warmup W] [--iters I]
+//                [--compare-pytorch [--pytorch-compile] [--pytorch-debian] [--pairs K]]
 //   autosp-bench --config F --sweep-seq 1024,2048 --sweep-ranks 1,2,4 [--models a.json,b.json]
 //                [--out results.csv|.jsonl] [--mode step] [--compare-pytorch]
 //   autosp-bench --project [--project-config P.json] [--compute-tflops X | --compute-from results.jsonl]
+//   autosp-bench --mode attention [--attn-seq 1024,4096] [--attn-dims 16,64,128] [--attn-hidden C] [--attn-group G]
+//                [--attn-full] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]   (tools/bench_attention.h)
 //   autosp-bench --point ...   (internal: one sweep point on the mpirun world; rank 0 prints the row)
 #include <cxxopts.hpp>
 #include <filesystem>
@@ -11,7 +15,9 @@
 #include <sstream>
 
 #include "tools/bench.h"
+#include "tools/bench_attention.h"
 #include "tools/cli.h"
+#include "tools/py_worker.h"
 #include "tools/scaling.h"
 #include "tensor/check.h"
 
@@ -65,7 +71,10 @@ int main(int argc, char** argv) {
         "mode", "forward or step (sweeps: step)", cxxopts::value<std::string>())(
         "warmup", "untimed iterations", cxxopts::value<std::string>()->default_value("1"))(
         "iters", "timed iterations (the median is reported)", cxxopts::value<std::string>()->default_value("5"))(
-        "compare-pytorch", "also run the same model in PyTorch eager (/usr/bin/python3); sweeps: P = 1 points")(
+        "compare-pytorch", "also run the same model in PyTorch 2.x eager (the .venv-bench venv, made on first use by "
+        "scripts/pytorch-venv.sh), alternated; sweeps: P = 1 points, not alternated")(
+        "pytorch-compile", "--compare-pytorch: also PyTorch 2.x under torch.compile")(
+        "pytorch-debian", "--compare-pytorch: also Debian's PyTorch 1.13 (/usr/bin/python3)")(
         "sweep-seq", "sweep these sequence lengths (comma-separated)", cxxopts::value<std::string>())(
         "sweep-ranks", "sweep these SP degrees P (comma-separated; P > 1 runs under mpirun -np P)",
         cxxopts::value<std::string>())(
@@ -79,6 +88,14 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>())(
         "peak-tflops", "device peak TFLOP/s for the MFU column (CUDA runs)", cxxopts::value<std::string>())(
         "point", "internal: run one sweep point on the mpirun world")("h,help", "show help");
+    opts.add_options("attention")("attn-seq", "--mode attention: sequence lengths", cxxopts::value<std::string>())(
+        "attn-dims", "--mode attention: head dims", cxxopts::value<std::string>())(
+        "attn-hidden", "--mode attention: N·D (heads = hidden / D)", cxxopts::value<std::string>())(
+        "attn-group", "--mode attention: query heads per kv head (GQA)", cxxopts::value<std::string>())(
+        "attn-full", "--mode attention: no causal mask")(
+        "threads", "--mode attention: threads (default: all cores)", cxxopts::value<std::string>())(
+        "pairs", "alternated turns of each side", cxxopts::value<std::string>())(
+        "no-check", "--mode attention: skip the check of our outputs against PyTorch's");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
       std::cout << opts.help() << std::endl;
@@ -108,6 +125,26 @@ int main(int argc, char** argv) {
       return 0;
     }
 
+    if (args.count("mode") && args["mode"].as<std::string>() == "attention") {
+      if (sweep || point || args.count("config")) throw UsageError("--mode attention takes no --config or sweep flags");
+      AttentionBenchOptions ao;
+      if (args.count("attn-seq")) ao.seqs = parse_int_list("attn-seq", args["attn-seq"].as<std::string>());
+      if (args.count("attn-dims")) ao.dims = parse_int_list("attn-dims", args["attn-dims"].as<std::string>());
+      if (args.count("attn-hidden")) ao.hidden = parse_int_list("attn-hidden", args["attn-hidden"].as<std::string>()).at(0);
+      if (args.count("attn-group")) ao.group = parse_int_list("attn-group", args["attn-group"].as<std::string>()).at(0);
+      if (args.count("threads")) ao.threads = int(parse_int_list("threads", args["threads"].as<std::string>()).at(0));
+      if (args.count("pairs")) ao.pairs = int(parse_int_list("pairs", args["pairs"].as<std::string>()).at(0));
+      ao.warmup = int(parse_int_flag("warmup", args["warmup"].as<std::string>()));
+      if (ao.warmup < 0 || ao.warmup > 1000) throw UsageError(str("--warmup ", ao.warmup, ": expected 0..1000"));
+      if (args.count("iters")) ao.iters = int(parse_int_list("iters", args["iters"].as<std::string>()).at(0));
+      ao.causal = args.count("attn-full") == 0;
+      ao.compare_pytorch = args.count("compare-pytorch") > 0;
+      ao.check = args.count("no-check") == 0;
+      ao.source_dir = AUTOSP_SOURCE_DIR;
+      run_attention_bench(ao, [](const nlohmann::json& row) { std::cout << row.dump() << std::endl; });
+      return 0;
+    }
+
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
     BenchOptions opt;
@@ -120,10 +157,16 @@ int main(int argc, char** argv) {
     opt.warmup = static_cast<int>(warmup);
     opt.iters = static_cast<int>(iters);
     opt.compare_pytorch = args.count("compare-pytorch") > 0;
+    opt.pytorch_compile = args.count("pytorch-compile") > 0;
+    opt.pytorch_debian = args.count("pytorch-debian") > 0;
+    if ((opt.pytorch_compile || opt.pytorch_debian) && !opt.compare_pytorch)
+      throw UsageError("--pytorch-compile and --pytorch-debian need --compare-pytorch");
+    if (args.count("pairs")) opt.pairs = int(parse_int_list("pairs", args["pairs"].as<std::string>()).at(0));
     opt.source_dir = AUTOSP_SOURCE_DIR;
     if (args.count("peak-tflops")) opt.peak_tflops = parse_positive("peak-tflops", args["peak-tflops"].as<std::string>());
 
     if (sweep) {
+      if (opt.compare_pytorch) opt.pytorch_python = venv_python(opt.source_dir);
       SweepOptions so;
       so.bench = opt;
       so.overrides = sets;
@@ -151,6 +194,7 @@ int main(int argc, char** argv) {
 
     if (!args.count("config")) throw UsageError("--config is required");
     Config cfg = load_config(args["config"].as<std::string>(), sets);
+    if (opt.compare_pytorch) opt.pytorch_python = venv_python(opt.source_dir);
     for (const auto& w : cfg.warnings) std::cerr << "warning: " << w << "\n";
     if (point) {
       auto world = make_world_communicator();

@@ -1,9 +1,13 @@
 #!/usr/bin/python3
-"""PyTorch eager speed baseline for autosp-bench (same model code as tests/ref/model_ref.py).
+"""PyTorch speed baseline for autosp-bench (same model code as tests/ref/model_ref.py).
 
-  /usr/bin/python3 scripts/bench_pytorch.py [--config CFG.json] [--arch gpt2|llama] [--layers L]
+  PYTHON scripts/bench_pytorch.py [--config CFG.json] [--arch gpt2|llama] [--layers L]
       [--hidden C] [--heads N] [--kv-heads Nkv] [--intermediate I] [--vocab V] [--batch B] [--seq S]
       [--threads T] [--mode forward|step] [--warmup W] [--iters I] [--seed K] [--tie | --no-tie]
+      [--attention sdpa|math] [--compile] [--clip X] [--serve]
+
+PYTHON is a current PyTorch 2.x (scripts/pytorch-venv.sh prints the venv's python) or Debian's
+python3-torch 1.13 (/usr/bin/python3).
 
 The model comes from an autosp config (its "model" object; data.batch_size / data.seq_len /
 runtime.threads / train.{lr,weight_decay,beta1,beta2,eps} are used when present), and flags override
@@ -12,9 +16,18 @@ seq 256. Llama's intermediate size defaults to 4*hidden when neither the config 
 
 float32, random init (N(0, 0.02)), one fixed random batch (labels = the next token).
   forward: logits + mean cross-entropy under torch.no_grad()
-  step:    forward + loss.backward() + torch.optim.AdamW.step() (decay only on tensors of rank >= 2),
-           gradients set to None before each step; no clipping.
-Attention is the materialised causal softmax(QK^T/sqrt(D))V, like Hugging Face eager.
+  step:    forward + loss.backward() + clip_grad_norm_(--clip, default the config's train.grad_clip,
+           else 1.0, autosp's default; 0 = none) + torch.optim.AdamW.step() (decay only on tensors
+           of rank >= 2), gradients set to None before each step.
+Attention (--attention): "sdpa" (the default where torch has it, 2.x) is
+torch.nn.functional.scaled_dot_product_attention(is_causal=True), PyTorch's flash kernel on CPU,
+like Hugging Face's sdpa attention (K, V repeated over the GQA group first); "math" (the default
+on 1.13) is the materialised causal softmax(QK^T/sqrt(D))V of Hugging Face eager.
+--compile wraps the forward and loss in torch.compile (Inductor; its backward is compiled too,
+the optimizer stays eager); compilation happens in the warm-up and is not timed.
+--serve: set up once, print {"ready": true, "torch": ...}, then answer each stdin line
+{"warmup": W, "iters": I} with a result line like the one below, so that autosp-bench can
+alternate with it (peak_bytes there is over everything since the setup).
 
 Prints one JSON line: {"impl": "pytorch", "mode", "tokens_per_sec", "step_ms" (median), "peak_bytes",
 "peak_rss_bytes", ...config and timing details,
@@ -24,8 +37,8 @@ Memory (CPU): peak_bytes is the resident-set high-water mark during the warm-up 
 minus the resident set just before them, i.e. after the model, its parameters, the optimizer object
 and the batch exist (the high-water mark is reset there by writing 5 to /proc/self/clear_refs, so an
 earlier peak, e.g. from importing torch, does not count). It covers everything the steps add:
-activations (here the materialised S x S attention), gradients, AdamW's state (created by the first
-step) and allocator slack. peak_method says whether the reset worked ("rss_hwm_delta") or the
+activations (with --attention math the materialised S x S attention), gradients, AdamW's state
+(created by the first step), allocator slack and, with --compile, what compiling the graphs keeps. peak_method says whether the reset worked ("rss_hwm_delta") or the
 delta is over the process's lifetime peak ("rss_hwm_delta_unreset", an upper bound).
 peak_rss_bytes is the process's lifetime peak RSS (interpreter and torch included).
 """
@@ -92,7 +105,16 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tie", action=argparse.BooleanOptionalAction, default=None,
                     help="Llama: tie the LM head to the embedding (default: the config's, else untied)")
+    has_sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")
+    ap.add_argument("--attention", choices=["sdpa", "math"], default="sdpa" if has_sdpa else "math")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the forward and loss")
+    ap.add_argument("--clip", type=float, help="gradient clipping max norm (0: none)")
+    ap.add_argument("--serve", action="store_true", help="answer {warmup, iters} requests on stdin")
     args = ap.parse_args(argv)
+    if args.attention == "sdpa" and not has_sdpa:
+        fail(f"--attention sdpa: torch {torch.__version__} has no scaled_dot_product_attention")
+    if args.compile and not hasattr(torch, "compile"):
+        fail(f"--compile: torch {torch.__version__} has no torch.compile")
 
     doc = {}
     if args.config:
@@ -134,12 +156,22 @@ def main(argv=None):
     if threads:
         torch.set_num_threads(int(threads))
 
+    if args.attention == "sdpa":
+        tm.causal_attention = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    clip = args.clip if args.clip is not None else float(train.get("grad_clip", 1.0))
+
     g = torch.Generator().manual_seed(args.seed)
     params = tm.init_params(cfg, g, dtype=torch.float32, zero_bias=True, norm_std=0.0)
     tokens = torch.randint(0, cfg.vocab_size, (B, S + 1), generator=g)
     ids, labels = tokens[:, :S].contiguous(), tokens[:, 1:].contiguous()
     pos = torch.arange(S).expand(B, S).contiguous()
     n_params = sum(p.numel() for p in params.values())
+
+    def model_loss():
+        return tm.token_loss(tm.forward(cfg, params, ids, pos), labels)[0]
+
+    if args.compile:
+        model_loss = torch.compile(model_loss)
 
     if args.mode == "step":
         for p in params.values():
@@ -152,40 +184,53 @@ def main(argv=None):
             lr=float(train.get("lr", 3e-4)), betas=(float(train.get("beta1", 0.9)), float(train.get("beta2", 0.95))),
             eps=float(train.get("eps", 1e-8)))
 
+        all_params = list(params.values())
+
         def one():
             opt.zero_grad(set_to_none=True)
-            loss, _, _ = tm.token_loss(tm.forward(cfg, params, ids, pos), labels)
+            loss = model_loss()
             loss.backward()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(all_params, clip)
             opt.step()
             return loss
     else:
         def one():
             with torch.no_grad():
-                loss, _, _ = tm.token_loss(tm.forward(cfg, params, ids, pos), labels)
-            return loss
+                return model_loss()
 
     baseline, reset = rss_baseline()
-    for _ in range(args.warmup):
-        one()
-    times = []
-    loss = None
-    for _ in range(args.iters):
-        t0 = time.perf_counter()
-        loss = one()
-        times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    peak_delta = max(0, proc_status_bytes("VmHWM") - baseline)
-    out = {"impl": "pytorch", "mode": args.mode, "tokens_per_sec": B * S / med, "step_ms": med * 1e3,
-           "peak_bytes": peak_delta, "peak_method": "rss_hwm_delta" if reset else "rss_hwm_delta_unreset",
-           "peak_rss_bytes": peak, "step_ms_min": min(times) * 1e3, "iters": args.iters, "warmup": args.warmup,
-           "arch": cfg.arch, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
-           "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
-           "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size, "batch": B, "seq": S,
-           "params": n_params, "threads": torch.get_num_threads(), "dtype": "float32",
-           "final_loss": float(loss), "torch": torch.__version__,
-           "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
-    print(json.dumps(out))
+
+    def run(warmup, iters):
+        for _ in range(warmup):
+            one()
+        times = []
+        loss = None
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            loss = one()
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        peak_delta = max(0, proc_status_bytes("VmHWM") - baseline)
+        return {"impl": "pytorch", "mode": args.mode, "tokens_per_sec": B * S / med, "step_ms": med * 1e3,
+                "peak_bytes": peak_delta, "peak_method": "rss_hwm_delta" if reset else "rss_hwm_delta_unreset",
+                "peak_rss_bytes": peak, "step_ms_min": min(times) * 1e3, "iters": iters, "warmup": warmup,
+                "arch": cfg.arch, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+                "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+                "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size, "batch": B, "seq": S,
+                "params": n_params, "threads": torch.get_num_threads(), "dtype": "float32",
+                "attention": args.attention, "compile": args.compile, "clip": clip,
+                "final_loss": float(loss.detach()), "torch": torch.__version__,
+                "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
+
+    if not args.serve:
+        print(json.dumps(run(args.warmup, args.iters)))
+        return 0
+    print(json.dumps({"ready": True, "torch": torch.__version__}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        print(json.dumps(run(int(req.get("warmup", 0)), int(req.get("iters", 1)))), flush=True)
     return 0
 
 

@@ -22,6 +22,7 @@
 #include "models/model.h"
 #include "engine/executor.h"
 #include "engine/program.h"
+#include "tools/py_worker.h"
 #include "tools/scaling.h"
 #include "train/trainer.h"
 
@@ -104,21 +105,28 @@ json last_json_line(const std::string& out) {
   return found;
 }
 
-json run_pytorch(const Config& cfg, const BenchOptions& opt, int threads) {
+// bench_pytorch.py's flags for cfg's model, batch, threads and mode.
+std::vector<std::string> pytorch_args(const Config& cfg, const BenchOptions& opt, int threads) {
   const auto& m = cfg.model;
-  std::string cmd = "/usr/bin/python3 " + shell_quote(opt.source_dir + "/scripts/bench_pytorch.py") +
-                    " --arch " + std::string(arch_name(m.arch)) + " --layers " + std::to_string(m.num_hidden_layers) +
-                    " --hidden " + std::to_string(m.hidden_size) +
-                    " --heads " + std::to_string(m.num_attention_heads) + " --kv-heads " +
-                    std::to_string(m.num_key_value_heads) + " --intermediate " + std::to_string(m.intermediate_size) +
-                    " --vocab " + std::to_string(m.vocab_size) + " --batch " + std::to_string(cfg.data.batch_size) +
-                    " --seq " + std::to_string(cfg.data.seq_len) + " --threads " + std::to_string(threads) +
-                    " --mode " + opt.mode + " --warmup " + std::to_string(opt.warmup) + " --iters " +
-                    std::to_string(opt.iters);
+  std::vector<std::string> a = {opt.source_dir + "/scripts/bench_pytorch.py", "--arch", std::string(arch_name(m.arch)), "--layers",
+                                std::to_string(m.num_hidden_layers), "--hidden", std::to_string(m.hidden_size),
+                                "--heads", std::to_string(m.num_attention_heads), "--kv-heads",
+                                std::to_string(m.num_key_value_heads), "--intermediate", std::to_string(m.intermediate_size),
+                                "--vocab", std::to_string(m.vocab_size), "--batch", std::to_string(cfg.data.batch_size),
+                                "--seq", std::to_string(cfg.data.seq_len), "--threads", std::to_string(threads),
+                                "--mode", opt.mode, "--clip", str(cfg.train.grad_clip)};
   switch (m.arch) {
     case Arch::gpt2: break;  // always tied
-    case Arch::llama: cmd += m.tie_word_embeddings ? " --tie" : " --no-tie"; break;
+    case Arch::llama: a.push_back(m.tie_word_embeddings ? "--tie" : "--no-tie"); break;
   }
+  return a;
+}
+
+// One run of bench_pytorch.py (a sweep point's baseline) under the 2.x venv's python.
+json run_pytorch(const Config& cfg, const BenchOptions& opt, int threads) {
+  std::string cmd = shell_quote(opt.pytorch_python);
+  for (const auto& a : pytorch_args(cfg, opt, threads)) cmd += " " + shell_quote(a);
+  cmd += " --warmup " + std::to_string(opt.warmup) + " --iters " + std::to_string(opt.iters);
   int status = 0;
   const std::string out = capture(cmd, status);
   json j = last_json_line(out);
@@ -282,8 +290,60 @@ json run_bench(const Config& cfg, const BenchOptions& opt) {
     throw UsageError(str("sequence_parallel.autosp_size ", cfg.sequence_parallel.autosp_size,
                          ": a single autosp-bench run is one process; use --sweep-ranks for P > 1"));
   auto world = make_single_process_communicator();
-  json row = run_point(cfg, opt, *world);
-  if (opt.compare_pytorch) add_pytorch_columns(row, run_pytorch(cfg, opt, row["threads"].get<int>()));
+  if (!opt.compare_pytorch) return run_point(cfg, opt, *world);
+
+  // The baselines, each a worker that keeps its model between turns: PyTorch 2.x eager (SDPA),
+  // optionally torch.compile and Debian's 1.13 (materialised attention, its only kind).
+  if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
+  const std::vector<std::string> args = pytorch_args(cfg, opt, cpu::num_threads());
+  struct Side {
+    std::string prefix;  // of its columns
+    std::unique_ptr<PyWorker> worker;
+    std::vector<double> ms, ratio;
+    json last;
+  };
+  std::vector<Side> sides;
+  auto add_side = [&](const std::string& prefix, const std::string& python, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {python};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back("--serve");
+    sides.push_back({prefix, std::make_unique<PyWorker>(argv), {}, {}, {}});
+    sides.back().worker->read_reply();  // {"ready": true}: set up
+  };
+  add_side("pytorch", opt.pytorch_python, {"--attention", "sdpa"});
+  if (opt.pytorch_compile) add_side("compile", opt.pytorch_python, {"--attention", "sdpa", "--compile"});
+  if (opt.pytorch_debian) add_side("debian", "/usr/bin/python3", {"--attention", "math"});
+
+  // Alternate: autosp, then each baseline, `pairs` times; each ratio is from one turn.
+  json row;
+  std::vector<double> ours;
+  for (int turn = 0; turn < opt.pairs; ++turn) {
+    row = run_point(cfg, opt, *world);
+    ours.push_back(row["step_ms"].get<double>());
+    for (Side& s : sides) {
+      // The first turn compiles (torch.compile) in its warm-up: at least one untimed step.
+      s.last = s.worker->request({{"warmup", turn == 0 ? std::max(opt.warmup, 1) : opt.warmup}, {"iters", opt.iters}});
+      s.ms.push_back(s.last["step_ms"].get<double>());
+      s.ratio.push_back(s.ms.back() / ours.back());
+    }
+  }
+  const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len);
+  row["step_ms"] = median(ours);
+  row["tokens_per_sec"] = tokens / (median(ours) / 1e3);
+  row["pairs"] = opt.pairs;
+  for (const Side& s : sides) {
+    const std::string p = s.prefix + "_";
+    row[p + "step_ms"] = median(s.ms);
+    row[p + "tokens_per_sec"] = tokens / (median(s.ms) / 1e3);
+    row[p + "peak_bytes"] = s.last["peak_bytes"];  // the worker's high-water since its setup: every turn
+    row[p + "torch"] = s.last["torch"];
+    row[p == "pytorch_" ? "speedup" : p + "speedup"] = median(s.ratio);
+    row[p + "speedup_min"] = *std::min_element(s.ratio.begin(), s.ratio.end());
+    row[p + "speedup_max"] = *std::max_element(s.ratio.begin(), s.ratio.end());
+  }
+  if (row["pytorch_peak_bytes"].get<double>() > 0)
+    row["memory_ratio"] = row["peak_bytes"].get<double>() / row["pytorch_peak_bytes"].get<double>();
   return row;
 }
 

@@ -1,7 +1,9 @@
 // Benchmarks behind autosp-bench.
 //   run_bench:  one point in this process (forward or training step on random tokens with the
-//               config's shapes), optionally against PyTorch eager (scripts/bench_pytorch.py under
-//               Debian's /usr/bin/python3) on the same machine and thread count.
+//               config's shapes), optionally against PyTorch (scripts/bench_pytorch.py --serve):
+//               2.x from the .venv-bench venv (scripts/pytorch-venv.sh) with eager SDPA, and
+//               optionally torch.compile and Debian's 1.13 (/usr/bin/python3), on the same machine,
+//               model, batch, optimizer and thread count, alternated in one run.
 //   run_point:  one point on however many ranks this process's world has (mpirun), with the
 //               communication counted by CountingCommunicator; rank 0's row holds the maxima over
 //               ranks. This is what `autosp-bench --point` runs in each child of a sweep.
@@ -25,12 +27,21 @@ struct BenchOptions {
   std::string mode = "forward";
   int warmup = 1, iters = 5;
   bool compare_pytorch = false;
+  int pairs = 3;                 // --compare-pytorch: alternated turns (autosp, then each baseline)
+  bool pytorch_compile = false;  // also PyTorch 2.x under torch.compile
+  bool pytorch_debian = false;   // also Debian's PyTorch 1.13 (materialised attention)
+  std::string pytorch_python;    // the 2.x venv's python (venv_python), set with compare_pytorch
   std::string source_dir;    // where scripts/bench_pytorch.py lives
   double peak_tflops = 0;    // device peak for MFU (CUDA only; 0 = no MFU column)
 };
 
 // One JSON row: impl, mode, arch, batch, seq, threads, loss, step_ms (median), tokens_per_sec,
-// peak_bytes, and with compare_pytorch: pytorch_step_ms, pytorch_tokens_per_sec, speedup.
+// peak_bytes, and with compare_pytorch, per baseline X in pytorch (2.x eager), compile, debian:
+// X_step_ms, X_tokens_per_sec (medians over the turns), X_peak_bytes (the worker's RSS high-water
+// over its resident set after setup), X_torch (version), the ratio X's step ÷ ours as
+// speedup (pytorch) or X_speedup (the median over turns of the ratio within each turn) with
+// X_speedup_min / X_speedup_max; step_ms is then the median over the turns, and memory_ratio =
+// peak_bytes ÷ pytorch_peak_bytes.
 nlohmann::json run_bench(const Config& cfg, const BenchOptions& opt);
 
 // One sweep point on `world` (every rank calls it; the row is complete on rank 0). Fields:

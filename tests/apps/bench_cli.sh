@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# autosp-bench: a small forward benchmark prints one JSON row with a finite loss; a tiny sweep
+# autosp-bench: a small forward benchmark prints one JSON row with a finite loss; a tiny attention
+# benchmark prints its row (no PyTorch needed without --compare-pytorch); a tiny sweep
 # (P = 1 in-process child, P = 2 under mpirun) writes CSV and JSON-lines rows with the
 # communication columns; --project prints the scaling tables; bad flags and configs give one
 # `error:` line and exit code 2.
@@ -54,6 +55,19 @@ expect_usage_error "--config or --models" --sweep-seq 64
 expect_usage_error "--mode" --config "$cfg" --sweep-seq 64 --mode sideways
 expect_usage_error "not a multiple of P = 2" --config "$cfg" --sweep-seq 63 --sweep-ranks 2 --mode forward
 expect_usage_error "exclude" --config "$cfg" --sweep-seq 64 --point
+# The attention benchmark (without PyTorch: ours and sgemm only) and its flags.
+row=$("$bin" --mode attention --attn-seq 64 --attn-dims 16 --pairs 1 --iters 1 --warmup 0 2>/dev/null) || {
+  echo "FAIL: --mode attention exited non-zero"
+  fail=1
+}
+if ! /usr/bin/python3 -c 'import json,sys; r=json.loads(sys.argv[1]); assert r["mode"]=="attention" and r["S"]==64 and r["D"]==16 and r["N"]==16 and r["Nkv"]==8 and r["ours_gflops"]>0 and r["sgemm_gflops"]>0 and "speedup" not in r, r' "$row"; then
+  echo "FAIL: attention row: $row"
+  fail=1
+fi
+expect_usage_error "--attn-dims 48" --mode attention --attn-dims 48
+expect_usage_error "--attn-seq" --mode attention --attn-seq 0
+expect_usage_error "--mode attention takes no --config" --mode attention --config "$cfg"
+expect_usage_error "need --compare-pytorch" --config "$cfg" --pytorch-compile
 # Projection flags.
 echo '{"gpu": 8}' >"$tmp/proj-bad.json"
 echo '{"links": {"nvlink": {"alpha_us": "fast"}}}' >"$tmp/proj-bad2.json"

@@ -1,37 +1,47 @@
-// CPU scaled-dot-product attention forward, flash-style. Knows nothing of graphs.
+// CPU scaled-dot-product attention, flash-style (FlashAttention-2's loop order). Knows nothing of
+// graphs.
 //
-// Work is split over OpenMP threads by (b, h, query block). For one query block, keys are visited
-// in blocks of kBlockK with an online softmax: per query row a running max m and running sum l;
-// when a block raises the max, the row's sum and output accumulator are rescaled by exp(m_old -
-// m_new). Per-thread scratch is one score tile [BQ, BK], one accumulator [BQ, D] and m, l [BQ];
-// no Sq×Skv matrix exists. With causal masking, key blocks past the block's last visible key are
-// never visited, and only the blocks on the diagonal apply a per-row mask.
+// Tiles: a block of queries meets a block of keys (128 × 512 forward, 64 × 256 backward). The
+// tile products (Q·Kᵀ, P·V and the backward's three more) run single-threaded inside the OpenMP
+// region: f32 on an AVX-512 machine through our register-tiled micro-kernel (gemm_avx512; the key
+// block of Kᵀ or Vᵀ is transposed per tile into a per-thread panel), otherwise through OpenBLAS,
+// whose OpenMP build runs a call made inside a parallel region in the calling thread
+// (num_cpu_avail() is 1 when omp_in_parallel()), so no GEMM is threaded twice. The work between the GEMMs (row
+// max, exp, row sums; the backward's P = exp(scale·s - lse) and dS = P ∘ (dP - Δ)) runs over tile
+// rows in vector helpers: a polynomial exp for f32 (Cephes' expf, ~1 ulp), compiled per ISA with
+// GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
+// x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
 //
-// The two tile products, S = Q·Kᵀ and O += P·V, are single-threaded cblas calls: the query block
-// height is chosen so BQ·BK·D ≤ kTileMNK, where OpenBLAS runs in the calling thread (see
-// matmul.cpp), so the OpenMP threads each run their own GEMMs without oversubscription.
+// Causal masking: key blocks past a query block's last visible key are never visited; only the
+// tiles on the diagonal apply a per-row limit. A query row that sees no key at all (causal with
+// Sq > Skv, or Skv == 0) gets o = 0, lse = -inf, and adds nothing in the backward (dq = 0).
 //
-// A query row that sees no key at all (causal with Sq > Skv, or Skv == 0) gets o = 0, lse = -inf.
+// Forward: parallel over (b, head, query block), late query blocks (most keys) first. Per query
+// block, keys are visited in blocks with an online softmax: per row a running max m and sum l
+// (double across blocks); when a block raises the max, the row's sum and output accumulator are
+// rescaled by exp(m_old - m_new). Per-thread scratch: one score tile [BQ, BK], one accumulator
+// [BQ, D], m, l [BQ]; no Sq×Skv matrix exists.
 //
-// Backward (FlashAttention-2 from the saved lse), in three parallel passes with no atomics:
-//   0. Δ [B, N, Sq] = Σ_d dout · o, accumulated in double.
-//   1. dk, dv: parallel over (b, kv head, key block). A task owns its [bk, D] slices of dk and dv
-//      and loops over the query heads of its GQA group and the query blocks that see the key block,
-//      recomputing per tile P = exp(scale · q·kᵀ - lse) and dS = P ∘ (dout·vᵀ - Δ), then
-//      dv += Pᵀ·dout and dk += scale · dSᵀ·q.
-//   2. dq: parallel over (b, head, query block). A task owns its [bq, D] slice of dq and loops over
-//      the visible key blocks, recomputing P and dS, then dq += scale · dS·k.
-// Pass 2 recomputes two of pass 1's tile GEMMs (7 GEMMs per tile in all, against FlashAttention-2's
-// 5 with atomic dq): the price of a race-free dq whose summation order is fixed by the sizes, so
-// results are the same for any thread count. Scratch is two [BQ, BK] tiles per thread; fully
-// masked tiles are skipped, only diagonal tiles apply a per-row mask, and a row with lse = -inf
-// (it sees no key) has P = 0, so it adds nothing and gets dq = 0.
+// Backward (FlashAttention-2 from the saved lse; 5 tile GEMMs, nothing recomputed twice): per
+// (query block, key block) tile,
+//   P = exp(scale · Q·Kᵀ - lse),  dP = dO·Vᵀ,  dS = P ∘ (dP - Δ)    (Δ_i = Σ_d dO_i · O_i, in double)
+//   dV += Pᵀ·dO,  dK += scale · dSᵀ·Q,  dQ += scale · dS·K.
+// Parallel over (b, kv head, query chunk): a task owns the dQ rows of its chunk (for every query
+// head of its GQA group) and a private dK, dV for its chunk; the chunks' dK, dV are summed in
+// chunk order afterwards. The number of chunks depends only on the sizes (enough tasks for a
+// machine's threads when B·Nkv is small, 1 when it is large: then the task writes dk, dv
+// directly), so the summation order, and every bit of the result, is the same for any thread
+// count, without atomics. Scratch: two [BQ, BK] tiles and a [D, BK] panel per thread and, with
+// several chunks, the chunks' dK, dV for the keys each chunk sees.
 #include "kernels/cpu/attention.h"
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -41,37 +51,214 @@ namespace autosp::cpu {
 
 namespace {
 
-constexpr int64_t kBlockK = 64;              // keys per block
-constexpr int64_t kMaxBlockQ = 64;           // queries per block, at most
-constexpr int64_t kTileMNK = 65536 * 4;      // tile GEMM size OpenBLAS keeps single-threaded
+// Queries × keys per tile, measured on this 2-core AVX-512 machine (docs/performance.md): the
+// forward gains ~1.3× at D = 16 from 512 keys over 256; the backward, with two tiles live, keeps 64 × 256.
+constexpr int64_t kForwardBlockQ = 128, kForwardBlockK = 512;
+constexpr int64_t kBackwardBlockQ = 64, kBackwardBlockK = 256;
+constexpr int64_t kMinTasks = 16;    // backward: chunks per (b, kv head) until there are this many tasks
+constexpr int64_t kMaxChunks = 8;
 
-// C[M×N] (ldc) = A[M×K] (lda) · B[N×K]ᵀ (ldb)
-void gemm_abt(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-              int64_t ldb, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(M), blasint(N), blasint(K), 1.0f, a,
-              blasint(lda), b, blasint(ldb), 0.0f, c, blasint(ldc));
+// ---- vector helpers over one tile row (f32: one clone per ISA; f64: plain loops) ----
+//
+// The f32 helpers are written with GCC vector extensions over 16 lanes, which each clone lowers to
+// its ISA (one zmm register, two ymm, four xmm); a row's last n % 16 entries go through the same
+// code in a padded vector. (Plain loops do not vectorise here: GCC keeps a max reduction scalar
+// without -ffinite-math-only.)
+
+// The helpers below are always inlined, so these vectors never cross a call: CMakeLists.txt
+// builds this file with -Wno-psabi (GCC notes that a 64-byte vector argument's ABI depends on the ISA).
+using f32x16 = float __attribute__((vector_size(64)));
+using i32x16 = int32_t __attribute__((vector_size(64)));
+
+[[gnu::always_inline]] inline f32x16 splat(float x) { return f32x16{} + x; }
+[[gnu::always_inline]] inline f32x16 load(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
-void gemm_abt(int64_t M, int64_t N, int64_t K, const double* a, int64_t lda, const double* b,
-              int64_t ldb, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(M), blasint(N), blasint(K), 1.0, a,
-              blasint(lda), b, blasint(ldb), 0.0, c, blasint(ldc));
+[[gnu::always_inline]] inline void store(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
+// The first n < 16 lanes from p, the others `fill`.
+[[gnu::always_inline]] inline f32x16 load_part(const float* p, int64_t n, float fill) {
+  f32x16 v = splat(fill);
+  std::memcpy(&v, p, size_t(n) * sizeof(float));
+  return v;
+}
+[[gnu::always_inline]] inline void store_part(float* p, f32x16 v, int64_t n) {
+  std::memcpy(p, &v, size_t(n) * sizeof(float));
+}
+[[gnu::always_inline]] inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
+[[gnu::always_inline]] inline f32x16 vmin(f32x16 a, f32x16 b) { return a < b ? a : b; }
+[[gnu::always_inline]] inline float hmax(f32x16 v) {
+  float m = v[0];
+  for (int l = 1; l < 16; ++l) m = std::max(m, v[l]);
+  return m;
+}
+[[gnu::always_inline]] inline float hmin(f32x16 v) {
+  float m = v[0];
+  for (int l = 1; l < 16; ++l) m = std::min(m, v[l]);
+  return m;
+}
+[[gnu::always_inline]] inline float hsum(f32x16 v) {
+  float s = 0;
+  for (int l = 0; l < 16; ++l) s += v[l];
+  return s;
 }
 
-// C[M×N] (ldc) += A[M×K] (lda) · B[K×N] (ldb)
-void gemm_acc(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-              int64_t ldb, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blasint(M), blasint(N), blasint(K), 1.0f,
-              a, blasint(lda), b, blasint(ldb), 1.0f, c, blasint(ldc));
+// e^x per lane for x ≤ 88.37 (Cephes expf, ~1 ulp: x = n·ln2 + r with |r| ≤ ln2/2, a degree-5
+// polynomial for e^r, 2^n through the exponent bits); 0 below -87.3, where e^x is subnormal.
+[[gnu::always_inline]] inline f32x16 exp16(f32x16 x) {
+  const float magic = 12582912.0f;  // 1.5 · 2^23: adding it rounds to an integer in the low bits
+  const f32x16 xc = vmin(x, splat(88.37626f));
+  const f32x16 t = xc * 1.44269504088896341f + magic;
+  const f32x16 n = t - magic;
+  const f32x16 r = xc - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
+  f32x16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const f32x16 er = p * r * r + r + 1.0f;
+  const i32x16 e = ((i32x16)t - std::bit_cast<int32_t>(magic) + 127) << 23;
+  return x < -87.33654f ? splat(0.0f) : er * (f32x16)e;
 }
-void gemm_acc(int64_t M, int64_t N, int64_t K, const double* a, int64_t lda, const double* b,
-              int64_t ldb, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blasint(M), blasint(N), blasint(K), 1.0, a,
-              blasint(lda), b, blasint(ldb), 1.0, c, blasint(ldc));
+
+#define AUTOSP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+// max_j (scale · s[j]) over j < n (-inf for n = 0), from one read of the row.
+AUTOSP_CLONES float max_scaled(const float* s, int64_t n, float scale) {
+  const float inf = std::numeric_limits<float>::infinity();
+  f32x16 hi = splat(-inf), lo = splat(inf);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const f32x16 x = load(s + j);
+    hi = vmax(hi, x), lo = vmin(lo, x);
+  }
+  if (j < n) hi = vmax(hi, load_part(s + j, n - j, -inf)), lo = vmin(lo, load_part(s + j, n - j, inf));
+  return n == 0 ? -inf : scale >= 0 ? scale * hmax(hi) : scale * hmin(lo);
+}
+double max_scaled(const double* s, int64_t n, double scale) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * s[j]);
+  return m;
+}
+
+// s[j] = exp(scale · s[j] - m) for j < n; returns Σ_j s[j].
+AUTOSP_CLONES float exp_sum(float* s, int64_t n, float scale, float m) {
+  f32x16 sum = splat(0.0f);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const f32x16 p = exp16(load(s + j) * scale - m);
+    store(s + j, p);
+    sum += p;
+  }
+  if (j < n) {
+    const f32x16 p = exp16(load_part(s + j, n - j, 0.0f) * scale - m);
+    store_part(s + j, p, n - j);
+    for (int64_t l = 0; l < n - j; ++l) sum[l] += p[l];
+  }
+  return hsum(sum);
+}
+double exp_sum(double* s, int64_t n, double scale, double m) {
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(scale * s[j] - m));
+  return sum;
+}
+
+// The backward's row of P and dS: p[j] = exp(scale · p[j] - lse), ds[j] = p[j] · (ds[j] - delta)
+// for j < n; both 0 for n ≤ j < width.
+AUTOSP_CLONES void probs_and_ds(float* p, float* ds, int64_t n, int64_t width, float scale, float lse, float delta) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const f32x16 pj = exp16(load(p + j) * scale - lse);
+    store(p + j, pj);
+    store(ds + j, pj * (load(ds + j) - delta));
+  }
+  if (j < n) {
+    const f32x16 pj = exp16(load_part(p + j, n - j, 0.0f) * scale - lse);
+    store_part(p + j, pj, n - j);
+    store_part(ds + j, pj * (load_part(ds + j, n - j, 0.0f) - delta), n - j);
+  }
+  std::fill(p + n, p + width, 0.0f);
+  std::fill(ds + n, ds + width, 0.0f);
+}
+void probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale, double lse, double delta) {
+  for (int64_t j = 0; j < n; ++j) {
+    p[j] = std::exp(p[j] * scale - lse);
+    ds[j] = p[j] * (ds[j] - delta);
+  }
+  std::fill(p + n, p + width, 0.0);
+  std::fill(ds + n, ds + width, 0.0);
+}
+
+#undef AUTOSP_CLONES
+
+// ---- tile GEMMs ----
+//
+// f32 on a machine with AVX-512: our own register-tiled micro-kernel (below), which reads B
+// row-major and A through any strides, so Pᵀ and dSᵀ need no copy; the key blocks that appear
+// transposed (Kᵀ in Q·Kᵀ, Vᵀ in dO·Vᵀ) are transposed per tile into a panel [D, BK]. This
+// also escapes OPENBLAS_CORETYPE=Haswell, which keeps OpenBLAS on 8-lane AVX2 kernels here.
+// Elsewhere (f64, or no AVX-512): OpenBLAS.
+
+bool use_micro_kernel() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+// C[r][0, 16·V) = alpha · Σ_k A[r][k] · B[k][0, 16·V) + beta · C for R rows, accumulated in
+// R × V registers; A[r][k] = a[r·ars + k·acs], B[k] = b + k·ldb.
+template <int R, int V>
+[[gnu::always_inline]] inline void micro_tile(int64_t K, float alpha, const float* a, int64_t ars, int64_t acs,
+                                              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  f32x16 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t k = 0; k < K; ++k) {
+    f32x16 bk[V];
+    for (int v = 0; v < V; ++v) bk[v] = load(b + k * ldb + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const float ar = a[r * ars + k * acs];
+      for (int v = 0; v < V; ++v) acc[r][v] += ar * bk[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) {
+      float* cp = c + r * ldc + 16 * v;
+      store(cp, beta == 0.0f ? alpha * acc[r][v] : alpha * acc[r][v] + beta * load(cp));
+    }
+}
+
+// Rows [0, M) of one column strip of width 16·V: R rows at a time, then one at a time.
+template <int R, int V>
+[[gnu::always_inline]] inline void micro_strip(int64_t M, int64_t K, float alpha, const float* a, int64_t ars,
+                                               int64_t acs, const float* b, int64_t ldb, float beta, float* c,
+                                               int64_t ldc) {
+  int64_t m = 0;
+  for (; m + R <= M; m += R) micro_tile<R, V>(K, alpha, a + m * ars, ars, acs, b, ldb, beta, c + m * ldc, ldc);
+  for (; m < M; ++m) micro_tile<1, V>(K, alpha, a + m * ars, ars, acs, b, ldb, beta, c + m * ldc, ldc);
+}
+
+// C[M×N] (ldc) = alpha · A · B + beta · C, A[m][k] = a[m·ars + k·acs], B[k][n] = b[k·ldb + n]:
+// strips of 64 columns (6 × 4 registers), then of 16 (8 × 1), then the last N % 16 columns plainly.
+__attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                                                    int64_t ars, int64_t acs, const float* b, int64_t ldb, float beta,
+                                                    float* c, int64_t ldc) {
+  int64_t n = 0;
+  for (; n + 64 <= N; n += 64) micro_strip<6, 4>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
+  for (; n + 16 <= N; n += 16) micro_strip<8, 1>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
+  for (int64_t m = 0; m < M && n < N; ++m)
+    for (int64_t j = n; j < N; ++j) {
+      float sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += a[m * ars + k * acs] * b[k * ldb + j];
+      c[m * ldc + j] = beta == 0.0f ? alpha * sum : alpha * sum + beta * c[m * ldc + j];
+    }
 }
 
 // C[M×N] (ldc) = alpha · op(A) · op(B) + beta · C; op(A) is M×K, op(B) is K×N (row-major).
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (!tb && use_micro_kernel()) return gemm_avx512(M, N, K, alpha, a, ta ? 1 : lda, ta ? lda : 1, b, ldb, beta, c, ldc);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(M),
               blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
 }
@@ -81,31 +268,43 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
               blasint(N), blasint(K), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
 }
 
-// Query rows per block for head dim D: BQ·BK·D ≤ kTileMNK keeps each tile GEMM single-threaded.
-int64_t query_block(int64_t D) { return std::clamp<int64_t>(kTileMNK / (kBlockK * D), 1, kMaxBlockQ); }
-
-// One backward tile: queries [i0, i0+bq) of one head against keys [j0, j0+bk) of its kv head.
-//   p [bq, BK] = exp(scale · q·kᵀ - lse), 0 where masked or where lse = -inf
-//   ds [bq, BK] = p ∘ (dout·vᵀ - Δ)
-// q, dout: [bq, D] (ld D); k, v: [bk, D] (ld D); lse, delta: [bq]. `shift` = Skv - Sq.
-template <class T>
-void backward_tile(const T* q, const T* dout, const T* k, const T* v, const T* lse, const T* delta, int64_t i0,
-                   int64_t bq, int64_t j0, int64_t bk, int64_t D, T scale, bool causal, int64_t shift, T* p,
-                   T* ds) {
-  const int64_t BK = kBlockK;
-  gemm(false, true, bq, bk, D, T(1), q, D, k, D, T(0), p, BK);      // p = q · kᵀ
-  gemm(false, true, bq, bk, D, T(1), dout, D, v, D, T(0), ds, BK);  // ds = dout · vᵀ
-  const bool masked = causal && j0 + bk - 1 > i0 + shift;  // some row misses some key
-  for (int64_t i = 0; i < bq; ++i) {
-    T* pi = p + i * BK;
-    T* di = ds + i * BK;
-    int64_t lim = masked ? std::clamp<int64_t>(i0 + i + shift + 1 - j0, 0, bk) : bk;
-    if (lse[i] == -std::numeric_limits<T>::infinity()) lim = 0;  // the row sees no key at all
-    const T li = lse[i], dl = delta[i];
-    for (int64_t j = 0; j < lim; ++j) pi[j] = std::exp(pi[j] * scale - li);
-    for (int64_t j = lim; j < bk; ++j) pi[j] = T(0);
-    for (int64_t j = 0; j < bk; ++j) di[j] = pi[j] * (di[j] - dl);
+// s [M, bk] (ldc) = a [M, D] · (key rows [bk, D])ᵀ. On the micro-kernel path the key rows are
+// first transposed into `panel` [D, BK] (per-thread scratch; the columns up to bk rounded to 16
+// are written, zero past bk, and so are the products; that costs bk·D moves against M·bk·D FMAs).
+void gemm_keys_t(int64_t M, int64_t bk, int64_t D, const float* a, const float* rows, float* panel, int64_t BK,
+                 float* c, int64_t ldc) {
+  if (!use_micro_kernel()) return gemm(false, true, M, bk, D, 1.0f, a, D, rows, D, 0.0f, c, ldc);
+  const int64_t n = std::min(BK, (bk + 15) / 16 * 16);
+  // 16 keys at a time, so that their rows stay in L1 while each d writes one cache line.
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t w = std::min<int64_t>(16, bk - j0);
+    for (int64_t d = 0; d < D; ++d) {
+      float* dst = panel + d * BK + j0;
+      for (int64_t j = 0; j < w; ++j) dst[j] = rows[(j0 + j) * D + d];
+      for (int64_t j = std::max<int64_t>(w, 0); j < 16; ++j) dst[j] = 0.0f;
+    }
   }
+  gemm(false, false, M, n, D, 1.0f, a, D, panel, BK, 0.0f, c, ldc);
+}
+void gemm_keys_t(int64_t M, int64_t bk, int64_t D, const double* a, const double* rows, double*, int64_t,
+                 double* c, int64_t ldc) {
+  gemm(false, true, M, bk, D, 1.0, a, D, rows, D, 0.0, c, ldc);
+}
+
+// Keys a query block [i0, i0 + bq) can see at all (causal: j ≤ i + shift), and the first key a
+// row i0 + i misses inside the block starting at j0 (`lim` keys of it are visible).
+int64_t visible_end(bool causal, int64_t i0, int64_t bq, int64_t shift, int64_t Skv) {
+  return causal ? std::clamp<int64_t>(i0 + bq + shift, 0, Skv) : Skv;
+}
+int64_t row_limit(bool causal, int64_t i, int64_t shift, int64_t j0, int64_t bk) {
+  return causal ? std::clamp<int64_t>(i + shift + 1 - j0, 0, bk) : bk;
+}
+
+void check_sizes(const char* what, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D) {
+  AUTOSP_ASSERT(B >= 0 && Sq >= 0 && Skv >= 0 && D > 0, what, " sizes B ", B, " Sq ", Sq, " Skv ", Skv, " D ", D);
+  AUTOSP_ASSERT(Nkv > 0 && N % Nkv == 0, what, " heads N ", N, " Nkv ", Nkv);
+  AUTOSP_ASSERT(D <= std::numeric_limits<int>::max() && Skv <= std::numeric_limits<int>::max(), what, " D ", D,
+                " Skv ", Skv);
 }
 
 }  // namespace
@@ -113,13 +312,9 @@ void backward_tile(const T* q, const T* dout, const T* k, const T* v, const T* l
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
                   int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal) {
-  AUTOSP_ASSERT(B >= 0 && Sq >= 0 && Skv >= 0 && D > 0, "sdpa sizes B ", B, " Sq ", Sq, " Skv ",
-                Skv, " D ", D);
-  AUTOSP_ASSERT(Nkv > 0 && N % Nkv == 0, "sdpa heads N ", N, " Nkv ", Nkv);
-  AUTOSP_ASSERT(D <= std::numeric_limits<int>::max(), "sdpa head dim ", D);
+  check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   const int64_t group = N / Nkv;  // query heads per kv head
-  const int64_t BK = kBlockK;
-  const int64_t BQ = query_block(D);
+  const int64_t BQ = kForwardBlockQ, BK = kForwardBlockK;
   const int64_t nqb = (Sq + BQ - 1) / BQ;
   const int64_t shift = Skv - Sq;  // causal: query i sees keys j ≤ i + shift (bottom-right)
   const T sc = T(scale);
@@ -128,6 +323,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 #pragma omp parallel
   {
     std::vector<T> s(static_cast<size_t>(BQ * BK));    // [BQ, BK] scores, then probabilities
+    std::vector<T> panel(static_cast<size_t>(D * BK)); // [D, BK] a key block transposed
     std::vector<T> acc(static_cast<size_t>(BQ * D));   // [BQ, D] unnormalised output
     std::vector<T> m(static_cast<size_t>(BQ));         // [BQ] running max of scaled scores
     std::vector<double> l(static_cast<size_t>(BQ));    // [BQ] running Σ exp(score - m)
@@ -141,8 +337,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
       const T* qp = q + (bh * Sq + i0) * D;                    // [bq, D]
       const T* kp = k + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
       const T* vp = v + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
-      // Keys past kend are masked for every row of this block.
-      const int64_t kend = causal ? std::clamp<int64_t>(i0 + bq + shift, 0, Skv) : Skv;
+      const int64_t kend = visible_end(causal, i0, bq, shift, Skv);
 
       std::fill(m.begin(), m.begin() + bq, neg_inf);
       std::fill(l.begin(), l.begin() + bq, 0.0);
@@ -151,26 +346,15 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
       for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         const int64_t bk = std::min(BK, kend - j0);
         // s [bq, bk] = q [bq, D] · k[j0 : j0+bk]ᵀ
-        gemm_abt(bq, bk, D, qp, D, kp + j0 * D, D, s.data(), BK);
-        const bool masked = causal && j0 + bk - 1 > i0 + shift;  // some row misses some key
+        gemm_keys_t(bq, bk, D, qp, kp + j0 * D, panel.data(), BK, s.data(), BK);
         for (int64_t i = 0; i < bq; ++i) {
           T* si = s.data() + i * BK;
-          const int64_t lim = masked ? std::clamp<int64_t>(i0 + i + shift + 1 - j0, 0, bk) : bk;
-          T bmax = neg_inf;
-          for (int64_t j = 0; j < lim; ++j) {
-            si[j] *= sc;
-            bmax = std::max(bmax, si[j]);
-          }
-          for (int64_t j = lim; j < bk; ++j) si[j] = T(0);
+          const int64_t lim = row_limit(causal, i0 + i, shift, j0, bk);
+          std::fill(si + lim, si + bk, T(0));
           if (lim == 0) continue;  // the row sees nothing here: p = 0, state unchanged
-          const T m_new = std::max(m[i], bmax);
+          const T m_new = std::max(m[i], max_scaled(si, lim, sc));
           const T alpha = std::exp(m[i] - m_new);  // 0 on the row's first visible block
-          double psum = 0;
-          for (int64_t j = 0; j < lim; ++j) {
-            si[j] = std::exp(si[j] - m_new);
-            psum += double(si[j]);
-          }
-          l[i] = l[i] * double(alpha) + psum;
+          l[i] = l[i] * double(alpha) + double(exp_sum(si, lim, sc, m_new));
           m[i] = m_new;
           if (alpha != T(1)) {
             T* ai = acc.data() + i * D;
@@ -178,7 +362,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
           }
         }
         // acc [bq, D] += p [bq, bk] · v[j0 : j0+bk] [bk, D]
-        gemm_acc(bq, D, bk, s.data(), BK, vp + j0 * D, D, acc.data(), D);
+        gemm(false, false, bq, D, bk, T(1), s.data(), BK, vp + j0 * D, D, T(1), acc.data(), D);
       }
 
       T* op = o + (bh * Sq + i0) * D;  // [bq, D]
@@ -196,79 +380,93 @@ template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                    T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
                    bool causal) {
-  AUTOSP_ASSERT(B >= 0 && Sq >= 0 && Skv >= 0 && D > 0, "sdpa_backward sizes B ", B, " Sq ", Sq, " Skv ", Skv,
-                " D ", D);
-  AUTOSP_ASSERT(Nkv > 0 && N % Nkv == 0, "sdpa_backward heads N ", N, " Nkv ", Nkv);
-  AUTOSP_ASSERT(D <= std::numeric_limits<int>::max(), "sdpa_backward head dim ", D);
+  check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   const int64_t group = N / Nkv;  // query heads per kv head
-  const int64_t BK = kBlockK, BQ = query_block(D);
-  const int64_t nqb = (Sq + BQ - 1) / BQ, nkb = (Skv + BK - 1) / BK;
+  const int64_t BQ = kBackwardBlockQ, BK = kBackwardBlockK;
+  const int64_t nqb = (Sq + BQ - 1) / BQ;
   const int64_t shift = Skv - Sq;  // causal: query i sees keys j ≤ i + shift (bottom-right)
   const T sc = T(scale);
+  const T neg_inf = -std::numeric_limits<T>::infinity();
 
-  // Pass 0: Δ [B, N, Sq] = rowsum(dout ∘ o).
-  std::vector<T> delta(static_cast<size_t>(B * N * Sq));
-#pragma omp parallel for schedule(static) if (B * N * Sq * D > (1 << 15))
-  for (int64_t r = 0; r < B * N * Sq; ++r) {
-    const T *dr = dout + r * D, *orow = o + r * D;  // [D]
-    double s[4] = {0, 0, 0, 0};
-    int64_t d = 0;
-    for (; d + 4 <= D; d += 4)
-      for (int u = 0; u < 4; ++u) s[u] += double(dr[d + u]) * double(orow[d + u]);
-    for (; d < D; ++d) s[0] += double(dr[d]) * double(orow[d]);
-    delta[r] = T((s[0] + s[1]) + (s[2] + s[3]));
-  }
+  // Query chunks per (b, kv head): chunk c holds query blocks [c·nqb/C, (c+1)·nqb/C). Chunk c sees
+  // keys [0, key_end[c]); with C > 1 its dK, dV live in part[(bkv·C + c)·Skv·D ...] (both
+  // tensors: dk part first, then dv part, `stride` apart), else in dk, dv themselves.
+  const int64_t C = std::clamp<int64_t>((kMinTasks + B * Nkv - 1) / std::max<int64_t>(B * Nkv, 1), 1,
+                                        std::min(kMaxChunks, std::max<int64_t>(nqb, 1)));
+  auto chunk_blocks = [&](int64_t c) { return std::pair{c * nqb / C, (c + 1) * nqb / C}; };
+  auto key_end = [&](int64_t c) {
+    const int64_t qb1 = chunk_blocks(c).second;
+    return qb1 == 0 ? int64_t(0) : visible_end(causal, (qb1 - 1) * BQ, std::min(BQ, Sq - (qb1 - 1) * BQ), shift, Skv);
+  };
+  const int64_t stride = C > 1 ? B * Nkv * C * Skv * D : 0;
+  std::vector<T> part(static_cast<size_t>(2 * stride));
+
 
 #pragma omp parallel
   {
     std::vector<T> p(static_cast<size_t>(BQ * BK)), ds(static_cast<size_t>(BQ * BK));  // [BQ, BK] tiles
+    std::vector<T> panel(static_cast<size_t>(D * BK));                                // [D, BK] Kᵀ or Vᵀ
+    std::vector<T> delta(static_cast<size_t>(BQ));                                    // [BQ] Δ
 
-    // Pass 1: dk, dv [B, Nkv, Skv, D], one key block per task. Early key blocks see the most
-    // queries under causal masking, and come first.
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t task = 0; task < B * Nkv * nkb; ++task) {
-      const int64_t kb = task % nkb, bkv = task / nkb, b = bkv / Nkv;
-      const int64_t j0 = kb * BK, bk = std::min(BK, Skv - j0);
-      const T* kp = k + (bkv * Skv + j0) * D;  // [bk, D]
-      const T* vp = v + (bkv * Skv + j0) * D;
-      T* dkp = dk + (bkv * Skv + j0) * D;
-      T* dvp = dv + (bkv * Skv + j0) * D;
-      std::fill(dkp, dkp + bk * D, T(0));
-      std::fill(dvp, dvp + bk * D, T(0));
-      // Queries i see this block iff i + shift ≥ j0.
-      const int64_t qb0 = causal ? std::max<int64_t>(j0 - shift, 0) / BQ : 0;
+    // Chunks late in the sequence see the most keys under causal masking: hand them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * Nkv * C; ++task) {
+      const int64_t c = C - 1 - task % C, bkv = task / C, b = bkv / Nkv;
+      const int64_t kend_c = key_end(c);
+      const T* kp = k + bkv * Skv * D;  // [Skv, D]
+      const T* vp = v + bkv * Skv * D;
+      T* dkp = C > 1 ? part.data() + (bkv * C + c) * Skv * D : dk + bkv * Skv * D;  // [Skv, D]
+      T* dvp = C > 1 ? dkp + stride : dv + bkv * Skv * D;
+      std::fill(dkp, dkp + (C > 1 ? kend_c : Skv) * D, T(0));
+      std::fill(dvp, dvp + (C > 1 ? kend_c : Skv) * D, T(0));
+      const auto [qb0, qb1] = chunk_blocks(c);
       for (int64_t h = (bkv % Nkv) * group; h < (bkv % Nkv + 1) * group; ++h) {
         const int64_t bh = b * N + h;
-        for (int64_t qb = qb0; qb < nqb; ++qb) {
+        for (int64_t qb = qb0; qb < qb1; ++qb) {
           const int64_t i0 = qb * BQ, bq = std::min(BQ, Sq - i0);
-          const T* qp = q + (bh * Sq + i0) * D;     // [bq, D]
+          const T* qp = q + (bh * Sq + i0) * D;      // [bq, D]
           const T* dop = dout + (bh * Sq + i0) * D;  // [bq, D]
-          backward_tile(qp, dop, kp, vp, lse + bh * Sq + i0, delta.data() + bh * Sq + i0, i0, bq, j0, bk, D, sc,
-                        causal, shift, p.data(), ds.data());
-          gemm(true, false, bk, D, bq, T(1), p.data(), BK, dop, D, T(1), dvp, D);  // dv += pᵀ · dout
-          gemm(true, false, bk, D, bq, sc, ds.data(), BK, qp, D, T(1), dkp, D);    // dk += scale · dsᵀ · q
+          const T* orow = o + (bh * Sq + i0) * D;
+          const T* lp = lse + bh * Sq + i0;          // [bq]
+          T* dqp = dq + (bh * Sq + i0) * D;          // [bq, D]
+          std::fill(dqp, dqp + bq * D, T(0));
+          for (int64_t i = 0; i < bq; ++i) {  // Δ_i = Σ_d dO_i · O_i
+            double acc = 0;
+            for (int64_t d = 0; d < D; ++d) acc += double(dop[i * D + d]) * double(orow[i * D + d]);
+            delta[size_t(i)] = T(acc);
+          }
+          const int64_t kend = visible_end(causal, i0, bq, shift, Skv);
+          for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+            const int64_t bk = std::min(BK, kend - j0);
+            gemm_keys_t(bq, bk, D, qp, kp + j0 * D, panel.data(), BK, p.data(), BK);    // p = q · kᵀ
+            gemm_keys_t(bq, bk, D, dop, vp + j0 * D, panel.data(), BK, ds.data(), BK);  // ds = dO · vᵀ
+            for (int64_t i = 0; i < bq; ++i) {
+              const int64_t lim = lp[i] == neg_inf ? 0 : row_limit(causal, i0 + i, shift, j0, bk);
+              probs_and_ds(p.data() + i * BK, ds.data() + i * BK, lim, bk, sc, lp[i], delta[size_t(i)]);
+            }
+            gemm(true, false, bk, D, bq, T(1), p.data(), BK, dop, D, T(1), dvp + j0 * D, D);   // dv += pᵀ · dO
+            gemm(true, false, bk, D, bq, sc, ds.data(), BK, qp, D, T(1), dkp + j0 * D, D);     // dk += scale · dsᵀ · q
+            gemm(false, false, bq, D, bk, sc, ds.data(), BK, kp + j0 * D, D, T(1), dqp, D);    // dq += scale · ds · k
+          }
         }
       }
     }
 
-    // Pass 2: dq [B, N, Sq, D], one query block per task; late blocks (most keys) first.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * N * nqb; ++task) {
-      const int64_t qb = nqb - 1 - task % nqb, bh = task / nqb;
-      const int64_t b = bh / N, h = bh % N;
-      const int64_t i0 = qb * BQ, bq = std::min(BQ, Sq - i0);
-      const T* qp = q + (bh * Sq + i0) * D;     // [bq, D]
-      const T* dop = dout + (bh * Sq + i0) * D;  // [bq, D]
-      const T* kp = k + (b * Nkv + h / group) * Skv * D;  // [Skv, D]
-      const T* vp = v + (b * Nkv + h / group) * Skv * D;
-      T* dqp = dq + (bh * Sq + i0) * D;  // [bq, D]
-      std::fill(dqp, dqp + bq * D, T(0));
-      const int64_t kend = causal ? std::clamp<int64_t>(i0 + bq + shift, 0, Skv) : Skv;
-      for (int64_t j0 = 0; j0 < kend; j0 += BK) {
-        const int64_t bk = std::min(BK, kend - j0);
-        backward_tile(qp, dop, kp + j0 * D, vp + j0 * D, lse + bh * Sq + i0, delta.data() + bh * Sq + i0, i0, bq,
-                      j0, bk, D, sc, causal, shift, p.data(), ds.data());
-        gemm(false, false, bq, D, bk, sc, ds.data(), BK, kp + j0 * D, D, T(1), dqp, D);  // dq += scale · ds · k
+    // dk, dv = Σ_c (chunk c's dK, dV) in chunk order, over the keys chunk c sees.
+    if (C > 1) {
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < B * Nkv * Skv; ++row) {
+        const int64_t bkv = row / Skv, j = row % Skv;
+        T* dkr = dk + row * D;
+        T* dvr = dv + row * D;
+        std::fill(dkr, dkr + D, T(0));
+        std::fill(dvr, dvr + D, T(0));
+        for (int64_t c = 0; c < C; ++c) {
+          if (j >= key_end(c)) continue;
+          const T* pk = part.data() + ((bkv * C + c) * Skv + j) * D;
+          const T* pv = pk + stride;
+          for (int64_t d = 0; d < D; ++d) dkr[d] += pk[d], dvr[d] += pv[d];
+        }
       }
     }
   }

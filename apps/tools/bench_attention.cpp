@@ -1,0 +1,155 @@
+// The attention benchmark: ours, PyTorch's SDPA and sgemm, alternated per shape.
+#include "tools/bench_attention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <unistd.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
+#include "tensor/check.h"
+#include "tools/py_worker.h"
+
+namespace autosp {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+std::vector<float> random_normal(size_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = dist(gen);
+  return x;
+}
+
+void write_raw(const std::filesystem::path& p, const std::vector<float>& x) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(x.size() * sizeof(float)));
+  if (!f) throw RuntimeFailure(str("cannot write ", p.string()));
+}
+
+// GFLOP/s of one 2048³ sgemm (the median of three) at the current thread count.
+double sgemm_gflops() {
+  const int64_t n = 2048;
+  static const std::vector<float> a = random_normal(size_t(n * n), 1), b = random_normal(size_t(n * n), 2);
+  std::vector<float> c(size_t(n * n));
+  std::vector<double> ms;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    cpu::gemm_batched<float>(false, false, 1, n, n, n, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);
+    ms.push_back(ms_since(t0));
+  }
+  return 2.0 * double(n) * double(n) * double(n) / (median(ms) * 1e6);
+}
+
+// One shape's tensors and our outputs: q, dout [B, N, S, D]; k, v [B, Nkv, S, D].
+struct Problem {
+  int64_t B, N, Nkv, S, D;
+  bool causal;
+  std::vector<float> q, k, v, dout, o, lse, dq, dk, dv;
+};
+
+// Our forward then backward, warmup + iters times; returns the medians (forward, backward) in ms.
+std::pair<double, double> time_ours(Problem& p, int warmup, int iters) {
+  const double scale = 1.0 / std::sqrt(double(p.D));
+  std::vector<double> fwd, bwd;
+  for (int i = 0; i < warmup + iters; ++i) {
+    auto t0 = Clock::now();
+    cpu::sdpa_forward<float>(p.q.data(), p.k.data(), p.v.data(), p.o.data(), p.lse.data(), p.B, p.N, p.Nkv, p.S, p.S,
+                             p.D, scale, p.causal);
+    const double f = ms_since(t0);
+    t0 = Clock::now();
+    cpu::sdpa_backward<float>(p.q.data(), p.k.data(), p.v.data(), p.o.data(), p.lse.data(), p.dout.data(),
+                              p.dq.data(), p.dk.data(), p.dv.data(), p.B, p.N, p.Nkv, p.S, p.S, p.D, scale, p.causal);
+    const double b = ms_since(t0);
+    if (i >= warmup) fwd.push_back(f), bwd.push_back(b);
+  }
+  return {median(fwd), median(bwd)};
+}
+
+}  // namespace
+
+void run_attention_bench(const AttentionBenchOptions& opt, const std::function<void(const json&)>& emit) {
+  for (int64_t D : opt.dims)
+    if (D < 1 || opt.hidden % D != 0 || (opt.hidden / D) % opt.group != 0)
+      throw UsageError(str("--attn-dims ", D, ": hidden ", opt.hidden, " / D must be a whole number of heads, ",
+                           "divisible by the GQA group ", opt.group));
+  const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu::set_num_threads(threads);
+  std::unique_ptr<PyWorker> torch;
+  if (opt.compare_pytorch)
+    torch = std::make_unique<PyWorker>(std::vector<std::string>{
+        venv_python(opt.source_dir), opt.source_dir + "/scripts/bench_attention.py", "--threads", std::to_string(threads)});
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / str("autosp-attn-", getpid());
+
+  for (int64_t D : opt.dims) {
+    for (int64_t S : opt.seqs) {
+      Problem p{opt.batch, opt.hidden / D, opt.hidden / D / opt.group, S, D, opt.causal, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+      const size_t nq = size_t(p.B * p.N * S * D), nkv = size_t(p.B * p.Nkv * S * D);
+      p.q = random_normal(nq, 10), p.k = random_normal(nkv, 11), p.v = random_normal(nkv, 12);
+      p.dout = random_normal(nq, 13);
+      p.o.resize(nq), p.dq.resize(nq), p.dk.resize(nkv), p.dv.resize(nkv), p.lse.resize(size_t(p.B * p.N * S));
+      const double visible = opt.causal ? double(S) * double(S + 1) / 2 : double(S) * double(S);
+      const double gflop_fwd = 4.0 * double(p.B * p.N * D) * visible / 1e9, gflop_bwd = 2.5 * gflop_fwd;
+
+      std::vector<double> of, ob, tf, tb, gemm, r, rf, rb;
+      json extra;
+      for (int turn = 0; turn < opt.pairs; ++turn) {
+        const auto [f, b] = time_ours(p, opt.warmup, opt.iters);
+        of.push_back(f), ob.push_back(b);
+        if (torch) {
+          json req = {{"B", p.B}, {"N", p.N}, {"Nkv", p.Nkv}, {"S", S}, {"D", D}, {"causal", p.causal},
+                      {"warmup", opt.warmup}, {"iters", opt.iters}};
+          if (turn == 0 && opt.check) {  // PyTorch on our tensors, once per shape
+            std::filesystem::create_directories(dir);
+            for (auto [name, x] : {std::pair{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"dout", &p.dout}, {"o", &p.o},
+                                   {"dq", &p.dq}, {"dk", &p.dk}, {"dv", &p.dv}})
+              write_raw(dir / name, *x);
+            req["dir"] = dir.string();
+          }
+          const json t = torch->request(req);
+          if (t.contains("max_err")) extra["max_err"] = t["max_err"];
+          extra["torch"] = t["torch"], extra["gqa"] = t["gqa"];
+          tf.push_back(t["fwd_ms"].get<double>()), tb.push_back(t["bwd_ms"].get<double>());
+          r.push_back((tf.back() + tb.back()) / (f + b)), rf.push_back(tf.back() / f), rb.push_back(tb.back() / b);
+        }
+        gemm.push_back(sgemm_gflops());
+      }
+      const double sg = median(gemm);
+      const double ours = (gflop_fwd + gflop_bwd) / (median(of) + median(ob)) * 1e3;
+      json row = {{"mode", "attention"}, {"B", p.B}, {"N", p.N}, {"Nkv", p.Nkv}, {"S", S}, {"D", D},
+                  {"causal", p.causal}, {"threads", threads}, {"pairs", opt.pairs}, {"iters", opt.iters},
+                  {"gflop_fwd", gflop_fwd}, {"gflop_bwd", gflop_bwd},
+                  {"ours_fwd_ms", median(of)}, {"ours_bwd_ms", median(ob)}, {"ours_gflops", ours},
+                  {"ours_fwd_gflops", gflop_fwd / median(of) * 1e3}, {"ours_bwd_gflops", gflop_bwd / median(ob) * 1e3},
+                  {"sgemm_gflops", sg}, {"ours_of_sgemm", ours / sg}};
+      if (torch) {
+        const double pt = (gflop_fwd + gflop_bwd) / (median(tf) + median(tb)) * 1e3;
+        row.update({{"pytorch_fwd_ms", median(tf)}, {"pytorch_bwd_ms", median(tb)}, {"pytorch_gflops", pt},
+                    {"pytorch_of_sgemm", pt / sg}, {"speedup", median(r)}, {"speedup_fwd", median(rf)},
+                    {"speedup_bwd", median(rb)}, {"speedup_min", *std::min_element(r.begin(), r.end())},
+                    {"speedup_max", *std::max_element(r.begin(), r.end())}});
+        row.update(extra);
+      }
+      emit(row);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace autosp

@@ -1,0 +1,41 @@
+// autosp-bench --mode attention: our CPU sdpa kernel (kernels/cpu/attention.h), forward and
+// backward, against PyTorch 2.x's torch.nn.functional.scaled_dot_product_attention on the same
+// tensors (scripts/bench_attention.py in the .venv-bench venv), and the machine's sgemm rate, all
+// in one alternated run: for each shape, `pairs` times ours → PyTorch → sgemm.
+//
+// Shapes: B = batch, N = hidden / D query heads, Nkv = N / group kv heads (GQA), S = Sq = Skv, D.
+// FLOPs (FlashAttention's convention): forward 4·B·N·D·pairs, backward 2.5× that (5 GEMMs, the
+// recomputation of Q·Kᵀ counted), where pairs = S² or, causal, S·(S+1)/2 visible (query, key) pairs.
+// Knows nothing of models or graphs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace autosp {
+
+struct AttentionBenchOptions {
+  std::vector<int64_t> seqs{1024, 4096, 16384};
+  std::vector<int64_t> dims{16, 64, 128};
+  int64_t batch = 1, hidden = 256, group = 2;
+  bool causal = true;
+  int threads = 0;             // 0: the machine's cores
+  int warmup = 1, iters = 2;   // per turn
+  int pairs = 3;               // alternated turns of each side per shape
+  bool compare_pytorch = true; // false: ours and sgemm only (no venv needed)
+  bool check = true;           // PyTorch runs on our tensors and reports max |ours - PyTorch|
+  std::string source_dir;      // where scripts/ lives
+};
+
+// One row per (S, D), handed to `emit` as soon as it is measured: the shape, threads, gflop_fwd /
+// gflop_bwd (the FLOPs above, in GFLOP), medians over the turns of ours_{fwd,bwd}_ms and
+// pytorch_{fwd,bwd}_ms, ours_gflops / pytorch_gflops (forward + backward), sgemm_gflops (a
+// 2048³ sgemm through cpu::gemm_batched at the same threads), ours_of_sgemm / pytorch_of_sgemm,
+// and speedup / speedup_fwd / speedup_bwd: the median over the turns of PyTorch's time ÷ ours.
+void run_attention_bench(const AttentionBenchOptions& opt, const std::function<void(const nlohmann::json&)>& emit);
+
+}  // namespace autosp
