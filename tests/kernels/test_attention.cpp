@@ -41,6 +41,11 @@ const SdpaCase kSdpaCases[] = {
     {1, 2, 2, 200, 200, 128, true, 0}, // D = 128: smaller query blocks
     {1, 2, 1, 65, 65, 16, true, 2.0},  // large scale: wide exp range
     {1, 1, 1, 3, 0, 8, false, 0},      // no keys at all
+    // Several query and key tiles of the kernels (forward 128 x 512, backward 64 x 256), with
+    // partial last tiles and causal blocks skipped on both sides of the diagonal.
+    {1, 2, 1, 300, 1100, 16, true, 0},
+    {1, 1, 1, 530, 530, 64, false, 0},
+    {1, 2, 2, 700, 700, 128, true, 0},
 };
 
 }  // namespace
@@ -104,6 +109,9 @@ const SdpaCase kSdpaBackwardCases[] = {
     {1, 2, 1, 65, 65, 16, true, 2.0},  // large scale: wide exp range
     {1, 1, 1, 3, 0, 8, false, 0},      // no keys at all
     {1, 2, 1, 0, 5, 8, true, 0},       // no queries at all
+    // Several 64 x 256 tiles of the backward, partial last tiles, causal blocks skipped.
+    {1, 2, 1, 150, 600, 16, true, 0},
+    {1, 1, 1, 300, 300, 64, false, 0},
 };
 
 }  // namespace
