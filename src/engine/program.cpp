@@ -24,14 +24,6 @@ PassContext pass_context(const Config& cfg, int world_size, int world_rank) {
 
 DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
 
-PassContext program_context(const Config& cfg, const PassContext& ctx) {
-  PassContext full = ctx;
-  // No residual + norm fusion under activation checkpointing (it would cost memory there:
-  // passes/fuse_elementwise.h).
-  full.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
-  full.layer_scopes = layer_scopes(cfg.model);
-  return full;
-}
 
 std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const PassContext& ctx) {
   std::vector<ProgramPass> out;
@@ -47,6 +39,15 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
 }
 
 namespace {
+
+PassContext program_context(const Config& cfg, const PassContext& ctx) {
+  PassContext full = ctx;
+  // No residual + norm fusion under activation checkpointing (it would cost memory there:
+  // passes/fuse_elementwise.h).
+  full.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
+  full.layer_scopes = layer_scopes(cfg.model);
+  return full;
+}
 
 RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx) {
   RankProgram p;

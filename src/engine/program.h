@@ -46,7 +46,6 @@ DType master_dtype(DType run);
 //   joint    fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused
 //            ops, and before autograd, so the backward comes from the fused ops' vjps),
 //            autograd, checkpoint_activations (runtime.activation_checkpointing), canonicalize
-PassContext program_context(const Config& cfg, const PassContext& ctx);
 std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const PassContext& ctx);
 
 // The model built in master_dtype(dtype), then every pass of program_passes up to `stage`, through

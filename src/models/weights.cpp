@@ -1,7 +1,6 @@
 // Safetensors ↔ ParamMap with Hugging Face names.
 #include "models/weights.h"
 
-#include <cmath>
 #include <set>
 
 #include "tensor/safetensors.h"
@@ -28,13 +27,10 @@ std::string canonical_name(const std::string& name, const ModelConfig& m) {
 
 // A NaN or infinity in the weights would only surface as a NaN loss steps later.
 void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
-  auto scan = [&](const auto* p) {
-    for (int64_t i = 0; i < t.numel(); ++i)
-      if (!std::isfinite(p[i]))
-        throw UsageError(str(path, ": tensor '", name, "' holds a non-finite value (", p[i], ") at index ", i));
-  };
-  if (t.dtype() == DType::f32) scan(t.data<float>());
-  if (t.dtype() == DType::f64) scan(t.data<double>());
+  const int64_t i = first_non_finite(t);
+  if (i < 0) return;
+  const double v = t.dtype() == DType::f32 ? t.data<float>()[i] : t.data<double>()[i];
+  throw UsageError(str(path, ": tensor '", name, "' holds a non-finite value (", v, ") at index ", i));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // tensor/convert.h).
 #include "tensor/tensor.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "tensor/convert.h"
@@ -179,6 +180,18 @@ Tensor Tensor::to(DType dtype) const {
   }
   for (int64_t i = 0; i < n; ++i) store_double(t.raw(), dtype, i, element_as_double(src.raw(), dtype_, i));
   return t;
+}
+
+int64_t first_non_finite(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  auto scan = [&](const auto* p) -> int64_t {
+    for (int64_t i = 0; i < c.numel(); ++i)
+      if (!std::isfinite(p[i])) return i;
+    return -1;
+  };
+  if (c.dtype() == DType::f32) return scan(c.data<float>());
+  if (c.dtype() == DType::f64) return scan(c.data<double>());
+  return -1;
 }
 
 std::vector<double> Tensor::to_doubles() const {

@@ -91,6 +91,10 @@ class Tensor {
   DType dtype_ = DType::f32;
 };
 
+// The index of the first NaN or infinity of a host f32 or f64 tensor, scanned in place (no copy);
+// -1 when every element is finite, and for other dtypes.
+int64_t first_non_finite(const Tensor& t);
+
 // Tensors by name: a model's parameters (Hugging Face names), their gradients, optimizer moments.
 using ParamMap = std::map<std::string, Tensor>;
 

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -129,8 +128,8 @@ std::string leftover_step(const std::string& name) {
   return first == std::string::npos ? "" : name.substr(1, first - 1);
 }
 
-}  // namespace
-
+// What writers that are gone (their pid no longer runs) left under `root`: an ".old" copy whose
+// step_N is missing is put back (it is complete), every other leftover is removed.
 void recover_dead_writers(const std::string& root) {
   std::error_code ec;
   std::vector<fs::path> leftovers;
@@ -158,8 +157,6 @@ void recover_dead_writers(const std::string& root) {
   }
 }
 
-namespace {
-
 // `root/step_N` as the newest checkpoint: a newest step_N without meta.json is an error, not a
 // reason to go back silently to an older one.
 fs::path resolve(const std::string& path) {
@@ -174,14 +171,6 @@ fs::path resolve(const std::string& path) {
     throw UsageError(str(all.front().second.string(), ": the newest checkpoint has no meta.json (damaged or not "
                          "written by autosp); move it away, or --resume an older step_* directory explicitly"));
   return all.front().second;
-}
-
-// Every element of `t` finite (f32, f64, bf16 host tensors; others have no non-finite values).
-bool all_finite(const Tensor& t) {
-  if (!is_floating(t.dtype())) return true;
-  for (double v : t.to_doubles())
-    if (!std::isfinite(v)) return false;
-  return true;
 }
 
 std::string hex32(uint32_t v) {
@@ -349,7 +338,7 @@ std::string save_checkpoint(const std::string& root, int64_t step, const ParamMa
   for (const auto& [name, t] : opt.exp_avg_sq) moments["exp_avg_sq." + name] = t;
   for (const ParamMap* m : {&params, static_cast<const ParamMap*>(&moments)})
     for (const auto& [name, t] : *m)
-      if (!all_finite(t))
+      if (first_non_finite(t) >= 0)
         throw RuntimeFailure(str("step ", step, ": '", name, "' has non-finite values; not writing a checkpoint (",
                                  root, " keeps its last good one)"));
   std::error_code ec;
@@ -404,8 +393,12 @@ DirLock::DirLock(const std::string& root) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   const std::string me = std::to_string(::getpid()) + " " + host + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
-    throw RuntimeFailure(str(path, ": cannot write: ", std::strerror(errno)));
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    const int err = errno;
+    ::close(fd_);  // the destructor does not run for a throwing constructor: release the lock here
+    fd_ = -1;
+    throw RuntimeFailure(str(path, ": cannot write: ", std::strerror(err)));
+  }
 }
 
 DirLock::~DirLock() {

@@ -47,10 +47,6 @@ std::string save_checkpoint(const std::string& root, int64_t step, const ParamMa
 // newest is used; a newest step_* without meta.json is a UsageError).
 Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dtype);
 
-// What writers that are gone (their pid no longer runs) left under `root`: an ".old" copy whose
-// step_N is missing is put back (it is complete), every other leftover is removed.
-void recover_dead_writers(const std::string& root);
-
 // One live run per checkpoint directory: `<root>/.lock` locked (flock) for the object's lifetime and
 // holding "<pid> <host>". A second live run gets a UsageError naming the holder; a lock whose owner
 // died (the kernel released it) is taken over, with a log line naming the previous owner.

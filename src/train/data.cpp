@@ -205,24 +205,6 @@ void read_shard_tokens(const Shard& s, int64_t vocab_size, std::vector<uint32_t>
   }
 }
 
-// The files a `path` names: the file itself when it exists, else the matches of a glob, sorted.
-std::vector<std::string> expand_path(const std::string& pattern) {
-  std::error_code ec;
-  if (std::filesystem::exists(pattern, ec) || pattern.find_first_of("*?[") == std::string::npos)
-    return {pattern};
-  glob_t g;
-  const int rc = glob(pattern.c_str(), 0, nullptr, &g);
-  std::vector<std::string> files;
-  if (rc == 0)
-    for (size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
-  globfree(&g);
-  if (rc == GLOB_NOSPACE) throw RuntimeFailure(str(pattern, ": out of memory expanding the glob"));
-  if (rc != 0 && rc != GLOB_NOMATCH) throw UsageError(str(pattern, ": cannot expand the glob (read error)"));
-  if (files.empty()) throw UsageError(str(pattern, ": no file matches the pattern"));
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
 std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, int64_t vocab_size) {
   if (cfg.path.empty()) throw UsageError("data.path: required for data.source 'tokens'");
   std::vector<Shard> shards;
@@ -380,6 +362,24 @@ std::pair<int64_t, int64_t> count_correct_as(const Tensor& logits, const std::ve
 }
 
 }  // namespace
+
+std::vector<std::string> expand_path(const std::string& pattern) {
+  std::error_code ec;
+  if (std::filesystem::exists(pattern, ec) || pattern.find_first_of("*?[") == std::string::npos)
+    return {pattern};
+  glob_t g;
+  const int rc = glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  if (rc == GLOB_NOSPACE) throw RuntimeFailure(str(pattern, ": out of memory expanding the glob"));
+  if (rc != 0 && rc != GLOB_NOMATCH) throw UsageError(str(pattern, ": cannot expand the glob (read error)"));
+  if (files.empty()) throw UsageError(str(pattern, ": no file matches the pattern"));
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);

@@ -37,6 +37,10 @@ class DataSource {
   virtual std::string describe() const = 0;  // one line for the log
 };
 
+// The files a data `path` names: the file itself when it exists, else the sorted matches of a glob
+// (no match is a UsageError naming the pattern).
+std::vector<std::string> expand_path(const std::string& pattern);
+
 // `seed` only matters for synthetic data.
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed);
 

@@ -1,11 +1,10 @@
 // Output paths against the run's inputs and checkpoints.
 #include "train/outputs.h"
 
-#include <glob.h>
-
 #include <filesystem>
 
 #include "tensor/check.h"
+#include "train/data.h"
 
 namespace autosp {
 namespace fs = std::filesystem;
@@ -29,16 +28,6 @@ bool within(const fs::path& p, const fs::path& dir) {
   return d == dir.end();
 }
 
-std::vector<fs::path> expand(const std::string& pattern) {
-  if (pattern.find_first_of("*?[") == std::string::npos) return {canonical_or_weak(pattern)};
-  std::vector<fs::path> out;
-  glob_t g{};
-  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
-    for (size_t i = 0; i < g.gl_pathc; ++i) out.push_back(canonical_or_weak(g.gl_pathv[i]));
-  ::globfree(&g);
-  return out;
-}
-
 }  // namespace
 
 void check_output_path(const std::string& flag, const std::string& path, const RunFiles& run, OutputKind kind) {
@@ -52,7 +41,8 @@ void check_output_path(const std::string& flag, const std::string& path, const R
     refuse("is not a regular file (writing it would replace it with one)");
   for (const std::string& in : run.inputs) {
     if (in.empty()) continue;
-    for (const fs::path& p : expand(in)) {
+    for (const std::string& file : expand_path(in)) {
+      const fs::path p = canonical_or_weak(file);
       if (same_file(out, p)) refuse(str("is ", in, ", which this run reads"));
       if (fs::is_directory(p, ec) && within(out, p)) refuse(str("is inside ", in, ", which this run reads"));
     }

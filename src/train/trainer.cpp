@@ -261,16 +261,13 @@ void save_step_checkpoint(const Config& cfg, int64_t step, const ParamMap& param
 // ---- the checkpoint directory's lifecycle (docs/reliability.md) --------------------------------
 
 // Rank 0, before anything is loaded: the run's own outputs may not clobber its inputs or a
-// checkpoint, and a train.checkpoint_dir that holds an earlier run's steps needs --resume from it or
-// --start-over (which moves those steps aside).
+// checkpoint.
 void check_run_files(const Config& cfg, const TrainArgs& args) {
   const RunFiles run{{args.config_path, cfg.data.source == DataSourceKind::synthetic ? "" : cfg.data.path,
                       args.init_from, args.resume},
                      cfg.train.checkpoint_dir};
   if (!args.metrics.empty()) check_output_path("--metrics", args.metrics, run);
   if (!args.dump_grads.empty()) check_output_path("--dump-grads", args.dump_grads, run, OutputKind::replaced);
-  if (args.start_over && !args.resume.empty()) throw UsageError("--start-over and --resume exclude each other");
-  if (args.start_over && cfg.train.checkpoint_dir.empty()) throw UsageError("--start-over needs train.checkpoint_dir");
 }
 
 // Whether `resume` names `root` itself or one of its step_* directories.
@@ -324,6 +321,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const int64_t total = args.steps.value_or(cfg.train.steps);
   if (total < 0) throw UsageError(str("--steps ", total, ": expected >= 0"));
   if (!args.resume.empty() && !args.init_from.empty()) throw UsageError("--resume and --init-from exclude each other");
+  if (args.start_over && !args.resume.empty()) throw UsageError("--start-over and --resume exclude each other");
+  if (args.start_over && cfg.train.checkpoint_dir.empty()) throw UsageError("--start-over needs train.checkpoint_dir");
   // One live run per checkpoint directory (the lock lives as long as the run), then its lifecycle.
   std::optional<DirLock> lock;
   if (lead) {
