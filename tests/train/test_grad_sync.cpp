@@ -69,6 +69,7 @@ class Recorder final : public Communicator {
   void broadcast(Tensor&, int) override {}
   void all_to_all(const Tensor&, Tensor&) override {}
   void all_gather(const Tensor&, Tensor&) override {}
+  void reduce_scatter_sum(const Tensor&, Tensor&) override {}
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
   [[noreturn]] void abort(const std::string& m, int) override { throw std::runtime_error(m); }
