@@ -345,7 +345,11 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   StopOnSignal stop(cfg.train.save_timeout);  // SIGTERM, SIGINT, SIGUSR1: save after this step and stop
 
   RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
-  Executor ex(*prog.graph, ExecOptions{.attention = cfg.runtime.attention});
+  ExecOptions exec{.attention = cfg.runtime.attention};
+  // ZeRO-2: a gradient lives on only in its bucket's reduce-scattered shard.
+  if (cfg.zero_optimization.stage == 2 && world.size() > 1)
+    exec.transient_outputs = {prog.grad_names.begin(), prog.grad_names.end()};
+  Executor ex(*prog.graph, exec);
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
 
   StartState state = start_state(cfg, args, master, lead);
