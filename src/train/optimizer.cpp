@@ -108,10 +108,11 @@ Allocator& allocator_on(Device d) {
   return d.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(d.index)) : cpu_allocator();
 }
 
-// Elements [offset, offset + n) of contiguous `t` as a 1-D view.
+// Elements [offset, offset + n) of contiguous `t` (itself a view or not) as a 1-D view.
 Tensor flat_range(const Tensor& t, int64_t offset, int64_t n) {
-  AUTOSP_ASSERT(t.is_contiguous(), "ZeRO: ", t.str(), " is not contiguous");
-  return Tensor::view_bytes(t, static_cast<size_t>(offset) * dtype_size(t.dtype()), {n}, t.dtype());
+  AUTOSP_ASSERT(t.is_contiguous() && offset >= 0 && n >= 0 && offset + n <= t.numel(), "ZeRO: elements [", offset,
+                ", ", offset + n, ") of ", t.str());
+  return t.as_strided({n}, {1}, offset);
 }
 
 // dst = src (same numel and dtype, contiguous, one device).
@@ -196,9 +197,16 @@ void ZeroAdamW::update(ParamMap& params, const std::vector<Tensor>& grad_shards,
     const FlatLayout::Bucket& l = layout_.buckets[b];
     const Tensor& m = exp_avg_[b];
     Allocator& alloc = allocator_on(m.device());
-    // This rank's shard of the parameters, updated, then every rank's shard gathered and copied
-    // back into the whole parameters (the padding at the end of the last shard is never read).
-    Tensor shard = Tensor::empty({layout_.shard_numel(b)}, m.dtype(), alloc);
+    // This rank's shard of the parameters, in its slot of the bucket, updated; then every rank's
+    // shard gathered in place and copied back into the whole parameters.
+    const int64_t c = layout_.shard_numel(b), lo = rank_ * c, pad_from = std::max(lo, l.numel);
+    Tensor whole = Tensor::empty({l.padded}, m.dtype(), alloc);
+    const Tensor shard = flat_range(whole, lo, c);
+    if (pad_from < lo + c) {  // the part of the padding in this rank's slot: zero, as in the gradients
+      const Tensor zeros = Tensor::zeros({lo + c - pad_from}, m.dtype());
+      copy_range(m.device().kind == DeviceKind::cpu ? zeros : to_device(zeros, m.device()),
+                 flat_range(whole, pad_from, lo + c - pad_from));
+    }
     for (const Segment& s : segments_[b]) {
       const Tensor p = flat_range(params.at(names_[s.slot]), s.in_param, s.numel);
       const Tensor ps = flat_range(shard, s.in_shard, s.numel);
@@ -207,7 +215,6 @@ void ZeroAdamW::update(ParamMap& params, const std::vector<Tensor>& grad_shards,
                    flat_range(exp_avg_sq_[b], s.in_shard, s.numel), t, lr, decay_of(layout_.slots[s.slot].shape, t),
                    step_);
     }
-    Tensor whole = Tensor::empty({l.padded}, m.dtype(), alloc);
     comm.all_gather(shard, whole);
     for (size_t k = l.first; k < l.last; ++k) {
       Tensor& p = params.at(names_[k]);
