@@ -8,8 +8,8 @@
 //     gradient bucket between steps;
 //   - the volumes: stages 1 and 2 move 2(W-1)/W of the gradients' bytes (what a ring all-reduce
 //     moves), in a reduce-scatter and an all-gather of the same size;
-//   - a stage-2 checkpoint (whole, consolidated) resumes on the same world at stage 0 like the
-//     uninterrupted run, and on half the world at stage 1 like a stage-0 resume there;
+//   - a stage-2 checkpoint (whole, consolidated) resumes on the same world at stages 0 and 2 like
+//     the uninterrupted run, and on half the world at stage 1 like a stage-0 resume there;
 //   - --dump-grads writes the whole gradients at stage 2, equal to stage 0's.
 #include <catch2/catch.hpp>
 
@@ -217,7 +217,7 @@ fs::path shared_temp_dir(Communicator& w, const std::string& what) {
   return fs::temp_directory_path() / ("autosp-mpi-zero-" + what + "-" + std::to_string(pid.data<int64_t>()[0]));
 }
 
-TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stage 0 and on half of it at stage 1",
+TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stages 0 and 2, and on half of it at stage 1",
           "[mpi][zero][checkpoint]") {
   Communicator& w = test_world();
   const fs::path dir = shared_temp_dir(w, "resume");
@@ -239,6 +239,19 @@ TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stage 0 and o
   for (size_t k = 0; k < 4; ++k)
     worst = std::max(worst, std::abs(same.steps[k].loss - whole.steps[k + 4].loss) / std::abs(whole.steps[k + 4].loss));
   CHECK(worst < 1e-6);
+  // Same world, same stage: the resumed run ends on the uninterrupted run's weights.
+  const TrainResult again = train(make_config(kLlamaGqa, 1, 2), resume, w);
+  double worst_again = 0;
+  for (size_t k = 0; k < 4; ++k)
+    worst_again = std::max(worst_again, std::abs(again.steps[k].loss - whole.steps[k + 4].loss) /
+                                            std::abs(whole.steps[k + 4].loss));
+  CHECK(worst_again < 1e-6);
+  double weight_gap = 0;
+  for (const auto& [name, t] : whole.params) {
+    const std::vector<double> x = again.params.at(name).to_doubles(), y = t.to_doubles();
+    for (size_t i = 0; i < x.size(); ++i) weight_gap = std::max(weight_gap, std::abs(x[i] - y[i]));
+  }
+  CHECK(weight_gap < 1e-6);
 
   // Half the world (two groups of W/2 running the same thing), stage 1 against stage 0 there.
   auto half = w.split(w.rank() < w.size() / 2 ? 0 : 1, w.rank());
