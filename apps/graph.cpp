@@ -35,23 +35,36 @@ Bindings parse_bindings(const std::string& text) {
 }
 
 // Planned bytes of one rank's step: the arena of intermediates, plus what lives outside it —
-// parameters, gradients (graph outputs) and, for training, AdamW's two moments.
-nlohmann::json plan_summary(const Graph& g, const Bindings& b) {
+// parameters, graph outputs and, for training, AdamW's two moments and the gradient buckets the
+// all-reduce (or ZeRO's reduce-scatter) packs on several ranks. zero_optimization.stage over a
+// world of `world` ranks: 1 keeps 1/world of the moments; 2 also only the gradients' shard (the
+// graph's gradient outputs and each bucket are freed once reduce-scattered; train/grad_sync.h).
+nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, int64_t world) {
   MemoryPlan plan = plan_memory(g, b);
-  size_t params = 0, outputs = 0, inputs = 0;
+  size_t params = 0, outputs = 0, inputs = 0, grads = 0;
   for (const auto& n : g.nodes()) {
     size_t bytes = dtype_size(n->dtype());
     for (const auto& d : n->shape()) bytes *= static_cast<size_t>(d.eval(b));
     if (n->op() == Op::parameter) params += bytes;
     else if (n->op() == Op::input) inputs += bytes;
     if (g.is_output(n.get())) outputs += bytes;
+    if (g.is_output(n.get()) && n->role() == Role::gradient) grads += bytes;
   }
-  const bool training = !g.with_role(Role::gradient).empty();
-  const size_t optimizer = training ? 2 * params : 0;
+  const bool training = grads > 0;
+  const bool sharded = training && stage >= 1 && world > 1;
+  const auto W = static_cast<size_t>(world);
+  const size_t optimizer = !training ? 0 : sharded ? (2 * params + W - 1) / W : 2 * params;
+  // Gradient buckets: a whole copy of the gradients on several ranks, plus the reduce-scattered
+  // shard at stage 1; only the shard at stage 2 (between steps: while the backward runs, buckets
+  // whose reduce-scatter has not finished yet live too, and each gradient until it is copied).
+  size_t buckets = training && world > 1 ? grads : 0;
+  if (sharded) buckets = stage >= 2 ? (grads + W - 1) / W : grads + (grads + W - 1) / W;
+  if (sharded && stage >= 2) outputs -= grads;
   nlohmann::json j = {{"arena_bytes", plan.arena_bytes}, {"max_live_bytes", plan.max_live_bytes},
                       {"parameter_bytes", params},      {"output_bytes", outputs},
                       {"input_bytes", inputs},          {"optimizer_bytes", optimizer},
-                      {"total_bytes", plan.arena_bytes + params + outputs + inputs + optimizer}};
+                      {"grad_bucket_bytes", buckets},   {"zero_stage", stage},
+                      {"total_bytes", plan.arena_bytes + params + outputs + inputs + optimizer + buckets}};
   for (const auto& [k, v] : b) j["bindings"][k] = v;
   return j;
 }
@@ -92,7 +105,10 @@ int main(int argc, char** argv) {
     RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, ctx);  // a stage or a pass name
     const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {
-      std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>())).dump() << "\n";
+      std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>()),
+                                cfg.zero_optimization.stage, world)
+                       .dump()
+                << "\n";
       return 0;
     }
     if (format == "text")

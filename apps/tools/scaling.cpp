@@ -201,6 +201,8 @@ ProjectionConfig parse_projection_config(const json& j, const std::string& origi
       c.replicated_bytes_per_param = number(v, k, 0, 64);
     } else if (k == "sharded_bytes_per_param") {
       c.sharded_bytes_per_param = number(v, k, 0, 64);
+    } else if (k == "zero_stage") {
+      c.zero_stage = integer(v, k, 0, 3);
     } else if (k == "activation_checkpointing") {
       c.activation_checkpointing = boolean(v, k);
     } else if (k == "overlap_grad_allreduce") {
@@ -223,7 +225,26 @@ ProjectionConfig parse_projection_config(const json& j, const std::string& origi
     }
   }
   for (int64_t g : c.gpus) projection_sp(c.model, g);  // every GPU count must admit some SP degree
+  if (c.zero_stage >= 0) {
+    if (j.contains("replicated_bytes_per_param") || j.contains("sharded_bytes_per_param"))
+      throw UsageError(str(origin, ": zero_stage sets replicated_bytes_per_param and sharded_bytes_per_param; "
+                               "give one or the other"));
+    const ZeroStateBytes z = zero_state_bytes(c.zero_stage);
+    c.replicated_bytes_per_param = z.replicated;
+    c.sharded_bytes_per_param = z.sharded;
+  }
   return c;
+}
+
+ZeroStateBytes zero_state_bytes(int64_t stage) {
+  switch (stage) {
+    case 0: return {4 + 8 + 8, 0};  // parameters, gradients (output + bucket), moments
+    case 1: return {4 + 8, 8};      // the moments sharded
+    case 2: return {4, 4 + 8};      // and the gradients: only the reduce-scattered shard outlives the backward
+    case 3: return {0, 4 + 4 + 8};  // and the parameters (planned; plus two gathered layers)
+    default: break;
+  }
+  throw UsageError(str("zero_stage ", stage, ": expected 0, 1, 2 or 3"));
 }
 
 ProjectionConfig load_projection_config(const std::string& path) {
@@ -256,7 +277,14 @@ double activation_bytes_per_token(const ProjectionConfig& c) {
 
 double state_bytes_per_gpu(const ProjectionConfig& c, int64_t gpus) {
   const double p = static_cast<double>(param_count(c.model));
-  return p * c.replicated_bytes_per_param + p * c.sharded_bytes_per_param / static_cast<double>(gpus);
+  double bytes = p * c.replicated_bytes_per_param + p * c.sharded_bytes_per_param / static_cast<double>(gpus);
+  if (c.zero_stage == 3) {  // the layer in use and the next one's prefetch, gathered whole (f32)
+    const ModelConfig& m = c.model;
+    const double layer = (p - static_cast<double>(m.vocab_size * m.hidden_size) *
+                                  (m.tie_word_embeddings ? 1.0 : 2.0)) / static_cast<double>(m.num_hidden_layers);
+    bytes += 2 * layer * 4;
+  }
+  return bytes;
 }
 
 ProjectionRow project_point(const ProjectionConfig& c, int64_t gpus, int64_t seq) {
@@ -323,9 +351,13 @@ std::string projection_report(const ProjectionConfig& c) {
                      c.nvlink.alpha_s * 1e6, c.nvlink.bytes_per_s / 1e9, c.infiniband.alpha_s * 1e6,
                      c.infiniband.bytes_per_s / 1e9);
   out += fmt::format("memory: {:.4g} GB per GPU ({:.0f}% reserved); states {} B/param replicated + {} B/param "
-                     "sharded; activations {:.1f} KB per local token (checkpointing {}); gradient all-reduce {}\n\n",
+                     "sharded{}; activations {:.1f} KB per local token (checkpointing {}); gradient all-reduce {}\n\n",
                      c.gpu_memory_bytes / 1e9, c.memory_reserve_fraction * 100, c.replicated_bytes_per_param,
-                     c.sharded_bytes_per_param, activation_bytes_per_token(c) / 1e3,
+                     c.sharded_bytes_per_param,
+                     c.zero_stage < 0 ? std::string()
+                                      : fmt::format(" (ZeRO stage {}{})", c.zero_stage,
+                                                    c.zero_stage == 3 ? ", planned: + two gathered layers" : ""),
+                     activation_bytes_per_token(c) / 1e3,
                      c.activation_checkpointing ? "on" : "off", c.overlap_grad_allreduce ? "overlapped with backward" : "not overlapped");
   out += "| GPUs | sp × dp | seq | compute ms | all-to-all ms | all-reduce ms (exposed) | step ms | efficiency | MFU | "
          "tokens/s/GPU | GB/GPU | fits |\n";

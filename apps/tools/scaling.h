@@ -61,6 +61,10 @@ struct ProjectionConfig {
   double memory_reserve_fraction = 0.1;       // kept free for workspaces and fragmentation
   double replicated_bytes_per_param = 6;      // bf16 weights + fp32 gradients on every GPU
   double sharded_bytes_per_param = 12;        // fp32 master weights + Adam m, v over all GPUs
+  // zero_optimization.stage of the run, when given (-1: not given): the two figures above become
+  // what this runtime holds per parameter at that stage (zero_state_bytes), and stage 3 adds two
+  // layers' gathered parameters.
+  int64_t zero_stage = -1;
   bool activation_checkpointing = true;
   bool overlap_grad_allreduce = true;         // the all-reduce hides behind backward compute
   double achieved_tflops = 400;               // compute rate per GPU with no communication
@@ -68,6 +72,14 @@ struct ProjectionConfig {
   LinkModel nvlink{5e-6, 360e9}, infiniband{10e-6, 45e9};
   std::string source = "built-in defaults";
 };
+
+// Bytes per parameter autosp holds at ZeRO `stage` (0-3; 3 as planned): replicated on every rank,
+// and sharded over the world. Parameters are the f32 master (4), gradients a graph output and a
+// bucket copy (4 + 4; stage 2 keeps a 1/W shard, 4), AdamW's two f32 moments (8).
+struct ZeroStateBytes {
+  double replicated = 0, sharded = 0;
+};
+ZeroStateBytes zero_state_bytes(int64_t stage);
 
 // Reads a --project-config JSON file: every key optional, unknown keys and bad values are
 // UsageErrors naming the key (schema in docs/scaling.md).

@@ -1,7 +1,8 @@
 // The Communicator interface: collectives over a group of ranks. Backends: single-process
 // (comm/single.cpp), MPI (comm/mpi.cpp) and NCCL (with the CUDA backend). Tensors are contiguous
-// and live on the backend's device; collectives are blocking, except all_reduce_sum_async, which
-// returns a PendingCollective (the gradient all-reduce overlaps with the backward with it). A failed
+// and live on the backend's device; collectives are blocking, except all_reduce_sum_async and
+// reduce_scatter_sum_async, which return a PendingCollective (the gradient all-reduce, or ZeRO's
+// reduce-scatter, overlaps with the backward with it). A failed
 // collective throws RuntimeFailure; abort() ends every rank of the job. Knows nothing of graphs.
 #pragma once
 
@@ -50,6 +51,15 @@ class Communicator {
   virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
   // out = the concatenation of every rank's `in` in rank order (out has size()× its bytes).
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // `in` holds size() equal contiguous chunks; `out`, one chunk's bytes, receives the sum over ranks
+  // of chunk rank() (MPI_Reduce_scatter_block semantics; f32, f64, i64; bf16 on NCCL).
+  virtual void reduce_scatter_sum(const Tensor& in, Tensor& out) = 0;
+  // The same, started and returned without waiting (the ordering rule of all_reduce_sum_async;
+  // `in` and `out` stay alive and untouched until it finishes). The default runs the blocking call.
+  virtual std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) {
+    reduce_scatter_sum(in, out);
+    return finished_collective();
+  }
   virtual void barrier() = 0;
   // A sub-group of the ranks with the same `color`, ordered by `key` (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

@@ -26,7 +26,7 @@ void add(CollectiveStats& into, const CollectiveStats& s) {
 
 CollectiveStats CommStats::total() const {
   CollectiveStats t;
-  for (const CollectiveStats* s : {&all_reduce, &all_to_all, &all_gather, &broadcast, &barrier}) add(t, *s);
+  for (const CollectiveStats* s : {&all_reduce, &all_to_all, &all_gather, &reduce_scatter, &broadcast, &barrier}) add(t, *s);
   return t;
 }
 
@@ -47,7 +47,7 @@ void CountingCommunicator::all_reduce_sum(Tensor& t) {
 }
 
 namespace {
-// Adds the time spent in test() and wait() to the all-reduce's seconds.
+// Adds the time spent in test() and wait() to the collective's seconds.
 class CountedPending final : public PendingCollective {
  public:
   CountedPending(std::unique_ptr<PendingCollective> inner, CollectiveStats& s) : inner_(std::move(inner)), s_(s) {}
@@ -90,6 +90,18 @@ void CountingCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 void CountingCommunicator::all_gather(const Tensor& in, Tensor& out) {
   const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
   counted(stats_->all_gather, size(), n * (P - 1), [&] { inner_->all_gather(in, out); });
+}
+
+void CountingCommunicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
+  const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
+  counted(stats_->reduce_scatter, size(), n / P * (P - 1), [&] { inner_->reduce_scatter_sum(in, out); });
+}
+
+std::unique_ptr<PendingCollective> CountingCommunicator::reduce_scatter_sum_async(const Tensor& in, Tensor& out) {
+  const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
+  std::unique_ptr<PendingCollective> pending;
+  counted(stats_->reduce_scatter, size(), n / P * (P - 1), [&] { pending = inner_->reduce_scatter_sum_async(in, out); });
+  return std::make_unique<CountedPending>(std::move(pending), stats_->reduce_scatter);
 }
 
 void CountingCommunicator::barrier() {

@@ -9,11 +9,13 @@
 //   all_reduce_sum  n             the buffer reduced (how many bytes the wire carries depends on the
 //                                 algorithm: a ring moves 2(P-1)/P · n per rank; docs/scaling.md)
 //   all_gather      n · (P-1)     this rank's input, sent to each other rank
+//   reduce_scatter  n · (P-1)/P   the chunks of `in` this rank sends to their owners (its own stays);
+//                                 with the all_gather of the result it is a ring all-reduce's 2(P-1)/P · n
 //   broadcast       n             the buffer broadcast (on every rank, root or not)
 //   barrier         0
 // A collective over a group of one moves nothing: it counts as a call with 0 bytes.
 // Time: steady-clock wall time of the inner call, so it includes waiting for slower ranks; for a
-// non-blocking all-reduce, the time spent in its start, test() and wait() calls.
+// non-blocking all-reduce or reduce-scatter, the time spent in its start, test() and wait() calls.
 // Knows nothing of graphs or of what the tensors hold.
 #pragma once
 
@@ -32,7 +34,7 @@ struct CollectiveStats {
 };
 
 struct CommStats {
-  CollectiveStats all_reduce, all_to_all, all_gather, broadcast, barrier;
+  CollectiveStats all_reduce, all_to_all, all_gather, reduce_scatter, broadcast, barrier;
   // Sum over every kind of collective.
   CollectiveStats total() const;
 };
@@ -58,6 +60,9 @@ class CountingCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   void all_to_all(const Tensor& in, Tensor& out) override;
   void all_gather(const Tensor& in, Tensor& out) override;
+  void reduce_scatter_sum(const Tensor& in, Tensor& out) override;
+  // Counted when started, timed like all_reduce_sum_async.
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(const std::string& message, int exit_code) override { inner_->abort(message, exit_code); }

@@ -27,11 +27,11 @@ void GuardedCommunicator::all_reduce_sum(Tensor& t) {
 namespace {
 class GuardedPending final : public PendingCollective {
  public:
-  GuardedPending(std::unique_ptr<PendingCollective> inner, Watchdog& w, const std::string& group)
-      : inner_(std::move(inner)), w_(w), group_(group) {}
+  GuardedPending(std::unique_ptr<PendingCollective> inner, Watchdog& w, const std::string& group, const char* what)
+      : inner_(std::move(inner)), w_(w), group_(group), what_(what) {}
   bool test() override { return inner_->test(); }
   void wait() override {
-    Armed a(w_, "all_reduce_sum_async", group_);
+    Armed a(w_, what_, group_);
     inner_->wait();
   }
 
@@ -39,12 +39,13 @@ class GuardedPending final : public PendingCollective {
   std::unique_ptr<PendingCollective> inner_;
   Watchdog& w_;
   const std::string& group_;
+  const char* what_;
 };
 }  // namespace
 
 std::unique_ptr<PendingCollective> GuardedCommunicator::all_reduce_sum_async(Tensor& t) {
   Armed a(watchdog_, "all_reduce_sum_async", group_);
-  return std::make_unique<GuardedPending>(inner_->all_reduce_sum_async(t), watchdog_, group_);
+  return std::make_unique<GuardedPending>(inner_->all_reduce_sum_async(t), watchdog_, group_, "all_reduce_sum_async");
 }
 void GuardedCommunicator::broadcast(Tensor& t, int root) {
   Armed a(watchdog_, "broadcast", group_);
@@ -57,6 +58,15 @@ void GuardedCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 void GuardedCommunicator::all_gather(const Tensor& in, Tensor& out) {
   Armed a(watchdog_, "all_gather", group_);
   inner_->all_gather(in, out);
+}
+void GuardedCommunicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
+  Armed a(watchdog_, "reduce_scatter_sum", group_);
+  inner_->reduce_scatter_sum(in, out);
+}
+std::unique_ptr<PendingCollective> GuardedCommunicator::reduce_scatter_sum_async(const Tensor& in, Tensor& out) {
+  Armed a(watchdog_, "reduce_scatter_sum_async", group_);
+  return std::make_unique<GuardedPending>(inner_->reduce_scatter_sum_async(in, out), watchdog_, group_,
+                                          "reduce_scatter_sum_async");
 }
 void GuardedCommunicator::barrier() {
   Armed a(watchdog_, "barrier", group_);

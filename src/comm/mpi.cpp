@@ -243,6 +243,12 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Allgather(send, chunk.count(), chunk.type(), out.raw(), chunk.count(), chunk.type(), comm_));
   }
 
+  void reduce_scatter_sum(const Tensor& in, Tensor& out) override { start_reduce_scatter(in, out)->wait(); }
+
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override {
+    return start_reduce_scatter(in, out);
+  }
+
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -268,6 +274,38 @@ class MpiCommunicator final : public Communicator {
     char* p = static_cast<char*>(t.raw());
     const size_t esize = dtype_size(t.dtype());
     for (int64_t done = 0; done < t.numel(); done += kPiece) f(p + done * esize, static_cast<int>(std::min(kPiece, t.numel() - done)));
+  }
+
+  // MPI_Ireduce_scatter_block when a chunk fits MPI's int count, else one MPI_Ireduce per owner
+  // and 2^30-element piece of its chunk (the same sums, in more calls).
+  std::unique_ptr<MpiPending> start_reduce_scatter(const Tensor& in, Tensor& out) {
+    check_host("reduce_scatter_sum", in);
+    check_host("reduce_scatter_sum", out);
+    AUTOSP_ASSERT(in.dtype() == out.dtype() && in.nbytes() == out.nbytes() * static_cast<size_t>(size_),
+                  "reduce_scatter_sum: ", in.str(), " over ", size_, " ranks into ", out.str());
+    AUTOSP_ASSERT(in.raw() != out.raw() || in.numel() == 0, "reduce_scatter_sum: out aliases in");
+    const MPI_Datatype type = mpi_type(in.dtype());
+    constexpr int64_t kPiece = int64_t{1} << 30;
+    const int64_t chunk = out.numel();
+    const size_t esize = dtype_size(in.dtype());
+    std::vector<MPI_Request> requests;
+    if (chunk == 0) return std::make_unique<MpiPending>(std::move(requests));
+    if (chunk <= kPiece) {
+      requests.push_back(MPI_REQUEST_NULL);
+      MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), static_cast<int>(chunk), type, MPI_SUM, comm_,
+                                          &requests.back()));
+      return std::make_unique<MpiPending>(std::move(requests));
+    }
+    const char* src = static_cast<const char*>(in.raw());
+    char* dst = static_cast<char*>(out.raw());
+    for (int owner = 0; owner < size_; ++owner)
+      for (int64_t done = 0; done < chunk; done += kPiece) {
+        const int n = static_cast<int>(std::min(kPiece, chunk - done));
+        requests.push_back(MPI_REQUEST_NULL);
+        MPI_CHECK(MPI_Ireduce(src + (owner * chunk + done) * esize, owner == rank_ ? dst + done * esize : nullptr, n,
+                              type, MPI_SUM, owner, comm_, &requests.back()));
+      }
+    return std::make_unique<MpiPending>(std::move(requests));
   }
 
   MPI_Comm comm_;

@@ -227,6 +227,12 @@ class NcclComm final : public NcclCommunicator {
     join(record_done());
   }
 
+  void reduce_scatter_sum(const Tensor& in, Tensor& out) override { join(start_reduce_scatter(in, out)); }
+
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override {
+    return std::make_unique<NcclPending>(*this, start_reduce_scatter(in, out));
+  }
+
   // Every rank got here: a one-element all-reduce on this communicator's stream, waited for on the
   // host (so every collective enqueued before it has finished too). Does not wait for the compute
   // stream.
@@ -345,6 +351,19 @@ class NcclComm final : public NcclCommunicator {
     if (t.numel() > 0)
       NCCL_CALL(comm_, timeout_s_, &aborted_,
                 ncclAllReduce(t.raw(), t.raw(), static_cast<size_t>(t.numel()), type, ncclSum, comm_, stream_));
+    return record_done();
+  }
+
+  cudaEvent_t start_reduce_scatter(const Tensor& in, Tensor& out) {
+    check_device("reduce_scatter_sum", in);
+    check_device("reduce_scatter_sum", out);
+    AUTOSP_ASSERT(in.dtype() == out.dtype() && in.nbytes() == out.nbytes() * static_cast<size_t>(size_),
+                  "NCCL reduce_scatter_sum: ", in.str(), " over ", size_, " ranks into ", out.str());
+    const ncclDataType_t type = nccl_type(in.dtype());
+    begin();
+    if (out.numel() > 0)
+      NCCL_CALL(comm_, timeout_s_, &aborted_,
+                ncclReduceScatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()), type, ncclSum, comm_, stream_));
     return record_done();
   }
 

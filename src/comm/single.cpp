@@ -21,6 +21,7 @@ class SingleProcess final : public Communicator {
   void broadcast(Tensor&, int root) override { AUTOSP_ASSERT(root == 0, "broadcast from rank ", root, " of 1"); }
   void all_to_all(const Tensor& in, Tensor& out) override { copy(in, out); }
   void all_gather(const Tensor& in, Tensor& out) override { copy(in, out); }
+  void reduce_scatter_sum(const Tensor& in, Tensor& out) override { copy(in, out); }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcess>(); }
   [[noreturn]] void abort(const std::string& message, int exit_code) override {

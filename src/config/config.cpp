@@ -109,6 +109,7 @@ const std::vector<Key>& schema() {
       {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", {}, F(runtime, overlap_grad_sync)},
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", {}, F(runtime, grad_bucket_mb)},
       {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", {}, F(sequence_parallel, autosp_size)},
+      {"zero_optimization.stage", Kind::integer, 0, 3, "", {}, F(zero_optimization, stage)},
   };
   return keys;
 }
@@ -275,6 +276,9 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
             "\")"));
 
+  if (c.zero_optimization.stage == 3)
+    bad("zero_optimization.stage 3 (sharded parameters) is not implemented yet: use 0, 1 or 2");
+
   // The resolved config, every key present.
   json r;
   r["model"] = {{"arch", arch_name(m.arch)},
@@ -308,6 +312,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                   {"overlap_grad_sync", c.runtime.overlap_grad_sync},
                   {"grad_bucket_mb", c.runtime.grad_bucket_mb}};
   r["sequence_parallel"] = {{"autosp_size", c.sequence_parallel.autosp_size}};
+  r["zero_optimization"] = {{"stage", c.zero_optimization.stage}};
   c.resolved = r;
   return c;
 }

@@ -64,12 +64,20 @@ struct SequenceParallelConfig {
   int64_t autosp_size = 1;
 };
 
+// zero_optimization (DeepSpeed's section): stage 0 keeps the whole optimizer state on every rank;
+// 1 shards the AdamW moments over the world (dp × sp), the gradients reduce-scattered to their
+// owner; 2 also frees each gradient bucket once it is reduce-scattered (train/optimizer.h ZeroAdamW).
+struct ZeroConfig {
+  int64_t stage = 0;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
   RuntimeConfig runtime;
   SequenceParallelConfig sequence_parallel;
+  ZeroConfig zero_optimization;
   nlohmann::json resolved;  // every key with its value after defaults and overrides
   std::vector<std::string> warnings;  // keys that do not apply to the chosen arch
 };

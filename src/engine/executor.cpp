@@ -33,12 +33,14 @@ Shape eval_shape(const SymShape& s, const Bindings& b) {
   return out;
 }
 
-Executor::Executor(const Graph& g, ExecOptions options) : g_(g), options_(options), last_use_(g.size()) {
+Executor::Executor(const Graph& g, ExecOptions options)
+    : g_(g), options_(std::move(options)), last_use_(g.size()), kept_(g.size(), false) {
   for (const auto& n : g.nodes()) {
     size_t at = g.position(n.get());
     last_use_[at] = at;
     for (const Node* i : n->inputs()) last_use_[g.position(i)] = at;
   }
+  for (const Node* o : g.outputs()) kept_[g.position(o)] = !options_.transient_outputs.count(o->name());
 }
 
 Bindings Executor::bind(const TensorMap& feeds) const {
@@ -140,18 +142,19 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
     // Free inputs whose last use this was (fed tensors stay alive with the caller).
     for (const Node* i : n.inputs()) {
       size_t ip = g_.position(i);
-      if (last_use_[ip] == at && !g_.is_output(i)) {
+      if (last_use_[ip] == at && !kept_[ip]) {
         values[ip] = Tensor();
         extras[ip].clear();
       }
     }
-    if (last_use_[at] == at && !g_.is_output(&n)) {
+    if (last_use_[at] == at && !kept_[at]) {
       values[at] = Tensor();
       extras[at].clear();
     }
   }
   args.clear();
-  for (const Node* o : g_.outputs()) r.outputs[o->name()] = values[g_.position(o)];
+  for (const Node* o : g_.outputs())
+    if (kept_[g_.position(o)]) r.outputs[o->name()] = values[g_.position(o)];
   r.peak_bytes = alloc.peak_bytes();
   return r;
 }

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 
 #include "comm/communicator.h"
@@ -35,6 +36,10 @@ struct ExecOptions {
   // The sdpa implementation on CUDA (runtime.attention); every KernelCall carries it. CPU kernels
   // ignore it.
   AttentionBackend attention = AttentionBackend::flash;
+  // Graph outputs (by node name) freed after their last use like intermediates, once the hook has
+  // seen them, and absent from RunResult::outputs: ZeRO-2's gradients, which live on only in their
+  // reduce-scattered shard (train/grad_sync.h).
+  std::set<std::string> transient_outputs;
 };
 
 class Executor {
@@ -52,6 +57,7 @@ class Executor {
   const Graph& g_;
   ExecOptions options_;
   std::vector<size_t> last_use_;  // per node: position of its last user (or itself)
+  std::vector<bool> kept_;        // per node: a graph output RunResult returns
   // The plan and arena of the last bindings seen (plans depend on the sizes).
   mutable Bindings planned_for_;
   mutable MemoryPlan plan_;

@@ -1,5 +1,5 @@
-// Bucketed gradient all-reduce, blocking (all_reduce_bucketed) and overlapped with the backward
-// (GradSync).
+// Bucketed gradient all-reduce (or ZeRO's reduce-scatter), blocking (all_reduce_bucketed) and
+// overlapped with the backward (GradSync).
 #include "train/grad_sync.h"
 
 #include <cstring>
@@ -47,7 +47,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 GradSyncStats all_reduce_bucketed(Communicator& comm, std::vector<Tensor>& grads, size_t bucket_bytes) {
   if (comm.size() == 1) return {};
   // The same buckets as the overlapped path, reduced with blocking calls once all are in.
-  std::vector<GradSync::Slot> slots;
+  std::vector<GradSlot> slots;
   for (const Tensor& g : grads) slots.push_back({g.shape(), g.dtype()});
   GradSync sync(comm, std::move(slots), /*overlap=*/false, bucket_bytes);
   for (size_t k = 0; k < grads.size(); ++k) sync.ready(k, grads[k]);
@@ -60,49 +60,89 @@ GradSyncStats all_reduce_bucketed(Communicator& comm, std::vector<Tensor>& grads
   return sync.stats();
 }
 
-GradSync::GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes)
-    : comm_(comm), slots_(std::move(slots)), overlap_(overlap) {
-  auto nbytes = [&](size_t k) { return static_cast<size_t>(shape_numel(slots_[k].shape)) * dtype_size(slots_[k].dtype); };
-  const auto bounds = bucket_bounds(slots_.size(), nbytes, [&](size_t k) { return slots_[k].dtype; }, bucket_bytes);
-  bucket_of_.resize(slots_.size());
-  offset_of_.resize(slots_.size());
-  seen_.assign(slots_.size(), false);
+FlatLayout flat_layout(std::vector<GradSlot> slots, size_t bucket_bytes, int ranks) {
+  AUTOSP_ASSERT(ranks >= 1, "flat layout over ", ranks, " ranks");
+  FlatLayout l;
+  l.ranks = ranks;
+  l.slots = std::move(slots);
+  auto numel = [&](size_t k) { return shape_numel(l.slots[k].shape); };
+  auto nbytes = [&](size_t k) { return static_cast<size_t>(numel(k)) * dtype_size(l.slots[k].dtype); };
+  const auto bounds = bucket_bounds(l.slots.size(), nbytes, [&](size_t k) { return l.slots[k].dtype; }, bucket_bytes);
+  l.bucket_of.resize(l.slots.size());
+  l.offset_of.resize(l.slots.size());
   for (size_t b = 0; b + 1 < bounds.size(); ++b) {
-    Bucket bucket;
+    FlatLayout::Bucket bucket;
     bucket.first = bounds[b];
     bucket.last = bounds[b + 1];
-    size_t bytes = 0;
+    bucket.dtype = l.slots[bucket.first].dtype;
     for (size_t k = bucket.first; k < bucket.last; ++k) {
-      bucket_of_[k] = b;
-      offset_of_[k] = bytes;
-      bytes += nbytes(k);
+      l.bucket_of[k] = b;
+      l.offset_of[k] = bucket.numel;
+      bucket.numel += numel(k);
     }
-    bucket.numel = static_cast<int64_t>(bytes / dtype_size(slots_[bucket.first].dtype));
-    buckets_.push_back(std::move(bucket));
+    bucket.padded = (bucket.numel + ranks - 1) / ranks * ranks;
+    l.buckets.push_back(bucket);
   }
+  return l;
+}
+
+GradSync::GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes, int zero_stage)
+    : comm_(comm),
+      layout_(flat_layout(std::move(slots), bucket_bytes, zero_stage > 0 ? comm.size() : 1)),
+      overlap_(overlap),
+      zero_stage_(zero_stage),
+      buckets_(layout_.buckets.size()) {
+  AUTOSP_ASSERT(zero_stage >= 0 && zero_stage <= 2, "GradSync at ZeRO stage ", zero_stage);
+  seen_.assign(layout_.slots.size(), false);
 }
 
 GradSync::~GradSync() = default;  // a bucket still in flight is waited for by its PendingCollective
 
-void GradSync::start(Bucket& b) {
+// The bucket's buffers on `device`, its padding zero (the reduce-scatter sums it with the rest).
+void GradSync::allocate(size_t b, Device device) {
+  const FlatLayout::Bucket& l = layout_.buckets[b];
+  Bucket& bucket = buckets_[b];
+  Allocator& alloc = allocator_of(device);
+  bucket.flat = Tensor::empty({l.padded}, l.dtype, alloc);
+  if (l.padded > l.numel) {
+    const Tensor pad = Tensor::view_bytes(bucket.flat, static_cast<size_t>(l.numel) * dtype_size(l.dtype),
+                                          {l.padded - l.numel}, l.dtype);
+    const Tensor zeros = Tensor::zeros({l.padded - l.numel}, l.dtype);
+    copy_into(device.kind == DeviceKind::cpu ? zeros : to_device(zeros, device), pad);
+  }
+  if (zero_stage_ > 0 && (!bucket.shard.defined() || bucket.shard.device() != device))
+    bucket.shard = Tensor::empty({layout_.shard_numel(b)}, l.dtype, alloc);
+}
+
+void GradSync::start(size_t b) {
+  Bucket& bucket = buckets_[b];
   ++stats_.calls;
-  stats_.bytes += b.flat.nbytes();
+  stats_.bytes += bucket.flat.nbytes();
   if (comm_.size() == 1) return;
   const auto t0 = std::chrono::steady_clock::now();
-  if (overlap_) b.pending = comm_.all_reduce_sum_async(b.flat);
+  if (overlap_)
+    bucket.pending = zero_stage_ > 0 ? comm_.reduce_scatter_sum_async(bucket.flat, bucket.shard)
+                                     : comm_.all_reduce_sum_async(bucket.flat);
   stats_.exposed_seconds += seconds_since(t0);
 }
 
+void GradSync::done(size_t b) {
+  buckets_[b].pending.reset();
+  if (zero_stage_ == 2) buckets_[b].flat = Tensor{};  // ZeRO-2: only the shard outlives the reduce-scatter
+}
+
 void GradSync::ready(size_t slot, const Tensor& grad) {
-  AUTOSP_ASSERT(slot < slots_.size() && !seen_[slot], "gradient slot ", slot, " given twice or out of range");
-  AUTOSP_ASSERT(grad.shape() == slots_[slot].shape && grad.dtype() == slots_[slot].dtype, "gradient slot ", slot,
-                " is ", grad.str(), ", expected ", dtype_name(slots_[slot].dtype), shape_str(slots_[slot].shape));
+  const std::vector<GradSlot>& slots = layout_.slots;
+  AUTOSP_ASSERT(slot < slots.size() && !seen_[slot], "gradient slot ", slot, " given twice or out of range");
+  AUTOSP_ASSERT(grad.shape() == slots[slot].shape && grad.dtype() == slots[slot].dtype, "gradient slot ", slot,
+                " is ", grad.str(), ", expected ", dtype_name(slots[slot].dtype), shape_str(slots[slot].shape));
   seen_[slot] = true;
-  Bucket& b = buckets_[bucket_of_[slot]];
-  if (!b.flat.defined() || b.flat.device() != grad.device())  // first use: on the gradients' device
-    b.flat = Tensor::empty({b.numel}, grad.dtype(), allocator_of(grad.device()));
-  copy_into(grad, Tensor::view_bytes(b.flat, offset_of_[slot], grad.shape(), grad.dtype()));
-  if (++b.filled == b.last - b.first) start(b);
+  const size_t b = layout_.bucket_of[slot];
+  Bucket& bucket = buckets_[b];
+  if (!bucket.flat.defined() || bucket.flat.device() != grad.device()) allocate(b, grad.device());
+  copy_into(grad, Tensor::view_bytes(bucket.flat, static_cast<size_t>(layout_.offset_of[slot]) * dtype_size(grad.dtype()),
+                                     grad.shape(), grad.dtype()));
+  if (++bucket.filled == layout_.buckets[b].last - layout_.buckets[b].first) start(b);
 }
 
 void GradSync::poll() {
@@ -110,29 +150,54 @@ void GradSync::poll() {
   const auto t0 = std::chrono::steady_clock::now();
   // Buckets finish in the order they started: test the oldest unfinished one only.
   while (next_poll_ < buckets_.size() && buckets_[next_poll_].pending && buckets_[next_poll_].pending->test()) {
-    buckets_[next_poll_].pending.reset();
+    done(next_poll_);
     ++next_poll_;
   }
   stats_.exposed_seconds += seconds_since(t0);
 }
 
-std::vector<Tensor> GradSync::finish() {
-  for (size_t k = 0; k < slots_.size(); ++k) AUTOSP_ASSERT(seen_[k], "gradient slot ", k, " was never ready");
+void GradSync::wait_all() {
+  for (size_t k = 0; k < layout_.slots.size(); ++k) AUTOSP_ASSERT(seen_[k], "gradient slot ", k, " was never ready");
   const auto t0 = std::chrono::steady_clock::now();
-  for (Bucket& b : buckets_) {
-    if (b.pending) b.pending->wait();
-    else if (!overlap_ && comm_.size() > 1) comm_.all_reduce_sum(b.flat);
-    b.pending.reset();
-    b.filled = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (bucket.pending) bucket.pending->wait();
+    else if (!overlap_ && comm_.size() > 1 && zero_stage_ > 0) comm_.reduce_scatter_sum(bucket.flat, bucket.shard);
+    else if (!overlap_ && comm_.size() > 1) comm_.all_reduce_sum(bucket.flat);
+    else if (zero_stage_ > 0 && comm_.size() == 1 && bucket.flat.defined()) copy_into(bucket.flat, bucket.shard);
+    if (bucket.flat.defined()) done(b);
+    bucket.filled = 0;
   }
   stats_.wait_seconds += seconds_since(t0);
   stats_.exposed_seconds += seconds_since(t0);
   next_poll_ = 0;
-  seen_.assign(slots_.size(), false);
+  seen_.assign(layout_.slots.size(), false);
+}
+
+std::vector<Tensor> GradSync::finish() {
+  AUTOSP_ASSERT(zero_stage_ == 0, "GradSync::finish at ZeRO stage ", zero_stage_, " (finish_shards)");
+  wait_all();
   std::vector<Tensor> out;
-  for (size_t k = 0; k < slots_.size(); ++k)
-    out.push_back(Tensor::view_bytes(buckets_[bucket_of_[k]].flat, offset_of_[k], slots_[k].shape, slots_[k].dtype));
+  for (size_t k = 0; k < layout_.slots.size(); ++k) {
+    const GradSlot& s = layout_.slots[k];
+    out.push_back(Tensor::view_bytes(buckets_[layout_.bucket_of[k]].flat,
+                                     static_cast<size_t>(layout_.offset_of[k]) * dtype_size(s.dtype), s.shape, s.dtype));
+  }
   return out;
+}
+
+std::vector<Tensor> GradSync::finish_shards() {
+  AUTOSP_ASSERT(zero_stage_ > 0, "GradSync::finish_shards without ZeRO");
+  wait_all();
+  std::vector<Tensor> out;
+  for (const Bucket& b : buckets_) out.push_back(b.shard);
+  return out;
+}
+
+size_t GradSync::bucket_bytes_held() const {
+  size_t n = 0;
+  for (const Bucket& b : buckets_) n += b.flat.defined() ? b.flat.nbytes() : 0;
+  return n;
 }
 
 }  // namespace autosp

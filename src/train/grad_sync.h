@@ -10,6 +10,12 @@
 // non-blocking collectives only inside MPI calls, so the trainer polls between backward nodes).
 // finish() waits for the rest. Every rank runs the same graph, so buckets start in the same order
 // everywhere, as non-blocking collectives require.
+//
+// ZeRO (zero_optimization.stage 1 and 2, train/optimizer.h ZeroAdamW): the same buckets, each padded
+// with zeros to a multiple of the group size P, are reduce-scattered instead of all-reduced, so
+// rank r receives only the summed elements [r·c, (r+1)·c) of every bucket (c = padded / P), its
+// shard; finish_shards() returns them. At stage 2 each bucket's full buffer is freed the moment its
+// reduce-scatter has finished, so between steps gradient buffers take 1/P of the gradients' bytes.
 #pragma once
 
 #include <chrono>
@@ -35,15 +41,38 @@ struct GradSyncStats {
 
 GradSyncStats all_reduce_bucketed(Communicator& comm, std::vector<Tensor>& grads, size_t bucket_bytes = 32u << 20);
 
+struct GradSlot {
+  Shape shape;
+  DType dtype;
+};
+
+// Where every gradient sits in the flat buckets: consecutive slots of one dtype, about bucket_bytes
+// each, side by side; each bucket padded with zeros to a multiple of `ranks`.
+struct FlatLayout {
+  struct Bucket {
+    size_t first = 0, last = 0;  // slots [first, last)
+    int64_t numel = 0;           // the slots' elements
+    int64_t padded = 0;          // numel rounded up to a multiple of ranks
+    DType dtype = DType::f32;
+  };
+  int ranks = 1;
+  std::vector<GradSlot> slots;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of;   // per slot
+  std::vector<int64_t> offset_of;  // per slot: its first element in its bucket
+
+  int64_t shard_numel(size_t bucket) const { return buckets[bucket].padded / ranks; }
+};
+FlatLayout flat_layout(std::vector<GradSlot> slots, size_t bucket_bytes, int ranks);
+
 class GradSync {
  public:
-  struct Slot {
-    Shape shape;
-    DType dtype;
-  };
+  using Slot = GradSlot;
   // `slots`: the gradients in the order the backward produces them. With `overlap` off, ready()
   // only copies and finish() reduces every bucket with blocking calls (to measure what overlap hides).
-  GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes);
+  // `zero_stage` 0 all-reduces; 1 and 2 reduce-scatter over comm (2 also frees each bucket once
+  // it is reduce-scattered).
+  GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes, int zero_stage = 0);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -56,26 +85,34 @@ class GradSync {
   // summed gradients in slot order, as views of the bucket buffers: valid until the next step's
   // ready(). Resets for the next step.
   std::vector<Tensor> finish();
+  // ZeRO: the same wait, returning this rank's shard of every summed bucket (layout().shard_numel
+  // elements each; valid until the next step's finish_shards()).
+  std::vector<Tensor> finish_shards();
 
   size_t num_buckets() const { return buckets_.size(); }
+  const FlatLayout& layout() const { return layout_; }
+  // Bytes of the full bucket buffers allocated now (at stage 2, none between steps).
+  size_t bucket_bytes_held() const;
   // Cumulative over every step.
   const GradSyncStats& stats() const { return stats_; }
 
  private:
   struct Bucket {
-    Tensor flat;  // the slots' gradients side by side (allocated by the first ready(), on its device)
-    int64_t numel = 0;
-    size_t first = 0, last = 0;  // slots [first, last)
-    size_t filled = 0;           // slots ready this step
+    Tensor flat;   // the slots' gradients side by side (allocated by the first ready(), on its device)
+    Tensor shard;  // ZeRO: this rank's summed chunk of `flat`
+    size_t filled = 0;  // slots ready this step
     std::unique_ptr<PendingCollective> pending;
   };
-  void start(Bucket& b);
+  void allocate(size_t b, Device device);
+  void start(size_t b);
+  void done(size_t b);  // its collective has finished
+  void wait_all();
 
   Communicator& comm_;
-  std::vector<Slot> slots_;
+  FlatLayout layout_;
   bool overlap_;
+  int zero_stage_;
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_, offset_of_;  // per slot: its bucket and byte offset in it
   std::vector<bool> seen_;
   size_t next_poll_ = 0;  // the oldest bucket that may still be in flight
   GradSyncStats stats_;

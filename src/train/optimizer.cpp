@@ -1,11 +1,14 @@
-// AdamW, clipping and the learning-rate schedule.
+// AdamW (whole and ZeRO-sharded), clipping and the learning-rate schedule.
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/optim.h"
+#include "device/cuda/device.h"
 #include "device/cuda/optim.h"
 
 namespace autosp {
@@ -28,30 +31,40 @@ std::vector<Tensor> values(const ParamMap& m) {
 }
 }  // namespace
 
-double global_grad_norm(const ParamMap& grads) {
-  if (on_device(grads)) return cudart::global_norm(values(grads));
+double sum_of_squares(const std::vector<Tensor>& grads) {
+  if (!grads.empty() && grads[0].device().kind == DeviceKind::cuda) {
+    const double norm = cudart::global_norm(grads);
+    return norm * norm;
+  }
   double sq = 0;
-  for (const auto& [name, g] : grads) {
+  for (const Tensor& g : grads) {
     if (g.dtype() == DType::f32)
       sq += cpu::sum_squares(g.data<float>(), g.numel());
     else
       sq += cpu::sum_squares(g.data<double>(), g.numel());
   }
-  return std::sqrt(sq);
+  return sq;
 }
 
-void clip_grads(ParamMap& grads, double norm, double max_norm) {
+double global_grad_norm(const ParamMap& grads) {
+  if (on_device(grads)) return cudart::global_norm(values(grads));
+  return std::sqrt(sum_of_squares(values(grads)));
+}
+
+void clip_grads(const std::vector<Tensor>& grads, double norm, double max_norm) {
   if (max_norm <= 0) return;
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return;
-  if (on_device(grads)) return cudart::scale(values(grads), coef);
-  for (auto& [name, g] : grads) {
+  if (!grads.empty() && grads[0].device().kind == DeviceKind::cuda) return cudart::scale(grads, coef);
+  for (const Tensor& g : grads) {
     if (g.dtype() == DType::f32)
       cpu::unary(cpu::Unary::scale, g.data<float>(), g.data<float>(), g.numel(), coef);
     else
       cpu::unary(cpu::Unary::scale, g.data<double>(), g.data<double>(), g.numel(), coef);
   }
 }
+
+void clip_grads(ParamMap& grads, double norm, double max_norm) { clip_grads(values(grads), norm, max_norm); }
 
 void AdamW::init(const ParamMap& params) {
   exp_avg.clear();
@@ -64,22 +77,156 @@ void AdamW::init(const ParamMap& params) {
   step = 0;
 }
 
+namespace {
+// One AdamW step of p with gradient g and moments m, v (same shape; any device).
+void adamw_tensor(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const TrainConfig& t, double lr,
+                  double wd, int64_t step) {
+  if (p.device().kind == DeviceKind::cuda)
+    cudart::adamw_step(p, g, m, v, lr, t.beta1, t.beta2, t.eps, wd, step);
+  else if (p.dtype() == DType::f32)
+    cpu::adamw_step(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), lr, t.beta1,
+                    t.beta2, t.eps, wd, step);
+  else
+    cpu::adamw_step(p.data<double>(), g.data<double>(), m.data<double>(), v.data<double>(), p.numel(), lr, t.beta1,
+                    t.beta2, t.eps, wd, step);
+}
+
+// No decay on biases and norm weights (tensors of rank < 2).
+double decay_of(const Shape& shape, const TrainConfig& t) { return shape.size() >= 2 ? t.weight_decay : 0.0; }
+}  // namespace
+
 void AdamW::update(ParamMap& params, const ParamMap& grads, const TrainConfig& t, double lr) {
   ++step;
-  for (auto& [name, p] : params) {
-    const Tensor& g = grads.at(name);
-    Tensor& m = exp_avg.at(name);
-    Tensor& v = exp_avg_sq.at(name);
-    const double wd = p.rank() >= 2 ? t.weight_decay : 0.0;  // no decay on biases and norm weights
-    if (p.device().kind == DeviceKind::cuda)
-      cudart::adamw_step(p, g, m, v, lr, t.beta1, t.beta2, t.eps, wd, step);
-    else if (p.dtype() == DType::f32)
-      cpu::adamw_step(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), lr, t.beta1,
-                      t.beta2, t.eps, wd, step);
-    else
-      cpu::adamw_step(p.data<double>(), g.data<double>(), m.data<double>(), v.data<double>(), p.numel(), lr, t.beta1,
-                      t.beta2, t.eps, wd, step);
+  for (auto& [name, p] : params)
+    adamw_tensor(p, grads.at(name), exp_avg.at(name), exp_avg_sq.at(name), t, lr, decay_of(p.shape(), t), step);
+}
+
+// ---- ZeRO ----------------------------------------------------------------------------------------
+
+namespace {
+Allocator& allocator_on(Device d) {
+  return d.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(d.index)) : cpu_allocator();
+}
+
+// Elements [offset, offset + n) of contiguous `t` (itself a view or not) as a 1-D view.
+Tensor flat_range(const Tensor& t, int64_t offset, int64_t n) {
+  AUTOSP_ASSERT(t.is_contiguous() && offset >= 0 && n >= 0 && offset + n <= t.numel(), "ZeRO: elements [", offset,
+                ", ", offset + n, ") of ", t.str());
+  return t.as_strided({n}, {1}, offset);
+}
+
+// dst = src (same numel and dtype, contiguous, one device).
+void copy_range(const Tensor& src, const Tensor& dst) {
+  AUTOSP_ASSERT(src.nbytes() == dst.nbytes() && src.dtype() == dst.dtype(), "ZeRO copy ", src.str(), " -> ", dst.str());
+  if (src.device().kind == DeviceKind::cuda) return copy_on_device(src, dst);
+  std::memcpy(dst.raw(), src.raw(), src.nbytes());
+}
+}  // namespace
+
+ZeroAdamW::ZeroAdamW(FlatLayout layout, std::vector<std::string> names, int rank)
+    : layout_(std::move(layout)), names_(std::move(names)), rank_(rank) {
+  AUTOSP_ASSERT(names_.size() == layout_.slots.size(), "ZeroAdamW: ", names_.size(), " names for ",
+                layout_.slots.size(), " slots");
+  AUTOSP_ASSERT(rank_ >= 0 && rank_ < layout_.ranks, "ZeroAdamW: rank ", rank_, " of ", layout_.ranks);
+  segments_.resize(layout_.buckets.size());
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const int64_t c = layout_.shard_numel(b), lo = rank_ * c, hi = lo + c;
+    for (size_t k = layout_.buckets[b].first; k < layout_.buckets[b].last; ++k) {
+      const int64_t first = layout_.offset_of[k], last = first + shape_numel(layout_.slots[k].shape);
+      const int64_t a = std::max(first, lo), e = std::min(last, hi);
+      if (a < e) segments_[b].push_back({k, a - first, a - lo, e - a});
+    }
   }
+}
+
+void ZeroAdamW::load(const AdamW& full, Device device) {
+  exp_avg_.clear();
+  exp_avg_sq_.clear();
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const DType dt = full.exp_avg.empty() ? layout_.buckets[b].dtype : full.exp_avg.begin()->second.dtype();
+    Tensor m = Tensor::zeros({layout_.shard_numel(b)}, dt), v = Tensor::zeros({layout_.shard_numel(b)}, dt);
+    for (const Segment& s : segments_[b]) {
+      const std::string& name = names_[s.slot];
+      copy_range(flat_range(full.exp_avg.at(name), s.in_param, s.numel), flat_range(m, s.in_shard, s.numel));
+      copy_range(flat_range(full.exp_avg_sq.at(name), s.in_param, s.numel), flat_range(v, s.in_shard, s.numel));
+    }
+    exp_avg_.push_back(device.kind == DeviceKind::cpu ? m : to_device(m, device));
+    exp_avg_sq_.push_back(device.kind == DeviceKind::cpu ? v : to_device(v, device));
+  }
+  step_ = full.step;
+}
+
+ParamMap ZeroAdamW::unshard(const std::vector<Tensor>& shards, Communicator& comm) const {
+  AUTOSP_ASSERT(shards.size() == layout_.buckets.size() && comm.size() == layout_.ranks, "ZeroAdamW::unshard: ",
+                shards.size(), " shards over ", comm.size(), " ranks");
+  ParamMap out;
+  for (size_t b = 0; b < shards.size(); ++b) {
+    const FlatLayout::Bucket& l = layout_.buckets[b];
+    const Tensor& shard = shards[b];
+    Tensor whole = Tensor::empty({l.padded}, shard.dtype(), allocator_on(shard.device()));
+    comm.all_gather(shard, whole);
+    for (size_t k = l.first; k < l.last; ++k) {
+      Tensor t = Tensor::empty(layout_.slots[k].shape, shard.dtype(), allocator_on(shard.device()));
+      copy_range(flat_range(whole, layout_.offset_of[k], t.numel()), flat_range(t, 0, t.numel()));
+      out[names_[k]] = t;
+    }
+  }
+  return out;
+}
+
+AdamW ZeroAdamW::consolidate(Communicator& comm) const {
+  AdamW full;
+  full.exp_avg = unshard(exp_avg_, comm);
+  full.exp_avg_sq = unshard(exp_avg_sq_, comm);
+  full.step = step_;
+  return full;
+}
+
+double ZeroAdamW::grad_norm(const std::vector<Tensor>& shards, Communicator& host) const {
+  Tensor sq = Tensor::from_vector<double>({1}, {sum_of_squares(shards)});  // the padding is zero
+  host.all_reduce_sum(sq);
+  return std::sqrt(sq.data<double>()[0]);
+}
+
+void ZeroAdamW::update(ParamMap& params, const std::vector<Tensor>& grad_shards, const TrainConfig& t, double lr,
+                       Communicator& comm) {
+  AUTOSP_ASSERT(grad_shards.size() == layout_.buckets.size(), "ZeroAdamW::update: ", grad_shards.size(),
+                " gradient shards for ", layout_.buckets.size(), " buckets");
+  ++step_;
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const FlatLayout::Bucket& l = layout_.buckets[b];
+    const Tensor& m = exp_avg_[b];
+    Allocator& alloc = allocator_on(m.device());
+    // This rank's shard of the parameters, in its slot of the bucket, updated; then every rank's
+    // shard gathered in place and copied back into the whole parameters.
+    const int64_t c = layout_.shard_numel(b), lo = rank_ * c, pad_from = std::max(lo, l.numel);
+    Tensor whole = Tensor::empty({l.padded}, m.dtype(), alloc);
+    const Tensor shard = flat_range(whole, lo, c);
+    if (pad_from < lo + c) {  // the part of the padding in this rank's slot: zero, as in the gradients
+      const Tensor zeros = Tensor::zeros({lo + c - pad_from}, m.dtype());
+      copy_range(m.device().kind == DeviceKind::cpu ? zeros : to_device(zeros, m.device()),
+                 flat_range(whole, pad_from, lo + c - pad_from));
+    }
+    for (const Segment& s : segments_[b]) {
+      const Tensor p = flat_range(params.at(names_[s.slot]), s.in_param, s.numel);
+      const Tensor ps = flat_range(shard, s.in_shard, s.numel);
+      copy_range(p, ps);
+      adamw_tensor(ps, flat_range(grad_shards[b], s.in_shard, s.numel), flat_range(m, s.in_shard, s.numel),
+                   flat_range(exp_avg_sq_[b], s.in_shard, s.numel), t, lr, decay_of(layout_.slots[s.slot].shape, t),
+                   step_);
+    }
+    comm.all_gather(shard, whole);
+    for (size_t k = l.first; k < l.last; ++k) {
+      Tensor& p = params.at(names_[k]);
+      copy_range(flat_range(whole, layout_.offset_of[k], p.numel()), flat_range(p, 0, p.numel()));
+    }
+  }
+}
+
+size_t ZeroAdamW::state_bytes() const {
+  size_t n = 0;
+  for (size_t b = 0; b < exp_avg_.size(); ++b) n += exp_avg_[b].nbytes() + exp_avg_sq_[b].nbytes();
+  return n;
 }
 
 }  // namespace autosp

@@ -2,10 +2,21 @@
 // global-norm gradient clipping like torch.nn.utils.clip_grad_norm_, and the learning-rate schedule
 // (linear warmup, then cosine decay to min_lr). Works on ParamMaps on the host or all on one CUDA
 // device (then through device/cuda/optim.h); knows nothing of graphs.
+//
+// ZeroAdamW is the same AdamW at ZeRO stages 1 and 2 (zero_optimization.stage, DeepSpeed's key):
+// the moments exist only for this rank's shard of every flat gradient bucket (train/grad_sync.h
+// FlatLayout), the gradients arrive reduce-scattered, each rank updates the parameters of its shard
+// and all-gathers them back into every rank's whole parameters. The parameters (the f32 master
+// weights: under bf16 the graph casts them on use) stay whole on every rank, the working copy.
 #pragma once
 
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
 #include "config/config.h"
 #include "tensor/tensor.h"
+#include "train/grad_sync.h"
 
 namespace autosp {
 
@@ -18,6 +29,9 @@ double lr_at(const TrainConfig& t, int64_t step, int64_t total_steps);
 double global_grad_norm(const ParamMap& grads);
 // Scales every gradient by max_norm / (norm + 1e-6) when that is < 1 (no-op for max_norm = 0).
 void clip_grads(ParamMap& grads, double norm, double max_norm);
+// The same over a list of tensors (ZeRO's gradient shards).
+double sum_of_squares(const std::vector<Tensor>& grads);
+void clip_grads(const std::vector<Tensor>& grads, double norm, double max_norm);
 
 struct AdamW {
   ParamMap exp_avg, exp_avg_sq;  // first and second moments, by parameter name
@@ -26,6 +40,46 @@ struct AdamW {
   void init(const ParamMap& params);  // zero moments
   // One update of every parameter with learning rate `lr`.
   void update(ParamMap& params, const ParamMap& grads, const TrainConfig& t, double lr);
+};
+
+class ZeroAdamW {
+ public:
+  // `names`: the parameter of each slot of `layout` (layout.ranks shards; this is shard `rank`).
+  ZeroAdamW(FlatLayout layout, std::vector<std::string> names, int rank);
+
+  // This rank's shard of `full` (a whole AdamW state, from any world size or stage: a
+  // checkpoint's, or AdamW::init's zeros), on `device`.
+  void load(const AdamW& full, Device device);
+  // The whole state on every rank (a collective over `comm`, the layout's group): for checkpoints.
+  AdamW consolidate(Communicator& comm) const;
+  // Whole tensors by parameter name from every rank's shard of each bucket (a collective):
+  // gradients for --dump-grads, moments for consolidate.
+  ParamMap unshard(const std::vector<Tensor>& shards, Communicator& comm) const;
+
+  // The global gradient norm from every rank's shard (one f64 all-reduce over `host`, a host
+  // communicator of the same ranks).
+  double grad_norm(const std::vector<Tensor>& shards, Communicator& host) const;
+  // One AdamW update of this rank's shard of every parameter, then the updated shards all-gathered
+  // over `comm` into `params` (whole, on every rank).
+  void update(ParamMap& params, const std::vector<Tensor>& grad_shards, const TrainConfig& t, double lr,
+              Communicator& comm);
+
+  int64_t step() const { return step_; }
+  // Bytes of optimizer state this rank holds (the two moment shards).
+  size_t state_bytes() const;
+
+ private:
+  // A piece of one parameter inside this rank's shard of a bucket (elements).
+  struct Segment {
+    size_t slot;
+    int64_t in_param, in_shard, numel;
+  };
+  FlatLayout layout_;
+  std::vector<std::string> names_;
+  int rank_;
+  std::vector<std::vector<Segment>> segments_;  // per bucket
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;    // per bucket: this rank's shard
+  int64_t step_ = 0;
 };
 
 }  // namespace autosp

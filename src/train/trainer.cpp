@@ -1,7 +1,8 @@
 // The training loop. train() sets a run up (device, communicators, program, starting state) and
 // runs the steps; what a step does besides running the graph is one function each below: the
 // copies between the host and the run device, the gradient all-reduce, the accuracy score, the
-// progress and metrics lines, the checkpoint.
+// progress and metrics lines, the checkpoint. At zero_optimization.stage 1 and 2 the gradients are
+// reduce-scattered and the optimizer is ZeroAdamW (train/optimizer.h) over this rank's shard.
 #include "train/trainer.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <unordered_map>
 
 #include <spdlog/spdlog.h>
@@ -167,6 +169,13 @@ struct Gradients {
     return grads;
   }
   GradSyncStats stats() const { return sync ? sync->stats() : GradSyncStats{}; }
+  // ZeRO: gradients reduce-scattered, this rank's shard of each bucket (train/grad_sync.h).
+  bool sharded() const { return sync && sync->layout().ranks > 1; }
+  std::vector<std::string> names_in_slot_order() const {
+    std::vector<std::string> names;
+    for (size_t i : order) names.push_back(prog.param_names[i]);
+    return names;
+  }
 };
 
 Gradients make_gradients(const RankProgram& prog, const ParamMap& params, const Config& cfg, Communicator& world) {
@@ -183,7 +192,8 @@ Gradients make_gradients(const RankProgram& prog, const ParamMap& params, const 
     g.slot_of[n] = k;
   }
   g.sync = std::make_unique<GradSync>(world, std::move(slots), cfg.runtime.overlap_grad_sync,
-                                      static_cast<size_t>(cfg.runtime.grad_bucket_mb * 1024 * 1024));
+                                      static_cast<size_t>(cfg.runtime.grad_bucket_mb * 1024 * 1024),
+                                      static_cast<int>(cfg.zero_optimization.stage));
   return g;
 }
 
@@ -335,7 +345,11 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   StopOnSignal stop(cfg.train.save_timeout);  // SIGTERM, SIGINT, SIGUSR1: save after this step and stop
 
   RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
-  Executor ex(*prog.graph, ExecOptions{.attention = cfg.runtime.attention});
+  ExecOptions exec{.attention = cfg.runtime.attention};
+  // ZeRO-2: a gradient lives on only in its bucket's reduce-scattered shard.
+  if (cfg.zero_optimization.stage == 2 && world.size() > 1)
+    exec.transient_outputs = {prog.grad_names.begin(), prog.grad_names.end()};
+  Executor ex(*prog.graph, exec);
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
 
   StartState state = start_state(cfg, args, master, lead);
@@ -347,8 +361,20 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   for (auto& [name, p] : result.params) comms->host_world->broadcast(p, 0);  // every rank starts from rank 0's weights
   // Parameters, gradients and AdamW state live on the run device from here on.
   to_run_device(result.params, dev);
-  to_run_device(opt.exp_avg, dev);
-  to_run_device(opt.exp_avg_sq, dev);
+  Gradients gradients = make_gradients(prog, result.params, cfg, *comms->world);
+  // ZeRO-1/2: this rank keeps only its shard of the AdamW state (whole from a checkpoint of any
+  // world size or stage, resharded here).
+  std::optional<ZeroAdamW> zopt;
+  if (gradients.sharded()) {
+    zopt.emplace(gradients.sync->layout(), gradients.names_in_slot_order(), comms->world->rank());
+    zopt->load(opt, dev);
+    opt = AdamW{};
+  } else {
+    to_run_device(opt.exp_avg, dev);
+    to_run_device(opt.exp_avg_sq, dev);
+  }
+  // The whole optimizer state for a checkpoint (ZeRO: gathered from every rank, a collective).
+  auto checkpoint_state = [&] { return zopt ? zopt->consolidate(*comms->world) : opt; };
   if (lead && dev.kind == DeviceKind::cuda)
     spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(), attention_backend_name(cfg.runtime.attention));
   if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
@@ -356,7 +382,6 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
                  dev.kind == DeviceKind::cpu ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
 
-  Gradients gradients = make_gradients(prog, result.params, cfg, *comms->world);
   std::ofstream metrics;
   if (lead && !args.metrics.empty()) {
     metrics.open(args.metrics, std::ios::app);
@@ -380,25 +405,34 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       if (gradients.is_synced_gradient(n)) inject_nan_into(fault, world.rank(), step + 1, v);
       gradients.offer(n, v);
     });
-    ParamMap grads = gradients.collect(r);
+    ParamMap grads = zopt ? ParamMap{} : gradients.collect(r);
+    const std::vector<Tensor> shards = zopt ? gradients.sync->finish_shards() : std::vector<Tensor>{};
     // Device results are read on the host only once every collective has finished.
     comms->synchronize_device();
     const Tensor loss_t = host_copy(r.outputs.at(prog.loss));
-    if (lead && step == start && !args.dump_grads.empty()) save_safetensors(args.dump_grads, host_copy(grads));
+    if (step == start && !args.dump_grads.empty()) {  // whole gradients at every stage
+      const ParamMap whole = zopt ? zopt->unshard(shards, *comms->world) : grads;
+      if (lead) save_safetensors(args.dump_grads, host_copy(whole));
+    }
 
     StepRecord rec;
     rec.step = step + 1;
     rec.loss = loss_t.to_doubles()[0];
-    rec.grad_norm = global_grad_norm(grads);
+    rec.grad_norm = zopt ? zopt->grad_norm(shards, *comms->host_world) : global_grad_norm(grads);
     // Loss and norm are all-reduced, so every rank stops here together, before a bad update
     // reaches the parameters or a checkpoint.
     if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm))
       throw RuntimeFailure(str("step ", rec.step, ": loss ", rec.loss, ", gradient norm ", rec.grad_norm,
                                " is not finite; stopping before the update (try a lower train.lr or more "
                                "train.warmup_steps, and --resume from the last checkpoint)"));
-    clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
     rec.lr = lr_at(cfg.train, step, total);
-    opt.update(result.params, grads, cfg.train, rec.lr);
+    if (zopt) {
+      clip_grads(shards, rec.grad_norm, cfg.train.grad_clip);
+      zopt->update(result.params, shards, cfg.train, rec.lr, *comms->world);
+    } else {
+      clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
+      opt.update(result.params, grads, cfg.train, rec.lr);
+    }
     if (cfg.data.source == DataSourceKind::synthetic && args.accuracy)
       rec.accuracy = score_accuracy(r.outputs.at("logits"), batch, ctx, *comms->host_world);
     // The step's device work (AdamW is still queued here) belongs to its time, not the next step's.
@@ -415,17 +449,22 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     const bool checkpoint_now =
         !cfg.train.checkpoint_dir.empty() &&
         ((cfg.train.checkpoint_every > 0 && rec.step % cfg.train.checkpoint_every == 0) || rec.step == total);
-    if (lead && checkpoint_now) save_step_checkpoint(cfg, rec.step, result.params, opt, fault, world);
+    if (checkpoint_now) {
+      const AdamW state_now = checkpoint_state();
+      if (lead) save_step_checkpoint(cfg, rec.step, result.params, state_now, fault, world);
+    }
     // Preemption: every rank agrees on this step (one tiny all-reduce), rank 0 saves it, and all
     // leave together once the checkpoint is on disk.
     if (stop.stop_agreed(*comms->host_world)) {
+      const bool save_now = !cfg.train.checkpoint_dir.empty() && !checkpoint_now;
+      const AdamW state_now = save_now ? checkpoint_state() : AdamW{};
       if (lead) {
         spdlog::warn("stopping after step {}: a preemption signal reached {}", rec.step,
                      StopOnSignal::received() ? "this rank" : "another rank");
         if (cfg.train.checkpoint_dir.empty())
           spdlog::warn("no train.checkpoint_dir: nothing saved; the run restarts from step 0");
-        else if (!checkpoint_now)
-          save_step_checkpoint(cfg, rec.step, result.params, opt, fault, world);
+        else if (save_now)
+          save_step_checkpoint(cfg, rec.step, result.params, state_now, fault, world);
       }
       comms->host_world->barrier();
       mark_exit_agreed();
@@ -434,6 +473,13 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     }
   }
   result.params = host_copy(result.params);
+  if (zopt) {
+    result.optimizer_state_bytes = zopt->state_bytes();
+  } else {
+    for (const ParamMap* m : {&opt.exp_avg, &opt.exp_avg_sq})
+      for (const auto& [name, t] : *m) result.optimizer_state_bytes += t.nbytes();
+  }
+  if (gradients.sync) result.grad_bucket_bytes = gradients.sync->bucket_bytes_held();
   return result;
 }
 

@@ -45,6 +45,9 @@ struct TrainResult {
   // Stopped early by a preemption signal (train/preempt.h) on any rank, after the checkpoint of the
   // last step (when train.checkpoint_dir is set); the app then exits with kExitPreempted.
   bool preempted = false;
+  // This rank's optimizer-state bytes (the AdamW moments: whole at zero_optimization.stage 0, its
+  // shard at 1 and 2) and the gradient bucket buffers it held after the last step (ZeRO-2: none).
+  size_t optimizer_state_bytes = 0, grad_bucket_bytes = 0;
 };
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world);

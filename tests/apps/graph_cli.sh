@@ -84,5 +84,34 @@ expect_usage_error "world" --config "$src/configs/gpt2-tiny.json" --world two
 expect_usage_error "bogus" --config "$src/configs/gpt2-tiny.json" --bogus
 expect_usage_error "model.hidden_size" --config "$src/configs/gpt2-tiny.json" --set model.hidden_size=abc
 
+# --plan-memory at each zero_optimization.stage, world 4 (dp 4): the moments are 2 x the
+# parameters at stage 0 and a quarter of that at 1 and 2; the gradient buckets are a whole copy of
+# the gradients at 0 (plus the quarter they reduce-scatter into at 1), only the quarter at 2, where
+# the gradient outputs are no longer kept.
+for stage in 0 1 2; do
+  "$bin" --config "$src/configs/gpt2-tiny.json" --world 4 --rank 0 --stage joint --plan-memory S=64 \
+    --set zero_optimization.stage=$stage >"$tmp/plan$stage.json" 2>"$tmp/err" ||
+    { echo "FAIL: --plan-memory at stage $stage: $(cat "$tmp/err")"; fail=1; }
+done
+python3 - "$tmp" <<'PY' || fail=1
+import json, sys
+p = [json.load(open(f"{sys.argv[1]}/plan{s}.json")) for s in range(3)]
+params = p[0]["parameter_bytes"]
+checks = [
+    (p[0]["optimizer_bytes"] == 2 * params, "stage 0 moments"),
+    (p[1]["optimizer_bytes"] == (2 * params + 3) // 4, "stage 1 moments"),
+    (p[2]["optimizer_bytes"] == p[1]["optimizer_bytes"], "stage 2 moments"),
+    (p[0]["grad_bucket_bytes"] == params, "stage 0 buckets"),
+    (p[1]["grad_bucket_bytes"] == params + (params + 3) // 4, "stage 1 buckets and shard"),
+    (p[2]["grad_bucket_bytes"] == (params + 3) // 4, "stage 2 bucket shard"),
+    (p[2]["output_bytes"] == p[1]["output_bytes"] - params, "stage 2 gradient outputs"),
+    (p[0]["total_bytes"] > p[1]["total_bytes"] > p[2]["total_bytes"], "totals fall with the stage"),
+]
+bad = [what for ok, what in checks if not ok]
+if bad:
+    print("FAIL: --plan-memory zero stages:", ", ".join(bad), [{k: q[k] for k in q if k != "bindings"} for q in p])
+    sys.exit(1)
+PY
+
 if [ $fail -eq 0 ]; then echo "graph_cli: all checks passed"; fi
 exit $fail

@@ -155,6 +155,8 @@ row 'train.keep_checkpoints = -1' "${c[@]}" --set train.keep_checkpoints=-1
 row 'runtime.threads = 1.5: expected an integer' "${c[@]}" --set runtime.threads=1.5
 row 'runtime.grad_bucket_mb = 0' "${c[@]}" --set runtime.grad_bucket_mb=0
 row 'runtime.overlap_grad_sync = "sometimes": expected true or false' "${c[@]}" --set runtime.overlap_grad_sync=sometimes
+row 'zero_optimization.stage = 4: expected an integer in \[0, 3\]' "${c[@]}" --set zero_optimization.stage=4
+row 'zero_optimization.stage 3 (sharded parameters) is not implemented' "${c[@]}" --set zero_optimization.stage=3
 row 'model.arch: the value is not valid UTF-8' "${c[@]}" --set $'model.arch=\xff\xfe'
 row 'expected section.key' "${c[@]}" --set train.lr.max=3
 row "unknown key 'layers'" "${c[@]}" --set layers.99999999999=1  # was a 1.6 TB allocation (fuzzer find)
@@ -226,6 +228,7 @@ row mpi env:AUTOSP_FAULT=rank:1,kind:exit "AUTOSP_FAULT='rank:1,kind:exit': miss
 row mpi 'big_token.bin: token 32' "${c[@]}" "${tokens[@]}$tmp/big_token.bin"
 row mpi 'flipped/model.safetensors: checksum mismatch' "${c[@]}" --resume "$flipped"
 row mpi 'does not divide the world size' "${c[@]}" --set sequence_parallel.autosp_size=4
+row mpi 'zero_optimization.stage = "two": expected an integer' "${c[@]}" --set zero_optimization.stage=two
 
 # --help lists every flag the binary accepts.
 "$bin" --help >"$tmp/help" 2>&1 || { echo "FAIL: --help exited $?"; fail=1; }

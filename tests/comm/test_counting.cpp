@@ -25,6 +25,7 @@ class FakeGroup final : public Communicator {
     std::memcpy(out.raw(), in.raw(), in.nbytes());
   }
   void all_gather(const Tensor&, Tensor&) override { ++*calls_; }
+  void reduce_scatter_sum(const Tensor&, Tensor&) override { ++*calls_; }
   void barrier() override { ++*calls_; }
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<FakeGroup>(n_ / 2, calls_); }
   [[noreturn]] void abort(const std::string&, int) override { std::abort(); }
@@ -51,7 +52,10 @@ TEST_CASE("counting: bytes per collective on a group of 4", "[comm]") {
   c.all_gather(t, g32);  // its input to 3 others: 96 bytes
   c.broadcast(t, 0);     // the buffer: 32 bytes
   c.barrier();
-  CHECK(inner_calls == 6);
+  Tensor chunk = Tensor::zeros({2}, DType::f32);
+  c.reduce_scatter_sum(t, chunk);  // 3 of its 4 chunks to their owners: 24 bytes
+  c.reduce_scatter_sum_async(t, chunk)->wait();
+  CHECK(inner_calls == 8);
 
   const CommStats& s = c.stats();
   CHECK(s.all_to_all.calls == 2);
@@ -62,8 +66,10 @@ TEST_CASE("counting: bytes per collective on a group of 4", "[comm]") {
   CHECK(s.broadcast.bytes == 32);
   CHECK(s.barrier.calls == 1);
   CHECK(s.barrier.bytes == 0);
-  CHECK(s.total().calls == 6);
-  CHECK(s.total().bytes == 48 + 32 + 96 + 32);
+  CHECK(s.reduce_scatter.calls == 2);
+  CHECK(s.reduce_scatter.bytes == 48);
+  CHECK(s.total().calls == 8);
+  CHECK(s.total().bytes == 48 + 32 + 96 + 32 + 48);
   CHECK(s.all_to_all.seconds >= 0);
 
   // Children share the totals: a split group of 2 sends 1 of 2 chunks.

@@ -72,6 +72,9 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
   CHECK(d.resolved["runtime"]["device"] == "cpu");
   CHECK(d.resolved["runtime"]["attention"] == "flash");
   CHECK(d.resolved["runtime"]["dtype"] == "float32");
+  CHECK(d.zero_optimization.stage == 0);  // DeepSpeed's default: no sharding
+  CHECK(d.resolved["zero_optimization"]["stage"] == 0);
+  CHECK(parse_config(json::object(), {"zero_optimization.stage=2"}).zero_optimization.stage == 2);
   // The error names every accepted value, in this order.
   CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"data.source=csv"}),
@@ -122,6 +125,12 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"runtime": {"fuse_kernels": 1}})", {}, "runtime.fuse_kernels"},
       {R"({"sequence_parallel": {"autosp_size": 0}})", {}, "sequence_parallel.autosp_size"},
       {R"({"sequence_parallel": {"ulysses": 2}})", {}, "unknown key 'sequence_parallel.ulysses'"},
+      {R"({"zero_optimization": {"stage": 4}})", {}, "zero_optimization.stage"},
+      {R"({"zero_optimization": {"stage": -1}})", {}, "zero_optimization.stage"},
+      {R"({"zero_optimization": {"stage": 1.5}})", {}, "zero_optimization.stage"},
+      {R"({"zero_optimization": {"stage": "2"}})", {}, "zero_optimization.stage"},
+      {R"({"zero_optimization": {"stage": 3}})", {}, "zero_optimization.stage 3"},
+      {R"({"zero_optimization": {"offload_optimizer": true}})", {}, "unknown key 'zero_optimization.offload_optimizer'"},
       {R"({})", {"train.lr"}, "expected key.path=value"},
       {R"({})", {"lr=3"}, "expected section.key"},
       {R"({})", {"train.nope=3"}, "unknown key 'train.nope'"},

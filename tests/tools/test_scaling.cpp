@@ -130,6 +130,24 @@ TEST_CASE("scaling: projection", "[scaling]") {
   ProjectionConfig r = parse_projection_config({{"replicated_bytes_per_param", 18}, {"sharded_bytes_per_param", 0}}, "t");
   CHECK(longest_sequence(r, 8) == 0);
 
+  // zero_stage: this runtime's bytes per parameter at each stage (4 f32 parameters, 8 of gradient
+  // output and bucket, 8 of moments), counted by hand for Llama-3-8B on 8 GPUs.
+  const double p = static_cast<double>(param_count(c.model));
+  const double expected[] = {p * 20, p * (12 + 8.0 / 8), p * (4 + 12.0 / 8)};
+  for (int64_t stage = 0; stage <= 2; ++stage) {
+    const ProjectionConfig z = parse_projection_config({{"zero_stage", stage}}, "t");
+    CHECK(state_bytes_per_gpu(z, 8) == Approx(expected[stage]));
+  }
+  CHECK(longest_sequence(parse_projection_config({{"zero_stage", 0}}, "t"), 8) == 0);  // 160 GB of states
+  CHECK(longest_sequence(parse_projection_config({{"zero_stage", 2}}, "t"), 8) >
+        longest_sequence(parse_projection_config({{"zero_stage", 1}}, "t"), 8));
+  // Stage 3 (planned): 16/8 B per parameter plus two layers' f32 parameters, below stage 2.
+  const ProjectionConfig z3 = parse_projection_config({{"zero_stage", 3}}, "t");
+  CHECK(state_bytes_per_gpu(z3, 8) > p * 2);
+  CHECK(state_bytes_per_gpu(z3, 8) < p * 2 + 2 * p / 32 * 4);
+  CHECK_THROWS_AS(parse_projection_config({{"zero_stage", 4}}, "t"), UsageError);
+  CHECK_THROWS_AS(parse_projection_config({{"zero_stage", 1}, {"sharded_bytes_per_param", 1}}, "t"), UsageError);
+
   CHECK_THROWS_AS(parse_projection_config({{"gpu", 8}}, "t"), UsageError);
   CHECK_THROWS_AS(parse_projection_config({{"gpus", {8, 0}}}, "t"), UsageError);
   CHECK_THROWS_AS(parse_projection_config({{"links", {{"nvlink", {{"alpha", 1}}}}}}, "t"), UsageError);

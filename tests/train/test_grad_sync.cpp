@@ -69,6 +69,16 @@ class Recorder final : public Communicator {
   void broadcast(Tensor&, int) override {}
   void all_to_all(const Tensor&, Tensor&) override {}
   void all_gather(const Tensor&, Tensor&) override {}
+  // Rank 0's chunk of the sum: twice its first out.numel() elements.
+  void reduce_scatter_sum(const Tensor& in, Tensor& out) override {
+    log.push_back("blocking rs " + std::to_string(in.numel()));
+    for (int64_t i = 0; i < out.numel(); ++i) out.data<float>()[i] = 2 * in.data<float>()[i];
+  }
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override {
+    reduce_scatter_sum(in, out);
+    log.back() = "start rs " + std::to_string(in.numel());
+    return finished_collective();
+  }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
   [[noreturn]] void abort(const std::string& m, int) override { throw std::runtime_error(m); }
@@ -97,6 +107,34 @@ TEST_CASE("grad sync: with overlap a bucket's all-reduce starts when its last gr
     CHECK(out[1].to_doubles() == std::vector<double>{10, 12, 14, 16});
     CHECK(out[2].to_doubles()[7] == 32);
     CHECK(sync.stats().calls == 2);
+  }
+}
+
+TEST_CASE("grad sync: ZeRO pads each bucket to the group, reduce-scatters it when full, frees it at stage 2",
+          "[grad_sync]") {
+  // Buckets [s0 s1] (7 floats, padded to 8 for 2 ranks) and [s2] (3, padded to 4).
+  const std::vector<GradSync::Slot> slots = {{{4}, DType::f32}, {{3}, DType::f32}, {{3}, DType::f32}};
+  for (int stage : {1, 2}) {
+    Recorder comm;
+    GradSync sync(comm, slots, true, 28, stage);
+    REQUIRE(sync.num_buckets() == 2);
+    CHECK(sync.layout().buckets[0].numel == 7);
+    CHECK(sync.layout().buckets[0].padded == 8);
+    CHECK(sync.layout().shard_numel(1) == 2);
+    sync.ready(0, ramp({4}, DType::f32, 1));
+    sync.ready(1, ramp({3}, DType::f32, 5));
+    CHECK(comm.log == std::vector<std::string>{"start rs 8"});
+    sync.ready(2, ramp({3}, DType::f32, 8));
+    sync.poll();
+    const auto shards = sync.finish_shards();
+    CHECK(comm.log == std::vector<std::string>{"start rs 8", "start rs 4"});
+    REQUIRE(shards.size() == 2);
+    CHECK(shards[0].to_doubles() == std::vector<double>{2, 4, 6, 8});  // rank 0's half of bucket 0
+    CHECK(shards[1].to_doubles() == std::vector<double>{16, 18});
+    // Stage 1 keeps the padded buckets for the next step; stage 2 has freed them.
+    CHECK(sync.bucket_bytes_held() == (stage == 1 ? (8 + 4) * 4u : 0u));
+    CHECK_THROWS(sync.finish());  // the shards are the result at ZeRO stages
+    CHECK(sync.stats().bytes == (8 + 4) * 4u);
   }
 }
 

@@ -1,0 +1,297 @@
+// ZeRO stages 1 and 2 (zero_optimization.stage; train/optimizer.h ZeroAdamW, train/grad_sync.h) on
+// however many ranks mpirun started (2 and 4 under ctest):
+//   - reduce_scatter_sum, blocking and non-blocking, equals the closed-form sums of every rank's
+//     chunks, and the CountingCommunicator counts what it sends;
+//   - on every dp × sp mesh of the world, GPT-2 and a GQA Llama train 20 steps with the same losses
+//     and final weights at stages 1 and 2 as at stage 0 (the whole AdamW, the reference);
+//   - the per-rank optimizer state is 1/W of stage 0's (plus the padding), and stage 2 holds no
+//     gradient bucket between steps;
+//   - the volumes: stages 1 and 2 move 2(W-1)/W of the gradients' bytes (what a ring all-reduce
+//     moves), in a reduce-scatter and an all-gather of the same size;
+//   - a stage-2 checkpoint (whole, consolidated) resumes on the same world at stages 0 and 2 like
+//     the uninterrupted run, and on half the world at stage 1 like a stage-0 resume there;
+//   - --dump-grads writes the whole gradients at stage 2, equal to stage 0's.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "comm/counting.h"
+#include "config/config.h"
+#include "mpi/mpi_test.h"
+#include "tensor/safetensors.h"
+#include "train/trainer.h"
+
+namespace autosp::test {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Rank r's element i: small integers, so every sum is exact in f32 whatever the order.
+double element(int64_t r, int64_t i) { return static_cast<double>((r + 1) * (i % 11 + 1)); }
+
+TEST_CASE("zero: reduce_scatter_sum gives each rank the sum of its chunk", "[mpi][zero]") {
+  Communicator& w = test_world();
+  const int64_t P = w.size(), r = w.rank();
+  for (DType dt : {DType::f32, DType::f64, DType::i64}) {
+    for (bool async : {false, true}) {
+      const int64_t chunk = 37;
+      Tensor in = Tensor::zeros({P * chunk}, dt);
+      for (int64_t i = 0; i < P * chunk; ++i) {
+        if (dt == DType::f32) in.data<float>()[i] = static_cast<float>(element(r, i));
+        else if (dt == DType::f64) in.data<double>()[i] = element(r, i);
+        else in.data<int64_t>()[i] = static_cast<int64_t>(element(r, i));
+      }
+      Tensor out = Tensor::zeros({chunk}, dt);
+      if (async) w.reduce_scatter_sum_async(in, out)->wait();
+      else w.reduce_scatter_sum(in, out);
+      const std::vector<double> got = out.to_doubles();
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < chunk; ++i)  // Σ_q (q + 1) = P(P+1)/2
+        if (got[static_cast<size_t>(i)] != element(0, r * chunk + i) * static_cast<double>(P * (P + 1) / 2)) ++wrong;
+      INFO(dtype_name(dt) << (async ? " async" : " blocking"));
+      CHECK(wrong == 0);
+    }
+  }
+  // Counted: this rank sends P-1 of its P chunks.
+  CountingCommunicator counted(w);
+  const Tensor in = Tensor::zeros({P * 8}, DType::f32);
+  Tensor out = Tensor::zeros({8}, DType::f32);
+  counted.reduce_scatter_sum(in, out);
+  CHECK(counted.stats().reduce_scatter.calls == 1);
+  CHECK(counted.stats().reduce_scatter.bytes == (P - 1) * 8 * 4);
+}
+
+const json kGpt2 = {{"arch", "gpt2"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                    {"num_attention_heads", 4}, {"max_position_embeddings", 64}};
+const json kLlamaGqa = {{"arch", "llama"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                        {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48}};
+
+// Small buckets (10 kB: several per model, shard boundaries inside parameters) and clipping that
+// fires (grad_clip 0.5), so the sharded norm matters.
+Config make_config(const json& model, int64_t sp, int64_t stage, bool overlap = true, double bucket_mb = 0.01) {
+  return parse_config({{"model", model},
+                       {"data", {{"source", "synthetic"}, {"seq_len", 16}, {"batch_size", 2}}},
+                       {"train", {{"lr", 1e-2}, {"warmup_steps", 2}, {"grad_clip", 0.5}, {"log_every", 1000}}},
+                       {"runtime", {{"threads", 1}, {"overlap_grad_sync", overlap}, {"grad_bucket_mb", bucket_mb}}},
+                       {"sequence_parallel", {{"autosp_size", sp}}},
+                       {"zero_optimization", {{"stage", stage}}}});
+}
+
+TrainArgs quiet_args(int64_t steps) {
+  TrainArgs a;
+  a.steps = steps;
+  a.quiet = true;
+  a.accuracy = false;
+  return a;
+}
+
+// The largest relative difference of the step losses and the largest absolute difference of the
+// final weights between two runs.
+struct Diff {
+  double loss = 0, weight = 0;
+};
+Diff compare(const TrainResult& a, const TrainResult& b) {
+  Diff d;
+  REQUIRE(a.steps.size() == b.steps.size());
+  for (size_t k = 0; k < a.steps.size(); ++k)
+    d.loss = std::max(d.loss, std::abs(a.steps[k].loss - b.steps[k].loss) / std::abs(b.steps[k].loss));
+  REQUIRE(a.params.size() == b.params.size());
+  for (const auto& [name, t] : b.params) {
+    const std::vector<double> x = a.params.at(name).to_doubles(), y = t.to_doubles();
+    for (size_t i = 0; i < x.size(); ++i) d.weight = std::max(d.weight, std::abs(x[i] - y[i]));
+  }
+  return d;
+}
+
+TEST_CASE("zero: stages 1 and 2 train like stage 0 on every mesh, GPT-2 and GQA Llama", "[mpi][zero]") {
+  Communicator& w = test_world();
+  const int64_t W = w.size();
+  for (int64_t sp = 1; sp <= W; sp *= 2) {  // meshes W x 1, ..., 1 x W
+    for (const json* model : {&kGpt2, &kLlamaGqa}) {
+      const TrainResult ref = train(make_config(*model, sp, 0), quiet_args(20), w);
+      REQUIRE(ref.steps.size() == 20);
+      for (int64_t stage : {1, 2}) {
+        const TrainResult z = train(make_config(*model, sp, stage), quiet_args(20), w);
+        const Diff d = compare(z, ref);
+        INFO(model->at("arch") << " dp " << W / sp << " x sp " << sp << ", stage " << stage << ": loss "
+                                << d.loss << ", weights " << d.weight);
+        CHECK(d.loss < 1e-6);
+        CHECK(d.weight < 1e-6);
+        // The losses moved: the comparison is not between two runs that did nothing.
+        CHECK(std::abs(ref.steps.back().loss - ref.steps.front().loss) > 1e-3);
+      }
+    }
+  }
+  // The blocking reduce-scatter (overlap off) at stage 2 too.
+  const TrainResult ref = train(make_config(kGpt2, 1, 0), quiet_args(5), w);
+  const Diff d = compare(train(make_config(kGpt2, 1, 2, /*overlap=*/false), quiet_args(5), w), ref);
+  CHECK(d.loss < 1e-6);
+  CHECK(d.weight < 1e-6);
+  // bf16 mixed precision: f32 gradients and master weights, so the same sums; a last-bit change
+  // of a master weight may round its bf16 copy the other way, hence the looser bound.
+  Config bf16_0 = make_config(kLlamaGqa, 1, 0), bf16_2 = make_config(kLlamaGqa, 1, 2);
+  bf16_0.runtime.dtype = bf16_2.runtime.dtype = DType::bf16;
+  const TrainResult b0 = train(bf16_0, quiet_args(5), w), b2 = train(bf16_2, quiet_args(5), w);
+  const Diff b = compare(b2, b0);
+  INFO("bf16: loss " << b.loss << ", weights " << b.weight);
+  CHECK(b.loss < 1e-3);
+  CHECK(b.weight < 1e-3);
+}
+
+TEST_CASE("zero: per-rank optimizer state is 1/W of stage 0's; stage 2 frees its gradient buckets", "[mpi][zero]") {
+  Communicator& w = test_world();
+  const int64_t W = w.size();
+  const double bucket_mb = 0.01;
+  const TrainResult s0 = train(make_config(kLlamaGqa, 1, 0, true, bucket_mb), quiet_args(2), w);
+  const TrainResult s1 = train(make_config(kLlamaGqa, 1, 1, true, bucket_mb), quiet_args(2), w);
+  const TrainResult s2 = train(make_config(kLlamaGqa, 1, 2, true, bucket_mb), quiet_args(2), w);
+  size_t param_bytes = 0;
+  for (const auto& [name, t] : s0.params) param_bytes += t.nbytes();
+  // Stage 0: both moments of every parameter; the gradient buckets hold every gradient.
+  CHECK(s0.optimizer_state_bytes == 2 * param_bytes);
+  CHECK(s0.grad_bucket_bytes == param_bytes);
+  // Stage 1: at most 1/W of it plus one bucket's moments (the bound) ...
+  const auto bucket_bytes = static_cast<size_t>(bucket_mb * 1024 * 1024);
+  INFO("stage 0 " << s0.optimizer_state_bytes << " bytes, stage 1 " << s1.optimizer_state_bytes << " on this rank");
+  CHECK(s1.optimizer_state_bytes <= s0.optimizer_state_bytes / static_cast<size_t>(W) + 2 * bucket_bytes);
+  CHECK(s2.optimizer_state_bytes == s1.optimizer_state_bytes);
+  // ... and the ranks together hold all of it: every element once, plus each bucket's padding.
+  Tensor total = Tensor::from_vector<int64_t>({1}, {static_cast<int64_t>(s1.optimizer_state_bytes)});
+  w.all_reduce_sum(total);
+  const int64_t all = total.data<int64_t>()[0];
+  CHECK(all >= static_cast<int64_t>(s0.optimizer_state_bytes));
+  CHECK(all <= static_cast<int64_t>(s0.optimizer_state_bytes + 2 * 4 * W * (param_bytes / bucket_bytes + 8)));
+  // Stage 1 keeps the whole buckets between steps (padded), stage 2 none.
+  CHECK(s1.grad_bucket_bytes >= param_bytes);
+  CHECK(s2.grad_bucket_bytes == 0);
+}
+
+// One bucket (1 GiB cap), so the padding is known: the flat gradient of N elements padded to a
+// multiple of W.
+TEST_CASE("zero: stages 1 and 2 move what a ring all-reduce of the gradients moves", "[mpi][zero][scaling]") {
+  Communicator& w = test_world();
+  const int64_t W = w.size(), steps = 2;
+  CollectiveStats stage0_all_reduce;
+  for (int64_t stage : {0, 1, 2}) {
+    const Config cfg = make_config(kGpt2, 1, stage, true, 1024);
+    CountingCommunicator counted(w);
+    const TrainResult r = train(cfg, quiet_args(steps), counted);
+    const CommStats& s = counted.stats();
+    int64_t n = 0;
+    for (const auto& [name, t] : r.params) n += t.numel();
+    const int64_t grad_bytes = n * 4, padded_bytes = (n + W - 1) / W * W * 4;
+    INFO("stage " << stage << ": all-reduce " << s.all_reduce.bytes << " in " << s.all_reduce.calls
+                  << " calls, reduce-scatter " << s.reduce_scatter.bytes << ", all-gather " << s.all_gather.bytes);
+    if (stage == 0) {
+      // The gradients (one bucket) plus a few scalars each step: the graph's loss and token
+      // count, the preemption flag (train/preempt.h).
+      stage0_all_reduce = s.all_reduce;
+      CHECK(s.all_reduce.bytes > steps * grad_bytes);
+      CHECK(s.all_reduce.bytes <= steps * (grad_bytes + 64));
+      CHECK(s.reduce_scatter.calls == 0);
+      CHECK(s.all_gather.calls == 0);
+    } else {
+      // The gradients' all-reduce becomes the gradient norm's (one f64); the scalars stay.
+      CHECK(s.all_reduce.calls == stage0_all_reduce.calls);
+      CHECK(s.all_reduce.bytes == stage0_all_reduce.bytes - steps * (grad_bytes - 8));
+      CHECK(s.reduce_scatter.calls == steps);
+      CHECK(s.reduce_scatter.bytes == steps * padded_bytes / W * (W - 1));
+      CHECK(s.all_gather.calls == steps);
+      CHECK(s.all_gather.bytes == steps * padded_bytes / W * (W - 1));
+      // Together 2(W-1)/W of the padded gradient: a ring all-reduce's bytes per rank.
+      CHECK(s.reduce_scatter.bytes + s.all_gather.bytes == steps * 2 * (W - 1) * padded_bytes / W);
+    }
+  }
+}
+
+// Rank 0's temporary directory, named on every rank.
+fs::path shared_temp_dir(Communicator& w, const std::string& what) {
+  Tensor pid = Tensor::from_vector<int64_t>({1}, {w.rank() == 0 ? static_cast<int64_t>(::getpid()) : 0});
+  w.broadcast(pid, 0);
+  return fs::temp_directory_path() / ("autosp-mpi-zero-" + what + "-" + std::to_string(pid.data<int64_t>()[0]));
+}
+
+TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stages 0 and 2, and on half of it at stage 1",
+          "[mpi][zero][checkpoint]") {
+  Communicator& w = test_world();
+  const fs::path dir = shared_temp_dir(w, "resume");
+  if (w.rank() == 0) fs::remove_all(dir);
+  w.barrier();
+  Config writer = make_config(kLlamaGqa, 1, 2);
+  writer.train.checkpoint_dir = dir.string();
+  writer.train.checkpoint_every = 4;
+  const TrainResult whole = train(writer, quiet_args(8), w);  // the uninterrupted run, saving at 4 and 8
+  REQUIRE(whole.steps.size() == 8);
+  const std::string step4 = (dir / "step_00000004").string();
+
+  // Same world, stage 0: steps 5..8 as the uninterrupted stage-2 run.
+  TrainArgs resume = quiet_args(8);
+  resume.resume = step4;
+  const TrainResult same = train(make_config(kLlamaGqa, 1, 0), resume, w);
+  REQUIRE(same.steps.size() == 4);
+  double worst = 0;
+  for (size_t k = 0; k < 4; ++k)
+    worst = std::max(worst, std::abs(same.steps[k].loss - whole.steps[k + 4].loss) / std::abs(whole.steps[k + 4].loss));
+  CHECK(worst < 1e-6);
+  // Same world, same stage: the resumed run ends on the uninterrupted run's weights.
+  const TrainResult again = train(make_config(kLlamaGqa, 1, 2), resume, w);
+  double worst_again = 0;
+  for (size_t k = 0; k < 4; ++k)
+    worst_again = std::max(worst_again, std::abs(again.steps[k].loss - whole.steps[k + 4].loss) /
+                                            std::abs(whole.steps[k + 4].loss));
+  CHECK(worst_again < 1e-6);
+  double weight_gap = 0;
+  for (const auto& [name, t] : whole.params) {
+    const std::vector<double> x = again.params.at(name).to_doubles(), y = t.to_doubles();
+    for (size_t i = 0; i < x.size(); ++i) weight_gap = std::max(weight_gap, std::abs(x[i] - y[i]));
+  }
+  CHECK(weight_gap < 1e-6);
+
+  // Half the world (two groups of W/2 running the same thing), stage 1 against stage 0 there.
+  auto half = w.split(w.rank() < w.size() / 2 ? 0 : 1, w.rank());
+  const TrainResult h1 = train(make_config(kLlamaGqa, 1, 1), resume, *half);
+  const TrainResult h0 = train(make_config(kLlamaGqa, 1, 0), resume, *half);
+  const Diff d = compare(h1, h0);
+  INFO("world " << half->size() << ": loss " << d.loss << ", weights " << d.weight);
+  CHECK(d.loss < 1e-6);
+  CHECK(d.weight < 1e-6);
+  REQUIRE(h1.steps.size() == 4);
+  CHECK(h1.steps.front().step == 5);  // it continued the checkpoint, not a fresh start
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("zero: --dump-grads writes the whole gradients at stage 2", "[mpi][zero]") {
+  Communicator& w = test_world();
+  const fs::path dir = shared_temp_dir(w, "grads");
+  if (w.rank() == 0) fs::create_directories(dir);
+  w.barrier();
+  TrainArgs a0 = quiet_args(1), a2 = quiet_args(1);
+  a0.dump_grads = (dir / "stage0.safetensors").string();
+  a2.dump_grads = (dir / "stage2.safetensors").string();
+  (void)train(make_config(kGpt2, 1, 0), a0, w);
+  (void)train(make_config(kGpt2, 1, 2), a2, w);
+  w.barrier();
+  if (w.rank() == 0) {
+    const SafetensorsFile g0 = load_safetensors(a0.dump_grads), g2 = load_safetensors(a2.dump_grads);
+    CHECK(g0.tensors.size() == g2.tensors.size());
+    double worst = 0;
+    for (const auto& [name, t] : g0.tensors) {
+      REQUIRE(g2.tensors.count(name) == 1);
+      CHECK(g2.tensors.at(name).shape() == t.shape());
+      const std::vector<double> x = t.to_doubles(), y = g2.tensors.at(name).to_doubles();
+      for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+    }
+    CHECK(worst < 1e-6);
+    fs::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace autosp::test
