@@ -28,7 +28,7 @@ BINARIES="autosp-cuda-tests autosp-bench-attention autosp-bench autosp-train aut
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAUTOSP_WITH_CUDA=ON -DAUTOSP_WITH_MPI=OFF \
   -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$BUILD.configure.log" 2>&1 ||
   { tail -20 "$BUILD.configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target $BINARIES
+cmake --build "$BUILD" -j"${KIT_JOBS:-$(nproc)}" --target $BINARIES
 
 rm -rf "$KIT"
 mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/lib.xz" "$KIT/configs" "$KIT/scripts"
