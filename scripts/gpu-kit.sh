@@ -13,7 +13,8 @@
 # The driver, the CUDA runtime and cuBLAS come from the device's toolkit, cuDNN and NCCL from its
 # pip wheels (site-packages/nvidia/*/lib) or the toolkit: run.sh finds them and prints versions.
 #
-#   scripts/gpu-kit.sh            KIT_BUILD_DIR (build-kit), KIT_CUDA_ARCH (90a), KIT_DIR (.gpu-kit)
+#   scripts/gpu-kit.sh            KIT_BUILD_DIR (build-kit), KIT_CUDA_ARCH (90a), KIT_DIR (.gpu-kit),
+#                                 KIT_JOBS (nproc), KIT_SKIP_BUILD=1 (stage from KIT_BUILD_DIR as built)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${KIT_BUILD_DIR:-build-kit}
@@ -25,10 +26,13 @@ NVCC=${CUDACXX:-$(command -v nvcc || true)}
 [ -x "$NVCC" ] || { echo "error: nvcc not found (the kit's CUDA code is built here)" >&2; exit 2; }
 
 BINARIES="autosp-cuda-tests autosp-bench-attention autosp-bench autosp-train autosp-graph"
+# KIT_SKIP_BUILD=1 stages the kit from an existing build dir's binaries (KIT_BUILD_DIR) instead.
+if [ -z "${KIT_SKIP_BUILD:-}" ]; then
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAUTOSP_WITH_CUDA=ON -DAUTOSP_WITH_MPI=OFF \
   -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >"$BUILD.configure.log" 2>&1 ||
   { tail -20 "$BUILD.configure.log"; exit 1; }
 cmake --build "$BUILD" -j"${KIT_JOBS:-$(nproc)}" --target $BINARIES
+fi
 
 rm -rf "$KIT"
 mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/lib.xz" "$KIT/configs" "$KIT/scripts"
