@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 BUILD=${KIT_BUILD_DIR:-build-kit}
 ARCH=${KIT_CUDA_ARCH:-90a}
 KIT=${KIT_DIR:-.gpu-kit}
-MAX_MIB=48
+MAX_MIB=${KIT_MAX_MIB:-48}
 export PATH=/usr/local/cuda/bin:$PATH
 NVCC=${CUDACXX:-$(command -v nvcc || true)}
 [ -x "$NVCC" ] || { echo "error: nvcc not found (the kit's CUDA code is built here)" >&2; exit 2; }
@@ -62,7 +62,8 @@ cp scripts/kit/*.py scripts/longest_sequence.py "$KIT/scripts/"
 cp configs/llama-1b-32k.json configs/llama-tiny.json "$KIT/configs/" 2>/dev/null || cp configs/llama-1b-32k.json "$KIT/configs/"
 {
   echo "built $(date -u '+%Y-%m-%d %H:%M UTC') from $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
-  echo "cuda arch sm_$ARCH, nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), glibc $(ldd --version | head -1 | awk '{print $NF}')"
+  built_arch=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
+  echo "cuda arch ${built_arch:-$ARCH} (probe sm_$ARCH), nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), glibc $(ldd --version | head -1 | awk '{print $NF}')"
   echo "binaries: $(cd "$KIT/bin" && echo *)"
   echo "bundled: $(cd "$KIT/lib" && echo *) $(cd "$KIT/lib.xz" && echo *)"
 } >"$KIT/BUILD-INFO"

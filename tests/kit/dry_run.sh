@@ -5,7 +5,7 @@
 # is in the output folder. Skips (77) without a kit.
 #   dry_run.sh SOURCE_DIR
 set -uo pipefail
-kit="$1/.gpu-kit"
+kit=${AUTOSP_KIT_DIR:-$1/.gpu-kit}
 [ -x "$kit/run.sh" ] || { echo "no kit in $kit (run scripts/gpu-kit.sh): skipping"; exit 77; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
