@@ -62,8 +62,9 @@ cp scripts/kit/*.py scripts/longest_sequence.py "$KIT/scripts/"
 cp configs/llama-1b-32k.json configs/llama-tiny.json "$KIT/configs/" 2>/dev/null || cp configs/llama-1b-32k.json "$KIT/configs/"
 {
   echo "built $(date -u '+%Y-%m-%d %H:%M UTC') from $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
-  built_arch=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
-  echo "cuda arch ${built_arch:-$ARCH} (probe sm_$ARCH), nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), glibc $(ldd --version | head -1 | awk '{print $NF}')"
+  built_arch="sm_$ARCH"
+  [ -n "${KIT_SKIP_BUILD:-}" ] && built_arch="as built in $BUILD"
+  echo "cuda arch $built_arch (probe sm_$ARCH), nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), glibc $(ldd --version | head -1 | awk '{print $NF}')"
   echo "binaries: $(cd "$KIT/bin" && echo *)"
   echo "bundled: $(cd "$KIT/lib" && echo *) $(cd "$KIT/lib.xz" && echo *)"
 } >"$KIT/BUILD-INFO"

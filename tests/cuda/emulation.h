@@ -10,17 +10,19 @@
 // barrier (__syncthreads, or the warp barriers inside shuffles, votes and mma), and each pass of
 // the scheduler resumes the live fibers in a fresh random order, so a kernel that relies on one
 // thread running before another between barriers fails here too (seeded: AUTOSP_EMULATION_SEED
-// reproduces a run, and a failing test prints the seed). `__shared__` becomes `static` in the
-// section autosp_emu_shared (blocks run one at a time), the dynamic shared memory of the
-// tensor-core kernels is `autosp::cuda::attention_smem` (section autosp_emu_dynamic_shared), and
-// both are filled with NaN bytes (0xff: NaN as f32, f64 and bf16) before every block, so a read of
-// shared memory the block did not write shows. A launch is refused as the hardware would refuse
-// it: more than 1024 threads per block (or block.z > 64), and static shared memory over 48 KiB —
-// counted over every kernel of the test binary together (the linker's section size), an upper
-// bound on any one kernel's. The
-// mma.sync.m16n8k16 (bf16 → f32) is computed from the operand registers of the 32 lanes with the
-// fragment layouts of the PTX ISA, written out here independently of the kernel's own helpers.
+// reproduces a run). `__shared__` becomes `static` (blocks run one at a time), and the dynamic
+// shared memory of the tensor-core kernels is `autosp::cuda::attention_smem`, placed in the
+// section autosp_emu_dynamic_shared and filled with NaN bytes (0xff: NaN as f32, f64 and bf16)
+// before every block, so a read of dynamic shared memory the block did not write shows. A launch
+// with more than 1024 threads per block (or block.z > 64, grid.y/z > 65535) is refused as the
+// hardware refuses it. The mma.sync.m16n8k16 (bf16 → f32) is computed from the operand registers
+// of the 32 lanes with the fragment layouts of the PTX ISA, written out here independently of the
+// kernel's own helpers.
 //
+// Not done, and why: the static `__shared__` arrays are not NaN-filled and their 48 KiB limit is
+// not checked here — they are static locals of kernel templates, which GCC keeps in their own
+// COMDAT .bss sections whatever section attribute they carry, so nothing here can find them (the
+// limit itself is enforced by ptxas in every CUDA build: "uses too much shared data").
 // What it cannot catch: anything about real hardware — timing, bank conflicts, register limits,
 // a wrong belief about the PTX layouts shared by both sides; and ordering within a warp between
 // barriers (fibers switch only at barriers, so a warp never runs its lanes interleaved).
@@ -45,11 +47,9 @@
 #define AUTOSP_CUDA_EMULATION 1
 #define __launch_bounds__(...)
 #undef __shared__
-#define __shared__ static __attribute__((section("autosp_emu_shared")))
-// Where the linker puts the shared-memory sections (weak: a binary without one gets nullptr).
+#define __shared__ static
+// Where the linker puts the dynamic shared memory (weak: a binary without it gets nullptr).
 extern "C" {
-extern unsigned char __start_autosp_emu_shared[] __attribute__((weak));
-extern unsigned char __stop_autosp_emu_shared[] __attribute__((weak));
 extern unsigned char __start_autosp_emu_dynamic_shared[] __attribute__((weak));
 extern unsigned char __stop_autosp_emu_dynamic_shared[] __attribute__((weak));
 }
@@ -90,7 +90,7 @@ inline Block* g_block = nullptr;
 
 // The hardware's limits on a launch (sm_90).
 inline constexpr unsigned kMaxThreadsPerBlock = 1024, kMaxBlockZ = 64;
-inline constexpr size_t kMaxStaticShared = 48 * 1024, kMaxDynamicShared = 227 * 1024;
+inline constexpr size_t kMaxDynamicShared = 227 * 1024;
 
 // The scheduler's random order: AUTOSP_EMULATION_SEED, else a fixed default (runs repeat).
 inline std::mt19937_64& order_rng() {
@@ -120,15 +120,10 @@ inline void check_launch(dim3 grid, dim3 block, size_t dynamic_smem) {
   if (dynamic_smem > dyn && dynamic_smem > 0)
     fail(std::to_string(dynamic_smem) + " bytes of dynamic shared memory, more than the emulation's " +
          std::to_string(dyn));
-  const size_t stat = section_bytes(__start_autosp_emu_shared, __stop_autosp_emu_shared);
-  if (stat > kMaxStaticShared)
-    fail(std::to_string(stat) + " bytes of static __shared__ memory over the binary's kernels (at most 48 KiB)");
 }
 
-// Shared memory a block has not written reads as NaN.
+// Dynamic shared memory a block has not written reads as NaN.
 inline void poison_shared() {
-  if (const size_t n = section_bytes(__start_autosp_emu_shared, __stop_autosp_emu_shared))
-    std::memset(__start_autosp_emu_shared, 0xff, n);
   if (const size_t n = section_bytes(__start_autosp_emu_dynamic_shared, __stop_autosp_emu_dynamic_shared))
     std::memset(__start_autosp_emu_dynamic_shared, 0xff, n);
 }
@@ -247,8 +242,8 @@ inline void check(cudaError_t err, const char* expr) {
 }  // namespace emu
 
 // What common.cuh's launch_kernel calls in emulation.
-// (launch_kernel does not pass its dynamic shared-memory size here, so only the static size and
-// the block shape are checked.)
+// (launch_kernel does not pass its dynamic shared-memory size here, so only the block shape is
+// checked.)
 template <class F>
 void emulated_launch(dim3 grid, dim3 block, F&& body) {
   emu::launch(grid, block, 0, std::function<void()>(body));
