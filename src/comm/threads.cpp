@@ -331,16 +331,27 @@ void ThreadCommunicator::all_reduce_sum(Tensor& t) {
 }
 
 std::unique_ptr<PendingCollective> ThreadCommunicator::all_reduce_sum_async(Tensor& t) {
+  return start(t, t, /*chunk_of_rank=*/false, "all_reduce_sum_async");
+}
+
+std::unique_ptr<PendingCollective> ThreadCommunicator::reduce_scatter_sum_async(const Tensor& in, Tensor& out) {
+  return start(in, out, /*chunk_of_rank=*/true, "reduce_scatter_sum_async");
+}
+
+// A reduction queued on this communicator's worker (`in` and `out` stay alive until it is done).
+std::unique_ptr<PendingCollective> ThreadCommunicator::start(const Tensor& in, Tensor& out, bool chunk_of_rank,
+                                                             const char* what) {
   if (!worker_) worker_ = std::make_unique<Worker>();
-  Tensor* target = &t;
-  const Device d = t.device();
-  return std::make_unique<Pending>(worker_->enqueue([this, target, d] {
+  const Tensor* src = &in;
+  Tensor* dst = &out;
+  const Device d = out.device();
+  return std::make_unique<Pending>(worker_->enqueue([this, src, dst, d, chunk_of_rank, what] {
 #ifdef AUTOSP_WITH_CUDA
     if (d.kind == DeviceKind::cuda) use_device(d.index);  // the worker thread's current device
 #else
     (void)d;
 #endif
-    reduce_into(*target, *target, false, "all_reduce_sum_async");
+    reduce_into(*src, *dst, chunk_of_rank, what);
   }));
 }
 

@@ -8,7 +8,7 @@
 //     on the rank's compute stream, ordered across ranks by events recorded before each barrier:
 //     a rank's stream waits for its peers' inputs to be ready and, before it goes on, for its
 //     peers to have finished reading its own. Correct whether the ranks share a stream or not.
-//   - all_reduce_sum_async runs on a worker thread of the communicator, in the order the
+//   - all_reduce_sum_async and reduce_scatter_sum_async run on a worker thread of the communicator, in the order the
 //     collectives were started; a blocking collective first waits for the started ones.
 //   - abort() ends the process (every rank of the job) with the exit code; a rank whose body
 //     throws breaks the job: collectives on the other ranks then throw instead of waiting forever,
@@ -45,6 +45,8 @@ class ThreadCommunicator final : public Communicator {
   // `in` holds size() equal contiguous chunks; `out`, one chunk's bytes, receives the sum over
   // ranks of chunk rank() (MPI_Reduce_scatter_block).
   void reduce_scatter_sum(const Tensor& in, Tensor& out);
+  // The same, started on the worker like all_reduce_sum_async.
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out);
   void broadcast(Tensor& t, int root) override;
   void all_to_all(const Tensor& in, Tensor& out) override;
   void all_gather(const Tensor& in, Tensor& out) override;
@@ -57,6 +59,7 @@ class ThreadCommunicator final : public Communicator {
   void publish(const char* what, const Tensor* in, const Tensor* out);
   void finish(const char* what);
   void reduce_into(const Tensor& in, Tensor& out, bool chunk_of_rank, const char* what);
+  std::unique_ptr<PendingCollective> start(const Tensor& in, Tensor& out, bool chunk_of_rank, const char* what);
   void record(void*& event);
   void wait_event(void* event);
 

@@ -148,7 +148,8 @@ TEST_CASE("threads: split makes the sub-groups MPI_Comm_split makes", "[threads]
   }
 }
 
-TEST_CASE("threads: non-blocking all-reduces finish in order, before a blocking collective", "[threads]") {
+TEST_CASE("threads: non-blocking all-reduces and a reduce-scatter finish in order, before a blocking collective",
+          "[threads]") {
   const int P = 3, k = 5;
   std::vector<std::vector<double>> got(P);
   run_thread_ranks(P, [&](ThreadCommunicator& w) {
@@ -156,6 +157,10 @@ TEST_CASE("threads: non-blocking all-reduces finish in order, before a blocking 
     for (int i = 0; i < k; ++i) ts.push_back(Tensor::from_vector<double>({2}, {double(w.rank() + i), 1.0}));
     std::vector<std::unique_ptr<PendingCollective>> pending;
     for (auto& t : ts) pending.push_back(w.all_reduce_sum_async(t));
+    // A non-blocking reduce-scatter among them: chunk r of [r0, r1, r2] summed onto rank r.
+    const Tensor scatter_in = Tensor::from_vector<double>({3}, {1.0 * w.rank(), 10.0 * w.rank(), 100.0 * w.rank()});
+    Tensor scatter_out = Tensor::empty({1}, DType::f64);
+    pending.push_back(w.reduce_scatter_sum_async(scatter_in, scatter_out));
     Tensor blocking = Tensor::from_vector<double>({1}, {double(w.rank())});
     w.all_reduce_sum(blocking);  // runs after the started ones
     pending[0]->wait();
@@ -166,14 +171,17 @@ TEST_CASE("threads: non-blocking all-reduces finish in order, before a blocking 
     for (auto& t : ts) got[static_cast<size_t>(w.rank())].push_back(t.to_doubles()[0]);
     got[static_cast<size_t>(w.rank())].push_back(ts[0].to_doubles()[1]);
     got[static_cast<size_t>(w.rank())].push_back(blocking.to_doubles()[0]);
+    got[static_cast<size_t>(w.rank())].push_back(scatter_out.to_doubles()[0]);
   });
   for (int r = 0; r < P; ++r) {
     INFO("rank " << r);
     const auto& g = got[static_cast<size_t>(r)];
-    REQUIRE(g.size() == static_cast<size_t>(k + 2));
+    REQUIRE(g.size() == static_cast<size_t>(k + 3));
     for (int i = 0; i < k; ++i) CHECK(g[static_cast<size_t>(i)] == 0 + 1 + 2 + 3.0 * i);
     CHECK(g[k] == 3.0);
     CHECK(g[k + 1] == 0 + 1 + 2);
+    const double scale[3] = {1, 10, 100};
+    CHECK(g[k + 2] == scale[r] * (0 + 1 + 2));
   }
 }
 
