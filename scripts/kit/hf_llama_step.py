@@ -12,6 +12,7 @@ out of memory, and bisects to 4k: the longest S that fits.
 
   python hf_llama_step.py --config llama-1b-32k.json [--seq S] [--warmup 1] [--iters 2]
                           [--peak-tflops 989] [--longest]
+  python hf_llama_step.py --summarize-ours LOG     (our autosp-bench row in a log, the same summary)
 Prints one JSON line per measurement and a final "summary: ..." line.
 """
 import argparse
@@ -63,9 +64,32 @@ def run_steps(net, opt, model_cfg, train_cfg, batch, seq, warmup, iters):
     return statistics.median(times), torch.cuda.max_memory_allocated()
 
 
+def summarize_ours(log):
+    """The last JSON object with tokens_per_sec in autosp-bench's output (stdout and stderr mixed)."""
+    row = None
+    for line in open(log, errors="replace"):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if "tokens_per_sec" in r:
+                row = r
+    if row is None:
+        print("no result row in", log)
+        return 1
+    mfu = row.get("mfu")
+    print(f"{row['tokens_per_sec']:.0f} tok/s, MFU {mfu:.3f}" if mfu is not None else
+          f"{row['tokens_per_sec']:.0f} tok/s, MFU ?", end="")
+    print(f", peak {row.get('peak_bytes', 0) / 2**30:.1f} GiB")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--summarize-ours", metavar="LOG")
+    ap.add_argument("--config")
     ap.add_argument("--seq", type=int)
     ap.add_argument("--batch", type=int)
     ap.add_argument("--warmup", type=int, default=1)
@@ -73,6 +97,10 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--longest", action="store_true")
     a = ap.parse_args()
+    if a.summarize_ours:
+        return summarize_ours(a.summarize_ours)
+    if not a.config:
+        ap.error("--config is required")
 
     import torch
     import transformers

@@ -213,12 +213,7 @@ if [ -z "$GPU_OK" ]; then
 else
   step step-ours.log 110 "$KIT/bin/autosp-bench" --config "$CFG" --mode step --warmup 1 --iters 2 --peak-tflops "$PEAK"
   rc=$?
-  OURS=$(tail -1 "$OUT/step-ours.log" | "$PY" -c 'import json,sys
-try:
-    r = json.loads(sys.stdin.read())
-    print(f"{r[\"tokens_per_sec\"]:.0f} tok/s, MFU {r[\"mfu\"]:.3f}, peak {r[\"peak_bytes\"] / 2**30:.1f} GiB")
-except Exception as e:
-    print("no result")' 2>/dev/null)
+  OURS=$("$PY" "$KIT/scripts/hf_llama_step.py" --summarize-ours "$OUT/step-ours.log")
   [ $rc -eq 0 ] || { FAILED=1; OURS="FAILED (exit $rc): $(grep -m1 "error" "$OUT/step-ours.log")"; }
   row "Llama 1B step S=32k, ours" "$OURS; longest S (planned) ${LONGEST_OURS:-?}"
   step step-hf.log 120 "$PY" "$KIT/scripts/hf_llama_step.py" --config "$CFG" --warmup 1 --iters 2 \
