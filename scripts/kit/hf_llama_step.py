@@ -110,7 +110,14 @@ def main():
     seq = a.seq or cfg["data"]["seq_len"]
     batch = a.batch or cfg["data"].get("batch_size", 1)
     torch.manual_seed(0)
-    net = transformers.LlamaForCausalLM._from_config(hf_config(model_cfg, transformers), attn_implementation="sdpa")
+    hf_cfg = hf_config(model_cfg, transformers)
+    try:  # transformers 4.36+: the attention implementation is chosen at construction
+        net = transformers.LlamaForCausalLM._from_config(hf_cfg, attn_implementation="sdpa")
+    except (AttributeError, TypeError):
+        hf_cfg._attn_implementation = "sdpa"
+        net = transformers.LlamaForCausalLM(hf_cfg)
+    print(json.dumps({"attn_implementation": getattr(net.config, "_attn_implementation", "?"),
+                      "torch": torch.__version__, "transformers": transformers.__version__}), flush=True)
     net = net.to(device="cuda", dtype=torch.float32).train()
     opt = torch.optim.AdamW(net.parameters(), lr=train_cfg.get("lr", 3e-4), betas=(train_cfg.get("beta1", 0.9),
                             train_cfg.get("beta2", 0.95)), eps=train_cfg.get("eps", 1e-8),
