@@ -1,8 +1,12 @@
 // autosp-train: train a model from a JSON config (see DESIGN.md "Contracts").
 //   autosp-train --config FILE [--set key.path=value]... [--steps N] [--init-from W.safetensors]
 //                [--resume DIR] [--start-over] [--metrics FILE.jsonl] [--dump-grads FILE.safetensors] [--quiet]
+//                [--thread-ranks P]
+// --thread-ranks runs P ranks as threads of this process (comm/threads.h) instead of under mpirun:
+// SP and DP on one node without MPI, and several ranks on one GPU, where NCCL refuses them.
 // Rank 0 echoes the resolved config, logs progress and a final summary to stderr and, when
 // train.checkpoint_dir is set, to <checkpoint_dir>/train.log as well (appended, every run).
+#include <algorithm>
 #include <chrono>
 #include <cxxopts.hpp>
 #include <filesystem>
@@ -12,6 +16,8 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/communicator.h"
+#include "comm/threads.h"
+#include "kernels/cpu/matmul.h"
 #include "tools/cli.h"
 #include "train/preempt.h"
 #include "train/trainer.h"
@@ -75,6 +81,8 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>())("start-over",
                                        "train.checkpoint_dir holds an earlier run: move its checkpoints aside and start again")(
         "quiet", "no per-step log lines on stderr (train.log keeps them)")(
+        "thread-ranks", "run P ranks as threads of this process (no mpirun; several ranks may share one GPU)",
+        cxxopts::value<std::string>())(
         "h,help", "show this help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
@@ -98,34 +106,57 @@ int main(int argc, char** argv) {
     ta.start_over = args.count("start-over") > 0;
     ta.config_path = args["config"].as<std::string>();
 
-    auto world = make_world_communicator();
-    const bool lead = world->rank() == 0;
-    if (lead && !cfg.train.checkpoint_dir.empty())
-      open_run_log(cfg.train.checkpoint_dir, argc, argv, world->size());
-    try {
-      if (lead) {
-        for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
-        spdlog::info("config: {}", cfg.resolved.dump());
-      }
-      const auto t0 = std::chrono::steady_clock::now();
-      TrainResult r = train(cfg, ta, *world);
-      if (lead && !r.steps.empty()) {
-        const auto& first = r.steps.front();
-        const auto& last = r.steps.back();
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        spdlog::info("done: {} steps (to step {}) in {:.1f} s, loss {:.4f} -> {:.4f}{}", r.steps.size(), last.step,
-                     secs, first.loss, last.loss,
-                     last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
-      }
-      if (r.preempted) {
-        if (lead) spdlog::warn("stopped by a signal after step {}: continue with --resume {}",
-                               r.steps.empty() ? 0 : r.steps.back().step, cfg.train.checkpoint_dir);
-        return kExitPreempted;
-      }
-    } catch (const std::exception& e) {
-      if (auto file = spdlog::get("train.log")) file->error("{}", e.what());  // stderr gets it from run_app
-      throw;
+    int thread_ranks = 0;
+    if (args.count("thread-ranks")) {
+      thread_ranks = static_cast<int>(parse_int_flag("thread-ranks", args["thread-ranks"].as<std::string>()));
+      if (thread_ranks < 1) throw UsageError(str("--thread-ranks ", thread_ranks, ": expected >= 1"));
     }
-    return 0;
+
+    // One rank: rank 0 also opens the run log, echoes the config and prints the summary.
+    auto run_rank = [&](Communicator& world) -> int {
+      const bool lead = world.rank() == 0;
+      if (lead && !cfg.train.checkpoint_dir.empty())
+        open_run_log(cfg.train.checkpoint_dir, argc, argv, world.size());
+      try {
+        if (lead) {
+          for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
+          spdlog::info("config: {}", cfg.resolved.dump());
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        TrainResult r = train(cfg, ta, world);
+        if (lead && !r.steps.empty()) {
+          const auto& first = r.steps.front();
+          const auto& last = r.steps.back();
+          const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          spdlog::info("done: {} steps (to step {}) in {:.1f} s, loss {:.4f} -> {:.4f}{}", r.steps.size(), last.step,
+                       secs, first.loss, last.loss,
+                       last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
+        }
+        if (r.preempted) {
+          if (lead) spdlog::warn("stopped by a signal after step {}: continue with --resume {}",
+                                 r.steps.empty() ? 0 : r.steps.back().step, cfg.train.checkpoint_dir);
+          return kExitPreempted;
+        }
+      } catch (const std::exception& e) {
+        if (auto file = spdlog::get("train.log")) file->error("{}", e.what());  // stderr gets it from run_app
+        throw;
+      }
+      return 0;
+    };
+
+    if (thread_ranks == 0) {
+      auto world = make_world_communicator();
+      return run_rank(*world);
+    }
+    // Each rank thread gets its share of the cores unless runtime.threads says otherwise (an
+    // OpenMP thread count is per calling thread); every rank returns the same code (preemption
+    // is agreed), rank 0's is the process's.
+    const int cores = cpu::num_threads();
+    std::vector<int> codes(static_cast<size_t>(thread_ranks), 0);
+    run_thread_ranks(thread_ranks, [&](ThreadCommunicator& world) {
+      if (cfg.runtime.threads <= 0) cpu::set_num_threads(std::max(1, cores / thread_ranks));
+      codes[static_cast<size_t>(world.rank())] = run_rank(world);
+    });
+    return codes[0];
   });
 }

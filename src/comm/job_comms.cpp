@@ -13,7 +13,10 @@ void JobComms::synchronize_device() {
 
 std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int sp) {
   auto c = std::make_unique<JobComms>();
-  if (device.kind == DeviceKind::cuda && world.size() > 1) {
+  // Thread ranks (comm/threads.h) move device tensors themselves: NCCL would refuse several ranks
+  // on one GPU anyway.
+  const bool world_moves_device_tensors = world.backend() == "threads";
+  if (device.kind == DeviceKind::cuda && world.size() > 1 && !world_moves_device_tensors) {
     if (!nccl_built())
       throw UsageError("runtime.device \"cuda\" on more than one rank needs NCCL, which this build does not have "
                        "(install NCCL and reconfigure)");

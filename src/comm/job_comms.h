@@ -1,7 +1,8 @@
 // What one rank of a training job communicates over, built in one place from the world
 // communicator, the device the rank computes on and the SP degree:
 //   - the device world: NCCL over the world's ranks when the device is CUDA and the world has
-//     several ranks (bootstrapped over the world, comm/nccl.h), else the world itself;
+//     several ranks (bootstrapped over the world, comm/nccl.h), else the world itself (always for
+//     thread ranks, comm/threads.h, which copy device tensors themselves);
 //   - the process mesh of the device world (comm/mesh.h), whose SP and DP groups the graph's
 //     collectives use;
 //   - the watchdog (comm/watchdog.h) and, under it, every communicator the job uses (comm/guarded.h):

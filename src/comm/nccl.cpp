@@ -5,9 +5,9 @@
 // Knows nothing of graphs; the device is the caller's current one.
 //
 // Not run on a GPU yet (written against NCCL 2.28's nccl.h). Risks, with what to try first:
-// - ncclAlltoAll (count = elements per peer) exists only from NCCL 2.28: an older libnccl on the
-//   GPU machine fails to compile or load here; the fix is ncclSend/ncclRecv per peer inside
-//   ncclGroupStart/End, where only ncclGroupEnd may return ncclInProgress (wait on it as below).
+// - The all-to-all is ncclSend/ncclRecv per peer inside ncclGroupStart/End (not ncclAlltoAll,
+//   which only NCCL 2.28 has), so any NCCL the GPU image ships links; only ncclGroupEnd may
+//   return ncclInProgress, and it is waited on like every other call.
 // - ncclCommSplit leaves the new handle NULL until the split completes: split() waits on the parent
 //   first, then on the child. An assert "returned no communicator" means the parent's state said
 //   ready too early; poll the parent until `child` is set instead.
@@ -211,7 +211,18 @@ class NcclComm final : public NcclCommunicator {
       COMM_CUDA_CHECK(cudaMemcpyAsync(scratch, in.raw(), in.nbytes(), cudaMemcpyDeviceToDevice, stream_));
       send = scratch;
     }
-    NCCL_CALL(comm_, timeout_s_, &aborted_, ncclAlltoAll(send, out.raw(), count, ncclUint8, comm_, stream_));
+    // Grouped point-to-point, as PyTorch's all-to-all does (torch/csrc/cuda/nccl.cpp): every NCCL
+    // since 2.7 has it, where ncclAlltoAll exists only from 2.28. In a non-blocking communicator
+    // only ncclGroupEnd may return ncclInProgress; NCCL_CALL waits for it.
+    const char* src = static_cast<const char*>(send);
+    char* dst = static_cast<char*>(out.raw());
+    NCCL_CALL(comm_, timeout_s_, &aborted_, ncclGroupStart());
+    for (int peer = 0; peer < size_; ++peer) {
+      const size_t at = static_cast<size_t>(peer) * count;
+      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclSend(src + at, count, ncclUint8, peer, comm_, stream_));
+      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclRecv(dst + at, count, ncclUint8, peer, comm_, stream_));
+    }
+    NCCL_CALL(comm_, timeout_s_, &aborted_, ncclGroupEnd());
     if (scratch != nullptr) COMM_CUDA_CHECK(cudaFreeAsync(scratch, stream_));
     join(record_done());
   }

@@ -16,6 +16,11 @@ namespace {
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 std::atomic<int> g_signal{0};
 struct sigaction g_previous[3];
+// Ranks that are threads of one process (comm/threads.h) each hold a StopOnSignal: the first
+// installs the handlers, the last restores the previous ones, and one of them warns.
+std::mutex g_install_mu;
+int g_installs = 0;
+std::atomic<bool> g_warned{false};
 
 void on_signal(int sig) {
   int none = 0;
@@ -34,19 +39,26 @@ const char* signal_name(int sig) {
 }  // namespace
 
 StopOnSignal::StopOnSignal(double save_timeout_s) : timeout_s_(save_timeout_s) {
-  g_signal.store(0);
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &sa, &g_previous[i]);
+  {
+    std::lock_guard<std::mutex> lock(g_install_mu);
+    if (g_installs++ == 0) {
+      g_signal.store(0);
+      g_warned.store(false);
+      struct sigaction sa {};
+      sa.sa_handler = on_signal;
+      sigemptyset(&sa.sa_mask);
+      sa.sa_flags = SA_RESTART;
+      for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &sa, &g_previous[i]);
+    }
+  }
   deadline_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mu_);
     while (!done_ && g_signal.load() == 0) cv_.wait_for(lock, std::chrono::milliseconds(50));
     if (done_) return;
     const int sig = g_signal.load();
-    spdlog::warn("{} received: finishing this step and saving a checkpoint (within {} s; a second signal "
-                 "stops at once)", signal_name(sig), timeout_s_);
+    if (!g_warned.exchange(true))
+      spdlog::warn("{} received: finishing this step and saving a checkpoint (within {} s; a second signal "
+                   "stops at once)", signal_name(sig), timeout_s_);
     if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), [this] { return done_; })) return;
     spdlog::error("{} received {} s ago and the run has not stopped: exiting without a checkpoint",
                   signal_name(sig), timeout_s_);
@@ -64,7 +76,9 @@ StopOnSignal::~StopOnSignal() {
   }
   cv_.notify_all();
   deadline_.join();
-  for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &g_previous[i], nullptr);
+  std::lock_guard<std::mutex> lock(g_install_mu);
+  if (--g_installs == 0)
+    for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &g_previous[i], nullptr);
 }
 
 int StopOnSignal::received() { return g_signal.load(); }

@@ -10,7 +10,7 @@
 #include "cuda/emulation.h"
 
 namespace autosp::cuda {
-alignas(16) unsigned char attention_smem[160 * 1024];  // the kernels' dynamic shared memory
+__attribute__((section("autosp_emu_dynamic_shared"))) alignas(16) unsigned char attention_smem[227 * 1024];  // the kernels' dynamic shared memory
 }  // namespace autosp::cuda
 
 #include "common/naive.h"

@@ -6,16 +6,26 @@
 // memset, attributes) are redirected below, and Scratch is malloc (emulation.cpp). Memory is host
 // memory: pass host pointers to the launchers.
 //
-// A block's threads are fibers (ucontext) on the calling thread, switched round-robin: a fiber
-// runs until it reaches a barrier (__syncthreads, or the warp barriers inside shuffles, votes and
-// mma), so the emulation is deterministic and data races of real hardware cannot show up here.
-// `__shared__` becomes `static` (blocks run one at a time), the dynamic shared memory of the
-// tensor-core kernels is `autosp::cuda::attention_smem`, and mma.sync.m16n8k16 (bf16 → f32) is
-// computed from the operand registers of the 32 lanes with the fragment layouts of the PTX ISA,
-// written out here independently of the kernel's own helpers.
+// A block's threads are fibers (ucontext) on the calling thread: a fiber runs until it reaches a
+// barrier (__syncthreads, or the warp barriers inside shuffles, votes and mma), and each pass of
+// the scheduler resumes the live fibers in a fresh random order, so a kernel that relies on one
+// thread running before another between barriers fails here too (seeded: AUTOSP_EMULATION_SEED
+// reproduces a run). `__shared__` becomes `static` (blocks run one at a time), and the dynamic
+// shared memory of the tensor-core kernels is `autosp::cuda::attention_smem`, placed in the
+// section autosp_emu_dynamic_shared and filled with NaN bytes (0xff: NaN as f32, f64 and bf16)
+// before every block, so a read of dynamic shared memory the block did not write shows. A launch
+// with more than 1024 threads per block (or block.z > 64, grid.y/z > 65535) is refused as the
+// hardware refuses it. The mma.sync.m16n8k16 (bf16 → f32) is computed from the operand registers
+// of the 32 lanes with the fragment layouts of the PTX ISA, written out here independently of the
+// kernel's own helpers.
 //
+// Not done, and why: the static `__shared__` arrays are not NaN-filled and their 48 KiB limit is
+// not checked here — they are static locals of kernel templates, which GCC keeps in their own
+// COMDAT .bss sections whatever section attribute they carry, so nothing here can find them (the
+// limit itself is enforced by ptxas in every CUDA build: "uses too much shared data").
 // What it cannot catch: anything about real hardware — timing, bank conflicts, register limits,
-// shared-memory size limits, a wrong belief about the PTX layouts shared by both sides.
+// a wrong belief about the PTX layouts shared by both sides; and ordering within a warp between
+// barriers (fibers switch only at barriers, so a warp never runs its lanes interleaved).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,11 +33,13 @@
 #include <ucontext.h>
 #include <vector_functions.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,6 +48,11 @@
 #define __launch_bounds__(...)
 #undef __shared__
 #define __shared__ static
+// Where the linker puts the dynamic shared memory (weak: a binary without it gets nullptr).
+extern "C" {
+extern unsigned char __start_autosp_emu_dynamic_shared[] __attribute__((weak));
+extern unsigned char __stop_autosp_emu_dynamic_shared[] __attribute__((weak));
+}
 
 inline uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
@@ -70,6 +87,46 @@ struct Block {
 };
 
 inline Block* g_block = nullptr;
+
+// The hardware's limits on a launch (sm_90).
+inline constexpr unsigned kMaxThreadsPerBlock = 1024, kMaxBlockZ = 64;
+inline constexpr size_t kMaxDynamicShared = 227 * 1024;
+
+// The scheduler's random order: AUTOSP_EMULATION_SEED, else a fixed default (runs repeat).
+inline std::mt19937_64& order_rng() {
+  static std::mt19937_64 rng([] {
+    const char* s = std::getenv("AUTOSP_EMULATION_SEED");
+    return s && *s ? std::strtoull(s, nullptr, 10) : uint64_t{20240520};
+  }());
+  return rng;
+}
+
+inline size_t section_bytes(const unsigned char* start, const unsigned char* stop) {
+  return start && stop ? size_t(stop - start) : 0;
+}
+
+// Refuses what a real launch would refuse, naming the limit.
+inline void check_launch(dim3 grid, dim3 block, size_t dynamic_smem) {
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  auto fail = [](const std::string& why) { throw std::runtime_error("emulated launch refused: " + why); };
+  if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) fail("an empty grid or block");
+  if (threads > kMaxThreadsPerBlock)
+    fail(std::to_string(threads) + " threads per block (at most " + std::to_string(kMaxThreadsPerBlock) + ")");
+  if (block.z > kMaxBlockZ) fail("block.z " + std::to_string(block.z) + " (at most 64)");
+  if (grid.y > 65535 || grid.z > 65535) fail("grid.y or grid.z over 65535");
+  if (dynamic_smem > kMaxDynamicShared)
+    fail(std::to_string(dynamic_smem) + " bytes of dynamic shared memory (at most 227 KiB on sm_90)");
+  const size_t dyn = section_bytes(__start_autosp_emu_dynamic_shared, __stop_autosp_emu_dynamic_shared);
+  if (dynamic_smem > dyn && dynamic_smem > 0)
+    fail(std::to_string(dynamic_smem) + " bytes of dynamic shared memory, more than the emulation's " +
+         std::to_string(dyn));
+}
+
+// Dynamic shared memory a block has not written reads as NaN.
+inline void poison_shared() {
+  if (const size_t n = section_bytes(__start_autosp_emu_dynamic_shared, __stop_autosp_emu_dynamic_shared))
+    std::memset(__start_autosp_emu_dynamic_shared, 0xff, n);
+}
 inline uint64_t g_progress = 0;  // barrier arrivals and finished fibers: a pass without any is a deadlock
 
 inline void yield() {
@@ -124,9 +181,11 @@ inline void trampoline() {
 }
 
 // Runs body() as every thread of every block of `grid` (blocks of block.x × block.y threads).
-inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+inline void launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body) {
   constexpr size_t kStack = 64 * 1024;
+  check_launch(grid, block, dynamic_smem);
   const unsigned threads = block.x * block.y * block.z;
+  std::vector<size_t> order(threads);
   gridDim = grid;
   blockDim = block;
   std::vector<std::unique_ptr<Fiber>> fibers(threads);  // reused by every block
@@ -146,10 +205,14 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
         g_block = &blk;
         blockIdx = uint3{bx, by, bz};
         for (auto& f : fibers) start_fiber(*f);
-        for (bool running = true; running;) {  // round-robin until every fiber has returned
+        poison_shared();
+        for (bool running = true; running;) {  // passes in random order until every fiber has returned
           running = false;
           const uint64_t progress = g_progress;
-          for (auto& f : fibers) {
+          for (size_t t = 0; t < threads; ++t) order[t] = t;
+          std::shuffle(order.begin(), order.end(), order_rng());
+          for (const size_t t : order) {
+            auto& f = fibers[t];
             if (f->done) continue;
             running = true;
             blk.current = f.get();
@@ -179,9 +242,11 @@ inline void check(cudaError_t err, const char* expr) {
 }  // namespace emu
 
 // What common.cuh's launch_kernel calls in emulation.
+// (launch_kernel does not pass its dynamic shared-memory size here, so only the block shape is
+// checked.)
 template <class F>
 void emulated_launch(dim3 grid, dim3 block, F&& body) {
-  emu::launch(grid, block, std::function<void()>(body));
+  emu::launch(grid, block, 0, std::function<void()>(body));
 }
 
 // The runtime calls of the launchers, on host memory. (After the CUDA headers, so their

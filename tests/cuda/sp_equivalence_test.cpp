@@ -15,63 +15,17 @@
 #include <string>
 
 #include "cuda/device_count.h"
-#include "common/tiny_models.h"
-#include "comm/communicator.h"
-#include "config/config.h"
-#include "train/trainer.h"
+#include "cuda/sp_equivalence.h"
 
 namespace autosp {
 namespace {
 
 Communicator* g_world = nullptr;
 
-Config make(const std::string& arch, int64_t sp, const std::string& device, const std::string& dtype) {
-  nlohmann::json model = testing::tiny_model(arch, 64, 2, 96);
-  if (arch == "gpt2") model["max_position_embeddings"] = 128;
-  return parse_config({{"model", model},
-                       {"data", {{"source", "synthetic"}, {"seq_len", 64}, {"batch_size", 2}}},
-                       {"train", {{"lr", 1e-3}, {"min_lr", 1e-3}, {"warmup_steps", 1}, {"grad_clip", 1.0}}},
-                       {"runtime", {{"device", device}, {"dtype", dtype}}},
-                       {"sequence_parallel", {{"autosp_size", sp}}}});
-}
-
-// ‖a − b‖ / ‖b‖ over every parameter (host tensors).
-double weights_rel_l2(const ParamMap& a, const ParamMap& b) {
-  double num = 0, den = 0;
-  for (const auto& [name, t] : b) {
-    const auto x = a.at(name).to_doubles(), y = t.to_doubles();
-    for (size_t i = 0; i < y.size(); ++i) {
-      num += (x[i] - y[i]) * (x[i] - y[i]);
-      den += y[i] * y[i];
-    }
-  }
-  return std::sqrt(num / den);
-}
-
 void compare(const std::string& arch, const std::string& dtype, double loss_tol, double weight_tol) {
   Communicator& w = *g_world;
-  const int64_t P = w.size();
-  TrainArgs args;
-  args.steps = 5;
-  args.quiet = true;
-  const TrainResult gpu = train(make(arch, P, "cuda", dtype), args, w);
-  auto one = make_single_process_communicator();
-  const TrainResult cpu = train(make(arch, 1, "cpu", dtype), args, *one);
-  REQUIRE(gpu.steps.size() == cpu.steps.size());
-  double worst = 0;
-  for (size_t i = 0; i < cpu.steps.size(); ++i) {
-    INFO(arch << " " << dtype << " P=" << P << " step " << i + 1 << ": loss cuda " << gpu.steps[i].loss << " cpu "
-              << cpu.steps[i].loss << "; grad norm cuda " << gpu.steps[i].grad_norm << " cpu " << cpu.steps[i].grad_norm);
-    const double e = std::abs(gpu.steps[i].loss - cpu.steps[i].loss) / std::abs(cpu.steps[i].loss);
-    CHECK(e <= loss_tol);
-    CHECK(std::abs(gpu.steps[i].grad_norm - cpu.steps[i].grad_norm) <= 10 * loss_tol * cpu.steps[i].grad_norm);
-    worst = std::max(worst, e);
-  }
-  const double wd = weights_rel_l2(gpu.params, cpu.params);
-  CHECK(wd <= weight_tol);
-  if (w.rank() == 0)
-    std::printf("%s %s P=%lld: worst loss rel. error %.2e, weights rel. L2 %.2e\n", arch.c_str(), dtype.c_str(),
-                static_cast<long long>(P), worst, wd);
+  cudatest::compare(arch, dtype, w.size(), loss_tol, weight_tol,
+                    [&](const Config& cfg, const TrainArgs& args) { return train(cfg, args, w); }, w.rank() == 0);
 }
 
 // f32: our CUDA GEMMs are true FP32 (no TF32) and every reduction is fp32, so the runs differ by

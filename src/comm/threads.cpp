@@ -1,0 +1,564 @@
+// The thread communicator (see threads.h): groups of rank threads meeting in shared memory.
+//
+// Every collective is one round over its group:
+//   publish   each rank writes its buffers into its slot (and, for CUDA tensors, records `ready`
+//             on its stream), then the group's barrier;
+//   read      each rank reads its peers' slots into its own result (its stream first waits on
+//             every peer's `ready`);
+//   finish    each rank records `done`, the barrier again, and its stream waits on every peer's
+//             `done`: no rank writes its input again before every peer has read it.
+// A collective whose result would overwrite an input a peer still reads (all_reduce_sum in place,
+// an in-place all_to_all) reads into scratch and copies after `finish`.
+#include "comm/threads.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "tensor/convert.h"
+
+#ifdef AUTOSP_WITH_CUDA
+#include "device/cuda/device.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#endif
+
+namespace autosp {
+namespace threads_detail {
+
+using namespace std::chrono_literals;
+
+// What every group of one world shares: set when a rank's body threw, so the others stop waiting.
+struct Job {
+  std::atomic<bool> broken{false};
+};
+
+// One rank's entry in a round.
+struct Slot {
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t in_bytes = 0, out_bytes = 0;
+  DType dtype = DType::f32;
+  Device device;
+  int color = 0, key = 0;  // split
+  void* ready = nullptr;   // cudaEvent_t, created by the slot's rank on its first CUDA collective
+  void* done = nullptr;
+};
+
+class Group {
+ public:
+  Group(int size, std::shared_ptr<Job> job) : size_(size), job_(std::move(job)), slots_(static_cast<size_t>(size)) {}
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int size() const { return size_; }
+  const std::shared_ptr<Job>& job() const { return job_; }
+  Slot& slot(int r) { return slots_[static_cast<size_t>(r)]; }
+
+  // The barrier of a round. Throws when the job is broken (a rank failed and will never arrive).
+  void wait_all(const char* what) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t gen = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    while (generation_ == gen) {
+      if (job_->broken.load()) {
+        --arrived_;
+        throw RuntimeFailure(str("thread communicator ", what, ": another rank failed; stopping this one"));
+      }
+      cv_.wait_for(lock, 10ms);
+    }
+  }
+
+  // The sub-group of split number `seq` for `color` (`members` ranks): created by the first of
+  // them to ask, dropped from here once all have taken it.
+  std::shared_ptr<Group> subgroup(uint64_t seq, int color, int members) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& [group, taken] = splits_[{seq, color}];
+    if (!group) group = std::make_shared<Group>(members, job_);
+    std::shared_ptr<Group> g = group;
+    if (++taken == members) splits_.erase({seq, color});
+    return g;
+  }
+
+ private:
+  const int size_;
+  std::shared_ptr<Job> job_;
+  std::vector<Slot> slots_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  std::map<std::pair<uint64_t, int>, std::pair<std::shared_ptr<Group>, int>> splits_;
+};
+
+}  // namespace threads_detail
+
+namespace {
+
+using threads_detail::Group;
+using threads_detail::Slot;
+
+// ---- the data movement of one rank: host memory, or its CUDA device's compute stream ---------
+
+bool on_cuda(const Tensor& t) { return t.device().kind == DeviceKind::cuda; }
+
+#ifdef AUTOSP_WITH_CUDA
+cudaStream_t stream_of(Device d) { return compute_stream(d.index); }
+#endif
+
+[[noreturn]] void no_cuda() { throw UsageError("thread communicator: a CUDA tensor in a build without CUDA"); }
+
+void copy_bytes(void* dst, const void* src, size_t n, Device d) {
+  if (n == 0 || dst == src) return;
+  if (d.kind == DeviceKind::cpu) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+#ifdef AUTOSP_WITH_CUDA
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_of(d)));
+#else
+  no_cuda();
+#endif
+}
+
+// A contiguous tensor like `like` (dtype, device) of `n` elements.
+Tensor scratch(const Tensor& like, int64_t n) {
+#ifdef AUTOSP_WITH_CUDA
+  if (on_cuda(like)) return Tensor::empty({n}, like.dtype(), cuda_allocator(like.device().index));
+#endif
+  if (on_cuda(like)) no_cuda();
+  return Tensor::empty({n}, like.dtype());
+}
+
+template <class T>
+void sum_host(const std::vector<const void*>& parts, void* dst, int64_t n) {
+  T* out = static_cast<T*>(dst);
+  for (int64_t e = 0; e < n; ++e) {
+    T acc = static_cast<const T*>(parts[0])[e];
+    for (size_t i = 1; i < parts.size(); ++i) acc += static_cast<const T*>(parts[i])[e];
+    out[e] = acc;
+  }
+}
+
+// dst[e] = Σ_i parts[i][e] over the ranks in order (n elements of `dtype`, on device `d`).
+// `dst` may be one of the parts (elementwise). bf16 sums in float and rounds once.
+void sum_parts(const std::vector<const void*>& parts, void* dst, int64_t n, DType dtype, Device d) {
+  if (n == 0) return;
+  if (d.kind == DeviceKind::cpu) {
+    switch (dtype) {
+      case DType::f32: return sum_host<float>(parts, dst, n);
+      case DType::f64: return sum_host<double>(parts, dst, n);
+      case DType::i64: return sum_host<int64_t>(parts, dst, n);
+      case DType::bf16: {
+        uint16_t* out = static_cast<uint16_t*>(dst);
+        for (int64_t e = 0; e < n; ++e) {
+          float acc = 0;
+          for (const void* p : parts) acc += cpu::bf16_to_f32(static_cast<const uint16_t*>(p)[e]);
+          out[e] = cpu::f32_to_bf16(acc);
+        }
+        return;
+      }
+      default: break;
+    }
+    AUTOSP_ASSERT(false, "thread communicator: sum of ", dtype_name(dtype), " (f32, f64, bf16, i64 only)");
+  }
+#ifdef AUTOSP_WITH_CUDA
+  // The parts side by side [P, n], then summed over P in a fixed order.
+  const int64_t P = static_cast<int64_t>(parts.size());
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+  Tensor stack = Tensor::empty({P, n}, dtype, cuda_allocator(d.index));
+  for (int64_t i = 0; i < P; ++i)
+    copy_bytes(static_cast<char*>(stack.raw()) + static_cast<size_t>(i) * bytes, parts[static_cast<size_t>(i)], bytes, d);
+  const int64_t x_shape[2] = {P, n}, out_shape[2] = {1, n};
+  const cudaStream_t s = stream_of(d);
+  switch (dtype) {
+    case DType::f32: return cuda::sum_to(stack.data<float>(), 2, x_shape, out_shape, static_cast<float*>(dst), s);
+    case DType::f64: return cuda::sum_to(stack.data<double>(), 2, x_shape, out_shape, static_cast<double*>(dst), s);
+    case DType::bf16:
+      return cuda::sum_to(static_cast<const cuda::bf16*>(stack.raw()), 2, x_shape, out_shape,
+                          static_cast<cuda::bf16*>(dst), s);
+    default: break;
+  }
+  AUTOSP_ASSERT(false, "thread communicator: CUDA sum of ", dtype_name(dtype), " (f32, f64, bf16 only)");
+#else
+  no_cuda();
+#endif
+}
+
+}  // namespace
+
+// ---- all_reduce_sum_async's worker -------------------------------------------------------------
+
+namespace threads_detail {
+
+struct Task {
+  std::function<void()> run;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [this] { return done; });
+  }
+};
+
+class Pending final : public PendingCollective {
+ public:
+  explicit Pending(std::shared_ptr<Task> t) : task_(std::move(t)) {}
+  ~Pending() override {
+    try {
+      task_->wait();
+    } catch (...) {
+    }
+  }
+  bool test() override {
+    std::lock_guard<std::mutex> lock(task_->mu);
+    if (task_->done && task_->error) std::rethrow_exception(task_->error);
+    return task_->done;
+  }
+  void wait() override {
+    task_->wait();
+    if (task_->error) std::rethrow_exception(task_->error);
+  }
+
+ private:
+  std::shared_ptr<Task> task_;
+};
+
+// Runs tasks one after another on a thread of its own, in the order they were queued.
+class Worker {
+ public:
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::shared_ptr<Task> enqueue(std::function<void()> run) {
+    auto task = std::make_shared<Task>();
+    task->run = std::move(run);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      queue_.push_back(task);
+      last_ = task;
+    }
+    cv_.notify_all();
+    return task;
+  }
+
+  // Waits until every queued task has run.
+  void drain() {
+    std::shared_ptr<Task> last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = last_;
+    }
+    if (last) last->wait();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<Task> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = queue_.front();
+        queue_.pop_front();
+      }
+      try {
+        task->run();
+      } catch (...) {
+        task->error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(task->mu);
+        task->done = true;
+      }
+      task->cv.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  std::shared_ptr<Task> last_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace threads_detail
+
+namespace {
+using threads_detail::Pending;
+using threads_detail::Worker;
+
+}  // namespace
+
+// ---- the communicator ----------------------------------------------------------------------------
+
+ThreadCommunicator::ThreadCommunicator(std::shared_ptr<Group> group, int rank) : group_(std::move(group)), rank_(rank) {}
+
+ThreadCommunicator::~ThreadCommunicator() { worker_.reset(); }
+
+int ThreadCommunicator::size() const { return group_->size(); }
+
+void ThreadCommunicator::all_reduce_sum(Tensor& t) {
+  drain();
+  reduce_into(t, t, /*chunk_of_rank=*/false, "all_reduce_sum");
+}
+
+std::unique_ptr<PendingCollective> ThreadCommunicator::all_reduce_sum_async(Tensor& t) {
+  return start(t, t, /*chunk_of_rank=*/false, "all_reduce_sum_async");
+}
+
+std::unique_ptr<PendingCollective> ThreadCommunicator::reduce_scatter_sum_async(const Tensor& in, Tensor& out) {
+  return start(in, out, /*chunk_of_rank=*/true, "reduce_scatter_sum_async");
+}
+
+// A reduction queued on this communicator's worker (`in` and `out` stay alive until it is done).
+std::unique_ptr<PendingCollective> ThreadCommunicator::start(const Tensor& in, Tensor& out, bool chunk_of_rank,
+                                                             const char* what) {
+  if (!worker_) worker_ = std::make_unique<Worker>();
+  const Tensor* src = &in;
+  Tensor* dst = &out;
+  const Device d = out.device();
+  return std::make_unique<Pending>(worker_->enqueue([this, src, dst, d, chunk_of_rank, what] {
+#ifdef AUTOSP_WITH_CUDA
+    if (d.kind == DeviceKind::cuda) use_device(d.index);  // the worker thread's current device
+#else
+    (void)d;
+#endif
+    reduce_into(*src, *dst, chunk_of_rank, what);
+  }));
+}
+
+void ThreadCommunicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
+  drain();
+  reduce_into(in, out, /*chunk_of_rank=*/true, "reduce_scatter_sum");
+}
+
+void ThreadCommunicator::broadcast(Tensor& t, int root) {
+  drain();
+  AUTOSP_ASSERT(root >= 0 && root < size(), "broadcast from rank ", root, " of ", size());
+  publish("broadcast", &t, &t);
+  const Slot& r = group_->slot(root);
+  AUTOSP_ASSERT(r.in_bytes == t.nbytes(), "broadcast: ", t.str(), " here vs ", r.in_bytes, " bytes on the root");
+  if (rank_ != root) copy_bytes(t.raw(), r.in, t.nbytes(), t.device());
+  finish("broadcast");
+}
+
+void ThreadCommunicator::all_to_all(const Tensor& in, Tensor& out) {
+  drain();
+  AUTOSP_ASSERT(in.nbytes() == out.nbytes() && in.nbytes() % static_cast<size_t>(size()) == 0, "all_to_all: ",
+                in.str(), " vs ", out.str(), " over ", size(), " ranks");
+  publish("all_to_all", &in, &out);
+  const size_t chunk = in.nbytes() / static_cast<size_t>(size());
+  const bool aliased = in.raw() == out.raw() && size() > 1;  // peers still read it: gather into scratch
+  Tensor buf = aliased ? scratch(out, out.numel()) : out;
+  for (int i = 0; i < size(); ++i)
+    copy_bytes(static_cast<char*>(buf.raw()) + static_cast<size_t>(i) * chunk,
+               static_cast<const char*>(group_->slot(i).in) + static_cast<size_t>(rank_) * chunk, chunk, out.device());
+  finish("all_to_all");
+  if (aliased) copy_bytes(out.raw(), buf.raw(), out.nbytes(), out.device());
+}
+
+void ThreadCommunicator::all_gather(const Tensor& in, Tensor& out) {
+  drain();
+  AUTOSP_ASSERT(out.nbytes() == in.nbytes() * static_cast<size_t>(size()), "all_gather: ", in.str(), " into ",
+                out.str(), " over ", size(), " ranks");
+  publish("all_gather", &in, &out);
+  for (int i = 0; i < size(); ++i)
+    copy_bytes(static_cast<char*>(out.raw()) + static_cast<size_t>(i) * in.nbytes(), group_->slot(i).in, in.nbytes(),
+               out.device());
+  finish("all_gather");
+}
+
+void ThreadCommunicator::barrier() {
+  drain();
+  publish("barrier", nullptr, nullptr);
+  finish("barrier");
+}
+
+std::unique_ptr<Communicator> ThreadCommunicator::split(int color, int key) {
+  drain();
+  Slot& mine = group_->slot(rank_);
+  mine.color = color;
+  mine.key = key;
+  publish("split", nullptr, nullptr);
+  std::vector<std::pair<int, int>> members;  // (key, rank) of this color
+  for (int i = 0; i < size(); ++i)
+    if (group_->slot(i).color == color) members.emplace_back(group_->slot(i).key, i);
+  std::sort(members.begin(), members.end());
+  const auto me = std::find(members.begin(), members.end(), std::make_pair(key, rank_));
+  const int sub_rank = static_cast<int>(me - members.begin());
+  auto sub = group_->subgroup(splits_++, color, static_cast<int>(members.size()));
+  finish("split");
+  return std::make_unique<ThreadCommunicator>(std::move(sub), sub_rank);
+}
+
+void ThreadCommunicator::abort(const std::string& message, int exit_code) {
+  // The ranks are this process: ending it ends all of them. _Exit, not exit: the other rank
+  // threads are still running, and static destructors must not run under them.
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(exit_code);
+}
+
+void ThreadCommunicator::drain() {
+  if (worker_) worker_->drain();
+}
+
+// Round start: this rank's buffers into its slot, the barrier, the checks every rank makes alike
+// (so a mismatch throws on all of them), and for CUDA tensors the wait for every peer's inputs.
+void ThreadCommunicator::publish(const char* what, const Tensor* in, const Tensor* out) {
+  Slot& s = group_->slot(rank_);
+  s.in = in ? in->raw() : nullptr;
+  s.out = out ? out->raw() : nullptr;
+  s.in_bytes = in ? in->nbytes() : 0;
+  s.out_bytes = out ? out->nbytes() : 0;
+  s.dtype = in ? in->dtype() : DType::f32;
+  s.device = in ? in->device() : Device{};
+  AUTOSP_ASSERT(!in || in->is_contiguous(), what, ": a non-contiguous input ", in->str());
+  AUTOSP_ASSERT(!out || out->is_contiguous(), what, ": a non-contiguous output ", out->str());
+  AUTOSP_ASSERT(!in || !out || in->device() == out->device(), what, ": input on ", in->device().str(), ", output on ",
+                out->device().str());
+  device_ = s.device;
+  record(s.ready);
+  group_->wait_all(what);
+  for (int i = 0; i < size(); ++i) {
+    const Slot& p = group_->slot(i);
+    // Every collective here takes inputs of one size on all ranks.
+    AUTOSP_ASSERT(p.dtype == s.dtype && p.device.kind == s.device.kind && p.in_bytes == s.in_bytes, what, ": rank ", i,
+                  " has ", p.in_bytes, " bytes of ", dtype_name(p.dtype), " on ", p.device.str(), ", rank ", rank_, " ",
+                  s.in_bytes, " bytes of ", dtype_name(s.dtype), " on ", s.device.str());
+    if (i != rank_) wait_event(p.ready);
+  }
+}
+
+// Round end: every peer has read this rank's inputs (and, on CUDA, this rank's stream knows it).
+void ThreadCommunicator::finish(const char* what) {
+  record(group_->slot(rank_).done);
+  group_->wait_all(what);
+  for (int i = 0; i < size(); ++i)
+    if (i != rank_) wait_event(group_->slot(i).done);
+}
+
+// out = Σ over ranks of the whole of `in` (all_reduce) or of its chunk rank() (reduce_scatter).
+void ThreadCommunicator::reduce_into(const Tensor& in, Tensor& out, bool chunk_of_rank, const char* what) {
+  const int64_t P = size();
+  const int64_t n = out.numel();
+  AUTOSP_ASSERT(in.dtype() == out.dtype() && in.numel() == (chunk_of_rank ? n * P : n), what, ": ", in.str(), " into ",
+                out.str(), " over ", P, " ranks");
+  publish(what, &in, &out);
+  const size_t offset = chunk_of_rank ? static_cast<size_t>(rank_) * out.nbytes() : 0;
+  std::vector<const void*> parts;
+  for (int i = 0; i < size(); ++i) parts.push_back(static_cast<const char*>(group_->slot(i).in) + offset);
+  const bool in_place = in.raw() == out.raw() && P > 1;  // peers still read it: sum into scratch
+  Tensor buf = in_place ? scratch(out, n) : out;
+  sum_parts(parts, buf.raw(), n, out.dtype(), out.device());
+  finish(what);
+  if (in_place) copy_bytes(out.raw(), buf.raw(), out.nbytes(), out.device());
+}
+
+// Events order the ranks' CUDA streams; host rounds need none.
+void ThreadCommunicator::record(void*& event) {
+  if (device_.kind != DeviceKind::cuda) return;
+#ifdef AUTOSP_WITH_CUDA
+  if (!event) {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    event = e;
+  }
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_of(device_)));
+#else
+  (void)event;
+  no_cuda();
+#endif
+}
+
+void ThreadCommunicator::wait_event(void* event) {
+  if (device_.kind != DeviceKind::cuda) return;
+#ifdef AUTOSP_WITH_CUDA
+  AUTOSP_ASSERT(event != nullptr, "thread communicator: a peer without CUDA events in a CUDA collective");
+  CUDA_CHECK(cudaStreamWaitEvent(stream_of(device_), static_cast<cudaEvent_t>(event), 0));
+#else
+  (void)event;
+#endif
+}
+
+namespace threads_detail {
+
+Group::~Group() {
+#ifdef AUTOSP_WITH_CUDA
+  for (Slot& s : slots_)
+    for (void* e : {s.ready, s.done})
+      if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));  // a destructor must not throw
+#endif
+}
+
+}  // namespace threads_detail
+
+namespace {
+
+std::vector<std::unique_ptr<ThreadCommunicator>> make_world(int ranks, const std::shared_ptr<threads_detail::Job>& job) {
+  if (ranks < 1) throw UsageError(str("thread ranks ", ranks, ": expected >= 1"));
+  auto group = std::make_shared<Group>(ranks, job);
+  std::vector<std::unique_ptr<ThreadCommunicator>> out;
+  for (int r = 0; r < ranks; ++r) out.push_back(std::make_unique<ThreadCommunicator>(group, r));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<ThreadCommunicator>> make_thread_communicators(int ranks) {
+  return make_world(ranks, std::make_shared<threads_detail::Job>());
+}
+
+void run_thread_ranks(int ranks, const std::function<void(ThreadCommunicator& world)>& body) {
+  auto job = std::make_shared<threads_detail::Job>();
+  auto comms = make_world(ranks, job);
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(*comms[static_cast<size_t>(r)]);
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!first) first = std::current_exception();
+        }
+        job->broken.store(true);  // after `first`: the others' "another rank failed" come second
+      }
+    });
+  for (auto& t : threads) t.join();
+  comms.clear();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace autosp
