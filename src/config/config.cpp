@@ -84,7 +84,7 @@ const std::vector<Key>& schema() {
       {"model.norm_eps", Kind::number, 0, 1, "", {}, F(model, norm_eps)},
       {"model.tie_word_embeddings", Kind::boolean, 0, 0, "", Arch::llama, F(model, tie_word_embeddings)},
       {"model.rope_scaling", Kind::object, 0, 0, "", Arch::llama,
-       [](Config& c, const json& v) { c.model.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); }},
+       [](Config& c, const json& v) { c.model.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); }},  // origin: parse_config
       enum_key("data.source", &Config::data, &DataConfig::source, kSources, data_source_name),
       {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
       {"data.seq_len", Kind::integer, 1, 1 << 26, "", {}, F(data, seq_len)},
@@ -204,20 +204,18 @@ void apply_override(json& j, const std::string& origin, const std::string& ov) {
   section[key.substr(dot + 1)] = v;
 }
 
-// Levenshtein distance (names are short).
+// Edit distance with adjacent transpositions counting one ("stesp" → "steps"): optimal string
+// alignment over the full table (names are short).
 size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-  }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 
 // GPT-2 / Hugging Face names of our model keys (HF's GPT2Config and LlamaConfig spellings).
@@ -305,7 +303,12 @@ void expand_model_from(json& j, Config& c, const std::string& origin) {
   if (!from.is_string() || from.get<std::string>().empty())
     throw UsageError(str(origin, ": model.from = ", from.dump(), ": expected a Hugging Face model directory (a string)"));
   const std::string dir = from.get<std::string>();
-  HfModelConfig hf = read_hf_model_dir(dir);
+  HfModelConfig hf;
+  try {
+    hf = read_hf_model_dir(dir);
+  } catch (const UsageError& e) {
+    throw UsageError(str(origin, ": model.from: ", e.what()));
+  }
   json merged = hf.model;
   for (auto& [k, v] : j["model"].items()) {
     if (k == "from") continue;
@@ -358,7 +361,11 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     }
     kv_given |= std::string(k.path) == "model.num_key_value_heads";
     // An integer written where a number is expected is fine; store it as double.
-    k.set(c, k.kind == Kind::number ? json(v.get<double>()) : v);
+    try {
+      k.set(c, k.kind == Kind::number ? json(v.get<double>()) : v);
+    } catch (const UsageError& e) {  // a setter that validates (model.rope_scaling)
+      throw UsageError(str(origin, ": ", e.what()));
+    }
   }
   auto& m = c.model;
   if (!kv_given) m.num_key_value_heads = m.num_attention_heads;

@@ -295,19 +295,19 @@ HfModelConfig read_hf_model_dir(const std::string& dir) {
 }
 
 json hf_config_json(const json& model, DType dtype) {
-  const std::string arch = model.at("arch").get<std::string>();
+  auto get = [&](const char* k) { return model.contains(k) ? model[k] : json(); };  // null when absent
   json hf;
-  if (arch == "gpt2") {
+  if (get("arch") == "gpt2") {
     hf = {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
-          {"vocab_size", model["vocab_size"]},
-          {"n_positions", model["max_position_embeddings"]},
-          {"n_embd", model["hidden_size"]},
-          {"n_layer", model["num_hidden_layers"]},
-          {"n_head", model["num_attention_heads"]},
+          {"vocab_size", get("vocab_size")},
+          {"n_positions", get("max_position_embeddings")},
+          {"n_embd", get("hidden_size")},
+          {"n_layer", get("num_hidden_layers")},
+          {"n_head", get("num_attention_heads")},
           {"n_inner", nullptr},
           {"activation_function", "gelu_new"},
-          {"layer_norm_epsilon", model["norm_eps"]},
+          {"layer_norm_epsilon", get("norm_eps")},
           {"resid_pdrop", 0.0},
           {"embd_pdrop", 0.0},
           {"attn_pdrop", 0.0},
@@ -316,21 +316,21 @@ json hf_config_json(const json& model, DType dtype) {
   } else {
     hf = {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
-          {"vocab_size", model["vocab_size"]},
-          {"hidden_size", model["hidden_size"]},
-          {"intermediate_size", model["intermediate_size"]},
-          {"num_hidden_layers", model["num_hidden_layers"]},
-          {"num_attention_heads", model["num_attention_heads"]},
-          {"num_key_value_heads", model["num_key_value_heads"]},
+          {"vocab_size", get("vocab_size")},
+          {"hidden_size", get("hidden_size")},
+          {"intermediate_size", get("intermediate_size")},
+          {"num_hidden_layers", get("num_hidden_layers")},
+          {"num_attention_heads", get("num_attention_heads")},
+          {"num_key_value_heads", get("num_key_value_heads")},
           {"hidden_act", "silu"},
-          {"max_position_embeddings", model["max_position_embeddings"]},
-          {"rms_norm_eps", model["norm_eps"]},
-          {"rope_theta", model["rope_theta"]},
-          {"rope_scaling", model.contains("rope_scaling") ? model["rope_scaling"] : json()},
+          {"max_position_embeddings", get("max_position_embeddings")},
+          {"rms_norm_eps", get("norm_eps")},
+          {"rope_theta", get("rope_theta")},
+          {"rope_scaling", get("rope_scaling")},
           {"attention_bias", false},
           {"attention_dropout", 0.0},
           {"mlp_bias", false},
-          {"tie_word_embeddings", model["tie_word_embeddings"]}};
+          {"tie_word_embeddings", get("tie_word_embeddings")}};
   }
   hf["torch_dtype"] = std::string(dtype_torch_name(dtype));
   hf["use_cache"] = true;
@@ -349,9 +349,12 @@ void check_hf_dir_matches(const std::string& dir, const ModelConfig& m) {
                          run.dump(), ": the weights are for another model (take the model from the directory with "
                          "\"model\": {\"from\": \"", dir, "\"})"));
   };
+  auto run = [&](const std::string& k) { return ours.contains(k) ? ours[k] : json(); };  // null when absent
   if (hf.model["arch"] != ours["arch"]) refuse("arch", hf.model["arch"], ours["arch"]);
+  // max_position_embeddings changes neither the math of a Llama (RoPE takes any position) nor
+  // weights without a check of their own (GPT-2's wpe has it as its shape).
   for (auto it = hf.model.begin(); it != hf.model.end(); ++it)
-    if (!same_value(*it, ours.contains(it.key()) ? ours[it.key()] : json())) refuse(it.key(), *it, ours[it.key()]);
+    if (it.key() != "max_position_embeddings" && !same_value(*it, run(it.key()))) refuse(it.key(), *it, run(it.key()));
   if (ours.contains("rope_scaling") && !hf.model.contains("rope_scaling"))
     refuse("rope_scaling", nullptr, ours["rope_scaling"]);
 }

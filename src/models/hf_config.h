@@ -48,7 +48,8 @@ nlohmann::json model_json(const ModelConfig& m);
 nlohmann::json hf_config_json(const nlohmann::json& model_section, DType dtype);
 
 // Refuses (UsageError naming the file and the first key that differs, in HF's and our name) an HF
-// directory whose config.json describes another model than `m`; a directory without one passes.
+// directory whose config.json describes another model than `m` (max_position_embeddings aside: it
+// is not the math of a Llama, and GPT-2's is the shape of wpe); a directory without one passes.
 void check_hf_dir_matches(const std::string& dir, const ModelConfig& m);
 
 }  // namespace autosp

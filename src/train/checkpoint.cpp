@@ -169,7 +169,12 @@ fs::path resolve(const std::string& path) {
   if (fs::exists(p / "meta.json", ec)) return p;
   recover_dead_writers(path);
   auto all = list_step_dirs(p);
-  if (all.empty()) throw UsageError(str(path, ": holds no checkpoint (no meta.json, no step_* directory)"));
+  if (all.empty()) {
+    if (fs::exists(p / "config.json", ec))
+      throw UsageError(str(path, ": a Hugging Face model directory, not a checkpoint (no meta.json): start from it "
+                           "with --init-from or \"model\": {\"from\": DIR}"));
+    throw UsageError(str(path, ": holds no checkpoint (no meta.json, no step_* directory)"));
+  }
   if (!fs::exists(all.front().second / "meta.json", ec))
     throw UsageError(str(all.front().second.string(), ": the newest checkpoint has no meta.json (damaged or not "
                          "written by autosp); move it away, or --resume an older step_* directory explicitly"));
@@ -277,12 +282,15 @@ namespace {
 std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& params,
                                            const std::map<std::string, Tensor>& moments,
                                            const nlohmann::json& resolved_config) {
-  const nlohmann::json& train = resolved_config.contains("train") ? resolved_config["train"] : nlohmann::json();
-  const double shard_mb = train.contains("max_shard_mb") ? train["max_shard_mb"].get<double>() : 5000.0;
+  const nlohmann::json shard = resolved_config.contains("train") && resolved_config["train"].is_object() &&
+                                       resolved_config["train"].contains("max_shard_mb")
+                                   ? resolved_config["train"]["max_shard_mb"]
+                                   : nlohmann::json();
+  const double shard_mb = shard.is_number() ? shard.get<double>() : 5000.0;  // train.max_shard_mb
   std::vector<std::string> names =
       save_hf_weights(tmp.string(), params, static_cast<uint64_t>(shard_mb * 1e6));
   for (const std::string& name : names) fsync_path(tmp / name);  // the index is written without one
-  if (resolved_config.contains("model") && !params.empty()) {
+  if (resolved_config.contains("model") && resolved_config["model"].is_object() && !params.empty()) {
     const std::string path = (tmp / "config.json").string();
     std::ofstream f(path);
     f << hf_config_json(resolved_config["model"], params.begin()->second.dtype()).dump(2) << "\n";

@@ -77,7 +77,7 @@ write("noshard.index.json", json.dumps({"weight_map": {"model.norm.weight": "abs
 write("nomap.index.json", b'{"metadata": {}}')
 write("a_config.json", b'{"model_type": "llama"}')
 llama = {"model_type": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "intermediate_size": 48, "max_position_embeddings": 64}
+         "num_key_value_heads": 2, "intermediate_size": 48}  # cfg.json's model
 def hfdir(name, config, files=()):
     os.makedirs(os.path.join(d, name), exist_ok=True)
     write(os.path.join(name, "config.json"), config if isinstance(config, bytes) else json.dumps(config).encode())
@@ -240,18 +240,19 @@ row 'nomap.index.json: not a safetensors index' "${c[@]}" --init-from "$tmp/noma
 row 'hf_pickle: holds PyTorch pickle weights (pytorch_model.bin)' "${c[@]}" --init-from "$tmp/hf_pickle"
 row 'hf_noweights: holds neither model.safetensors nor model.safetensors.index.json' "${c[@]}" --init-from "$tmp/hf_noweights"
 row "hf_heads/config.json: num_attention_heads is 8 but this run's model.num_attention_heads is 4" "${c[@]}" --init-from "$tmp/hf_heads"
+row 'hf_noweights: a Hugging Face model directory, not a checkpoint' "${c[@]}" --resume "$tmp/hf_noweights"
 row 'nothere: not a directory (model.from' "${c[@]}" --set "model.from=$tmp/nothere"
 row 'model.from = 3: expected a Hugging Face model directory' "${c[@]}" --set model.from=3
 row 'hf_garbled/config.json: not valid JSON' "${c[@]}" --set "model.from=$tmp/hf_garbled"
 row 'model_type "bert" is not supported' "${c[@]}" --set "model.from=$tmp/hf_bert"
-row 'attention_bias = true is not supported.*sliding_window = 4096 is not supported.*hidden_act = "gelu"' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
+row 'hidden_act = "gelu" is not supported.*attention_bias = true is not supported.*sliding_window = 4096 is not supported' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
 row 'rope_type "yarn" is not supported' "${c[@]}" --set "model.from=$tmp/hf_yarn"
 row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
 row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
 row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"
 row "unknown keys 'model.n_embd' (did you mean 'model.hidden_size'?), 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
 row "model.rope_scaling = 3: expected an object or null" "${c[@]}" --set model.rope_scaling=3
-row 'model.rope_scaling: rope_type "llama3" needs "low_freq_factor"' "${c[@]}" --set 'model.rope_scaling={"rope_type": "llama3", "factor": 8}'
+row 'model.rope_scaling: rope_type "llama3" needs "factor"' "${c[@]}" --set 'model.rope_scaling={"rope_type":"llama3"}'  # (--set splits at commas)
 row "train.max_shard_mb" "${c[@]}" --set train.max_shard_mb=0
 # checkpoint directories (--resume)
 row 'nowhere: no such checkpoint directory' "${c[@]}" --resume "$tmp/nowhere"
