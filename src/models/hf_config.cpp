@@ -279,11 +279,13 @@ HfModelConfig read_hf_model_dir(const std::string& dir) {
   if (!fs::is_directory(dir, ec))
     throw UsageError(str(dir, ": not a directory (model.from takes a Hugging Face model directory)"));
   const std::string path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(path, ec)) throw UsageError(str(path, ": cannot open (a Hugging Face model directory holds config.json)"));
+  if (!fs::is_regular_file(path, ec)) throw UsageError(str(path, ": not a regular file"));  // a FIFO would block
+  if (fs::file_size(path, ec) > (uint64_t{16} << 20)) throw UsageError(str(path, ": larger than 16 MiB; not a config.json"));
   std::ifstream f(path);
-  if (!f) throw UsageError(str(path, ": cannot open (a Hugging Face model directory holds config.json)"));
+  if (!f) throw UsageError(str(path, ": cannot open"));
   std::stringstream ss;
   ss << f.rdbuf();
-  if (ss.str().size() > (size_t{16} << 20)) throw UsageError(str(path, ": larger than 16 MiB; not a config.json"));
   json j;
   try {
     j = json::parse(ss.str(), [](int depth, json::parse_event_t, json&) { return depth <= 32; });

@@ -88,6 +88,10 @@ SafetensorsFile load_file(const std::string& path) {
 }
 
 json read_index(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw UsageError(str(path, ": cannot open: no such file"));
+  if (!fs::is_regular_file(path, ec)) throw UsageError(str(path, ": not a regular file"));  // a FIFO would block
+  if (fs::file_size(path, ec) > (uint64_t{64} << 20)) throw UsageError(str(path, ": larger than 64 MiB; not an index"));
   std::ifstream f(path);
   if (!f) throw UsageError(str(path, ": cannot open"));
   std::stringstream ss;

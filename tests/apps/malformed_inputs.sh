@@ -93,7 +93,8 @@ hfdir("hf_pickle", llama, files=["pytorch_model.bin"])
 hfdir("hf_noweights", llama)
 write("hf_as_config.json", json.dumps(dict(llama, qkv_bias=True)).encode())
 PY
-mkfifo "$tmp/fifo"
+mkfifo "$tmp/fifo" "$tmp/fifo.index.json"
+mkdir -p "$tmp/hf_fifo" && mkfifo "$tmp/hf_fifo/config.json"
 mkdir -p "$tmp/adir" "$tmp/emptyckpt"
 "$bin" --config "$tmp/cfg.json" --set "train.checkpoint_dir=$tmp/ck" --quiet 2>"$tmp/ck.log" ||
   { echo "FAIL: could not write the checkpoint the rows corrupt: $(tail -3 "$tmp/ck.log")"; exit 1; }
@@ -236,6 +237,8 @@ row 'pickle_legacy.bin: a PyTorch pickle' "${c[@]}" --init-from "$tmp/pickle_leg
 row 'a_config.json: a JSON file, not safetensors' "${c[@]}" --init-from "$tmp/a_config.json"
 row "escape.index.json: weight_map\['model.norm.weight'\] = \"../good.safetensors\": expected a file name" "${c[@]}" --init-from "$tmp/escape.index.json"
 row 'absent.safetensors: cannot open' "${c[@]}" --init-from "$tmp/noshard.index.json"
+row 'fifo.index.json: not a regular file' "${c[@]}" --init-from "$tmp/fifo.index.json"
+row 'hf_fifo/config.json: not a regular file' "${c[@]}" --set "model.from=$tmp/hf_fifo"
 row 'nomap.index.json: not a safetensors index' "${c[@]}" --init-from "$tmp/nomap.index.json"
 row 'hf_pickle: holds PyTorch pickle weights (pytorch_model.bin)' "${c[@]}" --init-from "$tmp/hf_pickle"
 row 'hf_noweights: holds neither model.safetensors nor model.safetensors.index.json' "${c[@]}" --init-from "$tmp/hf_noweights"
