@@ -273,15 +273,12 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
   return out;
 }
 
-HfModelConfig read_hf_model_dir(const std::string& dir) {
+json read_json_file(const std::string& path, uint64_t max_bytes) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    throw UsageError(str(dir, ": not a directory (model.from takes a Hugging Face model directory)"));
-  const std::string path = (fs::path(dir) / "config.json").string();
-  if (!fs::exists(path, ec)) throw UsageError(str(path, ": cannot open (a Hugging Face model directory holds config.json)"));
+  if (!fs::exists(path, ec)) throw UsageError(str(path, ": cannot open: no such file"));
   if (!fs::is_regular_file(path, ec)) throw UsageError(str(path, ": not a regular file"));  // a FIFO would block
-  if (fs::file_size(path, ec) > (uint64_t{16} << 20)) throw UsageError(str(path, ": larger than 16 MiB; not a config.json"));
+  if (fs::file_size(path, ec) > max_bytes) throw UsageError(str(path, ": larger than ", max_bytes, " bytes"));
   std::ifstream f(path);
   if (!f) throw UsageError(str(path, ": cannot open"));
   std::stringstream ss;
@@ -293,7 +290,17 @@ HfModelConfig read_hf_model_dir(const std::string& dir) {
     throw UsageError(str(path, ": not valid JSON: ", e.what()));
   }
   if (j.is_discarded()) throw UsageError(str(path, ": JSON nested deeper than 32 levels"));
-  return translate_hf_config(j, path);
+  return j;
+}
+
+HfModelConfig read_hf_model_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw UsageError(str(dir, ": not a directory (model.from takes a Hugging Face model directory)"));
+  const std::string path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(path, ec)) throw UsageError(str(path, ": cannot open (a Hugging Face model directory holds config.json)"));
+  return translate_hf_config(read_json_file(path, uint64_t{16} << 20), path);
 }
 
 json hf_config_json(const json& model, DType dtype) {

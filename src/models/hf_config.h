@@ -6,6 +6,7 @@
 // Knows nothing of the rest of the run config (config/ calls it) or of graphs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ struct HfModelConfig {
 // such as attention_bias true, a sliding window, another rope type or activation) is named in one
 // UsageError "<origin>: ...", all of them at once.
 HfModelConfig translate_hf_config(const nlohmann::json& hf, const std::string& origin);
+
+// A JSON file (config.json, an index) of at most `max_bytes`, nested at most 32 levels; a missing
+// file, a FIFO (it would block) or invalid JSON is a UsageError naming it.
+nlohmann::json read_json_file(const std::string& path, uint64_t max_bytes);
 
 // Reads and translates <dir>/config.json (UsageError naming it when missing or malformed).
 HfModelConfig read_hf_model_dir(const std::string& dir);

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -88,20 +87,7 @@ SafetensorsFile load_file(const std::string& path) {
 }
 
 json read_index(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw UsageError(str(path, ": cannot open: no such file"));
-  if (!fs::is_regular_file(path, ec)) throw UsageError(str(path, ": not a regular file"));  // a FIFO would block
-  if (fs::file_size(path, ec) > (uint64_t{64} << 20)) throw UsageError(str(path, ": larger than 64 MiB; not an index"));
-  std::ifstream f(path);
-  if (!f) throw UsageError(str(path, ": cannot open"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str(), [](int depth, json::parse_event_t, json&) { return depth <= 8; });
-  } catch (const json::exception& e) {
-    throw UsageError(str(path, ": not valid JSON: ", e.what()));
-  }
+  const json j = read_json_file(path, uint64_t{64} << 20);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw UsageError(str(path, ": not a safetensors index (no \"weight_map\" object)"));
   return j;
