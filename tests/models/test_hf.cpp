@@ -166,6 +166,13 @@ TEST_CASE("sharded weights round-trip bit for bit, and an HF directory is checke
   CHECK(load_safetensors(d / files[0]).metadata == std::map<std::string, std::string>{{"format", "pt"}});
   CHECK(same(load_weights(d.path.string(), c.model, DType::f32), p));
   CHECK(same(load_weights(d / "model.safetensors.index.json", c.model, DType::f32), p));
+  // f16 and bf16 files are widened exactly (the conversion is the tensor library's, tested there).
+  for (DType half : {DType::f16, DType::bf16}) {
+    ParamMap h, widened;
+    for (const auto& [name, t] : p) h[name] = t.to(half), widened[name] = h[name].to(DType::f32);
+    save_weights(d / "half.safetensors", h);
+    CHECK(same(load_weights(d / "half.safetensors", c.model, DType::f32), widened));
+  }
   // A wrong head count (same shapes) or a forgotten rope_scaling is refused by the directory's config.json.
   ModelConfig heads = c.model;
   heads.num_attention_heads = 8;
