@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
       try {
         if (lead) {
           for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
+          for (const auto& n : cfg.notes) spdlog::info("{}", n);
           spdlog::info("config: {}", cfg.resolved.dump());
         }
         const auto t0 = std::chrono::steady_clock::now();

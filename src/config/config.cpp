@@ -3,14 +3,17 @@
 // as its enum: the accepted strings are the enum's names (arch_name, ...), listed once below.
 #include "config/config.h"
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
 
+#include "models/hf_config.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -27,7 +30,7 @@ std::string_view data_source_name(DataSourceKind s) {
 namespace {
 
 using json = nlohmann::json;
-enum class Kind { integer, number, boolean, string };
+enum class Kind { integer, number, boolean, string, object };
 
 struct Key {
   const char* path;  // "model.hidden_size"
@@ -80,6 +83,8 @@ const std::vector<Key>& schema() {
       {"model.rope_theta", Kind::number, 1, 1e12, "", Arch::llama, F(model, rope_theta)},
       {"model.norm_eps", Kind::number, 0, 1, "", {}, F(model, norm_eps)},
       {"model.tie_word_embeddings", Kind::boolean, 0, 0, "", Arch::llama, F(model, tie_word_embeddings)},
+      {"model.rope_scaling", Kind::object, 0, 0, "", Arch::llama,
+       [](Config& c, const json& v) { c.model.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); }},  // origin: parse_config
       enum_key("data.source", &Config::data, &DataConfig::source, kSources, data_source_name),
       {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
       {"data.seq_len", Kind::integer, 1, 1 << 26, "", {}, F(data, seq_len)},
@@ -99,6 +104,7 @@ const std::vector<Key>& schema() {
       {"train.checkpoint_dir", Kind::string, 0, 0, "", {}, F(train, checkpoint_dir)},
       {"train.checkpoint_every", Kind::integer, 0, kBig, "", {}, F(train, checkpoint_every)},
       {"train.keep_checkpoints", Kind::integer, 0, kBig, "", {}, F(train, keep_checkpoints)},
+      {"train.max_shard_mb", Kind::number, 1e-3, 1e9, "", {}, F(train, max_shard_mb)},
       {"train.save_timeout", Kind::number, 0.1, 86400, "", {}, F(train, save_timeout)},
       enum_key("runtime.device", &Config::runtime, &RuntimeConfig::device, kDevices, device_kind_name),
       enum_key("runtime.attention", &Config::runtime, &RuntimeConfig::attention, kAttention, attention_backend_name),
@@ -121,6 +127,7 @@ const char* kind_name(Kind k) {
     case Kind::number: return "a number";
     case Kind::boolean: return "true or false";
     case Kind::string: return "a string";
+    case Kind::object: return "an object or null";
   }
   return "";
 }
@@ -147,6 +154,9 @@ void check_value(const std::string& origin, const Key& k, const json& v) {
       break;
     case Kind::string:
       if (!v.is_string()) bad(str("expected ", kind_name(k.kind)));
+      break;
+    case Kind::object:
+      if (!v.is_object() && !v.is_null()) bad(str("expected ", kind_name(k.kind)));
       break;
   }
   if (k.kind == Kind::integer || k.kind == Kind::number) {
@@ -195,28 +205,145 @@ void apply_override(json& j, const std::string& origin, const std::string& ov) {
   section[key.substr(dot + 1)] = v;
 }
 
-}  // namespace
+// Edit distance with adjacent transpositions counting one ("stesp" → "steps"): optimal string
+// alignment over the full table (names are short).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
 
-Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin) {
-  if (!input.is_object()) throw UsageError(str(origin, ": expected a JSON object at the top level"));
-  json j = input;
-  for (const auto& ov : overrides) apply_override(j, origin, ov);
+// GPT-2 / Hugging Face names of our model keys (HF's GPT2Config and LlamaConfig spellings).
+const std::map<std::string, std::string>& model_aliases() {
+  static const std::map<std::string, std::string> a = {
+      {"n_embd", "hidden_size"},        {"d_model", "hidden_size"},          {"n_layer", "num_hidden_layers"},
+      {"num_layers", "num_hidden_layers"}, {"n_head", "num_attention_heads"}, {"num_heads", "num_attention_heads"},
+      {"n_positions", "max_position_embeddings"}, {"n_ctx", "max_position_embeddings"},
+      {"max_seq_len", "max_position_embeddings"}, {"n_inner", "intermediate_size"},
+      {"ffn_dim", "intermediate_size"}, {"layer_norm_epsilon", "norm_eps"}, {"layer_norm_eps", "norm_eps"},
+      {"rms_norm_eps", "norm_eps"},     {"model_type", "arch"},              {"num_kv_heads", "num_key_value_heads"},
+      {"n_kv_heads", "num_key_value_heads"}, {"n_vocab", "vocab_size"},      {"tie_embeddings", "tie_word_embeddings"},
+  };
+  return a;
+}
 
-  // Unknown sections and keys are named.
+// "'sec.key'" with a hint: an alias, a close spelling in its section, the same key in another
+// section, or where a Hugging Face key belongs.
+std::string describe_unknown(const std::string& section, const std::string& key, const std::set<std::string>& known,
+                             const std::set<std::string>& sections) {
+  const std::string full = key.empty() ? section : section + "." + key;
+  auto hint = [&](const std::string& s) { return str("'", full, "' (did you mean '", s, "'?)"); };
+  auto closest = [](const std::string& word, const std::vector<std::string>& options) {
+    std::string best;
+    size_t best_d = std::max<size_t>(1, word.size() / 3) + 1;
+    for (const auto& o : options) {
+      const size_t d = edit_distance(word, o);
+      if (d < best_d) best_d = d, best = o;
+    }
+    return best;
+  };
+  if (key.empty()) {
+    const std::string s = closest(section, {sections.begin(), sections.end()});
+    return s.empty() ? str("'", full, "'") : hint(s);
+  }
+  if (section == "model") {
+    auto a = model_aliases().find(key);
+    if (a != model_aliases().end()) return hint("model." + a->second);
+  }
+  std::vector<std::string> same_section, same_key;
+  for (const auto& k : known) {
+    const auto dot = k.find('.');
+    if (k.substr(0, dot) == section) same_section.push_back(k.substr(dot + 1));
+    if (k.substr(dot + 1) == key) same_key.push_back(k);
+  }
+  const std::string s = closest(key, same_section);
+  if (!s.empty()) return hint(section + "." + s);
+  if (!same_key.empty()) return hint(same_key.front());
+  if (section == "model")
+    return str("'", full, "' (a Hugging Face config.json key? read that file with \"model\": {\"from\": DIR})");
+  return str("'", full, "'");
+}
+
+// Every unknown section and key, named at once.
+void check_known_keys(const json& j, const std::string& origin) {
   std::set<std::string> known_sections, known_keys;
   for (const auto& k : schema()) {
     std::string p = k.path;
     known_sections.insert(p.substr(0, p.find('.')));
     known_keys.insert(p);
   }
+  known_keys.insert("model.from");
+  std::vector<std::string> unknown;
   for (auto& [section, body] : j.items()) {
-    if (!known_sections.count(section)) throw UsageError(str(origin, ": unknown key '", section, "'"));
+    if (!known_sections.count(section)) {
+      unknown.push_back(describe_unknown(section, "", known_keys, known_sections));
+      continue;
+    }
     if (!body.is_object()) throw UsageError(str(origin, ": '", section, "' must be an object"));
     for (auto& [key, v] : body.items())
-      if (!known_keys.count(section + "." + key)) throw UsageError(str(origin, ": unknown key '", section, ".", key, "'"));
+      if (!known_keys.count(section + "." + key))
+        unknown.push_back(describe_unknown(section, key, known_keys, known_sections));
   }
+  if (unknown.empty()) return;
+  std::string list;
+  for (const auto& u : unknown) list += str(list.empty() ? "" : ", ", u);
+  throw UsageError(str(origin, ": unknown key", unknown.size() > 1 ? "s " : " ", list));
+}
 
+// model.from: the directory's config.json (in HF keys) becomes the model section; a key written
+// beside `from` overrides the file's value.
+void expand_model_from(json& j, Config& c, const std::string& origin) {
+  if (!j.contains("model") || !j["model"].is_object() || !j["model"].contains("from")) return;
+  const json& from = j["model"]["from"];
+  if (!from.is_string() || from.get<std::string>().empty())
+    throw UsageError(str(origin, ": model.from = ", from.dump(), ": expected a Hugging Face model directory (a string)"));
+  const std::string dir = from.get<std::string>();
+  HfModelConfig hf;
+  try {
+    hf = read_hf_model_dir(dir);
+  } catch (const UsageError& e) {
+    throw UsageError(str(origin, ": model.from: ", e.what()));
+  }
+  json merged = hf.model;
+  for (auto& [k, v] : j["model"].items()) {
+    if (k == "from") continue;
+    if (merged.contains(k) && merged[k] != v)
+      c.notes.push_back(str("model.", k, " = ", v.dump(), " overrides ", dir, "/config.json (", merged[k].dump(), ")"));
+    merged[k] = v;
+  }
+  if (!hf.math_free.empty()) {
+    std::string keys;
+    for (const auto& k : hf.math_free) keys += str(keys.empty() ? "" : ", ", k);
+    c.notes.push_back(str("model.from ", dir, ": accepted Hugging Face keys that do not change the math: ", keys));
+  }
+  for (auto& w : hf.warnings) c.warnings.push_back(std::move(w));
+  c.model_from = dir;
+  j["model"] = merged;
+}
+
+}  // namespace
+
+Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin) {
+  if (!input.is_object()) throw UsageError(str(origin, ": expected a JSON object at the top level"));
   Config c;
+  json j = input;
+  if (is_hf_config(input)) {  // a bare Hugging Face config.json: its architecture, fresh weights
+    HfModelConfig hf = translate_hf_config(input, origin);
+    c.notes.push_back(str(origin, " is a Hugging Face config.json: training its architecture from freshly initialised "
+                          "weights (for its weights too, give \"model\": {\"from\": DIR} in a run config)"));
+    for (auto& w : hf.warnings) c.warnings.push_back(std::move(w));
+    j = json{{"model", hf.model}};
+  }
+  for (const auto& ov : overrides) apply_override(j, origin, ov);
+  expand_model_from(j, c, origin);
+  check_known_keys(j, origin);
+
   auto given = [&](const char* model_key) { return j.contains("model") && j["model"].contains(model_key); };
   if (given("arch")) {  // first: which keys apply depends on it
     check_value(origin, schema()[0], j["model"]["arch"]);
@@ -235,7 +362,11 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     }
     kv_given |= std::string(k.path) == "model.num_key_value_heads";
     // An integer written where a number is expected is fine; store it as double.
-    k.set(c, k.kind == Kind::number ? json(v.get<double>()) : v);
+    try {
+      k.set(c, k.kind == Kind::number ? json(v.get<double>()) : v);
+    } catch (const UsageError& e) {  // a setter that validates (model.rope_scaling)
+      throw UsageError(str(origin, ": ", e.what()));
+    }
   }
   auto& m = c.model;
   if (!kv_given) m.num_key_value_heads = m.num_attention_heads;
@@ -281,17 +412,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
 
   // The resolved config, every key present.
   json r;
-  r["model"] = {{"arch", arch_name(m.arch)},
-                {"vocab_size", m.vocab_size},
-                {"hidden_size", m.hidden_size},
-                {"num_hidden_layers", m.num_hidden_layers},
-                {"num_attention_heads", m.num_attention_heads},
-                {"num_key_value_heads", m.num_key_value_heads},
-                {"intermediate_size", m.intermediate_size},
-                {"max_position_embeddings", m.max_position_embeddings},
-                {"rope_theta", m.rope_theta},
-                {"norm_eps", m.norm_eps},
-                {"tie_word_embeddings", m.tie_word_embeddings}};
+  r["model"] = model_json(m);
   r["data"] = {{"source", data_source_name(c.data.source)}, {"path", c.data.path}, {"seq_len", c.data.seq_len},
                {"batch_size", c.data.batch_size}};
   const auto& t = c.train;
@@ -302,6 +423,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"grad_clip", t.grad_clip}, {"seed", t.seed},
                 {"log_every", t.log_every}, {"checkpoint_dir", t.checkpoint_dir},
                 {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints},
+                {"max_shard_mb", t.max_shard_mb},
                 {"save_timeout", t.save_timeout}};
   r["runtime"] = {{"device", device_kind_name(c.runtime.device)},
                   {"attention", attention_backend_name(c.runtime.attention)},

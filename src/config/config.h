@@ -40,6 +40,9 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int64_t keep_checkpoints = 3;  // newest step_* directories kept under checkpoint_dir (0 = all)
+  // A checkpoint's model weights above this many MB (10^6 bytes) are sharded, like save_pretrained's
+  // max_shard_size (its default, "5GB").
+  double max_shard_mb = 5000;
   // Seconds a preempted run (SIGTERM, SIGINT, SIGUSR1) has to finish its step and save (train/preempt.h).
   double save_timeout = 60;
 };
@@ -79,10 +82,15 @@ struct Config {
   SequenceParallelConfig sequence_parallel;
   ZeroConfig zero_optimization;
   nlohmann::json resolved;  // every key with its value after defaults and overrides
-  std::vector<std::string> warnings;  // keys that do not apply to the chosen arch
+  std::vector<std::string> warnings;  // keys that do not apply to the chosen arch, dropout not applied
+  std::vector<std::string> notes;     // for the log: model.from's accepted keys and overrides
+  // model.from: the Hugging Face model directory the architecture came from, whose weights start
+  // the run unless --init-from or --resume say otherwise ("" = none).
+  std::string model_from;
 };
 
-// Parse and validate. `overrides` are "key.path=value" strings (--set); a value is read as JSON
+// Parse and validate. `j` may also be a bare Hugging Face config.json (models/hf_config.h): its
+// architecture with freshly initialised weights, as transformers' from_config. `overrides` are "key.path=value" strings (--set); a value is read as JSON
 // when it parses (numbers, true/false), otherwise as a string. `origin` names the source in errors.
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {},
                     const std::string& origin = "config");

@@ -9,6 +9,25 @@
 
 #include "engine/dispatch.h"
 #include "kernels/cpu/elementwise.h"  // the Binary, Unary and UnaryGrad kinds the templates take
+#include "kernels/cpu/rope.h"         // RopeScaling
+
+namespace autosp {
+// A rope node's rope_scaling attributes (Builder::rope; none when absent) for either device's kernel.
+inline cpu::RopeScaling rope_scaling_of(const Node& n) {
+  cpu::RopeScaling s;
+  if (!n.attrs().has("rope_type")) return s;
+  const std::string& type = n.attrs().s("rope_type");
+  AUTOSP_ASSERT(type == "linear" || type == "llama3", "rope_type ", type);
+  s.kind = type == "linear" ? cpu::RopeScaling::linear : cpu::RopeScaling::llama3;
+  s.factor = n.attrs().f("factor");
+  if (s.kind == cpu::RopeScaling::llama3) {
+    s.low_freq_factor = n.attrs().f("low_freq_factor");
+    s.high_freq_factor = n.attrs().f("high_freq_factor");
+    s.original_max_position_embeddings = n.attrs().f("original_max_position_embeddings");
+  }
+  return s;
+}
+}  // namespace autosp
 
 // clang-format off
 #define AUTOSP_DECLARE_LAUNCHERS                                                         \

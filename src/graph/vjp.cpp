@@ -103,7 +103,9 @@ void rmsnorm(VjpContext& c) {
 }
 void softmax(VjpContext& c) { c.input_grads[0] = c.b.softmax_backward(c.grad, c.node, "dx"); }
 void rope(VjpContext& c) {
-  c.input_grads[0] = c.b.rope_backward(c.grad, c.in(1), c.node->attrs().f("theta"), "dx");
+  Node* dx = c.b.rope_backward(c.grad, c.in(1), c.node->attrs().f("theta"), "dx");
+  for (const auto& [k, v] : c.node->attrs().map()) dx->attrs().set(k, v);  // rope_scaling, when present
+  c.input_grads[0] = dx;
 }
 
 // o = sdpa(q, k, v): the backward recomputes probabilities from the forward's saved log-sum-exp

@@ -94,6 +94,20 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt) {
   return g;
 }
 
+// rope_scaling as attributes of a rope node (read back by engine/launchers.h rope_scaling_of); an
+// unscaled rope carries none, so its IR text is unchanged.
+Node* with_rope_scaling(Node* rope, const RopeScalingConfig& s) {
+  if (s.rope_type.empty()) return rope;
+  rope->attrs().set("rope_type", s.rope_type);
+  rope->attrs().set("factor", s.factor);
+  if (s.rope_type == "llama3") {
+    rope->attrs().set("low_freq_factor", s.low_freq_factor);
+    rope->attrs().set("high_freq_factor", s.high_freq_factor);
+    rope->attrs().set("original_max_position_embeddings", static_cast<double>(s.original_max_position_embeddings));
+  }
+  return rope;
+}
+
 std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
@@ -119,8 +133,8 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt) {
     Node* q = to_heads(b, linear(a, h + "self_attn.q_proj", N * D, C, "q_proj"), N, D, "q");
     Node* k = to_heads(b, linear(a, h + "self_attn.k_proj", Nkv * D, C, "k_proj"), Nkv, D, "k");
     Node* v = to_heads(b, linear(a, h + "self_attn.v_proj", Nkv * D, C, "v_proj"), Nkv, D, "v");
-    q = b.rope(q, in.pos, m.rope_theta, "q_rope");
-    k = b.rope(k, in.pos, m.rope_theta, "k_rope");
+    q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m.rope_scaling);
+    k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m.rope_scaling);
     Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn");
     Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, "o_proj");
     x = b.add(x, proj, "res1");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace autosp {
@@ -22,6 +23,15 @@ inline std::string_view arch_name(Arch a) {
   return "unknown arch";
 }
 
+// Hugging Face's rope_scaling (Llama): rope_type "" (none), "linear" or "llama3"; the math is in
+// kernels/cpu/rope.h (RopeScaling), the JSON form in models/hf_config.h.
+struct RopeScalingConfig {
+  std::string rope_type;  // "" = none
+  double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_max_position_embeddings = 8192;
+  bool operator==(const RopeScalingConfig&) const = default;
+};
+
 struct ModelConfig {
   Arch arch = Arch::gpt2;
   int64_t vocab_size = 256, hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 4;
@@ -29,6 +39,7 @@ struct ModelConfig {
   int64_t intermediate_size = 512;  // llama; GPT-2's MLP width is 4·hidden_size
   int64_t max_position_embeddings = 1024;
   double rope_theta = 10000.0;
+  RopeScalingConfig rope_scaling;  // llama
   double norm_eps = 1e-5;
   bool tie_word_embeddings = true;  // GPT-2 always ties
 

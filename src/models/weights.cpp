@@ -1,15 +1,38 @@
-// Safetensors ↔ ParamMap with Hugging Face names.
+// Safetensors ↔ ParamMap with Hugging Face names: single files, shards with their index, model
+// directories.
 #include "models/weights.h"
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
+#include "models/hf_config.h"
 #include "tensor/safetensors.h"
 
 namespace autosp {
 namespace {
 
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kSingleName = "model.safetensors";
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The head of a tied model, which files may carry (a copy of the embedding) or leave out.
+std::string tied_head(const ModelConfig& m) {
+  switch (m.arch) {
+    case Arch::gpt2: return "transformer.wte.weight";
+    case Arch::llama: return m.tie_word_embeddings ? "model.embed_tokens.weight" : "";
+  }
+  return "";
 }
 
 // Map a name found in the file to our canonical name; "" = a buffer to ignore.
@@ -17,7 +40,7 @@ std::string canonical_name(const std::string& name, const ModelConfig& m) {
   switch (m.arch) {
     case Arch::gpt2:
       if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return "";
-      if (name == "lm_head.weight") return "";  // GPT-2 ties the head to wte
+      if (name == "lm_head.weight") return name;  // checked against wte below
       if (name.rfind("transformer.", 0) == 0) return name;
       return "transformer." + name;
     case Arch::llama: return name;
@@ -33,16 +56,111 @@ void check_finite(const std::string& path, const std::string& name, const Tensor
   throw UsageError(str(path, ": tensor '", name, "' holds a non-finite value (", v, ") at index ", i));
 }
 
+bool equal_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  const Tensor x = a.to(DType::f64), y = b.to(DType::f64);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if (x.data<double>()[i] != y.data<double>()[i]) return false;
+  return true;
+}
+
+// The first bytes of a file that is not safetensors, named: a PyTorch pickle or a JSON file.
+void refuse_other_formats(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char head[4] = {};
+  f.read(head, 4);
+  const bool zip = head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4;
+  const bool pickle = static_cast<unsigned char>(head[0]) == 0x80 && head[1] >= 2 && head[1] <= 5;
+  if (zip || pickle)
+    throw UsageError(str(path, ": a PyTorch pickle (torch.save ", zip ? "zip" : "legacy",
+                         " format, like pytorch_model.bin), not safetensors: autosp does not unpickle; convert "
+                         "it with transformers' save_pretrained(dir, safe_serialization=True)"));
+  if (head[0] == '{')
+    throw UsageError(str(path, ": a JSON file, not safetensors (a config.json? pass the model directory or its ",
+                         kIndexName, ")"));
+}
+
+SafetensorsFile load_file(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) refuse_other_formats(path);
+  return load_safetensors(path);
+}
+
+json read_index(const std::string& path) {
+  const json j = read_json_file(path, uint64_t{64} << 20);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw UsageError(str(path, ": not a safetensors index (no \"weight_map\" object)"));
+  return j;
+}
+
+// The tensors of a sharded set: each shard named by the index is read once, and must hold exactly
+// the tensors the index maps to it.
+SafetensorsFile load_sharded(const std::string& index_path) {
+  const json index = read_index(index_path);
+  const fs::path dir = fs::path(index_path).parent_path();
+  std::map<std::string, std::set<std::string>> by_shard;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    if (!it->is_string()) throw UsageError(str(index_path, ": weight_map['", it.key(), "'] is not a file name"));
+    const std::string shard = it->get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
+      throw UsageError(str(index_path, ": weight_map['", it.key(), "'] = \"", shard,
+                           "\": expected a file name in the index's directory"));
+    by_shard[shard].insert(it.key());
+  }
+  if (by_shard.empty()) throw UsageError(str(index_path, ": weight_map is empty"));
+  SafetensorsFile out;
+  for (const auto& [shard, names] : by_shard) {
+    const std::string path = (dir / shard).string();
+    SafetensorsFile f = load_file(path);
+    for (auto& [name, t] : f.tensors) {
+      if (!names.count(name))
+        throw UsageError(str(path, ": tensor '", name, "' is not mapped to this shard by ", index_path));
+      out.tensors.emplace(name, std::move(t));
+    }
+    for (const auto& name : names)
+      if (!out.tensors.count(name))
+        throw UsageError(str(path, ": has no tensor '", name, "', which ", index_path, " maps to it"));
+  }
+  return out;
+}
+
+// What `path` names, read: a directory (its index or its single file), an index, or a file.
+SafetensorsFile load_any(const std::string& path, const ModelConfig& m, bool check_config) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (check_config) check_hf_dir_matches(path, m);
+    const fs::path d(path);
+    if (fs::exists(d / kIndexName, ec)) return load_sharded((d / kIndexName).string());
+    if (fs::exists(d / kSingleName, ec)) return load_file((d / kSingleName).string());
+    for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json"})
+      if (fs::exists(d / pickle, ec))
+        throw UsageError(str(path, ": holds PyTorch pickle weights (", pickle, "), not safetensors: convert them with "
+                             "transformers' save_pretrained(dir, safe_serialization=True)"));
+    throw UsageError(str(path, ": holds neither ", kSingleName, " nor ", kIndexName));
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  if (check_config && fs::exists(parent / "config.json", ec) && (ends_with(path, ".safetensors") || ends_with(path, ".index.json")))
+    check_hf_dir_matches(parent.empty() ? "." : parent.string(), m);
+  if (ends_with(path, ".index.json")) return load_sharded(path);
+  return load_file(path);
+}
+
 }  // namespace
 
-ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype) {
-  SafetensorsFile file = load_safetensors(path);
+ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype, bool check_dir_config) {
+  SafetensorsFile file = load_any(path, m, check_dir_config);
   std::map<std::string, Shape> expected;
   for (const auto& s : param_specs(m)) expected[s.name] = s.shape;
+  const std::string head = tied_head(m);
   ParamMap out;
+  std::optional<Tensor> file_head;  // a tied model's lm_head.weight, when the file has one
   for (auto& [name, t] : file.tensors) {
     std::string c = canonical_name(name, m);
     if (c.empty()) continue;
+    if (c == "lm_head.weight" && !head.empty()) {
+      file_head = t;
+      continue;
+    }
     auto it = expected.find(c);
     if (it == expected.end())
       throw UsageError(str(path, ": tensor '", name, "' is not a parameter of this ", arch_name(m.arch), " model"));
@@ -56,10 +174,60 @@ ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype
     check_finite(path, name, out[c]);
   }
   for (const auto& [name, shape] : expected)
-    if (!out.count(name)) throw UsageError(str(path, ": missing tensor '", name, "' ", shape_str(shape)));
+    if (!out.count(name)) {
+      if (name == "lm_head.weight")
+        throw UsageError(str(path, ": missing tensor 'lm_head.weight' ", shape_str(shape),
+                             ": if this model ties its head to model.embed_tokens, set model.tie_word_embeddings true"));
+      throw UsageError(str(path, ": missing tensor '", name, "' ", shape_str(shape)));
+    }
+  // A tied model computes logits with the embedding: a different lm_head in the file would be lost.
+  if (file_head && !equal_values(*file_head, file.tensors.count(head) ? file.tensors.at(head) : out.at(head)))
+    throw UsageError(str(path, ": tensor 'lm_head.weight' differs from '", head, "', but the model ties them (",
+                         m.arch == Arch::gpt2 ? "GPT-2 always ties its head: tie_word_embeddings must be true)"
+                                              : "model.tie_word_embeddings true): set model.tie_word_embeddings false"));
   return out;
 }
 
-void save_weights(const std::string& path, const ParamMap& params) { save_safetensors(path, params); }
+void save_weights(const std::string& path, const ParamMap& params) {
+  save_safetensors(path, params, {{"format", "pt"}});
+}
+
+std::vector<std::string> save_hf_weights(const std::string& dir, const ParamMap& params, uint64_t max_shard_bytes) {
+  // Shards in name order, each closed before the tensor that would take it past the limit
+  // (transformers' split_torch_state_dict_into_shards, which also never splits a tensor).
+  std::vector<ParamMap> shards(1);
+  uint64_t size = 0, total = 0;
+  for (const auto& [name, t] : params) {
+    const uint64_t n = static_cast<uint64_t>(t.nbytes());
+    if (!shards.back().empty() && size + n > max_shard_bytes) {
+      shards.emplace_back();
+      size = 0;
+    }
+    shards.back()[name] = t;
+    size += n;
+    total += n;
+  }
+  const fs::path d(dir);
+  if (shards.size() == 1) {
+    save_weights((d / kSingleName).string(), params);
+    return {kSingleName};
+  }
+  std::vector<std::string> files;
+  json weight_map = json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    save_weights((d / name).string(), shards[i]);
+    files.push_back(name);
+    for (const auto& [tensor, t] : shards[i]) weight_map[tensor] = name;
+  }
+  const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  const std::string index_path = (d / kIndexName).string();
+  std::ofstream f(index_path);
+  f << index.dump(2) << "\n";
+  if (!f.flush()) throw RuntimeFailure(str(index_path, ": write failed"));
+  files.push_back(kIndexName);
+  return files;
+}
 
 }  // namespace autosp

@@ -20,6 +20,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "models/hf_config.h"
 #include "models/weights.h"
 #include "tensor/safetensors.h"
 
@@ -29,7 +30,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kFormat = 2;  // 2: meta.json carries the files' sizes and CRC-32C
-constexpr const char* kDataFiles[] = {"model.safetensors", "optimizer.safetensors"};
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+// The model's weights: one of these is among the files of every checkpoint (models/weights.h).
+constexpr const char* kWeightFiles[] = {"model.safetensors", "model.safetensors.index.json"};
 constexpr uint64_t kMaxMetaBytes = uint64_t{64} << 20;
 
 // ---- CRC-32C, slicing by 8 ----------------------------------------------------------------------
@@ -166,7 +169,12 @@ fs::path resolve(const std::string& path) {
   if (fs::exists(p / "meta.json", ec)) return p;
   recover_dead_writers(path);
   auto all = list_step_dirs(p);
-  if (all.empty()) throw UsageError(str(path, ": holds no checkpoint (no meta.json, no step_* directory)"));
+  if (all.empty()) {
+    if (fs::exists(p / "config.json", ec))
+      throw UsageError(str(path, ": a Hugging Face model directory, not a checkpoint (no meta.json): start from it "
+                           "with --init-from or \"model\": {\"from\": DIR}"));
+    throw UsageError(str(path, ": holds no checkpoint (no meta.json, no step_* directory)"));
+  }
   if (!fs::exists(all.front().second / "meta.json", ec))
     throw UsageError(str(all.front().second.string(), ": the newest checkpoint has no meta.json (damaged or not "
                          "written by autosp); move it away, or --resume an older step_* directory explicitly"));
@@ -191,12 +199,23 @@ std::string read_small_file(const std::string& path, uint64_t limit) {
   return ss.str();
 }
 
-// Compare each data file with the size and CRC-32C meta.json records for it.
+// Compare each data file with the size and CRC-32C meta.json records for it: every file it lists
+// (the weights, their shards and index, config.json, the optimizer state), which must include the
+// optimizer state and the weights.
 void verify_files(const fs::path& dir, const nlohmann::json& meta, const std::string& meta_path) {
   if (!meta.contains("files") || !meta["files"].is_object()) throw UsageError(str(meta_path, ": no 'files' checksums"));
-  for (const char* name : kDataFiles) {
+  const nlohmann::json& files = meta["files"];
+  if (!files.contains(kOptimizerFile))
+    throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", kOptimizerFile));
+  if (!files.contains(kWeightFiles[0]) && !files.contains(kWeightFiles[1]))
+    throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", kWeightFiles[0], " or ",
+                         kWeightFiles[1]));
+  for (auto it = files.begin(); it != files.end(); ++it) {
+    const std::string name = it.key();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      throw UsageError(str(meta_path, ": 'files' names '", name, "', not a file of the checkpoint directory"));
     const std::string path = (dir / name).string();
-    const nlohmann::json& f = meta["files"].contains(name) ? meta["files"][name] : nlohmann::json();
+    const nlohmann::json& f = *it;
     if (!f.is_object() || !f.contains("bytes") || !f["bytes"].is_number_unsigned() || !f.contains("crc32c") ||
         !f["crc32c"].is_string())
       throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", name));
@@ -258,15 +277,41 @@ uint32_t crc32c_file(const std::string& path, uint64_t* size) {
 
 namespace {
 
+// The weights as a Hugging Face model directory (config.json in HF keys, model.safetensors or
+// shards with their index; models/weights.h), then the optimizer state.
+std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& params,
+                                           const std::map<std::string, Tensor>& moments,
+                                           const nlohmann::json& resolved_config) {
+  const nlohmann::json shard = resolved_config.contains("train") && resolved_config["train"].is_object() &&
+                                       resolved_config["train"].contains("max_shard_mb")
+                                   ? resolved_config["train"]["max_shard_mb"]
+                                   : nlohmann::json();
+  const double shard_mb = shard.is_number() ? shard.get<double>() : 5000.0;  // train.max_shard_mb
+  std::vector<std::string> names =
+      save_hf_weights(tmp.string(), params, static_cast<uint64_t>(shard_mb * 1e6));
+  for (const std::string& name : names) fsync_path(tmp / name);  // the index is written without one
+  if (resolved_config.contains("model") && resolved_config["model"].is_object() && !params.empty()) {
+    const std::string path = (tmp / "config.json").string();
+    std::ofstream f(path);
+    f << hf_config_json(resolved_config["model"], params.begin()->second.dtype()).dump(2) << "\n";
+    if (!f.flush()) throw RuntimeFailure(str(path, ": write failed"));
+    f.close();
+    fsync_path(path);
+    names.push_back("config.json");
+  }
+  save_safetensors((tmp / kOptimizerFile).string(), moments);
+  names.push_back(kOptimizerFile);
+  return names;
+}
+
 void write_files(const fs::path& tmp, const ParamMap& params, const std::map<std::string, Tensor>& moments,
                  const AdamW& opt, const nlohmann::json& resolved_config, int64_t step,
                  const std::function<void(const char*)>& at) {
-  save_weights((tmp / "model.safetensors").string(), params);
-  save_safetensors((tmp / "optimizer.safetensors").string(), moments);
+  const std::vector<std::string> names = write_model_files(tmp, params, moments, resolved_config);
   at("files");
   // Checksums of what is on disk (read back), so a load sees exactly the bytes written here.
   nlohmann::json files = nlohmann::json::object();
-  for (const char* name : kDataFiles) {
+  for (const std::string& name : names) {
     uint64_t size = 0;
     const uint32_t crc = crc32c_file((tmp / name).string(), &size);
     files[name] = {{"bytes", size}, {"crc32c", hex32(crc)}};
@@ -467,9 +512,9 @@ Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dty
   Checkpoint ck;
   ck.meta = meta;
   ck.step = meta["step"].get<int64_t>();
-  ck.params = load_weights((dir / "model.safetensors").string(), cfg.model, dtype);
-  SafetensorsFile opt = load_safetensors((dir / "optimizer.safetensors").string());
-  const std::string opt_path = (dir / "optimizer.safetensors").string();
+  ck.params = load_weights(dir.string(), cfg.model, dtype);
+  const std::string opt_path = (dir / kOptimizerFile).string();
+  SafetensorsFile opt = load_safetensors(opt_path);
   for (const auto& [name, p] : ck.params)
     for (const char* kind : {"exp_avg.", "exp_avg_sq."}) {
       auto it = opt.tensors.find(kind + name);

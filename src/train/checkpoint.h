@@ -1,13 +1,15 @@
-// Checkpoints: <root>/step_<NNNNNNNN>/ holding model.safetensors (Hugging Face names),
+// Checkpoints: <root>/step_<NNNNNNNN>/ is a Hugging Face model directory — config.json in HF keys
+// and model.safetensors ({"format": "pt"}), or model-0000i-of-0000n.safetensors shards and
+// model.safetensors.index.json above train.max_shard_mb — so from_pretrained(step_N) loads it, plus
 // optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>) and meta.json (format, step, the
-// resolved config, data position, and the size and CRC-32C of both safetensors files).
+// resolved config, data position, and the size and CRC-32C of every other file).
 //
 // A checkpoint directory is written under a temporary name, fsynced and renamed into place (a
 // re-save of the same step exchanges the two directories in one rename), so a crash at any point
 // leaves step_N complete, old or new, never missing or partial; the newest `keep_last` are kept,
 // older ones removed (renamed away first, so a crash while removing leaves no partial step_*
-// directory). A dead writer's leftovers are cleaned before a write, not after. Loading verifies the checksums before reading anything, then validates
-// everything against the run's config: a mismatch or a corrupt file is a UsageError naming the file.
+// directory). A dead writer's leftovers are cleaned before a write, not after. Loading verifies the
+// checksums before reading anything, then validates everything against the run's config: a mismatch or a corrupt file is a UsageError naming the file.
 #pragma once
 
 #include <cstdint>

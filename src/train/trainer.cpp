@@ -130,8 +130,14 @@ StartState start_state(const Config& cfg, const TrainArgs& args, DType master, b
     s.step = ck.step;
     if (lead) spdlog::info("resumed from {} at step {}", args.resume, s.step);
   } else {
-    s.params = args.init_from.empty() ? init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master)
-                                      : load_weights(args.init_from, cfg.model, master);
+    if (!args.init_from.empty()) {
+      s.params = load_weights(args.init_from, cfg.model, master);
+    } else if (!cfg.model_from.empty()) {  // model.from: the directory's weights (its config made cfg.model)
+      s.params = load_weights(cfg.model_from, cfg.model, master, /*check_dir_config=*/false);
+      if (lead) spdlog::info("weights from {} (model.from)", cfg.model_from);
+    } else {
+      s.params = init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master);
+    }
     s.opt.init(s.params);
   }
   return s;

@@ -69,8 +69,32 @@ write("missing.safetensors", st({"model.norm.weight": norm()}, f32(32)))
 write("wrong_shape.safetensors", st({"model.norm.weight": norm(shape=[4, 8])}, f32(32)))
 write("int_dtype.safetensors", st({"model.norm.weight": norm(dtype="I32")}, f32(32)))
 write("nan.safetensors", st({"model.norm.weight": norm()}, struct.pack("<32f", *([1.0] * 7 + [float("nan")] + [1.0] * 24))))
+# Hugging Face directories and the files beside safetensors (model.from, --init-from)
+write("pickle.bin", b"PK\x03\x04" + bytes(60))              # torch.save's zip format
+write("pickle_legacy.bin", b"\x80\x02\x8a\x0a" + bytes(60))   # a protocol-2 pickle
+write("escape.index.json", json.dumps({"weight_map": {"model.norm.weight": "../good.safetensors"}}).encode())
+write("noshard.index.json", json.dumps({"weight_map": {"model.norm.weight": "absent.safetensors"}}).encode())
+write("nomap.index.json", b'{"metadata": {}}')
+write("a_config.json", b'{"model_type": "llama"}')
+llama = {"model_type": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 48}  # cfg.json's model
+def hfdir(name, config, files=()):
+    os.makedirs(os.path.join(d, name), exist_ok=True)
+    write(os.path.join(name, "config.json"), config if isinstance(config, bytes) else json.dumps(config).encode())
+    for f in files:
+        write(os.path.join(name, f), b"PK\x03\x04" + bytes(60))
+hfdir("hf_garbled", b'{"model_type": ')
+hfdir("hf_bert", {"model_type": "bert"})
+hfdir("hf_unsupported", dict(llama, attention_bias=True, sliding_window=4096, hidden_act="gelu"))
+hfdir("hf_yarn", dict(llama, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+hfdir("hf_unknown", dict(llama, n_experts=8))
+hfdir("hf_heads", dict(llama, num_attention_heads=8, num_key_value_heads=8))
+hfdir("hf_pickle", llama, files=["pytorch_model.bin"])
+hfdir("hf_noweights", llama)
+write("hf_as_config.json", json.dumps(dict(llama, qkv_bias=True)).encode())
 PY
-mkfifo "$tmp/fifo"
+mkfifo "$tmp/fifo" "$tmp/fifo.index.json"
+mkdir -p "$tmp/hf_fifo" && mkfifo "$tmp/hf_fifo/config.json"
 mkdir -p "$tmp/adir" "$tmp/emptyckpt"
 "$bin" --config "$tmp/cfg.json" --set "train.checkpoint_dir=$tmp/ck" --quiet 2>"$tmp/ck.log" ||
   { echo "FAIL: could not write the checkpoint the rows corrupt: $(tail -3 "$tmp/ck.log")"; exit 1; }
@@ -212,6 +236,32 @@ row "'model.norm.weight' has shape \[4, 8\], the model expects \[32\]" "${c[@]}"
 row "'model.norm.weight' is i32, expected a float dtype" "${c[@]}" --init-from "$tmp/int_dtype.safetensors"
 row "nan.safetensors: tensor 'model.norm.weight' holds a non-finite value (nan) at index 7" "${c[@]}" --init-from "$tmp/nan.safetensors"
 row 'fifo: not a regular file' "${c[@]}" --init-from "$tmp/fifo"
+# Hugging Face formats (--init-from, model.from, an HF config.json as --config)
+row 'pickle.bin: a PyTorch pickle (torch.save zip format' "${c[@]}" --init-from "$tmp/pickle.bin"
+row 'pickle_legacy.bin: a PyTorch pickle' "${c[@]}" --init-from "$tmp/pickle_legacy.bin"
+row 'a_config.json: a JSON file, not safetensors' "${c[@]}" --init-from "$tmp/a_config.json"
+row "escape.index.json: weight_map\['model.norm.weight'\] = \"../good.safetensors\": expected a file name" "${c[@]}" --init-from "$tmp/escape.index.json"
+row 'absent.safetensors: cannot open' "${c[@]}" --init-from "$tmp/noshard.index.json"
+row 'fifo.index.json: not a regular file' "${c[@]}" --init-from "$tmp/fifo.index.json"
+row 'hf_fifo/config.json: not a regular file' "${c[@]}" --set "model.from=$tmp/hf_fifo"
+row 'nomap.index.json: not a safetensors index' "${c[@]}" --init-from "$tmp/nomap.index.json"
+row 'hf_pickle: holds PyTorch pickle weights (pytorch_model.bin)' "${c[@]}" --init-from "$tmp/hf_pickle"
+row 'hf_noweights: holds neither model.safetensors nor model.safetensors.index.json' "${c[@]}" --init-from "$tmp/hf_noweights"
+row "hf_heads/config.json: num_attention_heads is 8 but this run's model.num_attention_heads is 4" "${c[@]}" --init-from "$tmp/hf_heads"
+row 'hf_noweights: a Hugging Face model directory, not a checkpoint' "${c[@]}" --resume "$tmp/hf_noweights"
+row 'nothere: not a directory (model.from' "${c[@]}" --set "model.from=$tmp/nothere"
+row 'model.from = 3: expected a Hugging Face model directory' "${c[@]}" --set model.from=3
+row 'hf_garbled/config.json: not valid JSON' "${c[@]}" --set "model.from=$tmp/hf_garbled"
+row 'model_type "bert" is not supported' "${c[@]}" --set "model.from=$tmp/hf_bert"
+row 'hidden_act = "gelu" is not supported.*attention_bias = true is not supported.*sliding_window = 4096 is not supported' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
+row 'rope_type "yarn" is not supported' "${c[@]}" --set "model.from=$tmp/hf_yarn"
+row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
+row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
+row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"
+row "unknown keys 'model.n_embd' (did you mean 'model.hidden_size'?), 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
+row "model.rope_scaling = 3: expected an object or null" "${c[@]}" --set model.rope_scaling=3
+row 'model.rope_scaling: rope_type "llama3" needs "factor"' "${c[@]}" --set 'model.rope_scaling={"rope_type":"llama3"}'  # (--set splits at commas)
+row "train.max_shard_mb" "${c[@]}" --set train.max_shard_mb=0
 # checkpoint directories (--resume)
 row 'nowhere: no such checkpoint directory' "${c[@]}" --resume "$tmp/nowhere"
 row 'emptyckpt: holds no checkpoint' "${c[@]}" --resume "$tmp/emptyckpt"

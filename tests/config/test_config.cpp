@@ -146,6 +146,16 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({})", {"train/lr=1"}, "expected section.key"},
       {R"({})", {"x.9999999999999=1"}, "unknown key 'x'"},  // not an array index (fuzzer find)
       {R"({"train": 3})", {"train.lr=1"}, "'train' must be an object"},
+      {R"({"model": {"from": 3}})", {}, "model.from = 3: expected a Hugging Face model directory"},
+      {R"({"model": {"from": ""}})", {}, "model.from = \"\""},
+      {R"({"model": {"from": "/nonexistent/autosp-hf"}})", {}, "not a directory (model.from"},
+      {R"({"model": {"arch": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 2}}})", {}, "rope_type \"yarn\""},
+      {R"({"model": {"arch": "llama", "rope_scaling": [1]}})", {}, "model.rope_scaling"},
+      {R"({"model": {"arch": "llama", "rope_scaling": {"rope_type": "linear"}}})", {}, "needs \"factor\""},
+      {R"({"train": {"max_shard_mb": 0}})", {}, "train.max_shard_mb"},
+      {R"({"train": {"max_shard_mb": "5GB"}})", {}, "train.max_shard_mb"},
+      {R"({"model": {"n_embd": 4}})", {}, "did you mean 'model.hidden_size'"},
+      {R"({"model_type": "gpt2", "n_embd": 32, "attention_bias": true})", {}, "unknown key 'attention_bias'"},
       {R"({})", {"train.lr=" + std::string(40, '[') + std::string(40, ']')}, "train.lr"},
   };
   for (const auto& t : table) {

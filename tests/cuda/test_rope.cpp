@@ -35,3 +35,25 @@ TEMPLATE_TEST_CASE("cuda rope matches the CPU", "[cuda][rope]", float, double, c
     check_against<T>(dy.download(), y);
   }
 }
+
+TEMPLATE_TEST_CASE("cuda rope with rope_scaling matches the CPU", "[cuda][rope]", float, double, cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  const int64_t B = 2, N = 4, S = 64, D = 128;
+  std::vector<int64_t> pos(size_t(B * S));
+  for (int64_t i = 0; i < B * S; ++i) pos[size_t(i)] = 7919 * i % 20000;
+  const auto x = values<T>(naive::random_normal(B * N * S * D, 470));
+  Dev<T> dx(x), dy(static_cast<size_t>(B * N * S * D));
+  Dev<int64_t> dpos(pos);
+  std::vector<H> y(static_cast<size_t>(B * N * S * D));
+  for (const cpu::RopeScaling s : {cpu::RopeScaling{cpu::RopeScaling::llama3, 8, 1, 4, 8192},
+                                   cpu::RopeScaling{cpu::RopeScaling::linear, 4}}) {
+    INFO("kind " << int(s.kind));
+    cpu::rope_forward<H>(x.data(), pos.data(), y.data(), B, N, S, D, 500000.0, s);
+    cuda::rope_forward<T>(dx.get(), dpos.get(), dy.get(), B, N, S, D, 500000.0, nullptr, s);
+    check_against<T>(dy.download(), y);
+    cpu::rope_backward<H>(x.data(), pos.data(), y.data(), B, N, S, D, 500000.0, s);
+    cuda::rope_backward<T>(dx.get(), dpos.get(), dy.get(), B, N, S, D, 500000.0, nullptr, s);
+    check_against<T>(dy.download(), y);
+  }
+}

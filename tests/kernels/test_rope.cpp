@@ -140,3 +140,89 @@ TEST_CASE("rope_backward<float> follows PyTorch autograd's float32 operation ord
         REQUIRE(dx[row + size_t(i + D / 2)] == hi + hi_rot);
       }
 }
+
+// ---- rope_scaling (Hugging Face's linear and llama3) ------------------------------------------
+
+namespace {
+
+// transformers 4.44 _compute_llama3_parameters, transcribed to plain double loops.
+std::vector<double> llama3_inv_freq(int64_t D, double theta, double factor, double low, double high, double old_len) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < D; i += 2) {
+    const double f = 1.0 / std::pow(theta, double(i) / double(D));
+    const double wavelen = 2 * M_PI / f;
+    if (wavelen < old_len / high) {
+      out.push_back(f);
+    } else if (wavelen > old_len / low) {
+      out.push_back(f / factor);
+    } else {
+      const double smooth = (old_len / wavelen - low) / (high - low);
+      out.push_back((1 - smooth) * f / factor + smooth * f);
+    }
+  }
+  return out;
+}
+
+// y = x·cos(p·f) + rotate_half(x)·sin(p·f) with the given inv_freq f, in double.
+std::vector<double> rope_with(const std::vector<double>& x, const std::vector<int64_t>& pos, int64_t B, int64_t N,
+                              int64_t S, int64_t D, const std::vector<double>& inv_freq) {
+  std::vector<double> y(x.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const double a = double(pos[size_t(b * S + s)]) * inv_freq[size_t(i)];
+          const size_t row = size_t(((b * N + n) * S + s) * D);
+          const double lo = x[row + size_t(i)], hi = x[row + size_t(i + D / 2)];
+          y[row + size_t(i)] = lo * std::cos(a) - hi * std::sin(a);
+          y[row + size_t(i + D / 2)] = hi * std::cos(a) + lo * std::sin(a);
+        }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("rope_inv_freq with llama3 scaling follows transformers' formula", "[kernels][rope][rope_scaling]") {
+  // Llama 3.1's setting (factor 8, 1, 4, 8192) at D 128, and a small one where every band occurs.
+  struct Case {
+    int64_t D;
+    double theta, factor, low, high, old_len;
+  };
+  for (const Case c : {Case{128, 500000.0, 8, 1, 4, 8192}, Case{8, 100.0, 8, 1, 4, 32}, Case{16, 10000.0, 4, 2, 8, 64}}) {
+    INFO("D " << c.D << " theta " << c.theta << " original " << c.old_len);
+    cpu::RopeScaling s{cpu::RopeScaling::llama3, c.factor, c.low, c.high, c.old_len};
+    const auto want = llama3_inv_freq(c.D, c.theta, c.factor, c.low, c.high, c.old_len);
+    std::vector<double> got(size_t(c.D / 2));
+    std::vector<float> got_f(size_t(c.D / 2));
+    cpu::rope_inv_freq(got.data(), c.D, c.theta, s);
+    cpu::rope_inv_freq(got_f.data(), c.D, c.theta, s);
+    test::check_close(got, want, 1e-14);
+    test::check_close(test::widen(got_f), want, 1e-6);
+    // and it is not the unscaled inv_freq (the low band is divided by factor)
+    std::vector<double> plain(size_t(c.D / 2));
+    cpu::rope_inv_freq(plain.data(), c.D, c.theta, {});
+    CHECK(got.back() == Approx(plain.back() / c.factor).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("rope_forward with rope_scaling: llama3 against the naive rotation, linear as interpolated positions",
+          "[kernels][rope][rope_scaling]") {
+  const int64_t B = 2, N = 3, S = 9, D = 16;
+  const naive::Vec x = naive::random_normal(B * N * S * D, 4100);
+  const auto pos = random_positions(B * S, 4101, 4096);
+  std::vector<double> y(x.size()), dx(x.size());
+  const cpu::RopeScaling l3{cpu::RopeScaling::llama3, 8, 1, 4, 64};
+  cpu::rope_forward<double>(x.data(), pos.data(), y.data(), B, N, S, D, 10000.0, l3);
+  test::check_close(y, rope_with(x, pos, B, N, S, D, llama3_inv_freq(D, 10000.0, 8, 1, 4, 64)), 1e-11);
+  // The backward is still the transposed rotation: <rope(x), dy> = <x, rope_backward(dy)>.
+  const naive::Vec dy = naive::random_normal(B * N * S * D, 4102);
+  cpu::rope_backward<double>(dy.data(), pos.data(), dx.data(), B, N, S, D, 10000.0, l3);
+  CHECK(test::dot(y, dy) == Approx(test::dot(x, dx)).epsilon(1e-12));
+  // linear, factor 4: position 4p rotates as position p unscaled.
+  std::vector<int64_t> pos4(pos.size()), pos1(pos.size());
+  for (size_t i = 0; i < pos.size(); ++i) pos1[i] = pos[i] / 4, pos4[i] = 4 * (pos[i] / 4);
+  std::vector<double> scaled(x.size()), plain(x.size());
+  cpu::rope_forward<double>(x.data(), pos4.data(), scaled.data(), B, N, S, D, 10000.0, {cpu::RopeScaling::linear, 4});
+  cpu::rope_forward<double>(x.data(), pos1.data(), plain.data(), B, N, S, D, 10000.0);
+  test::check_close(scaled, plain, 1e-12);
+}

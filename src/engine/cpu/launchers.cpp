@@ -197,7 +197,7 @@ Tensor rope(const KernelCall& c) {
     Tensor y = out_like(c, x.dtype());
     auto kernel = kBackward ? cpu::rope_backward<T> : cpu::rope_forward<T>;
     kernel(x.data<T>(), pos.data<int64_t>(), y.data<T>(), x.dim(0), x.dim(1), x.dim(2), x.dim(3),
-           c.node.attrs().f("theta"));
+           c.node.attrs().f("theta"), rope_scaling_of(c.node));
     return y;
   });
 }

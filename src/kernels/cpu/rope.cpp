@@ -1,7 +1,7 @@
 // CPU rotary position embedding, rotate-half form (Hugging Face Llama). Knows nothing of graphs.
 //
 // For T = float each step is float and in Hugging Face's order, so outputs match PyTorch's float32
-// model: inv_freq = 1 / theta^(2i/D) (powf, then a float divide), angle = float(pos) · inv_freq,
+// model: inv_freq = 1 / theta^(2i/D) (powf, then a float divide; then rope_scaling), angle = float(pos) · inv_freq,
 // cosf / sinf, y = (x · cos) + (rotate_half(x) · sin). For T = double every step is double.
 // Each product is rounded before the add, as in PyTorch's separate ops: the pragma below stops GCC
 // from fusing them into an FMA when the target has one (its C++ default is -ffp-contract=fast).
@@ -24,19 +24,50 @@
 
 namespace autosp::cpu {
 
+template <class A>
+void rope_inv_freq(A* inv_freq, int64_t D, double theta, const RopeScaling& sc) {
+  const int64_t H = D / 2;
+  const A theta_a = A(theta);
+  for (int64_t i = 0; i < H; ++i) inv_freq[i] = A(1) / std::pow(theta_a, A(2 * i) / A(D));
+  switch (sc.kind) {
+    case RopeScaling::none: return;
+    case RopeScaling::linear:
+      for (int64_t i = 0; i < H; ++i) inv_freq[i] = inv_freq[i] / A(sc.factor);
+      return;
+    case RopeScaling::llama3: {
+      // Scalars are Python floats in HF, so each is formed in double and rounded once to A.
+      const A factor = A(sc.factor), low = A(sc.low_freq_factor), old_len = A(sc.original_max_position_embeddings);
+      const A band = A(sc.high_freq_factor - sc.low_freq_factor);
+      const A low_wavelen = A(sc.original_max_position_embeddings / sc.low_freq_factor);
+      const A high_wavelen = A(sc.original_max_position_embeddings / sc.high_freq_factor);
+      const A two_pi = A(2 * 3.14159265358979323846);
+      for (int64_t i = 0; i < H; ++i) {
+        const A f = inv_freq[i], wavelen = two_pi / f;
+        const A scaled = wavelen > low_wavelen ? f / factor : f;
+        if (wavelen < high_wavelen || wavelen > low_wavelen) {
+          inv_freq[i] = scaled;
+        } else {
+          const A smooth = (old_len / wavelen - low) / band;
+          const A a = (A(1) - smooth) * scaled / factor, b = smooth * scaled;
+          inv_freq[i] = a + b;
+        }
+      }
+      return;
+    }
+  }
+}
+
 namespace {
 
 // y = x·cos(angle) + rotate_half(x)·(sign·sin(angle)); sign = 1 forward, -1 backward.
 template <class T>
 void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S, int64_t D,
-                 double theta, T sign) {
+                 double theta, const RopeScaling& scaling, T sign) {
   AUTOSP_ASSERT(D > 0 && D % 2 == 0, "rope head dim ", D, " must be even");
   AUTOSP_ASSERT(x != y, "rope x and y may not alias");
   const int64_t H = D / 2;
   std::vector<T> inv_freq(static_cast<size_t>(H), T(0));  // [D/2]
-  const T theta_t = T(theta);
-  for (int64_t i = 0; i < H; ++i)
-    inv_freq[i] = T(1) / std::pow(theta_t, T(2 * i) / T(D));
+  rope_inv_freq(inv_freq.data(), D, theta, scaling);
 #pragma omp parallel if (B * N * S * D > (1 << 15))
   {
     std::vector<T> cs(static_cast<size_t>(H)), sn(static_cast<size_t>(H));  // [D/2] per thread
@@ -70,23 +101,25 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
 
 template <class T>
 void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S,
-                  int64_t D, double theta) {
-  rope_rotate(x, position_ids, y, B, N, S, D, theta, T(1));
+                  int64_t D, double theta, const RopeScaling& scaling) {
+  rope_rotate(x, position_ids, y, B, N, S, D, theta, scaling, T(1));
 }
 
 template <class T>
 void rope_backward(const T* dy, const int64_t* position_ids, T* dx, int64_t B, int64_t N, int64_t S, int64_t D,
-                   double theta) {
-  rope_rotate(dy, position_ids, dx, B, N, S, D, theta, T(-1));
+                   double theta, const RopeScaling& scaling) {
+  rope_rotate(dy, position_ids, dx, B, N, S, D, theta, scaling, T(-1));
 }
 
+template void rope_inv_freq<float>(float*, int64_t, double, const RopeScaling&);
+template void rope_inv_freq<double>(double*, int64_t, double, const RopeScaling&);
 template void rope_forward<float>(const float*, const int64_t*, float*, int64_t, int64_t, int64_t,
-                                  int64_t, double);
+                                  int64_t, double, const RopeScaling&);
 template void rope_forward<double>(const double*, const int64_t*, double*, int64_t, int64_t,
-                                   int64_t, int64_t, double);
+                                   int64_t, int64_t, double, const RopeScaling&);
 template void rope_backward<float>(const float*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t,
-                                   double);
+                                   double, const RopeScaling&);
 template void rope_backward<double>(const double*, const int64_t*, double*, int64_t, int64_t, int64_t, int64_t,
-                                    double);
+                                    double, const RopeScaling&);
 
 }  // namespace autosp::cpu

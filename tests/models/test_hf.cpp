@@ -1,0 +1,253 @@
+// Hugging Face formats without transformers (tests/ref/hf_roundtrip.py runs the real one): config.json
+// translation against GPT2Config / LlamaConfig's documented keys and defaults, model.from and its
+// overrides, every unknown key named at once with a hint, sharded safetensors written and read back
+// bit for bit, the lm_head / tie_word_embeddings checks, and a checkpoint directory that is an HF
+// model directory.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "config/config.h"
+#include "models/hf_config.h"
+#include "models/model.h"
+#include "models/weights.h"
+#include "tensor/safetensors.h"
+#include "train/checkpoint.h"
+
+using namespace autosp;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name)
+      : path(fs::temp_directory_path() / ("autosp-hf-" + name + "-" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+const json kLlama = {{"model_type", "llama"},         {"architectures", {"LlamaForCausalLM"}},
+                     {"vocab_size", 64},              {"hidden_size", 32},
+                     {"intermediate_size", 48},       {"num_hidden_layers", 2},
+                     {"num_attention_heads", 4},      {"num_key_value_heads", 2},
+                     {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5},
+                     {"rope_theta", 500000.0},        {"tie_word_embeddings", false},
+                     {"torch_dtype", "bfloat16"},     {"transformers_version", "4.44.2"},
+                     {"bos_token_id", 1},             {"attention_dropout", 0.0},
+                     {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}}}};
+
+bool same(const ParamMap& a, const ParamMap& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [name, t] : a) {
+    if (!b.count(name) || b.at(name).shape() != t.shape() || b.at(name).dtype() != t.dtype()) return false;
+    if (std::memcmp(b.at(name).raw(), t.raw(), static_cast<size_t>(t.nbytes())) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("GPT2Config keys and defaults become ours", "[models][hf]") {
+  // GPT2Config(): vocab 50257, n_positions 1024, n_embd 768, n_layer 12, n_head 12, eps 1e-5, pdrop 0.1.
+  const HfModelConfig hf = translate_hf_config(
+      {{"model_type", "gpt2"}, {"n_embd", 64}, {"n_layer", 3}, {"resid_pdrop", 0.1}, {"use_cache", true},
+       {"activation_function", "gelu_new"}, {"n_inner", nullptr}, {"summary_type", "cls_index"}},
+      "g.json");
+  CHECK(hf.model == json{{"arch", "gpt2"}, {"vocab_size", 50257}, {"hidden_size", 64}, {"num_hidden_layers", 3},
+                         {"num_attention_heads", 12}, {"max_position_embeddings", 1024}, {"norm_eps", 1e-5},
+                         {"tie_word_embeddings", true}});
+  CHECK(hf.math_free == std::vector<std::string>{"model_type", "summary_type", "use_cache"});
+  REQUIRE(hf.warnings.size() == 1);
+  CHECK_THAT(hf.warnings[0], Catch::Contains("resid_pdrop = 0.1 is not applied"));
+}
+
+TEST_CASE("LlamaConfig keys, GQA and llama3 rope_scaling become ours", "[models][hf]") {
+  const HfModelConfig hf = translate_hf_config(kLlama, "l.json");
+  CHECK(hf.model["arch"] == "llama");
+  CHECK(hf.model["norm_eps"] == 1e-5);
+  CHECK(hf.model["num_key_value_heads"] == 2);
+  CHECK(hf.model["rope_scaling"]["original_max_position_embeddings"] == 64);
+  CHECK(hf.warnings.empty());
+  // LlamaConfig(): num_key_value_heads defaults to num_attention_heads, rms_norm_eps to 1e-6.
+  const HfModelConfig bare = translate_hf_config({{"model_type", "llama"}, {"num_attention_heads", 8}}, "b.json");
+  CHECK(bare.model["num_key_value_heads"] == 8);
+  CHECK(bare.model["norm_eps"] == 1e-6);
+  CHECK(bare.model["rope_theta"] == 10000.0);
+  CHECK_FALSE(bare.model.contains("rope_scaling"));
+}
+
+TEST_CASE("unsupported HF settings are named, all at once", "[models][hf]") {
+  json bad = kLlama;
+  bad["attention_bias"] = true;
+  bad["sliding_window"] = 4096;
+  bad["hidden_act"] = "gelu";
+  bad["n_experts"] = 8;
+  CHECK_THROWS_WITH(translate_hf_config(bad, "l.json"),
+                    Catch::StartsWith("l.json: ") && Catch::Contains("attention_bias = true") &&
+                        Catch::Contains("sliding_window = 4096") && Catch::Contains("hidden_act = \"gelu\"") &&
+                        Catch::Contains("unknown key 'n_experts'"));
+  for (const json& scaling : {json{{"rope_type", "dynamic"}, {"factor", 2.0}}, json{{"factor", 2.0}},
+                              json{{"rope_type", "linear"}, {"factor", 0.5}},
+                              json{{"rope_type", "linear"}, {"factor", 2.0}, {"beta_fast", 32}}}) {
+    json b = kLlama;
+    b["rope_scaling"] = scaling;
+    INFO(scaling.dump());
+    CHECK_THROWS_WITH(translate_hf_config(b, "l.json"), Catch::Contains("rope_scaling"));
+  }
+  CHECK_THROWS_WITH(translate_hf_config({{"model_type", "gpt2"}, {"n_embd", 64}, {"n_inner", 100}}, "g.json"),
+                    Catch::Contains("n_inner = 100"));
+  CHECK_THROWS_WITH(translate_hf_config({{"model_type", "gpt2"}, {"tie_word_embeddings", false}}, "g.json"),
+                    Catch::Contains("tie_word_embeddings = false"));
+  CHECK_THROWS_WITH(translate_hf_config({{"model_type", "mistral"}}, "m.json"), Catch::Contains("\"mistral\""));
+}
+
+TEST_CASE("every unknown key is named at once, with a hint", "[config][hf]") {
+  CHECK_THROWS_WITH(parse_config({{"model", {{"n_embd", 64}, {"n_layer", 2}, {"rms_norm_eps", 1e-5}}},
+                                  {"train", {{"stesp", 3}, {"seq_len", 8}}},
+                                  {"trian", json::object()}},
+                                 {}, "c.json"),
+                    Catch::StartsWith("c.json: unknown keys ") &&
+                        Catch::Contains("'model.n_embd' (did you mean 'model.hidden_size'?)") &&
+                        Catch::Contains("'model.n_layer' (did you mean 'model.num_hidden_layers'?)") &&
+                        Catch::Contains("'model.rms_norm_eps' (did you mean 'model.norm_eps'?)") &&
+                        Catch::Contains("'train.stesp' (did you mean 'train.steps'?)") &&
+                        Catch::Contains("'train.seq_len' (did you mean 'data.seq_len'?)") &&
+                        Catch::Contains("'trian' (did you mean 'train'?)"));
+  CHECK_THROWS_WITH(parse_config({{"model", {{"activation_function", "gelu_new"}}}}, {}, "c.json"),
+                    Catch::Contains("a Hugging Face config.json key?"));
+}
+
+TEST_CASE("model.from takes the directory's config; keys beside it override", "[config][hf]") {
+  TempDir d("from");
+  write(d / "config.json", kLlama.dump());
+  const Config c = parse_config({{"model", {{"from", d.path.string()}, {"max_position_embeddings", 256}}},
+                                 {"data", {{"seq_len", 16}}}},
+                                {}, "c.json");
+  CHECK(c.model_from == d.path.string());
+  CHECK(c.model.arch == Arch::llama);
+  CHECK(c.model.num_key_value_heads == 2);
+  CHECK(c.model.norm_eps == 1e-5);
+  CHECK(c.model.max_position_embeddings == 256);
+  CHECK(c.model.rope_scaling.rope_type == "llama3");
+  CHECK(c.model.rope_scaling.factor == 8.0);
+  CHECK_FALSE(c.resolved["model"].contains("from"));
+  bool override_noted = false, keys_listed = false;
+  for (const auto& n : c.notes) {
+    override_noted |= n.find("model.max_position_embeddings = 256 overrides") != std::string::npos;
+    keys_listed |= n.find("transformers_version") != std::string::npos;
+  }
+  CHECK(override_noted);
+  CHECK(keys_listed);
+  // A bare HF config.json as the run config: its architecture, fresh weights.
+  const Config bare = load_config(d / "config.json", {"data.seq_len=16"});
+  CHECK(bare.model.hidden_size == 32);
+  CHECK(bare.model_from.empty());
+  // The checkpoint side: hf_config_json translates back to the same model.
+  CHECK(translate_hf_config(hf_config_json(c.resolved["model"], DType::f32), "back").model == c.resolved["model"]);
+}
+
+TEST_CASE("sharded weights round-trip bit for bit, and an HF directory is checked", "[models][hf]") {
+  TempDir d("shards");
+  write(d / "config.json", kLlama.dump());
+  const Config c = parse_config({{"model", {{"from", d.path.string()}}}, {"data", {{"seq_len", 16}}}}, {}, "c.json");
+  const ParamMap p = init_params(c.model, 7, DType::f32);
+  const auto files = save_hf_weights(d.path.string(), p, 20000);
+  REQUIRE(files.size() > 2);
+  CHECK(files.back() == "model.safetensors.index.json");
+  CHECK(load_safetensors(d / files[0]).metadata == std::map<std::string, std::string>{{"format", "pt"}});
+  CHECK(same(load_weights(d.path.string(), c.model, DType::f32), p));
+  CHECK(same(load_weights(d / "model.safetensors.index.json", c.model, DType::f32), p));
+  // f16 and bf16 files are widened exactly (the conversion is the tensor library's, tested there).
+  for (DType half : {DType::f16, DType::bf16}) {
+    ParamMap h, widened;
+    for (const auto& [name, t] : p) h[name] = t.to(half), widened[name] = h[name].to(DType::f32);
+    save_weights(d / "half.safetensors", h);
+    CHECK(same(load_weights(d / "half.safetensors", c.model, DType::f32), widened));
+  }
+  // A wrong head count (same shapes) or a forgotten rope_scaling is refused by the directory's config.json.
+  ModelConfig heads = c.model;
+  heads.num_attention_heads = 8;
+  heads.num_key_value_heads = 4;
+  CHECK_THROWS_WITH(load_weights(d.path.string(), heads, DType::f32),
+                    Catch::Contains("config.json: num_attention_heads is 4 but this run's model.num_attention_heads is 8"));
+  ModelConfig plain = c.model;
+  plain.rope_scaling = {};
+  CHECK_THROWS_WITH(load_weights(d / files[0], plain, DType::f32), Catch::Contains("rope_scaling"));
+  ModelConfig eps = c.model;
+  eps.norm_eps = 1e-6;
+  CHECK_THROWS_WITH(load_weights(d.path.string(), eps, DType::f32), Catch::Contains("rms_norm_eps is 1e-05"));
+  // A shard holding a tensor the index does not map to it.
+  json index = json::parse(std::ifstream(d / "model.safetensors.index.json"));
+  const std::string moved = index["weight_map"].begin().key();
+  index["weight_map"][moved] = files[1] == index["weight_map"][moved] ? files[0] : files[1];
+  write(d / "model.safetensors.index.json", index.dump());
+  CHECK_THROWS_WITH(load_weights(d.path.string(), c.model, DType::f32), Catch::Contains("is not mapped to this shard"));
+}
+
+TEST_CASE("a head that differs from a tied embedding points at tie_word_embeddings", "[models][hf]") {
+  TempDir d("tied");
+  ModelConfig m;
+  m.arch = Arch::llama;
+  m.vocab_size = 32, m.hidden_size = 16, m.num_hidden_layers = 1, m.num_attention_heads = 2;
+  m.num_key_value_heads = 2, m.intermediate_size = 24;
+  m.tie_word_embeddings = false;
+  ParamMap untied = init_params(m, 3, DType::f32);
+  save_weights(d / "untied.safetensors", untied);
+  ModelConfig tied = m;
+  tied.tie_word_embeddings = true;
+  CHECK_THROWS_WITH(load_weights(d / "untied.safetensors", tied, DType::f32),
+                    Catch::Contains("'lm_head.weight' differs from 'model.embed_tokens.weight'") &&
+                        Catch::Contains("set model.tie_word_embeddings false"));
+  ParamMap copy = init_params(tied, 3, DType::f32);
+  copy["lm_head.weight"] = copy.at("model.embed_tokens.weight");  // a tied file that kept the copy
+  save_weights(d / "copy.safetensors", copy);
+  CHECK(load_weights(d / "copy.safetensors", tied, DType::f32).count("lm_head.weight") == 0);
+  ParamMap headless = untied;
+  headless.erase("lm_head.weight");
+  save_weights(d / "headless.safetensors", headless);
+  CHECK_THROWS_WITH(load_weights(d / "headless.safetensors", m, DType::f32),
+                    Catch::Contains("set model.tie_word_embeddings true"));
+  ModelConfig g;  // GPT-2 always ties
+  g.vocab_size = 32, g.hidden_size = 16, g.num_hidden_layers = 1, g.num_attention_heads = 2;
+  ParamMap gp = init_params(g, 4, DType::f32);
+  gp["lm_head.weight"] = init_params(g, 5, DType::f32).at("transformer.wte.weight");
+  save_weights(d / "gpt2.safetensors", gp);
+  CHECK_THROWS_WITH(load_weights(d / "gpt2.safetensors", g, DType::f32),
+                    Catch::Contains("tie_word_embeddings must be true"));
+}
+
+TEST_CASE("a checkpoint is a Hugging Face model directory, sharded above max_shard_mb", "[train][hf]") {
+  TempDir d("ckpt");
+  write(d / "config.json", kLlama.dump());
+  for (double shard_mb : {5000.0, 0.02}) {
+    INFO("max_shard_mb " << shard_mb);
+    const Config c = parse_config({{"model", {{"from", d.path.string()}}}, {"data", {{"seq_len", 16}}},
+                                   {"train", {{"max_shard_mb", shard_mb}}}},
+                                  {}, "c.json");
+    const ParamMap p = init_params(c.model, 9, DType::f32);
+    AdamW opt;
+    opt.init(p);
+    const std::string root = d / ("run" + std::to_string(shard_mb < 1));
+    const fs::path step = save_checkpoint(root, 5, p, opt, c.resolved);
+    CHECK(fs::exists(step / "config.json"));
+    CHECK(fs::exists(step / (shard_mb < 1 ? "model.safetensors.index.json" : "model.safetensors")));
+    const json hf = json::parse(std::ifstream(step / "config.json"));
+    CHECK(hf["architectures"] == json{"LlamaForCausalLM"});
+    CHECK(hf["torch_dtype"] == "float32");
+    CHECK(hf["rope_scaling"]["rope_type"] == "llama3");
+    const Checkpoint ck = load_checkpoint(root, c, DType::f32);
+    CHECK(same(ck.params, p));
+    // model.from accepts it back.
+    CHECK(parse_config({{"model", {{"from", step.string()}}}, {"data", {{"seq_len", 16}}}}, {}, "c.json").resolved["model"] ==
+          c.resolved["model"]);
+  }
+}

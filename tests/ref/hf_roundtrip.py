@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Hugging Face in and out, against real transformers (4.44, on Debian's torch 1.13).
+
+Run with the venv of scripts/hf-venv.sh:  .venv-hf/bin/python tests/ref/hf_roundtrip.py BIN_DIR
+(BIN_DIR holds autosp-train). Exits 77 (skipped) when transformers is not importable.
+
+For a tiny GPT-2 and a Llama with GQA and llama3 rope_scaling, saved by save_pretrained sharded
+in bf16:
+  1. autosp-train with "model": {"from": DIR} in float64 at P = 1 and P = 2 (sequence parallel)
+     has HF's loss on the same tokens at step 1 (within 1e-6);
+  2. its checkpoint step_N loads in AutoModelForCausalLM.from_pretrained with no missing,
+     unexpected or mismatched keys, and HF's loss with those weights equals ours at step N + 1;
+  3. model.from and --init-from take step_N back (the same loss again).
+
+The helpers (tiny_models, write_tokens, batch_tokens, hf_loss, run_autosp) are for other round-trip
+checks too (greedy generate against autosp's sampler).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+try:
+    import transformers
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+except ImportError as e:  # the venv is missing: skipped, not failed
+    print(f"skipped: transformers is not importable ({e}); run scripts/hf-venv.sh", file=sys.stderr)
+    sys.exit(77)
+
+VOCAB, SEQ, BATCH = 96, 16, 2
+TOL = 1e-6
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 32}
+
+
+def tiny_models():
+    """name -> an HF model with random weights. Llama: head dim 8 and rope_theta 100, so the llama3
+    scaling has a kept (high-frequency), a smoothed and two divided frequencies."""
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                         rope_theta=100.0, rope_scaling=LLAMA3_SCALING, rms_norm_eps=1e-5,
+                                         tie_word_embeddings=False))
+    for m in (gpt2, llama):  # HF's init is std 0.02: larger weights make the losses differ more
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.2)
+    return {"gpt2": gpt2, "llama": llama}
+
+
+def save_sharded_bf16(model, path, shard="20KB"):
+    model.to(torch.bfloat16).save_pretrained(path, max_shard_size=shard, safe_serialization=True)
+    model.to(torch.float32)
+    assert os.path.exists(os.path.join(path, "model.safetensors.index.json")), f"{path}: not sharded"
+
+
+def write_tokens(path, n, vocab, seed=1):
+    """An llm.c token shard (magic 20240520, version 1, uint16 tokens); returns the tokens."""
+    tokens = np.random.default_rng(seed).integers(0, vocab, size=n, dtype=np.uint16)
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, n
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+    return tokens.astype(np.int64)
+
+
+def batch_tokens(tokens, step, batch=BATCH, seq=SEQ, dp=1, rank=0):
+    """[batch, seq + 1] tokens of 0-based step `step` (DESIGN.md: the llm.c data order)."""
+    rows = []
+    for b in range(batch):
+        start = ((step * dp + rank) * batch + b) * seq
+        rows.append([tokens[(start + i) % len(tokens)] for i in range(seq + 1)])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def hf_loss(model, x):
+    """Token-mean next-token loss of `model` on x [B, S + 1], in the model's dtype. The head is applied
+    here: LlamaForCausalLM.forward casts its logits to float32 (`logits.float()`), which would cut
+    a float64 model's loss to float32 precision."""
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=x[:, :-1])[0]
+        logits = model.get_output_embeddings()(hidden)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)).item()
+
+
+def load_hf(path):
+    transformers.utils.logging.disable_progress_bar()
+    model, info = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float64, output_loading_info=True)
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        if info[kind]:
+            raise AssertionError(f"{path}: from_pretrained reports {kind} {info[kind]}")
+    return model.eval()
+
+
+def run_autosp(bin_dir, work, config, np_=1, extra=(), name="run"):
+    """Runs autosp-train on `config`; returns the list of per-step metrics."""
+    cfg_path = os.path.join(work, f"{name}.json")
+    metrics = os.path.join(work, f"{name}.metrics.jsonl")
+    with open(cfg_path, "w") as f:
+        json.dump(config, f)
+    cmd = [os.path.join(bin_dir, "autosp-train"), "--config", cfg_path, "--metrics", metrics, "--quiet", *extra]
+    if np_ > 1:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *cmd]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    with open(metrics) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def check(what, ours, theirs, tol=TOL):
+    diff = abs(ours - theirs)
+    print(f"{what}: autosp {ours:.12f} transformers {theirs:.12f} |diff| {diff:.2e}")
+    if not diff <= tol:
+        raise AssertionError(f"{what}: autosp's loss {ours} differs from transformers' {theirs} by {diff} > {tol}")
+
+
+def main():
+    bin_dir = sys.argv[1] if len(sys.argv) > 1 else "build/bin"
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    work = tempfile.mkdtemp(prefix="autosp-hf-")
+    try:
+        tokens = write_tokens(os.path.join(work, "tokens.bin"), 4096, VOCAB)
+        for name, model in tiny_models().items():
+            src = os.path.join(work, f"{name}-hf")
+            save_sharded_bf16(model, src)
+            ref = load_hf(src)  # the bf16 weights, widened to float64 as autosp reads them
+            want = hf_loss(ref, batch_tokens(tokens, 0))
+            steps, ckpt_step = 3, 2
+            for P in (1, 2):
+                ckpt = os.path.join(work, f"{name}-ckpt-p{P}")
+                config = {
+                    "model": {"from": src},
+                    "data": {"source": "tokens", "path": os.path.join(work, "tokens.bin"), "seq_len": SEQ,
+                             "batch_size": BATCH},
+                    "train": {"steps": steps, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "log_every": 1,
+                              "checkpoint_dir": ckpt, "checkpoint_every": ckpt_step, "keep_checkpoints": 0,
+                              "max_shard_mb": 0.02},  # 20 kB: the checkpoint is sharded too
+                    "runtime": {"dtype": "float64"},
+                    "sequence_parallel": {"autosp_size": P},
+                }
+                m = run_autosp(bin_dir, work, config, np_=P, name=f"{name}-p{P}")
+                check(f"{name} P={P} step 1 (model.from, sharded bf16)", m[0]["loss"], want)
+                if name == "llama" and P == 1:  # the check can fail: without rope_scaling the loss moves
+                    plain = dict(config, model={"from": src, "rope_scaling": None}, train=dict(config["train"], steps=1,
+                                                                                              checkpoint_dir=""))
+                    off = run_autosp(bin_dir, work, plain, name="llama-unscaled")[0]["loss"]
+                    print(f"llama without rope_scaling: {off:.12f}")
+                    assert abs(off - want) > 1e3 * TOL, "the loss does not depend on rope_scaling"
+                step_dir = os.path.join(ckpt, f"step_{ckpt_step:08d}")
+                for f in ("config.json", "model.safetensors.index.json", "optimizer.safetensors", "meta.json"):
+                    assert os.path.exists(os.path.join(step_dir, f)), f"{step_dir}: no {f}"
+                back = load_hf(step_dir)
+                check(f"{name} P={P} from_pretrained(step_{ckpt_step}) at step {ckpt_step + 1}", m[ckpt_step]["loss"],
+                      hf_loss(back, batch_tokens(tokens, ckpt_step)))
+                if P == 1:  # step_N back in: as model.from, and as --init-from of the same model
+                    again = dict(config, model={"from": step_dir}, train=dict(config["train"], steps=1,
+                                                                                 checkpoint_dir=""))
+                    want_back = hf_loss(back, batch_tokens(tokens, 0))
+                    back_m = run_autosp(bin_dir, work, again, name=f"{name}-back")
+                    check(f"{name} model.from step_{ckpt_step}", back_m[0]["loss"], want_back)
+                    m2 = run_autosp(bin_dir, work, dict(again, model={"from": src}), extra=["--init-from", step_dir],
+                                    name=f"{name}-init")
+                    check(f"{name} --init-from step_{ckpt_step}", m2[0]["loss"], want_back)
+        print("hf round trip: ok")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
