@@ -137,6 +137,16 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({})", {"train/lr=1"}, "expected section.key"},
       {R"({})", {"x.9999999999999=1"}, "unknown key 'x'"},  // not an array index (fuzzer find)
       {R"({"train": 3})", {"train.lr=1"}, "'train' must be an object"},
+      {R"({"data": {"eos_token_id": -2}})", {}, "data.eos_token_id"},
+      {R"({"data": {"eos_token_id": 1.5}})", {}, "data.eos_token_id"},
+      {R"({"data": {"eos_token_id": "eos"}})", {}, "data.eos_token_id"},
+      {R"({"data": {"eos_token_id": 50257}})", {}, "data.eos_token_id 50257 is outside the vocabulary"},
+      {R"({"data": {"document_mask": "true"}})", {}, "data.document_mask"},
+      {R"({"data": {"document_mask": true}})", {"data.source=tokens", "data.path=x"}, "needs data.eos_token_id"},
+      {R"({"data": {"document_mask": true, "eos_token_id": 2}})", {}, "the synthetic task has none"},
+      {R"({"data": {"document_mask": true, "eos_token_id": 2, "source": "text", "path": "x"},
+           "model": {"vocab_size": 256}, "runtime": {"device": "cuda", "attention": "cudnn"}})", {},
+       "cannot apply the document mask"},
       {R"({})", {"train.lr=" + std::string(40, '[') + std::string(40, ']')}, "train.lr"},
   };
   for (const auto& t : table) {
