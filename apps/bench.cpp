@@ -7,7 +7,8 @@
 //                [--out results.csv|.jsonl] [--mode step] [--compare-pytorch]
 //   autosp-bench --project [--project-config P.json] [--compute-tflops X | --compute-from results.jsonl]
 //   autosp-bench --mode attention [--attn-seq 1024,4096] [--attn-dims 16,64,128] [--attn-hidden C] [--attn-group G]
-//                [--attn-full] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]   (tools/bench_attention.h)
+//                [--attn-full] [--attn-doc-len L] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]
+//                (tools/bench_attention.h)
 //   autosp-bench --point ...   (internal: one sweep point on the mpirun world; rank 0 prints the row)
 #include <cxxopts.hpp>
 #include <filesystem>
@@ -93,6 +94,8 @@ int main(int argc, char** argv) {
         "attn-hidden", "--mode attention: N·D (heads = hidden / D)", cxxopts::value<std::string>())(
         "attn-group", "--mode attention: query heads per kv head (GQA)", cxxopts::value<std::string>())(
         "attn-full", "--mode attention: no causal mask")(
+        "attn-doc-len", "--mode attention: also time packed documents of this mean length (document mask)",
+        cxxopts::value<std::string>())(
         "threads", "--mode attention: threads (default: all cores)", cxxopts::value<std::string>())(
         "pairs", "alternated turns of each side", cxxopts::value<std::string>())(
         "no-check", "--mode attention: skip the check of our outputs against PyTorch's");
@@ -138,6 +141,10 @@ int main(int argc, char** argv) {
       if (ao.warmup < 0 || ao.warmup > 1000) throw UsageError(str("--warmup ", ao.warmup, ": expected 0..1000"));
       if (args.count("iters")) ao.iters = int(parse_int_list("iters", args["iters"].as<std::string>()).at(0));
       ao.causal = args.count("attn-full") == 0;
+      if (args.count("attn-doc-len")) {
+        ao.doc_len = parse_int_list("attn-doc-len", args["attn-doc-len"].as<std::string>()).at(0);
+        if (!ao.causal) throw UsageError("--attn-doc-len: the document mask is causal; drop --attn-full");
+      }
       ao.compare_pytorch = args.count("compare-pytorch") > 0;
       ao.check = args.count("no-check") == 0;
       ao.source_dir = AUTOSP_SOURCE_DIR;

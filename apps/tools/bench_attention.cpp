@@ -64,18 +64,36 @@ struct Problem {
   std::vector<float> q, k, v, dout, o, lse, dq, dk, dv;
 };
 
+// Document starts [B, S] of documents with lengths uniform in [1, 2·mean - 1]; also returns the
+// visible (query, key) pairs Σ len·(len+1)/2.
+std::pair<std::vector<int64_t>, double> packed_documents(int64_t B, int64_t S, int64_t mean, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_int_distribution<int64_t> len(1, std::max<int64_t>(1, 2 * mean - 1));
+  std::vector<int64_t> starts(size_t(B * S));
+  double pairs = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t0 = 0; t0 < S;) {
+      const int64_t n = std::min(len(gen), S - t0);
+      for (int64_t t = t0; t < t0 + n; ++t) starts[size_t(b * S + t)] = t0;
+      pairs += double(n) * double(n + 1) / 2;
+      t0 += n;
+    }
+  return {starts, pairs};
+}
+
 // Our forward then backward, warmup + iters times; returns the medians (forward, backward) in ms.
-std::pair<double, double> time_ours(Problem& p, int warmup, int iters) {
+std::pair<double, double> time_ours(Problem& p, int warmup, int iters, const int64_t* doc_start = nullptr) {
   const double scale = 1.0 / std::sqrt(double(p.D));
   std::vector<double> fwd, bwd;
   for (int i = 0; i < warmup + iters; ++i) {
     auto t0 = Clock::now();
     cpu::sdpa_forward<float>(p.q.data(), p.k.data(), p.v.data(), p.o.data(), p.lse.data(), p.B, p.N, p.Nkv, p.S, p.S,
-                             p.D, scale, p.causal);
+                             p.D, scale, p.causal, doc_start);
     const double f = ms_since(t0);
     t0 = Clock::now();
     cpu::sdpa_backward<float>(p.q.data(), p.k.data(), p.v.data(), p.o.data(), p.lse.data(), p.dout.data(),
-                              p.dq.data(), p.dk.data(), p.dv.data(), p.B, p.N, p.Nkv, p.S, p.S, p.D, scale, p.causal);
+                              p.dq.data(), p.dk.data(), p.dv.data(), p.B, p.N, p.Nkv, p.S, p.S, p.D, scale, p.causal,
+                              doc_start);
     const double b = ms_since(t0);
     if (i >= warmup) fwd.push_back(f), bwd.push_back(b);
   }
@@ -107,11 +125,17 @@ void run_attention_bench(const AttentionBenchOptions& opt, const std::function<v
       const double visible = opt.causal ? double(S) * double(S + 1) / 2 : double(S) * double(S);
       const double gflop_fwd = 4.0 * double(p.B * p.N * D) * visible / 1e9, gflop_bwd = 2.5 * gflop_fwd;
 
-      std::vector<double> of, ob, tf, tb, gemm, r, rf, rb;
+      const auto [starts, doc_pairs] =
+          opt.doc_len > 0 ? packed_documents(p.B, S, opt.doc_len, 14) : std::pair{std::vector<int64_t>(), 0.0};
+      std::vector<double> of, ob, tf, tb, gemm, r, rf, rb, mf, mb, mr;
       json extra;
       for (int turn = 0; turn < opt.pairs; ++turn) {
         const auto [f, b] = time_ours(p, opt.warmup, opt.iters);
         of.push_back(f), ob.push_back(b);
+        if (opt.doc_len > 0) {  // the same tensors with the document mask, alternated with the unmasked run
+          const auto [fm, bm] = time_ours(p, opt.warmup, opt.iters, starts.data());
+          mf.push_back(fm), mb.push_back(bm), mr.push_back((f + b) / (fm + bm));
+        }
         if (torch) {
           json req = {{"B", p.B}, {"N", p.N}, {"Nkv", p.Nkv}, {"S", S}, {"D", D}, {"causal", p.causal},
                       {"warmup", opt.warmup}, {"iters", opt.iters}};
@@ -138,6 +162,11 @@ void run_attention_bench(const AttentionBenchOptions& opt, const std::function<v
                   {"ours_fwd_ms", median(of)}, {"ours_bwd_ms", median(ob)}, {"ours_gflops", ours},
                   {"ours_fwd_gflops", gflop_fwd / median(of) * 1e3}, {"ours_bwd_gflops", gflop_bwd / median(ob) * 1e3},
                   {"sgemm_gflops", sg}, {"ours_of_sgemm", ours / sg}};
+      if (opt.doc_len > 0)
+        row.update({{"doc_len", opt.doc_len}, {"masked_gflop", 4.0 * double(p.B * p.N * D) * doc_pairs / 1e9 * 3.5},
+                    {"masked_fwd_ms", median(mf)}, {"masked_bwd_ms", median(mb)}, {"mask_speedup", median(mr)},
+                    {"mask_speedup_min", *std::min_element(mr.begin(), mr.end())},
+                    {"mask_speedup_max", *std::max_element(mr.begin(), mr.end())}});
       if (torch) {
         const double pt = (gflop_fwd + gflop_bwd) / (median(tf) + median(tb)) * 1e3;
         row.update({{"pytorch_fwd_ms", median(tf)}, {"pytorch_bwd_ms", median(tb)}, {"pytorch_gflops", pt},

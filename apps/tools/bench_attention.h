@@ -6,6 +6,9 @@
 // Shapes: B = batch, N = hidden / D query heads, Nkv = N / group kv heads (GQA), S = Sq = Skv, D.
 // FLOPs (FlashAttention's convention): forward 4·B·N·D·pairs, backward 2.5× that (5 GEMMs, the
 // recomputation of Q·Kᵀ counted), where pairs = S² or, causal, S·(S+1)/2 visible (query, key) pairs.
+// With doc_len, each turn also times ours on packed documents (lengths drawn uniformly from
+// [1, 2·doc_len - 1], a document mask): the row adds masked_{fwd,bwd}_ms, the visible pairs
+// Σ len·(len+1)/2 as masked_gflop, and mask_speedup = unmasked ÷ masked time.
 // Knows nothing of models or graphs.
 #pragma once
 
@@ -23,6 +26,7 @@ struct AttentionBenchOptions {
   std::vector<int64_t> dims{16, 64, 128};
   int64_t batch = 1, hidden = 256, group = 2;
   bool causal = true;
+  int64_t doc_len = 0;         // > 0: also time a document mask of this mean document length
   int threads = 0;             // 0: the machine's cores
   int warmup = 1, iters = 2;   // per turn
   int pairs = 3;               // alternated turns of each side per shape

@@ -89,6 +89,8 @@ const std::vector<Key>& schema() {
       {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
       {"data.seq_len", Kind::integer, 1, 1 << 26, "", {}, F(data, seq_len)},
       {"data.batch_size", Kind::integer, 1, 1 << 20, "", {}, F(data, batch_size)},
+      {"data.eos_token_id", Kind::integer, 0, 1 << 24, "", {}, F(data, eos_token_id)},
+      {"data.document_mask", Kind::boolean, 0, 0, "", {}, F(data, document_mask)},
       {"train.steps", Kind::integer, 0, kBig, "", {}, F(train, steps)},
       {"train.lr", Kind::number, 0, 10, "", {}, F(train, lr)},
       {"train.min_lr", Kind::number, 0, 10, "", {}, F(train, min_lr)},
@@ -402,6 +404,16 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\""));
   if (c.data.source == DataSourceKind::text && m.vocab_size < 256)
     bad(str("data.source \"text\" needs model.vocab_size >= 256"));
+  if (c.data.eos_token_id >= m.vocab_size)
+    bad(str("data.eos_token_id ", c.data.eos_token_id, " is outside the vocabulary (model.vocab_size ", m.vocab_size, ")"));
+  if (c.data.document_mask) {
+    if (c.data.eos_token_id < 0)
+      bad("data.document_mask needs data.eos_token_id: the token that ends each document");
+    if (c.data.source == DataSourceKind::synthetic)
+      bad("data.document_mask needs packed documents (data.source \"tokens\" or \"text\"); the synthetic task has none");
+    if (c.runtime.attention == AttentionBackend::cudnn)
+      bad("data.document_mask: runtime.attention \"cudnn\" cannot apply the document mask; use \"flash\"");
+  }
   if (c.train.min_lr > c.train.lr) bad(str("train.min_lr ", c.train.min_lr, " exceeds train.lr ", c.train.lr));
   if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
@@ -414,7 +426,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   json r;
   r["model"] = model_json(m);
   r["data"] = {{"source", data_source_name(c.data.source)}, {"path", c.data.path}, {"seq_len", c.data.seq_len},
-               {"batch_size", c.data.batch_size}};
+               {"batch_size", c.data.batch_size}, {"eos_token_id", c.data.eos_token_id},
+               {"document_mask", c.data.document_mask}};
   const auto& t = c.train;
   r["train"] = {{"steps", t.steps},         {"lr", t.lr},
                 {"min_lr", t.min_lr},       {"warmup_steps", t.warmup_steps},

@@ -29,6 +29,11 @@ struct DataConfig {
   DataSourceKind source = DataSourceKind::synthetic;
   std::string path;
   int64_t seq_len = 256, batch_size = 4;
+  // Packed documents: the separator already in the token stream (-1 = none), and whether attention
+  // stays inside each document (then position_ids restart per document and an EOS's target,
+  // the next document's first token, is ignored; train/data.h).
+  int64_t eos_token_id = -1;
+  bool document_mask = false;
 };
 
 struct TrainConfig {

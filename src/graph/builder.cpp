@@ -76,8 +76,10 @@ Node* Builder::bias_gelu_tanh(Node* x, Node* b, const std::string& name) {
 Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
   return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
 }
-Node* Builder::sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name) {
-  return op(Op::sdpa, {q, k, v}, {{"causal", causal}, {"scale", scale}}, name);
+Node* Builder::sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name, Node* doc_start) {
+  std::vector<Node*> in{q, k, v};
+  if (doc_start) in.push_back(doc_start);
+  return op(Op::sdpa, std::move(in), {{"causal", causal}, {"scale", scale}}, name);
 }
 Node* Builder::cross_entropy_sum(Node* logits, Node* labels, const std::string& name) {
   return op(Op::cross_entropy_sum, {logits, labels}, {{"ignore_index", kIgnoreIndex}}, name);
@@ -139,8 +141,10 @@ Node* Builder::rope_backward(Node* dy, Node* pos, double theta, const std::strin
   return op(Op::rope_backward, {dy, pos}, {{"theta", theta}}, name);
 }
 Node* Builder::sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
-                             const std::string& name) {
-  return op(Op::sdpa_backward, {q, k, v, o, lse, dout}, {{"causal", causal}, {"scale", scale}}, name);
+                             const std::string& name, Node* doc_start) {
+  std::vector<Node*> in{q, k, v, o, lse, dout};
+  if (doc_start) in.push_back(doc_start);
+  return op(Op::sdpa_backward, std::move(in), {{"causal", causal}, {"scale", scale}}, name);
 }
 Node* Builder::cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
                                       const std::string& name) {

@@ -45,7 +45,9 @@ class Builder {
   Node* rmsnorm(Node* x, Node* w, double eps, const std::string& name = "rms");
   Node* softmax(Node* x, const std::string& name = "softmax");
   Node* rope(Node* x, Node* position_ids, double theta, const std::string& name = "rope");
-  Node* sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name = "attn");
+  // doc_start (optional, i64 [B, S]): query i sees only keys j ≥ doc_start[i] (packed documents).
+  Node* sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name = "attn",
+             Node* doc_start = nullptr);
   Node* cross_entropy_sum(Node* logits, Node* labels, const std::string& name = "ce_sum");
   Node* count_valid(Node* labels, DType dtype, const std::string& name = "valid");
   Node* full(SymShape shape, double value, DType dtype, const std::string& name = "full");
@@ -78,7 +80,7 @@ class Builder {
   Node* softmax_backward(Node* dy, Node* y, const std::string& name = "softmax_bwd");
   Node* rope_backward(Node* dy, Node* position_ids, double theta, const std::string& name = "rope_bwd");
   Node* sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
-                      const std::string& name = "attn_bwd");
+                      const std::string& name = "attn_bwd", Node* doc_start = nullptr);
   Node* cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
                                const std::string& name = "ce_bwd");
 

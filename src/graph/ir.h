@@ -20,6 +20,7 @@ namespace autosp {
 
 enum class Role : uint8_t {
   none, input_ids, labels, position_ids, parameter, logits, loss, gradient,
+  doc_start,  // packed documents: where each token's document begins (sdpa's document mask)
 };
 std::string_view role_name(Role r);
 

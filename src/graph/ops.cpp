@@ -203,7 +203,19 @@ TensorType rope_rule(const Node& n, const ShapeContext& ctx) {
   return in(n, 0);
 }
 
-// q [B, N, S, D], k, v [B, Nkv, S, D] with N % Nkv == 0
+// The optional document starts of sdpa (input 3) and sdpa_backward (input 6): i64 [B, Skv] against
+// k [B, Nkv, Skv, D].
+void check_doc_start(const Node& n, size_t i, const ShapeContext& ctx) {
+  if (n.inputs().size() <= i) return;
+  expect_int(n, i);
+  expect_rank(n, i, 2);
+  const auto& d = in(n, i).shape;
+  const auto& k = in(n, 1).shape;
+  if (!ctx.same(d[0], k[0]) || !ctx.same(d[1], k[2]))
+    fail(n, str("doc_start ", in(n, i).str(), " vs k ", in(n, 1).str(), ": expected [B, Skv]"));
+}
+
+// q [B, N, S, D], k, v [B, Nkv, S, D] with N % Nkv == 0, [doc_start [B, S]]
 TensorType sdpa_rule(const Node& n, const ShapeContext& ctx) {
   for (size_t i = 0; i < 3; ++i) {
     expect_float(n, i);
@@ -220,6 +232,9 @@ TensorType sdpa_rule(const Node& n, const ShapeContext& ctx) {
   if (!ok)
     fail(n, str("q ", in(n, 0).str(), ", k ", in(n, 1).str(), ", v ", in(n, 2).str(),
                 ": expected [B, N, S, D] and [B, Nkv, S, D] with N % Nkv == 0"));
+  if (n.inputs().size() > 3 && !n.attrs().b("causal"))
+    fail(n, "a document mask (doc_start) needs causal attention");
+  check_doc_start(n, 3, ctx);
   return in(n, 0);
 }
 
@@ -316,7 +331,7 @@ std::vector<TensorType> sdpa_extra(const Node& n) {
   return {{accumulate_dtype(in(n, 0).dtype), {q[0], q[1], q[2]}}};
 }
 
-// q, k, v, o, lse, dout → dq (extras: dk, dv)
+// q, k, v, o, lse, dout, [doc_start] → dq (extras: dk, dv)
 TensorType sdpa_backward_rule(const Node& n, const ShapeContext& ctx) {
   const auto& q = in(n, 0);
   for (size_t i : {3, 5}) {
@@ -328,6 +343,7 @@ TensorType sdpa_backward_rule(const Node& n, const ShapeContext& ctx) {
   const auto& lse = in(n, 4);
   if (lse.dtype != accumulate_dtype(q.dtype) || lse.rank() != 3)
     fail(n, str("lse ", lse.str(), " must be ", dtype_name(accumulate_dtype(q.dtype)), "[B, N, Sq] for q ", q.str()));
+  check_doc_start(n, 6, ctx);
   return q;
 }
 std::vector<TensorType> sdpa_backward_extra(const Node& n) { return {in(n, 1), in(n, 2)}; }
@@ -521,10 +537,11 @@ SeqVerdict seq_rope(const Node&, std::span<const int> in, std::string_view) {
   return {in[0] == kNoSeq ? 2 : in[0]};
 }
 
-// The one op that attends over the sequence: insert_attention_all_to_all gathers it for sdpa.
+// The one op that attends over the sequence: insert_attention_all_to_all gathers it for sdpa
+// (q, k, v along dim 2; the document starts [B, S] along dim 1).
 SeqVerdict seq_sdpa(const Node&, std::span<const int> in, std::string_view) {
-  for (int d : in)
-    if (d != kNoSeq && d != 2) return {d, "attends over"};
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i] != kNoSeq && in[i] != (i == 3 ? 1 : 2)) return {in[i], "attends over"};
   return {2};
 }
 
@@ -572,7 +589,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {.op = Op::softmax, .name = "softmax", .arity = 1, .infer = unary_rule, .vjp = vjp::softmax, .seq = seq_norm},
     {.op = Op::rope, .name = "rope", .arity = 2, .attrs = "theta", .infer = rope_rule, .vjp = vjp::rope,
      .seq = seq_rope},
-    {.op = Op::sdpa, .name = "sdpa", .arity = 3, .attrs = "causal,scale", .infer = sdpa_rule, .extra = sdpa_extra,
+    {.op = Op::sdpa, .name = "sdpa", .arity = 3, .optional = 1, .attrs = "causal,scale", .infer = sdpa_rule, .extra = sdpa_extra,
      .vjp = vjp::sdpa, .seq = seq_sdpa},
     {.op = Op::cross_entropy_sum, .name = "cross_entropy_sum", .arity = 2, .attrs = "ignore_index",
      .infer = cross_entropy_rule, .vjp = vjp::cross_entropy_sum, .seq = seq_loss},
@@ -603,7 +620,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .backward_only = true},
     {.op = Op::rope_backward, .name = "rope_backward", .arity = 2, .attrs = "theta", .infer = rope_rule,
      .backward_only = true},
-    {.op = Op::sdpa_backward, .name = "sdpa_backward", .arity = 6, .attrs = "causal,scale",
+    {.op = Op::sdpa_backward, .name = "sdpa_backward", .arity = 6, .optional = 1, .attrs = "causal,scale",
      .infer = sdpa_backward_rule, .extra = sdpa_backward_extra, .backward_only = true},
     {.op = Op::cross_entropy_backward, .name = "cross_entropy_backward", .arity = 3, .attrs = "ignore_index",
      .infer = cross_entropy_backward_rule, .backward_only = true},
@@ -654,8 +671,10 @@ std::vector<TensorType> extra_types(const Node& n) {
 
 TensorType infer_type(const Node& n, const std::vector<Divisibility>& assumptions) {
   const OpInfo& info = op_info(n.op());
-  if (info.arity >= 0 && static_cast<int>(n.inputs().size()) != info.arity)
-    fail(n, str("expected ", info.arity, " inputs, got ", n.inputs().size()));
+  const int given = static_cast<int>(n.inputs().size());
+  if (info.arity >= 0 && (given < info.arity || given > info.arity + info.optional))
+    fail(n, info.optional == 0 ? str("expected ", info.arity, " inputs, got ", given)
+                               : str("expected ", info.arity, " to ", info.arity + info.optional, " inputs, got ", given));
   if (info.arity < 0 && n.inputs().empty()) fail(n, "expected at least one input");
   for (const auto& a : op_required_attrs(n.op()))
     if (!n.attrs().has(a)) fail(n, str("missing attribute '", a, "'"));

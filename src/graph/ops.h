@@ -92,6 +92,7 @@ struct OpInfo {
   Op op;
   std::string_view name;       // snake_case, as printed
   int arity = 0;               // number of inputs, -1 = one or more
+  int optional = 0;            // trailing inputs past `arity` that may be absent (sdpa's document starts)
   std::string_view attrs = {};  // required attributes, comma-separated
   ShapeFn infer = nullptr;     // shape rule; validates and throws UsageError naming op and shapes
   ExtraFn extra = nullptr;     // extra outputs (nullptr: the node has one output)

@@ -34,8 +34,10 @@ void verify(const Graph& g, VerifyLevel level) {
     if (level == VerifyLevel::structure) {
       for (const auto& a : op_required_attrs(n.op()))
         if (!n.attrs().has(a)) bad(n, str("missing attribute '", a, "'"));
-      const int arity = op_info(n.op()).arity;
-      if (arity >= 0 && static_cast<int>(n.inputs().size()) != arity) bad(n, str("expected ", arity, " inputs"));
+      const int arity = op_info(n.op()).arity, optional = op_info(n.op()).optional;
+      const int given = static_cast<int>(n.inputs().size());
+      if (arity >= 0 && (given < arity || given > arity + optional))
+        bad(n, optional == 0 ? str("expected ", arity, " inputs") : str("expected ", arity, " to ", arity + optional, " inputs"));
       seen.insert(&n);
       continue;
     }

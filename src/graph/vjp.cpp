@@ -113,8 +113,11 @@ void rope(VjpContext& c) {
 void sdpa(VjpContext& c) {
   const auto& a = c.node->attrs();
   Node* lse = c.b.output(c.node, 1, "lse");
-  Node* bwd = c.b.sdpa_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"), "dq");
+  Node* doc_start = c.node->inputs().size() > 3 ? c.in(3) : nullptr;  // integer: no gradient
+  Node* bwd = c.b.sdpa_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"), "dq",
+                                doc_start);
   c.input_grads = {bwd, c.b.output(bwd, 1, "dk"), c.b.output(bwd, 2, "dv")};
+  if (doc_start) c.input_grads.push_back(nullptr);
 }
 
 void cross_entropy_sum(VjpContext& c) {

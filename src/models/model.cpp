@@ -17,12 +17,15 @@ std::string llama_layer(int64_t l) { return "model.layers." + std::to_string(l) 
 
 struct Inputs {
   Node *ids, *pos, *labels;
+  Node* doc_start;  // packed documents: [B, S] where each token's document begins; nullptr without
 };
 
-Inputs make_inputs(Builder& b) {
-  return {b.input("input_ids", DType::i64, {B, S}, Role::input_ids),
-          b.input("position_ids", DType::i64, {B, S}, Role::position_ids),
-          b.input("labels", DType::i64, {B, S}, Role::labels)};
+Inputs make_inputs(Builder& b, bool document_mask) {
+  Inputs in{b.input("input_ids", DType::i64, {B, S}, Role::input_ids),
+            b.input("position_ids", DType::i64, {B, S}, Role::position_ids),
+            b.input("labels", DType::i64, {B, S}, Role::labels), nullptr};
+  if (document_mask) in.doc_start = b.input("doc_start", DType::i64, {B, S}, Role::doc_start);
+  return in;
 }
 
 // [B, S, H·D] → [B, H, S, D]
@@ -46,11 +49,11 @@ void finish(Builder& b, Node* logits, Node* labels, DType dtype) {
   g.add_output(loss);
 }
 
-std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt) {
+std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, bool document_mask) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, D = m.head_dim(), V = m.vocab_size;
-  auto in = make_inputs(b);
+  auto in = make_inputs(b, document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   // Parameters are created right before their first use, in a fixed order (argument evaluation
   // order is unspecified in C++, so every node is made in its own statement).
@@ -78,7 +81,7 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt) {
     Node* q = to_heads(b, parts[0], N, D, "q");
     Node* k = to_heads(b, parts[1], N, D, "k");
     Node* v = to_heads(b, parts[2], N, D, "v");
-    Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn");
+    Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn", in.doc_start);
     Node* proj = conv1d(from_heads(b, o, N, D, "attn_out"), h + "attn.c_proj", C, C, "attn_proj");
     x = b.add(x, proj, "res1");
     // MLP: [B, S, C] → [B, S, 4C] → [B, S, C]
@@ -108,12 +111,12 @@ Node* with_rope_scaling(Node* rope, const RopeScalingConfig& s) {
   return rope;
 }
 
-std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt) {
+std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, bool document_mask) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, Nkv = m.num_key_value_heads, D = m.head_dim();
   const int64_t V = m.vocab_size, I = m.intermediate_size;
-  auto in = make_inputs(b);
+  auto in = make_inputs(b, document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   Node* embed = p("model.embed_tokens.weight", {V, C});
   Node* x = b.embedding(embed, in.ids, "x");
@@ -135,7 +138,7 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt) {
     Node* v = to_heads(b, linear(a, h + "self_attn.v_proj", Nkv * D, C, "v_proj"), Nkv, D, "v");
     q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m.rope_scaling);
     k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m.rope_scaling);
-    Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn");
+    Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn", in.doc_start);
     Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, "o_proj");
     x = b.add(x, proj, "res1");
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
@@ -156,10 +159,10 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt) {
 
 }  // namespace
 
-std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype) {
+std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, bool document_mask) {
   switch (m.arch) {
-    case Arch::gpt2: return build_gpt2(m, dtype);
-    case Arch::llama: return build_llama(m, dtype);
+    case Arch::gpt2: return build_gpt2(m, dtype, document_mask);
+    case Arch::llama: return build_llama(m, dtype, document_mask);
   }
   AUTOSP_ASSERT(false, "model.arch ", static_cast<int>(m.arch));
   return nullptr;

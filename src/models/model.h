@@ -23,8 +23,11 @@ struct ParamSpec {
 
 std::vector<ParamSpec> param_specs(const ModelConfig& m);
 
-// The forward graph in `dtype` (f32 or f64). Outputs: logits, then loss.
-std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype);
+// The forward graph in `dtype` (f32 or f64). Outputs: logits, then loss. With `document_mask`
+// (packed documents, data.document_mask) the graph has a fourth input doc_start [B, S] (tagged
+// doc_start): token t's document begins at position doc_start[t] of its sequence, and every
+// attention keeps query t to the keys [doc_start[t], t].
+std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, bool document_mask = false);
 
 // The name prefix of each transformer layer's nodes ("l0.", … for Llama, "h0.", … for GPT-2):
 // the scopes activation checkpointing recomputes.

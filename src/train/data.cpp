@@ -67,6 +67,27 @@ Batch make_batch(int64_t batch, int64_t seq_len, std::vector<int64_t> input, std
           Tensor::from_vector<int64_t>({batch, seq_len}, pos)};
 }
 
+// ---- packed documents ---------------------------------------------------------------------------
+
+// A source whose batches get their documents marked (data.document_mask).
+class DocumentSource final : public DataSource {
+ public:
+  DocumentSource(std::unique_ptr<DataSource> inner, int64_t eos) : inner_(std::move(inner)), eos_(eos) {}
+  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const override {
+    Batch b = inner_->get(step, dp_rank, dp_size);
+    mark_documents(b, eos_);
+    return b;
+  }
+  int64_t num_tokens() const override { return inner_->num_tokens(); }
+  std::string describe() const override {
+    return str(inner_->describe(), ", packed documents (EOS ", eos_, ", document mask)");
+  }
+
+ private:
+  std::unique_ptr<DataSource> inner_;
+  int64_t eos_;
+};
+
 // ---- token streams (tokens and text) ----------------------------------------------------------
 
 // A token stream held in memory (uint32 for llm.c shards, uint8 for text), read in the order of
@@ -381,8 +402,8 @@ std::vector<std::string> expand_path(const std::string& pattern) {
 }
 
 
-std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
-  check_sizes(cfg, vocab_size);
+namespace {
+std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   switch (cfg.source) {
     case DataSourceKind::synthetic: return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
     case DataSourceKind::tokens: return make_tokens_source(cfg, vocab_size);
@@ -390,6 +411,37 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t voca
   }
   AUTOSP_ASSERT(false, "data.source ", static_cast<int>(cfg.source));
   return nullptr;
+}
+}  // namespace
+
+std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
+  check_sizes(cfg, vocab_size);
+  if (cfg.document_mask && (cfg.eos_token_id < 0 || cfg.eos_token_id >= vocab_size))
+    throw UsageError(str("data.document_mask needs data.eos_token_id in [0, ", vocab_size, "), got ", cfg.eos_token_id));
+  auto source = make_stream(cfg, vocab_size, seed);
+  if (!cfg.document_mask) return source;
+  return std::make_unique<DocumentSource>(std::move(source), cfg.eos_token_id);
+}
+
+void mark_documents(Batch& b, int64_t eos) {
+  const Tensor ids = b.input_ids.contiguous();
+  AUTOSP_ASSERT(ids.dtype() == DType::i64 && ids.rank() == 2 && b.labels.dtype() == DType::i64 &&
+                    b.labels.shape() == ids.shape(), "mark_documents: input_ids ", ids.str(), ", labels ", b.labels.str());
+  const int64_t B = ids.dim(0), S = ids.dim(1);
+  const int64_t* in = ids.data<int64_t>();
+  const Tensor lab = b.labels.contiguous();
+  std::vector<int64_t> labels(lab.data<int64_t>(), lab.data<int64_t>() + lab.numel());
+  std::vector<int64_t> start(static_cast<size_t>(B * S)), pos(start.size());
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = 0; t < S; ++t) {
+      const size_t i = static_cast<size_t>(r * S + t);
+      start[i] = t == 0 || in[i - 1] == eos ? t : start[i - 1];  // a document starts after each EOS
+      pos[i] = t - start[i];
+      if (in[i] == eos) labels[i] = kIgnore;  // an EOS's target is the next document's first token
+    }
+  b.labels = Tensor::from_vector<int64_t>({B, S}, labels);
+  b.position_ids = Tensor::from_vector<int64_t>({B, S}, pos);
+  b.doc_start = Tensor::from_vector<int64_t>({B, S}, start);
 }
 
 // logits [rows, V] (any leading dims whose product is rows), labels [rows] (i64 or i32).

@@ -14,6 +14,12 @@
 //              is -100. Answering needs attention across the whole sequence, so a falling loss shows
 //              that attention spans it; `accuracy` reports the task's accuracy.
 // Every malformed input (file, header, sizes, token ≥ vocab) is a UsageError naming the file.
+//
+// Packed documents (data.document_mask with data.eos_token_id, tokens and text sources): a document
+// ends with its EOS, which belongs to it; a sequence's first token starts one. Then position_ids
+// restart at 0 at each document's first token, doc_start[t] is the position where token t's
+// document begins (attention keeps query t to the keys [doc_start[t], t]), and the target of an
+// EOS, the next document's first token, is ignored (-100). The read order does not change.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +33,12 @@ namespace autosp {
 
 struct Batch {
   Tensor input_ids, labels, position_ids;  // i64 [batch, seq_len]
+  Tensor doc_start;                        // i64 [batch, seq_len] with data.document_mask, else undefined
 };
+
+// Marks the documents of `b` (input_ids and labels set) as above: sets doc_start, restarts
+// position_ids, ignores the targets of `eos`.
+void mark_documents(Batch& b, int64_t eos);
 
 class DataSource {
  public:

@@ -62,6 +62,12 @@ expect_ok "all_to_all" "${llama[@]}" --stage insert_attention_all_to_all
 expect_lacks "role=gradient" "${llama[@]}" --stage fuse_elementwise
 expect_ok "role=gradient" "${llama[@]}" --stage autograd
 expect_ok "cast(" --config "$src/configs/gpt2-tiny.json" --set runtime.dtype=bfloat16 --stage mixed_precision
+# Packed documents: the doc_start input, its slice, and the one all-to-all that gathers it for attention.
+docs=("${llama[@]}" --set data.source=tokens --set data.path=x.bin --set data.eos_token_id=2 --set data.document_mask=true)
+expect_ok "role=doc_start" "${docs[@]}" --stage forward
+expect_ok "slice(%doc_start" "${docs[@]}" --stage shard_doc_start
+expect_ok "all_to_all(%doc_start.r.rep" "${docs[@]}" --stage insert_attention_all_to_all
+expect_ok "%doc_start.r.full, causal=true" "${docs[@]}" --stage autosp
 
 echo '{"model": {"arch": "gpt3"}}' >"$tmp/bad-arch.json"
 echo '{"model": ' >"$tmp/truncated.json"

@@ -215,6 +215,13 @@ row 'empty.bin: empty file' "${c[@]}" "${tokens[@]}$tmp/empty.bin"
 row 'no file matches the pattern' "${c[@]}" "${tokens[@]}$tmp/shards_*.bin"
 row 'adir: not a regular file' "${c[@]}" "${tokens[@]}$tmp/adir"
 row 'fifo: not a regular file' "${c[@]}" "${tokens[@]}$tmp/fifo"
+# packed documents
+row 'data.document_mask needs data.eos_token_id' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set data.document_mask=true
+row 'data.eos_token_id 32 is outside the vocabulary' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set data.document_mask=true --set data.eos_token_id=32
+row 'data.eos_token_id' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set data.document_mask=true --set data.eos_token_id=-1
+row 'data.document_mask' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set data.document_mask=maybe --set data.eos_token_id=2
+row 'the synthetic task has none' "${c[@]}" --set data.document_mask=true --set data.eos_token_id=2
+row 'cannot apply the document mask' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set data.document_mask=true --set data.eos_token_id=2 --set runtime.device=cuda --set runtime.attention=cudnn
 # text
 row 'empty.txt: empty file' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/empty.txt"
 row 'short.txt: the text holds 5 bytes' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/short.txt"

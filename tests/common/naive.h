@@ -311,8 +311,17 @@ inline Vec softmax_backward(const Vec& dy, const Vec& y, int64_t rows, int64_t C
 // Materialises the full score matrix. q [B, N, Sq, D], k, v [B, Nkv, Skv, D] → o [B, N, Sq, D];
 // query head h reads kv head h / (N / Nkv). Causal: query i sees keys j ≤ i + (Skv - Sq). A query
 // that sees no key gets o = 0 and lse = -inf. lse [B, N, Sq] is written when non-null.
+// Packed documents (`starts`, document starts [B, Sq], may be null): query i of batch b also sees
+// key j only when j ≥ starts[b·Sq + i], tested per element.
+inline bool sdpa_visible(bool causal, const std::vector<int64_t>* starts, int64_t b, int64_t i, int64_t j,
+                         int64_t Sq, int64_t Skv) {
+  if (causal && j > i + (Skv - Sq)) return false;
+  return starts == nullptr || j >= (*starts)[size_t(b * Sq + i)];
+}
+
 inline Vec sdpa(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t N, int64_t Nkv,
-                int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, Vec* lse = nullptr) {
+                int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, Vec* lse = nullptr,
+                const std::vector<int64_t>* docs = nullptr) {
   Vec o(size_t(B * N * Sq * D), 0.0);
   if (lse) lse->assign(size_t(B * N * Sq), 0.0);
   const int64_t group = N / Nkv;
@@ -328,7 +337,7 @@ inline Vec sdpa(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t N, 
         for (int64_t j = 0; j < Skv; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += qh[i * D + d] * kh[j * D + d];
-          const bool visible = !causal || j <= i + (Skv - Sq);
+          const bool visible = sdpa_visible(causal, docs, b, i, j, Sq, Skv);
           score[size_t(i * Skv + j)] = visible ? dot * scale : -std::numeric_limits<double>::infinity();
         }
       for (int64_t i = 0; i < Sq; ++i) {
@@ -355,7 +364,7 @@ inline Vec sdpa(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t N, 
 // dk, dv of a kv head sum over its query heads. Outputs are resized.
 inline void sdpa_backward(const Vec& q, const Vec& k, const Vec& v, const Vec& dout, int64_t B, int64_t N,
                           int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, Vec& dq,
-                          Vec& dk, Vec& dv) {
+                          Vec& dk, Vec& dv, const std::vector<int64_t>* docs = nullptr) {
   dq.assign(size_t(B * N * Sq * D), 0.0);
   dk.assign(size_t(B * Nkv * Skv * D), 0.0);
   dv.assign(size_t(B * Nkv * Skv * D), 0.0);
@@ -370,7 +379,7 @@ inline void sdpa_backward(const Vec& q, const Vec& k, const Vec& v, const Vec& d
         for (int64_t j = 0; j < Skv; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += q[qo + size_t(i * D + d)] * k[ko + size_t(j * D + d)];
-          const bool visible = !causal || j <= i + (Skv - Sq);
+          const bool visible = sdpa_visible(causal, docs, b, i, j, Sq, Skv);
           P[size_t(i * Skv + j)] = visible ? dot * scale : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, P[size_t(i * Skv + j)]);
         }

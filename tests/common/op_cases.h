@@ -162,6 +162,13 @@ inline const std::vector<OpCase>& op_cases() {
              [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
                return naive::sdpa(in[0], in[1], in[2], sh[0][0], 4, 2, sh[0][2], sh[1][2], 8, 0.3, true);
              }},
+      // Document starts drawn in [0, S): rows whose start lies past them see no key at all.
+      OpCase{"sdpa_documents_gqa", Op::sdpa, {{{B, 4, S, 8}}, {{B, 2, S, 8}}, {{B, 2, S, 8}}, {{B, S}, true, 5}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.sdpa(x[0], x[1], x[2], true, 0.3, "attn", x[3]); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               const std::vector<int64_t> starts = as_ids(in[3]);
+               return naive::sdpa(in[0], in[1], in[2], sh[0][0], 4, 2, sh[0][2], sh[1][2], 8, 0.3, true, nullptr, &starts);
+             }},
       OpCase{"sdpa_full", Op::sdpa, {{{B, 2, S, 4}}, {{B, 2, S + 2, 4}}, {{B, 2, S + 2, 4}}},
              [](Builder& b, const std::vector<Node*>& x) { return b.sdpa(x[0], x[1], x[2], false, 0.5); },
              [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {

@@ -156,6 +156,16 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"train": {"max_shard_mb": "5GB"}})", {}, "train.max_shard_mb"},
       {R"({"model": {"n_embd": 4}})", {}, "did you mean 'model.hidden_size'"},
       {R"({"model_type": "gpt2", "n_embd": 32, "attention_bias": true})", {}, "unknown key 'attention_bias'"},
+      {R"({"data": {"eos_token_id": -2}})", {}, "data.eos_token_id"},
+      {R"({"data": {"eos_token_id": 1.5}})", {}, "data.eos_token_id"},
+      {R"({"data": {"eos_token_id": "eos"}})", {}, "data.eos_token_id"},
+      {R"({"data": {"eos_token_id": 50257}})", {}, "data.eos_token_id 50257 is outside the vocabulary"},
+      {R"({"data": {"document_mask": "true"}})", {}, "data.document_mask"},
+      {R"({"data": {"document_mask": true}})", {"data.source=tokens", "data.path=x"}, "needs data.eos_token_id"},
+      {R"({"data": {"document_mask": true, "eos_token_id": 2}})", {}, "the synthetic task has none"},
+      {R"({"data": {"document_mask": true, "eos_token_id": 2, "source": "text", "path": "x"},
+           "model": {"vocab_size": 256}, "runtime": {"device": "cuda", "attention": "cudnn"}})", {},
+       "cannot apply the document mask"},
       {R"({})", {"train.lr=" + std::string(40, '[') + std::string(40, ']')}, "train.lr"},
   };
   for (const auto& t : table) {

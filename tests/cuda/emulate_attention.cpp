@@ -27,7 +27,23 @@ using autosp::cuda::bf16;
 struct Case {
   int64_t B, N, Nkv, Sq, Skv, D;
   bool causal;
+  int64_t doc_len = 0;  // packed documents (Sq == Skv, causal): lengths cycling doc_len, doc_len / 3 + 1, …; 0: none
 };
+
+// Document starts [B, Sq] of documents whose lengths cycle through doc_len, doc_len / 3 + 1 and
+// 2·doc_len + 5 (starting at a different point on each row), so tiles hold 0, 1 or several starts.
+std::vector<int64_t> document_starts(const Case& c) {
+  std::vector<int64_t> starts(size_t(c.B * c.Sq));
+  const int64_t lens[3] = {c.doc_len, c.doc_len / 3 + 1, 2 * c.doc_len + 5};
+  for (int64_t b = 0; b < c.B; ++b) {
+    int64_t begin = 0, next = lens[b % 3], which = b % 3;
+    for (int64_t t = 0; t < c.Sq; ++t) {
+      if (t == next) begin = t, which = (which + 1) % 3, next = t + lens[which];
+      starts[size_t(b * c.Sq + t)] = begin;
+    }
+  }
+  return starts;
+}
 
 bf16 to_bf16(float x) {
   const uint16_t h = cpu::f32_to_bf16(x);
@@ -76,7 +92,9 @@ naive::Vec widen(const std::vector<T>& x) {
 template <class T, bool kMma>
 void check_emulated(const Case& c, uint32_t seed) {
   INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv << " D " << c.D
-            << " causal " << c.causal << (kMma ? " mma" : " simt"));
+            << " causal " << c.causal << " documents " << c.doc_len << (kMma ? " mma" : " simt"));
+  const std::vector<int64_t> starts_v = c.doc_len > 0 ? document_starts(c) : std::vector<int64_t>();
+  const int64_t* starts = c.doc_len > 0 ? starts_v.data() : nullptr;
   const cuda::SdpaKernel kernel = kMma ? cuda::SdpaKernel::automatic : cuda::SdpaKernel::simt;
   const double tol = std::is_same_v<T, bf16> ? 1e-2 : 1e-5;
   const double scale = 1.0 / std::sqrt(double(c.D));
@@ -89,11 +107,11 @@ void check_emulated(const Case& c, uint32_t seed) {
   // CPU reference (float, on the values the kernel sees)
   std::vector<float> o_ref(static_cast<size_t>(nq)), lse_ref(static_cast<size_t>(nl));
   cpu::sdpa_forward<float>(qf.data(), kf.data(), vf.data(), o_ref.data(), lse_ref.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv,
-                           c.D, scale, c.causal);
+                           c.D, scale, c.causal, starts);
   std::vector<T> o(static_cast<size_t>(nq));
   std::vector<float> lse(static_cast<size_t>(nl));
   cuda::sdpa_forward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale,
-                        c.causal, nullptr, kernel);
+                        c.causal, nullptr, kernel, starts);
   test::check_close(widen(o), widen(o_ref), tol);
   test::check_close(widen(lse), widen(lse_ref), tol);
 
@@ -103,10 +121,10 @@ void check_emulated(const Case& c, uint32_t seed) {
   std::vector<float> gq_ref(static_cast<size_t>(nq)), gk_ref(static_cast<size_t>(nkv)),
       gv_ref(static_cast<size_t>(nkv));
   cpu::sdpa_backward<float>(qf.data(), kf.data(), vf.data(), o_seen.data(), lse_ref.data(), dof.data(), gq_ref.data(),
-                            gk_ref.data(), gv_ref.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal);
+                            gk_ref.data(), gv_ref.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, starts);
   std::vector<T> gq(static_cast<size_t>(nq)), gk(static_cast<size_t>(nkv)), gv(static_cast<size_t>(nkv));
   cuda::sdpa_backward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), gq.data(), gk.data(),
-                         gv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, nullptr, kernel);
+                         gv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, nullptr, kernel, starts);
   {
     INFO("dq");
     test::check_close(widen(gq), widen(gq_ref), tol);
@@ -142,4 +160,16 @@ TEST_CASE("emulated SIMT attention matches the CPU", "[cuda-emulation][attention
   check_emulated<float, false>(Case{1, 2, 2, 20, 45, 100, false}, seed += 4);
   check_emulated<float, false>(Case{1, 2, 1, 40, 20, 64, true}, seed += 4);
   check_emulated<bf16, false>(Case{1, 2, 1, 40, 40, 64, true}, seed += 4);
+}
+
+TEST_CASE("emulated attention with a document mask matches the CPU", "[cuda-emulation][attention][documents]") {
+  uint32_t seed = 1500;
+  // Tensor cores: documents shorter than, across and longer than the 64-row tiles.
+  check_emulated<bf16, true>(Case{2, 4, 2, 200, 200, 64, true, 20}, seed += 4);
+  check_emulated<bf16, true>(Case{1, 2, 1, 260, 260, 64, true, 70}, seed += 4);
+  check_emulated<bf16, true>(Case{1, 2, 2, 150, 150, 128, true, 45}, seed += 4);
+  // SIMT: tiles of 32 keys and 8 query rows.
+  check_emulated<float, false>(Case{2, 2, 1, 90, 90, 16, true, 7}, seed += 4);
+  check_emulated<float, false>(Case{1, 2, 2, 100, 100, 64, true, 40}, seed += 4);
+  check_emulated<bf16, false>(Case{1, 2, 1, 70, 70, 64, true, 1}, seed += 4);
 }

@@ -44,8 +44,8 @@ PassContext ctx_of(int64_t p, int64_t r, int64_t world = 0) {
   return c;
 }
 
-std::string run_prefix(const ModelConfig& m, const PassContext& ctx, size_t passes) {
-  auto g = build_forward(m, DType::f32);
+std::string run_prefix(const ModelConfig& m, const PassContext& ctx, size_t passes, bool documents = false) {
+  auto g = build_forward(m, DType::f32, documents);
   std::vector<Pass> prefix(autosp_pipeline().begin(), autosp_pipeline().begin() + static_cast<std::ptrdiff_t>(passes));
   run_pipeline(*g, prefix, ctx);
   return to_text(*g);
@@ -73,6 +73,8 @@ TEST_CASE("the full pipeline matches golden IR for other ranks and models", "[au
   gpt2.max_position_embeddings = 128;
   check_golden("autosp/gpt2-p2r1.txt", run_prefix(gpt2, ctx_of(2, 1), all));
   check_golden("autosp/llama-dp2-p1.txt", run_prefix(tiny_llama(4, 2), ctx_of(1, 0, 2), all));  // data parallel only
+  // Packed documents: doc_start sliced like position_ids, then gathered once for every attention.
+  check_golden("autosp/llama-documents-p2r1.txt", run_prefix(tiny_llama(4, 2), ctx_of(2, 1), all, true));
 }
 
 TEST_CASE("slice bounds depend on the rank", "[autosp]") {

@@ -12,6 +12,10 @@ IN         input_ids, labels, position_ids: I64 [B, S]; labels may hold -100 (ig
            already shifted (label[t] = token[t+1]); nothing is shifted here.
 OUT        logits [B,S,V], loss [], loss_sum [] (in --dtype), valid_count [] (I64); with --grads
            also "grad.<name>" for every weight, under the name used in W (tied weights: one gradient).
+--eos ID   packed documents, built here by hand from input_ids (position_ids in IN are ignored): a
+           document ends with its EOS; attention is causal inside each document (an explicit
+           block-diagonal mask), positions restart at 0 per document, and an EOS's target is
+           ignored. OUT then also holds the position_ids and labels used.
 
 loss = loss_sum / valid_count = F.cross_entropy(ignore_index=-100, reduction="mean").
 Threads: torch.set_num_threads($OMP_NUM_THREADS) when that is set.
@@ -157,10 +161,10 @@ def check_batch(cfg, tensors, path, suffix=""):
     return out
 
 
-def run(cfg, params, batch, want_grads):
+def run(cfg, params, batch, want_grads, mask=None):
     """Returns (logits, loss, loss_sum, valid_count, {canonical name: grad} or None)."""
     with torch.set_grad_enabled(want_grads):
-        logits = tm.forward(cfg, params, batch["input_ids"], batch["position_ids"])
+        logits = tm.forward(cfg, params, batch["input_ids"], batch["position_ids"], mask)
         loss, loss_sum, valid = tm.token_loss(logits, batch["labels"])
     grads = None
     if want_grads:
@@ -178,6 +182,7 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--out", required=True)
     ap.add_argument("--grads", action="store_true", help="also write grad.<weight name> for every weight")
+    ap.add_argument("--eos", type=int, help="packed documents separated by this token (see above)")
     args = ap.parse_args(argv)
 
     threads = os.environ.get("OMP_NUM_THREADS", "").strip()
@@ -198,9 +203,18 @@ def main(argv=None):
     if int((batch["labels"] != -100).sum()) == 0:
         warn(f"{args.batch}: every label is -100; loss is 0/0 = nan (like F.cross_entropy)")
 
-    logits, loss, loss_sum, valid, grads = run(cfg, params, batch, args.grads)
+    mask = None
+    if args.eos is not None:
+        if not 0 <= args.eos < cfg.vocab_size:
+            print(f"error: --eos {args.eos} is outside the vocabulary [0, {cfg.vocab_size})", file=sys.stderr)
+            return 2
+        mask, batch["position_ids"], batch["labels"] = tm.document_batch(batch["input_ids"], batch["labels"], args.eos)
+    logits, loss, loss_sum, valid, grads = run(cfg, params, batch, args.grads, mask)
     out = {"logits": logits, "loss": loss.reshape(()), "loss_sum": loss_sum.reshape(()),
            "valid_count": valid.to(torch.int64).reshape(())}
+    if args.eos is not None:
+        out["position_ids"] = batch["position_ids"]
+        out["labels"] = batch["labels"]
     if grads is not None:
         for canon in params:
             out["grad." + names[canon]] = grads[canon]

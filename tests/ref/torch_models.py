@@ -180,12 +180,16 @@ def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def causal_attention(q, k, v):
-    """q, k, v [B, N, S, D] -> [B, N, S, D]; materialised causal softmax(q k^T / sqrt(D)) v."""
+def causal_attention(q, k, v, mask=None):
+    """q, k, v [B, N, S, D] -> [B, N, S, D]; materialised causal softmax(q k^T / sqrt(D)) v.
+    mask: bool [B, S, S] (True = visible), used instead of the causal mask when given."""
     S, D = q.shape[-2], q.shape[-1]
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
-    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+    if mask is None:
+        visible = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+    else:
+        visible = mask[:, None]
+    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v)
 
@@ -220,7 +224,29 @@ def repeat_kv(x, rep):
 # ---------------------------------------------------------------------------------------------------
 # models
 
-def gpt2_forward(cfg, p, input_ids, position_ids):
+def document_batch(input_ids, labels, eos):
+    """Packed documents, built by hand: a document ends with its EOS (which belongs to it).
+    Returns (mask [B, S, S] bool: causal inside each document, position_ids restarting at 0 per
+    document, labels with the EOS targets (the next document's first token) set to -100)."""
+    B, S = input_ids.shape
+    is_eos = input_ids == eos
+    # doc[t] = number of EOS strictly before t
+    doc = torch.cat([torch.zeros(B, 1, dtype=torch.int64), is_eos[:, :-1].to(torch.int64).cumsum(1)], dim=1)
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    mask = (doc[:, :, None] == doc[:, None, :]) & causal
+    pos = torch.zeros(B, S, dtype=torch.int64)
+    for b in range(B):
+        first = 0
+        for t in range(S):
+            if t > 0 and bool(is_eos[b, t - 1]):
+                first = t
+            pos[b, t] = t - first
+    labels = labels.clone()
+    labels[is_eos] = -100
+    return mask, pos, labels
+
+
+def gpt2_forward(cfg, p, input_ids, position_ids, mask=None):
     B, S = input_ids.shape
     C, N, D, eps = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.norm_eps
     wte = p["transformer.wte.weight"]
@@ -233,7 +259,7 @@ def gpt2_forward(cfg, p, input_ids, position_ids):
         q = q.view(B, S, N, D).transpose(1, 2)
         k = k.view(B, S, N, D).transpose(1, 2)
         v = v.view(B, S, N, D).transpose(1, 2)
-        o = causal_attention(q, k, v).transpose(1, 2).reshape(B, S, C)
+        o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, C)
         x = x + conv1d(o, p[pre + "attn.c_proj.weight"], p[pre + "attn.c_proj.bias"])
         m = F.layer_norm(x, (C,), p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], eps)
         h = gelu_tanh(conv1d(m, p[pre + "mlp.c_fc.weight"], p[pre + "mlp.c_fc.bias"]))
@@ -242,7 +268,7 @@ def gpt2_forward(cfg, p, input_ids, position_ids):
     return F.linear(x, wte)
 
 
-def llama_forward(cfg, p, input_ids, position_ids):
+def llama_forward(cfg, p, input_ids, position_ids, mask=None):
     B, S = input_ids.shape
     N, Nkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.norm_eps
     emb = p["model.embed_tokens.weight"]
@@ -258,7 +284,7 @@ def llama_forward(cfg, p, input_ids, position_ids):
         k = apply_rope(k, cos, sin)
         k = repeat_kv(k, N // Nkv)
         v = repeat_kv(v, N // Nkv)
-        o = causal_attention(q, k, v).transpose(1, 2).reshape(B, S, N * D)
+        o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, N * D)
         x = x + F.linear(o, p[pre + "self_attn.o_proj.weight"])
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
         g = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
@@ -268,11 +294,11 @@ def llama_forward(cfg, p, input_ids, position_ids):
     return F.linear(x, head)
 
 
-def forward(cfg, params, input_ids, position_ids):
-    """logits [B, S, V] in the parameters' dtype."""
+def forward(cfg, params, input_ids, position_ids, mask=None):
+    """logits [B, S, V] in the parameters' dtype; mask: see causal_attention."""
     if cfg.arch == "gpt2":
-        return gpt2_forward(cfg, params, input_ids, position_ids)
-    return llama_forward(cfg, params, input_ids, position_ids)
+        return gpt2_forward(cfg, params, input_ids, position_ids, mask)
+    return llama_forward(cfg, params, input_ids, position_ids, mask)
 
 
 def token_loss(logits, labels):

@@ -202,24 +202,28 @@ Tensor rope(const KernelCall& c) {
   });
 }
 
-// o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (saved for the backward)
+// o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (saved for the backward). Input 3 (optional):
+// the document starts [B, Sq].
 Tensor sdpa(const KernelCall& c) {
   const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
+  const Tensor docs = c.in.size() > 3 ? ids64(c.in[3]) : Tensor();
   return by_float(c, q.dtype(), [&]<class T>() {
     Tensor y = out_like(c, q.dtype());
     Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, q.dtype());
     cpu::sdpa_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), y.data<T>(), lse.data<T>(), q.dim(0), q.dim(1),
-                         k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"));
+                         k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
+                         docs.defined() ? docs.data<int64_t>() : nullptr);
     c.extras.push_back(lse);
     return y;
   });
 }
 
-// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout.
+// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
 Tensor sdpa_backward(const KernelCall& c) {
   std::vector<Tensor> t;
   for (const Tensor& x : c.in) t.push_back(x.contiguous());
   const Tensor &q = t[0], &k = t[1], &v = t[2];
+  const Tensor docs = t.size() > 6 ? ids64(t[6]) : Tensor();
   return by_float(c, q.dtype(), [&]<class T>() {
     Tensor dq = out_like(c, q.dtype());
     Tensor dk = extra_like(c, k.shape(), k.dtype());
@@ -228,7 +232,8 @@ Tensor sdpa_backward(const KernelCall& c) {
     c.extras.push_back(dv);
     cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), t[3].data<T>(), t[4].data<T>(), t[5].data<T>(),
                           dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
-                          q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"));
+                          q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
+                          docs.defined() ? docs.data<int64_t>() : nullptr);
     return dq;
   });
 }

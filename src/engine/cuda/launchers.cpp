@@ -381,8 +381,10 @@ void check_attention(const KernelCall& c, const Tensor& q) {
 template <class T>
 bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
   if (c.attention != AttentionBackend::cudnn) return false;
-  const std::string why = cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
-                                                          c.node.attrs().b("causal"));
+  const bool documents = c.in.size() > (c.node.op() == Op::sdpa ? 3u : 6u);  // config.cpp refuses this pairing
+  const std::string why = documents ? std::string("a document mask (doc_start)")
+                                    : cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
+                                                                      q.dim(3), c.node.attrs().b("causal"));
   if (why.empty()) return true;
   static std::mutex mu;
   static std::set<std::string> warned;
@@ -395,9 +397,10 @@ bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
 }  // namespace
 
 // o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (written in f32; cast when the op table declares
-// another dtype).
+// another dtype). Input 3 (optional): the document starts [B, Sq], i64.
 Tensor sdpa(const KernelCall& c) {
   const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2);
+  const Tensor docs = c.in.size() > 3 ? ids64(c, 3) : Tensor();
   check_attention(c, q);
   return by_float<false>(c, q.dtype(), [&]<class T>() {
     Tensor o = out_like(c, q.dtype());
@@ -411,16 +414,18 @@ Tensor sdpa(const KernelCall& c) {
                                   k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c));
     else
       cuda::sdpa_forward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse32), q.dim(0), q.dim(1), k.dim(1),
-                            q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c));
+                            q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c), cuda::SdpaKernel::automatic,
+                            docs.defined() ? ptr<int64_t>(docs) : nullptr);
     settle_scalar(lse32, lse, stream(c));
     c.extras.push_back(lse);
     return o;
   });
 }
 
-// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout.
+// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, the document starts).
 Tensor sdpa_backward(const KernelCall& c) {
   const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2), o = arg(c, 3), dout = arg(c, 5);
+  const Tensor docs = c.in.size() > 6 ? ids64(c, 6) : Tensor();
   const Tensor lse = cudart::cast(on_device(c, 4), DType::f32, c.alloc, stream(c));
   check_attention(c, q);
   return by_float<false>(c, q.dtype(), [&]<class T>() {
@@ -438,7 +443,7 @@ Tensor sdpa_backward(const KernelCall& c) {
     else
       cuda::sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout), ptr<T>(dq),
                              ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale,
-                             causal, stream(c));
+                             causal, stream(c), cuda::SdpaKernel::automatic, docs.defined() ? ptr<int64_t>(docs) : nullptr);
     return dq;
   });
 }

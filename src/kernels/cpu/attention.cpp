@@ -15,6 +15,9 @@
 // Causal masking: key blocks past a query block's last visible key are never visited; only the
 // tiles on the diagonal apply a per-row limit. A query row that sees no key at all (causal with
 // Sq > Skv, or Skv == 0) gets o = 0, lse = -inf, and adds nothing in the backward (dq = 0).
+// Document masking (doc_start) works the same way from the other side: key blocks before the
+// earliest document start of a query block are never visited, and a tile that holds a start
+// keeps each row to the keys [start - j0, limit).
 //
 // Forward: parallel over (b, head, query block), late query blocks (most keys) first. Per query
 // block, keys are visited in blocks with an online softmax: per row a running max m and sum l
@@ -299,6 +302,17 @@ int64_t visible_end(bool causal, int64_t i0, int64_t bq, int64_t shift, int64_t 
 int64_t row_limit(bool causal, int64_t i, int64_t shift, int64_t j0, int64_t bk) {
   return causal ? std::clamp<int64_t>(i + shift + 1 - j0, 0, bk) : bk;
 }
+// Document masking: the first key a query block [i0, i0 + bq) can see (its rows' earliest
+// document start; 0 without doc_start), and the first key row i sees inside the block at j0.
+int64_t visible_begin(const int64_t* doc_start, int64_t i0, int64_t bq, int64_t Skv) {
+  if (doc_start == nullptr) return 0;
+  int64_t first = Skv;
+  for (int64_t i = 0; i < bq; ++i) first = std::min(first, doc_start[i0 + i]);
+  return std::clamp<int64_t>(first, 0, Skv);
+}
+int64_t row_begin(const int64_t* doc_start, int64_t i, int64_t j0, int64_t bk) {
+  return doc_start == nullptr ? 0 : std::clamp<int64_t>(doc_start[i] - j0, 0, bk);
+}
 
 void check_sizes(const char* what, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D) {
   AUTOSP_ASSERT(B >= 0 && Sq >= 0 && Skv >= 0 && D > 0, what, " sizes B ", B, " Sq ", Sq, " Skv ", Skv, " D ", D);
@@ -311,7 +325,7 @@ void check_sizes(const char* what, int64_t B, int64_t N, int64_t Nkv, int64_t Sq
 
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
-                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal) {
+                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   const int64_t group = N / Nkv;  // query heads per kv head
   const int64_t BQ = kForwardBlockQ, BK = kForwardBlockK;
@@ -337,24 +351,28 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
       const T* qp = q + (bh * Sq + i0) * D;                    // [bq, D]
       const T* kp = k + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
       const T* vp = v + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
+      const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
       const int64_t kend = visible_end(causal, i0, bq, shift, Skv);
+      const int64_t kbeg = visible_begin(starts, i0, bq, Skv);
 
       std::fill(m.begin(), m.begin() + bq, neg_inf);
       std::fill(l.begin(), l.begin() + bq, 0.0);
       std::fill(acc.begin(), acc.begin() + bq * D, T(0));
 
-      for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+      for (int64_t j0 = kbeg; j0 < kend; j0 += BK) {
         const int64_t bk = std::min(BK, kend - j0);
         // s [bq, bk] = q [bq, D] · k[j0 : j0+bk]ᵀ
         gemm_keys_t(bq, bk, D, qp, kp + j0 * D, panel.data(), BK, s.data(), BK);
         for (int64_t i = 0; i < bq; ++i) {
           T* si = s.data() + i * BK;
           const int64_t lim = row_limit(causal, i0 + i, shift, j0, bk);
+          const int64_t lo = std::min(row_begin(starts, i0 + i, j0, bk), lim);  // keys [lo, lim) are visible
+          std::fill(si, si + lo, T(0));
           std::fill(si + lim, si + bk, T(0));
-          if (lim == 0) continue;  // the row sees nothing here: p = 0, state unchanged
-          const T m_new = std::max(m[i], max_scaled(si, lim, sc));
+          if (lim == lo) continue;  // the row sees nothing here: p = 0, state unchanged
+          const T m_new = std::max(m[i], max_scaled(si + lo, lim - lo, sc));
           const T alpha = std::exp(m[i] - m_new);  // 0 on the row's first visible block
-          l[i] = l[i] * double(alpha) + double(exp_sum(si, lim, sc, m_new));
+          l[i] = l[i] * double(alpha) + double(exp_sum(si + lo, lim - lo, sc, m_new));
           m[i] = m_new;
           if (alpha != T(1)) {
             T* ai = acc.data() + i * D;
@@ -379,7 +397,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                    T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal) {
+                   bool causal, const int64_t* doc_start) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   const int64_t group = N / Nkv;  // query heads per kv head
   const int64_t BQ = kBackwardBlockQ, BK = kBackwardBlockK;
@@ -420,6 +438,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
       std::fill(dkp, dkp + (C > 1 ? kend_c : Skv) * D, T(0));
       std::fill(dvp, dvp + (C > 1 ? kend_c : Skv) * D, T(0));
       const auto [qb0, qb1] = chunk_blocks(c);
+      const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
       for (int64_t h = (bkv % Nkv) * group; h < (bkv % Nkv + 1) * group; ++h) {
         const int64_t bh = b * N + h;
         for (int64_t qb = qb0; qb < qb1; ++qb) {
@@ -436,13 +455,18 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
             delta[size_t(i)] = T(acc);
           }
           const int64_t kend = visible_end(causal, i0, bq, shift, Skv);
-          for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+          for (int64_t j0 = visible_begin(starts, i0, bq, Skv); j0 < kend; j0 += BK) {
             const int64_t bk = std::min(BK, kend - j0);
             gemm_keys_t(bq, bk, D, qp, kp + j0 * D, panel.data(), BK, p.data(), BK);    // p = q · kᵀ
             gemm_keys_t(bq, bk, D, dop, vp + j0 * D, panel.data(), BK, ds.data(), BK);  // ds = dO · vᵀ
             for (int64_t i = 0; i < bq; ++i) {
               const int64_t lim = lp[i] == neg_inf ? 0 : row_limit(causal, i0 + i, shift, j0, bk);
-              probs_and_ds(p.data() + i * BK, ds.data() + i * BK, lim, bk, sc, lp[i], delta[size_t(i)]);
+              const int64_t lo = std::min(row_begin(starts, i0 + i, j0, bk), lim);  // keys [lo, lim) are visible
+              T* pi = p.data() + i * BK;
+              T* dsi = ds.data() + i * BK;
+              std::fill(pi, pi + lo, T(0));
+              std::fill(dsi, dsi + lo, T(0));
+              probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, lp[i], delta[size_t(i)]);
             }
             gemm(true, false, bk, D, bq, T(1), p.data(), BK, dop, D, T(1), dvp + j0 * D, D);   // dv += pᵀ · dO
             gemm(true, false, bk, D, bq, sc, ds.data(), BK, qp, D, T(1), dkp + j0 * D, D);     // dk += scale · dsᵀ · q
@@ -473,15 +497,15 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
 }
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t,
-                                  int64_t, int64_t, int64_t, int64_t, int64_t, double, bool);
+                                  int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*);
 template void sdpa_forward<double>(const double*, const double*, const double*, double*, double*,
-                                   int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool);
+                                   int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*);
 template void sdpa_backward<float>(const float*, const float*, const float*, const float*, const float*,
                                    const float*, float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
-                                   int64_t, int64_t, double, bool);
+                                   int64_t, int64_t, double, bool, const int64_t*);
 template void sdpa_backward<double>(const double*, const double*, const double*, const double*, const double*,
                                     const double*, double*, double*, double*, int64_t, int64_t, int64_t, int64_t,
-                                    int64_t, int64_t, double, bool);
+                                    int64_t, int64_t, double, bool, const int64_t*);
 
 template <class T>
 void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value) {

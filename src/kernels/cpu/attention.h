@@ -6,6 +6,10 @@
 // Causal means query i sees keys j ≤ i + (Skv - Sq) (bottom-right aligned; Sq == Skv in training).
 // Memory is O(block · D) per thread: keys are visited in blocks with an online softmax, never an
 // Sq×Skv matrix. lse[i] = log Σ_j exp(scale · q_i·k_j) over the visible keys.
+// Packed documents: doc_start [B, Sq] (may be null) further keeps query i of batch b to the keys
+// j ≥ doc_start[b·Sq + i] (its document's first token). Key blocks before the earliest start of a
+// query block are never visited, so the cost falls from ~S²/2 to ~Σ (document length)²/2. Any
+// values are safe (a row that sees no key gets o = 0, lse = -inf); nondecreasing starts skip best.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +18,7 @@ namespace autosp::cpu {
 
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
-                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal);
+                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start = nullptr);
 
 // Backward of sdpa_forward from its saved lse (FlashAttention-2 style): the probabilities are
 // recomputed blockwise as P = exp(scale · q·kᵀ - lse), with Δ_i = Σ_d dout_i · o_i;
@@ -24,7 +28,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                    T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal);
+                   bool causal, const int64_t* doc_start = nullptr);
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]);
 // the mask of composite (matmul → softmax → matmul) attention. x and y may alias.

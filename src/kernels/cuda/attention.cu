@@ -30,7 +30,9 @@
 //
 // Both paths: the loops over tiles, heads and lanes run in a fixed order, so results are
 // bitwise reproducible; causal blocks skip the tiles no row of theirs can see, and the heaviest
-// blocks (late queries) are launched first.
+// blocks (late queries) are launched first. Document masking (doc_start, [Sq] per batch) skips the
+// tiles before a block's earliest document start (forward, dq) or the query tiles whose earliest
+// start lies past a block's last key (dk/dv), and masks per element inside the others.
 #include "kernels/cuda/attention.cuh"
 
 #include <algorithm>
@@ -98,6 +100,22 @@ __device__ __forceinline__ int64_t key_end(int64_t i, int64_t Sq, int64_t Skv, b
   return e < 0 ? 0 : (e > Skv ? Skv : e);
 }
 
+// The first key query `i` sees under the document mask (0 without one or outside [0, Sq)).
+__device__ __forceinline__ int64_t key_begin(const int64_t* starts, int64_t i, int64_t Sq) {
+  return starts == nullptr || i < 0 || i >= Sq ? 0 : max64(starts[i], 0);
+}
+
+// The earliest first key of the queries [i0, i0 + n) ∩ [0, Sq), n ≤ 64, computed by a whole warp
+// (every lane gets it; INT64_MAX when the range holds no query); 0 without a document mask.
+__device__ __forceinline__ int64_t warp_key_begin(const int64_t* starts, int64_t i0, int n, int64_t Sq, int lane) {
+  if (starts == nullptr) return 0;
+  long long first = INT64_MAX;
+  for (int r = lane; r < n; r += kWarp)
+    if (i0 + r >= 0 && i0 + r < Sq) first = min64(first, max64(starts[i0 + r], 0));
+  for (int o = 16; o > 0; o >>= 1) first = min64(first, __shfl_xor_sync(0xffffffffu, first, o));
+  return first;
+}
+
 // ---- SIMT ----
 
 // Loads rows [row0, row0 + 32) of src [rows, D] into dst [32][DP] as float, zeros outside.
@@ -134,7 +152,7 @@ __device__ __forceinline__ float simt_dot(const float* a, const float* b) {
 template <class T, int DPL>
 __global__ void __launch_bounds__(kSimtWarps* kWarp)
     sdpa_forward_simt_kernel(const T* q, const T* k, const T* v, T* o, float* lse, int N, int Nkv, int64_t Sq,
-                             int64_t Skv, int D, float scale, bool causal) {
+                             int64_t Skv, int D, float scale, bool causal, const int64_t* doc_start) {
   constexpr int W = kWarp * DPL;
   __shared__ float ks[kSimtTile][W + 1], vs[kSimtTile][W + 1];
   __shared__ float qs[kSimtWarps][W];
@@ -147,14 +165,16 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
   simt_load_row<T, DPL>(qs[warp], q + bh * Sq * D, i, Sq, D, lane);
   const int64_t kend = key_end(min64(Sq - 1, qb * kSimtWarps + kSimtWarps - 1), Sq, Skv, causal);
   const int64_t row_end = key_end(i, Sq, Skv, causal);
+  const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
+  const int64_t row_begin = key_begin(starts, i, Sq);
   float acc[DPL] = {};
   float m = -INFINITY, l = 0.f;
-  for (int64_t j0 = 0; j0 < kend; j0 += kSimtTile) {
+  for (int64_t j0 = warp_key_begin(starts, qb * kSimtWarps, kSimtWarps, Sq, lane); j0 < kend; j0 += kSimtTile) {
     __syncthreads();  // the previous tile is consumed
     simt_load_tile<T, DPL>(ks, kp, j0, Skv, D);
     simt_load_tile<T, DPL>(vs, vp, j0, Skv, D);
     __syncthreads();
-    const bool visible = j0 + lane < row_end;
+    const bool visible = j0 + lane < row_end && j0 + lane >= row_begin;
     const float s = visible ? simt_dot<DPL>(qs[warp], ks[lane]) * scale : -INFINITY;
     const float tmax = warp_max(s);
     if (tmax == -INFINITY) continue;  // uniform over the warp: nothing visible in this tile
@@ -187,7 +207,7 @@ template <class T, int DPL>
 __global__ void __launch_bounds__(kSimtWarps* kWarp)
     sdpa_backward_kv_simt_kernel(const T* q, const T* k, const T* v, const float* lse, const float* delta,
                                  const T* dout, T* dk, T* dv, int N, int Nkv, int64_t Sq, int64_t Skv, int D,
-                                 float scale, bool causal) {
+                                 float scale, bool causal, const int64_t* doc_start) {
   constexpr int W = kWarp * DPL;
   __shared__ float qs[kSimtTile][W + 1], dos[kSimtTile][W + 1];
   __shared__ float ks[kSimtWarps][W], vs[kSimtWarps][W];
@@ -200,10 +220,13 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
   simt_load_row<T, DPL>(vs[warp], v + bkv * Skv * D, j, Skv, D, lane);
   // Queries i see key j iff i ≥ j - shift: start at the tile of the block's first key.
   const int64_t qstart = causal ? max64(0, j_first - shift) / kSimtTile * kSimtTile : 0;
+  const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
   float dk_acc[DPL] = {}, dv_acc[DPL] = {};
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bh = b * N + h;
     for (int64_t i0 = qstart; i0 < Sq; i0 += kSimtTile) {
+      // Documents: a query tile whose earliest start lies past this block's last key sees none of them.
+      if (warp_key_begin(starts, i0, kSimtTile, Sq, lane) > j_first + kSimtWarps - 1) continue;
       __syncthreads();
       simt_load_tile<T, DPL>(qs, q + bh * Sq * D, i0, Sq, D);
       simt_load_tile<T, DPL>(dos, dout + bh * Sq * D, i0, Sq, D);
@@ -215,7 +238,7 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
       __syncthreads();
       const int64_t i = i0 + lane;
       const float li = lse_s[lane];
-      const bool visible = j < Skv && j < key_end(i, Sq, Skv, causal) && li != -INFINITY;
+      const bool visible = j < Skv && j < key_end(i, Sq, Skv, causal) && j >= key_begin(starts, i, Sq) && li != -INFINITY;
       if (!__any_sync(0xffffffffu, visible)) continue;
       float p = 0.f, ds = 0.f;
       if (visible) {
@@ -248,7 +271,8 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
 template <class T, int DPL>
 __global__ void __launch_bounds__(kSimtWarps* kWarp)
     sdpa_backward_q_simt_kernel(const T* q, const T* k, const T* v, const float* lse, const float* delta, const T* dout,
-                                T* dq, int N, int Nkv, int64_t Sq, int64_t Skv, int D, float scale, bool causal) {
+                                T* dq, int N, int Nkv, int64_t Sq, int64_t Skv, int D, float scale, bool causal,
+                                const int64_t* doc_start) {
   constexpr int W = kWarp * DPL;
   __shared__ float ks[kSimtTile][W + 1], vs[kSimtTile][W + 1];
   __shared__ float qs[kSimtWarps][W], dos[kSimtWarps][W];
@@ -264,13 +288,15 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
   const float di = i < Sq ? delta[bh * Sq + i] : 0.f;
   const int64_t kend = key_end(min64(Sq - 1, qb * kSimtWarps + kSimtWarps - 1), Sq, Skv, causal);
   const int64_t row_end = li == -INFINITY ? 0 : key_end(i, Sq, Skv, causal);
+  const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
+  const int64_t row_begin = key_begin(starts, i, Sq);
   float acc[DPL] = {};
-  for (int64_t j0 = 0; j0 < kend; j0 += kSimtTile) {
+  for (int64_t j0 = warp_key_begin(starts, qb * kSimtWarps, kSimtWarps, Sq, lane); j0 < kend; j0 += kSimtTile) {
     __syncthreads();
     simt_load_tile<T, DPL>(ks, kp, j0, Skv, D);
     simt_load_tile<T, DPL>(vs, vp, j0, Skv, D);
     __syncthreads();
-    const bool visible = j0 + lane < row_end;
+    const bool visible = j0 + lane < row_end && j0 + lane >= row_begin;
     if (!__any_sync(0xffffffffu, visible)) continue;
     float ds = 0.f;
     if (visible) {
@@ -382,7 +408,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <int D>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     sdpa_forward_mma_kernel(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int N, int Nkv,
-                            int64_t Sq, int64_t Skv, float scale_log2, bool causal) {
+                            int64_t Sq, int64_t Skv, float scale_log2, bool causal, const int64_t* doc_start) {
   constexpr int LD = D + 8, NT = kMmaKeys / 8, DT = D / 8;
   bf16* qs = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
   bf16* ks = qs + kMmaRows * LD;                       // [64][LD]
@@ -396,10 +422,12 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   mma_load_tile<D>(qs, q + bh * Sq * D, q0, Sq, kMmaRows);
   const int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   const int64_t row_end[2] = {key_end(row[0], Sq, Skv, causal), key_end(row[1], Sq, Skv, causal)};
+  const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
+  const int64_t row_begin[2] = {key_begin(starts, row[0], Sq), key_begin(starts, row[1], Sq)};
   const int64_t kend = key_end(min64(Sq, q0 + kMmaRows) - 1, Sq, Skv, causal);
   float oacc[DT][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  for (int64_t j0 = 0; j0 < kend; j0 += kMmaKeys) {
+  for (int64_t j0 = warp_key_begin(starts, q0, kMmaRows, Sq, lane); j0 < kend; j0 += kMmaKeys) {
     __syncthreads();  // the previous K, V tiles are consumed (and Q is loaded)
     mma_load_tile<D>(ks, kp, j0, Skv, kMmaKeys);
     mma_load_tile<D>(vs, vp, j0, Skv, kMmaKeys);
@@ -424,7 +452,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t key = j0 + nt * 8 + 2 * t + (e & 1);
-        s[nt][e] = key < row_end[e >> 1] ? s[nt][e] * scale_log2 : -INFINITY;
+        s[nt][e] = key < row_end[e >> 1] && key >= row_begin[e >> 1] ? s[nt][e] * scale_log2 : -INFINITY;
         mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
       }
     float mu[2], alpha[2];
@@ -483,7 +511,7 @@ template <int D>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     sdpa_backward_kv_mma_kernel(const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
                                 const bf16* dout, bf16* dk, bf16* dv, int N, int Nkv, int64_t Sq, int64_t Skv,
-                                float scale, bool causal) {
+                                float scale, bool causal, const int64_t* doc_start) {
   constexpr int LD = D + 8, BQ = kKvQueryTile<D>, NT = BQ / 8, DT = D / 8;
   bf16* ks = reinterpret_cast<bf16*>(attention_smem);      // [64][LD]
   bf16* vs = ks + kMmaRows * LD;                           // [64][LD]
@@ -499,10 +527,13 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   mma_load_tile<D>(vs, v + bkv * Skv * D, j0, Skv, kMmaRows);
   const int64_t key[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};  // this thread's rows of Sᵀ
   const int64_t qstart = causal ? max64(0, j0 - shift) / BQ * BQ : 0;
+  const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
   float dk_acc[DT][4] = {}, dv_acc[DT][4] = {};
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bh = b * N + h;
     for (int64_t i0 = qstart; i0 < Sq; i0 += BQ) {
+      // Documents: a query tile whose earliest start lies past this block's last key sees none of them.
+      if (warp_key_begin(starts, i0, BQ, Sq, lane) > j0 + kMmaRows - 1) continue;
       __syncthreads();  // the previous Q, dout tiles are consumed (and K, V are loaded)
       mma_load_tile<D>(qs, q + bh * Sq * D, i0, Sq, BQ);
       mma_load_tile<D>(dos, dout + bh * Sq * D, i0, Sq, BQ);
@@ -536,7 +567,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
           const int qi = nt * 8 + 2 * t + (e & 1);
           const int64_t kj = key[e >> 1];
           const float L = lse_s[qi];
-          const bool visible = kj < Skv && kj < key_end(i0 + qi, Sq, Skv, causal) && L != -INFINITY;
+          const bool visible = kj < Skv && kj < key_end(i0 + qi, Sq, Skv, causal) &&
+                               kj >= key_begin(starts, i0 + qi, Sq) && L != -INFINITY;
           const float p = visible ? exp2f(st[nt][e] * scale_log2 - L) : 0.f;
           st[nt][e] = p;
           dpt[nt][e] = p * (dpt[nt][e] - delta_s[qi]);
@@ -578,7 +610,7 @@ template <int D>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     sdpa_backward_q_mma_kernel(const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
                                const bf16* dout, bf16* dq, int N, int Nkv, int64_t Sq, int64_t Skv, float scale,
-                               bool causal) {
+                               bool causal, const int64_t* doc_start) {
   constexpr int LD = D + 8, NT = kMmaKeys / 8, DT = D / 8;
   bf16* qs = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
   bf16* dos = qs + kMmaRows * LD;                      // [64][LD]
@@ -594,17 +626,19 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   mma_load_tile<D>(qs, q + bh * Sq * D, q0, Sq, kMmaRows);
   mma_load_tile<D>(dos, dout + bh * Sq * D, q0, Sq, kMmaRows);
   const int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
   float L[2], dl[2];
-  int64_t row_end[2];
+  int64_t row_end[2], row_begin[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     L[r] = row[r] < Sq ? lse[bh * Sq + row[r]] * kLog2e : -INFINITY;
     dl[r] = row[r] < Sq ? delta[bh * Sq + row[r]] : 0.f;
     row_end[r] = L[r] == -INFINITY ? 0 : key_end(row[r], Sq, Skv, causal);
+    row_begin[r] = key_begin(starts, row[r], Sq);
   }
   const int64_t kend = key_end(min64(Sq, q0 + kMmaRows) - 1, Sq, Skv, causal);
   float dq_acc[DT][4] = {};
-  for (int64_t j0 = 0; j0 < kend; j0 += kMmaKeys) {
+  for (int64_t j0 = warp_key_begin(starts, q0, kMmaRows, Sq, lane); j0 < kend; j0 += kMmaKeys) {
     __syncthreads();
     mma_load_tile<D>(ks, kp, j0, Skv, kMmaKeys);
     mma_load_tile<D>(vs, vp, j0, Skv, kMmaKeys);
@@ -632,7 +666,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const int64_t kj = j0 + nt * 8 + 2 * t + (e & 1);
-        const float p = kj < row_end[r] ? exp2f(s[nt][e] * scale_log2 - L[r]) : 0.f;
+        const float p = kj < row_end[r] && kj >= row_begin[r] ? exp2f(s[nt][e] * scale_log2 - L[r]) : 0.f;
         s[nt][e] = p * (dp[nt][e] - dl[r]);
       }
       // dq [16 × D] += dS [16 × 64] · K [64 × D]
@@ -705,52 +739,52 @@ unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per 
 
 template <class T, int DPL>
 void forward_simt(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
-                  int64_t Skv, int64_t D, float scale, bool causal, cudaStream_t stream) {
+                  int64_t Skv, int64_t D, float scale, bool causal, const int64_t* docs, cudaStream_t stream) {
   launch_kernel(sdpa_forward_simt_kernel<T, DPL>, dim3(blocks(Sq, kSimtWarps), unsigned(B * N)), kSimtWarps * kWarp, 0,
-                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, int(D), scale, causal);
+                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, int(D), scale, causal, docs);
 }
 
 template <class T, int DPL>
 void backward_simt(const T* q, const T* k, const T* v, const float* lse, const float* delta, const T* dout, T* dq,
                    T* dk, T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, float scale,
-                   bool causal, cudaStream_t stream) {
+                   bool causal, const int64_t* docs, cudaStream_t stream) {
   if (Skv > 0) {
     launch_kernel(sdpa_backward_kv_simt_kernel<T, DPL>, dim3(blocks(Skv, kSimtWarps), unsigned(B * Nkv)),
                   kSimtWarps * kWarp, 0, stream, q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, int(D),
-                  scale, causal);
+                  scale, causal, docs);
   }
   if (Sq > 0) {
     launch_kernel(sdpa_backward_q_simt_kernel<T, DPL>, dim3(blocks(Sq, kSimtWarps), unsigned(B * N)),
                   kSimtWarps * kWarp, 0, stream, q, k, v, lse, delta, dout, dq, int(N), int(Nkv), Sq, Skv, int(D),
-                  scale, causal);
+                  scale, causal, docs);
   }
 }
 
 template <int D>
 void forward_mma(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int64_t B, int64_t N, int64_t Nkv,
-                 int64_t Sq, int64_t Skv, float scale, bool causal, cudaStream_t stream) {
+                 int64_t Sq, int64_t Skv, float scale, bool causal, const int64_t* docs, cudaStream_t stream) {
   const size_t smem = size_t(kMmaRows + 2 * kMmaKeys) * (D + 8) * sizeof(bf16);
   set_smem(sdpa_forward_mma_kernel<D>, smem);
   launch_kernel(sdpa_forward_mma_kernel<D>, dim3(blocks(Sq, kMmaRows), unsigned(B * N)), kMmaWarps * kWarp, smem,
-                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, scale * kLog2e, causal);
+                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, scale * kLog2e, causal, docs);
 }
 
 template <int D>
 void backward_mma(const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta, const bf16* dout,
                   bf16* dq, bf16* dk, bf16* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, float scale,
-                  bool causal, cudaStream_t stream) {
+                  bool causal, const int64_t* docs, cudaStream_t stream) {
   constexpr int BQ = kKvQueryTile<D>;
   if (Skv > 0) {
     const size_t smem = size_t(2 * kMmaRows + 2 * BQ) * (D + 8) * sizeof(bf16) + 2 * BQ * sizeof(float);
     set_smem(sdpa_backward_kv_mma_kernel<D>, smem);
     launch_kernel(sdpa_backward_kv_mma_kernel<D>, dim3(blocks(Skv, kMmaRows), unsigned(B * Nkv)), kMmaWarps * kWarp,
-                  smem, stream, q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, scale, causal);
+                  smem, stream, q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, scale, causal, docs);
   }
   if (Sq > 0) {
     const size_t smem = size_t(2 * kMmaRows + 2 * kMmaKeys) * (D + 8) * sizeof(bf16);
     set_smem(sdpa_backward_q_mma_kernel<D>, smem);
     launch_kernel(sdpa_backward_q_mma_kernel<D>, dim3(blocks(Sq, kMmaRows), unsigned(B * N)), kMmaWarps * kWarp, smem,
-                  stream, q, k, v, lse, delta, dout, dq, int(N), int(Nkv), Sq, Skv, scale, causal);
+                  stream, q, k, v, lse, delta, dout, dq, int(N), int(Nkv), Sq, Skv, scale, causal, docs);
   }
 }
 
@@ -758,31 +792,32 @@ void backward_mma(const bf16* q, const bf16* k, const bf16* v, const float* lse,
 
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
-                  int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream, SdpaKernel kernel) {
+                  int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream, SdpaKernel kernel,
+                  const int64_t* docs) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   if (B == 0 || Sq == 0) return;
   const float sc = float(scale);
   if constexpr (std::is_same_v<T, bf16>) {
     if (use_mma<T>(kernel, D, {q, k, v, o})) {
       if (D == 64)
-        forward_mma<64>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, stream);
+        forward_mma<64>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, docs, stream);
       else
-        forward_mma<128>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, stream);
+        forward_mma<128>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, docs, stream);
       return;
     }
   }
   if (D <= 32)
-    forward_simt<T, 1>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, stream);
+    forward_simt<T, 1>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
   else if (D <= 64)
-    forward_simt<T, 2>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, stream);
+    forward_simt<T, 2>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
   else
-    forward_simt<T, 4>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, stream);
+    forward_simt<T, 4>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
 }
 
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv,
                    int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                   cudaStream_t stream, SdpaKernel kernel) {
+                   cudaStream_t stream, SdpaKernel kernel, const int64_t* docs) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   if (B == 0) return;
   const float sc = float(scale);
@@ -795,18 +830,18 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* 
   if constexpr (std::is_same_v<T, bf16>) {
     if (use_mma<T>(kernel, D, {q, k, v, dout, dq, dk, dv})) {
       if (D == 64)
-        backward_mma<64>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, sc, causal, stream);
+        backward_mma<64>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, sc, causal, docs, stream);
       else
-        backward_mma<128>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, sc, causal, stream);
+        backward_mma<128>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, sc, causal, docs, stream);
       return;
     }
   }
   if (D <= 32)
-    backward_simt<T, 1>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, stream);
+    backward_simt<T, 1>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
   else if (D <= 64)
-    backward_simt<T, 2>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, stream);
+    backward_simt<T, 2>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
   else
-    backward_simt<T, 4>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, stream);
+    backward_simt<T, 4>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
 }
 
 template <class T>
@@ -818,15 +853,15 @@ void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T val
 }
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
-                                  int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel);
+                                  int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*);
 template void sdpa_forward<bf16>(const bf16*, const bf16*, const bf16*, bf16*, float*, int64_t, int64_t, int64_t,
-                                 int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel);
+                                 int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*);
 template void sdpa_backward<float>(const float*, const float*, const float*, const float*, const float*, const float*,
                                    float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double,
-                                   bool, cudaStream_t, SdpaKernel);
+                                   bool, cudaStream_t, SdpaKernel, const int64_t*);
 template void sdpa_backward<bf16>(const bf16*, const bf16*, const bf16*, const bf16*, const float*, const bf16*, bf16*,
                                   bf16*, bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
-                                  cudaStream_t, SdpaKernel);
+                                  cudaStream_t, SdpaKernel, const int64_t*);
 template void causal_mask<float>(const float*, float*, int64_t, int64_t, int64_t, float, cudaStream_t);
 template void causal_mask<double>(const double*, double*, int64_t, int64_t, int64_t, double, cudaStream_t);
 template void causal_mask<bf16>(const bf16*, bf16*, int64_t, int64_t, int64_t, bf16, cudaStream_t);

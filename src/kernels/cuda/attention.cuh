@@ -8,6 +8,9 @@
 // Causal means query i sees keys j ≤ i + (Skv - Sq) (bottom-right aligned). A query row that sees
 // no key gets o = 0 and lse = -inf. T is float or bf16; all accumulation is fp32; the log-sum-exp
 // is saved in fp32 whatever T is (the runtime must give sdpa's extra output dtype f32).
+// Packed documents: doc_start [B, Sq] (device, may be null) further keeps query i of batch b to
+// the keys j ≥ doc_start[b·Sq + i]; tiles before the earliest start of a block's rows are never
+// loaded (as kernels/cpu/attention.h).
 //
 // Two implementations, chosen per call:
 //   - tensor cores (mma.sync m16n8k16 bf16, FlashAttention-2 tiling): T = bf16, D ∈ {64, 128},
@@ -26,7 +29,7 @@ enum class SdpaKernel { automatic, simt };
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
                   int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream,
-                  SdpaKernel kernel = SdpaKernel::automatic);
+                  SdpaKernel kernel = SdpaKernel::automatic, const int64_t* doc_start = nullptr);
 
 // Backward of sdpa_forward from its saved lse (FlashAttention-2): with Δ_i = Σ_d dout_i · o_i and
 // P = exp(scale · q·kᵀ - lse) recomputed per tile,
@@ -36,7 +39,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t 
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv,
                    int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                   cudaStream_t stream, SdpaKernel kernel = SdpaKernel::automatic);
+                   cudaStream_t stream, SdpaKernel kernel = SdpaKernel::automatic, const int64_t* doc_start = nullptr);
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]).
 // x and y may alias. T is float, double or bf16.

@@ -4,10 +4,11 @@
 //   prepare_autosp_inputs         find the tagged inputs, their symbolic sequence dim, assume S % P == 0
 //   shard_seq_dim                 S → S//P in the attributes of every consumer; reject nodes that
 //                                 reduce or contract over the sequence outside attention
-//   shard_input_ids, shard_label_ids, shard_position_ids
+//   shard_input_ids, shard_label_ids, shard_position_ids, shard_doc_start
 //                                 slice [r·(S//P), (r+1)·(S//P)) of each tagged input
 //   normalize_loss                loss = local_sum / all_reduce(count); reported loss all-reduced
-//   insert_attention_all_to_all   Ulysses all-to-alls around every sdpa (GQA: all-to-all'd or replicated K/V)
+//   insert_attention_all_to_all   Ulysses all-to-alls around every sdpa (GQA: all-to-all'd or replicated K/V;
+//                                 packed documents: one all-to-all gathers the full-S document starts)
 //   propagate_shapes              recompute every type
 //   canonicalize                  dead-code elimination and the full verifier
 // With P = 1 and a world of several ranks (pure data parallel) only normalize_loss changes the graph.
@@ -26,12 +27,13 @@ PassResult shard_seq_dim(Graph&, const PassContext&);
 PassResult shard_input_ids(Graph&, const PassContext&);
 PassResult shard_label_ids(Graph&, const PassContext&);
 PassResult shard_position_ids(Graph&, const PassContext&);
+PassResult shard_doc_start(Graph&, const PassContext&);
 PassResult normalize_loss(Graph&, const PassContext&);
 PassResult insert_attention_all_to_all(Graph&, const PassContext&);
 PassResult propagate_shapes(Graph&, const PassContext&);
 PassResult canonicalize(Graph&, const PassContext&);
 
-// Shared by the three shard_*_ids passes: slice every input with `role` to this rank's block.
+// Shared by the four shard_* input passes: slice every input with `role` to this rank's block.
 PassResult shard_tagged_input(Graph& g, const PassContext& ctx, Role role);
 }  // namespace passes
 

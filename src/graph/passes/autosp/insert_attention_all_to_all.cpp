@@ -4,8 +4,13 @@
 //     each kv head is first repeated P/Nkv times, so rank r receives kv head r·Nkv/P, the one its
 //     query heads read; otherwise an error
 //   o [B, N/P, S, D] → all_to_all(scatter seq=2, gather heads=1) → [B, N, S/P, D]
+//   doc_start [B, S/P] (packed documents, sdpa's input 3): every rank needs the full [B, S] for the
+//     heads it holds, so once per graph: [B, 1, S/P] → P copies [B, P, S/P] → all_to_all(scatter
+//     1, gather 2) → [B, 1, S] → [B, S], read by every sdpa (B·S integers, against B·N·S·D values)
 // A graph without attention is an error: AutoSP has nothing to parallelise.
 #include "graph/passes/autosp/autosp.h"
+#include <map>
+
 #include "tensor/check.h"
 
 namespace autosp::passes {
@@ -32,6 +37,17 @@ Node* repeat_heads(Graph& g, Node* x, int64_t nkv, int64_t p) {
   return g.insert_after(at, Op::concat, heads, {{"dim", int64_t{1}}}, x->name() + ".rep");
 }
 
+// d [B, S/P] → the full [B, S] on every rank, inserted after d.
+Node* gather_seq(Graph& g, Node* d, int64_t p, const std::string& seq) {
+  const Dim batch = d->shape()[0], seq_dim = Dim::sym(seq);
+  Node* at = g.insert_after(d, Op::reshape, {d}, {{"shape", SymShape{batch, Dim(1), seq_dim.floordiv(p)}}},
+                            d->name() + ".view");
+  Node* copies = g.insert_after(at, Op::concat, std::vector<Node*>(static_cast<size_t>(p), at), {{"dim", int64_t{1}}},
+                                d->name() + ".rep");
+  Node* full = a2a(g, copies, copies, 1, 2, p, d->name() + ".a2a");
+  return g.insert_after(full, Op::reshape, {full}, {{"shape", SymShape{batch, seq_dim}}}, d->name() + ".full");
+}
+
 }  // namespace
 
 PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
@@ -44,7 +60,14 @@ PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
                      "attention); AutoSP shards the sequence around attention and needs one");
   const int64_t p = ctx.sp_size;
   if (p == 1) return res;
+  std::map<Node*, Node*> gathered;  // document starts [B, S/P] → their full [B, S]
   for (Node* n : attn) {
+    if (n->inputs().size() > 3) {
+      Node* d = n->input(3);
+      auto it = gathered.find(d);
+      if (it == gathered.end()) it = gathered.emplace(d, gather_seq(g, d, p, ctx.seq)).first;
+      g.replace_input(n, 3, it->second);
+    }
     Node *q = n->input(0), *k = n->input(1), *v = n->input(2);
     const Dim& nq = q->shape()[1];
     const Dim& nk = k->shape()[1];

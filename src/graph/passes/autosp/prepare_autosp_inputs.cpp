@@ -1,4 +1,5 @@
-// prepare_autosp_inputs: find the inputs tagged input_ids and labels (position_ids optional), check
+// prepare_autosp_inputs: find the inputs tagged input_ids and labels (position_ids and doc_start
+// optional), check
 // their sequence dim (dim 1) is the symbol S, and record the assumption S % P == 0 (the runtime
 // pads sequences to a multiple of P with ignored labels).
 #include "graph/passes/autosp/autosp.h"
@@ -8,9 +9,9 @@ namespace autosp::passes {
 
 PassResult prepare_autosp_inputs(Graph& g, const PassContext& ctx) {
   PassResult r;
-  for (Role role : {Role::input_ids, Role::labels, Role::position_ids}) {
+  for (Role role : {Role::input_ids, Role::labels, Role::position_ids, Role::doc_start}) {
     auto nodes = g.with_role(role);
-    if (nodes.empty() && role != Role::position_ids)
+    if (nodes.empty() && role != Role::position_ids && role != Role::doc_start)
       throw UsageError(str("prepare_autosp_inputs: no input is tagged ", role_name(role)));
     for (Node* n : nodes) {
       if (n->op() != Op::input || n->type().rank() < 2)
