@@ -82,6 +82,7 @@ const std::vector<Key>& schema() {
       {"model.tie_word_embeddings", Kind::boolean, 0, 0, "", Arch::llama, F(model, tie_word_embeddings)},
       enum_key("data.source", &Config::data, &DataConfig::source, kSources, data_source_name),
       {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
+      {"data.val_path", Kind::string, 0, 0, "", {}, F(data, val_path)},
       {"data.seq_len", Kind::integer, 1, 1 << 26, "", {}, F(data, seq_len)},
       {"data.batch_size", Kind::integer, 1, 1 << 20, "", {}, F(data, batch_size)},
       {"train.steps", Kind::integer, 0, kBig, "", {}, F(train, steps)},
@@ -96,6 +97,8 @@ const std::vector<Key>& schema() {
       {"train.grad_clip", Kind::number, 0, 1e9, "", {}, F(train, grad_clip)},
       {"train.seed", Kind::integer, 0, kBig, "", {}, F(train, seed)},
       {"train.log_every", Kind::integer, 1, kBig, "", {}, F(train, log_every)},
+      {"train.eval_every", Kind::integer, 0, kBig, "", {}, F(train, eval_every)},
+      {"train.eval_batches", Kind::integer, 1, 1 << 20, "", {}, F(train, eval_batches)},
       {"train.checkpoint_dir", Kind::string, 0, 0, "", {}, F(train, checkpoint_dir)},
       {"train.checkpoint_every", Kind::integer, 0, kBig, "", {}, F(train, checkpoint_every)},
       {"train.keep_checkpoints", Kind::integer, 0, kBig, "", {}, F(train, keep_checkpoints)},
@@ -268,6 +271,13 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   }
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty())
     bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\""));
+  if (c.data.source == DataSourceKind::synthetic && !c.data.val_path.empty())
+    bad("data.val_path does not apply to data.source \"synthetic\" (its validation sequences are generated)");
+  if (c.train.eval_every > 0 && c.data.source != DataSourceKind::synthetic && c.data.val_path.empty())
+    bad(str("train.eval_every ", c.train.eval_every, " needs data.val_path for data.source \"",
+            data_source_name(c.data.source), "\""));
+  if (!c.data.val_path.empty() && c.train.eval_every == 0)
+    c.warnings.push_back("data.val_path is set but train.eval_every is 0: no validation runs");
   if (c.data.source == DataSourceKind::text && m.vocab_size < 256)
     bad(str("data.source \"text\" needs model.vocab_size >= 256"));
   if (c.train.min_lr > c.train.lr) bad(str("train.min_lr ", c.train.min_lr, " exceeds train.lr ", c.train.lr));
@@ -288,7 +298,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"rope_theta", m.rope_theta},
                 {"norm_eps", m.norm_eps},
                 {"tie_word_embeddings", m.tie_word_embeddings}};
-  r["data"] = {{"source", data_source_name(c.data.source)}, {"path", c.data.path}, {"seq_len", c.data.seq_len},
+  r["data"] = {{"source", data_source_name(c.data.source)}, {"path", c.data.path}, {"val_path", c.data.val_path},
+               {"seq_len", c.data.seq_len},
                {"batch_size", c.data.batch_size}};
   const auto& t = c.train;
   r["train"] = {{"steps", t.steps},         {"lr", t.lr},
@@ -296,7 +307,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
                 {"beta2", t.beta2},         {"eps", t.eps},
                 {"grad_clip", t.grad_clip}, {"seed", t.seed},
-                {"log_every", t.log_every}, {"checkpoint_dir", t.checkpoint_dir},
+                {"log_every", t.log_every}, {"eval_every", t.eval_every}, {"eval_batches", t.eval_batches},
+                {"checkpoint_dir", t.checkpoint_dir},
                 {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints},
                 {"save_timeout", t.save_timeout}};
   r["runtime"] = {{"device", device_kind_name(c.runtime.device)},

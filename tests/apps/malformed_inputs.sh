@@ -186,6 +186,13 @@ row 'empty.bin: empty file' "${c[@]}" "${tokens[@]}$tmp/empty.bin"
 row 'no file matches the pattern' "${c[@]}" "${tokens[@]}$tmp/shards_*.bin"
 row 'adir: not a regular file' "${c[@]}" "${tokens[@]}$tmp/adir"
 row 'fifo: not a regular file' "${c[@]}" "${tokens[@]}$tmp/fifo"
+# validation data (data.val_path, train.eval_every)
+row 'nothere.bin: cannot open' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_path=$tmp/nothere.bin" --set train.eval_every=1
+row 'bad_magic.bin: bad magic 12345' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_path=$tmp/bad_magic.bin" --set train.eval_every=1
+row 'big_token.bin: token 32 at index 51 is ≥ vocab_size 32' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_path=$tmp/big_token.bin" --set train.eval_every=1
+row 'train.eval_every 1 needs data.val_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.eval_every=1
+row 'data.val_path does not apply to data.source "synthetic"' "${c[@]}" --set "data.val_path=$tmp/good.bin"
+row 'train.eval_batches = 0' "${c[@]}" --set train.eval_batches=0
 # text
 row 'empty.txt: empty file' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/empty.txt"
 row 'short.txt: the text holds 5 bytes' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/short.txt"
