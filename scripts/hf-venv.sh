@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Hugging Face transformers for the round-trip test (tests/ref/hf_roundtrip.py), in .venv-hf/ at the
+# repository root: Debian's python3 with --system-site-packages, so it uses Debian's python3-torch
+# (1.13), plus transformers 4.44 and safetensors from PyPI. Created once by scripts/test.sh; git-ignored.
+#   scripts/hf-venv.sh          create the venv if missing, then print its python
+#   scripts/hf-venv.sh --check  print its python if it imports transformers; exit 1 otherwise
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=$root/.venv-hf
+py=$venv/bin/python
+probe='import torch, transformers, safetensors; assert transformers.__version__.startswith("4.44.")'
+
+if "$py" -c "$probe" >/dev/null 2>&1; then
+  echo "$py"
+  exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  echo "error: no transformers venv at $venv (run scripts/hf-venv.sh to create it)" >&2
+  exit 1
+fi
+echo "creating $venv (Debian's python3 and torch, transformers 4.44 from PyPI; once)" >&2
+rm -rf "$venv"
+/usr/bin/python3 -m venv --system-site-packages "$venv"
+"$py" -m pip install --quiet "transformers==4.44.*" safetensors >&2
+"$py" -c "$probe"
+echo "$py"
