@@ -9,8 +9,9 @@
 //              sequence b reads seq_len + 1 tokens from ((k·dp + d)·batch + b)·seq_len, wrapping.
 //   text       the UTF-8 bytes of the file at `path` as tokens (vocab ≥ 256), same read order.
 //   synthetic  the embedded default: a generated associative-recall task. Each sequence lists
-//              key→value pairs in its first half and queries them, in another order, in its second
-//              half; only the answers (the value after a queried key) are labelled, everything else
+//              key→value pairs (one token per pair) in its first half and queries them as "key
+//              value", in another order, in its second half; only the answers (the value after a
+//              queried key) are labelled, everything else
 //              is -100. Answering needs attention across the whole sequence, so a falling loss shows
 //              that attention spans it; `accuracy` reports the task's accuracy.
 //
