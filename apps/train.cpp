@@ -132,6 +132,9 @@ int main(int argc, char** argv) {
           spdlog::info("done: {} steps (to step {}) in {:.1f} s, loss {:.4f} -> {:.4f}{}", r.steps.size(), last.step,
                        secs, first.loss, last.loss,
                        last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
+          if (last.evaluated)
+            spdlog::info("validation after step {}: loss {:.4f}, accuracy {:.3f}; example: {}", last.step,
+                         last.val_loss, last.val_accuracy, r.val_example);
         }
         if (r.preempted) {
           if (lead) spdlog::warn("stopped by a signal after step {}: continue with --resume {}",

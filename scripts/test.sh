@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-# transformers for ref.hf_roundtrip (created once; without it that test is skipped)
-bash scripts/hf-venv.sh >/dev/null || echo "test: no transformers venv (.venv-hf); ref.hf_roundtrip will be skipped" >&2
+bash scripts/hf-venv.sh >/dev/null ||  # transformers + tokenizers for the HF tests (made once)
+  echo "warning: no .venv-hf (scripts/hf-venv.sh failed): the tests that need transformers skip" >&2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"

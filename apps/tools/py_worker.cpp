@@ -14,8 +14,8 @@
 
 namespace autosp {
 
-std::string venv_python(const std::string& source_dir) {
-  const std::string script = source_dir + "/scripts/pytorch-venv.sh";
+std::string venv_python(const std::string& source_dir, const std::string& script_name) {
+  const std::string script = source_dir + "/scripts/" + script_name;
   FILE* pipe = popen(("'" + script + "'").c_str(), "r");  // source_dir is the build's own path
   if (!pipe) throw RuntimeFailure("cannot start " + script);
   std::string out;
@@ -25,7 +25,7 @@ std::string venv_python(const std::string& source_dir) {
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   const std::string py = out.substr(out.find_last_of('\n') + 1);
   if (rc != 0 || py.empty() || !std::filesystem::exists(py))
-    throw RuntimeFailure(str(script, " failed (exit ", rc, "): no PyTorch 2.x venv"));
+    throw RuntimeFailure(str(script, " failed (exit ", rc, "): no venv"));
   return py;
 }
 

@@ -14,7 +14,9 @@ namespace autosp {
 
 // The python of the PyTorch 2.x venv (.venv-bench/ under source_dir), created on first use by
 // scripts/pytorch-venv.sh (plain `pip install torch` from PyPI); a RuntimeFailure if that fails.
-std::string venv_python(const std::string& source_dir);
+// `script` names another venv script of scripts/ (hf-venv.sh: Debian's torch with transformers and
+// tokenizers, for autosp-sample's tokenizer).
+std::string venv_python(const std::string& source_dir, const std::string& script = "pytorch-venv.sh");
 
 class PyWorker {
  public:

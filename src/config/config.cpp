@@ -87,6 +87,7 @@ const std::vector<Key>& schema() {
        [](Config& c, const json& v) { c.model.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); }},  // origin: parse_config
       enum_key("data.source", &Config::data, &DataConfig::source, kSources, data_source_name),
       {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
+      {"data.val_path", Kind::string, 0, 0, "", {}, F(data, val_path)},
       {"data.seq_len", Kind::integer, 1, 1 << 26, "", {}, F(data, seq_len)},
       {"data.batch_size", Kind::integer, 1, 1 << 20, "", {}, F(data, batch_size)},
       {"data.eos_token_id", Kind::integer, 0, 1 << 24, "", {}, F(data, eos_token_id)},
@@ -103,6 +104,8 @@ const std::vector<Key>& schema() {
       {"train.grad_clip", Kind::number, 0, 1e9, "", {}, F(train, grad_clip)},
       {"train.seed", Kind::integer, 0, kBig, "", {}, F(train, seed)},
       {"train.log_every", Kind::integer, 1, kBig, "", {}, F(train, log_every)},
+      {"train.eval_every", Kind::integer, 0, kBig, "", {}, F(train, eval_every)},
+      {"train.eval_batches", Kind::integer, 1, 1 << 20, "", {}, F(train, eval_batches)},
       {"train.checkpoint_dir", Kind::string, 0, 0, "", {}, F(train, checkpoint_dir)},
       {"train.checkpoint_every", Kind::integer, 0, kBig, "", {}, F(train, checkpoint_every)},
       {"train.keep_checkpoints", Kind::integer, 0, kBig, "", {}, F(train, keep_checkpoints)},
@@ -402,6 +405,13 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   }
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty())
     bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\""));
+  if (c.data.source == DataSourceKind::synthetic && !c.data.val_path.empty())
+    bad("data.val_path does not apply to data.source \"synthetic\" (its validation sequences are generated)");
+  if (c.train.eval_every > 0 && c.data.source != DataSourceKind::synthetic && c.data.val_path.empty())
+    bad(str("train.eval_every ", c.train.eval_every, " needs data.val_path for data.source \"",
+            data_source_name(c.data.source), "\""));
+  if (!c.data.val_path.empty() && c.train.eval_every == 0)
+    c.warnings.push_back("data.val_path is set but train.eval_every is 0: no validation runs");
   if (c.data.source == DataSourceKind::text && m.vocab_size < 256)
     bad(str("data.source \"text\" needs model.vocab_size >= 256"));
   if (c.data.eos_token_id >= m.vocab_size)
@@ -425,8 +435,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   // The resolved config, every key present.
   json r;
   r["model"] = model_json(m);
-  r["data"] = {{"source", data_source_name(c.data.source)}, {"path", c.data.path}, {"seq_len", c.data.seq_len},
-               {"batch_size", c.data.batch_size}, {"eos_token_id", c.data.eos_token_id},
+  r["data"] = {{"source", data_source_name(c.data.source)}, {"path", c.data.path}, {"val_path", c.data.val_path},
+               {"seq_len", c.data.seq_len}, {"batch_size", c.data.batch_size}, {"eos_token_id", c.data.eos_token_id},
                {"document_mask", c.data.document_mask}};
   const auto& t = c.train;
   r["train"] = {{"steps", t.steps},         {"lr", t.lr},
@@ -434,7 +444,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                 {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
                 {"beta2", t.beta2},         {"eps", t.eps},
                 {"grad_clip", t.grad_clip}, {"seed", t.seed},
-                {"log_every", t.log_every}, {"checkpoint_dir", t.checkpoint_dir},
+                {"log_every", t.log_every}, {"eval_every", t.eval_every}, {"eval_batches", t.eval_batches},
+                {"checkpoint_dir", t.checkpoint_dir},
                 {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints},
                 {"max_shard_mb", t.max_shard_mb},
                 {"save_timeout", t.save_timeout}};

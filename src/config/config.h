@@ -28,6 +28,9 @@ std::string_view data_source_name(DataSourceKind s);  // "synthetic", "tokens", 
 struct DataConfig {
   DataSourceKind source = DataSourceKind::synthetic;
   std::string path;
+  // Validation data (train.eval_every): read like `path`, with the same source; synthetic data
+  // draws its validation sequences from a held-out stream instead (train/data.h).
+  std::string val_path;
   int64_t seq_len = 256, batch_size = 4;
   // Packed documents: the separator already in the token stream (-1 = none), and whether attention
   // stays inside each document (then position_ids restart per document and an EOS's target,
@@ -42,6 +45,9 @@ struct TrainConfig {
   int64_t warmup_steps = 10;
   double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
   int64_t seed = 1234, log_every = 10;
+  // Validation: every eval_every steps and after the last (0 = never), the mean loss (and
+  // accuracy) over the first eval_batches batches of the validation data (train/trainer.h).
+  int64_t eval_every = 0, eval_batches = 8;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int64_t keep_checkpoints = 3;  // newest step_* directories kept under checkpoint_dir (0 = all)

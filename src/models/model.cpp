@@ -6,26 +6,59 @@
 #include <random>
 
 #include "graph/builder.h"
+#include "tensor/check.h"
 
 namespace autosp {
 namespace {
 
-const Dim B = Dim::sym("B"), S = Dim::sym("S");
+// T: the cached positions a decode step attends to besides its own (ForwardMode::decode).
+const Dim B = Dim::sym("B"), S = Dim::sym("S"), T = Dim::sym("T");
 
 std::string gpt2_layer(int64_t l) { return "transformer.h." + std::to_string(l) + "."; }
 std::string llama_layer(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
 
 struct Inputs {
-  Node *ids, *pos, *labels;
+  Node *ids, *pos, *labels;  // labels: training only
   Node* doc_start;  // packed documents: [B, S] where each token's document begins; nullptr without
 };
 
-Inputs make_inputs(Builder& b, bool document_mask) {
-  Inputs in{b.input("input_ids", DType::i64, {B, S}, Role::input_ids),
-            b.input("position_ids", DType::i64, {B, S}, Role::position_ids),
-            b.input("labels", DType::i64, {B, S}, Role::labels), nullptr};
-  if (document_mask) in.doc_start = b.input("doc_start", DType::i64, {B, S}, Role::doc_start);
-  return in;
+Inputs make_inputs(Builder& b, ForwardMode mode, bool document_mask) {
+  AUTOSP_ASSERT(!document_mask || mode == ForwardMode::train, "a document mask is for training graphs");
+  Node* ids = b.input("input_ids", DType::i64, {B, S}, Role::input_ids);
+  Node* pos = b.input("position_ids", DType::i64, {B, S}, Role::position_ids);
+  Node* labels = mode == ForwardMode::train ? b.input("labels", DType::i64, {B, S}, Role::labels) : nullptr;
+  Node* doc_start = document_mask ? b.input("doc_start", DType::i64, {B, S}, Role::doc_start) : nullptr;
+  return {ids, pos, labels, doc_start};
+}
+
+// The attention of one layer for the mode: training and prefill attend causally over the
+// sequence's own K, V [B, Nkv, S, D]; decode over the cache ++ its own, [B, Nkv, T + S, D], with no
+// mask (its S = 1 query may see every cached key); training with packed documents also keeps each
+// query inside its document (doc_start). Generation modes output K, V as the layer's
+// present cache (a decode step: the cache it was given plus its own positions).
+Node* attend(Builder& b, ForwardMode mode, int64_t l, Node* q, Node* k, Node* v, int64_t Nkv, int64_t D,
+             DType dt, Node* doc_start) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  if (mode == ForwardMode::train) return b.sdpa(q, k, v, true, scale, "attn", doc_start);
+  Graph& g = b.graph();
+  if (mode == ForwardMode::decode) {
+    Node* past_k = b.input(kv_past_name(l, false), dt, {B, Nkv, T, D}, Role::none);
+    Node* past_v = b.input(kv_past_name(l, true), dt, {B, Nkv, T, D}, Role::none);
+    k = b.concat({past_k, k}, 2, "present_k");
+    v = b.concat({past_v, v}, 2, "present_v");
+  } else {
+    k = b.reshape(k, {B, Nkv, S, D}, "present_k");
+    v = b.reshape(v, {B, Nkv, S, D}, "present_v");
+  }
+  g.add_output(k);
+  g.add_output(v);
+  return b.sdpa(q, k, v, mode == ForwardMode::prefill, scale, "attn");
+}
+
+// Generation modes: logits only (no labels, no loss).
+void finish_generation(Builder& b, Node* logits) {
+  logits->set_role(Role::logits);
+  b.graph().add_output(logits);
 }
 
 // [B, S, H·D] → [B, H, S, D]
@@ -49,11 +82,11 @@ void finish(Builder& b, Node* logits, Node* labels, DType dtype) {
   g.add_output(loss);
 }
 
-std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, bool document_mask) {
+std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mode, bool document_mask) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, D = m.head_dim(), V = m.vocab_size;
-  auto in = make_inputs(b, document_mask);
+  auto in = make_inputs(b, mode, document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   // Parameters are created right before their first use, in a fixed order (argument evaluation
   // order is unspecified in C++, so every node is made in its own statement).
@@ -81,7 +114,7 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, bool document_
     Node* q = to_heads(b, parts[0], N, D, "q");
     Node* k = to_heads(b, parts[1], N, D, "k");
     Node* v = to_heads(b, parts[2], N, D, "v");
-    Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn", in.doc_start);
+    Node* o = attend(b, mode, l, q, k, v, N, D, dt, in.doc_start);
     Node* proj = conv1d(from_heads(b, o, N, D, "attn_out"), h + "attn.c_proj", C, C, "attn_proj");
     x = b.add(x, proj, "res1");
     // MLP: [B, S, C] → [B, S, 4C] → [B, S, C]
@@ -93,7 +126,8 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, bool document_
   b.set_prefix("");
   x = layernorm(x, "transformer.ln_f", "ln_f");
   Node* logits = b.matmul(x, wte, false, true, "logits");  // tied head: x · wteᵀ
-  finish(b, logits, in.labels, dt);
+  if (mode == ForwardMode::train) finish(b, logits, in.labels, dt);
+  else finish_generation(b, logits);
   return g;
 }
 
@@ -111,12 +145,12 @@ Node* with_rope_scaling(Node* rope, const RopeScalingConfig& s) {
   return rope;
 }
 
-std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, bool document_mask) {
+std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode mode, bool document_mask) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, Nkv = m.num_key_value_heads, D = m.head_dim();
   const int64_t V = m.vocab_size, I = m.intermediate_size;
-  auto in = make_inputs(b, document_mask);
+  auto in = make_inputs(b, mode, document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   Node* embed = p("model.embed_tokens.weight", {V, C});
   Node* x = b.embedding(embed, in.ids, "x");
@@ -138,7 +172,7 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, bool document
     Node* v = to_heads(b, linear(a, h + "self_attn.v_proj", Nkv * D, C, "v_proj"), Nkv, D, "v");
     q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m.rope_scaling);
     k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m.rope_scaling);
-    Node* o = b.sdpa(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(D)), "attn", in.doc_start);
+    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start);
     Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, "o_proj");
     x = b.add(x, proj, "res1");
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
@@ -153,19 +187,25 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, bool document
   x = rmsnorm(x, "model.norm", "norm_f");
   Node* head = m.tie_word_embeddings ? embed : p("lm_head.weight", {V, C});
   Node* logits = b.matmul(x, head, false, true, "logits");
-  finish(b, logits, in.labels, dt);
+  if (mode == ForwardMode::train) finish(b, logits, in.labels, dt);
+  else finish_generation(b, logits);
   return g;
 }
 
 }  // namespace
 
-std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, bool document_mask) {
+std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode, bool document_mask) {
   switch (m.arch) {
-    case Arch::gpt2: return build_gpt2(m, dtype, document_mask);
-    case Arch::llama: return build_llama(m, dtype, document_mask);
+    case Arch::gpt2: return build_gpt2(m, dtype, mode, document_mask);
+    case Arch::llama: return build_llama(m, dtype, mode, document_mask);
   }
   AUTOSP_ASSERT(false, "model.arch ", static_cast<int>(m.arch));
   return nullptr;
+}
+
+std::string kv_past_name(int64_t layer, bool value) { return str("past.", layer, value ? ".v" : ".k"); }
+std::string kv_present_name(const ModelConfig& m, int64_t layer, bool value) {
+  return layer_scopes(m).at(static_cast<size_t>(layer)) + (value ? "present_v" : "present_k");
 }
 
 std::vector<std::string> layer_scopes(const ModelConfig& m) {

@@ -23,11 +23,25 @@ struct ParamSpec {
 
 std::vector<ParamSpec> param_specs(const ModelConfig& m);
 
-// The forward graph in `dtype` (f32 or f64). Outputs: logits, then loss. With `document_mask`
-// (packed documents, data.document_mask) the graph has a fourth input doc_start [B, S] (tagged
+// What the graph is for. train: inputs input_ids, position_ids, labels; outputs logits, loss.
+// Generation with a KV cache (train/generate.h), inputs input_ids, position_ids [B, S], no loss:
+//   prefill  causal over the prompt; outputs logits and each layer's K, V (after RoPE) as its
+//            present cache [B, Nkv, S, D] (kv_present_name)
+//   decode   S new tokens (S = 1) attend, unmasked, over the inputs kv_past_name [B, Nkv, T, D]
+//            ++ their own K, V; outputs logits and the present cache [B, Nkv, T + S, D]
+enum class ForwardMode { train, prefill, decode };
+
+// The forward graph in `dtype` (f32 or f64). With `document_mask` (packed documents,
+// data.document_mask; train mode only) the graph has a fourth input doc_start [B, S] (tagged
 // doc_start): token t's document begins at position doc_start[t] of its sequence, and every
 // attention keeps query t to the keys [doc_start[t], t].
-std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, bool document_mask = false);
+std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode = ForwardMode::train,
+                                     bool document_mask = false);
+
+// The names of layer `layer`'s cache: the decode graph's input ("past.<l>.k" / ".v") and the
+// generation graphs' output.
+std::string kv_past_name(int64_t layer, bool value);
+std::string kv_present_name(const ModelConfig& m, int64_t layer, bool value);
 
 // The name prefix of each transformer layer's nodes ("l0.", … for Llama, "h0.", … for GPT-2):
 // the scopes activation checkpointing recomputes.

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -90,66 +91,29 @@ class DocumentSource final : public DataSource {
 
 // ---- token streams (tokens and text) ----------------------------------------------------------
 
-// A token stream held in memory (uint32 for llm.c shards, uint8 for text), read in the order of
-// data.h: sequence b of step k on rank d is seq_len + 1 tokens from start_token(), wrapping.
-template <class T>
-class StreamSource final : public DataSource {
- public:
-  StreamSource(std::vector<T> tokens, int64_t seq_len, int64_t batch, std::string description)
-      : tokens_(std::move(tokens)), seq_len_(seq_len), batch_(batch), description_(std::move(description)) {}
-
-  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const override {
-    check_get_args(step, dp_rank, dp_size);
-    const int64_t n = num_tokens(), S = seq_len_;
-    std::vector<int64_t> input(static_cast<size_t>(batch_ * S)), labels(input.size());
-    for (int64_t b = 0; b < batch_; ++b) {
-      int64_t at = start_token(step, dp_rank, dp_size, batch_, b, S, n);
-      int64_t* in = input.data() + b * S;
-      int64_t* lab = labels.data() + b * S;
-      for (int64_t t = 0; t <= S; ++t) {
-        const int64_t tok = tokens_[static_cast<size_t>(at)];
-        if (t < S) in[t] = tok;
-        if (t > 0) lab[t - 1] = tok;
-        if (++at == n) at = 0;
-      }
-    }
-    return make_batch(batch_, S, std::move(input), std::move(labels));
-  }
-  int64_t num_tokens() const override { return static_cast<int64_t>(tokens_.size()); }
-  std::string describe() const override { return description_; }
-
- private:
-  std::vector<T> tokens_;
-  int64_t seq_len_, batch_;
-  std::string description_;
-};
-
-// An open file that closes itself.
-struct File {
-  std::FILE* f = nullptr;
+// An open file descriptor that closes itself.
+struct Fd {
+  int fd = -1;
   // O_NONBLOCK: opening a FIFO must not block (open_regular then rejects it).
-  explicit File(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd >= 0 && !(f = ::fdopen(fd, "rb"))) ::close(fd);
+  explicit Fd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
   }
-  ~File() {
-    if (f) std::fclose(f);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
 };
 
 // Open `path` as a regular file and return its size; a missing or unreadable file is a UsageError.
-int64_t open_regular(const std::string& path, File& file) {
-  if (!file.f) throw UsageError(str(path, ": cannot open (", std::strerror(errno), ")"));
+int64_t open_regular(const std::string& path, const Fd& file) {
+  if (file.fd < 0) throw UsageError(str(path, ": cannot open (", std::strerror(errno), ")"));
   struct stat st;
-  if (fstat(fileno(file.f), &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
+  if (fstat(file.fd, &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
   if (!S_ISREG(st.st_mode)) throw UsageError(str(path, ": not a regular file"));
   return static_cast<int64_t>(st.st_size);
 }
 
-void read_exact(const std::string& path, File& file, void* dst, size_t nbytes) {
-  if (std::fread(dst, 1, nbytes, file.f) != nbytes)
+void read_exact(const std::string& path, const Fd& file, void* dst, size_t nbytes) {
+  if (::pread(file.fd, dst, nbytes, 0) != static_cast<ssize_t>(nbytes))
     throw RuntimeFailure(str(path, ": short read (the file changed while it was read?)"));
 }
 
@@ -157,20 +121,119 @@ uint32_t le32(const unsigned char* p) {
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
 }
 
+// A file mapped read-only (MAP_SHARED: the pages are the page cache's, never copied), unmapped at
+// the end. Nothing is read until a batch touches it.
+class Mapping {
+ public:
+  Mapping(const std::string& path, const Fd& file, int64_t size) : size_(static_cast<size_t>(size)) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, file.fd, 0);
+    if (p == MAP_FAILED) throw RuntimeFailure(str(path, ": cannot mmap (", std::strerror(errno), ")"));
+    base_ = static_cast<const unsigned char*>(p);
+    ::madvise(p, size_, MADV_RANDOM);  // batches read short windows: no read-ahead of the whole file
+  }
+  ~Mapping() { ::munmap(const_cast<unsigned char*>(base_), size_); }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  const unsigned char* data() const { return base_; }
+  // Drop [at, at + n) from this process's page tables (the page cache keeps it): what a batch read
+  // stops counting in the rank's RSS, so RSS stays flat however much of the data a run sweeps.
+  void release(size_t at, size_t n) const {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t lo = at / page * page, hi = std::min(size_, (at + n + page - 1) / page * page);
+    if (hi > lo) ::madvise(const_cast<unsigned char*>(base_) + lo, hi - lo, MADV_DONTNEED);
+  }
+
+ private:
+  const unsigned char* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+// One file of a token stream: its mapping, where its tokens start in it, their count and size
+// (1: text bytes, 2: uint16, 4: uint32), and the index of its first token in the whole stream.
+struct Segment {
+  std::string path;
+  std::unique_ptr<Mapping> map;
+  int64_t offset = 0, count = 0, token_size = 0, first = 0;
+
+  uint32_t token(int64_t i) const {
+    const unsigned char* p = map->data() + offset + i * token_size;
+    switch (token_size) {
+      case 1: return p[0];
+      case 2: return uint32_t(p[0]) | uint32_t(p[1]) << 8;
+      default: return le32(p);
+    }
+  }
+};
+
+// A token stream over mapped files (llm.c shards concatenated, or one text file), read in the
+// order of data.h: sequence b of step k on rank d is seq_len + 1 tokens from start_token(),
+// wrapping. Each token read is checked against the vocabulary there (a token ≥ vocab_size is a
+// UsageError naming the file and index), so opening a dataset costs its headers, not its size.
+class StreamSource final : public DataSource {
+ public:
+  StreamSource(std::vector<Segment> segments, int64_t seq_len, int64_t batch, int64_t vocab, std::string description)
+      : segments_(std::move(segments)), seq_len_(seq_len), batch_(batch), vocab_(vocab),
+        description_(std::move(description)) {
+    for (const Segment& s : segments_) total_ += s.count;
+  }
+
+  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const override {
+    check_get_args(step, dp_rank, dp_size);
+    const int64_t n = total_, S = seq_len_;
+    std::vector<int64_t> input(static_cast<size_t>(batch_ * S)), labels(input.size());
+    std::vector<int64_t> window(static_cast<size_t>(S + 1));
+    for (int64_t b = 0; b < batch_; ++b) {
+      read_window(start_token(step, dp_rank, dp_size, batch_, b, S, n), window);
+      std::copy(window.begin(), window.end() - 1, input.begin() + b * S);
+      std::copy(window.begin() + 1, window.end(), labels.begin() + b * S);
+    }
+    return make_batch(batch_, S, std::move(input), std::move(labels));
+  }
+  int64_t num_tokens() const override { return total_; }
+  std::string describe() const override { return description_; }
+
+ private:
+  // window.size() tokens from stream index `at`, wrapping at the end, across segment boundaries.
+  void read_window(int64_t at, std::vector<int64_t>& window) const {
+    size_t k = segment_of(at);
+    int64_t filled = 0;
+    const int64_t want = static_cast<int64_t>(window.size());
+    while (filled < want) {
+      const Segment& s = segments_[k];
+      const int64_t from = at - s.first, len = std::min(want - filled, s.count - from);
+      for (int64_t i = 0; i < len; ++i) {
+        const uint32_t tok = s.token(from + i);
+        if (static_cast<int64_t>(tok) >= vocab_)
+          throw UsageError(str(s.path, ": token ", tok, " at index ", from + i, " is ≥ vocab_size ", vocab_));
+        window[static_cast<size_t>(filled + i)] = tok;
+      }
+      s.map->release(static_cast<size_t>(s.offset + from * s.token_size), static_cast<size_t>(len * s.token_size));
+      filled += len;
+      at += len;
+      if (at == total_) at = 0, k = 0;
+      else if (at == s.first + s.count) ++k;
+    }
+  }
+  size_t segment_of(int64_t at) const {
+    auto it = std::upper_bound(segments_.begin(), segments_.end(), at,
+                               [](int64_t v, const Segment& s) { return v < s.first; });
+    return static_cast<size_t>(it - segments_.begin()) - 1;
+  }
+
+  std::vector<Segment> segments_;
+  int64_t seq_len_, batch_, vocab_, total_ = 0;
+  std::string description_;
+};
+
 // llm.c shard header: 256 little-endian int32; [0] magic, [1] version, [2] number of tokens.
 constexpr int64_t kHeaderInts = 256, kHeaderBytes = kHeaderInts * 4;
 constexpr int32_t kMagicU16 = 20240520, kVersionU16 = 1;
 constexpr int32_t kMagicU32 = 20240801, kVersionU32 = 7;
 
-struct Shard {
-  std::string path;
-  int64_t count = 0;       // tokens
-  int64_t token_size = 0;  // bytes: 2 or 4
-};
-
-// Read and check a shard's header against its file size; allocates nothing that the header sizes.
-Shard read_shard_header(const std::string& path) {
-  File file(path);
+// Read and check a shard's header against its file size, then map it; allocates nothing that the
+// header sizes.
+Segment open_shard(const std::string& path) {
+  Fd file(path);
   const int64_t size = open_regular(path, file);
   if (size == 0) throw UsageError(str(path, ": empty file (expected an llm.c token shard)"));
   if (size < kHeaderBytes)
@@ -180,7 +243,10 @@ Shard read_shard_header(const std::string& path) {
   read_exact(path, file, raw, sizeof raw);
   const int32_t magic = static_cast<int32_t>(le32(raw)), version = static_cast<int32_t>(le32(raw + 4));
   const int32_t count = static_cast<int32_t>(le32(raw + 8));
-  Shard s{path, count, 0};
+  Segment s;
+  s.path = path;
+  s.offset = kHeaderBytes;
+  s.count = count;
   if (magic == kMagicU16) {
     if (version != kVersionU16)
       throw UsageError(str(path, ": unsupported version ", version, " for magic ", magic, " (expected ",
@@ -200,68 +266,49 @@ Shard read_shard_header(const std::string& path) {
     throw UsageError(str(path, ": token count mismatch: the header says ", count, " tokens (",
                          int64_t{count} * s.token_size, " bytes) but the file holds ", data_bytes,
                          " bytes after the header"));
+  if (count > 0) s.map = std::make_unique<Mapping>(path, file, size);
   return s;
 }
 
-// Append a validated shard's tokens to `out`, checking each against the vocab.
-void read_shard_tokens(const Shard& s, int64_t vocab_size, std::vector<uint32_t>& out) {
-  File file(s.path);
-  const int64_t size = open_regular(s.path, file);
-  if (size != kHeaderBytes + s.count * s.token_size)
-    throw RuntimeFailure(str(s.path, ": the file changed while it was read"));
-  if (std::fseek(file.f, kHeaderBytes, SEEK_SET) != 0) throw RuntimeFailure(str(s.path, ": cannot seek"));
-  constexpr int64_t kChunk = 1 << 20;  // tokens per read
-  std::vector<unsigned char> buf(static_cast<size_t>(std::min(s.count, kChunk) * s.token_size));
-  for (int64_t done = 0; done < s.count;) {
-    const int64_t n = std::min(kChunk, s.count - done);
-    read_exact(s.path, file, buf.data(), static_cast<size_t>(n * s.token_size));
-    for (int64_t i = 0; i < n; ++i) {
-      const unsigned char* p = buf.data() + i * s.token_size;
-      const uint32_t tok = s.token_size == 2 ? uint32_t(p[0]) | uint32_t(p[1]) << 8 : le32(p);
-      if (static_cast<int64_t>(tok) >= vocab_size)
-        throw UsageError(str(s.path, ": token ", tok, " at index ", done + i, " is ≥ vocab_size ", vocab_size));
-      out.push_back(tok);
-    }
-    done += n;
-  }
-}
-
-std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, int64_t vocab_size) {
-  if (cfg.path.empty()) throw UsageError("data.path: required for data.source 'tokens'");
-  std::vector<Shard> shards;
+std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std::string& path, int64_t vocab_size) {
+  if (path.empty()) throw UsageError("data.path: required for data.source 'tokens'");
+  std::vector<Segment> shards;
   int64_t total = 0;
   bool u16 = false, u32 = false;
-  for (const std::string& path : expand_path(cfg.path)) {
-    shards.push_back(read_shard_header(path));
-    total += shards.back().count;
-    (shards.back().token_size == 2 ? u16 : u32) = true;
+  for (const std::string& file : expand_path(path)) {
+    Segment s = open_shard(file);
+    (s.token_size == 2 ? u16 : u32) = true;
+    if (s.count == 0) continue;  // an empty shard adds nothing to the stream
+    s.first = total;
+    total += s.count;
+    shards.push_back(std::move(s));
   }
   if (total < cfg.seq_len + 1)
-    throw UsageError(str(cfg.path, ": the token stream holds ", total, " tokens, fewer than seq_len + 1 = ",
+    throw UsageError(str(path, ": the token stream holds ", total, " tokens, fewer than seq_len + 1 = ",
                          cfg.seq_len + 1));
-  std::vector<uint32_t> tokens;
-  tokens.reserve(static_cast<size_t>(total));
-  for (const Shard& s : shards) read_shard_tokens(s, vocab_size, tokens);
   const char* kind = u16 && u32 ? "uint16 and uint32" : u16 ? "uint16" : "uint32";
   std::string desc = str("tokens: ", shards.size(), shards.size() == 1 ? " shard, " : " shards, ", total,
-                         " tokens (", kind, ") from ", cfg.path);
-  return std::make_unique<StreamSource<uint32_t>>(std::move(tokens), cfg.seq_len, cfg.batch_size, std::move(desc));
+                         " tokens (", kind, ") from ", path);
+  return std::make_unique<StreamSource>(std::move(shards), cfg.seq_len, cfg.batch_size, vocab_size, std::move(desc));
 }
 
-std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, int64_t vocab_size) {
-  if (cfg.path.empty()) throw UsageError("data.path: required for data.source 'text'");
+std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::string& path, int64_t vocab_size) {
+  if (path.empty()) throw UsageError("data.path: required for data.source 'text'");
   if (vocab_size < 256)
-    throw UsageError(str(cfg.path, ": the text source uses bytes as tokens and needs vocab_size ≥ 256, got ",
+    throw UsageError(str(path, ": the text source uses bytes as tokens and needs vocab_size ≥ 256, got ",
                          vocab_size));
-  File file(cfg.path);
-  const int64_t size = open_regular(cfg.path, file);
-  if (size == 0) throw UsageError(str(cfg.path, ": empty file"));
+  Fd file(path);
+  const int64_t size = open_regular(path, file);
+  if (size == 0) throw UsageError(str(path, ": empty file"));
   if (size < cfg.seq_len + 1)
-    throw UsageError(str(cfg.path, ": the text holds ", size, " bytes, fewer than seq_len + 1 = ", cfg.seq_len + 1));
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  read_exact(cfg.path, file, bytes.data(), bytes.size());
-  return std::make_unique<StreamSource<uint8_t>>(std::move(bytes), cfg.seq_len, cfg.batch_size,
-                                                 str("text: ", size, " bytes from ", cfg.path));
+    throw UsageError(str(path, ": the text holds ", size, " bytes, fewer than seq_len + 1 = ", cfg.seq_len + 1));
+  std::vector<Segment> one(1);
+  one[0].path = path;
+  one[0].map = std::make_unique<Mapping>(path, file, size);
+  one[0].count = size;
+  one[0].token_size = 1;
+  return std::make_unique<StreamSource>(std::move(one), cfg.seq_len, cfg.batch_size, vocab_size,
+                                        str("text: ", size, " bytes from ", path));
 }
 
 // ---- synthetic associative recall -------------------------------------------------------------
@@ -281,16 +328,19 @@ struct SplitMix64 {
 // Each sequence is L = seq_len + 1 tokens (input = the first seq_len, labels = the last seq_len,
 // as for the token streams):
 //
-//   position  0     1  2   …  2n-1 2n    2n+1 … L-2n-2   L-2n-1   L-2n     L-2n+1   …  L-2  L-1
-//   token     BOS   k1 v1  …  kn   vn    PAD  …  PAD     SEP      k_π1     v_π1     …  k_πn v_πn
+//   position  0     1         …  n         n+1  …  L-2n-2   L-2n-1   L-2n     L-2n+1   …  L-2  L-1
+//   token     BOS   (k1,v1)   …  (kn,vn)   PAD  …  PAD      SEP      k_π1     v_π1     …  k_πn v_πn
 //
-// n = min(#keys, (L - 2) / 4) pairs with distinct keys k from [3, 3 + #keys) and values v from
-// [3 + #keys, vocab) (values may repeat); the queries repeat the pairs in a shuffled order π and
-// end at the last token, so any remainder is PAD between the pairs and SEP. Specials: PAD = 0,
-// BOS = 1, SEP = 2; #keys = (vocab - 3) / 2, the rest are values. The label at input position p is
-// token p+1 only where p holds a query key (its label is that key's value); every other label is
-// -100. Keys sit in the first half and their queries in the second, so answering means attending
-// from the end of the sequence back to its start.
+// m = floor(√(vocab − 2)) − 1 keys [3, 3 + m) and m values [3 + m, 3 + 2m); each pair (k, v) of the
+// first half is one token, 3 + 2m + i·m + j for key i and value j (m² of them), so a sequence binds
+// n = min(m, (L − 2) / 4) distinct keys to values (values may repeat). The queries repeat the pairs
+// as two tokens, key then value, in a shuffled order π, ending at the last token; any remainder is
+// PAD between the pairs and SEP. The label at input position p is token p+1 only where p holds a
+// query key (its label is that key's value); every other label is -100. The pairs sit in the first
+// half and their queries in the second, so at P = 2 every answer is in the other rank's shard, and
+// one attention layer can look it up (the key's token to its pair's); binding key and value in
+// separate tokens instead needs two composed heads (an induction circuit), which the default job
+// did not learn in its two minutes (docs/decisions.md 62).
 class SyntheticSource final : public DataSource {
  public:
   static constexpr int64_t kPad = 0, kBos = 1, kSep = 2, kFirstKey = 3;
@@ -300,7 +350,8 @@ class SyntheticSource final : public DataSource {
     if (vocab_size < 16)
       throw UsageError(str("model.vocab_size: the synthetic data needs ≥ 16, got ", vocab_size));
     if (cfg.seq_len < 8) throw UsageError(str("data.seq_len: the synthetic data needs ≥ 8, got ", cfg.seq_len));
-    num_keys_ = (vocab_size - kFirstKey) / 2;
+    num_keys_ = 1;  // the largest m with 3 + 2m + m² ≤ vocab, i.e. (m + 1)² ≤ vocab − 2
+    while ((num_keys_ + 2) * (num_keys_ + 2) <= vocab_size - 2) ++num_keys_;
     pairs_ = std::min(num_keys_, (seq_len_ + 1 - 2) / 4);
   }
 
@@ -324,9 +375,10 @@ class SyntheticSource final : public DataSource {
   }
   int64_t num_tokens() const override { return 0; }
   std::string describe() const override {
+    const int64_t m = num_keys_, first_pair = kFirstKey + 2 * m;
     return str("synthetic: associative recall, ", pairs_, " key-value pairs per sequence of ", seq_len_,
-               " (keys ", kFirstKey, "..", kFirstKey + num_keys_ - 1, ", values ", kFirstKey + num_keys_, "..",
-               vocab_ - 1, ")");
+               " (keys ", kFirstKey, "..", kFirstKey + m - 1, ", values ", kFirstKey + m, "..", first_pair - 1,
+               ", pair tokens ", first_pair, "..", first_pair + m * m - 1, ")");
   }
 
  private:
@@ -336,29 +388,27 @@ class SyntheticSource final : public DataSource {
     SplitMix64 seeder{seed_ ^ 0x5DEECE66Dull};
     SplitMix64 rng{seeder.next() ^ (global * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull)};
     rng.next();
-    const int64_t L = static_cast<int64_t>(seq.size()), n = pairs_, num_values = vocab_ - kFirstKey - num_keys_;
+    const int64_t L = static_cast<int64_t>(seq.size()), n = pairs_, m = num_keys_;
     std::vector<int64_t> keys, values(static_cast<size_t>(n)), order(static_cast<size_t>(n));
-    std::vector<char> used(static_cast<size_t>(num_keys_), 0);
-    while (static_cast<int64_t>(keys.size()) < n) {  // distinct keys by rejection (n ≤ #keys)
-      const int64_t k = rng.below(num_keys_);
-      if (!used[static_cast<size_t>(k)]) used[static_cast<size_t>(k)] = 1, keys.push_back(kFirstKey + k);
+    std::vector<char> used(static_cast<size_t>(m), 0);
+    while (static_cast<int64_t>(keys.size()) < n) {  // distinct keys by rejection (n ≤ m)
+      const int64_t k = rng.below(m);
+      if (!used[static_cast<size_t>(k)]) used[static_cast<size_t>(k)] = 1, keys.push_back(k);
     }
-    for (auto& v : values) v = kFirstKey + num_keys_ + rng.below(num_values);
+    for (auto& v : values) v = rng.below(m);
     for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
     for (int64_t i = n - 1; i > 0; --i) std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng.below(i + 1))]);
 
     std::fill(seq.begin(), seq.end(), kPad);
     seq[0] = kBos;
-    for (int64_t i = 0; i < n; ++i) {
-      seq[static_cast<size_t>(1 + 2 * i)] = keys[static_cast<size_t>(i)];
-      seq[static_cast<size_t>(2 + 2 * i)] = values[static_cast<size_t>(i)];
-    }
+    for (int64_t i = 0; i < n; ++i)
+      seq[static_cast<size_t>(1 + i)] = kFirstKey + 2 * m + keys[static_cast<size_t>(i)] * m + values[static_cast<size_t>(i)];
     const int64_t first_query = L - 2 * n;
     seq[static_cast<size_t>(first_query - 1)] = kSep;
     for (int64_t j = 0; j < n; ++j) {
       const size_t i = static_cast<size_t>(order[static_cast<size_t>(j)]);
-      seq[static_cast<size_t>(first_query + 2 * j)] = keys[i];
-      seq[static_cast<size_t>(first_query + 2 * j + 1)] = values[i];
+      seq[static_cast<size_t>(first_query + 2 * j)] = kFirstKey + keys[i];
+      seq[static_cast<size_t>(first_query + 2 * j + 1)] = kFirstKey + m + values[i];
     }
     return first_query;
   }
@@ -403,24 +453,30 @@ std::vector<std::string> expand_path(const std::string& pattern) {
 
 
 namespace {
-std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
+// The token stream of `path` (data.path or data.val_path), or the synthetic task.
+std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const std::string& path, int64_t vocab_size,
+                                        uint64_t seed) {
   switch (cfg.source) {
     case DataSourceKind::synthetic: return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
-    case DataSourceKind::tokens: return make_tokens_source(cfg, vocab_size);
-    case DataSourceKind::text: return make_text_source(cfg, vocab_size);
+    case DataSourceKind::tokens: return make_tokens_source(cfg, path, vocab_size);
+    case DataSourceKind::text: return make_text_source(cfg, path, vocab_size);
   }
   AUTOSP_ASSERT(false, "data.source ", static_cast<int>(cfg.source));
   return nullptr;
+}
+
+// `source` with its documents marked when data.document_mask asks for it.
+std::unique_ptr<DataSource> with_documents(const DataConfig& cfg, int64_t vocab_size, std::unique_ptr<DataSource> source) {
+  if (!cfg.document_mask) return source;
+  if (cfg.eos_token_id < 0 || cfg.eos_token_id >= vocab_size)
+    throw UsageError(str("data.document_mask needs data.eos_token_id in [0, ", vocab_size, "), got ", cfg.eos_token_id));
+  return std::make_unique<DocumentSource>(std::move(source), cfg.eos_token_id);
 }
 }  // namespace
 
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
-  if (cfg.document_mask && (cfg.eos_token_id < 0 || cfg.eos_token_id >= vocab_size))
-    throw UsageError(str("data.document_mask needs data.eos_token_id in [0, ", vocab_size, "), got ", cfg.eos_token_id));
-  auto source = make_stream(cfg, vocab_size, seed);
-  if (!cfg.document_mask) return source;
-  return std::make_unique<DocumentSource>(std::move(source), cfg.eos_token_id);
+  return with_documents(cfg, vocab_size, make_stream(cfg, cfg.path, vocab_size, seed));
 }
 
 void mark_documents(Batch& b, int64_t eos) {
@@ -442,6 +498,30 @@ void mark_documents(Batch& b, int64_t eos) {
   b.labels = Tensor::from_vector<int64_t>({B, S}, labels);
   b.position_ids = Tensor::from_vector<int64_t>({B, S}, pos);
   b.doc_start = Tensor::from_vector<int64_t>({B, S}, start);
+}
+
+std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
+  check_sizes(cfg, vocab_size);
+  // Synthetic: a stream no training seed reaches but by a 2^-64 chance.
+  return with_documents(cfg, vocab_size, make_stream(cfg, cfg.val_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull));
+}
+
+std::string format_example(const std::vector<int64_t>& input, const std::vector<int64_t>& labels,
+                           const std::vector<int64_t>& predicted) {
+  AUTOSP_ASSERT(input.size() == labels.size() && labels.size() == predicted.size(), "format_example: sizes");
+  const size_t first = static_cast<size_t>(
+      std::find_if(labels.begin(), labels.end(), [](int64_t l) { return l != kIgnore; }) - labels.begin());
+  std::string context, answers;
+  for (size_t i = 0; i < first && i < input.size(); ++i) context += str(i ? " " : "", input[i]);
+  int64_t right = 0, scored = 0;
+  for (size_t i = first; i < labels.size(); ++i) {
+    if (labels[i] == kIgnore) continue;
+    ++scored;
+    right += predicted[i] == labels[i];
+    answers += str(answers.empty() ? "" : " ", input[i], "→", predicted[i]);
+    if (predicted[i] != labels[i]) answers += str(" (want ", labels[i], ")");
+  }
+  return str("context [", context, "] answers [", answers, "] ", right, "/", scored, " right");
 }
 
 // logits [rows, V] (any leading dims whose product is rows), labels [rows] (i64 or i32).

@@ -9,10 +9,15 @@
 //              sequence b reads seq_len + 1 tokens from ((k·dp + d)·batch + b)·seq_len, wrapping.
 //   text       the UTF-8 bytes of the file at `path` as tokens (vocab ≥ 256), same read order.
 //   synthetic  the embedded default: a generated associative-recall task. Each sequence lists
-//              key→value pairs in its first half and queries them, in another order, in its second
-//              half; only the answers (the value after a queried key) are labelled, everything else
+//              key→value pairs (one token per pair) in its first half and queries them as "key
+//              value", in another order, in its second half; only the answers (the value after a
+//              queried key) are labelled, everything else
 //              is -100. Answering needs attention across the whole sequence, so a falling loss shows
 //              that attention spans it; `accuracy` reports the task's accuracy.
+//
+// Token shards and text are memory-mapped, never read whole: opening one reads its header, a batch
+// reads its windows (and drops those pages from the rank's RSS again), so a rank's memory does
+// not grow with the dataset. Each token read is checked against the vocabulary when it is read.
 // Every malformed input (file, header, sizes, token ≥ vocab) is a UsageError naming the file.
 //
 // Packed documents (data.document_mask with data.eos_token_id, tokens and text sources): a document
@@ -54,6 +59,17 @@ std::vector<std::string> expand_path(const std::string& pattern);
 
 // `seed` only matters for synthetic data.
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed);
+
+// The validation data: data.val_path read like data.path by the same source, or for synthetic data
+// sequences from a held-out stream (another seed than training's, so none is a training sequence
+// but by chance). Batch k of it is get(k, dp_rank, dp).
+std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed);
+
+// One sequence and the model's argmax predictions at its labelled positions, for a log line:
+// the context (tokens before the first labelled position), then each labelled position as
+// "token→predicted" with "(want label)" where they differ. input, labels, predicted: [S].
+std::string format_example(const std::vector<int64_t>& input, const std::vector<int64_t>& labels,
+                           const std::vector<int64_t>& predicted);
 
 // Fraction of labelled positions (label != -100) where argmax(logits) == label, as (correct, total).
 // logits [rows, V] (f32 or f64), labels [rows].

@@ -131,6 +131,18 @@ struct StartState {
   int64_t step = 0;  // steps already done
 };
 
+}  // namespace
+
+ParamMap starting_params(const Config& cfg, const TrainArgs& args, DType master) {
+  if (!args.resume.empty()) return load_checkpoint(args.resume, cfg, master).params;
+  if (!args.init_from.empty()) return load_weights(args.init_from, cfg.model, master);
+  // model.from: the directory's weights (its config.json made cfg.model)
+  if (!cfg.model_from.empty()) return load_weights(cfg.model_from, cfg.model, master, /*check_dir_config=*/false);
+  return init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master);
+}
+
+namespace {
+
 StartState start_state(const Config& cfg, const TrainArgs& args, DType master, bool lead) {
   StartState s;
   if (!args.resume.empty()) {
@@ -140,14 +152,9 @@ StartState start_state(const Config& cfg, const TrainArgs& args, DType master, b
     s.step = ck.step;
     if (lead) spdlog::info("resumed from {} at step {}", args.resume, s.step);
   } else {
-    if (!args.init_from.empty()) {
-      s.params = load_weights(args.init_from, cfg.model, master);
-    } else if (!cfg.model_from.empty()) {  // model.from: the directory's weights (its config made cfg.model)
-      s.params = load_weights(cfg.model_from, cfg.model, master, /*check_dir_config=*/false);
-      if (lead) spdlog::info("weights from {} (model.from)", cfg.model_from);
-    } else {
-      s.params = init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master);
-    }
+    s.params = starting_params(cfg, args, master);
+    if (lead && args.init_from.empty() && !cfg.model_from.empty())
+      spdlog::info("weights from {} (model.from)", cfg.model_from);
     s.opt.init(s.params);
   }
   return s;
@@ -222,6 +229,104 @@ void inject_nan_into(const std::optional<Fault>& fault, int rank, int64_t step, 
   if (g[0].device() != grad.device()) copy_on_device(to_device(g[0], grad.device()), grad);
 }
 
+// ---- validation ---------------------------------------------------------------------------------
+
+// The validation program (the rank's forward after AutoSP: no backward, no gradient sync, no
+// optimizer) with its executor and data; built only when train.eval_every > 0.
+struct Validation {
+  RankProgram prog;
+  std::unique_ptr<Executor> ex;
+  std::unique_ptr<DataSource> data;
+};
+
+std::optional<Validation> make_validation(const Config& cfg, DType dt, const PassContext& ctx) {
+  if (cfg.train.eval_every <= 0) return std::nullopt;
+  Validation v;
+  v.prog = build_program(cfg, dt, Stage::autosp, ctx);
+  v.ex = std::make_unique<Executor>(*v.prog.graph, ExecOptions{.attention = cfg.runtime.attention});
+  v.data = make_val_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
+  return v;
+}
+
+// argmax over the last dim of host logits [rows, V] (first maximum on ties).
+std::vector<int64_t> argmax_rows(const Tensor& logits) {
+  const int64_t V = logits.dim(-1), rows = logits.numel() / V;
+  const std::vector<double> x = logits.to_doubles();
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = x.data() + r * V;
+    out[static_cast<size_t>(r)] = std::max_element(row, row + V) - row;
+  }
+  return out;
+}
+
+// The first sequence of the world's first validation batch: every rank of dp rank 0 adds the
+// argmax of its block of the sequence, the sum over the world (the blocks are disjoint) is the
+// whole row's prediction; rank 0 formats the first row it got entirely right (else row 0).
+std::string first_example(const Tensor& logits, const Batch& batch, int64_t S, const PassContext& ctx,
+                          int64_t dp_rank, Communicator& host_world) {
+  const int64_t B = batch.input_ids.dim(0), Sp = batch.input_ids.dim(1), block = Sp / ctx.sp_size;
+  Tensor pred = Tensor::zeros({B, Sp}, DType::i64);
+  if (dp_rank == 0) {
+    const std::vector<int64_t> local = argmax_rows(logits);  // [B, block]
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < block; ++t)
+        pred.data<int64_t>()[b * Sp + ctx.sp_rank * block + t] = local[static_cast<size_t>(b * block + t)];
+  }
+  host_world.all_reduce_sum(pred);
+  if (host_world.rank() != 0) return "";
+  auto row = [&](const Tensor& t, int64_t b) {
+    const int64_t* p = t.data<int64_t>() + b * Sp;
+    return std::vector<int64_t>(p, p + S);
+  };
+  int64_t pick = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto lab = row(batch.labels, b), pr = row(pred, b);
+    bool all = true;
+    for (int64_t t = 0; t < S; ++t) all &= lab[static_cast<size_t>(t)] == kIgnoreIndex || lab[static_cast<size_t>(t)] == pr[static_cast<size_t>(t)];
+    if (all) {
+      pick = b;
+      break;
+    }
+  }
+  return format_example(row(batch.input_ids, pick), row(batch.labels, pick), row(pred, pick));
+}
+
+// Validation loss and accuracy over batches 0 … eval_batches − 1 of the validation data, each
+// read like a training step's global batch (the same for every SP/DP layout), so the result
+// equals the P = 1 value. `example` receives rank 0's formatted first sequence when non-null.
+void evaluate(Validation& v, const Config& cfg, const ParamMap& params, const PassContext& ctx,
+              const ProcessMesh& mesh, JobComms& comms, Device dev, StepRecord& rec, std::string* example) {
+  double loss_sum = 0;
+  int64_t correct = 0, counted = 0;
+  for (int64_t k = 0; k < cfg.train.eval_batches; ++k) {
+    const Batch raw = v.data->get(k, mesh.dp_rank, mesh.dp);
+    const Batch batch = pad_to_multiple(raw, ctx.sp_size);
+    if (dev.kind == DeviceKind::cuda) check_batch(batch, cfg.model.vocab_size);
+    TensorMap feeds = batch_feeds(batch);
+    to_run_device(feeds, dev);
+    for (const auto& [name, p] : params) feeds[name] = p;
+    RunResult r = v.ex->run(feeds, comms.groups);
+    comms.synchronize_device();
+    loss_sum += host_copy(r.outputs.at(v.prog.loss)).to_doubles()[0];
+    const Tensor logits = host_copy(r.outputs.at("logits"));
+    const int64_t Sp = batch.labels.dim(1), block = Sp / ctx.sp_size;
+    const Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block)
+                             .contiguous();
+    auto [c, n] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
+                                local.reshape({local.numel()}));
+    correct += c;
+    counted += n;
+    if (k == 0 && example) *example = first_example(logits, batch, raw.labels.dim(1), ctx, mesh.dp_rank, *comms.host_world);
+  }
+  Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
+  comms.host_world->all_reduce_sum(counts);
+  rec.evaluated = true;
+  rec.val_loss = loss_sum / static_cast<double>(cfg.train.eval_batches);
+  const int64_t total = counts.data<int64_t>()[1];
+  rec.val_accuracy = total ? static_cast<double>(counts.data<int64_t>()[0]) / static_cast<double>(total) : 0.0;
+}
+
 // ---- what a step reports -----------------------------------------------------------------------
 
 // The synthetic task's accuracy on the step's batch over the world: this rank's logits cover its
@@ -258,14 +363,21 @@ void log_step(const StepRecord& rec, const Progress& run, bool quiet, std::ofstr
         rec.step, run.total, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
         rec.grad_norm, rec.tokens_per_sec, rec.step_ms, static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0),
         static_cast<int64_t>(eta) / 60, static_cast<int64_t>(eta) % 60);
+    const std::string val =
+        rec.evaluated ? fmt::format("step {}/{} | val loss {:.4f} | val acc {:.3f}", rec.step, run.total, rec.val_loss,
+                                    rec.val_accuracy)
+                      : "";
     if (!quiet) spdlog::info("{}", line);
     else file_log->info("{}", line);
+    if (!val.empty() && !quiet) spdlog::info("{}", val);
+    else if (!val.empty()) file_log->info("{}", val);
   }
   if (metrics.is_open()) {
     nlohmann::json m = {{"step", rec.step},         {"loss", rec.loss},       {"lr", rec.lr},
                         {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
                         {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes}};
     if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
+    if (rec.evaluated) m["val_loss"] = rec.val_loss, m["val_accuracy"] = rec.val_accuracy;
     metrics << m.dump() << "\n" << std::flush;
     if (!metrics) throw RuntimeFailure(str("--metrics ", run.metrics_path, ": write failed (disk full or I/O error)"));
   }
@@ -367,6 +479,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     exec.transient_outputs = {prog.grad_names.begin(), prog.grad_names.end()};
   Executor ex(*prog.graph, exec);
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
+  std::optional<Validation> validation = make_validation(cfg, dt, ctx);
 
   StartState state = start_state(cfg, args, master, lead);
   TrainResult result;
@@ -394,6 +507,9 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   if (lead && dev.kind == DeviceKind::cuda)
     spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(), attention_backend_name(cfg.runtime.attention));
   if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
+  if (lead && validation)
+    spdlog::info("validation: every {} steps and after the last, {} batches of {}", cfg.train.eval_every,
+                 cfg.train.eval_batches, validation->data->describe());
   if (lead && dt == DType::bf16)
     spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
                  dev.kind == DeviceKind::cpu ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
@@ -458,9 +574,11 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.peak_bytes = r.peak_bytes;
     rec.grad_sync_ms = (gradients.stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
     rec.grad_sync_wait_ms = (gradients.stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
+    if (validation && (rec.step % cfg.train.eval_every == 0 || rec.step == total))
+      evaluate(*validation, cfg, result.params, ctx, mesh, *comms, dev, rec, &result.val_example);
     result.steps.push_back(rec);
 
-    const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start;
+    const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start || rec.evaluated;
     if (lead && log_now) log_step(rec, run, args.quiet, metrics);
     const bool checkpoint_now =
         !cfg.train.checkpoint_dir.empty() &&

@@ -37,6 +37,12 @@ struct StepRecord {
   double grad_sync_wait_ms = 0;  // the part of it after the backward (GradSyncStats::wait_seconds)
   size_t peak_bytes = 0;
   double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources or when not scored)
+  // Validation after this step (train.eval_every, and after the last step): the mean over
+  // train.eval_batches validation batches of each batch's loss (the global token mean, like the
+  // training loss), and the fraction of labelled positions whose argmax is the label. Forward only:
+  // training's parameters, optimizer state and data order are untouched.
+  bool evaluated = false;
+  double val_loss = 0, val_accuracy = -1;
 };
 
 struct TrainResult {
@@ -48,8 +54,17 @@ struct TrainResult {
   // This rank's optimizer-state bytes (the AdamW moments: whole at zero_optimization.stage 0, its
   // shard at 1 and 2) and the gradient bucket buffers it held after the last step (ZeRO-2: none).
   size_t optimizer_state_bytes = 0, grad_bucket_bytes = 0;
+  // The last validation's first sequence that the model got entirely right (else its first
+  // sequence), as data.h format_example writes it; rank 0 only, empty without validation.
+  std::string val_example;
 };
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world);
+
+// The parameters a run starts from, in `master` dtype on the host: the checkpoint args.resume
+// names, else the weights args.init_from, else model.from's directory, else the seeded
+// initialisation. What train() starts from,
+// and how autosp-sample loads a model.
+ParamMap starting_params(const Config& cfg, const TrainArgs& args, DType master);
 
 }  // namespace autosp

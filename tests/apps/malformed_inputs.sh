@@ -222,6 +222,13 @@ row 'data.eos_token_id' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set data.documen
 row 'data.document_mask' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set data.document_mask=maybe --set data.eos_token_id=2
 row 'the synthetic task has none' "${c[@]}" --set data.document_mask=true --set data.eos_token_id=2
 row 'cannot apply the document mask' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set data.document_mask=true --set data.eos_token_id=2 --set runtime.device=cuda --set runtime.attention=cudnn
+# validation data (data.val_path, train.eval_every)
+row 'nothere.bin: cannot open' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_path=$tmp/nothere.bin" --set train.eval_every=1
+row 'bad_magic.bin: bad magic 12345' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_path=$tmp/bad_magic.bin" --set train.eval_every=1
+row 'big_token.bin: token 32 at index 51 is ≥ vocab_size 32' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_path=$tmp/big_token.bin" --set train.eval_every=1
+row 'train.eval_every 1 needs data.val_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.eval_every=1
+row 'data.val_path does not apply to data.source "synthetic"' "${c[@]}" --set "data.val_path=$tmp/good.bin"
+row 'train.eval_batches = 0' "${c[@]}" --set train.eval_batches=0
 # text
 row 'empty.txt: empty file' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/empty.txt"
 row 'short.txt: the text holds 5 bytes' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/short.txt"

@@ -1,8 +1,10 @@
 // Data sources (src/train/data.h): llm.c shards and text read back in the documented order, a
-// table of malformed inputs that must each be a UsageError naming the file, the synthetic
+// table of malformed inputs that must each be a UsageError naming the file, shards read through a
+// mapping (a rank's RSS does not grow with the file), validation data, the synthetic
 // associative-recall task checked by parsing its sequences independently, and count_correct.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -275,7 +277,9 @@ TEST_CASE("data: malformed inputs are usage errors that name the file", "[data]"
       const std::string named = c.bytes && c.path.find('*') != std::string::npos ? tmp.path(c.file) : path;
       std::string msg;
       try {
-        make_data_source(data_cfg(c.source, path, c.seq_len, 2), c.vocab, 0);
+        // Shards are mapped, and a token is checked when a batch reads it: read every token.
+        auto src = make_data_source(data_cfg(c.source, path, c.seq_len, 2), c.vocab, 0);
+        for (int64_t k = 0; k <= src->num_tokens(); ++k) src->get(k, 0, 1);
         FAIL("no error for " << c.name);
       } catch (const UsageError& e) {
         msg = e.what();
@@ -291,24 +295,30 @@ TEST_CASE("data: malformed inputs are usage errors that name the file", "[data]"
 namespace {
 
 // Parse one synthetic sequence (input + labels, as a training step sees it) without the
-// generator's layout code: BOS, key-value pairs up to the first PAD/SEP, SEP, then queries.
+// generator's layout code: BOS, pair tokens up to the first PAD/SEP, SEP, then queries "key value".
+// With m keys (the largest m with 3 + 2m + m² ≤ vocab): keys 3.., values 3 + m.., pair (i, j) is
+// 3 + 2m + i·m + j.
 struct Parsed {
-  std::map<int64_t, int64_t> pairs;
+  std::map<int64_t, int64_t> pairs;  // key token → value token
   std::vector<int64_t> pair_order, query_order;
   int64_t sep = -1;
 };
 
+int64_t num_keys(int64_t vocab) {
+  int64_t m = 0;
+  while (3 + 2 * (m + 1) + (m + 1) * (m + 1) <= vocab) ++m;
+  return m;
+}
+
 Parsed parse_synthetic(const std::vector<int64_t>& in, const std::vector<int64_t>& lab, int64_t vocab) {
   const int64_t S = static_cast<int64_t>(in.size());
-  const int64_t first_key = 3, num_keys = (vocab - 3) / 2;
-  auto is_key = [&](int64_t t) { return t >= first_key && t < first_key + num_keys; };
-  auto is_value = [&](int64_t t) { return t >= first_key + num_keys && t < vocab; };
+  const int64_t m = num_keys(vocab), first_pair = 3 + 2 * m;
+  auto is_pair = [&](int64_t t) { return t >= first_pair && t < first_pair + m * m; };
   Parsed p;
   REQUIRE(in[0] == 1);  // BOS
   int64_t i = 1;
-  for (; i + 1 < S && is_key(in[static_cast<size_t>(i)]); i += 2) {
-    const int64_t k = in[static_cast<size_t>(i)], v = in[static_cast<size_t>(i + 1)];
-    REQUIRE(is_value(v));
+  for (; i < S && is_pair(in[static_cast<size_t>(i)]); ++i) {
+    const int64_t k = 3 + (in[static_cast<size_t>(i)] - first_pair) / m, v = 3 + m + (in[static_cast<size_t>(i)] - first_pair) % m;
     REQUIRE(p.pairs.count(k) == 0);  // keys are distinct
     p.pairs[k] = v;
     p.pair_order.push_back(k);
@@ -337,7 +347,9 @@ TEST_CASE("synthetic: associative recall, answers only at query keys", "[data]")
   struct Dims {
     int64_t vocab, seq_len, expect_pairs;
   };
-  for (Dims d : {Dims{16, 8, 1}, Dims{16, 64, 6}, Dims{256, 256, 63}, Dims{256, 33, 8}, Dims{50257, 128, 31}}) {
+  // Pairs: min(m, seq_len / 4) with m = 2 (vocab 16), 14 (256), 8 (83), 223 (50257).
+  for (Dims d : {Dims{16, 8, 1}, Dims{16, 64, 2}, Dims{256, 256, 14}, Dims{256, 33, 8}, Dims{83, 64, 8},
+                 Dims{50257, 128, 31}}) {
     INFO("vocab " << d.vocab << " seq_len " << d.seq_len);
     auto src = make_data_source(data_cfg(DataSourceKind::synthetic, "", d.seq_len, 3), d.vocab, 42);
     CHECK(src->num_tokens() == 0);
@@ -360,7 +372,7 @@ TEST_CASE("synthetic: associative recall, answers only at query keys", "[data]")
         std::sort(keys.begin(), keys.end());
         CHECK(asked == keys);
         CHECK(2 * p.sep >= d.seq_len);
-        CHECK(2 * (2 * d.expect_pairs + 1) <= d.seq_len + 1);
+        CHECK(2 * (d.expect_pairs + 1) <= d.seq_len + 1);
         int64_t labelled = 0;
         for (int64_t l : row(b.labels, r)) labelled += l != -100;
         CHECK(labelled == d.expect_pairs);
@@ -368,6 +380,7 @@ TEST_CASE("synthetic: associative recall, answers only at query keys", "[data]")
       }
     }
     if (d.expect_pairs > 4) CHECK(shuffled > 0);
+    if (d.vocab == 16) CHECK(num_keys(16) == 2);
   }
 }
 
@@ -420,6 +433,82 @@ TEST_CASE("count_correct: argmax against labels, skipping -100", "[data]") {
   for (size_t i = 0; i < lab.size(); ++i)
     if (lab[i] != -100) logits[i * 64 + static_cast<size_t>(lab[i])] = 1.f;
   const auto [correct, total] = count_correct(Tensor::from_vector<float>({2, 32, 64}, logits), b.labels);
-  CHECK(total == 2 * 7);  // (33 - 2) / 4 = 7 pairs per sequence
+  CHECK(total == 2 * 6);  // min(6 keys at vocab 64, (33 - 2) / 4 = 7) = 6 pairs per sequence
   CHECK(correct == total);
+}
+
+namespace {
+
+// The resident set of this process in KiB (VmRSS of /proc/self/status).
+int64_t rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("tokens: a shard is mapped, not read: RSS stays flat on a 400 MB shard", "[data]") {
+  // A sparse uint32 shard of 100M tokens (400 MB that take no disk: the holes read as token 0)
+  // with a few real tokens written at known places. A loader that read the file into memory would
+  // grow this process by ≥ 400 MB (the old one: 4 bytes per token, plus its read buffer).
+  TempDir tmp;
+  const std::string path = tmp.path("sparse.bin");
+  const int64_t n = 100'000'000;
+  {
+    write_file(path, shard(20240801, 7, static_cast<uint32_t>(n), {}, 4));
+    std::filesystem::resize_file(path, 1024 + n * 4);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+      const uint32_t tok = static_cast<uint32_t>(7 + at % 5);
+      f.seekp(1024 + at * 4);
+      f.write(reinterpret_cast<const char*>(&tok), 4);
+    }
+    REQUIRE(f.good());
+  }
+  const int64_t before = rss_kib();
+  REQUIRE(before > 0);
+  auto src = make_data_source(data_cfg(DataSourceKind::tokens, path, 1000, 4), 100, 0);
+  CHECK(src->num_tokens() == n);
+  // Windows at the start, the middle (step n/2 / 4000 begins at n/2) and the end (wrapping).
+  for (int64_t step : {int64_t{0}, n / 2 / 4000, n / 4000 - 1, int64_t{7}, int64_t{123}}) src->get(step, 0, 1);
+  CHECK(values(src->get(0, 0, 1).input_ids)[0] == 7);
+  CHECK(row(src->get(n / 2 / 4000, 0, 1).input_ids, 0)[0] == static_cast<int64_t>(7 + (n / 2) % 5));
+  const Batch last = src->get(n / 4000 - 1, 0, 1);  // sequence 3 of it ends at token n - 1, its label the wrap to 0
+  CHECK(row(last.labels, 3)[998] == static_cast<int64_t>(7 + (n - 1) % 5));
+  CHECK(row(last.labels, 3)[999] == 7);
+  const int64_t grew = rss_kib() - before;
+  INFO("RSS grew by " << grew << " KiB");
+  CHECK(grew < 32 * 1024);
+}
+
+TEST_CASE("tokens: validation data is data.val_path read like data.path; synthetic holds sequences out", "[data]") {
+  TempDir tmp;
+  write_file(tmp.path("train.bin"), shard16(iota_tokens(0, 40)));
+  write_file(tmp.path("val.bin"), shard16(iota_tokens(100, 40)));
+  DataConfig c = data_cfg(DataSourceKind::tokens, tmp.path("train.bin"), 4, 2);
+  c.val_path = tmp.path("val.bin");
+  auto val = make_val_source(c, 200, 0);
+  check_row(val->get(1, 0, 1), 1, {112, 113, 114, 115, 116});  // batch 1, sequence 1 starts at 12
+  c.val_path = tmp.path("missing.bin");
+  CHECK_THROWS_AS(make_val_source(c, 200, 0), UsageError);
+
+  // Synthetic: the same task, other sequences than training's for the same step and seed.
+  const DataConfig s = data_cfg(DataSourceKind::synthetic, "", 64, 4);
+  auto train = make_data_source(s, 32, 1234);
+  auto held = make_val_source(s, 32, 1234);
+  CHECK(held->describe() == train->describe());
+  for (int64_t k = 0; k < 3; ++k) {
+    const Batch a = train->get(k, 0, 1), b = held->get(k, 0, 1);
+    for (int64_t r = 0; r < 4; ++r) CHECK(row(a.input_ids, r) != row(b.input_ids, r));
+    CHECK(values(b.input_ids) == values(make_val_source(s, 32, 1234)->get(k, 0, 1).input_ids));  // deterministic
+  }
+}
+
+TEST_CASE("format_example: context, then each answer with what the model said", "[data]") {
+  const std::vector<int64_t> in = {1, 5, 20, 6, 21, 2, 6, 21, 5}, lab = {-100, -100, -100, -100, -100, -100, 21, -100, 20};
+  const std::vector<int64_t> pred = {0, 0, 0, 0, 0, 0, 21, 0, 19};
+  CHECK(format_example(in, lab, pred) == "context [1 5 20 6 21 2] answers [6→21 5→19 (want 20)] 1/2 right");
 }

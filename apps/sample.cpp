@@ -1,0 +1,195 @@
+// autosp-sample: generate tokens from a trained model with a KV cache (train/generate.h).
+//   autosp-sample --checkpoint DIR [--set key.path=value]...        a step_N directory or a root (newest step)
+//   autosp-sample --config FILE [--set ...] [--init-from W.safetensors | --checkpoint DIR]
+//     [--prompt-ids 1,2,3 | --prompt TEXT [--tokenizer tokenizer.json]] [--max-new-tokens N]
+//     [--temperature T] [--top-k K] [--seed S] [--eos-token-id ID] [--dtype float32|float64]
+//     [--no-kv-cache] [--json]
+// The model is loaded as autosp-train loads it (the config, then train/trainer.h starting_params);
+// a checkpoint without --config brings its own run config (meta.json). A text prompt goes through
+// the tokenizer.json that scripts/prepare_data.py saved beside the shards (Hugging Face
+// `tokenizers`, in a Python helper under scripts/hf-venv.sh's venv), or, for a model trained on
+// data.source "text", through its bytes. Prints the prompt and new token ids and their text
+// (--json: one JSON object with them; bytes that are not UTF-8 become U+FFFD there).
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "tools/cli.h"
+#include "tools/py_worker.h"
+#include "train/checkpoint.h"
+#include "train/generate.h"
+#include "train/trainer.h"
+#include "tensor/check.h"
+
+using namespace autosp;
+namespace fs = std::filesystem;
+
+namespace {
+
+// "1,2, 3" → {1, 2, 3}; anything else is a UsageError naming the flag.
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+    if (a == std::string::npos) throw UsageError(str("--prompt-ids '", text, "': an empty item (expected ids like 1,2,3)"));
+    ids.push_back(parse_int_flag("prompt-ids", item.substr(a, b - a + 1)));
+  }
+  if (ids.empty()) throw UsageError("--prompt-ids: no ids (expected ids like 1,2,3)");
+  return ids;
+}
+
+// The checkpoint directory `path` names: itself when it holds meta.json, else its newest step_N.
+std::string step_dir(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) throw UsageError(str("--checkpoint ", path, ": not a directory"));
+  if (fs::exists(fs::path(path) / "meta.json", ec)) return path;
+  const int64_t step = newest_step(path);
+  if (step < 0) throw UsageError(str("--checkpoint ", path, ": neither a checkpoint (no meta.json) nor a root with step_* directories"));
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return (fs::path(path) / name).string();
+}
+
+// The run config a checkpoint was written with (its meta.json), with --set overrides.
+Config checkpoint_config(const std::string& dir, const std::vector<std::string>& sets) {
+  const std::string meta_path = (fs::path(dir) / "meta.json").string();
+  std::ifstream f(meta_path);
+  if (!f) throw UsageError(str(meta_path, ": cannot open"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const nlohmann::json meta = parse_json(ss.str(), meta_path);
+  if (!meta.is_object() || !meta.contains("config") || !meta["config"].is_object())
+    throw UsageError(str(meta_path, ": no 'config' object (not an autosp checkpoint?)"));
+  return parse_config(meta["config"], sets, meta_path);
+}
+
+// Text ↔ ids: a tokenizer.json through the Python helper, or bytes for a model of data.source text.
+class TextCodec {
+ public:
+  TextCodec(const std::string& tokenizer, bool bytes) : bytes_(bytes) {
+    if (tokenizer.empty()) return;
+    std::error_code ec;
+    if (!fs::is_regular_file(tokenizer, ec)) throw UsageError(str("--tokenizer ", tokenizer, ": not a file"));
+    const std::string src = AUTOSP_SOURCE_DIR;
+    worker_ = std::make_unique<PyWorker>(std::vector<std::string>{venv_python(src, "hf-venv.sh"),
+                                                                   src + "/scripts/tokenizer_worker.py", tokenizer});
+  }
+  bool can_encode() const { return worker_ || bytes_; }
+  std::vector<int64_t> encode(const std::string& text) {
+    if (worker_) return worker_->request({{"encode", text}})["ids"].get<std::vector<int64_t>>();
+    if (bytes_) return bytes_to_ids(text);
+    throw UsageError("--prompt needs --tokenizer (the tokenizer.json beside the data's shards), or a model trained "
+                     "on data.source \"text\"; or give --prompt-ids");
+  }
+  std::string decode(const std::vector<int64_t>& ids) {
+    if (worker_) return worker_->request({{"decode", ids}})["text"].get<std::string>();
+    if (!bytes_) return "";
+    std::string s;
+    for (int64_t id : ids) s += id >= 0 && id < 256 ? static_cast<char>(id) : '?';
+    return s;
+  }
+
+ private:
+  static std::vector<int64_t> bytes_to_ids(const std::string& text) {
+    std::vector<int64_t> ids;
+    for (unsigned char c : text) ids.push_back(c);
+    return ids;
+  }
+  bool bytes_;
+  std::unique_ptr<PyWorker> worker_;
+};
+
+std::string join(const std::vector<int64_t>& ids) {
+  std::string s;
+  for (int64_t id : ids) s += str(s.empty() ? "" : ",", id);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_app("autosp-sample", [&] {
+    cxxopts::Options opts("autosp-sample", "Generate tokens from a trained model (KV cache; greedy, top-k, temperature)");
+    opts.add_options()("checkpoint", "a checkpoint step_N directory, or a root (its newest step)",
+                       cxxopts::value<std::string>())(
+        "config", "run config JSON (default: the checkpoint's own)", cxxopts::value<std::string>())(
+        "set", "override a config key (key.path=value), repeatable", cxxopts::value<std::vector<std::string>>())(
+        "init-from", "safetensors weights (Hugging Face names) instead of a checkpoint", cxxopts::value<std::string>())(
+        "prompt-ids", "the prompt as token ids: 1,2,3", cxxopts::value<std::string>())(
+        "prompt", "the prompt as text (needs --tokenizer, or a model of data.source text)", cxxopts::value<std::string>())(
+        "tokenizer", "the tokenizer.json the data was prepared with", cxxopts::value<std::string>())(
+        "max-new-tokens", "tokens to generate (default 32)", cxxopts::value<std::string>())(
+        "temperature", "0 = greedy (default); > 0 samples", cxxopts::value<std::string>())(
+        "top-k", "with --temperature: sample among the k most likely (0 = all)", cxxopts::value<std::string>())(
+        "seed", "sampling seed (default 0)", cxxopts::value<std::string>())(
+        "eos-token-id", "stop after generating this id", cxxopts::value<std::string>())(
+        "dtype", "float32 (default) or float64", cxxopts::value<std::string>())(
+        "no-kv-cache", "recompute the whole sequence for every token (the reference for the cache)")(
+        "json", "print one JSON object instead of text")("h,help", "show this help");
+    auto args = opts.parse(argc, argv);
+    if (args.count("help")) {
+      std::cout << opts.help() << std::flush;
+      return 0;
+    }
+    if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
+    auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
+    std::vector<std::string> sets;
+    if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
+    if (!args.count("checkpoint") && !args.count("config"))
+      throw UsageError("give --checkpoint DIR, or --config FILE (with --init-from or --checkpoint for the weights)");
+    if (args.count("checkpoint") && args.count("init-from")) throw UsageError("--checkpoint and --init-from exclude each other");
+    if (args.count("prompt") == args.count("prompt-ids"))
+      throw UsageError("give the prompt as one of --prompt-ids 1,2,3 or --prompt TEXT");
+
+    TrainArgs ta;
+    ta.init_from = opt("init-from");
+    if (args.count("checkpoint")) ta.resume = step_dir(opt("checkpoint"));
+    const Config cfg = args.count("config") ? load_config(opt("config"), sets) : checkpoint_config(ta.resume, sets);
+    const std::string dtype_text = args.count("dtype") ? opt("dtype") : "float32";
+    const auto dtype = dtype_from_name(dtype_text);
+    if (!dtype || (*dtype != DType::f32 && *dtype != DType::f64))
+      throw UsageError(str("--dtype '", dtype_text, "': expected float32 or float64"));
+
+    SampleOptions so;
+    if (args.count("max-new-tokens")) so.max_new_tokens = parse_int_flag("max-new-tokens", opt("max-new-tokens"));
+    if (args.count("top-k")) so.top_k = parse_int_flag("top-k", opt("top-k"));
+    if (args.count("seed")) {
+      const int64_t seed = parse_int_flag("seed", opt("seed"));
+      if (seed < 0) throw UsageError(str("--seed ", seed, ": expected ≥ 0"));
+      so.seed = static_cast<uint64_t>(seed);
+    }
+    if (args.count("eos-token-id")) so.eos_token_id = parse_int_flag("eos-token-id", opt("eos-token-id"));
+    if (args.count("temperature")) {
+      const std::string t = opt("temperature");
+      size_t used = 0;
+      try {
+        so.temperature = std::stod(t, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != t.size() || t.empty()) throw UsageError(str("--temperature '", t, "': expected a number ≥ 0"));
+    }
+    so.kv_cache = !args.count("no-kv-cache");
+
+    TextCodec codec(opt("tokenizer"), cfg.data.source == DataSourceKind::text);
+    const std::vector<int64_t> prompt = args.count("prompt-ids") ? parse_ids(opt("prompt-ids")) : codec.encode(opt("prompt"));
+    Generator gen(cfg.model, *dtype, starting_params(cfg, ta, *dtype));
+    const Generated out = gen.generate(prompt, so);
+    const std::string prompt_text = codec.decode(prompt), text = codec.decode(out.tokens);
+    if (args.count("json")) {
+      std::cout << nlohmann::json{{"prompt_ids", prompt}, {"ids", out.tokens}, {"prompt_text", prompt_text},
+                                  {"text", text}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                << std::endl;
+    } else {
+      std::cout << "prompt ids: " << join(prompt) << "\nids: " << join(out.tokens) << "\n";
+      if (codec.can_encode() || !opt("tokenizer").empty()) std::cout << "prompt: " << prompt_text << "\ntext: " << text << "\n";
+      std::cout << std::flush;
+    }
+    return 0;
+  });
+}

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Tokenise text or JSONL files into llm.c token shards for autosp-train (data.source "tokens").
+
+  prepare_data.py --out DIR (--tokenizer tokenizer.json | --train-tokenizer --vocab-size N)
+                  [--val-fraction 0.05] [--text-key text] [--paragraphs] [--shard-tokens N]
+                  [--seed 0] INPUT...
+
+Documents: each line of a .jsonl file (its --text-key field), each other file as a whole (or, with
+--paragraphs, each blank-line-separated paragraph of it). Each document is followed by the EOS token
+(the tokenizer's <|endoftext|>, </s> or <eos>; a trained tokenizer gets <|endoftext|>), so no
+document runs into the next unmarked. A seeded shuffle of the documents puts --val-fraction of them
+(at least one when there are two or more) into the validation split.
+
+Writes DIR/train_000000.bin, ... and DIR/val_000000.bin, ...: llm.c shards (256 x int32 header;
+magic 20240520 version 1 with uint16 tokens when the vocabulary fits in 16 bits, else magic
+20240801 version 7 with uint32), DIR/tokenizer.json (the tokenizer used, for autosp-sample
+--tokenizer) and DIR/data.json with what the run config needs (model.vocab_size, data.path,
+data.val_path, the EOS id). Runs under the venv of scripts/hf-venv.sh (Hugging Face `tokenizers`).
+Bad input is one `error:` line and exit 2.
+"""
+import argparse
+import json
+import os
+import random
+import struct
+import sys
+
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>")
+HEADER_INTS = 256
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def documents(paths, text_key, paragraphs):
+    """Yield (origin, text) for every document of the inputs, in order."""
+    for path in paths:
+        if not os.path.isfile(path):
+            fail(f"{path}: not a file")
+        if path.endswith(".jsonl"):
+            with open(path, encoding="utf-8", errors="strict") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        fail(f"{path}:{n}: not valid JSON ({e.msg})")
+                    if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
+                        fail(f"{path}:{n}: expected an object with a string field '{text_key}' (--text-key)")
+                    yield f"{path}:{n}", obj[text_key]
+        else:
+            try:
+                with open(path, encoding="utf-8", errors="strict") as f:
+                    text = f.read()
+            except UnicodeDecodeError as e:
+                fail(f"{path}: not UTF-8 text (byte {e.start})")
+            parts = [p.strip("\n") for p in text.split("\n\n") if p.strip()] if paragraphs else [text]
+            for i, p in enumerate(parts):
+                yield f"{path}#{i}", p
+
+
+def load_tokenizer(path):
+    from tokenizers import Tokenizer
+    if os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(path):
+        fail(f"{path}: no tokenizer.json there")
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for bad files
+        fail(f"{path}: not a Hugging Face tokenizer.json ({str(e).splitlines()[0][:200]})")
+
+
+def train_tokenizer(texts, vocab_size):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_NAMES[0]],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+class ShardWriter:
+    """Tokens into DIR/<split>_NNNNNN.bin files of at most shard_tokens each."""
+
+    def __init__(self, out, split, shard_tokens, wide):
+        self.out, self.split, self.limit, self.wide = out, split, shard_tokens, wide
+        self.buf, self.files, self.total = [], [], 0
+
+    def add(self, ids):
+        self.buf.extend(ids)
+        while len(self.buf) >= self.limit:
+            self._write(self.buf[:self.limit])
+            self.buf = self.buf[self.limit:]
+
+    def close(self):
+        if self.buf or not self.files:
+            self._write(self.buf)
+        self.buf = []
+
+    def _write(self, ids):
+        import numpy as np
+        path = os.path.join(self.out, f"{self.split}_{len(self.files):06d}.bin")
+        header = np.zeros(HEADER_INTS, dtype="<i4")
+        header[0], header[1] = (20240801, 7) if self.wide else (20240520, 1)
+        header[2] = len(ids)
+        with open(path + ".tmp", "wb") as f:
+            f.write(header.tobytes())
+            f.write(np.asarray(ids, dtype="<u4" if self.wide else "<u2").tobytes())
+        os.replace(path + ".tmp", path)
+        self.files.append(path)
+        self.total += len(ids)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("inputs", nargs="+", help="text or .jsonl files")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--tokenizer", help="a Hugging Face tokenizer.json (or a directory holding one)")
+    ap.add_argument("--train-tokenizer", action="store_true", help="train a byte-level BPE on the inputs")
+    ap.add_argument("--vocab-size", type=int, default=0, help="with --train-tokenizer: its vocabulary size")
+    ap.add_argument("--val-fraction", type=float, default=0.05)
+    ap.add_argument("--text-key", default="text", help="the text field of .jsonl lines")
+    ap.add_argument("--paragraphs", action="store_true", help="text files: one document per blank-line paragraph")
+    ap.add_argument("--shard-tokens", type=int, default=100_000_000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+
+    if bool(a.tokenizer) == bool(a.train_tokenizer):
+        fail("give one of --tokenizer FILE or --train-tokenizer --vocab-size N")
+    if a.train_tokenizer and not 257 <= a.vocab_size <= 2**31 - 1:
+        fail(f"--vocab-size {a.vocab_size}: a byte-level BPE needs at least 257 (256 bytes and <|endoftext|>)")
+    if not 0 <= a.val_fraction < 1:
+        fail(f"--val-fraction {a.val_fraction}: expected a number in [0, 1)")
+    if a.shard_tokens < 1 or a.shard_tokens > 2**31 - 1:
+        fail(f"--shard-tokens {a.shard_tokens}: expected 1 .. 2^31-1 (the header's count is an int32)")
+
+    docs = list(documents(a.inputs, a.text_key, a.paragraphs))
+    if not docs:
+        fail("the inputs hold no documents")
+    tok = train_tokenizer((t for _, t in docs), a.vocab_size) if a.train_tokenizer else load_tokenizer(a.tokenizer)
+    eos = next((tok.token_to_id(n) for n in EOS_NAMES if tok.token_to_id(n) is not None), None)
+    if eos is None:
+        fail(f"the tokenizer has no EOS token (none of {', '.join(EOS_NAMES)})")
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    wide = vocab > 2**16
+
+    order = list(range(len(docs)))
+    random.Random(a.seed).shuffle(order)
+    n_val = 0 if a.val_fraction == 0 or len(docs) < 2 else max(1, int(round(a.val_fraction * len(docs))))
+    val_docs = set(order[:n_val])
+
+    os.makedirs(a.out, exist_ok=True)
+    writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide) for s in ("train", "val")}
+    chunk = 1024
+    for start in range(0, len(docs), chunk):
+        batch = docs[start:start + chunk]
+        for i, enc in enumerate(tok.encode_batch([t for _, t in batch], add_special_tokens=False)):
+            writers["val" if start + i in val_docs else "train"].add(enc.ids + [eos])
+    writers["train"].close()
+    if n_val:
+        writers["val"].close()
+    tok.save(os.path.join(a.out, "tokenizer.json"))
+    info = {"model": {"vocab_size": vocab},
+            "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
+                     "val_path": os.path.join(a.out, "val_*.bin") if n_val else ""},
+            "eos_token_id": eos, "documents": {"train": len(docs) - n_val, "val": n_val},
+            "tokens": {"train": writers["train"].total, "val": writers["val"].total},
+            "token_dtype": "uint32" if wide else "uint16"}
+    with open(os.path.join(a.out, "data.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    print(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()

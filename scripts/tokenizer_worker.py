@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+"""autosp-sample's tokenizer: a Hugging Face `tokenizers` tokenizer.json (the one
+scripts/prepare_data.py saved beside the shards) answering one JSON line per request on stdin:
+{"encode": "text"} -> {"ids": [...]}, {"decode": [ids]} -> {"text": "..."}. Run under the venv of
+scripts/hf-venv.sh (transformers brings `tokenizers`).
+  tokenizer_worker.py TOKENIZER.json
+"""
+import json
+import sys
+
+from tokenizers import Tokenizer
+
+
+def main():
+    tok = Tokenizer.from_file(sys.argv[1])
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            if "encode" in req:
+                reply = {"ids": tok.encode(req["encode"], add_special_tokens=False).ids}
+            else:
+                reply = {"text": tok.decode(req["decode"], skip_special_tokens=False)}
+        except Exception as e:  # noqa: BLE001 - every failure is the reply, not a crash
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# scripts/prepare_data.py end to end: text paragraphs and JSONL documents become llm.c shards with a
+# train/val split and an EOS token after every document; decoding the shards with the saved
+# tokenizer.json gives back exactly the documents; autosp-train trains on them with validation;
+# autosp-sample continues a text prompt through the same tokenizer. Then one row per malformed
+# input: exit 2 with an `error:` line containing the row's text. Needs the venv of
+# scripts/hf-venv.sh (Hugging Face tokenizers); exit 77 (skipped) without it.
+#   prepare_data.sh BIN_DIR SOURCE_DIR
+set -u
+bin=$1
+src=$2
+py=$(bash "$src/scripts/hf-venv.sh" --check 2>/dev/null) || { echo "skip: no $src/.venv-hf (scripts/hf-venv.sh)"; exit 77; }
+prep=("$py" "$src/scripts/prepare_data.py")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1
+fail=0
+rows=0
+check() {  # check NAME STATUS
+  rows=$((rows + 1))
+  if [ "$2" -ne 0 ]; then echo "FAIL [$rows] $1"; fail=1; else echo "ok   [$rows] $1"; fi
+}
+
+"$py" - "$tmp" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+paras = [" ".join(words[(i * 7 + j) % len(words)] for j in range(30 + i % 13)) + f" — no. {i} ü" for i in range(40)]
+open(os.path.join(d, "book.txt"), "w", encoding="utf-8").write("\n\n".join(paras) + "\n")
+with open(os.path.join(d, "web.jsonl"), "w", encoding="utf-8") as f:
+    for i in range(20):
+        f.write(json.dumps({"id": i, "text": f"document {i}: " + " ".join(words[i % 12:] + words[:i % 12])}) + "\n")
+json.dump(paras + [json.loads(l)["text"] for l in open(os.path.join(d, "web.jsonl"), encoding="utf-8")],
+          open(os.path.join(d, "docs.json"), "w"))
+PY
+"${prep[@]}" --out "$tmp/data" --train-tokenizer --vocab-size 300 --paragraphs --val-fraction 0.1 --shard-tokens 2000 \
+  "$tmp/book.txt" "$tmp/web.jsonl" >"$tmp/prep.out" 2>&1
+check "prepare_data.py trains a BPE and writes shards: $(tail -1 "$tmp/prep.out" | cut -c1-200)" $?
+
+"$py" - "$tmp" <<'PY'
+import glob, json, os, struct, sys
+from tokenizers import Tokenizer
+d = sys.argv[1]
+info = json.load(open(os.path.join(d, "data", "data.json")))
+tok = Tokenizer.from_file(os.path.join(d, "data", "tokenizer.json"))
+eos = info["eos_token_id"]
+assert tok.id_to_token(eos) == "<|endoftext|>", "EOS is <|endoftext|>"
+want = sorted(json.load(open(os.path.join(d, "docs.json"))))
+got, counts = [], {}
+for split in ("train", "val"):
+    ids = []
+    files = sorted(glob.glob(os.path.join(d, "data", f"{split}_*.bin")))
+    for p in files:
+        raw = open(p, "rb").read()
+        magic, version, n = struct.unpack("<3i", raw[:12])
+        assert (magic, version) == (20240520, 1), (p, magic, version)
+        assert len(raw) == 1024 + 2 * n, p
+        ids += list(struct.unpack(f"<{n}H", raw[1024:]))
+    assert ids and ids[-1] == eos, f"{split}: every document ends with EOS"
+    docs, cur = [], []
+    for t in ids:
+        if t == eos:
+            docs.append(tok.decode(cur)); cur = []
+        else:
+            cur.append(t)
+    counts[split] = (len(files), len(docs))
+    got += docs
+assert counts["train"][0] >= 2, f"several train shards of ≤ 2000 tokens: {counts}"
+assert counts["val"][1] == 6, f"10% of 60 documents in val: {counts}"
+assert sorted(got) == want, "the shards decode to exactly the documents"
+print("round trip ok:", counts)
+PY
+check "the shards decode to the documents, EOS after each, 10% of them in val" $?
+
+cat >"$tmp/cfg.json" <<JSON
+{"model": {"arch": "gpt2", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "max_position_embeddings": 64},
+ "data": {"source": "tokens", "path": "$tmp/data/train_*.bin", "val_path": "$tmp/data/val_*.bin", "seq_len": 32,
+          "batch_size": 2},
+ "train": {"steps": 4, "eval_every": 2, "eval_batches": 2, "log_every": 1, "checkpoint_dir": "$tmp/ck"},
+ "runtime": {"threads": 1}}
+JSON
+"$bin/autosp-train" --config "$tmp/cfg.json" >"$tmp/train.out" 2>&1 && grep -q 'step 4/4 | val loss' "$tmp/train.out"
+check "autosp-train trains on them with validation: $(grep -m1 'val loss' "$tmp/train.out" | cut -c30-)" $?
+"$bin/autosp-sample" --checkpoint "$tmp/ck" --tokenizer "$tmp/data/tokenizer.json" --prompt "alpha beta" \
+  --max-new-tokens 6 >"$tmp/sample.out" 2>&1 && grep -q '^text: ' "$tmp/sample.out" && grep -q '^ids: ' "$tmp/sample.out"
+check "autosp-sample continues a text prompt through tokenizer.json: $(tr '\n' ' ' <"$tmp/sample.out" | cut -c1-160)" $?
+
+# row 'NEEDLE' ARGS...   (ARGS follow prepare_data.py)
+row() {
+  local needle=$1
+  shift
+  rows=$((rows + 1))
+  timeout -k 5 60 "${prep[@]}" "$@" >"$tmp/out" 2>&1 </dev/null
+  local rc=$?
+  if [ $rc -ne 2 ] || ! grep -q "^error: .*$needle" "$tmp/out"; then
+    echo "FAIL [$rows] $*: exit $rc, expected 2 with an 'error:' line containing '$needle'; output:"
+    tail -3 "$tmp/out" | sed 's/^/    /'
+    fail=1
+  else
+    echo "ok   [$rows] $(grep -m1 '^error:' "$tmp/out" | cut -c1-150)"
+  fi
+}
+printf '{"text": "fine"}\n{"text": \n' >"$tmp/broken.jsonl"
+printf '{"body": "no text key"}\n' >"$tmp/nokey.jsonl"
+printf '\xff\xfe\x00bad' >"$tmp/binary.txt"
+echo 'not a tokenizer' >"$tmp/garbage.json"
+echo '{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}' >"$tmp/noeos.json"
+o=(--out "$tmp/bad")
+row 'missing.txt: not a file' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/missing.txt"
+row 'broken.jsonl:2: not valid JSON' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/broken.jsonl"
+row "nokey.jsonl:1: expected an object with a string field 'text'" "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/nokey.jsonl"
+row 'binary.txt: not UTF-8 text' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/binary.txt"
+row 'garbage.json: not a Hugging Face tokenizer.json' "${o[@]}" --tokenizer "$tmp/garbage.json" "$tmp/book.txt"
+row 'the tokenizer has no EOS token' "${o[@]}" --tokenizer "$tmp/noeos.json" "$tmp/book.txt"
+row 'no tokenizer.json there' "${o[@]}" --tokenizer "$tmp" "$tmp/book.txt"
+row 'give one of --tokenizer FILE or --train-tokenizer' "${o[@]}" "$tmp/book.txt"
+row '\-\-vocab-size 100: a byte-level BPE needs at least 257' "${o[@]}" --train-tokenizer --vocab-size 100 "$tmp/book.txt"
+row '\-\-val-fraction 1.5' "${o[@]}" --train-tokenizer --vocab-size 300 --val-fraction 1.5 "$tmp/book.txt"
+row '\-\-shard-tokens 0' "${o[@]}" --train-tokenizer --vocab-size 300 --shard-tokens 0 "$tmp/book.txt"
+echo "$rows rows"
+exit $fail

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# autosp-sample through the real binary: a checkpoint written by autosp-train samples greedily
+# (twice the same), with and without the KV cache alike, from ids and (a model of data.source
+# text) from text; then one row per malformed input: each must exit 2 within 20 s with an `error:`
+# line containing the row's text. Greedy tokens against transformers: tests/ref/hf_generate.py.
+#   sample_cli.sh BIN_DIR SOURCE_DIR
+set -u
+train=$1/autosp-train
+sample=$1/autosp-sample
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1
+fail=0
+rows=0
+
+cat >"$tmp/cfg.json" <<'JSON'
+{"model": {"arch": "llama", "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48},
+ "data": {"source": "text", "seq_len": 16, "batch_size": 2},
+ "train": {"steps": 3, "log_every": 1},
+ "runtime": {"threads": 1}}
+JSON
+printf 'the quick brown fox jumps over the lazy dog. %.0s' {1..20} >"$tmp/text.txt"
+"$train" --config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --set "train.checkpoint_dir=$tmp/ck" --quiet 2>"$tmp/train.log" ||
+  { echo "FAIL: could not train the model to sample from: $(tail -3 "$tmp/train.log")"; exit 1; }
+
+check() {  # check NAME CONDITION-EXIT-CODE
+  rows=$((rows + 1))
+  if [ "$2" -ne 0 ]; then echo "FAIL [$rows] $1"; fail=1; else echo "ok   [$rows] $1"; fi
+}
+a=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 2>&1)
+b=$("$sample" --checkpoint "$tmp/ck/step_00000003" --prompt-ids 116,104,101 --max-new-tokens 8 --no-kv-cache 2>&1)
+echo "$a" | sed 's/^/    /'
+[ "$a" = "$b" ] && echo "$a" | grep -q '^ids: [0-9]*\(,[0-9]*\)\{7\}$'
+check "greedy from the newest checkpoint, KV cache = full recompute" $?
+t=$("$sample" --checkpoint "$tmp/ck" --prompt 'the quick' --max-new-tokens 5 --json 2>&1)
+echo "$t" | sed 's/^/    /'
+echo "$t" | grep -q '"prompt_ids":\[116,104,101,32,113,117,105,99,107\]' && echo "$t" | grep -q '"text":'
+check "a text prompt of a data.source text model goes through its bytes" $?
+s1=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5 --seed 3 --max-new-tokens 12 2>&1)
+s2=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5 --seed 3 --max-new-tokens 12 2>&1)
+[ "$s1" = "$s2" ]
+check "seeded sampling repeats" $?
+
+# row 'NEEDLE' ARGS...
+row() {
+  local needle=$1
+  shift
+  rows=$((rows + 1))
+  timeout -k 5 20 "$sample" "$@" >"$tmp/out" 2>&1 </dev/null
+  local rc=$?
+  local why=""
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then why="did not end within 20 s"
+  elif [ $rc -ne 2 ]; then why="exit code $rc, expected 2"
+  elif ! grep -q "^error: .*$needle" "$tmp/out"; then why="no 'error:' line containing '$needle'"
+  elif [ "$(grep -c '^error:' "$tmp/out")" -ne 1 ]; then why="more than one error line"
+  fi
+  if [ -n "$why" ]; then
+    echo "FAIL [$rows] $*: $why; output:"
+    head -5 "$tmp/out" | sed 's/^/    /'
+    fail=1
+  else
+    echo "ok   [$rows] $(grep -m1 '^error:' "$tmp/out" | cut -c1-150)"
+  fi
+}
+ck=(--checkpoint "$tmp/ck")
+mkdir -p "$tmp/empty"
+echo '{"config": 3}' >"$tmp/badmeta.json"
+mkdir -p "$tmp/badmeta" && cp "$tmp/badmeta.json" "$tmp/badmeta/meta.json"
+row 'give --checkpoint DIR' --prompt-ids 1
+row 'one of --prompt-ids 1,2,3 or --prompt TEXT' "${ck[@]}"
+row 'one of --prompt-ids 1,2,3 or --prompt TEXT' "${ck[@]}" --prompt-ids 1 --prompt hi
+row "prompt-ids 'x': expected an integer" "${ck[@]}" --prompt-ids 1,x
+row "an empty item" "${ck[@]}" --prompt-ids 1,,2
+row 'prompt token 256 at index 1 is outside \[0, 256)' "${ck[@]}" --prompt-ids 1,256
+row 'nowhere: not a directory' --checkpoint "$tmp/nowhere" --prompt-ids 1
+row 'neither a checkpoint' --checkpoint "$tmp/empty" --prompt-ids 1
+row "no 'config' object" --checkpoint "$tmp/badmeta" --prompt-ids 1
+row "dtype 'bfloat16': expected float32 or float64" "${ck[@]}" --prompt-ids 1 --dtype bfloat16
+row "temperature 'warm': expected a number" "${ck[@]}" --prompt-ids 1 --temperature warm
+row 'temperature -1: expected a finite number' "${ck[@]}" --prompt-ids 1 --temperature -1
+row 'top-k -3: expected' "${ck[@]}" --prompt-ids 1 --temperature 1 --top-k -3
+row "max-new-tokens 'lots'" "${ck[@]}" --prompt-ids 1 --max-new-tokens lots
+row 'seed -4: expected' "${ck[@]}" --prompt-ids 1 --seed -4
+row 'missing.json: not a file' "${ck[@]}" --prompt hi --tokenizer "$tmp/missing.json"
+row '\-\-checkpoint and \-\-init-from exclude each other' "${ck[@]}" --init-from "$tmp/w.safetensors" --prompt-ids 1
+row 'nope.safetensors: cannot open' --config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors" --prompt-ids 1
+row "unexpected argument 'extra'" "${ck[@]}" --prompt-ids 1 extra
+echo "$rows rows"
+exit $fail
