@@ -90,7 +90,7 @@ const std::vector<Key>& schema() {
       {"data.val_path", Kind::string, 0, 0, "", {}, F(data, val_path)},
       {"data.seq_len", Kind::integer, 1, 1 << 26, "", {}, F(data, seq_len)},
       {"data.batch_size", Kind::integer, 1, 1 << 20, "", {}, F(data, batch_size)},
-      {"data.eos_token_id", Kind::integer, 0, 1 << 24, "", {}, F(data, eos_token_id)},
+      {"data.eos_token_id", Kind::integer, -1, 1 << 24, "", {}, F(data, eos_token_id)},  // -1: none (the default)
       {"data.document_mask", Kind::boolean, 0, 0, "", {}, F(data, document_mask)},
       {"train.steps", Kind::integer, 0, kBig, "", {}, F(train, steps)},
       {"train.lr", Kind::number, 0, 10, "", {}, F(train, lr)},
