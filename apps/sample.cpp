@@ -1,6 +1,7 @@
 // autosp-sample: generate tokens from a trained model with a KV cache (train/generate.h).
 //   autosp-sample --checkpoint DIR [--set key.path=value]...        a step_N directory or a root (newest step)
 //   autosp-sample --config FILE [--set ...] [--init-from W.safetensors | --checkpoint DIR]
+//   autosp-sample --model HF_DIR [--set ...]        a Hugging Face model directory ("model.from")
 //     [--prompt-ids 1,2,3 | --prompt TEXT [--tokenizer tokenizer.json]] [--max-new-tokens N]
 //     [--temperature T] [--top-k K] [--seed S] [--eos-token-id ID] [--dtype float32|float64]
 //     [--no-kv-cache] [--json]
@@ -120,6 +121,8 @@ int main(int argc, char** argv) {
         "config", "run config JSON (default: the checkpoint's own)", cxxopts::value<std::string>())(
         "set", "override a config key (key.path=value), repeatable", cxxopts::value<std::vector<std::string>>())(
         "init-from", "safetensors weights (Hugging Face names) instead of a checkpoint", cxxopts::value<std::string>())(
+        "model", "a Hugging Face model directory (its config.json and weights), as model.from",
+        cxxopts::value<std::string>())(
         "prompt-ids", "the prompt as token ids: 1,2,3", cxxopts::value<std::string>())(
         "prompt", "the prompt as text (needs --tokenizer, or a model of data.source text)", cxxopts::value<std::string>())(
         "tokenizer", "the tokenizer.json the data was prepared with", cxxopts::value<std::string>())(
@@ -140,8 +143,9 @@ int main(int argc, char** argv) {
     auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-    if (!args.count("checkpoint") && !args.count("config"))
-      throw UsageError("give --checkpoint DIR, or --config FILE (with --init-from or --checkpoint for the weights)");
+    if (args.count("checkpoint") + args.count("config") + args.count("model") != 1)
+      throw UsageError("give one of --checkpoint DIR, --model HF_DIR, or --config FILE (with --init-from or "
+                       "--checkpoint for the weights, or model.from)");
     if (args.count("checkpoint") && args.count("init-from")) throw UsageError("--checkpoint and --init-from exclude each other");
     if (args.count("prompt") == args.count("prompt-ids"))
       throw UsageError("give the prompt as one of --prompt-ids 1,2,3 or --prompt TEXT");
@@ -149,7 +153,9 @@ int main(int argc, char** argv) {
     TrainArgs ta;
     ta.init_from = opt("init-from");
     if (args.count("checkpoint")) ta.resume = step_dir(opt("checkpoint"));
-    const Config cfg = args.count("config") ? load_config(opt("config"), sets) : checkpoint_config(ta.resume, sets);
+    const Config cfg = args.count("config")  ? load_config(opt("config"), sets)
+                       : args.count("model") ? parse_config(nlohmann::json{{"model", {{"from", opt("model")}}}}, sets)
+                                             : checkpoint_config(ta.resume, sets);
     const std::string dtype_text = args.count("dtype") ? opt("dtype") : "float32";
     const auto dtype = dtype_from_name(dtype_text);
     if (!dtype || (*dtype != DType::f32 && *dtype != DType::f64))

@@ -67,7 +67,9 @@ ck=(--checkpoint "$tmp/ck")
 mkdir -p "$tmp/empty"
 echo '{"config": 3}' >"$tmp/badmeta.json"
 mkdir -p "$tmp/badmeta" && cp "$tmp/badmeta.json" "$tmp/badmeta/meta.json"
-row 'give --checkpoint DIR' --prompt-ids 1
+row 'give one of --checkpoint DIR' --prompt-ids 1
+row 'give one of --checkpoint DIR' "${ck[@]}" --model "$tmp/empty" --prompt-ids 1
+row 'not a directory (model.from' --model "$tmp/nowhere" --prompt-ids 1
 row 'one of --prompt-ids 1,2,3 or --prompt TEXT' "${ck[@]}"
 row 'one of --prompt-ids 1,2,3 or --prompt TEXT' "${ck[@]}" --prompt-ids 1 --prompt hi
 row "prompt-ids 'x': expected an integer" "${ck[@]}" --prompt-ids 1,x
