@@ -39,7 +39,7 @@ struct ExecOptions {
   // Graph outputs (by node name) freed after their last use like intermediates, once the hook has
   // seen them, and absent from RunResult::outputs: ZeRO-2's gradients, which live on only in their
   // reduce-scattered shard (train/grad_sync.h).
-  std::set<std::string> transient_outputs;
+  std::set<std::string> transient_outputs = {};
 };
 
 class Executor {

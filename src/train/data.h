@@ -38,7 +38,7 @@ namespace autosp {
 
 struct Batch {
   Tensor input_ids, labels, position_ids;  // i64 [batch, seq_len]
-  Tensor doc_start;                        // i64 [batch, seq_len] with data.document_mask, else undefined
+  Tensor doc_start = {};                   // i64 [batch, seq_len] with data.document_mask, else undefined
 };
 
 // Marks the documents of `b` (input_ids and labels set) as above: sets doc_start, restarts

@@ -68,7 +68,7 @@ PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
       if (it == gathered.end()) it = gathered.emplace(d, gather_seq(g, d, p, ctx.seq)).first;
       g.replace_input(n, 3, it->second);
     }
-    Node *q = n->input(0), *k = n->input(1), *v = n->input(2);
+    Node *q = n->input(0), *k = n->input(1);
     const Dim& nq = q->shape()[1];
     const Dim& nk = k->shape()[1];
     if (!nq.is_const() || !nk.is_const())
