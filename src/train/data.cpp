@@ -506,6 +506,28 @@ std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab
   return with_documents(cfg, vocab_size, make_stream(cfg, cfg.val_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull));
 }
 
+Batch pad_to_multiple(const Batch& b, int64_t p) {
+  const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1), Sp = (S + p - 1) / p * p;
+  if (Sp == S) return b;
+  auto pad = [&](const Tensor& t, int64_t fill) {
+    const Tensor in = t.contiguous();
+    Tensor out = Tensor::empty({B, Sp}, DType::i64);
+    for (int64_t i = 0; i < B; ++i)
+      for (int64_t j = 0; j < Sp; ++j) out.data<int64_t>()[i * Sp + j] = j < S ? in.data<int64_t>()[i * S + j] : fill;
+    return out;
+  };
+  Batch out{pad(b.input_ids, 0), pad(b.labels, kIgnore), pad(b.position_ids, 0)};
+  if (b.doc_start.defined()) out.doc_start = pad(b.doc_start, S);
+  return out;
+}
+
+std::map<std::string, Tensor> batch_feeds(const Batch& b) {
+  std::map<std::string, Tensor> feeds = {
+      {"input_ids", b.input_ids}, {"labels", b.labels}, {"position_ids", b.position_ids}};
+  if (b.doc_start.defined()) feeds["doc_start"] = b.doc_start;
+  return feeds;
+}
+
 std::string format_example(const std::vector<int64_t>& input, const std::vector<int64_t>& labels,
                            const std::vector<int64_t>& predicted) {
   AUTOSP_ASSERT(input.size() == labels.size() && labels.size() == predicted.size(), "format_example: sizes");

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,16 @@ struct Batch {
 // Marks the documents of `b` (input_ids and labels set) as above: sets doc_start, restarts
 // position_ids, ignores the targets of `eos`.
 void mark_documents(Batch& b, int64_t eos);
+
+// The batch padded at the end to a sequence length P divides: pad tokens 0 with ignored labels
+// (-100) and position 0. Causal attention never lets a real token see the padding, and the
+// ignored labels keep the loss and gradients exact. With packed documents the padding is one more
+// document (it starts at S), so no padded query attends to a real key either.
+Batch pad_to_multiple(const Batch& b, int64_t p);
+
+// The graph's inputs (input_ids, labels, position_ids, and doc_start with packed documents) by
+// their names in the model's graph.
+std::map<std::string, Tensor> batch_feeds(const Batch& b);
 
 class DataSource {
  public:

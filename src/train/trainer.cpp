@@ -96,31 +96,6 @@ void check_batch(const Batch& b, int64_t vocab) {
   }
 }
 
-// The batch padded at the end to a sequence length P divides: pad tokens 0 with ignored labels
-// (-100) and position 0. Causal attention never lets a real token see the padding, and the
-// ignored labels keep the loss and gradients exact. With packed documents the padding is one more
-// document (it starts at S), so no padded query attends to a real key either.
-Batch pad_to_multiple(const Batch& b, int64_t p) {
-  const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1), Sp = (S + p - 1) / p * p;
-  if (Sp == S) return b;
-  auto pad = [&](const Tensor& t, int64_t fill) {
-    Tensor out = Tensor::empty({B, Sp}, DType::i64);
-    for (int64_t i = 0; i < B; ++i)
-      for (int64_t j = 0; j < Sp; ++j) out.data<int64_t>()[i * Sp + j] = j < S ? t.data<int64_t>()[i * S + j] : fill;
-    return out;
-  };
-  Batch out{pad(b.input_ids, 0), pad(b.labels, -100), pad(b.position_ids, 0), Tensor()};
-  if (b.doc_start.defined()) out.doc_start = pad(b.doc_start, S);
-  return out;
-}
-
-// The graph's inputs from a batch (doc_start only with packed documents).
-TensorMap batch_feeds(const Batch& b) {
-  TensorMap feeds = {{"input_ids", b.input_ids}, {"labels", b.labels}, {"position_ids", b.position_ids}};
-  if (b.doc_start.defined()) feeds["doc_start"] = b.doc_start;
-  return feeds;
-}
-
 // ---- the starting state ------------------------------------------------------------------------
 
 // What the run starts from: a checkpoint (--resume), weights (--init-from) or a fresh

@@ -71,19 +71,6 @@ inline Batch random_batch(int64_t B, int64_t S, int64_t vocab, uint64_t seed) {
           Tensor::from_vector<int64_t>({B, S}, pos)};
 }
 
-// As the trainer does: pad at the end to a multiple of p with token 0, label -100, position 0.
-inline Batch pad_to_multiple(const Batch& b, int64_t p) {
-  const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1), Sp = (S + p - 1) / p * p;
-  auto pad = [&](const Tensor& t, int64_t fill) {
-    Tensor out = Tensor::empty({B, Sp}, DType::i64);
-    const Tensor in = t.contiguous();
-    for (int64_t i = 0; i < B; ++i)
-      for (int64_t j = 0; j < Sp; ++j) out.data<int64_t>()[i * Sp + j] = j < S ? in.data<int64_t>()[i * S + j] : fill;
-    return out;
-  };
-  return {pad(b.input_ids, 0), pad(b.labels, -100), pad(b.position_ids, 0)};
-}
-
 struct LossAndGrads {
   double loss = 0;
   std::map<std::string, Tensor> grads;  // by parameter name
@@ -95,7 +82,7 @@ inline LossAndGrads run_joint(const Config& cfg, const PassContext& ctx, const B
                        const CommGroups& groups, Communicator& sum_over, DType dt) {
   RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
   Executor ex(*prog.graph);
-  TensorMap feeds = {{"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
+  TensorMap feeds = batch_feeds(batch);
   for (const auto& [name, p] : params) feeds[name] = p;
   RunResult r = ex.run(feeds, groups);
   std::vector<Tensor> grads;

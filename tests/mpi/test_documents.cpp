@@ -17,14 +17,11 @@
 
 #include <unistd.h>
 
-#include "comm/mesh.h"
-#include "engine/executor.h"
-#include "engine/program.h"
+#include "common/sp_case.h"
 #include "models/model.h"
 #include "mpi/mpi_test.h"
 #include "tensor/safetensors.h"
 #include "train/data.h"
-#include "train/grad_sync.h"
 
 namespace autosp::test {
 namespace {
@@ -33,12 +30,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr int64_t kEos = 3, kVocab = 64;
-const json kGpt2 = {{"arch", "gpt2"}, {"vocab_size", kVocab}, {"hidden_size", 48}, {"num_hidden_layers", 2},
+const json kDocGpt2 = {{"arch", "gpt2"}, {"vocab_size", kVocab}, {"hidden_size", 48}, {"num_hidden_layers", 2},
                     {"num_attention_heads", 12}, {"max_position_embeddings", 64}};
-const json kLlamaKv1 = {{"arch", "llama"}, {"vocab_size", kVocab}, {"hidden_size", 48}, {"num_hidden_layers", 2},
+const json kDocLlama = {{"arch", "llama"}, {"vocab_size", kVocab}, {"hidden_size", 48}, {"num_hidden_layers", 2},
                         {"num_attention_heads", 12}, {"num_key_value_heads", 1}, {"intermediate_size", 64}};
 
-Config make_config(const json& model, int64_t sp, int64_t seq_len, int64_t batch) {
+Config doc_config(const json& model, int64_t sp, int64_t seq_len, int64_t batch) {
   return parse_config({{"model", model},
                        {"data", {{"source", "tokens"}, {"path", "unused.bin"}, {"seq_len", seq_len},
                                  {"batch_size", batch}, {"eos_token_id", kEos}, {"document_mask", true}}},
@@ -76,56 +73,7 @@ Tensor rows(const Tensor& t, int64_t r0, int64_t n) {
   return Tensor::from_vector<int64_t>({n, S}, v);
 }
 
-// As the trainer pads: token 0, label -100, position 0, and the padding as one more document.
-Batch pad(const Batch& b, int64_t p) {
-  const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1), Sp = (S + p - 1) / p * p;
-  auto widen = [&](const Tensor& t, int64_t fill) {
-    std::vector<int64_t> v(size_t(B * Sp), fill);
-    const Tensor c = t.contiguous();
-    for (int64_t i = 0; i < B; ++i)
-      for (int64_t j = 0; j < S; ++j) v[size_t(i * Sp + j)] = c.data<int64_t>()[i * S + j];
-    return Tensor::from_vector<int64_t>({B, Sp}, v);
-  };
-  return {widen(b.input_ids, 0), widen(b.labels, -100), widen(b.position_ids, 0), widen(b.doc_start, S)};
-}
-
-struct Result {
-  double loss = NAN;
-  std::map<std::string, Tensor> grads;
-};
-
-// This rank's joint program for `cfg` in `world` (ranks of an SP group of `sp`), on `batch`,
-// gradients summed over `world`.
-Result run(const Config& cfg, Communicator& world, const Batch& batch, const ParamMap& params) {
-  const PassContext ctx = pass_context(cfg, world.size(), world.rank());
-  ProcessMesh mesh = make_mesh(world, static_cast<int>(ctx.sp_size));
-  const CommGroups groups{{"world", &world}, {"sp", mesh.sp_group.get()}, {"dp", mesh.dp_group.get()}};
-  RankProgram prog = build_program(cfg, DType::f32, Stage::joint, ctx);
-  const Batch padded = pad(batch, ctx.sp_size);
-  TensorMap feeds = {{"input_ids", padded.input_ids},
-                     {"labels", padded.labels},
-                     {"position_ids", padded.position_ids},
-                     {"doc_start", padded.doc_start}};
-  for (const auto& [n, p] : params) feeds[n] = p;
-  RunResult r = Executor(*prog.graph).run(feeds, groups);
-  std::vector<Tensor> grads;
-  for (const auto& n : prog.grad_names) grads.push_back(r.outputs.at(n));
-  all_reduce_bucketed(world, grads);
-  Result out;
-  out.loss = r.outputs.at(prog.loss).to_doubles().at(0);
-  for (size_t i = 0; i < grads.size(); ++i) out.grads[prog.param_names[i]] = grads[i];
-  return out;
-}
-
-double rel_err(const Tensor& got, const Tensor& want) {
-  const auto g = got.to_doubles(), w = want.to_doubles();
-  if (g.size() != w.size()) return INFINITY;
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < g.size(); ++i) err = std::max(err, std::abs(g[i] - w[i])), scale = std::max(scale, std::abs(w[i]));
-  return scale > 0 ? err / scale : err;
-}
-
-void check_against(const Result& got, const SafetensorsFile& ref) {
+void check_against(const LossAndGrads& got, const SafetensorsFile& ref) {
   const double want = ref.tensors.at("loss").to_doubles().at(0);
   INFO("loss " << got.loss << " vs reference " << want);
   CHECK(std::abs(got.loss - want) / std::abs(want) < 1e-5);
@@ -154,10 +102,10 @@ TEST_CASE("documents: loss and gradients equal the hand-built float64 reference 
   const fs::path dir = shared_dir(w);
   const int64_t B = 2;
   int case_id = 0;
-  for (const json& model : {kGpt2, kLlamaKv1}) {
+  for (const json& model : {kDocGpt2, kDocLlama}) {
     for (int64_t S : {int64_t{48}, int64_t{47}}) {
       const fs::path c = dir / std::to_string(case_id++);
-      const Config cfg1 = make_config(model, 1, S, B);
+      const Config cfg1 = doc_config(model, 1, S, B);
       const ParamMap params = init_params(cfg1.model, 21, DType::f32);
       const Batch raw = raw_batch(B, S, 100 + uint64_t(S));
       int ok = 1;
@@ -167,8 +115,7 @@ TEST_CASE("documents: loss and gradients equal the hand-built float64 reference 
         ParamMap f64;
         for (const auto& [n, t] : params) f64[n] = t.to(DType::f64);
         save_safetensors((c / "w.safetensors").string(), f64);
-        save_safetensors((c / "batch.safetensors").string(),
-                         {{"input_ids", raw.input_ids}, {"labels", raw.labels}, {"position_ids", raw.position_ids}});
+        save_safetensors((c / "batch.safetensors").string(), batch_feeds(raw));
         const std::string cmd = "OMP_NUM_THREADS=1 /usr/bin/python3 " + std::string(AUTOSP_SOURCE_DIR) +
                                 "/tests/ref/model_ref.py --config " + (c / "cfg.json").string() + " --weights " +
                                 (c / "w.safetensors").string() + " --batch " + (c / "batch.safetensors").string() +
@@ -191,14 +138,14 @@ TEST_CASE("documents: loss and gradients equal the hand-built float64 reference 
         auto group = w.split(w.rank() < P ? 0 : 1, w.rank());
         if (w.rank() >= P) continue;
         INFO("sp " << P);
-        check_against(run(make_config(model, P, S, B), *group, marked, params), ref);
+        check_against(run_sp_on(*group, doc_config(model, P, S, B), pad_to_multiple(marked, P), params), ref);
       }
       if (W == 4) {  // dp 2 × sp 2: dp rank d takes row d of the global batch
         INFO("dp 2 x sp 2");
         const int64_t d = w.rank() / 2;
         const Batch mine{rows(marked.input_ids, d, 1), rows(marked.labels, d, 1), rows(marked.position_ids, d, 1),
                          rows(marked.doc_start, d, 1)};
-        check_against(run(make_config(model, 2, S, 1), w, mine, params), ref);
+        check_against(run_sp_on(w, doc_config(model, 2, S, 1), pad_to_multiple(mine, 2), params), ref);
       }
       w.barrier();
     }

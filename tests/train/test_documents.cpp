@@ -102,8 +102,7 @@ TEST_CASE("a packed batch gives each document the logits and loss it has alone",
     const ParamMap params = init_params(cfg.model, 5, DType::f64);
     auto run = [&](const Batch& b, bool documents) {
       auto g = build_forward(cfg.model, DType::f64, ForwardMode::train, documents);
-      TensorMap feeds = {{"input_ids", b.input_ids}, {"labels", b.labels}, {"position_ids", b.position_ids}};
-      if (documents) feeds["doc_start"] = b.doc_start;
+      TensorMap feeds = batch_feeds(b);  // doc_start only in the packed batch
       for (const auto& [n, p] : params) feeds[n] = p;
       return Executor(*g).run(feeds);
     };
