@@ -22,6 +22,7 @@
 
 #include <unistd.h>
 
+#include "common/llmc_shard.h"
 #include "common/sp_case.h"
 #include "graph/printer.h"
 #include "models/model.h"
@@ -46,22 +47,12 @@ void report(const std::string& what, double worst) {
     std::printf("[autosp] %s: max relative error %.3g\n", what.c_str(), worst);
 }
 
-// An llm.c shard (magic 20240520, version 1, uint16 tokens) of random tokens, private to this process.
+// An llm.c shard of random tokens, private to this process.
 fs::path write_shard(int64_t n, int64_t vocab, uint64_t seed) {
   const fs::path dir = fs::temp_directory_path() / ("autosp-mpi-autosp-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const fs::path path = dir / "shard.bin";
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(n);
-  std::vector<uint16_t> tokens(static_cast<size_t>(n));
-  std::mt19937_64 rng(seed);
-  for (auto& t : tokens) t = static_cast<uint16_t>(rng() % static_cast<uint64_t>(vocab));
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(header.data()), 1024);
-  f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(n * 2));
-  return path;
+  testing::write_llmc_shard(dir / "shard.bin", n, vocab, seed);
+  return dir / "shard.bin";
 }
 
 TEST_CASE("autosp: loss and gradients with P = world size equal the P = 1 run", "[autosp]") {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/llmc_shard.h"
 #include "models/weights.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -25,20 +26,6 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-// An llm.c shard (magic 20240520, version 1, uint16 tokens) of random tokens.
-void write_shard(const fs::path& path, int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(n);
-  std::vector<uint16_t> tokens(n);
-  std::mt19937_64 rng(seed);
-  for (auto& t : tokens) t = static_cast<uint16_t>(rng() % vocab);
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(header.data()), 1024);
-  f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(n * 2));
-}
-
 double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
 
 }  // namespace
@@ -53,7 +40,7 @@ TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[tr
     for (const std::string dtype : {"float64", "float32"}) {
       DYNAMIC_SECTION(model["arch"].get<std::string>() << " " << dtype) {
         const fs::path dir = temp_dir(model["arch"].get<std::string>() + dtype);
-        write_shard(dir / "shard.bin", 4000, 64, 3);
+        testing::write_llmc_shard(dir / "shard.bin", 4000, 64, 3);
         // grad_clip 0.5 makes clipping active on some steps; 2 warmup steps then cosine.
         nlohmann::json cj = {{"model", model},
                              {"data", {{"source", "tokens"}, {"path", (dir / "shard.bin").string()}, {"seq_len", 24},

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/llmc_shard.h"
 #include "engine/executor.h"
 #include "engine/program.h"
 #include "train/trainer.h"
@@ -18,19 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<uint16_t> write_shard(const fs::path& path, int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(n);
-  std::vector<uint16_t> tokens(static_cast<size_t>(n));
-  std::mt19937_64 rng(seed);
-  for (auto& t : tokens) t = static_cast<uint16_t>(rng() % static_cast<uint64_t>(vocab));
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(header.data()), 1024);
-  f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(n * 2));
-  return tokens;
-}
 
 }  // namespace
 
@@ -38,8 +26,8 @@ TEST_CASE("validation: the loss of the trained parameters on data.val_path, ever
   const fs::path dir = fs::temp_directory_path() / ("autosp-validation-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  write_shard(dir / "train.bin", 3000, 64, 1);
-  const std::vector<uint16_t> val = write_shard(dir / "val.bin", 500, 64, 2);
+  testing::write_llmc_shard(dir / "train.bin", 3000, 64, 1);
+  const std::vector<uint16_t> val = testing::write_llmc_shard(dir / "val.bin", 500, 64, 2);
   const int64_t S = 16, B = 2, batches = 3;
   const Config cfg = parse_config(
       {{"model", {{"arch", "gpt2"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
