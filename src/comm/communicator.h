@@ -1,11 +1,13 @@
 // The Communicator interface: collectives over a group of ranks. Backends: single-process
 // (comm/single.cpp), MPI (comm/mpi.cpp) and NCCL (with the CUDA backend). Tensors are contiguous
-// and live on the backend's device; collectives are blocking, except all_reduce_sum_async and
-// reduce_scatter_sum_async, which return a PendingCollective (the gradient all-reduce, or ZeRO's
-// reduce-scatter, overlaps with the backward with it). A failed
+// and live on the backend's device; collectives are blocking, except all_reduce_sum_async,
+// reduce_scatter_sum_async and all_gather_async, which return a PendingCollective (the gradient
+// all-reduce, or ZeRO's reduce-scatter, overlaps with the backward with it; ZeRO-3's parameter
+// gathers with the layer before). A failed
 // collective throws RuntimeFailure; abort() ends every rank of the job. Knows nothing of graphs.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +30,9 @@ class PendingCollective {
 
 // One that has already finished (what a blocking backend returns).
 std::unique_ptr<PendingCollective> finished_collective();
+// `inner`, then `then()` once, on the host, the first time test() or wait() sees it finished (a
+// copy out of the buffer it received into).
+std::unique_ptr<PendingCollective> followed_by(std::unique_ptr<PendingCollective> inner, std::function<void()> then);
 
 class Communicator {
  public:
@@ -51,6 +56,13 @@ class Communicator {
   virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
   // out = the concatenation of every rank's `in` in rank order (out has size()× its bytes).
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // The same, started and returned without waiting (the ordering rule of all_reduce_sum_async;
+  // `in` and `out` stay alive and untouched until it finishes): ZeRO-3's parameter prefetch. The
+  // default runs the blocking call.
+  virtual std::unique_ptr<PendingCollective> all_gather_async(const Tensor& in, Tensor& out) {
+    all_gather(in, out);
+    return finished_collective();
+  }
   // `in` holds size() equal contiguous chunks; `out`, one chunk's bytes, receives the sum over ranks
   // of chunk rank() (MPI_Reduce_scatter_block semantics; f32, f64, i64; bf16 on NCCL).
   virtual void reduce_scatter_sum(const Tensor& in, Tensor& out) = 0;

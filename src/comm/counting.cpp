@@ -92,6 +92,13 @@ void CountingCommunicator::all_gather(const Tensor& in, Tensor& out) {
   counted(stats_->all_gather, size(), n * (P - 1), [&] { inner_->all_gather(in, out); });
 }
 
+std::unique_ptr<PendingCollective> CountingCommunicator::all_gather_async(const Tensor& in, Tensor& out) {
+  const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
+  std::unique_ptr<PendingCollective> pending;
+  counted(stats_->all_gather, size(), n * (P - 1), [&] { pending = inner_->all_gather_async(in, out); });
+  return std::make_unique<CountedPending>(std::move(pending), stats_->all_gather);
+}
+
 void CountingCommunicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
   const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
   counted(stats_->reduce_scatter, size(), n / P * (P - 1), [&] { inner_->reduce_scatter_sum(in, out); });

@@ -59,6 +59,10 @@ void GuardedCommunicator::all_gather(const Tensor& in, Tensor& out) {
   Armed a(watchdog_, "all_gather", group_);
   inner_->all_gather(in, out);
 }
+std::unique_ptr<PendingCollective> GuardedCommunicator::all_gather_async(const Tensor& in, Tensor& out) {
+  Armed a(watchdog_, "all_gather_async", group_);
+  return std::make_unique<GuardedPending>(inner_->all_gather_async(in, out), watchdog_, group_, "all_gather_async");
+}
 void GuardedCommunicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
   Armed a(watchdog_, "reduce_scatter_sum", group_);
   inner_->reduce_scatter_sum(in, out);

@@ -26,6 +26,8 @@ class GuardedCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   void all_to_all(const Tensor& in, Tensor& out) override;
   void all_gather(const Tensor& in, Tensor& out) override;
+  // Its wait() runs under the watchdog, as all_reduce_sum_async's.
+  std::unique_ptr<PendingCollective> all_gather_async(const Tensor& in, Tensor& out) override;
   void reduce_scatter_sum(const Tensor& in, Tensor& out) override;
   // Its wait() runs under the watchdog, as all_reduce_sum_async's.
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override;

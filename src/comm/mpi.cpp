@@ -243,6 +243,21 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Allgather(send, chunk.count(), chunk.type(), out.raw(), chunk.count(), chunk.type(), comm_));
   }
 
+  std::unique_ptr<PendingCollective> all_gather_async(const Tensor& in, Tensor& out) override {
+    check_host("all_gather_async", in);
+    check_host("all_gather_async", out);
+    AUTOSP_ASSERT(out.nbytes() == in.nbytes() * size_, "all_gather_async: ", in.str(), " from ", size_,
+                  " ranks into ", out.str());
+    AUTOSP_ASSERT(in.raw() != out.raw() || in.nbytes() == 0, "all_gather_async: out aliases in");
+    std::vector<MPI_Request> requests;
+    if (in.nbytes() == 0) return std::make_unique<MpiPending>(std::move(requests));
+    ByteType chunk(in.nbytes());
+    requests.push_back(MPI_REQUEST_NULL);
+    MPI_CHECK(MPI_Iallgather(in.raw(), chunk.count(), chunk.type(), out.raw(), chunk.count(), chunk.type(), comm_,
+                             &requests.back()));
+    return std::make_unique<MpiPending>(std::move(requests));
+  }
+
   void reduce_scatter_sum(const Tensor& in, Tensor& out) override { start_reduce_scatter(in, out)->wait(); }
 
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override {

@@ -42,9 +42,42 @@ class Finished final : public PendingCollective {
   void wait() override {}
 };
 
+class FollowedBy final : public PendingCollective {
+ public:
+  FollowedBy(std::unique_ptr<PendingCollective> inner, std::function<void()> then)
+      : inner_(std::move(inner)), then_(std::move(then)) {}
+  ~FollowedBy() override {
+    if (then_) inner_->wait();  // an unfinished one waits (and the copy it guards is not needed)
+  }
+  bool test() override {
+    if (!then_) return true;
+    if (!inner_->test()) return false;
+    finish();
+    return true;
+  }
+  void wait() override {
+    if (!then_) return;
+    inner_->wait();
+    finish();
+  }
+
+ private:
+  void finish() {
+    auto then = std::move(then_);
+    then_ = nullptr;
+    then();
+  }
+  std::unique_ptr<PendingCollective> inner_;
+  std::function<void()> then_;
+};
+
 }  // namespace
 
 std::unique_ptr<PendingCollective> finished_collective() { return std::make_unique<Finished>(); }
+
+std::unique_ptr<PendingCollective> followed_by(std::unique_ptr<PendingCollective> inner, std::function<void()> then) {
+  return std::make_unique<FollowedBy>(std::move(inner), std::move(then));
+}
 
 std::unique_ptr<Communicator> make_single_process_communicator() { return std::make_unique<SingleProcess>(); }
 

@@ -429,9 +429,6 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
             "\")"));
 
-  if (c.zero_optimization.stage == 3)
-    bad("zero_optimization.stage 3 (sharded parameters) is not implemented yet: use 0, 1 or 2");
-
   // The resolved config, every key present.
   json r;
   r["model"] = model_json(m);

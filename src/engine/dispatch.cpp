@@ -59,6 +59,8 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::causal_mask, cpu_ops::causal_mask, AUTOSP_CUDA(causal_mask)},
     {Op::all_to_all, cpu_ops::all_to_all, AUTOSP_CUDA(all_to_all)},
     {Op::all_reduce, cpu_ops::all_reduce, AUTOSP_CUDA(all_reduce)},
+    {Op::all_gather, cpu_ops::all_gather, AUTOSP_CUDA(all_gather)},
+    {Op::reduce_scatter, cpu_ops::reduce_scatter, AUTOSP_CUDA(reduce_scatter)},
     {Op::sum_to, cpu_ops::sum_to, AUTOSP_CUDA(sum_to)},
     {Op::embedding_backward, cpu_ops::embedding_backward, AUTOSP_CUDA(embedding_backward)},
     {Op::gelu_tanh_backward, cpu_ops::unary_backward<UnaryGrad::gelu_tanh>, AUTOSP_CUDA(unary_backward<UnaryGrad::gelu_tanh>)},

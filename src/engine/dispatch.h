@@ -26,6 +26,9 @@ struct KernelCall {
   Tensor out;                   // where the output goes when the memory plan placed it (else undefined)
   std::vector<Tensor> extra_out;  // likewise for the extra outputs
   AttentionBackend attention = AttentionBackend::flash;  // the executor's (ExecOptions::attention)
+  // Where a collective that may run in the background (all_gather) leaves its handle, when the
+  // executor asks for that (else null: the launcher waits). The output is valid once it finished.
+  std::unique_ptr<PendingCollective>* pending = nullptr;
 };
 
 using KernelFn = Tensor (*)(const KernelCall&);
@@ -51,6 +54,15 @@ Tensor slice_view(const KernelCall& c, const Tensor& x);
 // [P, chunk...] as the node's output view: the chunks side by side along gather_dim, rank order.
 Tensor all_to_all_send_view(const KernelCall& c, const Tensor& x, const Communicator& comm);
 Tensor all_to_all_recv_view(const KernelCall& c, const Tensor& recv);
+// ZeRO-3's collectives (all_gather, reduce_scatter): the node's group, checked against the
+// group_size the graph was built for; and the ranks' shards laid side by side, `whole` elements
+// of them real and the rest padding. `direct` when they tile `whole` exactly (no padding).
+Communicator& shard_group(const KernelCall& c);
+struct ShardLayout {
+  int64_t shard = 0, ranks = 1, whole = 0;
+  bool direct() const { return shard * ranks == whole; }
+};
+ShardLayout shard_layout(const KernelCall& c, const Communicator& comm, int64_t whole_numel);
 }  // namespace launch
 
 struct KernelRow {

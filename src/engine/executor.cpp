@@ -1,6 +1,8 @@
 // Executor: symbol binding, assumption checks, in-order dispatch with last-use freeing.
 #include "engine/executor.h"
 
+#include <algorithm>
+
 #include "device/cuda/device.h"
 #include "engine/dispatch.h"
 
@@ -99,6 +101,17 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
   std::vector<Tensor> values(g_.size());
   std::vector<std::vector<Tensor>> extras(g_.size());  // extra outputs of multi-output nodes
   std::vector<Tensor> args;
+  // Collectives running in the background (all_gather: ZeRO-3's parameter prefetch), by node
+  // position: waited for before the first node that reads them, polled between nodes (MPI makes
+  // progress only inside its calls), all finished before the run returns. The hook sees a value
+  // once it has arrived.
+  std::vector<std::unique_ptr<PendingCollective>> pending(g_.size());
+  std::vector<size_t> in_flight;
+  auto arrived = [&](size_t p) {
+    pending[p].reset();
+    in_flight.erase(std::find(in_flight.begin(), in_flight.end(), p));
+    if (on_value) on_value(*g_.nodes()[p], values[p]);
+  };
   for (const auto& up : g_.nodes()) {
     const Node& n = *up;
     const size_t at = g_.position(&n);
@@ -115,7 +128,14 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
       values[at] = xs[index - 1];
     } else {
       args.clear();
-      for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
+      for (const Node* i : n.inputs()) {
+        const size_t ip = g_.position(i);
+        if (pending[ip]) {
+          pending[ip]->wait();
+          arrived(ip);
+        }
+        args.push_back(values[ip]);
+      }
       Communicator* comm = nullptr;
       if (n.attrs().has("group")) {
         auto it = groups.find(n.attrs().s("group"));
@@ -134,11 +154,25 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
                                      ? Tensor()
                                      : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
                                                           eval_shape(types[e].shape, r.bindings), types[e].dtype));
+      if (n.op() == Op::all_gather) call.pending = &pending[at];
       values[at] = dispatch(call, dev.kind);
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
                   shape_str(shape));
-    if (on_value) on_value(n, values[at]);
+    if (pending[at]) {
+      in_flight.push_back(at);
+      if (last_use_[at] == at) {  // nothing reads it: it is freed below, so it must have arrived
+        pending[at]->wait();
+        arrived(at);
+      }
+    } else if (on_value) {
+      on_value(n, values[at]);
+    }
+    for (size_t k = 0; k < in_flight.size();) {
+      const size_t p = in_flight[k];
+      if (p != at && pending[p]->test()) arrived(p);
+      else ++k;
+    }
     // Free inputs whose last use this was (fed tensors stay alive with the caller).
     for (const Node* i : n.inputs()) {
       size_t ip = g_.position(i);
@@ -151,6 +185,11 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
       values[at] = Tensor();
       extras[at].clear();
     }
+  }
+  while (!in_flight.empty()) {
+    const size_t p = in_flight.front();
+    pending[p]->wait();
+    arrived(p);
   }
   args.clear();
   for (const Node* o : g_.outputs())

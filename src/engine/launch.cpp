@@ -79,6 +79,20 @@ Tensor all_to_all_send_view(const KernelCall& c, const Tensor& x, const Communic
   return x.as_strided(sh, st, 0);
 }
 
+Communicator& shard_group(const KernelCall& c) {
+  AUTOSP_ASSERT(c.comm, c.node.op_name(), " without a communicator");
+  const int64_t P = c.node.attrs().i("group_size");
+  if (c.comm->size() != P)
+    throw RuntimeFailure(str("[", c.node.op_name(), "] ", c.node.name(), ": group '", c.node.attrs().s("group"),
+                             "' has ", c.comm->size(), " ranks, the graph was built for ", P));
+  return *c.comm;
+}
+
+ShardLayout shard_layout(const KernelCall&, const Communicator& comm, int64_t whole_numel) {
+  const int64_t P = comm.size();
+  return {(whole_numel + P - 1) / P, P, whole_numel};
+}
+
 Tensor all_to_all_recv_view(const KernelCall& c, const Tensor& recv) {
   // recv [P, chunk...]: move P next to the gather dim (g + 1 in recv), to be merged with it.
   const int rank = recv.rank() - 1;

@@ -50,6 +50,8 @@ inline cpu::RopeScaling rope_scaling_of(const Node& n) {
   Tensor causal_mask(const KernelCall& c);                                               \
   Tensor all_to_all(const KernelCall& c);                                                \
   Tensor all_reduce(const KernelCall& c);                                                \
+  Tensor all_gather(const KernelCall& c);                                                \
+  Tensor reduce_scatter(const KernelCall& c);                                            \
   Tensor sum_to(const KernelCall& c);                                                    \
   Tensor embedding_backward(const KernelCall& c);                                        \
   template <cpu::UnaryGrad kOp> Tensor unary_backward(const KernelCall& c);              \

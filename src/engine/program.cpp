@@ -1,5 +1,6 @@
-// Building a rank's program: model → mixed precision (bf16) → AutoSP pipeline → kernel fusion →
-// autograd → activation checkpointing → canonicalize, as one pipeline.
+// Building a rank's program: model → mixed precision (bf16) → AutoSP pipeline → ZeRO-3's
+// parameter sharding → kernel fusion → autograd → activation checkpointing → ZeRO-3's per-unit
+// gathers → canonicalize, as one pipeline.
 #include "engine/program.h"
 
 #include "comm/mesh.h"
@@ -8,6 +9,7 @@
 #include "graph/passes/checkpoint_activations.h"
 #include "graph/passes/fuse_elementwise.h"
 #include "graph/passes/mixed_precision.h"
+#include "graph/passes/shard_parameters.h"
 #include "models/model.h"
 #include "tensor/check.h"
 
@@ -19,6 +21,7 @@ PassContext pass_context(const Config& cfg, int world_size, int world_rank) {
   ctx.sp_size = l.sp;
   ctx.sp_rank = l.sp_rank;
   ctx.world_size = l.world_size;
+  ctx.zero_stage = cfg.zero_optimization.stage;
   return ctx;
 }
 
@@ -30,10 +33,13 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
   if (dtype == DType::bf16) out.push_back({{"mixed_precision", passes::mixed_precision, true}, Stage::forward});
   if (ctx.world_size > 1)
     for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::autosp});
+  const bool zero3 = ctx.zero_stage == 3 && ctx.world_size > 1;
+  if (zero3) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::autosp});
   if (cfg.runtime.fuse_kernels) out.push_back({{"fuse_elementwise", passes::fuse_elementwise, true}, Stage::joint});
   out.push_back({{"autograd", passes::autograd, true}, Stage::joint});
   if (cfg.runtime.activation_checkpointing)
     out.push_back({{"checkpoint_activations", passes::checkpoint_activations, true}, Stage::joint});
+  if (zero3) out.push_back({{"regather_parameters", passes::regather_parameters, true}, Stage::joint});
   out.push_back({{"canonicalize", passes::canonicalize, true}, Stage::joint});
   return out;
 }

@@ -42,10 +42,13 @@ DType master_dtype(DType run);
 // The passes of a rank's program, in order, each `PassResult run(Graph&, const PassContext&)`:
 //   forward  mixed_precision (bf16 runs: before AutoSP, which shards whatever dtype flows, and
 //            autograd, which differentiates the casts so f32 parameters get f32 gradients)
-//   autosp   the AutoSP pipeline (graph/passes/autosp/autosp.h; worlds of more than one rank)
+//   autosp   the AutoSP pipeline (graph/passes/autosp/autosp.h; worlds of more than one rank),
+//            then shard_parameters (zero_optimization.stage 3 on such worlds:
+//            graph/passes/shard_parameters.h)
 //   joint    fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused
 //            ops, and before autograd, so the backward comes from the fused ops' vjps),
-//            autograd, checkpoint_activations (runtime.activation_checkpointing), canonicalize
+//            autograd, checkpoint_activations (runtime.activation_checkpointing),
+//            regather_parameters (ZeRO-3: after every pass that places uses), canonicalize
 std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const PassContext& ctx);
 
 // The model built in master_dtype(dtype), then every pass of program_passes up to `stage`, through

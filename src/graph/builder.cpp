@@ -105,6 +105,15 @@ Node* Builder::all_to_all(Node* x, int scatter_dim, int gather_dim, const std::s
              {"group_size", group_size}},
             name);
 }
+Node* Builder::all_gather(Node* x, const std::string& group, int64_t group_size, SymShape shape,
+                          const std::string& name) {
+  return op(Op::all_gather, {x}, {{"group", group}, {"group_size", group_size}, {"shape", std::move(shape)}}, name);
+}
+
+Node* Builder::reduce_scatter(Node* x, const std::string& group, int64_t group_size, const std::string& name) {
+  return op(Op::reduce_scatter, {x}, {{"group", group}, {"group_size", group_size}}, name);
+}
+
 Node* Builder::all_reduce(Node* x, const std::string& group, const std::string& name) {
   return op(Op::all_reduce, {x}, {{"group", group}}, name);
 }

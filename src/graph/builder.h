@@ -57,6 +57,10 @@ class Builder {
   Node* all_to_all(Node* x, int scatter_dim, int gather_dim, const std::string& group, int64_t group_size,
                    const std::string& name = "a2a");
   Node* all_reduce(Node* x, const std::string& group, const std::string& name = "all_reduce");
+  // ZeRO-3: the whole tensor `shape` from every rank's shard x [ceil(numel / group_size)], and back.
+  Node* all_gather(Node* x, const std::string& group, int64_t group_size, SymShape shape,
+                   const std::string& name = "all_gather");
+  Node* reduce_scatter(Node* x, const std::string& group, int64_t group_size, const std::string& name = "reduce_scatter");
   // x converted to `dtype` (f32, f64, bf16; to bf16 rounds to nearest even).
   Node* cast(Node* x, DType dtype, const std::string& name = "cast");
   // Extra output `index` (1, 2, ...) of a multi-output node.

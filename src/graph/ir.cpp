@@ -143,6 +143,18 @@ void Graph::erase(Node* n) {
   renumber();
 }
 
+void Graph::move_before(Node* n, Node* pos) {
+  const size_t from = position(n);
+  size_t to = position(pos);
+  if (to > from) --to;  // the place once n has left
+  std::unique_ptr<Node> up = std::move(nodes_[from]);
+  nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(from));
+  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(to), std::move(up));
+  renumber();
+  for (Node* i : n->inputs_) AUTOSP_ASSERT(position(i) < to, "move of ", n->name(), " before its input ", i->name());
+  for (Node* u : n->users_) AUTOSP_ASSERT(position(u) > to, "move of ", n->name(), " past its user ", u->name());
+}
+
 Node* Graph::find(std::string_view name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second;

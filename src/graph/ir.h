@@ -109,6 +109,8 @@ class Graph {
   void replace_all_uses_with(Node* from, Node* to, const Node* except = nullptr);
   void replace_input(Node* user, size_t index, Node* to);
   void erase(Node* n);  // n must have no users and not be an output
+  // Moves `n` to just before `pos`: n's inputs must come before that place and its users after it.
+  void move_before(Node* n, Node* pos);
 
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   size_t size() const { return nodes_.size(); }

@@ -444,6 +444,38 @@ TensorType all_reduce_rule(const Node& n, const ShapeContext&) {
   return in(n, 0);
 }
 
+// ZeRO-3's shards: a tensor of n elements (constant dims) is split into group_size shards of
+// ceil(n / group_size) elements each, the last padded with zeros.
+int64_t shard_numel_of(const Node& n, const SymShape& whole, int64_t group_size) {
+  int64_t numel = 1;
+  for (const auto& d : whole) {
+    if (!d.is_const()) fail(n, str("a sharded tensor needs constant dims, not ", sym_shape_str(whole)));
+    numel *= d.value();
+  }
+  if (group_size < 1) fail(n, str("group_size ", group_size));
+  return (numel + group_size - 1) / group_size;
+}
+
+// all_gather: every rank's shard [c] → the whole tensor of the `shape` attribute (its first
+// numel elements of the group_size shards side by side).
+TensorType all_gather_rule(const Node& n, const ShapeContext&) {
+  const TensorType t = in(n, 0);
+  n.attrs().s("group");
+  const auto& whole = n.attrs().dims("shape");
+  const int64_t c = shard_numel_of(n, whole, n.attrs().i("group_size"));
+  if (t.rank() != 1 || !t.shape[0].is_const() || t.shape[0].value() != c)
+    fail(n, str("the shard is ", t.str(), "; a ", sym_shape_str(whole), " tensor over ", n.attrs().i("group_size"),
+                " ranks has shards of [", c, "]"));
+  return {t.dtype, whole};
+}
+
+// reduce_scatter: the whole tensor, summed over the group, and this rank's shard of it [c].
+TensorType reduce_scatter_rule(const Node& n, const ShapeContext&) {
+  const TensorType t = in(n, 0);
+  n.attrs().s("group");
+  return {t.dtype, {Dim(shard_numel_of(n, t.shape, n.attrs().i("group_size")))}};
+}
+
 // ---- locality along the sequence (OpInfo::seq; used by AutoSP's shard_seq_dim) ----------------
 // `in[i]`: the dim of input i that holds the sequence, or kNoSeq. At least one input holds it.
 
@@ -604,6 +636,10 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .infer = all_to_all_rule, .vjp = vjp::all_to_all, .side_effects = true, .numerics = Numerics::moves},
     {.op = Op::all_reduce, .name = "all_reduce", .arity = 1, .attrs = "group", .infer = all_reduce_rule,
      .vjp = vjp::all_reduce, .side_effects = true},
+    {.op = Op::all_gather, .name = "all_gather", .arity = 1, .attrs = "group,group_size,shape",
+     .infer = all_gather_rule, .vjp = vjp::all_gather, .side_effects = true, .numerics = Numerics::moves},
+    {.op = Op::reduce_scatter, .name = "reduce_scatter", .arity = 1, .attrs = "group,group_size",
+     .infer = reduce_scatter_rule, .vjp = vjp::reduce_scatter, .side_effects = true},
     {.op = Op::sum_to, .name = "sum_to", .arity = 1, .attrs = "shape", .infer = sum_to_rule, .backward_only = true},
     {.op = Op::embedding_backward, .name = "embedding_backward", .arity = 2, .attrs = "num_embeddings",
      .infer = embedding_backward_rule, .backward_only = true},

@@ -44,6 +44,9 @@ enum class Op : uint16_t {
   full, output,
   // masking (composite attention) and collectives
   causal_mask, all_to_all, all_reduce,
+  // ZeRO-3's parameter collectives (graph/passes/shard_parameters): a whole parameter gathered from
+  // every rank's shard, and its gradient reduce-scattered back to the shards
+  all_gather, reduce_scatter,
   // backward-only ops (built by vjp rules; not differentiated again)
   sum_to, embedding_backward, gelu_tanh_backward, silu_backward, slice_backward, layernorm_backward,
   rmsnorm_backward, softmax_backward, rope_backward, sdpa_backward, cross_entropy_backward,

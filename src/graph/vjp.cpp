@@ -138,6 +138,18 @@ void all_to_all(VjpContext& c) {
 // y_r = Σ_i x_i on every rank, so dL/dx_r = Σ_i dL/dy_i: an all-reduce of the gradient.
 void all_reduce(VjpContext& c) { c.input_grads[0] = c.b.all_reduce(c.grad, c.node->attrs().s("group"), "dx"); }
 
+// y = the shards x_0 … x_{P-1} side by side, on every rank, so dL/dx_r = Σ_i (dL/dy_i)[shard r]:
+// the gradient reduce-scattered (its padding past the whole tensor's elements counts as zero).
+void all_gather(VjpContext& c) {
+  const auto& a = c.node->attrs();
+  c.input_grads[0] = c.b.reduce_scatter(c.grad, a.s("group"), a.i("group_size"), "dx");
+}
+// The transpose of a reduce-scatter: the shards' gradients gathered into the whole tensor's.
+void reduce_scatter(VjpContext& c) {
+  const auto& a = c.node->attrs();
+  c.input_grads[0] = c.b.all_gather(c.grad, a.s("group"), a.i("group_size"), c.in_shape(0), "dx");
+}
+
 // The gradient goes back in the input's dtype (a bf16 gradient of an f32 master weight becomes f32).
 void cast(VjpContext& c) { c.input_grads[0] = c.b.cast(c.grad, c.in(0)->dtype(), "dx"); }
 

@@ -31,6 +31,8 @@ void cross_entropy_sum(VjpContext&);
 void causal_mask(VjpContext&);
 void all_to_all(VjpContext&);
 void all_reduce(VjpContext&);
+void all_gather(VjpContext&);
+void reduce_scatter(VjpContext&);
 void cast(VjpContext&);
 void add_layernorm(VjpContext&);
 void add_rmsnorm(VjpContext&);

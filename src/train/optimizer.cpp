@@ -223,6 +223,79 @@ void ZeroAdamW::update(ParamMap& params, const std::vector<Tensor>& grad_shards,
   }
 }
 
+// ---- ZeRO-3 --------------------------------------------------------------------------------------
+
+Tensor parameter_shard(const Tensor& whole, int ranks, int rank) {
+  const int64_t n = whole.numel(), c = (n + ranks - 1) / ranks, lo = std::min(n, rank * c), hi = std::min(n, lo + c);
+  Tensor shard = Tensor::zeros({c}, whole.dtype());
+  if (whole.device().kind != DeviceKind::cpu) shard = to_device(shard, whole.device());
+  if (hi > lo) copy_range(flat_range(whole.contiguous(), lo, hi - lo), flat_range(shard, 0, hi - lo));
+  return shard;
+}
+
+Zero3State::Zero3State(const ParamMap& whole, const AdamW& opt, int ranks, int rank, Device device)
+    : ranks_(ranks), rank_(rank) {
+  auto placed = [&](const Tensor& t) {
+    Tensor s = parameter_shard(t, ranks_, rank_);
+    return s.device() == device ? s : to_device(s, device);
+  };
+  for (const auto& [name, p] : whole) {
+    shapes_[name] = p.shape();
+    params_[name] = placed(p);
+    opt_.exp_avg[name] = placed(opt.exp_avg.at(name));
+    opt_.exp_avg_sq[name] = placed(opt.exp_avg_sq.at(name));
+  }
+  opt_.step = opt.step;
+}
+
+ParamMap Zero3State::unshard(const ParamMap& shards, Communicator& comm) const {
+  AUTOSP_ASSERT(comm.size() == ranks_, "Zero3State::unshard over ", comm.size(), " ranks, sharded over ", ranks_);
+  ParamMap out;
+  for (const auto& [name, shard] : shards) {
+    Allocator& alloc = allocator_on(shard.device());
+    Tensor all = Tensor::empty({shard.numel() * ranks_}, shard.dtype(), alloc);
+    comm.all_gather(shard, all);
+    Tensor t = Tensor::empty(shapes_.at(name), shard.dtype(), alloc);
+    copy_range(flat_range(all, 0, t.numel()), flat_range(t, 0, t.numel()));
+    out[name] = t;
+  }
+  return out;
+}
+
+AdamW Zero3State::consolidate(Communicator& comm) const {
+  AdamW full;
+  full.exp_avg = unshard(opt_.exp_avg, comm);
+  full.exp_avg_sq = unshard(opt_.exp_avg_sq, comm);
+  full.step = opt_.step;
+  return full;
+}
+
+double Zero3State::grad_norm(const ParamMap& grad_shards, Communicator& host) const {
+  Tensor sq = Tensor::from_vector<double>({1}, {sum_of_squares(values(grad_shards))});  // the padding is zero
+  host.all_reduce_sum(sq);
+  return std::sqrt(sq.data<double>()[0]);
+}
+
+void Zero3State::update(const ParamMap& grad_shards, const TrainConfig& t, double lr) {
+  ++opt_.step;
+  for (auto& [name, p] : params_)
+    adamw_tensor(p, grad_shards.at(name), opt_.exp_avg.at(name), opt_.exp_avg_sq.at(name), t, lr,
+                 decay_of(shapes_.at(name), t), opt_.step);
+}
+
+size_t Zero3State::state_bytes() const {
+  size_t n = 0;
+  for (const ParamMap* m : {&opt_.exp_avg, &opt_.exp_avg_sq})
+    for (const auto& [name, t] : *m) n += t.nbytes();
+  return n;
+}
+
+size_t Zero3State::param_bytes() const {
+  size_t n = 0;
+  for (const auto& [name, t] : params_) n += t.nbytes();
+  return n;
+}
+
 size_t ZeroAdamW::state_bytes() const {
   size_t n = 0;
   for (size_t b = 0; b < exp_avg_.size(); ++b) n += exp_avg_[b].nbytes() + exp_avg_sq_[b].nbytes();

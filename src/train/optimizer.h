@@ -8,8 +8,15 @@
 // FlatLayout), the gradients arrive reduce-scattered, each rank updates the parameters of its shard
 // and all-gathers them back into every rank's whole parameters. The parameters (the f32 master
 // weights: under bf16 the graph casts them on use) stay whole on every rank, the working copy.
+//
+// Zero3State is ZeRO stage 3: the parameters too exist only as this rank's shard, parameter by
+// parameter (DeepSpeed's partitioning: shard r of a parameter of n elements is its flattened
+// elements [r·c, (r+1)·c), c = ceil(n / W), zero past n), with AdamW moments of the same shards.
+// The graph gathers whole parameters where it uses them and returns each gradient's shard summed
+// over the world (graph/passes/shard_parameters.h), so the update needs no communication.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -80,6 +87,39 @@ class ZeroAdamW {
   std::vector<std::vector<Segment>> segments_;  // per bucket
   std::vector<Tensor> exp_avg_, exp_avg_sq_;    // per bucket: this rank's shard
   int64_t step_ = 0;
+};
+
+// Shard `rank` of `ranks` of `whole` (flattened, zero-padded), on whole's device.
+Tensor parameter_shard(const Tensor& whole, int ranks, int rank);
+
+class Zero3State {
+ public:
+  // This rank's shards of whole parameters and their whole AdamW state (a checkpoint's, of any
+  // world size or stage, or AdamW::init's zeros), placed on `device`.
+  Zero3State(const ParamMap& whole, const AdamW& opt, int ranks, int rank, Device device);
+
+  // The shards by parameter name, what the graph's parameter nodes are fed.
+  const ParamMap& shards() const { return params_; }
+  // Whole tensors by parameter name from every rank's shards (a collective over `comm`, the world):
+  // the parameters for checkpoints and the end of a run, gradients for --dump-grads.
+  ParamMap unshard(const ParamMap& shards, Communicator& comm) const;
+  ParamMap whole_params(Communicator& comm) const { return unshard(params_, comm); }
+  AdamW consolidate(Communicator& comm) const;
+
+  // The global gradient norm from every rank's gradient shards (one f64 all-reduce over `host`).
+  double grad_norm(const ParamMap& grad_shards, Communicator& host) const;
+  // One AdamW update of this rank's shards (weight decay by the whole parameter's rank).
+  void update(const ParamMap& grad_shards, const TrainConfig& t, double lr);
+
+  int64_t step() const { return opt_.step; }
+  size_t state_bytes() const;  // the two moments' shards
+  size_t param_bytes() const;  // the parameters' shards
+
+ private:
+  std::map<std::string, Shape> shapes_;  // the whole parameters'
+  int ranks_, rank_;
+  ParamMap params_;
+  AdamW opt_;
 };
 
 }  // namespace autosp

@@ -176,13 +176,15 @@ struct Gradients {
   }
 };
 
+// At ZeRO-3 the graph itself reduce-scatters every gradient (graph/passes/shard_parameters.h):
+// its gradient outputs are this rank's summed shards and nothing is left to synchronise.
 Gradients make_gradients(const RankProgram& prog, const ParamMap& params, const Config& cfg, Communicator& world) {
   Gradients g(prog);
   g.order.resize(prog.grad_names.size());
   std::iota(g.order.begin(), g.order.end(), size_t{0});
   auto position = [&](size_t i) { return prog.graph->position(prog.graph->find(prog.grad_names[i])); };
   std::sort(g.order.begin(), g.order.end(), [&](size_t a, size_t b) { return position(a) < position(b); });
-  if (world.size() == 1) return g;
+  if (world.size() == 1 || cfg.zero_optimization.stage == 3) return g;
   std::vector<GradSync::Slot> slots;
   for (size_t k = 0; k < g.order.size(); ++k) {
     const Node* n = prog.graph->find(prog.grad_names[g.order[k]]);
@@ -463,6 +465,18 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const int64_t start = state.step;
   if (lead) branch_from(cfg, args, start);
   for (auto& [name, p] : result.params) comms->host_world->broadcast(p, 0);  // every rank starts from rank 0's weights
+  const size_t num_params = result.params.size();
+  // ZeRO-3: from here on this rank holds only its shards of the parameters and AdamW state.
+  std::optional<Zero3State> z3;
+  if (cfg.zero_optimization.stage == 3 && world.size() > 1) {
+    z3.emplace(result.params, opt, world.size(), world.rank(), dev);
+    result.params.clear();
+    opt = AdamW{};
+  }
+  // What the graph's parameter nodes are fed; whole parameters (a collective at ZeRO-3) for
+  // checkpoints.
+  auto graph_params = [&]() -> const ParamMap& { return z3 ? z3->shards() : result.params; };
+  auto whole_params = [&] { return z3 ? z3->whole_params(*comms->world) : result.params; };
   // Parameters, gradients and AdamW state live on the run device from here on.
   to_run_device(result.params, dev);
   Gradients gradients = make_gradients(prog, result.params, cfg, *comms->world);
@@ -478,10 +492,12 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     to_run_device(opt.exp_avg_sq, dev);
   }
   // The whole optimizer state for a checkpoint (ZeRO: gathered from every rank, a collective).
-  auto checkpoint_state = [&] { return zopt ? zopt->consolidate(*comms->world) : opt; };
+  auto checkpoint_state = [&] {
+    return zopt ? zopt->consolidate(*comms->world) : z3 ? z3->consolidate(*comms->world) : opt;
+  };
   if (lead && dev.kind == DeviceKind::cuda)
     spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(), attention_backend_name(cfg.runtime.attention));
-  if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), result.params.size(), start, total);
+  if (lead) spdlog::info("data: {}; {} parameters; steps {}..{}", data->describe(), num_params, start, total);
   if (lead && validation)
     spdlog::info("validation: every {} steps and after the last, {} batches of {}", cfg.train.eval_every,
                  cfg.train.eval_batches, validation->data->describe());
@@ -506,7 +522,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     if (dev.kind == DeviceKind::cuda) check_batch(batch, cfg.model.vocab_size);
     TensorMap feeds = batch_feeds(batch);
     to_run_device(feeds, dev);
-    for (const auto& [name, p] : result.params) feeds[name] = p;
+    for (const auto& [name, p] : graph_params()) feeds[name] = p;
     const GradSyncStats synced_before = gradients.stats();
     RunResult r = ex.run(feeds, comms->groups, [&](const Node& n, const Tensor& v) {
       if (gradients.is_synced_gradient(n)) inject_nan_into(fault, world.rank(), step + 1, v);
@@ -518,14 +534,16 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     comms->synchronize_device();
     const Tensor loss_t = host_copy(r.outputs.at(prog.loss));
     if (step == start && !args.dump_grads.empty()) {  // whole gradients at every stage
-      const ParamMap whole = zopt ? zopt->unshard(shards, *comms->world) : grads;
+      const ParamMap whole = zopt ? zopt->unshard(shards, *comms->world) : z3 ? z3->unshard(grads, *comms->world) : grads;
       if (lead) save_safetensors(args.dump_grads, host_copy(whole));
     }
 
     StepRecord rec;
     rec.step = step + 1;
     rec.loss = loss_t.to_doubles()[0];
-    rec.grad_norm = zopt ? zopt->grad_norm(shards, *comms->host_world) : global_grad_norm(grads);
+    rec.grad_norm = zopt ? zopt->grad_norm(shards, *comms->host_world)
+                    : z3 ? z3->grad_norm(grads, *comms->host_world)
+                         : global_grad_norm(grads);
     // Loss and norm are all-reduced, so every rank stops here together, before a bad update
     // reaches the parameters or a checkpoint.
     if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm))
@@ -536,6 +554,9 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     if (zopt) {
       clip_grads(shards, rec.grad_norm, cfg.train.grad_clip);
       zopt->update(result.params, shards, cfg.train, rec.lr, *comms->world);
+    } else if (z3) {
+      clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
+      z3->update(grads, cfg.train, rec.lr);
     } else {
       clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
       opt.update(result.params, grads, cfg.train, rec.lr);
@@ -550,7 +571,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.grad_sync_ms = (gradients.stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
     rec.grad_sync_wait_ms = (gradients.stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
     if (validation && (rec.step % cfg.train.eval_every == 0 || rec.step == total))
-      evaluate(*validation, cfg, result.params, ctx, mesh, *comms, dev, rec, &result.val_example);
+      evaluate(*validation, cfg, graph_params(), ctx, mesh, *comms, dev, rec, &result.val_example);
     result.steps.push_back(rec);
 
     const bool log_now = rec.step % cfg.train.log_every == 0 || rec.step == total || step == start || rec.evaluated;
@@ -560,20 +581,22 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
         ((cfg.train.checkpoint_every > 0 && rec.step % cfg.train.checkpoint_every == 0) || rec.step == total);
     if (checkpoint_now) {
       const AdamW state_now = checkpoint_state();
-      if (lead) save_step_checkpoint(cfg, rec.step, result.params, state_now, fault, world);
+      const ParamMap params_now = whole_params();
+      if (lead) save_step_checkpoint(cfg, rec.step, params_now, state_now, fault, world);
     }
     // Preemption: every rank agrees on this step (one tiny all-reduce), rank 0 saves it, and all
     // leave together once the checkpoint is on disk.
     if (stop.stop_agreed(*comms->host_world)) {
       const bool save_now = !cfg.train.checkpoint_dir.empty() && !checkpoint_now;
       const AdamW state_now = save_now ? checkpoint_state() : AdamW{};
+      const ParamMap params_now = save_now ? whole_params() : ParamMap{};
       if (lead) {
         spdlog::warn("stopping after step {}: a preemption signal reached {}", rec.step,
                      StopOnSignal::received() ? "this rank" : "another rank");
         if (cfg.train.checkpoint_dir.empty())
           spdlog::warn("no train.checkpoint_dir: nothing saved; the run restarts from step 0");
         else if (save_now)
-          save_step_checkpoint(cfg, rec.step, result.params, state_now, fault, world);
+          save_step_checkpoint(cfg, rec.step, params_now, state_now, fault, world);
       }
       comms->host_world->barrier();
       mark_exit_agreed();
@@ -581,9 +604,14 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       break;
     }
   }
-  result.params = host_copy(result.params);
+  if (!z3)
+    for (const auto& [name, t] : result.params) result.parameter_bytes += t.nbytes();
+  result.params = host_copy(whole_params());
   if (zopt) {
     result.optimizer_state_bytes = zopt->state_bytes();
+  } else if (z3) {
+    result.optimizer_state_bytes = z3->state_bytes();
+    result.parameter_bytes = z3->param_bytes();
   } else {
     for (const ParamMap* m : {&opt.exp_avg, &opt.exp_avg_sq})
       for (const auto& [name, t] : *m) result.optimizer_state_bytes += t.nbytes();

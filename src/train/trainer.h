@@ -52,8 +52,10 @@ struct TrainResult {
   // last step (when train.checkpoint_dir is set); the app then exits with kExitPreempted.
   bool preempted = false;
   // This rank's optimizer-state bytes (the AdamW moments: whole at zero_optimization.stage 0, its
-  // shard at 1 and 2) and the gradient bucket buffers it held after the last step (ZeRO-2: none).
-  size_t optimizer_state_bytes = 0, grad_bucket_bytes = 0;
+  // shard at 1, 2 and 3), the gradient bucket buffers it held after the last step (ZeRO-2: none;
+  // ZeRO-3 has no buckets) and the parameters it holds between steps (whole below stage 3, its
+  // shards at 3).
+  size_t optimizer_state_bytes = 0, grad_bucket_bytes = 0, parameter_bytes = 0;
   // The last validation's first sequence that the model got entirely right (else its first
   // sequence), as data.h format_example writes it; rank 0 only, empty without validation.
   std::string val_example;

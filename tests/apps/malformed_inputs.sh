@@ -180,7 +180,6 @@ row 'runtime.threads = 1.5: expected an integer' "${c[@]}" --set runtime.threads
 row 'runtime.grad_bucket_mb = 0' "${c[@]}" --set runtime.grad_bucket_mb=0
 row 'runtime.overlap_grad_sync = "sometimes": expected true or false' "${c[@]}" --set runtime.overlap_grad_sync=sometimes
 row 'zero_optimization.stage = 4: expected an integer in \[0, 3\]' "${c[@]}" --set zero_optimization.stage=4
-row 'zero_optimization.stage 3 (sharded parameters) is not implemented' "${c[@]}" --set zero_optimization.stage=3
 row 'model.arch: the value is not valid UTF-8' "${c[@]}" --set $'model.arch=\xff\xfe'
 row 'expected section.key' "${c[@]}" --set train.lr.max=3
 row "unknown key 'layers'" "${c[@]}" --set layers.99999999999=1  # was a 1.6 TB allocation (fuzzer find)

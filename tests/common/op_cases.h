@@ -197,6 +197,13 @@ inline const std::vector<OpCase>& op_cases() {
       OpCase{"all_reduce", Op::all_reduce, {{{B, S}}},
              [](Builder& b, const std::vector<Node*>& x) { return b.all_reduce(x[0], "world"); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) { return in[0]; }},
+      // ZeRO-3's parameter collectives over a group of one: the shard is the whole flattened tensor.
+      OpCase{"all_gather", Op::all_gather, {{{6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.all_gather(x[0], "world", 1, {2, 3}); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return in[0]; }},
+      OpCase{"reduce_scatter", Op::reduce_scatter, {{{2, 3}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.reduce_scatter(x[0], "world", 1); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) { return in[0]; }},
       OpCase{"full", Op::full, {},
              [](Builder& b, const std::vector<Node*>&) { return b.full({2, 3}, -1.25, DType::f64); },
              [](const std::vector<Vec>&, const std::vector<Shape>&) { return Vec(6, -1.25); }},

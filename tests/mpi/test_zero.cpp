@@ -1,16 +1,21 @@
-// ZeRO stages 1 and 2 (zero_optimization.stage; train/optimizer.h ZeroAdamW, train/grad_sync.h) on
-// however many ranks mpirun started (2 and 4 under ctest):
+// ZeRO stages 1, 2 and 3 (zero_optimization.stage; train/optimizer.h ZeroAdamW and Zero3State,
+// train/grad_sync.h, graph/passes/shard_parameters.h) on however many ranks mpirun started (2 and
+// 4 under ctest):
 //   - reduce_scatter_sum, blocking and non-blocking, equals the closed-form sums of every rank's
 //     chunks, and the CountingCommunicator counts what it sends;
 //   - on every dp × sp mesh of the world, GPT-2 and a GQA Llama train 20 steps with the same losses
-//     and final weights at stages 1 and 2 as at stage 0 (the whole AdamW, the reference);
+//     and final weights at stages 1, 2 and 3 as at stage 0 (the whole AdamW, the reference); bf16,
+//     and stage 3 under activation checkpointing with AutoSP over the whole world, too;
 //   - the per-rank optimizer state is 1/W of stage 0's (plus the padding), and stage 2 holds no
-//     gradient bucket between steps;
+//     gradient bucket between steps; stage 3 holds 1/W of the parameters, and its program holds
+//     whole parameters of at most two layers (plus those outside the layers) at once;
 //   - the volumes: stages 1 and 2 move 2(W-1)/W of the gradients' bytes (what a ring all-reduce
-//     moves), in a reduce-scatter and an all-gather of the same size;
+//     moves), in a reduce-scatter and an all-gather of the same size; stage 3 the reduce-scatter
+//     and two gathers of the parameters (the formula per parameter), about 1.5× stage 1;
 //   - a stage-2 checkpoint (whole, consolidated) resumes on the same world at stages 0 and 2 like
-//     the uninterrupted run, and on half the world at stage 1 like a stage-0 resume there;
-//   - --dump-grads writes the whole gradients at stage 2, equal to stage 0's.
+//     the uninterrupted run, and on half the world at stage 1 like a stage-0 resume there; a
+//     stage-3 checkpoint resumes on half the world at stage 1 like an uninterrupted run there;
+//   - --dump-grads writes the whole gradients at stages 2 and 3, equal to stage 0's.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -18,10 +23,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "comm/counting.h"
 #include "config/config.h"
+#include "engine/executor.h"
+#include "engine/program.h"
+#include "graph/builder.h"
 #include "mpi/mpi_test.h"
 #include "tensor/safetensors.h"
 #include "train/trainer.h"
@@ -67,6 +76,38 @@ TEST_CASE("zero: reduce_scatter_sum gives each rank the sum of its chunk", "[mpi
   CHECK(counted.stats().reduce_scatter.bytes == (P - 1) * 8 * 4);
 }
 
+// ZeRO-3's graph collectives where the shards do not tile the tensor (15 elements over W ranks:
+// padding whenever W does not divide 15), through the executor, whose all_gather runs in the
+// background; against the closed-form sums.
+TEST_CASE("zero: the all_gather and reduce_scatter ops with padded shards", "[mpi][zero]") {
+  Communicator& w = test_world();
+  const int64_t W = w.size(), r = w.rank(), n = 15, c = (n + W - 1) / W;
+  Graph g;
+  Builder b(g);
+  Node* shard = b.input("shard", DType::f32, {c}, Role::none);
+  Node* grad = b.input("grad", DType::f32, {5, 3}, Role::none);
+  g.add_output(b.all_gather(shard, "world", W, {5, 3}, "whole"));
+  g.add_output(b.reduce_scatter(grad, "world", W, "grad_shard"));
+  std::vector<float> mine(static_cast<size_t>(c)), full(static_cast<size_t>(n));
+  for (int64_t i = 0; i < c; ++i) mine[static_cast<size_t>(i)] = static_cast<float>(element(r, i));
+  for (int64_t i = 0; i < n; ++i) full[static_cast<size_t>(i)] = static_cast<float>(element(r, i));
+  const Executor ex(g);
+  const RunResult out = ex.run({{"shard", Tensor::from_vector<float>({c}, mine)},
+                                {"grad", Tensor::from_vector<float>({5, 3}, full)}},
+                               {{"world", &w}});
+  const std::vector<double> whole = out.outputs.at("whole").to_doubles();
+  REQUIRE(whole.size() == static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) CHECK(whole[static_cast<size_t>(i)] == element(i / c, i % c));
+  const std::vector<double> got = out.outputs.at("grad_shard").to_doubles();
+  REQUIRE(got.size() == static_cast<size_t>(c));
+  for (int64_t i = 0; i < c; ++i) {
+    const int64_t at = r * c + i;
+    double want = 0;
+    for (int64_t q = 0; q < W && at < n; ++q) want += element(q, at);
+    CHECK(got[static_cast<size_t>(i)] == want);
+  }
+}
+
 const json kGpt2 = {{"arch", "gpt2"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
                     {"num_attention_heads", 4}, {"max_position_embeddings", 64}};
 const json kLlamaGqa = {{"arch", "llama"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
@@ -109,14 +150,14 @@ Diff compare(const TrainResult& a, const TrainResult& b) {
   return d;
 }
 
-TEST_CASE("zero: stages 1 and 2 train like stage 0 on every mesh, GPT-2 and GQA Llama", "[mpi][zero]") {
+TEST_CASE("zero: stages 1, 2 and 3 train like stage 0 on every mesh, GPT-2 and GQA Llama", "[mpi][zero]") {
   Communicator& w = test_world();
   const int64_t W = w.size();
   for (int64_t sp = 1; sp <= W; sp *= 2) {  // meshes W x 1, ..., 1 x W
     for (const json* model : {&kGpt2, &kLlamaGqa}) {
       const TrainResult ref = train(make_config(*model, sp, 0), quiet_args(20), w);
       REQUIRE(ref.steps.size() == 20);
-      for (int64_t stage : {1, 2}) {
+      for (int64_t stage : {1, 2, 3}) {
         const TrainResult z = train(make_config(*model, sp, stage), quiet_args(20), w);
         const Diff d = compare(z, ref);
         INFO(model->at("arch") << " dp " << W / sp << " x sp " << sp << ", stage " << stage << ": loss "
@@ -135,13 +176,30 @@ TEST_CASE("zero: stages 1 and 2 train like stage 0 on every mesh, GPT-2 and GQA 
   CHECK(d.weight < 1e-6);
   // bf16 mixed precision: f32 gradients and master weights, so the same sums; a last-bit change
   // of a master weight may round its bf16 copy the other way, hence the looser bound.
-  Config bf16_0 = make_config(kLlamaGqa, 1, 0), bf16_2 = make_config(kLlamaGqa, 1, 2);
-  bf16_0.runtime.dtype = bf16_2.runtime.dtype = DType::bf16;
-  const TrainResult b0 = train(bf16_0, quiet_args(5), w), b2 = train(bf16_2, quiet_args(5), w);
-  const Diff b = compare(b2, b0);
-  INFO("bf16: loss " << b.loss << ", weights " << b.weight);
-  CHECK(b.loss < 1e-3);
-  CHECK(b.weight < 1e-3);
+  Config bf16_0 = make_config(kLlamaGqa, 1, 0);
+  bf16_0.runtime.dtype = DType::bf16;
+  const TrainResult b0 = train(bf16_0, quiet_args(5), w);
+  for (int64_t stage : {2, 3}) {
+    Config bf16 = make_config(kLlamaGqa, 1, stage);
+    bf16.runtime.dtype = DType::bf16;
+    const Diff b = compare(train(bf16, quiet_args(5), w), b0);
+    INFO("bf16, stage " << stage << ": loss " << b.loss << ", weights " << b.weight);
+    CHECK(b.loss < 1e-3);
+    CHECK(b.weight < 1e-3);
+  }
+  // Stage 3 under activation checkpointing (recomputed layers read their own gathers) and bf16,
+  // with AutoSP on the whole world.
+  Config ck0 = make_config(kLlamaGqa, W, 0), ck3 = make_config(kLlamaGqa, W, 3);
+  for (Config* c : {&ck0, &ck3}) c->runtime.activation_checkpointing = true;
+  const Diff ck = compare(train(ck3, quiet_args(5), w), train(ck0, quiet_args(5), w));
+  INFO("checkpointing, sp " << W << ", stage 3: loss " << ck.loss << ", weights " << ck.weight);
+  CHECK(ck.loss < 1e-6);
+  CHECK(ck.weight < 1e-6);
+  ck0.runtime.dtype = ck3.runtime.dtype = DType::bf16;
+  const Diff ckb = compare(train(ck3, quiet_args(5), w), train(ck0, quiet_args(5), w));
+  INFO("checkpointing + bf16, sp " << W << ", stage 3: loss " << ckb.loss << ", weights " << ckb.weight);
+  CHECK(ckb.loss < 1e-3);
+  CHECK(ckb.weight < 1e-3);
 }
 
 TEST_CASE("zero: per-rank optimizer state is 1/W of stage 0's; stage 2 frees its gradient buckets", "[mpi][zero]") {
@@ -267,18 +325,20 @@ TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stages 0 and 
   if (w.rank() == 0) fs::remove_all(dir);
 }
 
-TEST_CASE("zero: --dump-grads writes the whole gradients at stage 2", "[mpi][zero]") {
+TEST_CASE("zero: --dump-grads writes the whole gradients at stages 2 and 3", "[mpi][zero]") {
   Communicator& w = test_world();
   const fs::path dir = shared_temp_dir(w, "grads");
   if (w.rank() == 0) fs::create_directories(dir);
   w.barrier();
+  for (int64_t stage : {2, 3}) {
   TrainArgs a0 = quiet_args(1), a2 = quiet_args(1);
   a0.dump_grads = (dir / "stage0.safetensors").string();
-  a2.dump_grads = (dir / "stage2.safetensors").string();
+  a2.dump_grads = (dir / ("stage" + std::to_string(stage) + ".safetensors")).string();
   (void)train(make_config(kGpt2, 1, 0), a0, w);
-  (void)train(make_config(kGpt2, 1, 2), a2, w);
+  (void)train(make_config(kGpt2, 1, stage), a2, w);
   w.barrier();
   if (w.rank() == 0) {
+    INFO("stage " << stage);
     const SafetensorsFile g0 = load_safetensors(a0.dump_grads), g2 = load_safetensors(a2.dump_grads);
     CHECK(g0.tensors.size() == g2.tensors.size());
     double worst = 0;
@@ -289,8 +349,145 @@ TEST_CASE("zero: --dump-grads writes the whole gradients at stage 2", "[mpi][zer
       for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
     }
     CHECK(worst < 1e-6);
-    fs::remove_all(dir);
   }
+  w.barrier();
+  }
+  if (w.rank() == 0) fs::remove_all(dir);
+}
+
+// ---- ZeRO-3 -------------------------------------------------------------------------------------
+
+const json kLlama4 = [] {
+  json m = kLlamaGqa;
+  m["num_hidden_layers"] = 4;
+  return m;
+}();
+
+// Whole-parameter bytes of the layers (names with "layers.<i>.") and of the rest.
+struct ParamBytes {
+  std::map<std::string, size_t> layer;
+  size_t other = 0, total = 0, count = 0;
+};
+ParamBytes param_bytes_of(const ParamMap& params) {
+  ParamBytes b;
+  for (const auto& [name, t] : params) {
+    b.total += t.nbytes();
+    ++b.count;
+    const size_t at = name.find("layers.");
+    if (at == std::string::npos) {
+      b.other += t.nbytes();
+      continue;
+    }
+    b.layer[name.substr(0, name.find('.', at + 7))] += t.nbytes();
+  }
+  return b;
+}
+
+TEST_CASE("zero: stage 3 holds 1/W of the parameters, and whole ones for at most two layers at a time",
+          "[mpi][zero]") {
+  Communicator& w = test_world();
+  const int64_t W = w.size();
+  for (bool checkpointing : {false, true}) {
+    Config c0 = make_config(kLlama4, 1, 0), c3 = make_config(kLlama4, 1, 3);
+    c0.runtime.activation_checkpointing = c3.runtime.activation_checkpointing = checkpointing;
+    const TrainResult s0 = train(c0, quiet_args(2), w), s3 = train(c3, quiet_args(2), w);
+    const ParamBytes b = param_bytes_of(s0.params);
+    INFO("checkpointing " << checkpointing << ": stage 0 holds " << s0.parameter_bytes << " parameter bytes, stage 3 "
+                          << s3.parameter_bytes);
+    CHECK(s0.parameter_bytes == b.total);
+    // Shards: ceil(n / W) elements of each parameter (at most one element of padding each).
+    CHECK(s3.parameter_bytes <= b.total / static_cast<size_t>(W) + 4 * b.count);
+    CHECK(s3.parameter_bytes >= b.total / static_cast<size_t>(W));
+    CHECK(s3.optimizer_state_bytes == 2 * s3.parameter_bytes);
+
+    // The whole parameters the stage-3 program holds at once: each gather (and its bf16 cast) is
+    // live from where it runs to its last reader.
+    const RankProgram prog = build_program(c3, DType::f32, Stage::joint, pass_context(c3, static_cast<int>(W), w.rank()));
+    const Graph& g = *prog.graph;
+    std::vector<int64_t> live(g.size() + 1, 0);
+    size_t gathers = 0;
+    for (const auto& n : g.nodes()) {
+      if (n->op() != Op::all_gather) continue;
+      ++gathers;
+      size_t last = g.position(n.get());
+      for (const Node* u : n->users()) last = std::max(last, g.position(u));
+      int64_t bytes = 4;
+      for (const Dim& d : n->shape()) bytes *= d.value();
+      for (size_t p = g.position(n.get()); p <= last; ++p) live[p] += bytes;
+    }
+    const int64_t peak = *std::max_element(live.begin(), live.end());
+    size_t largest_layer = 0;
+    for (const auto& [layer, bytes] : b.layer) largest_layer = std::max(largest_layer, bytes);
+    INFO("whole parameters alive at once: " << peak << " bytes in " << gathers << " gathers; layers of "
+                                            << largest_layer << " bytes, " << b.other << " outside the layers");
+    REQUIRE(b.layer.size() == 4);
+    CHECK(gathers > b.count);  // the backward gathers again
+    CHECK(peak <= static_cast<int64_t>(2 * largest_layer + b.other));
+    CHECK(peak < static_cast<int64_t>(b.total));
+  }
+}
+
+// Llama (untied): every parameter is gathered once in the forward and, except the token embedding
+// (its backward reads only the gradient and the ids), once more in the backward; every gradient
+// is reduce-scattered once; the end of the run gathers each parameter once more for the result.
+TEST_CASE("zero: stage 3 moves the gradients' reduce-scatter and two parameter gathers, about 1.5x stage 1",
+          "[mpi][zero][scaling]") {
+  Communicator& w = test_world();
+  const int64_t W = w.size(), steps = 2;
+  CountingCommunicator c1(w), c3(w);
+  (void)train(make_config(kLlamaGqa, 1, 1, true, 1024), quiet_args(steps), c1);
+  const TrainResult r = train(make_config(kLlamaGqa, 1, 3), quiet_args(steps), c3);
+  int64_t shards = 0, embed = 0;  // Σ ceil(n / W) and the embedding's
+  for (const auto& [name, t] : r.params) {
+    const int64_t c = (t.numel() + W - 1) / W;
+    shards += c;
+    if (name.find("embed_tokens") != std::string::npos) embed = c;
+  }
+  REQUIRE(embed > 0);
+  const CommStats& s = c3.stats();
+  INFO("stage 3: reduce-scatter " << s.reduce_scatter.bytes << " in " << s.reduce_scatter.calls << ", all-gather "
+                                  << s.all_gather.bytes << " in " << s.all_gather.calls);
+  CHECK(s.reduce_scatter.calls == steps * static_cast<int64_t>(r.params.size()));
+  CHECK(s.reduce_scatter.bytes == steps * shards * 4 * (W - 1));
+  CHECK(s.all_gather.bytes == (steps * (2 * shards - embed) + shards) * 4 * (W - 1));
+  const CommStats& s1 = c1.stats();
+  const double stage1 = static_cast<double>(s1.reduce_scatter.bytes + s1.all_gather.bytes);
+  const double stage3 = static_cast<double>(s.reduce_scatter.bytes + s.all_gather.bytes -
+                                            static_cast<size_t>(shards * 4 * (W - 1)));  // less the result's gather
+  INFO("stage 3 / stage 1 per step: " << stage3 / stage1);
+  CHECK(stage3 / stage1 > 1.3);
+  CHECK(stage3 / stage1 < 1.51);
+}
+
+// The global batch is the same at every world size when the whole world is one SP group.
+TEST_CASE("zero: a world-W stage-3 checkpoint resumes on half the world at stage 1 like an uninterrupted run there",
+          "[mpi][zero][checkpoint]") {
+  Communicator& w = test_world();
+  const int64_t W = w.size();
+  const fs::path dir = shared_temp_dir(w, "resume3");
+  if (w.rank() == 0) fs::remove_all(dir);
+  w.barrier();
+  Config writer = make_config(kLlamaGqa, W, 3);
+  writer.train.checkpoint_dir = dir.string();
+  writer.train.checkpoint_every = 4;
+  (void)train(writer, quiet_args(8), w);  // the schedule of an 8-step run, saved at 4 and 8
+  TrainArgs resume = quiet_args(8);
+  resume.resume = (dir / "step_00000004").string();
+  auto half = w.split(w.rank() < W / 2 ? 0 : 1, w.rank());
+  const TrainResult resumed = train(make_config(kLlamaGqa, W / 2, 1), resume, *half);
+  const TrainResult uninterrupted = train(make_config(kLlamaGqa, W / 2, 0), quiet_args(8), *half);
+  REQUIRE(resumed.steps.size() == 4);
+  REQUIRE(uninterrupted.steps.size() == 8);
+  CHECK(resumed.steps.front().step == 5);
+  double worst = 0;
+  for (size_t k = 0; k < 4; ++k)
+    worst = std::max(worst, std::abs(resumed.steps[k].loss - uninterrupted.steps[k + 4].loss) /
+                                std::abs(uninterrupted.steps[k + 4].loss));
+  INFO("world " << W << " stage 3 -> world " << half->size() << " stage 1: worst relative loss gap " << worst);
+  CHECK(worst < 1e-5);
+  CHECK(std::abs(uninterrupted.steps[7].loss - uninterrupted.steps[4].loss) > 1e-3);
+  w.barrier();
+  if (w.rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace

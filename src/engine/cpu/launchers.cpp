@@ -423,6 +423,53 @@ Tensor all_reduce(const KernelCall& c) {
   return y;
 }
 
+// ZeRO-3: the whole parameter from every rank's shard, straight into the output when the shards
+// tile it, else through a padded buffer whose first elements are copied out once it has arrived.
+// In the background when the executor asks (KernelCall::pending: the parameter prefetch).
+Tensor all_gather(const KernelCall& c) {
+  Communicator& comm = launch::shard_group(c);
+  const Tensor x = c.in[0].contiguous();
+  Tensor y = out_like(c, x.dtype());
+  const launch::ShardLayout l = launch::shard_layout(c, comm, y.numel());
+  auto gather = [&](const Tensor& into) {
+    Tensor flat = into;
+    if (!c.pending) {
+      comm.all_gather(x, flat);
+      return finished_collective();
+    }
+    return comm.all_gather_async(x, flat);
+  };
+  if (l.direct()) {
+    auto pending = gather(y.reshape({y.numel()}));
+    if (c.pending) *c.pending = std::move(pending);
+    return y;
+  }
+  Tensor padded = Tensor::empty({l.shard * l.ranks}, x.dtype(), c.alloc);
+  auto copy_out = [padded, y]() mutable { std::memcpy(y.raw(), padded.raw(), y.nbytes()); };
+  auto pending = followed_by(gather(padded), copy_out);
+  if (c.pending) *c.pending = std::move(pending);
+  else pending->wait();
+  return y;
+}
+
+// ZeRO-3: the whole gradient summed over the group, this rank's shard of it (padded with zeros
+// past the whole tensor's elements).
+Tensor reduce_scatter(const KernelCall& c) {
+  Communicator& comm = launch::shard_group(c);
+  const Tensor g = c.in[0].contiguous();
+  Tensor y = out_like(c, g.dtype());
+  const launch::ShardLayout l = launch::shard_layout(c, comm, g.numel());
+  if (l.direct()) {
+    comm.reduce_scatter_sum(g.reshape({g.numel()}), y);
+    return y;
+  }
+  Tensor padded = Tensor::empty({l.shard * l.ranks}, g.dtype(), c.alloc);
+  std::memcpy(padded.raw(), g.raw(), g.nbytes());
+  std::memset(static_cast<char*>(padded.raw()) + g.nbytes(), 0, padded.nbytes() - g.nbytes());
+  comm.reduce_scatter_sum(padded, y);
+  return y;
+}
+
 Tensor cast(const KernelCall& c) {
   Tensor y = out_like(c, c.node.dtype());
   convert(c.in[0].contiguous(), y);

@@ -586,6 +586,44 @@ Tensor all_reduce(const KernelCall& c) {
   return y;
 }
 
+// ZeRO-3 (as the CPU launchers): the whole parameter from the shards, and the gradient's shard.
+// NCCL runs them on its stream, ordered with the compute stream; the executor's background
+// request (KernelCall::pending) is not needed for that and left unset.
+Tensor all_gather(const KernelCall& c) {
+  Communicator& comm = device_comm(c);
+  (void)launch::shard_group(c);
+  const Tensor x = arg(c, 0);
+  Tensor y = out_like(c, x.dtype());
+  const launch::ShardLayout l = launch::shard_layout(c, comm, y.numel());
+  if (l.direct()) {
+    Tensor flat = y.reshape({y.numel()});
+    comm.all_gather(x, flat);
+    return y;
+  }
+  Tensor padded = Tensor::empty({l.shard * l.ranks}, x.dtype(), c.alloc);
+  comm.all_gather(x, padded);
+  cudart::cast_into(Tensor::view_bytes(padded, 0, y.shape(), y.dtype()), y, stream(c));
+  return y;
+}
+
+Tensor reduce_scatter(const KernelCall& c) {
+  Communicator& comm = device_comm(c);
+  (void)launch::shard_group(c);
+  const Tensor g = arg(c, 0);
+  Tensor y = out_like(c, g.dtype());
+  const launch::ShardLayout l = launch::shard_layout(c, comm, g.numel());
+  if (l.direct()) {
+    comm.reduce_scatter_sum(g.reshape({g.numel()}), y);
+    return y;
+  }
+  Tensor padded = Tensor::empty({l.shard * l.ranks}, g.dtype(), c.alloc);
+  CUDA_CHECK(cudaMemsetAsync(padded.raw(), 0, padded.nbytes(), stream(c)));
+  Tensor head = Tensor::view_bytes(padded, 0, g.shape(), g.dtype());
+  cudart::cast_into(g, head, stream(c));
+  comm.reduce_scatter_sum(padded, y);
+  return y;
+}
+
 // ---- fused ops ----
 
 Tensor add_layernorm(const KernelCall& c) { return add_norm(c, false); }

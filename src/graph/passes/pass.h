@@ -20,8 +20,12 @@ struct PassContext {
   // fuse_elementwise: whether residual add + norm pairs are fused (off under activation
   // checkpointing, where they would cost activation memory: docs/decisions.md).
   bool fuse_residual_norms = true;
-  // checkpoint_activations: the name prefixes of the scopes (transformer layers) to recompute.
+  // checkpoint_activations: the name prefixes of the scopes (transformer layers) to recompute;
+  // also the units ZeRO-3 gathers parameters by (graph/passes/shard_parameters.h).
   std::vector<std::string> layer_scopes;
+  // zero_optimization.stage: at 3, on worlds of several ranks, shard_parameters splits every
+  // parameter over the world (world_size shards) and regather_parameters gathers it per use.
+  int64_t zero_stage = 0;
 };
 
 struct PassResult {

@@ -1,0 +1,41 @@
+// ZeRO-3 (zero_optimization.stage 3) as two graph passes, the way DeepCompile does it: every
+// parameter is sharded over the world and gathered where it is used.
+//
+// shard_parameters (after AutoSP, before autograd): each parameter node becomes this rank's shard,
+// [ceil(numel / W)] elements of the flattened parameter (the last rank's padded with zeros), and
+// an all_gather of the W shards into the whole parameter feeds every former user. Autograd then
+// differentiates the gather into a reduce_scatter of the gradient: the gradient output of each
+// parameter is this rank's shard of the gradient summed over the world.
+//
+// regather_parameters (after autograd and activation checkpointing): the whole parameter must not
+// stay alive from its first use in the forward to its last in the backward. The graph's nodes fall
+// into execution units (a transformer layer of the forward, of the backward; a new unit each time
+// the layer changes, and one more where the backward begins: parameter_units), and every unit
+// that reads a parameter gets its own gather (and, under bf16, its own cast), so the executor frees
+// each whole copy after the unit's last use. Autograd reaches the gathers (the graph's first
+// nodes) last, so it appends every reduce_scatter at the end of the backward; this pass moves each
+// up to right after its whole gradient is complete, which then dies there instead of at the end.
+//
+// Both place every gather at the start of the unit before the one that reads it: the executor
+// runs all_gather in the background (engine/executor.h), so the next layer's parameters arrive
+// while this layer computes, and at most two units' whole parameters are alive at once.
+#pragma once
+
+#include <vector>
+
+#include "graph/passes/pass.h"
+
+namespace autosp {
+
+// The execution unit of every node, by position (non-decreasing): a node of layer scope s (its
+// name, less a leading "d.", starts with ctx.layer_scopes[s]) starts a new unit where the scope
+// changes; the first node of the backward (graph/autograd.h) starts one; other nodes belong to
+// the unit they run in.
+std::vector<int> parameter_units(const Graph& g, const PassContext& ctx);
+
+namespace passes {
+PassResult shard_parameters(Graph& g, const PassContext& ctx);
+PassResult regather_parameters(Graph& g, const PassContext& ctx);
+}  // namespace passes
+
+}  // namespace autosp
