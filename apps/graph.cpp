@@ -38,7 +38,10 @@ Bindings parse_bindings(const std::string& text) {
 // parameters, graph outputs and, for training, AdamW's two moments and the gradient buckets the
 // all-reduce (or ZeRO's reduce-scatter) packs on several ranks. zero_optimization.stage over a
 // world of `world` ranks: 1 keeps 1/world of the moments; 2 also only the gradients' shard (the
-// graph's gradient outputs and each bucket are freed once reduce-scattered; train/grad_sync.h).
+// graph's gradient outputs and each bucket are freed once reduce-scattered; train/grad_sync.h);
+// 3 shards the parameters in the graph itself (graph/passes/shard_parameters.h), so its parameter
+// nodes, gradient outputs and moments are already shards, there are no buckets, and the whole
+// parameters and gradients it gathers and reduce-scatters live in the arena.
 nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, int64_t world) {
   MemoryPlan plan = plan_memory(g, b);
   size_t params = 0, outputs = 0, inputs = 0, grads = 0;
@@ -51,15 +54,16 @@ nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, in
     if (g.is_output(n.get()) && n->role() == Role::gradient) grads += bytes;
   }
   const bool training = grads > 0;
-  const bool sharded = training && stage >= 1 && world > 1;
+  const bool sharded = training && stage >= 1 && world > 1, in_graph = stage == 3 && world > 1;
   const auto W = static_cast<size_t>(world);
-  const size_t optimizer = !training ? 0 : sharded ? (2 * params + W - 1) / W : 2 * params;
+  const size_t optimizer = !training ? 0 : sharded && !in_graph ? (2 * params + W - 1) / W : 2 * params;
   // Gradient buckets: a whole copy of the gradients on several ranks, plus the reduce-scattered
   // shard at stage 1; only the shard at stage 2 (between steps: while the backward runs, buckets
   // whose reduce-scatter has not finished yet live too, and each gradient until it is copied).
   size_t buckets = training && world > 1 ? grads : 0;
   if (sharded) buckets = stage >= 2 ? (grads + W - 1) / W : grads + (grads + W - 1) / W;
-  if (sharded && stage >= 2) outputs -= grads;
+  if (sharded && stage == 2) outputs -= grads;
+  if (in_graph) buckets = 0;
   nlohmann::json j = {{"arena_bytes", plan.arena_bytes}, {"max_live_bytes", plan.max_live_bytes},
                       {"parameter_bytes", params},      {"output_bytes", outputs},
                       {"input_bytes", inputs},          {"optimizer_bytes", optimizer},

@@ -241,7 +241,7 @@ ZeroStateBytes zero_state_bytes(int64_t stage) {
     case 0: return {4 + 8 + 8, 0};  // parameters, gradients (output + bucket), moments
     case 1: return {4 + 8, 8};      // the moments sharded
     case 2: return {4, 4 + 8};      // and the gradients: only the reduce-scattered shard outlives the backward
-    case 3: return {0, 4 + 4 + 8};  // and the parameters (planned; plus two gathered layers)
+    case 3: return {0, 4 + 4 + 8};  // and the parameters (plus two gathered layers: state_bytes_per_gpu)
     default: break;
   }
   throw UsageError(str("zero_stage ", stage, ": expected 0, 1, 2 or 3"));
@@ -356,7 +356,7 @@ std::string projection_report(const ProjectionConfig& c) {
                      c.sharded_bytes_per_param,
                      c.zero_stage < 0 ? std::string()
                                       : fmt::format(" (ZeRO stage {}{})", c.zero_stage,
-                                                    c.zero_stage == 3 ? ", planned: + two gathered layers" : ""),
+                                                    c.zero_stage == 3 ? ", + two gathered layers" : ""),
                      activation_bytes_per_token(c) / 1e3,
                      c.activation_checkpointing ? "on" : "off", c.overlap_grad_allreduce ? "overlapped with backward" : "not overlapped");
   out += "| GPUs | sp × dp | seq | compute ms | all-to-all ms | all-reduce ms (exposed) | step ms | efficiency | MFU | "

@@ -43,6 +43,7 @@ Executor::Executor(const Graph& g, ExecOptions options)
     for (const Node* i : n->inputs()) last_use_[g.position(i)] = at;
   }
   for (const Node* o : g.outputs()) kept_[g.position(o)] = !options_.transient_outputs.count(o->name());
+  until_ = background_until(g);
 }
 
 Bindings Executor::bind(const TensorMap& feeds) const {
@@ -101,10 +102,10 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
   std::vector<Tensor> values(g_.size());
   std::vector<std::vector<Tensor>> extras(g_.size());  // extra outputs of multi-output nodes
   std::vector<Tensor> args;
-  // Collectives running in the background (all_gather: ZeRO-3's parameter prefetch), by node
-  // position: waited for before the first node that reads them, polled between nodes (MPI makes
-  // progress only inside its calls), all finished before the run returns. The hook sees a value
-  // once it has arrived.
+  // Collectives running in the background (ZeRO-3's parameter prefetch and gradient
+  // reduce-scatters), by node position: waited for before the first node that reads them and by
+  // the position background_until gives, polled between nodes (MPI makes progress only inside its
+  // calls), all finished before the run returns. The hook sees a value once it has arrived.
   std::vector<std::unique_ptr<PendingCollective>> pending(g_.size());
   std::vector<size_t> in_flight;
   auto arrived = [&](size_t p) {
@@ -118,6 +119,15 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
     if (n.op() == Op::input || n.op() == Op::parameter) {
       values[at] = feeds.at(n.name());
       continue;
+    }
+    for (size_t k = 0; k < in_flight.size();) {
+      const size_t p = in_flight[k];
+      if (until_[p] <= at) {
+        pending[p]->wait();
+        arrived(p);
+      } else {
+        ++k;
+      }
     }
     Shape shape = eval_shape(n.shape(), r.bindings);
     if (n.op() == Op::output) {
@@ -154,7 +164,7 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
                                      ? Tensor()
                                      : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
                                                           eval_shape(types[e].shape, r.bindings), types[e].dtype));
-      if (n.op() == Op::all_gather) call.pending = &pending[at];
+      if (until_[at] != at) call.pending = &pending[at];
       values[at] = dispatch(call, dev.kind);
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",

@@ -58,6 +58,7 @@ class Executor {
   ExecOptions options_;
   std::vector<size_t> last_use_;  // per node: position of its last user (or itself)
   std::vector<bool> kept_;        // per node: a graph output RunResult returns
+  std::vector<size_t> until_;     // per node: where a background collective must have finished
   // The plan and arena of the last bindings seen (plans depend on the sizes).
   mutable Bindings planned_for_;
   mutable MemoryPlan plan_;

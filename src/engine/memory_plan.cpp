@@ -78,7 +78,28 @@ class Arena {
   size_t top_ = 0;
 };
 
+bool is_collective(Op op) {
+  return op == Op::all_gather || op == Op::reduce_scatter || op == Op::all_to_all || op == Op::all_reduce;
+}
+
 }  // namespace
+
+std::vector<size_t> background_until(const Graph& g) {
+  std::vector<size_t> until(g.size());
+  size_t next_collective = g.size();
+  for (size_t i = g.size(); i-- > 0;) {
+    const Node& n = *g.nodes()[i];
+    until[i] = i;
+    if (n.op() == Op::all_gather && !n.users().empty()) {
+      until[i] = g.size();
+      for (const Node* u : n.users()) until[i] = std::min(until[i], g.position(u));
+    } else if (n.op() == Op::reduce_scatter) {
+      until[i] = next_collective;
+    }
+    if (is_collective(n.op())) next_collective = i;
+  }
+  return until;
+}
 
 MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
   const size_t n = g.size();
@@ -101,12 +122,14 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
       for (const auto& t : extra_types(node)) extras[i].push_back(make(t, i));
     }
   }
-  // Lifetimes: a buffer lives until the last read of any node that views it.
+  // Lifetimes: a buffer lives until the last read of any node that views it, or until a
+  // background collective reading it has finished.
+  const std::vector<size_t> until = background_until(g);
   for (size_t i = 0; i < n; ++i) {
     const Node& node = *g.nodes()[i];
     for (const Node* in : node.inputs()) {
       const int buf = primary[g.position(in)];
-      if (buf >= 0) bufs[buf].end = std::max(bufs[buf].end, i);
+      if (buf >= 0) bufs[buf].end = std::max(bufs[buf].end, std::min(until[i], n - 1));
     }
     if (primary[i] >= 0) bufs[primary[i]].end = std::max(bufs[primary[i]].end, i);
     if (g.is_output(&node) && primary[i] >= 0) bufs[primary[i]].external = true;

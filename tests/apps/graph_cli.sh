@@ -93,16 +93,18 @@ expect_usage_error "model.hidden_size" --config "$src/configs/gpt2-tiny.json" --
 # --plan-memory at each zero_optimization.stage, world 4 (dp 4): the moments are 2 x the
 # parameters at stage 0 and a quarter of that at 1 and 2; the gradient buckets are a whole copy of
 # the gradients at 0 (plus the quarter they reduce-scatter into at 1), only the quarter at 2, where
-# the gradient outputs are no longer kept.
-for stage in 0 1 2; do
+# the gradient outputs are no longer kept. At 3 the parameters, gradient outputs and moments are
+# quarters (ceil per parameter), with no buckets.
+for stage in 0 1 2 3; do
   "$bin" --config "$src/configs/gpt2-tiny.json" --world 4 --rank 0 --stage joint --plan-memory S=64 \
     --set zero_optimization.stage=$stage >"$tmp/plan$stage.json" 2>"$tmp/err" ||
     { echo "FAIL: --plan-memory at stage $stage: $(cat "$tmp/err")"; fail=1; }
 done
 python3 - "$tmp" <<'PY' || fail=1
 import json, sys
-p = [json.load(open(f"{sys.argv[1]}/plan{s}.json")) for s in range(3)]
+p = [json.load(open(f"{sys.argv[1]}/plan{s}.json")) for s in range(4)]
 params = p[0]["parameter_bytes"]
+# gpt2-tiny's parameters: every size divisible by 4, so the shards are exact quarters.
 checks = [
     (p[0]["optimizer_bytes"] == 2 * params, "stage 0 moments"),
     (p[1]["optimizer_bytes"] == (2 * params + 3) // 4, "stage 1 moments"),
@@ -111,7 +113,11 @@ checks = [
     (p[1]["grad_bucket_bytes"] == params + (params + 3) // 4, "stage 1 buckets and shard"),
     (p[2]["grad_bucket_bytes"] == (params + 3) // 4, "stage 2 bucket shard"),
     (p[2]["output_bytes"] == p[1]["output_bytes"] - params, "stage 2 gradient outputs"),
-    (p[0]["total_bytes"] > p[1]["total_bytes"] > p[2]["total_bytes"], "totals fall with the stage"),
+    (p[3]["parameter_bytes"] == params // 4, "stage 3 parameter shards"),
+    (p[3]["optimizer_bytes"] == 2 * params // 4, "stage 3 moments"),
+    (p[3]["grad_bucket_bytes"] == 0, "stage 3 has no buckets"),
+    (p[3]["output_bytes"] == p[1]["output_bytes"] - params + params // 4, "stage 3 gradient shards"),
+    (p[0]["total_bytes"] > p[1]["total_bytes"] > p[2]["total_bytes"] > p[3]["total_bytes"], "totals fall with the stage"),
 ]
 bad = [what for ok, what in checks if not ok]
 if bad:

@@ -141,7 +141,7 @@ TEST_CASE("scaling: projection", "[scaling]") {
   CHECK(longest_sequence(parse_projection_config({{"zero_stage", 0}}, "t"), 8) == 0);  // 160 GB of states
   CHECK(longest_sequence(parse_projection_config({{"zero_stage", 2}}, "t"), 8) >
         longest_sequence(parse_projection_config({{"zero_stage", 1}}, "t"), 8));
-  // Stage 3 (planned): 16/8 B per parameter plus two layers' f32 parameters, below stage 2.
+  // Stage 3: 16/8 B per parameter plus two layers' f32 parameters, below stage 2.
   const ProjectionConfig z3 = parse_projection_config({{"zero_stage", 3}}, "t");
   CHECK(state_bytes_per_gpu(z3, 8) > p * 2);
   CHECK(state_bytes_per_gpu(z3, 8) < p * 2 + 2 * p / 32 * 4);

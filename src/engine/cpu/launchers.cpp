@@ -453,20 +453,24 @@ Tensor all_gather(const KernelCall& c) {
 }
 
 // ZeRO-3: the whole gradient summed over the group, this rank's shard of it (padded with zeros
-// past the whole tensor's elements).
+// past the whole tensor's elements). In the background when the executor asks; the handle keeps
+// what it reads alive.
 Tensor reduce_scatter(const KernelCall& c) {
   Communicator& comm = launch::shard_group(c);
   const Tensor g = c.in[0].contiguous();
   Tensor y = out_like(c, g.dtype());
   const launch::ShardLayout l = launch::shard_layout(c, comm, g.numel());
-  if (l.direct()) {
-    comm.reduce_scatter_sum(g.reshape({g.numel()}), y);
+  Tensor send = g.reshape({g.numel()});
+  if (!l.direct()) {
+    send = Tensor::empty({l.shard * l.ranks}, g.dtype(), c.alloc);
+    std::memcpy(send.raw(), g.raw(), g.nbytes());
+    std::memset(static_cast<char*>(send.raw()) + g.nbytes(), 0, send.nbytes() - g.nbytes());
+  }
+  if (!c.pending) {
+    comm.reduce_scatter_sum(send, y);
     return y;
   }
-  Tensor padded = Tensor::empty({l.shard * l.ranks}, g.dtype(), c.alloc);
-  std::memcpy(padded.raw(), g.raw(), g.nbytes());
-  std::memset(static_cast<char*>(padded.raw()) + g.nbytes(), 0, padded.nbytes() - g.nbytes());
-  comm.reduce_scatter_sum(padded, y);
+  *c.pending = followed_by(comm.reduce_scatter_sum_async(send, y), [send] {});
   return y;
 }
 
