@@ -342,16 +342,15 @@ std::unique_ptr<PendingCollective> ThreadCommunicator::reduce_scatter_sum_async(
 std::unique_ptr<PendingCollective> ThreadCommunicator::start(const Tensor& in, Tensor& out, bool chunk_of_rank,
                                                              const char* what) {
   if (!worker_) worker_ = std::make_unique<Worker>();
-  const Tensor* src = &in;
-  Tensor* dst = &out;
   const Device d = out.device();
-  return std::make_unique<Pending>(worker_->enqueue([this, src, dst, d, chunk_of_rank, what] {
+  // Handles to the caller's buffers (the Tensor objects themselves may be temporaries).
+  return std::make_unique<Pending>(worker_->enqueue([this, src = in, dst = out, d, chunk_of_rank, what]() mutable {
 #ifdef AUTOSP_WITH_CUDA
     if (d.kind == DeviceKind::cuda) use_device(d.index);  // the worker thread's current device
 #else
     (void)d;
 #endif
-    reduce_into(*src, *dst, chunk_of_rank, what);
+    reduce_into(src, dst, chunk_of_rank, what);
   }));
 }
 

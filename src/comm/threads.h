@@ -9,7 +9,8 @@
 //     a rank's stream waits for its peers' inputs to be ready and, before it goes on, for its
 //     peers to have finished reading its own. Correct whether the ranks share a stream or not.
 //   - all_reduce_sum_async and reduce_scatter_sum_async run on a worker thread of the communicator, in the order the
-//     collectives were started; a blocking collective first waits for the started ones.
+//     collectives were started (holding handles to the tensors: their storage must stay untouched,
+//     the Tensor objects may go); a blocking collective first waits for the started ones.
 //   - abort() ends the process (every rank of the job) with the exit code; a rank whose body
 //     throws breaks the job: collectives on the other ranks then throw instead of waiting forever,
 //     and run_thread_ranks rethrows the first rank's exception.
