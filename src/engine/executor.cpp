@@ -164,7 +164,7 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
                                      ? Tensor()
                                      : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
                                                           eval_shape(types[e].shape, r.bindings), types[e].dtype));
-      if (until_[at] != at) call.pending = &pending[at];
+      if (until_[at] != at && options_.background_collectives) call.pending = &pending[at];
       values[at] = dispatch(call, dev.kind);
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",

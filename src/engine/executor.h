@@ -40,6 +40,10 @@ struct ExecOptions {
   // seen them, and absent from RunResult::outputs: ZeRO-2's gradients, which live on only in their
   // reduce-scattered shard (train/grad_sync.h).
   std::set<std::string> transient_outputs = {};
+  // Collectives background_until lets run in the background (ZeRO-3's gathers and
+  // reduce-scatters) do; false runs every collective blocking (runtime.overlap_grad_sync false:
+  // what the overlap hides).
+  bool background_collectives = true;
 };
 
 class Executor {

@@ -450,7 +450,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   StopOnSignal stop(cfg.train.save_timeout);  // SIGTERM, SIGINT, SIGUSR1: save after this step and stop
 
   RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
-  ExecOptions exec{.attention = cfg.runtime.attention};
+  ExecOptions exec{.attention = cfg.runtime.attention, .background_collectives = cfg.runtime.overlap_grad_sync};
   // ZeRO-2: a gradient lives on only in its bucket's reduce-scattered shard.
   if (cfg.zero_optimization.stage == 2 && world.size() > 1)
     exec.transient_outputs = {prog.grad_names.begin(), prog.grad_names.end()};

@@ -470,9 +470,17 @@ TEST_CASE("zero: a world-W stage-3 checkpoint resumes on half the world at stage
   Config writer = make_config(kLlamaGqa, W, 3);
   writer.train.checkpoint_dir = dir.string();
   writer.train.checkpoint_every = 4;
-  (void)train(writer, quiet_args(8), w);  // the schedule of an 8-step run, saved at 4 and 8
+  const TrainResult whole = train(writer, quiet_args(8), w);  // the schedule of an 8-step run, saved at 4 and 8
   TrainArgs resume = quiet_args(8);
   resume.resume = (dir / "step_00000004").string();
+  // The same world and stage, with every collective blocking this time: the uninterrupted run.
+  Config again_cfg = make_config(kLlamaGqa, W, 3, /*overlap=*/false);
+  const TrainResult again = train(again_cfg, resume, w);
+  REQUIRE(again.steps.size() == 4);
+  const Diff same = compare(again, TrainResult{.steps = {whole.steps.begin() + 4, whole.steps.end()}, .params = whole.params});
+  INFO("world " << W << " stage 3 resumed at stage 3: loss " << same.loss << ", weights " << same.weight);
+  CHECK(same.loss < 1e-6);
+  CHECK(same.weight < 1e-6);
   auto half = w.split(w.rank() < W / 2 ? 0 : 1, w.rank());
   const TrainResult resumed = train(make_config(kLlamaGqa, W / 2, 1), resume, *half);
   const TrainResult uninterrupted = train(make_config(kLlamaGqa, W / 2, 0), quiet_args(8), *half);
