@@ -10,19 +10,18 @@
 // barrier (__syncthreads, or the warp barriers inside shuffles, votes and mma), and each pass of
 // the scheduler resumes the live fibers in a fresh random order, so a kernel that relies on one
 // thread running before another between barriers fails here too (seeded: AUTOSP_EMULATION_SEED
-// reproduces a run). `__shared__` becomes `static` (blocks run one at a time), and the dynamic
-// shared memory of the tensor-core kernels is `autosp::cuda::attention_smem`, placed in the
-// section autosp_emu_dynamic_shared and filled with NaN bytes (0xff: NaN as f32, f64 and bf16)
-// before every block, so a read of dynamic shared memory the block did not write shows. A launch
-// with more than 1024 threads per block (or block.z > 64, grid.y/z > 65535) is refused as the
-// hardware refuses it. The mma.sync.m16n8k16 (bf16 → f32) is computed from the operand registers
+// reproduces a run). `__shared__` becomes `static` (blocks run one at a time). Shared memory is
+// filled with NaN bytes (0xff: NaN as f32, f64 and bf16) before every block, so a read of shared
+// memory the block did not write shows: the dynamic shared memory of the tensor-core kernels
+// (`autosp::cuda::attention_smem`, placed in the section autosp_emu_dynamic_shared) and the static
+// `__shared__` arrays of the launched kernel, which emulation.cpp finds in this executable's
+// symbol table (a kernel's static locals are the objects named `_ZZ<its mangled name>E...`). A
+// launch is refused as the hardware refuses it: more than 1024 threads per block (or block.z > 64,
+// grid.y/z > 65535), more than 48 KiB of static shared memory, more dynamic shared memory than
+// sm_90 has. The mma.sync.m16n8k16 (bf16 → f32) is computed from the operand registers
 // of the 32 lanes with the fragment layouts of the PTX ISA, written out here independently of the
 // kernel's own helpers.
 //
-// Not done, and why: the static `__shared__` arrays are not NaN-filled and their 48 KiB limit is
-// not checked here — they are static locals of kernel templates, which GCC keeps in their own
-// COMDAT .bss sections whatever section attribute they carry, so nothing here can find them (the
-// limit itself is enforced by ptxas in every CUDA build: "uses too much shared data").
 // What it cannot catch: anything about real hardware — timing, bank conflicts, register limits,
 // a wrong belief about the PTX layouts shared by both sides; and ordering within a warp between
 // barriers (fibers switch only at barriers, so a warp never runs its lanes interleaved).
@@ -90,7 +89,16 @@ inline Block* g_block = nullptr;
 
 // The hardware's limits on a launch (sm_90).
 inline constexpr unsigned kMaxThreadsPerBlock = 1024, kMaxBlockZ = 64;
-inline constexpr size_t kMaxDynamicShared = 227 * 1024;
+inline constexpr size_t kMaxDynamicShared = 227 * 1024, kMaxStaticShared = 48 * 1024;
+
+// A static `__shared__` array of a kernel (a static local in emulation).
+struct StaticShared {
+  unsigned char* at = nullptr;
+  size_t bytes = 0;
+};
+// Those of the kernel function at `kernel` (emulation.cpp: from /proc/self/exe's symbol table;
+// cached per kernel). Empty for nullptr.
+const std::vector<StaticShared>& static_shared_of(const void* kernel);
 
 // The scheduler's random order: AUTOSP_EMULATION_SEED, else a fixed default (runs repeat).
 inline std::mt19937_64& order_rng() {
@@ -106,7 +114,7 @@ inline size_t section_bytes(const unsigned char* start, const unsigned char* sto
 }
 
 // Refuses what a real launch would refuse, naming the limit.
-inline void check_launch(dim3 grid, dim3 block, size_t dynamic_smem) {
+inline void check_launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::vector<StaticShared>& statics) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   auto fail = [](const std::string& why) { throw std::runtime_error("emulated launch refused: " + why); };
   if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) fail("an empty grid or block");
@@ -114,6 +122,10 @@ inline void check_launch(dim3 grid, dim3 block, size_t dynamic_smem) {
     fail(std::to_string(threads) + " threads per block (at most " + std::to_string(kMaxThreadsPerBlock) + ")");
   if (block.z > kMaxBlockZ) fail("block.z " + std::to_string(block.z) + " (at most 64)");
   if (grid.y > 65535 || grid.z > 65535) fail("grid.y or grid.z over 65535");
+  size_t static_bytes = 0;
+  for (const StaticShared& s : statics) static_bytes += s.bytes;
+  if (static_bytes > kMaxStaticShared)
+    fail(std::to_string(static_bytes) + " bytes of static shared memory (at most 48 KiB)");
   if (dynamic_smem > kMaxDynamicShared)
     fail(std::to_string(dynamic_smem) + " bytes of dynamic shared memory (at most 227 KiB on sm_90)");
   const size_t dyn = section_bytes(__start_autosp_emu_dynamic_shared, __stop_autosp_emu_dynamic_shared);
@@ -122,10 +134,11 @@ inline void check_launch(dim3 grid, dim3 block, size_t dynamic_smem) {
          std::to_string(dyn));
 }
 
-// Dynamic shared memory a block has not written reads as NaN.
-inline void poison_shared() {
+// Shared memory a block has not written reads as NaN.
+inline void poison_shared(const std::vector<StaticShared>& statics) {
   if (const size_t n = section_bytes(__start_autosp_emu_dynamic_shared, __stop_autosp_emu_dynamic_shared))
     std::memset(__start_autosp_emu_dynamic_shared, 0xff, n);
+  for (const StaticShared& s : statics) std::memset(s.at, 0xff, s.bytes);
 }
 inline uint64_t g_progress = 0;  // barrier arrivals and finished fibers: a pass without any is a deadlock
 
@@ -180,10 +193,12 @@ inline void trampoline() {
   makecontext(&f.ctx, trampoline, 0);
 }
 
-// Runs body() as every thread of every block of `grid` (blocks of block.x × block.y threads).
-inline void launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::function<void()>& body) {
+// Runs body() as every thread of every block of `grid` (blocks of block.x × block.y threads);
+// `kernel` is the kernel function (its static shared arrays are poisoned and counted), or nullptr.
+inline void launch(dim3 grid, dim3 block, size_t dynamic_smem, const void* kernel, const std::function<void()>& body) {
   constexpr size_t kStack = 64 * 1024;
-  check_launch(grid, block, dynamic_smem);
+  const std::vector<StaticShared>& statics = static_shared_of(kernel);
+  check_launch(grid, block, dynamic_smem, statics);
   const unsigned threads = block.x * block.y * block.z;
   std::vector<size_t> order(threads);
   gridDim = grid;
@@ -205,7 +220,7 @@ inline void launch(dim3 grid, dim3 block, size_t dynamic_smem, const std::functi
         g_block = &blk;
         blockIdx = uint3{bx, by, bz};
         for (auto& f : fibers) start_fiber(*f);
-        poison_shared();
+        poison_shared(statics);
         for (bool running = true; running;) {  // passes in random order until every fiber has returned
           running = false;
           const uint64_t progress = g_progress;
@@ -242,11 +257,9 @@ inline void check(cudaError_t err, const char* expr) {
 }  // namespace emu
 
 // What common.cuh's launch_kernel calls in emulation.
-// (launch_kernel does not pass its dynamic shared-memory size here, so only the block shape is
-// checked.)
 template <class F>
-void emulated_launch(dim3 grid, dim3 block, F&& body) {
-  emu::launch(grid, block, 0, std::function<void()>(body));
+void emulated_launch(dim3 grid, dim3 block, size_t dynamic_smem, const void* kernel, F&& body) {
+  emu::launch(grid, block, dynamic_smem, kernel, std::function<void()>(body));
 }
 
 // The runtime calls of the launchers, on host memory. (After the CUDA headers, so their

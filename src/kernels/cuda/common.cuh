@@ -189,9 +189,9 @@ template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: wrong number of kernel arguments");
 #ifdef AUTOSP_CUDA_EMULATION
-  (void)smem;
   (void)stream;
-  emulated_launch(grid, block, [&] { kernel(static_cast<Params>(args)...); });
+  emulated_launch(grid, block, smem, reinterpret_cast<const void*>(kernel),
+                  [&] { kernel(static_cast<Params>(args)...); });
 #else
   kernel<<<grid, block, smem, stream>>>(static_cast<Params>(std::forward<Args>(args))...);
   CUDA_CHECK(cudaGetLastError());
