@@ -48,6 +48,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
 
 namespace autosp::cpu {
@@ -68,27 +69,16 @@ constexpr int64_t kMaxChunks = 8;
 // code in a padded vector. (Plain loops do not vectorise here: GCC keeps a max reduction scalar
 // without -ffinite-math-only.)
 
-// The helpers below are always inlined, so these vectors never cross a call: CMakeLists.txt
-// builds this file with -Wno-psabi (GCC notes that a 64-byte vector argument's ABI depends on the ISA).
-using f32x16 = float __attribute__((vector_size(64)));
-using i32x16 = int32_t __attribute__((vector_size(64)));
+// f32x16, splat, load, store and their partial forms come from vec16.h (always inlined, so the
+// vectors never cross a call).
+using vec16::f32x16;
+using vec16::i32x16;
+using vec16::load;
+using vec16::load_part;
+using vec16::splat;
+using vec16::store;
+using vec16::store_part;
 
-[[gnu::always_inline]] inline f32x16 splat(float x) { return f32x16{} + x; }
-[[gnu::always_inline]] inline f32x16 load(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-[[gnu::always_inline]] inline void store(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
-// The first n < 16 lanes from p, the others `fill`.
-[[gnu::always_inline]] inline f32x16 load_part(const float* p, int64_t n, float fill) {
-  f32x16 v = splat(fill);
-  std::memcpy(&v, p, size_t(n) * sizeof(float));
-  return v;
-}
-[[gnu::always_inline]] inline void store_part(float* p, f32x16 v, int64_t n) {
-  std::memcpy(p, &v, size_t(n) * sizeof(float));
-}
 [[gnu::always_inline]] inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
 [[gnu::always_inline]] inline f32x16 vmin(f32x16 a, f32x16 b) { return a < b ? a : b; }
 [[gnu::always_inline]] inline float hmax(f32x16 v) {
@@ -204,33 +194,8 @@ void probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale,
 // also escapes OPENBLAS_CORETYPE=Haswell, which keeps OpenBLAS on 8-lane AVX2 kernels here.
 // Elsewhere (f64, or no AVX-512): OpenBLAS.
 
-bool use_micro_kernel() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
-}
-
-// C[r][0, 16·V) = alpha · Σ_k A[r][k] · B[k][0, 16·V) + beta · C for R rows, accumulated in
-// R × V registers; A[r][k] = a[r·ars + k·acs], B[k] = b + k·ldb.
-template <int R, int V>
-[[gnu::always_inline]] inline void micro_tile(int64_t K, float alpha, const float* a, int64_t ars, int64_t acs,
-                                              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  f32x16 acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
-  for (int64_t k = 0; k < K; ++k) {
-    f32x16 bk[V];
-    for (int v = 0; v < V; ++v) bk[v] = load(b + k * ldb + 16 * v);
-    for (int r = 0; r < R; ++r) {
-      const float ar = a[r * ars + k * acs];
-      for (int v = 0; v < V; ++v) acc[r][v] += ar * bk[v];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) {
-      float* cp = c + r * ldc + 16 * v;
-      store(cp, beta == 0.0f ? alpha * acc[r][v] : alpha * acc[r][v] + beta * load(cp));
-    }
-}
+bool use_micro_kernel() { return vec16::has_avx512f(); }
+using vec16::micro_tile;  // R × 16·V tile of C, accumulated in registers
 
 // Rows [0, M) of one column strip of width 16·V: R rows at a time, then one at a time.
 template <int R, int V>
