@@ -94,13 +94,11 @@ void pack_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, f
         for (int64_t r = 0; r < rows; ++r) dst[k * kMR + r] = src[r];
         for (int64_t r = rows; r < kMR; ++r) dst[k * kMR + r] = 0.0f;
       }
-    } else {  // stored [M, K]: each row is consecutive over k
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* src = o.a + (i + r) * o.lda + p0;
-        for (int64_t k = 0; k < kc; ++k) dst[k * kMR + r] = src[k];
-      }
-      for (int64_t r = rows; r < kMR; ++r)
-        for (int64_t k = 0; k < kc; ++k) dst[k * kMR + r] = 0.0f;
+    } else {  // stored [M, K]: kMR rows read side by side, each consecutive over k
+      const float* src[kMR];
+      for (int64_t r = 0; r < kMR; ++r) src[r] = o.a + (i + std::min(r, rows - 1)) * o.lda + p0;
+      for (int64_t k = 0; k < kc; ++k)
+        for (int64_t r = 0; r < kMR; ++r) dst[k * kMR + r] = r < rows ? src[r][k] : 0.0f;
     }
   }
 }

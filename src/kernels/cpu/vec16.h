@@ -9,6 +9,11 @@
 // the ISA, which does not apply to inlined code).
 #pragma once
 
+// One clone of the function per ISA (AVX-512, AVX2, the baseline), picked at load time, so the
+// build stays x86-64-v2 while an AVX-512 machine runs one zmm register per f32x16.
+#define AUTOSP_VEC16_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -32,6 +37,27 @@ using i32x16 = int32_t __attribute__((vector_size(64)));
 }
 [[gnu::always_inline]] inline void store_part(float* p, f32x16 v, int64_t n) {
   std::memcpy(p, &v, size_t(n) * sizeof(float));
+}
+
+[[gnu::always_inline]] inline f32x16 vmin(f32x16 a, f32x16 b) { return a < b ? a : b; }
+
+// e^x per lane for x ≤ 88.37 (Cephes expf, ~1 ulp: x = n·ln2 + r with |r| ≤ ln2/2, a degree-5
+// polynomial for e^r, 2^n through the exponent bits); 0 below -87.3, where e^x is subnormal.
+[[gnu::always_inline]] inline f32x16 exp16(f32x16 x) {
+  const float magic = 12582912.0f;  // 1.5 · 2^23: adding it rounds to an integer in the low bits
+  const f32x16 xc = vmin(x, splat(88.37626f));
+  const f32x16 t = xc * 1.44269504088896341f + magic;
+  const f32x16 n = t - magic;
+  const f32x16 r = xc - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
+  f32x16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const f32x16 er = p * r * r + r + 1.0f;
+  const i32x16 e = ((i32x16)t - std::bit_cast<int32_t>(magic) + 127) << 23;
+  return x < -87.33654f ? splat(0.0f) : er * (f32x16)e;
 }
 
 // True where the running CPU has AVX-512F (checked once).
