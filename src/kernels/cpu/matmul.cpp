@@ -233,11 +233,19 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
                           !omp_in_parallel();
   if constexpr (std::is_same_v<T, float>) {
     if (packed_sgemm_available() && mnk >= kMinPackedMNK) {
-      const int threads = over_batch || mnk <= kSmallMNK || omp_in_parallel() ? 1 : omp_get_max_threads();
-#pragma omp parallel for schedule(static) if (over_batch)
-      for (int64_t p = 0; p < batch; ++p)
+      // Not `parallel for if (over_batch)`: an inactive region around the threaded call would make
+      // its region a nested team (new threads, while the outer pool's idle threads spin).
+      auto one = [&](int64_t p, int threads) {
         packed_sgemm(trans_a, trans_b, M, N, K, alpha, a + p * stride_a, lda, b + p * stride_b, ldb, beta,
                      c + p * stride_c, ldc, threads);
+      };
+      if (over_batch) {
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < batch; ++p) one(p, 1);
+      } else {
+        const int threads = mnk <= kSmallMNK || omp_in_parallel() ? 1 : omp_get_max_threads();
+        for (int64_t p = 0; p < batch; ++p) one(p, threads);
+      }
       return;
     }
   }
