@@ -16,7 +16,7 @@ namespace autosp {
 
 struct GemmBenchOptions {
   int threads = 0;  // 0: the machine's cores
-  int warmup = 1, iters = 5, pairs = 5;
+  int warmup = 1, iters = 20, pairs = 5;
 };
 
 // One row per shape: ta, tb, M, N, K, threads, ours_ms / openblas_ms (medians of the turns' mean
