@@ -41,10 +41,8 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -96,7 +94,6 @@ using vec16::vmin;
   for (int l = 0; l < 16; ++l) s += v[l];
   return s;
 }
-
 
 // max_j (scale · s[j]) over j < n (-inf for n = 0), from one read of the row.
 AUTOSP_VEC16_CLONES float max_scaled(const float* s, int64_t n, float scale) {
@@ -163,7 +160,6 @@ void probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale,
   std::fill(p + n, p + width, 0.0);
   std::fill(ds + n, ds + width, 0.0);
 }
-
 
 // ---- tile GEMMs ----
 //
