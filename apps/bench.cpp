@@ -9,6 +9,7 @@
 //   autosp-bench --mode attention [--attn-seq 1024,4096] [--attn-dims 16,64,128] [--attn-hidden C] [--attn-group G]
 //                [--attn-full] [--attn-doc-len L] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]
 //                (tools/bench_attention.h)
+//   autosp-bench --mode gemm [--threads T] [--pairs K] [--iters I] [--warmup W]   (tools/bench_gemm.h)
 //   autosp-bench --point ...   (internal: one sweep point on the mpirun world; rank 0 prints the row)
 #include <cxxopts.hpp>
 #include <filesystem>
@@ -17,6 +18,7 @@
 
 #include "tools/bench.h"
 #include "tools/bench_attention.h"
+#include "tools/bench_gemm.h"
 #include "tools/cli.h"
 #include "tools/py_worker.h"
 #include "tools/scaling.h"
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("autosp-bench", "Benchmark a model step (and PyTorch eager with --compare-pytorch)");
     opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
-        "mode", "forward or step (sweeps: step)", cxxopts::value<std::string>())(
+        "mode", "forward or step (sweeps: step); attention or gemm: kernel benchmarks", cxxopts::value<std::string>())(
         "warmup", "untimed iterations", cxxopts::value<std::string>()->default_value("1"))(
         "iters", "timed iterations (the median is reported)", cxxopts::value<std::string>()->default_value("5"))(
         "compare-pytorch", "also run the same model in PyTorch 2.x eager (the .venv-bench venv, made on first use by "
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
         "attn-full", "--mode attention: no causal mask")(
         "attn-doc-len", "--mode attention: also time packed documents of this mean length (document mask)",
         cxxopts::value<std::string>())(
-        "threads", "--mode attention: threads (default: all cores)", cxxopts::value<std::string>())(
+        "threads", "--mode attention, gemm: threads (default: all cores)", cxxopts::value<std::string>())(
         "pairs", "alternated turns of each side", cxxopts::value<std::string>())(
         "no-check", "--mode attention: skip the check of our outputs against PyTorch's");
     auto args = opts.parse(argc, argv);
@@ -149,6 +151,19 @@ int main(int argc, char** argv) {
       ao.check = args.count("no-check") == 0;
       ao.source_dir = AUTOSP_SOURCE_DIR;
       run_attention_bench(ao, [](const nlohmann::json& row) { std::cout << row.dump() << std::endl; });
+      return 0;
+    }
+
+    if (args.count("mode") && args["mode"].as<std::string>() == "gemm") {
+      if (sweep || point || args.count("config") || args.count("compare-pytorch"))
+        throw UsageError("--mode gemm takes no --config, sweep or PyTorch flags (it compares with OpenBLAS)");
+      GemmBenchOptions go;
+      if (args.count("threads")) go.threads = int(parse_int_list("threads", args["threads"].as<std::string>()).at(0));
+      if (args.count("pairs")) go.pairs = int(parse_int_list("pairs", args["pairs"].as<std::string>()).at(0));
+      go.warmup = int(parse_int_flag("warmup", args["warmup"].as<std::string>()));
+      if (go.warmup < 0 || go.warmup > 1000) throw UsageError(str("--warmup ", go.warmup, ": expected 0..1000"));
+      if (args.count("iters")) go.iters = int(parse_int_list("iters", args["iters"].as<std::string>()).at(0));
+      run_gemm_bench(go, [](const nlohmann::json& row) { std::cout << row.dump() << std::endl; });
       return 0;
     }
 

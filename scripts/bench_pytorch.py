@@ -157,7 +157,10 @@ def main(argv=None):
         torch.set_num_threads(int(threads))
 
     if args.attention == "sdpa":
-        tm.causal_attention = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        # torch_models.causal_attention(q, k, v, mask=None): mask [B, S, S] (True = visible) or causal
+        tm.causal_attention = lambda q, k, v, mask=None: (
+            sdpa(q, k, v, is_causal=True) if mask is None else sdpa(q, k, v, attn_mask=mask[:, None]))
     clip = args.clip if args.clip is not None else float(train.get("grad_clip", 1.0))
 
     g = torch.Generator().manual_seed(args.seed)

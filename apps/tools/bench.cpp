@@ -27,6 +27,12 @@
 #include "train/trainer.h"
 
 namespace autosp {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -42,11 +48,6 @@ TensorMap random_batch(int64_t B, int64_t S, int64_t V, uint64_t seed) {
   return {{"input_ids", Tensor::from_vector({B, S}, ids)},
           {"labels", Tensor::from_vector({B, S}, labels)},
           {"position_ids", Tensor::from_vector({B, S}, pos)}};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 // ---- resident-set accounting (Linux /proc) ----

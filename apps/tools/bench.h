@@ -77,4 +77,8 @@ std::string csv_row(const nlohmann::json& row);
 // (for autosp-bench --project --compute-from).
 double measured_tflops(const std::string& jsonl_path);
 
+// The middle element of v (the upper one of two for an even count); 0 when v is empty. Shared by
+// the benchmarks (bench.cpp, bench_attention.cpp, bench_gemm.cpp).
+double median(std::vector<double> v);
+
 }  // namespace autosp

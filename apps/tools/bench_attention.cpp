@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "tensor/check.h"
+#include "tools/bench.h"
 #include "tools/py_worker.h"
 
 namespace autosp {
@@ -23,11 +24,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 std::vector<float> random_normal(size_t n, uint64_t seed) {
   std::mt19937_64 gen(seed);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # autosp-bench: a small forward benchmark prints one JSON row with a finite loss; a tiny attention
-# benchmark prints its row (no PyTorch needed without --compare-pytorch); a tiny sweep
+# benchmark prints its row (no PyTorch needed without --compare-pytorch); the GEMM benchmark prints
+# its 16 rows, ours agreeing with OpenBLAS; a tiny sweep
 # (P = 1 in-process child, P = 2 under mpirun) writes CSV and JSON-lines rows with the
 # communication columns; --project prints the scaling tables; bad flags and configs give one
 # `error:` line and exit code 2.
@@ -68,6 +69,17 @@ expect_usage_error "--attn-dims 48" --mode attention --attn-dims 48
 expect_usage_error "--attn-seq" --mode attention --attn-seq 0
 expect_usage_error "--mode attention takes no --config" --mode attention --config "$cfg"
 expect_usage_error "need --compare-pytorch" --config "$cfg" --pytorch-compile
+# The GEMM benchmark (ours against OpenBLAS) and its flags.
+rows=$("$bin" --mode gemm --pairs 1 --iters 1 --warmup 0 --threads 2 2>/dev/null) || {
+  echo "FAIL: --mode gemm exited non-zero"
+  fail=1
+}
+if ! /usr/bin/python3 -c 'import json,sys; rs=[json.loads(l) for l in sys.argv[1].splitlines()]; assert len(rs)==16 and all(r["mode"]=="gemm" and r["ours_gflops"]>0 and r["openblas_gflops"]>0 and r["max_rel_diff"]<1e-5 for r in rs), rs' "$rows"; then
+  echo "FAIL: gemm rows: $rows"
+  fail=1
+fi
+expect_usage_error "--mode gemm takes no --config" --mode gemm --config "$cfg"
+expect_usage_error "--pairs" --mode gemm --pairs 0
 # Projection flags.
 echo '{"gpu": 8}' >"$tmp/proj-bad.json"
 echo '{"links": {"nvlink": {"alpha_us": "fast"}}}' >"$tmp/proj-bad2.json"

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/naive.h"
@@ -435,6 +436,31 @@ TEST_CASE("unary_backward agrees with central differences of unary", "[kernels][
       cpu::unary<double>(c.forward, x.data(), y.data(), n, 0.0);
       return test::dot(y, dy);
     });
+  }
+}
+
+TEMPLATE_TEST_CASE("bias_gelu_tanh and its backward match the naive gelu of x + b", "[kernels][elementwise][backward]",
+                   float, double) {
+  using T = TestType;
+  // C = 6 and 33 end in a partial vector of 16 lanes; 1024 × 64 is split across threads.
+  for (const auto& [rows, C] : {std::pair<int64_t, int64_t>{3, 6}, {5, 16}, {7, 33}, {64, 1024}}) {
+    INFO("rows " << rows << " C " << C);
+    naive::Vec xs = naive::random_normal(rows * C, 1400 + uint32_t(C), 3.0);
+    xs[0] = 40.0, xs[1] = -40.0, xs[2] = 12.0, xs[3] = -12.0;  // saturated: no NaN
+    const auto x = test::cast<T>(xs), b = test::cast<T>(naive::random_normal(C, 1500, 0.5));
+    const auto dy = test::cast<T>(naive::random_normal(rows * C, 1600));
+    std::vector<T> y(x.size(), T(-777)), dx(x.size(), T(-777));
+    cpu::bias_gelu_tanh<T>(x.data(), b.data(), y.data(), rows, C);
+    cpu::bias_gelu_tanh_backward<T>(dy.data(), x.data(), b.data(), dx.data(), rows, C);
+    naive::Vec ref(xs.size()), dref(xs.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        const double v = double(T(x[r * C + c] + b[c]));  // the sum the kernel sees, rounded to T
+        ref[r * C + c] = naive::gelu_tanh(v);
+        dref[r * C + c] = double(dy[r * C + c]) * naive::gelu_tanh_grad(v);
+      }
+    test::check_close(y, ref);
+    test::check_close(dx, dref);
   }
 }
 

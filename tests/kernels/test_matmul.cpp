@@ -1,7 +1,11 @@
 // CPU gemm_batched against the naive GEMM: transposes, alpha/beta, stride-0 batch broadcast, sizes
-// on both sides of the parallel-over-batch threshold, and K = 0.
+// on both sides of the parallel-over-batch threshold, and K = 0. The packed AVX-512 sgemm directly
+// against a float64 loop: sizes across its tile and block edges (14-row and 32-column micro-tiles,
+// 256-deep, 336-row and 2048-column blocks), padded leading dimensions, both ways of splitting
+// over threads, beta = 0 over NaN and accumulation.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -65,9 +69,101 @@ const GemmCase kGemmCases[] = {
     {false, false, 2, 100, 101, 102, true, true, 2.0, -1.0},
     {true, false, 4, 6, 10, 0, false, false, 1.0, 0.5},    // K = 0: C = beta · C
     {true, false, 4, 6, 10, 0, false, false, 1.0, 0.0},
+    {false, true, 3, 1024, 96, 64, false, true, 1.0, 0.0},  // the model's shapes, on the packed path when f32
+    {true, false, 2, 64, 96, 1024, false, false, 1.0, 1.0},
 };
 
+struct PackedCase {
+  bool ta, tb;
+  int64_t M, N, K;
+  int64_t pad;  // added to every leading dimension
+  double alpha, beta;
+  int threads;
+};
+
+const PackedCase kPackedCases[] = {
+    {false, false, 1, 1, 1, 0, 1.0, 0.0, 1},
+    {false, false, 14, 32, 256, 0, 1.0, 0.0, 1},    // exactly one micro-tile, one k-block
+    {false, false, 13, 31, 7, 3, 1.0, 0.0, 1},      // under one tile
+    {true, false, 15, 33, 257, 1, -0.5, 1.0, 1},    // one past each edge
+    {false, true, 29, 65, 300, 5, 2.0, 0.5, 2},     // two threads, split over B micro-panels
+    {true, true, 43, 97, 513, 0, 1.0, 0.0, 2},      // three k-blocks, split over rows
+    {false, false, 337, 70, 40, 2, 1.0, 1.0, 2},    // one row past an A block
+    {false, true, 3, 2100, 20, 0, 1.0, 0.0, 2},     // past a B block, M too small to split
+    {true, false, 700, 40, 600, 7, 0.25, -1.0, 2},
+    {false, false, 1000, 3, 1, 0, 1.0, 0.0, 2},     // K = 1, one column
+    {true, true, 1, 1000, 33, 1, 1.0, 0.0, 2},
+    {false, false, 200, 64, 64, 0, 1.0, 0.0, 3},    // more threads than the machine has cores
+};
+
+// C = alpha · op(A) · op(B) + beta · C0 with leading dimensions, in float64.
+naive::Vec strided_gemm(const PackedCase& g, int64_t lda, int64_t ldb, int64_t ldc, const naive::Vec& a,
+                        const naive::Vec& b, const naive::Vec& c0, bool magnitude) {
+  naive::Vec c = c0;
+  for (int64_t i = 0; i < g.M; ++i)
+    for (int64_t j = 0; j < g.N; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < g.K; ++k) {
+        const double x = g.ta ? a[k * lda + i] : a[i * lda + k], y = g.tb ? b[j * ldb + k] : b[k * ldb + j];
+        sum += magnitude ? std::abs(x * y) : x * y;
+      }
+      const double old = g.beta == 0 ? 0.0 : g.beta * c0[i * ldc + j];  // beta = 0: C0 may be NaN
+      c[i * ldc + j] = magnitude ? std::abs(g.alpha) * sum + std::abs(old) : g.alpha * sum + old;
+    }
+  return c;
+}
+
 }  // namespace
+
+TEST_CASE("packed_sgemm matches a float64 loop", "[kernels][matmul]") {
+  if (!cpu::packed_sgemm_available()) {
+    WARN("no AVX-512F on this CPU: the packed sgemm is not used, nothing to test");
+    return;
+  }
+  uint32_t seed = 300;
+  for (const PackedCase& g : kPackedCases) {
+    INFO("ta " << g.ta << " tb " << g.tb << " M " << g.M << " N " << g.N << " K " << g.K << " pad " << g.pad
+               << " alpha " << g.alpha << " beta " << g.beta << " threads " << g.threads);
+    const int64_t lda = (g.ta ? g.M : g.K) + g.pad, ldb = (g.tb ? g.K : g.N) + g.pad, ldc = g.N + g.pad;
+    const auto a = test::cast<float>(naive::random_normal((g.ta ? g.K : g.M) * lda, seed++));
+    const auto b = test::cast<float>(naive::random_normal((g.tb ? g.N : g.K) * ldb, seed++));
+    auto c = test::cast<float>(naive::random_normal(g.M * ldc, seed++));
+    if (g.beta == 0) std::fill(c.begin(), c.end(), std::nanf(""));  // must be overwritten, not read
+    const naive::Vec aw = test::widen(a), bw = test::widen(b), c0 = test::widen(c);
+    cpu::packed_sgemm(g.ta, g.tb, g.M, g.N, g.K, float(g.alpha), a.data(), lda, b.data(), ldb, float(g.beta),
+                      c.data(), ldc, g.threads);
+    naive::Vec ref = strided_gemm(g, lda, ldb, ldc, aw, bw, c0, false);
+    naive::Vec mag = strided_gemm(g, lda, ldb, ldc, aw, bw, c0, true);
+    // The padding columns of C are never written: they keep C0 (NaN where beta = 0).
+    std::vector<float> got;
+    naive::Vec ref_in, mag_in;
+    for (int64_t i = 0; i < g.M; ++i)
+      for (int64_t j = 0; j < ldc; ++j) {
+        if (j >= g.N) {
+          CHECK((std::isnan(c[i * ldc + j]) ? std::isnan(c0[i * ldc + j]) : c[i * ldc + j] == c0[i * ldc + j]));
+          continue;
+        }
+        got.push_back(c[i * ldc + j]);
+        ref_in.push_back(ref[i * ldc + j]);
+        mag_in.push_back(mag[i * ldc + j]);
+      }
+    test::check_close(got, ref_in, test::tol<float>(), &mag_in);
+  }
+}
+
+TEST_CASE("packed_sgemm gives the same bits at any thread count", "[kernels][matmul]") {
+  if (!cpu::packed_sgemm_available()) {
+    WARN("no AVX-512F on this CPU: the packed sgemm is not used, nothing to test");
+    return;
+  }
+  const int64_t M = 300, N = 200, K = 520;
+  const auto a = test::cast<float>(naive::random_normal(M * K, 7));
+  const auto b = test::cast<float>(naive::random_normal(K * N, 8));
+  std::vector<float> c1(M * N), c2(M * N);
+  cpu::packed_sgemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c1.data(), N, 1);
+  cpu::packed_sgemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c2.data(), N, 2);
+  CHECK(c1 == c2);
+}
 
 TEMPLATE_TEST_CASE("gemm_batched matches the naive GEMM", "[kernels][matmul]", float, double) {
   uint32_t seed = 100;

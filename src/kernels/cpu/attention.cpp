@@ -41,13 +41,12 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
 
 namespace autosp::cpu {
@@ -68,29 +67,18 @@ constexpr int64_t kMaxChunks = 8;
 // code in a padded vector. (Plain loops do not vectorise here: GCC keeps a max reduction scalar
 // without -ffinite-math-only.)
 
-// The helpers below are always inlined, so these vectors never cross a call: CMakeLists.txt
-// builds this file with -Wno-psabi (GCC notes that a 64-byte vector argument's ABI depends on the ISA).
-using f32x16 = float __attribute__((vector_size(64)));
-using i32x16 = int32_t __attribute__((vector_size(64)));
+// f32x16, splat, load, store, their partial forms and exp16 come from vec16.h (always inlined, so the
+// vectors never cross a call).
+using vec16::exp16;
+using vec16::f32x16;
+using vec16::load;
+using vec16::load_part;
+using vec16::splat;
+using vec16::store;
+using vec16::store_part;
+using vec16::vmin;
 
-[[gnu::always_inline]] inline f32x16 splat(float x) { return f32x16{} + x; }
-[[gnu::always_inline]] inline f32x16 load(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-[[gnu::always_inline]] inline void store(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
-// The first n < 16 lanes from p, the others `fill`.
-[[gnu::always_inline]] inline f32x16 load_part(const float* p, int64_t n, float fill) {
-  f32x16 v = splat(fill);
-  std::memcpy(&v, p, size_t(n) * sizeof(float));
-  return v;
-}
-[[gnu::always_inline]] inline void store_part(float* p, f32x16 v, int64_t n) {
-  std::memcpy(p, &v, size_t(n) * sizeof(float));
-}
 [[gnu::always_inline]] inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
-[[gnu::always_inline]] inline f32x16 vmin(f32x16 a, f32x16 b) { return a < b ? a : b; }
 [[gnu::always_inline]] inline float hmax(f32x16 v) {
   float m = v[0];
   for (int l = 1; l < 16; ++l) m = std::max(m, v[l]);
@@ -107,29 +95,8 @@ using i32x16 = int32_t __attribute__((vector_size(64)));
   return s;
 }
 
-// e^x per lane for x ≤ 88.37 (Cephes expf, ~1 ulp: x = n·ln2 + r with |r| ≤ ln2/2, a degree-5
-// polynomial for e^r, 2^n through the exponent bits); 0 below -87.3, where e^x is subnormal.
-[[gnu::always_inline]] inline f32x16 exp16(f32x16 x) {
-  const float magic = 12582912.0f;  // 1.5 · 2^23: adding it rounds to an integer in the low bits
-  const f32x16 xc = vmin(x, splat(88.37626f));
-  const f32x16 t = xc * 1.44269504088896341f + magic;
-  const f32x16 n = t - magic;
-  const f32x16 r = xc - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
-  f32x16 p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const f32x16 er = p * r * r + r + 1.0f;
-  const i32x16 e = ((i32x16)t - std::bit_cast<int32_t>(magic) + 127) << 23;
-  return x < -87.33654f ? splat(0.0f) : er * (f32x16)e;
-}
-
-#define AUTOSP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
 // max_j (scale · s[j]) over j < n (-inf for n = 0), from one read of the row.
-AUTOSP_CLONES float max_scaled(const float* s, int64_t n, float scale) {
+AUTOSP_VEC16_CLONES float max_scaled(const float* s, int64_t n, float scale) {
   const float inf = std::numeric_limits<float>::infinity();
   f32x16 hi = splat(-inf), lo = splat(inf);
   int64_t j = 0;
@@ -147,7 +114,7 @@ double max_scaled(const double* s, int64_t n, double scale) {
 }
 
 // s[j] = exp(scale · s[j] - m) for j < n; returns Σ_j s[j].
-AUTOSP_CLONES float exp_sum(float* s, int64_t n, float scale, float m) {
+AUTOSP_VEC16_CLONES float exp_sum(float* s, int64_t n, float scale, float m) {
   f32x16 sum = splat(0.0f);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
@@ -170,7 +137,7 @@ double exp_sum(double* s, int64_t n, double scale, double m) {
 
 // The backward's row of P and dS: p[j] = exp(scale · p[j] - lse), ds[j] = p[j] · (ds[j] - delta)
 // for j < n; both 0 for n ≤ j < width.
-AUTOSP_CLONES void probs_and_ds(float* p, float* ds, int64_t n, int64_t width, float scale, float lse, float delta) {
+AUTOSP_VEC16_CLONES void probs_and_ds(float* p, float* ds, int64_t n, int64_t width, float scale, float lse, float delta) {
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const f32x16 pj = exp16(load(p + j) * scale - lse);
@@ -194,8 +161,6 @@ void probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale,
   std::fill(ds + n, ds + width, 0.0);
 }
 
-#undef AUTOSP_CLONES
-
 // ---- tile GEMMs ----
 //
 // f32 on a machine with AVX-512: our own register-tiled micro-kernel (below), which reads B
@@ -204,33 +169,8 @@ void probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale,
 // also escapes OPENBLAS_CORETYPE=Haswell, which keeps OpenBLAS on 8-lane AVX2 kernels here.
 // Elsewhere (f64, or no AVX-512): OpenBLAS.
 
-bool use_micro_kernel() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
-}
-
-// C[r][0, 16·V) = alpha · Σ_k A[r][k] · B[k][0, 16·V) + beta · C for R rows, accumulated in
-// R × V registers; A[r][k] = a[r·ars + k·acs], B[k] = b + k·ldb.
-template <int R, int V>
-[[gnu::always_inline]] inline void micro_tile(int64_t K, float alpha, const float* a, int64_t ars, int64_t acs,
-                                              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  f32x16 acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
-  for (int64_t k = 0; k < K; ++k) {
-    f32x16 bk[V];
-    for (int v = 0; v < V; ++v) bk[v] = load(b + k * ldb + 16 * v);
-    for (int r = 0; r < R; ++r) {
-      const float ar = a[r * ars + k * acs];
-      for (int v = 0; v < V; ++v) acc[r][v] += ar * bk[v];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) {
-      float* cp = c + r * ldc + 16 * v;
-      store(cp, beta == 0.0f ? alpha * acc[r][v] : alpha * acc[r][v] + beta * load(cp));
-    }
-}
+bool use_micro_kernel() { return vec16::has_avx512f(); }
+using vec16::micro_tile;  // R × 16·V tile of C, accumulated in registers
 
 // Rows [0, M) of one column strip of width 16·V: R rows at a time, then one at a time.
 template <int R, int V>

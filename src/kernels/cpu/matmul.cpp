@@ -1,12 +1,27 @@
-// CPU GEMM launchers: batched row-major GEMM on OpenBLAS, and the thread count shared by OpenMP
-// regions and OpenBLAS. Knows nothing of graphs or tensors.
+// CPU GEMM launchers: batched row-major GEMM, f32 on AVX-512 through our packed sgemm and
+// everything else on OpenBLAS, and the thread count shared by OpenMP regions and OpenBLAS. Knows
+// nothing of graphs or tensors.
 //
-// Threading: a large GEMM is one cblas call per batch entry, threaded inside OpenBLAS. A batch of
-// mid-sized GEMMs (kMinBatchMNK ≤ M·N·K ≤ kSmallMNK) is spread over the batch with OpenMP instead:
-// at that size OpenBLAS 0.3.x runs single-threaded in the calling thread (its interface/gemm.c
-// threshold is 65536 · GEMM_MULTITHREAD_THRESHOLD = 65536 · 4) and concurrent calls are safe.
-// Tiny GEMMs stay sequential: per-call overhead and OpenBLAS's shared buffer pool make them slower
-// when issued from several threads at once.
+// Packed sgemm (f32 where the CPU has AVX-512F; GotoBLAS/BLIS loop order). OpenBLAS is held to its
+// 8-lane AVX2 kernels in this environment (OPENBLAS_CORETYPE=Haswell), and its AVX-512 kernels are
+// not in every build; this one is ~2× faster here on the model's linear layers (docs/performance.md).
+//   for jc over N in kNC columns:            B block  [kc, nc]  packed once, shared by the threads
+//     for pc over K in kKC:                  (k-blocks after the first accumulate: beta = 1)
+//       pack B[pc, jc] into kNR-column micro-panels [kc][kNR], zero-padded       (threads split it)
+//       for ic over this thread's rows in kMC: pack A[ic, pc] into kMR-row micro-panels [kc][kMR]
+//         for jr over the B micro-panels:    one panel (kc · kNR · 4 B = 32 KiB) stays in L1
+//           for ir over the A micro-panels:  vec16::micro_tile<kMR, kNR / 16> into C (a full tile),
+//                                            or into a scratch tile copied out at the M, N edges
+// Threads split C by rows (kMR-panel boundaries), or by B micro-panels when M is too small to
+// split; each thread writes only its own C rows or columns and packs its own A block (thread-local
+// scratch), so nothing is shared but the packed B, read-only between two barriers.
+//
+// Threading of the rest: a large GEMM is one call per batch entry, threaded inside (ours or
+// OpenBLAS's). A batch of mid-sized GEMMs (kMinBatchMNK ≤ M·N·K ≤ kSmallMNK) is spread over the
+// batch with OpenMP instead: at that size OpenBLAS 0.3.x runs single-threaded in the calling thread
+// (its interface/gemm.c threshold is 65536 · GEMM_MULTITHREAD_THRESHOLD = 65536 · 4) and concurrent
+// calls are safe. Tiny GEMMs stay sequential: per-call overhead and OpenBLAS's shared buffer pool
+// make them slower when issued from several threads at once.
 //
 // The build links OpenBLAS's OpenMP variant (libopenblas-openmp-dev) so that BLAS and our kernels
 // share one thread pool: the pthread build keeps a second pool spinning beside OpenMP's, and on a
@@ -17,7 +32,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 
+#include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
 
 namespace autosp::cpu {
@@ -26,6 +44,156 @@ namespace {
 
 constexpr double kSmallMNK = 65536.0 * 4.0;  // largest GEMM OpenBLAS keeps single-threaded
 constexpr double kMinBatchMNK = 16384.0;     // smallest GEMM worth a thread of its own
+constexpr double kMinPackedMNK = 4096.0;     // smaller f32 GEMMs stay on OpenBLAS (packing would dominate)
+
+// ---- packed sgemm ----
+
+constexpr int64_t kMR = 14, kNR = 32;  // micro tile: 14 × 2 zmm accumulators, 2 for B, 2 spare
+constexpr int64_t kKC = 256;           // B micro-panel kKC × kNR floats = 32 KiB (L1 is 48 KiB)
+constexpr int64_t kMC = 24 * kMR;      // A block kMC × kKC floats = 336 KiB (L2 is 1 MiB)
+constexpr int64_t kNC = 2048;          // B block kKC × kNC floats = 2 MiB, shared
+static_assert(kNR % 16 == 0 && kNC % kNR == 0 && kMC % kMR == 0);
+
+// Grow-only 64-byte-aligned scratch, one per thread and role.
+class Scratch {
+ public:
+  ~Scratch() { std::free(p_); }
+  float* get(int64_t n) {
+    if (n > n_) {
+      std::free(p_);
+      p_ = static_cast<float*>(std::aligned_alloc(64, size_t((n + 15) / 16 * 16) * sizeof(float)));
+      AUTOSP_ASSERT(p_ != nullptr, "sgemm scratch of ", n, " floats");
+      n_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  float* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+// Row-major op(A) [M, K] and op(B) [K, N] of one GEMM.
+struct Operands {
+  bool ta, tb;
+  const float* a;
+  int64_t lda;
+  const float* b;
+  int64_t ldb;
+};
+
+// The A block at (i0, p0): op(A)[i0 + q·kMR + r][p0 + k] → ap[q·kc·kMR + k·kMR + r] for the mc
+// rows of the block, 0 in the rows of its last micro-panel past mc.
+void pack_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* ap) {
+  for (int64_t q = 0; q * kMR < mc; ++q) {
+    float* dst = ap + q * kc * kMR;
+    const int64_t rows = std::min(kMR, mc - q * kMR), i = i0 + q * kMR;
+    if (o.ta) {  // stored [K, M]: each k reads `rows` consecutive floats
+      for (int64_t k = 0; k < kc; ++k) {
+        const float* src = o.a + (p0 + k) * o.lda + i;
+        for (int64_t r = 0; r < rows; ++r) dst[k * kMR + r] = src[r];
+        for (int64_t r = rows; r < kMR; ++r) dst[k * kMR + r] = 0.0f;
+      }
+    } else {  // stored [M, K]: kMR rows read side by side, each consecutive over k
+      const float* src[kMR];
+      for (int64_t r = 0; r < kMR; ++r) src[r] = o.a + (i + std::min(r, rows - 1)) * o.lda + p0;
+      for (int64_t k = 0; k < kc; ++k)
+        for (int64_t r = 0; r < kMR; ++r) dst[k * kMR + r] = r < rows ? src[r][k] : 0.0f;
+    }
+  }
+}
+
+// Micro-panel q of the B block at (p0, j0): op(B)[p0 + k][j0 + q·kNR + j] → bp[q·kc·kNR + k·kNR + j]
+// for the `cols` ≤ kNR columns left in the block, 0 beyond.
+void pack_b_panel(const Operands& o, int64_t p0, int64_t kc, int64_t j, int64_t cols, float* dst) {
+  if (o.tb) {  // stored [N, K]: each column is consecutive over k
+    for (int64_t c = 0; c < cols; ++c) {
+      const float* src = o.b + (j + c) * o.ldb + p0;
+      for (int64_t k = 0; k < kc; ++k) dst[k * kNR + c] = src[k];
+    }
+    for (int64_t c = cols; c < kNR; ++c)
+      for (int64_t k = 0; k < kc; ++k) dst[k * kNR + c] = 0.0f;
+  } else {  // stored [K, N]: each k reads `cols` consecutive floats
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = o.b + (p0 + k) * o.ldb + j;
+      for (int64_t c = 0; c < cols; ++c) dst[k * kNR + c] = src[c];
+      for (int64_t c = cols; c < kNR; ++c) dst[k * kNR + c] = 0.0f;
+    }
+  }
+}
+
+// C tile [rows ≤ kMR, cols ≤ kNR] (ldc) = alpha · Ap · Bp + beta · C over packed panels of depth kc.
+__attribute__((target("avx512f"))) void kernel(int64_t kc, float alpha, const float* ap, const float* bp,
+                                               float beta, float* c, int64_t ldc, int64_t rows, int64_t cols) {
+  if (rows == kMR && cols == kNR)
+    return vec16::micro_tile<kMR, kNR / 16>(kc, alpha, ap, 1, kMR, bp, kNR, beta, c, ldc);
+  alignas(64) float tile[kMR * kNR];
+  vec16::micro_tile<kMR, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      float& y = c[r * ldc + j];
+      y = beta == 0.0f ? alpha * tile[r * kNR + j] : alpha * tile[r * kNR + j] + beta * y;
+    }
+}
+
+// This thread's part of C [M, N] (ldc) = alpha · op(A) · op(B) + beta · C, with `threads` threads
+// of the enclosing region (1 outside one) running the same call; bp is the shared B block.
+void sgemm_thread(const Operands& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
+                  int64_t ldc, float* bp, int thread, int threads) {
+  static thread_local Scratch a_scratch;
+  float* ap = a_scratch.get(kMC * kKC);
+  // Split by rows when every thread gets at least two micro-panels of them, else by B micro-panels.
+  const int64_t row_panels = (M + kMR - 1) / kMR;
+  const bool by_rows = row_panels >= 2 * threads;
+  const int64_t m0 = by_rows ? std::min(M, row_panels * thread / threads * kMR) : 0;
+  const int64_t m1 = by_rows ? std::min(M, row_panels * (thread + 1) / threads * kMR) : M;
+  for (int64_t jc = 0; jc < N; jc += kNC) {
+    const int64_t nc = std::min(kNC, N - jc), panels = (nc + kNR - 1) / kNR;
+    const int64_t q0 = by_rows ? 0 : panels * thread / threads, q1 = by_rows ? panels : panels * (thread + 1) / threads;
+    for (int64_t pc = 0; pc < K; pc += kKC) {
+      const int64_t kc = std::min(kKC, K - pc);
+      const float beta_pc = pc == 0 ? beta : 1.0f;
+      if (threads > 1) {
+#pragma omp barrier
+      }
+      for (int64_t q = panels * thread / threads; q < panels * (thread + 1) / threads; ++q)
+        pack_b_panel(o, pc, kc, jc + q * kNR, std::min(kNR, nc - q * kNR), bp + q * kc * kNR);
+      if (threads > 1) {
+#pragma omp barrier
+      }
+      for (int64_t ic = m0; ic < m1; ic += kMC) {
+        const int64_t mc = std::min(kMC, m1 - ic);
+        pack_a(o, ic, mc, pc, kc, ap);
+        for (int64_t q = q0; q < q1; ++q) {
+          const int64_t j = jc + q * kNR, cols = std::min(kNR, N - j);
+          for (int64_t ir = 0; ir < mc; ir += kMR)
+            kernel(kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c + (ic + ir) * ldc + j, ldc,
+                   std::min(kMR, mc - ir), cols);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool packed_sgemm_available() { return vec16::has_avx512f(); }
+
+void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads) {
+  AUTOSP_ASSERT(packed_sgemm_available(), "packed_sgemm needs AVX-512F");
+  AUTOSP_ASSERT(M >= 0 && N >= 0 && K > 0 && threads >= 1, "packed_sgemm sizes ", M, " ", N, " ", K, " threads ",
+                threads);
+  if (M == 0 || N == 0) return;
+  const Operands o{trans_a, trans_b, a, lda, b, ldb};
+  static thread_local Scratch b_scratch;
+  float* bp = b_scratch.get(std::min(kKC, K) * ((std::min(kNC, N) + kNR - 1) / kNR * kNR));
+  if (threads == 1 || omp_in_parallel()) return sgemm_thread(o, M, N, K, alpha, beta, c, ldc, bp, 0, 1);
+#pragma omp parallel num_threads(threads)
+  sgemm_thread(o, M, N, K, alpha, beta, c, ldc, bp, omp_get_thread_num(), omp_get_num_threads());
+}
+
+namespace {
 
 void gemm_one(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint M, blasint N, blasint K, float alpha,
               const float* a, blasint lda, const float* b, blasint ldb, float beta, float* c,
@@ -63,6 +231,24 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
   // stride_c == 0 accumulates into one C in batch order, so it must stay sequential.
   const bool over_batch = batch > 1 && stride_c != 0 && mnk >= kMinBatchMNK && mnk <= kSmallMNK &&
                           !omp_in_parallel();
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed_sgemm_available() && mnk >= kMinPackedMNK) {
+      // Not `parallel for if (over_batch)`: an inactive region around the threaded call would make
+      // its region a nested team (new threads, while the outer pool's idle threads spin).
+      auto one = [&](int64_t p, int threads) {
+        packed_sgemm(trans_a, trans_b, M, N, K, alpha, a + p * stride_a, lda, b + p * stride_b, ldb, beta,
+                     c + p * stride_c, ldc, threads);
+      };
+      if (over_batch) {
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < batch; ++p) one(p, 1);
+      } else {
+        const int threads = mnk <= kSmallMNK || omp_in_parallel() ? 1 : omp_get_max_threads();
+        for (int64_t p = 0; p < batch; ++p) one(p, threads);
+      }
+      return;
+    }
+  }
   if (over_batch) {
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < batch; ++p)

@@ -1,4 +1,4 @@
-// CPU GEMM launchers over raw pointers (OpenBLAS). Knows nothing of graphs or tensors.
+// CPU GEMM launchers over raw pointers (our packed AVX-512 sgemm, OpenBLAS). Knows nothing of graphs or tensors.
 //
 // Row-major throughout. For b in [0, batch):
 //   C[b] (M×N) = alpha · op(A[b]) · op(B[b]) + beta · C[b]
@@ -14,6 +14,15 @@ template <class T>
 void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, T alpha,
                   const T* a, int64_t stride_a, const T* b, int64_t stride_b, T beta, T* c,
                   int64_t stride_c);
+
+// The packed AVX-512 sgemm that gemm_batched<float> uses where packed_sgemm_available() (the CPU
+// has AVX-512F) and the GEMM is not tiny; exposed for its tests and benchmark. One GEMM,
+// C (M×N, ldc) = alpha · op(A) · op(B) + beta · C with leading dimensions lda, ldb of A and B as
+// stored; K ≥ 1; beta == 0 never reads C. `threads` > 1 runs an OpenMP region of that many threads
+// (inside a parallel region the call runs in the calling thread alone).
+bool packed_sgemm_available();
+void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads);
 
 // Number of threads used by OpenMP regions and OpenBLAS (0 = leave as is).
 void set_num_threads(int threads);
