@@ -99,6 +99,11 @@ Node* Graph::insert_after(Node* pos, Op op, std::vector<Node*> inputs, Attrs att
   return make(op, std::move(inputs), std::move(attrs), std::move(name), role, std::move(type), position(pos) + 1);
 }
 
+Node* Graph::insert_before(Node* pos, Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
+                           std::optional<TensorType> type) {
+  return make(op, std::move(inputs), std::move(attrs), std::move(name), role, std::move(type), position(pos));
+}
+
 void Graph::renumber() {
   for (size_t i = 0; i < nodes_.size(); ++i) nodes_[i]->id_ = static_cast<int>(i);
 }

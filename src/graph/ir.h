@@ -99,12 +99,14 @@ class Graph {
   Graph& operator=(Graph&&) = default;
   std::unique_ptr<Graph> clone() const;
 
-  // Create a node at the end (builders) or right after `pos` (passes). The type is inferred with
-  // the op's shape rule unless given. `name` is made unique with a numeric suffix.
+  // Create a node at the end (builders) or right after or before `pos` (passes). The type is
+  // inferred with the op's shape rule unless given. `name` is made unique with a numeric suffix.
   Node* add(Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role = Role::none,
             std::optional<TensorType> type = std::nullopt);
   Node* insert_after(Node* pos, Op op, std::vector<Node*> inputs, Attrs attrs, std::string name,
                      Role role = Role::none, std::optional<TensorType> type = std::nullopt);
+  Node* insert_before(Node* pos, Op op, std::vector<Node*> inputs, Attrs attrs, std::string name,
+                      Role role = Role::none, std::optional<TensorType> type = std::nullopt);
   // Every use of `from` becomes a use of `to`, except in `except` (typically `to` itself).
   void replace_all_uses_with(Node* from, Node* to, const Node* except = nullptr);
   void replace_input(Node* user, size_t index, Node* to);

@@ -1,6 +1,6 @@
 // ZeRO-3's passes (graph/passes/shard_parameters.h) in whole rank programs: golden IR of the joint
 // graph, and the properties the memory bound rests on, checked on the graph by names and
-// positions (not through parameter_units):
+// positions (not through ParameterUnits):
 //   - every parameter is fed as its shard, [ceil(numel / W)], and gathered before it is read;
 //   - a layer's forward gathers are prefetched exactly one layer early: nodes of the layer before
 //     run between a gather and its first reader, and none of the layer before that;

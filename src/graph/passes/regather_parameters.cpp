@@ -1,7 +1,6 @@
 // regather_parameters: one gather of a parameter per execution unit that reads it (a unit early),
 // and each gradient reduce-scattered as soon as it is complete.
 #include <algorithm>
-#include <unordered_map>
 
 #include "graph/passes/shard_parameters.h"
 
@@ -12,14 +11,7 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
   std::vector<Node*> gathers;
   for (const auto& n : g.nodes())
     if (n->op() == Op::all_gather && n->input(0)->role() == Role::parameter) gathers.push_back(n.get());
-  const std::vector<int> units = parameter_units(g, ctx);
-  // The first node of each unit, and each node's unit, before anything is inserted.
-  std::vector<Node*> first_of(static_cast<size_t>(units.back()) + 1, nullptr);
-  std::unordered_map<const Node*, int> unit_of;
-  for (size_t i = g.size(); i-- > 0;) {
-    first_of[static_cast<size_t>(units[i])] = g.nodes()[i].get();
-    unit_of[g.nodes()[i].get()] = units[i];
-  }
+  const ParameterUnits units(g, ctx);  // before anything is inserted
   auto by_position = [&](const Node* a, const Node* b) { return g.position(a) < g.position(b); };
   bool changed = false;
   for (Node* gather : gathers) {
@@ -30,22 +22,15 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
     std::sort(users.begin(), users.end(), by_position);
     for (size_t k = 0; k < users.size();) {
       size_t end = k + 1;
-      while (end < users.size() && unit_of.at(users[end]) == unit_of.at(users[k])) ++end;
+      while (end < users.size() && units.unit_of(users[end]) == units.unit_of(users[k])) ++end;
       if (k > 0) {  // a later unit: its own gather, a unit early, and cast, right before its first use
         Node* first = users[k];
-        Node* at = first;
-        for (int u = unit_of.at(first) - 1; u >= 0; --u)
-          if (Node* start = first_of[static_cast<size_t>(u)]) {
-            at = start;
-            break;
-          }
+        Node* at = units.prefetch_point(first);
         if (g.position(at) <= g.position(gather)) at = first;
-        Node* copy = g.insert_after(g.nodes()[g.position(at) - 1].get(), Op::all_gather, {gather->input(0)},
-                                    gather->attrs(), gather->name());
+        Node* copy = g.insert_before(at, Op::all_gather, {gather->input(0)}, gather->attrs(), gather->name());
         Node* copy_tail = copy;
         if (tail != gather)
-          copy_tail = g.insert_after(g.nodes()[g.position(first) - 1].get(), Op::cast, {copy}, tail->attrs(),
-                                     tail->name());
+          copy_tail = g.insert_before(first, Op::cast, {copy}, tail->attrs(), tail->name());
         for (size_t j = k; j < end; ++j)
           for (size_t i = 0; i < users[j]->inputs().size(); ++i)
             if (users[j]->input(i) == tail) g.replace_input(users[j], i, copy_tail);

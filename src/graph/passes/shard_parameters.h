@@ -10,7 +10,7 @@
 // regather_parameters (after autograd and activation checkpointing): the whole parameter must not
 // stay alive from its first use in the forward to its last in the backward. The graph's nodes fall
 // into execution units (a transformer layer of the forward, of the backward; a new unit each time
-// the layer changes, and one more where the backward begins: parameter_units), and every unit
+// the layer changes, and one more where the backward begins: ParameterUnits), and every unit
 // that reads a parameter gets its own gather (and, under bf16, its own cast), so the executor frees
 // each whole copy after the unit's last use. Autograd reaches the gathers (the graph's first
 // nodes) last, so it appends every reduce_scatter at the end of the backward; this pass moves each
@@ -21,17 +21,29 @@
 // while this layer computes, and at most two units' whole parameters are alive at once.
 #pragma once
 
+#include <unordered_map>
 #include <vector>
 
 #include "graph/passes/pass.h"
 
 namespace autosp {
 
-// The execution unit of every node, by position (non-decreasing): a node of layer scope s (its
-// name, less a leading "d.", starts with ctx.layer_scopes[s]) starts a new unit where the scope
-// changes; the first node of the backward (graph/autograd.h) starts one; other nodes belong to
-// the unit they run in.
-std::vector<int> parameter_units(const Graph& g, const PassContext& ctx);
+// The execution units of a graph's nodes, taken once before a pass inserts or moves anything (it
+// keeps node pointers): a node of layer scope s (its name, less a leading "d.", starts with
+// ctx.layer_scopes[s]) starts a new unit where the scope changes; the first node of the backward
+// (graph/autograd.h) starts one; other nodes belong to the unit they run in.
+class ParameterUnits {
+ public:
+  ParameterUnits(const Graph& g, const PassContext& ctx);
+  int unit_of(const Node* n) const { return unit_of_.at(n); }
+  // Where a gather for `reader` goes: the first node of the unit before reader's (the prefetch),
+  // or `reader` itself in the first unit.
+  Node* prefetch_point(const Node* reader) const;
+
+ private:
+  std::vector<Node*> first_of_;  // per unit (numbers start at 0 and have no gaps)
+  std::unordered_map<const Node*, int> unit_of_;
+};
 
 namespace passes {
 PassResult shard_parameters(Graph& g, const PassContext& ctx);
