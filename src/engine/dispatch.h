@@ -61,8 +61,9 @@ Communicator& shard_group(const KernelCall& c);
 struct ShardLayout {
   int64_t shard = 0, ranks = 1, whole = 0;
   bool direct() const { return shard * ranks == whole; }
+  Shape padded() const { return {shard * ranks}; }  // the shards side by side
 };
-ShardLayout shard_layout(const KernelCall& c, const Communicator& comm, int64_t whole_numel);
+ShardLayout shard_layout(const Communicator& comm, int64_t whole_numel);
 }  // namespace launch
 
 struct KernelRow {

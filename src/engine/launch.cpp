@@ -88,9 +88,8 @@ Communicator& shard_group(const KernelCall& c) {
   return *c.comm;
 }
 
-ShardLayout shard_layout(const KernelCall&, const Communicator& comm, int64_t whole_numel) {
-  const int64_t P = comm.size();
-  return {(whole_numel + P - 1) / P, P, whole_numel};
+ShardLayout shard_layout(const Communicator& comm, int64_t whole_numel) {
+  return {shard_numel(whole_numel, comm.size()), comm.size(), whole_numel};
 }
 
 Tensor all_to_all_recv_view(const KernelCall& c, const Tensor& recv) {

@@ -7,6 +7,7 @@
 #include "graph/ir.h"
 #include "graph/vjp.h"
 #include "tensor/check.h"
+#include "tensor/tensor.h"  // shard_numel
 
 namespace autosp {
 
@@ -453,7 +454,7 @@ int64_t shard_numel_of(const Node& n, const SymShape& whole, int64_t group_size)
     numel *= d.value();
   }
   if (group_size < 1) fail(n, str("group_size ", group_size));
-  return (numel + group_size - 1) / group_size;
+  return shard_numel(numel, group_size);
 }
 
 // all_gather: every rank's shard [c] → the whole tensor of the `shape` attribute (its first

@@ -20,6 +20,10 @@ using Shape = std::vector<int64_t>;
 
 std::string shape_str(std::span<const int64_t> shape);  // "[2, 3, 4]"
 int64_t shape_numel(std::span<const int64_t> shape);
+// ZeRO-3's shard of a tensor of `numel` elements over `ranks` ranks: ceil(numel / ranks) of its
+// flattened elements, the last shards padded with zeros (graph/passes/shard_parameters.h). One
+// definition for the graph's shapes, the launchers and the trainer's shards.
+inline int64_t shard_numel(int64_t numel, int64_t ranks) { return (numel + ranks - 1) / ranks; }
 Shape contiguous_strides(std::span<const int64_t> shape);
 
 class Storage {

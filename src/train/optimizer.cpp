@@ -226,7 +226,7 @@ void ZeroAdamW::update(ParamMap& params, const std::vector<Tensor>& grad_shards,
 // ---- ZeRO-3 --------------------------------------------------------------------------------------
 
 Tensor parameter_shard(const Tensor& whole, int ranks, int rank) {
-  const int64_t n = whole.numel(), c = (n + ranks - 1) / ranks, lo = std::min(n, rank * c), hi = std::min(n, lo + c);
+  const int64_t n = whole.numel(), c = shard_numel(n, ranks), lo = std::min(n, rank * c), hi = std::min(n, lo + c);
   Tensor shard = Tensor::zeros({c}, whole.dtype());
   if (whole.device().kind != DeviceKind::cpu) shard = to_device(shard, whole.device());
   if (hi > lo) copy_range(flat_range(whole.contiguous(), lo, hi - lo), flat_range(shard, 0, hi - lo));

@@ -430,25 +430,17 @@ Tensor all_gather(const KernelCall& c) {
   Communicator& comm = launch::shard_group(c);
   const Tensor x = c.in[0].contiguous();
   Tensor y = out_like(c, x.dtype());
-  const launch::ShardLayout l = launch::shard_layout(c, comm, y.numel());
-  auto gather = [&](const Tensor& into) {
-    Tensor flat = into;
-    if (!c.pending) {
-      comm.all_gather(x, flat);
-      return finished_collective();
-    }
-    return comm.all_gather_async(x, flat);
+  const launch::ShardLayout l = launch::shard_layout(comm, y.numel());
+  Tensor into = l.direct() ? y.reshape({y.numel()}) : Tensor::empty(l.padded(), x.dtype(), c.alloc);
+  auto copy_out = [direct = l.direct(), into, y]() mutable {
+    if (!direct) std::memcpy(y.raw(), into.raw(), y.nbytes());
   };
-  if (l.direct()) {
-    auto pending = gather(y.reshape({y.numel()}));
-    if (c.pending) *c.pending = std::move(pending);
+  if (!c.pending) {
+    comm.all_gather(x, into);
+    copy_out();
     return y;
   }
-  Tensor padded = Tensor::empty({l.shard * l.ranks}, x.dtype(), c.alloc);
-  auto copy_out = [padded, y]() mutable { std::memcpy(y.raw(), padded.raw(), y.nbytes()); };
-  auto pending = followed_by(gather(padded), copy_out);
-  if (c.pending) *c.pending = std::move(pending);
-  else pending->wait();
+  *c.pending = followed_by(comm.all_gather_async(x, into), copy_out);
   return y;
 }
 
@@ -459,10 +451,10 @@ Tensor reduce_scatter(const KernelCall& c) {
   Communicator& comm = launch::shard_group(c);
   const Tensor g = c.in[0].contiguous();
   Tensor y = out_like(c, g.dtype());
-  const launch::ShardLayout l = launch::shard_layout(c, comm, g.numel());
+  const launch::ShardLayout l = launch::shard_layout(comm, g.numel());
   Tensor send = g.reshape({g.numel()});
   if (!l.direct()) {
-    send = Tensor::empty({l.shard * l.ranks}, g.dtype(), c.alloc);
+    send = Tensor::empty(l.padded(), g.dtype(), c.alloc);
     std::memcpy(send.raw(), g.raw(), g.nbytes());
     std::memset(static_cast<char*>(send.raw()) + g.nbytes(), 0, send.nbytes() - g.nbytes());
   }

@@ -594,15 +594,10 @@ Tensor all_gather(const KernelCall& c) {
   (void)launch::shard_group(c);
   const Tensor x = arg(c, 0);
   Tensor y = out_like(c, x.dtype());
-  const launch::ShardLayout l = launch::shard_layout(c, comm, y.numel());
-  if (l.direct()) {
-    Tensor flat = y.reshape({y.numel()});
-    comm.all_gather(x, flat);
-    return y;
-  }
-  Tensor padded = Tensor::empty({l.shard * l.ranks}, x.dtype(), c.alloc);
-  comm.all_gather(x, padded);
-  cudart::cast_into(Tensor::view_bytes(padded, 0, y.shape(), y.dtype()), y, stream(c));
+  const launch::ShardLayout l = launch::shard_layout(comm, y.numel());
+  Tensor into = l.direct() ? y.reshape({y.numel()}) : Tensor::empty(l.padded(), x.dtype(), c.alloc);
+  comm.all_gather(x, into);
+  if (!l.direct()) cudart::cast_into(Tensor::view_bytes(into, 0, y.shape(), y.dtype()), y, stream(c));
   return y;
 }
 
@@ -611,16 +606,15 @@ Tensor reduce_scatter(const KernelCall& c) {
   (void)launch::shard_group(c);
   const Tensor g = arg(c, 0);
   Tensor y = out_like(c, g.dtype());
-  const launch::ShardLayout l = launch::shard_layout(c, comm, g.numel());
-  if (l.direct()) {
-    comm.reduce_scatter_sum(g.reshape({g.numel()}), y);
-    return y;
+  const launch::ShardLayout l = launch::shard_layout(comm, g.numel());
+  Tensor send = g.reshape({g.numel()});
+  if (!l.direct()) {
+    send = Tensor::empty(l.padded(), g.dtype(), c.alloc);
+    CUDA_CHECK(cudaMemsetAsync(send.raw(), 0, send.nbytes(), stream(c)));
+    Tensor head = Tensor::view_bytes(send, 0, g.shape(), g.dtype());
+    cudart::cast_into(g, head, stream(c));
   }
-  Tensor padded = Tensor::empty({l.shard * l.ranks}, g.dtype(), c.alloc);
-  CUDA_CHECK(cudaMemsetAsync(padded.raw(), 0, padded.nbytes(), stream(c)));
-  Tensor head = Tensor::view_bytes(padded, 0, g.shape(), g.dtype());
-  cudart::cast_into(g, head, stream(c));
-  comm.reduce_scatter_sum(padded, y);
+  comm.reduce_scatter_sum(send, y);
   return y;
 }
 

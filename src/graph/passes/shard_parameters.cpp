@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "graph/autograd.h"
+#include "tensor/tensor.h"  // shard_numel
 
 namespace autosp {
 
@@ -47,8 +48,7 @@ PassResult shard_parameters(Graph& g, const PassContext& ctx) {
     const TensorType whole = p->type();
     int64_t numel = 1;
     for (const Dim& d : whole.shape) numel *= d.value();
-    const int64_t shard = (numel + ctx.world_size - 1) / ctx.world_size;
-    p->set_type({whole.dtype, {Dim(shard)}});
+    p->set_type({whole.dtype, {Dim(shard_numel(numel, ctx.world_size))}});
     if (p->users().empty()) continue;
     Node* first_user = *std::min_element(p->users().begin(), p->users().end(),
                                          [&](const Node* a, const Node* b) { return g.position(a) < g.position(b); });
