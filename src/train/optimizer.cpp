@@ -290,12 +290,6 @@ size_t Zero3State::state_bytes() const {
   return n;
 }
 
-size_t Zero3State::param_bytes() const {
-  size_t n = 0;
-  for (const auto& [name, t] : params_) n += t.nbytes();
-  return n;
-}
-
 size_t ZeroAdamW::state_bytes() const {
   size_t n = 0;
   for (size_t b = 0; b < exp_avg_.size(); ++b) n += exp_avg_[b].nbytes() + exp_avg_sq_[b].nbytes();

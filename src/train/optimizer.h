@@ -113,7 +113,6 @@ class Zero3State {
 
   int64_t step() const { return opt_.step; }
   size_t state_bytes() const;  // the two moments' shards
-  size_t param_bytes() const;  // the parameters' shards
 
  private:
   std::map<std::string, Shape> shapes_;  // the whole parameters'

@@ -554,12 +554,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     if (zopt) {
       clip_grads(shards, rec.grad_norm, cfg.train.grad_clip);
       zopt->update(result.params, shards, cfg.train, rec.lr, *comms->world);
-    } else if (z3) {
-      clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
-      z3->update(grads, cfg.train, rec.lr);
     } else {
       clip_grads(grads, rec.grad_norm, cfg.train.grad_clip);
-      opt.update(result.params, grads, cfg.train, rec.lr);
+      if (z3) z3->update(grads, cfg.train, rec.lr);
+      else opt.update(result.params, grads, cfg.train, rec.lr);
     }
     if (cfg.data.source == DataSourceKind::synthetic && args.accuracy)
       rec.accuracy = score_accuracy(r.outputs.at("logits"), batch, ctx, *comms->host_world);
@@ -604,14 +602,12 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       break;
     }
   }
-  if (!z3)
-    for (const auto& [name, t] : result.params) result.parameter_bytes += t.nbytes();
+  for (const auto& [name, t] : graph_params()) result.parameter_bytes += t.nbytes();
   result.params = host_copy(whole_params());
   if (zopt) {
     result.optimizer_state_bytes = zopt->state_bytes();
   } else if (z3) {
     result.optimizer_state_bytes = z3->state_bytes();
-    result.parameter_bytes = z3->param_bytes();
   } else {
     for (const ParamMap* m : {&opt.exp_avg, &opt.exp_avg_sq})
       for (const auto& [name, t] : *m) result.optimizer_state_bytes += t.nbytes();
