@@ -103,8 +103,8 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
   std::vector<std::vector<Tensor>> extras(g_.size());  // extra outputs of multi-output nodes
   std::vector<Tensor> args;
   // Collectives running in the background (ZeRO-3's parameter prefetch and gradient
-  // reduce-scatters), by node position: waited for before the first node that reads them and by
-  // the position background_until gives, polled between nodes (MPI makes progress only inside its
+  // reduce-scatters), by node position: waited for at the position background_until gives (at the
+  // latest their first reader), polled between nodes (MPI makes progress only inside its
   // calls), all finished before the run returns. The hook sees a value once it has arrived.
   std::vector<std::unique_ptr<PendingCollective>> pending(g_.size());
   std::vector<size_t> in_flight;
@@ -138,14 +138,7 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
       values[at] = xs[index - 1];
     } else {
       args.clear();
-      for (const Node* i : n.inputs()) {
-        const size_t ip = g_.position(i);
-        if (pending[ip]) {
-          pending[ip]->wait();
-          arrived(ip);
-        }
-        args.push_back(values[ip]);
-      }
+      for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
       Communicator* comm = nullptr;
       if (n.attrs().has("group")) {
         auto it = groups.find(n.attrs().s("group"));

@@ -90,12 +90,10 @@ std::vector<size_t> background_until(const Graph& g) {
   for (size_t i = g.size(); i-- > 0;) {
     const Node& n = *g.nodes()[i];
     until[i] = i;
-    if (n.op() == Op::all_gather && !n.users().empty()) {
-      until[i] = g.size();
+    if (n.op() == Op::reduce_scatter) until[i] = next_collective;
+    else if (n.op() == Op::all_gather && !n.users().empty()) until[i] = g.size();
+    if (until[i] != i)  // and at the latest by its first reader
       for (const Node* u : n.users()) until[i] = std::min(until[i], g.position(u));
-    } else if (n.op() == Op::reduce_scatter) {
-      until[i] = next_collective;
-    }
     if (is_collective(n.op())) next_collective = i;
   }
   return until;

@@ -26,8 +26,8 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b);
 
 // Collectives the executor runs in the background, and the position by which each must have
 // finished (per node; its own position for everything else): an all_gather (ZeRO-3's prefetch)
-// by its first reader, a reduce_scatter (ZeRO-3's gradients) by the next collective of the graph
-// (or the end). Its inputs stay allocated until then: the planner extends their lives to it.
+// by its first reader, a reduce_scatter (ZeRO-3's gradients) by its first reader or the next
+// collective of the graph, whichever comes first (or the end). Its inputs stay allocated until then: the planner extends their lives to it.
 std::vector<size_t> background_until(const Graph& g);
 
 }  // namespace autosp
