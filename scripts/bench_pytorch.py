@@ -4,7 +4,7 @@
   PYTHON scripts/bench_pytorch.py [--config CFG.json] [--arch gpt2|llama] [--layers L]
       [--hidden C] [--heads N] [--kv-heads Nkv] [--intermediate I] [--vocab V] [--batch B] [--seq S]
       [--threads T] [--mode forward|step] [--warmup W] [--iters I] [--seed K] [--tie | --no-tie]
-      [--attention sdpa|math] [--compile] [--clip X] [--serve]
+      [--attention sdpa|math] [--compile] [--[no-]checkpoint] [--clip X] [--serve]
 
 PYTHON is a current PyTorch 2.x (scripts/pytorch-venv.sh prints the venv's python) or Debian's
 python3-torch 1.13 (/usr/bin/python3).
@@ -23,6 +23,9 @@ Attention (--attention): "sdpa" (the default where torch has it, 2.x) is
 torch.nn.functional.scaled_dot_product_attention(is_causal=True), PyTorch's flash kernel on CPU,
 like Hugging Face's sdpa attention (K, V repeated over the GQA group first); "math" (the default
 on 1.13) is the materialised causal softmax(QK^T/sqrt(D))V of Hugging Face eager.
+--checkpoint recomputes each layer in the backward (torch.utils.checkpoint, non-reentrant, per
+decoder layer, as Hugging Face's gradient_checkpointing_enable() does); the default is the config's
+runtime.activation_checkpointing, as autosp reads it.
 --compile wraps the forward and loss in torch.compile (Inductor; its backward is compiled too,
 the optimizer stays eager); compilation happens in the warm-up and is not timed.
 --serve: set up once, print {"ready": true, "torch": ...}, then answer each stdin line
@@ -108,6 +111,9 @@ def main(argv=None):
     has_sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")
     ap.add_argument("--attention", choices=["sdpa", "math"], default="sdpa" if has_sdpa else "math")
     ap.add_argument("--compile", action="store_true", help="torch.compile the forward and loss")
+    ap.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=None,
+                    help="activation checkpointing per layer (default: the config's "
+                         "runtime.activation_checkpointing, else off)")
     ap.add_argument("--clip", type=float, help="gradient clipping max norm (0: none)")
     ap.add_argument("--serve", action="store_true", help="answer {warmup, iters} requests on stdin")
     args = ap.parse_args(argv)
@@ -162,6 +168,7 @@ def main(argv=None):
         tm.causal_attention = lambda q, k, v, mask=None: (
             sdpa(q, k, v, is_causal=True) if mask is None else sdpa(q, k, v, attn_mask=mask[:, None]))
     clip = args.clip if args.clip is not None else float(train.get("grad_clip", 1.0))
+    checkpoint = bool(runtime.get("activation_checkpointing", False)) if args.checkpoint is None else args.checkpoint
 
     g = torch.Generator().manual_seed(args.seed)
     params = tm.init_params(cfg, g, dtype=torch.float32, zero_bias=True, norm_std=0.0)
@@ -171,7 +178,8 @@ def main(argv=None):
     n_params = sum(p.numel() for p in params.values())
 
     def model_loss():
-        return tm.token_loss(tm.forward(cfg, params, ids, pos), labels)[0]
+        return tm.token_loss(tm.forward(cfg, params, ids, pos, checkpoint=checkpoint and args.mode == "step"),
+                             labels)[0]
 
     if args.compile:
         model_loss = torch.compile(model_loss)
@@ -224,6 +232,7 @@ def main(argv=None):
                 "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size, "batch": B, "seq": S,
                 "params": n_params, "threads": torch.get_num_threads(), "dtype": "float32",
                 "attention": args.attention, "compile": args.compile, "clip": clip,
+                "checkpoint": checkpoint,
                 "final_loss": float(loss.detach()), "torch": torch.__version__,
                 "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
 

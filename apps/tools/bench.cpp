@@ -106,7 +106,7 @@ json last_json_line(const std::string& out) {
   return found;
 }
 
-// bench_pytorch.py's flags for cfg's model, batch, threads and mode.
+// bench_pytorch.py's flags for cfg's model, batch, threads, mode and activation checkpointing.
 std::vector<std::string> pytorch_args(const Config& cfg, const BenchOptions& opt, int threads) {
   const auto& m = cfg.model;
   std::vector<std::string> a = {opt.source_dir + "/scripts/bench_pytorch.py", "--arch", std::string(arch_name(m.arch)), "--layers",
@@ -115,7 +115,8 @@ std::vector<std::string> pytorch_args(const Config& cfg, const BenchOptions& opt
                                 std::to_string(m.num_key_value_heads), "--intermediate", std::to_string(m.intermediate_size),
                                 "--vocab", std::to_string(m.vocab_size), "--batch", std::to_string(cfg.data.batch_size),
                                 "--seq", std::to_string(cfg.data.seq_len), "--threads", std::to_string(threads),
-                                "--mode", opt.mode, "--clip", str(cfg.train.grad_clip)};
+                                "--mode", opt.mode, "--clip", str(cfg.train.grad_clip),
+                                cfg.runtime.activation_checkpointing ? "--checkpoint" : "--no-checkpoint"};
   switch (m.arch) {
     case Arch::gpt2: break;  // always tied
     case Arch::llama: a.push_back(m.tie_word_embeddings ? "--tie" : "--no-tie"); break;

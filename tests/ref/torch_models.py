@@ -246,59 +246,81 @@ def document_batch(input_ids, labels, eos):
     return mask, pos, labels
 
 
-def gpt2_forward(cfg, p, input_ids, position_ids, mask=None):
-    B, S = input_ids.shape
-    C, N, D, eps = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.norm_eps
+def gpt2_layer(cfg, p, i, x, mask=None):
+    """One GPT-2 block: x [B, S, C] -> [B, S, C]."""
+    B, S, C = x.shape
+    N, D, eps = cfg.num_attention_heads, cfg.head_dim, cfg.norm_eps
+    pre = f"transformer.h.{i}."
+    a = F.layer_norm(x, (C,), p[pre + "ln_1.weight"], p[pre + "ln_1.bias"], eps)
+    qkv = conv1d(a, p[pre + "attn.c_attn.weight"], p[pre + "attn.c_attn.bias"])
+    q, k, v = qkv.split(C, dim=2)
+    q = q.view(B, S, N, D).transpose(1, 2)
+    k = k.view(B, S, N, D).transpose(1, 2)
+    v = v.view(B, S, N, D).transpose(1, 2)
+    o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, C)
+    x = x + conv1d(o, p[pre + "attn.c_proj.weight"], p[pre + "attn.c_proj.bias"])
+    m = F.layer_norm(x, (C,), p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], eps)
+    h = gelu_tanh(conv1d(m, p[pre + "mlp.c_fc.weight"], p[pre + "mlp.c_fc.bias"]))
+    return x + conv1d(h, p[pre + "mlp.c_proj.weight"], p[pre + "mlp.c_proj.bias"])
+
+
+def llama_layer(cfg, p, i, x, cos, sin, mask=None):
+    """One Llama decoder layer: x [B, S, C] -> [B, S, C]."""
+    B, S, _ = x.shape
+    N, Nkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.norm_eps
+    pre = f"model.layers.{i}."
+    h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+    q = F.linear(h, p[pre + "self_attn.q_proj.weight"]).view(B, S, N, D).transpose(1, 2)
+    k = F.linear(h, p[pre + "self_attn.k_proj.weight"]).view(B, S, Nkv, D).transpose(1, 2)
+    v = F.linear(h, p[pre + "self_attn.v_proj.weight"]).view(B, S, Nkv, D).transpose(1, 2)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    k = repeat_kv(k, N // Nkv)
+    v = repeat_kv(v, N // Nkv)
+    o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, N * D)
+    x = x + F.linear(o, p[pre + "self_attn.o_proj.weight"])
+    h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+    g = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
+    return x + F.linear(g, p[pre + "mlp.down_proj.weight"])
+
+
+def _run_layer(checkpoint, layer, *args):
+    """layer(*args), or under activation checkpointing: only the layer's input is kept and the
+    layer is recomputed in the backward (torch.utils.checkpoint, non-reentrant, as Hugging Face's
+    gradient_checkpointing_enable() does per decoder layer)."""
+    if not checkpoint:
+        return layer(*args)
+    from torch.utils.checkpoint import checkpoint as ckpt
+    return ckpt(layer, *args, use_reentrant=False)
+
+
+def gpt2_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False):
+    C, eps = cfg.hidden_size, cfg.norm_eps
     wte = p["transformer.wte.weight"]
     x = F.embedding(input_ids, wte) + F.embedding(position_ids, p["transformer.wpe.weight"])
     for i in range(cfg.num_hidden_layers):
-        pre = f"transformer.h.{i}."
-        a = F.layer_norm(x, (C,), p[pre + "ln_1.weight"], p[pre + "ln_1.bias"], eps)
-        qkv = conv1d(a, p[pre + "attn.c_attn.weight"], p[pre + "attn.c_attn.bias"])
-        q, k, v = qkv.split(C, dim=2)
-        q = q.view(B, S, N, D).transpose(1, 2)
-        k = k.view(B, S, N, D).transpose(1, 2)
-        v = v.view(B, S, N, D).transpose(1, 2)
-        o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, C)
-        x = x + conv1d(o, p[pre + "attn.c_proj.weight"], p[pre + "attn.c_proj.bias"])
-        m = F.layer_norm(x, (C,), p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], eps)
-        h = gelu_tanh(conv1d(m, p[pre + "mlp.c_fc.weight"], p[pre + "mlp.c_fc.bias"]))
-        x = x + conv1d(h, p[pre + "mlp.c_proj.weight"], p[pre + "mlp.c_proj.bias"])
+        x = _run_layer(checkpoint, lambda x, i=i: gpt2_layer(cfg, p, i, x, mask), x)
     x = F.layer_norm(x, (C,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], eps)
     return F.linear(x, wte)
 
 
-def llama_forward(cfg, p, input_ids, position_ids, mask=None):
-    B, S = input_ids.shape
-    N, Nkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.norm_eps
+def llama_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False):
     emb = p["model.embed_tokens.weight"]
     x = F.embedding(input_ids, emb)
-    cos, sin = rope_cos_sin(position_ids, D, cfg.rope_theta, x.dtype)
+    cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype)
     for i in range(cfg.num_hidden_layers):
-        pre = f"model.layers.{i}."
-        h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        q = F.linear(h, p[pre + "self_attn.q_proj.weight"]).view(B, S, N, D).transpose(1, 2)
-        k = F.linear(h, p[pre + "self_attn.k_proj.weight"]).view(B, S, Nkv, D).transpose(1, 2)
-        v = F.linear(h, p[pre + "self_attn.v_proj.weight"]).view(B, S, Nkv, D).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        k = repeat_kv(k, N // Nkv)
-        v = repeat_kv(v, N // Nkv)
-        o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, N * D)
-        x = x + F.linear(o, p[pre + "self_attn.o_proj.weight"])
-        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
-        g = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
-        x = x + F.linear(g, p[pre + "mlp.down_proj.weight"])
-    x = rms_norm(x, p["model.norm.weight"], eps)
+        x = _run_layer(checkpoint, lambda x, i=i: llama_layer(cfg, p, i, x, cos, sin, mask), x)
+    x = rms_norm(x, p["model.norm.weight"], cfg.norm_eps)
     head = emb if cfg.tie_word_embeddings else p["lm_head.weight"]
     return F.linear(x, head)
 
 
-def forward(cfg, params, input_ids, position_ids, mask=None):
-    """logits [B, S, V] in the parameters' dtype; mask: see causal_attention."""
+def forward(cfg, params, input_ids, position_ids, mask=None, checkpoint=False):
+    """logits [B, S, V] in the parameters' dtype; mask: see causal_attention; checkpoint: recompute
+    each layer in the backward instead of keeping its activations."""
     if cfg.arch == "gpt2":
-        return gpt2_forward(cfg, params, input_ids, position_ids, mask)
-    return llama_forward(cfg, params, input_ids, position_ids, mask)
+        return gpt2_forward(cfg, params, input_ids, position_ids, mask, checkpoint)
+    return llama_forward(cfg, params, input_ids, position_ids, mask, checkpoint)
 
 
 def token_loss(logits, labels):

@@ -1,0 +1,241 @@
+#!/usr/bin/python3
+"""Longest sequence that trains within a memory budget, found by running training steps.
+
+  scripts/longest_trainable.py --impl autosp|pytorch --config configs/llama-tiny.json --budget-gib 4
+      [--checkpoint | --no-checkpoint] [--threads T] [--bin build/bin] [--python PY]
+      [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--set k=v ...] [--out probes.jsonl]
+
+Each probe is one process that runs one training step (forward, backward, gradient clipping, AdamW)
+of the config's model at batch 1 and sequence length S:
+  autosp   {bin}/autosp-train --config CFG --steps 1 --set data.seq_len=S --set data.batch_size=1
+           --set runtime.activation_checkpointing=... (synthetic data unless the config says otherwise)
+  pytorch  PY scripts/bench_pytorch.py --config CFG --batch 1 --seq S --warmup 0 --iters 1 --[no-]checkpoint
+           (PY: a current PyTorch, scripts/pytorch-venv.sh prints it)
+
+The budget is enforced, not inferred: where this machine lets us create a memory cgroup (v2
+memory.max, or v1 memory.limit_in_bytes; swap off), every probe runs inside one limited to the
+budget, so a step that needs more is killed or fails to allocate, and "fits" means it exited 0. The
+whole process counts: interpreter, libraries, model, optimizer state and everything the step adds.
+Without a writable cgroup (method "rss"), a probe fits when it exits 0 with a peak resident set
+(ru_maxrss) within the budget.
+
+Search: two probes at the --fit lengths give the growth in bytes per token; the budget over that
+line predicts the longest S; probes then walk from the prediction, in steps of --margin, until one
+S fits and the next one up does not (both rounded to --multiple). The long probes take time: each
+is a full step, quadratic in S through attention.
+
+Prints one JSON line per probe (S, fits, exit status, peak bytes, seconds, the tail of stderr when
+it failed) and a last line {"longest_fits", "shortest_fails", "bytes_per_token", ...}. A failure
+that is not a lack of memory (a bad config, a crash) stops the search: exit 1. Bad flags: exit 2.
+"""
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MEMORY_WORDS = ("out of memory", "can't allocate", "cannot allocate", "bad_alloc", "memoryerror",
+                 "failed to allocate", "std::bad_alloc")
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Cgroup:
+    """A memory cgroup limited to `limit` bytes with swap off, or None where none can be made."""
+
+    @staticmethod
+    def make(limit):
+        name = f"autosp-longest-{os.getpid()}"
+        v2 = "/sys/fs/cgroup"
+        if os.path.exists(os.path.join(v2, "cgroup.controllers")):
+            path = os.path.join(v2, name)
+            files = {"limit": "memory.max", "peak": "memory.peak", "swap": "memory.swap.max"}
+        else:
+            path = os.path.join(v2, "memory", name)
+            files = {"limit": "memory.limit_in_bytes", "peak": "memory.max_usage_in_bytes",
+                     "swap": "memory.memsw.limit_in_bytes"}
+        try:
+            os.mkdir(path)
+        except OSError:
+            return None
+        cg = Cgroup(path, files)
+        try:
+            cg.write("limit", str(limit))
+            if os.path.exists(os.path.join(path, files["swap"])):
+                cg.write("swap", "0" if files["swap"] == "memory.swap.max" else str(limit))
+        except OSError:
+            cg.remove()
+            return None
+        return cg
+
+    def __init__(self, path, files):
+        self.path, self.files = path, files
+
+    def write(self, key, value):
+        with open(os.path.join(self.path, self.files[key]), "w", encoding="ascii") as f:
+            f.write(value)
+
+    def peak(self):
+        try:
+            with open(os.path.join(self.path, self.files["peak"]), encoding="ascii") as f:
+                return int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def reset_peak(self):
+        try:  # v1: writing resets max_usage; v2's memory.peak resets per cgroup on newer kernels only
+            self.write("peak", "0")
+        except OSError:
+            pass
+
+    def enter(self, pid):
+        with open(os.path.join(self.path, "cgroup.procs"), "w", encoding="ascii") as f:
+            f.write(str(pid))
+
+    def remove(self):
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
+def probe_command(a, S):
+    cfg = os.path.abspath(a.config)
+    ck = a.checkpoint
+    if a.impl == "autosp":
+        cmd = [os.path.join(a.bin, "autosp-train"), "--config", cfg, "--steps", "1",
+               "--set", f"data.seq_len={S}", "--set", "data.batch_size=1",
+               "--set", f"model.max_position_embeddings={max(S, 1)}",
+               "--set", f"runtime.activation_checkpointing={'true' if ck else 'false'}",
+               "--set", f"runtime.threads={a.threads}"]
+        for kv in a.set:
+            cmd += ["--set", kv]
+        return cmd
+    return [a.python, os.path.join(_ROOT, "scripts", "bench_pytorch.py"), "--config", cfg, "--batch", "1",
+            "--seq", str(S), "--warmup", "0", "--iters", "1", "--mode", "step", "--threads", str(a.threads),
+            "--checkpoint" if ck else "--no-checkpoint"]
+
+
+def run_probe(a, S, cgroup, budget):
+    cmd = probe_command(a, S)
+    if cgroup:
+        cgroup.reset_peak()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=_ROOT,
+                            preexec_fn=(lambda: cgroup.enter(os.getpid())) if cgroup else None)
+    err = proc.stderr.read().decode("utf-8", "replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    secs = time.monotonic() - t0
+    rss = usage.ru_maxrss * 1024
+    cg_peak = cgroup.peak() if cgroup else None
+    killed = proc.returncode < 0 and -proc.returncode == signal.SIGKILL
+    fits = proc.returncode == 0 and (cgroup is not None or rss <= budget)
+    tail = err.strip().splitlines()[-3:]
+    memory_failure = killed or any(w in err.lower() for w in _MEMORY_WORDS) or (proc.returncode == 0 and not fits)
+    rec = {"impl": a.impl, "S": S, "fits": fits, "exit": proc.returncode, "peak_rss_bytes": rss,
+           "cgroup_peak_bytes": cg_peak, "seconds": round(secs, 1), "checkpoint": a.checkpoint}
+    if not fits:
+        rec["stderr_tail"] = tail
+    print(json.dumps(rec), flush=True)
+    if a.out:
+        with open(a.out, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+    if not fits and not memory_failure:
+        print(f"error: S={S}: the step failed for a reason other than memory (exit {proc.returncode}): "
+              + " | ".join(tail), file=sys.stderr)
+        sys.exit(1)
+    return rec
+
+
+def round_to(S, m):
+    return max(m, S // m * m)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--impl", choices=["autosp", "pytorch"], required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--budget-gib", type=float, required=True)
+    ap.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bin", default=os.path.join(_ROOT, "build", "bin"))
+    ap.add_argument("--python", default=os.path.join(_ROOT, ".venv-bench", "bin", "python"))
+    ap.add_argument("--multiple", type=int, default=1024)
+    ap.add_argument("--fit", default="8192,16384", help="two sequence lengths for the bytes-per-token line")
+    ap.add_argument("--margin", type=float, default=0.03)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if not (a.budget_gib > 0) or a.threads < 1 or a.multiple < 1 or not (0 < a.margin < 1):
+        fail("--budget-gib must be > 0, --threads and --multiple >= 1, --margin in (0, 1)")
+    try:
+        fit = [int(x) for x in a.fit.split(",")]
+    except ValueError:
+        fit = []
+    if len(fit) != 2 or fit[0] < 1 or fit[1] <= fit[0]:
+        fail(f"--fit '{a.fit}': expected two increasing positive lengths, e.g. 8192,16384")
+    if not os.path.isfile(a.config):
+        fail(f"--config {a.config}: no such file")
+    exe = probe_command(a, 1)[0]
+    if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+        fail(f"{exe}: not found (build autosp, or create the PyTorch venv with scripts/pytorch-venv.sh)")
+    budget = int(a.budget_gib * 2**30)
+
+    cgroup = Cgroup.make(budget)
+    method = "cgroup" if cgroup else "rss"
+    try:
+        def peak(rec):
+            if method == "cgroup" and rec["cgroup_peak_bytes"]:
+                return rec["cgroup_peak_bytes"]
+            return rec["peak_rss_bytes"]
+
+        r0, r1 = (run_probe(a, S, cgroup, budget) for S in fit)
+        if not (r0["fits"] and r1["fits"]):
+            print("error: the --fit lengths do not fit the budget; give shorter ones", file=sys.stderr)
+            return 1
+        per_token = (peak(r1) - peak(r0)) / (fit[1] - fit[0])
+        fixed = peak(r0) - per_token * fit[0]
+        if per_token <= 0:
+            print("error: the peak did not grow between the --fit lengths; give longer ones", file=sys.stderr)
+            return 1
+        predicted = round_to(int((budget - fixed) / per_token), a.multiple)
+        # Walk from the prediction in steps of --margin: up while it fits, down while it does not.
+        lo, hi = fit[1], None  # the longest probed S that fits, the shortest that does not
+        S = max(predicted, fit[1] + a.multiple)
+        first = run_probe(a, S, cgroup, budget)
+        up = first["fits"]
+        lo, hi = (S, None) if up else (lo, S)
+        while True:
+            nxt = round_to(int(S * (1 + a.margin)) if up else int(S * (1 - a.margin)), a.multiple)
+            nxt = nxt if nxt != S else S + (a.multiple if up else -a.multiple)
+            if nxt <= fit[1]:
+                break  # everything above the --fit lengths failed: lo stays fit[1]
+            S = nxt
+            rec = run_probe(a, S, cgroup, budget)
+            if rec["fits"]:
+                lo = S
+                if not up:
+                    break
+            else:
+                hi = S
+                if up:
+                    break
+        print(json.dumps({"impl": a.impl, "budget_bytes": budget, "method": method, "checkpoint": a.checkpoint,
+                          "longest_fits": lo, "shortest_fails": hi, "bytes_per_token": round(per_token),
+                          "fixed_bytes": round(fixed), "predicted": predicted}), flush=True)
+    finally:
+        if cgroup:
+            cgroup.remove()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
