@@ -3,12 +3,16 @@
 
   scripts/longest_trainable.py --impl autosp|pytorch --config configs/llama-tiny.json --budget-gib 4
       [--checkpoint | --no-checkpoint] [--threads T] [--bin build/bin] [--python PY]
-      [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--set k=v ...] [--out probes.jsonl]
+      [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--data random|config] [--set k=v ...]
+      [--out probes.jsonl]
 
 Each probe is one process that runs one training step (forward, backward, gradient clipping, AdamW)
 of the config's model at batch 1 and sequence length S:
   autosp   {bin}/autosp-train --config CFG --steps 1 --set data.seq_len=S --set data.batch_size=1
-           --set runtime.activation_checkpointing=... (synthetic data unless the config says otherwise)
+           --set runtime.activation_checkpointing=... --set data.source=tokens --set data.path=F, where F
+           is an llm.c token shard of random tokens the script writes (--data config: the config's
+           own data instead; the synthetic task keeps its logits to score accuracy, costing
+           B·S·V·4 bytes more)
   pytorch  PY scripts/bench_pytorch.py --config CFG --batch 1 --seq S --warmup 0 --iters 1 --[no-]checkpoint
            (PY: a current PyTorch, scripts/pytorch-venv.sh prints it)
 
@@ -32,9 +36,13 @@ import argparse
 import json
 import os
 import resource
+import random
+import shutil
 import signal
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,15 +114,31 @@ class Cgroup:
             pass
 
 
+def token_shard(a, S):
+    """An llm.c uint16 token shard (header: 256 int32, magic 20240520, version 1, count) of S + 1
+    random tokens below the config's vocabulary, in the run's scratch folder."""
+    path = os.path.join(a.scratch, f"tokens-{S}.bin")
+    if not os.path.exists(path):
+        with open(a.config, encoding="utf-8") as f:
+            vocab = int(json.load(f)["model"]["vocab_size"])
+        rng = random.Random(S)
+        n = S + 1
+        header = struct.pack("<256i", 20240520, 1, n, *([0] * 253))
+        with open(path, "wb") as f:
+            f.write(header + struct.pack(f"<{n}H", *(rng.randrange(min(vocab, 65536)) for _ in range(n))))
+    return path
+
+
 def probe_command(a, S):
     cfg = os.path.abspath(a.config)
     ck = a.checkpoint
     if a.impl == "autosp":
+        data = [] if a.data == "config" else ["--set", "data.source=tokens", "--set", f"data.path={token_shard(a, S)}"]
         cmd = [os.path.join(a.bin, "autosp-train"), "--config", cfg, "--steps", "1",
                "--set", f"data.seq_len={S}", "--set", "data.batch_size=1",
                "--set", f"model.max_position_embeddings={max(S, 1)}",
                "--set", f"runtime.activation_checkpointing={'true' if ck else 'false'}",
-               "--set", f"runtime.threads={a.threads}"]
+               "--set", f"runtime.threads={a.threads}"] + data
         for kv in a.set:
             cmd += ["--set", kv]
         return cmd
@@ -138,7 +162,7 @@ def run_probe(a, S, cgroup, budget):
     cg_peak = cgroup.peak() if cgroup else None
     killed = proc.returncode < 0 and -proc.returncode == signal.SIGKILL
     fits = proc.returncode == 0 and (cgroup is not None or rss <= budget)
-    tail = err.strip().splitlines()[-3:]
+    tail = [line[:300] for line in err.strip().splitlines()[-3:]]
     memory_failure = killed or any(w in err.lower() for w in _MEMORY_WORDS) or (proc.returncode == 0 and not fits)
     rec = {"impl": a.impl, "S": S, "fits": fits, "exit": proc.returncode, "peak_rss_bytes": rss,
            "cgroup_peak_bytes": cg_peak, "seconds": round(secs, 1), "checkpoint": a.checkpoint}
@@ -171,6 +195,7 @@ def main():
     ap.add_argument("--multiple", type=int, default=1024)
     ap.add_argument("--fit", default="8192,16384", help="two sequence lengths for the bytes-per-token line")
     ap.add_argument("--margin", type=float, default=0.03)
+    ap.add_argument("--data", choices=["random", "config"], default="random")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -184,11 +209,12 @@ def main():
         fail(f"--fit '{a.fit}': expected two increasing positive lengths, e.g. 8192,16384")
     if not os.path.isfile(a.config):
         fail(f"--config {a.config}: no such file")
-    exe = probe_command(a, 1)[0]
+    exe = os.path.join(a.bin, "autosp-train") if a.impl == "autosp" else a.python
     if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
         fail(f"{exe}: not found (build autosp, or create the PyTorch venv with scripts/pytorch-venv.sh)")
     budget = int(a.budget_gib * 2**30)
 
+    a.scratch = tempfile.mkdtemp(prefix="autosp-longest-")
     cgroup = Cgroup.make(budget)
     method = "cgroup" if cgroup else "rss"
     try:
@@ -234,6 +260,7 @@ def main():
     finally:
         if cgroup:
             cgroup.remove()
+        shutil.rmtree(a.scratch, ignore_errors=True)
     return 0
 
 

@@ -454,6 +454,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   // ZeRO-2: a gradient lives on only in its bucket's reduce-scattered shard.
   if (cfg.zero_optimization.stage == 2 && world.size() > 1)
     exec.transient_outputs = {prog.grad_names.begin(), prog.grad_names.end()};
+  // The logits [B, S, V] are read after the step only to score the synthetic task's accuracy;
+  // otherwise they die at the loss's backward instead of living through the whole backward.
+  const bool score_accuracy_each_step = cfg.data.source == DataSourceKind::synthetic && args.accuracy;
+  if (!score_accuracy_each_step) exec.transient_outputs.insert("logits");
   Executor ex(*prog.graph, exec);
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   std::optional<Validation> validation = make_validation(cfg, dt, ctx);
@@ -559,7 +563,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       if (z3) z3->update(grads, cfg.train, rec.lr);
       else opt.update(result.params, grads, cfg.train, rec.lr);
     }
-    if (cfg.data.source == DataSourceKind::synthetic && args.accuracy)
+    if (score_accuracy_each_step)
       rec.accuracy = score_accuracy(r.outputs.at("logits"), batch, ctx, *comms->host_world);
     // The step's device work (AdamW is still queued here) belongs to its time, not the next step's.
     if (dev.kind == DeviceKind::cuda) synchronize();

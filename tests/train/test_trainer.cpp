@@ -178,6 +178,29 @@ TEST_CASE("TrainArgs::accuracy off skips the synthetic task's scoring, and nothi
   }
 }
 
+TEST_CASE("unless accuracy is scored, the logits die at the loss's backward", "[trainer][memory]") {
+  // The trainer reads the logits after a step only to score the synthetic task. Unscored, they
+  // are freed once the cross-entropy backward has read them instead of living through the whole
+  // backward, so the step's peak, which the layers' backward sets here (activation checkpointing,
+  // a small vocabulary), falls by exactly their bytes.
+  const Config cfg = parse_config(nlohmann::json::parse(R"({
+    "model": {"arch": "llama", "vocab_size": 64, "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256},
+    "data": {"source": "synthetic", "seq_len": 128, "batch_size": 1},
+    "train": {"steps": 1, "log_every": 100},
+    "runtime": {"threads": 2, "activation_checkpointing": true}})"));
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  // One run at a time: the peak counts what the process holds (a finished run's parameters too).
+  const StepRecord scored = train(cfg, ta, *world).steps.at(0);
+  ta.accuracy = false;
+  const StepRecord unscored = train(cfg, ta, *world).steps.at(0);
+  const size_t logits_bytes = 1 * 128 * 64 * sizeof(float);
+  CHECK(unscored.loss == scored.loss);
+  CHECK(scored.peak_bytes - unscored.peak_bytes == logits_bytes);
+}
+
 TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
   const fs::path dir = temp_dir("badckpt");
   Config cfg = parse_config(nlohmann::json::parse(R"({

@@ -30,12 +30,13 @@
 //   P = exp(scale · Q·Kᵀ - lse),  dP = dO·Vᵀ,  dS = P ∘ (dP - Δ)    (Δ_i = Σ_d dO_i · O_i, in double)
 //   dV += Pᵀ·dO,  dK += scale · dSᵀ·Q,  dQ += scale · dS·K.
 // Parallel over (b, kv head, query chunk): a task owns the dQ rows of its chunk (for every query
-// head of its GQA group) and a private dK, dV for its chunk; the chunks' dK, dV are summed in
-// chunk order afterwards. The number of chunks depends only on the sizes (enough tasks for a
-// machine's threads when B·Nkv is small, 1 when it is large: then the task writes dk, dv
-// directly), so the summation order, and every bit of the result, is the same for any thread
-// count, without atomics. Scratch: two [BQ, BK] tiles and a [D, BK] panel per thread and, with
-// several chunks, the chunks' dK, dV for the keys each chunk sees.
+// head of its GQA group) and a dK, dV for its chunk: the last chunk (it sees every key) writes
+// dk, dv directly, each earlier one a private copy of the keys it sees, added to dk, dv in chunk
+// order afterwards. The number of chunks depends only on the sizes (enough tasks for a machine's
+// threads when B·Nkv is small, 1 when it is large), so the summation order, and every bit of the
+// result, is the same for any thread count, without atomics. Scratch: two [BQ, BK] tiles and a
+// [D, BK] panel per thread and, with several chunks, the earlier chunks' dK, dV: under causal
+// masking with C chunks about (C - 1)/2 copies of dk and dv (1.5 at C = 4), outside the memory plan.
 #include "kernels/cpu/attention.h"
 
 #include <cblas.h>
@@ -44,6 +45,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/vec16.h"
@@ -346,19 +348,24 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
   const T sc = T(scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
-  // Query chunks per (b, kv head): chunk c holds query blocks [c·nqb/C, (c+1)·nqb/C). Chunk c sees
-  // keys [0, key_end[c]); with C > 1 its dK, dV live in part[(bkv·C + c)·Skv·D ...] (both
-  // tensors: dk part first, then dv part, `stride` apart), else in dk, dv themselves.
+  // Query chunks per (b, kv head): chunk c holds query blocks [c·nqb/C, (c+1)·nqb/C) and sees
+  // keys [0, key_end[c]). The last chunk (it sees every key) accumulates its dK, dV in dk, dv
+  // themselves; each earlier chunk c in its own rows of `part`, key_end[c] rows at part_row[c]
+  // within its (b, kv head)'s `rows` (dk part first, then dv part, `stride` apart).
   const int64_t C = std::clamp<int64_t>((kMinTasks + B * Nkv - 1) / std::max<int64_t>(B * Nkv, 1), 1,
                                         std::min(kMaxChunks, std::max<int64_t>(nqb, 1)));
   auto chunk_blocks = [&](int64_t c) { return std::pair{c * nqb / C, (c + 1) * nqb / C}; };
-  auto key_end = [&](int64_t c) {
+  std::vector<int64_t> key_end(static_cast<size_t>(C)), part_row(static_cast<size_t>(C));
+  int64_t rows = 0;
+  for (int64_t c = 0; c < C; ++c) {
     const int64_t qb1 = chunk_blocks(c).second;
-    return qb1 == 0 ? int64_t(0) : visible_end(causal, (qb1 - 1) * BQ, std::min(BQ, Sq - (qb1 - 1) * BQ), shift, Skv);
-  };
-  const int64_t stride = C > 1 ? B * Nkv * C * Skv * D : 0;
-  std::vector<T> part(static_cast<size_t>(2 * stride));
-
+    key_end[c] = qb1 == 0 ? 0 : visible_end(causal, (qb1 - 1) * BQ, std::min(BQ, Sq - (qb1 - 1) * BQ), shift, Skv);
+    part_row[c] = rows;
+    if (c < C - 1) rows += key_end[c];
+  }
+  const int64_t stride = B * Nkv * rows * D;
+  // Not value-initialised: each chunk zeroes the rows it accumulates into (untouched pages cost nothing).
+  std::unique_ptr<T[]> part(stride > 0 ? new T[static_cast<size_t>(2 * stride)] : nullptr);
 
 #pragma omp parallel
   {
@@ -370,13 +377,13 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * Nkv * C; ++task) {
       const int64_t c = C - 1 - task % C, bkv = task / C, b = bkv / Nkv;
-      const int64_t kend_c = key_end(c);
+      const bool last = c == C - 1;
       const T* kp = k + bkv * Skv * D;  // [Skv, D]
       const T* vp = v + bkv * Skv * D;
-      T* dkp = C > 1 ? part.data() + (bkv * C + c) * Skv * D : dk + bkv * Skv * D;  // [Skv, D]
-      T* dvp = C > 1 ? dkp + stride : dv + bkv * Skv * D;
-      std::fill(dkp, dkp + (C > 1 ? kend_c : Skv) * D, T(0));
-      std::fill(dvp, dvp + (C > 1 ? kend_c : Skv) * D, T(0));
+      T* dkp = last ? dk + bkv * Skv * D : part.get() + (bkv * rows + part_row[c]) * D;  // row j at dkp + j·D
+      T* dvp = last ? dv + bkv * Skv * D : dkp + stride;
+      std::fill(dkp, dkp + (last ? Skv : key_end[c]) * D, T(0));
+      std::fill(dvp, dvp + (last ? Skv : key_end[c]) * D, T(0));
       const auto [qb0, qb1] = chunk_blocks(c);
       const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
       for (int64_t h = (bkv % Nkv) * group; h < (bkv % Nkv + 1) * group; ++h) {
@@ -416,18 +423,17 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
       }
     }
 
-    // dk, dv = Σ_c (chunk c's dK, dV) in chunk order, over the keys chunk c sees.
+    // dk, dv = the last chunk's dK, dV + Σ_{c < C-1} (chunk c's) in chunk order, over the keys
+    // chunk c sees: an order that depends on the sizes only.
     if (C > 1) {
 #pragma omp for schedule(static)
       for (int64_t row = 0; row < B * Nkv * Skv; ++row) {
         const int64_t bkv = row / Skv, j = row % Skv;
         T* dkr = dk + row * D;
         T* dvr = dv + row * D;
-        std::fill(dkr, dkr + D, T(0));
-        std::fill(dvr, dvr + D, T(0));
-        for (int64_t c = 0; c < C; ++c) {
-          if (j >= key_end(c)) continue;
-          const T* pk = part.data() + ((bkv * C + c) * Skv + j) * D;
+        for (int64_t c = 0; c < C - 1; ++c) {
+          if (j >= key_end[c]) continue;
+          const T* pk = part.get() + (bkv * rows + part_row[c] + j) * D;
           const T* pv = pk + stride;
           for (int64_t d = 0; d < D; ++d) dkr[d] += pk[d], dvr[d] += pv[d];
         }

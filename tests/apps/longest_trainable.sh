@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# scripts/longest_trainable.py on autosp-train with a small budget (128 MiB: a few thousand tokens of
+# the tiny Llama, seconds a probe): the search ends on a bracket, a length that trained within the
+# budget and one a step above it that did not, as the probes measured them (the kernel's peak
+# resident set, or the memory cgroup's verdict where this machine lets the script make one); bad
+# flags give one `error:` line and exit code 2.
+#   longest_trainable.sh BIN_DIR SOURCE_DIR
+set -u
+bin=$1
+src=$2
+script=$src/scripts/longest_trainable.py
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+budget=0.125
+if ! /usr/bin/python3 "$script" --impl autosp --bin "$bin" --config "$src/configs/llama-tiny.json" \
+    --budget-gib "$budget" --fit 1024,2048 --multiple 256 --margin 0.1 --threads 1 --out "$tmp/probes.jsonl" \
+    >"$tmp/out" 2>"$tmp/err"; then
+  echo "FAIL: longest_trainable.py exited non-zero: $(cat "$tmp/err")"
+  fail=1
+fi
+if ! /usr/bin/python3 - "$tmp/out" "$budget" <<'EOF'; then
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+budget = int(float(sys.argv[2]) * 2**30)
+probes, result = lines[:-1], lines[-1]
+lo, hi = result["longest_fits"], result["shortest_fails"]
+assert result["method"] in ("cgroup", "rss"), result
+assert hi is not None and 2048 < lo < hi <= int(lo * 1.1) // 256 * 256 + 256, result
+by_s = {p["S"]: p for p in probes}
+assert by_s[lo]["fits"] and by_s[lo]["exit"] == 0, by_s[lo]
+assert not by_s[hi]["fits"], by_s[hi]
+if result["method"] == "rss":  # the verdict is the measured peak itself
+    assert by_s[lo]["peak_rss_bytes"] <= budget < by_s[hi]["peak_rss_bytes"] or by_s[hi]["exit"] != 0, (by_s[lo], by_s[hi])
+else:  # the cgroup stopped the longer step
+    assert by_s[hi]["exit"] != 0, by_s[hi]
+# the memory grows with S between the two --fit probes, as a training step's activations do
+assert by_s[2048]["peak_rss_bytes"] > by_s[1024]["peak_rss_bytes"] and result["bytes_per_token"] > 1000, result
+EOF
+  echo "FAIL: search result: $(cat "$tmp/out")"
+  fail=1
+fi
+if [ "$(wc -l <"$tmp/probes.jsonl")" -ne "$(($(wc -l <"$tmp/out") - 1))" ]; then
+  echo "FAIL: --out holds $(wc -l <"$tmp/probes.jsonl") probes, stdout $(($(wc -l <"$tmp/out") - 1))"
+  fail=1
+fi
+
+expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
+  local needle=$1
+  shift
+  /usr/bin/python3 "$script" "$@" >/dev/null 2>"$tmp/err"
+  local rc=$?
+  if [ $rc -ne 2 ] || [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/err"; then
+    echo "FAIL: longest_trainable.py $* exited $rc with: $(cat "$tmp/err") (expected exit 2, one 'error:' line naming '$needle')"
+    fail=1
+  fi
+}
+cfg=$src/configs/llama-tiny.json
+expect_usage_error "budget-gib" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 0
+expect_usage_error "budget-gib" --impl autosp --bin "$bin" --config "$cfg" --budget-gib nan
+expect_usage_error "margin" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --margin 1.5
+expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit 4096
+expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit 4096,1024
+expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit a,b
+expect_usage_error "no such file" --impl autosp --bin "$bin" --config "$tmp/none.json" --budget-gib 1
+expect_usage_error "not found" --impl autosp --bin "$tmp" --config "$cfg" --budget-gib 1
+expect_usage_error "not found" --impl pytorch --python "$tmp/python" --config "$cfg" --budget-gib 1
+exit $fail
