@@ -16,12 +16,13 @@ of the config's model at batch 1 and sequence length S:
   pytorch  PY scripts/bench_pytorch.py --config CFG --batch 1 --seq S --warmup 0 --iters 1 --[no-]checkpoint
            (PY: a current PyTorch, scripts/pytorch-venv.sh prints it)
 
-The budget is enforced, not inferred: where this machine lets us create a memory cgroup (v2
-memory.max, or v1 memory.limit_in_bytes; swap off), every probe runs inside one limited to the
-budget, so a step that needs more is killed or fails to allocate, and "fits" means it exited 0. The
-whole process counts: interpreter, libraries, model, optimizer state and everything the step adds.
-Without a writable cgroup (method "rss"), a probe fits when it exits 0 with a peak resident set
-(ru_maxrss) within the budget.
+A probe fits when it exits 0 with a peak resident set (the kernel's ru_maxrss of the process:
+interpreter, libraries, model, optimizer state and everything the step adds) within the budget.
+Where this machine lets us create a memory cgroup (v2 memory.max, or v1 memory.limit_in_bytes; swap
+off), every probe also runs inside one limited to the budget, so a step that needs more is killed or
+fails to allocate instead of pushing the machine into swap or its OOM killer (method "cgroup"; else
+"rss"). The cgroup alone is not the verdict: it charges only pages first touched inside it, so
+shared libraries already in the page cache would not count.
 
 Search: two probes at the --fit lengths give the growth in bytes per token; the budget over that
 line predicts the longest S; probes then walk from the prediction, in steps of --margin, until one
@@ -161,7 +162,7 @@ def run_probe(a, S, cgroup, budget):
     rss = usage.ru_maxrss * 1024
     cg_peak = cgroup.peak() if cgroup else None
     killed = proc.returncode < 0 and -proc.returncode == signal.SIGKILL
-    fits = proc.returncode == 0 and (cgroup is not None or rss <= budget)
+    fits = proc.returncode == 0 and rss <= budget
     tail = [line[:300] for line in err.strip().splitlines()[-3:]]
     memory_failure = killed or any(w in err.lower() for w in _MEMORY_WORDS) or (proc.returncode == 0 and not fits)
     rec = {"impl": a.impl, "S": S, "fits": fits, "exit": proc.returncode, "peak_rss_bytes": rss,
@@ -218,17 +219,12 @@ def main():
     cgroup = Cgroup.make(budget)
     method = "cgroup" if cgroup else "rss"
     try:
-        def peak(rec):
-            if method == "cgroup" and rec["cgroup_peak_bytes"]:
-                return rec["cgroup_peak_bytes"]
-            return rec["peak_rss_bytes"]
-
         r0, r1 = (run_probe(a, S, cgroup, budget) for S in fit)
         if not (r0["fits"] and r1["fits"]):
             print("error: the --fit lengths do not fit the budget; give shorter ones", file=sys.stderr)
             return 1
-        per_token = (peak(r1) - peak(r0)) / (fit[1] - fit[0])
-        fixed = peak(r0) - per_token * fit[0]
+        per_token = (r1["peak_rss_bytes"] - r0["peak_rss_bytes"]) / (fit[1] - fit[0])
+        fixed = r0["peak_rss_bytes"] - per_token * fit[0]
         if per_token <= 0:
             print("error: the peak did not grow between the --fit lengths; give longer ones", file=sys.stderr)
             return 1
