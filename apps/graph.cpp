@@ -1,5 +1,6 @@
 // autosp-graph: print the model's graph at a stage of the pipeline, for one rank of a world.
 //   autosp-graph --config F --world P --rank R [--stage forward|autosp|joint|PASS] [--format text|json|dot]
+#include <algorithm>
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <iostream>
@@ -70,6 +71,17 @@ nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, in
                       {"grad_bucket_bytes", buckets},   {"zero_stage", stage},
                       {"total_bytes", plan.arena_bytes + params + outputs + inputs + optimizer + buckets}};
   for (const auto& [k, v] : b) j["bindings"][k] = v;
+  // What is live where the intermediates peak, largest first: the first place to look for memory.
+  std::vector<MemoryPlan::LiveBuffer> live = plan.live_at_peak;
+  std::stable_sort(live.begin(), live.end(), [](const auto& x, const auto& y) { return x.bytes > y.bytes; });
+  nlohmann::json at_peak = nlohmann::json::array();
+  for (const auto& l : live) {
+    const Node& n = *g.nodes()[l.position];
+    at_peak.push_back({{"node", l.output == 0 ? n.name() : str(n.name(), "#", l.output)}, {"op", n.op_name()},
+                       {"bytes", l.bytes}});
+  }
+  if (!g.nodes().empty())
+    j["peak"] = {{"at", g.nodes()[plan.peak_position]->name()}, {"live", std::move(at_peak)}};
   return j;
 }
 

@@ -16,13 +16,16 @@ of the config's model at batch 1 and sequence length S:
   pytorch  PY scripts/bench_pytorch.py --config CFG --batch 1 --seq S --warmup 0 --iters 1 --[no-]checkpoint
            (PY: a current PyTorch, scripts/pytorch-venv.sh prints it)
 
-A probe fits when it exits 0 with a peak resident set (the kernel's ru_maxrss of the process:
-interpreter, libraries, model, optimizer state and everything the step adds) within the budget.
-Where this machine lets us create a memory cgroup (v2 memory.max, or v1 memory.limit_in_bytes; swap
-off), every probe also runs inside one limited to the budget, so a step that needs more is killed or
-fails to allocate instead of pushing the machine into swap or its OOM killer (method "cgroup"; else
-"rss"). The cgroup alone is not the verdict: it charges only pages first touched inside it, so
-shared libraries already in the page cache would not count.
+Where this machine lets us create a memory cgroup (v2 memory.max, or v1 memory.limit_in_bytes;
+swap off), each probe runs inside one limited to the budget, as a container with that much memory
+would run it (method "cgroup"), and it fits when it exits 0: a step that needs more is killed or
+fails to allocate. Everything the process touches is charged, the page cache of the libraries it
+maps included (reclaimable, like a container's); so that libraries cached by an earlier process are
+charged too, the page cache is dropped before each probe where /proc/sys/vm/drop_caches is writable
+("caches_dropped"). Without a cgroup (method "rss") a probe fits when it exits 0 with a peak
+resident set (the kernel's ru_maxrss: the whole process, its mapped libraries included) within the
+budget, a stricter test for a process that maps large libraries (PyTorch's CUDA build: ~0.5 GB that
+a cgroup could reclaim).
 
 Search: two probes at the --fit lengths give the growth in bytes per token; the budget over that
 line predicts the longest S; probes then walk from the prediction, in steps of --margin, until one
@@ -130,6 +133,18 @@ def token_shard(a, S):
     return path
 
 
+def drop_page_cache():
+    """Drop the clean page cache (root only), so that the next probe's libraries are read, and
+    charged, inside its cgroup. Returns whether it was dropped."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
 def probe_command(a, S):
     cfg = os.path.abspath(a.config)
     ck = a.checkpoint
@@ -150,7 +165,9 @@ def probe_command(a, S):
 
 def run_probe(a, S, cgroup, budget):
     cmd = probe_command(a, S)
+    dropped = False
     if cgroup:
+        dropped = drop_page_cache()
         cgroup.reset_peak()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=_ROOT,
@@ -162,11 +179,12 @@ def run_probe(a, S, cgroup, budget):
     rss = usage.ru_maxrss * 1024
     cg_peak = cgroup.peak() if cgroup else None
     killed = proc.returncode < 0 and -proc.returncode == signal.SIGKILL
-    fits = proc.returncode == 0 and rss <= budget
+    fits = proc.returncode == 0 and (cgroup is not None or rss <= budget)
     tail = [line[:300] for line in err.strip().splitlines()[-3:]]
     memory_failure = killed or any(w in err.lower() for w in _MEMORY_WORDS) or (proc.returncode == 0 and not fits)
     rec = {"impl": a.impl, "S": S, "fits": fits, "exit": proc.returncode, "peak_rss_bytes": rss,
-           "cgroup_peak_bytes": cg_peak, "seconds": round(secs, 1), "checkpoint": a.checkpoint}
+           "cgroup_peak_bytes": cg_peak, "caches_dropped": dropped, "seconds": round(secs, 1),
+           "checkpoint": a.checkpoint}
     if not fits:
         rec["stderr_tail"] = tail
     print(json.dumps(rec), flush=True)

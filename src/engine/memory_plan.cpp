@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "tensor/check.h"
 #include "tensor/tensor.h"
@@ -20,6 +21,7 @@ struct Buffer {
   int inherits = -1;        // buffer whose place this one takes over (in-place op)
   bool handed_over = false;  // its place was taken over: never freed by itself
   int64_t offset = MemoryPlan::kHeap;
+  int output = 0;            // 0: its node's output; k: the node's extra output k
 };
 
 size_t bytes_of(const TensorType& t, const Bindings& b) {
@@ -117,7 +119,10 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
       primary[i] = extras[g.position(node.input(0))].at(static_cast<size_t>(node.attrs().i("index") - 1));
     } else {
       primary[i] = make(node.type(), i);
-      for (const auto& t : extra_types(node)) extras[i].push_back(make(t, i));
+      for (const auto& t : extra_types(node)) {
+        extras[i].push_back(make(t, i));
+        bufs.back().output = static_cast<int>(extras[i].size());
+      }
     }
   }
   // Lifetimes: a buffer lives until the last read of any node that views it, or until a
@@ -157,22 +162,32 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
   for (size_t k = 0; k < bufs.size(); ++k)
     if (!bufs[k].external) ending[bufs[k].end].push_back(static_cast<int>(k));
   size_t live = 0;
+  std::set<int> live_bufs;  // placed and not yet released (a buffer taken over in place counts once)
   for (size_t i = 0, k = 0; i < n; ++i) {
     for (; k < bufs.size() && bufs[k].def == i; ++k) {
       Buffer& buf = bufs[k];
       if (buf.external) continue;
       if (buf.inherits >= 0) {
         buf.offset = bufs[buf.inherits].offset;
+        live_bufs.erase(buf.inherits);
+        live_bufs.insert(static_cast<int>(k));
         continue;
       }
       buf.offset = arena.allocate(buf.bytes);
       live += buf.bytes;
-      plan.max_live_bytes = std::max(plan.max_live_bytes, live);
+      live_bufs.insert(static_cast<int>(k));
+      if (live > plan.max_live_bytes) {
+        plan.max_live_bytes = live;
+        plan.peak_position = i;
+        plan.live_at_peak.clear();
+        for (int b2 : live_bufs) plan.live_at_peak.push_back({bufs[b2].def, bufs[b2].output, bufs[b2].bytes});
+      }
     }
     for (int k2 : ending[i]) {
       if (bufs[k2].handed_over) continue;
       arena.release(bufs[k2].offset, bufs[k2].bytes);
       live -= bufs[k2].bytes;
+      live_bufs.erase(k2);
     }
   }
   plan.arena_bytes = arena.top();

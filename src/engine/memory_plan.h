@@ -20,6 +20,15 @@ struct MemoryPlan {
   size_t arena_bytes = 0;     // the planned peak of intermediates
   size_t max_live_bytes = 0;  // the largest total of simultaneously live planned buffers (lower bound)
   size_t in_place = 0;        // number of ops planned to write over their input
+  // Where max_live_bytes is reached: the node position, and the arena buffers live there as
+  // (defining node position, output index: 0 its output, k its extra output k), with their bytes.
+  struct LiveBuffer {
+    size_t position = 0;
+    int output = 0;
+    size_t bytes = 0;
+  };
+  size_t peak_position = 0;
+  std::vector<LiveBuffer> live_at_peak;
 };
 
 MemoryPlan plan_memory(const Graph& g, const Bindings& b);

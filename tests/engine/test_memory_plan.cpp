@@ -3,6 +3,10 @@
 // allocator high-water mark that the plan accounts for.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "common/op_cases.h"
 #include "graph/autograd.h"
 #include "models/model.h"
@@ -136,4 +140,32 @@ TEST_CASE("the allocator's high-water mark is what the plan predicts", "[memory]
   // And the planned run needs less memory than allocating each value on its own.
   Unplanned dynamic = run_unplanned(*g, feeds);
   CHECK(r.planned_bytes < dynamic.peak_bytes);
+}
+
+TEST_CASE("the plan names what is live at its peak", "[memory]") {
+  // x → a = exp(x), b = neg(x), c = a + b (in place over a, which dies there), d = exp(c) (in
+  // place over c), e = d · b: a and b are live together, then c (a's place) and b, then d and b.
+  // The first time two [S, 8] buffers are live is at b; nothing later holds more.
+  Graph g;
+  Builder b(g);
+  const SymShape shape{Dim::sym("S"), Dim(8)};
+  Node* x = b.input("x", DType::f32, shape, Role::none);
+  Node* ea = b.exp(x, "a");
+  Node* nb = b.neg(x, "b");
+  Node* c = b.add(ea, nb, "c");
+  Node* d = b.exp(c, "d");
+  g.add_output(b.mul(d, nb, "e"));
+  const int64_t S = 100;
+  const MemoryPlan plan = plan_memory(g, {{"S", S}});
+  const size_t bytes = S * 8 * sizeof(float);  // 3200: a multiple of the planner's alignment
+  CHECK(plan.max_live_bytes == 2 * bytes);
+  CHECK(g.nodes()[plan.peak_position]->name() == "b");
+  std::vector<std::string> live;
+  for (const auto& l : plan.live_at_peak) {
+    live.push_back(g.nodes()[l.position]->name());
+    CHECK(l.bytes == bytes);
+    CHECK(l.output == 0);
+  }
+  std::sort(live.begin(), live.end());
+  CHECK(live == std::vector<std::string>{"a", "b"});
 }
