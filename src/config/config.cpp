@@ -116,6 +116,7 @@ const std::vector<Key>& schema() {
       enum_key("runtime.dtype", &Config::runtime, &RuntimeConfig::dtype, kDTypes, dtype_torch_name),
       {"runtime.threads", Kind::integer, 0, 1024, "", {}, F(runtime, threads)},
       {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", {}, F(runtime, activation_checkpointing)},
+      {"runtime.tiled_mlp", Kind::boolean, 0, 0, "", {}, F(runtime, tiled_mlp)},
       {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", {}, F(runtime, fuse_kernels)},
       {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", {}, F(runtime, overlap_grad_sync)},
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", {}, F(runtime, grad_bucket_mb)},
@@ -424,6 +425,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     if (c.runtime.attention == AttentionBackend::cudnn)
       bad("data.document_mask: runtime.attention \"cudnn\" cannot apply the document mask; use \"flash\"");
   }
+  if (c.runtime.tiled_mlp && m.arch != Arch::llama)
+    bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", arch_name(m.arch), "\" has none"));
   if (c.train.min_lr > c.train.lr) bad(str("train.min_lr ", c.train.min_lr, " exceeds train.lr ", c.train.lr));
   if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
@@ -451,6 +454,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                   {"dtype", dtype_torch_name(c.runtime.dtype)},
                   {"threads", c.runtime.threads},
                   {"activation_checkpointing", c.runtime.activation_checkpointing},
+                  {"tiled_mlp", c.runtime.tiled_mlp},
                   {"fuse_kernels", c.runtime.fuse_kernels},
                   {"overlap_grad_sync", c.runtime.overlap_grad_sync},
                   {"grad_bucket_mb", c.runtime.grad_bucket_mb}};

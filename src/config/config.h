@@ -66,6 +66,9 @@ struct RuntimeConfig {
   DType dtype = DType::f32;
   int64_t threads = 0;  // 0 = OpenMP's default
   bool activation_checkpointing = false;
+  // Llama's MLP as one tiled op (swiglu_mlp, kernels/cpu/mlp.h): no [S, intermediate] tensor is
+  // planned, the backward recomputes the gate and up projections chunk by chunk.
+  bool tiled_mlp = false;
   // Fused kernels (residual add + norm, bias + GELU) by passes/fuse_elementwise before autograd.
   bool fuse_kernels = true;
   // Gradient all-reduce: buckets of about grad_bucket_mb MiB (DDP's bucket_cap_mb), each started

@@ -77,6 +77,8 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::add_rmsnorm, cpu_ops::add_rmsnorm, AUTOSP_CUDA(add_rmsnorm)},
     {Op::bias_gelu_tanh, cpu_ops::bias_gelu_tanh, AUTOSP_CUDA(bias_gelu_tanh)},
     {Op::bias_gelu_tanh_backward, cpu_ops::bias_gelu_tanh_backward, AUTOSP_CUDA(bias_gelu_tanh_backward)},
+    {Op::swiglu_mlp, cpu_ops::swiglu_mlp, AUTOSP_CUDA(swiglu_mlp)},
+    {Op::swiglu_mlp_backward, cpu_ops::swiglu_mlp_backward, AUTOSP_CUDA(swiglu_mlp_backward)},
 }};
 
 constexpr bool kernels_in_order() {

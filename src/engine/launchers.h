@@ -65,7 +65,9 @@ inline cpu::RopeScaling rope_scaling_of(const Node& n) {
   Tensor add_layernorm(const KernelCall& c);                                             \
   Tensor add_rmsnorm(const KernelCall& c);                                               \
   Tensor bias_gelu_tanh(const KernelCall& c);                                            \
-  Tensor bias_gelu_tanh_backward(const KernelCall& c);
+  Tensor bias_gelu_tanh_backward(const KernelCall& c);                                   \
+  Tensor swiglu_mlp(const KernelCall& c);                                                \
+  Tensor swiglu_mlp_backward(const KernelCall& c);
 
 // The template rows of the dispatch table, instantiated by each launcher file after its
 // definitions (one list for both).

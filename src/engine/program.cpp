@@ -57,7 +57,8 @@ PassContext program_context(const Config& cfg, const PassContext& ctx) {
 
 RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx) {
   RankProgram p;
-  p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train, cfg.data.document_mask);
+  p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train, cfg.data.document_mask,
+                          cfg.runtime.tiled_mlp);
   run_pipeline(*p.graph, passes, program_context(cfg, ctx));
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
   // Gradients are the graph's Role::gradient outputs, in the order of the parameters (autograd).

@@ -73,6 +73,9 @@ Node* Builder::add_rmsnorm(Node* x, Node* r, Node* w, double eps, const std::str
 Node* Builder::bias_gelu_tanh(Node* x, Node* b, const std::string& name) {
   return op(Op::bias_gelu_tanh, {x, b}, {}, name);
 }
+Node* Builder::swiglu_mlp(Node* x, Node* w_gate, Node* w_up, Node* w_down, const std::string& name) {
+  return op(Op::swiglu_mlp, {x, w_gate, w_up, w_down}, {}, name);
+}
 Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
   return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
 }
@@ -158,6 +161,11 @@ Node* Builder::sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node
 Node* Builder::cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
                                       const std::string& name) {
   return op(Op::cross_entropy_backward, {logits, labels, grad}, {{"ignore_index", ignore_index}}, name);
+}
+
+Node* Builder::swiglu_mlp_backward(Node* dy, Node* x, Node* w_gate, Node* w_up, Node* w_down,
+                                  const std::string& name) {
+  return op(Op::swiglu_mlp_backward, {dy, x, w_gate, w_up, w_down}, {}, name);
 }
 
 }  // namespace autosp

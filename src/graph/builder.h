@@ -70,6 +70,9 @@ class Builder {
   Node* add_layernorm(Node* x, Node* r, Node* w, Node* b, double eps, const std::string& name = "add_ln");
   Node* add_rmsnorm(Node* x, Node* r, Node* w, double eps, const std::string& name = "add_rms");
   Node* bias_gelu_tanh(Node* x, Node* b, const std::string& name = "bias_gelu");
+  // Llama's MLP as one tiled op: (silu(x·w_gateᵀ) ∘ (x·w_upᵀ))·w_downᵀ, x [..., C], w_gate and
+  // w_up [I, C], w_down [C, I] (nn.Linear layout); computed over chunks of rows (kernels/cpu/mlp.h).
+  Node* swiglu_mlp(Node* x, Node* w_gate, Node* w_up, Node* w_down, const std::string& name = "mlp");
 
   // Backward-only ops, used by vjp rules.
   Node* sum_to(Node* x, SymShape shape, const std::string& name = "sum_to");
@@ -87,6 +90,9 @@ class Builder {
                       const std::string& name = "attn_bwd", Node* doc_start = nullptr);
   Node* cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
                                const std::string& name = "ce_bwd");
+  // dx; extra outputs dw_gate, dw_up, dw_down (read with output(node, 1..3)).
+  Node* swiglu_mlp_backward(Node* dy, Node* x, Node* w_gate, Node* w_up, Node* w_down,
+                            const std::string& name = "mlp_bwd");
 
  private:
   Node* op(Op op, std::vector<Node*> inputs, Attrs attrs, const std::string& name);

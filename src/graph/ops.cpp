@@ -413,6 +413,35 @@ TensorType bias_gelu_tanh_backward_rule(const Node& n, const ShapeContext& ctx) 
   return t;
 }
 
+// x [..., C], w_gate [I, C], w_up [I, C], w_down [C, I] → (silu(x·w_gateᵀ) ∘ (x·w_upᵀ))·w_downᵀ [..., C]
+void expect_mlp_weights(const Node& n, size_t x, const ShapeContext& ctx) {
+  expect_float(n, x);
+  const auto& xt = in(n, x);
+  if (xt.rank() < 1) fail(n, str("x ", xt.str(), " must have rank >= 1"));
+  const Dim& C = xt.shape.back();
+  for (size_t i = x + 1; i < x + 4; ++i) {
+    expect_same_dtype(n, x, i);
+    expect_rank(n, i, 2);
+  }
+  const auto& g = in(n, x + 1).shape;
+  const auto& u = in(n, x + 2).shape;
+  const auto& d = in(n, x + 3).shape;
+  if (!ctx.same(g[1], C) || !ctx.same(u[1], C) || !ctx.same(u[0], g[0]) || !ctx.same(d[0], C) || !ctx.same(d[1], g[0]))
+    fail(n, str("x ", xt.str(), ", w_gate ", in(n, x + 1).str(), ", w_up ", in(n, x + 2).str(), ", w_down ",
+                in(n, x + 3).str(), ": expected x [..., C], w_gate and w_up [I, C], w_down [C, I]"));
+}
+TensorType swiglu_mlp_rule(const Node& n, const ShapeContext& ctx) {
+  expect_mlp_weights(n, 0, ctx);
+  return in(n, 0);
+}
+// dy, x [..., C], w_gate, w_up, w_down → dx [..., C] (extras: dw_gate, dw_up, dw_down)
+TensorType swiglu_mlp_backward_rule(const Node& n, const ShapeContext& ctx) {
+  TensorType t = same_as_second(n, ctx);
+  expect_mlp_weights(n, 1, ctx);
+  return t;
+}
+std::vector<TensorType> swiglu_mlp_backward_extra(const Node& n) { return {in(n, 2), in(n, 3), in(n, 4)}; }
+
 // scores [..., Sq, Skv]: entries with j > i + (Skv - Sq) set to `value`.
 TensorType causal_mask_rule(const Node& n, const ShapeContext&) {
   expect_float(n, 0);
@@ -578,6 +607,15 @@ SeqVerdict seq_sdpa(const Node&, std::span<const int> in, std::string_view) {
   return {2};
 }
 
+// swiglu_mlp is token-wise: the sequence passes through unless it is x's channel dim, which the
+// projections contract over (the weights never hold it).
+SeqVerdict seq_mlp(const Node& n, std::span<const int> in, std::string_view) {
+  for (size_t i = 1; i < in.size(); ++i)
+    if (in[i] != kNoSeq) return {in[i], "contracts over"};
+  if (in[0] == n.type().rank() - 1) return {in[0], "contracts over"};
+  return {in[0]};
+}
+
 // The loss sums over the sequence; normalize_loss makes it exact across ranks.
 SeqVerdict seq_loss(const Node&, std::span<const int>, std::string_view) { return {kNoSeq}; }
 
@@ -671,6 +709,10 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .vjp = vjp::bias_gelu_tanh, .in_place = true},
     {.op = Op::bias_gelu_tanh_backward, .name = "bias_gelu_tanh_backward", .arity = 3,
      .infer = bias_gelu_tanh_backward_rule, .backward_only = true, .in_place = true},
+    {.op = Op::swiglu_mlp, .name = "swiglu_mlp", .arity = 4, .infer = swiglu_mlp_rule, .vjp = vjp::swiglu_mlp,
+     .seq = seq_mlp},
+    {.op = Op::swiglu_mlp_backward, .name = "swiglu_mlp_backward", .arity = 5, .infer = swiglu_mlp_backward_rule,
+     .extra = swiglu_mlp_backward_extra, .backward_only = true},
 }};
 
 constexpr bool table_in_order() {

@@ -55,6 +55,9 @@ enum class Op : uint16_t {
   // fused kernels (made by passes/fuse_elementwise): residual add + norm (extra output 1: the sum),
   // bias + tanh-GELU, and the latter's backward
   add_layernorm, add_rmsnorm, bias_gelu_tanh, bias_gelu_tanh_backward,
+  // the tiled SwiGLU MLP (Llama's, with runtime.tiled_mlp): one op over chunks of rows, so no
+  // [S, I] tensor is planned; its backward recomputes gate and up (extra outputs: dw_gate, dw_up, dw_down)
+  swiglu_mlp, swiglu_mlp_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

@@ -186,4 +186,11 @@ void bias_gelu_tanh(VjpContext& c) {
   c.input_grads = {dx, dx};
 }
 
+// y = swiglu_mlp(x, w_gate, w_up, w_down): one backward node, which recomputes gate and up from
+// the saved x chunk by chunk, gives dx, with dw_gate, dw_up, dw_down as its extra outputs.
+void swiglu_mlp(VjpContext& c) {
+  Node* bwd = c.b.swiglu_mlp_backward(c.grad, c.in(0), c.in(1), c.in(2), c.in(3), "dx");
+  c.input_grads = {bwd, c.b.output(bwd, 1, "dw_gate"), c.b.output(bwd, 2, "dw_up"), c.b.output(bwd, 3, "dw_down")};
+}
+
 }  // namespace autosp::vjp

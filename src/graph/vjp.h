@@ -37,6 +37,7 @@ void cast(VjpContext&);
 void add_layernorm(VjpContext&);
 void add_rmsnorm(VjpContext&);
 void bias_gelu_tanh(VjpContext&);
+void swiglu_mlp(VjpContext&);
 void no_gradient(VjpContext&);  // count_valid, full: nothing flows to the inputs
 
 }  // namespace autosp::vjp

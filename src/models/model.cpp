@@ -145,7 +145,7 @@ Node* with_rope_scaling(Node* rope, const RopeScalingConfig& s) {
   return rope;
 }
 
-std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode mode, bool document_mask) {
+std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode mode, bool document_mask, bool tiled_mlp) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, Nkv = m.num_key_value_heads, D = m.head_dim();
@@ -177,10 +177,17 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     x = b.add(x, proj, "res1");
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
     Node* mm = rmsnorm(x, h + "post_attention_layernorm", "norm2");
-    Node* gate = linear(mm, h + "mlp.gate_proj", I, C, "gate");
-    Node* up = linear(mm, h + "mlp.up_proj", I, C, "up");
-    Node* act = b.mul(b.silu(gate, "silu"), up, "swiglu");
-    Node* down = linear(act, h + "mlp.down_proj", C, I, "down");
+    Node* down = nullptr;
+    if (tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
+      Node* w_gate = p(h + "mlp.gate_proj.weight", {I, C});
+      Node* w_up = p(h + "mlp.up_proj.weight", {I, C});
+      down = b.swiglu_mlp(mm, w_gate, w_up, p(h + "mlp.down_proj.weight", {C, I}), "mlp");
+    } else {
+      Node* gate = linear(mm, h + "mlp.gate_proj", I, C, "gate");
+      Node* up = linear(mm, h + "mlp.up_proj", I, C, "up");
+      Node* act = b.mul(b.silu(gate, "silu"), up, "swiglu");
+      down = linear(act, h + "mlp.down_proj", C, I, "down");
+    }
     x = b.add(x, down, "res2");
   }
   b.set_prefix("");
@@ -194,10 +201,13 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
 
 }  // namespace
 
-std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode, bool document_mask) {
+std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode, bool document_mask,
+                                     bool tiled_mlp) {
   switch (m.arch) {
-    case Arch::gpt2: return build_gpt2(m, dtype, mode, document_mask);
-    case Arch::llama: return build_llama(m, dtype, mode, document_mask);
+    case Arch::gpt2:
+      if (tiled_mlp) throw UsageError("tiled_mlp: GPT-2's MLP is not SwiGLU (runtime.tiled_mlp is for Llama)");
+      return build_gpt2(m, dtype, mode, document_mask);
+    case Arch::llama: return build_llama(m, dtype, mode, document_mask, tiled_mlp);
   }
   AUTOSP_ASSERT(false, "model.arch ", static_cast<int>(m.arch));
   return nullptr;

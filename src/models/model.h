@@ -34,9 +34,11 @@ enum class ForwardMode { train, prefill, decode };
 // The forward graph in `dtype` (f32 or f64). With `document_mask` (packed documents,
 // data.document_mask; train mode only) the graph has a fourth input doc_start [B, S] (tagged
 // doc_start): token t's document begins at position doc_start[t] of its sequence, and every
-// attention keeps query t to the keys [doc_start[t], t].
+// attention keeps query t to the keys [doc_start[t], t]. With `tiled_mlp` (runtime.tiled_mlp; Llama
+// only, else a UsageError) each layer's MLP is one swiglu_mlp node, "l<i>.mlp", over the same
+// gate_proj, up_proj and down_proj parameters, instead of gate, up, silu, swiglu and down.
 std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode = ForwardMode::train,
-                                     bool document_mask = false);
+                                     bool document_mask = false, bool tiled_mlp = false);
 
 // The names of layer `layer`'s cache: the decode graph's input ("past.<l>.k" / ".v") and the
 // generation graphs' output.

@@ -48,6 +48,21 @@ TEST_CASE("thread sp: P = 1, 2, 4 thread ranks equal the P = 1 run in f32 and bf
   }
 }
 
+// The tiled MLP (runtime.tiled_mlp) is token-wise: it takes the sharded sequence as it is, and the
+// sharded tiled program equals the untiled unsharded one.
+TEST_CASE("thread sp: Llama with runtime.tiled_mlp at P = 2, 4 equals the untiled P = 1 run", "[threads][autosp]") {
+  const Config cfg_p1 = make_config(kLlamaGqa, 1);
+  const ParamMap params = init_params(cfg_p1.model, 12, DType::f32);
+  const Batch batch = random_batch(2, 32, cfg_p1.model.vocab_size, 7);
+  const LossAndGrads ref = run_reference(cfg_p1, batch, params);
+  for (const int P : {2, 4}) {
+    INFO("P = " << P);
+    Config cfg = make_config(kLlamaGqa, P);
+    cfg.runtime.tiled_mlp = true;
+    for (const auto& got : run_sp_threads(P, cfg, batch, params, DType::f32)) check_equal(got, ref);
+  }
+}
+
 TEST_CASE("thread sp: a sequence length P does not divide is padded, not truncated", "[threads][autosp]") {
   for (const int64_t S : {int64_t{31}, int64_t{30}}) {  // 31: padded at P = 2 and 4; 30: at P = 4
     for (const json& model : {kGpt2, kLlamaGqa}) {

@@ -504,6 +504,54 @@ inline Vec embedding_backward(const Vec& dy, const std::vector<int64_t>& ids, in
   return dw;
 }
 
+// ---- SwiGLU MLP (Hugging Face LlamaMLP: gate_proj, up_proj, down_proj, no biases) -------------
+
+// x [R, C], wg, wu [I, C], wd [C, I]: y [R, C] = (silu(x·wgᵀ) ∘ (x·wuᵀ))·wdᵀ, one row at a time.
+inline Vec swiglu_mlp(const Vec& x, const Vec& wg, const Vec& wu, const Vec& wd, int64_t R, int64_t C, int64_t I) {
+  Vec y(size_t(R * C), 0.0), h(static_cast<size_t>(I), 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < I; ++i) {
+      double g = 0, u = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        g += x[r * C + c] * wg[i * C + c];
+        u += x[r * C + c] * wu[i * C + c];
+      }
+      h[i] = silu(g) * u;
+    }
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < I; ++i) y[r * C + c] += h[i] * wd[c * I + i];
+  }
+  return y;
+}
+
+// Its gradients for the output gradient dy [R, C], by the chain rule one row at a time:
+// dh_i = Σ_c dy_c·wd[c, i]; dg_i = dh_i·u_i·silu'(g_i); du_i = dh_i·silu(g_i);
+// dx_c = Σ_i dg_i·wg[i, c] + du_i·wu[i, c]; dwg[i, c] = Σ_r dg_i·x_c, dwu likewise; dwd[c, i] = Σ_r dy_c·h_i.
+inline void swiglu_mlp_backward(const Vec& dy, const Vec& x, const Vec& wg, const Vec& wu, const Vec& wd, int64_t R,
+                                int64_t C, int64_t I, Vec& dx, Vec& dwg, Vec& dwu, Vec& dwd) {
+  dx.assign(size_t(R * C), 0.0);
+  dwg.assign(size_t(I * C), 0.0);
+  dwu.assign(size_t(I * C), 0.0);
+  dwd.assign(size_t(C * I), 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < I; ++i) {
+      double g = 0, u = 0, dh = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        g += x[r * C + c] * wg[i * C + c];
+        u += x[r * C + c] * wu[i * C + c];
+        dh += dy[r * C + c] * wd[c * I + i];
+      }
+      const double dg = dh * u * silu_grad(g), du = dh * silu(g);
+      for (int64_t c = 0; c < C; ++c) {
+        dx[r * C + c] += dg * wg[i * C + c] + du * wu[i * C + c];
+        dwg[i * C + c] += dg * x[r * C + c];
+        dwu[i * C + c] += du * x[r * C + c];
+        dwd[c * I + i] += dy[r * C + c] * silu(g) * u;
+      }
+    }
+  }
+}
+
 // ---- optimizer ---------------------------------------------------------------------------------
 
 // One AdamW step as written in the torch.optim.AdamW documentation (amsgrad = false, t from 1):

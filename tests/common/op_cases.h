@@ -253,6 +253,13 @@ inline const std::vector<OpCase>& op_cases() {
                return naive::map(naive::broadcast_binary(in[0], sh[0], in[1], sh[1], std::plus<double>()),
                                  naive::gelu_tanh);
              }},
+      // Llama's MLP, x [B, S, C = 6], I = 10 (one chunk of rows here; tests/kernels/test_mlp.cpp
+      // crosses chunk boundaries).
+      OpCase{"swiglu_mlp", Op::swiglu_mlp, {{{B, S, 6}}, {{10, 6}}, {{10, 6}}, {{6, 10}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.swiglu_mlp(x[0], x[1], x[2], x[3]); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::swiglu_mlp(in[0], in[1], in[2], in[3], naive::numel(sh[0]) / 6, 6, 10);
+             }},
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

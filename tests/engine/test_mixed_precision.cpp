@@ -97,14 +97,18 @@ TEST_CASE("bf16 graphs: f32 parameters cast once, bf16 activations, the loss pat
   }
 }
 
+// "llama tiled": the bf16 run with runtime.tiled_mlp (its weights cast by the pass like matmul's)
+// against the plain f32 graph.
 TEST_CASE("bf16 forward and backward on CPU track f32 (tiny GPT-2 and Llama)", "[bf16][model]") {
-  for (const char* arch : {"gpt2", "llama"}) {
+  for (const std::string arch : {"gpt2", "llama", "llama tiled"}) {
     DYNAMIC_SECTION(arch) {
-      const Config cfg = tiny(arch, 2);
+      const Config cfg = tiny(arch == "gpt2" ? "gpt2" : "llama", 2);
+      Config cfg_bf16 = cfg;
+      cfg_bf16.runtime.tiled_mlp = arch == "llama tiled";
       const ParamMap params = init_params(cfg.model, 3, DType::f32);
       const TensorMap data = testing::random_token_batch(2, 24, cfg.model.vocab_size, 9);
       const LossAndGrads f32 = run(cfg, DType::f32, data, params);
-      const LossAndGrads bf16 = run(cfg, DType::bf16, data, params);
+      const LossAndGrads bf16 = run(cfg_bf16, DType::bf16, data, params);
       const double loss_err = std::abs(bf16.loss - f32.loss) / f32.loss;
       INFO("loss bf16 " << bf16.loss << " vs f32 " << f32.loss << " (relative " << loss_err << ")");
       CHECK(loss_err < 1e-2);

@@ -42,6 +42,31 @@ TEST_CASE("matmul shape rules", "[ops]") {
   CHECK_THROWS_AS(f.b.matmul(f.x({B, S, 8}), f.x({2, S, 8}), false, true), UsageError);
 }
 
+TEST_CASE("swiglu_mlp shape rules", "[ops][mlp]") {
+  Fixture f;
+  Node* x = f.x({B, S, 8});
+  Node* wg = f.x({24, 8});
+  Node* wu = f.x({24, 8});
+  Node* wd = f.x({8, 24});
+  Node* y = f.b.swiglu_mlp(x, wg, wu, wd);
+  CHECK(y->type().str() == "f32[B, S, 8]");
+  Node* dx = f.b.swiglu_mlp_backward(y, x, wg, wu, wd);
+  CHECK(dx->type().str() == "f32[B, S, 8]");
+  const auto extras = extra_types(*dx);
+  REQUIRE(extras.size() == 3);
+  CHECK(extras[0].str() == "f32[24, 8]");
+  CHECK(extras[1].str() == "f32[24, 8]");
+  CHECK(extras[2].str() == "f32[8, 24]");
+  CHECK_THROWS_WITH(f.b.swiglu_mlp(x, wg, wu, f.x({24, 8})),
+                    Catch::Contains("[swiglu_mlp]") && Catch::Contains("w_down f32[24, 8]") &&
+                        Catch::Contains("expected x [..., C], w_gate and w_up [I, C], w_down [C, I]"));
+  CHECK_THROWS_WITH(f.b.swiglu_mlp(x, wg, f.x({16, 8}), wd), Catch::Contains("w_up f32[16, 8]"));
+  CHECK_THROWS_WITH(f.b.swiglu_mlp(f.x({B, S, 6}), wg, wu, wd), Catch::Contains("x f32[B, S, 6]"));
+  CHECK_THROWS_WITH(f.b.swiglu_mlp(x, f.x({24, 8}, DType::f64), wu, wd), Catch::Contains("dtypes differ"));
+  CHECK_THROWS_WITH(f.b.swiglu_mlp(x, f.x({24}), wu, wd), Catch::Contains("expected rank 2"));
+  CHECK_THROWS_WITH(f.b.swiglu_mlp_backward(f.x({B, S, 4}), x, wg, wu, wd), Catch::Contains("does not match"));
+}
+
 TEST_CASE("broadcasting follows numpy rules on symbolic dims", "[ops]") {
   Fixture f;
   CHECK(f.b.add(f.x({B, S, 64}), f.x({64}))->type().str() == "f32[B, S, 64]");

@@ -1,7 +1,8 @@
 // Forward logits and loss, and every parameter gradient, of GPT-2 and Llama (GQA, untied head)
 // against the independent PyTorch reference tests/ref/model_ref.py (Debian's python3-torch, run as
 // /usr/bin/python3), from the same safetensors weights and tokens: logits and loss within 1e-5
-// relative in f32 and 1e-10 in f64; gradients within 1e-4 in f32 and 1e-9 in f64.
+// relative in f32 and 1e-10 in f64; gradients within 1e-4 in f32 and 1e-9 in f64. The Llama cases
+// also run with runtime.tiled_mlp (one swiglu_mlp op per layer) against the same reference.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -26,6 +27,7 @@ struct Case {
   std::string name;
   nlohmann::json model;
   bool strip_gpt2_prefix = false;
+  bool tiled_mlp = false;  // runtime.tiled_mlp: the reference is the same (it reads only "model")
 };
 
 fs::path temp_dir(const std::string& name) {
@@ -84,12 +86,15 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
       {"llama-tied-mha", {{"arch", "llama"}, {"vocab_size", 80}, {"hidden_size", 48}, {"num_hidden_layers", 1},
                           {"num_attention_heads", 3}, {"intermediate_size", 40}, {"tie_word_embeddings", true},
                           {"rope_theta", 500.0}}},
+      {"llama-gqa-tiled-mlp", {{"arch", "llama"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                               {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
+                               {"max_position_embeddings", 128}, {"rope_theta", 10000.0}}, false, true},
   };
   for (const auto& c : cases) {
     for (const std::string dtype : {"float32", "float64"}) {
       DYNAMIC_SECTION(c.name << " " << dtype) {
         const fs::path dir = temp_dir(c.name + "-" + dtype);
-        nlohmann::json cfg_json = {{"model", c.model}, {"runtime", {{"dtype", dtype}}},
+        nlohmann::json cfg_json = {{"model", c.model}, {"runtime", {{"dtype", dtype}, {"tiled_mlp", c.tiled_mlp}}},
                                    {"data", {{"seq_len", 37}, {"batch_size", 2}}}};
         std::ofstream(dir / "cfg.json") << cfg_json.dump();
         Config cfg = parse_config(cfg_json);
@@ -112,7 +117,8 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
 
         // Our side loads the same file (exercising the loader's name handling) in the run dtype.
         ParamMap params = load_weights((dir / "w.safetensors").string(), cfg.model, dt);
-        auto g = build_forward(cfg.model, dt);
+        auto g = build_forward(cfg.model, dt, ForwardMode::train, false, cfg.runtime.tiled_mlp);
+        CHECK((g->find("l0.mlp") != nullptr) == c.tiled_mlp);
         std::vector<Node*> param_nodes = g->with_role(Role::parameter);
         std::vector<Node*> grads = build_backward(*g, g->find("loss"), param_nodes);
         TensorMap feeds = batch;

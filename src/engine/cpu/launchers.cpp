@@ -12,6 +12,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/loss.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/mlp.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 
@@ -513,6 +514,34 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
 // widened to f32, and each result is rounded once to its (bf16) type: the numerics of the CUDA
 // kernels (f32 compute, one rounding per result), not their speed. Ops that only move bytes, and
 // the conversion and constant ops, handle bf16 themselves.
+// x [..., C] as rows [R, C]; w_gate, w_up [I, C], w_down [C, I] → y [..., C].
+Tensor swiglu_mlp(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous(), wg = c.in[1].contiguous(), wu = c.in[2].contiguous(),
+               wd = c.in[3].contiguous();
+  const int64_t C = x.dim(-1), I = wg.dim(0);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    cpu::swiglu_mlp_forward<T>(x.data<T>(), wg.data<T>(), wu.data<T>(), wd.data<T>(), y.data<T>(), x.numel() / C, C, I);
+    return y;
+  });
+}
+
+// dx; extra outputs dw_gate, dw_up, dw_down. Inputs: dy, x, w_gate, w_up, w_down.
+Tensor swiglu_mlp_backward(const KernelCall& c) {
+  std::vector<Tensor> t;
+  for (const Tensor& x : c.in) t.push_back(x.contiguous());
+  const Tensor &dy = t[0], &x = t[1], &wg = t[2], &wu = t[3], &wd = t[4];
+  const int64_t C = x.dim(-1), I = wg.dim(0);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    for (const Tensor& w : {wg, wu, wd}) c.extras.push_back(extra_like(c, w.shape(), w.dtype()));
+    cpu::swiglu_mlp_backward<T>(dy.data<T>(), x.data<T>(), wg.data<T>(), wu.data<T>(), wd.data<T>(), dx.data<T>(),
+                                c.extras[0].data<T>(), c.extras[1].data<T>(), c.extras[2].data<T>(), x.numel() / C, C,
+                                I);
+    return dx;
+  });
+}
+
 bool emulates_bf16(const KernelCall& c) {
   if (op_info(c.node.op()).numerics != Numerics::computes) return false;  // the op table's column
   if (c.node.dtype() == DType::bf16) return true;
