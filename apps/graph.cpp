@@ -43,8 +43,8 @@ Bindings parse_bindings(const std::string& text) {
 // 3 shards the parameters in the graph itself (graph/passes/shard_parameters.h), so its parameter
 // nodes, gradient outputs and moments are already shards, there are no buckets, and the whole
 // parameters and gradients it gathers and reduce-scatters live in the arena.
-nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, int64_t world) {
-  MemoryPlan plan = plan_memory(g, b);
+nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, int64_t world, DeviceKind device) {
+  MemoryPlan plan = plan_memory(g, b, device);
   size_t params = 0, outputs = 0, inputs = 0, grads = 0;
   for (const auto& n : g.nodes()) {
     size_t bytes = dtype_size(n->dtype());
@@ -77,7 +77,8 @@ nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, in
   nlohmann::json at_peak = nlohmann::json::array();
   for (const auto& l : live) {
     const Node& n = *g.nodes()[l.position];
-    at_peak.push_back({{"node", l.output == 0 ? n.name() : str(n.name(), "#", l.output)}, {"op", n.op_name()},
+    const std::string name = l.output == 0 ? n.name() : l.output < 0 ? str(n.name(), "#workspace") : str(n.name(), "#", l.output);
+    at_peak.push_back({{"node", name}, {"op", n.op_name()},
                        {"bytes", l.bytes}});
   }
   if (!g.nodes().empty())
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
     const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {
       std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>()),
-                                cfg.zero_optimization.stage, world)
+                                cfg.zero_optimization.stage, world, cfg.runtime.device)
                        .dump()
                 << "\n";
       return 0;

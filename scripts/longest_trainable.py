@@ -28,8 +28,9 @@ budget, a stricter test for a process that maps large libraries (PyTorch's CUDA 
 a cgroup could reclaim).
 
 Search: two probes at the --fit lengths give the growth in bytes per token; the budget over that
-line predicts the longest S; probes then walk from the prediction, in steps of --margin, until one
-S fits and the next one up does not (both rounded to --multiple). The long probes take time: each
+line predicts the longest S; from there probes go up by 25 % while they fit, then bisect between
+the longest that fitted and the shortest that did not until the two are within --margin (all
+rounded to --multiple). The long probes take time: each
 is a full step, quadratic in S through attention.
 
 Prints one JSON line per probe (S, fits, exit status, peak bytes, seconds, the tail of stderr when
@@ -247,27 +248,23 @@ def main():
             print("error: the peak did not grow between the --fit lengths; give longer ones", file=sys.stderr)
             return 1
         predicted = round_to(int((budget - fixed) / per_token), a.multiple)
-        # Walk from the prediction in steps of --margin: up while it fits, down while it does not.
-        lo, hi = fit[1], None  # the longest probed S that fits, the shortest that does not
+        # From the prediction: up by 25 % while it fits, then bisect the bracket [longest that
+        # fitted, shortest that did not] until it is within --margin (a memory curve need not be
+        # a line: PyTorch's is not).
+        lo, hi = fit[1], None
         S = max(predicted, fit[1] + a.multiple)
-        first = run_probe(a, S, cgroup, budget)
-        up = first["fits"]
-        lo, hi = (S, None) if up else (lo, S)
         while True:
-            nxt = round_to(int(S * (1 + a.margin)) if up else int(S * (1 - a.margin)), a.multiple)
-            nxt = nxt if nxt != S else S + (a.multiple if up else -a.multiple)
-            if nxt <= fit[1]:
-                break  # everything above the --fit lengths failed: lo stays fit[1]
-            S = nxt
-            rec = run_probe(a, S, cgroup, budget)
-            if rec["fits"]:
+            if run_probe(a, S, cgroup, budget)["fits"]:
                 lo = S
-                if not up:
-                    break
             else:
                 hi = S
-                if up:
-                    break
+            if hi is not None and hi - lo <= max(a.multiple, int(lo * a.margin)):
+                break
+            S = round_to(int(lo * 1.25), a.multiple) if hi is None else round_to((lo + hi) // 2, a.multiple)
+            if S <= lo:
+                S = lo + a.multiple
+            if hi is not None and S >= hi:
+                break
         print(json.dumps({"impl": a.impl, "budget_bytes": budget, "method": method, "checkpoint": a.checkpoint,
                           "longest_fits": lo, "shortest_fails": hi, "bytes_per_token": round(per_token),
                           "fixed_bytes": round(fixed), "predicted": predicted}), flush=True)

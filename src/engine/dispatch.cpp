@@ -70,7 +70,7 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::rmsnorm_backward, cpu_ops::rmsnorm_backward, AUTOSP_CUDA(rmsnorm_backward)},
     {Op::softmax_backward, cpu_ops::softmax_backward, AUTOSP_CUDA(softmax_backward)},
     {Op::rope_backward, cpu_ops::rope<true>, AUTOSP_CUDA(rope<true>)},
-    {Op::sdpa_backward, cpu_ops::sdpa_backward, AUTOSP_CUDA(sdpa_backward)},
+    {Op::sdpa_backward, cpu_ops::sdpa_backward, AUTOSP_CUDA(sdpa_backward), cpu_ops::sdpa_backward_workspace},
     {Op::cross_entropy_backward, cpu_ops::cross_entropy_backward, AUTOSP_CUDA(cross_entropy_backward)},
     {Op::cast, cpu_ops::cast, AUTOSP_CUDA(cast)},
     {Op::add_layernorm, cpu_ops::add_layernorm, AUTOSP_CUDA(add_layernorm)},
@@ -90,6 +90,11 @@ static_assert(kKernels.size() == kNumOps, "every op needs a row in the kernel di
 static_assert(kernels_in_order(), "dispatch rows must follow the Op enum order and name both launchers");
 
 }  // namespace
+
+size_t workspace_bytes(const Node& node, const Bindings& b, DeviceKind device) {
+  const KernelRow& row = kKernels[static_cast<size_t>(node.op())];
+  return device == DeviceKind::cpu && row.cpu_workspace != nullptr ? row.cpu_workspace(node, b) : 0;
+}
 
 Tensor dispatch(const KernelCall& call, DeviceKind device) {
   const KernelRow& row = kKernels[static_cast<size_t>(call.node.op())];

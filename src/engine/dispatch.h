@@ -29,6 +29,9 @@ struct KernelCall {
   // Where a collective that may run in the background (all_gather) leaves its handle, when the
   // executor asks for that (else null: the launcher waits). The output is valid once it finished.
   std::unique_ptr<PendingCollective>* pending = nullptr;
+  // Scratch the memory plan placed for the kernel (KernelRow::cpu_workspace bytes, valid for this
+  // call only), or undefined: the kernel allocates its own.
+  Tensor workspace = {};
 };
 
 using KernelFn = Tensor (*)(const KernelCall&);
@@ -66,14 +69,22 @@ struct ShardLayout {
 ShardLayout shard_layout(const Communicator& comm, int64_t whole_numel);
 }  // namespace launch
 
+// Bytes of scratch a CPU kernel wants for the node at these sizes (0: none), which the memory
+// planner then places in the arena for the node's duration (KernelCall::workspace).
+using WorkspaceFn = size_t (*)(const Node&, const Bindings&);
+
 struct KernelRow {
   Op op;
   KernelFn cpu;
   KernelFn cuda;
+  WorkspaceFn cpu_workspace = nullptr;
 };
 
 // Run `call.node` on the device of its inputs. Leaves (input, parameter) and `output` (which reads
 // an extra output kept by the executor) are not dispatched.
 Tensor dispatch(const KernelCall& call, DeviceKind device);
+
+// The scratch `node` wants on `device` at bindings `b` (the row's cpu_workspace; none on CUDA).
+size_t workspace_bytes(const Node& node, const Bindings& b, DeviceKind device);
 
 }  // namespace autosp

@@ -93,7 +93,7 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
   Allocator& alloc = dev.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(dev.index)) : cpu_allocator();
   if ((plan_.offset.empty() || planned_for_ != r.bindings || arena_.device() != dev)) {
     arena_ = Tensor();
-    plan_ = plan_memory(g_, r.bindings);
+    plan_ = plan_memory(g_, r.bindings, dev.kind);
     planned_for_ = r.bindings;
     arena_ = Tensor::empty({static_cast<int64_t>((plan_.arena_bytes + 7) / 8)}, DType::i64, alloc);
   }
@@ -157,6 +157,9 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
                                      ? Tensor()
                                      : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
                                                           eval_shape(types[e].shape, r.bindings), types[e].dtype));
+      if (plan_.workspace_offset[at] != MemoryPlan::kHeap)
+        call.workspace = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.workspace_offset[at]),
+                                            {static_cast<int64_t>(plan_.workspace_bytes[at] / 8)}, DType::i64);
       if (until_[at] != at && options_.background_collectives) call.pending = &pending[at];
       values[at] = dispatch(call, dev.kind);
     }

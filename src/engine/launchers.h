@@ -97,6 +97,10 @@ AUTOSP_DECLARE_LAUNCHERS
 // their speed.
 bool emulates_bf16(const KernelCall& c);
 Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_launcher);
+
+// The CPU sdpa_backward's partial dK, dV (kernels/cpu/attention.h), in bytes of its compute type
+// (f32 for bf16 nodes, which run through bf16_via_f32).
+size_t sdpa_backward_workspace(const Node& n, const Bindings& b);
 }  // namespace autosp::cpu_ops
 
 namespace autosp::cuda_ops {

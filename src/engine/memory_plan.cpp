@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "engine/dispatch.h"
 #include "tensor/check.h"
 #include "tensor/tensor.h"
 
@@ -101,11 +102,12 @@ std::vector<size_t> background_until(const Graph& g) {
   return until;
 }
 
-MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
+MemoryPlan plan_memory(const Graph& g, const Bindings& b, DeviceKind device) {
   const size_t n = g.size();
   std::vector<Buffer> bufs;
   std::vector<int> primary(n, -1);             // node → buffer of its output (-1: a leaf)
   std::vector<std::vector<int>> extras(n);     // node → buffers of its extra outputs
+  std::vector<int> scratch(n, -1);             // node → buffer of its kernel's workspace
   auto make = [&](const TensorType& t, size_t at) {
     bufs.push_back({align_up(bytes_of(t, b)), at, at});
     return static_cast<int>(bufs.size() - 1);
@@ -122,6 +124,13 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
       for (const auto& t : extra_types(node)) {
         extras[i].push_back(make(t, i));
         bufs.back().output = static_cast<int>(extras[i].size());
+      }
+      // Placed after the node's outputs, so it overlaps neither them nor the inputs; freed with
+      // the node's last step (def = end = i).
+      if (const size_t ws = workspace_bytes(node, b, device); ws > 0) {
+        bufs.push_back({align_up(ws), i, i});
+        bufs.back().output = -1;
+        scratch[i] = static_cast<int>(bufs.size() - 1);
       }
     }
   }
@@ -197,6 +206,8 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b) {
     const Op op = g.nodes()[i]->op();
     if (primary[i] >= 0 && op != Op::reshape && op != Op::output) plan.offset[i] = bufs[primary[i]].offset;
     for (int e : extras[i]) plan.extra_offset[i].push_back(bufs[e].offset);
+    plan.workspace_offset.push_back(scratch[i] >= 0 ? bufs[scratch[i]].offset : MemoryPlan::kHeap);
+    plan.workspace_bytes.push_back(scratch[i] >= 0 ? bufs[scratch[i]].bytes : 0);
   }
   return plan;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "graph/ir.h"
+#include "tensor/allocator.h"
 
 namespace autosp {
 
@@ -17,11 +18,16 @@ struct MemoryPlan {
   static constexpr int64_t kHeap = -1;  // not in the arena: fed, a graph output, or a view
   std::vector<int64_t> offset;                    // per node position: its output's byte offset
   std::vector<std::vector<int64_t>> extra_offset;  // per node position: its extra outputs' offsets
+  // per node position: its kernel's scratch (engine/dispatch.h workspace_bytes), live while the
+  // node runs; kHeap and 0 bytes when it wants none
+  std::vector<int64_t> workspace_offset;
+  std::vector<size_t> workspace_bytes;
   size_t arena_bytes = 0;     // the planned peak of intermediates
   size_t max_live_bytes = 0;  // the largest total of simultaneously live planned buffers (lower bound)
   size_t in_place = 0;        // number of ops planned to write over their input
   // Where max_live_bytes is reached: the node position, and the arena buffers live there as
-  // (defining node position, output index: 0 its output, k its extra output k), with their bytes.
+  // (defining node position, output index: 0 its output, k its extra output k, -1 its kernel's
+  // workspace), with their bytes.
   struct LiveBuffer {
     size_t position = 0;
     int output = 0;
@@ -31,7 +37,8 @@ struct MemoryPlan {
   std::vector<LiveBuffer> live_at_peak;
 };
 
-MemoryPlan plan_memory(const Graph& g, const Bindings& b);
+// `device`: whose kernels' scratch is planned (the CPU's; CUDA kernels plan none).
+MemoryPlan plan_memory(const Graph& g, const Bindings& b, DeviceKind device = DeviceKind::cpu);
 
 // Collectives the executor runs in the background, and the position by which each must have
 // finished (per node; its own position for everything else): an all_gather (ZeRO-3's prefetch)

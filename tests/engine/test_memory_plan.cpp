@@ -169,3 +169,34 @@ TEST_CASE("the plan names what is live at its peak", "[memory]") {
   std::sort(live.begin(), live.end());
   CHECK(live == std::vector<std::string>{"a", "b"});
 }
+
+TEST_CASE("the plan places the CPU attention backward's workspace in the arena, for its node only", "[memory]") {
+  // The one op with a CPU workspace (engine/dispatch.cpp): sdpa_backward's partial dK, dV, whose
+  // size kernels/cpu/attention.h gives; CUDA plans none.
+  ModelConfig m = small_llama();
+  auto g = build_forward(m, DType::f32);
+  build_backward(*g, g->find("loss"), g->with_role(Role::parameter));
+  const Bindings b{{"B", 1}, {"S", 256}};
+  const MemoryPlan cpu_plan = plan_memory(*g, b, DeviceKind::cpu);
+  const MemoryPlan cuda_plan = plan_memory(*g, b, DeviceKind::cuda);
+  // B = 1, Nkv = 2, S = 256 (4 query blocks, 4 chunks), causal, D = 16, f32: 64 + 128 + 192 rows.
+  const size_t expected = 2 * 1 * 2 * (64 + 128 + 192) * 16 * sizeof(float);
+  int backward_nodes = 0;
+  for (size_t i = 0; i < g->size(); ++i) {
+    const Node& n = *g->nodes()[i];
+    INFO(n.name());
+    if (n.op() == Op::sdpa_backward) {
+      ++backward_nodes;
+      CHECK(cpu_plan.workspace_bytes[i] == expected);
+      CHECK(cpu_plan.workspace_offset[i] != MemoryPlan::kHeap);
+    } else {
+      CHECK(cpu_plan.workspace_bytes[i] == 0);
+    }
+    CHECK(cuda_plan.workspace_bytes[i] == 0);
+  }
+  CHECK(backward_nodes == m.num_hidden_layers);
+  CHECK(cpu_plan.arena_bytes >= cuda_plan.arena_bytes);
+  // A CPU run plans for the CPU (the arena holds the workspaces).
+  Executor ex(*g);
+  CHECK(ex.run(model_feeds(m, 1, 256)).planned_bytes == cpu_plan.arena_bytes);
+}

@@ -203,3 +203,34 @@ TEMPLATE_TEST_CASE("sdpa_backward does not depend on the thread count", "[kernel
     }
   });
 }
+
+TEST_CASE("sdpa_backward's workspace: its size from the chunk layout, and the kernel works in it", "[kernels][attention][backward]") {
+  // B = 1, Nkv = 2: 16 tasks want 8 query chunks, capped at the 4 query blocks of 64 rows that
+  // S = 200 has, so chunk c is block c. Causal, chunk c < 3 sees keys [0, 64·(c + 1)); the last
+  // chunk writes dk, dv directly. Workspace: dK and dV parts of 64 + 128 + 192 rows per kv head.
+  const int64_t B = 1, N = 4, Nkv = 2, S = 200, D = 16;
+  CHECK(cpu::sdpa_backward_workspace(B, N, Nkv, S, S, D, true) == 2 * B * Nkv * (64 + 128 + 192) * D);
+  CHECK(cpu::sdpa_backward_workspace(B, N, Nkv, S, S, D, false) == 2 * B * Nkv * 3 * S * D);  // every chunk sees all keys
+  CHECK(cpu::sdpa_backward_workspace(B, N, Nkv, 64, 64, D, true) == 0);                      // one query block: one chunk
+  CHECK(cpu::sdpa_backward_workspace(8, N, 2, S, S, D, true) == 0);  // B·Nkv = 16 tasks already: one chunk each
+  const double scale = 0.25;
+  const auto q = naive::random_normal(B * N * S * D, 2600);
+  const auto k = naive::random_normal(B * Nkv * S * D, 2601);
+  const auto v = naive::random_normal(B * Nkv * S * D, 2602);
+  const auto dout = naive::random_normal(B * N * S * D, 2603);
+  std::vector<double> o(q.size()), lse(static_cast<size_t>(B * N * S));
+  cpu::sdpa_forward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), B, N, Nkv, S, S, D, scale, true);
+  std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), dq2 = dq, dk2 = dk, dv2 = dv;
+  cpu::sdpa_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                             dv.data(), B, N, Nkv, S, S, D, scale, true);
+  // A workspace full of NaN: every element the kernel reads it must have written first.
+  std::vector<double> ws(static_cast<size_t>(cpu::sdpa_backward_workspace(B, N, Nkv, S, S, D, true)), std::nan(""));
+  cpu::sdpa_backward<double>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq2.data(), dk2.data(),
+                             dv2.data(), B, N, Nkv, S, S, D, scale, true, nullptr, ws.data());
+  CHECK(dq2 == dq);
+  CHECK(dk2 == dk);
+  CHECK(dv2 == dv);
+  size_t written = 0;
+  for (double w : ws) written += !std::isnan(w);
+  CHECK(written == ws.size());  // the chunks' partial dK, dV filled all of it
+}

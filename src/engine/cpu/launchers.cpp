@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "engine/executor.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -231,12 +232,22 @@ Tensor sdpa_backward(const KernelCall& c) {
     c.extras.push_back(dk);
     Tensor dv = extra_like(c, v.shape(), v.dtype());
     c.extras.push_back(dv);
+    const bool causal = c.node.attrs().b("causal");
+    const size_t ws = sizeof(T) * static_cast<size_t>(cpu::sdpa_backward_workspace(
+                                       q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), causal));
+    T* workspace = c.workspace.defined() && c.workspace.nbytes() >= ws ? reinterpret_cast<T*>(c.workspace.data<int64_t>()) : nullptr;
     cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), t[3].data<T>(), t[4].data<T>(), t[5].data<T>(),
                           dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
-                          q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
-                          docs.defined() ? docs.data<int64_t>() : nullptr);
+                          q.dim(3), c.node.attrs().f("scale"), causal, docs.defined() ? docs.data<int64_t>() : nullptr,
+                          workspace);
     return dq;
   });
+}
+
+size_t sdpa_backward_workspace(const Node& n, const Bindings& b) {
+  const Shape q = eval_shape(n.input(0)->shape(), b), k = eval_shape(n.input(1)->shape(), b);
+  const size_t elem = n.input(0)->dtype() == DType::f64 ? sizeof(double) : sizeof(float);
+  return elem * static_cast<size_t>(cpu::sdpa_backward_workspace(q[0], q[1], k[1], q[2], k[2], q[3], n.attrs().b("causal")));
 }
 
 Tensor cross_entropy_sum(const KernelCall& c) {
@@ -563,7 +574,7 @@ Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_kernel) {
   std::vector<Tensor> extras;
   const KernelCall call{.node = c.node, .in = in, .out_shape = c.out_shape, .bindings = c.bindings,
                         .alloc = c.alloc, .extras = extras, .comm = c.comm, .out = {}, .extra_out = {},
-                        .attention = c.attention};
+                        .attention = c.attention, .workspace = c.workspace};
   // A result in its node's dtype, in the planned place when there is one.
   auto settle = [&](const Tensor& y, DType dt, const Tensor& planned) {
     if (!planned.defined() && y.dtype() == dt) return y;

@@ -336,36 +336,60 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
   }
 }
 
+namespace {
+
+// The backward's query chunks per (b, kv head), from the sizes alone: chunk c holds query blocks
+// [c·nqb/C, (c+1)·nqb/C) and sees keys [0, key_end[c]). The last chunk (it sees every key)
+// accumulates its dK, dV in dk, dv themselves; each earlier chunk c in its own key_end[c] rows of
+// the workspace, at part_row[c] within its (b, kv head)'s `rows` (all dK parts first, then the
+// dV parts, B·Nkv·rows·D apart).
+struct BackwardChunks {
+  int64_t nqb = 0, C = 1, rows = 0;
+  std::vector<int64_t> key_end, part_row;
+  BackwardChunks(int64_t B, int64_t Nkv, int64_t Sq, int64_t Skv, bool causal) {
+    const int64_t BQ = kBackwardBlockQ;
+    nqb = (Sq + BQ - 1) / BQ;
+    C = std::clamp<int64_t>((kMinTasks + B * Nkv - 1) / std::max<int64_t>(B * Nkv, 1), 1,
+                            std::min(kMaxChunks, std::max<int64_t>(nqb, 1)));
+    key_end.resize(static_cast<size_t>(C));
+    part_row.resize(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t qb1 = blocks(c).second;
+      key_end[c] = qb1 == 0 ? 0 : visible_end(causal, (qb1 - 1) * BQ, std::min(BQ, Sq - (qb1 - 1) * BQ), Skv - Sq, Skv);
+      part_row[c] = rows;
+      if (c < C - 1) rows += key_end[c];
+    }
+  }
+  std::pair<int64_t, int64_t> blocks(int64_t c) const { return {c * nqb / C, (c + 1) * nqb / C}; }
+};
+
+}  // namespace
+
+int64_t sdpa_backward_workspace(int64_t B, int64_t, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, bool causal) {
+  return 2 * B * Nkv * BackwardChunks(B, Nkv, Sq, Skv, causal).rows * D;
+}
+
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                    T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal, const int64_t* doc_start) {
+                   bool causal, const int64_t* doc_start, T* workspace) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   const int64_t group = N / Nkv;  // query heads per kv head
   const int64_t BQ = kBackwardBlockQ, BK = kBackwardBlockK;
-  const int64_t nqb = (Sq + BQ - 1) / BQ;
   const int64_t shift = Skv - Sq;  // causal: query i sees keys j ≤ i + shift (bottom-right)
   const T sc = T(scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
-  // Query chunks per (b, kv head): chunk c holds query blocks [c·nqb/C, (c+1)·nqb/C) and sees
-  // keys [0, key_end[c]). The last chunk (it sees every key) accumulates its dK, dV in dk, dv
-  // themselves; each earlier chunk c in its own rows of `part`, key_end[c] rows at part_row[c]
-  // within its (b, kv head)'s `rows` (dk part first, then dv part, `stride` apart).
-  const int64_t C = std::clamp<int64_t>((kMinTasks + B * Nkv - 1) / std::max<int64_t>(B * Nkv, 1), 1,
-                                        std::min(kMaxChunks, std::max<int64_t>(nqb, 1)));
-  auto chunk_blocks = [&](int64_t c) { return std::pair{c * nqb / C, (c + 1) * nqb / C}; };
-  std::vector<int64_t> key_end(static_cast<size_t>(C)), part_row(static_cast<size_t>(C));
-  int64_t rows = 0;
-  for (int64_t c = 0; c < C; ++c) {
-    const int64_t qb1 = chunk_blocks(c).second;
-    key_end[c] = qb1 == 0 ? 0 : visible_end(causal, (qb1 - 1) * BQ, std::min(BQ, Sq - (qb1 - 1) * BQ), shift, Skv);
-    part_row[c] = rows;
-    if (c < C - 1) rows += key_end[c];
-  }
+  const BackwardChunks ch(B, Nkv, Sq, Skv, causal);
+  const int64_t C = ch.C;
+  auto chunk_blocks = [&](int64_t c) { return ch.blocks(c); };
+  const std::vector<int64_t>& key_end = ch.key_end;
+  const std::vector<int64_t>& part_row = ch.part_row;
+  const int64_t rows = ch.rows;
   const int64_t stride = B * Nkv * rows * D;
-  // Not value-initialised: each chunk zeroes the rows it accumulates into (untouched pages cost nothing).
-  std::unique_ptr<T[]> part(stride > 0 ? new T[static_cast<size_t>(2 * stride)] : nullptr);
+  // Not value-initialised: each chunk zeroes the rows it accumulates into.
+  std::unique_ptr<T[]> own(workspace == nullptr && stride > 0 ? new T[static_cast<size_t>(2 * stride)] : nullptr);
+  T* const part = workspace != nullptr ? workspace : own.get();
 
 #pragma omp parallel
   {
@@ -380,7 +404,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
       const bool last = c == C - 1;
       const T* kp = k + bkv * Skv * D;  // [Skv, D]
       const T* vp = v + bkv * Skv * D;
-      T* dkp = last ? dk + bkv * Skv * D : part.get() + (bkv * rows + part_row[c]) * D;  // row j at dkp + j·D
+      T* dkp = last ? dk + bkv * Skv * D : part + (bkv * rows + part_row[c]) * D;  // row j at dkp + j·D
       T* dvp = last ? dv + bkv * Skv * D : dkp + stride;
       std::fill(dkp, dkp + (last ? Skv : key_end[c]) * D, T(0));
       std::fill(dvp, dvp + (last ? Skv : key_end[c]) * D, T(0));
@@ -433,7 +457,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
         T* dvr = dv + row * D;
         for (int64_t c = 0; c < C - 1; ++c) {
           if (j >= key_end[c]) continue;
-          const T* pk = part.get() + (bkv * rows + part_row[c] + j) * D;
+          const T* pk = part + (bkv * rows + part_row[c] + j) * D;
           const T* pv = pk + stride;
           for (int64_t d = 0; d < D; ++d) dkr[d] += pk[d], dvr[d] += pv[d];
         }
@@ -448,10 +472,10 @@ template void sdpa_forward<double>(const double*, const double*, const double*, 
                                    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*);
 template void sdpa_backward<float>(const float*, const float*, const float*, const float*, const float*,
                                    const float*, float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
-                                   int64_t, int64_t, double, bool, const int64_t*);
+                                   int64_t, int64_t, double, bool, const int64_t*, float*);
 template void sdpa_backward<double>(const double*, const double*, const double*, const double*, const double*,
                                     const double*, double*, double*, double*, int64_t, int64_t, int64_t, int64_t,
-                                    int64_t, int64_t, double, bool, const int64_t*);
+                                    int64_t, int64_t, double, bool, const int64_t*, double*);
 
 template <class T>
 void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value) {

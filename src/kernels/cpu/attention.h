@@ -25,10 +25,16 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 //   dv = Pᵀ · dout,  dP = dout · vᵀ,  dS = P ∘ (dP - Δ),  dq = scale · dS · k,  dk = scale · dSᵀ · q.
 // GQA: dk, dv of a kv head sum over the query heads that read it. Never allocates Sq×Skv;
 // deterministic (no atomics). dq [B, N, Sq, D], dk, dv [B, Nkv, Skv, D] are overwritten.
+// `workspace` (may be null: then the kernel allocates it) holds sdpa_backward_workspace(...)
+// elements: the partial dK, dV of the query chunks that run in parallel with the last one.
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                    T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal, const int64_t* doc_start = nullptr);
+                   bool causal, const int64_t* doc_start = nullptr, T* workspace = nullptr);
+
+// The elements of sdpa_backward's workspace for these sizes (0 when it needs none); they depend on
+// the sizes only, so a memory planner can place them.
+int64_t sdpa_backward_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, bool causal);
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]);
 // the mask of composite (matmul → softmax → matmul) attention. x and y may alias.
