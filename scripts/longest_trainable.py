@@ -3,8 +3,8 @@
 
   scripts/longest_trainable.py --impl autosp|pytorch --config configs/llama-tiny.json --budget-gib 4
       [--checkpoint | --no-checkpoint] [--threads T] [--bin build/bin] [--python PY]
-      [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--data random|config] [--set k=v ...]
-      [--out probes.jsonl]
+      [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--data random|config]
+      [--[no-]drop-caches] [--set k=v ...] [--out probes.jsonl]
 
 Each probe is one process that runs one training step (forward, backward, gradient clipping, AdamW)
 of the config's model at batch 1 and sequence length S:
@@ -22,7 +22,7 @@ would run it (method "cgroup"), and it fits when it exits 0: a step that needs m
 fails to allocate. Everything the process touches is charged, the page cache of the libraries it
 maps included (reclaimable, like a container's); so that libraries cached by an earlier process are
 charged too, the page cache is dropped before each probe where /proc/sys/vm/drop_caches is writable
-("caches_dropped"). Without a cgroup (method "rss") a probe fits when it exits 0 with a peak
+("caches_dropped"; --no-drop-caches leaves it, as the tests do). Without a cgroup (method "rss") a probe fits when it exits 0 with a peak
 resident set (the kernel's ru_maxrss: the whole process, its mapped libraries included) within the
 budget, a stricter test for a process that maps large libraries (PyTorch's CUDA build: ~0.5 GB that
 a cgroup could reclaim).
@@ -168,7 +168,7 @@ def run_probe(a, S, cgroup, budget):
     cmd = probe_command(a, S)
     dropped = False
     if cgroup:
-        dropped = drop_page_cache()
+        dropped = a.drop_caches and drop_page_cache()
         cgroup.reset_peak()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=_ROOT,
@@ -216,6 +216,8 @@ def main():
     ap.add_argument("--fit", default="8192,16384", help="two sequence lengths for the bytes-per-token line")
     ap.add_argument("--margin", type=float, default=0.03)
     ap.add_argument("--data", choices=["random", "config"], default="random")
+    ap.add_argument("--drop-caches", action=argparse.BooleanOptionalAction, default=True,
+                    help="drop the page cache before each probe in a cgroup (root only)")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--out")
     a = ap.parse_args()
