@@ -4,7 +4,7 @@
   scripts/longest_trainable.py --impl autosp|pytorch --config configs/llama-tiny.json --budget-gib 4
       [--checkpoint | --no-checkpoint] [--threads T] [--bin build/bin] [--python PY]
       [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--data random|config]
-      [--[no-]drop-caches] [--set k=v ...] [--out probes.jsonl]
+      [--[no-]drop-caches] [--from S] [--set k=v ...] [--out probes.jsonl]
 
 Each probe is one process that runs one training step (forward, backward, gradient clipping, AdamW)
 of the config's model at batch 1 and sequence length S:
@@ -30,7 +30,8 @@ a cgroup could reclaim).
 Search: two probes at the --fit lengths give the growth in bytes per token; the budget over that
 line predicts the longest S; from there probes go up by 25 % while they fit, then bisect between
 the longest that fitted and the shortest that did not until the two are within --margin (all
-rounded to --multiple). The long probes take time: each
+rounded to --multiple). --from S resumes an earlier search: S is taken as fitting and the first
+probe is one --margin above it. The long probes take time: each
 is a full step, quadratic in S through attention.
 
 Prints one JSON line per probe (S, fits, exit status, peak bytes, seconds, the tail of stderr when
@@ -215,6 +216,9 @@ def main():
     ap.add_argument("--multiple", type=int, default=1024)
     ap.add_argument("--fit", default="8192,16384", help="two sequence lengths for the bytes-per-token line")
     ap.add_argument("--margin", type=float, default=0.03)
+    ap.add_argument("--from", dest="known", type=int,
+                    help="a length an earlier run of this budget found to fit: the search starts one --margin "
+                         "above it instead of at the prediction")
     ap.add_argument("--data", choices=["random", "config"], default="random")
     ap.add_argument("--drop-caches", action=argparse.BooleanOptionalAction, default=True,
                     help="drop the page cache before each probe in a cgroup (root only)")
@@ -227,6 +231,8 @@ def main():
         fit = [int(x) for x in a.fit.split(",")]
     except ValueError:
         fit = []
+    if a.known is not None and a.known < 1:
+        fail(f"--from {a.known}: expected a positive length")
     if len(fit) != 2 or fit[0] < 1 or fit[1] <= fit[0]:
         fail(f"--fit '{a.fit}': expected two increasing positive lengths, e.g. 8192,16384")
     if not os.path.isfile(a.config):
@@ -255,6 +261,9 @@ def main():
         # a line: PyTorch's is not).
         lo, hi = fit[1], None
         S = max(predicted, fit[1] + a.multiple)
+        if a.known:
+            lo = max(lo, a.known)
+            S = round_to(int(lo * (1 + a.margin)), a.multiple)
         while True:
             if run_probe(a, S, cgroup, budget)["fits"]:
                 lo = S

@@ -67,6 +67,7 @@ expect_usage_error "margin" --impl autosp --bin "$bin" --config "$cfg" --budget-
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit 4096
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit 4096,1024
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit a,b
+expect_usage_error "--from" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --from 0
 expect_usage_error "no such file" --impl autosp --bin "$bin" --config "$tmp/none.json" --budget-gib 1
 expect_usage_error "not found" --impl autosp --bin "$tmp" --config "$cfg" --budget-gib 1
 expect_usage_error "not found" --impl pytorch --python "$tmp/python" --config "$cfg" --budget-gib 1
