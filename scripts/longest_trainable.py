@@ -4,7 +4,7 @@
   scripts/longest_trainable.py --impl autosp|pytorch --config configs/llama-tiny.json --budget-gib 4
       [--checkpoint | --no-checkpoint] [--threads T] [--bin build/bin] [--python PY]
       [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--data random|config]
-      [--[no-]drop-caches] [--from S] [--set k=v ...] [--out probes.jsonl]
+      [--grow 1.25] [--[no-]drop-caches] [--from S] [--set k=v ...] [--out probes.jsonl]
 
 Each probe is one process that runs one training step (forward, backward, gradient clipping, AdamW)
 of the config's model at batch 1 and sequence length S:
@@ -28,7 +28,7 @@ budget, a stricter test for a process that maps large libraries (PyTorch's CUDA 
 a cgroup could reclaim).
 
 Search: two probes at the --fit lengths give the growth in bytes per token; the budget over that
-line predicts the longest S; from there probes go up by 25 % while they fit, then bisect between
+line predicts the longest S; from there probes go up by --grow (25 %) while they fit, then bisect between
 the longest that fitted and the shortest that did not until the two are within --margin (all
 rounded to --multiple). --from S resumes an earlier search: S is taken as fitting and the first
 probe is one --margin above it. The long probes take time: each
@@ -216,6 +216,7 @@ def main():
     ap.add_argument("--multiple", type=int, default=1024)
     ap.add_argument("--fit", default="8192,16384", help="two sequence lengths for the bytes-per-token line")
     ap.add_argument("--margin", type=float, default=0.03)
+    ap.add_argument("--grow", type=float, default=1.25, help="factor between probes while they fit")
     ap.add_argument("--from", dest="known", type=int,
                     help="a length an earlier run of this budget found to fit: the search starts one --margin "
                          "above it instead of at the prediction")
@@ -225,8 +226,8 @@ def main():
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--out")
     a = ap.parse_args()
-    if not (a.budget_gib > 0) or a.threads < 1 or a.multiple < 1 or not (0 < a.margin < 1):
-        fail("--budget-gib must be > 0, --threads and --multiple >= 1, --margin in (0, 1)")
+    if not (a.budget_gib > 0) or a.threads < 1 or a.multiple < 1 or not (0 < a.margin < 1) or not (a.grow > 1):
+        fail("--budget-gib must be > 0, --threads and --multiple >= 1, --margin in (0, 1), --grow > 1")
     try:
         fit = [int(x) for x in a.fit.split(",")]
     except ValueError:
@@ -271,7 +272,7 @@ def main():
                 hi = S
             if hi is not None and hi - lo <= max(a.multiple, int(lo * a.margin)):
                 break
-            S = round_to(int(lo * 1.25), a.multiple) if hi is None else round_to((lo + hi) // 2, a.multiple)
+            S = round_to(int(lo * a.grow), a.multiple) if hi is None else round_to((lo + hi) // 2, a.multiple)
             if S <= lo:
                 S = lo + a.multiple
             if hi is not None and S >= hi:

@@ -64,6 +64,7 @@ cfg=$src/configs/llama-tiny.json
 expect_usage_error "budget-gib" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 0
 expect_usage_error "budget-gib" --impl autosp --bin "$bin" --config "$cfg" --budget-gib nan
 expect_usage_error "margin" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --margin 1.5
+expect_usage_error "grow" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --grow 1
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit 4096
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit 4096,1024
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit a,b

@@ -2,12 +2,111 @@
 #include "graph/passes/checkpoint_activations.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
 #include "graph/autograd.h"
 
 namespace autosp::passes {
+namespace {
+
+// Whether `in` is still alive at `at` without help: a leaf, or read at `at` or later.
+bool alive_at(const Graph& g, const Node* in, const Node* at) {
+  if (in->op() == Op::input || in->op() == Op::parameter) return true;
+  for (const Node* u : in->users())
+    if (g.position(u) >= g.position(at)) return true;
+  return false;
+}
+
+
+// The token embedding, a gather from the table by the ids, is the first scope's input and so a
+// checkpoint that the backward keeps alive until the first layer's backward. When its inputs stay
+// alive that long anyway (leaves, or the ids' slice AutoSP makes, which the embedding backward
+// reads), it is computed again right before its first backward reader instead: one cheap gather
+// for a [B, S, C] that no longer lives through the backward. A table that dies in the forward (a
+// ZeRO-3 gather, a bf16 cast) keeps the value as it was.
+size_t rematerialize_embeddings(Graph& g, size_t forward_end) {
+  size_t count = 0;
+  for (size_t i = 0; i < forward_end; ++i) {
+    Node* n = g.nodes()[i].get();
+    if (n->op() != Op::embedding) continue;
+    std::vector<Node*> readers;
+    Node* first = nullptr;
+    for (Node* u : n->users())
+      if (g.position(u) >= forward_end) {
+        readers.push_back(u);
+        if (!first || g.position(u) < g.position(first)) first = u;
+      }
+    if (!first) continue;
+    if (!std::all_of(n->inputs().begin(), n->inputs().end(), [&](Node* in) { return alive_at(g, in, first); }))
+      continue;
+    Node* again = g.insert_before(first, n->op(), n->inputs(), n->attrs(), n->name() + ".re", Role::none, n->type());
+    for (Node* u : readers)
+      for (size_t k = 0; k < u->inputs().size(); ++k)
+        if (u->input(k) == n) g.replace_input(u, k, again);
+    ++count;
+  }
+  return count;
+}
+
+// A recomputed value that the rest of the recomputation reads at once and a backward node only
+// much later (the norm before the q, k, v projections, whose weight gradients come after the
+// attention's backward; the attention output's transpose, read by o_proj again and then by its
+// weight gradient after the MLP's backward) would live through everything in between. Where it
+// is cheap (a transpose or reshape, a norm: one memory-bound pass or none), it is computed again
+// right before that reader, from inputs alive there anyway or from cheap recomputed values
+// computed again the same way.
+bool cheap(Op op) { return op == Op::transpose || op == Op::reshape || op == Op::rmsnorm || op == Op::layernorm; }
+
+size_t recompute_again_late(Graph& g, const std::map<Node*, Node*>& clone) {
+  std::set<Node*> clones;
+  std::map<Node*, Node*> orig_of;
+  for (const auto& [orig, re] : clone) clones.insert(re), orig_of[re] = orig;
+  size_t count = 0;
+  // `re` computed again right before `at` (memo: per `at`), or null when that is not possible.
+  std::map<std::pair<Node*, Node*>, Node*> again;
+  std::function<Node*(Node*, Node*, int)> redo = [&](Node* re, Node* at, int depth) -> Node* {
+    if (auto it = again.find({re, at}); it != again.end()) return it->second;
+    if (!clones.count(re) || !cheap(re->op()) || depth > 4) return nullptr;
+    std::vector<Node*> ins;
+    for (Node* in : re->inputs()) {
+      if (alive_at(g, in, at)) {
+        ins.push_back(in);
+      } else if (Node* r = redo(in, at, depth + 1)) {
+        ins.push_back(r);
+      } else {
+        return nullptr;
+      }
+    }
+    Node* n = g.insert_before(at, re->op(), ins, re->attrs(), orig_of.at(re)->name() + ".re2", Role::none, re->type());
+    ++count;
+    return again[{re, at}] = n;
+  };
+  for (const auto& [orig, re] : clone) {
+    if (!cheap(re->op())) continue;
+    std::vector<Node*> late;
+    Node* first = nullptr;
+    bool read_in_recompute = false;
+    for (Node* u : re->users()) {
+      if (clones.count(u)) {
+        read_in_recompute = true;
+        continue;
+      }
+      late.push_back(u);
+      if (!first || g.position(u) < g.position(first)) first = u;
+    }
+    if (!read_in_recompute || !first) continue;
+    Node* n = redo(re, first, 0);
+    if (!n) continue;
+    for (Node* u : late)
+      for (size_t k = 0; k < u->inputs().size(); ++k)
+        if (u->input(k) == re) g.replace_input(u, k, n);
+  }
+  return count;
+}
+
+}  // namespace
 
 PassResult checkpoint_activations(Graph& g, const PassContext& ctx) {
   const size_t forward_end = backward_begin(g);
@@ -73,7 +172,9 @@ PassResult checkpoint_activations(Graph& g, const PassContext& ctx) {
           if (u->input(k) == n) g.replace_input(u, k, clone.at(n));
       }
     }
+    recomputed += recompute_again_late(g, clone);
   }
+  recomputed += rematerialize_embeddings(g, forward_end);
   return {recomputed > 0};
 }
 

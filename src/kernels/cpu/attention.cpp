@@ -59,7 +59,7 @@ namespace {
 // forward gains ~1.3× at D = 16 from 512 keys over 256; the backward, with two tiles live, keeps 64 × 256.
 constexpr int64_t kForwardBlockQ = 128, kForwardBlockK = 512;
 constexpr int64_t kBackwardBlockQ = 64, kBackwardBlockK = 256;
-constexpr int64_t kMinTasks = 16;    // backward: chunks per (b, kv head) until there are this many tasks
+constexpr int64_t kMinTasks = 8;     // backward: chunks per (b, kv head) until there are this many tasks (decision 86)
 constexpr int64_t kMaxChunks = 8;
 
 // ---- vector helpers over one tile row (f32: one clone per ISA; f64: plain loops) ----
