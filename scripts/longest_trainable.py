@@ -41,7 +41,6 @@ that is not a lack of memory (a bad config, a crash) stops the search: exit 1. B
 import argparse
 import json
 import os
-import resource
 import random
 import shutil
 import signal
@@ -53,7 +52,7 @@ import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MEMORY_WORDS = ("out of memory", "can't allocate", "cannot allocate", "bad_alloc", "memoryerror",
-                 "failed to allocate", "std::bad_alloc")
+                 "failed to allocate")
 
 
 def fail(msg):
@@ -176,15 +175,15 @@ def run_probe(a, S, cgroup, budget):
                             preexec_fn=(lambda: cgroup.enter(os.getpid())) if cgroup else None)
     err = proc.stderr.read().decode("utf-8", "replace")
     _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.returncode = code = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
     secs = time.monotonic() - t0
     rss = usage.ru_maxrss * 1024
     cg_peak = cgroup.peak() if cgroup else None
-    killed = proc.returncode < 0 and -proc.returncode == signal.SIGKILL
-    fits = proc.returncode == 0 and (cgroup is not None or rss <= budget)
+    killed = code < 0 and -code == signal.SIGKILL
+    fits = code == 0 and (cgroup is not None or rss <= budget)
     tail = [line[:300] for line in err.strip().splitlines()[-3:]]
-    memory_failure = killed or any(w in err.lower() for w in _MEMORY_WORDS) or (proc.returncode == 0 and not fits)
-    rec = {"impl": a.impl, "S": S, "fits": fits, "exit": proc.returncode, "peak_rss_bytes": rss,
+    memory_failure = killed or any(w in err.lower() for w in _MEMORY_WORDS) or (code == 0 and not fits)
+    rec = {"impl": a.impl, "S": S, "fits": fits, "exit": code, "peak_rss_bytes": rss,
            "cgroup_peak_bytes": cg_peak, "caches_dropped": dropped, "seconds": round(secs, 1),
            "checkpoint": a.checkpoint}
     if not fits:
@@ -194,7 +193,7 @@ def run_probe(a, S, cgroup, budget):
         with open(a.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
     if not fits and not memory_failure:
-        print(f"error: S={S}: the step failed for a reason other than memory (exit {proc.returncode}): "
+        print(f"error: S={S}: the step failed for a reason other than memory (exit {code}): "
               + " | ".join(tail), file=sys.stderr)
         sys.exit(1)
     return rec

@@ -28,6 +28,22 @@ fs::path temp_dir(const std::string& name) {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
 
+// The steps of two quiet runs of `cfg`, with the synthetic task's accuracy scored and not, one
+// run at a time (a step's peak counts what the process holds: a finished run's parameters too).
+struct ScoredUnscored {
+  std::vector<StepRecord> scored, unscored;
+};
+ScoredUnscored run_scored_and_unscored(const Config& cfg) {
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  ScoredUnscored r;
+  r.scored = train(cfg, ta, *world).steps;
+  ta.accuracy = false;
+  r.unscored = train(cfg, ta, *world).steps;
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[trainer][torch]") {
@@ -162,19 +178,14 @@ TEST_CASE("TrainArgs::accuracy off skips the synthetic task's scoring, and nothi
     "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
     "train": {"steps": 2, "log_every": 100},
     "runtime": {"threads": 2}})"));
-  auto world = make_single_process_communicator();
-  TrainArgs ta;
-  ta.quiet = true;
-  const TrainResult scored = train(cfg, ta, *world);
-  ta.accuracy = false;
-  const TrainResult unscored = train(cfg, ta, *world);
-  REQUIRE(scored.steps.size() == 2);
-  REQUIRE(unscored.steps.size() == 2);
+  const auto [scored, unscored] = run_scored_and_unscored(cfg);
+  REQUIRE(scored.size() == 2);
+  REQUIRE(unscored.size() == 2);
   for (size_t k = 0; k < 2; ++k) {
-    CHECK(scored.steps[k].accuracy >= 0);
-    CHECK(unscored.steps[k].accuracy == -1);
-    CHECK(unscored.steps[k].loss == scored.steps[k].loss);
-    CHECK(unscored.steps[k].grad_norm == scored.steps[k].grad_norm);
+    CHECK(scored[k].accuracy >= 0);
+    CHECK(unscored[k].accuracy == -1);
+    CHECK(unscored[k].loss == scored[k].loss);
+    CHECK(unscored[k].grad_norm == scored[k].grad_norm);
   }
 }
 
@@ -189,16 +200,12 @@ TEST_CASE("unless accuracy is scored, the logits die at the loss's backward", "[
     "data": {"source": "synthetic", "seq_len": 128, "batch_size": 1},
     "train": {"steps": 1, "log_every": 100},
     "runtime": {"threads": 2, "activation_checkpointing": true}})"));
-  auto world = make_single_process_communicator();
-  TrainArgs ta;
-  ta.quiet = true;
-  // One run at a time: the peak counts what the process holds (a finished run's parameters too).
-  const StepRecord scored = train(cfg, ta, *world).steps.at(0);
-  ta.accuracy = false;
-  const StepRecord unscored = train(cfg, ta, *world).steps.at(0);
+  const auto [scored, unscored] = run_scored_and_unscored(cfg);
+  REQUIRE(scored.size() == 1);
+  REQUIRE(unscored.size() == 1);
   const size_t logits_bytes = 1 * 128 * 64 * sizeof(float);
-  CHECK(unscored.loss == scored.loss);
-  CHECK(scored.peak_bytes - unscored.peak_bytes == logits_bytes);
+  CHECK(unscored[0].loss == scored[0].loss);
+  CHECK(scored[0].peak_bytes - unscored[0].peak_bytes == logits_bytes);
 }
 
 TEST_CASE("malformed checkpoints are named errors", "[trainer]") {

@@ -232,14 +232,13 @@ Tensor sdpa_backward(const KernelCall& c) {
     c.extras.push_back(dk);
     Tensor dv = extra_like(c, v.shape(), v.dtype());
     c.extras.push_back(dv);
-    const bool causal = c.node.attrs().b("causal");
-    const size_t ws = sizeof(T) * static_cast<size_t>(cpu::sdpa_backward_workspace(
-                                       q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), causal));
-    T* workspace = c.workspace.defined() && c.workspace.nbytes() >= ws ? reinterpret_cast<T*>(c.workspace.data<int64_t>()) : nullptr;
+    // The planned workspace, when there is one large enough for T (a bf16 node's runs in f32).
+    const bool planned = c.workspace.defined() && c.workspace.nbytes() >= sdpa_backward_workspace(c.node, c.bindings);
+    T* workspace = planned ? reinterpret_cast<T*>(c.workspace.data<int64_t>()) : nullptr;
     cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), t[3].data<T>(), t[4].data<T>(), t[5].data<T>(),
                           dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
-                          q.dim(3), c.node.attrs().f("scale"), causal, docs.defined() ? docs.data<int64_t>() : nullptr,
-                          workspace);
+                          q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
+                          docs.defined() ? docs.data<int64_t>() : nullptr, workspace);
     return dq;
   });
 }
@@ -521,10 +520,6 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
   });
 }
 
-// bf16 emulation (engine/launchers.h): a node with a bf16 input or output runs its f32 kernel on inputs
-// widened to f32, and each result is rounded once to its (bf16) type: the numerics of the CUDA
-// kernels (f32 compute, one rounding per result), not their speed. Ops that only move bytes, and
-// the conversion and constant ops, handle bf16 themselves.
 // x [..., C] as rows [R, C]; w_gate, w_up [I, C], w_down [C, I] → y [..., C].
 Tensor swiglu_mlp(const KernelCall& c) {
   const Tensor x = c.in[0].contiguous(), wg = c.in[1].contiguous(), wu = c.in[2].contiguous(),
@@ -553,6 +548,10 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
   });
 }
 
+// bf16 emulation (engine/launchers.h): a node with a bf16 input or output runs its f32 kernel on inputs
+// widened to f32, and each result is rounded once to its (bf16) type: the numerics of the CUDA
+// kernels (f32 compute, one rounding per result), not their speed. Ops that only move bytes, and
+// the conversion and constant ops, handle bf16 themselves.
 bool emulates_bf16(const KernelCall& c) {
   if (op_info(c.node.op()).numerics != Numerics::computes) return false;  // the op table's column
   if (c.node.dtype() == DType::bf16) return true;

@@ -19,6 +19,12 @@ bool alive_at(const Graph& g, const Node* in, const Node* at) {
   return false;
 }
 
+// `readers` read `to` wherever they read `from`.
+void switch_readers(Graph& g, const std::vector<Node*>& readers, Node* from, Node* to) {
+  for (Node* u : readers)
+    for (size_t k = 0; k < u->inputs().size(); ++k)
+      if (u->input(k) == from) g.replace_input(u, k, to);
+}
 
 // The token embedding, a gather from the table by the ids, is the first scope's input and so a
 // checkpoint that the backward keeps alive until the first layer's backward. When its inputs stay
@@ -41,10 +47,8 @@ size_t rematerialize_embeddings(Graph& g, size_t forward_end) {
     if (!first) continue;
     if (!std::all_of(n->inputs().begin(), n->inputs().end(), [&](Node* in) { return alive_at(g, in, first); }))
       continue;
-    Node* again = g.insert_before(first, n->op(), n->inputs(), n->attrs(), n->name() + ".re", Role::none, n->type());
-    for (Node* u : readers)
-      for (size_t k = 0; k < u->inputs().size(); ++k)
-        if (u->input(k) == n) g.replace_input(u, k, again);
+    switch_readers(g, readers, n,
+                   g.insert_before(first, n->op(), n->inputs(), n->attrs(), n->name() + ".re", Role::none, n->type()));
     ++count;
   }
   return count;
@@ -64,24 +68,22 @@ size_t recompute_again_late(Graph& g, const std::map<Node*, Node*>& clone) {
   std::map<Node*, Node*> orig_of;
   for (const auto& [orig, re] : clone) clones.insert(re), orig_of[re] = orig;
   size_t count = 0;
-  // `re` computed again right before `at` (memo: per `at`), or null when that is not possible.
+  // Whether `re` can be computed again right before `at`: cheap, from inputs alive there or
+  // themselves computable again (a short chain: transpose then reshape).
+  std::function<bool(Node*, Node*, int)> can_redo = [&](Node* re, Node* at, int depth) {
+    if (!clones.count(re) || !cheap(re->op()) || depth > 4) return false;
+    return std::all_of(re->inputs().begin(), re->inputs().end(),
+                       [&](Node* in) { return alive_at(g, in, at) || can_redo(in, at, depth + 1); });
+  };
+  // `re` computed again right before `at` (can_redo holds; memo per `at`).
   std::map<std::pair<Node*, Node*>, Node*> again;
-  std::function<Node*(Node*, Node*, int)> redo = [&](Node* re, Node* at, int depth) -> Node* {
+  std::function<Node*(Node*, Node*)> redo = [&](Node* re, Node* at) -> Node* {
     if (auto it = again.find({re, at}); it != again.end()) return it->second;
-    if (!clones.count(re) || !cheap(re->op()) || depth > 4) return nullptr;
     std::vector<Node*> ins;
-    for (Node* in : re->inputs()) {
-      if (alive_at(g, in, at)) {
-        ins.push_back(in);
-      } else if (Node* r = redo(in, at, depth + 1)) {
-        ins.push_back(r);
-      } else {
-        return nullptr;
-      }
-    }
-    Node* n = g.insert_before(at, re->op(), ins, re->attrs(), orig_of.at(re)->name() + ".re2", Role::none, re->type());
+    for (Node* in : re->inputs()) ins.push_back(alive_at(g, in, at) ? in : redo(in, at));
     ++count;
-    return again[{re, at}] = n;
+    return again[{re, at}] =
+               g.insert_before(at, re->op(), ins, re->attrs(), orig_of.at(re)->name() + ".re2", Role::none, re->type());
   };
   for (const auto& [orig, re] : clone) {
     if (!cheap(re->op())) continue;
@@ -96,12 +98,8 @@ size_t recompute_again_late(Graph& g, const std::map<Node*, Node*>& clone) {
       late.push_back(u);
       if (!first || g.position(u) < g.position(first)) first = u;
     }
-    if (!read_in_recompute || !first) continue;
-    Node* n = redo(re, first, 0);
-    if (!n) continue;
-    for (Node* u : late)
-      for (size_t k = 0; k < u->inputs().size(); ++k)
-        if (u->input(k) == re) g.replace_input(u, k, n);
+    if (!read_in_recompute || !first || !can_redo(re, first, 0)) continue;
+    switch_readers(g, late, re, redo(re, first));
   }
   return count;
 }
@@ -165,12 +163,10 @@ PassResult checkpoint_activations(Graph& g, const PassContext& ctx) {
     }
     // Backward readers switch to the recomputed values.
     for (Node* n : read_by_backward) {
-      std::vector<Node*> users = n->users();
-      for (Node* u : users) {
-        if (g.position(u) < forward_end) continue;
-        for (size_t k = 0; k < u->inputs().size(); ++k)
-          if (u->input(k) == n) g.replace_input(u, k, clone.at(n));
-      }
+      std::vector<Node*> backward_users;
+      for (Node* u : n->users())
+        if (g.position(u) >= forward_end) backward_users.push_back(u);
+      switch_readers(g, backward_users, n, clone.at(n));
     }
     recomputed += recompute_again_late(g, clone);
   }

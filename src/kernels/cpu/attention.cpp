@@ -36,7 +36,8 @@
 // threads when B·Nkv is small, 1 when it is large), so the summation order, and every bit of the
 // result, is the same for any thread count, without atomics. Scratch: two [BQ, BK] tiles and a
 // [D, BK] panel per thread and, with several chunks, the earlier chunks' dK, dV: under causal
-// masking with C chunks about (C - 1)/2 copies of dk and dv (1.5 at C = 4), outside the memory plan.
+// masking with C chunks about (C - 1)/2 copies of dk and dv (0.5 at C = 2), in a workspace whose
+// size depends on the sizes only (sdpa_backward_workspace), which the memory plan places.
 #include "kernels/cpu/attention.h"
 
 #include <cblas.h>
@@ -381,11 +382,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
   const BackwardChunks ch(B, Nkv, Sq, Skv, causal);
-  const int64_t C = ch.C;
-  auto chunk_blocks = [&](int64_t c) { return ch.blocks(c); };
-  const std::vector<int64_t>& key_end = ch.key_end;
-  const std::vector<int64_t>& part_row = ch.part_row;
-  const int64_t rows = ch.rows;
+  const int64_t C = ch.C, rows = ch.rows;
   const int64_t stride = B * Nkv * rows * D;
   // Not value-initialised: each chunk zeroes the rows it accumulates into.
   std::unique_ptr<T[]> own(workspace == nullptr && stride > 0 ? new T[static_cast<size_t>(2 * stride)] : nullptr);
@@ -404,11 +401,11 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
       const bool last = c == C - 1;
       const T* kp = k + bkv * Skv * D;  // [Skv, D]
       const T* vp = v + bkv * Skv * D;
-      T* dkp = last ? dk + bkv * Skv * D : part + (bkv * rows + part_row[c]) * D;  // row j at dkp + j·D
+      T* dkp = last ? dk + bkv * Skv * D : part + (bkv * rows + ch.part_row[c]) * D;  // row j at dkp + j·D
       T* dvp = last ? dv + bkv * Skv * D : dkp + stride;
-      std::fill(dkp, dkp + (last ? Skv : key_end[c]) * D, T(0));
-      std::fill(dvp, dvp + (last ? Skv : key_end[c]) * D, T(0));
-      const auto [qb0, qb1] = chunk_blocks(c);
+      std::fill(dkp, dkp + (last ? Skv : ch.key_end[c]) * D, T(0));
+      std::fill(dvp, dvp + (last ? Skv : ch.key_end[c]) * D, T(0));
+      const auto [qb0, qb1] = ch.blocks(c);
       const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
       for (int64_t h = (bkv % Nkv) * group; h < (bkv % Nkv + 1) * group; ++h) {
         const int64_t bh = b * N + h;
@@ -456,8 +453,8 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
         T* dkr = dk + row * D;
         T* dvr = dv + row * D;
         for (int64_t c = 0; c < C - 1; ++c) {
-          if (j >= key_end[c]) continue;
-          const T* pk = part + (bkv * rows + part_row[c] + j) * D;
+          if (j >= ch.key_end[c]) continue;
+          const T* pk = part + (bkv * rows + ch.part_row[c] + j) * D;
           const T* pv = pk + stride;
           for (int64_t d = 0; d < D; ++d) dkr[d] += pk[d], dvr[d] += pv[d];
         }
