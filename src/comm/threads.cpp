@@ -24,6 +24,7 @@
 #include <thread>
 #include <utility>
 
+#include "device/stream_slot.h"
 #include "tensor/convert.h"
 
 #ifdef AUTOSP_WITH_CUDA
@@ -242,9 +243,11 @@ class Pending final : public PendingCollective {
   std::shared_ptr<Task> task_;
 };
 
-// Runs tasks one after another on a thread of its own, in the order they were queued.
+// Runs tasks one after another on a thread of its own, in the order they were queued, in the
+// stream slot of the rank that made it (its CUDA work goes on the rank's stream).
 class Worker {
  public:
+  explicit Worker(int slot) : slot_(slot) {}
   ~Worker() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -259,7 +262,11 @@ class Worker {
     task->run = std::move(run);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      if (!thread_.joinable())
+        thread_ = std::thread([this] {
+          StreamSlotScope in(slot_);  // drained when the loop ends
+          loop();
+        });
       queue_.push_back(task);
       last_ = task;
     }
@@ -306,6 +313,7 @@ class Worker {
   std::deque<std::shared_ptr<Task>> queue_;
   std::shared_ptr<Task> last_;
   bool stop_ = false;
+  const int slot_;
   std::thread thread_;
 };
 
@@ -341,7 +349,7 @@ std::unique_ptr<PendingCollective> ThreadCommunicator::reduce_scatter_sum_async(
 // A reduction queued on this communicator's worker (`in` and `out` stay alive until it is done).
 std::unique_ptr<PendingCollective> ThreadCommunicator::start(const Tensor& in, Tensor& out, bool chunk_of_rank,
                                                              const char* what) {
-  if (!worker_) worker_ = std::make_unique<Worker>();
+  if (!worker_) worker_ = std::make_unique<Worker>(stream_slot());
   const Device d = out.device();
   // Handles to the caller's buffers (the Tensor objects themselves may be temporaries).
   return std::make_unique<Pending>(worker_->enqueue([this, src = in, dst = out, d, chunk_of_rank, what]() mutable {
@@ -546,7 +554,9 @@ void run_thread_ranks(int ranks, const std::function<void(ThreadCommunicator& wo
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
       try {
+        StreamSlotScope slot(r + 1);  // a CUDA stream and allocator of its own on each device
         body(*comms[static_cast<size_t>(r)]);
+        slot.leave();
       } catch (...) {
         {
           std::lock_guard<std::mutex> lock(mu);

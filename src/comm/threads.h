@@ -8,6 +8,10 @@
 //     on the rank's compute stream, ordered across ranks by events recorded before each barrier:
 //     a rank's stream waits for its peers' inputs to be ready and, before it goes on, for its
 //     peers to have finished reading its own. Correct whether the ranks share a stream or not.
+//   - run_thread_ranks runs rank r in stream slot r + 1 (device/stream_slot.h): on a GPU each rank
+//     has a compute stream and a caching allocator of its own, ordered after the work the calling
+//     thread had queued, and drained before the rank's thread ends. Ranks made by
+//     make_thread_communicators run in whatever slot their threads are in.
 //   - all_reduce_sum_async and reduce_scatter_sum_async run on a worker thread of the communicator, in the order the
 //     collectives were started (holding handles to the tensors: their storage must stay untouched,
 //     the Tensor objects may go); a blocking collective first waits for the started ones.

@@ -28,6 +28,7 @@ Tensor to_device(const Tensor& t, Device to) {
 }
 void copy_on_device(const Tensor&, const Tensor&) { no_backend("a device copy"); }
 void synchronize() {}
+void drain_stream_slot(int) {}
 void check_attention_backend(AttentionBackend backend) {
   if (backend != AttentionBackend::flash) no_backend("runtime.attention \"cudnn\"");
 }

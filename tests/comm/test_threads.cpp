@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/threads.h"
+#include "device/stream_slot.h"
 #include "tensor/convert.h"
 
 namespace autosp {
@@ -116,6 +117,41 @@ TEST_CASE("threads: broadcast, all_to_all, all_gather and reduce_scatter_sum mov
       }
     }
   }
+}
+
+// On a GPU each rank then has its own compute stream and allocator (device/cuda/device.h; the
+// streams themselves are checked in tests/cuda/test_thread_sp.cpp).
+TEST_CASE("threads: rank r runs in stream slot r + 1, and the caller's thread stays in slot 0", "[threads]") {
+  for (int P = 1; P <= 4; ++P) {
+    std::vector<int> slot(static_cast<size_t>(P), -1);
+    run_thread_ranks(P, [&](ThreadCommunicator& w) { slot[static_cast<size_t>(w.rank())] = stream_slot(); });
+    for (int r = 0; r < P; ++r) CHECK(slot[static_cast<size_t>(r)] == r + 1);
+    CHECK(stream_slot() == 0);
+  }
+  // A rank that throws leaves its slot too; the next run's ranks enter theirs afresh.
+  CHECK_THROWS(run_thread_ranks(2, [](ThreadCommunicator& w) {
+    if (w.rank() == 1) throw std::runtime_error("rank 1 fails");
+  }));
+  std::vector<int> again(2, -1);
+  run_thread_ranks(2, [&](ThreadCommunicator& w) { again[static_cast<size_t>(w.rank())] = stream_slot(); });
+  CHECK(again == std::vector<int>{1, 2});
+}
+
+TEST_CASE("threads: a stream slot scope sets the thread's slot, restores 0 and does not nest", "[threads]") {
+  CHECK(stream_slot() == 0);
+  {
+    StreamSlotScope in(3);
+    CHECK(stream_slot() == 3);
+    CHECK_THROWS_WITH(StreamSlotScope(2), Catch::Contains("already in slot 3"));
+    CHECK(stream_slot() == 3);
+    in.leave();
+    CHECK(stream_slot() == 0);
+  }
+  {
+    StreamSlotScope in(1);
+  }
+  CHECK(stream_slot() == 0);
+  CHECK_THROWS(StreamSlotScope(-1));
 }
 
 TEST_CASE("threads: split makes the sub-groups MPI_Comm_split makes", "[threads]") {

@@ -1,9 +1,10 @@
-// The CUDA device runtime (see device.h): per-device state (caching allocator, compute stream),
-// device selection by local rank, host <-> device copies.
+// The CUDA device runtime (see device.h): per-device state (a caching allocator and a compute
+// stream per stream slot), device selection by local rank, host <-> device copies.
 #include "device/cuda/device.h"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -11,13 +12,22 @@
 #include "kernels/cuda/common.cuh"
 #include "device/cuda/copy.h"
 #include "device/local_rank.h"
+#include "device/stream_slot.h"
 
 namespace autosp {
 namespace {
 
-struct DeviceState {
+// One stream slot of a device (device/stream_slot.h): a stream and the allocator whose blocks are
+// reused in its order.
+struct SlotState {
   std::unique_ptr<CachingAllocator> alloc;
   cudaStream_t stream = nullptr;
+};
+
+// A device's slots by index, each created on first use (slot 0 with the device). Never shrinks:
+// slot states live as long as the process, like the tensors that may still free into them.
+struct DeviceState {
+  std::vector<std::unique_ptr<SlotState>> slots;
 };
 
 // Makes `device` current for the scope (allocation and stream creation for a device other than the
@@ -71,22 +81,63 @@ void check_index(int device, size_t visible) {
                          visible == 0 ? ": no CUDA device is visible to this process" : ""));
 }
 
-DeviceState& state(int device) {
-  std::lock_guard<std::mutex> lock(g_mu);
+std::unique_ptr<SlotState> make_slot(int device) {
+  auto s = std::make_unique<SlotState>();
+  s->alloc = std::make_unique<CachingAllocator>(
+      Device{DeviceKind::cuda, device},
+      RawMemory{[device](size_t n) { return raw_allocate(device, n); }, [device](void* p) { raw_release(device, p); }});
+  CurrentDevice on(device);
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+  return s;
+}
+
+// The state of `device` with its slot 0, created on first use. Call with g_mu held.
+DeviceState& state_locked(int device) {
   auto& all = states();
   check_index(device, all.size());
   auto& st = all[static_cast<size_t>(device)];
   if (!st) {
-    auto s = std::make_unique<DeviceState>();
-    s->alloc = std::make_unique<CachingAllocator>(
-        Device{DeviceKind::cuda, device},
-        RawMemory{[device](size_t n) { return raw_allocate(device, n); },
-                  [device](void* p) { raw_release(device, p); }});
-    CurrentDevice on(device);
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
-    st = std::move(s);
+    auto d = std::make_unique<DeviceState>();
+    d->slots.push_back(make_slot(device));
+    st = std::move(d);
   }
   return *st;
+}
+
+void ensure_state(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  state_locked(device);
+}
+
+// The devices whose slot stream the calling thread has ordered after slot 0 since it entered its
+// slot (drain_stream_slot forgets them).
+thread_local std::vector<int> t_joined;
+
+// The calling thread's slot of `device`. A slot > 0 is created on first use; the first time this
+// thread uses it, its stream waits for what slot 0's stream has queued.
+SlotState& slot_of(int device) {
+  const size_t slot = static_cast<size_t>(stream_slot());
+  SlotState* mine = nullptr;
+  cudaStream_t origin = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    DeviceState& d = state_locked(device);
+    if (slot == 0) return *d.slots[0];
+    if (d.slots.size() <= slot) d.slots.resize(slot + 1);
+    if (!d.slots[slot]) d.slots[slot] = make_slot(device);
+    mine = d.slots[slot].get();
+    origin = d.slots[0]->stream;
+  }
+  if (std::find(t_joined.begin(), t_joined.end(), device) == t_joined.end()) {
+    CurrentDevice on(device);
+    cudaEvent_t made = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&made, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(made, origin));
+    CUDA_CHECK(cudaStreamWaitEvent(mine->stream, made, 0));
+    CUDA_CHECK(cudaEventDestroy(made));  // released once the wait has been satisfied
+    t_joined.push_back(device);
+  }
+  return *mine;
 }
 
 int current_device() {
@@ -123,12 +174,27 @@ void use_device(int device) {
   // to `device` and back, and switching back initialises a context on the previous device (GPU 0
   // by default) in every rank, a few hundred MiB of GPU 0 per rank.
   CUDA_CHECK(cudaSetDevice(device));
-  state(device);
+  ensure_state(device);
 }
 
-CachingAllocator& cuda_allocator(int device) { return *state(device).alloc; }
+CachingAllocator& cuda_allocator(int device) { return *slot_of(device).alloc; }
 
-CUstream_st* compute_stream(int device) { return state(device).stream; }
+CUstream_st* compute_stream(int device) { return slot_of(device).stream; }
+
+void drain_stream_slot(int slot) {
+  std::vector<int> joined;
+  joined.swap(t_joined);
+  if (slot == 0) return;
+  for (int device : joined) {
+    cudaStream_t s = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      s = states()[static_cast<size_t>(device)]->slots[static_cast<size_t>(slot)]->stream;
+    }
+    CurrentDevice on(device);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+}
 
 Tensor to_device(const Tensor& t, Device to) {
   AUTOSP_ASSERT(t.defined(), "to_device of an undefined tensor");

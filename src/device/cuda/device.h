@@ -1,12 +1,15 @@
 // The CUDA device runtime as the rest of autosp sees it: which devices exist, which one this rank
-// uses, each device's caching allocator and its one compute stream, copies between host and
-// device, and whether the build runs an attention backend. No CUDA header is needed to include this (the stream is the
-// driver's opaque CUstream_st*, which is what cudaStream_t names).
+// uses, each device's caching allocators and compute streams, copies between host and device, and
+// whether the build runs an attention backend. No CUDA header is needed to include this (the
+// stream is the driver's opaque CUstream_st*, which is what cudaStream_t names).
 //
-// Every kernel of a device is enqueued on its compute stream, so tensors freed to the caching
-// allocator are reused in stream order without events. Anything that works on another stream (the
-// NCCL communicator) must order itself after the compute stream and back (cudaEventRecord on one,
-// cudaStreamWaitEvent on the other).
+// A device has one compute stream and one caching allocator per stream slot (device/stream_slot.h):
+// slot 0 for ordinary threads, slot r + 1 for thread rank r, so ranks sharing a GPU run on streams
+// of their own. compute_stream() and cuda_allocator() answer for the calling thread's slot. Every
+// kernel a thread enqueues goes on its slot's stream, so tensors freed to that slot's allocator are
+// reused in stream order without events. Anything that works on another stream (the NCCL
+// communicator, a peer rank's collective) must order itself after the compute stream and back
+// (cudaEventRecord on one, cudaStreamWaitEvent on the other).
 //
 // Builds without CUDA have the same functions (src/device/cuda_absent.cpp): cuda_available() is
 // false, cuda_device_count() 0, and the others throw UsageError("... this build has no CUDA backend
@@ -32,12 +35,19 @@ int select_device_for_local_rank();
 // Make `device` current (cudaSetDevice); the executor calls it before running on that device.
 void use_device(int device);
 
-// The caching allocator of `device` (created on first use).
+// The caching allocator of `device` in the calling thread's stream slot (created on first use).
 CachingAllocator& cuda_allocator(int device);
 
-// The stream every kernel of `device` runs on (created on first use; never the legacy default
-// stream, so host threads using other streams are not serialised behind it).
+// The stream the calling thread's kernels on `device` run on: its stream slot's (created on first
+// use; never the legacy default stream, so host threads using other streams are not serialised
+// behind it). In a slot > 0, the first call for a device orders the slot's stream after the work
+// already queued on that device's slot-0 stream.
 CUstream_st* compute_stream(int device);
+
+// Waits until the streams of slot `slot` that the calling thread used have finished, and forgets
+// them (StreamSlotScope::leave; a no-op in builds without CUDA). An asynchronous kernel failure is
+// thrown here as RuntimeFailure.
+void drain_stream_slot(int slot);
 
 // A copy of `t` on `to` (host → device, device → host, device → device; contiguous result). A copy
 // to the host waits for it (and for all work before it on the compute stream); the others are
