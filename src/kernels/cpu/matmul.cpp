@@ -103,21 +103,38 @@ void pack_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, f
   }
 }
 
-// Micro-panel q of the B block at (p0, j0): op(B)[p0 + k][j0 + q·kNR + j] → bp[q·kc·kNR + k·kNR + j]
-// for the `cols` ≤ kNR columns left in the block, 0 beyond.
-void pack_b_panel(const Operands& o, int64_t p0, int64_t kc, int64_t j, int64_t cols, float* dst) {
-  if (o.tb) {  // stored [N, K]: each column is consecutive over k
-    for (int64_t c = 0; c < cols; ++c) {
-      const float* src = o.b + (j + c) * o.ldb + p0;
-      for (int64_t k = 0; k < kc; ++k) dst[k * kNR + c] = src[k];
+// Micro-panels [q0, q1) of the B block at (p0, j0) of width nc: op(B)[p0 + k][j0 + q·kNR + j] →
+// bp[q·kc·kNR + k·kNR + j], 0 past the block's last column. Stored [K, N], each row k of the
+// thread's panels is read in one contiguous sweep (the panel-at-a-time order read 128 bytes from
+// each of kc rows ldb apart: a new page per row once ldb ≥ 1024 floats, which the prefetcher does
+// not follow). Stored [N, K], each column is consecutive over k and is scattered kNR apart.
+__attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                                               int64_t q0, int64_t q1, float* bp) {
+  if (o.tb) {
+    for (int64_t q = q0; q < q1; ++q) {
+      float* dst = bp + q * kc * kNR;
+      const int64_t cols = std::min(kNR, nc - q * kNR);
+      for (int64_t c = 0; c < cols; ++c) {
+        const float* src = o.b + (j0 + q * kNR + c) * o.ldb + p0;
+        for (int64_t k = 0; k < kc; ++k) dst[k * kNR + c] = src[k];
+      }
+      for (int64_t c = cols; c < kNR; ++c)
+        for (int64_t k = 0; k < kc; ++k) dst[k * kNR + c] = 0.0f;
     }
-    for (int64_t c = cols; c < kNR; ++c)
-      for (int64_t k = 0; k < kc; ++k) dst[k * kNR + c] = 0.0f;
-  } else {  // stored [K, N]: each k reads `cols` consecutive floats
-    for (int64_t k = 0; k < kc; ++k) {
-      const float* src = o.b + (p0 + k) * o.ldb + j;
-      for (int64_t c = 0; c < cols; ++c) dst[k * kNR + c] = src[c];
-      for (int64_t c = cols; c < kNR; ++c) dst[k * kNR + c] = 0.0f;
+    return;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* src = o.b + (p0 + k) * o.ldb + j0;
+    for (int64_t q = q0; q < q1; ++q) {
+      float* dst = bp + q * kc * kNR + k * kNR;
+      const int64_t cols = std::min(kNR, nc - q * kNR);
+      if (cols == kNR) {
+#pragma GCC unroll 4
+        for (int64_t v = 0; v < kNR / 16; ++v) vec16::store(dst + 16 * v, vec16::load(src + q * kNR + 16 * v));
+        continue;
+      }
+      for (int64_t c = 0; c < cols; ++c) dst[c] = src[q * kNR + c];
+      for (int64_t c = cols; c < kNR; ++c) dst[c] = 0.0f;
     }
   }
 }
@@ -156,8 +173,7 @@ void sgemm_thread(const Operands& o, int64_t M, int64_t N, int64_t K, float alph
       if (threads > 1) {
 #pragma omp barrier
       }
-      for (int64_t q = panels * thread / threads; q < panels * (thread + 1) / threads; ++q)
-        pack_b_panel(o, pc, kc, jc + q * kNR, std::min(kNR, nc - q * kNR), bp + q * kc * kNR);
+      pack_b(o, pc, kc, jc, nc, panels * thread / threads, panels * (thread + 1) / threads, bp);
       if (threads > 1) {
 #pragma omp barrier
       }
