@@ -16,7 +16,7 @@ thread_local int t_slot = 0;
 
 int stream_slot() { return t_slot; }
 
-StreamSlotScope::StreamSlotScope(int slot) {
+StreamSlotScope::StreamSlotScope(int slot) : slot_(slot) {
   AUTOSP_ASSERT(slot >= 0, "stream slot ", slot);
   AUTOSP_ASSERT(t_slot == 0, "stream slot ", slot, " entered by a thread already in slot ", t_slot);
   t_slot = slot;
@@ -27,16 +27,14 @@ StreamSlotScope::~StreamSlotScope() {
   try {
     leave();
   } catch (const std::exception& e) {  // a destructor must not throw: the error is the body's to report
-    spdlog::error("leaving stream slot {}: {}", t_slot, e.what());
-    t_slot = 0;
+    spdlog::error("leaving stream slot {}: {}", slot_, e.what());
   }
 }
 
 void StreamSlotScope::leave() {
   left_ = true;
-  const int slot = t_slot;
   t_slot = 0;
-  drain_stream_slot(slot);
+  drain_stream_slot(slot_);
 }
 
 }  // namespace autosp

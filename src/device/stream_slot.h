@@ -32,6 +32,7 @@ class StreamSlotScope {
   void leave();
 
  private:
+  const int slot_;
   bool left_ = false;
 };
 
