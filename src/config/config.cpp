@@ -117,6 +117,7 @@ const std::vector<Key>& schema() {
       {"runtime.threads", Kind::integer, 0, 1024, "", {}, F(runtime, threads)},
       {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", {}, F(runtime, activation_checkpointing)},
       {"runtime.tiled_mlp", Kind::boolean, 0, 0, "", {}, F(runtime, tiled_mlp)},
+      {"runtime.tiled_loss", Kind::boolean, 0, 0, "", {}, F(runtime, tiled_loss)},
       {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", {}, F(runtime, fuse_kernels)},
       {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", {}, F(runtime, overlap_grad_sync)},
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", {}, F(runtime, grad_bucket_mb)},
@@ -455,6 +456,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                   {"threads", c.runtime.threads},
                   {"activation_checkpointing", c.runtime.activation_checkpointing},
                   {"tiled_mlp", c.runtime.tiled_mlp},
+                  {"tiled_loss", c.runtime.tiled_loss},
                   {"fuse_kernels", c.runtime.fuse_kernels},
                   {"overlap_grad_sync", c.runtime.overlap_grad_sync},
                   {"grad_bucket_mb", c.runtime.grad_bucket_mb}};

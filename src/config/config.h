@@ -69,6 +69,10 @@ struct RuntimeConfig {
   // Llama's MLP as one tiled op (swiglu_mlp, kernels/cpu/mlp.h): no [S, intermediate] tensor is
   // planned, the backward recomputes the gate and up projections chunk by chunk.
   bool tiled_mlp = false;
+  // The LM head and the loss as one tiled op (linear_cross_entropy_sum, kernels/cpu/loss.h): no
+  // [S, vocab] logits are planned, the backward computes them again chunk by chunk; the graph
+  // outputs each position's argmax ("predictions") instead of the logits.
+  bool tiled_loss = false;
   // Fused kernels (residual add + norm, bias + GELU) by passes/fuse_elementwise before autograd.
   bool fuse_kernels = true;
   // Gradient all-reduce: buckets of about grad_bucket_mb MiB (DDP's bucket_cap_mb), each started

@@ -79,6 +79,10 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::bias_gelu_tanh_backward, cpu_ops::bias_gelu_tanh_backward, AUTOSP_CUDA(bias_gelu_tanh_backward)},
     {Op::swiglu_mlp, cpu_ops::swiglu_mlp, AUTOSP_CUDA(swiglu_mlp)},
     {Op::swiglu_mlp_backward, cpu_ops::swiglu_mlp_backward, AUTOSP_CUDA(swiglu_mlp_backward)},
+    {Op::linear_cross_entropy_sum, cpu_ops::linear_cross_entropy_sum, AUTOSP_CUDA(linear_cross_entropy_sum),
+     cpu_ops::linear_cross_entropy_workspace},
+    {Op::linear_cross_entropy_backward, cpu_ops::linear_cross_entropy_backward,
+     AUTOSP_CUDA(linear_cross_entropy_backward), cpu_ops::linear_cross_entropy_workspace},
 }};
 
 constexpr bool kernels_in_order() {

@@ -67,7 +67,9 @@ inline cpu::RopeScaling rope_scaling_of(const Node& n) {
   Tensor bias_gelu_tanh(const KernelCall& c);                                            \
   Tensor bias_gelu_tanh_backward(const KernelCall& c);                                   \
   Tensor swiglu_mlp(const KernelCall& c);                                                \
-  Tensor swiglu_mlp_backward(const KernelCall& c);
+  Tensor swiglu_mlp_backward(const KernelCall& c);                                       \
+  Tensor linear_cross_entropy_sum(const KernelCall& c);                                  \
+  Tensor linear_cross_entropy_backward(const KernelCall& c);
 
 // The template rows of the dispatch table, instantiated by each launcher file after its
 // definitions (one list for both).
@@ -101,6 +103,10 @@ Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_launcher);
 // The CPU sdpa_backward's partial dK, dV (kernels/cpu/attention.h), in bytes of its compute type
 // (f32 for bf16 nodes, which run through bf16_via_f32).
 size_t sdpa_backward_workspace(const Node& n, const Bindings& b);
+
+// The [rows, V] logits chunk the tiled head + loss wants as workspace (kernels/cpu/loss.h), in
+// bytes of its compute type.
+size_t linear_cross_entropy_workspace(const Node& n, const Bindings& b);
 }  // namespace autosp::cpu_ops
 
 namespace autosp::cuda_ops {

@@ -57,8 +57,9 @@ PassContext program_context(const Config& cfg, const PassContext& ctx) {
 
 RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx) {
   RankProgram p;
-  p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train, cfg.data.document_mask,
-                          cfg.runtime.tiled_mlp);
+  p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train,
+                          {.document_mask = cfg.data.document_mask, .tiled_mlp = cfg.runtime.tiled_mlp,
+                           .tiled_loss = cfg.runtime.tiled_loss});
   run_pipeline(*p.graph, passes, program_context(cfg, ctx));
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
   // Gradients are the graph's Role::gradient outputs, in the order of the parameters (autograd).

@@ -76,6 +76,9 @@ Node* Builder::bias_gelu_tanh(Node* x, Node* b, const std::string& name) {
 Node* Builder::swiglu_mlp(Node* x, Node* w_gate, Node* w_up, Node* w_down, const std::string& name) {
   return op(Op::swiglu_mlp, {x, w_gate, w_up, w_down}, {}, name);
 }
+Node* Builder::linear_cross_entropy_sum(Node* x, Node* w, Node* labels, const std::string& name) {
+  return op(Op::linear_cross_entropy_sum, {x, w, labels}, {{"ignore_index", kIgnoreIndex}}, name);
+}
 Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
   return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
 }
@@ -166,6 +169,10 @@ Node* Builder::cross_entropy_backward(Node* logits, Node* labels, Node* grad, in
 Node* Builder::swiglu_mlp_backward(Node* dy, Node* x, Node* w_gate, Node* w_up, Node* w_down,
                                   const std::string& name) {
   return op(Op::swiglu_mlp_backward, {dy, x, w_gate, w_up, w_down}, {}, name);
+}
+Node* Builder::linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,
+                                             const std::string& name) {
+  return op(Op::linear_cross_entropy_backward, {x, w, labels, grad}, {{"ignore_index", ignore_index}}, name);
 }
 
 }  // namespace autosp

@@ -73,6 +73,9 @@ class Builder {
   // Llama's MLP as one tiled op: (silu(x·w_gateᵀ) ∘ (x·w_upᵀ))·w_downᵀ, x [..., C], w_gate and
   // w_up [I, C], w_down [C, I] (nn.Linear layout); computed over chunks of rows (kernels/cpu/mlp.h).
   Node* swiglu_mlp(Node* x, Node* w_gate, Node* w_up, Node* w_down, const std::string& name = "mlp");
+  // cross_entropy_sum(x · wᵀ, labels) with no [..., V] logits: x [..., C], w [V, C]; extra output 1
+  // is each row's argmax over V (i64 [...], read with output(node, 1)).
+  Node* linear_cross_entropy_sum(Node* x, Node* w, Node* labels, const std::string& name = "loss_sum");
 
   // Backward-only ops, used by vjp rules.
   Node* sum_to(Node* x, SymShape shape, const std::string& name = "sum_to");
@@ -93,6 +96,9 @@ class Builder {
   // dx; extra outputs dw_gate, dw_up, dw_down (read with output(node, 1..3)).
   Node* swiglu_mlp_backward(Node* dy, Node* x, Node* w_gate, Node* w_up, Node* w_down,
                             const std::string& name = "mlp_bwd");
+  // dx; extra output dw (read with output(node, 1)).
+  Node* linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,
+                                      const std::string& name = "loss_bwd");
 
  private:
   Node* op(Op op, std::vector<Node*> inputs, Attrs attrs, const std::string& name);

@@ -442,6 +442,39 @@ TensorType swiglu_mlp_backward_rule(const Node& n, const ShapeContext& ctx) {
 }
 std::vector<TensorType> swiglu_mlp_backward_extra(const Node& n) { return {in(n, 2), in(n, 3), in(n, 4)}; }
 
+// x [..., C], w [V, C], labels [...] (inputs x, x + 1, x + 2), the type checks both ops share.
+void expect_head_and_labels(const Node& n, size_t x, const ShapeContext& ctx) {
+  expect_float(n, x);
+  expect_same_dtype(n, x, x + 1);
+  expect_rank(n, x + 1, 2);
+  expect_int(n, x + 2);
+  const auto& xs = in(n, x).shape;
+  const auto& ws = in(n, x + 1).shape;
+  const auto& ys = in(n, x + 2).shape;
+  bool ok = !xs.empty() && xs.size() == ys.size() + 1 && ctx.same(ws[1], xs.back());
+  for (size_t i = 0; ok && i < ys.size(); ++i) ok = ctx.same(xs[i], ys[i]);
+  if (!ok)
+    fail(n, str("x ", in(n, x).str(), ", w ", in(n, x + 1).str(), ", labels ", in(n, x + 2).str(),
+                ": expected x [..., C], w [V, C] and labels [...]"));
+}
+// x, w, labels → the summed loss [] (f32 for bf16 x), as cross_entropy_sum(x · wᵀ, labels)
+TensorType linear_cross_entropy_rule(const Node& n, const ShapeContext& ctx) {
+  expect_head_and_labels(n, 0, ctx);
+  return {accumulate_dtype(in(n, 0).dtype), {}};
+}
+// extra output 1: the argmax over the vocabulary of each row's logits, i64 [...] like labels
+std::vector<TensorType> linear_cross_entropy_extra(const Node& n) { return {{DType::i64, in(n, 2).shape}}; }
+// x, w, labels, grad [] (the loss's dtype) → dx like x (extra: dw like w)
+TensorType linear_cross_entropy_backward_rule(const Node& n, const ShapeContext& ctx) {
+  expect_head_and_labels(n, 0, ctx);
+  const auto& g = in(n, 3);
+  if (g.rank() != 0 || g.dtype != accumulate_dtype(in(n, 0).dtype))
+    fail(n, str("loss gradient ", g.str(), " must be a ", dtype_name(accumulate_dtype(in(n, 0).dtype)),
+                " scalar for x ", in(n, 0).str()));
+  return in(n, 0);
+}
+std::vector<TensorType> linear_cross_entropy_backward_extra(const Node& n) { return {in(n, 1)}; }
+
 // scores [..., Sq, Skv]: entries with j > i + (Skv - Sq) set to `value`.
 TensorType causal_mask_rule(const Node& n, const ShapeContext&) {
   expect_float(n, 0);
@@ -618,6 +651,13 @@ SeqVerdict seq_mlp(const Node& n, std::span<const int> in, std::string_view) {
 
 // The loss sums over the sequence; normalize_loss makes it exact across ranks.
 SeqVerdict seq_loss(const Node&, std::span<const int>, std::string_view) { return {kNoSeq}; }
+// The tiled head + loss likewise, unless the head would contract over the sequence (x's channel
+// dim, or the weight).
+SeqVerdict seq_head_loss(const Node& n, std::span<const int> in, std::string_view) {
+  if (in[0] != kNoSeq && in[0] == n.input(0)->type().rank() - 1) return {in[0], "contracts over"};
+  if (in[1] != kNoSeq) return {in[1], "contracts over"};
+  return {kNoSeq};
+}
 
 // One row per op, in enum order. Unnamed columns keep their defaults (ops.h: OpInfo).
 constexpr std::array<OpInfo, kNumOps> kOps{{
@@ -713,6 +753,12 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .seq = seq_mlp},
     {.op = Op::swiglu_mlp_backward, .name = "swiglu_mlp_backward", .arity = 5, .infer = swiglu_mlp_backward_rule,
      .extra = swiglu_mlp_backward_extra, .backward_only = true},
+    {.op = Op::linear_cross_entropy_sum, .name = "linear_cross_entropy_sum", .arity = 3, .attrs = "ignore_index",
+     .infer = linear_cross_entropy_rule, .extra = linear_cross_entropy_extra, .vjp = vjp::linear_cross_entropy_sum,
+     .seq = seq_head_loss},
+    {.op = Op::linear_cross_entropy_backward, .name = "linear_cross_entropy_backward", .arity = 4,
+     .attrs = "ignore_index", .infer = linear_cross_entropy_backward_rule,
+     .extra = linear_cross_entropy_backward_extra, .backward_only = true},
 }};
 
 constexpr bool table_in_order() {

@@ -58,6 +58,10 @@ enum class Op : uint16_t {
   // the tiled SwiGLU MLP (Llama's, with runtime.tiled_mlp): one op over chunks of rows, so no
   // [S, I] tensor is planned; its backward recomputes gate and up (extra outputs: dw_gate, dw_up, dw_down)
   swiglu_mlp, swiglu_mlp_backward,
+  // the tiled LM head + loss (runtime.tiled_loss): cross_entropy_sum(x · wᵀ, labels) over chunks of
+  // rows, so no [S, V] logits are planned (extra output: each row's argmax); its backward computes
+  // the logits again, chunk by chunk (extra output: dw)
+  linear_cross_entropy_sum, linear_cross_entropy_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

@@ -193,4 +193,12 @@ void swiglu_mlp(VjpContext& c) {
   c.input_grads = {bwd, c.b.output(bwd, 1, "dw_gate"), c.b.output(bwd, 2, "dw_up"), c.b.output(bwd, 3, "dw_down")};
 }
 
+// loss = linear_cross_entropy_sum(x, w, labels): one backward node, which computes the logits
+// again from x chunk by chunk, gives dx, with dw as its extra output; labels get none.
+void linear_cross_entropy_sum(VjpContext& c) {
+  Node* bwd =
+      c.b.linear_cross_entropy_backward(c.in(0), c.in(1), c.in(2), c.grad, c.node->attrs().i("ignore_index"), "dx");
+  c.input_grads = {bwd, c.b.output(bwd, 1, "dw"), nullptr};
+}
+
 }  // namespace autosp::vjp

@@ -55,12 +55,6 @@ Node* attend(Builder& b, ForwardMode mode, int64_t l, Node* q, Node* k, Node* v,
   return b.sdpa(q, k, v, mode == ForwardMode::prefill, scale, "attn");
 }
 
-// Generation modes: logits only (no labels, no loss).
-void finish_generation(Builder& b, Node* logits) {
-  logits->set_role(Role::logits);
-  b.graph().add_output(logits);
-}
-
 // [B, S, H·D] → [B, H, S, D]
 Node* to_heads(Builder& b, Node* x, int64_t heads, int64_t D, const std::string& name) {
   return b.transpose(b.reshape(x, {B, S, heads, D}, name + ".view"), 1, 2, name);
@@ -70,23 +64,34 @@ Node* from_heads(Builder& b, Node* x, int64_t N, int64_t D, const std::string& n
   return b.reshape(b.transpose(x, 1, 2, name + ".t"), {B, S, N * D}, name);
 }
 
-void finish(Builder& b, Node* logits, Node* labels, DType dtype) {
+// The head and the token-mean loss over x [B, S, C] (after the final norm) and head [V, C]: the
+// logits x · headᵀ as an output, or with `tiled` one linear_cross_entropy_sum (no logits; its
+// argmax "predictions" [B, S] is the output instead). Generation graphs output the logits only.
+void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DType dtype, bool tiled) {
   Graph& g = b.graph();
   b.set_prefix("");
-  logits->set_role(Role::logits);
-  Node* sum = b.cross_entropy_sum(logits, labels, "loss_sum");
+  Node* sum = nullptr;
+  if (mode == ForwardMode::train && tiled) {
+    sum = b.linear_cross_entropy_sum(x, head, labels, "loss_sum");
+    g.add_output(b.output(sum, 1, "predictions"));
+  } else {
+    Node* logits = b.matmul(x, head, false, true, "logits");
+    logits->set_role(Role::logits);
+    g.add_output(logits);
+    if (mode != ForwardMode::train) return;
+    sum = b.cross_entropy_sum(logits, labels, "loss_sum");
+  }
   Node* count = b.count_valid(labels, dtype, "valid_tokens");
   Node* loss = b.div(sum, count, "loss");
   loss->set_role(Role::loss);
-  g.add_output(logits);
   g.add_output(loss);
 }
 
-std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mode, bool document_mask) {
+std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mode, const GraphOptions& opt) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, D = m.head_dim(), V = m.vocab_size;
-  auto in = make_inputs(b, mode, document_mask);
+  auto in = make_inputs(b, mode, opt.document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   // Parameters are created right before their first use, in a fixed order (argument evaluation
   // order is unspecified in C++, so every node is made in its own statement).
@@ -125,9 +130,7 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mo
   }
   b.set_prefix("");
   x = layernorm(x, "transformer.ln_f", "ln_f");
-  Node* logits = b.matmul(x, wte, false, true, "logits");  // tied head: x · wteᵀ
-  if (mode == ForwardMode::train) finish(b, logits, in.labels, dt);
-  else finish_generation(b, logits);
+  finish(b, mode, x, wte, in.labels, dt, opt.tiled_loss);  // tied head: x · wteᵀ
   return g;
 }
 
@@ -145,12 +148,12 @@ Node* with_rope_scaling(Node* rope, const RopeScalingConfig& s) {
   return rope;
 }
 
-std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode mode, bool document_mask, bool tiled_mlp) {
+std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode mode, const GraphOptions& opt) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, Nkv = m.num_key_value_heads, D = m.head_dim();
   const int64_t V = m.vocab_size, I = m.intermediate_size;
-  auto in = make_inputs(b, mode, document_mask);
+  auto in = make_inputs(b, mode, opt.document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   Node* embed = p("model.embed_tokens.weight", {V, C});
   Node* x = b.embedding(embed, in.ids, "x");
@@ -178,7 +181,7 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
     Node* mm = rmsnorm(x, h + "post_attention_layernorm", "norm2");
     Node* down = nullptr;
-    if (tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
+    if (opt.tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
       Node* w_gate = p(h + "mlp.gate_proj.weight", {I, C});
       Node* w_up = p(h + "mlp.up_proj.weight", {I, C});
       down = b.swiglu_mlp(mm, w_gate, w_up, p(h + "mlp.down_proj.weight", {C, I}), "mlp");
@@ -193,21 +196,18 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
   b.set_prefix("");
   x = rmsnorm(x, "model.norm", "norm_f");
   Node* head = m.tie_word_embeddings ? embed : p("lm_head.weight", {V, C});
-  Node* logits = b.matmul(x, head, false, true, "logits");
-  if (mode == ForwardMode::train) finish(b, logits, in.labels, dt);
-  else finish_generation(b, logits);
+  finish(b, mode, x, head, in.labels, dt, opt.tiled_loss);
   return g;
 }
 
 }  // namespace
 
-std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode, bool document_mask,
-                                     bool tiled_mlp) {
+std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode, const GraphOptions& options) {
   switch (m.arch) {
     case Arch::gpt2:
-      if (tiled_mlp) throw UsageError("tiled_mlp: GPT-2's MLP is not SwiGLU (runtime.tiled_mlp is for Llama)");
-      return build_gpt2(m, dtype, mode, document_mask);
-    case Arch::llama: return build_llama(m, dtype, mode, document_mask, tiled_mlp);
+      if (options.tiled_mlp) throw UsageError("tiled_mlp: GPT-2's MLP is not SwiGLU (runtime.tiled_mlp is for Llama)");
+      return build_gpt2(m, dtype, mode, options);
+    case Arch::llama: return build_llama(m, dtype, mode, options);
   }
   AUTOSP_ASSERT(false, "model.arch ", static_cast<int>(m.arch));
   return nullptr;

@@ -2,7 +2,8 @@
 // and S (sequence) through the Builder, plus the list of parameters with their HF names and shapes.
 // The graph's inputs are tagged input_ids, position_ids and labels (already shifted by the data
 // loader); its outputs are the logits [B, S, V] and the token-mean loss
-// loss = cross_entropy_sum(logits, labels) / count_valid(labels).
+// loss = cross_entropy_sum(logits, labels) / count_valid(labels); with GraphOptions::tiled_loss
+// the predictions [B, S] and loss = linear_cross_entropy_sum(x, head, labels) / count_valid(labels).
 #pragma once
 
 #include <map>
@@ -31,14 +32,25 @@ std::vector<ParamSpec> param_specs(const ModelConfig& m);
 //            ++ their own K, V; outputs logits and the present cache [B, Nkv, T + S, D]
 enum class ForwardMode { train, prefill, decode };
 
-// The forward graph in `dtype` (f32 or f64). With `document_mask` (packed documents,
-// data.document_mask; train mode only) the graph has a fourth input doc_start [B, S] (tagged
-// doc_start): token t's document begins at position doc_start[t] of its sequence, and every
-// attention keeps query t to the keys [doc_start[t], t]. With `tiled_mlp` (runtime.tiled_mlp; Llama
-// only, else a UsageError) each layer's MLP is one swiglu_mlp node, "l<i>.mlp", over the same
-// gate_proj, up_proj and down_proj parameters, instead of gate, up, silu, swiglu and down.
+// How a training graph is built (the config keys that change it).
+struct GraphOptions {
+  // data.document_mask (packed documents; train mode only): the graph has a fourth input doc_start
+  // [B, S] (tagged doc_start): token t's document begins at position doc_start[t] of its sequence,
+  // and every attention keeps query t to the keys [doc_start[t], t].
+  bool document_mask = false;
+  // runtime.tiled_mlp (Llama only, else a UsageError): each layer's MLP is one swiglu_mlp node,
+  // "l<i>.mlp", over the same gate_proj, up_proj and down_proj parameters, instead of gate, up,
+  // silu, swiglu and down.
+  bool tiled_mlp = false;
+  // runtime.tiled_loss (train mode): the head and the loss are one linear_cross_entropy_sum node,
+  // "loss_sum", over the final norm's output and the same head weight; the graph outputs its
+  // extra output "predictions" (each position's argmax, i64 [B, S]) instead of the logits.
+  bool tiled_loss = false;
+};
+
+// The forward graph in `dtype` (f32 or f64).
 std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode = ForwardMode::train,
-                                     bool document_mask = false, bool tiled_mlp = false);
+                                     const GraphOptions& options = {});
 
 // The names of layer `layer`'s cache: the decode graph's input ("past.<l>.k" / ".v") and the
 // generation graphs' output.

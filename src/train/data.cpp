@@ -551,14 +551,23 @@ std::pair<int64_t, int64_t> count_correct(const Tensor& logits, const Tensor& la
   AUTOSP_ASSERT(logits.device().kind == DeviceKind::cpu && labels.device().kind == DeviceKind::cpu,
                 "count_correct: CPU tensors only");
   AUTOSP_ASSERT(logits.rank() >= 1 && logits.is_contiguous(), "count_correct: logits ", logits.str());
-  const int64_t V = logits.dim(-1);
-  AUTOSP_ASSERT(V >= 1 && logits.numel() == labels.numel() * V, "count_correct: logits ", logits.str(),
-                " vs labels ", labels.str());
   AUTOSP_ASSERT(labels.dtype() == DType::i64 || labels.dtype() == DType::i32, "count_correct: labels ",
                 labels.str());
   std::vector<int64_t> lab;
   lab.reserve(static_cast<size_t>(labels.numel()));
   for (double v : labels.to_doubles()) lab.push_back(static_cast<int64_t>(v));
+  if (logits.dtype() == DType::i64) {  // the argmax already (runtime.tiled_loss's predictions)
+    AUTOSP_ASSERT(logits.numel() == labels.numel(), "count_correct: predictions ", logits.str(), " vs labels ",
+                  labels.str());
+    const int64_t* pred = logits.data<int64_t>();
+    int64_t correct = 0, total = 0;
+    for (size_t r = 0; r < lab.size(); ++r)
+      if (lab[r] != kIgnore) ++total, correct += pred[r] == lab[r];
+    return {correct, total};
+  }
+  const int64_t V = logits.dim(-1);
+  AUTOSP_ASSERT(V >= 1 && logits.numel() == labels.numel() * V, "count_correct: logits ", logits.str(),
+                " vs labels ", labels.str());
   if (logits.dtype() == DType::f32) return count_correct_as<float>(logits, lab, V);
   if (logits.dtype() == DType::bf16) return count_correct_as<float>(logits.to(DType::f32), lab, V);  // exact
   AUTOSP_ASSERT(logits.dtype() == DType::f64, "count_correct: logits must be f32, f64 or bf16, got ", logits.str());

@@ -83,7 +83,7 @@ std::string format_example(const std::vector<int64_t>& input, const std::vector<
                            const std::vector<int64_t>& predicted);
 
 // Fraction of labelled positions (label != -100) where argmax(logits) == label, as (correct, total).
-// logits [rows, V] (f32 or f64), labels [rows].
+// logits [rows, V] (f32, f64 or bf16), or the argmax itself as i64 [rows]; labels [rows].
 std::pair<int64_t, int64_t> count_correct(const Tensor& logits, const Tensor& labels);
 
 }  // namespace autosp

@@ -225,8 +225,24 @@ std::optional<Validation> make_validation(const Config& cfg, DType dt, const Pas
   return v;
 }
 
-// argmax over the last dim of host logits [rows, V] (first maximum on ties).
+// What the graph outputs for scoring, as rows on the host: the predictions (runtime.tiled_loss: each
+// position's argmax, i64 [rows]) or the logits [rows, V].
+Tensor scored_rows(const RunResult& r) {
+  if (auto it = r.outputs.find("predictions"); it != r.outputs.end()) {
+    const Tensor pred = host_copy(it->second);
+    return pred.reshape({pred.numel()});
+  }
+  const Tensor logits = host_copy(r.outputs.at("logits"));
+  return logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)});
+}
+
+// argmax over the last dim of host logits [rows, V] (first maximum on ties); predictions [rows]
+// are that already.
 std::vector<int64_t> argmax_rows(const Tensor& logits) {
+  if (logits.dtype() == DType::i64) {
+    const int64_t* p = logits.data<int64_t>();
+    return {p, p + logits.numel()};
+  }
   const int64_t V = logits.dim(-1), rows = logits.numel() / V;
   const std::vector<double> x = logits.to_doubles();
   std::vector<int64_t> out(static_cast<size_t>(rows));
@@ -286,12 +302,11 @@ void evaluate(Validation& v, const Config& cfg, const ParamMap& params, const Pa
     RunResult r = v.ex->run(feeds, comms.groups);
     comms.synchronize_device();
     loss_sum += host_copy(r.outputs.at(v.prog.loss)).to_doubles()[0];
-    const Tensor logits = host_copy(r.outputs.at("logits"));
+    const Tensor logits = scored_rows(r);
     const int64_t Sp = batch.labels.dim(1), block = Sp / ctx.sp_size;
     const Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block)
                              .contiguous();
-    auto [c, n] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
-                                local.reshape({local.numel()}));
+    auto [c, n] = count_correct(logits, local.reshape({local.numel()}));
     correct += c;
     counted += n;
     if (k == 0 && example) *example = first_example(logits, batch, raw.labels.dim(1), ctx, mesh.dp_rank, *comms.host_world);
@@ -306,15 +321,13 @@ void evaluate(Validation& v, const Config& cfg, const ParamMap& params, const Pa
 
 // ---- what a step reports -----------------------------------------------------------------------
 
-// The synthetic task's accuracy on the step's batch over the world: this rank's logits cover its
-// block of the sequence; count there, sum over the world.
-double score_accuracy(const Tensor& run_logits, const Batch& batch, const PassContext& ctx, Communicator& host_world) {
-  const Tensor logits = host_copy(run_logits);
+// The synthetic task's accuracy on the step's batch over the world: this rank's logits (or
+// predictions) cover its block of the sequence; count there, sum over the world.
+double score_accuracy(const RunResult& r, const Batch& batch, const PassContext& ctx, Communicator& host_world) {
   const int64_t S = batch.labels.dim(1), block = S / ctx.sp_size;
   Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block)
                      .contiguous();
-  auto [correct, counted] = count_correct(logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)}),
-                                          local.reshape({local.numel()}));
+  auto [correct, counted] = count_correct(scored_rows(r), local.reshape({local.numel()}));
   Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
   host_world.all_reduce_sum(counts);
   const int64_t total_counted = counts.data<int64_t>()[1];
@@ -564,7 +577,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       else opt.update(result.params, grads, cfg.train, rec.lr);
     }
     if (score_accuracy_each_step)
-      rec.accuracy = score_accuracy(r.outputs.at("logits"), batch, ctx, *comms->host_world);
+      rec.accuracy = score_accuracy(r, batch, ctx, *comms->host_world);
     // The step's device work (AdamW is still queued here) belongs to its time, not the next step's.
     if (dev.kind == DeviceKind::cuda) synchronize();
     rec.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

@@ -182,6 +182,8 @@ row 'runtime.overlap_grad_sync = "sometimes": expected true or false' "${c[@]}" 
 row 'runtime.tiled_mlp = "yes": expected true or false' "${c[@]}" --set runtime.tiled_mlp=yes
 row 'runtime.tiled_mlp = 3: expected true or false' "${c[@]}" --set runtime.tiled_mlp=3
 row 'runtime.tiled_mlp is for Llama' "${c[@]}" --set model.arch=gpt2 --set runtime.tiled_mlp=true
+row 'runtime.tiled_loss = "yes": expected true or false' "${c[@]}" --set runtime.tiled_loss=yes
+row 'runtime.tiled_loss = 2: expected true or false' "${c[@]}" --set runtime.tiled_loss=2
 row 'zero_optimization.stage = 4: expected an integer in \[0, 3\]' "${c[@]}" --set zero_optimization.stage=4
 row 'model.arch: the value is not valid UTF-8' "${c[@]}" --set $'model.arch=\xff\xfe'
 row 'expected section.key' "${c[@]}" --set train.lr.max=3

@@ -63,6 +63,24 @@ TEST_CASE("thread sp: Llama with runtime.tiled_mlp at P = 2, 4 equals the untile
   }
 }
 
+// The tiled head + loss (runtime.tiled_loss) sums over this rank's rows like cross_entropy_sum, so
+// normalize_loss makes it exact across ranks: GPT-2 (tied head) and Llama at P = 2, 4 equal the
+// untiled P = 1 run.
+TEST_CASE("thread sp: runtime.tiled_loss at P = 2, 4 equals the untiled P = 1 run", "[threads][autosp]") {
+  for (const json& model : {kGpt2, kLlamaGqa}) {
+    const Config cfg_p1 = make_config(model, 1);
+    const ParamMap params = init_params(cfg_p1.model, 12, DType::f32);
+    const Batch batch = random_batch(2, 32, cfg_p1.model.vocab_size, 7);
+    const LossAndGrads ref = run_reference(cfg_p1, batch, params);
+    for (const int P : {2, 4}) {
+      INFO(model.at("arch").get<std::string>() << ", P = " << P);
+      Config cfg = make_config(model, P);
+      cfg.runtime.tiled_loss = true;
+      for (const auto& got : run_sp_threads(P, cfg, batch, params, DType::f32)) check_equal(got, ref);
+    }
+  }
+}
+
 TEST_CASE("thread sp: a sequence length P does not divide is padded, not truncated", "[threads][autosp]") {
   for (const int64_t S : {int64_t{31}, int64_t{30}}) {  // 31: padded at P = 2 and 4; 30: at P = 4
     for (const json& model : {kGpt2, kLlamaGqa}) {

@@ -260,6 +260,15 @@ inline const std::vector<OpCase>& op_cases() {
              [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
                return naive::swiglu_mlp(in[0], in[1], in[2], in[3], naive::numel(sh[0]) / 6, 6, 10);
              }},
+      // The tiled head + loss, x [B, S, C = 6], w [V = 9, C] (one chunk of rows here;
+      // tests/kernels/test_loss.cpp crosses chunk boundaries).
+      OpCase{"linear_cross_entropy_sum", Op::linear_cross_entropy_sum, {{{B, S, 6}}, {{9, 6}}, {{B, S}, true, 9, true}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.linear_cross_entropy_sum(x[0], x[1], x[2]); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               const int64_t rows = naive::numel(sh[2]);
+               const Vec logits = naive::gemm(false, true, rows, 9, 6, 1.0, in[0], in[1], 0.0, {});
+               return Vec{naive::cross_entropy(logits, as_ids(in[2]), rows, 9)};
+             }},
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

@@ -6,6 +6,8 @@
 #include "cuda/cuda_test.h"
 #include "kernels/cpu/loss.h"
 
+#include <algorithm>
+
 using namespace autosp;
 using namespace autosp::cudatest;
 
@@ -34,5 +36,37 @@ TEMPLATE_TEST_CASE("emulated cross-entropy launchers match the CPU", "[cuda-emul
     cuda::cross_entropy_backward<T>(ls.data(), labels.data(), d.data(), c.rows, c.V, &g, cpu::kIgnoreIndex, nullptr);
     cpu::cross_entropy_backward<H>(logits.data(), labels.data(), rd.data(), c.rows, c.V, double(g));
     check_against<T>(from_storage(d), rd);
+  }
+}
+
+// The tiled head + loss's row pass: each row's loss term (summed by sum_row_losses) against the CPU
+// cross_entropy_sum, and each row's argmax against the first maximum; rows with ties included.
+TEMPLATE_TEST_CASE("emulated linear_ce_rows matches the CPU loss and argmax", "[cuda-emulation][loss]", float, double,
+                   cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  using A = cuda::acc_t<T>;
+  for (const int64_t V : {int64_t(9), int64_t(1000), int64_t(4099)}) {
+    INFO("V " << V);
+    const int64_t rows = 12;
+    std::vector<int64_t> labels(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) labels[size_t(r)] = r % 5 == 3 ? cpu::kIgnoreIndex : (r * 7919) % V;
+    auto logits = values<T>(naive::random_normal(rows * V, 2300, 3.0));
+    for (int64_t j = 0; j < V; ++j) logits[size_t(2 * V + j)] = H(j % 3 == 1 ? 4 : 0);  // row 2: ties, first at 1
+    const auto ls = to_storage<T>(logits);
+    std::vector<double> row_loss(size_t(rows), -1.0);
+    std::vector<int64_t> pred(size_t(rows), -1);
+    cuda::linear_ce_rows<T>(ls.data(), labels.data(), row_loss.data(), pred.data(), rows, V, cpu::kIgnoreIndex, nullptr);
+    A loss = -1;
+    cuda::sum_row_losses<A>(row_loss.data(), rows, &loss, nullptr);
+    const double ref = cpu::cross_entropy_sum<H>(logits.data(), labels.data(), rows, V);
+    CHECK(std::abs(double(loss) - ref) <= tol<T>() * (1 + std::abs(ref)));
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto row = logits.begin() + r * V;
+      INFO("row " << r);
+      CHECK(pred[size_t(r)] == std::max_element(row, row + V) - row);
+      if (labels[size_t(r)] == cpu::kIgnoreIndex) CHECK(row_loss[size_t(r)] == 0.0);
+    }
+    CHECK(pred[2] == 1);
   }
 }

@@ -45,7 +45,7 @@ PassContext ctx_of(int64_t p, int64_t r, int64_t world = 0) {
 }
 
 std::string run_prefix(const ModelConfig& m, const PassContext& ctx, size_t passes, bool documents = false) {
-  auto g = build_forward(m, DType::f32, ForwardMode::train, documents);
+  auto g = build_forward(m, DType::f32, ForwardMode::train, {.document_mask = documents});
   std::vector<Pass> prefix(autosp_pipeline().begin(), autosp_pipeline().begin() + static_cast<std::ptrdiff_t>(passes));
   run_pipeline(*g, prefix, ctx);
   return to_text(*g);

@@ -131,3 +131,98 @@ TEST_CASE("cross_entropy_backward agrees with central differences of cross_entro
     });
   }
 }
+
+// ---- the tiled head + loss ----
+
+namespace {
+
+// The naive reference of the tiled head + loss: logits = x · wᵀ in double, then the naive loss,
+// its gradient and each row's first maximum; dx = dlogits · w, dw = dlogitsᵀ · x.
+struct HeadLossRef {
+  double loss;
+  std::vector<int64_t> predictions;
+  naive::Vec dx, dw;
+};
+HeadLossRef head_loss_ref(const naive::Vec& x, const naive::Vec& w, const std::vector<int64_t>& labels, int64_t rows,
+                          int64_t C, int64_t V, double grad) {
+  const naive::Vec logits = naive::gemm(false, true, rows, V, C, 1.0, x, w, 0.0, {});
+  HeadLossRef r{naive::cross_entropy(logits, labels, rows, V), {}, {}, {}};
+  for (int64_t i = 0; i < rows; ++i)
+    r.predictions.push_back(std::max_element(logits.begin() + i * V, logits.begin() + (i + 1) * V) -
+                            (logits.begin() + i * V));
+  const naive::Vec d = naive::cross_entropy_backward(logits, labels, rows, V, grad);
+  r.dx = naive::gemm(false, false, rows, C, V, 1.0, d, w, 0.0, {});
+  r.dw = naive::gemm(true, false, V, C, rows, 1.0, d, x, 0.0, {});
+  return r;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("linear_cross_entropy matches the naive head + loss across chunks of rows", "[kernels][loss]",
+                   float, double) {
+  using T = TestType;
+  struct Case {
+    int64_t rows, C, V;
+  };
+  // V = 2^20 + 3 makes a chunk 7 rows (kLinearCeChunkElems / V): 17 rows are chunks of 7, 7, 3, and
+  // the odd V leaves a partial 16-lane tail in every row. The small cases are one chunk.
+  uint32_t seed = 3100;
+  for (const Case c : {Case{17, 4, (int64_t(1) << 20) + 3}, Case{5, 3, 1}, Case{9, 6, 37}, Case{0, 4, 10}}) {
+    INFO("rows " << c.rows << " C " << c.C << " V " << c.V);
+    const auto x = test::cast<T>(naive::random_normal(c.rows * c.C, seed++, 1.0));
+    const auto w = test::cast<T>(naive::random_normal(c.V * c.C, seed++, 1.5));
+    const auto labels = random_labels(c.rows, c.V, seed++, cpu::kIgnoreIndex);
+    const double grad = 0.31;
+    const HeadLossRef ref = head_loss_ref(test::widen(x), test::widen(w), labels, c.rows, c.C, c.V, grad);
+    std::vector<T> scratch(size_t(cpu::linear_ce_scratch_elems(c.rows, c.V)));
+    test::with_threads({1, 2, 3}, [&](int t) {
+      INFO("threads " << t);
+      std::vector<int64_t> pred(size_t(c.rows), -1);
+      const double got = cpu::linear_cross_entropy_sum<T>(x.data(), w.data(), labels.data(), pred.data(),
+                                                          scratch.data(), c.rows, c.C, c.V);
+      test::check_close(std::vector<double>{got}, {ref.loss}, test::tol<T>());
+      CHECK(pred == ref.predictions);
+      std::vector<T> dx(x.size(), T(-777)), dw(w.size(), T(-777));
+      cpu::linear_cross_entropy_backward<T>(x.data(), w.data(), labels.data(), grad, dx.data(), dw.data(),
+                                            scratch.data(), c.rows, c.C, c.V);
+      test::check_close(dx, ref.dx);
+      test::check_close(dw, ref.dw);
+    });
+  }
+}
+
+TEST_CASE("linear_cross_entropy: ties pick the first maximum, bad labels are refused before any work",
+          "[kernels][loss]") {
+  // x = [1], w = [[2], [5], [5], [1]]: logits [2, 5, 5, 1], the maximum first at 1.
+  const std::vector<float> x = {1}, w = {2, 5, 5, 1};
+  std::vector<float> scratch(size_t(cpu::linear_ce_scratch_elems(1, 4)));
+  std::vector<int64_t> pred = {-1};
+  std::vector<int64_t> labels = {cpu::kIgnoreIndex};
+  CHECK(cpu::linear_cross_entropy_sum<float>(x.data(), w.data(), labels.data(), pred.data(), scratch.data(), 1, 1,
+                                             4) == 0.0);
+  CHECK(pred[0] == 1);
+  labels = {4};
+  pred = {-1};
+  CHECK_THROWS_WITH(cpu::linear_cross_entropy_sum<float>(x.data(), w.data(), labels.data(), pred.data(),
+                                                         scratch.data(), 1, 1, 4),
+                    Catch::Contains("label 4") && Catch::Contains("row 0"));
+  CHECK(pred[0] == -1);
+}
+
+TEST_CASE("linear_cross_entropy_backward agrees with central differences of its forward", "[kernels][loss][backward]") {
+  const int64_t rows = 11, C = 5, V = 300;
+  uint32_t seed = 3200;
+  naive::Vec x = naive::random_normal(rows * C, seed++, 1.0), w = naive::random_normal(V * C, seed++, 1.0);
+  const auto labels = random_labels(rows, V, seed++, cpu::kIgnoreIndex);
+  std::vector<double> scratch(size_t(cpu::linear_ce_scratch_elems(rows, V))), dx(x.size()), dw(w.size());
+  std::vector<int64_t> pred(static_cast<size_t>(rows));
+  const double grad = 1.0 / 9;
+  cpu::linear_cross_entropy_backward<double>(x.data(), w.data(), labels.data(), grad, dx.data(), dw.data(),
+                                             scratch.data(), rows, C, V);
+  auto loss = [&] {
+    return grad * cpu::linear_cross_entropy_sum<double>(x.data(), w.data(), labels.data(), pred.data(),
+                                                        scratch.data(), rows, C, V);
+  };
+  test::check_directional(x, naive::random_normal(rows * C, seed++), dx, loss);
+  test::check_directional(w, naive::random_normal(V * C, seed++), dw, loss);
+}

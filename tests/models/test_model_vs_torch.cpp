@@ -28,6 +28,7 @@ struct Case {
   nlohmann::json model;
   bool strip_gpt2_prefix = false;
   bool tiled_mlp = false;  // runtime.tiled_mlp: the reference is the same (it reads only "model")
+  bool tiled_loss = false;  // runtime.tiled_loss: likewise; the predictions are the reference logits' argmax
 };
 
 fs::path temp_dir(const std::string& name) {
@@ -89,12 +90,17 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
       {"llama-gqa-tiled-mlp", {{"arch", "llama"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
                                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
                                {"max_position_embeddings", 128}, {"rope_theta", 10000.0}}, false, true},
+      {"gpt2-tiled-loss", {{"arch", "gpt2"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                         {"num_attention_heads", 4}, {"max_position_embeddings", 64}}, false, false, true},
+      {"llama-gqa-tiled-loss", {{"arch", "llama"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
+                                {"max_position_embeddings", 128}, {"rope_theta", 10000.0}}, false, true, true},
   };
   for (const auto& c : cases) {
     for (const std::string dtype : {"float32", "float64"}) {
       DYNAMIC_SECTION(c.name << " " << dtype) {
         const fs::path dir = temp_dir(c.name + "-" + dtype);
-        nlohmann::json cfg_json = {{"model", c.model}, {"runtime", {{"dtype", dtype}, {"tiled_mlp", c.tiled_mlp}}},
+        nlohmann::json cfg_json = {{"model", c.model}, {"runtime", {{"dtype", dtype}, {"tiled_mlp", c.tiled_mlp}, {"tiled_loss", c.tiled_loss}}},
                                    {"data", {{"seq_len", 37}, {"batch_size", 2}}}};
         std::ofstream(dir / "cfg.json") << cfg_json.dump();
         Config cfg = parse_config(cfg_json);
@@ -117,8 +123,10 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
 
         // Our side loads the same file (exercising the loader's name handling) in the run dtype.
         ParamMap params = load_weights((dir / "w.safetensors").string(), cfg.model, dt);
-        auto g = build_forward(cfg.model, dt, ForwardMode::train, false, cfg.runtime.tiled_mlp);
+        auto g = build_forward(cfg.model, dt, ForwardMode::train,
+                               {.tiled_mlp = cfg.runtime.tiled_mlp, .tiled_loss = cfg.runtime.tiled_loss});
         CHECK((g->find("l0.mlp") != nullptr) == c.tiled_mlp);
+        CHECK((g->find("logits") == nullptr) == c.tiled_loss);
         std::vector<Node*> param_nodes = g->with_role(Role::parameter);
         std::vector<Node*> grads = build_backward(*g, g->find("loss"), param_nodes);
         TensorMap feeds = batch;
@@ -126,7 +134,17 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
         RunResult r = Executor(*g).run(feeds);
 
         const double tol = dt == DType::f32 ? 1e-5 : 1e-10;
-        double logits_err = max_rel_error(r.outputs.at("logits"), ref.tensors.at("logits"));
+        const Tensor& want_logits = ref.tensors.at("logits");
+        if (c.tiled_loss) {  // no logits: the predictions are the reference's argmax
+          const auto w = want_logits.to_doubles();
+          const int64_t V = want_logits.dim(-1);
+          const Tensor pred = r.outputs.at("predictions");
+          REQUIRE(pred.numel() * V == want_logits.numel());
+          for (int64_t t = 0; t < pred.numel(); ++t)
+            CHECK(pred.data<int64_t>()[t] == std::max_element(w.begin() + t * V, w.begin() + (t + 1) * V) -
+                                                 (w.begin() + t * V));
+        }
+        double logits_err = c.tiled_loss ? 0.0 : max_rel_error(r.outputs.at("logits"), want_logits);
         double loss_err = max_rel_error(r.outputs.at("loss"), ref.tensors.at("loss"));
         INFO("logits rel err " << logits_err << ", loss rel err " << loss_err);
         CHECK(logits_err < tol);

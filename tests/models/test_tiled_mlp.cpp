@@ -41,7 +41,7 @@ double rel_max(const Tensor& got, const Tensor& want) {
 
 TEST_CASE("tiled_mlp: one swiglu_mlp per layer, in the layer's scope, over the same parameters", "[model][mlp]") {
   const Config plain = tiny_llama(16, 48, false, false), tiled = tiny_llama(16, 48, true, false);
-  auto g = build_forward(tiled.model, DType::f32, ForwardMode::train, false, true);
+  auto g = build_forward(tiled.model, DType::f32, ForwardMode::train, {.tiled_mlp = true});
   int mlps = 0;
   for (const auto& n : g->nodes()) {
     CHECK(n->op() != Op::silu);
@@ -57,7 +57,7 @@ TEST_CASE("tiled_mlp: one swiglu_mlp per layer, in the layer's scope, over the s
   CHECK(a == b);
   ModelConfig gpt2 = plain.model;
   gpt2.arch = Arch::gpt2;
-  CHECK_THROWS_WITH(build_forward(gpt2, DType::f32, ForwardMode::train, false, true),
+  CHECK_THROWS_WITH(build_forward(gpt2, DType::f32, ForwardMode::train, {.tiled_mlp = true}),
                     Catch::Contains("runtime.tiled_mlp is for Llama"));
 }
 

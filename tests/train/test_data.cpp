@@ -425,6 +425,9 @@ TEST_CASE("count_correct: argmax against labels, skipping -100", "[data]") {
   CHECK(count_correct(Tensor::from_vector<float>({2, 2, 3}, lf), Tensor::from_vector<int32_t>({2, 2}, {-100, -100, -100, -100})) ==
         std::pair<int64_t, int64_t>{0, 0});
 
+  // The argmax itself (runtime.tiled_loss's predictions, i64 [rows]): the same rows as above.
+  CHECK(count_correct(Tensor::from_vector<int64_t>({4}, {2, 0, 1, 1}), labels) == std::pair<int64_t, int64_t>{2, 3});
+
   // One-hot logits at the synthetic labels score every answer.
   auto src = make_data_source(data_cfg(DataSourceKind::synthetic, "", 32, 2), 64, 3);
   Batch b = src->get(0, 0, 1);

@@ -101,7 +101,7 @@ TEST_CASE("a packed batch gives each document the logits and loss it has alone",
     const Config cfg = parse_config({{"model", mj}, {"data", {{"seq_len", 64}}}});
     const ParamMap params = init_params(cfg.model, 5, DType::f64);
     auto run = [&](const Batch& b, bool documents) {
-      auto g = build_forward(cfg.model, DType::f64, ForwardMode::train, documents);
+      auto g = build_forward(cfg.model, DType::f64, ForwardMode::train, {.document_mask = documents});
       TensorMap feeds = batch_feeds(b);  // doc_start only in the packed batch
       for (const auto& [n, p] : params) feeds[n] = p;
       return Executor(*g).run(feeds);

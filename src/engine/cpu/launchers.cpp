@@ -64,8 +64,13 @@ void by_storage(DType dt, F&& f) {
   }
 }
 
-// y = x converted elementwise (both contiguous, same element count).
+// y = x converted elementwise (both contiguous, same element count); the same dtype is a copy
+// (an integer extra output, such as linear_cross_entropy_sum's predictions, into its planned place).
 void convert(const Tensor& x, const Tensor& y) {
+  if (x.dtype() == y.dtype()) {
+    std::memcpy(y.raw(), x.raw(), x.nbytes());
+    return;
+  }
   by_storage(x.dtype(), [&]<class From>() {
     by_storage(y.dtype(), [&]<class To>() { cpu::cast<From, To>(x.data<From>(), y.data<To>(), x.numel()); });
   });
@@ -546,6 +551,57 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
                                 I);
     return dx;
   });
+}
+
+// ---- the tiled head + loss ----
+
+// The logits chunk (kernels/cpu/loss.h) as a T buffer: the planned workspace, else a fresh one.
+template <class T>
+T* logits_chunk(const KernelCall& c, int64_t rows, int64_t V, Tensor& own) {
+  const int64_t n = cpu::linear_ce_scratch_elems(rows, V);
+  if (c.workspace.defined() && c.workspace.nbytes() >= size_t(n) * sizeof(T))
+    return reinterpret_cast<T*>(c.workspace.data<int64_t>());
+  own = Tensor::empty({n}, dtype_of<T>, c.alloc);
+  return own.data<T>();
+}
+
+// x [..., C], w [V, C], labels [...] → the summed loss; extra output: the rows' argmax, i64 [...].
+Tensor linear_cross_entropy_sum(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous(), w = c.in[1].contiguous();
+  const Tensor labels = ids64(c.in[2]);
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    c.extras.push_back(extra_like(c, labels.shape(), DType::i64));
+    Tensor own;
+    *y.data<T>() = static_cast<T>(cpu::linear_cross_entropy_sum<T>(
+        x.data<T>(), w.data<T>(), labels.data<int64_t>(), c.extras[0].data<int64_t>(), logits_chunk<T>(c, rows, V, own),
+        rows, C, V, c.node.attrs().i("ignore_index")));
+    return y;
+  });
+}
+
+// dx; extra output dw. Inputs: x, w, labels, g (the loss's gradient, a scalar).
+Tensor linear_cross_entropy_backward(const KernelCall& c) {
+  const Tensor x = c.in[0].contiguous(), w = c.in[1].contiguous();
+  const Tensor labels = ids64(c.in[2]);
+  const double g = c.in[3].to_doubles()[0];
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    c.extras.push_back(extra_like(c, w.shape(), w.dtype()));
+    Tensor own;
+    cpu::linear_cross_entropy_backward<T>(x.data<T>(), w.data<T>(), labels.data<int64_t>(), g, dx.data<T>(),
+                                          c.extras[0].data<T>(), logits_chunk<T>(c, rows, V, own), rows, C, V,
+                                          c.node.attrs().i("ignore_index"));
+    return dx;
+  });
+}
+
+size_t linear_cross_entropy_workspace(const Node& n, const Bindings& b) {
+  const Shape x = eval_shape(n.input(0)->shape(), b), w = eval_shape(n.input(1)->shape(), b);
+  const size_t elem = n.input(0)->dtype() == DType::f64 ? sizeof(double) : sizeof(float);
+  return elem * static_cast<size_t>(cpu::linear_ce_scratch_elems(shape_numel(x) / x.back(), w[0]));
 }
 
 // bf16 emulation (engine/launchers.h): a node with a bf16 input or output runs its f32 kernel on inputs

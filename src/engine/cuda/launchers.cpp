@@ -724,6 +724,63 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
   });
 }
 
+// ---- the tiled head + loss (kernels/cpu/loss.h: the same chunks of rows) ----
+
+// x [..., C], w [V, C], labels [...] → the summed loss; extra output: the rows' argmax, i64 [...].
+// Per chunk: logits = x_c · wᵀ into the [chunk, V] scratch, then each row's loss term and argmax;
+// the row terms of all chunks are summed at the end in row order.
+Tensor linear_cross_entropy_sum(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = cpu::linear_ce_chunk_rows(rows, V);
+  const cudaStream_t s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, c.node.dtype());
+    c.extras.push_back(extra_like(c, labels.shape(), DType::i64));
+    const Tensor logits = Tensor::empty({cpu::linear_ce_scratch_elems(rows, V)}, x.dtype(), c.alloc);
+    const Tensor row_loss = Tensor::empty({rows}, DType::f64, c.alloc);
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t r = std::min(chunk, rows - r0);
+      cuda::gemm_batched<T>(false, true, 1, r, V, C, 1.0, ptr<T>(x) + r0 * C, 0, ptr<T>(w), 0, 0.0, ptr<T>(logits), 0, s);
+      cuda::linear_ce_rows<T>(ptr<T>(logits), ptr<int64_t>(labels) + r0, ptr<double>(row_loss) + r0,
+                              ptr<int64_t>(c.extras[0]) + r0, r, V, c.node.attrs().i("ignore_index"), s);
+    }
+    const Tensor acc = y.dtype() == acc_dtype<T>() ? y : Tensor::empty({}, acc_dtype<T>(), c.alloc);
+    cuda::sum_row_losses<cuda::acc_t<T>>(ptr<double>(row_loss), rows, ptr<cuda::acc_t<T>>(acc), s);
+    settle_scalar(acc, y, s);
+    return y;
+  });
+}
+
+// dx; extra output dw. Inputs: x, w, labels, g (a device scalar). Per chunk the logits again, then
+// dlogits in place, dx_c = dlogits · w, dw (+)= dlogitsᵀ · x_c.
+Tensor linear_cross_entropy_backward(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = cpu::linear_ce_chunk_rows(rows, V);
+  const cudaStream_t s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    const Tensor g = cudart::cast(on_device(c, 3), acc_dtype<T>(), c.alloc, s);
+    Tensor dx = out_like(c, x.dtype());
+    c.extras.push_back(extra_like(c, w.shape(), w.dtype()));
+    T* dw = ptr<T>(c.extras[0]);
+    if (rows == 0) {
+      CUDA_CHECK(cudaMemsetAsync(dw, 0, c.extras[0].nbytes(), s));
+      return dx;
+    }
+    const Tensor logits = Tensor::empty({cpu::linear_ce_scratch_elems(rows, V)}, x.dtype(), c.alloc);
+    T* d = ptr<T>(logits);
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t r = std::min(chunk, rows - r0);
+      const T* x_c = ptr<T>(x) + r0 * C;
+      cuda::gemm_batched<T>(false, true, 1, r, V, C, 1.0, x_c, 0, ptr<T>(w), 0, 0.0, d, 0, s);
+      cuda::cross_entropy_backward<T>(d, ptr<int64_t>(labels) + r0, d, r, V, ptr<cuda::acc_t<T>>(g),
+                                      c.node.attrs().i("ignore_index"), s);
+      cuda::gemm_batched<T>(false, false, 1, r, C, V, 1.0, d, 0, ptr<T>(w), 0, 0.0, ptr<T>(dx) + r0 * C, 0, s);
+      cuda::gemm_batched<T>(true, false, 1, V, C, r, 1.0, d, 0, x_c, 0, r0 == 0 ? 0.0 : 1.0, dw, 0, s);
+    }
+    return dx;
+  });
+}
+
 AUTOSP_INSTANTIATE_LAUNCHERS  // the template rows (engine/launchers.h)
 
 }  // namespace autosp::cuda_ops

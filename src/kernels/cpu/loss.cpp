@@ -7,25 +7,109 @@
 //
 // Backward: rows split over threads; each row's softmax is recomputed with the same stable
 // max-shifted exp, then scaled by grad / sum in double; ignored rows are zero-filled.
+//
+// The tiled head + loss (linear_cross_entropy_*) runs the same row arithmetic on one chunk of
+// logits at a time, which a GEMM has just written into the scratch; in f32 the row passes (max and
+// argmax, the sum of exp, the softmax) are 16-lane vectors with vec16's exp16 (~1 ulp).
 #include "kernels/cpu/loss.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
 
 namespace autosp::cpu {
+namespace {
 
-template <class T>
-double cross_entropy_sum(const T* logits, const int64_t* labels, int64_t rows, int64_t V,
-                         int64_t ignore_index) {
-  AUTOSP_ASSERT(rows >= 0 && V > 0, "cross_entropy rows ", rows, " V ", V);
+void check_labels(const int64_t* labels, int64_t rows, int64_t V, int64_t ignore_index) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t y = labels[r];
     if (y != ignore_index && (y < 0 || y >= V))
       throw UsageError(str("[cross_entropy] label ", y, " at row ", r, " is outside [0, ", V,
                            ") and is not ignore_index ", ignore_index));
   }
+}
+
+// ---- one row of logits x[0, V) ----
+using vec16::f32x16;
+using vec16::load;
+using vec16::load_part;
+using vec16::splat;
+using vec16::store;
+using vec16::store_part;
+
+struct RowMax {
+  double value;
+  int64_t index;  // the first index holding it
+};
+
+// The maximum and where it first occurs.
+AUTOSP_VEC16_CLONES RowMax row_max(const float* x, int64_t V) {
+  const float inf = std::numeric_limits<float>::infinity();
+  f32x16 hi = splat(-inf);
+  int64_t j = 0;
+  for (; j + 16 <= V; j += 16) {
+    const f32x16 v = load(x + j);
+    hi = hi < v ? v : hi;
+  }
+  if (j < V) {
+    const f32x16 v = load_part(x + j, V - j, -inf);
+    hi = hi < v ? v : hi;
+  }
+  float m = hi[0];
+  for (int l = 1; l < 16; ++l) m = std::max(m, hi[l]);
+  const int64_t at = std::find(x, x + V, m) - x;
+  return {double(m), at < V ? at : 0};  // NaN logits match nothing: report 0
+}
+RowMax row_max(const double* x, int64_t V) {
+  const int64_t at = std::max_element(x, x + V) - x;
+  return {x[at], at};
+}
+
+// Σ_j exp(x[j] - m), summed per 16 lanes in f32 over blocks of 1024 and across blocks in double.
+AUTOSP_VEC16_CLONES double row_sum_exp(const float* x, int64_t V, float m) {
+  double total = 0;
+  for (int64_t b = 0; b < V; b += 1024) {
+    const int64_t end = std::min(V, b + 1024);
+    f32x16 sum = splat(0.0f);
+    int64_t j = b;
+    for (; j + 16 <= end; j += 16) sum += vec16::exp16(load(x + j) - m);
+    if (j < end) {
+      const f32x16 p = vec16::exp16(load_part(x + j, end - j, 0.0f) - m);
+      for (int64_t l = 0; l < end - j; ++l) sum[l] += p[l];
+    }
+    double s = 0;
+    for (int l = 0; l < 16; ++l) s += double(sum[l]);
+    total += s;
+  }
+  return total;
+}
+double row_sum_exp(const double* x, int64_t V, double m) {
+  double s = 0;
+  for (int64_t j = 0; j < V; ++j) s += std::exp(x[j] - m);
+  return s;
+}
+
+// x[j] = g · exp(x[j] - m) for j < V (the softmax times g, with g = grad / Σ exp).
+AUTOSP_VEC16_CLONES void row_scaled_exp(float* x, int64_t V, float m, float g) {
+  int64_t j = 0;
+  for (; j + 16 <= V; j += 16) store(x + j, vec16::exp16(load(x + j) - m) * g);
+  if (j < V) store_part(x + j, vec16::exp16(load_part(x + j, V - j, 0.0f) - m) * g, V - j);
+}
+void row_scaled_exp(double* x, int64_t V, double m, double g) {
+  for (int64_t j = 0; j < V; ++j) x[j] = g * std::exp(x[j] - m);
+}
+
+}  // namespace
+
+template <class T>
+double cross_entropy_sum(const T* logits, const int64_t* labels, int64_t rows, int64_t V,
+                         int64_t ignore_index) {
+  AUTOSP_ASSERT(rows >= 0 && V > 0, "cross_entropy rows ", rows, " V ", V);
+  check_labels(labels, rows, V, ignore_index);
   double total = 0;
 #pragma omp parallel for schedule(static) reduction(+ : total) if (rows * V > (1 << 14))
   for (int64_t r = 0; r < rows; ++r) {
@@ -81,11 +165,81 @@ int64_t count_valid(const int64_t* labels, int64_t n, int64_t ignore_index) {
   return count;
 }
 
+int64_t linear_ce_chunk_rows(int64_t rows, int64_t V) {
+  AUTOSP_ASSERT(rows >= 0 && V > 0, "linear_cross_entropy rows ", rows, " V ", V);
+  return std::max<int64_t>(1, std::min(rows, kLinearCeChunkElems / V));
+}
+int64_t linear_ce_scratch_elems(int64_t rows, int64_t V) { return linear_ce_chunk_rows(rows, V) * V; }
+
+template <class T>
+double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
+                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index) {
+  AUTOSP_ASSERT(C > 0, "linear_cross_entropy C ", C);
+  const int64_t chunk = linear_ce_chunk_rows(rows, V);
+  check_labels(labels, rows, V, ignore_index);
+  double total = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t r = std::min(chunk, rows - r0);
+    // logits [r, V] = x_c [r, C] · wᵀ
+    gemm_batched<T>(false, true, 1, r, V, C, T(1), x + r0 * C, 0, w, 0, T(0), scratch, 0);
+    double part = 0;
+#pragma omp parallel for schedule(static) reduction(+ : part) if (r * V > (1 << 14))
+    for (int64_t i = 0; i < r; ++i) {
+      const T* row = scratch + i * V;
+      const RowMax m = row_max(row, V);
+      predictions[r0 + i] = m.index;
+      const int64_t y = labels[r0 + i];
+      if (y == ignore_index) continue;
+      part += m.value + std::log(row_sum_exp(row, V, T(m.value))) - double(row[y]);
+    }
+    total += part;
+  }
+  return total;
+}
+
+template <class T>
+void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
+                                   T* scratch, int64_t rows, int64_t C, int64_t V, int64_t ignore_index) {
+  AUTOSP_ASSERT(C > 0, "linear_cross_entropy_backward C ", C);
+  const int64_t chunk = linear_ce_chunk_rows(rows, V);
+  if (rows == 0) std::fill(dw, dw + V * C, T(0));  // no rows: no gradient
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t r = std::min(chunk, rows - r0);
+    const T* x_c = x + r0 * C;
+    gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), scratch, 0);
+#pragma omp parallel for schedule(static) if (r * V > (1 << 14))
+    for (int64_t i = 0; i < r; ++i) {
+      T* row = scratch + i * V;  // logits, then dlogits
+      const int64_t y = labels[r0 + i];
+      if (y == ignore_index) {
+        std::fill(row, row + V, T(0));
+        continue;
+      }
+      AUTOSP_ASSERT(y >= 0 && y < V, "linear_cross_entropy_backward label ", y, " at row ", r0 + i);
+      const T m = T(row_max(row, V).value);
+      const double g = grad / row_sum_exp(row, V, m);
+      row_scaled_exp(row, V, m, T(g));
+      row[y] -= T(grad);
+    }
+    // dx_c [r, C] = dlogits [r, V] · w [V, C]; dw [V, C] (+)= dlogitsᵀ [V, r] · x_c [r, C]
+    gemm_batched<T>(false, false, 1, r, C, V, T(1), scratch, 0, w, 0, T(0), dx + r0 * C, 0);
+    gemm_batched<T>(true, false, 1, V, C, r, T(1), scratch, 0, x_c, 0, r0 == 0 ? T(0) : T(1), dw, 0);
+  }
+}
+
 template double cross_entropy_sum<float>(const float*, const int64_t*, int64_t, int64_t, int64_t);
 template double cross_entropy_sum<double>(const double*, const int64_t*, int64_t, int64_t, int64_t);
 template void cross_entropy_backward<float>(const float*, const int64_t*, float*, int64_t, int64_t, double,
                                             int64_t);
 template void cross_entropy_backward<double>(const double*, const int64_t*, double*, int64_t, int64_t, double,
                                              int64_t);
+#define AUTOSP_INSTANTIATE_LINEAR_CE(T)                                                                            \
+  template double linear_cross_entropy_sum<T>(const T*, const T*, const int64_t*, int64_t*, T*, int64_t, int64_t,  \
+                                              int64_t, int64_t);                                                 \
+  template void linear_cross_entropy_backward<T>(const T*, const T*, const int64_t*, double, T*, T*, T*, int64_t, \
+                                                 int64_t, int64_t, int64_t);
+AUTOSP_INSTANTIATE_LINEAR_CE(float)
+AUTOSP_INSTANTIATE_LINEAR_CE(double)
+#undef AUTOSP_INSTANTIATE_LINEAR_CE
 
 }  // namespace autosp::cpu

@@ -1,4 +1,4 @@
-// CPU cross-entropy launchers. Knows nothing of graphs.
+// CPU cross-entropy kernels, and the tiled head + loss (runtime.tiled_loss). Knows nothing of graphs.
 // logits [rows, V] contiguous, labels [rows] int64; a label equal to ignore_index contributes nothing.
 #pragma once
 
@@ -22,5 +22,34 @@ int64_t count_valid(const int64_t* labels, int64_t n, int64_t ignore_index = kIg
 template <class T>
 void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, int64_t rows, int64_t V, double grad,
                             int64_t ignore_index = kIgnoreIndex);
+
+// ---- the tiled head + loss: logits = x · wᵀ are never whole ----
+//
+// x [R, C] (R = rows = tokens), w [V, C] (the LM head, or the tied embedding), labels [R]. Rows go
+// in chunks of linear_ce_chunk_rows(R, V); a chunk's logits [r, V] live in `scratch` only
+// (linear_ce_scratch_elems(R, V) elements), so no [R, V] tensor exists: the memory of Liger's
+// FusedLinearCrossEntropy and ALST's tiled loss. The GEMMs are gemm_batched (kernels/cpu/matmul.h);
+// the row loops run across threads; nothing depends on the thread count.
+
+// Logits elements a chunk may hold (32 MiB in f32): 65 rows of Llama 3's 128,256 tokens, all of a
+// short sequence of a small vocabulary.
+inline constexpr int64_t kLinearCeChunkElems = int64_t(1) << 23;
+int64_t linear_ce_chunk_rows(int64_t rows, int64_t V);
+int64_t linear_ce_scratch_elems(int64_t rows, int64_t V);
+
+// Returns Σ over valid rows of logsumexp(x_r · wᵀ) - x_r · w[label_r] (each row's sum in double),
+// and writes predictions[r] = argmax_j (x_r · wᵀ)_j (first maximum on ties) for every row. A label
+// outside [0, V) that is not ignore_index throws autosp::UsageError naming it, before any work.
+template <class T>
+double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
+                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index = kIgnoreIndex);
+
+// The gradients of `grad` · that sum: per chunk the logits are computed again, turned into
+// dlogits = grad · (softmax - onehot(label)) (0 on ignored rows) in place, then
+// dx_c [r, C] = dlogits · w and dw [V, C] += dlogitsᵀ · x_c (overwritten by the first chunk).
+template <class T>
+void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
+                                   T* scratch, int64_t rows, int64_t C, int64_t V,
+                                   int64_t ignore_index = kIgnoreIndex);
 
 }  // namespace autosp::cpu

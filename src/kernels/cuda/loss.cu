@@ -6,7 +6,12 @@
 // [rows]; then one block adds the row losses — each thread a fixed stride of rows in order, then
 // a fixed tree — into the device scalar. Deterministic: the order depends on `rows` only.
 // Backward: one block per row recomputes max and sum, then writes g · softmax - g · onehot.
+// The tiled head + loss (runtime.tiled_loss) runs the forward's row pass on one chunk of logits at
+// a time, into row losses [rows] of the whole op, and also finds each row's first maximum; its
+// backward is the backward kernel above on each chunk, in place.
 #include "kernels/cuda/loss.cuh"
+
+#include <climits>
 
 namespace autosp::cuda {
 
@@ -71,6 +76,42 @@ __global__ void count_valid_kernel(const int64_t* labels, int64_t n, int64_t ign
   if (threadIdx.x == 0) *count = C(k);
 }
 
+// The smallest v over the block (every thread gets it), like block_sum.
+__device__ long long block_min(long long v, long long* shared) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
+  for (int o = 16; o > 0; o >>= 1) { const long long u = __shfl_xor_sync(0xffffffffu, v, o); v = u < v ? u : v; }
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    long long s = lane < nwarps ? shared[lane] : LLONG_MAX;
+    for (int o = 16; o > 0; o >>= 1) { const long long u = __shfl_xor_sync(0xffffffffu, s, o); s = u < s ? u : s; }
+    if (lane == 0) shared[0] = s;
+  }
+  __syncthreads();
+  return shared[0];
+}
+
+// One row of a chunk: its loss (0 when ignored, NaN for a bad label) and its argmax.
+template <class T>
+__global__ void linear_ce_rows_kernel(const T* logits, const int64_t* labels, double* row_loss, int64_t* predictions,
+                                      int64_t V, int64_t ignore_index) {
+  using A = acc_t<T>;
+  __shared__ A shared[kWarp];
+  __shared__ long long first[kWarp];
+  const int64_t r = blockIdx.x, y = labels[r];
+  const T* xr = logits + r * V;  // [V]
+  A m, s;
+  row_logsumexp(xr, V, shared, m, s);
+  long long at = LLONG_MAX;
+  for (int64_t j = threadIdx.x; j < V && at == LLONG_MAX; j += blockDim.x)
+    if (load(xr, j) == m) at = j;
+  at = block_min(at, first);
+  if (threadIdx.x != 0) return;
+  predictions[r] = at == LLONG_MAX ? 0 : at;  // NaN logits match nothing: 0
+  row_loss[r] = y == ignore_index ? 0.0 : y < 0 || y >= V ? NAN : double(m) + log(double(s)) - double(load(xr, y));
+}
+
 template <class T>
 __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* labels, T* dlogits, int64_t V,
                                               const acc_t<T>* grad, int64_t ignore_index) {
@@ -129,7 +170,26 @@ void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, 
                 grad, ignore_index);
 }
 
+template <class T>
+void linear_ce_rows(const T* logits, const int64_t* labels, double* row_loss, int64_t* predictions, int64_t rows,
+                    int64_t V, int64_t ignore_index, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && rows < (int64_t(1) << 31) && V > 0, "linear_ce_rows rows ", rows, " V ", V);
+  if (rows == 0) return;
+  launch_kernel(linear_ce_rows_kernel<T>, unsigned(rows), kRowBlock, 0, stream, logits, labels, row_loss, predictions,
+                V, ignore_index);
+}
+
+template <class A>
+void sum_row_losses(const double* row_loss, int64_t rows, A* loss, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0, "sum_row_losses rows ", rows);
+  launch_kernel(sum_rows_kernel<A>, 1, kSumBlock, 0, stream, row_loss, rows, loss);
+}
+template void sum_row_losses<float>(const double*, int64_t, float*, cudaStream_t);
+template void sum_row_losses<double>(const double*, int64_t, double*, cudaStream_t);
+
 #define AUTOSP_INSTANTIATE(T)                                                                                       \
+  template void linear_ce_rows<T>(const T*, const int64_t*, double*, int64_t*, int64_t, int64_t, int64_t,           \
+                                  cudaStream_t);                                                                    \
   template void cross_entropy_sum<T>(const T*, const int64_t*, acc_t<T>*, int64_t, int64_t, int64_t, cudaStream_t); \
   template void cross_entropy_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, const acc_t<T>*, int64_t, \
                                           cudaStream_t);

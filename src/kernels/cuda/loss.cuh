@@ -34,4 +34,14 @@ template <class T>
 void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, int64_t rows, int64_t V,
                             const acc_t<T>* grad, int64_t ignore_index, cudaStream_t stream);
 
+// The tiled head + loss's row pass over one chunk of logits [rows, V]: row_loss[r] is row r's
+// term of cross_entropy_sum (0 when ignored, NaN for a label outside [0, V)), predictions[r] its
+// argmax (first maximum). One block per row.
+template <class T>
+void linear_ce_rows(const T* logits, const int64_t* labels, double* row_loss, int64_t* predictions, int64_t rows,
+                    int64_t V, int64_t ignore_index, cudaStream_t stream);
+// *loss (device) = Σ row_loss[0, rows), one block in a fixed order (0 for no rows). A is float or double.
+template <class A>
+void sum_row_losses(const double* row_loss, int64_t rows, A* loss, cudaStream_t stream);
+
 }  // namespace autosp::cuda

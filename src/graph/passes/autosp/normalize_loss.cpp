@@ -1,4 +1,5 @@
-// normalize_loss: a token-mean loss  loss = cross_entropy_sum / count_valid(labels)  becomes
+// normalize_loss: a token-mean loss  loss = cross_entropy_sum / count_valid(labels)  (or the tiled
+// head's linear_cross_entropy_sum over the count)  becomes
 //   loss = local_sum / all_reduce(local_count)          (the count is global, not differentiated)
 // so that the gradients, summed over the world, are those of the global token mean; and
 //   loss.global = all_reduce(loss)                        (the reported loss, a graph output)
@@ -14,7 +15,9 @@ PassResult normalize_loss(Graph& g, const PassContext& ctx) {
   auto losses = g.with_role(Role::loss);
   if (losses.size() != 1) throw UsageError(str("normalize_loss: expected one node tagged loss, found ", losses.size()));
   Node* loss = losses[0];
-  const bool mean = loss->op() == Op::div && loss->input(0)->op() == Op::cross_entropy_sum &&
+  const bool mean = loss->op() == Op::div &&
+                    (loss->input(0)->op() == Op::cross_entropy_sum ||
+                     loss->input(0)->op() == Op::linear_cross_entropy_sum) &&
                     loss->input(1)->op() == Op::count_valid;
   if (!mean)
     throw UsageError(str("normalize_loss: cannot normalize loss %", loss->name(), " (", loss->op_name(),
