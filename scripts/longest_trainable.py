@@ -120,17 +120,20 @@ class Cgroup:
 
 
 def token_shard(a, S):
-    """An llm.c uint16 token shard (header: 256 int32, magic 20240520, version 1, count) of S + 1
-    random tokens below the config's vocabulary, in the run's scratch folder."""
+    """An llm.c token shard of S + 1 random tokens below the config's vocabulary, in the run's
+    scratch folder: uint16 (header: 256 int32, magic 20240520, version 1, count), or uint32 (magic
+    20240801, version 7) for a vocabulary past 65,536 tokens."""
     path = os.path.join(a.scratch, f"tokens-{S}.bin")
     if not os.path.exists(path):
         with open(a.config, encoding="utf-8") as f:
             vocab = int(json.load(f)["model"]["vocab_size"])
         rng = random.Random(S)
         n = S + 1
-        header = struct.pack("<256i", 20240520, 1, n, *([0] * 253))
+        wide = vocab > 65536
+        header = struct.pack("<256i", 20240801 if wide else 20240520, 7 if wide else 1, n, *([0] * 253))
+        tokens = struct.pack(f"<{n}{'I' if wide else 'H'}", *(rng.randrange(vocab) for _ in range(n)))
         with open(path, "wb") as f:
-            f.write(header + struct.pack(f"<{n}H", *(rng.randrange(min(vocab, 65536)) for _ in range(n))))
+            f.write(header + tokens)
     return path
 
 

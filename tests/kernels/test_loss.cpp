@@ -162,29 +162,30 @@ TEMPLATE_TEST_CASE("linear_cross_entropy matches the naive head + loss across ch
                    float, double) {
   using T = TestType;
   struct Case {
-    int64_t rows, C, V;
+    int64_t rows, C, V, chunk;  // chunk 0: linear_ce_chunk_rows
   };
-  // V = 2^20 + 3 makes a chunk 7 rows (kLinearCeChunkElems / V): 17 rows are chunks of 7, 7, 3, and
-  // the odd V leaves a partial 16-lane tail in every row. The small cases are one chunk.
+  // Chunks of 7 rows: 17 rows are chunks of 7, 7, 3; V = 10,003 leaves a partial 16-lane tail in
+  // every row (and a partial 1024-block of the exp sums). The others are one chunk, and the default.
   uint32_t seed = 3100;
-  for (const Case c : {Case{17, 4, (int64_t(1) << 20) + 3}, Case{5, 3, 1}, Case{9, 6, 37}, Case{0, 4, 10}}) {
-    INFO("rows " << c.rows << " C " << c.C << " V " << c.V);
+  for (const Case c : {Case{17, 4, 10003, 7}, Case{5, 3, 1, 0}, Case{9, 6, 37, 0}, Case{0, 4, 10, 0}}) {
+    INFO("rows " << c.rows << " C " << c.C << " V " << c.V << " chunk " << c.chunk);
     const auto x = test::cast<T>(naive::random_normal(c.rows * c.C, seed++, 1.0));
     const auto w = test::cast<T>(naive::random_normal(c.V * c.C, seed++, 1.5));
     const auto labels = random_labels(c.rows, c.V, seed++, cpu::kIgnoreIndex);
     const double grad = 0.31;
     const HeadLossRef ref = head_loss_ref(test::widen(x), test::widen(w), labels, c.rows, c.C, c.V, grad);
-    std::vector<T> scratch(size_t(cpu::linear_ce_scratch_elems(c.rows, c.V)));
+    std::vector<T> scratch(size_t(c.chunk > 0 ? c.chunk * c.V : cpu::linear_ce_scratch_elems(c.rows, c.V)));
     test::with_threads({1, 2, 3}, [&](int t) {
       INFO("threads " << t);
       std::vector<int64_t> pred(size_t(c.rows), -1);
       const double got = cpu::linear_cross_entropy_sum<T>(x.data(), w.data(), labels.data(), pred.data(),
-                                                          scratch.data(), c.rows, c.C, c.V);
+                                                          scratch.data(), c.rows, c.C, c.V, cpu::kIgnoreIndex,
+                                                          c.chunk);
       test::check_close(std::vector<double>{got}, {ref.loss}, test::tol<T>());
       CHECK(pred == ref.predictions);
       std::vector<T> dx(x.size(), T(-777)), dw(w.size(), T(-777));
       cpu::linear_cross_entropy_backward<T>(x.data(), w.data(), labels.data(), grad, dx.data(), dw.data(),
-                                            scratch.data(), c.rows, c.C, c.V);
+                                            scratch.data(), c.rows, c.C, c.V, cpu::kIgnoreIndex, c.chunk);
       test::check_close(dx, ref.dx);
       test::check_close(dw, ref.dw);
     });

@@ -167,15 +167,15 @@ int64_t count_valid(const int64_t* labels, int64_t n, int64_t ignore_index) {
 
 int64_t linear_ce_chunk_rows(int64_t rows, int64_t V) {
   AUTOSP_ASSERT(rows >= 0 && V > 0, "linear_cross_entropy rows ", rows, " V ", V);
-  return std::max<int64_t>(1, std::min(rows, kLinearCeChunkElems / V));
+  return std::max<int64_t>(1, std::min({rows, kLinearCeChunkRows, kLinearCeChunkElems / V}));
 }
 int64_t linear_ce_scratch_elems(int64_t rows, int64_t V) { return linear_ce_chunk_rows(rows, V) * V; }
 
 template <class T>
 double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
-                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index) {
-  AUTOSP_ASSERT(C > 0, "linear_cross_entropy C ", C);
-  const int64_t chunk = linear_ce_chunk_rows(rows, V);
+                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows) {
+  AUTOSP_ASSERT(C > 0 && chunk_rows >= 0, "linear_cross_entropy C ", C, " chunk ", chunk_rows);
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   check_labels(labels, rows, V, ignore_index);
   double total = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -199,9 +199,10 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
 
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
-                                   T* scratch, int64_t rows, int64_t C, int64_t V, int64_t ignore_index) {
-  AUTOSP_ASSERT(C > 0, "linear_cross_entropy_backward C ", C);
-  const int64_t chunk = linear_ce_chunk_rows(rows, V);
+                                   T* scratch, int64_t rows, int64_t C, int64_t V, int64_t ignore_index,
+                                   int64_t chunk_rows) {
+  AUTOSP_ASSERT(C > 0 && chunk_rows >= 0, "linear_cross_entropy_backward C ", C, " chunk ", chunk_rows);
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   if (rows == 0) std::fill(dw, dw + V * C, T(0));  // no rows: no gradient
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r = std::min(chunk, rows - r0);
@@ -235,9 +236,9 @@ template void cross_entropy_backward<double>(const double*, const int64_t*, doub
                                              int64_t);
 #define AUTOSP_INSTANTIATE_LINEAR_CE(T)                                                                            \
   template double linear_cross_entropy_sum<T>(const T*, const T*, const int64_t*, int64_t*, T*, int64_t, int64_t,  \
-                                              int64_t, int64_t);                                                 \
+                                              int64_t, int64_t, int64_t);                                        \
   template void linear_cross_entropy_backward<T>(const T*, const T*, const int64_t*, double, T*, T*, T*, int64_t, \
-                                                 int64_t, int64_t, int64_t);
+                                                 int64_t, int64_t, int64_t, int64_t);
 AUTOSP_INSTANTIATE_LINEAR_CE(float)
 AUTOSP_INSTANTIATE_LINEAR_CE(double)
 #undef AUTOSP_INSTANTIATE_LINEAR_CE

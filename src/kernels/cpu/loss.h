@@ -26,14 +26,18 @@ void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, 
 // ---- the tiled head + loss: logits = x · wᵀ are never whole ----
 //
 // x [R, C] (R = rows = tokens), w [V, C] (the LM head, or the tied embedding), labels [R]. Rows go
-// in chunks of linear_ce_chunk_rows(R, V); a chunk's logits [r, V] live in `scratch` only
-// (linear_ce_scratch_elems(R, V) elements), so no [R, V] tensor exists: the memory of Liger's
+// in chunks of linear_ce_chunk_rows(R, V) (or `chunk_rows`, for tests); a chunk's logits [r, V]
+// live in `scratch` only (linear_ce_scratch_elems(R, V) elements, or chunk_rows · V), so no [R, V]
+// tensor exists: the memory of Liger's
 // FusedLinearCrossEntropy and ALST's tiled loss. The GEMMs are gemm_batched (kernels/cpu/matmul.h);
 // the row loops run across threads; nothing depends on the thread count.
 
-// Logits elements a chunk may hold (32 MiB in f32): 65 rows of Llama 3's 128,256 tokens, all of a
-// short sequence of a small vocabulary.
-inline constexpr int64_t kLinearCeChunkElems = int64_t(1) << 23;
+// Logits elements a chunk may hold (256 MiB in f32: 523 rows of Llama 3's 128,256 tokens), and at
+// most kLinearCeChunkRows rows (a small vocabulary's chunk stays small). Each chunk's GEMMs pack
+// all of w again, so fewer rows cost time: at 65 rows of 128,256 (a 32 MiB chunk) the tiny Llama's
+// step took 2.6x as long as with 523 (docs/performance.md, 2026-12-02).
+inline constexpr int64_t kLinearCeChunkElems = int64_t(1) << 26;
+inline constexpr int64_t kLinearCeChunkRows = 4096;
 int64_t linear_ce_chunk_rows(int64_t rows, int64_t V);
 int64_t linear_ce_scratch_elems(int64_t rows, int64_t V);
 
@@ -42,7 +46,8 @@ int64_t linear_ce_scratch_elems(int64_t rows, int64_t V);
 // outside [0, V) that is not ignore_index throws autosp::UsageError naming it, before any work.
 template <class T>
 double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
-                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index = kIgnoreIndex);
+                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index = kIgnoreIndex,
+                                int64_t chunk_rows = 0);
 
 // The gradients of `grad` · that sum: per chunk the logits are computed again, turned into
 // dlogits = grad · (softmax - onehot(label)) (0 on ignored rows) in place, then
@@ -50,6 +55,6 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
                                    T* scratch, int64_t rows, int64_t C, int64_t V,
-                                   int64_t ignore_index = kIgnoreIndex);
+                                   int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0);
 
 }  // namespace autosp::cpu
