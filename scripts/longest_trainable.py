@@ -4,7 +4,7 @@
   scripts/longest_trainable.py --impl autosp|pytorch --config configs/llama-tiny.json --budget-gib 4
       [--checkpoint | --no-checkpoint] [--threads T] [--bin build/bin] [--python PY]
       [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--data random|config]
-      [--grow 1.25] [--[no-]drop-caches] [--from S] [--set k=v ...] [--out probes.jsonl]
+      [--grow 1.25] [--[no-]drop-caches] [--from S] [--probe S1,S2,...] [--set k=v ...] [--out probes.jsonl]
 
 Each probe is one process that runs one training step (forward, backward, gradient clipping, AdamW)
 of the config's model at batch 1 and sequence length S:
@@ -31,7 +31,9 @@ Search: two probes at the --fit lengths give the growth in bytes per token; the 
 line predicts the longest S; from there probes go up by --grow (25 %) while they fit, then bisect between
 the longest that fitted and the shortest that did not until the two are within --margin (all
 rounded to --multiple). --from S resumes an earlier search: S is taken as fitting and the first
-probe is one --margin above it. The long probes take time: each
+probe is one --margin above it. --probe S1,S2,... runs one probe at each length and no search: it
+shows that lengths fit (say, a multiple of the other side's longest) where finding the longest
+would take hours of quadratic attention; the last line then lists the ones that fit. The long probes take time: each
 is a full step, quadratic in S through attention.
 
 Prints one JSON line per probe (S, fits, exit status, peak bytes, seconds, the tail of stderr when
@@ -225,6 +227,7 @@ def main():
     ap.add_argument("--data", choices=["random", "config"], default="random")
     ap.add_argument("--drop-caches", action=argparse.BooleanOptionalAction, default=True,
                     help="drop the page cache before each probe in a cgroup (root only)")
+    ap.add_argument("--probe", help="only probe these lengths (comma-separated), no search")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -236,6 +239,14 @@ def main():
         fit = []
     if a.known is not None and a.known < 1:
         fail(f"--from {a.known}: expected a positive length")
+    probes = None
+    if a.probe is not None:
+        try:
+            probes = [int(x) for x in a.probe.split(",")]
+        except ValueError:
+            probes = []
+        if not probes or min(probes) < 1:
+            fail(f"--probe '{a.probe}': expected positive lengths, e.g. 26624,53248")
     if len(fit) != 2 or fit[0] < 1 or fit[1] <= fit[0]:
         fail(f"--fit '{a.fit}': expected two increasing positive lengths, e.g. 8192,16384")
     if not os.path.isfile(a.config):
@@ -249,6 +260,11 @@ def main():
     cgroup = Cgroup.make(budget)
     method = "cgroup" if cgroup else "rss"
     try:
+        if probes:
+            fits = [S for S in probes if run_probe(a, S, cgroup, budget)["fits"]]
+            print(json.dumps({"impl": a.impl, "budget_bytes": budget, "method": method, "checkpoint": a.checkpoint,
+                              "probed": probes, "fit": fits}), flush=True)
+            return 0
         r0, r1 = (run_probe(a, S, cgroup, budget) for S in fit)
         if not (r0["fits"] and r1["fits"]):
             print("error: the --fit lengths do not fit the budget; give shorter ones", file=sys.stderr)

@@ -2,8 +2,9 @@
 # scripts/longest_trainable.py on autosp-train with a small budget (384 MiB: a few thousand tokens of
 # the tiny Llama with a large vocabulary, seconds a probe): the search ends on a bracket, a length that trained within the
 # budget and one a step above it that did not, as the probes measured them (the kernel's peak
-# resident set, or the memory cgroup's verdict where this machine lets the script make one); bad
-# flags give one `error:` line and exit code 2.
+# resident set, or the memory cgroup's verdict where this machine lets the script make one); --probe
+# shows runtime.tiled_loss fitting where the untiled step does not; bad flags give one `error:` line
+# and exit code 2.
 #   longest_trainable.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1
@@ -50,6 +51,23 @@ if [ "$(wc -l <"$tmp/probes.jsonl")" -ne "$(($(wc -l <"$tmp/out") - 1))" ]; then
   fail=1
 fi
 
+# --probe runs only the lengths given. At 16,384 tokens the untiled step's logits and their gradient
+# alone (2 × 256 MiB) exceed the budget, and runtime.tiled_loss's chunk of them (64 MiB) does not.
+for tiled in false true; do
+  /usr/bin/python3 "$script" --impl autosp --bin "$bin" --config "$src/configs/llama-tiny.json" \
+      --set model.vocab_size=4096 --set runtime.tiled_loss=$tiled --budget-gib "$budget" --probe 1024,16384 \
+      --threads 1 --no-drop-caches >"$tmp/probe-$tiled" 2>"$tmp/err" || { echo "FAIL: --probe: $(cat "$tmp/err")"; fail=1; }
+done
+if ! /usr/bin/python3 - "$tmp/probe-false" "$tmp/probe-true" <<'EOF'; then
+import json, sys
+untiled, tiled = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert [p["S"] for p in untiled[:-1]] == [1024, 16384] and untiled[-1]["probed"] == [1024, 16384], untiled
+assert untiled[-1]["fit"] == [1024] and tiled[-1]["fit"] == [1024, 16384], (untiled[-1], tiled[-1])
+EOF
+  echo "FAIL: --probe results: untiled $(cat "$tmp/probe-false"), tiled $(cat "$tmp/probe-true")"
+  fail=1
+fi
+
 expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
   local needle=$1
   shift
@@ -68,6 +86,8 @@ expect_usage_error "grow" --impl autosp --bin "$bin" --config "$cfg" --budget-gi
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit 4096
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit 4096,1024
 expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --fit a,b
+expect_usage_error "--probe" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --probe x
+expect_usage_error "--probe" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --probe 1024,0
 expect_usage_error "--from" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --from 0
 expect_usage_error "no such file" --impl autosp --bin "$bin" --config "$tmp/none.json" --budget-gib 1
 expect_usage_error "not found" --impl autosp --bin "$tmp" --config "$cfg" --budget-gib 1
