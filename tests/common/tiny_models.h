@@ -56,4 +56,15 @@ inline double rel_l2(const Tensor& a, const Tensor& b) {
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// max |a − b| / max |b| over every element (host tensors of one shape).
+inline double rel_max(const Tensor& got, const Tensor& want) {
+  const auto g = got.to_doubles(), w = want.to_doubles();
+  double err = 0, scale = 1e-300;
+  for (size_t i = 0; i < g.size(); ++i) {
+    err = std::max(err, std::abs(g[i] - w[i]));
+    scale = std::max(scale, std::abs(w[i]));
+  }
+  return err / scale;
+}
+
 }  // namespace autosp::testing

@@ -16,6 +16,7 @@
 #include "models/model.h"
 
 using namespace autosp;
+using testing::rel_max;
 
 namespace {
 
@@ -28,16 +29,6 @@ Config tiny(const std::string& arch, int64_t seq_len, int64_t vocab, bool tiled,
   cfg.runtime.tiled_loss = tiled;
   cfg.runtime.activation_checkpointing = checkpointing;
   return cfg;
-}
-
-double rel_max(const Tensor& got, const Tensor& want) {
-  const auto g = got.to_doubles(), w = want.to_doubles();
-  double err = 0, scale = 1e-300;
-  for (size_t i = 0; i < g.size(); ++i) {
-    err = std::max(err, std::abs(g[i] - w[i]));
-    scale = std::max(scale, std::abs(w[i]));
-  }
-  return err / scale;
 }
 
 }  // namespace
