@@ -4,7 +4,9 @@
 // cross_entropy_sum (double).
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -175,6 +177,7 @@ TEMPLATE_TEST_CASE("linear_cross_entropy matches the naive head + loss across ch
     const double grad = 0.31;
     const HeadLossRef ref = head_loss_ref(test::widen(x), test::widen(w), labels, c.rows, c.C, c.V, grad);
     std::vector<T> scratch(size_t(c.chunk > 0 ? c.chunk * c.V : cpu::linear_ce_scratch_elems(c.rows, c.V)));
+    std::vector<double> losses;  // one per thread count: the same bits
     test::with_threads({1, 2, 3}, [&](int t) {
       INFO("threads " << t);
       std::vector<int64_t> pred(size_t(c.rows), -1);
@@ -182,6 +185,7 @@ TEMPLATE_TEST_CASE("linear_cross_entropy matches the naive head + loss across ch
                                                           scratch.data(), c.rows, c.C, c.V, cpu::kIgnoreIndex,
                                                           c.chunk);
       test::check_close(std::vector<double>{got}, {ref.loss}, test::tol<T>());
+      losses.push_back(got);
       CHECK(pred == ref.predictions);
       std::vector<T> dx(x.size(), T(-777)), dw(w.size(), T(-777));
       cpu::linear_cross_entropy_backward<T>(x.data(), w.data(), labels.data(), grad, dx.data(), dw.data(),
@@ -189,6 +193,7 @@ TEMPLATE_TEST_CASE("linear_cross_entropy matches the naive head + loss across ch
       test::check_close(dx, ref.dx);
       test::check_close(dw, ref.dw);
     });
+    CHECK((losses[0] == losses[1] && losses[1] == losses[2]));
   }
 }
 
@@ -208,6 +213,16 @@ TEST_CASE("linear_cross_entropy: ties pick the first maximum, bad labels are ref
                                                          scratch.data(), 1, 1, 4),
                     Catch::Contains("label 4") && Catch::Contains("row 0"));
   CHECK(pred[0] == -1);
+  // A NaN logit makes the row's loss NaN (as in cross_entropy_sum), wherever it sits in the row.
+  for (const int64_t at : {int64_t(0), int64_t(17), int64_t(40)}) {
+    std::vector<float> wn(41, 1.0f);
+    wn[size_t(at)] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> s(size_t(cpu::linear_ce_scratch_elems(1, 41)));
+    labels = {3};
+    INFO("NaN at " << at);
+    CHECK(std::isnan(cpu::linear_cross_entropy_sum<float>(x.data(), wn.data(), labels.data(), pred.data(), s.data(),
+                                                          1, 1, 41)));
+  }
 }
 
 TEST_CASE("linear_cross_entropy_backward agrees with central differences of its forward", "[kernels][loss][backward]") {

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec16.h"
@@ -46,25 +47,32 @@ struct RowMax {
   int64_t index;  // the first index holding it
 };
 
-// The maximum and where it first occurs.
+// The maximum and where it first occurs; a NaN anywhere makes the maximum NaN (index 0), so the
+// row's loss is NaN, as the untiled cross_entropy_sum's is.
 AUTOSP_VEC16_CLONES RowMax row_max(const float* x, int64_t V) {
   const float inf = std::numeric_limits<float>::infinity();
-  f32x16 hi = splat(-inf);
+  f32x16 hi = splat(-inf), bad = splat(0.0f);
   int64_t j = 0;
   for (; j + 16 <= V; j += 16) {
     const f32x16 v = load(x + j);
     hi = hi < v ? v : hi;
+    bad += v - v;  // 0, or NaN where v is NaN or ±inf
   }
   if (j < V) {
     const f32x16 v = load_part(x + j, V - j, -inf);
     hi = hi < v ? v : hi;
+    bad += vec16::load_part(x + j, V - j, 0.0f) * 0.0f;
   }
-  float m = hi[0];
-  for (int l = 1; l < 16; ++l) m = std::max(m, hi[l]);
-  const int64_t at = std::find(x, x + V, m) - x;
-  return {double(m), at < V ? at : 0};  // NaN logits match nothing: report 0
+  float m = hi[0], nan = 0;
+  for (int l = 0; l < 16; ++l) m = std::max(m, hi[l]), nan += bad[l];
+  if (nan != nan) {  // a NaN or infinite logit
+    const bool any_nan = std::any_of(x, x + V, [](float v) { return v != v; });
+    if (any_nan) return {std::numeric_limits<double>::quiet_NaN(), 0};
+  }
+  return {double(m), std::find(x, x + V, m) - x};
 }
 RowMax row_max(const double* x, int64_t V) {
+  if (std::any_of(x, x + V, [](double v) { return v != v; })) return {std::numeric_limits<double>::quiet_NaN(), 0};
   const int64_t at = std::max_element(x, x + V) - x;
   return {x[at], at};
 }
@@ -178,21 +186,20 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   check_labels(labels, rows, V, ignore_index);
   double total = 0;
+  std::vector<double> terms(size_t(std::min(rows, chunk)));  // each row's term, summed in order
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r = std::min(chunk, rows - r0);
     // logits [r, V] = x_c [r, C] · wᵀ
     gemm_batched<T>(false, true, 1, r, V, C, T(1), x + r0 * C, 0, w, 0, T(0), scratch, 0);
-    double part = 0;
-#pragma omp parallel for schedule(static) reduction(+ : part) if (r * V > (1 << 14))
+#pragma omp parallel for schedule(static) if (r * V > (1 << 14))
     for (int64_t i = 0; i < r; ++i) {
       const T* row = scratch + i * V;
       const RowMax m = row_max(row, V);
       predictions[r0 + i] = m.index;
       const int64_t y = labels[r0 + i];
-      if (y == ignore_index) continue;
-      part += m.value + std::log(row_sum_exp(row, V, T(m.value))) - double(row[y]);
+      terms[size_t(i)] = y == ignore_index ? 0.0 : m.value + std::log(row_sum_exp(row, V, T(m.value))) - double(row[y]);
     }
-    total += part;
+    for (int64_t i = 0; i < r; ++i) total += terms[size_t(i)];  // in row order: the same at any thread count
   }
   return total;
 }
