@@ -32,6 +32,14 @@ Tensor by_float(const KernelCall& c, DType dt, F&& f) {
   }
 }
 
+// The memory plan's workspace for the node (KernelCall::workspace) as T scratch, when there is one
+// of at least `bytes` (a bf16 node's runs in f32); else nullptr.
+template <class T>
+T* planned_workspace(const KernelCall& c, size_t bytes) {
+  return c.workspace.defined() && c.workspace.nbytes() >= bytes ? reinterpret_cast<T*>(c.workspace.data<int64_t>())
+                                                                : nullptr;
+}
+
 // Integer ids as int64 (i32 ids are widened).
 Tensor ids64(const Tensor& t) { return t.dtype() == DType::i64 ? t.contiguous() : t.to(DType::i64); }
 
@@ -237,9 +245,7 @@ Tensor sdpa_backward(const KernelCall& c) {
     c.extras.push_back(dk);
     Tensor dv = extra_like(c, v.shape(), v.dtype());
     c.extras.push_back(dv);
-    // The planned workspace, when there is one large enough for T (a bf16 node's runs in f32).
-    const bool planned = c.workspace.defined() && c.workspace.nbytes() >= sdpa_backward_workspace(c.node, c.bindings);
-    T* workspace = planned ? reinterpret_cast<T*>(c.workspace.data<int64_t>()) : nullptr;
+    T* workspace = planned_workspace<T>(c, sdpa_backward_workspace(c.node, c.bindings));
     cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), t[3].data<T>(), t[4].data<T>(), t[5].data<T>(),
                           dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
                           q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
@@ -559,8 +565,7 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
 template <class T>
 T* logits_chunk(const KernelCall& c, int64_t rows, int64_t V, Tensor& own) {
   const int64_t n = cpu::linear_ce_scratch_elems(rows, V);
-  if (c.workspace.defined() && c.workspace.nbytes() >= size_t(n) * sizeof(T))
-    return reinterpret_cast<T*>(c.workspace.data<int64_t>());
+  if (T* planned = planned_workspace<T>(c, size_t(n) * sizeof(T))) return planned;
   own = Tensor::empty({n}, dtype_of<T>, c.alloc);
   return own.data<T>();
 }

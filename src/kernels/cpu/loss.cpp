@@ -42,14 +42,9 @@ using vec16::splat;
 using vec16::store;
 using vec16::store_part;
 
-struct RowMax {
-  double value;
-  int64_t index;  // the first index holding it
-};
-
-// The maximum and where it first occurs; a NaN anywhere makes the maximum NaN (index 0), so the
-// row's loss is NaN, as the untiled cross_entropy_sum's is.
-AUTOSP_VEC16_CLONES RowMax row_max(const float* x, int64_t V) {
+// The maximum; a NaN anywhere makes it NaN, so the row's loss is NaN, as the untiled
+// cross_entropy_sum's is.
+AUTOSP_VEC16_CLONES float row_max(const float* x, int64_t V) {
   const float inf = std::numeric_limits<float>::infinity();
   f32x16 hi = splat(-inf), bad = splat(0.0f);
   int64_t j = 0;
@@ -65,16 +60,20 @@ AUTOSP_VEC16_CLONES RowMax row_max(const float* x, int64_t V) {
   }
   float m = hi[0], nan = 0;
   for (int l = 0; l < 16; ++l) m = std::max(m, hi[l]), nan += bad[l];
-  if (nan != nan) {  // a NaN or infinite logit
-    const bool any_nan = std::any_of(x, x + V, [](float v) { return v != v; });
-    if (any_nan) return {std::numeric_limits<double>::quiet_NaN(), 0};
-  }
-  return {double(m), std::find(x, x + V, m) - x};
+  if (nan != nan && std::any_of(x, x + V, [](float v) { return v != v; }))  // a NaN, not only ±inf
+    return std::numeric_limits<float>::quiet_NaN();
+  return m;
 }
-RowMax row_max(const double* x, int64_t V) {
-  if (std::any_of(x, x + V, [](double v) { return v != v; })) return {std::numeric_limits<double>::quiet_NaN(), 0};
-  const int64_t at = std::max_element(x, x + V) - x;
-  return {x[at], at};
+double row_max(const double* x, int64_t V) {
+  if (std::any_of(x, x + V, [](double v) { return v != v; })) return std::numeric_limits<double>::quiet_NaN();
+  return *std::max_element(x, x + V);
+}
+
+// Where the maximum m first occurs (0 when nothing equals it: a NaN maximum).
+template <class T>
+int64_t first_index_of(const T* x, int64_t V, T m) {
+  const int64_t at = std::find(x, x + V, m) - x;
+  return at < V ? at : 0;
 }
 
 // Σ_j exp(x[j] - m), summed per 16 lanes in f32 over blocks of 1024 and across blocks in double.
@@ -194,10 +193,10 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
 #pragma omp parallel for schedule(static) if (r * V > (1 << 14))
     for (int64_t i = 0; i < r; ++i) {
       const T* row = scratch + i * V;
-      const RowMax m = row_max(row, V);
-      predictions[r0 + i] = m.index;
+      const T m = row_max(row, V);
+      predictions[r0 + i] = first_index_of(row, V, m);
       const int64_t y = labels[r0 + i];
-      terms[size_t(i)] = y == ignore_index ? 0.0 : m.value + std::log(row_sum_exp(row, V, T(m.value))) - double(row[y]);
+      terms[size_t(i)] = y == ignore_index ? 0.0 : double(m) + std::log(row_sum_exp(row, V, m)) - double(row[y]);
     }
     for (int64_t i = 0; i < r; ++i) total += terms[size_t(i)];  // in row order: the same at any thread count
   }
@@ -224,7 +223,7 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
         continue;
       }
       AUTOSP_ASSERT(y >= 0 && y < V, "linear_cross_entropy_backward label ", y, " at row ", r0 + i);
-      const T m = T(row_max(row, V).value);
+      const T m = row_max(row, V);
       const double g = grad / row_sum_exp(row, V, m);
       row_scaled_exp(row, V, m, T(g));
       row[y] -= T(grad);
