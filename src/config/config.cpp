@@ -27,6 +27,26 @@ std::string_view data_source_name(DataSourceKind s) {
   return "unknown source";
 }
 
+ZeroMode zero_mode(const ZeroConfig& z, int world_size) {
+  if (world_size <= 1) return ZeroMode::replicated;
+  switch (z.stage) {
+    case 1: return ZeroMode::sharded_moments;
+    case 2: return ZeroMode::sharded_gradients;
+    case 3: return ZeroMode::sharded_parameters;
+    default: return ZeroMode::replicated;
+  }
+}
+
+std::string_view zero_mode_name(ZeroMode m) {
+  switch (m) {
+    case ZeroMode::replicated: return "replicated";
+    case ZeroMode::sharded_moments: return "sharded_moments";
+    case ZeroMode::sharded_gradients: return "sharded_gradients";
+    case ZeroMode::sharded_parameters: return "sharded_parameters";
+  }
+  return "unknown ZeRO mode";
+}
+
 namespace {
 
 using json = nlohmann::json;

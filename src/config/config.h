@@ -87,10 +87,24 @@ struct SequenceParallelConfig {
 
 // zero_optimization (DeepSpeed's section): stage 0 keeps the whole optimizer state on every rank;
 // 1 shards the AdamW moments over the world (dp × sp), the gradients reduce-scattered to their
-// owner; 2 also frees each gradient bucket once it is reduce-scattered (train/optimizer.h ZeroAdamW).
+// owner; 2 also frees each gradient bucket once it is reduce-scattered; 3 shards the parameters
+// too (train/train_state.h).
 struct ZeroConfig {
   int64_t stage = 0;
 };
+
+// The ZeRO mode a run has, decided once from zero_optimization.stage and the world size: one rank
+// has nothing to shard over, so every stage is `replicated` there. Whatever differs by stage (the
+// program's passes, the training state, the memory plan's figures) asks this, never the stage and
+// the world again.
+enum class ZeroMode {
+  replicated,          // whole parameters, gradients (all-reduced) and AdamW state on every rank
+  sharded_moments,     // stage 1: gradients reduce-scattered into buckets, AdamW moments of the shard
+  sharded_gradients,   // stage 2: stage 1, and each bucket freed once reduce-scattered
+  sharded_parameters,  // stage 3: the parameters too, sharded and gathered in the graph
+};
+ZeroMode zero_mode(const ZeroConfig& z, int world_size);
+std::string_view zero_mode_name(ZeroMode m);  // "replicated", "sharded_moments", ...
 
 struct Config {
   ModelConfig model;
