@@ -12,12 +12,13 @@
 #include "graph/ir.h"
 #include "graph/passes/pass.h"
 #include "config/config.h"
+#include "comm/mesh.h"
 
 namespace autosp {
 
 // Where a program stops: after the forward (and mixed precision), after AutoSP, or the whole joint
 // forward + backward.
-enum class Stage { forward, autosp, joint };
+enum class Stage { forward, autosp, rank_forward = autosp, joint };  // TEMP shim
 
 // One pass of a rank's program and the stage it belongs to.
 struct ProgramPass {
@@ -57,5 +58,10 @@ RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const Pas
 // The same, stopping after the named pass (its first occurrence) or stage ("forward", "autosp",
 // "joint"); a name the program does not run is a UsageError listing those it does.
 RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const PassContext& ctx);
+
+// TEMP shim until the compiler/ move lands.
+inline RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const RankLayout& l) {
+  return build_program(cfg, dtype, stage, pass_context(cfg, l.world_size, l.world_rank));
+}
 
 }  // namespace autosp
