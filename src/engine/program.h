@@ -60,7 +60,9 @@ RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const Pas
 RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const PassContext& ctx);
 
 // TEMP shim until the compiler/ move lands.
-inline RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const RankLayout& l) {
+template <class L>
+  requires std::is_base_of_v<RankLayout, L>
+RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const L& l) {
   return build_program(cfg, dtype, stage, pass_context(cfg, l.world_size, l.world_rank));
 }
 
