@@ -11,6 +11,7 @@
 #include "tools/cli.h"
 #include "engine/memory_plan.h"
 #include "engine/program.h"
+#include "train/train_state.h"
 
 using namespace autosp;
 
@@ -36,14 +37,10 @@ Bindings parse_bindings(const std::string& text) {
 }
 
 // Planned bytes of one rank's step: the arena of intermediates, plus what lives outside it —
-// parameters, graph outputs and, for training, AdamW's two moments and the gradient buckets the
-// all-reduce (or ZeRO's reduce-scatter) packs on several ranks. zero_optimization.stage over a
-// world of `world` ranks: 1 keeps 1/world of the moments; 2 also only the gradients' shard (the
-// graph's gradient outputs and each bucket are freed once reduce-scattered; train/grad_sync.h);
-// 3 shards the parameters in the graph itself (graph/passes/shard_parameters.h), so its parameter
-// nodes, gradient outputs and moments are already shards, there are no buckets, and the whole
-// parameters and gradients it gathers and reduce-scatters live in the arena.
-nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, int64_t world, DeviceKind device) {
+// parameters, graph outputs, inputs and, for training, the optimizer state and gradient buckets of
+// the run's ZeRO mode (train/train_state.h planned_state_bytes: the same rules the training state
+// follows).
+nlohmann::json plan_summary(const Graph& g, const Bindings& b, const Config& cfg, int world, DeviceKind device) {
   MemoryPlan plan = plan_memory(g, b, device);
   size_t params = 0, outputs = 0, inputs = 0, grads = 0;
   for (const auto& n : g.nodes()) {
@@ -54,21 +51,15 @@ nlohmann::json plan_summary(const Graph& g, const Bindings& b, int64_t stage, in
     if (g.is_output(n.get())) outputs += bytes;
     if (g.is_output(n.get()) && n->role() == Role::gradient) grads += bytes;
   }
-  const bool training = grads > 0;
-  const bool sharded = training && stage >= 1 && world > 1, in_graph = stage == 3 && world > 1;
-  const auto W = static_cast<size_t>(world);
-  const size_t optimizer = !training ? 0 : sharded && !in_graph ? (2 * params + W - 1) / W : 2 * params;
-  // Gradient buckets: a whole copy of the gradients on several ranks, plus the reduce-scattered
-  // shard at stage 1; only the shard at stage 2 (between steps: while the backward runs, buckets
-  // whose reduce-scatter has not finished yet live too, and each gradient until it is copied).
-  size_t buckets = training && world > 1 ? grads : 0;
-  if (sharded) buckets = stage >= 2 ? (grads + W - 1) / W : grads + (grads + W - 1) / W;
-  if (sharded && stage == 2) outputs -= grads;
-  if (in_graph) buckets = 0;
+  const ZeroMode mode = zero_mode(cfg.zero_optimization, world);
+  const PlannedStateBytes state = planned_state_bytes(mode, params, grads, world);
+  outputs -= state.freed_outputs;
+  const size_t optimizer = state.optimizer, buckets = state.grad_buckets;
   nlohmann::json j = {{"arena_bytes", plan.arena_bytes}, {"max_live_bytes", plan.max_live_bytes},
                       {"parameter_bytes", params},      {"output_bytes", outputs},
                       {"input_bytes", inputs},          {"optimizer_bytes", optimizer},
-                      {"grad_bucket_bytes", buckets},   {"zero_stage", stage},
+                      {"grad_bucket_bytes", buckets},   {"zero_stage", cfg.zero_optimization.stage},
+                      {"zero_mode", zero_mode_name(mode)},
                       {"total_bytes", plan.arena_bytes + params + outputs + inputs + optimizer + buckets}};
   for (const auto& [k, v] : b) j["bindings"][k] = v;
   // What is live where the intermediates peak, largest first: the first place to look for memory.
@@ -122,8 +113,8 @@ int main(int argc, char** argv) {
     RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, ctx);  // a stage or a pass name
     const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {
-      std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>()),
-                                cfg.zero_optimization.stage, world, cfg.runtime.device)
+      std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>()), cfg,
+                                static_cast<int>(world), cfg.runtime.device)
                        .dump()
                 << "\n";
       return 0;

@@ -1,4 +1,5 @@
-// Atomic checkpoint directories with CRC-32C checksums, keep-last-K pruning and validated loading.
+// Atomic checkpoint directories with CRC-32C checksums, keep-last-K pruning and validated loading,
+// and the checkpoint directory's lifecycle (its lock, --resume, --start-over, branching).
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
@@ -530,6 +531,43 @@ Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dty
     throw UsageError(str(opt_path, ": holds ", opt.tensors.size(), " tensors, expected ", 2 * ck.params.size()));
   ck.optimizer.step = meta["optimizer_step"].get<int64_t>();
   return ck;
+}
+
+namespace {
+
+// Whether `resume` names `root` itself or one of its step_* directories.
+bool resumes_from(const std::string& resume, const std::string& root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path r = fs::weakly_canonical(resume, ec), d = fs::weakly_canonical(root, ec);
+  return r == d || r.parent_path() == d;
+}
+
+}  // namespace
+
+std::unique_ptr<DirLock> open_checkpoint_dir(const std::string& root, const std::string& resume, bool start_over) {
+  auto lock = std::make_unique<DirLock>(root);
+  const int64_t newest = newest_step(root);
+  if (start_over) {
+    if (const std::string aside = move_aside(root, -1); !aside.empty())
+      spdlog::info("--start-over: moved the earlier run's checkpoints (to step {}) into {}", newest, aside);
+    return lock;
+  }
+  if (newest < 0) return lock;
+  if (resume.empty())
+    throw UsageError(str("train.checkpoint_dir ", root, " already holds step_", fmt::format("{:08d}", newest),
+                         " of an earlier run: --resume ", root, " to continue it, or --start-over to move its "
+                         "checkpoints aside and start again"));
+  if (!resumes_from(resume, root))
+    throw UsageError(str("train.checkpoint_dir ", root, " holds checkpoints of another run than --resume ", resume,
+                         ": give this run its own train.checkpoint_dir, or --start-over"));
+  return lock;
+}
+
+void branch_from(const std::string& root, const std::string& resume, int64_t step) {
+  if (root.empty() || resume.empty() || !resumes_from(resume, root)) return;
+  if (const std::string aside = move_aside(root, step); !aside.empty())
+    spdlog::info("branching from step {}: the newer checkpoints of {} moved into {}", step, root, aside);
 }
 
 }  // namespace autosp

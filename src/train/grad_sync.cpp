@@ -86,13 +86,15 @@ FlatLayout flat_layout(std::vector<GradSlot> slots, size_t bucket_bytes, int ran
   return l;
 }
 
-GradSync::GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes, int zero_stage)
+GradSync::GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes, ZeroMode mode)
     : comm_(comm),
-      layout_(flat_layout(std::move(slots), bucket_bytes, zero_stage > 0 ? comm.size() : 1)),
+      layout_(flat_layout(std::move(slots), bucket_bytes,
+                          mode == ZeroMode::replicated ? 1 : comm.size())),
       overlap_(overlap),
-      zero_stage_(zero_stage),
+      shard_(mode != ZeroMode::replicated),
+      free_buckets_(mode == ZeroMode::sharded_gradients),
       buckets_(layout_.buckets.size()) {
-  AUTOSP_ASSERT(zero_stage >= 0 && zero_stage <= 2, "GradSync at ZeRO stage ", zero_stage);
+  AUTOSP_ASSERT(mode != ZeroMode::sharded_parameters, "GradSync at ZeRO-3 (the graph synchronises its gradients)");
   seen_.assign(layout_.slots.size(), false);
 }
 
@@ -110,7 +112,7 @@ void GradSync::allocate(size_t b, Device device) {
     const Tensor zeros = Tensor::zeros({l.padded - l.numel}, l.dtype);
     copy_into(device.kind == DeviceKind::cpu ? zeros : to_device(zeros, device), pad);
   }
-  if (zero_stage_ > 0 && (!bucket.shard.defined() || bucket.shard.device() != device))
+  if (shard_ && (!bucket.shard.defined() || bucket.shard.device() != device))
     bucket.shard = Tensor::empty({layout_.shard_numel(b)}, l.dtype, alloc);
 }
 
@@ -121,14 +123,14 @@ void GradSync::start(size_t b) {
   if (comm_.size() == 1) return;
   const auto t0 = std::chrono::steady_clock::now();
   if (overlap_)
-    bucket.pending = zero_stage_ > 0 ? comm_.reduce_scatter_sum_async(bucket.flat, bucket.shard)
+    bucket.pending = shard_ ? comm_.reduce_scatter_sum_async(bucket.flat, bucket.shard)
                                      : comm_.all_reduce_sum_async(bucket.flat);
   stats_.exposed_seconds += seconds_since(t0);
 }
 
 void GradSync::done(size_t b) {
   buckets_[b].pending.reset();
-  if (zero_stage_ == 2) buckets_[b].flat = Tensor{};  // ZeRO-2: only the shard outlives the reduce-scatter
+  if (free_buckets_) buckets_[b].flat = Tensor{};  // ZeRO-2: only the shard outlives the reduce-scatter
 }
 
 void GradSync::ready(size_t slot, const Tensor& grad) {
@@ -162,9 +164,9 @@ void GradSync::wait_all() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     if (bucket.pending) bucket.pending->wait();
-    else if (!overlap_ && comm_.size() > 1 && zero_stage_ > 0) comm_.reduce_scatter_sum(bucket.flat, bucket.shard);
+    else if (!overlap_ && comm_.size() > 1 && shard_) comm_.reduce_scatter_sum(bucket.flat, bucket.shard);
     else if (!overlap_ && comm_.size() > 1) comm_.all_reduce_sum(bucket.flat);
-    else if (zero_stage_ > 0 && comm_.size() == 1 && bucket.flat.defined()) copy_into(bucket.flat, bucket.shard);
+    else if (shard_ && comm_.size() == 1 && bucket.flat.defined()) copy_into(bucket.flat, bucket.shard);
     if (bucket.flat.defined()) done(b);
     bucket.filled = 0;
   }
@@ -175,7 +177,7 @@ void GradSync::wait_all() {
 }
 
 std::vector<Tensor> GradSync::finish() {
-  AUTOSP_ASSERT(zero_stage_ == 0, "GradSync::finish at ZeRO stage ", zero_stage_, " (finish_shards)");
+  AUTOSP_ASSERT(!shard_, "GradSync::finish with ZeRO sharding (finish_shards)");
   wait_all();
   std::vector<Tensor> out;
   for (size_t k = 0; k < layout_.slots.size(); ++k) {
@@ -187,7 +189,7 @@ std::vector<Tensor> GradSync::finish() {
 }
 
 std::vector<Tensor> GradSync::finish_shards() {
-  AUTOSP_ASSERT(zero_stage_ > 0, "GradSync::finish_shards without ZeRO");
+  AUTOSP_ASSERT(shard_, "GradSync::finish_shards without ZeRO");
   wait_all();
   std::vector<Tensor> out;
   for (const Bucket& b : buckets_) out.push_back(b.shard);

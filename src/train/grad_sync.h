@@ -11,10 +11,10 @@
 // finish() waits for the rest. Every rank runs the same graph, so buckets start in the same order
 // everywhere, as non-blocking collectives require.
 //
-// ZeRO (zero_optimization.stage 1 and 2, train/optimizer.h ZeroAdamW): the same buckets, each padded
+// ZeRO-1 and 2 (ZeroMode sharded_moments and sharded_gradients, train/train_state.h): the same buckets, each padded
 // with zeros to a multiple of the group size P, are reduce-scattered instead of all-reduced, so
 // rank r receives only the summed elements [r·c, (r+1)·c) of every bucket (c = padded / P), its
-// shard; finish_shards() returns them. At stage 2 each bucket's full buffer is freed the moment its
+// shard; finish_shards() returns them. At ZeRO-2 each bucket's full buffer is freed the moment its
 // reduce-scatter has finished, so between steps gradient buffers take 1/P of the gradients' bytes.
 #pragma once
 
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "config/config.h"
 #include "tensor/tensor.h"
 
 namespace autosp {
@@ -70,9 +71,10 @@ class GradSync {
   using Slot = GradSlot;
   // `slots`: the gradients in the order the backward produces them. With `overlap` off, ready()
   // only copies and finish() reduces every bucket with blocking calls (to measure what overlap hides).
-  // `zero_stage` 0 all-reduces; 1 and 2 reduce-scatter over comm (2 also frees each bucket once
-  // it is reduce-scattered).
-  GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes, int zero_stage = 0);
+  // `mode` replicated all-reduces; sharded_moments and sharded_gradients reduce-scatter over comm
+  // (sharded_gradients also frees each bucket once it is reduce-scattered).
+  GradSync(Communicator& comm, std::vector<Slot> slots, bool overlap, size_t bucket_bytes,
+           ZeroMode mode = ZeroMode::replicated);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -91,7 +93,7 @@ class GradSync {
 
   size_t num_buckets() const { return buckets_.size(); }
   const FlatLayout& layout() const { return layout_; }
-  // Bytes of the full bucket buffers allocated now (at stage 2, none between steps).
+  // Bytes of the full bucket buffers allocated now (at ZeRO-2, none between steps).
   size_t bucket_bytes_held() const;
   // Cumulative over every step.
   const GradSyncStats& stats() const { return stats_; }
@@ -111,7 +113,8 @@ class GradSync {
   Communicator& comm_;
   FlatLayout layout_;
   bool overlap_;
-  int zero_stage_;
+  bool shard_;         // reduce-scatter into this rank's shard (ZeRO-1 and 2)
+  bool free_buckets_;  // free each bucket once reduce-scattered (ZeRO-2)
   std::vector<Bucket> buckets_;
   std::vector<bool> seen_;
   size_t next_poll_ = 0;  // the oldest bucket that may still be in flight

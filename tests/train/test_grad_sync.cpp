@@ -116,7 +116,7 @@ TEST_CASE("grad sync: ZeRO pads each bucket to the group, reduce-scatters it whe
   const std::vector<GradSync::Slot> slots = {{{4}, DType::f32}, {{3}, DType::f32}, {{3}, DType::f32}};
   for (int stage : {1, 2}) {
     Recorder comm;
-    GradSync sync(comm, slots, true, 28, stage);
+    GradSync sync(comm, slots, true, 28, stage == 1 ? ZeroMode::sharded_moments : ZeroMode::sharded_gradients);
     REQUIRE(sync.num_buckets() == 2);
     CHECK(sync.layout().buckets[0].numel == 7);
     CHECK(sync.layout().buckets[0].padded == 8);

@@ -1,0 +1,64 @@
+// Rank 0's run and step lines (train/step_log.h).
+#include "train/step_log.h"
+
+#include <spdlog/spdlog.h>
+
+#include "tensor/check.h"
+
+namespace autosp {
+
+StepLog::StepLog(const TrainArgs& args, int64_t start, int64_t total, const Config& cfg, bool lead)
+    : cfg_(cfg), lead_(lead), quiet_(args.quiet), start_(start), total_(total),
+      began_(std::chrono::steady_clock::now()), metrics_path_(args.metrics) {
+  if (!lead || args.metrics.empty()) return;
+  metrics_.open(args.metrics, std::ios::app);
+  if (!metrics_) throw UsageError(str("--metrics ", args.metrics, ": cannot open for writing"));
+}
+
+void StepLog::run_start(Device dev, const std::string& data, size_t num_params,
+                        const std::string& validation_data) const {
+  if (!lead_) return;
+  if (dev.kind == DeviceKind::cuda)
+    spdlog::info("device: {} (local rank's GPU; attention {})", dev.str(), attention_backend_name(cfg_.runtime.attention));
+  spdlog::info("data: {}; {} parameters; steps {}..{}", data, num_params, start_, total_);
+  if (!validation_data.empty())
+    spdlog::info("validation: every {} steps and after the last, {} batches of {}", cfg_.train.eval_every,
+                 cfg_.train.eval_batches, validation_data);
+  if (cfg_.runtime.dtype == DType::bf16)
+    spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
+                 dev.kind == DeviceKind::cpu ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
+}
+
+void StepLog::step(const StepRecord& rec) {
+  const bool due = rec.step % cfg_.train.log_every == 0 || rec.step == total_ || rec.step == start_ + 1 || rec.evaluated;
+  if (!lead_ || !due) return;
+  auto file_log = spdlog::get("train.log");
+  if (!quiet_ || file_log) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began_).count();
+    const double eta = elapsed / static_cast<double>(rec.step - start_) * static_cast<double>(total_ - rec.step);
+    const std::string line = fmt::format(
+        "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB | eta {}m{:02d}s",
+        rec.step, total_, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
+        rec.grad_norm, rec.tokens_per_sec, rec.step_ms, static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0),
+        static_cast<int64_t>(eta) / 60, static_cast<int64_t>(eta) % 60);
+    const std::string val =
+        rec.evaluated ? fmt::format("step {}/{} | val loss {:.4f} | val acc {:.3f}", rec.step, total_, rec.val_loss,
+                                    rec.val_accuracy)
+                      : "";
+    if (!quiet_) spdlog::info("{}", line);
+    else file_log->info("{}", line);
+    if (!val.empty() && !quiet_) spdlog::info("{}", val);
+    else if (!val.empty()) file_log->info("{}", val);
+  }
+  if (metrics_.is_open()) {
+    nlohmann::json m = {{"step", rec.step},         {"loss", rec.loss},       {"lr", rec.lr},
+                        {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
+                        {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes}};
+    if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
+    if (rec.evaluated) m["val_loss"] = rec.val_loss, m["val_accuracy"] = rec.val_accuracy;
+    metrics_ << m.dump() << "\n" << std::flush;
+    if (!metrics_) throw RuntimeFailure(str("--metrics ", metrics_path_, ": write failed (disk full or I/O error)"));
+  }
+}
+
+}  // namespace autosp

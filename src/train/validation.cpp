@@ -1,0 +1,131 @@
+// Validation and the accuracy score (train/validation.h).
+#include "train/validation.h"
+
+#include <algorithm>
+
+#include "train/run_device.h"
+
+namespace autosp {
+namespace {
+
+// This rank's block of the labels [B, S]: positions [sp_rank·S/sp, (sp_rank + 1)·S/sp), flattened.
+Tensor local_labels(const Batch& batch, const RankLayout& layout) {
+  const int64_t B = batch.labels.dim(0), block = batch.labels.dim(1) / layout.sp;
+  return batch.labels.as_strided({B, block}, batch.labels.strides(), layout.sp_rank * block).contiguous().reshape({B * block});
+}
+
+// What the graph outputs for scoring, as rows on the host: the predictions (runtime.tiled_loss: each
+// position's argmax, i64 [rows]) or the logits [rows, V].
+Tensor scored_rows(const RunResult& r) {
+  if (auto it = r.outputs.find("predictions"); it != r.outputs.end()) {
+    const Tensor pred = host_copy(it->second);
+    return pred.reshape({pred.numel()});
+  }
+  const Tensor logits = host_copy(r.outputs.at("logits"));
+  return logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)});
+}
+
+// argmax over the last dim of host logits [rows, V] (first maximum on ties); predictions [rows]
+// are that already.
+std::vector<int64_t> argmax_rows(const Tensor& logits) {
+  if (logits.dtype() == DType::i64) {
+    const int64_t* p = logits.data<int64_t>();
+    return {p, p + logits.numel()};
+  }
+  const int64_t V = logits.dim(-1), rows = logits.numel() / V;
+  const std::vector<double> x = logits.to_doubles();
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = x.data() + r * V;
+    out[static_cast<size_t>(r)] = std::max_element(row, row + V) - row;
+  }
+  return out;
+}
+
+// (correct, counted) summed over the world.
+std::pair<int64_t, int64_t> world_counts(int64_t correct, int64_t counted, Communicator& host_world) {
+  Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
+  host_world.all_reduce_sum(counts);
+  return {counts.data<int64_t>()[0], counts.data<int64_t>()[1]};
+}
+
+double fraction(std::pair<int64_t, int64_t> counts) {
+  return counts.second ? static_cast<double>(counts.first) / static_cast<double>(counts.second) : 0.0;
+}
+
+// The first sequence of the world's first validation batch: every rank of dp rank 0 adds the
+// argmax of its block of the sequence, the sum over the world (the blocks are disjoint) is the
+// whole row's prediction; rank 0 formats the first row it got entirely right (else row 0).
+std::string first_example(const Tensor& logits, const Batch& batch, int64_t S, const RankLayout& layout,
+                          Communicator& host_world) {
+  const int64_t B = batch.input_ids.dim(0), Sp = batch.input_ids.dim(1), block = Sp / layout.sp;
+  Tensor pred = Tensor::zeros({B, Sp}, DType::i64);
+  if (layout.dp_rank == 0) {
+    const std::vector<int64_t> local = argmax_rows(logits);  // [B, block]
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < block; ++t)
+        pred.data<int64_t>()[b * Sp + layout.sp_rank * block + t] = local[static_cast<size_t>(b * block + t)];
+  }
+  host_world.all_reduce_sum(pred);
+  if (host_world.rank() != 0) return "";
+  auto row = [&](const Tensor& t, int64_t b) {
+    const int64_t* p = t.data<int64_t>() + b * Sp;
+    return std::vector<int64_t>(p, p + S);
+  };
+  int64_t pick = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto lab = row(batch.labels, b), pr = row(pred, b);
+    bool all = true;
+    for (int64_t t = 0; t < S; ++t)
+      all &= lab[static_cast<size_t>(t)] == kIgnoreIndex || lab[static_cast<size_t>(t)] == pr[static_cast<size_t>(t)];
+    if (all) {
+      pick = b;
+      break;
+    }
+  }
+  return format_example(row(batch.input_ids, pick), row(batch.labels, pick), row(pred, pick));
+}
+
+}  // namespace
+
+std::optional<Validation> make_validation(const Config& cfg, DType dtype, const RankLayout& layout) {
+  if (cfg.train.eval_every <= 0) return std::nullopt;
+  Validation v;
+  v.prog = build_program(cfg, dtype, Stage::rank_forward, layout);
+  v.ex = std::make_unique<Executor>(*v.prog.graph, ExecOptions{.attention = cfg.runtime.attention});
+  v.data = make_val_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
+  return v;
+}
+
+bool validation_due(const Config& cfg, int64_t step, int64_t total) {
+  return cfg.train.eval_every > 0 && (step % cfg.train.eval_every == 0 || step == total);
+}
+
+void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms& comms, Device dev,
+              StepRecord& rec, std::string* example) {
+  const RankLayout& layout = comms.mesh;
+  double loss_sum = 0;
+  int64_t correct = 0, counted = 0;
+  for (int64_t k = 0; k < cfg.train.eval_batches; ++k) {
+    const Batch raw = v.data->get(k, layout.dp_rank, layout.dp);
+    const Batch batch = pad_to_multiple(raw, layout.sp);
+    RunResult r = v.ex->run(run_feeds(batch, params, cfg.model.vocab_size, dev), comms.groups);
+    comms.synchronize_device();
+    loss_sum += host_copy(r.outputs.at(v.prog.loss)).to_doubles()[0];
+    const Tensor logits = scored_rows(r);
+    auto [c, n] = count_correct(logits, local_labels(batch, layout));
+    correct += c;
+    counted += n;
+    if (k == 0 && example) *example = first_example(logits, batch, raw.labels.dim(1), layout, *comms.host_world);
+  }
+  rec.evaluated = true;
+  rec.val_loss = loss_sum / static_cast<double>(cfg.train.eval_batches);
+  rec.val_accuracy = fraction(world_counts(correct, counted, *comms.host_world));
+}
+
+double score_accuracy(const RunResult& r, const Batch& batch, const RankLayout& layout, Communicator& host_world) {
+  auto [correct, counted] = count_correct(scored_rows(r), local_labels(batch, layout));
+  return fraction(world_counts(correct, counted, host_world));
+}
+
+}  // namespace autosp

@@ -1,0 +1,44 @@
+// Validation and scoring: the validation program (the rank's forward: no backward, no gradient
+// sync, no optimizer) run over train.eval_batches batches of the validation data, read like a
+// training step's global batch so the result equals the P = 1 value; the synthetic task's accuracy
+// on a training step's batch; and the first validation sequence formatted for the log. Every
+// rank scores its block of the sequence (comm/mesh.h RankLayout) and the counts are summed over
+// the world.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "comm/job_comms.h"
+#include "config/config.h"
+#include "engine/executor.h"
+#include "engine/program.h"
+#include "train/data.h"
+#include "train/trainer.h"
+
+namespace autosp {
+
+struct Validation {
+  RankProgram prog;
+  std::unique_ptr<Executor> ex;
+  std::unique_ptr<DataSource> data;
+};
+
+// Built only when train.eval_every > 0.
+std::optional<Validation> make_validation(const Config& cfg, DType dtype, const RankLayout& layout);
+
+// Whether validation runs after step `step` (1-based) of `total`: every train.eval_every steps and
+// after the last.
+bool validation_due(const Config& cfg, int64_t step, int64_t total);
+
+// Validation loss and accuracy with `params` (what the graph's parameter nodes are fed) into
+// `rec`; `example` receives rank 0's formatted first sequence when non-null.
+void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms& comms, Device dev,
+              StepRecord& rec, std::string* example);
+
+// The synthetic task's accuracy on a training step's batch over the world, from the step's
+// outputs (this rank's logits, or predictions under runtime.tiled_loss).
+double score_accuracy(const RunResult& r, const Batch& batch, const RankLayout& layout, Communicator& host_world);
+
+}  // namespace autosp
