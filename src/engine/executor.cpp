@@ -1,4 +1,5 @@
-// Executor: symbol binding, assumption checks, in-order dispatch with last-use freeing.
+// Executor: symbol binding, assumption checks, in-order dispatch with last-use freeing, and the
+// bookkeeping of the collectives it leaves running in the background (InFlightCollectives).
 #include "engine/executor.h"
 
 #include <algorithm>
@@ -26,6 +27,89 @@ Device feed_device(const Graph& g, const TensorMap& feeds) {
   }
   return dev;
 }
+
+// What an `output` node reads: extra output `index` of its input (`of_input`, kept by the executor).
+const Tensor& extra_output(const Node& n, const std::vector<Tensor>& of_input) {
+  const int64_t index = n.attrs().i("index");
+  AUTOSP_ASSERT(index >= 1 && static_cast<size_t>(index) <= of_input.size(), "no extra output ", index, " of ",
+                n.input(0)->name());
+  return of_input[index - 1];
+}
+
+// The collectives a run leaves in the background (ZeRO-3's parameter prefetch and gradient
+// reduce-scatters), by node position: each is waited for at the position background_until gives
+// (at the latest its first reader), polled between nodes (MPI makes progress only inside its
+// calls), and all have finished before the run returns. The hook sees such a value once it has
+// arrived, every other value as soon as its node has run.
+class InFlightCollectives {
+ public:
+  InFlightCollectives(const Graph& g, const std::vector<size_t>& until, const std::vector<Tensor>& values,
+                      const NodeHook& on_value)
+      : g_(g), until_(until), values_(values), on_value_(on_value), pending_(g.size()) {}
+
+  // Where the launcher of the node at `at` leaves the handle of a collective it started.
+  std::unique_ptr<PendingCollective>* slot(size_t at) { return &pending_[at]; }
+
+  // Before the node at `at` runs: wait for each collective that must have finished by then.
+  void wait_due(size_t at) {
+    for (size_t k = 0; k < in_flight_.size();) {
+      const size_t p = in_flight_[k];
+      if (until_[p] <= at) {
+        pending_[p]->wait();
+        arrived(p);
+      } else {
+        ++k;
+      }
+    }
+  }
+
+  // After the node at `at` ran: the hook sees its value now, or, if the node left a collective
+  // running, once that has arrived; at once when `unread` (nothing reads the value, which is freed
+  // right after).
+  void record(size_t at, bool unread) {
+    if (pending_[at]) {
+      in_flight_.push_back(at);
+      if (unread) {
+        pending_[at]->wait();
+        arrived(at);
+      }
+    } else if (on_value_) {
+      on_value_(*g_.nodes()[at], values_[at]);
+    }
+  }
+
+  // Between nodes: take each collective that has finished, except the one started at `except`.
+  void poll(size_t except) {
+    for (size_t k = 0; k < in_flight_.size();) {
+      const size_t p = in_flight_[k];
+      if (p != except && pending_[p]->test()) arrived(p);
+      else ++k;
+    }
+  }
+
+  // At the end of the run: wait for the rest, in the order they started.
+  void drain() {
+    while (!in_flight_.empty()) {
+      const size_t p = in_flight_.front();
+      pending_[p]->wait();
+      arrived(p);
+    }
+  }
+
+ private:
+  void arrived(size_t p) {
+    pending_[p].reset();
+    in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), p));
+    if (on_value_) on_value_(*g_.nodes()[p], values_[p]);
+  }
+
+  const Graph& g_;
+  const std::vector<size_t>& until_;
+  const std::vector<Tensor>& values_;
+  const NodeHook& on_value_;
+  std::vector<std::unique_ptr<PendingCollective>> pending_;  // by node position
+  std::vector<size_t> in_flight_;                            // positions, in the order they started
+};
 
 }  // namespace
 
@@ -84,6 +168,41 @@ Bindings Executor::bind(const TensorMap& feeds) const {
   return b;
 }
 
+void Executor::plan_for(const Bindings& b, const Device& dev, Allocator& alloc) const {
+  if (!plan_.offset.empty() && planned_for_ == b && arena_.device() == dev) return;
+  arena_ = Tensor();
+  plan_ = plan_memory(g_, b, dev.kind);
+  planned_for_ = b;
+  arena_ = Tensor::empty({static_cast<int64_t>((plan_.arena_bytes + 7) / 8)}, DType::i64, alloc);
+}
+
+KernelCall Executor::kernel_call(const Node& n, std::span<const Tensor> in, const Shape& shape, const Bindings& b,
+                                 Allocator& alloc, std::vector<Tensor>& extras, const CommGroups& groups) const {
+  const size_t at = g_.position(&n);
+  Communicator* comm = nullptr;
+  if (n.attrs().has("group")) {
+    auto it = groups.find(n.attrs().s("group"));
+    if (it == groups.end())
+      throw RuntimeFailure(
+          str("[", n.op_name(), "] ", n.name(), ": no communicator for group '", n.attrs().s("group"), "'"));
+    comm = it->second;
+  }
+  KernelCall call{n, in, shape, b, alloc, extras, comm, {}, {}, options_.attention};
+  // The planned places of the output and extra outputs (kHeap: allocated by the launcher).
+  if (plan_.offset[at] != MemoryPlan::kHeap)
+    call.out = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.offset[at]), shape, n.dtype());
+  const auto types = extra_types(n);
+  for (size_t e = 0; e < plan_.extra_offset[at].size(); ++e)
+    call.extra_out.push_back(plan_.extra_offset[at][e] == MemoryPlan::kHeap
+                                 ? Tensor()
+                                 : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
+                                                      eval_shape(types[e].shape, b), types[e].dtype));
+  if (plan_.workspace_offset[at] != MemoryPlan::kHeap)
+    call.workspace = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.workspace_offset[at]),
+                                        {static_cast<int64_t>(plan_.workspace_bytes[at] / 8)}, DType::i64);
+  return call;
+}
+
 RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const NodeHook& on_value) const {
   RunResult r;
   r.bindings = bind(feeds);
@@ -91,27 +210,19 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
   const Device dev = feed_device(g_, feeds);
   if (dev.kind == DeviceKind::cuda) use_device(dev.index);
   Allocator& alloc = dev.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(dev.index)) : cpu_allocator();
-  if ((plan_.offset.empty() || planned_for_ != r.bindings || arena_.device() != dev)) {
-    arena_ = Tensor();
-    plan_ = plan_memory(g_, r.bindings, dev.kind);
-    planned_for_ = r.bindings;
-    arena_ = Tensor::empty({static_cast<int64_t>((plan_.arena_bytes + 7) / 8)}, DType::i64, alloc);
-  }
+  plan_for(r.bindings, dev, alloc);
   r.planned_bytes = plan_.arena_bytes;
   alloc.reset_peak();
   std::vector<Tensor> values(g_.size());
   std::vector<std::vector<Tensor>> extras(g_.size());  // extra outputs of multi-output nodes
   std::vector<Tensor> args;
-  // Collectives running in the background (ZeRO-3's parameter prefetch and gradient
-  // reduce-scatters), by node position: waited for at the position background_until gives (at the
-  // latest their first reader), polled between nodes (MPI makes progress only inside its
-  // calls), all finished before the run returns. The hook sees a value once it has arrived.
-  std::vector<std::unique_ptr<PendingCollective>> pending(g_.size());
-  std::vector<size_t> in_flight;
-  auto arrived = [&](size_t p) {
-    pending[p].reset();
-    in_flight.erase(std::find(in_flight.begin(), in_flight.end(), p));
-    if (on_value) on_value(*g_.nodes()[p], values[p]);
+  InFlightCollectives collectives(g_, until_, values, on_value);
+  // Free the value at `p` if the node at `at` was its last use and RunResult does not return it
+  // (fed tensors stay alive with the caller).
+  auto free_if_last_use = [&](size_t p, size_t at) {
+    if (last_use_[p] != at || kept_[p]) return;
+    values[p] = Tensor();
+    extras[p].clear();
   };
   for (const auto& up : g_.nodes()) {
     const Node& n = *up;
@@ -120,83 +231,25 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
       values[at] = feeds.at(n.name());
       continue;
     }
-    for (size_t k = 0; k < in_flight.size();) {
-      const size_t p = in_flight[k];
-      if (until_[p] <= at) {
-        pending[p]->wait();
-        arrived(p);
-      } else {
-        ++k;
-      }
-    }
-    Shape shape = eval_shape(n.shape(), r.bindings);
+    collectives.wait_due(at);
+    const Shape shape = eval_shape(n.shape(), r.bindings);
     if (n.op() == Op::output) {
-      const auto& xs = extras[g_.position(n.input(0))];
-      const int64_t index = n.attrs().i("index");
-      AUTOSP_ASSERT(index >= 1 && static_cast<size_t>(index) <= xs.size(), "no extra output ", index, " of ",
-                    n.input(0)->name());
-      values[at] = xs[index - 1];
+      values[at] = extra_output(n, extras[g_.position(n.input(0))]);
     } else {
       args.clear();
       for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
-      Communicator* comm = nullptr;
-      if (n.attrs().has("group")) {
-        auto it = groups.find(n.attrs().s("group"));
-        if (it == groups.end())
-          throw RuntimeFailure(str("[", n.op_name(), "] ", n.name(), ": no communicator for group '",
-                                   n.attrs().s("group"), "'"));
-        comm = it->second;
-      }
-      KernelCall call{n, args, shape, r.bindings, alloc, extras[at], comm, {}, {}, options_.attention};
-      // The planned places of the output and extra outputs (kHeap: allocated by the launcher).
-      if (plan_.offset[at] != MemoryPlan::kHeap)
-        call.out = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.offset[at]), shape, n.dtype());
-      const auto types = extra_types(n);
-      for (size_t e = 0; e < plan_.extra_offset[at].size(); ++e)
-        call.extra_out.push_back(plan_.extra_offset[at][e] == MemoryPlan::kHeap
-                                     ? Tensor()
-                                     : Tensor::view_bytes(arena_, static_cast<size_t>(plan_.extra_offset[at][e]),
-                                                          eval_shape(types[e].shape, r.bindings), types[e].dtype));
-      if (plan_.workspace_offset[at] != MemoryPlan::kHeap)
-        call.workspace = Tensor::view_bytes(arena_, static_cast<size_t>(plan_.workspace_offset[at]),
-                                            {static_cast<int64_t>(plan_.workspace_bytes[at] / 8)}, DType::i64);
-      if (until_[at] != at && options_.background_collectives) call.pending = &pending[at];
+      KernelCall call = kernel_call(n, args, shape, r.bindings, alloc, extras[at], groups);
+      if (until_[at] != at && options_.background_collectives) call.pending = collectives.slot(at);
       values[at] = dispatch(call, dev.kind);
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
                   shape_str(shape));
-    if (pending[at]) {
-      in_flight.push_back(at);
-      if (last_use_[at] == at) {  // nothing reads it: it is freed below, so it must have arrived
-        pending[at]->wait();
-        arrived(at);
-      }
-    } else if (on_value) {
-      on_value(n, values[at]);
-    }
-    for (size_t k = 0; k < in_flight.size();) {
-      const size_t p = in_flight[k];
-      if (p != at && pending[p]->test()) arrived(p);
-      else ++k;
-    }
-    // Free inputs whose last use this was (fed tensors stay alive with the caller).
-    for (const Node* i : n.inputs()) {
-      size_t ip = g_.position(i);
-      if (last_use_[ip] == at && !kept_[ip]) {
-        values[ip] = Tensor();
-        extras[ip].clear();
-      }
-    }
-    if (last_use_[at] == at && !kept_[at]) {
-      values[at] = Tensor();
-      extras[at].clear();
-    }
+    collectives.record(at, last_use_[at] == at);
+    collectives.poll(at);
+    for (const Node* i : n.inputs()) free_if_last_use(g_.position(i), at);
+    free_if_last_use(at, at);
   }
-  while (!in_flight.empty()) {
-    const size_t p = in_flight.front();
-    pending[p]->wait();
-    arrived(p);
-  }
+  collectives.drain();
   args.clear();
   for (const Node* o : g_.outputs())
     if (kept_[g_.position(o)]) r.outputs[o->name()] = values[g_.position(o)];

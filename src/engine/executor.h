@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <span>
 #include <string>
 
 #include "comm/communicator.h"
@@ -20,6 +21,7 @@
 namespace autosp {
 
 using TensorMap = std::map<std::string, Tensor>;
+struct KernelCall;  // engine/dispatch.h
 
 struct RunResult {
   TensorMap outputs;     // graph outputs by node name
@@ -58,6 +60,13 @@ class Executor {
   Bindings bind(const TensorMap& feeds) const;
 
  private:
+  // Make the memory plan and its arena on `dev` unless the last ones were for these bindings there.
+  void plan_for(const Bindings& b, const Device& dev, Allocator& alloc) const;
+  // The call of node `n`'s kernel: its inputs `in`, its group's communicator, and the places the
+  // plan gave its output, extra outputs and workspace in the arena.
+  KernelCall kernel_call(const Node& n, std::span<const Tensor> in, const Shape& shape, const Bindings& b,
+                         Allocator& alloc, std::vector<Tensor>& extras, const CommGroups& groups) const;
+
   const Graph& g_;
   ExecOptions options_;
   std::vector<size_t> last_use_;  // per node: position of its last user (or itself)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -108,10 +109,31 @@ const std::vector<Required>& common_required() {
 }
 const std::vector<const char*> kDropouts = {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"};
 
+// The Arch that model_type (our model.arch) `name` spells, if an HF config class is known for it.
+std::optional<Arch> arch_named(const std::string& name) {
+  for (Arch a : {Arch::gpt2, Arch::llama})
+    if (arch_name(a) == name) return a;
+  return std::nullopt;
+}
+
+// The HF config class of an architecture: its name, its keys and the settings we cannot train.
+struct HfClass {
+  const char* name;
+  const std::vector<Rename>& keys;
+  const std::vector<Required>& required;
+};
+HfClass hf_class(Arch arch) {
+  switch (arch) {
+    case Arch::gpt2: return {"GPT2Config", gpt2_keys(), gpt2_required()};
+    case Arch::llama: return {"LlamaConfig", llama_keys(), llama_required()};
+  }
+  throw std::logic_error("hf_class: unknown arch");
+}
+
 // Our key → HF's, for messages about a directory's config.json.
 std::string hf_name(Arch arch, const std::string& ours) {
   if (ours == "arch") return "model_type";
-  for (const Rename& r : arch == Arch::gpt2 ? gpt2_keys() : llama_keys())
+  for (const Rename& r : hf_class(arch).keys)
     if (ours == r.ours) return r.hf;
   return ours;
 }
@@ -204,44 +226,51 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
     const std::string a = hf["architectures"][0].get<std::string>();
     type = a.rfind("GPT2", 0) == 0 ? "gpt2" : a.rfind("Llama", 0) == 0 ? "llama" : a;
   }
-  if (type != "gpt2" && type != "llama")
+  const std::optional<Arch> named = arch_named(type);
+  if (!named)
     throw UsageError(str(origin, ": model_type ", type.empty() ? "(none)" : "\"" + type + "\"",
                          " is not supported (supported: \"gpt2\" (GPT2Config), \"llama\" (LlamaConfig))"));
-  const Arch arch = type == "gpt2" ? Arch::gpt2 : Arch::llama;
+  const Arch arch = *named;
+  const HfClass cls = hf_class(arch);
 
   HfModelConfig out;
   json& m = out.model;
   m["arch"] = type;
   std::set<std::string> used;
-  for (const Rename& r : arch == Arch::gpt2 ? gpt2_keys() : llama_keys()) {
+  for (const Rename& r : cls.keys) {
     used.insert(r.hf);
     const json& v = hf.contains(r.hf) ? hf[r.hf] : r.fallback;
     if (!v.is_null()) m[r.ours] = v;
   }
-  if (arch == Arch::llama && !m.contains("num_key_value_heads") && m["num_attention_heads"].is_number_integer())
-    m["num_key_value_heads"] = m["num_attention_heads"];
-  if (arch == Arch::gpt2) {
-    m["tie_word_embeddings"] = true;
-    used.insert("n_inner");
-    const json& inner = hf.contains("n_inner") ? hf["n_inner"] : json();
-    if (!inner.is_null() && !(m["hidden_size"].is_number_integer() && inner == 4 * m["hidden_size"].get<int64_t>()))
-      errors.push_back(str("n_inner = ", inner.dump(), ": autosp's GPT-2 MLP is 4·n_embd (n_inner null)"));
-  } else {
-    used.insert({"rope_scaling", "head_dim"});
-    if (hf.contains("rope_scaling")) {
-      try {
-        RopeScalingConfig s = parse_rope_scaling(hf["rope_scaling"], "rope_scaling");
-        if (!s.rope_type.empty()) m["rope_scaling"] = rope_scaling_json(s);
-      } catch (const UsageError& e) {
-        errors.push_back(e.what());
-      }
+  switch (arch) {
+    case Arch::gpt2: {
+      m["tie_word_embeddings"] = true;
+      used.insert("n_inner");
+      const json& inner = hf.contains("n_inner") ? hf["n_inner"] : json();
+      if (!inner.is_null() && !(m["hidden_size"].is_number_integer() && inner == 4 * m["hidden_size"].get<int64_t>()))
+        errors.push_back(str("n_inner = ", inner.dump(), ": autosp's GPT-2 MLP is 4·n_embd (n_inner null)"));
+      break;
     }
-    const json& hd = hf.contains("head_dim") ? hf["head_dim"] : json();
-    if (!hd.is_null() && m["hidden_size"].is_number_integer() && m["num_attention_heads"].is_number_integer() &&
-        m["num_attention_heads"].get<int64_t>() > 0 &&
-        hd != m["hidden_size"].get<int64_t>() / m["num_attention_heads"].get<int64_t>())
-      errors.push_back(str("head_dim = ", hd.dump(), ": autosp's head dim is hidden_size / num_attention_heads (",
-                           m["hidden_size"].get<int64_t>() / m["num_attention_heads"].get<int64_t>(), ")"));
+    case Arch::llama: {
+      if (!m.contains("num_key_value_heads") && m["num_attention_heads"].is_number_integer())
+        m["num_key_value_heads"] = m["num_attention_heads"];
+      used.insert({"rope_scaling", "head_dim"});
+      if (hf.contains("rope_scaling")) {
+        try {
+          RopeScalingConfig s = parse_rope_scaling(hf["rope_scaling"], "rope_scaling");
+          if (!s.rope_type.empty()) m["rope_scaling"] = rope_scaling_json(s);
+        } catch (const UsageError& e) {
+          errors.push_back(e.what());
+        }
+      }
+      const json& hd = hf.contains("head_dim") ? hf["head_dim"] : json();
+      if (!hd.is_null() && m["hidden_size"].is_number_integer() && m["num_attention_heads"].is_number_integer() &&
+          m["num_attention_heads"].get<int64_t>() > 0 &&
+          hd != m["hidden_size"].get<int64_t>() / m["num_attention_heads"].get<int64_t>())
+        errors.push_back(str("head_dim = ", hd.dump(), ": autosp's head dim is hidden_size / num_attention_heads (",
+                             m["hidden_size"].get<int64_t>() / m["num_attention_heads"].get<int64_t>(), ")"));
+      break;
+    }
   }
   auto check_required = [&](const std::vector<Required>& rows) {
     for (const Required& r : rows) {
@@ -252,7 +281,7 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
       if (!ok) errors.push_back(str(r.key, " = ", hf[r.key].dump(), " is not supported (", r.what, ")"));
     }
   };
-  check_required(arch == Arch::gpt2 ? gpt2_required() : llama_required());
+  check_required(cls.required);
   check_required(common_required());
   for (const char* d : kDropouts) {
     used.insert(d);
@@ -262,8 +291,7 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
   for (auto it = hf.begin(); it != hf.end(); ++it) {
     if (used.count(it.key())) continue;
     if (math_free_keys().count(it.key())) out.math_free.push_back(it.key());
-    else errors.push_back(str("unknown key '", it.key(), "' (not a ", arch == Arch::gpt2 ? "GPT2Config" : "LlamaConfig",
-                              " setting autosp knows)"));
+    else errors.push_back(str("unknown key '", it.key(), "' (not a ", cls.name, " setting autosp knows)"));
   }
   if (!errors.empty()) {
     std::string all;
@@ -305,41 +333,47 @@ HfModelConfig read_hf_model_dir(const std::string& dir) {
 
 json hf_config_json(const json& model, DType dtype) {
   auto get = [&](const char* k) { return model.contains(k) ? model[k] : json(); };  // null when absent
+  const json arch = get("arch");
+  const std::optional<Arch> named = arch.is_string() ? arch_named(arch.get<std::string>()) : std::nullopt;
+  AUTOSP_ASSERT(named, "hf_config_json: model.arch ", arch.dump(), " names no architecture");
   json hf;
-  if (get("arch") == "gpt2") {
-    hf = {{"architectures", {"GPT2LMHeadModel"}},
-          {"model_type", "gpt2"},
-          {"vocab_size", get("vocab_size")},
-          {"n_positions", get("max_position_embeddings")},
-          {"n_embd", get("hidden_size")},
-          {"n_layer", get("num_hidden_layers")},
-          {"n_head", get("num_attention_heads")},
-          {"n_inner", nullptr},
-          {"activation_function", "gelu_new"},
-          {"layer_norm_epsilon", get("norm_eps")},
-          {"resid_pdrop", 0.0},
-          {"embd_pdrop", 0.0},
-          {"attn_pdrop", 0.0},
-          {"scale_attn_weights", true},
-          {"tie_word_embeddings", true}};
-  } else {
-    hf = {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", get("vocab_size")},
-          {"hidden_size", get("hidden_size")},
-          {"intermediate_size", get("intermediate_size")},
-          {"num_hidden_layers", get("num_hidden_layers")},
-          {"num_attention_heads", get("num_attention_heads")},
-          {"num_key_value_heads", get("num_key_value_heads")},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", get("max_position_embeddings")},
-          {"rms_norm_eps", get("norm_eps")},
-          {"rope_theta", get("rope_theta")},
-          {"rope_scaling", get("rope_scaling")},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"tie_word_embeddings", get("tie_word_embeddings")}};
+  switch (*named) {
+    case Arch::gpt2:
+      hf = {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", get("vocab_size")},
+            {"n_positions", get("max_position_embeddings")},
+            {"n_embd", get("hidden_size")},
+            {"n_layer", get("num_hidden_layers")},
+            {"n_head", get("num_attention_heads")},
+            {"n_inner", nullptr},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", get("norm_eps")},
+            {"resid_pdrop", 0.0},
+            {"embd_pdrop", 0.0},
+            {"attn_pdrop", 0.0},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", true}};
+      break;
+    case Arch::llama:
+      hf = {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"vocab_size", get("vocab_size")},
+            {"hidden_size", get("hidden_size")},
+            {"intermediate_size", get("intermediate_size")},
+            {"num_hidden_layers", get("num_hidden_layers")},
+            {"num_attention_heads", get("num_attention_heads")},
+            {"num_key_value_heads", get("num_key_value_heads")},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", get("max_position_embeddings")},
+            {"rms_norm_eps", get("norm_eps")},
+            {"rope_theta", get("rope_theta")},
+            {"rope_scaling", get("rope_scaling")},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"mlp_bias", false},
+            {"tie_word_embeddings", get("tie_word_embeddings")}};
+      break;
   }
   hf["torch_dtype"] = std::string(dtype_torch_name(dtype));
   hf["use_cache"] = true;

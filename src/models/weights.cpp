@@ -35,6 +35,16 @@ std::string tied_head(const ModelConfig& m) {
   return "";
 }
 
+// Why a model ties its head, and what to do about a file whose head is its own: the end of the
+// message for an lm_head that differs from the embedding.
+const char* why_tied(Arch arch) {
+  switch (arch) {
+    case Arch::gpt2: return "GPT-2 always ties its head: tie_word_embeddings must be true)";
+    case Arch::llama: return "model.tie_word_embeddings true): set model.tie_word_embeddings false";
+  }
+  return ")";
+}
+
 // Map a name found in the file to our canonical name; "" = a buffer to ignore.
 std::string canonical_name(const std::string& name, const ModelConfig& m) {
   switch (m.arch) {
@@ -183,8 +193,7 @@ ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype
   // A tied model computes logits with the embedding: a different lm_head in the file would be lost.
   if (file_head && !equal_values(*file_head, file.tensors.count(head) ? file.tensors.at(head) : out.at(head)))
     throw UsageError(str(path, ": tensor 'lm_head.weight' differs from '", head, "', but the model ties them (",
-                         m.arch == Arch::gpt2 ? "GPT-2 always ties its head: tie_word_embeddings must be true)"
-                                              : "model.tie_word_embeddings true): set model.tie_word_embeddings false"));
+                         why_tied(m.arch)));
   return out;
 }
 

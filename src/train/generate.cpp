@@ -80,10 +80,15 @@ Generated Generator::generate(const std::vector<int64_t>& prompt, const SampleOp
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
     throw UsageError(str("temperature ", o.temperature, ": expected a finite number ≥ 0"));
   const int64_t total = static_cast<int64_t>(prompt.size()) + o.max_new_tokens;
-  if (m_.arch == Arch::gpt2 && total > m_.max_position_embeddings)
-    throw UsageError(str("the prompt (", prompt.size(), " tokens) and ", o.max_new_tokens,
-                         " new tokens exceed GPT-2's position table (model.max_position_embeddings ",
-                         m_.max_position_embeddings, ")"));
+  switch (m_.arch) {
+    case Arch::gpt2:  // a position is a row of the learned table wpe
+      if (total > m_.max_position_embeddings)
+        throw UsageError(str("the prompt (", prompt.size(), " tokens) and ", o.max_new_tokens,
+                             " new tokens exceed GPT-2's position table (model.max_position_embeddings ",
+                             m_.max_position_embeddings, ")"));
+      break;
+    case Arch::llama: break;  // RoPE rotates by any position
+  }
 
   std::mt19937_64 rng(o.seed);
   Generated out;

@@ -1,7 +1,7 @@
 // The op-case table: one row per op (at least), each a tiny graph over symbolic B and S, its input
 // specs, and an independent reference in double from tests/common/naive.h. It drives the forward
 // op tests against that reference (tests/engine/test_op_cases.cpp, which also checks every op has
-// a case), the float64 finite-difference gradient checks (tests/engine/test_gradcheck.cpp) and the
+// a case), the float64 finite-difference gradient checks (tests/graph/test_gradcheck.cpp) and the
 // CPU-vs-CUDA comparisons (tests/cuda/test_dispatch.cpp). A new op adds one case here.
 #pragma once
 

@@ -37,7 +37,7 @@ TEST_CASE("gpu sp: f32 AutoSP training on CUDA equals single-process CPU trainin
 }
 
 // bf16: both sides compute in f32 and round each result once to bf16 (the CPU emulates the CUDA
-// kernels), but different summation orders round differently: bf16 bounds (tests/engine/
+// kernels), but different summation orders round differently: bf16 bounds (tests/graph/
 // test_mixed_precision.cpp explains 1e-2).
 TEST_CASE("gpu sp: bf16 AutoSP training on CUDA tracks the CPU's bf16 emulation", "[gpu][sp]") {
   for (const std::string arch : {"llama", "gpt2"}) compare(arch, "bfloat16", 1e-2, 3e-2);

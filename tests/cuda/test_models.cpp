@@ -1,7 +1,7 @@
 // Tiny GPT-2 and tiny Llama (GQA: 4 query heads, 2 key/value heads) joint graphs (forward, loss,
 // backward) on CUDA against the same programs on the CPU kernels: f32 loss and every parameter
 // gradient within 1e-5, and the bf16 mixed-precision programs within bf16's tolerance (relative L2
-// error of each gradient ≤ 3e-2, as tests/engine/test_mixed_precision.cpp explains).
+// error of each gradient ≤ 3e-2, as tests/graph/test_mixed_precision.cpp explains).
 #include <catch2/catch.hpp>
 
 #include <cmath>
