@@ -19,9 +19,9 @@
 #include "comm/exit.h"
 #include "comm/job_comms.h"
 #include "device/cuda/device.h"
+#include "device/host.h"
 #include "engine/executor.h"
-#include "engine/program.h"
-#include "kernels/cpu/matmul.h"
+#include "compiler/program.h"
 #include "models/weights.h"
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"
@@ -216,10 +216,10 @@ struct Validation {
   std::unique_ptr<DataSource> data;
 };
 
-std::optional<Validation> make_validation(const Config& cfg, DType dt, const PassContext& ctx) {
+std::optional<Validation> make_validation(const Config& cfg, DType dt, const RankLayout& ctx) {
   if (cfg.train.eval_every <= 0) return std::nullopt;
   Validation v;
-  v.prog = build_program(cfg, dt, Stage::autosp, ctx);
+  v.prog = build_program(cfg, dt, Stage::rank_forward, ctx);
   v.ex = std::make_unique<Executor>(*v.prog.graph, ExecOptions{.attention = cfg.runtime.attention});
   v.data = make_val_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   return v;
@@ -256,9 +256,9 @@ std::vector<int64_t> argmax_rows(const Tensor& logits) {
 // The first sequence of the world's first validation batch: every rank of dp rank 0 adds the
 // argmax of its block of the sequence, the sum over the world (the blocks are disjoint) is the
 // whole row's prediction; rank 0 formats the first row it got entirely right (else row 0).
-std::string first_example(const Tensor& logits, const Batch& batch, int64_t S, const PassContext& ctx,
+std::string first_example(const Tensor& logits, const Batch& batch, int64_t S, const RankLayout& ctx,
                           int64_t dp_rank, Communicator& host_world) {
-  const int64_t B = batch.input_ids.dim(0), Sp = batch.input_ids.dim(1), block = Sp / ctx.sp_size;
+  const int64_t B = batch.input_ids.dim(0), Sp = batch.input_ids.dim(1), block = Sp / ctx.sp;
   Tensor pred = Tensor::zeros({B, Sp}, DType::i64);
   if (dp_rank == 0) {
     const std::vector<int64_t> local = argmax_rows(logits);  // [B, block]
@@ -288,13 +288,13 @@ std::string first_example(const Tensor& logits, const Batch& batch, int64_t S, c
 // Validation loss and accuracy over batches 0 … eval_batches − 1 of the validation data, each
 // read like a training step's global batch (the same for every SP/DP layout), so the result
 // equals the P = 1 value. `example` receives rank 0's formatted first sequence when non-null.
-void evaluate(Validation& v, const Config& cfg, const ParamMap& params, const PassContext& ctx,
+void evaluate(Validation& v, const Config& cfg, const ParamMap& params, const RankLayout& ctx,
               const ProcessMesh& mesh, JobComms& comms, Device dev, StepRecord& rec, std::string* example) {
   double loss_sum = 0;
   int64_t correct = 0, counted = 0;
   for (int64_t k = 0; k < cfg.train.eval_batches; ++k) {
     const Batch raw = v.data->get(k, mesh.dp_rank, mesh.dp);
-    const Batch batch = pad_to_multiple(raw, ctx.sp_size);
+    const Batch batch = pad_to_multiple(raw, ctx.sp);
     if (dev.kind == DeviceKind::cuda) check_batch(batch, cfg.model.vocab_size);
     TensorMap feeds = batch_feeds(batch);
     to_run_device(feeds, dev);
@@ -303,7 +303,7 @@ void evaluate(Validation& v, const Config& cfg, const ParamMap& params, const Pa
     comms.synchronize_device();
     loss_sum += host_copy(r.outputs.at(v.prog.loss)).to_doubles()[0];
     const Tensor logits = scored_rows(r);
-    const int64_t Sp = batch.labels.dim(1), block = Sp / ctx.sp_size;
+    const int64_t Sp = batch.labels.dim(1), block = Sp / ctx.sp;
     const Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block)
                              .contiguous();
     auto [c, n] = count_correct(logits, local.reshape({local.numel()}));
@@ -323,8 +323,8 @@ void evaluate(Validation& v, const Config& cfg, const ParamMap& params, const Pa
 
 // The synthetic task's accuracy on the step's batch over the world: this rank's logits (or
 // predictions) cover its block of the sequence; count there, sum over the world.
-double score_accuracy(const RunResult& r, const Batch& batch, const PassContext& ctx, Communicator& host_world) {
-  const int64_t S = batch.labels.dim(1), block = S / ctx.sp_size;
+double score_accuracy(const RunResult& r, const Batch& batch, const RankLayout& ctx, Communicator& host_world) {
+  const int64_t S = batch.labels.dim(1), block = S / ctx.sp;
   Tensor local = batch.labels.as_strided({batch.labels.dim(0), block}, batch.labels.strides(), ctx.sp_rank * block)
                      .contiguous();
   auto [correct, counted] = count_correct(scored_rows(r), local.reshape({local.numel()}));
@@ -438,13 +438,13 @@ void branch_from(const Config& cfg, const TrainArgs& args, int64_t step) {
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
   const Device dev = pick_device(cfg);
   const DType dt = cfg.runtime.dtype, master = master_dtype(dt);  // compute; parameters and optimizer state
-  const PassContext ctx = pass_context(cfg, world.size(), world.rank());
+  const RankLayout ctx = rank_layout(world.size(), world.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size));
   // AUTOSP_FAULT injects failures in tests; the watchdog of `comms` makes the other ranks end the job.
   const std::optional<Fault> fault = fault_from_env(world.size());
   // NCCL or the world for device tensors, the mesh, every collective under the watchdog (comm/job_comms.h).
-  const std::unique_ptr<JobComms> comms = make_job_comms(world, dev, static_cast<int>(ctx.sp_size));
+  const std::unique_ptr<JobComms> comms = make_job_comms(world, dev, static_cast<int>(ctx.sp));
   const ProcessMesh& mesh = comms->mesh;
-  if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
+  if (cfg.runtime.threads > 0) set_host_threads(static_cast<int>(cfg.runtime.threads));
   const bool lead = world.rank() == 0;
   const int64_t total = args.steps.value_or(cfg.train.steps);
   if (total < 0) throw UsageError(str("--steps ", total, ": expected >= 0"));
@@ -535,7 +535,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     comms->watchdog->set_step(step + 1);
     inject_fault(fault, FaultWhere::step, world.rank(), step + 1, world);
     // Every rank of an SP group reads the same sequences; the graph slices its block.
-    Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), ctx.sp_size);
+    Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), ctx.sp);
     if (dev.kind == DeviceKind::cuda) check_batch(batch, cfg.model.vocab_size);
     TensorMap feeds = batch_feeds(batch);
     to_run_device(feeds, dev);
