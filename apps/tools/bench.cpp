@@ -199,7 +199,8 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
 // The forward pass with the loss, through this rank's AutoSP program when the world has several ranks.
 PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicator& world) {
   const DType dt = cfg.runtime.dtype;
-  const RankLayout layout = rank_layout(world.size(), world.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size));
+  const RankLayout layout =
+      rank_layout(world.size(), world.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size));
   if (cfg.data.seq_len % layout.sp != 0)
     throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of P = ", layout.sp,
                          " (only the training step pads)"));

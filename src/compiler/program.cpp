@@ -105,8 +105,8 @@ RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_
     if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, layout);
     names += (names.empty() ? "" : ", ") + std::string(p.pass.name);
   }
-  throw UsageError(str("--stage '", stop_after, "': expected forward, rank_forward (or autosp), joint or a pass this program runs (",
-                       names, ")"));
+  throw UsageError(str("--stage '", stop_after, "': expected forward, rank_forward (or autosp), joint or a pass ",
+                       "this program runs (", names, ")"));
 }
 
 }  // namespace autosp
