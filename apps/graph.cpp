@@ -10,7 +10,7 @@
 #include "models/model.h"
 #include "tools/cli.h"
 #include "engine/memory_plan.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "train/train_state.h"
 
 using namespace autosp;
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
         "world", "world size", cxxopts::value<std::string>()->default_value("1"))(
         "rank", "rank to show", cxxopts::value<std::string>()->default_value("0"))(
-        "stage", "forward|autosp|joint, or the name of a pass to stop after",
+        "stage", "forward|autosp (or rank_forward)|joint, or the name of a pass to stop after",
         cxxopts::value<std::string>()->default_value("forward"))(
         "format", "text|json|dot", cxxopts::value<std::string>()->default_value("text"))(
         "plan-memory", "instead of the graph, print the memory plan for sizes like S=16384,B=1 (JSON)",
@@ -109,8 +109,9 @@ int main(int argc, char** argv) {
     if (format != "text" && format != "json" && format != "dot")
       throw UsageError(str("--format '", format, "': expected text, json or dot"));
 
-    const PassContext ctx = pass_context(cfg, static_cast<int>(world), static_cast<int>(rank));
-    RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, ctx);  // a stage or a pass name
+    const RankLayout layout = rank_layout(static_cast<int>(world), static_cast<int>(rank),
+                                          static_cast<int>(cfg.sequence_parallel.autosp_size));
+    RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, layout);  // a stage or a pass name
     const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {
       std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>()), cfg,

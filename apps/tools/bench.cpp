@@ -21,7 +21,7 @@
 #include "kernels/cpu/matmul.h"
 #include "models/model.h"
 #include "engine/executor.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "tools/py_worker.h"
 #include "tools/scaling.h"
 #include "train/trainer.h"
@@ -199,13 +199,14 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
 // The forward pass with the loss, through this rank's AutoSP program when the world has several ranks.
 PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicator& world) {
   const DType dt = cfg.runtime.dtype;
-  const PassContext ctx = pass_context(cfg, world.size(), world.rank());
-  if (cfg.data.seq_len % ctx.sp_size != 0)
-    throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of P = ", ctx.sp_size,
+  const RankLayout layout =
+      rank_layout(world.size(), world.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size));
+  if (cfg.data.seq_len % layout.sp != 0)
+    throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of P = ", layout.sp,
                          " (only the training step pads)"));
-  ProcessMesh mesh = make_mesh(world, static_cast<int>(ctx.sp_size));
+  ProcessMesh mesh = make_mesh(world, layout.sp);
   const CommGroups groups{{"world", &world}, {"sp", mesh.sp_group.get()}, {"dp", mesh.dp_group.get()}};
-  RankProgram prog = build_program(cfg, dt, Stage::autosp, ctx);
+  RankProgram prog = build_program(cfg, dt, Stage::rank_forward, mesh);
   TensorMap feeds = random_batch(cfg.data.batch_size, cfg.data.seq_len, cfg.model.vocab_size,
                                  static_cast<uint64_t>(cfg.train.seed) + static_cast<uint64_t>(mesh.dp_rank));
   for (auto& [n, p] : init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master_dtype(dt))) feeds[n] = p;
@@ -419,7 +420,8 @@ int run_sweep(const SweepOptions& opt, const std::function<void(const json&)>& e
         Config cfg = load_config(path, sets);
         const DType dt = cfg.runtime.dtype;
         try {
-          (void)build_program(cfg, dt, Stage::autosp, pass_context(cfg, static_cast<int>(P), 0));
+          (void)build_program(cfg, dt, Stage::rank_forward,
+                              rank_layout(static_cast<int>(P), 0, static_cast<int>(cfg.sequence_parallel.autosp_size)));
         } catch (const UsageError& e) {
           throw UsageError(str(path, " at P = ", P, ", seq ", S, ": ", e.what()));
         }

@@ -1,7 +1,7 @@
 // The process mesh: world = dp × sp, SP groups are consecutive world ranks (sp_rank = rank % sp,
 // dp_rank = rank / sp). rank_layout() is the one place that layout is computed and checked: the
-// mesh (with its communicators) and the AutoSP passes' context (engine/program.h pass_context)
-// both take it from there. Knows nothing of graphs.
+// mesh (with its communicators) is one, and the program builder (compiler/program.h build_program)
+// takes one to make the passes' context. Knows nothing of graphs.
 #pragma once
 
 #include <memory>

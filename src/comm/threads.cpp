@@ -9,6 +9,8 @@
 //             `done`: no rank writes its input again before every peer has read it.
 // A collective whose result would overwrite an input a peer still reads (all_reduce_sum in place,
 // an in-place all_to_all) reads into scratch and copies after `finish`.
+// The bytes move through device/buffers.h (host loops, or the rank's CUDA compute stream), so this
+// file knows no kernel and no CUDA.
 #include "comm/threads.h"
 
 #include <algorithm>
@@ -24,14 +26,9 @@
 #include <thread>
 #include <utility>
 
-#include "device/stream_slot.h"
-#include "tensor/convert.h"
-
-#ifdef AUTOSP_WITH_CUDA
+#include "device/buffers.h"
 #include "device/cuda/device.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/elementwise.cuh"
-#endif
+#include "device/stream_slot.h"
 
 namespace autosp {
 namespace threads_detail {
@@ -114,92 +111,10 @@ namespace {
 using threads_detail::Group;
 using threads_detail::Slot;
 
-// ---- the data movement of one rank: host memory, or its CUDA device's compute stream ---------
-
-bool on_cuda(const Tensor& t) { return t.device().kind == DeviceKind::cuda; }
-
-#ifdef AUTOSP_WITH_CUDA
-cudaStream_t stream_of(Device d) { return compute_stream(d.index); }
-#endif
-
-[[noreturn]] void no_cuda() { throw UsageError("thread communicator: a CUDA tensor in a build without CUDA"); }
-
-void copy_bytes(void* dst, const void* src, size_t n, Device d) {
-  if (n == 0 || dst == src) return;
-  if (d.kind == DeviceKind::cpu) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-#ifdef AUTOSP_WITH_CUDA
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_of(d)));
-#else
-  no_cuda();
-#endif
-}
+// ---- the data movement of one rank: device/buffers.h (copy_bytes, sum_parts, events) ---------
 
 // A contiguous tensor like `like` (dtype, device) of `n` elements.
-Tensor scratch(const Tensor& like, int64_t n) {
-#ifdef AUTOSP_WITH_CUDA
-  if (on_cuda(like)) return Tensor::empty({n}, like.dtype(), cuda_allocator(like.device().index));
-#endif
-  if (on_cuda(like)) no_cuda();
-  return Tensor::empty({n}, like.dtype());
-}
-
-template <class T>
-void sum_host(const std::vector<const void*>& parts, void* dst, int64_t n) {
-  T* out = static_cast<T*>(dst);
-  for (int64_t e = 0; e < n; ++e) {
-    T acc = static_cast<const T*>(parts[0])[e];
-    for (size_t i = 1; i < parts.size(); ++i) acc += static_cast<const T*>(parts[i])[e];
-    out[e] = acc;
-  }
-}
-
-// dst[e] = Σ_i parts[i][e] over the ranks in order (n elements of `dtype`, on device `d`).
-// `dst` may be one of the parts (elementwise). bf16 sums in float and rounds once.
-void sum_parts(const std::vector<const void*>& parts, void* dst, int64_t n, DType dtype, Device d) {
-  if (n == 0) return;
-  if (d.kind == DeviceKind::cpu) {
-    switch (dtype) {
-      case DType::f32: return sum_host<float>(parts, dst, n);
-      case DType::f64: return sum_host<double>(parts, dst, n);
-      case DType::i64: return sum_host<int64_t>(parts, dst, n);
-      case DType::bf16: {
-        uint16_t* out = static_cast<uint16_t*>(dst);
-        for (int64_t e = 0; e < n; ++e) {
-          float acc = 0;
-          for (const void* p : parts) acc += cpu::bf16_to_f32(static_cast<const uint16_t*>(p)[e]);
-          out[e] = cpu::f32_to_bf16(acc);
-        }
-        return;
-      }
-      default: break;
-    }
-    AUTOSP_ASSERT(false, "thread communicator: sum of ", dtype_name(dtype), " (f32, f64, bf16, i64 only)");
-  }
-#ifdef AUTOSP_WITH_CUDA
-  // The parts side by side [P, n], then summed over P in a fixed order.
-  const int64_t P = static_cast<int64_t>(parts.size());
-  const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
-  Tensor stack = Tensor::empty({P, n}, dtype, cuda_allocator(d.index));
-  for (int64_t i = 0; i < P; ++i)
-    copy_bytes(static_cast<char*>(stack.raw()) + static_cast<size_t>(i) * bytes, parts[static_cast<size_t>(i)], bytes, d);
-  const int64_t x_shape[2] = {P, n}, out_shape[2] = {1, n};
-  const cudaStream_t s = stream_of(d);
-  switch (dtype) {
-    case DType::f32: return cuda::sum_to(stack.data<float>(), 2, x_shape, out_shape, static_cast<float*>(dst), s);
-    case DType::f64: return cuda::sum_to(stack.data<double>(), 2, x_shape, out_shape, static_cast<double*>(dst), s);
-    case DType::bf16:
-      return cuda::sum_to(static_cast<const cuda::bf16*>(stack.raw()), 2, x_shape, out_shape,
-                          static_cast<cuda::bf16*>(dst), s);
-    default: break;
-  }
-  AUTOSP_ASSERT(false, "thread communicator: CUDA sum of ", dtype_name(dtype), " (f32, f64, bf16 only)");
-#else
-  no_cuda();
-#endif
-}
+Tensor scratch(const Tensor& like, int64_t n) { return empty_on(n, like.dtype(), like.device()); }
 
 }  // namespace
 
@@ -353,11 +268,7 @@ std::unique_ptr<PendingCollective> ThreadCommunicator::start(const Tensor& in, T
   const Device d = out.device();
   // Handles to the caller's buffers (the Tensor objects themselves may be temporaries).
   return std::make_unique<Pending>(worker_->enqueue([this, src = in, dst = out, d, chunk_of_rank, what]() mutable {
-#ifdef AUTOSP_WITH_CUDA
     if (d.kind == DeviceKind::cuda) use_device(d.index);  // the worker thread's current device
-#else
-    (void)d;
-#endif
     reduce_into(src, dst, chunk_of_rank, what);
   }));
 }
@@ -492,39 +403,19 @@ void ThreadCommunicator::reduce_into(const Tensor& in, Tensor& out, bool chunk_o
 }
 
 // Events order the ranks' CUDA streams; host rounds need none.
-void ThreadCommunicator::record(void*& event) {
-  if (device_.kind != DeviceKind::cuda) return;
-#ifdef AUTOSP_WITH_CUDA
-  if (!event) {
-    cudaEvent_t e = nullptr;
-    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    event = e;
-  }
-  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_of(device_)));
-#else
-  (void)event;
-  no_cuda();
-#endif
-}
+void ThreadCommunicator::record(void*& event) { record_event(event, device_); }
 
 void ThreadCommunicator::wait_event(void* event) {
   if (device_.kind != DeviceKind::cuda) return;
-#ifdef AUTOSP_WITH_CUDA
   AUTOSP_ASSERT(event != nullptr, "thread communicator: a peer without CUDA events in a CUDA collective");
-  CUDA_CHECK(cudaStreamWaitEvent(stream_of(device_), static_cast<cudaEvent_t>(event), 0));
-#else
-  (void)event;
-#endif
+  autosp::wait_event(event, device_);
 }
 
 namespace threads_detail {
 
 Group::~Group() {
-#ifdef AUTOSP_WITH_CUDA
   for (Slot& s : slots_)
-    for (void* e : {s.ready, s.done})
-      if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));  // a destructor must not throw
-#endif
+    for (void* e : {s.ready, s.done}) destroy_event(e);  // never throws
 }
 
 }  // namespace threads_detail

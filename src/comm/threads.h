@@ -4,8 +4,8 @@
 // a collective publishes each rank's buffers, passes a barrier, each rank reads its peers' buffers
 // into its own result, and a second barrier keeps every input alive until all have read it.
 //   - CPU tensors: memcpy and sums in rank order (every rank gets bitwise the same sum).
-//   - CUDA tensors: device copies (cudaMemcpyAsync) and deterministic sums (kernels/cuda sum_to)
-//     on the rank's compute stream, ordered across ranks by events recorded before each barrier:
+//   - CUDA tensors: device copies and deterministic sums (device/buffers.h, which runs them as
+//     cudaMemcpyAsync and kernels/cuda's sum_to) on the rank's compute stream, ordered across ranks by events recorded before each barrier:
 //     a rank's stream waits for its peers' inputs to be ready and, before it goes on, for its
 //     peers to have finished reading its own. Correct whether the ranks share a stream or not.
 //   - run_thread_ranks runs rank r in stream slot r + 1 (device/stream_slot.h): on a GPU each rank

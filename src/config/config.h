@@ -62,7 +62,7 @@ struct RuntimeConfig {
   DeviceKind device = DeviceKind::cpu;  // "cpu" | "cuda"
   AttentionBackend attention = AttentionBackend::flash;  // CUDA attention: "flash" | "cudnn"
   // What the graph computes in: "float32", "float64", or "bfloat16" (mixed precision: f32 master
-  // weights, bf16 compute; engine/program.h master_dtype).
+  // weights, bf16 compute; compiler/program.h master_dtype).
   DType dtype = DType::f32;
   int64_t threads = 0;  // 0 = OpenMP's default
   bool activation_checkpointing = false;

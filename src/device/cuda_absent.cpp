@@ -1,8 +1,9 @@
-// The device runtime of builds without CUDA (src/device/cuda/device.h): no device exists and
+// The device runtime of builds without CUDA (src/device/cuda/*.h): no device exists and
 // every call that needs one is a UsageError saying why. CUDA builds compile src/device/cuda/
 // instead, so this file is empty there.
 #ifndef AUTOSP_WITH_CUDA
 
+#include "device/cuda/buffers.h"
 #include "device/cuda/device.h"
 #include "device/cuda/optim.h"
 
@@ -33,7 +34,7 @@ void check_attention_backend(AttentionBackend backend) {
   if (backend != AttentionBackend::flash) no_backend("runtime.attention \"cudnn\"");
 }
 
-namespace cudart {
+namespace gpu {
 double global_norm(const std::vector<Tensor>&) { no_backend("a device gradient norm"); }
 void scale(const std::vector<Tensor>&, double) { no_backend("device gradient clipping"); }
 Tensor zeros_like(const Tensor&) { no_backend("a device tensor"); }
@@ -41,7 +42,12 @@ void adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, doub
                 int64_t) {
   no_backend("AdamW on a device");
 }
-}  // namespace cudart
+void copy_bytes(void*, const void*, size_t, int) { no_backend("a device copy"); }
+void sum_parts(const std::vector<const void*>&, void*, int64_t, DType, int) { no_backend("a device sum"); }
+void record_event(void*&, int) { no_backend("a CUDA event"); }
+void wait_event(void*, int) { no_backend("a CUDA event"); }
+void destroy_event(void*) noexcept {}
+}  // namespace gpu
 
 }  // namespace autosp
 

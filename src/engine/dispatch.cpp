@@ -25,9 +25,9 @@ Tensor leaf(const KernelCall& c) {
   throw RuntimeFailure(str(c.node.op_name(), " has no CUDA kernel"));
 }
 
-using cpu::Binary;
-using cpu::Unary;
-using cpu::UnaryGrad;
+using kernels::Binary;
+using kernels::Unary;
+using kernels::UnaryGrad;
 constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::input, leaf, leaf},
     {Op::parameter, leaf, leaf},

@@ -8,19 +8,18 @@
 #pragma once
 
 #include "engine/dispatch.h"
-#include "kernels/cpu/elementwise.h"  // the Binary, Unary and UnaryGrad kinds the templates take
-#include "kernels/cpu/rope.h"         // RopeScaling
+#include "kernels/kinds.h"  // the Binary, Unary and UnaryGrad kinds the templates take; RopeScaling
 
 namespace autosp {
 // A rope node's rope_scaling attributes (Builder::rope; none when absent) for either device's kernel.
-inline cpu::RopeScaling rope_scaling_of(const Node& n) {
-  cpu::RopeScaling s;
+inline kernels::RopeScaling rope_scaling_of(const Node& n) {
+  kernels::RopeScaling s;
   if (!n.attrs().has("rope_type")) return s;
   const std::string& type = n.attrs().s("rope_type");
   AUTOSP_ASSERT(type == "linear" || type == "llama3", "rope_type ", type);
-  s.kind = type == "linear" ? cpu::RopeScaling::linear : cpu::RopeScaling::llama3;
+  s.kind = type == "linear" ? kernels::RopeScaling::linear : kernels::RopeScaling::llama3;
   s.factor = n.attrs().f("factor");
-  if (s.kind == cpu::RopeScaling::llama3) {
+  if (s.kind == kernels::RopeScaling::llama3) {
     s.low_freq_factor = n.attrs().f("low_freq_factor");
     s.high_freq_factor = n.attrs().f("high_freq_factor");
     s.original_max_position_embeddings = n.attrs().f("original_max_position_embeddings");
@@ -33,8 +32,8 @@ inline cpu::RopeScaling rope_scaling_of(const Node& n) {
 #define AUTOSP_DECLARE_LAUNCHERS                                                         \
   Tensor embedding(const KernelCall& c);                                                 \
   Tensor matmul(const KernelCall& c);                                                    \
-  template <cpu::Binary kOp> Tensor binary(const KernelCall& c);                         \
-  template <cpu::Unary kOp> Tensor unary(const KernelCall& c);                           \
+  template <kernels::Binary kOp> Tensor binary(const KernelCall& c);                         \
+  template <kernels::Unary kOp> Tensor unary(const KernelCall& c);                           \
   Tensor reshape(const KernelCall& c);                                                   \
   Tensor permute(const KernelCall& c); /* transpose and permute */                       \
   Tensor slice(const KernelCall& c);                                                     \
@@ -54,7 +53,7 @@ inline cpu::RopeScaling rope_scaling_of(const Node& n) {
   Tensor reduce_scatter(const KernelCall& c);                                            \
   Tensor sum_to(const KernelCall& c);                                                    \
   Tensor embedding_backward(const KernelCall& c);                                        \
-  template <cpu::UnaryGrad kOp> Tensor unary_backward(const KernelCall& c);              \
+  template <kernels::UnaryGrad kOp> Tensor unary_backward(const KernelCall& c);              \
   Tensor slice_backward(const KernelCall& c);                                            \
   Tensor layernorm_backward(const KernelCall& c);                                        \
   Tensor rmsnorm_backward(const KernelCall& c);                                          \
@@ -74,17 +73,17 @@ inline cpu::RopeScaling rope_scaling_of(const Node& n) {
 // The template rows of the dispatch table, instantiated by each launcher file after its
 // definitions (one list for both).
 #define AUTOSP_INSTANTIATE_LAUNCHERS                                                     \
-  template Tensor binary<cpu::Binary::add>(const KernelCall&);                           \
-  template Tensor binary<cpu::Binary::sub>(const KernelCall&);                           \
-  template Tensor binary<cpu::Binary::mul>(const KernelCall&);                           \
-  template Tensor binary<cpu::Binary::div>(const KernelCall&);                           \
-  template Tensor unary<cpu::Unary::scale>(const KernelCall&);                           \
-  template Tensor unary<cpu::Unary::neg>(const KernelCall&);                             \
-  template Tensor unary<cpu::Unary::exp>(const KernelCall&);                             \
-  template Tensor unary<cpu::Unary::gelu_tanh>(const KernelCall&);                       \
-  template Tensor unary<cpu::Unary::silu>(const KernelCall&);                            \
-  template Tensor unary_backward<cpu::UnaryGrad::gelu_tanh>(const KernelCall&);          \
-  template Tensor unary_backward<cpu::UnaryGrad::silu>(const KernelCall&);               \
+  template Tensor binary<kernels::Binary::add>(const KernelCall&);                           \
+  template Tensor binary<kernels::Binary::sub>(const KernelCall&);                           \
+  template Tensor binary<kernels::Binary::mul>(const KernelCall&);                           \
+  template Tensor binary<kernels::Binary::div>(const KernelCall&);                           \
+  template Tensor unary<kernels::Unary::scale>(const KernelCall&);                           \
+  template Tensor unary<kernels::Unary::neg>(const KernelCall&);                             \
+  template Tensor unary<kernels::Unary::exp>(const KernelCall&);                             \
+  template Tensor unary<kernels::Unary::gelu_tanh>(const KernelCall&);                       \
+  template Tensor unary<kernels::Unary::silu>(const KernelCall&);                            \
+  template Tensor unary_backward<kernels::UnaryGrad::gelu_tanh>(const KernelCall&);          \
+  template Tensor unary_backward<kernels::UnaryGrad::silu>(const KernelCall&);               \
   template Tensor rope<false>(const KernelCall&);                                        \
   template Tensor rope<true>(const KernelCall&);
 // clang-format on

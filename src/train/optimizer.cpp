@@ -6,10 +6,8 @@
 #include <cstring>
 #include <numbers>
 
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/optim.h"
 #include "device/cuda/device.h"
-#include "device/cuda/optim.h"
+#include "device/optim.h"
 
 namespace autosp {
 
@@ -21,9 +19,6 @@ double lr_at(const TrainConfig& t, int64_t step, int64_t total_steps) {
 }
 
 namespace {
-// Parameters and gradients on a CUDA device go through device/cuda/optim.h (all on one device).
-bool on_device(const ParamMap& m) { return !m.empty() && m.begin()->second.device().kind == DeviceKind::cuda; }
-
 std::vector<Tensor> values(const ParamMap& m) {
   std::vector<Tensor> out;
   for (const auto& [name, t] : m) out.push_back(t);
@@ -31,37 +26,15 @@ std::vector<Tensor> values(const ParamMap& m) {
 }
 }  // namespace
 
-double sum_of_squares(const std::vector<Tensor>& grads) {
-  if (!grads.empty() && grads[0].device().kind == DeviceKind::cuda) {
-    const double norm = cudart::global_norm(grads);
-    return norm * norm;
-  }
-  double sq = 0;
-  for (const Tensor& g : grads) {
-    if (g.dtype() == DType::f32)
-      sq += cpu::sum_squares(g.data<float>(), g.numel());
-    else
-      sq += cpu::sum_squares(g.data<double>(), g.numel());
-  }
-  return sq;
-}
+double sum_of_squares(const std::vector<Tensor>& grads) { return grads_sum_of_squares(grads); }
 
-double global_grad_norm(const ParamMap& grads) {
-  if (on_device(grads)) return cudart::global_norm(values(grads));
-  return std::sqrt(sum_of_squares(values(grads)));
-}
+double global_grad_norm(const ParamMap& grads) { return grads_norm(values(grads)); }
 
 void clip_grads(const std::vector<Tensor>& grads, double norm, double max_norm) {
   if (max_norm <= 0) return;
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return;
-  if (!grads.empty() && grads[0].device().kind == DeviceKind::cuda) return cudart::scale(grads, coef);
-  for (const Tensor& g : grads) {
-    if (g.dtype() == DType::f32)
-      cpu::unary(cpu::Unary::scale, g.data<float>(), g.data<float>(), g.numel(), coef);
-    else
-      cpu::unary(cpu::Unary::scale, g.data<double>(), g.data<double>(), g.numel(), coef);
-  }
+  scale_grads(grads, coef);
 }
 
 void clip_grads(ParamMap& grads, double norm, double max_norm) { clip_grads(values(grads), norm, max_norm); }
@@ -69,10 +42,9 @@ void clip_grads(ParamMap& grads, double norm, double max_norm) { clip_grads(valu
 void AdamW::init(const ParamMap& params) {
   exp_avg.clear();
   exp_avg_sq.clear();
-  const bool device = on_device(params);
   for (const auto& [name, p] : params) {
-    exp_avg[name] = device ? cudart::zeros_like(p) : Tensor::zeros(p.shape(), p.dtype());
-    exp_avg_sq[name] = device ? cudart::zeros_like(p) : Tensor::zeros(p.shape(), p.dtype());
+    exp_avg[name] = zeros_like(p);
+    exp_avg_sq[name] = zeros_like(p);
   }
   step = 0;
 }
@@ -81,14 +53,7 @@ namespace {
 // One AdamW step of p with gradient g and moments m, v (same shape; any device).
 void adamw_tensor(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const TrainConfig& t, double lr,
                   double wd, int64_t step) {
-  if (p.device().kind == DeviceKind::cuda)
-    cudart::adamw_step(p, g, m, v, lr, t.beta1, t.beta2, t.eps, wd, step);
-  else if (p.dtype() == DType::f32)
-    cpu::adamw_step(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), lr, t.beta1,
-                    t.beta2, t.eps, wd, step);
-  else
-    cpu::adamw_step(p.data<double>(), g.data<double>(), m.data<double>(), v.data<double>(), p.numel(), lr, t.beta1,
-                    t.beta2, t.eps, wd, step);
+  adamw_step(p, g, m, v, lr, t.beta1, t.beta2, t.eps, wd, step);
 }
 
 // No decay on biases and norm weights (tensors of rank < 2).

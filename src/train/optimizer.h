@@ -1,7 +1,7 @@
 // Optimisation: AdamW with PyTorch semantics (decoupled weight decay on tensors of rank >= 2 only),
 // global-norm gradient clipping like torch.nn.utils.clip_grad_norm_, and the learning-rate schedule
 // (linear warmup, then cosine decay to min_lr). Works on ParamMaps on the host or all on one CUDA
-// device (then through device/cuda/optim.h); knows nothing of graphs.
+// device (the arithmetic through device/optim.h); knows nothing of graphs or kernels.
 //
 // ZeroAdamW is the same AdamW at ZeRO stages 1 and 2 (zero_optimization.stage, DeepSpeed's key):
 // the moments exist only for this rank's shard of every flat gradient bucket (train/grad_sync.h

@@ -21,9 +21,9 @@
 #include <string>
 
 #include "comm/job_comms.h"
+#include "compiler/program.h"
 #include "config/config.h"
 #include "engine/executor.h"
-#include "engine/program.h"
 #include "train/grad_sync.h"
 #include "train/optimizer.h"
 

@@ -15,10 +15,10 @@
 
 #include "comm/exit.h"
 #include "comm/job_comms.h"
+#include "compiler/program.h"
 #include "device/cuda/device.h"
+#include "device/host.h"
 #include "engine/executor.h"
-#include "engine/program.h"
-#include "kernels/cpu/matmul.h"
 #include "models/weights.h"
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"
@@ -165,7 +165,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   // NCCL or the world for device tensors, the mesh, every collective under the watchdog.
   const std::unique_ptr<JobComms> comms = make_job_comms(world, dev, static_cast<int>(cfg.sequence_parallel.autosp_size));
   const ProcessMesh& mesh = comms->mesh;
-  if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
+  set_host_threads(static_cast<int>(cfg.runtime.threads));  // 0: OpenMP's default
   const std::unique_ptr<DirLock> lock = prepare_run(cfg, args, world.rank() == 0);
   StopOnSignal stop(cfg.train.save_timeout);  // SIGTERM, SIGINT, SIGUSR1: save after this step and stop
 

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "comm/job_comms.h"
+#include "compiler/program.h"
 #include "config/config.h"
 #include "engine/executor.h"
-#include "engine/program.h"
 #include "train/data.h"
 #include "train/trainer.h"
 

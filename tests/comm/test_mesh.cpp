@@ -1,10 +1,10 @@
 // The rank layout (comm/mesh.h rank_layout): world = dp × sp with consecutive SP groups, the one
-// computation the process mesh and the AutoSP passes' context share, and its errors.
+// computation the process mesh and the program builder's passes' context share, and its errors.
 #include <catch2/catch.hpp>
 
 #include "comm/mesh.h"
 #include "config/config.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 
 namespace autosp {
 namespace {
@@ -38,15 +38,27 @@ TEST_CASE("rank_layout: a world sp does not divide, or a rank outside it, is a u
   CHECK_THROWS_AS(rank_layout(0, 0, 1), UsageError);
 }
 
-TEST_CASE("the passes' context is the rank layout's", "[comm]") {
+// The program builder makes the passes' context from the layout it is given: rank r's program
+// keeps sequence block sp_rank of S//sp.
+TEST_CASE("the program builder shards the sequence as the rank layout places the rank", "[comm]") {
   Config cfg;
+  cfg.model.arch = Arch::llama;
+  cfg.model.vocab_size = 64;
+  cfg.model.hidden_size = 16;
+  cfg.model.num_hidden_layers = 1;
+  cfg.model.num_attention_heads = 2;
+  cfg.model.num_key_value_heads = 2;
+  cfg.model.intermediate_size = 32;
   cfg.sequence_parallel.autosp_size = 2;
   for (int rank = 0; rank < 6; ++rank) {
-    const PassContext ctx = pass_context(cfg, 6, rank);
+    INFO("rank " << rank);
     const RankLayout l = rank_layout(6, rank, 2);
-    CHECK(ctx.sp_size == l.sp);
-    CHECK(ctx.sp_rank == l.sp_rank);
-    CHECK(ctx.world_size == l.world_size);
+    const RankProgram prog = build_program(cfg, DType::f32, Stage::rank_forward, l);
+    const Node* slice = prog.graph->find("input_ids.r");
+    REQUIRE(slice != nullptr);
+    const Dim block = Dim::sym("S").floordiv(l.sp);
+    CHECK(slice->attrs().dim("start") == Dim(l.sp_rank) * block);
+    CHECK(slice->attrs().dim("end") == Dim(l.sp_rank + 1) * block);
   }
 }
 

@@ -16,7 +16,7 @@
 
 #include "comm/mesh.h"
 #include "engine/executor.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "models/model.h"
 #include "train/data.h"
 #include "train/grad_sync.h"
@@ -76,11 +76,11 @@ struct LossAndGrads {
   std::map<std::string, Tensor> grads;  // by parameter name
 };
 
-// Build `cfg`'s joint program for `ctx`, run it on `batch`, then sum the gradients over `sum_over`
+// Build `cfg`'s joint program for the rank `layout` places, run it on `batch`, then sum the gradients over `sum_over`
 // (the world for an SP run; a group of one for the reference).
-inline LossAndGrads run_joint(const Config& cfg, const PassContext& ctx, const Batch& batch, const ParamMap& params,
+inline LossAndGrads run_joint(const Config& cfg, const RankLayout& layout, const Batch& batch, const ParamMap& params,
                        const CommGroups& groups, Communicator& sum_over, DType dt) {
-  RankProgram prog = build_program(cfg, dt, Stage::joint, ctx);
+  RankProgram prog = build_program(cfg, dt, Stage::joint, layout);
   Executor ex(*prog.graph);
   TensorMap feeds = batch_feeds(batch);
   for (const auto& [name, p] : params) feeds[name] = p;
@@ -98,16 +98,15 @@ inline LossAndGrads run_joint(const Config& cfg, const PassContext& ctx, const B
 inline LossAndGrads run_reference(const Config& cfg_p1, const Batch& batch, const ParamMap& params, DType dt = DType::f32) {
   auto single = make_single_process_communicator();
   const CommGroups groups{{"world", single.get()}, {"sp", single.get()}, {"dp", single.get()}};
-  return run_joint(cfg_p1, pass_context(cfg_p1, 1, 0), batch, params, groups, *single, dt);
+  return run_joint(cfg_p1, RankLayout{}, batch, params, groups, *single, dt);
 }
 
 // The SP program of rank w.rank() of `w` (autosp_size = cfg's), on this rank's batch.
 inline LossAndGrads run_sp_on(Communicator& w, const Config& cfg, const Batch& batch, const ParamMap& params,
                               DType dt = DType::f32) {
-  const PassContext ctx = pass_context(cfg, w.size(), w.rank());
-  ProcessMesh mesh = make_mesh(w, static_cast<int>(ctx.sp_size));
+  ProcessMesh mesh = make_mesh(w, static_cast<int>(cfg.sequence_parallel.autosp_size));
   const CommGroups groups{{"world", &w}, {"sp", mesh.sp_group.get()}, {"dp", mesh.dp_group.get()}};
-  return run_joint(cfg, ctx, batch, params, groups, w, dt);
+  return run_joint(cfg, mesh, batch, params, groups, w, dt);
 }
 
 inline double rel_err(const Tensor& got, const Tensor& want) {

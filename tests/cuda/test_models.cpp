@@ -11,7 +11,7 @@
 #include "cuda/dispatch_test.h"
 #include "config/config.h"
 #include "models/model.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 
 using namespace autosp;
 using namespace autosp::cudatest;
@@ -30,7 +30,7 @@ TEST_CASE("tiny GPT-2 and Llama (GQA) forward and backward on CUDA match the CPU
     for (DType dt : {DType::f32, DType::bf16}) {
       DYNAMIC_SECTION(arch << " " << dtype_name(dt)) {
         const Config cfg = tiny(arch);
-        RankProgram prog = build_program(cfg, dt, Stage::joint, PassContext{});
+        RankProgram prog = build_program(cfg, dt, Stage::joint);
         TensorMap feeds = testing::random_token_batch(2, 24, 64, 7);
         const DType master = dt == DType::bf16 ? DType::f32 : dt;  // f32 master weights for bf16
         for (const auto& [name, p] : init_params(cfg.model, 3, master)) feeds[name] = p;

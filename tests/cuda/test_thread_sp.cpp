@@ -35,7 +35,7 @@ cudatest::TrainOnRanks on_thread_ranks(int P) {
 // Doubles every element of t `times` times on the calling thread's compute stream: enough queued
 // work (16M elements, 12 passes) that a stream not ordered after it would read stale values.
 void double_in_place(const Tensor& t, int times) {
-  for (int i = 0; i < times; ++i) cudart::scale({t}, 2.0);
+  for (int i = 0; i < times; ++i) gpu::scale({t}, 2.0);
 }
 
 bool all_equal(const Tensor& device_tensor, double want) {

@@ -7,7 +7,7 @@
 #include "graph/printer.h"
 #include "models/model.h"
 #include "engine/executor.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 
 using namespace autosp;
 
@@ -17,7 +17,7 @@ TEST_CASE("activation checkpointing keeps the gradients and lowers the planned p
       Config cfg = parse_config(nlohmann::json::parse(std::string(R"({"model": {"arch": ")") + arch + R"(",
         "vocab_size": 64, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
         "intermediate_size": 128, "max_position_embeddings": 512}, "data": {"seq_len": 256}})"));
-      PassContext single;
+      RankLayout single;
       RankProgram plain = build_program(cfg, DType::f32, Stage::joint, single);
       Config ck = cfg;
       ck.runtime.activation_checkpointing = true;
@@ -59,7 +59,7 @@ TEST_CASE("under checkpointing the embedding and cheap recomputed values are com
     "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
     "intermediate_size": 256, "max_position_embeddings": 65536}, "data": {"seq_len": 256},
     "runtime": {"activation_checkpointing": true, "tiled_mlp": true}})"));
-  RankProgram prog = build_program(cfg, DType::f32, Stage::joint, PassContext{});
+  RankProgram prog = build_program(cfg, DType::f32, Stage::joint);
   const Graph& g = *prog.graph;
   const size_t backward = backward_begin(g);
   const Node* x = g.find("x");

@@ -16,7 +16,7 @@
 #include "models/model.h"
 #include "engine/executor.h"
 #include "engine/memory_plan.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 
 using namespace autosp;
 using autosp::testing::check_golden;
@@ -51,7 +51,7 @@ struct Step {
 };
 
 Step run(const Config& cfg, DType dt) {
-  RankProgram prog = build_program(cfg, dt, Stage::joint, PassContext{});
+  RankProgram prog = build_program(cfg, dt, Stage::joint);
   TensorMap feeds = testing::random_token_batch(2, 16, 64, 5);
   // Non-trivial norm weights and biases (init gives ones and zeros), so their gradients are tested.
   ParamMap params = init_params(cfg.model, 11, master_dtype(dt));
@@ -202,11 +202,13 @@ TEST_CASE("fusion runs after AutoSP: a sequence-parallel rank's program builds a
   for (const std::string arch : {"gpt2", "llama"}) {
     Config cfg = tiny(arch, 2, true);
     cfg.sequence_parallel.autosp_size = 2;
-    RankProgram p = build_program(cfg, DType::f32, Stage::joint, pass_context(cfg, 2, 1));
+    RankProgram p = build_program(cfg, DType::f32, Stage::joint,
+                                  rank_layout(2, 1, static_cast<int>(cfg.sequence_parallel.autosp_size)));
     verify(*p.graph);
     CHECK(count(*p.graph, Op::all_to_all) > 0);
     CHECK(count(*p.graph, arch == "gpt2" ? Op::add_layernorm : Op::add_rmsnorm) == (arch == "gpt2" ? 5u : 4u));
-    RankProgram q = build_program(cfg, DType::bf16, Stage::joint, pass_context(cfg, 2, 0));
+    RankProgram q = build_program(cfg, DType::bf16, Stage::joint,
+                                  rank_layout(2, 0, static_cast<int>(cfg.sequence_parallel.autosp_size)));
     CHECK(count(*q.graph, arch == "gpt2" ? Op::add_layernorm : Op::add_rmsnorm) == (arch == "gpt2" ? 5u : 4u));
   }
 }

@@ -22,7 +22,7 @@
 #include "models/model.h"
 #include "train/checkpoint.h"
 #include "engine/executor.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "train/trainer.h"
 #include "tensor/safetensors.h"
 
@@ -43,7 +43,7 @@ struct LossAndGrads {
 };
 
 LossAndGrads run(const Config& cfg, DType dt, const TensorMap& data, const ParamMap& params) {
-  RankProgram prog = build_program(cfg, dt, Stage::joint, PassContext{});
+  RankProgram prog = build_program(cfg, dt, Stage::joint);
   TensorMap feeds = data;
   for (const auto& [name, p] : params) feeds[name] = p;
   RunResult r = Executor(*prog.graph).run(feeds);
@@ -56,15 +56,15 @@ LossAndGrads run(const Config& cfg, DType dt, const TensorMap& data, const Param
 }  // namespace
 
 TEST_CASE("the mixed-precision pass matches its golden IR (GPT-2)", "[bf16][golden]") {
-  check_golden("mixed-precision/gpt2-1layer.txt", to_text(*build_program(tiny("gpt2"), DType::bf16, Stage::forward,
-                                                                        PassContext{}).graph));
+  check_golden("mixed-precision/gpt2-1layer.txt",
+               to_text(*build_program(tiny("gpt2"), DType::bf16, Stage::forward).graph));
 }
 
 TEST_CASE("bf16 graphs: f32 parameters cast once, bf16 activations, the loss path and gradients in f32", "[bf16]") {
   for (const char* arch : {"gpt2", "llama"}) {
     DYNAMIC_SECTION(arch) {
       const Config cfg = tiny(arch);
-      RankProgram p = build_program(cfg, DType::bf16, Stage::joint, PassContext{});
+      RankProgram p = build_program(cfg, DType::bf16, Stage::joint);
       const Graph& g = *p.graph;
       for (Node* param : g.with_role(Role::parameter)) {
         INFO(param->name());
@@ -85,7 +85,8 @@ TEST_CASE("bf16 graphs: f32 parameters cast once, bf16 activations, the loss pat
       // Sequence parallel on top: bf16 all-to-alls, f32 all-reduces of the loss and its count.
       Config sp = cfg;
       sp.sequence_parallel.autosp_size = 2;
-      RankProgram q = build_program(sp, DType::bf16, Stage::joint, pass_context(sp, 2, 1));
+      RankProgram q = build_program(sp, DType::bf16, Stage::joint,
+                                    rank_layout(2, 1, static_cast<int>(sp.sequence_parallel.autosp_size)));
       int a2a = 0, ar = 0;
       for (const auto& n : q.graph->nodes()) {
         if (n->op() == Op::all_to_all) a2a += n->dtype() == DType::bf16 ? 1 : -1000;

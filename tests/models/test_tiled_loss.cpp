@@ -11,7 +11,7 @@
 #include "common/tiny_models.h"
 #include "engine/executor.h"
 #include "engine/memory_plan.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "kernels/cpu/loss.h"
 #include "models/model.h"
 
@@ -66,8 +66,8 @@ TEST_CASE("tiled_loss: loss, gradients and predictions equal the untiled graph o
         const Config plain = tiny(arch, S, V, false, checkpointing), tiled = tiny(arch, S, V, true, checkpointing);
         TensorMap feeds = testing::random_token_batch(1, S, V, 21);
         for (auto& [name, p] : init_params(plain.model, 5, DType::f64)) feeds[name] = p;
-        RankProgram a = build_program(plain, DType::f64, Stage::joint, PassContext{});
-        RankProgram b = build_program(tiled, DType::f64, Stage::joint, PassContext{});
+        RankProgram a = build_program(plain, DType::f64, Stage::joint);
+        RankProgram b = build_program(tiled, DType::f64, Stage::joint);
         const RunResult ra = Executor(*a.graph).run(feeds), rb = Executor(*b.graph).run(feeds);
         CHECK(rel_max(rb.outputs.at(b.loss), ra.outputs.at(a.loss)) < 1e-12);
         REQUIRE(a.param_names == b.param_names);
@@ -98,9 +98,9 @@ TEST_CASE("tiled_loss: the planned peak with checkpointing drops by the [S, V] l
   const int64_t S = 8192, V = 4096;
   const Bindings at{{"B", 1}, {"S", S}};
   for (const std::string arch : {"gpt2", "llama"}) {
-    const size_t plain = plan_memory(*build_program(tiny(arch, S, V, false, true), DType::f32, Stage::joint, {}).graph,
+    const size_t plain = plan_memory(*build_program(tiny(arch, S, V, false, true), DType::f32, Stage::joint).graph,
                                      at).arena_bytes;
-    const size_t tiled = plan_memory(*build_program(tiny(arch, S, V, true, true), DType::f32, Stage::joint, {}).graph,
+    const size_t tiled = plan_memory(*build_program(tiny(arch, S, V, true, true), DType::f32, Stage::joint).graph,
                                      at).arena_bytes;
     const size_t bound = size_t(S * V - cpu::linear_ce_scratch_elems(S, V)) * sizeof(float);
     INFO(arch << ": planned peak untiled " << plain << " B, tiled " << tiled << " B, at least " << bound << " B less");

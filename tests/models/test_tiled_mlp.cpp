@@ -10,7 +10,7 @@
 #include "common/tiny_models.h"
 #include "engine/executor.h"
 #include "engine/memory_plan.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "kernels/cpu/mlp.h"
 #include "models/model.h"
 
@@ -59,8 +59,8 @@ TEST_CASE("tiled_mlp: loss and gradients equal the untiled graph over more rows 
       const Config plain = tiny_llama(S, 48, false, checkpointing), tiled = tiny_llama(S, 48, true, checkpointing);
       TensorMap feeds = testing::random_token_batch(1, S, plain.model.vocab_size, 21);
       for (auto& [name, p] : init_params(plain.model, 5, DType::f64)) feeds[name] = p;
-      RankProgram a = build_program(plain, DType::f64, Stage::joint, PassContext{});
-      RankProgram b = build_program(tiled, DType::f64, Stage::joint, PassContext{});
+      RankProgram a = build_program(plain, DType::f64, Stage::joint);
+      RankProgram b = build_program(tiled, DType::f64, Stage::joint);
       REQUIRE(b.graph->find("l1.mlp"));
       const RunResult ra = Executor(*a.graph).run(feeds), rb = Executor(*b.graph).run(feeds);
       CHECK(rel_max(rb.outputs.at(b.loss), ra.outputs.at(a.loss)) < 1e-12);
@@ -80,9 +80,9 @@ TEST_CASE("tiled_mlp: loss and gradients equal the untiled graph over more rows 
 TEST_CASE("tiled_mlp: the planned peak with checkpointing drops by at least three [S, I] buffers", "[model][mlp][memory]") {
   const int64_t S = 8192, I = 256;
   const Bindings at{{"B", 1}, {"S", S}};
-  const size_t plain = plan_memory(*build_program(tiny_llama(S, I, false, true), DType::f32, Stage::joint, {}).graph,
+  const size_t plain = plan_memory(*build_program(tiny_llama(S, I, false, true), DType::f32, Stage::joint).graph,
                                    at).arena_bytes;
-  const size_t tiled = plan_memory(*build_program(tiny_llama(S, I, true, true), DType::f32, Stage::joint, {}).graph,
+  const size_t tiled = plan_memory(*build_program(tiny_llama(S, I, true, true), DType::f32, Stage::joint).graph,
                                    at).arena_bytes;
   const size_t bound = 3 * size_t(S) * size_t(I) * sizeof(float);
   INFO("planned peak untiled " << plain << " B, tiled " << tiled << " B, at least " << bound << " B less expected");

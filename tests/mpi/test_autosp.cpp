@@ -31,7 +31,7 @@
 #include "train/data.h"
 #include "engine/executor.h"
 #include "train/grad_sync.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "train/trainer.h"
 
 namespace autosp::test {
@@ -165,7 +165,8 @@ TEST_CASE("autosp: each rank slices its own block of the sequence", "[autosp]") 
   Communicator& w = test_world();
   const int64_t P = w.size(), r = w.rank();
   const Config cfg = make_config(kLlamaGqa, P);
-  RankProgram prog = build_program(cfg, DType::f32, Stage::autosp, pass_context(cfg, w.size(), w.rank()));
+  const RankLayout layout = rank_layout(w.size(), w.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size));
+  RankProgram prog = build_program(cfg, DType::f32, Stage::rank_forward, layout);
   // k·(S//P) as printed: "0", "S//P", "k*(S//P)".
   auto block = [&](int64_t k) {
     const std::string b = "S//" + std::to_string(P);

@@ -29,7 +29,7 @@
 #include "comm/counting.h"
 #include "config/config.h"
 #include "engine/executor.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "graph/builder.h"
 #include "mpi/mpi_test.h"
 #include "tensor/safetensors.h"
@@ -402,7 +402,9 @@ TEST_CASE("zero: stage 3 holds 1/W of the parameters, and whole ones for at most
 
     // The whole parameters the stage-3 program holds at once: each gather (and its bf16 cast) is
     // live from where it runs to its last reader.
-    const RankProgram prog = build_program(c3, DType::f32, Stage::joint, pass_context(c3, static_cast<int>(W), w.rank()));
+    const RankLayout layout =
+        rank_layout(static_cast<int>(W), w.rank(), static_cast<int>(c3.sequence_parallel.autosp_size));
+    const RankProgram prog = build_program(c3, DType::f32, Stage::joint, layout);
     const Graph& g = *prog.graph;
     std::vector<int64_t> live(g.size() + 1, 0);
     size_t gathers = 0;

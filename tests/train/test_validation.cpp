@@ -11,7 +11,7 @@
 
 #include "common/llmc_shard.h"
 #include "engine/executor.h"
-#include "engine/program.h"
+#include "compiler/program.h"
 #include "train/trainer.h"
 
 using namespace autosp;
@@ -46,7 +46,7 @@ TEST_CASE("validation: the loss of the trained parameters on data.val_path, ever
   for (size_t k = 0; k < 5; ++k) CHECK(r.steps[k].evaluated == (k == 1 || k == 3 || k == 4));  // steps 2, 4, 5
 
   // The reference: batch k, sequence b is the window of S + 1 tokens from (k·B + b)·S.
-  RankProgram prog = build_program(cfg, DType::f64, Stage::forward, pass_context(cfg, 1, 0));
+  RankProgram prog = build_program(cfg, DType::f64, Stage::forward);
   Executor ex(*prog.graph);
   double sum = 0;
   for (int64_t k = 0; k < batches; ++k) {

@@ -5,7 +5,7 @@
 
 #include "kernels/cuda/elementwise.cuh"
 
-namespace autosp::cudart {
+namespace autosp::gpu {
 
 void copy_strided_into(const Tensor& view, const Tensor& dst, cudaStream_t s) {
   AUTOSP_ASSERT(view.device().kind == DeviceKind::cuda && dst.device().kind == DeviceKind::cuda,
@@ -88,4 +88,4 @@ Tensor cast(const Tensor& t, DType dtype, Allocator& alloc, cudaStream_t s) {
   return y;
 }
 
-}  // namespace autosp::cudart
+}  // namespace autosp::gpu

@@ -7,7 +7,7 @@
 
 struct CUstream_st;
 
-namespace autosp::cudart {
+namespace autosp::gpu {
 
 // `view` (any strides, on a CUDA device) copied into `dst` (contiguous, same shape and element size).
 void copy_strided_into(const Tensor& view, const Tensor& dst, CUstream_st* stream);
@@ -24,4 +24,4 @@ void cast_into(const Tensor& src, const Tensor& dst, CUstream_st* stream);
 // contiguous).
 Tensor cast(const Tensor& t, DType dtype, Allocator& alloc, CUstream_st* stream);
 
-}  // namespace autosp::cudart
+}  // namespace autosp::gpu

@@ -209,7 +209,7 @@ Tensor to_device(const Tensor& t, Device to) {
     return dst;
   }
   cudaStream_t s = compute_stream(from.index);
-  const Tensor src = cudart::contiguous(t, cuda_allocator(from.index), s);
+  const Tensor src = gpu::contiguous(t, cuda_allocator(from.index), s);
   if (to.kind == DeviceKind::cpu) {  // device → host, synchronous
     Tensor dst = Tensor::empty(t.shape(), t.dtype());
     if (dst.nbytes() > 0) CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToHost, s));
@@ -231,7 +231,7 @@ Tensor to_device(const Tensor& t, Device to) {
 void copy_on_device(const Tensor& src, const Tensor& dst) {
   AUTOSP_ASSERT(src.dtype() == dst.dtype() && src.device() == dst.device(), "device copy of ", src.str(), " on ",
                 src.device().str(), " into ", dst.str(), " on ", dst.device().str());
-  cudart::copy_strided_into(src, dst, compute_stream(dst.device().index));
+  gpu::copy_strided_into(src, dst, compute_stream(dst.device().index));
 }
 
 void synchronize() { CUDA_CHECK(cudaStreamSynchronize(compute_stream(current_device()))); }

@@ -9,7 +9,7 @@
 #include "kernels/cuda/optim.cuh"
 #include "device/cuda/device.h"
 
-namespace autosp::cudart {
+namespace autosp::gpu {
 namespace {
 
 cudaStream_t stream_of(const Tensor& t) {
@@ -99,4 +99,4 @@ void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor&
   }
 }
 
-}  // namespace autosp::cudart
+}  // namespace autosp::gpu

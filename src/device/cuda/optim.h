@@ -1,4 +1,4 @@
-// The optimizer's device side (train/optimizer.cpp calls it for parameters on a CUDA device): the
+// The optimizer's device side (device/optim.h calls it for tensors on a CUDA device): the
 // global gradient norm, clipping, zero moments and the fused AdamW step over the kernels of
 // kernels/cuda/{elementwise,optim}, on the device's compute stream. No CUDA header needed; builds
 // without CUDA get stubs that throw UsageError (device/cuda_absent.cpp).
@@ -8,7 +8,7 @@
 
 #include "tensor/tensor.h"
 
-namespace autosp::cudart {
+namespace autosp::gpu {
 
 // sqrt(Σ over every gradient of Σ g²): each gradient's sum of squares in double on the device (a
 // deterministic reduction), the partial sums read back once (this synchronises the host with the
@@ -26,4 +26,4 @@ Tensor zeros_like(const Tensor& t);
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, double lr, double beta1,
                 double beta2, double eps, double weight_decay, int64_t step);
 
-}  // namespace autosp::cudart
+}  // namespace autosp::gpu

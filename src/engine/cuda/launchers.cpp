@@ -29,9 +29,9 @@
 #include "kernels/cuda/cudnn_attention.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embedding.cuh"
+#include "kernels/kinds.h"
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/matmul.cuh"
-#include "kernels/cpu/mlp.h"  // kMlpChunkRows
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "device/cuda/copy.h"
@@ -57,10 +57,10 @@ const Tensor& on_device(const KernelCall& c, size_t i) {
 }
 
 // Input i on the device, contiguous (copied there when it is a strided view).
-Tensor arg(const KernelCall& c, size_t i) { return cudart::contiguous(on_device(c, i), c.alloc, stream(c)); }
+Tensor arg(const KernelCall& c, size_t i) { return gpu::contiguous(on_device(c, i), c.alloc, stream(c)); }
 
 // Integer input i as contiguous int64 on the device (i32 ids are widened).
-Tensor ids64(const KernelCall& c, size_t i) { return cudart::cast(on_device(c, i), DType::i64, c.alloc, stream(c)); }
+Tensor ids64(const KernelCall& c, size_t i) { return gpu::cast(on_device(c, i), DType::i64, c.alloc, stream(c)); }
 
 template <class T>
 T* ptr(const Tensor& t) {
@@ -101,7 +101,7 @@ T host_value(double v) {
 // else into a temporary.
 Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true) {
   Tensor y = as_output ? out_like(c, view.dtype()).reshape(view.shape()) : Tensor::empty(view.shape(), view.dtype(), c.alloc);
-  cudart::copy_strided_into(view, y, stream(c));
+  gpu::copy_strided_into(view, y, stream(c));
   return y;
 }
 
@@ -123,7 +123,7 @@ void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t 
 
 // A scalar `src` (device) in the dtype of `dst` (device, one element): a copy or a cast.
 void settle_scalar(const Tensor& src, const Tensor& dst, cudaStream_t s) {
-  if (src.raw() != dst.raw()) cudart::cast_into(src, dst, s);
+  if (src.raw() != dst.raw()) gpu::cast_into(src, dst, s);
 }
 
 // ---- fused ops (passes/fuse_elementwise) ----
@@ -182,7 +182,7 @@ Tensor matmul(const KernelCall& c) {
 
 // ---- elementwise ----
 
-template <cpu::Binary kOp>
+template <kernels::Binary kOp>
 Tensor binary(const KernelCall& c) {
   const Tensor &a = on_device(c, 0), &b = on_device(c, 1);
   const Shape& out = c.out_shape;
@@ -201,10 +201,10 @@ Tensor binary(const KernelCall& c) {
   });
 }
 
-template <cpu::Unary kOp>
+template <kernels::Unary kOp>
 Tensor unary(const KernelCall& c) {
   const Tensor x = arg(c, 0);
-  const double factor = kOp == cpu::Unary::scale ? c.node.attrs().f("factor") : 0.0;
+  const double factor = kOp == kernels::Unary::scale ? c.node.attrs().f("factor") : 0.0;
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, x.dtype());
     cuda::unary<T>(kOp, ptr<T>(x), ptr<T>(y), x.numel(), factor, stream(c));
@@ -212,7 +212,7 @@ Tensor unary(const KernelCall& c) {
   });
 }
 
-template <cpu::UnaryGrad kOp>
+template <kernels::UnaryGrad kOp>
 Tensor unary_backward(const KernelCall& c) {
   const Tensor dy = arg(c, 0), x = arg(c, 1);
   return by_float(c, x.dtype(), [&]<class T>() {
@@ -225,7 +225,7 @@ Tensor unary_backward(const KernelCall& c) {
 Tensor cast(const KernelCall& c) {
   const Tensor x = arg(c, 0);
   Tensor y = out_like(c, c.node.dtype());
-  cudart::cast_into(x, y, stream(c));
+  gpu::cast_into(x, y, stream(c));
   return y;
 }
 
@@ -427,7 +427,7 @@ Tensor sdpa(const KernelCall& c) {
 Tensor sdpa_backward(const KernelCall& c) {
   const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2), o = arg(c, 3), dout = arg(c, 5);
   const Tensor docs = c.in.size() > 6 ? ids64(c, 6) : Tensor();
-  const Tensor lse = cudart::cast(on_device(c, 4), DType::f32, c.alloc, stream(c));
+  const Tensor lse = gpu::cast(on_device(c, 4), DType::f32, c.alloc, stream(c));
   check_attention(c, q);
   return by_float<false>(c, q.dtype(), [&]<class T>() {
     Tensor dq = out_like(c, q.dtype());
@@ -501,7 +501,7 @@ Tensor cross_entropy_backward(const KernelCall& c) {
   const Tensor logits = arg(c, 0);
   const Tensor labels = ids64(c, 1);
   return by_float(c, logits.dtype(), [&]<class T>() {
-    const Tensor g = cudart::cast(on_device(c, 2), acc_dtype<T>(), c.alloc, stream(c));
+    const Tensor g = gpu::cast(on_device(c, 2), acc_dtype<T>(), c.alloc, stream(c));
     Tensor dx = out_like(c, logits.dtype());
     cuda::cross_entropy_backward<T>(ptr<T>(logits), ptr<int64_t>(labels), ptr<T>(dx), labels.numel(), logits.dim(-1),
                                     ptr<cuda::acc_t<T>>(g), c.node.attrs().i("ignore_index"), stream(c));
@@ -569,7 +569,7 @@ Tensor all_to_all(const KernelCall& c) {
   const Tensor send_view = launch::all_to_all_send_view(c, x, comm);  // checks the group's size
   if (comm.size() == 1) {
     Tensor y = out_like(c, x.dtype());
-    cudart::cast_into(x.reshape(c.out_shape), y, stream(c));
+    gpu::cast_into(x.reshape(c.out_shape), y, stream(c));
     return y;
   }
   Tensor send = copy_view(c, send_view, false);  // [P, chunk...]
@@ -582,7 +582,7 @@ Tensor all_reduce(const KernelCall& c) {
   Communicator& comm = device_comm(c);
   const Tensor x = arg(c, 0);
   Tensor y = out_like(c, x.dtype());
-  cudart::cast_into(x, y, stream(c));  // a device copy (same dtype)
+  gpu::cast_into(x, y, stream(c));  // a device copy (same dtype)
   if (comm.size() > 1) comm.all_reduce_sum(y);
   return y;
 }
@@ -598,7 +598,7 @@ Tensor all_gather(const KernelCall& c) {
   const launch::ShardLayout l = launch::shard_layout(comm, y.numel());
   Tensor into = l.direct() ? y.reshape({y.numel()}) : Tensor::empty(l.padded(), x.dtype(), c.alloc);
   comm.all_gather(x, into);
-  if (!l.direct()) cudart::cast_into(Tensor::view_bytes(into, 0, y.shape(), y.dtype()), y, stream(c));
+  if (!l.direct()) gpu::cast_into(Tensor::view_bytes(into, 0, y.shape(), y.dtype()), y, stream(c));
   return y;
 }
 
@@ -613,7 +613,7 @@ Tensor reduce_scatter(const KernelCall& c) {
     send = Tensor::empty(l.padded(), g.dtype(), c.alloc);
     CUDA_CHECK(cudaMemsetAsync(send.raw(), 0, send.nbytes(), stream(c)));
     Tensor head = Tensor::view_bytes(send, 0, g.shape(), g.dtype());
-    cudart::cast_into(g, head, stream(c));
+    gpu::cast_into(g, head, stream(c));
   }
   comm.reduce_scatter_sum(send, y);
   return y;
@@ -654,7 +654,7 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
 template <class T>
 void mul_n(const T* a, const T* b, T* out, int64_t n, cudaStream_t s) {
   const int64_t shape[1] = {n}, unit[1] = {1};
-  cuda::binary<T>(cpu::Binary::mul, 1, shape, a, unit, b, unit, out, s);
+  cuda::binary<T>(kernels::Binary::mul, 1, shape, a, unit, b, unit, out, s);
 }
 
 // g, u [r, I] = x_c [r, C] · Wgᵀ, x_c · Wuᵀ
@@ -667,7 +667,7 @@ void gate_up(const T* x_c, const T* wg, const T* wu, T* g, T* u, int64_t r, int6
 // x [..., C] as rows [R, C]; w_gate, w_up [I, C], w_down [C, I] → y [..., C].
 Tensor swiglu_mlp(const KernelCall& c) {
   const Tensor x = arg(c, 0), wg = arg(c, 1), wu = arg(c, 2), wd = arg(c, 3);
-  const int64_t C = x.dim(-1), I = wg.dim(0), rows = x.numel() / C, chunk = cpu::kMlpChunkRows;
+  const int64_t C = x.dim(-1), I = wg.dim(0), rows = x.numel() / C, chunk = kernels::kMlpChunkRows;
   const cudaStream_t s = stream(c);
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, x.dtype());
@@ -676,7 +676,7 @@ Tensor swiglu_mlp(const KernelCall& c) {
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t r = std::min(chunk, rows - r0);
       gate_up(ptr<T>(x) + r0 * C, ptr<T>(wg), ptr<T>(wu), ptr<T>(g), ptr<T>(u), r, C, I, s);
-      cuda::unary<T>(cpu::Unary::silu, ptr<T>(g), ptr<T>(g), r * I, 0.0, s);
+      cuda::unary<T>(kernels::Unary::silu, ptr<T>(g), ptr<T>(g), r * I, 0.0, s);
       mul_n(ptr<T>(g), ptr<T>(u), ptr<T>(g), r * I, s);  // h
       cuda::gemm_batched<T>(false, true, 1, r, C, I, 1.0, ptr<T>(g), 0, ptr<T>(wd), 0, 0.0, ptr<T>(y) + r0 * C, 0, s);
     }
@@ -687,7 +687,7 @@ Tensor swiglu_mlp(const KernelCall& c) {
 // dx; extra outputs dw_gate, dw_up, dw_down. Inputs: dy, x, w_gate, w_up, w_down.
 Tensor swiglu_mlp_backward(const KernelCall& c) {
   const Tensor dy = arg(c, 0), x = arg(c, 1), wg = arg(c, 2), wu = arg(c, 3), wd = arg(c, 4);
-  const int64_t C = x.dim(-1), I = wg.dim(0), rows = x.numel() / C, chunk = cpu::kMlpChunkRows;
+  const int64_t C = x.dim(-1), I = wg.dim(0), rows = x.numel() / C, chunk = kernels::kMlpChunkRows;
   const cudaStream_t s = stream(c);
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor dx = out_like(c, x.dtype());
@@ -708,13 +708,13 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
       T* dx_c = ptr<T>(dx) + r0 * C;
       const double beta = r0 == 0 ? 0.0 : 1.0;  // the first chunk overwrites the weight gradients
       gate_up(x_c, ptr<T>(wg), ptr<T>(wu), g, u, r, C, I, s);
-      cuda::unary<T>(cpu::Unary::silu, g, v, n, 0.0, s);  // v = silu(g)
+      cuda::unary<T>(kernels::Unary::silu, g, v, n, 0.0, s);  // v = silu(g)
       mul_n(v, u, t, n, s);                                // t = h
       cuda::gemm_batched<T>(true, false, 1, C, I, r, 1.0, dy_c, 0, t, 0, beta, dwd, 0, s);        // dWd += dy_cᵀ·h
       cuda::gemm_batched<T>(false, false, 1, r, I, C, 1.0, dy_c, 0, ptr<T>(wd), 0, 0.0, t, 0, s);  // t = dh
       mul_n(v, t, v, n, s);                                                   // v = du = dh ∘ silu(g)
       mul_n(u, t, u, n, s);                                                   // u = dh ∘ u
-      cuda::unary_backward<T>(cpu::UnaryGrad::silu, u, g, u, n, s);           // u = dg = dh ∘ u ∘ silu'(g)
+      cuda::unary_backward<T>(kernels::UnaryGrad::silu, u, g, u, n, s);           // u = dg = dh ∘ u ∘ silu'(g)
       cuda::gemm_batched<T>(false, false, 1, r, C, I, 1.0, u, 0, ptr<T>(wg), 0, 0.0, dx_c, 0, s);  // dx_c = dg·Wg
       cuda::gemm_batched<T>(false, false, 1, r, C, I, 1.0, v, 0, ptr<T>(wu), 0, 1.0, dx_c, 0, s);  //      + du·Wu
       cuda::gemm_batched<T>(true, false, 1, I, C, r, 1.0, u, 0, x_c, 0, beta, dwg, 0, s);          // dWg += dgᵀ·x_c
@@ -731,12 +731,12 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
 // the row terms of all chunks are summed at the end in row order.
 Tensor linear_cross_entropy_sum(const KernelCall& c) {
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
-  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = cpu::linear_ce_chunk_rows(rows, V);
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = kernels::linear_ce_chunk_rows(rows, V);
   const cudaStream_t s = stream(c);
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, c.node.dtype());
     c.extras.push_back(extra_like(c, labels.shape(), DType::i64));
-    const Tensor logits = Tensor::empty({cpu::linear_ce_scratch_elems(rows, V)}, x.dtype(), c.alloc);
+    const Tensor logits = Tensor::empty({kernels::linear_ce_scratch_elems(rows, V)}, x.dtype(), c.alloc);
     const Tensor row_loss = Tensor::empty({rows}, DType::f64, c.alloc);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t r = std::min(chunk, rows - r0);
@@ -755,10 +755,10 @@ Tensor linear_cross_entropy_sum(const KernelCall& c) {
 // dlogits in place, dx_c = dlogits · w, dw (+)= dlogitsᵀ · x_c.
 Tensor linear_cross_entropy_backward(const KernelCall& c) {
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
-  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = cpu::linear_ce_chunk_rows(rows, V);
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = kernels::linear_ce_chunk_rows(rows, V);
   const cudaStream_t s = stream(c);
   return by_float(c, x.dtype(), [&]<class T>() {
-    const Tensor g = cudart::cast(on_device(c, 3), acc_dtype<T>(), c.alloc, s);
+    const Tensor g = gpu::cast(on_device(c, 3), acc_dtype<T>(), c.alloc, s);
     Tensor dx = out_like(c, x.dtype());
     c.extras.push_back(extra_like(c, w.shape(), w.dtype()));
     T* dw = ptr<T>(c.extras[0]);
@@ -766,7 +766,7 @@ Tensor linear_cross_entropy_backward(const KernelCall& c) {
       CUDA_CHECK(cudaMemsetAsync(dw, 0, c.extras[0].nbytes(), s));
       return dx;
     }
-    const Tensor logits = Tensor::empty({cpu::linear_ce_scratch_elems(rows, V)}, x.dtype(), c.alloc);
+    const Tensor logits = Tensor::empty({kernels::linear_ce_scratch_elems(rows, V)}, x.dtype(), c.alloc);
     T* d = ptr<T>(logits);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t r = std::min(chunk, rows - r0);

@@ -1,6 +1,6 @@
 // Graph passes: one file and one function each, `PassResult run(Graph&, const PassContext&)`,
 // registered by name in a pipeline (the AutoSP pipeline, graph/passes/autosp/pipeline.cpp; a rank's
-// whole program, engine/program.cpp). A pipeline runs passes in order and verifies the graph after each; a failure
+// whole program, compiler/program.cpp). A pipeline runs passes in order and verifies the graph after each; a failure
 // names the pass and the passes before it. Passes edit only through the Graph API.
 #pragma once
 
@@ -23,9 +23,10 @@ struct PassContext {
   // checkpoint_activations: the name prefixes of the scopes (transformer layers) to recompute;
   // also the units ZeRO-3 gathers parameters by (graph/passes/shard_parameters.h).
   std::vector<std::string> layer_scopes;
-  // zero_optimization.stage: at 3, on worlds of several ranks, shard_parameters splits every
-  // parameter over the world (world_size shards) and regather_parameters gathers it per use.
-  int64_t zero_stage = 0;
+  // ZeRO-3 (config/config.h ZeroMode::sharded_parameters: stage 3 on a world of several ranks,
+  // decided by the program builder): shard_parameters splits every parameter over the world
+  // (world_size shards) and regather_parameters gathers it per use.
+  bool shard_parameters = false;
 };
 
 struct PassResult {

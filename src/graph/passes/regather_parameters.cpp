@@ -7,7 +7,7 @@
 namespace autosp::passes {
 
 PassResult regather_parameters(Graph& g, const PassContext& ctx) {
-  if (ctx.zero_stage != 3 || ctx.world_size <= 1) return {};
+  if (!ctx.shard_parameters) return {};
   std::vector<Node*> gathers;
   for (const auto& n : g.nodes())
     if (n->op() == Op::all_gather && n->input(0)->role() == Role::parameter) gathers.push_back(n.get());

@@ -42,7 +42,7 @@ Node* ParameterUnits::prefetch_point(const Node* reader) const {
 namespace passes {
 
 PassResult shard_parameters(Graph& g, const PassContext& ctx) {
-  if (ctx.zero_stage != 3 || ctx.world_size <= 1) return {};
+  if (!ctx.shard_parameters) return {};
   const ParameterUnits units(g, ctx);  // before anything moves
   for (Node* p : g.with_role(Role::parameter)) {
     const TensorType whole = p->type();

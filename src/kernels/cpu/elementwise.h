@@ -9,13 +9,15 @@
 
 #include <cstdint>
 
+#include "kernels/kinds.h"  // Unary, Binary, UnaryGrad
 #include "tensor/convert.h"
 #include "tensor/strided.h"
 
 namespace autosp::cpu {
 
-enum class Unary { neg, exp, log, tanh, sqrt, rsqrt, square, gelu_tanh, silu, scale, relu };
-enum class Binary { add, sub, mul, div, max, min };
+using kernels::Binary;
+using kernels::Unary;
+using kernels::UnaryGrad;
 
 // y[i] = f(x[i]) for i < n. `scalar` is the factor for Unary::scale (ignored otherwise).
 // gelu_tanh: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))); silu: x·sigmoid(x). x and y may alias.
@@ -34,7 +36,6 @@ void fill(T* dst, int64_t n, T value);
 
 // ---- backward and reductions ----
 
-enum class UnaryGrad { gelu_tanh, silu };
 // dx[i] = dy[i] · f'(x[i]) for the activation f.
 template <class T>
 void unary_backward(UnaryGrad op, const T* dy, const T* x, T* dx, int64_t n);

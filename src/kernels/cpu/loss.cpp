@@ -172,12 +172,6 @@ int64_t count_valid(const int64_t* labels, int64_t n, int64_t ignore_index) {
   return count;
 }
 
-int64_t linear_ce_chunk_rows(int64_t rows, int64_t V) {
-  AUTOSP_ASSERT(rows >= 0 && V > 0, "linear_cross_entropy rows ", rows, " V ", V);
-  return std::max<int64_t>(1, std::min({rows, kLinearCeChunkRows, kLinearCeChunkElems / V}));
-}
-int64_t linear_ce_scratch_elems(int64_t rows, int64_t V) { return linear_ce_chunk_rows(rows, V) * V; }
-
 template <class T>
 double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
                                 int64_t rows, int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows) {

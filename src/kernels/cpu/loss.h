@@ -4,9 +4,11 @@
 
 #include <cstdint>
 
+#include "kernels/kinds.h"  // kIgnoreIndex
+
 namespace autosp::cpu {
 
-inline constexpr int64_t kIgnoreIndex = -100;
+using kernels::kIgnoreIndex;
 
 // Returns Σ over valid rows of (logsumexp(logits[r]) - logits[r, label[r]]), accumulated in double.
 // A label outside [0, V) that is not ignore_index throws autosp::UsageError naming it.
@@ -32,14 +34,11 @@ void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, 
 // FusedLinearCrossEntropy and ALST's tiled loss. The GEMMs are gemm_batched (kernels/cpu/matmul.h);
 // the row loops run across threads; nothing depends on the thread count.
 
-// Logits elements a chunk may hold (256 MiB in f32: 523 rows of Llama 3's 128,256 tokens), and at
-// most kLinearCeChunkRows rows (a small vocabulary's chunk stays small). Each chunk's GEMMs pack
-// all of w again, so fewer rows cost time: at 65 rows of 128,256 (a 32 MiB chunk) the tiny Llama's
-// step took 2.6x as long as with 523 (docs/performance.md, 2026-12-02).
-inline constexpr int64_t kLinearCeChunkElems = int64_t(1) << 26;
-inline constexpr int64_t kLinearCeChunkRows = 4096;
-int64_t linear_ce_chunk_rows(int64_t rows, int64_t V);
-int64_t linear_ce_scratch_elems(int64_t rows, int64_t V);
+// The chunk (kernels/kinds.h, shared with the CUDA launcher).
+using kernels::kLinearCeChunkElems;
+using kernels::kLinearCeChunkRows;
+using kernels::linear_ce_chunk_rows;
+using kernels::linear_ce_scratch_elems;
 
 // Returns Σ over valid rows of logsumexp(x_r · wᵀ) - x_r · w[label_r] (each row's sum in double),
 // and writes predictions[r] = argmax_j (x_r · wᵀ)_j (first maximum on ties) for every row. A label

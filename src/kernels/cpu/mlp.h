@@ -12,11 +12,11 @@
 
 #include <cstdint>
 
+#include "kernels/kinds.h"  // kMlpChunkRows (the CUDA launcher runs the same chunks)
+
 namespace autosp::cpu {
 
-// Rows per chunk. 1024 keeps the GEMMs large enough to run at full speed (M = 1024) while the
-// scratch, 3 · 1024 · I elements, stays a few MB for Llama-sized I and is independent of S.
-inline constexpr int64_t kMlpChunkRows = 1024;
+using kernels::kMlpChunkRows;
 
 template <class T>
 void swiglu_mlp_forward(const T* x, const T* w_gate, const T* w_up, const T* w_down, T* y, int64_t rows, int64_t C,

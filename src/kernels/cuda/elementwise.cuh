@@ -1,6 +1,6 @@
 // CUDA elementwise launchers: unary maps and their activation gradients, broadcasting binary ops,
 // strided copies, fill, dtype casts and the deterministic sums sum_to and sum_squares. The same
-// operations as kernels/cpu/elementwise.h (whose enums they reuse), over device pointers, enqueued
+// operations as kernels/cpu/elementwise.h (the kinds both take: kernels/kinds.h), over device pointers, enqueued
 // on `stream` (nothing synchronises). Knows nothing of graphs.
 //
 // T is float, double or bf16 for the arithmetic launchers (bf16 computes in float and rounds once
@@ -8,15 +8,16 @@
 // and stride arrays are host memory.
 #pragma once
 
-#include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/kinds.h"
+#include "tensor/strided.h"  // kMaxRank
 
 namespace autosp::cuda {
 
-using cpu::Binary;
-using cpu::kMaxRank;
-using cpu::Unary;
-using cpu::UnaryGrad;
+using cpu::kMaxRank;  // the tensor library's (tensor/strided.h)
+using kernels::Binary;
+using kernels::Unary;
+using kernels::UnaryGrad;
 
 // y[i] = f(x[i]) for i < n; `scalar` is the factor of Unary::scale. x and y may alias.
 template <class T>

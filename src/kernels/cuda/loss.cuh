@@ -10,12 +10,12 @@
 // a label outside [0, V) that is not ignore_index makes the loss NaN instead of reading out of bounds.
 #pragma once
 
-#include "kernels/cpu/loss.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/kinds.h"
 
 namespace autosp::cuda {
 
-using cpu::kIgnoreIndex;
+using kernels::kIgnoreIndex;
 
 // *loss (device) = Σ over valid rows of (logsumexp(logits[r]) - logits[r, label[r]]). Each row is
 // reduced by one block, the row losses are summed by one block in row order (in double):

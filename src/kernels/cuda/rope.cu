@@ -4,7 +4,7 @@
 // y[i + D/2]. Like the CPU kernel, every step is in acc_t<T> in Hugging Face's order —
 // inv_freq = 1 / theta^(2i/D), angle = pos · inv_freq, y = (x · cos) + (rotate_half(x) · sin) —
 // and products are rounded before the add (explicit _rn intrinsics, so nvcc does not fuse them
-// into an FMA). inv_freq is computed on the host by the CPU kernel's function (cpu::rope_inv_freq,
+// into an FMA). inv_freq is computed on the host by the CPU kernel's function (kernels::rope_inv_freq,
 // rope_scaling included) and passed as a kernel parameter: a 1-ulp difference in inv_freq would
 // move an angle of a late position by far more than the tolerance. cos/sin are recomputed per
 // head; they are cheap next to the memory traffic.
@@ -59,7 +59,7 @@ __global__ void rope_kernel(const T* x, const int64_t* position_ids, T* y, int64
 
 template <class T>
 void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S, int64_t D,
-                 double theta, const cpu::RopeScaling& scaling, double sign, cudaStream_t stream) {
+                 double theta, const RopeScaling& scaling, double sign, cudaStream_t stream) {
   AUTOSP_ASSERT(B >= 0 && N >= 0 && S >= 0, "rope sizes B ", B, " N ", N, " S ", S);
   AUTOSP_ASSERT(D > 0 && D % 2 == 0, "rope head dim ", D, " must be even");
   AUTOSP_ASSERT(D / 2 <= kMaxHalf, "rope head dim ", D, " > ", 2 * kMaxHalf);
@@ -68,7 +68,7 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
   const int64_t pairs = B * N * S * (D / 2);
   if (pairs == 0) return;
   InvFreq<A> inv_freq{};
-  cpu::rope_inv_freq(inv_freq.v, D, theta, scaling);  // the CPU kernel's values, bit for bit
+  kernels::rope_inv_freq(inv_freq.v, D, theta, scaling);  // the CPU kernel's values, bit for bit
   launch_kernel(rope_kernel<T>, grid_for(pairs, kBlock), kBlock, 0, stream, x, position_ids, y, N, S, D, pairs,
                 inv_freq, A(sign));
 }
@@ -79,21 +79,21 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
 
 template <class T>
 void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S, int64_t D,
-                  double theta, cudaStream_t stream, const cpu::RopeScaling& scaling) {
+                  double theta, cudaStream_t stream, const RopeScaling& scaling) {
   rope_rotate(x, position_ids, y, B, N, S, D, theta, scaling, 1.0, stream);
 }
 
 template <class T>
 void rope_backward(const T* dy, const int64_t* position_ids, T* dx, int64_t B, int64_t N, int64_t S, int64_t D,
-                   double theta, cudaStream_t stream, const cpu::RopeScaling& scaling) {
+                   double theta, cudaStream_t stream, const RopeScaling& scaling) {
   rope_rotate(dy, position_ids, dx, B, N, S, D, theta, scaling, -1.0, stream);
 }
 
 #define AUTOSP_INSTANTIATE(T)                                                                              \
   template void rope_forward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, double,  \
-                                cudaStream_t, const cpu::RopeScaling&);                                    \
+                                cudaStream_t, const RopeScaling&);                                    \
   template void rope_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, double, \
-                                 cudaStream_t, const cpu::RopeScaling&);
+                                 cudaStream_t, const RopeScaling&);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)
 AUTOSP_INSTANTIATE(bf16)

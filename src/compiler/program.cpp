@@ -1,9 +1,8 @@
 // Building a rank's program: model → mixed precision (bf16) → AutoSP pipeline → ZeRO-3's
 // parameter sharding → kernel fusion → autograd → activation checkpointing → ZeRO-3's per-unit
-// gathers → canonicalize, as one pipeline.
-#include "engine/program.h"
+// gathers → canonicalize, as one pipeline. The one place a PassContext is made (pass_context).
+#include "compiler/program.h"
 
-#include "comm/mesh.h"
 #include "graph/autograd.h"
 #include "graph/passes/autosp/autosp.h"
 #include "graph/passes/checkpoint_activations.h"
@@ -15,26 +14,34 @@
 
 namespace autosp {
 
-PassContext pass_context(const Config& cfg, int world_size, int world_rank) {
-  const RankLayout l = rank_layout(world_size, world_rank, static_cast<int>(cfg.sequence_parallel.autosp_size));
+namespace {
+
+// What every pass of the rank's program reads: where the rank sits, and from the config the ZeRO
+// mode and the fusion and checkpointing settings.
+PassContext pass_context(const Config& cfg, const RankLayout& layout) {
   PassContext ctx;
-  ctx.sp_size = l.sp;
-  ctx.sp_rank = l.sp_rank;
-  ctx.world_size = l.world_size;
-  ctx.zero_stage = cfg.zero_optimization.stage;
+  ctx.sp_size = layout.sp;
+  ctx.sp_rank = layout.sp_rank;
+  ctx.world_size = layout.world_size;
+  ctx.shard_parameters = zero_mode(cfg.zero_optimization, layout.world_size) == ZeroMode::sharded_parameters;
+  // No residual + norm fusion under activation checkpointing (it would cost memory there:
+  // passes/fuse_elementwise.h).
+  ctx.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
+  ctx.layer_scopes = layer_scopes(cfg.model);
   return ctx;
 }
 
+}  // namespace
+
 DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
 
-
-std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const PassContext& ctx) {
+std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const RankLayout& layout) {
   std::vector<ProgramPass> out;
   if (dtype == DType::bf16) out.push_back({{"mixed_precision", passes::mixed_precision, true}, Stage::forward});
-  if (ctx.world_size > 1)
-    for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::autosp});
-  const bool zero3 = ctx.zero_stage == 3 && ctx.world_size > 1;
-  if (zero3) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::autosp});
+  if (layout.world_size > 1)
+    for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::rank_forward});
+  const bool zero3 = zero_mode(cfg.zero_optimization, layout.world_size) == ZeroMode::sharded_parameters;
+  if (zero3) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::rank_forward});
   if (cfg.runtime.fuse_kernels) out.push_back({{"fuse_elementwise", passes::fuse_elementwise, true}, Stage::joint});
   out.push_back({{"autograd", passes::autograd, true}, Stage::joint});
   if (cfg.runtime.activation_checkpointing)
@@ -46,21 +53,12 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
 
 namespace {
 
-PassContext program_context(const Config& cfg, const PassContext& ctx) {
-  PassContext full = ctx;
-  // No residual + norm fusion under activation checkpointing (it would cost memory there:
-  // passes/fuse_elementwise.h).
-  full.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
-  full.layer_scopes = layer_scopes(cfg.model);
-  return full;
-}
-
-RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx) {
+RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const RankLayout& layout) {
   RankProgram p;
   p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train,
                           {.document_mask = cfg.data.document_mask, .tiled_mlp = cfg.runtime.tiled_mlp,
                            .tiled_loss = cfg.runtime.tiled_loss});
-  run_pipeline(*p.graph, passes, program_context(cfg, ctx));
+  run_pipeline(*p.graph, passes, pass_context(cfg, layout));
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
   // Gradients are the graph's Role::gradient outputs, in the order of the parameters (autograd).
   std::vector<Node*> grads;
@@ -80,7 +78,7 @@ RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>&
 std::string_view stage_name(Stage s) {
   switch (s) {
     case Stage::forward: return "forward";
-    case Stage::autosp: return "autosp";
+    case Stage::rank_forward: return "rank_forward";
     case Stage::joint: return "joint";
   }
   return "";
@@ -88,26 +86,27 @@ std::string_view stage_name(Stage s) {
 
 }  // namespace
 
-RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const PassContext& ctx) {
+RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const RankLayout& layout) {
   std::vector<Pass> passes;
-  for (const ProgramPass& p : program_passes(cfg, dtype, ctx))
+  for (const ProgramPass& p : program_passes(cfg, dtype, layout))
     if (p.stage <= stage) passes.push_back(p.pass);
-  return run_program(cfg, dtype, passes, ctx);
+  return run_program(cfg, dtype, passes, layout);
 }
 
-RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const PassContext& ctx) {
-  for (Stage s : {Stage::forward, Stage::autosp, Stage::joint})
-    if (stop_after == stage_name(s)) return build_program(cfg, dtype, s, ctx);
-  const std::vector<ProgramPass> all = program_passes(cfg, dtype, ctx);
+RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const RankLayout& layout) {
+  if (stop_after == "autosp") return build_program(cfg, dtype, Stage::rank_forward, layout);  // the older name
+  for (Stage s : {Stage::forward, Stage::rank_forward, Stage::joint})
+    if (stop_after == stage_name(s)) return build_program(cfg, dtype, s, layout);
+  const std::vector<ProgramPass> all = program_passes(cfg, dtype, layout);
   std::vector<Pass> passes;
   std::string names;
   for (const ProgramPass& p : all) {
     passes.push_back(p.pass);
-    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, ctx);
+    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, layout);
     names += (names.empty() ? "" : ", ") + std::string(p.pass.name);
   }
-  throw UsageError(str("--stage '", stop_after, "': expected forward, autosp, joint or a pass this program runs (",
-                       names, ")"));
+  throw UsageError(str("--stage '", stop_after, "': expected forward, rank_forward (or autosp), joint or a pass ",
+                       "this program runs (", names, ")"));
 }
 
 }  // namespace autosp

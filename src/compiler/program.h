@@ -1,0 +1,65 @@
+// The program builder: the graph one rank runs. The model's forward graph, then every pass of the
+// program through one pipeline: mixed precision (bf16), the AutoSP passes for this rank of its SP
+// group (worlds of several ranks), ZeRO-3's parameter sharding, kernel fusion, autograd, activation
+// checkpointing, canonicalize. Shared by autosp-train, autosp-bench and autosp-graph so all show and
+// run the same thing. The passes' PassContext is built here and nowhere else: callers say where the
+// rank sits (comm/mesh.h RankLayout) and the config says the rest. Knows nothing of kernels,
+// devices, executors or training.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/mesh.h"
+#include "config/config.h"
+#include "graph/ir.h"
+#include "graph/passes/pass.h"
+
+namespace autosp {
+
+// Where a program stops: after the forward (and mixed precision); after the forward this one rank
+// runs (rank_forward: AutoSP and ZeRO-3's parameter sharding where they apply; on one rank the
+// plain forward, which validation runs too); or the whole joint forward + backward.
+enum class Stage { forward, rank_forward, joint };
+
+// One pass of a rank's program and the stage it belongs to.
+struct ProgramPass {
+  Pass pass;
+  Stage stage;
+};
+
+struct RankProgram {
+  std::unique_ptr<Graph> graph;
+  std::vector<std::string> param_names, grad_names;  // parallel lists (joint stage)
+  std::string loss;  // the output holding the reported (global) loss
+};
+
+// The dtype of the parameters, their gradients, the optimizer state, checkpoints and --init-from
+// weights for a run dtype: f32 master weights for a bf16 run, else the run dtype itself.
+DType master_dtype(DType run);
+
+// The passes of a rank's program, in order, each `PassResult run(Graph&, const PassContext&)`:
+//   forward  mixed_precision (bf16 runs: before AutoSP, which shards whatever dtype flows, and
+//            autograd, which differentiates the casts so f32 parameters get f32 gradients)
+//   rank_forward  the AutoSP pipeline (graph/passes/autosp/autosp.h; worlds of more than one
+//            rank), then shard_parameters (ZeroMode::sharded_parameters, i.e. stage 3 on such
+//            worlds: graph/passes/shard_parameters.h)
+//   joint    fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused
+//            ops, and before autograd, so the backward comes from the fused ops' vjps),
+//            autograd, checkpoint_activations (runtime.activation_checkpointing),
+//            regather_parameters (ZeRO-3: after every pass that places uses), canonicalize
+std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const RankLayout& layout = {});
+
+// The model built in master_dtype(dtype), then every pass of program_passes up to `stage`, through
+// one run_pipeline (the verifier after each pass; an error says "in pass X after [...]"), for the
+// rank `layout` places (comm/mesh.h: rank_layout(W, r, cfg.sequence_parallel.autosp_size), or the
+// trainer's ProcessMesh; the default is a world of one rank). AutoSP shards for the layout's sp.
+RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const RankLayout& layout = {});
+// The same, stopping after the named pass (its first occurrence) or stage ("forward",
+// "rank_forward" or its older name "autosp", "joint"); a name the program does not run is a
+// UsageError listing those it does.
+RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const RankLayout& layout = {});
+
+}  // namespace autosp
