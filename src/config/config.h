@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "device/attention_backend.h"
+#include "config/attention_backend.h"
 #include "models/model_config.h"
 #include "tensor/allocator.h"
 #include "tensor/dtype.h"
