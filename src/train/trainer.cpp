@@ -382,7 +382,7 @@ void save_step_checkpoint(const Config& cfg, int64_t step, const ParamMap& param
   save.keep_last = cfg.train.keep_checkpoints;
   save.before_commit = [&] { inject_fault(fault, FaultWhere::checkpoint, world.rank(), step, world); };
   const std::string dir =
-      save_checkpoint(cfg.train.checkpoint_dir, step, host_copy(params), host_copy(opt), cfg.resolved, save);
+      save_checkpoint(cfg.train.checkpoint_dir, step, host_copy(params), host_copy(opt), cfg, save);
   spdlog::info("saved checkpoint {}", dir);
 }
 
