@@ -49,10 +49,8 @@ RULES = {
 # Single headers a folder may include although the rules above forbid their folder. Each is a
 # plain enum with no include of ours.
 EXCEPTIONS = {
-    # The sdpa backend (runtime.attention): config parses it, the device runtime and the CUDA
-    # launchers read it. While it lives in device/ the config includes it from there; once it moves
-    # to config/ (issue 25), the device runtime includes it from there.
-    ("config", "device/attention_backend.h"),
+    # The sdpa backend (runtime.attention): config parses it, the device runtime checks that the
+    # build has it (device/cuda/device.h check_attention_backend).
     ("device", "config/attention_backend.h"),
 }
 

@@ -1,6 +1,8 @@
-// Config schema and validation. The schema is one table (key path, type, range or choices);
-// defaults come from the structs in config.h. A string key with a fixed set of values is stored
-// as its enum: the accepted strings are the enum's names (arch_name, ...), listed once below.
+// Config schema and validation. The schema is one table (key path, type, range or choices, and
+// how to set and get the key in Config); defaults come from the structs in config.h, and the
+// resolved config is every row's getter, so a key is written once here. A string key with a fixed
+// set of values is stored as its enum: the accepted strings are the enum's names (arch_name, ...),
+// listed once below.
 #include "config/config.h"
 
 #include <algorithm>
@@ -59,6 +61,7 @@ struct Key {
   std::string choices;  // "a|b|c" for strings, "" = any
   std::optional<Arch> arch;  // the only arch it applies to (none: all archs)
   std::function<void(Config&, const json&)> set;
+  std::function<json(const Config&)> get;  // the value the resolved config records (null: left out)
 };
 
 constexpr double kBig = 9.0e15;
@@ -71,23 +74,32 @@ constexpr std::array kDevices{DeviceKind::cpu, DeviceKind::cuda};
 constexpr std::array kAttention{AttentionBackend::flash, AttentionBackend::cudnn};
 constexpr std::array kDTypes{DType::f32, DType::f64, DType::bf16};
 
-template <class T, class S>
-auto field(T S::*sec, auto member) {
-  return [sec, member](Config& c, const json& v) { (c.*sec).*member = v.get<std::remove_reference_t<decltype((c.*sec).*member)>>(); };
+// F(section, name): a row's setter and getter of the field Config::section.name.
+template <class S, class M>
+auto field_set(S Config::*sec, M S::*member) {
+  return [sec, member](Config& c, const json& v) { (c.*sec).*member = v.get<M>(); };
 }
-#define F(section, name) field(&Config::section, &decltype(Config::section)::name)
+template <class S, class M>
+auto field_get(S Config::*sec, M S::*member) {
+  return [sec, member](const Config& c) { return json((c.*sec).*member); };
+}
+#define F(section, name)                                          \
+  field_set(&Config::section, &decltype(Config::section)::name), \
+      field_get(&Config::section, &decltype(Config::section)::name)
 
 // A string key stored as an enum: the choices are the names of `values`; check_value has checked
-// the string against them before the setter runs.
+// the string against them before the setter runs, and the getter gives the name back.
 template <class S, class E, size_t N>
 Key enum_key(const char* path, S Config::*sec, E S::*member, const std::array<E, N>& values,
              std::string_view (*name)(E)) {
   std::string choices;
   for (E e : values) choices += str(choices.empty() ? "" : "|", name(e));
-  return {path, Kind::string, 0, 0, choices, {}, [=](Config& c, const json& v) {
-            for (E e : values)
-              if (name(e) == v.get<std::string>()) (c.*sec).*member = e;
-          }};
+  auto set = [=](Config& c, const json& v) {
+    for (E e : values)
+      if (name(e) == v.get<std::string>()) (c.*sec).*member = e;
+  };
+  auto get = [=](const Config& c) { return json(name((c.*sec).*member)); };
+  return {path, Kind::string, 0, 0, choices, {}, set, get};
 }
 
 const std::vector<Key>& schema() {
@@ -103,8 +115,10 @@ const std::vector<Key>& schema() {
       {"model.rope_theta", Kind::number, 1, 1e12, "", Arch::llama, F(model, rope_theta)},
       {"model.norm_eps", Kind::number, 0, 1, "", {}, F(model, norm_eps)},
       {"model.tie_word_embeddings", Kind::boolean, 0, 0, "", Arch::llama, F(model, tie_word_embeddings)},
+      // HF's form (models/hf_config.h); none is null, which the resolved config leaves out.
       {"model.rope_scaling", Kind::object, 0, 0, "", Arch::llama,
-       [](Config& c, const json& v) { c.model.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); }},  // origin: parse_config
+       [](Config& c, const json& v) { c.model.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); },  // origin: parse_config
+       [](const Config& c) { return rope_scaling_json(c.model.rope_scaling); }},
       enum_key("data.source", &Config::data, &DataConfig::source, kSources, data_source_name),
       {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
       {"data.val_path", Kind::string, 0, 0, "", {}, F(data, val_path)},
@@ -453,35 +467,14 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
             "\")"));
 
-  // The resolved config, every key present.
+  // The resolved config: every key, as its row's getter gives it. A null (model.rope_scaling when
+  // none) is left out, as checkpoints have always recorded it, so theirs still compare equal.
   json r;
-  r["model"] = model_json(m);
-  r["data"] = {{"source", data_source_name(c.data.source)}, {"path", c.data.path}, {"val_path", c.data.val_path},
-               {"seq_len", c.data.seq_len}, {"batch_size", c.data.batch_size}, {"eos_token_id", c.data.eos_token_id},
-               {"document_mask", c.data.document_mask}};
-  const auto& t = c.train;
-  r["train"] = {{"steps", t.steps},         {"lr", t.lr},
-                {"min_lr", t.min_lr},       {"warmup_steps", t.warmup_steps},
-                {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
-                {"beta2", t.beta2},         {"eps", t.eps},
-                {"grad_clip", t.grad_clip}, {"seed", t.seed},
-                {"log_every", t.log_every}, {"eval_every", t.eval_every}, {"eval_batches", t.eval_batches},
-                {"checkpoint_dir", t.checkpoint_dir},
-                {"checkpoint_every", t.checkpoint_every}, {"keep_checkpoints", t.keep_checkpoints},
-                {"max_shard_mb", t.max_shard_mb},
-                {"save_timeout", t.save_timeout}};
-  r["runtime"] = {{"device", device_kind_name(c.runtime.device)},
-                  {"attention", attention_backend_name(c.runtime.attention)},
-                  {"dtype", dtype_torch_name(c.runtime.dtype)},
-                  {"threads", c.runtime.threads},
-                  {"activation_checkpointing", c.runtime.activation_checkpointing},
-                  {"tiled_mlp", c.runtime.tiled_mlp},
-                  {"tiled_loss", c.runtime.tiled_loss},
-                  {"fuse_kernels", c.runtime.fuse_kernels},
-                  {"overlap_grad_sync", c.runtime.overlap_grad_sync},
-                  {"grad_bucket_mb", c.runtime.grad_bucket_mb}};
-  r["sequence_parallel"] = {{"autosp_size", c.sequence_parallel.autosp_size}};
-  r["zero_optimization"] = {{"stage", c.zero_optimization.stage}};
+  for (const auto& k : schema()) {
+    AUTOSP_ASSERT(k.get, "config key ", k.path, " has no getter in the schema");
+    json v = k.get(c);
+    if (!v.is_null()) r[json::json_pointer(json_path(k.path))] = std::move(v);
+  }
   c.resolved = r;
   return c;
 }

@@ -1,10 +1,10 @@
 // The run configuration (config.json + --set overrides), parsed once and validated against one
-// schema table: an unknown key, a wrong type or a value out of range is a UsageError naming the
-// key path. Strings with a fixed set of values become enums here (model.arch → Arch, data.source
-// → DataSourceKind, runtime.device → DeviceKind, runtime.dtype → DType, runtime.attention →
-// AttentionBackend), so code that uses the config switches over them and never re-validates.
-// The model section is models/model_config.h (what the builders read); the rest is here.
-// Knows nothing of graphs or kernels.
+// schema table, which also writes the resolved config: an unknown key, a wrong type or a value out
+// of range is a UsageError naming the key path. Strings with a fixed set of values become enums
+// here (model.arch → Arch, data.source → DataSourceKind, runtime.device → DeviceKind,
+// runtime.dtype → DType, runtime.attention → AttentionBackend), so code that uses the config
+// switches over them and never re-validates. The model section is models/model_config.h (what the
+// builders read); the rest is here. Knows nothing of graphs or kernels.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "device/attention_backend.h"
+#include "config/attention_backend.h"
 #include "models/model_config.h"
 #include "tensor/allocator.h"
 #include "tensor/dtype.h"
@@ -113,8 +113,13 @@ struct Config {
   RuntimeConfig runtime;
   SequenceParallelConfig sequence_parallel;
   ZeroConfig zero_optimization;
-  nlohmann::json resolved;  // every key with its value after defaults and overrides
-  std::vector<std::string> warnings;  // keys that do not apply to the chosen arch, dropout not applied
+  // Every schema key with its value after defaults and overrides (model.rope_scaling only when
+  // set), as the log echoes it and a checkpoint's meta.json records it; parsing it again gives it
+  // back. Code reads the typed sections above, not this.
+  nlohmann::json resolved;
+  // Keys that do not apply to the chosen arch, HF settings accepted but not applied (a dropout),
+  // data.val_path without validation.
+  std::vector<std::string> warnings;
   std::vector<std::string> notes;     // for the log: model.from's accepted keys and overrides
   // model.from: the Hugging Face model directory the architecture came from, whose weights start
   // the run unless --init-from or --resume say otherwise ("" = none).
@@ -122,8 +127,9 @@ struct Config {
 };
 
 // Parse and validate. `j` may also be a bare Hugging Face config.json (models/hf_config.h): its
-// architecture with freshly initialised weights, as transformers' from_config. `overrides` are "key.path=value" strings (--set); a value is read as JSON
-// when it parses (numbers, true/false), otherwise as a string. `origin` names the source in errors.
+// architecture with freshly initialised weights, as transformers' from_config. `overrides` are
+// "key.path=value" strings (--set); a value is read as JSON when it parses (numbers, true/false),
+// otherwise as a string. `origin` names the source in errors.
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {},
                     const std::string& origin = "config");
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

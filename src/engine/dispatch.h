@@ -9,7 +9,7 @@
 #include <span>
 
 #include "comm/communicator.h"
-#include "device/attention_backend.h"
+#include "config/attention_backend.h"
 #include "graph/ir.h"
 #include "tensor/tensor.h"
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "device/attention_backend.h"
+#include "config/attention_backend.h"
 #include "graph/ir.h"
 #include "engine/memory_plan.h"
 #include "tensor/tensor.h"

@@ -331,7 +331,8 @@ HfModelConfig read_hf_model_dir(const std::string& dir) {
   return translate_hf_config(read_json_file(path, uint64_t{16} << 20), path);
 }
 
-json hf_config_json(const json& model, DType dtype) {
+json hf_config_json(const ModelConfig& m, DType dtype) {
+  const json model = model_json(m);
   auto get = [&](const char* k) { return model.contains(k) ? model[k] : json(); };  // null when absent
   const json arch = get("arch");
   const std::optional<Arch> named = arch.is_string() ? arch_named(arch.get<std::string>()) : std::nullopt;

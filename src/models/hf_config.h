@@ -44,13 +44,13 @@ bool is_hf_config(const nlohmann::json& j);
 RopeScalingConfig parse_rope_scaling(const nlohmann::json& j, const std::string& where);
 nlohmann::json rope_scaling_json(const RopeScalingConfig& s);  // null when none
 
-// Our model section with every key (the resolved form that checkpoints record); rope_scaling only
-// when set, so checkpoints written before it existed still compare equal.
+// Our model keys of `m`, every one (rope_scaling only when set), as the resolved config's model
+// section holds them (config/ writes that from its schema rows; tests/models/test_hf.cpp checks the
+// two agree).
 nlohmann::json model_json(const ModelConfig& m);
 
-// The HF config.json of a model (architectures, model_type, torch_dtype = `dtype`), from our
-// resolved model section.
-nlohmann::json hf_config_json(const nlohmann::json& model_section, DType dtype);
+// The HF config.json of a model (architectures, model_type, torch_dtype = `dtype`).
+nlohmann::json hf_config_json(const ModelConfig& m, DType dtype);
 
 // Refuses (UsageError naming the file and the first key that differs, in HF's and our name) an HF
 // directory whose config.json describes another model than `m` (max_position_embeddings aside: it

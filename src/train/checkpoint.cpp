@@ -281,20 +281,14 @@ namespace {
 // The weights as a Hugging Face model directory (config.json in HF keys, model.safetensors or
 // shards with their index; models/weights.h), then the optimizer state.
 std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& params,
-                                           const std::map<std::string, Tensor>& moments,
-                                           const nlohmann::json& resolved_config) {
-  const nlohmann::json shard = resolved_config.contains("train") && resolved_config["train"].is_object() &&
-                                       resolved_config["train"].contains("max_shard_mb")
-                                   ? resolved_config["train"]["max_shard_mb"]
-                                   : nlohmann::json();
-  const double shard_mb = shard.is_number() ? shard.get<double>() : 5000.0;  // train.max_shard_mb
+                                           const std::map<std::string, Tensor>& moments, const Config& cfg) {
   std::vector<std::string> names =
-      save_hf_weights(tmp.string(), params, static_cast<uint64_t>(shard_mb * 1e6));
+      save_hf_weights(tmp.string(), params, static_cast<uint64_t>(cfg.train.max_shard_mb * 1e6));
   for (const std::string& name : names) fsync_path(tmp / name);  // the index is written without one
-  if (resolved_config.contains("model") && resolved_config["model"].is_object() && !params.empty()) {
+  if (!params.empty()) {
     const std::string path = (tmp / "config.json").string();
     std::ofstream f(path);
-    f << hf_config_json(resolved_config["model"], params.begin()->second.dtype()).dump(2) << "\n";
+    f << hf_config_json(cfg.model, params.begin()->second.dtype()).dump(2) << "\n";
     if (!f.flush()) throw RuntimeFailure(str(path, ": write failed"));
     f.close();
     fsync_path(path);
@@ -306,9 +300,8 @@ std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& 
 }
 
 void write_files(const fs::path& tmp, const ParamMap& params, const std::map<std::string, Tensor>& moments,
-                 const AdamW& opt, const nlohmann::json& resolved_config, int64_t step,
-                 const std::function<void(const char*)>& at) {
-  const std::vector<std::string> names = write_model_files(tmp, params, moments, resolved_config);
+                 const AdamW& opt, const Config& cfg, int64_t step, const std::function<void(const char*)>& at) {
+  const std::vector<std::string> names = write_model_files(tmp, params, moments, cfg);
   at("files");
   // Checksums of what is on disk (read back), so a load sees exactly the bytes written here.
   nlohmann::json files = nlohmann::json::object();
@@ -323,9 +316,9 @@ void write_files(const fs::path& tmp, const ParamMap& params, const std::map<std
                          {"step", step},
                          {"optimizer_step", opt.step},
                          {"data_position", step},
-                         {"rng", {{"seed", resolved_config["train"]["seed"]}, {"state", "stateless (step, seed)"}}},
+                         {"rng", {{"seed", cfg.train.seed}, {"state", "stateless (step, seed)"}}},
                          {"files", files},
-                         {"config", resolved_config}};
+                         {"config", cfg.resolved}};
   {
     std::ofstream f(tmp / "meta.json");
     f << meta.dump(2) << "\n";
@@ -377,7 +370,7 @@ void commit(const fs::path& tmp, const fs::path& final_dir, const fs::path& root
 }  // namespace
 
 std::string save_checkpoint(const std::string& root, int64_t step, const ParamMap& params, const AdamW& opt,
-                            const nlohmann::json& resolved_config, const SaveOptions& options) {
+                            const Config& cfg, const SaveOptions& options) {
   // Nothing non-finite is ever written: such a checkpoint could only be refused on resume.
   std::map<std::string, Tensor> moments;
   for (const auto& [name, t] : opt.exp_avg) moments["exp_avg." + name] = t;
@@ -401,7 +394,7 @@ std::string save_checkpoint(const std::string& root, int64_t step, const ParamMa
   fs::create_directory(tmp, ec);
   if (ec) throw RuntimeFailure(str(tmp.string(), ": cannot create: ", ec.message()));
   try {
-    write_files(tmp, params, moments, opt, resolved_config, step, at);
+    write_files(tmp, params, moments, opt, cfg, step, at);
     at("synced");
     if (options.before_commit) options.before_commit();
     commit(tmp, final_dir, fs::path(root), at);
@@ -504,9 +497,9 @@ Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dty
             cfg.resolved["model"].dump()));
   // The data order is a function of (step, seed): another seed would not continue this run.
   if (meta.contains("rng") && meta["rng"].is_object() && meta["rng"].contains("seed") &&
-      meta["rng"]["seed"] != cfg.resolved["train"]["seed"])
-    bad(str("was written with train.seed ", meta["rng"]["seed"].dump(), ", this run has ",
-            cfg.resolved["train"]["seed"].dump(), ": the data order follows the seed, so set train.seed ",
+      meta["rng"]["seed"] != cfg.train.seed)
+    bad(str("was written with train.seed ", meta["rng"]["seed"].dump(), ", this run has ", cfg.train.seed,
+            ": the data order follows the seed, so set train.seed ",
             meta["rng"]["seed"].dump(), " to continue that run"));
   verify_files(dir, meta, meta_path);
 

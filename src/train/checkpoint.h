@@ -41,10 +41,11 @@ struct SaveOptions {
   std::function<void(const char* point)> at_point;
 };
 
-// Returns the checkpoint's directory. Non-finite parameters or moments are a RuntimeFailure, and
-// nothing is written. A write that fails leaves no temporary directory behind.
+// Returns the checkpoint's directory. `cfg` gives the model (config.json), train.max_shard_mb and
+// train.seed; meta.json records cfg.resolved. Non-finite parameters or moments are a RuntimeFailure,
+// and nothing is written. A write that fails leaves no temporary directory behind.
 std::string save_checkpoint(const std::string& root, int64_t step, const ParamMap& params, const AdamW& opt,
-                            const nlohmann::json& resolved_config, const SaveOptions& options = {});
+                            const Config& cfg, const SaveOptions& options = {});
 
 // `path` is a checkpoint directory (it has meta.json) or a root holding step_* directories (the
 // newest is used; a newest step_* without meta.json is a UsageError).

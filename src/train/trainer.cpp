@@ -130,7 +130,7 @@ void save_step_checkpoint(const Config& cfg, int64_t step, TrainState& state, co
   save.keep_last = cfg.train.keep_checkpoints;
   save.before_commit = [&] { inject_fault(fault, FaultWhere::checkpoint, world.rank(), step, world); };
   spdlog::info("saved checkpoint {}", save_checkpoint(cfg.train.checkpoint_dir, step, host_copy(params),
-                                                      host_copy(opt), cfg.resolved, save));
+                                                      host_copy(opt), cfg, save));
 }
 
 bool checkpoint_due(const Config& cfg, int64_t step, int64_t total) {

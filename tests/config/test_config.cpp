@@ -1,10 +1,11 @@
-// Config parsing: defaults, overrides, arch-specific keys, and a table of malformed configs that
-// must each give a UsageError naming the key.
+// Config parsing: defaults, overrides, arch-specific keys, a table of malformed configs that must
+// each give a UsageError naming the key, and the resolved config (every key, parsed back unchanged).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include "config/config.h"
 #include "tensor/check.h"
@@ -206,5 +207,74 @@ TEST_CASE("the shipped configs are valid", "[config]") {
   for (const auto& e : std::filesystem::directory_iterator(std::string(AUTOSP_SOURCE_DIR) + "/configs")) {
     INFO(e.path());
     CHECK_NOTHROW(load_config(e.path().string()));
+  }
+}
+
+namespace {
+
+// Every key with a value other than its default (llama, so every key applies), written here and
+// not taken from the schema: a schema key the resolved config leaves out, or one missing from this
+// list, fails the test below.
+const json kEveryKey = {
+    {"model",
+     {{"arch", "llama"}, {"vocab_size", 300}, {"hidden_size", 64}, {"num_hidden_layers", 3},
+      {"num_attention_heads", 8}, {"num_key_value_heads", 2}, {"intermediate_size", 96},
+      {"max_position_embeddings", 512}, {"rope_theta", 500000.0}, {"norm_eps", 1e-5}, {"tie_word_embeddings", true},
+      {"rope_scaling",
+       {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+        {"original_max_position_embeddings", 64}}}}},
+    {"data",
+     {{"source", "tokens"}, {"path", "train.bin"}, {"val_path", "val.bin"}, {"seq_len", 32}, {"batch_size", 3},
+      {"eos_token_id", 0}, {"document_mask", true}}},
+    {"train",
+     {{"steps", 7}, {"lr", 0.5}, {"min_lr", 0.25}, {"warmup_steps", 2}, {"weight_decay", 0.5}, {"beta1", 0.8},
+      {"beta2", 0.9}, {"eps", 1e-6}, {"grad_clip", 2.0}, {"seed", 7}, {"log_every", 2}, {"eval_every", 3},
+      {"eval_batches", 2}, {"checkpoint_dir", "ckpt"}, {"checkpoint_every", 4}, {"keep_checkpoints", 1},
+      {"max_shard_mb", 0.5}, {"save_timeout", 5.0}}},
+    {"runtime",
+     {{"device", "cuda"}, {"attention", "flash"}, {"dtype", "bfloat16"}, {"threads", 3},
+      {"activation_checkpointing", true}, {"tiled_mlp", true}, {"tiled_loss", true}, {"fuse_kernels", false},
+      {"overlap_grad_sync", false}, {"grad_bucket_mb", 8.0}}},
+    {"sequence_parallel", {{"autosp_size", 2}}},
+    {"zero_optimization", {{"stage", 3}}},
+};
+
+std::set<std::string> key_paths(const json& config) {
+  std::set<std::string> paths;
+  for (const auto& [section, body] : config.items())
+    for (const auto& [key, v] : body.items()) paths.insert(section + "." + key);
+  return paths;
+}
+
+}  // namespace
+
+TEST_CASE("the resolved config holds every key, and parsing it again gives it back", "[config]") {
+  const Config c = parse_config(kEveryKey, {}, "every.json");
+  CHECK(c.warnings.empty());
+  // Compared key by key first, so a failure names the key.
+  CHECK(key_paths(c.resolved) == key_paths(kEveryKey));
+  for (const auto& path : key_paths(kEveryKey)) {
+    INFO(path);
+    const json::json_pointer p("/" + path.substr(0, path.find('.')) + "/" + path.substr(path.find('.') + 1));
+    CHECK(c.resolved.contains(p));
+    if (c.resolved.contains(p)) CHECK(c.resolved[p] == kEveryKey[p]);
+  }
+  CHECK(c.resolved == kEveryKey);
+
+  // GPT-2 and the defaults: the llama-only keys are still recorded (their defaults); rope_scaling is
+  // left out when none.
+  std::set<std::string> without_rope = key_paths(kEveryKey);
+  without_rope.erase("model.rope_scaling");
+  CHECK(key_paths(parse_config(json::object()).resolved) == without_rope);
+
+  std::vector<Config> configs = {c, parse_config(json::object()),
+                                 parse_config(json::object(), {"model.arch=llama", "runtime.dtype=bfloat16"})};
+  for (const auto& e : std::filesystem::directory_iterator(std::string(AUTOSP_SOURCE_DIR) + "/configs"))
+    configs.push_back(load_config(e.path().string(), {"train.lr=0.01"}));
+  for (const Config& a : configs) {
+    INFO(a.resolved.dump());
+    const Config b = parse_config(a.resolved, {}, "resolved");
+    CHECK(b.resolved == a.resolved);
+    CHECK(b.resolved.dump() == a.resolved.dump());  // byte for byte, as checkpoints record it
   }
 }

@@ -152,7 +152,8 @@ TEST_CASE("model.from takes the directory's config; keys beside it override", "[
   CHECK(bare.model.hidden_size == 32);
   CHECK(bare.model_from.empty());
   // The checkpoint side: hf_config_json translates back to the same model.
-  CHECK(translate_hf_config(hf_config_json(c.resolved["model"], DType::f32), "back").model == c.resolved["model"]);
+  CHECK(translate_hf_config(hf_config_json(c.model, DType::f32), "back").model == c.resolved["model"]);
+  CHECK(model_json(c.model) == c.resolved["model"]);
 }
 
 TEST_CASE("sharded weights round-trip bit for bit, and an HF directory is checked", "[models][hf]") {
@@ -237,7 +238,7 @@ TEST_CASE("a checkpoint is a Hugging Face model directory, sharded above max_sha
     AdamW opt;
     opt.init(p);
     const std::string root = d / ("run" + std::to_string(shard_mb < 1));
-    const fs::path step = save_checkpoint(root, 5, p, opt, c.resolved);
+    const fs::path step = save_checkpoint(root, 5, p, opt, c);
     CHECK(fs::exists(step / "config.json"));
     CHECK(fs::exists(step / (shard_mb < 1 ? "model.safetensors.index.json" : "model.safetensors")));
     const json hf = json::parse(std::ifstream(step / "config.json"));

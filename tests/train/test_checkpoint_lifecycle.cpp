@@ -97,10 +97,10 @@ TEST_CASE("a re-save killed at any point leaves step_N complete, and the next sa
     INFO("killed at " << point);
     Fixture f(std::string("resave-") + point);
     const std::string root = (f.dir / "root").string();
-    save_checkpoint(root, 5, f.params, f.opt, f.cfg.resolved);  // the old copy: shift 0
+    save_checkpoint(root, 5, f.params, f.opt, f.cfg);  // the old copy: shift 0
     const ParamMap newer = f.shifted(1.0);
     const bool reached = killed_at(point, [&](const SaveOptions& o) {
-      save_checkpoint(root, 5, newer, f.opt, f.cfg.resolved, o);
+      save_checkpoint(root, 5, newer, f.opt, f.cfg, o);
     });
     if (!reached) continue;  // the other commit path
     ++reached_points;
@@ -110,7 +110,7 @@ TEST_CASE("a re-save killed at any point leaves step_N complete, and the next sa
     CHECK(load_checkpoint(root, f.cfg, DType::f32).step == 5);
     CHECK(f.shift_of(root) == (committed ? 1.0 : 0.0));
     // The next writer (this process) cleans what the dead one left before writing.
-    save_checkpoint(root, 6, f.params, f.opt, f.cfg.resolved);
+    save_checkpoint(root, 6, f.params, f.opt, f.cfg);
     CHECK(names_under(root) == std::vector<std::string>{"step_00000005", "step_00000006"});
   }
   CHECK(reached_points >= 4);  // files, synced, pruned, and the commit path's own point(s)
@@ -119,7 +119,7 @@ TEST_CASE("a re-save killed at any point leaves step_N complete, and the next sa
 TEST_CASE("a dead writer's moved-aside copy is put back when its step is missing", "[checkpoint]") {
   Fixture f("moved-aside");
   const fs::path root = f.dir / "root";
-  save_checkpoint(root.string(), 3, f.params, f.opt, f.cfg.resolved);
+  save_checkpoint(root.string(), 3, f.params, f.opt, f.cfg);
   // What a writer killed between its two renames (no RENAME_EXCHANGE) leaves: no step_3, the
   // complete old copy under its pid, and its new copy half-way.
   const pid_t dead = ::fork();
@@ -142,7 +142,7 @@ TEST_CASE("dead writers' leftovers are removed before a write, and a failed writ
   o.at_point = [&](const char* at) {
     if (std::string(at) == "files") gone_before_write = !fs::exists(root / ".step_00000009.tmp.999999999");
   };
-  save_checkpoint(root.string(), 1, f.params, f.opt, f.cfg.resolved, o);
+  save_checkpoint(root.string(), 1, f.params, f.opt, f.cfg, o);
   CHECK(gone_before_write);
   // A write that fails (ENOSPC would throw from the safetensors writer the same way) cleans up.
   for (const char* point : {"files", "synced"}) {
@@ -150,7 +150,7 @@ TEST_CASE("dead writers' leftovers are removed before a write, and a failed writ
     failing.at_point = [point](const char* at) {
       if (std::string(at) == point) throw RuntimeFailure("no space left on device");
     };
-    CHECK_THROWS_WITH(save_checkpoint(root.string(), 2, f.params, f.opt, f.cfg.resolved, failing),
+    CHECK_THROWS_WITH(save_checkpoint(root.string(), 2, f.params, f.opt, f.cfg, failing),
                       Catch::Contains("no space"));
     CHECK(names_under(root) == std::vector<std::string>{"step_00000001"});
   }
@@ -159,27 +159,27 @@ TEST_CASE("dead writers' leftovers are removed before a write, and a failed writ
 TEST_CASE("non-finite parameters or moments are never written", "[checkpoint]") {
   Fixture f("nonfinite");
   const fs::path root = f.dir / "root";
-  save_checkpoint(root.string(), 1, f.params, f.opt, f.cfg.resolved);
+  save_checkpoint(root.string(), 1, f.params, f.opt, f.cfg);
   ParamMap bad = f.params;
   std::vector<double> v = bad.begin()->second.to_doubles();
   v[0] = NAN;
   bad.begin()->second = f32_tensor(bad.begin()->second.shape(), v);
-  CHECK_THROWS_WITH(save_checkpoint(root.string(), 2, bad, f.opt, f.cfg.resolved),
+  CHECK_THROWS_WITH(save_checkpoint(root.string(), 2, bad, f.opt, f.cfg),
                     Catch::Contains(bad.begin()->first) && Catch::Contains("non-finite"));
   AdamW bad_opt = f.opt;
   std::vector<double> m = bad_opt.exp_avg_sq.begin()->second.to_doubles();
   m[0] = INFINITY;
   bad_opt.exp_avg_sq.begin()->second = f32_tensor(bad_opt.exp_avg_sq.begin()->second.shape(), m);
-  CHECK_THROWS_WITH(save_checkpoint(root.string(), 2, f.params, bad_opt, f.cfg.resolved),
+  CHECK_THROWS_WITH(save_checkpoint(root.string(), 2, f.params, bad_opt, f.cfg),
                     Catch::Contains("exp_avg_sq.") && Catch::Contains("non-finite"));
   CHECK(names_under(root) == std::vector<std::string>{"step_00000001"});
-  CHECK_THROWS_AS(save_checkpoint(root.string(), 2, bad, f.opt, f.cfg.resolved), RuntimeFailure);
+  CHECK_THROWS_AS(save_checkpoint(root.string(), 2, bad, f.opt, f.cfg), RuntimeFailure);
 }
 
 TEST_CASE("a newest step without meta.json is an error, not a silent step back", "[checkpoint]") {
   Fixture f("no-meta");
   const fs::path root = f.dir / "root";
-  save_checkpoint(root.string(), 5, f.params, f.opt, f.cfg.resolved);
+  save_checkpoint(root.string(), 5, f.params, f.opt, f.cfg);
   fs::create_directories(root / "step_00000007");
   CHECK_THROWS_WITH(load_checkpoint(root.string(), f.cfg, DType::f32),
                     Catch::Contains("step_00000007") && Catch::Contains("has no meta.json"));
@@ -224,7 +224,7 @@ TEST_CASE("move_aside keeps older checkpoints where they are and moves newer one
   Fixture f("aside");
   const fs::path root = f.dir / "root";
   CHECK(newest_step(root.string()) == -1);
-  for (int64_t s : {2, 4, 6}) save_checkpoint(root.string(), s, f.params, f.opt, f.cfg.resolved);
+  for (int64_t s : {2, 4, 6}) save_checkpoint(root.string(), s, f.params, f.opt, f.cfg);
   CHECK(newest_step(root.string()) == 6);
   CHECK(move_aside(root.string(), 6).empty());  // nothing newer than 6
   const std::string aside = move_aside(root.string(), 2);

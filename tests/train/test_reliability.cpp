@@ -118,7 +118,7 @@ TEST_CASE("checkpoints carry checksums, and a flipped byte is named", "[checkpoi
   ParamMap params = init_params(cfg.model, 1, DType::f32);
   AdamW opt;
   opt.init(params);
-  const std::string good = save_checkpoint((dir / "root").string(), 4, params, opt, cfg.resolved);
+  const std::string good = save_checkpoint((dir / "root").string(), 4, params, opt, cfg);
   nlohmann::json meta = nlohmann::json::parse(std::ifstream(fs::path(good) / "meta.json"));
   CHECK(meta["format"] == 2);
   for (const char* name : {"model.safetensors", "optimizer.safetensors"}) {
@@ -185,27 +185,27 @@ TEST_CASE("the newest K checkpoints are kept, and dead writers' leftovers remove
   fs::create_directories(root / ".step_00000001.tmp.999999999");
   const std::string live = ".step_00000001.tmp." + std::to_string(::getppid());
   fs::create_directories(root / live);
-  for (int64_t s = 1; s <= 5; ++s) save_checkpoint(root.string(), s, params, opt, cfg.resolved, keep3);
+  for (int64_t s = 1; s <= 5; ++s) save_checkpoint(root.string(), s, params, opt, cfg, keep3);
   CHECK(steps_under(root) == std::vector<std::string>{live, "step_00000003", "step_00000004", "step_00000005"});
 
   SaveOptions keep_all;  // 0 = keep every checkpoint
-  for (int64_t s = 6; s <= 9; ++s) save_checkpoint(root.string(), s, params, opt, cfg.resolved, keep_all);
+  for (int64_t s = 6; s <= 9; ++s) save_checkpoint(root.string(), s, params, opt, cfg, keep_all);
   CHECK(steps_under(root).size() == 8);
 
   // Newest by number, not by name: step 100000000 sorts before step 99999999 as text.
   const fs::path big = dir / "big";
-  save_checkpoint(big.string(), 99999999, params, opt, cfg.resolved);
-  save_checkpoint(big.string(), 100000000, params, opt, cfg.resolved);
+  save_checkpoint(big.string(), 99999999, params, opt, cfg);
+  save_checkpoint(big.string(), 100000000, params, opt, cfg);
   CHECK(load_checkpoint(big.string(), cfg, DType::f32).step == 100000000);
   SaveOptions keep1;
   keep1.keep_last = 1;
-  save_checkpoint(big.string(), 100000001, params, opt, cfg.resolved, keep1);
+  save_checkpoint(big.string(), 100000001, params, opt, cfg, keep1);
   CHECK(steps_under(big) == std::vector<std::string>{"step_100000001"});
 
   // A write interrupted before its rename leaves the previous checkpoint as the newest.
   SaveOptions interrupted = keep3;
   interrupted.before_commit = [] { throw RuntimeFailure("interrupted"); };
-  CHECK_THROWS_WITH(save_checkpoint(root.string(), 10, params, opt, cfg.resolved, interrupted), "interrupted");
+  CHECK_THROWS_WITH(save_checkpoint(root.string(), 10, params, opt, cfg, interrupted), "interrupted");
   CHECK_FALSE(fs::exists(root / "step_00000010"));
   CHECK(load_checkpoint(root.string(), cfg, DType::f32).step == 9);
   fs::remove_all(dir);

@@ -216,7 +216,7 @@ TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
   ParamMap params = init_params(cfg.model, 1, DType::f32);
   AdamW opt;
   opt.init(params);
-  const std::string good = save_checkpoint((dir / "root").string(), 4, params, opt, cfg.resolved);
+  const std::string good = save_checkpoint((dir / "root").string(), 4, params, opt, cfg);
   CHECK(load_checkpoint(good, cfg, DType::f32).step == 4);
 
   auto copy_of_good = [&](const std::string& name) {

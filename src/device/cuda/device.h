@@ -16,7 +16,7 @@
 // (nvcc was not found at configure time)").
 #pragma once
 
-#include "device/attention_backend.h"
+#include "config/attention_backend.h"
 #include "device/cuda/caching_allocator.h"
 #include "tensor/tensor.h"
 

@@ -1,7 +1,7 @@
-// The sdpa implementation on CUDA devices (runtime.attention): our flash attention
+// The sdpa implementation on CUDA devices, runtime.attention's values: our flash attention
 // (kernels/cuda/attention.cuh) or cuDNN's fused SDPA (kernels/cuda/cudnn_attention.cuh). A plain
-// enum that the config (which parses it), the executor's options and the CUDA launchers (which
-// read it from the KernelCall) share; no CUDA header, no state.
+// enum that lives with the config, which parses it; the executor's options and the CUDA launchers
+// (which read it from the KernelCall) include it from here. No CUDA header, no state.
 #pragma once
 
 #include <string_view>
