@@ -16,9 +16,9 @@ trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1
 fail=0
 rows=0
-check() {  # check NAME STATUS
+check() {  # check STATUS NAME: the status first, so `check $? "... $(cmd)"` sees the row's, not cmd's
   rows=$((rows + 1))
-  if [ "$2" -ne 0 ]; then echo "FAIL [$rows] $1"; fail=1; else echo "ok   [$rows] $1"; fi
+  if [ "$1" -ne 0 ]; then echo "FAIL [$rows] $2"; fail=1; else echo "ok   [$rows] $2"; fi
 }
 
 "$py" - "$tmp" <<'PY'
@@ -35,7 +35,7 @@ json.dump(paras + [json.loads(l)["text"] for l in open(os.path.join(d, "web.json
 PY
 "${prep[@]}" --out "$tmp/data" --train-tokenizer --vocab-size 300 --paragraphs --val-fraction 0.1 --shard-tokens 2000 \
   "$tmp/book.txt" "$tmp/web.jsonl" >"$tmp/prep.out" 2>&1
-check "prepare_data.py trains a BPE and writes shards: $(tail -1 "$tmp/prep.out" | cut -c1-200)" $?
+check $? "prepare_data.py trains a BPE and writes shards: $(tail -1 "$tmp/prep.out" | cut -c1-200)"
 
 "$py" - "$tmp" <<'PY'
 import glob, json, os, struct, sys
@@ -70,7 +70,7 @@ assert counts["val"][1] == 6, f"10% of 60 documents in val: {counts}"
 assert sorted(got) == want, "the shards decode to exactly the documents"
 print("round trip ok:", counts)
 PY
-check "the shards decode to the documents, EOS after each, 10% of them in val" $?
+check $? "the shards decode to the documents, EOS after each, 10% of them in val"
 
 cat >"$tmp/cfg.json" <<JSON
 {"model": {"arch": "gpt2", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
@@ -81,10 +81,10 @@ cat >"$tmp/cfg.json" <<JSON
  "runtime": {"threads": 1}}
 JSON
 "$bin/autosp-train" --config "$tmp/cfg.json" >"$tmp/train.out" 2>&1 && grep -q 'step 4/4 | val loss' "$tmp/train.out"
-check "autosp-train trains on them with validation: $(grep -m1 'val loss' "$tmp/train.out" | cut -c30-)" $?
+check $? "autosp-train trains on them with validation: $(grep -m1 'val loss' "$tmp/train.out" | cut -c30-)"
 "$bin/autosp-sample" --checkpoint "$tmp/ck" --tokenizer "$tmp/data/tokenizer.json" --prompt "alpha beta" \
   --max-new-tokens 6 >"$tmp/sample.out" 2>&1 && grep -q '^text: ' "$tmp/sample.out" && grep -q '^ids: ' "$tmp/sample.out"
-check "autosp-sample continues a text prompt through tokenizer.json: $(tr '\n' ' ' <"$tmp/sample.out" | cut -c1-160)" $?
+check $? "autosp-sample continues a text prompt through tokenizer.json: $(tr '\n' ' ' <"$tmp/sample.out" | cut -c1-160)"
 
 # row 'NEEDLE' ARGS...   (ARGS follow prepare_data.py)
 row() {
