@@ -2,9 +2,11 @@
 # scripts/prepare_data.py end to end: text paragraphs and JSONL documents become llm.c shards with a
 # train/val split and an EOS token after every document; decoding the shards with the saved
 # tokenizer.json gives back exactly the documents; autosp-train trains on them with validation;
-# autosp-sample continues a text prompt through the same tokenizer. Then one row per malformed
-# input: exit 2 with an `error:` line containing the row's text. Needs the venv of
-# scripts/hf-venv.sh (Hugging Face tokenizers); exit 77 (skipped) without it.
+# autosp-sample continues a text prompt through the same tokenizer. A second run into the same --out
+# is refused, and with --overwrite leaves no shard of the first (issue 31); "<|endoftext|>" written
+# inside a document stays text (one EOS per document). Then one row per malformed input: exit 2 and
+# exactly one line, `error:` with the row's text. Needs the venv of scripts/hf-venv.sh (Hugging
+# Face tokenizers); exit 77 (skipped) without it.
 #   prepare_data.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1
@@ -86,6 +88,50 @@ check $? "autosp-train trains on them with validation: $(grep -m1 'val loss' "$t
   --max-new-tokens 6 >"$tmp/sample.out" 2>&1 && grep -q '^text: ' "$tmp/sample.out" && grep -q '^ids: ' "$tmp/sample.out"
 check $? "autosp-sample continues a text prompt through tokenizer.json: $(tr '\n' ' ' <"$tmp/sample.out" | cut -c1-160)"
 
+# A reused --out: refused while it holds an earlier run's files; --overwrite removes every one of
+# them (the first run wrote 2+ train shards, this one writes 1) and leaves other files alone.
+echo "notes" >"$tmp/data/README"
+"${prep[@]}" --out "$tmp/data" --train-tokenizer --vocab-size 280 "$tmp/web.jsonl" >"$tmp/again.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <"$tmp/again.out")" -eq 1 ] \
+  && grep -q "^error: --out $tmp/data: holds the output of an earlier run (.*give --overwrite" "$tmp/again.out"
+check $? "a second run into the same --out is refused: exit $rc, $(head -c 150 "$tmp/again.out")"
+"${prep[@]}" --out "$tmp/data" --train-tokenizer --vocab-size 280 --val-fraction 0 --overwrite "$tmp/web.jsonl" \
+  >"$tmp/again.out" 2>&1 && "$py" - "$tmp/data" <<'PY'
+import glob, json, os, struct, sys
+from tokenizers import Tokenizer
+d = sys.argv[1]
+info = json.load(open(os.path.join(d, "data.json")))
+assert Tokenizer.from_file(os.path.join(d, "tokenizer.json")).get_vocab_size() == info["model"]["vocab_size"] == 280
+for split in ("train", "val"):
+    files = sorted(glob.glob(os.path.join(d, f"{split}_*.bin")))
+    n = sum(struct.unpack("<3i", open(p, "rb").read(12))[2] for p in files)
+    assert n == info["tokens"][split], f"{split}_*.bin hold {n} tokens in {len(files)} files, data.json says {info['tokens']}"
+assert info["documents"] == {"train": 20, "val": 0} and not glob.glob(os.path.join(d, "val_*.bin")), info
+assert open(os.path.join(d, "README")).read() == "notes\n", "other files stay"
+PY
+check $? "--overwrite: train_*.bin and val_*.bin hold exactly the new run's tokens, tokenizer.json is the new one"
+
+# "<|endoftext|>" inside a document is text: one EOS per document, with a trained and a given tokenizer.
+printf '%s\n' '{"text": "alpha <|endoftext|> beta"}' '{"text": "gamma</s><eos> delta"}' >"$tmp/special.jsonl"
+"${prep[@]}" --out "$tmp/sp1" --train-tokenizer --vocab-size 300 --val-fraction 0 "$tmp/special.jsonl" >/dev/null 2>&1 \
+  && "${prep[@]}" --out "$tmp/sp2" --tokenizer "$tmp/data/tokenizer.json" --val-fraction 0 "$tmp/special.jsonl" \
+    >/dev/null 2>&1 && "$py" - "$tmp" <<'PY'
+import json, os, struct, sys
+from tokenizers import Tokenizer
+for d in (os.path.join(sys.argv[1], "sp1"), os.path.join(sys.argv[1], "sp2")):
+    info = json.load(open(os.path.join(d, "data.json")))
+    raw = open(os.path.join(d, "train_000000.bin"), "rb").read()
+    ids = list(struct.unpack(f"<{struct.unpack('<3i', raw[:12])[2]}H", raw[1024:]))
+    eos = info["eos_token_id"]
+    assert ids.count(eos) == info["documents"]["train"] == 2, f"{d}: {ids.count(eos)} EOS ids for {info['documents']}"
+    assert ids[-1] == eos
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    docs = [tok.decode(ids[:ids.index(eos)]), tok.decode(ids[ids.index(eos) + 1:-1])]
+    assert docs == ["alpha <|endoftext|> beta", "gamma</s><eos> delta"], docs
+PY
+check $? "special-token text inside a document is encoded as text: 2 EOS ids for 2 documents"
+
 # row 'NEEDLE' ARGS...   (ARGS follow prepare_data.py)
 row() {
   local needle=$1
@@ -93,8 +139,8 @@ row() {
   rows=$((rows + 1))
   timeout -k 5 60 "${prep[@]}" "$@" >"$tmp/out" 2>&1 </dev/null
   local rc=$?
-  if [ $rc -ne 2 ] || ! grep -q "^error: .*$needle" "$tmp/out"; then
-    echo "FAIL [$rows] $*: exit $rc, expected 2 with an 'error:' line containing '$needle'; output:"
+  if [ $rc -ne 2 ] || [ "$(wc -l <"$tmp/out")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/out"; then
+    echo "FAIL [$rows] $*: exit $rc, expected 2 and one line, 'error:' containing '$needle'; output:"
     tail -3 "$tmp/out" | sed 's/^/    /'
     fail=1
   else
@@ -106,6 +152,10 @@ printf '{"body": "no text key"}\n' >"$tmp/nokey.jsonl"
 printf '\xff\xfe\x00bad' >"$tmp/binary.txt"
 echo 'not a tokenizer' >"$tmp/garbage.json"
 echo '{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}' >"$tmp/noeos.json"
+printf '{"text": "ok"}\n{"text": "caf\xff"}\n' >"$tmp/ff.jsonl"
+echo '{"text": "\ud800"}' >"$tmp/surrogate.jsonl"
+: >"$tmp/empty.txt"
+printf 'one paragraph\n\nanother\n' >"$tmp/two.txt"
 o=(--out "$tmp/bad")
 row 'missing.txt: not a file' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/missing.txt"
 row 'broken.jsonl:2: not valid JSON' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/broken.jsonl"
@@ -118,5 +168,13 @@ row 'give one of --tokenizer FILE or --train-tokenizer' "${o[@]}" "$tmp/book.txt
 row '\-\-vocab-size 100: a byte-level BPE needs at least 257' "${o[@]}" --train-tokenizer --vocab-size 100 "$tmp/book.txt"
 row '\-\-val-fraction 1.5' "${o[@]}" --train-tokenizer --vocab-size 300 --val-fraction 1.5 "$tmp/book.txt"
 row '\-\-shard-tokens 0' "${o[@]}" --train-tokenizer --vocab-size 300 --shard-tokens 0 "$tmp/book.txt"
+row '\-\-vocab-size: invalid int value' "${o[@]}" --train-tokenizer --vocab-size many "$tmp/book.txt"
+row 'ff.jsonl:2: not UTF-8 text' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/ff.jsonl"
+row "surrogate.jsonl:1: field 'text' holds a lone surrogate" "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/surrogate.jsonl"
+row "\-\-out $tmp/book.txt: exists and is not a directory" --out "$tmp/book.txt" --train-tokenizer --vocab-size 300 "$tmp/web.jsonl"
+row 'empty.txt: holds no document' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/empty.txt"
+row '\-\-val-fraction 0.9: puts all 2 documents into the validation split, so the train split is empty' \
+  "${o[@]}" --train-tokenizer --vocab-size 300 --paragraphs --val-fraction 0.9 "$tmp/two.txt"
+
 echo "$rows rows"
 exit $fail
