@@ -5,8 +5,10 @@
 # autosp-sample continues a text prompt through the same tokenizer. A second run into the same --out
 # is refused, and with --overwrite leaves no shard of the first (issue 31); "<|endoftext|>" written
 # inside a document stays text (one EOS per document). Then one row per malformed input: exit 2 and
-# exactly one line, `error:` with the row's text. Needs the venv of scripts/hf-venv.sh (Hugging
-# Face tokenizers); exit 77 (skipped) without it.
+# exactly one line, `error:` with the row's text; and a table of garbage inputs run in one process
+# (random bytes, truncated JSONL, invalid UTF-8, non-object lines, a directory...): each exit 2 with
+# one `error:` line naming the file, never a traceback. Needs the venv of scripts/hf-venv.sh
+# (Hugging Face tokenizers); exit 77 (skipped) without it.
 #   prepare_data.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1
@@ -176,5 +178,77 @@ row 'empty.txt: holds no document' "${o[@]}" --train-tokenizer --vocab-size 300 
 row '\-\-val-fraction 0.9: puts all 2 documents into the validation split, so the train split is empty' \
   "${o[@]}" --train-tokenizer --vocab-size 300 --paragraphs --val-fraction 0.9 "$tmp/two.txt"
 
+# Garbage inputs, one process (prepare_data.main() per case; a traceback is any exception but exit 2).
+"$py" - "$tmp" "$src/scripts/prepare_data.py" <<'PY'
+import contextlib, importlib.util, io, json, os, random, sys, traceback
+tmp, script = sys.argv[1], sys.argv[2]
+spec = importlib.util.spec_from_file_location("prepare_data", script)
+prep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prep)
+g = os.path.join(tmp, "garbage")
+os.makedirs(g)
+rng = random.Random(31)
+cases = []  # (file the error must name, extra args, input)
+
+
+def put(name, data, args=()):
+    path = os.path.join(g, name)
+    open(path, "wb").write(data)
+    cases.append((name, list(args), path))
+
+
+for i in range(4):
+    for ext in ("txt", "jsonl"):
+        put(f"random{i}.{ext}", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400))) + b"\xff")
+line = json.dumps({"id": 7, "text": "über — ü"}, ensure_ascii=False).encode()
+for cut in range(1, len(line) - 1, 3):
+    put(f"truncated{cut}.jsonl", b'{"text": "fine"}\n' + line[:cut])
+for i, bad in enumerate([b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82", b"\xf8\x88\x80\x80\x80", b"\x80"]):
+    put(f"utf8_{i}.txt", b"text " + bad + b" more")
+    put(f"utf8_{i}.jsonl", b'{"text": "' + bad + b'"}\n')
+for i, obj in enumerate([b"[1, 2]", b'"text"', b"null", b"123", b"true", b'{"text": 5}', b'{"text": null}',
+                         b'{"text": ["a"]}', b"{}", b"\xef\xbb\xbf{\"text\": \"bom\"}", b"[" * 100000,
+                         b'{"text": "a", "n": ' + b"9" * 5000 + b"}", b'{"text": "\\udfff x"}', b'{"text": "a"} x']):
+    put(f"object{i}.jsonl", b'{"text": "fine"}\n' + obj + b"\n")
+put("blank.jsonl", b"\n  \n\t\n")
+put("empty.jsonl", b"")
+put("space.txt", b" \n\n \t\n")
+put("space_para.txt", b"\n\n\n", ["--paragraphs"])
+os.makedirs(os.path.join(g, "adir"))
+cases.append(("adir", [], os.path.join(g, "adir")))
+os.mkfifo(os.path.join(g, "fifo"))
+cases.append(("fifo", [], os.path.join(g, "fifo")))
+good = os.path.join(g, "good.txt")
+open(good, "w").write("some text\n")
+for i, data in enumerate([bytes(rng.randrange(256) for _ in range(300)), b"", b"[]", b"{}", b'{"model": 1}']):
+    path = os.path.join(g, f"tokenizer{i}.json")
+    open(path, "wb").write(data)
+    cases.append((f"tokenizer{i}.json", ["--tokenizer", path], good))
+cases.append(("--out", ["--out", good], good))
+
+bad = 0
+for needle, args, path in cases:
+    argv = ["prepare_data.py", "--out", os.path.join(g, "out")] + args + [path]
+    if "--tokenizer" not in args:
+        argv[3:3] = ["--train-tokenizer", "--vocab-size", "300"]
+    out, err, code = io.StringIO(), io.StringIO(), None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            sys.argv = argv
+            prep.main()
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        except BaseException:  # noqa: BLE001 - what would have been a traceback
+            code = "traceback:\n" + traceback.format_exc()
+    lines = err.getvalue().splitlines()
+    if code != 2 or len(lines) != 1 or not lines[0].startswith("error: ") or needle not in lines[0]:
+        bad += 1
+        print(f"FAIL {' '.join(argv[1:])}: exit {code}, expected 2 and one 'error:' line naming {needle}; "
+              f"stderr: {err.getvalue()[-600:]!r}")
+print(f"{len(cases) - bad} of {len(cases)} garbage inputs: exit 2 and one error: line naming the file")
+sys.exit(1 if bad else 0)
+PY
+check $? "garbage inputs (random bytes, truncated JSONL, invalid UTF-8, non-object lines, a directory, bad tokenizers)"
 echo "$rows rows"
 exit $fail
