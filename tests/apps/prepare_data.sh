@@ -2,9 +2,13 @@
 # scripts/prepare_data.py end to end: text paragraphs and JSONL documents become llm.c shards with a
 # train/val split and an EOS token after every document; decoding the shards with the saved
 # tokenizer.json gives back exactly the documents; autosp-train trains on them with validation;
-# autosp-sample continues a text prompt through the same tokenizer. Then one row per malformed
-# input: exit 2 with an `error:` line containing the row's text. Needs the venv of
-# scripts/hf-venv.sh (Hugging Face tokenizers); exit 77 (skipped) without it.
+# autosp-sample continues a text prompt through the same tokenizer. A second run into the same --out
+# is refused, and with --overwrite leaves no shard of the first (issue 31); "<|endoftext|>" written
+# inside a document stays text (one EOS per document). Then one row per malformed input: exit 2 and
+# exactly one line, `error:` with the row's text; and a table of garbage inputs run in one process
+# (random bytes, truncated JSONL, invalid UTF-8, non-object lines, a directory...): each exit 2 with
+# one `error:` line naming the file, never a traceback. Needs the venv of scripts/hf-venv.sh
+# (Hugging Face tokenizers); exit 77 (skipped) without it.
 #   prepare_data.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1
@@ -16,9 +20,9 @@ trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1
 fail=0
 rows=0
-check() {  # check NAME STATUS
+check() {  # check STATUS NAME: the status first, so `check $? "... $(cmd)"` sees the row's, not cmd's
   rows=$((rows + 1))
-  if [ "$2" -ne 0 ]; then echo "FAIL [$rows] $1"; fail=1; else echo "ok   [$rows] $1"; fi
+  if [ "$1" -ne 0 ]; then echo "FAIL [$rows] $2"; fail=1; else echo "ok   [$rows] $2"; fi
 }
 
 "$py" - "$tmp" <<'PY'
@@ -35,7 +39,7 @@ json.dump(paras + [json.loads(l)["text"] for l in open(os.path.join(d, "web.json
 PY
 "${prep[@]}" --out "$tmp/data" --train-tokenizer --vocab-size 300 --paragraphs --val-fraction 0.1 --shard-tokens 2000 \
   "$tmp/book.txt" "$tmp/web.jsonl" >"$tmp/prep.out" 2>&1
-check "prepare_data.py trains a BPE and writes shards: $(tail -1 "$tmp/prep.out" | cut -c1-200)" $?
+check $? "prepare_data.py trains a BPE and writes shards: $(tail -1 "$tmp/prep.out" | cut -c1-200)"
 
 "$py" - "$tmp" <<'PY'
 import glob, json, os, struct, sys
@@ -70,7 +74,7 @@ assert counts["val"][1] == 6, f"10% of 60 documents in val: {counts}"
 assert sorted(got) == want, "the shards decode to exactly the documents"
 print("round trip ok:", counts)
 PY
-check "the shards decode to the documents, EOS after each, 10% of them in val" $?
+check $? "the shards decode to the documents, EOS after each, 10% of them in val"
 
 cat >"$tmp/cfg.json" <<JSON
 {"model": {"arch": "gpt2", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
@@ -81,10 +85,54 @@ cat >"$tmp/cfg.json" <<JSON
  "runtime": {"threads": 1}}
 JSON
 "$bin/autosp-train" --config "$tmp/cfg.json" >"$tmp/train.out" 2>&1 && grep -q 'step 4/4 | val loss' "$tmp/train.out"
-check "autosp-train trains on them with validation: $(grep -m1 'val loss' "$tmp/train.out" | cut -c30-)" $?
+check $? "autosp-train trains on them with validation: $(grep -m1 'val loss' "$tmp/train.out" | cut -c30-)"
 "$bin/autosp-sample" --checkpoint "$tmp/ck" --tokenizer "$tmp/data/tokenizer.json" --prompt "alpha beta" \
   --max-new-tokens 6 >"$tmp/sample.out" 2>&1 && grep -q '^text: ' "$tmp/sample.out" && grep -q '^ids: ' "$tmp/sample.out"
-check "autosp-sample continues a text prompt through tokenizer.json: $(tr '\n' ' ' <"$tmp/sample.out" | cut -c1-160)" $?
+check $? "autosp-sample continues a text prompt through tokenizer.json: $(tr '\n' ' ' <"$tmp/sample.out" | cut -c1-160)"
+
+# A reused --out: refused while it holds an earlier run's files; --overwrite removes every one of
+# them (the first run wrote 2+ train shards, this one writes 1) and leaves other files alone.
+echo "notes" >"$tmp/data/README"
+"${prep[@]}" --out "$tmp/data" --train-tokenizer --vocab-size 280 "$tmp/web.jsonl" >"$tmp/again.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <"$tmp/again.out")" -eq 1 ] \
+  && grep -q "^error: --out $tmp/data: holds the output of an earlier run (.*give --overwrite" "$tmp/again.out"
+check $? "a second run into the same --out is refused: exit $rc, $(head -c 150 "$tmp/again.out")"
+"${prep[@]}" --out "$tmp/data" --train-tokenizer --vocab-size 280 --val-fraction 0 --overwrite "$tmp/web.jsonl" \
+  >"$tmp/again.out" 2>&1 && "$py" - "$tmp/data" <<'PY'
+import glob, json, os, struct, sys
+from tokenizers import Tokenizer
+d = sys.argv[1]
+info = json.load(open(os.path.join(d, "data.json")))
+assert Tokenizer.from_file(os.path.join(d, "tokenizer.json")).get_vocab_size() == info["model"]["vocab_size"] == 280
+for split in ("train", "val"):
+    files = sorted(glob.glob(os.path.join(d, f"{split}_*.bin")))
+    n = sum(struct.unpack("<3i", open(p, "rb").read(12))[2] for p in files)
+    assert n == info["tokens"][split], f"{split}_*.bin hold {n} tokens in {len(files)} files, data.json says {info['tokens']}"
+assert info["documents"] == {"train": 20, "val": 0} and not glob.glob(os.path.join(d, "val_*.bin")), info
+assert open(os.path.join(d, "README")).read() == "notes\n", "other files stay"
+PY
+check $? "--overwrite: train_*.bin and val_*.bin hold exactly the new run's tokens, tokenizer.json is the new one"
+
+# "<|endoftext|>" inside a document is text: one EOS per document, with a trained and a given tokenizer.
+printf '%s\n' '{"text": "alpha <|endoftext|> beta"}' '{"text": "gamma</s><eos> delta"}' >"$tmp/special.jsonl"
+"${prep[@]}" --out "$tmp/sp1" --train-tokenizer --vocab-size 300 --val-fraction 0 "$tmp/special.jsonl" >/dev/null 2>&1 \
+  && "${prep[@]}" --out "$tmp/sp2" --tokenizer "$tmp/data/tokenizer.json" --val-fraction 0 "$tmp/special.jsonl" \
+    >/dev/null 2>&1 && "$py" - "$tmp" <<'PY'
+import json, os, struct, sys
+from tokenizers import Tokenizer
+for d in (os.path.join(sys.argv[1], "sp1"), os.path.join(sys.argv[1], "sp2")):
+    info = json.load(open(os.path.join(d, "data.json")))
+    raw = open(os.path.join(d, "train_000000.bin"), "rb").read()
+    ids = list(struct.unpack(f"<{struct.unpack('<3i', raw[:12])[2]}H", raw[1024:]))
+    eos = info["eos_token_id"]
+    assert ids.count(eos) == info["documents"]["train"] == 2, f"{d}: {ids.count(eos)} EOS ids for {info['documents']}"
+    assert ids[-1] == eos
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    docs = [tok.decode(ids[:ids.index(eos)]), tok.decode(ids[ids.index(eos) + 1:-1])]
+    assert docs == ["alpha <|endoftext|> beta", "gamma</s><eos> delta"], docs
+PY
+check $? "special-token text inside a document is encoded as text: 2 EOS ids for 2 documents"
 
 # row 'NEEDLE' ARGS...   (ARGS follow prepare_data.py)
 row() {
@@ -93,8 +141,8 @@ row() {
   rows=$((rows + 1))
   timeout -k 5 60 "${prep[@]}" "$@" >"$tmp/out" 2>&1 </dev/null
   local rc=$?
-  if [ $rc -ne 2 ] || ! grep -q "^error: .*$needle" "$tmp/out"; then
-    echo "FAIL [$rows] $*: exit $rc, expected 2 with an 'error:' line containing '$needle'; output:"
+  if [ $rc -ne 2 ] || [ "$(wc -l <"$tmp/out")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/out"; then
+    echo "FAIL [$rows] $*: exit $rc, expected 2 and one line, 'error:' containing '$needle'; output:"
     tail -3 "$tmp/out" | sed 's/^/    /'
     fail=1
   else
@@ -106,6 +154,10 @@ printf '{"body": "no text key"}\n' >"$tmp/nokey.jsonl"
 printf '\xff\xfe\x00bad' >"$tmp/binary.txt"
 echo 'not a tokenizer' >"$tmp/garbage.json"
 echo '{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}' >"$tmp/noeos.json"
+printf '{"text": "ok"}\n{"text": "caf\xff"}\n' >"$tmp/ff.jsonl"
+echo '{"text": "\ud800"}' >"$tmp/surrogate.jsonl"
+: >"$tmp/empty.txt"
+printf 'one paragraph\n\nanother\n' >"$tmp/two.txt"
 o=(--out "$tmp/bad")
 row 'missing.txt: not a file' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/missing.txt"
 row 'broken.jsonl:2: not valid JSON' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/broken.jsonl"
@@ -118,5 +170,85 @@ row 'give one of --tokenizer FILE or --train-tokenizer' "${o[@]}" "$tmp/book.txt
 row '\-\-vocab-size 100: a byte-level BPE needs at least 257' "${o[@]}" --train-tokenizer --vocab-size 100 "$tmp/book.txt"
 row '\-\-val-fraction 1.5' "${o[@]}" --train-tokenizer --vocab-size 300 --val-fraction 1.5 "$tmp/book.txt"
 row '\-\-shard-tokens 0' "${o[@]}" --train-tokenizer --vocab-size 300 --shard-tokens 0 "$tmp/book.txt"
+row '\-\-vocab-size: invalid int value' "${o[@]}" --train-tokenizer --vocab-size many "$tmp/book.txt"
+row 'ff.jsonl:2: not UTF-8 text' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/ff.jsonl"
+row "surrogate.jsonl:1: field 'text' holds a lone surrogate" "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/surrogate.jsonl"
+row "\-\-out $tmp/book.txt: exists and is not a directory" --out "$tmp/book.txt" --train-tokenizer --vocab-size 300 "$tmp/web.jsonl"
+row 'empty.txt: holds no document' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/empty.txt"
+row '\-\-val-fraction 0.9: puts all 2 documents into the validation split, so the train split is empty' \
+  "${o[@]}" --train-tokenizer --vocab-size 300 --paragraphs --val-fraction 0.9 "$tmp/two.txt"
+
+# Garbage inputs, one process (prepare_data.main() per case; a traceback is any exception but exit 2).
+"$py" - "$tmp" "$src/scripts/prepare_data.py" <<'PY'
+import contextlib, importlib.util, io, json, os, random, sys, traceback
+tmp, script = sys.argv[1], sys.argv[2]
+spec = importlib.util.spec_from_file_location("prepare_data", script)
+prep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prep)
+g = os.path.join(tmp, "garbage")
+os.makedirs(g)
+rng = random.Random(31)
+cases = []  # (file the error must name, extra args, input)
+
+
+def put(name, data, args=()):
+    path = os.path.join(g, name)
+    open(path, "wb").write(data)
+    cases.append((name, list(args), path))
+
+
+for i in range(4):
+    for ext in ("txt", "jsonl"):
+        put(f"random{i}.{ext}", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400))) + b"\xff")
+line = json.dumps({"id": 7, "text": "über — ü"}, ensure_ascii=False).encode()
+for cut in range(1, len(line) - 1, 3):
+    put(f"truncated{cut}.jsonl", b'{"text": "fine"}\n' + line[:cut])
+for i, bad in enumerate([b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82", b"\xf8\x88\x80\x80\x80", b"\x80"]):
+    put(f"utf8_{i}.txt", b"text " + bad + b" more")
+    put(f"utf8_{i}.jsonl", b'{"text": "' + bad + b'"}\n')
+for i, obj in enumerate([b"[1, 2]", b'"text"', b"null", b"123", b"true", b'{"text": 5}', b'{"text": null}',
+                         b'{"text": ["a"]}', b"{}", b"\xef\xbb\xbf{\"text\": \"bom\"}", b"[" * 100000,
+                         b'{"text": "a", "n": ' + b"9" * 5000 + b"}", b'{"text": "\\udfff x"}', b'{"text": "a"} x']):
+    put(f"object{i}.jsonl", b'{"text": "fine"}\n' + obj + b"\n")
+put("blank.jsonl", b"\n  \n\t\n")
+put("empty.jsonl", b"")
+put("space.txt", b" \n\n \t\n")
+put("space_para.txt", b"\n\n\n", ["--paragraphs"])
+os.makedirs(os.path.join(g, "adir"))
+cases.append(("adir", [], os.path.join(g, "adir")))
+os.mkfifo(os.path.join(g, "fifo"))
+cases.append(("fifo", [], os.path.join(g, "fifo")))
+good = os.path.join(g, "good.txt")
+open(good, "w").write("some text\n")
+for i, data in enumerate([bytes(rng.randrange(256) for _ in range(300)), b"", b"[]", b"{}", b'{"model": 1}']):
+    path = os.path.join(g, f"tokenizer{i}.json")
+    open(path, "wb").write(data)
+    cases.append((f"tokenizer{i}.json", ["--tokenizer", path], good))
+cases.append(("--out", ["--out", good], good))
+
+bad = 0
+for needle, args, path in cases:
+    argv = ["prepare_data.py", "--out", os.path.join(g, "out")] + args + [path]
+    if "--tokenizer" not in args:
+        argv[3:3] = ["--train-tokenizer", "--vocab-size", "300"]
+    out, err, code = io.StringIO(), io.StringIO(), None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            sys.argv = argv
+            prep.main()
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        except BaseException:  # noqa: BLE001 - what would have been a traceback
+            code = "traceback:\n" + traceback.format_exc()
+    lines = err.getvalue().splitlines()
+    if code != 2 or len(lines) != 1 or not lines[0].startswith("error: ") or needle not in lines[0]:
+        bad += 1
+        print(f"FAIL {' '.join(argv[1:])}: exit {code}, expected 2 and one 'error:' line naming {needle}; "
+              f"stderr: {err.getvalue()[-600:]!r}")
+print(f"{len(cases) - bad} of {len(cases)} garbage inputs: exit 2 and one error: line naming the file")
+sys.exit(1 if bad else 0)
+PY
+check $? "garbage inputs (random bytes, truncated JSONL, invalid UTF-8, non-object lines, a directory, bad tokenizers)"
 echo "$rows rows"
 exit $fail
