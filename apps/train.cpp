@@ -148,10 +148,14 @@ int main(int argc, char** argv) {
       return 0;
     };
 
-    if (thread_ranks == 0) {
-      auto world = make_world_communicator();
-      return run_rank(*world);
-    }
+    auto world = make_world_communicator();
+    if (thread_ranks == 0) return run_rank(*world);
+    // Under mpirun every process would run its own job of thread ranks: the same steps twice in
+    // the metrics, and two writers of one checkpoint directory.
+    if (world->size() > 1)
+      throw UsageError(str("--thread-ranks ", thread_ranks, " under a launcher of ", world->size(),
+                           " processes: each would run its own job; use --thread-ranks in one process, or mpirun "
+                           "without it"));
     // Each rank thread gets its share of the cores unless runtime.threads says otherwise (an
     // OpenMP thread count is per calling thread); every rank returns the same code (preemption
     // is agreed), rank 0's is the process's.

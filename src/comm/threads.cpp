@@ -23,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -442,7 +443,15 @@ void run_thread_ranks(int ranks, const std::function<void(ThreadCommunicator& wo
   std::mutex mu;
   std::exception_ptr first;
   std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
+  // A rank thread that cannot start (the system's thread or memory limit) fails the job: the
+  // ranks already running see it broken, and all are joined before the error leaves.
+  auto start_failed = [&](int r, const std::system_error& e) {
+    job->broken.store(true);
+    for (auto& t : threads) t.join();
+    throw RuntimeFailure(str("--thread-ranks ", ranks, ": rank thread ", r, " could not start (", e.what(),
+                             "); try fewer ranks"));
+  };
+  for (int r = 0; r < ranks; ++r) try {
     threads.emplace_back([&, r] {
       try {
         StreamSlotScope slot(r + 1);  // a CUDA stream and allocator of its own on each device
@@ -456,6 +465,9 @@ void run_thread_ranks(int ranks, const std::function<void(ThreadCommunicator& wo
         job->broken.store(true);  // after `first`: the others' "another rank failed" come second
       }
     });
+  } catch (const std::system_error& e) {
+    start_failed(r, e);
+  }
   for (auto& t : threads) t.join();
   comms.clear();
   if (first) std::rethrow_exception(first);

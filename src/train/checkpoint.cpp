@@ -454,6 +454,14 @@ int64_t newest_step(const std::string& root) {
   return all.empty() ? -1 : all.front().first;
 }
 
+int64_t newest_complete_step_before(const std::string& root, int64_t before) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return -1;
+  for (const auto& [step, dir] : list_step_dirs(root))
+    if (step < before && fs::is_regular_file(dir / "meta.json", ec)) return step;
+  return -1;
+}
+
 std::string move_aside(const std::string& root, int64_t newer_than) {
   std::vector<fs::path> moving;
   for (const auto& [step, dir] : list_step_dirs(root))

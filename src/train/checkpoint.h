@@ -67,6 +67,8 @@ class DirLock {
 
 // The newest step_N under `root` (complete or not), or -1 when there is none.
 int64_t newest_step(const std::string& root);
+// The newest complete step_N (it has its meta.json) with N < `before`, or -1 when there is none.
+int64_t newest_complete_step_before(const std::string& root, int64_t before);
 
 // Moves the step_N directories under `root` with N > `newer_than` (every one for -1) into a new
 // `root/previous-<UTC time>-<pid>/`, where nothing looks for checkpoints; returns that directory, or

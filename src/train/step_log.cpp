@@ -30,7 +30,12 @@ void StepLog::run_start(Device dev, const std::string& data, size_t num_params,
 }
 
 void StepLog::step(const StepRecord& rec) {
-  const bool due = rec.step % cfg_.train.log_every == 0 || rec.step == total_ || rec.step == start_ + 1 || rec.evaluated;
+  if (lead_ && rec.skipped)
+    spdlog::warn("step {}: no position of the batch is scored (every label is -100: an all-EOS window under "
+                 "data.document_mask, or fully masked data); skipped without an update",
+                 rec.step);
+  const bool due = rec.step % cfg_.train.log_every == 0 || rec.step == total_ || rec.step == start_ + 1 ||
+                   rec.evaluated || rec.skipped;
   if (!lead_ || !due) return;
   auto file_log = spdlog::get("train.log");
   if (!quiet_ || file_log) {
@@ -55,6 +60,7 @@ void StepLog::step(const StepRecord& rec) {
                         {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
                         {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes}};
     if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
+    if (rec.skipped) m["skipped"] = true;  // its loss and norm are NaN (null in JSON)
     if (rec.evaluated) m["val_loss"] = rec.val_loss, m["val_accuracy"] = rec.val_accuracy;
     metrics_ << m.dump() << "\n" << std::flush;
     if (!metrics_) throw RuntimeFailure(str("--metrics ", metrics_path_, ": write failed (disk full or I/O error)"));

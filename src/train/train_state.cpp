@@ -34,7 +34,6 @@ class BucketedGradients {
                                        static_cast<size_t>(cfg.runtime.grad_bucket_mb * 1024 * 1024), mode);
   }
 
-  bool synced(const Node& n) const { return slot_of_.count(&n) > 0; }
   void offer(const Node& n, const Tensor& v) {
     if (!sync_) return;
     if (auto it = slot_of_.find(&n); it != slot_of_.end()) sync_->ready(it->second, v);
@@ -89,7 +88,6 @@ class ReplicatedState final : public TrainState {
   }
   const ParamMap& graph_params() const override { return params_; }
   void offer(const Node& n, const Tensor& v) override { grads_->offer(n, v); }
-  bool synced_gradient(const Node& n) const override { return grads_->synced(n); }
   void finish_backward(const RunResult& r) override { step_grads_ = grads_->collect(r); }
   double grad_norm(Communicator&) override { return global_grad_norm(step_grads_); }
   void update(const TrainConfig& t, double norm, double lr) override {
@@ -126,7 +124,6 @@ class ShardedMomentsState final : public TrainState {
   const ParamMap& graph_params() const override { return params_; }
   std::set<std::string> transient_outputs() const override { return transient_; }
   void offer(const Node& n, const Tensor& v) override { grads_->offer(n, v); }
-  bool synced_gradient(const Node& n) const override { return grads_->synced(n); }
   void finish_backward(const RunResult&) override { shards_ = grads_->collect_shards(); }
   double grad_norm(Communicator& host) override { return zopt_->grad_norm(shards_, host); }
   void update(const TrainConfig& t, double norm, double lr) override {

@@ -40,8 +40,6 @@ class TrainState {
 
   // The executor's hook for each value: a gradient goes to its bucket, started buckets progress.
   virtual void offer(const Node& /*n*/, const Tensor& /*value*/) {}
-  // Whether `n` is a gradient that offer() synchronises (where AUTOSP_FAULT kind nan strikes).
-  virtual bool synced_gradient(const Node& /*n*/) const { return false; }
   // After the run: this step's gradients, summed over the world (or this rank's summed shards).
   virtual void finish_backward(const RunResult& r) = 0;
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 
@@ -19,6 +20,7 @@
 #include "device/cuda/device.h"
 #include "device/host.h"
 #include "engine/executor.h"
+#include "graph/ops.h"  // kIgnoreIndex
 #include "models/weights.h"
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"
@@ -109,13 +111,43 @@ void inject_nan_into(const std::optional<Fault>& fault, int rank, int64_t step, 
   if (g[0].device() != grad.device()) copy_on_device(to_device(g[0], grad.device()), grad);
 }
 
-// Loss and norm are all-reduced, so every rank stops here together, before a bad update reaches
-// the parameters or a checkpoint.
-void check_finite(const StepRecord& rec) {
-  if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm))
-    throw RuntimeFailure(str("step ", rec.step, ": loss ", rec.loss, ", gradient norm ", rec.grad_norm,
-                             " is not finite; stopping before the update (try a lower train.lr or more "
-                             "train.warmup_steps, and --resume from the last checkpoint)"));
+// The graph's gradient outputs: where AUTOSP_FAULT kind nan strikes, at every ZeRO mode (the
+// executor's hook sees each once it is final: summed, or this rank's reduce-scattered shard).
+std::unordered_set<const Node*> gradient_nodes(const RankProgram& prog) {
+  std::unordered_set<const Node*> out;
+  for (const std::string& name : prog.grad_names) out.insert(prog.graph->find(name));
+  return out;
+}
+
+// Whether no rank's batch has a scored position (every label -100: an all-EOS window under
+// data.document_mask, fully masked data), so the token-mean loss is 0/0. Every rank calls it
+// together (one integer all-reduce).
+bool no_scored_token(const Batch& batch, Communicator& host_world) {
+  int64_t scored = 0;
+  const int64_t* labels = batch.labels.data<int64_t>();
+  for (int64_t i = 0; i < batch.labels.numel(); ++i) scored += labels[i] != kIgnoreIndex;
+  Tensor total = Tensor::from_vector<int64_t>({1}, {scored});
+  host_world.all_reduce_sum(total);
+  return total.data<int64_t>()[0] == 0;
+}
+
+// A non-finite loss or norm. Loss and norm are all-reduced, so every rank stops here together,
+// before the update. The parameters that gave it are those after the previous step, which its
+// checkpoint already holds: the advice names an older one.
+[[noreturn]] void diverged(const StepRecord& rec, const Config& cfg) {
+  const std::string& root = cfg.train.checkpoint_dir;
+  const int64_t older = root.empty() ? -1 : newest_complete_step_before(root, rec.step - 1);
+  const std::string advice =
+      older >= 0 ? fmt::format("resume from a checkpoint before step {} with a lower train.lr or more "
+                               "train.warmup_steps: --resume {}/step_{:08d}",
+                               rec.step - 1, root, older)
+      : root.empty() ? std::string("start again with a lower train.lr or more train.warmup_steps (set "
+                                   "train.checkpoint_dir to keep checkpoints to resume from)")
+                     : fmt::format("no checkpoint before step {} to resume from: start again with a lower "
+                                   "train.lr or more train.warmup_steps", rec.step - 1);
+  throw RuntimeFailure(str("step ", rec.step, ": loss ", rec.loss, ", gradient norm ", rec.grad_norm,
+                           " is not finite; stopping before the update (the parameters after step ", rec.step - 1,
+                           " give it: ", advice, ")"));
 }
 
 // Rank 0 writes the checkpoint of `step` under train.checkpoint_dir from the whole state (gathered
@@ -179,6 +211,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
                                                              *comms, dev);
   const bool score_each_step = cfg.data.source == DataSourceKind::synthetic && args.accuracy;
   const Executor ex(*prog.graph, exec_options(cfg, *state, score_each_step));
+  const std::unordered_set<const Node*> gradients = gradient_nodes(prog);
   StepLog log(args, start.step, total, cfg, world.rank() == 0);
   log.run_start(dev, data->describe(), num_params, validation ? validation->data->describe() : "");
   const int64_t tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * mesh.dp;
@@ -194,7 +227,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     const GradSyncStats synced_before = state->sync_stats();
     RunResult r = ex.run(run_feeds(batch, state->graph_params(), cfg.model.vocab_size, dev), comms->groups,
                          [&](const Node& n, const Tensor& v) {
-                           if (state->synced_gradient(n)) inject_nan_into(fault, world.rank(), rec.step, v);
+                           if (gradients.count(&n)) inject_nan_into(fault, world.rank(), rec.step, v);
                            state->offer(n, v);
                          });
     state->finish_backward(r);
@@ -205,9 +238,11 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     }
     rec.loss = host_copy(r.outputs.at(prog.loss)).to_doubles()[0];
     rec.grad_norm = state->grad_norm(*comms->host_world);
-    check_finite(rec);
     rec.lr = lr_at(cfg.train, step, total);
-    state->update(cfg.train, rec.grad_norm, rec.lr);
+    const bool finite = std::isfinite(rec.loss) && std::isfinite(rec.grad_norm);
+    rec.skipped = !finite && no_scored_token(batch, *comms->host_world);  // 0/0: the data's, not a divergence
+    if (!finite && !rec.skipped) diverged(rec, cfg);
+    if (!rec.skipped) state->update(cfg.train, rec.grad_norm, rec.lr);
     if (score_each_step) rec.accuracy = score_accuracy(r, batch, mesh, *comms->host_world);
     if (dev.kind == DeviceKind::cuda) synchronize();  // the step's queued device work belongs to its time
     rec.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

@@ -37,6 +37,9 @@ struct StepRecord {
   double grad_sync_wait_ms = 0;  // the part of it after the backward (GradSyncStats::wait_seconds)
   size_t peak_bytes = 0;
   double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources or when not scored)
+  // No rank's batch had a scored position (every label -100), so the loss was 0/0: no update this
+  // step (the data and the learning-rate schedule move on).
+  bool skipped = false;
   // Validation after this step (train.eval_every, and after the last step): the mean over
   // train.eval_batches validation batches of each batch's loss (the global token mean, like the
   // training loss), and the fraction of labelled positions whose argmax is the label. Forward only:

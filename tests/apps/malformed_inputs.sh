@@ -202,6 +202,7 @@ row '\-\-start-over needs train.checkpoint_dir' "${c[@]}" --start-over
 row '\-\-thread-ranks 0: expected >= 1' "${c[@]}" --thread-ranks 0
 row "\-\-thread-ranks 'two': expected an integer" "${c[@]}" --thread-ranks two
 row 'autosp_size 2 does not divide the world size 3' "${c[@]}" --thread-ranks 3 --set sequence_parallel.autosp_size=2
+row mpi '\-\-thread-ranks 2 under a launcher of 2 processes: each would run its own job' "${c[@]}" --thread-ranks 2
 row env:AUTOSP_FAULT=rank:1,step:x,kind:exit "AUTOSP_FAULT='rank:1,step:x,kind:exit': step 'x'" "${c[@]}"
 row env:AUTOSP_FAULT=rank:5,step:1,kind:exit 'AUTOSP_FAULT=.*rank 5 does not exist in a job of 1 rank' "${c[@]}"
 row env:AUTOSP_COLLECTIVE_TIMEOUT=soon "AUTOSP_COLLECTIVE_TIMEOUT='soon'" "${c[@]}"

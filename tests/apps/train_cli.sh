@@ -104,5 +104,20 @@ expect_usage_error "metrics" "$bin" --config "$tmp/cfg.json" --metrics "$tmp/no/
 expect_usage_error "does not divide the world size" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=4
 expect_usage_error "attention heads" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=2 --set model.num_attention_heads=1 --set model.num_key_value_heads=1
 
+# A rank thread that cannot start (here the address-space limit stops thread ~100 of 4096) ends
+# the job with exit 3 naming it, after the ranks already running have stopped (it once let the
+# exception unwind past joinable threads: std::terminate, SIGABRT). Not under ASan, whose shadow
+# memory needs more address space than the limit.
+if [ -z "${ASAN_OPTIONS:-}" ]; then
+  (ulimit -v 3000000 && timeout -k 5 60 "$bin" --config "$tmp/cfg.json" --steps 1 --thread-ranks 4096 --quiet) \
+    >"$tmp/threads.log" 2>&1
+  rc=$?
+  if [ $rc -ne 3 ] || ! grep -q '^error: --thread-ranks 4096: rank thread [0-9]* could not start' "$tmp/threads.log"; then
+    echo "FAIL: --thread-ranks 4096 under ulimit -v: exit $rc, expected 3 with a 'could not start' line:"
+    tail -3 "$tmp/threads.log"
+    fail=1
+  fi
+fi
+
 if [ $fail -eq 0 ]; then echo "train_cli: all checks passed"; fi
 exit $fail

@@ -5,6 +5,8 @@
 #       its step 4 gradients become NaN): the job must end well within the bound, with a non-zero
 #       exit code and a clear message, and the last checkpoint (step 2) must load and train on in a
 #       single process.
+#   nan-zero3              nan at zero_optimization.stage 3, whose gradients the graph reduce-scatters
+#       (no bucket): the injection must reach them too.
 #   checkpoint-crash       rank 0 dies of SIGSEGV while writing step 4's checkpoint (files written,
 #       not yet renamed): step 4 must not appear, and --resume must continue from step 2 with the
 #       same losses as an uninterrupted run.
@@ -43,10 +45,13 @@ run() {
 }
 
 case $kind in
-  exit | abort | crash | hang | nan)
+  exit | abort | crash | hang | nan | nan-zero3)
+    extra=()
+    [ "$kind" = nan-zero3 ] && kind=nan extra=(--set zero_optimization.stage=3)
     # The hang is ended by rank 0's watchdog: a 5 s limit on one collective.
     AUTOSP_COLLECTIVE_TIMEOUT=5 AUTOSP_FAULT="rank:1,step:4,kind:$kind" \
-      run "$tmp/log" "${mpirun[@]}" "$bin" --config "$tmp/cfg.json" --set "train.checkpoint_dir=$tmp/ck" --quiet
+      run "$tmp/log" "${mpirun[@]}" "$bin" --config "$tmp/cfg.json" --set "train.checkpoint_dir=$tmp/ck" --quiet \
+      "${extra[@]}"
     echo "--- fault run: exit code $rc after ${elapsed}s"
     cat "$tmp/log"
     echo "---"
@@ -58,7 +63,7 @@ case $kind in
       abort) needle='^error: AUTOSP_FAULT: rank 1 injected abort at step 4$' want_rc=3 ;;
       crash) needle='rank 1 .*exited on signal 11' want_rc=any ;;
       hang) needle='^error: rank 0 waited more than 5 s in .* at step 4: another rank has died or hangs' want_rc=3 ;;
-      nan) needle='^error: step 4: loss [0-9.]*, gradient norm nan is not finite; stopping before the update' want_rc=3 ;;
+      nan) needle="^error: step 4: loss [0-9.]*, gradient norm nan is not finite; stopping before the update .*--resume $tmp/ck/step_00000002\)$" want_rc=3 ;;
     esac
     grep -Eq "$needle" "$tmp/log" || say_fail "no line matching /$needle/"
     [ "$want_rc" = any ] || [ $rc -eq "$want_rc" ] || say_fail "exit code $rc, expected $want_rc"

@@ -1,12 +1,15 @@
 // The training loop: AdamW + warmup/cosine + clipping against torch.optim.AdamW over 5 steps
-// (tests/ref/train_ref.py), exact resume, a falling loss on the synthetic task, checkpoint checks.
+// (tests/ref/train_ref.py), exact resume, a falling loss on the synthetic task, checkpoint checks,
+// a batch with no scored position skipped, and the advice a divergence gives.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "common/env_var.h"
 #include "common/llmc_shard.h"
 #include "models/weights.h"
 #include "train/checkpoint.h"
@@ -271,4 +274,60 @@ TEST_CASE("the default config's loss falls", "[trainer]") {
   for (int k = 75; k < 80; ++k) last += r.steps[k].loss / 5;
   INFO("mean loss of the first 5 steps " << first << ", of the last 5 " << last);
   CHECK(last < first - 0.5);  // ln(vocab 83) = 4.42 at the start
+}
+
+TEST_CASE("a batch with no scored position is skipped without an update, not called a divergence", "[trainer]") {
+  // Every token is the EOS (id 0) and attention stays inside documents: every target is an EOS's,
+  // ignored, so the token-mean loss is 0/0.
+  const fs::path dir = temp_dir("unscored");
+  testing::write_llmc_shard(dir / "eos.bin", 2000, 1, 3);
+  Config cfg = parse_config(nlohmann::json::parse(R"({
+    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
+    "data": {"source": "tokens", "seq_len": 32, "batch_size": 2, "eos_token_id": 0, "document_mask": true},
+    "train": {"steps": 3, "warmup_steps": 1, "log_every": 100},
+    "runtime": {"threads": 2}})"),
+                            {"data.path=" + (dir / "eos.bin").string()});
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  const ParamMap start = init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), DType::f32);
+  TrainResult r = train(cfg, ta, *world);  // before: "loss nan ... not finite" (RuntimeFailure)
+  REQUIRE(r.steps.size() == 3);
+  for (const StepRecord& s : r.steps) {
+    CHECK(s.skipped);
+    CHECK(std::isnan(s.loss));
+  }
+  for (const auto& [name, p] : start) CHECK(p.to_doubles() == r.params.at(name).to_doubles());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a divergence's advice names a checkpoint from before the parameters that gave it", "[trainer]") {
+  const fs::path dir = temp_dir("diverged");
+  Config cfg = parse_config(nlohmann::json::parse(R"({
+    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
+    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
+    "train": {"steps": 6, "warmup_steps": 1, "checkpoint_every": 1, "log_every": 100},
+    "runtime": {"threads": 2}})"),
+                            {"train.checkpoint_dir=" + (dir / "ck").string()});
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  // Step 4's gradients NaN on the only rank (the hook reaches every mode's gradients, one rank too).
+  const testing::EnvVar fault("AUTOSP_FAULT", "rank:0,step:4,kind:nan");
+  try {
+    (void)train(cfg, ta, *world);
+    FAIL("the NaN gradients did not stop the run");
+  } catch (const RuntimeFailure& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK_THAT(what, Catch::StartsWith("step 4: loss"));
+    CHECK_THAT(what, Catch::Contains("gradient norm nan is not finite"));
+    // step_3 holds the parameters that gave the NaN; step_2 predates them.
+    CHECK_THAT(what, Catch::EndsWith("--resume " + (dir / "ck").string() + "/step_00000002)"));
+  }
+  CHECK(fs::exists(dir / "ck" / "step_00000003" / "meta.json"));
+  CHECK_FALSE(fs::exists(dir / "ck" / "step_00000004"));
+  fs::remove_all(dir);
 }
