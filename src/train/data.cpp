@@ -123,9 +123,19 @@ uint32_t le32(const unsigned char* p) {
 
 // A file mapped read-only (MAP_SHARED: the pages are the page cache's, never copied), unmapped at
 // the end. Nothing is read until a batch touches it.
+//
+// A mapped file must keep its size: a read of a page past a shrunk file's end is a SIGBUS that kills
+// the run without a word (`truncate`, or `cp` over it, which truncates it first). So each read is
+// preceded by check_unchanged(), a stat of the path: the mapping keeps the inode alive, so while the
+// path names the same device and inode its size is the mapped file's; a path replaced by rename
+// names another inode (our mapping still reads the old data, but the run's data changed under it).
+// No descriptor is kept open: a dataset of thousands of shards would exhaust the process's limit.
 class Mapping {
  public:
   Mapping(const std::string& path, const Fd& file, int64_t size) : size_(static_cast<size_t>(size)) {
+    struct stat st;
+    if (fstat(file.fd, &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
+    dev_ = st.st_dev, ino_ = st.st_ino;
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, file.fd, 0);
     if (p == MAP_FAILED) throw RuntimeFailure(str(path, ": cannot mmap (", std::strerror(errno), ")"));
     base_ = static_cast<const unsigned char*>(p);
@@ -135,6 +145,20 @@ class Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   const unsigned char* data() const { return base_; }
+  // A RuntimeFailure naming `path` when it is no longer the mapped file at its mapped size. A path
+  // that is gone (rm) is not a change: nothing can shrink the mapped inode any more.
+  void check_unchanged(const std::string& path) const {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) return;
+      throw RuntimeFailure(str(path, ": cannot stat the data file while the run reads it (", std::strerror(errno), ")"));
+    }
+    const bool same_file = st.st_dev == dev_ && st.st_ino == ino_;
+    if (same_file && static_cast<size_t>(st.st_size) == size_) return;
+    throw RuntimeFailure(str(path, ": the data file changed while the run read it (was ", size_, " bytes, now ",
+                             same_file ? "" : "another file of ", st.st_size, " bytes): a file a run reads must not "
+                             "be rewritten; write new data under a new name and resume from the last checkpoint"));
+  }
   // Drop [at, at + n) from this process's page tables (the page cache keeps it): what a batch read
   // stops counting in the rank's RSS, so RSS stays flat however much of the data a run sweeps.
   void release(size_t at, size_t n) const {
@@ -146,6 +170,8 @@ class Mapping {
  private:
   const unsigned char* base_ = nullptr;
   size_t size_ = 0;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
 };
 
 // One file of a token stream: its mapping, where its tokens start in it, their count and size
@@ -182,8 +208,9 @@ class StreamSource final : public DataSource {
     const int64_t n = total_, S = seq_len_;
     std::vector<int64_t> input(static_cast<size_t>(batch_ * S)), labels(input.size());
     std::vector<int64_t> window(static_cast<size_t>(S + 1));
+    std::vector<char> checked(segments_.size(), 0);  // the files this batch has checked unchanged
     for (int64_t b = 0; b < batch_; ++b) {
-      read_window(start_token(step, dp_rank, dp_size, batch_, b, S, n), window);
+      read_window(start_token(step, dp_rank, dp_size, batch_, b, S, n), window, checked);
       std::copy(window.begin(), window.end() - 1, input.begin() + b * S);
       std::copy(window.begin() + 1, window.end(), labels.begin() + b * S);
     }
@@ -194,12 +221,14 @@ class StreamSource final : public DataSource {
 
  private:
   // window.size() tokens from stream index `at`, wrapping at the end, across segment boundaries.
-  void read_window(int64_t at, std::vector<int64_t>& window) const {
+  // Each file is checked unchanged (Mapping::check_unchanged) before the batch first reads it.
+  void read_window(int64_t at, std::vector<int64_t>& window, std::vector<char>& checked) const {
     size_t k = segment_of(at);
     int64_t filled = 0;
     const int64_t want = static_cast<int64_t>(window.size());
     while (filled < want) {
       const Segment& s = segments_[k];
+      if (!checked[k]) s.map->check_unchanged(s.path), checked[k] = 1;
       const int64_t from = at - s.first, len = std::min(want - filled, s.count - from);
       for (int64_t i = 0; i < len; ++i) {
         const uint32_t tok = s.token(from + i);

@@ -104,5 +104,32 @@ expect_usage_error "metrics" "$bin" --config "$tmp/cfg.json" --metrics "$tmp/no/
 expect_usage_error "does not divide the world size" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=4
 expect_usage_error "attention heads" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=2 --set model.num_attention_heads=1 --set model.num_key_value_heads=1
 
+# A token shard truncated while the run reads it (issue 31): exit 3 naming the shard, not a SIGBUS
+# (exit 135, no message). The run has far more steps than it can take in the time limit; a
+# background subshell truncates the shard once the metrics file shows step 1, and the next batch
+# must find it. 4096 uint16 tokens: the reads soon leave the first page, all that a truncated
+# file keeps mapped.
+$py - "$tmp/shard.bin" <<'PY'
+import struct, sys
+n = 4096
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<3i", 20240520, 1, n) + bytes(1012) + struct.pack(f"<{n}H", *(i % 32 for i in range(n))))
+PY
+(
+  for _ in $(seq 600); do
+    [ -s "$tmp/mt.jsonl" ] && break
+    sleep 0.05
+  done
+  truncate -s 1024 "$tmp/shard.bin"
+) &
+timeout 60 "$bin" --config "$tmp/cfg.json" --set data.source=tokens --set "data.path=$tmp/shard.bin" \
+  --steps 1000000 --set train.log_every=1 --metrics "$tmp/mt.jsonl" --quiet >/dev/null 2>"$tmp/err"
+rc=$?
+wait
+if [ $rc -ne 3 ] || ! grep -q "^error: $tmp/shard.bin: the data file changed while the run read it (was 9216 bytes, now 1024 bytes)" "$tmp/err"; then
+  echo "FAIL: a shard truncated during the run: exit $rc with: $(grep -m3 . "$tmp/err") (expected exit 3 naming the shard)"
+  fail=1
+fi
+
 if [ $fail -eq 0 ]; then echo "train_cli: all checks passed"; fi
 exit $fail
