@@ -6,11 +6,14 @@
 
 #include <fcntl.h>
 #include <glob.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -146,7 +149,8 @@ class Mapping {
   Mapping& operator=(const Mapping&) = delete;
   const unsigned char* data() const { return base_; }
   // A RuntimeFailure naming `path` when it is no longer the mapped file at its mapped size. A path
-  // that is gone (rm) is not a change: nothing can shrink the mapped inode any more.
+  // that is gone (rm) is not a change: the mapping still holds the file (should another holder
+  // shrink it still, the read's SIGBUS guard below names it).
   void check_unchanged(const std::string& path) const {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
@@ -174,6 +178,35 @@ class Mapping {
   ino_t ino_ = 0;
 };
 
+// A SIGBUS while copy_tokens reads a mapping jumps back to it, which returns false: the race that
+// check_unchanged leaves (a file truncated between the check and the read), and a read error of
+// the file's device, both of which would otherwise kill the process without a word. The handler is
+// installed once, for the process; a SIGBUS anywhere else goes to the disposition it replaced.
+thread_local sigjmp_buf* t_sigbus_jump = nullptr;
+struct sigaction g_previous_sigbus;
+
+void on_sigbus(int sig, siginfo_t* info, void*) {
+  if (sigjmp_buf* jump = t_sigbus_jump) {
+    t_sigbus_jump = nullptr;
+    siglongjmp(*jump, 1);
+  }
+  // Not ours: restore the old disposition. A fault re-runs its instruction and faults again under
+  // it; a SIGBUS that was sent (kill) is raised again, to be delivered when this returns.
+  ::sigaction(sig, &g_previous_sigbus, nullptr);
+  if (info->si_code <= 0) ::raise(sig);
+}
+
+void install_sigbus_handler() {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // SIGBUS stays unblocked after the jump
+    sigemptyset(&sa.sa_mask);
+    return ::sigaction(SIGBUS, &sa, &g_previous_sigbus) == 0;
+  }();
+  (void)installed;
+}
+
 // One file of a token stream: its mapping, where its tokens start in it, their count and size
 // (1: text bytes, 2: uint16, 4: uint32), and the index of its first token in the whole stream.
 struct Segment {
@@ -191,6 +224,19 @@ struct Segment {
   }
 };
 
+// Tokens [from, from + n) of `s` into `out`; false when the read raised SIGBUS. Nothing here has
+// a destructor for the jump to skip; the signal fences keep the loads between the two stores.
+bool copy_tokens(const Segment& s, int64_t from, int64_t n, int64_t* out) {
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) return false;
+  t_sigbus_jump = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  for (int64_t i = 0; i < n; ++i) out[i] = s.token(from + i);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_sigbus_jump = nullptr;
+  return true;
+}
+
 // A token stream over mapped files (llm.c shards concatenated, or one text file), read in the
 // order of data.h: sequence b of step k on rank d is seq_len + 1 tokens from start_token(),
 // wrapping. Each token read is checked against the vocabulary there (a token ≥ vocab_size is a
@@ -200,6 +246,7 @@ class StreamSource final : public DataSource {
   StreamSource(std::vector<Segment> segments, int64_t seq_len, int64_t batch, int64_t vocab, std::string description)
       : segments_(std::move(segments)), seq_len_(seq_len), batch_(batch), vocab_(vocab),
         description_(std::move(description)) {
+    install_sigbus_handler();
     for (const Segment& s : segments_) total_ += s.count;
   }
 
@@ -230,12 +277,15 @@ class StreamSource final : public DataSource {
       const Segment& s = segments_[k];
       if (!checked[k]) s.map->check_unchanged(s.path), checked[k] = 1;
       const int64_t from = at - s.first, len = std::min(want - filled, s.count - from);
-      for (int64_t i = 0; i < len; ++i) {
-        const uint32_t tok = s.token(from + i);
-        if (static_cast<int64_t>(tok) >= vocab_)
-          throw UsageError(str(s.path, ": token ", tok, " at index ", from + i, " is ≥ vocab_size ", vocab_));
-        window[static_cast<size_t>(filled + i)] = tok;
+      int64_t* out = window.data() + filled;
+      if (!copy_tokens(s, from, len, out)) {  // a SIGBUS: the file shrank after the check, or an I/O error
+        s.map->check_unchanged(s.path);
+        throw RuntimeFailure(str(s.path, ": a read of the mapped data file failed (SIGBUS: the file shrank, or an I/O "
+                                 "error)"));
       }
+      for (int64_t i = 0; i < len; ++i)
+        if (out[i] >= vocab_)
+          throw UsageError(str(s.path, ": token ", out[i], " at index ", from + i, " is ≥ vocab_size ", vocab_));
       s.map->release(static_cast<size_t>(s.offset + from * s.token_size), static_cast<size_t>(len * s.token_size));
       filled += len;
       at += len;

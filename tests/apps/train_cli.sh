@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # autosp-train: the --metrics and --dump-grads contracts, the same first-step gradients from one
 # process and from 2 ranks with sequence parallelism 2, checkpoint + resume through the CLI, and
-# bad flags / configs / files giving an `error:` line with exit code 2.
+# bad flags / configs / files giving an `error:` line with exit code 2, and a token shard truncated
+# mid-run giving exit code 3 naming it.
 #   train_cli.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1/autosp-train

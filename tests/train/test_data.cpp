@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -565,8 +567,27 @@ TEST_CASE("data: a file that shrinks or is replaced under the run is a RuntimeFa
   const std::string kept = tmp.path("kept.bin");
   write_file(kept, full);
   auto src = make_data_source(data_cfg(DataSourceKind::tokens, kept, 64, 2), 65536, 0);
+  const int fd = ::open(kept.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
   REQUIRE(fs::remove(kept));
   check_row(src->get(40, 0, 1), 1, window(iota_tokens(0, 8192), (40 * 2 + 1) * 64, 65));
+  // Shrunk then by another holder, which no stat of the path can see (nor a truncate racing the
+  // check): the read's SIGBUS comes back as a RuntimeFailure naming the file.
+  REQUIRE(::ftruncate(fd, 1024) == 0);
+  ::close(fd);
+  CHECK_THROWS_MATCHES(src->get(40, 0, 1), RuntimeFailure,
+                       Catch::Message(kept + ": a read of the mapped data file failed (SIGBUS: the file shrank, or an "
+                                             "I/O error)"));
+  // The guard is scoped to the read: a SIGBUS anywhere else still ends the process with it.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::raise(SIGBUS);
+    _exit(0);  // not reached
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS));
 }
 
 TEST_CASE("format_example: context, then each answer with what the model said", "[data]") {
