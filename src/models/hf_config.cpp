@@ -143,6 +143,16 @@ bool same_value(const json& a, const json& b) {
   return a == b;
 }
 
+// What a config.json value must be to compare with ours (a JSON integer where ours is one, as
+// the config schema asks), or nullptr when its type fits.
+const char* type_mismatch(const json& theirs, const json& ours) {
+  if (ours.is_boolean() && !theirs.is_boolean()) return "true or false";
+  if (ours.is_number_integer() && !theirs.is_number_integer()) return "an integer";
+  if (ours.is_number() && !theirs.is_number()) return "a number";
+  if (ours.is_string() && !theirs.is_string()) return "a string";
+  return nullptr;
+}
+
 }  // namespace
 
 bool is_hf_config(const json& j) {
@@ -395,6 +405,11 @@ void check_hf_dir_matches(const std::string& dir, const ModelConfig& m) {
   };
   auto run = [&](const std::string& k) { return ours.contains(k) ? ours[k] : json(); };  // null when absent
   if (hf.model["arch"] != ours["arch"]) refuse("arch", hf.model["arch"], ours["arch"]);
+  // A value of the wrong type ("32" for an integer) is a malformed file, as model.from says, not
+  // another model.
+  for (auto it = hf.model.begin(); it != hf.model.end(); ++it)
+    if (const char* want = type_mismatch(*it, run(it.key())))
+      throw UsageError(str(path, ": ", hf_name(m.arch, it.key()), " = ", it->dump(), ": expected ", want));
   // max_position_embeddings changes neither the math of a Llama (RoPE takes any position) nor
   // weights without a check of their own (GPT-2's wpe has it as its shape).
   for (auto it = hf.model.begin(); it != hf.model.end(); ++it)

@@ -6,11 +6,14 @@
 
 #include <fcntl.h>
 #include <glob.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -123,9 +126,19 @@ uint32_t le32(const unsigned char* p) {
 
 // A file mapped read-only (MAP_SHARED: the pages are the page cache's, never copied), unmapped at
 // the end. Nothing is read until a batch touches it.
+//
+// A mapped file must keep its size: a read of a page past a shrunk file's end is a SIGBUS that kills
+// the run without a word (`truncate`, or `cp` over it, which truncates it first). So each read is
+// preceded by check_unchanged(), a stat of the path: the mapping keeps the inode alive, so while the
+// path names the same device and inode its size is the mapped file's; a path replaced by rename
+// names another inode (our mapping still reads the old data, but the run's data changed under it).
+// No descriptor is kept open: a dataset of thousands of shards would exhaust the process's limit.
 class Mapping {
  public:
   Mapping(const std::string& path, const Fd& file, int64_t size) : size_(static_cast<size_t>(size)) {
+    struct stat st;
+    if (fstat(file.fd, &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
+    dev_ = st.st_dev, ino_ = st.st_ino;
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, file.fd, 0);
     if (p == MAP_FAILED) throw RuntimeFailure(str(path, ": cannot mmap (", std::strerror(errno), ")"));
     base_ = static_cast<const unsigned char*>(p);
@@ -135,6 +148,21 @@ class Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   const unsigned char* data() const { return base_; }
+  // A RuntimeFailure naming `path` when it is no longer the mapped file at its mapped size. A path
+  // that is gone (rm) is not a change: the mapping still holds the file (should another holder
+  // shrink it still, the read's SIGBUS guard below names it).
+  void check_unchanged(const std::string& path) const {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) return;
+      throw RuntimeFailure(str(path, ": cannot stat the data file while the run reads it (", std::strerror(errno), ")"));
+    }
+    const bool same_file = st.st_dev == dev_ && st.st_ino == ino_;
+    if (same_file && static_cast<size_t>(st.st_size) == size_) return;
+    throw RuntimeFailure(str(path, ": the data file changed while the run read it (was ", size_, " bytes, now ",
+                             same_file ? "" : "another file of ", st.st_size, " bytes): a file a run reads must not "
+                             "be rewritten; write new data under a new name and resume from the last checkpoint"));
+  }
   // Drop [at, at + n) from this process's page tables (the page cache keeps it): what a batch read
   // stops counting in the rank's RSS, so RSS stays flat however much of the data a run sweeps.
   void release(size_t at, size_t n) const {
@@ -146,7 +174,38 @@ class Mapping {
  private:
   const unsigned char* base_ = nullptr;
   size_t size_ = 0;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
 };
+
+// A SIGBUS while copy_tokens reads a mapping jumps back to it, which returns false: the race that
+// check_unchanged leaves (a file truncated between the check and the read), and a read error of
+// the file's device, both of which would otherwise kill the process without a word. The handler is
+// installed once, for the process; a SIGBUS anywhere else goes to the disposition it replaced.
+thread_local sigjmp_buf* t_sigbus_jump = nullptr;
+struct sigaction g_previous_sigbus;
+
+void on_sigbus(int sig, siginfo_t* info, void*) {
+  if (sigjmp_buf* jump = t_sigbus_jump) {
+    t_sigbus_jump = nullptr;
+    siglongjmp(*jump, 1);
+  }
+  // Not ours: restore the old disposition. A fault re-runs its instruction and faults again under
+  // it; a SIGBUS that was sent (kill) is raised again, to be delivered when this returns.
+  ::sigaction(sig, &g_previous_sigbus, nullptr);
+  if (info->si_code <= 0) ::raise(sig);
+}
+
+void install_sigbus_handler() {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // SIGBUS stays unblocked after the jump
+    sigemptyset(&sa.sa_mask);
+    return ::sigaction(SIGBUS, &sa, &g_previous_sigbus) == 0;
+  }();
+  (void)installed;
+}
 
 // One file of a token stream: its mapping, where its tokens start in it, their count and size
 // (1: text bytes, 2: uint16, 4: uint32), and the index of its first token in the whole stream.
@@ -165,6 +224,19 @@ struct Segment {
   }
 };
 
+// Tokens [from, from + n) of `s` into `out`; false when the read raised SIGBUS. Nothing here has
+// a destructor for the jump to skip; the signal fences keep the loads between the two stores.
+bool copy_tokens(const Segment& s, int64_t from, int64_t n, int64_t* out) {
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) return false;
+  t_sigbus_jump = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  for (int64_t i = 0; i < n; ++i) out[i] = s.token(from + i);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_sigbus_jump = nullptr;
+  return true;
+}
+
 // A token stream over mapped files (llm.c shards concatenated, or one text file), read in the
 // order of data.h: sequence b of step k on rank d is seq_len + 1 tokens from start_token(),
 // wrapping. Each token read is checked against the vocabulary there (a token ≥ vocab_size is a
@@ -174,6 +246,7 @@ class StreamSource final : public DataSource {
   StreamSource(std::vector<Segment> segments, int64_t seq_len, int64_t batch, int64_t vocab, std::string description)
       : segments_(std::move(segments)), seq_len_(seq_len), batch_(batch), vocab_(vocab),
         description_(std::move(description)) {
+    install_sigbus_handler();
     for (const Segment& s : segments_) total_ += s.count;
   }
 
@@ -182,8 +255,9 @@ class StreamSource final : public DataSource {
     const int64_t n = total_, S = seq_len_;
     std::vector<int64_t> input(static_cast<size_t>(batch_ * S)), labels(input.size());
     std::vector<int64_t> window(static_cast<size_t>(S + 1));
+    std::vector<char> checked(segments_.size(), 0);  // the files this batch has checked unchanged
     for (int64_t b = 0; b < batch_; ++b) {
-      read_window(start_token(step, dp_rank, dp_size, batch_, b, S, n), window);
+      read_window(start_token(step, dp_rank, dp_size, batch_, b, S, n), window, checked);
       std::copy(window.begin(), window.end() - 1, input.begin() + b * S);
       std::copy(window.begin() + 1, window.end(), labels.begin() + b * S);
     }
@@ -194,19 +268,24 @@ class StreamSource final : public DataSource {
 
  private:
   // window.size() tokens from stream index `at`, wrapping at the end, across segment boundaries.
-  void read_window(int64_t at, std::vector<int64_t>& window) const {
+  // Each file is checked unchanged (Mapping::check_unchanged) before the batch first reads it.
+  void read_window(int64_t at, std::vector<int64_t>& window, std::vector<char>& checked) const {
     size_t k = segment_of(at);
     int64_t filled = 0;
     const int64_t want = static_cast<int64_t>(window.size());
     while (filled < want) {
       const Segment& s = segments_[k];
+      if (!checked[k]) s.map->check_unchanged(s.path), checked[k] = 1;
       const int64_t from = at - s.first, len = std::min(want - filled, s.count - from);
-      for (int64_t i = 0; i < len; ++i) {
-        const uint32_t tok = s.token(from + i);
-        if (static_cast<int64_t>(tok) >= vocab_)
-          throw UsageError(str(s.path, ": token ", tok, " at index ", from + i, " is ≥ vocab_size ", vocab_));
-        window[static_cast<size_t>(filled + i)] = tok;
+      int64_t* out = window.data() + filled;
+      if (!copy_tokens(s, from, len, out)) {  // a SIGBUS: the file shrank after the check, or an I/O error
+        s.map->check_unchanged(s.path);
+        throw RuntimeFailure(str(s.path, ": a read of the mapped data file failed (SIGBUS: the file shrank, or an I/O "
+                                 "error)"));
       }
+      for (int64_t i = 0; i < len; ++i)
+        if (out[i] >= vocab_)
+          throw UsageError(str(s.path, ": token ", out[i], " at index ", from + i, " is ≥ vocab_size ", vocab_));
       s.map->release(static_cast<size_t>(s.offset + from * s.token_size), static_cast<size_t>(len * s.token_size));
       filled += len;
       at += len;

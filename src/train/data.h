@@ -18,7 +18,10 @@
 // Token shards and text are memory-mapped, never read whole: opening one reads its header, a batch
 // reads its windows (and drops those pages from the rank's RSS again), so a rank's memory does
 // not grow with the dataset. Each token read is checked against the vocabulary when it is read.
-// Every malformed input (file, header, sizes, token ≥ vocab) is a UsageError naming the file.
+// Every malformed input (file, header, sizes, token ≥ vocab) is a UsageError naming the file. A
+// file that shrinks or is replaced while the run reads it (truncate, cp over it, rename onto it) is
+// a RuntimeFailure naming it, found before a batch reads it (a read past a shrunk mapping's end
+// would be a SIGBUS).
 //
 // Packed documents (data.document_mask with data.eos_token_id, tokens and text sources): a document
 // ends with its EOS, which belongs to it; a sequence's first token starts one. Then position_ids

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # autosp-train: the --metrics and --dump-grads contracts, the same first-step gradients from one
 # process and from 2 ranks with sequence parallelism 2, checkpoint + resume through the CLI, and
-# bad flags / configs / files giving an `error:` line with exit code 2.
+# bad flags / configs / files giving an `error:` line with exit code 2, and a token shard truncated
+# mid-run giving exit code 3 naming it.
 #   train_cli.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1/autosp-train
@@ -117,6 +118,33 @@ if [ -z "${ASAN_OPTIONS:-}" ]; then
     tail -3 "$tmp/threads.log"
     fail=1
   fi
+fi
+
+# A token shard truncated while the run reads it (issue 31): exit 3 naming the shard, not a SIGBUS
+# (exit 135, no message). The run has far more steps than it can take in the time limit; a
+# background subshell truncates the shard once the metrics file shows step 1, and the next batch
+# must find it. 4096 uint16 tokens: the reads soon leave the first page, all that a truncated
+# file keeps mapped.
+$py - "$tmp/shard.bin" <<'PY'
+import struct, sys
+n = 4096
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<3i", 20240520, 1, n) + bytes(1012) + struct.pack(f"<{n}H", *(i % 32 for i in range(n))))
+PY
+(
+  for _ in $(seq 600); do
+    [ -s "$tmp/mt.jsonl" ] && break
+    sleep 0.05
+  done
+  truncate -s 1024 "$tmp/shard.bin"
+) &
+timeout 60 "$bin" --config "$tmp/cfg.json" --set data.source=tokens --set "data.path=$tmp/shard.bin" \
+  --steps 1000000 --set train.log_every=1 --metrics "$tmp/mt.jsonl" --quiet >/dev/null 2>"$tmp/err"
+rc=$?
+wait
+if [ $rc -ne 3 ] || ! grep -q "^error: $tmp/shard.bin: the data file changed while the run read it (was 9216 bytes, now 1024 bytes)" "$tmp/err"; then
+  echo "FAIL: a shard truncated during the run: exit $rc with: $(grep -m3 . "$tmp/err") (expected exit 3 naming the shard)"
+  fail=1
 fi
 
 if [ $fail -eq 0 ]; then echo "train_cli: all checks passed"; fi

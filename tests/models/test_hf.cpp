@@ -194,6 +194,38 @@ TEST_CASE("sharded weights round-trip bit for bit, and an HF directory is checke
   CHECK_THROWS_WITH(load_weights(d.path.string(), c.model, DType::f32), Catch::Contains("is not mapped to this shard"));
 }
 
+TEST_CASE("an --init-from config.json value of the wrong type is named as such, not as another model",
+          "[models][hf]") {
+  // model.from says `model.hidden_size = "32": expected an integer`; the directory check of
+  // --init-from (load_weights) must say the same instead of `hidden_size is "32" but … is 32`.
+  TempDir d("types");
+  write(d / "config.json", kLlama.dump());
+  const ModelConfig m = parse_config({{"model", {{"from", d.path.string()}}}, {"data", {{"seq_len", 16}}}}, {}, "c.json").model;
+  const std::string file = d / "config.json";
+  struct Row {
+    const char* key;
+    json value;
+    std::string message;
+  };
+  for (const Row& r : std::vector<Row>{{"hidden_size", "32", file + ": hidden_size = \"32\": expected an integer"},
+                                      {"hidden_size", 32.5, file + ": hidden_size = 32.5: expected an integer"},
+                                      {"rms_norm_eps", "1e-5", file + ": rms_norm_eps = \"1e-5\": expected a number"},
+                                      {"tie_word_embeddings", 0, file + ": tie_word_embeddings = 0: expected true or false"},
+                                      {"max_position_embeddings", "128",
+                                       file + ": max_position_embeddings = \"128\": expected an integer"}}) {
+    json bad = kLlama;
+    bad[r.key] = r.value;
+    write(file, bad.dump());
+    CHECK_THROWS_AS(load_weights(d.path.string(), m, DType::f32), UsageError);
+    CHECK_THROWS_WITH(load_weights(d.path.string(), m, DType::f32), r.message);
+  }
+  // A number where ours is a number (rope_theta 500000 written as an integer) still matches.
+  json integral = kLlama;
+  integral["rope_theta"] = 500000;
+  write(file, integral.dump());
+  CHECK_NOTHROW(check_hf_dir_matches(d.path.string(), m));
+}
+
 TEST_CASE("a head that differs from a tied embedding points at tie_word_embeddings", "[models][hf]") {
   TempDir d("tied");
   ModelConfig m;

@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -508,6 +510,84 @@ TEST_CASE("tokens: validation data is data.val_path read like data.path; synthet
     for (int64_t r = 0; r < 4; ++r) CHECK(row(a.input_ids, r) != row(b.input_ids, r));
     CHECK(values(b.input_ids) == values(make_val_source(s, 32, 1234)->get(k, 0, 1).input_ids));  // deterministic
   }
+}
+
+TEST_CASE("data: a file that shrinks or is replaced under the run is a RuntimeFailure naming it", "[data]") {
+  // A read of a mapped page past a shrunk file's end is a SIGBUS: without the check this test
+  // binary dies of it at the second get() of the truncate rows. 8192 uint16 tokens: the windows of
+  // step 40 (tokens 40·2·64 = 5120 on: bytes 11264.. of a shard, 5120.. of the text) lie past the
+  // first page of the file, which is all that a truncated file keeps mapped.
+  TempDir tmp;
+  const Bytes full = shard16(iota_tokens(0, 8192));
+  const std::string size = std::to_string(full.size());
+  struct Row {
+    const char* what;
+    DataSourceKind source;
+    bool val;                                        // change data.val_path instead of data.path
+    std::function<void(const std::string&)> change;  // what happens to the file after the first batch
+    std::string now;                                 // the message's "now …"
+  };
+  auto truncate_to = [](off_t n) { return [n](const std::string& p) { REQUIRE(::truncate(p.c_str(), n) == 0); }; };
+  const std::vector<Row> rows = {
+      {"truncate", DataSourceKind::tokens, false, truncate_to(1024 + 2), "now 1026 bytes"},
+      {"truncate of the validation shard", DataSourceKind::tokens, true, truncate_to(1024), "now 1024 bytes"},
+      {"cp over it (same inode, rewritten shorter)", DataSourceKind::tokens, false,
+       [](const std::string& p) { write_file(p, shard16(iota_tokens(0, 100))); }, "now 1224 bytes"},
+      {"a file renamed onto the path (same size)", DataSourceKind::tokens, false,
+       [&](const std::string& p) {
+         write_file(p + ".new", full);
+         REQUIRE(std::rename((p + ".new").c_str(), p.c_str()) == 0);
+       },
+       "now another file of " + size + " bytes"},
+      {"appended to", DataSourceKind::tokens, false,
+       [](const std::string& p) { std::ofstream(p, std::ios::binary | std::ios::app) << "xx"; },
+       "now " + std::to_string(full.size() + 2) + " bytes"},
+      {"truncate of a text file", DataSourceKind::text, false, truncate_to(10), "now 10 bytes"},
+  };
+  for (const Row& r : rows) {
+    INFO(r.what);
+    const std::string train = tmp.path("train.bin"), val = tmp.path("val.bin");
+    write_file(train, full);
+    write_file(val, full);
+    DataConfig c = data_cfg(r.source, train, 64, 2);
+    c.val_path = val;
+    auto src = r.val ? make_val_source(c, 65536, 0) : make_data_source(c, 65536, 0);
+    src->get(0, 0, 1);
+    const std::string path = r.val ? val : train;
+    r.change(path);
+    try {
+      src->get(40, 0, 1);
+      FAIL("the changed file was read");
+    } catch (const RuntimeFailure& e) {
+      CHECK_THAT(e.what(), Catch::StartsWith(path + ": the data file changed while the run read it (was " + size +
+                                             " bytes, " + r.now + ")"));
+    }
+  }
+  // A removed file is not a change: the mapping still holds it, and nothing can shrink it any more.
+  const std::string kept = tmp.path("kept.bin");
+  write_file(kept, full);
+  auto src = make_data_source(data_cfg(DataSourceKind::tokens, kept, 64, 2), 65536, 0);
+  const int fd = ::open(kept.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(fs::remove(kept));
+  check_row(src->get(40, 0, 1), 1, window(iota_tokens(0, 8192), (40 * 2 + 1) * 64, 65));
+  // Shrunk then by another holder, which no stat of the path can see (nor a truncate racing the
+  // check): the read's SIGBUS comes back as a RuntimeFailure naming the file.
+  REQUIRE(::ftruncate(fd, 1024) == 0);
+  ::close(fd);
+  CHECK_THROWS_MATCHES(src->get(40, 0, 1), RuntimeFailure,
+                       Catch::Message(kept + ": a read of the mapped data file failed (SIGBUS: the file shrank, or an "
+                                             "I/O error)"));
+  // The guard is scoped to the read: a SIGBUS anywhere else still ends the process with it.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::raise(SIGBUS);
+    _exit(0);  // not reached
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS));
 }
 
 TEST_CASE("format_example: context, then each answer with what the model said", "[data]") {
