@@ -45,9 +45,13 @@ std::vector<double> Generator::last_logits(const RunResult& r) const {
 int64_t Generator::pick(const std::vector<double>& logits, const SampleOptions& o, std::mt19937_64& rng) const {
   const int64_t V = static_cast<int64_t>(logits.size());
   if (o.temperature <= 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
-  // HF's order: temperature, then top-k (keep logits ≥ the k-th largest), then softmax.
+  // HF's order: temperature, then top-k (keep logits ≥ the k-th largest), then softmax. The max is
+  // subtracted before dividing by T (softmax and top-k do not change): every (logit − max)/T is
+  // ≤ 0, so a tiny T (3e-308, a subnormal) cannot overflow to inf − inf = NaN; it leaves the
+  // maximum at 0 and sends the rest to −inf, which is greedy.
+  const double top = *std::max_element(logits.begin(), logits.end());
   std::vector<double> z(logits.size());
-  for (size_t i = 0; i < z.size(); ++i) z[i] = logits[i] / o.temperature;
+  for (size_t i = 0; i < z.size(); ++i) z[i] = (logits[i] - top) / o.temperature;
   if (o.top_k > 0 && o.top_k < V) {
     std::vector<double> sorted = z;
     std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<double>());
@@ -55,9 +59,8 @@ int64_t Generator::pick(const std::vector<double>& logits, const SampleOptions& 
     for (double& x : z)
       if (x < kth) x = -INFINITY;
   }
-  const double mx = *std::max_element(z.begin(), z.end());
   double total = 0;
-  for (double& x : z) total += (x = std::exp(x - mx));
+  for (double& x : z) total += (x = std::exp(x));
   double u = std::uniform_real_distribution<double>(0.0, total)(rng);
   for (int64_t i = 0; i < V; ++i) {
     if (z[static_cast<size_t>(i)] == 0) continue;

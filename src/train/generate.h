@@ -18,7 +18,8 @@ namespace autosp {
 
 struct SampleOptions {
   int64_t max_new_tokens = 32;
-  double temperature = 0;     // 0: greedy (argmax, first maximum on ties)
+  double temperature = 0;     // 0: greedy (argmax, first maximum on ties); a tiny T > 0
+                              // (even subnormal) draws only among the maxima
   int64_t top_k = 0;          // with temperature > 0: sample among the k largest logits (0: all)
   uint64_t seed = 0;          // the sampling generator's seed
   int64_t eos_token_id = -1;  // stop once it is generated (-1: never)

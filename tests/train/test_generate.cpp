@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 
 #include "config/config.h"
 #include "models/model.h"
@@ -88,6 +90,26 @@ TEST_CASE("generate: seeded sampling is reproducible and stays in the top k; eos
   const Generated stopped = gen.generate({1, 2}, o);
   const auto first = std::find(a.tokens.begin(), a.tokens.end(), a.tokens[4]) - a.tokens.begin();
   CHECK(stopped.tokens.size() == static_cast<size_t>(first + 1));
+}
+
+TEST_CASE("generate: a tiny positive temperature picks greedy's tokens", "[generate]") {
+  // Once logits/T overflowed to inf and inf − inf = NaN sent every pick to token 0.
+  for (const char* arch : {"gpt2", "llama"}) {
+    INFO(arch);
+    const ModelConfig m = model(arch);
+    const Generator gen(m, DType::f64, params(m));
+    SampleOptions o;
+    o.max_new_tokens = 12;
+    const Generated greedy = gen.generate({3, 14, 15}, o);
+    CHECK(std::count(greedy.tokens.begin(), greedy.tokens.end(), 0) < 12);
+    for (double t : {3e-308, std::numeric_limits<double>::min(), 1e-310, std::numeric_limits<double>::denorm_min()})
+      for (int64_t k : {0, 5}) {
+        INFO("temperature " << t << ", top-k " << k);
+        o.temperature = t;
+        o.top_k = k;
+        CHECK(gen.generate({3, 14, 15}, o).tokens == greedy.tokens);
+      }
+  }
 }
 
 TEST_CASE("generate: bad prompts and options are usage errors", "[generate]") {
