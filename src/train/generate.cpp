@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tensor/check.h"
 
@@ -78,16 +79,21 @@ Generated Generator::generate(const std::vector<int64_t>& prompt, const SampleOp
     if (prompt[i] < 0 || prompt[i] >= m_.vocab_size)
       throw UsageError(str("prompt token ", prompt[i], " at index ", i, " is outside [0, ", m_.vocab_size,
                            ") (model.vocab_size)"));
-  if (o.max_new_tokens < 0) throw UsageError(str("max new tokens ", o.max_new_tokens, ": expected ≥ 0"));
+  if (o.max_new_tokens < 0) throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": expected ≥ 0"));
   if (o.top_k < 0) throw UsageError(str("top-k ", o.top_k, ": expected ≥ 0"));
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
     throw UsageError(str("temperature ", o.temperature, ": expected a finite number ≥ 0"));
-  const int64_t total = static_cast<int64_t>(prompt.size()) + o.max_new_tokens;
+  // Positions run to prompt + max_new_tokens − 1; compared without forming the sum, which a huge
+  // max_new_tokens would overflow past the check.
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (o.max_new_tokens > std::numeric_limits<int64_t>::max() - prompt_len)
+    throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": with the prompt's ", prompt_len,
+                         " tokens the positions overflow int64"));
   switch (m_.arch) {
     case Arch::gpt2:  // a position is a row of the learned table wpe
-      if (total > m_.max_position_embeddings)
-        throw UsageError(str("the prompt (", prompt.size(), " tokens) and ", o.max_new_tokens,
-                             " new tokens exceed GPT-2's position table (model.max_position_embeddings ",
+      if (prompt_len > m_.max_position_embeddings || o.max_new_tokens > m_.max_position_embeddings - prompt_len)
+        throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
+                             o.max_new_tokens, " new tokens exceed GPT-2's position table (model.max_position_embeddings ",
                              m_.max_position_embeddings, ")"));
       break;
     case Arch::llama: break;  // RoPE rotates by any position

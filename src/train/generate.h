@@ -36,7 +36,8 @@ class Generator {
   // `params` as the trainer holds them (HF names), in `dtype` (f32 or f64).
   Generator(const ModelConfig& m, DType dtype, ParamMap params);
   // A prompt that is empty, holds an id outside [0, vocab_size), or with max_new_tokens does not
-  // fit GPT-2's position table is a UsageError saying so.
+  // fit GPT-2's position table (or int64 positions, any arch) is a UsageError saying so, before
+  // anything runs.
   Generated generate(const std::vector<int64_t>& prompt, const SampleOptions& options) const;
 
  private:

@@ -121,6 +121,17 @@ TEST_CASE("generate: bad prompts and options are usage errors", "[generate]") {
   CHECK_THROWS_WITH(gen.generate({-1}, o), Catch::Contains("prompt token -1"));
   o.max_new_tokens = 60;
   CHECK_THROWS_WITH(gen.generate({1, 2, 3, 4, 5}, o), Catch::Contains("exceed GPT-2's position table"));
+  // A huge max_new_tokens once overflowed prompt + max_new_tokens past the check, generated, and
+  // failed in the embedding at position 64.
+  for (int64_t n : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 2,
+                    std::numeric_limits<int64_t>::max() - 5}) {
+    o.max_new_tokens = n;
+    CHECK_THROWS_WITH(gen.generate({1, 2, 3, 4, 5}, o), Catch::Contains("max-new-tokens " + std::to_string(n)));
+  }
+  const ModelConfig llama = model("llama");
+  const Generator lgen(llama, DType::f64, params(llama));
+  o.max_new_tokens = std::numeric_limits<int64_t>::max() - 2;
+  CHECK_THROWS_WITH(lgen.generate({1, 2, 3}, o), Catch::Contains("positions overflow int64"));
   o.max_new_tokens = 4;
   o.temperature = -1;
   CHECK_THROWS_WITH(gen.generate({1}, o), Catch::Contains("temperature -1"));
