@@ -53,6 +53,14 @@ s1=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5
 s2=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5 --seed 3 --max-new-tokens 12 2>&1)
 [ "$s1" = "$s2" ]
 check "seeded sampling repeats" $?
+# A tiny temperature is greedy: 3e-308 once overflowed logits/T to inf − inf = NaN and picked token
+# 0 every time; subnormals (1e-310, 4.9e-324) were refused as "expected a number" (stod's ERANGE).
+g=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 2>&1)
+for t in 3e-308 2.3e-308 1e-310 4.9e-324 1e-400; do
+  s=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 --temperature $t --seed 5 2>&1)
+  [ "$s" = "$g" ]
+  check "--temperature $t samples greedy's tokens" $?
+done
 
 # row 'NEEDLE' ARGS...
 row() {
@@ -93,6 +101,9 @@ row "no 'config' object" --checkpoint "$tmp/badmeta" --prompt-ids 1
 row "dtype 'bfloat16': expected float32 or float64" "${ck[@]}" --prompt-ids 1 --dtype bfloat16
 row "temperature 'warm': expected a number" "${ck[@]}" --prompt-ids 1 --temperature warm
 row 'temperature -1: expected a finite number' "${ck[@]}" --prompt-ids 1 --temperature -1
+row "temperature '1e400': out of range" "${ck[@]}" --prompt-ids 1 --temperature 1e400
+row "temperature 'inf': out of range" "${ck[@]}" --prompt-ids 1 --temperature inf
+row "temperature 'nan': expected a number" "${ck[@]}" --prompt-ids 1 --temperature nan
 row 'top-k -3: expected' "${ck[@]}" --prompt-ids 1 --temperature 1 --top-k -3
 row "max-new-tokens 'lots'" "${ck[@]}" --prompt-ids 1 --max-new-tokens lots
 row 'seed -4: expected' "${ck[@]}" --prompt-ids 1 --seed -4
