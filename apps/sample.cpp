@@ -95,6 +95,12 @@ class TextCodec {
     const std::string src = AUTOSP_SOURCE_DIR;
     worker_ = std::make_unique<PyWorker>(std::vector<std::string>{venv_python(src, "hf-venv.sh"),
                                                                    src + "/scripts/tokenizer_worker.py", tokenizer});
+    // The worker first says whether the file loaded, so a bad file is named before anything is
+    // generated (with --prompt-ids too: the tokenizer would only be needed afterwards, to decode).
+    const nlohmann::json hello = worker_->read_reply();
+    if (hello.contains("bad_tokenizer"))
+      throw UsageError(str("--tokenizer ", tokenizer, ": not a Hugging Face tokenizer.json (",
+                           hello["bad_tokenizer"].get<std::string>(), ")"));
   }
   bool can_encode() const { return worker_ || bytes_; }
   std::vector<int64_t> encode(const std::string& text) {

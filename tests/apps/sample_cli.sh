@@ -117,5 +117,16 @@ row 'missing.json: not a file' "${ck[@]}" --prompt hi --tokenizer "$tmp/missing.
 row '\-\-checkpoint and \-\-init-from exclude each other' "${ck[@]}" --init-from "$tmp/w.safetensors" --prompt-ids 1
 row 'nope.safetensors: cannot open' --config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors" --prompt-ids 1
 row "unexpected argument 'extra'" "${ck[@]}" --prompt-ids 1 extra
+# A tokenizer.json that does not load is named before anything is generated (it was exit 3 with a
+# Python traceback, and with --prompt-ids the ids were never printed). Needs scripts/hf-venv.sh's venv.
+if bash "$2/scripts/hf-venv.sh" --check >/dev/null 2>&1; then
+  echo 'not a tokenizer' >"$tmp/garbage.json"
+  echo '{}' >"$tmp/empty.json"
+  row 'tokenizer .*garbage.json: not a Hugging Face tokenizer.json' "${ck[@]}" --prompt hi --tokenizer "$tmp/garbage.json"
+  row 'tokenizer .*garbage.json: not a Hugging Face tokenizer.json' "${ck[@]}" --prompt-ids 1 --tokenizer "$tmp/garbage.json"
+  row 'tokenizer .*empty.json: not a Hugging Face tokenizer.json' "${ck[@]}" --prompt-ids 1 --tokenizer "$tmp/empty.json"
+else
+  echo "skip: tokenizer rows (no venv: scripts/hf-venv.sh)"
+fi
 echo "$rows rows"
 exit $fail
