@@ -11,7 +11,9 @@
 // `tokenizers`, in a Python helper under scripts/hf-venv.sh's venv), or, for a model trained on
 // data.source "text", through its bytes. Prints the prompt and new token ids and their text
 // (--json: one JSON object with them; bytes that are not UTF-8 become U+FFFD there).
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cxxopts.hpp>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +44,20 @@ std::vector<int64_t> parse_ids(const std::string& text) {
   }
   if (ids.empty()) throw UsageError("--prompt-ids: no ids (expected ids like 1,2,3)");
   return ids;
+}
+
+// --temperature's value. strtod, not std::stod: stod throws on the ERANGE that a subnormal such as
+// 1e-310 sets, which is a valid (greedy-like, train/generate.h) temperature. What overflows to inf
+// (1e400), and inf itself, is out of range; a sign is left to Generator's check.
+double parse_temperature(const std::string& text) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  const double t = std::strtod(begin, &end);
+  if (text.empty() || end != begin + text.size() || std::isnan(t))
+    throw UsageError(str("--temperature '", text, "': expected a number ≥ 0"));
+  if (std::isinf(t))
+    throw UsageError(str("--temperature '", text, "': out of range (expected a finite number ≥ 0)"));
+  return t;  // an underflow to 0 (1e-400) is greedy, as the tiny value it stood for would be
 }
 
 // The checkpoint directory `path` names: itself when it holds meta.json, else its newest step_N.
@@ -79,6 +95,12 @@ class TextCodec {
     const std::string src = AUTOSP_SOURCE_DIR;
     worker_ = std::make_unique<PyWorker>(std::vector<std::string>{venv_python(src, "hf-venv.sh"),
                                                                    src + "/scripts/tokenizer_worker.py", tokenizer});
+    // The worker first says whether the file loaded, so a bad file is named before anything is
+    // generated (with --prompt-ids too: the tokenizer would only be needed afterwards, to decode).
+    const nlohmann::json hello = worker_->read_reply();
+    if (hello.contains("bad_tokenizer"))
+      throw UsageError(str("--tokenizer ", tokenizer, ": not a Hugging Face tokenizer.json (",
+                           hello["bad_tokenizer"].get<std::string>(), ")"));
   }
   bool can_encode() const { return worker_ || bytes_; }
   std::vector<int64_t> encode(const std::string& text) {
@@ -170,16 +192,7 @@ int main(int argc, char** argv) {
       so.seed = static_cast<uint64_t>(seed);
     }
     if (args.count("eos-token-id")) so.eos_token_id = parse_int_flag("eos-token-id", opt("eos-token-id"));
-    if (args.count("temperature")) {
-      const std::string t = opt("temperature");
-      size_t used = 0;
-      try {
-        so.temperature = std::stod(t, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != t.size() || t.empty()) throw UsageError(str("--temperature '", t, "': expected a number ≥ 0"));
-    }
+    if (args.count("temperature")) so.temperature = parse_temperature(opt("temperature"));
     so.kv_cache = !args.count("no-kv-cache");
 
     TextCodec codec(opt("tokenizer"), cfg.data.source == DataSourceKind::text);

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """autosp-sample's tokenizer: a Hugging Face `tokenizers` tokenizer.json (the one
 scripts/prepare_data.py saved beside the shards) answering one JSON line per request on stdin:
-{"encode": "text"} -> {"ids": [...]}, {"decode": [ids]} -> {"text": "..."}. Run under the venv of
-scripts/hf-venv.sh (transformers brings `tokenizers`).
+{"encode": "text"} -> {"ids": [...]}, {"decode": [ids]} -> {"text": "..."}. Before any request it
+prints {"ready": true}, or {"bad_tokenizer": "why"} and exits 1 when the file does not load (a
+usage error on the C++ side, not a traceback). Run under the venv of scripts/hf-venv.sh
+(transformers brings `tokenizers`).
   tokenizer_worker.py TOKENIZER.json
 """
 import json
@@ -12,7 +14,13 @@ from tokenizers import Tokenizer
 
 
 def main():
-    tok = Tokenizer.from_file(sys.argv[1])
+    try:
+        tok = Tokenizer.from_file(sys.argv[1])
+    except Exception as e:  # noqa: BLE001 - a file that does not load is the caller's input error
+        why = " ".join(f"{type(e).__name__}: {e}".split())  # one line
+        print(json.dumps({"bad_tokenizer": why}), flush=True)
+        sys.exit(1)
+    print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         try:
             req = json.loads(line)

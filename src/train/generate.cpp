@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tensor/check.h"
 
@@ -45,9 +46,13 @@ std::vector<double> Generator::last_logits(const RunResult& r) const {
 int64_t Generator::pick(const std::vector<double>& logits, const SampleOptions& o, std::mt19937_64& rng) const {
   const int64_t V = static_cast<int64_t>(logits.size());
   if (o.temperature <= 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
-  // HF's order: temperature, then top-k (keep logits ≥ the k-th largest), then softmax.
+  // HF's order: temperature, then top-k (keep logits ≥ the k-th largest), then softmax. The max is
+  // subtracted before dividing by T (softmax and top-k do not change): every (logit − max)/T is
+  // ≤ 0, so a tiny T (3e-308, a subnormal) cannot overflow to inf − inf = NaN; it leaves the
+  // maximum at 0 and sends the rest to −inf, which is greedy.
+  const double top = *std::max_element(logits.begin(), logits.end());
   std::vector<double> z(logits.size());
-  for (size_t i = 0; i < z.size(); ++i) z[i] = logits[i] / o.temperature;
+  for (size_t i = 0; i < z.size(); ++i) z[i] = (logits[i] - top) / o.temperature;
   if (o.top_k > 0 && o.top_k < V) {
     std::vector<double> sorted = z;
     std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<double>());
@@ -55,9 +60,8 @@ int64_t Generator::pick(const std::vector<double>& logits, const SampleOptions& 
     for (double& x : z)
       if (x < kth) x = -INFINITY;
   }
-  const double mx = *std::max_element(z.begin(), z.end());
   double total = 0;
-  for (double& x : z) total += (x = std::exp(x - mx));
+  for (double& x : z) total += (x = std::exp(x));
   double u = std::uniform_real_distribution<double>(0.0, total)(rng);
   for (int64_t i = 0; i < V; ++i) {
     if (z[static_cast<size_t>(i)] == 0) continue;
@@ -75,16 +79,21 @@ Generated Generator::generate(const std::vector<int64_t>& prompt, const SampleOp
     if (prompt[i] < 0 || prompt[i] >= m_.vocab_size)
       throw UsageError(str("prompt token ", prompt[i], " at index ", i, " is outside [0, ", m_.vocab_size,
                            ") (model.vocab_size)"));
-  if (o.max_new_tokens < 0) throw UsageError(str("max new tokens ", o.max_new_tokens, ": expected ≥ 0"));
+  if (o.max_new_tokens < 0) throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": expected ≥ 0"));
   if (o.top_k < 0) throw UsageError(str("top-k ", o.top_k, ": expected ≥ 0"));
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
     throw UsageError(str("temperature ", o.temperature, ": expected a finite number ≥ 0"));
-  const int64_t total = static_cast<int64_t>(prompt.size()) + o.max_new_tokens;
+  // Positions run to prompt + max_new_tokens − 1; compared without forming the sum, which a huge
+  // max_new_tokens would overflow past the check.
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (o.max_new_tokens > std::numeric_limits<int64_t>::max() - prompt_len)
+    throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": with the prompt's ", prompt_len,
+                         " tokens the positions overflow int64"));
   switch (m_.arch) {
     case Arch::gpt2:  // a position is a row of the learned table wpe
-      if (total > m_.max_position_embeddings)
-        throw UsageError(str("the prompt (", prompt.size(), " tokens) and ", o.max_new_tokens,
-                             " new tokens exceed GPT-2's position table (model.max_position_embeddings ",
+      if (prompt_len > m_.max_position_embeddings || o.max_new_tokens > m_.max_position_embeddings - prompt_len)
+        throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
+                             o.max_new_tokens, " new tokens exceed GPT-2's position table (model.max_position_embeddings ",
                              m_.max_position_embeddings, ")"));
       break;
     case Arch::llama: break;  // RoPE rotates by any position

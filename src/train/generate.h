@@ -18,7 +18,8 @@ namespace autosp {
 
 struct SampleOptions {
   int64_t max_new_tokens = 32;
-  double temperature = 0;     // 0: greedy (argmax, first maximum on ties)
+  double temperature = 0;     // 0: greedy (argmax, first maximum on ties); a tiny T > 0
+                              // (even subnormal) draws only among the maxima
   int64_t top_k = 0;          // with temperature > 0: sample among the k largest logits (0: all)
   uint64_t seed = 0;          // the sampling generator's seed
   int64_t eos_token_id = -1;  // stop once it is generated (-1: never)
@@ -35,7 +36,8 @@ class Generator {
   // `params` as the trainer holds them (HF names), in `dtype` (f32 or f64).
   Generator(const ModelConfig& m, DType dtype, ParamMap params);
   // A prompt that is empty, holds an id outside [0, vocab_size), or with max_new_tokens does not
-  // fit GPT-2's position table is a UsageError saying so.
+  // fit GPT-2's position table (or int64 positions, any arch) is a UsageError saying so, before
+  // anything runs.
   Generated generate(const std::vector<int64_t>& prompt, const SampleOptions& options) const;
 
  private:

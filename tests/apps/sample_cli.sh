@@ -24,6 +24,18 @@ printf 'the quick brown fox jumps over the lazy dog. %.0s' {1..20} >"$tmp/text.t
 "$train" --config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --set "train.checkpoint_dir=$tmp/ck" --quiet 2>"$tmp/train.log" ||
   { echo "FAIL: could not train the model to sample from: $(tail -3 "$tmp/train.log")"; exit 1; }
 
+# A GPT-2 (learned positions, 32 of them) for the position-table rows.
+cat >"$tmp/gpt2.json" <<'JSON'
+{"model": {"arch": "gpt2", "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "max_position_embeddings": 32},
+ "data": {"source": "text", "seq_len": 16, "batch_size": 2},
+ "train": {"steps": 3, "log_every": 1},
+ "runtime": {"threads": 1}}
+JSON
+"$train" --config "$tmp/gpt2.json" --set "data.path=$tmp/text.txt" --set "train.checkpoint_dir=$tmp/gck" --quiet 2>"$tmp/train.log" ||
+  { echo "FAIL: could not train the GPT-2 to sample from: $(tail -3 "$tmp/train.log")"; exit 1; }
+gck=(--checkpoint "$tmp/gck")
+
 check() {  # check NAME CONDITION-EXIT-CODE
   rows=$((rows + 1))
   if [ "$2" -ne 0 ]; then echo "FAIL [$rows] $1"; fail=1; else echo "ok   [$rows] $1"; fi
@@ -41,6 +53,14 @@ s1=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5
 s2=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5 --seed 3 --max-new-tokens 12 2>&1)
 [ "$s1" = "$s2" ]
 check "seeded sampling repeats" $?
+# A tiny temperature is greedy: 3e-308 once overflowed logits/T to inf − inf = NaN and picked token
+# 0 every time; subnormals (1e-310, 4.9e-324) were refused as "expected a number" (stod's ERANGE).
+g=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 2>&1)
+for t in 3e-308 2.3e-308 1e-310 4.9e-324 1e-400; do
+  s=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 --temperature $t --seed 5 2>&1)
+  [ "$s" = "$g" ]
+  check "--temperature $t samples greedy's tokens" $?
+done
 
 # row 'NEEDLE' ARGS...
 row() {
@@ -81,12 +101,32 @@ row "no 'config' object" --checkpoint "$tmp/badmeta" --prompt-ids 1
 row "dtype 'bfloat16': expected float32 or float64" "${ck[@]}" --prompt-ids 1 --dtype bfloat16
 row "temperature 'warm': expected a number" "${ck[@]}" --prompt-ids 1 --temperature warm
 row 'temperature -1: expected a finite number' "${ck[@]}" --prompt-ids 1 --temperature -1
+row "temperature '1e400': out of range" "${ck[@]}" --prompt-ids 1 --temperature 1e400
+row "temperature 'inf': out of range" "${ck[@]}" --prompt-ids 1 --temperature inf
+row "temperature 'nan': expected a number" "${ck[@]}" --prompt-ids 1 --temperature nan
 row 'top-k -3: expected' "${ck[@]}" --prompt-ids 1 --temperature 1 --top-k -3
 row "max-new-tokens 'lots'" "${ck[@]}" --prompt-ids 1 --max-new-tokens lots
 row 'seed -4: expected' "${ck[@]}" --prompt-ids 1 --seed -4
+# prompt + max-new-tokens once overflowed int64 past the position check: a GPT-2 generated, then
+# failed in the embedding at its last position; a Llama generated without end.
+row 'max-new-tokens 9223372036854775807: with the prompt' "${ck[@]}" --prompt-ids 1,2 --max-new-tokens 9223372036854775807
+row 'max-new-tokens 9223372036854775807: with the prompt' "${gck[@]}" --prompt-ids 1,2 --max-new-tokens 9223372036854775807
+row 'max-new-tokens 9223372036854775805: the prompt (2 tokens)' "${gck[@]}" --prompt-ids 1,2 --max-new-tokens 9223372036854775805
+row 'max-new-tokens 31: the prompt (2 tokens) and 31 new tokens exceed' "${gck[@]}" --prompt-ids 1,2 --max-new-tokens 31
 row 'missing.json: not a file' "${ck[@]}" --prompt hi --tokenizer "$tmp/missing.json"
 row '\-\-checkpoint and \-\-init-from exclude each other' "${ck[@]}" --init-from "$tmp/w.safetensors" --prompt-ids 1
 row 'nope.safetensors: cannot open' --config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors" --prompt-ids 1
 row "unexpected argument 'extra'" "${ck[@]}" --prompt-ids 1 extra
+# A tokenizer.json that does not load is named before anything is generated (it was exit 3 with a
+# Python traceback, and with --prompt-ids the ids were never printed). Needs scripts/hf-venv.sh's venv.
+if bash "$2/scripts/hf-venv.sh" --check >/dev/null 2>&1; then
+  echo 'not a tokenizer' >"$tmp/garbage.json"
+  echo '{}' >"$tmp/empty.json"
+  row 'tokenizer .*garbage.json: not a Hugging Face tokenizer.json' "${ck[@]}" --prompt hi --tokenizer "$tmp/garbage.json"
+  row 'tokenizer .*garbage.json: not a Hugging Face tokenizer.json' "${ck[@]}" --prompt-ids 1 --tokenizer "$tmp/garbage.json"
+  row 'tokenizer .*empty.json: not a Hugging Face tokenizer.json' "${ck[@]}" --prompt-ids 1 --tokenizer "$tmp/empty.json"
+else
+  echo "skip: tokenizer rows (no venv: scripts/hf-venv.sh)"
+fi
 echo "$rows rows"
 exit $fail

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 
 #include "config/config.h"
 #include "models/model.h"
@@ -90,6 +92,26 @@ TEST_CASE("generate: seeded sampling is reproducible and stays in the top k; eos
   CHECK(stopped.tokens.size() == static_cast<size_t>(first + 1));
 }
 
+TEST_CASE("generate: a tiny positive temperature picks greedy's tokens", "[generate]") {
+  // Once logits/T overflowed to inf and inf − inf = NaN sent every pick to token 0.
+  for (const char* arch : {"gpt2", "llama"}) {
+    INFO(arch);
+    const ModelConfig m = model(arch);
+    const Generator gen(m, DType::f64, params(m));
+    SampleOptions o;
+    o.max_new_tokens = 12;
+    const Generated greedy = gen.generate({3, 14, 15}, o);
+    CHECK(std::count(greedy.tokens.begin(), greedy.tokens.end(), 0) < 12);
+    for (double t : {3e-308, std::numeric_limits<double>::min(), 1e-310, std::numeric_limits<double>::denorm_min()})
+      for (int64_t k : {0, 5}) {
+        INFO("temperature " << t << ", top-k " << k);
+        o.temperature = t;
+        o.top_k = k;
+        CHECK(gen.generate({3, 14, 15}, o).tokens == greedy.tokens);
+      }
+  }
+}
+
 TEST_CASE("generate: bad prompts and options are usage errors", "[generate]") {
   const ModelConfig m = model("gpt2");
   const Generator gen(m, DType::f64, params(m));
@@ -99,6 +121,17 @@ TEST_CASE("generate: bad prompts and options are usage errors", "[generate]") {
   CHECK_THROWS_WITH(gen.generate({-1}, o), Catch::Contains("prompt token -1"));
   o.max_new_tokens = 60;
   CHECK_THROWS_WITH(gen.generate({1, 2, 3, 4, 5}, o), Catch::Contains("exceed GPT-2's position table"));
+  // A huge max_new_tokens once overflowed prompt + max_new_tokens past the check, generated, and
+  // failed in the embedding at position 64.
+  for (int64_t n : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 2,
+                    std::numeric_limits<int64_t>::max() - 5}) {
+    o.max_new_tokens = n;
+    CHECK_THROWS_WITH(gen.generate({1, 2, 3, 4, 5}, o), Catch::Contains("max-new-tokens " + std::to_string(n)));
+  }
+  const ModelConfig llama = model("llama");
+  const Generator lgen(llama, DType::f64, params(llama));
+  o.max_new_tokens = std::numeric_limits<int64_t>::max() - 2;
+  CHECK_THROWS_WITH(lgen.generate({1, 2, 3}, o), Catch::Contains("positions overflow int64"));
   o.max_new_tokens = 4;
   o.temperature = -1;
   CHECK_THROWS_WITH(gen.generate({1}, o), Catch::Contains("temperature -1"));
