@@ -53,10 +53,11 @@ void sum_parts(const std::vector<const void*>& parts, void* dst, int64_t n, DTyp
   AUTOSP_ASSERT(false, "sum of ", dtype_name(dtype), " parts on the host (f32, f64, bf16, i64 only)");
 }
 
-Tensor empty_on(int64_t n, DType dtype, Device d) {
-  if (d.kind == DeviceKind::cuda) return Tensor::empty({n}, dtype, cuda_allocator(d.index));
-  return Tensor::empty({n}, dtype);
+Allocator& allocator_of(Device d) {
+  return d.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(d.index)) : cpu_allocator();
 }
+
+Tensor empty_on(int64_t n, DType dtype, Device d) { return Tensor::empty({n}, dtype, allocator_of(d)); }
 
 void record_event(void*& event, Device d) {
   if (d.kind == DeviceKind::cuda) gpu::record_event(event, d.index);

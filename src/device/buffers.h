@@ -23,7 +23,11 @@ void copy_bytes(void* dst, const void* src, size_t n, Device d);
 // f64, bf16, and i64 on the host). dst may be one of the parts. bf16 sums in float and rounds once.
 void sum_parts(const std::vector<const void*>& parts, void* dst, int64_t n, DType dtype, Device d);
 
-// A contiguous tensor of n elements of `dtype` on d (on CUDA from the calling thread's allocator).
+// The allocator of device d: the host's, or on CUDA the calling thread's (device/cuda/device.h
+// cuda_allocator).
+Allocator& allocator_of(Device d);
+
+// A contiguous tensor of n elements of `dtype` on d (from allocator_of(d)).
 Tensor empty_on(int64_t n, DType dtype, Device d);
 
 // Events on d's compute stream, an opaque handle (cudaEvent_t); all three do nothing on the host.

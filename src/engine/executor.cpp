@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "device/buffers.h"
 #include "device/cuda/device.h"
 #include "engine/dispatch.h"
 
@@ -209,7 +210,7 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
   // Intermediates, the arena and the peak come from the allocator of the feeds' device.
   const Device dev = feed_device(g_, feeds);
   if (dev.kind == DeviceKind::cuda) use_device(dev.index);
-  Allocator& alloc = dev.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(dev.index)) : cpu_allocator();
+  Allocator& alloc = allocator_of(dev);
   plan_for(r.bindings, dev, alloc);
   r.planned_bytes = plan_.arena_bytes;
   alloc.reset_peak();

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "device/buffers.h"
 #include "device/cuda/device.h"
 
 namespace autosp {
@@ -12,10 +13,6 @@ namespace {
 // Gradients on a CUDA device are packed into buckets on that device, with copies enqueued on its
 // compute stream (ordered after the kernel that produced the gradient, before the all-reduce that
 // NCCL orders after the stream); host gradients with memcpy.
-Allocator& allocator_of(Device d) {
-  return d.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(d.index)) : cpu_allocator();
-}
-
 // dst = src: same shape, dtype and device; src any strides, dst contiguous.
 void copy_into(const Tensor& src, const Tensor& dst) {
   if (src.device().kind == DeviceKind::cuda) return copy_on_device(src, dst);

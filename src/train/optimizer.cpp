@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numbers>
 
+#include "device/buffers.h"
 #include "device/cuda/device.h"
 #include "device/optim.h"
 
@@ -25,8 +26,6 @@ std::vector<Tensor> values(const ParamMap& m) {
   return out;
 }
 }  // namespace
-
-double sum_of_squares(const std::vector<Tensor>& grads) { return grads_sum_of_squares(grads); }
 
 double global_grad_norm(const ParamMap& grads) { return grads_norm(values(grads)); }
 
@@ -69,10 +68,6 @@ void AdamW::update(ParamMap& params, const ParamMap& grads, const TrainConfig& t
 // ---- ZeRO ----------------------------------------------------------------------------------------
 
 namespace {
-Allocator& allocator_on(Device d) {
-  return d.kind == DeviceKind::cuda ? static_cast<Allocator&>(cuda_allocator(d.index)) : cpu_allocator();
-}
-
 // Elements [offset, offset + n) of contiguous `t` (itself a view or not) as a 1-D view.
 Tensor flat_range(const Tensor& t, int64_t offset, int64_t n) {
   AUTOSP_ASSERT(t.is_contiguous() && offset >= 0 && n >= 0 && offset + n <= t.numel(), "ZeRO: elements [", offset,
@@ -128,10 +123,10 @@ ParamMap ZeroAdamW::unshard(const std::vector<Tensor>& shards, Communicator& com
   for (size_t b = 0; b < shards.size(); ++b) {
     const FlatLayout::Bucket& l = layout_.buckets[b];
     const Tensor& shard = shards[b];
-    Tensor whole = Tensor::empty({l.padded}, shard.dtype(), allocator_on(shard.device()));
+    Tensor whole = Tensor::empty({l.padded}, shard.dtype(), allocator_of(shard.device()));
     comm.all_gather(shard, whole);
     for (size_t k = l.first; k < l.last; ++k) {
-      Tensor t = Tensor::empty(layout_.slots[k].shape, shard.dtype(), allocator_on(shard.device()));
+      Tensor t = Tensor::empty(layout_.slots[k].shape, shard.dtype(), allocator_of(shard.device()));
       copy_range(flat_range(whole, layout_.offset_of[k], t.numel()), flat_range(t, 0, t.numel()));
       out[names_[k]] = t;
     }
@@ -148,7 +143,7 @@ AdamW ZeroAdamW::consolidate(Communicator& comm) const {
 }
 
 double ZeroAdamW::grad_norm(const std::vector<Tensor>& shards, Communicator& host) const {
-  Tensor sq = Tensor::from_vector<double>({1}, {sum_of_squares(shards)});  // the padding is zero
+  Tensor sq = Tensor::from_vector<double>({1}, {grads_sum_of_squares(shards)});  // the padding is zero
   host.all_reduce_sum(sq);
   return std::sqrt(sq.data<double>()[0]);
 }
@@ -161,7 +156,7 @@ void ZeroAdamW::update(ParamMap& params, const std::vector<Tensor>& grad_shards,
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const FlatLayout::Bucket& l = layout_.buckets[b];
     const Tensor& m = exp_avg_[b];
-    Allocator& alloc = allocator_on(m.device());
+    Allocator& alloc = allocator_of(m.device());
     // This rank's shard of the parameters, in its slot of the bucket, updated; then every rank's
     // shard gathered in place and copied back into the whole parameters.
     const int64_t c = layout_.shard_numel(b), lo = rank_ * c, pad_from = std::max(lo, l.numel);
@@ -217,7 +212,7 @@ ParamMap Zero3State::unshard(const ParamMap& shards, Communicator& comm) const {
   AUTOSP_ASSERT(comm.size() == ranks_, "Zero3State::unshard over ", comm.size(), " ranks, sharded over ", ranks_);
   ParamMap out;
   for (const auto& [name, shard] : shards) {
-    Allocator& alloc = allocator_on(shard.device());
+    Allocator& alloc = allocator_of(shard.device());
     Tensor all = Tensor::empty({shard.numel() * ranks_}, shard.dtype(), alloc);
     comm.all_gather(shard, all);
     Tensor t = Tensor::empty(shapes_.at(name), shard.dtype(), alloc);
@@ -236,7 +231,7 @@ AdamW Zero3State::consolidate(Communicator& comm) const {
 }
 
 double Zero3State::grad_norm(const ParamMap& grad_shards, Communicator& host) const {
-  Tensor sq = Tensor::from_vector<double>({1}, {sum_of_squares(values(grad_shards))});  // the padding is zero
+  Tensor sq = Tensor::from_vector<double>({1}, {grads_sum_of_squares(values(grad_shards))});  // the padding is zero
   host.all_reduce_sum(sq);
   return std::sqrt(sq.data<double>()[0]);
 }
@@ -248,12 +243,15 @@ void Zero3State::update(const ParamMap& grad_shards, const TrainConfig& t, doubl
                  decay_of(shapes_.at(name), t), opt_.step);
 }
 
-size_t Zero3State::state_bytes() const {
+size_t bytes_of(const ParamMap& m) {
   size_t n = 0;
-  for (const ParamMap* m : {&opt_.exp_avg, &opt_.exp_avg_sq})
-    for (const auto& [name, t] : *m) n += t.nbytes();
+  for (const auto& [name, t] : m) n += t.nbytes();
   return n;
 }
+
+size_t AdamW::state_bytes() const { return bytes_of(exp_avg) + bytes_of(exp_avg_sq); }
+
+size_t Zero3State::state_bytes() const { return opt_.state_bytes(); }
 
 size_t ZeroAdamW::state_bytes() const {
   size_t n = 0;

@@ -32,12 +32,14 @@ namespace autosp {
 //   progress = min(1, (step − warmup) / max(1, total_steps − warmup)).
 double lr_at(const TrainConfig& t, int64_t step, int64_t total_steps);
 
+// The bytes of every tensor of `m`.
+size_t bytes_of(const ParamMap& m);
+
 // Global L2 norm of all gradients (accumulated in double).
 double global_grad_norm(const ParamMap& grads);
 // Scales every gradient by max_norm / (norm + 1e-6) when that is < 1 (no-op for max_norm = 0).
 void clip_grads(ParamMap& grads, double norm, double max_norm);
 // The same over a list of tensors (ZeRO's gradient shards).
-double sum_of_squares(const std::vector<Tensor>& grads);
 void clip_grads(const std::vector<Tensor>& grads, double norm, double max_norm);
 
 struct AdamW {
@@ -47,6 +49,7 @@ struct AdamW {
   void init(const ParamMap& params);  // zero moments
   // One update of every parameter with learning rate `lr`.
   void update(ParamMap& params, const ParamMap& grads, const TrainConfig& t, double lr);
+  size_t state_bytes() const;  // the two moments
 };
 
 class ZeroAdamW {

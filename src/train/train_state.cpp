@@ -70,12 +70,6 @@ class BucketedGradients {
   std::unordered_map<const Node*, size_t> slot_of_;  // a gradient node's slot in sync_
 };
 
-size_t bytes_of(const ParamMap& m) {
-  size_t n = 0;
-  for (const auto& [name, t] : m) n += t.nbytes();
-  return n;
-}
-
 // ZeRO off (or one rank): whole parameters, AdamW and gradients on every rank.
 class ReplicatedState final : public TrainState {
  public:
@@ -97,7 +91,7 @@ class ReplicatedState final : public TrainState {
   ParamMap whole_params() override { return params_; }
   ParamMap whole_grads() override { return step_grads_; }
   AdamW checkpoint_state() override { return opt_; }
-  size_t state_bytes() const override { return bytes_of(opt_.exp_avg) + bytes_of(opt_.exp_avg_sq); }
+  size_t state_bytes() const override { return opt_.state_bytes(); }
   size_t grad_bucket_bytes() const override { return grads_->bucket_bytes(); }
   GradSyncStats sync_stats() const override { return grads_->stats(); }
 

@@ -261,7 +261,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       break;
     }
   }
-  for (const auto& [name, t] : state->graph_params()) result.parameter_bytes += t.nbytes();
+  result.parameter_bytes = bytes_of(state->graph_params());
   result.params = host_copy(state->whole_params());
   result.optimizer_state_bytes = state->state_bytes();
   result.grad_bucket_bytes = state->grad_bucket_bytes();
