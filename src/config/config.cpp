@@ -127,6 +127,7 @@ const std::vector<Key>& schema() {
       {"data.eos_token_id", Kind::integer, -1, 1 << 24, "", {}, F(data, eos_token_id)},  // -1: none (the default)
       {"data.document_mask", Kind::boolean, 0, 0, "", {}, F(data, document_mask)},
       {"train.steps", Kind::integer, 0, kBig, "", {}, F(train, steps)},
+      {"train.gradient_accumulation_steps", Kind::integer, 1, 1 << 20, "", {}, F(train, gradient_accumulation_steps)},
       {"train.lr", Kind::number, 0, 10, "", {}, F(train, lr)},
       {"train.min_lr", Kind::number, 0, 10, "", {}, F(train, min_lr)},
       {"train.warmup_steps", Kind::integer, 0, kBig, "", {}, F(train, warmup_steps)},

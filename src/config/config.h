@@ -41,6 +41,9 @@ struct DataConfig {
 
 struct TrainConfig {
   int64_t steps = 100;
+  // Micro-batches of data.batch_size sequences per optimizer step (per dp rank): the global batch is
+  // batch_size × gradient_accumulation_steps × dp, and the loss is the token mean over all of it.
+  int64_t gradient_accumulation_steps = 1;
   double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup_steps = 10;
   double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
