@@ -86,10 +86,12 @@ int main(int argc, char** argv) {
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
         "world", "world size", cxxopts::value<std::string>()->default_value("1"))(
         "rank", "rank to show", cxxopts::value<std::string>()->default_value("0"))(
-        "stage", "forward|autosp (or rank_forward)|joint, or the name of a pass to stop after",
-        cxxopts::value<std::string>()->default_value("forward"))(
+        "stage", "forward|autosp (or rank_forward)|joint, or the name of a pass to stop after (default: forward; "
+        "joint with --plan-memory)",
+        cxxopts::value<std::string>())(
         "format", "text|json|dot", cxxopts::value<std::string>()->default_value("text"))(
-        "plan-memory", "instead of the graph, print the memory plan for sizes like S=16384,B=1 (JSON)",
+        "plan-memory", "instead of the graph, print the memory plan of the training program (or of --stage) for "
+        "sizes like S=16384,B=1 (JSON)",
         cxxopts::value<std::string>())("h,help", "show help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
@@ -105,7 +107,11 @@ int main(int argc, char** argv) {
     const int64_t rank = parse_int_flag("rank", args["rank"].as<std::string>());
     if (world < 1 || world > 65536) throw UsageError(str("--world ", world, ": expected 1..65536"));
     if (rank < 0 || rank >= world) throw UsageError(str("--rank ", rank, ": expected 0 <= rank < ", world));
-    const std::string stage = args["stage"].as<std::string>(), format = args["format"].as<std::string>();
+    // A memory plan is of the training step (forward and backward) unless a stage is asked for.
+    const std::string stage = args.count("stage")         ? args["stage"].as<std::string>()
+                              : args.count("plan-memory") ? "joint"
+                                                          : "forward";
+    const std::string format = args["format"].as<std::string>();
     if (format != "text" && format != "json" && format != "dot")
       throw UsageError(str("--format '", format, "': expected text, json or dot"));
 

@@ -21,7 +21,7 @@
 #include <sstream>
 
 #include "tools/cli.h"
-#include "tools/py_worker.h"
+#include "tools/text_codec.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/trainer.h"
@@ -84,48 +84,6 @@ Config checkpoint_config(const std::string& dir, const std::vector<std::string>&
     throw UsageError(str(meta_path, ": no 'config' object (not an autosp checkpoint?)"));
   return parse_config(meta["config"], sets, meta_path);
 }
-
-// Text ↔ ids: a tokenizer.json through the Python helper, or bytes for a model of data.source text.
-class TextCodec {
- public:
-  TextCodec(const std::string& tokenizer, bool bytes) : bytes_(bytes) {
-    if (tokenizer.empty()) return;
-    std::error_code ec;
-    if (!fs::is_regular_file(tokenizer, ec)) throw UsageError(str("--tokenizer ", tokenizer, ": not a file"));
-    const std::string src = AUTOSP_SOURCE_DIR;
-    worker_ = std::make_unique<PyWorker>(std::vector<std::string>{venv_python(src, "hf-venv.sh"),
-                                                                   src + "/scripts/tokenizer_worker.py", tokenizer});
-    // The worker first says whether the file loaded, so a bad file is named before anything is
-    // generated (with --prompt-ids too: the tokenizer would only be needed afterwards, to decode).
-    const nlohmann::json hello = worker_->read_reply();
-    if (hello.contains("bad_tokenizer"))
-      throw UsageError(str("--tokenizer ", tokenizer, ": not a Hugging Face tokenizer.json (",
-                           hello["bad_tokenizer"].get<std::string>(), ")"));
-  }
-  bool can_encode() const { return worker_ || bytes_; }
-  std::vector<int64_t> encode(const std::string& text) {
-    if (worker_) return worker_->request({{"encode", text}})["ids"].get<std::vector<int64_t>>();
-    if (bytes_) return bytes_to_ids(text);
-    throw UsageError("--prompt needs --tokenizer (the tokenizer.json beside the data's shards), or a model trained "
-                     "on data.source \"text\"; or give --prompt-ids");
-  }
-  std::string decode(const std::vector<int64_t>& ids) {
-    if (worker_) return worker_->request({{"decode", ids}})["text"].get<std::string>();
-    if (!bytes_) return "";
-    std::string s;
-    for (int64_t id : ids) s += id >= 0 && id < 256 ? static_cast<char>(id) : '?';
-    return s;
-  }
-
- private:
-  static std::vector<int64_t> bytes_to_ids(const std::string& text) {
-    std::vector<int64_t> ids;
-    for (unsigned char c : text) ids.push_back(c);
-    return ids;
-  }
-  bool bytes_;
-  std::unique_ptr<PyWorker> worker_;
-};
 
 std::string join(const std::vector<int64_t>& ids) {
   std::string s;
@@ -195,7 +153,7 @@ int main(int argc, char** argv) {
     if (args.count("temperature")) so.temperature = parse_temperature(opt("temperature"));
     so.kv_cache = !args.count("no-kv-cache");
 
-    TextCodec codec(opt("tokenizer"), cfg.data.source == DataSourceKind::text);
+    TextCodec codec(AUTOSP_SOURCE_DIR, opt("tokenizer"), cfg.data.source == DataSourceKind::text);
     const std::vector<int64_t> prompt = args.count("prompt-ids") ? parse_ids(opt("prompt-ids")) : codec.encode(opt("prompt"));
     Generator gen(cfg.model, *dtype, starting_params(cfg, ta, *dtype));
     const Generated out = gen.generate(prompt, so);

@@ -19,6 +19,7 @@
 #include "comm/threads.h"
 #include "kernels/cpu/matmul.h"
 #include "tools/cli.h"
+#include "tools/text_codec.h"
 #include "train/preempt.h"
 #include "train/trainer.h"
 #include "tensor/check.h"
@@ -26,6 +27,62 @@
 using namespace autosp;
 
 namespace {
+
+// One line of text: control characters escaped, at most `max` bytes (cut at a UTF-8 boundary).
+std::string one_line(const std::string& text, size_t max = 160) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (out.size() >= max) {
+      while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xC0) == 0x80) out.pop_back();
+      if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xC0) out.pop_back();
+      return out + "…";
+    }
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7F) out += '?';
+    else out += static_cast<char>(c);
+  }
+  return out;
+}
+
+std::string ids_text(const std::vector<int64_t>& ids) {
+  std::string s;
+  for (int64_t id : ids) s += str(s.empty() ? "" : " ", id);
+  return s;
+}
+
+// The end-of-run example of a validation sequence. The synthetic task's line as format_example
+// writes it; on real data a short teacher-forced continuation: the last 16 scored positions'
+// next-token predictions against the data, after the 32 tokens before them, decoded as bytes
+// (data.source text) or with the tokenizer.json beside the shards when there is one and
+// scripts/hf-venv.sh's venv already exists (the example never installs anything); else ids.
+std::string example_line(const Config& cfg, const ValExample& ex) {
+  if (cfg.data.source == DataSourceKind::synthetic) return ex.formatted;
+  std::vector<size_t> scored;
+  for (size_t t = 0; t < ex.labels.size(); ++t)
+    if (ex.labels[t] != -100) scored.push_back(t);
+  if (scored.empty()) return "no scored position";
+  const size_t first = scored[scored.size() > 16 ? scored.size() - 16 : 0];
+  std::vector<int64_t> context(ex.input.begin() + static_cast<std::ptrdiff_t>(first > 31 ? first - 31 : 0),
+                               ex.input.begin() + static_cast<std::ptrdiff_t>(first + 1));
+  std::vector<int64_t> model, data;
+  for (size_t t : scored)
+    if (t >= first) model.push_back(ex.predicted[t]), data.push_back(ex.labels[t]);
+  const std::string tokenizer = cfg.data.source == DataSourceKind::tokens
+                                    ? tokenizer_beside(cfg.data.val_path.empty() ? cfg.data.path : cfg.data.val_path)
+                                    : "";
+  const bool venv = std::filesystem::exists(std::string(AUTOSP_SOURCE_DIR) + "/.venv-hf/bin/python");
+  if (cfg.data.source == DataSourceKind::text || (!tokenizer.empty() && venv)) {
+    try {
+      TextCodec codec(AUTOSP_SOURCE_DIR, tokenizer, cfg.data.source == DataSourceKind::text);
+      return fmt::format("\"{}\" → model \"{}\" | data \"{}\"", one_line(codec.decode(context)),
+                         one_line(codec.decode(model)), one_line(codec.decode(data)));
+    } catch (const std::exception&) {  // the example is a courtesy: ids below
+    }
+  }
+  return fmt::format("next-token ids: model [{}] | data [{}] (no tokenizer.json beside the data to decode them)",
+                     ids_text(model), ids_text(data));
+}
 
 constexpr const char* kEnvHelp = R"(
 Environment:
@@ -134,7 +191,7 @@ int main(int argc, char** argv) {
                        last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
           if (last.evaluated)
             spdlog::info("validation after step {}: loss {:.4f}, accuracy {:.3f}; example: {}", last.step,
-                         last.val_loss, last.val_accuracy, r.val_example);
+                         last.val_loss, last.val_accuracy, example_line(cfg, r.val_example));
         }
         if (r.preempted) {
           if (lead) spdlog::warn("stopped by a signal after step {}: continue with --resume {}",

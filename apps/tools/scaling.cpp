@@ -9,6 +9,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "config/config.h"
+#include "models/flops.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -16,68 +17,11 @@ namespace {
 
 using json = nlohmann::json;
 
-// C = hidden, N = heads, D = head dim, Nkv = K/V heads, M = MLP width, V = vocab, L = layers.
-struct Dims {
-  int64_t C, N, D, Nkv, M, V, L;
-};
-
-Dims dims(const ModelConfig& m) {
-  const int64_t N = m.num_attention_heads;
-  int64_t Nkv = N;  // GPT-2: every head has its own K and V
-  switch (m.arch) {
-    case Arch::gpt2: break;
-    case Arch::llama: Nkv = m.num_key_value_heads; break;
-  }
-  return {m.hidden_size, N, m.head_dim(), Nkv, m.mlp_width(), m.vocab_size, m.num_hidden_layers};
-}
-
-// Parameters of one transformer layer.
-int64_t layer_params(const ModelConfig& m) {
-  const Dims d = dims(m);
-  switch (m.arch) {
-    case Arch::gpt2:
-      // c_attn [C, 3C] + 3C, c_proj [C, C] + C, c_fc [C, 4C] + 4C, c_proj [4C, C] + C, ln_1, ln_2.
-      return 3 * d.C * d.C + 3 * d.C + d.C * d.C + d.C + 4 * d.C * d.C + 4 * d.C + 4 * d.C * d.C + d.C + 4 * d.C;
-    case Arch::llama: {
-      const int64_t attn = d.C * d.N * d.D * 2 + d.C * d.Nkv * d.D * 2;  // q, o; k, v
-      return attn + 3 * d.C * d.M + 2 * d.C;                            // gate, up, down; two RMSNorms
-    }
-  }
-  return 0;
-}
-
 }  // namespace
-
-int64_t param_count(const ModelConfig& m) {
-  const Dims d = dims(m);
-  const int64_t layers = d.L * layer_params(m);
-  switch (m.arch) {
-    case Arch::gpt2: return d.V * d.C + m.max_position_embeddings * d.C + layers + 2 * d.C;  // wte, wpe, layers, ln_f
-    case Arch::llama: return d.V * d.C + layers + d.C + (m.tie_word_embeddings ? 0 : d.V * d.C);
-  }
-  return 0;
-}
-
-int64_t flop_param_count(const ModelConfig& m) {
-  const Dims d = dims(m);
-  switch (m.arch) {
-    case Arch::gpt2: return param_count(m) - m.max_position_embeddings * d.C;
-    case Arch::llama: return param_count(m) - (m.tie_word_embeddings ? 0 : d.V * d.C);
-  }
-  return 0;
-}
-
-double step_flops(const ModelConfig& m, int64_t batch, int64_t seq) {
-  const double B = static_cast<double>(batch), S = static_cast<double>(seq);
-  const double dense = 6.0 * static_cast<double>(flop_param_count(m)) * B * S;
-  const double attention = 12.0 * static_cast<double>(m.num_hidden_layers) * S * S *
-                           static_cast<double>(m.num_attention_heads * m.head_dim()) * B * 0.5;
-  return dense + attention;
-}
 
 CommVolume step_comm_volume(const ModelConfig& m, int64_t batch, int64_t seq, int64_t sp, int64_t world,
                             int64_t act_bytes, int64_t grad_bytes) {
-  const Dims d = dims(m);
+  const ModelDims d = model_dims(m);
   if (sp < 1 || world < 1 || world % sp != 0) throw UsageError(str("sp ", sp, " does not divide the world ", world));
   if (d.N % sp != 0) throw UsageError(str(d.N, " attention heads are not divisible by sp ", sp));
   CommVolume v;
@@ -256,7 +200,7 @@ ProjectionConfig load_projection_config(const std::string& path) {
 }
 
 int64_t projection_sp(const ModelConfig& m, int64_t gpus) {
-  const Dims d = dims(m);
+  const ModelDims d = model_dims(m);
   for (int64_t sp = gpus; sp >= 1; --sp) {
     if (gpus % sp || d.N % sp) continue;
     if (d.Nkv % sp == 0 || (d.Nkv < sp && sp % d.Nkv == 0)) return sp;
@@ -265,7 +209,7 @@ int64_t projection_sp(const ModelConfig& m, int64_t gpus) {
 }
 
 double activation_bytes_per_token(const ProjectionConfig& c) {
-  const Dims d = dims(c.model);
+  const ModelDims d = model_dims(c.model);
   // Saved by one layer per token: norm inputs/outputs, q, k, v, attention output, gate, up, SwiGLU.
   const double layer = 7.0 * d.C + 2.0 * d.Nkv * d.D + 4.0 * d.M;
   // Checkpointing keeps each layer's input and one layer's activations and their gradients live;
@@ -300,7 +244,7 @@ ProjectionRow project_point(const ProjectionConfig& c, int64_t gpus, int64_t seq
   // SP groups are consecutive ranks, so a group of sp ≤ gpus_per_node stays on one node.
   const CommVolume v = step_comm_volume(c.model, c.batch, r.seq, r.sp, gpus, c.activation_bytes, c.grad_bytes);
   if (r.sp > 1) {
-    const Dims d = dims(c.model);
+    const ModelDims d = model_dims(c.model);
     const double g = static_cast<double>(std::min(c.gpus_per_node, r.sp)), sp = static_cast<double>(r.sp);
     for (int64_t heads : {d.N, v.kv_heads}) {
       const double local = static_cast<double>(c.batch * heads * (r.seq / r.sp) * d.D * c.activation_bytes);

@@ -12,22 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/flops.h"  // param_count, step_flops
 #include "models/model_config.h"
 
 namespace autosp {
 
-// Every parameter of the model (the same count as the sum over param_specs()).
-int64_t param_count(const ModelConfig& m);
-
-// The parameters the FLOP formula counts: every parameter except the input-embedding lookups
-// (Llama's embed_tokens when untied, GPT-2's wpe); a tied embedding counts once, as the LM head.
-int64_t flop_param_count(const ModelConfig& m);
-
-// FLOPs of one training step (forward + backward) on `batch` sequences of `seq` tokens:
-//   6 · flop_param_count · batch · seq  +  12 · layers · seq² · hidden · batch · ½ (causal).
-// The first term is 2 FLOPs per weight per token forward and 4 backward; the second is attention's
-// QKᵀ and PV (2·2·S²·hidden forward, twice that backward), halved because attention is causal.
-double step_flops(const ModelConfig& m, int64_t batch, int64_t seq);
 
 // Bytes one rank moves in one training step (CountingCommunicator's definitions, comm/counting.h),
 // for `batch` sequences of `seq` tokens (padded up to a multiple of sp) on a world of `world` ranks

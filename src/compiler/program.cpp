@@ -6,6 +6,7 @@
 #include "graph/autograd.h"
 #include "graph/passes/autosp/autosp.h"
 #include "graph/passes/checkpoint_activations.h"
+#include "graph/passes/feed_target_count.h"
 #include "graph/passes/fuse_elementwise.h"
 #include "graph/passes/mixed_precision.h"
 #include "graph/passes/shard_parameters.h"
@@ -42,6 +43,8 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Ra
     for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::rank_forward});
   const bool zero3 = zero_mode(cfg.zero_optimization, layout.world_size) == ZeroMode::sharded_parameters;
   if (zero3) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::rank_forward});
+  if (cfg.train.gradient_accumulation_steps > 1)
+    out.push_back({{"feed_target_count", passes::feed_target_count, true}, Stage::joint});
   if (cfg.runtime.fuse_kernels) out.push_back({{"fuse_elementwise", passes::fuse_elementwise, true}, Stage::joint});
   out.push_back({{"autograd", passes::autograd, true}, Stage::joint});
   if (cfg.runtime.activation_checkpointing)

@@ -46,7 +46,8 @@ DType master_dtype(DType run);
 //   rank_forward  the AutoSP pipeline (graph/passes/autosp/autosp.h; worlds of more than one
 //            rank), then shard_parameters (ZeroMode::sharded_parameters, i.e. stage 3 on such
 //            worlds: graph/passes/shard_parameters.h)
-//   joint    fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused
+//   joint    feed_target_count (train.gradient_accumulation_steps > 1: the loss's denominator is fed,
+//            graph/passes/feed_target_count.h), fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused
 //            ops, and before autograd, so the backward comes from the fused ops' vjps),
 //            autograd, checkpoint_activations (runtime.activation_checkpointing),
 //            regather_parameters (ZeRO-3: after every pass that places uses), canonicalize

@@ -156,6 +156,7 @@ const std::vector<Key>& schema() {
       {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", {}, F(runtime, fuse_kernels)},
       {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", {}, F(runtime, overlap_grad_sync)},
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", {}, F(runtime, grad_bucket_mb)},
+      {"runtime.peak_tflops", Kind::number, 0, 1e9, "", {}, F(runtime, peak_tflops)},
       {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", {}, F(sequence_parallel, autosp_size)},
       {"zero_optimization.stage", Kind::integer, 0, 3, "", {}, F(zero_optimization, stage)},
   };

@@ -82,6 +82,9 @@ struct RuntimeConfig {
   // while the backward still runs when overlap_grad_sync (train/grad_sync.h).
   bool overlap_grad_sync = true;
   double grad_bucket_mb = 25;
+  // The device's dense peak in TFLOP/s for the log's MFU (model FLOPs per rank per second / peak);
+  // 0: the detected GPU's dense bf16 peak (device/cuda/device.h), none on a CPU.
+  double peak_tflops = 0;
 };
 
 struct SequenceParallelConfig {

@@ -3,9 +3,18 @@
 
 #include <spdlog/spdlog.h>
 
+#include "device/cuda/device.h"
+#include "models/flops.h"
 #include "tensor/check.h"
 
 namespace autosp {
+
+namespace {
+
+// Three significant digits whatever the scale: a CPU's 0.0123 TFLOP/s and a node's 3210.
+std::string tflops_text(double t) { return t >= 100 ? fmt::format("{:.0f}", t) : fmt::format("{:.3g}", t); }
+
+}  // namespace
 
 StepLog::StepLog(const TrainArgs& args, int64_t start, int64_t total, const Config& cfg, bool lead)
     : cfg_(cfg), lead_(lead), quiet_(args.quiet), start_(start), total_(total),
@@ -13,6 +22,23 @@ StepLog::StepLog(const TrainArgs& args, int64_t start, int64_t total, const Conf
   if (!lead || args.metrics.empty()) return;
   metrics_.open(args.metrics, std::ios::app);
   if (!metrics_) throw UsageError(str("--metrics ", args.metrics, ": cannot open for writing"));
+}
+
+StepThroughput::StepThroughput(const Config& cfg, int64_t dp, int world, Device dev) {
+  const int64_t sequences = cfg.data.batch_size * cfg.train.gradient_accumulation_steps * dp;
+  tokens_ = static_cast<double>(sequences * cfg.data.seq_len);
+  flops_ = step_flops(cfg.model, sequences, cfg.data.seq_len);
+  const double device_peak = cfg.runtime.peak_tflops > 0       ? cfg.runtime.peak_tflops
+                             : dev.kind == DeviceKind::cuda ? dense_bf16_peak_tflops(dev.index)
+                                                            : 0;
+  peak_ = device_peak * world;
+}
+
+void StepThroughput::fill(StepRecord& rec) const {
+  const double seconds = rec.step_ms / 1000.0;
+  rec.tokens_per_sec = tokens_ / seconds;
+  rec.tflops = flops_ / seconds / 1e12;
+  rec.mfu = peak_ > 0 ? rec.tflops / peak_ : -1;
 }
 
 void StepLog::run_start(Device dev, const std::string& data, size_t num_params,
@@ -42,10 +68,13 @@ void StepLog::step(const StepRecord& rec) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began_).count();
     const double eta = elapsed / static_cast<double>(rec.step - start_) * static_cast<double>(total_ - rec.step);
     const std::string line = fmt::format(
-        "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} ms | peak {:.1f} MiB | eta {}m{:02d}s",
+        "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {} TFLOP/s{} | {:.1f} ms (sync "
+        "{:.1f}, data {:.1f}) | peak {:.1f} MiB | eta {}m{:02d}s",
         rec.step, total_, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
-        rec.grad_norm, rec.tokens_per_sec, rec.step_ms, static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0),
-        static_cast<int64_t>(eta) / 60, static_cast<int64_t>(eta) % 60);
+        rec.grad_norm, rec.tokens_per_sec, tflops_text(rec.tflops),
+        rec.mfu >= 0 ? fmt::format(" | MFU {:.1f}%", rec.mfu * 100) : "", rec.step_ms, rec.grad_sync_ms, rec.data_ms,
+        static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0), static_cast<int64_t>(eta) / 60,
+        static_cast<int64_t>(eta) % 60);
     const std::string val =
         rec.evaluated ? fmt::format("step {}/{} | val loss {:.4f} | val acc {:.3f}", rec.step, total_, rec.val_loss,
                                     rec.val_accuracy)
@@ -58,7 +87,10 @@ void StepLog::step(const StepRecord& rec) {
   if (metrics_.is_open()) {
     nlohmann::json m = {{"step", rec.step},         {"loss", rec.loss},       {"lr", rec.lr},
                         {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
-                        {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes}};
+                        {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes},
+                        {"tflops", rec.tflops},     {"grad_sync_ms", rec.grad_sync_ms},
+                        {"data_ms", rec.data_ms},   {"targets", rec.targets}};
+    if (rec.mfu >= 0) m["mfu"] = rec.mfu;
     if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
     if (rec.skipped) m["skipped"] = true;  // its loss and norm are NaN (null in JSON)
     if (rec.evaluated) m["val_loss"] = rec.val_loss, m["val_accuracy"] = rec.val_accuracy;

@@ -13,6 +13,20 @@
 
 namespace autosp {
 
+// A step's throughput from its time: tokens/s over every micro-batch, the job's model TFLOP/s
+// (models/flops.h step_flops of the global batch, as autosp-bench reports it) and the MFU against
+// the peak: runtime.peak_tflops, else the detected GPU's dense bf16 peak (device/cuda/device.h),
+// times the ranks; none on a CPU without runtime.peak_tflops.
+class StepThroughput {
+ public:
+  StepThroughput(const Config& cfg, int64_t dp, int world, Device dev);
+  void fill(StepRecord& rec) const;  // from rec.step_ms
+  double peak_tflops() const { return peak_; }  // the job's (0: unknown)
+
+ private:
+  double tokens_ = 0, flops_ = 0, peak_ = 0;  // per step
+};
+
 class StepLog {
  public:
   // Opens args.metrics for appending (a path that cannot be opened is a UsageError).

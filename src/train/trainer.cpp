@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <unordered_set>
 
@@ -20,9 +21,10 @@
 #include "device/cuda/device.h"
 #include "device/host.h"
 #include "engine/executor.h"
-#include "graph/ops.h"  // kIgnoreIndex
 #include "models/weights.h"
 #include "tensor/safetensors.h"
+#include "graph/passes/feed_target_count.h"  // kTargetCount
+#include "train/accumulation.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/fault.h"
@@ -119,18 +121,6 @@ std::unordered_set<const Node*> gradient_nodes(const RankProgram& prog) {
   return out;
 }
 
-// Whether no rank's batch has a scored position (every label -100: an all-EOS window under
-// data.document_mask, fully masked data), so the token-mean loss is 0/0. Every rank calls it
-// together (one integer all-reduce).
-bool no_scored_token(const Batch& batch, Communicator& host_world) {
-  int64_t scored = 0;
-  const int64_t* labels = batch.labels.data<int64_t>();
-  for (int64_t i = 0; i < batch.labels.numel(); ++i) scored += labels[i] != kIgnoreIndex;
-  Tensor total = Tensor::from_vector<int64_t>({1}, {scored});
-  host_world.all_reduce_sum(total);
-  return total.data<int64_t>()[0] == 0;
-}
-
 // A non-finite loss or norm. Loss and norm are all-reduced, so every rank stops here together,
 // before the update. The parameters that gave it are those after the previous step, which its
 // checkpoint already holds: the advice names an older one.
@@ -187,6 +177,26 @@ bool preempted(const StopOnSignal& stop, const Config& cfg, int64_t step, bool s
   return true;
 }
 
+// What the data source reads per step and dp rank: the k micro-batches of
+// train.gradient_accumulation_steps as one batch of k·data.batch_size sequences, so step s reads
+// exactly what one step of that batch would (train/accumulation.h).
+DataConfig step_data(const Config& cfg) {
+  DataConfig d = cfg.data;
+  d.batch_size *= cfg.train.gradient_accumulation_steps;
+  return d;
+}
+
+// The fed loss denominator (graph/passes/feed_target_count.h): the step's global target count in
+// the dtype of the program's input, on the run device.
+Tensor target_count_feed(const RankProgram& prog, int64_t targets, Device dev) {
+  const Node* in = prog.graph->find(passes::kTargetCount);
+  AUTOSP_ASSERT(in, "the program has no ", passes::kTargetCount, " input");
+  Tensor t = Tensor::from_vector<double>({}, {static_cast<double>(targets)}).to(in->dtype());
+  return dev.kind == DeviceKind::cpu ? t : to_device(t, dev);
+}
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
@@ -202,7 +212,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   StopOnSignal stop(cfg.train.save_timeout);  // SIGTERM, SIGINT, SIGUSR1: save after this step and stop
 
   const RankProgram prog = build_program(cfg, cfg.runtime.dtype, Stage::joint, mesh);
-  auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
+  const int64_t k = cfg.train.gradient_accumulation_steps;
+  auto data = make_data_source(step_data(cfg), cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   std::optional<Validation> validation = make_validation(cfg, cfg.runtime.dtype, mesh);
   StartState start = start_state(cfg, args, *comms->host_world);
   const size_t num_params = start.params.size();
@@ -212,9 +223,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const bool score_each_step = cfg.data.source == DataSourceKind::synthetic && args.accuracy;
   const Executor ex(*prog.graph, exec_options(cfg, *state, score_each_step));
   const std::unordered_set<const Node*> gradients = gradient_nodes(prog);
+  GradAccumulator accumulated;
   StepLog log(args, start.step, total, cfg, world.rank() == 0);
   log.run_start(dev, data->describe(), num_params, validation ? validation->data->describe() : "");
-  const int64_t tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * mesh.dp;
+  const StepThroughput throughput(cfg, mesh.dp, world.size(), dev);
 
   TrainResult result;
   for (int64_t step = start.step; step < total; ++step) {
@@ -222,32 +234,46 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     StepRecord rec{.step = step + 1};
     comms->watchdog->set_step(rec.step);
     inject_fault(fault, FaultWhere::step, world.rank(), rec.step, world);
-    // Every rank of an SP group reads the same sequences; the graph slices its block.
+    // Every rank of an SP group reads the same sequences (k micro-batches' worth); the graph slices
+    // its block. The step's targets are counted over the world before any backward.
     const Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), mesh.sp);
-    const GradSyncStats synced_before = state->sync_stats();
-    RunResult r = ex.run(run_feeds(batch, state->graph_params(), cfg.model.vocab_size, dev), comms->groups,
-                         [&](const Node& n, const Tensor& v) {
-                           if (gradients.count(&n)) inject_nan_into(fault, world.rank(), rec.step, v);
-                           state->offer(n, v);
-                         });
-    state->finish_backward(r);
-    comms->synchronize_device();  // device results are read on the host once every collective has finished
-    if (step == start.step && !args.dump_grads.empty()) {
-      const ParamMap grads = state->whole_grads();  // whole at every ZeRO mode: a collective
-      if (world.rank() == 0) save_safetensors(args.dump_grads, host_copy(grads));
-    }
-    rec.loss = host_copy(r.outputs.at(prog.loss)).to_doubles()[0];
-    rec.grad_norm = state->grad_norm(*comms->host_world);
+    rec.targets = global_target_count(batch, mesh, *comms->host_world);
+    rec.data_ms = ms_since(t0);
+    rec.skipped = rec.targets == 0;  // no scored position anywhere: the loss would be 0/0
     rec.lr = lr_at(cfg.train, step, total);
-    const bool finite = std::isfinite(rec.loss) && std::isfinite(rec.grad_norm);
-    rec.skipped = !finite && no_scored_token(batch, *comms->host_world);  // 0/0: the data's, not a divergence
-    if (!finite && !rec.skipped) diverged(rec, cfg);
-    if (!rec.skipped) state->update(cfg.train, rec.grad_norm, rec.lr);
-    if (score_each_step) rec.accuracy = score_accuracy(r, batch, mesh, *comms->host_world);
+    const GradSyncStats synced_before = state->sync_stats();
+    if (!rec.skipped) {
+      RunResult r;
+      for (int64_t i = 0; i < k; ++i) {  // the micro-batches; only the last one's gradients are synchronised
+        const bool last = i == k - 1;
+        ParamMap feeds = run_feeds(micro_batch(batch, i, k), state->graph_params(), cfg.model.vocab_size, dev);
+        if (k > 1) feeds[passes::kTargetCount] = target_count_feed(prog, rec.targets, dev);
+        r = ex.run(std::move(feeds), comms->groups, [&](const Node& n, const Tensor& v) {
+          if (gradients.count(&n)) {
+            if (i == 0) inject_nan_into(fault, world.rank(), rec.step, v);
+            accumulated.take(n, v, i, k);
+          }
+          if (last) state->offer(n, v);
+        });
+        rec.loss += host_copy(r.outputs.at(prog.loss)).to_doubles()[0];  // k > 1: this micro-batch's share
+        rec.peak_bytes = std::max(rec.peak_bytes, r.peak_bytes);
+      }
+      state->finish_backward(r);
+      comms->synchronize_device();  // device results are read on the host once every collective has finished
+      if (step == start.step && !args.dump_grads.empty()) {
+        const ParamMap grads = state->whole_grads();  // whole at every ZeRO mode: a collective
+        if (world.rank() == 0) save_safetensors(args.dump_grads, host_copy(grads));
+      }
+      rec.grad_norm = state->grad_norm(*comms->host_world);
+      if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) diverged(rec, cfg);
+      state->update(cfg.train, rec.grad_norm, rec.lr);
+      if (score_each_step) rec.accuracy = score_accuracy(r, micro_batch(batch, k - 1, k), mesh, *comms->host_world);
+    } else {
+      rec.loss = rec.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    }
     if (dev.kind == DeviceKind::cuda) synchronize();  // the step's queued device work belongs to its time
-    rec.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    rec.tokens_per_sec = static_cast<double>(tokens_per_step) / (rec.step_ms / 1000.0);
-    rec.peak_bytes = r.peak_bytes;
+    rec.step_ms = ms_since(t0);
+    throughput.fill(rec);
     rec.grad_sync_ms = (state->sync_stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
     rec.grad_sync_wait_ms = (state->sync_stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
     if (validation && validation_due(cfg, rec.step, total))
@@ -265,6 +291,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   result.params = host_copy(state->whole_params());
   result.optimizer_state_bytes = state->state_bytes();
   result.grad_bucket_bytes = state->grad_bucket_bytes();
+  result.accumulator_bytes = accumulated.bytes();
   return result;
 }
 

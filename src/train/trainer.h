@@ -1,6 +1,6 @@
 // The training loop behind autosp-train: builds the joint forward+backward graph once, then per
-// step reads a batch, runs the graph, all-reduces gradients over the world, clips, steps AdamW,
-// logs (rank 0) and checkpoints. Everything a test wants to check is returned in TrainResult.
+// step reads a batch, runs the graph on each of its micro-batches (train.gradient_accumulation_steps),
+// all-reduces gradients over the world, clips, steps AdamW, logs (rank 0) and checkpoints. Everything a test wants to check is returned in TrainResult.
 #pragma once
 
 #include <optional>
@@ -33,12 +33,17 @@ struct TrainArgs {
 struct StepRecord {
   int64_t step = 0;  // 1-based number of the completed step
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_sec = 0, step_ms = 0;
+  double data_ms = 0;            // reading the step's batch and counting its targets
+  double tflops = 0;             // the job's model TFLOP/s (models/flops.h step_flops of the global batch)
+  double mfu = -1;               // tflops / (peak × ranks) (train/step_log.h StepThroughput); -1: no peak known
+  int64_t targets = 0;           // the step's scored targets over the world (the loss's denominator)
   double grad_sync_ms = 0;       // time blocked on the gradient all-reduce (train/grad_sync.h)
   double grad_sync_wait_ms = 0;  // the part of it after the backward (GradSyncStats::wait_seconds)
   size_t peak_bytes = 0;
   double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources or when not scored)
-  // No rank's batch had a scored position (every label -100), so the loss was 0/0: no update this
-  // step (the data and the learning-rate schedule move on).
+  // No rank's batch had a scored position (every label -100), so the loss would be 0/0: the step
+  // ran no graph and made no update (the data and the learning-rate schedule move on); loss and
+  // norm are NaN.
   bool skipped = false;
   // Validation after this step (train.eval_every, and after the last step): the mean over
   // train.eval_batches validation batches of each batch's loss (the global token mean, like the
@@ -46,6 +51,13 @@ struct StepRecord {
   // training's parameters, optimizer state and data order are untouched.
   bool evaluated = false;
   double val_loss = 0, val_accuracy = -1;
+};
+
+// A validation sequence for the log (rank 0): its tokens, labels and the model's argmax at each
+// position, and for the synthetic task format_example's line (train/data.h).
+struct ValExample {
+  std::vector<int64_t> input, labels, predicted;  // [S]
+  std::string formatted;                          // synthetic data only
 };
 
 struct TrainResult {
@@ -59,9 +71,11 @@ struct TrainResult {
   // ZeRO-3 has no buckets) and the parameters it holds between steps (whole below stage 3, its
   // shards at 3).
   size_t optimizer_state_bytes = 0, grad_bucket_bytes = 0, parameter_bytes = 0;
+  // The gradient accumulator's buffers (train/accumulation.h; none with one micro-batch per step).
+  size_t accumulator_bytes = 0;
   // The last validation's first sequence that the model got entirely right (else its first
-  // sequence), as data.h format_example writes it; rank 0 only, empty without validation.
-  std::string val_example;
+  // sequence); rank 0 only, empty without validation.
+  ValExample val_example;
 };
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world);

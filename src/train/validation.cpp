@@ -56,8 +56,8 @@ double fraction(std::pair<int64_t, int64_t> counts) {
 // The first sequence of the world's first validation batch: every rank of dp rank 0 adds the
 // argmax of its block of the sequence, the sum over the world (the blocks are disjoint) is the
 // whole row's prediction; rank 0 formats the first row it got entirely right (else row 0).
-std::string first_example(const Tensor& logits, const Batch& batch, int64_t S, const RankLayout& layout,
-                          Communicator& host_world) {
+ValExample first_example(const Tensor& logits, const Batch& batch, int64_t S, const RankLayout& layout,
+                         Communicator& host_world, bool synthetic) {
   const int64_t B = batch.input_ids.dim(0), Sp = batch.input_ids.dim(1), block = Sp / layout.sp;
   Tensor pred = Tensor::zeros({B, Sp}, DType::i64);
   if (layout.dp_rank == 0) {
@@ -67,7 +67,7 @@ std::string first_example(const Tensor& logits, const Batch& batch, int64_t S, c
         pred.data<int64_t>()[b * Sp + layout.sp_rank * block + t] = local[static_cast<size_t>(b * block + t)];
   }
   host_world.all_reduce_sum(pred);
-  if (host_world.rank() != 0) return "";
+  if (host_world.rank() != 0) return {};
   auto row = [&](const Tensor& t, int64_t b) {
     const int64_t* p = t.data<int64_t>() + b * Sp;
     return std::vector<int64_t>(p, p + S);
@@ -83,7 +83,9 @@ std::string first_example(const Tensor& logits, const Batch& batch, int64_t S, c
       break;
     }
   }
-  return format_example(row(batch.input_ids, pick), row(batch.labels, pick), row(pred, pick));
+  ValExample ex{row(batch.input_ids, pick), row(batch.labels, pick), row(pred, pick), ""};
+  if (synthetic) ex.formatted = format_example(ex.input, ex.labels, ex.predicted);
+  return ex;
 }
 
 }  // namespace
@@ -102,7 +104,7 @@ bool validation_due(const Config& cfg, int64_t step, int64_t total) {
 }
 
 void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms& comms, Device dev,
-              StepRecord& rec, std::string* example) {
+              StepRecord& rec, ValExample* example) {
   const RankLayout& layout = comms.mesh;
   double loss_sum = 0;
   int64_t correct = 0, counted = 0;
@@ -116,7 +118,9 @@ void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms
     auto [c, n] = count_correct(logits, local_labels(batch, layout));
     correct += c;
     counted += n;
-    if (k == 0 && example) *example = first_example(logits, batch, raw.labels.dim(1), layout, *comms.host_world);
+    if (k == 0 && example)
+      *example = first_example(logits, batch, raw.labels.dim(1), layout, *comms.host_world,
+                               cfg.data.source == DataSourceKind::synthetic);
   }
   rec.evaluated = true;
   rec.val_loss = loss_sum / static_cast<double>(cfg.train.eval_batches);

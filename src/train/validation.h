@@ -33,9 +33,10 @@ std::optional<Validation> make_validation(const Config& cfg, DType dtype, const 
 bool validation_due(const Config& cfg, int64_t step, int64_t total);
 
 // Validation loss and accuracy with `params` (what the graph's parameter nodes are fed) into
-// `rec`; `example` receives rank 0's formatted first sequence when non-null.
+// `rec`; `example` receives rank 0's first sequence (the first one it got entirely right) when
+// non-null.
 void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms& comms, Device dev,
-              StepRecord& rec, std::string* example);
+              StepRecord& rec, ValExample* example);
 
 // The synthetic task's accuracy on a training step's batch over the world, from the step's
 // outputs (this rank's logits, or predictions under runtime.tiled_loss).

@@ -116,8 +116,9 @@ if len(rows) == 4:
     # llama-tiny, sp 2, B 1, S 64: 2 layers x 2 directions x (2 x 8 + 2 x 4 heads) x 1*(64/2)*16*4/2 bytes;
     # gradients (361088 f32) + the loss scalars (no accuracy counts: the bench does not score the task)
     assert int(rows[3]["all_to_all_bytes"]) == 2 * 2 * (2 * 8 + 2 * 4) * 32 * 16 * 4 // 2, rows[3]
-    # + 8: the preemption-stop agreement (i64[1], train/preempt.h) each step
-    assert int(rows[3]["all_reduce_bytes"]) == 361088 * 4 + 8 + 8, rows[3]
+    # + 8: the preemption-stop agreement (i64[1], train/preempt.h) each step; + 8: the step's
+    # target count (i64[1], train/accumulation.h)
+    assert int(rows[3]["all_reduce_bytes"]) == 361088 * 4 + 8 + 8 + 8, rows[3]
 lines = [json.loads(l) for l in open(sys.argv[2])]
 assert [(str(l["P"]), str(l["seq"])) for l in lines] == points, lines
 PY

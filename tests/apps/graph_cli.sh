@@ -90,6 +90,14 @@ expect_usage_error "world" --config "$src/configs/gpt2-tiny.json" --world two
 expect_usage_error "bogus" --config "$src/configs/gpt2-tiny.json" --bogus
 expect_usage_error "model.hidden_size" --config "$src/configs/gpt2-tiny.json" --set model.hidden_size=abc
 
+# --plan-memory without --stage plans the training program (the joint graph), not the forward.
+"$bin" --config "$src/configs/gpt2-tiny.json" --plan-memory S=64 >"$tmp/plan_default.json" 2>"$tmp/err" &&
+  "$bin" --config "$src/configs/gpt2-tiny.json" --stage joint --plan-memory S=64 >"$tmp/plan_joint.json" &&
+  "$bin" --config "$src/configs/gpt2-tiny.json" --stage forward --plan-memory S=64 >"$tmp/plan_forward.json" ||
+  { echo "FAIL: --plan-memory default: $(cat "$tmp/err")"; fail=1; }
+cmp -s "$tmp/plan_default.json" "$tmp/plan_joint.json" || { echo "FAIL: --plan-memory's default is not the joint plan"; fail=1; }
+cmp -s "$tmp/plan_default.json" "$tmp/plan_forward.json" && { echo "FAIL: --plan-memory's default is the forward plan"; fail=1; }
+
 # --plan-memory at each zero_optimization.stage, world 4 (dp 4): the moments are 2 x the
 # parameters at stage 0 and a quarter of that at 1 and 2; the gradient buckets are a whole copy of
 # the gradients at 0 (plus the quarter they reduce-scatter into at 1), only the quarter at 2, where

@@ -178,6 +178,10 @@ row "expected key.path=value" "${c[@]}" --set train.lr
 row 'train.keep_checkpoints = -1' "${c[@]}" --set train.keep_checkpoints=-1
 row 'runtime.threads = 1.5: expected an integer' "${c[@]}" --set runtime.threads=1.5
 row 'runtime.grad_bucket_mb = 0' "${c[@]}" --set runtime.grad_bucket_mb=0
+row 'train.gradient_accumulation_steps = 0' "${c[@]}" --set train.gradient_accumulation_steps=0
+row 'train.gradient_accumulation_steps = 1.5: expected an integer' "${c[@]}" --set train.gradient_accumulation_steps=1.5
+row 'runtime.peak_tflops = -1' "${c[@]}" --set runtime.peak_tflops=-1
+row 'runtime.peak_tflops = "fast": expected a number' "${c[@]}" --set runtime.peak_tflops=fast
 row 'runtime.overlap_grad_sync = "sometimes": expected true or false' "${c[@]}" --set runtime.overlap_grad_sync=sometimes
 row 'runtime.tiled_mlp = "yes": expected true or false' "${c[@]}" --set runtime.tiled_mlp=yes
 row 'runtime.tiled_mlp = 3: expected true or false' "${c[@]}" --set runtime.tiled_mlp=3

@@ -21,11 +21,11 @@ struct Case {
   int64_t seq, batch;
 };
 
-void check_volume(const Case& c, int64_t sp, int64_t steps) {
+void check_volume(const Case& c, int64_t sp, int64_t steps, int64_t k = 1) {
   Communicator& world = test_world();
   const Config cfg = parse_config({{"model", c.model},
                                    {"data", {{"source", "synthetic"}, {"seq_len", c.seq}, {"batch_size", c.batch}}},
-                                   {"train", {{"log_every", 1000}}},
+                                   {"train", {{"log_every", 1000}, {"gradient_accumulation_steps", k}}},
                                    {"runtime", {{"dtype", "float32"}, {"threads", 1}}},
                                    {"sequence_parallel", {{"autosp_size", sp}}}});
   CountingCommunicator counted(world);
@@ -37,14 +37,18 @@ void check_volume(const Case& c, int64_t sp, int64_t steps) {
 
   const CommVolume v = step_comm_volume(cfg.model, c.batch, c.seq, sp, world.size(), 4, 4);
   // Besides the model's volume the trainer all-reduces the synthetic task's accuracy counts
-  // (i64[2], 16 bytes) and the preemption-stop flag (i64[1], 8 bytes: train/preempt.h) each step;
-  // every rank broadcast-receives rank 0's initial weights once.
-  const int64_t accuracy_bytes = 16 + 8;
-  INFO(c.name << " at world " << world.size() << ", sp " << sp << ": all-to-all " << s.all_to_all.bytes
+  // (i64[2], 16 bytes), the step's target count (i64[1], 8 bytes: train/accumulation.h) and the
+  // preemption-stop flag (i64[1], 8 bytes: train/preempt.h) each step; every rank
+  // broadcast-receives rank 0's initial weights once. With k micro-batches every micro-batch moves
+  // the activations' all-to-alls and all-reduces its share of the loss (4 bytes), the fed count
+  // replaces the graph's own (4 bytes), and the gradients are reduced once per step.
+  const int64_t host_bytes = 16 + 8 + 8;
+  const int64_t graph_bytes = k == 1 ? v.all_reduce_bytes : v.grad_bytes + k * 4;
+  INFO(c.name << " at world " << world.size() << ", sp " << sp << ", k " << k << ": all-to-all " << s.all_to_all.bytes
                << " bytes, all-reduce " << s.all_reduce.bytes << " bytes over " << steps << " steps");
-  CHECK(s.all_to_all.calls == steps * v.all_to_all_calls);
-  CHECK(s.all_to_all.bytes == steps * v.all_to_all_bytes);
-  CHECK(s.all_reduce.bytes == steps * (v.all_reduce_bytes + accuracy_bytes));
+  CHECK(s.all_to_all.calls == steps * k * v.all_to_all_calls);
+  CHECK(s.all_to_all.bytes == steps * k * v.all_to_all_bytes);
+  CHECK(s.all_reduce.bytes == steps * (graph_bytes + host_bytes));
   CHECK(s.broadcast.bytes == param_count(cfg.model) * 4);
   CHECK(s.all_gather.calls == 0);
 }
@@ -62,6 +66,10 @@ const Case kCases[] = {
 
 TEST_CASE("comm volume: sp = world matches the scaling model exactly", "[mpi][scaling]") {
   for (const Case& c : kCases) check_volume(c, test_world().size(), 2);
+}
+
+TEST_CASE("comm volume: k micro-batches reduce the gradients once per step", "[mpi][scaling][accumulation]") {
+  check_volume(kCases[0], test_world().size(), 2, 3);
 }
 
 TEST_CASE("comm volume: dp x sp mesh matches the scaling model exactly", "[mpi][scaling]") {

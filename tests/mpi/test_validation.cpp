@@ -62,7 +62,7 @@ TEST_CASE("validation: every SP/DP layout gives the P = 1 validation loss; train
       CHECK(std::abs(got.steps[k].val_loss - ref.steps[k].val_loss) <= 1e-5 * ref.steps[k].val_loss);
       CHECK(std::abs(got.steps[k].val_accuracy - ref.steps[k].val_accuracy) < 1e-12);
     }
-    if (world.rank() == 0) CHECK(got.val_example.find("right") != std::string::npos);
+    if (world.rank() == 0) CHECK(got.val_example.formatted.find("right") != std::string::npos);
   }
 }
 

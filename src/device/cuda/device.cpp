@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -158,6 +159,19 @@ int cuda_device_count() {
 }
 
 bool cuda_available() { return cuda_device_count() > 0; }
+
+double dense_bf16_peak_tflops(int device) {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const std::string name = prop.name;
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H100") && has("PCIe")) return 756;
+  if (has("H100") || has("H200") || has("H800") || has("GH200")) return 989;
+  if (has("B200") || has("GB200")) return 2250;
+  if (has("A100") || has("A800")) return 312;
+  if (has("L40S")) return 362;
+  return 0;
+}
 
 int select_device_for_local_rank() {
   const int d = device_for_local_rank(local_rank_from_env(), local_size_from_env(), cuda_device_count());

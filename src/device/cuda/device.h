@@ -28,6 +28,11 @@ namespace autosp {
 bool cuda_available();
 int cuda_device_count();
 
+// The dense bf16 tensor-core peak of `device` in TFLOP/s, from its name (the vendor's datasheet
+// figures without sparsity: H100/H200 SXM 989, H100 PCIe 756, A100 312, L40S 362, B200 2250), for
+// the trainer's MFU; 0 for a device it does not know (then only runtime.peak_tflops gives MFU).
+double dense_bf16_peak_tflops(int device);
+
 // Picks this rank's device from its node-local rank (device/local_rank.h), makes it the current
 // device of the process and returns its index. More local ranks than devices: UsageError (exit 2).
 int select_device_for_local_rank();

@@ -1,0 +1,32 @@
+// The model's size arithmetic from its shape alone: the parameter counts and the FLOPs of one
+// training step, the formula behind autosp-bench's TFLOP/s column, its --project scaling model
+// (docs/scaling.md derives it) and the trainer's TFLOP/s and MFU (train/step_log.h). Pure functions
+// of ModelConfig; knows nothing of graphs or tensors.
+#pragma once
+
+#include <cstdint>
+
+#include "models/model_config.h"
+
+namespace autosp {
+
+// C = hidden, N = heads, D = head dim, Nkv = K/V heads, M = MLP width, V = vocab, L = layers.
+struct ModelDims {
+  int64_t C, N, D, Nkv, M, V, L;
+};
+ModelDims model_dims(const ModelConfig& m);
+
+// Every parameter of the model (the same count as the sum over param_specs()).
+int64_t param_count(const ModelConfig& m);
+
+// The parameters the FLOP formula counts: every parameter except the input-embedding lookups
+// (Llama's embed_tokens when untied, GPT-2's wpe); a tied embedding counts once, as the LM head.
+int64_t flop_param_count(const ModelConfig& m);
+
+// FLOPs of one training step (forward + backward) on `batch` sequences of `seq` tokens:
+//   6 · flop_param_count · batch · seq  +  12 · layers · seq² · hidden · batch · ½ (causal).
+// The first term is 2 FLOPs per weight per token forward and 4 backward; the second is attention's
+// QKᵀ and PV (2·2·S²·hidden forward, twice that backward), halved because attention is causal.
+double step_flops(const ModelConfig& m, int64_t batch, int64_t seq);
+
+}  // namespace autosp
