@@ -246,6 +246,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       RunResult r;
       for (int64_t i = 0; i < k; ++i) {  // the micro-batches; only the last one's gradients are synchronised
         const bool last = i == k - 1;
+        r = RunResult();  // the previous micro-batch's outputs are not held through this one's run
         ParamMap feeds = run_feeds(micro_batch(batch, i, k), state->graph_params(), cfg.model.vocab_size, dev);
         if (k > 1) feeds[passes::kTargetCount] = target_count_feed(prog, rec.targets, dev);
         r = ex.run(std::move(feeds), comms->groups, [&](const Node& n, const Tensor& v) {
