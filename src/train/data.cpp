@@ -1,8 +1,9 @@
 // Data sources for training (see data.h): llm.c token shards, raw text bytes, a weighted mix of
 // them and the synthetic associative-recall task, plus count_correct for the task's accuracy. The
-// read order's arithmetic (windows, shuffle, mix schedule, positions) is train/data_order.cpp. Everything read from a file
-// is validated before we allocate or index with it; a malformed file is a UsageError that starts
-// with the file's path. Knows nothing of graphs, kernels or devices beyond CPU tensors.
+// read order's arithmetic (windows, shuffle, mix schedule, positions) is train/data_order.cpp.
+// Everything read from a file is validated before we allocate or index with it; a malformed file
+// is a UsageError that starts with the file's path. Knows nothing of graphs, kernels or devices
+// beyond CPU tensors.
 #include "train/data.h"
 
 #include <fcntl.h>
@@ -264,21 +265,21 @@ class StreamSource final : public DataSource {
     return {{"", g / windows_, static_cast<double>(g % windows_) / static_cast<double>(windows_)}};
   }
   DataPosition position(int64_t next_sequence) const override {
-    return {next_sequence, 0, source_, seq_len_, order_.shuffle, static_cast<int64_t>(order_.seed), {{path_, 1, total_}}};
+    return {next_sequence, 0, source_, seq_len_, order_.shuffle, static_cast<int64_t>(order_.seed),
+            {{path_, 1, total_}}};
   }
   int64_t num_tokens() const override { return total_; }
   std::string describe() const override { return description_; }
 
+ private:
   // The window sequence g reads: g mod N of epoch g / N, through that epoch's permutation.
   int64_t window_of(int64_t g) const {
     const int64_t i = g % windows_;
     return order_.shuffle ? Permutation(windows_, order_.seed, static_cast<uint64_t>(g / windows_))(i) : i;
   }
-
- private:
   // window.size() tokens from stream index `at` (a window lies inside the stream), across segment
-  // boundaries.
-  // Each file is checked unchanged (Mapping::check_unchanged) before the batch first reads it.
+  // boundaries. Each file is checked unchanged (Mapping::check_unchanged) before the batch first
+  // reads it.
   void read_window(int64_t at, std::vector<int64_t>& window, std::vector<char>& checked) const {
     size_t k = segment_of(at);
     int64_t filled = 0;

@@ -195,6 +195,7 @@ DataResume resume_data(const DataPosition& saved, const DataPosition& now) {
                          "run: ", why));
   };
   if (saved.source != now.source) cannot(str("data.source was \"", saved.source, "\", now \"", now.source, "\""));
+  if (saved.datasets.empty() || now.datasets.empty()) cannot("a position without datasets");
   const bool mix = saved.datasets.size() > 1 || now.datasets.size() > 1;
   if (saved.datasets.size() != now.datasets.size())
     cannot(str("the run read ", saved.datasets.size(), " dataset(s), now ", now.datasets.size(),
@@ -231,7 +232,8 @@ DataResume resume_data(const DataPosition& saved, const DataPosition& now) {
   if (g == 0) return done(0, "sequence 0 (nothing was read)");
   if (mix)
     cannot(str("a mix continues only with the same data.seq_len, data.shuffle and data.seed (seq_len ", saved.seq_len,
-               " → ", now.seq_len, ", shuffle ", yes(saved.shuffle), " → ", yes(now.shuffle), ", seed ", saved.seed, " → ", now.seed,
+               " → ", now.seq_len, ", shuffle ", yes(saved.shuffle), " → ", yes(now.shuffle), ", seed ", saved.seed,
+               " → ", now.seed,
                "): each dataset's reading stands mid-epoch"));
   const int64_t new_windows = windows_in(tokens, now.seq_len);
   if (new_windows < 1) cannot(str("data.seq_len ", now.seq_len, " needs more than the data's ", tokens, " tokens"));
@@ -239,7 +241,8 @@ DataResume resume_data(const DataPosition& saved, const DataPosition& now) {
   int64_t next = 0;
   auto epoch_start = [&](int64_t e) {
     int64_t v = 0;
-    if (__builtin_mul_overflow(e, new_windows, &v)) cannot(str("epoch ", e, " of ", new_windows, " sequences overflows"));
+    if (__builtin_mul_overflow(e, new_windows, &v))
+      cannot(str("epoch ", e, " of ", new_windows, " sequences overflows"));
     return v;
   };
   if (within == 0) {  // an epoch boundary: the next epoch reads everything, in any order

@@ -25,7 +25,8 @@ struct TempDir {
   fs::path dir;
   TempDir() {
     static int counter = 0;
-    dir = fs::temp_directory_path() / ("autosp-test-order-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+    dir = fs::temp_directory_path() /
+          ("autosp-test-order-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
     fs::remove_all(dir);
     fs::create_directories(dir);
   }
@@ -407,7 +408,7 @@ TEST_CASE("data position: JSON round trip, and where a resumed run continues", "
   CHECK_THROWS_WITH(resume_data(saved, text), Catch::Contains("data.source was \"tokens\", now \"text\""));
   DataPosition moved = stream_position(0, 4, 101);
   moved.datasets[0].path = "/new/disk/train_*.bin";
-  CHECK(resume_data(saved, moved).log.find("data/train_*.bin is now /new/disk/train_*.bin (same size)") != std::string::npos);
+  CHECK_THAT(resume_data(saved, moved).log, Catch::Contains("data/train_*.bin is now /new/disk/train_*.bin (same size)"));
   CHECK(next(saved, moved) == 30);
 
   // A mix continues only as it was.
