@@ -1,5 +1,5 @@
 // libFuzzer target: the llm.c token-shard reader (data.source "tokens") on a file holding the
-// input, then a few batches read from it. Any outcome but a data source or a UsageError is a bug;
+// input, then a few batches read from it, in file order, shuffled, or as a mix. Any outcome but a data source or a UsageError is a bug;
 // every token read must be < vocab_size and labels must be the inputs shifted by one.
 #include <unistd.h>
 
@@ -23,6 +23,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.seq_len = 1 + byte(12) % 64;
   cfg.batch_size = 1 + byte(16) % 4;
   const int64_t vocab = 1 + (int64_t{byte(20)} | int64_t{byte(21)} << 8 | int64_t{byte(22) % 2} << 16);
+  // The read order too: shuffled epochs, and a mix of the file with itself (data_order.h).
+  cfg.shuffle = byte(26) & 1;
+  cfg.seed = byte(27);
+  if (byte(26) & 2) {
+    cfg.mix = {{path, 1.0}, {path, 1.0 + byte(28)}};
+    cfg.path.clear();
+  }
   try {
     auto src = autosp::make_data_source(cfg, vocab, 0);
     for (int64_t step : {int64_t{0}, int64_t{1}, int64_t{byte(24)}, int64_t{1} << 40}) {

@@ -7,8 +7,12 @@
 
 Documents: each line of a .jsonl file (its --text-key field), each other file as a whole (or, with
 --paragraphs, each blank-line-separated paragraph of it); an input without a document is an error.
-Each document is followed by the EOS token (the tokenizer's <|endoftext|>, </s> or <eos>; a trained
-tokenizer gets <|endoftext|>), so no document runs into the next unmarked. Special-token text inside
+Each document is followed by the EOS token (the tokenizer's <|endoftext|>, <|end_of_text|>, </s> or
+<eos>; a trained tokenizer gets <|endoftext|>), so no document runs into the next unmarked, and
+begins with the BOS token where the tokenizer puts one before a text, as transformers' tokenizer(text)
+does: tokenizer_config.json's add_bos_token with its bos_token where that file (beside tokenizer.json)
+says, else what the tokenizer's post-processor adds in front (Llama 3's <|begin_of_text|>, Llama 2's
+<s>; GPT-2's and a trained tokenizer add none). A BOS that is the EOS token itself is not repeated. Special-token text inside
 a document ("<|endoftext|>" written out) is encoded as plain text, so EOS only ever ends a document.
 A seeded shuffle of the documents puts --val-fraction of them (at least one when there are two or
 more) into the validation split; the train split must keep at least one.
@@ -17,7 +21,7 @@ Writes DIR/train_000000.bin, ... and DIR/val_000000.bin, ...: llm.c shards (256 
 magic 20240520 version 1 with uint16 tokens when the vocabulary fits in 16 bits, else magic
 20240801 version 7 with uint32), DIR/tokenizer.json (the tokenizer used, for autosp-sample
 --tokenizer) and DIR/data.json with what the run config needs (model.vocab_size, data.path,
-data.val_path, the EOS id). A DIR holding such files of an earlier run is refused unless --overwrite
+data.val_path, the EOS and BOS ids). A DIR holding such files of an earlier run is refused unless --overwrite
 is given, which first removes them all (other files in DIR are left alone), so no old shard is picked
 up by the new run's train_*.bin. Runs under the venv of scripts/hf-venv.sh (Hugging Face `tokenizers`).
 Bad input or usage is one `error:` line and exit 2; a failed write is one `error:` line and exit 3.
@@ -30,7 +34,7 @@ import random
 import struct
 import sys
 
-EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>")
+EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 HEADER_INTS = 256
 # What a run writes into --out: the shards (and their temporary names), tokenizer.json, data.json.
 OUTPUTS = ("train_*.bin", "val_*.bin", "train_*.bin.tmp", "val_*.bin.tmp", "tokenizer.json", "data.json")
@@ -128,6 +132,46 @@ def load_tokenizer(path):
         fail(f"{path}: not a Hugging Face tokenizer.json ({first_line(e)})")
 
 
+def tokenizer_config(path):
+    """tokenizer_config.json beside the tokenizer (a dict), or None where there is none."""
+    d = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    cfg_path = os.path.join(d, "tokenizer_config.json")
+    if not os.path.isfile(cfg_path):
+        return None
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        fail(f"{cfg_path}: not a readable tokenizer_config.json ({first_line(e)[:100]})")
+    if not isinstance(cfg, dict):
+        fail(f"{cfg_path}: expected a JSON object")
+    return cfg_path, cfg
+
+
+def bos_prefix(tok, path):
+    """The ids the tokenizer puts before a text's own (normally [BOS] or []), as transformers'
+    tokenizer(text) would: tokenizer_config.json's add_bos_token where it is set, else the
+    post-processor's prefix."""
+    found = tokenizer_config(path) if path else None
+    if found and isinstance(found[1].get("add_bos_token"), bool):
+        cfg_path, cfg = found
+        if not cfg["add_bos_token"]:
+            return []
+        name = cfg.get("bos_token")
+        name = name.get("content") if isinstance(name, dict) else name
+        bos = tok.token_to_id(name) if isinstance(name, str) else None
+        if bos is None:
+            fail(f"{cfg_path}: add_bos_token is true but its bos_token {json.dumps(name)[:80]} is not in the tokenizer")
+        return [bos]
+    probe = "a"
+    plain = tok.encode(probe, add_special_tokens=False).ids
+    full = tok.encode(probe, add_special_tokens=True).ids
+    for at in range(len(full) - len(plain) + 1):
+        if full[at:at + len(plain)] == plain:
+            return full[:at]
+    return []
+
+
 def train_tokenizer(texts, vocab_size):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
@@ -211,6 +255,7 @@ def main():
     eos = next((tok.token_to_id(n) for n in EOS_NAMES if tok.token_to_id(n) is not None), None)
     if eos is None:
         fail(f"the tokenizer has no EOS token (none of {', '.join(EOS_NAMES)})")
+    bos = [t for t in bos_prefix(tok, a.tokenizer) if t != eos]
     vocab = tok.get_vocab_size(with_added_tokens=True)
     wide = vocab > 2**16
     if not hasattr(tok, "encode_special_tokens"):
@@ -239,7 +284,7 @@ def main():
                         fail(f"{tok_name}: cannot encode {origin} ({first_line(e)})")
                 raise
             for i, enc in enumerate(encs):
-                writers["val" if start + i in val_docs else "train"].add(enc.ids + [eos])
+                writers["val" if start + i in val_docs else "train"].add(bos + enc.ids + [eos])
         writers["train"].close()
         if n_val:
             writers["val"].close()
@@ -248,7 +293,7 @@ def main():
         info = {"model": {"vocab_size": vocab},
                 "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
                          "val_path": os.path.join(a.out, "val_*.bin") if n_val else ""},
-                "eos_token_id": eos, "documents": {"train": len(docs) - n_val, "val": n_val},
+                "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None), "documents": {"train": len(docs) - n_val, "val": n_val},
                 "tokens": {"train": writers["train"].total, "val": writers["val"].total},
                 "token_dtype": "uint32" if wide else "uint16"}
         with open(os.path.join(a.out, "data.json"), "w") as f:

@@ -52,7 +52,7 @@ std::string_view zero_mode_name(ZeroMode m) {
 namespace {
 
 using json = nlohmann::json;
-enum class Kind { integer, number, boolean, string, object };
+enum class Kind { integer, number, boolean, string, object, list };
 
 struct Key {
   const char* path;  // "model.hidden_size"
@@ -65,6 +65,39 @@ struct Key {
 };
 
 constexpr double kBig = 9.0e15;
+
+// data.mix: a list of {"path": non-empty string, "weight": number > 0}, each entry checked here
+// (the setter's UsageError gets the config's origin in front); null or [] is no mix.
+std::vector<DataMixEntry> parse_data_mix(const json& v) {
+  std::vector<DataMixEntry> mix;
+  if (v.is_null()) return mix;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    const std::string at = str("data.mix[", i, "]");
+    const std::string form = R"(expected {"path": "file or glob", "weight": number > 0})";
+    if (!e.is_object()) throw UsageError(str(at, " = ", e.dump(), ": ", form));
+    for (auto& [key, value] : e.items())
+      if (key != "path" && key != "weight") throw UsageError(str(at, ": unknown key '", key, "' (", form, ")"));
+    if (!e.contains("path") || !e["path"].is_string() || e["path"].get<std::string>().empty())
+      throw UsageError(str(at, ".path: ", form));
+    DataMixEntry entry{e["path"].get<std::string>(), 1};
+    if (e.contains("weight")) {
+      const json& w = e["weight"];
+      if (!w.is_number() || !(w.get<double>() > 0) || !(w.get<double>() <= 1e12))
+        throw UsageError(str(at, ".weight = ", w.dump(), ": expected a number in (0, 1e12]"));
+      entry.weight = w.get<double>();
+    }
+    mix.push_back(std::move(entry));
+  }
+  return mix;
+}
+
+json data_mix_json(const std::vector<DataMixEntry>& mix) {
+  if (mix.empty()) return nullptr;
+  json out = json::array();
+  for (const DataMixEntry& e : mix) out.push_back({{"path", e.path}, {"weight", e.weight}});
+  return out;
+}
 
 // The values of each enum key, in the order its choices are listed in errors ("expected one of
 // gpt2|llama"); each value's string is its name function's.
@@ -126,6 +159,11 @@ const std::vector<Key>& schema() {
       {"data.batch_size", Kind::integer, 1, 1 << 20, "", {}, F(data, batch_size)},
       {"data.eos_token_id", Kind::integer, -1, 1 << 24, "", {}, F(data, eos_token_id)},  // -1: none (the default)
       {"data.document_mask", Kind::boolean, 0, 0, "", {}, F(data, document_mask)},
+      // [{"path": glob, "weight": w}, ...]; none is null, which the resolved config leaves out.
+      {"data.mix", Kind::list, 0, 0, "", {}, [](Config& c, const json& v) { c.data.mix = parse_data_mix(v); },
+       [](const Config& c) { return data_mix_json(c.data.mix); }},
+      {"data.shuffle", Kind::boolean, 0, 0, "", {}, F(data, shuffle)},
+      {"data.seed", Kind::integer, -1, kBig, "", {}, F(data, seed)},  // -1: train.seed (the default)
       {"train.steps", Kind::integer, 0, kBig, "", {}, F(train, steps)},
       {"train.gradient_accumulation_steps", Kind::integer, 1, 1 << 20, "", {}, F(train, gradient_accumulation_steps)},
       {"train.lr", Kind::number, 0, 10, "", {}, F(train, lr)},
@@ -171,6 +209,7 @@ const char* kind_name(Kind k) {
     case Kind::boolean: return "true or false";
     case Kind::string: return "a string";
     case Kind::object: return "an object or null";
+    case Kind::list: return "a list or null";
   }
   return "";
 }
@@ -200,6 +239,9 @@ void check_value(const std::string& origin, const Key& k, const json& v) {
       break;
     case Kind::object:
       if (!v.is_object() && !v.is_null()) bad(str("expected ", kind_name(k.kind)));
+      break;
+    case Kind::list:
+      if (!v.is_array() && !v.is_null()) bad(str("expected ", kind_name(k.kind)));
       break;
   }
   if (k.kind == Kind::integer || k.kind == Kind::number) {
@@ -441,8 +483,16 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       if (m.head_dim() % 2 != 0) bad(str("llama head dim ", m.head_dim(), " must be even for RoPE"));
       break;
   }
-  if (c.data.source != DataSourceKind::synthetic && c.data.path.empty())
-    bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\""));
+  if (c.data.source != DataSourceKind::synthetic && c.data.path.empty() && c.data.mix.empty())
+    bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\" (or data.mix)"));
+  if (!c.data.mix.empty()) {
+    if (!c.data.path.empty())
+      bad("data.path and data.mix exclude each other: list data.path's files as an entry of data.mix");
+    if (c.data.source == DataSourceKind::synthetic)
+      bad("data.mix does not apply to data.source \"synthetic\" (it mixes token or text files)");
+  }
+  if (c.data.shuffle && c.data.source == DataSourceKind::synthetic)
+    c.warnings.push_back("data.shuffle does nothing for data.source \"synthetic\" (every sequence is drawn at random)");
   if (c.data.source == DataSourceKind::synthetic && !c.data.val_path.empty())
     bad("data.val_path does not apply to data.source \"synthetic\" (its validation sequences are generated)");
   if (c.train.eval_every > 0 && c.data.source != DataSourceKind::synthetic && c.data.val_path.empty())

@@ -25,9 +25,24 @@ namespace autosp {
 enum class DataSourceKind { synthetic, tokens, text };
 std::string_view data_source_name(DataSourceKind s);  // "synthetic", "tokens", "text"
 
+// One dataset of data.mix: a path (a file or a glob, read like data.path) and its weight (> 0, any
+// scale: the weights are normalised).
+struct DataMixEntry {
+  std::string path;
+  double weight = 1;
+};
+
 struct DataConfig {
   DataSourceKind source = DataSourceKind::synthetic;
   std::string path;
+  // Weighted datasets instead of `path`, mixed deterministically: sequence g of the run goes to a
+  // dataset by a fixed schedule of the weights, and each dataset reads its own sequences in order
+  // (its own epochs and shuffle; train/data_order.h). Empty = `path` alone.
+  std::vector<DataMixEntry> mix;
+  // A new seeded permutation of the sequences each epoch (train/data_order.h); validation data is
+  // never shuffled. seed -1 = train.seed (Hugging Face's data_seed, which defaults to seed).
+  bool shuffle = false;
+  int64_t seed = -1;
   // Validation data (train.eval_every): read like `path`, with the same source; synthetic data
   // draws its validation sequences from a held-out stream instead (train/data.h).
   std::string val_path;

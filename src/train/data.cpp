@@ -1,7 +1,9 @@
-// Data sources for training (see data.h): llm.c token shards, raw text bytes and the synthetic
-// associative-recall task, plus count_correct for the task's accuracy. Everything read from a file
-// is validated before we allocate or index with it; a malformed file is a UsageError that starts
-// with the file's path. Knows nothing of graphs, kernels or devices beyond CPU tensors.
+// Data sources for training (see data.h): llm.c token shards, raw text bytes, a weighted mix of
+// them and the synthetic associative-recall task, plus count_correct for the task's accuracy. The
+// read order's arithmetic (windows, shuffle, mix schedule, positions) is train/data_order.cpp.
+// Everything read from a file is validated before we allocate or index with it; a malformed file
+// is a UsageError that starts with the file's path. Knows nothing of graphs, kernels or devices
+// beyond CPU tensors.
 #include "train/data.h"
 
 #include <fcntl.h>
@@ -35,33 +37,18 @@ void check_sizes(const DataConfig& cfg, int64_t vocab_size) {
   if (vocab_size < 1) throw UsageError(str("model.vocab_size: expected ≥ 1, got ", vocab_size));
 }
 
-// Global index of sequence b of step k on dp rank d: ((k·dp + d)·batch + b). The global batch of a
-// step is the same whatever the dp split, because ranks take consecutive blocks of it.
-void check_get_args(int64_t step, int64_t dp_rank, int64_t dp_size) {
-  AUTOSP_ASSERT(step >= 0 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "data: step ", step,
-                ", dp rank ", dp_rank, " of ", dp_size);
+// What every source reads with: whether it shuffles, and the key (train/data_order.h).
+struct Order {
+  bool shuffle = false;
+  uint64_t seed = 0;
+};
+
+// The checks read() makes of its arguments (the trainer's arithmetic, not user input).
+void check_read_args(int64_t first, int64_t count) {
+  AUTOSP_ASSERT(first >= 0 && count >= 1 && first <= INT64_MAX - count, "data: read(", first, ", ", count, ")");
 }
 
-// (a · b) mod n for 0 ≤ a, b < n, without overflow.
-uint64_t mulmod(uint64_t a, uint64_t b, uint64_t n) {
-  __extension__ typedef unsigned __int128 u128;
-  return static_cast<uint64_t>(static_cast<u128>(a) * b % n);
-}
-
-// The first token read by sequence b: ((k·dp + d)·batch + b)·seq_len mod n, in modular arithmetic
-// so that no step is large enough to overflow.
-int64_t start_token(int64_t step, int64_t dp_rank, int64_t dp_size, int64_t batch, int64_t b,
-                    int64_t seq_len, int64_t n) {
-  const uint64_t N = static_cast<uint64_t>(n);
-  auto m = [N](int64_t v) { return static_cast<uint64_t>(v) % N; };
-  uint64_t x = mulmod(m(step), m(dp_size), N);
-  x = (x + m(dp_rank)) % N;
-  x = mulmod(x, m(batch), N);
-  x = (x + m(b)) % N;
-  x = mulmod(x, m(seq_len), N);
-  return static_cast<int64_t>(x);
-}
-
+// rows × seq_len inputs and labels with position_ids 0..seq_len-1 in every row.
 Batch make_batch(int64_t batch, int64_t seq_len, std::vector<int64_t> input, std::vector<int64_t> labels) {
   std::vector<int64_t> pos(static_cast<size_t>(batch * seq_len));
   for (int64_t b = 0; b < batch; ++b)
@@ -76,12 +63,16 @@ Batch make_batch(int64_t batch, int64_t seq_len, std::vector<int64_t> input, std
 // A source whose batches get their documents marked (data.document_mask).
 class DocumentSource final : public DataSource {
  public:
-  DocumentSource(std::unique_ptr<DataSource> inner, int64_t eos) : inner_(std::move(inner)), eos_(eos) {}
-  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const override {
-    Batch b = inner_->get(step, dp_rank, dp_size);
+  DocumentSource(std::unique_ptr<DataSource> inner, int64_t eos)
+      : DataSource(inner->batch_size()), inner_(std::move(inner)), eos_(eos) {}
+  Batch read(int64_t first, int64_t count) const override {
+    Batch b = inner_->read(first, count);
     mark_documents(b, eos_);
     return b;
   }
+  int64_t sequences_per_epoch() const override { return inner_->sequences_per_epoch(); }
+  std::vector<EpochProgress> epochs(int64_t g) const override { return inner_->epochs(g); }
+  DataPosition position(int64_t next_sequence) const override { return inner_->position(next_sequence); }
   int64_t num_tokens() const override { return inner_->num_tokens(); }
   std::string describe() const override {
     return str(inner_->describe(), ", packed documents (EOS ", eos_, ", document mask)");
@@ -238,37 +229,57 @@ bool copy_tokens(const Segment& s, int64_t from, int64_t n, int64_t* out) {
 }
 
 // A token stream over mapped files (llm.c shards concatenated, or one text file), read in the
-// order of data.h: sequence b of step k on rank d is seq_len + 1 tokens from start_token(),
-// wrapping. Each token read is checked against the vocabulary there (a token ≥ vocab_size is a
-// UsageError naming the file and index), so opening a dataset costs its headers, not its size.
+// order of data.h: sequence g is window g mod N (or π_e(g mod N) shuffled) of epoch e = g / N, the
+// seq_len + 1 tokens from window·seq_len. Each token read is checked against the vocabulary there
+// (a token ≥ vocab_size is a UsageError naming the file and index), so opening a dataset costs its
+// headers, not its size. The caller has checked that the stream holds at least one window.
 class StreamSource final : public DataSource {
  public:
-  StreamSource(std::vector<Segment> segments, int64_t seq_len, int64_t batch, int64_t vocab, std::string description)
-      : segments_(std::move(segments)), seq_len_(seq_len), batch_(batch), vocab_(vocab),
-        description_(std::move(description)) {
+  StreamSource(std::vector<Segment> segments, const DataConfig& cfg, const std::string& path, int64_t vocab,
+               Order order, std::string description)
+      : DataSource(cfg.batch_size), segments_(std::move(segments)), seq_len_(cfg.seq_len), vocab_(vocab),
+        order_(order), path_(path), source_(data_source_name(cfg.source)) {
     install_sigbus_handler();
     for (const Segment& s : segments_) total_ += s.count;
+    windows_ = windows_in(total_, seq_len_);
+    AUTOSP_ASSERT(windows_ >= 1, path, ": ", total_, " tokens hold no window of ", seq_len_ + 1);
+    description_ = str(description, "; ", windows_, " sequences of ", seq_len_, " per epoch",
+                       order_.shuffle ? str(", shuffled each epoch (seed ", order_.seed, ")") : "");
   }
 
-  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const override {
-    check_get_args(step, dp_rank, dp_size);
-    const int64_t n = total_, S = seq_len_;
-    std::vector<int64_t> input(static_cast<size_t>(batch_ * S)), labels(input.size());
+  Batch read(int64_t first, int64_t count) const override {
+    check_read_args(first, count);
+    const int64_t S = seq_len_;
+    std::vector<int64_t> input(static_cast<size_t>(count * S)), labels(input.size());
     std::vector<int64_t> window(static_cast<size_t>(S + 1));
     std::vector<char> checked(segments_.size(), 0);  // the files this batch has checked unchanged
-    for (int64_t b = 0; b < batch_; ++b) {
-      read_window(start_token(step, dp_rank, dp_size, batch_, b, S, n), window, checked);
+    for (int64_t b = 0; b < count; ++b) {
+      read_window(window_of(first + b) * S, window, checked);
       std::copy(window.begin(), window.end() - 1, input.begin() + b * S);
       std::copy(window.begin() + 1, window.end(), labels.begin() + b * S);
     }
-    return make_batch(batch_, S, std::move(input), std::move(labels));
+    return make_batch(count, S, std::move(input), std::move(labels));
+  }
+  int64_t sequences_per_epoch() const override { return windows_; }
+  std::vector<EpochProgress> epochs(int64_t g) const override {
+    return {{"", g / windows_, static_cast<double>(g % windows_) / static_cast<double>(windows_)}};
+  }
+  DataPosition position(int64_t next_sequence) const override {
+    return {next_sequence, 0, source_, seq_len_, order_.shuffle, static_cast<int64_t>(order_.seed),
+            {{path_, 1, total_}}};
   }
   int64_t num_tokens() const override { return total_; }
   std::string describe() const override { return description_; }
 
  private:
-  // window.size() tokens from stream index `at`, wrapping at the end, across segment boundaries.
-  // Each file is checked unchanged (Mapping::check_unchanged) before the batch first reads it.
+  // The window sequence g reads: g mod N of epoch g / N, through that epoch's permutation.
+  int64_t window_of(int64_t g) const {
+    const int64_t i = g % windows_;
+    return order_.shuffle ? Permutation(windows_, order_.seed, static_cast<uint64_t>(g / windows_))(i) : i;
+  }
+  // window.size() tokens from stream index `at` (a window lies inside the stream), across segment
+  // boundaries. Each file is checked unchanged (Mapping::check_unchanged) before the batch first
+  // reads it.
   void read_window(int64_t at, std::vector<int64_t>& window, std::vector<char>& checked) const {
     size_t k = segment_of(at);
     int64_t filled = 0;
@@ -289,8 +300,7 @@ class StreamSource final : public DataSource {
       s.map->release(static_cast<size_t>(s.offset + from * s.token_size), static_cast<size_t>(len * s.token_size));
       filled += len;
       at += len;
-      if (at == total_) at = 0, k = 0;
-      else if (at == s.first + s.count) ++k;
+      if (at == s.first + s.count) ++k;
     }
   }
   size_t segment_of(int64_t at) const {
@@ -300,8 +310,9 @@ class StreamSource final : public DataSource {
   }
 
   std::vector<Segment> segments_;
-  int64_t seq_len_, batch_, vocab_, total_ = 0;
-  std::string description_;
+  int64_t seq_len_, vocab_, total_ = 0, windows_ = 0;
+  Order order_;
+  std::string path_, source_, description_;
 };
 
 // llm.c shard header: 256 little-endian int32; [0] magic, [1] version, [2] number of tokens.
@@ -349,7 +360,8 @@ Segment open_shard(const std::string& path) {
   return s;
 }
 
-std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std::string& path, int64_t vocab_size) {
+std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std::string& path, int64_t vocab_size,
+                                               Order order) {
   if (path.empty()) throw UsageError("data.path: required for data.source 'tokens'");
   std::vector<Segment> shards;
   int64_t total = 0;
@@ -368,10 +380,11 @@ std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std:
   const char* kind = u16 && u32 ? "uint16 and uint32" : u16 ? "uint16" : "uint32";
   std::string desc = str("tokens: ", shards.size(), shards.size() == 1 ? " shard, " : " shards, ", total,
                          " tokens (", kind, ") from ", path);
-  return std::make_unique<StreamSource>(std::move(shards), cfg.seq_len, cfg.batch_size, vocab_size, std::move(desc));
+  return std::make_unique<StreamSource>(std::move(shards), cfg, path, vocab_size, order, std::move(desc));
 }
 
-std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::string& path, int64_t vocab_size) {
+std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::string& path, int64_t vocab_size,
+                                             Order order) {
   if (path.empty()) throw UsageError("data.path: required for data.source 'text'");
   if (vocab_size < 256)
     throw UsageError(str(path, ": the text source uses bytes as tokens and needs vocab_size ≥ 256, got ",
@@ -386,9 +399,74 @@ std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::s
   one[0].map = std::make_unique<Mapping>(path, file, size);
   one[0].count = size;
   one[0].token_size = 1;
-  return std::make_unique<StreamSource>(std::move(one), cfg.seq_len, cfg.batch_size, vocab_size,
+  return std::make_unique<StreamSource>(std::move(one), cfg, path, vocab_size, order,
                                         str("text: ", size, " bytes from ", path));
 }
+
+// ---- a weighted mix ----------------------------------------------------------------------------
+
+// data.mix: sequence g is sequence j of dataset k by the schedule of the weights (data_order.h);
+// each dataset is a StreamSource with its own epochs and shuffle key.
+class MixSource final : public DataSource {
+ public:
+  MixSource(const DataConfig& cfg, std::vector<std::unique_ptr<DataSource>> streams, const std::vector<double>& weights,
+            uint64_t seed)
+      : DataSource(cfg.batch_size), streams_(std::move(streams)), weights_(weights), schedule_(weights),
+        seq_len_(cfg.seq_len), shuffle_(cfg.shuffle), seed_(seed) {
+    for (size_t k = 0; k < streams_.size(); ++k) paths_.push_back(cfg.mix[k].path);
+  }
+
+  Batch read(int64_t first, int64_t count) const override {
+    check_read_args(first, count);
+    const int64_t S = seq_len_;
+    std::vector<int64_t> input(static_cast<size_t>(count * S)), labels(input.size());
+    for (int64_t b = 0; b < count; ++b) {
+      const MixSchedule::Slot slot = schedule_.at(first + b);
+      const Batch one = streams_[static_cast<size_t>(slot.dataset)]->read(slot.index, 1);
+      std::copy_n(one.input_ids.data<int64_t>(), S, input.begin() + b * S);
+      std::copy_n(one.labels.data<int64_t>(), S, labels.begin() + b * S);
+    }
+    return make_batch(count, S, std::move(input), std::move(labels));
+  }
+  int64_t sequences_per_epoch() const override { return 0; }  // each dataset has its own
+  std::vector<EpochProgress> epochs(int64_t g) const override {
+    std::vector<EpochProgress> out;
+    for (size_t k = 0; k < streams_.size(); ++k) {
+      const int64_t j = schedule_.count_before(static_cast<int64_t>(k), g), n = streams_[k]->sequences_per_epoch();
+      out.push_back({paths_[k], j / n, static_cast<double>(j % n) / static_cast<double>(n)});
+    }
+    return out;
+  }
+  DataPosition position(int64_t next_sequence) const override {
+    DataPosition p = streams_.front()->position(next_sequence);
+    p.seed = static_cast<int64_t>(seed_);
+    p.shuffle = shuffle_;
+    p.datasets.clear();
+    for (size_t k = 0; k < streams_.size(); ++k)
+      p.datasets.push_back({paths_[k], weights_[k], streams_[k]->num_tokens()});
+    return p;
+  }
+  int64_t num_tokens() const override {
+    int64_t n = 0;
+    for (const auto& s : streams_) n += s->num_tokens();
+    return n;
+  }
+  std::string describe() const override {
+    std::string d = str("mix of ", streams_.size(), " datasets:");
+    for (size_t k = 0; k < streams_.size(); ++k)
+      d += str(k ? ";" : "", " ", schedule_.slots(static_cast<int64_t>(k)) / 100.0, "% ", streams_[k]->describe());
+    return d;
+  }
+
+ private:
+  std::vector<std::unique_ptr<DataSource>> streams_;
+  std::vector<double> weights_;
+  std::vector<std::string> paths_;
+  MixSchedule schedule_;
+  int64_t seq_len_;
+  bool shuffle_;
+  uint64_t seed_;
+};
 
 // ---- synthetic associative recall -------------------------------------------------------------
 
@@ -425,7 +503,7 @@ class SyntheticSource final : public DataSource {
   static constexpr int64_t kPad = 0, kBos = 1, kSep = 2, kFirstKey = 3;
 
   SyntheticSource(const DataConfig& cfg, int64_t vocab_size, uint64_t seed)
-      : seq_len_(cfg.seq_len), batch_(cfg.batch_size), vocab_(vocab_size), seed_(seed) {
+      : DataSource(cfg.batch_size), seq_len_(cfg.seq_len), vocab_(vocab_size), seed_(seed) {
     if (vocab_size < 16)
       throw UsageError(str("model.vocab_size: the synthetic data needs ≥ 16, got ", vocab_size));
     if (cfg.seq_len < 8) throw UsageError(str("data.seq_len: the synthetic data needs ≥ 8, got ", cfg.seq_len));
@@ -434,23 +512,24 @@ class SyntheticSource final : public DataSource {
     pairs_ = std::min(num_keys_, (seq_len_ + 1 - 2) / 4);
   }
 
-  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const override {
-    check_get_args(step, dp_rank, dp_size);
+  Batch read(int64_t first, int64_t count) const override {
+    check_read_args(first, count);
     const int64_t S = seq_len_;
-    std::vector<int64_t> input(static_cast<size_t>(batch_ * S)), labels(input.size());
+    std::vector<int64_t> input(static_cast<size_t>(count * S)), labels(input.size());
     std::vector<int64_t> seq(static_cast<size_t>(S + 1));
-    for (int64_t b = 0; b < batch_; ++b) {
-      // Unsigned arithmetic: wraps instead of overflowing, and stays the same for every dp split.
-      const uint64_t global = (static_cast<uint64_t>(step) * static_cast<uint64_t>(dp_size) +
-                               static_cast<uint64_t>(dp_rank)) * static_cast<uint64_t>(batch_) +
-                              static_cast<uint64_t>(b);
-      const int64_t first_query = generate(global, seq);
+    for (int64_t b = 0; b < count; ++b) {
+      const int64_t first_query = generate(static_cast<uint64_t>(first + b), seq);
       std::copy(seq.begin(), seq.begin() + S, input.begin() + b * S);
       int64_t* lab = labels.data() + b * S;
       std::fill(lab, lab + S, kIgnore);
       for (int64_t p = first_query; p < S; p += 2) lab[p] = seq[static_cast<size_t>(p + 1)];
     }
-    return make_batch(batch_, S, std::move(input), std::move(labels));
+    return make_batch(count, S, std::move(input), std::move(labels));
+  }
+  int64_t sequences_per_epoch() const override { return 0; }  // endless
+  std::vector<EpochProgress> epochs(int64_t) const override { return {}; }
+  DataPosition position(int64_t next_sequence) const override {
+    return {next_sequence, 0, "synthetic", seq_len_, false, static_cast<int64_t>(seed_), {{"", 1, 0}}};
   }
   int64_t num_tokens() const override { return 0; }
   std::string describe() const override {
@@ -492,7 +571,7 @@ class SyntheticSource final : public DataSource {
     return first_query;
   }
 
-  int64_t seq_len_, batch_, vocab_;
+  int64_t seq_len_, vocab_;
   uint64_t seed_;
   int64_t num_keys_ = 0, pairs_ = 0;
 };
@@ -513,6 +592,17 @@ std::pair<int64_t, int64_t> count_correct_as(const Tensor& logits, const std::ve
 
 }  // namespace
 
+Batch DataSource::get(int64_t step, int64_t dp_rank, int64_t dp_size) const {
+  AUTOSP_ASSERT(step >= 0 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "data: step ", step, ", dp rank ",
+                dp_rank, " of ", dp_size);
+  int64_t first = 0;
+  if (__builtin_mul_overflow(step, dp_size, &first) || __builtin_add_overflow(first, dp_rank, &first) ||
+      __builtin_mul_overflow(first, batch_, &first) || first > INT64_MAX - batch_)
+    throw UsageError(str("data: step ", step, " × dp ", dp_size, " × batch ", batch_,
+                         " sequences is past 2^63: the run is too long for its sequence index"));
+  return read(first, batch_);
+}
+
 std::vector<std::string> expand_path(const std::string& pattern) {
   std::error_code ec;
   if (std::filesystem::exists(pattern, ec) || pattern.find_first_of("*?[") == std::string::npos)
@@ -532,13 +622,13 @@ std::vector<std::string> expand_path(const std::string& pattern) {
 
 
 namespace {
-// The token stream of `path` (data.path or data.val_path), or the synthetic task.
+// The token stream of `path` (data.path, a data.mix entry or data.val_path), or the synthetic task.
 std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const std::string& path, int64_t vocab_size,
-                                        uint64_t seed) {
+                                        uint64_t seed, Order order) {
   switch (cfg.source) {
     case DataSourceKind::synthetic: return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
-    case DataSourceKind::tokens: return make_tokens_source(cfg, path, vocab_size);
-    case DataSourceKind::text: return make_text_source(cfg, path, vocab_size);
+    case DataSourceKind::tokens: return make_tokens_source(cfg, path, vocab_size, order);
+    case DataSourceKind::text: return make_text_source(cfg, path, vocab_size, order);
   }
   AUTOSP_ASSERT(false, "data.source ", static_cast<int>(cfg.source));
   return nullptr;
@@ -555,7 +645,28 @@ std::unique_ptr<DataSource> with_documents(const DataConfig& cfg, int64_t vocab_
 
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
-  return with_documents(cfg, vocab_size, make_stream(cfg, cfg.path, vocab_size, seed));
+  const Order order{cfg.shuffle, cfg.seed >= 0 ? static_cast<uint64_t>(cfg.seed) : seed};
+  if (cfg.mix.empty()) return with_documents(cfg, vocab_size, make_stream(cfg, cfg.path, vocab_size, seed, order));
+  if (cfg.source == DataSourceKind::synthetic)
+    throw UsageError("data.mix does not apply to data.source \"synthetic\"");
+  std::vector<std::unique_ptr<DataSource>> streams;
+  std::vector<double> weights;
+  for (size_t k = 0; k < cfg.mix.size(); ++k) {
+    if (cfg.mix[k].path.empty()) throw UsageError(str("data.mix[", k, "].path: expected a file or a glob"));
+    const Order own{order.shuffle, dataset_seed(order.seed, static_cast<int64_t>(k))};
+    streams.push_back(make_stream(cfg, cfg.mix[k].path, vocab_size, seed, own));
+    weights.push_back(cfg.mix[k].weight);
+  }
+  return with_documents(cfg, vocab_size, std::make_unique<MixSource>(cfg, std::move(streams), weights, order.seed));
+}
+
+std::vector<std::string> data_input_paths(const DataConfig& cfg) {
+  std::vector<std::string> paths;
+  if (cfg.source == DataSourceKind::synthetic) return paths;
+  if (!cfg.path.empty()) paths.push_back(cfg.path);
+  for (const DataMixEntry& e : cfg.mix) paths.push_back(e.path);
+  if (!cfg.val_path.empty()) paths.push_back(cfg.val_path);
+  return paths;
 }
 
 void mark_documents(Batch& b, int64_t eos) {
@@ -582,7 +693,8 @@ void mark_documents(Batch& b, int64_t eos) {
 std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
   // Synthetic: a stream no training seed reaches but by a 2^-64 chance.
-  return with_documents(cfg, vocab_size, make_stream(cfg, cfg.val_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull));
+  return with_documents(cfg, vocab_size,
+                        make_stream(cfg, cfg.val_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull, Order{}));
 }
 
 Batch pad_to_multiple(const Batch& b, int64_t p) {

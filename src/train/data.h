@@ -1,19 +1,29 @@
-// Data sources for training: each yields, for a step and a data-parallel rank, a batch of
-// input_ids, labels and position_ids [batch, seq_len] (int64). Labels are shifted here, before any
-// sequence sharding: label[t] = token[t+1] of the full sequence, so no target is lost at a shard
-// boundary. The read order is a pure function of (step, dp rank), so resuming needs only the step.
+// Data sources for training: each yields the sequences of the run's global read order as batches
+// of input_ids, labels and position_ids [count, seq_len] (int64). Labels are shifted here, before
+// any sequence sharding: label[t] = token[t+1] of the full sequence, so no target is lost at a
+// shard boundary. Sequence g of the run (g = (k·dp + d)·batch + b for sequence b of step k on dp
+// rank d without accumulation; the trainer computes g itself with it) is a pure function of g,
+// the config and the files, so a run resumed at any g reads exactly what the first run would have
+// (train/data_order.h: the order, epochs, shuffle, mix and the position a checkpoint records).
 //
 //   tokens     llm.c shards (256 × int32 header; magic 20240520 version 1 with uint16 tokens, or
 //              magic 20240801 version 7 with uint32 tokens). `path` is one file or a glob; matching
-//              shards are concatenated in sorted order into one token stream. Step k, dp rank d,
-//              sequence b reads seq_len + 1 tokens from ((k·dp + d)·batch + b)·seq_len, wrapping.
+//              shards are concatenated in sorted order into one token stream of n tokens, which
+//              holds N = ⌊(n − 1) / seq_len⌋ windows: window w is the seq_len + 1 tokens from
+//              w·seq_len. Sequence g of epoch e = g / N reads window g mod N, or with data.shuffle
+//              window π_e(g mod N) of a permutation new each epoch. The < seq_len tokens after the
+//              last window are not read.
 //   text       the UTF-8 bytes of the file at `path` as tokens (vocab ≥ 256), same read order.
+//   mix        data.mix: several token streams (or text files) with weights; sequence g goes to
+//              dataset k by a fixed schedule of the weights and is that dataset's sequence j (its
+//              own epochs and shuffle). Each path is validated like data.path.
 //   synthetic  the embedded default: a generated associative-recall task. Each sequence lists
 //              key→value pairs (one token per pair) in its first half and queries them as "key
 //              value", in another order, in its second half; only the answers (the value after a
 //              queried key) are labelled, everything else
 //              is -100. Answering needs attention across the whole sequence, so a falling loss shows
-//              that attention spans it; `accuracy` reports the task's accuracy.
+//              that attention spans it; `accuracy` reports the task's accuracy. Endless: sequence g
+//              is generated from (seed, g).
 //
 // Token shards and text are memory-mapped, never read whole: opening one reads its header, a batch
 // reads its windows (and drops those pages from the rank's RSS again), so a rank's memory does
@@ -34,9 +44,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "tensor/tensor.h"
+#include "train/data_order.h"
 
 namespace autosp {
 
@@ -61,22 +73,49 @@ std::map<std::string, Tensor> batch_feeds(const Batch& b);
 
 class DataSource {
  public:
+  explicit DataSource(int64_t batch_size) : batch_(batch_size) {}
   virtual ~DataSource() = default;
-  virtual Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const = 0;
-  virtual int64_t num_tokens() const = 0;  // size of the token stream (0 for synthetic)
+  // The sequences g ∈ [first, first + count) of the run's read order, as rows 0..count-1. A pure
+  // function of g (and the config and files): reading g from a fresh source equals reading it in
+  // sequence, which is what makes a resume bit-identical at any step. first ≥ 0, count ≥ 1.
+  virtual Batch read(int64_t first, int64_t count) const = 0;
+  // Step `step`'s batch of dp rank d without accumulation (validation reads its batches so):
+  // read((step·dp + d)·batch_size, batch_size). An index past 2^63 is a UsageError.
+  Batch get(int64_t step, int64_t dp_rank, int64_t dp_size) const;
+  // N: the sequences of one epoch, so that sequence g is read in epoch g / N. 0 when there is no
+  // single epoch: synthetic data (endless) and a mix (each dataset has its own; epochs() has them).
+  virtual int64_t sequences_per_epoch() const = 0;
+  // Where the read stands after sequences [0, g): each dataset's epoch and the fraction of it read
+  // (one entry; one per dataset for a mix; none for synthetic data). format_epochs() writes it.
+  virtual std::vector<EpochProgress> epochs(int64_t g) const = 0;
+  // What a checkpoint records to continue at sequence `next_sequence` (train/data_order.h);
+  // global_batch is left 0 for the trainer to fill in.
+  virtual DataPosition position(int64_t next_sequence) const = 0;
+  virtual int64_t num_tokens() const = 0;  // size of the token stream, all datasets (0 for synthetic)
   virtual std::string describe() const = 0;  // one line for the log
+  int64_t batch_size() const { return batch_; }
+
+ private:
+  int64_t batch_;
 };
 
 // The files a data `path` names: the file itself when it exists, else the sorted matches of a glob
 // (no match is a UsageError naming the pattern).
 std::vector<std::string> expand_path(const std::string& pattern);
 
-// `seed` only matters for synthetic data.
+// The training data. `seed` (train.seed) draws the synthetic data, and shuffles when data.seed
+// is -1.
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed);
+
+// The files and globs a run reads as data (data.path or each data.mix path, and data.val_path),
+// for the checks that no output overwrites them.
+std::vector<std::string> data_input_paths(const DataConfig& cfg);
 
 // The validation data: data.val_path read like data.path by the same source, or for synthetic data
 // sequences from a held-out stream (another seed than training's, so none is a training sequence
-// but by chance). Batch k of it is get(k, dp_rank, dp).
+// but by chance). Batch k of it is get(k, dp_rank, dp). Never shuffled: every evaluation reads the
+// same first sequences in file order, so its losses compare across evaluations and runs (the mix
+// and data.shuffle are for training).
 std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed);
 
 // One sequence and the model's argmax predictions at its labelled positions, for a log line:

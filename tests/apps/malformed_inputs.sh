@@ -238,6 +238,49 @@ row 'big_token.bin: token 32 at index 51 is ≥ vocab_size 32' "${c[@]}" "${toke
 row 'train.eval_every 1 needs data.val_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.eval_every=1
 row 'data.val_path does not apply to data.source "synthetic"' "${c[@]}" --set "data.val_path=$tmp/good.bin"
 row 'train.eval_batches = 0' "${c[@]}" --set train.eval_batches=0
+# data.shuffle, data.seed, data.mix (issue 26): the keys, then every path of a mix read like data.path
+# A list holds commas, which --set (cxxopts) splits at: the mixes go into config files.
+mixcfg() {  # mixcfg 'MIX JSON' [SOURCE]: a config file of cfg.json with data.mix and data.source; prints its path
+  local f
+  f=$(mktemp "$tmp/mix_XXXX.json")
+  $py - "$tmp/cfg.json" "$f" "$1" "${2:-tokens}" <<'PY'
+import json, sys
+cfg = json.load(open(sys.argv[1]))
+cfg["data"].update({"mix": json.loads(sys.argv[3]), "source": sys.argv[4]})
+json.dump(cfg, open(sys.argv[2], "w"))
+PY
+  echo "$f"
+}
+mix() {  # mix PATH:WEIGHT...: the data.mix JSON
+  local list="" e
+  for e in "$@"; do list+="${list:+, }{\"path\": \"${e%:*}\", \"weight\": ${e##*:}}"; done
+  echo "[$list]"
+}
+row 'data.shuffle = "maybe": expected true or false' "${c[@]}" --set data.shuffle=maybe
+row 'data.shuffle = 1: expected true or false' "${c[@]}" --set data.shuffle=1
+row 'data.seed = -5: expected an integer in \[-1, ' "${c[@]}" --set data.seed=-5
+row 'data.seed = 1.5: expected an integer' "${c[@]}" --set data.seed=1.5
+row 'data.mix = "a.bin": expected a list or null' "${c[@]}" --set data.source=tokens --set data.mix=a.bin
+row 'data.mix = {}: expected a list or null' "${c[@]}" --set data.source=tokens --set 'data.mix={}'
+row 'data.mix\[0\] = 1: expected {"path"' "${c[@]}" --set data.source=tokens --set 'data.mix=[1]'
+row 'data.mix\[1\].path: expected' --config "$(mixcfg "[{\"path\": \"$tmp/good.bin\"}, {\"weight\": 2}]")"
+row 'data.mix\[0\].path: expected' "${c[@]}" --set data.source=tokens --set 'data.mix=[{"path": ""}]'
+row 'data.mix\[0\].path: expected' "${c[@]}" --set data.source=tokens --set 'data.mix=[{"path": 7}]'
+row 'data.mix\[0\].weight = -1: expected a number in (0, 1e12\]' --config "$(mixcfg "$(mix "$tmp/good.bin:-1")" tokens)"
+row 'data.mix\[0\].weight = 0: expected' --config "$(mixcfg "$(mix "$tmp/good.bin:0")" tokens)"
+row 'data.mix\[0\].weight = "heavy": expected' --config "$(mixcfg "$(mix "$tmp/good.bin:\"heavy\"")" tokens)"
+row 'data.mix\[0\].weight = 1.*: expected a number in (0, 1e12\]' --config "$(mixcfg "$(mix "$tmp/good.bin:1e13")" tokens)"
+row "data.mix\\[0\\]: unknown key 'weights'" --config "$(mixcfg "[{\"path\": \"$tmp/good.bin\", \"weights\": 1}]")"
+row 'data.path and data.mix exclude each other' --config "$(mixcfg "$(mix "$tmp/good.bin:1")" tokens)" "${tokens[@]}$tmp/good.bin"
+row 'data.mix does not apply to data.source "synthetic"' --config "$(mixcfg "$(mix "$tmp/good.bin:1")" synthetic)"
+row 'data.mix\[1\].weight = 1e-09: .*less than one sequence in 10000' --config "$(mixcfg "$(mix "$tmp/good.bin:1" "$tmp/good.bin:1e-9")" tokens)"
+row 'bad_magic.bin: bad magic 12345' --config "$(mixcfg "$(mix "$tmp/good.bin:1" "$tmp/bad_magic.bin:1")" tokens)"
+row 'lying_count.bin: token count mismatch' --config "$(mixcfg "$(mix "$tmp/lying_count.bin:1" "$tmp/good.bin:1")" tokens)"
+row 'big_token.bin: token 32 at index 51 is ≥ vocab_size 32' --config "$(mixcfg "$(mix "$tmp/good.bin:1" "$tmp/big_token.bin:1000")" tokens)"
+row 'short.bin: the token stream holds 10 tokens, fewer than seq_len + 1 = 17' --config "$(mixcfg "$(mix "$tmp/good.bin:1" "$tmp/short.bin:1")" tokens)"
+row 'nothere_\*.bin: no file matches' --config "$(mixcfg "$(mix "$tmp/good.bin:1" "$tmp/nothere_*.bin:1")" tokens)"
+row 'empty.txt: empty file' --config "$(mixcfg "$(mix "$tmp/empty.txt:1" "$tmp/short.txt:1")" text)" --set model.vocab_size=256
+row mpi 'bad_magic.bin: bad magic 12345' --config "$(mixcfg "$(mix "$tmp/good.bin:1" "$tmp/bad_magic.bin:1")" tokens)"
 # text
 row 'empty.txt: empty file' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/empty.txt"
 row 'short.txt: the text holds 5 bytes' "${c[@]}" --set data.source=text --set model.vocab_size=256 --set "data.path=$tmp/short.txt"

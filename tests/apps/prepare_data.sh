@@ -4,7 +4,8 @@
 # tokenizer.json gives back exactly the documents; autosp-train trains on them with validation;
 # autosp-sample continues a text prompt through the same tokenizer. A second run into the same --out
 # is refused, and with --overwrite leaves no shard of the first (issue 31); "<|endoftext|>" written
-# inside a document stays text (one EOS per document). Then one row per malformed input: exit 2 and
+# inside a document stays text (one EOS per document); documents begin with BOS exactly where
+# transformers' tokenizer(text) puts one (issue 26). Then one row per malformed input: exit 2 and
 # exactly one line, `error:` with the row's text; and a table of garbage inputs run in one process
 # (random bytes, truncated JSONL, invalid UTF-8, non-object lines, a directory...): each exit 2 with
 # one `error:` line naming the file, never a traceback. Needs the venv of scripts/hf-venv.sh
@@ -134,6 +135,64 @@ for d in (os.path.join(sys.argv[1], "sp1"), os.path.join(sys.argv[1], "sp2")):
 PY
 check $? "special-token text inside a document is encoded as text: 2 EOS ids for 2 documents"
 
+# BOS where the tokenizer puts one (issue 26): a Llama 3-like tokenizer (post-processor
+# "<|begin_of_text|> $A", EOS <|end_of_text|>), a Llama 2-like one whose tokenizer_config.json
+# turns add_bos_token off, and one without a post-processor. Each document in the shards is what
+# transformers' AutoTokenizer(dir)(text) gives, then EOS; data.json names the BOS.
+"$py" - "$tmp" <<'PY'
+import json, os, sys
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+d = sys.argv[1]
+words = "alpha beta gamma delta epsilon zeta eta theta".split()
+texts = [" ".join(words[i % 8:] + words[:i % 8]) for i in range(30)]
+for name, bos, eos, template, config in [
+        ("llama3", "<|begin_of_text|>", "<|end_of_text|>", True,
+         {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}),
+        ("llama2", "<s>", "</s>", True,
+         {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": False, "add_eos_token": False, "bos_token": "<s>",
+          "eos_token": "</s>", "legacy": False}),
+        ("plain", "<s>", "</s>", False, {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>"})]:
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]", bos, eos], show_progress=False))
+    if template:
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                           special_tokens=[(bos, tok.token_to_id(bos))])
+    os.makedirs(os.path.join(d, "bos", name))
+    tok.save(os.path.join(d, "bos", name, "tokenizer.json"))
+    if config:
+        json.dump(config, open(os.path.join(d, "bos", name, "tokenizer_config.json"), "w"))
+with open(os.path.join(d, "bos", "docs.jsonl"), "w") as f:
+    for t in texts[:5]:
+        f.write(json.dumps({"text": t}) + "\n")
+PY
+for name in llama3 llama2 plain; do
+  "${prep[@]}" --out "$tmp/bos/out_$name" --tokenizer "$tmp/bos/$name" --val-fraction 0 "$tmp/bos/docs.jsonl" \
+    >"$tmp/bos/$name.out" 2>&1 || cat "$tmp/bos/$name.out"
+done
+"$py" - "$tmp/bos" <<'PY'
+import json, os, struct, sys
+from transformers import AutoTokenizer
+d = sys.argv[1]
+texts = [json.loads(l)["text"] for l in open(os.path.join(d, "docs.jsonl"))]
+for name, want_bos in (("llama3", "<|begin_of_text|>"), ("llama2", None), ("plain", None)):
+    out = os.path.join(d, f"out_{name}")
+    info = json.load(open(os.path.join(out, "data.json")))
+    raw = open(os.path.join(out, "train_000000.bin"), "rb").read()
+    ids = list(struct.unpack(f"<{struct.unpack('<3i', raw[:12])[2]}H", raw[1024:]))
+    hf = AutoTokenizer.from_pretrained(os.path.join(d, name))
+    eos = info["eos_token_id"]
+    want = []
+    for t in texts:
+        want += hf(t)["input_ids"] + [eos]
+    assert ids == want, f"{name}: shards {ids[:20]}... vs transformers {want[:20]}..."
+    bos = hf.convert_tokens_to_ids(want_bos) if want_bos else None
+    assert info["bos_token_id"] == bos, f"{name}: data.json bos_token_id {info['bos_token_id']}, want {bos}"
+    assert (ids[0] == bos) == (want_bos is not None), name
+print("BOS as transformers puts it: llama3 yes, llama2 (add_bos_token false) no, plain no")
+PY
+check $? "documents begin with BOS exactly where transformers' tokenizer(text) puts one"
+
 # row 'NEEDLE' ARGS...   (ARGS follow prepare_data.py)
 row() {
   local needle=$1
@@ -175,6 +234,12 @@ row 'ff.jsonl:2: not UTF-8 text' "${o[@]}" --train-tokenizer --vocab-size 300 "$
 row "surrogate.jsonl:1: field 'text' holds a lone surrogate" "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/surrogate.jsonl"
 row "\-\-out $tmp/book.txt: exists and is not a directory" --out "$tmp/book.txt" --train-tokenizer --vocab-size 300 "$tmp/web.jsonl"
 row 'empty.txt: holds no document' "${o[@]}" --train-tokenizer --vocab-size 300 "$tmp/empty.txt"
+mkdir -p "$tmp/badcfg" "$tmp/nobos"
+cp "$tmp/bos/llama3/tokenizer.json" "$tmp/badcfg/" && cp "$tmp/bos/llama3/tokenizer.json" "$tmp/nobos/"
+printf '{"add_bos_token": tr' >"$tmp/badcfg/tokenizer_config.json"
+echo '{"add_bos_token": true, "bos_token": "<bos_not_there>"}' >"$tmp/nobos/tokenizer_config.json"
+row 'badcfg/tokenizer_config.json: not a readable tokenizer_config.json' "${o[@]}" --tokenizer "$tmp/badcfg" "$tmp/web.jsonl"
+row 'add_bos_token is true but its bos_token "<bos_not_there>" is not in the tokenizer' "${o[@]}" --tokenizer "$tmp/nobos/tokenizer.json" "$tmp/web.jsonl"
 row '\-\-val-fraction 0.9: puts all 2 documents into the validation split, so the train split is empty' \
   "${o[@]}" --train-tokenizer --vocab-size 300 --paragraphs --val-fraction 0.9 "$tmp/two.txt"
 

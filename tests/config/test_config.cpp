@@ -113,6 +113,17 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"data": {"seq_len": 0}})", {}, "data.seq_len"},
       {R"({"data": {"val_path": 3}})", {}, "data.val_path"},
       {R"({"data": {"val_path": "v.bin"}})", {}, "data.val_path does not apply to data.source \"synthetic\""},
+      {R"({"data": {"shuffle": 1}})", {}, "data.shuffle"},
+      {R"({"data": {"seed": -2}})", {}, "data.seed"},
+      {R"({"data": {"seed": "x"}})", {}, "data.seed"},
+      {R"({"data": {"mix": {"path": "a.bin"}}})", {}, "data.mix = {\"path\":\"a.bin\"}: expected a list or null"},
+      {R"({"data": {"source": "tokens", "mix": ["a.bin"]}})", {}, "data.mix[0] = \"a.bin\": expected {\"path\""},
+      {R"({"data": {"source": "tokens", "mix": [{"path": ""}]}})", {}, "data.mix[0].path"},
+      {R"({"data": {"source": "tokens", "mix": [{"path": "a", "weight": 0}]}})", {}, "data.mix[0].weight = 0"},
+      {R"({"data": {"source": "tokens", "mix": [{"path": "a", "weight": "half"}]}})", {}, "data.mix[0].weight"},
+      {R"({"data": {"source": "tokens", "mix": [{"path": "a"}, {"path": "b", "w": 2}]}})", {}, "data.mix[1]: unknown key 'w'"},
+      {R"({"data": {"source": "tokens", "path": "t.bin", "mix": [{"path": "a"}]}})", {}, "data.path and data.mix exclude each other"},
+      {R"({"data": {"mix": [{"path": "a"}]}})", {}, "data.mix does not apply to data.source \"synthetic\""},
       {R"({"data": {"source": "tokens", "path": "t.bin"}, "train": {"eval_every": 5}})", {},
        "train.eval_every 5 needs data.val_path for data.source \"tokens\""},
       {R"({"train": {"eval_every": -1}})", {}, "train.eval_every"},
@@ -224,8 +235,10 @@ const json kEveryKey = {
        {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
         {"original_max_position_embeddings", 64}}}}},
     {"data",
-     {{"source", "tokens"}, {"path", "train.bin"}, {"val_path", "val.bin"}, {"seq_len", 32}, {"batch_size", 3},
-      {"eos_token_id", 0}, {"document_mask", true}}},
+     {{"source", "tokens"}, {"path", ""}, {"val_path", "val.bin"}, {"seq_len", 32}, {"batch_size", 3},
+      {"eos_token_id", 0}, {"document_mask", true},
+      {"mix", json::array({{{"path", "a/*.bin"}, {"weight", 0.75}}, {{"path", "b.bin"}, {"weight", 0.25}}})},
+      {"shuffle", true}, {"seed", 5}}},
     {"train",
      {{"steps", 7}, {"gradient_accumulation_steps", 3}, {"lr", 0.5}, {"min_lr", 0.25}, {"warmup_steps", 2}, {"weight_decay", 0.5}, {"beta1", 0.8},
       {"beta2", 0.9}, {"eps", 1e-6}, {"grad_clip", 2.0}, {"seed", 7}, {"log_every", 2}, {"eval_every", 3},
@@ -265,6 +278,7 @@ TEST_CASE("the resolved config holds every key, and parsing it again gives it ba
   // left out when none.
   std::set<std::string> without_rope = key_paths(kEveryKey);
   without_rope.erase("model.rope_scaling");
+  without_rope.erase("data.mix");  // likewise when none
   CHECK(key_paths(parse_config(json::object()).resolved) == without_rope);
 
   std::vector<Config> configs = {c, parse_config(json::object()),

@@ -126,25 +126,28 @@ TEST_CASE("tokens: uint16 shard read back in the documented order", "[data]") {
   CHECK(values(b0.labels) == std::vector<int64_t>{1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008});
   CHECK(values(b0.position_ids) == std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3});
 
-  // step 6, dp 1, b 0: (6·1 + 0)·2·4 = 48 → tokens 48, 49, 0, 1, 2 (wraps token by token).
-  Batch b6 = src->get(6, 0, 1);
-  check_row(b6, 0, {1048, 1049, 1000, 1001, 1002});
-  // b 1: 52 mod 50 = 2.
-  check_row(b6, 1, {1002, 1003, 1004, 1005, 1006});
+  // 50 tokens hold N = ⌊49 / 4⌋ = 12 windows (tokens 0..48); sequence g reads window g mod 12.
+  CHECK(src->sequences_per_epoch() == 12);
+  // step 5, dp 1: g = 10, 11 → the last windows of epoch 0, from 40 and 44 (token 49 is never read).
+  Batch b5 = src->get(5, 0, 1);
+  check_row(b5, 0, {1040, 1041, 1042, 1043, 1044});
+  check_row(b5, 1, {1044, 1045, 1046, 1047, 1048});
+  // step 6: g = 12, 13 → epoch 1 starts again at window 0.
+  CHECK(values(src->get(6, 0, 1).input_ids) == values(b0.input_ids));
+  CHECK(format_epochs(src->epochs(12)) == "epoch 1 (0%)");
+  CHECK(format_epochs(src->epochs(15)) == "epoch 1 (25%)");
 
-  // dp 2: step 3, rank 1, b 1 starts at ((3·2 + 1)·2 + 1)·4 = 60 → 10.
+  // dp 2: step 3, rank 1, b 1 is g = (3·2 + 1)·2 + 1 = 15 → window 3, from 12.
   Batch d = src->get(3, 1, 2);
-  check_row(d, 1, {1010, 1011, 1012, 1013, 1014});
-  // step 3, rank 0, b 0 starts at (3·2·2)·4 = 48.
-  check_row(src->get(3, 0, 2), 0, {1048, 1049, 1000, 1001, 1002});
+  check_row(d, 1, {1012, 1013, 1014, 1015, 1016});
+  // step 3, rank 0, b 0 is g = 12 → window 0.
+  check_row(src->get(3, 0, 2), 0, {1000, 1001, 1002, 1003, 1004});
 
-  // A step so large that ((k·dp + d)·batch + b)·seq_len overflows int64; k ≡ 0 (mod 50) reads
-  // like step 0.
-  const int64_t huge = 4'000'000'000'000'000'000;
-  CHECK(values(src->get(huge, 0, 1).input_ids) == values(b0.input_ids));
-  CHECK(values(src->get(huge, 0, 1).labels) == values(b0.labels));
-  // k = huge + 1: start (huge+1)·8 ≡ 8 (mod 50).
-  check_row(src->get(huge + 1, 0, 1), 0, {1008, 1009, 1010, 1011, 1012});
+  // A large index reads like its window (12·10^15 ≡ 0 mod 12); one past 2^63 is an error.
+  const int64_t big = 12'000'000'000'000'000;
+  CHECK(values(src->read(big, 2).input_ids) == values(b0.input_ids));
+  check_row(src->read(big + 5, 1), 0, {1020, 1021, 1022, 1023, 1024});
+  CHECK_THROWS_AS(src->get(5'000'000'000'000'000'000, 0, 1), UsageError);  // g = 10^19
 }
 
 TEST_CASE("tokens: uint32 shard, labels are inputs shifted by one, dp ranks interleave", "[data]") {
@@ -160,7 +163,7 @@ TEST_CASE("tokens: uint32 shard, labels are inputs shifted by one, dp ranks inte
     Batch g = one->get(step, 0, 1);
     for (int64_t b = 0; b < 4; ++b) {
       // Every row is the window at its global index, and labels are inputs shifted by one.
-      check_row(g, b, window(stream, ((step * 4 + b) * S) % 37, S + 1));
+      check_row(g, b, window(stream, ((step * 4 + b) % 7) * S, S + 1));  // N = ⌊36 / 5⌋ = 7 windows
       const std::vector<int64_t> in = row(g.input_ids, b), lab = row(g.labels, b);
       for (int64_t t = 0; t + 1 < S; ++t) CHECK(lab[static_cast<size_t>(t)] == in[static_cast<size_t>(t + 1)]);
       CHECK(row(g.position_ids, b) == std::vector<int64_t>{0, 1, 2, 3, 4});
@@ -186,11 +189,10 @@ TEST_CASE("tokens: a glob concatenates the matching shards in sorted order", "[d
   auto src = make_data_source(data_cfg(DataSourceKind::tokens, tmp.path("train_*.bin"), 3, 1), 100, 0);
   CHECK(src->num_tokens() == 9);
   CHECK(src->describe().find("tokens: 3 shards, 9 tokens (uint16 and uint32)") == 0);
-  // Stream: 0 1 2 3 10 11 20 21 22. Step k reads 4 tokens from 3k (mod 9).
+  // Stream: 0 1 2 3 10 11 20 21 22: N = ⌊8 / 3⌋ = 2 windows, from 0 and 3.
   check_row(src->get(0, 0, 1), 0, {0, 1, 2, 3});
   check_row(src->get(1, 0, 1), 0, {3, 10, 11, 20});  // crosses two shard boundaries
-  check_row(src->get(2, 0, 1), 0, {20, 21, 22, 0});  // wraps to the first shard
-  check_row(src->get(3, 0, 1), 0, {0, 1, 2, 3});
+  check_row(src->get(2, 0, 1), 0, {0, 1, 2, 3});     // epoch 1: 21 and 22 are past the last window
 }
 
 TEST_CASE("text: the file's bytes are the tokens, same read order", "[data]") {
@@ -201,9 +203,9 @@ TEST_CASE("text: the file's bytes are the tokens, same read order", "[data]") {
   CHECK(src->num_tokens() == 13);
   std::vector<uint32_t> stream;
   for (unsigned char c : text) stream.push_back(c);
-  Batch b = src->get(1, 0, 1);  // starts 8 and 12
+  Batch b = src->get(1, 0, 1);  // g = 2, 3 of N = 3 windows: from 8, then epoch 1 from 0
   check_row(b, 0, window(stream, 8, 5));
-  check_row(b, 1, {stream[12], 'h', 'e', 'l', 'l'});
+  check_row(b, 1, {'h', 'e', 'l', 'l', 'o'});
   CHECK(row(b.input_ids, 0)[0] == 0xC3);
   CHECK(values(b.position_ids) == std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3});
 }
@@ -250,7 +252,7 @@ TEST_CASE("data: malformed inputs are usage errors that name the file", "[data]"
       {"token ≥ vocab", [&] { std::vector<uint32_t> t = ten; t[5] = 300; return shard16(t); }, tokens, "x.bin", "",
        4, 256, "token 300 at index 5 is ≥ vocab_size 256"},
       {"uint32 token ≥ vocab", [&] { std::vector<uint32_t> t = ten; t[9] = 70000; return shard32(t); }, tokens,
-       "x.bin", "", 4, 65536, "token 70000 at index 9 is ≥ vocab_size 65536"},
+       "x.bin", "", 3, 65536, "token 70000 at index 9 is ≥ vocab_size 65536"},  // seq_len 3: windows reach 9
       {"stream shorter than seq_len + 1", [&] { return shard16(ten); }, tokens, "x.bin", "", 10, 256,
        "holds 10 tokens, fewer than seq_len + 1 = 11"},
       {"glob with no match", nullptr, tokens, "x.bin", "nothing_*.bin", 4, 256, "no file matches"},
@@ -466,7 +468,7 @@ TEST_CASE("tokens: a shard is mapped, not read: RSS stays flat on a 400 MB shard
     write_file(path, shard(20240801, 7, static_cast<uint32_t>(n), {}, 4));
     std::filesystem::resize_file(path, 1024 + n * 4);
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+    for (int64_t at : {int64_t{0}, n / 2, n - 1000}) {  // n - 1000: the last token a window reads
       const uint32_t tok = static_cast<uint32_t>(7 + at % 5);
       f.seekp(1024 + at * 4);
       f.write(reinterpret_cast<const char*>(&tok), 4);
@@ -477,13 +479,14 @@ TEST_CASE("tokens: a shard is mapped, not read: RSS stays flat on a 400 MB shard
   REQUIRE(before > 0);
   auto src = make_data_source(data_cfg(DataSourceKind::tokens, path, 1000, 4), 100, 0);
   CHECK(src->num_tokens() == n);
-  // Windows at the start, the middle (step n/2 / 4000 begins at n/2) and the end (wrapping).
+  // Windows at the start, the middle (step n/2 / 4000 begins at n/2) and the end: N = 99999
+  // windows, so step n/4000 - 1 reads g = 99996..99999, the last three windows and then window 0.
   for (int64_t step : {int64_t{0}, n / 2 / 4000, n / 4000 - 1, int64_t{7}, int64_t{123}}) src->get(step, 0, 1);
   CHECK(values(src->get(0, 0, 1).input_ids)[0] == 7);
   CHECK(row(src->get(n / 2 / 4000, 0, 1).input_ids, 0)[0] == static_cast<int64_t>(7 + (n / 2) % 5));
-  const Batch last = src->get(n / 4000 - 1, 0, 1);  // sequence 3 of it ends at token n - 1, its label the wrap to 0
-  CHECK(row(last.labels, 3)[998] == static_cast<int64_t>(7 + (n - 1) % 5));
-  CHECK(row(last.labels, 3)[999] == 7);
+  const Batch last = src->get(n / 4000 - 1, 0, 1);  // row 2 is window 99998, its last label token n - 1000
+  CHECK(row(last.labels, 2)[999] == static_cast<int64_t>(7 + (n - 1000) % 5));
+  CHECK(row(last.input_ids, 3)[0] == 7);
   const int64_t grew = rss_kib() - before;
   INFO("RSS grew by " << grew << " KiB");
   CHECK(grew < 32 * 1024);
