@@ -300,7 +300,8 @@ std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& 
 }
 
 void write_files(const fs::path& tmp, const ParamMap& params, const std::map<std::string, Tensor>& moments,
-                 const AdamW& opt, const Config& cfg, int64_t step, const std::function<void(const char*)>& at) {
+                 const AdamW& opt, const Config& cfg, int64_t step, const nlohmann::json& data_position,
+                 const std::function<void(const char*)>& at) {
   const std::vector<std::string> names = write_model_files(tmp, params, moments, cfg);
   at("files");
   // Checksums of what is on disk (read back), so a load sees exactly the bytes written here.
@@ -315,7 +316,7 @@ void write_files(const fs::path& tmp, const ParamMap& params, const std::map<std
   nlohmann::json meta = {{"format", kFormat},
                          {"step", step},
                          {"optimizer_step", opt.step},
-                         {"data_position", step},
+                         {"data_position", data_position.is_null() ? nlohmann::json(step) : data_position},
                          {"rng", {{"seed", cfg.train.seed}, {"state", "stateless (step, seed)"}}},
                          {"files", files},
                          {"config", cfg.resolved}};
@@ -394,7 +395,7 @@ std::string save_checkpoint(const std::string& root, int64_t step, const ParamMa
   fs::create_directory(tmp, ec);
   if (ec) throw RuntimeFailure(str(tmp.string(), ": cannot create: ", ec.message()));
   try {
-    write_files(tmp, params, moments, opt, cfg, step, at);
+    write_files(tmp, params, moments, opt, cfg, step, options.data_position, at);
     at("synced");
     if (options.before_commit) options.before_commit();
     commit(tmp, final_dir, fs::path(root), at);

@@ -39,6 +39,9 @@ struct SaveOptions {
   // directories swapped) or "moved_aside" + "committed" (a re-save without RENAME_EXCHANGE) or
   // "committed" (a new step), then "pruned".
   std::function<void(const char* point)> at_point;
+  // meta.json's "data_position": where the run's data continues (train/data_order.h DataPosition,
+  // as the trainer writes it); null writes the step, as checkpoints before positions did.
+  nlohmann::json data_position;
 };
 
 // Returns the checkpoint's directory. `cfg` gives the model (config.json), train.max_shard_mb and

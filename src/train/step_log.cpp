@@ -69,11 +69,12 @@ void StepLog::step(const StepRecord& rec) {
     const double eta = elapsed / static_cast<double>(rec.step - start_) * static_cast<double>(total_ - rec.step);
     const std::string line = fmt::format(
         "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {} TFLOP/s{} | {:.1f} ms (sync "
-        "{:.1f}, data {:.1f}) | peak {:.1f} MiB | eta {}m{:02d}s",
+        "{:.1f}, data {:.1f}) | peak {:.1f} MiB{} | eta {}m{:02d}s",
         rec.step, total_, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
         rec.grad_norm, rec.tokens_per_sec, tflops_text(rec.tflops),
         rec.mfu >= 0 ? fmt::format(" | MFU {:.1f}%", rec.mfu * 100) : "", rec.step_ms, rec.grad_sync_ms, rec.data_ms,
-        static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0), static_cast<int64_t>(eta) / 60,
+        static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0), rec.epochs.empty() ? "" : " | " + rec.epochs,
+        static_cast<int64_t>(eta) / 60,
         static_cast<int64_t>(eta) % 60);
     const std::string val =
         rec.evaluated ? fmt::format("step {}/{} | val loss {:.4f} | val acc {:.3f}", rec.step, total_, rec.val_loss,
@@ -91,6 +92,7 @@ void StepLog::step(const StepRecord& rec) {
                         {"tflops", rec.tflops},     {"grad_sync_ms", rec.grad_sync_ms},
                         {"data_ms", rec.data_ms},   {"targets", rec.targets}};
     if (rec.mfu >= 0) m["mfu"] = rec.mfu;
+    if (!rec.epochs.empty()) m["epochs"] = rec.epochs;
     if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
     if (rec.skipped) m["skipped"] = true;  // its loss and norm are NaN (null in JSON)
     if (rec.evaluated) m["val_loss"] = rec.val_loss, m["val_accuracy"] = rec.val_accuracy;

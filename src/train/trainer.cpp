@@ -56,9 +56,8 @@ std::unique_ptr<DirLock> prepare_run(const Config& cfg, const TrainArgs& args, b
   if (args.start_over && !args.resume.empty()) throw UsageError("--start-over and --resume exclude each other");
   if (args.start_over && cfg.train.checkpoint_dir.empty()) throw UsageError("--start-over needs train.checkpoint_dir");
   if (!lead) return nullptr;
-  const RunFiles run{{args.config_path, cfg.data.source == DataSourceKind::synthetic ? "" : cfg.data.path,
-                      args.init_from, args.resume},
-                     cfg.train.checkpoint_dir};
+  RunFiles run{{args.config_path, args.init_from, args.resume}, cfg.train.checkpoint_dir};
+  for (const std::string& p : data_input_paths(cfg.data)) run.inputs.push_back(p);  // data.path or data.mix, val_path
   if (!args.metrics.empty()) check_output_path("--metrics", args.metrics, run);
   if (!args.dump_grads.empty()) check_output_path("--dump-grads", args.dump_grads, run, OutputKind::replaced);
   if (cfg.train.checkpoint_dir.empty()) return nullptr;
@@ -70,7 +69,8 @@ std::unique_ptr<DirLock> prepare_run(const Config& cfg, const TrainArgs& args, b
 struct StartState {
   ParamMap params;
   AdamW opt;
-  int64_t step = 0;  // steps already done
+  int64_t step = 0;     // steps already done
+  nlohmann::json meta;  // the checkpoint's meta.json (--resume), else null
 };
 
 StartState start_state(const Config& cfg, const TrainArgs& args, Communicator& host_world) {
@@ -82,6 +82,7 @@ StartState start_state(const Config& cfg, const TrainArgs& args, Communicator& h
     s.params = std::move(ck.params);
     s.opt = std::move(ck.optimizer);
     s.step = ck.step;
+    s.meta = std::move(ck.meta);
     if (lead) spdlog::info("resumed from {} at step {}", args.resume, s.step);
   } else {
     s.params = starting_params(cfg, args, master);
@@ -93,6 +94,48 @@ StartState start_state(const Config& cfg, const TrainArgs& args, Communicator& h
   for (auto& [name, p] : s.params) host_world.broadcast(p, 0);
   return s;
 }
+
+// Where each step reads in the run's global read order (train/data_order.h): step s's G = micro ·
+// k · dp sequences start at g(s) = start + (s − start step)·G, and dp rank d reads the k·micro from
+// g(s) + d·k·micro, so a fresh run reads what one step of batch k·micro would. A resumed run starts
+// where the checkpoint's run stopped (resume_data: also after a change of dp size, batch or k, or
+// of seq_len without shuffle; otherwise a UsageError saying why).
+class DataCursor {
+ public:
+  DataCursor(const Config& cfg, const DataSource& data, const StartState& start, const ProcessMesh& mesh)
+      : data_(data), start_step_(start.step),
+        per_rank_(cfg.data.batch_size * cfg.train.gradient_accumulation_steps), global_(per_rank_ * mesh.dp) {
+    if (start.meta.is_null()) return;
+    const nlohmann::json& saved = start.meta.contains("data_position") ? start.meta["data_position"] : nlohmann::json();
+    if (saved.is_object()) {
+      DataPosition now = data.position(0);
+      now.global_batch = global_;
+      const DataResume r = resume_data(parse_data_position(saved, "the checkpoint's meta.json"), now);
+      start_ = r.next_sequence;
+      log_ = r.log;
+    } else {  // written before positions were recorded: its data was read at step × the global batch
+      start_ = start.step * global_;
+      log_ = str("data: the checkpoint records no data position (an older format); continuing at sequence ", start_,
+                 " (step ", start.step, " × ", global_, " sequences a step)");
+    }
+  }
+  const std::string& log() const { return log_; }
+  Batch read(int64_t step, int64_t dp_rank) const { return data_.read(next(step) + dp_rank * per_rank_, per_rank_); }
+  int64_t next(int64_t steps_done) const { return start_ + (steps_done - start_step_) * global_; }  // g(steps_done)
+  // What a checkpoint after `steps_done` steps records (meta.json "data_position").
+  nlohmann::json position(int64_t steps_done) const {
+    DataPosition p = data_.position(next(steps_done));
+    p.global_batch = global_;
+    return data_position_json(p);
+  }
+  std::string epochs(int64_t steps_done) const { return format_epochs(data_.epochs(next(steps_done))); }
+
+ private:
+  const DataSource& data_;
+  int64_t start_step_, per_rank_, global_;
+  int64_t start_ = 0;
+  std::string log_;
+};
 
 // The executor's options for the joint program: the logits [B, S, V] are read after the step only
 // to score the synthetic task's accuracy; otherwise they die at the loss's backward instead of
@@ -143,13 +186,14 @@ std::unordered_set<const Node*> gradient_nodes(const RankProgram& prog) {
 // Rank 0 writes the checkpoint of `step` under train.checkpoint_dir from the whole state (gathered
 // on every rank: a collective), keeping the newest train.keep_checkpoints. AUTOSP_FAULT
 // where:checkpoint fires once the files are durable, before the rename.
-void save_step_checkpoint(const Config& cfg, int64_t step, TrainState& state, const std::optional<Fault>& fault,
-                          Communicator& world) {
+void save_step_checkpoint(const Config& cfg, int64_t step, TrainState& state, const DataCursor& cursor,
+                          const std::optional<Fault>& fault, Communicator& world) {
   const AdamW opt = state.checkpoint_state();
   const ParamMap params = state.whole_params();
   if (world.rank() != 0) return;
   SaveOptions save;
   save.keep_last = cfg.train.keep_checkpoints;
+  save.data_position = cursor.position(step);
   save.before_commit = [&] { inject_fault(fault, FaultWhere::checkpoint, world.rank(), step, world); };
   spdlog::info("saved checkpoint {}", save_checkpoint(cfg.train.checkpoint_dir, step, host_copy(params),
                                                       host_copy(opt), cfg, save));
@@ -163,6 +207,7 @@ bool checkpoint_due(const Config& cfg, int64_t step, int64_t total) {
 // Preemption: every rank agrees on this step (one tiny all-reduce), rank 0 saves it unless it was
 // just saved, and all leave together once the checkpoint is on disk.
 bool preempted(const StopOnSignal& stop, const Config& cfg, int64_t step, bool saved, TrainState& state,
+               const DataCursor& cursor,
                const std::optional<Fault>& fault, JobComms& comms, Communicator& world) {
   if (!stop.stop_agreed(*comms.host_world)) return false;
   if (world.rank() == 0)
@@ -171,19 +216,10 @@ bool preempted(const StopOnSignal& stop, const Config& cfg, int64_t step, bool s
   if (cfg.train.checkpoint_dir.empty() && world.rank() == 0)
     spdlog::warn("no train.checkpoint_dir: nothing saved; the run restarts from step 0");
   else if (!cfg.train.checkpoint_dir.empty() && !saved)
-    save_step_checkpoint(cfg, step, state, fault, world);
+    save_step_checkpoint(cfg, step, state, cursor, fault, world);
   comms.host_world->barrier();
   mark_exit_agreed();
   return true;
-}
-
-// What the data source reads per step and dp rank: the k micro-batches of
-// train.gradient_accumulation_steps as one batch of k·data.batch_size sequences, so step s reads
-// exactly what one step of that batch would (train/accumulation.h).
-DataConfig step_data(const Config& cfg) {
-  DataConfig d = cfg.data;
-  d.batch_size *= cfg.train.gradient_accumulation_steps;
-  return d;
 }
 
 // The fed loss denominator (graph/passes/feed_target_count.h): the step's global target count in
@@ -213,9 +249,11 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
 
   const RankProgram prog = build_program(cfg, cfg.runtime.dtype, Stage::joint, mesh);
   const int64_t k = cfg.train.gradient_accumulation_steps;
-  auto data = make_data_source(step_data(cfg), cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
+  auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   std::optional<Validation> validation = make_validation(cfg, cfg.runtime.dtype, mesh);
   StartState start = start_state(cfg, args, *comms->host_world);
+  const DataCursor cursor(cfg, *data, start, mesh);
+  if (world.rank() == 0 && !cursor.log().empty()) spdlog::info("{}", cursor.log());
   const size_t num_params = start.params.size();
   const std::unique_ptr<TrainState> state = make_train_state(zero_mode(cfg.zero_optimization, world.size()), prog,
                                                              std::move(start.params), std::move(start.opt), cfg,
@@ -236,7 +274,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     inject_fault(fault, FaultWhere::step, world.rank(), rec.step, world);
     // Every rank of an SP group reads the same sequences (k micro-batches' worth); the graph slices
     // its block. The step's targets are counted over the world before any backward.
-    const Batch batch = pad_to_multiple(data->get(step, mesh.dp_rank, mesh.dp), mesh.sp);
+    const Batch batch = pad_to_multiple(cursor.read(step, mesh.dp_rank), mesh.sp);
     rec.targets = global_target_count(batch, mesh, *comms->host_world);
     rec.data_ms = ms_since(t0);
     rec.skipped = rec.targets == 0;  // no scored position anywhere: the loss would be 0/0
@@ -275,6 +313,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     if (dev.kind == DeviceKind::cuda) synchronize();  // the step's queued device work belongs to its time
     rec.step_ms = ms_since(t0);
     throughput.fill(rec);
+    rec.epochs = cursor.epochs(rec.step);
     rec.grad_sync_ms = (state->sync_stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
     rec.grad_sync_wait_ms = (state->sync_stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
     if (validation && validation_due(cfg, rec.step, total))
@@ -282,8 +321,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     result.steps.push_back(rec);
     log.step(rec);
     const bool saved = checkpoint_due(cfg, rec.step, total);
-    if (saved) save_step_checkpoint(cfg, rec.step, *state, fault, world);
-    if (preempted(stop, cfg, rec.step, saved, *state, fault, *comms, world)) {
+    if (saved) save_step_checkpoint(cfg, rec.step, *state, cursor, fault, world);
+    if (preempted(stop, cfg, rec.step, saved, *state, cursor, fault, *comms, world)) {
       result.preempted = true;
       break;
     }

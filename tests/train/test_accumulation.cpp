@@ -163,3 +163,70 @@ TEST_CASE("accumulation: a step with no scored target anywhere runs nothing and 
 
 }  // namespace
 }  // namespace autosp::test
+
+namespace autosp::test {
+namespace {
+
+// A shuffled text of 7 windows of 16 (126 bytes), so that 6 steps of 4 sequences cross three epochs.
+Config resume_config(const std::string& text, const std::string& ckpt, int64_t batch, int64_t k) {
+  return parse_config({{"model", kLlamaBytes},
+                       {"data", {{"source", "text"}, {"path", text}, {"seq_len", 16}, {"batch_size", batch},
+                                 {"shuffle", true}}},
+                       {"train", {{"steps", 6}, {"gradient_accumulation_steps", k}, {"checkpoint_dir", ckpt},
+                                  {"checkpoint_every", 3}, {"log_every", 100}, {"warmup_steps", 2}, {"seed", 5}}},
+                       {"runtime", {{"dtype", "float64"}, {"threads", 1}}}});
+}
+
+TEST_CASE("accumulation: a resume continues the data where the run stopped, under another dp, batch or k",
+          "[accumulation][checkpoint][threads]") {
+  const fs::path dir = temp_dir("resume");
+  const std::string text = (dir / "docs.txt").string();
+  std::ofstream(text) << documents_text(166, 9).substr(40, 126);  // no leading newlines
+  TrainArgs args;
+  args.quiet = true;
+  auto world = make_single_process_communicator();
+  const TrainResult full = train(resume_config(text, (dir / "full").string(), 4, 1), args, *world);
+  REQUIRE(full.steps.size() == 6);
+  CHECK(full.steps.back().epochs == "epoch 3 (42%)");  // 24 sequences, 7 an epoch: 3 and 3/7, floored
+  const std::string step3 = (dir / "full" / "step_00000003").string();
+
+  SECTION("the same run: bit for bit") {
+    args.resume = step3;
+    const TrainResult tail = train(resume_config(text, (dir / "same").string(), 4, 1), args, *world);
+    REQUIRE(tail.steps.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(tail.steps[i].loss == full.steps[i + 3].loss);
+  }
+  SECTION("2 dp ranks, micro-batch 1, k = 2: the same global batch, the same sequences") {
+    args.resume = step3;
+    std::vector<TrainResult> tails(2);
+    run_thread_ranks(2, [&](ThreadCommunicator& w) {
+      tails[static_cast<size_t>(w.rank())] =
+          train(resume_config(text, (dir / "dp2").string() + std::to_string(w.rank()), 1, 2), args, w);
+    });
+    REQUIRE(tails[0].steps.size() == 3);
+    for (size_t i = 0; i < 3; ++i) {
+      INFO("step " << i + 4);
+      CHECK(std::abs(tails[0].steps[i].loss - full.steps[i + 3].loss) <= 1e-12 * full.steps[i + 3].loss);
+    }
+  }
+  SECTION("a checkpoint without a recorded position continues at step × global batch") {
+    const fs::path meta = fs::path(step3) / "meta.json";
+    json m = json::parse(std::ifstream(meta));
+    m["data_position"] = 3;  // the older format: the step
+    std::ofstream(meta) << m.dump(2);
+    args.resume = step3;
+    const TrainResult tail = train(resume_config(text, (dir / "old").string(), 4, 1), args, *world);
+    REQUIRE(tail.steps.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(tail.steps[i].loss == full.steps[i + 3].loss);
+  }
+  SECTION("another seq_len under shuffle, mid-epoch, is refused with the reason") {
+    args.resume = step3;
+    Config other = resume_config(text, (dir / "seq").string(), 4, 1);
+    other = parse_config(other.resolved, {"data.seq_len=8"});
+    CHECK_THROWS_WITH(train(other, args, *world), Catch::Contains("seq_len"));
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace autosp::test
