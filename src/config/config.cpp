@@ -101,7 +101,7 @@ json data_mix_json(const std::vector<DataMixEntry>& mix) {
 
 // The values of each enum key, in the order its choices are listed in errors ("expected one of
 // gpt2|llama"); each value's string is its name function's.
-constexpr std::array kArchs{Arch::gpt2, Arch::llama};
+constexpr std::array kArchs{Arch::gpt2, Arch::llama, Arch::mistral, Arch::qwen2, Arch::qwen3};
 constexpr std::array kSources{DataSourceKind::synthetic, DataSourceKind::tokens, DataSourceKind::text};
 constexpr std::array kDevices{DeviceKind::cpu, DeviceKind::cuda};
 constexpr std::array kAttention{AttentionBackend::flash, AttentionBackend::cudnn};
@@ -152,6 +152,20 @@ const std::vector<Key>& schema() {
       {"model.rope_scaling", Kind::object, 0, 0, "", Arch::llama,
        [](Config& c, const json& v) { c.model.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); },  // origin: parse_config
        [](const Config& c) { return rope_scaling_json(c.model.rope_scaling); }},
+      // The Llama family's (models/model_config.h); each left out of the resolved config at its
+      // default, so checkpoints written before these keys still compare equal.
+      {"model.head_dim", Kind::integer, 2, 1 << 16, "", Arch::llama,
+       [](Config& c, const json& v) { c.model.head_dim_config = v.get<int64_t>(); },
+       [](const Config& c) { return model_json(c.model).value("head_dim", json()); }},
+      {"model.attention_bias", Kind::boolean, 0, 0, "", Arch::llama,
+       [](Config& c, const json& v) { c.model.attention_bias = v.get<bool>(); },
+       [](const Config& c) { return c.model.attention_bias ? json(true) : json(); }},
+      {"model.mlp_bias", Kind::boolean, 0, 0, "", Arch::llama,
+       [](Config& c, const json& v) { c.model.mlp_bias = v.get<bool>(); },
+       [](const Config& c) { return c.model.mlp_bias ? json(true) : json(); }},
+      {"model.sliding_window", Kind::integer, 1, 1 << 30, "", Arch::llama,
+       [](Config& c, const json& v) { c.model.sliding_window = v.get<int64_t>(); },
+       [](const Config& c) { return c.model.sliding_window > 0 ? json(c.model.sliding_window) : json(); }},
       enum_key("data.source", &Config::data, &DataConfig::source, kSources, data_source_name),
       {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
       {"data.val_path", Kind::string, 0, 0, "", {}, F(data, val_path)},
@@ -441,7 +455,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     if (!j.contains(ptr)) continue;
     const json& v = j[ptr];
     check_value(origin, k, v);
-    if (k.arch && *k.arch != arch) {
+    if (k.arch && *k.arch != family(arch)) {
       c.warnings.push_back(str(origin, ": ", k.path, " does not apply to arch ", arch_name(arch), "; ignored"));
       continue;
     }
@@ -461,6 +475,9 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       m.num_key_value_heads = m.num_attention_heads;
       break;
     case Arch::llama:
+    case Arch::mistral:
+    case Arch::qwen2:
+    case Arch::qwen3:
       if (!given("tie_word_embeddings")) m.tie_word_embeddings = false;
       if (!given("norm_eps")) m.norm_eps = 1e-6;
       break;
@@ -468,7 +485,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
 
   // Cross-key rules.
   auto bad = [&](const std::string& what) { throw UsageError(str(origin, ": ", what)); };
-  if (m.hidden_size % m.num_attention_heads != 0)
+  if (m.head_dim_config == 0 && m.hidden_size % m.num_attention_heads != 0)
     bad(str("model.hidden_size ", m.hidden_size, " is not divisible by model.num_attention_heads ",
             m.num_attention_heads));
   if (m.num_attention_heads % m.num_key_value_heads != 0)
@@ -480,7 +497,21 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
         bad(str("data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ", m.max_position_embeddings));
       break;
     case Arch::llama:
-      if (m.head_dim() % 2 != 0) bad(str("llama head dim ", m.head_dim(), " must be even for RoPE"));
+    case Arch::mistral:
+    case Arch::qwen2:
+    case Arch::qwen3:
+      if (m.head_dim() % 2 != 0)
+        bad(str(m.head_dim_config > 0 ? "model.head_dim " : "llama head dim ", m.head_dim(), " must be even for RoPE"));
+      if (m.attention_bias && m.arch != Arch::llama && m.arch != Arch::qwen3)
+        bad(str("model.attention_bias is a llama and qwen3 setting (", arch_name(m.arch), "'s biases are fixed)"));
+      if (m.mlp_bias && m.arch != Arch::llama) bad(str("model.mlp_bias is a llama setting, not ", arch_name(m.arch), "'s"));
+      if (m.mlp_bias && c.runtime.tiled_mlp) bad("runtime.tiled_mlp: the tiled MLP has no biases (model.mlp_bias is true)");
+      if (m.sliding_window > 0 && m.arch == Arch::llama)
+        bad("model.sliding_window is a mistral, qwen2 and qwen3 setting (LlamaConfig has none)");
+      // autosp attends over the whole sequence: a window only where it changes nothing.
+      if (m.sliding_window > 0 && m.sliding_window < c.data.seq_len)
+        bad(str("model.sliding_window ", m.sliding_window, " is shorter than data.seq_len ", c.data.seq_len,
+                ": autosp's attention is full causal (a window at least the sequence's length changes nothing)"));
       break;
   }
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty() && c.data.mix.empty())
@@ -512,7 +543,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     if (c.runtime.attention == AttentionBackend::cudnn)
       bad("data.document_mask: runtime.attention \"cudnn\" cannot apply the document mask; use \"flash\"");
   }
-  if (c.runtime.tiled_mlp && m.arch != Arch::llama)
+  if (c.runtime.tiled_mlp && family(m.arch) != Arch::llama)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", arch_name(m.arch), "\" has none"));
   if (c.train.min_lr > c.train.lr) bad(str("train.min_lr ", c.train.min_lr, " exceeds train.lr ", c.train.lr));
   if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)

@@ -16,13 +16,24 @@ inline kernels::RopeScaling rope_scaling_of(const Node& n) {
   kernels::RopeScaling s;
   if (!n.attrs().has("rope_type")) return s;
   const std::string& type = n.attrs().s("rope_type");
-  AUTOSP_ASSERT(type == "linear" || type == "llama3", "rope_type ", type);
-  s.kind = type == "linear" ? kernels::RopeScaling::linear : kernels::RopeScaling::llama3;
+  AUTOSP_ASSERT(type == "linear" || type == "llama3" || type == "yarn", "rope_type ", type);
+  s.kind = type == "linear" ? kernels::RopeScaling::linear
+           : type == "llama3" ? kernels::RopeScaling::llama3
+                              : kernels::RopeScaling::yarn;
   s.factor = n.attrs().f("factor");
   if (s.kind == kernels::RopeScaling::llama3) {
     s.low_freq_factor = n.attrs().f("low_freq_factor");
     s.high_freq_factor = n.attrs().f("high_freq_factor");
     s.original_max_position_embeddings = n.attrs().f("original_max_position_embeddings");
+  }
+  if (s.kind == kernels::RopeScaling::yarn) {  // models/model.cpp with_rope_scaling resolves HF's defaults
+    s.original_max_position_embeddings = n.attrs().f("original_max_position_embeddings");
+    s.beta_fast = n.attrs().f("beta_fast");
+    s.beta_slow = n.attrs().f("beta_slow");
+    s.attention_factor = n.attrs().f("attention_factor");
+    s.mscale = n.attrs().f("mscale");
+    s.mscale_all_dim = n.attrs().f("mscale_all_dim");
+    s.truncate = n.attrs().f("truncate") != 0;
   }
   return s;
 }

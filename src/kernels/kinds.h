@@ -39,17 +39,33 @@ inline int64_t linear_ce_chunk_rows(int64_t rows, int64_t V) {
 // The scratch a chunk's logits take, in elements.
 inline int64_t linear_ce_scratch_elems(int64_t rows, int64_t V) { return linear_ce_chunk_rows(rows, V) * V; }
 
-// Hugging Face's rope_scaling (transformers 4.44 modeling_rope_utils), which only changes inv_freq:
+// Hugging Face's rope_scaling (transformers' modeling_rope_utils), which changes inv_freq and, for
+// yarn, scales cos and sin by an attention factor:
 //   linear: inv_freq / factor (position interpolation);
 //   llama3: wavelen = 2π / inv_freq; wavelengths longer than original_max_position_embeddings /
 //           low_freq_factor are divided by factor, shorter than original / high_freq_factor kept,
 //           and the band between blends the two with s = (original / wavelen − low) / (high − low):
 //           (1 − s)·inv_freq / factor + s·inv_freq.
-// Both keep attention_factor 1, so cos and sin are not rescaled.
+//   yarn:   (transformers 5's _compute_yarn_parameters) the correction dims
+//           d(r) = D·ln(original / (2π·r)) / (2·ln theta) for r = beta_fast (32) and beta_slow (1),
+//           floored / ceiled when `truncate`, clamped to [0, D − 1], give a ramp
+//           m_i = clamp((i − low) / (high − low), 0, 1) over i < D/2 (high += 0.001 when equal);
+//           inv_freq = (inv_freq / factor)·m_i + inv_freq·(1 − m_i); cos and sin are multiplied by
+//           attention_factor (given, else mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+//           when both are set, else mscale(factor) with mscale(s, m) = 0.1·m·ln(s) + 1 for s > 1, 1
+//           otherwise): yarn_attention_factor.
+// linear and llama3 keep the attention factor 1, so cos and sin are not rescaled.
 struct RopeScaling {
-  enum Kind { none, linear, llama3 } kind = none;
+  enum Kind { none, linear, llama3, yarn } kind = none;
   double factor = 1, low_freq_factor = 1, high_freq_factor = 4, original_max_position_embeddings = 8192;
+  // yarn; 0 = absent (HF's defaults).
+  double beta_fast = 0, beta_slow = 0, attention_factor = 0, mscale = 0, mscale_all_dim = 0;
+  bool truncate = true;
 };
+
+// What cos and sin are multiplied by: 1, or yarn's attention factor as above (in double, as HF
+// computes it in Python floats).
+double rope_attention_factor(const RopeScaling& scaling);
 
 // inv_freq[i] = 1 / theta^(2i/D) for i < D/2, then `scaling`, in Hugging Face's order of operations
 // in A (float: bit for bit as its float32 buffer; double: every step in double). Host code, shared

@@ -6,6 +6,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #endif
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/kinds.h"
@@ -42,7 +43,44 @@ void rope_inv_freq(A* inv_freq, int64_t D, double theta, const RopeScaling& sc) 
       }
       return;
     }
+    case RopeScaling::yarn: {
+      // The correction range in Python floats (double), the ramp and the blend in A as HF's float32
+      // tensors: pos_freqs = theta^(2i/D), extrapolation 1 / pos_freqs, interpolation
+      // 1 / (factor · pos_freqs), inv_freq = interpolation · (1 − e) + extrapolation · e with the
+      // extrapolation factor e = 1 − ramp.
+      const double pi = 3.14159265358979323846, orig = sc.original_max_position_embeddings;
+      const double fast = sc.beta_fast > 0 ? sc.beta_fast : 32, slow = sc.beta_slow > 0 ? sc.beta_slow : 1;
+      auto correction_dim = [&](double rotations) {
+        return (double(D) * std::log(orig / (rotations * 2 * pi))) / (2 * std::log(theta));
+      };
+      double low = correction_dim(fast), high = correction_dim(slow);
+      if (sc.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, double(D - 1));
+      if (low == high) high += 0.001;  // HF: "prevent singularity"
+      const A lo = A(low), span = A(high - low), factor = A(sc.factor);
+      for (int64_t i = 0; i < H; ++i) {
+        const A pos_freq = std::pow(theta_a, A(2 * i) / A(D));
+        const A extrapolation = A(1) / pos_freq, interpolation = A(1) / (factor * pos_freq);
+        const A ramp = std::min(std::max((A(i) - lo) / span, A(0)), A(1));
+        const A e = A(1) - ramp;
+        const A a = interpolation * (A(1) - e), b = extrapolation * e;
+        inv_freq[i] = a + b;
+      }
+      return;
+    }
   }
+}
+
+double rope_attention_factor(const RopeScaling& sc) {
+  if (sc.kind != RopeScaling::yarn) return 1.0;
+  if (sc.attention_factor > 0) return sc.attention_factor;
+  auto mscale = [&](double m) { return sc.factor <= 1 ? 1.0 : 0.1 * m * std::log(sc.factor) + 1.0; };
+  if (sc.mscale != 0 && sc.mscale_all_dim != 0) return mscale(sc.mscale) / mscale(sc.mscale_all_dim);
+  return mscale(1.0);
 }
 
 template void rope_inv_freq<float>(float*, int64_t, double, const RopeScaling&);

@@ -1,7 +1,9 @@
 // Hugging Face config.json ↔ the model section of our config. A model directory saved by
-// transformers (GPT2Config or LlamaConfig keys) becomes our keys (n_embd → hidden_size, rms_norm_eps
-// → norm_eps, rope_scaling as it is), with HF's defaults for keys the file leaves out, exactly as
-// transformers would read it; a checkpoint's step_N/config.json is written back in HF keys, so
+// transformers (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config or Qwen3Config keys, as
+// transformers 4.x or 5.x writes them) becomes our keys (n_embd → hidden_size, rms_norm_eps →
+// norm_eps, rope_scaling or rope_parameters as HF's rope_scaling object), with HF's defaults for
+// keys the file leaves out, exactly as transformers would read it; a checkpoint's
+// step_N/config.json is written back in HF keys (both versions' spellings), so
 // AutoModelForCausalLM.from_pretrained(step_N) loads it. docs/huggingface.md has the table.
 // Knows nothing of the rest of the run config (config/ calls it) or of graphs.
 #pragma once
@@ -24,8 +26,8 @@ struct HfModelConfig {
 };
 
 // Translates an HF config.json. Every key it cannot take (an unknown key, an unsupported setting
-// such as attention_bias true, a sliding window, another rope type or activation) is named in one
-// UsageError "<origin>: ...", all of them at once.
+// such as a layer_types entry other than full_attention, another rope type or activation) is named
+// in one UsageError "<origin>: ...", all of them at once.
 HfModelConfig translate_hf_config(const nlohmann::json& hf, const std::string& origin);
 
 // A JSON file (config.json, an index) of at most `max_bytes`, nested at most 32 levels; a missing
@@ -39,7 +41,8 @@ HfModelConfig read_hf_model_dir(const std::string& dir);
 // of our config's sections).
 bool is_hf_config(const nlohmann::json& j);
 
-// rope_scaling as HF writes it ({"rope_type": "llama3", "factor": 8, …}; null = none), validated;
+// rope_scaling as HF writes it ({"rope_type": "llama3", "factor": 8, …}; linear, llama3, yarn;
+// "default" and null = none), validated;
 // `where` names the key in errors.
 RopeScalingConfig parse_rope_scaling(const nlohmann::json& j, const std::string& where);
 nlohmann::json rope_scaling_json(const RopeScalingConfig& s);  // null when none
@@ -49,7 +52,8 @@ nlohmann::json rope_scaling_json(const RopeScalingConfig& s);  // null when none
 // two agree).
 nlohmann::json model_json(const ModelConfig& m);
 
-// The HF config.json of a model (architectures, model_type, torch_dtype = `dtype`).
+// The HF config.json of a model (architectures, model_type, torch_dtype and dtype = `dtype`;
+// rope_theta + rope_scaling and rope_parameters).
 nlohmann::json hf_config_json(const ModelConfig& m, DType dtype);
 
 // Refuses (UsageError naming the file and the first key that differs, in HF's and our name) an HF

@@ -1,5 +1,5 @@
-// GPT-2 and Llama graph builders. Shapes: B = batch, S = sequence, C = hidden, N = heads,
-// Nkv = key/value heads, D = head dim, V = vocab, I = MLP width.
+// GPT-2 and Llama-family (Llama, Mistral, Qwen2, Qwen3) graph builders. Shapes: B = batch,
+// S = sequence, C = hidden, N = heads, Nkv = key/value heads, D = head dim, V = vocab, I = MLP width.
 #include "models/model.h"
 
 #include <cmath>
@@ -135,8 +135,11 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mo
 }
 
 // rope_scaling as attributes of a rope node (read back by engine/launchers.h rope_scaling_of); an
-// unscaled rope carries none, so its IR text is unchanged.
-Node* with_rope_scaling(Node* rope, const RopeScalingConfig& s) {
+// unscaled rope carries none, so its IR text is unchanged. yarn's defaults are resolved here as
+// transformers 5 does: original_max_position_embeddings = the model's max_position_embeddings,
+// beta_fast 32, beta_slow 1; attention_factor 0 = from mscale (kernels/kinds.h).
+Node* with_rope_scaling(Node* rope, const ModelConfig& m) {
+  const RopeScalingConfig& s = m.rope_scaling;
   if (s.rope_type.empty()) return rope;
   rope->attrs().set("rope_type", s.rope_type);
   rope->attrs().set("factor", s.factor);
@@ -145,56 +148,97 @@ Node* with_rope_scaling(Node* rope, const RopeScalingConfig& s) {
     rope->attrs().set("high_freq_factor", s.high_freq_factor);
     rope->attrs().set("original_max_position_embeddings", static_cast<double>(s.original_max_position_embeddings));
   }
+  if (s.rope_type == "yarn") {
+    const int64_t orig = s.original_max_position_embeddings > 0 ? s.original_max_position_embeddings
+                                                                : m.max_position_embeddings;
+    rope->attrs().set("original_max_position_embeddings", static_cast<double>(orig));
+    rope->attrs().set("beta_fast", s.beta_fast > 0 ? s.beta_fast : 32.0);
+    rope->attrs().set("beta_slow", s.beta_slow > 0 ? s.beta_slow : 1.0);
+    rope->attrs().set("attention_factor", s.attention_factor);
+    rope->attrs().set("mscale", s.mscale);
+    rope->attrs().set("mscale_all_dim", s.mscale_all_dim);
+    rope->attrs().set("truncate", s.truncate ? 1.0 : 0.0);
+  }
   return rope;
+}
+
+// What the Llama family's members add to Llama's graph (HF's modeling_<family>.py).
+struct LlamaTraits {
+  bool qkv_bias;  // q_proj, k_proj, v_proj have biases
+  bool o_bias;    // o_proj has a bias
+  bool mlp_bias;  // gate_proj, up_proj, down_proj have biases
+  bool qk_norm;   // q_norm, k_norm: an RMSNorm over each head's D of q and k, before RoPE (weight [D])
+};
+LlamaTraits llama_traits(const ModelConfig& m) {
+  switch (m.arch) {
+    case Arch::llama: return {m.attention_bias, m.attention_bias, m.mlp_bias, false};
+    case Arch::mistral: return {false, false, false, false};
+    case Arch::qwen2: return {true, false, false, false};
+    case Arch::qwen3: return {m.attention_bias, m.attention_bias, false, true};
+    case Arch::gpt2: break;
+  }
+  throw std::logic_error("llama_traits: not a Llama-family arch");
 }
 
 std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode mode, const GraphOptions& opt) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
+  const LlamaTraits tr = llama_traits(m);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, Nkv = m.num_key_value_heads, D = m.head_dim();
   const int64_t V = m.vocab_size, I = m.intermediate_size;
   auto in = make_inputs(b, mode, opt.document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   Node* embed = p("model.embed_tokens.weight", {V, C});
   Node* x = b.embedding(embed, in.ids, "x");
-  auto linear = [&](Node* v, const std::string& pname, int64_t out_dim, int64_t in_dim, const std::string& name) {
+  auto linear = [&](Node* v, const std::string& pname, int64_t out_dim, int64_t in_dim, bool bias,
+                    const std::string& name) {
     Node* w = p(pname + ".weight", {out_dim, in_dim});  // nn.Linear: [out, in]
-    return b.linear(v, w, nullptr, true, name);
+    Node* bv = bias ? p(pname + ".bias", {out_dim}) : nullptr;
+    return b.linear(v, w, bv, true, name);
   };
-  auto rmsnorm = [&](Node* v, const std::string& pname, const std::string& name) {
-    Node* w = p(pname + ".weight", {C});
+  auto rmsnorm = [&](Node* v, const std::string& pname, int64_t dim, const std::string& name) {
+    Node* w = p(pname + ".weight", {dim});
     return b.rmsnorm(v, w, m.norm_eps, name);
+  };
+  // [B, S, H·D] → [B, H, S, D], with Qwen3's per-head RMSNorm over D on the [B, S, H, D] view
+  auto heads = [&](Node* v, int64_t H, const std::string& norm, const std::string& name) {
+    Node* view = b.reshape(v, {B, S, H, D}, name + ".view");
+    if (!norm.empty()) view = rmsnorm(view, norm, D, name + "_norm");
+    return b.transpose(view, 1, 2, name);
   };
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
     const std::string h = llama_layer(l);
     b.set_prefix("l" + std::to_string(l) + ".");
     // attention: x [B, S, C] → q [B, N, S, D], k, v [B, Nkv, S, D]
-    Node* a = rmsnorm(x, h + "input_layernorm", "norm1");
-    Node* q = to_heads(b, linear(a, h + "self_attn.q_proj", N * D, C, "q_proj"), N, D, "q");
-    Node* k = to_heads(b, linear(a, h + "self_attn.k_proj", Nkv * D, C, "k_proj"), Nkv, D, "k");
-    Node* v = to_heads(b, linear(a, h + "self_attn.v_proj", Nkv * D, C, "v_proj"), Nkv, D, "v");
-    q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m.rope_scaling);
-    k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m.rope_scaling);
+    Node* a = rmsnorm(x, h + "input_layernorm", C, "norm1");
+    Node* q = heads(linear(a, h + "self_attn.q_proj", N * D, C, tr.qkv_bias, "q_proj"), N,
+                    tr.qk_norm ? h + "self_attn.q_norm" : "", "q");
+    Node* k = heads(linear(a, h + "self_attn.k_proj", Nkv * D, C, tr.qkv_bias, "k_proj"), Nkv,
+                    tr.qk_norm ? h + "self_attn.k_norm" : "", "k");
+    Node* v = heads(linear(a, h + "self_attn.v_proj", Nkv * D, C, tr.qkv_bias, "v_proj"), Nkv, "", "v");
+    q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m);
+    k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m);
     Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start);
-    Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, "o_proj");
+    Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, tr.o_bias, "o_proj");
     x = b.add(x, proj, "res1");
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
-    Node* mm = rmsnorm(x, h + "post_attention_layernorm", "norm2");
+    Node* mm = rmsnorm(x, h + "post_attention_layernorm", C, "norm2");
     Node* down = nullptr;
     if (opt.tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
+      if (tr.mlp_bias) throw UsageError("runtime.tiled_mlp: the MLP has biases (mlp_bias true); the tiled MLP has none");
       Node* w_gate = p(h + "mlp.gate_proj.weight", {I, C});
       Node* w_up = p(h + "mlp.up_proj.weight", {I, C});
       down = b.swiglu_mlp(mm, w_gate, w_up, p(h + "mlp.down_proj.weight", {C, I}), "mlp");
     } else {
-      Node* gate = linear(mm, h + "mlp.gate_proj", I, C, "gate");
-      Node* up = linear(mm, h + "mlp.up_proj", I, C, "up");
+      Node* gate = linear(mm, h + "mlp.gate_proj", I, C, tr.mlp_bias, "gate");
+      Node* up = linear(mm, h + "mlp.up_proj", I, C, tr.mlp_bias, "up");
       Node* act = b.mul(b.silu(gate, "silu"), up, "swiglu");
-      down = linear(act, h + "mlp.down_proj", C, I, "down");
+      down = linear(act, h + "mlp.down_proj", C, I, tr.mlp_bias, "down");
     }
     x = b.add(x, down, "res2");
   }
   b.set_prefix("");
-  x = rmsnorm(x, "model.norm", "norm_f");
+  x = rmsnorm(x, "model.norm", C, "norm_f");
   Node* head = m.tie_word_embeddings ? embed : p("lm_head.weight", {V, C});
   finish(b, mode, x, head, in.labels, dt, opt.tiled_loss);
   return g;
@@ -207,7 +251,10 @@ std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardM
     case Arch::gpt2:
       if (options.tiled_mlp) throw UsageError("tiled_mlp: GPT-2's MLP is not SwiGLU (runtime.tiled_mlp is for Llama)");
       return build_gpt2(m, dtype, mode, options);
-    case Arch::llama: return build_llama(m, dtype, mode, options);
+    case Arch::llama:
+    case Arch::mistral:
+    case Arch::qwen2:
+    case Arch::qwen3: return build_llama(m, dtype, mode, options);
   }
   AUTOSP_ASSERT(false, "model.arch ", static_cast<int>(m.arch));
   return nullptr;
@@ -222,7 +269,10 @@ std::vector<std::string> layer_scopes(const ModelConfig& m) {
   std::string prefix;  // what build_gpt2 / build_llama name a layer's nodes with
   switch (m.arch) {
     case Arch::gpt2: prefix = "h"; break;
-    case Arch::llama: prefix = "l"; break;
+    case Arch::llama:
+    case Arch::mistral:
+    case Arch::qwen2:
+    case Arch::qwen3: prefix = "l"; break;
   }
   std::vector<std::string> out;
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) out.push_back(prefix + std::to_string(l) + ".");
@@ -251,7 +301,7 @@ ParamMap init_params(const ModelConfig& m, uint64_t seed, DType dtype) {
                                                  n.compare(n.size() - std::char_traits<char>::length(suffix),
                                                            std::string::npos, suffix) == 0; };
     bool is_norm = n.find("ln_") != std::string::npos || n.find("layernorm") != std::string::npos ||
-                   n == "model.norm.weight";
+                   ends("_norm.weight") || n == "model.norm.weight";
     std::vector<double> v(static_cast<size_t>(shape_numel(spec.shape)));
     if (is_norm && ends(".weight")) {
       std::fill(v.begin(), v.end(), 1.0);

@@ -1,5 +1,6 @@
-// GPT-2 and Llama forward graphs with Hugging Face semantics, recorded on the symbols B (batch)
-// and S (sequence) through the Builder, plus the list of parameters with their HF names and shapes.
+// GPT-2 and Llama-family (Llama, Mistral, Qwen2, Qwen3) forward graphs with Hugging Face
+// semantics, recorded on the symbols B (batch) and S (sequence) through the Builder, plus the list
+// of parameters with their HF names and shapes.
 // The graph's inputs are tagged input_ids, position_ids and labels (already shifted by the data
 // loader); its outputs are the logits [B, S, V] and the token-mean loss
 // loss = cross_entropy_sum(logits, labels) / count_valid(labels); with GraphOptions::tiled_loss

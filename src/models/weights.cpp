@@ -30,7 +30,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 std::string tied_head(const ModelConfig& m) {
   switch (m.arch) {
     case Arch::gpt2: return "transformer.wte.weight";
-    case Arch::llama: return m.tie_word_embeddings ? "model.embed_tokens.weight" : "";
+    case Arch::llama:
+    case Arch::mistral:
+    case Arch::qwen2:
+    case Arch::qwen3: return m.tie_word_embeddings ? "model.embed_tokens.weight" : "";
   }
   return "";
 }
@@ -40,7 +43,10 @@ std::string tied_head(const ModelConfig& m) {
 const char* why_tied(Arch arch) {
   switch (arch) {
     case Arch::gpt2: return "GPT-2 always ties its head: tie_word_embeddings must be true)";
-    case Arch::llama: return "model.tie_word_embeddings true): set model.tie_word_embeddings false";
+    case Arch::llama:
+    case Arch::mistral:
+    case Arch::qwen2:
+    case Arch::qwen3: return "model.tie_word_embeddings true): set model.tie_word_embeddings false";
   }
   return ")";
 }
@@ -53,7 +59,10 @@ std::string canonical_name(const std::string& name, const ModelConfig& m) {
       if (name == "lm_head.weight") return name;  // checked against wte below
       if (name.rfind("transformer.", 0) == 0) return name;
       return "transformer." + name;
-    case Arch::llama: return name;
+    case Arch::llama:
+    case Arch::mistral:
+    case Arch::qwen2:
+    case Arch::qwen3: return name;
   }
   return name;
 }

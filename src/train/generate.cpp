@@ -96,7 +96,15 @@ Generated Generator::generate(const std::vector<int64_t>& prompt, const SampleOp
                              o.max_new_tokens, " new tokens exceed GPT-2's position table (model.max_position_embeddings ",
                              m_.max_position_embeddings, ")"));
       break;
-    case Arch::llama: break;  // RoPE rotates by any position
+    case Arch::llama:
+    case Arch::mistral:
+    case Arch::qwen2:
+    case Arch::qwen3:  // RoPE rotates by any position; a sliding window only where it changes nothing
+      if (m_.sliding_window > 0 && (prompt_len > m_.sliding_window || o.max_new_tokens > m_.sliding_window - prompt_len))
+        throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
+                             o.max_new_tokens, " new tokens exceed model.sliding_window ", m_.sliding_window,
+                             " (autosp attends over the whole sequence, so a window must cover it)"));
+      break;
   }
 
   std::mt19937_64 rng(o.seed);

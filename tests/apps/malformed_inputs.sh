@@ -85,8 +85,12 @@ def hfdir(name, config, files=()):
         write(os.path.join(name, f), b"PK\x03\x04" + bytes(60))
 hfdir("hf_garbled", b'{"model_type": ')
 hfdir("hf_bert", {"model_type": "bert"})
-hfdir("hf_unsupported", dict(llama, attention_bias=True, sliding_window=4096, hidden_act="gelu"))
-hfdir("hf_yarn", dict(llama, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+hfdir("hf_unsupported", dict(llama, attention_bias="yes", sliding_window=4096, hidden_act="gelu"))
+hfdir("hf_dynamic", dict(llama, rope_scaling={"rope_type": "dynamic", "factor": 4.0}))
+hfdir("hf_yarn_factor", dict(llama, model_type="qwen2", rope_parameters={"rope_type": "yarn", "factor": 0.0, "rope_theta": 1e6}))
+hfdir("hf_head_dim", dict(llama, model_type="qwen3", head_dim=7))
+hfdir("hf_layer_types", dict(llama, model_type="qwen3", layer_types=["sliding_attention"]))
+hfdir("hf_window", dict(llama, model_type="mistral", sliding_window=8))
 hfdir("hf_unknown", dict(llama, n_experts=8))
 hfdir("hf_heads", dict(llama, num_attention_heads=8, num_key_value_heads=8))
 hfdir("hf_pickle", llama, files=["pytorch_model.bin"])
@@ -319,8 +323,14 @@ row 'nothere: not a directory (model.from' "${c[@]}" --set "model.from=$tmp/noth
 row 'model.from = 3: expected a Hugging Face model directory' "${c[@]}" --set model.from=3
 row 'hf_garbled/config.json: not valid JSON' "${c[@]}" --set "model.from=$tmp/hf_garbled"
 row 'model_type "bert" is not supported' "${c[@]}" --set "model.from=$tmp/hf_bert"
-row 'hidden_act = "gelu" is not supported.*attention_bias = true is not supported.*sliding_window = 4096 is not supported' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
-row 'rope_type "yarn" is not supported' "${c[@]}" --set "model.from=$tmp/hf_yarn"
+row 'attention_bias = "yes": expected true or false.*hidden_act = "gelu" is not supported.*sliding_window = 4096 is not supported' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
+row 'rope_type "dynamic" is not supported' "${c[@]}" --set "model.from=$tmp/hf_dynamic"
+row 'rope_parameters: "factor" = 0: expected a number >= 1' "${c[@]}" --set "model.from=$tmp/hf_yarn_factor"
+row 'head_dim = 7: expected an even positive integer' "${c[@]}" --set "model.from=$tmp/hf_head_dim"
+row 'layer_types\[0\] = "sliding_attention" is not supported (layer 0' "${c[@]}" --set "model.from=$tmp/hf_layer_types"
+row 'model.sliding_window 8 is shorter than data.seq_len 16' "${c[@]}" --set "model.from=$tmp/hf_window"
+row 'model.head_dim 3 must be even for RoPE' "${c[@]}" --set model.head_dim=3
+row 'model.mlp_bias is a llama setting, not qwen2' "${c[@]}" --set model.arch=qwen2 --set model.mlp_bias=true
 row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
 row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
 row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"

@@ -457,6 +457,51 @@ inline Vec rope_backward(const Vec& dy, const std::vector<int64_t>& position_ids
   return dx;
 }
 
+// YaRN's inverse frequencies and attention factor (transformers 5's _compute_yarn_parameters,
+// transcribed to double): correction dims d(r) = D·ln(orig / (2π·r)) / (2·ln theta) for
+// r = beta_fast, beta_slow, floored/ceiled when `truncate`, clamped to [0, D - 1]; the ramp
+// m_i = clamp((i - low) / (high - low), 0, 1); inv_freq = f_i / factor · m_i + f_i · (1 - m_i).
+inline Vec yarn_inv_freq(int64_t D, double theta, double factor, double orig, double beta_fast, double beta_slow,
+                         bool truncate) {
+  auto dim_of = [&](double r) { return double(D) * std::log(orig / (r * 2 * M_PI)) / (2 * std::log(theta)); };
+  double low = dim_of(beta_fast), high = dim_of(beta_slow);
+  if (truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, double(D - 1));
+  if (low == high) high += 0.001;
+  Vec out;
+  for (int64_t i = 0; i < D / 2; ++i) {
+    const double f = 1.0 / std::pow(theta, double(2 * i) / double(D));
+    const double m = std::min(1.0, std::max(0.0, (double(i) - low) / (high - low)));
+    out.push_back(f / factor * m + f * (1 - m));
+  }
+  return out;
+}
+// mscale(s, m) = 0.1·m·ln(s) + 1 (1 for s <= 1); the factor is mscale(factor, mscale) /
+// mscale(factor, mscale_all_dim) when both are nonzero, else mscale(factor, 1).
+inline double yarn_attention_factor(double factor, double mscale, double mscale_all_dim) {
+  auto ms = [&](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  return mscale != 0 && mscale_all_dim != 0 ? ms(mscale) / ms(mscale_all_dim) : ms(1.0);
+}
+// Rotate-half RoPE with the given inv_freq [D/2], cos and sin multiplied by `attention`.
+inline Vec rope_freqs(const Vec& x, const std::vector<int64_t>& position_ids, int64_t B, int64_t N, int64_t S,
+                      int64_t D, const Vec& inv_freq, double attention) {
+  Vec y(x.size(), 0.0);
+  const int64_t H = D / 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s) {
+        const double pos = double(position_ids[size_t(b * S + s)]);
+        const size_t row = size_t(((b * N + n) * S + s) * D);
+        for (int64_t i = 0; i < H; ++i) {
+          const double a = pos * inv_freq[size_t(i)], c = attention * std::cos(a), sn = attention * std::sin(a);
+          const double x1 = x[row + size_t(i)], x2 = x[row + size_t(i + H)];
+          y[row + size_t(i)] = x1 * c - x2 * sn;
+          y[row + size_t(i + H)] = x2 * c + x1 * sn;
+        }
+      }
+  return y;
+}
+
 // ---- loss and embedding ------------------------------------------------------------------------
 
 // Σ over rows whose label is not ignore_index of (log Σ_j exp(logits[r, j]) - logits[r, label]).

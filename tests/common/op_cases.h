@@ -157,6 +157,23 @@ inline const std::vector<OpCase>& op_cases() {
              [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
                return naive::rope(in[0], as_ids(in[1]), sh[0][0], 3, sh[0][2], 8, 10000.0);
              }},
+      // YaRN (rope_type "yarn", as models/model.cpp with_rope_scaling writes it): a ramp over the
+      // head dim that blends interpolated and kept frequencies, and cos, sin times mscale's ratio.
+      OpCase{"rope_yarn", Op::rope, {{{B, 2, S, 16}}, {{B, S}, true, 40}},
+             [](Builder& b, const std::vector<Node*>& x) {
+               Node* y = b.rope(x[0], x[1], 100.0);
+               for (auto [k, v] : {std::pair<const char*, double>{"factor", 4.0}, {"original_max_position_embeddings", 4096},
+                                   {"beta_fast", 32}, {"beta_slow", 1}, {"attention_factor", 0}, {"mscale", 1.0},
+                                   {"mscale_all_dim", 0.5}, {"truncate", 0}})
+                 y->attrs().set(k, v);
+               y->attrs().set("rope_type", std::string("yarn"));
+               return y;
+             },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::rope_freqs(in[0], as_ids(in[1]), sh[0][0], 2, sh[0][2], 16,
+                                        naive::yarn_inv_freq(16, 100.0, 4.0, 4096, 32, 1, false),
+                                        naive::yarn_attention_factor(4.0, 1.0, 0.5));
+             }},
       OpCase{"sdpa_causal_gqa", Op::sdpa, {{{B, 4, S, 8}}, {{B, 2, S, 8}}, {{B, 2, S, 8}}},
              [](Builder& b, const std::vector<Node*>& x) { return b.sdpa(x[0], x[1], x[2], true, 0.3); },
              [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {

@@ -46,6 +46,9 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
   const std::vector<Row> rows = {
       {"model.arch", "gpt2", [](const Config& c) { return c.model.arch == Arch::gpt2; }},
       {"model.arch", "llama", [](const Config& c) { return c.model.arch == Arch::llama; }},
+      {"model.arch", "mistral", [](const Config& c) { return c.model.arch == Arch::mistral; }},
+      {"model.arch", "qwen2", [](const Config& c) { return c.model.arch == Arch::qwen2; }},
+      {"model.arch", "qwen3", [](const Config& c) { return c.model.arch == Arch::qwen3; }},
       {"data.source", "synthetic", [](const Config& c) { return c.data.source == DataSourceKind::synthetic; }},
       {"data.source", "tokens", [](const Config& c) { return c.data.source == DataSourceKind::tokens; }},
       {"data.source", "text", [](const Config& c) { return c.data.source == DataSourceKind::text; }},
@@ -77,7 +80,7 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
   CHECK(d.resolved["zero_optimization"]["stage"] == 0);
   CHECK(parse_config(json::object(), {"zero_optimization.stage=2"}).zero_optimization.stage == 2);
   // The error names every accepted value, in this order.
-  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama"));
+  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama|mistral|qwen2|qwen3"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"data.source=csv"}),
                     Catch::EndsWith("expected one of synthetic|tokens|text"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.device=tpu"}), Catch::EndsWith("expected one of cpu|cuda"));
@@ -176,7 +179,11 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"model": {"from": 3}})", {}, "model.from = 3: expected a Hugging Face model directory"},
       {R"({"model": {"from": ""}})", {}, "model.from = \"\""},
       {R"({"model": {"from": "/nonexistent/autosp-hf"}})", {}, "not a directory (model.from"},
-      {R"({"model": {"arch": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 2}}})", {}, "rope_type \"yarn\""},
+      {R"({"model": {"arch": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2}}})", {}, "rope_type \"dynamic\""},
+      {R"({"model": {"arch": "qwen2", "rope_scaling": {"rope_type": "yarn", "factor": 0}}})", {}, "\"factor\" = 0"},
+      {R"({"model": {"arch": "mistral", "sliding_window": 8}})", {"data.seq_len=9"}, "model.sliding_window 8 is shorter"},
+      {R"({"model": {"arch": "qwen3", "head_dim": 5}})", {}, "model.head_dim 5 must be even"},
+      {R"({"model": {"arch": "llama", "sliding_window": 4096}})", {}, "model.sliding_window is a mistral"},
       {R"({"model": {"arch": "llama", "rope_scaling": [1]}})", {}, "model.rope_scaling"},
       {R"({"model": {"arch": "llama", "rope_scaling": {"rope_type": "linear"}}})", {}, "needs \"factor\""},
       {R"({"train": {"max_shard_mb": 0}})", {}, "train.max_shard_mb"},
@@ -233,7 +240,8 @@ const json kEveryKey = {
       {"max_position_embeddings", 512}, {"rope_theta", 500000.0}, {"norm_eps", 1e-5}, {"tie_word_embeddings", true},
       {"rope_scaling",
        {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-        {"original_max_position_embeddings", 64}}}}},
+        {"original_max_position_embeddings", 64}}},
+      {"head_dim", 16}, {"attention_bias", true}}},
     {"data",
      {{"source", "tokens"}, {"path", ""}, {"val_path", "val.bin"}, {"seq_len", 32}, {"batch_size", 3},
       {"eos_token_id", 0}, {"document_mask", true},
@@ -274,11 +282,12 @@ TEST_CASE("the resolved config holds every key, and parsing it again gives it ba
   }
   CHECK(c.resolved == kEveryKey);
 
-  // GPT-2 and the defaults: the llama-only keys are still recorded (their defaults); rope_scaling is
-  // left out when none.
+  // GPT-2 and the defaults: the llama-only keys are still recorded (their defaults); rope_scaling,
+  // head_dim, attention_bias, mlp_bias and sliding_window (a mistral / qwen key, so not in
+  // kEveryKey) are left out at their defaults.
   std::set<std::string> without_rope = key_paths(kEveryKey);
-  without_rope.erase("model.rope_scaling");
-  without_rope.erase("data.mix");  // likewise when none
+  for (const char* k : {"model.rope_scaling", "model.head_dim", "model.attention_bias", "data.mix"})
+    without_rope.erase(k);
   CHECK(key_paths(parse_config(json::object()).resolved) == without_rope);
 
   std::vector<Config> configs = {c, parse_config(json::object()),

@@ -26,3 +26,24 @@ TEMPLATE_TEST_CASE("emulated rope launchers match the CPU", "[cuda-emulation][ro
   cuda::rope_backward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 10000.0, nullptr);
   check_against<T>(from_storage(y), r);
 }
+
+TEMPLATE_TEST_CASE("emulated rope launchers with yarn scaling match the CPU", "[cuda-emulation][rope]", float, double,
+                   cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  const int64_t B = 1, N = 2, S = 5, D = 16;
+  std::vector<int64_t> pos{3, 1, 4, 17, 35};
+  kernels::RopeScaling yarn;
+  yarn.kind = kernels::RopeScaling::yarn;
+  yarn.factor = 4, yarn.original_max_position_embeddings = 4096, yarn.mscale = 1, yarn.mscale_all_dim = 0.5;
+  const auto x = values<T>(naive::random_normal(B * N * S * D, 2301));
+  const auto xs = to_storage<T>(x);
+  std::vector<T> y(xs.size());
+  std::vector<H> r(xs.size());
+  cpu::rope_forward<H>(x.data(), pos.data(), r.data(), B, N, S, D, 100.0, yarn);
+  cuda::rope_forward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 100.0, nullptr, yarn);
+  check_against<T>(from_storage(y), r);
+  cpu::rope_backward<H>(x.data(), pos.data(), r.data(), B, N, S, D, 100.0, yarn);
+  cuda::rope_backward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 100.0, nullptr, yarn);
+  check_against<T>(from_storage(y), r);
+}

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "config/config.h"
 #include "models/hf_config.h"
@@ -87,14 +88,16 @@ TEST_CASE("LlamaConfig keys, GQA and llama3 rope_scaling become ours", "[models]
 
 TEST_CASE("unsupported HF settings are named, all at once", "[models][hf]") {
   json bad = kLlama;
-  bad["attention_bias"] = true;
+  bad["attention_bias"] = "yes";
   bad["sliding_window"] = 4096;
   bad["hidden_act"] = "gelu";
   bad["n_experts"] = 8;
+  bad["layer_types"] = {"full_attention", "sliding_attention"};
   CHECK_THROWS_WITH(translate_hf_config(bad, "l.json"),
-                    Catch::StartsWith("l.json: ") && Catch::Contains("attention_bias = true") &&
+                    Catch::StartsWith("l.json: ") && Catch::Contains("attention_bias = \"yes\": expected true or false") &&
                         Catch::Contains("sliding_window = 4096") && Catch::Contains("hidden_act = \"gelu\"") &&
-                        Catch::Contains("unknown key 'n_experts'"));
+                        Catch::Contains("unknown key 'n_experts'") &&
+                        Catch::Contains("layer_types[1] = \"sliding_attention\" is not supported (layer 1"));
   for (const json& scaling : {json{{"rope_type", "dynamic"}, {"factor", 2.0}}, json{{"factor", 2.0}},
                               json{{"rope_type", "linear"}, {"factor", 0.5}},
                               json{{"rope_type", "linear"}, {"factor", 2.0}, {"beta_fast", 32}}}) {
@@ -107,7 +110,111 @@ TEST_CASE("unsupported HF settings are named, all at once", "[models][hf]") {
                     Catch::Contains("n_inner = 100"));
   CHECK_THROWS_WITH(translate_hf_config({{"model_type", "gpt2"}, {"tie_word_embeddings", false}}, "g.json"),
                     Catch::Contains("tie_word_embeddings = false"));
-  CHECK_THROWS_WITH(translate_hf_config({{"model_type", "mistral"}}, "m.json"), Catch::Contains("\"mistral\""));
+  CHECK_THROWS_WITH(translate_hf_config({{"model_type", "qwen2_moe"}}, "m.json"), Catch::Contains("\"qwen2_moe\""));
+}
+
+// The fixtures: the same tiny models' config.json as transformers 5.24 and 4.44.2 wrote them
+// (tests/models/fixtures/hf_config/make_fixtures.py).
+json fixture(const std::string& version, const std::string& name) {
+  return json::parse(std::ifstream(std::string(AUTOSP_SOURCE_DIR) + "/tests/models/fixtures/hf_config/" + version + "/" +
+                                   name + ".json"));
+}
+
+TEST_CASE("transformers 5's config.json (rope_parameters, dtype, layer_types) reads as 4.44's", "[models][hf]") {
+  for (const char* name : {"llama", "qwen2", "mistral"}) {
+    INFO(name);
+    const json v5 = fixture("tf5", name), v4 = fixture("tf4", name);
+    REQUIRE(v5.contains("rope_parameters"));
+    REQUIRE(v4.contains("rope_theta"));
+    const HfModelConfig a = translate_hf_config(v5, "tf5.json"), b = translate_hf_config(v4, "tf4.json");
+    CHECK(a.model == b.model);
+    CHECK(a.model["arch"] == name);
+  }
+  const json llama = translate_hf_config(fixture("tf5", "llama"), "l").model;
+  CHECK(llama["rope_theta"] == 100.0);
+  CHECK(llama["rope_scaling"]["rope_type"] == "llama3");
+  CHECK(llama["attention_bias"] == true);
+  CHECK(llama["mlp_bias"] == true);
+  CHECK_FALSE(llama.contains("head_dim"));  // 8 = 32 / 4, the default
+  const json qwen2 = translate_hf_config(fixture("tf5", "qwen2"), "q").model;
+  CHECK(qwen2["rope_scaling"] == json{{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 256}});
+  CHECK(qwen2["tie_word_embeddings"] == true);
+  CHECK(translate_hf_config(fixture("tf5", "mistral"), "m").model["head_dim"] == 16);
+  const json qwen3 = translate_hf_config(fixture("tf5", "qwen3"), "q3").model;
+  CHECK(qwen3["arch"] == "qwen3");
+  CHECK(qwen3["head_dim"] == 16);
+  CHECK(qwen3["rope_theta"] == 10000.0);
+  CHECK_FALSE(qwen3.contains("rope_scaling"));  // rope_type "default"
+  // Both spellings together (our checkpoints) must agree.
+  json both = fixture("tf5", "llama");
+  both["rope_theta"] = 100.0;
+  both["rope_scaling"] = fixture("tf4", "llama")["rope_scaling"];
+  CHECK(translate_hf_config(both, "b").model == llama);
+  both["rope_theta"] = 200.0;
+  CHECK_THROWS_WITH(translate_hf_config(both, "b"), Catch::Contains("rope_theta = 200.0 differs from rope_parameters.rope_theta"));
+}
+
+TEST_CASE("each family's checkpoint config.json translates back to its model", "[models][hf]") {
+  for (const char* name : {"llama", "qwen2", "mistral", "qwen3"}) {
+    INFO(name);
+    json src = translate_hf_config(fixture("tf5", name), "f").model;
+    const Config c = parse_config({{"model", src}, {"data", {{"seq_len", 16}}}}, {}, "c.json");
+    const json hf = hf_config_json(c.model, DType::bf16);
+    CHECK(hf["dtype"] == "bfloat16");
+    CHECK(hf["torch_dtype"] == "bfloat16");
+    CHECK(hf["rope_parameters"]["rope_theta"] == hf["rope_theta"]);
+    CHECK(translate_hf_config(hf, "back").model == c.resolved["model"]);
+    CHECK(model_json(c.model) == c.resolved["model"]);
+    // Its parameters: the family's biases and norms.
+    std::set<std::string> names;
+    for (const auto& p : param_specs(c.model)) names.insert(p.name);
+    const std::string l0 = "model.layers.0.";
+    CHECK(names.count(l0 + "self_attn.q_proj.bias") == (std::string(name) == "llama" || std::string(name) == "qwen2"));
+    CHECK(names.count(l0 + "self_attn.o_proj.bias") == (std::string(name) == "llama"));
+    CHECK(names.count(l0 + "mlp.down_proj.bias") == (std::string(name) == "llama"));
+    CHECK(names.count(l0 + "self_attn.q_norm.weight") == (std::string(name) == "qwen3"));
+    CHECK(names.count("lm_head.weight") == (std::string(name) != "qwen2"));  // the qwen2 fixture is tied
+  }
+}
+
+TEST_CASE("the families' unsupported settings are named", "[models][hf]") {
+  struct Row {
+    const char* fixture;
+    json patch;
+    std::string message;
+  };
+  for (const Row& r : std::vector<Row>{
+           {"qwen2", {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 0.0}, {"rope_theta", 1e4}}}},
+            "\"factor\" = 0: expected a number >= 1"},
+           {"qwen2", {{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}}}}, "rope_type \"dynamic\" is not supported"},
+           {"qwen2", {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 2.0}, {"truncate", 1}}}}, "\"truncate\" = 1"},
+           {"qwen2", {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_fast", -1}}}}, "\"beta_fast\" = -1"},
+           {"qwen2", {{"rope_parameters", {{"rope_theta", 1e4}, {"partial_rotary_factor", 0.5}}}}, "partial_rotary_factor = 0.5"},
+           {"qwen2", {{"layer_types", {"full_attention"}}}, "layer_types has 1 entries for num_hidden_layers 2"},
+           {"qwen3", {{"layer_types", {"full_attention", "linear_attention"}}}, "layer_types[1] = \"linear_attention\""},
+           {"qwen3", {{"head_dim", 15}}, "head_dim = 15: expected an even positive integer"},
+           {"mistral", {{"head_dim", 0}}, "head_dim = 0"},
+           {"mistral", {{"hidden_act", "gelu"}}, "hidden_act = \"gelu\""},
+           {"mistral", {{"attention_bias", true}}, "unknown key 'attention_bias'"},
+           {"qwen2", {{"use_sliding_window", true}, {"sliding_window", -3}}, "sliding_window = -3"},
+       }) {
+    json bad = fixture("tf5", r.fixture);
+    bad.merge_patch(r.patch);
+    INFO(bad.dump());
+    CHECK_THROWS_WITH(translate_hf_config(bad, "x.json"), Catch::StartsWith("x.json: ") && Catch::Contains(r.message));
+  }
+  // A sliding window is kept, and refused where it would change the attention: shorter than the sequence.
+  json window = fixture("tf5", "mistral");
+  window["sliding_window"] = 16;
+  const json m = translate_hf_config(window, "w").model;
+  CHECK(m["sliding_window"] == 16);
+  CHECK(parse_config({{"model", m}, {"data", {{"seq_len", 16}}}}, {}, "c.json").model.sliding_window == 16);
+  CHECK_THROWS_WITH(parse_config({{"model", m}, {"data", {{"seq_len", 17}}}}, {}, "c.json"),
+                    Catch::Contains("model.sliding_window 16 is shorter than data.seq_len 17"));
+  // Qwen's window is off unless use_sliding_window.
+  json qwen = fixture("tf4", "qwen2");
+  qwen["sliding_window"] = 4;
+  CHECK_FALSE(translate_hf_config(qwen, "q").model.contains("sliding_window"));
 }
 
 TEST_CASE("every unknown key is named at once, with a hint", "[config][hf]") {

@@ -1,6 +1,7 @@
 // Whole small models in float64: autograd's parameter gradients against central finite
-// differences of the loss, for GPT-2 and Llama (GQA, untied head), on a spread sample of entries
-// of every parameter.
+// differences of the loss, for GPT-2, Llama (GQA, untied head) and Qwen3 (one layer: q/k norms,
+// biases, a head_dim apart from hidden / heads, yarn rope), on a spread sample of entries of every
+// parameter.
 #include <catch2/catch.hpp>
 
 #include <random>
@@ -12,7 +13,7 @@
 using namespace autosp;
 
 TEST_CASE("whole-model gradients match float64 finite differences", "[autograd][model]") {
-  std::vector<ModelConfig> models(2);
+  std::vector<ModelConfig> models(3);
   models[0].vocab_size = 24;
   models[0].hidden_size = 16;
   models[0].num_hidden_layers = 2;
@@ -26,6 +27,15 @@ TEST_CASE("whole-model gradients match float64 finite differences", "[autograd][
   models[1].intermediate_size = 20;
   models[1].tie_word_embeddings = false;
   models[1].norm_eps = 1e-6;
+  models[2] = models[1];
+  models[2].arch = Arch::qwen3;
+  models[2].num_hidden_layers = 1;
+  models[2].head_dim_config = 6;
+  models[2].attention_bias = true;
+  models[2].rope_scaling.rope_type = "yarn";
+  models[2].rope_scaling.factor = 4;
+  models[2].rope_scaling.original_max_position_embeddings = 4096;
+  models[2].rope_theta = 100;
   for (const auto& m : models) {
     DYNAMIC_SECTION(arch_name(m.arch)) {
       auto g = build_forward(m, DType::f64);

@@ -1,4 +1,5 @@
-// Forward logits and loss, and every parameter gradient, of GPT-2 and Llama (GQA, untied head)
+// Forward logits and loss, and every parameter gradient, of GPT-2, Llama (GQA, untied head; with
+// biases and a decoupled head_dim) and Qwen3 (q/k norms, yarn)
 // against the independent PyTorch reference tests/ref/model_ref.py (Debian's python3-torch, run as
 // /usr/bin/python3), from the same safetensors weights and tokens: logits and loss within 1e-5
 // relative in f32 and 1e-10 in f64; gradients within 1e-4 in f32 and 1e-9 in f64. The Llama cases
@@ -95,6 +96,18 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
       {"llama-gqa-tiled-loss", {{"arch", "llama"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
                                 {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
                                 {"max_position_embeddings", 128}, {"rope_theta", 10000.0}}, false, true, true},
+      // Qwen3 (q_norm / k_norm, head_dim 16 apart from 32 / 4, attention_bias) with the yarn paths
+      // transformers 4.44 lacks (original_max_position_embeddings apart from max_position_embeddings,
+      // mscale / mscale_all_dim, truncate false), against the reference's own transcription.
+      {"qwen3-yarn", {{"arch", "qwen3"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 48},
+                      {"attention_bias", true}, {"max_position_embeddings", 1024}, {"rope_theta", 100.0},
+                      {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096},
+                                        {"mscale", 1.0}, {"mscale_all_dim", 0.5}, {"truncate", false}}}}},
+      // Llama with every bias and a head_dim apart from hidden / heads (transformers >= 4.45 reads it).
+      {"llama-bias-head-dim", {{"arch", "llama"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 1},
+                               {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 12},
+                               {"intermediate_size", 48}, {"attention_bias", true}, {"mlp_bias", true}}},
   };
   for (const auto& c : cases) {
     for (const std::string dtype : {"float32", "float64"}) {

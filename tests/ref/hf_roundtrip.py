@@ -5,7 +5,9 @@ Run with the venv of scripts/hf-venv.sh:  .venv-hf/bin/python tests/ref/hf_round
 (BIN_DIR holds autosp-train). Exits 77 (skipped) when transformers is not importable.
 
 For a tiny GPT-2 and a Llama with GQA and llama3 rope_scaling, saved by save_pretrained sharded
-in bf16:
+in bf16 (and, at P = 1 only except Qwen2 at P = 2 too, the other families 4.44 has: Qwen2 with its
+q/k/v biases and a tied head, Mistral with a head_dim apart from hidden / heads, and a Llama with
+attention_bias, mlp_bias and yarn rope scaling):
   1. autosp-train with "model": {"from": DIR} in float64 at P = 1 and P = 2 (sequence parallel)
      has HF's loss on the same tokens at step 1 (within 1e-6);
   2. its checkpoint step_N loads in AutoModelForCausalLM.from_pretrained with no missing,
@@ -27,7 +29,8 @@ import torch
 
 try:
     import transformers
-    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                              MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 except ImportError as e:  # the venv is missing: skipped, not failed
     print(f"skipped: transformers is not importable ({e}); run scripts/hf-venv.sh", file=sys.stderr)
     sys.exit(77)
@@ -48,12 +51,29 @@ def tiny_models():
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                          rope_theta=100.0, rope_scaling=LLAMA3_SCALING, rms_norm_eps=1e-5,
                                          tie_word_embeddings=False))
-    for m in (gpt2, llama):  # HF's init is std 0.02: larger weights make the losses differ more
+    family = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
+    qwen2 = Qwen2ForCausalLM(Qwen2Config(**family, rope_theta=1000.0, tie_word_embeddings=True))
+    mistral = MistralForCausalLM(MistralConfig(**family, rope_theta=500.0, head_dim=16, sliding_window=None,
+                                               tie_word_embeddings=False))
+    # yarn as 4.44 computes it: its correction range uses max_position_embeddings (transformers 5
+    # uses original_max_position_embeddings, which defaults to it), so the key is left out.
+    llama_bias = LlamaForCausalLM(LlamaConfig(**family, rope_theta=100.0, attention_bias=True, mlp_bias=True,
+                                              rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 8.0},
+                                              tie_word_embeddings=False))
+    for m in (gpt2, llama, qwen2, mistral, llama_bias):  # HF's init is std 0.02: larger weights make the losses differ more
         with torch.no_grad():
-            for p in m.parameters():
+            for name, p in m.named_parameters():
                 if p.dim() >= 2:
                     p.normal_(0.0, 0.2)
-    return {"gpt2": gpt2, "llama": llama}
+                elif m not in (gpt2, llama):  # the new families' biases (HF inits them 0) and norms
+                    p.normal_(0.0, 0.2) if name.endswith(".bias") else p.normal_(1.0, 0.1)
+    return {"gpt2": gpt2, "llama": llama, "qwen2": qwen2, "mistral": mistral, "llama-bias-yarn": llama_bias}
+
+
+# Sequence-parallel degrees per model (each P = 1 run also checks from_pretrained of its checkpoint;
+# the step_N-back checks run for the first two, whose paths do not depend on the family).
+PARALLEL = {"gpt2": (1, 2), "llama": (1, 2), "qwen2": (1, 2), "mistral": (1,), "llama-bias-yarn": (1,)}
 
 
 def save_sharded_bf16(model, path, shard="20KB"):
@@ -139,7 +159,7 @@ def main():
             ref = load_hf(src)  # the bf16 weights, widened to float64 as autosp reads them
             want = hf_loss(ref, batch_tokens(tokens, 0))
             steps, ckpt_step = 3, 2
-            for P in (1, 2):
+            for P in PARALLEL[name]:
                 ckpt = os.path.join(work, f"{name}-ckpt-p{P}")
                 config = {
                     "model": {"from": src},
@@ -153,7 +173,7 @@ def main():
                 }
                 m = run_autosp(bin_dir, work, config, np_=P, name=f"{name}-p{P}")
                 check(f"{name} P={P} step 1 (model.from, sharded bf16)", m[0]["loss"], want)
-                if name == "llama" and P == 1:  # the check can fail: without rope_scaling the loss moves
+                if name in ("llama", "llama-bias-yarn") and P == 1:  # the check can fail: without rope_scaling the loss moves
                     plain = dict(config, model={"from": src, "rope_scaling": None}, train=dict(config["train"], steps=1,
                                                                                               checkpoint_dir=""))
                     off = run_autosp(bin_dir, work, plain, name="llama-unscaled")[0]["loss"]
@@ -165,7 +185,7 @@ def main():
                 back = load_hf(step_dir)
                 check(f"{name} P={P} from_pretrained(step_{ckpt_step}) at step {ckpt_step + 1}", m[ckpt_step]["loss"],
                       hf_loss(back, batch_tokens(tokens, ckpt_step)))
-                if P == 1:  # step_N back in: as model.from, and as --init-from of the same model
+                if P == 1 and name in ("gpt2", "llama"):  # step_N back in: model.from, --init-from of the same model
                     again = dict(config, model={"from": step_dir}, train=dict(config["train"], steps=1,
                                                                                  checkpoint_dir=""))
                     want_back = hf_loss(back, batch_tokens(tokens, 0))

@@ -1,5 +1,5 @@
-"""The one Python implementation of autosp's models (GPT-2 and Llama, Hugging Face semantics),
-written with plain torch ops.  Used by tests/ref/model_ref.py (the reference for the C++ model)
+"""The one Python implementation of autosp's models (GPT-2 and the Llama family: Llama, Mistral,
+Qwen2, Qwen3, Hugging Face semantics), written with plain torch ops.  Used by tests/ref/model_ref.py (the reference for the C++ model)
 and scripts/bench_pytorch.py (the PyTorch speed baseline).
 
 Parameters are a dict of tensors keyed by *canonical* Hugging Face names:
@@ -12,6 +12,11 @@ Parameters are a dict of tensors keyed by *canonical* Hugging Face names:
          model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (nn.Linear [out,in]: y = x @ W.T),
          model.layers.{i}.post_attention_layernorm.weight, model.layers.{i}.mlp.{gate,up,down}_proj.weight,
          model.norm.weight, lm_head.weight [V,C] (only when not tied).
+  The Llama family, from the published modeling_<family>.py equations: llama's attention_bias
+  (q/k/v/o_proj.bias) and mlp_bias (gate/up/down_proj.bias); mistral: none; qwen2: q/k/v_proj.bias;
+  qwen3: attention_bias as llama's, and self_attn.{q,k}_norm.weight [D], an RMSNorm over each
+  head's D of q and k before RoPE. head_dim (D) may differ from hidden_size / heads. rope_scaling
+  linear, llama3 and yarn (transformers 5's _compute_yarn_parameters, written out below).
 
 Everything is computed in the dtype of the parameters (the "working dtype"); attention materialises
 the S x S score matrix like Hugging Face's eager attention.
@@ -29,7 +34,9 @@ class ConfigError(ValueError):
 
 _KNOWN_MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta",
-                     "norm_eps", "tie_word_embeddings"}
+                     "norm_eps", "tie_word_embeddings", "head_dim", "attention_bias", "mlp_bias", "rope_scaling",
+                     "sliding_window"}
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
 class ModelConfig:
@@ -42,8 +49,8 @@ class ModelConfig:
         if unknown:
             raise ConfigError(f"model.{unknown[0]}: unknown key")
         arch = d.get("arch")
-        if arch not in ("gpt2", "llama"):
-            raise ConfigError(f"model.arch: expected \"gpt2\" or \"llama\", got {arch!r}")
+        if arch != "gpt2" and arch not in LLAMA_FAMILY:
+            raise ConfigError(f"model.arch: expected \"gpt2\" or one of {LLAMA_FAMILY}, got {arch!r}")
         self.arch = arch
 
         def pos_int(key, default=None):
@@ -64,10 +71,19 @@ class ModelConfig:
         self.hidden_size = pos_int("hidden_size")
         self.num_hidden_layers = pos_int("num_hidden_layers")
         self.num_attention_heads = pos_int("num_attention_heads")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"model.num_attention_heads: {self.num_attention_heads} does not divide "
-                              f"hidden_size {self.hidden_size}")
-        self.head_dim = self.hidden_size // self.num_attention_heads
+        if "head_dim" in d and arch != "gpt2":
+            self.head_dim = pos_int("head_dim")
+        else:
+            if self.hidden_size % self.num_attention_heads:
+                raise ConfigError(f"model.num_attention_heads: {self.num_attention_heads} does not divide "
+                                  f"hidden_size {self.hidden_size}")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        self.rope_scaling = None
+        bias = bool(d.get("attention_bias", False))
+        self.qkv_bias = {"llama": bias, "qwen3": bias, "qwen2": True}.get(arch, False)
+        self.o_bias = {"llama": bias, "qwen3": bias}.get(arch, False)
+        self.mlp_bias = arch == "llama" and bool(d.get("mlp_bias", False))
+        self.qk_norm = arch == "qwen3"
         if arch == "gpt2":
             self.max_position_embeddings = pos_int("max_position_embeddings", 1024)
             self.num_key_value_heads = self.num_attention_heads
@@ -95,6 +111,7 @@ class ModelConfig:
             if not isinstance(t, bool):
                 raise ConfigError(f"model.tie_word_embeddings: expected true or false, got {t!r}")
             self.tie_word_embeddings = t
+            self.rope_scaling = d.get("rope_scaling")
 
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -129,14 +146,21 @@ def param_shapes(cfg):
         for i in range(L):
             p = f"model.layers.{i}."
             s[p + "input_layernorm.weight"] = (C,)
-            s[p + "self_attn.q_proj.weight"] = (N * D, C)
-            s[p + "self_attn.k_proj.weight"] = (Nkv * D, C)
-            s[p + "self_attn.v_proj.weight"] = (Nkv * D, C)
+            for proj, out in (("q", N * D), ("k", Nkv * D), ("v", Nkv * D)):
+                s[p + f"self_attn.{proj}_proj.weight"] = (out, C)
+                if cfg.qkv_bias:
+                    s[p + f"self_attn.{proj}_proj.bias"] = (out,)
+            if cfg.qk_norm:
+                s[p + "self_attn.q_norm.weight"] = (D,)
+                s[p + "self_attn.k_norm.weight"] = (D,)
             s[p + "self_attn.o_proj.weight"] = (C, N * D)
+            if cfg.o_bias:
+                s[p + "self_attn.o_proj.bias"] = (C,)
             s[p + "post_attention_layernorm.weight"] = (C,)
-            s[p + "mlp.gate_proj.weight"] = (I, C)
-            s[p + "mlp.up_proj.weight"] = (I, C)
-            s[p + "mlp.down_proj.weight"] = (C, I)
+            for proj, shape in (("gate", (I, C)), ("up", (I, C)), ("down", (C, I))):
+                s[p + f"mlp.{proj}_proj.weight"] = shape
+                if cfg.mlp_bias:
+                    s[p + f"mlp.{proj}_proj.bias"] = (shape[0],)
         s["model.norm.weight"] = (C,)
         if not cfg.tie_word_embeddings:
             s["lm_head.weight"] = (V, C)
@@ -145,7 +169,7 @@ def param_shapes(cfg):
 
 def is_norm_weight(name):
     return any(t in name for t in ("ln_1.weight", "ln_2.weight", "ln_f.weight", "layernorm.weight",
-                                   "model.norm.weight"))
+                                   "model.norm.weight", "q_norm.weight", "k_norm.weight"))
 
 
 def init_params(cfg, generator, dtype=torch.float32, std=0.02, norm_std=0.1, zero_bias=False):
@@ -194,12 +218,55 @@ def causal_attention(q, k, v, mask=None):
     return torch.matmul(probs, v)
 
 
-def rope_cos_sin(position_ids, head_dim, theta, dtype):
-    """cos, sin [B, S, D] for rotate-half RoPE (Hugging Face Llama, computed in `dtype`)."""
+def rope_inv_freq(head_dim, theta, scaling, max_position_embeddings, dtype):
+    """inv_freq [D/2] with Hugging Face's rope_scaling, and the factor cos and sin are scaled by."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim))
+    t = (scaling or {}).get("rope_type", "default")
+    if t == "default":
+        return inv_freq, 1.0
+    factor = scaling["factor"]
+    if t == "linear":
+        return inv_freq / factor, 1.0
+    if t == "llama3":
+        old, low, high = scaling["original_max_position_embeddings"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, blended, scaled), 1.0
+    if t == "yarn":  # transformers 5: _compute_yarn_parameters
+        orig = scaling.get("original_max_position_embeddings") or max_position_embeddings
+        fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+        def mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention = scaling.get("attention_factor")
+        if attention is None:
+            m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+        def dim_of(rotations):
+            return head_dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = dim_of(fast), dim_of(slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(head_dim // 2, dtype=dtype) - low) / (high - low)).clamp(0, 1)
+        return (inv_freq / factor) * ramp + inv_freq * (1 - ramp), attention
+    raise ConfigError(f"model.rope_scaling: rope_type {t!r} is not in the reference")
+
+
+def rope_cos_sin(position_ids, head_dim, theta, dtype, scaling=None, max_position_embeddings=None):
+    """cos, sin [B, S, D] for rotate-half RoPE (Hugging Face Llama, computed in `dtype`)."""
+    inv_freq, attention = rope_inv_freq(head_dim, theta, scaling, max_position_embeddings, dtype)
     freqs = position_ids[..., None].to(dtype) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return emb.cos() * attention, emb.sin() * attention
 
 
 def rotate_half(x):
@@ -269,19 +336,29 @@ def llama_layer(cfg, p, i, x, cos, sin, mask=None):
     B, S, _ = x.shape
     N, Nkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.norm_eps
     pre = f"model.layers.{i}."
+
+    def linear(v, name):
+        return F.linear(v, p[pre + name + ".weight"], p.get(pre + name + ".bias"))
+
+    def heads(v, H, norm=None):  # [B, S, H*D] -> [B, H, S, D], Qwen3's q_norm / k_norm over D first
+        v = v.view(B, S, H, D)
+        if norm is not None and cfg.qk_norm:
+            v = rms_norm(v, p[pre + norm + ".weight"], eps)
+        return v.transpose(1, 2)
+
     h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-    q = F.linear(h, p[pre + "self_attn.q_proj.weight"]).view(B, S, N, D).transpose(1, 2)
-    k = F.linear(h, p[pre + "self_attn.k_proj.weight"]).view(B, S, Nkv, D).transpose(1, 2)
-    v = F.linear(h, p[pre + "self_attn.v_proj.weight"]).view(B, S, Nkv, D).transpose(1, 2)
+    q = heads(linear(h, "self_attn.q_proj"), N, "self_attn.q_norm")
+    k = heads(linear(h, "self_attn.k_proj"), Nkv, "self_attn.k_norm")
+    v = heads(linear(h, "self_attn.v_proj"), Nkv)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     k = repeat_kv(k, N // Nkv)
     v = repeat_kv(v, N // Nkv)
     o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, N * D)
-    x = x + F.linear(o, p[pre + "self_attn.o_proj.weight"])
+    x = x + linear(o, "self_attn.o_proj")
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
-    g = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
-    return x + F.linear(g, p[pre + "mlp.down_proj.weight"])
+    g = F.silu(linear(h, "mlp.gate_proj")) * linear(h, "mlp.up_proj")
+    return x + linear(g, "mlp.down_proj")
 
 
 def _run_layer(checkpoint, layer, *args):
@@ -307,7 +384,8 @@ def gpt2_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False):
 def llama_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False):
     emb = p["model.embed_tokens.weight"]
     x = F.embedding(input_ids, emb)
-    cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype)
+    cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling,
+                            cfg.max_position_embeddings)
     for i in range(cfg.num_hidden_layers):
         x = _run_layer(checkpoint, lambda x, i=i: llama_layer(cfg, p, i, x, cos, sin, mask), x)
     x = rms_norm(x, p["model.norm.weight"], cfg.norm_eps)

@@ -53,6 +53,17 @@ TEST_CASE("scaling: parameter counts", "[scaling]") {
   CHECK(flop_param_count(g) == 4 * 789760 + 131072 + 512);
   CHECK(param_count(g) == graph_param_count(g));
 
+  // The Llama family's biases, norms and decoupled head_dim: the formula agrees with the graph.
+  for (Arch a : {Arch::llama, Arch::mistral, Arch::qwen2, Arch::qwen3}) {
+    ModelConfig f = l;
+    f.arch = a;
+    f.head_dim_config = 48;
+    f.attention_bias = a == Arch::llama || a == Arch::qwen3;
+    f.mlp_bias = a == Arch::llama;
+    INFO(arch_name(a));
+    CHECK(param_count(f) == graph_param_count(f));
+  }
+
   // Llama-3-8B: 8.03 B.
   ProjectionConfig pc = parse_projection_config(nlohmann::json::object(), "test");
   CHECK(param_count(pc.model) == 8030261248);

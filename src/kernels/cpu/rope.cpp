@@ -2,7 +2,8 @@
 //
 // For T = float each step is float and in Hugging Face's order, so outputs match PyTorch's float32
 // model: inv_freq = 1 / theta^(2i/D) (powf, then a float divide; then rope_scaling), angle = float(pos) · inv_freq,
-// cosf / sinf, y = (x · cos) + (rotate_half(x) · sin). For T = double every step is double.
+// cosf / sinf (times yarn's attention factor, which HF applies to cos and sin), y = (x · cos) +
+// (rotate_half(x) · sin). For T = double every step is double.
 // Each product is rounded before the add, as in PyTorch's separate ops: the pragma below stops GCC
 // from fusing them into an FMA when the target has one (its C++ default is -ffp-contract=fast).
 //
@@ -35,6 +36,7 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
   const int64_t H = D / 2;
   std::vector<T> inv_freq(static_cast<size_t>(H), T(0));  // [D/2]
   rope_inv_freq(inv_freq.data(), D, theta, scaling);
+  const T attention = T(kernels::rope_attention_factor(scaling));  // yarn's; 1 (exact) otherwise
 #pragma omp parallel if (B * N * S * D > (1 << 15))
   {
     std::vector<T> cs(static_cast<size_t>(H)), sn(static_cast<size_t>(H));  // [D/2] per thread
@@ -44,8 +46,8 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
       const T pos = T(position_ids[bs]);  // position_ids [B, S]
       for (int64_t i = 0; i < H; ++i) {
         const T angle = pos * inv_freq[i];
-        cs[i] = std::cos(angle);
-        sn[i] = sign * std::sin(angle);
+        cs[i] = std::cos(angle) * attention;
+        sn[i] = sign * (std::sin(angle) * attention);
       }
       for (int64_t n = 0; n < N; ++n) {
         const int64_t off = ((b * N + n) * S + s) * D;  // x, y [B, N, S, D]

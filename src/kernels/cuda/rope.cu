@@ -2,9 +2,9 @@
 //
 // One thread per rotated pair (b, n, s, i < D/2): it computes its angle and writes y[i] and
 // y[i + D/2]. Like the CPU kernel, every step is in acc_t<T> in Hugging Face's order —
-// inv_freq = 1 / theta^(2i/D), angle = pos · inv_freq, y = (x · cos) + (rotate_half(x) · sin) —
-// and products are rounded before the add (explicit _rn intrinsics, so nvcc does not fuse them
-// into an FMA). inv_freq is computed on the host by the CPU kernel's function (kernels::rope_inv_freq,
+// inv_freq = 1 / theta^(2i/D), angle = pos · inv_freq, cos and sin times yarn's attention factor
+// (1 otherwise), y = (x · cos) + (rotate_half(x) · sin) — and products are rounded before the add
+// (explicit _rn intrinsics, so nvcc does not fuse them into an FMA). inv_freq is computed on the host by the CPU kernel's function (kernels::rope_inv_freq,
 // rope_scaling included) and passed as a kernel parameter: a 1-ulp difference in inv_freq would
 // move an angle of a late position by far more than the tolerance. cos/sin are recomputed per
 // head; they are cheap next to the memory traffic.
@@ -41,7 +41,7 @@ namespace {
 // y = x·cos + rotate_half(x)·(sign·sin) over pairs (b, n, s, i), i < H = D/2.
 template <class T>
 __global__ void rope_kernel(const T* x, const int64_t* position_ids, T* y, int64_t N, int64_t S, int64_t D,
-                            int64_t pairs, InvFreq<acc_t<T>> inv_freq, acc_t<T> sign) {
+                            int64_t pairs, InvFreq<acc_t<T>> inv_freq, acc_t<T> attention, acc_t<T> sign) {
   using A = acc_t<T>;
   const int64_t H = D / 2;
   AUTOSP_GRID_STRIDE(t, pairs) {
@@ -49,7 +49,8 @@ __global__ void rope_kernel(const T* x, const int64_t* position_ids, T* y, int64
     const A angle = mul_rn(A(position_ids[b * S + s]), inv_freq.v[i]);
     A sn, cs;
     dsincos(angle, &sn, &cs);
-    sn = sign * sn;
+    cs = mul_rn(cs, attention);  // yarn's attention factor (1 otherwise: exact)
+    sn = sign * mul_rn(sn, attention);
     const int64_t off = (bn * S + s) * D;  // x, y [B, N, S, D]
     const A lo = load(x, off + i), hi = load(x, off + i + H);
     store(y, off + i, add_rn(mul_rn(lo, cs), mul_rn(-hi, sn)));
@@ -70,7 +71,7 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
   InvFreq<A> inv_freq{};
   kernels::rope_inv_freq(inv_freq.v, D, theta, scaling);  // the CPU kernel's values, bit for bit
   launch_kernel(rope_kernel<T>, grid_for(pairs, kBlock), kBlock, 0, stream, x, position_ids, y, N, S, D, pairs,
-                inv_freq, A(sign));
+                inv_freq, A(kernels::rope_attention_factor(scaling)), A(sign));
 }
 
 }  // namespace
