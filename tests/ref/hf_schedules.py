@@ -13,6 +13,7 @@ scheduler.step()). Our 0-based step s is metrics row s + 1 and HF's optimizer st
 Needs the venv of scripts/hf-venv.sh (exit 77, a ctest skip, without it).
   hf_schedules.py BIN_DIR
 """
+import importlib.util
 import inspect
 import json
 import os
@@ -20,12 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-    import transformers
-    from transformers import get_scheduler
-    from transformers.optimization import get_wsd_schedule
-except ImportError:
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
     print("skip: no transformers (scripts/hf-venv.sh creates its venv)")
     sys.exit(77)
 
@@ -34,26 +30,34 @@ CONFIG = {"model": {"arch": "llama", "vocab_size": 32, "hidden_size": 16, "num_h
           "data": {"source": "synthetic", "seq_len": 8, "batch_size": 1},
           "train": {"log_every": 1, "grad_clip": 0},
           "runtime": {"threads": 1}}
-NEW_WSD = "decay_type" in inspect.signature(get_wsd_schedule).parameters  # transformers >= 4.50
 
-
-def ours(bin_dir, tmp, name, steps, train):
+def start(bin_dir, tmp, name, steps, train):
+    """autosp-train on `train`'s keys, started (the runs go in parallel while transformers imports)."""
     cfg = json.loads(json.dumps(CONFIG))
     cfg["train"].update(train, steps=steps)
     path = os.path.join(tmp, name + ".json")
     metrics = os.path.join(tmp, name + ".jsonl")
     with open(path, "w") as f:
         json.dump(cfg, f)
-    out = subprocess.run([os.path.join(bin_dir, "autosp-train"), "--config", path, "--metrics", metrics, "--quiet"],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{name}: autosp-train failed ({out.returncode}): {out.stderr[-2000:]}")
+    proc = subprocess.Popen([os.path.join(bin_dir, "autosp-train"), "--config", path, "--metrics", metrics, "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return proc, metrics, steps, name
+
+
+def finish(run):
+    """The lr of each step of a started run."""
+    proc, metrics, steps, name = run
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        sys.exit(f"{name}: autosp-train failed ({proc.returncode}): {err[-2000:]}")
     rows = [json.loads(line) for line in open(metrics)]
     assert [r["step"] for r in rows] == list(range(1, steps + 1)), f"{name}: metrics steps {[r['step'] for r in rows]}"
     return [r["lr"] for r in rows]
 
 
 def hf(name, lr, steps, warmup, horizon, **kwargs):
+    import torch
+    from transformers import get_scheduler
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
     sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=horizon,
                           scheduler_specific_kwargs=kwargs or None)
@@ -69,6 +73,7 @@ def main():
     bin_dir = sys.argv[1]
     lr = 1e-3
     failures = 0
+    # Both WSD generations' rows are run; the newer ones compare only with transformers >= 4.50.
     # name, our train keys, steps, HF scheduler name, its warm-up, horizon and kwargs, first compared step
     cases = [
         ("linear", {"lr_schedule": "linear", "warmup_steps": 3}, 20, "linear", 3, 20, {}),
@@ -86,16 +91,23 @@ def main():
         ("wsd_min_lr", {"lr_schedule": "wsd", "warmup_steps": 3, "decay_fraction": 0.25, "min_lr": 1e-4}, 20,
          "warmup_stable_decay", 3, 20, {"num_stable_steps": 12, "num_decay_steps": 5, "min_lr_ratio": 0.1}),
     ]
-    if NEW_WSD:
-        for decay in ("linear", "1-sqrt"):
-            cases.append((f"wsd_{decay}", {"lr_schedule": "wsd", "warmup_steps": 3, "decay_fraction": 0.25,
-                                           "decay_type": decay, "min_lr": 1e-4}, 20, "warmup_stable_decay", 3, 20,
-                          {"num_stable_steps": 12, "num_decay_steps": 5, "min_lr_ratio": 0.1, "decay_type": decay}))
+    for decay in ("linear", "1-sqrt"):
+        cases.append((f"wsd_{decay}", {"lr_schedule": "wsd", "warmup_steps": 3, "decay_fraction": 0.25,
+                                       "decay_type": decay, "min_lr": 1e-4}, 20, "warmup_stable_decay", 3, 20,
+                      {"num_stable_steps": 12, "num_decay_steps": 5, "min_lr_ratio": 0.1, "decay_type": decay}))
     with tempfile.TemporaryDirectory() as tmp:
-        for name, train, steps, hf_name, warmup, horizon, kwargs in cases:
-            got = ours(bin_dir, tmp, name, steps, dict(train, lr=lr))
+        runs = [start(bin_dir, tmp, name, steps, dict(train, lr=lr)) for name, train, steps, *_ in cases]
+        cosine_run = start(bin_dir, tmp, "cosine", 20, {"lr_schedule": "cosine", "warmup_steps": 4, "lr": lr,
+                                                        "min_lr": 1e-4})
+        import transformers
+        from transformers.optimization import get_wsd_schedule
+        new_wsd = "decay_type" in inspect.signature(get_wsd_schedule).parameters  # transformers >= 4.50
+        for run, (name, train, steps, hf_name, warmup, horizon, kwargs) in zip(runs, cases):
+            got = finish(run)
+            if "decay_type" in kwargs and not new_wsd:
+                continue
             want = hf(hf_name, lr, steps, warmup, horizon, **kwargs)
-            first = warmup if name == "wsd_min_lr" and not NEW_WSD else 0
+            first = warmup if name == "wsd_min_lr" and not new_wsd else 0
             bad = [s for s in range(first, steps) if abs(got[s] - want[s]) > 1e-12 * abs(want[s]) + 1e-18]
             print(f"{'ok  ' if not bad else 'FAIL'} {name}: {steps - first} steps against {hf_name}"
                   + (f" from step {first}" if first else ""))
@@ -105,8 +117,7 @@ def main():
 
         # Ours: HF's cosine_with_min_lr with the warm-up from 1 (step s < W takes HF's step s + 1).
         steps, warmup = 20, 4
-        got = ours(bin_dir, tmp, "cosine", steps, {"lr_schedule": "cosine", "warmup_steps": warmup, "lr": lr,
-                                                  "min_lr": 1e-4})
+        got = finish(cosine_run)
         want = hf("cosine_with_min_lr", lr, steps + 1, warmup, steps, min_lr=1e-4)
         want = [want[s + 1] if s < warmup else want[s] for s in range(steps)]
         bad = [s for s in range(steps) if abs(got[s] - want[s]) > 1e-12 * abs(want[s])]
