@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
     if (!args.count("config")) throw UsageError("--config is required");
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-    Config cfg = load_config(args["config"].as<std::string>(), sets);
+    // With --deepspeed the cross-key rules wait for the DeepSpeed file (which may, say, set the lr).
+    Config cfg = load_config(args["config"].as<std::string>(), sets, !args.count("deepspeed"));
 
     TrainArgs ta;
     if (args.count("steps")) ta.steps = parse_int_flag("steps", args["steps"].as<std::string>());

@@ -459,7 +459,8 @@ std::optional<std::string> config_value_problem(const std::string& path, const j
   return str("'", path, "' is not a config key");
 }
 
-Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin) {
+Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin,
+                    bool cross_key_rules) {
   if (!input.is_object()) throw UsageError(str(origin, ": expected a JSON object at the top level"));
   Config c;
   json j = input;
@@ -512,8 +513,10 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       break;
   }
 
-  // Cross-key rules.
-  auto bad = [&](const std::string& what) { throw UsageError(str(origin, ": ", what)); };
+  // Cross-key rules (none when another file completes this config: it is parsed again, with them).
+  auto bad = [&](const std::string& what) {
+    if (cross_key_rules) throw UsageError(str(origin, ": ", what));
+  };
   if (m.hidden_size % m.num_attention_heads != 0)
     bad(str("model.hidden_size ", m.hidden_size, " is not divisible by model.num_attention_heads ",
             m.num_attention_heads));
@@ -552,7 +555,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   }
   if (c.runtime.tiled_mlp && m.arch != Arch::llama)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", arch_name(m.arch), "\" has none"));
-  check_schedule(c, origin);
+  if (cross_key_rules) check_schedule(c, origin);
   if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
             "\")"));
@@ -569,7 +572,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, bool cross_key_rules) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw UsageError(str(path, ": is a directory, not a config file"));
   std::ifstream f(path);
@@ -577,7 +580,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << f.rdbuf();
   if (f.bad()) throw UsageError(str(path, ": cannot read config file"));
-  return parse_config(parse_json(ss.str(), path), overrides, path);
+  return parse_config(parse_json(ss.str(), path), overrides, path, cross_key_rules);
 }
 
 json parse_json(const std::string& text, const std::string& origin) {

@@ -161,10 +161,13 @@ struct Config {
 // Parse and validate. `j` may also be a bare Hugging Face config.json (models/hf_config.h): its
 // architecture with freshly initialised weights, as transformers' from_config. `overrides` are
 // "key.path=value" strings (--set); a value is read as JSON when it parses (numbers, true/false),
-// otherwise as a string. `origin` names the source in errors.
+// otherwise as a string. `origin` names the source in errors. Without `cross_key_rules` only each
+// key's own type, range and choices are checked: for a config another file completes (a DeepSpeed
+// config, config/deepspeed.h), which parses the result again with them.
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {},
-                    const std::string& origin = "config");
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+                    const std::string& origin = "config", bool cross_key_rules = true);
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   bool cross_key_rules = true);
 
 // What is wrong with `v` as the value of the schema key `path` (its type, range or choices), or
 // nothing: for keys that come from elsewhere (a DeepSpeed config) and are named there.

@@ -21,8 +21,10 @@
 
 namespace autosp {
 
-// `cfg` (parsed from `cfg_origin` and --set) with the DeepSpeed config `ds` (from `ds_origin`)
-// applied, for a job of `world_size` ranks; its notes gain what was mapped and what was ignored.
+// `cfg` (parsed from `cfg_origin` and --set; its cross-key rules may wait, parse_config's
+// cross_key_rules = false, since the result is parsed again with them) with the DeepSpeed config
+// `ds` (from `ds_origin`) applied, for a job of `world_size` ranks; its notes gain what was mapped
+// and what was ignored.
 Config apply_deepspeed(const Config& cfg, const nlohmann::json& ds, int world_size, const std::string& ds_origin,
                        const std::string& cfg_origin);
 // The same from the file at `path`.

@@ -15,9 +15,10 @@ using nlohmann::json;
 
 namespace {
 
-// Our config from `run` (+ sets) with `ds` applied for `world` ranks.
+// Our config from `run` (+ sets), parsed as autosp-train does with --deepspeed (the cross-key
+// rules wait for the DeepSpeed file), with `ds` applied for `world` ranks.
 Config apply(const std::string& ds, int world = 1, const std::string& run = "{}", std::vector<std::string> sets = {}) {
-  return apply_deepspeed(parse_config(json::parse(run), sets, "run.json"), json::parse(ds), world, "ds.json",
+  return apply_deepspeed(parse_config(json::parse(run), sets, "run.json", false), json::parse(ds), world, "ds.json",
                          "run.json");
 }
 
@@ -235,7 +236,7 @@ TEST_CASE("gradient clipping, bf16, ZeRO, compile, steps_per_print", "[deepspeed
 
 TEST_CASE("the shipped DeepSpeed configs apply onto configs/llama-tiny-ds.json", "[deepspeed]") {
   const std::string dir = std::string(AUTOSP_SOURCE_DIR) + "/configs/";
-  const Config run = load_config(dir + "llama-tiny-ds.json");
+  const Config run = load_config(dir + "llama-tiny-ds.json", {}, false);
   const Config a = load_deepspeed(run, dir + "deepspeed/autosp.json", 2, "llama-tiny-ds.json");
   CHECK(a.sequence_parallel.autosp_size == 2);
   CHECK(a.runtime.dtype == DType::bf16);
@@ -251,4 +252,38 @@ TEST_CASE("the shipped DeepSpeed configs apply onto configs/llama-tiny-ds.json",
   CHECK(z.runtime.grad_bucket_mb == 5e7 * 4 / (1024.0 * 1024.0));
   CHECK_THROWS_WITH(load_deepspeed(run, dir + "deepspeed/autosp.json", 4, "llama-tiny-ds.json"),
                     Catch::Contains("train_batch_size 1 != train_micro_batch_size_per_gpu 1"));
+}
+
+TEST_CASE("a Hugging Face Trainer style config of \"auto\" values takes ours", "[deepspeed]") {
+  const Config c = apply(R"({
+    "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                     "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true, "reduce_scatter": true,
+                          "allgather_bucket_size": 2e8, "reduce_bucket_size": "auto"},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": false})",
+                         2, R"({"train": {"lr": 2e-5, "warmup_steps": 30, "beta2": 0.98, "grad_clip": 0.5},
+                               "data": {"batch_size": 3}})");
+  CHECK(c.train.lr_schedule == LrSchedule::ds_warmup_decay);
+  CHECK(c.train.lr == 2e-5);
+  CHECK(c.train.beta1 == 0.9);  // ours (default)
+  CHECK(c.train.beta2 == 0.98);
+  CHECK(c.train.warmup_steps == 30);
+  CHECK(c.train.warmup_min_lr == 0);
+  CHECK(c.train.schedule_steps == 0);  // the run's steps
+  CHECK(c.train.grad_clip == 0.5);
+  CHECK(c.data.batch_size == 3);
+  CHECK(c.train.gradient_accumulation_steps == 1);
+  CHECK(c.runtime.dtype == DType::f32);
+  CHECK(c.runtime.grad_bucket_mb == 25);
+  CHECK(c.zero_optimization.stage == 2);
+  CHECK(has_note(c, "ignored (they change nothing here): fp16, wall_clock_breakdown, zero_optimization.allgather_bucket_size"));
+  // run.json alone breaks a rule (min_lr 1e-4 above lr 2e-5 under our cosine); the DeepSpeed
+  // scheduler, which does not read min_lr, completes it. Without a scheduler the rule holds.
+  CHECK_THROWS_WITH(parse_config(json::parse(R"({"train": {"lr": 2e-5}})")), Catch::Contains("exceeds train.lr"));
+  CHECK_THROWS_WITH(apply(R"({"gradient_clipping": 1.0})", 1, R"({"train": {"lr": 2e-5}})"),
+                    Catch::Contains("train.min_lr 0.0001 exceeds train.lr 2e-05 (with the DeepSpeed config ds.json)"));
 }
