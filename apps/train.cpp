@@ -1,9 +1,11 @@
 // autosp-train: train a model from a JSON config (see DESIGN.md "Contracts").
-//   autosp-train --config FILE [--set key.path=value]... [--steps N] [--init-from W.safetensors]
+//   autosp-train --config FILE [--deepspeed DS.json] [--set key.path=value]... [--steps N] [--init-from W.safetensors]
 //                [--resume DIR] [--start-over] [--metrics FILE.jsonl] [--dump-grads FILE.safetensors] [--quiet]
 //                [--thread-ranks P]
 // --thread-ranks runs P ranks as threads of this process (comm/threads.h) instead of under mpirun:
 // SP and DP on one node without MPI, and several ranks on one GPU, where NCCL refuses them.
+// --deepspeed applies a DeepSpeed config file onto ours (config/deepspeed.h); its batch rule needs
+// the world size, so it is applied once the world is known.
 // Rank 0 echoes the resolved config, logs progress and a final summary to stderr and, when
 // train.checkpoint_dir is set, to <checkpoint_dir>/train.log as well (appended, every run).
 #include <algorithm>
@@ -17,6 +19,7 @@
 
 #include "comm/communicator.h"
 #include "comm/threads.h"
+#include "config/deepspeed.h"
 #include "kernels/cpu/matmul.h"
 #include "tools/cli.h"
 #include "tools/text_codec.h"
@@ -129,6 +132,8 @@ int main(int argc, char** argv) {
   return run_app("autosp-train", [&] {
     cxxopts::Options opts("autosp-train", "Train a GPT-2 or Llama model (launch under mpirun for several ranks)");
     opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
+        "deepspeed", "a DeepSpeed config JSON applied onto the config (its batch, optimizer, scheduler, bf16, ZeRO keys)",
+        cxxopts::value<std::string>())(
         "set", "override a config key (key.path=value), repeatable", cxxopts::value<std::vector<std::string>>())(
         "steps", "number of steps (overrides train.steps)", cxxopts::value<std::string>())(
         "init-from", "start from these safetensors weights (Hugging Face names)", cxxopts::value<std::string>())(
@@ -150,7 +155,8 @@ int main(int argc, char** argv) {
     if (!args.count("config")) throw UsageError("--config is required");
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-    Config cfg = load_config(args["config"].as<std::string>(), sets);
+    // With --deepspeed the cross-key rules wait for the DeepSpeed file (which may, say, set the lr).
+    Config cfg = load_config(args["config"].as<std::string>(), sets, !args.count("deepspeed"));
 
     TrainArgs ta;
     if (args.count("steps")) ta.steps = parse_int_flag("steps", args["steps"].as<std::string>());
@@ -206,6 +212,9 @@ int main(int argc, char** argv) {
     };
 
     auto world = make_world_communicator();
+    if (args.count("deepspeed"))
+      cfg = load_deepspeed(cfg, args["deepspeed"].as<std::string>(), thread_ranks > 0 ? thread_ranks : world->size(),
+                           ta.config_path);
     if (thread_ranks == 0) return run_rank(*world);
     // Under mpirun every process would run its own job of thread ranks: the same steps twice in
     // the metrics, and two writers of one checkpoint directory.

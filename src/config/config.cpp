@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -27,6 +28,38 @@ std::string_view data_source_name(DataSourceKind s) {
     case DataSourceKind::text: return "text";
   }
   return "unknown source";
+}
+
+std::string_view lr_schedule_name(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::cosine: return "cosine";
+    case LrSchedule::cosine_with_min_lr: return "cosine_with_min_lr";
+    case LrSchedule::linear: return "linear";
+    case LrSchedule::constant: return "constant";
+    case LrSchedule::constant_with_warmup: return "constant_with_warmup";
+    case LrSchedule::wsd: return "wsd";
+    case LrSchedule::ds_warmup: return "ds_warmup";
+    case LrSchedule::ds_warmup_decay: return "ds_warmup_decay";
+    case LrSchedule::ds_warmup_cosine: return "ds_warmup_cosine";
+  }
+  return "unknown schedule";
+}
+
+std::string_view decay_type_name(DecayType d) {
+  switch (d) {
+    case DecayType::cosine: return "cosine";
+    case DecayType::linear: return "linear";
+    case DecayType::one_minus_sqrt: return "1-sqrt";
+  }
+  return "unknown decay type";
+}
+
+std::string_view warmup_type_name(WarmupType w) {
+  switch (w) {
+    case WarmupType::log: return "log";
+    case WarmupType::linear: return "linear";
+  }
+  return "unknown warmup type";
 }
 
 ZeroMode zero_mode(const ZeroConfig& z, int world_size) {
@@ -106,6 +139,11 @@ constexpr std::array kSources{DataSourceKind::synthetic, DataSourceKind::tokens,
 constexpr std::array kDevices{DeviceKind::cpu, DeviceKind::cuda};
 constexpr std::array kAttention{AttentionBackend::flash, AttentionBackend::cudnn};
 constexpr std::array kDTypes{DType::f32, DType::f64, DType::bf16};
+constexpr std::array kSchedules{LrSchedule::cosine, LrSchedule::cosine_with_min_lr, LrSchedule::linear,
+                                LrSchedule::constant, LrSchedule::constant_with_warmup, LrSchedule::wsd,
+                                LrSchedule::ds_warmup, LrSchedule::ds_warmup_decay, LrSchedule::ds_warmup_cosine};
+constexpr std::array kDecayTypes{DecayType::cosine, DecayType::linear, DecayType::one_minus_sqrt};
+constexpr std::array kWarmupTypes{WarmupType::log, WarmupType::linear};
 
 // F(section, name): a row's setter and getter of the field Config::section.name.
 template <class S, class M>
@@ -183,6 +221,12 @@ const std::vector<Key>& schema() {
       {"train.lr", Kind::number, 0, 10, "", {}, F(train, lr)},
       {"train.min_lr", Kind::number, 0, 10, "", {}, F(train, min_lr)},
       {"train.warmup_steps", Kind::integer, 0, kBig, "", {}, F(train, warmup_steps)},
+      enum_key("train.lr_schedule", &Config::train, &TrainConfig::lr_schedule, kSchedules, lr_schedule_name),
+      {"train.schedule_steps", Kind::integer, 0, kBig, "", {}, F(train, schedule_steps)},
+      {"train.decay_fraction", Kind::number, 0, 1, "", {}, F(train, decay_fraction)},
+      enum_key("train.decay_type", &Config::train, &TrainConfig::decay_type, kDecayTypes, decay_type_name),
+      enum_key("train.warmup_type", &Config::train, &TrainConfig::warmup_type, kWarmupTypes, warmup_type_name),
+      {"train.warmup_min_lr", Kind::number, 0, 10, "", {}, F(train, warmup_min_lr)},
       {"train.weight_decay", Kind::number, 0, 10, "", {}, F(train, weight_decay)},
       {"train.beta1", Kind::number, 0, 0.999999, "", {}, F(train, beta1)},
       {"train.beta2", Kind::number, 0, 0.999999999, "", {}, F(train, beta2)},
@@ -426,9 +470,54 @@ void expand_model_from(json& j, Config& c, const std::string& origin) {
   j["model"] = merged;
 }
 
+// The schedule's cross-key rules (train/schedule.h says which keys each schedule reads).
+void check_schedule(const Config& c, const std::string& origin) {
+  const TrainConfig& t = c.train;
+  auto bad = [&](const std::string& what) { throw UsageError(str(origin, ": ", what)); };
+  const std::string name(lr_schedule_name(t.lr_schedule));
+  bool min_lr = false, wsd = false, ds = false;
+  switch (t.lr_schedule) {
+    case LrSchedule::cosine:
+    case LrSchedule::cosine_with_min_lr: min_lr = true; break;
+    case LrSchedule::linear:
+    case LrSchedule::constant:
+    case LrSchedule::constant_with_warmup: break;
+    case LrSchedule::wsd: min_lr = wsd = true; break;
+    case LrSchedule::ds_warmup:
+    case LrSchedule::ds_warmup_decay: ds = true; break;
+    case LrSchedule::ds_warmup_cosine: min_lr = ds = true; break;
+  }
+  if (min_lr && t.min_lr > t.lr) bad(str("train.min_lr ", t.min_lr, " exceeds train.lr ", t.lr));
+  if (ds && t.warmup_steps < 1)
+    bad(str("train.lr_schedule \"", name, "\" needs train.warmup_steps >= 1 (DeepSpeed's warmup_num_steps is positive)"));
+  if (wsd) {
+    const int64_t steps = t.schedule_steps > 0 ? t.schedule_steps : t.steps;
+    const int64_t decay = std::llround(t.decay_fraction * static_cast<double>(steps));
+    if (t.warmup_steps + decay > steps)
+      bad(str("train.lr_schedule \"wsd\": train.warmup_steps ", t.warmup_steps, " + the decay's ", decay,
+              " steps (train.decay_fraction ", t.decay_fraction, ") exceed the schedule's ", steps, " steps"));
+  }
+}
+
 }  // namespace
 
-Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin) {
+std::optional<std::string> config_value_problem(const std::string& path, const json& v) {
+  for (const auto& k : schema()) {
+    if (path != k.path) continue;
+    try {
+      check_value("", k, v);
+    } catch (const UsageError& e) {  // ": path = v: what"
+      const std::string what = e.what();
+      const auto colon = what.find(": ", 2);
+      return colon == std::string::npos ? what : what.substr(colon + 2);
+    }
+    return std::nullopt;
+  }
+  return str("'", path, "' is not a config key");
+}
+
+Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin,
+                    bool cross_key_rules) {
   if (!input.is_object()) throw UsageError(str(origin, ": expected a JSON object at the top level"));
   Config c;
   json j = input;
@@ -440,6 +529,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     j = json{{"model", hf.model}};
   }
   for (const auto& ov : overrides) apply_override(j, origin, ov);
+  c.given = j;
   expand_model_from(j, c, origin);
   check_known_keys(j, origin);
 
@@ -483,8 +573,10 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       break;
   }
 
-  // Cross-key rules.
-  auto bad = [&](const std::string& what) { throw UsageError(str(origin, ": ", what)); };
+  // Cross-key rules (none when another file completes this config: it is parsed again, with them).
+  auto bad = [&](const std::string& what) {
+    if (cross_key_rules) throw UsageError(str(origin, ": ", what));
+  };
   if (m.head_dim_config == 0 && m.hidden_size % m.num_attention_heads != 0)
     bad(str("model.hidden_size ", m.hidden_size, " is not divisible by model.num_attention_heads ",
             m.num_attention_heads));
@@ -545,7 +637,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   }
   if (c.runtime.tiled_mlp && family(m.arch) != Arch::llama)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", arch_name(m.arch), "\" has none"));
-  if (c.train.min_lr > c.train.lr) bad(str("train.min_lr ", c.train.min_lr, " exceeds train.lr ", c.train.lr));
+  if (cross_key_rules) check_schedule(c, origin);
   if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
             "\")"));
@@ -562,7 +654,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, bool cross_key_rules) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw UsageError(str(path, ": is a directory, not a config file"));
   std::ifstream f(path);
@@ -570,7 +662,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << f.rdbuf();
   if (f.bad()) throw UsageError(str(path, ": cannot read config file"));
-  return parse_config(parse_json(ss.str(), path), overrides, path);
+  return parse_config(parse_json(ss.str(), path), overrides, path, cross_key_rules);
 }
 
 json parse_json(const std::string& text, const std::string& origin) {

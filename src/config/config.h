@@ -2,12 +2,13 @@
 // schema table, which also writes the resolved config: an unknown key, a wrong type or a value out
 // of range is a UsageError naming the key path. Strings with a fixed set of values become enums
 // here (model.arch → Arch, data.source → DataSourceKind, runtime.device → DeviceKind,
-// runtime.dtype → DType, runtime.attention → AttentionBackend), so code that uses the config
+// runtime.dtype → DType, runtime.attention → AttentionBackend, train.lr_schedule → LrSchedule), so code that uses the config
 // switches over them and never re-validates. The model section is models/model_config.h (what the
 // builders read); the rest is here. Knows nothing of graphs or kernels.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,21 @@ struct DataConfig {
   bool document_mask = false;
 };
 
+// train.lr_schedule (train/schedule.h gives each one's formula). The Hugging Face names are
+// transformers' schedulers of that name; cosine is ours from the start (HF's cosine_with_min_lr with
+// the warm-up counted from 1); the ds_ ones are DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR.
+enum class LrSchedule {
+  cosine, cosine_with_min_lr, linear, constant, constant_with_warmup, wsd,
+  ds_warmup, ds_warmup_decay, ds_warmup_cosine,
+};
+std::string_view lr_schedule_name(LrSchedule s);  // "cosine", ..., "ds_warmup_cosine"
+// train.decay_type: the shape of wsd's decay (HF's decay_type).
+enum class DecayType { cosine, linear, one_minus_sqrt };
+std::string_view decay_type_name(DecayType d);  // "cosine", "linear", "1-sqrt"
+// train.warmup_type: the shape of the ds_ schedules' warm-up (DeepSpeed's warmup_type).
+enum class WarmupType { log, linear };
+std::string_view warmup_type_name(WarmupType w);  // "log", "linear"
+
 struct TrainConfig {
   int64_t steps = 100;
   // Micro-batches of data.batch_size sequences per optimizer step (per dp rank): the global batch is
@@ -61,6 +77,16 @@ struct TrainConfig {
   int64_t gradient_accumulation_steps = 1;
   double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup_steps = 10;
+  // The learning-rate schedule and its own keys (train/schedule.h): the steps it spans (0: the
+  // run's, train.steps or --steps; DeepSpeed's total_num_steps), wsd's decay (the fraction of
+  // those steps, rounded to the nearest step, and its shape), and the ds_ schedules' warm-up (its
+  // shape and the lr it starts from: DeepSpeed's warmup_min_lr, or warmup_min_ratio × lr).
+  LrSchedule lr_schedule = LrSchedule::cosine;
+  int64_t schedule_steps = 0;
+  double decay_fraction = 0.1;
+  DecayType decay_type = DecayType::cosine;
+  WarmupType warmup_type = WarmupType::log;
+  double warmup_min_lr = 0;
   double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
   int64_t seed = 1234, log_every = 10;
   // Validation: every eval_every steps and after the last (0 = never), the mean loss (and
@@ -142,6 +168,9 @@ struct Config {
   // data.val_path without validation.
   std::vector<std::string> warnings;
   std::vector<std::string> notes;     // for the log: model.from's accepted keys and overrides
+  // The keys the user wrote (the config file after --set, before defaults and model.from): what
+  // another source of keys (a DeepSpeed config, config/deepspeed.h) must agree with.
+  nlohmann::json given;
   // model.from: the Hugging Face model directory the architecture came from, whose weights start
   // the run unless --init-from or --resume say otherwise ("" = none).
   std::string model_from;
@@ -150,10 +179,17 @@ struct Config {
 // Parse and validate. `j` may also be a bare Hugging Face config.json (models/hf_config.h): its
 // architecture with freshly initialised weights, as transformers' from_config. `overrides` are
 // "key.path=value" strings (--set); a value is read as JSON when it parses (numbers, true/false),
-// otherwise as a string. `origin` names the source in errors.
+// otherwise as a string. `origin` names the source in errors. Without `cross_key_rules` only each
+// key's own type, range and choices are checked: for a config another file completes (a DeepSpeed
+// config, config/deepspeed.h), which parses the result again with them.
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {},
-                    const std::string& origin = "config");
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+                    const std::string& origin = "config", bool cross_key_rules = true);
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   bool cross_key_rules = true);
+
+// What is wrong with `v` as the value of the schema key `path` (its type, range or choices), or
+// nothing: for keys that come from elsewhere (a DeepSpeed config) and are named there.
+std::optional<std::string> config_value_problem(const std::string& path, const nlohmann::json& v);
 
 // JSON text from `origin` (a config file, a checkpoint's meta.json): invalid JSON, or nesting
 // deeper than 32 levels (which would only recurse deeply later), is a UsageError naming `origin`.

@@ -1,23 +1,15 @@
-// AdamW (whole and ZeRO-sharded), clipping and the learning-rate schedule.
+// AdamW (whole and ZeRO-sharded) and clipping.
 #include "train/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numbers>
 
 #include "device/buffers.h"
 #include "device/cuda/device.h"
 #include "device/optim.h"
 
 namespace autosp {
-
-double lr_at(const TrainConfig& t, int64_t step, int64_t total_steps) {
-  if (step < t.warmup_steps) return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
-  const double decay = static_cast<double>(std::max<int64_t>(1, total_steps - t.warmup_steps));
-  const double progress = std::min(1.0, static_cast<double>(step - t.warmup_steps) / decay);
-  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
-}
 
 namespace {
 std::vector<Tensor> values(const ParamMap& m) {

@@ -1,6 +1,6 @@
 // Optimisation: AdamW with PyTorch semantics (decoupled weight decay on tensors of rank >= 2 only),
-// global-norm gradient clipping like torch.nn.utils.clip_grad_norm_, and the learning-rate schedule
-// (linear warmup, then cosine decay to min_lr). Works on ParamMaps on the host or all on one CUDA
+// global-norm gradient clipping like torch.nn.utils.clip_grad_norm_ (the learning-rate schedule is
+// train/schedule.h). Works on ParamMaps on the host or all on one CUDA
 // device (the arithmetic through device/optim.h); knows nothing of graphs or kernels.
 //
 // ZeroAdamW is the same AdamW at ZeRO stages 1 and 2 (zero_optimization.stage, DeepSpeed's key):
@@ -26,11 +26,6 @@
 #include "train/grad_sync.h"
 
 namespace autosp {
-
-// Learning rate of step `step` (0-based) of `total_steps`:
-//   step < warmup: lr·(step+1)/warmup; else min_lr + ½(lr − min_lr)(1 + cos(π·progress)),
-//   progress = min(1, (step − warmup) / max(1, total_steps − warmup)).
-double lr_at(const TrainConfig& t, int64_t step, int64_t total_steps);
 
 // The bytes of every tensor of `m`.
 size_t bytes_of(const ParamMap& m);

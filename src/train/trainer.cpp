@@ -31,6 +31,7 @@
 #include "train/outputs.h"
 #include "train/preempt.h"
 #include "train/run_device.h"
+#include "train/schedule.h"
 #include "train/step_log.h"
 #include "train/train_state.h"
 #include "train/validation.h"

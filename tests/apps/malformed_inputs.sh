@@ -130,6 +130,29 @@ echo '{"model": {"vocab_size": 99999999999}}' >"$tmp/range.json"
 echo '{"model": {"hidden_size": 30, "num_attention_heads": 4}}' >"$tmp/divide.json"
 echo '{"train": {"steps": 2}, "train": {"lr": 0.1}}' >"$tmp/dup_section.json"
 echo '{"train": {"steps": 2, "steps": 3}}' >"$tmp/dup_key.json"
+# DeepSpeed configs (--deepspeed), one broken key each
+ds() { echo "$2" >"$tmp/ds_$1.json"; }
+ds batch '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}'
+ds fp16 '{"fp16": {"enabled": true}}'
+ds offload '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}'
+ds lamb '{"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}}'
+ds adam_l2 '{"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}}'
+ds onecycle '{"scheduler": {"type": "OneCycle", "params": {}}}'
+ds no_total '{"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 5}}}'
+ds warmup0 '{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}}'
+ds passes '{"compile": {"deepcompile": true, "passes": ["z3"]}}'
+ds unknown '{"train_micro_batch": 2}'
+ds conflict '{"gradient_clipping": 0.5}'
+ds auto_type '{"optimizer": {"type": "auto"}}'
+ds bucket '{"zero_optimization": {"reduce_bucket_size": -5}}'
+ds stage '{"zero_optimization": {"stage": 5}}'
+ds sp '{"sequence_parallel_size": 3, "train_batch_size": 4}'
+ds clip '{"gradient_clipping": "high"}'
+ds bf16 '{"bf16": {"enabled": "yes"}}'
+ds array '[1, 2]'
+ds lowlr '{"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}'
+ds batch_dp2 '{"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}'
+printf '{"bf16": ' >"$tmp/ds_truncated.json"
 
 # ---- the table ----------------------------------------------------------------------------------
 # row [mpi] [env:VAR=VALUE]... 'NEEDLE' ARGS...   (ARGS follow the binary; NEEDLE is a grep regex)
@@ -350,6 +373,38 @@ row 'format1/meta.json: unsupported checkpoint format 1' "${c[@]}" --resume "$fo
 row "badstep/meta.json: 'step' must be a non-negative integer" "${c[@]}" --resume "$badstep"
 row 'was written for model' "${c[@]}" --set model.hidden_size=64 --resume "$good_ck"
 row 'was written with train.seed 1234, this run has 99' "${c[@]}" --set train.seed=99 --resume "$good_ck"
+# learning-rate schedules (train.lr_schedule and its keys)
+row 'train.lr_schedule = "exp": expected one of cosine|cosine_with_min_lr|linear' "${c[@]}" --set train.lr_schedule=exp
+row 'train.schedule_steps = -1: expected an integer' "${c[@]}" --set train.schedule_steps=-1
+row 'train.decay_fraction = 2: expected a value in \[0, 1\]' "${c[@]}" --set train.decay_fraction=2
+row 'train.decay_type = "sqrt": expected one of cosine|linear|1-sqrt' "${c[@]}" --set train.decay_type=sqrt
+row 'train.warmup_type = "exp": expected one of log|linear' "${c[@]}" --set train.warmup_type=exp
+row 'train.warmup_min_lr = -1: expected a value in' "${c[@]}" --set train.warmup_min_lr=-1
+row 'train.lr_schedule "ds_warmup" needs train.warmup_steps >= 1' "${c[@]}" --set train.lr_schedule=ds_warmup --set train.warmup_steps=0
+row 'train.warmup_steps 10 + the decay.s 2 steps' "${c[@]}" --set train.lr_schedule=wsd --set train.decay_fraction=0.9
+# DeepSpeed configs (--deepspeed)
+row 'nope.json: cannot open the DeepSpeed config' "${c[@]}" --deepspeed "$tmp/nope.json"
+row 'adir: is a directory, not a DeepSpeed config' "${c[@]}" --deepspeed "$tmp/adir"
+row 'ds_truncated.json: not valid JSON' "${c[@]}" --deepspeed "$tmp/ds_truncated.json"
+row 'ds_array.json: expected a JSON object at the top level' "${c[@]}" --deepspeed "$tmp/ds_array.json"
+row 'train_batch_size 8 != train_micro_batch_size_per_gpu 2 × gradient_accumulation_steps 2 × dp 1' "${c[@]}" --deepspeed "$tmp/ds_batch.json"
+row 'ds_fp16.json: fp16.enabled = true: not supported' "${c[@]}" --deepspeed "$tmp/ds_fp16.json"
+row 'zero_optimization.offload_optimizer = .*not supported' "${c[@]}" --deepspeed "$tmp/ds_offload.json"
+row 'optimizer.type = "Lamb": not supported' "${c[@]}" --deepspeed "$tmp/ds_lamb.json"
+row 'adam_w_mode false' "${c[@]}" --deepspeed "$tmp/ds_adam_l2.json"
+row 'scheduler.type = "OneCycle": not supported' "${c[@]}" --deepspeed "$tmp/ds_onecycle.json"
+row 'WarmupCosineLR needs params.total_num_steps' "${c[@]}" --deepspeed "$tmp/ds_no_total.json"
+row 'scheduler.params.warmup_num_steps = 0: expected a positive integer' "${c[@]}" --deepspeed "$tmp/ds_warmup0.json"
+row 'compile.passes = \["z3"\]: must contain "autosp"' "${c[@]}" --deepspeed "$tmp/ds_passes.json"
+row "unknown DeepSpeed key 'train_micro_batch'" "${c[@]}" --deepspeed "$tmp/ds_unknown.json"
+row 'gradient_clipping = 0.5 conflicts with train.grad_clip = 2' "${c[@]}" --set train.grad_clip=2 --deepspeed "$tmp/ds_conflict.json"
+row 'optimizer.type = "auto": not supported' "${c[@]}" --deepspeed "$tmp/ds_auto_type.json"
+row 'zero_optimization.reduce_bucket_size = -5: expected a positive number' "${c[@]}" --deepspeed "$tmp/ds_bucket.json"
+row 'zero_optimization.stage = 5 (our zero_optimization.stage): expected an integer in \[0, 3\]' "${c[@]}" --deepspeed "$tmp/ds_stage.json"
+row 'sequence_parallel_size 3 does not divide the world size 1' "${c[@]}" --deepspeed "$tmp/ds_sp.json"
+row 'gradient_clipping = "high" (our train.grad_clip): expected a number' "${c[@]}" --deepspeed "$tmp/ds_clip.json"
+row 'bf16.enabled = "yes": expected true, false or "auto"' "${c[@]}" --deepspeed "$tmp/ds_bf16.json"
+row 'train.min_lr 0.0001 exceeds train.lr 1e-05 (with the DeepSpeed config' "${c[@]}" --deepspeed "$tmp/ds_lowlr.json"
 # on 2 ranks: found before MPI starts (both ranks report it), and found after (the job still ends with 2)
 row mpi 'deep.json: JSON nested deeper' --config "$tmp/deep.json"
 [ "${last_lines:-0}" -eq 2 ] || { echo "FAIL: expected the error from both ranks, got $last_lines line(s)"; fail=1; }
@@ -358,10 +413,11 @@ row mpi 'big_token.bin: token 32' "${c[@]}" "${tokens[@]}$tmp/big_token.bin"
 row mpi 'flipped/model.safetensors: checksum mismatch' "${c[@]}" --resume "$flipped"
 row mpi 'does not divide the world size' "${c[@]}" --set sequence_parallel.autosp_size=4
 row mpi 'zero_optimization.stage = "two": expected an integer' "${c[@]}" --set zero_optimization.stage=two
+row mpi 'train_batch_size 4 != train_micro_batch_size_per_gpu 2 × gradient_accumulation_steps 2 × dp 2' "${c[@]}" --deepspeed "$tmp/ds_batch_dp2.json"
 
 # --help lists every flag the binary accepts.
 "$bin" --help >"$tmp/help" 2>&1 || { echo "FAIL: --help exited $?"; fail=1; }
-for flag in --config --set --steps --init-from --resume --metrics --dump-grads --quiet --help \
+for flag in --config --deepspeed --set --steps --init-from --resume --metrics --dump-grads --quiet --help \
             AUTOSP_FAULT AUTOSP_COLLECTIVE_TIMEOUT; do
   grep -q -- "$flag" "$tmp/help" || { echo "FAIL: --help does not list $flag"; fail=1; }
 done

@@ -2,7 +2,7 @@
 # autosp-train: the --metrics and --dump-grads contracts, the same first-step gradients from one
 # process and from 2 ranks with sequence parallelism 2, checkpoint + resume through the CLI, and
 # bad flags / configs / files giving an `error:` line with exit code 2, and a token shard truncated
-# mid-run giving exit code 3 naming it.
+# mid-run giving exit code 3 naming it; a DeepSpeed config (--deepspeed) applied on 2 ranks.
 #   train_cli.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1/autosp-train
@@ -104,6 +104,19 @@ expect_usage_error "unknown key 'train.stepz'" "$bin" --config "$tmp/cfg.json" -
 expect_usage_error "metrics" "$bin" --config "$tmp/cfg.json" --metrics "$tmp/no/such/dir/m.jsonl"
 expect_usage_error "does not divide the world size" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=4
 expect_usage_error "attention heads" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=2 --set model.num_attention_heads=1 --set model.num_key_value_heads=1
+
+# DeepSpeedExamples' AutoSP config as it is (--deepspeed) on 2 ranks: SP 2, micro-batch 1, bf16; the
+# run config gives the model and data only (no batch size or log_every: the file sets them). The log
+# names what was mapped and, once, what was ignored.
+$py -c 'import json, sys; c = json.load(open(sys.argv[1])); del c["data"]["batch_size"], c["train"]["log_every"]; c["train"]["steps"] = 2
+json.dump(c, open(sys.argv[2], "w"))' "$tmp/cfg.json" "$tmp/cfg_ds.json"
+mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg_ds.json" --deepspeed "$src/configs/deepspeed/autosp.json" \
+  --metrics "$tmp/m_ds.jsonl" 2>"$tmp/log_ds" >/dev/null ||
+  { echo "FAIL: --deepspeed configs/deepspeed/autosp.json on 2 ranks: $(tail -3 "$tmp/log_ds")"; fail=1; }
+check "--deepspeed: the mapping is logged" grep -q 'DeepSpeed keys applied: sequence_parallel_size → sequence_parallel.autosp_size 2' "$tmp/log_ds"
+check "--deepspeed: ignored keys listed once" test "$(grep -c 'ignored (they change nothing here): wall_clock_breakdown' "$tmp/log_ds")" -eq 1
+check "--deepspeed: bf16, batch 1 in the resolved config" grep -q '"batch_size":1,.*"dtype":"bfloat16"' "$tmp/log_ds"
+check "--deepspeed: 2 metrics rows" test "$(wc -l <"$tmp/m_ds.jsonl")" -eq 2
 
 # A rank thread that cannot start (here the address-space limit stops thread ~100 of 4096) ends
 # the job with exit 3 naming it, after the ranks already running have stopped (it once let the

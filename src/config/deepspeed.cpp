@@ -1,0 +1,490 @@
+// DeepSpeed's config keys onto ours. One Mapper walks the file once: each top-level key has its
+// handler (mapped, checked off, or ignored), every mapped value goes through set(), which checks it
+// against our schema and against what the user set, and the result is our config parsed again with
+// the mapped keys written into it (so every cross-key rule of parse_config still applies).
+// DeepSpeed's defaults and formulas: deepspeed/runtime/config.py (the batch rule),
+// runtime/engine.py (Adam/AdamW), runtime/lr_schedules.py, runtime/zero/config.py.
+#include "config/deepspeed.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "tensor/check.h"
+
+namespace autosp {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Keys that change nothing here (logging, profiling, I/O, DeepSpeed's own memory and
+// communication tuning): accepted whatever their value, and listed once in the log.
+const std::set<std::string>& ignored_top_level() {
+  static const std::set<std::string> s = {
+      "wall_clock_breakdown", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
+      "memory_breakdown", "dump_state", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+      "activation_checkpointing", "aio", "checkpoint", "autotuning", "nebula", "timers", "monitor_config", "pipeline",
+      "graph_harvesting", "prescale_gradients", "gradient_predivide_factor", "disable_allgather"};
+  return s;
+}
+const std::set<std::string>& ignored_zero() {
+  static const std::set<std::string> s = {
+      "allgather_partitions", "allgather_bucket_size", "reduce_scatter", "contiguous_gradients",
+      "round_robin_gradients", "sub_group_size", "load_from_fp32_weights", "elastic_checkpoint",
+      "ignore_unused_parameters", "legacy_stage1", "prefetch_bucket_size", "stage3_prefetch_bucket_size",
+      "param_persistence_threshold", "stage3_param_persistence_threshold", "model_persistence_threshold",
+      "stage3_model_persistence_threshold", "max_live_parameters", "stage3_max_live_parameters", "max_reuse_distance",
+      "stage3_max_reuse_distance", "gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save",
+      "stage3_gather_fp16_weights_on_model_save", "module_granularity_threshold",
+      "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
+      "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
+      "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
+      "use_multi_rank_bucket_allreduce"};
+  return s;
+}
+// Sections that change the math when enabled: fine while {"enabled": false} (or "auto", which
+// is ours: off).
+const std::set<std::string>& off_only() {
+  static const std::set<std::string> s = {"fp16", "amp", "torch_autocast", "curriculum_learning", "data_efficiency",
+                                          "quantize_training", "hybrid_engine", "eigenvalue",
+                                          "progressive_layer_drop", "elasticity"};
+  return s;
+}
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// Equal as values: 1 and 1.0 are.
+bool same(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
+  return a == b;
+}
+
+class Mapper {
+ public:
+  Mapper(const Config& cfg, const json& ds, int world, std::string origin)
+      : cfg_(cfg), ds_(ds), world_(world), origin_(std::move(origin)) {}
+
+  // The keys to write into the user's config, in order; notes for the log.
+  std::vector<std::pair<std::string, json>> assigned;
+  std::vector<std::string> mapped, ignored;
+
+  void run() {
+    if (!ds_.is_object()) fail("expected a JSON object at the top level (a DeepSpeed config)");
+    std::vector<std::string> unknown;
+    for (auto& [key, v] : ds_.items()) {
+      if (handled().count(key) || key == "optimizer" || key == "scheduler") continue;
+      if (ignored_top_level().count(key)) ignored.push_back(key);
+      else if (off_only().count(key)) off_section(key, v);
+      else if (key == "sparse_attention" || key == "compression_training")
+        fail(str(key, ": not supported by autosp-train (it changes the model)"));
+      else if (key == "sparse_gradients") require(key, v, json(false));
+      else if (key == "communication_data_type" || key == "seq_parallel_communication_data_type") fp32_only(key, v);
+      else if (key == "data_types") data_types(v);
+      else if (key == "tensor_parallel") tensor_parallel(v);
+      else unknown.push_back(key);
+    }
+    if (!unknown.empty()) {
+      std::string list;
+      for (const auto& u : unknown) list += str(list.empty() ? "" : ", ", "'", u, "'");
+      fail(str("unknown DeepSpeed key", unknown.size() > 1 ? "s " : " ", list, " (not supported by autosp-train)"));
+    }
+    // Order matters: dp needs the SP size, the scheduler's ratios the optimizer's lr, the bucket
+    // size the dtype.
+    if (ds_.contains("sequence_parallel_size"))
+      value("sequence_parallel_size", ds_["sequence_parallel_size"], "sequence_parallel.autosp_size");
+    batch();
+    if (ds_.contains("optimizer")) optimizer(ds_["optimizer"]);
+    if (ds_.contains("scheduler")) scheduler(ds_["scheduler"]);
+    if (ds_.contains("gradient_clipping")) value("gradient_clipping", ds_["gradient_clipping"], "train.grad_clip");
+    if (ds_.contains("steps_per_print") && !ds_["steps_per_print"].is_null())
+      value("steps_per_print", ds_["steps_per_print"], "train.log_every");
+    for (const char* k : {"bf16", "bfloat16"})
+      if (ds_.contains(k)) bf16(k, ds_[k]);
+    if (ds_.contains("zero_optimization")) zero(ds_["zero_optimization"]);
+    if (ds_.contains("compile")) compile(ds_["compile"]);
+  }
+
+ private:
+  const Config& cfg_;
+  const json& ds_;
+  int world_;
+  std::string origin_;
+
+  static const std::set<std::string>& handled() {
+    static const std::set<std::string> s = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                                            "gradient_accumulation_steps", "gradient_clipping", "steps_per_print",
+                                            "sequence_parallel_size", "bf16", "bfloat16", "zero_optimization",
+                                            "compile"};
+    return s;
+  }
+
+  [[noreturn]] void fail(const std::string& what) const { throw UsageError(str(origin_, ": ", what)); }
+
+  // Our key's JSON pointer.
+  static json::json_pointer ptr(const std::string& ours) {
+    std::string p = "/";
+    for (char c : ours) p += c == '.' ? '/' : c;
+    return json::json_pointer(p);
+  }
+  bool given(const std::string& ours) const { return cfg_.given.is_object() && cfg_.given.contains(ptr(ours)); }
+  // Our value now: one mapped already, else the config's (default or set).
+  json current(const std::string& ours) const {
+    for (auto it = assigned.rbegin(); it != assigned.rend(); ++it)
+      if (it->first == ours) return it->second;
+    return cfg_.resolved.contains(ptr(ours)) ? cfg_.resolved[ptr(ours)] : json();
+  }
+
+  // DeepSpeed's `ds_key` = `v` becomes our `ours`: checked against our schema, and against the
+  // value the user set there, if any. A later set of the same key replaces an earlier one.
+  void set(const std::string& ds_key, const std::string& ours, const json& v, const std::string& how = "") {
+    if (auto problem = config_value_problem(ours, v))
+      fail(str(ds_key, " = ", v.dump(), " (our ", ours, "): ", *problem));
+    if (given(ours) && !same(cfg_.given[ptr(ours)], v))
+      fail(str(ds_key, " = ", v.dump(), " conflicts with ", ours, " = ", cfg_.given[ptr(ours)].dump(),
+               " set in the config or by --set; remove one of them"));
+    std::erase_if(assigned, [&](const auto& a) { return a.first == ours; });
+    std::erase_if(mapped, [&](const std::string& m) { return m.find(" → " + ours + " ") != std::string::npos; });
+    assigned.emplace_back(ours, v);
+    mapped.push_back(str(ds_key, " → ", ours, " ", v.dump(), how));
+  }
+
+  // A mapped key: "auto" keeps ours.
+  void value(const std::string& ds_key, const json& v, const std::string& ours) {
+    if (is_auto(v)) {
+      mapped.push_back(str(ds_key, " \"auto\" → ", ours, " ", current(ours).dump(), " (ours)"));
+      return;
+    }
+    set(ds_key, ours, v);
+  }
+
+  // A parameter of a section the file gives: its value, "auto" (ours), or DeepSpeed's default
+  // where the user did not set ours.
+  void param(const std::string& ds_key, const json& params, const char* name, const std::string& ours,
+             const json& ds_default) {
+    if (params.contains(name)) return value(ds_key, params[name], ours);
+    if (!given(ours) && !ds_default.is_null()) set(ds_key, ours, ds_default, " (DeepSpeed's default)");
+  }
+
+  void require(const std::string& key, const json& v, const json& allowed) {
+    if (!same(v, allowed) && !is_auto(v))
+      fail(str(key, " = ", v.dump(), ": not supported by autosp-train (it would change the math); expected ",
+               allowed.dump()));
+    ignored.push_back(key);
+  }
+
+  void off_section(const std::string& key, const json& v) {
+    if (!v.is_object()) fail(str(key, " = ", v.dump(), ": expected an object"));
+    const json enabled = v.value("enabled", json(false));
+    if (!same(enabled, json(false)) && !is_auto(enabled))
+      fail(str(key, ".enabled = ", enabled.dump(), ": not supported by autosp-train (it would change the math)"));
+    ignored.push_back(key);
+  }
+
+  void fp32_only(const std::string& key, const json& v) {
+    if (v.is_null() || is_auto(v) || v == "fp32" || v == "float32") return ignored.push_back(key);
+    fail(str(key, " = ", v.dump(), ": not supported by autosp-train (it would change the math); expected \"fp32\""));
+  }
+
+  void data_types(const json& v) {
+    if (!v.is_object()) fail(str("data_types = ", v.dump(), ": expected an object"));
+    for (auto& [k, x] : v.items()) {
+      if (k != "grad_accum_dtype") fail(str("data_types.", k, ": not supported by autosp-train"));
+      fp32_only("data_types.grad_accum_dtype", x);
+    }
+  }
+
+  void tensor_parallel(const json& v) {
+    if (!v.is_object()) fail(str("tensor_parallel = ", v.dump(), ": expected an object"));
+    const json size = v.value("autotp_size", json(0));
+    if (size.is_number() && size.get<double>() <= 1) return ignored.push_back("tensor_parallel");
+    fail(str("tensor_parallel.autotp_size = ", size.dump(), ": not supported by autosp-train (no tensor parallelism)"));
+  }
+
+  // An integer the rule below computes with (not "auto").
+  int64_t integer(const std::string& key, const json& v) const {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1) fail(str(key, " = ", v.dump(), ": expected a positive integer"));
+    return v.get<int64_t>();
+  }
+
+  // train_batch_size = micro × gas × dp (DeepSpeed's _set_batch_related_parameters and
+  // _batch_assertion): any two give the third; train alone means gas 1, micro alone too. "auto"
+  // micro or gas is ours; "auto" train is the product.
+  void batch() {
+    const char* kTrain = "train_batch_size";
+    const char* kMicro = "train_micro_batch_size_per_gpu";
+    const char* kGas = "gradient_accumulation_steps";
+    const bool has_train = ds_.contains(kTrain), has_micro = ds_.contains(kMicro), has_gas = ds_.contains(kGas);
+    if (!has_train && !has_micro && !has_gas) return;
+    const int64_t sp = current("sequence_parallel.autosp_size").get<int64_t>();
+    if (sp < 1 || world_ % sp != 0)
+      fail(str("sequence_parallel_size ", sp, " does not divide the world size ", world_));
+    const int64_t dp = world_ / sp;
+    auto read = [&](const char* key, const char* ours) -> std::optional<int64_t> {
+      if (!ds_.contains(key)) return std::nullopt;
+      if (is_auto(ds_[key])) return ours ? std::optional(current(ours).get<int64_t>()) : std::nullopt;
+      return integer(key, ds_[key]);
+    };
+    std::optional<int64_t> train = read(kTrain, nullptr), micro = read(kMicro, "data.batch_size"),
+                           gas = read(kGas, "train.gradient_accumulation_steps");
+    const std::string where = str(" (dp ", dp, " = world ", world_, " / sequence parallel size ", sp, ")");
+    auto mismatch = [&](int64_t t, int64_t m, int64_t g) {
+      fail(str(kTrain, " ", t, " != ", kMicro, " ", m, " × ", kGas, " ", g, " × dp ", dp, where));
+    };
+    if (train && micro && !gas && !has_gas) {
+      if (*train % (*micro * dp) != 0) mismatch(*train, *micro, *train / std::max<int64_t>(1, *micro * dp));
+      gas = *train / (*micro * dp);
+    } else if (train && gas && !micro && !has_micro) {
+      if (*train % (*gas * dp) != 0) mismatch(*train, *train / std::max<int64_t>(1, *gas * dp), *gas);
+      micro = *train / (*gas * dp);
+    } else if (train && !micro && !gas && !has_micro && !has_gas) {
+      if (*train % dp != 0) mismatch(*train, *train / dp, 1);
+      gas = 1, micro = *train / dp;
+    }
+    if (!micro) micro = current("data.batch_size").get<int64_t>();  // gas alone: our micro-batch
+    if (!gas) gas = has_micro && !has_gas ? 1 : current("train.gradient_accumulation_steps").get<int64_t>();
+    if (train && *train != *micro * *gas * dp) mismatch(*train, *micro, *gas);
+    set(has_micro ? kMicro : str(kMicro, " (from ", kTrain, ")"), "data.batch_size", *micro);
+    set(has_gas ? kGas : str(kGas, " (from the batch rule)"), "train.gradient_accumulation_steps", *gas);
+    mapped.push_back(str(kTrain, " = ", *micro * *gas * dp, " = ", *micro, " × ", *gas, " × dp ", dp));
+  }
+
+  static std::string lower(std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  }
+
+  // Adam / AdamW (DeepSpeed's FusedAdam, or torch's with torch_adam): AdamW unless "Adam" with
+  // adam_w_mode false (Adam with L2 regularisation, which we do not have).
+  void optimizer(const json& o) {
+    if (!o.is_object()) fail(str("optimizer = ", o.dump(), ": expected an object with \"type\" and \"params\""));
+    for (auto& [k, v] : o.items())
+      if (k != "type" && k != "params") fail(str("optimizer.", k, ": not supported by autosp-train"));
+    const json type = o.value("type", json());
+    if (!type.is_string() || (lower(type.get<std::string>()) != "adam" && lower(type.get<std::string>()) != "adamw"))
+      fail(str("optimizer.type = ", type.dump(), ": not supported by autosp-train (it has AdamW: \"Adam\" or \"AdamW\")"));
+    const json p = o.value("params", json::object());
+    if (!p.is_object()) fail(str("optimizer.params = ", p.dump(), ": expected an object"));
+    const bool adamw = lower(type.get<std::string>()) == "adamw";
+    bool w_mode = true, torch_adam = false;
+    for (auto& [k, v] : p.items()) {
+      if (k == "lr" || k == "betas" || k == "eps" || k == "weight_decay") continue;
+      const std::string key = str("optimizer.params.", k);
+      if (k == "adam_w_mode" || k == "torch_adam") {
+        if (!v.is_boolean()) fail(str(key, " = ", v.dump(), ": expected true or false"));
+        (k == "adam_w_mode" ? w_mode : torch_adam) = v.get<bool>();
+      } else if (k == "amsgrad") {
+        require(key, v, json(false));
+      } else if (k == "bias_correction") {
+        require(key, v, json(true));
+      } else {
+        fail(str(key, ": not supported by autosp-train"));
+      }
+    }
+    if (!adamw && !w_mode)
+      fail("optimizer \"Adam\" with adam_w_mode false (Adam with L2 regularisation) is not supported by autosp-train; "
+           "it has AdamW (adam_w_mode true, DeepSpeed's default)");
+    param("optimizer.params.lr", p, "lr", "train.lr", 1e-3);
+    if (p.contains("betas") && !is_auto(p["betas"])) {
+      const json& b = p["betas"];
+      if (!b.is_array() || b.size() != 2) fail(str("optimizer.params.betas = ", b.dump(), ": expected [beta1, beta2]"));
+      set("optimizer.params.betas[0]", "train.beta1", b[0]);
+      set("optimizer.params.betas[1]", "train.beta2", b[1]);
+    } else if (!p.contains("betas")) {
+      param("optimizer.params.betas[0]", p, "betas", "train.beta1", 0.9);
+      param("optimizer.params.betas[1]", p, "betas", "train.beta2", 0.999);
+    } else {
+      mapped.push_back(str("optimizer.params.betas \"auto\" → train.beta1, train.beta2 (ours)"));
+    }
+    param("optimizer.params.eps", p, "eps", "train.eps", 1e-8);
+    // FusedAdam's default weight decay is 0; torch.optim.AdamW's (torch_adam) is 0.01.
+    param("optimizer.params.weight_decay", p, "weight_decay", "train.weight_decay", torch_adam ? 0.01 : 0.0);
+  }
+
+  // WarmupLR, WarmupDecayLR, WarmupCosineLR with DeepSpeed's defaults (lr_schedules.py).
+  void scheduler(const json& s) {
+    if (!s.is_object()) fail(str("scheduler = ", s.dump(), ": expected an object with \"type\" and \"params\""));
+    for (auto& [k, v] : s.items())
+      if (k != "type" && k != "params") fail(str("scheduler.", k, ": not supported by autosp-train"));
+    const json type = s.value("type", json());
+    const std::map<std::string, std::string> ours = {
+        {"WarmupLR", "ds_warmup"}, {"WarmupDecayLR", "ds_warmup_decay"}, {"WarmupCosineLR", "ds_warmup_cosine"}};
+    if (!type.is_string() || !ours.count(type.get<std::string>()))
+      fail(str("scheduler.type = ", type.dump(),
+               ": not supported by autosp-train (it has WarmupLR, WarmupDecayLR and WarmupCosineLR)"));
+    const std::string t = type.get<std::string>();
+    const json p = s.value("params", json::object());
+    if (!p.is_object()) fail(str("scheduler.params = ", p.dump(), ": expected an object"));
+    std::set<std::string> known = {"warmup_num_steps", "warmup_type", "last_batch_iteration"};
+    if (t == "WarmupCosineLR") known.insert({"total_num_steps", "warmup_min_ratio", "cos_min_ratio"});
+    else known.insert({"warmup_min_lr", "warmup_max_lr"});
+    if (t == "WarmupDecayLR") known.insert("total_num_steps");
+    for (auto& [k, v] : p.items())
+      if (!known.count(k)) fail(str("scheduler.params.", k, ": not a parameter of DeepSpeed's ", t));
+    auto key = [](const char* k) { return str("scheduler.params.", k); };
+    set("scheduler.type", "train.lr_schedule", ours.at(t));
+    if (p.contains("last_batch_iteration") && !same(p["last_batch_iteration"], json(-1)))
+      fail(str(key("last_batch_iteration"), " = ", p["last_batch_iteration"].dump(),
+               ": not supported by autosp-train (resume with --resume)"));
+    if (p.contains("warmup_num_steps") && !is_auto(p["warmup_num_steps"])) integer(key("warmup_num_steps"), p["warmup_num_steps"]);
+    param(key("warmup_num_steps"), p, "warmup_num_steps", "train.warmup_steps", 1000);
+    if (p.contains("warmup_type") && !is_auto(p["warmup_type"]) && p["warmup_type"] != "log" &&
+        p["warmup_type"] != "linear")
+      fail(str(key("warmup_type"), " = ", p["warmup_type"].dump(), ": expected \"log\" or \"linear\""));
+    param(key("warmup_type"), p, "warmup_type", "train.warmup_type", "log");
+    if (t != "WarmupLR") {
+      if (!p.contains("total_num_steps"))
+        fail(str("scheduler ", t, " needs params.total_num_steps (DeepSpeed has no default)"));
+      if (!is_auto(p["total_num_steps"])) integer(key("total_num_steps"), p["total_num_steps"]);
+      value(key("total_num_steps"), p["total_num_steps"], "train.schedule_steps");
+    }
+    if (t == "WarmupCosineLR") {  // ratios of the optimizer's lr
+      const double lr = current("train.lr").get<double>();
+      for (auto [name, ours_key, dflt] : {std::tuple{"warmup_min_ratio", "train.warmup_min_lr", 0.0},
+                                         std::tuple{"cos_min_ratio", "train.min_lr", 1e-4}}) {
+        if (p.contains(name) && is_auto(p[name])) {
+          value(key(name), p[name], ours_key);
+          continue;
+        }
+        if (!p.contains(name) && given(ours_key)) continue;
+        const json r = p.value(name, json(dflt));
+        if (!r.is_number() || r.get<double>() < 0) fail(str(key(name), " = ", r.dump(), ": expected a number >= 0"));
+        set(key(name), ours_key, r.get<double>() * lr,
+            str(p.contains(name) ? " (× lr " : " (DeepSpeed's default × lr ", lr, ")"));
+      }
+    } else {
+      param(key("warmup_min_lr"), p, "warmup_min_lr", "train.warmup_min_lr", 0.0);
+      // warmup_max_lr is the lr (DeepSpeed's scheduler overrides the optimizer's); WarmupLR's
+      // default is the optimizer's lr, WarmupDecayLR's 0.001.
+      param(key("warmup_max_lr"), p, "warmup_max_lr", "train.lr", t == "WarmupDecayLR" ? json(1e-3) : json());
+    }
+  }
+
+  void bf16(const std::string& key, const json& b) {
+    if (!b.is_object()) fail(str(key, " = ", b.dump(), ": expected an object"));
+    for (auto& [k, v] : b.items()) {
+      if (k == "enabled") continue;
+      if (k == "immediate_grad_update" || k == "check_grad_overflow") ignored.push_back(str(key, ".", k));
+      else if (k == "bf16_master_weights_and_grads" || k == "bf16_optimizer_states") require(str(key, ".", k), v, json(false));
+      else fail(str(key, ".", k, ": not supported by autosp-train"));
+    }
+    const json enabled = b.value("enabled", json(false));
+    if (is_auto(enabled)) return value(str(key, ".enabled"), enabled, "runtime.dtype");
+    if (!enabled.is_boolean()) fail(str(key, ".enabled = ", enabled.dump(), ": expected true, false or \"auto\""));
+    if (enabled.get<bool>()) return set(str(key, ".enabled"), "runtime.dtype", "bfloat16");
+    if (given("runtime.dtype") && cfg_.given[ptr("runtime.dtype")] == "bfloat16")
+      fail(str(key, ".enabled = false conflicts with runtime.dtype = \"bfloat16\" set in the config or by --set"));
+  }
+
+  void zero(const json& z) {
+    if (!z.is_object()) fail(str("zero_optimization = ", z.dump(), ": expected an object"));
+    for (auto& [k, v] : z.items()) {
+      const std::string key = str("zero_optimization.", k);
+      if (k == "stage") value(key, v, "zero_optimization.stage");
+      else if (k == "overlap_comm") value(key, v, "runtime.overlap_grad_sync");
+      else if (k == "reduce_bucket_size") bucket(key, v);
+      else if (k == "offload_optimizer" || k == "offload_param") {
+        const json device = v.is_object() ? v.value("device", json("none")) : v;
+        if (!v.is_null() && device != "none")
+          fail(str(key, " = ", v.dump(), ": not supported by autosp-train (no offload; it keeps everything on the device)"));
+        ignored.push_back(key);
+      } else if (k == "cpu_offload" || k == "cpu_offload_param" || k == "zero_quantized_weights" ||
+                 k == "zero_quantized_gradients" || k == "zero_quantized_nontrainable_weights") {
+        require(key, v, json(false));
+      } else if (k == "zero_hpz_partition_size") {
+        if (!(v.is_number() && v.get<double>() <= 1)) fail(str(key, " = ", v.dump(), ": not supported by autosp-train"));
+        ignored.push_back(key);
+      } else if (k == "mics_shard_size") {
+        if (!(v.is_number() && v.get<double>() <= 0)) fail(str(key, " = ", v.dump(), ": not supported by autosp-train"));
+        ignored.push_back(key);
+      } else if (ignored_zero().count(k)) {
+        ignored.push_back(key);
+      } else {
+        fail(str(key, ": not supported by autosp-train"));
+      }
+    }
+  }
+
+  // reduce_bucket_size counts elements (DeepSpeed's zero/config.py); ours is MiB of gradients,
+  // which are f32 (f64 under runtime.dtype float64).
+  void bucket(const std::string& key, const json& v) {
+    if (is_auto(v)) return value(key, v, "runtime.grad_bucket_mb");
+    if (!v.is_number() || v.get<double>() <= 0) fail(str(key, " = ", v.dump(), ": expected a positive number of elements"));
+    const double bytes = current("runtime.dtype") == "float64" ? 8 : 4;
+    set(key, "runtime.grad_bucket_mb", v.get<double>() * bytes / (1024.0 * 1024.0),
+        str(" (", bytes, "-byte gradients)"));
+  }
+
+  // compile: autosp-train always runs AutoSP (our compiler); DeepSpeed's other passes and
+  // settings are its own compiler's and change nothing here.
+  void compile(const json& c) {
+    if (!c.is_object()) fail(str("compile = ", c.dump(), ": expected an object"));
+    for (auto& [k, v] : c.items()) {
+      if (k == "passes") {
+        if (!v.is_array() || std::none_of(v.begin(), v.end(), [](const json& x) { return x == "autosp"; }))
+          fail(str("compile.passes = ", v.dump(), ": must contain \"autosp\" (autosp-train runs AutoSP)"));
+      } else if (k == "deepcompile") {
+        if (!v.is_boolean()) fail(str("compile.deepcompile = ", v.dump(), ": expected true or false"));
+      } else {
+        ignored.push_back(str("compile.", k));
+      }
+    }
+    mapped.push_back("compile.passes: AutoSP (always on)");
+  }
+};
+
+}  // namespace
+
+Config apply_deepspeed(const Config& cfg, const json& ds, int world_size, const std::string& ds_origin,
+                       const std::string& cfg_origin) {
+  Mapper m(cfg, ds, world_size, ds_origin);
+  m.run();
+  json j = cfg.given.is_object() ? cfg.given : json::object();
+  for (const auto& [key, v] : m.assigned) {
+    const auto dot = key.find('.');
+    json& section = j[key.substr(0, dot)];
+    if (!section.is_object()) section = json::object();
+    section[key.substr(dot + 1)] = v;
+  }
+  Config out;
+  try {
+    out = parse_config(j, {}, cfg_origin);
+  } catch (const UsageError& e) {
+    throw UsageError(str(e.what(), " (with the DeepSpeed config ", ds_origin, ")"));
+  }
+  // The first parse's notes and warnings (a bare HF config says so only then), then ours.
+  std::vector<std::string> warnings = cfg.warnings;
+  for (auto& w : out.warnings)
+    if (std::find(warnings.begin(), warnings.end(), w) == warnings.end()) warnings.push_back(w);
+  out.warnings = std::move(warnings);
+  out.notes = cfg.notes;
+  out.given = cfg.given;
+  std::string list;
+  for (const auto& s : m.mapped) list += str(list.empty() ? "" : "; ", s);
+  out.notes.push_back(str(ds_origin, ": DeepSpeed keys applied: ", list.empty() ? "none" : list));
+  if (!m.ignored.empty()) {
+    list.clear();
+    for (const auto& s : m.ignored) list += str(list.empty() ? "" : ", ", s);
+    out.notes.push_back(str(ds_origin, ": ignored (they change nothing here): ", list));
+  }
+  return out;
+}
+
+Config load_deepspeed(const Config& cfg, const std::string& path, int world_size, const std::string& cfg_origin) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw UsageError(str(path, ": is a directory, not a DeepSpeed config"));
+  std::ifstream f(path);
+  if (!f) throw UsageError(str(path, ": cannot open the DeepSpeed config"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw UsageError(str(path, ": cannot read the DeepSpeed config"));
+  return apply_deepspeed(cfg, parse_json(ss.str(), path), world_size, path, cfg_origin);
+}
+
+}  // namespace autosp
