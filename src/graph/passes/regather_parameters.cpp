@@ -12,7 +12,9 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
   for (const auto& n : g.nodes())
     if (n->op() == Op::all_gather && n->input(0)->role() == Role::parameter) gathers.push_back(n.get());
   const ParameterUnits units(g, ctx);  // before anything is inserted
-  auto by_position = [&](const Node* a, const Node* b) { return g.position(a) < g.position(b); };
+  // Places are compared with Graph::before and found with next: positions would rebuild the
+  // order after every insertion.
+  auto by_position = [&](const Node* a, const Node* b) { return g.before(a, b); };
   bool changed = false;
   for (Node* gather : gathers) {
     // What the units read: the gathered parameter, or under bf16 its one cast.
@@ -26,7 +28,7 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
       if (k > 0) {  // a later unit: its own gather, a unit early, and cast, right before its first use
         Node* first = users[k];
         Node* at = units.prefetch_point(first);
-        if (g.position(at) <= g.position(gather)) at = first;
+        if (!g.before(gather, at)) at = first;
         Node* copy = g.insert_before(at, Op::all_gather, {gather->input(0)}, gather->attrs(), gather->name());
         Node* copy_tail = copy;
         if (tail != gather)
@@ -45,7 +47,7 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
   for (const auto& n : g.nodes())
     if (n->op() == Op::reduce_scatter) scatters.push_back(n.get());
   for (Node* rs : scatters) {
-    Node* after = g.nodes()[g.position(rs->input(0)) + 1].get();
+    Node* after = g.next(rs->input(0));
     if (after != rs) {
       g.move_before(rs, after);
       changed = true;
