@@ -56,10 +56,20 @@ PassResult shard_parameters(Graph& g, const PassContext& ctx) {
     // leaf, moves before it when it comes later).
     Node* at = units.prefetch_point(first_user);
     if (g.before(at, p)) g.move_before(p, at);
-    Node* gather = g.insert_before(at, Op::all_gather, {p},
+    // Under mixed precision the parameter's one reader is its cast to the compute dtype: the shard
+    // is cast, right before the gather, and the narrow copy gathered (half of f32's bytes on the
+    // wire and gathered; the cast is elementwise, so this equals the cast of the gathered f32).
+    Node* src = p;
+    if (p->users().size() == 1 && p->users()[0]->op() == Op::cast && dtype_size(p->users()[0]->dtype()) < dtype_size(p->dtype())) {
+      src = p->users()[0];
+      src->set_type({src->dtype(), p->shape()});
+      if (at == src) at = g.next(src);
+      g.move_before(src, at);
+    }
+    Node* gather = g.insert_before(at, Op::all_gather, {src},
                                    {{"group", std::string("world")}, {"group_size", ctx.world_size}, {"shape", whole.shape}},
                                    p->name() + ".gather");
-    g.replace_all_uses_with(p, gather, gather);
+    g.replace_all_uses_with(src, gather, gather);
   }
   return {true};
 }
