@@ -10,6 +10,8 @@
 //                [--attn-full] [--attn-doc-len L] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]
 //                (tools/bench_attention.h)
 //   autosp-bench --mode gemm [--threads T] [--pairs K] [--iters I] [--warmup W]   (tools/bench_gemm.h)
+//   autosp-bench --mode compile --config F [--set k=v]... [--compile-layers 32,64,128] [--compile-world W]
+//                [--iters I]   (tools/bench_compile.h: each pass's time as the model deepens)
 //   autosp-bench --point ...   (internal: one sweep point on the mpirun world; rank 0 prints the row)
 #include <cxxopts.hpp>
 #include <filesystem>
@@ -18,6 +20,7 @@
 
 #include "tools/bench.h"
 #include "tools/bench_attention.h"
+#include "tools/bench_compile.h"
 #include "tools/bench_gemm.h"
 #include "tools/cli.h"
 #include "tools/py_worker.h"
@@ -71,7 +74,8 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("autosp-bench", "Benchmark a model step (and PyTorch eager with --compare-pytorch)");
     opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
-        "mode", "forward or step (sweeps: step); attention or gemm: kernel benchmarks", cxxopts::value<std::string>())(
+        "mode", "forward or step (sweeps: step); attention or gemm: kernel benchmarks; compile: the compiler's "
+        "passes", cxxopts::value<std::string>())(
         "warmup", "untimed iterations", cxxopts::value<std::string>()->default_value("1"))(
         "iters", "timed iterations (the median is reported)", cxxopts::value<std::string>()->default_value("5"))(
         "compare-pytorch", "also run the same model in PyTorch 2.x eager (the .venv-bench venv, made on first use by "
@@ -101,6 +105,10 @@ int main(int argc, char** argv) {
         "threads", "--mode attention, gemm: threads (default: all cores)", cxxopts::value<std::string>())(
         "pairs", "alternated turns of each side", cxxopts::value<std::string>())(
         "no-check", "--mode attention: skip the check of our outputs against PyTorch's");
+    opts.add_options("compile")("compile-layers", "--mode compile: layer counts (default 32,64,128)",
+                                cxxopts::value<std::string>())(
+        "compile-world", "--mode compile: the world (rank 0 of it; default sequence_parallel.autosp_size)",
+        cxxopts::value<std::string>());
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
       std::cout << opts.help() << std::endl;
@@ -169,13 +177,26 @@ int main(int argc, char** argv) {
 
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
+    if (args.count("mode") && args["mode"].as<std::string>() == "compile") {
+      if (sweep || point || args.count("compare-pytorch")) throw UsageError("--mode compile takes no sweep or PyTorch flags");
+      if (!args.count("config")) throw UsageError("--config is required");
+      CompileBenchOptions co;
+      co.config = load_config(args["config"].as<std::string>(), sets);
+      if (args.count("compile-layers")) co.layers = parse_int_list("compile-layers", args["compile-layers"].as<std::string>());
+      if (args.count("compile-world"))
+        co.world = int(parse_int_list("compile-world", args["compile-world"].as<std::string>()).at(0));
+      if (args.count("iters")) co.iters = int(parse_int_list("iters", args["iters"].as<std::string>()).at(0));
+      run_compile_bench(co, [](const nlohmann::json& row) { std::cout << row.dump() << std::endl; });
+      return 0;
+    }
     BenchOptions opt;
     opt.mode = args.count("mode") ? args["mode"].as<std::string>() : (sweep || point ? "step" : "forward");
     const int64_t warmup = parse_int_flag("warmup", args["warmup"].as<std::string>());
     const int64_t iters = parse_int_flag("iters", args["iters"].as<std::string>());
     if (warmup < 0 || warmup > 100000) throw UsageError(str("--warmup ", warmup, ": expected 0..100000"));
     if (iters < 1 || iters > 100000) throw UsageError(str("--iters ", iters, ": expected 1..100000"));
-    if (opt.mode != "forward" && opt.mode != "step") throw UsageError(str("--mode '", opt.mode, "': expected forward or step"));
+    if (opt.mode != "forward" && opt.mode != "step")
+      throw UsageError(str("--mode '", opt.mode, "': expected forward, step, attention, gemm or compile"));
     opt.warmup = static_cast<int>(warmup);
     opt.iters = static_cast<int>(iters);
     opt.compare_pytorch = args.count("compare-pytorch") > 0;

@@ -3,6 +3,8 @@
 // gathers → canonicalize, as one pipeline. The one place a PassContext is made (pass_context).
 #include "compiler/program.h"
 
+#include <chrono>
+
 #include "graph/autograd.h"
 #include "graph/passes/autosp/autosp.h"
 #include "graph/passes/checkpoint_activations.h"
@@ -58,10 +60,12 @@ namespace {
 
 RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const RankLayout& layout) {
   RankProgram p;
+  const auto t0 = std::chrono::steady_clock::now();
   p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train,
                           {.document_mask = cfg.data.document_mask, .tiled_mlp = cfg.runtime.tiled_mlp,
                            .tiled_loss = cfg.runtime.tiled_loss});
-  run_pipeline(*p.graph, passes, pass_context(cfg, layout));
+  p.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  run_pipeline(*p.graph, passes, pass_context(cfg, layout), &p.pass_times);
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
   // Gradients are the graph's Role::gradient outputs, in the order of the parameters (autograd).
   std::vector<Node*> grads;

@@ -34,6 +34,10 @@ struct RankProgram {
   std::unique_ptr<Graph> graph;
   std::vector<std::string> param_names, grad_names;  // parallel lists (joint stage)
   std::string loss;  // the output holding the reported (global) loss
+  // What building it cost (autosp-bench --mode compile): the model's forward graph, then each pass
+  // with the verifier after it, in seconds.
+  double model_s = 0;
+  std::vector<PassTime> pass_times;
 };
 
 // The dtype of the parameters, their gradients, the optimizer state, checkpoints and --init-from

@@ -2,6 +2,7 @@
 #include "engine/memory_plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -31,18 +32,17 @@ size_t bytes_of(const TensorType& t, const Bindings& b) {
   return static_cast<size_t>(n) * dtype_size(t.dtype);
 }
 
-// Best-fit allocation in a growing arena with coalescing frees.
+// Best-fit allocation in a growing arena with coalescing frees. The free blocks are kept by offset
+// (for coalescing) and by (size, offset) (for the best fit: the smallest block that fits, the
+// lowest of equal ones), so an allocation is a lookup, not a scan of every free block.
 class Arena {
  public:
   int64_t allocate(size_t bytes) {
-    auto best = free_.end();
-    for (auto it = free_.begin(); it != free_.end(); ++it)
-      if (it->second >= bytes && (best == free_.end() || it->second < best->second)) best = it;
-    if (best != free_.end()) {
-      const int64_t at = best->first;
-      const size_t left = best->second - bytes;
-      free_.erase(best);
-      if (left) free_[at + static_cast<int64_t>(bytes)] = left;
+    auto best = by_size_.lower_bound({bytes, std::numeric_limits<int64_t>::min()});
+    if (best != by_size_.end()) {
+      const auto [size, at] = *best;
+      remove(at);
+      if (size > bytes) insert(at + static_cast<int64_t>(bytes), size - bytes);
       return at;
     }
     // Grow: extend a free block that ends at the top, or start a new one there.
@@ -51,7 +51,7 @@ class Arena {
       if (last->first + static_cast<int64_t>(last->second) == static_cast<int64_t>(top_)) {
         const int64_t at = last->first;
         top_ = static_cast<size_t>(at) + bytes;
-        free_.erase(last);
+        remove(at);
         return at;
       }
     }
@@ -60,24 +60,36 @@ class Arena {
     return at;
   }
   void release(int64_t at, size_t bytes) {
-    auto it = free_.emplace(at, bytes).first;
-    auto next = std::next(it);
-    if (next != free_.end() && it->first + static_cast<int64_t>(it->second) == next->first) {
-      it->second += next->second;
-      free_.erase(next);
+    auto next = free_.lower_bound(at);
+    if (next != free_.end() && at + static_cast<int64_t>(bytes) == next->first) {
+      bytes += next->second;
+      remove(next->first);
     }
-    if (it != free_.begin()) {
-      auto prev = std::prev(it);
-      if (prev->first + static_cast<int64_t>(prev->second) == it->first) {
-        prev->second += it->second;
-        free_.erase(it);
+    auto after = free_.lower_bound(at);
+    if (after != free_.begin()) {
+      auto prev = std::prev(after);
+      if (prev->first + static_cast<int64_t>(prev->second) == at) {
+        at = prev->first;
+        bytes += prev->second;
+        remove(at);
       }
     }
+    insert(at, bytes);
   }
   size_t top() const { return top_; }
 
  private:
-  std::map<int64_t, size_t> free_;
+  void insert(int64_t at, size_t bytes) {
+    free_[at] = bytes;
+    by_size_.insert({bytes, at});
+  }
+  void remove(int64_t at) {
+    auto it = free_.find(at);
+    by_size_.erase({it->second, at});
+    free_.erase(it);
+  }
+  std::map<int64_t, size_t> free_;            // offset → size
+  std::set<std::pair<size_t, int64_t>> by_size_;  // (size, offset)
   size_t top_ = 0;
 };
 
@@ -170,35 +182,45 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b, DeviceKind device) {
   std::vector<std::vector<int>> ending(n);
   for (size_t k = 0; k < bufs.size(); ++k)
     if (!bufs[k].external) ending[bufs[k].end].push_back(static_cast<int>(k));
-  size_t live = 0;
-  std::set<int> live_bufs;  // placed and not yet released (a buffer taken over in place counts once)
+  size_t live = 0, peak_buffer = 0;
   for (size_t i = 0, k = 0; i < n; ++i) {
     for (; k < bufs.size() && bufs[k].def == i; ++k) {
       Buffer& buf = bufs[k];
       if (buf.external) continue;
       if (buf.inherits >= 0) {
         buf.offset = bufs[buf.inherits].offset;
-        live_bufs.erase(buf.inherits);
-        live_bufs.insert(static_cast<int>(k));
         continue;
       }
       buf.offset = arena.allocate(buf.bytes);
       live += buf.bytes;
-      live_bufs.insert(static_cast<int>(k));
       if (live > plan.max_live_bytes) {
         plan.max_live_bytes = live;
         plan.peak_position = i;
-        plan.live_at_peak.clear();
-        for (int b2 : live_bufs) plan.live_at_peak.push_back({bufs[b2].def, bufs[b2].output, bufs[b2].bytes});
+        peak_buffer = k;
       }
     }
     for (int k2 : ending[i]) {
       if (bufs[k2].handed_over) continue;
       arena.release(bufs[k2].offset, bufs[k2].bytes);
       live -= bufs[k2].bytes;
-      live_bufs.erase(k2);
     }
   }
+  // What is live at the peak: the same sweep again, up to the peak's allocation (collecting the
+  // live set at every new maximum instead costs the live set's size per maximum).
+  std::set<int> live_bufs;  // placed and not yet released (a buffer taken over in place counts once)
+  bool at_peak = plan.max_live_bytes == 0;
+  for (size_t i = 0, k = 0; !at_peak && i < n; ++i) {
+    for (; !at_peak && k < bufs.size() && bufs[k].def == i; ++k) {
+      if (bufs[k].external) continue;
+      if (bufs[k].inherits >= 0) live_bufs.erase(bufs[k].inherits);
+      live_bufs.insert(static_cast<int>(k));
+      at_peak = k == peak_buffer;
+    }
+    if (at_peak) break;
+    for (int k2 : ending[i])
+      if (!bufs[k2].handed_over) live_bufs.erase(k2);
+  }
+  for (int b2 : live_bufs) plan.live_at_peak.push_back({bufs[b2].def, bufs[b2].output, bufs[b2].bytes});
   plan.arena_bytes = arena.top();
   plan.offset.assign(n, MemoryPlan::kHeap);
   plan.extra_offset.resize(n);

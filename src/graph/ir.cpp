@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <unordered_map>
 
 #include "tensor/check.h"
 
@@ -64,15 +65,139 @@ std::string_view Node::op_name() const { return autosp::op_name(op_); }
 std::string Graph::unique_name(std::string base) {
   if (base.empty()) base = "v";
   if (!by_name_.count(base)) return base;
-  for (int i = 1;; ++i) {
+  // The first free "<base>.<i>", i >= 1; next_suffix_ remembers where the taken ones end.
+  auto hint = next_suffix_.find(base);
+  for (int i = hint == next_suffix_.end() ? 1 : hint->second;; ++i) {
     std::string s = base + "." + std::to_string(i);
-    if (!by_name_.count(s)) return s;
+    if (!by_name_.count(s)) {
+      next_suffix_[base] = i + 1;
+      return s;
+    }
   }
 }
 
+// "<base>.<k>" is free again: unique_name's search for base starts at k at the latest.
+void Graph::name_freed(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos || dot + 1 == name.size() || name.size() - dot - 1 > 9 ||
+      name.find_first_not_of("0123456789", dot + 1) != std::string::npos)
+    return;
+  auto hint = next_suffix_.find(std::string_view(name).substr(0, dot));
+  if (hint != next_suffix_.end()) hint->second = std::min(hint->second, std::stoi(name.substr(dot + 1)));
+}
+
+// ---- order: a linked list with order labels ------------------------------------------------------
+//
+// Labels are integers below 2^62, strictly increasing along the list. An append takes the last
+// label plus 2^32; an insertion the midpoint of its neighbours' labels. Where they are adjacent,
+// relabel_around spreads out the smallest aligned label range around the place whose density is
+// low enough (Bender, Cole, Demaine, Farach-Colton, Zito, "Two simplified algorithms for
+// maintaining order in a list", 2002): O(log n) amortized per insertion.
+
+namespace {
+constexpr int kLabelBits = 62;
+constexpr uint64_t kLabelEnd = uint64_t{1} << kLabelBits;
+constexpr uint64_t kAppendGap = uint64_t{1} << 32;
+}  // namespace
+
+void Graph::link(Node* n, Node* after) {
+  Node* next = after ? after->next_ : head_;
+  n->prev_ = after;
+  n->next_ = next;
+  (after ? after->next_ : head_) = n;
+  (next ? next->prev_ : tail_) = n;
+  const uint64_t lo = after ? after->label_ : 0, hi = next ? next->label_ : kLabelEnd;
+  if (!next && hi - lo > kAppendGap)
+    n->label_ = lo + kAppendGap;
+  else if (hi - lo >= 2)
+    n->label_ = lo + (hi - lo) / 2;
+  else
+    relabel_around(n);
+}
+
+// n is linked between two nodes with adjacent labels (or at an end with no room): find the
+// smallest range [base, base + 2^i) around the place that holds few enough nodes (with n,
+// count <= (4/3)^i, density threshold T = 1.5) and give its nodes evenly spaced labels.
+void Graph::relabel_around(Node* n) {
+  const uint64_t anchor = n->prev_ ? n->prev_->label_ : n->next_ ? n->next_->label_ : kAppendGap;
+  Node *first = n, *last = n;
+  size_t count = 1;
+  double limit = 1.0;
+  for (int i = 1; i <= kLabelBits; ++i) {
+    limit *= 4.0 / 3.0;
+    const uint64_t size = uint64_t{1} << i, base = anchor & ~(size - 1);
+    while (first->prev_ && first->prev_->label_ >= base) first = first->prev_, ++count;
+    while (last->next_ && last->next_->label_ >= base && last->next_->label_ - base < size) last = last->next_, ++count;
+    if (static_cast<double>(count) > limit || count + 1 > size) continue;
+    const uint64_t gap = size / (count + 1);
+    uint64_t label = base;
+    for (Node* m = first;; m = m->next_) {
+      m->label_ = label += gap;
+      if (m == last) break;
+    }
+    return;
+  }
+  throw UsageError(str("graph: too many nodes to keep in order (", count_, ")"));
+}
+
+void Graph::unlink(Node* n) {
+  (n->prev_ ? n->prev_->next_ : head_) = n->next_;
+  (n->next_ ? n->next_->prev_ : tail_) = n->prev_;
+  n->prev_ = n->next_ = nullptr;
+}
+
+void Graph::materialize() const {
+  if (!unordered_) return;
+  std::vector<std::unique_ptr<Node>> order;
+  order.reserve(count_);
+  for (Node* n = head_; n; n = n->next_) {
+    order.push_back(std::move(nodes_[static_cast<size_t>(n->id_)]));
+    n->id_ = static_cast<int>(order.size() - 1);
+  }
+  nodes_ = std::move(order);
+  unordered_ = false;
+}
+
+const std::vector<std::unique_ptr<Node>>& Graph::nodes() const {
+  materialize();
+  return nodes_;
+}
+
+void Graph::check_member(const Node* n) const {
+  AUTOSP_ASSERT(n != nullptr, "null node");
+  const size_t i = static_cast<size_t>(n->id_);
+  AUTOSP_ASSERT(i < nodes_.size() && nodes_[i].get() == n, "node ", n->name(), " is not in this graph");
+}
+
+bool Graph::before(const Node* a, const Node* b) const {
+  check_member(a);
+  check_member(b);
+  return a->label_ < b->label_;
+}
+Node* Graph::next(const Node* n) const {
+  check_member(n);
+  return n->next_;
+}
+Node* Graph::prev(const Node* n) const {
+  check_member(n);
+  return n->prev_;
+}
+
+size_t Graph::position(const Node* n) const {
+  check_member(n);
+  materialize();
+  return static_cast<size_t>(n->id_);
+}
+
+// ---- editing -----------------------------------------------------------------------------------
+
 Node* Graph::make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
-                  std::optional<TensorType> type, size_t at) {
-  for (Node* i : inputs) AUTOSP_ASSERT(i && position(i) < at, "input of new node ", name, " is not before it");
+                  std::optional<TensorType> type, Node* after) {
+  for (Node* i : inputs) {
+    if (i) check_member(i);
+    AUTOSP_ASSERT(i && after && (i == after || i->label_ < after->label_), "input of new node ", name,
+                  " is not before it");
+  }
   auto node = std::make_unique<Node>();
   Node* n = node.get();
   n->op_ = op;
@@ -81,43 +206,42 @@ Node* Graph::make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string nam
   n->inputs_ = std::move(inputs);
   n->attrs_ = std::move(attrs);
   if (type) n->type_ = *type;
-  n->type_ = infer_type(*n, assumptions_);
+  try {
+    n->type_ = infer_type(*n, assumptions_);
+  } catch (...) {
+    name_freed(n->name_);
+    throw;
+  }
+  unordered_ = unordered_ || after != tail_;  // an append keeps the order vector current
+  link(n, after);
   for (Node* i : n->inputs_) i->users_.push_back(n);
   by_name_[n->name_] = n;
-  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(at), std::move(node));
-  renumber();
+  n->id_ = static_cast<int>(nodes_.size());
+  nodes_.push_back(std::move(node));
+  ++count_;
   return n;
 }
 
 Node* Graph::add(Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
                  std::optional<TensorType> type) {
-  return make(op, std::move(inputs), std::move(attrs), std::move(name), role, std::move(type), nodes_.size());
+  return make(op, std::move(inputs), std::move(attrs), std::move(name), role, std::move(type), tail_);
 }
 
 Node* Graph::insert_after(Node* pos, Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
                           std::optional<TensorType> type) {
-  return make(op, std::move(inputs), std::move(attrs), std::move(name), role, std::move(type), position(pos) + 1);
+  check_member(pos);
+  return make(op, std::move(inputs), std::move(attrs), std::move(name), role, std::move(type), pos);
 }
 
 Node* Graph::insert_before(Node* pos, Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
                            std::optional<TensorType> type) {
-  return make(op, std::move(inputs), std::move(attrs), std::move(name), role, std::move(type), position(pos));
-}
-
-void Graph::renumber() {
-  for (size_t i = 0; i < nodes_.size(); ++i) nodes_[i]->id_ = static_cast<int>(i);
-}
-
-size_t Graph::position(const Node* n) const {
-  AUTOSP_ASSERT(n != nullptr, "null node");
-  size_t i = static_cast<size_t>(n->id_);
-  AUTOSP_ASSERT(i < nodes_.size() && nodes_[i].get() == n, "node ", n->name(), " is not in this graph");
-  return i;
+  check_member(pos);
+  return make(op, std::move(inputs), std::move(attrs), std::move(name), role, std::move(type), pos->prev_);
 }
 
 void Graph::replace_input(Node* user, size_t index, Node* to) {
   Node* from = user->inputs_.at(index);
-  AUTOSP_ASSERT(position(to) < position(user), "replacement ", to->name(), " does not come before ", user->name());
+  AUTOSP_ASSERT(before(to, user), "replacement ", to->name(), " does not come before ", user->name());
   user->inputs_[index] = to;
   auto& fu = from->users_;
   fu.erase(std::find(fu.begin(), fu.end(), user));
@@ -131,33 +255,43 @@ void Graph::replace_all_uses_with(Node* from, Node* to, const Node* except) {
     for (size_t i = 0; i < u->inputs_.size(); ++i)
       if (u->inputs_[i] == from) replace_input(u, i, to);
   }
+  if (!from->is_output_) return;
   for (auto& o : outputs_)
     if (o == from) o = to;
+  from->is_output_ = false;
+  to->is_output_ = true;
 }
 
 void Graph::erase(Node* n) {
+  check_member(n);
   AUTOSP_ASSERT(n->users_.empty(), "erase of ", n->name(), " which still has users");
   AUTOSP_ASSERT(!is_output(n), "erase of graph output ", n->name());
-  size_t at = position(n);
   for (Node* i : n->inputs_) {
     auto& iu = i->users_;
     iu.erase(std::find(iu.begin(), iu.end(), n));
   }
+  name_freed(n->name_);
   by_name_.erase(n->name_);
-  nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(at));
-  renumber();
+  const bool at_end = n == tail_ && !unordered_;
+  unlink(n);
+  --count_;
+  if (at_end) {
+    nodes_.pop_back();
+  } else {
+    nodes_[static_cast<size_t>(n->id_)].reset();
+    unordered_ = true;
+  }
 }
 
 void Graph::move_before(Node* n, Node* pos) {
-  const size_t from = position(n);
-  size_t to = position(pos);
-  if (to > from) --to;  // the place once n has left
-  std::unique_ptr<Node> up = std::move(nodes_[from]);
-  nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(from));
-  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(to), std::move(up));
-  renumber();
-  for (Node* i : n->inputs_) AUTOSP_ASSERT(position(i) < to, "move of ", n->name(), " before its input ", i->name());
-  for (Node* u : n->users_) AUTOSP_ASSERT(position(u) > to, "move of ", n->name(), " past its user ", u->name());
+  check_member(n);
+  check_member(pos);
+  if (n == pos) return;
+  unlink(n);
+  link(n, pos->prev_);
+  unordered_ = true;
+  for (Node* i : n->inputs_) AUTOSP_ASSERT(before(i, n), "move of ", n->name(), " before its input ", i->name());
+  for (Node* u : n->users_) AUTOSP_ASSERT(before(n, u), "move of ", n->name(), " past its user ", u->name());
 }
 
 Node* Graph::find(std::string_view name) const {
@@ -167,16 +301,17 @@ Node* Graph::find(std::string_view name) const {
 
 std::vector<Node*> Graph::with_role(Role r) const {
   std::vector<Node*> out;
-  for (const auto& n : nodes_)
-    if (n->role_ == r) out.push_back(n.get());
+  for (Node* n = head_; n; n = n->next_)
+    if (n->role_ == r) out.push_back(n);
   return out;
 }
 
 void Graph::add_output(Node* n) {
-  position(n);
-  if (!is_output(n)) outputs_.push_back(n);
+  check_member(n);
+  if (n->is_output_) return;
+  n->is_output_ = true;
+  outputs_.push_back(n);
 }
-bool Graph::is_output(const Node* n) const { return std::find(outputs_.begin(), outputs_.end(), n) != outputs_.end(); }
 
 void Graph::assume(Divisibility d) {
   for (const auto& a : assumptions_)
@@ -187,13 +322,13 @@ void Graph::assume(Divisibility d) {
 std::unique_ptr<Graph> Graph::clone() const {
   auto g = std::make_unique<Graph>();
   g->assumptions_ = assumptions_;
-  std::map<const Node*, Node*> map;
-  for (const auto& n : nodes_) {
+  std::unordered_map<const Node*, Node*> map;
+  for (const Node* n = head_; n; n = n->next_) {
     std::vector<Node*> ins;
     for (Node* i : n->inputs_) ins.push_back(map.at(i));
-    map[n.get()] = g->add(n->op_, ins, n->attrs_, n->name_, n->role_, n->type_);
+    map[n] = g->add(n->op_, ins, n->attrs_, n->name_, n->role_, n->type_);
   }
-  for (Node* o : outputs_) g->outputs_.push_back(map.at(o));
+  for (Node* o : outputs_) g->add_output(map.at(o));
   return g;
 }
 

@@ -2,6 +2,13 @@
 // attributes, an output type (dtype + symbolic shape), a unique name and a role tag. Users lists and
 // order are maintained by the Graph API (add, insert_after, replace_all_uses_with, erase); passes never
 // edit them by hand. Knows nothing of kernels, tensors' data or devices.
+//
+// Cost (docs/decisions.md 95): every edit is O(1) amortized (plus the name index's log), so a pass
+// that makes a few edits per node is linear in the graph. The order is a linked list whose nodes
+// carry order labels (Bender et al.'s list labelling), so `before`, `next` and `prev` are O(1) at any
+// time. The execution-order vector (`nodes()`, `position()`, `Node::id()`) is rebuilt, O(n), on the
+// first such call after an edit anywhere but the end: a pass that edits in the middle while it
+// walks the graph snapshots the nodes first and asks `before`/`next`/`prev`, not `position`.
 #pragma once
 
 #include <map>
@@ -9,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -62,7 +70,7 @@ class Graph;
 
 class Node {
  public:
-  int id() const { return id_; }
+  int id() const { return id_; }  // its position; valid once the graph's order is read (nodes())
   Op op() const { return op_; }
   std::string_view op_name() const;
   const std::string& name() const { return name_; }
@@ -80,7 +88,11 @@ class Node {
 
  private:
   friend class Graph;
-  int id_ = 0;
+  int id_ = 0;             // execution position when the order is current; always its slot in storage
+  uint64_t label_ = 0;     // order label: a before b iff a.label_ < b.label_
+  Node* prev_ = nullptr;   // execution order, as a list
+  Node* next_ = nullptr;
+  bool is_output_ = false;
   Op op_ = Op::input;
   std::string name_;
   Role role_ = Role::none;
@@ -114,31 +126,56 @@ class Graph {
   // Moves `n` to just before `pos`: n's inputs must come before that place and its users after it.
   void move_before(Node* n, Node* pos);
 
-  const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
-  size_t size() const { return nodes_.size(); }
+  // In execution order. After an edit in the middle, the first call rebuilds the order (O(n)).
+  const std::vector<std::unique_ptr<Node>>& nodes() const;
+  size_t size() const { return count_; }
   Node* find(std::string_view name) const;
   std::vector<Node*> with_role(Role r) const;
-  size_t position(const Node* n) const;  // index in execution order
+  size_t position(const Node* n) const;  // index in execution order (may rebuild it, like nodes())
+  // O(1) at any time, edits or not: whether a runs before b; the node after / before n (null at the ends).
+  bool before(const Node* a, const Node* b) const;
+  Node* next(const Node* n) const;
+  Node* prev(const Node* n) const;
 
   // Graph outputs (loss, logits, gradients): kept alive by DCE and fetched by the executor.
   const std::vector<Node*>& outputs() const { return outputs_; }
   void add_output(Node* n);
-  bool is_output(const Node* n) const;
+  bool is_output(const Node* n) const { return n->is_output_; }
 
   const std::vector<Divisibility>& assumptions() const { return assumptions_; }
   void assume(Divisibility d);
 
  private:
   Node* make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
-             std::optional<TensorType> type, size_t at);
+             std::optional<TensorType> type, Node* after);
   std::string unique_name(std::string base);
-  void renumber();
+  void name_freed(const std::string& name);
+  void check_member(const Node* n) const;
+  void link(Node* n, Node* after);  // into the list after `after` (null: at the head), labelled
+  void unlink(Node* n);
+  void relabel_around(Node* n);
+  void materialize() const;
 
-  std::vector<std::unique_ptr<Node>> nodes_;
+  // Storage: every live node, indexed by Node::id_. In execution order unless `unordered_` (an
+  // edit in the middle since the last read); then erased slots are null and materialize() rebuilds
+  // it from the list.
+  mutable std::vector<std::unique_ptr<Node>> nodes_;
+  mutable bool unordered_ = false;
+  Node* head_ = nullptr;
+  Node* tail_ = nullptr;
+  size_t count_ = 0;
   std::vector<Node*> outputs_;
   std::vector<Divisibility> assumptions_;
-  std::map<std::string, Node*, std::less<>> by_name_;
-  int next_id_ = 0;
+  // Hashed by name (find with a string_view too): an ordered map compares long common prefixes
+  // ("l12.mlp.…") at every level.
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, Node*, NameHash, std::equal_to<>> by_name_;
+  // unique_name: for a base, a suffix below which every "<base>.<i>" is taken (a lower bound that
+  // erase lowers again), so that uniquing many values of one base does not probe from 1 each time.
+  std::unordered_map<std::string, int, NameHash, std::equal_to<>> next_suffix_;
 };
 
 }  // namespace autosp

@@ -778,15 +778,21 @@ DType accumulate_dtype(DType t) { return t == DType::bf16 || t == DType::f16 ? D
 const OpInfo& op_info(Op op) { return kOps.at(static_cast<size_t>(op)); }
 std::string_view op_name(Op op) { return op_info(op).name; }
 
-std::vector<std::string> op_required_attrs(Op op) {
-  std::vector<std::string> out;
-  std::string_view s = op_info(op).attrs;
-  while (!s.empty()) {
-    size_t c = s.find(',');
-    out.emplace_back(s.substr(0, c));
-    s = c == std::string_view::npos ? std::string_view{} : s.substr(c + 1);
-  }
-  return out;
+const std::vector<std::string>& op_required_attrs(Op op) {
+  // Split once per op: the verifier asks for every node after every pass.
+  static const std::vector<std::vector<std::string>> split = [] {
+    std::vector<std::vector<std::string>> all(kNumOps);
+    for (size_t k = 0; k < kNumOps; ++k) {
+      std::string_view s = kOps[k].attrs;
+      while (!s.empty()) {
+        size_t c = s.find(',');
+        all[k].emplace_back(s.substr(0, c));
+        s = c == std::string_view::npos ? std::string_view{} : s.substr(c + 1);
+      }
+    }
+    return all;
+  }();
+  return split.at(static_cast<size_t>(op));
 }
 
 std::vector<TensorType> extra_types(const Node& n) {

@@ -121,7 +121,7 @@ struct OpInfo {
 
 const OpInfo& op_info(Op op);
 std::string_view op_name(Op op);
-std::vector<std::string> op_required_attrs(Op op);
+const std::vector<std::string>& op_required_attrs(Op op);
 
 // The dtype a reduction over `t` values is kept in: f32 for bf16/f16 (a loss, a log-sum-exp, a
 // token count), else `t` itself.

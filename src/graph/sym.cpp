@@ -2,6 +2,7 @@
 #include "graph/sym.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "tensor/check.h"
 
@@ -70,6 +71,11 @@ Dim::Dim(int64_t c) {
 }
 
 Dim Dim::sym(const std::string& name) {
+  // Identifiers keep printing injective, so == may compare normal forms instead of strings.
+  AUTOSP_ASSERT(!name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+                    std::all_of(name.begin(), name.end(),
+                                [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }),
+                "symbol name '", name, "' is not an identifier");
   auto a = std::make_shared<Atom>();
   a->name = name;
   a->key = name;
@@ -97,13 +103,26 @@ const std::string& Dim::symbol_name() const {
   return terms_[0].atoms[0]->name;
 }
 
+// Constants take fast paths (the shape rules add and multiply constants all the time); the
+// results are the normal forms the general path gives.
 Dim operator+(const Dim& a, const Dim& b) {
+  if (b.terms_.empty()) return a;
+  if (a.terms_.empty()) return b;
+  if (a.is_const() && b.is_const()) return Dim(a.value() + b.value());
   auto t = a.terms_;
   t.insert(t.end(), b.terms_.begin(), b.terms_.end());
   return Dim::from_terms(std::move(t));
 }
 Dim operator-(const Dim& a, const Dim& b) { return a + Dim(-1) * b; }
 Dim operator*(const Dim& a, const Dim& b) {
+  if (a.is_const() && b.is_const()) return Dim(a.value() * b.value());
+  if (a.is_const() || b.is_const()) {  // c·e: e's terms scaled, in the same order
+    const int64_t c = a.is_const() ? a.value() : b.value();
+    if (c == 0) return Dim(0);
+    Dim d = a.is_const() ? b : a;
+    for (auto& x : d.terms_) x.coeff *= c;
+    return d;
+  }
   std::vector<Dim::Term> t;
   for (const auto& x : a.terms_)
     for (const auto& y : b.terms_) {
@@ -135,6 +154,18 @@ Dim Dim::floordiv(int64_t c) const {
   Dim d;
   d.terms_.push_back({1, {a}});
   return d;
+}
+
+bool Dim::same_terms(const Dim& o) const {
+  if (terms_.size() != o.terms_.size()) return false;
+  for (size_t i = 0; i < terms_.size(); ++i) {
+    const Term &a = terms_[i], &b = o.terms_[i];
+    if (a.coeff != b.coeff || a.atoms.size() != b.atoms.size()) return false;
+    for (size_t k = 0; k < a.atoms.size(); ++k)
+      if (a.atoms[k] != b.atoms[k] && (a.atoms[k]->den != b.atoms[k]->den || a.atoms[k]->key != b.atoms[k]->key))
+        return false;
+  }
+  return true;
 }
 
 std::string Dim::str() const {

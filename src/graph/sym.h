@@ -22,7 +22,7 @@ class Dim {
   Dim() : Dim(int64_t{0}) {}
   Dim(int64_t c);  // NOLINT: a constant converts implicitly
   Dim(int c) : Dim(int64_t{c}) {}  // NOLINT
-  static Dim sym(const std::string& name);
+  static Dim sym(const std::string& name);  // an identifier: [A-Za-z_][A-Za-z0-9_]*
 
   bool is_const() const;
   int64_t value() const;  // requires is_const()
@@ -35,7 +35,9 @@ class Dim {
   Dim floordiv(int64_t c) const;  // c > 0
   friend Dim operator/(const Dim& a, int64_t c) { return a.floordiv(c); }
 
-  bool operator==(const Dim& o) const { return str() == o.str(); }
+  // Equal normal forms, compared term by term (no printing: the verifier compares every dim of
+  // every node). Symbols are identifiers, so this is also equality of the printed forms.
+  bool operator==(const Dim& o) const { return same_terms(o); }
   bool operator!=(const Dim& o) const { return !(*this == o); }
 
   std::string str() const;  // "S//4", "2*(S//4)", "B*S", "64"
@@ -54,6 +56,7 @@ class Dim {
   static Dim from_terms(std::vector<Term> terms);
 
  private:
+  bool same_terms(const Dim& o) const;
   std::vector<Term> terms_;  // sorted by monomial key, no zero coefficients
 };
 

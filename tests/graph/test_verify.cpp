@@ -1,5 +1,6 @@
 // The verifier accepts well-formed graphs and rejects each kind of malformed one, naming the node.
 #include <catch2/catch.hpp>
+#include <random>
 
 #include "graph/builder.h"
 #include "graph/verify.h"
@@ -109,4 +110,53 @@ TEST_CASE("graph edits keep use lists consistent", "[verify]") {
   CHECK_NOTHROW(verify(s.g));
   CHECK(s.g.find("n") == nullptr);
   CHECK_THROWS(s.g.erase(s.t));  // still used
+}
+
+// The graph's order under edits anywhere (Graph::before/next/prev and the rebuilt positions)
+// against a std::vector kept by hand: 2000 random insertions, moves and erasures, many of them
+// chained at one place, which is what runs the order labels out of room and relabels them.
+TEST_CASE("the graph's order follows edits in the middle", "[verify][ir]") {
+  Graph g;
+  Builder b(g);
+  Node* x = b.input("x", DType::f32, {Dim(4)}, Role::none);
+  std::vector<Node*> ref = {x};
+  std::mt19937 rng(7);
+  for (int step = 0; step < 2000; ++step) {
+    const size_t at = rng() % ref.size();
+    const int what = static_cast<int>(rng() % 10);
+    if (what < 6) {  // insert after ref[at] (a node that reads only x): chains when at is the last insert
+      Node* n = g.insert_after(ref[at], Op::scale, {x}, {{"factor", 2.0}}, "n");
+      ref.insert(ref.begin() + static_cast<std::ptrdiff_t>(at) + 1, n);
+    } else if (what < 8 && at > 0) {  // insert before
+      Node* n = g.insert_before(ref[at], Op::scale, {x}, {{"factor", 2.0}}, "m");
+      ref.insert(ref.begin() + static_cast<std::ptrdiff_t>(at), n);
+    } else if (what == 8 && at > 0 && ref[at]->users().empty()) {
+      g.erase(ref[at]);
+      ref.erase(ref.begin() + static_cast<std::ptrdiff_t>(at));
+    } else if (at > 1 && ref[at]->users().empty()) {  // move to just after x
+      g.move_before(ref[at], ref[1]);
+      Node* n = ref[at];
+      ref.erase(ref.begin() + static_cast<std::ptrdiff_t>(at));
+      ref.insert(ref.begin() + 1, n);
+    }
+    if (step % 97 == 0 || step == 1999) {
+      REQUIRE(g.size() == ref.size());
+      for (size_t i = 0; i + 1 < ref.size(); ++i) {
+        REQUIRE(g.before(ref[i], ref[i + 1]));
+        REQUIRE_FALSE(g.before(ref[i + 1], ref[i]));
+        REQUIRE(g.next(ref[i]) == ref[i + 1]);
+        REQUIRE(g.prev(ref[i + 1]) == ref[i]);
+      }
+      for (size_t i = 0; i < ref.size(); ++i) {
+        REQUIRE(g.nodes()[i].get() == ref[i]);
+        REQUIRE(g.position(ref[i]) == i);
+      }
+      verify(g, VerifyLevel::full);
+    }
+  }
+  // Names made unique as the original did: the first free "<base>.<i>", reused after an erase.
+  Node* a = g.add(Op::scale, {x}, {{"factor", 1.0}}, "n");
+  const std::string name = a->name();
+  g.erase(a);
+  CHECK(g.add(Op::scale, {x}, {{"factor", 1.0}}, "n")->name() == name);
 }

@@ -430,8 +430,11 @@ TEST_CASE("zero: stage 3 holds 1/W of the parameters, and whole ones for at most
 }
 
 // Llama (untied): every parameter is gathered once in the forward and, except the token embedding
-// (its backward reads only the gradient and the ids), once more in the backward; every gradient
-// is reduce-scattered once; the end of the run gathers each parameter once more for the result.
+// (its backward reads only the gradient and the ids) and the final norm and LM head (read by the
+// forward's last unit and the backward's first, which share one copy), once more in the backward;
+// every gradient is reduce-scattered once; the end of the run gathers each parameter once more for
+// the result. Under bf16 the step's gathers move the bf16 cast of each shard (2 bytes an element);
+// the reduce-scatters and the result's gather stay f32.
 TEST_CASE("zero: stage 3 moves the gradients' reduce-scatter and two parameter gathers, about 1.5x stage 1",
           "[mpi][zero][scaling]") {
   Communicator& w = test_world();
@@ -439,19 +442,20 @@ TEST_CASE("zero: stage 3 moves the gradients' reduce-scatter and two parameter g
   CountingCommunicator c1(w), c3(w);
   (void)train(make_config(kLlamaGqa, 1, 1, true, 1024), quiet_args(steps), c1);
   const TrainResult r = train(make_config(kLlamaGqa, 1, 3), quiet_args(steps), c3);
-  int64_t shards = 0, embed = 0;  // Σ ceil(n / W) and the embedding's
+  int64_t shards = 0, once = 0;  // Σ ceil(n / W), and over the parameters gathered once a step
   for (const auto& [name, t] : r.params) {
     const int64_t c = (t.numel() + W - 1) / W;
     shards += c;
-    if (name.find("embed_tokens") != std::string::npos) embed = c;
+    if (name.find("embed_tokens") != std::string::npos || name == "model.norm.weight" || name == "lm_head.weight")
+      once += c;
   }
-  REQUIRE(embed > 0);
+  REQUIRE(once > 0);
   const CommStats& s = c3.stats();
   INFO("stage 3: reduce-scatter " << s.reduce_scatter.bytes << " in " << s.reduce_scatter.calls << ", all-gather "
                                   << s.all_gather.bytes << " in " << s.all_gather.calls);
   CHECK(s.reduce_scatter.calls == steps * static_cast<int64_t>(r.params.size()));
   CHECK(s.reduce_scatter.bytes == steps * shards * 4 * (W - 1));
-  CHECK(s.all_gather.bytes == (steps * (2 * shards - embed) + shards) * 4 * (W - 1));
+  CHECK(s.all_gather.bytes == (steps * (2 * shards - once) + shards) * 4 * (W - 1));
   const CommStats& s1 = c1.stats();
   const double stage1 = static_cast<double>(s1.reduce_scatter.bytes + s1.all_gather.bytes);
   const double stage3 = static_cast<double>(s.reduce_scatter.bytes + s.all_gather.bytes -
@@ -459,6 +463,15 @@ TEST_CASE("zero: stage 3 moves the gradients' reduce-scatter and two parameter g
   INFO("stage 3 / stage 1 per step: " << stage3 / stage1);
   CHECK(stage3 / stage1 > 1.3);
   CHECK(stage3 / stage1 < 1.51);
+
+  Config bf16 = make_config(kLlamaGqa, 1, 3);
+  bf16.runtime.dtype = DType::bf16;
+  CountingCommunicator cb(w);
+  (void)train(bf16, quiet_args(steps), cb);
+  const CommStats& sb = cb.stats();
+  INFO("stage 3, bf16: reduce-scatter " << sb.reduce_scatter.bytes << ", all-gather " << sb.all_gather.bytes);
+  CHECK(sb.reduce_scatter.bytes == steps * shards * 4 * (W - 1));
+  CHECK(sb.all_gather.bytes == (steps * (2 * shards - once) * 2 + shards * 4) * (W - 1));
 }
 
 // The global batch is the same at every world size when the whole world is one SP group.

@@ -11,11 +11,21 @@
 namespace autosp::passes {
 namespace {
 
+// The pass inserts in the middle of the graph as it goes, so it compares places with Graph::before
+// (O(1) during edits), never with positions, and walks a snapshot of the forward, which no
+// insertion reaches: every recomputed node goes into the backward. A node is in the backward when
+// it is not before the seed gradient (`Backward`).
+struct Backward {
+  const Graph& g;
+  const Node* seed;  // the backward's first node; null without a backward
+  bool has(const Node* n) const { return seed && !g.before(n, seed); }
+};
+
 // Whether `in` is still alive at `at` without help: a leaf, or read at `at` or later.
 bool alive_at(const Graph& g, const Node* in, const Node* at) {
   if (in->op() == Op::input || in->op() == Op::parameter) return true;
   for (const Node* u : in->users())
-    if (g.position(u) >= g.position(at)) return true;
+    if (!g.before(u, at)) return true;
   return false;
 }
 
@@ -32,17 +42,16 @@ void switch_readers(Graph& g, const std::vector<Node*>& readers, Node* from, Nod
 // reads), it is computed again right before its first backward reader instead: one cheap gather
 // for a [B, S, C] that no longer lives through the backward. A table that dies in the forward (a
 // ZeRO-3 gather, a bf16 cast) keeps the value as it was.
-size_t rematerialize_embeddings(Graph& g, size_t forward_end) {
+size_t rematerialize_embeddings(Graph& g, const std::vector<Node*>& forward, const Backward& backward) {
   size_t count = 0;
-  for (size_t i = 0; i < forward_end; ++i) {
-    Node* n = g.nodes()[i].get();
+  for (Node* n : forward) {
     if (n->op() != Op::embedding) continue;
     std::vector<Node*> readers;
     Node* first = nullptr;
     for (Node* u : n->users())
-      if (g.position(u) >= forward_end) {
+      if (backward.has(u)) {
         readers.push_back(u);
-        if (!first || g.position(u) < g.position(first)) first = u;
+        if (!first || g.before(u, first)) first = u;
       }
     if (!first) continue;
     if (!std::all_of(n->inputs().begin(), n->inputs().end(), [&](Node* in) { return alive_at(g, in, first); }))
@@ -96,7 +105,7 @@ size_t recompute_again_late(Graph& g, const std::map<Node*, Node*>& clone) {
         continue;
       }
       late.push_back(u);
-      if (!first || g.position(u) < g.position(first)) first = u;
+      if (!first || g.before(u, first)) first = u;
     }
     if (!read_in_recompute || !first || !can_redo(re, first, 0)) continue;
     switch_readers(g, late, re, redo(re, first));
@@ -108,28 +117,34 @@ size_t recompute_again_late(Graph& g, const std::map<Node*, Node*>& clone) {
 
 PassResult checkpoint_activations(Graph& g, const PassContext& ctx) {
   const size_t forward_end = backward_begin(g);
+  const std::vector<Node*> forward = [&] {
+    std::vector<Node*> out;
+    for (size_t i = 0; i < forward_end; ++i) out.push_back(g.nodes()[i].get());
+    return out;
+  }();
+  const Backward backward{g, forward_end < g.size() ? g.nodes()[forward_end].get() : nullptr};
+  // Each scope's forward nodes (leaves aside), in order: one sweep over the forward.
+  std::vector<std::vector<Node*>> layers(ctx.layer_scopes.size());
+  const ScopeIndex scopes(ctx.layer_scopes);
+  for (Node* n : forward)
+    if (n->op() != Op::input && n->op() != Op::parameter)
+      for (int k : scopes.matches(n->name())) layers[static_cast<size_t>(k)].push_back(n);
   size_t recomputed = 0;
-  for (const std::string& scope : ctx.layer_scopes) {
+  for (const std::vector<Node*>& layer : layers) {
     // The scope's forward nodes, and those of them that backward nodes read.
-    std::vector<Node*> layer;
-    std::set<Node*> in_layer, read_by_backward;
-    for (size_t i = 0; i < forward_end && i < g.size(); ++i) {
-      Node* n = g.nodes()[i].get();
-      if (n->name().rfind(scope, 0) != 0 || n->op() == Op::input || n->op() == Op::parameter) continue;
-      layer.push_back(n);
-      in_layer.insert(n);
-    }
+    const std::set<Node*> in_layer(layer.begin(), layer.end());
+    std::set<Node*> read_by_backward;
     // A value the rest of the forward reads (the layer's output on the residual stream) is the
     // checkpoint: kept, not recomputed.
     auto is_checkpoint = [&](Node* n) {
       for (Node* u : n->users())
-        if (g.position(u) < forward_end && !in_layer.count(u)) return true;
+        if (!backward.has(u) && !in_layer.count(u)) return true;
       return false;
     };
     for (Node* n : layer) {
       if (is_checkpoint(n)) continue;
       for (Node* u : n->users())
-        if (g.position(u) >= forward_end) {
+        if (backward.has(u)) {
           read_by_backward.insert(n);
           break;
         }
@@ -149,9 +164,8 @@ PassResult checkpoint_activations(Graph& g, const PassContext& ctx) {
     Node* first = nullptr;
     for (Node* n : read_by_backward)
       for (Node* u : n->users())
-        if (g.position(u) >= forward_end && (!first || g.position(u) < g.position(first)))
-          first = u;
-    Node* at = g.nodes()[g.position(first) - 1].get();
+        if (backward.has(u) && (!first || g.before(u, first))) first = u;
+    Node* at = g.prev(first);
     std::map<Node*, Node*> clone;
     for (Node* n : layer) {
       if (!needed.count(n)) continue;
@@ -165,12 +179,12 @@ PassResult checkpoint_activations(Graph& g, const PassContext& ctx) {
     for (Node* n : read_by_backward) {
       std::vector<Node*> backward_users;
       for (Node* u : n->users())
-        if (g.position(u) >= forward_end) backward_users.push_back(u);
+        if (backward.has(u)) backward_users.push_back(u);
       switch_readers(g, backward_users, n, clone.at(n));
     }
     recomputed += recompute_again_late(g, clone);
   }
-  recomputed += rematerialize_embeddings(g, forward_end);
+  recomputed += rematerialize_embeddings(g, forward, backward);
   return {recomputed > 0};
 }
 

@@ -22,7 +22,7 @@ bool fuse_add_norm(Graph& g, Node* norm) {
   Node* a = norm->input(0);
   if (a->op() != Op::add || !same_shape(a->input(0), a) || !same_shape(a->input(1), a)) return false;
   for (Node* u : a->users())
-    if (u != norm && g.position(u) < g.position(norm)) return false;
+    if (u != norm && g.before(u, norm)) return false;
   const bool rms = norm->op() == Op::rmsnorm;
   std::vector<Node*> ins = {a->input(0), a->input(1), norm->input(1)};
   if (!rms) ins.push_back(norm->input(2));

@@ -1,17 +1,54 @@
 // The pass pipeline runner.
 #include "graph/passes/pass.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "graph/verify.h"
 #include "tensor/check.h"
 
 namespace autosp {
 
-void run_pipeline(Graph& g, const std::vector<Pass>& passes, const PassContext& ctx) {
+ScopeIndex::ScopeIndex(const std::vector<std::string>& scopes) {
+  for (size_t k = 0; k < scopes.size(); ++k) {
+    by_prefix_[scopes[k]].push_back(static_cast<int>(k));
+    if (std::find(lengths_.begin(), lengths_.end(), scopes[k].size()) == lengths_.end())
+      lengths_.push_back(scopes[k].size());
+  }
+}
+
+std::vector<int> ScopeIndex::matches(std::string_view name) const {
+  std::vector<int> out;
+  for (size_t len : lengths_) {
+    if (len > name.size()) continue;
+    auto it = by_prefix_.find(name.substr(0, len));
+    if (it != by_prefix_.end()) out.insert(out.end(), it->second.begin(), it->second.end());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int ScopeIndex::first(std::string_view name) const {
+  int best = -1;
+  for (size_t len : lengths_) {
+    if (len > name.size()) continue;
+    auto it = by_prefix_.find(name.substr(0, len));
+    if (it != by_prefix_.end() && (best < 0 || it->second.front() < best)) best = it->second.front();
+  }
+  return best;
+}
+
+void run_pipeline(Graph& g, const std::vector<Pass>& passes, const PassContext& ctx, std::vector<PassTime>* times) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   std::string before;
   for (const Pass& p : passes) {
     try {
+      const auto t0 = Clock::now();
       p.run(g, ctx);
+      const auto t1 = Clock::now();
       verify(g, p.types_valid_after ? VerifyLevel::full : VerifyLevel::structure);
+      if (times) times->push_back({p.name, seconds(t0, t1), seconds(t1, Clock::now())});
     } catch (const UsageError& e) {
       throw UsageError(str(e.what(), " (in pass ", p.name, " after [", before, "])"));
     }

@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "graph/ir.h"
@@ -41,8 +42,31 @@ struct Pass {
   bool types_valid_after;  // false while types wait for propagate_shapes (structure-only verify)
 };
 
+// The layer scopes as an index: the scopes a node's name starts with, found with one lookup per
+// distinct scope length instead of one comparison per scope (per node and scope, a pass is
+// quadratic in the model's depth).
+class ScopeIndex {
+ public:
+  explicit ScopeIndex(const std::vector<std::string>& scopes);
+  // The indices (into `scopes`) of the scopes `name` starts with, ascending.
+  std::vector<int> matches(std::string_view name) const;
+  // The first of them; -1 when none.
+  int first(std::string_view name) const;
+
+ private:
+  std::vector<size_t> lengths_;  // distinct scope lengths
+  std::unordered_map<std::string_view, std::vector<int>> by_prefix_;  // views into the caller's scopes
+};
+
+// What one pass of a pipeline cost: its run and the verifier after it, in seconds of wall time.
+struct PassTime {
+  std::string_view name;
+  double run_s = 0, verify_s = 0;
+};
+
 // Runs `passes` in order with the verifier after each. Any error becomes a UsageError
-// "<pass>: ... (in pass <pass> after [a, b])".
-void run_pipeline(Graph& g, const std::vector<Pass>& passes, const PassContext& ctx);
+// "<pass>: ... (in pass <pass> after [a, b])". With `times`, appends each pass's PassTime.
+void run_pipeline(Graph& g, const std::vector<Pass>& passes, const PassContext& ctx,
+                  std::vector<PassTime>* times = nullptr);
 
 }  // namespace autosp

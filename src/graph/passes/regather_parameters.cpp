@@ -9,31 +9,55 @@ namespace autosp::passes {
 PassResult regather_parameters(Graph& g, const PassContext& ctx) {
   if (!ctx.shard_parameters) return {};
   std::vector<Node*> gathers;
+  // A parameter's gather reads the shard, or under mixed precision the shard's cast
+  // (shard_parameters).
+  auto shard_of = [](const Node* gather) {
+    const Node* in = gather->input(0);
+    return in->op() == Op::cast ? in->input(0) : in;
+  };
   for (const auto& n : g.nodes())
-    if (n->op() == Op::all_gather && n->input(0)->role() == Role::parameter) gathers.push_back(n.get());
+    if (n->op() == Op::all_gather && shard_of(n.get())->role() == Role::parameter) gathers.push_back(n.get());
   const ParameterUnits units(g, ctx);  // before anything is inserted
-  auto by_position = [&](const Node* a, const Node* b) { return g.position(a) < g.position(b); };
+  // Places are compared with Graph::before and found with next: positions would rebuild the
+  // order after every insertion.
+  auto by_position = [&](const Node* a, const Node* b) { return g.before(a, b); };
   bool changed = false;
   for (Node* gather : gathers) {
     // What the units read: the gathered parameter, or under bf16 its one cast.
     Node* tail = gather;
     if (gather->users().size() == 1 && gather->users()[0]->op() == Op::cast) tail = gather->users()[0];
+    Node* head = gather->input(0);  // the shard, or its cast
     std::vector<Node*> users = tail->users();
     std::sort(users.begin(), users.end(), by_position);
+    Node* current = tail;  // the copy the previous unit read
     for (size_t k = 0; k < users.size();) {
       size_t end = k + 1;
       while (end < users.size() && units.unit_of(users[end]) == units.unit_of(users[k])) ++end;
-      if (k > 0) {  // a later unit: its own gather, a unit early, and cast, right before its first use
+      // A later unit: its own gather, a unit early, and cast, right before its first use. Right
+      // after the previous reading unit (the LM head's forward, then its backward), it reads the
+      // previous copy instead: a gather a unit early would hold two copies at once.
+      if (k > 0 && units.unit_of(users[k]) == units.unit_of(users[k - 1]) + 1) {
+        if (current != tail) {
+          for (size_t j = k; j < end; ++j)
+            for (size_t i = 0; i < users[j]->inputs().size(); ++i)
+              if (users[j]->input(i) == tail) g.replace_input(users[j], i, current);
+          changed = true;
+        }
+      } else if (k > 0) {
         Node* first = users[k];
         Node* at = units.prefetch_point(first);
-        if (g.position(at) <= g.position(gather)) at = first;
-        Node* copy = g.insert_before(at, Op::all_gather, {gather->input(0)}, gather->attrs(), gather->name());
+        if (!g.before(gather, at)) at = first;
+        Node* from = head;
+        if (head != shard_of(gather))  // the shard's cast, again
+          from = g.insert_before(at, Op::cast, {head->input(0)}, head->attrs(), head->name());
+        Node* copy = g.insert_before(at, Op::all_gather, {from}, gather->attrs(), gather->name());
         Node* copy_tail = copy;
         if (tail != gather)
           copy_tail = g.insert_before(first, Op::cast, {copy}, tail->attrs(), tail->name());
         for (size_t j = k; j < end; ++j)
           for (size_t i = 0; i < users[j]->inputs().size(); ++i)
             if (users[j]->input(i) == tail) g.replace_input(users[j], i, copy_tail);
+        current = copy_tail;
         changed = true;
       }
       k = end;
@@ -44,8 +68,27 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
   std::vector<Node*> scatters;
   for (const auto& n : g.nodes())
     if (n->op() == Op::reduce_scatter) scatters.push_back(n.get());
+  // A gather of a cast shard differentiates into cast(reduce_scatter(dW)): summed over the ranks
+  // in the compute dtype. Gradients are summed in the master dtype, as the other stages do:
+  // reduce_scatter(cast(dW)), with the same names.
   for (Node* rs : scatters) {
-    Node* after = g.nodes()[g.position(rs->input(0)) + 1].get();
+    if (rs->users().size() != 1 || rs->users()[0]->op() != Op::cast) continue;
+    Node* down = rs->users()[0];
+    if (dtype_size(down->dtype()) <= dtype_size(rs->dtype())) continue;
+    const std::string name = down->name();
+    const Role role = down->role();
+    const Attrs attrs = down->attrs();
+    Node* x = rs->input(0);
+    g.replace_all_uses_with(down, rs);
+    g.erase(down);
+    Node* up = g.insert_after(x, Op::cast, {x}, attrs, name);
+    g.replace_input(rs, 0, up);
+    rs->set_type(infer_type(*rs, g.assumptions()));
+    rs->set_role(role);
+    changed = true;
+  }
+  for (Node* rs : scatters) {
+    Node* after = g.next(rs->input(0));
     if (after != rs) {
       g.move_before(rs, after);
       changed = true;

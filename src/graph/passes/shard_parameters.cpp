@@ -10,6 +10,7 @@ namespace autosp {
 
 ParameterUnits::ParameterUnits(const Graph& g, const PassContext& ctx) {
   const size_t backward = backward_begin(g);
+  const ScopeIndex scopes(ctx.layer_scopes);
   int unit = 0, scope = -1;
   for (size_t i = 0; i < g.size(); ++i) {
     Node* n = g.nodes()[i].get();
@@ -17,9 +18,7 @@ ParameterUnits::ParameterUnits(const Graph& g, const PassContext& ctx) {
     if (starts) scope = -1;
     std::string_view name = n->name();
     if (name.starts_with("d.")) name.remove_prefix(2);
-    int s = -1;
-    for (size_t k = 0; k < ctx.layer_scopes.size() && s < 0; ++k)
-      if (name.starts_with(ctx.layer_scopes[k])) s = static_cast<int>(k);
+    const int s = scopes.first(name);
     // Layers run in order in the forward and in reverse in the backward; a node named after an
     // earlier layer (a fused op's extra output keeps the residual's name) starts nothing, and an
     // extra output belongs with the node that made it.
@@ -50,16 +49,27 @@ PassResult shard_parameters(Graph& g, const PassContext& ctx) {
     for (const Dim& d : whole.shape) numel *= d.value();
     p->set_type({whole.dtype, {Dim(shard_numel(numel, ctx.world_size))}});
     if (p->users().empty()) continue;
+    // Places are compared with Graph::before: positions would rebuild the order after every edit.
     Node* first_user = *std::min_element(p->users().begin(), p->users().end(),
-                                         [&](const Node* a, const Node* b) { return g.position(a) < g.position(b); });
+                                         [&](const Node* a, const Node* b) { return g.before(a, b); });
     // Prefetch: the gather goes to the start of the unit before the first user's (the shard, a
     // leaf, moves before it when it comes later).
     Node* at = units.prefetch_point(first_user);
-    if (g.position(p) > g.position(at)) g.move_before(p, at);
-    Node* gather = g.insert_before(at, Op::all_gather, {p},
+    if (g.before(at, p)) g.move_before(p, at);
+    // Under mixed precision the parameter's one reader is its cast to the compute dtype: the shard
+    // is cast, right before the gather, and the narrow copy gathered (half of f32's bytes on the
+    // wire and gathered; the cast is elementwise, so this equals the cast of the gathered f32).
+    Node* src = p;
+    if (p->users().size() == 1 && p->users()[0]->op() == Op::cast && dtype_size(p->users()[0]->dtype()) < dtype_size(p->dtype())) {
+      src = p->users()[0];
+      src->set_type({src->dtype(), p->shape()});
+      if (at == src) at = g.next(src);
+      g.move_before(src, at);
+    }
+    Node* gather = g.insert_before(at, Op::all_gather, {src},
                                    {{"group", std::string("world")}, {"group_size", ctx.world_size}, {"shape", whole.shape}},
                                    p->name() + ".gather");
-    g.replace_all_uses_with(p, gather, gather);
+    g.replace_all_uses_with(src, gather, gather);
   }
   return {true};
 }

@@ -3,7 +3,9 @@
 //
 // shard_parameters (after AutoSP, before autograd): each parameter node becomes this rank's shard,
 // [ceil(numel / W)] elements of the flattened parameter (the last rank's padded with zeros), and
-// an all_gather of the W shards into the whole parameter feeds every former user. Autograd then
+// an all_gather of the W shards into the whole parameter feeds every former user; under mixed
+// precision, of the shards cast to bf16 (the cast is elementwise: the same bf16 weights at half
+// the bytes on the wire and in memory). Autograd then
 // differentiates the gather into a reduce_scatter of the gradient: the gradient output of each
 // parameter is this rank's shard of the gradient summed over the world.
 //
@@ -12,7 +14,10 @@
 // into execution units (a transformer layer of the forward, of the backward; a new unit each time
 // the layer changes, and one more where the backward begins: ParameterUnits), and every unit
 // that reads a parameter gets its own gather (and, under bf16, its own cast), so the executor frees
-// each whole copy after the unit's last use. Autograd reaches the gathers (the graph's first
+// each whole copy after the unit's last use; a unit right after the previous reading unit (the LM
+// head's forward, then its backward) reads that copy, so no parameter is whole twice at once.
+// A gather of a bf16 cast differentiates into a bf16 reduce_scatter; this pass makes it f32
+// (reduce_scatter of the cast gradient), as the other stages sum. Autograd reaches the gathers (the graph's first
 // nodes) last, so it appends every reduce_scatter at the end of the backward; this pass moves each
 // up to right after its whole gradient is complete, which then dies there instead of at the end.
 //
