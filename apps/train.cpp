@@ -31,19 +31,31 @@ using namespace autosp;
 
 namespace {
 
-// One line of text: control characters escaped, at most `max` bytes (cut at a UTF-8 boundary).
+// One line of text: control characters escaped, bytes that are not valid UTF-8 (a byte model's
+// guesses need not be) as '?', at most about `max` bytes.
 std::string one_line(const std::string& text, size_t max = 160) {
   std::string out;
-  for (unsigned char c : text) {
-    if (out.size() >= max) {
-      while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xC0) == 0x80) out.pop_back();
-      if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xC0) out.pop_back();
-      return out + "…";
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    if (out.size() >= max) return out + "…";
+    const unsigned char c = p[i];
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xC0) == 0x80;
+    if (!ok) {
+      out += '?';
+      ++i;
+    } else if (len > 1) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      if (c == '\n') out += "\\n";
+      else if (c == '\t') out += "\\t";
+      else if (c < 0x20 || c == 0x7F) out += '?';
+      else out += static_cast<char>(c);
+      ++i;
     }
-    if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c < 0x20 || c == 0x7F) out += '?';
-    else out += static_cast<char>(c);
   }
   return out;
 }

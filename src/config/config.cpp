@@ -598,12 +598,12 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
         bad(str("model.attention_bias is a llama and qwen3 setting (", arch_name(m.arch), "'s biases are fixed)"));
       if (m.mlp_bias && m.arch != Arch::llama) bad(str("model.mlp_bias is a llama setting, not ", arch_name(m.arch), "'s"));
       if (m.mlp_bias && c.runtime.tiled_mlp) bad("runtime.tiled_mlp: the tiled MLP has no biases (model.mlp_bias is true)");
-      if (m.sliding_window > 0 && m.arch == Arch::llama)
-        bad("model.sliding_window is a mistral, qwen2 and qwen3 setting (LlamaConfig has none)");
       // autosp attends over the whole sequence: a window only where it changes nothing.
       if (m.sliding_window > 0 && m.sliding_window < c.data.seq_len)
         bad(str("model.sliding_window ", m.sliding_window, " is shorter than data.seq_len ", c.data.seq_len,
                 ": autosp's attention is full causal (a window at least the sequence's length changes nothing)"));
+      if (m.sliding_window > 0 && m.arch == Arch::llama)
+        bad("model.sliding_window is a mistral, qwen2 and qwen3 setting (LlamaConfig has none)");
       break;
   }
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty() && c.data.mix.empty())

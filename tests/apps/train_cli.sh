@@ -38,9 +38,11 @@ import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["step"] for r in rows] == [1, 2, 3, 4], rows
 for r in rows:
-    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "step_ms", "peak_bytes", "accuracy"):
+    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_sec", "step_ms", "peak_bytes", "accuracy", "tflops",
+              "grad_sync_ms", "data_ms", "targets"):
         assert k in r, (k, r)
-    assert math.isfinite(r["loss"]) and r["peak_bytes"] > 0
+    assert math.isfinite(r["loss"]) and r["peak_bytes"] > 0 and r["tflops"] > 0 and r["targets"] > 0
+    assert "mfu" not in r, r  # a CPU without runtime.peak_tflops has no peak to divide by
 PY
 
 # Two ranks, sequence parallel 2 (S = 30 is padded to 30: divisible; use 31 to exercise padding too).
@@ -117,6 +119,19 @@ check "--deepspeed: the mapping is logged" grep -q 'DeepSpeed keys applied: sequ
 check "--deepspeed: ignored keys listed once" test "$(grep -c 'ignored (they change nothing here): wall_clock_breakdown' "$tmp/log_ds")" -eq 1
 check "--deepspeed: bf16, batch 1 in the resolved config" grep -q '"batch_size":1,.*"dtype":"bfloat16"' "$tmp/log_ds"
 check "--deepspeed: 2 metrics rows" test "$(wc -l <"$tmp/m_ds.jsonl")" -eq 2
+
+# Real text: the end-of-run example is one short line of decoded text (the model's next tokens
+# against the data's), and runtime.peak_tflops gives every metrics row an MFU.
+for i in $(seq 40); do printf 'the cat sat on the mat.\nthe dog sat on the log.\n'; done >"$tmp/text.txt"
+"$bin" --config "$tmp/cfg.json" --set model.vocab_size=256 --set data.source=text --set data.path="$tmp/text.txt" \
+  --set data.val_path="$tmp/text.txt" --set train.eval_every=4 --set train.eval_batches=1 --set data.seq_len=48 \
+  --set runtime.peak_tflops=1 --metrics "$tmp/m_text.jsonl" 2>"$tmp/log_text" >/dev/null ||
+  { echo "FAIL: text run: $(tail -3 "$tmp/log_text")"; fail=1; }
+check "the example is decoded text" grep -q 'example: ".*" → model ".*" | data ".*"' "$tmp/log_text"
+check "the example is one short line" test "$(grep 'example:' "$tmp/log_text" | wc -c)" -lt 600
+check "runtime.peak_tflops gives an MFU" $py -c 'import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows and all(0 < r["mfu"] < 1 for r in rows), rows' "$tmp/m_text.jsonl"
 
 # A rank thread that cannot start (here the address-space limit stops thread ~100 of 4096) ends
 # the job with exit 3 naming it, after the ranks already running have stopped (it once let the
