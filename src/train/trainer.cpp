@@ -1,8 +1,9 @@
 // The training loop, in the shape of llm.c's: train() sets a run up once (device, communicators,
-// program, starting state) and then each step reads a batch, runs the joint graph, has the
-// training state (train/train_state.h: whole, or sharded by the ZeRO mode) take the gradients,
-// clip and update, and reports, validates and checkpoints when due. What a step does besides that
-// lives in one file each: train/run_device (host and device copies, the feeds), train/validation
+// program, starting state, where the data continues) and then each step reads its batch, runs the
+// joint graph once per micro-batch, has the training state (train/train_state.h: whole, or sharded
+// by the ZeRO mode) take the gradients, clip and update, and reports, validates and checkpoints
+// when due. What a step does besides that lives in one file each: train/accumulation (micro-batches,
+// the target count, the gradient sum), train/run_device (host and device copies, the feeds), train/validation
 // (validation and accuracy), train/step_log (the log lines and metrics), train/checkpoint (files
 // and the directory's lifecycle), train/preempt (signals), train/fault (injected failures).
 #include "train/trainer.h"
