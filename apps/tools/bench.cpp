@@ -261,7 +261,9 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
   const auto peaks = max_over_ranks(world, {static_cast<int64_t>(t.peak_bytes), static_cast<int64_t>(rss)});
 
   const int64_t P = cfg.sequence_parallel.autosp_size, dp = world.size() / P;
-  const int64_t B = cfg.data.batch_size, S = cfg.data.seq_len;
+  // A training step reads k micro-batches (train.gradient_accumulation_steps); a forward one batch.
+  const int64_t B = cfg.data.batch_size * (opt.mode == "step" ? cfg.train.gradient_accumulation_steps : 1);
+  const int64_t S = cfg.data.seq_len;
   const double step_s = t.step_ms / 1000.0;
   const double flops = opt.mode == "step" ? step_flops(cfg.model, B * dp, S) : step_flops(cfg.model, B * dp, S) / 3.0;
   const double comm_s = s.all_to_all.seconds + s.all_reduce.seconds + s.all_gather.seconds;
@@ -299,6 +301,9 @@ json run_bench(const Config& cfg, const BenchOptions& opt) {
                          ": a single autosp-bench run is one process; use --sweep-ranks for P > 1"));
   auto world = make_single_process_communicator();
   if (!opt.compare_pytorch) return run_point(cfg, opt, *world);
+  if (cfg.train.gradient_accumulation_steps > 1)
+    throw UsageError("--compare-pytorch times one batch per step on both sides: leave "
+                     "train.gradient_accumulation_steps at 1 (or raise data.batch_size)");
 
   // The baselines, each a worker that keeps its model between turns: PyTorch 2.x eager (SDPA),
   // optionally torch.compile and Debian's 1.13 (materialised attention, its only kind).
