@@ -237,7 +237,10 @@ int main(int argc, char** argv) {
 
     if (!args.count("config")) throw UsageError("--config is required");
     Config cfg = load_config(args["config"].as<std::string>(), sets);
-    if (opt.compare_pytorch) opt.pytorch_python = venv_python(opt.source_dir);
+    if (opt.compare_pytorch) {
+      check_comparable(cfg);  // before the venv is made
+      opt.pytorch_python = venv_python(opt.source_dir);
+    }
     for (const auto& w : cfg.warnings) std::cerr << "warning: " << w << "\n";
     if (point) {
       auto world = make_world_communicator();

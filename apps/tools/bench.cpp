@@ -294,6 +294,12 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
   return row;
 }
 
+void check_comparable(const Config& cfg) {
+  if (cfg.train.gradient_accumulation_steps > 1)
+    throw UsageError("--compare-pytorch times one batch per step on both sides: leave "
+                     "train.gradient_accumulation_steps at 1 (or raise data.batch_size)");
+}
+
 json run_bench(const Config& cfg, const BenchOptions& opt) {
   check_options(cfg, opt);
   if (cfg.sequence_parallel.autosp_size != 1)
@@ -301,9 +307,7 @@ json run_bench(const Config& cfg, const BenchOptions& opt) {
                          ": a single autosp-bench run is one process; use --sweep-ranks for P > 1"));
   auto world = make_single_process_communicator();
   if (!opt.compare_pytorch) return run_point(cfg, opt, *world);
-  if (cfg.train.gradient_accumulation_steps > 1)
-    throw UsageError("--compare-pytorch times one batch per step on both sides: leave "
-                     "train.gradient_accumulation_steps at 1 (or raise data.batch_size)");
+  check_comparable(cfg);
 
   // The baselines, each a worker that keeps its model between turns: PyTorch 2.x eager (SDPA),
   // optionally torch.compile and Debian's 1.13 (materialised attention, its only kind).

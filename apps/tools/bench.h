@@ -35,6 +35,10 @@ struct BenchOptions {
   double peak_tflops = 0;    // device peak for MFU (CUDA only; 0 = no MFU column)
 };
 
+// A config --compare-pytorch can time against the baseline (one batch a step on both sides: no
+// gradient accumulation); else a UsageError saying why.
+void check_comparable(const Config& cfg);
+
 // One JSON row: impl, mode, arch, batch, seq, threads, loss, step_ms (median), tokens_per_sec,
 // peak_bytes, and with compare_pytorch, per baseline X in pytorch (2.x eager), compile, debian:
 // X_step_ms, X_tokens_per_sec (medians over the turns), X_peak_bytes (the worker's RSS high-water

@@ -69,6 +69,8 @@ expect_usage_error "--attn-dims 48" --mode attention --attn-dims 48
 expect_usage_error "--attn-seq" --mode attention --attn-seq 0
 expect_usage_error "--mode attention takes no --config" --mode attention --config "$cfg"
 expect_usage_error "need --compare-pytorch" --config "$cfg" --pytorch-compile
+expect_usage_error "leave train.gradient_accumulation_steps at 1" --config "$cfg" --compare-pytorch \
+  --set train.gradient_accumulation_steps=2
 # The GEMM benchmark (ours against OpenBLAS) and its flags.
 rows=$("$bin" --mode gemm --pairs 1 --iters 1 --warmup 0 --threads 2 2>/dev/null) || {
   echo "FAIL: --mode gemm exited non-zero"
