@@ -92,7 +92,7 @@ def rss_baseline():
 def main(argv=None):
     ap = argparse.ArgumentParser(description="PyTorch eager baseline for autosp-bench")
     ap.add_argument("--config")
-    ap.add_argument("--arch", choices=["gpt2", "llama"])
+    ap.add_argument("--arch", choices=["gpt2", "llama", "mistral", "qwen2", "qwen3"])
     ap.add_argument("--layers", type=int)
     ap.add_argument("--hidden", type=int)
     ap.add_argument("--heads", type=int)
@@ -141,13 +141,13 @@ def main(argv=None):
                       ("intermediate", "intermediate_size"), ("vocab", "vocab_size")):
         if getattr(args, flag) is not None:
             model[key] = getattr(args, flag)
-    if args.tie is not None and model.get("arch") == "llama":
+    if args.tie is not None and model.get("arch") in tm.LLAMA_FAMILY:
         model["tie_word_embeddings"] = args.tie
     arch = model.get("arch")
     if arch == "gpt2":
         for k in ("num_key_value_heads", "intermediate_size", "rope_theta"):
             model.pop(k, None)
-    elif arch == "llama" and "intermediate_size" not in model and isinstance(model.get("hidden_size"), int):
+    elif arch in tm.LLAMA_FAMILY and "intermediate_size" not in model and isinstance(model.get("hidden_size"), int):
         model["intermediate_size"] = 4 * model["hidden_size"]
     B = args.batch or data.get("batch_size") or 4
     S = args.seq or data.get("seq_len") or 256
