@@ -54,7 +54,9 @@ nlohmann::json run_bench(const Config& cfg, const BenchOptions& opt);
 // × ranks); null on CPU), peak_bytes (allocator high-water,
 // max over ranks), peak_rss_bytes (resident-set high-water over the pre-run baseline, max over
 // ranks), all_to_all_bytes / all_reduce_bytes (rank 0, per step), comm_share (rank 0's time in
-// collectives / its step time, over every step run), grad_sync_ms (rank 0's median time per step
+// collectives / its step time, over every step run; the collectives' wall time includes waiting
+// for the slower rank, also in the agreement between steps, so on an oversubscribed machine it
+// can exceed 1), grad_sync_ms (rank 0's median time per step
 // blocked on the gradient all-reduce: with runtime.overlap_grad_sync, what the backward did not hide),
 // grad_sync_wait_ms (the part of it after the backward ended).
 nlohmann::json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world);

