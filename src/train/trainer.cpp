@@ -284,11 +284,12 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     const GradSyncStats synced_before = state->sync_stats();
     if (!rec.skipped) {
       RunResult r;
+      const Tensor count = k > 1 ? target_count_feed(prog, rec.targets, dev) : Tensor();
       for (int64_t i = 0; i < k; ++i) {  // the micro-batches; only the last one's gradients are synchronised
         const bool last = i == k - 1;
         r = RunResult();  // the previous micro-batch's outputs are not held through this one's run
         ParamMap feeds = run_feeds(micro_batch(batch, i, k), state->graph_params(), cfg.model.vocab_size, dev);
-        if (k > 1) feeds[passes::kTargetCount] = target_count_feed(prog, rec.targets, dev);
+        if (k > 1) feeds[passes::kTargetCount] = count;
         r = ex.run(std::move(feeds), comms->groups, [&](const Node& n, const Tensor& v) {
           if (gradients.count(&n)) {
             if (i == 0) inject_nan_into(fault, world.rank(), rec.step, v);

@@ -416,23 +416,13 @@ inline void sdpa_backward(const Vec& q, const Vec& k, const Vec& v, const Vec& d
 // Rotate-half RoPE in double. x [B, N, S, D], position_ids [B, S]:
 // y[.., i] = x[i]·cos(a_i) - x[i + D/2]·sin(a_i), y[.., i + D/2] = x[i + D/2]·cos(a_i) + x[i]·sin(a_i)
 // with a_i = pos · theta^(-2i/D), i < D/2.
+inline Vec rope_freqs(const Vec& x, const std::vector<int64_t>& position_ids, int64_t B, int64_t N, int64_t S,
+                      int64_t D, const Vec& inv_freq, double attention);
 inline Vec rope(const Vec& x, const std::vector<int64_t>& position_ids, int64_t B, int64_t N,
                 int64_t S, int64_t D, double theta) {
-  Vec y(x.size(), 0.0);
-  const int64_t H = D / 2;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t s = 0; s < S; ++s) {
-        const double pos = double(position_ids[size_t(b * S + s)]);
-        const size_t row = size_t(((b * N + n) * S + s) * D);
-        for (int64_t i = 0; i < H; ++i) {
-          const double a = pos / std::pow(theta, double(2 * i) / double(D));
-          const double x1 = x[row + size_t(i)], x2 = x[row + size_t(i + H)];
-          y[row + size_t(i)] = x1 * std::cos(a) - x2 * std::sin(a);
-          y[row + size_t(i + H)] = x2 * std::cos(a) + x1 * std::sin(a);
-        }
-      }
-  return y;
+  Vec inv_freq(size_t(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = 1.0 / std::pow(theta, double(2 * i) / double(D));
+  return rope_freqs(x, position_ids, B, N, S, D, inv_freq, 1.0);
 }
 
 // Backward of rope: the transpose of each 2×2 rotation [[cos, -sin], [sin, cos]] applied to the

@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 
+#include "common/temp_dir.h"
 #include "train/data.h"
 
 using namespace autosp;
@@ -27,19 +28,8 @@ namespace {
 using Bytes = std::vector<unsigned char>;
 
 // A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() / ("autosp-test-data-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("data") {}
 };
 
 void write_file(const std::string& path, const Bytes& bytes) {

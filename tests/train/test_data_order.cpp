@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 
+#include "common/temp_dir.h"
 #include "train/data.h"
 
 using namespace autosp;
@@ -21,20 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() /
-          ("autosp-test-order-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("order") {}
 };
 
 // An llm.c uint32 shard whose token i is first + i.
