@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>())(
         "prompt-ids", "the prompt as token ids: 1,2,3", cxxopts::value<std::string>())(
         "prompt", "the prompt as text (needs --tokenizer, or a model of data.source text)", cxxopts::value<std::string>())(
-        "tokenizer", "the tokenizer.json the data was prepared with", cxxopts::value<std::string>())(
+        "tokenizer", "the tokenizer.json the data was prepared with, or a model directory holding one", cxxopts::value<std::string>())(
         "max-new-tokens", "tokens to generate (default 32)", cxxopts::value<std::string>())(
         "temperature", "0 = greedy (default); > 0 samples", cxxopts::value<std::string>())(
         "top-k", "with --temperature: sample among the k most likely (0 = all)", cxxopts::value<std::string>())(

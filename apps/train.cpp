@@ -1,6 +1,6 @@
 // autosp-train: train a model from a JSON config (see DESIGN.md "Contracts").
 //   autosp-train --config FILE [--deepspeed DS.json] [--set key.path=value]... [--steps N] [--init-from W.safetensors]
-//                [--resume DIR] [--start-over] [--metrics FILE.jsonl] [--dump-grads FILE.safetensors] [--quiet]
+//                [--resume DIR] [--start-over] [--metrics FILE.jsonl] [--dump-grads FILE.safetensors] [--quiet] [--print-config]
 //                [--thread-ranks P]
 // --thread-ranks runs P ranks as threads of this process (comm/threads.h) instead of under mpirun:
 // SP and DP on one node without MPI, and several ranks on one GPU, where NCCL refuses them.
@@ -142,7 +142,7 @@ void open_run_log(const std::string& dir, int argc, char** argv, int world_size)
 
 int main(int argc, char** argv) {
   return run_app("autosp-train", [&] {
-    cxxopts::Options opts("autosp-train", "Train a GPT-2 or Llama model (launch under mpirun for several ranks)");
+    cxxopts::Options opts("autosp-train", "Train a GPT-2, Llama, Mistral, Qwen2 or Qwen3 model (launch under mpirun for several ranks)");
     opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
         "deepspeed", "a DeepSpeed config JSON applied onto the config (its batch, optimizer, scheduler, bf16, ZeRO keys)",
         cxxopts::value<std::string>())(
@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
         "quiet", "no per-step log lines on stderr (train.log keeps them)")(
         "thread-ranks", "run P ranks as threads of this process (no mpirun; several ranks may share one GPU)",
         cxxopts::value<std::string>())(
+        "print-config", "print the resolved config (every key, with its default where not given) as JSON and exit")(
         "h,help", "show this help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
@@ -227,6 +228,10 @@ int main(int argc, char** argv) {
     if (args.count("deepspeed"))
       cfg = load_deepspeed(cfg, args["deepspeed"].as<std::string>(), thread_ranks > 0 ? thread_ranks : world->size(),
                            ta.config_path);
+    if (args.count("print-config")) {
+      if (world->rank() == 0) std::cout << cfg.resolved.dump(2) << std::endl;
+      return 0;
+    }
     if (thread_ranks == 0) return run_rank(*world);
     // Under mpirun every process would run its own job of thread ranks: the same steps twice in
     // the metrics, and two writers of one checkpoint directory.

@@ -10,10 +10,13 @@ namespace autosp {
 
 namespace fs = std::filesystem;
 
-TextCodec::TextCodec(const std::string& source_dir, const std::string& tokenizer, bool bytes) : bytes_(bytes) {
-  if (tokenizer.empty()) return;
+TextCodec::TextCodec(const std::string& source_dir, const std::string& given, bool bytes) : bytes_(bytes) {
+  if (given.empty()) return;
   std::error_code ec;
-  if (!fs::is_regular_file(tokenizer, ec)) throw UsageError(str("--tokenizer ", tokenizer, ": not a file"));
+  // A model directory (Hugging Face's, or a checkpoint's) holds its tokenizer.json.
+  const std::string tokenizer = fs::is_directory(given, ec) ? (fs::path(given) / "tokenizer.json").string() : given;
+  if (!fs::is_regular_file(tokenizer, ec))
+    throw UsageError(str("--tokenizer ", given, fs::is_directory(given, ec) ? ": no tokenizer.json in that directory" : ": not a file"));
   worker_ = std::make_unique<PyWorker>(std::vector<std::string>{venv_python(source_dir, "hf-venv.sh"),
                                                                  source_dir + "/scripts/tokenizer_worker.py", tokenizer});
   // The worker first says whether the file loaded, so a bad file is named before anything is

@@ -16,8 +16,8 @@ namespace autosp {
 
 class TextCodec {
  public:
-  // `tokenizer`: a tokenizer.json ("" = none; a path that is no file, or a file the library cannot
-  // load, is a UsageError naming it); `bytes`: ids are bytes. `source_dir`: the repository, where
+  // `tokenizer`: a tokenizer.json, or a directory holding one ("" = none; a path that is neither,
+  // or a file the library cannot load, is a UsageError naming it); `bytes`: ids are bytes. `source_dir`: the repository, where
   // the helper and the venv script live.
   TextCodec(const std::string& source_dir, const std::string& tokenizer, bool bytes);
   bool can_encode() const { return worker_ || bytes_; }

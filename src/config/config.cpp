@@ -516,6 +516,12 @@ std::optional<std::string> config_value_problem(const std::string& path, const j
   return str("'", path, "' is not a config key");
 }
 
+std::vector<std::string> config_key_paths() {
+  std::vector<std::string> paths;
+  for (const auto& k : schema()) paths.emplace_back(k.path);
+  return paths;
+}
+
 Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin,
                     bool cross_key_rules) {
   if (!input.is_object()) throw UsageError(str(origin, ": expected a JSON object at the top level"));

@@ -191,6 +191,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // nothing: for keys that come from elsewhere (a DeepSpeed config) and are named there.
 std::optional<std::string> config_value_problem(const std::string& path, const nlohmann::json& v);
 
+// Every key of the schema ("model.arch", ...), in the schema's order: what docs/config.md lists.
+std::vector<std::string> config_key_paths();
+
 // JSON text from `origin` (a config file, a checkpoint's meta.json): invalid JSON, or nesting
 // deeper than 32 levels (which would only recurse deeply later), is a UsageError naming `origin`.
 nlohmann::json parse_json(const std::string& text, const std::string& origin);

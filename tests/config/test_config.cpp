@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <sstream>
 
 #include "config/config.h"
 #include "tensor/check.h"
@@ -271,6 +272,19 @@ std::set<std::string> key_paths(const json& config) {
 }
 
 }  // namespace
+
+TEST_CASE("docs/config.md has a row for every key of the schema", "[config]") {
+  std::ifstream in(std::string(AUTOSP_SOURCE_DIR) + "/docs/config.md");
+  REQUIRE(in);
+  std::stringstream page;
+  page << in.rdbuf();
+  const std::vector<std::string> keys = config_key_paths();
+  CHECK(keys.size() >= 60);
+  for (const std::string& k : keys) {
+    INFO(k << ": add a row `| `" << k << "` | default | meaning |` to docs/config.md");
+    CHECK(page.str().find("| `" + k + "` |") != std::string::npos);
+  }
+}
 
 TEST_CASE("the resolved config holds every key, and parsing it again gives it back", "[config]") {
   const Config c = parse_config(kEveryKey, {}, "every.json");
