@@ -282,7 +282,7 @@ TEST_CASE("docs/config.md has a row for every key of the schema", "[config]") {
   CHECK(keys.size() >= 60);
   for (const std::string& k : keys) {
     INFO(k << ": add a row `| `" << k << "` | default | meaning |` to docs/config.md");
-    CHECK(page.str().find("| `" + k + "` |") != std::string::npos);
+    CHECK(page.str().find(str("| `", k, "` |")) != std::string::npos);
   }
 }
 
