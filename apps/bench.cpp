@@ -13,7 +13,6 @@
 //   autosp-bench --mode compile --config F [--set k=v]... [--compile-layers 32,64,128] [--compile-world W]
 //                [--iters I]   (tools/bench_compile.h: each pass's time as the model deepens)
 //   autosp-bench --point ...   (internal: one sweep point on the mpirun world; rank 0 prints the row)
-#include <cxxopts.hpp>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -23,6 +22,7 @@
 #include "tools/bench_compile.h"
 #include "tools/bench_gemm.h"
 #include "tools/cli.h"
+#include "tools/options.h"
 #include "tools/py_worker.h"
 #include "tools/scaling.h"
 #include "tensor/check.h"

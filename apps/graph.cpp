@@ -2,13 +2,13 @@
 //   autosp-graph --config F --world P --rank R [--stage forward|autosp|joint|PASS] [--format text|json|dot]
 #include <algorithm>
 #include <cstdio>
-#include <cxxopts.hpp>
 #include <iostream>
 
 #include "graph/printer.h"
 #include "config/config.h"
 #include "models/model.h"
 #include "tools/cli.h"
+#include "tools/options.h"
 #include "engine/memory_plan.h"
 #include "compiler/program.h"
 #include "train/train_state.h"

@@ -14,13 +14,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cxxopts.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "tools/cli.h"
+#include "tools/options.h"
 #include "tools/text_codec.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"

@@ -10,7 +10,6 @@
 // train.checkpoint_dir is set, to <checkpoint_dir>/train.log as well (appended, every run).
 #include <algorithm>
 #include <chrono>
-#include <cxxopts.hpp>
 #include <filesystem>
 #include <iostream>
 
@@ -22,6 +21,7 @@
 #include "config/deepspeed.h"
 #include "kernels/cpu/matmul.h"
 #include "tools/cli.h"
+#include "tools/options.h"
 #include "tools/text_codec.h"
 #include "train/preempt.h"
 #include "train/trainer.h"

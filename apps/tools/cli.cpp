@@ -3,13 +3,13 @@
 
 #include <csignal>
 #include <cstdio>
-#include <cxxopts.hpp>
 #include <new>
 #include <nlohmann/json.hpp>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "tools/options.h"
 #include "tensor/check.h"
 
 namespace autosp {

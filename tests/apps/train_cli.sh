@@ -159,6 +159,12 @@ n = 4096
 with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<3i", 20240520, 1, n) + bytes(1012) + struct.pack(f"<{n}H", *(i % 32 for i in range(n))))
 PY
+# A list in one --set stays whole (cxxopts split vector values at commas): data.mix from the command line.
+cp "$tmp/shard.bin" "$tmp/shard2.bin"
+"$bin" --config "$tmp/cfg.json" --set data.source=tokens --steps 1 \
+  --set "data.mix=[{\"path\": \"$tmp/shard.bin\", \"weight\": 0.7}, {\"path\": \"$tmp/shard2.bin\", \"weight\": 0.3}]" \
+  >/dev/null 2>"$tmp/log_mix"
+check "--set data.mix=[{...}, {...}] is one value (a mix of 2 datasets, 70%)" grep -q "data: mix of 2 datasets: 70% tokens" "$tmp/log_mix"
 (
   for _ in $(seq 600); do
     [ -s "$tmp/mt.jsonl" ] && break
