@@ -45,6 +45,11 @@ std::vector<double> Generator::last_logits(const RunResult& r) const {
 
 int64_t Generator::pick(const std::vector<double>& logits, const SampleOptions& o, std::mt19937_64& rng) const {
   const int64_t V = static_cast<int64_t>(logits.size());
+  // A NaN (or +inf) logit has no order: argmax and the softmax would quietly give token 0.
+  for (int64_t i = 0; i < V; ++i)
+    if (std::isnan(logits[static_cast<size_t>(i)]) || logits[static_cast<size_t>(i)] == INFINITY)
+      throw RuntimeFailure(str("the model's logit for token ", i, " is ", logits[static_cast<size_t>(i)],
+                               ": its weights (or an activation) are not finite; nothing to sample from"));
   if (o.temperature <= 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
   // HF's order: temperature, then top-k (keep logits ≥ the k-th largest), then softmax. The max is
   // subtracted before dividing by T (softmax and top-k do not change): every (logit − max)/T is

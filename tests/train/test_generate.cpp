@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "models/model.h"
+#include "tensor/check.h"
 #include "train/generate.h"
 
 using namespace autosp;
@@ -109,6 +110,23 @@ TEST_CASE("generate: a tiny positive temperature picks greedy's tokens", "[gener
         o.top_k = k;
         CHECK(gen.generate({3, 14, 15}, o).tokens == greedy.tokens);
       }
+  }
+}
+
+TEST_CASE("generate: non-finite logits are a runtime failure, not token 0", "[generate]") {
+  const ModelConfig m = model("gpt2");
+  for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    INFO("a weight of " << bad);
+    ParamMap p = params(m);
+    for (auto& [name, t] : p)  // the last layer norm's weight: every logit becomes non-finite
+      if (name.find("ln_f.weight") != std::string::npos) t.data<double>()[0] = bad;
+    const Generator gen(m, DType::f64, p);
+    for (const double temperature : {0.0, 1.0}) {
+      SampleOptions o;
+      o.temperature = temperature;
+      CHECK_THROWS_AS(gen.generate({3, 14, 15}, o), RuntimeFailure);
+      CHECK_THROWS_WITH(gen.generate({3, 14, 15}, o), Catch::Contains("are not finite"));
+    }
   }
 }
 
