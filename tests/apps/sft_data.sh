@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# scripts/prepare_data.py --chat and --completion (issue 27) on a tiny chat model directory made
+# offline by tests/ref/chat_fixture.py:
+#   - on a ChatML template with {% generation %} markers, every conversation's tokens and mask in
+#     the shards equal transformers' apply_chat_template(..., return_assistant_tokens_mask=True);
+#   - on a template without markers ([INST] ... [/INST] answer<eos>), the masked tokens decode to the
+#     hand-written answers, and nothing else is masked;
+#   - --completion masks the completion and its EOS;
+#   - packing: examples never cross a window unless longer than it, the stream is N·S + 1 tokens, and
+#     --long split / drop count what they did;
+#   - garbage rows and flags: exit 2 with one `error:` line naming the line or flag.
+# Needs the venv of scripts/hf-venv.sh (transformers, tokenizers, jinja2); exit 77 (skipped) without it.
+#   sft_data.sh BIN_DIR SOURCE_DIR
+set -u
+src=$2
+py=$(bash "$src/scripts/hf-venv.sh" --check 2>/dev/null) || { echo "skip: no $src/.venv-hf (scripts/hf-venv.sh)"; exit 77; }
+prep=("$py" "$src/scripts/prepare_data.py")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONWARNINGS=ignore
+fail=0
+rows=0
+check() {
+  rows=$((rows + 1))
+  if [ "$1" -ne 0 ]; then echo "FAIL [$rows] $2"; fail=1; else echo "ok   [$rows] $2"; fi
+}
+
+"$py" "$src/tests/ref/chat_fixture.py" "$tmp/chatml" --conversations "$tmp/conv.jsonl" 12 &&
+  "$py" "$src/tests/ref/chat_fixture.py" "$tmp/inst" --template inst
+check $? "the fixture: a byte-level BPE with ChatML specials, two chat templates"
+
+# ---- masks against transformers (generation markers), and a hand-written expectation (none) ----
+"${prep[@]}" --out "$tmp/ml" --tokenizer "$tmp/chatml" --chat --seq-len 4096 --val-fraction 0 "$tmp/conv.jsonl" \
+  >"$tmp/ml.out" 2>&1 && "${prep[@]}" --out "$tmp/in" --tokenizer "$tmp/inst" --chat --seq-len 4096 --val-fraction 0 \
+  "$tmp/conv.jsonl" >"$tmp/in.out" 2>&1
+check $? "prepare_data.py --chat on both templates: $(tail -c 200 "$tmp/ml.out")"
+
+cat >"$tmp/read.py" <<'PY'
+import glob, json, os, struct
+import numpy as np
+def stream(d, split="train"):
+    ids, mask = [], []
+    for p in sorted(glob.glob(os.path.join(d, f"{split}_*.bin"))):
+        raw = open(p, "rb").read()
+        n = struct.unpack("<3i", raw[:12])[2]
+        ids += list(struct.unpack(f"<{n}H", raw[1024:]))
+        m = np.load(p[:-4] + ".npy")
+        assert m.dtype == np.uint8 and m.shape == (n,), (p, m.dtype, m.shape)
+        mask += [int(v) for v in m]
+    return ids, mask, json.load(open(os.path.join(d, "data.json")))
+PY
+"$py" - "$tmp" <<'PY'
+import json, os, sys
+sys.path.insert(0, sys.argv[1]); from read import stream
+from transformers import AutoTokenizer
+d = sys.argv[1]
+convs = [json.loads(l)["messages"] for l in open(os.path.join(d, "conv.jsonl"))]
+hf = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))
+ids, mask, info = stream(os.path.join(d, "ml"))
+eos = info["eos_token_id"]
+at = 0
+for i, msgs in enumerate(convs):
+    r = hf.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    want_ids, want_mask = r["input_ids"] + [eos], r["assistant_masks"] + [0]
+    assert sum(want_mask) > 0
+    assert ids[at:at + len(want_ids)] == want_ids, f"conversation {i}: tokens differ from apply_chat_template"
+    assert mask[at:at + len(want_ids)] == want_mask, (f"conversation {i}: mask {mask[at:at + len(want_ids)]} vs "
+                                                       f"transformers {want_mask}")
+    at += len(want_ids)
+assert set(ids[at:]) == {eos} and set(mask[at:]) == {0}, "the rest is EOS padding, masked"
+assert len(ids) == 4096 + 1 and info["data"]["seq_len"] == 4096
+print(f"{len(convs)} conversations: tokens and masks equal return_assistant_tokens_mask")
+PY
+check $? "--chat masks equal transformers' return_assistant_tokens_mask on a template with generation markers"
+
+"$py" - "$tmp" <<'PY'
+import json, os, sys
+sys.path.insert(0, sys.argv[1]); from read import stream
+from transformers import AutoTokenizer
+d = sys.argv[1]
+convs = [json.loads(l)["messages"] for l in open(os.path.join(d, "conv.jsonl"))]
+hf = AutoTokenizer.from_pretrained(os.path.join(d, "inst"))
+ids, mask, info = stream(os.path.join(d, "in"))
+eos = info["eos_token_id"]
+# Hand-written: the template writes "<<SYS>>s<</SYS>>[INST] u1 [/INST] a1<|endoftext|>[INST] u2 [/INST] a2<|endoftext|>";
+# the assistant's text is " a1<|endoftext|>" and " a2<|endoftext|>", so the conversation ends with
+# its own EOS (no second one) and the masked runs decode to exactly those.
+at = 0
+for i, msgs in enumerate(convs):
+    a1, a2 = msgs[2]["content"], msgs[4]["content"]
+    want_text = (f"<<SYS>>{msgs[0]['content']}<</SYS>>[INST] {msgs[1]['content']} [/INST] {a1}<|endoftext|>"
+                 f"[INST] {msgs[3]['content']} [/INST] {a2}<|endoftext|>")
+    n = len(hf(want_text, add_special_tokens=False)["input_ids"])
+    seg_ids, seg_mask = ids[at:at + n], mask[at:at + n]
+    assert hf.decode(seg_ids) == want_text, hf.decode(seg_ids)
+    runs, cur = [], []
+    for t, m in zip(seg_ids, seg_mask):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs.append(hf.decode(cur)); cur = []
+    if cur:
+        runs.append(hf.decode(cur))
+    assert runs == [f" {a1}<|endoftext|>", f" {a2}<|endoftext|>"], f"conversation {i}: masked runs {runs}"
+    at += n
+assert set(ids[at:]) == {eos} and set(mask[at:]) == {0}
+print("the masked runs are the hand-written answers")
+PY
+check $? "--chat on a template without markers: the masked tokens are exactly the hand-written answers"
+
+# ---- --completion ------------------------------------------------------------------------------
+printf '%s\n' '{"prompt": "what is the next word after alpha?", "completion": " beta"}' \
+  '{"prompt": "say mu twice:", "completion": " mu mu"}' >"$tmp/comp.jsonl"
+"${prep[@]}" --out "$tmp/co" --tokenizer "$tmp/chatml" --completion --seq-len 64 --val-fraction 0 "$tmp/comp.jsonl" \
+  >"$tmp/co.out" 2>&1 && "$py" - "$tmp" <<'PY'
+import os, sys
+sys.path.insert(0, sys.argv[1]); from read import stream
+from transformers import AutoTokenizer
+d = sys.argv[1]
+hf = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))
+ids, mask, info = stream(os.path.join(d, "co"))
+eos = info["eos_token_id"]
+runs, cur = [], []
+for t, m in zip(ids, mask):
+    if m:
+        cur.append(t)
+    elif cur:
+        runs.append(hf.decode(cur)); cur = []
+assert runs == [" beta<|endoftext|>", " mu mu<|endoftext|>"], runs
+first = hf.decode(ids[:ids.index(eos) + 1])
+assert first == "what is the next word after alpha? beta<|endoftext|>", first
+print("completion runs", runs)
+PY
+check $? "--completion masks the completion and its EOS: $(tail -c 120 "$tmp/co.out")"
+
+# ---- packing into windows ----------------------------------------------------------------------
+printf '%s\n' '{"messages": [{"role": "user", "content": "mu"}, {"role": "assistant", "content": "nu"}]}' >"$tmp/short.jsonl"
+"${prep[@]}" --out "$tmp/pk" --tokenizer "$tmp/chatml" --chat --seq-len 64 --val-fraction 0 --shard-tokens 100 \
+  "$tmp/conv.jsonl" >/dev/null 2>&1 &&
+"${prep[@]}" --out "$tmp/sp" --tokenizer "$tmp/chatml" --chat --seq-len 24 --val-fraction 0 "$tmp/conv.jsonl" >/dev/null 2>&1 &&
+"${prep[@]}" --out "$tmp/dr" --tokenizer "$tmp/chatml" --chat --seq-len 24 --long drop --val-fraction 0 \
+  "$tmp/conv.jsonl" "$tmp/short.jsonl" >/dev/null 2>&1 && "$py" - "$tmp" <<'PY'
+import json, os, sys
+sys.path.insert(0, sys.argv[1]); from read import stream
+from transformers import AutoTokenizer
+d = sys.argv[1]
+hf = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))
+convs = [json.loads(l)["messages"] for l in open(os.path.join(d, "conv.jsonl"))]
+lens = [len(hf.apply_chat_template(m, tokenize=True)) + 1 for m in convs]
+# 64: each conversation (≤ 64 tokens) sits whole in one window, padded with masked EOS.
+ids, mask, info = stream(os.path.join(d, "pk"))
+S, eos = 64, info["eos_token_id"]
+assert max(lens) <= S and len(ids) % S == 1 and len(ids) // S == len(convs), (len(ids), lens)
+for w, n in enumerate(lens):
+    win, wm = ids[w * S:(w + 1) * S], mask[w * S:(w + 1) * S]
+    assert win[n - 1] == eos and set(win[n:]) <= {eos} and set(wm[n:]) <= {0}, f"window {w}"
+    r = hf.apply_chat_template(convs[w], tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert win[:n - 1] == r["input_ids"] and wm[:n - 1] == r["assistant_masks"], f"window {w}"
+assert len(__import__("glob").glob(os.path.join(d, "pk", "train_*.npy"))) >= 2, "several shards, each with its mask"
+# 24: every conversation is longer, so each is split at window boundaries, starting a window.
+ids, mask, info = stream(os.path.join(d, "sp"))
+assert info["longer_than_seq_len"] == {"split": len(convs), "dropped": 0}, info["longer_than_seq_len"]
+at = 0
+for m, n in zip(convs, lens):
+    r = hf.apply_chat_template(m, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert ids[at:at + n - 1] == r["input_ids"] and mask[at:at + n - 1] == r["assistant_masks"]
+    at = (at + n + 23) // 24 * 24
+assert len(ids) == at + 1
+# drop: only the short conversation is left.
+ids, mask, info = stream(os.path.join(d, "dr"))
+assert info["longer_than_seq_len"] == {"split": 0, "dropped": len(convs)} and info["examples"]["train"] == 1, info
+assert len(ids) == 24 + 1
+print("packing ok")
+PY
+check $? "packing: whole examples per window, split and drop counted, N·S + 1 tokens"
+
+# ---- garbage -----------------------------------------------------------------------------------
+row() {  # row 'NEEDLE' ARGS...
+  local needle=$1
+  shift
+  rows=$((rows + 1))
+  timeout -k 5 60 "${prep[@]}" "$@" >"$tmp/out" 2>&1 </dev/null
+  local rc=$?
+  if [ $rc -ne 2 ] || [ "$(wc -l <"$tmp/out")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/out"; then
+    echo "FAIL [$rows] $*: exit $rc, expected 2 and one line, 'error:' containing '$needle'; output:"
+    tail -3 "$tmp/out" | sed 's/^/    /'
+    fail=1
+  else
+    echo "ok   [$rows] $(grep -m1 '^error:' "$tmp/out" | cut -c1-150)"
+  fi
+}
+good='{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}'
+printf '%s\n%s\n' "$good" '{"messages": [{"content": "hi"}]}' >"$tmp/norole.jsonl"
+printf '%s\n%s\n' "$good" '{"messages": [{"role": "user", "content": 5}]}' >"$tmp/nonstr.jsonl"
+printf '%s\n%s\n' "$good" '{"messages": [{"role": "wizard", "content": "hi"}]}' >"$tmp/role.jsonl"
+printf '%s\n' '{"messages": []}' >"$tmp/empty_msgs.jsonl"
+printf '%s\n' '{"messages": "hi"}' >"$tmp/str_msgs.jsonl"
+printf '%s\n' '{"messages": ["hi"]}' >"$tmp/str_msg.jsonl"
+printf '%s\n%s\n' "$good" '{"messages": [' >"$tmp/broken.jsonl"
+printf '%s\n' '{"prompt": "a", "completion": 3}' >"$tmp/comp_bad.jsonl"
+printf '%s\n' '{"prompt": "a"}' >"$tmp/comp_missing.jsonl"
+echo 'a text file' >"$tmp/plain.txt"
+mkdir -p "$tmp/notemplate" "$tmp/badtemplate"
+cp "$tmp/chatml/tokenizer.json" "$tmp/notemplate/" && cp "$tmp/chatml/tokenizer.json" "$tmp/badtemplate/"
+echo '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}' >"$tmp/notemplate/tokenizer_config.json"
+echo '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "chat_template": "{{ raise_exception(\"roles must alternate\") }}"}' \
+  >"$tmp/badtemplate/tokenizer_config.json"
+o=(--out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 64)
+row "norole.jsonl:2: messages\[0\]: no 'role'" "${o[@]}" --chat "$tmp/norole.jsonl"
+row "nonstr.jsonl:2: messages\[0\]: 'content' must be a string" "${o[@]}" --chat "$tmp/nonstr.jsonl"
+row 'role.jsonl:2: messages\[0\]: unknown role "wizard"' "${o[@]}" --chat "$tmp/role.jsonl"
+row "empty_msgs.jsonl:1: expected an object with a non-empty list 'messages'" "${o[@]}" --chat "$tmp/empty_msgs.jsonl"
+row "str_msgs.jsonl:1: expected an object with a non-empty list 'messages'" "${o[@]}" --chat "$tmp/str_msgs.jsonl"
+row 'str_msg.jsonl:1: messages\[0\]: expected an object' "${o[@]}" --chat "$tmp/str_msg.jsonl"
+row 'broken.jsonl:2: not valid JSON' "${o[@]}" --chat "$tmp/broken.jsonl"
+row "comp_bad.jsonl:1: 'completion' must be a string" "${o[@]}" --completion "$tmp/comp_bad.jsonl"
+row "comp_missing.jsonl:1: 'completion' must be a string" "${o[@]}" --completion "$tmp/comp_missing.jsonl"
+row 'plain.txt: \-\-chat reads .jsonl files' "${o[@]}" --chat "$tmp/plain.txt"
+row 'has no chat_template' --out "$tmp/bad" --tokenizer "$tmp/notemplate" --seq-len 64 --chat "$tmp/conv.jsonl"
+row 'conv.jsonl:1: the chat template cannot render this conversation (roles must alternate)' \
+  --out "$tmp/bad" --tokenizer "$tmp/badtemplate" --seq-len 64 --chat "$tmp/conv.jsonl"
+row '\-\-chat needs a model directory' --out "$tmp/bad" --tokenizer "$tmp/chatml/tokenizer.json" --seq-len 64 --chat "$tmp/conv.jsonl"
+row '\-\-chat needs \-\-tokenizer DIR' --out "$tmp/bad" --train-tokenizer --vocab-size 300 --seq-len 64 --chat "$tmp/conv.jsonl"
+row '\-\-seq-len 0' --out "$tmp/bad" --tokenizer "$tmp/chatml" --chat "$tmp/conv.jsonl"
+row '\-\-seq-len 1' "${o[@]}" --seq-len 1 --chat "$tmp/conv.jsonl"
+row '\-\-chat and \-\-completion exclude each other' "${o[@]}" --chat --completion "$tmp/conv.jsonl"
+row '\-\-seq-len and \-\-long apply to \-\-chat and \-\-completion' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 64 "$tmp/plain.txt"
+row "argument \-\-long: invalid choice: 'cut'" "${o[@]}" --chat --long cut "$tmp/conv.jsonl"
+row 'every train example is longer than \-\-seq-len 8' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 8 --long drop --chat "$tmp/conv.jsonl"
+
+echo "$rows rows"
+exit $fail
