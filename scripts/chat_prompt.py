@@ -3,8 +3,11 @@
 tokenizer_config.json "chat_template", by transformers' apply_chat_template, as
 scripts/prepare_data.py --chat renders the training conversations):
 
-  chat_prompt.py MODEL_DIR [--system TEXT] MESSAGE   prints the conversation [system,] user MESSAGE
-                                                      with the generation prompt, ready for --prompt
+  chat_prompt.py MODEL_DIR [--system TEXT] [--ids] MESSAGE
+                      prints the conversation [system,] user MESSAGE with the generation prompt:
+                      its token ids, comma-separated, for autosp-sample --prompt-ids (--ids; as
+                      apply_chat_template(tokenize=True) gives them), else its text (a prompt that
+                      ends with a newline loses it in the shell's "$(...)": prefer --ids)
   chat_prompt.py MODEL_DIR --turn-end                 prints the id of the token that ends an assistant
                                                       turn (for autosp-sample --eos-token-id)
 
@@ -26,6 +29,7 @@ def main():
     ap.add_argument("message", nargs="?")
     ap.add_argument("--system")
     ap.add_argument("--turn-end", action="store_true")
+    ap.add_argument("--ids", action="store_true")
     a = ap.parse_intermixed_args()
     hf = pd.load_hf_tokenizer(a.model_dir, "chat")
     if a.turn_end:
@@ -39,7 +43,11 @@ def main():
     if a.message is None:
         pd.fail("give MESSAGE or --turn-end")
     msgs = ([{"role": "system", "content": a.system}] if a.system else []) + [{"role": "user", "content": a.message}]
-    sys.stdout.write(pd.render(hf, msgs, True, "the prompt"))
+    text = pd.render(hf, msgs, True, "the prompt")
+    if a.ids:
+        print(",".join(str(t) for t in hf(text, add_special_tokens=False)["input_ids"]))
+    else:
+        sys.stdout.write(text)
     return 0
 
 

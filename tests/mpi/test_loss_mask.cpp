@@ -123,12 +123,12 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
     // (sp, stage, micro-batch, k): SP over the world; then dp × sp at ZeRO-3 with two micro-batches.
     const int64_t dp_sp = W == 4 ? 2 : 1;
     struct Layout { int64_t sp, stage, micro, k; };
-    const Layout layouts[] = {{W, 0, 2, 1}, {dp_sp, 3, 1, 2}};
-    int64_t most = 0;  // the most sequences a layout's first step reads
-    for (const Layout& l : layouts) most = std::max(most, l.micro * l.k * (W / l.sp));
+    const Layout layouts[] = {{W, 0, 4, 1}, {dp_sp, 3, 1, 2}};
+    const int64_t G = 4;  // each layout's first step reads sequences 0..3: micro · k · dp of them
+    for (const Layout& l : layouts) REQUIRE(l.micro * l.k * (W / l.sp) == G);
     const fs::path cdir = dir / std::to_string(case_id++);
     std::vector<int64_t> tokens, mask;
-    make_data(c, most, S, 40 + uint64_t(case_id), tokens, mask);
+    make_data(c, G, S, 40 + uint64_t(case_id), tokens, mask);
     const Config base = mask_config(cdir, c, S, 1, 0, 1, 1);
     // What train() starts from without --init-from (trainer.h starting_params).
     const ParamMap params = init_params(base.model, static_cast<uint64_t>(base.train.seed), DType::f32);
@@ -141,8 +141,8 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
       for (const auto& [n, t] : params) f64[n] = t.to(DType::f64);
       save_safetensors((cdir / "w.safetensors").string(), f64);
     }
-    for (const Layout& l : layouts) {
-      const int64_t Gl = l.micro * l.k * (W / l.sp);  // the first step's sequences 0..Gl-1: windows 0..Gl-1
+    {
+      const int64_t Gl = G;  // the first step's sequences 0..G-1: windows 0..G-1
       int ok = 1;
       if (w.rank() == 0) {  // the reference on the raw windows and their masks
         std::vector<int64_t> ids, labels, pos, m;
@@ -166,6 +166,8 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
         ok = std::system(cmd.c_str()) == 0;
       }
       REQUIRE(all_ranks(w, ok));
+    }
+    for (const Layout& l : layouts) {
       TrainArgs args;
       args.quiet = true;
       args.accuracy = false;

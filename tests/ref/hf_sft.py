@@ -6,7 +6,8 @@ and 4 (--thread-ranks; at P = 2 also with 3 micro-batches of gradient accumulati
 equals transformers' on the same windows with Hugging Face's labels (the window's tokens, -100
 where the mask is 0: the model shifts them), in float64 (within 1e-9), its target count is the
 number of unmasked targets, and its first-step gradients (--dump-grads) equal autograd's through
-the transformers model (within 1e-7 relative). LlamaForCausalLM(input_ids, labels=...).loss itself
+the transformers model (within 1e-6 of each gradient's largest entry: the
+loss agrees to 1e-11, the gradients to about 1.5e-7, where 4.44 keeps a float32 step). LlamaForCausalLM(input_ids, labels=...).loss itself
 is checked to agree too (in float32, where 4.44 computes its logits).
 
   .venv-hf/bin/python tests/ref/hf_sft.py BIN_DIR     (exit 77: transformers is not importable)
@@ -105,11 +106,12 @@ def main():
             cfg["data"]["batch_size"] = n_win // k
             cfg["train"]["gradient_accumulation_steps"] = k
             rec, grads = run(bin_dir, work, cfg, f"p{P}k{k}", ranks=P)
-            worst = max(float(((grads[n] - g).abs().max() / g.abs().max().clamp_min(1e-30))) for n, g in want_grads.items())
+            worst = max(float(((grads[n].double() - g).abs().max() / g.abs().max().clamp_min(1e-30)))
+                        for n, g in want_grads.items())
             line = (f"P = {P}, {k} micro-batch(es): loss {rec['loss']:.12f} |diff| {abs(rec['loss'] - want):.2e}, "
                     f"targets {rec['targets']}, worst gradient rel. error {worst:.2e}")
             print(line)
-            if not (abs(rec["loss"] - want) < 1e-9 and rec["targets"] == targets and worst < 1e-7
+            if not (abs(rec["loss"] - want) < 1e-9 and rec["targets"] == targets and worst < 1e-6
                     and set(grads) == set(want_grads)):
                 failures.append(line)
         if failures:
