@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <regex>
 #include <vector>
 
 #include "tensor/check.h"
@@ -378,11 +377,26 @@ Segment open_shard(const std::string& path) {
 
 // ---- loss masks ----------------------------------------------------------------------------------
 
-// The value of `key` in a .npy header's dictionary, by `pattern` (one capture); "" when absent.
-std::string npy_field(const std::string& header, const std::string& key, const std::string& pattern) {
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex("'" + key + "'\\s*:\\s*" + pattern))) return "";
-  return m[1].str();
+// The text of `key`'s value in a .npy header's dictionary: from after "'key':" up to (not
+// including) `stop`, or to just after `stop` when `keep_stop`; "" when the key or `stop` is absent.
+// (Plain string search, no std::regex: its recursive matcher can exhaust the stack on long input.)
+std::string npy_field(const std::string& header, const std::string& key, char stop, bool keep_stop) {
+  size_t at = header.find("'" + key + "'");
+  if (at == std::string::npos) return "";
+  at = header.find_first_not_of(" ", at + key.size() + 2);
+  if (at == std::string::npos || header[at] != ':') return "";
+  at = header.find_first_not_of(" ", at + 1);
+  if (at == std::string::npos) return "";
+  const size_t end = header.find(stop, at + 1);
+  return end == std::string::npos ? "" : header.substr(at, end - at + (keep_stop ? 1 : 0));
+}
+
+// The header's text for a message: at most 200 characters, anything unprintable as '?'.
+std::string printable(const std::string& text) {
+  std::string out = text.substr(0, 200);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  return out;
 }
 
 // Read and check the header of the loss mask `path` of token file `tokens` (NumPy's .npy format
@@ -393,7 +407,7 @@ Segment open_mask(const std::string& path, const std::string& tokens) {
   const std::string of = str(" (the loss mask of ", tokens, ")");
   Fd file(path);
   const int64_t size = open_regular(path, file);
-  constexpr int64_t kMaxHeader = 1 << 20;
+  constexpr int64_t kMaxHeader = 1 << 16;  // NumPy itself refuses headers over 10000 bytes
   std::vector<unsigned char> raw(static_cast<size_t>(std::min(size, kMaxHeader + 12)));
   if (!raw.empty()) read_exact(path, file, raw.data(), raw.size());
   static const unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
@@ -408,23 +422,26 @@ Segment open_mask(const std::string& path, const std::string& tokens) {
   if (header_len > kMaxHeader || prefix + header_len > size)
     throw UsageError(str(path, ": truncated .npy header (", header_len, " header bytes in a file of ", size, ")", of));
   const std::string header(raw.begin() + prefix, raw.begin() + prefix + header_len);
-  const std::string descr = npy_field(header, "descr", "'([^']*)'");
-  const std::string fortran = npy_field(header, "fortran_order", "(True|False)");
-  const std::string shape = npy_field(header, "shape", "(\\([^)]*\\))");  // with its parentheses
-  if (header.find('{') == std::string::npos || descr.empty() || fortran.empty() || shape.empty())
-    throw UsageError(str(path, ": malformed .npy header '", header.substr(0, 200),
+  const std::string descr = npy_field(header, "descr", '\'', true);           // 'u1' with its quotes
+  const std::string fortran = npy_field(header, "fortran_order", ',', false);  // True or False
+  const std::string shape = npy_field(header, "shape", ')', true);            // (n,) with its parentheses
+  if (header.find('{') == std::string::npos || descr.size() < 2 || descr[0] != '\'' ||
+      (fortran != "True" && fortran != "False") || shape.empty() || shape[0] != '(')
+    throw UsageError(str(path, ": malformed .npy header '", printable(header),
                          "' (expected {'descr': ..., 'fortran_order': ..., 'shape': (...)})", of));
-  if (descr != "|u1" && descr != "u1" && descr != "<u1" && descr != ">u1" && descr != "|b1" && descr != "b1")
-    throw UsageError(str(path, ": dtype '", descr, "': a loss mask is uint8 ('|u1') or bool ('|b1')", of));
-  static const std::regex kOneDim("\\s*(\\d{1,18})\\s*,\\s*");
-  std::smatch dims;
+  const std::string dtype = descr.substr(1, descr.size() - 2);
+  if (dtype != "|u1" && dtype != "u1" && dtype != "<u1" && dtype != ">u1" && dtype != "|b1" && dtype != "b1")
+    throw UsageError(str(path, ": dtype '", printable(dtype), "': a loss mask is uint8 ('|u1') or bool ('|b1')", of));
+  // (n,): digits, then a comma, nothing else but spaces.
   const std::string inner = shape.substr(1, shape.size() - 2);
-  if (!std::regex_match(inner, dims, kOneDim))
-    throw UsageError(str(path, ": shape ", shape, ": a loss mask has one dimension, (n,)", of));
+  const size_t d0 = inner.find_first_not_of(' '), d1 = inner.find_first_not_of("0123456789", d0);
+  const bool one_dim = d0 != std::string::npos && d1 != std::string::npos && d1 > d0 && d1 - d0 <= 18 &&
+                       inner[d1] == ',' && inner.find_first_not_of(' ', d1 + 1) == std::string::npos;
+  if (!one_dim) throw UsageError(str(path, ": shape ", printable(shape), ": a loss mask has one dimension, (n,)", of));
   Segment s;
   s.path = path;
   s.offset = prefix + header_len;
-  s.count = std::stoll(dims[1].str());
+  s.count = std::stoll(inner.substr(d0, d1 - d0));
   s.token_size = 1;
   if (s.count != size - s.offset)
     throw UsageError(str(path, ": shape (", s.count, ",) but the file holds ", size - s.offset,

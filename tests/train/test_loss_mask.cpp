@@ -260,6 +260,9 @@ TEST_CASE("loss mask: every malformed mask is a UsageError naming the mask and i
       {"empty", Bytes{}, true, "not a .npy file"},
       {"no dict", npy("|u1", "(6,)", Bytes(6, 1)), true, "malformed .npy header"},
       {"value 2", npy_mask({1, 2, 1, 1, 1, 1}), true, "value 2 at index 1 of a loss mask is not 0 or 1", false},
+      {"control bytes", npy("|u1\n\x01", "(6,)", Bytes(6, 1)), true, "dtype '|u1??'"},
+      {"unterminated", npy("|u1" + std::string(60000, 'a') + "', 'x': '", "(6,)", Bytes(6, 1)), true, "dtype '|u1aaa"},
+      {"long header", npy("|u1", "(6,)" + std::string(70000, ' '), Bytes(6, 1), 2), true, "truncated .npy header"},
   };
   for (const Case& c : cases) {
     INFO(c.name);
@@ -280,6 +283,7 @@ TEST_CASE("loss mask: every malformed mask is a UsageError naming the mask and i
       const std::string msg = e.what();
       INFO(msg);
       CHECK(msg.find(c.want) != std::string::npos);
+      CHECK(msg.find('\n') == std::string::npos);  // one line
       CHECK(msg.find("x_") != std::string::npos);
       CHECK(msg.find(".npy") != std::string::npos);
       if (c.names_tokens) CHECK(msg.find("x_0.bin") != std::string::npos);
