@@ -500,24 +500,31 @@ def main():
         writers["train"].close()
         if n_val:
             writers["val"].close()
-        tok.encode_special_tokens = False  # the saved tokenizer.json stays as it was given
-        tok.save(os.path.join(a.out, "tokenizer.json"))
-        info = {"model": {"vocab_size": vocab},
-                "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
-                         "val_path": os.path.join(a.out, "val_*.bin") if n_val else ""},
-                "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None), "documents": {"train": len(docs) - n_val, "val": n_val},
-                "tokens": {"train": writers["train"].total, "val": writers["val"].total},
-                "token_dtype": "uint32" if wide else "uint16"}
-        with open(os.path.join(a.out, "data.json"), "w") as f:
-            json.dump(info, f, indent=1)
     except OSError as e:
         fail(f"--out {a.out}: write failed ({e})", code=3)
+    info = {"model": {"vocab_size": vocab},
+            "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
+                     "val_path": os.path.join(a.out, "val_*.bin") if n_val else ""},
+            "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None), "documents": {"train": len(docs) - n_val, "val": n_val},
+            "tokens": {"train": writers["train"].total, "val": writers["val"].total},
+            "token_dtype": "uint32" if wide else "uint16"}
+    save_outputs(a.out, tok, info)
+
+
+def save_outputs(out, tok, info):
+    """tokenizer.json (as it was given) and data.json into --out, then data.json's text on stdout."""
+    try:
+        tok.encode_special_tokens = False
+        tok.save(os.path.join(out, "tokenizer.json"))
+        with open(os.path.join(out, "data.json"), "w") as f:
+            json.dump(info, f, indent=1)
+    except OSError as e:
+        fail(f"--out {out}: write failed ({e})", code=3)
     print(json.dumps(info))
 
 
 def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wide):
     """--chat / --completion: the examples packed into windows, shards with their masks, data.json."""
-    tok.encode_special_tokens = False  # the saved tokenizer.json stays as it was given
     try:
         writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide, masks=True) for s in ("train", "val")}
         packers = {s: Packer(writers[s], a.seq_len, eos, a.long or "split") for s in writers}
@@ -535,29 +542,26 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
             packers[s].finish()
             if s == "train" or packers[s].examples:
                 writers[s].close()
-        tok.save(os.path.join(a.out, "tokenizer.json"))
-        has_val = n_val and packers["val"].examples > 0
-        total = writers["train"].total + writers["val"].total
-        info = {"model": {"vocab_size": vocab},
-                "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
-                         "loss_mask_path": os.path.join(a.out, "train_*.npy"),
-                         "val_path": os.path.join(a.out, "val_*.bin") if has_val else "",
-                         "val_loss_mask_path": os.path.join(a.out, "val_*.npy") if has_val else "",
-                         "seq_len": a.seq_len, "eos_token_id": eos, "document_mask": True},
-                "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None),
-                "mode": mode,
-                "examples": {s: packers[s].examples for s in ("train", "val")},
-                "longer_than_seq_len": {"split": packers["train"].split + packers["val"].split,
-                                        "dropped": packers["train"].dropped + packers["val"].dropped},
-                "tokens": {s: writers[s].total for s in ("train", "val")},
-                "targets": {s: writers[s].targets for s in ("train", "val")},
-                "target_fraction": round((writers["train"].targets + writers["val"].targets) / max(1, total), 6),
-                "token_dtype": "uint32" if wide else "uint16"}
-        with open(os.path.join(a.out, "data.json"), "w") as f:
-            json.dump(info, f, indent=1)
     except OSError as e:
         fail(f"--out {a.out}: write failed ({e})", code=3)
-    print(json.dumps(info))
+    has_val = n_val and packers["val"].examples > 0
+    total = writers["train"].total + writers["val"].total
+    info = {"model": {"vocab_size": vocab},
+            "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
+                     "loss_mask_path": os.path.join(a.out, "train_*.npy"),
+                     "val_path": os.path.join(a.out, "val_*.bin") if has_val else "",
+                     "val_loss_mask_path": os.path.join(a.out, "val_*.npy") if has_val else "",
+                     "seq_len": a.seq_len, "eos_token_id": eos, "document_mask": True},
+            "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None),
+            "mode": mode,
+            "examples": {s: packers[s].examples for s in ("train", "val")},
+            "longer_than_seq_len": {"split": packers["train"].split + packers["val"].split,
+                                    "dropped": packers["train"].dropped + packers["val"].dropped},
+            "tokens": {s: writers[s].total for s in ("train", "val")},
+            "targets": {s: writers[s].targets for s in ("train", "val")},
+            "target_fraction": round((writers["train"].targets + writers["val"].targets) / max(1, total), 6),
+            "token_dtype": "uint32" if wide else "uint16"}
+    save_outputs(a.out, tok, info)
 
 
 if __name__ == "__main__":

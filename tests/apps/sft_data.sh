@@ -48,10 +48,19 @@ def stream(d, split="train"):
         assert m.dtype == np.uint8 and m.shape == (n,), (p, m.dtype, m.shape)
         mask += [int(v) for v in m]
     return ids, mask, json.load(open(os.path.join(d, "data.json")))
+def masked_runs(hf, ids, mask):
+    """The text of each maximal run of masked-in tokens."""
+    runs, cur = [], []
+    for t, m in zip(ids, mask):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs.append(hf.decode(cur)); cur = []
+    return runs + ([hf.decode(cur)] if cur else [])
 PY
 "$py" - "$tmp" <<'PY'
 import json, os, sys
-sys.path.insert(0, sys.argv[1]); from read import stream
+sys.path.insert(0, sys.argv[1]); from read import stream, masked_runs
 from transformers import AutoTokenizer
 d = sys.argv[1]
 convs = [json.loads(l)["messages"] for l in open(os.path.join(d, "conv.jsonl"))]
@@ -75,7 +84,7 @@ check $? "--chat masks equal transformers' return_assistant_tokens_mask on a tem
 
 "$py" - "$tmp" <<'PY'
 import json, os, sys
-sys.path.insert(0, sys.argv[1]); from read import stream
+sys.path.insert(0, sys.argv[1]); from read import stream, masked_runs
 from transformers import AutoTokenizer
 d = sys.argv[1]
 convs = [json.loads(l)["messages"] for l in open(os.path.join(d, "conv.jsonl"))]
@@ -93,14 +102,7 @@ for i, msgs in enumerate(convs):
     n = len(hf(want_text, add_special_tokens=False)["input_ids"])
     seg_ids, seg_mask = ids[at:at + n], mask[at:at + n]
     assert hf.decode(seg_ids) == want_text, hf.decode(seg_ids)
-    runs, cur = [], []
-    for t, m in zip(seg_ids, seg_mask):
-        if m:
-            cur.append(t)
-        elif cur:
-            runs.append(hf.decode(cur)); cur = []
-    if cur:
-        runs.append(hf.decode(cur))
+    runs = masked_runs(hf, seg_ids, seg_mask)
     assert runs == [f" {a1}<|endoftext|>", f" {a2}<|endoftext|>"], f"conversation {i}: masked runs {runs}"
     at += n
 assert set(ids[at:]) == {eos} and set(mask[at:]) == {0}
@@ -114,18 +116,13 @@ printf '%s\n' '{"prompt": "what is the next word after alpha?", "completion": " 
 "${prep[@]}" --out "$tmp/co" --tokenizer "$tmp/chatml" --completion --seq-len 64 --val-fraction 0 "$tmp/comp.jsonl" \
   >"$tmp/co.out" 2>&1 && "$py" - "$tmp" <<'PY'
 import os, sys
-sys.path.insert(0, sys.argv[1]); from read import stream
+sys.path.insert(0, sys.argv[1]); from read import stream, masked_runs
 from transformers import AutoTokenizer
 d = sys.argv[1]
 hf = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))
 ids, mask, info = stream(os.path.join(d, "co"))
 eos = info["eos_token_id"]
-runs, cur = [], []
-for t, m in zip(ids, mask):
-    if m:
-        cur.append(t)
-    elif cur:
-        runs.append(hf.decode(cur)); cur = []
+runs = masked_runs(hf, ids, mask)
 assert runs == [" beta<|endoftext|>", " mu mu<|endoftext|>"], runs
 first = hf.decode(ids[:ids.index(eos) + 1])
 assert first == "what is the next word after alpha? beta<|endoftext|>", first
@@ -141,7 +138,7 @@ printf '%s\n' '{"messages": [{"role": "user", "content": "mu"}, {"role": "assist
 "${prep[@]}" --out "$tmp/dr" --tokenizer "$tmp/chatml" --chat --seq-len 24 --long drop --val-fraction 0 \
   "$tmp/conv.jsonl" "$tmp/short.jsonl" >/dev/null 2>&1 && "$py" - "$tmp" <<'PY'
 import json, os, sys
-sys.path.insert(0, sys.argv[1]); from read import stream
+sys.path.insert(0, sys.argv[1]); from read import stream, masked_runs
 from transformers import AutoTokenizer
 d = sys.argv[1]
 hf = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/loss_mask_files.h"
 #include "common/sp_case.h"
 #include "models/model.h"
 #include "mpi/mpi_test.h"
@@ -32,31 +33,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr int64_t kEos = 3, kVocab = 64;
-
-void write_bytes(const fs::path& path, const std::vector<unsigned char>& b) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-// An llm.c uint16 shard, and a .npy uint8 mask (format 1.0, NumPy's layout).
-void write_shard(const fs::path& path, const std::vector<int64_t>& tokens) {
-  std::vector<unsigned char> b(1024, 0);
-  const uint32_t head[3] = {20240520, 1, static_cast<uint32_t>(tokens.size())};
-  for (int k = 0; k < 3; ++k)
-    for (int i = 0; i < 4; ++i) b[size_t(4 * k + i)] = static_cast<unsigned char>(head[k] >> (8 * i));
-  for (int64_t t : tokens) b.push_back(static_cast<unsigned char>(t)), b.push_back(static_cast<unsigned char>(t >> 8));
-  write_bytes(path, b);
-}
-void write_mask(const fs::path& path, const std::vector<int64_t>& mask) {
-  std::string header = "{'descr': '|u1', 'fortran_order': False, 'shape': (" + std::to_string(mask.size()) + ",), }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::vector<unsigned char> b = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<unsigned char>(header.size()),
-                                  static_cast<unsigned char>(header.size() >> 8)};
-  b.insert(b.end(), header.begin(), header.end());
-  for (int64_t m : mask) b.push_back(static_cast<unsigned char>(m));
-  write_bytes(path, b);
-}
 
 enum class MaskCase { spans, second_half, documents, everything };
 
@@ -134,8 +110,8 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
     const ParamMap params = init_params(base.model, static_cast<uint64_t>(base.train.seed), DType::f32);
     if (w.rank() == 0) {
       fs::create_directories(cdir);
-      write_shard(cdir / "t.bin", tokens);
-      write_mask(cdir / "t.npy", mask);
+      write_shard((cdir / "t.bin").string(), tokens);
+      write_bytes((cdir / "t.npy").string(), npy_mask(mask));
       std::ofstream(cdir / "cfg.json") << json{{"model", kLlamaGqa}}.dump();
       ParamMap f64;
       for (const auto& [n, t] : params) f64[n] = t.to(DType::f64);
@@ -199,8 +175,8 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
     make_data(MaskCase::everything, 8, 16, 5, tokens, mask);
     if (w.rank() == 0) {
       fs::create_directories(cdir);
-      write_shard(cdir / "t.bin", tokens);
-      write_mask(cdir / "t.npy", mask);
+      write_shard((cdir / "t.bin").string(), tokens);
+      write_bytes((cdir / "t.npy").string(), npy_mask(mask));
     }
     w.barrier();
     TrainArgs args;

@@ -2,7 +2,7 @@
 // -100 exactly where mask[i] = 0, checked against expectations built here from the stream and the
 // mask by index (hand-written for one small case), across shard boundaries, under shuffle and a
 // mix (the mask follows the window), with packed documents and for validation data; the .npy
-// files are written here byte by byte from NumPy's format description, not by the reader's code.
+// files are written byte by byte from NumPy's format description (tests/common/loss_mask_files.h).
 // Every malformed mask is a UsageError naming the mask (and its token file where there is one).
 #include <catch2/catch.hpp>
 
@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 
+#include "common/loss_mask_files.h"
 #include "common/temp_dir.h"
 #include "train/accumulation.h"
 #include "train/data.h"
@@ -19,46 +20,15 @@ using namespace autosp;
 
 namespace {
 
-using Bytes = std::vector<unsigned char>;
+using test::Bytes;
+using test::npy;
+using test::npy_mask;
+using test::write_bytes;
+using test::write_shard;
 
 struct TempDir : test::TempDir {
   TempDir() : test::TempDir("mask") {}
 };
-
-void write_bytes(const std::string& path, const Bytes& b) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  REQUIRE(f.good());
-}
-
-// An llm.c uint16 shard of `tokens`.
-void write_shard(const std::string& path, const std::vector<int64_t>& tokens) {
-  Bytes b(1024, 0);
-  const uint32_t head[3] = {20240520, 1, static_cast<uint32_t>(tokens.size())};
-  for (int k = 0; k < 3; ++k)
-    for (int i = 0; i < 4; ++i) b[size_t(4 * k + i)] = static_cast<unsigned char>(head[k] >> (8 * i));
-  for (int64_t t : tokens) b.push_back(static_cast<unsigned char>(t)), b.push_back(static_cast<unsigned char>(t >> 8));
-  write_bytes(path, b);
-}
-
-// A .npy file by NumPy's format description: magic, version, little-endian header length, the
-// dict padded with spaces to a multiple of 64 and ended by '\n', then the data.
-Bytes npy(const std::string& descr, const std::string& shape, const Bytes& data, int major = 1) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-  const size_t prefix = major == 1 ? 10 : 12;
-  while ((prefix + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  Bytes b = {0x93, 'N', 'U', 'M', 'P', 'Y', static_cast<unsigned char>(major), 0};
-  const size_t n = header.size();
-  for (size_t i = 0; i < prefix - 8; ++i) b.push_back(static_cast<unsigned char>(n >> (8 * i)));
-  b.insert(b.end(), header.begin(), header.end());
-  b.insert(b.end(), data.begin(), data.end());
-  return b;
-}
-Bytes npy_mask(const std::vector<int>& m, const std::string& descr = "|u1", int major = 1) {
-  Bytes data(m.begin(), m.end());
-  return npy(descr, "(" + std::to_string(m.size()) + ",)", data, major);
-}
 
 DataConfig tokens_cfg(const std::string& path, const std::string& masks, int64_t seq_len, int64_t batch) {
   DataConfig c;
@@ -96,7 +66,7 @@ void write_split(const TempDir& tmp, const std::string& stem, const Stream& s, c
   for (size_t k = 0; k < sizes.size(); ++k) {
     const auto a = static_cast<std::ptrdiff_t>(at), e = static_cast<std::ptrdiff_t>(at + sizes[k]);
     write_shard(tmp.path(stem + "_" + std::to_string(k) + ".bin"), {s.tokens.begin() + a, s.tokens.begin() + e});
-    write_bytes(tmp.path(stem + "_" + std::to_string(k) + ".npy"), npy_mask({s.mask.begin() + a, s.mask.begin() + e}));
+    write_bytes(tmp.path(stem + "_" + std::to_string(k) + ".npy"), npy_mask(std::vector<int64_t>(s.mask.begin() + a, s.mask.begin() + e)));
     at += sizes[k];
   }
   REQUIRE(at == static_cast<int64_t>(s.tokens.size()));
