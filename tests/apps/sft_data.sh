@@ -2,7 +2,8 @@
 # scripts/prepare_data.py --chat and --completion (issue 27) on a tiny chat model directory made
 # offline by tests/ref/chat_fixture.py:
 #   - on a ChatML template with {% generation %} markers, every conversation's tokens and mask in
-#     the shards equal transformers' apply_chat_template(..., return_assistant_tokens_mask=True);
+#     the shards equal transformers' apply_chat_template(..., return_assistant_tokens_mask=True),
+#     whole in its window;
 #   - on a template without markers ([INST] ... [/INST] answer<eos>), the masked tokens decode to the
 #     hand-written answers, and nothing else is masked;
 #   - --completion masks the completion and its EOS;
@@ -29,25 +30,36 @@ check() {
   "$py" "$src/tests/ref/chat_fixture.py" "$tmp/inst" --template inst
 check $? "the fixture: a byte-level BPE with ChatML specials, two chat templates"
 
-# ---- masks against transformers (generation markers), and a hand-written expectation (none) ----
-"${prep[@]}" --out "$tmp/ml" --tokenizer "$tmp/chatml" --chat --seq-len 4096 --val-fraction 0 "$tmp/conv.jsonl" \
-  >"$tmp/ml.out" 2>&1 && "${prep[@]}" --out "$tmp/in" --tokenizer "$tmp/inst" --chat --seq-len 4096 --val-fraction 0 \
-  "$tmp/conv.jsonl" >"$tmp/in.out" 2>&1
-check $? "prepare_data.py --chat on both templates: $(tail -c 200 "$tmp/ml.out")"
+# ---- the data: both templates, --completion, packing (whole windows, split, drop) -----------------
+printf '%s\n' '{"prompt": "what is the next word after alpha?", "completion": " beta"}' \
+  '{"prompt": "say mu twice:", "completion": " mu mu"}' >"$tmp/comp.jsonl"
+printf '%s\n' '{"messages": [{"role": "user", "content": "mu"}, {"role": "assistant", "content": "nu"}]}' >"$tmp/short.jsonl"
+o=(--tokenizer "$tmp/chatml" --val-fraction 0)
+"${prep[@]}" --out "$tmp/pk" "${o[@]}" --chat --seq-len 64 --shard-tokens 100 "$tmp/conv.jsonl" >"$tmp/pk.out" 2>&1 &&
+  "${prep[@]}" --out "$tmp/in" --tokenizer "$tmp/inst" --val-fraction 0 --chat --seq-len 4096 "$tmp/conv.jsonl" >/dev/null 2>&1 &&
+  "${prep[@]}" --out "$tmp/co" "${o[@]}" --completion --seq-len 64 "$tmp/comp.jsonl" >/dev/null 2>&1 &&
+  "${prep[@]}" --out "$tmp/sp" "${o[@]}" --chat --seq-len 24 "$tmp/conv.jsonl" >/dev/null 2>&1 &&
+  "${prep[@]}" --out "$tmp/dr" "${o[@]}" --chat --seq-len 24 --long drop "$tmp/conv.jsonl" "$tmp/short.jsonl" >/dev/null 2>&1
+check $? "prepare_data.py --chat (two templates), --completion, --long split and drop: $(tail -c 150 "$tmp/pk.out")"
 
-cat >"$tmp/read.py" <<'PY'
-import glob, json, os, struct
+# One Python process checks them all (transformers loads once), one line per check.
+"$py" - "$tmp" <<'PY'
+import glob, json, os, struct, sys
 import numpy as np
-def stream(d, split="train"):
+from transformers import AutoTokenizer
+d = sys.argv[1]
+
+def stream(name):
     ids, mask = [], []
-    for p in sorted(glob.glob(os.path.join(d, f"{split}_*.bin"))):
+    for p in sorted(glob.glob(os.path.join(d, name, "train_*.bin"))):
         raw = open(p, "rb").read()
         n = struct.unpack("<3i", raw[:12])[2]
         ids += list(struct.unpack(f"<{n}H", raw[1024:]))
         m = np.load(p[:-4] + ".npy")
         assert m.dtype == np.uint8 and m.shape == (n,), (p, m.dtype, m.shape)
         mask += [int(v) for v in m]
-    return ids, mask, json.load(open(os.path.join(d, "data.json")))
+    return ids, mask, json.load(open(os.path.join(d, name, "data.json")))
+
 def masked_runs(hf, ids, mask):
     """The text of each maximal run of masked-in tokens."""
     runs, cur = [], []
@@ -57,119 +69,77 @@ def masked_runs(hf, ids, mask):
         elif cur:
             runs.append(hf.decode(cur)); cur = []
     return runs + ([hf.decode(cur)] if cur else [])
-PY
-"$py" - "$tmp" <<'PY'
-import json, os, sys
-sys.path.insert(0, sys.argv[1]); from read import stream, masked_runs
-from transformers import AutoTokenizer
-d = sys.argv[1]
-convs = [json.loads(l)["messages"] for l in open(os.path.join(d, "conv.jsonl"))]
-hf = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))
-ids, mask, info = stream(os.path.join(d, "ml"))
-eos = info["eos_token_id"]
-at = 0
-for i, msgs in enumerate(convs):
-    r = hf.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    want_ids, want_mask = r["input_ids"] + [eos], r["assistant_masks"] + [0]
-    assert sum(want_mask) > 0
-    assert ids[at:at + len(want_ids)] == want_ids, f"conversation {i}: tokens differ from apply_chat_template"
-    assert mask[at:at + len(want_ids)] == want_mask, (f"conversation {i}: mask {mask[at:at + len(want_ids)]} vs "
-                                                       f"transformers {want_mask}")
-    at += len(want_ids)
-assert set(ids[at:]) == {eos} and set(mask[at:]) == {0}, "the rest is EOS padding, masked"
-assert len(ids) == 4096 + 1 and info["data"]["seq_len"] == 4096
-print(f"{len(convs)} conversations: tokens and masks equal return_assistant_tokens_mask")
-PY
-check $? "--chat masks equal transformers' return_assistant_tokens_mask on a template with generation markers"
 
-"$py" - "$tmp" <<'PY'
-import json, os, sys
-sys.path.insert(0, sys.argv[1]); from read import stream, masked_runs
-from transformers import AutoTokenizer
-d = sys.argv[1]
 convs = [json.loads(l)["messages"] for l in open(os.path.join(d, "conv.jsonl"))]
-hf = AutoTokenizer.from_pretrained(os.path.join(d, "inst"))
-ids, mask, info = stream(os.path.join(d, "in"))
-eos = info["eos_token_id"]
-# Hand-written: the template writes "<<SYS>>s<</SYS>>[INST] u1 [/INST] a1<|endoftext|>[INST] u2 [/INST] a2<|endoftext|>";
-# the assistant's text is " a1<|endoftext|>" and " a2<|endoftext|>", so the conversation ends with
-# its own EOS (no second one) and the masked runs decode to exactly those.
-at = 0
-for i, msgs in enumerate(convs):
-    a1, a2 = msgs[2]["content"], msgs[4]["content"]
-    want_text = (f"<<SYS>>{msgs[0]['content']}<</SYS>>[INST] {msgs[1]['content']} [/INST] {a1}<|endoftext|>"
-                 f"[INST] {msgs[3]['content']} [/INST] {a2}<|endoftext|>")
-    n = len(hf(want_text, add_special_tokens=False)["input_ids"])
-    seg_ids, seg_mask = ids[at:at + n], mask[at:at + n]
-    assert hf.decode(seg_ids) == want_text, hf.decode(seg_ids)
-    runs = masked_runs(hf, seg_ids, seg_mask)
-    assert runs == [f" {a1}<|endoftext|>", f" {a2}<|endoftext|>"], f"conversation {i}: masked runs {runs}"
-    at += n
-assert set(ids[at:]) == {eos} and set(mask[at:]) == {0}
-print("the masked runs are the hand-written answers")
-PY
-check $? "--chat on a template without markers: the masked tokens are exactly the hand-written answers"
+chatml = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))
+hf_masks = [chatml.apply_chat_template(m, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            for m in convs]
+lens = [len(r["input_ids"]) + 1 for r in hf_masks]  # with the EOS after each
 
-# ---- --completion ------------------------------------------------------------------------------
-printf '%s\n' '{"prompt": "what is the next word after alpha?", "completion": " beta"}' \
-  '{"prompt": "say mu twice:", "completion": " mu mu"}' >"$tmp/comp.jsonl"
-"${prep[@]}" --out "$tmp/co" --tokenizer "$tmp/chatml" --completion --seq-len 64 --val-fraction 0 "$tmp/comp.jsonl" \
-  >"$tmp/co.out" 2>&1 && "$py" - "$tmp" <<'PY'
-import os, sys
-sys.path.insert(0, sys.argv[1]); from read import stream, masked_runs
-from transformers import AutoTokenizer
-d = sys.argv[1]
-hf = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))
-ids, mask, info = stream(os.path.join(d, "co"))
-eos = info["eos_token_id"]
-runs = masked_runs(hf, ids, mask)
-assert runs == [" beta<|endoftext|>", " mu mu<|endoftext|>"], runs
-first = hf.decode(ids[:ids.index(eos) + 1])
-assert first == "what is the next word after alpha? beta<|endoftext|>", first
-print("completion runs", runs)
-PY
-check $? "--completion masks the completion and its EOS: $(tail -c 120 "$tmp/co.out")"
+def markers():
+    """ChatML with {% generation %}: each conversation whole in its window of 64, its tokens and mask
+    those of transformers' return_assistant_tokens_mask, then EOS and masked EOS padding."""
+    ids, mask, info = stream("pk")
+    S, eos = 64, info["eos_token_id"]
+    assert max(lens) <= S and len(ids) == len(convs) * S + 1, (len(ids), lens)
+    for w, (r, n) in enumerate(zip(hf_masks, lens)):
+        win, wm = ids[w * S:(w + 1) * S], mask[w * S:(w + 1) * S]
+        assert sum(r["assistant_masks"]) > 0
+        assert win[:n - 1] == r["input_ids"], f"window {w}: tokens differ from apply_chat_template"
+        assert wm[:n - 1] == r["assistant_masks"], f"window {w}: mask {wm[:n - 1]} vs {r['assistant_masks']}"
+        assert set(win[n - 1:]) == {eos} and set(wm[n - 1:]) == {0}, f"window {w}: EOS, then masked padding"
+    assert len(glob.glob(os.path.join(d, "pk", "train_*.npy"))) >= 2, "several shards, each with its mask"
 
-# ---- packing into windows ----------------------------------------------------------------------
-printf '%s\n' '{"messages": [{"role": "user", "content": "mu"}, {"role": "assistant", "content": "nu"}]}' >"$tmp/short.jsonl"
-"${prep[@]}" --out "$tmp/pk" --tokenizer "$tmp/chatml" --chat --seq-len 64 --val-fraction 0 --shard-tokens 100 \
-  "$tmp/conv.jsonl" >/dev/null 2>&1 &&
-"${prep[@]}" --out "$tmp/sp" --tokenizer "$tmp/chatml" --chat --seq-len 24 --val-fraction 0 "$tmp/conv.jsonl" >/dev/null 2>&1 &&
-"${prep[@]}" --out "$tmp/dr" --tokenizer "$tmp/chatml" --chat --seq-len 24 --long drop --val-fraction 0 \
-  "$tmp/conv.jsonl" "$tmp/short.jsonl" >/dev/null 2>&1 && "$py" - "$tmp" <<'PY'
-import json, os, sys
-sys.path.insert(0, sys.argv[1]); from read import stream, masked_runs
-from transformers import AutoTokenizer
-d = sys.argv[1]
-hf = AutoTokenizer.from_pretrained(os.path.join(d, "chatml"))
-convs = [json.loads(l)["messages"] for l in open(os.path.join(d, "conv.jsonl"))]
-lens = [len(hf.apply_chat_template(m, tokenize=True)) + 1 for m in convs]
-# 64: each conversation (≤ 64 tokens) sits whole in one window, padded with masked EOS.
-ids, mask, info = stream(os.path.join(d, "pk"))
-S, eos = 64, info["eos_token_id"]
-assert max(lens) <= S and len(ids) % S == 1 and len(ids) // S == len(convs), (len(ids), lens)
-for w, n in enumerate(lens):
-    win, wm = ids[w * S:(w + 1) * S], mask[w * S:(w + 1) * S]
-    assert win[n - 1] == eos and set(win[n:]) <= {eos} and set(wm[n:]) <= {0}, f"window {w}"
-    r = hf.apply_chat_template(convs[w], tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    assert win[:n - 1] == r["input_ids"] and wm[:n - 1] == r["assistant_masks"], f"window {w}"
-assert len(__import__("glob").glob(os.path.join(d, "pk", "train_*.npy"))) >= 2, "several shards, each with its mask"
-# 24: every conversation is longer, so each is split at window boundaries, starting a window.
-ids, mask, info = stream(os.path.join(d, "sp"))
-assert info["longer_than_seq_len"] == {"split": len(convs), "dropped": 0}, info["longer_than_seq_len"]
-at = 0
-for m, n in zip(convs, lens):
-    r = hf.apply_chat_template(m, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    assert ids[at:at + n - 1] == r["input_ids"] and mask[at:at + n - 1] == r["assistant_masks"]
-    at = (at + n + 23) // 24 * 24
-assert len(ids) == at + 1
-# drop: only the short conversation is left.
-ids, mask, info = stream(os.path.join(d, "dr"))
-assert info["longer_than_seq_len"] == {"split": 0, "dropped": len(convs)} and info["examples"]["train"] == 1, info
-assert len(ids) == 24 + 1
-print("packing ok")
+def no_markers():
+    """[INST] ... [/INST] answer<|endoftext|>: the masked runs are exactly the hand-written answers with
+    their EOS, and the conversation ends with that EOS (none added)."""
+    hf = AutoTokenizer.from_pretrained(os.path.join(d, "inst"))
+    ids, mask, info = stream("in")
+    at = 0
+    for i, msgs in enumerate(convs):
+        a1, a2 = msgs[2]["content"], msgs[4]["content"]
+        want_text = (f"<<SYS>>{msgs[0]['content']}<</SYS>>[INST] {msgs[1]['content']} [/INST] {a1}<|endoftext|>"
+                     f"[INST] {msgs[3]['content']} [/INST] {a2}<|endoftext|>")
+        n = len(hf(want_text, add_special_tokens=False)["input_ids"])
+        assert hf.decode(ids[at:at + n]) == want_text, hf.decode(ids[at:at + n])
+        runs = masked_runs(hf, ids[at:at + n], mask[at:at + n])
+        assert runs == [f" {a1}<|endoftext|>", f" {a2}<|endoftext|>"], f"conversation {i}: masked runs {runs}"
+        at += n
+    assert set(ids[at:]) == {info["eos_token_id"]} and set(mask[at:]) == {0}
+
+def completion():
+    """--completion: the completion and its EOS are the masked runs."""
+    ids, mask, info = stream("co")
+    runs = masked_runs(chatml, ids, mask)
+    assert runs == [" beta<|endoftext|>", " mu mu<|endoftext|>"], runs
+    first = chatml.decode(ids[:ids.index(info["eos_token_id"]) + 1])
+    assert first == "what is the next word after alpha? beta<|endoftext|>", first
+
+def split_and_drop():
+    """seq_len 24: every conversation is longer, so each is cut at window boundaries from a window's
+    start (split), or left out (drop: only the short one is left)."""
+    ids, mask, info = stream("sp")
+    assert info["longer_than_seq_len"] == {"split": len(convs), "dropped": 0}, info["longer_than_seq_len"]
+    at = 0
+    for r, n in zip(hf_masks, lens):
+        assert ids[at:at + n - 1] == r["input_ids"] and mask[at:at + n - 1] == r["assistant_masks"]
+        at = (at + n + 23) // 24 * 24
+    assert len(ids) == at + 1
+    ids, mask, info = stream("dr")
+    assert info["longer_than_seq_len"] == {"split": 0, "dropped": len(convs)} and info["examples"]["train"] == 1, info
+    assert len(ids) == 24 + 1
+
+failed = 0
+for check in (markers, no_markers, completion, split_and_drop):
+    try:
+        check()
+        print(f"ok   {check.__name__}: {check.__doc__.split(chr(10))[0]}")
+    except AssertionError as e:
+        failed += 1
+        print(f"FAIL {check.__name__}: {str(e)[:300]}")
+sys.exit(1 if failed else 0)
 PY
-check $? "packing: whole examples per window, split and drop counted, N·S + 1 tokens"
+check $? "--chat masks equal transformers' return_assistant_tokens_mask (markers) and the hand-written answers (no markers); --completion; packing"
 
 # ---- garbage -----------------------------------------------------------------------------------
 row() {  # row 'NEEDLE' ARGS...
