@@ -195,5 +195,19 @@ row '\-\-seq-len and \-\-long apply to \-\-chat and \-\-completion' --out "$tmp/
 row "argument \-\-long: invalid choice: 'cut'" "${o[@]}" --chat --long cut "$tmp/conv.jsonl"
 row 'every train example is longer than \-\-seq-len 8' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 8 --long drop --chat "$tmp/conv.jsonl"
 
+# scripts/chat_prompt.py's own mistakes, and what it prints.
+prompt=("$py" "$src/scripts/chat_prompt.py")
+prep=("${prompt[@]}")  # what row runs from here on
+row 'has no chat_template' "$tmp/notemplate" "hi"
+row 'give MESSAGE or \-\-turn-end' "$tmp/chatml"
+row '\-\-chat needs a model directory' "$tmp/conv.jsonl" "hi"
+row 'unrecognized arguments: \-\-bogus' "$tmp/chatml" --bogus "hi"
+[ "$("${prompt[@]}" "$tmp/chatml" --turn-end 2>&1)" = 2 ] &&
+  [ "$("${prompt[@]}" "$tmp/chatml" --ids hi 2>&1)" = "$("$py" -c '
+import sys; from transformers import AutoTokenizer
+t = AutoTokenizer.from_pretrained(sys.argv[1])
+print(",".join(map(str, t.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True))))' "$tmp/chatml" 2>/dev/null)" ]
+check $? "chat_prompt.py: --turn-end is <|im_end|> (id 2), --ids equals apply_chat_template(add_generation_prompt=True)"
+
 echo "$rows rows"
 exit $fail
