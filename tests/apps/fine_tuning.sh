@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # docs/fine-tuning.md end to end, at tiny size: the same commands on a chat model directory made
-# offline (tests/ref/chat_fixture.py: a 2-layer Llama with a ChatML template) instead of a real one.
+# offline (tests/ref/chat_fixture.py: a 2-layer Llama with a ChatML template) instead of a real one
+# (the page's py=$(bash scripts/hf-venv.sh) is "$py" here, its models/Qwen2.5-0.5B-Instruct "model").
 #   1. conversations JSONL -> prepare_data.py --chat with the model directory's tokenizer;
 #   2. -> autosp-train with model.from and the loss masks on 2 ranks (AutoSP, P = 2): the loss falls,
 #      the step lines carry the target count;
