@@ -57,3 +57,16 @@ def shard(magic, version, tokens, width, extra=(7, 1, 300, 5)):
 write("tokens", "u16", shard(20240520, 1, [t * 7 % 256 for t in range(64)], "H"))
 write("tokens", "u32", shard(20240801, 7, [t * 13 % 300 for t in range(40)], "I"))
 write("tokens", "u16-short", shard(20240520, 1, list(range(9)), "H", (8, 2, 20, 1)))
+
+
+# loss_mask: .npy files of 64 values (the fuzzer's shard holds 64 tokens): uint8 and bool, format 1.0 and 2.0.
+def npy(descr, values, version=1):
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (descr, len(values))
+    prefix = 10 if version == 1 else 12
+    h += " " * ((64 - (prefix + len(h) + 1) % 64) % 64) + "\n"
+    size = struct.pack("<H", len(h)) if version == 1 else struct.pack("<I", len(h))
+    return b"\x93NUMPY" + bytes([version, 0]) + size + h.encode() + bytes(values)
+write("loss_mask", "u1", npy("|u1", [i % 3 != 0 for i in range(64)]))
+write("loss_mask", "b1-v2", npy("|b1", [i % 2 for i in range(64)], version=2))
+write("loss_mask", "zeros", npy("|u1", [0] * 64))
+

@@ -25,6 +25,33 @@ data.val_path, the EOS and BOS ids). A DIR holding such files of an earlier run 
 is given, which first removes them all (other files in DIR are left alone), so no old shard is picked
 up by the new run's train_*.bin. Runs under the venv of scripts/hf-venv.sh (Hugging Face `tokenizers`).
 Bad input or usage is one `error:` line and exit 2; a failed write is one `error:` line and exit 3.
+
+Supervised fine-tuning (--chat or --completion, with --seq-len S and --tokenizer a model directory):
+  --chat        .jsonl rows {"messages": [{"role": ..., "content": "..."}, ...]} (the OpenAI / TRL
+                conversational format; roles system, user, assistant, tool). Each conversation is
+                rendered with the directory's chat template (tokenizer_config.json "chat_template",
+                by transformers' apply_chat_template, which renders with jinja2) and tokenized as
+                transformers does (no special tokens added: the template writes them). The mask is 1
+                on the assistant's tokens and 0 elsewhere. An assistant turn is found by rendering:
+                the turn's text is what rendering messages[:i + 1] adds to messages[:i] rendered with
+                add_generation_prompt=True, less trailing whitespace (the template's separator after
+                the turn), and a token is the assistant's when its characters overlap that text (the
+                rule of return_assistant_tokens_mask on a template with {% generation %} markers, but
+                needing no markers). A template that renders a prefix of a conversation as anything but
+                a prefix of the whole is an error naming the line.
+  --completion  .jsonl rows {"prompt": "...", "completion": "..."}: BOS (as for documents) + the text of
+                prompt + completion, masked 1 on the completion's tokens and on the EOS after it.
+Each example ends with the EOS (the --chat EOS is masked 0, unless the template wrote it inside an
+assistant turn; it is not added again when the template's last token is already EOS). Examples are
+packed whole into windows of S tokens, which is where autosp-train's data.seq_len S reads them: one
+that does not fit in what is left of a window starts the next one, and the rest of the window is EOS
+padding (mask 0; under data.document_mask each pad is an empty document). An example longer than S
+is cut at window boundaries into consecutive windows (--long split, the default: the mask stays
+per token; each piece after the first starts a window without the context before it) or left out
+(--long drop); data.json counts both. The stream ends with one EOS so its last window has its last
+target. Beside each shard <split>_NNNNNN.bin is <split>_NNNNNN.npy, the one-dimensional uint8 mask
+of its tokens (data.loss_mask_path / data.val_loss_mask_path), and data.json names them with
+seq_len, eos_token_id and document_mask: true.
 """
 import argparse
 import glob
@@ -37,7 +64,9 @@ import sys
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 HEADER_INTS = 256
 # What a run writes into --out: the shards (and their temporary names), tokenizer.json, data.json.
-OUTPUTS = ("train_*.bin", "val_*.bin", "train_*.bin.tmp", "val_*.bin.tmp", "tokenizer.json", "data.json")
+OUTPUTS = ("train_*.bin", "val_*.bin", "train_*.bin.tmp", "val_*.bin.tmp", "train_*.npy", "val_*.npy",
+           "train_*.npy.tmp", "val_*.npy.tmp", "tokenizer.json", "data.json")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def fail(msg, code=2):
@@ -55,6 +84,55 @@ class ArgParser(argparse.ArgumentParser):
 
 
 def jsonl_documents(path, text_key):
+    return jsonl_rows(path, lambda obj, where: text_row(obj, where, text_key))
+
+
+def text_row(obj, where, text_key):
+    if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
+        fail(f"{where}: expected an object with a string field '{text_key}' (--text-key)")
+    return checked_text(obj[text_key], where, f"field '{text_key}'")
+
+
+def checked_text(text, where, what):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # "\ud800" is valid JSON but no Unicode text
+        fail(f"{where}: {what} holds a lone surrogate (\\u{ord(text[e.start]):04x}), not text")
+    return text
+
+
+def chat_row(obj, where):
+    """--chat: the row's messages, checked: a non-empty list of {role, content} with a known role and
+    string content."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
+        fail(f"{where}: expected an object with a non-empty list 'messages' of {{role, content}} (--chat)")
+    out = []
+    for i, m in enumerate(obj["messages"]):
+        at = f"{where}: messages[{i}]"
+        if not isinstance(m, dict):
+            fail(f"{at}: expected an object {{role, content}}, got {json.dumps(m)[:60]}")
+        if "role" not in m:
+            fail(f"{at}: no 'role'")
+        if m["role"] not in ROLES:
+            fail(f"{at}: unknown role {json.dumps(m['role'])[:60]} (expected one of {', '.join(ROLES)})")
+        if not isinstance(m.get("content"), str):
+            fail(f"{at}: 'content' must be a string, got {json.dumps(m.get('content'))[:60]}")
+        out.append({"role": m["role"], "content": checked_text(m["content"], at, "'content'")})
+    return out
+
+
+def completion_row(obj, where):
+    """--completion: (prompt, completion), both strings."""
+    if not isinstance(obj, dict):
+        fail(f"{where}: expected an object {{prompt, completion}} (--completion)")
+    for key in ("prompt", "completion"):
+        if not isinstance(obj.get(key), str):
+            fail(f"{where}: '{key}' must be a string, got {json.dumps(obj.get(key))[:60]} (--completion)")
+    return checked_text(obj["prompt"], where, "'prompt'"), checked_text(obj["completion"], where, "'completion'")
+
+
+def jsonl_rows(path, parse):
+    """(origin, parse(obj, origin)) for every non-blank line of a .jsonl file."""
     docs = []
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
@@ -70,14 +148,7 @@ def jsonl_documents(path, text_key):
                 fail(f"{path}:{n}: not valid JSON ({e.msg})")
             except (ValueError, RecursionError) as e:  # a number over 4300 digits, nesting too deep
                 fail(f"{path}:{n}: not usable JSON ({first_line(e)[:100]})")
-            if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
-                fail(f"{path}:{n}: expected an object with a string field '{text_key}' (--text-key)")
-            text = obj[text_key]
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:  # "\ud800" is valid JSON but no Unicode text
-                fail(f"{path}:{n}: field '{text_key}' holds a lone surrogate (\\u{ord(text[e.start]):04x}), not text")
-            docs.append((f"{path}:{n}", text))
+            docs.append((f"{path}:{n}", parse(obj, f"{path}:{n}")))
     return docs
 
 
@@ -92,14 +163,20 @@ def text_documents(path, paragraphs):
     return [(f"{path}#{i}", p.strip("\n")) for i, p in enumerate(q for q in text.split("\n\n") if q.strip())]
 
 
-def documents(paths, text_key, paragraphs):
-    """(origin, text) for every document of the inputs, in order; each input must hold one."""
+def documents(paths, text_key, paragraphs, mode=None):
+    """(origin, text) for every document of the inputs, in order; each input must hold one. With mode
+    "chat" or "completion" (only .jsonl inputs) the rows' messages or (prompt, completion) instead."""
     docs = []
     for path in paths:
         if not os.path.isfile(path):
             fail(f"{path}: not a file")
+        if mode and not path.endswith(".jsonl"):
+            fail(f"{path}: --{mode} reads .jsonl files")
         try:
-            found = jsonl_documents(path, text_key) if path.endswith(".jsonl") else text_documents(path, paragraphs)
+            if mode:
+                found = jsonl_rows(path, chat_row if mode == "chat" else completion_row)
+            else:
+                found = jsonl_documents(path, text_key) if path.endswith(".jsonl") else text_documents(path, paragraphs)
         except OSError as e:
             fail(f"{path}: cannot read ({e.strerror})")
         if not found:
@@ -184,24 +261,28 @@ def train_tokenizer(texts, vocab_size):
 
 
 class ShardWriter:
-    """Tokens into DIR/<split>_NNNNNN.bin files of at most shard_tokens each."""
+    """Tokens into DIR/<split>_NNNNNN.bin files of at most shard_tokens each; with masks, each
+    shard's loss mask beside it in DIR/<split>_NNNNNN.npy (uint8, one dimension, the same length)."""
 
-    def __init__(self, out, split, shard_tokens, wide):
+    def __init__(self, out, split, shard_tokens, wide, masks=False):
         self.out, self.split, self.limit, self.wide = out, split, shard_tokens, wide
-        self.buf, self.files, self.total = [], [], 0
+        self.buf, self.mbuf, self.masks, self.files, self.total, self.targets = [], [], masks, [], 0, 0
 
-    def add(self, ids):
+    def add(self, ids, mask=None):
         self.buf.extend(ids)
+        if self.masks:
+            self.mbuf.extend(mask)
+            self.targets += sum(mask)
         while len(self.buf) >= self.limit:
-            self._write(self.buf[:self.limit])
-            self.buf = self.buf[self.limit:]
+            self._write(self.buf[:self.limit], self.mbuf[:self.limit])
+            self.buf, self.mbuf = self.buf[self.limit:], self.mbuf[self.limit:]
 
     def close(self):
         if self.buf or not self.files:
-            self._write(self.buf)
-        self.buf = []
+            self._write(self.buf, self.mbuf)
+        self.buf, self.mbuf = [], []
 
-    def _write(self, ids):
+    def _write(self, ids, mask):
         import numpy as np
         path = os.path.join(self.out, f"{self.split}_{len(self.files):06d}.bin")
         header = np.zeros(HEADER_INTS, dtype="<i4")
@@ -210,9 +291,118 @@ class ShardWriter:
         with open(path + ".tmp", "wb") as f:
             f.write(header.tobytes())
             f.write(np.asarray(ids, dtype="<u4" if self.wide else "<u2").tobytes())
+        if self.masks:
+            npy = path[:-len(".bin")] + ".npy"
+            with open(npy + ".tmp", "wb") as f:
+                np.save(f, np.asarray(mask, dtype=np.uint8))
+            os.replace(npy + ".tmp", npy)
         os.replace(path + ".tmp", path)
         self.files.append(path)
         self.total += len(ids)
+
+
+# ---- supervised fine-tuning: chat and completion examples with loss masks ----
+
+def load_hf_tokenizer(path, mode):
+    """transformers' (fast) tokenizer of a model directory, read offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        fail(f"--{mode} needs transformers: run under the venv of scripts/hf-venv.sh")
+    if not os.path.isdir(path):
+        fail(f"--tokenizer {path}: --{mode} needs a model directory (tokenizer.json, tokenizer_config.json)")
+    import warnings
+    warnings.filterwarnings("ignore", category=FutureWarning)  # 4.44's clean_up_tokenization_spaces notice
+    try:
+        hf = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - any failure to load is the input's
+        fail(f"--tokenizer {path}: transformers cannot load its tokenizer ({first_line(e)})")
+    if not hf.is_fast:
+        fail(f"--tokenizer {path}: not a fast tokenizer (tokenizer.json), which --{mode} needs for token offsets")
+    if mode == "chat" and not hf.chat_template:
+        fail(f"--tokenizer {path}: its tokenizer_config.json has no chat_template (--chat renders with the model's own)")
+    return hf
+
+
+def render(hf, messages, generation_prompt, where):
+    try:
+        return hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as e:  # noqa: BLE001 - jinja2's TemplateError, the template's raise_exception
+        fail(f"{where}: the chat template cannot render this conversation ({first_line(e)})")
+
+
+def overlap_mask(offsets, spans):
+    """1 for each token whose characters [s, e) overlap one of `spans` (a zero-width token at s counts
+    as [s, s + 1)), else 0."""
+    return [int(any(s < b and max(e, s + 1) > a for a, b in spans)) for s, e in offsets]
+
+
+def chat_example(hf, messages, eos, where):
+    """(ids, mask) of one conversation: its rendering tokenized as apply_chat_template does, the mask 1
+    on the assistant turns (see the module's help), then EOS (mask 0) unless the rendering ends with it."""
+    full = render(hf, messages, False, where)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(hf, messages[:i], True, where)
+        upto = render(hf, messages[:i + 1], False, where)
+        if not (upto.startswith(before) and full.startswith(upto)):
+            fail(f"{where}: the chat template renders messages[:{i}] (with the generation prompt) or "
+                 f"messages[:{i + 1}] as other than a prefix of the whole conversation, so the assistant's "
+                 f"turn {i} cannot be found")
+        end = len(upto.rstrip())
+        if end > len(before):
+            spans.append((len(before), end))
+    enc = hf(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, mask = list(enc["input_ids"]), overlap_mask(enc["offset_mapping"], spans)
+    if not ids or ids[-1] != eos:
+        ids.append(eos)
+        mask.append(0)
+    return ids, mask
+
+
+def completion_example(hf, bos, prompt, completion, eos):
+    """(ids, mask) of one prompt-completion row: BOS + tokens of prompt + completion + EOS, the mask 1
+    on the tokens overlapping the completion and on the EOS."""
+    text = prompt + completion
+    enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = overlap_mask(enc["offset_mapping"], [(len(prompt), len(text))])
+    return bos + list(enc["input_ids"]) + [eos], [0] * len(bos) + mask + [1]
+
+
+class Packer:
+    """Examples into windows of seq_len tokens (see the module's help): whole where they fit, after
+    EOS padding (mask 0) of the rest of the window where they do not; longer ones cut into windows
+    (long "split") or left out ("drop"). finish() completes the last window and adds the final EOS."""
+
+    def __init__(self, writer, seq_len, eos, long):
+        self.w, self.S, self.eos, self.long = writer, seq_len, eos, long
+        self.used, self.examples, self.split, self.dropped = 0, 0, 0, 0
+
+    def pad(self):
+        if self.used:
+            n = self.S - self.used
+            self.w.add([self.eos] * n, [0] * n)
+            self.used = 0
+
+    def add(self, ids, mask):
+        if len(ids) > self.S:
+            if self.long == "drop":
+                self.dropped += 1
+                return
+            self.split += 1
+        if self.used + len(ids) > self.S:
+            self.pad()
+        self.w.add(ids, mask)
+        self.used = (self.used + len(ids)) % self.S
+        self.examples += 1
+
+    def finish(self):
+        if self.examples:
+            self.pad()
+            self.w.add([self.eos], [0])
 
 
 def main():
@@ -229,7 +419,26 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--overwrite", action="store_true",
                     help="replace the shards, tokenizer.json and data.json of an earlier run in --out")
+    ap.add_argument("--chat", action="store_true", help="JSONL conversations {messages: [{role, content}]}, "
+                    "rendered with the model's chat template, masked to the assistant's tokens")
+    ap.add_argument("--completion", action="store_true", help="JSONL rows {prompt, completion}, masked to the "
+                    "completion")
+    ap.add_argument("--seq-len", type=int, default=0, help="with --chat / --completion: the window (data.seq_len)")
+    ap.add_argument("--long", choices=("split", "drop"), default=None,
+                    help="with --chat / --completion: an example longer than --seq-len is cut into windows "
+                    "(split, the default) or left out (drop)")
     a = ap.parse_args()
+    mode = "chat" if a.chat else "completion" if a.completion else None
+    if a.chat and a.completion:
+        fail("--chat and --completion exclude each other")
+    if mode:
+        if not a.tokenizer:
+            fail(f"--{mode} needs --tokenizer DIR: a model directory with its tokenizer (and, for --chat, its "
+                 "chat template)")
+        if not 2 <= a.seq_len <= 2**26:
+            fail(f"--seq-len {a.seq_len}: --{mode} packs examples into windows of data.seq_len tokens; give 2 .. 2^26")
+    elif a.seq_len or a.long:
+        fail("--seq-len and --long apply to --chat and --completion")
 
     if bool(a.tokenizer) == bool(a.train_tokenizer):
         fail("give one of --tokenizer FILE or --train-tokenizer --vocab-size N")
@@ -242,7 +451,7 @@ def main():
 
     old = earlier_output(a.out, a.overwrite)
 
-    docs = documents(a.inputs, a.text_key, a.paragraphs)
+    docs = documents(a.inputs, a.text_key, a.paragraphs, mode)
     order = list(range(len(docs)))
     random.Random(a.seed).shuffle(order)
     n_val = 0 if a.val_fraction == 0 or len(docs) < 2 else max(1, int(round(a.val_fraction * len(docs))))
@@ -252,6 +461,7 @@ def main():
     val_docs = set(order[:n_val])
 
     tok = train_tokenizer((t for _, t in docs), a.vocab_size) if a.train_tokenizer else load_tokenizer(a.tokenizer)
+    hf = load_hf_tokenizer(a.tokenizer, mode) if mode else None
     eos = next((tok.token_to_id(n) for n in EOS_NAMES if tok.token_to_id(n) is not None), None)
     if eos is None:
         fail(f"the tokenizer has no EOS token (none of {', '.join(EOS_NAMES)})")
@@ -269,6 +479,8 @@ def main():
         os.makedirs(a.out, exist_ok=True)
     except OSError as e:
         fail(f"--out {a.out}: cannot prepare it ({e})")
+    if mode:
+        return write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wide)
     try:
         writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide) for s in ("train", "val")}
         chunk = 1024
@@ -288,19 +500,68 @@ def main():
         writers["train"].close()
         if n_val:
             writers["val"].close()
-        tok.encode_special_tokens = False  # the saved tokenizer.json stays as it was given
-        tok.save(os.path.join(a.out, "tokenizer.json"))
-        info = {"model": {"vocab_size": vocab},
-                "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
-                         "val_path": os.path.join(a.out, "val_*.bin") if n_val else ""},
-                "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None), "documents": {"train": len(docs) - n_val, "val": n_val},
-                "tokens": {"train": writers["train"].total, "val": writers["val"].total},
-                "token_dtype": "uint32" if wide else "uint16"}
-        with open(os.path.join(a.out, "data.json"), "w") as f:
-            json.dump(info, f, indent=1)
     except OSError as e:
         fail(f"--out {a.out}: write failed ({e})", code=3)
+    info = {"model": {"vocab_size": vocab},
+            "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
+                     "val_path": os.path.join(a.out, "val_*.bin") if n_val else ""},
+            "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None), "documents": {"train": len(docs) - n_val, "val": n_val},
+            "tokens": {"train": writers["train"].total, "val": writers["val"].total},
+            "token_dtype": "uint32" if wide else "uint16"}
+    save_outputs(a.out, tok, info)
+
+
+def save_outputs(out, tok, info):
+    """tokenizer.json (as it was given) and data.json into --out, then data.json's text on stdout."""
+    try:
+        tok.encode_special_tokens = False
+        tok.save(os.path.join(out, "tokenizer.json"))
+        with open(os.path.join(out, "data.json"), "w") as f:
+            json.dump(info, f, indent=1)
+    except OSError as e:
+        fail(f"--out {out}: write failed ({e})", code=3)
     print(json.dumps(info))
+
+
+def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wide):
+    """--chat / --completion: the examples packed into windows, shards with their masks, data.json."""
+    try:
+        writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide, masks=True) for s in ("train", "val")}
+        packers = {s: Packer(writers[s], a.seq_len, eos, a.long or "split") for s in writers}
+        for i, (origin, row) in enumerate(docs):
+            if mode == "chat":
+                ids, mask = chat_example(hf, row, eos, origin)
+            else:
+                ids, mask = completion_example(hf, bos, row[0], row[1], eos)
+            if max(ids) >= vocab:
+                fail(f"{origin}: token id {max(ids)} is outside the tokenizer's vocabulary of {vocab}")
+            packers["val" if i in val_docs else "train"].add(ids, mask)
+        if not packers["train"].examples:
+            fail(f"every train example is longer than --seq-len {a.seq_len} and --long drop left all out")
+        for s in ("train", "val"):
+            packers[s].finish()
+            if s == "train" or packers[s].examples:
+                writers[s].close()
+    except OSError as e:
+        fail(f"--out {a.out}: write failed ({e})", code=3)
+    has_val = n_val and packers["val"].examples > 0
+    total = writers["train"].total + writers["val"].total
+    info = {"model": {"vocab_size": vocab},
+            "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
+                     "loss_mask_path": os.path.join(a.out, "train_*.npy"),
+                     "val_path": os.path.join(a.out, "val_*.bin") if has_val else "",
+                     "val_loss_mask_path": os.path.join(a.out, "val_*.npy") if has_val else "",
+                     "seq_len": a.seq_len, "eos_token_id": eos, "document_mask": True},
+            "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None),
+            "mode": mode,
+            "examples": {s: packers[s].examples for s in ("train", "val")},
+            "longer_than_seq_len": {"split": packers["train"].split + packers["val"].split,
+                                    "dropped": packers["train"].dropped + packers["val"].dropped},
+            "tokens": {s: writers[s].total for s in ("train", "val")},
+            "targets": {s: writers[s].targets for s in ("train", "val")},
+            "target_fraction": round((writers["train"].targets + writers["val"].targets) / max(1, total), 6),
+            "token_dtype": "uint32" if wide else "uint16"}
+    save_outputs(a.out, tok, info)
 
 
 if __name__ == "__main__":

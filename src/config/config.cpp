@@ -110,7 +110,8 @@ std::vector<DataMixEntry> parse_data_mix(const json& v) {
     const std::string form = R"(expected {"path": "file or glob", "weight": number > 0})";
     if (!e.is_object()) throw UsageError(str(at, " = ", e.dump(), ": ", form));
     for (auto& [key, value] : e.items())
-      if (key != "path" && key != "weight") throw UsageError(str(at, ": unknown key '", key, "' (", form, ")"));
+      if (key != "path" && key != "weight" && key != "loss_mask_path")
+        throw UsageError(str(at, ": unknown key '", key, "' (", form, ", optionally \"loss_mask_path\")"));
     if (!e.contains("path") || !e["path"].is_string() || e["path"].get<std::string>().empty())
       throw UsageError(str(at, ".path: ", form));
     DataMixEntry entry{e["path"].get<std::string>(), 1};
@@ -120,6 +121,12 @@ std::vector<DataMixEntry> parse_data_mix(const json& v) {
         throw UsageError(str(at, ".weight = ", w.dump(), ": expected a number in (0, 1e12]"));
       entry.weight = w.get<double>();
     }
+    if (e.contains("loss_mask_path")) {
+      const json& m = e["loss_mask_path"];
+      if (!m.is_string() || m.get<std::string>().empty())
+        throw UsageError(str(at, ".loss_mask_path = ", m.dump(), ": expected a file or a glob of .npy loss masks"));
+      entry.loss_mask_path = m.get<std::string>();
+    }
     mix.push_back(std::move(entry));
   }
   return mix;
@@ -128,7 +135,11 @@ std::vector<DataMixEntry> parse_data_mix(const json& v) {
 json data_mix_json(const std::vector<DataMixEntry>& mix) {
   if (mix.empty()) return nullptr;
   json out = json::array();
-  for (const DataMixEntry& e : mix) out.push_back({{"path", e.path}, {"weight", e.weight}});
+  for (const DataMixEntry& e : mix) {
+    json entry = {{"path", e.path}, {"weight", e.weight}};
+    if (!e.loss_mask_path.empty()) entry["loss_mask_path"] = e.loss_mask_path;
+    out.push_back(std::move(entry));
+  }
   return out;
 }
 
@@ -216,6 +227,14 @@ const std::vector<Key>& schema() {
        [](const Config& c) { return data_mix_json(c.data.mix); }},
       {"data.shuffle", Kind::boolean, 0, 0, "", {}, F(data, shuffle)},
       {"data.seed", Kind::integer, -1, kBig, "", {}, F(data, seed)},  // -1: train.seed (the default)
+      // Loss masks beside data.path and data.val_path (train/data.h); left out of the resolved
+      // config when unset, so checkpoints written before them still resume.
+      {"data.loss_mask_path", Kind::string, 0, 0, "", {},
+       [](Config& c, const json& v) { c.data.loss_mask_path = v.get<std::string>(); },
+       [](const Config& c) { return c.data.loss_mask_path.empty() ? json() : json(c.data.loss_mask_path); }},
+      {"data.val_loss_mask_path", Kind::string, 0, 0, "", {},
+       [](Config& c, const json& v) { c.data.val_loss_mask_path = v.get<std::string>(); },
+       [](const Config& c) { return c.data.val_loss_mask_path.empty() ? json() : json(c.data.val_loss_mask_path); }},
       {"train.steps", Kind::integer, 0, kBig, "", {}, F(train, steps)},
       {"train.gradient_accumulation_steps", Kind::integer, 1, 1 << 20, "", {}, F(train, gradient_accumulation_steps)},
       {"train.lr", Kind::number, 0, 10, "", {}, F(train, lr)},
@@ -620,6 +639,14 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     if (c.data.source == DataSourceKind::synthetic)
       bad("data.mix does not apply to data.source \"synthetic\" (it mixes token or text files)");
   }
+  if (c.data.source == DataSourceKind::synthetic && (!c.data.loss_mask_path.empty() || !c.data.val_loss_mask_path.empty()))
+    bad("data.loss_mask_path and data.val_loss_mask_path do not apply to data.source \"synthetic\" (its labels are the task's)");
+  if (!c.data.loss_mask_path.empty() && c.data.path.empty())
+    bad(c.data.mix.empty() ? str("data.loss_mask_path needs data.path (the token files it masks)")
+                           : str("data.loss_mask_path goes with data.path; with data.mix give each entry its own "
+                                 "\"loss_mask_path\""));
+  if (!c.data.val_loss_mask_path.empty() && c.data.val_path.empty())
+    bad("data.val_loss_mask_path needs data.val_path (the validation token files it masks)");
   if (c.data.shuffle && c.data.source == DataSourceKind::synthetic)
     c.warnings.push_back("data.shuffle does nothing for data.source \"synthetic\" (every sequence is drawn at random)");
   if (c.data.source == DataSourceKind::synthetic && !c.data.val_path.empty())

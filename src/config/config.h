@@ -31,6 +31,7 @@ std::string_view data_source_name(DataSourceKind s);  // "synthetic", "tokens", 
 struct DataMixEntry {
   std::string path;
   double weight = 1;
+  std::string loss_mask_path;  // its loss masks, as data.loss_mask_path for data.path ("" = none)
 };
 
 struct DataConfig {
@@ -53,6 +54,10 @@ struct DataConfig {
   // the next document's first token, is ignored; train/data.h).
   int64_t eos_token_id = -1;
   bool document_mask = false;
+  // Loss masks (supervised fine-tuning): a file or glob of one-dimensional .npy files (uint8 or
+  // bool), one per token file of `path` (val_path) in the same sorted order and of the same length;
+  // mask[t] = 0 ignores token t as a target (Hugging Face's labels[t] = -100; train/data.h).
+  std::string loss_mask_path, val_loss_mask_path;
 };
 
 // train.lr_schedule (train/schedule.h gives each one's formula). The Hugging Face names are

@@ -28,6 +28,7 @@ namespace autosp {
 namespace {
 
 constexpr int64_t kIgnore = -100;  // label of a position that is not scored
+constexpr int64_t kMaskValues = 2;  // a loss mask holds 0 (not a target) or 1
 
 // Check the shape parameters every source relies on (the config schema checks them too; a source
 // built directly must not divide by zero or allocate a negative size).
@@ -235,11 +236,14 @@ bool copy_tokens(const Segment& s, int64_t from, int64_t n, int64_t* out) {
 // headers, not its size. The caller has checked that the stream holds at least one window.
 class StreamSource final : public DataSource {
  public:
-  StreamSource(std::vector<Segment> segments, const DataConfig& cfg, const std::string& path, int64_t vocab,
-               Order order, std::string description)
-      : DataSource(cfg.batch_size), segments_(std::move(segments)), seq_len_(cfg.seq_len), vocab_(vocab),
-        order_(order), path_(path), source_(data_source_name(cfg.source)) {
+  // `masks`: none, or one loss mask per segment of the same count (make_masks has checked them).
+  StreamSource(std::vector<Segment> segments, std::vector<Segment> masks, const DataConfig& cfg,
+               const std::string& path, int64_t vocab, Order order, std::string description)
+      : DataSource(cfg.batch_size), segments_(std::move(segments)), masks_(std::move(masks)), seq_len_(cfg.seq_len),
+        vocab_(vocab), order_(order), path_(path), source_(data_source_name(cfg.source)) {
     install_sigbus_handler();
+    AUTOSP_ASSERT(masks_.empty() || masks_.size() == segments_.size(), path, ": ", masks_.size(), " masks for ",
+                  segments_.size(), " segments");
     for (const Segment& s : segments_) total_ += s.count;
     windows_ = windows_in(total_, seq_len_);
     AUTOSP_ASSERT(windows_ >= 1, path, ": ", total_, " tokens hold no window of ", seq_len_ + 1);
@@ -251,12 +255,19 @@ class StreamSource final : public DataSource {
     check_read_args(first, count);
     const int64_t S = seq_len_;
     std::vector<int64_t> input(static_cast<size_t>(count * S)), labels(input.size());
-    std::vector<int64_t> window(static_cast<size_t>(S + 1));
-    std::vector<char> checked(segments_.size(), 0);  // the files this batch has checked unchanged
+    std::vector<int64_t> window(static_cast<size_t>(S + 1)), mask(masks_.empty() ? 0 : window.size());
+    std::vector<char> checked(segments_.size(), 0), checked_masks(masks_.size(), 0);  // files checked unchanged
     for (int64_t b = 0; b < count; ++b) {
-      read_window(window_of(first + b) * S, window, checked);
+      const int64_t at = window_of(first + b) * S;
+      read_window(segments_, at, window, checked, vocab_);
       std::copy(window.begin(), window.end() - 1, input.begin() + b * S);
       std::copy(window.begin() + 1, window.end(), labels.begin() + b * S);
+      if (masks_.empty()) continue;
+      // The label at t predicts token t + 1 of the window: mask[t + 1] = 0 ignores it (HF's
+      // labels[t + 1] = -100 before the model's shift). The window's first token is no target.
+      read_window(masks_, at, mask, checked_masks, kMaskValues);
+      for (int64_t t = 0; t < S; ++t)
+        if (mask[static_cast<size_t>(t + 1)] == 0) labels[static_cast<size_t>(b * S + t)] = kIgnore;
     }
     return make_batch(count, S, std::move(input), std::move(labels));
   }
@@ -277,15 +288,17 @@ class StreamSource final : public DataSource {
     const int64_t i = g % windows_;
     return order_.shuffle ? Permutation(windows_, order_.seed, static_cast<uint64_t>(g / windows_))(i) : i;
   }
-  // window.size() tokens from stream index `at` (a window lies inside the stream), across segment
-  // boundaries. Each file is checked unchanged (Mapping::check_unchanged) before the batch first
-  // reads it.
-  void read_window(int64_t at, std::vector<int64_t>& window, std::vector<char>& checked) const {
+  // window.size() values of `segments` (the tokens, or their loss masks) from stream index `at` (a
+  // window lies inside the stream), across segment boundaries; every value must be < `bound`
+  // (vocab_size, or kMaskValues). Each file is checked unchanged (Mapping::check_unchanged) before
+  // the batch first reads it.
+  void read_window(const std::vector<Segment>& segments, int64_t at, std::vector<int64_t>& window,
+                   std::vector<char>& checked, int64_t bound) const {
     size_t k = segment_of(at);
     int64_t filled = 0;
     const int64_t want = static_cast<int64_t>(window.size());
     while (filled < want) {
-      const Segment& s = segments_[k];
+      const Segment& s = segments[k];
       if (!checked[k]) s.map->check_unchanged(s.path), checked[k] = 1;
       const int64_t from = at - s.first, len = std::min(want - filled, s.count - from);
       int64_t* out = window.data() + filled;
@@ -295,8 +308,10 @@ class StreamSource final : public DataSource {
                                  "error)"));
       }
       for (int64_t i = 0; i < len; ++i)
-        if (out[i] >= vocab_)
-          throw UsageError(str(s.path, ": token ", out[i], " at index ", from + i, " is ≥ vocab_size ", vocab_));
+        if (out[i] >= bound)
+          throw UsageError(bound == kMaskValues
+                               ? str(s.path, ": value ", out[i], " at index ", from + i, " of a loss mask is not 0 or 1")
+                               : str(s.path, ": token ", out[i], " at index ", from + i, " is ≥ vocab_size ", bound));
       s.map->release(static_cast<size_t>(s.offset + from * s.token_size), static_cast<size_t>(len * s.token_size));
       filled += len;
       at += len;
@@ -309,7 +324,7 @@ class StreamSource final : public DataSource {
     return static_cast<size_t>(it - segments_.begin()) - 1;
   }
 
-  std::vector<Segment> segments_;
+  std::vector<Segment> segments_, masks_;  // masks_: empty, or segments_'s loss masks (same firsts and counts)
   int64_t seq_len_, vocab_, total_ = 0, windows_ = 0;
   Order order_;
   std::string path_, source_, description_;
@@ -360,31 +375,133 @@ Segment open_shard(const std::string& path) {
   return s;
 }
 
-std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std::string& path, int64_t vocab_size,
-                                               Order order) {
+// ---- loss masks ----------------------------------------------------------------------------------
+
+// The text of `key`'s value in a .npy header's dictionary: from after "'key':" up to (not
+// including) `stop`, or to just after `stop` when `keep_stop`; "" when the key or `stop` is absent.
+// (Plain string search, no std::regex: its recursive matcher can exhaust the stack on long input.)
+std::string npy_field(const std::string& header, const std::string& key, char stop, bool keep_stop) {
+  size_t at = header.find("'" + key + "'");
+  if (at == std::string::npos) return "";
+  at = header.find_first_not_of(" ", at + key.size() + 2);
+  if (at == std::string::npos || header[at] != ':') return "";
+  at = header.find_first_not_of(" ", at + 1);
+  if (at == std::string::npos) return "";
+  const size_t end = header.find(stop, at + 1);
+  return end == std::string::npos ? "" : header.substr(at, end - at + (keep_stop ? 1 : 0));
+}
+
+// The header's text for a message: at most 200 characters, anything unprintable as '?'.
+std::string printable(const std::string& text) {
+  std::string out = text.substr(0, 200);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  return out;
+}
+
+// Read and check the header of the loss mask `path` of token file `tokens` (NumPy's .npy format
+// 1.0, 2.0 or 3.0: the magic, a version, the header's length, then a Python dict literal with
+// 'descr', 'fortran_order' and 'shape'), then map it like a shard of 1-byte tokens. A mask is one
+// dimension of uint8 or bool; its values are checked (0 or 1) when a batch reads them.
+Segment open_mask(const std::string& path, const std::string& tokens) {
+  const std::string of = str(" (the loss mask of ", tokens, ")");
+  Fd file(path);
+  const int64_t size = open_regular(path, file);
+  constexpr int64_t kMaxHeader = 1 << 16;  // NumPy itself refuses headers over 10000 bytes
+  std::vector<unsigned char> raw(static_cast<size_t>(std::min(size, kMaxHeader + 12)));
+  if (!raw.empty()) read_exact(path, file, raw.data(), raw.size());
+  static const unsigned char kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+  if (size < 10 || std::memcmp(raw.data(), kMagic, 6) != 0)
+    throw UsageError(str(path, ": not a .npy file (no \\x93NUMPY magic)", of));
+  const int major = raw[6], minor = raw[7];
+  if (major < 1 || major > 3 || minor != 0)
+    throw UsageError(str(path, ": unsupported .npy version ", major, ".", minor, " (expected 1.0, 2.0 or 3.0)", of));
+  const int64_t prefix = major == 1 ? 10 : 12;
+  if (size < prefix) throw UsageError(str(path, ": truncated .npy header", of));
+  const int64_t header_len = major == 1 ? int64_t{raw[8]} | int64_t{raw[9]} << 8 : int64_t{le32(raw.data() + 8)};
+  if (header_len > kMaxHeader || prefix + header_len > size)
+    throw UsageError(str(path, ": truncated .npy header (", header_len, " header bytes in a file of ", size, ")", of));
+  const std::string header(raw.begin() + prefix, raw.begin() + prefix + header_len);
+  const std::string descr = npy_field(header, "descr", '\'', true);           // 'u1' with its quotes
+  const std::string fortran = npy_field(header, "fortran_order", ',', false);  // True or False
+  const std::string shape = npy_field(header, "shape", ')', true);            // (n,) with its parentheses
+  if (header.find('{') == std::string::npos || descr.size() < 2 || descr[0] != '\'' ||
+      (fortran != "True" && fortran != "False") || shape.empty() || shape[0] != '(')
+    throw UsageError(str(path, ": malformed .npy header '", printable(header),
+                         "' (expected {'descr': ..., 'fortran_order': ..., 'shape': (...)})", of));
+  const std::string dtype = descr.substr(1, descr.size() - 2);
+  if (dtype != "|u1" && dtype != "u1" && dtype != "<u1" && dtype != ">u1" && dtype != "|b1" && dtype != "b1")
+    throw UsageError(str(path, ": dtype '", printable(dtype), "': a loss mask is uint8 ('|u1') or bool ('|b1')", of));
+  // (n,): digits, then a comma, nothing else but spaces.
+  const std::string inner = shape.substr(1, shape.size() - 2);
+  const size_t d0 = inner.find_first_not_of(' '), d1 = inner.find_first_not_of("0123456789", d0);
+  const bool one_dim = d0 != std::string::npos && d1 != std::string::npos && d1 > d0 && d1 - d0 <= 18 &&
+                       inner[d1] == ',' && inner.find_first_not_of(' ', d1 + 1) == std::string::npos;
+  if (!one_dim) throw UsageError(str(path, ": shape ", printable(shape), ": a loss mask has one dimension, (n,)", of));
+  Segment s;
+  s.path = path;
+  s.offset = prefix + header_len;
+  s.count = std::stoll(inner.substr(d0, d1 - d0));
+  s.token_size = 1;
+  if (s.count != size - s.offset)
+    throw UsageError(str(path, ": shape (", s.count, ",) but the file holds ", size - s.offset,
+                         " bytes of data after its header", of));
+  if (s.count > 0) s.map = std::make_unique<Mapping>(path, file, size);
+  return s;
+}
+
+// The loss masks of `segments` (the token files of `path`, opened in sorted order, empty ones
+// included) from the files `mask_path` names, paired in sorted order: equal numbers of files, and
+// each mask as long as its token file. Masks of empty files are dropped with them.
+std::vector<Segment> make_masks(const std::string& mask_path, const std::string& path,
+                                const std::vector<Segment>& files) {
+  if (mask_path.empty()) return {};
+  const std::vector<std::string> names = expand_path(mask_path);
+  if (names.size() != files.size())
+    throw UsageError(str(mask_path, ": ", names.size(), names.size() == 1 ? " loss mask" : " loss masks", " for the ",
+                         files.size(), files.size() == 1 ? " token file" : " token files", " of ", path,
+                         " (one mask per file, in the same sorted order)"));
+  std::vector<Segment> masks;
+  for (size_t k = 0; k < names.size(); ++k) {
+    Segment m = open_mask(names[k], files[k].path);
+    if (m.count != files[k].count)
+      throw UsageError(str(names[k], ": the loss mask holds ", m.count, " values but its token file ", files[k].path,
+                           " holds ", files[k].count, " tokens"));
+    if (m.count == 0) continue;
+    m.first = files[k].first;
+    masks.push_back(std::move(m));
+  }
+  return masks;
+}
+
+std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std::string& path,
+                                               const std::string& mask_path, int64_t vocab_size, Order order) {
   if (path.empty()) throw UsageError("data.path: required for data.source 'tokens'");
-  std::vector<Segment> shards;
+  std::vector<Segment> files, shards;
   int64_t total = 0;
   bool u16 = false, u32 = false;
   for (const std::string& file : expand_path(path)) {
     Segment s = open_shard(file);
     (s.token_size == 2 ? u16 : u32) = true;
-    if (s.count == 0) continue;  // an empty shard adds nothing to the stream
     s.first = total;
     total += s.count;
-    shards.push_back(std::move(s));
+    files.push_back(std::move(s));
   }
+  std::vector<Segment> masks = make_masks(mask_path, path, files);
+  for (Segment& s : files)
+    if (s.count > 0) shards.push_back(std::move(s));  // an empty shard adds nothing to the stream
   if (total < cfg.seq_len + 1)
     throw UsageError(str(path, ": the token stream holds ", total, " tokens, fewer than seq_len + 1 = ",
                          cfg.seq_len + 1));
   const char* kind = u16 && u32 ? "uint16 and uint32" : u16 ? "uint16" : "uint32";
   std::string desc = str("tokens: ", shards.size(), shards.size() == 1 ? " shard, " : " shards, ", total,
-                         " tokens (", kind, ") from ", path);
-  return std::make_unique<StreamSource>(std::move(shards), cfg, path, vocab_size, order, std::move(desc));
+                         " tokens (", kind, ") from ", path, mask_path.empty() ? "" : ", loss masks from " + mask_path);
+  return std::make_unique<StreamSource>(std::move(shards), std::move(masks), cfg, path, vocab_size, order,
+                                        std::move(desc));
 }
 
-std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::string& path, int64_t vocab_size,
-                                             Order order) {
+std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::string& path,
+                                             const std::string& mask_path, int64_t vocab_size, Order order) {
   if (path.empty()) throw UsageError("data.path: required for data.source 'text'");
   if (vocab_size < 256)
     throw UsageError(str(path, ": the text source uses bytes as tokens and needs vocab_size ≥ 256, got ",
@@ -399,8 +516,10 @@ std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::s
   one[0].map = std::make_unique<Mapping>(path, file, size);
   one[0].count = size;
   one[0].token_size = 1;
-  return std::make_unique<StreamSource>(std::move(one), cfg, path, vocab_size, order,
-                                        str("text: ", size, " bytes from ", path));
+  std::vector<Segment> masks = make_masks(mask_path, path, one);
+  return std::make_unique<StreamSource>(std::move(one), std::move(masks), cfg, path, vocab_size, order,
+                                        str("text: ", size, " bytes from ", path,
+                                            mask_path.empty() ? "" : ", loss masks from " + mask_path));
 }
 
 // ---- a weighted mix ----------------------------------------------------------------------------
@@ -623,12 +742,13 @@ std::vector<std::string> expand_path(const std::string& pattern) {
 
 namespace {
 // The token stream of `path` (data.path, a data.mix entry or data.val_path), or the synthetic task.
-std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const std::string& path, int64_t vocab_size,
-                                        uint64_t seed, Order order) {
+// `mask_path`: its loss masks ("" = none).
+std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const std::string& path, const std::string& mask_path,
+                                        int64_t vocab_size, uint64_t seed, Order order) {
   switch (cfg.source) {
     case DataSourceKind::synthetic: return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
-    case DataSourceKind::tokens: return make_tokens_source(cfg, path, vocab_size, order);
-    case DataSourceKind::text: return make_text_source(cfg, path, vocab_size, order);
+    case DataSourceKind::tokens: return make_tokens_source(cfg, path, mask_path, vocab_size, order);
+    case DataSourceKind::text: return make_text_source(cfg, path, mask_path, vocab_size, order);
   }
   AUTOSP_ASSERT(false, "data.source ", static_cast<int>(cfg.source));
   return nullptr;
@@ -646,7 +766,7 @@ std::unique_ptr<DataSource> with_documents(const DataConfig& cfg, int64_t vocab_
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
   const Order order{cfg.shuffle, cfg.seed >= 0 ? static_cast<uint64_t>(cfg.seed) : seed};
-  if (cfg.mix.empty()) return with_documents(cfg, vocab_size, make_stream(cfg, cfg.path, vocab_size, seed, order));
+  if (cfg.mix.empty()) return with_documents(cfg, vocab_size, make_stream(cfg, cfg.path, cfg.loss_mask_path, vocab_size, seed, order));
   if (cfg.source == DataSourceKind::synthetic)
     throw UsageError("data.mix does not apply to data.source \"synthetic\"");
   std::vector<std::unique_ptr<DataSource>> streams;
@@ -654,7 +774,7 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t voca
   for (size_t k = 0; k < cfg.mix.size(); ++k) {
     if (cfg.mix[k].path.empty()) throw UsageError(str("data.mix[", k, "].path: expected a file or a glob"));
     const Order own{order.shuffle, dataset_seed(order.seed, static_cast<int64_t>(k))};
-    streams.push_back(make_stream(cfg, cfg.mix[k].path, vocab_size, seed, own));
+    streams.push_back(make_stream(cfg, cfg.mix[k].path, cfg.mix[k].loss_mask_path, vocab_size, seed, own));
     weights.push_back(cfg.mix[k].weight);
   }
   return with_documents(cfg, vocab_size, std::make_unique<MixSource>(cfg, std::move(streams), weights, order.seed));
@@ -666,6 +786,10 @@ std::vector<std::string> data_input_paths(const DataConfig& cfg) {
   if (!cfg.path.empty()) paths.push_back(cfg.path);
   for (const DataMixEntry& e : cfg.mix) paths.push_back(e.path);
   if (!cfg.val_path.empty()) paths.push_back(cfg.val_path);
+  for (const DataMixEntry& e : cfg.mix)
+    if (!e.loss_mask_path.empty()) paths.push_back(e.loss_mask_path);
+  for (const std::string* m : {&cfg.loss_mask_path, &cfg.val_loss_mask_path})
+    if (!m->empty()) paths.push_back(*m);
   return paths;
 }
 
@@ -694,7 +818,7 @@ std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab
   check_sizes(cfg, vocab_size);
   // Synthetic: a stream no training seed reaches but by a 2^-64 chance.
   return with_documents(cfg, vocab_size,
-                        make_stream(cfg, cfg.val_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull, Order{}));
+                        make_stream(cfg, cfg.val_path, cfg.val_loss_mask_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull, Order{}));
 }
 
 Batch pad_to_multiple(const Batch& b, int64_t p) {

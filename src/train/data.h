@@ -33,6 +33,17 @@
 // a RuntimeFailure naming it, found before a batch reads it (a read past a shrunk mapping's end
 // would be a SIGBUS).
 //
+// Loss masks (data.loss_mask_path beside data.path, data.val_loss_mask_path beside data.val_path,
+// "loss_mask_path" in a data.mix entry): a file or glob of one-dimensional NumPy .npy files of
+// uint8 or bool, one per token file in the same sorted order and of the same length (for text, one
+// byte per byte of the file), memory-mapped like the shards. mask[i] = 0 removes token i of the
+// stream as a target: the label that predicts it, label[t] of the window whose token t + 1 it is,
+// is -100 (Hugging Face's labels[i] = -100 before the model's shift). Masks ride on the window:
+// sequence g reads the mask of exactly the tokens it reads, in every read order (shuffle, mix).
+// A mismatch in file count, length or dtype, a value other than 0 or 1, or a malformed header is a
+// UsageError naming the mask and its token file. The loss is then the mean over the unmasked
+// targets of the whole step (normalize_loss and train/accumulation count them globally).
+//
 // Packed documents (data.document_mask with data.eos_token_id, tokens and text sources): a document
 // ends with its EOS, which belongs to it; a sequence's first token starts one. Then position_ids
 // restart at 0 at each document's first token, doc_start[t] is the position where token t's

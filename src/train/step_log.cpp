@@ -36,6 +36,7 @@ StepThroughput::StepThroughput(const Config& cfg, int64_t dp, int world, Device 
 
 void StepThroughput::fill(StepRecord& rec) const {
   const double seconds = rec.step_ms / 1000.0;
+  rec.tokens = static_cast<int64_t>(tokens_);
   rec.tokens_per_sec = tokens_ / seconds;
   rec.tflops = flops_ / seconds / 1e12;
   rec.mfu = peak_ > 0 ? rec.tflops / peak_ : -1;
@@ -60,6 +61,15 @@ void StepLog::step(const StepRecord& rec) {
     spdlog::warn("step {}: no position of the batch is scored (every label is -100: an all-EOS window under "
                  "data.document_mask, or fully masked data); skipped without an update",
                  rec.step);
+  targets_ += rec.targets, tokens_ += rec.tokens;
+  const double fraction = tokens_ > 0 ? static_cast<double>(targets_) / static_cast<double>(tokens_) : 1;
+  if (lead_ && !warned_few_targets_ && (rec.step == start_ + 1 || rec.step == total_) && fraction < kFewTargets &&
+      cfg_.data.source != DataSourceKind::synthetic) {  // the synthetic task scores only its answers
+    warned_few_targets_ = true;
+    spdlog::warn("only {} of {} input tokens ({:.3f}%) after step {} are targets: the loss masks{} remove nearly "
+                 "everything (check data.loss_mask_path and how the masks were made)",
+                 targets_, tokens_, 100 * fraction, rec.step, cfg_.data.document_mask ? " and document mask" : "");
+  }
   const bool due = rec.step % cfg_.train.log_every == 0 || rec.step == total_ || rec.step == start_ + 1 ||
                    rec.evaluated || rec.skipped;
   if (!lead_ || !due) return;
@@ -68,10 +78,10 @@ void StepLog::step(const StepRecord& rec) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began_).count();
     const double eta = elapsed / static_cast<double>(rec.step - start_) * static_cast<double>(total_ - rec.step);
     const std::string line = fmt::format(
-        "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {} TFLOP/s{} | {:.1f} ms (sync "
-        "{:.1f}, data {:.1f}) | peak {:.1f} MiB{} | eta {}m{:02d}s",
+        "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | targets {} | {} TFLOP/s{} | "
+        "{:.1f} ms (sync {:.1f}, data {:.1f}) | peak {:.1f} MiB{} | eta {}m{:02d}s",
         rec.step, total_, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
-        rec.grad_norm, rec.tokens_per_sec, tflops_text(rec.tflops),
+        rec.grad_norm, rec.tokens_per_sec, rec.targets, tflops_text(rec.tflops),
         rec.mfu >= 0 ? fmt::format(" | MFU {:.1f}%", rec.mfu * 100) : "", rec.step_ms, rec.grad_sync_ms, rec.data_ms,
         static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0), rec.epochs.empty() ? "" : " | " + rec.epochs,
         static_cast<int64_t>(eta) / 60,
@@ -90,7 +100,8 @@ void StepLog::step(const StepRecord& rec) {
                         {"grad_norm", rec.grad_norm}, {"tokens_per_sec", rec.tokens_per_sec},
                         {"step_ms", rec.step_ms},   {"peak_bytes", rec.peak_bytes},
                         {"tflops", rec.tflops},     {"grad_sync_ms", rec.grad_sync_ms},
-                        {"data_ms", rec.data_ms},   {"targets", rec.targets}};
+                        {"data_ms", rec.data_ms},   {"targets", rec.targets},
+                        {"tokens", rec.tokens}};
     if (rec.mfu >= 0) m["mfu"] = rec.mfu;
     if (!rec.epochs.empty()) m["epochs"] = rec.epochs;
     if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;

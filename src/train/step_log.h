@@ -13,14 +13,15 @@
 
 namespace autosp {
 
-// A step's throughput from its time: tokens/s over every micro-batch, the job's model TFLOP/s
+// A step's throughput from its time: tokens/s over every micro-batch (input tokens, scored or not:
+// a loss mask changes what counts in the loss, not the work), the job's model TFLOP/s
 // (models/flops.h step_flops of the global batch, as autosp-bench reports it) and the MFU against
 // the peak: runtime.peak_tflops, else the detected GPU's dense bf16 peak (device/cuda/device.h),
 // times the ranks; none on a CPU without runtime.peak_tflops.
 class StepThroughput {
  public:
   StepThroughput(const Config& cfg, int64_t dp, int world, Device dev);
-  void fill(StepRecord& rec) const;  // from rec.step_ms
+  void fill(StepRecord& rec) const;  // from rec.step_ms; sets rec.tokens too
   double peak_tflops() const { return peak_; }  // the job's (0: unknown)
 
  private:
@@ -35,7 +36,11 @@ class StepLog {
   // The run's opening lines.
   void run_start(Device dev, const std::string& data, size_t num_params, const std::string& validation_data) const;
   // Rank 0's lines for `rec` when it is a step to log; a failed metrics write is a RuntimeFailure.
+  // Warns once, at the first or the last step, when under kFewTargets of the run's input tokens so
+  // far were targets (loss masks or document masks that remove nearly everything).
   void step(const StepRecord& rec);
+
+  static constexpr double kFewTargets = 0.01;
 
  private:
   const Config& cfg_;
@@ -44,6 +49,8 @@ class StepLog {
   std::chrono::steady_clock::time_point began_;
   std::string metrics_path_;
   std::ofstream metrics_;
+  int64_t targets_ = 0, tokens_ = 0;  // over the run's steps so far
+  bool warned_few_targets_ = false;
 };
 
 }  // namespace autosp

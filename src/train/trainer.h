@@ -37,6 +37,7 @@ struct StepRecord {
   double tflops = 0;             // the job's model TFLOP/s (models/flops.h step_flops of the global batch)
   double mfu = -1;               // tflops / (peak × ranks) (train/step_log.h StepThroughput); -1: no peak known
   int64_t targets = 0;           // the step's scored targets over the world (the loss's denominator)
+  int64_t tokens = 0;            // the step's input tokens over the world, scored or not (what tokens/s counts)
   std::string epochs;            // where the data stands after the step: "epoch 1 (37%)" (train/data_order.h)
   double grad_sync_ms = 0;       // time blocked on the gradient all-reduce (train/grad_sync.h)
   double grad_sync_wait_ms = 0;  // the part of it after the backward (GradSyncStats::wait_seconds)

@@ -96,6 +96,21 @@ hfdir("hf_heads", dict(llama, num_attention_heads=8, num_key_value_heads=8))
 hfdir("hf_pickle", llama, files=["pytorch_model.bin"])
 hfdir("hf_noweights", llama)
 write("hf_as_config.json", json.dumps(dict(llama, qkv_bias=True)).encode())
+
+# Loss masks (.npy, NumPy's format 1.0) beside good.bin (100 tokens).
+def npy(descr, shape, data, version=1):
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+    return b"\x93NUMPY" + bytes([version, 0]) + struct.pack("<H", len(h)) + h.encode() + data
+write("good.npy", npy("|u1", "(100,)", bytes([1, 0] * 50)))
+write("short_mask.npy", npy("|u1", "(99,)", bytes(99)))
+write("f32_mask.npy", npy("<f4", "(100,)", bytes(400)))
+write("2d_mask.npy", npy("|u1", "(10, 10)", bytes(100)))
+write("lying_mask.npy", npy("|u1", "(100,)", bytes(50)))
+write("value_mask.npy", npy("|u1", "(100,)", bytes([1, 7] * 50)))
+write("zero_mask.npy", npy("|b1", "(100,)", bytes(100)))
+write("v9_mask.npy", npy("|u1", "(100,)", bytes(100), version=9))
+write("garbage_mask.npy", bytes((i * 31 + 7) % 256 for i in range(300)))
 PY
 mkfifo "$tmp/fifo" "$tmp/fifo.index.json"
 mkdir -p "$tmp/hf_fifo" && mkfifo "$tmp/hf_fifo/config.json"
@@ -265,6 +280,22 @@ row 'big_token.bin: token 32 at index 51 is ≥ vocab_size 32' "${c[@]}" "${toke
 row 'train.eval_every 1 needs data.val_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.eval_every=1
 row 'data.val_path does not apply to data.source "synthetic"' "${c[@]}" --set "data.val_path=$tmp/good.bin"
 row 'train.eval_batches = 0' "${c[@]}" --set train.eval_batches=0
+# loss masks (issue 27): the keys, then each malformed .npy named with its token file
+m=(--set "data.loss_mask_path=$tmp")  # the mask file is appended per row
+row 'data.loss_mask_path and data.val_loss_mask_path do not apply to data.source "synthetic"' "${c[@]}" --set "data.loss_mask_path=$tmp/good.npy"
+row 'data.val_loss_mask_path needs data.val_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_loss_mask_path=$tmp/good.npy"
+row 'nomask_\*.npy: no file matches the pattern' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/nomask_*.npy"
+row 'short_mask.npy: the loss mask holds 99 values but its token file .*good.bin holds 100 tokens' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/short_mask.npy"
+row "f32_mask.npy: dtype '<f4': a loss mask is uint8 .*(the loss mask of .*good.bin)" "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/f32_mask.npy"
+row '2d_mask.npy: shape (10, 10): a loss mask has one dimension' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/2d_mask.npy"
+row 'lying_mask.npy: shape (100,) but the file holds 50 bytes' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/lying_mask.npy"
+row 'value_mask.npy: value 7 at index 1 of a loss mask is not 0 or 1' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/value_mask.npy"
+row 'v9_mask.npy: unsupported .npy version 9.0' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/v9_mask.npy"
+row 'garbage_mask.npy: not a .npy file' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/garbage_mask.npy"
+row 'good.bin: not a .npy file' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/good.bin"
+row "$tmp/\*_mask.npy: 8 loss masks for the 1 token file of" "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/*_mask.npy"
+row 'short_mask.npy: the loss mask holds 99 values' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_path=$tmp/good.bin" --set "data.val_loss_mask_path=$tmp/short_mask.npy" --set train.eval_every=1
+row mpi 'short_mask.npy: the loss mask holds 99 values' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/short_mask.npy"
 # data.shuffle, data.seed, data.mix (issue 26): the keys, then every path of a mix read like data.path
 # A list holds commas, which --set (cxxopts) splits at: the mixes go into config files.
 mixcfg() {  # mixcfg 'MIX JSON' [SOURCE]: a config file of cfg.json with data.mix and data.source; prints its path
@@ -298,6 +329,8 @@ row 'data.mix\[0\].weight = 0: expected' --config "$(mixcfg "$(mix "$tmp/good.bi
 row 'data.mix\[0\].weight = "heavy": expected' --config "$(mixcfg "$(mix "$tmp/good.bin:\"heavy\"")" tokens)"
 row 'data.mix\[0\].weight = 1.*: expected a number in (0, 1e12\]' --config "$(mixcfg "$(mix "$tmp/good.bin:1e13")" tokens)"
 row "data.mix\\[0\\]: unknown key 'weights'" --config "$(mixcfg "[{\"path\": \"$tmp/good.bin\", \"weights\": 1}]")"
+row 'data.mix\[0\].loss_mask_path = 5: expected a file or a glob' --config "$(mixcfg "[{\"path\": \"$tmp/good.bin\", \"loss_mask_path\": 5}]")"
+row 'short_mask.npy: the loss mask holds 99 values' --config "$(mixcfg "[{\"path\": \"$tmp/good.bin\", \"loss_mask_path\": \"$tmp/short_mask.npy\"}]")"
 row 'data.path and data.mix exclude each other' --config "$(mixcfg "$(mix "$tmp/good.bin:1")" tokens)" "${tokens[@]}$tmp/good.bin"
 row 'data.mix does not apply to data.source "synthetic"' --config "$(mixcfg "$(mix "$tmp/good.bin:1")" synthetic)"
 row 'data.mix\[1\].weight = 1e-09: .*less than one sequence in 10000' --config "$(mixcfg "$(mix "$tmp/good.bin:1" "$tmp/good.bin:1e-9")" tokens)"

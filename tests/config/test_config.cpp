@@ -113,6 +113,15 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"model": {"norm_eps": true}})", {}, "model.norm_eps"},
       {R"({"model": {"tie_word_embeddings": 1, "arch": "llama"}})", {}, "model.tie_word_embeddings"},
       {R"({"data": {"source": "csv"}})", {}, "data.source"},
+      // loss masks (data.loss_mask_path, data.val_loss_mask_path, a data.mix entry's loss_mask_path)
+      {R"({"data": {"loss_mask_path": 3}})", {}, "data.loss_mask_path"},
+      {R"({"data": {"loss_mask_path": "m.npy"}})", {}, "do not apply to data.source \"synthetic\""},
+      {R"({"data": {"source": "tokens", "mix": [{"path": "a"}], "loss_mask_path": "m.npy"}})", {},
+       "with data.mix give each entry its own \"loss_mask_path\""},
+      {R"({"data": {"source": "tokens", "path": "t.bin", "val_loss_mask_path": "v.npy"}})", {},
+       "data.val_loss_mask_path needs data.val_path"},
+      {R"({"data": {"source": "tokens", "mix": [{"path": "a", "loss_mask_path": ""}]}})", {}, "data.mix[0].loss_mask_path"},
+      {R"({"data": {"source": "tokens", "mix": [{"path": "a", "loss_mask_path": 1}]}})", {}, "data.mix[0].loss_mask_path"},
       {R"({"data": {"source": "tokens"}})", {}, "data.path is required"},
       {R"({"data": {"seq_len": 0}})", {}, "data.seq_len"},
       {R"({"data": {"val_path": 3}})", {}, "data.val_path"},
@@ -247,8 +256,9 @@ const json kEveryKey = {
     {"data",
      {{"source", "tokens"}, {"path", ""}, {"val_path", "val.bin"}, {"seq_len", 32}, {"batch_size", 3},
       {"eos_token_id", 0}, {"document_mask", true},
-      {"mix", json::array({{{"path", "a/*.bin"}, {"weight", 0.75}}, {{"path", "b.bin"}, {"weight", 0.25}}})},
-      {"shuffle", true}, {"seed", 5}}},
+      {"mix", json::array({{{"path", "a/*.bin"}, {"weight", 0.75}, {"loss_mask_path", "a/*.npy"}},
+                           {{"path", "b.bin"}, {"weight", 0.25}}})},
+      {"shuffle", true}, {"seed", 5}, {"val_loss_mask_path", "val.npy"}}},
     {"train",
      {{"steps", 7}, {"gradient_accumulation_steps", 3}, {"lr", 0.5}, {"min_lr", 0.25}, {"warmup_steps", 2}, {"weight_decay", 0.5}, {"beta1", 0.8},
       {"beta2", 0.9}, {"eps", 1e-6}, {"grad_clip", 2.0}, {"seed", 7}, {"log_every", 2}, {"eval_every", 3},
@@ -303,11 +313,16 @@ TEST_CASE("the resolved config holds every key, and parsing it again gives it ba
   // head_dim, attention_bias, mlp_bias and sliding_window (a mistral / qwen key, so not in
   // kEveryKey) are left out at their defaults.
   std::set<std::string> without_rope = key_paths(kEveryKey);
-  for (const char* k : {"model.rope_scaling", "model.head_dim", "model.attention_bias", "data.mix"})
+  for (const char* k : {"model.rope_scaling", "model.head_dim", "model.attention_bias", "data.mix",
+                        "data.val_loss_mask_path"})
     without_rope.erase(k);
   CHECK(key_paths(parse_config(json::object()).resolved) == without_rope);
 
-  std::vector<Config> configs = {c, parse_config(json::object()),
+  // data.loss_mask_path goes with data.path (kEveryKey has a mix): recorded, and read back.
+  const Config masked = parse_config(json::object(), {"data.source=tokens", "data.path=t/*.bin", "data.loss_mask_path=t/*.npy"});
+  CHECK(masked.resolved["data"]["loss_mask_path"] == "t/*.npy");
+  CHECK(parse_config(masked.resolved).data.loss_mask_path == "t/*.npy");
+  std::vector<Config> configs = {c, masked, parse_config(json::object()),
                                  parse_config(json::object(), {"model.arch=llama", "runtime.dtype=bfloat16"})};
   for (const auto& e : std::filesystem::directory_iterator(std::string(AUTOSP_SOURCE_DIR) + "/configs"))
     if (e.is_regular_file()) configs.push_back(load_config(e.path().string(), {"train.lr=0.01"}));

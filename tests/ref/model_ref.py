@@ -16,6 +16,10 @@ OUT        logits [B,S,V], loss [], loss_sum [] (in --dtype), valid_count [] (I6
            document ends with its EOS; attention is causal inside each document (an explicit
            block-diagonal mask), positions restart at 0 per document, and an EOS's target is
            ignored. OUT then also holds the position_ids and labels used.
+--loss-mask  IN also holds loss_mask [B, S + 1]: the mask of the window's S + 1 tokens (input_ids
+           then the last label). Applied the way Hugging Face does: labels over the unshifted
+           window, -100 where the mask is 0, then shifted by one (the model's shift), so mask[t] = 0
+           removes the target token t. Before --eos. OUT then also holds the labels used.
 
 loss = loss_sum / valid_count = F.cross_entropy(ignore_index=-100, reduction="mean").
 Threads: torch.set_num_threads($OMP_NUM_THREADS) when that is set.
@@ -161,6 +165,23 @@ def check_batch(cfg, tensors, path, suffix=""):
     return out
 
 
+def masked_labels(batch, tensors, path):
+    """HF's rule on the window: tokens = input_ids then the last label; hf_labels = tokens with -100
+    where loss_mask is 0; the model's targets are hf_labels[:, 1:]."""
+    ids, labels = batch["input_ids"], batch["labels"]
+    B, S = ids.shape
+    if "loss_mask" not in tensors:
+        raise RefError(f"{path}: --loss-mask needs a tensor 'loss_mask' [B, S + 1]")
+    mask = tensors["loss_mask"].to(torch.int64)
+    if list(mask.shape) != [B, S + 1]:
+        raise RefError(f"{path}: loss_mask has shape {list(mask.shape)}, expected {[B, S + 1]}")
+    if bool((labels == -100).any()):
+        raise RefError(f"{path}: --loss-mask needs the raw next tokens as labels (no -100)")
+    tokens = torch.cat([ids, labels[:, -1:]], dim=1)  # the window's S + 1 tokens
+    hf_labels = torch.where(mask != 0, tokens, torch.full_like(tokens, -100))
+    return hf_labels[:, 1:].contiguous()
+
+
 def run(cfg, params, batch, want_grads, mask=None):
     """Returns (logits, loss, loss_sum, valid_count, {canonical name: grad} or None)."""
     with torch.set_grad_enabled(want_grads):
@@ -183,6 +204,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--grads", action="store_true", help="also write grad.<weight name> for every weight")
     ap.add_argument("--eos", type=int, help="packed documents separated by this token (see above)")
+    ap.add_argument("--loss-mask", action="store_true", help="apply IN's loss_mask [B, S + 1] (see above)")
     args = ap.parse_args(argv)
 
     threads = os.environ.get("OMP_NUM_THREADS", "").strip()
@@ -200,6 +222,12 @@ def main(argv=None):
     except RefError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.loss_mask:
+        try:
+            batch["labels"] = masked_labels(batch, st.load(args.batch)[0], args.batch)
+        except RefError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if int((batch["labels"] != -100).sum()) == 0:
         warn(f"{args.batch}: every label is -100; loss is 0/0 = nan (like F.cross_entropy)")
 
@@ -214,6 +242,7 @@ def main(argv=None):
            "valid_count": valid.to(torch.int64).reshape(())}
     if args.eos is not None:
         out["position_ids"] = batch["position_ids"]
+    if args.eos is not None or args.loss_mask:
         out["labels"] = batch["labels"]
     if grads is not None:
         for canon in params:
