@@ -588,9 +588,11 @@ Tensor all_reduce(const KernelCall& c) {
   return y;
 }
 
-// ZeRO-3 (as the CPU launchers): the whole parameter from the shards, and the gradient's shard.
-// NCCL runs them on its stream, ordered with the compute stream; the executor's background
-// request (KernelCall::pending) is not needed for that and left unset.
+// ZeRO-3 (as the CPU launchers): the whole parameter from the shards, and the gradient's shard. In
+// the background when the executor asks (KernelCall::pending): NCCL then runs the collective on
+// its stream beside the compute stream's kernels until the handle is waited for (the parameter
+// prefetch overlaps the layer before); the handle holds every buffer the collective touches, and
+// its follow-up (the copy out of a padded buffer) is enqueued on the compute stream after the join.
 Tensor all_gather(const KernelCall& c) {
   Communicator& comm = device_comm(c);
   (void)launch::shard_group(c);
@@ -598,8 +600,15 @@ Tensor all_gather(const KernelCall& c) {
   Tensor y = out_like(c, x.dtype());
   const launch::ShardLayout l = launch::shard_layout(comm, y.numel());
   Tensor into = l.direct() ? y.reshape({y.numel()}) : Tensor::empty(l.padded(), x.dtype(), c.alloc);
-  comm.all_gather(x, into);
-  if (!l.direct()) gpu::cast_into(Tensor::view_bytes(into, 0, y.shape(), y.dtype()), y, stream(c));
+  auto copy_out = [direct = l.direct(), x, into, y, s = stream(c)]() mutable {
+    if (!direct) gpu::cast_into(Tensor::view_bytes(into, 0, y.shape(), y.dtype()), y, s);
+  };
+  if (!c.pending) {
+    comm.all_gather(x, into);
+    copy_out();
+    return y;
+  }
+  *c.pending = followed_by(comm.all_gather_async(x, into), copy_out);
   return y;
 }
 
@@ -616,7 +625,11 @@ Tensor reduce_scatter(const KernelCall& c) {
     Tensor head = Tensor::view_bytes(send, 0, g.shape(), g.dtype());
     gpu::cast_into(g, head, stream(c));
   }
-  comm.reduce_scatter_sum(send, y);
+  if (!c.pending) {
+    comm.reduce_scatter_sum(send, y);
+    return y;
+  }
+  *c.pending = followed_by(comm.reduce_scatter_sum_async(send, y), [send, y] {});
   return y;
 }
 
