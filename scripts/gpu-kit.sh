@@ -9,12 +9,18 @@
 #   - .gpu-kit/lib: every shared library they load that is neither glibc nor CUDA's (spdlog, fmt,
 #     OpenBLAS, gfortran, quadmath, gomp, stdc++, gcc_s); OpenBLAS (36 MiB, every CPU's kernels) is
 #     kept xz-compressed and unpacked by run.sh, which keeps the kit under 48 MiB;
-#   - run.sh (scripts/kit/run.sh), the Python sides, configs and the check (scripts/kit/check.sh).
+#   - run.sh (scripts/kit/run.sh), the Python sides, configs and the check (scripts/kit/check.sh);
+#   - what run.sh would otherwise compute on the GPU's time: cuda-test-files (the stems of
+#     tests/cuda/test_*.cpp, one process each there) and longest-ours.json, the longest S of the
+#     ~1B Llama that our memory plan fits in the H200's memory (longest_sequence.py over this
+#     build's autosp-graph; KIT_GPU_MIB, 143771, as nvidia-smi reports the H200), with
+#     longest-ours.gib, the GiB it was planned for.
 # The driver, the CUDA runtime and cuBLAS come from the device's toolkit, cuDNN and NCCL from its
 # pip wheels (site-packages/nvidia/*/lib) or the toolkit: run.sh finds them and prints versions.
 #
 #   scripts/gpu-kit.sh            KIT_BUILD_DIR (build-kit), KIT_CUDA_ARCH (90a), KIT_DIR (.gpu-kit),
-#                                 KIT_JOBS (nproc), KIT_SKIP_BUILD=1 (stage from KIT_BUILD_DIR as built)
+#                                 KIT_JOBS (nproc), KIT_SKIP_BUILD=1 (stage from KIT_BUILD_DIR as built),
+#                                 KIT_GPU_MIB (143771)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${KIT_BUILD_DIR:-build-kit}
@@ -58,8 +64,15 @@ for big in "$KIT"/lib/libopenblas*.so*; do
 done
 
 cp scripts/kit/run.sh scripts/kit/check.sh "$KIT/"
-cp scripts/kit/*.py scripts/longest_sequence.py "$KIT/scripts/"
+cp scripts/kit/*.py "$KIT/scripts/"
 cp configs/llama-1b-32k.json configs/llama-tiny.json "$KIT/configs/" 2>/dev/null || cp configs/llama-1b-32k.json "$KIT/configs/"
+# Computed here, not on the GPU's time (run.sh reads them).
+for f in tests/cuda/test_*.cpp; do basename "$f" .cpp; done >"$KIT/cuda-test-files"
+gib=$(( ${KIT_GPU_MIB:-143771} / 1024 ))
+echo "$gib" >"$KIT/longest-ours.gib"
+python3 scripts/longest_sequence.py --bin "$BUILD/bin" --config configs/llama-1b-32k.json --budget-gib "$gib" \
+  --ranks 1 >"$KIT/longest-ours.json" ||
+  { echo "error: longest_sequence.py failed planning the kit's longest S" >&2; exit 1; }
 {
   echo "built $(date -u '+%Y-%m-%d %H:%M UTC') from $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
   built_arch="sm_$ARCH"

@@ -125,10 +125,11 @@ void clear_not_ready() {
 
 class NcclComm;
 
-// all_reduce_sum_async's handle: the done event of the collective on the communicator's stream.
+// A non-blocking collective's handle: the done event of the collective on the communicator's
+// stream; `what` names the call in its errors.
 class NcclPending final : public PendingCollective {
  public:
-  NcclPending(NcclComm& comm, cudaEvent_t done) : comm_(comm), done_(done) {}
+  NcclPending(NcclComm& comm, cudaEvent_t done, const char* what) : comm_(comm), done_(done), what_(what) {}
   ~NcclPending() override;
   bool test() override;
   void wait() override;
@@ -136,6 +137,7 @@ class NcclPending final : public PendingCollective {
  private:
   NcclComm& comm_;
   cudaEvent_t done_;
+  const char* what_;
   bool joined_ = false;  // the compute stream waits for done_
 };
 
@@ -186,7 +188,7 @@ class NcclComm final : public NcclCommunicator {
   }
 
   std::unique_ptr<PendingCollective> all_reduce_sum_async(Tensor& t) override {
-    return std::make_unique<NcclPending>(*this, start_all_reduce(t));
+    return std::make_unique<NcclPending>(*this, start_all_reduce(t), "all_reduce_sum_async");
   }
 
   void broadcast(Tensor& t, int root) override {
@@ -227,21 +229,18 @@ class NcclComm final : public NcclCommunicator {
     join(record_done());
   }
 
-  void all_gather(const Tensor& in, Tensor& out) override {
-    check_device("all_gather", in);
-    check_device("all_gather", out);
-    // In place (in = this rank's slot of out) is NCCL's own in-place case: no special handling.
-    (void)nccl_support::all_gather_in_place(in.raw(), in.nbytes(), out.raw(), out.nbytes(), rank_, size_);
-    if (in.nbytes() == 0) return;
-    begin();
-    NCCL_CALL(comm_, timeout_s_, &aborted_, ncclAllGather(in.raw(), out.raw(), in.nbytes(), ncclUint8, comm_, stream_));
-    join(record_done());
+  void all_gather(const Tensor& in, Tensor& out) override { join(start_all_gather(in, out)); }
+
+  // ZeRO-3's parameter prefetch: the gather runs on this communicator's stream while the compute
+  // stream goes on; wait() (or test() once it has passed) makes the compute stream wait for it.
+  std::unique_ptr<PendingCollective> all_gather_async(const Tensor& in, Tensor& out) override {
+    return std::make_unique<NcclPending>(*this, start_all_gather(in, out), "all_gather_async");
   }
 
   void reduce_scatter_sum(const Tensor& in, Tensor& out) override { join(start_reduce_scatter(in, out)); }
 
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override {
-    return std::make_unique<NcclPending>(*this, start_reduce_scatter(in, out));
+    return std::make_unique<NcclPending>(*this, start_reduce_scatter(in, out), "reduce_scatter_sum_async");
   }
 
   // Every rank got here: a one-element all-reduce on this communicator's stream, waited for on the
@@ -291,13 +290,14 @@ class NcclComm final : public NcclCommunicator {
     COMM_CUDA_CHECK(e);
   }
 
-  // Whether `done` has passed; a NCCL error seen meanwhile aborts the communicator and throws.
-  bool query(cudaEvent_t done) {
+  // Whether `done` has passed; a NCCL error seen meanwhile aborts the communicator and throws,
+  // naming `what`.
+  bool query(cudaEvent_t done, const char* what) {
     const cudaError_t e = cudaEventQuery(done);
     if (e == cudaSuccess) return true;
     if (e != cudaErrorNotReady) COMM_CUDA_CHECK(e);
     clear_not_ready();
-    check_async_error("all_reduce_sum_async");
+    check_async_error(what);
     return false;
   }
 
@@ -365,6 +365,18 @@ class NcclComm final : public NcclCommunicator {
     return record_done();
   }
 
+  cudaEvent_t start_all_gather(const Tensor& in, Tensor& out) {
+    check_device("all_gather", in);
+    check_device("all_gather", out);
+    // In place (in = this rank's slot of out) is NCCL's own in-place case: no special handling.
+    (void)nccl_support::all_gather_in_place(in.raw(), in.nbytes(), out.raw(), out.nbytes(), rank_, size_);
+    begin();
+    if (in.nbytes() > 0)
+      NCCL_CALL(comm_, timeout_s_, &aborted_,
+                ncclAllGather(in.raw(), out.raw(), in.nbytes(), ncclUint8, comm_, stream_));
+    return record_done();
+  }
+
   cudaEvent_t start_reduce_scatter(const Tensor& in, Tensor& out) {
     check_device("reduce_scatter_sum", in);
     check_device("reduce_scatter_sum", out);
@@ -424,13 +436,13 @@ NcclPending::~NcclPending() {
   try {
     comm_.join(done_);
   } catch (const std::exception& ex) {
-    std::fprintf(stderr, "warning: NCCL all_reduce_sum_async: %s\n", ex.what());
+    std::fprintf(stderr, "warning: NCCL %s: %s\n", what_, ex.what());
   }
 }
 
 bool NcclPending::test() {
   if (joined_) return true;
-  if (!comm_.query(done_)) return false;
+  if (!comm_.query(done_, what_)) return false;
   comm_.join(done_);
   joined_ = true;
   return true;
@@ -438,7 +450,7 @@ bool NcclPending::test() {
 
 void NcclPending::wait() {
   if (joined_) return;
-  comm_.check_async_error("all_reduce_sum_async");
+  comm_.check_async_error(what_);
   comm_.join(done_);
   joined_ = true;
 }

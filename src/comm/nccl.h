@@ -15,11 +15,14 @@
 // compute stream, makes its own stream wait for it (so it sees every kernel enqueued before the
 // call), enqueues the NCCL call and records a done event. The "blocking" collectives then make the
 // compute stream wait for the done event and return at once: the result is visible to all work
-// enqueued afterwards on the compute stream, but the host has not waited. all_reduce_sum_async
-// returns without that wait; its PendingCollective::test() is cudaEventQuery of the done event and
-// wait() makes the compute stream wait for it (neither blocks the host); a PendingCollective must
-// not outlive its communicator. Collectives run on the communicator's stream in call order.
-// Tensors freed after a blocking collective are safe to reuse from the compute stream (it waited).
+// enqueued afterwards on the compute stream, but the host has not waited. all_reduce_sum_async,
+// reduce_scatter_sum_async and all_gather_async (ZeRO-3's prefetch) return without that wait, so
+// kernels enqueued meanwhile run beside the collective; PendingCollective::test() is
+// cudaEventQuery of the done event and wait() makes the compute stream wait for it (neither blocks
+// the host); a PendingCollective must not outlive its communicator, and the tensors of a pending
+// one must stay alive until it is waited for (the launchers' handles hold them). Collectives run on
+// the communicator's stream in call order. Tensors freed after a blocking collective are safe to
+// reuse from the compute stream (it waited).
 //
 // Where the host must wait (it needs the data, or it must know every rank got there), it polls —
 // never blocks in CUDA or NCCL — and gives up after `timeout_s` seconds: barrier() and

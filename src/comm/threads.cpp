@@ -255,22 +255,27 @@ void ThreadCommunicator::all_reduce_sum(Tensor& t) {
 }
 
 std::unique_ptr<PendingCollective> ThreadCommunicator::all_reduce_sum_async(Tensor& t) {
-  return start(t, t, /*chunk_of_rank=*/false, "all_reduce_sum_async");
+  return start(t, t, [this](const Tensor& in, Tensor& out) { reduce_into(in, out, false, "all_reduce_sum_async"); });
 }
 
 std::unique_ptr<PendingCollective> ThreadCommunicator::reduce_scatter_sum_async(const Tensor& in, Tensor& out) {
-  return start(in, out, /*chunk_of_rank=*/true, "reduce_scatter_sum_async");
+  return start(in, out,
+               [this](const Tensor& i, Tensor& o) { reduce_into(i, o, /*chunk_of_rank=*/true, "reduce_scatter_sum_async"); });
 }
 
-// A reduction queued on this communicator's worker (`in` and `out` stay alive until it is done).
-std::unique_ptr<PendingCollective> ThreadCommunicator::start(const Tensor& in, Tensor& out, bool chunk_of_rank,
-                                                             const char* what) {
+std::unique_ptr<PendingCollective> ThreadCommunicator::all_gather_async(const Tensor& in, Tensor& out) {
+  return start(in, out, [this](const Tensor& i, Tensor& o) { gather_into(i, o, "all_gather_async"); });
+}
+
+// A collective round queued on this communicator's worker (`in` and `out` stay alive until it is done).
+std::unique_ptr<PendingCollective> ThreadCommunicator::start(const Tensor& in, Tensor& out,
+                                                             std::function<void(const Tensor&, Tensor&)> round) {
   if (!worker_) worker_ = std::make_unique<Worker>(stream_slot());
   const Device d = out.device();
   // Handles to the caller's buffers (the Tensor objects themselves may be temporaries).
-  return std::make_unique<Pending>(worker_->enqueue([this, src = in, dst = out, d, chunk_of_rank, what]() mutable {
+  return std::make_unique<Pending>(worker_->enqueue([this, src = in, dst = out, d, round = std::move(round)]() mutable {
     if (d.kind == DeviceKind::cuda) use_device(d.index);  // the worker thread's current device
-    reduce_into(src, dst, chunk_of_rank, what);
+    round(src, dst);
   }));
 }
 
@@ -306,13 +311,17 @@ void ThreadCommunicator::all_to_all(const Tensor& in, Tensor& out) {
 
 void ThreadCommunicator::all_gather(const Tensor& in, Tensor& out) {
   drain();
-  AUTOSP_ASSERT(out.nbytes() == in.nbytes() * static_cast<size_t>(size()), "all_gather: ", in.str(), " into ",
-                out.str(), " over ", size(), " ranks");
-  publish("all_gather", &in, &out);
+  gather_into(in, out, "all_gather");
+}
+
+void ThreadCommunicator::gather_into(const Tensor& in, Tensor& out, const char* what) {
+  AUTOSP_ASSERT(out.nbytes() == in.nbytes() * static_cast<size_t>(size()), what, ": ", in.str(), " into ", out.str(),
+                " over ", size(), " ranks");
+  publish(what, &in, &out);
   for (int i = 0; i < size(); ++i)
     copy_bytes(static_cast<char*>(out.raw()) + static_cast<size_t>(i) * in.nbytes(), group_->slot(i).in, in.nbytes(),
                out.device());
-  finish("all_gather");
+  finish(what);
 }
 
 void ThreadCommunicator::barrier() {

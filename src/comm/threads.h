@@ -12,9 +12,14 @@
 //     has a compute stream and a caching allocator of its own, ordered after the work the calling
 //     thread had queued, and drained before the rank's thread ends. Ranks made by
 //     make_thread_communicators run in whatever slot their threads are in.
-//   - all_reduce_sum_async and reduce_scatter_sum_async run on a worker thread of the communicator, in the order the
+//   - all_reduce_sum_async, reduce_scatter_sum_async and all_gather_async run on a worker thread of the communicator, in the order the
 //     collectives were started (holding handles to the tensors: their storage must stay untouched,
-//     the Tensor objects may go); a blocking collective first waits for the started ones.
+//     the Tensor objects may go); a blocking collective first waits for the started ones. So the
+//     rank's thread goes on while its peers catch up (ZeRO-3's prefetch does not stall the host).
+//     On a GPU the worker's copies go on the rank's own compute stream (its stream slot): they
+//     never wait for the host, but they do not run beside the rank's kernels either. Another
+//     stream would not buy more: the ranks share one GPU, whose copies and kernels compete for
+//     the same memory bandwidth.
 //   - abort() ends the process (every rank of the job) with the exit code; a rank whose body
 //     throws breaks the job: collectives on the other ranks then throw instead of waiting forever,
 //     and run_thread_ranks rethrows the first rank's exception.
@@ -53,6 +58,8 @@ class ThreadCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   void all_to_all(const Tensor& in, Tensor& out) override;
   void all_gather(const Tensor& in, Tensor& out) override;
+  // Started on the worker like all_reduce_sum_async.
+  std::unique_ptr<PendingCollective> all_gather_async(const Tensor& in, Tensor& out) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(const std::string& message, int exit_code) override;
@@ -62,7 +69,9 @@ class ThreadCommunicator final : public Communicator {
   void publish(const char* what, const Tensor* in, const Tensor* out);
   void finish(const char* what);
   void reduce_into(const Tensor& in, Tensor& out, bool chunk_of_rank, const char* what);
-  std::unique_ptr<PendingCollective> start(const Tensor& in, Tensor& out, bool chunk_of_rank, const char* what);
+  void gather_into(const Tensor& in, Tensor& out, const char* what);
+  std::unique_ptr<PendingCollective> start(const Tensor& in, Tensor& out,
+                                           std::function<void(const Tensor&, Tensor&)> round);
   void record(void*& event);
   void wait_event(void* event);
 

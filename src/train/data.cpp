@@ -814,6 +814,23 @@ void mark_documents(Batch& b, int64_t eos) {
   b.doc_start = Tensor::from_vector<int64_t>({B, S}, start);
 }
 
+void check_doc_start(const Tensor& doc_start) {
+  const Tensor d = doc_start.contiguous();
+  AUTOSP_ASSERT(d.dtype() == DType::i64 && d.rank() == 2, "doc_start ", d.str(), ": expected i64 [batch, seq_len]");
+  const int64_t B = d.dim(0), S = d.dim(1);
+  const int64_t* s = d.data<int64_t>();
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = 0; t < S; ++t) {
+      const int64_t v = s[r * S + t];
+      if (v < 0 || v > t)
+        throw UsageError(str("doc_start of row ", r, " at position ", t, " is ", v,
+                             ": a document starts at or before its token, at 0 or later"));
+      if (t > 0 && v < s[r * S + t - 1])
+        throw UsageError(str("doc_start of row ", r, " falls from ", s[r * S + t - 1], " to ", v, " at position ", t,
+                             ": document starts never decrease along the sequence"));
+    }
+}
+
 std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
   // Synthetic: a stream no training seed reaches but by a 2^-64 chance.

@@ -72,6 +72,12 @@ struct Batch {
 // position_ids, ignores the targets of `eos`.
 void mark_documents(Batch& b, int64_t eos);
 
+// The contract of doc_start (i64 [batch, seq_len]) the attention kernels rely on: in each row,
+// 0 ≤ start[t] ≤ t and start never decreases along t (the CUDA backward stops at the first query
+// tile past a key block's documents). A batch that breaks it is a UsageError naming the row and
+// position; the runtime checks each batch before it runs (train/run_device.cpp).
+void check_doc_start(const Tensor& doc_start);
+
 // The batch padded at the end to a sequence length P divides: pad tokens 0 with ignored labels
 // (-100) and position 0. Causal attention never lets a real token see the padding, and the
 // ignored labels keep the loss and gradients exact. With packed documents the padding is one more

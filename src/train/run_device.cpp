@@ -60,6 +60,7 @@ void check_batch(const Batch& b, int64_t vocab) {
 
 ParamMap run_feeds(const Batch& batch, const ParamMap& params, int64_t vocab, Device dev) {
   if (dev.kind == DeviceKind::cuda) check_batch(batch, vocab);
+  if (batch.doc_start.defined()) check_doc_start(batch.doc_start);
   ParamMap feeds = batch_feeds(batch);
   to_run_device(feeds, dev);
   for (const auto& [name, p] : params) feeds[name] = p;

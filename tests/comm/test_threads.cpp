@@ -4,6 +4,8 @@
 // job instead of hanging it. Assertions run on the Catch thread, after run_thread_ranks returns.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -218,6 +220,44 @@ TEST_CASE("threads: non-blocking all-reduces and a reduce-scatter finish in orde
     CHECK(g[k + 1] == 0 + 1 + 2);
     const double scale[3] = {1, 10, 100};
     CHECK(g[k + 2] == scale[r] * (0 + 1 + 2));
+  }
+}
+
+// ZeRO-3's prefetch: all_gather_async returns on rank 0 before rank 1 has reached the collective
+// (rank 1 waits, up to 5 s, for rank 0 to say it has returned; a blocking gather would hold rank 0
+// until rank 1 came, and rank 1 would see no word for 5 s), and the result is the ranks' shards in
+// rank order once waited for.
+TEST_CASE("threads: all_gather_async returns before the peers arrive, then holds every rank's shard", "[threads]") {
+  const int P = 2;
+  const int64_t n = 3;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool returned = false, rank1_saw_it = false;
+  std::vector<std::vector<double>> got(P);
+  run_thread_ranks(P, [&](ThreadCommunicator& w) {
+    const Tensor shard = rank_tensor(w.rank(), n, DType::f64);
+    Tensor whole = Tensor::empty({P * n}, DType::f64);
+    if (w.rank() == 1) {
+      std::unique_lock<std::mutex> lock(mu);
+      rank1_saw_it = cv.wait_for(lock, std::chrono::seconds(5), [&] { return returned; });
+    }
+    auto pending = w.all_gather_async(shard, whole);
+    if (w.rank() == 0) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        returned = true;
+      }
+      cv.notify_all();
+    }
+    pending->wait();
+    got[static_cast<size_t>(w.rank())] = whole.to_doubles();
+  });
+  CHECK(rank1_saw_it);
+  for (int r = 0; r < P; ++r) {
+    INFO("rank " << r);
+    REQUIRE(got[static_cast<size_t>(r)].size() == static_cast<size_t>(P * n));
+    for (int src = 0; src < P; ++src)
+      for (int64_t e = 0; e < n; ++e) CHECK(got[static_cast<size_t>(r)][static_cast<size_t>(src * n + e)] == value(src, e));
   }
 }
 

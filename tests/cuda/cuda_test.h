@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -66,6 +67,14 @@ Host<T> round_to(double v) {
     return cpu::bf16_to_f32(cpu::f32_to_bf16(float(v)));
   else
     return Host<T>(v);
+}
+
+// Normal values around `mean` (inputs whose rows push a weight gradient the same way, as a trained
+// model's do, so a sum over chunks of rows grows with each chunk).
+inline naive::Vec around(double mean, int64_t n, uint32_t seed, double stddev) {
+  naive::Vec v = naive::random_normal(n, seed, stddev);
+  for (double& e : v) e += mean;
+  return v;
 }
 
 template <class T>
@@ -158,6 +167,16 @@ template <class T, class H>
 void check_against(const std::vector<H>& got, const std::vector<H>& ref, double tolerance = tol<T>()) {
   INFO("storage " << type_name<T>());
   test::check_close(widen(got), widen(ref), tolerance);
+}
+
+// ‖got − ref‖ / ‖ref‖ (an error measure that sums over many rounded elements).
+inline double relative_l2(const naive::Vec& got, const naive::Vec& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
 }
 
 // Bitwise equality (determinism checks, exact kernels).

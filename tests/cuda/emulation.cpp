@@ -1,6 +1,7 @@
 // The CPU emulation of the CUDA kernels (emulation.h): scratch is host memory from malloc, in
-// place of common.cu's stream-ordered device allocations; and the static `__shared__` arrays of a
-// kernel are found in this executable's ELF symbol table.
+// place of common.cu's stream-ordered device allocations; the cuBLASLt GEMMs (matmul.cuh) are host
+// loops with cuBLASLt's numerics; and the static `__shared__` arrays of a kernel are found in this
+// executable's ELF symbol table.
 #include <elf.h>
 #include <link.h>
 
@@ -14,6 +15,7 @@
 
 #include "cuda/emulation.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/matmul.cuh"
 
 namespace autosp::cuda {
 
@@ -22,6 +24,50 @@ Scratch::Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
 }
 
 Scratch::~Scratch() { std::free(ptr_); }
+
+namespace {
+
+// C = alpha·op(A)·op(B) + beta·C as cuBLASLt computes it (matmul.cuh's row-major contract): each
+// product summed over K in acc_t<T> (f32 for f32 and bf16 inputs, f64 for f64), alpha·sum + beta·C
+// in that type (C widened from its storage, not read when beta is 0), rounded once to C's type.
+template <class T, class TC>
+void host_gemm(bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, double alpha, const T* a,
+               int64_t sa, const T* b, int64_t sb, double beta, TC* c, int64_t sc) {
+  using A = acc_t<T>;
+  for (int64_t p = 0; p < batch; ++p) {
+    const T* ap = a + p * sa;
+    const T* bp = b + p * sb;
+    TC* cp = c + p * sc;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        A sum = 0;
+        for (int64_t k = 0; k < K; ++k)
+          sum += to_acc(ta ? ap[k * M + m] : ap[m * K + k]) * to_acc(tb ? bp[n * K + k] : bp[k * N + n]);
+        A r = A(alpha) * sum;
+        if (beta != 0.0) r += A(beta) * A(to_acc(cp[m * N + n]));
+        cp[m * N + n] = from_acc<TC>(r);
+      }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, double alpha, const T* a,
+                  int64_t stride_a, const T* b, int64_t stride_b, double beta, T* c, int64_t stride_c, cudaStream_t) {
+  host_gemm<T, T>(trans_a, trans_b, batch, M, N, K, alpha, a, stride_a, b, stride_b, beta, c, stride_c);
+}
+template void gemm_batched<float>(bool, bool, int64_t, int64_t, int64_t, int64_t, double, const float*, int64_t,
+                                  const float*, int64_t, double, float*, int64_t, cudaStream_t);
+template void gemm_batched<double>(bool, bool, int64_t, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                                   const double*, int64_t, double, double*, int64_t, cudaStream_t);
+template void gemm_batched<bf16>(bool, bool, int64_t, int64_t, int64_t, int64_t, double, const bf16*, int64_t,
+                                 const bf16*, int64_t, double, bf16*, int64_t, cudaStream_t);
+
+void gemm_bf16_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const bf16* a,
+                   const bf16* b, double beta, float* c, cudaStream_t) {
+  host_gemm<bf16, float>(trans_a, trans_b, 1, M, N, K, alpha, a, 0, b, 0, beta, c, 0);
+}
 
 }  // namespace autosp::cuda
 

@@ -182,22 +182,26 @@ void test_all_gather(Env& e) {
   const int c = 5;
   std::vector<float> mine(c);
   for (int k = 0; k < c; ++k) mine[k] = float(e.r * 100 + k);
-  for (bool in_place : {false, true}) {
-    Tensor out = Tensor::empty({int64_t(e.P) * c}, DType::f32, e.alloc);
-    Tensor in;
-    if (in_place) {
-      in = Tensor::view_bytes(out, size_t(e.r) * c * sizeof(float), {c}, DType::f32);
-      TEST_CUDA(cudaMemcpyAsync(in.raw(), mine.data(), c * sizeof(float), cudaMemcpyHostToDevice, e.compute));
-    } else {
-      in = upload(e, mine, DType::f32);
+  for (bool async : {false, true})  // all_gather_async: ZeRO-3's prefetch, joined by wait()
+    for (bool in_place : {false, true}) {
+      Tensor out = Tensor::empty({int64_t(e.P) * c}, DType::f32, e.alloc);
+      Tensor in;
+      if (in_place) {
+        in = Tensor::view_bytes(out, size_t(e.r) * c * sizeof(float), {c}, DType::f32);
+        TEST_CUDA(cudaMemcpyAsync(in.raw(), mine.data(), c * sizeof(float), cudaMemcpyHostToDevice, e.compute));
+      } else {
+        in = upload(e, mine, DType::f32);
+      }
+      if (async)
+        e.world->all_gather_async(in, out)->wait();
+      else
+        e.world->all_gather(in, out);
+      const auto got = download<float>(e, out);
+      for (int i = 0; i < e.P; ++i)
+        for (int k = 0; k < c; ++k)
+          EXPECT(got[i * c + k] == float(i * 100 + k), "async ", async, " in_place ", in_place, " rank ", i, " k ", k,
+                 " got ", got[i * c + k]);
     }
-    e.world->all_gather(in, out);
-    const auto got = download<float>(e, out);
-    for (int i = 0; i < e.P; ++i)
-      for (int k = 0; k < c; ++k)
-        EXPECT(got[i * c + k] == float(i * 100 + k), "in_place ", in_place, " rank ", i, " k ", k, " got ",
-               got[i * c + k]);
-  }
 }
 
 // The async all-reduce sees compute-stream work enqueued before it (a slow memset chain, then the

@@ -6,11 +6,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <thread>
 
 #include "common/naive.h"
 #include "cuda/dispatch_test.h"
 #include "graph/builder.h"
 #include "device/local_rank.h"
+#include "device/stream_slot.h"
 
 using namespace autosp;
 using namespace autosp::cudatest;
@@ -67,6 +69,38 @@ TEST_CASE("out of device memory: RuntimeFailure naming the bytes, and the device
   g.add_output(b.neg(b.input("x", DType::f32, {4}, Role::none)));
   const RunResult r = Executor(g).run({{"x", up(h)}});
   CHECK(down(r.outputs.begin()->second).to_doubles() == std::vector<double>{-1, -2, -3, -4});
+}
+
+// Thread ranks on one GPU: slot 1 caches 60% of the free memory; slot 2 then asks for as much,
+// which fits only once slot 1's cache and the stream-ordered pool are given back (the reclaim of
+// device/cuda/device.cpp). Each slot's thread stays in its slot, as a thread rank does.
+TEST_CASE("out of device memory in one stream slot frees the other slots' caches", "[device]") {
+  size_t free_b = 0, total_b = 0;
+  REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
+  const size_t big = free_b / 10 * 6 / CachingAllocator::kLargeRound * CachingAllocator::kLargeRound;
+  size_t cached_in_one = 0, reserved_in_one_after = 1;
+  std::thread([&] {
+    StreamSlotScope in(1);
+    CachingAllocator& one = cuda_allocator(0);
+    one.deallocate(one.allocate(big), big);  // now cached by slot 1
+    cached_in_one = one.cached_bytes();
+  }).join();
+  bool fitted = false;
+  std::thread([&] {
+    StreamSlotScope in(2);
+    CachingAllocator& two = cuda_allocator(0);
+    void* p = two.allocate(big);
+    fitted = p != nullptr;
+    two.deallocate(p, big);
+    two.empty_cache();
+  }).join();
+  std::thread([&] {
+    StreamSlotScope in(1);
+    reserved_in_one_after = cuda_allocator(0).reserved_bytes();
+  }).join();
+  CHECK(cached_in_one >= big);
+  CHECK(fitted);
+  CHECK(reserved_in_one_after == 0);
 }
 
 TEST_CASE("host <-> device copies keep every dtype's bits", "[device]") {

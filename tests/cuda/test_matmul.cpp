@@ -71,3 +71,32 @@ TEST_CASE("cuda gemm_batched on two streams", "[cuda][matmul]") {
   CUDA_CHECK(cudaStreamDestroy(s1));
   CUDA_CHECK(cudaStreamDestroy(s2));
 }
+
+// gemm_bf16_f32 (cuBLASLt's bf16 × bf16 → f32 mode, the chunked weight gradients' sums): bf16
+// inputs, an f32 C overwritten (beta 0), then added to twice (beta 1), against a double loop on the
+// same rounded inputs. f32 accuracy: a C held in bf16 would be off by ~1e-2.
+TEST_CASE("cuda gemm_bf16_f32 accumulates bf16 products in an f32 C", "[cuda][matmul]") {
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      const int64_t M = 33, N = 17, K = 65;
+      INFO("trans_a " << ta << " trans_b " << tb);
+      const auto a = values<bf16>(naive::random_normal(M * K, 700 + 2 * ta + tb, 1.0));
+      const auto b = values<bf16>(naive::random_normal(K * N, 710 + 2 * ta + tb, 1.0));
+      Dev<bf16> da(a), db(b);
+      Dev<float> dc(size_t(M * N));  // not read: the first call overwrites
+      std::vector<double> ref(size_t(M * N), 0.0);
+      for (int rep = 0; rep < 3; ++rep) {
+        cuda::gemm_bf16_f32(ta, tb, M, N, K, 0.5, da.get(), db.get(), rep == 0 ? 0.0 : 1.0, dc.get(), nullptr);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            double s = 0;
+            for (int64_t k = 0; k < K; ++k)
+              s += double(ta ? a[size_t(k * M + m)] : a[size_t(m * K + k)]) *
+                   double(tb ? b[size_t(n * K + k)] : b[size_t(k * N + n)]);
+            ref[size_t(m * N + n)] += 0.5 * s;
+          }
+      }
+      const auto got = dc.download();
+      test::check_close(widen(got), ref, 1e-4);
+    }
+}

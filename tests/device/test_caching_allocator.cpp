@@ -186,6 +186,42 @@ TEST_CASE("out of memory: the cache is released and the request retried once", "
   a.deallocate(y, 8 * kMiB);
 }
 
+// Thread ranks on one GPU: each stream slot has its own allocator over the same device memory. An
+// out-of-memory in one must free what the others cache (the device runtime's reclaim empties
+// every slot's cache and trims the stream-ordered pool); without it slot 1's cached 6 MiB starve
+// slot 2. The reclaim runs without the failing allocator's lock (it empties that one too here).
+TEST_CASE("out of memory: reclaim frees the other allocators' caches before the last retry", "[caching_allocator]") {
+  FakeDevice dev;
+  dev.cap = 10 * kMiB;
+  int reclaims = 0;
+  CachingAllocator* slots[2] = {nullptr, nullptr};
+  RawMemory shared = dev.raw();
+  shared.reclaim = [&] {
+    ++reclaims;
+    for (CachingAllocator* s : slots) s->empty_cache();  // the failing one included: no deadlock
+  };
+  CachingAllocator one(kDev, shared), two(kDev, shared);
+  slots[0] = &one;
+  slots[1] = &two;
+  void* x = one.allocate(6 * kMiB);
+  one.deallocate(x, 6 * kMiB);  // cached by slot 1: 6 MiB of the 10
+  void* y = two.allocate(8 * kMiB);  // slot 2: fails, has nothing to release, reclaims, retries
+  CHECK(y != nullptr);
+  CHECK(reclaims == 1);
+  CHECK(dev.failures == 2);
+  CHECK(one.reserved_bytes() == 0);
+  CHECK(two.live_bytes() == 8 * kMiB);
+
+  // Without a reclaim the same request fails, and says what it released.
+  FakeDevice dev2;
+  dev2.cap = 10 * kMiB;
+  CachingAllocator three(kDev, dev2.raw()), four(kDev, dev2.raw());
+  void* z = three.allocate(6 * kMiB);
+  three.deallocate(z, 6 * kMiB);
+  CHECK_THROWS_WITH(four.allocate(8 * kMiB), Catch::Contains("CUDA out of memory") && !Catch::Contains("other caches"));
+  two.deallocate(y, 8 * kMiB);
+}
+
 TEST_CASE("freeing a pointer the allocator did not hand out is caught", "[caching_allocator]") {
   FakeDevice dev;
   CachingAllocator a(kDev, dev.raw());

@@ -55,6 +55,24 @@ TEST_CASE("mark_documents: a row that starts right after an EOS, and rows marked
   CHECK(values(b.labels) == std::vector<int64_t>{-100, 4, 2, -100, 4, 4, 4, 4});
 }
 
+// The contract the CUDA attention backward relies on (attention.cuh): starts rise along each row.
+// mark_documents' and pad_to_multiple's starts keep it; a falling start, a start past its token or
+// a negative one is a UsageError naming the row and position.
+TEST_CASE("check_doc_start accepts packed documents and refuses starts that fall or lie ahead", "[data][documents]") {
+  Batch b = batch_of({5, 6, 2, 7, 2, 2, 8, 9, 4}, 8);
+  mark_documents(b, 2);
+  CHECK_NOTHROW(check_doc_start(b.doc_start));
+  CHECK_NOTHROW(check_doc_start(pad_to_multiple(b, 3).doc_start));
+  const auto starts = [](std::vector<int64_t> v) { return Tensor::from_vector<int64_t>({2, 4}, v); };
+  CHECK_THROWS_WITH(check_doc_start(starts({0, 0, 2, 2, 0, 1, 1, 0})),
+                    "doc_start of row 1 falls from 1 to 0 at position 3: document starts never decrease along the "
+                    "sequence");
+  CHECK_THROWS_AS(check_doc_start(starts({0, 0, 2, 2, 0, 1, 1, 0})), UsageError);
+  CHECK_THROWS_WITH(check_doc_start(starts({0, 2, 2, 2, 0, 0, 0, 0})),
+                    "doc_start of row 0 at position 1 is 2: a document starts at or before its token, at 0 or later");
+  CHECK_THROWS_WITH(check_doc_start(starts({0, 0, 0, 0, -1, 0, 0, 0})), Catch::Contains("row 1 at position 0 is -1"));
+}
+
 TEST_CASE("document_mask config errors name the key", "[config][documents]") {
   const json model = {{"arch", "llama"}, {"vocab_size", 32}, {"hidden_size", 16}, {"num_hidden_layers", 1},
                       {"num_attention_heads", 2}, {"intermediate_size", 16}};

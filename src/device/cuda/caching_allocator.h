@@ -3,8 +3,10 @@
 // 1 MiB, else the request rounded up to 2 MiB), a segment is split into blocks, freed blocks go back
 // to size-ordered free lists (small and large pool) and are reused best-fit, merging with free
 // neighbours of the same segment. The device is asked for memory only on a miss; when it has none,
-// every wholly free segment is returned and the request retried once, then RuntimeFailure names
-// the requested, live and cached bytes.
+// every wholly free segment is returned and the request retried; if the device still has none,
+// RawMemory::reclaim (when set) frees what else on the device holds memory unused — the other
+// stream slots' allocators, the stream-ordered pool — and the request is retried once more, then
+// RuntimeFailure names the requested, live and cached bytes.
 //
 // Reuse needs no events: every kernel of a device runs on its one compute stream, so work that
 // reads a freed block was enqueued before any work that writes the block's next owner.
@@ -30,10 +32,14 @@
 namespace autosp {
 
 // How the allocator gets and returns device memory. `allocate` returns nullptr when the device is
-// out of memory (and throws for any other failure); `release` returns a whole segment.
+// out of memory (and throws for any other failure); `release` returns a whole segment. `reclaim`
+// (optional) is called, without this allocator's lock held, when the device is out of memory even
+// after this allocator returned its own cache: it returns the memory other owners on the device
+// hold unused (it may call empty_cache() of any allocator, this one included).
 struct RawMemory {
   std::function<void*(size_t)> allocate;
   std::function<void(void*)> release;
+  std::function<void()> reclaim = {};
 };
 
 class CachingAllocator final : public Allocator {
@@ -60,11 +66,11 @@ class CachingAllocator final : public Allocator {
   static size_t round_size(size_t nbytes) { return nbytes == 0 ? kRound : (nbytes + kRound - 1) / kRound * kRound; }
 
   void* allocate(size_t nbytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     const size_t size = round_size(nbytes);
     const bool small = size <= kSmallRequest;
     Block* b = take_free(small, size);
-    if (b == nullptr) b = new_segment(small, size, nbytes);
+    if (b == nullptr) b = new_segment(small, size, nbytes, lock);
     split(b, size);
     b->allocated = true;
     b->requested = nbytes;
@@ -141,19 +147,27 @@ class CachingAllocator final : public Allocator {
     return b;
   }
 
-  Block* new_segment(bool small, size_t size, size_t requested) {
+  // A new segment for a request of `size` (rounded) bytes. `lock` holds mu_; it is released while
+  // RawMemory::reclaim runs.
+  Block* new_segment(bool small, size_t size, size_t requested, std::unique_lock<std::mutex>& lock) {
     const size_t seg = small ? kSmallSegment : (size + kLargeRound - 1) / kLargeRound * kLargeRound;
     void* p = raw_.allocate(seg);
     const size_t cached = reserved_ - allocated_;
-    if (p == nullptr) {  // out of memory: give the cache back to the device and try once more
+    if (p == nullptr) {  // out of memory: give the cache back to the device and try again
       release_free_segments();
+      p = raw_.allocate(seg);
+    }
+    if (p == nullptr && raw_.reclaim) {  // then what the device's other owners hold unused
+      lock.unlock();
+      raw_.reclaim();
+      lock.lock();
       p = raw_.allocate(seg);
     }
     if (p == nullptr)
       throw RuntimeFailure(str("CUDA out of memory on ", device_.str(), ": requested ", requested,
                                " bytes (a segment of ", seg, "), with ", live_bytes(), " bytes live in tensors and ",
-                               cached, " bytes cached (released and retried; ", reserved_,
-                               " bytes still reserved). Reduce data.batch_size or data.seq_len, or set "
+                               cached, " bytes cached (released and retried", raw_.reclaim ? ", with the device's other caches" : "",
+                               "; ", reserved_, " bytes still reserved). Reduce data.batch_size or data.seq_len, or set "
                                "runtime.activation_checkpointing"));
     auto owned = std::make_unique<Block>();
     Block* b = owned.get();

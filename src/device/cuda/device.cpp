@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -82,11 +83,31 @@ void check_index(int device, size_t visible) {
                          visible == 0 ? ": no CUDA device is visible to this process" : ""));
 }
 
+// Out of memory on `device` although the failing slot's allocator gave its cache back: every
+// slot's allocator returns its wholly free segments (thread ranks each have one), and once the
+// device has passed every pending free, the stream-ordered pool (cudaMallocAsync: kernel scratch,
+// cuDNN's dQ accumulator, GiBs at long S) gives back what it holds unused.
+void reclaim_device(int device) {
+  std::vector<CachingAllocator*> allocators;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (const auto& slot : states()[static_cast<size_t>(device)]->slots)
+      if (slot) allocators.push_back(slot->alloc.get());
+  }
+  for (CachingAllocator* a : allocators) a->empty_cache();  // cudaFree waits for the device
+  CurrentDevice on(device);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaMemPool_t pool = nullptr;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+}
+
 std::unique_ptr<SlotState> make_slot(int device) {
   auto s = std::make_unique<SlotState>();
   s->alloc = std::make_unique<CachingAllocator>(
       Device{DeviceKind::cuda, device},
-      RawMemory{[device](size_t n) { return raw_allocate(device, n); }, [device](void* p) { raw_release(device, p); }});
+      RawMemory{[device](size_t n) { return raw_allocate(device, n); }, [device](void* p) { raw_release(device, p); },
+                [device] { reclaim_device(device); }});
   CurrentDevice on(device);
   CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
   return s;
@@ -100,6 +121,13 @@ DeviceState& state_locked(int device) {
   if (!st) {
     auto d = std::make_unique<DeviceState>();
     d->slots.push_back(make_slot(device));
+    // The stream-ordered pool keeps what is freed into it instead of unmapping it at every
+    // synchronisation (its default release threshold, 0, would re-map the large scratch buffers
+    // each step); reclaim_device trims it when memory runs out.
+    cudaMemPool_t pool = nullptr;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     st = std::move(d);
   }
   return *st;

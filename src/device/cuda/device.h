@@ -9,7 +9,9 @@
 // kernel a thread enqueues goes on its slot's stream, so tensors freed to that slot's allocator are
 // reused in stream order without events. Anything that works on another stream (the NCCL
 // communicator, a peer rank's collective) must order itself after the compute stream and back
-// (cudaEventRecord on one, cudaStreamWaitEvent on the other).
+// (cudaEventRecord on one, cudaStreamWaitEvent on the other). An out-of-memory in one slot's
+// allocator empties every slot's cache on the device and trims the stream-ordered pool (which
+// otherwise keeps what is freed into it: its release threshold is raised) before the last retry.
 //
 // Builds without CUDA have the same functions (src/device/cuda_absent.cpp): cuda_available() is
 // false, cuda_device_count() 0, and the others throw UsageError("... this build has no CUDA backend

@@ -32,6 +32,7 @@
 #include "kernels/kinds.h"
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/mlp.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "device/cuda/copy.h"
@@ -587,9 +588,11 @@ Tensor all_reduce(const KernelCall& c) {
   return y;
 }
 
-// ZeRO-3 (as the CPU launchers): the whole parameter from the shards, and the gradient's shard.
-// NCCL runs them on its stream, ordered with the compute stream; the executor's background
-// request (KernelCall::pending) is not needed for that and left unset.
+// ZeRO-3 (as the CPU launchers): the whole parameter from the shards, and the gradient's shard. In
+// the background when the executor asks (KernelCall::pending): NCCL then runs the collective on
+// its stream beside the compute stream's kernels until the handle is waited for (the parameter
+// prefetch overlaps the layer before); the handle holds every buffer the collective touches, and
+// its follow-up (the copy out of a padded buffer) is enqueued on the compute stream after the join.
 Tensor all_gather(const KernelCall& c) {
   Communicator& comm = device_comm(c);
   (void)launch::shard_group(c);
@@ -597,8 +600,15 @@ Tensor all_gather(const KernelCall& c) {
   Tensor y = out_like(c, x.dtype());
   const launch::ShardLayout l = launch::shard_layout(comm, y.numel());
   Tensor into = l.direct() ? y.reshape({y.numel()}) : Tensor::empty(l.padded(), x.dtype(), c.alloc);
-  comm.all_gather(x, into);
-  if (!l.direct()) gpu::cast_into(Tensor::view_bytes(into, 0, y.shape(), y.dtype()), y, stream(c));
+  auto copy_out = [direct = l.direct(), x, into, y, s = stream(c)]() mutable {
+    if (!direct) gpu::cast_into(Tensor::view_bytes(into, 0, y.shape(), y.dtype()), y, s);
+  };
+  if (!c.pending) {
+    comm.all_gather(x, into);
+    copy_out();
+    return y;
+  }
+  *c.pending = followed_by(comm.all_gather_async(x, into), copy_out);
   return y;
 }
 
@@ -615,7 +625,11 @@ Tensor reduce_scatter(const KernelCall& c) {
     Tensor head = Tensor::view_bytes(send, 0, g.shape(), g.dtype());
     gpu::cast_into(g, head, stream(c));
   }
-  comm.reduce_scatter_sum(send, y);
+  if (!c.pending) {
+    comm.reduce_scatter_sum(send, y);
+    return y;
+  }
+  *c.pending = followed_by(comm.reduce_scatter_sum_async(send, y), [send, y] {});
   return y;
 }
 
@@ -646,80 +660,42 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
   });
 }
 
-// ---- the tiled SwiGLU MLP (kernels/cpu/mlp.h: the same chunks and steps) ----
-// Per chunk of kMlpChunkRows rows, cuBLASLt GEMMs and the elementwise kernels, on [rows, I] scratch
-// only (four buffers: the CPU fuses the gradient's elementwise steps, here they are separate launches).
-
-// out = a ∘ b over n contiguous elements (out may alias a or b).
-template <class T>
-void mul_n(const T* a, const T* b, T* out, int64_t n, cudaStream_t s) {
-  const int64_t shape[1] = {n}, unit[1] = {1};
-  cuda::binary<T>(kernels::Binary::mul, 1, shape, a, unit, b, unit, out, s);
-}
-
-// g, u [r, I] = x_c [r, C] · Wgᵀ, x_c · Wuᵀ
-template <class T>
-void gate_up(const T* x_c, const T* wg, const T* wu, T* g, T* u, int64_t r, int64_t C, int64_t I, cudaStream_t s) {
-  cuda::gemm_batched<T>(false, true, 1, r, I, C, 1.0, x_c, 0, wg, 0, 0.0, g, 0, s);
-  cuda::gemm_batched<T>(false, true, 1, r, I, C, 1.0, x_c, 0, wu, 0, 0.0, u, 0, s);
-}
+// ---- the tiled SwiGLU MLP (kernels/cuda/mlp.cuh: kernels/cpu/mlp.h's chunks and steps) ----
 
 // x [..., C] as rows [R, C]; w_gate, w_up [I, C], w_down [C, I] → y [..., C].
 Tensor swiglu_mlp(const KernelCall& c) {
   const Tensor x = arg(c, 0), wg = arg(c, 1), wu = arg(c, 2), wd = arg(c, 3);
   const int64_t C = x.dim(-1), I = wg.dim(0), rows = x.numel() / C, chunk = kernels::kMlpChunkRows;
-  const cudaStream_t s = stream(c);
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, x.dtype());
     const int64_t r_max = std::min(rows, chunk);
     const Tensor g = Tensor::empty({r_max, I}, x.dtype(), c.alloc), u = Tensor::empty({r_max, I}, x.dtype(), c.alloc);
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-      const int64_t r = std::min(chunk, rows - r0);
-      gate_up(ptr<T>(x) + r0 * C, ptr<T>(wg), ptr<T>(wu), ptr<T>(g), ptr<T>(u), r, C, I, s);
-      cuda::unary<T>(kernels::Unary::silu, ptr<T>(g), ptr<T>(g), r * I, 0.0, s);
-      mul_n(ptr<T>(g), ptr<T>(u), ptr<T>(g), r * I, s);  // h
-      cuda::gemm_batched<T>(false, true, 1, r, C, I, 1.0, ptr<T>(g), 0, ptr<T>(wd), 0, 0.0, ptr<T>(y) + r0 * C, 0, s);
-    }
+    cuda::swiglu_mlp<T>(ptr<T>(x), ptr<T>(wg), ptr<T>(wu), ptr<T>(wd), ptr<T>(y), rows, C, I, chunk, ptr<T>(g),
+                        ptr<T>(u), stream(c));
     return y;
   });
+}
+
+// f32 scratch of n elements (bf16's weight-gradient sums), or an undefined tensor for n = 0.
+Tensor f32_scratch(const KernelCall& c, int64_t n) {
+  return n > 0 ? Tensor::empty({n}, DType::f32, c.alloc) : Tensor();
 }
 
 // dx; extra outputs dw_gate, dw_up, dw_down. Inputs: dy, x, w_gate, w_up, w_down.
 Tensor swiglu_mlp_backward(const KernelCall& c) {
   const Tensor dy = arg(c, 0), x = arg(c, 1), wg = arg(c, 2), wu = arg(c, 3), wd = arg(c, 4);
   const int64_t C = x.dim(-1), I = wg.dim(0), rows = x.numel() / C, chunk = kernels::kMlpChunkRows;
-  const cudaStream_t s = stream(c);
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor dx = out_like(c, x.dtype());
     for (const Tensor& w : {wg, wu, wd}) c.extras.push_back(extra_like(c, w.shape(), w.dtype()));
-    T *dwg = ptr<T>(c.extras[0]), *dwu = ptr<T>(c.extras[1]), *dwd = ptr<T>(c.extras[2]);
-    if (rows == 0) {
-      for (const Tensor& dw : c.extras) CUDA_CHECK(cudaMemsetAsync(dw.raw(), 0, dw.nbytes(), s));
-      return dx;
-    }
-    const int64_t r_max = std::min(rows, chunk);
+    const int64_t r_max = std::max<int64_t>(1, std::min(rows, chunk));
     std::vector<Tensor> scratch;
     for (int i = 0; i < 4; ++i) scratch.push_back(Tensor::empty({r_max, I}, x.dtype(), c.alloc));
-    T *g = ptr<T>(scratch[0]), *u = ptr<T>(scratch[1]), *t = ptr<T>(scratch[2]), *v = ptr<T>(scratch[3]);
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-      const int64_t r = std::min(chunk, rows - r0), n = r * I;
-      const T* x_c = ptr<T>(x) + r0 * C;
-      const T* dy_c = ptr<T>(dy) + r0 * C;
-      T* dx_c = ptr<T>(dx) + r0 * C;
-      const double beta = r0 == 0 ? 0.0 : 1.0;  // the first chunk overwrites the weight gradients
-      gate_up(x_c, ptr<T>(wg), ptr<T>(wu), g, u, r, C, I, s);
-      cuda::unary<T>(kernels::Unary::silu, g, v, n, 0.0, s);  // v = silu(g)
-      mul_n(v, u, t, n, s);                                // t = h
-      cuda::gemm_batched<T>(true, false, 1, C, I, r, 1.0, dy_c, 0, t, 0, beta, dwd, 0, s);        // dWd += dy_cᵀ·h
-      cuda::gemm_batched<T>(false, false, 1, r, I, C, 1.0, dy_c, 0, ptr<T>(wd), 0, 0.0, t, 0, s);  // t = dh
-      mul_n(v, t, v, n, s);                                                   // v = du = dh ∘ silu(g)
-      mul_n(u, t, u, n, s);                                                   // u = dh ∘ u
-      cuda::unary_backward<T>(kernels::UnaryGrad::silu, u, g, u, n, s);           // u = dg = dh ∘ u ∘ silu'(g)
-      cuda::gemm_batched<T>(false, false, 1, r, C, I, 1.0, u, 0, ptr<T>(wg), 0, 0.0, dx_c, 0, s);  // dx_c = dg·Wg
-      cuda::gemm_batched<T>(false, false, 1, r, C, I, 1.0, v, 0, ptr<T>(wu), 0, 1.0, dx_c, 0, s);  //      + du·Wu
-      cuda::gemm_batched<T>(true, false, 1, I, C, r, 1.0, u, 0, x_c, 0, beta, dwg, 0, s);          // dWg += dgᵀ·x_c
-      cuda::gemm_batched<T>(true, false, 1, I, C, r, 1.0, v, 0, x_c, 0, beta, dwu, 0, s);          // dWu += duᵀ·x_c
-    }
+    T* const bufs[4] = {ptr<T>(scratch[0]), ptr<T>(scratch[1]), ptr<T>(scratch[2]), ptr<T>(scratch[3])};
+    const Tensor acc = f32_scratch(c, cuda::swiglu_mlp_acc_elems<T>(C, I));
+    cuda::swiglu_mlp_backward<T>(ptr<T>(dy), ptr<T>(x), ptr<T>(wg), ptr<T>(wu), ptr<T>(wd), ptr<T>(dx),
+                                 ptr<T>(c.extras[0]), ptr<T>(c.extras[1]), ptr<T>(c.extras[2]), rows, C, I, chunk, bufs,
+                                 acc.defined() ? ptr<float>(acc) : nullptr, stream(c));
     return dx;
   });
 }
@@ -752,7 +728,7 @@ Tensor linear_cross_entropy_sum(const KernelCall& c) {
 }
 
 // dx; extra output dw. Inputs: x, w, labels, g (a device scalar). Per chunk the logits again, then
-// dlogits in place, dx_c = dlogits · w, dw (+)= dlogitsᵀ · x_c.
+// dlogits in place, dx_c = dlogits · w, dw += dlogitsᵀ · x_c (kernels/cuda/loss.cuh).
 Tensor linear_cross_entropy_backward(const KernelCall& c) {
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = kernels::linear_ce_chunk_rows(rows, V);
@@ -761,22 +737,12 @@ Tensor linear_cross_entropy_backward(const KernelCall& c) {
     const Tensor g = gpu::cast(on_device(c, 3), acc_dtype<T>(), c.alloc, s);
     Tensor dx = out_like(c, x.dtype());
     c.extras.push_back(extra_like(c, w.shape(), w.dtype()));
-    T* dw = ptr<T>(c.extras[0]);
-    if (rows == 0) {
-      CUDA_CHECK(cudaMemsetAsync(dw, 0, c.extras[0].nbytes(), s));
-      return dx;
-    }
     const Tensor logits = Tensor::empty({kernels::linear_ce_scratch_elems(rows, V)}, x.dtype(), c.alloc);
-    T* d = ptr<T>(logits);
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-      const int64_t r = std::min(chunk, rows - r0);
-      const T* x_c = ptr<T>(x) + r0 * C;
-      cuda::gemm_batched<T>(false, true, 1, r, V, C, 1.0, x_c, 0, ptr<T>(w), 0, 0.0, d, 0, s);
-      cuda::cross_entropy_backward<T>(d, ptr<int64_t>(labels) + r0, d, r, V, ptr<cuda::acc_t<T>>(g),
-                                      c.node.attrs().i("ignore_index"), s);
-      cuda::gemm_batched<T>(false, false, 1, r, C, V, 1.0, d, 0, ptr<T>(w), 0, 0.0, ptr<T>(dx) + r0 * C, 0, s);
-      cuda::gemm_batched<T>(true, false, 1, V, C, r, 1.0, d, 0, x_c, 0, r0 == 0 ? 0.0 : 1.0, dw, 0, s);
-    }
+    const Tensor acc = f32_scratch(c, cuda::ChunkedGradient<T>::acc_elems(V, C));
+    cuda::linear_cross_entropy_backward<T>(ptr<T>(x), ptr<T>(w), ptr<int64_t>(labels), ptr<cuda::acc_t<T>>(g),
+                                           ptr<T>(dx), ptr<T>(c.extras[0]), rows, C, V, chunk,
+                                           c.node.attrs().i("ignore_index"), ptr<T>(logits),
+                                           acc.defined() ? ptr<float>(acc) : nullptr, s);
     return dx;
   });
 }

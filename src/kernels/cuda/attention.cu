@@ -30,9 +30,11 @@
 //
 // Both paths: the loops over tiles, heads and lanes run in a fixed order, so results are
 // bitwise reproducible; causal blocks skip the tiles no row of theirs can see, and the heaviest
-// blocks (late queries) are launched first. Document masking (doc_start, [Sq] per batch) skips the
-// tiles before a block's earliest document start (forward, dq) or the query tiles whose earliest
-// start lies past a block's last key (dk/dv), and masks per element inside the others.
+// blocks (late queries) are launched first. Document masking (doc_start, [Sq] per batch, rising
+// along the queries: the op's contract, checked on the host where batches are made) skips the
+// tiles before a block's earliest document start (forward, dq), stops dk/dv at the first query
+// tile whose first query starts past the block's last key (every later tile starts later still),
+// and masks per element inside the others, with the tile's starts staged in shared memory (dk/dv).
 #include "kernels/cuda/attention.cuh"
 
 #include <algorithm>
@@ -212,6 +214,7 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
   __shared__ float qs[kSimtTile][W + 1], dos[kSimtTile][W + 1];
   __shared__ float ks[kSimtWarps][W], vs[kSimtWarps][W];
   __shared__ float lse_s[kSimtTile], delta_s[kSimtTile];
+  __shared__ int64_t start_s[kSimtTile];  // the tile's queries' first keys (documents)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t bkv = blockIdx.y, b = bkv / Nkv, hk = bkv % Nkv, group = N / Nkv;
   const int64_t j_first = int64_t(blockIdx.x) * kSimtWarps, j = j_first + warp;
@@ -225,8 +228,8 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bh = b * N + h;
     for (int64_t i0 = qstart; i0 < Sq; i0 += kSimtTile) {
-      // Documents: a query tile whose earliest start lies past this block's last key sees none of them.
-      if (warp_key_begin(starts, i0, kSimtTile, Sq, lane) > j_first + kSimtWarps - 1) continue;
+      // Documents: once a tile's first query starts past this block's last key, so do all later ones.
+      if (key_begin(starts, i0, Sq) > j_first + kSimtWarps - 1) break;
       __syncthreads();
       simt_load_tile<T, DPL>(qs, q + bh * Sq * D, i0, Sq, D);
       simt_load_tile<T, DPL>(dos, dout + bh * Sq * D, i0, Sq, D);
@@ -234,11 +237,12 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
         const int64_t i = i0 + threadIdx.x;
         lse_s[threadIdx.x] = i < Sq ? lse[bh * Sq + i] : -INFINITY;
         delta_s[threadIdx.x] = i < Sq ? delta[bh * Sq + i] : 0.f;
+        start_s[threadIdx.x] = key_begin(starts, i, Sq);
       }
       __syncthreads();
       const int64_t i = i0 + lane;
       const float li = lse_s[lane];
-      const bool visible = j < Skv && j < key_end(i, Sq, Skv, causal) && j >= key_begin(starts, i, Sq) && li != -INFINITY;
+      const bool visible = j < Skv && j < key_end(i, Sq, Skv, causal) && j >= start_s[lane] && li != -INFINITY;
       if (!__any_sync(0xffffffffu, visible)) continue;
       float p = 0.f, ds = 0.f;
       if (visible) {
@@ -506,7 +510,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
 }
 
 // dk, dv. grid (ceil(Skv / 64), B·Nkv), block 128: warp w owns keys blockIdx·64 + 16w + [0, 16).
-// Dynamic shared memory: K, V [64][D + 8], Q, dout [BQ][D + 8] bf16, lse·log2e, Δ [BQ] float.
+// Dynamic shared memory: K, V [64][D + 8], Q, dout [BQ][D + 8] bf16, lse·log2e, Δ [BQ] float, the
+// queries' first keys [BQ] int64 (documents).
 template <int D>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     sdpa_backward_kv_mma_kernel(const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
@@ -519,6 +524,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   bf16* dos = qs + BQ * LD;                                // [BQ][LD]
   float* lse_s = reinterpret_cast<float*>(dos + BQ * LD);  // [BQ], log2 units
   float* delta_s = lse_s + BQ;                             // [BQ]
+  int64_t* start_s = reinterpret_cast<int64_t*>(delta_s + BQ);  // [BQ] (8-byte aligned: BQ is even)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane / 4, t = lane % 4;
   const int64_t bkv = blockIdx.y, b = bkv / Nkv, hk = bkv % Nkv, group = N / Nkv;
   const int64_t j0 = int64_t(blockIdx.x) * kMmaRows, shift = Skv - Sq;
@@ -532,8 +538,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bh = b * N + h;
     for (int64_t i0 = qstart; i0 < Sq; i0 += BQ) {
-      // Documents: a query tile whose earliest start lies past this block's last key sees none of them.
-      if (warp_key_begin(starts, i0, BQ, Sq, lane) > j0 + kMmaRows - 1) continue;
+      // Documents: once a tile's first query starts past this block's last key, so do all later ones.
+      if (key_begin(starts, i0, Sq) > j0 + kMmaRows - 1) break;
       __syncthreads();  // the previous Q, dout tiles are consumed (and K, V are loaded)
       mma_load_tile<D>(qs, q + bh * Sq * D, i0, Sq, BQ);
       mma_load_tile<D>(dos, dout + bh * Sq * D, i0, Sq, BQ);
@@ -541,6 +547,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
         const int64_t i = i0 + r;
         lse_s[r] = i < Sq ? lse[bh * Sq + i] * kLog2e : -INFINITY;
         delta_s[r] = i < Sq ? delta[bh * Sq + i] : 0.f;
+        start_s[r] = key_begin(starts, i, Sq);
       }
       __syncthreads();
       // Sᵀ [16 × BQ] = K [16 × D] · Qᵀ and dPᵀ [16 × BQ] = V [16 × D] · doutᵀ
@@ -567,8 +574,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
           const int qi = nt * 8 + 2 * t + (e & 1);
           const int64_t kj = key[e >> 1];
           const float L = lse_s[qi];
-          const bool visible = kj < Skv && kj < key_end(i0 + qi, Sq, Skv, causal) &&
-                               kj >= key_begin(starts, i0 + qi, Sq) && L != -INFINITY;
+          const bool visible =
+              kj < Skv && kj < key_end(i0 + qi, Sq, Skv, causal) && kj >= start_s[qi] && L != -INFINITY;
           const float p = visible ? exp2f(st[nt][e] * scale_log2 - L) : 0.f;
           st[nt][e] = p;
           dpt[nt][e] = p * (dpt[nt][e] - delta_s[qi]);
@@ -775,7 +782,8 @@ void backward_mma(const bf16* q, const bf16* k, const bf16* v, const float* lse,
                   bool causal, const int64_t* docs, cudaStream_t stream) {
   constexpr int BQ = kKvQueryTile<D>;
   if (Skv > 0) {
-    const size_t smem = size_t(2 * kMmaRows + 2 * BQ) * (D + 8) * sizeof(bf16) + 2 * BQ * sizeof(float);
+    const size_t smem =
+        size_t(2 * kMmaRows + 2 * BQ) * (D + 8) * sizeof(bf16) + 2 * BQ * sizeof(float) + BQ * sizeof(int64_t);
     set_smem(sdpa_backward_kv_mma_kernel<D>, smem);
     launch_kernel(sdpa_backward_kv_mma_kernel<D>, dim3(blocks(Skv, kMmaRows), unsigned(B * Nkv)), kMmaWarps * kWarp,
                   smem, stream, q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, scale, causal, docs);

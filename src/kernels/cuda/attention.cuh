@@ -10,7 +10,10 @@
 // is saved in fp32 whatever T is (the runtime must give sdpa's extra output dtype f32).
 // Packed documents: doc_start [B, Sq] (device, may be null) further keeps query i of batch b to
 // the keys j ≥ doc_start[b·Sq + i]; tiles before the earliest start of a block's rows are never
-// loaded (as kernels/cpu/attention.h).
+// loaded (as kernels/cpu/attention.h). Each row of doc_start must not decrease along the queries
+// (packed documents: a start is where the query's document begins); the backward relies on it to
+// stop a key block's dk/dv at the first query tile past its documents. Batches are checked on
+// the host before they are uploaded (train/data.h check_doc_start).
 //
 // Two implementations, chosen per call:
 //   - tensor cores (mma.sync m16n8k16 bf16, FlashAttention-2 tiling): T = bf16, D ∈ {64, 128},

@@ -8,10 +8,14 @@
 // Backward: one block per row recomputes max and sum, then writes g · softmax - g · onehot.
 // The tiled head + loss (runtime.tiled_loss) runs the forward's row pass on one chunk of logits at
 // a time, into row losses [rows] of the whole op, and also finds each row's first maximum; its
-// backward is the backward kernel above on each chunk, in place.
+// backward is the backward kernel above on each chunk, in place, between the chunk's GEMMs
+// (linear_cross_entropy_backward, whose dw sums over the chunks in f32 for bf16).
 #include "kernels/cuda/loss.cuh"
 
+#include <algorithm>
 #include <climits>
+
+#include "kernels/cuda/matmul.cuh"
 
 namespace autosp::cuda {
 
@@ -187,12 +191,31 @@ void sum_row_losses(const double* row_loss, int64_t rows, A* loss, cudaStream_t 
 template void sum_row_losses<float>(const double*, int64_t, float*, cudaStream_t);
 template void sum_row_losses<double>(const double*, int64_t, double*, cudaStream_t);
 
+template <class T>
+void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, const acc_t<T>* grad, T* dx, T* dw,
+                                   int64_t rows, int64_t C, int64_t V, int64_t chunk, int64_t ignore_index, T* logits,
+                                   float* acc, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && chunk > 0, "linear_cross_entropy_backward rows ", rows, " chunk ", chunk);
+  ChunkedGradient<T> gw{dw, acc, V, C};
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t r = std::min(chunk, rows - r0);
+    const T* x_c = x + r0 * C;
+    gemm_batched<T>(false, true, 1, r, V, C, 1.0, x_c, 0, w, 0, 0.0, logits, 0, stream);
+    cross_entropy_backward<T>(logits, labels + r0, logits, r, V, grad, ignore_index, stream);
+    gemm_batched<T>(false, false, 1, r, C, V, 1.0, logits, 0, w, 0, 0.0, dx + r0 * C, 0, stream);
+    gw.add(true, false, r, logits, x_c, stream);
+  }
+  gw.finish(stream);  // zeros when rows = 0
+}
+
 #define AUTOSP_INSTANTIATE(T)                                                                                       \
   template void linear_ce_rows<T>(const T*, const int64_t*, double*, int64_t*, int64_t, int64_t, int64_t,           \
                                   cudaStream_t);                                                                    \
   template void cross_entropy_sum<T>(const T*, const int64_t*, acc_t<T>*, int64_t, int64_t, int64_t, cudaStream_t); \
   template void cross_entropy_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, const acc_t<T>*, int64_t, \
-                                          cudaStream_t);
+                                          cudaStream_t);                                                            \
+  template void linear_cross_entropy_backward<T>(const T*, const T*, const int64_t*, const acc_t<T>*, T*, T*,        \
+                                                 int64_t, int64_t, int64_t, int64_t, int64_t, T*, float*, cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)
 AUTOSP_INSTANTIATE(bf16)

@@ -44,4 +44,14 @@ void linear_ce_rows(const T* logits, const int64_t* labels, double* row_loss, in
 template <class A>
 void sum_row_losses(const double* row_loss, int64_t rows, A* loss, cudaStream_t stream);
 
+// The tiled head + loss's backward: x [rows, C], w [V, C] → dx [rows, C] and dw [V, C]
+// (overwritten). Per chunk of `chunk` rows: the logits x_c·wᵀ again into `logits` (scratch
+// [chunk, V]), dlogits in place (cross_entropy_backward with g = *grad), dx_c = dlogits·w, and
+// dw += dlogitsᵀ·x_c, summed over the chunks by matmul.cuh's ChunkedGradient (in f32 for bf16:
+// `acc` holds ChunkedGradient<T>::acc_elems(V, C) floats, null when that is 0).
+template <class T>
+void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, const acc_t<T>* grad, T* dx, T* dw,
+                                   int64_t rows, int64_t C, int64_t V, int64_t chunk, int64_t ignore_index, T* logits,
+                                   float* acc, cudaStream_t stream);
+
 }  // namespace autosp::cuda

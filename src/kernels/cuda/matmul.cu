@@ -1,4 +1,5 @@
-// CUDA GEMM launchers on cuBLASLt: batched, strided, row-major. Knows nothing of graphs.
+// CUDA GEMM launchers on cuBLASLt: batched, strided, row-major; C of the inputs' type, or f32 C
+// for bf16 inputs (gemm_bf16_f32). Knows nothing of graphs.
 //
 // Row-major to cuBLASLt's column-major: a row-major M×N matrix with leading dim N is the
 // column-major N×M matrix with the same memory, so C = op(A)·op(B) is computed as
@@ -40,8 +41,9 @@ struct Plan {
   bool fallback = false;  // cuBLASLt has no algorithm: use cublasGemmStridedBatchedEx
 };
 
-// device, dtype, trans_a, trans_b, batch, M, N, K, stride_a, stride_b, stride_c, alignments a, b, c
-using PlanKey = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+// device, dtype of A and B, dtype of C, trans_a, trans_b, batch, M, N, K, stride_a, stride_b, stride_c,
+// alignments a, b, c
+using PlanKey = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            uint32_t, uint32_t, uint32_t>;
 
 std::mutex g_mutex;
@@ -109,12 +111,12 @@ void set_batch(cublasLtMatrixLayout_t layout, int64_t batch, int64_t stride) {
       cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
-// Descriptors and algorithm for one GEMM shape. Call with g_mutex held.
-template <class T>
+// Descriptors and algorithm for one GEMM shape: A and B of T, C of TC. Call with g_mutex held.
+template <class T, class TC>
 const Plan& plan_for(cublasLtHandle_t handle, const PlanKey& key) {
   auto it = g_plans.find(key);
   if (it != g_plans.end()) return it->second;
-  const auto [dev, dt, ta, tb, batch, M, N, K, sa, sb, sc, align_a, align_b, align_c] = key;
+  const auto [dev, dt, dtc, ta, tb, batch, M, N, K, sa, sb, sc, align_a, align_b, align_c] = key;
   using G = GemmTypes<T>;
   Plan p;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, G::compute, G::scale));
@@ -131,7 +133,7 @@ const Plan& plan_for(cublasLtHandle_t handle, const PlanKey& key) {
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, G::data, uint64_t(K), uint64_t(M), K));
   else
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, G::data, uint64_t(M), uint64_t(K), M));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, G::data, uint64_t(N), uint64_t(M), N));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, GemmTypes<TC>::data, uint64_t(N), uint64_t(M), N));
   if (batch > 1) {
     set_batch(p.a, batch, sb);
     set_batch(p.b, batch, sa);
@@ -159,6 +161,7 @@ const Plan& plan_for(cublasLtHandle_t handle, const PlanKey& key) {
   if (!p.fallback) p.algo = result.algo;
   (void)dev;
   (void)dt;
+  (void)dtc;
   return g_plans.emplace(key, p).first->second;
 }
 
@@ -187,16 +190,18 @@ cublasLtHandle_t lt_handle() {
   return device_state(dev).handle;
 }
 
-template <class T>
-void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, double alpha, const T* a,
-                  int64_t stride_a, const T* b, int64_t stride_b, double beta, T* c, int64_t stride_c,
-                  cudaStream_t stream) {
+namespace {
+
+// gemm_batched with A and B of T and C of TC (TC = T, or float for bf16 inputs).
+template <class T, class TC>
+void gemm(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, double alpha, const T* a,
+          int64_t stride_a, const T* b, int64_t stride_b, double beta, TC* c, int64_t stride_c, cudaStream_t stream) {
   AUTOSP_ASSERT(batch >= 0 && M >= 0 && N >= 0 && K >= 0, "gemm sizes ", batch, " ", M, " ", N, " ", K);
   AUTOSP_ASSERT(batch <= INT32_MAX, "gemm batch ", batch, " exceeds int32");
   AUTOSP_ASSERT(batch <= 1 || stride_c != 0, "gemm stride_c 0 with batch ", batch);
   if (batch == 0 || M == 0 || N == 0) return;
   if (K == 0) {
-    launch_kernel(scale_c_kernel<T>, grid_for(batch * M * N, kBlock), kBlock, 0, stream, c, batch, M * N, stride_c,
+    launch_kernel(scale_c_kernel<TC>, grid_for(batch * M * N, kBlock), kBlock, 0, stream, c, batch, M * N, stride_c,
                   beta);
     return;
   }
@@ -204,6 +209,7 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
   const int dev = current_device();
   const PlanKey key{dev,
                     int(GemmTypes<T>::data),
+                    int(GemmTypes<TC>::data),
                     trans_a,
                     trans_b,
                     batch,
@@ -215,14 +221,14 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
                     batched ? stride_c : 0,
                     alignment(a, stride_a * int64_t(sizeof(T)), batched),
                     alignment(b, stride_b * int64_t(sizeof(T)), batched),
-                    alignment(c, stride_c * int64_t(sizeof(T)), batched)};
+                    alignment(c, stride_c * int64_t(sizeof(TC)), batched)};
   using G = GemmTypes<T>;
   using Scale = typename G::Scale;
   const Scale al = Scale(alpha), be = Scale(beta);
   std::unique_lock<std::mutex> lock(g_mutex);
   DeviceState& s = device_state(dev);
   void* workspace = stream_workspace(s, stream);
-  const Plan& plan = plan_for<T>(s.handle, key);  // std::map nodes are stable
+  const Plan& plan = plan_for<T, TC>(s.handle, key);  // std::map nodes are stable
   if (!plan.fallback) {
     lock.unlock();
     CUBLAS_CHECK(cublasLtMatmul(s.handle, plan.desc, &al, b, plan.a, a, plan.b, &be, c, plan.c, c, plan.c, &plan.algo,
@@ -236,8 +242,22 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
   CUBLAS_CHECK(cublasSetWorkspace(s.blas, workspace, kGemmWorkspaceBytes));
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       s.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K), &al, b,
-      G::data, int(trans_b ? K : N), stride_b, a, G::data, int(trans_a ? M : K), stride_a, &be, c, G::data, int(N),
+      G::data, int(trans_b ? K : N), stride_b, a, G::data, int(trans_a ? M : K), stride_a, &be, c, GemmTypes<TC>::data, int(N),
       stride_c, int(batch), G::compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K, double alpha, const T* a,
+                  int64_t stride_a, const T* b, int64_t stride_b, double beta, T* c, int64_t stride_c,
+                  cudaStream_t stream) {
+  gemm<T, T>(trans_a, trans_b, batch, M, N, K, alpha, a, stride_a, b, stride_b, beta, c, stride_c, stream);
+}
+
+void gemm_bf16_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const bf16* a,
+                   const bf16* b, double beta, float* c, cudaStream_t stream) {
+  gemm<bf16, float>(trans_a, trans_b, 1, M, N, K, alpha, a, 0, b, 0, beta, c, 0, stream);
 }
 
 #define AUTOSP_INSTANTIATE(T)                                                                                        \
