@@ -101,6 +101,9 @@ inline kernels::RopeScaling rope_scaling_of(const Node& n) {
 
 namespace autosp::cpu_ops {
 AUTOSP_DECLARE_LAUNCHERS
+// Ring attention (engine/ring.h); no CUDA launcher yet (dispatch.cpp: no_cuda).
+Tensor ring_attention(const KernelCall& c);
+Tensor ring_attention_backward(const KernelCall& c);
 
 // bf16 on the CPU is emulated: whether `c` runs through bf16_via_f32 (its op computes, ops.h:
 // Numerics::computes, and a bf16 tensor is among its inputs or its output), and `f32_launcher` on
