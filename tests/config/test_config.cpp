@@ -169,7 +169,7 @@ TEST_CASE("malformed configs are named errors", "[config]") {
           "sequence_parallel": {"autosp_size": 8, "ring_size": 2}})", {},
        "sequence_parallel.ring_size 2 with autosp_size 8 leaves Ulysses 4 ranks for 6 query heads and 3 key/value "
        "heads (the Ulysses degree must divide the query heads, and the key/value heads must be a multiple of it or "
-       "divide it); \"auto\" would pick ring_size 4"},
+       "divide it); \"auto\" would pick ring_size 8"},
       {R"({"zero_optimization": {"stage": 4}})", {}, "zero_optimization.stage"},
       {R"({"zero_optimization": {"stage": -1}})", {}, "zero_optimization.stage"},
       {R"({"zero_optimization": {"stage": 1.5}})", {}, "zero_optimization.stage"},
