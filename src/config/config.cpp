@@ -659,7 +659,12 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       bad("data.document_mask: runtime.attention \"cudnn\" cannot apply the document mask; use \"flash\"");
   }
   auto& sp = c.sequence_parallel;
-  if (sp.ring_auto) sp.ring_size = auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads);
+  if (sp.ring_auto) {
+    sp.ring_size = auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads);
+    c.notes.push_back(str("sequence_parallel.ring_size \"auto\": Ulysses ", sp.autosp_size / sp.ring_size, " x ring ",
+                          sp.ring_size, " for ", m.num_attention_heads, " query heads and ", m.num_key_value_heads,
+                          " key/value heads at autosp_size ", sp.autosp_size));
+  }
   if (sp.autosp_size % sp.ring_size != 0)
     bad(str("sequence_parallel.ring_size ", sp.ring_size, " does not divide sequence_parallel.autosp_size ",
             sp.autosp_size, " (the ", sp.autosp_size, " ranks are Ulysses x ring)"));
