@@ -385,16 +385,20 @@ std::string projection_report(const ProjectionConfig& c) {
   }
   out += "\nUlysses × ring (sequence_parallel.ring_size; U inside a node on NVLink, the ring across nodes): the "
          "layout a planner picks, the longest trainable sequence on it, and the step at that length\n\n";
-  out += "| GPUs | U × R | longest seq | compute ms | all-to-all ms | ring ms (exposed) | step ms | efficiency | MFU | "
+  out += "| GPUs | U × R | seq | compute ms | all-to-all ms | ring ms (exposed) | step ms | efficiency | MFU | "
          "tokens/s/GPU | GB/GPU | fits |\n";
   out += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (int64_t g : c.gpus) {
-    const int64_t s = longest_ring_sequence(c, g);
+  auto ring_row = [&](int64_t g, int64_t s, bool longest) {
     const ProjectionRow r = project_ring_point(c, g, s == 0 ? 1024 : s);
-    out += fmt::format("| {} | {} × {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f}% | {:.1f}% | {:.0f} | {:.1f} | {} |\n",
-                       r.gpus, r.ulysses, r.ring, s == 0 ? std::string("none") : std::to_string(r.seq),
-                       r.compute_s * 1e3, r.all_to_all_s * 1e3, r.ring_s * 1e3, r.step_s * 1e3, r.efficiency * 100,
-                       r.mfu * 100, r.tokens_per_s_per_gpu, r.memory_bytes / 1e9, r.fits ? "yes" : "no");
+    out += fmt::format("| {} | {} × {} | {}{} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f}% | {:.1f}% | {:.0f} | {:.1f} | {} |\n",
+                       r.gpus, r.ulysses, r.ring, longest ? "longest: " : "",
+                       s == 0 ? std::string("none") : std::to_string(r.seq), r.compute_s * 1e3, r.all_to_all_s * 1e3,
+                       r.ring_s * 1e3, r.step_s * 1e3, r.efficiency * 100, r.mfu * 100, r.tokens_per_s_per_gpu,
+                       r.memory_bytes / 1e9, r.fits ? "yes" : "no");
+  };
+  for (int64_t g : c.gpus) {
+    for (int64_t s : c.seq_lens) ring_row(g, s, false);
+    ring_row(g, longest_ring_sequence(c, g), true);
   }
   return out;
 }
