@@ -54,6 +54,10 @@ std::string degree(const PassContext& ctx, int64_t p) {
   if (ctx.ring_size == 1) return str("autosp_size ", p);
   return str("Ulysses degree ", p, " (autosp_size ", ctx.sp_size, " / ring_size ", ctx.ring_size, ")");
 }
+// Where Ulysses alone cannot shard the heads, ring attention can.
+std::string ring_hint(const PassContext& ctx) {
+  return ctx.ring_size == 1 ? "; sequence_parallel.ring_size (or \"auto\") rings the ranks the heads cannot take" : "";
+}
 
 }  // namespace
 
@@ -84,7 +88,7 @@ PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
     const int64_t heads = nq.value(), kv_heads = nk.value();
     if (heads % p != 0)
       throw UsageError(str("insert_attention_all_to_all: %", n->name(), " has ", heads, " attention heads, not divisible by ",
-                           degree(ctx, p)));
+                           degree(ctx, p), ring_hint(ctx)));
     g.replace_input(n, 0, a2a(g, q, q, 1, 2, p, group, q->name() + ".a2a"));
     for (size_t i : {size_t{1}, size_t{2}}) {
       Node* x = n->input(i);
@@ -93,7 +97,7 @@ PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
         if (kv_heads > p || p % kv_heads != 0)
           throw UsageError(str("insert_attention_all_to_all: %", n->name(), " has ", kv_heads,
                                " key/value heads: with ", degree(ctx, p), " they must be a multiple of ", p,
-                               " (all-to-all) or divide it (replicated)"));
+                               " (all-to-all) or divide it (replicated)", ring_hint(ctx)));
         src = repeat_heads(g, x, kv_heads, p);
       }
       g.replace_input(n, i, a2a(g, src, src, 1, 2, p, group, x->name() + ".a2a"));
