@@ -1,6 +1,7 @@
 // Ring attention's schedule: the loops of engine/ring.h.
 #include "engine/ring.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -25,6 +26,32 @@ std::function<void()> progress_of(const std::unique_ptr<PendingCollective>& a,
 }
 
 }  // namespace
+
+Tensor halves_view(const Tensor& x) {
+  const int64_t B = x.dim(0), H = x.dim(1), L = x.dim(2), D = x.rank() == 4 ? x.dim(3) : 1, c = L / 2;
+  return x.as_strided({2, B, H, c, D}, {c * D, H * L * D, L * D, D, 1}, 0);
+}
+
+Tensor interleaved_view(const Tensor& halves) {
+  const int64_t B = halves.dim(1), H = halves.dim(2), c = halves.dim(3), D = halves.dim(4);
+  return halves.as_strided({B, H, 2, c, D}, {H * c * D, c * D, B * H * c * D, D, 1}, 0);
+}
+
+bool RingChunks::visits(int a, int b, bool& diagonal, std::vector<int64_t>& docs) const {
+  const int64_t qa = a == 0 ? q.first : q.second, kb = b == 0 ? k.first : k.second;
+  if (causal && kb > qa) return false;
+  diagonal = causal && kb == qa;
+  if (doc_start == nullptr) return true;
+  docs.resize(static_cast<size_t>(B * c));
+  int64_t first = c;
+  for (int64_t bi = 0; bi < B; ++bi)
+    for (int64_t i = 0; i < c; ++i) {
+      const int64_t d = doc_start[bi * 2 * c + a * c + i] - kb * c;
+      docs[static_cast<size_t>(bi * c + i)] = d;
+      first = std::min(first, d);
+    }
+  return first < c;  // some query sees a key of this chunk
+}
 
 void ring_forward(Communicator& ring, Tensor kv, Tensor spare, const RingStep& step) {
   const Neighbours n = neighbours(ring);

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -27,6 +28,31 @@ struct ZigzagChunks {
   int64_t first, second;
 };
 inline ZigzagChunks zigzag_chunks(int64_t r, int64_t R) { return {r, 2 * R - 1 - r}; }
+
+// The launchers keep every operand in halves: x [B, H, L(, D)] (L = 2c, this rank's two chunks side
+// by side) as [2, B, H, c, D], so each chunk is a contiguous sdpa operand. These are the views
+// between the two layouts (no data moves): x seen as halves, and contiguous halves seen as x.
+Tensor halves_view(const Tensor& x);
+Tensor interleaved_view(const Tensor& halves);
+
+// One ring step's chunk pairs: B, query heads N, kv heads Nkv, chunk length c, head dim D, where
+// this rank's query chunks (q) and the held block's key chunks (k) sit in the sequence, and the
+// document starts [B, 2c] (global positions, on the host; null without documents).
+struct RingChunks {
+  int64_t B, N, Nkv, c, D;
+  bool causal;
+  ZigzagChunks q, k;
+  const int64_t* doc_start;
+
+  int64_t q_half(int a) const { return B * N * c * D * a; }     // element offsets into halves of q, o, dout
+  int64_t lse_half(int a) const { return B * N * c * a; }
+  int64_t kv_half(int b) const { return B * Nkv * c * D * b; }  // of k (v: + 2·kv_half(1))
+  // Whether query chunk a meets key chunk b at all (a later key chunk is skipped under causal
+  // masking; with documents, one whose keys all lie before every query's document start); if so
+  // whether it is the causal diagonal, and the document starts of chunk a relative to key chunk b
+  // in `docs` [B, c] (when there are documents).
+  bool visits(int a, int b, bool& diagonal, std::vector<int64_t>& docs) const;
+};
 
 // Called once per step with the ring rank whose block `kv` is, and `progress`, which the step
 // calls between its pieces of work so a transfer in flight advances (MPI progresses only inside

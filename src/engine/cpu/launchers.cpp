@@ -282,59 +282,16 @@ size_t sdpa_backward_workspace(const Node& n, const Bindings& b) {
 // too (never visited, not masked).
 namespace {
 
-// x [B, H, L(, D)] (contiguous) as [2, B, H, L/2, D]: half h holds rows [h·L/2, (h+1)·L/2).
-Tensor halves_view(const Tensor& x) {
-  const int64_t B = x.dim(0), H = x.dim(1), L = x.dim(2), D = x.rank() == 4 ? x.dim(3) : 1, c = L / 2;
-  return x.as_strided({2, B, H, c, D}, {c * D, H * L * D, L * D, D, 1}, 0);
-}
-// The inverse: halves [2, B, H, c, D] (contiguous) seen as [B, H, 2, c, D], the layout of x.
-Tensor interleaved_view(const Tensor& halves) {
-  const int64_t B = halves.dim(1), H = halves.dim(2), c = halves.dim(3), D = halves.dim(4);
-  return halves.as_strided({B, H, 2, c, D}, {H * c * D, c * D, B * H * c * D, D, 1}, 0);
-}
 Tensor to_halves(const KernelCall& c, const Tensor& x) { return copy_view(c, halves_view(x), false); }
 
-// One ring step's geometry: B, query heads N, kv heads Nkv, chunk length c, head dim D, and where
-// this rank's query chunks and the held block's key chunks sit in the sequence.
-struct RingBlock {
-  int64_t B, N, Nkv, c, D;
-  double scale;
-  bool causal;
-  ZigzagChunks q, k;
-  const int64_t* doc_start;  // [B, 2c] global positions, or null
-
-  int64_t q_half(int a) const { return B * N * c * D * a; }     // offsets into halves of q, o, dout
-  int64_t lse_half(int a) const { return B * N * c * a; }
-  int64_t kv_half(int b) const { return B * Nkv * c * D * b; }  // of k (v: + 2·kv_half(1))
-  int64_t chunk(const ZigzagChunks& z, int h) const { return h == 0 ? z.first : z.second; }
-
-  // Whether query half a meets key half b at all; if so whether it is the causal diagonal, and the
-  // document starts of half a relative to key half b in `docs` [B, c] (when there are any).
-  bool visits(int a, int b, bool& diagonal, std::vector<int64_t>& docs) const {
-    const int64_t qa = chunk(q, a), kb = chunk(k, b);
-    if (causal && kb > qa) return false;
-    diagonal = causal && kb == qa;
-    if (doc_start == nullptr) return true;
-    docs.resize(static_cast<size_t>(B * c));
-    int64_t first = c;
-    for (int64_t bi = 0; bi < B; ++bi)
-      for (int64_t i = 0; i < c; ++i) {
-        const int64_t d = doc_start[bi * 2 * c + a * c + i] - kb * c;
-        docs[static_cast<size_t>(bi * c + i)] = d;
-        first = std::min(first, d);
-      }
-    return first < c;  // some query sees a key of this chunk
-  }
-};
-
-RingBlock ring_block(const KernelCall& c, const Tensor& q, const Tensor& k, const Tensor& docs) {
+RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, const Tensor& docs) {
   AUTOSP_ASSERT(c.comm, c.node.op_name(), " without a communicator");
   const int64_t R = c.node.attrs().i("group_size");
   AUTOSP_ASSERT(c.comm->size() == R, c.node.name(), ": ring of ", R, " ranks, group '", c.node.attrs().s("group"),
                 "' has ", c.comm->size());
   AUTOSP_ASSERT(q.dim(2) % 2 == 0 && q.dim(2) == k.dim(2), c.node.name(), ": local sequence ", q.dim(2), " vs keys ",
                 k.dim(2), " (two zigzag chunks of equal length)");
-  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
+  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"),
           zigzag_chunks(c.comm->rank(), R), zigzag_chunks(0, R), docs.defined() ? docs.data<int64_t>() : nullptr};
 }
 
@@ -362,7 +319,8 @@ Tensor ring_attention(const KernelCall& c) {
   const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
   const Tensor docs = c.in.size() > 3 ? ids64(c.in[3]) : Tensor();
   return by_float(c, q.dtype(), [&]<class T>() {
-    RingBlock g = ring_block(c, q, k, docs);
+    RingChunks g = ring_chunks(c, q, k, docs);
+    const double scale = c.node.attrs().f("scale");
     const Tensor qh = to_halves(c, q);
     Tensor o = Tensor::empty(qh.shape(), q.dtype(), c.alloc), lse = Tensor::empty({2, g.B, g.N, g.c}, q.dtype(), c.alloc);
     std::fill(o.data<T>(), o.data<T>() + o.numel(), T(0));
@@ -381,7 +339,7 @@ Tensor ring_attention(const KernelCall& c) {
                        bool diagonal = false;
                        if (!g.visits(a, b, diagonal, dh)) continue;
                        cpu::sdpa_forward<T>(qh.data<T>() + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
-                                            o_blk.data<T>(), lse_blk.data<T>(), g.B, g.N, g.Nkv, g.c, g.c, g.D, g.scale,
+                                            o_blk.data<T>(), lse_blk.data<T>(), g.B, g.N, g.Nkv, g.c, g.c, g.D, scale,
                                             diagonal, g.doc_start ? dh.data() : nullptr);
                        cpu::merge_attention<T>(o.data<T>() + g.q_half(a), lse.data<T>() + g.lse_half(a),
                                                o_blk.data<T>(), lse_blk.data<T>(), g.B * g.N * g.c, g.D);
@@ -404,7 +362,8 @@ Tensor ring_attention_backward(const KernelCall& c) {
   const Tensor &q = t[0], &k = t[1], &v = t[2];
   const Tensor docs = t.size() > 6 ? ids64(t[6]) : Tensor();
   return by_float(c, q.dtype(), [&]<class T>() {
-    RingBlock g = ring_block(c, q, k, docs);
+    RingChunks g = ring_chunks(c, q, k, docs);
+    const double scale = c.node.attrs().f("scale");
     const Tensor qh = to_halves(c, q), oh = to_halves(c, t[3]), doh = to_halves(c, t[5]);
     const Tensor lseh = copy_view(c, halves_view(t[4].reshape({g.B, g.N, 2 * g.c, 1})), false);
     Tensor dqh = Tensor::empty(qh.shape(), q.dtype(), c.alloc);
@@ -436,7 +395,7 @@ Tensor ring_attention_backward(const KernelCall& c) {
               cpu::sdpa_backward<T>(qh.data<T>() + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
                                     oh.data<T>() + g.q_half(a), lseh.data<T>() + g.lse_half(a),
                                     doh.data<T>() + g.q_half(a), dq_blk.data<T>(), dkb, dkb + pair, g.B, g.N, g.Nkv,
-                                    g.c, g.c, g.D, g.scale, diagonal, g.doc_start ? dh.data() : nullptr);
+                                    g.c, g.c, g.D, scale, diagonal, g.doc_start ? dh.data() : nullptr);
               accumulate(dqh.data<T>() + g.q_half(a), dq_blk.data<T>(), dq_blk.numel());
               accumulate(dkp + g.kv_half(b), dkb, pair);
               accumulate(dvp + g.kv_half(b), dkb + pair, pair);
