@@ -21,7 +21,7 @@ Tensor leaf(const KernelCall& c) {
   return {};
 }
 
-Tensor no_cuda(const KernelCall& c) {
+[[maybe_unused]] Tensor no_cuda(const KernelCall& c) {
   throw RuntimeFailure(str(c.node.op_name(), " has no CUDA kernel"));
 }
 
@@ -61,7 +61,7 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::all_reduce, cpu_ops::all_reduce, AUTOSP_CUDA(all_reduce)},
     {Op::all_gather, cpu_ops::all_gather, AUTOSP_CUDA(all_gather)},
     {Op::reduce_scatter, cpu_ops::reduce_scatter, AUTOSP_CUDA(reduce_scatter)},
-    {Op::ring_attention, cpu_ops::ring_attention, no_cuda},
+    {Op::ring_attention, cpu_ops::ring_attention, AUTOSP_CUDA(ring_attention)},
     {Op::sum_to, cpu_ops::sum_to, AUTOSP_CUDA(sum_to)},
     {Op::embedding_backward, cpu_ops::embedding_backward, AUTOSP_CUDA(embedding_backward)},
     {Op::gelu_tanh_backward, cpu_ops::unary_backward<UnaryGrad::gelu_tanh>, AUTOSP_CUDA(unary_backward<UnaryGrad::gelu_tanh>)},
@@ -72,7 +72,7 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::softmax_backward, cpu_ops::softmax_backward, AUTOSP_CUDA(softmax_backward)},
     {Op::rope_backward, cpu_ops::rope<true>, AUTOSP_CUDA(rope<true>)},
     {Op::sdpa_backward, cpu_ops::sdpa_backward, AUTOSP_CUDA(sdpa_backward), cpu_ops::sdpa_backward_workspace},
-    {Op::ring_attention_backward, cpu_ops::ring_attention_backward, no_cuda},
+    {Op::ring_attention_backward, cpu_ops::ring_attention_backward, AUTOSP_CUDA(ring_attention_backward)},
     {Op::cross_entropy_backward, cpu_ops::cross_entropy_backward, AUTOSP_CUDA(cross_entropy_backward)},
     {Op::cast, cpu_ops::cast, AUTOSP_CUDA(cast)},
     {Op::add_layernorm, cpu_ops::add_layernorm, AUTOSP_CUDA(add_layernorm)},

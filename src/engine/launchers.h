@@ -62,6 +62,8 @@ inline kernels::RopeScaling rope_scaling_of(const Node& n) {
   Tensor all_reduce(const KernelCall& c);                                                \
   Tensor all_gather(const KernelCall& c);                                                \
   Tensor reduce_scatter(const KernelCall& c);                                            \
+  Tensor ring_attention(const KernelCall& c);                                            \
+  Tensor ring_attention_backward(const KernelCall& c);                                   \
   Tensor sum_to(const KernelCall& c);                                                    \
   Tensor embedding_backward(const KernelCall& c);                                        \
   template <kernels::UnaryGrad kOp> Tensor unary_backward(const KernelCall& c);              \
@@ -101,9 +103,6 @@ inline kernels::RopeScaling rope_scaling_of(const Node& n) {
 
 namespace autosp::cpu_ops {
 AUTOSP_DECLARE_LAUNCHERS
-// Ring attention (engine/ring.h); no CUDA launcher yet (dispatch.cpp: no_cuda).
-Tensor ring_attention(const KernelCall& c);
-Tensor ring_attention_backward(const KernelCall& c);
 
 // bf16 on the CPU is emulated: whether `c` runs through bf16_via_f32 (its op computes, ops.h:
 // Numerics::computes, and a bf16 tensor is among its inputs or its output), and `f32_launcher` on
