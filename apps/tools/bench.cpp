@@ -206,13 +206,14 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
 // The forward pass with the loss, through this rank's AutoSP program when the world has several ranks.
 PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicator& world) {
   const DType dt = cfg.runtime.dtype;
-  const RankLayout layout =
-      rank_layout(world.size(), world.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size));
-  if (cfg.data.seq_len % layout.sp != 0)
-    throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of P = ", layout.sp,
-                         " (only the training step pads)"));
-  ProcessMesh mesh = make_mesh(world, layout.sp);
-  const CommGroups groups{{"world", &world}, {"sp", mesh.sp_group.get()}, {"dp", mesh.dp_group.get()}};
+  const RankLayout layout = rank_layout(world.size(), world.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size),
+                                        static_cast<int>(cfg.sequence_parallel.ring_size));
+  if (cfg.data.seq_len % layout.seq_multiple() != 0)
+    throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of ",
+                         layout.seq_multiple(), " (P = ", layout.sp, ", ring ", layout.ring,
+                         "; only the training step pads)"));
+  ProcessMesh mesh = make_mesh(world, layout.sp, layout.ring);
+  const CommGroups groups = mesh.groups(world);
   RankProgram prog = build_program(cfg, dt, Stage::rank_forward, mesh);
   TensorMap feeds = random_batch(cfg.data.batch_size, cfg.data.seq_len, cfg.model.vocab_size,
                                  static_cast<uint64_t>(cfg.train.seed) + static_cast<uint64_t>(mesh.dp_rank));
@@ -437,7 +438,8 @@ int run_sweep(const SweepOptions& opt, const std::function<void(const json&)>& e
         const DType dt = cfg.runtime.dtype;
         try {
           (void)build_program(cfg, dt, Stage::rank_forward,
-                              rank_layout(static_cast<int>(P), 0, static_cast<int>(cfg.sequence_parallel.autosp_size)));
+                              rank_layout(static_cast<int>(P), 0, static_cast<int>(cfg.sequence_parallel.autosp_size),
+                                          static_cast<int>(cfg.sequence_parallel.ring_size)));
         } catch (const UsageError& e) {
           throw UsageError(str(path, " at P = ", P, ", seq ", S, ": ", e.what()));
         }

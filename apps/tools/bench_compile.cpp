@@ -26,7 +26,7 @@ void run_compile_bench(const CompileBenchOptions& opt, const std::function<void(
     cfg.model.num_hidden_layers = layers;
     const int sp = static_cast<int>(cfg.sequence_parallel.autosp_size);
     const int world = opt.world > 0 ? opt.world : sp;
-    const RankLayout layout = rank_layout(world, 0, sp);
+    const RankLayout layout = rank_layout(world, 0, sp, static_cast<int>(cfg.sequence_parallel.ring_size));
     const Bindings bindings{{"B", 1}, {"S", cfg.data.seq_len}};
     std::vector<double> model, plan, total;
     std::vector<std::vector<double>> run, verify;  // [pass][build]

@@ -271,6 +271,61 @@ ProjectionRow project_point(const ProjectionConfig& c, int64_t gpus, int64_t seq
   return r;
 }
 
+UlyssesRing projection_ulysses_ring(const ProjectionConfig& c, int64_t gpus) {
+  const ModelDims d = model_dims(c.model);
+  for (int64_t u = std::min(gpus, c.gpus_per_node); u > 1; --u)
+    if (gpus % u == 0 && d.N % u == 0 && (d.Nkv % u == 0 || u % d.Nkv == 0)) return {u, gpus / u};
+  return {1, gpus};
+}
+
+ProjectionRow project_ring_point(const ProjectionConfig& c, int64_t gpus, int64_t seq) {
+  const UlyssesRing l = projection_ulysses_ring(c, gpus);
+  const ModelDims d = model_dims(c.model);
+  ProjectionRow r;
+  r.gpus = gpus;
+  r.sp = gpus;
+  r.dp = 1;
+  r.ulysses = l.ulysses;
+  r.ring = l.ring;
+  const int64_t multiple = l.ring > 1 ? 2 * gpus : gpus;
+  r.seq = (seq + multiple - 1) / multiple * multiple;
+  const double flops_per_gpu = step_flops(c.model, c.batch, r.seq) / static_cast<double>(gpus);
+  r.compute_s = flops_per_gpu / (c.achieved_tflops * 1e12);
+  const double U = static_cast<double>(l.ulysses), R = static_cast<double>(l.ring);
+  const double local_tokens = static_cast<double>(c.batch * (r.seq / gpus));
+  const int64_t kv_local = d.Nkv >= l.ulysses ? d.Nkv / l.ulysses : 1;
+  if (l.ulysses > 1)  // q, k, v, o and their gradients inside a node
+    for (double heads : {static_cast<double>(d.N), static_cast<double>(std::max(d.Nkv, l.ulysses))}) {
+      const double local = local_tokens * heads * static_cast<double>(d.D * c.activation_bytes);
+      r.all_to_all_s += 4.0 * static_cast<double>(d.L) * link_time(c, local * (U - 1) / U, 0);
+    }
+  if (l.ring > 1) {
+    const double block = 2.0 * static_cast<double>(c.batch * kv_local * (r.seq / l.ring) * d.D * c.activation_bytes);
+    const LinkModel& link = l.ulysses * l.ring <= c.gpus_per_node ? c.nvlink : c.infiniband;
+    const double transfers = static_cast<double>(d.L) * (3.0 * R - 2.0) * (link.alpha_s + block / link.bytes_per_s);
+    // What they overlap: the attention of the ring steps (causal: half of S² per layer; the
+    // backward about 2.5× the forward), this GPU's share.
+    const double attention_flops = 3.5 * 4.0 * static_cast<double>(c.batch * d.N * d.D * d.L) *
+                                   static_cast<double>(r.seq) * static_cast<double>(r.seq) / 2.0 /
+                                   static_cast<double>(gpus);
+    r.ring_s = std::max(0.0, transfers - attention_flops / (c.achieved_tflops * 1e12));
+  }
+  r.step_s = r.compute_s + r.all_to_all_s + r.ring_s;
+  r.efficiency = r.compute_s / r.step_s;
+  r.mfu = flops_per_gpu / r.step_s / (c.peak_tflops * 1e12);
+  r.tokens_per_s_per_gpu = static_cast<double>(c.batch * r.seq) / r.step_s / static_cast<double>(gpus);
+  r.memory_bytes = state_bytes_per_gpu(c, gpus) + local_tokens * activation_bytes_per_token(c);
+  r.fits = r.memory_bytes <= c.gpu_memory_bytes * (1 - c.memory_reserve_fraction);
+  return r;
+}
+
+int64_t longest_ring_sequence(const ProjectionConfig& c, int64_t gpus) {
+  const double free_bytes = c.gpu_memory_bytes * (1 - c.memory_reserve_fraction) - state_bytes_per_gpu(c, gpus);
+  if (free_bytes <= 0) return 0;
+  const double local = std::floor(free_bytes / activation_bytes_per_token(c) / static_cast<double>(c.batch));
+  return round_down(static_cast<int64_t>(local) * gpus, std::lcm(int64_t{1024}, 2 * gpus));
+}
+
 int64_t longest_sequence(const ProjectionConfig& c, int64_t gpus) {
   const int64_t sp = projection_sp(c.model, gpus);
   const double free_bytes = c.gpu_memory_bytes * (1 - c.memory_reserve_fraction) - state_bytes_per_gpu(c, gpus);
@@ -327,6 +382,23 @@ std::string projection_report(const ProjectionConfig& c) {
       continue;
     }
     out += row(project_point(c, g, s));
+  }
+  out += "\nUlysses × ring (sequence_parallel.ring_size; U inside a node on NVLink, the ring across nodes): the "
+         "layout a planner picks, the longest trainable sequence on it, and the step at that length\n\n";
+  out += "| GPUs | U × R | seq | compute ms | all-to-all ms | ring ms (exposed) | step ms | efficiency | MFU | "
+         "tokens/s/GPU | GB/GPU | fits |\n";
+  out += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  auto ring_row = [&](int64_t g, int64_t s, bool longest) {
+    const ProjectionRow r = project_ring_point(c, g, s == 0 ? 1024 : s);
+    out += fmt::format("| {} | {} × {} | {}{} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f}% | {:.1f}% | {:.0f} | {:.1f} | {} |\n",
+                       r.gpus, r.ulysses, r.ring, longest ? "longest: " : "",
+                       s == 0 ? std::string("none") : std::to_string(r.seq), r.compute_s * 1e3, r.all_to_all_s * 1e3,
+                       r.ring_s * 1e3, r.step_s * 1e3, r.efficiency * 100, r.mfu * 100, r.tokens_per_s_per_gpu,
+                       r.memory_bytes / 1e9, r.fits ? "yes" : "no");
+  };
+  for (int64_t g : c.gpus) {
+    for (int64_t s : c.seq_lens) ring_row(g, s, false);
+    ring_row(g, longest_ring_sequence(c, g), true);
   }
   return out;
 }

@@ -77,6 +77,8 @@ ProjectionConfig parse_projection_config(const nlohmann::json& j, const std::str
 
 struct ProjectionRow {
   int64_t gpus = 0, sp = 0, dp = 0, seq = 0;
+  int64_t ulysses = 0, ring = 1;  // sp = ulysses × ring (ring 1: Ulysses alone)
+  double ring_s = 0;              // the ring's block exchange, exposed past the ring steps' attention
   double compute_s = 0, all_to_all_s = 0, all_reduce_s = 0, exposed_all_reduce_s = 0, step_s = 0;
   double efficiency = 0;       // compute_s / step_s
   double mfu = 0;              // model FLOPs per GPU per second / peak
@@ -95,6 +97,22 @@ double state_bytes_per_gpu(const ProjectionConfig& c, int64_t gpus);
 ProjectionRow project_point(const ProjectionConfig& c, int64_t gpus, int64_t seq);
 // The longest sequence (a multiple of 1024) whose per-GPU memory fits on `gpus` GPUs; 0 if none.
 int64_t longest_sequence(const ProjectionConfig& c, int64_t gpus);
+
+// Ulysses × ring (sequence_parallel.ring_size, decision 99) on `gpus` GPUs, as a planner would lay
+// it out: U the largest degree that divides gpus, fits in a node (its all-to-alls stay on NVLink)
+// and that the heads allow; R = gpus / U ring ranks (across nodes once U fills one); sp = gpus.
+struct UlyssesRing {
+  int64_t ulysses = 1, ring = 1;
+};
+UlyssesRing projection_ulysses_ring(const ProjectionConfig& c, int64_t gpus);
+// One step at `seq` on that layout (docs/scaling.md, "Ulysses × ring"): compute as project_point
+// over all GPUs, the Ulysses all-to-alls at S/gpus tokens per rank, and per layer (3R − 2) ring
+// blocks of K and V (2·B·Nkv_local·(S/R)·D activation bytes each: forward R − 1, backward R − 1
+// and R dK/dV) on the link between ring neighbours, exposed where they outlast the attention
+// compute of the steps they overlap.
+ProjectionRow project_ring_point(const ProjectionConfig& c, int64_t gpus, int64_t seq);
+// The longest sequence (a multiple of lcm(1024, 2·gpus)) that fits on that layout; 0 if none.
+int64_t longest_ring_sequence(const ProjectionConfig& c, int64_t gpus);
 
 // The report autosp-bench --project prints (markdown tables).
 std::string projection_report(const ProjectionConfig& c);

@@ -1,9 +1,10 @@
 // The Communicator interface: collectives over a group of ranks. Backends: single-process
 // (comm/single.cpp), MPI (comm/mpi.cpp) and NCCL (with the CUDA backend). Tensors are contiguous
 // and live on the backend's device; collectives are blocking, except all_reduce_sum_async,
-// reduce_scatter_sum_async and all_gather_async, which return a PendingCollective (the gradient
-// all-reduce, or ZeRO's reduce-scatter, overlaps with the backward with it; ZeRO-3's parameter
-// gathers with the layer before). A failed
+// reduce_scatter_sum_async, all_gather_async and send_recv_async, which return a PendingCollective
+// (the gradient all-reduce, or ZeRO's reduce-scatter, overlaps with the backward with it; ZeRO-3's
+// parameter gathers with the layer before; ring attention's block exchange with the block's
+// attention). A failed
 // collective throws RuntimeFailure; abort() ends every rank of the job. Knows nothing of graphs.
 #pragma once
 
@@ -72,6 +73,12 @@ class Communicator {
     reduce_scatter_sum(in, out);
     return finished_collective();
   }
+  // Point to point, started and returned without waiting: `send` goes to rank `dest` while `recv`
+  // (the same byte size) receives what rank `src` sends here; `send` and `recv` stay alive and
+  // untouched until it finishes. Every rank of the group calls it in the same round with the same
+  // byte size (a shift around a ring: ring attention's K/V blocks; MPI_Isend + MPI_Irecv, NCCL's
+  // grouped send/recv). The default, for backends without it, throws RuntimeFailure.
+  virtual std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src);
   virtual void barrier() = 0;
   // A sub-group of the ranks with the same `color`, ordered by `key` (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

@@ -26,7 +26,7 @@ void add(CollectiveStats& into, const CollectiveStats& s) {
 
 CollectiveStats CommStats::total() const {
   CollectiveStats t;
-  for (const CollectiveStats* s : {&all_reduce, &all_to_all, &all_gather, &reduce_scatter, &broadcast, &barrier}) add(t, *s);
+  for (const CollectiveStats* s : {&all_reduce, &all_to_all, &all_gather, &reduce_scatter, &broadcast, &barrier, &send_recv}) add(t, *s);
   return t;
 }
 
@@ -111,6 +111,13 @@ std::unique_ptr<PendingCollective> CountingCommunicator::reduce_scatter_sum_asyn
   return std::make_unique<CountedPending>(std::move(pending), stats_->reduce_scatter);
 }
 
+std::unique_ptr<PendingCollective> CountingCommunicator::send_recv_async(const Tensor& send, int dest, Tensor& recv,
+                                                                      int src) {
+  const auto n = static_cast<int64_t>(send.nbytes());
+  std::unique_ptr<PendingCollective> pending;
+  counted(stats_->send_recv, size(), n, [&] { pending = inner_->send_recv_async(send, dest, recv, src); });
+  return std::make_unique<CountedPending>(std::move(pending), stats_->send_recv);
+}
 void CountingCommunicator::barrier() {
   counted(stats_->barrier, size(), 0, [&] { inner_->barrier(); });
 }

@@ -12,6 +12,7 @@
 //   reduce_scatter  n · (P-1)/P   the chunks of `in` this rank sends to their owners (its own stays);
 //                                 with the all_gather of the result it is a ring all-reduce's 2(P-1)/P · n
 //   broadcast       n             the buffer broadcast (on every rank, root or not)
+//   send_recv       n             the buffer sent to the one peer (ring attention's block exchange)
 //   barrier         0
 // A collective over a group of one moves nothing: it counts as a call with 0 bytes.
 // Time: steady-clock wall time of the inner call, so it includes waiting for slower ranks; for a
@@ -34,7 +35,7 @@ struct CollectiveStats {
 };
 
 struct CommStats {
-  CollectiveStats all_reduce, all_to_all, all_gather, reduce_scatter, broadcast, barrier;
+  CollectiveStats all_reduce, all_to_all, all_gather, reduce_scatter, broadcast, barrier, send_recv;
   // Sum over every kind of collective.
   CollectiveStats total() const;
 };
@@ -65,6 +66,8 @@ class CountingCommunicator final : public Communicator {
   void reduce_scatter_sum(const Tensor& in, Tensor& out) override;
   // Counted when started, timed like all_reduce_sum_async.
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override;
+  // Counted when started, timed like all_reduce_sum_async.
+  std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(const std::string& message, int exit_code) override { inner_->abort(message, exit_code); }

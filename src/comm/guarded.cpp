@@ -72,6 +72,12 @@ std::unique_ptr<PendingCollective> GuardedCommunicator::reduce_scatter_sum_async
   return std::make_unique<GuardedPending>(inner_->reduce_scatter_sum_async(in, out), watchdog_, group_,
                                           "reduce_scatter_sum_async");
 }
+std::unique_ptr<PendingCollective> GuardedCommunicator::send_recv_async(const Tensor& send, int dest, Tensor& recv,
+                                                                     int src) {
+  Armed a(watchdog_, "send_recv_async", group_);
+  return std::make_unique<GuardedPending>(inner_->send_recv_async(send, dest, recv, src), watchdog_, group_,
+                                          "send_recv_async");
+}
 void GuardedCommunicator::barrier() {
   Armed a(watchdog_, "barrier", group_);
   inner_->barrier();

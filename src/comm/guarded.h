@@ -31,6 +31,8 @@ class GuardedCommunicator final : public Communicator {
   void reduce_scatter_sum(const Tensor& in, Tensor& out) override;
   // Its wait() runs under the watchdog, as all_reduce_sum_async's.
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override;
+  // Its wait() runs under the watchdog, as all_reduce_sum_async's.
+  std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(const std::string& message, int exit_code) override;

@@ -11,7 +11,7 @@ void JobComms::synchronize_device() {
   if (nccl) nccl->synchronize();
 }
 
-std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int sp) {
+std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int sp, int ring) {
   auto c = std::make_unique<JobComms>();
   // Thread ranks (comm/threads.h) move device tensors themselves: NCCL would refuse several ranks
   // on one GPU anyway.
@@ -23,7 +23,7 @@ std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int
     c->nccl = make_nccl_communicator(world, compute_stream(device.index), collective_timeout_from_env());
   }
   c->device_world = c->nccl ? static_cast<Communicator*>(c->nccl.get()) : &world;
-  c->mesh = make_mesh(*c->device_world, sp);
+  c->mesh = make_mesh(*c->device_world, sp, ring);
   c->watchdog = std::make_unique<Watchdog>(
       collective_timeout_from_env(), world.rank(),
       [&world](const std::string& msg) {
@@ -41,6 +41,12 @@ std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int
   if (c->nccl) c->host = std::make_unique<GuardedCommunicator>(world, w, "world");
   c->host_world = c->host ? static_cast<Communicator*>(c->host.get()) : c->world.get();
   c->groups = {{"world", c->world.get()}, {"sp", c->sp.get()}, {"dp", c->dp.get()}};
+  if (c->mesh.ring_group) {
+    c->ulysses = std::make_unique<GuardedCommunicator>(*c->mesh.ulysses_group, w, "ulysses");
+    c->ring = std::make_unique<GuardedCommunicator>(*c->mesh.ring_group, w, "ring");
+    c->groups["ulysses"] = c->ulysses.get();
+    c->groups["ring"] = c->ring.get();
+  }
   return c;
 }
 

@@ -1,5 +1,7 @@
 // The process mesh: world = dp × sp, SP groups are consecutive world ranks (sp_rank = rank % sp,
-// dp_rank = rank / sp). rank_layout() is the one place that layout is computed and checked: the
+// dp_rank = rank / sp). With ring attention (sequence_parallel.ring_size R > 1) an SP group is
+// R ring ranks of U = sp / R consecutive Ulysses ranks (ulysses_rank = sp_rank % U, ring_rank =
+// sp_rank / U): Ulysses groups stay inside a node, ring neighbours are U ranks apart. rank_layout() is the one place that layout is computed and checked: the
 // mesh (with its communicators) is one, and the program builder (compiler/program.h build_program)
 // takes one to make the passes' context. Knows nothing of graphs.
 #pragma once
@@ -15,16 +17,26 @@ struct RankLayout {
   int world_size = 1, world_rank = 0;
   int sp = 1, sp_rank = 0;  // sp: ranks sharing one sequence (sequence_parallel.autosp_size)
   int dp = 1, dp_rank = 0;  // dp: copies of the model (world_size / sp)
+  int ring = 1, ring_rank = 0;        // ring: R ring ranks per SP group (sequence_parallel.ring_size)
+  int ulysses = 1, ulysses_rank = 0;  // ulysses: U = sp / ring consecutive ranks per ring rank
+  // What the sequence length is padded to a multiple of: sp, or 2·sp with a ring (2R zigzag
+  // chunks of U blocks each).
+  int64_t seq_multiple() const { return ring > 1 ? 2 * int64_t{sp} : sp; }
 };
 
-// A rank outside the world, or an sp that does not divide the world size, is a UsageError.
-RankLayout rank_layout(int world_size, int world_rank, int sp);
+// A rank outside the world, an sp that does not divide the world size, or a ring that does not
+// divide sp is a UsageError.
+RankLayout rank_layout(int world_size, int world_rank, int sp, int ring = 1);
 
 // The layout of `world`'s rank, with its groups (split off `world`, a collective call on every rank).
 struct ProcessMesh : RankLayout {
   std::unique_ptr<Communicator> sp_group;  // ranks sharing one sequence
   std::unique_ptr<Communicator> dp_group;  // ranks holding the same sequence shard
+  // With a ring only (ring > 1; else null): the Ulysses group of this ring rank, and the ring.
+  std::unique_ptr<Communicator> ulysses_group, ring_group;
+  // The executor's groups: "world" (`world`), "sp", "dp" and, with a ring, "ulysses" and "ring".
+  CommGroups groups(Communicator& world) const;
 };
-ProcessMesh make_mesh(Communicator& world, int sp);
+ProcessMesh make_mesh(Communicator& world, int sp, int ring = 1);
 
 }  // namespace autosp

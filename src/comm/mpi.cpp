@@ -243,6 +243,25 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Allgather(send, chunk.count(), chunk.type(), out.raw(), chunk.count(), chunk.type(), comm_));
   }
 
+  // MPI_Irecv then MPI_Isend (the receive posted first, so a large message never waits for an
+  // unexpected-message buffer); both progress inside MPI calls, test() and wait() among them.
+  std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override {
+    check_host("send_recv_async", send);
+    check_host("send_recv_async", recv);
+    AUTOSP_ASSERT(send.nbytes() == recv.nbytes(), "send_recv_async: ", send.str(), " vs ", recv.str());
+    AUTOSP_ASSERT(dest >= 0 && dest < size_ && src >= 0 && src < size_, "send_recv_async to rank ", dest,
+                  " from rank ", src, " of ", size_);
+    AUTOSP_ASSERT(send.raw() != recv.raw() || send.nbytes() == 0, "send_recv_async: recv aliases send");
+    std::vector<MPI_Request> requests;
+    if (send.nbytes() == 0) return std::make_unique<MpiPending>(std::move(requests));
+    ByteType bytes(send.nbytes());
+    constexpr int kTag = 29;
+    requests.assign(2, MPI_REQUEST_NULL);
+    MPI_CHECK(MPI_Irecv(recv.raw(), bytes.count(), bytes.type(), src, kTag, comm_, &requests[0]));
+    MPI_CHECK(MPI_Isend(send.raw(), bytes.count(), bytes.type(), dest, kTag, comm_, &requests[1]));
+    return std::make_unique<MpiPending>(std::move(requests));
+  }
+
   std::unique_ptr<PendingCollective> all_gather_async(const Tensor& in, Tensor& out) override {
     check_host("all_gather_async", in);
     check_host("all_gather_async", out);

@@ -243,6 +243,27 @@ class NcclComm final : public NcclCommunicator {
     return std::make_unique<NcclPending>(*this, start_reduce_scatter(in, out), "reduce_scatter_sum_async");
   }
 
+  // Ring attention's block exchange: ncclSend to `dest` and ncclRecv from `src` in one group on
+  // this communicator's stream, after the compute stream's work so far; returns without making the
+  // compute stream wait (the attention of the current block runs meanwhile), like
+  // all_reduce_sum_async.
+  std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override {
+    check_device("send_recv_async", send);
+    check_device("send_recv_async", recv);
+    AUTOSP_ASSERT(send.nbytes() == recv.nbytes() && send.raw() != recv.raw(), "NCCL send_recv_async: ", send.str(),
+                  " into ", recv.str());
+    AUTOSP_ASSERT(dest >= 0 && dest < size_ && src >= 0 && src < size_, "NCCL send_recv_async to rank ", dest,
+                  " from rank ", src, " of ", size_);
+    begin();
+    if (send.nbytes() > 0) {
+      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclGroupStart());
+      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclSend(send.raw(), send.nbytes(), ncclUint8, dest, comm_, stream_));
+      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclRecv(recv.raw(), recv.nbytes(), ncclUint8, src, comm_, stream_));
+      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclGroupEnd());
+    }
+    return std::make_unique<NcclPending>(*this, record_done());
+  }
+
   // Every rank got here: a one-element all-reduce on this communicator's stream, waited for on the
   // host (so every collective enqueued before it has finished too). Does not wait for the compute
   // stream.

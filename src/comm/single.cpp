@@ -22,6 +22,12 @@ class SingleProcess final : public Communicator {
   void all_to_all(const Tensor& in, Tensor& out) override { copy(in, out); }
   void all_gather(const Tensor& in, Tensor& out) override { copy(in, out); }
   void reduce_scatter_sum(const Tensor& in, Tensor& out) override { copy(in, out); }
+  // A ring of one: this rank sends to and receives from itself.
+  std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override {
+    AUTOSP_ASSERT(dest == 0 && src == 0, "send_recv_async to rank ", dest, " from rank ", src, " of 1");
+    copy(send, recv);
+    return finished_collective();
+  }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcess>(); }
   [[noreturn]] void abort(const std::string& message, int exit_code) override {
@@ -74,6 +80,10 @@ class FollowedBy final : public PendingCollective {
 }  // namespace
 
 std::unique_ptr<PendingCollective> finished_collective() { return std::make_unique<Finished>(); }
+
+std::unique_ptr<PendingCollective> Communicator::send_recv_async(const Tensor&, int, Tensor&, int) {
+  throw RuntimeFailure(str("the ", backend(), " communicator has no point-to-point send/recv (ring attention)"));
+}
 
 std::unique_ptr<PendingCollective> followed_by(std::unique_ptr<PendingCollective> inner, std::function<void()> then) {
   return std::make_unique<FollowedBy>(std::move(inner), std::move(then));

@@ -49,6 +49,7 @@ struct Slot {
   DType dtype = DType::f32;
   Device device;
   int color = 0, key = 0;  // split
+  int dest = -1;           // send_recv_async
   void* ready = nullptr;   // cudaEvent_t, created by the slot's rank on its first CUDA collective
   void* done = nullptr;
 };
@@ -322,6 +323,25 @@ void ThreadCommunicator::gather_into(const Tensor& in, Tensor& out, const char* 
     copy_bytes(static_cast<char*>(out.raw()) + static_cast<size_t>(i) * in.nbytes(), group_->slot(i).in, in.nbytes(),
                out.device());
   finish(what);
+}
+
+std::unique_ptr<PendingCollective> ThreadCommunicator::send_recv_async(const Tensor& send, int dest, Tensor& recv,
+                                                                     int src) {
+  AUTOSP_ASSERT(send.nbytes() == recv.nbytes(), "send_recv_async: ", send.str(), " vs ", recv.str());
+  AUTOSP_ASSERT(dest >= 0 && dest < size() && src >= 0 && src < size(), "send_recv_async to rank ", dest, " from rank ",
+                src, " of ", size());
+  AUTOSP_ASSERT(send.raw() != recv.raw() || send.nbytes() == 0, "send_recv_async: recv aliases send");
+  if (!worker_) worker_ = std::make_unique<Worker>(stream_slot());
+  return std::make_unique<Pending>(worker_->enqueue([this, from = send, into = recv, dest, src]() mutable {
+    if (into.device().kind == DeviceKind::cuda) use_device(into.device().index);
+    Slot& mine = group_->slot(rank_);
+    mine.dest = dest;  // every rank's `src` must send to it
+    publish("send_recv_async", &from, &into);
+    AUTOSP_ASSERT(group_->slot(src).dest == rank_, "send_recv_async: rank ", rank_, " receives from rank ", src,
+                  ", which sends to rank ", group_->slot(src).dest);
+    copy_bytes(into.raw(), group_->slot(src).in, into.nbytes(), into.device());
+    finish("send_recv_async");
+  }));
 }
 
 void ThreadCommunicator::barrier() {

@@ -12,7 +12,8 @@
 //     has a compute stream and a caching allocator of its own, ordered after the work the calling
 //     thread had queued, and drained before the rank's thread ends. Ranks made by
 //     make_thread_communicators run in whatever slot their threads are in.
-//   - all_reduce_sum_async, reduce_scatter_sum_async and all_gather_async run on a worker thread of the communicator, in the order the
+//   - all_reduce_sum_async, reduce_scatter_sum_async, all_gather_async and send_recv_async run on a
+//     worker thread of the communicator, in the order the
 //     collectives were started (holding handles to the tensors: their storage must stay untouched,
 //     the Tensor objects may go); a blocking collective first waits for the started ones. So the
 //     rank's thread goes on while its peers catch up (ZeRO-3's prefetch does not stall the host).
@@ -60,6 +61,9 @@ class ThreadCommunicator final : public Communicator {
   void all_gather(const Tensor& in, Tensor& out) override;
   // Started on the worker like all_reduce_sum_async.
   std::unique_ptr<PendingCollective> all_gather_async(const Tensor& in, Tensor& out) override;
+  // One round of the whole group on the worker, like all_reduce_sum_async: every rank of the group
+  // takes part (a shift around a ring) and copies its `src` peer's `send` into `recv`.
+  std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(const std::string& message, int exit_code) override;

@@ -25,6 +25,7 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout) {
   PassContext ctx;
   ctx.sp_size = layout.sp;
   ctx.sp_rank = layout.sp_rank;
+  ctx.ring_size = layout.ring;
   ctx.world_size = layout.world_size;
   ctx.shard_parameters = zero_mode(cfg.zero_optimization, layout.world_size) == ZeroMode::sharded_parameters;
   // No residual + norm fusion under activation checkpointing (it would cost memory there:

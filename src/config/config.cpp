@@ -72,6 +72,16 @@ ZeroMode zero_mode(const ZeroConfig& z, int world_size) {
   }
 }
 
+bool ulysses_fits(int64_t u, int64_t heads, int64_t kv_heads) {
+  return u >= 1 && heads % u == 0 && kv_heads >= 1 && (kv_heads % u == 0 || u % kv_heads == 0);
+}
+
+int64_t auto_ring_size(int64_t sp, int64_t heads, int64_t kv_heads) {
+  for (int64_t u = sp; u > 1; --u)
+    if (sp % u == 0 && ulysses_fits(u, heads, kv_heads)) return sp / u;
+  return sp;
+}
+
 std::string_view zero_mode_name(ZeroMode m) {
   switch (m) {
     case ZeroMode::replicated: return "replicated";
@@ -85,7 +95,7 @@ std::string_view zero_mode_name(ZeroMode m) {
 namespace {
 
 using json = nlohmann::json;
-enum class Kind { integer, number, boolean, string, object, list };
+enum class Kind { integer, number, boolean, string, object, list, integer_or_auto };
 
 struct Key {
   const char* path;  // "model.hidden_size"
@@ -273,6 +283,14 @@ const std::vector<Key>& schema() {
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", {}, F(runtime, grad_bucket_mb)},
       {"runtime.peak_tflops", Kind::number, 0, 1e9, "", {}, F(runtime, peak_tflops)},
       {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", {}, F(sequence_parallel, autosp_size)},
+      {"sequence_parallel.ring_size", Kind::integer_or_auto, 1, 1 << 16, "", {},
+       [](Config& c, const json& v) {
+         c.sequence_parallel.ring_auto = v.is_string();
+         c.sequence_parallel.ring_size = v.is_string() ? 1 : v.get<int64_t>();
+       },
+       [](const Config& c) {
+         return c.sequence_parallel.ring_auto ? json("auto") : json(c.sequence_parallel.ring_size);
+       }},
       {"zero_optimization.stage", Kind::integer, 0, 3, "", {}, F(zero_optimization, stage)},
   };
   return keys;
@@ -287,6 +305,7 @@ const char* kind_name(Kind k) {
     case Kind::string: return "a string";
     case Kind::object: return "an object or null";
     case Kind::list: return "a list or null";
+    case Kind::integer_or_auto: return "an integer or \"auto\"";
   }
   return "";
 }
@@ -320,11 +339,15 @@ void check_value(const std::string& origin, const Key& k, const json& v) {
     case Kind::list:
       if (!v.is_array() && !v.is_null()) bad(str("expected ", kind_name(k.kind)));
       break;
+    case Kind::integer_or_auto:
+      if (!v.is_number_integer() && !(v.is_string() && v.get<std::string>() == "auto"))
+        bad(str("expected ", kind_name(k.kind)));
+      break;
   }
-  if (k.kind == Kind::integer || k.kind == Kind::number) {
+  if (k.kind == Kind::integer || k.kind == Kind::number || (k.kind == Kind::integer_or_auto && v.is_number())) {
     double x = v.get<double>();
     if (!(x >= k.lo && x <= k.hi)) {
-      if (k.kind == Kind::integer)  // exact bounds, not 1.67772e+07
+      if (k.kind != Kind::number)  // exact bounds, not 1.67772e+07
         bad(str("expected an integer in [", static_cast<int64_t>(k.lo), ", ", static_cast<int64_t>(k.hi), "]"));
       bad(str("expected a value in [", k.lo, ", ", k.hi, "]"));
     }
@@ -668,6 +691,23 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     if (c.runtime.attention == AttentionBackend::cudnn)
       bad("data.document_mask: runtime.attention \"cudnn\" cannot apply the document mask; use \"flash\"");
   }
+  auto& sp = c.sequence_parallel;
+  if (sp.ring_auto) {
+    sp.ring_size = auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads);
+    c.notes.push_back(str("sequence_parallel.ring_size \"auto\": Ulysses ", sp.autosp_size / sp.ring_size, " x ring ",
+                          sp.ring_size, " for ", m.num_attention_heads, " query heads and ", m.num_key_value_heads,
+                          " key/value heads at autosp_size ", sp.autosp_size));
+  }
+  if (sp.autosp_size % sp.ring_size != 0)
+    bad(str("sequence_parallel.ring_size ", sp.ring_size, " does not divide sequence_parallel.autosp_size ",
+            sp.autosp_size, " (the ", sp.autosp_size, " ranks are Ulysses x ring)"));
+  else if (sp.ring_size > 1 &&
+           !ulysses_fits(sp.autosp_size / sp.ring_size, m.num_attention_heads, m.num_key_value_heads))
+    bad(str("sequence_parallel.ring_size ", sp.ring_size, " with autosp_size ", sp.autosp_size, " leaves Ulysses ",
+            sp.autosp_size / sp.ring_size, " ranks for ", m.num_attention_heads, " query heads and ",
+            m.num_key_value_heads, " key/value heads (the Ulysses degree must divide the query heads, and the ",
+            "key/value heads must be a multiple of it or divide it); \"auto\" would pick ring_size ",
+            auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads)));
   if (c.runtime.tiled_mlp && family(m.arch) != Arch::llama)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", arch_name(m.arch), "\" has none"));
   if (cross_key_rules) check_schedule(c, origin);

@@ -135,7 +135,20 @@ struct RuntimeConfig {
 
 struct SequenceParallelConfig {
   int64_t autosp_size = 1;
+  // Ring attention (decision 99): P = autosp_size ranks are U × R, Ulysses over U = P / R
+  // consecutive ranks and ring attention across the R groups. ring_size is R after parsing: the
+  // written value, or with ring_auto ("auto") the smallest R whose U the query and key/value heads
+  // allow (sequence_parallel_degrees).
+  int64_t ring_size = 1;
+  bool ring_auto = false;
 };
+
+// The Ulysses degree U for `sp` = P ranks and `ring` = R: P / R. Whether the heads allow it: U
+// divides the query heads, and the key/value heads are a multiple of U (all-to-all'd) or divide
+// it (replicated).
+bool ulysses_fits(int64_t u, int64_t heads, int64_t kv_heads);
+// "auto": the R of the largest U dividing P that the heads allow (U = 1, a pure ring, always does).
+int64_t auto_ring_size(int64_t sp, int64_t heads, int64_t kv_heads);
 
 // zero_optimization (DeepSpeed's section): stage 0 keeps the whole optimizer state on every rank;
 // 1 shards the AdamW moments over the world (dp × sp), the gradients reduce-scattered to their

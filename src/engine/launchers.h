@@ -62,6 +62,8 @@ inline kernels::RopeScaling rope_scaling_of(const Node& n) {
   Tensor all_reduce(const KernelCall& c);                                                \
   Tensor all_gather(const KernelCall& c);                                                \
   Tensor reduce_scatter(const KernelCall& c);                                            \
+  Tensor ring_attention(const KernelCall& c);                                            \
+  Tensor ring_attention_backward(const KernelCall& c);                                   \
   Tensor sum_to(const KernelCall& c);                                                    \
   Tensor embedding_backward(const KernelCall& c);                                        \
   template <kernels::UnaryGrad kOp> Tensor unary_backward(const KernelCall& c);              \

@@ -94,7 +94,8 @@ class Arena {
 };
 
 bool is_collective(Op op) {
-  return op == Op::all_gather || op == Op::reduce_scatter || op == Op::all_to_all || op == Op::all_reduce;
+  return op == Op::all_gather || op == Op::reduce_scatter || op == Op::all_to_all || op == Op::all_reduce ||
+         op == Op::ring_attention || op == Op::ring_attention_backward;
 }
 
 }  // namespace

@@ -87,6 +87,13 @@ Node* Builder::sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const 
   if (doc_start) in.push_back(doc_start);
   return op(Op::sdpa, std::move(in), {{"causal", causal}, {"scale", scale}}, name);
 }
+Node* Builder::ring_attention(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& group,
+                              int64_t group_size, const std::string& name, Node* doc_start) {
+  std::vector<Node*> in{q, k, v};
+  if (doc_start) in.push_back(doc_start);
+  return op(Op::ring_attention, std::move(in),
+            {{"causal", causal}, {"scale", scale}, {"group", group}, {"group_size", group_size}}, name);
+}
 Node* Builder::cross_entropy_sum(Node* logits, Node* labels, const std::string& name) {
   return op(Op::cross_entropy_sum, {logits, labels}, {{"ignore_index", kIgnoreIndex}}, name);
 }
@@ -160,6 +167,14 @@ Node* Builder::sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node
   std::vector<Node*> in{q, k, v, o, lse, dout};
   if (doc_start) in.push_back(doc_start);
   return op(Op::sdpa_backward, std::move(in), {{"causal", causal}, {"scale", scale}}, name);
+}
+Node* Builder::ring_attention_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal,
+                                       double scale, const std::string& group, int64_t group_size,
+                                       const std::string& name, Node* doc_start) {
+  std::vector<Node*> in{q, k, v, o, lse, dout};
+  if (doc_start) in.push_back(doc_start);
+  return op(Op::ring_attention_backward, std::move(in),
+            {{"causal", causal}, {"scale", scale}, {"group", group}, {"group_size", group_size}}, name);
 }
 Node* Builder::cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
                                       const std::string& name) {

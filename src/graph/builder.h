@@ -48,6 +48,10 @@ class Builder {
   // doc_start (optional, i64 [B, S]): query i sees only keys j ≥ doc_start[i] (packed documents).
   Node* sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name = "attn",
              Node* doc_start = nullptr);
+  // sdpa over the `group_size` ranks of a ring group, each holding its zigzag chunks of the
+  // sequence (graph/passes/autosp/insert_ring_attention).
+  Node* ring_attention(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& group,
+                       int64_t group_size, const std::string& name = "ring_attn", Node* doc_start = nullptr);
   Node* cross_entropy_sum(Node* logits, Node* labels, const std::string& name = "ce_sum");
   Node* count_valid(Node* labels, DType dtype, const std::string& name = "valid");
   Node* full(SymShape shape, double value, DType dtype, const std::string& name = "full");
@@ -91,6 +95,9 @@ class Builder {
   Node* rope_backward(Node* dy, Node* position_ids, double theta, const std::string& name = "rope_bwd");
   Node* sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
                       const std::string& name = "attn_bwd", Node* doc_start = nullptr);
+  Node* ring_attention_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
+                                const std::string& group, int64_t group_size, const std::string& name = "ring_attn_bwd",
+                                Node* doc_start = nullptr);
   Node* cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
                                const std::string& name = "ce_bwd");
   // dx; extra outputs dw_gate, dw_up, dw_down (read with output(node, 1..3)).

@@ -47,9 +47,12 @@ enum class Op : uint16_t {
   // ZeRO-3's parameter collectives (graph/passes/shard_parameters): a whole parameter gathered from
   // every rank's shard, and its gradient reduce-scattered back to the shards
   all_gather, reduce_scatter,
+  // ring attention (graph/passes/autosp/insert_ring_attention): sdpa over the ranks of a ring group,
+  // the key/value blocks passed around the ring (zigzag sequence layout)
+  ring_attention,
   // backward-only ops (built by vjp rules; not differentiated again)
   sum_to, embedding_backward, gelu_tanh_backward, silu_backward, slice_backward, layernorm_backward,
-  rmsnorm_backward, softmax_backward, rope_backward, sdpa_backward, cross_entropy_backward,
+  rmsnorm_backward, softmax_backward, rope_backward, sdpa_backward, ring_attention_backward, cross_entropy_backward,
   // conversion between float dtypes (mixed precision)
   cast,
   // fused kernels (made by passes/fuse_elementwise): residual add + norm (extra output 1: the sum),

@@ -120,6 +120,18 @@ void sdpa(VjpContext& c) {
   if (doc_start) c.input_grads.push_back(nullptr);
 }
 
+// o = ring_attention(q, k, v): the same from the saved log-sum-exp, with the key/value blocks
+// passed around the ring again and dK, dV travelling with them back to their owners.
+void ring_attention(VjpContext& c) {
+  const auto& a = c.node->attrs();
+  Node* lse = c.b.output(c.node, 1, "lse");
+  Node* doc_start = c.node->inputs().size() > 3 ? c.in(3) : nullptr;  // integer: no gradient
+  Node* bwd = c.b.ring_attention_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"),
+                                          a.s("group"), a.i("group_size"), "dq", doc_start);
+  c.input_grads = {bwd, c.b.output(bwd, 1, "dk"), c.b.output(bwd, 2, "dv")};
+  if (doc_start) c.input_grads.push_back(nullptr);
+}
+
 void cross_entropy_sum(VjpContext& c) {
   c.input_grads[0] =
       c.b.cross_entropy_backward(c.in(0), c.in(1), c.grad, c.node->attrs().i("ignore_index"), "dlogits");

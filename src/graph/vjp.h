@@ -27,6 +27,7 @@ void rmsnorm(VjpContext&);
 void softmax(VjpContext&);
 void rope(VjpContext&);
 void sdpa(VjpContext&);
+void ring_attention(VjpContext&);
 void cross_entropy_sum(VjpContext&);
 void causal_mask(VjpContext&);
 void all_to_all(VjpContext&);

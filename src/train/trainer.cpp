@@ -243,7 +243,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const Device dev = pick_device(cfg);
   const std::optional<Fault> fault = fault_from_env(world.size());  // AUTOSP_FAULT: failures for tests
   // NCCL or the world for device tensors, the mesh, every collective under the watchdog.
-  const std::unique_ptr<JobComms> comms = make_job_comms(world, dev, static_cast<int>(cfg.sequence_parallel.autosp_size));
+  const std::unique_ptr<JobComms> comms = make_job_comms(world, dev, static_cast<int>(cfg.sequence_parallel.autosp_size),
+                                                         static_cast<int>(cfg.sequence_parallel.ring_size));
   const ProcessMesh& mesh = comms->mesh;
   set_host_threads(static_cast<int>(cfg.runtime.threads));  // 0: OpenMP's default
   const std::unique_ptr<DirLock> lock = prepare_run(cfg, args, world.rank() == 0);
@@ -276,7 +277,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     inject_fault(fault, FaultWhere::step, world.rank(), rec.step, world);
     // Every rank of an SP group reads the same sequences (k micro-batches' worth); the graph slices
     // its block. The step's targets are counted over the world before any backward.
-    const Batch batch = pad_to_multiple(cursor.read(step, mesh.dp_rank), mesh.sp);
+    const Batch batch = pad_to_multiple(cursor.read(step, mesh.dp_rank), mesh.seq_multiple());
     rec.targets = global_target_count(batch, mesh, *comms->host_world);
     rec.data_ms = ms_since(t0);
     rec.skipped = rec.targets == 0;  // no scored position anywhere: the loss would be 0/0

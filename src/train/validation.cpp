@@ -3,15 +3,36 @@
 
 #include <algorithm>
 
+#include "graph/passes/autosp/autosp.h"
 #include "train/run_device.h"
 
 namespace autosp {
 namespace {
 
-// This rank's block of the labels [B, S]: positions [sp_rank·S/sp, (sp_rank + 1)·S/sp), flattened.
+// The positions of a sequence of S this rank holds, in its order: [sp_rank·S/sp, (sp_rank + 1)·S/sp),
+// or with a ring its zigzag units (graph/passes/autosp/autosp.h).
+std::vector<int64_t> rank_positions(const RankLayout& layout, int64_t S) {
+  std::vector<int64_t> out;
+  if (layout.ring == 1) {
+    for (int64_t t = layout.sp_rank * (S / layout.sp); t < (layout.sp_rank + 1) * (S / layout.sp); ++t) out.push_back(t);
+    return out;
+  }
+  const int64_t unit = S / (2 * int64_t{layout.sp});
+  for (const auto& [a, b] : zigzag_units(layout.sp, layout.ring, layout.sp_rank))
+    for (int64_t t = a * unit; t < b * unit; ++t) out.push_back(t);
+  return out;
+}
+
+// This rank's labels [B, its positions] of the batch's [B, S], flattened.
 Tensor local_labels(const Batch& batch, const RankLayout& layout) {
-  const int64_t B = batch.labels.dim(0), block = batch.labels.dim(1) / layout.sp;
-  return batch.labels.as_strided({B, block}, batch.labels.strides(), layout.sp_rank * block).contiguous().reshape({B * block});
+  const int64_t B = batch.labels.dim(0), S = batch.labels.dim(1);
+  const std::vector<int64_t> pos = rank_positions(layout, S);
+  const Tensor all = batch.labels.contiguous().to(DType::i64);
+  const auto n = static_cast<int64_t>(pos.size());
+  Tensor out = Tensor::zeros({B * n}, DType::i64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t) out.data<int64_t>()[b * n + t] = all.data<int64_t>()[b * S + pos[static_cast<size_t>(t)]];
+  return out;
 }
 
 // What the graph outputs for scoring, as rows on the host: the predictions (runtime.tiled_loss: each
@@ -58,13 +79,15 @@ double fraction(std::pair<int64_t, int64_t> counts) {
 // whole row's prediction; rank 0 formats the first row it got entirely right (else row 0).
 ValExample first_example(const Tensor& logits, const Batch& batch, int64_t S, const RankLayout& layout,
                          Communicator& host_world, bool synthetic) {
-  const int64_t B = batch.input_ids.dim(0), Sp = batch.input_ids.dim(1), block = Sp / layout.sp;
+  const int64_t B = batch.input_ids.dim(0), Sp = batch.input_ids.dim(1);
+  const std::vector<int64_t> pos = rank_positions(layout, Sp);
+  const auto block = static_cast<int64_t>(pos.size());
   Tensor pred = Tensor::zeros({B, Sp}, DType::i64);
   if (layout.dp_rank == 0) {
     const std::vector<int64_t> local = argmax_rows(logits);  // [B, block]
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < block; ++t)
-        pred.data<int64_t>()[b * Sp + layout.sp_rank * block + t] = local[static_cast<size_t>(b * block + t)];
+        pred.data<int64_t>()[b * Sp + pos[static_cast<size_t>(t)]] = local[static_cast<size_t>(b * block + t)];
   }
   host_world.all_reduce_sum(pred);
   if (host_world.rank() != 0) return {};
@@ -110,7 +133,7 @@ void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms
   int64_t correct = 0, counted = 0;
   for (int64_t k = 0; k < cfg.train.eval_batches; ++k) {
     const Batch raw = v.data->get(k, layout.dp_rank, layout.dp);
-    const Batch batch = pad_to_multiple(raw, layout.sp);
+    const Batch batch = pad_to_multiple(raw, layout.seq_multiple());
     RunResult r = v.ex->run(run_feeds(batch, params, cfg.model.vocab_size, dev), comms.groups);
     comms.synchronize_device();
     loss_sum += host_copy(r.outputs.at(v.prog.loss)).to_doubles()[0];

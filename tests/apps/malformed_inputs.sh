@@ -211,6 +211,14 @@ row "unknown key 'modle'" --config "$tmp/unknown.json"
 row 'model.hidden_size = "big": expected an integer' --config "$tmp/type.json"
 row 'model.vocab_size = 99999999999: expected an integer in \[2, 16777216\]' --config "$tmp/range.json"
 row 'not divisible by model.num_attention_heads' --config "$tmp/divide.json"
+# sequence_parallel.ring_size (ring attention)
+row 'sequence_parallel.ring_size = 0: expected an integer in \[1, 65536\]' "${c[@]}" --set sequence_parallel.ring_size=0
+row 'sequence_parallel.ring_size = "two": expected an integer or "auto"' "${c[@]}" --set sequence_parallel.ring_size=two
+row 'sequence_parallel.ring_size = 2.5: expected an integer or "auto"' "${c[@]}" --set sequence_parallel.ring_size=2.5
+row 'sequence_parallel.ring_size 2 does not divide sequence_parallel.autosp_size 1' "${c[@]}" --set sequence_parallel.ring_size=2
+row 'sequence_parallel.ring_size 2 with autosp_size 4 leaves Ulysses 2 ranks for 6 query heads and 3 key/value heads' \
+    "${c[@]}" --set sequence_parallel.autosp_size=4 --set sequence_parallel.ring_size=2 \
+    --set model.num_attention_heads=6 --set model.num_key_value_heads=3 --set model.hidden_size=48
 row 'nope.json: cannot open config file' --config "$tmp/nope.json"
 row 'adir: is a directory' --config "$tmp/adir"
 row "dup_section.json: duplicate key 'train'" --config "$tmp/dup_section.json"

@@ -42,7 +42,7 @@ inline const Bindings& op_case_bindings() {
 // The op cases' collectives run over groups of one.
 inline const CommGroups& single_groups() {
   static auto comm = make_single_process_communicator();
-  static const CommGroups groups{{"sp", comm.get()}, {"world", comm.get()}};
+  static const CommGroups groups{{"sp", comm.get()}, {"world", comm.get()}, {"ring", comm.get()}};
   return groups;
 }
 
@@ -188,6 +188,27 @@ inline const std::vector<OpCase>& op_cases() {
              }},
       OpCase{"sdpa_full", Op::sdpa, {{{B, 2, S, 4}}, {{B, 2, S + 2, 4}}, {{B, 2, S + 2, 4}}},
              [](Builder& b, const std::vector<Node*>& x) { return b.sdpa(x[0], x[1], x[2], false, 0.5); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::sdpa(in[0], in[1], in[2], sh[0][0], 2, 2, sh[0][2], sh[1][2], 4, 0.5, false);
+             }},
+      // Ring attention over a ring of one: the local sequence (6: even) is two zigzag
+      // chunks, met chunk pair by chunk pair (two diagonals, one full block) and merged by lse.
+      OpCase{"ring_attention_causal_gqa", Op::ring_attention, {{{B, 4, 6, 8}}, {{B, 2, 6, 8}}, {{B, 2, 6, 8}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.ring_attention(x[0], x[1], x[2], true, 0.3, "ring", 1); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::sdpa(in[0], in[1], in[2], sh[0][0], 4, 2, sh[0][2], sh[1][2], 8, 0.3, true);
+             }},
+      OpCase{"ring_attention_documents_gqa", Op::ring_attention,
+             {{{B, 4, 6, 8}}, {{B, 2, 6, 8}}, {{B, 2, 6, 8}}, {{B, 6}, true, 6}},
+             [](Builder& b, const std::vector<Node*>& x) {
+               return b.ring_attention(x[0], x[1], x[2], true, 0.3, "ring", 1, "ring_attn", x[3]);
+             },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               const std::vector<int64_t> starts = as_ids(in[3]);
+               return naive::sdpa(in[0], in[1], in[2], sh[0][0], 4, 2, sh[0][2], sh[1][2], 8, 0.3, true, nullptr, &starts);
+             }},
+      OpCase{"ring_attention_full", Op::ring_attention, {{{B, 2, 6, 4}}, {{B, 2, 6, 4}}, {{B, 2, 6, 4}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.ring_attention(x[0], x[1], x[2], false, 0.5, "ring", 1); },
              [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
                return naive::sdpa(in[0], in[1], in[2], sh[0][0], 2, 2, sh[0][2], sh[1][2], 4, 0.5, false);
              }},

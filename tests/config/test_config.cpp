@@ -166,6 +166,20 @@ TEST_CASE("malformed configs are named errors", "[config]") {
        "runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"gpt2\" has none"},
       {R"({"sequence_parallel": {"autosp_size": 0}})", {}, "sequence_parallel.autosp_size"},
       {R"({"sequence_parallel": {"ulysses": 2}})", {}, "unknown key 'sequence_parallel.ulysses'"},
+      {R"({"sequence_parallel": {"ring_size": 0}})", {}, "sequence_parallel.ring_size = 0: expected an integer in [1, 65536]"},
+      {R"({"sequence_parallel": {"ring_size": -2}})", {}, "sequence_parallel.ring_size = -2: expected an integer in [1, 65536]"},
+      {R"({"sequence_parallel": {"ring_size": 1.5}})", {}, "sequence_parallel.ring_size = 1.5: expected an integer or \"auto\""},
+      {R"({"sequence_parallel": {"ring_size": "big"}})", {}, "sequence_parallel.ring_size = \"big\": expected an integer or \"auto\""},
+      {R"({"sequence_parallel": {"ring_size": [2]}})", {}, "sequence_parallel.ring_size"},
+      {R"({"sequence_parallel": {"ring_size": null}})", {}, "sequence_parallel.ring_size"},
+      {R"({})", {"sequence_parallel.ring_size=AUTO"}, "sequence_parallel.ring_size = \"AUTO\": expected an integer or \"auto\""},
+      {R"({"sequence_parallel": {"autosp_size": 4, "ring_size": 3}})", {},
+       "sequence_parallel.ring_size 3 does not divide sequence_parallel.autosp_size 4"},
+      {R"({"model": {"arch": "llama", "num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 48},
+          "sequence_parallel": {"autosp_size": 8, "ring_size": 2}})", {},
+       "sequence_parallel.ring_size 2 with autosp_size 8 leaves Ulysses 4 ranks for 6 query heads and 3 key/value "
+       "heads (the Ulysses degree must divide the query heads, and the key/value heads must be a multiple of it or "
+       "divide it); \"auto\" would pick ring_size 8"},
       {R"({"zero_optimization": {"stage": 4}})", {}, "zero_optimization.stage"},
       {R"({"zero_optimization": {"stage": -1}})", {}, "zero_optimization.stage"},
       {R"({"zero_optimization": {"stage": 1.5}})", {}, "zero_optimization.stage"},
@@ -270,7 +284,7 @@ const json kEveryKey = {
      {{"device", "cuda"}, {"attention", "flash"}, {"dtype", "bfloat16"}, {"threads", 3},
       {"activation_checkpointing", true}, {"tiled_mlp", true}, {"tiled_loss", true}, {"fuse_kernels", false},
       {"overlap_grad_sync", false}, {"grad_bucket_mb", 8.0}, {"peak_tflops", 989.0}}},
-    {"sequence_parallel", {{"autosp_size", 2}}},
+    {"sequence_parallel", {{"autosp_size", 2}, {"ring_size", 2}}},
     {"zero_optimization", {{"stage", 3}}},
 };
 

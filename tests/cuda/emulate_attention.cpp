@@ -173,3 +173,35 @@ TEST_CASE("emulated attention with a document mask matches the CPU", "[cuda-emul
   check_emulated<float, false>(Case{1, 2, 2, 100, 100, 64, true, 40}, seed += 4);
   check_emulated<bf16, false>(Case{1, 2, 1, 70, 70, 64, true, 1}, seed += 4);
 }
+
+// Ring attention's merge by log-sum-exp (one thread per row) against the CPU's, on the same values:
+// rows whose block saw nothing (lse_blk = -inf) stay, rows that had seen nothing take the block.
+std::vector<float> naive_f32(int64_t n, uint64_t seed) {
+  const std::vector<double> x = naive::random_normal(n, seed);
+  return {x.begin(), x.end()};
+}
+
+TEST_CASE("emulated ring-attention merge matches the CPU", "[cuda-emulation][attention][ring]") {
+  const int64_t rows = 37, D = 12;
+  std::vector<float> o = naive_f32(rows * D, 1), lse = naive_f32(rows, 2), blk = naive_f32(rows * D, 3),
+                     lse_blk = naive_f32(rows, 4);
+  for (int64_t r = 0; r < rows; r += 5) lse_blk[size_t(r)] = -INFINITY;
+  for (int64_t r = 1; r < rows; r += 7) lse[size_t(r)] = -INFINITY;
+  std::vector<bf16> blk16(blk.size());
+  for (size_t i = 0; i < blk.size(); ++i) blk16[i] = to_bf16(blk[i]), blk[i] = from_bf16(blk16[i]);
+  std::vector<float> want_o = o, want_lse = lse;
+  cpu::merge_attention<float>(want_o.data(), want_lse.data(), blk.data(), lse_blk.data(), rows, D);
+  for (const bool half : {false, true}) {
+    INFO((half ? "bf16 block" : "f32 block"));
+    std::vector<float> got_o = o, got_lse = lse;
+    if (half)
+      cuda::merge_attention<bf16>(got_o.data(), got_lse.data(), blk16.data(), lse_blk.data(), rows, D, nullptr);
+    else
+      cuda::merge_attention<float>(got_o.data(), got_lse.data(), blk.data(), lse_blk.data(), rows, D, nullptr);
+    for (int64_t r = 0; r < rows; ++r) {
+      INFO("row " << r);
+      CHECK(got_lse[size_t(r)] == Approx(want_lse[size_t(r)]).epsilon(1e-6).margin(1e-6));
+      for (int64_t d = 0; d < D; ++d) CHECK(got_o[size_t(r * D + d)] == Approx(want_o[size_t(r * D + d)]).epsilon(1e-5).margin(1e-6));
+    }
+  }
+}

@@ -2,7 +2,7 @@
 // (comm/threads.h), all on CUDA device 0 (each rank's collectives are device copies ordered by
 // events), against single-process CPU training, in f32 and bf16, for Llama (GQA with 2 KV heads:
 // all-to-all'd at P = 2, replicated at P = 4) and GPT-2, and on a sequence length P does not
-// divide, and at ZeRO stage 3. The bar and the tolerances are the MPI GPU test's (tests/cuda/sp_equivalence.h); the
+// divide, at ZeRO stage 3, and with ring attention (Ulysses 2 × ring 2, a ring of 4). The bar and the tolerances are the MPI GPU test's (tests/cuda/sp_equivalence.h); the
 // CPU twin of this test is tests/comm/test_thread_sp.cpp. First, that each rank thread has a
 // compute stream and an allocator of its own, ordered after the caller's work and drained before
 // the caller reads what the ranks made (device/stream_slot.h).
@@ -106,6 +106,23 @@ TEST_CASE("thread sp on one GPU: ZeRO stage 3 equals single-process CPU training
       };
       cudatest::compare(arch, "float32", P, 1e-4, 1e-3, zero3, true);
       cudatest::compare(arch, "float32", P, 1e-4, 1e-3, zero3, true, 63);  // padded
+    }
+}
+
+// Ring attention (sequence_parallel.ring_size, engine/ring.h) on the same ranks: Ulysses 2 × ring 2
+// and a pure ring of 4 (the CUDA ring launchers, the K/V blocks copied between rank threads), f32
+// and bf16, on a sequence 2P does not divide.
+TEST_CASE("thread sp on one GPU: ring attention equals single-process CPU training", "[gpu][sp][threads][ring]") {
+  for (const int64_t R : {2, 4})
+    for (const std::string arch : {"llama", "gpt2"}) {
+      const cudatest::TrainOnRanks ring = [R](const Config& cfg, const TrainArgs& args) {
+        Config c = cfg;
+        c.sequence_parallel.ring_size = R;
+        return on_thread_ranks(4)(c, args);
+      };
+      cudatest::compare(arch, "float32", 4, 1e-4, 1e-3, ring, true);
+      cudatest::compare(arch, "float32", 4, 1e-4, 1e-3, ring, true, 60);  // padded to 64
+      cudatest::compare(arch, "bfloat16", 4, 1e-2, 3e-2, ring, true);
     }
 }
 

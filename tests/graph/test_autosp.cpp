@@ -36,11 +36,12 @@ ModelConfig tiny_llama(int64_t heads, int64_t kv_heads) {
   return m;
 }
 
-PassContext ctx_of(int64_t p, int64_t r, int64_t world = 0) {
+PassContext ctx_of(int64_t p, int64_t r, int64_t world = 0, int64_t ring = 1) {
   PassContext c;
   c.sp_size = p;
   c.sp_rank = r;
   c.world_size = world ? world : p;
+  c.ring_size = ring;
   return c;
 }
 
@@ -75,6 +76,11 @@ TEST_CASE("the full pipeline matches golden IR for other ranks and models", "[au
   check_golden("autosp/llama-dp2-p1.txt", run_prefix(tiny_llama(4, 2), ctx_of(1, 0, 2), all));  // data parallel only
   // Packed documents: doc_start sliced like position_ids, then gathered once for every attention.
   check_golden("autosp/llama-documents-p2r1.txt", run_prefix(tiny_llama(4, 2), ctx_of(2, 1), all, true));
+  // Ulysses 2 x ring 2 (rank 1: ring rank 0, Ulysses rank 1, zigzag units 6..8 of S//8), with packed
+  // documents: all-to-alls over "ulysses", ring_attention over "ring"; and a pure ring of 3 on a
+  // rank whose units straddle nothing (rank 2: units 2..4 of S//6).
+  check_golden("autosp/llama-documents-p4r1-ring2.txt", run_prefix(tiny_llama(4, 2), ctx_of(4, 1, 0, 2), all, true));
+  check_golden("autosp/llama-p3r2-ring3.txt", run_prefix(tiny_llama(4, 2), ctx_of(3, 2, 0, 3), all));
 }
 
 TEST_CASE("slice bounds depend on the rank", "[autosp]") {

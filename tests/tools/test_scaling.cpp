@@ -110,6 +110,33 @@ TEST_CASE("scaling: communication volume per rank and step", "[scaling]") {
   CHECK_THROWS_AS(step_comm_volume(l, 1, 1024, 2, 3, 4, 4), UsageError);   // world 3, sp 2
 }
 
+// Ulysses × ring (decision 99): U fills a node where the heads allow it, the ring takes the rest,
+// so every GPU holds S / gpus tokens; the ring's blocks are (3R − 2) per layer.
+TEST_CASE("scaling: Ulysses x ring projection", "[scaling][ring]") {
+  ProjectionConfig llama = parse_projection_config(nlohmann::json::object(), "test");
+  ProjectionConfig qwen = parse_projection_config(
+      {{"model", {{"arch", "qwen2"}, {"vocab_size", 152064}, {"hidden_size", 3584}, {"num_hidden_layers", 28},
+                  {"num_attention_heads", 28}, {"num_key_value_heads", 4}, {"intermediate_size", 18944}}}},
+      "qwen");
+  CHECK(projection_ulysses_ring(llama, 64).ulysses == 8);  // 32 heads, 8 KV heads: a node of Ulysses
+  CHECK(projection_ulysses_ring(llama, 64).ring == 8);
+  CHECK(projection_ulysses_ring(qwen, 64).ulysses == 4);   // 28 heads: 8 does not divide them
+  CHECK(projection_ulysses_ring(qwen, 64).ring == 16);
+  CHECK(projection_ulysses_ring(qwen, 8).ring == 2);
+  CHECK(projection_sp(qwen.model, 64) == 4);  // Ulysses alone: sp 4, dp 16
+  const int64_t ring = longest_ring_sequence(qwen, 64), ulysses = longest_sequence(qwen, 64);
+  CHECK(ring >= 15 * ulysses);  // S / 64 tokens per GPU instead of S / 4
+  CHECK(ring % 1024 == 0);
+  CHECK(project_ring_point(qwen, 64, ring).fits);
+  CHECK_FALSE(project_ring_point(qwen, 64, ring + 64 * 1024).fits);
+  // No ring: nothing is exchanged; a ring inside one node is on NVLink.
+  CHECK(project_ring_point(llama, 8, 65536).ring_s == 0);
+  const ProjectionRow r = project_ring_point(qwen, 64, 1 << 20);
+  CHECK(r.seq == 1 << 20);
+  CHECK(r.step_s == Approx(r.compute_s + r.all_to_all_s + r.ring_s));
+  CHECK(r.ring_s >= 0);
+}
+
 TEST_CASE("scaling: projection", "[scaling]") {
   ProjectionConfig c = parse_projection_config(nlohmann::json::object(), "test");
   // 32 heads: Ulysses stops at sp = 32; 64 GPUs are dp 2 × sp 32.

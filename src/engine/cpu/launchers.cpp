@@ -5,9 +5,13 @@
 // c.extra_out) or fresh from c.alloc, except reshape, which is a view of its contiguous input.
 #include "engine/launchers.h"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
+#include <limits>
 
 #include "engine/executor.h"
+#include "engine/ring.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -45,9 +49,11 @@ Tensor ids64(const Tensor& t) { return t.dtype() == DType::i64 ? t.contiguous() 
 
 // Materialise a strided view as a contiguous tensor: the node's output (reshaped to the view's
 // shape) when `as_output`, else a temporary.
-Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true) {
-  Tensor y = as_output ? out_like(c, view.dtype()).reshape(view.shape()) : Tensor::empty(view.shape(), view.dtype(), c.alloc);
+// Copy a strided view into the contiguous `y` of its element count and element size.
+void copy_into(const Tensor& view, const Tensor& y) {
   AUTOSP_ASSERT(view.rank() <= cpu::kMaxRank, "rank ", view.rank(), " too large");
+  AUTOSP_ASSERT(y.numel() == view.numel() && dtype_size(y.dtype()) == dtype_size(view.dtype()), "copy of ", view.str(),
+                " into ", y.str());
   const int64_t* sh = view.shape().data();
   const int64_t* st = view.strides().data();
   switch (dtype_size(view.dtype())) {
@@ -58,6 +64,11 @@ Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true)
     default:
       cpu::copy_strided(view.rank(), sh, static_cast<const int64_t*>(view.raw()), st, static_cast<int64_t*>(y.raw()));
   }
+}
+
+Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true) {
+  Tensor y = as_output ? out_like(c, view.dtype()).reshape(view.shape()) : Tensor::empty(view.shape(), view.dtype(), c.alloc);
+  copy_into(view, y);
   return y;
 }
 
@@ -258,6 +269,152 @@ size_t sdpa_backward_workspace(const Node& n, const Bindings& b) {
   const Shape q = eval_shape(n.input(0)->shape(), b), k = eval_shape(n.input(1)->shape(), b);
   const size_t elem = n.input(0)->dtype() == DType::f64 ? sizeof(double) : sizeof(float);
   return elem * static_cast<size_t>(cpu::sdpa_backward_workspace(q[0], q[1], k[1], q[2], k[2], q[3], n.attrs().b("causal")));
+}
+
+// ---- ring attention (engine/ring.h: the schedule and the zigzag layout) ----
+//
+// The launchers keep every operand in halves: x [B, H, L, D] (L = 2c, this rank's zigzag chunks
+// side by side) as [2, B, H, c, D], so each chunk is a contiguous sdpa operand; a K/V block is one
+// buffer [k | v] of such halves, sent around the ring as one message. Each step attends the two
+// query chunks to the two key chunks of the block it holds, chunk pair by chunk pair: a key chunk
+// after the query chunk is skipped (causal), the same chunk is the causal diagonal, an earlier one
+// is full; with document starts, a pair whose keys all lie before every query's document is skipped
+// too (never visited, not masked).
+namespace {
+
+Tensor to_halves(const KernelCall& c, const Tensor& x) { return copy_view(c, halves_view(x), false); }
+
+RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, const Tensor& docs) {
+  AUTOSP_ASSERT(c.comm, c.node.op_name(), " without a communicator");
+  const int64_t R = c.node.attrs().i("group_size");
+  AUTOSP_ASSERT(c.comm->size() == R, c.node.name(), ": ring of ", R, " ranks, group '", c.node.attrs().s("group"),
+                "' has ", c.comm->size());
+  AUTOSP_ASSERT(q.dim(2) % 2 == 0 && q.dim(2) == k.dim(2), c.node.name(), ": local sequence ", q.dim(2), " vs keys ",
+                k.dim(2), " (two zigzag chunks of equal length)");
+  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"),
+          zigzag_chunks(c.comm->rank(), R), zigzag_chunks(0, R), docs.defined() ? docs.data<int64_t>() : nullptr};
+}
+
+// [k | v] of one block, each in halves, as one buffer.
+Tensor kv_block(const KernelCall& c, const Tensor& k, const Tensor& v) {
+  Tensor kv = Tensor::empty({2, 2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)}, k.dtype(), c.alloc);
+  copy_into(halves_view(k), Tensor::view_bytes(kv, 0, {k.numel()}, k.dtype()));
+  copy_into(halves_view(v), Tensor::view_bytes(kv, k.nbytes(), {v.numel()}, v.dtype()));
+  return kv;
+}
+
+template <class T>
+void add_into(Tensor& into, const Tensor& from) {
+  T* y = into.data<T>();
+  const T* x = from.data<T>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < into.numel(); ++i) y[i] += x[i];
+}
+
+}  // namespace
+
+// o [B, N, L, D]; extra output 1: lse [B, N, L]. Inputs q, k, v (this rank's zigzag chunks, after
+// the Ulysses all-to-all), optional document starts [B, L].
+Tensor ring_attention(const KernelCall& c) {
+  const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
+  const Tensor docs = c.in.size() > 3 ? ids64(c.in[3]) : Tensor();
+  return by_float(c, q.dtype(), [&]<class T>() {
+    RingChunks g = ring_chunks(c, q, k, docs);
+    const double scale = c.node.attrs().f("scale");
+    const Tensor qh = to_halves(c, q);
+    Tensor o = Tensor::empty(qh.shape(), q.dtype(), c.alloc), lse = Tensor::empty({2, g.B, g.N, g.c}, q.dtype(), c.alloc);
+    std::fill(o.data<T>(), o.data<T>() + o.numel(), T(0));
+    std::fill(lse.data<T>(), lse.data<T>() + lse.numel(), -std::numeric_limits<T>::infinity());
+    Tensor o_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
+    Tensor lse_blk = Tensor::empty({g.B, g.N, g.c}, q.dtype(), c.alloc);
+    Tensor kv = kv_block(c, k, v);
+    std::vector<int64_t> dh;
+    ring_forward(*c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc),
+                 [&](int owner, const Tensor& block, const std::function<void()>& progress) {
+                   g.k = zigzag_chunks(owner, c.comm->size());
+                   const T* kp = block.data<T>();
+                   const T* vp = kp + 2 * g.kv_half(1);
+                   for (int a = 0; a < 2; ++a)
+                     for (int b = 0; b < 2; ++b) {
+                       bool diagonal = false;
+                       if (!g.visits(a, b, diagonal, dh)) continue;
+                       cpu::sdpa_forward<T>(qh.data<T>() + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
+                                            o_blk.data<T>(), lse_blk.data<T>(), g.B, g.N, g.Nkv, g.c, g.c, g.D, scale,
+                                            diagonal, g.doc_start ? dh.data() : nullptr);
+                       cpu::merge_attention<T>(o.data<T>() + g.q_half(a), lse.data<T>() + g.lse_half(a),
+                                               o_blk.data<T>(), lse_blk.data<T>(), g.B * g.N * g.c, g.D);
+                       progress();
+                     }
+                 });
+    Tensor y = out_like(c, q.dtype());
+    copy_into(interleaved_view(o), y);
+    Tensor lse_out = extra_like(c, {g.B, g.N, 2 * g.c}, q.dtype());
+    copy_into(interleaved_view(lse.reshape({2, g.B, g.N, g.c, 1})), lse_out);
+    c.extras.push_back(lse_out);
+    return y;
+  });
+}
+
+// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
+Tensor ring_attention_backward(const KernelCall& c) {
+  std::vector<Tensor> t;
+  for (const Tensor& x : c.in) t.push_back(x.contiguous());
+  const Tensor &q = t[0], &k = t[1], &v = t[2];
+  const Tensor docs = t.size() > 6 ? ids64(t[6]) : Tensor();
+  return by_float(c, q.dtype(), [&]<class T>() {
+    RingChunks g = ring_chunks(c, q, k, docs);
+    const double scale = c.node.attrs().f("scale");
+    const Tensor qh = to_halves(c, q), oh = to_halves(c, t[3]), doh = to_halves(c, t[5]);
+    const Tensor lseh = copy_view(c, halves_view(t[4].reshape({g.B, g.N, 2 * g.c, 1})), false);
+    Tensor dqh = Tensor::empty(qh.shape(), q.dtype(), c.alloc);
+    std::fill(dqh.data<T>(), dqh.data<T>() + dqh.numel(), T(0));
+    Tensor dq_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
+    Tensor dk_blk = Tensor::empty({2, g.B, g.Nkv, g.c, g.D}, q.dtype(), c.alloc);  // dk, dv of one chunk pair
+    Tensor kv = kv_block(c, k, v);
+    Tensor grads[3] = {Tensor::empty(kv.shape(), kv.dtype(), c.alloc), Tensor::empty(kv.shape(), kv.dtype(), c.alloc),
+                       Tensor::empty(kv.shape(), kv.dtype(), c.alloc)};
+    const int64_t pair = g.B * g.Nkv * g.c * g.D;  // elements of one chunk's dk (or dv)
+    std::vector<int64_t> dh;
+    auto accumulate = [](T* y, const T* x, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    };
+    ring_backward(
+        *c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc), grads,
+        [&](int owner, const Tensor& block, Tensor& part, const std::function<void()>& progress) {
+          g.k = zigzag_chunks(owner, c.comm->size());
+          const T* kp = block.data<T>();
+          const T* vp = kp + 2 * g.kv_half(1);
+          T* dkp = part.data<T>();
+          T* dvp = dkp + 2 * g.kv_half(1);
+          std::fill(dkp, dkp + part.numel(), T(0));
+          for (int a = 0; a < 2; ++a)
+            for (int b = 0; b < 2; ++b) {
+              bool diagonal = false;
+              if (!g.visits(a, b, diagonal, dh)) continue;
+              T* dkb = dk_blk.data<T>();
+              cpu::sdpa_backward<T>(qh.data<T>() + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
+                                    oh.data<T>() + g.q_half(a), lseh.data<T>() + g.lse_half(a),
+                                    doh.data<T>() + g.q_half(a), dq_blk.data<T>(), dkb, dkb + pair, g.B, g.N, g.Nkv,
+                                    g.c, g.c, g.D, scale, diagonal, g.doc_start ? dh.data() : nullptr);
+              accumulate(dqh.data<T>() + g.q_half(a), dq_blk.data<T>(), dq_blk.numel());
+              accumulate(dkp + g.kv_half(b), dkb, pair);
+              accumulate(dvp + g.kv_half(b), dkb + pair, pair);
+              progress();
+            }
+        },
+        [](Tensor& into, const Tensor& from) { add_into<T>(into, from); });
+    Tensor dq = out_like(c, q.dtype());
+    copy_into(interleaved_view(dqh), dq);
+    const Tensor& whole = grads[0];  // [dk | dv] of this rank's own block, in halves
+    Tensor dk = extra_like(c, k.shape(), k.dtype());
+    c.extras.push_back(dk);
+    Tensor dv = extra_like(c, v.shape(), v.dtype());
+    c.extras.push_back(dv);
+    const Shape halves{2, g.B, g.Nkv, g.c, g.D};
+    copy_into(interleaved_view(Tensor::view_bytes(whole, 0, halves, k.dtype())), dk);
+    copy_into(interleaved_view(Tensor::view_bytes(whole, k.nbytes(), halves, v.dtype())), dv);
+    return dq;
+  });
 }
 
 Tensor cross_entropy_sum(const KernelCall& c) {

@@ -19,6 +19,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -37,6 +39,7 @@
 #include "kernels/cuda/rope.cuh"
 #include "device/cuda/copy.h"
 #include "device/cuda/device.h"
+#include "engine/ring.h"
 
 namespace autosp::cuda_ops {
 namespace {
@@ -446,6 +449,193 @@ Tensor sdpa_backward(const KernelCall& c) {
       cuda::sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout), ptr<T>(dq),
                              ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale,
                              causal, stream(c), cuda::SdpaKernel::automatic, docs.defined() ? ptr<int64_t>(docs) : nullptr);
+    return dq;
+  });
+}
+
+// ---- ring attention (engine/ring.h; the CPU launchers are the reference) ----
+//
+// As on the CPU: operands in halves, one sdpa call per visited chunk pair, the K/V block one
+// buffer sent around the ring (NCCL's send/recv on its own stream overlaps the current block's
+// kernels). Here the running output and every gradient accumulate in f32 (a bf16 model's blocks
+// are merged and summed in f32 and cast once at the end; the dK/dV partials travel in f32), the
+// merge is cuda::merge_attention, and the document starts are read to the host once per call (the
+// chunk-pair skips are decided there) and each visited pair's shifted starts uploaded.
+namespace {
+
+RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, const std::vector<int64_t>& starts) {
+  AUTOSP_ASSERT(c.comm, c.node.op_name(), " without a communicator");
+  const int64_t R = c.node.attrs().i("group_size");
+  AUTOSP_ASSERT(c.comm->size() == R, c.node.name(), ": ring of ", R, " ranks, group '", c.node.attrs().s("group"),
+                "' has ", c.comm->size());
+  AUTOSP_ASSERT(q.dim(2) % 2 == 0 && q.dim(2) == k.dim(2), c.node.name(), ": local sequence ", q.dim(2), " vs keys ",
+                k.dim(2), " (two zigzag chunks of equal length)");
+  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"),
+          zigzag_chunks(c.comm->rank(), R), zigzag_chunks(0, R), starts.empty() ? nullptr : starts.data()};
+}
+
+// Device int64 ids on the host (the stream drained first).
+std::vector<int64_t> host_ids(const KernelCall& c, const Tensor& ids) {
+  std::vector<int64_t> h(ids.defined() ? static_cast<size_t>(ids.numel()) : 0);
+  if (h.empty()) return h;
+  CUDA_CHECK(cudaMemcpyAsync(h.data(), ids.raw(), ids.nbytes(), cudaMemcpyDeviceToHost, stream(c)));
+  CUDA_CHECK(cudaStreamSynchronize(stream(c)));
+  return h;
+}
+
+// [k | v] of one block, each in halves, as one buffer of `dt` (k and v cast when it differs).
+Tensor kv_block(const KernelCall& c, const Tensor& k, const Tensor& v, DType dt) {
+  const Shape halves{2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)};
+  Tensor kv = Tensor::empty({2, 2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)}, dt, c.alloc);
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& x = i == 0 ? k : v;
+    Tensor part = Tensor::view_bytes(kv, size_t(i) * size_t(x.numel()) * dtype_size(dt), halves, dt);
+    if (x.dtype() == dt) {
+      gpu::copy_strided_into(halves_view(x), part, stream(c));
+    } else {
+      Tensor same = Tensor::empty(halves, x.dtype(), c.alloc);
+      gpu::copy_strided_into(halves_view(x), same, stream(c));
+      gpu::cast_into(same, part, stream(c));
+    }
+  }
+  return kv;
+}
+
+// y[i] += x[i] (f32, n elements), with x in T (widened first when T is bf16, through `scratch`).
+template <class T>
+void add_into(float* y, const T* x, int64_t n, float* scratch, cudaStream_t s) {
+  const float* xf = reinterpret_cast<const float*>(x);
+  if constexpr (!std::is_same_v<T, float>) {
+    cuda::cast<T, float>(x, scratch, n, s);
+    xf = scratch;
+  }
+  const int64_t one = 1;
+  cuda::binary<float>(kernels::Binary::add, 1, &n, y, &one, xf, &one, y, s);
+}
+
+// halves [2, B, H, c, D] (f32) into the node's tensor `dst` [B, H, 2c(, D)] of its dtype.
+void from_halves(const KernelCall& c, const Tensor& halves, const Tensor& dst) {
+  const Shape inter{halves.dim(1), halves.dim(2), 2, halves.dim(3), halves.dim(4)};
+  if (dst.dtype() == DType::f32) return gpu::copy_strided_into(interleaved_view(halves), dst.reshape(inter), stream(c));
+  Tensor f32 = Tensor::empty(inter, DType::f32, c.alloc);
+  gpu::copy_strided_into(interleaved_view(halves), f32, stream(c));
+  gpu::cast_into(f32, dst.reshape(inter), stream(c));
+}
+
+}  // namespace
+
+// o [B, N, L, D]; extra output 1: lse [B, N, L] (f32). Inputs q, k, v (this rank's zigzag chunks,
+// after the Ulysses all-to-all), optional document starts [B, L].
+Tensor ring_attention(const KernelCall& c) {
+  const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2);
+  const Tensor docs = c.in.size() > 3 ? ids64(c, 3) : Tensor();
+  check_attention(c, q);
+  return by_float<false>(c, q.dtype(), [&]<class T>() {
+    const cudaStream_t s = stream(c);
+    const std::vector<int64_t> starts = host_ids(c, docs);
+    RingChunks g = ring_chunks(c, q, k, starts);
+    const double scale = c.node.attrs().f("scale");
+    const Tensor qh = copy_view(c, halves_view(q), false);
+    Tensor o = Tensor::empty(qh.shape(), DType::f32, c.alloc), lse = Tensor::empty({2, g.B, g.N, g.c}, DType::f32, c.alloc);
+    cuda::fill<float>(ptr<float>(o), o.numel(), 0.0f, s);
+    cuda::fill<float>(ptr<float>(lse), lse.numel(), -INFINITY, s);
+    Tensor o_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
+    Tensor lse_blk = Tensor::empty({g.B, g.N, g.c}, DType::f32, c.alloc);
+    Tensor docs_blk = starts.empty() ? Tensor() : Tensor::empty({g.B, g.c}, DType::i64, c.alloc);
+    Tensor kv = kv_block(c, k, v, q.dtype());
+    std::vector<int64_t> dh;
+    ring_forward(*c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc),
+                 [&](int owner, const Tensor& block, const std::function<void()>& progress) {
+                   g.k = zigzag_chunks(owner, c.comm->size());
+                   const T* kp = ptr<T>(block);
+                   const T* vp = kp + 2 * g.kv_half(1);
+                   for (int a = 0; a < 2; ++a)
+                     for (int b = 0; b < 2; ++b) {
+                       bool diagonal = false;
+                       if (!g.visits(a, b, diagonal, dh)) continue;
+                       if (g.doc_start)
+                         CUDA_CHECK(cudaMemcpyAsync(docs_blk.raw(), dh.data(), docs_blk.nbytes(), cudaMemcpyHostToDevice, s));
+                       cuda::sdpa_forward<T>(ptr<T>(qh) + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
+                                             ptr<T>(o_blk), ptr<float>(lse_blk), g.B, g.N, g.Nkv, g.c, g.c, g.D, scale,
+                                             diagonal, s, cuda::SdpaKernel::automatic,
+                                             g.doc_start ? ptr<int64_t>(docs_blk) : nullptr);
+                       cuda::merge_attention<T>(ptr<float>(o) + g.q_half(a), ptr<float>(lse) + g.lse_half(a),
+                                                ptr<T>(o_blk), ptr<float>(lse_blk), g.B * g.N * g.c, g.D, s);
+                       progress();
+                     }
+                 });
+    Tensor y = out_like(c, q.dtype());
+    from_halves(c, o, y);
+    Tensor lse_out = extra_like(c, {g.B, g.N, 2 * g.c}, extra_types(c.node).at(0).dtype);
+    from_halves(c, lse.reshape({2, g.B, g.N, g.c, 1}), lse_out);
+    c.extras.push_back(lse_out);
+    return y;
+  });
+}
+
+// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
+Tensor ring_attention_backward(const KernelCall& c) {
+  const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2), o = arg(c, 3), dout = arg(c, 5);
+  const Tensor lse = gpu::cast(on_device(c, 4), DType::f32, c.alloc, stream(c));
+  const Tensor docs = c.in.size() > 6 ? ids64(c, 6) : Tensor();
+  check_attention(c, q);
+  return by_float<false>(c, q.dtype(), [&]<class T>() {
+    const cudaStream_t s = stream(c);
+    const std::vector<int64_t> starts = host_ids(c, docs);
+    RingChunks g = ring_chunks(c, q, k, starts);
+    const double scale = c.node.attrs().f("scale");
+    const Tensor qh = copy_view(c, halves_view(q), false), oh = copy_view(c, halves_view(o), false);
+    const Tensor doh = copy_view(c, halves_view(dout), false);
+    const Tensor lseh = copy_view(c, halves_view(lse.reshape({g.B, g.N, 2 * g.c, 1})), false);
+    Tensor dqh = Tensor::empty(qh.shape(), DType::f32, c.alloc);
+    cuda::fill<float>(ptr<float>(dqh), dqh.numel(), 0.0f, s);
+    Tensor dq_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
+    Tensor dkv_blk = Tensor::empty({2, g.B, g.Nkv, g.c, g.D}, q.dtype(), c.alloc);  // dk, dv of one chunk pair
+    Tensor widened = Tensor::empty({std::max(dq_blk.numel(), dkv_blk.numel())}, DType::f32, c.alloc);
+    Tensor docs_blk = starts.empty() ? Tensor() : Tensor::empty({g.B, g.c}, DType::i64, c.alloc);
+    Tensor kv = kv_block(c, k, v, q.dtype());
+    const Shape parts = kv.shape();
+    Tensor grads[3] = {Tensor::empty(parts, DType::f32, c.alloc), Tensor::empty(parts, DType::f32, c.alloc),
+                       Tensor::empty(parts, DType::f32, c.alloc)};
+    const int64_t pair = g.B * g.Nkv * g.c * g.D;  // elements of one chunk's dk (or dv)
+    std::vector<int64_t> dh;
+    ring_backward(
+        *c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc), grads,
+        [&](int owner, const Tensor& block, Tensor& part, const std::function<void()>& progress) {
+          g.k = zigzag_chunks(owner, c.comm->size());
+          const T* kp = ptr<T>(block);
+          const T* vp = kp + 2 * g.kv_half(1);
+          float* dkp = ptr<float>(part);
+          float* dvp = dkp + 2 * g.kv_half(1);
+          cuda::fill<float>(dkp, part.numel(), 0.0f, s);
+          for (int a = 0; a < 2; ++a)
+            for (int b = 0; b < 2; ++b) {
+              bool diagonal = false;
+              if (!g.visits(a, b, diagonal, dh)) continue;
+              if (g.doc_start)
+                CUDA_CHECK(cudaMemcpyAsync(docs_blk.raw(), dh.data(), docs_blk.nbytes(), cudaMemcpyHostToDevice, s));
+              T* dkb = ptr<T>(dkv_blk);
+              cuda::sdpa_backward<T>(ptr<T>(qh) + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
+                                     ptr<T>(oh) + g.q_half(a), ptr<float>(lseh) + g.lse_half(a),
+                                     ptr<T>(doh) + g.q_half(a), ptr<T>(dq_blk), dkb, dkb + pair, g.B, g.N, g.Nkv, g.c,
+                                     g.c, g.D, scale, diagonal, s, cuda::SdpaKernel::automatic,
+                                     g.doc_start ? ptr<int64_t>(docs_blk) : nullptr);
+              add_into<T>(ptr<float>(dqh) + g.q_half(a), ptr<T>(dq_blk), dq_blk.numel(), ptr<float>(widened), s);
+              add_into<T>(dkp + g.kv_half(b), dkb, pair, ptr<float>(widened), s);
+              add_into<T>(dvp + g.kv_half(b), dkb + pair, pair, ptr<float>(widened), s);
+              progress();
+            }
+        },
+        [&](Tensor& into, const Tensor& from) { add_into<float>(ptr<float>(into), ptr<float>(from), into.numel(), nullptr, s); });
+    Tensor dq = out_like(c, q.dtype());
+    from_halves(c, dqh, dq);
+    Tensor dk = extra_like(c, k.shape(), k.dtype());
+    c.extras.push_back(dk);
+    Tensor dv = extra_like(c, v.shape(), v.dtype());
+    c.extras.push_back(dv);
+    const Shape halves{2, g.B, g.Nkv, g.c, g.D};
+    from_halves(c, Tensor::view_bytes(grads[0], 0, halves, DType::f32), dk);
+    from_halves(c, Tensor::view_bytes(grads[0], size_t(2 * pair) * sizeof(float), halves, DType::f32), dv);
     return dq;
   });
 }

@@ -16,6 +16,9 @@ namespace autosp {
 struct PassContext {
   int64_t sp_size = 1;   // P: ranks sharing one sequence
   int64_t sp_rank = 0;   // r: this rank's index in its SP group
+  // R: ring attention across R groups of U = P / R consecutive Ulysses ranks (1: Ulysses alone;
+  // graph/passes/autosp/insert_ring_attention)
+  int64_t ring_size = 1;
   int64_t world_size = 1;
   std::string seq = "S";  // the sequence symbol
   // fuse_elementwise: whether residual add + norm pairs are fused (off under activation

@@ -36,6 +36,13 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
 // the sizes only, so a memory planner can place them.
 int64_t sdpa_backward_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, bool causal);
 
+// Ring attention's merge of two partial attentions over disjoint key sets by their log-sum-exp:
+// rows of (o [rows, D], lse [rows]) become the attention over both key sets,
+//   lse' = log(e^lse + e^lse_blk),  o' = o · e^(lse - lse') + o_blk · e^(lse_blk - lse').
+// A row with lse_blk = -inf (it saw no key of the block) is left as it is.
+template <class T>
+void merge_attention(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t rows, int64_t D);
+
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]);
 // the mask of composite (matmul → softmax → matmul) attention. x and y may alias.
 template <class T>

@@ -852,6 +852,37 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* 
     backward_simt<T, 4>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
 }
 
+namespace {
+
+template <class T>
+__global__ void merge_attention_kernel(float* o, float* lse, const T* o_blk, const float* lse_blk, int64_t rows,
+                                       int64_t D) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float lb = lse_blk[r], la = lse[r];
+  if (lb == -INFINITY) return;
+  float* orow = o + r * D;
+  const T* brow = o_blk + r * D;
+  if (la == -INFINITY) {
+    for (int64_t d = 0; d < D; ++d) orow[d] = load(brow, d);
+    lse[r] = lb;
+    return;
+  }
+  const float m = fmaxf(la, lb), wa = expf(la - m), wb = expf(lb - m), sum = wa + wb;
+  for (int64_t d = 0; d < D; ++d) orow[d] = (orow[d] * wa + load(brow, d) * wb) / sum;
+  lse[r] = m + logf(sum);
+}
+
+}  // namespace
+
+template <class T>
+void merge_attention(float* o, float* lse, const T* o_blk, const float* lse_blk, int64_t rows, int64_t D,
+                     cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && D > 0, "merge_attention rows ", rows, " D ", D);
+  if (rows == 0) return;
+  launch_kernel(merge_attention_kernel<T>, grid_for(rows, 256), 256, 0, stream, o, lse, o_blk, lse_blk, rows, D);
+}
+
 template <class T>
 void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value, cudaStream_t stream) {
   AUTOSP_ASSERT(batch >= 0 && Sq >= 0 && Skv >= 0, "causal_mask sizes ", batch, " ", Sq, " ", Skv);
@@ -870,6 +901,8 @@ template void sdpa_backward<float>(const float*, const float*, const float*, con
 template void sdpa_backward<bf16>(const bf16*, const bf16*, const bf16*, const bf16*, const float*, const bf16*, bf16*,
                                   bf16*, bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
                                   cudaStream_t, SdpaKernel, const int64_t*);
+template void merge_attention<float>(float*, float*, const float*, const float*, int64_t, int64_t, cudaStream_t);
+template void merge_attention<bf16>(float*, float*, const bf16*, const float*, int64_t, int64_t, cudaStream_t);
 template void causal_mask<float>(const float*, float*, int64_t, int64_t, int64_t, float, cudaStream_t);
 template void causal_mask<double>(const double*, double*, int64_t, int64_t, int64_t, double, cudaStream_t);
 template void causal_mask<bf16>(const bf16*, bf16*, int64_t, int64_t, int64_t, bf16, cudaStream_t);

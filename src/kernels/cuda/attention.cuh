@@ -46,6 +46,13 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* 
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]).
 // x and y may alias. T is float, double or bf16.
+// Ring attention's merge (kernels/cpu/attention.h merge_attention): rows of the running attention
+// (o [rows, D], lse [rows], both f32) absorb a block's (o_blk [rows, D] in T, lse_blk [rows] f32)
+// by log-sum-exp; a row with lse_blk = -inf is left as it is. One thread per row.
+template <class T>
+void merge_attention(float* o, float* lse, const T* o_blk, const float* lse_blk, int64_t rows, int64_t D,
+                     cudaStream_t stream);
+
 template <class T>
 void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value, cudaStream_t stream);
 

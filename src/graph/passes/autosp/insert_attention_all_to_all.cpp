@@ -8,6 +8,8 @@
 //     heads it holds, so once per graph: [B, 1, S/P] → P copies [B, P, S/P] → all_to_all(scatter
 //     1, gather 2) → [B, 1, S] → [B, S], read by every sdpa (B·S integers, against B·N·S·D values)
 // A graph without attention is an error: AutoSP has nothing to parallelise.
+// With a ring (ring_size R > 1) all of this runs over the U = P/R ranks of the Ulysses group
+// ("ulysses"), gathering the ring rank's zigzag chunks, and insert_ring_attention then rings sdpa.
 #include "graph/passes/autosp/autosp.h"
 #include <map>
 
@@ -16,11 +18,10 @@
 namespace autosp::passes {
 namespace {
 
-const std::string kGroup = "sp";
-
-Node* a2a(Graph& g, Node* after, Node* x, int scatter, int gather, int64_t p, const std::string& name) {
+Node* a2a(Graph& g, Node* after, Node* x, int scatter, int gather, int64_t p, const std::string& group,
+          const std::string& name) {
   return g.insert_after(after, Op::all_to_all, {x},
-                        {{"scatter_dim", int64_t{scatter}}, {"gather_dim", int64_t{gather}}, {"group", kGroup}, {"group_size", p}},
+                        {{"scatter_dim", int64_t{scatter}}, {"gather_dim", int64_t{gather}}, {"group", group}, {"group_size", p}},
                         name);
 }
 
@@ -37,15 +38,25 @@ Node* repeat_heads(Graph& g, Node* x, int64_t nkv, int64_t p) {
   return g.insert_after(at, Op::concat, heads, {{"dim", int64_t{1}}}, x->name() + ".rep");
 }
 
-// d [B, S/P] → the full [B, S] on every rank, inserted after d.
-Node* gather_seq(Graph& g, Node* d, int64_t p, const std::string& seq) {
-  const Dim batch = d->shape()[0], seq_dim = Dim::sym(seq);
-  Node* at = g.insert_after(d, Op::reshape, {d}, {{"shape", SymShape{batch, Dim(1), seq_dim.floordiv(p)}}},
-                            d->name() + ".view");
+// d [B, S/P] → the full [B, S] on every rank (with a ring: the ring rank's [B, S/R]), inserted after d.
+Node* gather_seq(Graph& g, Node* d, int64_t p, const PassContext& ctx) {
+  const Dim batch = d->shape()[0], local = rank_seq(ctx);
+  const Dim full_seq = ctx.ring_size == 1 ? Dim::sym(ctx.seq) : Dim(p) * local;
+  Node* at = g.insert_after(d, Op::reshape, {d}, {{"shape", SymShape{batch, Dim(1), local}}}, d->name() + ".view");
   Node* copies = g.insert_after(at, Op::concat, std::vector<Node*>(static_cast<size_t>(p), at), {{"dim", int64_t{1}}},
                                 d->name() + ".rep");
-  Node* full = a2a(g, copies, copies, 1, 2, p, d->name() + ".a2a");
-  return g.insert_after(full, Op::reshape, {full}, {{"shape", SymShape{batch, seq_dim}}}, d->name() + ".full");
+  Node* full = a2a(g, copies, copies, 1, 2, p, ulysses_group(ctx), d->name() + ".a2a");
+  return g.insert_after(full, Op::reshape, {full}, {{"shape", SymShape{batch, full_seq}}}, d->name() + ".full");
+}
+
+// "autosp_size P", or with a ring "Ulysses degree U (autosp_size P / ring_size R)": what the heads must fit.
+std::string degree(const PassContext& ctx, int64_t p) {
+  if (ctx.ring_size == 1) return str("autosp_size ", p);
+  return str("Ulysses degree ", p, " (autosp_size ", ctx.sp_size, " / ring_size ", ctx.ring_size, ")");
+}
+// Where Ulysses alone cannot shard the heads, ring attention can.
+std::string ring_hint(const PassContext& ctx) {
+  return ctx.ring_size == 1 ? "; sequence_parallel.ring_size (or \"auto\") rings the ranks the heads cannot take" : "";
 }
 
 }  // namespace
@@ -58,14 +69,15 @@ PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
   if (attn.empty())
     throw UsageError("insert_attention_all_to_all: the graph has no attention node (sdpa, or matmul → softmax → matmul "
                      "attention); AutoSP shards the sequence around attention and needs one");
-  const int64_t p = ctx.sp_size;
+  const int64_t p = ctx.sp_size / ctx.ring_size;  // the Ulysses degree U
   if (p == 1) return res;
+  const std::string group = ulysses_group(ctx);
   std::map<Node*, Node*> gathered;  // document starts [B, S/P] → their full [B, S]
   for (Node* n : attn) {
     if (n->inputs().size() > 3) {
       Node* d = n->input(3);
       auto it = gathered.find(d);
-      if (it == gathered.end()) it = gathered.emplace(d, gather_seq(g, d, p, ctx.seq)).first;
+      if (it == gathered.end()) it = gathered.emplace(d, gather_seq(g, d, p, ctx)).first;
       g.replace_input(n, 3, it->second);
     }
     Node *q = n->input(0), *k = n->input(1);
@@ -76,21 +88,21 @@ PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
     const int64_t heads = nq.value(), kv_heads = nk.value();
     if (heads % p != 0)
       throw UsageError(str("insert_attention_all_to_all: %", n->name(), " has ", heads, " attention heads, not divisible by ",
-                           "autosp_size ", p));
-    g.replace_input(n, 0, a2a(g, q, q, 1, 2, p, q->name() + ".a2a"));
+                           degree(ctx, p), ring_hint(ctx)));
+    g.replace_input(n, 0, a2a(g, q, q, 1, 2, p, group, q->name() + ".a2a"));
     for (size_t i : {size_t{1}, size_t{2}}) {
       Node* x = n->input(i);
       Node* src = x;
       if (kv_heads % p != 0) {
         if (kv_heads > p || p % kv_heads != 0)
           throw UsageError(str("insert_attention_all_to_all: %", n->name(), " has ", kv_heads,
-                               " key/value heads: with autosp_size ", p, " they must be a multiple of ", p,
-                               " (all-to-all) or divide it (replicated)"));
+                               " key/value heads: with ", degree(ctx, p), " they must be a multiple of ", p,
+                               " (all-to-all) or divide it (replicated)", ring_hint(ctx)));
         src = repeat_heads(g, x, kv_heads, p);
       }
-      g.replace_input(n, i, a2a(g, src, src, 1, 2, p, x->name() + ".a2a"));
+      g.replace_input(n, i, a2a(g, src, src, 1, 2, p, group, x->name() + ".a2a"));
     }
-    Node* out = a2a(g, n, n, 2, 1, p, n->name() + ".a2a");
+    Node* out = a2a(g, n, n, 2, 1, p, group, n->name() + ".a2a");
     g.replace_all_uses_with(n, out, out);
     res.changed = true;
   }

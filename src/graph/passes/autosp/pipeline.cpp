@@ -15,6 +15,7 @@ const std::vector<Pass>& autosp_pipeline() {
       {"normalize_loss", passes::normalize_loss, false},
       {"insert_attention_all_to_all", passes::insert_attention_all_to_all, false},
       {"propagate_shapes", passes::propagate_shapes, true},
+      {"insert_ring_attention", passes::insert_ring_attention, true},
       {"canonicalize", passes::canonicalize, true},
   };
   return pipeline;

@@ -1,7 +1,7 @@
 // prepare_autosp_inputs: find the inputs tagged input_ids and labels (position_ids and doc_start
 // optional), check
-// their sequence dim (dim 1) is the symbol S, and record the assumption S % P == 0 (the runtime
-// pads sequences to a multiple of P with ignored labels).
+// their sequence dim (dim 1) is the symbol S, and record the assumption S % P == 0 (S % 2P == 0
+// with a ring: its 2R zigzag chunks; the runtime pads sequences to that multiple with ignored labels).
 #include "graph/passes/autosp/autosp.h"
 #include "tensor/check.h"
 
@@ -23,7 +23,7 @@ PassResult prepare_autosp_inputs(Graph& g, const PassContext& ctx) {
     }
   }
   if (ctx.sp_size > 1) {
-    g.assume({Dim::sym(ctx.seq), ctx.sp_size});
+    g.assume({Dim::sym(ctx.seq), ctx.ring_size == 1 ? ctx.sp_size : 2 * ctx.sp_size});
     r.changed = true;
   }
   return r;

@@ -1,4 +1,5 @@
-// shard_seq_dim: every transitive consumer of the tagged inputs gets S → S//P in its attributes
+// shard_seq_dim: every transitive consumer of the tagged inputs gets S → S//P (with a ring:
+// 2·(S//(2P)), autosp.h) in its attributes
 // (reshape targets, slice bounds: the shapes the model spelled with S). Before rewriting, it follows
 // the sequence dim through the graph and rejects any node that reduces or contracts over it outside
 // attention (a softmax or norm over S, a matmul contracting S, a slice or concat along S), naming
@@ -29,7 +30,7 @@ int seq_dim_of(const Node& n, const std::vector<int>& in, const std::string& seq
   return v.dim;
 }
 
-Dim shard(const Dim& d, const std::string& seq, int64_t p) { return d.substitute(seq, Dim::sym(seq).floordiv(p)); }
+Dim shard(const Dim& d, const PassContext& ctx) { return d.substitute(ctx.seq, rank_seq(ctx)); }
 
 }  // namespace
 
@@ -53,12 +54,12 @@ PassResult shard_seq_dim(Graph& g, const PassContext& ctx) {
     seq[&n] = seq_dim_of(n, in, ctx.seq);
     for (auto& [key, value] : n.attrs().map()) {
       if (auto* d = std::get_if<Dim>(&value); d && d->contains(ctx.seq)) {
-        *d = shard(*d, ctx.seq, ctx.sp_size);
+        *d = shard(*d, ctx);
         res.changed = true;
       } else if (auto* ds = std::get_if<std::vector<Dim>>(&value)) {
         for (auto& x : *ds)
           if (x.contains(ctx.seq)) {
-            x = shard(x, ctx.seq, ctx.sp_size);
+            x = shard(x, ctx);
             res.changed = true;
           }
       }

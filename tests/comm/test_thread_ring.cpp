@@ -1,0 +1,272 @@
+// Ring attention (sequence_parallel.ring_size, decision 99) with ranks as threads (comm/threads.h):
+// the loss and every world-summed parameter gradient of every rank equal the unsharded P = 1
+// program in one process on the same batch, all in float64 (bars 1e-10: only the summation order
+// differs), for Ulysses 2 × ring 2 with 2 heads, a pure ring of 3 on GPT-2 with 4 heads, a pure
+// ring of 4 on a sequence 2P does not divide (padded), dp 2 × ring 2 with one head and "auto" with
+// 6 heads at P = 4, each with packed documents too; activation checkpointing with the tiled loss,
+// bf16, and ZeRO-3 through train(). Also: the zigzag layout against hand-written position lists,
+// the ring's bytes (CountingCommunicator) against the formula, and the pass's IR.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/counting.h"
+#include "comm/threads.h"
+#include "common/sp_case.h"
+#include "graph/passes/autosp/autosp.h"
+
+namespace autosp::test {
+namespace {
+
+constexpr int64_t kEos = 3;
+constexpr double kTol64 = 1e-10;
+
+json llama(int64_t heads, int64_t kv_heads, int64_t hidden) {
+  return {{"arch", "llama"},          {"vocab_size", 64},         {"hidden_size", hidden},
+          {"num_hidden_layers", 2},   {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
+          {"intermediate_size", 48}};
+}
+
+// `model` on P ranks with ring_size `ring` (an integer or "auto"); with `documents`, packed
+// documents ending at kEos.
+Config ring_config(const json& model, int64_t P, const json& ring, int64_t S, int64_t B, bool documents) {
+  json data = {{"seq_len", S}, {"batch_size", B}};
+  if (documents)
+    data.update({{"source", "tokens"}, {"path", "unused.bin"}, {"eos_token_id", kEos}, {"document_mask", true}});
+  return parse_config({{"model", model},
+                       {"data", data},
+                       {"runtime", {{"dtype", "float64"}, {"threads", 1}}},
+                       {"sequence_parallel", {{"autosp_size", P}, {"ring_size", ring}}}});
+}
+
+// B rows of S + 1 tokens (labels shifted, about a quarter ignored); with `documents`, documents of
+// 1 to 12 tokens ended by kEos and marked like the loader does (doc_start, restarted positions).
+Batch ring_batch(int64_t B, int64_t S, uint64_t seed, bool documents) {
+  if (!documents) return random_batch(B, S, 64, seed);
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids(size_t(B * S)), labels(ids.size()), pos(ids.size());
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> seq(size_t(S + 1));
+    int64_t left = int64_t(rng() % 12);
+    for (auto& t : seq) {
+      t = left-- == 0 ? kEos : 4 + int64_t(rng() % 60);
+      if (t == kEos) left = int64_t(rng() % 12);
+    }
+    for (int64_t t = 0; t < S; ++t) {
+      ids[size_t(b * S + t)] = seq[size_t(t)];
+      labels[size_t(b * S + t)] = seq[size_t(t + 1)];
+      pos[size_t(b * S + t)] = t;
+    }
+  }
+  Batch out{Tensor::from_vector<int64_t>({B, S}, ids), Tensor::from_vector<int64_t>({B, S}, labels),
+            Tensor::from_vector<int64_t>({B, S}, pos), Tensor()};
+  mark_documents(out, kEos);
+  return out;
+}
+
+void check_close(const LossAndGrads& got, const LossAndGrads& ref, double tol) {
+  INFO("loss " << got.loss << " vs P = 1 " << ref.loss);
+  CHECK(std::isfinite(ref.loss));
+  CHECK(std::abs(got.loss - ref.loss) <= tol * std::abs(ref.loss));
+  CHECK(got.grads.size() == ref.grads.size());
+  for (const auto& [name, want] : ref.grads) {
+    INFO("gradient of " << name);
+    auto it = got.grads.find(name);
+    CHECK(it != got.grads.end());
+    if (it != got.grads.end()) CHECK(rel_err(it->second, want) < tol);
+  }
+}
+
+// Every rank of a world of `W` threads runs the program of `cfg` on batch(rank) (f64).
+std::vector<LossAndGrads> run_ranks(int W, const Config& cfg, const std::function<Batch(int)>& batch,
+                                    const ParamMap& params, DType dt = DType::f64) {
+  std::vector<LossAndGrads> out(static_cast<size_t>(W));
+  run_thread_ranks(W, [&](ThreadCommunicator& w) {
+    out[size_t(w.rank())] = run_sp_on(w, cfg, batch(w.rank()), params, dt);
+  });
+  return out;
+}
+
+struct RingCase {
+  std::string name;
+  json model;
+  int64_t P;
+  json ring;
+  int64_t S;
+};
+
+TEST_CASE("ring: loss and gradients equal the float64 P = 1 run, with and without packed documents",
+          "[threads][ring]") {
+  const std::vector<RingCase> cases = {
+      {"Ulysses 2 x ring 2, 2 heads", llama(2, 1, 16), 4, 2, 32},
+      {"pure ring of 3, GPT-2 with 4 heads", kGpt2, 3, 3, 36},
+      {"pure ring of 4, S = 30 (padded to 32)", kLlamaGqa, 4, 4, 30},
+      {"auto with 6 heads at P = 4", llama(6, 2, 48), 4, "auto", 32},
+  };
+  for (const bool documents : {false, true})
+    for (const RingCase& c : cases) {
+      INFO(c.name << (documents ? ", packed documents" : ""));
+      const Config cfg1 = ring_config(c.model, 1, 1, c.S, 2, documents);
+      const Config cfg = ring_config(c.model, c.P, c.ring, c.S, 2, documents);
+      if (c.ring == "auto") CHECK(cfg.sequence_parallel.ring_size == 2);  // U = 2 divides 6 heads and 2 kv heads
+      const ParamMap params = init_params(cfg1.model, 31, DType::f64);
+      const Batch batch = ring_batch(2, c.S, 40 + uint64_t(c.S), documents);
+      const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
+      const Batch padded = pad_to_multiple(batch, 2 * c.P);
+      for (const auto& got : run_ranks(int(c.P), cfg, [&](int) { return padded; }, params)) check_close(got, ref, kTol64);
+    }
+}
+
+TEST_CASE("ring: dp 2 x ring 2 with one head equals the float64 P = 1 run on the global batch", "[threads][ring]") {
+  for (const bool documents : {false, true}) {
+    INFO((documents ? "packed documents" : "plain"));
+    const json model = llama(1, 1, 16);
+    const Config cfg1 = ring_config(model, 1, 1, 32, 2, documents), cfg = ring_config(model, 2, 2, 32, 1, documents);
+    const ParamMap params = init_params(cfg1.model, 32, DType::f64);
+    const Batch global = ring_batch(2, 32, 50, documents);
+    auto row = [](const Tensor& t, int64_t d) {
+      return t.defined() ? t.as_strided({1, 32}, t.strides(), d * 32).contiguous() : Tensor();
+    };
+    const auto got = run_ranks(4, cfg, [&](int r) {
+      const int64_t d = r / 2;  // dp rank d reads sequence d
+      return Batch{row(global.input_ids, d), row(global.labels, d), row(global.position_ids, d), row(global.doc_start, d)};
+    }, params);
+    const LossAndGrads ref = run_reference(cfg1, global, params, DType::f64);
+    for (const auto& g : got) check_close(g, ref, kTol64);
+  }
+}
+
+// Activation checkpointing recomputes the forward's ring attention (it rings again); the tiled
+// loss is token-wise. bf16: the ring runs in f32 (the CPU's bf16 emulation), within the bars of
+// the Ulysses bf16 tests.
+TEST_CASE("ring: activation checkpointing with the tiled loss (f64), and bf16, at Ulysses 2 x ring 2",
+          "[threads][ring]") {
+  const json model = llama(2, 1, 16);
+  const Config cfg1 = ring_config(model, 1, 1, 32, 2, true);
+  Config cfg = ring_config(model, 4, 2, 32, 2, true);
+  cfg.runtime.activation_checkpointing = true;
+  cfg.runtime.tiled_loss = true;
+  const Batch batch = ring_batch(2, 32, 60, true);
+  {
+    const ParamMap params = init_params(cfg1.model, 33, DType::f64);
+    const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
+    for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
+  }
+  const ParamMap params = init_params(cfg1.model, 33, DType::f32);
+  const LossAndGrads ref = run_reference(cfg1, batch, params, DType::bf16);
+  for (const auto& got : run_ranks(4, ring_config(model, 4, 2, 32, 2, true), [&](int) { return batch; }, params,
+                                   DType::bf16))
+    check_equal_bf16(got, ref);
+}
+
+TEST_CASE("ring: train() at Ulysses 2 x ring 2 and ZeRO-3 gives the P = 1 loss curve", "[threads][ring]") {
+  const json data = {{"source", "synthetic"}, {"seq_len", 30}, {"batch_size", 2}};  // 30: padded to 32
+  const json opt = {{"lr", 1e-2}, {"warmup_steps", 1}, {"min_lr", 1e-4}};
+  TrainArgs args;
+  args.steps = 3;
+  args.quiet = true;
+  auto single = make_single_process_communicator();
+  const TrainResult ref = train(make_config(llama(2, 1, 16), 1, data, opt), args, *single);
+  REQUIRE(ref.steps.size() == 3);
+  std::vector<TrainResult> sp(4);
+  run_thread_ranks(4, [&](ThreadCommunicator& w) {
+    Config cfg = make_config(llama(2, 1, 16), 4, data, opt);
+    cfg.sequence_parallel.ring_size = 2;
+    cfg.zero_optimization.stage = 3;
+    sp[size_t(w.rank())] = train(cfg, args, w);
+  });
+  for (const auto& rank : sp) {
+    REQUIRE(rank.steps.size() == 3);
+    for (size_t k = 0; k < 3; ++k) {
+      INFO("step " << k + 1 << ": loss " << rank.steps[k].loss << " vs P = 1 " << ref.steps[k].loss);
+      CHECK(std::abs(rank.steps[k].loss - ref.steps[k].loss) < kTol * std::abs(ref.steps[k].loss));
+    }
+  }
+}
+
+// The positions each rank holds, written out by hand from the zigzag rule (ring rank ρ of R holds
+// chunks ρ and 2R-1-ρ of 2R; its U Ulysses ranks split those two chunks side by side).
+std::vector<int64_t> positions(int64_t P, int64_t R, int64_t r, int64_t S) {
+  std::vector<int64_t> out;
+  for (const auto& [a, b] : zigzag_units(P, R, r))
+    for (int64_t t = a * S / (2 * P); t < b * S / (2 * P); ++t) out.push_back(t);
+  return out;
+}
+
+TEST_CASE("ring: the zigzag layout against hand-written position lists", "[ring]") {
+  using V = std::vector<int64_t>;
+  // P = 4, U 2 x R 2, S = 16: chunks of 4; ring rank 0 holds chunks 0, 3; ring rank 1 chunks 1, 2.
+  CHECK(positions(4, 2, 0, 16) == V{0, 1, 2, 3});
+  CHECK(positions(4, 2, 1, 16) == V{12, 13, 14, 15});
+  CHECK(positions(4, 2, 2, 16) == V{4, 5, 6, 7});
+  CHECK(positions(4, 2, 3, 16) == V{8, 9, 10, 11});
+  // P = 3, pure ring, S = 12: chunks of 2; rank r holds chunks r and 5 - r.
+  CHECK(positions(3, 3, 0, 12) == V{0, 1, 10, 11});
+  CHECK(positions(3, 3, 1, 12) == V{2, 3, 8, 9});
+  CHECK(positions(3, 3, 2, 12) == V{4, 5, 6, 7});
+  // P = 6, U 3 x R 2, S = 12: chunks of 3 (ring rank 0: 0-2 and 9-11); the middle Ulysses rank
+  // takes the end of one chunk and the start of the other.
+  CHECK(positions(6, 2, 0, 12) == V{0, 1});
+  CHECK(positions(6, 2, 1, 12) == V{2, 9});
+  CHECK(positions(6, 2, 2, 12) == V{10, 11});
+  CHECK(positions(6, 2, 4, 12) == V{5, 6});
+  // Every layout covers the sequence once.
+  for (const auto& [P, R] : std::vector<std::pair<int64_t, int64_t>>{{4, 2}, {4, 4}, {6, 2}, {6, 3}, {8, 2}}) {
+    std::vector<int> seen(size_t(4 * P), 0);
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t t : positions(P, R, r, 4 * P)) ++seen[size_t(t)];
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  }
+}
+
+// Per layer, forward: R - 1 K/V blocks; backward: R - 1 K/V blocks and R dK/dV blocks back to
+// their owners. A block is K and V of the local sequence at the Ulysses-local KV width:
+// 2 · B · Nkv_local · (S / R) · D elements.
+TEST_CASE("ring: CountingCommunicator counts the ring's bytes as the formula says", "[threads][ring]") {
+  struct Shape {
+    json model;
+    int64_t P, R, kv_local, D;
+  };
+  for (const Shape& s : {Shape{llama(1, 1, 16), 2, 2, 1, 16}, Shape{llama(2, 1, 16), 4, 2, 1, 8},
+                         Shape{llama(4, 2, 32), 4, 4, 2, 8}}) {
+    const int64_t B = 2, S = 32, L = 2;
+    const Config cfg = ring_config(s.model, s.P, s.R, S, B, false);
+    const ParamMap params = init_params(cfg.model, 34, DType::f64);
+    const Batch batch = ring_batch(B, S, 70, false);
+    std::vector<CollectiveStats> stats(size_t(s.P));
+    run_thread_ranks(int(s.P), [&](ThreadCommunicator& w) {
+      CountingCommunicator counted(w);
+      (void)run_sp_on(counted, cfg, batch, params, DType::f64);
+      stats[size_t(w.rank())] = counted.stats().send_recv;
+    });
+    const int64_t block = 2 * B * s.kv_local * (S / s.R) * s.D * int64_t(sizeof(double));
+    INFO("P = " << s.P << ", R = " << s.R);
+    for (const auto& st : stats) {
+      CHECK(st.calls == L * (3 * s.R - 2));
+      CHECK(st.bytes == L * (3 * s.R - 2) * block);
+    }
+  }
+}
+
+TEST_CASE("ring: the rank's graph has ring attention over the ring, all-to-alls over the Ulysses group",
+          "[ring]") {
+  const Config cfg = ring_config(llama(2, 1, 16), 4, 2, 32, 2, true);
+  const RankProgram prog = build_program(cfg, DType::f32, "insert_ring_attention", rank_layout(4, 1, 4, 2));
+  int rings = 0;
+  for (const auto& n : prog.graph->nodes()) {
+    CHECK(n->op() != Op::sdpa);
+    if (n->op() == Op::ring_attention) {
+      ++rings;
+      CHECK(n->attrs().s("group") == "ring");
+      CHECK(n->attrs().i("group_size") == 2);
+      CHECK(n->inputs().size() == 4);  // q, k, v, doc_start
+    }
+    if (n->op() == Op::all_to_all) CHECK(n->attrs().s("group") == "ulysses");
+  }
+  CHECK(rings == 2);
+}
+
+}  // namespace
+}  // namespace autosp::test
