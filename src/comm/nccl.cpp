@@ -261,7 +261,7 @@ class NcclComm final : public NcclCommunicator {
       NCCL_CALL(comm_, timeout_s_, &aborted_, ncclRecv(recv.raw(), recv.nbytes(), ncclUint8, src, comm_, stream_));
       NCCL_CALL(comm_, timeout_s_, &aborted_, ncclGroupEnd());
     }
-    return std::make_unique<NcclPending>(*this, record_done());
+    return std::make_unique<NcclPending>(*this, record_done(), "send_recv_async");
   }
 
   // Every rank got here: a one-element all-reduce on this communicator's stream, waited for on the
