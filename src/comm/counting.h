@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -70,7 +71,10 @@ class CountingCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
-  [[noreturn]] void abort(const std::string& message, int exit_code) override { inner_->abort(message, exit_code); }
+  [[noreturn]] void abort(const std::string& message, int exit_code) override {
+    inner_->abort(message, exit_code);
+    std::abort();  // not reached (inner_'s abort does not return either), for the compiler's sake
+  }
 
  private:
   CountingCommunicator(std::unique_ptr<Communicator> owned, std::shared_ptr<CommStats> stats);

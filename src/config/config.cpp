@@ -124,7 +124,8 @@ std::vector<DataMixEntry> parse_data_mix(const json& v) {
         throw UsageError(str(at, ": unknown key '", key, "' (", form, ", optionally \"loss_mask_path\")"));
     if (!e.contains("path") || !e["path"].is_string() || e["path"].get<std::string>().empty())
       throw UsageError(str(at, ".path: ", form));
-    DataMixEntry entry{e["path"].get<std::string>(), 1};
+    DataMixEntry entry;
+    entry.path = e["path"].get<std::string>();
     if (e.contains("weight")) {
       const json& w = e["weight"];
       if (!w.is_number() || !(w.get<double>() > 0) || !(w.get<double>() <= 1e12))

@@ -272,7 +272,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   TrainResult result;
   for (int64_t step = start.step; step < total; ++step) {
     const auto t0 = Clock::now();
-    StepRecord rec{.step = step + 1};
+    StepRecord rec;
+    rec.step = step + 1;
     comms->watchdog->set_step(rec.step);
     inject_fault(fault, FaultWhere::step, world.rank(), rec.step, world);
     // Every rank of an SP group reads the same sequences (k micro-batches' worth); the graph slices
