@@ -1,4 +1,4 @@
-// Loss masks under AutoSP, data parallelism, gradient accumulation and ZeRO-3, through the whole
+// Loss masks under AutoSP, data parallelism, gradient accumulation and ZeRO 0-3, through the whole
 // training path: token shards and .npy masks on disk, autosp's loader, the trainer's first step
 // (its loss, and its whole gradients by --dump-grads), against the independent float64 PyTorch
 // reference tests/ref/model_ref.py --loss-mask, which applies the masks to the raw windows by
@@ -6,7 +6,8 @@
 // cases: random masks with a masked span across every SP shard boundary; every target of the
 // second half of each sequence masked (at P = 2 rank 1 scores nothing, at P = 4 ranks 2 and 3);
 // packed documents (data.document_mask) at S = 47, which neither P divides. Layouts: sp = W at
-// stage 0, and dp × sp with ZeRO-3 and two micro-batches (dp 2 × sp 2 on 4 ranks, dp 2 on 2).
+// stages 0 and 1, and dp × sp with ZeRO-2 and ZeRO-3 and two micro-batches (dp 2 × sp 2 on 4 ranks,
+// dp 2 on 2).
 // A file whose every mask is 0 skips its steps without a NaN or an update. Bars: loss within
 // 1e-5 relative, every gradient within 1e-3 (f32 against f64).
 #include <catch2/catch.hpp>
@@ -96,10 +97,11 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
   int case_id = 0;
   for (MaskCase c : {MaskCase::spans, MaskCase::second_half, MaskCase::documents}) {
     const int64_t S = c == MaskCase::documents ? 47 : 48;
-    // (sp, stage, micro-batch, k): SP over the world; then dp × sp at ZeRO-3 with two micro-batches.
+    // (sp, stage, micro-batch, k): SP over the world at stages 0 and 1; then dp × sp at ZeRO-2 and
+    // ZeRO-3 with two micro-batches.
     const int64_t dp_sp = W == 4 ? 2 : 1;
     struct Layout { int64_t sp, stage, micro, k; };
-    const Layout layouts[] = {{W, 0, 4, 1}, {dp_sp, 3, 1, 2}};
+    const Layout layouts[] = {{W, 0, 4, 1}, {W, 1, 4, 1}, {dp_sp, 2, 1, 2}, {dp_sp, 3, 1, 2}};
     const int64_t G = 4;  // each layout's first step reads sequences 0..3: micro · k · dp of them
     for (const Layout& l : layouts) REQUIRE(l.micro * l.k * (W / l.sp) == G);
     const fs::path cdir = dir / std::to_string(case_id++);
