@@ -5,6 +5,8 @@
 #include <memory>
 #include <utility>
 
+#include "tensor/check.h"
+
 namespace autosp {
 namespace {
 
@@ -51,6 +53,17 @@ bool RingChunks::visits(int a, int b, bool& diagonal, std::vector<int64_t>& docs
       first = std::min(first, d);
     }
   return first < c;  // some query sees a key of this chunk
+}
+
+RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, const int64_t* doc_start) {
+  AUTOSP_ASSERT(c.comm, c.node.op_name(), " without a communicator");
+  const int64_t R = c.node.attrs().i("group_size");
+  AUTOSP_ASSERT(c.comm->size() == R, c.node.name(), ": ring of ", R, " ranks, group '", c.node.attrs().s("group"),
+                "' has ", c.comm->size());
+  AUTOSP_ASSERT(q.dim(2) % 2 == 0 && q.dim(2) == k.dim(2), c.node.name(), ": local sequence ", q.dim(2), " vs keys ",
+                k.dim(2), " (two zigzag chunks of equal length)");
+  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"),
+          zigzag_chunks(c.comm->rank(), R), zigzag_chunks(0, R), doc_start};
 }
 
 void ring_forward(Communicator& ring, Tensor kv, Tensor spare, const RingStep& step) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "engine/dispatch.h"  // KernelCall
 
 namespace autosp {
 
@@ -53,6 +54,11 @@ struct RingChunks {
   // in `docs` [B, c] (when there are documents).
   bool visits(int a, int b, bool& diagonal, std::vector<int64_t>& docs) const;
 };
+
+// The chunk geometry of a ring_attention node's call: q, k [B, H, 2c, D] (this rank's two zigzag
+// chunks), its ring group checked against the node's group_size, and `doc_start` the document
+// starts on the host (null without documents). Both backends' launchers start from it.
+RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, const int64_t* doc_start);
 
 // Called once per step with the ring rank whose block `kv` is, and `progress`, which the step
 // calls between its pieces of work so a transfer in flight advances (MPI progresses only inside

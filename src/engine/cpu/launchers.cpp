@@ -284,17 +284,6 @@ namespace {
 
 Tensor to_halves(const KernelCall& c, const Tensor& x) { return copy_view(c, halves_view(x), false); }
 
-RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, const Tensor& docs) {
-  AUTOSP_ASSERT(c.comm, c.node.op_name(), " without a communicator");
-  const int64_t R = c.node.attrs().i("group_size");
-  AUTOSP_ASSERT(c.comm->size() == R, c.node.name(), ": ring of ", R, " ranks, group '", c.node.attrs().s("group"),
-                "' has ", c.comm->size());
-  AUTOSP_ASSERT(q.dim(2) % 2 == 0 && q.dim(2) == k.dim(2), c.node.name(), ": local sequence ", q.dim(2), " vs keys ",
-                k.dim(2), " (two zigzag chunks of equal length)");
-  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"),
-          zigzag_chunks(c.comm->rank(), R), zigzag_chunks(0, R), docs.defined() ? docs.data<int64_t>() : nullptr};
-}
-
 // [k | v] of one block, each in halves, as one buffer.
 Tensor kv_block(const KernelCall& c, const Tensor& k, const Tensor& v) {
   Tensor kv = Tensor::empty({2, 2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)}, k.dtype(), c.alloc);
@@ -319,7 +308,7 @@ Tensor ring_attention(const KernelCall& c) {
   const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
   const Tensor docs = c.in.size() > 3 ? ids64(c.in[3]) : Tensor();
   return by_float(c, q.dtype(), [&]<class T>() {
-    RingChunks g = ring_chunks(c, q, k, docs);
+    RingChunks g = ring_chunks(c, q, k, docs.defined() ? docs.data<int64_t>() : nullptr);
     const double scale = c.node.attrs().f("scale");
     const Tensor qh = to_halves(c, q);
     Tensor o = Tensor::empty(qh.shape(), q.dtype(), c.alloc), lse = Tensor::empty({2, g.B, g.N, g.c}, q.dtype(), c.alloc);
@@ -362,7 +351,7 @@ Tensor ring_attention_backward(const KernelCall& c) {
   const Tensor &q = t[0], &k = t[1], &v = t[2];
   const Tensor docs = t.size() > 6 ? ids64(t[6]) : Tensor();
   return by_float(c, q.dtype(), [&]<class T>() {
-    RingChunks g = ring_chunks(c, q, k, docs);
+    RingChunks g = ring_chunks(c, q, k, docs.defined() ? docs.data<int64_t>() : nullptr);
     const double scale = c.node.attrs().f("scale");
     const Tensor qh = to_halves(c, q), oh = to_halves(c, t[3]), doh = to_halves(c, t[5]);
     const Tensor lseh = copy_view(c, halves_view(t[4].reshape({g.B, g.N, 2 * g.c, 1})), false);

@@ -463,17 +463,6 @@ Tensor sdpa_backward(const KernelCall& c) {
 // chunk-pair skips are decided there) and each visited pair's shifted starts uploaded.
 namespace {
 
-RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, const std::vector<int64_t>& starts) {
-  AUTOSP_ASSERT(c.comm, c.node.op_name(), " without a communicator");
-  const int64_t R = c.node.attrs().i("group_size");
-  AUTOSP_ASSERT(c.comm->size() == R, c.node.name(), ": ring of ", R, " ranks, group '", c.node.attrs().s("group"),
-                "' has ", c.comm->size());
-  AUTOSP_ASSERT(q.dim(2) % 2 == 0 && q.dim(2) == k.dim(2), c.node.name(), ": local sequence ", q.dim(2), " vs keys ",
-                k.dim(2), " (two zigzag chunks of equal length)");
-  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"),
-          zigzag_chunks(c.comm->rank(), R), zigzag_chunks(0, R), starts.empty() ? nullptr : starts.data()};
-}
-
 // Device int64 ids on the host (the stream drained first).
 std::vector<int64_t> host_ids(const KernelCall& c, const Tensor& ids) {
   std::vector<int64_t> h(ids.defined() ? static_cast<size_t>(ids.numel()) : 0);
@@ -533,7 +522,7 @@ Tensor ring_attention(const KernelCall& c) {
   return by_float<false>(c, q.dtype(), [&]<class T>() {
     const cudaStream_t s = stream(c);
     const std::vector<int64_t> starts = host_ids(c, docs);
-    RingChunks g = ring_chunks(c, q, k, starts);
+    RingChunks g = ring_chunks(c, q, k, starts.empty() ? nullptr : starts.data());
     const double scale = c.node.attrs().f("scale");
     const Tensor qh = copy_view(c, halves_view(q), false);
     Tensor o = Tensor::empty(qh.shape(), DType::f32, c.alloc), lse = Tensor::empty({2, g.B, g.N, g.c}, DType::f32, c.alloc);
@@ -582,7 +571,7 @@ Tensor ring_attention_backward(const KernelCall& c) {
   return by_float<false>(c, q.dtype(), [&]<class T>() {
     const cudaStream_t s = stream(c);
     const std::vector<int64_t> starts = host_ids(c, docs);
-    RingChunks g = ring_chunks(c, q, k, starts);
+    RingChunks g = ring_chunks(c, q, k, starts.empty() ? nullptr : starts.data());
     const double scale = c.node.attrs().f("scale");
     const Tensor qh = copy_view(c, halves_view(q), false), oh = copy_view(c, halves_view(o), false);
     const Tensor doh = copy_view(c, halves_view(dout), false);
