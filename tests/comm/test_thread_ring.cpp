@@ -8,7 +8,6 @@
 // the ring's bytes (CountingCommunicator) against the formula, and the pass's IR.
 #include <catch2/catch.hpp>
 
-#include <random>
 #include <string>
 #include <vector>
 
@@ -45,23 +44,7 @@ Config ring_config(const json& model, int64_t P, const json& ring, int64_t S, in
 // 1 to 12 tokens ended by kEos and marked like the loader does (doc_start, restarted positions).
 Batch ring_batch(int64_t B, int64_t S, uint64_t seed, bool documents) {
   if (!documents) return random_batch(B, S, 64, seed);
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> ids(size_t(B * S)), labels(ids.size()), pos(ids.size());
-  for (int64_t b = 0; b < B; ++b) {
-    std::vector<int64_t> seq(size_t(S + 1));
-    int64_t left = int64_t(rng() % 12);
-    for (auto& t : seq) {
-      t = left-- == 0 ? kEos : 4 + int64_t(rng() % 60);
-      if (t == kEos) left = int64_t(rng() % 12);
-    }
-    for (int64_t t = 0; t < S; ++t) {
-      ids[size_t(b * S + t)] = seq[size_t(t)];
-      labels[size_t(b * S + t)] = seq[size_t(t + 1)];
-      pos[size_t(b * S + t)] = t;
-    }
-  }
-  Batch out{Tensor::from_vector<int64_t>({B, S}, ids), Tensor::from_vector<int64_t>({B, S}, labels),
-            Tensor::from_vector<int64_t>({B, S}, pos), Tensor()};
+  Batch out = documents_batch(B, S, 64, kEos, 12, seed);
   mark_documents(out, kEos);
   return out;
 }

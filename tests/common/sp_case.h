@@ -71,6 +71,30 @@ inline Batch random_batch(int64_t B, int64_t S, int64_t vocab, uint64_t seed) {
           Tensor::from_vector<int64_t>({B, S}, pos)};
 }
 
+// B rows of S + 1 tokens in documents of 1 to max_doc tokens, each ended by `eos` (the last one cut
+// by the row's end; other tokens from 4 to vocab - 1): input = the first S, labels = the last S,
+// as the loader reads a stream. Not marked: mark_documents(batch, eos) does that, as the loader.
+inline Batch documents_batch(int64_t B, int64_t S, int64_t vocab, int64_t eos, int64_t max_doc, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids(static_cast<size_t>(B * S)), labels(ids.size()), pos(ids.size());
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> seq(static_cast<size_t>(S + 1));
+    int64_t left = static_cast<int64_t>(rng() % static_cast<uint64_t>(max_doc));
+    for (auto& t : seq) {
+      t = left-- == 0 ? eos : 4 + static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab - 4));
+      if (t == eos) left = static_cast<int64_t>(rng() % static_cast<uint64_t>(max_doc));
+    }
+    for (int64_t t = 0; t < S; ++t) {
+      const size_t i = static_cast<size_t>(b * S + t);
+      ids[i] = seq[static_cast<size_t>(t)];
+      labels[i] = seq[static_cast<size_t>(t + 1)];
+      pos[i] = t;
+    }
+  }
+  return {Tensor::from_vector<int64_t>({B, S}, ids), Tensor::from_vector<int64_t>({B, S}, labels),
+          Tensor::from_vector<int64_t>({B, S}, pos)};
+}
+
 struct LossAndGrads {
   double loss = 0;
   std::map<std::string, Tensor> grads;  // by parameter name

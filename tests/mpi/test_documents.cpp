@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include <unistd.h>
 
@@ -41,28 +40,6 @@ Config doc_config(const json& model, int64_t sp, int64_t seq_len, int64_t batch)
                                  {"batch_size", batch}, {"eos_token_id", kEos}, {"document_mask", true}}},
                        {"runtime", {{"dtype", "float32"}, {"threads", 1}}},
                        {"sequence_parallel", {{"autosp_size", sp}}}});
-}
-
-// B rows of S + 1 tokens with EOS ending documents of 1 to 20 tokens (the last document is cut by
-// the row's end); input = the first S, labels = the last S, as the loader reads a stream.
-Batch raw_batch(int64_t B, int64_t S, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> ids(size_t(B * S)), labels(ids.size()), pos(ids.size());
-  for (int64_t b = 0; b < B; ++b) {
-    std::vector<int64_t> seq(size_t(S + 1));
-    int64_t left = int64_t(rng() % 20);
-    for (auto& t : seq) {
-      t = left-- == 0 ? kEos : 4 + int64_t(rng() % uint64_t(kVocab - 4));
-      if (t == kEos) left = int64_t(rng() % 20);
-    }
-    for (int64_t t = 0; t < S; ++t) {
-      ids[size_t(b * S + t)] = seq[size_t(t)];
-      labels[size_t(b * S + t)] = seq[size_t(t + 1)];
-      pos[size_t(b * S + t)] = t;
-    }
-  }
-  return {Tensor::from_vector<int64_t>({B, S}, ids), Tensor::from_vector<int64_t>({B, S}, labels),
-          Tensor::from_vector<int64_t>({B, S}, pos), Tensor()};
 }
 
 // Rows [r0, r0 + n) of a [B, S] tensor.
@@ -107,7 +84,7 @@ TEST_CASE("documents: loss and gradients equal the hand-built float64 reference 
       const fs::path c = dir / std::to_string(case_id++);
       const Config cfg1 = doc_config(model, 1, S, B);
       const ParamMap params = init_params(cfg1.model, 21, DType::f32);
-      const Batch raw = raw_batch(B, S, 100 + uint64_t(S));
+      const Batch raw = documents_batch(B, S, kVocab, kEos, 20, 100 + uint64_t(S));
       int ok = 1;
       if (w.rank() == 0) {  // the reference, from the raw tokens (it marks the documents itself)
         fs::create_directories(c);

@@ -4,8 +4,6 @@
 // ranks, and the rest of the ring's contract, are tests/comm/test_thread_ring.cpp.
 #include <catch2/catch.hpp>
 
-#include <random>
-
 #include "common/sp_case.h"
 #include "mpi/mpi_test.h"
 
@@ -14,20 +12,9 @@ namespace {
 
 constexpr int64_t kEos = 3;
 
-Batch documents_batch(int64_t B, int64_t S, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> ids(size_t(B * S)), labels(ids.size()), pos(ids.size());
-  for (int64_t b = 0; b < B; ++b) {
-    std::vector<int64_t> seq(size_t(S + 1));
-    for (auto& t : seq) t = rng() % 9 == 0 ? kEos : 4 + int64_t(rng() % 60);
-    for (int64_t t = 0; t < S; ++t) {
-      ids[size_t(b * S + t)] = seq[size_t(t)];
-      labels[size_t(b * S + t)] = seq[size_t(t + 1)];
-      pos[size_t(b * S + t)] = t;
-    }
-  }
-  Batch out{Tensor::from_vector<int64_t>({B, S}, ids), Tensor::from_vector<int64_t>({B, S}, labels),
-            Tensor::from_vector<int64_t>({B, S}, pos), Tensor()};
+// Documents of 1 to 9 tokens, marked as the loader marks them.
+Batch marked_documents(int64_t B, int64_t S, uint64_t seed) {
+  Batch out = documents_batch(B, S, 64, kEos, 9, seed);
   mark_documents(out, kEos);
   return out;
 }
@@ -50,7 +37,7 @@ TEST_CASE("ring over MPI: loss and gradients equal the float64 P = 1 run", "[aut
   };
   const Config cfg1 = config(1, 1), cfg = config(P, 2);  // np 4: U 2 x R 2; np 2: a pure ring of 2
   const ParamMap params = init_params(cfg1.model, 41, DType::f64);
-  const Batch batch = documents_batch(2, 30, 42);  // 30: padded to a multiple of 2P
+  const Batch batch = marked_documents(2, 30, 42);  // 30: padded to a multiple of 2P
   const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
   const LossAndGrads got = run_sp_on(w, cfg, pad_to_multiple(batch, 2 * P), params, DType::f64);
   INFO("P = " << P << ": loss " << got.loss << " vs " << ref.loss);
