@@ -9,6 +9,9 @@
 //   autosp-bench --mode attention [--attn-seq 1024,4096] [--attn-dims 16,64,128] [--attn-hidden C] [--attn-group G]
 //                [--attn-full] [--attn-doc-len L] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]
 //                (tools/bench_attention.h)
+//   autosp-bench --mode ring [--attn-seq 4096,16384] [--ring-sizes 4] [--attn-dims 64] [--attn-hidden C]
+//                [--attn-group G] [--threads T] [--pairs K]   (tools/bench_ring.h: each ring rank's
+//                attention time, zigzag against contiguous chunks)
 //   autosp-bench --mode gemm [--threads T] [--pairs K] [--iters I] [--warmup W]   (tools/bench_gemm.h)
 //   autosp-bench --mode compile --config F [--set k=v]... [--compile-layers 32,64,128] [--compile-world W]
 //                [--iters I]   (tools/bench_compile.h: each pass's time as the model deepens)
@@ -21,6 +24,7 @@
 #include "tools/bench_attention.h"
 #include "tools/bench_compile.h"
 #include "tools/bench_gemm.h"
+#include "tools/bench_ring.h"
 #include "tools/cli.h"
 #include "tools/options.h"
 #include "tools/py_worker.h"
@@ -74,8 +78,8 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("autosp-bench", "Benchmark a model step (and PyTorch eager with --compare-pytorch)");
     opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
         "set", "override a config key (key.path=value)", cxxopts::value<std::vector<std::string>>())(
-        "mode", "forward or step (sweeps: step); attention or gemm: kernel benchmarks; compile: the compiler's "
-        "passes", cxxopts::value<std::string>())(
+        "mode", "forward or step (sweeps: step); attention or gemm: kernel benchmarks; ring: ring attention's "
+        "work per ring rank; compile: the compiler's passes", cxxopts::value<std::string>())(
         "warmup", "untimed iterations", cxxopts::value<std::string>()->default_value("1"))(
         "iters", "timed iterations (the median is reported)", cxxopts::value<std::string>()->default_value("5"))(
         "compare-pytorch", "also run the same model in PyTorch 2.x eager (the .venv-bench venv, made on first use by "
@@ -102,7 +106,8 @@ int main(int argc, char** argv) {
         "attn-full", "--mode attention: no causal mask")(
         "attn-doc-len", "--mode attention: also time packed documents of this mean length (document mask)",
         cxxopts::value<std::string>())(
-        "threads", "--mode attention, gemm: threads (default: all cores)", cxxopts::value<std::string>())(
+        "threads", "--mode attention, gemm, ring: threads (default: all cores; ring: 1)", cxxopts::value<std::string>())(
+        "ring-sizes", "--mode ring: ring sizes R (default 4)", cxxopts::value<std::string>())(
         "pairs", "alternated turns of each side", cxxopts::value<std::string>())(
         "no-check", "--mode attention: skip the check of our outputs against PyTorch's");
     opts.add_options("compile")("compile-layers", "--mode compile: layer counts (default 32,64,128)",
@@ -162,6 +167,25 @@ int main(int argc, char** argv) {
       return 0;
     }
 
+    if (args.count("mode") && args["mode"].as<std::string>() == "ring") {
+      if (sweep || point || args.count("config") || args.count("compare-pytorch"))
+        throw UsageError("--mode ring takes no --config, sweep or PyTorch flags");
+      for (const char* f : {"attn-full", "attn-doc-len", "no-check"})
+        if (args.count(f)) throw UsageError(str("--", f, " is not a --mode ring flag"));
+      RingBenchOptions ro;
+      if (args.count("attn-seq")) ro.seqs = parse_int_list("attn-seq", args["attn-seq"].as<std::string>());
+      if (args.count("ring-sizes")) ro.rings = parse_int_list("ring-sizes", args["ring-sizes"].as<std::string>());
+      if (args.count("attn-dims")) ro.dim = parse_int_list("attn-dims", args["attn-dims"].as<std::string>()).at(0);
+      if (args.count("attn-hidden")) ro.hidden = parse_int_list("attn-hidden", args["attn-hidden"].as<std::string>()).at(0);
+      if (args.count("attn-group")) ro.group = parse_int_list("attn-group", args["attn-group"].as<std::string>()).at(0);
+      if (args.count("threads")) ro.threads = int(parse_int_list("threads", args["threads"].as<std::string>()).at(0));
+      if (args.count("pairs")) ro.pairs = int(parse_int_list("pairs", args["pairs"].as<std::string>()).at(0));
+      ro.warmup = int(parse_int_flag("warmup", args["warmup"].as<std::string>()));
+      if (args.count("iters")) ro.iters = int(parse_int_list("iters", args["iters"].as<std::string>()).at(0));
+      run_ring_bench(ro, [](const nlohmann::json& row) { std::cout << row.dump() << std::endl; });
+      return 0;
+    }
+
     if (args.count("mode") && args["mode"].as<std::string>() == "gemm") {
       if (sweep || point || args.count("config") || args.count("compare-pytorch"))
         throw UsageError("--mode gemm takes no --config, sweep or PyTorch flags (it compares with OpenBLAS)");
@@ -196,7 +220,7 @@ int main(int argc, char** argv) {
     if (warmup < 0 || warmup > 100000) throw UsageError(str("--warmup ", warmup, ": expected 0..100000"));
     if (iters < 1 || iters > 100000) throw UsageError(str("--iters ", iters, ": expected 1..100000"));
     if (opt.mode != "forward" && opt.mode != "step")
-      throw UsageError(str("--mode '", opt.mode, "': expected forward, step, attention, gemm or compile"));
+      throw UsageError(str("--mode '", opt.mode, "': expected forward, step, attention, ring, gemm or compile"));
     opt.warmup = static_cast<int>(warmup);
     opt.iters = static_cast<int>(iters);
     opt.compare_pytorch = args.count("compare-pytorch") > 0;

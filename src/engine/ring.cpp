@@ -62,8 +62,18 @@ RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, co
                 "' has ", c.comm->size());
   AUTOSP_ASSERT(q.dim(2) % 2 == 0 && q.dim(2) == k.dim(2), c.node.name(), ": local sequence ", q.dim(2), " vs keys ",
                 k.dim(2), " (two zigzag chunks of equal length)");
-  return {q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"),
-          zigzag_chunks(c.comm->rank(), R), zigzag_chunks(0, R), doc_start};
+  RingLayout layout = RingLayout::zigzag;
+  if (c.node.attrs().has("layout")) {
+    const std::string& name = c.node.attrs().s("layout");
+    AUTOSP_ASSERT(name == "zigzag" || name == "contiguous", c.node.name(), ": layout '", name,
+                  "' (expected zigzag or contiguous)");
+    if (name == "contiguous") layout = RingLayout::contiguous;
+  }
+  RingChunks g{q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"), {}, {}, doc_start,
+               layout, R};
+  g.q = g.chunks_of(c.comm->rank());
+  g.k = g.chunks_of(0);
+  return g;
 }
 
 void ring_forward(Communicator& ring, Tensor kv, Tensor spare, const RingStep& step) {

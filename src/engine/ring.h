@@ -30,6 +30,15 @@ struct ZigzagChunks {
 };
 inline ZigzagChunks zigzag_chunks(int64_t r, int64_t R) { return {r, 2 * R - 1 - r}; }
 
+// Which chunks a ring rank holds: zigzag (what the passes slice; the default), or contiguous, ring
+// rank r holding chunks 2r and 2r+1 (the r-th S/R of the sequence in order). Nothing slices
+// the sequence contiguously for a ring: a ring_attention node with the attribute layout =
+// "contiguous" exists only in `autosp-bench --mode ring`, to time the causal imbalance zigzag removes.
+enum class RingLayout { zigzag, contiguous };
+inline ZigzagChunks ring_rank_chunks(int64_t r, int64_t R, RingLayout layout) {
+  return layout == RingLayout::zigzag ? zigzag_chunks(r, R) : ZigzagChunks{2 * r, 2 * r + 1};
+}
+
 // The launchers keep every operand in halves: x [B, H, L(, D)] (L = 2c, this rank's two chunks side
 // by side) as [2, B, H, c, D], so each chunk is a contiguous sdpa operand. These are the views
 // between the two layouts (no data moves): x seen as halves, and contiguous halves seen as x.
@@ -44,6 +53,11 @@ struct RingChunks {
   bool causal;
   ZigzagChunks q, k;
   const int64_t* doc_start;
+  RingLayout layout = RingLayout::zigzag;
+  int64_t ring_size = 1;
+
+  // The chunks of the block ring rank `owner` sends around (what `k` is set to at each step).
+  ZigzagChunks chunks_of(int owner) const { return ring_rank_chunks(owner, ring_size, layout); }
 
   int64_t q_half(int a) const { return B * N * c * D * a; }     // element offsets into halves of q, o, dout
   int64_t lse_half(int a) const { return B * N * c * a; }
@@ -56,8 +70,9 @@ struct RingChunks {
 };
 
 // The chunk geometry of a ring_attention node's call: q, k [B, H, 2c, D] (this rank's two zigzag
-// chunks), its ring group checked against the node's group_size, and `doc_start` the document
-// starts on the host (null without documents). Both backends' launchers start from it.
+// chunks, or contiguous ones under the node's "layout" attribute), its ring group checked against
+// the node's group_size, and `doc_start` the document starts on the host (null without documents).
+// Both backends' launchers start from it.
 RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, const int64_t* doc_start);
 
 // Called once per step with the ring rank whose block `kv` is, and `progress`, which the step

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # autosp-bench: a small forward benchmark prints one JSON row with a finite loss; a tiny attention
 # benchmark prints its row (no PyTorch needed without --compare-pytorch); the GEMM benchmark prints
-# its 16 rows, ours agreeing with OpenBLAS; a tiny sweep
+# its 16 rows, ours agreeing with OpenBLAS; the ring benchmark its two layouts' rows; a tiny sweep
 # (P = 1 in-process child, P = 2 under mpirun) writes CSV and JSON-lines rows with the
 # communication columns; --project prints the scaling tables; bad flags and configs give one
 # `error:` line and exit code 2.
@@ -82,6 +82,21 @@ if ! /usr/bin/python3 -c 'import json,sys; rs=[json.loads(l) for l in sys.argv[1
 fi
 expect_usage_error "--mode gemm takes no --config" --mode gemm --config "$cfg"
 expect_usage_error "--pairs" --mode gemm --pairs 0
+# The ring balance benchmark: a zigzag and a contiguous row, one time per ring rank (timings are
+# not asserted: a benchmark, not a timed test).
+rows=$("$bin" --mode ring --attn-seq 256 --ring-sizes 4 --attn-hidden 64 --attn-dims 16 --pairs 1 --iters 1 --warmup 0 2>/dev/null) || {
+  echo "FAIL: --mode ring exited non-zero"
+  fail=1
+}
+if ! /usr/bin/python3 -c 'import json,sys; rs=[json.loads(l) for l in sys.argv[1].splitlines()]; assert [r["layout"] for r in rs]==["zigzag","contiguous"] and all(r["ring"]==4 and r["seq"]==256 and len(r["rank_ms"])==4 and min(r["rank_ms"])>0 and r["max_over_mean"]>=1 for r in rs) and "slowest_vs_zigzag" in rs[1], rs' "$rows"; then
+  echo "FAIL: ring rows: $rows"
+  fail=1
+fi
+expect_usage_error "S a multiple of 2R" --mode ring --attn-seq 1000 --ring-sizes 3
+expect_usage_error "R ≥ 2" --mode ring --attn-seq 1024 --ring-sizes 1
+expect_usage_error "not a --mode ring flag" --mode ring --attn-full
+expect_usage_error "--mode ring takes no --config" --mode ring --config "$cfg"
+expect_usage_error "hidden 100 is not heads" --mode ring --attn-hidden 100 --attn-dims 16
 # Projection flags.
 echo '{"gpu": 8}' >"$tmp/proj-bad.json"
 echo '{"links": {"nvlink": {"alpha_us": "fast"}}}' >"$tmp/proj-bad2.json"

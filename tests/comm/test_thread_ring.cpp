@@ -4,7 +4,9 @@
 // differs), for Ulysses 2 × ring 2 with 2 heads, a pure ring of 3 on GPT-2 with 4 heads, a pure
 // ring of 4 on a sequence 2P does not divide (padded), dp 2 × ring 2 with one head and "auto" with
 // 6 heads at P = 4, each with packed documents too; activation checkpointing with the tiled loss,
-// bf16, and ZeRO-3 through train(). Also: the zigzag layout against hand-written position lists,
+// bf16, and ZeRO-3 through train(). Also: the ring_attention op itself in both chunk layouts
+// (zigzag, and the contiguous one autosp-bench --mode ring times) against naive attention over the
+// whole sequence, the zigzag layout against hand-written position lists,
 // the ring's bytes (CountingCommunicator) against the formula, and the pass's IR.
 #include <catch2/catch.hpp>
 
@@ -13,7 +15,10 @@
 
 #include "comm/counting.h"
 #include "comm/threads.h"
+#include "engine/ring.h"
+#include "common/naive.h"
 #include "common/sp_case.h"
+#include "graph/builder.h"
 #include "graph/passes/autosp/autosp.h"
 
 namespace autosp::test {
@@ -168,6 +173,74 @@ TEST_CASE("ring: train() at Ulysses 2 x ring 2 and ZeRO-3 gives the P = 1 loss c
     }
   }
 }
+
+double max_abs_diff(const naive::Vec& a, const naive::Vec& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+// The ring_attention op and its backward on R thread ranks, each holding its two chunks of the
+// sequence in `layout` (engine/ring.h), against naive float64 attention over the whole sequence:
+// every rank's o, dq and its chunks' dk, dv. GQA (4 query heads, 2 KV heads), causal, B = 2.
+TEST_CASE("ring: ring_attention in the zigzag and the contiguous layout equals attention over the whole sequence",
+          "[threads][ring]") {
+  const int64_t B = 2, N = 4, Nkv = 2, D = 3, c = 3;
+  const double scale = 0.4;
+  for (const int64_t R : {2, 3}) {
+    for (const std::string layout : {"zigzag", "contiguous"}) {
+      INFO("R = " << R << ", " << layout);
+      const int64_t S = 2 * R * c, L = 2 * c;
+      const naive::Vec q = naive::random_normal(B * N * S * D, 1), k = naive::random_normal(B * Nkv * S * D, 2),
+                       v = naive::random_normal(B * Nkv * S * D, 3), dout = naive::random_normal(B * N * S * D, 4);
+      naive::Vec want_dq, want_dk, want_dv;
+      const naive::Vec want_o = naive::sdpa(q, k, v, B, N, Nkv, S, S, D, scale, true);
+      naive::sdpa_backward(q, k, v, dout, B, N, Nkv, S, S, D, scale, true, want_dq, want_dk, want_dv);
+      // Rows [B, H, S, D] → this rank's [B, H, L, D]: its two chunks side by side (and back).
+      auto chunks_of = [&](int64_t r) {
+        const ZigzagChunks ch = ring_rank_chunks(r, R, layout == "zigzag" ? RingLayout::zigzag : RingLayout::contiguous);
+        return std::vector<int64_t>{ch.first, ch.second};
+      };
+      auto local = [&](const naive::Vec& x, int64_t H, int64_t r) {
+        naive::Vec out;
+        for (int64_t bh = 0; bh < B * H; ++bh)
+          for (int64_t chunk : chunks_of(r))
+            out.insert(out.end(), x.begin() + (bh * S + chunk * c) * D, x.begin() + (bh * S + chunk * c + c) * D);
+        return out;
+      };
+      Graph g;
+      Builder b(g);
+      Node* qn = b.input("q", DType::f64, {B, N, L, D}, Role::none);
+      Node* kn = b.input("k", DType::f64, {B, Nkv, L, D}, Role::none);
+      Node* vn = b.input("v", DType::f64, {B, Nkv, L, D}, Role::none);
+      Node* dn = b.input("dout", DType::f64, {B, N, L, D}, Role::none);
+      Node* o = b.ring_attention(qn, kn, vn, true, scale, "ring", R, "o");
+      o->attrs().set("layout", layout);
+      Node* dq = b.ring_attention_backward(qn, kn, vn, o, b.output(o, 1, "lse"), dn, true, scale, "ring", R, "dq");
+      dq->attrs().set("layout", layout);
+      for (Node* out : {o, dq, b.output(dq, 1, "dk"), b.output(dq, 2, "dv")}) g.add_output(out);
+      std::vector<TensorMap> got(static_cast<size_t>(R));
+      run_thread_ranks(int(R), [&](ThreadCommunicator& w) {
+        const int64_t r = w.rank();
+        const TensorMap feeds{{"q", Tensor::from_vector({B, N, L, D}, local(q, N, r))},
+                              {"k", Tensor::from_vector({B, Nkv, L, D}, local(k, Nkv, r))},
+                              {"v", Tensor::from_vector({B, Nkv, L, D}, local(v, Nkv, r))},
+                              {"dout", Tensor::from_vector({B, N, L, D}, local(dout, N, r))}};
+        got[size_t(r)] = Executor(g).run(feeds, {{"ring", &w}}).outputs;
+      });
+      for (int64_t r = 0; r < R; ++r) {
+        INFO("ring rank " << r);
+        const TensorMap& out = got[size_t(r)];
+        CHECK(max_abs_diff(out.at("o").to_doubles(), local(want_o, N, r)) < 1e-12);
+        CHECK(max_abs_diff(out.at("dq").to_doubles(), local(want_dq, N, r)) < 1e-12);
+        CHECK(max_abs_diff(out.at("dk").to_doubles(), local(want_dk, Nkv, r)) < 1e-12);
+        CHECK(max_abs_diff(out.at("dv").to_doubles(), local(want_dv, Nkv, r)) < 1e-12);
+      }
+    }
+  }
+}
+
 
 // The positions each rank holds, written out by hand from the zigzag rule (ring rank ρ of R holds
 // chunks ρ and 2R-1-ρ of 2R; its U Ulysses ranks split those two chunks side by side).

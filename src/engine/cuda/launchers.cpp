@@ -535,7 +535,7 @@ Tensor ring_attention(const KernelCall& c) {
     std::vector<int64_t> dh;
     ring_forward(*c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc),
                  [&](int owner, const Tensor& block, const std::function<void()>& progress) {
-                   g.k = zigzag_chunks(owner, c.comm->size());
+                   g.k = g.chunks_of(owner);
                    const T* kp = ptr<T>(block);
                    const T* vp = kp + 2 * g.kv_half(1);
                    for (int a = 0; a < 2; ++a)
@@ -591,7 +591,7 @@ Tensor ring_attention_backward(const KernelCall& c) {
     ring_backward(
         *c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc), grads,
         [&](int owner, const Tensor& block, Tensor& part, const std::function<void()>& progress) {
-          g.k = zigzag_chunks(owner, c.comm->size());
+          g.k = g.chunks_of(owner);
           const T* kp = ptr<T>(block);
           const T* vp = kp + 2 * g.kv_half(1);
           float* dkp = ptr<float>(part);
