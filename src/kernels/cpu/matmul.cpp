@@ -5,16 +5,20 @@
 // Packed sgemm (f32 where the CPU has AVX-512F; GotoBLAS/BLIS loop order). OpenBLAS is held to its
 // 8-lane AVX2 kernels in this environment (OPENBLAS_CORETYPE=Haswell), and its AVX-512 kernels are
 // not in every build; this one is ~2× faster here on the model's linear layers (docs/performance.md).
-//   for jc over N in kNC columns:            B block  [kc, nc]  packed once, shared by the threads
+//   for jc over N in kNC columns:            B block  [kc, nc]  (the micro-panels a thread reads)
 //     for pc over K in kKC:                  (k-blocks after the first accumulate: beta = 1)
-//       pack B[pc, jc] into kNR-column micro-panels [kc][kNR], zero-padded       (threads split it)
+//       pack B[pc, jc] into kNR-column micro-panels [kc][kNR], zero-padded       (each thread its own)
 //       for ic over this thread's rows in kMC: pack A[ic, pc] into kMR-row micro-panels [kc][kMR]
 //         for jr over the B micro-panels:    one panel (kc · kNR · 4 B = 32 KiB) stays in L1
 //           for ir over the A micro-panels:  vec16::micro_tile<kMR, kNR / 16> into C (a full tile),
 //                                            or into a scratch tile copied out at the M, N edges
 // Threads split C by rows (kMR-panel boundaries), or by B micro-panels when M is too small to
-// split; each thread writes only its own C rows or columns and packs its own A block (thread-local
-// scratch), so nothing is shared but the packed B, read-only between two barriers.
+// split; each thread writes only its own C rows or columns and packs its own A block and its own
+// copy of the B micro-panels it reads (thread-local scratch), so the threads share nothing and
+// never wait for each other inside the call: no barrier but the region's end. Splitting by rows,
+// every thread packs the whole B block (K·N copies against the (M/threads)·N·K multiply-adds it
+// then does: under 1% at the model's shapes); a shared B block needed two barriers per kKC step,
+// and at each one a thread that the OS had descheduled held the other (docs/performance.md).
 //
 // Threading of the rest: a large GEMM is one call per batch entry, threaded inside (ours or
 // OpenBLAS's). A batch of mid-sized GEMMs (kMinBatchMNK ≤ M·N·K ≤ kSmallMNK) is spread over the
@@ -154,11 +158,12 @@ __attribute__((target("avx512f"))) void kernel(int64_t kc, float alpha, const fl
 }
 
 // This thread's part of C [M, N] (ldc) = alpha · op(A) · op(B) + beta · C, with `threads` threads
-// of the enclosing region (1 outside one) running the same call; bp is the shared B block.
+// of the enclosing region (1 outside one) running the same call.
 void sgemm_thread(const Operands& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
-                  int64_t ldc, float* bp, int thread, int threads) {
-  static thread_local Scratch a_scratch;
+                  int64_t ldc, int thread, int threads) {
+  static thread_local Scratch a_scratch, b_scratch;
   float* ap = a_scratch.get(kMC * kKC);
+  float* bp = b_scratch.get(std::min(kKC, K) * ((std::min(kNC, N) + kNR - 1) / kNR * kNR));
   // Split by rows when every thread gets at least two micro-panels of them, else by B micro-panels.
   const int64_t row_panels = (M + kMR - 1) / kMR;
   const bool by_rows = row_panels >= 2 * threads;
@@ -170,13 +175,7 @@ void sgemm_thread(const Operands& o, int64_t M, int64_t N, int64_t K, float alph
     for (int64_t pc = 0; pc < K; pc += kKC) {
       const int64_t kc = std::min(kKC, K - pc);
       const float beta_pc = pc == 0 ? beta : 1.0f;
-      if (threads > 1) {
-#pragma omp barrier
-      }
-      pack_b(o, pc, kc, jc, nc, panels * thread / threads, panels * (thread + 1) / threads, bp);
-      if (threads > 1) {
-#pragma omp barrier
-      }
+      pack_b(o, pc, kc, jc, nc, q0, q1, bp);  // the panels this thread reads
       for (int64_t ic = m0; ic < m1; ic += kMC) {
         const int64_t mc = std::min(kMC, m1 - ic);
         pack_a(o, ic, mc, pc, kc, ap);
@@ -202,11 +201,9 @@ void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                 threads);
   if (M == 0 || N == 0) return;
   const Operands o{trans_a, trans_b, a, lda, b, ldb};
-  static thread_local Scratch b_scratch;
-  float* bp = b_scratch.get(std::min(kKC, K) * ((std::min(kNC, N) + kNR - 1) / kNR * kNR));
-  if (threads == 1 || omp_in_parallel()) return sgemm_thread(o, M, N, K, alpha, beta, c, ldc, bp, 0, 1);
+  if (threads == 1 || omp_in_parallel()) return sgemm_thread(o, M, N, K, alpha, beta, c, ldc, 0, 1);
 #pragma omp parallel num_threads(threads)
-  sgemm_thread(o, M, N, K, alpha, beta, c, ldc, bp, omp_get_thread_num(), omp_get_num_threads());
+  sgemm_thread(o, M, N, K, alpha, beta, c, ldc, omp_get_thread_num(), omp_get_num_threads());
 }
 
 namespace {
