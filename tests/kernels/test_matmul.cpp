@@ -94,6 +94,8 @@ const PackedCase kPackedCases[] = {
     {false, false, 1000, 3, 1, 0, 1.0, 0.0, 2},     // K = 1, one column
     {true, true, 1, 1000, 33, 1, 1.0, 0.0, 2},
     {false, false, 200, 64, 64, 0, 1.0, 0.0, 3},    // more threads than the machine has cores
+    {true, false, 70, 128, 300, 1, 1.0, 0.5, 2},    // 5 row panels split 3 / 2, 4 column panels 2 / 2: by columns
+    {false, false, 256, 768, 40, 0, 1.0, 0.0, 2},   // M = 256: 19 row panels, 24 column panels: by columns
 };
 
 // C = alpha · op(A) · op(B) + beta · C0 with leading dimensions, in float64.
