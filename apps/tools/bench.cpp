@@ -173,6 +173,7 @@ struct PointTiming {
   double loss = 0;
   double grad_sync_ms = 0;  // median time blocked on the gradient all-reduce per timed step (trainer)
   double grad_sync_wait_ms = 0;  // median of the part of it after the backward
+  OpProfile op_profile;          // runtime.profile_ops: every step's kernels, warm-up included
 };
 
 // Training steps through the trainer itself (forward, backward, gradient all-reduce, AdamW).
@@ -200,6 +201,7 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
   t.grad_sync_ms = median(sync_ms);
   t.grad_sync_wait_ms = median(wait_ms);
   t.loss = r.steps.front().loss;
+  t.op_profile = r.op_profile;
   return t;
 }
 
@@ -292,6 +294,12 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
               {"comm_share", t.total_ms > 0 ? comm_s * 1000.0 / t.total_ms : 0.0},
               {"grad_sync_ms", t.grad_sync_ms},
               {"grad_sync_wait_ms", t.grad_sync_wait_ms}};
+  if (!t.op_profile.by_op.empty()) {  // per step, over every step run (warm-up included)
+    json ops = json::array();
+    for (const auto& [op, e] : t.op_profile.by_op)
+      ops.push_back({{"op", op}, {"ms", e.ms / double(t.runs)}, {"calls", double(e.calls) / double(t.runs)}});
+    row["op_profile"] = ops;
+  }
   if (cfg.runtime.device == DeviceKind::cuda && opt.peak_tflops > 0)
     row["mfu"] = row["tflops"].get<double>() / (opt.peak_tflops * world.size());  // tflops is the whole job's
   return row;

@@ -283,6 +283,7 @@ const std::vector<Key>& schema() {
       {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", {}, F(runtime, overlap_grad_sync)},
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", {}, F(runtime, grad_bucket_mb)},
       {"runtime.peak_tflops", Kind::number, 0, 1e9, "", {}, F(runtime, peak_tflops)},
+      {"runtime.profile_ops", Kind::boolean, 0, 0, "", {}, F(runtime, profile_ops)},
       {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", {}, F(sequence_parallel, autosp_size)},
       {"sequence_parallel.ring_size", Kind::integer_or_auto, 1, 1 << 16, "", {},
        [](Config& c, const json& v) {

@@ -128,6 +128,9 @@ struct RuntimeConfig {
   // while the backward still runs when overlap_grad_sync (train/grad_sync.h).
   bool overlap_grad_sync = true;
   double grad_bucket_mb = 25;
+  // Time every kernel call and log where the step's time goes, per op kind, at the end of the
+  // run (engine/executor.h OpProfile; on CUDA each kernel is waited for, so steps are slower).
+  bool profile_ops = false;
   // The device's dense peak in TFLOP/s for the log's MFU (model FLOPs per rank per second / peak);
   // 0: the detected GPU's dense bf16 peak (device/cuda/device.h), none on a CPU.
   double peak_tflops = 0;

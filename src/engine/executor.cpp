@@ -3,6 +3,9 @@
 #include "engine/executor.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
 
 #include "device/buffers.h"
 #include "device/cuda/device.h"
@@ -241,7 +244,16 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
       for (const Node* i : n.inputs()) args.push_back(values[g_.position(i)]);
       KernelCall call = kernel_call(n, args, shape, r.bindings, alloc, extras[at], groups);
       if (until_[at] != at && options_.background_collectives) call.pending = collectives.slot(at);
-      values[at] = dispatch(call, dev.kind);
+      if (options_.profile == nullptr) {
+        values[at] = dispatch(call, dev.kind);
+      } else {
+        const auto t0 = std::chrono::steady_clock::now();
+        values[at] = dispatch(call, dev.kind);
+        if (dev.kind == DeviceKind::cuda) synchronize();
+        OpProfile::Entry& e = options_.profile->by_op[std::string(n.op_name())];
+        e.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        ++e.calls;
+      }
     }
     AUTOSP_ASSERT(values[at].shape() == shape, "kernel for ", n.name(), " returned ", values[at].str(), ", expected ",
                   shape_str(shape));
@@ -256,6 +268,24 @@ RunResult Executor::run(const TensorMap& feeds, const CommGroups& groups, const 
     if (kept_[g_.position(o)]) r.outputs[o->name()] = values[g_.position(o)];
   r.peak_bytes = alloc.peak_bytes();
   return r;
+}
+
+std::string op_profile_table(const OpProfile& p, int64_t steps, double total_ms) {
+  std::vector<std::pair<std::string, OpProfile::Entry>> rows(p.by_op.begin(), p.by_op.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  double kernels = 0;
+  for (const auto& [op, e] : rows) kernels += e.ms;
+  const double n = double(std::max<int64_t>(steps, 1));
+  std::string out = "op profile (per step, over " + std::to_string(steps) + " steps):";
+  char line[160];
+  for (const auto& [op, e] : rows) {
+    std::snprintf(line, sizeof line, "\n  %-28s %10.2f ms %8.1f calls %6.1f%%", op.c_str(), e.ms / n, double(e.calls) / n,
+                  kernels > 0 ? 100.0 * e.ms / kernels : 0.0);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "\n  kernels %.2f ms of the step's %.2f ms (%.1f%%); the rest is the executor, the optimizer and the host",
+                kernels / n, total_ms / n, total_ms > 0 ? 100.0 * kernels / total_ms : 0.0);
+  return out + line;
 }
 
 }  // namespace autosp

@@ -34,6 +34,23 @@ struct RunResult {
 // freed: the trainer starts a gradient's all-reduce as soon as the gradient exists.
 using NodeHook = std::function<void(const Node&, const Tensor&)>;
 
+// Where the time goes, per op kind (runtime.profile_ops; torch.profiler's key_averages): the
+// wall time of each kernel call and how many ran, summed over every run of the executors that
+// share it. On CUDA the executor waits for the device after each kernel, so the time is the
+// kernel's own (and the step slower than without the profile).
+struct OpProfile {
+  struct Entry {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, Entry> by_op;  // by op name ("matmul", "sdpa_backward", ...)
+};
+
+// The profile as a table, heaviest op first: per op kind the milliseconds and calls per step (over
+// `steps` steps) and its share of the kernels' time; then the kernels' share of `total_ms`, the
+// steps' wall time (the rest: the executor, the optimizer, the host).
+std::string op_profile_table(const OpProfile& p, int64_t steps, double total_ms);
+
 struct ExecOptions {
   // The sdpa implementation on CUDA (runtime.attention); every KernelCall carries it. CPU kernels
   // ignore it.
@@ -46,6 +63,8 @@ struct ExecOptions {
   // reduce-scatters) do; false runs every collective blocking (runtime.overlap_grad_sync false:
   // what the overlap hides).
   bool background_collectives = true;
+  // Where to add each kernel call's time (not owned; null: no timing).
+  OpProfile* profile = nullptr;
 };
 
 class Executor {

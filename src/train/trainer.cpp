@@ -262,14 +262,16 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
                                                              std::move(start.params), std::move(start.opt), cfg,
                                                              *comms, dev);
   const bool score_each_step = cfg.data.source == DataSourceKind::synthetic && args.accuracy;
-  const Executor ex(*prog.graph, exec_options(cfg, *state, score_each_step));
+  TrainResult result;
+  ExecOptions exec = exec_options(cfg, *state, score_each_step);
+  if (cfg.runtime.profile_ops) exec.profile = &result.op_profile;
+  const Executor ex(*prog.graph, std::move(exec));
   const std::unordered_set<const Node*> gradients = gradient_nodes(prog);
   GradAccumulator accumulated;
   StepLog log(args, start.step, total, cfg, world.rank() == 0);
   log.run_start(dev, data->describe(), num_params, validation ? validation->data->describe() : "");
   const StepThroughput throughput(cfg, mesh.dp, world.size(), dev);
 
-  TrainResult result;
   for (int64_t step = start.step; step < total; ++step) {
     const auto t0 = Clock::now();
     StepRecord rec;
@@ -337,6 +339,11 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   result.optimizer_state_bytes = state->state_bytes();
   result.grad_bucket_bytes = state->grad_bucket_bytes();
   result.accumulator_bytes = accumulated.bytes();
+  if (cfg.runtime.profile_ops && world.rank() == 0 && !result.steps.empty()) {
+    double step_ms = 0;
+    for (const StepRecord& s : result.steps) step_ms += s.step_ms;
+    spdlog::info("{}", op_profile_table(result.op_profile, static_cast<int64_t>(result.steps.size()), step_ms));
+  }
   return result;
 }
 

@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "engine/executor.h"
 #include "tensor/tensor.h"
 
 namespace autosp {
@@ -75,6 +76,8 @@ struct TrainResult {
   size_t optimizer_state_bytes = 0, grad_bucket_bytes = 0, parameter_bytes = 0;
   // The gradient accumulator's buffers (train/accumulation.h; none with one micro-batch per step).
   size_t accumulator_bytes = 0;
+  // Per op kind, the kernels' time over every step run (runtime.profile_ops; else empty).
+  OpProfile op_profile;
   // The last validation's first sequence that the model got entirely right (else its first
   // sequence); rank 0 only, empty without validation.
   ValExample val_example;

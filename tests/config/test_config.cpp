@@ -283,7 +283,7 @@ const json kEveryKey = {
     {"runtime",
      {{"device", "cuda"}, {"attention", "flash"}, {"dtype", "bfloat16"}, {"threads", 3},
       {"activation_checkpointing", true}, {"tiled_mlp", true}, {"tiled_loss", true}, {"fuse_kernels", false},
-      {"overlap_grad_sync", false}, {"grad_bucket_mb", 8.0}, {"peak_tflops", 989.0}}},
+      {"overlap_grad_sync", false}, {"grad_bucket_mb", 8.0}, {"peak_tflops", 989.0}, {"profile_ops", true}}},
     {"sequence_parallel", {{"autosp_size", 2}, {"ring_size", 2}}},
     {"zero_optimization", {{"stage", 3}}},
 };

@@ -14,6 +14,8 @@
 #include "models/weights.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "compiler/program.h"
+#include "comm/mesh.h"
 #include "train/trainer.h"
 #include "tensor/safetensors.h"
 
@@ -209,6 +211,49 @@ TEST_CASE("unless accuracy is scored, the logits die at the loss's backward", "[
   const size_t logits_bytes = 1 * 128 * 64 * sizeof(float);
   CHECK(unscored[0].loss == scored[0].loss);
   CHECK(scored[0].peak_bytes - unscored[0].peak_bytes == logits_bytes);
+}
+
+TEST_CASE("runtime.profile_ops counts every kernel call by op kind and changes nothing else", "[trainer]") {
+  // The calls per op equal the joint graph's nodes of that op (reshape, an output view, included)
+  // once per step; the times add up to no more than the steps' wall time; off, there is no profile
+  // and the losses are the same.
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "model": {"arch": "gpt2", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "max_position_embeddings": 64},
+    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
+    "train": {"steps": 3, "log_every": 100},
+    "runtime": {"threads": 2}})");
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  const TrainResult plain = train(parse_config(j), ta, *world);
+  j["runtime"]["profile_ops"] = true;
+  const Config cfg = parse_config(j);
+  const TrainResult profiled = train(cfg, ta, *world);
+  CHECK(plain.op_profile.by_op.empty());
+  REQUIRE(profiled.steps.size() == 3);
+  for (size_t k = 0; k < 3; ++k) CHECK(profiled.steps[k].loss == plain.steps[k].loss);
+  std::map<std::string, int64_t> nodes;
+  const RankProgram prog = build_program(cfg, cfg.runtime.dtype, Stage::joint, rank_layout(1, 0, 1, 1));
+  for (const auto& n : prog.graph->nodes())
+    if (n->op() != Op::input && n->op() != Op::parameter && n->op() != Op::output) ++nodes[std::string(n->op_name())];
+  REQUIRE(nodes.count("matmul") == 1);
+  CHECK(profiled.op_profile.by_op.size() == nodes.size());
+  double kernels_ms = 0, steps_ms = 0;
+  for (const auto& [op, count] : nodes) {
+    INFO(op);
+    REQUIRE(profiled.op_profile.by_op.count(op) == 1);
+    const OpProfile::Entry& e = profiled.op_profile.by_op.at(op);
+    CHECK(e.calls == 3 * count);
+    CHECK(e.ms >= 0);
+    kernels_ms += e.ms;
+  }
+  for (const StepRecord& s : profiled.steps) steps_ms += s.step_ms;
+  CHECK(kernels_ms > 0);
+  CHECK(kernels_ms <= steps_ms);
+  const std::string table = op_profile_table(profiled.op_profile, 3, steps_ms);
+  CHECK(table.find("matmul") != std::string::npos);
+  CHECK(table.find("calls") != std::string::npos);
 }
 
 TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
