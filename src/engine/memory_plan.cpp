@@ -143,9 +143,10 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b, DeviceKind device) {
       }
       // Placed after the node's outputs, so it overlaps neither them nor the inputs; freed with
       // the node's last step (def = end = i), or once the collective it left in the background
-      // has finished (a reduce_scatter's staging).
+      // has finished (a reduce_scatter's staging): the executor waits for it before the node at
+      // until[i] runs, so that node may reuse the place.
       if (const size_t ws = workspace_bytes(node, b, device); ws > 0) {
-        bufs.push_back({align_up(ws), i, std::min(until[i], n - 1)});
+        bufs.push_back({align_up(ws), i, std::max(i, std::min(until[i], n) - 1)});
         bufs.back().output = -1;
         scratch[i] = static_cast<int>(bufs.size() - 1);
       }
