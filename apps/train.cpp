@@ -105,6 +105,8 @@ Environment:
                              (default 600)
   AUTOSP_FAULT               fault injection for tests: rank:R,step:K,kind:exit|abort|crash|hang|nan
                              [,where:step|checkpoint] (docs/reliability.md)
+  AUTOSP_RS_PIECE_BYTES      ZeRO-3: bytes of f32 staging a gradient's reduce-scatter casts into at
+                             once (default 1073741824, 1 GiB; docs/decisions.md 102)
 
 Signals: SIGTERM, SIGINT or SIGUSR1 finish the current step, save a checkpoint (rank 0, when
 train.checkpoint_dir is set) and exit 4 within train.save_timeout seconds; a second signal exits at once.

@@ -60,7 +60,8 @@ constexpr std::array<KernelRow, kNumOps> kKernels{{
     {Op::all_to_all, cpu_ops::all_to_all, AUTOSP_CUDA(all_to_all)},
     {Op::all_reduce, cpu_ops::all_reduce, AUTOSP_CUDA(all_reduce)},
     {Op::all_gather, cpu_ops::all_gather, AUTOSP_CUDA(all_gather)},
-    {Op::reduce_scatter, cpu_ops::reduce_scatter, AUTOSP_CUDA(reduce_scatter)},
+    {Op::reduce_scatter, cpu_ops::reduce_scatter, AUTOSP_CUDA(reduce_scatter), launch::reduce_scatter_workspace,
+     launch::reduce_scatter_workspace},
     {Op::ring_attention, cpu_ops::ring_attention, AUTOSP_CUDA(ring_attention)},
     {Op::sum_to, cpu_ops::sum_to, AUTOSP_CUDA(sum_to)},
     {Op::embedding_backward, cpu_ops::embedding_backward, AUTOSP_CUDA(embedding_backward)},
@@ -99,7 +100,8 @@ static_assert(kernels_in_order(), "dispatch rows must follow the Op enum order a
 
 size_t workspace_bytes(const Node& node, const Bindings& b, DeviceKind device) {
   const KernelRow& row = kKernels[static_cast<size_t>(node.op())];
-  return device == DeviceKind::cpu && row.cpu_workspace != nullptr ? row.cpu_workspace(node, b) : 0;
+  const WorkspaceFn f = device == DeviceKind::cpu ? row.cpu_workspace : row.cuda_workspace;
+  return f != nullptr ? f(node, b) : 0;
 }
 
 Tensor dispatch(const KernelCall& call, DeviceKind device) {

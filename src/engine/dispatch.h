@@ -6,6 +6,7 @@
 // and the helpers both devices share (engine/launch.cpp).
 #pragma once
 
+#include <functional>
 #include <span>
 
 #include "comm/communicator.h"
@@ -67,10 +68,48 @@ struct ShardLayout {
   Shape padded() const { return {shard * ranks}; }  // the shards side by side
 };
 ShardLayout shard_layout(const Communicator& comm, int64_t whole_numel);
+
+// ZeRO-3's reduce_scatter without a whole copy of its input (decision 102). The sum is in f32 when
+// bf16 is involved (a bf16 gradient, sum_dtype f32), else in the output's dtype. The input goes to
+// the collective as it is when it is in that dtype and its shards tile it (`staged` false);
+// otherwise piece by piece through a staging buffer: piece j (m shard elements, the last fewer)
+// holds, for every rank r, elements [r·c + j·m, r·c + j·m + length(j)) of the flattened input cast
+// to the sum dtype (zeros past its end), and reduce-scattering it gives elements
+// [j·m, j·m + length(j)) of this rank's shard (c = shard, P = ranks). The staging's P·m elements
+// take at most reduce_scatter_piece_bytes() (m ≥ 1); when the output is not in the sum dtype
+// (bf16 without sum_dtype) m more receive the piece's sum before it is cast into the output.
+struct ScatterPieces {
+  ShardLayout layout;
+  DType sum = DType::f32;
+  bool staged = false;
+  int64_t m = 0, count = 1;  // shard elements per piece, number of pieces
+  bool receive_apart = false;  // the output's dtype is not the sum's
+  int64_t length(int64_t j) const { return std::min(m, layout.shard - j * m); }
+  size_t workspace_bytes() const {
+    return staged ? static_cast<size_t>((layout.ranks + (receive_apart ? 1 : 0)) * m) * dtype_size(sum) : 0;
+  }
+};
+// AUTOSP_RS_PIECE_BYTES when set (tests make it small), else 1 GiB (decision 102).
+size_t reduce_scatter_piece_bytes();
+ScatterPieces scatter_pieces(const ShardLayout& l, DType in, DType out);
+// The staging a reduce_scatter node wants (both devices: the memory plan places it, and keeps it
+// until a collective left in the background has finished: memory_plan.h).
+size_t reduce_scatter_workspace(const Node& n, const Bindings& b);
+// A staged reduce_scatter of `g` (flattened) into `y` through `staging` (≥ workspace_bytes()), with
+// the device's cast (`convert`: from → to, same shapes; the same dtype is a copy) and zero fill.
+// One piece runs in the background when the call asks (KernelCall::pending: the handle keeps
+// `g` and `staging` alive); more run one after another, blocking (they share the staging).
+struct DeviceFill {
+  std::function<void(const Tensor& from, const Tensor& to)> convert;
+  std::function<void(const Tensor& t)> zero;
+};
+void staged_reduce_scatter(const KernelCall& c, Communicator& comm, const ScatterPieces& p, const Tensor& g,
+                           const Tensor& y, const Tensor& staging, const DeviceFill& fill);
 }  // namespace launch
 
-// Bytes of scratch a CPU kernel wants for the node at these sizes (0: none), which the memory
-// planner then places in the arena for the node's duration (KernelCall::workspace).
+// Bytes of scratch a kernel wants for the node at these sizes (0: none), which the memory
+// planner then places in the arena for the node's duration (KernelCall::workspace; a collective
+// left in the background keeps it until it has finished).
 using WorkspaceFn = size_t (*)(const Node&, const Bindings&);
 
 struct KernelRow {
@@ -78,13 +117,14 @@ struct KernelRow {
   KernelFn cpu;
   KernelFn cuda;
   WorkspaceFn cpu_workspace = nullptr;
+  WorkspaceFn cuda_workspace = nullptr;
 };
 
 // Run `call.node` on the device of its inputs. Leaves (input, parameter) and `output` (which reads
 // an extra output kept by the executor) are not dispatched.
 Tensor dispatch(const KernelCall& call, DeviceKind device);
 
-// The scratch `node` wants on `device` at bindings `b` (the row's cpu_workspace; none on CUDA).
+// The scratch `node` wants on `device` at bindings `b` (the row's cpu_workspace or cuda_workspace).
 size_t workspace_bytes(const Node& node, const Bindings& b, DeviceKind device);
 
 }  // namespace autosp

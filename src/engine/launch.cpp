@@ -3,6 +3,9 @@
 // receive views), so both devices read the same elements for a node.
 #include "engine/dispatch.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace autosp {
 
 // The node's output: the planned place in the arena when there is one, else a fresh tensor.
@@ -90,6 +93,82 @@ Communicator& shard_group(const KernelCall& c) {
 
 ShardLayout shard_layout(const Communicator& comm, int64_t whole_numel) {
   return {shard_numel(whole_numel, comm.size()), comm.size(), whole_numel};
+}
+
+size_t reduce_scatter_piece_bytes() {
+  constexpr size_t kDefault = size_t(1) << 30;
+  const char* env = std::getenv("AUTOSP_RS_PIECE_BYTES");
+  if (env == nullptr || *env == '\0') return kDefault;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  if (*end != '\0' || v == 0) throw UsageError(str("AUTOSP_RS_PIECE_BYTES='", env, "': expected a positive byte count"));
+  return static_cast<size_t>(v);
+}
+
+ScatterPieces scatter_pieces(const ShardLayout& l, DType in, DType out) {
+  ScatterPieces p;
+  p.layout = l;
+  p.sum = in == DType::bf16 || out == DType::bf16 ? DType::f32 : out;
+  p.staged = !(l.direct() && in == p.sum && out == p.sum);
+  p.receive_apart = out != p.sum;
+  p.m = l.shard;
+  if (p.staged && l.shard > 0) {
+    const int64_t per_piece = static_cast<int64_t>(reduce_scatter_piece_bytes() / (static_cast<size_t>(l.ranks) * dtype_size(p.sum)));
+    p.m = std::clamp<int64_t>(per_piece, 1, l.shard);
+  }
+  p.count = p.m > 0 ? (l.shard + p.m - 1) / p.m : 1;
+  return p;
+}
+
+size_t reduce_scatter_workspace(const Node& n, const Bindings& b) {
+  int64_t numel = 1;
+  for (const auto& d : n.input(0)->shape()) numel *= d.eval(b);
+  const int64_t P = n.attrs().i("group_size");
+  return scatter_pieces({shard_numel(numel, P), P, numel}, n.input(0)->dtype(), n.dtype()).workspace_bytes();
+}
+
+void staged_reduce_scatter(const KernelCall& c, Communicator& comm, const ScatterPieces& p, const Tensor& g,
+                           const Tensor& y, const Tensor& staging, const DeviceFill& fill) {
+  const ShardLayout& l = p.layout;
+  const size_t in_size = dtype_size(g.dtype()), sum_size = dtype_size(p.sum), out_size = dtype_size(y.dtype());
+  AUTOSP_ASSERT(p.staged && staging.nbytes() >= p.workspace_bytes() && g.numel() == l.whole && y.numel() == l.shard,
+                "staged reduce_scatter of ", g.str(), " into ", y.str(), " with ", staging.nbytes(), " bytes of staging");
+  // Piece j: rank r's part at r·len, then (receive_apart) the received sum at P·m.
+  auto send_of = [&](int64_t j) {
+    const int64_t len = p.length(j);
+    for (int64_t r = 0; r < l.ranks; ++r) {
+      const int64_t from = r * l.shard + j * p.m;  // in the flattened input
+      const int64_t real = std::clamp<int64_t>(l.whole - from, 0, len);
+      const size_t at = static_cast<size_t>(r * len) * sum_size;
+      if (real > 0)
+        fill.convert(Tensor::view_bytes(g, static_cast<size_t>(from) * in_size, {real}, g.dtype()),
+                     Tensor::view_bytes(staging, at, {real}, p.sum));
+      if (real < len)
+        fill.zero(Tensor::view_bytes(staging, at + static_cast<size_t>(real) * sum_size, {len - real}, p.sum));
+    }
+    return Tensor::view_bytes(staging, 0, {l.ranks * len}, p.sum);
+  };
+  auto recv_of = [&](int64_t j) {
+    return p.receive_apart ? Tensor::view_bytes(staging, static_cast<size_t>(l.ranks * p.m) * sum_size, {p.length(j)}, p.sum)
+                           : Tensor::view_bytes(y, static_cast<size_t>(j * p.m) * out_size, {p.length(j)}, y.dtype());
+  };
+  auto out_of = [&](int64_t j) {
+    return Tensor::view_bytes(y, static_cast<size_t>(j * p.m) * out_size, {p.length(j)}, y.dtype());
+  };
+  if (l.shard == 0) return;
+  if (c.pending && p.count == 1) {
+    Tensor send = send_of(0), recv = recv_of(0);
+    auto copy_out = [apart = p.receive_apart, recv, out = out_of(0), g, staging, convert = fill.convert] {
+      if (apart) convert(recv, out);
+    };
+    *c.pending = followed_by(comm.reduce_scatter_sum_async(send, recv), copy_out);
+    return;
+  }
+  for (int64_t j = 0; j < p.count; ++j) {
+    Tensor recv = recv_of(j);
+    comm.reduce_scatter_sum(send_of(j), recv);
+    if (p.receive_apart) fill.convert(recv, out_of(j));
+  }
 }
 
 Tensor all_to_all_recv_view(const KernelCall& c, const Tensor& recv) {

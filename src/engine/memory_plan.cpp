@@ -121,6 +121,9 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b, DeviceKind device) {
   std::vector<int> primary(n, -1);             // node → buffer of its output (-1: a leaf)
   std::vector<std::vector<int>> extras(n);     // node → buffers of its extra outputs
   std::vector<int> scratch(n, -1);             // node → buffer of its kernel's workspace
+  // Lifetimes: a buffer lives until the last read of any node that views it, or until a
+  // background collective reading it has finished.
+  const std::vector<size_t> until = background_until(g);
   auto make = [&](const TensorType& t, size_t at) {
     bufs.push_back({align_up(bytes_of(t, b)), at, at});
     return static_cast<int>(bufs.size() - 1);
@@ -139,17 +142,16 @@ MemoryPlan plan_memory(const Graph& g, const Bindings& b, DeviceKind device) {
         bufs.back().output = static_cast<int>(extras[i].size());
       }
       // Placed after the node's outputs, so it overlaps neither them nor the inputs; freed with
-      // the node's last step (def = end = i).
+      // the node's last step (def = end = i), or once the collective it left in the background
+      // has finished (a reduce_scatter's staging): the executor waits for it before the node at
+      // until[i] runs, so that node may reuse the place.
       if (const size_t ws = workspace_bytes(node, b, device); ws > 0) {
-        bufs.push_back({align_up(ws), i, i});
+        bufs.push_back({align_up(ws), i, std::max(i, std::min(until[i], n) - 1)});
         bufs.back().output = -1;
         scratch[i] = static_cast<int>(bufs.size() - 1);
       }
     }
   }
-  // Lifetimes: a buffer lives until the last read of any node that views it, or until a
-  // background collective reading it has finished.
-  const std::vector<size_t> until = background_until(g);
   for (size_t i = 0; i < n; ++i) {
     const Node& node = *g.nodes()[i];
     for (const Node* in : node.inputs()) {

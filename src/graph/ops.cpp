@@ -532,11 +532,20 @@ TensorType all_gather_rule(const Node& n, const ShapeContext&) {
   return {t.dtype, whole};
 }
 
-// reduce_scatter: the whole tensor, summed over the group, and this rank's shard of it [c].
+// reduce_scatter: the whole tensor, summed over the group, and this rank's shard of it [c]. The
+// optional attribute sum_dtype="f32" sums a bf16 tensor in f32 and returns the f32 shard (ZeRO-3's
+// gradients under bf16: no whole f32 copy of the gradient exists, the launcher casts in pieces).
 TensorType reduce_scatter_rule(const Node& n, const ShapeContext&) {
   const TensorType t = in(n, 0);
   n.attrs().s("group");
-  return {t.dtype, {Dim(shard_numel_of(n, t.shape, n.attrs().i("group_size")))}};
+  DType dt = t.dtype;
+  if (n.attrs().has("sum_dtype")) {
+    const auto sum = dtype_from_name(n.attrs().s("sum_dtype"));
+    if (sum != DType::f32) fail(n, str("sum_dtype '", n.attrs().s("sum_dtype"), "': expected f32"));
+    if (t.dtype != DType::bf16 && t.dtype != DType::f32) fail(n, str("input ", t.str(), " is not bf16 or f32"));
+    dt = *sum;
+  }
+  return {dt, {Dim(shard_numel_of(n, t.shape, n.attrs().i("group_size")))}};
 }
 
 // ---- locality along the sequence (OpInfo::seq; used by AutoSP's shard_seq_dim) ----------------
@@ -718,7 +727,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {.op = Op::all_gather, .name = "all_gather", .arity = 1, .attrs = "group,group_size,shape",
      .infer = all_gather_rule, .vjp = vjp::all_gather, .side_effects = true, .numerics = Numerics::moves},
     {.op = Op::reduce_scatter, .name = "reduce_scatter", .arity = 1, .attrs = "group,group_size",
-     .infer = reduce_scatter_rule, .vjp = vjp::reduce_scatter, .side_effects = true},
+     .infer = reduce_scatter_rule, .vjp = vjp::reduce_scatter, .side_effects = true, .numerics = Numerics::converts},
     {.op = Op::ring_attention, .name = "ring_attention", .arity = 3, .optional = 1,
      .attrs = "causal,scale,group,group_size", .infer = sdpa_rule, .extra = sdpa_extra, .vjp = vjp::ring_attention,
      .seq = seq_sdpa, .side_effects = true},

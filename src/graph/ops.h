@@ -97,7 +97,8 @@ using SeqFn = SeqVerdict (*)(const Node&, std::span<const int> in, std::string_v
 
 // How an op treats element values: it computes with them (arithmetic in its dtype), only moves
 // them (layout, all-to-all: exact in any dtype), or produces values of a dtype it declares itself
-// (cast, constants, counts). The CPU emulates bf16 only for `computes` ops.
+// (cast, constants, counts; reduce_scatter, whose launchers sum bf16 in f32 themselves, piece by
+// piece). The CPU emulates bf16 only for `computes` ops.
 enum class Numerics : uint8_t { computes, moves, converts };
 
 // One row of the op table; written with designated initialisers, unnamed columns keep these defaults.

@@ -156,10 +156,12 @@ void all_gather(VjpContext& c) {
   const auto& a = c.node->attrs();
   c.input_grads[0] = c.b.reduce_scatter(c.grad, a.s("group"), a.i("group_size"), "dx");
 }
-// The transpose of a reduce-scatter: the shards' gradients gathered into the whole tensor's.
+// The transpose of a reduce-scatter: the shards' gradients gathered into the whole tensor's (in
+// the input's dtype when the sum was in a wider one).
 void reduce_scatter(VjpContext& c) {
   const auto& a = c.node->attrs();
-  c.input_grads[0] = c.b.all_gather(c.grad, a.s("group"), a.i("group_size"), c.in_shape(0), "dx");
+  Node* g = c.b.all_gather(c.grad, a.s("group"), a.i("group_size"), c.in_shape(0), "dx");
+  c.input_grads[0] = g->dtype() == c.in(0)->dtype() ? g : c.b.cast(g, c.in(0)->dtype(), "dx.cast");
 }
 
 // The gradient goes back in the input's dtype (a bf16 gradient of an f32 master weight becomes f32).

@@ -72,6 +72,7 @@ void* Tensor::raw() const {
 
 Tensor Tensor::view_bytes(const Tensor& base, size_t byte_offset, Shape shape, DType dtype) {
   const size_t es = dtype_size(dtype);
+  byte_offset += static_cast<size_t>(base.offset_) * dtype_size(base.dtype_);  // from base's first element
   AUTOSP_ASSERT(byte_offset % es == 0, "view at byte ", byte_offset, " is not aligned to ", es);
   Tensor t;
   t.storage_ = base.storage_;

@@ -72,8 +72,8 @@ class Tensor {
     return static_cast<T*>(raw());
   }
 
-  // A contiguous tensor of `shape` and `dtype` placed `byte_offset` bytes into `base`'s storage
-  // (a memory-plan arena). The offset must be a multiple of the element size.
+  // A contiguous tensor of `shape` and `dtype` placed `byte_offset` bytes after `base`'s first element
+  // (an arena, or a view of one: a workspace). The offset must be a multiple of the element size.
   static Tensor view_bytes(const Tensor& base, size_t byte_offset, Shape shape, DType dtype);
 
   // Views (share storage).

@@ -139,6 +139,28 @@ TEST_CASE("ZeRO-3 shards every parameter, prefetches a layer early and gathers a
   }
 }
 
+TEST_CASE("ZeRO-3 under bf16 sums each bf16 gradient in f32 without a whole f32 copy", "[zero3]") {
+  for (bool checkpointing : {false, true}) {
+    INFO((checkpointing ? "checkpointed" : "not checkpointed"));
+    const RankProgram p = joint(zero3_config("llama", 2, 2, 3, checkpointing, "bfloat16"), 4, 1);
+    const Graph& g = *p.graph;
+    size_t scatters = 0;
+    for (const auto& n : g.nodes()) {
+      if (n->op() != Op::reduce_scatter) continue;
+      ++scatters;
+      INFO(n->name());
+      // reduce_scatter(dW bf16, sum_dtype f32) → the f32 shard: no cast of the whole gradient.
+      CHECK(n->input(0)->dtype() == DType::bf16);
+      CHECK(n->input(0)->op() != Op::cast);
+      CHECK(n->attrs().s("sum_dtype") == "f32");
+      CHECK(n->dtype() == DType::f32);
+      CHECK(n->role() == Role::gradient);
+      CHECK(g.is_output(n.get()));
+    }
+    CHECK(scatters == p.grad_names.size());
+  }
+}
+
 TEST_CASE("ZeRO stages 0-2, and stage 3 on one rank, leave the program without parameter collectives", "[zero3]") {
   auto count = [](const Graph& g) {
     size_t n = 0;

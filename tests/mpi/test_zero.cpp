@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -31,6 +32,7 @@
 #include "engine/executor.h"
 #include "compiler/program.h"
 #include "graph/builder.h"
+#include "graph/ops.h"
 #include "mpi/mpi_test.h"
 #include "tensor/safetensors.h"
 #include "train/trainer.h"
@@ -105,6 +107,48 @@ TEST_CASE("zero: the all_gather and reduce_scatter ops with padded shards", "[mp
     double want = 0;
     for (int64_t q = 0; q < W && at < n; ++q) want += element(q, at);
     CHECK(got[static_cast<size_t>(i)] == want);
+  }
+}
+
+// AUTOSP_RS_PIECE_BYTES for one scope (every rank sets the same value: the pieces are collectives).
+class PieceBytes {
+ public:
+  explicit PieceBytes(size_t bytes) { setenv("AUTOSP_RS_PIECE_BYTES", std::to_string(bytes).c_str(), 1); }
+  ~PieceBytes() { unsetenv("AUTOSP_RS_PIECE_BYTES"); }
+};
+
+// A bf16 gradient summed in f32 (sum_dtype, ZeRO-3 under bf16) in pieces of 2 shard elements: 15
+// elements are no multiple of W = 2 or 4 (padding), and 2 does not divide the shard at W = 2
+// (c = 8: 4 pieces) or is half of it at W = 4 (c = 4: 2 pieces); at W = 3, c = 5: 2, 2, 1.
+TEST_CASE("zero: a bf16 gradient reduce-scattered in f32, in pieces, with padded shards", "[mpi][zero]") {
+  Communicator& w = test_world();
+  const int64_t W = w.size(), r = w.rank(), n = 15, c = (n + W - 1) / W;
+  const PieceBytes pieces(static_cast<size_t>(W) * 4 * 2);
+  for (bool background : {true, false}) {
+    INFO((background ? "in the background" : "blocking"));
+    Graph g;
+    Builder b(g);
+    Node* grad = b.input("grad", DType::bf16, {5, 3}, Role::none);
+    Node* rs = b.reduce_scatter(grad, "world", W, "grad_shard");
+    rs->attrs().set("sum_dtype", std::string("f32"));
+    rs->set_type(infer_type(*rs, g.assumptions()));
+    g.add_output(rs);
+    std::vector<float> full(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) full[static_cast<size_t>(i)] = static_cast<float>(element(r, i));
+    ExecOptions options;
+    options.background_collectives = background;
+    const Executor ex(g, options);
+    const RunResult out = ex.run({{"grad", Tensor::from_vector<float>({5, 3}, full).to(DType::bf16)}}, {{"world", &w}});
+    const Tensor& shard = out.outputs.at("grad_shard");
+    CHECK(shard.dtype() == DType::f32);
+    const std::vector<double> got = shard.to_doubles();
+    REQUIRE(got.size() == static_cast<size_t>(c));
+    for (int64_t i = 0; i < c; ++i) {
+      const int64_t at = r * c + i;
+      double want = 0;
+      for (int64_t q = 0; q < W && at < n; ++q) want += element(q, at);
+      CHECK(got[static_cast<size_t>(i)] == want);
+    }
   }
 }
 
@@ -186,6 +230,19 @@ TEST_CASE("zero: stages 1, 2 and 3 train like stage 0 on every mesh, GPT-2 and G
     INFO("bf16, stage " << stage << ": loss " << b.loss << ", weights " << b.weight);
     CHECK(b.loss < 1e-3);
     CHECK(b.weight < 1e-3);
+  }
+  {  // stage 3's bf16 gradients summed in f32 in pieces of 40 bytes of staging: several per gradient
+    const PieceBytes pieces(40);
+    Config bf16 = make_config(kLlamaGqa, 1, 3);
+    bf16.runtime.dtype = DType::bf16;
+    CountingCommunicator counted(w);
+    const TrainResult z = train(bf16, quiet_args(5), counted);
+    const Diff b = compare(z, b0);
+    INFO("bf16, stage 3 in pieces: loss " << b.loss << ", weights " << b.weight << ", "
+                                          << counted.stats().reduce_scatter.calls << " reduce-scatters");
+    CHECK(b.loss < 1e-3);
+    CHECK(b.weight < 1e-3);
+    CHECK(counted.stats().reduce_scatter.calls > 5 * 2 * static_cast<int64_t>(z.params.size()));
   }
   // Stage 3 under activation checkpointing (recomputed layers read their own gathers) and bf16,
   // with AutoSP on the whole world.

@@ -613,19 +613,25 @@ Tensor all_gather(const KernelCall& c) {
 }
 
 // ZeRO-3: the whole gradient summed over the group, this rank's shard of it (padded with zeros
-// past the whole tensor's elements). In the background when the executor asks; the handle keeps
-// what it reads alive.
+// past the whole tensor's elements). Sent as it is when it needs neither a cast nor padding, else
+// in pieces through the staging (launch::ScatterPieces: the planned workspace, or its own). In the
+// background when the executor asks and one piece does it; the handle keeps what it reads alive.
 Tensor reduce_scatter(const KernelCall& c) {
   Communicator& comm = launch::shard_group(c);
   const Tensor g = c.in[0].contiguous();
-  Tensor y = out_like(c, g.dtype());
-  const launch::ShardLayout l = launch::shard_layout(comm, g.numel());
-  Tensor send = g.reshape({g.numel()});
-  if (!l.direct()) {
-    send = Tensor::empty(l.padded(), g.dtype(), c.alloc);
-    std::memcpy(send.raw(), g.raw(), g.nbytes());
-    std::memset(static_cast<char*>(send.raw()) + g.nbytes(), 0, send.nbytes() - g.nbytes());
+  Tensor y = out_like(c, c.node.dtype());
+  const launch::ScatterPieces p = launch::scatter_pieces(launch::shard_layout(comm, g.numel()), g.dtype(), y.dtype());
+  if (p.staged) {
+    const size_t bytes = p.workspace_bytes();
+    Tensor staging = c.workspace.defined() && c.workspace.nbytes() >= bytes
+                         ? c.workspace
+                         : Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::i64, c.alloc);
+    const launch::DeviceFill fill{.convert = convert,
+                                  .zero = [](const Tensor& t) { std::memset(t.raw(), 0, t.nbytes()); }};
+    launch::staged_reduce_scatter(c, comm, p, g.reshape({g.numel()}), y, staging, fill);
+    return y;
   }
+  Tensor send = g.reshape({g.numel()});
   if (!c.pending) {
     comm.reduce_scatter_sum(send, y);
     return y;

@@ -791,19 +791,27 @@ Tensor all_gather(const KernelCall& c) {
   return y;
 }
 
+// The gradient's shard: as the CPU launcher, the staging's pieces cast and zero-filled on the
+// compute stream (NCCL's stream waits for them before each piece's collective).
 Tensor reduce_scatter(const KernelCall& c) {
   Communicator& comm = device_comm(c);
   (void)launch::shard_group(c);
   const Tensor g = arg(c, 0);
-  Tensor y = out_like(c, g.dtype());
-  const launch::ShardLayout l = launch::shard_layout(comm, g.numel());
-  Tensor send = g.reshape({g.numel()});
-  if (!l.direct()) {
-    send = Tensor::empty(l.padded(), g.dtype(), c.alloc);
-    CUDA_CHECK(cudaMemsetAsync(send.raw(), 0, send.nbytes(), stream(c)));
-    Tensor head = Tensor::view_bytes(send, 0, g.shape(), g.dtype());
-    gpu::cast_into(g, head, stream(c));
+  Tensor y = out_like(c, c.node.dtype());
+  const launch::ScatterPieces p = launch::scatter_pieces(launch::shard_layout(comm, g.numel()), g.dtype(), y.dtype());
+  if (p.staged) {
+    const size_t bytes = p.workspace_bytes();
+    Tensor staging = c.workspace.defined() && c.workspace.nbytes() >= bytes
+                         ? c.workspace
+                         : Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::i64, c.alloc);
+    cudaStream_t s = stream(c);
+    const launch::DeviceFill fill{
+        .convert = [s](const Tensor& from, const Tensor& to) { gpu::cast_into(from, to, s); },
+        .zero = [s](const Tensor& t) { CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.nbytes(), s)); }};
+    launch::staged_reduce_scatter(c, comm, p, g.reshape({g.numel()}), y, staging, fill);
+    return y;
   }
+  Tensor send = g.reshape({g.numel()});
   if (!c.pending) {
     comm.reduce_scatter_sum(send, y);
     return y;

@@ -69,20 +69,17 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
   for (const auto& n : g.nodes())
     if (n->op() == Op::reduce_scatter) scatters.push_back(n.get());
   // A gather of a cast shard differentiates into cast(reduce_scatter(dW)): summed over the ranks
-  // in the compute dtype. Gradients are summed in the master dtype, as the other stages do:
-  // reduce_scatter(cast(dW)), with the same names.
+  // in the compute dtype. Gradients are summed in the master dtype, as the other stages do: one
+  // reduce_scatter(dW, sum_dtype=f32), whose launcher casts dW to f32 in bounded pieces (no whole
+  // f32 copy of the gradient; decision 102). It takes the cast's name and role.
   for (Node* rs : scatters) {
     if (rs->users().size() != 1 || rs->users()[0]->op() != Op::cast) continue;
     Node* down = rs->users()[0];
-    if (dtype_size(down->dtype()) <= dtype_size(rs->dtype())) continue;
-    const std::string name = down->name();
+    if (down->dtype() != DType::f32 || rs->dtype() != DType::bf16) continue;
     const Role role = down->role();
-    const Attrs attrs = down->attrs();
-    Node* x = rs->input(0);
     g.replace_all_uses_with(down, rs);
     g.erase(down);
-    Node* up = g.insert_after(x, Op::cast, {x}, attrs, name);
-    g.replace_input(rs, 0, up);
+    rs->attrs().set("sum_dtype", std::string("f32"));
     rs->set_type(infer_type(*rs, g.assumptions()));
     rs->set_role(role);
     changed = true;

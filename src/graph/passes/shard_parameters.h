@@ -16,10 +16,13 @@
 // that reads a parameter gets its own gather (and, under bf16, its own cast), so the executor frees
 // each whole copy after the unit's last use; a unit right after the previous reading unit (the LM
 // head's forward, then its backward) reads that copy, so no parameter is whole twice at once.
-// A gather of a bf16 cast differentiates into a bf16 reduce_scatter; this pass makes it f32
-// (reduce_scatter of the cast gradient), as the other stages sum. Autograd reaches the gathers (the graph's first
-// nodes) last, so it appends every reduce_scatter at the end of the backward; this pass moves each
-// up to right after its whole gradient is complete, which then dies there instead of at the end.
+// A gather of a bf16 cast differentiates into a bf16 reduce_scatter and a cast of its shard to
+// f32; this pass makes it one reduce_scatter(dW, sum_dtype="f32"): the bf16 gradient summed over
+// the ranks in f32, as the other stages sum, into the f32 shard. No node holds a whole f32 copy
+// of the gradient: the launchers cast it piece by piece into a bounded staging buffer
+// (engine/dispatch.h launch::ScatterPieces, decision 102). Autograd reaches the gathers (the graph's
+// first nodes) last, so it appends every reduce_scatter at the end of the backward; this pass moves
+// each up to right after its whole gradient is complete, which then dies there instead of at the end.
 //
 // Both place every gather at the start of the unit before the one that reads it: the executor
 // runs all_gather in the background (engine/executor.h), so the next layer's parameters arrive
