@@ -95,6 +95,9 @@ ScatterPieces scatter_pieces(const ShardLayout& l, DType in, DType out);
 // The staging a reduce_scatter node wants (both devices: the memory plan places it, and keeps it
 // until a collective left in the background has finished: memory_plan.h).
 size_t reduce_scatter_workspace(const Node& n, const Bindings& b);
+// The staging of a staged reduce_scatter: the planned workspace when it is large enough, else its
+// own from the call's allocator.
+Tensor reduce_scatter_staging(const KernelCall& c, const ScatterPieces& p);
 // A staged reduce_scatter of `g` (flattened) into `y` through `staging` (≥ workspace_bytes()), with
 // the device's cast (`convert`: from → to, same shapes; the same dtype is a copy) and zero fill.
 // One piece runs in the background when the call asks (KernelCall::pending: the handle keeps

@@ -127,6 +127,12 @@ size_t reduce_scatter_workspace(const Node& n, const Bindings& b) {
   return scatter_pieces({shard_numel(numel, P), P, numel}, n.input(0)->dtype(), n.dtype()).workspace_bytes();
 }
 
+Tensor reduce_scatter_staging(const KernelCall& c, const ScatterPieces& p) {
+  const size_t bytes = p.workspace_bytes();
+  if (c.workspace.defined() && c.workspace.nbytes() >= bytes) return c.workspace;
+  return Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::i64, c.alloc);
+}
+
 void staged_reduce_scatter(const KernelCall& c, Communicator& comm, const ScatterPieces& p, const Tensor& g,
                            const Tensor& y, const Tensor& staging, const DeviceFill& fill) {
   const ShardLayout& l = p.layout;

@@ -78,6 +78,18 @@ TEST_CASE("zero: reduce_scatter_sum gives each rank the sum of its chunk", "[mpi
   CHECK(counted.stats().reduce_scatter.bytes == (P - 1) * 8 * 4);
 }
 
+// Rank r's shard (c elements) of the n-element gradient whose element i on rank q is element(q, i),
+// summed over W ranks: 0 past n (the padding).
+void check_grad_shard(const std::vector<double>& got, int64_t W, int64_t r, int64_t n, int64_t c) {
+  REQUIRE(got.size() == static_cast<size_t>(c));
+  for (int64_t i = 0; i < c; ++i) {
+    const int64_t at = r * c + i;
+    double want = 0;
+    for (int64_t q = 0; q < W && at < n; ++q) want += element(q, at);
+    CHECK(got[static_cast<size_t>(i)] == want);
+  }
+}
+
 // ZeRO-3's graph collectives where the shards do not tile the tensor (15 elements over W ranks:
 // padding whenever W does not divide 15), through the executor, whose all_gather runs in the
 // background; against the closed-form sums.
@@ -101,13 +113,7 @@ TEST_CASE("zero: the all_gather and reduce_scatter ops with padded shards", "[mp
   REQUIRE(whole.size() == static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) CHECK(whole[static_cast<size_t>(i)] == element(i / c, i % c));
   const std::vector<double> got = out.outputs.at("grad_shard").to_doubles();
-  REQUIRE(got.size() == static_cast<size_t>(c));
-  for (int64_t i = 0; i < c; ++i) {
-    const int64_t at = r * c + i;
-    double want = 0;
-    for (int64_t q = 0; q < W && at < n; ++q) want += element(q, at);
-    CHECK(got[static_cast<size_t>(i)] == want);
-  }
+  check_grad_shard(got, W, r, n, c);
 }
 
 // AUTOSP_RS_PIECE_BYTES for one scope (every rank sets the same value: the pieces are collectives).
@@ -142,13 +148,7 @@ TEST_CASE("zero: a bf16 gradient reduce-scattered in f32, in pieces, with padded
     const Tensor& shard = out.outputs.at("grad_shard");
     CHECK(shard.dtype() == DType::f32);
     const std::vector<double> got = shard.to_doubles();
-    REQUIRE(got.size() == static_cast<size_t>(c));
-    for (int64_t i = 0; i < c; ++i) {
-      const int64_t at = r * c + i;
-      double want = 0;
-      for (int64_t q = 0; q < W && at < n; ++q) want += element(q, at);
-      CHECK(got[static_cast<size_t>(i)] == want);
-    }
+    check_grad_shard(got, W, r, n, c);
   }
 }
 

@@ -622,10 +622,7 @@ Tensor reduce_scatter(const KernelCall& c) {
   Tensor y = out_like(c, c.node.dtype());
   const launch::ScatterPieces p = launch::scatter_pieces(launch::shard_layout(comm, g.numel()), g.dtype(), y.dtype());
   if (p.staged) {
-    const size_t bytes = p.workspace_bytes();
-    Tensor staging = c.workspace.defined() && c.workspace.nbytes() >= bytes
-                         ? c.workspace
-                         : Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::i64, c.alloc);
+    const Tensor staging = launch::reduce_scatter_staging(c, p);
     const launch::DeviceFill fill{.convert = convert,
                                   .zero = [](const Tensor& t) { std::memset(t.raw(), 0, t.nbytes()); }};
     launch::staged_reduce_scatter(c, comm, p, g.reshape({g.numel()}), y, staging, fill);

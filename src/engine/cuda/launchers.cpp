@@ -800,10 +800,7 @@ Tensor reduce_scatter(const KernelCall& c) {
   Tensor y = out_like(c, c.node.dtype());
   const launch::ScatterPieces p = launch::scatter_pieces(launch::shard_layout(comm, g.numel()), g.dtype(), y.dtype());
   if (p.staged) {
-    const size_t bytes = p.workspace_bytes();
-    Tensor staging = c.workspace.defined() && c.workspace.nbytes() >= bytes
-                         ? c.workspace
-                         : Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::i64, c.alloc);
+    const Tensor staging = launch::reduce_scatter_staging(c, p);
     cudaStream_t s = stream(c);
     const launch::DeviceFill fill{
         .convert = [s](const Tensor& from, const Tensor& to) { gpu::cast_into(from, to, s); },
