@@ -228,17 +228,40 @@ Tensor rope(const KernelCall& c) {
   });
 }
 
+namespace {
+// The operands sdpa and ring_attention share, contiguous: q, k, v and the optional document starts
+// (input 3, as i64); their backward adds o, lse, dout (inputs 3-5) and has the starts at input 6.
+struct AttentionArgs {
+  Tensor q, k, v, o, lse, dout, docs;
+  const int64_t* doc_start() const { return docs.defined() ? docs.data<int64_t>() : nullptr; }
+};
+AttentionArgs attention_args(const KernelCall& c, bool backward) {
+  AttentionArgs args;
+  args.q = c.in[0].contiguous();
+  args.k = c.in[1].contiguous();
+  args.v = c.in[2].contiguous();
+  const size_t docs_at = backward ? 6 : 3;
+  if (backward) {
+    args.o = c.in[3].contiguous();
+    args.lse = c.in[4].contiguous();
+    args.dout = c.in[5].contiguous();
+  }
+  if (c.in.size() > docs_at) args.docs = ids64(c.in[docs_at]);
+  return args;
+}
+}  // namespace
+
 // o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (saved for the backward). Input 3 (optional):
 // the document starts [B, Sq].
 Tensor sdpa(const KernelCall& c) {
-  const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
-  const Tensor docs = c.in.size() > 3 ? ids64(c.in[3]) : Tensor();
+  const AttentionArgs args = attention_args(c, false);
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
   return by_float(c, q.dtype(), [&]<class T>() {
     Tensor y = out_like(c, q.dtype());
     Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, q.dtype());
     cpu::sdpa_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), y.data<T>(), lse.data<T>(), q.dim(0), q.dim(1),
                          k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
-                         docs.defined() ? docs.data<int64_t>() : nullptr);
+                         args.doc_start());
     c.extras.push_back(lse);
     return y;
   });
@@ -246,10 +269,8 @@ Tensor sdpa(const KernelCall& c) {
 
 // dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
 Tensor sdpa_backward(const KernelCall& c) {
-  std::vector<Tensor> t;
-  for (const Tensor& x : c.in) t.push_back(x.contiguous());
-  const Tensor &q = t[0], &k = t[1], &v = t[2];
-  const Tensor docs = t.size() > 6 ? ids64(t[6]) : Tensor();
+  const AttentionArgs args = attention_args(c, true);
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
   return by_float(c, q.dtype(), [&]<class T>() {
     Tensor dq = out_like(c, q.dtype());
     Tensor dk = extra_like(c, k.shape(), k.dtype());
@@ -257,10 +278,10 @@ Tensor sdpa_backward(const KernelCall& c) {
     Tensor dv = extra_like(c, v.shape(), v.dtype());
     c.extras.push_back(dv);
     T* workspace = planned_workspace<T>(c, sdpa_backward_workspace(c.node, c.bindings));
-    cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), t[3].data<T>(), t[4].data<T>(), t[5].data<T>(),
-                          dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
-                          q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
-                          docs.defined() ? docs.data<int64_t>() : nullptr, workspace);
+    cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), args.o.data<T>(), args.lse.data<T>(),
+                          args.dout.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1),
+                          k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"),
+                          c.node.attrs().b("causal"), args.doc_start(), workspace);
     return dq;
   });
 }
@@ -305,10 +326,10 @@ void add_into(Tensor& into, const Tensor& from) {
 // o [B, N, L, D]; extra output 1: lse [B, N, L]. Inputs q, k, v (this rank's zigzag chunks, after
 // the Ulysses all-to-all), optional document starts [B, L].
 Tensor ring_attention(const KernelCall& c) {
-  const Tensor q = c.in[0].contiguous(), k = c.in[1].contiguous(), v = c.in[2].contiguous();
-  const Tensor docs = c.in.size() > 3 ? ids64(c.in[3]) : Tensor();
+  const AttentionArgs args = attention_args(c, false);
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
   return by_float(c, q.dtype(), [&]<class T>() {
-    RingChunks g = ring_chunks(c, q, k, docs.defined() ? docs.data<int64_t>() : nullptr);
+    RingChunks g = ring_chunks(c, q, k, args.doc_start());
     const double scale = c.node.attrs().f("scale");
     const Tensor qh = to_halves(c, q);
     Tensor o = Tensor::empty(qh.shape(), q.dtype(), c.alloc), lse = Tensor::empty({2, g.B, g.N, g.c}, q.dtype(), c.alloc);
@@ -346,15 +367,13 @@ Tensor ring_attention(const KernelCall& c) {
 
 // dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
 Tensor ring_attention_backward(const KernelCall& c) {
-  std::vector<Tensor> t;
-  for (const Tensor& x : c.in) t.push_back(x.contiguous());
-  const Tensor &q = t[0], &k = t[1], &v = t[2];
-  const Tensor docs = t.size() > 6 ? ids64(t[6]) : Tensor();
+  const AttentionArgs args = attention_args(c, true);
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
   return by_float(c, q.dtype(), [&]<class T>() {
-    RingChunks g = ring_chunks(c, q, k, docs.defined() ? docs.data<int64_t>() : nullptr);
+    RingChunks g = ring_chunks(c, q, k, args.doc_start());
     const double scale = c.node.attrs().f("scale");
-    const Tensor qh = to_halves(c, q), oh = to_halves(c, t[3]), doh = to_halves(c, t[5]);
-    const Tensor lseh = copy_view(c, halves_view(t[4].reshape({g.B, g.N, 2 * g.c, 1})), false);
+    const Tensor qh = to_halves(c, q), oh = to_halves(c, args.o), doh = to_halves(c, args.dout);
+    const Tensor lseh = copy_view(c, halves_view(args.lse.reshape({g.B, g.N, 2 * g.c, 1})), false);
     Tensor dqh = Tensor::empty(qh.shape(), q.dtype(), c.alloc);
     std::fill(dqh.data<T>(), dqh.data<T>() + dqh.numel(), T(0));
     Tensor dq_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);

@@ -401,12 +401,35 @@ bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
 }
 }  // namespace
 
+namespace {
+// The operands sdpa and ring_attention share, on the device and checked (check_attention): q, k, v
+// and the optional document starts (input 3, i64); their backward adds o, lse (in f32) and dout
+// (inputs 3-5) and has the starts at input 6.
+struct AttentionArgs {
+  Tensor q, k, v, o, lse, dout, docs;
+};
+AttentionArgs attention_args(const KernelCall& c, bool backward) {
+  AttentionArgs args;
+  args.q = arg(c, 0);
+  args.k = arg(c, 1);
+  args.v = arg(c, 2);
+  const size_t docs_at = backward ? 6 : 3;
+  if (backward) {
+    args.o = arg(c, 3);
+    args.lse = gpu::cast(on_device(c, 4), DType::f32, c.alloc, stream(c));
+    args.dout = arg(c, 5);
+  }
+  if (c.in.size() > docs_at) args.docs = ids64(c, docs_at);
+  check_attention(c, args.q);
+  return args;
+}
+}  // namespace
+
 // o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (written in f32; cast when the op table declares
 // another dtype). Input 3 (optional): the document starts [B, Sq], i64.
 Tensor sdpa(const KernelCall& c) {
-  const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2);
-  const Tensor docs = c.in.size() > 3 ? ids64(c, 3) : Tensor();
-  check_attention(c, q);
+  const AttentionArgs args = attention_args(c, false);
+  const Tensor &q = args.q, &k = args.k, &v = args.v, &docs = args.docs;
   return by_float<false>(c, q.dtype(), [&]<class T>() {
     Tensor o = out_like(c, q.dtype());
     const Shape lse_shape{q.dim(0), q.dim(1), q.dim(2)};
@@ -429,10 +452,9 @@ Tensor sdpa(const KernelCall& c) {
 
 // dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, the document starts).
 Tensor sdpa_backward(const KernelCall& c) {
-  const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2), o = arg(c, 3), dout = arg(c, 5);
-  const Tensor docs = c.in.size() > 6 ? ids64(c, 6) : Tensor();
-  const Tensor lse = gpu::cast(on_device(c, 4), DType::f32, c.alloc, stream(c));
-  check_attention(c, q);
+  const AttentionArgs args = attention_args(c, true);
+  const Tensor &q = args.q, &k = args.k, &v = args.v, &docs = args.docs;
+  const Tensor &o = args.o, &lse = args.lse, &dout = args.dout;
   return by_float<false>(c, q.dtype(), [&]<class T>() {
     Tensor dq = out_like(c, q.dtype());
     Tensor dk = extra_like(c, k.shape(), k.dtype());
@@ -516,9 +538,8 @@ void from_halves(const KernelCall& c, const Tensor& halves, const Tensor& dst) {
 // o [B, N, L, D]; extra output 1: lse [B, N, L] (f32). Inputs q, k, v (this rank's zigzag chunks,
 // after the Ulysses all-to-all), optional document starts [B, L].
 Tensor ring_attention(const KernelCall& c) {
-  const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2);
-  const Tensor docs = c.in.size() > 3 ? ids64(c, 3) : Tensor();
-  check_attention(c, q);
+  const AttentionArgs args = attention_args(c, false);
+  const Tensor &q = args.q, &k = args.k, &v = args.v, &docs = args.docs;
   return by_float<false>(c, q.dtype(), [&]<class T>() {
     const cudaStream_t s = stream(c);
     const std::vector<int64_t> starts = host_ids(c, docs);
@@ -564,10 +585,9 @@ Tensor ring_attention(const KernelCall& c) {
 
 // dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
 Tensor ring_attention_backward(const KernelCall& c) {
-  const Tensor q = arg(c, 0), k = arg(c, 1), v = arg(c, 2), o = arg(c, 3), dout = arg(c, 5);
-  const Tensor lse = gpu::cast(on_device(c, 4), DType::f32, c.alloc, stream(c));
-  const Tensor docs = c.in.size() > 6 ? ids64(c, 6) : Tensor();
-  check_attention(c, q);
+  const AttentionArgs args = attention_args(c, true);
+  const Tensor &q = args.q, &k = args.k, &v = args.v, &docs = args.docs;
+  const Tensor &o = args.o, &lse = args.lse, &dout = args.dout;
   return by_float<false>(c, q.dtype(), [&]<class T>() {
     const cudaStream_t s = stream(c);
     const std::vector<int64_t> starts = host_ids(c, docs);
