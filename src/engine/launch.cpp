@@ -4,6 +4,8 @@
 #include "engine/dispatch.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
 
 namespace autosp {
@@ -99,9 +101,12 @@ size_t reduce_scatter_piece_bytes() {
   constexpr size_t kDefault = size_t(1) << 30;
   const char* env = std::getenv("AUTOSP_RS_PIECE_BYTES");
   if (env == nullptr || *env == '\0') return kDefault;
+  // Digits only: strtoull alone would take "-5" as 2^64 - 5 and " 7" as 7.
   char* end = nullptr;
-  const unsigned long long v = std::strtoull(env, &end, 10);
-  if (*end != '\0' || v == 0) throw UsageError(str("AUTOSP_RS_PIECE_BYTES='", env, "': expected a positive byte count"));
+  errno = 0;
+  const unsigned long long v = std::isdigit(static_cast<unsigned char>(*env)) ? std::strtoull(env, &end, 10) : 0;
+  if (v == 0 || *end != '\0' || errno == ERANGE)
+    throw UsageError(str("AUTOSP_RS_PIECE_BYTES='", env, "': expected a positive byte count"));
   return static_cast<size_t>(v);
 }
 

@@ -10,10 +10,12 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/threads.h"
+#include "common/env_var.h"
 #include "common/naive.h"
 #include "engine/dispatch.h"
 #include "engine/executor.h"
@@ -85,15 +87,6 @@ std::unique_ptr<Program> program(const Case& k) {
   return p;
 }
 
-class PieceBytes {
- public:
-  explicit PieceBytes(size_t bytes) {
-    if (bytes > 0) setenv("AUTOSP_RS_PIECE_BYTES", std::to_string(bytes).c_str(), 1);
-    else unsetenv("AUTOSP_RS_PIECE_BYTES");
-  }
-  ~PieceBytes() { unsetenv("AUTOSP_RS_PIECE_BYTES"); }
-};
-
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
       // c = 10, m = 3: pieces of 3, 3, 3, 1; 30 slots for 29 elements
@@ -111,9 +104,21 @@ const std::vector<Case>& cases() {
 
 }  // namespace
 
+TEST_CASE("AUTOSP_RS_PIECE_BYTES that is not a positive byte count is a named error", "[reduce_scatter]") {
+  for (const char* bad : {"0", "-5", " 7", "lots", "12MB", "1.5", "99999999999999999999999"}) {
+    INFO(bad);
+    const testing::EnvVar env("AUTOSP_RS_PIECE_BYTES", bad);
+    CHECK_THROWS_WITH(launch::reduce_scatter_piece_bytes(),
+                      Catch::Contains("AUTOSP_RS_PIECE_BYTES='" + std::string(bad) + "': expected a positive byte count"));
+  }
+  const testing::EnvVar env("AUTOSP_RS_PIECE_BYTES", "4096");
+  CHECK(launch::reduce_scatter_piece_bytes() == 4096);
+}
+
 TEST_CASE("reduce_scatter in pieces: the geometry the cases mean", "[reduce_scatter]") {
   for (const Case& k : cases()) {
-    PieceBytes env(k.piece_bytes);
+    std::optional<testing::EnvVar> env;  // unset: the default
+    if (k.piece_bytes > 0) env.emplace("AUTOSP_RS_PIECE_BYTES", std::to_string(k.piece_bytes).c_str());
     INFO(k.name);
     const int64_t c = (k.n + k.P - 1) / k.P;
     const DType out = k.sum_f32 ? DType::f32 : k.in;
@@ -136,7 +141,8 @@ TEST_CASE("reduce_scatter in pieces: the geometry the cases mean", "[reduce_scat
 TEST_CASE("reduce_scatter in pieces equals the float64 sum over the ranks", "[reduce_scatter]") {
   // Catch's assertions are not thread-safe: the ranks keep their shards, checked afterwards.
   for (const Case& k : cases()) {
-    PieceBytes env(k.piece_bytes);
+    std::optional<testing::EnvVar> env;  // unset: the default
+    if (k.piece_bytes > 0) env.emplace("AUTOSP_RS_PIECE_BYTES", std::to_string(k.piece_bytes).c_str());
     const DType out = k.sum_f32 ? DType::f32 : k.in;
     for (int how : {0, 1, 2}) {
       INFO(k.name << (how == 0   ? ", executor (background)"
