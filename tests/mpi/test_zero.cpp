@@ -28,6 +28,7 @@
 #include <string>
 
 #include "comm/counting.h"
+#include "common/env_var.h"
 #include "config/config.h"
 #include "engine/executor.h"
 #include "compiler/program.h"
@@ -116,20 +117,14 @@ TEST_CASE("zero: the all_gather and reduce_scatter ops with padded shards", "[mp
   check_grad_shard(got, W, r, n, c);
 }
 
-// AUTOSP_RS_PIECE_BYTES for one scope (every rank sets the same value: the pieces are collectives).
-class PieceBytes {
- public:
-  explicit PieceBytes(size_t bytes) { setenv("AUTOSP_RS_PIECE_BYTES", std::to_string(bytes).c_str(), 1); }
-  ~PieceBytes() { unsetenv("AUTOSP_RS_PIECE_BYTES"); }
-};
-
 // A bf16 gradient summed in f32 (sum_dtype, ZeRO-3 under bf16) in pieces of 2 shard elements: 15
 // elements are no multiple of W = 2 or 4 (padding), and 2 does not divide the shard at W = 2
 // (c = 8: 4 pieces) or is half of it at W = 4 (c = 4: 2 pieces); at W = 3, c = 5: 2, 2, 1.
 TEST_CASE("zero: a bf16 gradient reduce-scattered in f32, in pieces, with padded shards", "[mpi][zero]") {
   Communicator& w = test_world();
   const int64_t W = w.size(), r = w.rank(), n = 15, c = (n + W - 1) / W;
-  const PieceBytes pieces(static_cast<size_t>(W) * 4 * 2);
+  // Every rank sets the same piece size: the pieces are collectives.
+  const testing::EnvVar pieces("AUTOSP_RS_PIECE_BYTES", std::to_string(W * 4 * 2).c_str());
   for (bool background : {true, false}) {
     INFO((background ? "in the background" : "blocking"));
     Graph g;
@@ -232,7 +227,7 @@ TEST_CASE("zero: stages 1, 2 and 3 train like stage 0 on every mesh, GPT-2 and G
     CHECK(b.weight < 1e-3);
   }
   {  // stage 3's bf16 gradients summed in f32 in pieces of 40 bytes of staging: several per gradient
-    const PieceBytes pieces(40);
+    const testing::EnvVar pieces("AUTOSP_RS_PIECE_BYTES", "40");
     Config bf16 = make_config(kLlamaGqa, 1, 3);
     bf16.runtime.dtype = DType::bf16;
     CountingCommunicator counted(w);
