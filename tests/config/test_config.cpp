@@ -162,6 +162,8 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"runtime": {"tiled_loss": "yes"}})", {}, "runtime.tiled_loss = \"yes\": expected true or false"},
       {R"({"runtime": {"tiled_loss": 0}})", {}, "runtime.tiled_loss = 0: expected true or false"},
       {R"({})", {"runtime.tiled_loss=1.5"}, "runtime.tiled_loss"},
+      {R"({"runtime": {"profile_ops": "yes"}})", {}, "runtime.profile_ops = \"yes\": expected true or false"},
+      {R"({})", {"runtime.profile_ops=2"}, "runtime.profile_ops"},
       {R"({"model": {"arch": "gpt2"}, "runtime": {"tiled_mlp": true}})", {},
        "runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"gpt2\" has none"},
       {R"({"sequence_parallel": {"autosp_size": 0}})", {}, "sequence_parallel.autosp_size"},
