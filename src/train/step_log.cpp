@@ -42,6 +42,13 @@ void StepThroughput::fill(StepRecord& rec) const {
   rec.mfu = peak_ > 0 ? rec.tflops / peak_ : -1;
 }
 
+void StepLog::run_end(const TrainResult& result) const {
+  if (!lead_ || !cfg_.runtime.profile_ops || result.steps.empty()) return;
+  double step_ms = 0;
+  for (const StepRecord& s : result.steps) step_ms += s.step_ms;
+  spdlog::info("{}", op_profile_table(result.op_profile, static_cast<int64_t>(result.steps.size()), step_ms));
+}
+
 void StepLog::run_start(Device dev, const std::string& data, size_t num_params,
                         const std::string& validation_data) const {
   if (!lead_) return;

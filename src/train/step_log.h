@@ -39,6 +39,8 @@ class StepLog {
   // Warns once, at the first or the last step, when under kFewTargets of the run's input tokens so
   // far were targets (loss masks or document masks that remove nearly everything).
   void step(const StepRecord& rec);
+  // Rank 0's closing lines: with runtime.profile_ops, where the steps' time went, per op kind.
+  void run_end(const TrainResult& result) const;
 
   static constexpr double kFewTargets = 0.01;
 

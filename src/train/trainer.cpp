@@ -339,11 +339,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   result.optimizer_state_bytes = state->state_bytes();
   result.grad_bucket_bytes = state->grad_bucket_bytes();
   result.accumulator_bytes = accumulated.bytes();
-  if (cfg.runtime.profile_ops && world.rank() == 0 && !result.steps.empty()) {
-    double step_ms = 0;
-    for (const StepRecord& s : result.steps) step_ms += s.step_ms;
-    spdlog::info("{}", op_profile_table(result.op_profile, static_cast<int64_t>(result.steps.size()), step_ms));
-  }
+  log.run_end(result);
   return result;
 }
 
