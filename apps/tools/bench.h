@@ -84,7 +84,10 @@ std::string csv_row(const nlohmann::json& row);
 double measured_tflops(const std::string& jsonl_path);
 
 // The middle element of v (the upper one of two for an even count); 0 when v is empty. Shared by
-// the benchmarks (bench.cpp, bench_attention.cpp, bench_gemm.cpp).
+// the benchmarks (bench.cpp and the bench_*.cpp of each --mode).
 double median(std::vector<double> v);
+
+// n draws of N(0, 1) from a generator seeded with `seed`: the benchmarks' operands.
+std::vector<float> random_normal(size_t n, uint64_t seed);
 
 }  // namespace autosp

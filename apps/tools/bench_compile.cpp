@@ -7,16 +7,9 @@
 #include "compiler/program.h"
 #include "engine/memory_plan.h"
 #include "tensor/check.h"
+#include "tools/bench.h"
 
 namespace autosp {
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 void run_compile_bench(const CompileBenchOptions& opt, const std::function<void(const nlohmann::json&)>& emit) {
   if (opt.iters < 1) throw UsageError(str("--iters ", opt.iters, ": expected at least 1"));

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstring>
 #include <numeric>
-#include <random>
 #include <string>
 
 #include "comm/communicator.h"
@@ -13,6 +12,7 @@
 #include "graph/builder.h"
 #include "kernels/cpu/matmul.h"
 #include "tensor/check.h"
+#include "tools/bench.h"
 
 namespace autosp {
 namespace {
@@ -62,18 +62,8 @@ Graph ring_graph(int64_t B, int64_t N, int64_t Nkv, int64_t L, int64_t D, int64_
   return g;
 }
 
-Tensor random_tensor(Shape shape, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(gen);
-  return t;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+Tensor random_tensor(const Shape& shape, uint64_t seed) {
+  return Tensor::from_vector<float>(shape, random_normal(static_cast<size_t>(shape_numel(shape)), seed));
 }
 
 }  // namespace
