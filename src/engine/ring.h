@@ -25,18 +25,18 @@
 namespace autosp {
 
 // The two global chunk indices (of 2R) ring rank r holds, in local order.
-struct ZigzagChunks {
+struct RankChunks {
   int64_t first, second;
 };
-inline ZigzagChunks zigzag_chunks(int64_t r, int64_t R) { return {r, 2 * R - 1 - r}; }
+inline RankChunks zigzag_chunks(int64_t r, int64_t R) { return {r, 2 * R - 1 - r}; }
 
 // Which chunks a ring rank holds: zigzag (what the passes slice; the default), or contiguous, ring
 // rank r holding chunks 2r and 2r+1 (the r-th S/R of the sequence in order). Nothing slices
 // the sequence contiguously for a ring: a ring_attention node with the attribute layout =
 // "contiguous" exists only in `autosp-bench --mode ring`, to time the causal imbalance zigzag removes.
 enum class RingLayout { zigzag, contiguous };
-inline ZigzagChunks ring_rank_chunks(int64_t r, int64_t R, RingLayout layout) {
-  return layout == RingLayout::zigzag ? zigzag_chunks(r, R) : ZigzagChunks{2 * r, 2 * r + 1};
+inline RankChunks ring_rank_chunks(int64_t r, int64_t R, RingLayout layout) {
+  return layout == RingLayout::zigzag ? zigzag_chunks(r, R) : RankChunks{2 * r, 2 * r + 1};
 }
 
 // The launchers keep every operand in halves: x [B, H, L(, D)] (L = 2c, this rank's two chunks side
@@ -51,13 +51,13 @@ Tensor interleaved_view(const Tensor& halves);
 struct RingChunks {
   int64_t B, N, Nkv, c, D;
   bool causal;
-  ZigzagChunks q, k;
+  RankChunks q, k;
   const int64_t* doc_start;
   RingLayout layout = RingLayout::zigzag;
   int64_t ring_size = 1;
 
   // The chunks of the block ring rank `owner` sends around (what `k` is set to at each step).
-  ZigzagChunks chunks_of(int owner) const { return ring_rank_chunks(owner, ring_size, layout); }
+  RankChunks chunks_of(int owner) const { return ring_rank_chunks(owner, ring_size, layout); }
 
   int64_t q_half(int a) const { return B * N * c * D * a; }     // element offsets into halves of q, o, dout
   int64_t lse_half(int a) const { return B * N * c * a; }

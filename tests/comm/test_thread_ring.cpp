@@ -199,7 +199,7 @@ TEST_CASE("ring: ring_attention in the zigzag and the contiguous layout equals a
       naive::sdpa_backward(q, k, v, dout, B, N, Nkv, S, S, D, scale, true, want_dq, want_dk, want_dv);
       // Rows [B, H, S, D] → this rank's [B, H, L, D]: its two chunks side by side (and back).
       auto chunks_of = [&](int64_t r) {
-        const ZigzagChunks ch = ring_rank_chunks(r, R, layout == "zigzag" ? RingLayout::zigzag : RingLayout::contiguous);
+        const RankChunks ch = ring_rank_chunks(r, R, layout == "zigzag" ? RingLayout::zigzag : RingLayout::contiguous);
         return std::vector<int64_t>{ch.first, ch.second};
       };
       auto local = [&](const naive::Vec& x, int64_t H, int64_t r) {
