@@ -33,6 +33,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -53,7 +54,7 @@ constexpr double kMinPackedMNK = 4096.0;     // smaller f32 GEMMs stay on OpenBL
 // ---- packed sgemm ----
 
 constexpr int64_t kMR = 14, kNR = 32;  // micro tile: 14 × 2 zmm accumulators, 2 for B, 2 spare
-constexpr int64_t kKC = 256;           // B micro-panel kKC × kNR floats = 32 KiB (L1 is 48 KiB)
+constexpr int64_t kKC = 256;           // B micro-panel kKC × kNR floats = 32 KiB (L1: 32 KiB Zen 4, 48 Zen 5)
 constexpr int64_t kMC = 24 * kMR;      // A block kMC × kKC floats = 336 KiB (L2 is 1 MiB)
 constexpr int64_t kNC = 2048;          // B block kKC × kNC floats = 2 MiB, shared
 static_assert(kNR % 16 == 0 && kNC % kNR == 0 && kMC % kMR == 0);
@@ -87,23 +88,40 @@ struct Operands {
 };
 
 // The A block at (i0, p0): op(A)[i0 + q·kMR + r][p0 + k] → ap[q·kc·kMR + k·kMR + r] for the mc
-// rows of the block, 0 in the rows of its last micro-panel past mc.
-void pack_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* ap) {
+// rows of the block, 0 in the rows of its last micro-panel past mc. Stored [M, K], 16 × 16 blocks
+// (kMR rows and two of zeros, by 16 k) are transposed in registers: each source cache line is read
+// once and used whole, where reading kMR rows side by side a float at a time missed L1 at K = 1024
+// (rows 4 KiB apart share one L1 set; 17% of the GEMM). Stored [K, M], row k is read across all of
+// the block's micro-panels in one sweep.
+__attribute__((target("avx512f"))) void pack_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
+                                               float* ap) {
+  constexpr __mmask16 kPanel = (1u << kMR) - 1;
+  if (o.ta) {
+    for (int64_t q = 0; q * kMR < mc; ++q) {
+      const __mmask16 rows = __mmask16((1u << std::min(kMR, mc - q * kMR)) - 1);
+      const float* src = o.a + p0 * o.lda + i0 + q * kMR;
+      float* dst = ap + q * kc * kMR;
+      for (int64_t k = 0; k < kc; ++k)
+        _mm512_mask_storeu_ps(dst + k * kMR, kPanel, _mm512_maskz_loadu_ps(rows, src + k * o.lda));
+    }
+    return;
+  }
   for (int64_t q = 0; q * kMR < mc; ++q) {
     float* dst = ap + q * kc * kMR;
     const int64_t rows = std::min(kMR, mc - q * kMR), i = i0 + q * kMR;
-    if (o.ta) {  // stored [K, M]: each k reads `rows` consecutive floats
-      for (int64_t k = 0; k < kc; ++k) {
-        const float* src = o.a + (p0 + k) * o.lda + i;
-        for (int64_t r = 0; r < rows; ++r) dst[k * kMR + r] = src[r];
-        for (int64_t r = rows; r < kMR; ++r) dst[k * kMR + r] = 0.0f;
-      }
-    } else {  // stored [M, K]: kMR rows read side by side, each consecutive over k
-      const float* src[kMR];
-      for (int64_t r = 0; r < kMR; ++r) src[r] = o.a + (i + std::min(r, rows - 1)) * o.lda + p0;
-      for (int64_t k = 0; k < kc; ++k)
-        for (int64_t r = 0; r < kMR; ++r) dst[k * kMR + r] = r < rows ? src[r][k] : 0.0f;
+    const float* src[kMR];
+    for (int64_t r = 0; r < kMR; ++r) src[r] = o.a + (i + std::min(r, rows - 1)) * o.lda + p0;
+    int64_t k = 0;
+    for (; k + 16 <= kc; k += 16) {
+      vec16::f32x16 v[16];
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < 16; ++r) v[r] = r < rows ? vec16::load(src[r] + k) : vec16::splat(0.0f);
+      vec16::transpose16(v);
+#pragma GCC unroll 16
+      for (int64_t t = 0; t < 16; ++t) _mm512_mask_storeu_ps(dst + (k + t) * kMR, kPanel, __m512(v[t]));
     }
+    for (; k < kc; ++k)
+      for (int64_t r = 0; r < kMR; ++r) dst[k * kMR + r] = r < rows ? src[r][k] : 0.0f;
   }
 }
 
@@ -111,19 +129,28 @@ void pack_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, f
 // bp[q·kc·kNR + k·kNR + j], 0 past the block's last column. Stored [K, N], each row k of the
 // thread's panels is read in one contiguous sweep (the panel-at-a-time order read 128 bytes from
 // each of kc rows ldb apart: a new page per row once ldb ≥ 1024 floats, which the prefetcher does
-// not follow). Stored [N, K], each column is consecutive over k and is scattered kNR apart.
+// not follow). Stored [N, K], each column is consecutive over k: 16 columns by 16 k are transposed
+// in registers (a float at a time, kNR apart, every store missed L1: the panel is L1's size).
 __attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
                                                int64_t q0, int64_t q1, float* bp) {
   if (o.tb) {
     for (int64_t q = q0; q < q1; ++q) {
       float* dst = bp + q * kc * kNR;
       const int64_t cols = std::min(kNR, nc - q * kNR);
-      for (int64_t c = 0; c < cols; ++c) {
-        const float* src = o.b + (j0 + q * kNR + c) * o.ldb + p0;
-        for (int64_t k = 0; k < kc; ++k) dst[k * kNR + c] = src[k];
+      for (int64_t c0 = 0; c0 < kNR; c0 += 16) {
+        const auto column = [&](int64_t c) { return o.b + (j0 + q * kNR + c) * o.ldb + p0; };
+        int64_t k = 0;
+        for (; k + 16 <= kc; k += 16) {
+          vec16::f32x16 v[16];
+#pragma GCC unroll 16
+          for (int64_t c = 0; c < 16; ++c) v[c] = c0 + c < cols ? vec16::load(column(c0 + c) + k) : vec16::splat(0.0f);
+          vec16::transpose16(v);
+#pragma GCC unroll 16
+          for (int64_t t = 0; t < 16; ++t) vec16::store(dst + (k + t) * kNR + c0, v[t]);
+        }
+        for (; k < kc; ++k)
+          for (int64_t c = c0; c < c0 + 16; ++c) dst[k * kNR + c] = c < cols ? column(c)[k] : 0.0f;
       }
-      for (int64_t c = cols; c < kNR; ++c)
-        for (int64_t k = 0; k < kc; ++k) dst[k * kNR + c] = 0.0f;
     }
     return;
   }

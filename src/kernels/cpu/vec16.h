@@ -60,6 +60,25 @@ using i32x16 = int32_t __attribute__((vector_size(64)));
   return x < -87.33654f ? splat(0.0f) : er * (f32x16)e;
 }
 
+// Transposes the 16 × 16 block held in v[0..16) in place: lane c of v[r] becomes lane r of v[c].
+// Four rounds of the perfect shuffle (v[2i], v[2i+1] ← the low and high halves of v[i] and v[i+8]
+// interleaved), each rotating the 8-bit (row, lane) index left by one bit: 64 two-source permutes.
+[[gnu::always_inline]] inline void transpose16(f32x16 (&v)[16]) {
+  constexpr i32x16 lo{0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+  constexpr i32x16 hi = lo + 8;
+#pragma GCC unroll 4
+  for (int round = 0; round < 4; ++round) {
+    f32x16 t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = __builtin_shuffle(v[i], v[i + 8], lo);
+      t[2 * i + 1] = __builtin_shuffle(v[i], v[i + 8], hi);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) v[i] = t[i];
+  }
+}
+
 // True where the running CPU has AVX-512F (checked once).
 inline bool has_avx512f() {
   static const bool yes = __builtin_cpu_supports("avx512f");
