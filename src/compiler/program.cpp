@@ -9,6 +9,7 @@
 #include "graph/passes/autosp/autosp.h"
 #include "graph/passes/checkpoint_activations.h"
 #include "graph/passes/feed_target_count.h"
+#include "graph/passes/concat_slice_grads.h"
 #include "graph/passes/fuse_elementwise.h"
 #include "graph/passes/mixed_precision.h"
 #include "graph/passes/shard_parameters.h"
@@ -50,6 +51,8 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Ra
     out.push_back({{"feed_target_count", passes::feed_target_count, true}, Stage::joint});
   if (cfg.runtime.fuse_kernels) out.push_back({{"fuse_elementwise", passes::fuse_elementwise, true}, Stage::joint});
   out.push_back({{"autograd", passes::autograd, true}, Stage::joint});
+  if (cfg.runtime.fuse_kernels)
+    out.push_back({{"concat_slice_grads", passes::concat_slice_grads, true}, Stage::joint});
   if (cfg.runtime.activation_checkpointing)
     out.push_back({{"checkpoint_activations", passes::checkpoint_activations, true}, Stage::joint});
   if (zero3) out.push_back({{"regather_parameters", passes::regather_parameters, true}, Stage::joint});

@@ -162,23 +162,30 @@ Tensor permute(const KernelCall& c) { return copy_view(c, launch::permuted_view(
 Tensor slice(const KernelCall& c) { return copy_view(c, launch::slice_view(c, c.in[0])); }
 
 // y [..., Σ n_i, ...] from x_i [..., n_i, ...]: for each index over the dims before `d`, the inputs'
-// contiguous blocks are laid side by side.
+// contiguous blocks are laid side by side, one output block at a time (y is written in order, in
+// one parallel region: input by input it took 3 regions and 0.35 ms for GPT-2 tiny's qkv gradient).
 Tensor concat(const KernelCall& c) {
   const int d = launch::axis(c.node.attrs().i("dim"), c.in[0].rank());
   Tensor y = out_like(c, c.in[0].dtype());
   const size_t es = dtype_size(y.dtype());
   const int64_t outer = shape_numel(std::span(c.out_shape).first(d));
-  const int64_t y_block = outer ? y.numel() / outer : 0;
-  int64_t at = 0;  // offset of this input's block inside y's block, in elements
+  if (outer == 0) return y;
+  const int64_t y_block = y.numel() / outer;
+  std::vector<Tensor> xs;  // contiguous inputs, alive until the copy is done
+  std::vector<int64_t> blocks;
   for (const Tensor& in : c.in) {
-    const Tensor x = in.contiguous();
-    const int64_t block = outer ? x.numel() / outer : 0;
-    const char* src = static_cast<const char*>(x.raw());
-    char* dst = static_cast<char*>(y.raw());
+    xs.push_back(in.contiguous());
+    blocks.push_back(xs.back().numel() / outer);
+  }
+  char* dst = static_cast<char*>(y.raw());
 #pragma omp parallel for if (outer > 64)
-    for (int64_t o = 0; o < outer; ++o)
-      std::memcpy(dst + (o * y_block + at) * es, src + o * block * es, static_cast<size_t>(block) * es);
-    at += block;
+  for (int64_t o = 0; o < outer; ++o) {
+    char* row = dst + o * y_block * int64_t(es);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const size_t n = size_t(blocks[i]) * es;
+      std::memcpy(row, static_cast<const char*>(xs[i].raw()) + size_t(o) * n, n);
+      row += n;
+    }
   }
   return y;
 }
