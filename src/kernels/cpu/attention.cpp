@@ -183,16 +183,19 @@ template <int R, int V>
                                                int64_t ldc) {
   int64_t m = 0;
   for (; m + R <= M; m += R) micro_tile<R, V>(K, alpha, a + m * ars, ars, acs, b, ldb, beta, c + m * ldc, ldc);
+  for (; m + 4 <= M; m += 4) micro_tile<4, V>(K, alpha, a + m * ars, ars, acs, b, ldb, beta, c + m * ldc, ldc);
   for (; m < M; ++m) micro_tile<1, V>(K, alpha, a + m * ars, ars, acs, b, ldb, beta, c + m * ldc, ldc);
 }
 
 // C[M×N] (ldc) = alpha · A · B + beta · C, A[m][k] = a[m·ars + k·acs], B[k][n] = b[k·ldb + n]:
-// strips of 64 columns (6 × 4 registers), then of 16 (8 × 1), then the last N % 16 columns plainly.
+// strips of 64 columns (6 × 4 registers), then of 32 (12 × 2: a head dim of 32, read once for both
+// halves), then of 16 (8 × 1), then the last N % 16 columns plainly; leftover rows 4, then 1 at a time.
 __attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float* a,
                                                     int64_t ars, int64_t acs, const float* b, int64_t ldb, float beta,
                                                     float* c, int64_t ldc) {
   int64_t n = 0;
   for (; n + 64 <= N; n += 64) micro_strip<6, 4>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
+  for (; n + 32 <= N; n += 32) micro_strip<12, 2>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
   for (; n + 16 <= N; n += 16) micro_strip<8, 1>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
   for (int64_t m = 0; m < M && n < N; ++m)
     for (int64_t j = n; j < N; ++j) {
@@ -218,18 +221,32 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
 // The key rows [bk, D] of a tile, transposed into `panel` [D, BK] on the micro-kernel path (per-
 // thread scratch; the columns up to bk rounded to 16 are written, zero past bk; that costs bk·D
 // moves against M·bk·D FMAs). The BLAS path reads the rows as they are and needs no panel.
-void keys_panel(int64_t bk, int64_t D, const float* rows, float* panel, int64_t BK) {
-  if (!use_micro_kernel()) return;
+__attribute__((target("avx512f"))) void keys_panel_avx512(int64_t bk, int64_t D, const float* rows, float* panel,
+                                                           int64_t BK) {
   const int64_t n = std::min(BK, (bk + 15) / 16 * 16);
-  // 16 keys at a time, so that their rows stay in L1 while each d writes one cache line.
+  // 16 keys at a time, so that their rows stay in L1 while each d writes one cache line; 16 keys by
+  // 16 dims of a full block are transposed in registers.
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int64_t w = std::min<int64_t>(16, bk - j0);
-    for (int64_t d = 0; d < D; ++d) {
+    int64_t d0 = 0;
+    if (w == 16)
+      for (; d0 + 16 <= D; d0 += 16) {
+        vec16::f32x16 v[16];
+#pragma GCC unroll 16
+        for (int64_t j = 0; j < 16; ++j) v[j] = load(rows + (j0 + j) * D + d0);
+        vec16::transpose16(v);
+#pragma GCC unroll 16
+        for (int64_t d = 0; d < 16; ++d) store(panel + (d0 + d) * BK + j0, v[d]);
+      }
+    for (int64_t d = d0; d < D; ++d) {
       float* dst = panel + d * BK + j0;
       for (int64_t j = 0; j < w; ++j) dst[j] = rows[(j0 + j) * D + d];
       for (int64_t j = std::max<int64_t>(w, 0); j < 16; ++j) dst[j] = 0.0f;
     }
   }
+}
+void keys_panel(int64_t bk, int64_t D, const float* rows, float* panel, int64_t BK) {
+  if (use_micro_kernel()) keys_panel_avx512(bk, D, rows, panel, BK);
 }
 void keys_panel(int64_t, int64_t, const double*, double*, int64_t) {}
 
