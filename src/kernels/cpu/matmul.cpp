@@ -175,8 +175,12 @@ __attribute__((target("avx512f"))) void kernel(int64_t kc, float alpha, const fl
                                                float beta, float* c, int64_t ldc, int64_t rows, int64_t cols) {
   if (rows == kMR && cols == kNR)
     return vec16::micro_tile<kMR, kNR / 16>(kc, alpha, ap, 1, kMR, bp, kNR, beta, c, ldc);
+  // An edge tile: into a scratch tile, computing only the rows it has (4, 8 or all kMR): the last
+  // panel of M = 256 has 4 rows, and a full 14-row product there wasted 4% of the weight gradients.
   alignas(64) float tile[kMR * kNR];
-  vec16::micro_tile<kMR, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
+  if (rows <= 4) vec16::micro_tile<4, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
+  else if (rows <= 8) vec16::micro_tile<8, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
+  else vec16::micro_tile<kMR, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; ++j) {
       float& y = c[r * ldc + j];
