@@ -61,6 +61,9 @@ namespace {
 // forward gains ~1.3× at D = 16 from 512 keys over 256; the backward, with two tiles live, keeps 64 × 256.
 constexpr int64_t kForwardBlockQ = 128, kForwardBlockK = 512;
 constexpr int64_t kBackwardBlockQ = 64, kBackwardBlockK = 256;
+// Row stride of the score tiles and key panels: BK + 16 floats, so that tile rows 2 KiB (or 1 KiB)
+// apart do not all fall into the same few L1 sets when the micro-kernel reads 12 of them at once.
+constexpr int64_t kTilePad = 16;
 constexpr int64_t kMinTasks = 8;     // backward: chunks per (b, kv head) until there are this many tasks (decision 86)
 constexpr int64_t kMaxChunks = 8;
 
@@ -316,7 +319,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
                   int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   const int64_t group = N / Nkv;  // query heads per kv head
-  const int64_t BQ = kForwardBlockQ, BK = kForwardBlockK;
+  const int64_t BQ = kForwardBlockQ, BK = kForwardBlockK, LT = BK + kTilePad;
   const int64_t nqb = (Sq + BQ - 1) / BQ;
   const int64_t shift = Skv - Sq;  // causal: query i sees keys j ≤ i + shift (bottom-right)
   const T sc = T(scale);
@@ -324,8 +327,8 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 
 #pragma omp parallel
   {
-    std::vector<T> s(static_cast<size_t>(BQ * BK));    // [BQ, BK] scores, then probabilities
-    std::vector<T> panel(static_cast<size_t>(D * BK)); // [D, BK] a key block transposed
+    std::vector<T> s(static_cast<size_t>(BQ * LT));    // [BQ, BK] scores, then probabilities (row stride LT)
+    std::vector<T> panel(static_cast<size_t>(D * LT)); // [D, BK] a key block transposed (row stride LT)
     std::vector<T> acc(static_cast<size_t>(BQ * D));   // [BQ, D] unnormalised output
     std::vector<T> m(static_cast<size_t>(BQ));         // [BQ] running max of scaled scores
     std::vector<double> l(static_cast<size_t>(BQ));    // [BQ] running Σ exp(score - m)
@@ -351,12 +354,12 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
         const int64_t bk = std::min(BK, kend - j0);
         const auto limit = [&](int64_t i) { return row_limit(causal, i0 + i, shift, j0, bk); };
         // s [bq, bk] = q [bq, D] · k[j0 : j0+bk]ᵀ, each row up to its limit at least
-        keys_panel(bk, D, kp + j0 * D, panel.data(), BK);
+        keys_panel(bk, D, kp + j0 * D, panel.data(), LT);
         row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
-          scores(r1 - r0, n, D, qp + r0 * D, kp + j0 * D, panel.data(), BK, s.data() + r0 * BK, BK);
+          scores(r1 - r0, n, D, qp + r0 * D, kp + j0 * D, panel.data(), LT, s.data() + r0 * LT, LT);
         });
         for (int64_t i = 0; i < bq; ++i) {
-          T* si = s.data() + i * BK;
+          T* si = s.data() + i * LT;
           const int64_t lim = limit(i);
           const int64_t lo = std::min(row_begin(starts, i0 + i, j0, bk), lim);  // keys [lo, lim) are visible
           std::fill(si, si + lo, T(0));
@@ -373,7 +376,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
         }
         // acc [bq, D] += p [bq, bk] · v[j0 : j0+bk] [bk, D] (p is 0 past each row's limit)
         row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
-          gemm(false, false, r1 - r0, D, n, T(1), s.data() + r0 * BK, BK, vp + j0 * D, D, T(1), acc.data() + r0 * D, D);
+          gemm(false, false, r1 - r0, D, n, T(1), s.data() + r0 * LT, LT, vp + j0 * D, D, T(1), acc.data() + r0 * D, D);
         });
       }
 
@@ -427,7 +430,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
                    bool causal, const int64_t* doc_start, T* workspace) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   const int64_t group = N / Nkv;  // query heads per kv head
-  const int64_t BQ = kBackwardBlockQ, BK = kBackwardBlockK;
+  const int64_t BQ = kBackwardBlockQ, BK = kBackwardBlockK, LT = BK + kTilePad;
   const int64_t shift = Skv - Sq;  // causal: query i sees keys j ≤ i + shift (bottom-right)
   const T sc = T(scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -441,8 +444,8 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
 
 #pragma omp parallel
   {
-    std::vector<T> p(static_cast<size_t>(BQ * BK)), ds(static_cast<size_t>(BQ * BK));  // [BQ, BK] tiles
-    std::vector<T> panel(static_cast<size_t>(D * BK));                                // [D, BK] Kᵀ or Vᵀ
+    std::vector<T> p(static_cast<size_t>(BQ * LT)), ds(static_cast<size_t>(BQ * LT));  // [BQ, BK] tiles, stride LT
+    std::vector<T> panel(static_cast<size_t>(D * LT));                                // [D, BK] Kᵀ or Vᵀ, stride LT
     std::vector<T> delta(static_cast<size_t>(BQ));                                    // [BQ] Δ
 
     // Chunks late in the sequence see the most keys under causal masking: hand them out first.
@@ -477,19 +480,19 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
           for (int64_t j0 = visible_begin(starts, i0, bq, Skv); j0 < kend; j0 += BK) {
             const int64_t bk = std::min(BK, kend - j0);
             const auto limit = [&](int64_t i) { return row_limit(causal, i0 + i, shift, j0, bk); };
-            keys_panel(bk, D, kp + j0 * D, panel.data(), BK);  // p = q · kᵀ
+            keys_panel(bk, D, kp + j0 * D, panel.data(), LT);  // p = q · kᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
-              scores(r1 - r0, n, D, qp + r0 * D, kp + j0 * D, panel.data(), BK, p.data() + r0 * BK, BK);
+              scores(r1 - r0, n, D, qp + r0 * D, kp + j0 * D, panel.data(), LT, p.data() + r0 * LT, LT);
             });
-            keys_panel(bk, D, vp + j0 * D, panel.data(), BK);  // ds = dO · vᵀ
+            keys_panel(bk, D, vp + j0 * D, panel.data(), LT);  // ds = dO · vᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
-              scores(r1 - r0, n, D, dop + r0 * D, vp + j0 * D, panel.data(), BK, ds.data() + r0 * BK, BK);
+              scores(r1 - r0, n, D, dop + r0 * D, vp + j0 * D, panel.data(), LT, ds.data() + r0 * LT, LT);
             });
             for (int64_t i = 0; i < bq; ++i) {
               const int64_t lim = lp[i] == neg_inf ? 0 : limit(i);
               const int64_t lo = std::min(row_begin(starts, i0 + i, j0, bk), lim);  // keys [lo, lim) are visible
-              T* pi = p.data() + i * BK;
-              T* dsi = ds.data() + i * BK;
+              T* pi = p.data() + i * LT;
+              T* dsi = ds.data() + i * LT;
               std::fill(pi, pi + lo, T(0));
               std::fill(dsi, dsi + lo, T(0));
               probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, lp[i], delta[size_t(i)]);
@@ -500,13 +503,13 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
               const int64_t c1 = whole ? bk : std::min(bk, c0 + kStrip);
               const int64_t r0 = whole ? 0 : std::clamp<int64_t>(c0 + j0 - i0 - shift, 0, bq);
               if (r0 == bq) continue;
-              gemm(true, false, c1 - c0, D, bq - r0, T(1), p.data() + r0 * BK + c0, BK, dop + r0 * D, D, T(1),
+              gemm(true, false, c1 - c0, D, bq - r0, T(1), p.data() + r0 * LT + c0, LT, dop + r0 * D, D, T(1),
                    dvp + (j0 + c0) * D, D);  // dv += pᵀ · dO
-              gemm(true, false, c1 - c0, D, bq - r0, sc, ds.data() + r0 * BK + c0, BK, qp + r0 * D, D, T(1),
+              gemm(true, false, c1 - c0, D, bq - r0, sc, ds.data() + r0 * LT + c0, LT, qp + r0 * D, D, T(1),
                    dkp + (j0 + c0) * D, D);  // dk += scale · dsᵀ · q
             }
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {  // dq += scale · ds · k
-              gemm(false, false, r1 - r0, D, n, sc, ds.data() + r0 * BK, BK, kp + j0 * D, D, T(1), dqp + r0 * D, D);
+              gemm(false, false, r1 - r0, D, n, sc, ds.data() + r0 * LT, LT, kp + j0 * D, D, T(1), dqp + r0 * D, D);
             });
           }
         }
