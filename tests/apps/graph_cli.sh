@@ -84,7 +84,7 @@ expect_usage_error "--world" --config "$src/configs/gpt2-tiny.json" --world 0
 expect_usage_error "--format" --config "$src/configs/gpt2-tiny.json" --format yaml
 expect_usage_error "--stage" --config "$src/configs/gpt2-tiny.json" --stage sideways
 # One rank runs no AutoSP pass: the error lists the passes it does run.
-expect_usage_error "a pass this program runs (fuse_elementwise, autograd, canonicalize)" \
+expect_usage_error "a pass this program runs (fuse_elementwise, autograd, concat_slice_grads, canonicalize)" \
   --config "$src/configs/gpt2-tiny.json" --stage shard_seq_dim
 expect_usage_error "world" --config "$src/configs/gpt2-tiny.json" --world two
 expect_usage_error "bogus" --config "$src/configs/gpt2-tiny.json" --bogus
