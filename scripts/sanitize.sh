@@ -15,7 +15,8 @@
 # and the chat-data test (prepare_data.py: Python, no binary of ours), the whole-model tiled-loss
 # equality (two f64 joint programs at S = 8.5k; the tiled loss kernel and its op run under ASan in
 # kernels.test_loss and the op cases) and the comparison with PyTorch's model (numerics; the same
-# model code runs under ASan in the train.* and graph.* tests). The CUDA
+# model code runs under ASan in the train.* and graph.* tests), and scripts/kernel_ab.sh's test (it
+# compiles and runs its own driver, no binary of this build). The CUDA
 # kernel emulation (cuda.emulate_*) runs too: it needs only the toolkit's headers (tests/CMakeLists.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ cmake --build build-asan -j"$(nproc)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 asan=abort_on_error=0:strict_string_checks=1
-skip='app\.train_script|mpi\.np4|models\.test_model_gradcheck|ref\.selftest|app\.bench_cli|app\.graph_cli|app\.longest_trainable|app\.fine_tuning|app\.sft_data|models\.test_tiled_loss|models\.test_model_vs_torch'
+skip='app\.train_script|mpi\.np4|models\.test_model_gradcheck|ref\.selftest|app\.bench_cli|app\.graph_cli|app\.longest_trainable|app\.fine_tuning|app\.sft_data|models\.test_tiled_loss|models\.test_model_vs_torch|app\.kernel_ab'
 status=0
 ASAN_OPTIONS=$asan:detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$(nproc)" \
   -R '^(tensor|graph|kernels|models|config|engine|device|train|tools|comm|fuzz)\.|^cuda\.emulate_' -E "^($skip)\$" "$@" || status=1

@@ -51,7 +51,7 @@ void copy_tiled(const Space& s, int p, const T* src, T* dst) {
 template <class T>
 void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* src_strides, T* dst) {
   const int64_t* strides[1] = {src_strides};
-  const Space s = simplify(rank, shape, 1, strides);
+  const Space s = simplify_space(rank, shape, 1, strides);
   if (s.numel == 0) return;
   const int64_t inner_stride = s.stride[0][s.rank - 1];
   if (inner_stride != 0 && inner_stride != 1) {  // a dense dim further out means a transpose

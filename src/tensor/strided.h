@@ -1,9 +1,9 @@
-// Strided element copies on the host, and the strided index space they share with the CPU and
-// CUDA elementwise kernels: an output shape walked by up to two strided operands, simplified so
-// loops run over as few dims as possible. Tensor::contiguous()/clone() and the elementwise kernels
-// share them, so there is one copy of each: the CPU kernels' header re-exports them, the CUDA
-// kernels receive the simplified Space by value. Namespace autosp::cpu: host loops, named like the
-// CPU kernels that use them. Knows nothing of graphs, kernels or devices.
+// The strided index space that the host copies and the CPU and CUDA elementwise kernels share (an
+// output shape walked by up to two strided operands, simplified so loops run over as few dims as
+// possible; namespace autosp, like the tensor library: the CUDA kernels receive a Space by value),
+// and the strided element copies on the host (namespace autosp::cpu, named like the CPU kernels
+// that use them). Tensor::contiguous()/clone() and the elementwise kernels share them, so there is
+// one copy of each. Knows nothing of graphs, kernels or devices.
 //
 // All shapes are row-major; `rank` ≤ kMaxRank; strides are in elements.
 #pragma once
@@ -12,7 +12,7 @@
 
 #include "tensor/check.h"
 
-namespace autosp::cpu {
+namespace autosp {
 
 inline constexpr int kMaxRank = 8;
 
@@ -26,7 +26,7 @@ struct Space {
 
 // Drops size-1 dims and merges adjacent dims that are contiguous for every operand. The result has
 // rank ≥ 1; numel == 0 means there is nothing to do.
-inline Space simplify(int rank, const int64_t* shape, int nops, const int64_t* const* strides) {
+inline Space simplify_space(int rank, const int64_t* shape, int nops, const int64_t* const* strides) {
   AUTOSP_ASSERT(rank >= 0 && rank <= kMaxRank, "rank ", rank);
   Space s;
   for (int d = 0; d < rank; ++d) {
@@ -52,6 +52,10 @@ inline Space simplify(int rank, const int64_t* shape, int nops, const int64_t* c
   }
   return s;
 }
+
+}  // namespace autosp
+
+namespace autosp::cpu {
 
 // dst (contiguous, row-major over `shape`) = src read with `src_strides`. Used for contiguous
 // copies of views, transpose, permute, slice and concat. T is any trivially copyable element

@@ -105,7 +105,7 @@ Tensor Tensor::as_strided(Shape shape, Shape strides, int64_t offset) const {
 namespace {
 // Copy `src` (any strides) into contiguous `dst` of the same shape and element size.
 void copy_into(const Tensor& src, const Tensor& dst) {
-  AUTOSP_ASSERT(src.rank() <= cpu::kMaxRank, "rank ", src.rank(), " exceeds ", cpu::kMaxRank);
+  AUTOSP_ASSERT(src.rank() <= kMaxRank, "rank ", src.rank(), " exceeds ", kMaxRank);
   const int64_t* shape = src.shape().data();
   const int64_t* st = src.strides().data();
   switch (dtype_size(src.dtype())) {

@@ -43,8 +43,9 @@ std::unique_ptr<Split> build(const std::vector<std::pair<int64_t, int64_t>>& pie
     Node* p = b.slice(x, 1, pieces[i].first, pieces[i].second, "p" + std::to_string(i));
     Node* r = b.input("r" + std::to_string(i), DType::f64, p->shape(), Role::none);
     Node* term = b.mul(b.mul(p, p), r);
-    Node* flat = b.reshape(term, {1, 3 * (pieces[i].second - pieces[i].first)});
-    Node* ones = b.input("o" + std::to_string(i), DType::f64, {3 * (pieces[i].second - pieces[i].first), 1}, Role::none);
+    const int64_t n = 3 * (pieces[i].second - pieces[i].first);
+    Node* flat = b.reshape(term, {1, n});
+    Node* ones = b.input("o" + std::to_string(i), DType::f64, {n, 1}, Role::none);
     Node* dot = b.reshape(b.matmul(flat, ones, false, false), {});
     total = total ? b.add(total, dot) : dot;
   }

@@ -17,7 +17,7 @@ void copy_strided_into(const Tensor& view, const Tensor& dst, cudaStream_t s) {
     CUDA_CHECK(cudaMemcpyAsync(dst.raw(), view.raw(), dtype_size(view.dtype()), cudaMemcpyDeviceToDevice, s));
     return;
   }
-  AUTOSP_ASSERT(view.rank() <= cuda::kMaxRank, "rank ", view.rank(), " exceeds ", cuda::kMaxRank);
+  AUTOSP_ASSERT(view.rank() <= kMaxRank, "rank ", view.rank(), " exceeds ", kMaxRank);
   const int64_t* sh = view.shape().data();
   const int64_t* st = view.strides().data();
   switch (dtype_size(view.dtype())) {

@@ -51,7 +51,7 @@ Tensor ids64(const Tensor& t) { return t.dtype() == DType::i64 ? t.contiguous() 
 // shape) when `as_output`, else a temporary.
 // Copy a strided view into the contiguous `y` of its element count and element size.
 void copy_into(const Tensor& view, const Tensor& y) {
-  AUTOSP_ASSERT(view.rank() <= cpu::kMaxRank, "rank ", view.rank(), " too large");
+  AUTOSP_ASSERT(view.rank() <= kMaxRank, "rank ", view.rank(), " too large");
   AUTOSP_ASSERT(y.numel() == view.numel() && dtype_size(y.dtype()) == dtype_size(view.dtype()), "copy of ", view.str(),
                 " into ", y.str());
   const int64_t* sh = view.shape().data();
@@ -128,7 +128,7 @@ template <cpu::Binary kOp>
 Tensor binary(const KernelCall& c) {
   const Tensor &a = c.in[0], &b = c.in[1];
   const Shape& out = c.out_shape;
-  AUTOSP_ASSERT(static_cast<int>(out.size()) <= cpu::kMaxRank, "rank ", out.size(), " too large");
+  AUTOSP_ASSERT(static_cast<int>(out.size()) <= kMaxRank, "rank ", out.size(), " too large");
   Shape sa = launch::broadcast_strides(a, out), sb = launch::broadcast_strides(b, out);
   return by_float(c, a.dtype(), [&]<class T>() {
     Tensor y = out_like(c, a.dtype());
@@ -480,7 +480,7 @@ Tensor sum_to(const KernelCall& c) {
   const Tensor x = c.in[0].contiguous();
   Shape out_full(static_cast<size_t>(x.rank()) - c.out_shape.size(), 1);
   out_full.insert(out_full.end(), c.out_shape.begin(), c.out_shape.end());
-  AUTOSP_ASSERT(x.rank() <= cpu::kMaxRank, "rank ", x.rank(), " too large");
+  AUTOSP_ASSERT(x.rank() <= kMaxRank, "rank ", x.rank(), " too large");
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, x.dtype());
     if (x.rank() == 0)

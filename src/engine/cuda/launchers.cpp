@@ -190,7 +190,7 @@ template <kernels::Binary kOp>
 Tensor binary(const KernelCall& c) {
   const Tensor &a = on_device(c, 0), &b = on_device(c, 1);
   const Shape& out = c.out_shape;
-  AUTOSP_ASSERT(static_cast<int>(out.size()) <= cuda::kMaxRank, "rank ", out.size(), " too large");
+  AUTOSP_ASSERT(static_cast<int>(out.size()) <= kMaxRank, "rank ", out.size(), " too large");
   const Shape sa = launch::broadcast_strides(a, out), sb = launch::broadcast_strides(b, out);
   return by_float(c, a.dtype(), [&]<class T>() {
     Tensor y = out_like(c, a.dtype());
@@ -725,7 +725,7 @@ Tensor sum_to(const KernelCall& c) {
   const Tensor x = arg(c, 0);
   Shape out_full(static_cast<size_t>(x.rank()) - c.out_shape.size(), 1);
   out_full.insert(out_full.end(), c.out_shape.begin(), c.out_shape.end());
-  AUTOSP_ASSERT(x.rank() <= cuda::kMaxRank, "rank ", x.rank(), " too large");
+  AUTOSP_ASSERT(x.rank() <= kMaxRank, "rank ", x.rank(), " too large");
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, x.dtype());
     if (x.rank() == 0)

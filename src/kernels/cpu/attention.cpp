@@ -14,8 +14,9 @@
 //
 // Causal masking: key blocks past a query block's last visible key are never visited; only the
 // tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
-// keys) that stop at the strip's own limit, so the products above the diagonal are mostly skipped. A query row that sees no key at all (causal with
-// Sq > Skv, or Skv == 0) gets o = 0, lse = -inf, and adds nothing in the backward (dq = 0).
+// keys) that stop at the strip's own limit, so the products above the diagonal are mostly
+// skipped. A query row that sees no key at all (causal with Sq > Skv, or Skv == 0) gets o = 0,
+// lse = -inf, and adds nothing in the backward (dq = 0).
 // Document masking (doc_start) works the same way from the other side: key blocks before the
 // earliest document start of a query block are never visited, and a tile that holds a start
 // keeps each row to the keys [start - j0, limit).

@@ -132,7 +132,7 @@ template <class T, class Op>
 void binary_op(Op op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides,
                const T* b, const int64_t* b_strides, T* out) {
   const int64_t* strides[2] = {a_strides, b_strides};
-  const Space s = simplify(rank, out_shape, 2, strides);
+  const Space s = simplify_space(rank, out_shape, 2, strides);
   if (s.numel == 0) return;
   for_each_run(s, 2, [&](int64_t o, const int64_t* off, int64_t n, const int64_t* st) {
     binary_run(op, a + off[0], st[0], b + off[1], st[1], out + o, n);

@@ -28,10 +28,6 @@ namespace {
 
 constexpr int kBlock = 256;
 
-// The simplified strided index space is the CPU kernels' and the host copies' (tensor/strided.h).
-using cpu::Space;
-using cpu::simplify;
-
 // Offsets of linear index i (row-major over s.shape) for operands [0, nops).
 template <int kOps>
 __device__ __forceinline__ void offsets(const Space& s, int64_t i, int64_t* off) {
@@ -356,7 +352,7 @@ template <class T>
 void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides, const T* b,
             const int64_t* b_strides, T* out, cudaStream_t stream) {
   const int64_t* strides[2] = {a_strides, b_strides};
-  const Space s = simplify(rank, out_shape, 2, strides);
+  const Space s = simplify_space(rank, out_shape, 2, strides);
   if (s.numel == 0) return;
   if (s.rank == 1 && s.stride[0][0] == 1 && s.stride[1][0] == 1) {
     launch_kernel(binary_contiguous_kernel<T>, grid_for(s.numel, kBlock), kBlock, 0, stream, op, a, b, out, s.numel);
@@ -369,7 +365,7 @@ template <class T>
 void copy_strided(int rank, const int64_t* shape, const T* src, const int64_t* src_strides, T* dst,
                   cudaStream_t stream) {
   const int64_t* strides[1] = {src_strides};
-  const Space s = simplify(rank, shape, 1, strides);
+  const Space s = simplify_space(rank, shape, 1, strides);
   if (s.numel == 0) return;
   if (s.rank == 1 && s.stride[0][0] == 1) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(s.numel) * sizeof(T), cudaMemcpyDeviceToDevice, stream));

@@ -14,7 +14,6 @@
 
 namespace autosp::cuda {
 
-using cpu::kMaxRank;  // the tensor library's (tensor/strided.h)
 using kernels::Binary;
 using kernels::Unary;
 using kernels::UnaryGrad;
