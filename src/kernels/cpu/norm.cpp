@@ -55,17 +55,22 @@ template <class T>
   for (int64_t c = 0; c < C; ++c) sq += double(x[c]) * double(x[c]);
   return 1.0 / std::sqrt(sq / double(C) + eps);
 }
-
-// y = norm(x) · w (+ b) for one row; returns the statistics. RMSNorm when `rms` (mu = 0, no b).
+// Either norm's statistics: layernorm's, or RMSNorm's (`rms`: mu = 0).
 template <class T>
-[[gnu::always_inline]] inline void norm_row(const T* x, const T* w, const T* b, T* y, int64_t C, double eps, bool rms,
-                                            double& mu, double& rs) {
+[[gnu::always_inline]] inline void row_stats(const T* x, int64_t C, double eps, bool rms, double& mu, double& rs) {
   if (rms) {
     mu = 0;
     rs = rmsnorm_rstd(x, C, eps);
   } else {
     layernorm_stats(x, C, eps, mu, rs);
   }
+}
+
+// y = norm(x) · w (+ b) for one row; returns the statistics. RMSNorm when `rms` (mu = 0, no b).
+template <class T>
+[[gnu::always_inline]] inline void norm_row(const T* x, const T* w, const T* b, T* y, int64_t C, double eps, bool rms,
+                                            double& mu, double& rs) {
+  row_stats(x, C, eps, rms, mu, rs);
   const double m = mu, r = rs;
   if (b != nullptr) {
 #pragma omp simd
@@ -145,12 +150,7 @@ AUTOSP_VEC16_CLONES void norm_backward_row_f32(const float* dy, const float* x, 
   norm_backward_row(dy, x, w, dx, C, eps, rms);
 }
 AUTOSP_VEC16_CLONES void norm_stats_f32(const float* x, int64_t C, double eps, bool rms, double& mu, double& rs) {
-  if (rms) {
-    mu = 0;
-    rs = rmsnorm_rstd(x, C, eps);
-  } else {
-    layernorm_stats(x, C, eps, mu, rs);
-  }
+  row_stats(x, C, eps, rms, mu, rs);
 }
 AUTOSP_VEC16_CLONES void norm_params_row_f32(const float* dy, const float* x, double mu, double rs, int64_t c0,
                                              int64_t c1, int64_t C, bool with_db, double* acc) {
@@ -172,14 +172,8 @@ void norm_rows(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64
 
 template <class T>
 void norm_stats(const T* x, int64_t C, double eps, bool rms, double& mu, double& rs) {
-  if constexpr (std::is_same_v<T, float>) {
-    norm_stats_f32(x, C, eps, rms, mu, rs);
-  } else if (rms) {
-    mu = 0;
-    rs = rmsnorm_rstd(x, C, eps);
-  } else {
-    layernorm_stats(x, C, eps, mu, rs);
-  }
+  if constexpr (std::is_same_v<T, float>) norm_stats_f32(x, C, eps, rms, mu, rs);
+  else row_stats(x, C, eps, rms, mu, rs);
 }
 
 template <class T>
