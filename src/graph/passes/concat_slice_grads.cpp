@@ -8,6 +8,7 @@
 #include "graph/passes/concat_slice_grads.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "graph/builder.h"
 #include "graph/ops.h"
@@ -73,12 +74,12 @@ PassResult concat_slice_grads(Graph& g, const PassContext&) {
     if (n->op() == Op::add) adds.push_back(n.get());
   // Outermost adds last in execution order: visit from the end, so a chain is rewritten from its
   // root and its inner adds (erased with it) are never visited.
-  std::vector<const Node*> erased;
+  std::unordered_set<const Node*> erased;
   for (auto it = adds.rbegin(); it != adds.rend(); ++it) {
-    if (std::find(erased.begin(), erased.end(), *it) != erased.end()) continue;
+    if (erased.contains(*it)) continue;
     std::vector<Node*> inner;
     if (!rewrite(g, *it, inner)) continue;
-    erased.insert(erased.end(), inner.begin(), inner.end());
+    erased.insert(inner.begin(), inner.end());
     res.changed = true;
   }
   return res;
