@@ -26,15 +26,16 @@ size_t count(const Graph& g, Op op) {
   return n;
 }
 
+using Pieces = std::vector<std::pair<int64_t, int64_t>>;
+
 struct Split {
   Graph g;
   std::vector<Node*> grads;
-  std::string loss;
 };
 
-// x [3, 7] (and y [3, 7]) cut along dim 1 into `pieces` ([start, end) each); loss = Σ over the
+// x [3, 7] cut along dim 1 into `pieces` ([start, end) each); loss = Σ over the
 // pieces of <piece², R_i>, so each piece's gradient 2·piece·R_i differs.
-std::unique_ptr<Split> build(const std::vector<std::pair<int64_t, int64_t>>& pieces) {
+std::unique_ptr<Split> build(const Pieces& pieces) {
   auto s = std::make_unique<Split>();
   Builder b(s->g);
   Node* x = b.input("x", DType::f64, {3, 7}, Role::none);
@@ -49,13 +50,12 @@ std::unique_ptr<Split> build(const std::vector<std::pair<int64_t, int64_t>>& pie
     Node* dot = b.reshape(b.matmul(flat, ones, false, false), {});
     total = total ? b.add(total, dot) : dot;
   }
-  s->loss = total->name();
   s->g.add_output(total);
   s->grads = build_backward(s->g, total, {x});
   return s;
 }
 
-TensorMap feeds(const std::vector<std::pair<int64_t, int64_t>>& pieces) {
+TensorMap feeds(const Pieces& pieces) {
   TensorMap f;
   f["x"] = Tensor::from_vector({3, 7}, naive::random_normal(21, 1));
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -67,8 +67,6 @@ TensorMap feeds(const std::vector<std::pair<int64_t, int64_t>>& pieces) {
 }
 
 }  // namespace
-
-using Pieces = std::vector<std::pair<int64_t, int64_t>>;
 
 TEST_CASE("concat_slice_grads turns the gradient of slices that tile a dim into one concat, exactly",
           "[concat_slice_grads]") {
