@@ -1,3 +1,4 @@
-// Catch2 entry point for autosp-tests.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// Entry point of autosp-tests and autosp-cuda-emulation-tests.
+#include "common/catch_session.h"
+
+int main(int argc, char** argv) { return autosp::test::run_catch_session(argc, argv); }

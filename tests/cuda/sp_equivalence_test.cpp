@@ -5,7 +5,6 @@
 // the P = 1 CUDA run against the CPU. Registered through tests/cuda/nccl_test.sh, which skips (77)
 // when the machine has fewer GPUs than ranks.
 //   autosp-gpu-sp-test --device-count   (prints cudaGetDeviceCount; exit 1 when there is none)
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 
@@ -14,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "common/catch_session.h"
 #include "cuda/device_count.h"
 #include "cuda/sp_equivalence.h"
 
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   if (const int rc = autosp::cudatest::device_count_mode(argc, argv); rc >= 0) return rc;
   auto world = autosp::make_world_communicator();
   autosp::g_world = world.get();
-  const int failed = Catch::Session().run(argc, argv);
+  const int failed = autosp::test::run_catch_session(argc, argv);
   if (failed && world->size() > 1) world->abort("gpu sp test failed on this rank", 1);
   return failed ? 1 : 0;
 }

@@ -1,7 +1,8 @@
 // Catch2 entry point for autosp-mpi-tests. Creates the world communicator, runs the session on
 // every rank (only rank 0 writes Catch's report; other ranks print one "rank N: FAILED ..." line per
 // failed assertion), then sums the failure counts so every rank exits non-zero if any rank failed.
-#define CATCH_CONFIG_RUNNER
+// The listener base class is one of Catch2's external interfaces (its implementation: autosp-catch).
+#define CATCH_CONFIG_EXTERNAL_INTERFACES
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/catch_session.h"
 #include "mpi/mpi_test.h"
 
 namespace autosp::test {
@@ -46,11 +48,8 @@ int main(int argc, char** argv) {
   g_world = autosp::make_world_communicator();
   const int rank = g_world->rank();
 
-  Catch::Session session;
-  int rc = session.applyCommandLine(argc, argv);
-  if (rc != 0) return rc;
-  if (rank != 0) session.configData().outputFilename = "/dev/null";
-  int failed = session.run();
+  // A bad command line fails every rank alike (the same arguments), before any test runs.
+  const int failed = autosp::test::run_catch_session(argc, argv, rank != 0);
 
   autosp::Tensor total = autosp::Tensor::from_vector<int64_t>({1}, {failed});
   g_world->all_reduce_sum(total);
