@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/temp_dir.h"
 #include "config/config.h"
 #include "tensor/check.h"
 
@@ -236,15 +237,14 @@ TEST_CASE("malformed configs are named errors", "[config]") {
 }
 
 TEST_CASE("config files that are not JSON are named errors", "[config]") {
-  auto dir = std::filesystem::temp_directory_path() / "autosp-config-test";
-  std::filesystem::create_directories(dir);
+  const test::TempDir tmp("config");
+  const std::filesystem::path& dir = tmp.dir;
   auto path = (dir / "bad.json").string();
   std::ofstream(path) << "{\"model\": {";
   CHECK_THROWS_WITH(load_config(path), Catch::Contains("bad.json") && Catch::Contains("not valid JSON"));
   CHECK_THROWS_WITH(load_config((dir / "missing.json").string()), Catch::Contains("cannot open"));
   std::ofstream(path, std::ios::trunc) << std::string("\x00\xff\xfe", 3);
   CHECK_THROWS_AS(load_config(path), UsageError);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("the shipped configs are valid", "[config]") {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/temp_dir.h"
 #include "common/tiny_models.h"
 #include "cuda/dispatch_test.h"
 #include "train/checkpoint.h"
@@ -79,8 +80,8 @@ TEST_CASE("bf16 mixed precision trains on CUDA", "[trainer][bf16]") {
 }
 
 TEST_CASE("a CUDA run's checkpoint resumes on the CPU", "[trainer]") {
-  const fs::path dir = fs::temp_directory_path() / "autosp-cuda-ckpt";
-  fs::remove_all(dir);
+  const test::TempDir tmp("cuda-ckpt");
+  const fs::path& dir = tmp.dir;
   Config gpu_cfg = tiny("llama", "cuda");
   gpu_cfg.train.checkpoint_dir = dir.string();
   gpu_cfg.train.checkpoint_every = 2;
@@ -99,5 +100,4 @@ TEST_CASE("a CUDA run's checkpoint resumes on the CPU", "[trainer]") {
     INFO("step " << i + 3 << ": resumed " << resumed.steps[i].loss << ", uninterrupted " << straight.steps[i + 2].loss);
     CHECK(std::abs(resumed.steps[i].loss - straight.steps[i + 2].loss) <= 1e-4 * std::abs(straight.steps[i + 2].loss));
   }
-  fs::remove_all(dir);
 }

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <random>
 
+#include "common/temp_dir.h"
 #include "common/tiny_models.h"
 #include "common/golden.h"
 #include "graph/printer.h"
@@ -134,8 +135,8 @@ TEST_CASE("bf16 forward and backward on CPU track f32 (tiny GPT-2 and Llama)", "
 }
 
 TEST_CASE("20 bf16 training steps track the f32 run; checkpoints hold f32 masters", "[bf16][trainer]") {
-  const fs::path dir = fs::temp_directory_path() / ("autosp-bf16-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const test::TempDir tmp("bf16");
+  const fs::path& dir = tmp.dir;
   auto cfg_for = [&](const std::string& dtype) {
     nlohmann::json j = {{"model", {{"arch", "llama"}, {"vocab_size", 32}, {"hidden_size", 32}, {"num_hidden_layers", 2},
                                    {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48}}},
@@ -169,5 +170,4 @@ TEST_CASE("20 bf16 training steps track the f32 run; checkpoints hold f32 master
       INFO(file << " " << name);
       CHECK(t.dtype() == DType::f32);
     }
-  fs::remove_all(dir);
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 
+#include "common/temp_dir.h"
 #include "config/config.h"
 #include "models/hf_config.h"
 #include "models/model.h"
@@ -22,15 +23,9 @@ using json = nlohmann::json;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("autosp-hf-" + name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& f) const { return (path / f).string(); }
+struct TempDir : test::TempDir {
+  explicit TempDir(const std::string& name) : test::TempDir("hf-" + name) {}
+  std::string operator/(const std::string& f) const { return path(f); }
 };
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
@@ -236,10 +231,10 @@ TEST_CASE("every unknown key is named at once, with a hint", "[config][hf]") {
 TEST_CASE("model.from takes the directory's config; keys beside it override", "[config][hf]") {
   TempDir d("from");
   write(d / "config.json", kLlama.dump());
-  const Config c = parse_config({{"model", {{"from", d.path.string()}, {"max_position_embeddings", 256}}},
+  const Config c = parse_config({{"model", {{"from", d.dir.string()}, {"max_position_embeddings", 256}}},
                                  {"data", {{"seq_len", 16}}}},
                                 {}, "c.json");
-  CHECK(c.model_from == d.path.string());
+  CHECK(c.model_from == d.dir.string());
   CHECK(c.model.arch == Arch::llama);
   CHECK(c.model.num_key_value_heads == 2);
   CHECK(c.model.norm_eps == 1e-5);
@@ -266,13 +261,13 @@ TEST_CASE("model.from takes the directory's config; keys beside it override", "[
 TEST_CASE("sharded weights round-trip bit for bit, and an HF directory is checked", "[models][hf]") {
   TempDir d("shards");
   write(d / "config.json", kLlama.dump());
-  const Config c = parse_config({{"model", {{"from", d.path.string()}}}, {"data", {{"seq_len", 16}}}}, {}, "c.json");
+  const Config c = parse_config({{"model", {{"from", d.dir.string()}}}, {"data", {{"seq_len", 16}}}}, {}, "c.json");
   const ParamMap p = init_params(c.model, 7, DType::f32);
-  const auto files = save_hf_weights(d.path.string(), p, 20000);
+  const auto files = save_hf_weights(d.dir.string(), p, 20000);
   REQUIRE(files.size() > 2);
   CHECK(files.back() == "model.safetensors.index.json");
   CHECK(load_safetensors(d / files[0]).metadata == std::map<std::string, std::string>{{"format", "pt"}});
-  CHECK(same(load_weights(d.path.string(), c.model, DType::f32), p));
+  CHECK(same(load_weights(d.dir.string(), c.model, DType::f32), p));
   CHECK(same(load_weights(d / "model.safetensors.index.json", c.model, DType::f32), p));
   // f16 and bf16 files are widened exactly (the conversion is the tensor library's, tested there).
   for (DType half : {DType::f16, DType::bf16}) {
@@ -285,20 +280,20 @@ TEST_CASE("sharded weights round-trip bit for bit, and an HF directory is checke
   ModelConfig heads = c.model;
   heads.num_attention_heads = 8;
   heads.num_key_value_heads = 4;
-  CHECK_THROWS_WITH(load_weights(d.path.string(), heads, DType::f32),
+  CHECK_THROWS_WITH(load_weights(d.dir.string(), heads, DType::f32),
                     Catch::Contains("config.json: num_attention_heads is 4 but this run's model.num_attention_heads is 8"));
   ModelConfig plain = c.model;
   plain.rope_scaling = {};
   CHECK_THROWS_WITH(load_weights(d / files[0], plain, DType::f32), Catch::Contains("rope_scaling"));
   ModelConfig eps = c.model;
   eps.norm_eps = 1e-6;
-  CHECK_THROWS_WITH(load_weights(d.path.string(), eps, DType::f32), Catch::Contains("rms_norm_eps is 1e-05"));
+  CHECK_THROWS_WITH(load_weights(d.dir.string(), eps, DType::f32), Catch::Contains("rms_norm_eps is 1e-05"));
   // A shard holding a tensor the index does not map to it.
   json index = json::parse(std::ifstream(d / "model.safetensors.index.json"));
   const std::string moved = index["weight_map"].begin().key();
   index["weight_map"][moved] = files[1] == index["weight_map"][moved] ? files[0] : files[1];
   write(d / "model.safetensors.index.json", index.dump());
-  CHECK_THROWS_WITH(load_weights(d.path.string(), c.model, DType::f32), Catch::Contains("is not mapped to this shard"));
+  CHECK_THROWS_WITH(load_weights(d.dir.string(), c.model, DType::f32), Catch::Contains("is not mapped to this shard"));
 }
 
 TEST_CASE("an --init-from config.json value of the wrong type is named as such, not as another model",
@@ -307,7 +302,7 @@ TEST_CASE("an --init-from config.json value of the wrong type is named as such, 
   // --init-from (load_weights) must say the same instead of `hidden_size is "32" but … is 32`.
   TempDir d("types");
   write(d / "config.json", kLlama.dump());
-  const ModelConfig m = parse_config({{"model", {{"from", d.path.string()}}}, {"data", {{"seq_len", 16}}}}, {}, "c.json").model;
+  const ModelConfig m = parse_config({{"model", {{"from", d.dir.string()}}}, {"data", {{"seq_len", 16}}}}, {}, "c.json").model;
   const std::string file = d / "config.json";
   struct Row {
     const char* key;
@@ -323,14 +318,14 @@ TEST_CASE("an --init-from config.json value of the wrong type is named as such, 
     json bad = kLlama;
     bad[r.key] = r.value;
     write(file, bad.dump());
-    CHECK_THROWS_AS(load_weights(d.path.string(), m, DType::f32), UsageError);
-    CHECK_THROWS_WITH(load_weights(d.path.string(), m, DType::f32), r.message);
+    CHECK_THROWS_AS(load_weights(d.dir.string(), m, DType::f32), UsageError);
+    CHECK_THROWS_WITH(load_weights(d.dir.string(), m, DType::f32), r.message);
   }
   // A number where ours is a number (rope_theta 500000 written as an integer) still matches.
   json integral = kLlama;
   integral["rope_theta"] = 500000;
   write(file, integral.dump());
-  CHECK_NOTHROW(check_hf_dir_matches(d.path.string(), m));
+  CHECK_NOTHROW(check_hf_dir_matches(d.dir.string(), m));
 }
 
 TEST_CASE("a head that differs from a tied embedding points at tie_word_embeddings", "[models][hf]") {
@@ -370,7 +365,7 @@ TEST_CASE("a checkpoint is a Hugging Face model directory, sharded above max_sha
   write(d / "config.json", kLlama.dump());
   for (double shard_mb : {5000.0, 0.02}) {
     INFO("max_shard_mb " << shard_mb);
-    const Config c = parse_config({{"model", {{"from", d.path.string()}}}, {"data", {{"seq_len", 16}}},
+    const Config c = parse_config({{"model", {{"from", d.dir.string()}}}, {"data", {{"seq_len", 16}}},
                                    {"train", {{"max_shard_mb", shard_mb}}}},
                                   {}, "c.json");
     const ParamMap p = init_params(c.model, 9, DType::f32);

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/temp_dir.h"
 #include "config/config.h"
 #include "graph/autograd.h"
 #include "models/model.h"
@@ -31,12 +32,6 @@ struct Case {
   bool tiled_mlp = false;  // runtime.tiled_mlp: the reference is the same (it reads only "model")
   bool tiled_loss = false;  // runtime.tiled_loss: likewise; the predictions are the reference logits' argmax
 };
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("autosp-ref-" + name + "-" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
 
 // Random weights (std 0.05, norm weights around 1, small biases) saved in f64 with HF names.
 ParamMap random_weights(const ModelConfig& m, uint64_t seed) {
@@ -112,7 +107,8 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
   for (const auto& c : cases) {
     for (const std::string dtype : {"float32", "float64"}) {
       DYNAMIC_SECTION(c.name << " " << dtype) {
-        const fs::path dir = temp_dir(c.name + "-" + dtype);
+        const test::TempDir tmp("ref-" + c.name + "-" + dtype);
+        const fs::path& dir = tmp.dir;
         nlohmann::json cfg_json = {{"model", c.model}, {"runtime", {{"dtype", dtype}, {"tiled_mlp", c.tiled_mlp}, {"tiled_loss", c.tiled_loss}}},
                                    {"data", {{"seq_len", 37}, {"batch_size", 2}}}};
         std::ofstream(dir / "cfg.json") << cfg_json.dump();
@@ -173,14 +169,14 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
           INFO("gradient of " << name << ": rel err " << err);
           CHECK(err < gtol);
         }
-        fs::remove_all(dir);
       }
     }
   }
 }
 
 TEST_CASE("weights files that do not fit the model are named errors", "[model]") {
-  const fs::path dir = temp_dir("weights-garbage");
+  const test::TempDir tmp("ref-weights-garbage");
+  const fs::path& dir = tmp.dir;
   ModelConfig m;
   m.vocab_size = 16;
   m.hidden_size = 8;
@@ -222,5 +218,4 @@ TEST_CASE("weights files that do not fit the model are named errors", "[model]")
 
   std::ofstream(path, std::ios::trunc) << "not a safetensors file";
   CHECK_THROWS_AS(load_weights(path, m, DType::f32), UsageError);
-  fs::remove_all(dir);
 }

@@ -41,6 +41,12 @@ CATCH_REGISTER_LISTENER(RankFailureListener)
 
 Communicator& test_world() { return *g_world; }
 
+TempDir shared_temp_dir(Communicator& w, const std::string& tag) {
+  Tensor pid = Tensor::from_vector<int64_t>({1}, {w.rank() == 0 ? static_cast<int64_t>(::getpid()) : 0});
+  w.broadcast(pid, 0);
+  return TempDir("mpi-" + tag, pid.data<int64_t>()[0], w.rank() == 0);
+}
+
 }  // namespace autosp::test
 
 int main(int argc, char** argv) {

@@ -47,14 +47,6 @@ void report(const std::string& what, double worst) {
     std::printf("[autosp] %s: max relative error %.3g\n", what.c_str(), worst);
 }
 
-// An llm.c shard of random tokens, private to this process.
-fs::path write_shard(int64_t n, int64_t vocab, uint64_t seed) {
-  const fs::path dir = fs::temp_directory_path() / ("autosp-mpi-autosp-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  testing::write_llmc_shard(dir / "shard.bin", n, vocab, seed);
-  return dir / "shard.bin";
-}
-
 TEST_CASE("autosp: loss and gradients with P = world size equal the P = 1 run", "[autosp]") {
   const int64_t P = test_world().size();
   for (const json& model : {kGpt2, kLlamaGqa, kLlamaKv4}) {
@@ -72,7 +64,9 @@ TEST_CASE("autosp: a dp x sp mesh equals the P = 1 run on the global batch", "[a
   // Every sp that divides the world with dp > 1: at np4 dp 2 x sp 2 and dp 4 x sp 1, at np2 dp 2 x sp 1.
   Communicator& w = test_world();
   const int64_t W = w.size();
-  const fs::path shard = write_shard(4000, 64, 3);
+  const TempDir tmp("mpi-autosp");  // an llm.c shard of random tokens, private to this process
+  const fs::path shard = tmp.dir / "shard.bin";
+  testing::write_llmc_shard(shard, 4000, 64, 3);
   for (int64_t sp = W / 2; sp >= 1; sp /= 2) {
     if (W % sp) continue;
     const int64_t dp = W / sp, dp_rank = w.rank() / sp;
@@ -91,7 +85,6 @@ TEST_CASE("autosp: a dp x sp mesh equals the P = 1 run on the global batch", "[a
       report(model_name(model) + " dp" + std::to_string(dp) + "xsp" + std::to_string(sp), check_equal(got, ref));
     }
   }
-  fs::remove_all(shard.parent_path());
 }
 
 TEST_CASE("autosp: a sequence length P does not divide is padded, not truncated", "[autosp]") {

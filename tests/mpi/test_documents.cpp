@@ -63,20 +63,14 @@ void check_against(const LossAndGrads& got, const SafetensorsFile& ref) {
   }
 }
 
-// A directory every rank names the same (rank 0's pid, broadcast).
-fs::path shared_dir(Communicator& w) {
-  Tensor pid = Tensor::from_vector<int64_t>({1}, {int64_t(::getpid())});
-  w.broadcast(pid, 0);
-  return fs::temp_directory_path() / ("autosp-mpi-documents-" + std::to_string(pid.data<int64_t>()[0]));
-}
-
 }  // namespace
 
 TEST_CASE("documents: loss and gradients equal the hand-built float64 reference on every layout",
           "[autosp][documents]") {
   Communicator& w = test_world();
   const int64_t W = w.size();
-  const fs::path dir = shared_dir(w);
+  const TempDir tmp = shared_temp_dir(w, "documents");
+  const fs::path& dir = tmp.dir;
   const int64_t B = 2;
   int case_id = 0;
   for (const json& model : {kDocGpt2, kDocLlama}) {
@@ -128,7 +122,6 @@ TEST_CASE("documents: loss and gradients equal the hand-built float64 reference 
     }
   }
   w.barrier();
-  if (w.rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace autosp::test

@@ -74,13 +74,6 @@ Config mask_config(const fs::path& dir, MaskCase c, int64_t S, int64_t sp, int64
                        {"zero_optimization", {{"stage", stage}}}});
 }
 
-// A directory every rank names the same (rank 0's pid, broadcast).
-fs::path shared_dir(Communicator& w) {
-  Tensor pid = Tensor::from_vector<int64_t>({1}, {int64_t(::getpid())});
-  w.broadcast(pid, 0);
-  return fs::temp_directory_path() / ("autosp-mpi-loss-mask-" + std::to_string(pid.data<int64_t>()[0]));
-}
-
 bool all_ranks(Communicator& w, bool ok) {
   Tensor flag = Tensor::from_vector<int64_t>({1}, {int64_t(ok ? 0 : 1)});
   w.all_reduce_sum(flag);
@@ -93,7 +86,8 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
           "[autosp][mask]") {
   Communicator& w = test_world();
   const int64_t W = w.size();
-  const fs::path dir = shared_dir(w);
+  const TempDir tmp = shared_temp_dir(w, "loss-mask");
+  const fs::path& dir = tmp.dir;
   int case_id = 0;
   for (MaskCase c : {MaskCase::spans, MaskCase::second_half, MaskCase::documents}) {
     const int64_t S = c == MaskCase::documents ? 47 : 48;
@@ -192,7 +186,6 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
     for (const auto& [name, p] : start) CHECK(p.to_doubles() == r.params.at(name).to_doubles());
   }
   w.barrier();
-  if (w.rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace autosp::test

@@ -320,18 +320,11 @@ TEST_CASE("zero: stages 1 and 2 move what a ring all-reduce of the gradients mov
   }
 }
 
-// Rank 0's temporary directory, named on every rank.
-fs::path shared_temp_dir(Communicator& w, const std::string& what) {
-  Tensor pid = Tensor::from_vector<int64_t>({1}, {w.rank() == 0 ? static_cast<int64_t>(::getpid()) : 0});
-  w.broadcast(pid, 0);
-  return fs::temp_directory_path() / ("autosp-mpi-zero-" + what + "-" + std::to_string(pid.data<int64_t>()[0]));
-}
-
 TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stages 0 and 2, and on half of it at stage 1",
           "[mpi][zero][checkpoint]") {
   Communicator& w = test_world();
-  const fs::path dir = shared_temp_dir(w, "resume");
-  if (w.rank() == 0) fs::remove_all(dir);
+  const TempDir tmp = shared_temp_dir(w, "zero-resume");
+  const fs::path& dir = tmp.dir;
   w.barrier();
   Config writer = make_config(kLlamaGqa, 1, 2);
   writer.train.checkpoint_dir = dir.string();
@@ -374,13 +367,12 @@ TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stages 0 and 
   REQUIRE(h1.steps.size() == 4);
   CHECK(h1.steps.front().step == 5);  // it continued the checkpoint, not a fresh start
   w.barrier();
-  if (w.rank() == 0) fs::remove_all(dir);
 }
 
 TEST_CASE("zero: --dump-grads writes the whole gradients at stages 2 and 3", "[mpi][zero]") {
   Communicator& w = test_world();
-  const fs::path dir = shared_temp_dir(w, "grads");
-  if (w.rank() == 0) fs::create_directories(dir);
+  const TempDir tmp = shared_temp_dir(w, "zero-grads");
+  const fs::path& dir = tmp.dir;
   w.barrier();
   for (int64_t stage : {2, 3}) {
   TrainArgs a0 = quiet_args(1), a2 = quiet_args(1);
@@ -404,7 +396,6 @@ TEST_CASE("zero: --dump-grads writes the whole gradients at stages 2 and 3", "[m
   }
   w.barrier();
   }
-  if (w.rank() == 0) fs::remove_all(dir);
 }
 
 // ---- ZeRO-3 -------------------------------------------------------------------------------------
@@ -531,8 +522,8 @@ TEST_CASE("zero: a world-W stage-3 checkpoint resumes on half the world at stage
           "[mpi][zero][checkpoint]") {
   Communicator& w = test_world();
   const int64_t W = w.size();
-  const fs::path dir = shared_temp_dir(w, "resume3");
-  if (w.rank() == 0) fs::remove_all(dir);
+  const TempDir tmp = shared_temp_dir(w, "zero-resume3");
+  const fs::path& dir = tmp.dir;
   w.barrier();
   Config writer = make_config(kLlamaGqa, W, 3);
   writer.train.checkpoint_dir = dir.string();
@@ -562,7 +553,6 @@ TEST_CASE("zero: a world-W stage-3 checkpoint resumes on half the world at stage
   CHECK(worst < 1e-5);
   CHECK(std::abs(uninterrupted.steps[7].loss - uninterrupted.steps[4].loss) > 1e-3);
   w.barrier();
-  if (w.rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "common/temp_dir.h"
 #include "tensor/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -21,22 +22,12 @@ using namespace autosp;
 namespace {
 
 // A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / str("autosp-st-", ::getpid(), "-", counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("st") {}
+  std::string file(const std::string& name) const { return path(name); }
   std::vector<std::string> entries() const {
     std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
     std::sort(out.begin(), out.end());
     return out;
   }
@@ -334,7 +325,7 @@ TEST_CASE("safetensors rejects malformed files with a UsageError that says what 
 TEST_CASE("safetensors rejects missing files, directories and headers over 100 MiB", "[safetensors]") {
   TempDir dir;
   require_usage_error(dir.file("missing.safetensors"), "cannot open: No such file or directory");
-  require_usage_error(dir.path.string(), "not a regular file");
+  require_usage_error(dir.dir.string(), "not a regular file");
 
   // A sparse file large enough that a 100 MiB + 8 header length fits in it.
   const std::string path = dir.file("big.safetensors");
@@ -410,7 +401,7 @@ TEST_CASE("safetensors save replaces a file atomically", "[safetensors]") {
 
   // A path without a directory part writes to the working directory.
   const fs::path cwd = fs::current_path();
-  fs::current_path(dir.path);
+  fs::current_path(dir.dir);
   save_safetensors("rel.safetensors", {{"a", a}});
   fs::current_path(cwd);
   CHECK(same_bytes(load_safetensors(dir.file("rel.safetensors")).tensors.at("a"), a));
@@ -436,7 +427,7 @@ TEST_CASE("safetensors save failures throw RuntimeFailure and leave the old file
           save_safetensors(path, {{"a", a}});
         },
         path + ": cannot save: cannot create");
-    CHECK(!fs::exists(dir.path / "no"));
+    CHECK(!fs::exists(dir.dir / "no"));
     CHECK(dir.entries().empty());
   }
 

@@ -14,6 +14,7 @@
 
 #include "comm/threads.h"
 #include "common/sp_case.h"
+#include "common/temp_dir.h"
 #include "tensor/safetensors.h"
 #include "train/accumulation.h"
 
@@ -21,13 +22,6 @@ namespace autosp::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("autosp-accum-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 // 40 newlines (the EOS: whole windows with no scored target, so the first micro-batch of the first
 // dp group scores nothing), then lowercase words with a newline after every few of them: documents
@@ -75,7 +69,8 @@ Config case_config(const Case& c, const std::string& text, int64_t batch, int64_
 void check_case(const Case& c) {
   INFO(c.name << ": world " << c.world << ", sp " << c.sp << ", k " << c.k << ", micro " << c.micro << ", S "
               << c.seq << ", ZeRO " << c.stage);
-  const fs::path dir = temp_dir(c.name);
+  const test::TempDir tmp(std::string("accum-") + c.name);
+  const fs::path& dir = tmp.dir;
   const std::string text = (dir / "docs.txt").string();
   std::ofstream(text) << documents_text(4000, 3);
   const int64_t dp = c.world / c.sp;
@@ -107,7 +102,6 @@ void check_case(const Case& c) {
   for (double l : global.labels.to_doubles()) scored += l != -100;
   CHECK(rec.targets == scored);
   if (c.k > 1) CHECK(results[0].accumulator_bytes > 0);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("accumulation: k micro-batches give one large batch's loss and gradients (float64)", "[accumulation][threads]") {
@@ -141,7 +135,8 @@ TEST_CASE("accumulation: micro-batch i is rows [i·B/k, (i+1)·B/k) of the step'
 
 TEST_CASE("accumulation: a step with no scored target anywhere runs nothing and updates nothing", "[accumulation]") {
   // Every window of a text of newlines is all EOS: every target is ignored under document_mask.
-  const fs::path dir = temp_dir("empty");
+  const test::TempDir tmp("accum-empty");
+  const fs::path& dir = tmp.dir;
   const std::string text = (dir / "eos.txt").string();
   std::ofstream(text) << std::string(400, '\n');
   const Case c{"empty", kLlamaBytes, 1, 1, 2, 1, 16, 0};
@@ -158,7 +153,6 @@ TEST_CASE("accumulation: a step with no scored target anywhere runs nothing and 
   }
   const ParamMap start = init_params(cfg.model, 7, DType::f64);
   for (const auto& [name, p] : start) CHECK(r.params.at(name).to_doubles() == p.to_doubles());
-  fs::remove_all(dir);
 }
 
 }  // namespace
@@ -179,7 +173,8 @@ Config resume_config(const std::string& text, const std::string& ckpt, int64_t b
 
 TEST_CASE("accumulation: a resume continues the data where the run stopped, under another dp, batch or k",
           "[accumulation][checkpoint][threads]") {
-  const fs::path dir = temp_dir("resume");
+  const test::TempDir tmp("accum-resume");
+  const fs::path& dir = tmp.dir;
   const std::string text = (dir / "docs.txt").string();
   std::ofstream(text) << documents_text(166, 9).substr(40, 126);  // no leading newlines
   TrainArgs args;
@@ -225,7 +220,6 @@ TEST_CASE("accumulation: a resume continues the data where the run stopped, unde
     other = parse_config(other.resolved, {"data.seq_len=8"});
     CHECK_THROWS_WITH(train(other, args, *world), Catch::Contains("seq_len"));
   }
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/temp_dir.h"
 #include "models/model.h"
 #include "tensor/check.h"
 #include "train/checkpoint.h"
@@ -26,19 +27,17 @@ Tensor f32_tensor(const Shape& shape, const std::vector<double>& v) {
 }
 
 struct Fixture {
-  fs::path dir;
+  test::TempDir tmp;
+  const fs::path& dir = tmp.dir;
   Config cfg = parse_config(nlohmann::json::parse(R"({
     "model": {"arch": "gpt2", "vocab_size": 16, "hidden_size": 8, "num_hidden_layers": 1,
               "num_attention_heads": 2, "max_position_embeddings": 16}, "data": {"seq_len": 8}})"));
   ParamMap params = init_params(cfg.model, 1, DType::f32);
   AdamW opt;
   explicit Fixture(const std::string& name)
-      : dir(fs::temp_directory_path() / ("autosp-lifecycle-" + name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+      : tmp("lifecycle-" + name) {
     opt.init(params);
   }
-  ~Fixture() { fs::remove_all(dir); }
   // The parameters plus `delta` everywhere: tells which save a checkpoint came from.
   ParamMap shifted(double delta) const {
     ParamMap out;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/temp_dir.h"
 #include "tensor/check.h"
 #include "train/outputs.h"
 
@@ -14,8 +15,8 @@ using namespace autosp;
 namespace fs = std::filesystem;
 
 TEST_CASE("outputs may not overwrite an input or land in a checkpoint", "[outputs]") {
-  const fs::path d = fs::temp_directory_path() / ("autosp-outputs-" + std::to_string(::getpid()));
-  fs::remove_all(d);
+  const test::TempDir tmp("outputs");
+  const fs::path& d = tmp.dir;
   fs::create_directories(d / "ck" / "step_00000004");
   fs::create_directories(d / "data");
   std::ofstream(d / "config.json") << "{}";
@@ -51,5 +52,4 @@ TEST_CASE("outputs may not overwrite an input or land in a checkpoint", "[output
   CHECK_NOTHROW(check_output_path("--metrics", (d / "metrics.jsonl").string(), run));
   CHECK_NOTHROW(check_output_path("--metrics", (d / "ck" / "metrics.jsonl").string(), run));  // beside, not in
   CHECK_NOTHROW(check_output_path("--dump-grads", (d / "data" / "grads.safetensors").string(), run));
-  fs::remove_all(d);
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "common/env_var.h"
+#include "common/temp_dir.h"
 #include "models/weights.h"
 #include "train/checkpoint.h"
 #include "train/fault.h"
@@ -20,13 +21,6 @@ using autosp::testing::EnvVar;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("autosp-reliability-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 Config tiny_config() {
   return parse_config(nlohmann::json::parse(R"({
@@ -113,7 +107,8 @@ TEST_CASE("CRC-32C matches the standard check values", "[checkpoint]") {
 }
 
 TEST_CASE("checkpoints carry checksums, and a flipped byte is named", "[checkpoint]") {
-  const fs::path dir = fresh_dir("checksum");
+  const test::TempDir tmp("reliability-checksum");
+  const fs::path& dir = tmp.dir;
   Config cfg = tiny_config();
   ParamMap params = init_params(cfg.model, 1, DType::f32);
   AdamW opt;
@@ -161,11 +156,11 @@ TEST_CASE("checkpoints carry checksums, and a flipped byte is named", "[checkpoi
                     Catch::Contains("no {bytes, crc32c} entry for model.safetensors"));
   std::ofstream(old / "meta.json", std::ios::trunc) << std::string(100, '[') << std::string(100, ']');
   CHECK_THROWS_WITH(load_checkpoint(old.string(), cfg, DType::f32), Catch::Contains("nested deeper than"));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("the newest K checkpoints are kept, and dead writers' leftovers removed", "[checkpoint]") {
-  const fs::path dir = fresh_dir("keep");
+  const test::TempDir tmp("reliability-keep");
+  const fs::path& dir = tmp.dir;
   Config cfg = tiny_config();
   ParamMap params = init_params(cfg.model, 1, DType::f32);
   AdamW opt;
@@ -208,5 +203,4 @@ TEST_CASE("the newest K checkpoints are kept, and dead writers' leftovers remove
   CHECK_THROWS_WITH(save_checkpoint(root.string(), 10, params, opt, cfg, interrupted), "interrupted");
   CHECK_FALSE(fs::exists(root / "step_00000010"));
   CHECK(load_checkpoint(root.string(), cfg, DType::f32).step == 9);
-  fs::remove_all(dir);
 }

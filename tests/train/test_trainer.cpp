@@ -11,6 +11,7 @@
 
 #include "common/env_var.h"
 #include "common/llmc_shard.h"
+#include "common/temp_dir.h"
 #include "models/weights.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -23,13 +24,6 @@ using namespace autosp;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("autosp-train-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
 
@@ -60,7 +54,8 @@ TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[tr
   for (const auto& model : models) {
     for (const std::string dtype : {"float64", "float32"}) {
       DYNAMIC_SECTION(model["arch"].get<std::string>() << " " << dtype) {
-        const fs::path dir = temp_dir(model["arch"].get<std::string>() + dtype);
+        const test::TempDir tmp("train-" + model["arch"].get<std::string>() + dtype);
+        const fs::path& dir = tmp.dir;
         testing::write_llmc_shard(dir / "shard.bin", 4000, 64, 3);
         // grad_clip 0.5 makes clipping active on some steps; 2 warmup steps then cosine.
         nlohmann::json cj = {{"model", model},
@@ -99,7 +94,6 @@ TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[tr
         ta.init_from = (dir / "w.safetensors").string();
         ta.quiet = true;
         TrainResult r = train(cfg, ta, *world);
-        fs::remove_all(dir);
         REQUIRE(r.steps.size() == steps);
         const auto losses = ref.tensors.at("losses").to_doubles();
         const auto norms = ref.tensors.at("grad_norms").to_doubles();
@@ -135,7 +129,8 @@ TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[tr
 }
 
 TEST_CASE("a resumed run continues exactly like the uninterrupted run", "[trainer]") {
-  const fs::path dir = temp_dir("resume");
+  const test::TempDir tmp("train-resume");
+  const fs::path& dir = tmp.dir;
   Config cfg = parse_config(nlohmann::json::parse(R"({
     "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
@@ -171,7 +166,6 @@ TEST_CASE("a resumed run continues exactly like the uninterrupted run", "[traine
   Config other = cfg;
   other.resolved["model"]["hidden_size"] = 64;
   CHECK_THROWS_WITH(load_checkpoint((dir / "ckpt").string(), other, DType::f32), Catch::Contains("was written for model"));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("TrainArgs::accuracy off skips the synthetic task's scoring, and nothing else", "[trainer]") {
@@ -257,7 +251,8 @@ TEST_CASE("runtime.profile_ops counts every kernel call by op kind and changes n
 }
 
 TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
-  const fs::path dir = temp_dir("badckpt");
+  const test::TempDir tmp("train-badckpt");
+  const fs::path& dir = tmp.dir;
   Config cfg = parse_config(nlohmann::json::parse(R"({
     "model": {"arch": "gpt2", "vocab_size": 16, "hidden_size": 8, "num_hidden_layers": 1,
               "num_attention_heads": 2, "max_position_embeddings": 16}, "data": {"seq_len": 8}})"));
@@ -302,7 +297,6 @@ TEST_CASE("malformed checkpoints are named errors", "[trainer]") {
     std::ofstream(p / "meta.json", std::ios::trunc) << meta.dump();
   }
   CHECK_THROWS_WITH(load_checkpoint(p.string(), cfg, DType::f32), Catch::Contains("missing 'exp_avg."));
-  fs::remove_all(dir);
 }
 
 TEST_CASE("the default config's loss falls", "[trainer]") {
@@ -324,7 +318,8 @@ TEST_CASE("the default config's loss falls", "[trainer]") {
 TEST_CASE("a batch with no scored position is skipped without an update, not called a divergence", "[trainer]") {
   // Every token is the EOS (id 0) and attention stays inside documents: every target is an EOS's,
   // ignored, so the token-mean loss is 0/0.
-  const fs::path dir = temp_dir("unscored");
+  const test::TempDir tmp("train-unscored");
+  const fs::path& dir = tmp.dir;
   testing::write_llmc_shard(dir / "eos.bin", 2000, 1, 3);
   Config cfg = parse_config(nlohmann::json::parse(R"({
     "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
@@ -344,11 +339,11 @@ TEST_CASE("a batch with no scored position is skipped without an update, not cal
     CHECK(std::isnan(s.loss));
   }
   for (const auto& [name, p] : start) CHECK(p.to_doubles() == r.params.at(name).to_doubles());
-  fs::remove_all(dir);
 }
 
 TEST_CASE("a divergence's advice names a checkpoint from before the parameters that gave it", "[trainer]") {
-  const fs::path dir = temp_dir("diverged");
+  const test::TempDir tmp("train-diverged");
+  const fs::path& dir = tmp.dir;
   Config cfg = parse_config(nlohmann::json::parse(R"({
     "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
@@ -374,5 +369,4 @@ TEST_CASE("a divergence's advice names a checkpoint from before the parameters t
   }
   CHECK(fs::exists(dir / "ck" / "step_00000003" / "meta.json"));
   CHECK_FALSE(fs::exists(dir / "ck" / "step_00000004"));
-  fs::remove_all(dir);
 }

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "common/llmc_shard.h"
+#include "common/temp_dir.h"
 #include "engine/executor.h"
 #include "compiler/program.h"
 #include "train/trainer.h"
@@ -23,9 +24,8 @@ namespace {
 }  // namespace
 
 TEST_CASE("validation: the loss of the trained parameters on data.val_path, every eval_every steps", "[trainer]") {
-  const fs::path dir = fs::temp_directory_path() / ("autosp-validation-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const test::TempDir tmp("validation");
+  const fs::path& dir = tmp.dir;
   testing::write_llmc_shard(dir / "train.bin", 3000, 64, 1);
   const std::vector<uint16_t> val = testing::write_llmc_shard(dir / "val.bin", 500, 64, 2);
   const int64_t S = 16, B = 2, batches = 3;
@@ -83,5 +83,4 @@ TEST_CASE("validation: the loss of the trained parameters on data.val_path, ever
     }
   }
   CHECK(with_val == 3);
-  fs::remove_all(dir);
 }
