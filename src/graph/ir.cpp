@@ -212,6 +212,7 @@ Node* Graph::make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string nam
     name_freed(n->name_);
     throw;
   }
+  n->type_checked_ = true;  // inferred just now
   unordered_ = unordered_ || after != tail_;  // an append keeps the order vector current
   link(n, after);
   for (Node* i : n->inputs_) i->users_.push_back(n);
@@ -243,6 +244,7 @@ void Graph::replace_input(Node* user, size_t index, Node* to) {
   Node* from = user->inputs_.at(index);
   AUTOSP_ASSERT(before(to, user), "replacement ", to->name(), " does not come before ", user->name());
   user->inputs_[index] = to;
+  user->type_checked_ = false;
   auto& fu = from->users_;
   fu.erase(std::find(fu.begin(), fu.end(), user));
   to->users_.push_back(user);
@@ -317,6 +319,15 @@ void Graph::assume(Divisibility d) {
   for (const auto& a : assumptions_)
     if (a.expr == d.expr && a.modulus == d.modulus) return;
   assumptions_.push_back(std::move(d));
+}
+
+void Graph::mark_names_checked() const {
+  for (const auto& n : nodes()) n->name_checked_ = true;
+}
+
+void Graph::mark_types_checked() const {
+  for (const auto& n : nodes()) n->type_checked_ = true;
+  checked_assumptions_ = assumptions_.size();
 }
 
 std::unique_ptr<Graph> Graph::clone() const {

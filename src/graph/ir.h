@@ -11,6 +11,7 @@
 // walks the graph snapshots the nodes first and asks `before`/`next`/`prev`, not `position`.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -80,9 +81,23 @@ class Node {
   Node* input(size_t i) const { return inputs_.at(i); }
   const std::vector<Node*>& users() const { return users_; }
   const Attrs& attrs() const { return attrs_; }
-  Attrs& attrs() { return attrs_; }  // editing attributes keeps the use lists valid
+  Attrs& attrs() {  // editing attributes keeps the use lists valid
+    type_checked_ = false;
+    return attrs_;
+  }
   const TensorType& type() const { return type_; }
-  void set_type(TensorType t) { type_ = std::move(t); }
+  void set_type(TensorType t) {
+    type_ = std::move(t);
+    type_checked_ = false;
+  }
+  // Whether the type is known to equal what the op's shape rule infers from the inputs' types and
+  // the attributes: set when the node is made (its type is inferred then) and by a full verify;
+  // cleared by set_type, the mutable attrs() and a replaced input. verify re-infers only the nodes
+  // not known so, or whose inputs are not (graph/verify.cpp).
+  bool type_checked() const { return type_checked_; }
+  // Whether a verify has looked this node up by its name since it was made. Names never change,
+  // so each node's entry in the name index is checked once (graph/verify.cpp).
+  bool name_checked() const { return name_checked_; }
   const SymShape& shape() const { return type_.shape; }
   DType dtype() const { return type_.dtype; }
 
@@ -100,6 +115,8 @@ class Node {
   std::vector<Node*> users_;
   Attrs attrs_;
   TensorType type_;
+  mutable bool type_checked_ = false;
+  mutable bool name_checked_ = false;
 };
 
 class Graph {
@@ -145,6 +162,14 @@ class Graph {
   const std::vector<Divisibility>& assumptions() const { return assumptions_; }
   void assume(Divisibility d);
 
+  // The verifier's record (graph/verify.cpp): every node's type checked, under the assumptions as
+  // they are now. A new assumption may change what a shape rule infers, so until the next full
+  // verify every node's type counts as unchecked.
+  void mark_types_checked() const;
+  void mark_names_checked() const;
+  size_t name_index_size() const { return by_name_.size(); }
+  bool types_checked_under_assumptions() const { return checked_assumptions_ == assumptions_.size(); }
+
  private:
   Node* make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
              std::optional<TensorType> type, Node* after);
@@ -166,6 +191,7 @@ class Graph {
   size_t count_ = 0;
   std::vector<Node*> outputs_;
   std::vector<Divisibility> assumptions_;
+  mutable size_t checked_assumptions_ = SIZE_MAX;  // assumptions_.size() at the last full verify
   // Hashed by name (find with a string_view too): an ordered map compares long common prefixes
   // ("l12.mlp.…") at every level.
   struct NameHash {

@@ -41,10 +41,13 @@ bool use_lists_consistent(const Graph& g) {
 }
 
 // Whether the name index finds every node under its name (then no two share one). Only when this
-// fails do the per-node checks in verify run, to say which node and how.
+// fails do the per-node checks in verify run, to say which node and how. Names never change, so a
+// node found under its name once stays found unless the index loses or gains entries, which its
+// size shows: only the nodes made since the last verify are looked up (ir.h: name_checked).
 bool names_consistent(const Graph& g) {
+  if (g.name_index_size() != g.size()) return false;
   for (const auto& up : g.nodes())
-    if (g.find(up->name()) != up.get()) return false;
+    if (!up->name_checked() && g.find(up->name()) != up.get()) return false;
   return true;
 }
 
@@ -55,6 +58,14 @@ void verify(const Graph& g, VerifyLevel level) {
     throw UsageError(str("verify: node %", n.name(), " (", n.op_name(), "): ", what));
   };
   const bool check_uses = !use_lists_consistent(g), check_names = !names_consistent(g);
+  // Types: a node whose type is known to match its shape rule, and whose inputs' types are too,
+  // still does (ir.h: type_checked); the others are inferred again. Every one after a new
+  // assumption.
+  const bool recheck_all = !g.types_checked_under_assumptions();
+  auto known = [&](const Node& n) {
+    return !recheck_all && n.type_checked() &&
+           std::all_of(n.inputs().begin(), n.inputs().end(), [](const Node* i) { return i->type_checked(); });
+  };
   std::unordered_set<std::string_view> names;
   for (const auto& up : g.nodes()) {
     const Node& n = *up;
@@ -73,6 +84,9 @@ void verify(const Graph& g, VerifyLevel level) {
           bad(n, str("lists user %", u->name(), " which does not use it"));
     if ((n.op() == Op::input || n.op() == Op::parameter) && !n.inputs().empty()) bad(n, "a leaf with inputs");
     if (n.op() == Op::parameter && n.role() != Role::parameter) bad(n, "parameter without the parameter role");
+    // Its type, attributes and inputs as a full verify (or its making) found them: nothing below
+    // can have changed.
+    if (known(n)) continue;
     for (const auto& d : n.shape())
       if (d.is_const() && d.value() < 0) bad(n, str("negative dim in ", n.type().str()));
     if (level == VerifyLevel::structure) {
@@ -99,6 +113,8 @@ void verify(const Graph& g, VerifyLevel level) {
   }
   for (const Node* o : g.outputs())
     if (!in_graph(g, o)) throw UsageError(str("verify: output %", o->name(), " is not in the graph"));
+  g.mark_names_checked();
+  if (level == VerifyLevel::full) g.mark_types_checked();
 }
 
 }  // namespace autosp

@@ -94,6 +94,46 @@ TEST_CASE("the verifier rejects malformed graphs", "[verify]") {
   }
 }
 
+// After a full verify only the nodes an edit may have changed are inferred again (ir.h:
+// type_checked); each kind of edit must still be caught on a graph verified before it.
+TEST_CASE("the verifier catches edits made after a full verify", "[verify]") {
+  Small s;
+  REQUIRE_NOTHROW(verify(s.g));
+  REQUIRE(s.g.types_checked_under_assumptions());
+  REQUIRE(s.t->type_checked());
+  SECTION("a type set by hand") {
+    s.t->set_type({DType::f32, {B, S, 4, 4}});
+    CHECK_THROWS_WITH(verify(s.g), Catch::Contains("%t"));
+  }
+  SECTION("an input's type, which its user's shape rule reads") {
+    s.x->set_type({DType::f32, {B, S, 32}});  // consistent itself (a leaf); r no longer is
+    CHECK_THROWS_WITH(verify(s.g), Catch::Contains("%r") && Catch::Contains("element counts differ"));
+  }
+  SECTION("an attribute") {
+    s.t->attrs().set("dim1", int64_t{3});
+    CHECK_THROWS_WITH(verify(s.g), Catch::Contains("%t"));
+  }
+  SECTION("a replaced input") {
+    s.g.replace_all_uses_with(s.t, s.r, nullptr);
+    CHECK_THROWS_WITH(verify(s.g), Catch::Contains("%s"));
+  }
+  SECTION("a structure-level verify in between does not count as a type check") {
+    s.t->set_type({DType::f32, {B, S, 4, 4}});
+    CHECK_NOTHROW(verify(s.g, VerifyLevel::structure));
+    CHECK_THROWS_WITH(verify(s.g), Catch::Contains("%t"));
+  }
+  SECTION("a new assumption makes every type unchecked until the next full verify") {
+    s.g.assume(Divisibility{S, 4});
+    CHECK_FALSE(s.g.types_checked_under_assumptions());
+    CHECK_NOTHROW(verify(s.g));
+    CHECK(s.g.types_checked_under_assumptions());
+  }
+  SECTION("nothing edited: nothing to report, and a clone (every type inferred again) agrees") {
+    CHECK_NOTHROW(verify(s.g));
+    CHECK_NOTHROW(verify(*s.g.clone()));
+  }
+}
+
 TEST_CASE("graph edits keep use lists consistent", "[verify]") {
   Small s;
   Builder b(s.g);
