@@ -321,13 +321,12 @@ void Graph::assume(Divisibility d) {
   assumptions_.push_back(std::move(d));
 }
 
-void Graph::mark_names_checked() const {
-  for (const auto& n : nodes()) n->name_checked_ = true;
-}
-
-void Graph::mark_types_checked() const {
-  for (const auto& n : nodes()) n->type_checked_ = true;
-  checked_assumptions_ = assumptions_.size();
+void Graph::mark_checked(bool types) const {
+  for (const auto& n : nodes()) {
+    n->name_checked_ = true;
+    n->type_checked_ = n->type_checked_ || types;
+  }
+  if (types) checked_assumptions_ = assumptions_.size();
 }
 
 std::unique_ptr<Graph> Graph::clone() const {

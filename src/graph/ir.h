@@ -162,11 +162,10 @@ class Graph {
   const std::vector<Divisibility>& assumptions() const { return assumptions_; }
   void assume(Divisibility d);
 
-  // The verifier's record (graph/verify.cpp): every node's type checked, under the assumptions as
-  // they are now. A new assumption may change what a shape rule infers, so until the next full
-  // verify every node's type counts as unchecked.
-  void mark_types_checked() const;
-  void mark_names_checked() const;
+  // The verifier's record (graph/verify.cpp): every node's name checked, and with `types` every
+  // node's type, under the assumptions as they are now. A new assumption may change what a shape
+  // rule infers, so until the next full verify every node's type counts as unchecked.
+  void mark_checked(bool types) const;
   size_t name_index_size() const { return by_name_.size(); }
   bool types_checked_under_assumptions() const { return checked_assumptions_ == assumptions_.size(); }
 

@@ -113,8 +113,7 @@ void verify(const Graph& g, VerifyLevel level) {
   }
   for (const Node* o : g.outputs())
     if (!in_graph(g, o)) throw UsageError(str("verify: output %", o->name(), " is not in the graph"));
-  g.mark_names_checked();
-  if (level == VerifyLevel::full) g.mark_types_checked();
+  g.mark_checked(/*types=*/level == VerifyLevel::full);
 }
 
 }  // namespace autosp

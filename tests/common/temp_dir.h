@@ -14,7 +14,8 @@ namespace autosp::test {
 
 class TempDir {
  public:
-  explicit TempDir(const std::string& tag) : TempDir(tag + "-" + std::to_string(getpid()) + "-" + std::to_string(next()), true) {}
+  explicit TempDir(const std::string& tag)
+      : TempDir(tag + "-" + std::to_string(getpid()) + "-" + std::to_string(next()), true) {}
   // The directory every process given the same `id` names alike; only the owner makes it (empty)
   // and removes it.
   TempDir(const std::string& tag, int64_t id, bool owner) : TempDir(tag + "-" + std::to_string(id), owner) {}
