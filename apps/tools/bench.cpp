@@ -125,17 +125,11 @@ std::vector<std::string> pytorch_args(const Config& cfg, const BenchOptions& opt
                                 "--seq", std::to_string(cfg.data.seq_len), "--threads", std::to_string(threads),
                                 "--mode", opt.mode, "--clip", str(cfg.train.grad_clip),
                                 cfg.runtime.activation_checkpointing ? "--checkpoint" : "--no-checkpoint"};
-  switch (m.arch) {
-    case Arch::gpt2: break;  // always tied
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-      a.push_back(m.tie_word_embeddings ? "--tie" : "--no-tie");
-      break;
-    case Arch::qwen3:  // its baseline would need q/k norm and head_dim flags
-      throw UsageError(str("the PyTorch baseline (scripts/bench_pytorch.py) has no ", arch_name(m.arch),
-                           " model yet: bench it without --compare-pytorch"));
-  }
+  const Family& f = family(m.arch);
+  if (f.qk_norm)  // its baseline would need q/k norm and head_dim flags
+    throw UsageError(str("the PyTorch baseline (scripts/bench_pytorch.py) has no ", f.name,
+                         " model yet: bench it without --compare-pytorch"));
+  if (f.tied_head == Presence::by_key) a.push_back(m.tie_word_embeddings ? "--tie" : "--no-tie");
   return a;
 }
 

@@ -95,14 +95,14 @@ std::string_view zero_mode_name(ZeroMode m) {
 namespace {
 
 using json = nlohmann::json;
-enum class Kind { integer, number, boolean, string, object, list, integer_or_auto };
+using Kind = ValueKind;
 
 struct Key {
-  const char* path;  // "model.hidden_size"
+  std::string path;  // "model.hidden_size"
   Kind kind;
   double lo, hi;        // inclusive range for numbers
   std::string choices;  // "a|b|c" for strings, "" = any
-  std::optional<Arch> arch;  // the only arch it applies to (none: all archs)
+  const ModelKey* model;  // a model.* key: its row of the model-key table (which families it applies to)
   std::function<void(Config&, const json&)> set;
   std::function<json(const Config&)> get;  // the value the resolved config records (null: left out)
 };
@@ -156,7 +156,6 @@ json data_mix_json(const std::vector<DataMixEntry>& mix) {
 
 // The values of each enum key, in the order its choices are listed in errors ("expected one of
 // gpt2|llama"); each value's string is its name function's.
-constexpr std::array kArchs{Arch::gpt2, Arch::llama, Arch::mistral, Arch::qwen2, Arch::qwen3};
 constexpr std::array kSources{DataSourceKind::synthetic, DataSourceKind::tokens, DataSourceKind::text};
 constexpr std::array kDevices{DeviceKind::cpu, DeviceKind::cuda};
 constexpr std::array kAttention{AttentionBackend::flash, AttentionBackend::cudnn};
@@ -192,100 +191,83 @@ Key enum_key(const char* path, S Config::*sec, E S::*member, const std::array<E,
       if (name(e) == v.get<std::string>()) (c.*sec).*member = e;
   };
   auto get = [=](const Config& c) { return json(name((c.*sec).*member)); };
-  return {path, Kind::string, 0, 0, choices, {}, set, get};
+  return {path, Kind::string, 0, 0, choices, nullptr, set, get};
+}
+
+// The model.* rows: one per model key (models/model_keys.h).
+std::vector<Key> model_rows() {
+  std::vector<Key> rows;
+  for (const ModelKey& k : model_keys())
+    rows.push_back({"model." + k.name, k.kind, k.lo, k.hi, k.choices, &k,
+                    [&k](Config& c, const json& v) { k.set(c.model, v); },
+                    [&k](const Config& c) { return model_json(c.model).value(k.name, json()); }});
+  return rows;
 }
 
 const std::vector<Key>& schema() {
-  static const std::vector<Key> keys = {
-      enum_key("model.arch", &Config::model, &ModelConfig::arch, kArchs, arch_name),
-      {"model.vocab_size", Kind::integer, 2, 1 << 24, "", {}, F(model, vocab_size)},
-      {"model.hidden_size", Kind::integer, 2, 1 << 16, "", {}, F(model, hidden_size)},
-      {"model.num_hidden_layers", Kind::integer, 1, 1024, "", {}, F(model, num_hidden_layers)},
-      {"model.num_attention_heads", Kind::integer, 1, 1024, "", {}, F(model, num_attention_heads)},
-      {"model.num_key_value_heads", Kind::integer, 1, 1024, "", Arch::llama, F(model, num_key_value_heads)},
-      {"model.intermediate_size", Kind::integer, 1, 1 << 20, "", Arch::llama, F(model, intermediate_size)},
-      {"model.max_position_embeddings", Kind::integer, 1, 1 << 24, "", {}, F(model, max_position_embeddings)},
-      {"model.rope_theta", Kind::number, 1, 1e12, "", Arch::llama, F(model, rope_theta)},
-      {"model.norm_eps", Kind::number, 0, 1, "", {}, F(model, norm_eps)},
-      {"model.tie_word_embeddings", Kind::boolean, 0, 0, "", Arch::llama, F(model, tie_word_embeddings)},
-      // HF's form (models/hf_config.h); none is null, which the resolved config leaves out.
-      {"model.rope_scaling", Kind::object, 0, 0, "", Arch::llama,
-       [](Config& c, const json& v) { c.model.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); },  // origin: parse_config
-       [](const Config& c) { return rope_scaling_json(c.model.rope_scaling); }},
-      // The Llama family's (models/model_config.h); each left out of the resolved config at its
-      // default, so checkpoints written before these keys still compare equal.
-      {"model.head_dim", Kind::integer, 2, 1 << 16, "", Arch::llama,
-       [](Config& c, const json& v) { c.model.head_dim_config = v.get<int64_t>(); },
-       [](const Config& c) { return model_json(c.model).value("head_dim", json()); }},
-      {"model.attention_bias", Kind::boolean, 0, 0, "", Arch::llama,
-       [](Config& c, const json& v) { c.model.attention_bias = v.get<bool>(); },
-       [](const Config& c) { return c.model.attention_bias ? json(true) : json(); }},
-      {"model.mlp_bias", Kind::boolean, 0, 0, "", Arch::llama,
-       [](Config& c, const json& v) { c.model.mlp_bias = v.get<bool>(); },
-       [](const Config& c) { return c.model.mlp_bias ? json(true) : json(); }},
-      {"model.sliding_window", Kind::integer, 1, 1 << 30, "", Arch::llama,
-       [](Config& c, const json& v) { c.model.sliding_window = v.get<int64_t>(); },
-       [](const Config& c) { return c.model.sliding_window > 0 ? json(c.model.sliding_window) : json(); }},
+  static const std::vector<Key> keys = [] {
+    std::vector<Key> k = model_rows();
+    std::vector<Key> rest = {
       enum_key("data.source", &Config::data, &DataConfig::source, kSources, data_source_name),
-      {"data.path", Kind::string, 0, 0, "", {}, F(data, path)},
-      {"data.val_path", Kind::string, 0, 0, "", {}, F(data, val_path)},
-      {"data.seq_len", Kind::integer, 1, 1 << 26, "", {}, F(data, seq_len)},
-      {"data.batch_size", Kind::integer, 1, 1 << 20, "", {}, F(data, batch_size)},
-      {"data.eos_token_id", Kind::integer, -1, 1 << 24, "", {}, F(data, eos_token_id)},  // -1: none (the default)
-      {"data.document_mask", Kind::boolean, 0, 0, "", {}, F(data, document_mask)},
+      {"data.path", Kind::string, 0, 0, "", nullptr, F(data, path)},
+      {"data.val_path", Kind::string, 0, 0, "", nullptr, F(data, val_path)},
+      {"data.seq_len", Kind::integer, 1, 1 << 26, "", nullptr, F(data, seq_len)},
+      {"data.batch_size", Kind::integer, 1, 1 << 20, "", nullptr, F(data, batch_size)},
+      {"data.eos_token_id", Kind::integer, -1, 1 << 24, "", nullptr, F(data, eos_token_id)},  // -1: none (the default)
+      {"data.document_mask", Kind::boolean, 0, 0, "", nullptr, F(data, document_mask)},
       // [{"path": glob, "weight": w}, ...]; none is null, which the resolved config leaves out.
-      {"data.mix", Kind::list, 0, 0, "", {}, [](Config& c, const json& v) { c.data.mix = parse_data_mix(v); },
+      {"data.mix", Kind::list, 0, 0, "", nullptr, [](Config& c, const json& v) { c.data.mix = parse_data_mix(v); },
        [](const Config& c) { return data_mix_json(c.data.mix); }},
-      {"data.shuffle", Kind::boolean, 0, 0, "", {}, F(data, shuffle)},
-      {"data.seed", Kind::integer, -1, kBig, "", {}, F(data, seed)},  // -1: train.seed (the default)
+      {"data.shuffle", Kind::boolean, 0, 0, "", nullptr, F(data, shuffle)},
+      {"data.seed", Kind::integer, -1, kBig, "", nullptr, F(data, seed)},  // -1: train.seed (the default)
       // Loss masks beside data.path and data.val_path (train/data.h); left out of the resolved
       // config when unset, so checkpoints written before them still resume.
-      {"data.loss_mask_path", Kind::string, 0, 0, "", {},
+      {"data.loss_mask_path", Kind::string, 0, 0, "", nullptr,
        [](Config& c, const json& v) { c.data.loss_mask_path = v.get<std::string>(); },
        [](const Config& c) { return c.data.loss_mask_path.empty() ? json() : json(c.data.loss_mask_path); }},
-      {"data.val_loss_mask_path", Kind::string, 0, 0, "", {},
+      {"data.val_loss_mask_path", Kind::string, 0, 0, "", nullptr,
        [](Config& c, const json& v) { c.data.val_loss_mask_path = v.get<std::string>(); },
        [](const Config& c) { return c.data.val_loss_mask_path.empty() ? json() : json(c.data.val_loss_mask_path); }},
-      {"train.steps", Kind::integer, 0, kBig, "", {}, F(train, steps)},
-      {"train.gradient_accumulation_steps", Kind::integer, 1, 1 << 20, "", {}, F(train, gradient_accumulation_steps)},
-      {"train.lr", Kind::number, 0, 10, "", {}, F(train, lr)},
-      {"train.min_lr", Kind::number, 0, 10, "", {}, F(train, min_lr)},
-      {"train.warmup_steps", Kind::integer, 0, kBig, "", {}, F(train, warmup_steps)},
+      {"train.steps", Kind::integer, 0, kBig, "", nullptr, F(train, steps)},
+      {"train.gradient_accumulation_steps", Kind::integer, 1, 1 << 20, "", nullptr, F(train, gradient_accumulation_steps)},
+      {"train.lr", Kind::number, 0, 10, "", nullptr, F(train, lr)},
+      {"train.min_lr", Kind::number, 0, 10, "", nullptr, F(train, min_lr)},
+      {"train.warmup_steps", Kind::integer, 0, kBig, "", nullptr, F(train, warmup_steps)},
       enum_key("train.lr_schedule", &Config::train, &TrainConfig::lr_schedule, kSchedules, lr_schedule_name),
-      {"train.schedule_steps", Kind::integer, 0, kBig, "", {}, F(train, schedule_steps)},
-      {"train.decay_fraction", Kind::number, 0, 1, "", {}, F(train, decay_fraction)},
+      {"train.schedule_steps", Kind::integer, 0, kBig, "", nullptr, F(train, schedule_steps)},
+      {"train.decay_fraction", Kind::number, 0, 1, "", nullptr, F(train, decay_fraction)},
       enum_key("train.decay_type", &Config::train, &TrainConfig::decay_type, kDecayTypes, decay_type_name),
       enum_key("train.warmup_type", &Config::train, &TrainConfig::warmup_type, kWarmupTypes, warmup_type_name),
-      {"train.warmup_min_lr", Kind::number, 0, 10, "", {}, F(train, warmup_min_lr)},
-      {"train.weight_decay", Kind::number, 0, 10, "", {}, F(train, weight_decay)},
-      {"train.beta1", Kind::number, 0, 0.999999, "", {}, F(train, beta1)},
-      {"train.beta2", Kind::number, 0, 0.999999999, "", {}, F(train, beta2)},
+      {"train.warmup_min_lr", Kind::number, 0, 10, "", nullptr, F(train, warmup_min_lr)},
+      {"train.weight_decay", Kind::number, 0, 10, "", nullptr, F(train, weight_decay)},
+      {"train.beta1", Kind::number, 0, 0.999999, "", nullptr, F(train, beta1)},
+      {"train.beta2", Kind::number, 0, 0.999999999, "", nullptr, F(train, beta2)},
       // eps = 0 divides 0 by 0 where a gradient is zero: the update is undefined, not merely sharp.
-      {"train.eps", Kind::number, 1e-30, 1, "", {}, F(train, eps)},
-      {"train.grad_clip", Kind::number, 0, 1e9, "", {}, F(train, grad_clip)},
-      {"train.seed", Kind::integer, 0, kBig, "", {}, F(train, seed)},
-      {"train.log_every", Kind::integer, 1, kBig, "", {}, F(train, log_every)},
-      {"train.eval_every", Kind::integer, 0, kBig, "", {}, F(train, eval_every)},
-      {"train.eval_batches", Kind::integer, 1, 1 << 20, "", {}, F(train, eval_batches)},
-      {"train.checkpoint_dir", Kind::string, 0, 0, "", {}, F(train, checkpoint_dir)},
-      {"train.checkpoint_every", Kind::integer, 0, kBig, "", {}, F(train, checkpoint_every)},
-      {"train.keep_checkpoints", Kind::integer, 0, kBig, "", {}, F(train, keep_checkpoints)},
-      {"train.max_shard_mb", Kind::number, 1e-3, 1e9, "", {}, F(train, max_shard_mb)},
-      {"train.save_timeout", Kind::number, 0.1, 86400, "", {}, F(train, save_timeout)},
+      {"train.eps", Kind::number, 1e-30, 1, "", nullptr, F(train, eps)},
+      {"train.grad_clip", Kind::number, 0, 1e9, "", nullptr, F(train, grad_clip)},
+      {"train.seed", Kind::integer, 0, kBig, "", nullptr, F(train, seed)},
+      {"train.log_every", Kind::integer, 1, kBig, "", nullptr, F(train, log_every)},
+      {"train.eval_every", Kind::integer, 0, kBig, "", nullptr, F(train, eval_every)},
+      {"train.eval_batches", Kind::integer, 1, 1 << 20, "", nullptr, F(train, eval_batches)},
+      {"train.checkpoint_dir", Kind::string, 0, 0, "", nullptr, F(train, checkpoint_dir)},
+      {"train.checkpoint_every", Kind::integer, 0, kBig, "", nullptr, F(train, checkpoint_every)},
+      {"train.keep_checkpoints", Kind::integer, 0, kBig, "", nullptr, F(train, keep_checkpoints)},
+      {"train.max_shard_mb", Kind::number, 1e-3, 1e9, "", nullptr, F(train, max_shard_mb)},
+      {"train.save_timeout", Kind::number, 0.1, 86400, "", nullptr, F(train, save_timeout)},
       enum_key("runtime.device", &Config::runtime, &RuntimeConfig::device, kDevices, device_kind_name),
       enum_key("runtime.attention", &Config::runtime, &RuntimeConfig::attention, kAttention, attention_backend_name),
       enum_key("runtime.dtype", &Config::runtime, &RuntimeConfig::dtype, kDTypes, dtype_torch_name),
-      {"runtime.threads", Kind::integer, 0, 1024, "", {}, F(runtime, threads)},
-      {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", {}, F(runtime, activation_checkpointing)},
-      {"runtime.tiled_mlp", Kind::boolean, 0, 0, "", {}, F(runtime, tiled_mlp)},
-      {"runtime.tiled_loss", Kind::boolean, 0, 0, "", {}, F(runtime, tiled_loss)},
-      {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", {}, F(runtime, fuse_kernels)},
-      {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", {}, F(runtime, overlap_grad_sync)},
-      {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", {}, F(runtime, grad_bucket_mb)},
-      {"runtime.peak_tflops", Kind::number, 0, 1e9, "", {}, F(runtime, peak_tflops)},
-      {"runtime.profile_ops", Kind::boolean, 0, 0, "", {}, F(runtime, profile_ops)},
-      {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", {}, F(sequence_parallel, autosp_size)},
-      {"sequence_parallel.ring_size", Kind::integer_or_auto, 1, 1 << 16, "", {},
+      {"runtime.threads", Kind::integer, 0, 1024, "", nullptr, F(runtime, threads)},
+      {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", nullptr, F(runtime, activation_checkpointing)},
+      {"runtime.tiled_mlp", Kind::boolean, 0, 0, "", nullptr, F(runtime, tiled_mlp)},
+      {"runtime.tiled_loss", Kind::boolean, 0, 0, "", nullptr, F(runtime, tiled_loss)},
+      {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", nullptr, F(runtime, fuse_kernels)},
+      {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", nullptr, F(runtime, overlap_grad_sync)},
+      {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", nullptr, F(runtime, grad_bucket_mb)},
+      {"runtime.peak_tflops", Kind::number, 0, 1e9, "", nullptr, F(runtime, peak_tflops)},
+      {"runtime.profile_ops", Kind::boolean, 0, 0, "", nullptr, F(runtime, profile_ops)},
+      {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", nullptr, F(sequence_parallel, autosp_size)},
+      {"sequence_parallel.ring_size", Kind::integer_or_auto, 1, 1 << 16, "", nullptr,
        [](Config& c, const json& v) {
          c.sequence_parallel.ring_auto = v.is_string();
          c.sequence_parallel.ring_size = v.is_string() ? 1 : v.get<int64_t>();
@@ -293,24 +275,16 @@ const std::vector<Key>& schema() {
        [](const Config& c) {
          return c.sequence_parallel.ring_auto ? json("auto") : json(c.sequence_parallel.ring_size);
        }},
-      {"zero_optimization.stage", Kind::integer, 0, 3, "", {}, F(zero_optimization, stage)},
-  };
+      {"zero_optimization.stage", Kind::integer, 0, 3, "", nullptr, F(zero_optimization, stage)},
+    };
+    k.insert(k.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+    return k;
+  }();
   return keys;
 }
 #undef F
 
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::integer: return "an integer";
-    case Kind::number: return "a number";
-    case Kind::boolean: return "true or false";
-    case Kind::string: return "a string";
-    case Kind::object: return "an object or null";
-    case Kind::list: return "a list or null";
-    case Kind::integer_or_auto: return "an integer or \"auto\"";
-  }
-  return "";
-}
+const char* kind_name(Kind k) { return value_kind_name(k); }
 
 std::string json_path(const std::string& path) {
   std::string p = "/";
@@ -406,17 +380,18 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return d[a.size()][b.size()];
 }
 
-// GPT-2 / Hugging Face names of our model keys (HF's GPT2Config and LlamaConfig spellings).
+// Other tools' names of our model keys (HF's GPT2Config and Llama spellings, and the aliases the
+// model-key table lists) → ours.
 const std::map<std::string, std::string>& model_aliases() {
-  static const std::map<std::string, std::string> a = {
-      {"n_embd", "hidden_size"},        {"d_model", "hidden_size"},          {"n_layer", "num_hidden_layers"},
-      {"num_layers", "num_hidden_layers"}, {"n_head", "num_attention_heads"}, {"num_heads", "num_attention_heads"},
-      {"n_positions", "max_position_embeddings"}, {"n_ctx", "max_position_embeddings"},
-      {"max_seq_len", "max_position_embeddings"}, {"n_inner", "intermediate_size"},
-      {"ffn_dim", "intermediate_size"}, {"layer_norm_epsilon", "norm_eps"}, {"layer_norm_eps", "norm_eps"},
-      {"rms_norm_eps", "norm_eps"},     {"model_type", "arch"},              {"num_kv_heads", "num_key_value_heads"},
-      {"n_kv_heads", "num_key_value_heads"}, {"n_vocab", "vocab_size"},      {"tie_embeddings", "tie_word_embeddings"},
-  };
+  static const std::map<std::string, std::string> a = [] {
+    std::map<std::string, std::string> m;
+    for (const ModelKey& k : model_keys()) {
+      std::stringstream names(str(k.hf, " ", k.hf_gpt2, " ", k.aliases));
+      for (std::string n; names >> n;)
+        if (n != k.name) m[n] = k.name;
+    }
+    return m;
+  }();
   return a;
 }
 
@@ -588,18 +563,28 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     check_value(origin, schema()[0], j["model"]["arch"]);
     schema()[0].set(c, j["model"]["arch"]);
   }
-  const Arch arch = c.model.arch;
-  bool kv_given = false;
+  const Family& f = family(c.model.arch);
+  std::vector<std::string> refused;  // settings of other families of this layout, given a value of their own
   for (const auto& k : schema()) {
     json::json_pointer ptr(json_path(k.path));
     if (!j.contains(ptr)) continue;
     const json& v = j[ptr];
     check_value(origin, k, v);
-    if (k.arch && *k.arch != family(arch)) {
-      c.warnings.push_back(str(origin, ": ", k.path, " does not apply to arch ", arch_name(arch), "; ignored"));
-      continue;
+    if (k.model && !key_applies(*k.model, f)) {
+      // A setting of another family of the same layout (Llama's mlp_bias on Qwen2) is refused, after
+      // the rules that read it, unless it holds this family's own value (false); one of another
+      // layout's is ignored.
+      std::vector<std::string_view> others;
+      for (const Family& g : families())
+        if (g.layout == f.layout && key_applies(*k.model, g)) others.push_back(g.name);
+      std::string list;  // "llama, mistral and qwen3"
+      for (size_t i = 0; i < others.size(); ++i) list += str(i == 0 ? "" : i + 1 == others.size() ? " and " : ", ", others[i]);
+      if (others.empty()) {
+        c.warnings.push_back(str(origin, ": ", k.path, " does not apply to arch ", f.name, "; ignored"));
+        continue;
+      }
+      if (!(v.is_boolean() && !v.get<bool>())) refused.push_back(str(k.path, " is a ", list, " setting, not ", f.name, "'s"));
     }
-    kv_given |= std::string(k.path) == "model.num_key_value_heads";
     // An integer written where a number is expected is fine; store it as double.
     try {
       k.set(c, k.kind == Kind::number ? json(v.get<double>()) : v);
@@ -607,21 +592,12 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       throw UsageError(str(origin, ": ", e.what()));
     }
   }
+  // What the family fixes or defaults where the config is silent.
   auto& m = c.model;
-  if (!kv_given) m.num_key_value_heads = m.num_attention_heads;
-  switch (m.arch) {  // the architecture's own defaults
-    case Arch::gpt2:
-      m.tie_word_embeddings = true;
-      m.num_key_value_heads = m.num_attention_heads;
-      break;
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3:
-      if (!given("tie_word_embeddings")) m.tie_word_embeddings = false;
-      if (!given("norm_eps")) m.norm_eps = 1e-6;
-      break;
-  }
+  if (!f.gqa || !given("num_key_value_heads")) m.num_key_value_heads = m.num_attention_heads;
+  if (f.tied_head != Presence::by_key) m.tie_word_embeddings = f.tied_head == Presence::always;
+  else if (!given("tie_word_embeddings")) m.tie_word_embeddings = false;
+  if (!given("norm_eps")) m.norm_eps = f.norm_eps;
 
   // Cross-key rules (none when another file completes this config: it is parsed again, with them).
   auto bad = [&](const std::string& what) {
@@ -633,29 +609,17 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   if (m.num_attention_heads % m.num_key_value_heads != 0)
     bad(str("model.num_attention_heads ", m.num_attention_heads, " is not divisible by model.num_key_value_heads ",
             m.num_key_value_heads));
-  switch (m.arch) {
-    case Arch::gpt2:  // learned positions: a table of max_position_embeddings rows
-      if (c.data.seq_len > m.max_position_embeddings)
-        bad(str("data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ", m.max_position_embeddings));
-      break;
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3:
-      if (m.head_dim() % 2 != 0)
-        bad(str(m.head_dim_config > 0 ? "model.head_dim " : "llama head dim ", m.head_dim(), " must be even for RoPE"));
-      if (m.attention_bias && m.arch != Arch::llama && m.arch != Arch::qwen3)
-        bad(str("model.attention_bias is a llama and qwen3 setting (", arch_name(m.arch), "'s biases are fixed)"));
-      if (m.mlp_bias && m.arch != Arch::llama) bad(str("model.mlp_bias is a llama setting, not ", arch_name(m.arch), "'s"));
-      if (m.mlp_bias && c.runtime.tiled_mlp) bad("runtime.tiled_mlp: the tiled MLP has no biases (model.mlp_bias is true)");
-      // autosp attends over the whole sequence: a window only where it changes nothing.
-      if (m.sliding_window > 0 && m.sliding_window < c.data.seq_len)
-        bad(str("model.sliding_window ", m.sliding_window, " is shorter than data.seq_len ", c.data.seq_len,
-                ": autosp's attention is full causal (a window at least the sequence's length changes nothing)"));
-      if (m.sliding_window > 0 && m.arch == Arch::llama)
-        bad("model.sliding_window is a mistral, qwen2 and qwen3 setting (LlamaConfig has none)");
-      break;
-  }
+  if (f.positions == Positions::learned && c.data.seq_len > m.max_position_embeddings)  // a table of positions
+    bad(str("data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ", m.max_position_embeddings));
+  if (f.positions == Positions::rope && m.head_dim() % 2 != 0)
+    bad(str(m.head_dim_config > 0 ? "model.head_dim " : "the head dim ", m.head_dim(), " must be even for RoPE"));
+  if (c.runtime.tiled_mlp && f.mlp == Mlp::swiglu && present(f.mlp_bias, m.mlp_bias))
+    bad("runtime.tiled_mlp: the tiled MLP has no biases (model.mlp_bias is true)");
+  // autosp attends over the whole sequence: a window only where it changes nothing.
+  if (m.sliding_window > 0 && m.sliding_window < c.data.seq_len)
+    bad(str("model.sliding_window ", m.sliding_window, " is shorter than data.seq_len ", c.data.seq_len,
+            ": autosp's attention is full causal (a window at least the sequence's length changes nothing)"));
+  for (const std::string& r : refused) bad(r);
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty() && c.data.mix.empty())
     bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\" (or data.mix)"));
   if (!c.data.mix.empty()) {
@@ -710,8 +674,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
             m.num_key_value_heads, " key/value heads (the Ulysses degree must divide the query heads, and the ",
             "key/value heads must be a multiple of it or divide it); \"auto\" would pick ring_size ",
             auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads)));
-  if (c.runtime.tiled_mlp && family(m.arch) != Arch::llama)
-    bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", arch_name(m.arch), "\" has none"));
+  if (c.runtime.tiled_mlp && f.mlp != Mlp::swiglu)
+    bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", f.name, "\" has none"));
   if (cross_key_rules) check_schedule(c, origin);
   if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
@@ -720,8 +684,10 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   // The resolved config: every key, as its row's getter gives it. A null (model.rope_scaling when
   // none) is left out, as checkpoints have always recorded it, so theirs still compare equal.
   json r;
+  r["model"] = model_json(c.model);  // the model keys' own rule for what is left out (models/model_keys.h)
   for (const auto& k : schema()) {
     AUTOSP_ASSERT(k.get, "config key ", k.path, " has no getter in the schema");
+    if (k.model) continue;
     json v = k.get(c);
     if (!v.is_null()) r[json::json_pointer(json_path(k.path))] = std::move(v);
   }

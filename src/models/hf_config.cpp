@@ -1,6 +1,7 @@
-// Hugging Face config.json ↔ our model keys: one table of the keys each HF config class has (and
-// what we call them), one list of the keys that do not change the math, and the settings we
-// cannot train (each an error naming its key). Defaults are transformers 4.44's.
+// Hugging Face config.json ↔ our model keys: the model-key table (models/model_keys.h) renames,
+// each family's HF row here gives its class's defaults, the settings we cannot train (each an
+// error naming its key) and what a checkpoint writes besides the keys; one list holds the keys
+// that do not change the math. Defaults are transformers 4.44's.
 #include "models/hf_config.h"
 
 #include <cmath>
@@ -16,65 +17,6 @@ namespace autosp {
 namespace {
 
 using json = nlohmann::json;
-
-// One HF key with our name and HF's default (null: no default).
-struct Rename {
-  const char* hf;
-  const char* ours;
-  json fallback;
-};
-
-const std::vector<Rename>& gpt2_keys() {
-  static const std::vector<Rename> k = {
-      {"vocab_size", "vocab_size", 50257},      {"n_embd", "hidden_size", 768},
-      {"n_layer", "num_hidden_layers", 12},     {"n_head", "num_attention_heads", 12},
-      {"n_positions", "max_position_embeddings", 1024}, {"layer_norm_epsilon", "norm_eps", 1e-5},
-  };
-  return k;
-}
-// The Llama family's config classes share these keys; each class has its own defaults
-// (transformers 4.44's, and Qwen3Config's of 4.51+).
-std::vector<Rename> llama_family_keys(json vocab, json intermediate, json heads_kv, json max_pos, json eps,
-                                      json head_dim) {
-  return {
-      {"vocab_size", "vocab_size", std::move(vocab)},
-      {"hidden_size", "hidden_size", 4096},
-      {"intermediate_size", "intermediate_size", std::move(intermediate)},
-      {"num_hidden_layers", "num_hidden_layers", 32},
-      {"num_attention_heads", "num_attention_heads", 32},
-      {"num_key_value_heads", "num_key_value_heads", std::move(heads_kv)},  // null: num_attention_heads
-      {"max_position_embeddings", "max_position_embeddings", std::move(max_pos)},
-      {"rms_norm_eps", "norm_eps", std::move(eps)},
-      {"rope_theta", "rope_theta", 10000.0},
-      {"tie_word_embeddings", "tie_word_embeddings", false},
-      {"head_dim", "head_dim", std::move(head_dim)},  // null: hidden_size / num_attention_heads
-  };
-}
-const std::vector<Rename>& llama_keys() {
-  static const std::vector<Rename> k = [] {
-    auto v = llama_family_keys(32000, 11008, nullptr, 2048, 1e-6, nullptr);
-    v.push_back({"attention_bias", "attention_bias", false});
-    v.push_back({"mlp_bias", "mlp_bias", false});
-    return v;
-  }();
-  return k;
-}
-const std::vector<Rename>& mistral_keys() {
-  static const std::vector<Rename> k = llama_family_keys(32000, 14336, 8, 4096 * 32, 1e-6, nullptr);
-  return k;
-}
-const std::vector<Rename>& qwen2_keys() {
-  static const std::vector<Rename> k = llama_family_keys(151936, 22016, 32, 32768, 1e-6, nullptr);
-  return k;
-}
-const std::vector<Rename>& qwen3_keys() {
-  static const std::vector<Rename> k = [] {
-    auto v = llama_family_keys(151936, 22016, 32, 32768, 1e-6, 128);
-    v.push_back({"attention_bias", "attention_bias", false});
-    return v;
-  }();
-  return k;
-}
 
 // Keys of PretrainedConfig, generation defaults and the config classes that do not change the
 // forward math of a causal LM trained here: accepted, and listed once in the log.
@@ -109,89 +51,101 @@ struct Required {
   std::vector<json> ok;
   const char* what;
 };
-const std::vector<Required>& gpt2_required() {
-  static const std::vector<Required> r = {
-      {"activation_function", {"gelu_new", "gelu_pytorch_tanh"}, "autosp's GPT-2 uses the tanh GELU (gelu_new)"},
-      {"scale_attn_weights", {true}, "attention is scaled by 1/sqrt(head dim)"},
-      {"scale_attn_by_inverse_layer_idx", {false}, "no per-layer attention scaling"},
-      {"tie_word_embeddings", {true}, "GPT-2's lm_head is tied to wte"},
-      {"add_cross_attention", {false}, "a decoder-only model"},
-      {"sliding_window", {nullptr}, "attention is full causal (no sliding window)"},
-  };
-  return r;
-}
-const std::vector<Required>& llama_required() {
-  static const std::vector<Required> r = {
-      {"hidden_act", {"silu"}, "autosp's Llama MLP is SwiGLU (silu)"},
-      {"use_sliding_window", {false}, "attention is full causal"},
-      {"sliding_window", {nullptr}, "attention is full causal (no sliding window)"},
-  };
-  return r;
-}
-// Mistral's sliding_window and Qwen's use_sliding_window are read by translate_hf_config.
-const std::vector<Required>& mistral_required() {
-  static const std::vector<Required> r = {{"hidden_act", {"silu"}, "autosp's Mistral MLP is SwiGLU (silu)"}};
-  return r;
-}
-const std::vector<Required>& qwen_required() {
-  static const std::vector<Required> r = {{"hidden_act", {"silu"}, "autosp's Qwen MLP is SwiGLU (silu)"}};
-  return r;
-}
-const std::vector<Required>& common_required() {
-  static const std::vector<Required> r = {
-      {"is_encoder_decoder", {false}, "a decoder-only model"},
-      {"pruned_heads", {json::object()}, "every head is present"},
-      {"quantization_config", {nullptr}, "unquantized weights"},
-  };
-  return r;
-}
+const std::vector<Required> kCommonRequired = {
+    {"is_encoder_decoder", {false}, "a decoder-only model"},
+    {"pruned_heads", {json::object()}, "every head is present"},
+    {"quantization_config", {nullptr}, "unquantized weights"},
+};
 const std::vector<const char*> kDropouts = {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"};
 
-// The Arch that model_type (our model.arch) `name` spells, if an HF config class is known for it.
-std::optional<Arch> arch_named(const std::string& name) {
-  for (Arch a : {Arch::gpt2, Arch::llama, Arch::mistral, Arch::qwen2, Arch::qwen3})
-    if (arch_name(a) == name) return a;
-  return std::nullopt;
+// A family's HF config class beyond its name (Family::hf_config_class): transformers 4.44's default
+// of each of its model keys (by our name; Qwen3Config's of 4.51+), the settings it has that we
+// cannot train (each value must be one that leaves the model plain), and what a checkpoint's
+// config.json writes besides the model keys.
+struct HfFamily {
+  json defaults;
+  std::vector<Required> required;
+  json written;
+};
+
+const json kLlamaFamilyDefaults = {{"hidden_size", 4096},       {"num_hidden_layers", 32}, {"num_attention_heads", 32},
+                                   {"rope_theta", 10000.0},     {"tie_word_embeddings", false}};
+json with_defaults(json d) {
+  d.update(kLlamaFamilyDefaults);
+  return d;
+}
+const json kSiluWritten = {{"hidden_act", "silu"}, {"attention_dropout", 0.0}};
+Required silu(const char* family) {
+  return {"hidden_act", {"silu"}, family};
 }
 
-// The HF config class of an architecture: its name, its keys and the settings we cannot train.
-struct HfClass {
-  const char* name;
-  const std::vector<Rename>& keys;
-  const std::vector<Required>& required;
-};
-HfClass hf_class(Arch arch) {
-  switch (arch) {
-    case Arch::gpt2: return {"GPT2Config", gpt2_keys(), gpt2_required()};
-    case Arch::llama: return {"LlamaConfig", llama_keys(), llama_required()};
-    case Arch::mistral: return {"MistralConfig", mistral_keys(), mistral_required()};
-    case Arch::qwen2: return {"Qwen2Config", qwen2_keys(), qwen_required()};
-    case Arch::qwen3: return {"Qwen3Config", qwen3_keys(), qwen_required()};
-  }
-  throw std::logic_error("hf_class: unknown arch");
+// In Arch order (checked by hf_family).
+const std::vector<HfFamily>& hf_families() {
+  static const std::vector<HfFamily> rows = {
+      {.defaults = {{"vocab_size", 50257}, {"hidden_size", 768}, {"num_hidden_layers", 12}, {"num_attention_heads", 12},
+                    {"max_position_embeddings", 1024}, {"norm_eps", 1e-5}},
+       .required = {{"activation_function", {"gelu_new", "gelu_pytorch_tanh"}, "autosp's GPT-2 uses the tanh GELU (gelu_new)"},
+                    {"scale_attn_weights", {true}, "attention is scaled by 1/sqrt(head dim)"},
+                    {"scale_attn_by_inverse_layer_idx", {false}, "no per-layer attention scaling"},
+                    {"tie_word_embeddings", {true}, "GPT-2's lm_head is tied to wte"},
+                    {"add_cross_attention", {false}, "a decoder-only model"},
+                    {"sliding_window", {nullptr}, "attention is full causal (no sliding window)"}},
+       .written = {{"n_inner", nullptr}, {"activation_function", "gelu_new"}, {"resid_pdrop", 0.0},
+                   {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"scale_attn_weights", true},
+                   {"tie_word_embeddings", true}}},
+      {.defaults = with_defaults({{"vocab_size", 32000}, {"intermediate_size", 11008}, {"max_position_embeddings", 2048},
+                                  {"norm_eps", 1e-6}, {"attention_bias", false}, {"mlp_bias", false}}),
+       .required = {silu("autosp's Llama MLP is SwiGLU (silu)"),
+                    {"use_sliding_window", {false}, "attention is full causal"},
+                    {"sliding_window", {nullptr}, "attention is full causal (no sliding window)"}},
+       .written = kSiluWritten},
+      {.defaults = with_defaults({{"vocab_size", 32000}, {"intermediate_size", 14336}, {"num_key_value_heads", 8},
+                                  {"max_position_embeddings", 4096 * 32}, {"norm_eps", 1e-6}, {"sliding_window", 4096}}),
+       .required = {silu("autosp's Mistral MLP is SwiGLU (silu)")},
+       .written = kSiluWritten},
+      {.defaults = with_defaults({{"vocab_size", 151936}, {"intermediate_size", 22016}, {"num_key_value_heads", 32},
+                                  {"max_position_embeddings", 32768}, {"norm_eps", 1e-6}}),
+       .required = {silu("autosp's Qwen MLP is SwiGLU (silu)")},
+       .written = kSiluWritten},
+      {.defaults = with_defaults({{"vocab_size", 151936}, {"intermediate_size", 22016}, {"num_key_value_heads", 32},
+                                  {"max_position_embeddings", 32768}, {"norm_eps", 1e-6}, {"head_dim", 128},
+                                  {"attention_bias", false}}),
+       .required = {silu("autosp's Qwen MLP is SwiGLU (silu)")},
+       .written = kSiluWritten},
+  };
+  return rows;
+}
+const HfFamily& hf_family(Arch a) {
+  AUTOSP_ASSERT(hf_families().size() == kNumArchs, "every family needs its HF row (models/hf_config.cpp)");
+  return hf_families()[static_cast<size_t>(a)];
+}
+
+// The family that model_type (our model.arch) `name` spells.
+const Family* family_named(const std::string& name) {
+  for (const Family& f : families())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+// The model_type an architectures entry names: its family's model class, or a class named by a
+// family's prefix ("GPT2DoubleHeadsModel"); else the entry itself.
+std::string model_type_of_class(const std::string& cls) {
+  for (const Family& f : families())
+    if (cls == f.hf_model_class || (!f.hf_class_prefix.empty() && cls.rfind(f.hf_class_prefix, 0) == 0))
+      return std::string(f.name);
+  return cls;
 }
 
 // Our key → HF's, for messages about a directory's config.json.
 std::string hf_name(Arch arch, const std::string& ours) {
-  if (ours == "arch") return "model_type";
-  for (const Rename& r : hf_class(arch).keys)
-    if (ours == r.ours) return r.hf;
-  return ours;
+  const ModelKey* k = find_model_key(ours);
+  const std::string_view n = k ? hf_key_name(*k, family(arch)) : std::string_view();
+  return n.empty() ? ours : std::string(n);
 }
 
 bool same_value(const json& a, const json& b) {
   if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
   return a == b;
-}
-
-// What a config.json value must be to compare with ours (a JSON integer where ours is one, as
-// the config schema asks), or nullptr when its type fits.
-const char* type_mismatch(const json& theirs, const json& ours) {
-  if (ours.is_boolean() && !theirs.is_boolean()) return "true or false";
-  if (ours.is_number_integer() && !theirs.is_number_integer()) return "an integer";
-  if (ours.is_number() && !theirs.is_number()) return "a number";
-  if (ours.is_string() && !theirs.is_string()) return "a string";
-  return nullptr;
 }
 
 }  // namespace
@@ -283,33 +237,13 @@ json rope_scaling_json(const RopeScalingConfig& s) {
   return j;
 }
 
-json model_json(const ModelConfig& m) {
-  json r = {{"arch", arch_name(m.arch)},
-            {"vocab_size", m.vocab_size},
-            {"hidden_size", m.hidden_size},
-            {"num_hidden_layers", m.num_hidden_layers},
-            {"num_attention_heads", m.num_attention_heads},
-            {"num_key_value_heads", m.num_key_value_heads},
-            {"intermediate_size", m.intermediate_size},
-            {"max_position_embeddings", m.max_position_embeddings},
-            {"rope_theta", m.rope_theta},
-            {"norm_eps", m.norm_eps},
-            {"tie_word_embeddings", m.tie_word_embeddings}};
-  if (!m.rope_scaling.rope_type.empty()) r["rope_scaling"] = rope_scaling_json(m.rope_scaling);
-  // The Llama family's settings, where they are not the default (as translate_hf_config gives them).
-  if (m.head_dim_config > 0 && m.head_dim_config * m.num_attention_heads != m.hidden_size) r["head_dim"] = m.head_dim_config;
-  if (m.attention_bias) r["attention_bias"] = true;
-  if (m.mlp_bias) r["mlp_bias"] = true;
-  if (m.sliding_window > 0) r["sliding_window"] = m.sliding_window;
-  return r;
-}
-
-namespace {
-
-// The rope settings of a Llama-family config.json into `m` (rope_theta, rope_scaling): 4.x's
+// The rope settings of a config.json into the model section (rope_theta, rope_scaling): 4.x's
 // rope_theta and rope_scaling, transformers 5's rope_parameters (rope_theta inside), or both
 // spellings, which must then agree (our checkpoints write both).
-void translate_rope(const json& hf, json& m, std::vector<std::string>& errors) {
+void rope_from_hf(const json& hf, const Family&, HfImport& out) {
+  json& m = out.model;
+  std::vector<std::string>& errors = out.errors;
+  out.used.insert({"rope_scaling", "rope_parameters"});
   std::optional<RopeScalingConfig> scaling;
   try {
     if (hf.contains("rope_scaling")) scaling = parse_rope_scaling(hf["rope_scaling"], "rope_scaling");
@@ -361,116 +295,138 @@ void translate_rope(const json& hf, json& m, std::vector<std::string>& errors) {
   if (scaling && !scaling->rope_type.empty()) m["rope_scaling"] = rope_scaling_json(*scaling);
 }
 
-// The Llama family's keys beyond the shared table: the KV-head default, rope, head_dim, biases,
-// the sliding window and transformers 5's layer_types. Our keys that keep their default are left
-// out (model_json does the same), so a directory compares equal to the run it came from.
-void translate_llama_family(const json& hf, Arch arch, json& m, std::set<std::string>& used,
-                            std::vector<std::string>& errors) {
-  auto integer = [&](const char* k) { return m.contains(k) && m[k].is_number_integer() ? m[k].get<int64_t>() : 0; };
-  if (!m.contains("num_key_value_heads") && m["num_attention_heads"].is_number_integer())
-    m["num_key_value_heads"] = m["num_attention_heads"];
-  used.insert({"rope_scaling", "rope_parameters", "layer_types"});
-  translate_rope(hf, m, errors);
-  if (m.contains("head_dim")) {
-    const int64_t hd = integer("head_dim"), C = integer("hidden_size"), N = integer("num_attention_heads");
-    if (hd < 2 || hd % 2 != 0)
-      errors.push_back(str("head_dim = ", m["head_dim"].dump(), ": expected an even positive integer (RoPE rotates pairs)"));
-    else if (N > 0 && hd * N == C)
-      m.erase("head_dim");  // the default: hidden_size / num_attention_heads
+void rope_to_hf(const ModelConfig& m, const Family&, json& hf) {
+  // Both spellings: 4.x's rope_theta + rope_scaling and transformers 5's rope_parameters (rope_theta
+  // inside); each version reads its own and 5.x accepts both.
+  const json scaling = rope_scaling_json(m.rope_scaling);
+  json parameters = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
+  parameters["rope_theta"] = m.rope_theta;
+  hf["rope_scaling"] = scaling;
+  hf["rope_parameters"] = parameters;
+}
+
+// The sliding window: Mistral's applies when set; Qwen's only with use_sliding_window true. A
+// window is kept as model.sliding_window (config/ refuses one shorter than the sequence).
+void window_from_hf(const json& hf, const Family& f, HfImport& out) {
+  out.used.insert({"sliding_window", "use_sliding_window", "max_window_layers"});
+  const bool applies = f.window == Window::key || (hf.contains("use_sliding_window") && hf["use_sliding_window"] == true);
+  if (hf.contains("use_sliding_window") && !hf["use_sliding_window"].is_boolean())
+    out.errors.push_back(str("use_sliding_window = ", hf["use_sliding_window"].dump(), ": expected true or false"));
+  const json w = hf.contains("sliding_window") ? hf["sliding_window"] : out.defaults.value("sliding_window", json());
+  if (applies && !w.is_null()) {
+    if (!w.is_number_integer() || w.get<int64_t>() < 1)
+      out.errors.push_back(str("sliding_window = ", w.dump(), ": expected a positive integer or null"));
+    else
+      out.model["sliding_window"] = w;
   }
-  for (const char* k : {"attention_bias", "mlp_bias"})
-    if (m.contains(k)) {
-      if (!m[k].is_boolean()) errors.push_back(str(k, " = ", m[k].dump(), ": expected true or false"));
-      else if (!m[k].get<bool>()) m.erase(k);
-    }
-  // The sliding window: Mistral's applies when set; Qwen's only with use_sliding_window true.
-  // A window is kept as model.sliding_window (config/ refuses one shorter than the sequence).
-  switch (arch) {
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3: {
-      used.insert({"sliding_window", "use_sliding_window", "max_window_layers"});
-      const bool applies = arch == Arch::mistral || (hf.contains("use_sliding_window") && hf["use_sliding_window"] == true);
-      if (hf.contains("use_sliding_window") && !hf["use_sliding_window"].is_boolean())
-        errors.push_back(str("use_sliding_window = ", hf["use_sliding_window"].dump(), ": expected true or false"));
-      // MistralConfig's default is 4096; Qwen's window is off by default.
-      const json w = hf.contains("sliding_window") ? hf["sliding_window"] : arch == Arch::mistral ? json(4096) : json();
-      if (applies && !w.is_null()) {
-        if (!w.is_number_integer() || w.get<int64_t>() < 1)
-          errors.push_back(str("sliding_window = ", w.dump(), ": expected a positive integer or null"));
-        else
-          m["sliding_window"] = w;
-      }
+}
+
+void window_to_hf(const ModelConfig& m, const Family& f, json& hf) {
+  hf["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
+  if (f.window != Window::switched) return;
+  hf["use_sliding_window"] = m.sliding_window > 0;
+  // 5.x derives layer_types from the window when it is absent; without one, every layer is full.
+  if (m.sliding_window == 0) hf["layer_types"] = std::vector<std::string>(size_t(m.num_hidden_layers), "full_attention");
+}
+
+namespace {
+
+// transformers 5's layer_types: every layer's attention, which must be full causal here.
+void check_layer_types(const json& hf, const json& m, HfImport& out) {
+  out.used.insert("layer_types");
+  if (!hf.contains("layer_types") || hf["layer_types"].is_null()) return;
+  const json& lt = hf["layer_types"];
+  const int64_t layers = m.value("num_hidden_layers", json()).is_number_integer() ? m["num_hidden_layers"].get<int64_t>() : 0;
+  if (!lt.is_array()) {
+    out.errors.push_back(str("layer_types = ", lt.dump(), ": expected a list of \"full_attention\""));
+    return;
+  }
+  if (layers > 0 && static_cast<int64_t>(lt.size()) != layers)
+    out.errors.push_back(str("layer_types has ", lt.size(), " entries for num_hidden_layers ", layers));
+  for (size_t i = 0; i < lt.size(); ++i)
+    if (lt[i] != "full_attention") {
+      out.errors.push_back(str("layer_types[", i, "] = ", lt[i].dump(), " is not supported (layer ", i,
+                               ": autosp's attention is full causal, \"full_attention\")"));
       break;
     }
-    case Arch::llama:
-    case Arch::gpt2: break;
+}
+
+// What a model key's value read from config.json must be, or "" when it is that.
+std::string hf_value_problem(const ModelKey& k, const json& v) {
+  bool kind_ok = true;
+  switch (k.kind) {
+    case ValueKind::integer: kind_ok = v.is_number_integer(); break;
+    case ValueKind::number: kind_ok = v.is_number(); break;
+    case ValueKind::boolean: kind_ok = v.is_boolean(); break;
+    case ValueKind::string: kind_ok = v.is_string(); break;
+    default: break;
   }
-  if (hf.contains("layer_types") && !hf["layer_types"].is_null()) {
-    const json& lt = hf["layer_types"];
-    if (!lt.is_array()) {
-      errors.push_back(str("layer_types = ", lt.dump(), ": expected a list of \"full_attention\""));
-    } else {
-      if (integer("num_hidden_layers") > 0 && static_cast<int64_t>(lt.size()) != integer("num_hidden_layers"))
-        errors.push_back(str("layer_types has ", lt.size(), " entries for num_hidden_layers ", integer("num_hidden_layers")));
-      for (size_t i = 0; i < lt.size(); ++i)
-        if (lt[i] != "full_attention") {
-          errors.push_back(str("layer_types[", i, "] = ", lt[i].dump(),
-                               " is not supported (layer ", i, ": autosp's attention is full causal, \"full_attention\")"));
-          break;
-        }
-    }
-  }
+  if (!kind_ok) return value_kind_name(k.kind);
+  if (k.hf_valid && !k.hf_valid(v)) return std::string(k.hf_expects);
+  return "";
+}
+
+std::string supported_types() {
+  std::string s;
+  for (const Family& f : families()) s += str(s.empty() ? "" : ", ", "\"", f.name, "\" (", f.hf_config_class, ")");
+  return s;
 }
 
 }  // namespace
 
 HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
   if (!hf.is_object()) throw UsageError(str(origin, ": expected a JSON object (a Hugging Face config.json)"));
-  std::vector<std::string> errors;
   // The architecture: model_type, else the first of architectures.
   std::string type;
   if (hf.contains("model_type") && hf["model_type"].is_string()) type = hf["model_type"].get<std::string>();
   else if (hf.contains("architectures") && hf["architectures"].is_array() && !hf["architectures"].empty() &&
-           hf["architectures"][0].is_string()) {
-    const std::string a = hf["architectures"][0].get<std::string>();
-    type = a.rfind("GPT2", 0) == 0                ? "gpt2"
-           : a.rfind("Llama", 0) == 0             ? "llama"
-           : a == "MistralForCausalLM"            ? "mistral"
-           : a == "Qwen2ForCausalLM"              ? "qwen2"
-           : a == "Qwen3ForCausalLM"              ? "qwen3"
-                                                  : a;
-  }
-  const std::optional<Arch> named = arch_named(type);
+           hf["architectures"][0].is_string())
+    type = model_type_of_class(hf["architectures"][0].get<std::string>());
+  const Family* named = family_named(type);
   if (!named)
     throw UsageError(str(origin, ": model_type ", type.empty() ? "(none)" : "\"" + type + "\"",
-                         " is not supported (supported: \"gpt2\" (GPT2Config), \"llama\" (LlamaConfig), \"mistral\" "
-                         "(MistralConfig), \"qwen2\" (Qwen2Config), \"qwen3\" (Qwen3Config))"));
-  const Arch arch = *named;
-  const HfClass cls = hf_class(arch);
+                         " is not supported (supported: ", supported_types(), ")"));
+  const Family& f = *named;
+  const HfFamily& row = hf_family(f.arch);
 
   HfModelConfig out;
-  json& m = out.model;
-  m["arch"] = type;
   std::set<std::string> used;
-  for (const Rename& r : cls.keys) {
-    used.insert(r.hf);
-    const json& v = hf.contains(r.hf) ? hf[r.hf] : r.fallback;
-    if (!v.is_null()) m[r.ours] = v;
-  }
-  switch (family(arch)) {
-    case Arch::gpt2: {
-      m["tie_word_embeddings"] = true;
-      used.insert("n_inner");
-      const json& inner = hf.contains("n_inner") ? hf["n_inner"] : json();
-      if (!inner.is_null() && !(m["hidden_size"].is_number_integer() && inner == 4 * m["hidden_size"].get<int64_t>()))
-        errors.push_back(str("n_inner = ", inner.dump(), ": autosp's GPT-2 MLP is 4·n_embd (n_inner null)"));
-      break;
+  std::vector<std::string> errors;
+  HfImport in{.model = out.model, .used = used, .errors = errors, .defaults = row.defaults};
+  json& m = out.model;
+  // Each model key of the family under its HF name, or the class's default (none: left out).
+  for (const ModelKey& k : model_keys()) {
+    const std::string_view name = hf_key_name(k, f);
+    if (k.name == "arch") {
+      m["arch"] = type;
+      continue;
     }
-    default:
-      translate_llama_family(hf, arch, m, used, errors);
-      break;
+    if (name.empty() || !key_applies(k, f)) continue;
+    if (k.from_hf) {
+      k.from_hf(hf, f, in);
+      continue;
+    }
+    const std::string n(name);
+    used.insert(n);
+    const json v = hf.contains(n) ? hf[n] : row.defaults.value(k.name, json());
+    if (v.is_null()) continue;
+    if (const std::string want = hf_value_problem(k, v); !want.empty())
+      errors.push_back(str(n, " = ", v.dump(), ": expected ", want));
+    else
+      m[k.name] = v;
   }
+  // What the family fixes, and HF's derived defaults.
+  if (f.tied_head == Presence::always) m["tie_word_embeddings"] = true;
+  if (f.gqa && !m.contains("num_key_value_heads") && m.value("num_attention_heads", json()).is_number_integer())
+    m["num_key_value_heads"] = m["num_attention_heads"];  // HF's null: every head its own K, V
+  if (f.mlp == Mlp::gelu) {  // GPT-2's n_inner: null, its 4·n_embd
+    used.insert("n_inner");
+    const json& inner = hf.contains("n_inner") ? hf["n_inner"] : json();
+    if (!inner.is_null() && !(m["hidden_size"].is_number_integer() && inner == 4 * m["hidden_size"].get<int64_t>()))
+      errors.push_back(str("n_inner = ", inner.dump(), ": autosp's GPT-2 MLP is 4·n_embd (n_inner null)"));
+  }
+  if (f.layout == Layout::llama) check_layer_types(hf, m, in);
+  erase_defaults(m);  // our keys at their default are left out, as model_json leaves them
   auto check_required = [&](const std::vector<Required>& rows) {
     for (const Required& r : rows) {
       used.insert(r.key);
@@ -480,8 +436,8 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
       if (!ok) errors.push_back(str(r.key, " = ", hf[r.key].dump(), " is not supported (", r.what, ")"));
     }
   };
-  check_required(cls.required);
-  check_required(common_required());
+  check_required(row.required);
+  check_required(kCommonRequired);
   for (const char* d : kDropouts) {
     used.insert(d);
     if (hf.contains(d) && hf[d].is_number() && hf[d].get<double>() != 0)
@@ -490,7 +446,7 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
   for (auto it = hf.begin(); it != hf.end(); ++it) {
     if (used.count(it.key())) continue;
     if (math_free_keys().count(it.key())) out.math_free.push_back(it.key());
-    else errors.push_back(str("unknown key '", it.key(), "' (not a ", cls.name, " setting autosp knows)"));
+    else errors.push_back(str("unknown key '", it.key(), "' (not a ", f.hf_config_class, " setting autosp knows)"));
   }
   if (!errors.empty()) {
     std::string all;
@@ -531,78 +487,15 @@ HfModelConfig read_hf_model_dir(const std::string& dir) {
 }
 
 json hf_config_json(const ModelConfig& m, DType dtype) {
-  const json model = model_json(m);
-  auto get = [&](const char* k) { return model.contains(k) ? model[k] : json(); };  // null when absent
-  const json arch = get("arch");
-  const std::optional<Arch> named = arch.is_string() ? arch_named(arch.get<std::string>()) : std::nullopt;
-  AUTOSP_ASSERT(named, "hf_config_json: model.arch ", arch.dump(), " names no architecture");
-  json hf;
-  switch (*named) {
-    case Arch::gpt2:
-      hf = {{"architectures", {"GPT2LMHeadModel"}},
-            {"model_type", "gpt2"},
-            {"vocab_size", get("vocab_size")},
-            {"n_positions", get("max_position_embeddings")},
-            {"n_embd", get("hidden_size")},
-            {"n_layer", get("num_hidden_layers")},
-            {"n_head", get("num_attention_heads")},
-            {"n_inner", nullptr},
-            {"activation_function", "gelu_new"},
-            {"layer_norm_epsilon", get("norm_eps")},
-            {"resid_pdrop", 0.0},
-            {"embd_pdrop", 0.0},
-            {"attn_pdrop", 0.0},
-            {"scale_attn_weights", true},
-            {"tie_word_embeddings", true}};
-      break;
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3: {
-      const Arch a = *named;
-      const char* cls = a == Arch::llama     ? "LlamaForCausalLM"
-                        : a == Arch::mistral ? "MistralForCausalLM"
-                        : a == Arch::qwen2   ? "Qwen2ForCausalLM"
-                                             : "Qwen3ForCausalLM";
-      // Both spellings of rope: 4.x's rope_theta + rope_scaling and transformers 5's
-      // rope_parameters (rope_theta inside); each version reads its own and 5.x accepts both.
-      json rope_parameters = get("rope_scaling").is_null() ? json{{"rope_type", "default"}} : get("rope_scaling");
-      rope_parameters["rope_theta"] = get("rope_theta");
-      hf = {{"architectures", {cls}},
-            {"model_type", arch_name(a)},
-            {"vocab_size", get("vocab_size")},
-            {"hidden_size", get("hidden_size")},
-            {"intermediate_size", get("intermediate_size")},
-            {"num_hidden_layers", get("num_hidden_layers")},
-            {"num_attention_heads", get("num_attention_heads")},
-            {"num_key_value_heads", get("num_key_value_heads")},
-            {"head_dim", m.head_dim()},
-            {"hidden_act", "silu"},
-            {"max_position_embeddings", get("max_position_embeddings")},
-            {"rms_norm_eps", get("norm_eps")},
-            {"rope_theta", get("rope_theta")},
-            {"rope_scaling", get("rope_scaling")},
-            {"rope_parameters", rope_parameters},
-            {"attention_dropout", 0.0},
-            {"tie_word_embeddings", get("tie_word_embeddings")}};
-      switch (a) {
-        case Arch::llama:
-          hf["attention_bias"] = m.attention_bias;
-          hf["mlp_bias"] = m.mlp_bias;
-          break;
-        case Arch::mistral: hf["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(); break;
-        case Arch::qwen3: hf["attention_bias"] = m.attention_bias; [[fallthrough]];
-        case Arch::qwen2:
-          hf["use_sliding_window"] = m.sliding_window > 0;
-          hf["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
-          // 5.x derives layer_types from the window when it is absent; without one, every layer is full.
-          if (m.sliding_window == 0) hf["layer_types"] = std::vector<std::string>(size_t(m.num_hidden_layers), "full_attention");
-          break;
-        case Arch::gpt2: break;
-      }
-      break;
-    }
+  const Family& f = family(m.arch);
+  json hf = {{"architectures", {f.hf_model_class}}};
+  for (const ModelKey& k : model_keys()) {  // model_type among them
+    const std::string_view name = hf_key_name(k, f);
+    if (name.empty() || !key_applies(k, f)) continue;
+    if (k.to_hf) k.to_hf(m, f, hf);
+    else hf[std::string(name)] = k.get(m);
   }
+  hf.update(hf_family(f.arch).written);
   hf["dtype"] = std::string(dtype_torch_name(dtype));  // transformers 5's name; 4.x reads torch_dtype
   hf["torch_dtype"] = std::string(dtype_torch_name(dtype));
   hf["use_cache"] = true;
@@ -613,7 +506,7 @@ void check_hf_dir_matches(const std::string& dir, const ModelConfig& m) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(fs::path(dir) / "config.json", ec)) return;
-  const HfModelConfig hf = read_hf_model_dir(dir);
+  const HfModelConfig hf = read_hf_model_dir(dir);  // a value of the wrong type is refused there, named
   const json ours = model_json(m);
   const std::string path = (fs::path(dir) / "config.json").string();
   auto refuse = [&](const std::string& key, const json& theirs, const json& run) {
@@ -623,18 +516,14 @@ void check_hf_dir_matches(const std::string& dir, const ModelConfig& m) {
   };
   auto run = [&](const std::string& k) { return ours.contains(k) ? ours[k] : json(); };  // null when absent
   if (hf.model["arch"] != ours["arch"]) refuse("arch", hf.model["arch"], ours["arch"]);
-  // A value of the wrong type ("32" for an integer) is a malformed file, as model.from says, not
-  // another model.
-  for (auto it = hf.model.begin(); it != hf.model.end(); ++it)
-    if (const char* want = type_mismatch(*it, run(it.key())))
-      throw UsageError(str(path, ": ", hf_name(m.arch, it.key()), " = ", it->dump(), ": expected ", want));
   // max_position_embeddings changes neither the math of a Llama (RoPE takes any position) nor
   // weights without a check of their own (GPT-2's wpe has it as its shape).
   for (auto it = hf.model.begin(); it != hf.model.end(); ++it)
     if (it.key() != "max_position_embeddings" && !same_value(*it, run(it.key()))) refuse(it.key(), *it, run(it.key()));
-  // Our keys that are left out when they keep their default (model_json).
-  for (const char* k : {"rope_scaling", "head_dim", "attention_bias", "mlp_bias", "sliding_window"})
-    if (ours.contains(k) && !hf.model.contains(k)) refuse(k, nullptr, ours[k]);
+  // The family's keys that the directory leaves out (at their default) but this run sets.
+  for (const ModelKey& k : model_keys())
+    if (key_applies(k, family(m.arch)) && ours.contains(k.name) && !hf.model.contains(k.name))
+      refuse(k.name, nullptr, ours[k.name]);
 }
 
 }  // namespace autosp

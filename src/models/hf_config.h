@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "models/model_config.h"
+#include "models/model_keys.h"
 #include "tensor/dtype.h"
 
 namespace autosp {
@@ -47,14 +49,28 @@ bool is_hf_config(const nlohmann::json& j);
 RopeScalingConfig parse_rope_scaling(const nlohmann::json& j, const std::string& where);
 nlohmann::json rope_scaling_json(const RopeScalingConfig& s);  // null when none
 
-// Our model keys of `m`, every one (rope_scaling only when set), as the resolved config's model
-// section holds them (config/ writes that from its schema rows; tests/models/test_hf.cpp checks the
-// two agree).
-nlohmann::json model_json(const ModelConfig& m);
-
-// The HF config.json of a model (architectures, model_type, torch_dtype and dtype = `dtype`;
-// rope_theta + rope_scaling and rope_parameters).
+// The HF config.json of a model: architectures, every model key of its family under its HF name
+// (rope_theta + rope_scaling and rope_parameters), what its HF row writes besides, and
+// torch_dtype and dtype = `dtype`.
 nlohmann::json hf_config_json(const ModelConfig& m, DType dtype);
+
+// A config.json being translated into a model section (translate_hf_config), for the model keys
+// whose translation is more than a rename (ModelKey::from_hf): the keys read so far, the HF keys
+// used, the errors, and the class's defaults by our key name.
+struct HfImport {
+  nlohmann::json& model;
+  std::set<std::string>& used;
+  std::vector<std::string>& errors;
+  const nlohmann::json& defaults;
+};
+// rope_theta and rope_scaling from 4.x's spelling, transformers 5's rope_parameters, or both (which
+// must agree); and back, in both.
+void rope_from_hf(const nlohmann::json& hf, const Family& f, HfImport& out);
+void rope_to_hf(const ModelConfig& m, const Family& f, nlohmann::json& hf);
+// The sliding window: a key that applies when set (Mistral), or switched on by use_sliding_window
+// (Qwen); and back (Qwen also writes use_sliding_window, and layer_types without a window).
+void window_from_hf(const nlohmann::json& hf, const Family& f, HfImport& out);
+void window_to_hf(const ModelConfig& m, const Family& f, nlohmann::json& hf);
 
 // Refuses (UsageError naming the file and the first key that differs, in HF's and our name) an HF
 // directory whose config.json describes another model than `m` (max_position_embeddings aside: it

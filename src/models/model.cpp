@@ -1,4 +1,5 @@
-// GPT-2 and Llama-family (Llama, Mistral, Qwen2, Qwen3) graph builders. Shapes: B = batch,
+// The two graph builders, GPT-2's and the Llama family's (Llama, Mistral, Qwen2, Qwen3), each reading
+// the family row (models/family.h) for what its members change. Shapes: B = batch,
 // S = sequence, C = hidden, N = heads, Nkv = key/value heads, D = head dim, V = vocab, I = MLP width.
 #include "models/model.h"
 
@@ -88,6 +89,7 @@ void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DTy
 }
 
 std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mode, const GraphOptions& opt) {
+  const Family& f = family(m.arch);
   auto g = std::make_unique<Graph>();
   Builder b(*g);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, D = m.head_dim(), V = m.vocab_size;
@@ -95,7 +97,7 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mo
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   // Parameters are created right before their first use, in a fixed order (argument evaluation
   // order is unspecified in C++, so every node is made in its own statement).
-  Node* wte = p("transformer.wte.weight", {V, C});
+  Node* wte = p(std::string(f.embedding), {V, C});
   Node* tok = b.embedding(wte, in.ids, "tok_emb");
   Node* wpe = p("transformer.wpe.weight", {m.max_position_embeddings, C});
   Node* x = b.add(tok, b.embedding(wpe, in.pos, "pos_emb"), "x");
@@ -111,7 +113,7 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mo
   };
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
     const std::string h = gpt2_layer(l);
-    b.set_prefix("h" + std::to_string(l) + ".");
+    b.set_prefix(str(f.layer_scope, l, "."));
     // attention: x [B, S, C] → qkv [B, S, 3C] → q, k, v [B, N, S, D]
     Node* a = layernorm(x, h + "ln_1", "ln1");
     Node* qkv = conv1d(a, h + "attn.c_attn", C, 3 * C, "qkv");
@@ -162,33 +164,17 @@ Node* with_rope_scaling(Node* rope, const ModelConfig& m) {
   return rope;
 }
 
-// What the Llama family's members add to Llama's graph (HF's modeling_<family>.py).
-struct LlamaTraits {
-  bool qkv_bias;  // q_proj, k_proj, v_proj have biases
-  bool o_bias;    // o_proj has a bias
-  bool mlp_bias;  // gate_proj, up_proj, down_proj have biases
-  bool qk_norm;   // q_norm, k_norm: an RMSNorm over each head's D of q and k, before RoPE (weight [D])
-};
-LlamaTraits llama_traits(const ModelConfig& m) {
-  switch (m.arch) {
-    case Arch::llama: return {m.attention_bias, m.attention_bias, m.mlp_bias, false};
-    case Arch::mistral: return {false, false, false, false};
-    case Arch::qwen2: return {true, false, false, false};
-    case Arch::qwen3: return {m.attention_bias, m.attention_bias, false, true};
-    case Arch::gpt2: break;
-  }
-  throw std::logic_error("llama_traits: not a Llama-family arch");
-}
-
 std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode mode, const GraphOptions& opt) {
   auto g = std::make_unique<Graph>();
   Builder b(*g);
-  const LlamaTraits tr = llama_traits(m);
+  const Family& f = family(m.arch);  // what the member adds: biases, Qwen3's q/k norms
+  const bool qkv_bias = present(f.qkv_bias, m.attention_bias), o_bias = present(f.o_bias, m.attention_bias);
+  const bool mlp_bias = present(f.mlp_bias, m.mlp_bias);
   const int64_t C = m.hidden_size, N = m.num_attention_heads, Nkv = m.num_key_value_heads, D = m.head_dim();
   const int64_t V = m.vocab_size, I = m.intermediate_size;
   auto in = make_inputs(b, mode, opt.document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
-  Node* embed = p("model.embed_tokens.weight", {V, C});
+  Node* embed = p(std::string(f.embedding), {V, C});
   Node* x = b.embedding(embed, in.ids, "x");
   auto linear = [&](Node* v, const std::string& pname, int64_t out_dim, int64_t in_dim, bool bias,
                     const std::string& name) {
@@ -208,32 +194,32 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
   };
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
     const std::string h = llama_layer(l);
-    b.set_prefix("l" + std::to_string(l) + ".");
+    b.set_prefix(str(f.layer_scope, l, "."));
     // attention: x [B, S, C] → q [B, N, S, D], k, v [B, Nkv, S, D]
     Node* a = rmsnorm(x, h + "input_layernorm", C, "norm1");
-    Node* q = heads(linear(a, h + "self_attn.q_proj", N * D, C, tr.qkv_bias, "q_proj"), N,
-                    tr.qk_norm ? h + "self_attn.q_norm" : "", "q");
-    Node* k = heads(linear(a, h + "self_attn.k_proj", Nkv * D, C, tr.qkv_bias, "k_proj"), Nkv,
-                    tr.qk_norm ? h + "self_attn.k_norm" : "", "k");
-    Node* v = heads(linear(a, h + "self_attn.v_proj", Nkv * D, C, tr.qkv_bias, "v_proj"), Nkv, "", "v");
+    Node* q = heads(linear(a, h + "self_attn.q_proj", N * D, C, qkv_bias, "q_proj"), N,
+                    f.qk_norm ? h + "self_attn.q_norm" : "", "q");
+    Node* k = heads(linear(a, h + "self_attn.k_proj", Nkv * D, C, qkv_bias, "k_proj"), Nkv,
+                    f.qk_norm ? h + "self_attn.k_norm" : "", "k");
+    Node* v = heads(linear(a, h + "self_attn.v_proj", Nkv * D, C, qkv_bias, "v_proj"), Nkv, "", "v");
     q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m);
     k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m);
     Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start);
-    Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, tr.o_bias, "o_proj");
+    Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, o_bias, "o_proj");
     x = b.add(x, proj, "res1");
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
     Node* mm = rmsnorm(x, h + "post_attention_layernorm", C, "norm2");
     Node* down = nullptr;
     if (opt.tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
-      if (tr.mlp_bias) throw UsageError("runtime.tiled_mlp: the MLP has biases (mlp_bias true); the tiled MLP has none");
+      if (mlp_bias) throw UsageError("runtime.tiled_mlp: the MLP has biases (mlp_bias true); the tiled MLP has none");
       Node* w_gate = p(h + "mlp.gate_proj.weight", {I, C});
       Node* w_up = p(h + "mlp.up_proj.weight", {I, C});
       down = b.swiglu_mlp(mm, w_gate, w_up, p(h + "mlp.down_proj.weight", {C, I}), "mlp");
     } else {
-      Node* gate = linear(mm, h + "mlp.gate_proj", I, C, tr.mlp_bias, "gate");
-      Node* up = linear(mm, h + "mlp.up_proj", I, C, tr.mlp_bias, "up");
+      Node* gate = linear(mm, h + "mlp.gate_proj", I, C, mlp_bias, "gate");
+      Node* up = linear(mm, h + "mlp.up_proj", I, C, mlp_bias, "up");
       Node* act = b.mul(b.silu(gate, "silu"), up, "swiglu");
-      down = linear(act, h + "mlp.down_proj", C, I, tr.mlp_bias, "down");
+      down = linear(act, h + "mlp.down_proj", C, I, mlp_bias, "down");
     }
     x = b.add(x, down, "res2");
   }
@@ -247,16 +233,13 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
 }  // namespace
 
 std::unique_ptr<Graph> build_forward(const ModelConfig& m, DType dtype, ForwardMode mode, const GraphOptions& options) {
-  switch (m.arch) {
-    case Arch::gpt2:
+  switch (family(m.arch).layout) {
+    case Layout::gpt2:
       if (options.tiled_mlp) throw UsageError("tiled_mlp: GPT-2's MLP is not SwiGLU (runtime.tiled_mlp is for Llama)");
       return build_gpt2(m, dtype, mode, options);
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3: return build_llama(m, dtype, mode, options);
+    case Layout::llama: return build_llama(m, dtype, mode, options);
   }
-  AUTOSP_ASSERT(false, "model.arch ", static_cast<int>(m.arch));
+  AUTOSP_ASSERT(false, "model.arch ", arch_name(m.arch));
   return nullptr;
 }
 
@@ -266,16 +249,8 @@ std::string kv_present_name(const ModelConfig& m, int64_t layer, bool value) {
 }
 
 std::vector<std::string> layer_scopes(const ModelConfig& m) {
-  std::string prefix;  // what build_gpt2 / build_llama name a layer's nodes with
-  switch (m.arch) {
-    case Arch::gpt2: prefix = "h"; break;
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3: prefix = "l"; break;
-  }
-  std::vector<std::string> out;
-  for (int64_t l = 0; l < m.num_hidden_layers; ++l) out.push_back(prefix + std::to_string(l) + ".");
+  std::vector<std::string> out;  // what the builders name a layer's nodes with
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) out.push_back(str(family(m.arch).layer_scope, l, "."));
   return out;
 }
 

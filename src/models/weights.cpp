@@ -28,43 +28,26 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // The head of a tied model, which files may carry (a copy of the embedding) or leave out.
 std::string tied_head(const ModelConfig& m) {
-  switch (m.arch) {
-    case Arch::gpt2: return "transformer.wte.weight";
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3: return m.tie_word_embeddings ? "model.embed_tokens.weight" : "";
-  }
-  return "";
+  const Family& f = family(m.arch);
+  return present(f.tied_head, m.tie_word_embeddings) ? std::string(f.embedding) : "";
 }
 
 // Why a model ties its head, and what to do about a file whose head is its own: the end of the
 // message for an lm_head that differs from the embedding.
-const char* why_tied(Arch arch) {
-  switch (arch) {
-    case Arch::gpt2: return "GPT-2 always ties its head: tie_word_embeddings must be true)";
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3: return "model.tie_word_embeddings true): set model.tie_word_embeddings false";
-  }
-  return ")";
+std::string why_tied(const Family& f) {
+  if (f.tied_head == Presence::always) return str(f.name, " always ties its head: tie_word_embeddings must be true)");
+  return "model.tie_word_embeddings true): set model.tie_word_embeddings false";
 }
 
-// Map a name found in the file to our canonical name; "" = a buffer to ignore.
+// Map a name found in the file to our canonical name; "" = a buffer to ignore. The family's
+// optional prefix may be missing (GPT-2's "transformer."); lm_head.weight is checked against the
+// tied embedding by the caller.
 std::string canonical_name(const std::string& name, const ModelConfig& m) {
-  switch (m.arch) {
-    case Arch::gpt2:
-      if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return "";
-      if (name == "lm_head.weight") return name;  // checked against wte below
-      if (name.rfind("transformer.", 0) == 0) return name;
-      return "transformer." + name;
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3: return name;
-  }
-  return name;
+  const Family& f = family(m.arch);
+  for (std::string_view buffer : f.buffers)
+    if (ends_with(name, std::string(buffer))) return "";
+  if (name == "lm_head.weight" || f.optional_prefix.empty() || name.rfind(f.optional_prefix, 0) == 0) return name;
+  return str(f.optional_prefix, name);
 }
 
 // A NaN or infinity in the weights would only surface as a NaN loss steps later.
@@ -202,7 +185,7 @@ ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype
   // A tied model computes logits with the embedding: a different lm_head in the file would be lost.
   if (file_head && !equal_values(*file_head, file.tensors.count(head) ? file.tensors.at(head) : out.at(head)))
     throw UsageError(str(path, ": tensor 'lm_head.weight' differs from '", head, "', but the model ties them (",
-                         why_tied(m.arch)));
+                         why_tied(family(m.arch))));
   return out;
 }
 

@@ -94,23 +94,16 @@ Generated Generator::generate(const std::vector<int64_t>& prompt, const SampleOp
   if (o.max_new_tokens > std::numeric_limits<int64_t>::max() - prompt_len)
     throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": with the prompt's ", prompt_len,
                          " tokens the positions overflow int64"));
-  switch (m_.arch) {
-    case Arch::gpt2:  // a position is a row of the learned table wpe
-      if (prompt_len > m_.max_position_embeddings || o.max_new_tokens > m_.max_position_embeddings - prompt_len)
-        throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
-                             o.max_new_tokens, " new tokens exceed GPT-2's position table (model.max_position_embeddings ",
-                             m_.max_position_embeddings, ")"));
-      break;
-    case Arch::llama:
-    case Arch::mistral:
-    case Arch::qwen2:
-    case Arch::qwen3:  // RoPE rotates by any position; a sliding window only where it changes nothing
-      if (m_.sliding_window > 0 && (prompt_len > m_.sliding_window || o.max_new_tokens > m_.sliding_window - prompt_len))
-        throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
-                             o.max_new_tokens, " new tokens exceed model.sliding_window ", m_.sliding_window,
-                             " (autosp attends over the whole sequence, so a window must cover it)"));
-      break;
-  }
+  auto past = [&](int64_t limit) { return prompt_len > limit || o.max_new_tokens > limit - prompt_len; };
+  if (family(m_.arch).positions == Positions::learned && past(m_.max_position_embeddings))  // a row of the table each
+    throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
+                         o.max_new_tokens, " new tokens exceed ", arch_name(m_.arch),
+                         "'s position table (model.max_position_embeddings ", m_.max_position_embeddings, ")"));
+  // RoPE rotates by any position; a sliding window only where it changes nothing.
+  if (m_.sliding_window > 0 && past(m_.sliding_window))
+    throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
+                         o.max_new_tokens, " new tokens exceed model.sliding_window ", m_.sliding_window,
+                         " (autosp attends over the whole sequence, so a window must cover it)"));
 
   std::mt19937_64 rng(o.seed);
   Generated out;

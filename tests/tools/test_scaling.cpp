@@ -53,17 +53,20 @@ TEST_CASE("scaling: parameter counts", "[scaling]") {
   CHECK(flop_param_count(g) == 4 * 789760 + 131072 + 512);
   CHECK(param_count(g) == graph_param_count(g));
 
-  // The Llama family's biases, norms and decoupled head_dim: the formula agrees with the graph.
-  for (Arch a : {Arch::llama, Arch::mistral, Arch::qwen2, Arch::qwen3}) {
-    ModelConfig f = l;
-    f.arch = a;
-    f.head_dim_config = 48;
-    f.attention_bias = a == Arch::llama || a == Arch::qwen3;
-    f.mlp_bias = a == Arch::llama;
-    INFO(arch_name(a));
-    CHECK(param_count(f) == graph_param_count(f));
-  }
-
+  // Every family row, with each bias and tie setting it has and a decoupled head_dim where its
+  // layout takes one: the formula (from the row) agrees with the graph (built from the row).
+  for (const Family& f : families())
+    for (int bits = 0; bits < 8; ++bits) {
+      ModelConfig m = f.layout == Layout::gpt2 ? g : l;
+      m.arch = f.arch;
+      if (f.layout == Layout::llama) m.head_dim_config = 48;
+      m.attention_bias = bits & 1;
+      m.mlp_bias = bits & 2;
+      m.tie_word_embeddings = f.tied_head == Presence::always || (f.tied_head == Presence::by_key && (bits & 4));
+      INFO(f.name << " attention_bias " << m.attention_bias << " mlp_bias " << m.mlp_bias << " tied "
+                  << m.tie_word_embeddings);
+      CHECK(param_count(m) == graph_param_count(m));
+    }
   // Llama-3-8B: 8.03 B.
   ProjectionConfig pc = parse_projection_config(nlohmann::json::object(), "test");
   CHECK(param_count(pc.model) == 8030261248);

@@ -138,7 +138,7 @@ TEST_CASE("generate: bad prompts and options are usage errors", "[generate]") {
   CHECK_THROWS_WITH(gen.generate({1, 61}, o), Catch::Contains("prompt token 61 at index 1 is outside [0, 61)"));
   CHECK_THROWS_WITH(gen.generate({-1}, o), Catch::Contains("prompt token -1"));
   o.max_new_tokens = 60;
-  CHECK_THROWS_WITH(gen.generate({1, 2, 3, 4, 5}, o), Catch::Contains("exceed GPT-2's position table"));
+  CHECK_THROWS_WITH(gen.generate({1, 2, 3, 4, 5}, o), Catch::Contains("exceed gpt2's position table"));
   // A huge max_new_tokens once overflowed prompt + max_new_tokens past the check, generated, and
   // failed in the embedding at position 64.
   for (int64_t n : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 2,

@@ -1,0 +1,76 @@
+// The family table (models/family.h): one row per architecture, as Hugging Face's modeling_<name>.py
+// defines it. Mistral is Llama without biases and with a sliding window; Qwen2 is Llama with q/k/v
+// biases and a switched window; Qwen3 adds an RMSNorm over each head of q and k.
+#include "models/family.h"
+
+#include <array>
+
+namespace autosp {
+namespace {
+
+constexpr std::string_view kGpt2Buffers[] = {".attn.bias", ".attn.masked_bias"};  // GPT-2's causal-mask buffers
+
+constexpr Family kGpt2{
+    .arch = Arch::gpt2, .name = "gpt2", .layout = Layout::gpt2, .norm = Norm::layernorm,
+    .positions = Positions::learned, .mlp = Mlp::gelu, .qkv_bias = Presence::always, .o_bias = Presence::always,
+    .mlp_bias = Presence::always, .qk_norm = false, .gqa = false, .tied_head = Presence::always,
+    .window = Window::none, .norm_eps = 1e-5, .embedding = "transformer.wte.weight",
+    .optional_prefix = "transformer.", .buffers = kGpt2Buffers, .layer_scope = "h", .hf_config_class = "GPT2Config",
+    .hf_model_class = "GPT2LMHeadModel", .hf_class_prefix = "GPT2"};
+
+// The Llama family's common row; each member changes what differs.
+constexpr Family kLlama{
+    .arch = Arch::llama, .name = "llama", .layout = Layout::llama, .norm = Norm::rmsnorm,
+    .positions = Positions::rope, .mlp = Mlp::swiglu, .qkv_bias = Presence::by_key, .o_bias = Presence::by_key,
+    .mlp_bias = Presence::by_key, .qk_norm = false, .gqa = true, .tied_head = Presence::by_key,
+    .window = Window::none, .norm_eps = 1e-6, .embedding = "model.embed_tokens.weight", .optional_prefix = "",
+    .buffers = {}, .layer_scope = "l", .hf_config_class = "LlamaConfig", .hf_model_class = "LlamaForCausalLM",
+    .hf_class_prefix = "Llama"};
+
+constexpr Family member(Family f, Arch arch, std::string_view name, std::string_view config_class,
+                        std::string_view model_class) {
+  f.arch = arch;
+  f.name = name;
+  f.hf_config_class = config_class;
+  f.hf_model_class = model_class;
+  f.hf_class_prefix = "";
+  return f;
+}
+
+constexpr Family mistral() {
+  Family f = member(kLlama, Arch::mistral, "mistral", "MistralConfig", "MistralForCausalLM");
+  f.qkv_bias = f.o_bias = f.mlp_bias = Presence::never;
+  f.window = Window::key;
+  return f;
+}
+constexpr Family qwen2() {
+  Family f = member(kLlama, Arch::qwen2, "qwen2", "Qwen2Config", "Qwen2ForCausalLM");
+  f.qkv_bias = Presence::always;
+  f.o_bias = f.mlp_bias = Presence::never;
+  f.window = Window::switched;
+  return f;
+}
+constexpr Family qwen3() {
+  Family f = member(kLlama, Arch::qwen3, "qwen3", "Qwen3Config", "Qwen3ForCausalLM");
+  f.mlp_bias = Presence::never;
+  f.qk_norm = true;
+  f.window = Window::switched;
+  return f;
+}
+
+constexpr std::array<Family, kNumArchs> kFamilies{kGpt2, kLlama, mistral(), qwen2(), qwen3()};
+
+constexpr bool rows_in_order() {
+  for (size_t i = 0; i < kFamilies.size(); ++i)
+    if (static_cast<size_t>(kFamilies[i].arch) != i) return false;
+  return true;
+}
+static_assert(rows_in_order(), "the family table has one row per Arch, in enum order");
+
+}  // namespace
+
+const Family& family(Arch a) { return kFamilies.at(static_cast<size_t>(a)); }
+
+std::span<const Family> families() { return kFamilies; }
+
+}  // namespace autosp

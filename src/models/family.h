@@ -1,0 +1,70 @@
+// A model family is a row of data: everything that differs between the architectures autosp
+// builds (which builder records the graph, its norm, positions, MLP, biases, q/k norms, tied head,
+// sliding window, parameter names and Hugging Face class names). Every consumer reads the row: the
+// builders (models/model.cpp), the weights loader, HF import and export (models/hf_config.cpp), the
+// FLOP counts, the model keys and the config's cross-key rules, generation and the benchmark. The
+// table (models/family.cpp) is the one place an architecture is spelled out; nothing else switches
+// over Arch. Adding a family: its Arch value, its row there, its HF row (defaults and the settings
+// it refuses) in models/hf_config.cpp, and its tests (a reference in tests/ref/torch_models.py).
+// Knows nothing of graphs, configs or JSON.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+namespace autosp {
+
+// The architectures, named as Hugging Face's model_type (Family::name), in the table's order.
+enum class Arch { gpt2, llama, mistral, qwen2, qwen3 };
+inline constexpr size_t kNumArchs = static_cast<size_t>(Arch::qwen3) + 1;  // name the last value here
+
+// Which builder records the graph: GPT-2's (wpe, LayerNorm, one fused c_attn Conv1D, GELU MLP,
+// names under "transformer.") or the Llama family's (RoPE, RMSNorm, q/k/v/o Linear, SwiGLU MLP,
+// GQA, names under "model.").
+enum class Layout { gpt2, llama };
+enum class Norm { layernorm, rmsnorm };  // layernorm: a weight and a bias [C]; rmsnorm: a weight [C]
+enum class Positions { learned, rope };  // learned: a table [max_position_embeddings, C] indexed by position_ids
+enum class Mlp { gelu, swiglu };         // gelu: [C, 4C] then [4C, C]; swiglu: gate, up [I, C], down [C, I]
+// Whether a family has a setting: never, always, or as a config key says (model.attention_bias,
+// model.mlp_bias, model.tie_word_embeddings).
+enum class Presence { never, always, by_key };
+// The sliding window: none (the HF config has no window), a key that applies whenever it is set
+// (Mistral's sliding_window), or one switched on by use_sliding_window (Qwen2, Qwen3). A window is
+// only accepted where it changes nothing (config/: at least data.seq_len).
+enum class Window { none, key, switched };
+
+struct Family {
+  Arch arch;
+  std::string_view name;  // model.arch and HF's model_type: "qwen2"
+  Layout layout;
+  Norm norm;
+  Positions positions;
+  Mlp mlp;
+  Presence qkv_bias;   // the q, k, v projections (GPT-2: c_attn); by_key: model.attention_bias
+  Presence o_bias;     // the attention's output projection; by_key: model.attention_bias
+  Presence mlp_bias;   // by_key: model.mlp_bias
+  bool qk_norm;        // an RMSNorm over each head's D of q and k, before RoPE (weights q_norm, k_norm [D])
+  bool gqa;            // num_key_value_heads is a setting (else every head has its own K and V)
+  Presence tied_head;  // the LM head is the embedding: always, or as model.tie_word_embeddings says (default false)
+  Window window;
+  double norm_eps;     // model.norm_eps when the config leaves it out (HF's default)
+  // Names.
+  std::string_view embedding;       // the token embedding's parameter, which a tied head reuses
+  std::string_view optional_prefix;  // a prefix that weight files may leave out of every name ("transformer.")
+  std::span<const std::string_view> buffers;  // name suffixes of non-parameters in weight files, ignored
+  std::string_view layer_scope;     // layer l's nodes are named "<layer_scope><l>." (the checkpointing scopes)
+  std::string_view hf_config_class;  // "Qwen2Config"
+  std::string_view hf_model_class;   // "Qwen2ForCausalLM": what a checkpoint's config.json lists in architectures
+  std::string_view hf_class_prefix;  // other architectures entries that name it, by prefix ("GPT2"; "" = none)
+};
+
+const Family& family(Arch a);
+std::span<const Family> families();  // in Arch order
+
+inline std::string_view arch_name(Arch a) { return family(a).name; }
+
+// A setting of presence `p` whose config key (when p is by_key) holds `key`: is it there?
+inline bool present(Presence p, bool key) { return p == Presence::always || (p == Presence::by_key && key); }
+
+}  // namespace autosp

@@ -1,0 +1,157 @@
+// The model keys (models/model_keys.h): one row per key of the model section. HF's names are
+// transformers 4.44's (GPT2Config, LlamaConfig and the classes built like it).
+#include "models/model_keys.h"
+
+
+#include "models/hf_config.h"
+#include "tensor/check.h"
+
+namespace autosp {
+namespace {
+
+using json = nlohmann::json;
+
+// Which families a key is a setting of (Family's columns).
+bool gqa(const Family& f) { return f.gqa; }
+bool swiglu(const Family& f) { return f.mlp == Mlp::swiglu; }
+bool rope(const Family& f) { return f.positions == Positions::rope; }
+bool llama_layout(const Family& f) { return f.layout == Layout::llama; }
+bool tie_by_key(const Family& f) { return f.tied_head == Presence::by_key; }
+bool attention_bias_by_key(const Family& f) { return f.qkv_bias == Presence::by_key || f.o_bias == Presence::by_key; }
+bool mlp_bias_by_key(const Family& f) { return f.mlp_bias == Presence::by_key; }
+bool windowed(const Family& f) { return f.window != Window::none; }
+
+// A ModelConfig member as a key's setter and getter.
+template <class T>
+auto set_field(T ModelConfig::*member) {
+  return [member](ModelConfig& m, const json& v) { m.*member = v.get<T>(); };
+}
+template <class T>
+auto get_field(T ModelConfig::*member) {
+  return [member](const ModelConfig& m) { return json(m.*member); };
+}
+
+bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+
+std::string arch_choices() {
+  std::string s;
+  for (const Family& f : families()) s += str(s.empty() ? "" : "|", f.name);
+  return s;
+}
+
+std::vector<ModelKey> make_keys() {
+  using K = ValueKind;
+  return {
+      {.name = "arch", .kind = K::string, .choices = arch_choices(),
+       .set = [](ModelConfig& m, const json& v) {
+         for (const Family& f : families())
+           if (f.name == v.get<std::string>()) m.arch = f.arch;
+       },
+       .get = [](const ModelConfig& m) { return json(arch_name(m.arch)); },
+       .hf = "model_type", .hf_gpt2 = "model_type"},
+      {.name = "vocab_size", .kind = K::integer, .lo = 2, .hi = 1 << 24, .set = set_field(&ModelConfig::vocab_size),
+       .get = get_field(&ModelConfig::vocab_size), .hf = "vocab_size", .hf_gpt2 = "vocab_size", .aliases = "n_vocab"},
+      {.name = "hidden_size", .kind = K::integer, .lo = 2, .hi = 1 << 16, .set = set_field(&ModelConfig::hidden_size),
+       .get = get_field(&ModelConfig::hidden_size), .hf = "hidden_size", .hf_gpt2 = "n_embd", .aliases = "d_model"},
+      {.name = "num_hidden_layers", .kind = K::integer, .lo = 1, .hi = 1024,
+       .set = set_field(&ModelConfig::num_hidden_layers), .get = get_field(&ModelConfig::num_hidden_layers),
+       .hf = "num_hidden_layers", .hf_gpt2 = "n_layer", .aliases = "num_layers"},
+      {.name = "num_attention_heads", .kind = K::integer, .lo = 1, .hi = 1024,
+       .set = set_field(&ModelConfig::num_attention_heads), .get = get_field(&ModelConfig::num_attention_heads),
+       .hf = "num_attention_heads", .hf_gpt2 = "n_head", .aliases = "num_heads"},
+      {.name = "num_key_value_heads", .kind = K::integer, .lo = 1, .hi = 1024, .applies = gqa,
+       .set = set_field(&ModelConfig::num_key_value_heads), .get = get_field(&ModelConfig::num_key_value_heads),
+       .hf = "num_key_value_heads", .aliases = "num_kv_heads n_kv_heads"},
+      {.name = "intermediate_size", .kind = K::integer, .lo = 1, .hi = 1 << 20, .applies = swiglu,
+       .set = set_field(&ModelConfig::intermediate_size), .get = get_field(&ModelConfig::intermediate_size),
+       .hf = "intermediate_size", .aliases = "n_inner ffn_dim"},
+      {.name = "max_position_embeddings", .kind = K::integer, .lo = 1, .hi = 1 << 24,
+       .set = set_field(&ModelConfig::max_position_embeddings), .get = get_field(&ModelConfig::max_position_embeddings),
+       .hf = "max_position_embeddings", .hf_gpt2 = "n_positions", .aliases = "n_ctx max_seq_len"},
+      {.name = "rope_theta", .kind = K::number, .lo = 1, .hi = 1e12, .applies = rope,
+       .set = set_field(&ModelConfig::rope_theta), .get = get_field(&ModelConfig::rope_theta), .hf = "rope_theta"},
+      {.name = "norm_eps", .kind = K::number, .lo = 0, .hi = 1, .set = set_field(&ModelConfig::norm_eps),
+       .get = get_field(&ModelConfig::norm_eps), .hf = "rms_norm_eps", .hf_gpt2 = "layer_norm_epsilon",
+       .aliases = "layer_norm_eps"},
+      {.name = "tie_word_embeddings", .kind = K::boolean, .applies = tie_by_key,
+       .set = set_field(&ModelConfig::tie_word_embeddings), .get = get_field(&ModelConfig::tie_word_embeddings),
+       .hf = "tie_word_embeddings", .aliases = "tie_embeddings"},
+      // HF's form (rope_scaling_json); none is null, left out.
+      {.name = "rope_scaling", .kind = K::object, .applies = rope,
+       .set = [](ModelConfig& m, const json& v) { m.rope_scaling = parse_rope_scaling(v, "model.rope_scaling"); },
+       .get = [](const ModelConfig& m) { return rope_scaling_json(m.rope_scaling); }, .hf = "rope_scaling",
+       .from_hf = rope_from_hf, .to_hf = rope_to_hf},
+      // Left out where it is hidden_size / num_attention_heads; written to config.json always.
+      {.name = "head_dim", .kind = K::integer, .lo = 2, .hi = 1 << 16, .applies = llama_layout,
+       .set = [](ModelConfig& m, const json& v) { m.head_dim_config = v.get<int64_t>(); },
+       .get = [](const ModelConfig& m) { return json(m.head_dim()); },
+       .at_default = [](const json& s) {
+         return s.value("head_dim", json()).is_number_integer() && s.value("num_attention_heads", json()).is_number_integer() &&
+                s.value("hidden_size", json()).is_number_integer() &&
+                s["head_dim"].get<int64_t>() * s["num_attention_heads"].get<int64_t>() == s["hidden_size"].get<int64_t>();
+       },
+       .hf = "head_dim",
+       .hf_valid = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 2 && v.get<int64_t>() % 2 == 0; },
+       .hf_expects = "an even positive integer (RoPE rotates pairs)"},
+      {.name = "attention_bias", .kind = K::boolean, .applies = attention_bias_by_key,
+       .set = set_field(&ModelConfig::attention_bias), .get = get_field(&ModelConfig::attention_bias),
+       .at_default = [](const json& s) { return is_false(s.value("attention_bias", json())); }, .hf = "attention_bias"},
+      {.name = "mlp_bias", .kind = K::boolean, .applies = mlp_bias_by_key, .set = set_field(&ModelConfig::mlp_bias),
+       .get = get_field(&ModelConfig::mlp_bias),
+       .at_default = [](const json& s) { return is_false(s.value("mlp_bias", json())); }, .hf = "mlp_bias"},
+      // 0 (none) is null, left out.
+      {.name = "sliding_window", .kind = K::integer, .lo = 1, .hi = 1 << 30, .applies = windowed,
+       .set = set_field(&ModelConfig::sliding_window),
+       .get = [](const ModelConfig& m) { return m.sliding_window > 0 ? json(m.sliding_window) : json(); },
+       .hf = "sliding_window", .from_hf = window_from_hf, .to_hf = window_to_hf},
+  };
+}
+
+}  // namespace
+
+const char* value_kind_name(ValueKind k) {
+  switch (k) {
+    case ValueKind::integer: return "an integer";
+    case ValueKind::number: return "a number";
+    case ValueKind::boolean: return "true or false";
+    case ValueKind::string: return "a string";
+    case ValueKind::object: return "an object or null";
+    case ValueKind::list: return "a list or null";
+    case ValueKind::integer_or_auto: return "an integer or \"auto\"";
+  }
+  return "";
+}
+
+const std::vector<ModelKey>& model_keys() {
+  static const std::vector<ModelKey> keys = make_keys();
+  return keys;
+}
+
+const ModelKey* find_model_key(std::string_view name) {
+  for (const ModelKey& k : model_keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string_view hf_key_name(const ModelKey& k, const Family& f) { return f.layout == Layout::gpt2 ? k.hf_gpt2 : k.hf; }
+
+bool key_applies(const ModelKey& k, const Family& f) { return k.applies == nullptr || k.applies(f); }
+
+void erase_defaults(json& section) {
+  std::vector<std::string> at_default;  // judged on the whole section before any is erased
+  for (const ModelKey& k : model_keys())
+    if (k.at_default && section.contains(k.name) && k.at_default(section)) at_default.push_back(k.name);
+  for (const std::string& name : at_default) section.erase(name);
+}
+
+json model_json(const ModelConfig& m) {
+  json r = json::object();
+  for (const ModelKey& k : model_keys()) {
+    json v = k.get(m);
+    if (!v.is_null()) r[k.name] = std::move(v);
+  }
+  erase_defaults(r);
+  return r;
+}
+
+}  // namespace autosp
