@@ -486,6 +486,7 @@ void expand_model_from(json& j, Config& c, const std::string& origin) {
   }
   for (auto& w : hf.warnings) c.warnings.push_back(std::move(w));
   c.model_from = dir;
+  c.hf_carried = std::move(hf.carried);
   j["model"] = merged;
 }
 
@@ -551,6 +552,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     c.notes.push_back(str(origin, " is a Hugging Face config.json: training its architecture from freshly initialised "
                           "weights (for its weights too, give \"model\": {\"from\": DIR} in a run config)"));
     for (auto& w : hf.warnings) c.warnings.push_back(std::move(w));
+    c.hf_carried = std::move(hf.carried);
     j = json{{"model", hf.model}};
   }
   for (const auto& ov : overrides) apply_override(j, origin, ov);

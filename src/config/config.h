@@ -195,6 +195,10 @@ struct Config {
   // model.from: the Hugging Face model directory the architecture came from, whose weights start
   // the run unless --init-from or --resume say otherwise ("" = none).
   std::string model_from;
+  // The keys of model.from's config.json (or of a bare HF config.json given as the config) that do
+  // not change the math, with their values (HfModelConfig::carried): a checkpoint's config.json
+  // writes them back.
+  nlohmann::json hf_carried = nlohmann::json::object();
 };
 
 // Parse and validate. `j` may also be a bare Hugging Face config.json (models/hf_config.h): its

@@ -40,7 +40,19 @@ const std::set<std::string>& math_free_keys() {
       "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
       "summary_first_dropout", "n_ctx", "reorder_and_upcast_attn",
       // Llama: pretraining_tp splits the projections into slices whose sum is the same product.
-      "pretraining_tp"};
+      "pretraining_tp",
+      // Qwen: the layers past which the sliding window applies; the windows autosp accepts (at least
+      // the sequence) change nothing.
+      "max_window_layers"};
+  return k;
+}
+
+// The math-free keys that describe the file, not the model: not carried into a checkpoint's
+// config.json (it writes its own).
+const std::set<std::string>& file_keys() {
+  static const std::set<std::string> k = {"_name_or_path", "architectures", "model_type", "transformers_version",
+                                          "torch_dtype", "dtype", "use_cache", "_attn_implementation",
+                                          "_attn_implementation_autoset"};
   return k;
 }
 
@@ -308,7 +320,7 @@ void rope_to_hf(const ModelConfig& m, const Family&, json& hf) {
 // The sliding window: Mistral's applies when set; Qwen's only with use_sliding_window true. A
 // window is kept as model.sliding_window (config/ refuses one shorter than the sequence).
 void window_from_hf(const json& hf, const Family& f, HfImport& out) {
-  out.used.insert({"sliding_window", "use_sliding_window", "max_window_layers"});
+  out.used.insert({"sliding_window", "use_sliding_window"});
   const bool applies = f.window == Window::key || (hf.contains("use_sliding_window") && hf["use_sliding_window"] == true);
   if (hf.contains("use_sliding_window") && !hf["use_sliding_window"].is_boolean())
     out.errors.push_back(str("use_sliding_window = ", hf["use_sliding_window"].dump(), ": expected true or false"));
@@ -445,7 +457,10 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
   }
   for (auto it = hf.begin(); it != hf.end(); ++it) {
     if (used.count(it.key())) continue;
-    if (math_free_keys().count(it.key())) out.math_free.push_back(it.key());
+    if (math_free_keys().count(it.key())) {
+      out.math_free.push_back(it.key());
+      if (!file_keys().count(it.key())) out.carried[it.key()] = *it;
+    }
     else errors.push_back(str("unknown key '", it.key(), "' (not a ", f.hf_config_class, " setting autosp knows)"));
   }
   if (!errors.empty()) {
@@ -486,9 +501,10 @@ HfModelConfig read_hf_model_dir(const std::string& dir) {
   return translate_hf_config(read_json_file(path, uint64_t{16} << 20), path);
 }
 
-json hf_config_json(const ModelConfig& m, DType dtype) {
+json hf_config_json(const ModelConfig& m, DType dtype, const json& carried) {
   const Family& f = family(m.arch);
-  json hf = {{"architectures", {f.hf_model_class}}};
+  json hf = carried;  // ours below write over them
+  hf["architectures"] = {f.hf_model_class};
   for (const ModelKey& k : model_keys()) {  // model_type among them
     const std::string_view name = hf_key_name(k, f);
     if (name.empty() || !key_applies(k, f)) continue;

@@ -25,6 +25,10 @@ struct HfModelConfig {
   nlohmann::json model;                // our model keys: arch, vocab_size, …, rope_scaling (when set)
   std::vector<std::string> math_free;  // HF keys accepted that do not change the math (ids, torch_dtype, …)
   std::vector<std::string> warnings;   // settings accepted but not applied (a nonzero dropout)
+  // The math-free keys with their values, less those that describe the file rather than the model
+  // (architectures, model_type, dtype, transformers_version, ...): token ids, generation settings,
+  // initializer_range, ... which a checkpoint's config.json writes back (hf_config_json).
+  nlohmann::json carried = nlohmann::json::object();
 };
 
 // Translates an HF config.json. Every key it cannot take (an unknown key, an unsupported setting
@@ -51,8 +55,9 @@ nlohmann::json rope_scaling_json(const RopeScalingConfig& s);  // null when none
 
 // The HF config.json of a model: architectures, every model key of its family under its HF name
 // (rope_theta + rope_scaling and rope_parameters), what its HF row writes besides, and
-// torch_dtype and dtype = `dtype`.
-nlohmann::json hf_config_json(const ModelConfig& m, DType dtype);
+// torch_dtype and dtype = `dtype`; under them the keys `carried` from the directory the model came
+// from (HfModelConfig::carried), so a round trip keeps every key.
+nlohmann::json hf_config_json(const ModelConfig& m, DType dtype, const nlohmann::json& carried = nlohmann::json::object());
 
 // A config.json being translated into a model section (translate_hf_config), for the model keys
 // whose translation is more than a rename (ModelKey::from_hf): the keys read so far, the HF keys

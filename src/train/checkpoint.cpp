@@ -288,7 +288,7 @@ std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& 
   if (!params.empty()) {
     const std::string path = (tmp / "config.json").string();
     std::ofstream f(path);
-    f << hf_config_json(cfg.model, params.begin()->second.dtype()).dump(2) << "\n";
+    f << hf_config_json(cfg.model, params.begin()->second.dtype(), cfg.hf_carried).dump(2) << "\n";
     if (!f.flush()) throw RuntimeFailure(str(path, ": write failed"));
     f.close();
     fsync_path(path);

@@ -172,6 +172,47 @@ TEST_CASE("each family's checkpoint config.json translates back to its model", "
   }
 }
 
+TEST_CASE("an HF config.json keeps every key through autosp and back, for every family", "[models][hf]") {
+  // Each family as transformers 4.44 and 5.24 wrote it (GPT-2 as GPT2Config writes it), into our
+  // model section, a parsed run config, and the checkpoint's config.json with the keys carried.
+  std::vector<json> sources = {{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
+                                {"vocab_size", 96},           {"n_positions", 64},
+                                {"n_embd", 32},               {"n_layer", 2},
+                                {"n_head", 4},                {"n_inner", nullptr},
+                                {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5},
+                                {"resid_pdrop", 0.0},         {"embd_pdrop", 0.0},
+                                {"attn_pdrop", 0.0},          {"scale_attn_weights", true},
+                                {"bos_token_id", 50256},      {"eos_token_id", 50256},
+                                {"initializer_range", 0.02},  {"tie_word_embeddings", true},
+                                {"task_specific_params", {{"text-generation", {{"max_length", 50}}}}}}};
+  for (const char* version : {"tf4", "tf5"})
+    for (const char* name : {"llama", "mistral", "qwen2", "qwen3"})
+      if (fs::exists(std::string(AUTOSP_SOURCE_DIR) + "/tests/models/fixtures/hf_config/" + version + "/" + name + ".json"))
+        sources.push_back(fixture(version, name));
+  REQUIRE(sources.size() == 8);
+  std::set<std::string> families_seen;
+  for (const json& src : sources) {
+    INFO(src.dump());
+    const HfModelConfig in = translate_hf_config(src, "src");
+    const Config c = parse_config({{"model", in.model}, {"data", {{"seq_len", 16}}}}, {}, "c.json");
+    const json out = hf_config_json(c.model, DType::f32, in.carried);
+    families_seen.insert(in.model["arch"].get<std::string>());
+    for (auto it = src.begin(); it != src.end(); ++it) {
+      const std::string& key = it.key();
+      INFO(key);
+      if (key == "transformers_version" || key == "dtype" || key == "torch_dtype") continue;  // the writer's
+      REQUIRE(out.contains(key));
+      // Qwen's window off: its sliding_window value is kept as none (null), which is what it means.
+      if (key == "sliding_window" && src.value("use_sliding_window", true) == false) continue;
+      const json& a = *it;
+      const json& b = out[key];
+      CHECK((a == b || (a.is_number() && b.is_number() && a.get<double>() == b.get<double>())));
+    }
+    CHECK(translate_hf_config(out, "out").model == in.model);
+  }
+  CHECK(families_seen.size() == kNumArchs);
+}
+
 TEST_CASE("the families' unsupported settings are named", "[models][hf]") {
   struct Row {
     const char* fixture;
