@@ -116,12 +116,12 @@ const std::vector<HfFamily>& hf_families() {
        .required = {silu("autosp's Mistral MLP is SwiGLU (silu)")},
        .written = kSiluWritten},
       {.defaults = with_defaults({{"vocab_size", 151936}, {"intermediate_size", 22016}, {"num_key_value_heads", 32},
-                                  {"max_position_embeddings", 32768}, {"norm_eps", 1e-6}}),
+                                  {"max_position_embeddings", 32768}, {"norm_eps", 1e-6}, {"sliding_window", 4096}}),
        .required = {silu("autosp's Qwen MLP is SwiGLU (silu)")},
        .written = kSiluWritten},
       {.defaults = with_defaults({{"vocab_size", 151936}, {"intermediate_size", 22016}, {"num_key_value_heads", 32},
                                   {"max_position_embeddings", 32768}, {"norm_eps", 1e-6}, {"head_dim", 128},
-                                  {"attention_bias", false}}),
+                                  {"attention_bias", false}, {"sliding_window", 4096}}),
        .required = {silu("autosp's Qwen MLP is SwiGLU (silu)")},
        .written = kSiluWritten},
   };
@@ -317,8 +317,9 @@ void rope_to_hf(const ModelConfig& m, const Family&, json& hf) {
   hf["rope_parameters"] = parameters;
 }
 
-// The sliding window: Mistral's applies when set; Qwen's only with use_sliding_window true. A
-// window is kept as model.sliding_window (config/ refuses one shorter than the sequence).
+// The sliding window: Mistral's applies when set; Qwen's only with use_sliding_window true. Left
+// out, it is the class's default (4096 for both, as transformers reads it). A window is kept as
+// model.sliding_window (config/ refuses one shorter than the sequence).
 void window_from_hf(const json& hf, const Family& f, HfImport& out) {
   out.used.insert({"sliding_window", "use_sliding_window"});
   const bool applies = f.window == Window::key || (hf.contains("use_sliding_window") && hf["use_sliding_window"] == true);

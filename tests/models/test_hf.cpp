@@ -251,6 +251,17 @@ TEST_CASE("the families' unsupported settings are named", "[models][hf]") {
   json qwen = fixture("tf4", "qwen2");
   qwen["sliding_window"] = 4;
   CHECK_FALSE(translate_hf_config(qwen, "q").model.contains("sliding_window"));
+  // Switched on without a sliding_window key, it is Qwen2Config's and Qwen3Config's default, 4096
+  // (transformers 4.44), not none: refused at data.seq_len 4100 as the written-out 4096 is.
+  for (const char* name : {"qwen2", "qwen3"}) {
+    json on = fixture("tf5", name);
+    on["use_sliding_window"] = true;
+    on.erase("sliding_window");
+    const json m = translate_hf_config(on, "q").model;
+    CHECK(m["sliding_window"] == 4096);
+    CHECK_THROWS_WITH(parse_config({{"model", m}, {"data", {{"seq_len", 4100}}}}, {}, "c.json"),
+                      Catch::Contains("model.sliding_window 4096 is shorter than data.seq_len 4100"));
+  }
 }
 
 TEST_CASE("every unknown key is named at once, with a hint", "[config][hf]") {
