@@ -38,6 +38,26 @@ TEST_CASE("rank_layout: a world sp does not divide, or a rank outside it, is a u
   CHECK_THROWS_AS(rank_layout(0, 0, 1), UsageError);
 }
 
+TEST_CASE("rank_layout: takes the config's int64 sizes and checks them before handing out ints", "[comm]") {
+  // What a cast to int would have made 2 (2^32 + 2) is named as it is.
+  const int64_t wraps_to_2 = (int64_t{1} << 32) + 2;
+  CHECK_THROWS_WITH(rank_layout(4, 0, wraps_to_2),
+                    "sequence_parallel.autosp_size 4294967298 does not divide the world size 4 (world = dp x sp)");
+  CHECK_THROWS_WITH(rank_layout(4, 0, 2, wraps_to_2),
+                    "sequence_parallel.ring_size 4294967298 does not divide sequence_parallel.autosp_size 2");
+  CHECK_THROWS_WITH(rank_layout(wraps_to_2, 0, 1), "a world of 4294967298 ranks: at most 2147483647");
+  Config cfg;
+  cfg.sequence_parallel.autosp_size = 4;
+  cfg.sequence_parallel.ring_size = 2;
+  const RankLayout l = rank_layout(8, 5, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
+  CHECK(l.sp == 4);
+  CHECK(l.dp == 2);
+  CHECK(l.ring == 2);
+  CHECK(l.ulysses == 2);
+  CHECK(l.sp_rank == 1);
+  CHECK(l.dp_rank == 1);
+}
+
 // The program builder makes the passes' context from the layout it is given: rank r's program
 // keeps sequence block sp_rank of S//sp.
 TEST_CASE("the program builder shards the sequence as the rank layout places the rank", "[comm]") {
