@@ -2,6 +2,8 @@
 // computation the process mesh and the program builder's passes' context share, and its errors.
 #include <catch2/catch.hpp>
 
+#include <vector>
+
 #include "comm/mesh.h"
 #include "config/config.h"
 #include "compiler/program.h"
@@ -50,12 +52,9 @@ TEST_CASE("rank_layout: takes the config's int64 sizes and checks them before ha
   cfg.sequence_parallel.autosp_size = 4;
   cfg.sequence_parallel.ring_size = 2;
   const RankLayout l = rank_layout(8, 5, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
-  CHECK(l.sp == 4);
-  CHECK(l.dp == 2);
-  CHECK(l.ring == 2);
-  CHECK(l.ulysses == 2);
-  CHECK(l.sp_rank == 1);
-  CHECK(l.dp_rank == 1);
+  // sp, dp, ring, ulysses and rank 5's place in each: sp_rank 1, dp_rank 1, ring_rank 0, ulysses_rank 1.
+  CHECK(std::vector<int>{l.sp, l.dp, l.ring, l.ulysses} == std::vector<int>{4, 2, 2, 2});
+  CHECK(std::vector<int>{l.sp_rank, l.dp_rank, l.ring_rank, l.ulysses_rank} == std::vector<int>{1, 1, 0, 1});
 }
 
 // The program builder makes the passes' context from the layout it is given: rank r's program
