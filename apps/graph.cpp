@@ -115,9 +115,8 @@ int main(int argc, char** argv) {
     if (format != "text" && format != "json" && format != "dot")
       throw UsageError(str("--format '", format, "': expected text, json or dot"));
 
-    const RankLayout layout = rank_layout(static_cast<int>(world), static_cast<int>(rank),
-                                          static_cast<int>(cfg.sequence_parallel.autosp_size),
-                                          static_cast<int>(cfg.sequence_parallel.ring_size));
+    const RankLayout layout =
+        rank_layout(world, rank, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
     RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, layout);  // a stage or a pass name
     const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {

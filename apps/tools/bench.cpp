@@ -208,10 +208,8 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
 }
 
 // The forward pass with the loss, through this rank's AutoSP program when the world has several ranks.
-PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicator& world) {
+PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicator& world, const RankLayout& layout) {
   const DType dt = cfg.runtime.dtype;
-  const RankLayout layout = rank_layout(world.size(), world.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size),
-                                        static_cast<int>(cfg.sequence_parallel.ring_size));
   if (cfg.data.seq_len % layout.seq_multiple() != 0)
     throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of ",
                          layout.seq_multiple(), " (P = ", layout.sp, ", ring ", layout.ring,
@@ -261,13 +259,16 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
   check_options(cfg, opt);
   if (cfg.runtime.threads > 0) cpu::set_num_threads(static_cast<int>(cfg.runtime.threads));
   CountingCommunicator counted(world);
+  // This rank's place in the mesh (world = dp × sp): what the trainer's mesh and time_forward's have.
+  const RankLayout layout =
+      rank_layout(world.size(), world.rank(), cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
   const size_t rss0 = rss_baseline();
-  const PointTiming t = opt.mode == "step" ? time_steps(cfg, opt, counted) : time_forward(cfg, opt, counted);
+  const PointTiming t = opt.mode == "step" ? time_steps(cfg, opt, counted) : time_forward(cfg, opt, counted, layout);
   const size_t rss = rss_peak_since(rss0);
   const CommStats s = counted.stats();
   const auto peaks = max_over_ranks(world, {static_cast<int64_t>(t.peak_bytes), static_cast<int64_t>(rss)});
 
-  const int64_t P = cfg.sequence_parallel.autosp_size, dp = world.size() / P;
+  const int64_t P = layout.sp, dp = layout.dp;
   // A training step reads k micro-batches (train.gradient_accumulation_steps); a forward one batch.
   const int64_t B = cfg.data.batch_size * (opt.mode == "step" ? cfg.train.gradient_accumulation_steps : 1);
   const int64_t S = cfg.data.seq_len;
@@ -448,8 +449,7 @@ int run_sweep(const SweepOptions& opt, const std::function<void(const json&)>& e
         const DType dt = cfg.runtime.dtype;
         try {
           (void)build_program(cfg, dt, Stage::rank_forward,
-                              rank_layout(static_cast<int>(P), 0, static_cast<int>(cfg.sequence_parallel.autosp_size),
-                                          static_cast<int>(cfg.sequence_parallel.ring_size)));
+                              rank_layout(P, 0, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size));
         } catch (const UsageError& e) {
           throw UsageError(str(path, " at P = ", P, ", seq ", S, ": ", e.what()));
         }

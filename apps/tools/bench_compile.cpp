@@ -17,9 +17,8 @@ void run_compile_bench(const CompileBenchOptions& opt, const std::function<void(
   for (int64_t layers : opt.layers) {
     Config cfg = opt.config;
     cfg.model.num_hidden_layers = layers;
-    const int sp = static_cast<int>(cfg.sequence_parallel.autosp_size);
-    const int world = opt.world > 0 ? opt.world : sp;
-    const RankLayout layout = rank_layout(world, 0, sp, static_cast<int>(cfg.sequence_parallel.ring_size));
+    const int64_t sp = cfg.sequence_parallel.autosp_size;
+    const RankLayout layout = rank_layout(opt.world > 0 ? opt.world : sp, 0, sp, cfg.sequence_parallel.ring_size);
     const Bindings bindings{{"B", 1}, {"S", cfg.data.seq_len}};
     std::vector<double> model, plan, total;
     std::vector<std::vector<double>> run, verify;  // [pass][build]
@@ -51,7 +50,7 @@ void run_compile_bench(const CompileBenchOptions& opt, const std::function<void(
       passes.push_back({{"name", names[i]}, {"run_s", median(run[i])}, {"verify_s", median(verify[i])}});
     nlohmann::json row = {{"layers", layers},       {"nodes", nodes},         {"model_s", median(model)},
                           {"passes", passes},       {"plan_s", median(plan)}, {"total_s", median(total)},
-                          {"world", world},         {"iters", opt.iters}};
+                          {"world", layout.world_size}, {"iters", opt.iters}};
     if (previous > 0) row["vs_previous"] = median(total) / previous;
     previous = median(total);
     emit(row);

@@ -6,14 +6,16 @@
 namespace autosp {
 namespace {
 
-// Times `call` and adds one call of `bytes` (0 on a group of one) to `s`.
-template <class F>
-void counted(CollectiveStats& s, int group_size, int64_t bytes, F&& call) {
-  const auto t0 = std::chrono::steady_clock::now();
-  call();
-  s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  s.calls += 1;
-  s.bytes += group_size > 1 ? bytes : 0;
+// The bytes one call moves on a group of `P` ranks (the table in counting.h); `bytes` is the
+// tensor's (CommCall::bytes).
+int64_t moved(CommCall::Kind kind, int64_t P, int64_t bytes) {
+  if (P <= 1) return 0;  // a group of one moves nothing
+  switch (kind) {
+    case CommCall::all_to_all:
+    case CommCall::reduce_scatter: return bytes / P * (P - 1);
+    case CommCall::all_gather: return bytes * (P - 1);
+    default: return bytes;  // all_reduce, broadcast, send_recv; barrier: 0
+  }
 }
 
 void add(CollectiveStats& into, const CollectiveStats& s) {
@@ -31,19 +33,36 @@ CollectiveStats CommStats::total() const {
 }
 
 CountingCommunicator::CountingCommunicator(Communicator& inner)
-    : inner_(&inner), stats_(std::make_shared<CommStats>()) {}
+    : ForwardingCommunicator(inner), stats_(std::make_shared<CommStats>()) {}
 
 CountingCommunicator::CountingCommunicator(std::unique_ptr<Communicator> inner)
     : CountingCommunicator(std::move(inner), std::make_shared<CommStats>()) {}
 
 CountingCommunicator::CountingCommunicator(std::unique_ptr<Communicator> owned, std::shared_ptr<CommStats> stats)
-    : owned_(std::move(owned)), inner_(owned_.get()), stats_(std::move(stats)) {
-  AUTOSP_ASSERT(inner_, "CountingCommunicator over no communicator");
+    : ForwardingCommunicator(std::move(owned)), stats_(std::move(stats)) {}
+
+CollectiveStats* CountingCommunicator::stats_of(CommCall::Kind kind) {
+  switch (kind) {
+    case CommCall::all_reduce: return &stats_->all_reduce;
+    case CommCall::all_to_all: return &stats_->all_to_all;
+    case CommCall::all_gather: return &stats_->all_gather;
+    case CommCall::reduce_scatter: return &stats_->reduce_scatter;
+    case CommCall::broadcast: return &stats_->broadcast;
+    case CommCall::send_recv: return &stats_->send_recv;
+    case CommCall::barrier: return &stats_->barrier;
+    case CommCall::split: return nullptr;
+  }
+  return nullptr;
 }
 
-void CountingCommunicator::all_reduce_sum(Tensor& t) {
-  const auto n = static_cast<int64_t>(t.nbytes());
-  counted(stats_->all_reduce, size(), n, [&] { inner_->all_reduce_sum(t); });
+void CountingCommunicator::around(const CommCall& c, const std::function<void()>& call) {
+  CollectiveStats* s = stats_of(c.kind);
+  if (!s) return call();
+  const auto t0 = std::chrono::steady_clock::now();
+  call();
+  s->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s->calls += 1;
+  s->bytes += moved(c.kind, size(), c.bytes);
 }
 
 namespace {
@@ -70,60 +89,13 @@ class CountedPending final : public PendingCollective {
 };
 }  // namespace
 
-std::unique_ptr<PendingCollective> CountingCommunicator::all_reduce_sum_async(Tensor& t) {
-  const auto n = static_cast<int64_t>(t.nbytes());
-  std::unique_ptr<PendingCollective> pending;
-  counted(stats_->all_reduce, size(), n, [&] { pending = inner_->all_reduce_sum_async(t); });
-  return std::make_unique<CountedPending>(std::move(pending), stats_->all_reduce);
+std::unique_ptr<PendingCollective> CountingCommunicator::started(const CommCall& c,
+                                                                 std::unique_ptr<PendingCollective> pending) {
+  return std::make_unique<CountedPending>(std::move(pending), *stats_of(c.kind));
 }
 
-void CountingCommunicator::broadcast(Tensor& t, int root) {
-  const auto n = static_cast<int64_t>(t.nbytes());
-  counted(stats_->broadcast, size(), n, [&] { inner_->broadcast(t, root); });
-}
-
-void CountingCommunicator::all_to_all(const Tensor& in, Tensor& out) {
-  const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
-  counted(stats_->all_to_all, size(), n / P * (P - 1), [&] { inner_->all_to_all(in, out); });
-}
-
-void CountingCommunicator::all_gather(const Tensor& in, Tensor& out) {
-  const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
-  counted(stats_->all_gather, size(), n * (P - 1), [&] { inner_->all_gather(in, out); });
-}
-
-std::unique_ptr<PendingCollective> CountingCommunicator::all_gather_async(const Tensor& in, Tensor& out) {
-  const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
-  std::unique_ptr<PendingCollective> pending;
-  counted(stats_->all_gather, size(), n * (P - 1), [&] { pending = inner_->all_gather_async(in, out); });
-  return std::make_unique<CountedPending>(std::move(pending), stats_->all_gather);
-}
-
-void CountingCommunicator::reduce_scatter_sum(const Tensor& in, Tensor& out) {
-  const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
-  counted(stats_->reduce_scatter, size(), n / P * (P - 1), [&] { inner_->reduce_scatter_sum(in, out); });
-}
-
-std::unique_ptr<PendingCollective> CountingCommunicator::reduce_scatter_sum_async(const Tensor& in, Tensor& out) {
-  const int64_t P = size(), n = static_cast<int64_t>(in.nbytes());
-  std::unique_ptr<PendingCollective> pending;
-  counted(stats_->reduce_scatter, size(), n / P * (P - 1), [&] { pending = inner_->reduce_scatter_sum_async(in, out); });
-  return std::make_unique<CountedPending>(std::move(pending), stats_->reduce_scatter);
-}
-
-std::unique_ptr<PendingCollective> CountingCommunicator::send_recv_async(const Tensor& send, int dest, Tensor& recv,
-                                                                      int src) {
-  const auto n = static_cast<int64_t>(send.nbytes());
-  std::unique_ptr<PendingCollective> pending;
-  counted(stats_->send_recv, size(), n, [&] { pending = inner_->send_recv_async(send, dest, recv, src); });
-  return std::make_unique<CountedPending>(std::move(pending), stats_->send_recv);
-}
-void CountingCommunicator::barrier() {
-  counted(stats_->barrier, size(), 0, [&] { inner_->barrier(); });
-}
-
-std::unique_ptr<Communicator> CountingCommunicator::split(int color, int key) {
-  return std::unique_ptr<Communicator>(new CountingCommunicator(inner_->split(color, key), stats_));
+std::unique_ptr<Communicator> CountingCommunicator::wrap(std::unique_ptr<Communicator> group) {
+  return std::unique_ptr<Communicator>(new CountingCommunicator(std::move(group), stats_));
 }
 
 }  // namespace autosp

@@ -1,5 +1,5 @@
 // Communication accounting: CountingCommunicator forwards every collective to an inner
-// Communicator and records, per kind of collective, the number of calls, the bytes moved and the
+// Communicator (comm/forwarding.h) and records, per kind of collective, the number of calls, the bytes moved and the
 // wall time spent inside the call. split() returns counting children that add into the same
 // totals, so wrapping the world communicator handed to train() also counts the sp/dp groups the
 // trainer's mesh splits off it. Used by autosp-bench and the communication-volume tests.
@@ -21,11 +21,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
+#include <functional>
 #include <memory>
-#include <string>
 
-#include "comm/communicator.h"
+#include "comm/forwarding.h"
 
 namespace autosp {
 
@@ -41,7 +40,7 @@ struct CommStats {
   CollectiveStats total() const;
 };
 
-class CountingCommunicator final : public Communicator {
+class CountingCommunicator final : public ForwardingCommunicator {
  public:
   // Wraps `inner` without owning it (it must outlive this object and its children).
   explicit CountingCommunicator(Communicator& inner);
@@ -52,35 +51,18 @@ class CountingCommunicator final : public Communicator {
   const CommStats& stats() const { return *stats_; }
   void reset_stats() { *stats_ = CommStats{}; }
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string backend() const override { return inner_->backend(); }
-  void all_reduce_sum(Tensor& t) override;
-  // Counted when started; its time is what the caller spends inside the start, test() and wait()
-  // calls (the exposed part: reduction that ran behind compute costs nothing here).
-  std::unique_ptr<PendingCollective> all_reduce_sum_async(Tensor& t) override;
-  void broadcast(Tensor& t, int root) override;
-  void all_to_all(const Tensor& in, Tensor& out) override;
-  void all_gather(const Tensor& in, Tensor& out) override;
-  // Counted when started, timed like all_reduce_sum_async.
-  std::unique_ptr<PendingCollective> all_gather_async(const Tensor& in, Tensor& out) override;
-  void reduce_scatter_sum(const Tensor& in, Tensor& out) override;
-  // Counted when started, timed like all_reduce_sum_async.
-  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const Tensor& in, Tensor& out) override;
-  // Counted when started, timed like all_reduce_sum_async.
-  std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override;
-  void barrier() override;
-  std::unique_ptr<Communicator> split(int color, int key) override;
-  [[noreturn]] void abort(const std::string& message, int exit_code) override {
-    inner_->abort(message, exit_code);
-    std::abort();  // not reached (inner_'s abort does not return either), for the compiler's sake
-  }
-
  private:
   CountingCommunicator(std::unique_ptr<Communicator> owned, std::shared_ptr<CommStats> stats);
 
-  std::unique_ptr<Communicator> owned_;
-  Communicator* inner_;
+  // Times the call and counts it with its bytes (split is not counted). A non-blocking call is
+  // counted when started; its time is what the caller spends inside the start, test() and wait()
+  // calls (the exposed part: communication that ran behind compute costs nothing here).
+  void around(const CommCall& c, const std::function<void()>& call) override;
+  std::unique_ptr<PendingCollective> started(const CommCall& c, std::unique_ptr<PendingCollective> pending) override;
+  // A counting group that adds into the same totals.
+  std::unique_ptr<Communicator> wrap(std::unique_ptr<Communicator> group) override;
+  CollectiveStats* stats_of(CommCall::Kind kind);  // null for split
+
   std::shared_ptr<CommStats> stats_;
 };
 

@@ -11,7 +11,7 @@ void JobComms::synchronize_device() {
   if (nccl) nccl->synchronize();
 }
 
-std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int sp, int ring) {
+std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int64_t sp, int64_t ring) {
   auto c = std::make_unique<JobComms>();
   // Thread ranks (comm/threads.h) move device tensors themselves: NCCL would refuse several ranks
   // on one GPU anyway.

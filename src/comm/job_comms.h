@@ -44,6 +44,6 @@ struct JobComms {
 
 // `device`: where this rank computes (its CUDA device is already the current one). A CUDA job of
 // several ranks in a build without NCCL is a UsageError; a malformed AUTOSP_COLLECTIVE_TIMEOUT too.
-std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int sp, int ring = 1);
+std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int64_t sp, int64_t ring = 1);
 
 }  // namespace autosp

@@ -6,6 +6,7 @@
 // takes one to make the passes' context. Knows nothing of graphs.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "comm/communicator.h"
@@ -24,9 +25,11 @@ struct RankLayout {
   int64_t seq_multiple() const { return ring > 1 ? 2 * int64_t{sp} : sp; }
 };
 
-// A rank outside the world, an sp that does not divide the world size, or a ring that does not
-// divide sp is a UsageError.
-RankLayout rank_layout(int world_size, int world_rank, int sp, int ring = 1);
+// The sizes come as the config and the command line hold them (int64_t: sequence_parallel.autosp_size
+// and ring_size as they are) and the layout hands them out as int, so no caller converts. A rank
+// outside the world, a world of more ranks than an int holds, an sp that does not divide the world
+// size, or a ring that does not divide sp is a UsageError.
+RankLayout rank_layout(int64_t world_size, int64_t world_rank, int64_t sp, int64_t ring = 1);
 
 // The layout of `world`'s rank, with its groups (split off `world`, a collective call on every rank).
 struct ProcessMesh : RankLayout {
@@ -37,6 +40,6 @@ struct ProcessMesh : RankLayout {
   // The executor's groups: "world" (`world`), "sp", "dp" and, with a ring, "ulysses" and "ring".
   CommGroups groups(Communicator& world) const;
 };
-ProcessMesh make_mesh(Communicator& world, int sp, int ring = 1);
+ProcessMesh make_mesh(Communicator& world, int64_t sp, int64_t ring = 1);
 
 }  // namespace autosp

@@ -21,7 +21,8 @@ namespace autosp {
 namespace {
 
 // What every pass of the rank's program reads: where the rank sits, and from the config the ZeRO
-// mode and the fusion and checkpointing settings.
+// mode (decided here, once per program; program_passes reads it from the context) and the fusion
+// and checkpointing settings.
 PassContext pass_context(const Config& cfg, const RankLayout& layout) {
   PassContext ctx;
   ctx.sp_size = layout.sp;
@@ -36,17 +37,19 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout) {
   return ctx;
 }
 
-}  // namespace
+// One pass of a rank's program and the stage it belongs to.
+struct ProgramPass {
+  Pass pass;
+  Stage stage;
+};
 
-DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
-
-std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const RankLayout& layout) {
+// The passes of the program whose passes read `ctx` (program.h lists them).
+std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const PassContext& ctx) {
   std::vector<ProgramPass> out;
   if (dtype == DType::bf16) out.push_back({{"mixed_precision", passes::mixed_precision, true}, Stage::forward});
-  if (layout.world_size > 1)
+  if (ctx.world_size > 1)
     for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::rank_forward});
-  const bool zero3 = zero_mode(cfg.zero_optimization, layout.world_size) == ZeroMode::sharded_parameters;
-  if (zero3) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::rank_forward});
+  if (ctx.shard_parameters) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::rank_forward});
   if (cfg.train.gradient_accumulation_steps > 1)
     out.push_back({{"feed_target_count", passes::feed_target_count, true}, Stage::joint});
   if (cfg.runtime.fuse_kernels) out.push_back({{"fuse_elementwise", passes::fuse_elementwise, true}, Stage::joint});
@@ -55,21 +58,19 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Ra
     out.push_back({{"concat_slice_grads", passes::concat_slice_grads, true}, Stage::joint});
   if (cfg.runtime.activation_checkpointing)
     out.push_back({{"checkpoint_activations", passes::checkpoint_activations, true}, Stage::joint});
-  if (zero3) out.push_back({{"regather_parameters", passes::regather_parameters, true}, Stage::joint});
+  if (ctx.shard_parameters) out.push_back({{"regather_parameters", passes::regather_parameters, true}, Stage::joint});
   out.push_back({{"canonicalize", passes::canonicalize, true}, Stage::joint});
   return out;
 }
 
-namespace {
-
-RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const RankLayout& layout) {
+RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx) {
   RankProgram p;
   const auto t0 = std::chrono::steady_clock::now();
   p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train,
                           {.document_mask = cfg.data.document_mask, .tiled_mlp = cfg.runtime.tiled_mlp,
                            .tiled_loss = cfg.runtime.tiled_loss});
   p.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  run_pipeline(*p.graph, passes, pass_context(cfg, layout), &p.pass_times);
+  run_pipeline(*p.graph, passes, ctx, &p.pass_times);
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
   // Gradients are the graph's Role::gradient outputs, in the order of the parameters (autograd).
   std::vector<Node*> grads;
@@ -97,23 +98,26 @@ std::string_view stage_name(Stage s) {
 
 }  // namespace
 
+DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
+
 RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const RankLayout& layout) {
+  const PassContext ctx = pass_context(cfg, layout);
   std::vector<Pass> passes;
-  for (const ProgramPass& p : program_passes(cfg, dtype, layout))
+  for (const ProgramPass& p : program_passes(cfg, dtype, ctx))
     if (p.stage <= stage) passes.push_back(p.pass);
-  return run_program(cfg, dtype, passes, layout);
+  return run_program(cfg, dtype, passes, ctx);
 }
 
 RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const RankLayout& layout) {
   if (stop_after == "autosp") return build_program(cfg, dtype, Stage::rank_forward, layout);  // the older name
   for (Stage s : {Stage::forward, Stage::rank_forward, Stage::joint})
     if (stop_after == stage_name(s)) return build_program(cfg, dtype, s, layout);
-  const std::vector<ProgramPass> all = program_passes(cfg, dtype, layout);
+  const PassContext ctx = pass_context(cfg, layout);
   std::vector<Pass> passes;
   std::string names;
-  for (const ProgramPass& p : all) {
+  for (const ProgramPass& p : program_passes(cfg, dtype, ctx)) {
     passes.push_back(p.pass);
-    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, layout);
+    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, ctx);
     names += (names.empty() ? "" : ", ") + std::string(p.pass.name);
   }
   throw UsageError(str("--stage '", stop_after, "': expected forward, rank_forward (or autosp), joint or a pass ",

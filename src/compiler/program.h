@@ -24,12 +24,6 @@ namespace autosp {
 // plain forward, which validation runs too); or the whole joint forward + backward.
 enum class Stage { forward, rank_forward, joint };
 
-// One pass of a rank's program and the stage it belongs to.
-struct ProgramPass {
-  Pass pass;
-  Stage stage;
-};
-
 struct RankProgram {
   std::unique_ptr<Graph> graph;
   std::vector<std::string> param_names, grad_names;  // parallel lists (joint stage)
@@ -44,7 +38,8 @@ struct RankProgram {
 // weights for a run dtype: f32 master weights for a bf16 run, else the run dtype itself.
 DType master_dtype(DType run);
 
-// The passes of a rank's program, in order, each `PassResult run(Graph&, const PassContext&)`:
+// The passes of a rank's program (program.cpp: program_passes), in order, each
+// `PassResult run(Graph&, const PassContext&)`:
 //   forward  mixed_precision (bf16 runs: before AutoSP, which shards whatever dtype flows, and
 //            autograd, which differentiates the casts so f32 parameters get f32 gradients)
 //   rank_forward  the AutoSP pipeline (graph/passes/autosp/autosp.h; worlds of more than one
@@ -55,9 +50,10 @@ DType master_dtype(DType run);
 //            ops, and before autograd, so the backward comes from the fused ops' vjps),
 //            autograd, checkpoint_activations (runtime.activation_checkpointing),
 //            regather_parameters (ZeRO-3: after every pass that places uses), canonicalize
-std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const RankLayout& layout = {});
-
-// The model built in master_dtype(dtype), then every pass of program_passes up to `stage`, through
+// The list and the one PassContext every pass reads are made once per program from the config
+// and the layout; the ZeRO mode (config/config.h zero_mode) is decided there, once.
+//
+// The model built in master_dtype(dtype), then every pass of the program up to `stage`, through
 // one run_pipeline (the verifier after each pass; an error says "in pass X after [...]"), for the
 // rank `layout` places (comm/mesh.h: rank_layout(W, r, cfg.sequence_parallel.autosp_size), or the
 // trainer's ProcessMesh; the default is a world of one rank). AutoSP shards for the layout's sp.

@@ -93,11 +93,6 @@ class Arena {
   size_t top_ = 0;
 };
 
-bool is_collective(Op op) {
-  return op == Op::all_gather || op == Op::reduce_scatter || op == Op::all_to_all || op == Op::all_reduce ||
-         op == Op::ring_attention || op == Op::ring_attention_backward;
-}
-
 }  // namespace
 
 std::vector<size_t> background_until(const Graph& g) {
@@ -110,7 +105,7 @@ std::vector<size_t> background_until(const Graph& g) {
     else if (n.op() == Op::all_gather && !n.users().empty()) until[i] = g.size();
     if (until[i] != i)  // and at the latest by its first reader
       for (const Node* u : n.users()) until[i] = std::min(until[i], g.position(u));
-    if (is_collective(n.op())) next_collective = i;
+    if (op_info(n.op()).collective) next_collective = i;
   }
   return until;
 }

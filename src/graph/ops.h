@@ -1,7 +1,8 @@
 // The op table: one row per op, and every property of an op is a column of its row: name, arity,
 // required attributes, shape rule, extra outputs, vjp rule, its locality along the sequence
-// (AutoSP's shard_seq_dim), whether its kernel may write over its input (the memory planner),
-// and how it treats element values (the CPU's bf16 emulation). static_asserts keep it complete.
+// (AutoSP's shard_seq_dim), whether it communicates (DCE, the memory planner), whether its kernel
+// may write over its input (the memory planner), and how it treats element values (the CPU's bf16
+// emulation). static_asserts keep it complete.
 // Knows nothing of kernels or devices.
 //
 // A new op touches (docs/architecture.md counts them for silu: 11 source files, 2 test files):
@@ -113,7 +114,10 @@ struct OpInfo {
   VjpFn vjp = nullptr;         // backward rule (builds IR); nullptr: not differentiable
   SeqFn seq = nullptr;         // locality along the sequence; nullptr: AutoSP rejects the op on the sequence path
   bool backward_only = false;  // made by vjp rules only; never differentiated again
-  bool side_effects = false;   // kept by DCE even when unused (collectives, optimizer updates)
+  // Communicates over the process group its "group" attribute names (the executor hands it that
+  // group's communicator): DCE keeps it even when unused, since its effect is on the other ranks,
+  // and the memory planner ends a background collective before the next one (background_until).
+  bool collective = false;
   // The vjp also takes gradients of the extra outputs (VjpContext::output_grads); for other
   // multi-output ops an extra output on the loss path is an autograd error.
   bool differentiable_extras = false;

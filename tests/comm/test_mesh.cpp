@@ -2,6 +2,8 @@
 // computation the process mesh and the program builder's passes' context share, and its errors.
 #include <catch2/catch.hpp>
 
+#include <vector>
+
 #include "comm/mesh.h"
 #include "config/config.h"
 #include "compiler/program.h"
@@ -36,6 +38,23 @@ TEST_CASE("rank_layout: a world sp does not divide, or a rank outside it, is a u
   CHECK_THROWS_WITH(rank_layout(2, 2, 1), "rank 2 is outside a world of 2");
   CHECK_THROWS_AS(rank_layout(2, -1, 1), UsageError);
   CHECK_THROWS_AS(rank_layout(0, 0, 1), UsageError);
+}
+
+TEST_CASE("rank_layout: takes the config's int64 sizes and checks them before handing out ints", "[comm]") {
+  // What a cast to int would have made 2 (2^32 + 2) is named as it is.
+  const int64_t wraps_to_2 = (int64_t{1} << 32) + 2;
+  CHECK_THROWS_WITH(rank_layout(4, 0, wraps_to_2),
+                    "sequence_parallel.autosp_size 4294967298 does not divide the world size 4 (world = dp x sp)");
+  CHECK_THROWS_WITH(rank_layout(4, 0, 2, wraps_to_2),
+                    "sequence_parallel.ring_size 4294967298 does not divide sequence_parallel.autosp_size 2");
+  CHECK_THROWS_WITH(rank_layout(wraps_to_2, 0, 1), "a world of 4294967298 ranks: at most 2147483647");
+  Config cfg;
+  cfg.sequence_parallel.autosp_size = 4;
+  cfg.sequence_parallel.ring_size = 2;
+  const RankLayout l = rank_layout(8, 5, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
+  // sp, dp, ring, ulysses and rank 5's place in each: sp_rank 1, dp_rank 1, ring_rank 0, ulysses_rank 1.
+  CHECK(std::vector<int>{l.sp, l.dp, l.ring, l.ulysses} == std::vector<int>{4, 2, 2, 2});
+  CHECK(std::vector<int>{l.sp_rank, l.dp_rank, l.ring_rank, l.ulysses_rank} == std::vector<int>{1, 1, 0, 1});
 }
 
 // The program builder makes the passes' context from the layout it is given: rank r's program

@@ -128,8 +128,7 @@ inline LossAndGrads run_reference(const Config& cfg_p1, const Batch& batch, cons
 // The SP program of rank w.rank() of `w` (autosp_size = cfg's), on this rank's batch.
 inline LossAndGrads run_sp_on(Communicator& w, const Config& cfg, const Batch& batch, const ParamMap& params,
                               DType dt = DType::f32) {
-  ProcessMesh mesh = make_mesh(w, static_cast<int>(cfg.sequence_parallel.autosp_size),
-                               static_cast<int>(cfg.sequence_parallel.ring_size));
+  ProcessMesh mesh = make_mesh(w, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
   const CommGroups groups = mesh.groups(w);
   return run_joint(cfg, mesh, batch, params, groups, w, dt);
 }

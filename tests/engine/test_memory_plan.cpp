@@ -9,9 +9,11 @@
 
 #include "common/op_cases.h"
 #include "graph/autograd.h"
+#include "graph/builder.h"
 #include "models/model.h"
 #include "engine/dispatch.h"
 #include "engine/executor.h"
+#include "engine/memory_plan.h"
 
 using namespace autosp;
 
@@ -199,4 +201,32 @@ TEST_CASE("the plan places the CPU attention backward's workspace in the arena, 
   // A CPU run plans for the CPU (the arena holds the workspaces).
   Executor ex(*g);
   CHECK(ex.run(model_feeds(m, 1, 256)).planned_bytes == cpu_plan.arena_bytes);
+}
+
+TEST_CASE("a background reduce_scatter ends at the next collective of any kind, or its first reader", "[memory]") {
+  // background_until reads the op table's `collective` column: each collective op after the
+  // reduce_scatter ends its background run there.
+  for (const bool ring : {false, true}) {
+    Graph g;
+    Builder b(g);
+    Node* grad = b.input("grad", DType::f32, {Dim(8)}, Role::none);
+    Node* x = b.input("x", DType::f32, {Dim(1), Dim(2), Dim(4), Dim(8)}, Role::none);
+    Node* shard = b.reduce_scatter(grad, "world", 2);
+    Node* y = b.neg(x);
+    Node* next = ring ? b.ring_attention(y, y, y, true, 0.5, "ring", 2) : b.all_reduce(y, "world");
+    Node* z = b.neg(shard);
+    g.add_output(next);
+    g.add_output(z);
+    INFO(next->op_name());
+    const std::vector<size_t> until = background_until(g);
+    CHECK(until[g.position(shard)] == g.position(next));
+    CHECK(until[g.position(y)] == g.position(y));
+  }
+  // With no collective after it, its first reader.
+  Graph g;
+  Builder b(g);
+  Node* shard = b.reduce_scatter(b.input("grad", DType::f32, {Dim(8)}, Role::none), "world", 2);
+  Node* z = b.neg(b.neg(shard));
+  g.add_output(z);
+  CHECK(background_until(g)[g.position(shard)] == g.position(z->input(0)));
 }

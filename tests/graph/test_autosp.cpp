@@ -194,7 +194,7 @@ TEST_CASE("AutoSP stops early with a clear error", "[autosp][errors]") {
   }
   SECTION("a world the SP size does not divide") {
     Config cfg = parse_config(nlohmann::json::parse(R"({"sequence_parallel": {"autosp_size": 4}})"));
-    CHECK_THROWS_WITH(rank_layout(6, 0, static_cast<int>(cfg.sequence_parallel.autosp_size)),
+    CHECK_THROWS_WITH(rank_layout(6, 0, cfg.sequence_parallel.autosp_size),
                       Catch::Contains("autosp_size 4 does not divide the world size 6"));
   }
   SECTION("inputs without a symbolic sequence") {

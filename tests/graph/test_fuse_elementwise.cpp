@@ -203,12 +203,12 @@ TEST_CASE("fusion runs after AutoSP: a sequence-parallel rank's program builds a
     Config cfg = tiny(arch, 2, true);
     cfg.sequence_parallel.autosp_size = 2;
     RankProgram p = build_program(cfg, DType::f32, Stage::joint,
-                                  rank_layout(2, 1, static_cast<int>(cfg.sequence_parallel.autosp_size)));
+                                  rank_layout(2, 1, cfg.sequence_parallel.autosp_size));
     verify(*p.graph);
     CHECK(count(*p.graph, Op::all_to_all) > 0);
     CHECK(count(*p.graph, arch == "gpt2" ? Op::add_layernorm : Op::add_rmsnorm) == (arch == "gpt2" ? 5u : 4u));
     RankProgram q = build_program(cfg, DType::bf16, Stage::joint,
-                                  rank_layout(2, 0, static_cast<int>(cfg.sequence_parallel.autosp_size)));
+                                  rank_layout(2, 0, cfg.sequence_parallel.autosp_size));
     CHECK(count(*q.graph, arch == "gpt2" ? Op::add_layernorm : Op::add_rmsnorm) == (arch == "gpt2" ? 5u : 4u));
   }
 }

@@ -87,7 +87,7 @@ TEST_CASE("bf16 graphs: f32 parameters cast once, bf16 activations, the loss pat
       Config sp = cfg;
       sp.sequence_parallel.autosp_size = 2;
       RankProgram q = build_program(sp, DType::bf16, Stage::joint,
-                                    rank_layout(2, 1, static_cast<int>(sp.sequence_parallel.autosp_size)));
+                                    rank_layout(2, 1, sp.sequence_parallel.autosp_size));
       int a2a = 0, ar = 0;
       for (const auto& n : q.graph->nodes()) {
         if (n->op() == Op::all_to_all) a2a += n->dtype() == DType::bf16 ? 1 : -1000;

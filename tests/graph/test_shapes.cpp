@@ -1,4 +1,5 @@
 // Shape rules of the op table, with symbolic dims, and the errors they give.
+#include <algorithm>
 #include <set>
 
 #include <catch2/catch.hpp>
@@ -27,6 +28,23 @@ TEST_CASE("every op has a complete row with a unique name", "[ops]") {
     CHECK(op_info(op).infer != nullptr);
     CHECK(names.insert(op_name(op)).second);  // printed and parsed (json) by name
   }
+}
+
+TEST_CASE("the collective ops are exactly those that name a process group", "[ops]") {
+  // The executor hands a node the communicator its "group" attribute names; the `collective`
+  // column (DCE keeps the node, the memory planner orders background collectives by it) must say
+  // the same of every op.
+  std::vector<std::string_view> collectives;
+  for (size_t i = 0; i < kNumOps; ++i) {
+    const Op op = static_cast<Op>(i);
+    const auto& attrs = op_required_attrs(op);
+    const bool names_group = std::find(attrs.begin(), attrs.end(), "group") != attrs.end();
+    INFO(op_name(op));
+    CHECK(op_info(op).collective == names_group);
+    if (op_info(op).collective) collectives.push_back(op_name(op));
+  }
+  CHECK(collectives == std::vector<std::string_view>{"all_to_all", "all_reduce", "all_gather", "reduce_scatter",
+                                                     "ring_attention", "ring_attention_backward"});
 }
 
 TEST_CASE("matmul shape rules", "[ops]") {

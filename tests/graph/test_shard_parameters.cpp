@@ -39,7 +39,7 @@ Config zero3_config(const std::string& arch, int64_t layers, int64_t sp, int64_t
 
 RankProgram joint(const Config& cfg, int world, int rank) {
   return build_program(cfg, cfg.runtime.dtype, Stage::joint,
-                       rank_layout(world, rank, static_cast<int>(cfg.sequence_parallel.autosp_size)));
+                       rank_layout(world, rank, cfg.sequence_parallel.autosp_size));
 }
 
 // The layer a node belongs to by its name ("h3.qkv", "d.l1.attn", "l2.mlp.re"), or -1.

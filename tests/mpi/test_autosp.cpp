@@ -158,7 +158,7 @@ TEST_CASE("autosp: each rank slices its own block of the sequence", "[autosp]") 
   Communicator& w = test_world();
   const int64_t P = w.size(), r = w.rank();
   const Config cfg = make_config(kLlamaGqa, P);
-  const RankLayout layout = rank_layout(w.size(), w.rank(), static_cast<int>(cfg.sequence_parallel.autosp_size));
+  const RankLayout layout = rank_layout(w.size(), w.rank(), cfg.sequence_parallel.autosp_size);
   RankProgram prog = build_program(cfg, DType::f32, Stage::rank_forward, layout);
   // k·(S//P) as printed: "0", "S//P", "k*(S//P)".
   auto block = [&](int64_t k) {

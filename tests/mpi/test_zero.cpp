@@ -445,8 +445,7 @@ TEST_CASE("zero: stage 3 holds 1/W of the parameters, and whole ones for at most
 
     // The whole parameters the stage-3 program holds at once: each gather (and its bf16 cast) is
     // live from where it runs to its last reader.
-    const RankLayout layout =
-        rank_layout(static_cast<int>(W), w.rank(), static_cast<int>(c3.sequence_parallel.autosp_size));
+    const RankLayout layout = rank_layout(W, w.rank(), c3.sequence_parallel.autosp_size);
     const RankProgram prog = build_program(c3, DType::f32, Stage::joint, layout);
     const Graph& g = *prog.graph;
     std::vector<int64_t> live(g.size() + 1, 0);

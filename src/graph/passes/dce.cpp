@@ -13,7 +13,7 @@ size_t eliminate_dead_code(Graph& g) {
   for (size_t i = order.size(); i-- > 0;) {
     Node* n = order[i];
     if (!n->users().empty() || g.is_output(n) || n->op() == Op::input || n->op() == Op::parameter) continue;
-    if (op_info(n->op()).side_effects) continue;
+    if (op_info(n->op()).collective) continue;  // every rank of its group takes part
     g.erase(n);
     ++erased;
   }

@@ -1,5 +1,6 @@
 // Dead-code elimination: a reverse sweep that erases every node nobody uses, except graph outputs,
-// leaves (inputs and parameters are the graph's interface) and side-effecting ops.
+// leaves (inputs and parameters are the graph's interface) and collectives (the op table's
+// `collective` column: their effect is on the other ranks of the group).
 #pragma once
 
 #include "graph/ir.h"

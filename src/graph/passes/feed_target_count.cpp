@@ -14,8 +14,8 @@ bool is_target_count(const Node* n) {
   return n->op() == Op::count_valid;
 }
 
-// Erases `n` and then each of its inputs that nothing else uses (an all-reduce is side-effecting,
-// so DCE would keep the orphaned count's collective).
+// Erases `n` and then each of its inputs that nothing else uses (DCE keeps every collective, so it
+// would keep the orphaned count's all-reduce).
 void erase_chain(Graph& g, Node* n) {
   while (n && n->users().empty() && !g.is_output(n)) {
     Node* next = n->inputs().empty() ? nullptr : n->input(0);
