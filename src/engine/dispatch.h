@@ -10,8 +10,8 @@
 #include <span>
 
 #include "comm/communicator.h"
-#include "config/attention_backend.h"
 #include "graph/ir.h"
+#include "kernels/attention_backend.h"
 #include "tensor/tensor.h"
 
 namespace autosp {

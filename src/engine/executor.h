@@ -13,9 +13,9 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "config/attention_backend.h"
 #include "graph/ir.h"
 #include "engine/memory_plan.h"
+#include "kernels/attention_backend.h"
 #include "tensor/tensor.h"
 
 namespace autosp {
