@@ -366,7 +366,7 @@ Tensor rope(const KernelCall& c) {
     Tensor y = out_like(c, x.dtype());
     auto kernel = kBackward ? cuda::rope_backward<T> : cuda::rope_forward<T>;
     kernel(ptr<T>(x), ptr<int64_t>(pos), ptr<T>(y), x.dim(0), x.dim(1), x.dim(2), x.dim(3), c.node.attrs().f("theta"),
-           stream(c), rope_scaling_of(c.node));
+           rope_scaling_of(c.node), stream(c));
     return y;
   });
 }
