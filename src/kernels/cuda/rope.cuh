@@ -1,6 +1,6 @@
 // CUDA rotary position embedding, rotate-half form (Hugging Face Llama), forward and backward.
 // The same operations and argument order as kernels/cpu/rope.h, over device pointers, enqueued on
-// `stream`, the last argument (the engine's shared launcher appends it: engine/launchers.inc).
+// `stream`, the last argument (the engine's shared launcher appends it: engine/launchers.inc.h).
 // Knows nothing of graphs.
 //
 // x, y [B, N, S, D] contiguous (D even, ≤ 256), position_ids [B, S] int64 (device).
