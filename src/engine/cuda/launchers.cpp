@@ -4,7 +4,7 @@
 // then the launchers whose work differs on CUDA (cuDNN's sdpa, the device scalars of the losses,
 // the tiled MLP and loss's chunk scratch, concat's 2-D copies, the collectives of a group of one).
 // Every kernel is enqueued on the compute stream of the tensors' device (device/cuda/device.h);
-// nothing synchronises with the host. Compiled only in CUDA builds.
+// nothing synchronises with the host. Compiled only in CUDA builds; knows nothing of the CPU kernels.
 //
 // Dtypes: f32 and bf16 everywhere, f64 where the kernel has it (not attention); any other is a
 // UsageError naming the op and the dtype. Scalars a bf16 op produces (loss, token count, the
