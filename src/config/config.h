@@ -4,7 +4,8 @@
 // here (model.arch → Arch, data.source → DataSourceKind, runtime.device → DeviceKind,
 // runtime.dtype → DType, runtime.attention → AttentionBackend, train.lr_schedule → LrSchedule), so code that uses the config
 // switches over them and never re-validates. The model section is models/model_config.h (what the
-// builders read); the rest is here. Knows nothing of graphs or kernels.
+// builders read); the rest is here. Knows nothing of graphs; of kernels only the neutral
+// attention-backend enum (kernels/attention_backend.h).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/attention_backend.h"
+#include "kernels/attention_backend.h"
 #include "models/model_config.h"
 #include "tensor/allocator.h"
 #include "tensor/dtype.h"

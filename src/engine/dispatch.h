@@ -1,17 +1,18 @@
-// The kernel dispatch table: one row per op (same enum as the op table in src/graph) with a CPU
-// launcher and a CUDA launcher (both declared in engine/launchers.h). A launcher turns
-// tensors into the raw pointers and sizes of a kernel in src/kernels/{cpu,cuda}. An op without a
-// CUDA kernel has an explicit entry that throws "<op> has no CUDA kernel". static_asserts keep the
-// table complete (engine/dispatch.cpp). This header is also the launchers' interface: KernelCall
-// and the helpers both devices share (engine/launch.cpp).
+// Kernel dispatch: a node runs through its op's launcher on the device of its inputs. Each op has
+// one launcher, written once (engine/launchers.inc.h, compiled for the CPU by engine/cpu/launchers.cpp
+// and for CUDA by engine/cuda/launchers.cpp, each with its row per op in a launcher table that
+// static_asserts keep complete); a launcher turns tensors into the raw pointers and sizes of a
+// kernel in src/kernels/{cpu,cuda}. An op a device has no kernel for gets an explicit launcher
+// there that throws "<op> has no CUDA kernel". This header is also the launchers' interface:
+// KernelCall and the helpers both devices share (engine/launch.cpp).
 #pragma once
 
 #include <functional>
 #include <span>
 
 #include "comm/communicator.h"
-#include "config/attention_backend.h"
 #include "graph/ir.h"
+#include "kernels/attention_backend.h"
 #include "tensor/tensor.h"
 
 namespace autosp {
@@ -30,8 +31,8 @@ struct KernelCall {
   // Where a collective that may run in the background (all_gather) leaves its handle, when the
   // executor asks for that (else null: the launcher waits). The output is valid once it finished.
   std::unique_ptr<PendingCollective>* pending = nullptr;
-  // Scratch the memory plan placed for the kernel (KernelRow::cpu_workspace bytes, valid for this
-  // call only), or undefined: the kernel allocates its own.
+  // Scratch the memory plan placed for the kernel (workspace_bytes below, valid for this call
+  // only), or undefined: the kernel allocates its own.
   Tensor workspace = {};
 };
 
@@ -115,19 +116,13 @@ void staged_reduce_scatter(const KernelCall& c, Communicator& comm, const Scatte
 // left in the background keeps it until it has finished).
 using WorkspaceFn = size_t (*)(const Node&, const Bindings&);
 
-struct KernelRow {
-  Op op;
-  KernelFn cpu;
-  KernelFn cuda;
-  WorkspaceFn cpu_workspace = nullptr;
-  WorkspaceFn cuda_workspace = nullptr;
-};
-
 // Run `call.node` on the device of its inputs. Leaves (input, parameter) and `output` (which reads
 // an extra output kept by the executor) are not dispatched.
 Tensor dispatch(const KernelCall& call, DeviceKind device);
 
-// The scratch `node` wants on `device` at bindings `b` (the row's cpu_workspace or cuda_workspace).
+// The scratch `node` wants on `device` at bindings `b` (engine/dispatch.cpp: the few ops that want
+// one, per device; 0 for the others). Known in every build, so a build without CUDA plans a CUDA
+// run's memory too.
 size_t workspace_bytes(const Node& node, const Bindings& b, DeviceKind device);
 
 }  // namespace autosp

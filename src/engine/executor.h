@@ -1,9 +1,9 @@
 // The executor: binds the graph's symbols (B, S, ...) to the sizes of the fed tensors, checks the
 // graph's assumptions (a violated one is a UsageError naming it), then runs the nodes in order
-// through the kernel dispatch table, freeing each intermediate after its last use. It runs on the
-// device the fed tensors are on (all on one): intermediates and the memory-plan arena come from that
-// device's allocator, whose peak during the run it reports. Joins src/graph and src/kernels; holds
-// no model knowledge.
+// through kernel dispatch (each op's launcher, engine/dispatch.h), freeing each intermediate after
+// its last use. It runs on the device the fed tensors are on (all on one): intermediates and the
+// memory-plan arena come from that device's allocator, whose peak during the run it reports.
+// Joins src/graph and src/kernels; holds no model knowledge.
 #pragma once
 
 #include <functional>
@@ -13,9 +13,9 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "config/attention_backend.h"
 #include "graph/ir.h"
 #include "engine/memory_plan.h"
+#include "kernels/attention_backend.h"
 #include "tensor/tensor.h"
 
 namespace autosp {

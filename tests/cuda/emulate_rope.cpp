@@ -20,10 +20,10 @@ TEMPLATE_TEST_CASE("emulated rope launchers match the CPU", "[cuda-emulation][ro
   std::vector<T> y(xs.size());
   std::vector<H> r(xs.size());
   cpu::rope_forward<H>(x.data(), pos.data(), r.data(), B, N, S, D, 10000.0);
-  cuda::rope_forward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 10000.0, nullptr);
+  cuda::rope_forward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 10000.0, {}, nullptr);
   check_against<T>(from_storage(y), r);
   cpu::rope_backward<H>(x.data(), pos.data(), r.data(), B, N, S, D, 10000.0);
-  cuda::rope_backward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 10000.0, nullptr);
+  cuda::rope_backward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 10000.0, {}, nullptr);
   check_against<T>(from_storage(y), r);
 }
 
@@ -41,9 +41,9 @@ TEMPLATE_TEST_CASE("emulated rope launchers with yarn scaling match the CPU", "[
   std::vector<T> y(xs.size());
   std::vector<H> r(xs.size());
   cpu::rope_forward<H>(x.data(), pos.data(), r.data(), B, N, S, D, 100.0, yarn);
-  cuda::rope_forward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 100.0, nullptr, yarn);
+  cuda::rope_forward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 100.0, yarn, nullptr);
   check_against<T>(from_storage(y), r);
   cpu::rope_backward<H>(x.data(), pos.data(), r.data(), B, N, S, D, 100.0, yarn);
-  cuda::rope_backward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 100.0, nullptr, yarn);
+  cuda::rope_backward<T>(xs.data(), pos.data(), y.data(), B, N, S, D, 100.0, yarn, nullptr);
   check_against<T>(from_storage(y), r);
 }

@@ -28,10 +28,10 @@ TEMPLATE_TEST_CASE("cuda rope matches the CPU", "[cuda][rope]", float, double, c
     Dev<int64_t> dpos(pos);
     std::vector<H> y(static_cast<size_t>(n));
     cpu::rope_forward<H>(x.data(), pos.data(), y.data(), c.B, c.N, c.S, c.D, c.theta);
-    cuda::rope_forward<T>(dx.get(), dpos.get(), dy.get(), c.B, c.N, c.S, c.D, c.theta, nullptr);
+    cuda::rope_forward<T>(dx.get(), dpos.get(), dy.get(), c.B, c.N, c.S, c.D, c.theta, {}, nullptr);
     check_against<T>(dy.download(), y);
     cpu::rope_backward<H>(x.data(), pos.data(), y.data(), c.B, c.N, c.S, c.D, c.theta);
-    cuda::rope_backward<T>(dx.get(), dpos.get(), dy.get(), c.B, c.N, c.S, c.D, c.theta, nullptr);
+    cuda::rope_backward<T>(dx.get(), dpos.get(), dy.get(), c.B, c.N, c.S, c.D, c.theta, {}, nullptr);
     check_against<T>(dy.download(), y);
   }
 }
@@ -50,10 +50,10 @@ TEMPLATE_TEST_CASE("cuda rope with rope_scaling matches the CPU", "[cuda][rope]"
                                    cpu::RopeScaling{cpu::RopeScaling::linear, 4}}) {
     INFO("kind " << int(s.kind));
     cpu::rope_forward<H>(x.data(), pos.data(), y.data(), B, N, S, D, 500000.0, s);
-    cuda::rope_forward<T>(dx.get(), dpos.get(), dy.get(), B, N, S, D, 500000.0, nullptr, s);
+    cuda::rope_forward<T>(dx.get(), dpos.get(), dy.get(), B, N, S, D, 500000.0, s, nullptr);
     check_against<T>(dy.download(), y);
     cpu::rope_backward<H>(x.data(), pos.data(), y.data(), B, N, S, D, 500000.0, s);
-    cuda::rope_backward<T>(dx.get(), dpos.get(), dy.get(), B, N, S, D, 500000.0, nullptr, s);
+    cuda::rope_backward<T>(dx.get(), dpos.get(), dy.get(), B, N, S, D, 500000.0, s, nullptr);
     check_against<T>(dy.download(), y);
   }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # .ci/check_layers.py fails on a planted include: a copy of src/ and apps/ passes unmodified, then
-# fails (exit 1, the violation naming the file) once a graph/ file includes train/, and again once
-# a kernels/cuda header includes a kernels/cpu one; and comm/ may not test AUTOSP_WITH_CUDA.
+# fails (exit 1, the violation naming the file) once a graph/ file includes train/, again once a
+# kernels/cuda header includes a kernels/cpu one, and once an engine/ file includes config/; and
+# comm/ may not test AUTOSP_WITH_CUDA.
 # Usage: check_layers_planted.sh SOURCE_DIR
 set -euo pipefail
 src_dir=${1:?usage: check_layers_planted.sh SOURCE_DIR}
@@ -41,6 +42,11 @@ fresh_copy
 sed -i '0,/^#include "/s//#include "kernels\/cpu\/norm.h"\n#include "/' "$tmp/repo/src/kernels/cuda/norm.cuh"
 expect_violation "kernels/cuda includes kernels/cpu" "src/kernels/cuda/norm.cuh" \
   'includes kernels/cpu/norm.h (folder kernels/cuda may not include kernels/cpu)'
+
+# The engine reading the run config (it takes the attention backend from kernels/attention_backend.h).
+fresh_copy
+sed -i '0,/^#include "/s//#include "config\/config.h"\n#include "/' "$tmp/repo/src/engine/executor.cpp"
+expect_violation "engine includes config" "src/engine/executor.cpp" 'includes config/config.h (folder engine may not include config)'
 
 # comm/ testing the CUDA build.
 fresh_copy

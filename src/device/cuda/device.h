@@ -18,8 +18,8 @@
 // (nvcc was not found at configure time)").
 #pragma once
 
-#include "config/attention_backend.h"
 #include "device/cuda/caching_allocator.h"
+#include "kernels/attention_backend.h"
 #include "tensor/tensor.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*

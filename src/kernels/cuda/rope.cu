@@ -80,21 +80,21 @@ void rope_rotate(const T* x, const int64_t* position_ids, T* y, int64_t B, int64
 
 template <class T>
 void rope_forward(const T* x, const int64_t* position_ids, T* y, int64_t B, int64_t N, int64_t S, int64_t D,
-                  double theta, cudaStream_t stream, const RopeScaling& scaling) {
+                  double theta, const RopeScaling& scaling, cudaStream_t stream) {
   rope_rotate(x, position_ids, y, B, N, S, D, theta, scaling, 1.0, stream);
 }
 
 template <class T>
 void rope_backward(const T* dy, const int64_t* position_ids, T* dx, int64_t B, int64_t N, int64_t S, int64_t D,
-                   double theta, cudaStream_t stream, const RopeScaling& scaling) {
+                   double theta, const RopeScaling& scaling, cudaStream_t stream) {
   rope_rotate(dy, position_ids, dx, B, N, S, D, theta, scaling, -1.0, stream);
 }
 
 #define AUTOSP_INSTANTIATE(T)                                                                              \
   template void rope_forward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, double,  \
-                                cudaStream_t, const RopeScaling&);                                    \
+                                const RopeScaling&, cudaStream_t);                                    \
   template void rope_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, int64_t, double, \
-                                 cudaStream_t, const RopeScaling&);
+                                 const RopeScaling&, cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)
 AUTOSP_INSTANTIATE(bf16)

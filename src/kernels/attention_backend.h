@@ -1,7 +1,8 @@
 // The sdpa implementation on CUDA devices, runtime.attention's values: our flash attention
-// (kernels/cuda/attention.cuh) or cuDNN's fused SDPA (kernels/cuda/cudnn_attention.cuh). A plain
-// enum that lives with the config, which parses it; the executor's options and the CUDA launchers
-// (which read it from the KernelCall) include it from here. No CUDA header, no state.
+// (kernels/cuda/attention.cuh) or cuDNN's fused SDPA (kernels/cuda/cudnn_attention.cuh). A neutral
+// kernel header (like kinds.h): the config parses it, the executor's options and the CUDA
+// launchers (which read it from the KernelCall) take it, and the device runtime checks that the
+// build has it. A plain enum in namespace autosp: no CUDA header, no include of ours, no state.
 #pragma once
 
 #include <string_view>

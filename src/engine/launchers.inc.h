@@ -1,0 +1,714 @@
+// The launchers of both devices, written once: each maps an op's tensors onto a kernel family of
+// src/kernels/cpu or src/kernels/cuda (unpack the call, check what the kernels cannot take, place
+// the outputs, pick the element type, call the kernel), and at the end the device's launcher
+// table, one row per op in Op order, which engine/dispatch.cpp runs. Not an ordinary header (no
+// include guard, no includes): engine/cpu/launchers.cpp and engine/cuda/launchers.cpp each include
+// it once, inside their namespace (cpu_ops, cuda_ops), after the includes it needs and the
+// vocabulary below, so every launcher here is compiled once per device against that device's
+// kernels. Launchers whose work differs per device (sdpa, the scalar losses, the tiled MLP and
+// loss, concat, two collectives) are declared before the table and defined in the device files
+// after it. Knows nothing of either device beyond the vocabulary.
+//
+// The vocabulary each device file defines (and says what it means there):
+//   dev::                 the device's kernels (namespace autosp::cpu or autosp::cuda); the CPU
+//                         and CUDA kernels the launchers here call take the same arguments, the
+//                         CUDA ones the stream last
+//   Stream, stream(c)     what the kernels are enqueued on (the CUDA compute stream; nothing on the CPU)
+//   call(s, f, args...)   the kernel f on args (and the stream on CUDA)
+//   input(c, i)           input i as it is (strided views allowed), on the device
+//   arg(c, i)             input i contiguous on the device
+//   ids64(c, i)           integer input i as contiguous int64 (i32 ids widened)
+//   ptr<T>(t)             t's first element as T*
+//   by_float(c, dt, f)    f.template operator()<T>() for the element type T of dt, among those
+//                         the device computes in (else a UsageError naming the node and dtype);
+//                         by_attention_float likewise for the attention kernels
+//   constant<T>(v)        the double v in element type T
+//   copy_strided(v, y, s) the strided view v copied into the contiguous y
+//   convert(x, y, s)      y = x converted elementwise (both contiguous; the same dtype: a copy)
+//   zero(t, s)            t's bytes set to 0
+//   copy_rows(dst, dpitch, src, spitch, width, height, s)   `height` rows of `width` bytes
+//   group(c)              the node's communicator, checked to carry this device's tensors
+//   kRopeMaxHeadDim, kAttentionMaxHeadDim   the largest head dims the kernels take
+//   kDeviceName           "CPU", "CUDA" (in messages)
+// and for attention (sdpa's own launchers and ring attention's chunk pairs):
+//   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T;
+//                         CUDA's: float), in which ring attention also sums its blocks
+//   lse_input(c, i)       an attention backward's saved log-sum-exp, contiguous in attn_acc_t
+//   attend<T>(s, ...), attend_backward<T>(s, ...)   the device's flash attention forward and
+//                         backward on one call's operands (kernels/cpu/attention.h's arguments)
+//   host_ids(c, ids)      device ids readable on the host
+//   pair_doc_start(c, dh, buf, s)   a chunk pair's document starts (dh, on the host) where the
+//                         kernels read them (on CUDA uploaded into buf)
+//   add_into<T>(y, x, n, scratch, s)   y (attn_acc_t) += x (T) over n elements
+
+namespace {
+
+// A rope node's rope_scaling attributes (Builder::rope; none when absent).
+kernels::RopeScaling rope_scaling_of(const Node& n) {
+  kernels::RopeScaling s;
+  if (!n.attrs().has("rope_type")) return s;
+  const std::string& type = n.attrs().s("rope_type");
+  AUTOSP_ASSERT(type == "linear" || type == "llama3" || type == "yarn", "rope_type ", type);
+  s.kind = type == "linear" ? kernels::RopeScaling::linear
+           : type == "llama3" ? kernels::RopeScaling::llama3
+                              : kernels::RopeScaling::yarn;
+  s.factor = n.attrs().f("factor");
+  if (s.kind == kernels::RopeScaling::llama3) {
+    s.low_freq_factor = n.attrs().f("low_freq_factor");
+    s.high_freq_factor = n.attrs().f("high_freq_factor");
+    s.original_max_position_embeddings = n.attrs().f("original_max_position_embeddings");
+  }
+  if (s.kind == kernels::RopeScaling::yarn) {  // models/model.cpp with_rope_scaling resolves HF's defaults
+    s.original_max_position_embeddings = n.attrs().f("original_max_position_embeddings");
+    s.beta_fast = n.attrs().f("beta_fast");
+    s.beta_slow = n.attrs().f("beta_slow");
+    s.attention_factor = n.attrs().f("attention_factor");
+    s.mscale = n.attrs().f("mscale");
+    s.mscale_all_dim = n.attrs().f("mscale_all_dim");
+    s.truncate = n.attrs().f("truncate") != 0;
+  }
+  return s;
+}
+
+// A head dim the device's kernels do not take, as a UsageError naming the node (kernels only assert).
+void check_head_dim(const KernelCall& c, int64_t D, int64_t max, const char* kernel) {
+  if (D > max)
+    throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": head dim ", D, " > ", max, ", which the ",
+                         kDeviceName, " ", kernel, " kernels do not support"));
+}
+
+// A strided view materialised as a contiguous tensor: the node's output (reshaped to the view's
+// shape) when `as_output`, else a temporary.
+Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true) {
+  Tensor y = as_output ? out_like(c, view.dtype()).reshape(view.shape()) : Tensor::empty(view.shape(), view.dtype(), c.alloc);
+  copy_strided(view, y, stream(c));
+  return y;
+}
+
+// The operands sdpa and ring_attention share, contiguous on the device and checked: q, k, v and the
+// optional document starts (input 3, as i64); their backward adds o, lse (lse_input) and dout
+// (inputs 3-5) and has the starts at input 6.
+struct AttentionArgs {
+  Tensor q, k, v, o, lse, dout, docs;
+  const int64_t* doc_start() const { return docs.defined() ? ptr<int64_t>(docs) : nullptr; }
+};
+AttentionArgs attention_args(const KernelCall& c, bool backward) {
+  AttentionArgs args;
+  args.q = arg(c, 0);
+  args.k = arg(c, 1);
+  args.v = arg(c, 2);
+  const size_t docs_at = backward ? 6 : 3;
+  if (backward) {
+    args.o = arg(c, 3);
+    args.lse = lse_input(c, 4);
+    args.dout = arg(c, 5);
+  }
+  if (c.in.size() > docs_at) args.docs = ids64(c, docs_at);
+  check_head_dim(c, args.q.dim(3), kAttentionMaxHeadDim, "attention");
+  return args;
+}
+
+}  // namespace
+
+// ---- dense algebra ----
+
+// w [V, C], ids [...] → y [..., C]
+Tensor embedding(const KernelCall& c) {
+  const Tensor w = arg(c, 0), ids = ids64(c, 1);
+  const Stream s = stream(c);
+  return by_float(c, w.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, w.dtype());
+    call(s, dev::embedding_forward<T>, ptr<T>(w), ptr<int64_t>(ids), ptr<T>(y), ids.numel(), w.dim(0), w.dim(1));
+    return y;
+  });
+}
+
+// a [..., M, K] (stored [..., K, M] when trans_a) · b [(...,) K, N] (stored [N, K] when trans_b).
+Tensor matmul(const KernelCall& c) {
+  const Tensor a = arg(c, 0), b = arg(c, 1);
+  const bool ta = c.node.attrs().b("trans_a"), tb = c.node.attrs().b("trans_b");
+  const int r = a.rank();
+  const int64_t M = c.out_shape[r - 2], N = c.out_shape[r - 1], K = a.dim(ta ? -2 : -1);
+  const Stream s = stream(c);
+  return by_float(c, a.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, a.dtype());
+    if (y.numel() == 0) return y;
+    if (K == 0) {  // an empty sum
+      zero(y, s);
+      return y;
+    }
+    const int64_t batch = a.numel() / (a.dim(-1) * a.dim(-2));
+    if (b.rank() == 2 && !ta)  // [..., M, K] · [K, N]: one GEMM with batch·M rows
+      call(s, dev::gemm_batched<T>, false, tb, 1, batch * M, N, K, 1.0, ptr<T>(a), 0, ptr<T>(b), 0, 0.0, ptr<T>(y), 0);
+    else
+      call(s, dev::gemm_batched<T>, ta, tb, batch, M, N, K, 1.0, ptr<T>(a), M * K, ptr<T>(b), b.rank() == 2 ? 0 : K * N,
+           0.0, ptr<T>(y), M * N);
+    return y;
+  });
+}
+
+// ---- elementwise ----
+
+// a, b broadcast (right-aligned) to the output: strides of 0 on their broadcast dims.
+template <kernels::Binary kOp>
+Tensor binary(const KernelCall& c) {
+  const Tensor &a = input(c, 0), &b = input(c, 1);
+  const Shape& out = c.out_shape;
+  AUTOSP_ASSERT(static_cast<int>(out.size()) <= kMaxRank, "rank ", out.size(), " too large");
+  const Shape sa = launch::broadcast_strides(a, out), sb = launch::broadcast_strides(b, out);
+  const Stream s = stream(c);
+  return by_float(c, a.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, a.dtype());
+    if (out.empty()) {
+      const Shape one{1}, z{0};
+      call(s, dev::binary<T>, kOp, 1, one.data(), ptr<T>(a), z.data(), ptr<T>(b), z.data(), ptr<T>(y));
+    } else {
+      call(s, dev::binary<T>, kOp, static_cast<int>(out.size()), out.data(), ptr<T>(a), sa.data(), ptr<T>(b),
+           sb.data(), ptr<T>(y));
+    }
+    return y;
+  });
+}
+
+template <kernels::Unary kOp>
+Tensor unary(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const double factor = kOp == kernels::Unary::scale ? c.node.attrs().f("factor") : 0.0;
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(s, dev::unary<T>, kOp, ptr<T>(x), ptr<T>(y), x.numel(), factor);
+    return y;
+  });
+}
+
+// dx = dy · f'(x). Inputs: dy, x.
+template <kernels::UnaryGrad kOp>
+Tensor unary_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1);
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    call(s, dev::unary_backward<T>, kOp, ptr<T>(dy), ptr<T>(x), ptr<T>(dx), x.numel());
+    return dx;
+  });
+}
+
+Tensor cast(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  Tensor y = out_like(c, c.node.dtype());
+  convert(x, y, stream(c));
+  return y;
+}
+
+// ---- layout ----
+
+Tensor reshape(const KernelCall& c) { return arg(c, 0).reshape(c.out_shape); }
+
+// transpose and permute
+Tensor permute(const KernelCall& c) { return copy_view(c, launch::permuted_view(c, input(c, 0))); }
+
+Tensor slice(const KernelCall& c) { return copy_view(c, launch::slice_view(c, input(c, 0))); }
+
+// dy [.., end-start, ..] placed at [start, end) of dim d of a zero tensor: one row of
+// (end-start)·inner elements per index over the dims before d.
+Tensor slice_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0);
+  const int d = launch::axis(c.node.attrs().i("dim"), dy.rank());
+  const int64_t start = c.node.attrs().dim("start").eval(c.bindings);
+  const Stream s = stream(c);
+  Tensor y = out_like(c, dy.dtype());
+  zero(y, s);
+  const size_t es = dtype_size(dy.dtype());
+  const int64_t outer = shape_numel(std::span(dy.shape()).first(d));
+  const int64_t inner = shape_numel(std::span(dy.shape()).subspan(d + 1));
+  const int64_t rows_in = dy.dim(d), rows_out = c.out_shape[d];
+  const size_t width = static_cast<size_t>(rows_in * inner) * es;
+  copy_rows(static_cast<char*>(y.raw()) + start * inner * es, rows_out * inner * es, dy.raw(), width, width, outer, s);
+  return y;
+}
+
+// ---- normalisation (over the last dim: rows [R, C]) ----
+
+Tensor layernorm(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1), b = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(s, dev::layernorm_forward<T>, ptr<T>(x), ptr<T>(w), ptr<T>(b), ptr<T>(y), nullptr, nullptr, rows, C,
+         c.node.attrs().f("eps"));
+    return y;
+  });
+}
+
+Tensor rmsnorm(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(s, dev::rmsnorm_forward<T>, ptr<T>(x), ptr<T>(w), ptr<T>(y), nullptr, rows, C, c.node.attrs().f("eps"));
+    return y;
+  });
+}
+
+Tensor softmax(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(s, dev::softmax_forward<T>, ptr<T>(x), ptr<T>(y), rows, C);
+    return y;
+  });
+}
+
+// dx; extra outputs dw, db. Inputs: dy, x, w.
+Tensor layernorm_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), w = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const double eps = c.node.attrs().f("eps");
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    Tensor dw = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(dw);
+    Tensor db = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(db);
+    call(s, dev::layernorm_backward_input<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(dx), rows, C, eps);
+    call(s, dev::layernorm_backward_params<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(dw), ptr<T>(db), rows, C, eps);
+    return dx;
+  });
+}
+
+// dx; extra output dw. Inputs: dy, x, w.
+Tensor rmsnorm_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), w = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const double eps = c.node.attrs().f("eps");
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    Tensor dw = extra_like(c, {C}, x.dtype());
+    c.extras.push_back(dw);
+    call(s, dev::rmsnorm_backward_input<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(dx), rows, C, eps);
+    call(s, dev::rmsnorm_backward_weight<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(dw), rows, C, eps);
+    return dx;
+  });
+}
+
+// dx. Inputs: dy, y (the softmax's output).
+Tensor softmax_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), y = arg(c, 1);
+  const int64_t C = y.dim(-1), rows = y.numel() / C;
+  const Stream s = stream(c);
+  return by_float(c, y.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, y.dtype());
+    call(s, dev::softmax_backward<T>, ptr<T>(dy), ptr<T>(y), ptr<T>(dx), rows, C);
+    return dx;
+  });
+}
+
+// ---- position, masks ----
+
+// Rotary embedding and its backward (the rotation by minus the angle): x or dy [B, N, S, D],
+// position_ids [B, S].
+template <bool kBackward>
+Tensor rope(const KernelCall& c) {
+  const Tensor x = arg(c, 0), pos = ids64(c, 1);
+  check_head_dim(c, x.dim(3), kRopeMaxHeadDim, "rope");
+  const kernels::RopeScaling scaling = rope_scaling_of(c.node);
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(s, kBackward ? dev::rope_backward<T> : dev::rope_forward<T>, ptr<T>(x), ptr<int64_t>(pos), ptr<T>(y),
+         x.dim(0), x.dim(1), x.dim(2), x.dim(3), c.node.attrs().f("theta"), scaling);
+    return y;
+  });
+}
+
+// x [..., Sq, Skv] with the entries above the (bottom-right aligned) causal diagonal set to `value`.
+Tensor causal_mask(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const int64_t Sq = x.dim(-2), Skv = x.dim(-1);
+  const double value = c.node.attrs().f("value");
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(s, dev::causal_mask<T>, ptr<T>(x), ptr<T>(y), x.numel() / std::max<int64_t>(1, Sq * Skv), Sq, Skv,
+         constant<T>(value));
+    return y;
+  });
+}
+
+// ---- reductions, embedding gradient ----
+
+// x [..] summed to out [..] (right-aligned; padded with leading 1s to x's rank for the kernel)
+Tensor sum_to(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  Shape out_full(static_cast<size_t>(x.rank()) - c.out_shape.size(), 1);
+  out_full.insert(out_full.end(), c.out_shape.begin(), c.out_shape.end());
+  AUTOSP_ASSERT(x.rank() <= kMaxRank, "rank ", x.rank(), " too large");
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    if (x.rank() == 0)
+      convert(x, y, s);
+    else
+      call(s, dev::sum_to<T>, ptr<T>(x), x.rank(), x.shape().data(), out_full.data(), ptr<T>(y));
+    return y;
+  });
+}
+
+// dy [..., C], ids [...] → dweight [V, C]
+Tensor embedding_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), ids = ids64(c, 1);
+  const Stream s = stream(c);
+  return by_float(c, dy.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, dy.dtype());
+    call(s, dev::embedding_backward<T>, ptr<T>(dy), ptr<int64_t>(ids), ptr<T>(y), ids.numel(), c.out_shape[0],
+         c.out_shape[1]);
+    return y;
+  });
+}
+
+// ---- ZeRO-3's collectives ----
+
+// The whole parameter from every rank's shard, straight into the output when the shards tile it,
+// else through a padded buffer whose first elements are copied out once it has arrived. In the
+// background when the executor asks (KernelCall::pending: the parameter prefetch; NCCL then runs
+// it on its stream beside the compute stream's kernels until the handle is waited for). The
+// handle holds every buffer the collective touches; its follow-up, the copy out of a padded
+// buffer, runs after the join (on the compute stream).
+Tensor all_gather(const KernelCall& c) {
+  Communicator& comm = group(c);
+  (void)launch::shard_group(c);  // the group's size against the graph's
+  const Tensor x = arg(c, 0);
+  Tensor y = out_like(c, x.dtype());
+  const launch::ShardLayout l = launch::shard_layout(comm, y.numel());
+  Tensor into = l.direct() ? y.reshape({y.numel()}) : Tensor::empty(l.padded(), x.dtype(), c.alloc);
+  auto copy_out = [direct = l.direct(), x, into, y, s = stream(c)] {
+    if (!direct) convert(Tensor::view_bytes(into, 0, y.shape(), y.dtype()), y, s);
+  };
+  if (!c.pending) {
+    comm.all_gather(x, into);
+    copy_out();
+    return y;
+  }
+  *c.pending = followed_by(comm.all_gather_async(x, into), copy_out);
+  return y;
+}
+
+// The whole gradient summed over the group, this rank's shard of it (padded with zeros past the
+// whole tensor's elements). Sent as it is when it needs neither a cast nor padding, else in
+// pieces through the staging (launch::ScatterPieces: the planned workspace, or its own), cast and
+// zero-filled by the device (on CUDA on the compute stream, which NCCL's stream waits for before
+// each piece). In the background when the executor asks and one piece does it; the handle keeps
+// what it reads alive.
+Tensor reduce_scatter(const KernelCall& c) {
+  Communicator& comm = group(c);
+  (void)launch::shard_group(c);
+  const Tensor g = arg(c, 0);
+  Tensor y = out_like(c, c.node.dtype());
+  const launch::ScatterPieces p = launch::scatter_pieces(launch::shard_layout(comm, g.numel()), g.dtype(), y.dtype());
+  if (p.staged) {
+    const Tensor staging = launch::reduce_scatter_staging(c, p);
+    const Stream s = stream(c);
+    const launch::DeviceFill fill{.convert = [s](const Tensor& from, const Tensor& to) { convert(from, to, s); },
+                                  .zero = [s](const Tensor& t) { zero(t, s); }};
+    launch::staged_reduce_scatter(c, comm, p, g.reshape({g.numel()}), y, staging, fill);
+    return y;
+  }
+  Tensor send = g.reshape({g.numel()});
+  if (!c.pending) {
+    comm.reduce_scatter_sum(send, y);
+    return y;
+  }
+  *c.pending = followed_by(comm.reduce_scatter_sum_async(send, y), [send, y] {});
+  return y;
+}
+
+// ---- fused ops (passes/fuse_elementwise) ----
+
+// y = norm(x + r); extra output 1: x + r. Inputs: x, r, w (, b).
+template <bool kRms>
+Tensor add_norm(const KernelCall& c) {
+  const Tensor x = arg(c, 0), r = arg(c, 1), w = arg(c, 2);
+  const Tensor b = kRms ? Tensor() : arg(c, 3);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    Tensor sum = extra_like(c, x.shape(), x.dtype());
+    c.extras.push_back(sum);
+    call(s, dev::add_norm_forward<T>, ptr<T>(x), ptr<T>(r), ptr<T>(w), kRms ? nullptr : ptr<T>(b), ptr<T>(y),
+         ptr<T>(sum), rows, C, c.node.attrs().f("eps"), kRms);
+    return y;
+  });
+}
+
+// gelu_tanh(x + b): x [..., C], b [C].
+Tensor bias_gelu_tanh(const KernelCall& c) {
+  const Tensor x = arg(c, 0), b = arg(c, 1);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(s, dev::bias_gelu_tanh<T>, ptr<T>(x), ptr<T>(b), ptr<T>(y), rows, C);
+    return y;
+  });
+}
+
+// dx = dy · gelu_tanh'(x + b). Inputs: dy, x, b.
+Tensor bias_gelu_tanh_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), b = arg(c, 2);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    call(s, dev::bias_gelu_tanh_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(b), ptr<T>(dx), rows, C);
+    return dx;
+  });
+}
+
+// ---- ring attention (engine/ring.h: the schedule and the zigzag layout) ----
+//
+// The launchers keep every operand in halves: x [B, H, L, D] (L = 2c, this rank's zigzag chunks
+// side by side) as [2, B, H, c, D], so each chunk is a contiguous sdpa operand; a K/V block is one
+// buffer [k | v] of such halves, sent around the ring as one message (NCCL's send/recv on its own
+// stream overlaps the current block's kernels). Each step attends the two query chunks to the two
+// key chunks of the block it holds, chunk pair by chunk pair: a key chunk after the query chunk is
+// skipped (causal), the same chunk is the causal diagonal, an earlier one is full; with document
+// starts (read to the host once per call, where the skips are decided), a pair whose keys all lie
+// before every query's document is skipped too (never visited, not masked). The running output,
+// its log-sum-exp and the gradients are summed in attn_acc_t (on CUDA f32 for every T: a bf16
+// model's blocks are merged and summed in f32, the dK/dV partials travel in f32, and each result
+// is rounded once at the end).
+namespace {
+
+// [k | v] of one block, each in halves, as one buffer.
+Tensor kv_block(const KernelCall& c, const Tensor& k, const Tensor& v, Stream s) {
+  Tensor kv = Tensor::empty({2, 2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)}, k.dtype(), c.alloc);
+  copy_strided(halves_view(k), Tensor::view_bytes(kv, 0, {k.numel()}, k.dtype()), s);
+  copy_strided(halves_view(v), Tensor::view_bytes(kv, k.nbytes(), {v.numel()}, v.dtype()), s);
+  return kv;
+}
+
+// halves [2, B, H, c(, D)] (the sums) into the node's tensor `dst` [B, H, 2c(, D)] of its dtype.
+void from_halves(const KernelCall& c, const Tensor& halves, const Tensor& dst, Stream s) {
+  const Shape inter{halves.dim(1), halves.dim(2), 2, halves.dim(3), halves.dim(4)};
+  if (dst.dtype() == halves.dtype()) return copy_strided(interleaved_view(halves), dst.reshape(inter), s);
+  Tensor same = Tensor::empty(inter, halves.dtype(), c.alloc);
+  copy_strided(interleaved_view(halves), same, s);
+  convert(same, dst.reshape(inter), s);
+}
+
+}  // namespace
+
+// o [B, N, L, D]; extra output 1: lse [B, N, L]. Inputs q, k, v (this rank's zigzag chunks, after
+// the Ulysses all-to-all), optional document starts [B, L].
+Tensor ring_attention(const KernelCall& c) {
+  const AttentionArgs args = attention_args(c, false);
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
+  const Stream s = stream(c);
+  const auto starts = host_ids(c, args.docs);
+  return by_attention_float(c, q.dtype(), [&]<class T>() {
+    using A = attn_acc_t<T>;
+    RingChunks g = ring_chunks(c, q, k, starts.empty() ? nullptr : starts.data());
+    const double scale = c.node.attrs().f("scale");
+    const Tensor qh = copy_view(c, halves_view(q), false);
+    Tensor o = Tensor::empty(qh.shape(), dtype_of<A>, c.alloc), lse = Tensor::empty({2, g.B, g.N, g.c}, dtype_of<A>, c.alloc);
+    call(s, dev::fill<A>, ptr<A>(o), o.numel(), A(0));
+    call(s, dev::fill<A>, ptr<A>(lse), lse.numel(), -std::numeric_limits<A>::infinity());
+    Tensor o_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
+    Tensor lse_blk = Tensor::empty({g.B, g.N, g.c}, dtype_of<A>, c.alloc);
+    Tensor kv = kv_block(c, k, v, s), docs_blk;
+    std::vector<int64_t> dh;
+    ring_forward(*c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc),
+                 [&](int owner, const Tensor& block, const std::function<void()>& progress) {
+                   g.k = g.chunks_of(owner);
+                   const T* kp = ptr<T>(block);
+                   const T* vp = kp + 2 * g.kv_half(1);
+                   for (int a = 0; a < 2; ++a)
+                     for (int b = 0; b < 2; ++b) {
+                       bool diagonal = false;
+                       if (!g.visits(a, b, diagonal, dh)) continue;
+                       attend<T>(s, ptr<T>(qh) + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b), ptr<T>(o_blk),
+                                 ptr<A>(lse_blk), g.B, g.N, g.Nkv, g.c, g.c, g.D, scale, diagonal,
+                                 g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr);
+                       call(s, dev::merge_attention<T>, ptr<A>(o) + g.q_half(a), ptr<A>(lse) + g.lse_half(a),
+                            ptr<T>(o_blk), ptr<A>(lse_blk), g.B * g.N * g.c, g.D);
+                       progress();
+                     }
+                 });
+    Tensor y = out_like(c, q.dtype());
+    from_halves(c, o, y, s);
+    Tensor lse_out = extra_like(c, {g.B, g.N, 2 * g.c}, extra_types(c.node).at(0).dtype);
+    from_halves(c, lse.reshape({2, g.B, g.N, g.c, 1}), lse_out, s);
+    c.extras.push_back(lse_out);
+    return y;
+  });
+}
+
+// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
+Tensor ring_attention_backward(const KernelCall& c) {
+  const AttentionArgs args = attention_args(c, true);
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
+  const Stream s = stream(c);
+  const auto starts = host_ids(c, args.docs);
+  return by_attention_float(c, q.dtype(), [&]<class T>() {
+    using A = attn_acc_t<T>;
+    RingChunks g = ring_chunks(c, q, k, starts.empty() ? nullptr : starts.data());
+    const double scale = c.node.attrs().f("scale");
+    const Tensor qh = copy_view(c, halves_view(q), false), oh = copy_view(c, halves_view(args.o), false);
+    const Tensor doh = copy_view(c, halves_view(args.dout), false);
+    const Tensor lseh = copy_view(c, halves_view(args.lse.reshape({g.B, g.N, 2 * g.c, 1})), false);
+    Tensor dqh = Tensor::empty(qh.shape(), dtype_of<A>, c.alloc);
+    call(s, dev::fill<A>, ptr<A>(dqh), dqh.numel(), A(0));
+    Tensor dq_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
+    Tensor dkv_blk = Tensor::empty({2, g.B, g.Nkv, g.c, g.D}, q.dtype(), c.alloc);  // dk, dv of one chunk pair
+    // Where add_into widens a block's T to A (none when they are the same type).
+    const Tensor widened = std::is_same_v<A, T> ? Tensor()
+                                                : Tensor::empty({std::max(dq_blk.numel(), dkv_blk.numel())},
+                                                                dtype_of<A>, c.alloc);
+    A* const scratch = widened.defined() ? ptr<A>(widened) : nullptr;
+    Tensor kv = kv_block(c, k, v, s), docs_blk;
+    Tensor grads[3] = {Tensor::empty(kv.shape(), dtype_of<A>, c.alloc), Tensor::empty(kv.shape(), dtype_of<A>, c.alloc),
+                       Tensor::empty(kv.shape(), dtype_of<A>, c.alloc)};
+    const int64_t pair = g.B * g.Nkv * g.c * g.D;  // elements of one chunk's dk (or dv)
+    std::vector<int64_t> dh;
+    ring_backward(
+        *c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc), grads,
+        [&](int owner, const Tensor& block, Tensor& part, const std::function<void()>& progress) {
+          g.k = g.chunks_of(owner);
+          const T* kp = ptr<T>(block);
+          const T* vp = kp + 2 * g.kv_half(1);
+          A* dkp = ptr<A>(part);
+          A* dvp = dkp + 2 * g.kv_half(1);
+          call(s, dev::fill<A>, dkp, part.numel(), A(0));
+          for (int a = 0; a < 2; ++a)
+            for (int b = 0; b < 2; ++b) {
+              bool diagonal = false;
+              if (!g.visits(a, b, diagonal, dh)) continue;
+              T* dkb = ptr<T>(dkv_blk);
+              attend_backward<T>(s, ptr<T>(qh) + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
+                                 ptr<T>(oh) + g.q_half(a), ptr<A>(lseh) + g.lse_half(a), ptr<T>(doh) + g.q_half(a),
+                                 ptr<T>(dq_blk), dkb, dkb + pair, g.B, g.N, g.Nkv, g.c, g.c, g.D, scale, diagonal,
+                                 g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr);
+              add_into<T>(ptr<A>(dqh) + g.q_half(a), ptr<T>(dq_blk), dq_blk.numel(), scratch, s);
+              add_into<T>(dkp + g.kv_half(b), dkb, pair, scratch, s);
+              add_into<T>(dvp + g.kv_half(b), dkb + pair, pair, scratch, s);
+              progress();
+            }
+        },
+        [&](Tensor& into, const Tensor& from) { add_into<A>(ptr<A>(into), ptr<A>(from), into.numel(), nullptr, s); });
+    Tensor dq = out_like(c, q.dtype());
+    from_halves(c, dqh, dq, s);
+    Tensor dk = extra_like(c, k.shape(), k.dtype());
+    c.extras.push_back(dk);
+    Tensor dv = extra_like(c, v.shape(), v.dtype());
+    c.extras.push_back(dv);
+    const Shape halves{2, g.B, g.Nkv, g.c, g.D};  // [dk | dv] of this rank's own block, in grads[0]
+    from_halves(c, Tensor::view_bytes(grads[0], 0, halves, dtype_of<A>), dk, s);
+    from_halves(c, Tensor::view_bytes(grads[0], size_t(2 * pair) * sizeof(A), halves, dtype_of<A>), dv, s);
+    return dq;
+  });
+}
+
+// ---- the launchers each device file defines after this file (their work differs per device) ----
+
+Tensor concat(const KernelCall& c);
+Tensor sdpa(const KernelCall& c);
+Tensor sdpa_backward(const KernelCall& c);
+Tensor cross_entropy_sum(const KernelCall& c);
+Tensor cross_entropy_backward(const KernelCall& c);
+Tensor count_valid(const KernelCall& c);
+Tensor full(const KernelCall& c);
+Tensor all_to_all(const KernelCall& c);
+Tensor all_reduce(const KernelCall& c);
+Tensor swiglu_mlp(const KernelCall& c);
+Tensor swiglu_mlp_backward(const KernelCall& c);
+Tensor linear_cross_entropy_sum(const KernelCall& c);
+Tensor linear_cross_entropy_backward(const KernelCall& c);
+
+// ---- the launcher table: one row per op, in Op enum order ----
+
+namespace {
+
+Tensor leaf(const KernelCall& c) {
+  AUTOSP_ASSERT(false, "node ", c.node.name(), " is resolved by the executor, not dispatched");
+  return {};
+}
+
+using kernels::Binary;
+using kernels::Unary;
+using kernels::UnaryGrad;
+constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
+    {Op::input, leaf},
+    {Op::parameter, leaf},
+    {Op::embedding, embedding},
+    {Op::matmul, matmul},
+    {Op::add, binary<Binary::add>},
+    {Op::sub, binary<Binary::sub>},
+    {Op::mul, binary<Binary::mul>},
+    {Op::div, binary<Binary::div>},
+    {Op::scale, unary<Unary::scale>},
+    {Op::neg, unary<Unary::neg>},
+    {Op::exp, unary<Unary::exp>},
+    {Op::gelu_tanh, unary<Unary::gelu_tanh>},
+    {Op::silu, unary<Unary::silu>},
+    {Op::reshape, reshape},
+    {Op::transpose, permute},
+    {Op::permute, permute},
+    {Op::slice, slice},
+    {Op::concat, concat},
+    {Op::layernorm, layernorm},
+    {Op::rmsnorm, rmsnorm},
+    {Op::softmax, softmax},
+    {Op::rope, rope<false>},
+    {Op::sdpa, sdpa},
+    {Op::cross_entropy_sum, cross_entropy_sum},
+    {Op::count_valid, count_valid},
+    {Op::full, full},
+    {Op::output, leaf},
+    {Op::causal_mask, causal_mask},
+    {Op::all_to_all, all_to_all},
+    {Op::all_reduce, all_reduce},
+    {Op::all_gather, all_gather},
+    {Op::reduce_scatter, reduce_scatter},
+    {Op::ring_attention, ring_attention},
+    {Op::sum_to, sum_to},
+    {Op::embedding_backward, embedding_backward},
+    {Op::gelu_tanh_backward, unary_backward<UnaryGrad::gelu_tanh>},
+    {Op::silu_backward, unary_backward<UnaryGrad::silu>},
+    {Op::slice_backward, slice_backward},
+    {Op::layernorm_backward, layernorm_backward},
+    {Op::rmsnorm_backward, rmsnorm_backward},
+    {Op::softmax_backward, softmax_backward},
+    {Op::rope_backward, rope<true>},
+    {Op::sdpa_backward, sdpa_backward},
+    {Op::ring_attention_backward, ring_attention_backward},
+    {Op::cross_entropy_backward, cross_entropy_backward},
+    {Op::cast, cast},
+    {Op::add_layernorm, add_norm<false>},
+    {Op::add_rmsnorm, add_norm<true>},
+    {Op::bias_gelu_tanh, bias_gelu_tanh},
+    {Op::bias_gelu_tanh_backward, bias_gelu_tanh_backward},
+    {Op::swiglu_mlp, swiglu_mlp},
+    {Op::swiglu_mlp_backward, swiglu_mlp_backward},
+    {Op::linear_cross_entropy_sum, linear_cross_entropy_sum},
+    {Op::linear_cross_entropy_backward, linear_cross_entropy_backward},
+}};
+
+constexpr bool launchers_in_order() {
+  for (size_t i = 0; i < kLaunchers.size(); ++i)
+    if (static_cast<size_t>(kLaunchers[i].op) != i || !kLaunchers[i].run) return false;
+  return true;
+}
+static_assert(kLaunchers.size() == kNumOps, "every op needs a row in the launcher table");
+static_assert(launchers_in_order(), "launcher rows must follow the Op enum order and name a launcher");
+
+}  // namespace
+
+KernelFn launcher(Op op) { return kLaunchers[static_cast<size_t>(op)].run; }
