@@ -5,15 +5,16 @@
 // emulation). static_asserts keep it complete.
 // Knows nothing of kernels or devices.
 //
-// A new op touches (docs/architecture.md counts them for silu: 11 source files, 2 test files):
+// A new op touches (docs/architecture.md counts them for silu: 8 source files plus its kernels, and
+// 2 test files):
 //   graph/ops.h, graph/ops.cpp                    the enum value and its row here
 //   graph/vjp.h, graph/vjp.cpp                    its vjp rule, as IR (forward ops)
 //   graph/builder.h, graph/builder.cpp            a builder method (what models call)
-//   engine/dispatch.cpp                           its kernel row: a CPU and a CUDA launcher
-//   engine/launchers.h                            the launchers' name (or a template row's instantiation),
-//   engine/cpu/launchers.cpp, engine/cuda/launchers.cpp   and their bodies (none for a row of a
-//                                                 family launcher such as unary<Unary::silu>)
-//   kernels/cpu/<family>.*, kernels/cuda/<family>.cu      the kernels
+//   engine/launchers.inc.h                        its launcher, written once for both devices, and its
+//                                                 row in the launcher table (a row of a family launcher
+//                                                 such as unary<Unary::silu> needs no launcher of its own)
+//   kernels/kinds.h                               a kind of a kernel family (Unary::silu), where it is one
+//   kernels/cpu/<family>.*, kernels/cuda/<family>.cu      the kernels (the CUDA ones take the stream last)
 //   tests/common/op_cases.h, tests/common/naive.h one op case and its float64 reference
 #pragma once
 
