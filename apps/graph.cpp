@@ -40,7 +40,8 @@ Bindings parse_bindings(const std::string& text) {
 // parameters, graph outputs, inputs and, for training, the optimizer state and gradient buckets of
 // the run's ZeRO mode (train/train_state.h planned_state_bytes: the same rules the training state
 // follows).
-nlohmann::json plan_summary(const Graph& g, const Bindings& b, const Config& cfg, int world, DeviceKind device) {
+nlohmann::json plan_summary(const RankProgram& prog, const Bindings& b, const Config& cfg, int world, DeviceKind device) {
+  const Graph& g = *prog.graph;
   MemoryPlan plan = plan_memory(g, b, device);
   size_t params = 0, outputs = 0, inputs = 0, grads = 0;
   for (const auto& n : g.nodes()) {
@@ -51,7 +52,7 @@ nlohmann::json plan_summary(const Graph& g, const Bindings& b, const Config& cfg
     if (g.is_output(n.get())) outputs += bytes;
     if (g.is_output(n.get()) && n->role() == Role::gradient) grads += bytes;
   }
-  const ZeroMode mode = zero_mode(cfg.zero_optimization, world);
+  const ZeroMode mode = prog.zero_mode;
   const PlannedStateBytes state = planned_state_bytes(mode, params, grads, world);
   outputs -= state.freed_outputs;
   const size_t optimizer = state.optimizer, buckets = state.grad_buckets;
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
     RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, layout);  // a stage or a pass name
     const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {
-      std::cout << plan_summary(*g, parse_bindings(args["plan-memory"].as<std::string>()), cfg,
+      std::cout << plan_summary(prog, parse_bindings(args["plan-memory"].as<std::string>()), cfg,
                                 static_cast<int>(world), cfg.runtime.device)
                        .dump()
                 << "\n";

@@ -20,16 +20,16 @@ namespace autosp {
 
 namespace {
 
-// What every pass of the rank's program reads: where the rank sits, and from the config the ZeRO
-// mode (decided here, once per program; program_passes reads it from the context) and the fusion
-// and checkpointing settings.
-PassContext pass_context(const Config& cfg, const RankLayout& layout) {
+// What every pass of the rank's program reads: where the rank sits, whether the ZeRO mode shards
+// the parameters (the mode is decided once per program, by build_program; program_passes reads it
+// from the context), and from the config the fusion and checkpointing settings.
+PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode mode) {
   PassContext ctx;
   ctx.sp_size = layout.sp;
   ctx.sp_rank = layout.sp_rank;
   ctx.ring_size = layout.ring;
   ctx.world_size = layout.world_size;
-  ctx.shard_parameters = zero_mode(cfg.zero_optimization, layout.world_size) == ZeroMode::sharded_parameters;
+  ctx.shard_parameters = mode == ZeroMode::sharded_parameters;
   // No residual + norm fusion under activation checkpointing (it would cost memory there:
   // passes/fuse_elementwise.h).
   ctx.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
@@ -63,8 +63,10 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
   return out;
 }
 
-RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx) {
+RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx,
+                        ZeroMode mode) {
   RankProgram p;
+  p.zero_mode = mode;
   const auto t0 = std::chrono::steady_clock::now();
   p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train,
                           {.document_mask = cfg.data.document_mask, .tiled_mlp = cfg.runtime.tiled_mlp,
@@ -101,23 +103,25 @@ std::string_view stage_name(Stage s) {
 DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
 
 RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const RankLayout& layout) {
-  const PassContext ctx = pass_context(cfg, layout);
+  const ZeroMode mode = zero_mode(cfg.zero_optimization, layout.world_size);
+  const PassContext ctx = pass_context(cfg, layout, mode);
   std::vector<Pass> passes;
   for (const ProgramPass& p : program_passes(cfg, dtype, ctx))
     if (p.stage <= stage) passes.push_back(p.pass);
-  return run_program(cfg, dtype, passes, ctx);
+  return run_program(cfg, dtype, passes, ctx, mode);
 }
 
 RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const RankLayout& layout) {
   if (stop_after == "autosp") return build_program(cfg, dtype, Stage::rank_forward, layout);  // the older name
   for (Stage s : {Stage::forward, Stage::rank_forward, Stage::joint})
     if (stop_after == stage_name(s)) return build_program(cfg, dtype, s, layout);
-  const PassContext ctx = pass_context(cfg, layout);
+  const ZeroMode mode = zero_mode(cfg.zero_optimization, layout.world_size);
+  const PassContext ctx = pass_context(cfg, layout, mode);
   std::vector<Pass> passes;
   std::string names;
   for (const ProgramPass& p : program_passes(cfg, dtype, ctx)) {
     passes.push_back(p.pass);
-    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, ctx);
+    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, ctx, mode);
     names += (names.empty() ? "" : ", ") + std::string(p.pass.name);
   }
   throw UsageError(str("--stage '", stop_after, "': expected forward, rank_forward (or autosp), joint or a pass ",

@@ -28,6 +28,9 @@ struct RankProgram {
   std::unique_ptr<Graph> graph;
   std::vector<std::string> param_names, grad_names;  // parallel lists (joint stage)
   std::string loss;  // the output holding the reported (global) loss
+  // The ZeRO mode the program was built for (decided once, from zero_optimization.stage and the
+  // world size): the training state the trainer makes for it, and what --plan-memory counts.
+  ZeroMode zero_mode = ZeroMode::replicated;
   // What building it cost (autosp-bench --mode compile): the model's forward graph, then each pass
   // with the verifier after it, in seconds.
   double model_s = 0;
@@ -48,7 +51,9 @@ DType master_dtype(DType run);
 //   joint    feed_target_count (train.gradient_accumulation_steps > 1: the loss's denominator is fed,
 //            graph/passes/feed_target_count.h), fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused
 //            ops, and before autograd, so the backward comes from the fused ops' vjps),
-//            autograd, checkpoint_activations (runtime.activation_checkpointing),
+//            autograd, concat_slice_grads (runtime.fuse_kernels: a split tensor's gradient is
+//            one concat, graph/passes/concat_slice_grads.h), checkpoint_activations
+//            (runtime.activation_checkpointing),
 //            regather_parameters (ZeRO-3: after every pass that places uses), canonicalize
 // The list and the one PassContext every pass reads are made once per program from the config
 // and the layout; the ZeRO mode (config/config.h zero_mode) is decided there, once.

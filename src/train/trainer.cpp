@@ -258,7 +258,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const DataCursor cursor(cfg, *data, start, mesh);
   if (world.rank() == 0 && !cursor.log().empty()) spdlog::info("{}", cursor.log());
   const size_t num_params = start.params.size();
-  const std::unique_ptr<TrainState> state = make_train_state(zero_mode(cfg.zero_optimization, world.size()), prog,
+  const std::unique_ptr<TrainState> state = make_train_state(prog.zero_mode, prog,
                                                              std::move(start.params), std::move(start.opt), cfg,
                                                              *comms, dev);
   const bool score_each_step = cfg.data.source == DataSourceKind::synthetic && args.accuracy;
