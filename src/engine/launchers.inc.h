@@ -489,9 +489,10 @@ namespace {
 
 // [k | v] of one block, each in halves, as one buffer.
 Tensor kv_block(const KernelCall& c, const Tensor& k, const Tensor& v, Stream s) {
+  const Shape halves{2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)};
   Tensor kv = Tensor::empty({2, 2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)}, k.dtype(), c.alloc);
-  copy_strided(halves_view(k), Tensor::view_bytes(kv, 0, {k.numel()}, k.dtype()), s);
-  copy_strided(halves_view(v), Tensor::view_bytes(kv, k.nbytes(), {v.numel()}, v.dtype()), s);
+  copy_strided(halves_view(k), Tensor::view_bytes(kv, 0, halves, k.dtype()), s);
+  copy_strided(halves_view(v), Tensor::view_bytes(kv, k.nbytes(), halves, v.dtype()), s);
   return kv;
 }
 

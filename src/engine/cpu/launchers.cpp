@@ -94,7 +94,11 @@ void copy_into(const Tensor& view, const Tensor& y) {
   }
 }
 
-void copy_strided(const Tensor& view, const Tensor& y, Stream) { copy_into(view, y); }
+// The CUDA copy's contract (device/cuda/copy.h), so that a launcher written once fails here too.
+void copy_strided(const Tensor& view, const Tensor& y, Stream) {
+  AUTOSP_ASSERT(y.is_contiguous() && y.shape() == view.shape(), "strided copy of ", view.str(), " into ", y.str());
+  copy_into(view, y);
+}
 
 // Call f.template operator()<T>() with T the storage type of a cast's dtype (bf16 as its raw bits).
 template <class F>
