@@ -2,12 +2,12 @@
 // the world factory for builds without MPI.
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include <atomic>
 
 #include "comm/communicator.h"
 #include "comm/exit.h"
+#include "device/buffers.h"
 
 namespace autosp {
 namespace {
@@ -36,9 +36,11 @@ class SingleProcess final : public Communicator {
   }
 
  private:
+  // On the tensors' device (a CUDA tensor's bytes are not the host's to memcpy).
   static void copy(const Tensor& in, Tensor& out) {
-    AUTOSP_ASSERT(in.nbytes() == out.nbytes(), "collective: ", in.str(), " vs ", out.str());
-    if (in.raw() != out.raw()) std::memcpy(out.raw(), in.raw(), in.nbytes());
+    AUTOSP_ASSERT(in.nbytes() == out.nbytes() && in.device() == out.device(), "collective: ", in.str(), " vs ",
+                  out.str());
+    copy_bytes(out.raw(), in.raw(), in.nbytes(), out.device());
   }
 };
 
