@@ -169,6 +169,27 @@ void check_against(const std::vector<H>& got, const std::vector<H>& ref, double 
   test::check_close(widen(got), widen(ref), tolerance);
 }
 
+// For a sum of many terms (a GEMM's dot products, a gradient summed over rows): the CUDA result
+// against the CPU reference, each element's error relative to 1 + its Σ|term| (`magnitude`: the same
+// CPU kernel on the inputs' absolute values). Two correct kernels that add in different orders
+// differ by up to about eps·√n·Σ|term|, which a tolerance relative to 1 + |ref| misses where the
+// terms cancel (a 768-term f32 dot product: ~5e-5); a lost or doubled term still costs |term| /
+// Σ|term|, far above the tolerance.
+template <class T, class H>
+void check_sum_against(const std::vector<H>& got, const std::vector<H>& ref, const std::vector<H>& magnitude,
+                       double tolerance = tol<T>()) {
+  INFO("storage " << type_name<T>() << ", error relative to each element's sum of |terms|");
+  const naive::Vec m = widen(magnitude);
+  test::check_close(widen(got), widen(ref), tolerance, &m);
+}
+
+// The elementwise absolute values of v.
+template <class H>
+std::vector<H> absolute(std::vector<H> v) {
+  for (H& x : v) x = x < H(0) ? H(-x) : x;
+  return v;
+}
+
 // ‖got − ref‖ / ‖ref‖ (an error measure that sums over many rounded elements).
 inline double relative_l2(const naive::Vec& got, const naive::Vec& ref) {
   double num = 0, den = 0;
