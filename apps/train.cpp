@@ -170,11 +170,18 @@ int main(int argc, char** argv) {
     if (!args.count("config")) throw UsageError("--config is required");
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
+    // --steps is train.steps, the one place that holds the run's step count, set after every --set so
+    // that each rule that reads it (the schedule's) sees the steps the run will take.
+    if (args.count("steps")) {
+      const int64_t steps = parse_int_flag("steps", args["steps"].as<std::string>());
+      if (auto problem = config_value_problem("train.steps", steps))
+        throw UsageError(str("--steps ", steps, ": ", *problem));
+      sets.push_back(str("train.steps=", steps));
+    }
     // With --deepspeed the cross-key rules wait for the DeepSpeed file (which may, say, set the lr).
     Config cfg = load_config(args["config"].as<std::string>(), sets, !args.count("deepspeed"));
 
     TrainArgs ta;
-    if (args.count("steps")) ta.steps = parse_int_flag("steps", args["steps"].as<std::string>());
     auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
     ta.init_from = opt("init-from");
     ta.resume = opt("resume");

@@ -510,16 +510,26 @@ void check_schedule(const Config& c, const std::string& origin) {
   if (min_lr && t.min_lr > t.lr) bad(str("train.min_lr ", t.min_lr, " exceeds train.lr ", t.lr));
   if (ds && t.warmup_steps < 1)
     bad(str("train.lr_schedule \"", name, "\" needs train.warmup_steps >= 1 (DeepSpeed's warmup_num_steps is positive)"));
-  if (wsd) {
+  if (wsd) {  // the run's steps (train.steps, which --steps sets) unless the schedule has its own
     const int64_t steps = t.schedule_steps > 0 ? t.schedule_steps : t.steps;
     const int64_t decay = std::llround(t.decay_fraction * static_cast<double>(steps));
     if (t.warmup_steps + decay > steps)
       bad(str("train.lr_schedule \"wsd\": train.warmup_steps ", t.warmup_steps, " + the decay's ", decay,
-              " steps (train.decay_fraction ", t.decay_fraction, ") exceed the schedule's ", steps, " steps"));
+              " steps (train.decay_fraction ", t.decay_fraction, ") exceed the schedule's ", steps, " steps (",
+              t.schedule_steps > 0 ? "train.schedule_steps" : "the run's: train.steps or --steps", ")"));
   }
 }
 
 }  // namespace
+
+Config with_steps(Config c, int64_t steps, const std::string& origin) {
+  if (auto problem = config_value_problem("train.steps", json(steps)))
+    throw UsageError(str(origin, " ", steps, ": ", *problem));
+  c.train.steps = steps;
+  c.resolved["train"]["steps"] = steps;
+  check_schedule(c, origin);
+  return c;
+}
 
 std::optional<std::string> config_value_problem(const std::string& path, const json& v) {
   for (const auto& k : schema()) {

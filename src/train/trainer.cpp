@@ -239,8 +239,7 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
-  const int64_t total = args.steps.value_or(cfg.train.steps);
-  if (total < 0) throw UsageError(str("--steps ", total, ": expected >= 0"));
+  const int64_t total = cfg.train.steps;  // the run's step count (config/config.h)
   const Device dev = pick_device(cfg);
   const std::optional<Fault> fault = fault_from_env(world.size());  // AUTOSP_FAULT: failures for tests
   // NCCL or the world for device tensors, the mesh, every collective under the watchdog.

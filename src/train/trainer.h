@@ -15,7 +15,7 @@
 namespace autosp {
 
 struct TrainArgs {
-  std::optional<int64_t> steps;  // overrides train.steps
+  // The run's step count is the config's train.steps (--steps sets it; config/config.h with_steps).
   std::string init_from;         // safetensors weights to start from
   std::string resume;            // checkpoint directory (or root) to continue from
   std::string metrics;           // JSON lines file, one object per logged step (rank 0)

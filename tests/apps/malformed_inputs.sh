@@ -423,6 +423,9 @@ row 'train.warmup_type = "exp": expected one of log|linear' "${c[@]}" --set trai
 row 'train.warmup_min_lr = -1: expected a value in' "${c[@]}" --set train.warmup_min_lr=-1
 row 'train.lr_schedule "ds_warmup" needs train.warmup_steps >= 1' "${c[@]}" --set train.lr_schedule=ds_warmup --set train.warmup_steps=0
 row 'train.warmup_steps 10 + the decay.s 2 steps' "${c[@]}" --set train.lr_schedule=wsd --set train.decay_fraction=0.9
+# the rule reads the steps the run takes: --steps, not the config's train.steps (issue 48)
+row 'train.warmup_steps 4 + the decay.s 3 steps (train.decay_fraction 0.5) exceed the schedule.s 5 steps' "${c[@]}" \
+  --set train.steps=100 --set train.lr_schedule=wsd --set train.warmup_steps=4 --set train.decay_fraction=0.5 --steps 5
 # DeepSpeed configs (--deepspeed)
 row 'nope.json: cannot open the DeepSpeed config' "${c[@]}" --deepspeed "$tmp/nope.json"
 row 'adir: is a directory, not a DeepSpeed config' "${c[@]}" --deepspeed "$tmp/adir"

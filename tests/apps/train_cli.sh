@@ -95,6 +95,11 @@ mkdir -p "$tmp/notackpt"
 expect_usage_error "config is required" "$bin"
 expect_usage_error "--steps 'many'" "$bin" --config "$tmp/cfg.json" --steps many
 expect_usage_error "--steps -1" "$bin" --config "$tmp/cfg.json" --steps -1
+# --steps is the run's train.steps: a wsd schedule that does not fit train.steps 5 fits --steps 100.
+"$bin" --config "$tmp/cfg.json" --set train.steps=5 --set train.lr_schedule=wsd --set train.warmup_steps=4 \
+  --set train.decay_fraction=0.5 --steps 100 --print-config >"$tmp/steps.json" 2>"$tmp/err" &&
+  $py -c 'import json, sys; assert json.load(open(sys.argv[1]))["train"]["steps"] == 100' "$tmp/steps.json" ||
+  { echo "FAIL: --steps 100 over train.steps 5 (wsd): $(head -3 "$tmp/err")"; fail=1; }
 expect_usage_error "garbage.safetensors" "$bin" --config "$tmp/cfg.json" --init-from "$tmp/garbage.safetensors"
 expect_usage_error "no such checkpoint" "$bin" --config "$tmp/cfg.json" --resume "$tmp/nowhere"
 expect_usage_error "holds no checkpoint" "$bin" --config "$tmp/cfg.json" --resume "$tmp/notackpt"

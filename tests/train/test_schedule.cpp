@@ -139,3 +139,24 @@ TEST_CASE("schedule keys: parsed, resolved, and their rules", "[schedule]") {
   CHECK_THROWS_WITH(parse_config(json::object(), {"train.lr=1e-5"}), Catch::Contains("train.min_lr"));
   CHECK_NOTHROW(parse_config(json::object(), {"train.lr=1e-5", "train.lr_schedule=linear"}));
 }
+
+TEST_CASE("the schedule's rules read the run's steps: train.steps, which --steps and with_steps set", "[schedule]") {
+  const std::vector<std::string> wsd = {"train.lr_schedule=wsd", "train.warmup_steps=4", "train.decay_fraction=0.5"};
+  auto plus = [&](const std::string& extra) {
+    std::vector<std::string> v = wsd;
+    v.push_back(extra);
+    return v;
+  };
+  const Config c = parse_config(json::object(), plus("train.steps=100"));
+  // 4 warm-up steps and round(0.5 × 5) = 3 decay steps do not fit 5 steps; they fit 100 and 8.
+  CHECK_THROWS_WITH(with_steps(c, 5), Catch::Contains("exceed the schedule's 5 steps (the run's: train.steps or --steps)"));
+  const Config eight = with_steps(c, 8);
+  CHECK(eight.train.steps == 8);
+  CHECK(eight.resolved["train"]["steps"] == 8);
+  CHECK_THROWS_WITH(with_steps(c, -1), Catch::StartsWith("steps -1: "));
+  // Its own span (train.schedule_steps) is what the rule reads when it is set.
+  const Config own = parse_config(json::object(), plus("train.schedule_steps=100"));
+  CHECK_NOTHROW(with_steps(own, 5));
+  CHECK_THROWS_WITH(parse_config(json::object(), plus("train.schedule_steps=5")),
+                    Catch::Contains("exceed the schedule's 5 steps (train.schedule_steps)"));
+}

@@ -90,10 +90,9 @@ TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[tr
 
         auto world = make_single_process_communicator();
         TrainArgs ta;
-        ta.steps = steps;
         ta.init_from = (dir / "w.safetensors").string();
         ta.quiet = true;
-        TrainResult r = train(cfg, ta, *world);
+        TrainResult r = train(with_steps(cfg, steps), ta, *world);
         REQUIRE(r.steps.size() == steps);
         const auto losses = ref.tensors.at("losses").to_doubles();
         const auto norms = ref.tensors.at("grad_norms").to_doubles();

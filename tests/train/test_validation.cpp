@@ -34,10 +34,9 @@ TEST_CASE("validation: the loss of the trained parameters on data.val_path, ever
                   {"num_attention_heads", 4}, {"max_position_embeddings", 64}}},
        {"data", {{"source", "tokens"}, {"path", (dir / "train.bin").string()}, {"val_path", (dir / "val.bin").string()},
                  {"seq_len", S}, {"batch_size", B}}},
-       {"train", {{"lr", 1e-2}, {"eval_every", 2}, {"eval_batches", batches}}},
+       {"train", {{"steps", 5}, {"lr", 1e-2}, {"eval_every", 2}, {"eval_batches", batches}}},
        {"runtime", {{"dtype", "float64"}, {"threads", 1}}}});
   TrainArgs args;
-  args.steps = 5;
   args.quiet = true;
   args.metrics = (dir / "m.jsonl").string();
   auto world = make_single_process_communicator();
