@@ -214,6 +214,13 @@ Config parse_config(const nlohmann::json& j, const std::vector<std::string>& ove
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                    bool cross_key_rules = true);
 
+// The keys of the learning-rate schedules besides train.lr (which every kind reads), and those of
+// them that kind `s` reads (train/schedule.h gives each kind's formula; tests/train/test_schedule.cpp
+// checks this against lr_at). The config's rules read it: min_lr ≤ lr only where min_lr is read,
+// and a schedule key the config gives that its schedule does not read is a warning.
+const std::vector<std::string_view>& schedule_keys();
+std::vector<std::string_view> schedule_reads(LrSchedule s);
+
 // `c` for a run of `steps` steps (train.steps, as --steps sets it): the value checked like the key,
 // and the schedule's rules checked against it; a UsageError naming `origin` otherwise.
 Config with_steps(Config c, int64_t steps, const std::string& origin = "steps");

@@ -95,6 +95,15 @@ mkdir -p "$tmp/notackpt"
 expect_usage_error "config is required" "$bin"
 expect_usage_error "--steps 'many'" "$bin" --config "$tmp/cfg.json" --steps many
 expect_usage_error "--steps -1" "$bin" --config "$tmp/cfg.json" --steps -1
+# A setting the run does not read is one warning naming it (issue 48), here and under --deepspeed.
+"$bin" --config "$tmp/cfg.json" --set train.lr_schedule=linear --set train.min_lr=1e-5 --steps 1 --quiet 2>"$tmp/err"
+[ "$(grep -c 'warning.*train.min_lr does not apply to train.lr_schedule "linear"' "$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: train.min_lr under linear: not one warning: $(grep -m3 warn "$tmp/err")"; fail=1; }
+echo '{"gradient_clipping": 1.0}' >"$tmp/ds_clip.json"
+"$bin" --config "$tmp/cfg.json" --deepspeed "$tmp/ds_clip.json" --set train.lr_schedule=linear \
+  --set train.min_lr=1e-5 --steps 1 --quiet 2>"$tmp/err"
+[ "$(grep -c 'warning.*train.min_lr does not apply to train.lr_schedule "linear"' "$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: train.min_lr under linear with --deepspeed: not one warning: $(grep -m3 warn "$tmp/err")"; fail=1; }
 # --steps is the run's train.steps: a wsd schedule that does not fit train.steps 5 fits --steps 100.
 "$bin" --config "$tmp/cfg.json" --set train.steps=5 --set train.lr_schedule=wsd --set train.warmup_steps=4 \
   --set train.decay_fraction=0.5 --steps 100 --print-config >"$tmp/steps.json" 2>"$tmp/err" &&
