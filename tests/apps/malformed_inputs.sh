@@ -92,6 +92,7 @@ hfdir("hf_head_dim", dict(llama, model_type="qwen3", head_dim=7))
 hfdir("hf_layer_types", dict(llama, model_type="qwen3", layer_types=["sliding_attention"]))
 hfdir("hf_window", dict(llama, model_type="mistral", sliding_window=8))
 hfdir("hf_unknown", dict(llama, n_experts=8))
+hfdir("hf_dtypes", dict(llama, torch_dtype="float32", dtype="bfloat16"))
 hfdir("hf_heads", dict(llama, num_attention_heads=8, num_key_value_heads=8))
 hfdir("hf_pickle", llama, files=["pytorch_model.bin"])
 hfdir("hf_noweights", llama)
@@ -396,6 +397,7 @@ row 'model.sliding_window 8 is shorter than data.seq_len 16' "${c[@]}" --set "mo
 row 'model.head_dim 3 must be even for RoPE' "${c[@]}" --set model.head_dim=3
 row 'model.mlp_bias is a llama setting, not qwen2' "${c[@]}" --set model.arch=qwen2 --set model.mlp_bias=true
 row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
+row 'hf_dtypes/config.json: torch_dtype = "float32" differs from dtype = "bfloat16"' "${c[@]}" --set "model.from=$tmp/hf_dtypes"
 row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
 row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"
 row "unknown keys 'model.n_embd' (did you mean 'model.hidden_size'?), 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
