@@ -336,6 +336,12 @@ TEST_CASE("a batch with no scored position is skipped without an update, not cal
   for (const StepRecord& s : r.steps) {
     CHECK(s.skipped);
     CHECK(std::isnan(s.loss));
+    // No work, no throughput (before: tokens/s and TFLOP/s of a step that ran nothing); what it
+    // read still counts.
+    CHECK(std::isnan(s.tokens_per_sec));
+    CHECK(std::isnan(s.tflops));
+    CHECK(s.mfu == -1);
+    CHECK(s.tokens == 2 * 32);
   }
   for (const auto& [name, p] : start) CHECK(p.to_doubles() == r.params.at(name).to_doubles());
 }
