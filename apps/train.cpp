@@ -170,11 +170,18 @@ int main(int argc, char** argv) {
     if (!args.count("config")) throw UsageError("--config is required");
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
+    // --steps is train.steps, the one place that holds the run's step count, set after every --set so
+    // that each rule that reads it (the schedule's) sees the steps the run will take.
+    if (args.count("steps")) {
+      const int64_t steps = parse_int_flag("steps", args["steps"].as<std::string>());
+      if (auto problem = config_value_problem("train.steps", steps))
+        throw UsageError(str("--steps ", steps, ": ", *problem));
+      sets.push_back(str("train.steps=", steps));
+    }
     // With --deepspeed the cross-key rules wait for the DeepSpeed file (which may, say, set the lr).
     Config cfg = load_config(args["config"].as<std::string>(), sets, !args.count("deepspeed"));
 
     TrainArgs ta;
-    if (args.count("steps")) ta.steps = parse_int_flag("steps", args["steps"].as<std::string>());
     auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
     ta.init_from = opt("init-from");
     ta.resume = opt("resume");
@@ -204,13 +211,20 @@ int main(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         TrainResult r = train(cfg, ta, world);
         if (lead && !r.steps.empty()) {
-          const auto& first = r.steps.front();
           const auto& last = r.steps.back();
           const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          spdlog::info("done: {} steps (to step {}) in {:.1f} s, loss {:.4f} -> {:.4f}{}", r.steps.size(), last.step,
-                       secs, first.loss, last.loss,
+          // The loss from the first to the last step that trained (a skipped step has none).
+          const StepRecord *first = nullptr, *trained = nullptr;
+          for (const StepRecord& s : r.steps)
+            if (!s.skipped) first = first ? first : &s, trained = &s;
+          const int64_t skipped = std::count_if(r.steps.begin(), r.steps.end(), [](const StepRecord& s) { return s.skipped; });
+          spdlog::info("done: {} steps (to step {}) in {:.1f} s, {}{}{}", r.steps.size(), last.step, secs,
+                       first ? fmt::format("loss {:.4f} -> {:.4f}", first->loss, trained->loss) : "no step had targets",
+                       skipped > 0 && first ? fmt::format(" ({} skipped: no targets)", skipped) : "",
                        last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
-          if (last.evaluated)
+          if (last.evaluated && last.val_targets == 0)
+            spdlog::info("validation after step {}: no targets (the validation masks remove every one)", last.step);
+          else if (last.evaluated)
             spdlog::info("validation after step {}: loss {:.4f}, accuracy {:.3f}; example: {}", last.step,
                          last.val_loss, last.val_accuracy, example_line(cfg, r.val_example));
         }

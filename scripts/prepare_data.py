@@ -38,7 +38,9 @@ Supervised fine-tuning (--chat or --completion, with --seq-len S and --tokenizer
                 the turn), and a token is the assistant's when its characters overlap that text (the
                 rule of return_assistant_tokens_mask on a template with {% generation %} markers, but
                 needing no markers). A template that renders a prefix of a conversation as anything but
-                a prefix of the whole is an error naming the line.
+                a prefix of the whole is an error naming the line. A train split without any assistant
+                turn is an error (no target), before anything is written; a validation split without
+                one, a warning.
   --completion  .jsonl rows {"prompt": "...", "completion": "..."}: BOS (as for documents) + the text of
                 prompt + completion, masked 1 on the completion's tokens and on the EOS after it.
 Each example ends with the EOS (the --chat EOS is masked 0, unless the template wrote it inside an
@@ -119,6 +121,24 @@ def chat_row(obj, where):
             fail(f"{at}: 'content' must be a string, got {json.dumps(m.get('content'))[:60]}")
         out.append({"role": m["role"], "content": checked_text(m["content"], at, "'content'")})
     return out
+
+
+def check_assistant_turns(inputs, docs, val_docs):
+    """--chat learns only the assistant's turns: a train split without one would be data with no target
+    at all, refused before anything is written (exit 2); a validation split without one, a warning
+    (its validation would report no loss)."""
+    def turns(split):
+        rows = [row for i, (_, row) in enumerate(docs) if (i in val_docs) == (split == "val")]
+        return len(rows), sum(any(m["role"] == "assistant" for m in row) for row in rows)
+    n, with_turn = turns("train")
+    if with_turn == 0:
+        fail(f"{', '.join(inputs)}: no conversation of the train split ({n}) has an assistant turn: --chat learns "
+             "only the assistant's tokens, so the data would hold no target (give conversations with "
+             "{\"role\": \"assistant\"} turns, or prepare plain text without --chat)")
+    n, with_turn = turns("val")
+    if n and with_turn == 0:
+        print(f"warning: no conversation of the validation split ({n}) has an assistant turn: its validation would "
+              "have no target (no loss to report)", file=sys.stderr)
 
 
 def completion_row(obj, where):
@@ -459,6 +479,8 @@ def main():
         fail(f"--val-fraction {a.val_fraction}: puts all {len(docs)} documents into the validation split, so the "
              "train split is empty; lower --val-fraction or give more documents")
     val_docs = set(order[:n_val])
+    if mode == "chat":
+        check_assistant_turns(a.inputs, docs, val_docs)
 
     tok = train_tokenizer((t for _, t in docs), a.vocab_size) if a.train_tokenizer else load_tokenizer(a.tokenizer)
     hf = load_hf_tokenizer(a.tokenizer, mode) if mode else None
@@ -546,6 +568,12 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
         fail(f"--out {a.out}: write failed ({e})", code=3)
     has_val = n_val and packers["val"].examples > 0
     total = writers["train"].total + writers["val"].total
+    for s in ("train", "val"):  # assistant turns that the template renders as nothing
+        turns = mode == "chat" and any(any(m["role"] == "assistant" for m in row) for i, (_, row) in enumerate(docs)
+                                       if (i in val_docs) == (s == "val"))
+        if (s == "train" or has_val) and writers[s].targets == 0 and turns:
+            print(f"warning: the {s} split has no target (0 of {writers[s].total} tokens): the chat template "
+                  "rendered its assistant turns as nothing", file=sys.stderr)
     info = {"model": {"vocab_size": vocab},
             "data": {"source": "tokens", "path": os.path.join(a.out, "train_*.bin"),
                      "loss_mask_path": os.path.join(a.out, "train_*.npy"),

@@ -183,8 +183,9 @@ PointTiming time_steps(const Config& cfg, const BenchOptions& opt, Communicator&
   Config c = cfg;
   c.train.checkpoint_dir.clear();
   c.train.log_every = 1 << 30;
+  // The timed steps (the schedule's rules are not checked again: a timing does not depend on the lr).
+  c.train.steps = opt.warmup + opt.iters;
   TrainArgs ta;
-  ta.steps = opt.warmup + opt.iters;
   ta.quiet = true;
   ta.accuracy = false;  // an evaluation on the host, not part of the step being timed
   TrainResult r = train(c, ta, world);

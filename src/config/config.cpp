@@ -490,36 +490,92 @@ void expand_model_from(json& j, Config& c, const std::string& origin) {
   j["model"] = merged;
 }
 
-// The schedule's cross-key rules (train/schedule.h says which keys each schedule reads).
+// The schedule's cross-key rules (schedule_reads says which keys each schedule reads).
 void check_schedule(const Config& c, const std::string& origin) {
   const TrainConfig& t = c.train;
   auto bad = [&](const std::string& what) { throw UsageError(str(origin, ": ", what)); };
   const std::string name(lr_schedule_name(t.lr_schedule));
-  bool min_lr = false, wsd = false, ds = false;
-  switch (t.lr_schedule) {
-    case LrSchedule::cosine:
-    case LrSchedule::cosine_with_min_lr: min_lr = true; break;
-    case LrSchedule::linear:
-    case LrSchedule::constant:
-    case LrSchedule::constant_with_warmup: break;
-    case LrSchedule::wsd: min_lr = wsd = true; break;
-    case LrSchedule::ds_warmup:
-    case LrSchedule::ds_warmup_decay: ds = true; break;
-    case LrSchedule::ds_warmup_cosine: min_lr = ds = true; break;
-  }
-  if (min_lr && t.min_lr > t.lr) bad(str("train.min_lr ", t.min_lr, " exceeds train.lr ", t.lr));
+  const std::vector<std::string_view> reads = schedule_reads(t.lr_schedule);
+  auto read = [&](std::string_view key) { return std::find(reads.begin(), reads.end(), key) != reads.end(); };
+  const bool ds = read("train.warmup_type");  // DeepSpeed's kinds: only they have a warm-up shape
+  if (read("train.min_lr") && t.min_lr > t.lr) bad(str("train.min_lr ", t.min_lr, " exceeds train.lr ", t.lr));
   if (ds && t.warmup_steps < 1)
     bad(str("train.lr_schedule \"", name, "\" needs train.warmup_steps >= 1 (DeepSpeed's warmup_num_steps is positive)"));
-  if (wsd) {
+  if (t.lr_schedule == LrSchedule::wsd) {  // the run's steps (train.steps, set by --steps) or its own span
     const int64_t steps = t.schedule_steps > 0 ? t.schedule_steps : t.steps;
     const int64_t decay = std::llround(t.decay_fraction * static_cast<double>(steps));
     if (t.warmup_steps + decay > steps)
       bad(str("train.lr_schedule \"wsd\": train.warmup_steps ", t.warmup_steps, " + the decay's ", decay,
-              " steps (train.decay_fraction ", t.decay_fraction, ") exceed the schedule's ", steps, " steps"));
+              " steps (train.decay_fraction ", t.decay_fraction, ") exceed the schedule's ", steps, " steps (",
+              t.schedule_steps > 0 ? "train.schedule_steps" : "the run's: train.steps or --steps", ")"));
   }
 }
 
+// Settings the config gives (its file or --set: `given`) that the run will not read, because
+// another setting leaves them out: one warning each, as for a key of another architecture. Every
+// schedule key its schedule does not read, data.seed where nothing shuffles, the checkpoint keys
+// without a checkpoint directory, the validation batch count without validation.
+std::vector<std::string> unread_settings(const Config& c, const json& given, const std::string& origin) {
+  std::vector<std::string> out;
+  auto unread = [&](std::string_view path, const std::string& why) {
+    if (given.is_object() && given.contains(json::json_pointer(json_path(std::string(path)))))
+      out.push_back(str(origin, ": ", path, " ", why, "; ignored"));
+  };
+  const std::vector<std::string_view> reads = schedule_reads(c.train.lr_schedule);
+  std::string list;  // "train.lr, train.warmup_steps and train.schedule_steps"
+  for (size_t i = 0; i <= reads.size(); ++i)
+    list += str(i == 0 ? "" : i == reads.size() ? " and " : ", ", i == 0 ? std::string_view("train.lr") : reads[i - 1]);
+  for (std::string_view key : schedule_keys())
+    if (std::find(reads.begin(), reads.end(), key) == reads.end())
+      unread(key, str("does not apply to train.lr_schedule \"", lr_schedule_name(c.train.lr_schedule), "\" (it reads ",
+                      reads.empty() ? "only " : "", list, ")"));
+  if (c.data.source == DataSourceKind::synthetic)
+    unread("data.seed", "does nothing for data.source \"synthetic\" (it keys data.shuffle's order of a file)");
+  else if (!c.data.shuffle)
+    unread("data.seed", "keys data.shuffle's order, and data.shuffle is false");
+  if (c.train.checkpoint_dir.empty())
+    for (const char* key : {"train.checkpoint_every", "train.keep_checkpoints", "train.max_shard_mb"})
+      unread(key, "does nothing without train.checkpoint_dir");
+  if (c.train.eval_every == 0)
+    unread("train.eval_batches", "does nothing while train.eval_every is 0 (no validation runs)");
+  return out;
+}
+
 }  // namespace
+
+const std::vector<std::string_view>& schedule_keys() {
+  static const std::vector<std::string_view> keys = {"train.warmup_steps", "train.min_lr", "train.schedule_steps",
+                                                     "train.decay_fraction", "train.decay_type", "train.warmup_type",
+                                                     "train.warmup_min_lr"};
+  return keys;
+}
+
+std::vector<std::string_view> schedule_reads(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::cosine:
+    case LrSchedule::cosine_with_min_lr: return {"train.warmup_steps", "train.min_lr", "train.schedule_steps"};
+    case LrSchedule::linear: return {"train.warmup_steps", "train.schedule_steps"};
+    case LrSchedule::constant: return {};
+    case LrSchedule::constant_with_warmup: return {"train.warmup_steps"};
+    case LrSchedule::wsd:
+      return {"train.warmup_steps", "train.min_lr", "train.schedule_steps", "train.decay_fraction", "train.decay_type"};
+    case LrSchedule::ds_warmup: return {"train.warmup_steps", "train.warmup_type", "train.warmup_min_lr"};
+    case LrSchedule::ds_warmup_decay:
+      return {"train.warmup_steps", "train.warmup_type", "train.warmup_min_lr", "train.schedule_steps"};
+    case LrSchedule::ds_warmup_cosine:
+      return {"train.warmup_steps", "train.warmup_type", "train.warmup_min_lr", "train.min_lr", "train.schedule_steps"};
+  }
+  return {};
+}
+
+Config with_steps(Config c, int64_t steps, const std::string& origin) {
+  if (auto problem = config_value_problem("train.steps", json(steps)))
+    throw UsageError(str(origin, " ", steps, ": ", *problem));
+  c.train.steps = steps;
+  c.resolved["train"]["steps"] = steps;
+  check_schedule(c, origin);
+  return c;
+}
 
 std::optional<std::string> config_value_problem(const std::string& path, const json& v) {
   for (const auto& k : schema()) {
@@ -678,7 +734,10 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
             auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads)));
   if (c.runtime.tiled_mlp && f.mlp != Mlp::swiglu)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", f.name, "\" has none"));
-  if (cross_key_rules) check_schedule(c, origin);
+  if (cross_key_rules) {
+    check_schedule(c, origin);
+    for (std::string& w : unread_settings(c, c.given, origin)) c.warnings.push_back(std::move(w));
+  }
   if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
             "\")"));

@@ -77,6 +77,8 @@ enum class WarmupType { log, linear };
 std::string_view warmup_type_name(WarmupType w);  // "log", "linear"
 
 struct TrainConfig {
+  // The run's step count, the one place that holds it: autosp-train's --steps sets it (after every
+  // --set), library callers with with_steps; every rule that depends on it (the schedule's) reads it.
   int64_t steps = 100;
   // Micro-batches of data.batch_size sequences per optimizer step (per dp rank): the global batch is
   // batch_size × gradient_accumulation_steps × dp, and the loss is the token mean over all of it.
@@ -84,7 +86,7 @@ struct TrainConfig {
   double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup_steps = 10;
   // The learning-rate schedule and its own keys (train/schedule.h): the steps it spans (0: the
-  // run's, train.steps or --steps; DeepSpeed's total_num_steps), wsd's decay (the fraction of
+  // run's, train.steps; DeepSpeed's total_num_steps), wsd's decay (the fraction of
   // those steps, rounded to the nearest step, and its shape), and the ds_ schedules' warm-up (its
   // shape and the lr it starts from: DeepSpeed's warmup_min_lr, or warmup_min_ratio × lr).
   LrSchedule lr_schedule = LrSchedule::cosine;
@@ -212,6 +214,17 @@ Config parse_config(const nlohmann::json& j, const std::vector<std::string>& ove
                     const std::string& origin = "config", bool cross_key_rules = true);
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                    bool cross_key_rules = true);
+
+// The keys of the learning-rate schedules besides train.lr (which every kind reads), and those of
+// them that kind `s` reads (train/schedule.h gives each kind's formula; tests/train/test_schedule.cpp
+// checks this against lr_at). The config's rules read it: min_lr ≤ lr only where min_lr is read,
+// and a schedule key the config gives that its schedule does not read is a warning.
+const std::vector<std::string_view>& schedule_keys();
+std::vector<std::string_view> schedule_reads(LrSchedule s);
+
+// `c` for a run of `steps` steps (train.steps, as --steps sets it): the value checked like the key,
+// and the schedule's rules checked against it; a UsageError naming `origin` otherwise.
+Config with_steps(Config c, int64_t steps, const std::string& origin = "steps");
 
 // What is wrong with `v` as the value of the schema key `path` (its type, range or choices), or
 // nothing: for keys that come from elsewhere (a DeepSpeed config) and are named there.

@@ -71,9 +71,9 @@ class Mapper {
   Mapper(const Config& cfg, const json& ds, int world, std::string origin)
       : cfg_(cfg), ds_(ds), world_(world), origin_(std::move(origin)) {}
 
-  // The keys to write into the user's config, in order; notes for the log.
+  // The keys to write into the user's config, in order; notes for the log; warnings.
   std::vector<std::pair<std::string, json>> assigned;
-  std::vector<std::string> mapped, ignored;
+  std::vector<std::string> mapped, ignored, warnings;
 
   void run() {
     if (!ds_.is_object()) fail("expected a JSON object at the top level (a DeepSpeed config)");
@@ -105,8 +105,14 @@ class Mapper {
     if (ds_.contains("gradient_clipping")) value("gradient_clipping", ds_["gradient_clipping"], "train.grad_clip");
     if (ds_.contains("steps_per_print") && !ds_["steps_per_print"].is_null())
       value("steps_per_print", ds_["steps_per_print"], "train.log_every");
-    for (const char* k : {"bf16", "bfloat16"})
-      if (ds_.contains(k)) bf16(k, ds_[k]);
+    // DeepSpeed reads "bf16" and its old name "bfloat16" only where "bf16" is absent
+    // (runtime/precision_config.py get_bfloat16_config): with both, "bfloat16" changes nothing.
+    if (ds_.contains("bf16")) {
+      bf16("bf16", ds_["bf16"]);
+      if (ds_.contains("bfloat16")) shadowed("bfloat16", ds_["bfloat16"], "bf16", ds_["bf16"]);
+    } else if (ds_.contains("bfloat16")) {
+      bf16("bfloat16", ds_["bfloat16"]);
+    }
     if (ds_.contains("zero_optimization")) zero(ds_["zero_optimization"]);
     if (ds_.contains("compile")) compile(ds_["compile"]);
   }
@@ -177,6 +183,15 @@ class Mapper {
       fail(str(key, " = ", v.dump(), ": not supported by autosp-train (it would change the math); expected ",
                allowed.dump()));
     ignored.push_back(key);
+  }
+
+  // A key DeepSpeed does not read because `winner`, its other spelling, is there: ignored, with a
+  // warning when the two say different things (the file's author may have meant the other one).
+  void shadowed(const std::string& key, const json& v, const std::string& winner, const json& w) {
+    ignored.push_back(str(key, " (", winner, " is given)"));
+    if (v != w)
+      warnings.push_back(str(origin_, ": ", key, " = ", v.dump(), " is ignored: DeepSpeed reads ", winner, " = ", w.dump(),
+                             " when both are given"));
   }
 
   void off_section(const std::string& key, const json& v) {
@@ -462,6 +477,7 @@ Config apply_deepspeed(const Config& cfg, const json& ds, int world_size, const 
   std::vector<std::string> warnings = cfg.warnings;
   for (auto& w : out.warnings)
     if (std::find(warnings.begin(), warnings.end(), w) == warnings.end()) warnings.push_back(w);
+  for (auto& w : m.warnings) warnings.push_back(std::move(w));
   out.warnings = std::move(warnings);
   out.notes = cfg.notes;
   out.given = cfg.given;

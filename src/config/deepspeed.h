@@ -9,7 +9,9 @@
 //   - "auto" takes our value (default or set); where we have none it is an error;
 //   - a key both files set, to different values, is an error naming both;
 //   - a key that would change the math and that we do not support is an error naming it; keys
-//     that change nothing here are listed once, as ignored, in the notes.
+//     that change nothing here are listed once, as ignored, in the notes;
+//   - of two spellings of one section ("bf16" and its old name "bfloat16"), the one DeepSpeed
+//     reads is taken and the other ignored, with a warning when the two differ.
 // Every error is a UsageError naming the file and the key. Knows nothing of training.
 #pragma once
 

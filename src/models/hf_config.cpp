@@ -56,6 +56,12 @@ const std::set<std::string>& file_keys() {
   return k;
 }
 
+// Keys transformers spells two ways (4.x's name and 5.x's) that the translation does not read
+// otherwise: a file may give both, and then they must say the same, as rope_theta and
+// rope_parameters.rope_theta must (rope_from_hf), and rope_type and type inside a rope section
+// (parse_rope_scaling). A null is as absent.
+const std::vector<std::pair<const char*, const char*>> kTwoSpellings = {{"torch_dtype", "dtype"}};
+
 // Settings we do not train whose value must be the one that leaves the model plain; each row is
 // (key, accepted values as JSON, what we support).
 struct Required {
@@ -175,6 +181,9 @@ RopeScalingConfig parse_rope_scaling(const json& j, const std::string& where) {
   auto bad = [&](const std::string& what) { throw UsageError(str(where, ": ", what)); };
   if (!j.is_object()) bad(str("expected an object or null, got ", j.dump()));
   const json type = j.contains("rope_type") ? j["rope_type"] : j.contains("type") ? j["type"] : json();
+  if (j.contains("rope_type") && j.contains("type") && j["rope_type"] != j["type"])  // 4.x's old name and its new one
+    bad(str("rope_type = ", j["rope_type"].dump(), " differs from type = ", j["type"].dump(),
+            " (two spellings of one setting: they must agree)"));
   if (!type.is_string()) bad("needs \"rope_type\": \"linear\", \"llama3\" or \"yarn\" (or \"default\")");
   const std::string t = type.get<std::string>();
   if (t != "default" && t != "linear" && t != "llama3" && t != "yarn")
@@ -439,6 +448,10 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
       errors.push_back(str("n_inner = ", inner.dump(), ": autosp's GPT-2 MLP is 4·n_embd (n_inner null)"));
   }
   if (f.layout == Layout::llama) check_layer_types(hf, m, in);
+  for (const auto& [a, b] : kTwoSpellings)
+    if (hf.contains(a) && hf.contains(b) && !hf[a].is_null() && !hf[b].is_null() && !same_value(hf[a], hf[b]))
+      errors.push_back(str(a, " = ", hf[a].dump(), " differs from ", b, " = ", hf[b].dump(),
+                           " (two spellings of one setting: they must agree)"));
   erase_defaults(m);  // our keys at their default are left out, as model_json leaves them
   auto check_required = [&](const std::vector<Required>& rows) {
     for (const Required& r : rows) {

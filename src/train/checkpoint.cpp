@@ -550,12 +550,7 @@ bool resumes_from(const std::string& resume, const std::string& root) {
 std::unique_ptr<DirLock> open_checkpoint_dir(const std::string& root, const std::string& resume, bool start_over) {
   auto lock = std::make_unique<DirLock>(root);
   const int64_t newest = newest_step(root);
-  if (start_over) {
-    if (const std::string aside = move_aside(root, -1); !aside.empty())
-      spdlog::info("--start-over: moved the earlier run's checkpoints (to step {}) into {}", newest, aside);
-    return lock;
-  }
-  if (newest < 0) return lock;
+  if (start_over || newest < 0) return lock;  // --start-over's move waits for settle_checkpoint_dir
   if (resume.empty())
     throw UsageError(str("train.checkpoint_dir ", root, " already holds step_", fmt::format("{:08d}", newest),
                          " of an earlier run: --resume ", root, " to continue it, or --start-over to move its "
@@ -566,8 +561,15 @@ std::unique_ptr<DirLock> open_checkpoint_dir(const std::string& root, const std:
   return lock;
 }
 
-void branch_from(const std::string& root, const std::string& resume, int64_t step) {
-  if (root.empty() || resume.empty() || !resumes_from(resume, root)) return;
+void settle_checkpoint_dir(const std::string& root, const std::string& resume, bool start_over, int64_t step) {
+  if (root.empty()) return;
+  if (start_over) {
+    const int64_t newest = newest_step(root);
+    if (const std::string aside = move_aside(root, -1); !aside.empty())
+      spdlog::info("--start-over: moved the earlier run's checkpoints (to step {}) into {}", newest, aside);
+    return;
+  }
+  if (resume.empty() || !resumes_from(resume, root)) return;
   if (const std::string aside = move_aside(root, step); !aside.empty())
     spdlog::info("branching from step {}: the newer checkpoints of {} moved into {}", step, root, aside);
 }

@@ -79,15 +79,18 @@ int64_t newest_complete_step_before(const std::string& root, int64_t before);
 // would otherwise prune or continue.
 std::string move_aside(const std::string& root, int64_t newer_than);
 
-// The checkpoint directory's lifecycle (docs/reliability.md), rank 0 only, before anything is
+// The checkpoint directory's lifecycle (docs/reliability.md), rank 0 only, in two halves, so that a
+// run refused for any reason (exit 2) has moved nothing. open_checkpoint_dir, before anything is
 // loaded: `root` locked for the run (the returned lock lives as long as the run), then a root that
 // holds checkpoints of an earlier run needs `resume` naming it (or one of its step_* directories),
-// or `start_over`, which moves its checkpoints aside; anything else is a UsageError saying which.
+// or `start_over`; anything else is a UsageError saying which. It moves nothing.
 std::unique_ptr<DirLock> open_checkpoint_dir(const std::string& root, const std::string& resume, bool start_over);
-// Resuming an older step of `root` branches from it: the newer steps move aside, so they are
-// neither pruned nor taken for this run's newest by a later --resume ROOT. A no-op unless `resume`
-// names `root` or one of its steps.
-void branch_from(const std::string& root, const std::string& resume, int64_t step);
+// The moves the run's start implies, made once everything the run needs has been read and
+// validated on every rank (the trainer calls it right before the first step): `start_over` moves
+// every step_* aside; resuming step `step` of `root` itself branches from it, moving the newer
+// steps aside so they are neither pruned nor taken for this run's newest by a later --resume ROOT.
+// A no-op otherwise.
+void settle_checkpoint_dir(const std::string& root, const std::string& resume, bool start_over, int64_t step);
 
 // CRC-32C (Castagnoli, as in iSCSI/ext4): crc32c("123456789") == 0xE3069283. `crc` continues a
 // previous call's result.

@@ -78,12 +78,15 @@ int64_t Generator::pick(const std::vector<double>& logits, const SampleOptions& 
   return 0;
 }
 
-Generated Generator::generate(const std::vector<int64_t>& prompt, const SampleOptions& o) const {
+void check_generation(const ModelConfig& m, const std::vector<int64_t>& prompt, const SampleOptions& o) {
   if (prompt.empty()) throw UsageError("the prompt is empty: give at least one token");
   for (size_t i = 0; i < prompt.size(); ++i)
-    if (prompt[i] < 0 || prompt[i] >= m_.vocab_size)
-      throw UsageError(str("prompt token ", prompt[i], " at index ", i, " is outside [0, ", m_.vocab_size,
+    if (prompt[i] < 0 || prompt[i] >= m.vocab_size)
+      throw UsageError(str("prompt token ", prompt[i], " at index ", i, " is outside [0, ", m.vocab_size,
                            ") (model.vocab_size)"));
+  if (o.eos_token_id != -1 && (o.eos_token_id < 0 || o.eos_token_id >= m.vocab_size))
+    throw UsageError(str("eos-token-id ", o.eos_token_id, " is outside [0, ", m.vocab_size,
+                         ") (model.vocab_size; -1 for no stop), so it could never stop the generation"));
   if (o.max_new_tokens < 0) throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": expected ≥ 0"));
   if (o.top_k < 0) throw UsageError(str("top-k ", o.top_k, ": expected ≥ 0"));
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
@@ -95,16 +98,19 @@ Generated Generator::generate(const std::vector<int64_t>& prompt, const SampleOp
     throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": with the prompt's ", prompt_len,
                          " tokens the positions overflow int64"));
   auto past = [&](int64_t limit) { return prompt_len > limit || o.max_new_tokens > limit - prompt_len; };
-  if (family(m_.arch).positions == Positions::learned && past(m_.max_position_embeddings))  // a row of the table each
+  if (family(m.arch).positions == Positions::learned && past(m.max_position_embeddings))  // a row of the table each
     throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
-                         o.max_new_tokens, " new tokens exceed ", arch_name(m_.arch),
-                         "'s position table (model.max_position_embeddings ", m_.max_position_embeddings, ")"));
+                         o.max_new_tokens, " new tokens exceed ", arch_name(m.arch),
+                         "'s position table (model.max_position_embeddings ", m.max_position_embeddings, ")"));
   // RoPE rotates by any position; a sliding window only where it changes nothing.
-  if (m_.sliding_window > 0 && past(m_.sliding_window))
+  if (m.sliding_window > 0 && past(m.sliding_window))
     throw UsageError(str("max-new-tokens ", o.max_new_tokens, ": the prompt (", prompt_len, " tokens) and ",
-                         o.max_new_tokens, " new tokens exceed model.sliding_window ", m_.sliding_window,
+                         o.max_new_tokens, " new tokens exceed model.sliding_window ", m.sliding_window,
                          " (autosp attends over the whole sequence, so a window must cover it)"));
+}
 
+Generated Generator::generate(const std::vector<int64_t>& prompt, const SampleOptions& o) const {
+  check_generation(m_, prompt, o);
   std::mt19937_64 rng(o.seed);
   Generated out;
   std::vector<int64_t> seq = prompt;

@@ -22,7 +22,7 @@ struct SampleOptions {
                               // (even subnormal) draws only among the maxima
   int64_t top_k = 0;          // with temperature > 0: sample among the k largest logits (0: all)
   uint64_t seed = 0;          // the sampling generator's seed
-  int64_t eos_token_id = -1;  // stop once it is generated (-1: never)
+  int64_t eos_token_id = -1;  // stop once it is generated (-1: never; else an id of the vocabulary)
   bool kv_cache = true;       // false: recompute the whole sequence for every token (the reference)
 };
 
@@ -31,13 +31,17 @@ struct Generated {
   std::vector<std::vector<double>> logits;  // per new token: the logits it was drawn from [V]
 };
 
+// What generate() refuses, checked from the model's config alone (no weights, no programs): an empty
+// prompt, a prompt id or an eos_token_id (other than -1) outside [0, vocab_size), max_new_tokens,
+// top_k or temperature out of range, and positions that do not fit GPT-2's position table, a
+// sliding window or int64. A UsageError saying which; autosp-sample calls it before loading anything.
+void check_generation(const ModelConfig& m, const std::vector<int64_t>& prompt, const SampleOptions& o);
+
 class Generator {
  public:
   // `params` as the trainer holds them (HF names), in `dtype` (f32 or f64).
   Generator(const ModelConfig& m, DType dtype, ParamMap params);
-  // A prompt that is empty, holds an id outside [0, vocab_size), or with max_new_tokens does not
-  // fit GPT-2's position table (or int64 positions, any arch) is a UsageError saying so, before
-  // anything runs.
+  // check_generation first: a UsageError before anything runs.
   Generated generate(const std::vector<int64_t>& prompt, const SampleOptions& options) const;
 
  private:

@@ -19,7 +19,9 @@
 //   ds_warmup_decay      DeepSpeed's WarmupDecayLR (then linear to 0 at N)
 //   ds_warmup_cosine     DeepSpeed's WarmupCosineLR (ratios warmup_min_lr/lr and min_lr/lr of lr)
 // W = train.warmup_steps (the ds_ kinds use max(2, W), as DeepSpeed does); N = train.schedule_steps,
-// or the run's steps when that is 0.
+// or the run's steps when that is 0. Which of the schedule keys each kind reads is the config's
+// schedule_reads (config/config.h; a key a run gives and its kind does not read is a warning): a
+// new kind adds its row there, and tests/train/test_schedule.cpp checks the rows against lr_at.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,9 @@
 // Rank 0's run and step lines (train/step_log.h).
 #include "train/step_log.h"
 
+#include <algorithm>
+#include <limits>
+
 #include <spdlog/spdlog.h>
 
 #include "device/cuda/device.h"
@@ -13,6 +16,20 @@ namespace {
 
 // Three significant digits whatever the scale: a CPU's 0.0123 TFLOP/s and a node's 3210.
 std::string tflops_text(double t) { return t >= 100 ? fmt::format("{:.0f}", t) : fmt::format("{:.3g}", t); }
+
+// What made targets few, to check: the loss masks that were given (by key and path) and the
+// document mask. `val`: the validation data's.
+std::string masks_to_check(const DataConfig& d, bool val) {
+  std::string masks;
+  auto add = [&](const std::string& what) { masks += str(masks.empty() ? "" : " and ", what); };
+  if (val && !d.val_loss_mask_path.empty()) add(str("data.val_loss_mask_path ", d.val_loss_mask_path));
+  if (!val && !d.loss_mask_path.empty()) add(str("data.loss_mask_path ", d.loss_mask_path));
+  if (!val)
+    for (size_t k = 0; k < d.mix.size(); ++k)
+      if (!d.mix[k].loss_mask_path.empty()) add(str("data.mix[", k, "].loss_mask_path ", d.mix[k].loss_mask_path));
+  if (d.document_mask) add("data.document_mask");
+  return masks.empty() ? std::string("the data") : masks;
+}
 
 }  // namespace
 
@@ -37,6 +54,11 @@ StepThroughput::StepThroughput(const Config& cfg, int64_t dp, int world, Device 
 void StepThroughput::fill(StepRecord& rec) const {
   const double seconds = rec.step_ms / 1000.0;
   rec.tokens = static_cast<int64_t>(tokens_);
+  if (rec.skipped) {  // it read its data and ran nothing: no throughput to report
+    rec.tokens_per_sec = rec.tflops = std::numeric_limits<double>::quiet_NaN();
+    rec.mfu = -1;
+    return;
+  }
   rec.tokens_per_sec = tokens_ / seconds;
   rec.tflops = flops_ / seconds / 1e12;
   rec.mfu = peak_ > 0 ? rec.tflops / peak_ : -1;
@@ -74,8 +96,22 @@ void StepLog::step(const StepRecord& rec) {
       cfg_.data.source != DataSourceKind::synthetic) {  // the synthetic task scores only its answers
     warned_few_targets_ = true;
     spdlog::warn("only {} of {} input tokens ({:.3f}%) after step {} are targets: the loss masks{} remove nearly "
-                 "everything (check data.loss_mask_path and how the masks were made)",
-                 targets_, tokens_, 100 * fraction, rec.step, cfg_.data.document_mask ? " and document mask" : "");
+                 "everything (check {} and how the masks were made)",
+                 targets_, tokens_, 100 * fraction, rec.step, cfg_.data.document_mask ? " and document mask" : "",
+                 masks_to_check(cfg_.data, false));
+  }
+  // The same for the validation data, once: its masks may remove everything while training's do not.
+  if (lead_ && rec.evaluated && !warned_few_val_targets_ && cfg_.data.source != DataSourceKind::synthetic &&
+      static_cast<double>(rec.val_targets) < kFewTargets * static_cast<double>(rec.val_tokens)) {
+    warned_few_val_targets_ = true;
+    spdlog::warn("validation after step {}: only {} of {} input tokens ({:.3f}%) of data.val_path {} are targets: "
+                 "{} remove{} (check {} and how the masks were made){}",
+                 rec.step, rec.val_targets, rec.val_tokens,
+                 100 * static_cast<double>(rec.val_targets) / static_cast<double>(std::max<int64_t>(1, rec.val_tokens)),
+                 cfg_.data.val_path, cfg_.data.val_loss_mask_path.empty() ? "the document mask" : "the validation loss masks",
+                 str(cfg_.data.val_loss_mask_path.empty() ? "s" : "", rec.val_targets == 0 ? " everything" : " nearly everything"),
+                 masks_to_check(cfg_.data, true),
+                 rec.val_targets == 0 ? "; no validation loss or accuracy is reported" : "");
   }
   const bool due = rec.step % cfg_.train.log_every == 0 || rec.step == total_ || rec.step == start_ + 1 ||
                    rec.evaluated || rec.skipped;
@@ -84,19 +120,24 @@ void StepLog::step(const StepRecord& rec) {
   if (!quiet_ || file_log) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began_).count();
     const double eta = elapsed / static_cast<double>(rec.step - start_) * static_cast<double>(total_ - rec.step);
+    // A skipped step has no loss, norm or throughput: it says so instead.
+    const std::string work =
+        rec.skipped ? std::string("skipped: no targets")
+                    : fmt::format("loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s", rec.loss,
+                                  rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
+                                  rec.grad_norm, rec.tokens_per_sec);
     const std::string line = fmt::format(
-        "step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | targets {} | {} TFLOP/s{} | "
-        "{:.1f} ms (sync {:.1f}, data {:.1f}) | peak {:.1f} MiB{} | eta {}m{:02d}s",
-        rec.step, total_, rec.loss, rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
-        rec.grad_norm, rec.tokens_per_sec, rec.targets, tflops_text(rec.tflops),
-        rec.mfu >= 0 ? fmt::format(" | MFU {:.1f}%", rec.mfu * 100) : "", rec.step_ms, rec.grad_sync_ms, rec.data_ms,
-        static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0), rec.epochs.empty() ? "" : " | " + rec.epochs,
-        static_cast<int64_t>(eta) / 60,
-        static_cast<int64_t>(eta) % 60);
+        "step {}/{} | {}{} | targets {}{} | {:.1f} ms (sync {:.1f}, data {:.1f}) | peak {:.1f} MiB{} | eta {}m{:02d}s",
+        rec.step, total_, work, rec.skipped ? fmt::format(" | lr {:.3e}", rec.lr) : "", rec.targets,
+        rec.skipped ? "" : fmt::format(" | {} TFLOP/s{}", tflops_text(rec.tflops),
+                                       rec.mfu >= 0 ? fmt::format(" | MFU {:.1f}%", rec.mfu * 100) : ""),
+        rec.step_ms, rec.grad_sync_ms, rec.data_ms, static_cast<double>(rec.peak_bytes) / (1024.0 * 1024.0),
+        rec.epochs.empty() ? "" : " | " + rec.epochs, static_cast<int64_t>(eta) / 60, static_cast<int64_t>(eta) % 60);
     const std::string val =
-        rec.evaluated ? fmt::format("step {}/{} | val loss {:.4f} | val acc {:.3f}", rec.step, total_, rec.val_loss,
-                                    rec.val_accuracy)
-                      : "";
+        !rec.evaluated         ? ""
+        : rec.val_targets == 0 ? fmt::format("step {}/{} | val: no targets (the masks remove every one)", rec.step, total_)
+                               : fmt::format("step {}/{} | val loss {:.4f} | val acc {:.3f}", rec.step, total_,
+                                             rec.val_loss, rec.val_accuracy);
     if (!quiet_) spdlog::info("{}", line);
     else file_log->info("{}", line);
     if (!val.empty() && !quiet_) spdlog::info("{}", val);
@@ -113,7 +154,11 @@ void StepLog::step(const StepRecord& rec) {
     if (!rec.epochs.empty()) m["epochs"] = rec.epochs;
     if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
     if (rec.skipped) m["skipped"] = true;  // its loss and norm are NaN (null in JSON)
-    if (rec.evaluated) m["val_loss"] = rec.val_loss, m["val_accuracy"] = rec.val_accuracy;
+    if (rec.evaluated) {  // without targets there is neither: both null
+      m["val_loss"] = rec.val_targets > 0 ? nlohmann::json(rec.val_loss) : nlohmann::json();
+      m["val_accuracy"] = rec.val_targets > 0 ? nlohmann::json(rec.val_accuracy) : nlohmann::json();
+      m["val_targets"] = rec.val_targets;
+    }
     metrics_ << m.dump() << "\n" << std::flush;
     if (!metrics_) throw RuntimeFailure(str("--metrics ", metrics_path_, ": write failed (disk full or I/O error)"));
   }

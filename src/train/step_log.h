@@ -14,7 +14,7 @@
 namespace autosp {
 
 // A step's throughput from its time: tokens/s over every micro-batch (input tokens, scored or not:
-// a loss mask changes what counts in the loss, not the work), the job's model TFLOP/s
+// a loss mask changes what counts in the loss, not the work; a skipped step did none: NaN), the job's model TFLOP/s
 // (models/flops.h step_flops of the global batch, as autosp-bench reports it) and the MFU against
 // the peak: runtime.peak_tflops, else the detected GPU's dense bf16 peak (device/cuda/device.h),
 // times the ranks; none on a CPU without runtime.peak_tflops.
@@ -37,7 +37,8 @@ class StepLog {
   void run_start(Device dev, const std::string& data, size_t num_params, const std::string& validation_data) const;
   // Rank 0's lines for `rec` when it is a step to log; a failed metrics write is a RuntimeFailure.
   // Warns once, at the first or the last step, when under kFewTargets of the run's input tokens so
-  // far were targets (loss masks or document masks that remove nearly everything).
+  // far were targets (loss masks or document masks that remove nearly everything), and once when
+  // a validation's targets are under kFewTargets of its input tokens (its masks, named).
   void step(const StepRecord& rec);
   // Rank 0's closing lines: with runtime.profile_ops, where the steps' time went, per op kind.
   void run_end(const TrainResult& result) const;
@@ -52,7 +53,7 @@ class StepLog {
   std::string metrics_path_;
   std::ofstream metrics_;
   int64_t targets_ = 0, tokens_ = 0;  // over the run's steps so far
-  bool warned_few_targets_ = false;
+  bool warned_few_targets_ = false, warned_few_val_targets_ = false;
 };
 
 }  // namespace autosp

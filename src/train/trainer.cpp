@@ -52,7 +52,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Rank 0, before anything is loaded: flags that exclude each other, outputs that would clobber the
-// run's inputs or a checkpoint, then the checkpoint directory locked and its lifecycle applied.
+// run's inputs or a checkpoint, then the checkpoint directory locked and its lifecycle checked
+// (what it moves waits for settle_checkpoint_dir, once everything else has been validated).
 std::unique_ptr<DirLock> prepare_run(const Config& cfg, const TrainArgs& args, bool lead) {
   if (!args.resume.empty() && !args.init_from.empty()) throw UsageError("--resume and --init-from exclude each other");
   if (args.start_over && !args.resume.empty()) throw UsageError("--start-over and --resume exclude each other");
@@ -68,6 +69,7 @@ std::unique_ptr<DirLock> prepare_run(const Config& cfg, const TrainArgs& args, b
 
 // What the run starts from, whole and on the host in the master dtype: a checkpoint (--resume),
 // weights (--init-from, model.from) or a fresh initialisation; every rank takes rank 0's weights.
+// It changes nothing on disk: a resume is validated further (its data position) after it.
 struct StartState {
   ParamMap params;
   AdamW opt;
@@ -92,7 +94,6 @@ StartState start_state(const Config& cfg, const TrainArgs& args, Communicator& h
       spdlog::info("weights from {} (model.from)", cfg.model_from);
     s.opt.init(s.params);
   }
-  if (lead) branch_from(cfg.train.checkpoint_dir, args.resume, s.step);
   for (auto& [name, p] : s.params) host_world.broadcast(p, 0);
   return s;
 }
@@ -238,8 +239,7 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world) {
-  const int64_t total = args.steps.value_or(cfg.train.steps);
-  if (total < 0) throw UsageError(str("--steps ", total, ": expected >= 0"));
+  const int64_t total = cfg.train.steps;  // the run's step count (config/config.h)
   const Device dev = pick_device(cfg);
   const std::optional<Fault> fault = fault_from_env(world.size());  // AUTOSP_FAULT: failures for tests
   // NCCL or the world for device tensors, the mesh, every collective under the watchdog.
@@ -271,6 +271,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   StepLog log(args, start.step, total, cfg, world.rank() == 0);
   log.run_start(dev, data->describe(), num_params, validation ? validation->data->describe() : "");
   const StepThroughput throughput(cfg, mesh.dp, world.size(), dev);
+  // Everything the run needs has been read and validated, on every rank (the barrier): only now may
+  // the start move checkpoints aside (--start-over, a branch), so a refused run changed nothing.
+  comms->host_world->barrier();
+  if (world.rank() == 0) settle_checkpoint_dir(cfg.train.checkpoint_dir, args.resume, args.start_over, start.step);
 
   for (int64_t step = start.step; step < total; ++step) {
     const auto t0 = Clock::now();

@@ -15,7 +15,7 @@
 namespace autosp {
 
 struct TrainArgs {
-  std::optional<int64_t> steps;  // overrides train.steps
+  // The run's step count is the config's train.steps (--steps sets it; config/config.h with_steps).
   std::string init_from;         // safetensors weights to start from
   std::string resume;            // checkpoint directory (or root) to continue from
   std::string metrics;           // JSON lines file, one object per logged step (rank 0)
@@ -45,15 +45,18 @@ struct StepRecord {
   size_t peak_bytes = 0;
   double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources or when not scored)
   // No rank's batch had a scored position (every label -100), so the loss would be 0/0: the step
-  // ran no graph and made no update (the data and the learning-rate schedule move on); loss and
-  // norm are NaN.
+  // ran no graph and made no update (the data and the learning-rate schedule move on); loss, norm
+  // and the throughput (tokens_per_sec, tflops) are NaN, mfu -1; tokens still counts what was read.
   bool skipped = false;
-  // Validation after this step (train.eval_every, and after the last step): the mean over
-  // train.eval_batches validation batches of each batch's loss (the global token mean, like the
-  // training loss), and the fraction of labelled positions whose argmax is the label. Forward only:
+  // Validation after this step (train.eval_every, and after the last step): the mean over the
+  // train.eval_batches validation batches that have targets of each batch's loss (the global token
+  // mean, like the training loss), and the fraction of labelled positions whose argmax is the
+  // label; with no target in any batch (masks that remove everything) neither exists: val_loss
+  // NaN, val_accuracy -1. The targets and input tokens are counted over the world. Forward only:
   // training's parameters, optimizer state and data order are untouched.
   bool evaluated = false;
   double val_loss = 0, val_accuracy = -1;
+  int64_t val_targets = 0, val_tokens = 0;
 };
 
 // A validation sequence for the log (rank 0): its tokens, labels and the model's argmax at each

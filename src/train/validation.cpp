@@ -2,6 +2,7 @@
 #include "train/validation.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "graph/passes/autosp/autosp.h"
 #include "train/run_device.h"
@@ -129,25 +130,44 @@ bool validation_due(const Config& cfg, int64_t step, int64_t total) {
 void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms& comms, Device dev,
               StepRecord& rec, ValExample* example) {
   const RankLayout& layout = comms.mesh;
-  double loss_sum = 0;
-  int64_t correct = 0, counted = 0;
-  for (int64_t k = 0; k < cfg.train.eval_batches; ++k) {
+  const int64_t K = cfg.train.eval_batches;
+  std::vector<double> losses;
+  // This rank's correct predictions, then each batch's scored positions (its block of the
+  // sequences), summed over the world at the end in one all-reduce.
+  std::vector<int64_t> counts(static_cast<size_t>(K + 1), 0);
+  int64_t tokens = 0;  // input tokens this dp rank read, scored or not
+  for (int64_t k = 0; k < K; ++k) {
     const Batch raw = v.data->get(k, layout.dp_rank, layout.dp);
     const Batch batch = pad_to_multiple(raw, layout.seq_multiple());
     RunResult r = v.ex->run(run_feeds(batch, params, cfg.model.vocab_size, dev), comms.groups);
     comms.synchronize_device();
-    loss_sum += host_copy(r.outputs.at(v.prog.loss)).to_doubles()[0];
+    losses.push_back(host_copy(r.outputs.at(v.prog.loss)).to_doubles()[0]);
     const Tensor logits = scored_rows(r);
     auto [c, n] = count_correct(logits, local_labels(batch, layout));
-    correct += c;
-    counted += n;
+    counts[0] += c;
+    counts[static_cast<size_t>(k + 1)] = n;
+    tokens += raw.input_ids.numel();
     if (k == 0 && example)
       *example = first_example(logits, batch, raw.labels.dim(1), layout, *comms.host_world,
                                cfg.data.source == DataSourceKind::synthetic);
   }
+  Tensor summed = Tensor::from_vector<int64_t>({K + 1}, counts);
+  comms.host_world->all_reduce_sum(summed);
+  const int64_t* world = summed.data<int64_t>();
+  // A batch without a target anywhere has no loss (its token mean is 0/0): the mean is over the
+  // batches with targets, and with none at all there is no loss and no accuracy to report.
+  double loss_sum = 0;
+  int64_t scored_batches = 0;
   rec.evaluated = true;
-  rec.val_loss = loss_sum / static_cast<double>(cfg.train.eval_batches);
-  rec.val_accuracy = fraction(world_counts(correct, counted, *comms.host_world));
+  rec.val_targets = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    rec.val_targets += world[k + 1];
+    if (world[k + 1] > 0) loss_sum += losses[static_cast<size_t>(k)], ++scored_batches;
+  }
+  rec.val_tokens = tokens * layout.dp;  // the ranks of an SP group read the same sequences
+  rec.val_loss = scored_batches > 0 ? loss_sum / static_cast<double>(scored_batches)
+                                    : std::numeric_limits<double>::quiet_NaN();
+  rec.val_accuracy = rec.val_targets > 0 ? static_cast<double>(world[0]) / static_cast<double>(rec.val_targets) : -1;
 }
 
 double score_accuracy(const RunResult& r, const Batch& batch, const RankLayout& layout, Communicator& host_world) {

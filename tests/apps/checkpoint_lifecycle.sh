@@ -3,7 +3,7 @@
 # checkpoint_dir needs --resume or --start-over (which moves its steps aside); one live run per
 # directory; resuming an older step moves the newer ones aside and `--resume ROOT` then continues
 # the branch; outputs may not land in a checkpoint or on an input; a failed metrics write is exit 3;
-# a closed stderr pipe does not kill the run.
+# a closed stderr pipe does not kill the run; a command that exits 2 changes nothing on disk.
 #   checkpoint_lifecycle.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1/autosp-train
@@ -88,6 +88,44 @@ expect 2 "--dump-grads /dev/full: is not a regular file" --config "$tmp/cfg.json
 rc=$?
 [ $rc -eq 0 ] && [ "$(wc -l <"$tmp/pipe.jsonl")" -eq 6 ] ||
   { echo "FAIL: with stderr closed the run exited $rc with $(wc -l <"$tmp/pipe.jsonl") metrics lines"; fail=1; }
+
+# A command that exits 2 changes nothing on disk (docs/reliability.md): every refusal of a resume or
+# of --start-over, wherever the run finds it (the checkpoint, the data position, the data itself),
+# leaves the checkpoints where they were and writes no output; `--resume ROOT` then still means the
+# newest step. (Before issue 48 a branch or --start-over moved the newer steps aside first.)
+$py - "$tmp" <<'PY'
+import os, struct, sys
+def shard(path, n):
+    toks = [(t * 7) % 32 for t in range(n)]
+    hdr = [0] * 256
+    hdr[0], hdr[1], hdr[2] = 20240520, 1, n
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+shard(os.path.join(sys.argv[1], "d.bin"), 2000)
+shard(os.path.join(sys.argv[1], "d_other.bin"), 1500)
+PY
+ck2=$tmp/ck2
+t=(--config "$tmp/cfg.json" --set "train.checkpoint_dir=$ck2" --quiet --set data.source=tokens
+   --set "data.path=$tmp/d.bin" --set data.shuffle=true)
+snapshot() { (cd "$ck2" && find . -path ./train.log -prune -o -path ./.lock -prune -o -printf '%p %s %T@\n' | sort); }
+expect 0 '' "${t[@]}"
+before=$(snapshot)
+refuse() {  # refuse 'NEEDLE' ARGS...: exit 2 naming NEEDLE, and the directory exactly as it was
+  expect 2 "$@" --metrics "$tmp/refused.jsonl"
+  [ "$(snapshot)" = "$before" ] || { echo "FAIL: exit 2 changed $ck2:"; diff <(echo "$before") <(snapshot) | head; fail=1; }
+  [ ! -e "$tmp/refused.jsonl" ] || { echo "FAIL: a refused run created its --metrics file"; fail=1; rm -f "$tmp/refused.jsonl"; }
+}
+refuse "data.seed changed (1234 → 5) within shuffled epoch" "${t[@]}" --resume "$ck2/step_00000002" --set data.seed=5
+refuse "data.seq_len changed (16 → 8) within shuffled epoch" "${t[@]}" --resume "$ck2/step_00000002" --set data.seq_len=8
+refuse "data.shuffle changed (true → false)" "${t[@]}" --resume "$ck2/step_00000002" --set data.shuffle=false
+refuse "the data changed" "${t[@]}" --resume "$ck2/step_00000002" --set "data.path=$tmp/d_other.bin"
+refuse "was written with train.seed 1234" "${t[@]}" --resume "$ck2/step_00000002" --set train.seed=7
+refuse "none.bin" "${t[@]}" --resume "$ck2/step_00000002" --set train.eval_every=2 --set "data.val_path=$tmp/none.bin"
+refuse "none.bin" "${t[@]}" --start-over --set "data.path=$tmp/none.bin"
+refuse "--start-over and --resume exclude each other" "${t[@]}" --start-over --resume "$ck2"
+expect 0 '' "${t[@]}" --resume "$ck2" --steps 8
+grep -q "resumed from $ck2 at step 6" "$ck2/train.log" ||
+  { echo "FAIL: --resume ROOT after the refusals did not continue from step 6"; fail=1; }
 
 if [ $fail -eq 0 ]; then echo "checkpoint_lifecycle: all checks passed"; fi
 exit $fail

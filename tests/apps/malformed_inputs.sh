@@ -92,6 +92,7 @@ hfdir("hf_head_dim", dict(llama, model_type="qwen3", head_dim=7))
 hfdir("hf_layer_types", dict(llama, model_type="qwen3", layer_types=["sliding_attention"]))
 hfdir("hf_window", dict(llama, model_type="mistral", sliding_window=8))
 hfdir("hf_unknown", dict(llama, n_experts=8))
+hfdir("hf_dtypes", dict(llama, torch_dtype="float32", dtype="bfloat16"))
 hfdir("hf_heads", dict(llama, num_attention_heads=8, num_key_value_heads=8))
 hfdir("hf_pickle", llama, files=["pytorch_model.bin"])
 hfdir("hf_noweights", llama)
@@ -396,6 +397,7 @@ row 'model.sliding_window 8 is shorter than data.seq_len 16' "${c[@]}" --set "mo
 row 'model.head_dim 3 must be even for RoPE' "${c[@]}" --set model.head_dim=3
 row 'model.mlp_bias is a llama setting, not qwen2' "${c[@]}" --set model.arch=qwen2 --set model.mlp_bias=true
 row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
+row 'hf_dtypes/config.json: torch_dtype = "float32" differs from dtype = "bfloat16"' "${c[@]}" --set "model.from=$tmp/hf_dtypes"
 row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
 row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"
 row "unknown keys 'model.n_embd' (did you mean 'model.hidden_size'?), 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
@@ -423,6 +425,9 @@ row 'train.warmup_type = "exp": expected one of log|linear' "${c[@]}" --set trai
 row 'train.warmup_min_lr = -1: expected a value in' "${c[@]}" --set train.warmup_min_lr=-1
 row 'train.lr_schedule "ds_warmup" needs train.warmup_steps >= 1' "${c[@]}" --set train.lr_schedule=ds_warmup --set train.warmup_steps=0
 row 'train.warmup_steps 10 + the decay.s 2 steps' "${c[@]}" --set train.lr_schedule=wsd --set train.decay_fraction=0.9
+# the rule reads the steps the run takes: --steps, not the config's train.steps (issue 48)
+row 'train.warmup_steps 4 + the decay.s 3 steps (train.decay_fraction 0.5) exceed the schedule.s 5 steps' "${c[@]}" \
+  --set train.steps=100 --set train.lr_schedule=wsd --set train.warmup_steps=4 --set train.decay_fraction=0.5 --steps 5
 # DeepSpeed configs (--deepspeed)
 row 'nope.json: cannot open the DeepSpeed config' "${c[@]}" --deepspeed "$tmp/nope.json"
 row 'adir: is a directory, not a DeepSpeed config' "${c[@]}" --deepspeed "$tmp/adir"

@@ -94,6 +94,13 @@ row 'one of --prompt-ids 1,2,3 or --prompt TEXT' "${ck[@]}"
 row 'one of --prompt-ids 1,2,3 or --prompt TEXT' "${ck[@]}" --prompt-ids 1 --prompt hi
 row "prompt-ids 'x': expected an integer" "${ck[@]}" --prompt-ids 1,x
 row "an empty item" "${ck[@]}" --prompt-ids 1,,2
+row "an empty item" "${ck[@]}" --prompt-ids 1,2,
+row "an empty item" "${ck[@]}" --prompt-ids ',1'
+row "an empty item" "${ck[@]}" --prompt-ids '1, 2, '
+row "prompt-ids: no ids" "${ck[@]}" --prompt-ids ' '
+# The stop id is range-checked like the prompt's ids (issue 48): outside the vocabulary it never fires.
+row 'eos-token-id 256 is outside \[0, 256)' "${ck[@]}" --prompt-ids 1 --eos-token-id 256
+row 'eos-token-id -2 is outside \[0, 256)' "${ck[@]}" --prompt-ids 1 --eos-token-id -2
 row 'prompt token 256 at index 1 is outside \[0, 256)' "${ck[@]}" --prompt-ids 1,256
 row 'nowhere: not a directory' --checkpoint "$tmp/nowhere" --prompt-ids 1
 row 'neither a checkpoint' --checkpoint "$tmp/empty" --prompt-ids 1
@@ -113,6 +120,10 @@ row 'max-new-tokens 9223372036854775807: with the prompt' "${ck[@]}" --prompt-id
 row 'max-new-tokens 9223372036854775807: with the prompt' "${gck[@]}" --prompt-ids 1,2 --max-new-tokens 9223372036854775807
 row 'max-new-tokens 9223372036854775805: the prompt (2 tokens)' "${gck[@]}" --prompt-ids 1,2 --max-new-tokens 9223372036854775805
 row 'max-new-tokens 31: the prompt (2 tokens) and 31 new tokens exceed' "${gck[@]}" --prompt-ids 1,2 --max-new-tokens 31
+# ... and before anything loads (issue 48): the flag's error, not the weights file's, and at once.
+nope=(--config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors")
+row 'max-new-tokens 9223372036854775807: with the prompt' "${nope[@]}" --prompt-ids 1,2 --max-new-tokens 9223372036854775807
+row 'eos-token-id 256 is outside' "${nope[@]}" --prompt-ids 1 --eos-token-id 256
 row 'missing.json: not a file' "${ck[@]}" --prompt hi --tokenizer "$tmp/missing.json"
 row '\-\-checkpoint and \-\-init-from exclude each other' "${ck[@]}" --init-from "$tmp/w.safetensors" --prompt-ids 1
 row 'nope.safetensors: cannot open' --config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors" --prompt-ids 1

@@ -194,6 +194,22 @@ row '\-\-chat and \-\-completion exclude each other' "${o[@]}" --chat --completi
 row '\-\-seq-len and \-\-long apply to \-\-chat and \-\-completion' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 64 "$tmp/plain.txt"
 row "argument \-\-long: invalid choice: 'cut'" "${o[@]}" --chat --long cut "$tmp/conv.jsonl"
 row 'every train example is longer than \-\-seq-len 8' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 8 --long drop --chat "$tmp/conv.jsonl"
+# Conversations without an assistant turn (issue 48): --chat learns only the assistant's tokens, so a
+# train split without one is refused before anything is written (it wrote data with 0 targets and
+# exited 0); a validation split without one is a warning.
+user_only='{"messages": [{"role": "user", "content": "hi"}]}'
+printf '%s\n%s\n' "$user_only" '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}' \
+  >"$tmp/noassist.jsonl"
+row 'noassist.jsonl: no conversation of the train split (2) has an assistant turn: \-\-chat learns only the assistant' \
+  --out "$tmp/noassist" --tokenizer "$tmp/chatml" --seq-len 64 --val-fraction 0 --chat "$tmp/noassist.jsonl"
+[ ! -e "$tmp/noassist" ]
+check $? "the refused --chat run wrote nothing (no --out directory)"
+printf '%s\n%s\n' "$user_only" "$good" >"$tmp/valnoassist.jsonl"  # --seed 0 puts conversation 1 in val
+"${prep[@]}" --out "$tmp/vn" --tokenizer "$tmp/chatml" --seq-len 64 --val-fraction 0.5 --seed 0 --chat \
+  "$tmp/valnoassist.jsonl" >"$tmp/vn.out" 2>"$tmp/vn.err" &&
+  grep -q '^warning: no conversation of the validation split (1) has an assistant turn' "$tmp/vn.err" &&
+  grep -q '"targets": {"train": [1-9][0-9]*, "val": 0}' "$tmp/vn.out"
+check $? "a validation split without an assistant turn: a warning, exit 0: $(head -c 200 "$tmp/vn.err")"
 
 # scripts/chat_prompt.py's own mistakes, and what it prints.
 prompt=("$py" "$src/scripts/chat_prompt.py")

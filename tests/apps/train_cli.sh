@@ -95,6 +95,51 @@ mkdir -p "$tmp/notackpt"
 expect_usage_error "config is required" "$bin"
 expect_usage_error "--steps 'many'" "$bin" --config "$tmp/cfg.json" --steps many
 expect_usage_error "--steps -1" "$bin" --config "$tmp/cfg.json" --steps -1
+# Masks that remove every target (issue 48): a validation without targets reports no loss and no
+# accuracy (null both) and warns naming its mask, as training's does; a skipped step reports no
+# throughput (it ran nothing).
+$py - "$tmp" <<'PY'
+import os, struct, sys
+d = sys.argv[1]
+n = 2000
+toks = [(t * 7) % 32 for t in range(n)]
+hdr = [0] * 256
+hdr[0], hdr[1], hdr[2] = 20240520, 1, n
+open(os.path.join(d, "tok.bin"), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+h = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d,), }" % n
+h += " " * ((64 - (10 + len(h) + 1) % 64) % 64) + "\n"
+open(os.path.join(d, "zero.npy"), "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + bytes(n))
+PY
+tok=(--config "$tmp/cfg.json" --set data.source=tokens --set "data.path=$tmp/tok.bin" --set data.seq_len=16 --steps 2)
+"$bin" "${tok[@]}" --set "data.val_path=$tmp/tok.bin" --set "data.val_loss_mask_path=$tmp/zero.npy" \
+  --set train.eval_every=2 --metrics "$tmp/val0.jsonl" 2>"$tmp/err" &&
+  grep -q "warning.*validation after step 2: only 0 of 256 input tokens (0.000%) of data.val_path $tmp/tok.bin are targets: the validation loss masks remove everything (check data.val_loss_mask_path $tmp/zero.npy" "$tmp/err" &&
+  grep -q 'step 2/2 | val: no targets' "$tmp/err" && ! grep -q 'val loss\|val acc' "$tmp/err" &&
+  $py -c 'import json, sys; m = json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert m["val_loss"] is None and m["val_accuracy"] is None and m["val_targets"] == 0, m' "$tmp/val0.jsonl" ||
+  { echo "FAIL: a validation without targets: $(grep -m4 'warn\|val' "$tmp/err")"; fail=1; }
+"$bin" "${tok[@]}" --set "data.loss_mask_path=$tmp/zero.npy" --metrics "$tmp/train0.jsonl" 2>"$tmp/err" &&
+  [ "$(grep -c 'step [12]/2 | skipped: no targets | lr' "$tmp/err")" -eq 2 ] && ! grep -q 'tok/s\|TFLOP/s' "$tmp/err" &&
+  grep -q "warning.*the loss masks remove nearly everything (check data.loss_mask_path $tmp/zero.npy" "$tmp/err" &&
+  $py -c 'import json, sys
+for l in open(sys.argv[1]):
+    m = json.loads(l)
+    assert m["skipped"] and m["tokens_per_sec"] is None and m["tflops"] is None and "mfu" not in m and m["tokens"] == 32, m' "$tmp/train0.jsonl" ||
+  { echo "FAIL: skipped steps report throughput: $(grep -m3 'step\|warn' "$tmp/err")"; fail=1; }
+
+# A setting the run does not read is one warning naming it (issue 48), here and under --deepspeed.
+"$bin" --config "$tmp/cfg.json" --set train.lr_schedule=linear --set train.min_lr=1e-5 --steps 1 --quiet 2>"$tmp/err"
+[ "$(grep -c 'warning.*train.min_lr does not apply to train.lr_schedule "linear"' "$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: train.min_lr under linear: not one warning: $(grep -m3 warn "$tmp/err")"; fail=1; }
+echo '{"gradient_clipping": 1.0}' >"$tmp/ds_clip.json"
+"$bin" --config "$tmp/cfg.json" --deepspeed "$tmp/ds_clip.json" --set train.lr_schedule=linear \
+  --set train.min_lr=1e-5 --steps 1 --quiet 2>"$tmp/err"
+[ "$(grep -c 'warning.*train.min_lr does not apply to train.lr_schedule "linear"' "$tmp/err")" -eq 1 ] ||
+  { echo "FAIL: train.min_lr under linear with --deepspeed: not one warning: $(grep -m3 warn "$tmp/err")"; fail=1; }
+# --steps is the run's train.steps: a wsd schedule that does not fit train.steps 5 fits --steps 100.
+"$bin" --config "$tmp/cfg.json" --set train.steps=5 --set train.lr_schedule=wsd --set train.warmup_steps=4 \
+  --set train.decay_fraction=0.5 --steps 100 --print-config >"$tmp/steps.json" 2>"$tmp/err" &&
+  $py -c 'import json, sys; assert json.load(open(sys.argv[1]))["train"]["steps"] == 100' "$tmp/steps.json" ||
+  { echo "FAIL: --steps 100 over train.steps 5 (wsd): $(head -3 "$tmp/err")"; fail=1; }
 expect_usage_error "garbage.safetensors" "$bin" --config "$tmp/cfg.json" --init-from "$tmp/garbage.safetensors"
 expect_usage_error "no such checkpoint" "$bin" --config "$tmp/cfg.json" --resume "$tmp/nowhere"
 expect_usage_error "holds no checkpoint" "$bin" --config "$tmp/cfg.json" --resume "$tmp/notackpt"

@@ -151,9 +151,8 @@ TEST_CASE("ring: activation checkpointing with the tiled loss (f64), and bf16, a
 
 TEST_CASE("ring: train() at Ulysses 2 x ring 2 and ZeRO-3 gives the P = 1 loss curve", "[threads][ring]") {
   const json data = {{"source", "synthetic"}, {"seq_len", 30}, {"batch_size", 2}};  // 30: padded to 32
-  const json opt = {{"lr", 1e-2}, {"warmup_steps", 1}, {"min_lr", 1e-4}};
+  const json opt = {{"steps", 3}, {"lr", 1e-2}, {"warmup_steps", 1}, {"min_lr", 1e-4}};
   TrainArgs args;
-  args.steps = 3;
   args.quiet = true;
   auto single = make_single_process_communicator();
   const TrainResult ref = train(make_config(llama(2, 1, 16), 1, data, opt), args, *single);

@@ -122,9 +122,8 @@ TEST_CASE("thread sp: a dp 2 x sp 2 mesh of thread ranks equals the P = 1 run on
 TEST_CASE("thread sp: train() on 2 thread ranks gives the P = 1 loss curve, at ZeRO stages 0 and 3",
           "[threads][autosp]") {
   const json data = {{"source", "synthetic"}, {"seq_len", 32}, {"batch_size", 2}};
-  const json opt = {{"lr", 1e-2}, {"warmup_steps", 2}, {"min_lr", 1e-4}};
+  const json opt = {{"steps", 6}, {"lr", 1e-2}, {"warmup_steps", 2}, {"min_lr", 1e-4}};
   TrainArgs args;
-  args.steps = 6;
   args.quiet = true;
   auto single = make_single_process_communicator();
   const TrainResult ref = train(make_config(kLlamaGqa, 1, data, opt), args, *single);

@@ -10,6 +10,7 @@
 
 #include "common/temp_dir.h"
 #include "config/config.h"
+#include "config/deepspeed.h"
 #include "tensor/check.h"
 
 using namespace autosp;
@@ -314,7 +315,14 @@ TEST_CASE("docs/config.md has a row for every key of the schema", "[config]") {
 
 TEST_CASE("the resolved config holds every key, and parsing it again gives it back", "[config]") {
   const Config c = parse_config(kEveryKey, {}, "every.json");
-  CHECK(c.warnings.empty());
+  // No schedule reads every schedule key: wsd leaves the ds_ kinds' two (issue 48).
+  CHECK(c.warnings == std::vector<std::string>{
+                          "every.json: train.warmup_type does not apply to train.lr_schedule \"wsd\" (it reads train.lr, "
+                          "train.warmup_steps, train.min_lr, train.schedule_steps, train.decay_fraction and "
+                          "train.decay_type); ignored",
+                          "every.json: train.warmup_min_lr does not apply to train.lr_schedule \"wsd\" (it reads "
+                          "train.lr, train.warmup_steps, train.min_lr, train.schedule_steps, train.decay_fraction and "
+                          "train.decay_type); ignored"});
   // Compared key by key first, so a failure names the key.
   CHECK(key_paths(c.resolved) == key_paths(kEveryKey));
   for (const auto& path : key_paths(kEveryKey)) {
@@ -348,4 +356,69 @@ TEST_CASE("the resolved config holds every key, and parsing it again gives it ba
     CHECK(b.resolved == a.resolved);
     CHECK(b.resolved.dump() == a.resolved.dump());  // byte for byte, as checkpoints record it
   }
+}
+
+TEST_CASE("a setting the run does not read is a warning naming it and what leaves it unread, once", "[config]") {
+  auto warnings = [](const std::vector<std::string>& sets) { return parse_config(json::object(), sets, "run.json").warnings; };
+  struct Row {
+    std::vector<std::string> sets;
+    std::vector<std::string> expected;  // whole warnings
+  };
+  const std::vector<Row> rows = {
+      {{"train.lr_schedule=linear", "train.min_lr=1e-5"},
+       {"run.json: train.min_lr does not apply to train.lr_schedule \"linear\" (it reads train.lr, train.warmup_steps "
+        "and train.schedule_steps); ignored"}},
+      {{"train.decay_fraction=0.2"},
+       {"run.json: train.decay_fraction does not apply to train.lr_schedule \"cosine\" (it reads train.lr, "
+        "train.warmup_steps, train.min_lr and train.schedule_steps); ignored"}},
+      {{"train.lr_schedule=constant", "train.warmup_steps=5"},
+       {"run.json: train.warmup_steps does not apply to train.lr_schedule \"constant\" (it reads only train.lr); "
+        "ignored"}},
+      {{"train.lr_schedule=constant_with_warmup", "train.warmup_type=linear", "train.schedule_steps=9"},
+       {"run.json: train.schedule_steps does not apply to train.lr_schedule \"constant_with_warmup\" (it reads "
+        "train.lr and train.warmup_steps); ignored",
+        "run.json: train.warmup_type does not apply to train.lr_schedule \"constant_with_warmup\" (it reads train.lr "
+        "and train.warmup_steps); ignored"}},
+      {{"train.lr_schedule=ds_warmup", "train.min_lr=1e-5", "train.decay_type=linear"},
+       {"run.json: train.min_lr does not apply to train.lr_schedule \"ds_warmup\" (it reads train.lr, "
+        "train.warmup_steps, train.warmup_type and train.warmup_min_lr); ignored",
+        "run.json: train.decay_type does not apply to train.lr_schedule \"ds_warmup\" (it reads train.lr, "
+        "train.warmup_steps, train.warmup_type and train.warmup_min_lr); ignored"}},
+      // every key its schedule reads: nothing to say
+      {{"train.lr_schedule=wsd", "train.min_lr=1e-5", "train.decay_fraction=0.2", "train.decay_type=linear",
+        "train.warmup_steps=3", "train.schedule_steps=50"},
+       {}},
+      {{"train.lr_schedule=ds_warmup_cosine", "train.min_lr=1e-5", "train.warmup_type=linear",
+        "train.warmup_min_lr=1e-6", "train.schedule_steps=50"},
+       {}},
+      {{"data.source=tokens", "data.path=t.bin", "data.seed=3"},
+       {"run.json: data.seed keys data.shuffle's order, and data.shuffle is false; ignored"}},
+      {{"data.source=tokens", "data.path=t.bin", "data.seed=3", "data.shuffle=true"}, {}},
+      {{"data.seed=3"},
+       {"run.json: data.seed does nothing for data.source \"synthetic\" (it keys data.shuffle's order of a file); "
+        "ignored"}},
+      {{"train.keep_checkpoints=2", "train.checkpoint_every=5", "train.max_shard_mb=10"},
+       {"run.json: train.checkpoint_every does nothing without train.checkpoint_dir; ignored",
+        "run.json: train.keep_checkpoints does nothing without train.checkpoint_dir; ignored",
+        "run.json: train.max_shard_mb does nothing without train.checkpoint_dir; ignored"}},
+      {{"train.keep_checkpoints=2", "train.checkpoint_dir=ck"}, {}},
+      {{"train.eval_batches=2"},
+       {"run.json: train.eval_batches does nothing while train.eval_every is 0 (no validation runs); ignored"}},
+      {{"train.eval_batches=2", "train.eval_every=5"}, {}},
+      {{}, {}},  // defaults are never reported
+  };
+  for (const Row& r : rows) {
+    INFO(r.sets.size() << " settings, the first " << (r.sets.empty() ? "" : r.sets[0]));
+    CHECK(warnings(r.sets) == r.expected);
+  }
+  // A config another file completes (--deepspeed) says it once, after that file: its scheduler is
+  // the one that counts.
+  const Config first = parse_config(json::object(), {"train.warmup_min_lr=1e-6"}, "run.json", false);
+  CHECK(first.warnings.empty());
+  const Config ds = apply_deepspeed(first, json::parse(R"({"scheduler": {"type": "WarmupLR"}})"), 1, "ds.json", "run.json");
+  CHECK(ds.warnings.empty());  // WarmupLR reads warmup_min_lr
+  const Config cosine =
+      apply_deepspeed(parse_config(json::object(), {"train.decay_fraction=0.2"}, "run.json", false),
+                      json::parse(R"({"gradient_clipping": 1.0})"), 1, "ds.json", "run.json");
+  CHECK(cosine.warnings.size() == 1);
 }

@@ -228,6 +228,20 @@ TEST_CASE("gradient clipping, bf16, ZeRO, compile, steps_per_print", "[deepspeed
     CHECK_THROWS_WITH(apply(ds, 1, R"({"train": {"grad_clip": 2.0}, "runtime": {"dtype": "bfloat16"}})"),
                       Catch::StartsWith("ds.json: ") && Catch::Contains(expect));
   }
+  // "bfloat16" is DeepSpeed's old name of "bf16", read only where "bf16" is absent (issue 48).
+  const Config old_name = apply(R"({"bfloat16": {"enabled": true}})");
+  CHECK(old_name.runtime.dtype == DType::bf16);
+  CHECK(old_name.warnings.empty());
+  const Config both = apply(R"({"bf16": {"enabled": false}, "bfloat16": {"enabled": true}})");
+  CHECK(both.runtime.dtype == DType::f32);
+  REQUIRE(both.warnings.size() == 1);
+  CHECK(both.warnings[0] == "ds.json: bfloat16 = {\"enabled\":true} is ignored: DeepSpeed reads bf16 = "
+                            "{\"enabled\":false} when both are given");
+  CHECK(has_note(both, "bfloat16 (bf16 is given)"));
+  const Config agree = apply(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})");
+  CHECK(agree.runtime.dtype == DType::bf16);
+  CHECK(agree.warnings.empty());
+  CHECK(apply(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": false}})").runtime.dtype == DType::bf16);
   // A rule of ours that the mapped values break names the DeepSpeed file too.
   CHECK_THROWS_WITH(apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}})"),
                     Catch::Contains("train.min_lr 0.0001 exceeds train.lr 1e-05") &&

@@ -51,11 +51,10 @@ using TrainOnRanks = std::function<TrainResult(const Config& cfg, const TrainArg
 inline void compare(const std::string& arch, const std::string& dtype, int64_t P, double loss_tol, double weight_tol,
                     const TrainOnRanks& train_on_ranks, bool print, int64_t seq_len = 64) {
   TrainArgs args;
-  args.steps = 5;
   args.quiet = true;
-  const TrainResult gpu = train_on_ranks(make(arch, P, "cuda", dtype, seq_len), args);
+  const TrainResult gpu = train_on_ranks(with_steps(make(arch, P, "cuda", dtype, seq_len), 5), args);
   auto one = make_single_process_communicator();
-  const TrainResult cpu = train(make(arch, 1, "cpu", dtype, seq_len), args, *one);
+  const TrainResult cpu = train(with_steps(make(arch, 1, "cpu", dtype, seq_len), 5), args, *one);
   REQUIRE(gpu.steps.size() == cpu.steps.size());
   double worst = 0;
   for (size_t i = 0; i < cpu.steps.size(); ++i) {

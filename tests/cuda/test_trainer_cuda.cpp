@@ -85,9 +85,7 @@ TEST_CASE("a CUDA run's checkpoint resumes on the CPU", "[trainer]") {
   Config gpu_cfg = tiny("llama", "cuda");
   gpu_cfg.train.checkpoint_dir = dir.string();
   gpu_cfg.train.checkpoint_every = 2;
-  TrainArgs two;
-  two.steps = 2;
-  const TrainResult first = run(gpu_cfg, two);
+  const TrainResult first = run(with_steps(gpu_cfg, 2));
   REQUIRE(fs::exists(dir));
   // Steps 3..4 on the CPU from the CUDA checkpoint, against 4 uninterrupted CPU steps (a constant
   // learning rate after the first step, so stopping at 2 changes no schedule).

@@ -172,10 +172,10 @@ TEST_CASE("training on cuda without a usable device is a usage error saying why"
   const Config cfg = parse_config({{"model", {{"arch", "llama"}, {"vocab_size", 32}, {"hidden_size", 16},
                                               {"num_hidden_layers", 1}, {"num_attention_heads", 2}}},
                                    {"data", {{"seq_len", 8}, {"batch_size", 1}}},
+                                   {"train", {{"steps", 1}}},
                                    {"runtime", {{"device", "cuda"}}}});
   auto world = make_single_process_communicator();
   TrainArgs args;
-  args.steps = 1;
   args.quiet = true;
   CHECK_THROWS_AS(train(cfg, args, *world), UsageError);
 #ifdef AUTOSP_WITH_CUDA

@@ -147,6 +147,24 @@ TEST_CASE("transformers 5's config.json (rope_parameters, dtype, layer_types) re
   CHECK(translate_hf_config(both, "b").model == llama);
   both["rope_theta"] = 200.0;
   CHECK_THROWS_WITH(translate_hf_config(both, "b"), Catch::Contains("rope_theta = 200.0 differs from rope_parameters.rope_theta"));
+  // Every pair of spellings (issue 48): the dtype's, and a rope section's type and rope_type.
+  json dtypes = fixture("tf5", "llama");
+  dtypes["dtype"] = "bfloat16";
+  dtypes["torch_dtype"] = "bfloat16";
+  CHECK(translate_hf_config(dtypes, "d").model == llama);
+  dtypes["torch_dtype"] = nullptr;  // as absent
+  CHECK(translate_hf_config(dtypes, "d").model == llama);
+  dtypes["torch_dtype"] = "float32";
+  CHECK_THROWS_WITH(translate_hf_config(dtypes, "d.json"),
+                    Catch::StartsWith("d.json: ") &&
+                        Catch::Contains("torch_dtype = \"float32\" differs from dtype = \"bfloat16\" (two spellings "
+                                        "of one setting: they must agree)"));
+  json types = fixture("tf4", "llama");
+  types["rope_scaling"]["type"] = "llama3";
+  CHECK(translate_hf_config(types, "t").model == llama);
+  types["rope_scaling"]["type"] = "linear";
+  CHECK_THROWS_WITH(translate_hf_config(types, "t"),
+                    Catch::Contains("rope_type = \"llama3\" differs from type = \"linear\""));
 }
 
 TEST_CASE("each family's checkpoint config.json translates back to its model", "[models][hf]") {

@@ -113,9 +113,9 @@ TEST_CASE("autosp: a 20-step loss curve with P = world size equals the P = 1 cur
   // holds with a wide margin. At lr 3e-2 float rounding is amplified until the curves differ by
   // up to ~7e-6 by step 17, too close to the bound for a stable test.
   const json opt = {{"lr", 1e-2}, {"warmup_steps", 2}, {"min_lr", 1e-4}};
-  const Config cfg = make_config(kLlamaGqa, P, data, opt), cfg_p1 = make_config(kLlamaGqa, 1, data, opt);
+  const Config cfg = with_steps(make_config(kLlamaGqa, P, data, opt), 20),
+               cfg_p1 = with_steps(make_config(kLlamaGqa, 1, data, opt), 20);
   TrainArgs args;
-  args.steps = 20;
   args.quiet = true;
   const TrainResult sp = train(cfg, args, test_world());
   auto single = make_single_process_communicator();

@@ -25,12 +25,11 @@ void check_volume(const Case& c, int64_t sp, int64_t steps, int64_t k = 1) {
   Communicator& world = test_world();
   const Config cfg = parse_config({{"model", c.model},
                                    {"data", {{"source", "synthetic"}, {"seq_len", c.seq}, {"batch_size", c.batch}}},
-                                   {"train", {{"log_every", 1000}, {"gradient_accumulation_steps", k}}},
+                                   {"train", {{"steps", steps}, {"log_every", 1000}, {"gradient_accumulation_steps", k}}},
                                    {"runtime", {{"dtype", "float32"}, {"threads", 1}}},
                                    {"sequence_parallel", {{"autosp_size", sp}}}});
   CountingCommunicator counted(world);
   TrainArgs args;
-  args.steps = steps;
   args.quiet = true;
   (void)train(cfg, args, counted);
   const CommStats s = counted.stats();

@@ -68,9 +68,8 @@ TEST_CASE("grad sync: the trainer's losses and weights are the same with the all
                          {"sequence_parallel", {{"autosp_size", 1}}}});
   };
   TrainArgs args;
-  args.steps = 5;
   args.quiet = true;
-  const TrainResult a = train(cfg(true), args, w), b = train(cfg(false), args, w);
+  const TrainResult a = train(with_steps(cfg(true), 5), args, w), b = train(with_steps(cfg(false), 5), args, w);
   REQUIRE(a.steps.size() == 5);
   REQUIRE(b.steps.size() == 5);
   double worst = 0;

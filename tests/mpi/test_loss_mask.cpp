@@ -177,8 +177,7 @@ TEST_CASE("loss masks: the first step's loss and gradients equal the float64 ref
     w.barrier();
     TrainArgs args;
     args.quiet = true;
-    args.steps = 2;
-    const Config cfg = mask_config(cdir, MaskCase::everything, 16, W, 3, 1, 1);
+    const Config cfg = with_steps(mask_config(cdir, MaskCase::everything, 16, W, 3, 1, 1), 2);
     const ParamMap start = init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), DType::f32);
     const TrainResult r = train(cfg, args, w);
     REQUIRE(r.steps.size() == 2);

@@ -33,10 +33,9 @@ TEST_CASE("validation: every SP/DP layout gives the P = 1 validation loss; train
   Communicator& world = test_world();
   const int64_t W = world.size(), global_batch = 4;
   TrainArgs args;
-  args.steps = 6;
   args.quiet = true;
   auto single = make_single_process_communicator();
-  const TrainResult ref = train(config(1, global_batch, 3), args, *single);
+  const TrainResult ref = train(with_steps(config(1, global_batch, 3), 6), args, *single);
   REQUIRE(ref.steps.size() == 6);
   REQUIRE(ref.steps[2].evaluated);
   CHECK(!ref.steps[3].evaluated);
@@ -49,8 +48,8 @@ TEST_CASE("validation: every SP/DP layout gives the P = 1 validation loss; train
   for (const int64_t sp : sps) {
     const int64_t dp = W / sp;
     INFO("world " << W << ": sp " << sp << " x dp " << dp);
-    const TrainResult got = train(config(sp, global_batch / dp, 3), args, world);
-    const TrainResult plain = train(config(sp, global_batch / dp, 0), args, world);
+    const TrainResult got = train(with_steps(config(sp, global_batch / dp, 3), 6), args, world);
+    const TrainResult plain = train(with_steps(config(sp, global_batch / dp, 0), 6), args, world);
     REQUIRE(got.steps.size() == 6);
     REQUIRE(plain.steps.size() == 6);
     for (size_t k = 0; k < 6; ++k) {

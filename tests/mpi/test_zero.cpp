@@ -163,9 +163,8 @@ Config make_config(const json& model, int64_t sp, int64_t stage, bool overlap = 
                        {"zero_optimization", {{"stage", stage}}}});
 }
 
-TrainArgs quiet_args(int64_t steps) {
+TrainArgs quiet_args() {
   TrainArgs a;
-  a.steps = steps;
   a.quiet = true;
   a.accuracy = false;
   return a;
@@ -194,10 +193,10 @@ TEST_CASE("zero: stages 1, 2 and 3 train like stage 0 on every mesh, GPT-2 and G
   const int64_t W = w.size();
   for (int64_t sp = 1; sp <= W; sp *= 2) {  // meshes W x 1, ..., 1 x W
     for (const json* model : {&kGpt2, &kLlamaGqa}) {
-      const TrainResult ref = train(make_config(*model, sp, 0), quiet_args(20), w);
+      const TrainResult ref = train(with_steps(make_config(*model, sp, 0), 20), quiet_args(), w);
       REQUIRE(ref.steps.size() == 20);
       for (int64_t stage : {1, 2, 3}) {
-        const TrainResult z = train(make_config(*model, sp, stage), quiet_args(20), w);
+        const TrainResult z = train(with_steps(make_config(*model, sp, stage), 20), quiet_args(), w);
         const Diff d = compare(z, ref);
         INFO(model->at("arch") << " dp " << W / sp << " x sp " << sp << ", stage " << stage << ": loss "
                                 << d.loss << ", weights " << d.weight);
@@ -209,19 +208,19 @@ TEST_CASE("zero: stages 1, 2 and 3 train like stage 0 on every mesh, GPT-2 and G
     }
   }
   // The blocking reduce-scatter (overlap off) at stage 2 too.
-  const TrainResult ref = train(make_config(kGpt2, 1, 0), quiet_args(5), w);
-  const Diff d = compare(train(make_config(kGpt2, 1, 2, /*overlap=*/false), quiet_args(5), w), ref);
+  const TrainResult ref = train(with_steps(make_config(kGpt2, 1, 0), 5), quiet_args(), w);
+  const Diff d = compare(train(with_steps(make_config(kGpt2, 1, 2, /*overlap=*/false), 5), quiet_args(), w), ref);
   CHECK(d.loss < 1e-6);
   CHECK(d.weight < 1e-6);
   // bf16 mixed precision: f32 gradients and master weights, so the same sums; a last-bit change
   // of a master weight may round its bf16 copy the other way, hence the looser bound.
   Config bf16_0 = make_config(kLlamaGqa, 1, 0);
   bf16_0.runtime.dtype = DType::bf16;
-  const TrainResult b0 = train(bf16_0, quiet_args(5), w);
+  const TrainResult b0 = train(with_steps(bf16_0, 5), quiet_args(), w);
   for (int64_t stage : {2, 3}) {
     Config bf16 = make_config(kLlamaGqa, 1, stage);
     bf16.runtime.dtype = DType::bf16;
-    const Diff b = compare(train(bf16, quiet_args(5), w), b0);
+    const Diff b = compare(train(with_steps(bf16, 5), quiet_args(), w), b0);
     INFO("bf16, stage " << stage << ": loss " << b.loss << ", weights " << b.weight);
     CHECK(b.loss < 1e-3);
     CHECK(b.weight < 1e-3);
@@ -231,7 +230,7 @@ TEST_CASE("zero: stages 1, 2 and 3 train like stage 0 on every mesh, GPT-2 and G
     Config bf16 = make_config(kLlamaGqa, 1, 3);
     bf16.runtime.dtype = DType::bf16;
     CountingCommunicator counted(w);
-    const TrainResult z = train(bf16, quiet_args(5), counted);
+    const TrainResult z = train(with_steps(bf16, 5), quiet_args(), counted);
     const Diff b = compare(z, b0);
     INFO("bf16, stage 3 in pieces: loss " << b.loss << ", weights " << b.weight << ", "
                                           << counted.stats().reduce_scatter.calls << " reduce-scatters");
@@ -243,12 +242,12 @@ TEST_CASE("zero: stages 1, 2 and 3 train like stage 0 on every mesh, GPT-2 and G
   // with AutoSP on the whole world.
   Config ck0 = make_config(kLlamaGqa, W, 0), ck3 = make_config(kLlamaGqa, W, 3);
   for (Config* c : {&ck0, &ck3}) c->runtime.activation_checkpointing = true;
-  const Diff ck = compare(train(ck3, quiet_args(5), w), train(ck0, quiet_args(5), w));
+  const Diff ck = compare(train(with_steps(ck3, 5), quiet_args(), w), train(with_steps(ck0, 5), quiet_args(), w));
   INFO("checkpointing, sp " << W << ", stage 3: loss " << ck.loss << ", weights " << ck.weight);
   CHECK(ck.loss < 1e-6);
   CHECK(ck.weight < 1e-6);
   ck0.runtime.dtype = ck3.runtime.dtype = DType::bf16;
-  const Diff ckb = compare(train(ck3, quiet_args(5), w), train(ck0, quiet_args(5), w));
+  const Diff ckb = compare(train(with_steps(ck3, 5), quiet_args(), w), train(with_steps(ck0, 5), quiet_args(), w));
   INFO("checkpointing + bf16, sp " << W << ", stage 3: loss " << ckb.loss << ", weights " << ckb.weight);
   CHECK(ckb.loss < 1e-3);
   CHECK(ckb.weight < 1e-3);
@@ -258,9 +257,9 @@ TEST_CASE("zero: per-rank optimizer state is 1/W of stage 0's; stage 2 frees its
   Communicator& w = test_world();
   const int64_t W = w.size();
   const double bucket_mb = 0.01;
-  const TrainResult s0 = train(make_config(kLlamaGqa, 1, 0, true, bucket_mb), quiet_args(2), w);
-  const TrainResult s1 = train(make_config(kLlamaGqa, 1, 1, true, bucket_mb), quiet_args(2), w);
-  const TrainResult s2 = train(make_config(kLlamaGqa, 1, 2, true, bucket_mb), quiet_args(2), w);
+  const TrainResult s0 = train(with_steps(make_config(kLlamaGqa, 1, 0, true, bucket_mb), 2), quiet_args(), w);
+  const TrainResult s1 = train(with_steps(make_config(kLlamaGqa, 1, 1, true, bucket_mb), 2), quiet_args(), w);
+  const TrainResult s2 = train(with_steps(make_config(kLlamaGqa, 1, 2, true, bucket_mb), 2), quiet_args(), w);
   size_t param_bytes = 0;
   for (const auto& [name, t] : s0.params) param_bytes += t.nbytes();
   // Stage 0: both moments of every parameter; the gradient buckets hold every gradient.
@@ -291,7 +290,7 @@ TEST_CASE("zero: stages 1 and 2 move what a ring all-reduce of the gradients mov
   for (int64_t stage : {0, 1, 2}) {
     const Config cfg = make_config(kGpt2, 1, stage, true, 1024);
     CountingCommunicator counted(w);
-    const TrainResult r = train(cfg, quiet_args(steps), counted);
+    const TrainResult r = train(with_steps(cfg, steps), quiet_args(), counted);
     const CommStats& s = counted.stats();
     int64_t n = 0;
     for (const auto& [name, t] : r.params) n += t.numel();
@@ -329,21 +328,21 @@ TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stages 0 and 
   Config writer = make_config(kLlamaGqa, 1, 2);
   writer.train.checkpoint_dir = dir.string();
   writer.train.checkpoint_every = 4;
-  const TrainResult whole = train(writer, quiet_args(8), w);  // the uninterrupted run, saving at 4 and 8
+  const TrainResult whole = train(with_steps(writer, 8), quiet_args(), w);  // the uninterrupted run, saving at 4 and 8
   REQUIRE(whole.steps.size() == 8);
   const std::string step4 = (dir / "step_00000004").string();
 
   // Same world, stage 0: steps 5..8 as the uninterrupted stage-2 run.
-  TrainArgs resume = quiet_args(8);
+  TrainArgs resume = quiet_args();
   resume.resume = step4;
-  const TrainResult same = train(make_config(kLlamaGqa, 1, 0), resume, w);
+  const TrainResult same = train(with_steps(make_config(kLlamaGqa, 1, 0), 8), resume, w);
   REQUIRE(same.steps.size() == 4);
   double worst = 0;
   for (size_t k = 0; k < 4; ++k)
     worst = std::max(worst, std::abs(same.steps[k].loss - whole.steps[k + 4].loss) / std::abs(whole.steps[k + 4].loss));
   CHECK(worst < 1e-6);
   // Same world, same stage: the resumed run ends on the uninterrupted run's weights.
-  const TrainResult again = train(make_config(kLlamaGqa, 1, 2), resume, w);
+  const TrainResult again = train(with_steps(make_config(kLlamaGqa, 1, 2), 8), resume, w);
   double worst_again = 0;
   for (size_t k = 0; k < 4; ++k)
     worst_again = std::max(worst_again, std::abs(again.steps[k].loss - whole.steps[k + 4].loss) /
@@ -358,8 +357,8 @@ TEST_CASE("zero: a stage-2 checkpoint resumes on the same world at stages 0 and 
 
   // Half the world (two groups of W/2 running the same thing), stage 1 against stage 0 there.
   auto half = w.split(w.rank() < w.size() / 2 ? 0 : 1, w.rank());
-  const TrainResult h1 = train(make_config(kLlamaGqa, 1, 1), resume, *half);
-  const TrainResult h0 = train(make_config(kLlamaGqa, 1, 0), resume, *half);
+  const TrainResult h1 = train(with_steps(make_config(kLlamaGqa, 1, 1), 8), resume, *half);
+  const TrainResult h0 = train(with_steps(make_config(kLlamaGqa, 1, 0), 8), resume, *half);
   const Diff d = compare(h1, h0);
   INFO("world " << half->size() << ": loss " << d.loss << ", weights " << d.weight);
   CHECK(d.loss < 1e-6);
@@ -375,11 +374,11 @@ TEST_CASE("zero: --dump-grads writes the whole gradients at stages 2 and 3", "[m
   const fs::path& dir = tmp.dir;
   w.barrier();
   for (int64_t stage : {2, 3}) {
-  TrainArgs a0 = quiet_args(1), a2 = quiet_args(1);
+  TrainArgs a0 = quiet_args(), a2 = quiet_args();
   a0.dump_grads = (dir / "stage0.safetensors").string();
   a2.dump_grads = (dir / ("stage" + std::to_string(stage) + ".safetensors")).string();
-  (void)train(make_config(kGpt2, 1, 0), a0, w);
-  (void)train(make_config(kGpt2, 1, stage), a2, w);
+  (void)train(with_steps(make_config(kGpt2, 1, 0), 1), a0, w);
+  (void)train(with_steps(make_config(kGpt2, 1, stage), 1), a2, w);
   w.barrier();
   if (w.rank() == 0) {
     INFO("stage " << stage);
@@ -433,7 +432,7 @@ TEST_CASE("zero: stage 3 holds 1/W of the parameters, and whole ones for at most
   for (bool checkpointing : {false, true}) {
     Config c0 = make_config(kLlama4, 1, 0), c3 = make_config(kLlama4, 1, 3);
     c0.runtime.activation_checkpointing = c3.runtime.activation_checkpointing = checkpointing;
-    const TrainResult s0 = train(c0, quiet_args(2), w), s3 = train(c3, quiet_args(2), w);
+    const TrainResult s0 = train(with_steps(c0, 2), quiet_args(), w), s3 = train(with_steps(c3, 2), quiet_args(), w);
     const ParamBytes b = param_bytes_of(s0.params);
     INFO("checkpointing " << checkpointing << ": stage 0 holds " << s0.parameter_bytes << " parameter bytes, stage 3 "
                           << s3.parameter_bytes);
@@ -482,8 +481,8 @@ TEST_CASE("zero: stage 3 moves the gradients' reduce-scatter and two parameter g
   Communicator& w = test_world();
   const int64_t W = w.size(), steps = 2;
   CountingCommunicator c1(w), c3(w);
-  (void)train(make_config(kLlamaGqa, 1, 1, true, 1024), quiet_args(steps), c1);
-  const TrainResult r = train(make_config(kLlamaGqa, 1, 3), quiet_args(steps), c3);
+  (void)train(with_steps(make_config(kLlamaGqa, 1, 1, true, 1024), steps), quiet_args(), c1);
+  const TrainResult r = train(with_steps(make_config(kLlamaGqa, 1, 3), steps), quiet_args(), c3);
   int64_t shards = 0, once = 0;  // Σ ceil(n / W), and over the parameters gathered once a step
   for (const auto& [name, t] : r.params) {
     const int64_t c = (t.numel() + W - 1) / W;
@@ -509,7 +508,7 @@ TEST_CASE("zero: stage 3 moves the gradients' reduce-scatter and two parameter g
   Config bf16 = make_config(kLlamaGqa, 1, 3);
   bf16.runtime.dtype = DType::bf16;
   CountingCommunicator cb(w);
-  (void)train(bf16, quiet_args(steps), cb);
+  (void)train(with_steps(bf16, steps), quiet_args(), cb);
   const CommStats& sb = cb.stats();
   INFO("stage 3, bf16: reduce-scatter " << sb.reduce_scatter.bytes << ", all-gather " << sb.all_gather.bytes);
   CHECK(sb.reduce_scatter.bytes == steps * shards * 4 * (W - 1));
@@ -527,20 +526,20 @@ TEST_CASE("zero: a world-W stage-3 checkpoint resumes on half the world at stage
   Config writer = make_config(kLlamaGqa, W, 3);
   writer.train.checkpoint_dir = dir.string();
   writer.train.checkpoint_every = 4;
-  const TrainResult whole = train(writer, quiet_args(8), w);  // the schedule of an 8-step run, saved at 4 and 8
-  TrainArgs resume = quiet_args(8);
+  const TrainResult whole = train(with_steps(writer, 8), quiet_args(), w);  // the schedule of an 8-step run, saved at 4 and 8
+  TrainArgs resume = quiet_args();
   resume.resume = (dir / "step_00000004").string();
   // The same world and stage, with every collective blocking this time: the uninterrupted run.
   Config again_cfg = make_config(kLlamaGqa, W, 3, /*overlap=*/false);
-  const TrainResult again = train(again_cfg, resume, w);
+  const TrainResult again = train(with_steps(again_cfg, 8), resume, w);
   REQUIRE(again.steps.size() == 4);
   const Diff same = compare(again, TrainResult{.steps = {whole.steps.begin() + 4, whole.steps.end()}, .params = whole.params});
   INFO("world " << W << " stage 3 resumed at stage 3: loss " << same.loss << ", weights " << same.weight);
   CHECK(same.loss < 1e-6);
   CHECK(same.weight < 1e-6);
   auto half = w.split(w.rank() < W / 2 ? 0 : 1, w.rank());
-  const TrainResult resumed = train(make_config(kLlamaGqa, W / 2, 1), resume, *half);
-  const TrainResult uninterrupted = train(make_config(kLlamaGqa, W / 2, 0), quiet_args(8), *half);
+  const TrainResult resumed = train(with_steps(make_config(kLlamaGqa, W / 2, 1), 8), resume, *half);
+  const TrainResult uninterrupted = train(with_steps(make_config(kLlamaGqa, W / 2, 0), 8), quiet_args(), *half);
   REQUIRE(resumed.steps.size() == 4);
   REQUIRE(uninterrupted.steps.size() == 8);
   CHECK(resumed.steps.front().step == 5);

@@ -82,12 +82,11 @@ void check_case(const Case& c) {
   const LossAndGrads want = run_reference(ref_cfg, global, params, DType::f64);
 
   TrainArgs args;
-  args.steps = 1;
   args.quiet = true;
   args.dump_grads = (dir / "grads.safetensors").string();
   std::vector<TrainResult> results(static_cast<size_t>(c.world));
   run_thread_ranks(c.world, [&](ThreadCommunicator& w) {
-    results[static_cast<size_t>(w.rank())] = train(case_config(c, text, c.micro, c.k, c.sp), args, w);
+    results[static_cast<size_t>(w.rank())] = train(with_steps(case_config(c, text, c.micro, c.k, c.sp), 1), args, w);
   });
   const StepRecord& rec = results[0].steps.at(0);
   CHECK(std::abs(rec.loss - want.loss) <= 1e-12 * std::abs(want.loss));
@@ -140,10 +139,9 @@ TEST_CASE("accumulation: a step with no scored target anywhere runs nothing and 
   const std::string text = (dir / "eos.txt").string();
   std::ofstream(text) << std::string(400, '\n');
   const Case c{"empty", kLlamaBytes, 1, 1, 2, 1, 16, 0};
-  const Config cfg = case_config(c, text, 1, 2, 1);
+  const Config cfg = with_steps(case_config(c, text, 1, 2, 1), 2);
   auto world = make_single_process_communicator();
   TrainArgs args;
-  args.steps = 2;
   args.quiet = true;
   const TrainResult r = train(cfg, args, *world);
   REQUIRE(r.steps.size() == 2);

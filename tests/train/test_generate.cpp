@@ -156,5 +156,16 @@ TEST_CASE("generate: bad prompts and options are usage errors", "[generate]") {
   o.temperature = 1;
   o.top_k = -2;
   CHECK_THROWS_WITH(gen.generate({1}, o), Catch::Contains("top-k -2"));
+  o.top_k = 0;
+  // The stop id is an id like the prompt's: outside the vocabulary it could never fire (issue 48).
+  for (int64_t eos : {int64_t{61}, int64_t{-2}, std::numeric_limits<int64_t>::max()}) {
+    o.eos_token_id = eos;
+    CHECK_THROWS_WITH(gen.generate({1}, o), Catch::Contains(str("eos-token-id ", eos, " is outside [0, 61)")));
+    CHECK_THROWS_WITH(check_generation(m, {1}, o), Catch::Contains(str("eos-token-id ", eos)));
+  }
+  for (int64_t eos : {int64_t{-1}, int64_t{0}, int64_t{60}}) {
+    o.eos_token_id = eos;
+    CHECK_NOTHROW(check_generation(m, {1}, o));
+  }
   CHECK_THROWS_AS(Generator(m, DType::bf16, params(m)), UsageError);
 }

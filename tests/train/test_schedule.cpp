@@ -3,6 +3,7 @@
 // tests/ref/hf_schedules.py compares the HF ones with transformers itself, through autosp-train.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -138,4 +139,51 @@ TEST_CASE("schedule keys: parsed, resolved, and their rules", "[schedule]") {
   // min_lr above lr is an error only where the schedule reads min_lr.
   CHECK_THROWS_WITH(parse_config(json::object(), {"train.lr=1e-5"}), Catch::Contains("train.min_lr"));
   CHECK_NOTHROW(parse_config(json::object(), {"train.lr=1e-5", "train.lr_schedule=linear"}));
+}
+
+TEST_CASE("the schedule's rules read the run's steps: train.steps, which --steps and with_steps set", "[schedule]") {
+  const std::vector<std::string> wsd = {"train.lr_schedule=wsd", "train.warmup_steps=4", "train.decay_fraction=0.5"};
+  auto plus = [&](const std::string& extra) {
+    std::vector<std::string> v = wsd;
+    v.push_back(extra);
+    return v;
+  };
+  const Config c = parse_config(json::object(), plus("train.steps=100"));
+  // 4 warm-up steps and round(0.5 × 5) = 3 decay steps do not fit 5 steps; they fit 100 and 8.
+  CHECK_THROWS_WITH(with_steps(c, 5), Catch::Contains("exceed the schedule's 5 steps (the run's: train.steps or --steps)"));
+  const Config eight = with_steps(c, 8);
+  CHECK(eight.train.steps == 8);
+  CHECK(eight.resolved["train"]["steps"] == 8);
+  CHECK_THROWS_WITH(with_steps(c, -1), Catch::StartsWith("steps -1: "));
+  // Its own span (train.schedule_steps) is what the rule reads when it is set.
+  const Config own = parse_config(json::object(), plus("train.schedule_steps=100"));
+  CHECK_NOTHROW(with_steps(own, 5));
+  CHECK_THROWS_WITH(parse_config(json::object(), plus("train.schedule_steps=5")),
+                    Catch::Contains("exceed the schedule's 5 steps (train.schedule_steps)"));
+}
+
+TEST_CASE("schedule_reads is what each schedule's formula reads, no more, no less", "[schedule]") {
+  // Each schedule key changed on its own: the learning rates of a 60-step run change exactly where
+  // the schedule reads it (so the config's warning for an unread key never hides a read one).
+  const std::vector<std::pair<std::string_view, std::string>> changes = {
+      {"train.warmup_steps", "train.warmup_steps=3"},     {"train.min_lr", "train.min_lr=3e-4"},
+      {"train.schedule_steps", "train.schedule_steps=40"}, {"train.decay_fraction", "train.decay_fraction=0.5"},
+      {"train.decay_type", "train.decay_type=linear"},    {"train.warmup_type", "train.warmup_type=linear"},
+      {"train.warmup_min_lr", "train.warmup_min_lr=2e-4"}};
+  REQUIRE(changes.size() == schedule_keys().size());
+  for (const char* s : {"cosine", "cosine_with_min_lr", "linear", "constant", "constant_with_warmup", "wsd",
+                        "ds_warmup", "ds_warmup_decay", "ds_warmup_cosine"}) {
+    const std::vector<std::string> base = {str("train.lr_schedule=", s), "train.steps=60"};
+    const Config b = parse_config(json::object(), base);
+    const std::vector<std::string_view> reads = schedule_reads(b.train.lr_schedule);
+    for (const auto& [key, set] : changes) {
+      std::vector<std::string> sets = base;
+      sets.push_back(set);
+      const Config c = parse_config(json::object(), sets);
+      bool differs = false;
+      for (int64_t k = 0; k < 60; ++k) differs = differs || lr_at(b.train, k, 60) != lr_at(c.train, k, 60);
+      INFO(s << ": " << key);
+      CHECK(differs == (std::find(reads.begin(), reads.end(), key) != reads.end()));
+    }
+  }
 }

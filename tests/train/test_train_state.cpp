@@ -68,9 +68,8 @@ double max_rel_diff(const ParamMap& a, const ParamMap& b) {
 
 TEST_CASE("train state: every mode's state trains like the replicated one on two thread ranks", "[train_state][threads]") {
   TrainArgs args;
-  args.steps = 3;
   args.quiet = true;
-  const json opt = {{"lr", 1e-2}, {"warmup_steps", 1}};
+  const json opt = {{"steps", 3}, {"lr", 1e-2}, {"warmup_steps", 1}};
   std::vector<std::vector<TrainResult>> by_stage(4, std::vector<TrainResult>(2));
   for (int64_t stage = 0; stage <= 3; ++stage)
     run_thread_ranks(2, [&](ThreadCommunicator& w) {

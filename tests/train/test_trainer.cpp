@@ -90,10 +90,9 @@ TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[tr
 
         auto world = make_single_process_communicator();
         TrainArgs ta;
-        ta.steps = steps;
         ta.init_from = (dir / "w.safetensors").string();
         ta.quiet = true;
-        TrainResult r = train(cfg, ta, *world);
+        TrainResult r = train(with_steps(cfg, steps), ta, *world);
         REQUIRE(r.steps.size() == steps);
         const auto losses = ref.tensors.at("losses").to_doubles();
         const auto norms = ref.tensors.at("grad_norms").to_doubles();
@@ -337,6 +336,12 @@ TEST_CASE("a batch with no scored position is skipped without an update, not cal
   for (const StepRecord& s : r.steps) {
     CHECK(s.skipped);
     CHECK(std::isnan(s.loss));
+    // No work, no throughput (before: tokens/s and TFLOP/s of a step that ran nothing); what it
+    // read still counts.
+    CHECK(std::isnan(s.tokens_per_sec));
+    CHECK(std::isnan(s.tflops));
+    CHECK(s.mfu == -1);
+    CHECK(s.tokens == 2 * 32);
   }
   for (const auto& [name, p] : start) CHECK(p.to_doubles() == r.params.at(name).to_doubles());
 }
