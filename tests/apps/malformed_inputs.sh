@@ -185,7 +185,9 @@ row() {
   timeout -k 5 20 env "${envs[@]}" "${cmd[@]}" >"$tmp/out" 2>&1 </dev/null
   local rc=$?
   local lines
-  lines=$(grep -c "^error: .*$needle" "$tmp/out")
+  # An error block ("error: F: N problems:" and a line "  - ..." each) is read as one line.
+  lines=$(awk '/^error: /{if (b != "") print b; b = $0; next} b != "" && /^  - /{b = b " | " substr($0, 5); next}
+               {if (b != "") print b; b = ""; print} END {if (b != "") print b}' "$tmp/out" | grep -c "^error: .*$needle")
   local why=""
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then why="did not end within 20 s"
   elif [ $rc -ne 2 ]; then why="exit code $rc, expected 2"
@@ -400,7 +402,9 @@ row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
 row 'hf_dtypes/config.json: torch_dtype = "float32" differs from dtype = "bfloat16"' "${c[@]}" --set "model.from=$tmp/hf_dtypes"
 row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
 row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"
-row "unknown keys 'model.n_embd' (did you mean 'model.hidden_size'?), 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
+row "2 problems: | unknown key 'model.n_embd' (did you mean 'model.hidden_size'?) | unknown key 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
+row 'model.sliding_window = \[\]: expected an integer' "${c[@]}" --set model.arch=mistral --set 'model.sliding_window=[]'
+row 'model.sliding_window = "off": expected an integer' "${c[@]}" --set model.arch=mistral --set model.sliding_window=off
 row "model.rope_scaling = 3: expected an object or null" "${c[@]}" --set model.rope_scaling=3
 row 'model.rope_scaling: rope_type "llama3" needs "factor"' "${c[@]}" --set 'model.rope_scaling={"rope_type":"llama3"}'  # (--set splits at commas)
 row "train.max_shard_mb" "${c[@]}" --set train.max_shard_mb=0
