@@ -97,6 +97,12 @@ hfdir("hf_heads", dict(llama, num_attention_heads=8, num_key_value_heads=8))
 hfdir("hf_pickle", llama, files=["pytorch_model.bin"])
 hfdir("hf_noweights", llama)
 write("hf_as_config.json", json.dumps(dict(llama, qkv_bias=True)).encode())
+# The keys real files carry (issue 47), at values that change the math or are not values at all.
+hfdir("hf_mrope", dict(llama, model_type="qwen2", use_mrope="yes"))
+hfdir("hf_interleaved", dict(llama, rope_interleaved=1))
+hfdir("hf_dca", dict(llama, model_type="qwen2", dual_chunk_attention_config=[1, 2]))
+hfdir("hf_typo", dict(llama, rms_norm_epsilon=1e-5))
+hfdir("hf_many", dict(llama, model_type="qwen2", use_mrope=True, rope_interleaved=True, n_expertz=3))
 
 # Loss masks (.npy, NumPy's format 1.0) beside good.bin (100 tokens).
 def npy(descr, shape, data, version=1):
@@ -390,7 +396,7 @@ row 'nothere: not a directory (model.from' "${c[@]}" --set "model.from=$tmp/noth
 row 'model.from = 3: expected a Hugging Face model directory' "${c[@]}" --set model.from=3
 row 'hf_garbled/config.json: not valid JSON' "${c[@]}" --set "model.from=$tmp/hf_garbled"
 row 'model_type "bert" is not supported' "${c[@]}" --set "model.from=$tmp/hf_bert"
-row 'attention_bias = "yes": expected true or false.*hidden_act = "gelu" is not supported.*sliding_window = 4096 is not supported' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
+row '3 problems: | attention_bias = "yes": expected true or false | hidden_act = "gelu" is not supported.* | sliding_window = 4096 is not supported' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
 row 'rope_type "dynamic" is not supported' "${c[@]}" --set "model.from=$tmp/hf_dynamic"
 row 'rope_parameters: "factor" = 0: expected a number >= 1' "${c[@]}" --set "model.from=$tmp/hf_yarn_factor"
 row 'head_dim = 7: expected an even positive integer' "${c[@]}" --set "model.from=$tmp/hf_head_dim"
@@ -402,6 +408,11 @@ row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
 row 'hf_dtypes/config.json: torch_dtype = "float32" differs from dtype = "bfloat16"' "${c[@]}" --set "model.from=$tmp/hf_dtypes"
 row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
 row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"
+row 'hf_mrope/config.json: use_mrope = "yes" is not supported (multimodal RoPE' "${c[@]}" --set "model.from=$tmp/hf_mrope"
+row 'hf_interleaved/config.json: rope_interleaved = 1 is not supported' "${c[@]}" --set "model.from=$tmp/hf_interleaved"
+row 'dual_chunk_attention_config = \[1,2\] is not supported' "${c[@]}" --set "model.from=$tmp/hf_dca"
+row "unknown key 'rms_norm_epsilon' (did you mean 'rms_norm_eps'?)" "${c[@]}" --set "model.from=$tmp/hf_typo"
+row "3 problems: | rope_interleaved = true is not supported.* | use_mrope = true is not supported.* | unknown key 'n_expertz'" "${c[@]}" --set "model.from=$tmp/hf_many"
 row "2 problems: | unknown key 'model.n_embd' (did you mean 'model.hidden_size'?) | unknown key 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
 row 'model.sliding_window = \[\]: expected an integer' "${c[@]}" --set model.arch=mistral --set 'model.sliding_window=[]'
 row 'model.sliding_window = "off": expected an integer' "${c[@]}" --set model.arch=mistral --set model.sliding_window=off
