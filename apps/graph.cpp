@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <iostream>
 
+#include <spdlog/spdlog.h>
+
 #include "graph/printer.h"
 #include "config/config.h"
 #include "models/model.h"
@@ -116,15 +118,21 @@ int main(int argc, char** argv) {
     if (format != "text" && format != "json" && format != "dot")
       throw UsageError(str("--format '", format, "': expected text, json or dot"));
 
+    // A plan for a length the model cannot take (learned positions) is refused before anything is
+    // built; one past RoPE's trained positions is made, with a warning.
+    Bindings b;
+    if (args.count("plan-memory")) {
+      b = parse_bindings(args["plan-memory"].as<std::string>());
+      const PositionsCheck pos = check_positions(cfg.model, b.at("S"), str("--plan-memory S=", b.at("S")));
+      if (!pos.refused.empty()) throw UsageError(pos.refused);
+      if (!pos.warning.empty()) spdlog::warn("{}", pos.warning);
+    }
     const RankLayout layout =
         rank_layout(world, rank, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
     RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, layout);  // a stage or a pass name
     const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
     if (args.count("plan-memory")) {
-      std::cout << plan_summary(prog, parse_bindings(args["plan-memory"].as<std::string>()), cfg,
-                                static_cast<int>(world), cfg.runtime.device)
-                       .dump()
-                << "\n";
+      std::cout << plan_summary(prog, b, cfg, static_cast<int>(world), cfg.runtime.device).dump() << "\n";
       return 0;
     }
     if (format == "text")

@@ -207,6 +207,7 @@ int main(int argc, char** argv) {
           for (const auto& w : cfg.warnings) spdlog::warn("{}", w);
           for (const auto& n : cfg.notes) spdlog::info("{}", n);
           spdlog::info("config: {}", cfg.resolved.dump());
+          spdlog::info("{}", recipe_text(cfg, world.size()));
         }
         const auto t0 = std::chrono::steady_clock::now();
         TrainResult r = train(cfg, ta, world);

@@ -23,6 +23,11 @@ for name in ["default.json", "gpt2-tiny.json", "llama-tiny.json", "llama-sp4.jso
 write("config", "empty-object", "{}")
 write("config", "sets", '{"model": {"arch": "llama"}}\0train.lr=0.01\nmodel.num_key_value_heads=2\ndata.path=x.bin')
 write("config", "tokens", '{"data": {"source": "tokens", "path": "a.bin", "seq_len": 64}, "train": {"keep_checkpoints": 0}}')
+# Hugging Face config.json files as the hub serves them (a bare config.json is a run config too).
+hf = os.path.join(root, "tests", "config", "fixtures", "real_world", "hf")
+for name in sorted(os.listdir(hf)):
+    with open(os.path.join(hf, name), "rb") as f:
+        write("config", "hf-" + name, f.read() + b"\0data.seq_len=64")
 
 
 # safetensors: [u64 header length][JSON header][data]

@@ -292,40 +292,42 @@ std::string json_path(const std::string& path) {
   return p;
 }
 
-void check_value(const std::string& origin, const Key& k, const json& v) {
-  auto bad = [&](const std::string& what) {
-    throw UsageError(str(origin, ": ", k.path, " = ", v.dump(), ": ", what));
-  };
+// What is wrong with `v` as the value of key `k` ("model.hidden_size = \"big\": expected an
+// integer"), or nothing.
+std::optional<std::string> value_problem(const Key& k, const json& v) {
+  auto bad = [&](const std::string& what) { return std::optional(str(k.path, " = ", v.dump(), ": ", what)); };
+  // A key that null lifts (model.sliding_window: no window).
+  if (v.is_null() && k.model && k.model->nullable) return std::nullopt;
   switch (k.kind) {
     case Kind::integer:
-      if (!v.is_number_integer()) bad(str("expected ", kind_name(k.kind)));
+      if (!v.is_number_integer()) return bad(str("expected ", kind_name(k.kind)));
       break;
     case Kind::number:
-      if (!v.is_number()) bad(str("expected ", kind_name(k.kind)));
+      if (!v.is_number()) return bad(str("expected ", kind_name(k.kind)));
       break;
     case Kind::boolean:
-      if (!v.is_boolean()) bad(str("expected ", kind_name(k.kind)));
+      if (!v.is_boolean()) return bad(str("expected ", kind_name(k.kind)));
       break;
     case Kind::string:
-      if (!v.is_string()) bad(str("expected ", kind_name(k.kind)));
+      if (!v.is_string()) return bad(str("expected ", kind_name(k.kind)));
       break;
     case Kind::object:
-      if (!v.is_object() && !v.is_null()) bad(str("expected ", kind_name(k.kind)));
+      if (!v.is_object() && !v.is_null()) return bad(str("expected ", kind_name(k.kind)));
       break;
     case Kind::list:
-      if (!v.is_array() && !v.is_null()) bad(str("expected ", kind_name(k.kind)));
+      if (!v.is_array() && !v.is_null()) return bad(str("expected ", kind_name(k.kind)));
       break;
     case Kind::integer_or_auto:
       if (!v.is_number_integer() && !(v.is_string() && v.get<std::string>() == "auto"))
-        bad(str("expected ", kind_name(k.kind)));
+        return bad(str("expected ", kind_name(k.kind)));
       break;
   }
   if (k.kind == Kind::integer || k.kind == Kind::number || (k.kind == Kind::integer_or_auto && v.is_number())) {
     double x = v.get<double>();
     if (!(x >= k.lo && x <= k.hi)) {
       if (k.kind != Kind::number)  // exact bounds, not 1.67772e+07
-        bad(str("expected an integer in [", static_cast<int64_t>(k.lo), ", ", static_cast<int64_t>(k.hi), "]"));
-      bad(str("expected a value in [", k.lo, ", ", k.hi, "]"));
+        return bad(str("expected an integer in [", static_cast<int64_t>(k.lo), ", ", static_cast<int64_t>(k.hi), "]"));
+      return bad(str("expected a value in [", k.lo, ", ", k.hi, "]"));
     }
   }
   if (k.kind == Kind::string && !k.choices.empty()) {
@@ -335,8 +337,9 @@ void check_value(const std::string& origin, const Key& k, const json& v) {
     std::string c;
     bool ok = false;
     while (std::getline(ss, c, '|')) ok |= c == s;
-    if (!ok) bad(str("expected one of ", choices));
+    if (!ok) return bad(str("expected one of ", choices));
   }
+  return std::nullopt;
 }
 
 void apply_override(json& j, const std::string& origin, const std::string& ov) {
@@ -366,20 +369,6 @@ void apply_override(json& j, const std::string& origin, const std::string& ov) {
   section[key.substr(dot + 1)] = v;
 }
 
-// Edit distance with adjacent transpositions counting one ("stesp" → "steps"): optimal string
-// alignment over the full table (names are short).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i)
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[a.size()][b.size()];
-}
-
 // Other tools' names of our model keys (HF's GPT2Config and Llama spellings, and the aliases the
 // model-key table lists) → ours.
 const std::map<std::string, std::string>& model_aliases() {
@@ -401,15 +390,7 @@ std::string describe_unknown(const std::string& section, const std::string& key,
                              const std::set<std::string>& sections) {
   const std::string full = key.empty() ? section : section + "." + key;
   auto hint = [&](const std::string& s) { return str("'", full, "' (did you mean '", s, "'?)"); };
-  auto closest = [](const std::string& word, const std::vector<std::string>& options) {
-    std::string best;
-    size_t best_d = std::max<size_t>(1, word.size() / 3) + 1;
-    for (const auto& o : options) {
-      const size_t d = edit_distance(word, o);
-      if (d < best_d) best_d = d, best = o;
-    }
-    return best;
-  };
+  auto closest = closest_name;
   if (key.empty()) {
     const std::string s = closest(section, {sections.begin(), sections.end()});
     return s.empty() ? str("'", full, "'") : hint(s);
@@ -432,8 +413,8 @@ std::string describe_unknown(const std::string& section, const std::string& key,
   return str("'", full, "'");
 }
 
-// Every unknown section and key, named at once.
-void check_known_keys(const json& j, const std::string& origin) {
+// Every unknown section and key, each a problem of its own.
+void check_known_keys(const json& j, const std::string& origin, Problems& problems) {
   std::set<std::string> known_sections, known_keys;
   for (const auto& k : schema()) {
     std::string p = k.path;
@@ -441,21 +422,24 @@ void check_known_keys(const json& j, const std::string& origin) {
     known_keys.insert(p);
   }
   known_keys.insert("model.from");
-  std::vector<std::string> unknown;
   for (auto& [section, body] : j.items()) {
     if (!known_sections.count(section)) {
-      unknown.push_back(describe_unknown(section, "", known_keys, known_sections));
+      problems.add(str("unknown key ", describe_unknown(section, "", known_keys, known_sections)));
       continue;
     }
     if (!body.is_object()) throw UsageError(str(origin, ": '", section, "' must be an object"));
     for (auto& [key, v] : body.items())
       if (!known_keys.count(section + "." + key))
-        unknown.push_back(describe_unknown(section, key, known_keys, known_sections));
+        problems.add(str("unknown key ", describe_unknown(section, key, known_keys, known_sections)));
   }
-  if (unknown.empty()) return;
-  std::string list;
-  for (const auto& u : unknown) list += str(list.empty() ? "" : ", ", u);
-  throw UsageError(str(origin, ": unknown key", unknown.size() > 1 ? "s " : " ", list));
+}
+
+// The HF keys a config.json carries that do not change the math, listed once in the log.
+void note_unused_hf_keys(const HfModelConfig& hf, const std::string& where, Config& c) {
+  if (hf.math_free.empty()) return;
+  std::string keys;
+  for (const auto& k : hf.math_free) keys += str(keys.empty() ? "" : ", ", k);
+  c.notes.push_back(str(where, ": not used by autosp (Hugging Face keys that do not change the math): ", keys));
 }
 
 // model.from: the directory's config.json (in HF keys) becomes the model section; a key written
@@ -479,11 +463,7 @@ void expand_model_from(json& j, Config& c, const std::string& origin) {
       c.notes.push_back(str("model.", k, " = ", v.dump(), " overrides ", dir, "/config.json (", merged[k].dump(), ")"));
     merged[k] = v;
   }
-  if (!hf.math_free.empty()) {
-    std::string keys;
-    for (const auto& k : hf.math_free) keys += str(keys.empty() ? "" : ", ", k);
-    c.notes.push_back(str("model.from ", dir, ": accepted Hugging Face keys that do not change the math: ", keys));
-  }
+  note_unused_hf_keys(hf, str("model.from ", dir), c);
   for (auto& w : hf.warnings) c.warnings.push_back(std::move(w));
   c.model_from = dir;
   c.hf_carried = std::move(hf.carried);
@@ -491,9 +471,9 @@ void expand_model_from(json& j, Config& c, const std::string& origin) {
 }
 
 // The schedule's cross-key rules (schedule_reads says which keys each schedule reads).
-void check_schedule(const Config& c, const std::string& origin) {
+void check_schedule(const Config& c, Problems& problems) {
   const TrainConfig& t = c.train;
-  auto bad = [&](const std::string& what) { throw UsageError(str(origin, ": ", what)); };
+  auto bad = [&](const std::string& what) { problems.add(what); };
   const std::string name(lr_schedule_name(t.lr_schedule));
   const std::vector<std::string_view> reads = schedule_reads(t.lr_schedule);
   auto read = [&](std::string_view key) { return std::find(reads.begin(), reads.end(), key) != reads.end(); };
@@ -573,21 +553,77 @@ Config with_steps(Config c, int64_t steps, const std::string& origin) {
     throw UsageError(str(origin, " ", steps, ": ", *problem));
   c.train.steps = steps;
   c.resolved["train"]["steps"] = steps;
-  check_schedule(c, origin);
+  Problems problems(origin);
+  check_schedule(c, problems);
+  problems.raise();
   return c;
+}
+
+std::string recipe_text(const Config& c, int world_size) {
+  auto from = [&](const std::string& key) -> std::string {
+    if (auto it = c.sources.find(key); it != c.sources.end()) return it->second;
+    if (c.given.is_object() && c.given.contains(json::json_pointer(json_path(key)))) return "run config";
+    return "default";
+  };
+  auto item = [&](const std::string& key, const std::string& name, const std::string& value) {
+    return str(name, name.empty() ? "" : " ", value, " ← ", from(key));
+  };
+  auto num = [](double v) { return json(v).dump(); };
+  const TrainConfig& t = c.train;
+  std::string r = "recipe (each value ← where it came from):";
+  r += str("\n  optimizer: AdamW (decay on tensors of rank >= 2); ", item("train.lr", "lr", num(t.lr)), "; ",
+           item("train.beta1", "beta1", num(t.beta1)), "; ", item("train.beta2", "beta2", num(t.beta2)), "; ",
+           item("train.eps", "eps", num(t.eps)), "; ", item("train.weight_decay", "weight_decay", num(t.weight_decay)));
+  r += str("\n  lr schedule: ", item("train.lr_schedule", "", std::string(lr_schedule_name(t.lr_schedule))));
+  for (std::string_view k : schedule_reads(t.lr_schedule)) {
+    const std::string key(k);
+    json v = c.resolved.value(json::json_pointer(json_path(key)), json());
+    std::string shown = v.dump();
+    if (key == "train.schedule_steps" && t.schedule_steps == 0) shown = str("0 (the run's: train.steps ", t.steps, ")");
+    if (v.is_string()) shown = v.get<std::string>();
+    r += str("; ", item(key, key.substr(key.find('.') + 1), shown));
+  }
+  r += str("\n  clipping: ", item("train.grad_clip", "",
+                                    t.grad_clip > 0 ? str("global norm ", num(t.grad_clip)) : std::string("none (0)")));
+  const int64_t sp = c.sequence_parallel.autosp_size;
+  const int64_t dp = sp > 0 && world_size % sp == 0 ? world_size / sp : 0;
+  r += str("\n  batch: ", item("data.batch_size", "micro-batch", str(c.data.batch_size)), "; ",
+           item("train.gradient_accumulation_steps", "accumulation", str(t.gradient_accumulation_steps)), "; dp ", dp,
+           " (", world_size, world_size == 1 ? " rank / " : " ranks / ", item("sequence_parallel.autosp_size", "sequence parallel", str(sp)), ")");
+  if (dp > 0)
+    r += str(" = ", c.data.batch_size * t.gradient_accumulation_steps * dp, " sequences of ", c.data.seq_len,
+             " tokens a step");
+  r += str("\n  ZeRO: ", item("zero_optimization.stage", "stage", str(c.zero_optimization.stage)), " (",
+           zero_mode_name(zero_mode(c.zero_optimization, world_size)), " on ", world_size, " rank",
+           world_size == 1 ? "" : "s", ")");
+  const std::string dtype(dtype_torch_name(c.runtime.dtype));
+  r += str("\n  precision: ", item("runtime.dtype", "", c.runtime.dtype == DType::bf16
+                                                            ? "bfloat16 compute, float32 master weights and AdamW state"
+                                                            : dtype));
+  return r;
+}
+
+PositionsCheck check_positions(const ModelConfig& m, int64_t seq, const std::string& what) {
+  PositionsCheck out;
+  const int64_t max = m.max_position_embeddings;
+  if (seq <= max) return out;
+  const Family& f = family(m.arch);
+  if (f.positions == Positions::learned)
+    out.refused = str(what, " exceeds model.max_position_embeddings ", max, " (", f.name,
+                      "'s positions are a learned table of ", max, " rows; train at most ", max, " tokens)");
+  else if (m.rope_scaling.rope_type.empty())
+    out.warning = str(what, " exceeds model.max_position_embeddings ", max, " and the model has no rope_scaling: ",
+                      "positions from ", max, " on are ones it was not trained on (extend the context with ",
+                      "model.rope_scaling, or set model.max_position_embeddings if it was trained that long)");
+  return out;
 }
 
 std::optional<std::string> config_value_problem(const std::string& path, const json& v) {
   for (const auto& k : schema()) {
     if (path != k.path) continue;
-    try {
-      check_value("", k, v);
-    } catch (const UsageError& e) {  // ": path = v: what"
-      const std::string what = e.what();
-      const auto colon = what.find(": ", 2);
-      return colon == std::string::npos ? what : what.substr(colon + 2);
-    }
-    return std::nullopt;
+    std::optional<std::string> problem = value_problem(k, v);
+    if (!problem) return std::nullopt;
+    return problem->substr(str(k.path, " = ", v.dump(), ": ").size());  // "path = v: what" less "path = v: "
   }
   return str("'", path, "' is not a config key");
 }
@@ -607,6 +643,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     HfModelConfig hf = translate_hf_config(input, origin);
     c.notes.push_back(str(origin, " is a Hugging Face config.json: training its architecture from freshly initialised "
                           "weights (for its weights too, give \"model\": {\"from\": DIR} in a run config)"));
+    note_unused_hf_keys(hf, origin, c);
     for (auto& w : hf.warnings) c.warnings.push_back(std::move(w));
     c.hf_carried = std::move(hf.carried);
     j = json{{"model", hf.model}};
@@ -614,20 +651,32 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   for (const auto& ov : overrides) apply_override(j, origin, ov);
   c.given = j;
   expand_model_from(j, c, origin);
-  check_known_keys(j, origin);
+  // Every problem of the file is said at once: unknown keys and bad values first (the rules
+  // across keys would only repeat them), then every rule across keys.
+  Problems problems(origin);
+  check_known_keys(j, origin, problems);
 
   auto given = [&](const char* model_key) { return j.contains("model") && j["model"].contains(model_key); };
   if (given("arch")) {  // first: which keys apply depends on it
-    check_value(origin, schema()[0], j["model"]["arch"]);
+    if (auto problem = value_problem(schema()[0], j["model"]["arch"])) {
+      problems.add(*problem);
+      problems.raise();
+    }
     schema()[0].set(c, j["model"]["arch"]);
   }
   const Family& f = family(c.model.arch);
   std::vector<std::string> refused;  // settings of other families of this layout, given a value of their own
+  // Keys of another layout's families (GPT-2 and model.rope_theta): ignored, with a warning unless
+  // they hold the value autosp uses anyway (checked once the family's own values are set below).
+  std::vector<std::pair<const Key*, json>> foreign;
   for (const auto& k : schema()) {
     json::json_pointer ptr(json_path(k.path));
-    if (!j.contains(ptr)) continue;
+    if (!j.contains(ptr) || &k == &schema()[0]) continue;
     const json& v = j[ptr];
-    check_value(origin, k, v);
+    if (auto problem = value_problem(k, v)) {
+      problems.add(*problem);
+      continue;
+    }
     if (k.model && !key_applies(*k.model, f)) {
       // A setting of another family of the same layout (Llama's mlp_bias on Qwen2) is refused, after
       // the rules that read it, unless it holds this family's own value (false); one of another
@@ -638,28 +687,38 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       std::string list;  // "llama, mistral and qwen3"
       for (size_t i = 0; i < others.size(); ++i) list += str(i == 0 ? "" : i + 1 == others.size() ? " and " : ", ", others[i]);
       if (others.empty()) {
-        c.warnings.push_back(str(origin, ": ", k.path, " does not apply to arch ", f.name, "; ignored"));
+        foreign.emplace_back(&k, v);
         continue;
       }
-      if (!(v.is_boolean() && !v.get<bool>())) refused.push_back(str(k.path, " is a ", list, " setting, not ", f.name, "'s"));
+      if (!(v.is_boolean() && !v.get<bool>()) && !v.is_null())
+        refused.push_back(str(k.path, " is a ", list, " setting, not ", f.name, "'s"));
     }
     // An integer written where a number is expected is fine; store it as double.
     try {
       k.set(c, k.kind == Kind::number ? json(v.get<double>()) : v);
     } catch (const UsageError& e) {  // a setter that validates (model.rope_scaling)
-      throw UsageError(str(origin, ": ", e.what()));
+      problems.add(e.what());
     }
   }
+  problems.raise();
   // What the family fixes or defaults where the config is silent.
   auto& m = c.model;
   if (!f.gqa || !given("num_key_value_heads")) m.num_key_value_heads = m.num_attention_heads;
   if (f.tied_head != Presence::by_key) m.tie_word_embeddings = f.tied_head == Presence::always;
   else if (!given("tie_word_embeddings")) m.tie_word_embeddings = false;
   if (!given("norm_eps")) m.norm_eps = f.norm_eps;
+  // A key of another layout at the value autosp uses anyway (GPT-2's tie_word_embeddings true, as
+  // the resolved config and a translated config.json write it) is silent; another value is not
+  // applied, and says so.
+  for (const auto& [k, v] : foreign) {
+    const json own = k->model->get(m);
+    const bool same = (own.is_number() && v.is_number()) ? own.get<double>() == v.get<double>() : own == v;
+    if (!same) c.warnings.push_back(str(origin, ": ", k->path, " does not apply to arch ", f.name, "; ignored"));
+  }
 
   // Cross-key rules (none when another file completes this config: it is parsed again, with them).
   auto bad = [&](const std::string& what) {
-    if (cross_key_rules) throw UsageError(str(origin, ": ", what));
+    if (cross_key_rules) problems.add(what);
   };
   if (m.head_dim_config == 0 && m.hidden_size % m.num_attention_heads != 0)
     bad(str("model.hidden_size ", m.hidden_size, " is not divisible by model.num_attention_heads ",
@@ -667,8 +726,11 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   if (m.num_attention_heads % m.num_key_value_heads != 0)
     bad(str("model.num_attention_heads ", m.num_attention_heads, " is not divisible by model.num_key_value_heads ",
             m.num_key_value_heads));
-  if (f.positions == Positions::learned && c.data.seq_len > m.max_position_embeddings)  // a table of positions
-    bad(str("data.seq_len ", c.data.seq_len, " exceeds model.max_position_embeddings ", m.max_position_embeddings));
+  if (const PositionsCheck pos = check_positions(m, c.data.seq_len, str("data.seq_len ", c.data.seq_len));
+      !pos.refused.empty())
+    bad(pos.refused);
+  else if (!pos.warning.empty() && cross_key_rules)
+    c.warnings.push_back(str(origin, ": ", pos.warning));
   if (f.positions == Positions::rope && m.head_dim() % 2 != 0)
     bad(str(m.head_dim_config > 0 ? "model.head_dim " : "the head dim ", m.head_dim(), " must be even for RoPE"));
   if (c.runtime.tiled_mlp && f.mlp == Mlp::swiglu && present(f.mlp_bias, m.mlp_bias))
@@ -735,12 +797,13 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   if (c.runtime.tiled_mlp && f.mlp != Mlp::swiglu)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", f.name, "\" has none"));
   if (cross_key_rules) {
-    check_schedule(c, origin);
+    check_schedule(c, problems);
     for (std::string& w : unread_settings(c, c.given, origin)) c.warnings.push_back(std::move(w));
   }
   if (c.runtime.attention == AttentionBackend::cudnn && c.runtime.device != DeviceKind::cuda)
     bad(str("runtime.attention \"cudnn\" needs runtime.device \"cuda\" (it is \"", device_kind_name(c.runtime.device),
             "\")"));
+  problems.raise();
 
   // The resolved config: every key, as its row's getter gives it. A null (model.rope_scaling when
   // none) is left out, as checkpoints have always recorded it, so theirs still compare equal.

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -195,6 +196,10 @@ struct Config {
   // The keys the user wrote (the config file after --set, before defaults and model.from): what
   // another source of keys (a DeepSpeed config, config/deepspeed.h) must agree with.
   nlohmann::json given;
+  // Where a key's value came from, for the keys another file decided ("ds.json
+  // optimizer.params.lr", "DeepSpeed's default: no clipping"); every other key is the run
+  // config's (in `given`) or our default. recipe_text reads it.
+  std::map<std::string, std::string> sources;
   // model.from: the Hugging Face model directory the architecture came from, whose weights start
   // the run unless --init-from or --resume say otherwise ("" = none).
   std::string model_from;
@@ -225,6 +230,22 @@ std::vector<std::string_view> schedule_reads(LrSchedule s);
 // `c` for a run of `steps` steps (train.steps, as --steps sets it): the value checked like the key,
 // and the schedule's rules checked against it; a UsageError naming `origin` otherwise.
 Config with_steps(Config c, int64_t steps, const std::string& origin = "steps");
+
+// Whether a sequence of `seq` tokens fits the model's positions; `what` names the length in the
+// messages ("data.seq_len 4096", "S = 4096"). Learned positions (GPT-2's table of
+// max_position_embeddings rows) end at the table: `refused` says so. RoPE takes any position, but
+// past max_position_embeddings without rope_scaling the model meets positions it was not trained
+// on: `warning` says so. Both empty: it fits.
+struct PositionsCheck {
+  std::string refused, warning;
+};
+PositionsCheck check_positions(const ModelConfig& m, int64_t seq, const std::string& what);
+
+// The effective training recipe as one block for the log: the optimizer, the learning-rate
+// schedule (and the keys it reads), clipping, the batch triple (micro × accumulation × dp, for a
+// job of `world_size` ranks), the ZeRO stage and the precision, each value with where it came
+// from: a DeepSpeed file (Config::sources), the run config (Config::given), or the default.
+std::string recipe_text(const Config& c, int world_size);
 
 // What is wrong with `v` as the value of the schema key `path` (its type, range or choices), or
 // nothing: for keys that come from elsewhere (a DeepSpeed config) and are named there.

@@ -24,14 +24,17 @@ namespace {
 
 using json = nlohmann::json;
 
-// Keys that change nothing here (logging, profiling, I/O, DeepSpeed's own memory and
-// communication tuning): accepted whatever their value, and listed once in the log.
+// Keys that change nothing here (logging, profiling, I/O, device selection, DeepSpeed's own memory
+// and communication tuning), and keys widely used files carry that DeepSpeed itself never reads
+// (LLaMA-Factory's comms_config, DeepSpeedExamples' cuda_visible_devices): accepted whatever their
+// value, and listed once in the log as not used by autosp.
 const std::set<std::string>& ignored_top_level() {
   static const std::set<std::string> s = {
       "wall_clock_breakdown", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
       "memory_breakdown", "dump_state", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
       "activation_checkpointing", "aio", "checkpoint", "autotuning", "nebula", "timers", "monitor_config", "pipeline",
-      "graph_harvesting", "prescale_gradients", "gradient_predivide_factor", "disable_allgather"};
+      "graph_harvesting", "prescale_gradients", "gradient_predivide_factor", "disable_allgather", "comms_config",
+      "cuda_visible_devices"};
   return s;
 }
 const std::set<std::string>& ignored_zero() {
@@ -50,11 +53,35 @@ const std::set<std::string>& ignored_zero() {
   return s;
 }
 // Sections that change the math when enabled: fine while {"enabled": false} (or "auto", which
-// is ours: off).
-const std::set<std::string>& off_only() {
-  static const std::set<std::string> s = {"fp16", "amp", "torch_autocast", "curriculum_learning", "data_efficiency",
-                                          "quantize_training", "hybrid_engine", "eigenvalue",
-                                          "progressive_layer_drop", "elasticity"};
+// is ours: off), with why they are refused otherwise and what to do.
+struct OffOnly {
+  const char* why;
+  const char* fix;
+};
+const std::map<std::string, OffOnly>& off_only() {
+  static const std::map<std::string, OffOnly> s = {
+      {"fp16", {"fp16 training with loss scaling; autosp computes in float32 or bfloat16 and never scales the loss",
+                "use \"bf16\": {\"enabled\": true} instead, or remove fp16"}},
+      {"amp", {"NVIDIA Apex mixed precision", "use \"bf16\": {\"enabled\": true} instead, or remove amp"}},
+      {"torch_autocast", {"torch.autocast's per-op precision choices", "use \"bf16\": {\"enabled\": true} instead"}},
+      {"curriculum_learning", {"it changes which sequences a step sees", ""}},
+      {"data_efficiency", {"it changes which tokens and sequences a step sees", ""}},
+      {"quantize_training", {"quantized weights", ""}},
+      {"hybrid_engine", {"it is DeepSpeed-Chat's RLHF engine", ""}},
+      {"eigenvalue", {"it is for MoQ's quantization schedule", ""}},
+      {"progressive_layer_drop", {"it skips layers during training", ""}},
+      {"elasticity", {"it changes the batch size with the number of GPUs", "fix the batch sizes instead"}},
+  };
+  return s;
+}
+// The other top-level keys DeepSpeed knows that are read below.
+const std::set<std::string>& handled() {
+  static const std::set<std::string> s = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                                          "gradient_accumulation_steps", "gradient_clipping", "steps_per_print",
+                                          "sequence_parallel_size", "bf16", "bfloat16", "zero_optimization",
+                                          "compile", "optimizer", "scheduler", "sparse_attention",
+                                          "compression_training", "sparse_gradients", "communication_data_type",
+                                          "seq_parallel_communication_data_type", "data_types", "tensor_parallel"};
   return s;
 }
 
@@ -66,55 +93,47 @@ bool same(const json& a, const json& b) {
   return a == b;
 }
 
+// A refusal while one key is read: caught where that key's reading began (Mapper::guard), so the
+// rest of the file is still read and every problem is said at once.
+struct Refused {
+  std::string what;
+};
+
 class Mapper {
  public:
   Mapper(const Config& cfg, const json& ds, int world, std::string origin)
       : cfg_(cfg), ds_(ds), world_(world), origin_(std::move(origin)) {}
 
-  // The keys to write into the user's config, in order; notes for the log; warnings.
+  // The keys to write into the user's config, in order, and where each came from; notes for the
+  // log (what was mapped, keys not used, keys at autosp's own value); warnings; every problem.
   std::vector<std::pair<std::string, json>> assigned;
-  std::vector<std::string> mapped, ignored, warnings;
+  std::map<std::string, std::string> sources;
+  std::vector<std::string> mapped, ignored, agreed, warnings, problems;
 
   void run() {
-    if (!ds_.is_object()) fail("expected a JSON object at the top level (a DeepSpeed config)");
-    std::vector<std::string> unknown;
-    for (auto& [key, v] : ds_.items()) {
-      if (handled().count(key) || key == "optimizer" || key == "scheduler") continue;
-      if (ignored_top_level().count(key)) ignored.push_back(key);
-      else if (off_only().count(key)) off_section(key, v);
-      else if (key == "sparse_attention" || key == "compression_training")
-        fail(str(key, ": not supported by autosp-train (it changes the model)"));
-      else if (key == "sparse_gradients") require(key, v, json(false));
-      else if (key == "communication_data_type" || key == "seq_parallel_communication_data_type") fp32_only(key, v);
-      else if (key == "data_types") data_types(v);
-      else if (key == "tensor_parallel") tensor_parallel(v);
-      else unknown.push_back(key);
-    }
-    if (!unknown.empty()) {
-      std::string list;
-      for (const auto& u : unknown) list += str(list.empty() ? "" : ", ", "'", u, "'");
-      fail(str("unknown DeepSpeed key", unknown.size() > 1 ? "s " : " ", list, " (not supported by autosp-train)"));
-    }
+    if (!ds_.is_object()) throw UsageError(str(origin_, ": expected a JSON object at the top level (a DeepSpeed config)"));
+    for (auto& [key, v] : ds_.items()) guard([&] { top_level(key, v); });
     // Order matters: dp needs the SP size, the scheduler's ratios the optimizer's lr, the bucket
     // size the dtype.
+    bool sp_ok = true;
     if (ds_.contains("sequence_parallel_size"))
-      value("sequence_parallel_size", ds_["sequence_parallel_size"], "sequence_parallel.autosp_size");
-    batch();
-    if (ds_.contains("optimizer")) optimizer(ds_["optimizer"]);
-    if (ds_.contains("scheduler")) scheduler(ds_["scheduler"]);
-    if (ds_.contains("gradient_clipping")) value("gradient_clipping", ds_["gradient_clipping"], "train.grad_clip");
+      sp_ok = guard([&] { value("sequence_parallel_size", ds_["sequence_parallel_size"], "sequence_parallel.autosp_size"); });
+    if (sp_ok) guard([&] { batch(); });  // with a wrong SP size, its dp would only add a false mismatch
+    if (ds_.contains("optimizer")) guard([&] { optimizer(ds_["optimizer"]); });
+    guard([&] { scheduler(); });
+    guard([&] { clipping(); });
     if (ds_.contains("steps_per_print") && !ds_["steps_per_print"].is_null())
-      value("steps_per_print", ds_["steps_per_print"], "train.log_every");
+      guard([&] { value("steps_per_print", ds_["steps_per_print"], "train.log_every"); });
     // DeepSpeed reads "bf16" and its old name "bfloat16" only where "bf16" is absent
     // (runtime/precision_config.py get_bfloat16_config): with both, "bfloat16" changes nothing.
     if (ds_.contains("bf16")) {
-      bf16("bf16", ds_["bf16"]);
+      guard([&] { bf16("bf16", ds_["bf16"]); });
       if (ds_.contains("bfloat16")) shadowed("bfloat16", ds_["bfloat16"], "bf16", ds_["bf16"]);
     } else if (ds_.contains("bfloat16")) {
-      bf16("bfloat16", ds_["bfloat16"]);
+      guard([&] { bf16("bfloat16", ds_["bfloat16"]); });
     }
-    if (ds_.contains("zero_optimization")) zero(ds_["zero_optimization"]);
-    if (ds_.contains("compile")) compile(ds_["compile"]);
+    if (ds_.contains("zero_optimization")) guard([&] { zero(ds_["zero_optimization"]); });
+    if (ds_.contains("compile")) guard([&] { compile(ds_["compile"]); });
   }
 
  private:
@@ -123,15 +142,62 @@ class Mapper {
   int world_;
   std::string origin_;
 
-  static const std::set<std::string>& handled() {
-    static const std::set<std::string> s = {"train_batch_size", "train_micro_batch_size_per_gpu",
-                                            "gradient_accumulation_steps", "gradient_clipping", "steps_per_print",
-                                            "sequence_parallel_size", "bf16", "bfloat16", "zero_optimization",
-                                            "compile"};
-    return s;
+  // Runs one key's reading; a refusal becomes one of the problems. Whether it read without one.
+  template <class F>
+  bool guard(F&& f) {
+    try {
+      f();
+      return true;
+    } catch (const Refused& r) {
+      problems.push_back(r.what);
+      return false;
+    }
+  }
+  [[noreturn]] static void fail(const std::string& what) { throw Refused{what}; }
+  // `key` = `v` refused: why, and what to do (left out when empty).
+  [[noreturn]] static void refuse(const std::string& key, const json& v, const std::string& why, const std::string& fix) {
+    fail(str(key, " = ", v.dump(), ": not supported by autosp-train (", why, ")", fix.empty() ? "" : "; ", fix));
   }
 
-  [[noreturn]] void fail(const std::string& what) const { throw UsageError(str(origin_, ": ", what)); }
+  // A key no DeepSpeed section of ours knows: most likely a misspelling of one of `known` (or a
+  // block where DeepSpeed takes a key of that name and more: sequence_parallel →
+  // sequence_parallel_size).
+  static std::string unknown(const std::string& where, const std::string& key, const std::vector<std::string>& known) {
+    std::string hint = closest_name(key, known);
+    for (const std::string& k : known)
+      if (hint.empty() && k.rfind(key + "_", 0) == 0) hint = k;
+    std::string full = where.empty() ? key : str(where, ".", key);
+    if (hint.empty())
+      return str("unknown DeepSpeed key '", full, "': no DeepSpeed key autosp knows is spelt like it (check the "
+                 "spelling: a misspelt setting would silently not apply)");
+    return str("unknown DeepSpeed key '", full, "' (did you mean '", where.empty() ? hint : str(where, ".", hint), "'?)");
+  }
+
+  void top_level(const std::string& key, const json& v) {
+    if (ignored_top_level().count(key)) return ignored.push_back(key);
+    if (off_only().count(key)) return off_section(key, v);
+    if (key == "sparse_attention" || key == "compression_training")
+      fail(str(key, ": not supported by autosp-train (it changes the model)"));
+    if (key == "sparse_gradients") return require(key, v, json(false), "gradients are dense", "set it false");
+    if (key == "communication_data_type" || key == "seq_parallel_communication_data_type") return fp32_only(key, v);
+    if (key == "data_types") return data_types(v);
+    if (key == "tensor_parallel") return tensor_parallel(v);
+    if (handled().count(key)) return;  // read in run()'s order
+    std::vector<std::string> known(handled().begin(), handled().end());
+    known.insert(known.end(), ignored_top_level().begin(), ignored_top_level().end());
+    for (const auto& [k, _] : off_only()) known.push_back(k);
+    std::string what = unknown("", key, known);
+    if (key == "sequence_parallel") {  // a block where DeepSpeed takes the top-level integer
+      what += "; DeepSpeed reads the sequence parallel degree from the top-level integer sequence_parallel_size";
+      if (v.is_object())
+        for (auto& [k, x] : v.items())
+          if (x.is_number_integer() && (k.find("size") != std::string::npos || k.find("degree") != std::string::npos)) {
+            what += str(": write \"sequence_parallel_size\": ", x.dump(), " in place of the block");
+            break;
+          }
+    }
+    fail(what);
+  }
 
   // Our key's JSON pointer.
   static json::json_pointer ptr(const std::string& ours) {
@@ -149,7 +215,9 @@ class Mapper {
 
   // DeepSpeed's `ds_key` = `v` becomes our `ours`: checked against our schema, and against the
   // value the user set there, if any. A later set of the same key replaces an earlier one.
-  void set(const std::string& ds_key, const std::string& ours, const json& v, const std::string& how = "") {
+  // `source` says where the value came from in the recipe (default: the file's key).
+  void set(const std::string& ds_key, const std::string& ours, const json& v, const std::string& how = "",
+           const std::string& source = "") {
     if (auto problem = config_value_problem(ours, v))
       fail(str(ds_key, " = ", v.dump(), " (our ", ours, "): ", *problem));
     if (given(ours) && !same(cfg_.given[ptr(ours)], v))
@@ -159,30 +227,39 @@ class Mapper {
     std::erase_if(mapped, [&](const std::string& m) { return m.find(" → " + ours + " ") != std::string::npos; });
     assigned.emplace_back(ours, v);
     mapped.push_back(str(ds_key, " → ", ours, " ", v.dump(), how));
+    sources[ours] = source.empty() ? str(origin_, " ", ds_key) : source;
   }
 
   // A mapped key: "auto" keeps ours.
   void value(const std::string& ds_key, const json& v, const std::string& ours) {
     if (is_auto(v)) {
       mapped.push_back(str(ds_key, " \"auto\" → ", ours, " ", current(ours).dump(), " (ours)"));
+      sources[ours] = str(given(ours) ? "run config" : "default", " (", origin_, " ", ds_key, " \"auto\")");
       return;
     }
     set(ds_key, ours, v);
   }
 
+  // What DeepSpeed does where the file is silent, unless the user set our key: `ours` = `v`.
+  void ds_default(const std::string& ds_key, const std::string& ours, const json& v, const std::string& why) {
+    if (given(ours)) return;
+    set(ds_key, ours, v, str(" (DeepSpeed's default", why.empty() ? "" : ": ", why, ")"),
+        str("DeepSpeed's default", why.empty() ? "" : ": ", why));
+  }
+
   // A parameter of a section the file gives: its value, "auto" (ours), or DeepSpeed's default
   // where the user did not set ours.
   void param(const std::string& ds_key, const json& params, const char* name, const std::string& ours,
-             const json& ds_default) {
+             const json& dflt) {
     if (params.contains(name)) return value(ds_key, params[name], ours);
-    if (!given(ours) && !ds_default.is_null()) set(ds_key, ours, ds_default, " (DeepSpeed's default)");
+    if (!dflt.is_null()) ds_default(ds_key, ours, dflt, "");
   }
 
-  void require(const std::string& key, const json& v, const json& allowed) {
-    if (!same(v, allowed) && !is_auto(v))
-      fail(str(key, " = ", v.dump(), ": not supported by autosp-train (it would change the math); expected ",
-               allowed.dump()));
-    ignored.push_back(key);
+  // A setting autosp has one value of: at it (or "auto"), accepted; else refused, why and what to do.
+  void require(const std::string& key, const json& v, const json& allowed, const std::string& why,
+               const std::string& fix) {
+    if (!same(v, allowed) && !is_auto(v)) refuse(key, v, why, fix.empty() ? str("expected ", allowed.dump()) : fix);
+    agreed.push_back(str(key, " ", v.dump()));
   }
 
   // A key DeepSpeed does not read because `winner`, its other spelling, is there: ignored, with a
@@ -197,29 +274,33 @@ class Mapper {
   void off_section(const std::string& key, const json& v) {
     if (!v.is_object()) fail(str(key, " = ", v.dump(), ": expected an object"));
     const json enabled = v.value("enabled", json(false));
-    if (!same(enabled, json(false)) && !is_auto(enabled))
-      fail(str(key, ".enabled = ", enabled.dump(), ": not supported by autosp-train (it would change the math)"));
+    if (!same(enabled, json(false)) && !is_auto(enabled)) {
+      const OffOnly& o = off_only().at(key);
+      refuse(str(key, ".enabled"), enabled, str("it would change the math: ", o.why), o.fix);
+    }
     ignored.push_back(key);
   }
 
   void fp32_only(const std::string& key, const json& v) {
-    if (v.is_null() || is_auto(v) || v == "fp32" || v == "float32") return ignored.push_back(key);
-    fail(str(key, " = ", v.dump(), ": not supported by autosp-train (it would change the math); expected \"fp32\""));
+    if (v.is_null() || is_auto(v) || v == "fp32" || v == "float32") return agreed.push_back(str(key, " ", v.dump()));
+    refuse(key, v, "it would change the math: autosp communicates gradients in fp32", "set it \"fp32\" or remove it");
   }
 
   void data_types(const json& v) {
     if (!v.is_object()) fail(str("data_types = ", v.dump(), ": expected an object"));
-    for (auto& [k, x] : v.items()) {
-      if (k != "grad_accum_dtype") fail(str("data_types.", k, ": not supported by autosp-train"));
-      fp32_only("data_types.grad_accum_dtype", x);
-    }
+    for (auto& [k, x] : v.items())
+      guard([&] {
+        if (k != "grad_accum_dtype") fail(unknown("data_types", k, {"grad_accum_dtype"}));
+        fp32_only("data_types.grad_accum_dtype", x);
+      });
   }
 
   void tensor_parallel(const json& v) {
     if (!v.is_object()) fail(str("tensor_parallel = ", v.dump(), ": expected an object"));
     const json size = v.value("autotp_size", json(0));
     if (size.is_number() && size.get<double>() <= 1) return ignored.push_back("tensor_parallel");
-    fail(str("tensor_parallel.autotp_size = ", size.dump(), ": not supported by autosp-train (no tensor parallelism)"));
+    refuse("tensor_parallel.autotp_size", size, "no tensor parallelism",
+           "use sequence_parallel_size for the ranks instead, or remove tensor_parallel");
   }
 
   // An integer the rule below computes with (not "auto").
@@ -246,8 +327,11 @@ class Mapper {
       if (is_auto(ds_[key])) return ours ? std::optional(current(ours).get<int64_t>()) : std::nullopt;
       return integer(key, ds_[key]);
     };
-    std::optional<int64_t> train = read(kTrain, nullptr), micro = read(kMicro, "data.batch_size"),
-                           gas = read(kGas, "train.gradient_accumulation_steps");
+    std::optional<int64_t> train, micro, gas;
+    bool read_ok = guard([&] { train = read(kTrain, nullptr); });
+    read_ok &= guard([&] { micro = read(kMicro, "data.batch_size"); });
+    read_ok &= guard([&] { gas = read(kGas, "train.gradient_accumulation_steps"); });
+    if (!read_ok) return;
     const std::string where = str(" (dp ", dp, " = world ", world_, " / sequence parallel size ", sp, ")");
     auto mismatch = [&](int64_t t, int64_t m, int64_t g) {
       fail(str(kTrain, " ", t, " != ", kMicro, " ", m, " × ", kGas, " ", g, " × dp ", dp, where));
@@ -265,8 +349,14 @@ class Mapper {
     if (!micro) micro = current("data.batch_size").get<int64_t>();  // gas alone: our micro-batch
     if (!gas) gas = has_micro && !has_gas ? 1 : current("train.gradient_accumulation_steps").get<int64_t>();
     if (train && *train != *micro * *gas * dp) mismatch(*train, *micro, *gas);
-    set(has_micro ? kMicro : str(kMicro, " (from ", kTrain, ")"), "data.batch_size", *micro);
-    set(has_gas ? kGas : str(kGas, " (from the batch rule)"), "train.gradient_accumulation_steps", *gas);
+    auto batch_set = [&](bool has, const char* key, const std::string& derived, const std::string& ours, int64_t v) {
+      if (has && is_auto(ds_[key])) return value(key, ds_[key], ours);
+      set(has ? key : derived, ours, v);
+    };
+    guard([&] { batch_set(has_micro, kMicro, str(kMicro, " (from ", kTrain, ")"), "data.batch_size", *micro); });
+    guard([&] {
+      batch_set(has_gas, kGas, str(kGas, " (from the batch rule)"), "train.gradient_accumulation_steps", *gas);
+    });
     mapped.push_back(str(kTrain, " = ", *micro * *gas * dp, " = ", *micro, " × ", *gas, " × dp ", dp));
   }
 
@@ -280,7 +370,7 @@ class Mapper {
   void optimizer(const json& o) {
     if (!o.is_object()) fail(str("optimizer = ", o.dump(), ": expected an object with \"type\" and \"params\""));
     for (auto& [k, v] : o.items())
-      if (k != "type" && k != "params") fail(str("optimizer.", k, ": not supported by autosp-train"));
+      if (k != "type" && k != "params") guard([&] { fail(unknown("optimizer", k, {"type", "params"})); });
     const json type = o.value("type", json());
     if (!type.is_string() || (lower(type.get<std::string>()) != "adam" && lower(type.get<std::string>()) != "adamw"))
       fail(str("optimizer.type = ", type.dump(), ": not supported by autosp-train (it has AdamW: \"Adam\" or \"AdamW\")"));
@@ -288,45 +378,55 @@ class Mapper {
     if (!p.is_object()) fail(str("optimizer.params = ", p.dump(), ": expected an object"));
     const bool adamw = lower(type.get<std::string>()) == "adamw";
     bool w_mode = true, torch_adam = false;
-    for (auto& [k, v] : p.items()) {
-      if (k == "lr" || k == "betas" || k == "eps" || k == "weight_decay") continue;
-      const std::string key = str("optimizer.params.", k);
-      if (k == "adam_w_mode" || k == "torch_adam") {
-        if (!v.is_boolean()) fail(str(key, " = ", v.dump(), ": expected true or false"));
-        (k == "adam_w_mode" ? w_mode : torch_adam) = v.get<bool>();
-      } else if (k == "amsgrad") {
-        require(key, v, json(false));
-      } else if (k == "bias_correction") {
-        require(key, v, json(true));
-      } else {
-        fail(str(key, ": not supported by autosp-train"));
-      }
-    }
+    for (auto& [k, v] : p.items())
+      guard([&] {
+        if (k == "lr" || k == "betas" || k == "eps" || k == "weight_decay") return;
+        const std::string key = str("optimizer.params.", k);
+        if (k == "adam_w_mode" || k == "torch_adam") {
+          if (!v.is_boolean()) fail(str(key, " = ", v.dump(), ": expected true or false"));
+          (k == "adam_w_mode" ? w_mode : torch_adam) = v.get<bool>();
+        } else if (k == "amsgrad") {
+          require(key, v, json(false), "its AdamW keeps no running maximum of the second moment", "set it false");
+        } else if (k == "bias_correction") {
+          require(key, v, json(true), "its AdamW corrects the moments' bias, as PyTorch's does", "set it true");
+        } else {
+          fail(unknown("optimizer.params", k, {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam",
+                                               "amsgrad", "bias_correction"}));
+        }
+      });
     if (!adamw && !w_mode)
       fail("optimizer \"Adam\" with adam_w_mode false (Adam with L2 regularisation) is not supported by autosp-train; "
            "it has AdamW (adam_w_mode true, DeepSpeed's default)");
-    param("optimizer.params.lr", p, "lr", "train.lr", 1e-3);
-    if (p.contains("betas") && !is_auto(p["betas"])) {
-      const json& b = p["betas"];
-      if (!b.is_array() || b.size() != 2) fail(str("optimizer.params.betas = ", b.dump(), ": expected [beta1, beta2]"));
-      set("optimizer.params.betas[0]", "train.beta1", b[0]);
-      set("optimizer.params.betas[1]", "train.beta2", b[1]);
-    } else if (!p.contains("betas")) {
-      param("optimizer.params.betas[0]", p, "betas", "train.beta1", 0.9);
-      param("optimizer.params.betas[1]", p, "betas", "train.beta2", 0.999);
-    } else {
-      mapped.push_back(str("optimizer.params.betas \"auto\" → train.beta1, train.beta2 (ours)"));
-    }
-    param("optimizer.params.eps", p, "eps", "train.eps", 1e-8);
+    guard([&] { param("optimizer.params.lr", p, "lr", "train.lr", 1e-3); });
+    guard([&] {
+      if (p.contains("betas") && !is_auto(p["betas"])) {
+        const json& b = p["betas"];
+        if (!b.is_array() || b.size() != 2) fail(str("optimizer.params.betas = ", b.dump(), ": expected [beta1, beta2]"));
+        set("optimizer.params.betas[0]", "train.beta1", b[0]);
+        set("optimizer.params.betas[1]", "train.beta2", b[1]);
+      } else if (!p.contains("betas")) {
+        param("optimizer.params.betas[0]", p, "betas", "train.beta1", 0.9);
+        param("optimizer.params.betas[1]", p, "betas", "train.beta2", 0.999);
+      } else {
+        value("optimizer.params.betas[0]", p["betas"], "train.beta1");
+        value("optimizer.params.betas[1]", p["betas"], "train.beta2");
+      }
+    });
+    guard([&] { param("optimizer.params.eps", p, "eps", "train.eps", 1e-8); });
     // FusedAdam's default weight decay is 0; torch.optim.AdamW's (torch_adam) is 0.01.
-    param("optimizer.params.weight_decay", p, "weight_decay", "train.weight_decay", torch_adam ? 0.01 : 0.0);
+    guard([&] { param("optimizer.params.weight_decay", p, "weight_decay", "train.weight_decay", torch_adam ? 0.01 : 0.0); });
   }
 
-  // WarmupLR, WarmupDecayLR, WarmupCosineLR with DeepSpeed's defaults (lr_schedules.py).
-  void scheduler(const json& s) {
+  // WarmupLR, WarmupDecayLR, WarmupCosineLR with DeepSpeed's defaults (lr_schedules.py); no
+  // scheduler section is DeepSpeed's constant learning rate (the optimizer's lr at every step).
+  void scheduler() {
+    if (!ds_.contains("scheduler"))
+      return ds_default("scheduler", "train.lr_schedule", "constant",
+                        str("no scheduler section, so a constant learning rate"));
+    const json& s = ds_["scheduler"];
     if (!s.is_object()) fail(str("scheduler = ", s.dump(), ": expected an object with \"type\" and \"params\""));
     for (auto& [k, v] : s.items())
-      if (k != "type" && k != "params") fail(str("scheduler.", k, ": not supported by autosp-train"));
+      if (k != "type" && k != "params") guard([&] { fail(unknown("scheduler", k, {"type", "params"})); });
     const json type = s.value("type", json());
     const std::map<std::string, std::string> ours = {
         {"WarmupLR", "ds_warmup"}, {"WarmupDecayLR", "ds_warmup_decay"}, {"WarmupCosineLR", "ds_warmup_cosine"}};
@@ -341,54 +441,86 @@ class Mapper {
     else known.insert({"warmup_min_lr", "warmup_max_lr"});
     if (t == "WarmupDecayLR") known.insert("total_num_steps");
     for (auto& [k, v] : p.items())
-      if (!known.count(k)) fail(str("scheduler.params.", k, ": not a parameter of DeepSpeed's ", t));
+      if (!known.count(k))
+        guard([&] {
+          const std::string hint = closest_name(k, {known.begin(), known.end()});
+          fail(str("scheduler.params.", k, ": not a parameter of DeepSpeed's ", t,
+                   hint.empty() ? "" : str(" (did you mean 'scheduler.params.", hint, "'?)")));
+        });
     auto key = [](const char* k) { return str("scheduler.params.", k); };
-    set("scheduler.type", "train.lr_schedule", ours.at(t));
+    guard([&] { set("scheduler.type", "train.lr_schedule", ours.at(t)); });
     if (p.contains("last_batch_iteration") && !same(p["last_batch_iteration"], json(-1)))
-      fail(str(key("last_batch_iteration"), " = ", p["last_batch_iteration"].dump(),
-               ": not supported by autosp-train (resume with --resume)"));
-    if (p.contains("warmup_num_steps") && !is_auto(p["warmup_num_steps"])) integer(key("warmup_num_steps"), p["warmup_num_steps"]);
-    param(key("warmup_num_steps"), p, "warmup_num_steps", "train.warmup_steps", 1000);
-    if (p.contains("warmup_type") && !is_auto(p["warmup_type"]) && p["warmup_type"] != "log" &&
-        p["warmup_type"] != "linear")
-      fail(str(key("warmup_type"), " = ", p["warmup_type"].dump(), ": expected \"log\" or \"linear\""));
-    param(key("warmup_type"), p, "warmup_type", "train.warmup_type", "log");
-    if (t != "WarmupLR") {
-      if (!p.contains("total_num_steps"))
-        fail(str("scheduler ", t, " needs params.total_num_steps (DeepSpeed has no default)"));
-      if (!is_auto(p["total_num_steps"])) integer(key("total_num_steps"), p["total_num_steps"]);
-      value(key("total_num_steps"), p["total_num_steps"], "train.schedule_steps");
-    }
+      guard([&] {
+        refuse(key("last_batch_iteration"), p["last_batch_iteration"], "a schedule starts at step 0",
+               "resume with --resume instead");
+      });
+    guard([&] {
+      if (p.contains("warmup_num_steps") && !is_auto(p["warmup_num_steps"]))
+        integer(key("warmup_num_steps"), p["warmup_num_steps"]);
+      param(key("warmup_num_steps"), p, "warmup_num_steps", "train.warmup_steps", 1000);
+    });
+    guard([&] {
+      if (p.contains("warmup_type") && !is_auto(p["warmup_type"]) && p["warmup_type"] != "log" &&
+          p["warmup_type"] != "linear")
+        fail(str(key("warmup_type"), " = ", p["warmup_type"].dump(), ": expected \"log\" or \"linear\""));
+      param(key("warmup_type"), p, "warmup_type", "train.warmup_type", "log");
+    });
+    if (t != "WarmupLR")
+      guard([&] {
+        if (!p.contains("total_num_steps"))
+          fail(str("scheduler ", t, " needs params.total_num_steps (DeepSpeed has no default)"));
+        if (!is_auto(p["total_num_steps"])) integer(key("total_num_steps"), p["total_num_steps"]);
+        value(key("total_num_steps"), p["total_num_steps"], "train.schedule_steps");
+      });
     if (t == "WarmupCosineLR") {  // ratios of the optimizer's lr
       const double lr = current("train.lr").get<double>();
       for (auto [name, ours_key, dflt] : {std::tuple{"warmup_min_ratio", "train.warmup_min_lr", 0.0},
-                                         std::tuple{"cos_min_ratio", "train.min_lr", 1e-4}}) {
-        if (p.contains(name) && is_auto(p[name])) {
-          value(key(name), p[name], ours_key);
-          continue;
-        }
-        if (!p.contains(name) && given(ours_key)) continue;
-        const json r = p.value(name, json(dflt));
-        if (!r.is_number() || r.get<double>() < 0) fail(str(key(name), " = ", r.dump(), ": expected a number >= 0"));
-        set(key(name), ours_key, r.get<double>() * lr,
-            str(p.contains(name) ? " (× lr " : " (DeepSpeed's default × lr ", lr, ")"));
-      }
+                                         std::tuple{"cos_min_ratio", "train.min_lr", 1e-4}})
+        guard([&] {
+          if (p.contains(name) && is_auto(p[name])) return value(key(name), p[name], ours_key);
+          if (!p.contains(name) && given(ours_key)) return;
+          const json r = p.value(name, json(dflt));
+          if (!r.is_number() || r.get<double>() < 0) fail(str(key(name), " = ", r.dump(), ": expected a number >= 0"));
+          if (p.contains(name)) set(key(name), ours_key, r.get<double>() * lr, str(" (× lr ", lr, ")"));
+          else set(key(name), ours_key, r.get<double>() * lr, str(" (DeepSpeed's default × lr ", lr, ")"),
+                   str("DeepSpeed's default ", name, " ", r.get<double>(), " × lr"));
+        });
     } else {
-      param(key("warmup_min_lr"), p, "warmup_min_lr", "train.warmup_min_lr", 0.0);
+      guard([&] { param(key("warmup_min_lr"), p, "warmup_min_lr", "train.warmup_min_lr", 0.0); });
       // warmup_max_lr is the lr (DeepSpeed's scheduler overrides the optimizer's); WarmupLR's
       // default is the optimizer's lr, WarmupDecayLR's 0.001.
-      param(key("warmup_max_lr"), p, "warmup_max_lr", "train.lr", t == "WarmupDecayLR" ? json(1e-3) : json());
+      guard([&] {
+        param(key("warmup_max_lr"), p, "warmup_max_lr", "train.lr", t == "WarmupDecayLR" ? json(1e-3) : json());
+      });
     }
+  }
+
+  // gradient_clipping, or DeepSpeed's default where the file has none: 0, no clipping.
+  void clipping() {
+    if (ds_.contains("gradient_clipping")) return value("gradient_clipping", ds_["gradient_clipping"], "train.grad_clip");
+    ds_default("gradient_clipping", "train.grad_clip", 0.0, "none in the file, so no clipping");
   }
 
   void bf16(const std::string& key, const json& b) {
     if (!b.is_object()) fail(str(key, " = ", b.dump(), ": expected an object"));
-    for (auto& [k, v] : b.items()) {
-      if (k == "enabled") continue;
-      if (k == "immediate_grad_update" || k == "check_grad_overflow") ignored.push_back(str(key, ".", k));
-      else if (k == "bf16_master_weights_and_grads" || k == "bf16_optimizer_states") require(str(key, ".", k), v, json(false));
-      else fail(str(key, ".", k, ": not supported by autosp-train"));
-    }
+    // The fp16 section's loss-scaling keys, which bf16 (never scaled) does not read.
+    static const std::set<std::string> scaling = {"loss_scale", "loss_scale_window", "initial_scale_power", "hysteresis",
+                                                  "consecutive_hysteresis", "min_loss_scale"};
+    for (auto& [k, v] : b.items())
+      guard([&] {
+        const std::string sub = str(key, ".", k);
+        if (k == "enabled") return;
+        if (k == "immediate_grad_update" || k == "check_grad_overflow" || scaling.count(k)) return ignored.push_back(sub);
+        if (k == "auto_cast")
+          return require(sub, v, json(false), "autosp does not cast the model's floating-point inputs", "set it false");
+        if (k == "bf16_master_weights_and_grads" || k == "bf16_optimizer_states")
+          return require(sub, v, json(false), "under bf16 autosp keeps float32 master weights, gradients and AdamW "
+                         "state", "set it false");
+        std::vector<std::string> known = {"enabled", "immediate_grad_update", "check_grad_overflow", "auto_cast",
+                                          "bf16_master_weights_and_grads", "bf16_optimizer_states"};
+        known.insert(known.end(), scaling.begin(), scaling.end());
+        fail(unknown(key, k, known));
+      });
     const json enabled = b.value("enabled", json(false));
     if (is_auto(enabled)) return value(str(key, ".enabled"), enabled, "runtime.dtype");
     if (!enabled.is_boolean()) fail(str(key, ".enabled = ", enabled.dump(), ": expected true, false or \"auto\""));
@@ -399,31 +531,42 @@ class Mapper {
 
   void zero(const json& z) {
     if (!z.is_object()) fail(str("zero_optimization = ", z.dump(), ": expected an object"));
-    for (auto& [k, v] : z.items()) {
-      const std::string key = str("zero_optimization.", k);
-      if (k == "stage") value(key, v, "zero_optimization.stage");
-      else if (k == "overlap_comm") value(key, v, "runtime.overlap_grad_sync");
-      else if (k == "reduce_bucket_size") bucket(key, v);
-      else if (k == "offload_optimizer" || k == "offload_param") {
-        const json device = v.is_object() ? v.value("device", json("none")) : v;
-        if (!v.is_null() && device != "none")
-          fail(str(key, " = ", v.dump(), ": not supported by autosp-train (no offload; it keeps everything on the device)"));
-        ignored.push_back(key);
-      } else if (k == "cpu_offload" || k == "cpu_offload_param" || k == "zero_quantized_weights" ||
-                 k == "zero_quantized_gradients" || k == "zero_quantized_nontrainable_weights") {
-        require(key, v, json(false));
-      } else if (k == "zero_hpz_partition_size") {
-        if (!(v.is_number() && v.get<double>() <= 1)) fail(str(key, " = ", v.dump(), ": not supported by autosp-train"));
-        ignored.push_back(key);
-      } else if (k == "mics_shard_size") {
-        if (!(v.is_number() && v.get<double>() <= 0)) fail(str(key, " = ", v.dump(), ": not supported by autosp-train"));
-        ignored.push_back(key);
-      } else if (ignored_zero().count(k)) {
-        ignored.push_back(key);
-      } else {
-        fail(str(key, ": not supported by autosp-train"));
-      }
-    }
+    for (auto& [k, v] : z.items())
+      guard([&] {
+        const std::string key = str("zero_optimization.", k);
+        if (k == "stage") value(key, v, "zero_optimization.stage");
+        else if (k == "overlap_comm") value(key, v, "runtime.overlap_grad_sync");
+        else if (k == "reduce_bucket_size") bucket(key, v);
+        else if (k == "offload_optimizer" || k == "offload_param") {
+          const json device = v.is_object() ? v.value("device", json("none")) : v;
+          if (!v.is_null() && device != "none")
+            refuse(key, v, "no offload; it keeps everything on the device",
+                   "remove it (or set \"device\": \"none\"); to save memory shard more with zero_optimization.stage 3, "
+                   "or recompute with runtime.activation_checkpointing in the run config");
+          ignored.push_back(key);
+        } else if (k == "cpu_offload" || k == "cpu_offload_param") {
+          require(key, v, json(false), "no offload; it keeps everything on the device", "set it false");
+        } else if (k == "zero_quantized_weights" || k == "zero_quantized_gradients" ||
+                   k == "zero_quantized_nontrainable_weights") {
+          require(key, v, json(false), "it would change the math: ZeRO++ quantizes what it communicates", "set it false");
+        } else if (k == "zero_hpz_partition_size") {
+          if (!(v.is_number() && v.get<double>() <= 1))
+            refuse(key, v, "no hierarchical partitioning (ZeRO++ hpZ)", "remove it or set it 1");
+          ignored.push_back(key);
+        } else if (k == "mics_shard_size") {
+          if (!(v.is_number() && v.get<double>() <= 0)) refuse(key, v, "no MiCS sharding", "remove it");
+          ignored.push_back(key);
+        } else if (ignored_zero().count(k)) {
+          ignored.push_back(key);
+        } else {
+          std::vector<std::string> known(ignored_zero().begin(), ignored_zero().end());
+          known.insert(known.end(), {"stage", "overlap_comm", "reduce_bucket_size", "offload_optimizer", "offload_param",
+                                     "cpu_offload", "cpu_offload_param", "zero_quantized_weights",
+                                     "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+                                     "zero_hpz_partition_size", "mics_shard_size"});
+          fail(unknown("zero_optimization", k, known));
+        }
+      });
   }
 
   // reduce_bucket_size counts elements (DeepSpeed's zero/config.py); ours is MiB of gradients,
@@ -440,16 +583,17 @@ class Mapper {
   // settings are its own compiler's and change nothing here.
   void compile(const json& c) {
     if (!c.is_object()) fail(str("compile = ", c.dump(), ": expected an object"));
-    for (auto& [k, v] : c.items()) {
-      if (k == "passes") {
-        if (!v.is_array() || std::none_of(v.begin(), v.end(), [](const json& x) { return x == "autosp"; }))
-          fail(str("compile.passes = ", v.dump(), ": must contain \"autosp\" (autosp-train runs AutoSP)"));
-      } else if (k == "deepcompile") {
-        if (!v.is_boolean()) fail(str("compile.deepcompile = ", v.dump(), ": expected true or false"));
-      } else {
-        ignored.push_back(str("compile.", k));
-      }
-    }
+    for (auto& [k, v] : c.items())
+      guard([&] {
+        if (k == "passes") {
+          if (!v.is_array() || std::none_of(v.begin(), v.end(), [](const json& x) { return x == "autosp"; }))
+            fail(str("compile.passes = ", v.dump(), ": must contain \"autosp\" (autosp-train runs AutoSP)"));
+        } else if (k == "deepcompile") {
+          if (!v.is_boolean()) fail(str("compile.deepcompile = ", v.dump(), ": expected true or false"));
+        } else {
+          ignored.push_back(str("compile.", k));
+        }
+      });
     mapped.push_back("compile.passes: AutoSP (always on)");
   }
 };
@@ -460,6 +604,9 @@ Config apply_deepspeed(const Config& cfg, const json& ds, int world_size, const 
                        const std::string& cfg_origin) {
   Mapper m(cfg, ds, world_size, ds_origin);
   m.run();
+  Problems problems(ds_origin);
+  for (std::string& p : m.problems) problems.add(std::move(p));
+  problems.raise();
   json j = cfg.given.is_object() ? cfg.given : json::object();
   for (const auto& [key, v] : m.assigned) {
     const auto dot = key.find('.');
@@ -471,7 +618,7 @@ Config apply_deepspeed(const Config& cfg, const json& ds, int world_size, const 
   try {
     out = parse_config(j, {}, cfg_origin);
   } catch (const UsageError& e) {
-    throw UsageError(str(e.what(), " (with the DeepSpeed config ", ds_origin, ")"));
+    throw UsageError(with_note(e.what(), str(" (with the DeepSpeed config ", ds_origin, ")")));
   }
   // The first parse's notes and warnings (a bare HF config says so only then), then ours.
   std::vector<std::string> warnings = cfg.warnings;
@@ -481,14 +628,16 @@ Config apply_deepspeed(const Config& cfg, const json& ds, int world_size, const 
   out.warnings = std::move(warnings);
   out.notes = cfg.notes;
   out.given = cfg.given;
-  std::string list;
-  for (const auto& s : m.mapped) list += str(list.empty() ? "" : "; ", s);
-  out.notes.push_back(str(ds_origin, ": DeepSpeed keys applied: ", list.empty() ? "none" : list));
-  if (!m.ignored.empty()) {
-    list.clear();
-    for (const auto& s : m.ignored) list += str(list.empty() ? "" : ", ", s);
-    out.notes.push_back(str(ds_origin, ": ignored (they change nothing here): ", list));
-  }
+  out.sources = m.sources;
+  auto join = [](const std::vector<std::string>& items, const char* sep) {
+    std::string list;
+    for (const auto& s : items) list += str(list.empty() ? "" : sep, s);
+    return list;
+  };
+  out.notes.push_back(str(ds_origin, ": DeepSpeed keys applied: ", m.mapped.empty() ? "none" : join(m.mapped, "; ")));
+  if (!m.agreed.empty()) out.notes.push_back(str(ds_origin, ": at autosp's own value: ", join(m.agreed, ", ")));
+  if (!m.ignored.empty())
+    out.notes.push_back(str(ds_origin, ": not used by autosp (they change nothing here): ", join(m.ignored, ", ")));
   return out;
 }
 

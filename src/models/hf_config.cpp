@@ -43,7 +43,11 @@ const std::set<std::string>& math_free_keys() {
       "pretraining_tp",
       // Qwen: the layers past which the sliding window applies; the windows autosp accepts (at least
       // the sequence) change nothing.
-      "max_window_layers"};
+      "max_window_layers",
+      // Hub metadata other tools write and transformers ignores: SmolLM's marker from its nanotron
+      // conversion and its transformers.js (ONNX) export settings; GPT-2's legacy keys from the
+      // original OpenAI GPT double-heads model (special tokens GPT-2 never had).
+      "is_llama_config", "transformers.js_config", "n_special", "predict_special_tokens"};
   return k;
 }
 
@@ -62,17 +66,33 @@ const std::set<std::string>& file_keys() {
 // (parse_rope_scaling). A null is as absent.
 const std::vector<std::pair<const char*, const char*>> kTwoSpellings = {{"torch_dtype", "dtype"}};
 
-// Settings we do not train whose value must be the one that leaves the model plain; each row is
-// (key, accepted values as JSON, what we support).
+// Settings we do not train whose value must be the one that leaves the model plain, which is the
+// value autosp computes: at it, the key is accepted; at another, refused saying why and what to do.
+// Each row is (key, accepted values as JSON, what we support, what to do; "" when nothing will).
 struct Required {
   const char* key;
   std::vector<json> ok;
   const char* what;
+  const char* fix = "";
 };
 const std::vector<Required> kCommonRequired = {
     {"is_encoder_decoder", {false}, "a decoder-only model"},
     {"pruned_heads", {json::object()}, "every head is present"},
-    {"quantization_config", {nullptr}, "unquantized weights"},
+    {"quantization_config", {nullptr}, "unquantized weights",
+     "dequantize the model first (load it and save_pretrained it in bfloat16 or float32)"},
+};
+// The Llama layout's RoPE and attention, as files of its families carry them: SmolLM's
+// rope_interleaved (from nanotron), Qwen2.5's use_mrope (Qwen2-VL's 3-D positions; its text
+// models write false) and Qwen2.5-1M's dual_chunk_attention_config (vLLM's long-context attention;
+// transformers ignores it, but the model's context length relies on it).
+const std::vector<Required> kLlamaLayoutRequired = {
+    {"rope_interleaved", {false}, "autosp's RoPE rotates the two halves of each head (rotate_half), not interleaved pairs",
+     "permute the q_proj and k_proj rows into the half layout, as transformers' conversion scripts do, and set it false"},
+    {"use_mrope", {false}, "multimodal RoPE (Qwen2-VL's 3-D positions) is not implemented; autosp's RoPE is 1-D",
+     "train the text model: set use_mrope false"},
+    {"dual_chunk_attention_config", {nullptr}, "dual chunk attention (Qwen2.5-1M's long-context attention in vLLM) "
+     "is not implemented; autosp's attention is full causal",
+     "remove it (or set it null) to train with full causal attention, as transformers computes it"},
 };
 const std::vector<const char*> kDropouts = {"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"};
 
@@ -93,8 +113,12 @@ json with_defaults(json d) {
   return d;
 }
 const json kSiluWritten = {{"hidden_act", "silu"}, {"attention_dropout", 0.0}};
-Required silu(const char* family) {
-  return {"hidden_act", {"silu"}, family};
+// A Llama-layout family's refused settings: its activation (silu), the layout's, and `more`.
+std::vector<Required> llama_required(const char* act, std::vector<Required> more = {}) {
+  std::vector<Required> r = {{"hidden_act", {"silu"}, act}};
+  r.insert(r.end(), kLlamaLayoutRequired.begin(), kLlamaLayoutRequired.end());
+  r.insert(r.end(), more.begin(), more.end());
+  return r;
 }
 
 // In Arch order (checked by hf_family).
@@ -107,28 +131,31 @@ const std::vector<HfFamily>& hf_families() {
                     {"scale_attn_by_inverse_layer_idx", {false}, "no per-layer attention scaling"},
                     {"tie_word_embeddings", {true}, "GPT-2's lm_head is tied to wte"},
                     {"add_cross_attention", {false}, "a decoder-only model"},
-                    {"sliding_window", {nullptr}, "attention is full causal (no sliding window)"}},
+                    {"sliding_window", {nullptr}, "attention is full causal (no sliding window)",
+                     "remove it: GPT2Config has no window"}},
        .written = {{"n_inner", nullptr}, {"activation_function", "gelu_new"}, {"resid_pdrop", 0.0},
                    {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"scale_attn_weights", true},
                    {"tie_word_embeddings", true}}},
       {.defaults = with_defaults({{"vocab_size", 32000}, {"intermediate_size", 11008}, {"max_position_embeddings", 2048},
                                   {"norm_eps", 1e-6}, {"attention_bias", false}, {"mlp_bias", false}}),
-       .required = {silu("autosp's Llama MLP is SwiGLU (silu)"),
-                    {"use_sliding_window", {false}, "attention is full causal"},
-                    {"sliding_window", {nullptr}, "attention is full causal (no sliding window)"}},
+       .required = llama_required("autosp's Llama MLP is SwiGLU (silu)",
+                                  {{"use_sliding_window", {false}, "attention is full causal",
+                                    "remove it: LlamaConfig has no window"},
+                                   {"sliding_window", {nullptr}, "attention is full causal (no sliding window)",
+                                    "remove it: LlamaConfig has no window"}}),
        .written = kSiluWritten},
       {.defaults = with_defaults({{"vocab_size", 32000}, {"intermediate_size", 14336}, {"num_key_value_heads", 8},
                                   {"max_position_embeddings", 4096 * 32}, {"norm_eps", 1e-6}, {"sliding_window", 4096}}),
-       .required = {silu("autosp's Mistral MLP is SwiGLU (silu)")},
+       .required = llama_required("autosp's Mistral MLP is SwiGLU (silu)"),
        .written = kSiluWritten},
       {.defaults = with_defaults({{"vocab_size", 151936}, {"intermediate_size", 22016}, {"num_key_value_heads", 32},
                                   {"max_position_embeddings", 32768}, {"norm_eps", 1e-6}, {"sliding_window", 4096}}),
-       .required = {silu("autosp's Qwen MLP is SwiGLU (silu)")},
+       .required = llama_required("autosp's Qwen MLP is SwiGLU (silu)"),
        .written = kSiluWritten},
       {.defaults = with_defaults({{"vocab_size", 151936}, {"intermediate_size", 22016}, {"num_key_value_heads", 32},
                                   {"max_position_embeddings", 32768}, {"norm_eps", 1e-6}, {"head_dim", 128},
                                   {"attention_bias", false}, {"sliding_window", 4096}}),
-       .required = {silu("autosp's Qwen MLP is SwiGLU (silu)")},
+       .required = llama_required("autosp's Qwen MLP is SwiGLU (silu)"),
        .written = kSiluWritten},
   };
   return rows;
@@ -388,6 +415,28 @@ std::string hf_value_problem(const ModelKey& k, const json& v) {
   return "";
 }
 
+// A key of config.json that no row knows: most likely a misspelling of one the family's class
+// has (`known`: every key the translation read, and the math-free ones), or another class's name
+// of one of our keys (hidden_size in a GPT2Config is n_embd); else a setting autosp cannot train.
+std::string unknown_key(const std::string& key, const Family& f, const std::set<std::string>& known) {
+  std::string hint;
+  for (const ModelKey& k : model_keys()) {
+    const std::string_view ours = hf_key_name(k, f);
+    if (ours.empty() || ours == key || !key_applies(k, f)) continue;
+    std::stringstream names(str(k.hf, " ", k.hf_gpt2, " ", k.aliases));
+    for (std::string n; names >> n;)
+      if (n == key) hint = ours;
+  }
+  if (hint.empty()) {
+    std::vector<std::string> options(known.begin(), known.end());
+    options.insert(options.end(), math_free_keys().begin(), math_free_keys().end());
+    hint = closest_name(key, options);
+  }
+  if (!hint.empty()) return str("unknown key '", key, "' (did you mean '", hint, "'?)");
+  return str("unknown key '", key, "' (not a ", f.hf_config_class, " setting autosp knows: a setting it cannot train, "
+             "or a misspelt one; remove it only if the model does not use it)");
+}
+
 std::string supported_types() {
   std::string s;
   for (const Family& f : families()) s += str(s.empty() ? "" : ", ", "\"", f.name, "\" (", f.hf_config_class, ")");
@@ -459,7 +508,9 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
       if (!hf.contains(r.key)) continue;
       bool ok = false;
       for (const json& v : r.ok) ok |= hf[r.key] == v;
-      if (!ok) errors.push_back(str(r.key, " = ", hf[r.key].dump(), " is not supported (", r.what, ")"));
+      if (!ok)
+        errors.push_back(str(r.key, " = ", hf[r.key].dump(), " is not supported (", r.what, ")",
+                             *r.fix ? str("; ", r.fix) : ""));
     }
   };
   check_required(row.required);
@@ -475,13 +526,11 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
       out.math_free.push_back(it.key());
       if (!file_keys().count(it.key())) out.carried[it.key()] = *it;
     }
-    else errors.push_back(str("unknown key '", it.key(), "' (not a ", f.hf_config_class, " setting autosp knows)"));
+    else errors.push_back(unknown_key(it.key(), f, used));
   }
-  if (!errors.empty()) {
-    std::string all;
-    for (const auto& e : errors) all += str(all.empty() ? "" : "; ", e);
-    throw UsageError(str(origin, ": ", all));
-  }
+  Problems problems(origin);
+  for (std::string& e : errors) problems.add(std::move(e));
+  problems.raise();
   return out;
 }
 

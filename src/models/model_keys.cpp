@@ -99,9 +99,9 @@ std::vector<ModelKey> make_keys() {
       {.name = "mlp_bias", .kind = K::boolean, .applies = mlp_bias_by_key, .set = set_field(&ModelConfig::mlp_bias),
        .get = get_field(&ModelConfig::mlp_bias),
        .at_default = [](const json& s) { return is_false(s.value("mlp_bias", json())); }, .hf = "mlp_bias"},
-      // 0 (none) is null, left out.
-      {.name = "sliding_window", .kind = K::integer, .lo = 1, .hi = 1 << 30, .applies = windowed,
-       .set = set_field(&ModelConfig::sliding_window),
+      // 0 (none) is null, left out; null lifts a window (a Mistral or Qwen model.from's).
+      {.name = "sliding_window", .kind = K::integer, .lo = 1, .hi = 1 << 30, .nullable = true, .applies = windowed,
+       .set = [](ModelConfig& m, const json& v) { m.sliding_window = v.is_null() ? 0 : v.get<int64_t>(); },
        .get = [](const ModelConfig& m) { return m.sliding_window > 0 ? json(m.sliding_window) : json(); },
        .hf = "sliding_window", .from_hf = window_from_hf, .to_hf = window_to_hf},
   };

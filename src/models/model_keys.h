@@ -32,6 +32,8 @@ struct ModelKey {
   ValueKind kind;
   double lo = 0, hi = 0;  // inclusive range of a number
   std::string choices;    // "a|b|c" for a string with fixed values, "" = any
+  // Whether null is a value: none (model.sliding_window = null lifts a window). The setter takes it.
+  bool nullable = false;
   // Whether the key is a setting of a family (of its HF config class); null: of every family.
   // Given for a family it is not a setting of, config/ warns and ignores it when no family of the
   // same layout has it, and refuses it otherwise (a false boolean aside: the family's own value).

@@ -89,6 +89,22 @@ expect_usage_error "a pass this program runs (fuse_elementwise, autograd, concat
 expect_usage_error "world" --config "$src/configs/gpt2-tiny.json" --world two
 expect_usage_error "bogus" --config "$src/configs/gpt2-tiny.json" --bogus
 expect_usage_error "model.hidden_size" --config "$src/configs/gpt2-tiny.json" --set model.hidden_size=abc
+# A plan past the model's positions (issue 47): GPT-2's learned table ends at 1024 rows, so S=131072
+# is refused naming both; Llama's RoPE takes it, with a warning past max_position_embeddings (65536)
+# and without rope_scaling, and none within it or with scaling.
+expect_usage_error "--plan-memory S=131072 exceeds model.max_position_embeddings 1024 (gpt2's positions are a learned table" \
+  --config "$src/configs/gpt2-tiny.json" --plan-memory S=131072
+expect_usage_error "--plan-memory S 'lots': expected an integer" --config "$src/configs/gpt2-tiny.json" --plan-memory S=lots
+"$bin" --config "$src/configs/llama-tiny.json" --set model.num_hidden_layers=1 --plan-memory S=131072 >"$tmp/plan_long.json" \
+  2>"$tmp/err" || { echo "FAIL: --plan-memory S=131072 on llama-tiny: $(cat "$tmp/err")"; fail=1; }
+grep -q 'warning.*--plan-memory S=131072 exceeds model.max_position_embeddings 65536 and the model has no rope_scaling' \
+  "$tmp/err" || { echo "FAIL: no warning past RoPE's positions: $(cat "$tmp/err")"; fail=1; }
+grep -q '"S":131072' "$tmp/plan_long.json" || { echo "FAIL: no plan at S=131072"; fail=1; }
+"$bin" --config "$src/configs/llama-tiny.json" --set model.num_hidden_layers=1 --plan-memory S=65536 >/dev/null 2>"$tmp/err"
+[ ! -s "$tmp/err" ] || { echo "FAIL: a warning within the positions: $(cat "$tmp/err")"; fail=1; }
+"$bin" --config "$src/configs/llama-tiny.json" --set model.num_hidden_layers=1 --plan-memory S=131072 \
+  --set 'model.rope_scaling={"rope_type":"linear","factor":4}' >/dev/null 2>"$tmp/err"
+[ ! -s "$tmp/err" ] || { echo "FAIL: a warning with rope_scaling: $(cat "$tmp/err")"; fail=1; }
 
 # --plan-memory without --stage plans the training program (the joint graph), not the forward.
 "$bin" --config "$src/configs/gpt2-tiny.json" --plan-memory S=64 >"$tmp/plan_default.json" 2>"$tmp/err" &&

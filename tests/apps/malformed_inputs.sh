@@ -97,6 +97,12 @@ hfdir("hf_heads", dict(llama, num_attention_heads=8, num_key_value_heads=8))
 hfdir("hf_pickle", llama, files=["pytorch_model.bin"])
 hfdir("hf_noweights", llama)
 write("hf_as_config.json", json.dumps(dict(llama, qkv_bias=True)).encode())
+# The keys real files carry (issue 47), at values that change the math or are not values at all.
+hfdir("hf_mrope", dict(llama, model_type="qwen2", use_mrope="yes"))
+hfdir("hf_interleaved", dict(llama, rope_interleaved=1))
+hfdir("hf_dca", dict(llama, model_type="qwen2", dual_chunk_attention_config=[1, 2]))
+hfdir("hf_typo", dict(llama, rms_norm_epsilon=1e-5))
+hfdir("hf_many", dict(llama, model_type="qwen2", use_mrope=True, rope_interleaved=True, n_expertz=3))
 
 # Loss masks (.npy, NumPy's format 1.0) beside good.bin (100 tokens).
 def npy(descr, shape, data, version=1):
@@ -169,6 +175,11 @@ ds array '[1, 2]'
 ds lowlr '{"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}'
 ds batch_dp2 '{"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}'
 printf '{"bf16": ' >"$tmp/ds_truncated.json"
+ds auto_cast '{"bf16": {"enabled": true, "auto_cast": "sometimes"}}'
+ds sp_block '{"sequence_parallel": {"size": "x"}, "comms_config": 3}'
+ds scale_typo '{"bf16": {"enabled": true, "loss_scal": 0}}'
+ds many '{"fp16": {"enabled": true}, "zero_optimization": {"offload_optimizer": {"device": "nvme"}}, "sequence_parallel": [2]}'
+
 
 # ---- the table ----------------------------------------------------------------------------------
 # row [mpi] [env:VAR=VALUE]... 'NEEDLE' ARGS...   (ARGS follow the binary; NEEDLE is a grep regex)
@@ -185,7 +196,9 @@ row() {
   timeout -k 5 20 env "${envs[@]}" "${cmd[@]}" >"$tmp/out" 2>&1 </dev/null
   local rc=$?
   local lines
-  lines=$(grep -c "^error: .*$needle" "$tmp/out")
+  # An error block ("error: F: N problems:" and a line "  - ..." each) is read as one line.
+  lines=$(awk '/^error: /{if (b != "") print b; b = $0; next} b != "" && /^  - /{b = b " | " substr($0, 5); next}
+               {if (b != "") print b; b = ""; print} END {if (b != "") print b}' "$tmp/out" | grep -c "^error: .*$needle")
   local why=""
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then why="did not end within 20 s"
   elif [ $rc -ne 2 ]; then why="exit code $rc, expected 2"
@@ -388,7 +401,7 @@ row 'nothere: not a directory (model.from' "${c[@]}" --set "model.from=$tmp/noth
 row 'model.from = 3: expected a Hugging Face model directory' "${c[@]}" --set model.from=3
 row 'hf_garbled/config.json: not valid JSON' "${c[@]}" --set "model.from=$tmp/hf_garbled"
 row 'model_type "bert" is not supported' "${c[@]}" --set "model.from=$tmp/hf_bert"
-row 'attention_bias = "yes": expected true or false.*hidden_act = "gelu" is not supported.*sliding_window = 4096 is not supported' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
+row '3 problems: | attention_bias = "yes": expected true or false | hidden_act = "gelu" is not supported.* | sliding_window = 4096 is not supported' "${c[@]}" --set "model.from=$tmp/hf_unsupported"
 row 'rope_type "dynamic" is not supported' "${c[@]}" --set "model.from=$tmp/hf_dynamic"
 row 'rope_parameters: "factor" = 0: expected a number >= 1' "${c[@]}" --set "model.from=$tmp/hf_yarn_factor"
 row 'head_dim = 7: expected an even positive integer' "${c[@]}" --set "model.from=$tmp/hf_head_dim"
@@ -400,7 +413,14 @@ row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
 row 'hf_dtypes/config.json: torch_dtype = "float32" differs from dtype = "bfloat16"' "${c[@]}" --set "model.from=$tmp/hf_dtypes"
 row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
 row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"
-row "unknown keys 'model.n_embd' (did you mean 'model.hidden_size'?), 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
+row 'hf_mrope/config.json: use_mrope = "yes" is not supported (multimodal RoPE' "${c[@]}" --set "model.from=$tmp/hf_mrope"
+row 'hf_interleaved/config.json: rope_interleaved = 1 is not supported' "${c[@]}" --set "model.from=$tmp/hf_interleaved"
+row 'dual_chunk_attention_config = \[1,2\] is not supported' "${c[@]}" --set "model.from=$tmp/hf_dca"
+row "unknown key 'rms_norm_epsilon' (did you mean 'rms_norm_eps'?)" "${c[@]}" --set "model.from=$tmp/hf_typo"
+row "3 problems: | rope_interleaved = true is not supported.* | use_mrope = true is not supported.* | unknown key 'n_expertz'" "${c[@]}" --set "model.from=$tmp/hf_many"
+row 'model.sliding_window = \[\]: expected an integer' "${c[@]}" --set model.arch=mistral --set 'model.sliding_window=[]'
+row 'model.sliding_window = "off": expected an integer' "${c[@]}" --set model.arch=mistral --set model.sliding_window=off
+row "2 problems: | unknown key 'model.n_embd' (did you mean 'model.hidden_size'?) | unknown key 'model.n_layer' (did you mean 'model.num_hidden_layers'?)" "${c[@]}" --set model.n_embd=32 --set model.n_layer=1
 row "model.rope_scaling = 3: expected an object or null" "${c[@]}" --set model.rope_scaling=3
 row 'model.rope_scaling: rope_type "llama3" needs "factor"' "${c[@]}" --set 'model.rope_scaling={"rope_type":"llama3"}'  # (--set splits at commas)
 row "train.max_shard_mb" "${c[@]}" --set train.max_shard_mb=0
@@ -450,7 +470,11 @@ row 'zero_optimization.stage = 5 (our zero_optimization.stage): expected an inte
 row 'sequence_parallel_size 3 does not divide the world size 1' "${c[@]}" --deepspeed "$tmp/ds_sp.json"
 row 'gradient_clipping = "high" (our train.grad_clip): expected a number' "${c[@]}" --deepspeed "$tmp/ds_clip.json"
 row 'bf16.enabled = "yes": expected true, false or "auto"' "${c[@]}" --deepspeed "$tmp/ds_bf16.json"
-row 'train.min_lr 0.0001 exceeds train.lr 1e-05 (with the DeepSpeed config' "${c[@]}" --deepspeed "$tmp/ds_lowlr.json"
+row 'bf16.auto_cast = "sometimes": not supported by autosp-train' "${c[@]}" --deepspeed "$tmp/ds_auto_cast.json"
+row "unknown DeepSpeed key 'sequence_parallel' (did you mean 'sequence_parallel_size'?)" "${c[@]}" --deepspeed "$tmp/ds_sp_block.json"
+row "unknown DeepSpeed key 'bf16.loss_scal' (did you mean 'bf16.loss_scale'?)" "${c[@]}" --deepspeed "$tmp/ds_scale_typo.json"
+row "ds_many.json: 3 problems: | fp16.enabled = true: not supported.* | unknown DeepSpeed key 'sequence_parallel'.* | zero_optimization.offload_optimizer = " "${c[@]}" --deepspeed "$tmp/ds_many.json"
+row 'train.min_lr 0.0001 exceeds train.lr 1e-05 (with the DeepSpeed config' "${c[@]}" --set train.lr_schedule=cosine --deepspeed "$tmp/ds_lowlr.json"
 # on 2 ranks: found before MPI starts (both ranks report it), and found after (the job still ends with 2)
 row mpi 'deep.json: JSON nested deeper' --config "$tmp/deep.json"
 [ "${last_lines:-0}" -eq 2 ] || { echo "FAIL: expected the error from both ranks, got $last_lines line(s)"; fail=1; }

@@ -161,7 +161,10 @@ mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg_ds.json" --deepspeed "$sr
   --metrics "$tmp/m_ds.jsonl" 2>"$tmp/log_ds" >/dev/null ||
   { echo "FAIL: --deepspeed configs/deepspeed/autosp.json on 2 ranks: $(tail -3 "$tmp/log_ds")"; fail=1; }
 check "--deepspeed: the mapping is logged" grep -q 'DeepSpeed keys applied: sequence_parallel_size → sequence_parallel.autosp_size 2' "$tmp/log_ds"
-check "--deepspeed: ignored keys listed once" test "$(grep -c 'ignored (they change nothing here): wall_clock_breakdown' "$tmp/log_ds")" -eq 1
+check "--deepspeed: keys not used listed once" test "$(grep -c 'not used by autosp (they change nothing here): wall_clock_breakdown' "$tmp/log_ds")" -eq 1
+check "--deepspeed: the recipe, once, with its sources" test "$(grep -c 'recipe (each value ← where it came from):' "$tmp/log_ds")" -eq 1
+check "--deepspeed: no scheduler is a constant lr" grep -q '^  lr schedule: constant ← DeepSpeed.s default: no scheduler section' "$tmp/log_ds"
+check "--deepspeed: the batch from the file" grep -q '^  batch: micro-batch 1 ← .*autosp.json train_micro_batch_size_per_gpu' "$tmp/log_ds"
 check "--deepspeed: bf16, batch 1 in the resolved config" grep -q '"batch_size":1,.*"dtype":"bfloat16"' "$tmp/log_ds"
 check "--deepspeed: 2 metrics rows" test "$(wc -l <"$tmp/m_ds.jsonl")" -eq 2
 

@@ -229,12 +229,111 @@ TEST_CASE("malformed configs are named errors", "[config]") {
            "model": {"vocab_size": 256}, "runtime": {"device": "cuda", "attention": "cudnn"}})", {},
        "cannot apply the document mask"},
       {R"({})", {"train.lr=" + std::string(40, '[') + std::string(40, ']')}, "train.lr"},
+      // null lifts a window; any other value that is not a length is refused.
+      {R"({"model": {"arch": "mistral"}})", {"model.sliding_window=[]"}, "model.sliding_window = []: expected an integer"},
+      {R"({"model": {"arch": "mistral"}})", {"model.sliding_window=none"}, "model.sliding_window = \"none\""},
+      {R"({"model": {"arch": "mistral"}})", {"model.sliding_window=0"}, "model.sliding_window = 0: expected an integer in"},
+      {R"({"model": {"arch": "llama"}})", {"model.sliding_window=4096"}, "model.sliding_window is a mistral"},
   };
   for (const auto& t : table) {
     INFO(t.json);
     CHECK_THROWS_WITH(parse_config(json::parse(t.json), t.sets, "cfg.json"),
                       Catch::Contains(t.expect) && Catch::StartsWith("cfg.json"));
   }
+}
+
+TEST_CASE("every problem of a config is said at once, in one block", "[config]") {
+  // Unknown keys and bad values together; one problem each, with its hint.
+  const std::string values = [] {
+    try {
+      parse_config(json::parse(R"({"model": {"hidden_size": "big", "n_layer": 2}, "train": {"lr": -1, "stesp": 3},
+                                   "data": {"seq_len": 0}})"),
+                   {}, "cfg.json");
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  CHECK_THAT(values, Catch::StartsWith("cfg.json: 5 problems:\n  - ") &&
+                         Catch::Contains("\n  - unknown key 'model.n_layer' (did you mean 'model.num_hidden_layers'?)") &&
+                         Catch::Contains("\n  - unknown key 'train.stesp' (did you mean 'train.steps'?)") &&
+                         Catch::Contains("\n  - model.hidden_size = \"big\": expected an integer") &&
+                         Catch::Contains("\n  - train.lr = -1: expected a value in [0, 10]") &&
+                         Catch::Contains("\n  - data.seq_len = 0: expected an integer in [1, 67108864]"));
+  // Every rule across keys, once the values are good.
+  CHECK_THROWS_WITH(parse_config(json::parse(R"({"model": {"arch": "gpt2", "hidden_size": 30, "num_attention_heads": 4},
+                                                 "data": {"seq_len": 2048, "source": "tokens"},
+                                                 "train": {"lr": 1e-5}})"),
+                                 {}, "cfg.json"),
+                    Catch::StartsWith("cfg.json: 4 problems:") &&
+                        Catch::Contains("\n  - model.hidden_size 30 is not divisible by model.num_attention_heads 4") &&
+                        Catch::Contains("\n  - data.seq_len 2048 exceeds model.max_position_embeddings 1024") &&
+                        Catch::Contains("\n  - data.path is required for data.source \"tokens\"") &&
+                        Catch::Contains("\n  - train.min_lr 0.0001 exceeds train.lr 1e-05"));
+  // One problem stays one line.
+  CHECK_THROWS_WITH(parse_config(json::parse(R"({"train": {"lr": -1}})"), {}, "cfg.json"),
+                    Catch::Equals("cfg.json: train.lr = -1: expected a value in [0, 10]"));
+}
+
+TEST_CASE("a key autosp wrote itself is no warning; a value that would not apply is", "[config]") {
+  // GPT-2 is always tied: the resolved config and a translated config.json write the key as true.
+  CHECK(parse_config(json::parse(R"({"model": {"arch": "gpt2", "tie_word_embeddings": true}})")).warnings.empty());
+  const Config g = parse_config(json::parse(R"({"model": {"arch": "gpt2", "tie_word_embeddings": false}})"));
+  REQUIRE(g.warnings.size() == 1);
+  CHECK_THAT(g.warnings[0], Catch::Contains("model.tie_word_embeddings does not apply to arch gpt2; ignored"));
+  CHECK(g.model.tie_word_embeddings);
+  // Every GPT-2 resolved config (which holds rope_theta, num_key_value_heads, intermediate_size and
+  // tie_word_embeddings at the values autosp uses) parses back without a warning about them.
+  for (const char* name : {"gpt2-tiny.json", "gpt2-sp2.json", "gpt2-zero-memory.json"}) {
+    INFO(name);
+    const Config c = load_config(std::string(AUTOSP_SOURCE_DIR) + "/configs/" + name);
+    for (const std::string& w : parse_config(c.resolved).warnings) CHECK_THAT(w, !Catch::Contains("model."));
+  }
+  CHECK(parse_config(json::parse(R"({"model": {"arch": "gpt2", "rope_theta": 500000}})")).warnings.size() == 1);
+}
+
+TEST_CASE("null lifts a sliding window where the family has one", "[config]") {
+  const Config m = parse_config(json::parse(R"({"model": {"arch": "mistral", "sliding_window": 64}})"),
+                                {"model.sliding_window=null", "data.seq_len=128"});
+  CHECK(m.model.sliding_window == 0);
+  CHECK_FALSE(m.resolved["model"].contains("sliding_window"));
+  CHECK(m.warnings.empty());
+  CHECK(parse_config(json::parse(R"({"model": {"arch": "qwen2", "sliding_window": 64}})"),
+                     {"model.sliding_window=null", "data.seq_len=128"})
+            .model.sliding_window == 0);
+  // Where there is no window, null is what autosp computes anyway: silent.
+  for (const char* arch : {"gpt2", "llama"}) {
+    INFO(arch);
+    const Config c = parse_config(json{{"model", {{"arch", arch}}}}, {"model.sliding_window=null"});
+    CHECK(c.model.sliding_window == 0);
+    CHECK(c.warnings.empty());
+  }
+}
+
+TEST_CASE("a sequence past the model's positions: refused for a learned table, a warning for RoPE", "[config]") {
+  CHECK_THROWS_WITH(parse_config(json::parse(R"({"model": {"arch": "gpt2"}, "data": {"seq_len": 2048}})"), {}, "c.json"),
+                    Catch::Equals("c.json: data.seq_len 2048 exceeds model.max_position_embeddings 1024 (gpt2's "
+                                  "positions are a learned table of 1024 rows; train at most 1024 tokens)"));
+  const Config l = parse_config(json::parse(R"({"model": {"arch": "llama", "max_position_embeddings": 512},
+                                               "data": {"seq_len": 1024}})"),
+                                {}, "c.json");
+  REQUIRE(l.warnings.size() == 1);
+  CHECK_THAT(l.warnings[0], Catch::StartsWith("c.json: data.seq_len 1024 exceeds model.max_position_embeddings 512 and "
+                                              "the model has no rope_scaling"));
+  // With rope scaling the positions are the scaling's to cover; within the table, nothing to say.
+  CHECK(parse_config(json::parse(R"({"model": {"arch": "llama", "max_position_embeddings": 512,
+                                             "rope_scaling": {"rope_type": "linear", "factor": 4}},
+                                   "data": {"seq_len": 1024}})"))
+            .warnings.empty());
+  CHECK(parse_config(json::parse(R"({"model": {"arch": "qwen2", "max_position_embeddings": 1024},
+                                   "data": {"seq_len": 1024}})"))
+            .warnings.empty());
+  // Said once with a DeepSpeed file too (the first parse waits for the cross-key rules).
+  const Config first = parse_config(json::parse(R"({"model": {"arch": "llama", "max_position_embeddings": 512},
+                                                    "data": {"seq_len": 1024}})"),
+                                    {}, "c.json", false);
+  CHECK(first.warnings.empty());
+  CHECK(apply_deepspeed(first, json::object(), 1, "ds.json", "c.json").warnings.size() == 1);
 }
 
 TEST_CASE("config files that are not JSON are named errors", "[config]") {

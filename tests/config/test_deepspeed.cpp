@@ -52,7 +52,9 @@ TEST_CASE("the DeepSpeedExamples AutoSP config maps onto ours", "[deepspeed]") {
   CHECK(c.train.grad_clip == 1.0);  // "auto": ours (the default)
   CHECK(c.train.log_every == 2000);
   CHECK(c.resolved["runtime"]["dtype"] == "bfloat16");
-  CHECK(has_note(c, "ds.json: ignored (they change nothing here): wall_clock_breakdown"));
+  CHECK(has_note(c, "ds.json: not used by autosp (they change nothing here): wall_clock_breakdown"));
+  // No scheduler section: DeepSpeed's constant learning rate; "auto" clipping: ours.
+  CHECK(c.train.lr_schedule == LrSchedule::constant);
   CHECK(has_note(c, "gradient_clipping \"auto\" → train.grad_clip 1.0 (ours)"));
   // The same file on 4 ranks: dp 2, so 1 ≠ 1 × 1 × 2.
   CHECK_THROWS_WITH(apply(ds, 4), Catch::Contains("train_batch_size 1 != train_micro_batch_size_per_gpu 1 × "
@@ -194,7 +196,7 @@ TEST_CASE("gradient clipping, bf16, ZeRO, compile, steps_per_print", "[deepspeed
   CHECK_FALSE(c.runtime.overlap_grad_sync);
   CHECK(c.runtime.grad_bucket_mb == 5e8 * 4 / (1024.0 * 1024.0));  // elements of f32 gradients
   CHECK(c.train.log_every == 7);
-  CHECK(has_note(c, "ignored (they change nothing here): flops_profiler, fp16, zero_optimization.contiguous_gradients, "
+  CHECK(has_note(c, "not used by autosp (they change nothing here): flops_profiler, fp16, zero_optimization.contiguous_gradients, "
                     "zero_optimization.offload_optimizer"));
   CHECK(apply(R"({"zero_optimization": {"reduce_bucket_size": 2097152}})", 1, R"({"runtime": {"dtype": "float64"}})")
             .runtime.grad_bucket_mb == 16);
@@ -210,7 +212,7 @@ TEST_CASE("gradient clipping, bf16, ZeRO, compile, steps_per_print", "[deepspeed
       {R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage = 4 (our zero_optimization.stage): expected an integer in [0, 3]"},
       {R"({"zero_optimization": {"zero_quantized_gradients": true}})", "zero_optimization.zero_quantized_gradients"},
       {R"({"zero_optimization": {"reduce_bucket_size": -1}})", "zero_optimization.reduce_bucket_size = -1"},
-      {R"({"zero_optimization": {"made_up": 1}})", "zero_optimization.made_up: not supported"},
+      {R"({"zero_optimization": {"made_up": 1}})", "unknown DeepSpeed key 'zero_optimization.made_up'"},
       {R"({"compile": {"deepcompile": true, "passes": ["z3"]}})", "compile.passes = [\"z3\"]: must contain \"autosp\""},
       {R"({"compile": {"passes": "auto"}})", "compile.passes = \"auto\""},
       {R"({"optimizer": {"type": "auto"}})", "optimizer.type = \"auto\""},
@@ -243,7 +245,7 @@ TEST_CASE("gradient clipping, bf16, ZeRO, compile, steps_per_print", "[deepspeed
   CHECK(agree.warnings.empty());
   CHECK(apply(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": false}})").runtime.dtype == DType::bf16);
   // A rule of ours that the mapped values break names the DeepSpeed file too.
-  CHECK_THROWS_WITH(apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}})"),
+  CHECK_THROWS_WITH(apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}})", 1, "{}", {"train.lr_schedule=cosine"}),
                     Catch::Contains("train.min_lr 0.0001 exceeds train.lr 1e-05") &&
                         Catch::Contains("(with the DeepSpeed config ds.json)"));
 }
@@ -294,10 +296,74 @@ TEST_CASE("a Hugging Face Trainer style config of \"auto\" values takes ours", "
   CHECK(c.runtime.dtype == DType::f32);
   CHECK(c.runtime.grad_bucket_mb == 25);
   CHECK(c.zero_optimization.stage == 2);
-  CHECK(has_note(c, "ignored (they change nothing here): fp16, wall_clock_breakdown, zero_optimization.allgather_bucket_size"));
+  CHECK(has_note(c, "not used by autosp (they change nothing here): fp16, wall_clock_breakdown, zero_optimization.allgather_bucket_size"));
   // run.json alone breaks a rule (min_lr 1e-4 above lr 2e-5 under our cosine); the DeepSpeed
-  // scheduler, which does not read min_lr, completes it. Without a scheduler the rule holds.
+  // scheduler, which does not read min_lr, completes it. So does no scheduler (DeepSpeed's constant
+  // lr); with our cosine asked for in run.json the rule holds.
   CHECK_THROWS_WITH(parse_config(json::parse(R"({"train": {"lr": 2e-5}})")), Catch::Contains("exceeds train.lr"));
-  CHECK_THROWS_WITH(apply(R"({"gradient_clipping": 1.0})", 1, R"({"train": {"lr": 2e-5}})"),
+  CHECK(apply(R"({"gradient_clipping": 1.0})", 1, R"({"train": {"lr": 2e-5}})").train.lr_schedule == LrSchedule::constant);
+  CHECK_THROWS_WITH(apply(R"({"gradient_clipping": 1.0})", 1, R"({"train": {"lr": 2e-5, "lr_schedule": "cosine"}})"),
                     Catch::Contains("train.min_lr 0.0001 exceeds train.lr 2e-05 (with the DeepSpeed config ds.json)"));
+}
+
+TEST_CASE("what a DeepSpeed file leaves out is what DeepSpeed does, and the recipe says whose each value is",
+          "[deepspeed]") {
+  // No scheduler: the optimizer's lr at every step. No gradient_clipping: none. (Ours would warm up,
+  // decay by a cosine and clip at 1.0: the same file would train another model.)
+  const Config c = apply(R"({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}})", 2, R"({"data": {"seq_len": 64}})");
+  CHECK(c.train.lr_schedule == LrSchedule::constant);
+  CHECK(c.train.grad_clip == 0);
+  CHECK(lr_at(c.train, 0, 100) == 3e-4);
+  CHECK(lr_at(c.train, 99, 100) == 3e-4);
+  CHECK(has_note(c, "scheduler → train.lr_schedule \"constant\" (DeepSpeed's default: no scheduler section, so a "
+                    "constant learning rate)"));
+  CHECK(has_note(c, "gradient_clipping → train.grad_clip 0.0 (DeepSpeed's default: none in the file, so no clipping)"));
+  const std::string recipe = recipe_text(c, 2);
+  CHECK_THAT(recipe, Catch::StartsWith("recipe (each value ← where it came from):\n  optimizer: AdamW"));
+  CHECK_THAT(recipe, Catch::Contains("lr 0.0003 ← ds.json optimizer.params.lr"));
+  CHECK_THAT(recipe, Catch::Contains("beta2 0.999 ← DeepSpeed's default"));  // FusedAdam's, in a present section
+  CHECK_THAT(recipe, Catch::Contains("lr schedule: constant ← DeepSpeed's default: no scheduler section"));
+  CHECK_THAT(recipe, Catch::Contains("clipping: none (0) ← DeepSpeed's default: none in the file, so no clipping"));
+  CHECK_THAT(recipe, Catch::Contains("batch: micro-batch 4 ← default; accumulation 1 ← default; dp 2 (2 ranks / "
+                                     "sequence parallel 1 ← default) = 8 sequences of 64 tokens a step"));
+  CHECK_THAT(recipe, Catch::Contains("ZeRO: stage 0 ← default (replicated on 2 ranks)"));
+  CHECK_THAT(recipe, Catch::Contains("precision: float32 ← default"));
+  // The user's own keys stand where the file is silent.
+  const Config mine = apply("{}", 1, R"({"train": {"grad_clip": 0.5, "lr_schedule": "linear"}})");
+  CHECK(mine.train.grad_clip == 0.5);
+  CHECK(mine.train.lr_schedule == LrSchedule::linear);
+  CHECK_THAT(recipe_text(mine, 1), Catch::Contains("clipping: global norm 0.5 ← run config") &&
+                                       Catch::Contains("lr schedule: linear ← run config"));
+  // A file without an optimizer section leaves ours (DeepSpeed would use the client's optimizer).
+  CHECK(apply("{}", 1, R"({"train": {"lr": 0.01}})").train.lr == 0.01);
+}
+
+TEST_CASE("every problem of a DeepSpeed file is said at once", "[deepspeed]") {
+  std::string why;
+  try {
+    apply(R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 7, "offload_param": {"device": "cpu"},
+               "overlap_com": true}, "optimizer": {"type": "AdamW", "params": {"lr": "x", "amsgrad": true}},
+               "scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}, "gradient_clipping": "big",
+               "train_batch_size": 3, "train_micro_batch_size_per_gpu": 2, "wandb": {"enabled": true}})",
+          2);
+  } catch (const UsageError& e) {
+    why = e.what();
+  }
+  CHECK_THAT(why, Catch::StartsWith("ds.json: 9 problems:\n  - "));
+  for (const char* p : {"fp16.enabled = true: not supported by autosp-train (it would change the math: fp16 training",
+                        "train_batch_size 3 != train_micro_batch_size_per_gpu 2 × ",
+                        "optimizer.params.amsgrad = true: not supported by autosp-train (its AdamW keeps no running "
+                        "maximum of the second moment); set it false",
+                        "optimizer.params.lr = \"x\" (our train.lr): expected a number",
+                        "scheduler.params.warmup_num_step: not a parameter of DeepSpeed's WarmupLR (did you mean "
+                        "'scheduler.params.warmup_num_steps'?)",
+                        "gradient_clipping = \"big\" (our train.grad_clip): expected a number",
+                        "zero_optimization.offload_param = {\"device\":\"cpu\"}: not supported",
+                        "unknown DeepSpeed key 'zero_optimization.overlap_com' (did you mean "
+                        "'zero_optimization.overlap_comm'?)",
+                        "zero_optimization.stage = 7 (our zero_optimization.stage): expected an integer in [0, 3]"}) {
+    INFO(p);
+    CHECK_THAT(why, Catch::Contains(str("\n  - ", p)));
+  }
+  CHECK_THAT(why, !Catch::Contains("wandb"));
 }
