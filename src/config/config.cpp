@@ -158,7 +158,7 @@ json data_mix_json(const std::vector<DataMixEntry>& mix) {
 // gpt2|llama"); each value's string is its name function's.
 constexpr std::array kSources{DataSourceKind::synthetic, DataSourceKind::tokens, DataSourceKind::text};
 constexpr std::array kDevices{DeviceKind::cpu, DeviceKind::cuda};
-constexpr std::array kAttention{AttentionBackend::flash, AttentionBackend::cudnn};
+constexpr std::array kAttention{AttentionBackend::automatic, AttentionBackend::flash, AttentionBackend::cudnn};
 constexpr std::array kDTypes{DType::f32, DType::f64, DType::bf16};
 constexpr std::array kSchedules{LrSchedule::cosine, LrSchedule::cosine_with_min_lr, LrSchedule::linear,
                                 LrSchedule::constant, LrSchedule::constant_with_warmup, LrSchedule::wsd,

@@ -113,7 +113,7 @@ struct TrainConfig {
 
 struct RuntimeConfig {
   DeviceKind device = DeviceKind::cpu;  // "cpu" | "cuda"
-  AttentionBackend attention = AttentionBackend::flash;  // CUDA attention: "flash" | "cudnn"
+  AttentionBackend attention = AttentionBackend::automatic;  // CUDA attention: "auto" | "flash" | "cudnn"
   // What the graph computes in: "float32", "float64", or "bfloat16" (mixed precision: f32 master
   // weights, bf16 compute; compiler/program.h master_dtype).
   DType dtype = DType::f32;

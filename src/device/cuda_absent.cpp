@@ -32,7 +32,7 @@ void copy_on_device(const Tensor&, const Tensor&) { no_backend("a device copy");
 void synchronize() {}
 void drain_stream_slot(int) {}
 void check_attention_backend(AttentionBackend backend) {
-  if (backend != AttentionBackend::flash) no_backend("runtime.attention \"cudnn\"");
+  if (backend == AttentionBackend::cudnn) no_backend("runtime.attention \"cudnn\"");
 }
 
 namespace gpu {

@@ -54,7 +54,7 @@ std::string op_profile_table(const OpProfile& p, int64_t steps, double total_ms)
 struct ExecOptions {
   // The sdpa implementation on CUDA (runtime.attention); every KernelCall carries it. CPU kernels
   // ignore it.
-  AttentionBackend attention = AttentionBackend::flash;
+  AttentionBackend attention = AttentionBackend::automatic;
   // Graph outputs (by node name) freed after their last use like intermediates, once the hook has
   // seen them, and absent from RunResult::outputs: ZeRO-2's gradients, which live on only in their
   // reduce-scattered shard (train/grad_sync.h).

@@ -57,6 +57,7 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
       {"data.source", "text", [](const Config& c) { return c.data.source == DataSourceKind::text; }},
       {"runtime.device", "cpu", [](const Config& c) { return c.runtime.device == DeviceKind::cpu; }},
       {"runtime.device", "cuda", [](const Config& c) { return c.runtime.device == DeviceKind::cuda; }},
+      {"runtime.attention", "auto", [](const Config& c) { return c.runtime.attention == AttentionBackend::automatic; }},
       {"runtime.attention", "flash", [](const Config& c) { return c.runtime.attention == AttentionBackend::flash; }},
       {"runtime.attention", "cudnn", [](const Config& c) { return c.runtime.attention == AttentionBackend::cudnn; }},
       {"runtime.dtype", "float32", [](const Config& c) { return c.runtime.dtype == DType::f32; }},
@@ -77,7 +78,7 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
   CHECK(d.resolved["model"]["arch"] == "gpt2");
   CHECK(d.resolved["data"]["source"] == "synthetic");
   CHECK(d.resolved["runtime"]["device"] == "cpu");
-  CHECK(d.resolved["runtime"]["attention"] == "flash");
+  CHECK(d.resolved["runtime"]["attention"] == "auto");
   CHECK(d.resolved["runtime"]["dtype"] == "float32");
   CHECK(d.zero_optimization.stage == 0);  // DeepSpeed's default: no sharding
   CHECK(d.resolved["zero_optimization"]["stage"] == 0);
@@ -88,7 +89,7 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
                     Catch::EndsWith("expected one of synthetic|tokens|text"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.device=tpu"}), Catch::EndsWith("expected one of cpu|cuda"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.attention=x"}),
-                    Catch::EndsWith("expected one of flash|cudnn"));
+                    Catch::EndsWith("expected one of auto|flash|cudnn"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.dtype=f32"}),
                     Catch::EndsWith("expected one of float32|float64|bfloat16"));
 }

@@ -17,6 +17,7 @@
 #include "cuda/dispatch_test.h"
 #include "graph/autograd.h"
 #include "graph/verify.h"
+#include "kernels/cuda/cudnn_attention.cuh"
 
 using namespace autosp;
 using namespace autosp::testing;
@@ -215,11 +216,35 @@ TEST_CASE("the executor's attention backend reaches the sdpa launcher", "[dispat
   spdlog::default_logger()->sinks().push_back(sink);
   const RunResult flash = Executor(g, ExecOptions{.attention = AttentionBackend::flash}).run(upload(host));
   const std::string after_flash = log.str();
+  const RunResult automatic = Executor(g, ExecOptions{.attention = AttentionBackend::automatic}).run(upload(host));
+  const std::string after_auto = log.str();
   const RunResult cudnn = Executor(g, ExecOptions{.attention = AttentionBackend::cudnn}).run(upload(host));
   spdlog::default_logger()->sinks().pop_back();
-  CHECK(after_flash.find("runtime.attention") == std::string::npos);
+  CHECK(after_auto.find("runtime.attention") == std::string::npos);  // "auto" falls back silently
   CHECK_THAT(log.str(), Catch::Contains("runtime.attention \"cudnn\"") && Catch::Contains("attn_backend_probe") &&
                             Catch::Contains("using our flash attention"));
   check_tensor("sdpa, flash", flash.outputs.begin()->second, cpu.outputs.begin()->second, 1e-5);
   check_tensor("sdpa, cudnn requested", cudnn.outputs.begin()->second, cpu.outputs.begin()->second, 1e-5);
+  check_tensor("sdpa, auto", automatic.outputs.begin()->second, down(flash.outputs.begin()->second), 0);
+}
+
+TEST_CASE("runtime.attention \"auto\" runs cuDNN where cuDNN takes the sizes", "[dispatch]") {
+  // bf16, D = 64, causal: cuDNN's case. "auto" gives exactly what "cudnn" gives (the same fused
+  // kernel), and both are within bf16 tolerance of the CPU. Without cuDNN in the build "auto"
+  // gives exactly our flash attention instead.
+  Graph g;
+  Builder b(g);
+  Node* q = b.input("q", DType::bf16, {1, 4, 128, 64}, Role::none);
+  g.add_output(b.sdpa(q, q, q, true, 0.125, "attn_auto_probe"));
+  const TensorMap host{
+      {"q", Tensor::from_vector({1, 4, 128, 64}, naive::random_normal(4 * 128 * 64, 9)).to(DType::bf16)}};
+  const RunResult cpu = Executor(g).run(host);
+  const RunResult automatic = Executor(g, ExecOptions{.attention = AttentionBackend::automatic}).run(upload(host));
+  const RunResult flash = Executor(g, ExecOptions{.attention = AttentionBackend::flash}).run(upload(host));
+  const bool has_cudnn = cuda::cudnn_sdpa_unsupported<cuda::bf16>(1, 4, 4, 128, 128, 64, true).empty();
+  const RunResult chosen =
+      has_cudnn ? Executor(g, ExecOptions{.attention = AttentionBackend::cudnn}).run(upload(host)) : flash;
+  check_tensor("sdpa auto = the backend it picks", automatic.outputs.begin()->second,
+               down(chosen.outputs.begin()->second), 0);
+  check_tensor("sdpa auto, against the CPU", automatic.outputs.begin()->second, cpu.outputs.begin()->second, 2e-2);
 }

@@ -124,6 +124,7 @@ TEST_CASE("without a CUDA device the device runtime says why", "[device]") {
   CHECK_THROWS_WITH(to_device(h, {DeviceKind::cuda, 0}), Catch::Contains("this build has no CUDA backend"));
   CHECK_THROWS_WITH(check_attention_backend(AttentionBackend::cudnn), Catch::Contains("no CUDA backend"));
   CHECK_NOTHROW(check_attention_backend(AttentionBackend::flash));
+  CHECK_NOTHROW(check_attention_backend(AttentionBackend::automatic));  // CPU runs ignore it
 #endif
   // A host copy needs no device.
   CHECK(to_device(h, Device{}).to_doubles() == std::vector<double>{1, 2});

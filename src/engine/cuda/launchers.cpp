@@ -240,18 +240,20 @@ Tensor concat(const KernelCall& c) {
 // ---- attention ----
 
 namespace {
-// Whether this attention node runs on cuDNN's fused SDPA: runtime.attention "cudnn" (the
-// executor's options, carried by the KernelCall) and sizes cuDNN supports
-// (kernels/cuda/cudnn_attention.cuh). Otherwise our flash attention runs, with one warning per
-// distinct reason (both write the same f32 lse, so forward and backward may differ).
+// Whether this attention node runs on cuDNN's fused SDPA: runtime.attention (the executor's
+// options, carried by the KernelCall) is "auto" or "cudnn", there is no document mask, and cuDNN
+// supports the sizes (kernels/cuda/cudnn_attention.cuh). Otherwise our flash attention runs:
+// silently under "auto" (decision 129), with one warning per distinct reason under "cudnn". Both
+// write the same f32 lse, so forward and backward may differ.
 template <class T>
 bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
-  if (c.attention != AttentionBackend::cudnn) return false;
-  const bool documents = c.in.size() > (c.node.op() == Op::sdpa ? 3u : 6u);  // config.cpp refuses this pairing
+  if (c.attention == AttentionBackend::flash) return false;
+  const bool documents = c.in.size() > (c.node.op() == Op::sdpa ? 3u : 6u);  // config.cpp refuses it with "cudnn"
   const std::string why = documents ? std::string("a document mask (doc_start)")
                                     : cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
                                                                       q.dim(3), c.node.attrs().b("causal"));
   if (why.empty()) return true;
+  if (c.attention == AttentionBackend::automatic) return false;
   static std::mutex mu;
   static std::set<std::string> warned;
   std::lock_guard<std::mutex> lock(mu);
