@@ -336,14 +336,19 @@ class Mapper {
     auto mismatch = [&](int64_t t, int64_t m, int64_t g) {
       fail(str(kTrain, " ", t, " != ", kMicro, " ", m, " × ", kGas, " ", g, " × dp ", dp, where));
     };
+    // The third value of the rule, when the given two leave no integer for it.
+    auto not_multiple = [&](const std::string& product, int64_t p, const char* derived) {
+      fail(str(kTrain, " ", *train, " is not a multiple of ", product, " = ", p, where, ": no integer ", derived,
+               " makes ", kTrain, " = ", kMicro, " × ", kGas, " × dp hold"));
+    };
     if (train && micro && !gas && !has_gas) {
-      if (*train % (*micro * dp) != 0) mismatch(*train, *micro, *train / std::max<int64_t>(1, *micro * dp));
+      if (*train % (*micro * dp) != 0) not_multiple(str(kMicro, " ", *micro, " × dp ", dp), *micro * dp, kGas);
       gas = *train / (*micro * dp);
     } else if (train && gas && !micro && !has_micro) {
-      if (*train % (*gas * dp) != 0) mismatch(*train, *train / std::max<int64_t>(1, *gas * dp), *gas);
+      if (*train % (*gas * dp) != 0) not_multiple(str(kGas, " ", *gas, " × dp ", dp), *gas * dp, kMicro);
       micro = *train / (*gas * dp);
     } else if (train && !micro && !gas && !has_micro && !has_gas) {
-      if (*train % dp != 0) mismatch(*train, *train / dp, 1);
+      if (*train % dp != 0) not_multiple(str("dp ", dp), dp, kMicro);
       gas = 1, micro = *train / dp;
     }
     if (!micro) micro = current("data.batch_size").get<int64_t>();  // gas alone: our micro-batch

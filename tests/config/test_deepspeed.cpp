@@ -93,8 +93,18 @@ TEST_CASE("the batch triple: any two give the third, dp = world / sequence_paral
   CHECK_THROWS_WITH(apply(R"({"sequence_parallel_size": 2, "train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
                               "gradient_accumulation_steps": 2})", 8),
                     Catch::Contains(all_three) && Catch::Contains("(dp 4 = world 8 / sequence parallel size 2)"));
+  // Two given values that leave no integer third: the message names the product, never a
+  // truncated third value (it printed "gradient_accumulation_steps 0" here before).
   CHECK_THROWS_WITH(apply(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})", 4),
-                    Catch::Contains("train_batch_size 30 != train_micro_batch_size_per_gpu 4 × gradient_accumulation_steps"));
+                    Catch::Contains("train_batch_size 30 is not a multiple of train_micro_batch_size_per_gpu 4 × dp 4 "
+                                    "= 16 (dp 4 = world 4 / sequence parallel size 1): no integer "
+                                    "gradient_accumulation_steps makes") &&
+                        !Catch::Contains("steps 0"));
+  CHECK_THROWS_WITH(apply(R"({"train_batch_size": 6, "gradient_accumulation_steps": 4})", 1),
+                    Catch::Contains("train_batch_size 6 is not a multiple of gradient_accumulation_steps 4 × dp 1 = 4") &&
+                        Catch::Contains("no integer train_micro_batch_size_per_gpu"));
+  CHECK_THROWS_WITH(apply(R"({"train_batch_size": 3})", 2),
+                    Catch::Contains("train_batch_size 3 is not a multiple of dp 2 = 2"));
   CHECK_THROWS_WITH(apply(R"({"sequence_parallel_size": 3, "train_batch_size": 8})", 8),
                     Catch::Contains("sequence_parallel_size 3 does not divide the world size 8"));
   CHECK_THROWS_WITH(apply(R"({"train_batch_size": 0})"), Catch::Contains("train_batch_size = 0: expected a positive integer"));
@@ -351,7 +361,7 @@ TEST_CASE("every problem of a DeepSpeed file is said at once", "[deepspeed]") {
   }
   CHECK_THAT(why, Catch::StartsWith("ds.json: 9 problems:\n  - "));
   for (const char* p : {"fp16.enabled = true: not supported by autosp-train (it would change the math: fp16 training",
-                        "train_batch_size 3 != train_micro_batch_size_per_gpu 2 × ",
+                        "train_batch_size 3 is not a multiple of train_micro_batch_size_per_gpu 2 × dp 2 = 4",
                         "optimizer.params.amsgrad = true: not supported by autosp-train (its AdamW keeps no running "
                         "maximum of the second moment); set it false",
                         "optimizer.params.lr = \"x\" (our train.lr): expected a number",
