@@ -14,21 +14,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "tools/cli.h"
+#include "tools/model_flags.h"
 #include "tools/options.h"
 #include "tools/text_codec.h"
-#include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 #include "tensor/check.h"
 
 using namespace autosp;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -64,31 +60,6 @@ double parse_temperature(const std::string& text) {
   return t;  // an underflow to 0 (1e-400) is greedy, as the tiny value it stood for would be
 }
 
-// The checkpoint directory `path` names: itself when it holds meta.json, else its newest step_N.
-std::string step_dir(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) throw UsageError(str("--checkpoint ", path, ": not a directory"));
-  if (fs::exists(fs::path(path) / "meta.json", ec)) return path;
-  const int64_t step = newest_step(path);
-  if (step < 0) throw UsageError(str("--checkpoint ", path, ": neither a checkpoint (no meta.json) nor a root with step_* directories"));
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
-  return (fs::path(path) / name).string();
-}
-
-// The run config a checkpoint was written with (its meta.json), with --set overrides.
-Config checkpoint_config(const std::string& dir, const std::vector<std::string>& sets) {
-  const std::string meta_path = (fs::path(dir) / "meta.json").string();
-  std::ifstream f(meta_path);
-  if (!f) throw UsageError(str(meta_path, ": cannot open"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const nlohmann::json meta = parse_json(ss.str(), meta_path);
-  if (!meta.is_object() || !meta.contains("config") || !meta["config"].is_object())
-    throw UsageError(str(meta_path, ": no 'config' object (not an autosp checkpoint?)"));
-  return parse_config(meta["config"], sets, meta_path);
-}
-
 std::string join(const std::vector<int64_t>& ids) {
   std::string s;
   for (int64_t id : ids) s += str(s.empty() ? "" : ",", id);
@@ -100,14 +71,8 @@ std::string join(const std::vector<int64_t>& ids) {
 int main(int argc, char** argv) {
   return run_app("autosp-sample", [&] {
     cxxopts::Options opts("autosp-sample", "Generate tokens from a trained model (KV cache; greedy, top-k, temperature)");
-    opts.add_options()("checkpoint", "a checkpoint step_N directory, or a root (its newest step)",
-                       cxxopts::value<std::string>())(
-        "config", "run config JSON (default: the checkpoint's own)", cxxopts::value<std::string>())(
-        "set", "override a config key (key.path=value), repeatable", cxxopts::value<std::vector<std::string>>())(
-        "init-from", "safetensors weights (Hugging Face names) instead of a checkpoint", cxxopts::value<std::string>())(
-        "model", "a Hugging Face model directory (its config.json and weights), as model.from",
-        cxxopts::value<std::string>())(
-        "prompt-ids", "the prompt as token ids: 1,2,3", cxxopts::value<std::string>())(
+    add_model_flags(opts);
+    opts.add_options()("prompt-ids", "the prompt as token ids: 1,2,3", cxxopts::value<std::string>())(
         "prompt", "the prompt as text (needs --tokenizer, or a model of data.source text)", cxxopts::value<std::string>())(
         "tokenizer", "the tokenizer.json the data was prepared with, or a model directory holding one", cxxopts::value<std::string>())(
         "max-new-tokens", "tokens to generate (default 32)", cxxopts::value<std::string>())(
@@ -127,19 +92,11 @@ int main(int argc, char** argv) {
     auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-    if (args.count("checkpoint") + args.count("config") + args.count("model") != 1)
-      throw UsageError("give one of --checkpoint DIR, --model HF_DIR, or --config FILE (with --init-from or "
-                       "--checkpoint for the weights, or model.from)");
-    if (args.count("checkpoint") && args.count("init-from")) throw UsageError("--checkpoint and --init-from exclude each other");
+    const ModelFlags model = model_from_flags(args, sets);
     if (args.count("prompt") == args.count("prompt-ids"))
       throw UsageError("give the prompt as one of --prompt-ids 1,2,3 or --prompt TEXT");
-
-    TrainArgs ta;
-    ta.init_from = opt("init-from");
-    if (args.count("checkpoint")) ta.resume = step_dir(opt("checkpoint"));
-    const Config cfg = args.count("config")  ? load_config(opt("config"), sets)
-                       : args.count("model") ? parse_config(nlohmann::json{{"model", {{"from", opt("model")}}}}, sets)
-                                             : checkpoint_config(ta.resume, sets);
+    const Config& cfg = model.cfg;
+    const TrainArgs& ta = model.args;
     const std::string dtype_text = args.count("dtype") ? opt("dtype") : "float32";
     const auto dtype = dtype_from_name(dtype_text);
     if (!dtype || (*dtype != DType::f32 && *dtype != DType::f64))

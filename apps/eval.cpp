@@ -1,0 +1,132 @@
+// autosp-eval: long-context evaluation of a model under sequence parallelism (train/evaluation.h).
+//   autosp-eval (--checkpoint DIR | --model HF_DIR | --config FILE [--init-from W.safetensors])
+//     [--set key.path=value]... [--seq-len S] [--data SHARDS] [--sequences N] [--out FILE.json]
+//     (--perplexity-by-position [--bucket-width W] | --plan-memory)
+// Launched like autosp-train (mpirun -np W for several ranks; sequence_parallel.* as in training):
+// the rank's forward program (the AutoSP passes, no backward, no gradients, no optimizer state)
+// runs over the evaluation data: --data (llm.c token shards), else data.val_path, else data.path,
+// else the held-out synthetic stream. --perplexity-by-position writes rank 0's JSON (train/evaluation.h
+// PositionLoss, plus the run's layout) to --out or stdout; scripts/plot_metrics.py draws it.
+// --plan-memory prints the evaluation program's memory plan (the JSON of autosp-graph
+// --plan-memory) for this rank at data.seq_len and data.batch_size, and loads nothing.
+#include <fstream>
+#include <iostream>
+
+#include <spdlog/spdlog.h>
+
+#include "comm/communicator.h"
+#include "comm/job_comms.h"
+#include "models/family.h"
+#include "tools/cli.h"
+#include "tools/model_flags.h"
+#include "tools/options.h"
+#include "tools/plan_summary.h"
+#include "tools/progress.h"
+#include "train/evaluation.h"
+#include "train/run_device.h"
+#include "tensor/check.h"
+
+using namespace autosp;
+
+namespace {
+
+// The run's layout and precision beside the results.
+nlohmann::json run_json(const Config& cfg, const RankLayout& layout, int world) {
+  return {{"world", world},       {"sp", layout.sp},   {"ring", layout.ring}, {"dp", layout.dp},
+          {"dtype", std::string(dtype_name(cfg.runtime.dtype))}, {"arch", std::string(arch_name(cfg.model.arch))},
+          {"batch_size", cfg.data.batch_size}};
+}
+
+void write_json(const nlohmann::json& j, const std::string& path) {
+  if (path.empty()) {
+    std::cout << j.dump(2) << std::endl;
+    return;
+  }
+  std::ofstream f(path);
+  if (!f) throw UsageError(str("--out ", path, ": cannot open for writing"));
+  f << j.dump(2) << "\n";
+  if (!f.flush()) throw RuntimeFailure(str("--out ", path, ": write failed"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_app("autosp-eval", [&] {
+    cxxopts::Options opts("autosp-eval", "Evaluate a model at long context under sequence parallelism (launch under "
+                                         "mpirun for several ranks)");
+    add_model_flags(opts);
+    opts.add_options()("perplexity-by-position", "the loss of the targets per bucket of positions (JSON)")(
+        "bucket-width", "positions per bucket (default 1024)", cxxopts::value<std::string>())(
+        "seq-len", "the sequence length S evaluated (overrides data.seq_len)", cxxopts::value<std::string>())(
+        "data", "llm.c token shards to evaluate on, a file or glob (default: data.val_path, else held-out synthetic data)",
+        cxxopts::value<std::string>())(
+        "sequences", "sequences to evaluate (default: every window of the data; synthetic: train.eval_batches × "
+        "data.batch_size)", cxxopts::value<std::string>())(
+        "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>())(
+        "plan-memory", "print the evaluation program's memory plan for this rank (JSON) and exit")(
+        "quiet", "no progress on stderr")("h,help", "show this help");
+    auto args = opts.parse(argc, argv);
+    if (args.count("help")) {
+      std::cout << opts.help() << std::flush;
+      return 0;
+    }
+    if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
+    auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
+    if (args.count("perplexity-by-position") + args.count("plan-memory") != 1)
+      throw UsageError("give one task: --perplexity-by-position or --plan-memory");
+    // The flags are config keys, set after every --set (as autosp-train's --steps).
+    std::vector<std::string> sets;
+    if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
+    if (args.count("seq-len")) {
+      const int64_t S = parse_int_flag("seq-len", opt("seq-len"));
+      if (auto problem = config_value_problem("data.seq_len", S)) throw UsageError(str("--seq-len ", S, ": ", *problem));
+      sets.push_back(str("data.seq_len=", S));
+    }
+    if (args.count("data")) {
+      // The config's own evaluation data and masks are for other files.
+      for (const char* key : {"data.val_path=", "data.loss_mask_path=", "data.val_loss_mask_path="}) sets.push_back(key);
+      sets.push_back(str("data.path=", opt("data")));
+      sets.push_back("data.source=tokens");
+    }
+    const ModelFlags model = model_from_flags(args, sets);
+    const Config cfg = eval_config(model.cfg);
+    PositionLossOptions po;
+    if (args.count("bucket-width")) po.bucket_width = parse_int_flag("bucket-width", opt("bucket-width"));
+    if (args.count("sequences")) po.sequences = parse_int_flag("sequences", opt("sequences"));
+
+    auto world = make_world_communicator();
+    const bool lead = world->rank() == 0;
+    if (lead)  // (autosp-eval reads data.val_path without train.eval_every: that warning is training's)
+      for (const auto& w : cfg.warnings)
+        if (w.rfind("data.val_path is set but train.eval_every is 0", 0) != 0) spdlog::warn("{}", w);
+    if (args.count("plan-memory")) {
+      const RankLayout layout = rank_layout(world->size(), world->rank(), cfg.sequence_parallel.autosp_size,
+                                            cfg.sequence_parallel.ring_size);
+      const int64_t m = layout.seq_multiple(), S = (cfg.data.seq_len + m - 1) / m * m;
+      const RankProgram prog = build_program(cfg, cfg.runtime.dtype, Stage::rank_forward, layout);
+      nlohmann::json j = plan_summary(prog, {{"B", cfg.data.batch_size}, {"S", S}}, cfg, world->size(), cfg.runtime.device);
+      j["run"] = run_json(cfg, layout, world->size());
+      if (lead) write_json(j, opt("out"));
+      return 0;
+    }
+    // Everything the flags and data can get wrong is refused before the weights load.
+    const int64_t N = eval_sequences(cfg, po);
+    const Device dev = pick_device(cfg);
+    const std::unique_ptr<JobComms> comms =
+        make_job_comms(*world, dev, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
+    ParamMap params = starting_params(cfg, model.args, master_dtype(cfg.runtime.dtype));
+    to_run_device(params, dev);
+    Progress progress("perplexity by position", "sequences", lead && !args.count("quiet"));
+    po.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
+    if (lead && !args.count("quiet"))
+      spdlog::info("evaluating {} sequences of {} tokens on {} rank{}", N, cfg.data.seq_len, world->size(),
+                   world->size() == 1 ? "" : "s");
+    const PositionLoss r = perplexity_by_position(cfg, params, *comms, dev, po);
+    progress.finish();
+    nlohmann::json j = r.to_json();
+    j["task"] = "perplexity_by_position";
+    j["run"] = run_json(cfg, comms->mesh, world->size());
+    if (lead) write_json(j, opt("out"));
+    return 0;
+  });
+}

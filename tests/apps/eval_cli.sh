@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# autosp-eval through the real binary: --perplexity-by-position on token shards equals one process at
+# P = 2, 4 (Ulysses, with S padded to a multiple of P), a ring, and dp × sp (whose last round reads
+# past the requested sequences), in float64; the buckets are the per-token losses bucketed
+# (the same losses, summed another way: the mean over all buckets is the run's loss, and every
+# target is counted once); --plan-memory of the evaluation program against the training step's;
+# and bad input: one row each, exit 2 with an `error:` line naming it, within 20 s.
+#   eval_cli.sh BIN_DIR SOURCE_DIR
+set -u
+bin=$1/autosp-eval
+py=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+unset AUTOSP_FAULT AUTOSP_COLLECTIVE_TIMEOUT
+fail=0
+check() {  # check DESCRIPTION COMMAND...
+  if "${@:2}"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi
+}
+
+cat >"$tmp/cfg.json" <<'JSON'
+{"model": {"arch": "llama", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 48,
+           "max_position_embeddings": 256},
+ "data": {"source": "synthetic", "seq_len": 62, "batch_size": 2},
+ "train": {"seed": 3},
+ "runtime": {"threads": 1, "dtype": "float64"}}
+JSON
+cat >"$tmp/gpt2.json" <<'JSON'
+{"model": {"arch": "gpt2", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "max_position_embeddings": 64},
+ "data": {"source": "synthetic", "seq_len": 32, "batch_size": 1}, "runtime": {"threads": 1}}
+JSON
+$py - "$tmp" <<'PY'
+import os, random, struct, sys
+d = sys.argv[1]
+n = 1000
+rng = random.Random(5)
+toks = [rng.randrange(64) for _ in range(n)]
+hdr = [0] * 256
+hdr[0], hdr[1], hdr[2] = 20240520, 1, n
+open(os.path.join(d, "tok.bin"), "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+open(os.path.join(d, "garbage.bin"), "wb").write(b"not a shard at all" * 10)
+os.makedirs(os.path.join(d, "noweights"))
+open(os.path.join(d, "noweights", "config.json"), "w").write(
+    '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32, '
+    '"num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 48}')
+PY
+ev=(--config "$tmp/cfg.json" --data "$tmp/tok.bin" --perplexity-by-position --bucket-width 16 --sequences 5 --quiet)
+
+# ---- exactness across layouts -------------------------------------------------------------------
+"$bin" "${ev[@]}" --out "$tmp/p1.json" 2>"$tmp/err1" || { echo "FAIL: one process"; cat "$tmp/err1"; exit 1; }
+run_np() {  # run_np NAME NP SETS...
+  mpirun --oversubscribe -np "$2" "$bin" "${ev[@]}" --out "$tmp/$1.json" "${@:3}" 2>"$tmp/err_$1" >/dev/null ||
+    { echo "FAIL: $1 exited $?"; cat "$tmp/err_$1"; fail=1; }
+}
+run_np p2 2 --set sequence_parallel.autosp_size=2
+run_np p4 4 --set sequence_parallel.autosp_size=4
+run_np ring 4 --set sequence_parallel.autosp_size=4 --set sequence_parallel.ring_size=2
+run_np dp2sp2 4 --set sequence_parallel.autosp_size=2
+for name in p2 p4 ring dp2sp2; do
+  check "$name equals one process" $py - "$tmp/p1.json" "$tmp/$name.json" <<'PY'
+import json, math, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["tokens"] == b["tokens"] == 5 * 62, (a["tokens"], b["tokens"])
+assert [x["tokens"] for x in a["buckets"]] == [x["tokens"] for x in b["buckets"]] == [80, 80, 80, 70]
+for x, y in zip(a["buckets"], b["buckets"]):
+    assert (x["start"], x["end"]) == (y["start"], y["end"])
+    assert abs(x["loss"] - y["loss"]) <= 1e-12 * abs(x["loss"]), (x, y)
+mean = sum(x["loss"] * x["tokens"] for x in a["buckets"]) / a["tokens"]
+assert abs(mean - a["loss"]) < 1e-12 and abs(math.exp(a["loss"]) - a["perplexity"]) < 1e-9
+PY
+done
+
+# Every window of the shard by default: ⌊(1000 − 1) / 62⌋ = 16 sequences.
+"$bin" --config "$tmp/cfg.json" --data "$tmp/tok.bin" --perplexity-by-position --bucket-width 100 >"$tmp/all.json" 2>"$tmp/err_all"
+check "default: one epoch, one bucket wider than S" $py -c "
+import json; d = json.load(open('$tmp/all.json'))
+assert d['sequences'] == 16 and d['tokens'] == 16 * 62 and len(d['buckets']) == 1 and d['buckets'][0]['end'] == 62, d"
+check "non-TTY progress: one line per stage" grep -q "perplexity by position: 16/16 sequences in" "$tmp/err_all"
+
+# ---- memory: the evaluation program's plan against the training step's at the same S --------------
+"$bin" --config "$tmp/cfg.json" --set data.seq_len=256 --plan-memory >"$tmp/plan_eval.json" 2>/dev/null
+"$1/autosp-graph" --config "$tmp/cfg.json" --plan-memory S=256,B=2 >"$tmp/plan_train.json" 2>/dev/null
+check "--plan-memory: the forward-only program plans less than the training step" $py -c "
+import json; e = json.load(open('$tmp/plan_eval.json')); t = json.load(open('$tmp/plan_train.json'))
+assert e['bindings'] == {'B': 2, 'S': 256} and e['optimizer_bytes'] == 0, e
+assert e['arena_bytes'] < t['arena_bytes'] / 2 and e['total_bytes'] < t['total_bytes'], (e['total_bytes'], t['total_bytes'])"
+
+# ---- bad input ----------------------------------------------------------------------------------
+bad() {  # bad TEXT ARGS...: exit 2 and an error: line containing TEXT
+  timeout 20 "$bin" "${@:2}" >/dev/null 2>"$tmp/bad_err"
+  local rc=$?
+  if [ "$rc" = 2 ] && grep -q "^error: .*$1" "$tmp/bad_err"; then echo "ok: bad input: $1"
+  else echo "FAIL: bad input '$1': exit $rc"; cat "$tmp/bad_err"; fail=1; fi
+}
+base=(--config "$tmp/cfg.json" --data "$tmp/tok.bin" --perplexity-by-position)
+bad "--bucket-width 0: expected ≥ 1" "${base[@]}" --bucket-width 0
+bad "--bucket-width -4: expected ≥ 1" "${base[@]}" --bucket-width -4
+bad "--bucket-width 'x': expected an integer" "${base[@]}" --bucket-width x
+bad "--sequences -1" "${base[@]}" --sequences -1
+bad "--seq-len 0" "${base[@]}" --seq-len 0
+bad "give one task" --config "$tmp/cfg.json"
+bad "give one task" "${base[@]}" --plan-memory
+bad "give one of --checkpoint" --perplexity-by-position
+bad "exceeds model.max_position_embeddings 64" --config "$tmp/gpt2.json" --perplexity-by-position --seq-len 65
+bad "fewer than seq_len + 1 = 1001" "${base[@]}" --seq-len 1000
+bad "garbage.bin" --config "$tmp/cfg.json" --data "$tmp/garbage.bin" --perplexity-by-position
+bad "noweights" --model "$tmp/noweights" --data "$tmp/tok.bin" --perplexity-by-position
+bad "--out $tmp/missing/x.json: cannot open" "${base[@]}" --sequences 1 --out "$tmp/missing/x.json"
+bad "sequence_parallel.autosp_size" "${base[@]}" --set sequence_parallel.autosp_size=3
+exit $fail
