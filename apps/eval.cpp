@@ -1,12 +1,18 @@
 // autosp-eval: long-context evaluation of a model under sequence parallelism (train/evaluation.h).
 //   autosp-eval (--checkpoint DIR | --model HF_DIR | --config FILE [--init-from W.safetensors])
 //     [--set key.path=value]... [--seq-len S] [--data SHARDS] [--sequences N] [--out FILE.json]
-//     (--perplexity-by-position [--bucket-width W] | --plan-memory)
+//     (--perplexity-by-position [--bucket-width W] | --plan-memory
+//      | --passkey [--passkey-lengths 1024,2048] [--passkey-depths 0,0.5,1] [--passkey-trials N]
+//        [--tokenizer tokenizer.json])
 // Launched like autosp-train (mpirun -np W for several ranks; sequence_parallel.* as in training):
 // the rank's forward program (the AutoSP passes, no backward, no gradients, no optimizer state)
 // runs over the evaluation data: --data (llm.c token shards), else data.val_path, else data.path,
 // else the held-out synthetic stream. --perplexity-by-position writes rank 0's JSON (train/evaluation.h
 // PositionLoss, plus the run's layout) to --out or stdout; scripts/plot_metrics.py draws it.
+// --passkey writes the accuracy of passkey retrieval per (length, depth) cell (train/evaluation.h
+// PasskeyResult, each answer also as text) the same way; the filler is the built-in text, or with
+// --data the shards' first tokens; text goes through --tokenizer (or the tokenizer.json beside
+// --data), or the model's bytes when it was trained on data.source "text".
 // --plan-memory prints the evaluation program's memory plan (the JSON of autosp-graph
 // --plan-memory) for this rank at data.seq_len and data.batch_size, and loads nothing.
 #include <fstream>
@@ -22,6 +28,8 @@
 #include "tools/options.h"
 #include "tools/plan_summary.h"
 #include "tools/progress.h"
+#include "tools/text_codec.h"
+#include "train/data.h"
 #include "train/evaluation.h"
 #include "train/run_device.h"
 #include "tensor/check.h"
@@ -38,14 +46,64 @@ nlohmann::json run_json(const Config& cfg, const RankLayout& layout, int world) 
 }
 
 void write_json(const nlohmann::json& j, const std::string& path) {
-  if (path.empty()) {
-    std::cout << j.dump(2) << std::endl;
+  if (path.empty()) {  // text that is not UTF-8 (a byte model's answer) becomes U+FFFD
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
     return;
   }
   std::ofstream f(path);
   if (!f) throw UsageError(str("--out ", path, ": cannot open for writing"));
-  f << j.dump(2) << "\n";
+  f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   if (!f.flush()) throw RuntimeFailure(str("--out ", path, ": write failed"));
+}
+
+// The filler tokens of --data: the first data.seq_len of the shards (repeated as a prompt needs).
+std::vector<int64_t> shard_filler(const Config& cfg, const std::string& shards) {
+  DataConfig d = cfg.data;
+  d.source = DataSourceKind::tokens;
+  d.path = d.val_path = shards;
+  d.mix.clear();
+  d.loss_mask_path = d.val_loss_mask_path = "";
+  d.document_mask = false;
+  const Tensor ids = make_val_source(d, cfg.model.vocab_size, 0)->read(0, 1).input_ids.contiguous();
+  return {ids.data<int64_t>(), ids.data<int64_t>() + ids.numel()};
+}
+
+int run_passkey(const Config& cfg, const TrainArgs& weights, const cxxopts::ParseResult& args, Communicator& world) {
+  auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
+  PasskeyOptions o;
+  const int64_t S = cfg.data.seq_len;
+  o.lengths = args.count("passkey-lengths") ? parse_int_list("passkey-lengths", opt("passkey-lengths"), "lengths like 1024,2048")
+                                            : std::vector<int64_t>{S / 4, S / 2, 3 * S / 4, S};
+  o.depths = args.count("passkey-depths") ? parse_number_list("passkey-depths", opt("passkey-depths"), "depths like 0,0.5,1")
+                                          : std::vector<double>{0, 0.25, 0.5, 0.75, 1};
+  if (args.count("passkey-trials")) o.trials = parse_int_flag("passkey-trials", opt("passkey-trials"));
+  o.seed = static_cast<uint64_t>(cfg.train.seed);
+  const std::string tokenizer = args.count("tokenizer") ? opt("tokenizer") : args.count("data") ? tokenizer_beside(opt("data")) : "";
+  const bool bytes = tokenizer.empty() && cfg.data.source == DataSourceKind::text;
+  if (tokenizer.empty() && !bytes)
+    throw UsageError("--passkey needs the model's tokenizer: --tokenizer tokenizer.json (or a model trained on "
+                     "data.source \"text\", whose tokens are bytes)");
+  TextCodec codec(AUTOSP_SOURCE_DIR, tokenizer, bytes);
+  o.encode = [&](const std::string& text) { return codec.encode(text); };
+  if (args.count("data")) o.filler = shard_filler(cfg, opt("data"));
+  check_passkey(cfg, o);  // before the weights load
+  const Device dev = pick_device(cfg);
+  const std::unique_ptr<JobComms> comms =
+      make_job_comms(world, dev, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
+  ParamMap params = starting_params(cfg, weights, master_dtype(cfg.runtime.dtype));
+  to_run_device(params, dev);
+  const bool lead = world.rank() == 0;
+  Progress progress("passkey", "prompts", lead && !args.count("quiet"));
+  o.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
+  const PasskeyResult r = passkey(cfg, params, *comms, dev, o);
+  progress.finish();
+  nlohmann::json j = r.to_json();
+  for (auto& cell : j["cells"])
+    for (auto& a : cell["answers"]) a["said"] = codec.decode(a["said_ids"].get<std::vector<int64_t>>());
+  j["run"] = run_json(cfg, comms->mesh, world.size());
+  j["filler"] = args.count("data") ? opt("data") : "built-in";
+  if (lead) write_json(j, opt("out"));
+  return 0;
 }
 
 }  // namespace
@@ -63,6 +121,13 @@ int main(int argc, char** argv) {
         "sequences", "sequences to evaluate (default: every window of the data; synthetic: train.eval_batches × "
         "data.batch_size)", cxxopts::value<std::string>())(
         "out", "write the JSON here (default: stdout)", cxxopts::value<std::string>())(
+        "passkey", "passkey retrieval over a grid of prompt lengths × key depths (JSON)")(
+        "passkey-lengths", "prompt lengths in tokens (default: data.seq_len / 4, / 2, 3/4, whole)",
+        cxxopts::value<std::string>())(
+        "passkey-depths", "key depths in [0, 1] (default 0,0.25,0.5,0.75,1)", cxxopts::value<std::string>())(
+        "passkey-trials", "keys per cell (default 5)", cxxopts::value<std::string>())(
+        "tokenizer", "the tokenizer.json (or a model directory holding one) for --passkey's text",
+        cxxopts::value<std::string>())(
         "plan-memory", "print the evaluation program's memory plan for this rank (JSON) and exit")(
         "quiet", "no progress on stderr")("h,help", "show this help");
     auto args = opts.parse(argc, argv);
@@ -72,8 +137,9 @@ int main(int argc, char** argv) {
     }
     if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
     auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
-    if (args.count("perplexity-by-position") + args.count("plan-memory") != 1)
-      throw UsageError("give one task: --perplexity-by-position or --plan-memory");
+    const bool pass = args.count("passkey") > 0;
+    if (args.count("perplexity-by-position") + args.count("plan-memory") + args.count("passkey") != 1)
+      throw UsageError("give one task: --perplexity-by-position, --passkey or --plan-memory");
     // The flags are config keys, set after every --set (as autosp-train's --steps).
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
@@ -82,7 +148,7 @@ int main(int argc, char** argv) {
       if (auto problem = config_value_problem("data.seq_len", S)) throw UsageError(str("--seq-len ", S, ": ", *problem));
       sets.push_back(str("data.seq_len=", S));
     }
-    if (args.count("data")) {
+    if (args.count("data") && !pass) {  // --passkey reads --data as its filler
       // The config's own evaluation data and masks are for other files.
       for (const char* key : {"data.val_path=", "data.loss_mask_path=", "data.val_loss_mask_path="}) sets.push_back(key);
       sets.push_back(str("data.path=", opt("data")));
@@ -109,6 +175,7 @@ int main(int argc, char** argv) {
       if (lead) write_json(j, opt("out"));
       return 0;
     }
+    if (pass) return run_passkey(cfg, model.args, args, *world);
     // Everything the flags and data can get wrong is refused before the weights load.
     const int64_t N = eval_sequences(cfg, po);
     const Device dev = pick_device(cfg);

@@ -28,24 +28,6 @@ using namespace autosp;
 
 namespace {
 
-// "1,2, 3" → {1, 2, 3}; anything else is a UsageError naming the flag. Every comma separates two
-// items, so an empty one anywhere ("1,,2", a trailing "1,2,", a leading ",1") is refused alike
-// (std::getline would drop a trailing one).
-std::vector<int64_t> parse_ids(const std::string& text) {
-  if (text.find_first_not_of(" \t") == std::string::npos)
-    throw UsageError("--prompt-ids: no ids (expected ids like 1,2,3)");
-  std::vector<int64_t> ids;
-  for (size_t start = 0;;) {
-    const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
-    if (a == std::string::npos) throw UsageError(str("--prompt-ids '", text, "': an empty item (expected ids like 1,2,3)"));
-    ids.push_back(parse_int_flag("prompt-ids", item.substr(a, b - a + 1)));
-    if (comma == std::string::npos) return ids;
-    start = comma + 1;
-  }
-}
-
 // --temperature's value. strtod, not std::stod: stod throws on the ERANGE that a subnormal such as
 // 1e-310 sets, which is a valid (greedy-like, train/generate.h) temperature. What overflows to inf
 // (1e400), and inf itself, is out of range; a sign is left to Generator's check.
@@ -115,7 +97,7 @@ int main(int argc, char** argv) {
     so.kv_cache = !args.count("no-kv-cache");
 
     TextCodec codec(AUTOSP_SOURCE_DIR, opt("tokenizer"), cfg.data.source == DataSourceKind::text);
-    const std::vector<int64_t> prompt = args.count("prompt-ids") ? parse_ids(opt("prompt-ids")) : codec.encode(opt("prompt"));
+    const std::vector<int64_t> prompt = args.count("prompt-ids") ? parse_int_list("prompt-ids", opt("prompt-ids"), "ids like 1,2,3") : codec.encode(opt("prompt"));
     // Everything generate() would refuse (ids, options, positions), before the weights load and the
     // programs are built: a bad flag costs nothing and is the one error reported.
     check_generation(cfg.model, prompt, so);

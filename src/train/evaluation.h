@@ -3,10 +3,16 @@
 // run over evaluation data read like validation data. Perplexity by position: each target's loss,
 // from this rank's logits in double on the host, summed into buckets of positions over the world,
 // so the buckets equal one process's at every P (the rank only scores the positions it holds).
+// Passkey retrieval: a key hidden at a depth of filler, asked for at the end; the answer is scored
+// by greedy decoding's exact match, checked in the same one SP forward over prompt + answer
+// (docs/decisions.md 119: greedy decoding reproduces the key exactly iff the argmax at every answer
+// position, given the key's earlier tokens, is the key's next token).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,6 +54,47 @@ struct PositionLoss {
   // null loss and perplexity.
   nlohmann::json to_json() const;
 };
+
+struct PasskeyOptions {
+  std::vector<int64_t> lengths;  // prompt lengths in tokens (filler + key sentence + question)
+  std::vector<double> depths;    // where the key sentence starts, as a fraction of the filler, in [0, 1]
+  int64_t trials = 5;            // keys per cell
+  uint64_t seed = 0;             // draws the keys (5-digit numbers)
+  // Text → token ids (the model's tokenizer, or its bytes).
+  std::function<std::vector<int64_t>(const std::string&)> encode;
+  // The filler's tokens, repeated as needed; empty: the built-in text (kPasskeyFiller) encoded.
+  std::vector<int64_t> filler;
+  std::function<void(int64_t, int64_t)> progress;  // rank 0: (prompts done, total)
+};
+
+// The built-in filler (the passkey test of Mohtashami & Jaggi's landmark attention, as LongLoRA runs it).
+inline constexpr const char* kPasskeyFiller =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+
+struct PasskeyCell {
+  int64_t length = 0;
+  double depth = 0;
+  int64_t correct = 0, trials = 0;
+  // Per trial: the key, and the model's greedy answer up to and including its first wrong token.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> answers;
+};
+
+struct PasskeyResult {
+  std::vector<PasskeyCell> cells;  // lengths × depths, length-major
+  size_t peak_bytes = 0;
+  // {"task": "passkey", "accuracy", "trials", "peak_bytes", "cells": [{"length", "depth", "accuracy",
+  //  "correct", "trials", "answers": [{"key", "said_ids"}]}]}
+  nlohmann::json to_json() const;
+};
+
+// The options' problems (no lengths or depths, a depth outside [0, 1], trials < 1, a length too
+// short for the key and question or past what the model's positions take) as a UsageError, before
+// anything is built or loaded; the longest sequence a prompt runs at.
+int64_t check_passkey(const Config& cfg, const PasskeyOptions& o);
+
+// Every rank: the passkey grid; each prompt one SP forward of the rank's program (dp ranks take
+// prompts in turn).
+PasskeyResult passkey(const Config& cfg, const ParamMap& params, JobComms& comms, Device dev, const PasskeyOptions& o);
 
 // The sequences the options ask for, for a UsageError before anything is built or loaded.
 int64_t eval_sequences(const Config& cfg, const PositionLossOptions& o);

@@ -10,23 +10,6 @@
 namespace autosp {
 namespace {
 
-// argmax over the last dim of host logits [rows, V] (first maximum on ties); predictions [rows]
-// are that already.
-std::vector<int64_t> argmax_rows(const Tensor& logits) {
-  if (logits.dtype() == DType::i64) {
-    const int64_t* p = logits.data<int64_t>();
-    return {p, p + logits.numel()};
-  }
-  const int64_t V = logits.dim(-1), rows = logits.numel() / V;
-  const std::vector<double> x = logits.to_doubles();
-  std::vector<int64_t> out(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const double* row = x.data() + r * V;
-    out[static_cast<size_t>(r)] = std::max_element(row, row + V) - row;
-  }
-  return out;
-}
-
 // (correct, counted) summed over the world.
 std::pair<int64_t, int64_t> world_counts(int64_t correct, int64_t counted, Communicator& host_world) {
   Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
@@ -107,6 +90,21 @@ Tensor scored_rows(const RunResult& r) {
   }
   const Tensor logits = host_copy(r.outputs.at("logits"));
   return logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)});
+}
+
+std::vector<int64_t> argmax_rows(const Tensor& logits) {
+  if (logits.dtype() == DType::i64) {
+    const int64_t* p = logits.data<int64_t>();
+    return {p, p + logits.numel()};
+  }
+  const int64_t V = logits.dim(-1), rows = logits.numel() / V;
+  const std::vector<double> x = logits.to_doubles();
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = x.data() + r * V;
+    out[static_cast<size_t>(r)] = std::max_element(row, row + V) - row;
+  }
+  return out;
 }
 
 std::optional<Validation> make_validation(const Config& cfg, DType dtype, const RankLayout& layout) {

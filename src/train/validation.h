@@ -36,6 +36,10 @@ Tensor local_labels(const Batch& batch, const RankLayout& layout);
 // position's argmax, i64 [rows]) or the logits [rows, V].
 Tensor scored_rows(const RunResult& r);
 
+// argmax over the last dim of host logits [rows, V] (first maximum on ties); predictions [rows]
+// (i64) are that already.
+std::vector<int64_t> argmax_rows(const Tensor& logits);
+
 // Built only when train.eval_every > 0.
 std::optional<Validation> make_validation(const Config& cfg, DType dtype, const RankLayout& layout);
 

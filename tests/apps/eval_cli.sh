@@ -87,6 +87,46 @@ import json; e = json.load(open('$tmp/plan_eval.json')); t = json.load(open('$tm
 assert e['bindings'] == {'B': 2, 'S': 256} and e['optimizer_bytes'] == 0, e
 assert e['arena_bytes'] < t['arena_bytes'] / 2 and e['total_bytes'] < t['total_bytes'], (e['total_bytes'], t['total_bytes'])"
 
+# ---- passkey: a byte model; the same answers at every layout, and each the greedy decoding of
+# autosp-sample (one process, KV cache) on the same prompt, rebuilt here from the documented recipe
+# (up to the first wrong token: exact match needs no more) -------------------------------------------
+$py -c "open('$tmp/t.txt', 'w').write('hello world. ' * 200)"
+cat >"$tmp/byte.json" <<JSON
+{"model": {"arch": "llama", "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+           "max_position_embeddings": 512},
+ "data": {"source": "text", "path": "$tmp/t.txt", "seq_len": 128, "batch_size": 1},
+ "runtime": {"threads": 1}}
+JSON
+pk=(--config "$tmp/byte.json" --passkey --passkey-lengths 120,201 --passkey-depths 0,0.5,1 --passkey-trials 2 --quiet)
+"$bin" "${pk[@]}" --out "$tmp/pk1.json" 2>"$tmp/err_pk" || { echo "FAIL: passkey"; cat "$tmp/err_pk"; fail=1; }
+mpirun --oversubscribe -np 2 "$bin" "${pk[@]}" --set sequence_parallel.autosp_size=2 --out "$tmp/pk2.json" 2>/dev/null
+mpirun --oversubscribe -np 4 "$bin" "${pk[@]}" --set sequence_parallel.autosp_size=2 --out "$tmp/pk4.json" 2>/dev/null
+check "passkey: P = 2 and dp 2 × sp 2 answer as one process" $py -c "
+import json; a, b, c = (json.load(open('$tmp/pk%s.json' % n)) for n in (1, 2, 4))
+assert a['trials'] == 12 and [(x['length'], x['depth']) for x in a['cells']] == [(L, d) for L in (120, 201) for d in (0, 0.5, 1)]
+assert [x['answers'] for x in a['cells']] == [x['answers'] for x in b['cells']] == [x['answers'] for x in c['cells']]"
+check "passkey: each answer is autosp-sample's greedy decoding of the prompt" $py - "$tmp/pk1.json" "$1/autosp-sample" "$tmp/byte.json" <<'PY'
+import json, math, subprocess, sys
+res, sample, cfg = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+filler = list(b"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+for cell in res["cells"]:
+    for a in cell["answers"]:
+        k = a["key"]
+        key = list(f"The pass key is {k}. Remember it. {k} is the pass key. ".encode())
+        question, answer = list(b"What is the pass key? The pass key is"), list(f" {k}".encode())
+        F = cell["length"] - len(key) - len(question)
+        at = math.floor(cell["depth"] * F + 0.5)
+        prompt = [filler[i % len(filler)] for i in range(at)] + key + \
+                 [filler[i % len(filler)] for i in range(at, F)] + question
+        assert len(prompt) == cell["length"]
+        out = subprocess.run([sample, "--config", cfg, "--prompt-ids", ",".join(map(str, prompt)), "--json",
+                              "--max-new-tokens", str(len(answer))], capture_output=True, text=True, check=True)
+        greedy = json.loads(out.stdout)["ids"]
+        n = next((i + 1 for i, (g, t) in enumerate(zip(greedy, answer)) if g != t), len(answer))
+        assert a["said_ids"] == greedy[:n], (cell["length"], cell["depth"], a, greedy)
+PY
+
 # ---- bad input ----------------------------------------------------------------------------------
 bad() {  # bad TEXT ARGS...: exit 2 and an error: line containing TEXT
   timeout 20 "$bin" "${@:2}" >/dev/null 2>"$tmp/bad_err"
@@ -109,4 +149,15 @@ bad "garbage.bin" --config "$tmp/cfg.json" --data "$tmp/garbage.bin" --perplexit
 bad "noweights" --model "$tmp/noweights" --data "$tmp/tok.bin" --perplexity-by-position
 bad "--out $tmp/missing/x.json: cannot open" "${base[@]}" --sequences 1 --out "$tmp/missing/x.json"
 bad "sequence_parallel.autosp_size" "${base[@]}" --set sequence_parallel.autosp_size=3
+pkb=(--config "$tmp/byte.json" --passkey)
+bad "--passkey-depths 1.5: a depth is a fraction in \[0, 1\]" "${pkb[@]}" --passkey-depths 0,1.5
+bad "--passkey-depths -0.1: a depth" "${pkb[@]}" --passkey-depths -0.1
+bad "--passkey-depths 'half': expected a number" "${pkb[@]}" --passkey-depths half
+bad "--passkey-depths 'nan': expected a number" "${pkb[@]}" --passkey-depths nan
+bad "--passkey-lengths '1,,2': an empty item" "${pkb[@]}" --passkey-lengths 1,,2
+bad "--passkey-lengths 20: too short for the key sentence and the question" "${pkb[@]}" --passkey-lengths 20
+bad "--passkey-trials 0: expected ≥ 1" "${pkb[@]}" --passkey-trials 0
+bad "--passkey needs the model's tokenizer" --config "$tmp/cfg.json" --passkey
+bad "--passkey-lengths: a prompt of .* exceeds model.max_position_embeddings 64" \
+  --config "$tmp/gpt2.json" --set model.vocab_size=256 --set data.source=text --set "data.path=$tmp/t.txt" --passkey --passkey-lengths 100
 exit $fail
