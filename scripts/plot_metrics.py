@@ -120,7 +120,7 @@ def plot_ppl(evals, args, written):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{label} (S = {obj.get('seq_len')})")
     ax.set_xlabel("position in the sequence (bucket middle)")
     ax.set_ylabel("mean loss of the bucket's targets (nats)")
-    ax.set_title(f"{args.title}: perplexity by position" if args.title else "loss by position")
+    ax.set_title(f"{args.title}: loss by position" if args.title else "loss by position")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save(fig, args.out_dir, f"{args.prefix}perplexity-by-position.png", written)
