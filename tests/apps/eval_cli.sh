@@ -78,6 +78,11 @@ check "default: one epoch, one bucket wider than S" $py -c "
 import json; d = json.load(open('$tmp/all.json'))
 assert d['sequences'] == 16 and d['tokens'] == 16 * 62 and len(d['buckets']) == 1 and d['buckets'][0]['end'] == 62, d"
 check "non-TTY progress: one line per stage" grep -q "perplexity by position: 16/16 sequences in" "$tmp/err_all"
+if command -v script >/dev/null; then  # on a terminal: one line redrawn with the rate and ETA
+  script -qec "'$bin' --config '$tmp/cfg.json' --data '$tmp/tok.bin' --perplexity-by-position --out '$tmp/tty.json'" \
+    /dev/null >"$tmp/tty.out" 2>&1
+  check "TTY progress: redrawn with rate and ETA" grep -q $'\r.*perplexity by position: [0-9]*/16 sequences, .* sequences/s, ETA' "$tmp/tty.out"
+fi
 
 # ---- memory: the evaluation program's plan against the training step's at the same S --------------
 "$bin" --config "$tmp/cfg.json" --set data.seq_len=256 --plan-memory >"$tmp/plan_eval.json" 2>/dev/null
