@@ -14,8 +14,6 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
 try:
     import torch
     import transformers
@@ -23,6 +21,8 @@ try:
 except ImportError as e:
     print(f"skipped: transformers is not importable ({e}); run scripts/hf-venv.sh", file=sys.stderr)
     sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_roundtrip import write_tokens  # noqa: E402  (an llm.c shard of random tokens)
 
 VOCAB, SEQUENCES, WIDTH = 80, 3, 16
 # Relative. Both sides compute in float64, except that transformers makes its RoPE tables in float32
@@ -43,16 +43,6 @@ def models():
                 p.normal_(0.0, 0.2) if p.dim() >= 2 else p.normal_(1.0, 0.1)
     # name: (model, S, the P to run)
     return {"llama": (plain, 48, (1, 2, 4)), "llama-yarn": (yarn, 96, (1, 2))}
-
-
-def write_tokens(path, n, seed=1):
-    tokens = np.random.default_rng(seed).integers(0, VOCAB, size=n, dtype=np.uint16)
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, n
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.tobytes())
-    return tokens.astype(np.int64)
 
 
 def reference(model, tokens, S):
@@ -91,7 +81,7 @@ def main():
     work = tempfile.mkdtemp(prefix="autosp-hf-eval-")
     try:
         shard = os.path.join(work, "tokens.bin")
-        tokens = write_tokens(shard, 4096)
+        tokens = write_tokens(shard, 4096, VOCAB)
         for name, (model, S, parallel) in models().items():
             src = os.path.join(work, name)
             model.save_pretrained(src, safe_serialization=True)  # float32 weights
