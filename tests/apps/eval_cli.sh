@@ -107,10 +107,13 @@ pk=(--config "$tmp/byte.json" --passkey --passkey-lengths 120,201 --passkey-dept
 "$bin" "${pk[@]}" --out "$tmp/pk1.json" 2>"$tmp/err_pk" || { echo "FAIL: passkey"; cat "$tmp/err_pk"; fail=1; }
 mpirun --oversubscribe -np 2 "$bin" "${pk[@]}" --set sequence_parallel.autosp_size=2 --out "$tmp/pk2.json" 2>/dev/null
 mpirun --oversubscribe -np 4 "$bin" "${pk[@]}" --set sequence_parallel.autosp_size=2 --out "$tmp/pk4.json" 2>/dev/null
-check "passkey: P = 2 and dp 2 × sp 2 answer as one process" $py -c "
-import json; a, b, c = (json.load(open('$tmp/pk%s.json' % n)) for n in (1, 2, 4))
+mpirun --oversubscribe -np 4 "$bin" "${pk[@]}" --set sequence_parallel.autosp_size=4 --set sequence_parallel.ring_size=2 \
+  --out "$tmp/pkring.json" 2>/dev/null
+check "passkey: P = 2, dp 2 × sp 2 and a ring answer as one process" $py -c "
+import json; a, b, c, d = (json.load(open('$tmp/pk%s.json' % n)) for n in (1, 2, 4, 'ring'))
 assert a['trials'] == 12 and [(x['length'], x['depth']) for x in a['cells']] == [(L, d) for L in (120, 201) for d in (0, 0.5, 1)]
-assert [x['answers'] for x in a['cells']] == [x['answers'] for x in b['cells']] == [x['answers'] for x in c['cells']]"
+assert [x['answers'] for x in a['cells']] == [x['answers'] for x in b['cells']] == [x['answers'] for x in c['cells']] \
+    == [x['answers'] for x in d['cells']]"
 check "passkey: each answer is autosp-sample's greedy decoding of the prompt" $py - "$tmp/pk1.json" "$1/autosp-sample" "$tmp/byte.json" <<'PY'
 import json, math, subprocess, sys
 res, sample, cfg = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
