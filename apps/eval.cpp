@@ -69,7 +69,7 @@ std::vector<int64_t> shard_filler(const Config& cfg, const std::string& shards) 
 }
 
 int run_passkey(const Config& cfg, const TrainArgs& weights, const cxxopts::ParseResult& args, Communicator& world) {
-  auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
+  auto opt = [&](const char* k) { return flag_text(args, k); };
   PasskeyOptions o;
   const int64_t S = cfg.data.seq_len;
   o.lengths = args.count("passkey-lengths") ? parse_int_list("passkey-lengths", opt("passkey-lengths"), "lengths like 1024,2048")
@@ -130,13 +130,10 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>())(
         "plan-memory", "print the evaluation program's memory plan for this rank (JSON) and exit")(
         "quiet", "no progress on stderr")("h,help", "show this help");
-    auto args = opts.parse(argc, argv);
-    if (args.count("help")) {
-      std::cout << opts.help() << std::flush;
-      return 0;
-    }
-    if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
-    auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
+    const auto parsed = parse_flags(opts, argc, argv);
+    if (!parsed) return 0;  // --help
+    const cxxopts::ParseResult& args = *parsed;
+    auto opt = [&](const char* k) { return flag_text(args, k); };
     const bool pass = args.count("passkey") > 0;
     if (args.count("perplexity-by-position") + args.count("plan-memory") + args.count("passkey") != 1)
       throw UsageError("give one task: --perplexity-by-position, --passkey or --plan-memory");

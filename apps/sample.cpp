@@ -65,13 +65,10 @@ int main(int argc, char** argv) {
         "dtype", "float32 (default) or float64", cxxopts::value<std::string>())(
         "no-kv-cache", "recompute the whole sequence for every token (the reference for the cache)")(
         "json", "print one JSON object instead of text")("h,help", "show this help");
-    auto args = opts.parse(argc, argv);
-    if (args.count("help")) {
-      std::cout << opts.help() << std::flush;
-      return 0;
-    }
-    if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
-    auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
+    const auto parsed = parse_flags(opts, argc, argv);
+    if (!parsed) return 0;  // --help
+    const cxxopts::ParseResult& args = *parsed;
+    auto opt = [&](const char* k) { return flag_text(args, k); };
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
     const ModelFlags model = model_from_flags(args, sets);

@@ -46,7 +46,7 @@ Config checkpoint_config(const std::string& dir, const std::vector<std::string>&
 }
 
 ModelFlags model_from_flags(const cxxopts::ParseResult& args, const std::vector<std::string>& sets) {
-  auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
+  auto opt = [&](const char* k) { return flag_text(args, k); };
   if (args.count("checkpoint") + args.count("config") + args.count("model") != 1)
     throw UsageError("give one of --checkpoint DIR, --model HF_DIR, or --config FILE (with --init-from or "
                      "--checkpoint for the weights, or model.from)");
