@@ -71,12 +71,15 @@ Config eval_config(Config cfg) {
 int64_t eval_sequences(const Config& cfg, const PositionLossOptions& o) {
   if (o.bucket_width < 1) throw UsageError(str("--bucket-width ", o.bucket_width, ": expected ≥ 1"));
   if (o.sequences < 0) throw UsageError(str("--sequences ", o.sequences, ": expected ≥ 1 (or 0: one epoch)"));
-  if (o.sequences > 0) return o.sequences;
-  if (cfg.data.source == DataSourceKind::synthetic) return cfg.train.eval_batches * cfg.data.batch_size;
+  if (cfg.data.source == DataSourceKind::synthetic) return o.sequences > 0 ? o.sequences : cfg.train.eval_batches * cfg.data.batch_size;
   const auto data = make_val_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
-  if (data->sequences_per_epoch() < 1)
+  const int64_t epoch = data->sequences_per_epoch();
+  if (epoch < 1)
     throw UsageError(str(data->describe(), ": holds no window of data.seq_len ", cfg.data.seq_len, " + 1 tokens"));
-  return data->sequences_per_epoch();
+  if (o.sequences > epoch)  // more would evaluate windows twice
+    throw UsageError(str("--sequences ", o.sequences, ": the data holds ", epoch, " windows of ", cfg.data.seq_len,
+                         " + 1 tokens (", data->describe(), ")"));
+  return o.sequences > 0 ? o.sequences : epoch;
 }
 
 PositionLoss perplexity_by_position(const Config& cfg, const ParamMap& params, JobComms& comms, Device dev,
@@ -203,7 +206,9 @@ int64_t check_passkey(const Config& cfg, const PasskeyOptions& o) {
   if (o.depths.empty()) throw UsageError("--passkey-depths: no depths");
   for (double d : o.depths)
     if (!(d >= 0 && d <= 1)) throw UsageError(str("--passkey-depths ", d, ": a depth is a fraction in [0, 1]"));
-  if (o.trials < 1) throw UsageError(str("--passkey-trials ", o.trials, ": expected ≥ 1"));
+  if (o.trials < 1 || o.trials > 1 << 20) throw UsageError(str("--passkey-trials ", o.trials, ": expected 1 .. 2^20"));
+  for (int64_t L : o.lengths)  // data.seq_len's range: a prompt is a sequence
+    if (auto problem = config_value_problem("data.seq_len", L)) throw UsageError(str("--passkey-lengths ", L, ": ", *problem));
   const std::vector<int64_t> filler = o.filler.empty() ? o.encode(kPasskeyFiller) : o.filler;
   if (filler.empty()) throw UsageError("--passkey: the filler holds no tokens");
   int64_t longest = 0;

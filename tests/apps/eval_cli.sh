@@ -147,6 +147,7 @@ bad "--bucket-width 0: expected ≥ 1" "${base[@]}" --bucket-width 0
 bad "--bucket-width -4: expected ≥ 1" "${base[@]}" --bucket-width -4
 bad "--bucket-width 'x': expected an integer" "${base[@]}" --bucket-width x
 bad "--sequences -1" "${base[@]}" --sequences -1
+bad "--sequences 17: the data holds 16 windows of 62 + 1 tokens" "${base[@]}" --sequences 17
 bad "--seq-len 0" "${base[@]}" --seq-len 0
 bad "give one task" --config "$tmp/cfg.json"
 bad "give one task" "${base[@]}" --plan-memory
@@ -164,7 +165,9 @@ bad "--passkey-depths 'half': expected a number" "${pkb[@]}" --passkey-depths ha
 bad "--passkey-depths 'nan': expected a number" "${pkb[@]}" --passkey-depths nan
 bad "--passkey-lengths '1,,2': an empty item" "${pkb[@]}" --passkey-lengths 1,,2
 bad "--passkey-lengths 20: too short for the key sentence and the question" "${pkb[@]}" --passkey-lengths 20
-bad "--passkey-trials 0: expected ≥ 1" "${pkb[@]}" --passkey-trials 0
+bad "--passkey-trials 0: expected 1 .. 2^20" "${pkb[@]}" --passkey-trials 0
+bad "--passkey-lengths 99999999999: " "${pkb[@]}" --passkey-lengths 99999999999
+bad "--passkey-lengths -5: " "${pkb[@]}" --passkey-lengths 128,-5
 bad "--passkey needs the model's tokenizer" --config "$tmp/cfg.json" --passkey
 bad "--passkey-lengths: a prompt of .* exceeds model.max_position_embeddings 64" \
   --config "$tmp/gpt2.json" --set model.vocab_size=256 --set data.source=text --set "data.path=$tmp/t.txt" --passkey --passkey-lengths 100
