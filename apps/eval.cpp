@@ -15,6 +15,7 @@
 // --data), or the model's bytes when it was trained on data.source "text".
 // --plan-memory prints the evaluation program's memory plan (the JSON of autosp-graph
 // --plan-memory) for this rank at data.seq_len and data.batch_size, and loads nothing.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -30,6 +31,7 @@
 #include "tools/progress.h"
 #include "tools/text_codec.h"
 #include "train/data.h"
+#include "train/outputs.h"
 #include "train/evaluation.h"
 #include "train/run_device.h"
 #include "tensor/check.h"
@@ -116,7 +118,8 @@ int main(int argc, char** argv) {
     opts.add_options()("perplexity-by-position", "the loss of the targets per bucket of positions (JSON)")(
         "bucket-width", "positions per bucket (default 1024)", cxxopts::value<std::string>())(
         "seq-len", "the sequence length S evaluated (overrides data.seq_len)", cxxopts::value<std::string>())(
-        "data", "llm.c token shards to evaluate on, a file or glob (default: data.val_path, else held-out synthetic data)",
+        "data", "llm.c token shards to evaluate on, a file or glob (default: data.val_path, else data.path, else "
+        "held-out synthetic data); with --passkey, its filler",
         cxxopts::value<std::string>())(
         "sequences", "sequences to evaluate (default: every window of the data; synthetic: train.eval_batches × "
         "data.batch_size)", cxxopts::value<std::string>())(
@@ -153,6 +156,16 @@ int main(int argc, char** argv) {
     }
     const ModelFlags model = model_from_flags(args, sets);
     const Config cfg = eval_config(model.cfg);
+    // --out may not overwrite what the evaluation reads (checked before anything runs).
+    if (args.count("out")) {
+      RunFiles reads{{opt("config"), opt("init-from"), model.args.resume, opt("model"), opt("data"), opt("tokenizer")}, ""};
+      for (const std::string& p : data_input_paths(cfg.data)) reads.inputs.push_back(p);
+      check_output_path("--out", opt("out"), reads);
+      const std::filesystem::path dir = std::filesystem::path(opt("out")).parent_path();
+      std::error_code ec;
+      if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+        throw UsageError(str("--out ", opt("out"), ": ", dir.string(), " is not a directory"));
+    }
     PositionLossOptions po;
     if (args.count("bucket-width")) po.bucket_width = parse_int_flag("bucket-width", opt("bucket-width"));
     if (args.count("sequences")) po.sequences = parse_int_flag("sequences", opt("sequences"));

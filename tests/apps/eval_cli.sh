@@ -156,7 +156,9 @@ bad "exceeds model.max_position_embeddings 64" --config "$tmp/gpt2.json" --perpl
 bad "fewer than seq_len + 1 = 1001" "${base[@]}" --seq-len 1000
 bad "garbage.bin" --config "$tmp/cfg.json" --data "$tmp/garbage.bin" --perplexity-by-position
 bad "noweights" --model "$tmp/noweights" --data "$tmp/tok.bin" --perplexity-by-position
-bad "--out $tmp/missing/x.json: cannot open" "${base[@]}" --sequences 1 --out "$tmp/missing/x.json"
+bad "--out $tmp/missing/x.json: $tmp/missing is not a directory" "${base[@]}" --sequences 1 --out "$tmp/missing/x.json"
+bad "--out" "${base[@]}" --sequences 1 --out "$tmp/tok.bin"
+check "--out never touched the shard it would have overwritten" $py -c "import os; assert os.path.getsize('$tmp/tok.bin') == 1024 + 2000"
 bad "sequence_parallel.autosp_size" "${base[@]}" --set sequence_parallel.autosp_size=3
 pkb=(--config "$tmp/byte.json" --passkey)
 bad "--passkey-depths 1.5: a depth is a fraction in \[0, 1\]" "${pkb[@]}" --passkey-depths 0,1.5
