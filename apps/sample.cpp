@@ -14,41 +14,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "tools/cli.h"
+#include "tools/model_flags.h"
 #include "tools/options.h"
 #include "tools/text_codec.h"
-#include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 #include "tensor/check.h"
 
 using namespace autosp;
-namespace fs = std::filesystem;
 
 namespace {
-
-// "1,2, 3" → {1, 2, 3}; anything else is a UsageError naming the flag. Every comma separates two
-// items, so an empty one anywhere ("1,,2", a trailing "1,2,", a leading ",1") is refused alike
-// (std::getline would drop a trailing one).
-std::vector<int64_t> parse_ids(const std::string& text) {
-  if (text.find_first_not_of(" \t") == std::string::npos)
-    throw UsageError("--prompt-ids: no ids (expected ids like 1,2,3)");
-  std::vector<int64_t> ids;
-  for (size_t start = 0;;) {
-    const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
-    if (a == std::string::npos) throw UsageError(str("--prompt-ids '", text, "': an empty item (expected ids like 1,2,3)"));
-    ids.push_back(parse_int_flag("prompt-ids", item.substr(a, b - a + 1)));
-    if (comma == std::string::npos) return ids;
-    start = comma + 1;
-  }
-}
 
 // --temperature's value. strtod, not std::stod: stod throws on the ERANGE that a subnormal such as
 // 1e-310 sets, which is a valid (greedy-like, train/generate.h) temperature. What overflows to inf
@@ -64,31 +42,6 @@ double parse_temperature(const std::string& text) {
   return t;  // an underflow to 0 (1e-400) is greedy, as the tiny value it stood for would be
 }
 
-// The checkpoint directory `path` names: itself when it holds meta.json, else its newest step_N.
-std::string step_dir(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) throw UsageError(str("--checkpoint ", path, ": not a directory"));
-  if (fs::exists(fs::path(path) / "meta.json", ec)) return path;
-  const int64_t step = newest_step(path);
-  if (step < 0) throw UsageError(str("--checkpoint ", path, ": neither a checkpoint (no meta.json) nor a root with step_* directories"));
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
-  return (fs::path(path) / name).string();
-}
-
-// The run config a checkpoint was written with (its meta.json), with --set overrides.
-Config checkpoint_config(const std::string& dir, const std::vector<std::string>& sets) {
-  const std::string meta_path = (fs::path(dir) / "meta.json").string();
-  std::ifstream f(meta_path);
-  if (!f) throw UsageError(str(meta_path, ": cannot open"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const nlohmann::json meta = parse_json(ss.str(), meta_path);
-  if (!meta.is_object() || !meta.contains("config") || !meta["config"].is_object())
-    throw UsageError(str(meta_path, ": no 'config' object (not an autosp checkpoint?)"));
-  return parse_config(meta["config"], sets, meta_path);
-}
-
 std::string join(const std::vector<int64_t>& ids) {
   std::string s;
   for (int64_t id : ids) s += str(s.empty() ? "" : ",", id);
@@ -100,14 +53,8 @@ std::string join(const std::vector<int64_t>& ids) {
 int main(int argc, char** argv) {
   return run_app("autosp-sample", [&] {
     cxxopts::Options opts("autosp-sample", "Generate tokens from a trained model (KV cache; greedy, top-k, temperature)");
-    opts.add_options()("checkpoint", "a checkpoint step_N directory, or a root (its newest step)",
-                       cxxopts::value<std::string>())(
-        "config", "run config JSON (default: the checkpoint's own)", cxxopts::value<std::string>())(
-        "set", "override a config key (key.path=value), repeatable", cxxopts::value<std::vector<std::string>>())(
-        "init-from", "safetensors weights (Hugging Face names) instead of a checkpoint", cxxopts::value<std::string>())(
-        "model", "a Hugging Face model directory (its config.json and weights), as model.from",
-        cxxopts::value<std::string>())(
-        "prompt-ids", "the prompt as token ids: 1,2,3", cxxopts::value<std::string>())(
+    add_model_flags(opts);
+    opts.add_options()("prompt-ids", "the prompt as token ids: 1,2,3", cxxopts::value<std::string>())(
         "prompt", "the prompt as text (needs --tokenizer, or a model of data.source text)", cxxopts::value<std::string>())(
         "tokenizer", "the tokenizer.json the data was prepared with, or a model directory holding one", cxxopts::value<std::string>())(
         "max-new-tokens", "tokens to generate (default 32)", cxxopts::value<std::string>())(
@@ -118,28 +65,17 @@ int main(int argc, char** argv) {
         "dtype", "float32 (default) or float64", cxxopts::value<std::string>())(
         "no-kv-cache", "recompute the whole sequence for every token (the reference for the cache)")(
         "json", "print one JSON object instead of text")("h,help", "show this help");
-    auto args = opts.parse(argc, argv);
-    if (args.count("help")) {
-      std::cout << opts.help() << std::flush;
-      return 0;
-    }
-    if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
-    auto opt = [&](const char* k) { return args.count(k) ? args[k].as<std::string>() : std::string(); };
+    const auto parsed = parse_flags(opts, argc, argv);
+    if (!parsed) return 0;  // --help
+    const cxxopts::ParseResult& args = *parsed;
+    auto opt = [&](const char* k) { return flag_text(args, k); };
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();
-    if (args.count("checkpoint") + args.count("config") + args.count("model") != 1)
-      throw UsageError("give one of --checkpoint DIR, --model HF_DIR, or --config FILE (with --init-from or "
-                       "--checkpoint for the weights, or model.from)");
-    if (args.count("checkpoint") && args.count("init-from")) throw UsageError("--checkpoint and --init-from exclude each other");
+    const ModelFlags model = model_from_flags(args, sets);
     if (args.count("prompt") == args.count("prompt-ids"))
       throw UsageError("give the prompt as one of --prompt-ids 1,2,3 or --prompt TEXT");
-
-    TrainArgs ta;
-    ta.init_from = opt("init-from");
-    if (args.count("checkpoint")) ta.resume = step_dir(opt("checkpoint"));
-    const Config cfg = args.count("config")  ? load_config(opt("config"), sets)
-                       : args.count("model") ? parse_config(nlohmann::json{{"model", {{"from", opt("model")}}}}, sets)
-                                             : checkpoint_config(ta.resume, sets);
+    const Config& cfg = model.cfg;
+    const TrainArgs& ta = model.args;
     const std::string dtype_text = args.count("dtype") ? opt("dtype") : "float32";
     const auto dtype = dtype_from_name(dtype_text);
     if (!dtype || (*dtype != DType::f32 && *dtype != DType::f64))
@@ -158,7 +94,7 @@ int main(int argc, char** argv) {
     so.kv_cache = !args.count("no-kv-cache");
 
     TextCodec codec(AUTOSP_SOURCE_DIR, opt("tokenizer"), cfg.data.source == DataSourceKind::text);
-    const std::vector<int64_t> prompt = args.count("prompt-ids") ? parse_ids(opt("prompt-ids")) : codec.encode(opt("prompt"));
+    const std::vector<int64_t> prompt = args.count("prompt-ids") ? parse_int_list("prompt-ids", opt("prompt-ids"), "ids like 1,2,3") : codec.encode(opt("prompt"));
     // Everything generate() would refuse (ids, options, positions), before the weights load and the
     // programs are built: a bad flag costs nothing and is the one error reported.
     check_generation(cfg.model, prompt, so);

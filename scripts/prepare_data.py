@@ -62,6 +62,7 @@ import os
 import random
 import struct
 import sys
+import time
 
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 HEADER_INTS = 256
@@ -425,6 +426,40 @@ class Packer:
             self.w.add([self.eos], [0])
 
 
+class Progress:
+    """Progress of a stage on stderr: on a terminal one line redrawn (items done, rate, ETA), else a
+    line when the stage starts and one when it ends (logs hold no carriage returns), as autosp-eval."""
+
+    def __init__(self, stage, total, unit):
+        self.stage, self.total, self.unit = stage, total, unit
+        self.tty = sys.stderr.isatty()
+        self.t0 = self.last = time.monotonic()
+        self.done = 0
+        if not self.tty:
+            print(f"{stage}: {total} {unit}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def clock(s):
+        s = int(s + 0.5)
+        return f"{s // 3600}:{s // 60 % 60:02}:{s % 60:02}" if s >= 3600 else f"{s // 60}:{s % 60:02}"
+
+    def update(self, done):
+        self.done = done
+        now = time.monotonic()
+        if not self.tty or (now - self.last < 0.1 and done < self.total):
+            return
+        self.last = now
+        rate = done / max(now - self.t0, 1e-9)
+        eta = self.clock((self.total - done) / rate) if rate > 0 else "?"
+        print(f"\r\033[K{self.stage}: {done}/{self.total} {self.unit}, {rate:.1f} {self.unit}/s, ETA {eta}",
+              end="", file=sys.stderr, flush=True)
+
+    def finish(self):
+        secs = time.monotonic() - self.t0
+        print(f"{chr(13) + chr(27) + '[K' if self.tty else ''}{self.stage}: {self.done}/{self.total} {self.unit} "
+              f"in {self.clock(secs)} ({self.done / max(secs, 1e-9):.1f} {self.unit}/s)", file=sys.stderr, flush=True)
+
+
 def main():
     ap = ArgParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("inputs", nargs="+", help="text or .jsonl files")
@@ -482,6 +517,8 @@ def main():
     if mode == "chat":
         check_assistant_turns(a.inputs, docs, val_docs)
 
+    if a.train_tokenizer:
+        print(f"training a byte-level BPE of {a.vocab_size} tokens on {len(docs)} documents", file=sys.stderr, flush=True)
     tok = train_tokenizer((t for _, t in docs), a.vocab_size) if a.train_tokenizer else load_tokenizer(a.tokenizer)
     hf = load_hf_tokenizer(a.tokenizer, mode) if mode else None
     eos = next((tok.token_to_id(n) for n in EOS_NAMES if tok.token_to_id(n) is not None), None)
@@ -506,6 +543,7 @@ def main():
     try:
         writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide) for s in ("train", "val")}
         chunk = 1024
+        progress = Progress("tokenizing", len(docs), "documents")
         for start in range(0, len(docs), chunk):
             batch = docs[start:start + chunk]
             try:
@@ -519,6 +557,8 @@ def main():
                 raise
             for i, enc in enumerate(encs):
                 writers["val" if start + i in val_docs else "train"].add(bos + enc.ids + [eos])
+            progress.update(start + len(batch))
+        progress.finish()
         writers["train"].close()
         if n_val:
             writers["val"].close()
@@ -550,7 +590,9 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
     try:
         writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide, masks=True) for s in ("train", "val")}
         packers = {s: Packer(writers[s], a.seq_len, eos, a.long or "split") for s in writers}
+        progress = Progress(f"rendering ({mode})", len(docs), "examples")
         for i, (origin, row) in enumerate(docs):
+            progress.update(i)
             if mode == "chat":
                 ids, mask = chat_example(hf, row, eos, origin)
             else:
@@ -558,6 +600,8 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
             if max(ids) >= vocab:
                 fail(f"{origin}: token id {max(ids)} is outside the tokenizer's vocabulary of {vocab}")
             packers["val" if i in val_docs else "train"].add(ids, mask)
+        progress.update(len(docs))
+        progress.finish()
         if not packers["train"].examples:
             fail(f"every train example is longer than --seq-len {a.seq_len} and --long drop left all out")
         for s in ("train", "val"):

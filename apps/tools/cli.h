@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace autosp {
 
@@ -16,5 +17,12 @@ int run_app(const char* app, const std::function<int()>& body);
 
 // The integer value of flag `name` given as text; anything else is a UsageError naming the flag.
 int64_t parse_int_flag(const std::string& name, const std::string& text);
+
+// "1,2, 3" → {1, 2, 3} for flag `name`; anything else is a UsageError naming the flag and saying
+// what was `expected` ("ids like 1,2,3"). Every comma separates two items, so an empty one
+// anywhere ("1,,2", a trailing "1,2,", a leading ",1") is refused alike.
+std::vector<int64_t> parse_int_list(const std::string& name, const std::string& text, const std::string& expected);
+// The same for numbers ("0,0.25,1"); NaN and infinities are refused.
+std::vector<double> parse_number_list(const std::string& name, const std::string& text, const std::string& expected);
 
 }  // namespace autosp

@@ -250,6 +250,8 @@ const std::vector<Key>& schema() {
       {"train.eval_every", Kind::integer, 0, kBig, "", nullptr, F(train, eval_every)},
       {"train.eval_batches", Kind::integer, 1, 1 << 20, "", nullptr, F(train, eval_batches)},
       {"train.checkpoint_dir", Kind::string, 0, 0, "", nullptr, F(train, checkpoint_dir)},
+      {"train.tensorboard_dir", Kind::string, 0, 0, "", nullptr, F(train, tensorboard_dir)},
+      {"train.csv_dir", Kind::string, 0, 0, "", nullptr, F(train, csv_dir)},
       {"train.checkpoint_every", Kind::integer, 0, kBig, "", nullptr, F(train, checkpoint_every)},
       {"train.keep_checkpoints", Kind::integer, 0, kBig, "", nullptr, F(train, keep_checkpoints)},
       {"train.max_shard_mb", Kind::number, 1e-3, 1e9, "", nullptr, F(train, max_shard_mb)},

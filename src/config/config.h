@@ -102,6 +102,9 @@ struct TrainConfig {
   // accuracy) over the first eval_batches batches of the validation data (train/trainer.h).
   int64_t eval_every = 0, eval_batches = 8;
   std::string checkpoint_dir;
+  // Curves (rank 0, every step, train/curves.h): TensorBoard event files under tensorboard_dir
+  // (DeepSpeed's "tensorboard" section), one CSV <csv_dir>/metrics.csv (its "csv_monitor"); "" = none.
+  std::string tensorboard_dir, csv_dir;
   int64_t checkpoint_every = 0;
   int64_t keep_checkpoints = 3;  // newest step_* directories kept under checkpoint_dir (0 = all)
   // A checkpoint's model weights above this many MB (10^6 bytes) are sharded, like save_pretrained's

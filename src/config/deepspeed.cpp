@@ -30,7 +30,7 @@ using json = nlohmann::json;
 // value, and listed once in the log as not used by autosp.
 const std::set<std::string>& ignored_top_level() {
   static const std::set<std::string> s = {
-      "wall_clock_breakdown", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
+      "wall_clock_breakdown", "flops_profiler", "wandb", "comet", "comms_logger",
       "memory_breakdown", "dump_state", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
       "activation_checkpointing", "aio", "checkpoint", "autotuning", "nebula", "timers", "monitor_config", "pipeline",
       "graph_harvesting", "prescale_gradients", "gradient_predivide_factor", "disable_allgather", "comms_config",
@@ -81,7 +81,8 @@ const std::set<std::string>& handled() {
                                           "sequence_parallel_size", "bf16", "bfloat16", "zero_optimization",
                                           "compile", "optimizer", "scheduler", "sparse_attention",
                                           "compression_training", "sparse_gradients", "communication_data_type",
-                                          "seq_parallel_communication_data_type", "data_types", "tensor_parallel"};
+                                          "seq_parallel_communication_data_type", "data_types", "tensor_parallel",
+                                          "tensorboard", "csv_monitor"};
   return s;
 }
 
@@ -134,6 +135,8 @@ class Mapper {
     }
     if (ds_.contains("zero_optimization")) guard([&] { zero(ds_["zero_optimization"]); });
     if (ds_.contains("compile")) guard([&] { compile(ds_["compile"]); });
+    if (ds_.contains("tensorboard")) guard([&] { monitor("tensorboard", ds_["tensorboard"], "train.tensorboard_dir"); });
+    if (ds_.contains("csv_monitor")) guard([&] { monitor("csv_monitor", ds_["csv_monitor"], "train.csv_dir"); });
   }
 
  private:
@@ -586,6 +589,25 @@ class Mapper {
 
   // compile: autosp-train always runs AutoSP (our compiler); DeepSpeed's other passes and
   // settings are its own compiler's and change nothing here.
+  // DeepSpeed's monitors (deepspeed/monitor/config.py): {"enabled", "output_path", "job_name"},
+  // writing into os.path.join(output_path, job_name), defaults "" and "DeepSpeedJobName". Enabled,
+  // the directory becomes our key (train/curves.h: event files; one metrics.csv for csv_monitor,
+  // where DeepSpeed writes a CSV per metric).
+  void monitor(const std::string& key, const json& m, const std::string& ours) {
+    if (!m.is_object()) fail(str(key, " = ", m.dump(), ": expected an object"));
+    const std::vector<std::string> known = {"enabled", "output_path", "job_name"};
+    for (auto& [k, v] : m.items()) {
+      if (std::find(known.begin(), known.end(), k) == known.end()) fail(unknown(key, k, known));
+      if (k == "enabled" ? !v.is_boolean() : !v.is_string())
+        fail(str(key, ".", k, " = ", v.dump(), k == "enabled" ? ": expected true or false" : ": expected a string"));
+    }
+    if (!m.value("enabled", false)) return ignored.push_back(str(key, " (not enabled)"));
+    const std::string dir =
+        (std::filesystem::path(m.value("output_path", std::string())) / m.value("job_name", std::string("DeepSpeedJobName")))
+            .string();
+    set(key, ours, dir, " (output_path/job_name)");
+  }
+
   void compile(const json& c) {
     if (!c.is_object()) fail(str("compile = ", c.dump(), ": expected an object"));
     for (auto& [k, v] : c.items())

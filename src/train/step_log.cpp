@@ -35,7 +35,7 @@ std::string masks_to_check(const DataConfig& d, bool val) {
 
 StepLog::StepLog(const TrainArgs& args, int64_t start, int64_t total, const Config& cfg, bool lead)
     : cfg_(cfg), lead_(lead), quiet_(args.quiet), start_(start), total_(total),
-      began_(std::chrono::steady_clock::now()), metrics_path_(args.metrics) {
+      began_(std::chrono::steady_clock::now()), metrics_path_(args.metrics), curves_(cfg, lead) {
   if (!lead || args.metrics.empty()) return;
   metrics_.open(args.metrics, std::ios::app);
   if (!metrics_) throw UsageError(str("--metrics ", args.metrics, ": cannot open for writing"));
@@ -113,6 +113,7 @@ void StepLog::step(const StepRecord& rec) {
                  masks_to_check(cfg_.data, true),
                  rec.val_targets == 0 ? "; no validation loss or accuracy is reported" : "");
   }
+  curves_.step(rec);
   const bool due = rec.step % cfg_.train.log_every == 0 || rec.step == total_ || rec.step == start_ + 1 ||
                    rec.evaluated || rec.skipped;
   if (!lead_ || !due) return;

@@ -1,7 +1,7 @@
 // What rank 0 reports of a run: the lines that open it (device, data, parameters, validation,
 // dtype), then for each logged step (train.log_every, the first and last, and every validated one)
 // the progress line (stderr; under --quiet only the run's train.log, apps/train.cpp) and the
-// --metrics JSON object. Other ranks report nothing: a StepLog made with lead = false is silent.
+// --metrics JSON object; every step, its curves (train/curves.h: TensorBoard, CSV). Other ranks report nothing: a StepLog made with lead = false is silent.
 #pragma once
 
 #include <chrono>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "train/curves.h"
 #include "train/trainer.h"
 
 namespace autosp {
@@ -52,6 +53,7 @@ class StepLog {
   std::chrono::steady_clock::time_point began_;
   std::string metrics_path_;
   std::ofstream metrics_;
+  Curves curves_;  // train.tensorboard_dir, train.csv_dir: every step, logged or not
   int64_t targets_ = 0, tokens_ = 0;  // over the run's steps so far
   bool warned_few_targets_ = false, warned_few_val_targets_ = false;
 };

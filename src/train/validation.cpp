@@ -10,60 +10,6 @@
 namespace autosp {
 namespace {
 
-// The positions of a sequence of S this rank holds, in its order: [sp_rank·S/sp, (sp_rank + 1)·S/sp),
-// or with a ring its zigzag units (graph/passes/autosp/autosp.h).
-std::vector<int64_t> rank_positions(const RankLayout& layout, int64_t S) {
-  std::vector<int64_t> out;
-  if (layout.ring == 1) {
-    for (int64_t t = layout.sp_rank * (S / layout.sp); t < (layout.sp_rank + 1) * (S / layout.sp); ++t) out.push_back(t);
-    return out;
-  }
-  const int64_t unit = S / (2 * int64_t{layout.sp});
-  for (const auto& [a, b] : zigzag_units(layout.sp, layout.ring, layout.sp_rank))
-    for (int64_t t = a * unit; t < b * unit; ++t) out.push_back(t);
-  return out;
-}
-
-// This rank's labels [B, its positions] of the batch's [B, S], flattened.
-Tensor local_labels(const Batch& batch, const RankLayout& layout) {
-  const int64_t B = batch.labels.dim(0), S = batch.labels.dim(1);
-  const std::vector<int64_t> pos = rank_positions(layout, S);
-  const Tensor all = batch.labels.contiguous().to(DType::i64);
-  const auto n = static_cast<int64_t>(pos.size());
-  Tensor out = Tensor::zeros({B * n}, DType::i64);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < n; ++t) out.data<int64_t>()[b * n + t] = all.data<int64_t>()[b * S + pos[static_cast<size_t>(t)]];
-  return out;
-}
-
-// What the graph outputs for scoring, as rows on the host: the predictions (runtime.tiled_loss: each
-// position's argmax, i64 [rows]) or the logits [rows, V].
-Tensor scored_rows(const RunResult& r) {
-  if (auto it = r.outputs.find("predictions"); it != r.outputs.end()) {
-    const Tensor pred = host_copy(it->second);
-    return pred.reshape({pred.numel()});
-  }
-  const Tensor logits = host_copy(r.outputs.at("logits"));
-  return logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)});
-}
-
-// argmax over the last dim of host logits [rows, V] (first maximum on ties); predictions [rows]
-// are that already.
-std::vector<int64_t> argmax_rows(const Tensor& logits) {
-  if (logits.dtype() == DType::i64) {
-    const int64_t* p = logits.data<int64_t>();
-    return {p, p + logits.numel()};
-  }
-  const int64_t V = logits.dim(-1), rows = logits.numel() / V;
-  const std::vector<double> x = logits.to_doubles();
-  std::vector<int64_t> out(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const double* row = x.data() + r * V;
-    out[static_cast<size_t>(r)] = std::max_element(row, row + V) - row;
-  }
-  return out;
-}
-
 // (correct, counted) summed over the world.
 std::pair<int64_t, int64_t> world_counts(int64_t correct, int64_t counted, Communicator& host_world) {
   Tensor counts = Tensor::from_vector<int64_t>({2}, {correct, counted});
@@ -113,6 +59,53 @@ ValExample first_example(const Tensor& logits, const Batch& batch, int64_t S, co
 }
 
 }  // namespace
+
+std::vector<int64_t> rank_positions(const RankLayout& layout, int64_t S) {
+  std::vector<int64_t> out;
+  if (layout.ring == 1) {
+    for (int64_t t = layout.sp_rank * (S / layout.sp); t < (layout.sp_rank + 1) * (S / layout.sp); ++t) out.push_back(t);
+    return out;
+  }
+  const int64_t unit = S / (2 * int64_t{layout.sp});
+  for (const auto& [a, b] : zigzag_units(layout.sp, layout.ring, layout.sp_rank))
+    for (int64_t t = a * unit; t < b * unit; ++t) out.push_back(t);
+  return out;
+}
+
+Tensor local_labels(const Batch& batch, const RankLayout& layout) {
+  const int64_t B = batch.labels.dim(0), S = batch.labels.dim(1);
+  const std::vector<int64_t> pos = rank_positions(layout, S);
+  const Tensor all = batch.labels.contiguous().to(DType::i64);
+  const auto n = static_cast<int64_t>(pos.size());
+  Tensor out = Tensor::zeros({B * n}, DType::i64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t) out.data<int64_t>()[b * n + t] = all.data<int64_t>()[b * S + pos[static_cast<size_t>(t)]];
+  return out;
+}
+
+Tensor scored_rows(const RunResult& r) {
+  if (auto it = r.outputs.find("predictions"); it != r.outputs.end()) {
+    const Tensor pred = host_copy(it->second);
+    return pred.reshape({pred.numel()});
+  }
+  const Tensor logits = host_copy(r.outputs.at("logits"));
+  return logits.reshape({logits.numel() / logits.dim(-1), logits.dim(-1)});
+}
+
+std::vector<int64_t> argmax_rows(const Tensor& logits) {
+  if (logits.dtype() == DType::i64) {
+    const int64_t* p = logits.data<int64_t>();
+    return {p, p + logits.numel()};
+  }
+  const int64_t V = logits.dim(-1), rows = logits.numel() / V;
+  const std::vector<double> x = logits.to_doubles();
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = x.data() + r * V;
+    out[static_cast<size_t>(r)] = std::max_element(row, row + V) - row;
+  }
+  return out;
+}
 
 std::optional<Validation> make_validation(const Config& cfg, DType dtype, const RankLayout& layout) {
   if (cfg.train.eval_every <= 0) return std::nullopt;

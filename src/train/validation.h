@@ -25,6 +25,21 @@ struct Validation {
   std::unique_ptr<DataSource> data;
 };
 
+// The positions of a sequence of S this rank holds, in its order: [sp_rank·S/sp, (sp_rank + 1)·S/sp),
+// or with a ring its zigzag units (graph/passes/autosp/autosp.h).
+std::vector<int64_t> rank_positions(const RankLayout& layout, int64_t S);
+
+// This rank's labels [B, its positions] of the batch's [B, S], flattened (the rows of its logits).
+Tensor local_labels(const Batch& batch, const RankLayout& layout);
+
+// What the graph outputs for scoring, as rows on the host: the predictions (runtime.tiled_loss: each
+// position's argmax, i64 [rows]) or the logits [rows, V].
+Tensor scored_rows(const RunResult& r);
+
+// argmax over the last dim of host logits [rows, V] (first maximum on ties); predictions [rows]
+// (i64) are that already.
+std::vector<int64_t> argmax_rows(const Tensor& logits);
+
 // Built only when train.eval_every > 0.
 std::optional<Validation> make_validation(const Config& cfg, DType dtype, const RankLayout& layout);
 

@@ -41,6 +41,8 @@ PY
 "${prep[@]}" --out "$tmp/data" --train-tokenizer --vocab-size 300 --paragraphs --val-fraction 0.1 --shard-tokens 2000 \
   "$tmp/book.txt" "$tmp/web.jsonl" >"$tmp/prep.out" 2>&1
 check $? "prepare_data.py trains a BPE and writes shards: $(tail -1 "$tmp/prep.out" | cut -c1-200)"
+grep -q "^tokenizing: [0-9]* documents$" "$tmp/prep.out" && grep -q "^tokenizing: \([0-9]*\)/\1 documents in " "$tmp/prep.out"
+check $? "progress off a terminal: a line when tokenizing starts and one when it ends"
 
 "$py" - "$tmp" <<'PY'
 import glob, json, os, struct, sys
@@ -306,8 +308,9 @@ for needle, args, path in cases:
             code = e.code
         except BaseException:  # noqa: BLE001 - what would have been a traceback
             code = "traceback:\n" + traceback.format_exc()
-    lines = err.getvalue().splitlines()
-    if code != 2 or len(lines) != 1 or not lines[0].startswith("error: ") or needle not in lines[0]:
+    lines = err.getvalue().splitlines()  # progress lines (one per stage off a terminal), then the error
+    errors = [line for line in lines if line.startswith("error: ")]
+    if code != 2 or len(errors) != 1 or lines[-1] != errors[0] or needle not in errors[0]:
         bad += 1
         print(f"FAIL {' '.join(argv[1:])}: exit {code}, expected 2 and one 'error:' line naming {needle}; "
               f"stderr: {err.getvalue()[-600:]!r}")

@@ -97,7 +97,7 @@ row "an empty item" "${ck[@]}" --prompt-ids 1,,2
 row "an empty item" "${ck[@]}" --prompt-ids 1,2,
 row "an empty item" "${ck[@]}" --prompt-ids ',1'
 row "an empty item" "${ck[@]}" --prompt-ids '1, 2, '
-row "prompt-ids: no ids" "${ck[@]}" --prompt-ids ' '
+row "prompt-ids: no items" "${ck[@]}" --prompt-ids ' '
 # The stop id is range-checked like the prompt's ids (issue 48): outside the vocabulary it never fires.
 row 'eos-token-id 256 is outside \[0, 256)' "${ck[@]}" --prompt-ids 1 --eos-token-id 256
 row 'eos-token-id -2 is outside \[0, 256)' "${ck[@]}" --prompt-ids 1 --eos-token-id -2

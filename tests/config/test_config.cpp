@@ -379,7 +379,7 @@ const json kEveryKey = {
     {"train",
      {{"steps", 7}, {"gradient_accumulation_steps", 3}, {"lr", 0.5}, {"min_lr", 0.25}, {"warmup_steps", 2}, {"weight_decay", 0.5}, {"beta1", 0.8},
       {"beta2", 0.9}, {"eps", 1e-6}, {"grad_clip", 2.0}, {"seed", 7}, {"log_every", 2}, {"eval_every", 3},
-      {"eval_batches", 2}, {"checkpoint_dir", "ckpt"}, {"checkpoint_every", 4}, {"keep_checkpoints", 1},
+      {"eval_batches", 2}, {"checkpoint_dir", "ckpt"}, {"tensorboard_dir", "tb"}, {"csv_dir", "csv"}, {"checkpoint_every", 4}, {"keep_checkpoints", 1},
       {"max_shard_mb", 0.5}, {"save_timeout", 5.0}, {"gradient_accumulation_steps", 2},
       {"lr_schedule", "wsd"}, {"schedule_steps", 5}, {"decay_fraction", 0.2}, {"decay_type", "1-sqrt"},
       {"warmup_type", "linear"}, {"warmup_min_lr", 0.125}}},

@@ -377,3 +377,28 @@ TEST_CASE("every problem of a DeepSpeed file is said at once", "[deepspeed]") {
   }
   CHECK_THAT(why, !Catch::Contains("wandb"));
 }
+
+TEST_CASE("monitors: tensorboard and csv_monitor write into output_path/job_name", "[deepspeed]") {
+  const Config c = apply(R"({"tensorboard": {"enabled": true, "output_path": "logs/", "job_name": "run1"},
+                             "csv_monitor": {"enabled": true}, "wandb": {"enabled": true}})");
+  CHECK(c.train.tensorboard_dir == "logs/run1");
+  CHECK(c.train.csv_dir == "DeepSpeedJobName");  // DeepSpeed's defaults: output_path "", job_name "DeepSpeedJobName"
+  CHECK(has_note(c, "tensorboard → train.tensorboard_dir \"logs/run1\" (output_path/job_name)"));
+  const Config off = apply(R"({"tensorboard": {"enabled": false, "output_path": "x"}, "csv_monitor": {}})");
+  CHECK(off.train.tensorboard_dir.empty());
+  CHECK(off.train.csv_dir.empty());
+  CHECK(has_note(off, "csv_monitor (not enabled)"));
+  const std::vector<std::pair<const char*, const char*>> bad = {
+      {R"({"tensorboard": true})", "tensorboard = true: expected an object"},
+      {R"({"tensorboard": {"enabled": "yes"}})", "tensorboard.enabled = \"yes\": expected true or false"},
+      {R"({"csv_monitor": {"enabled": true, "output_path": 3}})", "csv_monitor.output_path = 3: expected a string"},
+      {R"({"tensorboard": {"enabled": true, "outpt_path": "x"}})",
+       "unknown DeepSpeed key 'tensorboard.outpt_path' (did you mean 'tensorboard.output_path'?)"},
+      {R"({"tensorboard": {"enabled": true, "job_name": "b"}})", "conflicts with train.tensorboard_dir = \"a\""},
+  };
+  for (const auto& [ds, expect] : bad) {
+    INFO(ds);
+    CHECK_THROWS_WITH(apply(ds, 1, R"({"train": {"tensorboard_dir": "a"}})"),
+                      Catch::StartsWith("ds.json: ") && Catch::Contains(expect));
+  }
+}
