@@ -50,7 +50,8 @@ double parse_bytes(const std::string& flag, const std::string& text) {
   return v * scale;
 }
 
-double parse_positive(const std::string& flag, const std::string& text) {
+// A number in (lo, hi] (lo_open) or [lo, hi].
+double parse_number(const std::string& flag, const std::string& text, double lo, double hi, bool lo_open) {
   size_t used = 0;
   double v = 0;
   try {
@@ -58,10 +59,12 @@ double parse_positive(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != text.size() || !std::isfinite(v) || v <= 0)
-    throw UsageError(str("--", flag, " '", text, "': expected a positive number"));
+  if (used == 0 || used != text.size() || !std::isfinite(v) || v > hi || v < lo || (lo_open && v == lo))
+    throw UsageError(str("--", flag, " '", text, "': expected a number in ", lo_open ? "(" : "[", lo, ", ", hi, "]"));
   return v;
 }
+
+double parse_positive(const std::string& flag, const std::string& text) { return parse_number(flag, text, 0, 1e9, true); }
 
 std::string gb(double bytes) { return str(std::round(bytes / 1e7) / 100, " GB"); }
 
@@ -94,7 +97,9 @@ int main(int argc, char** argv) {
         "longest", "find the longest S that fits instead, and its layout")(
         "ranks", "number of ranks (GPUs, or processes on a CPU)", cxxopts::value<std::string>())(
         "device", "device of every rank: " + known_device_names(), cxxopts::value<std::string>())(
-        "memory", "bytes per rank, all usable (e.g. 80GiB, 141e9; with --device: instead of its memory and reserve)",
+        "memory", "bytes per rank (e.g. 80GiB, 141e9; with --device: instead of its memory)",
+        cxxopts::value<std::string>())(
+        "reserve", "fraction of the memory kept free for what the plan does not hold (default 0.1)",
         cxxopts::value<std::string>())(
         "tflops", "achieved TFLOP/s per rank (default: the device's peak x 0.4)", cxxopts::value<std::string>())(
         "intra-gbps", "bandwidth inside a node, GB/s per rank (default: the device's)", cxxopts::value<std::string>())(
@@ -132,10 +137,8 @@ int main(int argc, char** argv) {
       if (r.seq_len < 1) throw UsageError(str("--seq-len ", r.seq_len, ": expected at least 1"));
     }
     Cluster c = args.count("device") ? find_device(args["device"].as<std::string>()) : find_device("cpu");
-    if (args.count("memory")) {
-      c.memory_bytes = parse_bytes("memory", args["memory"].as<std::string>());
-      c.reserve_fraction = 0;
-    }
+    if (args.count("memory")) c.memory_bytes = parse_bytes("memory", args["memory"].as<std::string>());
+    if (args.count("reserve")) c.reserve_fraction = parse_number("reserve", args["reserve"].as<std::string>(), 0, 0.9, false);
     c = for_ranks(c, r.ranks);
     if (args.count("tflops")) {
       c.peak_tflops = parse_positive("tflops", args["tflops"].as<std::string>());

@@ -37,7 +37,7 @@ Cluster this_cpu() {
   c.device = "cpu";
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   c.memory_bytes = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 8 * GiB;
-  c.reserve_fraction = 0;
+  c.reserve_fraction = 0.1;
   c.peak_tflops = 0.04 * std::max(1u, std::thread::hardware_concurrency());
   c.achieved_fraction = 1;
   c.ranks_per_node = 1 << 20;

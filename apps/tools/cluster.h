@@ -19,7 +19,7 @@ struct Link {
 struct Cluster {
   std::string device;             // the --device name ("" with only --memory)
   double memory_bytes = 0;        // per rank
-  double reserve_fraction = 0;    // kept free (CUDA context, NCCL buffers, fragmentation)
+  double reserve_fraction = 0.1;  // kept free (CUDA context, NCCL buffers, fragmentation, what the plan misses)
   double peak_tflops = 0;         // dense, at the run's precision, per rank (cpu: the machine's)
   double achieved_fraction = 0.4; // of the peak a training step's kernels reach
   int64_t ranks_per_node = 8;

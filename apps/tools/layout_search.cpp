@@ -138,6 +138,44 @@ const MemoryOracle::Built& MemoryOracle::program(const ParallelLayout& l, int64_
   return *slot;
 }
 
+namespace {
+
+// What a step holds beyond the memory plan, measured on this machine (docs/scaling.md, "Choosing a
+// layout", and decision 122): added to the planned peak as if it met the peak of the rest (an
+// upper bound).
+//  - ring attention: the scratch ring_attention_backward allocates while it runs (engine/
+//    launchers.inc.h: copies of q, o and dout in halves, the dq sum and block, a dK/dV pair block,
+//    the K/V block with its spare and three gradient buffers). On the CPU the kernels run bf16 in
+//    f32 and sum in the operands' type; on CUDA they sum in f32.
+//  - ZeRO-2: gradient buckets whose reduce-scatter has not finished (one in flight, the next
+//    filling: at most two buckets of runtime.grad_bucket_mb, or all the gradients if fewer).
+//  - the tiled loss under sequence parallelism: two hidden-sized f32 vectors per local token
+//    (measured, 700–1,700 B per token on the tiny Llama; not found in the plan).
+double unplanned_bytes(const Config& cfg, const ParallelLayout& l, int64_t seq, DeviceKind device) {
+  const ModelDims d = model_dims(cfg.model);
+  const double B = static_cast<double>(l.micro_batch), local = B * static_cast<double>(padded_seq(l, seq) / l.sp);
+  double bytes = 0;
+  if (l.ring > 1) {
+    const int64_t U = l.sp / l.ring;
+    const double Ld = static_cast<double>(padded_seq(l, seq) / l.ring), D = static_cast<double>(d.D);
+    const double n = static_cast<double>(d.N / U), nkv = static_cast<double>(d.Nkv >= U ? d.Nkv / U : 1);
+    const double t = device == DeviceKind::cpu ? std::max<double>(4, static_cast<double>(dtype_size(cfg.runtime.dtype)))
+                                               : static_cast<double>(dtype_size(cfg.runtime.dtype));
+    const double a = device == DeviceKind::cpu ? t : 4;
+    const double q = B * n * Ld * D, kv = B * nkv * Ld * D, lse = B * n * Ld;
+    bytes += 3 * q * t + lse * a + q * a + q / 2 * t + kv * t + 2 * (2 * kv * t) + 3 * (2 * kv * a);
+    if (a != t) bytes += std::max(q / 2, kv) * a;
+  }
+  if (l.zero_stage == 2 && l.sp * l.dp > 1) {
+    const double grads = static_cast<double>(param_count(cfg.model) * dtype_size(master_dtype(cfg.runtime.dtype)));
+    bytes += std::min(grads, 2 * cfg.runtime.grad_bucket_mb * 1024 * 1024);
+  }
+  if (l.tiled_loss && l.sp > 1) bytes += 2.0 * static_cast<double>(d.C) * 4 * local;
+  return bytes;
+}
+
+}  // namespace
+
 double MemoryOracle::peak_bytes(const ParallelLayout& l, int64_t seq, bool full) {
   const Bindings b{{"B", l.micro_batch}, {"S", padded_seq(l, seq)}};
   const int64_t L = cfg_.model.num_hidden_layers;
@@ -145,9 +183,10 @@ double MemoryOracle::peak_bytes(const ParallelLayout& l, int64_t seq, bool full)
     const ZeroMode mode = zero_mode(ZeroConfig{l.zero_stage}, static_cast<int>(ranks_));
     return static_cast<double>(planned_bytes(program(l, layers).prog, b, static_cast<int>(ranks_), device_, mode).total());
   };
-  if (full || L <= 4) return at(L);
+  const double beside = unplanned_bytes(cfg_, l, seq, device_);
+  if (full || L <= 4) return at(L) + beside;
   const double p3 = at(3), p4 = at(4);
-  return p4 + static_cast<double>(L - 4) * (p4 - p3);
+  return p4 + static_cast<double>(L - 4) * (p4 - p3) + beside;
 }
 
 // ---- the search --------------------------------------------------------------------------------
