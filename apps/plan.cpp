@@ -66,7 +66,11 @@ double parse_number(const std::string& flag, const std::string& text, double lo,
 
 double parse_positive(const std::string& flag, const std::string& text) { return parse_number(flag, text, 0, 1e9, true); }
 
-std::string gb(double bytes) { return str(std::round(bytes / 1e7) / 100, " GB"); }
+// Bytes in GB (10^9), or MB below one GB, to two decimals.
+std::string gb(double bytes) {
+  const bool small = std::abs(bytes) < 1e9;
+  return str(std::round(bytes / (small ? 1e4 : 1e7)) / 100, small ? " MB" : " GB");
+}
 
 std::string describe(const ParallelLayout& l) {
   std::string sp = l.ring > 1 ? str("sp ", l.sp, " = Ulysses ", l.sp / l.ring, " x ring ", l.ring) : str("sp ", l.sp);
@@ -206,8 +210,11 @@ int main(int argc, char** argv) {
                 << (longest ? " (the longest that fits)" : "") << "\n"
                 << "cluster: " << r.ranks << " ranks" << (c.device.empty() ? "" : " of " + c.device) << ", "
                 << gb(usable) << " usable each, " << c.achieved_flops() / 1e12 << " TFLOP/s achieved each, "
-                << c.intra.bytes_per_s / 1e9 << " GB/s inside a node (" << c.ranks_per_node << " ranks), "
-                << c.inter.bytes_per_s / 1e9 << " GB/s between nodes\n"
+                << c.intra.bytes_per_s / 1e9 << " GB/s inside a node"
+                << (c.ranks_per_node >= r.ranks ? std::string(" (all on one)")
+                                                : str(" (", c.ranks_per_node, " ranks), ", c.inter.bytes_per_s / 1e9,
+                                                      " GB/s between nodes"))
+                << "\n"
                 << "searched " << res.layouts << " layouts, planned " << res.planned << " programs in "
                 << std::round(seconds * 100) / 100 << " s\n";
       for (const std::string& n : res.notes) std::cout << "note: " << n << "\n";
