@@ -210,6 +210,11 @@ bool accepts(const Config& cfg, const std::string& set) {
   }
 }
 
+// The short programs' estimate may miss the full plan by a few percent (ZeRO-3's gathered layers
+// on a small model: 6% on the tiny Llama, tests/tools/test_layout_search.cpp); a layout is only
+// ruled out by it when it exceeds the memory by more than this, and decided by the full plan.
+constexpr double kShortPlanSlack = 1.1;
+
 // Whether `a` saves no more memory than `b` of the same group: a ZeRO stage no higher, and every
 // saver `a` uses used by `b` too.
 bool saves_no_more(const ParallelLayout& a, const ParallelLayout& b) {
@@ -328,7 +333,7 @@ SearchResult search_layouts(const SearchRequest& r, MemoryOracle& oracle) {
     if (!group_fits.count(group)) {
       const ParallelLayout least = k.least(l);
       Candidate c{least, estimate_step(r.config, least, r.seq_len, r.cluster), oracle.peak_bytes(least, r.seq_len)};
-      group_fits[group] = c.peak_bytes <= usable;
+      group_fits[group] = c.peak_bytes <= usable * kShortPlanSlack;
       if (!out.closest || c.peak_bytes < out.closest->peak_bytes) out.closest = c;
     }
     if (!group_fits[group]) continue;
@@ -337,7 +342,7 @@ SearchResult search_layouts(const SearchRequest& r, MemoryOracle& oracle) {
     if (std::any_of(failed.begin(), failed.end(), [&](const ParallelLayout& f) { return saves_no_more(l, f); })) continue;
     Candidate c = cand;
     c.peak_bytes = oracle.peak_bytes(l, r.seq_len);
-    if (c.peak_bytes > usable) {
+    if (c.peak_bytes > usable * kShortPlanSlack) {
       failed.push_back(l);
       continue;
     }
