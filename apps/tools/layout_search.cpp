@@ -179,13 +179,17 @@ double unplanned_bytes(const Config& cfg, const ParallelLayout& l, int64_t seq, 
 double MemoryOracle::peak_bytes(const ParallelLayout& l, int64_t seq, bool full) {
   const Bindings b{{"B", l.micro_batch}, {"S", padded_seq(l, seq)}};
   const int64_t L = cfg_.model.num_hidden_layers;
-  auto at = [&](int64_t layers) {
+  // The planned total; of a short program, with the arena's lower bound (the most bytes live at
+  // once) in place of the arena: where best-fit placement leaves gaps differs from one depth to
+  // the next by whole layers' buffers, while the live bytes grow by the same each layer.
+  auto at = [&](int64_t layers, bool short_program) {
     const ZeroMode mode = zero_mode(ZeroConfig{l.zero_stage}, static_cast<int>(ranks_));
-    return static_cast<double>(planned_bytes(program(l, layers).prog, b, static_cast<int>(ranks_), device_, mode).total());
+    const PlannedBytes p = planned_bytes(program(l, layers).prog, b, static_cast<int>(ranks_), device_, mode);
+    return static_cast<double>(p.total() - (short_program ? p.plan.arena_bytes - p.plan.max_live_bytes : 0));
   };
   const double beside = unplanned_bytes(cfg_, l, seq, device_);
-  if (full || L <= 4) return at(L) + beside;
-  const double p3 = at(3), p4 = at(4);
+  if (full || L <= 4) return at(L, false) + beside;
+  const double p3 = at(3, true), p4 = at(4, true);
   return p4 + static_cast<double>(L - 4) * (p4 - p3) + beside;
 }
 
@@ -383,6 +387,7 @@ LongestResult search_longest(SearchRequest r, int64_t multiple, int64_t max_seq)
   auto fits = [&](const ParallelLayout& l, int64_t s) { return oracle.peak_bytes(l, s) <= usable; };
   const int64_t cap = round(max_seq);
   int64_t best = 0;
+  std::optional<ParallelLayout> winner;
   for (const ParallelLayout& l : leasts) {
     int64_t lo = best + multiple, hi = 0;
     if (lo > cap || !fits(l, lo)) continue;
@@ -404,17 +409,28 @@ LongestResult search_longest(SearchRequest r, int64_t multiple, int64_t max_seq)
       (fits(l, mid) ? lo : hi) = mid;
     }
     best = lo;
+    winner = l;
   }
-  // The fastest layouts there (each planned at full depth); where the full plans disagree with the
-  // short ones, a little shorter.
+  // The short programs may miss the full plan by a few percent (kShortPlanSlack): where the
+  // winner's full plan does not fit at `best`, the full plans bisect below it, to 1% of S.
+  auto fits_full = [&](int64_t s) { return oracle.peak_bytes(*winner, s, true) <= usable; };
+  if (winner && !fits_full(best)) {
+    int64_t hi = best, lo = round(static_cast<int64_t>(static_cast<double>(best) * 0.95));
+    while (lo >= multiple && !fits_full(lo)) {
+      hi = lo;
+      lo = round(static_cast<int64_t>(static_cast<double>(lo) * 0.9));
+    }
+    while (lo >= multiple && hi - lo > std::max(multiple, lo / 100)) {
+      const int64_t mid = round((lo + hi) / 2);
+      if (mid == lo) break;
+      (fits_full(mid) ? lo : hi) = mid;
+    }
+    best = lo >= multiple ? lo : 0;
+  }
+  // The fastest layouts there (each planned at full depth).
   LongestResult out;
   r.seq_len = std::max(best, multiple);
-  for (int tries = 0; tries < 8; ++tries) {
-    out.at = search_layouts(r, oracle);
-    if (!out.at.best.empty() || best == 0) break;
-    best = std::max(multiple, round(best - best / 64));
-    r.seq_len = best;
-  }
+  out.at = search_layouts(r, oracle);
   out.seq = out.at.best.empty() ? 0 : r.seq_len;
   return out;
 }

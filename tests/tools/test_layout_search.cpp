@@ -119,9 +119,9 @@ TEST_CASE("layout search: two short programs give the full plan's bytes within t
       INFO("sp " << l.sp << " ring " << l.ring << " zero " << l.zero_stage << " ckpt " << l.checkpointing << " S " << S);
       const double short_plan = oracle.peak_bytes(l, S), full = oracle.peak_bytes(l, S, true);
       // What the search needs: never more than 1.1× the full plan (it rules a layout out only past
-      // 1.1× the memory). Without ZeRO-3's gathered layers the bytes are linear in the layers.
+      // 1.1× the memory), and close enough that few layouts go on to a full plan in vain.
       CHECK(short_plan <= 1.1 * full);
-      if (l.zero_stage < 3) CHECK(short_plan == Approx(full).epsilon(0.01));
+      CHECK(short_plan >= 0.9 * full);
     }
   }
 }
