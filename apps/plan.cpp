@@ -3,7 +3,7 @@
 // step time). Prints the fastest few that fit, with the --set lines that run each.
 //   autosp-plan --config F [--set k=v]... --ranks N (--seq-len S | --longest) (--device NAME | --memory BYTES)
 //               [--tflops T] [--intra-gbps G] [--inter-gbps G] [--ranks-per-node K] [--global-batch G]
-//               [--top K] [--multiple M] [--max-seq S] [--format text|json]
+//               [--top K] [--multiple M] [--max-seq S] [--only-config] [--format text|json]
 // Exit codes: 0 a layout fits; 1 none fits (the closest is printed, with how far it misses); 2 bad
 // usage, config or input.
 #include <chrono>
@@ -114,6 +114,7 @@ int main(int argc, char** argv) {
         "top", "how many layouts to print", cxxopts::value<std::string>()->default_value("5"))(
         "multiple", "--longest: S is a multiple of this", cxxopts::value<std::string>()->default_value("1024"))(
         "max-seq", "--longest: the longest S to consider", cxxopts::value<std::string>())(
+        "only-config", "search nothing: the config's own layout, its planned peak and estimated step")(
         "format", "text|json", cxxopts::value<std::string>()->default_value("text"))("h,help", "show help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
@@ -162,6 +163,10 @@ int main(int argc, char** argv) {
     const int64_t top = parse_int_flag("top", args["top"].as<std::string>());
     if (top < 1 || top > 100) throw UsageError(str("--top ", top, ": expected 1..100"));
     r.top = static_cast<int>(top);
+    if (args.count("only-config")) {
+      if (args.count("global-batch")) throw UsageError("--only-config takes the batch from the config, not --global-batch");
+      r.vary_sp = r.vary_ring = r.vary_zero = r.vary_checkpointing = r.vary_tiled_mlp = r.vary_tiled_loss = false;
+    }
 
     const auto t0 = std::chrono::steady_clock::now();
     SearchResult res;

@@ -30,8 +30,8 @@ Cluster gpu(const char* name, double memory_bytes, double peak_tflops, double nv
 }
 
 // This machine: every rank a process on it (one node), MPI moving bytes through shared memory. The
-// rate is the whole machine's (about 40 GFLOP/s of autosp's f32 kernels per core): the ranks of a
-// job share its cores (for_ranks), and the memory is given per rank with --memory.
+// rate and the memory are the whole machine's (about 40 GFLOP/s of autosp's f32 kernels per core):
+// the ranks of a job share them (for_ranks).
 Cluster this_cpu() {
   Cluster c;
   c.device = "cpu";
@@ -68,7 +68,10 @@ std::string known_device_names() {
 }
 
 Cluster for_ranks(Cluster c, int64_t ranks) {
-  if (c.device == "cpu" && ranks > 1) c.peak_tflops /= static_cast<double>(ranks);
+  if (c.device == "cpu" && ranks > 1) {
+    c.peak_tflops /= static_cast<double>(ranks);
+    c.memory_bytes /= static_cast<double>(ranks);
+  }
   return c;
 }
 

@@ -32,7 +32,7 @@ struct Cluster {
 const std::vector<Cluster>& known_devices();
 // `name` (case-insensitive), or a UsageError that lists the known names.
 Cluster find_device(const std::string& name);
-// The cluster as each of `ranks` ranks sees it: on `cpu` the ranks share the machine's cores.
+// The cluster as each of `ranks` ranks sees it: on `cpu` the ranks share the machine's cores and memory.
 Cluster for_ranks(Cluster c, int64_t ranks);
 // The known names, comma-separated.
 std::string known_device_names();
