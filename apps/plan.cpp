@@ -141,10 +141,9 @@ int main(int argc, char** argv) {
       r.seq_len = parse_int_flag("seq-len", args["seq-len"].as<std::string>());
       if (r.seq_len < 1) throw UsageError(str("--seq-len ", r.seq_len, ": expected at least 1"));
     }
-    Cluster c = args.count("device") ? find_device(args["device"].as<std::string>()) : find_device("cpu");
+    Cluster c = for_ranks(args.count("device") ? find_device(args["device"].as<std::string>()) : find_device("cpu"), r.ranks);
     if (args.count("memory")) c.memory_bytes = parse_bytes("memory", args["memory"].as<std::string>());
     if (args.count("reserve")) c.reserve_fraction = parse_number("reserve", args["reserve"].as<std::string>(), 0, 0.9, false);
-    c = for_ranks(c, r.ranks);
     if (args.count("tflops")) {
       c.peak_tflops = parse_positive("tflops", args["tflops"].as<std::string>());
       c.achieved_fraction = 1;
