@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "compiler/program.h"
+#include "device/cuda/device.h"
 #include "models/flops.h"
 #include "tensor/check.h"
 #include "tools/plan_summary.h"
@@ -29,6 +30,7 @@ Config ParallelLayout::apply(Config c) const {
   c.runtime.tiled_loss = tiled_loss;
   c.data.batch_size = micro_batch;
   c.train.gradient_accumulation_steps = accumulation;
+  c.auto_keys.clear();  // every layout key now has a value
   return c;
 }
 
@@ -362,6 +364,62 @@ SearchResult search_layouts(const SearchRequest& r, MemoryOracle& oracle) {
   }
   out.planned = oracle.programs_built();
   return out;
+}
+
+Config resolve_auto(Config cfg, int64_t world, const Cluster& cluster) {
+  if (cfg.auto_keys.empty()) return cfg;
+  const auto is_auto = [&](const char* key) { return cfg.auto_keys.count(key) > 0; };
+  SearchRequest r;
+  r.config = cfg;
+  r.seq_len = cfg.data.seq_len;
+  r.ranks = world;
+  r.cluster = cluster;
+  r.top = 1;
+  r.vary_sp = is_auto("sequence_parallel.autosp_size");
+  r.vary_ring = r.vary_sp && cfg.sequence_parallel.ring_auto;
+  r.vary_zero = is_auto("zero_optimization.stage");
+  r.vary_checkpointing = is_auto("runtime.activation_checkpointing");
+  r.vary_tiled_mlp = is_auto("runtime.tiled_mlp");
+  r.vary_tiled_loss = is_auto("runtime.tiled_loss");
+  std::string keys;
+  for (const std::string& k : cfg.auto_keys) keys += (keys.empty() ? "" : ", ") + k;
+  const SearchResult res = search_layouts(r);
+  if (res.best.empty()) {
+    std::string why = str("\"auto\" (", keys, "): no layout of ", world, " ranks fits data.seq_len ", cfg.data.seq_len,
+                          " in ", cluster.usable_bytes() / 1e6, " MB per rank");
+    if (res.closest)
+      why += str("; the closest (sp ", res.closest->layout.sp, ", ring ", res.closest->layout.ring, ", ZeRO ",
+                 res.closest->layout.zero_stage, ", every saver on) plans ", res.closest->peak_bytes / 1e6, " MB");
+    throw UsageError(why);
+  }
+  const Candidate& c = res.best.front();
+  const std::set<std::string> was = cfg.auto_keys;
+  cfg = c.layout.apply(cfg);
+  cfg.auto_keys.clear();
+  const std::vector<std::string> sets = c.layout.sets();
+  std::string chosen;
+  for (const std::string& s : sets) {
+    const std::string key = s.substr(0, s.find('='));
+    if (!was.count(key) && !(key == "sequence_parallel.ring_size" && r.vary_ring)) continue;
+    chosen += (chosen.empty() ? "" : ", ") + s;
+    cfg.resolved[nlohmann::json::json_pointer("/" + key.substr(0, key.find('.')) + "/" + key.substr(key.find('.') + 1))] =
+        nlohmann::json::parse(s.substr(s.find('=') + 1));
+  }
+  cfg.notes.push_back(str("\"auto\" resolved for ", world, " rank", world == 1 ? "" : "s", " at data.seq_len ",
+                          cfg.data.seq_len, ": ", chosen, " (planned peak ", c.peak_bytes / 1e6, " MB of ",
+                          cluster.usable_bytes() / 1e6, " MB usable per rank, estimated step ", c.cost.step_s,
+                          " s; autosp-plan lists the alternatives)"));
+  return cfg;
+}
+
+Cluster run_cluster(const Config& cfg, int64_t world) {
+  if (cfg.runtime.device == DeviceKind::cpu) return for_ranks(find_device("cpu"), world);
+  Cluster c = find_device("H200");
+  c.device = "cuda";
+  c.memory_bytes = static_cast<double>(device_memory_bytes(0));
+  c.peak_tflops = cfg.runtime.peak_tflops > 0 ? cfg.runtime.peak_tflops : dense_bf16_peak_tflops(0);
+  if (c.peak_tflops <= 0) c.peak_tflops = 989;
+  return c;
 }
 
 LongestResult search_longest(SearchRequest r, int64_t multiple, int64_t max_seq) {

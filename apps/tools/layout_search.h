@@ -109,4 +109,14 @@ struct LongestResult {
 };
 LongestResult search_longest(SearchRequest r, int64_t multiple, int64_t max_seq);
 
+// "auto" layout keys (Config::auto_keys, decision 124): the fastest layout of `world` ranks that fits
+// on `cluster` at data.seq_len, searched over the keys written "auto" only (sequence_parallel.ring_size
+// too when it and autosp_size are both "auto"); the others keep their values. Returns the config
+// with them set, auto_keys empty, the resolved config and a note saying what was chosen; none
+// fitting is a UsageError naming the keys and the closest layout.
+Config resolve_auto(Config cfg, int64_t world, const Cluster& cluster);
+// The cluster a run resolves "auto" for: this machine's share for each of `world` CPU ranks, or the
+// GPU's memory and peak (runtime.peak_tflops when set) with the H200's links.
+Cluster run_cluster(const Config& cfg, int64_t world);
+
 }  // namespace autosp

@@ -2,7 +2,8 @@
 # autosp-plan: the layouts it prints are valid and run; --longest's answer trains within the memory
 # it was given (autosp-train's measured peak, 2 MPI ranks, the tiny Llama at 8 layers), and that
 # peak is what the search planned (within 2%); a memory nothing fits in gets the closest layout and
-# by how much it misses (exit 1); bad flags give one `error:` line and exit code 2.
+# by how much it misses (exit 1); bad flags give one `error:` line and exit code 2; "auto" layout
+# keys are resolved at start-up to autosp-plan's choice.
 #   plan_cli.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1/autosp-plan
@@ -128,6 +129,28 @@ assert measured <= cap, (measured, cap)
 assert abs(measured - planned) <= 0.02 * measured, (measured, planned)
 EOF
   echo "FAIL: --longest's answer against the run"
+  fail=1
+fi
+
+# "auto" layout keys: autosp-train (2 ranks) resolves them with the same search and logs the choice,
+# which is autosp-plan's first layout for that config; autosp-graph resolves them the same way.
+autos=(--set sequence_parallel.autosp_size=auto --set sequence_parallel.ring_size=auto --set zero_optimization.stage=auto
+       --set runtime.activation_checkpointing=auto --set runtime.tiled_mlp=auto --set runtime.tiled_loss=auto
+       --set data.seq_len=512)
+if ! mpirun --oversubscribe -np 2 "$train" --config "$cfg" "${autos[@]}" --steps 1 >"$tmp/auto.out" 2>&1; then
+  echo "FAIL: autosp-train with \"auto\" keys: $(tail -3 "$tmp/auto.out")"
+  fail=1
+fi
+want=$("$bin" --config "$cfg" "${autos[@]}" --seq-len 512 --ranks 2 --device cpu --top 1 --format json | python3 -c "
+import json, sys
+b = json.load(sys.stdin)['best'][0]
+print(f\"sequence_parallel.autosp_size={b['sp']}, sequence_parallel.ring_size={b['ring']}, zero_optimization.stage={b['zero_stage']}\")")
+if ! grep -qF "\"auto\" resolved for 2 ranks at data.seq_len 512: $want" "$tmp/auto.out"; then
+  echo "FAIL: autosp-train's \"auto\" line is not autosp-plan's choice ($want): $(grep -F auto "$tmp/auto.out")"
+  fail=1
+fi
+if ! "$1/autosp-graph" --config "$cfg" "${autos[@]}" --world 2 --plan-memory S=512 >/dev/null 2>"$tmp/err"; then
+  echo "FAIL: autosp-graph with \"auto\" keys: $(cat "$tmp/err")"
   fail=1
 fi
 

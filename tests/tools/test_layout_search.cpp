@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "config/config.h"
+#include "compiler/program.h"
 #include "tools/layout_search.h"
 #include "tools/scaling.h"
 
@@ -155,6 +156,53 @@ TEST_CASE("layout search: the cost model's bytes and FLOPs are step_comm_volume'
   ParallelLayout k4 = l;
   k4.accumulation = 4;
   CHECK(estimate_step(cfg, k4, 1000, c).compute_s == Approx(4 * estimate_step(cfg, l, 1000, c).compute_s));
+}
+
+}  // namespace autosp
+
+namespace autosp {
+
+TEST_CASE("layout search: \"auto\" layout keys are resolved by the search, and garbage is refused", "[layout_search]") {
+  const std::vector<std::string> autos = {"sequence_parallel.autosp_size=auto", "sequence_parallel.ring_size=auto",
+                                          "zero_optimization.stage=auto", "runtime.activation_checkpointing=auto",
+                                          "runtime.tiled_mlp=auto", "runtime.tiled_loss=auto"};
+  const nlohmann::json base = tiny(2).resolved;
+  Config cfg = parse_config(base, autos);
+  CHECK(cfg.auto_keys.size() == 5);  // ring_size has its own flag (ring_auto)
+  CHECK(cfg.resolved["zero_optimization"]["stage"] == "auto");
+  CHECK(parse_config(cfg.resolved).auto_keys == cfg.auto_keys);  // the resolved config parses back to itself
+  CHECK_THROWS_WITH(build_program(cfg, cfg.runtime.dtype, Stage::joint), Catch::Contains("is \"auto\""));
+
+  // The choice is the search's best over the "auto" keys, and runs: its program builds.
+  Cluster c = cpu_with(30e6);
+  const Config got = resolve_auto(cfg, 4, c);
+  CHECK(got.auto_keys.empty());
+  SearchRequest r;
+  r.config = cfg;
+  r.seq_len = cfg.data.seq_len;
+  r.ranks = 4;
+  r.cluster = c;
+  r.top = 1;
+  const ParallelLayout best = search_layouts(r).best.at(0).layout;
+  CHECK(got.sequence_parallel.autosp_size == best.sp);
+  CHECK(got.sequence_parallel.ring_size == best.ring);
+  CHECK(got.zero_optimization.stage == best.zero_stage);
+  CHECK(got.runtime.activation_checkpointing == best.checkpointing);
+  CHECK(got.resolved["zero_optimization"]["stage"] == best.zero_stage);
+  CHECK(parse_config(got.resolved).auto_keys.empty());
+  CHECK_NOTHROW(build_program(got, got.runtime.dtype, Stage::joint, rank_layout(4, 0, best.sp, best.ring)));
+
+  // A key the config gives keeps its value.
+  const Config fixed = resolve_auto(parse_config(base, {"sequence_parallel.autosp_size=auto", "zero_optimization.stage=2"}), 4, c);
+  CHECK(fixed.zero_optimization.stage == 2);
+
+  // Nothing fits: a UsageError that names the keys and the closest layout.
+  CHECK_THROWS_WITH(resolve_auto(cfg, 4, cpu_with(1e5)),
+                    Catch::Contains("sequence_parallel.autosp_size") && Catch::Contains("the closest"));
+  // Garbage.
+  for (const std::string& bad : {"sequence_parallel.autosp_size=automatic", "zero_optimization.stage=1.5",
+                                 "runtime.tiled_mlp=\"yes\"", "runtime.activation_checkpointing=AUTO", "zero_optimization.stage=4"})
+    CHECK_THROWS_WITH(parse_config(base, {bad}), Catch::Contains(bad.substr(0, bad.find('='))));
 }
 
 }  // namespace autosp
