@@ -25,15 +25,21 @@ namespace {
 
 constexpr int kExitNoFit = 1;
 
+// The number `text` starts with, and in `used` how many characters it took (0: none).
+double leading_number(const std::string& text, size_t& used) {
+  used = 0;
+  try {
+    return std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+    return 0;
+  }
+}
+
 // "80GiB", "141e9", "64GB", "1048576": bytes (GB = 10^9, GiB = 2^30, likewise MB, MiB, TB, TiB).
 double parse_bytes(const std::string& flag, const std::string& text) {
   size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const double v = leading_number(text, used);
   const std::string unit = text.substr(used);
   double scale = 0;
   if (unit.empty() || unit == "B") scale = 1;
@@ -53,12 +59,7 @@ double parse_bytes(const std::string& flag, const std::string& text) {
 // A number in (lo, hi] (lo_open) or [lo, hi].
 double parse_number(const std::string& flag, const std::string& text, double lo, double hi, bool lo_open) {
   size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const double v = leading_number(text, used);
   if (used == 0 || used != text.size() || !std::isfinite(v) || v > hi || v < lo || (lo_open && v == lo))
     throw UsageError(str("--", flag, " '", text, "': expected a number in ", lo_open ? "(" : "[", lo, ", ", hi, "]"));
   return v;
