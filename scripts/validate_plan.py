@@ -2,7 +2,7 @@
 """autosp-plan's cost model and memory plan against measured runs on this machine.
 
   scripts/validate_plan.py [--bin build/bin] [--config configs/llama-tiny.json] [--ranks 4] [--seq 2048]
-      [--steps 6] [--rounds 1] [--set k=v ...] [--out rows.jsonl]
+      [--steps 6] [--rounds 1] [--set k=v ...] [--mpirun-arg A ...] [--out rows.jsonl]
 
 For each layout of a fixed list (Ulysses, ring, Ulysses x ring, data parallel, checkpointing, ZeRO-3,
 the tiled MLP and loss), `autosp-plan --only-config` gives the planned peak per rank and the
@@ -65,6 +65,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--mpirun-arg", action="append", default=[], help="passed to mpirun (e.g. --mca mpi_yield_when_idle 1)")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.ranks < 1 or a.seq < 1 or a.steps < 2 or a.rounds < 1:
@@ -99,7 +100,8 @@ def main():
             metrics = os.path.join(tmp, "m.jsonl")
             if os.path.exists(metrics):
                 os.remove(metrics)
-            run = subprocess.run(["mpirun", "--oversubscribe", "-np", str(a.ranks), os.path.join(a.bin, "autosp-train"),
+            run = subprocess.run(["mpirun", "--oversubscribe", *a.mpirun_arg, "-np", str(a.ranks),
+                                  os.path.join(a.bin, "autosp-train"),
                                   "--config", a.config, *args, "--steps", str(a.steps), "--set", "train.log_every=1",
                                   "--set", "train.eval_every=0", "--metrics", metrics, "--quiet"],
                                  capture_output=True, text=True, env=env)
