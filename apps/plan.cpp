@@ -3,10 +3,11 @@
 // step time). Prints the fastest few that fit, with the --set lines that run each.
 //   autosp-plan --config F [--set k=v]... --ranks N (--seq-len S | --longest) (--device NAME | --memory BYTES)
 //               [--tflops T] [--intra-gbps G] [--inter-gbps G] [--ranks-per-node K] [--global-batch G]
-//               [--top K] [--multiple M] [--max-seq S] [--only-config] [--format text|json]
+//               [--top K] [--multiple M] [--max-seq S] [--only-config] [--write-config F] [--format text|json]
 // Exit codes: 0 a layout fits; 1 none fits (the closest is printed, with how far it misses); 2 bad
 // usage, config or input.
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <iostream>
 
@@ -116,6 +117,8 @@ int main(int argc, char** argv) {
         "multiple", "--longest: S is a multiple of this", cxxopts::value<std::string>()->default_value("1024"))(
         "max-seq", "--longest: the longest S to consider", cxxopts::value<std::string>())(
         "only-config", "search nothing: the config's own layout, its planned peak and estimated step")(
+        "write-config", "also write the first layout's whole config (resolved, JSON) to this file",
+        cxxopts::value<std::string>())(
         "format", "text|json", cxxopts::value<std::string>()->default_value("text"))("h,help", "show help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
@@ -197,6 +200,15 @@ int main(int argc, char** argv) {
       for (const std::string& x : cand.layout.sets()) s.push_back(x);
       return s;
     };
+    // The first layout as a whole config: the user's config with its --set lines, parsed as
+    // autosp-train parses them (so the file is exactly what runs), written out resolved.
+    if (args.count("write-config") && !res.best.empty()) {
+      const std::string path = args["write-config"].as<std::string>();
+      const Config chosen = parse_config(r.config.resolved, run_line(res.best.front()), path);
+      std::ofstream f(path);
+      if (!(f << chosen.resolved.dump(2) << "\n"))
+        throw UsageError(str("--write-config ", path, ": cannot write"));
+    }
     const double usable = c.usable_bytes();
     if (format == "json") {
       nlohmann::json j = {{"seq_len", r.seq_len}, {"ranks", r.ranks}, {"usable_bytes", usable},

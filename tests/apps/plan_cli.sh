@@ -92,6 +92,23 @@ EOF
   fail=1
 fi
 
+# --write-config: the first layout as a whole config, which autosp-train reads back to the same
+# layout; an unwritable path is a usage error.
+"$bin" "${ok[@]}" --device cpu --top 1 --format json --write-config "$tmp/chosen.json" >"$tmp/cpu.json" 2>"$tmp/err"
+if ! "$train" --config "$tmp/chosen.json" --print-config >"$tmp/printed.json" 2>"$tmp/err" ||
+   ! python3 - "$tmp/cpu.json" "$tmp/printed.json" <<'EOF'; then
+import json, sys
+b = json.load(open(sys.argv[1]))["best"][0]
+c = json.load(open(sys.argv[2]))
+assert c["sequence_parallel"]["autosp_size"] == b["sp"] and c["sequence_parallel"]["ring_size"] == b["ring"], (b, c)
+assert c["zero_optimization"]["stage"] == b["zero_stage"] and c["data"]["seq_len"] == 1024, (b, c)
+assert c["runtime"]["activation_checkpointing"] == b["activation_checkpointing"], (b, c)
+EOF
+  echo "FAIL: --write-config's file does not hold the first layout: $(cat "$tmp/err")"
+  fail=1
+fi
+expect_usage_error "--write-config $tmp/no/such/dir/x.json: cannot write" "${ok[@]}" --device cpu --write-config "$tmp/no/such/dir/x.json"
+
 # --longest on this machine: 2 ranks, 32 MiB each, the tiny Llama at 8 layers. autosp-train runs
 # the answer (its --set lines as printed) within the 32 MiB, and its measured peak is the planned one.
 cap=33554432
