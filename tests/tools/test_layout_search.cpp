@@ -200,7 +200,7 @@ TEST_CASE("layout search: \"auto\" layout keys are resolved by the search, and g
   CHECK_THROWS_WITH(resolve_auto(cfg, 4, cpu_with(1e5)),
                     Catch::Contains("sequence_parallel.autosp_size") && Catch::Contains("the closest"));
   // Garbage.
-  for (const std::string& bad : {"sequence_parallel.autosp_size=automatic", "zero_optimization.stage=1.5",
+  for (const std::string bad : {"sequence_parallel.autosp_size=automatic", "zero_optimization.stage=1.5",
                                  "runtime.tiled_mlp=\"yes\"", "runtime.activation_checkpointing=AUTO", "zero_optimization.stage=4"})
     CHECK_THROWS_WITH(parse_config(base, {bad}), Catch::Contains(bad.substr(0, bad.find('='))));
 }
