@@ -21,6 +21,7 @@
 #include "config/deepspeed.h"
 #include "kernels/cpu/matmul.h"
 #include "tools/cli.h"
+#include "tools/layout_search.h"
 #include "tools/options.h"
 #include "tools/text_codec.h"
 #include "train/preempt.h"
@@ -245,6 +246,9 @@ int main(int argc, char** argv) {
     if (args.count("deepspeed"))
       cfg = load_deepspeed(cfg, args["deepspeed"].as<std::string>(), thread_ranks > 0 ? thread_ranks : world->size(),
                            ta.config_path);
+    // "auto" layout keys: the same search on every rank (the same inputs, so the same answer).
+    const int64_t ranks = thread_ranks > 0 ? thread_ranks : world->size();
+    cfg = resolve_auto(cfg, ranks, run_cluster(cfg, ranks));
     if (args.count("print-config")) {
       if (world->rank() == 0) std::cout << cfg.resolved.dump(2) << std::endl;
       return 0;

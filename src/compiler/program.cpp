@@ -103,6 +103,9 @@ std::string_view stage_name(Stage s) {
 DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
 
 RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const RankLayout& layout) {
+  if (!cfg.auto_keys.empty())
+    throw UsageError(str(*cfg.auto_keys.begin(), " is \"auto\": autosp-train and autosp-graph resolve it for the job's "
+                         "world at start-up (autosp-plan shows the choice); give a value here"));
   const ZeroMode mode = zero_mode(cfg.zero_optimization, layout.world_size);
   const PassContext ctx = pass_context(cfg, layout, mode);
   std::vector<Pass> passes;

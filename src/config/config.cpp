@@ -175,6 +175,26 @@ template <class S, class M>
 auto field_get(S Config::*sec, M S::*member) {
   return [sec, member](const Config& c) { return json((c.*sec).*member); };
 }
+// A layout key that also takes "auto" (Config::auto_keys): "auto" leaves the field at its default
+// and records the key; the getter gives "auto" back until resolve_auto has set the field.
+template <class S, class M>
+auto auto_set(const char* path, S Config::*sec, M S::*member) {
+  return [path, sec, member](Config& c, const json& v) {
+    if (v.is_string()) {
+      c.auto_keys.insert(path);
+      return;
+    }
+    c.auto_keys.erase(path);
+    (c.*sec).*member = v.get<M>();
+  };
+}
+template <class S, class M>
+auto auto_get(const char* path, S Config::*sec, M S::*member) {
+  return [path, sec, member](const Config& c) { return c.auto_keys.count(path) ? json("auto") : json((c.*sec).*member); };
+}
+#define AUTO(path, section, name)                                                     \
+  auto_set(path, &Config::section, &decltype(Config::section)::name), \
+      auto_get(path, &Config::section, &decltype(Config::section)::name)
 #define F(section, name)                                          \
   field_set(&Config::section, &decltype(Config::section)::name), \
       field_get(&Config::section, &decltype(Config::section)::name)
@@ -260,15 +280,17 @@ const std::vector<Key>& schema() {
       enum_key("runtime.attention", &Config::runtime, &RuntimeConfig::attention, kAttention, attention_backend_name),
       enum_key("runtime.dtype", &Config::runtime, &RuntimeConfig::dtype, kDTypes, dtype_torch_name),
       {"runtime.threads", Kind::integer, 0, 1024, "", nullptr, F(runtime, threads)},
-      {"runtime.activation_checkpointing", Kind::boolean, 0, 0, "", nullptr, F(runtime, activation_checkpointing)},
-      {"runtime.tiled_mlp", Kind::boolean, 0, 0, "", nullptr, F(runtime, tiled_mlp)},
-      {"runtime.tiled_loss", Kind::boolean, 0, 0, "", nullptr, F(runtime, tiled_loss)},
+      {"runtime.activation_checkpointing", Kind::boolean_or_auto, 0, 0, "", nullptr,
+       AUTO("runtime.activation_checkpointing", runtime, activation_checkpointing)},
+      {"runtime.tiled_mlp", Kind::boolean_or_auto, 0, 0, "", nullptr, AUTO("runtime.tiled_mlp", runtime, tiled_mlp)},
+      {"runtime.tiled_loss", Kind::boolean_or_auto, 0, 0, "", nullptr, AUTO("runtime.tiled_loss", runtime, tiled_loss)},
       {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", nullptr, F(runtime, fuse_kernels)},
       {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", nullptr, F(runtime, overlap_grad_sync)},
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", nullptr, F(runtime, grad_bucket_mb)},
       {"runtime.peak_tflops", Kind::number, 0, 1e9, "", nullptr, F(runtime, peak_tflops)},
       {"runtime.profile_ops", Kind::boolean, 0, 0, "", nullptr, F(runtime, profile_ops)},
-      {"sequence_parallel.autosp_size", Kind::integer, 1, 1 << 16, "", nullptr, F(sequence_parallel, autosp_size)},
+      {"sequence_parallel.autosp_size", Kind::integer_or_auto, 1, 1 << 16, "", nullptr,
+       AUTO("sequence_parallel.autosp_size", sequence_parallel, autosp_size)},
       {"sequence_parallel.ring_size", Kind::integer_or_auto, 1, 1 << 16, "", nullptr,
        [](Config& c, const json& v) {
          c.sequence_parallel.ring_auto = v.is_string();
@@ -277,7 +299,8 @@ const std::vector<Key>& schema() {
        [](const Config& c) {
          return c.sequence_parallel.ring_auto ? json("auto") : json(c.sequence_parallel.ring_size);
        }},
-      {"zero_optimization.stage", Kind::integer, 0, 3, "", nullptr, F(zero_optimization, stage)},
+      {"zero_optimization.stage", Kind::integer_or_auto, 0, 3, "", nullptr,
+       AUTO("zero_optimization.stage", zero_optimization, stage)},
     };
     k.insert(k.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
     return k;
@@ -285,6 +308,7 @@ const std::vector<Key>& schema() {
   return keys;
 }
 #undef F
+#undef AUTO
 
 const char* kind_name(Kind k) { return value_kind_name(k); }
 
@@ -321,6 +345,10 @@ std::optional<std::string> value_problem(const Key& k, const json& v) {
       break;
     case Kind::integer_or_auto:
       if (!v.is_number_integer() && !(v.is_string() && v.get<std::string>() == "auto"))
+        return bad(str("expected ", kind_name(k.kind)));
+      break;
+    case Kind::boolean_or_auto:
+      if (!v.is_boolean() && !(v.is_string() && v.get<std::string>() == "auto"))
         return bad(str("expected ", kind_name(k.kind)));
       break;
   }
@@ -780,13 +808,17 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       bad("data.document_mask: runtime.attention \"cudnn\" cannot apply the document mask; use \"flash\"");
   }
   auto& sp = c.sequence_parallel;
-  if (sp.ring_auto) {
+  // With autosp_size "auto" the search picks P (and R, if ring_size is "auto" too) at start-up.
+  const bool sp_auto = c.auto_keys.count("sequence_parallel.autosp_size") > 0;
+  if (sp.ring_auto && !sp_auto) {
     sp.ring_size = auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads);
     c.notes.push_back(str("sequence_parallel.ring_size \"auto\": Ulysses ", sp.autosp_size / sp.ring_size, " x ring ",
                           sp.ring_size, " for ", m.num_attention_heads, " query heads and ", m.num_key_value_heads,
                           " key/value heads at autosp_size ", sp.autosp_size));
   }
-  if (sp.autosp_size % sp.ring_size != 0)
+  if (sp_auto) {
+    // checked by the search
+  } else if (sp.autosp_size % sp.ring_size != 0)
     bad(str("sequence_parallel.ring_size ", sp.ring_size, " does not divide sequence_parallel.autosp_size ",
             sp.autosp_size, " (the ", sp.autosp_size, " ranks are Ulysses x ring)"));
   else if (sp.ring_size > 1 &&

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -188,6 +189,12 @@ struct Config {
   RuntimeConfig runtime;
   SequenceParallelConfig sequence_parallel;
   ZeroConfig zero_optimization;
+  // The layout keys written "auto" (sequence_parallel.autosp_size, zero_optimization.stage,
+  // runtime.activation_checkpointing, runtime.tiled_mlp, runtime.tiled_loss; decision 124): their
+  // typed values above are placeholders until the layout search (apps/tools/layout_search.h
+  // resolve_auto) sets them for the job's world at start-up and empties this. build_program refuses
+  // a config that still has any.
+  std::set<std::string> auto_keys;
   // Every schema key with its value after defaults and overrides (model.rope_scaling only when
   // set), as the log echoes it and a checkpoint's meta.json records it; parsing it again gives it
   // back. Code reads the typed sections above, not this.

@@ -20,6 +20,7 @@ namespace {
 bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
 double dense_bf16_peak_tflops(int) { return 0; }
+size_t device_memory_bytes(int) { return 0; }
 int select_device_for_local_rank() { no_backend("runtime.device \"cuda\""); }
 void use_device(int) { no_backend("runtime.device \"cuda\""); }
 CachingAllocator& cuda_allocator(int) { no_backend("a CUDA allocator"); }

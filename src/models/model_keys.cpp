@@ -118,6 +118,7 @@ const char* value_kind_name(ValueKind k) {
     case ValueKind::object: return "an object or null";
     case ValueKind::list: return "a list or null";
     case ValueKind::integer_or_auto: return "an integer or \"auto\"";
+    case ValueKind::boolean_or_auto: return "true, false or \"auto\"";
   }
   return "";
 }

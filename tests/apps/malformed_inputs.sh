@@ -247,12 +247,15 @@ row 'train.gradient_accumulation_steps = 1.5: expected an integer' "${c[@]}" --s
 row 'runtime.peak_tflops = -1' "${c[@]}" --set runtime.peak_tflops=-1
 row 'runtime.peak_tflops = "fast": expected a number' "${c[@]}" --set runtime.peak_tflops=fast
 row 'runtime.overlap_grad_sync = "sometimes": expected true or false' "${c[@]}" --set runtime.overlap_grad_sync=sometimes
-row 'runtime.tiled_mlp = "yes": expected true or false' "${c[@]}" --set runtime.tiled_mlp=yes
-row 'runtime.tiled_mlp = 3: expected true or false' "${c[@]}" --set runtime.tiled_mlp=3
+row 'runtime.tiled_mlp = "yes": expected true, false or "auto"' "${c[@]}" --set runtime.tiled_mlp=yes
+row 'runtime.tiled_mlp = 3: expected true, false or "auto"' "${c[@]}" --set runtime.tiled_mlp=3
 row 'runtime.tiled_mlp is for Llama' "${c[@]}" --set model.arch=gpt2 --set runtime.tiled_mlp=true
-row 'runtime.tiled_loss = "yes": expected true or false' "${c[@]}" --set runtime.tiled_loss=yes
-row 'runtime.tiled_loss = 2: expected true or false' "${c[@]}" --set runtime.tiled_loss=2
+row 'runtime.tiled_loss = "yes": expected true, false or "auto"' "${c[@]}" --set runtime.tiled_loss=yes
+row 'runtime.tiled_loss = 2: expected true, false or "auto"' "${c[@]}" --set runtime.tiled_loss=2
 row 'zero_optimization.stage = 4: expected an integer in \[0, 3\]' "${c[@]}" --set zero_optimization.stage=4
+row 'zero_optimization.stage = "automatic": expected an integer or "auto"' "${c[@]}" --set zero_optimization.stage=automatic
+row 'sequence_parallel.autosp_size = "AUTO": expected an integer or "auto"' "${c[@]}" --set sequence_parallel.autosp_size=AUTO
+row 'runtime.activation_checkpointing = "maybe": expected true, false or "auto"' "${c[@]}" --set runtime.activation_checkpointing=maybe
 row 'model.arch: the value is not valid UTF-8' "${c[@]}" --set $'model.arch=\xff\xfe'
 row 'expected section.key' "${c[@]}" --set train.lr.max=3
 row "unknown key 'layers'" "${c[@]}" --set layers.99999999999=1  # was a 1.6 TB allocation (fuzzer find)

@@ -41,7 +41,7 @@ FENCE = re.compile(r"^```(\S*)\s*$")
 DIRECTIVE = re.compile(r"^<!--\s*docs-check:\s*(.*?)\s*-->\s*$")
 COMMAND_LANGS = {"sh", "bash"}
 LOGS = ("performance.md", "decisions.md")  # records of what was run: their flags are checked, not run
-BINARIES = ("autosp-train", "autosp-bench", "autosp-graph", "autosp-sample", "autosp-eval")
+BINARIES = ("autosp-train", "autosp-bench", "autosp-graph", "autosp-sample", "autosp-eval", "autosp-plan")
 
 
 class Block:

@@ -201,6 +201,12 @@ double dense_bf16_peak_tflops(int device) {
   return 0;
 }
 
+size_t device_memory_bytes(int device) {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.totalGlobalMem;
+}
+
 int select_device_for_local_rank() {
   const int d = device_for_local_rank(local_rank_from_env(), local_size_from_env(), cuda_device_count());
   use_device(d);

@@ -34,6 +34,8 @@ int cuda_device_count();
 // figures without sparsity: H100/H200 SXM 989, H100 PCIe 756, A100 312, L40S 362, B200 2250), for
 // the trainer's MFU; 0 for a device it does not know (then only runtime.peak_tflops gives MFU).
 double dense_bf16_peak_tflops(int device);
+// The memory of `device` in bytes (0 in builds without CUDA): what "auto" layout keys plan for.
+size_t device_memory_bytes(int device);
 
 // Picks this rank's device from its node-local rank (device/local_rank.h), makes it the current
 // device of the process and returns its index. More local ranks than devices: UsageError (exit 2).
