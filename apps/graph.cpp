@@ -45,21 +45,23 @@ Bindings parse_bindings(const std::string& text) {
 nlohmann::json plan_summary(const RankProgram& prog, const Bindings& b, const Config& cfg, int world, DeviceKind device) {
   const Graph& g = *prog.graph;
   MemoryPlan plan = plan_memory(g, b, device);
-  size_t params = 0, outputs = 0, inputs = 0, grads = 0;
+  size_t params = 0, outputs = 0, inputs = 0, grads = 0, frozen = 0;  // frozen: LoRA's base (no gradient or moments)
   for (const auto& n : g.nodes()) {
     size_t bytes = dtype_size(n->dtype());
     for (const auto& d : n->shape()) bytes *= static_cast<size_t>(d.eval(b));
     if (n->op() == Op::parameter) params += bytes;
+    if (n->role() == Role::frozen) frozen += bytes;
     else if (n->op() == Op::input) inputs += bytes;
     if (g.is_output(n.get())) outputs += bytes;
     if (g.is_output(n.get()) && n->role() == Role::gradient) grads += bytes;
   }
   const ZeroMode mode = prog.zero_mode;
-  const PlannedStateBytes state = planned_state_bytes(mode, params, grads, world);
+  const PlannedStateBytes state = planned_state_bytes(mode, params - frozen, grads, world);
   outputs -= state.freed_outputs;
   const size_t optimizer = state.optimizer, buckets = state.grad_buckets;
   nlohmann::json j = {{"arena_bytes", plan.arena_bytes}, {"max_live_bytes", plan.max_live_bytes},
-                      {"parameter_bytes", params},      {"output_bytes", outputs},
+                      {"parameter_bytes", params},      {"frozen_parameter_bytes", frozen},
+                      {"output_bytes", outputs},
                       {"input_bytes", inputs},          {"optimizer_bytes", optimizer},
                       {"grad_bucket_bytes", buckets},   {"zero_stage", cfg.zero_optimization.stage},
                       {"zero_mode", zero_mode_name(mode)},

@@ -9,7 +9,9 @@ namespace passes {
 
 PassResult mixed_precision(Graph& g, const PassContext&) {
   PassResult res;
-  for (Node* p : g.with_role(Role::parameter)) {
+  std::vector<Node*> params = g.with_role(Role::parameter), frozen = g.with_role(Role::frozen);
+  params.insert(params.end(), frozen.begin(), frozen.end());  // LoRA's frozen base is cast the same way
+  for (Node* p : params) {
     if (p->dtype() != DType::f32)
       throw UsageError(str("mixed_precision: parameter %", p->name(), " is ", p->type().str(),
                            "; bf16 compute expects f32 master weights"));
