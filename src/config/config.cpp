@@ -617,7 +617,7 @@ void check_lora(Config& c, const std::function<void(const std::string&)>& bad) {
             "the projections' inputs undropped"));
   const std::vector<std::string> modules = model_modules(c.model);
   for (const std::string& k : l.modules_to_save) {
-    if (std::none_of(modules.begin(), modules.end(), [&](const std::string& m) { return module_matches(m, k); })) {
+    if (std::none_of(modules.begin(), modules.end(), [&](const std::string& m) { return saved_module_matches(m, k); })) {
       std::vector<std::string> outside;  // the modules outside the layers: what LongLoRA and its kin save
       for (const std::string& m : modules)
         if (m.find(".h.") == std::string::npos && m.find(".layers.") == std::string::npos) outside.push_back(m);

@@ -21,10 +21,13 @@ bool module_matches(std::string_view module, std::string_view key) {
          (module.size() > key.size() && module.ends_with(key) && module[module.size() - key.size() - 1] == '.');
 }
 
+bool saved_module_matches(std::string_view module, std::string_view key) { return module.ends_with(key); }
+
 namespace {
 
-bool matches_any(std::string_view module, const std::vector<std::string>& keys) {
-  return std::any_of(keys.begin(), keys.end(), [&](const std::string& k) { return module_matches(module, k); });
+bool matches_any(std::string_view module, const std::vector<std::string>& keys,
+                 bool (*match)(std::string_view, std::string_view) = module_matches) {
+  return std::any_of(keys.begin(), keys.end(), [&](const std::string& k) { return match(module, k); });
 }
 
 }  // namespace
@@ -41,7 +44,7 @@ std::vector<std::string> lora_target_weights(const ModelConfig& m, const std::ve
 std::vector<std::string> lora_saved_params(const ModelConfig& m, const std::vector<std::string>& modules_to_save) {
   std::vector<std::string> out;
   for (const ParamSpec& p : param_specs(m))
-    if (matches_any(module_of(p.name), modules_to_save)) out.push_back(p.name);
+    if (matches_any(module_of(p.name), modules_to_save, saved_module_matches)) out.push_back(p.name);
   return out;
 }
 

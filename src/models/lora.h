@@ -14,9 +14,11 @@ namespace autosp {
 
 // The module path of a parameter name ("model.norm.weight" → "model.norm").
 std::string_view module_of(std::string_view param);
-// PEFT's match of a module to a key of target_modules or modules_to_save: the path equals the key
-// or ends with "." + key.
+// PEFT's match of a module to a key of target_modules: the path equals the key or ends with "." +
+// key; and to a key of modules_to_save (its _set_trainable): the path ends with the key, so "norm"
+// is every norm ("input_layernorm", "model.norm", Qwen3's "q_norm"), as LongLoRA trains them.
 bool module_matches(std::string_view module, std::string_view key);
+bool saved_module_matches(std::string_view module, std::string_view key);
 
 // The weight parameters ("<module>.weight") of the modules `targets` matches, in the model's order.
 std::vector<std::string> lora_target_weights(const ModelConfig& m, const std::vector<std::string>& targets);

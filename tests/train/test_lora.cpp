@@ -85,6 +85,12 @@ TEST_CASE("lora: every bad value is an error naming its key", "[lora][config]") 
   CHECK(config(kGpt2, {{"target_modules", "all-linear"}}).lora.target_modules.size() == 3);
   CHECK(config(kLlama, {{"target_modules", {"q_proj"}}}, {"runtime.tiled_mlp=true"}).lora.enabled);
   CHECK(config(kLlama, {{"r", 16}, {"lora_alpha", 32}}).lora.scale() == 2.0);
+  // modules_to_save by PEFT's suffix match: "norm" is every norm of the model, "model.norm" the last.
+  CHECK(lora_saved_params(config(kLlama, json::object()).model, {"norm"}) ==
+        std::vector<std::string>{"model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+                                 "model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight",
+                                 "model.norm.weight"});
+  CHECK(lora_saved_params(config(kLlama, json::object()).model, {"model.norm"}) == std::vector<std::string>{"model.norm.weight"});
   CHECK(config(kLlama, {{"r", 16}, {"lora_alpha", 32}, {"use_rslora", true}}).lora.scale() == 8.0);
   CHECK_FALSE(parse_config({{"model", kLlama}}).lora.enabled);
   CHECK_FALSE(parse_config({{"model", kLlama}}).resolved.contains("lora"));
@@ -99,7 +105,7 @@ size_t bytes(const Node* n) {
 TEST_CASE("lora: the frozen base has no gradient and no optimizer state", "[lora]") {
   for (const json* model : {&kLlama, &kGpt2}) {
     const bool gpt2 = model == &kGpt2;
-    const Config cfg = config(*model, {{"r", 4}, {"target_modules", "all-linear"}, {"modules_to_save", {gpt2 ? "wte" : "norm"}}});
+    const Config cfg = config(*model, {{"r", 4}, {"target_modules", "all-linear"}, {"modules_to_save", {gpt2 ? "wte" : "model.norm"}}});
     const RankProgram p = build_program(cfg, DType::f64, Stage::joint);
     // The trained tensors, counted from the model's weights: A [r, in] and B [out, r] for each of the
     // layers' projections (GPT-2's c_proj is two modules a layer), and the saved module's.
@@ -179,7 +185,7 @@ void write_text(const std::string& path, const std::string& text) {
 
 TEST_CASE("lora: adapter directories round-trip, and garbage in them is refused by name", "[lora]") {
   TempDir tmp("lora-adapter");
-  const Config cfg = config(kLlama, {{"r", 4}, {"modules_to_save", {"norm"}}});
+  const Config cfg = config(kLlama, {{"r", 4}, {"modules_to_save", {"model.norm"}}});
   const std::map<std::string, Shape> shapes = adapter_shapes(cfg);
   CHECK(shapes.size() == 2 * 2 * 2 + 1);  // q_proj and v_proj in 2 layers, A and B; model.norm.weight
   CHECK(shapes.at("model.layers.0.self_attn.v_proj.lora_B.weight") == Shape{16, 4});  // 2 kv heads of 8
@@ -199,7 +205,7 @@ TEST_CASE("lora: adapter directories round-trip, and garbage in them is refused 
   // lora.from fills the keys the section leaves out from adapter_config.json.
   const Config from = config(kLlama, {{"from", dir}});
   CHECK(from.lora.r == 4);
-  CHECK(from.lora.modules_to_save == std::vector<std::string>{"norm"});
+  CHECK(from.lora.modules_to_save == std::vector<std::string>{"model.norm"});
 
   auto refused = [&](const std::string& expected) {
     CHECK_THROWS_WITH(load_adapter(dir, cfg, DType::f64), Catch::Contains(expected));
@@ -209,7 +215,7 @@ TEST_CASE("lora: adapter directories round-trip, and garbage in them is refused 
   refused("adapter_config.json: not valid JSON");
   write_text(dir + "/adapter_config.json", R"({"peft_type": "PREFIX_TUNING"})");
   refused("adapter_config.json: peft_type \"PREFIX_TUNING\": expected \"LORA\"");
-  save_adapter(dir, params, config(kLlama, {{"r", 8}, {"modules_to_save", {"norm"}}}));
+  save_adapter(dir, params, config(kLlama, {{"r", 8}, {"modules_to_save", {"model.norm"}}}));
   refused("adapter_config.json: r 8 differs from the run's lora.r 4");
   {  // another base: a model directory of another width
     const std::string base = tmp.path("other-base");
