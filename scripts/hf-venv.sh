@@ -11,7 +11,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=$root/.venv-hf
 py=$venv/bin/python
 probe='import torch, transformers, safetensors, jinja2, peft; assert transformers.__version__.startswith("4.44.")'
-extras=("jinja2>=3.1" "peft==0.12.*" "accelerate==0.34.*")
+# PEFT and accelerate without their dependencies: pip takes Debian's torch 1.13.0a0 for a pre-release
+# below their torch>=1.13 and would download a torch 2.x; everything else they need is here already.
+peft_pkgs=("peft==0.12.*" "accelerate==0.34.*")
 
 if "$py" -c "$probe" >/dev/null 2>&1; then
   echo "$py"
@@ -20,7 +22,8 @@ fi
 # A venv made before chat templates or LoRA lacks only jinja2 or PEFT: add them.
 if [ "${1:-}" != "--check" ] && "$py" -c "${probe/, jinja2, peft/}" >/dev/null 2>&1; then
   echo "adding jinja2 and PEFT to $venv (chat templates, LoRA)" >&2
-  "$py" -m pip install --quiet "${extras[@]}" >&2
+  "$py" -m pip install --quiet "jinja2>=3.1" >&2
+  "$py" -m pip install --quiet --no-deps "${peft_pkgs[@]}" >&2
   "$py" -c "$probe"
   echo "$py"
   exit 0
@@ -32,6 +35,7 @@ fi
 echo "creating $venv (Debian's python3 and torch, transformers 4.44 from PyPI; once)" >&2
 rm -rf "$venv"
 /usr/bin/python3 -m venv --system-site-packages "$venv"
-"$py" -m pip install --quiet "transformers==4.44.*" safetensors "${extras[@]}" >&2
+"$py" -m pip install --quiet "transformers==4.44.*" safetensors "jinja2>=3.1" >&2
+"$py" -m pip install --quiet --no-deps "${peft_pkgs[@]}" >&2
 "$py" -c "$probe"
 echo "$py"

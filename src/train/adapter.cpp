@@ -107,6 +107,20 @@ std::vector<std::string> save_adapter(const std::string& dir, const ParamMap& pa
   return {kAdapterWeightsFile, kAdapterConfigFile};
 }
 
+void write_merged_model(const std::string& dir, const Config& cfg, const ParamMap& params) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
+    throw UsageError(str("--merge-lora ", dir, ": exists and is not an empty directory (nothing is replaced)"));
+  fs::create_directories(dir, ec);
+  if (ec) throw UsageError(str("--merge-lora ", dir, ": cannot create: ", ec.message()));
+  const ParamMap merged = merge_lora(cfg.model, params, cfg.lora.scale());
+  save_hf_weights(dir, merged, static_cast<uint64_t>(cfg.train.max_shard_mb * 1e6));
+  const std::string path = (fs::path(dir) / "config.json").string();
+  std::ofstream f(path);
+  f << hf_config_json(cfg.model, merged.begin()->second.dtype(), cfg.hf_carried).dump(2) << "\n";
+  if (!f.flush()) throw RuntimeFailure(str(path, ": write failed"));
+}
+
 ParamMap load_adapter(const std::string& dir, const Config& cfg, DType dtype) {
   const std::string config_path = (fs::path(dir) / kAdapterConfigFile).string();
   check_adapter_config(parse_json(read_text(config_path), config_path), cfg, config_path);

@@ -32,4 +32,10 @@ std::vector<std::string> save_adapter(const std::string& dir, const ParamMap& pa
 // the file and the key.
 ParamMap load_adapter(const std::string& dir, const Config& cfg, DType dtype);
 
+// --merge-lora: `cfg`'s base with its adapters folded in (models/lora.h merge_lora: W + scale·B·A)
+// written to `dir` as a Hugging Face model directory (config.json, model.safetensors or shards), which
+// from_pretrained loads without PEFT. `params` holds the base and the adapters (trainer.h
+// starting_params). `dir` must not exist or be empty (a UsageError otherwise: nothing is replaced).
+void write_merged_model(const std::string& dir, const Config& cfg, const ParamMap& params);
+
 }  // namespace autosp
