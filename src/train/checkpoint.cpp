@@ -203,13 +203,15 @@ std::string read_small_file(const std::string& path, uint64_t limit) {
 
 // Compare each data file with the size and CRC-32C meta.json records for it: every file it lists
 // (the weights, their shards and index, config.json, the optimizer state), which must include the
-// optimizer state and the weights.
-void verify_files(const fs::path& dir, const nlohmann::json& meta, const std::string& meta_path) {
+// optimizer state and the weights (a LoRA run's: the adapter, train/adapter.h).
+void verify_files(const fs::path& dir, const nlohmann::json& meta, const std::string& meta_path, bool lora) {
   if (!meta.contains("files") || !meta["files"].is_object()) throw UsageError(str(meta_path, ": no 'files' checksums"));
   const nlohmann::json& files = meta["files"];
   if (!files.contains(kOptimizerFile))
     throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", kOptimizerFile));
-  if (!files.contains(kWeightFiles[0]) && !files.contains(kWeightFiles[1]))
+  if (lora && !files.contains(kAdapterWeightsFile))
+    throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", kAdapterWeightsFile));
+  if (!lora && !files.contains(kWeightFiles[0]) && !files.contains(kWeightFiles[1]))
     throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", kWeightFiles[0], " or ",
                          kWeightFiles[1]));
   for (auto it = files.begin(); it != files.end(); ++it) {
@@ -518,7 +520,7 @@ Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dty
                            "adapters from scratch, or resume without the lora section"
                          : "holds LoRA adapters (it was written by a run with a lora section), and this run trains "
                            "every parameter: resume with the same lora section");
-  verify_files(dir, meta, meta_path);
+  verify_files(dir, meta, meta_path, cfg.lora.enabled);
 
   Checkpoint ck;
   ck.meta = meta;

@@ -8,6 +8,8 @@
 //     gradient bytes are those of the adapters alone, the frozen base counted apart;
 //   - the adapted forward equals the base forward with W + scale·B·A (merge_lora, summed in
 //     double here) and B = 0 gives the base's loss exactly;
+//   - a LoRA run resumed from its checkpoint (an adapter directory) continues bit for bit, and a
+//     checkpoint of the other kind (full, or LoRA for a full run) is refused;
 //   - an adapter directory round-trips through save_adapter / load_adapter, and garbage in it
 //     (bad JSON, another r, another base, a foreign or missing tensor, a wrong shape) is refused
 //     naming the file and the key.
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "comm/communicator.h"
 #include "common/temp_dir.h"
 #include "compiler/program.h"
 #include "config/config.h"
@@ -25,7 +28,9 @@
 #include "tensor/check.h"
 #include "tensor/safetensors.h"
 #include "train/adapter.h"
+#include "train/checkpoint.h"
 #include "train/train_state.h"
+#include "train/trainer.h"
 
 namespace autosp::test {
 namespace {
@@ -242,6 +247,41 @@ TEST_CASE("lora: adapter directories round-trip, and garbage in them is refused 
   refused("'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' has shape [8, 32], the run's model needs [4, 32]");
   write_text(dir + "/adapter_model.safetensors", "garbage");
   refused("adapter_model.safetensors");
+}
+
+TEST_CASE("lora: a resumed LoRA run continues exactly; a checkpoint of the other kind is refused", "[lora]") {
+  TempDir tmp("lora-resume");
+  const json lora = {{"r", 2}, {"target_modules", {"q_proj", "down_proj"}}, {"modules_to_save", {"model.norm"}},
+                     {"init_lora_weights", false}};
+  Config cfg = parse_config({{"model", kLlama}, {"data", {{"source", "synthetic"}, {"seq_len", 16}, {"batch_size", 2}}},
+                             {"train", {{"steps", 6}, {"warmup_steps", 1}, {"checkpoint_every", 3}, {"log_every", 100},
+                                        {"checkpoint_dir", tmp.path("ckpt")}}},
+                             {"runtime", {{"threads", 1}}}, {"lora", lora}});
+  auto world = make_single_process_communicator();
+  TrainArgs ta;
+  ta.quiet = true;
+  const TrainResult full = train(cfg, ta, *world);
+  REQUIRE(full.steps.size() == 6);
+  const std::string step3 = tmp.path("ckpt/step_00000003");
+  CHECK(std::filesystem::exists(step3 + "/adapter_model.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(step3 + "/model.safetensors"));
+  TrainArgs resume = ta;
+  resume.resume = step3;
+  Config again = cfg;
+  again.train.checkpoint_dir = tmp.path("ckpt2");
+  const TrainResult tail = train(again, resume, *world);
+  REQUIRE(tail.steps.size() == 3);
+  for (size_t k = 0; k < 3; ++k) CHECK(tail.steps[k].loss == full.steps[k + 3].loss);
+  REQUIRE(tail.params.size() == full.params.size());
+  for (const auto& [name, p] : full.params) CHECK(p.to_doubles() == tail.params.at(name).to_doubles());
+
+  Config plain = cfg;  // the same run without the lora section
+  plain = parse_config(json{{"model", kLlama}, {"data", {{"seq_len", 16}, {"batch_size", 2}}}});
+  CHECK_THROWS_WITH(load_checkpoint(step3, plain, DType::f32), Catch::Contains("holds LoRA adapters"));
+  CHECK_THROWS_WITH(load_checkpoint(step3, parse_config(json{{"model", kLlama}, {"data", {{"seq_len", 16}}},
+                                                             {"lora", {{"r", 4}}}}),
+                                    DType::f32),
+                    Catch::Contains("adapter_config.json: r 2 differs from the run's lora.r 4"));
 }
 
 }  // namespace
