@@ -113,7 +113,8 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
   StartState s;
   if (cfg.lora.enabled) {
     ParamMap base = base_params(cfg, args, master);
-    for (const std::string& name : prog.frozen_names) s.frozen[name] = base.at(name);
+    // In the graph's dtype: bf16 under mixed precision (the frozen base needs no f32 master copy).
+    for (const std::string& name : prog.frozen_names) s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
     if (lead && args.init_from.empty() && cfg.model_from.empty())
       spdlog::warn("lora: the base model is randomly initialised (no model.from or --init-from): the adapters "
                    "train on a random base");

@@ -5,7 +5,8 @@
 //     MLP with an MLP target, a lora.from that is not an adapter directory;
 //   - the rewrite freezes the base: the joint program's gradients are exactly the adapters (and
 //     modules_to_save), the frozen parameters have no gradient, and --plan-memory's optimizer and
-//     gradient bytes are those of the adapters alone, the frozen base counted apart;
+//     gradient bytes are those of the adapters alone, the frozen base counted apart; under bf16
+//     the frozen base is bf16 itself, the adapters f32 master weights;
 //   - the adapted forward equals the base forward with W + scale·B·A (merge_lora, summed in
 //     double here) and B = 0 gives the base's loss exactly;
 //   - a LoRA run resumed from its checkpoint (an adapter directory) continues bit for bit, and a
@@ -142,6 +143,15 @@ TEST_CASE("lora: the frozen base has no gradient and no optimizer state", "[lora
     // --plan-memory's rule on the trained bytes: AdamW's two moments of the adapters alone.
     const PlannedStateBytes st = planned_state_bytes(p.zero_mode, trained, grads, 1);
     CHECK(st.optimizer == 2 * trained);
+    // Mixed precision: the frozen base is a bf16 parameter itself (no f32 master copy, no cast);
+    // what trains keeps f32 master weights and gradients.
+    const RankProgram mp = build_program(cfg, DType::bf16, Stage::joint);
+    for (Node* n : mp.graph->with_role(Role::frozen)) {
+      CHECK(n->dtype() == DType::bf16);
+      CHECK_FALSE(mp.graph->find(n->name() + ".bf16"));
+    }
+    for (Node* n : mp.graph->with_role(Role::parameter)) CHECK(n->dtype() == DType::f32);
+    for (const std::string& g : mp.grad_names) CHECK(mp.graph->find(g)->dtype() == DType::f32);
   }
 }
 
