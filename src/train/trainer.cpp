@@ -299,6 +299,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   std::optional<Validation> validation = make_validation(cfg, cfg.runtime.dtype, mesh);
   StartState start = start_state(cfg, args, prog, *comms->host_world);
+  if (prog.zero_mode == ZeroMode::sharded_parameters)  // ZeRO-3 shards LoRA's frozen base like the parameters
+    for (auto& [name, t] : start.frozen) t = parameter_shard(t, world.size(), world.rank());
   to_run_device(start.frozen, dev);
   const DataCursor cursor(cfg, *data, start, mesh);
   if (world.rank() == 0 && !cursor.log().empty()) spdlog::info("{}", cursor.log());
