@@ -173,7 +173,14 @@ double loss_of(const Config& cfg, const ParamMap& params, Stage stage = Stage::r
 }
 
 TEST_CASE("lora: the adapted model is the base with W + scale·B·A; B = 0 is the base", "[lora]") {
-  for (const json* model : {&kLlama, &kGpt2}) {
+  // Qwen3 (its q/k norms; transformers 4.44, which ref.hf_lora uses, has no Qwen3) and Qwen2 (its
+  // q/k/v biases) besides Llama and GPT-2: the base models are checked against the float64
+  // reference (tests/ref/torch_models.py) without LoRA, the rewrite against their merged weights here.
+  json qwen3_model = kLlama, qwen2_model = kLlama;
+  qwen3_model["arch"] = "qwen3";
+  qwen2_model["arch"] = "qwen2";
+  const json &qwen3 = qwen3_model, &qwen2 = qwen2_model;
+  for (const json* model : {&kLlama, &kGpt2, &qwen3, &qwen2}) {
     const Config cfg = config(*model, {{"r", 3}, {"lora_alpha", 5}, {"target_modules", "all-linear"},
                                        {"init_lora_weights", false}});
     const Config base_cfg = parse_config({{"model", *model}, {"data", {{"seq_len", 16}}}});
