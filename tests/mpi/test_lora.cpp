@@ -3,7 +3,7 @@
 // every adapter gradient is nonzero from step 1) and the norms trained whole
 // (modules_to_save: every norm), in float64, trains 5 steps with the losses and final adapters of one process
 // on the same global batch, on every dp × sp mesh, with Ulysses and with ring attention, and at
-// every ZeRO stage.
+// every ZeRO stage; the measured optimizer state and gradient buckets are the trained tensors' only.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -65,6 +65,16 @@ TEST_CASE("lora: every mesh, ring and ZeRO stage trains like one process", "[mpi
                    << ", adapters " << weight);
         CHECK(loss < 1e-12);
         CHECK(weight < 1e-12);
+        // What the run held, measured: AdamW moments of the trained tensors only (1/W of them, plus
+        // padding, when sharded), and at stage 0 gradient buckets of exactly their bytes.
+        size_t trained = 0;
+        for (const auto& [name, t] : ref.params) trained += static_cast<size_t>(t.numel()) * 8;
+        if (stage == 0) {
+          CHECK(r.optimizer_state_bytes == 2 * trained);
+          CHECK(r.grad_bucket_bytes == trained);
+        } else {
+          CHECK(r.optimizer_state_bytes <= 2 * trained / static_cast<size_t>(W) + 2 * 8 * 64 * ref.params.size());
+        }
       }
     }
   }

@@ -279,6 +279,10 @@ TEST_CASE("lora: a resumed LoRA run continues exactly; a checkpoint of the other
   ta.quiet = true;
   const TrainResult full = train(cfg, ta, *world);
   REQUIRE(full.steps.size() == 6);
+  size_t trained = 0;  // the measured state: AdamW moments of the adapters and model.norm only
+  for (const auto& [name, t] : full.params) trained += static_cast<size_t>(t.numel()) * 4;
+  CHECK(full.params.size() == 2 * 2 * 2 + 1);
+  CHECK(full.optimizer_state_bytes == 2 * trained);
   const std::string step3 = tmp.path("ckpt/step_00000003");
   CHECK(std::filesystem::exists(step3 + "/adapter_model.safetensors"));
   CHECK_FALSE(std::filesystem::exists(step3 + "/model.safetensors"));
