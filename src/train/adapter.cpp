@@ -82,6 +82,13 @@ void check_adapter_config(const json& a, const Config& cfg, const std::string& p
   if (!(m.is_null() && l.modules_to_save.empty()) && m != json(l.modules_to_save))
     same("modules_to_save", m, "lora.modules_to_save");
   if (a.value("bias", "none") != "none") bad(str("bias ", a["bias"].dump(), ": only \"none\" is supported"));
+  // PEFT settings that change the math and that the rewrite does not do: refused, not ignored.
+  if (a.value("use_dora", false) != false) bad("use_dora true: DoRA adapters are not supported");
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (a.contains(key) && !a[key].is_null() && !a[key].empty())
+      bad(str(key, " ", a[key].dump(), ": per-module ranks and alphas are not supported"));
+  for (const char* key : {"layers_to_transform", "layer_replication"})
+    if (a.contains(key) && !a[key].is_null()) bad(str(key, " ", a[key].dump(), ": not supported (every layer is adapted)"));
   const json base = a.value("base_model_name_or_path", json());
   std::error_code ec;
   if (base.is_string() && fs::is_regular_file(fs::path(base.get<std::string>()) / "config.json", ec)) {

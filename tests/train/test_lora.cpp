@@ -237,6 +237,17 @@ TEST_CASE("lora: adapter directories round-trip, and garbage in them is refused 
   refused("adapter_config.json: not valid JSON");
   write_text(dir + "/adapter_config.json", R"({"peft_type": "PREFIX_TUNING"})");
   refused("adapter_config.json: peft_type \"PREFIX_TUNING\": expected \"LORA\"");
+  for (const auto& [key, value, expected] :
+       std::vector<std::tuple<std::string, json, std::string>>{
+           {"use_dora", true, "use_dora true: DoRA adapters are not supported"},
+           {"alpha_pattern", {{"q_proj", 16}}, "alpha_pattern {\"q_proj\":16}: per-module ranks and alphas"},
+           {"layers_to_transform", {0}, "layers_to_transform [0]: not supported"}}) {
+    std::ifstream in(dir + "/adapter_config.json");
+    json a = json::parse(in);
+    a[key] = value;
+    write_text(dir + "/adapter_config.json", a.dump());
+    refused(expected);
+  }
   save_adapter(dir, params, config(kLlama, {{"r", 8}, {"modules_to_save", {"model.norm"}}}));
   refused("adapter_config.json: r 8 differs from the run's lora.r 4");
   {  // another base: a model directory of another width
