@@ -59,7 +59,8 @@ std::string read_text(const std::string& path) {
 void check_adapter_config(const json& a, const Config& cfg, const std::string& path) {
   auto bad = [&](const std::string& what) { throw UsageError(str(path, ": ", what)); };
   if (!a.is_object()) bad("not a JSON object");
-  if (a.value("peft_type", json()) != "LORA") bad(str("peft_type ", a.value("peft_type", json()).dump(), ": expected \"LORA\""));
+  if (a.value("peft_type", json()) != "LORA")
+    bad(str("peft_type ", a.value("peft_type", json()).dump(), ": expected \"LORA\""));
   const LoraConfig& l = cfg.lora;
   auto same = [&](const char* key, const json& run, const char* run_key) {
     const json v = a.value(key, json());
@@ -88,7 +89,8 @@ void check_adapter_config(const json& a, const Config& cfg, const std::string& p
     if (a.contains(key) && !a[key].is_null() && !a[key].empty())
       bad(str(key, " ", a[key].dump(), ": per-module ranks and alphas are not supported"));
   for (const char* key : {"layers_to_transform", "layer_replication"})
-    if (a.contains(key) && !a[key].is_null()) bad(str(key, " ", a[key].dump(), ": not supported (every layer is adapted)"));
+    if (a.contains(key) && !a[key].is_null())
+      bad(str(key, " ", a[key].dump(), ": not supported (every layer is adapted)"));
   const json base = a.value("base_model_name_or_path", json());
   std::error_code ec;
   if (base.is_string() && fs::is_regular_file(fs::path(base.get<std::string>()) / "config.json", ec)) {

@@ -114,10 +114,15 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
   if (cfg.lora.enabled) {
     ParamMap base = base_params(cfg, args, master);
     // In the graph's dtype: bf16 under mixed precision (the frozen base needs no f32 master copy).
-    for (const std::string& name : prog.frozen_names) s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
+    for (const std::string& name : prog.frozen_names)
+      s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
     if (lead && args.init_from.empty() && cfg.model_from.empty())
       spdlog::warn("lora: the base model is randomly initialised (no model.from or --init-from): the adapters "
                    "train on a random base");
+    if (lead)
+      spdlog::info("lora: r {}, scale {}, {} frozen base tensors; the adapters {}", cfg.lora.r, cfg.lora.scale(),
+                   prog.frozen_names.size(),
+                   !args.resume.empty() ? "from --resume" : !cfg.lora.from.empty() ? "from " + cfg.lora.from : "fresh");
     if (args.resume.empty()) {
       s.params = with_adapters(std::move(base), start_adapters(cfg, master));
       for (const std::string& name : prog.frozen_names) s.params.erase(name);
@@ -309,7 +314,9 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
                                                              std::move(start.params), std::move(start.opt), cfg,
                                                              *comms, dev);
   // What the graph is fed besides the data: the training state's parameters and LoRA's frozen base.
-  auto graph_params = [&] { return start.frozen.empty() ? state->graph_params() : with_adapters(start.frozen, state->graph_params()); };
+  auto graph_params = [&] {
+    return start.frozen.empty() ? state->graph_params() : with_adapters(start.frozen, state->graph_params());
+  };
   const bool score_each_step = cfg.data.source == DataSourceKind::synthetic && args.accuracy;
   TrainResult result;
   ExecOptions exec = exec_options(cfg, *state, score_each_step);
