@@ -29,6 +29,7 @@ PassResult lora(Graph& g, const PassContext& ctx) {
   for (const auto& [w, t] : target_of)
     if (std::none_of(matmuls.begin(), matmuls.end(), [&](const Node* m) { return m->input(1) == w; }))
       throw UsageError(str("lora: no matmul reads ", t->weight, " (a fused op, such as the tiled MLP's, hides it)"));
+  std::map<const Node*, std::pair<Node*, Node*>> adapter_of;  // weight → its A and B, made at its first matmul
   for (Node* mm : matmuls) {
     // x [..., in] · W, W [out, in] (trans_b: nn.Linear) or [in, out] (GPT-2's Conv1D) → y [..., out]
     Node* x = mm->input(0);
@@ -37,8 +38,11 @@ PassResult lora(Graph& g, const PassContext& ctx) {
     const bool out_in = mm->attrs().b("trans_b");
     const Dim in = w->shape()[out_in ? 1 : 0], out = w->shape()[out_in ? 0 : 1];
     const Dim r(plan.r);
-    Node* a = g.insert_before(mm, Op::parameter, {}, {}, t.a, Role::parameter, TensorType{w->dtype(), {r, in}});
-    Node* b = g.insert_before(mm, Op::parameter, {}, {}, t.b, Role::parameter, TensorType{w->dtype(), {out, r}});
+    auto [it, fresh] = adapter_of.try_emplace(w);
+    if (fresh)
+      it->second = {g.insert_before(mm, Op::parameter, {}, {}, t.a, Role::parameter, TensorType{w->dtype(), {r, in}}),
+                    g.insert_before(mm, Op::parameter, {}, {}, t.b, Role::parameter, TensorType{w->dtype(), {out, r}})};
+    auto [a, b] = it->second;
     // xa [..., r] = x · Aᵀ; xab [..., out] = xa · Bᵀ; y + scale · xab
     const Attrs tb{{"trans_a", false}, {"trans_b", true}};
     Node* xa = g.insert_after(mm, Op::matmul, {x, a}, tb, mm->name() + ".lora_a");
