@@ -20,6 +20,8 @@
 #include "tools/model_flags.h"
 #include "tools/options.h"
 #include "tools/text_codec.h"
+#include "models/lora.h"
+#include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 #include "tensor/check.h"
@@ -98,7 +100,12 @@ int main(int argc, char** argv) {
     // Everything generate() would refuse (ids, options, positions), before the weights load and the
     // programs are built: a bad flag costs nothing and is the one error reported.
     check_generation(cfg.model, prompt, so);
-    Generator gen(cfg.model, *dtype, starting_params(cfg, ta, *dtype));
+    if (cfg.lora.enabled && cfg.model_from.empty() && ta.init_from.empty())
+      throw UsageError("a LoRA adapter needs its base model: give --model BASE_DIR --set lora.from=ADAPTER_DIR, or "
+                       "--config with model.from and lora.from");
+    ParamMap params = starting_params(cfg, ta, *dtype);
+    if (cfg.lora.enabled) params = merge_lora(cfg.model, params, cfg.lora.scale());  // base + adapter
+    Generator gen(cfg.model, *dtype, std::move(params));
     const Generated out = gen.generate(prompt, so);
     const std::string prompt_text = codec.decode(prompt), text = codec.decode(out.tokens);
     if (args.count("json")) {

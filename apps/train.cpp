@@ -24,6 +24,8 @@
 #include "tools/layout_search.h"
 #include "tools/options.h"
 #include "tools/text_codec.h"
+#include "compiler/program.h"
+#include "train/adapter.h"
 #include "train/preempt.h"
 #include "train/trainer.h"
 #include "tensor/check.h"
@@ -161,6 +163,8 @@ int main(int argc, char** argv) {
         "thread-ranks", "run P ranks as threads of this process (no mpirun; several ranks may share one GPU)",
         cxxopts::value<std::string>())(
         "print-config", "print the resolved config (every key, with its default where not given) as JSON and exit")(
+        "merge-lora", "write the base with the LoRA adapter folded in (W + scale·B·A: lora.from, or --resume's) as a "
+        "Hugging Face model directory and exit", cxxopts::value<std::string>())(
         "h,help", "show this help");
     auto args = opts.parse(argc, argv);
     if (args.count("help")) {
@@ -251,6 +255,14 @@ int main(int argc, char** argv) {
     cfg = resolve_auto(cfg, ranks, run_cluster(cfg, ranks));
     if (args.count("print-config")) {
       if (world->rank() == 0) std::cout << cfg.resolved.dump(2) << std::endl;
+      return 0;
+    }
+    if (args.count("merge-lora")) {
+      if (!cfg.lora.enabled) throw UsageError("--merge-lora needs a lora section (lora.from, or --resume, names the adapter)");
+      if (world->rank() == 0) {
+        write_merged_model(opt("merge-lora"), cfg, starting_params(cfg, ta, master_dtype(cfg.runtime.dtype)));
+        spdlog::info("wrote {}: the base with the adapter merged (lora scale {})", opt("merge-lora"), cfg.lora.scale());
+      }
       return 0;
     }
     if (thread_ranks == 0) return run_rank(*world);

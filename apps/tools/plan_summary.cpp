@@ -18,10 +18,11 @@ PlannedBytes planned_bytes(const RankProgram& prog, const Bindings& b, int world
     for (const auto& d : n->shape()) bytes *= static_cast<size_t>(d.eval(b));
     if (n->op() == Op::parameter) p.params += bytes;
     else if (n->op() == Op::input) p.inputs += bytes;
+    if (n->role() == Role::frozen) p.frozen += bytes;
     if (g.is_output(n.get())) p.outputs += bytes;
     if (g.is_output(n.get()) && n->role() == Role::gradient) grads += bytes;
   }
-  const PlannedStateBytes state = planned_state_bytes(mode, p.params, grads, world);
+  const PlannedStateBytes state = planned_state_bytes(mode, p.params - p.frozen, grads, world);
   p.outputs -= state.freed_outputs;
   p.optimizer = state.optimizer;
   p.grad_buckets = state.grad_buckets;
@@ -33,7 +34,8 @@ nlohmann::json plan_summary(const RankProgram& prog, const Bindings& b, const Co
   const PlannedBytes p = planned_bytes(prog, b, world, device, prog.zero_mode);
   const MemoryPlan& plan = p.plan;
   nlohmann::json j = {{"arena_bytes", plan.arena_bytes}, {"max_live_bytes", plan.max_live_bytes},
-                      {"parameter_bytes", p.params},     {"output_bytes", p.outputs},
+                      {"parameter_bytes", p.params},     {"frozen_parameter_bytes", p.frozen},
+                      {"output_bytes", p.outputs},
                       {"input_bytes", p.inputs},         {"optimizer_bytes", p.optimizer},
                       {"grad_bucket_bytes", p.grad_buckets}, {"zero_stage", cfg.zero_optimization.stage},
                       {"zero_mode", zero_mode_name(prog.zero_mode)}, {"total_bytes", p.total()}};

@@ -17,6 +17,7 @@ namespace autosp {
 struct PlannedBytes {
   MemoryPlan plan;
   size_t params = 0, outputs = 0, inputs = 0, optimizer = 0, grad_buckets = 0;
+  size_t frozen = 0;  // of params: LoRA's frozen base (no gradient, no optimizer state)
   size_t total() const { return plan.arena_bytes + params + outputs + inputs + optimizer + grad_buckets; }
 };
 

@@ -11,14 +11,29 @@
 #include "graph/passes/feed_target_count.h"
 #include "graph/passes/concat_slice_grads.h"
 #include "graph/passes/fuse_elementwise.h"
+#include "graph/passes/lora.h"
 #include "graph/passes/mixed_precision.h"
 #include "graph/passes/shard_parameters.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "tensor/check.h"
 
 namespace autosp {
 
 namespace {
+
+// The lora section as the rewrite's plan: the weights its targets select, their adapters' names,
+// the scale and the parameters modules_to_save keeps trainable (r = 0 without the section).
+LoraPlan lora_plan(const Config& cfg) {
+  LoraPlan plan;
+  if (!cfg.lora.enabled) return plan;
+  plan.r = cfg.lora.r;
+  plan.scale = cfg.lora.scale();
+  for (const std::string& w : lora_target_weights(cfg.model, cfg.lora.target_modules))
+    plan.targets.push_back({w, lora_a_name(w), lora_b_name(w)});
+  plan.trainable = lora_saved_params(cfg.model, cfg.lora.modules_to_save);
+  return plan;
+}
 
 // What every pass of the rank's program reads: where the rank sits, whether the ZeRO mode shards
 // the parameters (the mode is decided once per program, by build_program; program_passes reads it
@@ -34,6 +49,7 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   // passes/fuse_elementwise.h).
   ctx.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
   ctx.layer_scopes = layer_scopes(cfg.model);
+  ctx.lora = lora_plan(cfg);
   return ctx;
 }
 
@@ -46,6 +62,7 @@ struct ProgramPass {
 // The passes of the program whose passes read `ctx` (program.h lists them).
 std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const PassContext& ctx) {
   std::vector<ProgramPass> out;
+  if (ctx.lora.r > 0) out.push_back({{"lora", passes::lora, true}, Stage::forward});
   if (dtype == DType::bf16) out.push_back({{"mixed_precision", passes::mixed_precision, true}, Stage::forward});
   if (ctx.world_size > 1)
     for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::rank_forward});
@@ -74,6 +91,7 @@ RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>&
   p.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   run_pipeline(*p.graph, passes, ctx, &p.pass_times);
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
+  for (Node* f : p.graph->with_role(Role::frozen)) p.frozen_names.push_back(f->name());
   // Gradients are the graph's Role::gradient outputs, in the order of the parameters (autograd).
   std::vector<Node*> grads;
   for (Node* o : p.graph->outputs())

@@ -26,7 +26,8 @@ enum class Stage { forward, rank_forward, joint };
 
 struct RankProgram {
   std::unique_ptr<Graph> graph;
-  std::vector<std::string> param_names, grad_names;  // parallel lists (joint stage)
+  std::vector<std::string> param_names, grad_names;  // parallel lists (joint stage): the trained parameters
+  std::vector<std::string> frozen_names;  // parameters fed but not trained (LoRA's base: Role::frozen)
   std::string loss;  // the output holding the reported (global) loss
   // The ZeRO mode the program was built for (decided once, from zero_optimization.stage and the
   // world size): the training state the trainer makes for it, and what --plan-memory counts.
@@ -43,7 +44,8 @@ DType master_dtype(DType run);
 
 // The passes of a rank's program (program.cpp: program_passes), in order, each
 // `PassResult run(Graph&, const PassContext&)`:
-//   forward  mixed_precision (bf16 runs: before AutoSP, which shards whatever dtype flows, and
+//   forward  lora (a lora section: the adapters added, the base frozen, graph/passes/lora.h; first,
+//            so every later pass sees plain matmuls and parameters), mixed_precision (bf16 runs: before AutoSP, which shards whatever dtype flows, and
 //            autograd, which differentiates the casts so f32 parameters get f32 gradients)
 //   rank_forward  the AutoSP pipeline (graph/passes/autosp/autosp.h; worlds of more than one
 //            rank), then shard_parameters (ZeroMode::sharded_parameters, i.e. stage 3 on such

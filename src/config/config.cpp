@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "models/hf_config.h"
+#include "models/lora.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -80,6 +81,10 @@ int64_t auto_ring_size(int64_t sp, int64_t heads, int64_t kv_heads) {
   for (int64_t u = sp; u > 1; --u)
     if (sp % u == 0 && ulysses_fits(u, heads, kv_heads)) return sp / u;
   return sp;
+}
+
+double LoraConfig::scale() const {
+  return lora_alpha / (use_rslora ? std::sqrt(static_cast<double>(r)) : static_cast<double>(r));
 }
 
 std::string_view zero_mode_name(ZeroMode m) {
@@ -224,6 +229,64 @@ std::vector<Key> model_rows() {
   return rows;
 }
 
+// The lora.* rows (PEFT's LoraConfig names). Their getters give null unless the section is given, so
+// the resolved config of a run without LoRA is what it always was. The lists' setters check
+// their items (a UsageError the parse turns into a problem naming the key).
+std::vector<Key> lora_rows() {
+  auto on = [](const Config& c, json v) { return c.lora.enabled ? v : json(); };
+  auto names = [](const json& v, const char* key) {
+    std::vector<std::string> out;
+    for (const json& e : v) {
+      if (!e.is_string() || e.get<std::string>().empty())
+        throw UsageError(str(key, " = ", v.dump(), ": expected a list of module names (strings)"));
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  };
+  return {
+      {"lora.r", Kind::integer, 1, 1 << 16, "", nullptr, [](Config& c, const json& v) { c.lora.r = v.get<int64_t>(); },
+       [on](const Config& c) { return on(c, c.lora.r); }},
+      {"lora.lora_alpha", Kind::number, 0, 1e6, "", nullptr,
+       [](Config& c, const json& v) { c.lora.lora_alpha = v.get<double>(); },
+       [on](const Config& c) { return on(c, c.lora.lora_alpha); }},
+      {"lora.lora_dropout", Kind::number, 0, 0.999999, "", nullptr,
+       [](Config& c, const json& v) { c.lora.lora_dropout = v.get<double>(); },
+       [on](const Config& c) { return on(c, c.lora.lora_dropout); }},
+      {"lora.target_modules", Kind::list_or_string, 0, 0, "", nullptr,
+       [names](Config& c, const json& v) {
+         c.lora.all_linear = v.is_string() && v.get<std::string>() == "all-linear";
+         if (v.is_string() && !c.lora.all_linear)
+           throw UsageError(str("lora.target_modules = ", v.dump(), ": expected \"all-linear\" or a list of module ",
+                                "names (PEFT's regular-expression form is not supported)"));
+         c.lora.target_modules = c.lora.all_linear ? std::vector<std::string>{} : names(v, "lora.target_modules");
+         if (!c.lora.all_linear && c.lora.target_modules.empty())
+           throw UsageError("lora.target_modules = []: expected at least one module name, or \"all-linear\"");
+       },
+       [on](const Config& c) { return on(c, c.lora.all_linear ? json("all-linear") : json(c.lora.target_modules)); }},
+      {"lora.use_rslora", Kind::boolean, 0, 0, "", nullptr,
+       [](Config& c, const json& v) { c.lora.use_rslora = v.get<bool>(); },
+       [on](const Config& c) { return on(c, c.lora.use_rslora); }},
+      {"lora.modules_to_save", Kind::list, 0, 0, "", nullptr,
+       [names](Config& c, const json& v) { c.lora.modules_to_save = v.is_null() ? std::vector<std::string>{}
+                                                                                  : names(v, "lora.modules_to_save"); },
+       [on](const Config& c) { return on(c, c.lora.modules_to_save); }},
+      {"lora.init_lora_weights", Kind::boolean_or_string, 0, 0, "", nullptr,
+       [](Config& c, const json& v) {
+         const std::string s = v.is_boolean() ? (v.get<bool>() ? "true" : "false") : v.get<std::string>();
+         if (s != "true" && s != "false" && s != "gaussian")
+           throw UsageError(str("lora.init_lora_weights = ", v.dump(), ": expected true, false or \"gaussian\" (",
+                                "PEFT's data-driven initialisations, such as \"pissa\" or \"loftq\", are not supported)"));
+         c.lora.init_lora_weights = s;
+       },
+       [on](const Config& c) {
+         const std::string& s = c.lora.init_lora_weights;
+         return on(c, s == "gaussian" ? json(s) : json(s == "true"));
+       }},
+      {"lora.from", Kind::string, 0, 0, "", nullptr, [](Config& c, const json& v) { c.lora.from = v.get<std::string>(); },
+       [on](const Config& c) { return on(c, c.lora.from.empty() ? json() : json(c.lora.from)); }},
+  };
+}
+
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys = [] {
     std::vector<Key> k = model_rows();
@@ -302,6 +365,7 @@ const std::vector<Key>& schema() {
       {"zero_optimization.stage", Kind::integer_or_auto, 0, 3, "", nullptr,
        AUTO("zero_optimization.stage", zero_optimization, stage)},
     };
+    for (Key& row : lora_rows()) rest.push_back(std::move(row));
     k.insert(k.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
     return k;
   }();
@@ -350,6 +414,12 @@ std::optional<std::string> value_problem(const Key& k, const json& v) {
     case Kind::boolean_or_auto:
       if (!v.is_boolean() && !(v.is_string() && v.get<std::string>() == "auto"))
         return bad(str("expected ", kind_name(k.kind)));
+      break;
+    case Kind::list_or_string:
+      if (!v.is_array() && !v.is_string()) return bad(str("expected ", kind_name(k.kind)));
+      break;
+    case Kind::boolean_or_string:
+      if (!v.is_boolean() && !v.is_string()) return bad(str("expected ", kind_name(k.kind)));
       break;
   }
   if (k.kind == Kind::integer || k.kind == Kind::number || (k.kind == Kind::integer_or_auto && v.is_number())) {
@@ -500,6 +570,23 @@ void expand_model_from(json& j, Config& c, const std::string& origin) {
   j["model"] = merged;
 }
 
+// lora.from: the adapter directory's adapter_config.json gives the lora keys the section leaves
+// out, as PeftModel.from_pretrained takes its config from there (train/adapter.h checks the rest).
+void expand_lora_from(json& j, const std::string& origin) {
+  if (!j.contains("lora") || !j["lora"].is_object() || !j["lora"].contains("from")) return;
+  const json& from = j["lora"]["from"];
+  if (!from.is_string() || from.get<std::string>().empty()) return;  // the row's own check names it
+  const std::string path = (std::filesystem::path(from.get<std::string>()) / "adapter_config.json").string();
+  std::ifstream f(path);
+  if (!f) throw UsageError(str(origin, ": lora.from: ", path, ": cannot open (expected a PEFT adapter directory)"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const json a = parse_json(ss.str(), path);
+  if (!a.is_object()) throw UsageError(str(origin, ": lora.from: ", path, ": not a JSON object"));
+  for (const char* key : {"r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "modules_to_save"})
+    if (!j["lora"].contains(key) && a.contains(key) && !a[key].is_null()) j["lora"][key] = a[key];
+}
+
 // The schedule's cross-key rules (schedule_reads says which keys each schedule reads).
 void check_schedule(const Config& c, Problems& problems) {
   const TrainConfig& t = c.train;
@@ -518,6 +605,58 @@ void check_schedule(const Config& c, Problems& problems) {
       bad(str("train.lr_schedule \"wsd\": train.warmup_steps ", t.warmup_steps, " + the decay's ", decay,
               " steps (train.decay_fraction ", t.decay_fraction, ") exceed the schedule's ", steps, " steps (",
               t.schedule_steps > 0 ? "train.schedule_steps" : "the run's: train.steps or --steps", ")"));
+  }
+}
+
+// "a, b and c"
+std::string and_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += str(i == 0 ? "" : i + 1 == items.size() ? " and " : ", ", items[i]);
+  return out;
+}
+
+// The lora section against the model: its targets resolved ("all-linear", or PEFT's default for
+// the family when left out) and each one a projection of the family, each modules_to_save entry a
+// module of the model, and what the rewrite cannot take (the tiled MLP's hidden projections, dropout).
+void check_lora(Config& c, const std::function<void(const std::string&)>& bad) {
+  LoraConfig& l = c.lora;
+  const Family& f = family(c.model.arch);
+  const std::vector<std::string> own(f.linear_modules.begin(), f.linear_modules.end());
+  if (l.all_linear) l.target_modules = own;
+  else if (l.target_modules.empty()) l.target_modules.assign(f.lora_default_targets.begin(), f.lora_default_targets.end());
+  for (const std::string& t : l.target_modules) {
+    if (c.runtime.tiled_mlp && (t == "gate_proj" || t == "up_proj" || t == "down_proj"))
+      bad(str("lora.target_modules '", t, "' with runtime.tiled_mlp: the tiled MLP is one op that hides the MLP's ",
+              "projections; leave gate_proj, up_proj and down_proj out of the targets, or set runtime.tiled_mlp false"));
+    if (std::find(own.begin(), own.end(), t) != own.end()) continue;
+    std::vector<std::string> others;
+    for (const Family& g : families())
+      if (std::find(g.linear_modules.begin(), g.linear_modules.end(), t) != g.linear_modules.end())
+        others.emplace_back(g.name);
+    if (!others.empty())
+      bad(str("lora.target_modules: '", t, "' is a projection of ", others.front(), ", not of ", f.name, " (its ",
+              "projections: ", and_list(own), ", or \"all-linear\")"));
+    else {
+      const std::string near = closest_name(t, own);
+      bad(str("lora.target_modules: unknown module '", t, "'", near.empty() ? "" : str(" (did you mean '", near, "'?)"),
+              "; ", f.name, "'s projections are ", and_list(own), ", or \"all-linear\""));
+    }
+  }
+  if (l.lora_dropout > 0)
+    bad(str("lora.lora_dropout ", l.lora_dropout, ": only 0 (PEFT's default) is supported so far; the adapters see ",
+            "the projections' inputs undropped"));
+  const std::vector<std::string> modules = model_modules(c.model);
+  for (const std::string& k : l.modules_to_save) {
+    if (std::none_of(modules.begin(), modules.end(), [&](const std::string& m) { return saved_module_matches(m, k); })) {
+      std::vector<std::string> outside;  // the modules outside the layers: what LongLoRA and its kin save
+      for (const std::string& m : modules)
+        if (m.find(".h.") == std::string::npos && m.find(".layers.") == std::string::npos) outside.push_back(m);
+      bad(str("lora.modules_to_save: '", k, "' names no module of the ", f.name, " model (",
+              c.model.tie_word_embeddings ? "its head is tied to the embedding; " : "", "outside the layers it has ",
+              and_list(outside), ")"));
+    } else if (std::find(l.target_modules.begin(), l.target_modules.end(), k) != l.target_modules.end()) {
+      bad(str("lora.modules_to_save: '", k, "' is also in lora.target_modules (a module gets an adapter or trains whole)"));
+    }
   }
 }
 
@@ -680,7 +819,9 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   }
   for (const auto& ov : overrides) apply_override(j, origin, ov);
   c.given = j;
+  c.lora.enabled = j.contains("lora");
   expand_model_from(j, c, origin);
+  expand_lora_from(j, origin);
   // Every problem of the file is said at once: unknown keys and bad values first (the rules
   // across keys would only repeat them), then every rule across keys.
   Problems problems(origin);
@@ -830,6 +971,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
             auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads)));
   if (c.runtime.tiled_mlp && f.mlp != Mlp::swiglu)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", f.name, "\" has none"));
+  if (c.lora.enabled) check_lora(c, bad);
   if (cross_key_rules) {
     check_schedule(c, problems);
     for (std::string& w : unread_settings(c, c.given, origin)) c.warnings.push_back(std::move(w));

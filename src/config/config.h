@@ -169,6 +169,26 @@ struct ZeroConfig {
   int64_t stage = 0;
 };
 
+// lora (PEFT's LoraConfig, its names and meanings; graph/passes/lora.h): a section given is a LoRA
+// run, the base frozen and low-rank adapters trained on the target projections. Absent: every
+// parameter trains, as before.
+struct LoraConfig {
+  bool enabled = false;  // the section is given
+  int64_t r = 8;
+  double lora_alpha = 8, lora_dropout = 0;
+  // Module names the family row lists (models/family.h linear_modules); "all-linear" is all of
+  // them, left out is PEFT's default for the family (lora_default_targets). Resolved while parsing.
+  std::vector<std::string> target_modules;
+  bool all_linear = false;  // written as "all-linear" (the resolved config keeps the spelling)
+  bool use_rslora = false;  // scale lora_alpha / sqrt(r) instead of lora_alpha / r
+  std::vector<std::string> modules_to_save;  // trained whole ("embed_tokens", "norm", "lm_head")
+  // PEFT's init_lora_weights: "true" (A Kaiming-uniform, B zero), "false" (both as nn.Linear's
+  // default: B nonzero, the adapter changes the model from the start), "gaussian" (A normal(0, 1/r)).
+  std::string init_lora_weights = "true";
+  std::string from;  // a PEFT adapter directory to continue ("" = fresh adapters)
+  double scale() const;  // lora_alpha / r, or / sqrt(r) with use_rslora
+};
+
 // The ZeRO mode a run has, decided once from zero_optimization.stage and the world size: one rank
 // has nothing to shard over, so every stage is `replicated` there. Whatever differs by stage (the
 // program's passes, the training state, the memory plan's figures) asks this, never the stage and
@@ -195,6 +215,7 @@ struct Config {
   // resolve_auto) sets them for the job's world at start-up and empties this. build_program refuses
   // a config that still has any.
   std::set<std::string> auto_keys;
+  LoraConfig lora;
   // Every schema key with its value after defaults and overrides (model.rope_scaling only when
   // set), as the log echoes it and a checkpoint's meta.json records it; parsing it again gives it
   // back. Code reads the typed sections above, not this.

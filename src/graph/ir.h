@@ -30,6 +30,7 @@ namespace autosp {
 enum class Role : uint8_t {
   none, input_ids, labels, position_ids, parameter, logits, loss, gradient,
   doc_start,  // packed documents: where each token's document begins (sdpa's document mask)
+  frozen,     // a parameter that is fed but not trained: no gradient, no optimizer state (LoRA's base)
 };
 std::string_view role_name(Role r);
 

@@ -83,7 +83,8 @@ void verify(const Graph& g, VerifyLevel level) {
         if (std::find(u->inputs().begin(), u->inputs().end(), &n) == u->inputs().end())
           bad(n, str("lists user %", u->name(), " which does not use it"));
     if ((n.op() == Op::input || n.op() == Op::parameter) && !n.inputs().empty()) bad(n, "a leaf with inputs");
-    if (n.op() == Op::parameter && n.role() != Role::parameter) bad(n, "parameter without the parameter role");
+    if (n.op() == Op::parameter && n.role() != Role::parameter && n.role() != Role::frozen)
+      bad(n, "parameter without the parameter or frozen role");
     // Its type, attributes and inputs as a full verify (or its making) found them: nothing below
     // can have changed.
     if (known(n)) continue;

@@ -9,6 +9,12 @@ namespace autosp {
 namespace {
 
 constexpr std::string_view kGpt2Buffers[] = {".attn.bias", ".attn.masked_bias"};  // GPT-2's causal-mask buffers
+// The projections (GPT-2's Conv1D c_proj is both the attention's and the MLP's output) and PEFT's
+// default targets (peft.utils.constants TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+constexpr std::string_view kGpt2Linear[] = {"c_attn", "c_proj", "c_fc"};
+constexpr std::string_view kGpt2LoraDefault[] = {"c_attn"};
+constexpr std::string_view kLlamaLinear[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+constexpr std::string_view kLlamaLoraDefault[] = {"q_proj", "v_proj"};
 
 constexpr Family kGpt2{
     .arch = Arch::gpt2, .name = "gpt2", .layout = Layout::gpt2, .norm = Norm::layernorm,
@@ -16,7 +22,8 @@ constexpr Family kGpt2{
     .mlp_bias = Presence::always, .qk_norm = false, .gqa = false, .tied_head = Presence::always,
     .window = Window::none, .norm_eps = 1e-5, .embedding = "transformer.wte.weight",
     .optional_prefix = "transformer.", .buffers = kGpt2Buffers, .layer_scope = "h", .hf_config_class = "GPT2Config",
-    .hf_model_class = "GPT2LMHeadModel", .hf_class_prefix = "GPT2"};
+    .hf_model_class = "GPT2LMHeadModel", .hf_class_prefix = "GPT2", .linear_modules = kGpt2Linear,
+    .lora_default_targets = kGpt2LoraDefault};
 
 // The Llama family's common row; each member changes what differs.
 constexpr Family kLlama{
@@ -25,7 +32,7 @@ constexpr Family kLlama{
     .mlp_bias = Presence::by_key, .qk_norm = false, .gqa = true, .tied_head = Presence::by_key,
     .window = Window::none, .norm_eps = 1e-6, .embedding = "model.embed_tokens.weight", .optional_prefix = "",
     .buffers = {}, .layer_scope = "l", .hf_config_class = "LlamaConfig", .hf_model_class = "LlamaForCausalLM",
-    .hf_class_prefix = "Llama"};
+    .hf_class_prefix = "Llama", .linear_modules = kLlamaLinear, .lora_default_targets = kLlamaLoraDefault};
 
 constexpr Family member(Family f, Arch arch, std::string_view name, std::string_view config_class,
                         std::string_view model_class) {

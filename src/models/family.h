@@ -57,6 +57,11 @@ struct Family {
   std::string_view hf_config_class;  // "Qwen2Config"
   std::string_view hf_model_class;   // "Qwen2ForCausalLM": what a checkpoint's config.json lists in architectures
   std::string_view hf_class_prefix;  // other architectures entries that name it, by prefix ("GPT2"; "" = none)
+  // LoRA (graph/passes/lora.h): the module names of the layers' projections, as PEFT's
+  // target_modules names them (the last part of the HF module path; "all-linear" is all of them:
+  // the LM head is never one), and PEFT's default targets when lora.target_modules is left out.
+  std::span<const std::string_view> linear_modules;
+  std::span<const std::string_view> lora_default_targets;
 };
 
 const Family& family(Arch a);

@@ -119,6 +119,8 @@ const char* value_kind_name(ValueKind k) {
     case ValueKind::list: return "a list or null";
     case ValueKind::integer_or_auto: return "an integer or \"auto\"";
     case ValueKind::boolean_or_auto: return "true, false or \"auto\"";
+    case ValueKind::list_or_string: return "a list or a string";
+    case ValueKind::boolean_or_string: return "true, false or a string";
   }
   return "";
 }

@@ -24,7 +24,9 @@ namespace autosp {
 struct HfImport;  // models/hf_config.h: a config.json being translated
 
 // The kinds of value a config key takes (the config schema uses them for every section).
-enum class ValueKind { integer, number, boolean, string, object, list, integer_or_auto, boolean_or_auto };
+enum class ValueKind {
+  integer, number, boolean, string, object, list, integer_or_auto, boolean_or_auto, list_or_string, boolean_or_string
+};
 const char* value_kind_name(ValueKind k);  // "an integer", "true or false", ...
 
 struct ModelKey {

@@ -1,6 +1,7 @@
 // Atomic checkpoint directories with CRC-32C checksums, keep-last-K pruning and validated loading,
 // and the checkpoint directory's lifecycle (its lock, --resume, --start-over, branching).
 #include "train/checkpoint.h"
+#include "train/adapter.h"
 
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE
@@ -202,13 +203,15 @@ std::string read_small_file(const std::string& path, uint64_t limit) {
 
 // Compare each data file with the size and CRC-32C meta.json records for it: every file it lists
 // (the weights, their shards and index, config.json, the optimizer state), which must include the
-// optimizer state and the weights.
-void verify_files(const fs::path& dir, const nlohmann::json& meta, const std::string& meta_path) {
+// optimizer state and the weights (a LoRA run's: the adapter, train/adapter.h).
+void verify_files(const fs::path& dir, const nlohmann::json& meta, const std::string& meta_path, bool lora) {
   if (!meta.contains("files") || !meta["files"].is_object()) throw UsageError(str(meta_path, ": no 'files' checksums"));
   const nlohmann::json& files = meta["files"];
   if (!files.contains(kOptimizerFile))
     throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", kOptimizerFile));
-  if (!files.contains(kWeightFiles[0]) && !files.contains(kWeightFiles[1]))
+  if (lora && !files.contains(kAdapterWeightsFile))
+    throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", kAdapterWeightsFile));
+  if (!lora && !files.contains(kWeightFiles[0]) && !files.contains(kWeightFiles[1]))
     throw UsageError(str(meta_path, ": 'files' has no {bytes, crc32c} entry for ", kWeightFiles[0], " or ",
                          kWeightFiles[1]));
   for (auto it = files.begin(); it != files.end(); ++it) {
@@ -282,10 +285,12 @@ namespace {
 // shards with their index; models/weights.h), then the optimizer state.
 std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& params,
                                            const std::map<std::string, Tensor>& moments, const Config& cfg) {
+  // A LoRA run's trained tensors are a PEFT adapter directory (train/adapter.h).
   std::vector<std::string> names =
-      save_hf_weights(tmp.string(), params, static_cast<uint64_t>(cfg.train.max_shard_mb * 1e6));
+      cfg.lora.enabled ? save_adapter(tmp.string(), params, cfg)
+                       : save_hf_weights(tmp.string(), params, static_cast<uint64_t>(cfg.train.max_shard_mb * 1e6));
   for (const std::string& name : names) fsync_path(tmp / name);  // the index is written without one
-  if (!params.empty()) {
+  if (!params.empty() && !cfg.lora.enabled) {
     const std::string path = (tmp / "config.json").string();
     std::ofstream f(path);
     f << hf_config_json(cfg.model, params.begin()->second.dtype(), cfg.hf_carried).dump(2) << "\n";
@@ -510,12 +515,17 @@ Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dty
     bad(str("was written with train.seed ", meta["rng"]["seed"].dump(), ", this run has ", cfg.train.seed,
             ": the data order follows the seed, so set train.seed ",
             meta["rng"]["seed"].dump(), " to continue that run"));
-  verify_files(dir, meta, meta_path);
+  if (meta["config"].contains("lora") != cfg.lora.enabled)
+    bad(cfg.lora.enabled ? "is a full checkpoint, and this run trains LoRA adapters (a lora section): start the "
+                           "adapters from scratch, or resume without the lora section"
+                         : "holds LoRA adapters (it was written by a run with a lora section), and this run trains "
+                           "every parameter: resume with the same lora section");
+  verify_files(dir, meta, meta_path, cfg.lora.enabled);
 
   Checkpoint ck;
   ck.meta = meta;
   ck.step = meta["step"].get<int64_t>();
-  ck.params = load_weights(dir.string(), cfg.model, dtype);
+  ck.params = cfg.lora.enabled ? load_adapter(dir.string(), cfg, dtype) : load_weights(dir.string(), cfg.model, dtype);
   const std::string opt_path = (dir / kOptimizerFile).string();
   SafetensorsFile opt = load_safetensors(opt_path);
   for (const auto& [name, p] : ck.params)

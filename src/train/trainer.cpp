@@ -22,10 +22,12 @@
 #include "device/cuda/device.h"
 #include "device/host.h"
 #include "engine/executor.h"
+#include "models/lora.h"
 #include "models/weights.h"
 #include "tensor/safetensors.h"
 #include "graph/passes/feed_target_count.h"  // kTargetCount
 #include "train/accumulation.h"
+#include "train/adapter.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/fault.h"
@@ -39,12 +41,39 @@
 
 namespace autosp {
 
-ParamMap starting_params(const Config& cfg, const TrainArgs& args, DType master) {
-  if (!args.resume.empty()) return load_checkpoint(args.resume, cfg, master).params;
+namespace {
+
+// The model's own weights: --init-from, model.from's directory (its config.json made cfg.model) or
+// the seeded initialisation.
+ParamMap base_params(const Config& cfg, const TrainArgs& args, DType master) {
   if (!args.init_from.empty()) return load_weights(args.init_from, cfg.model, master);
-  // model.from: the directory's weights (its config.json made cfg.model)
   if (!cfg.model_from.empty()) return load_weights(cfg.model_from, cfg.model, master, /*check_dir_config=*/false);
   return init_params(cfg.model, static_cast<uint64_t>(cfg.train.seed), master);
+}
+
+// A LoRA run's trained tensors when it does not resume: the adapter lora.from names, or fresh ones.
+ParamMap start_adapters(const Config& cfg, DType master) {
+  if (!cfg.lora.from.empty()) return load_adapter(cfg.lora.from, cfg, master);
+  return init_lora_params(cfg.model, lora_target_weights(cfg.model, cfg.lora.target_modules), cfg.lora.r,
+                          cfg.lora.init_lora_weights, static_cast<uint64_t>(cfg.train.seed), master);
+}
+
+// `adapters` (LoRA's A and B, modules_to_save's tensors) over `base`.
+ParamMap with_adapters(ParamMap base, const ParamMap& adapters) {
+  for (const auto& [name, t] : adapters) base[name] = t;
+  return base;
+}
+
+}  // namespace
+
+ParamMap starting_params(const Config& cfg, const TrainArgs& args, DType master) {
+  if (!cfg.lora.enabled) {
+    if (!args.resume.empty()) return load_checkpoint(args.resume, cfg, master).params;
+    return base_params(cfg, args, master);
+  }
+  const ParamMap adapters =
+      !args.resume.empty() ? load_checkpoint(args.resume, cfg, master).params : start_adapters(cfg, master);
+  return with_adapters(base_params(cfg, args, master), adapters);
 }
 
 namespace {
@@ -71,16 +100,36 @@ std::unique_ptr<DirLock> prepare_run(const Config& cfg, const TrainArgs& args, b
 // weights (--init-from, model.from) or a fresh initialisation; every rank takes rank 0's weights.
 // It changes nothing on disk: a resume is validated further (its data position) after it.
 struct StartState {
-  ParamMap params;
+  ParamMap params;  // what trains (LoRA: the adapters and modules_to_save)
+  ParamMap frozen;  // LoRA's frozen base: fed to the graph, never trained
   AdamW opt;
   int64_t step = 0;     // steps already done
   nlohmann::json meta;  // the checkpoint's meta.json (--resume), else null
 };
 
-StartState start_state(const Config& cfg, const TrainArgs& args, Communicator& host_world) {
+StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgram& prog, Communicator& host_world) {
   const DType master = master_dtype(cfg.runtime.dtype);
   const bool lead = host_world.rank() == 0;
   StartState s;
+  if (cfg.lora.enabled) {
+    ParamMap base = base_params(cfg, args, master);
+    // In the graph's dtype: bf16 under mixed precision (the frozen base needs no f32 master copy).
+    for (const std::string& name : prog.frozen_names)
+      s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
+    if (lead && args.init_from.empty() && cfg.model_from.empty())
+      spdlog::warn("lora: the base model is randomly initialised (no model.from or --init-from): the adapters "
+                   "train on a random base");
+    if (lead)
+      spdlog::info("lora: r {}, scale {}, {} frozen base tensors; the adapters {}", cfg.lora.r, cfg.lora.scale(),
+                   prog.frozen_names.size(),
+                   !args.resume.empty() ? "from --resume" : !cfg.lora.from.empty() ? "from " + cfg.lora.from : "fresh");
+    if (args.resume.empty()) {
+      s.params = with_adapters(std::move(base), start_adapters(cfg, master));
+      for (const std::string& name : prog.frozen_names) s.params.erase(name);
+      s.opt.init(s.params);
+    }
+    for (auto& [name, p] : s.frozen) host_world.broadcast(p, 0);
+  }
   if (!args.resume.empty()) {
     Checkpoint ck = load_checkpoint(args.resume, cfg, master);
     s.params = std::move(ck.params);
@@ -88,7 +137,7 @@ StartState start_state(const Config& cfg, const TrainArgs& args, Communicator& h
     s.step = ck.step;
     s.meta = std::move(ck.meta);
     if (lead) spdlog::info("resumed from {} at step {}", args.resume, s.step);
-  } else {
+  } else if (!cfg.lora.enabled) {
     s.params = starting_params(cfg, args, master);
     if (lead && args.init_from.empty() && !cfg.model_from.empty())
       spdlog::info("weights from {} (model.from)", cfg.model_from);
@@ -254,13 +303,20 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const int64_t k = cfg.train.gradient_accumulation_steps;
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   std::optional<Validation> validation = make_validation(cfg, cfg.runtime.dtype, mesh);
-  StartState start = start_state(cfg, args, *comms->host_world);
+  StartState start = start_state(cfg, args, prog, *comms->host_world);
+  if (prog.zero_mode == ZeroMode::sharded_parameters)  // ZeRO-3 shards LoRA's frozen base like the parameters
+    for (auto& [name, t] : start.frozen) t = parameter_shard(t, world.size(), world.rank());
+  to_run_device(start.frozen, dev);
   const DataCursor cursor(cfg, *data, start, mesh);
   if (world.rank() == 0 && !cursor.log().empty()) spdlog::info("{}", cursor.log());
   const size_t num_params = start.params.size();
   const std::unique_ptr<TrainState> state = make_train_state(prog.zero_mode, prog,
                                                              std::move(start.params), std::move(start.opt), cfg,
                                                              *comms, dev);
+  // What the graph is fed besides the data: the training state's parameters and LoRA's frozen base.
+  auto graph_params = [&] {
+    return start.frozen.empty() ? state->graph_params() : with_adapters(start.frozen, state->graph_params());
+  };
   const bool score_each_step = cfg.data.source == DataSourceKind::synthetic && args.accuracy;
   TrainResult result;
   ExecOptions exec = exec_options(cfg, *state, score_each_step);
@@ -296,7 +352,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       for (int64_t i = 0; i < k; ++i) {  // the micro-batches; only the last one's gradients are synchronised
         const bool last = i == k - 1;
         r = RunResult();  // the previous micro-batch's outputs are not held through this one's run
-        ParamMap feeds = run_feeds(micro_batch(batch, i, k), state->graph_params(), cfg.model.vocab_size, dev);
+        ParamMap feeds = run_feeds(micro_batch(batch, i, k), graph_params(), cfg.model.vocab_size, dev);
         if (k > 1) feeds[passes::kTargetCount] = count;
         r = ex.run(std::move(feeds), comms->groups, [&](const Node& n, const Tensor& v) {
           if (gradients.count(&n)) {
@@ -328,7 +384,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.grad_sync_ms = (state->sync_stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
     rec.grad_sync_wait_ms = (state->sync_stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
     if (validation && validation_due(cfg, rec.step, total))
-      evaluate(*validation, cfg, state->graph_params(), *comms, dev, rec, &result.val_example);
+      evaluate(*validation, cfg, graph_params(), *comms, dev, rec, &result.val_example);
     result.steps.push_back(rec);
     log.step(rec);
     const bool saved = checkpoint_due(cfg, rec.step, total);
@@ -338,7 +394,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       break;
     }
   }
-  result.parameter_bytes = bytes_of(state->graph_params());
+  result.parameter_bytes = bytes_of(graph_params());
   result.params = host_copy(state->whole_params());
   result.optimizer_state_bytes = state->state_bytes();
   result.grad_bucket_bytes = state->grad_bucket_bytes();

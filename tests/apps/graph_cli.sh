@@ -149,5 +149,33 @@ if bad:
     sys.exit(1)
 PY
 
+# LoRA (r 4 on all four projections of gpt2-tiny: 16,384 adapter elements a layer, 4 layers, f32):
+# the base is frozen, counted apart, with no moments, gradient buckets or gradient outputs; only the
+# adapters have them. At stage 3 the frozen base is sharded like the parameters (a quarter).
+for stage in 0 3; do
+  "$bin" --config "$src/configs/gpt2-tiny.json" --world 4 --rank 0 --plan-memory S=64 --set zero_optimization.stage=$stage \
+    --set lora.r=4 --set lora.target_modules=all-linear >"$tmp/lora$stage.json" 2>"$tmp/err" ||
+    { echo "FAIL: --plan-memory with lora at stage $stage: $(cat "$tmp/err")"; fail=1; }
+done
+python3 - "$tmp" <<'PY' || fail=1
+import json, sys
+full = json.load(open(f"{sys.argv[1]}/plan0.json"))
+l0, l3 = (json.load(open(f"{sys.argv[1]}/lora{s}.json")) for s in (0, 3))
+params, adapters = full["parameter_bytes"], 4 * 16384 * 4
+checks = [
+    (l0["frozen_parameter_bytes"] == params, "stage 0: the whole base is frozen"),
+    (l0["parameter_bytes"] == params + adapters, "stage 0: base + adapters"),
+    (l0["optimizer_bytes"] == 2 * adapters, "stage 0: moments of the adapters only"),
+    (l0["grad_bucket_bytes"] == adapters, "stage 0: buckets of the adapters' gradients only"),
+    (l3["frozen_parameter_bytes"] == params // 4, "stage 3: a quarter of the base"),
+    (l3["optimizer_bytes"] == 2 * adapters // 4, "stage 3: moments of the adapters' shards"),
+    (l0["total_bytes"] < full["total_bytes"], "LoRA plans less than full training"),
+]
+bad = [what for ok, what in checks if not ok]
+if bad:
+    print("FAIL: --plan-memory with lora:", ", ".join(bad), [{k: q[k] for k in q if k not in ("bindings", "peak")} for q in (l0, l3)])
+    sys.exit(1)
+PY
+
 if [ $fail -eq 0 ]; then echo "graph_cli: all checks passed"; fi
 exit $fail

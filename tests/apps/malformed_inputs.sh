@@ -233,6 +233,18 @@ row 'sequence_parallel.ring_size 2 does not divide sequence_parallel.autosp_size
 row 'sequence_parallel.ring_size 2 with autosp_size 4 leaves Ulysses 2 ranks for 6 query heads and 3 key/value heads' \
     "${c[@]}" --set sequence_parallel.autosp_size=4 --set sequence_parallel.ring_size=2 \
     --set model.num_attention_heads=6 --set model.num_key_value_heads=3 --set model.hidden_size=48
+# lora (issue 43): the section's values, an adapter directory that is not one, --merge-lora's output
+row 'lora.r = 0: expected an integer in \[1, 65536\]' "${c[@]}" --set lora.r=0
+row "lora.target_modules: unknown module 'q_prj' (did you mean 'q_proj'?)" "${c[@]}" --set 'lora.target_modules=["q_prj"]'
+row "lora.target_modules: 'c_fc' is a projection of gpt2, not of llama" "${c[@]}" --set 'lora.target_modules=["c_fc"]'
+row 'lora.lora_dropout 0.1: only 0' "${c[@]}" --set lora.lora_dropout=0.1
+row "lora.modules_to_save: 'lm_heads' names no module" "${c[@]}" --set 'lora.modules_to_save=["lm_heads"]'
+row 'lora.from: .*adir/adapter_config.json: cannot open' "${c[@]}" --set lora.from="$tmp/adir"
+mkdir -p "$tmp/bad_adapter" && echo '{"peft_type": "LORA", "r": 8, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}' \
+  >"$tmp/bad_adapter/adapter_config.json" && echo garbage >"$tmp/bad_adapter/adapter_model.safetensors"
+row 'bad_adapter/adapter_model.safetensors' "${c[@]}" --set lora.from="$tmp/bad_adapter"
+row '--merge-lora needs a lora section' "${c[@]}" --merge-lora "$tmp/merged"
+row "--merge-lora .*cfg.json: exists and is not an empty directory" "${c[@]}" --set lora.r=2 --merge-lora "$tmp/cfg.json"
 row 'nope.json: cannot open config file' --config "$tmp/nope.json"
 row 'adir: is a directory' --config "$tmp/adir"
 row "dup_section.json: duplicate key 'train'" --config "$tmp/dup_section.json"

@@ -389,6 +389,10 @@ const json kEveryKey = {
       {"overlap_grad_sync", false}, {"grad_bucket_mb", 8.0}, {"peak_tflops", 989.0}, {"profile_ops", true}}},
     {"sequence_parallel", {{"autosp_size", 2}, {"ring_size", 2}}},
     {"zero_optimization", {{"stage", 3}}},
+    // lora.from (an adapter directory that must exist) is tested with the adapters (tests/train/test_lora.cpp).
+    {"lora",
+     {{"r", 4}, {"lora_alpha", 8.0}, {"lora_dropout", 0.0}, {"target_modules", {"q_proj", "v_proj", "o_proj"}},
+      {"use_rslora", true}, {"modules_to_save", {"norm"}}, {"init_lora_weights", "gaussian"}}},
 };
 
 std::set<std::string> key_paths(const json& config) {
@@ -440,6 +444,8 @@ TEST_CASE("the resolved config holds every key, and parsing it again gives it ba
   for (const char* k : {"model.rope_scaling", "model.head_dim", "model.attention_bias", "data.mix",
                         "data.val_loss_mask_path"})
     without_rope.erase(k);
+  for (const std::string& k : key_paths(kEveryKey))  // no lora section: no lora keys
+    if (k.starts_with("lora.")) without_rope.erase(k);
   CHECK(key_paths(parse_config(json::object()).resolved) == without_rope);
 
   // data.loss_mask_path goes with data.path (kEveryKey has a mix): recorded, and read back.

@@ -78,7 +78,7 @@ TEST_CASE("the verifier rejects malformed graphs", "[verify]") {
     Builder b(g);
     Node* p = b.parameter("w", DType::f32, {4});
     p->set_role(Role::none);
-    CHECK_THROWS_WITH(verify(g), Catch::Contains("parameter without the parameter role"));
+    CHECK_THROWS_WITH(verify(g), Catch::Contains("parameter without the parameter or frozen role"));
   }
   SECTION("a negative dim") {
     Graph g;

@@ -9,6 +9,13 @@ namespace passes {
 
 PassResult mixed_precision(Graph& g, const PassContext&) {
   PassResult res;
+  // LoRA's frozen base is never updated, so it needs no f32 master copy: it is fed in bf16 itself.
+  for (Node* p : g.with_role(Role::frozen)) {
+    if (p->dtype() != DType::f32)
+      throw UsageError(str("mixed_precision: frozen parameter %", p->name(), " is ", p->type().str(), "; expected f32"));
+    p->set_type({DType::bf16, p->shape()});
+    res.changed = true;
+  }
   for (Node* p : g.with_role(Role::parameter)) {
     if (p->dtype() != DType::f32)
       throw UsageError(str("mixed_precision: parameter %", p->name(), " is ", p->type().str(),

@@ -9,7 +9,7 @@ namespace autosp {
 
 namespace passes {
 // An f32 forward graph → bf16 compute. Each parameter stays f32 and gets one cast to bf16 that all
-// its users read; f32 `full` constants become bf16; then every type is recomputed from the op
+// its users read (a frozen one, LoRA's base, becomes a bf16 parameter itself: no master copy); f32 `full` constants become bf16; then every type is recomputed from the op
 // table, whose rules keep the loss path in f32 (cross_entropy_sum of bf16 logits is f32, the
 // count_valid normaliser keeps its f32 dtype, the division is f32, sdpa's log-sum-exp is f32).
 // Run before AutoSP and autograd (docs/decisions.md): the backward then gets, through the cast's

@@ -13,6 +13,18 @@
 
 namespace autosp {
 
+// LoRA (graph/passes/lora.h): which projections get an adapter and which parameters train. The
+// compiler makes it from the config's lora section; r = 0 is no LoRA (every parameter trains).
+struct LoraPlan {
+  struct Target {
+    std::string weight, a, b;  // the projection's weight parameter and its adapter's A [r, in], B [out, r]
+  };
+  int64_t r = 0;
+  double scale = 0;  // lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA
+  std::vector<Target> targets;
+  std::vector<std::string> trainable;  // base parameters that train whole (PEFT's modules_to_save)
+};
+
 struct PassContext {
   int64_t sp_size = 1;   // P: ranks sharing one sequence
   int64_t sp_rank = 0;   // r: this rank's index in its SP group
@@ -31,6 +43,7 @@ struct PassContext {
   // decided by the program builder): shard_parameters splits every parameter over the world
   // (world_size shards) and regather_parameters gathers it per use.
   bool shard_parameters = false;
+  LoraPlan lora;
 };
 
 struct PassResult {

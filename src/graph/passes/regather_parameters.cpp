@@ -16,7 +16,9 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
     return in->op() == Op::cast ? in->input(0) : in;
   };
   for (const auto& n : g.nodes())
-    if (n->op() == Op::all_gather && shard_of(n.get())->role() == Role::parameter) gathers.push_back(n.get());
+    if (n->op() == Op::all_gather &&
+        (shard_of(n.get())->role() == Role::parameter || shard_of(n.get())->role() == Role::frozen))
+      gathers.push_back(n.get());
   const ParameterUnits units(g, ctx);  // before anything is inserted
   // Places are compared with Graph::before and found with next: positions would rebuild the
   // order after every insertion.

@@ -43,7 +43,10 @@ namespace passes {
 PassResult shard_parameters(Graph& g, const PassContext& ctx) {
   if (!ctx.shard_parameters) return {};
   const ParameterUnits units(g, ctx);  // before anything moves
-  for (Node* p : g.with_role(Role::parameter)) {
+  // LoRA's frozen base is sharded and gathered alike; autograd gives it no reduce-scatter.
+  std::vector<Node*> params = g.with_role(Role::parameter), frozen = g.with_role(Role::frozen);
+  params.insert(params.end(), frozen.begin(), frozen.end());
+  for (Node* p : params) {
     const TensorType whole = p->type();
     int64_t numel = 1;
     for (const Dim& d : whole.shape) numel *= d.value();

@@ -1,7 +1,8 @@
 // ZeRO-3 (zero_optimization.stage 3) as two graph passes, the way DeepCompile does it: every
 // parameter is sharded over the world and gathered where it is used.
 //
-// shard_parameters (after AutoSP, before autograd): each parameter node becomes this rank's shard,
+// shard_parameters (after AutoSP, before autograd): each parameter node (LoRA's frozen ones too, which
+// then get no reduce-scatter: autograd does not differentiate them) becomes this rank's shard,
 // [ceil(numel / W)] elements of the flattened parameter (the last rank's padded with zeros), and
 // an all_gather of the W shards into the whole parameter feeds every former user; under mixed
 // precision, of the shards cast to bf16 (the cast is elementwise: the same bf16 weights at half
