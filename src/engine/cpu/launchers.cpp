@@ -408,6 +408,31 @@ size_t linear_cross_entropy_workspace(const Node& n, const Bindings& b) {
   return elem * static_cast<size_t>(cpu::linear_ce_scratch_elems(shape_numel(x) / x.back(), w[0]));
 }
 
+// ---- bf16 on the CPU's bf16 units ----
+
+// A bf16 matmul on the CPU's bf16 GEMM (kernels/cpu/matmul.h: vdpbf16ps where the CPU has
+// AVX512-BF16): the operands are read as bf16, the products accumulate in f32 into a scratch C,
+// which is rounded once into the output (the numerics of the emulation and of cuBLASLt).
+Tensor matmul_bf16(const KernelCall& c) {
+  const Tensor a = arg(c, 0), b = arg(c, 1);
+  const MatmulGemm g = matmul_gemm(c, a, b);
+  Tensor y = out_like(c, DType::bf16);
+  if (y.numel() == 0) return y;
+  Tensor acc = Tensor::empty(y.shape(), DType::f32, c.alloc);
+  cpu::gemm_bf16_batched(cpu::bf16_gemm_best(), g.ta, g.tb, g.batch, g.M, g.N, g.K, 1.0f, a.data<uint16_t>(),
+                         g.stride_a, b.data<uint16_t>(), g.stride_b, 0.0f, acc.data<float>(), g.stride_c);
+  convert(acc, y);
+  return y;
+}
+
+KernelFn native_bf16(const KernelCall& c) {
+  if (cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return nullptr;  // the emulation is as fast
+  const bool all_bf16 = c.node.dtype() == DType::bf16 &&
+                        std::all_of(c.in.begin(), c.in.end(), [](const Tensor& t) { return t.dtype() == DType::bf16; });
+  if (c.node.op() == Op::matmul && all_bf16) return matmul_bf16;
+  return nullptr;
+}
+
 // bf16 emulation (engine/launchers.h): a node with a bf16 input or output runs its f32 kernel on inputs
 // widened to f32, and each result is rounded once to its (bf16) type: the numerics of the CUDA
 // kernels (f32 compute, one rounding per result), not their speed. Ops that only move bytes, and
