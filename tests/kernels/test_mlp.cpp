@@ -2,14 +2,16 @@
 // over more rows than one chunk (2.5 · kMlpChunkRows, so a partial last chunk and weight gradients
 // accumulated over three chunks), forward and all four gradients; a small explicit chunk size over
 // an odd row count; the gradient against central differences of the forward kernel; and the
-// weight gradients bitwise across thread counts.
+// weight gradients bitwise across thread counts. The bf16 versions against the same loops.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/naive.h"
 #include "kernel_test.h"
 #include "kernels/cpu/mlp.h"
+#include "tensor/convert.h"
 
 namespace {
 
@@ -127,4 +129,42 @@ TEST_CASE("swiglu_mlp's gradients are the same bits at any thread count", "[kern
     CHECK(g.dwu == first.dwu);
     CHECK(g.dwd == first.dwd);
   });
+}
+
+// The bf16 versions against the naive loops on the same bf16 values, within the CUDA MLP tests'
+// bf16 bound (relative L2 error 5e-3, tests/cuda/emulate_mlp.cpp): h, dg and du are rounded to
+// bf16 between the GEMMs (as there), every output once. On each bf16 GEMM path the CPU has (a path
+// it lacks says SKIPPED).
+TEST_CASE("swiglu_mlp on bf16 matches the naive MLP within bf16 tolerance", "[kernels][mlp][bf16]") {
+  for (const cpu::Bf16Gemm path : {cpu::Bf16Gemm::avx512_bf16, cpu::Bf16Gemm::f32}) {
+    if (!cpu::bf16_gemm_available(path)) {
+      WARN("SKIPPED: the bf16 GEMM path " << cpu::bf16_gemm_name(path) << " (this CPU lacks it)");
+      continue;
+    }
+    INFO("path " << cpu::bf16_gemm_name(path));
+    for (const int64_t chunk : {int64_t(7), cpu::kMlpChunkRows}) {
+      INFO("chunk " << chunk);
+      Mlp m(chunk == 7 ? 19 : cpu::kMlpChunkRows * 5 / 2, 24, 40, 90);
+      std::vector<uint16_t> x, wg, wu, wd, dy;
+      for (auto [v, b] : {std::pair{&m.x, &x}, {&m.wg, &wg}, {&m.wu, &wu}, {&m.wd, &wd}, {&m.dy, &dy}})
+        for (double& e : *v) b->push_back(cpu::f64_to_bf16(e)), e = cpu::bf16_to_f32(b->back());
+      const auto widen = [](const std::vector<uint16_t>& b) {
+        naive::Vec w;
+        for (uint16_t e : b) w.push_back(cpu::bf16_to_f32(e));
+        return w;
+      };
+      std::vector<uint16_t> y(x.size()), dx(x.size()), dwg(wg.size()), dwu(wu.size()), dwd(wd.size());
+      cpu::swiglu_mlp_forward_bf16(path, x.data(), wg.data(), wu.data(), wd.data(), y.data(), m.R, m.C, m.I, chunk);
+      cpu::swiglu_mlp_backward_bf16(path, dy.data(), x.data(), wg.data(), wu.data(), wd.data(), dx.data(), dwg.data(),
+                                    dwu.data(), dwd.data(), m.R, m.C, m.I, chunk);
+      naive::Vec rdx, rdwg, rdwu, rdwd;
+      naive::swiglu_mlp_backward(m.dy, m.x, m.wg, m.wu, m.wd, m.R, m.C, m.I, rdx, rdwg, rdwu, rdwd);
+      const double e_y = test::relative_l2(widen(y), naive::swiglu_mlp(m.x, m.wg, m.wu, m.wd, m.R, m.C, m.I));
+      const double e_dx = test::relative_l2(widen(dx), rdx), e_dwg = test::relative_l2(widen(dwg), rdwg);
+      const double e_dwu = test::relative_l2(widen(dwu), rdwu), e_dwd = test::relative_l2(widen(dwd), rdwd);
+      INFO("relative L2 error of y " << e_y << ", dx " << e_dx << ", dWg " << e_dwg << ", dWu " << e_dwu << ", dWd "
+                                     << e_dwd);
+      CHECK(std::max({e_y, e_dx, e_dwg, e_dwu, e_dwd}) <= 5e-3);
+    }
+  }
 }

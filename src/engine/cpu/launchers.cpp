@@ -425,11 +425,47 @@ Tensor matmul_bf16(const KernelCall& c) {
   return y;
 }
 
+// The tiled MLP on bf16 tensors (kernels/cpu/mlp.h: swiglu_mlp_forward_bf16), its launchers'
+// contracts as above.
+Tensor swiglu_mlp_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), wg = arg(c, 1), wu = arg(c, 2), wd = arg(c, 3);
+  const int64_t C = x.dim(-1), I = wg.dim(0);
+  Tensor y = out_like(c, DType::bf16);
+  cpu::swiglu_mlp_forward_bf16(cpu::bf16_gemm_best(), x.data<uint16_t>(), wg.data<uint16_t>(), wu.data<uint16_t>(),
+                               wd.data<uint16_t>(), y.data<uint16_t>(), x.numel() / C, C, I);
+  return y;
+}
+
+Tensor swiglu_mlp_backward_bf16(const KernelCall& c) {
+  std::vector<Tensor> t;
+  for (const Tensor& x : c.in) t.push_back(x.contiguous());
+  const Tensor &dy = t[0], &x = t[1], &wg = t[2], &wu = t[3], &wd = t[4];
+  const int64_t C = x.dim(-1), I = wg.dim(0);
+  Tensor dx = out_like(c, DType::bf16);
+  for (const Tensor& w : {wg, wu, wd}) c.extras.push_back(extra_like(c, w.shape(), DType::bf16));
+  cpu::swiglu_mlp_backward_bf16(cpu::bf16_gemm_best(), dy.data<uint16_t>(), x.data<uint16_t>(), wg.data<uint16_t>(),
+                                wu.data<uint16_t>(), wd.data<uint16_t>(), dx.data<uint16_t>(),
+                                c.extras[0].data<uint16_t>(), c.extras[1].data<uint16_t>(),
+                                c.extras[2].data<uint16_t>(), x.numel() / C, C, I);
+  return dx;
+}
+
+// The ops computed natively when every input and output is bf16 (else emulated).
+constexpr LauncherRow kNativeBf16[] = {
+    {Op::matmul, matmul_bf16},
+    {Op::swiglu_mlp, swiglu_mlp_bf16},
+    {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16},
+};
+
 KernelFn native_bf16(const KernelCall& c) {
   if (cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return nullptr;  // the emulation is as fast
-  const bool all_bf16 = c.node.dtype() == DType::bf16 &&
-                        std::all_of(c.in.begin(), c.in.end(), [](const Tensor& t) { return t.dtype() == DType::bf16; });
-  if (c.node.op() == Op::matmul && all_bf16) return matmul_bf16;
+  const auto bf16 = [](DType t) { return t == DType::bf16; };
+  if (!bf16(c.node.dtype()) || !std::all_of(c.in.begin(), c.in.end(), [&](const Tensor& t) { return bf16(t.dtype()); }))
+    return nullptr;
+  for (const TensorType& t : extra_types(c.node))
+    if (!bf16(t.dtype)) return nullptr;
+  for (const LauncherRow& row : kNativeBf16)
+    if (row.op == c.node.op()) return row.run;
   return nullptr;
 }
 
