@@ -450,22 +450,57 @@ Tensor swiglu_mlp_backward_bf16(const KernelCall& c) {
   return dx;
 }
 
-// The ops computed natively when every input and output is bf16 (else emulated).
-constexpr LauncherRow kNativeBf16[] = {
-    {Op::matmul, matmul_bf16},
-    {Op::swiglu_mlp, swiglu_mlp_bf16},
-    {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16},
+// The tiled head + loss on bf16 x and w (kernels/cpu/loss.h: linear_cross_entropy_sum_bf16), its
+// launchers' contracts as above; the logits chunk is f32, as the emulation's.
+Tensor linear_cross_entropy_sum_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
+  Tensor y = out_like(c, DType::f32);  // the op table keeps a bf16 model's loss in f32
+  c.extras.push_back(extra_like(c, labels.shape(), DType::i64));
+  Tensor own;
+  *y.data<float>() = static_cast<float>(cpu::linear_cross_entropy_sum_bf16(
+      cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(), labels.data<int64_t>(), c.extras[0].data<int64_t>(),
+      logits_chunk<float>(c, rows, V, own), rows, C, V, c.node.attrs().i("ignore_index")));
+  return y;
+}
+
+Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
+  const double g = c.in[3].to_doubles()[0];
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
+  Tensor dx = out_like(c, DType::bf16);
+  c.extras.push_back(extra_like(c, w.shape(), DType::bf16));
+  Tensor own;
+  cpu::linear_cross_entropy_backward_bf16(cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(),
+                                          labels.data<int64_t>(), g, dx.data<uint16_t>(),
+                                          c.extras[0].data<uint16_t>(), logits_chunk<float>(c, rows, V, own), rows, C,
+                                          V, c.node.attrs().i("ignore_index"));
+  return dx;
+}
+
+// The ops computed natively where their first `bf16_inputs` inputs are bf16 (else emulated); the
+// rest are ids or the loss's f32 gradient, and the outputs have the types the op table gives.
+struct NativeBf16Row {
+  Op op;
+  KernelFn run;
+  size_t bf16_inputs;
+};
+constexpr NativeBf16Row kNativeBf16[] = {
+    {Op::matmul, matmul_bf16, 2},
+    {Op::swiglu_mlp, swiglu_mlp_bf16, 4},
+    {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16, 5},
+    {Op::linear_cross_entropy_sum, linear_cross_entropy_sum_bf16, 2},
+    {Op::linear_cross_entropy_backward, linear_cross_entropy_backward_bf16, 2},
 };
 
 KernelFn native_bf16(const KernelCall& c) {
   if (cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return nullptr;  // the emulation is as fast
-  const auto bf16 = [](DType t) { return t == DType::bf16; };
-  if (!bf16(c.node.dtype()) || !std::all_of(c.in.begin(), c.in.end(), [&](const Tensor& t) { return bf16(t.dtype()); }))
-    return nullptr;
-  for (const TensorType& t : extra_types(c.node))
-    if (!bf16(t.dtype)) return nullptr;
-  for (const LauncherRow& row : kNativeBf16)
-    if (row.op == c.node.op()) return row.run;
+  for (const NativeBf16Row& row : kNativeBf16) {
+    if (row.op != c.node.op()) continue;
+    const auto bf16 = [](const Tensor& t) { return t.dtype() == DType::bf16; };
+    return c.in.size() >= row.bf16_inputs && std::all_of(c.in.begin(), c.in.begin() + row.bf16_inputs, bf16) ? row.run
+                                                                                                             : nullptr;
+  }
   return nullptr;
 }
 
