@@ -13,7 +13,7 @@
 #include "common/naive.h"
 #include "kernel_test.h"
 #include "kernels/cpu/loss.h"
-#include "tensor/convert.h"
+#include "kernels/bf16_test.h"
 #include "tensor/check.h"
 
 namespace {
@@ -249,24 +249,16 @@ TEST_CASE("linear_cross_entropy_backward agrees with central differences of its 
 // the GEMMs' operand, each output once) within the CUDA tests' bf16 bound, relative L2 5e-3. On
 // each bf16 GEMM path the CPU has (a path it lacks says SKIPPED).
 TEST_CASE("linear_cross_entropy on bf16 matches the naive head + loss", "[kernels][loss][bf16]") {
-  for (const cpu::Bf16Gemm path : {cpu::Bf16Gemm::avx512_bf16, cpu::Bf16Gemm::f32}) {
-    if (!cpu::bf16_gemm_available(path)) {
-      WARN("SKIPPED: the bf16 GEMM path " << cpu::bf16_gemm_name(path) << " (this CPU lacks it)");
-      continue;
-    }
+  test::for_each_bf16_path([](cpu::Bf16Gemm path) {
     uint32_t seed = 3300;
     for (const int64_t chunk : {int64_t(7), int64_t(0)}) {
-      INFO("path " << cpu::bf16_gemm_name(path) << " chunk " << chunk);
+      INFO("chunk " << chunk);
       const int64_t rows = 17, C = 40, V = 1003;
-      std::vector<uint16_t> x, w;
-      naive::Vec xd, wd;
-      for (double v : naive::random_normal(rows * C, seed++, 1.0)) x.push_back(cpu::f64_to_bf16(v));
-      for (double v : naive::random_normal(V * C, seed++, 0.5)) w.push_back(cpu::f64_to_bf16(v));
-      for (uint16_t v : x) xd.push_back(cpu::bf16_to_f32(v));
-      for (uint16_t v : w) wd.push_back(cpu::bf16_to_f32(v));
+      const std::vector<uint16_t> x = test::to_bf16(naive::random_normal(rows * C, seed++, 1.0));
+      const std::vector<uint16_t> w = test::to_bf16(naive::random_normal(V * C, seed++, 0.5));
       const auto labels = random_labels(rows, V, seed++, cpu::kIgnoreIndex);
       const double grad = 0.31;
-      const HeadLossRef ref = head_loss_ref(xd, wd, labels, rows, C, V, grad);
+      const HeadLossRef ref = head_loss_ref(test::widen_bf16(x), test::widen_bf16(w), labels, rows, C, V, grad);
       std::vector<float> scratch(size_t(chunk > 0 ? chunk * V : cpu::linear_ce_scratch_elems(rows, V)));
       std::vector<int64_t> pred(size_t(rows), -1);
       const double got = cpu::linear_cross_entropy_sum_bf16(path, x.data(), w.data(), labels.data(), pred.data(),
@@ -276,13 +268,8 @@ TEST_CASE("linear_cross_entropy on bf16 matches the naive head + loss", "[kernel
       std::vector<uint16_t> dx(x.size()), dw(w.size());
       cpu::linear_cross_entropy_backward_bf16(path, x.data(), w.data(), labels.data(), grad, dx.data(), dw.data(),
                                               scratch.data(), rows, C, V, cpu::kIgnoreIndex, chunk);
-      const auto widen = [](const std::vector<uint16_t>& b) {
-        naive::Vec v;
-        for (uint16_t e : b) v.push_back(cpu::bf16_to_f32(e));
-        return v;
-      };
-      CHECK(test::relative_l2(widen(dx), ref.dx) <= 5e-3);
-      CHECK(test::relative_l2(widen(dw), ref.dw) <= 5e-3);
+      CHECK(test::relative_l2(test::widen_bf16(dx), ref.dx) <= 5e-3);
+      CHECK(test::relative_l2(test::widen_bf16(dw), ref.dw) <= 5e-3);
     }
-  }
+  });
 }

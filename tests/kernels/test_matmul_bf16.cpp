@@ -15,8 +15,8 @@
 
 #include "common/naive.h"
 #include "kernel_test.h"
+#include "kernels/bf16_test.h"
 #include "kernels/cpu/matmul.h"
-#include "tensor/convert.h"
 
 namespace {
 
@@ -61,19 +61,13 @@ const Bf16Case kCases[] = {
     {true, false, 2, 6, 10, 0, false, false, 0, 1.0, 0.5},         // K = 0: C = beta · C
 };
 
-std::vector<uint16_t> random_bf16(int64_t n, uint32_t seed) {
-  std::vector<uint16_t> x;
-  for (double v : naive::random_normal(n, seed)) x.push_back(cpu::f64_to_bf16(v));
-  return x;
-}
-
 void run_case(cpu::Bf16Gemm path, const Bf16Case& g, uint32_t seed) {
-  INFO("path " << cpu::bf16_gemm_name(path) << " ta " << g.ta << " tb " << g.tb << " batch " << g.batch << " M "
+  INFO("ta " << g.ta << " tb " << g.tb << " batch " << g.batch << " M "
                << g.M << " N " << g.N << " K " << g.K << " bcast " << g.bcast_a << g.bcast_b << " offset " << g.offset
                << " alpha " << g.alpha << " beta " << g.beta);
   const int64_t sa = g.bcast_a ? 0 : g.M * g.K, sb = g.bcast_b ? 0 : g.K * g.N, sc = g.M * g.N;
-  const auto a = random_bf16(g.offset + (g.bcast_a ? g.M * g.K : g.batch * sa), seed);
-  const auto b = random_bf16(g.offset + (g.bcast_b ? g.K * g.N : g.batch * sb), seed + 1);
+  const auto a = test::to_bf16(naive::random_normal(g.offset + (g.bcast_a ? g.M * g.K : g.batch * sa), seed));
+  const auto b = test::to_bf16(naive::random_normal(g.offset + (g.bcast_b ? g.K * g.N : g.batch * sb), seed + 1));
   auto c = test::cast<float>(naive::random_normal(g.batch * sc, seed + 2));
   if (g.beta == 0) std::fill(c.begin(), c.end(), std::nanf(""));  // must be overwritten, not read
   const naive::Vec c0 = test::widen(c);
@@ -118,12 +112,8 @@ TEST_CASE("the bf16 GEMM dispatch picks the best path the CPU offers", "[kernels
 }
 
 TEST_CASE("every bf16 GEMM path matches a float64 loop", "[kernels][matmul][bf16]") {
-  for (const cpu::Bf16Gemm path : {cpu::Bf16Gemm::avx512_bf16, cpu::Bf16Gemm::f32}) {
-    if (!cpu::bf16_gemm_available(path)) {
-      WARN("SKIPPED: the bf16 GEMM path " << cpu::bf16_gemm_name(path) << " (this CPU lacks it)");
-      continue;
-    }
+  test::for_each_bf16_path([](cpu::Bf16Gemm path) {
     uint32_t seed = 500;
     for (const Bf16Case& g : kCases) run_case(path, g, seed += 3);
-  }
+  });
 }

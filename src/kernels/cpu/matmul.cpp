@@ -81,14 +81,16 @@ class Scratch {
   int64_t n_ = 0;
 };
 
-// Row-major op(A) [M, K] and op(B) [K, N] of one GEMM.
-struct Operands {
+// Row-major op(A) [M, K] and op(B) [K, N] of one GEMM, stored as E.
+template <class E>
+struct GemmOperands {
   bool ta, tb;
-  const float* a;
+  const E* a;
   int64_t lda;
-  const float* b;
+  const E* b;
   int64_t ldb;
 };
+using Operands = GemmOperands<float>;
 
 // The A block at (i0, p0): op(A)[i0 + q·kMR + r][p0 + k] → ap[q·kc·kMR + k·kMR + r] for the mc
 // rows of the block, 0 in the rows of its last micro-panel past mc. Stored [M, K], 16 × 16 blocks

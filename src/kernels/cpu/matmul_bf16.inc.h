@@ -20,14 +20,9 @@
 //     elements at a time and interleaved (zero-extend, shift, or)
 //   anything else (odd K or leading dimension): a word at a time.
 
-struct Bf16Operands {
-  bool ta, tb;
-  const uint16_t* a;
-  int64_t lda;
-  const uint16_t* b;
-  int64_t ldb;
-  int64_t K;                  // in bf16 elements
-  bool a_words, b_words;      // op(A)'s rows, op(B)'s columns hold their pairs as aligned words
+struct Bf16Operands : GemmOperands<uint16_t> {
+  int64_t K;              // in bf16 elements
+  bool a_words, b_words;  // op(A)'s rows, op(B)'s columns hold their pairs as aligned words
 };
 
 Bf16Operands bf16_operands(bool ta, bool tb, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
@@ -35,7 +30,7 @@ Bf16Operands bf16_operands(bool ta, bool tb, const uint16_t* a, int64_t lda, con
   const auto words = [K](const uint16_t* x, int64_t ld) {
     return K % 2 == 0 && ld % 2 == 0 && reinterpret_cast<uintptr_t>(x) % 4 == 0;
   };
-  return {ta, tb, a, lda, b, ldb, K, !ta && words(a, lda), tb && words(b, ldb)};
+  return {{ta, tb, a, lda, b, ldb}, K, !ta && words(a, lda), tb && words(b, ldb)};
 }
 
 // The word (X[i][2p], X[i][2p + 1]) of X [rows, K] stored with leading dimension ld.
