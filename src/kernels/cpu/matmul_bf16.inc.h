@@ -44,7 +44,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) __m512i pair_words16(const 
                                                                          int64_t p, int64_t K, __mmask16 lanes) {
   const __m256i lo = _mm256_maskz_loadu_epi16(lanes, x + 2 * p * ld + i);
   const __m256i hi = 2 * p + 1 < K ? _mm256_maskz_loadu_epi16(lanes, x + (2 * p + 1) * ld + i) : _mm256_setzero_si256();
-  return _mm512_or_si512(_mm512_cvtepu16_epi32(lo), _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+  // The maskz forms: GCC 12's unmasked ones start from _mm512_undefined_epi32, which -Wmaybe-uninitialized flags.
+  const __mmask16 all = 0xffff;
+  return _mm512_or_si512(_mm512_maskz_cvtepu16_epi32(all, lo),
+                         _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, hi), 16));
 }
 
 // A word into packed scratch (floats by type; the bits are what matter).
