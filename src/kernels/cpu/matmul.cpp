@@ -37,13 +37,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 #include <type_traits>
 
 #include "kernels/cpu/vec16.h"
-#include "tensor/convert.h"
 #include "tensor/check.h"
 
 namespace autosp::cpu {
@@ -363,7 +363,8 @@ void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch,
   if (path == Bf16Gemm::f32 || K == 0) {  // widened exactly; K = 0 is gemm_batched's C = beta · C
     auto widen = [&](const uint16_t* x, int64_t stride, int64_t n) {
       std::vector<float> w(size_t(stride == 0 ? n : (batch - 1) * stride + n));
-      cast<uint16_t, float>(x, w.data(), int64_t(w.size()));
+#pragma omp parallel for schedule(static) if (w.size() > 65536)
+      for (size_t i = 0; i < w.size(); ++i) w[i] = std::bit_cast<float>(uint32_t(x[i]) << 16);  // bf16 → f32: exact
       return w;
     };
     const std::vector<float> aw = widen(a, stride_a, M * K), bw = widen(b, stride_b, K * N);
