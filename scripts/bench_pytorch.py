@@ -15,7 +15,7 @@ it. Without --config the defaults are GPT-2, 4 layers, hidden 256, 8 heads, voca
 seq 256. Llama's intermediate size defaults to 4*hidden when neither the config nor a flag gives it.
 
 float32 parameters, random init (N(0, 0.02)), one fixed random batch (labels = the next token).
---dtype bfloat16 (the default: the config's runtime.dtype) runs the forward and loss under
+--dtype bfloat16 (the default where the config's runtime.dtype is "bfloat16") runs the forward and loss under
 torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's mixed precision as a user turns it on: the
 linear layers, matmuls and SDPA in bf16 (oneDNN's bf16 kernels: AMX or AVX512-BF16 where the CPU
 has them), f32 master weights and AdamW state, the loss and norms where autocast keeps them, f32.
@@ -183,9 +183,8 @@ def main(argv=None):
     pos = torch.arange(S).expand(B, S).contiguous()
     n_params = sum(p.numel() for p in params.values())
 
-    dtype = args.dtype or runtime.get("dtype") or "float32"
-    if dtype not in ("float32", "bfloat16"):
-        fail(f"runtime.dtype {dtype!r}: the baseline runs float32 or bfloat16")
+    # The config's runtime.dtype: bfloat16 is autocast; float32 and float64 run the float32 baseline.
+    dtype = args.dtype or ("bfloat16" if runtime.get("dtype") == "bfloat16" else "float32")
 
     def model_loss():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
