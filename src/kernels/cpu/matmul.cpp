@@ -1,6 +1,7 @@
 // CPU GEMM launchers: batched row-major GEMM, f32 on AVX-512 through our packed sgemm and
-// everything else on OpenBLAS, and the thread count shared by OpenMP regions and OpenBLAS. Knows
-// nothing of graphs or tensors.
+// everything else on OpenBLAS; bf16 GEMMs through the same packed driver on AVX512-BF16
+// (matmul_bf16.inc.h), else widened to f32; and the thread count shared by OpenMP regions and
+// OpenBLAS. Knows nothing of graphs or tensors.
 //
 // Packed sgemm (f32 where the CPU has AVX-512F; GotoBLAS/BLIS loop order). OpenBLAS is held to its
 // 8-lane AVX2 kernels in this environment (OPENBLAS_CORETYPE=Haswell), and its AVX-512 kernels are
