@@ -408,7 +408,7 @@ size_t linear_cross_entropy_workspace(const Node& n, const Bindings& b) {
   return elem * static_cast<size_t>(cpu::linear_ce_scratch_elems(shape_numel(x) / x.back(), w[0]));
 }
 
-// ---- bf16 on the CPU's bf16 units ----
+// ---- bf16 without whole f32 copies: the GEMM-bound ops on the bf16 GEMM, chunked elementwise ops ----
 
 // A bf16 matmul on the CPU's bf16 GEMM (kernels/cpu/matmul.h: vdpbf16ps where the CPU has
 // AVX512-BF16): the operands are read as bf16, the products accumulate in f32 into a scratch C,
