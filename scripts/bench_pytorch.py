@@ -4,7 +4,7 @@
   PYTHON scripts/bench_pytorch.py [--config CFG.json] [--arch gpt2|llama] [--layers L]
       [--hidden C] [--heads N] [--kv-heads Nkv] [--intermediate I] [--vocab V] [--batch B] [--seq S]
       [--threads T] [--mode forward|step] [--warmup W] [--iters I] [--seed K] [--tie | --no-tie]
-      [--attention sdpa|math] [--compile] [--[no-]checkpoint] [--clip X] [--serve]
+      [--attention sdpa|math] [--compile] [--[no-]checkpoint] [--clip X] [--dtype float32|bfloat16] [--serve]
 
 PYTHON is a current PyTorch 2.x (scripts/pytorch-venv.sh prints the venv's python) or Debian's
 python3-torch 1.13 (/usr/bin/python3).
@@ -14,7 +14,11 @@ runtime.threads / train.{lr,weight_decay,beta1,beta2,eps} are used when present)
 it. Without --config the defaults are GPT-2, 4 layers, hidden 256, 8 heads, vocab 512, batch 4,
 seq 256. Llama's intermediate size defaults to 4*hidden when neither the config nor a flag gives it.
 
-float32, random init (N(0, 0.02)), one fixed random batch (labels = the next token).
+float32 parameters, random init (N(0, 0.02)), one fixed random batch (labels = the next token).
+--dtype bfloat16 (the default where the config's runtime.dtype is "bfloat16") runs the forward and loss under
+torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's mixed precision as a user turns it on: the
+linear layers, matmuls and SDPA in bf16 (oneDNN's bf16 kernels: AMX or AVX512-BF16 where the CPU
+has them), f32 master weights and AdamW state, the loss and norms where autocast keeps them, f32.
   forward: logits + mean cross-entropy under torch.no_grad()
   step:    forward + loss.backward() + clip_grad_norm_(--clip, default the config's train.grad_clip,
            else 1.0, autosp's default; 0 = none) + torch.optim.AdamW.step() (decay only on tensors
@@ -115,6 +119,8 @@ def main(argv=None):
                     help="activation checkpointing per layer (default: the config's "
                          "runtime.activation_checkpointing, else off)")
     ap.add_argument("--clip", type=float, help="gradient clipping max norm (0: none)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"],
+                    help="bfloat16: forward and loss under torch.autocast (default: the config's runtime.dtype)")
     ap.add_argument("--serve", action="store_true", help="answer {warmup, iters} requests on stdin")
     args = ap.parse_args(argv)
     if args.attention == "sdpa" and not has_sdpa:
@@ -177,9 +183,13 @@ def main(argv=None):
     pos = torch.arange(S).expand(B, S).contiguous()
     n_params = sum(p.numel() for p in params.values())
 
+    # The config's runtime.dtype: bfloat16 is autocast; float32 and float64 run the float32 baseline.
+    dtype = args.dtype or ("bfloat16" if runtime.get("dtype") == "bfloat16" else "float32")
+
     def model_loss():
-        return tm.token_loss(tm.forward(cfg, params, ids, pos, checkpoint=checkpoint and args.mode == "step"),
-                             labels)[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            return tm.token_loss(tm.forward(cfg, params, ids, pos, checkpoint=checkpoint and args.mode == "step"),
+                                 labels)[0]
 
     if args.compile:
         model_loss = torch.compile(model_loss)
@@ -230,7 +240,7 @@ def main(argv=None):
                 "arch": cfg.arch, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
                 "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
                 "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size, "batch": B, "seq": S,
-                "params": n_params, "threads": torch.get_num_threads(), "dtype": "float32",
+                "params": n_params, "threads": torch.get_num_threads(), "dtype": dtype,
                 "attention": args.attention, "compile": args.compile, "clip": clip,
                 "checkpoint": checkpoint,
                 "final_loss": float(loss.detach()), "torch": torch.__version__,

@@ -124,7 +124,8 @@ std::vector<std::string> pytorch_args(const Config& cfg, const BenchOptions& opt
                                 "--vocab", std::to_string(m.vocab_size), "--batch", std::to_string(cfg.data.batch_size),
                                 "--seq", std::to_string(cfg.data.seq_len), "--threads", std::to_string(threads),
                                 "--mode", opt.mode, "--clip", str(cfg.train.grad_clip),
-                                cfg.runtime.activation_checkpointing ? "--checkpoint" : "--no-checkpoint"};
+                                cfg.runtime.activation_checkpointing ? "--checkpoint" : "--no-checkpoint", "--dtype",
+                                cfg.runtime.dtype == DType::bf16 ? "bfloat16" : "float32"};
   const Family& f = family(m.arch);
   if (f.qk_norm)  // its baseline would need q/k norm and head_dim flags
     throw UsageError(str("the PyTorch baseline (scripts/bench_pytorch.py) has no ", f.name,

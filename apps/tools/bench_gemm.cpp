@@ -1,4 +1,5 @@
-// The GEMM benchmark: gemm_batched<float> (our packed sgemm) against cblas_sgemm, alternated.
+// The GEMM benchmark: gemm_batched<float> (our packed sgemm) against cblas_sgemm and our bf16 GEMM
+// (gemm_bf16_batched on the CPU's best path), alternated.
 #include "tools/bench_gemm.h"
 
 #include <cblas.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
+#include "tensor/convert.h"
 #include "tools/bench.h"
 
 namespace autosp {
@@ -34,6 +36,13 @@ std::vector<GemmShape> gpt2_tiny_shapes() {
     shapes.push_back({true, false, l[0], l[1], rows});   // dW = xᵀ · dY
   }
   shapes.push_back({false, false, 2048, 2048, 2048});
+  // The GEMM-bound Llama of issue 49 (hidden 768, intermediate 2048, vocab 8192) at B·S = 2048 rows,
+  // weights [out, in] as the model holds them: the MLP's gate forward x·Wᵀ, its input gradient
+  // dG·W, its weight gradient dGᵀ·x, and the head x·Wᵀ.
+  shapes.push_back({false, true, 2048, 2048, 768});
+  shapes.push_back({false, false, 2048, 768, 2048});
+  shapes.push_back({true, false, 2048, 768, 2048});
+  shapes.push_back({false, true, 2048, 8192, 768});
   return shapes;
 }
 
@@ -53,10 +62,15 @@ void run_gemm_bench(const GemmBenchOptions& opt, const std::function<void(const 
   cpu::set_num_threads(threads);
   std::mt19937_64 gen(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
+  const cpu::Bf16Gemm bf16_path = cpu::bf16_gemm_best();
   for (const GemmShape& s : gpt2_tiny_shapes()) {
-    std::vector<float> a(size_t(s.M * s.K)), b(size_t(s.K * s.N)), ours(size_t(s.M * s.N)), blas(ours.size());
+    std::vector<float> a(size_t(s.M * s.K)), b(size_t(s.K * s.N)), ours(size_t(s.M * s.N)), blas(ours.size()),
+        bf16_out(ours.size());
     for (float& x : a) x = dist(gen);
     for (float& x : b) x = dist(gen);
+    std::vector<uint16_t> a16(a.size()), b16(b.size());
+    cpu::cast<float, uint16_t>(a.data(), a16.data(), int64_t(a.size()));
+    cpu::cast<float, uint16_t>(b.data(), b16.data(), int64_t(b.size()));
     const int64_t lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
     auto run_ours = [&] {
       cpu::gemm_batched<float>(s.ta, s.tb, 1, s.M, s.N, s.K, 1.0f, a.data(), 0, b.data(), 0, 0.0f, ours.data(), 0);
@@ -66,11 +80,17 @@ void run_gemm_bench(const GemmBenchOptions& opt, const std::function<void(const 
                   blasint(s.N), blasint(s.K), 1.0f, a.data(), blasint(lda), b.data(), blasint(ldb), 0.0f,
                   blas.data(), blasint(s.N));
     };
-    std::vector<double> ours_ms, blas_ms, ratio;
+    auto run_bf16 = [&] {
+      cpu::gemm_bf16_batched(bf16_path, s.ta, s.tb, 1, s.M, s.N, s.K, 1.0f, a16.data(), 0, b16.data(), 0, 0.0f,
+                             bf16_out.data(), 0);
+    };
+    std::vector<double> ours_ms, blas_ms, bf16_ms, ratio, bf16_ratio;
     for (int p = 0; p < opt.pairs; ++p) {
       ours_ms.push_back(time_ms(opt.warmup, opt.iters, run_ours));
       blas_ms.push_back(time_ms(opt.warmup, opt.iters, run_blas));
+      bf16_ms.push_back(time_ms(opt.warmup, opt.iters, run_bf16));
       ratio.push_back(blas_ms.back() / ours_ms.back());
+      bf16_ratio.push_back(ours_ms.back() / bf16_ms.back());
     }
     double diff = 0, scale = 0;
     for (size_t i = 0; i < ours.size(); ++i) {
@@ -78,11 +98,12 @@ void run_gemm_bench(const GemmBenchOptions& opt, const std::function<void(const 
       scale = std::max(scale, double(std::abs(blas[i])));
     }
     const double gflop = 2.0 * double(s.M) * double(s.N) * double(s.K) / 1e9;
-    const double om = median(ours_ms), bm = median(blas_ms);
+    const double om = median(ours_ms), bm = median(blas_ms), hm = median(bf16_ms);
     emit({{"mode", "gemm"}, {"ta", s.ta}, {"tb", s.tb}, {"M", s.M}, {"N", s.N}, {"K", s.K}, {"threads", threads},
           {"ours_ms", om}, {"openblas_ms", bm}, {"ours_gflops", gflop / om * 1e3}, {"openblas_gflops", gflop / bm * 1e3},
           {"speedup", median(ratio)}, {"packed", cpu::packed_sgemm_available()},
-          {"max_rel_diff", scale > 0 ? diff / scale : 0.0}});
+          {"max_rel_diff", scale > 0 ? diff / scale : 0.0}, {"bf16_path", cpu::bf16_gemm_name(bf16_path)},
+          {"bf16_ms", hm}, {"bf16_gflops", gflop / hm * 1e3}, {"bf16_speedup", median(bf16_ratio)}});
   }
 }
 

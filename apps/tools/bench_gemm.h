@@ -21,7 +21,8 @@ struct GemmBenchOptions {
 
 // One row per shape: ta, tb, M, N, K, threads, ours_ms / openblas_ms (medians of the turns' mean
 // call time), ours_gflops / openblas_gflops, speedup (median over the turns of OpenBLAS ÷ ours),
-// packed (whether ours ran the packed sgemm) and max_rel_diff (max |ours − OpenBLAS| / max |OpenBLAS|).
+// packed (whether ours ran the packed sgemm) and max_rel_diff (max |ours − OpenBLAS| / max |OpenBLAS|);
+// bf16_path, bf16_ms, bf16_gflops, bf16_speedup (median over the turns of ours f32 ÷ ours bf16).
 void run_gemm_bench(const GemmBenchOptions& opt, const std::function<void(const nlohmann::json&)>& emit);
 
 }  // namespace autosp

@@ -5,6 +5,8 @@
 #include "engine/dispatch.h"
 
 #include "engine/launchers.h"
+#include "kernels/cpu/matmul.h"
+#include "tensor/check.h"
 
 namespace autosp {
 namespace {
@@ -44,7 +46,16 @@ Tensor dispatch(const KernelCall& call, DeviceKind device) {
 #endif
   }
   const KernelFn f = cpu_ops::launcher(call.node.op());
-  return cpu_ops::emulates_bf16(call) ? cpu_ops::bf16_via_f32(call, f) : f(call);
+  if (!cpu_ops::emulates_bf16(call)) return f(call);
+  const KernelFn native = cpu_ops::native_bf16(call);
+  return native ? native(call) : cpu_ops::bf16_via_f32(call, f);
+}
+
+std::string cpu_bf16_numerics() {
+  const cpu::Bf16Gemm path = cpu::bf16_gemm_best();
+  if (path == cpu::Bf16Gemm::f32) return "emulated on cpu: f32 kernels, each result rounded to bf16 (no AVX512-BF16)";
+  return str("on cpu: matmuls and the tiled MLP on ", cpu::bf16_gemm_name(path),
+             ", each result rounded to bf16; other ops emulated: f32 kernels, each result rounded to bf16");
 }
 
 }  // namespace autosp

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <span>
+#include <string>
 
 #include "comm/communicator.h"
 #include "graph/ir.h"
@@ -119,6 +120,10 @@ using WorkspaceFn = size_t (*)(const Node&, const Bindings&);
 // Run `call.node` on the device of its inputs. Leaves (input, parameter) and `output` (which reads
 // an extra output kept by the executor) are not dispatched.
 Tensor dispatch(const KernelCall& call, DeviceKind device);
+
+// How the CPU computes bf16 nodes on this machine, for the run log: which ops run on its bf16
+// units (and which path: kernels/cpu/matmul.h bf16_gemm_best), and that the rest are emulated.
+std::string cpu_bf16_numerics();
 
 // The scratch `node` wants on `device` at bindings `b` (engine/dispatch.cpp: the few ops that want
 // one, per device; 0 for the others). Known in every build, so a build without CUDA plans a CUDA

@@ -28,6 +28,12 @@ KernelFn launcher(Op op);
 bool emulates_bf16(const KernelCall& c);
 Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_launcher);
 
+// The launcher that computes a bf16 node `c` without whole f32 copies instead, where there is one
+// for its op and dtypes: the GEMM-bound ops on the CPU's bf16 GEMM (kernels/cpu/matmul.h:
+// bf16_gemm_best, where it beats widening), same-shape elementwise ops in widened chunks; else
+// nullptr (then it is emulated).
+KernelFn native_bf16(const KernelCall& c);
+
 // The CPU sdpa_backward's partial dK, dV (kernels/cpu/attention.h), in bytes of its compute type
 // (f32 for bf16 nodes, which run through bf16_via_f32).
 size_t sdpa_backward_workspace(const Node& n, const Bindings& b);

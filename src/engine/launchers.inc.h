@@ -123,26 +123,34 @@ Tensor embedding(const KernelCall& c) {
   });
 }
 
-// a [..., M, K] (stored [..., K, M] when trans_a) · b [(...,) K, N] (stored [N, K] when trans_b).
-Tensor matmul(const KernelCall& c) {
-  const Tensor a = arg(c, 0), b = arg(c, 1);
+// a [..., M, K] (stored [..., K, M] when trans_a) · b [(...,) K, N] (stored [N, K] when trans_b)
+// as one batched GEMM (gemm_batched's arguments; a 2-D b is broadcast over the batch).
+struct MatmulGemm {
+  bool ta, tb;
+  int64_t batch, M, N, K, stride_a, stride_b, stride_c;
+};
+MatmulGemm matmul_gemm(const KernelCall& c, const Tensor& a, const Tensor& b) {
   const bool ta = c.node.attrs().b("trans_a"), tb = c.node.attrs().b("trans_b");
   const int r = a.rank();
   const int64_t M = c.out_shape[r - 2], N = c.out_shape[r - 1], K = a.dim(ta ? -2 : -1);
+  const int64_t batch = a.numel() / (a.dim(-1) * a.dim(-2));
+  if (b.rank() == 2 && !ta) return {false, tb, 1, batch * M, N, K, 0, 0, 0};  // [..., M, K] · [K, N]: batch·M rows
+  return {ta, tb, batch, M, N, K, M * K, b.rank() == 2 ? 0 : K * N, M * N};
+}
+
+Tensor matmul(const KernelCall& c) {
+  const Tensor a = arg(c, 0), b = arg(c, 1);
+  const MatmulGemm g = matmul_gemm(c, a, b);
   const Stream s = stream(c);
   return by_float(c, a.dtype(), [&]<class T>() {
     Tensor y = out_like(c, a.dtype());
     if (y.numel() == 0) return y;
-    if (K == 0) {  // an empty sum
+    if (g.K == 0) {  // an empty sum
       zero(y, s);
       return y;
     }
-    const int64_t batch = a.numel() / (a.dim(-1) * a.dim(-2));
-    if (b.rank() == 2 && !ta)  // [..., M, K] · [K, N]: one GEMM with batch·M rows
-      call(s, dev::gemm_batched<T>, false, tb, 1, batch * M, N, K, 1.0, ptr<T>(a), 0, ptr<T>(b), 0, 0.0, ptr<T>(y), 0);
-    else
-      call(s, dev::gemm_batched<T>, ta, tb, batch, M, N, K, 1.0, ptr<T>(a), M * K, ptr<T>(b), b.rank() == 2 ? 0 : K * N,
-           0.0, ptr<T>(y), M * N);
+    call(s, dev::gemm_batched<T>, g.ta, g.tb, g.batch, g.M, g.N, g.K, 1.0, ptr<T>(a), g.stride_a, ptr<T>(b), g.stride_b,
+         0.0, ptr<T>(y), g.stride_c);
     return y;
   });
 }

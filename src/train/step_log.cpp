@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "device/cuda/device.h"
+#include "engine/dispatch.h"
 #include "models/flops.h"
 #include "tensor/check.h"
 
@@ -82,7 +83,7 @@ void StepLog::run_start(Device dev, const std::string& data, size_t num_params,
                  cfg_.train.eval_batches, validation_data);
   if (cfg_.runtime.dtype == DType::bf16)
     spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
-                 dev.kind == DeviceKind::cpu ? "; emulated on cpu: f32 kernels, each result rounded to bf16" : "");
+                 dev.kind == DeviceKind::cpu ? "; " + cpu_bf16_numerics() : "");
 }
 
 void StepLog::step(const StepRecord& rec) {

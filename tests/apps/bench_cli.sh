@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # autosp-bench: a small forward benchmark prints one JSON row with a finite loss; a tiny attention
 # benchmark prints its row (no PyTorch needed without --compare-pytorch); the GEMM benchmark prints
-# its 16 rows, ours agreeing with OpenBLAS; the ring benchmark its two layouts' rows; a tiny sweep
+# its 20 rows, ours agreeing with OpenBLAS and a bf16 column; the PyTorch baseline's bf16 (autocast)
+# step; the ring benchmark its two layouts' rows; a tiny sweep
 # (P = 1 in-process child, P = 2 under mpirun) writes CSV and JSON-lines rows with the
 # communication columns; --project prints the scaling tables; bad flags and configs give one
 # `error:` line and exit code 2.
@@ -71,12 +72,27 @@ expect_usage_error "--mode attention takes no --config" --mode attention --confi
 expect_usage_error "need --compare-pytorch" --config "$cfg" --pytorch-compile
 expect_usage_error "leave train.gradient_accumulation_steps at 1" --config "$cfg" --compare-pytorch \
   --set train.gradient_accumulation_steps=2
+# The PyTorch baseline in bf16 (torch.autocast; Debian's 1.13 has it too): one tiny step, its row
+# says bfloat16 and has a finite loss; a bad --dtype is refused (argparse: exit 2).
+row=$(/usr/bin/python3 "$src/scripts/bench_pytorch.py" --arch llama --layers 1 --hidden 32 --heads 4 --kv-heads 2 \
+  --intermediate 48 --vocab 64 --batch 1 --seq 16 --threads 1 --attention math --dtype bfloat16 --warmup 0 --iters 1 \
+  2>/dev/null | tail -1)
+if ! /usr/bin/python3 -c 'import json,math,sys; r=json.loads(sys.argv[1]); assert r["dtype"]=="bfloat16" and math.isfinite(r["final_loss"]), r' "$row"; then
+  echo "FAIL: bench_pytorch.py --dtype bfloat16: $row"
+  fail=1
+fi
+/usr/bin/python3 "$src/scripts/bench_pytorch.py" --dtype float16 >/dev/null 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q "dtype" "$tmp/err"; then
+  echo "FAIL: bench_pytorch.py --dtype float16: exit $rc, $(cat "$tmp/err")"
+  fail=1
+fi
 # The GEMM benchmark (ours against OpenBLAS) and its flags.
 rows=$("$bin" --mode gemm --pairs 1 --iters 1 --warmup 0 --threads 2 2>/dev/null) || {
   echo "FAIL: --mode gemm exited non-zero"
   fail=1
 }
-if ! /usr/bin/python3 -c 'import json,sys; rs=[json.loads(l) for l in sys.argv[1].splitlines()]; assert len(rs)==16 and all(r["mode"]=="gemm" and r["ours_gflops"]>0 and r["openblas_gflops"]>0 and r["max_rel_diff"]<1e-5 for r in rs), rs' "$rows"; then
+if ! /usr/bin/python3 -c 'import json,sys; rs=[json.loads(l) for l in sys.argv[1].splitlines()]; assert len(rs)==20 and all(r["mode"]=="gemm" and r["ours_gflops"]>0 and r["openblas_gflops"]>0 and r["max_rel_diff"]<1e-5 and r["bf16_gflops"]>0 and r["bf16_path"] for r in rs), rs' "$rows"; then
   echo "FAIL: gemm rows: $rows"
   fail=1
 fi

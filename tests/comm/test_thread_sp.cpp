@@ -3,7 +3,7 @@
 // gradients of every rank equal the unsharded P = 1 program in one process on the same batch, in
 // f32 and bf16, for GPT-2 and Llama with GQA (kv 2: all-to-all'd K/V at P = 2, replicated at
 // P = 4) and kv 4, on a sequence length P does not divide (padded at the end), on a dp × sp mesh,
-// and through train() itself (a short loss curve). The helpers and tolerances are those of the
+// and through train() itself (a short loss curve); the tiled MLP and loss in bf16 too. The helpers and tolerances are those of the
 // MPI test (tests/common/sp_case.h); the rank threads only compute, Catch checks afterwards.
 // tests/cuda/test_thread_sp.cpp runs the same ranks on one GPU.
 #include <catch2/catch.hpp>
@@ -78,6 +78,23 @@ TEST_CASE("thread sp: runtime.tiled_loss at P = 2, 4 equals the untiled P = 1 ru
       cfg.runtime.tiled_loss = true;
       for (const auto& got : run_sp_threads(P, cfg, batch, params, DType::f32)) check_equal(got, ref);
     }
+  }
+}
+
+// In bf16 the tiled MLP and the tiled head + loss run on the CPU's bf16 GEMM where it has one
+// (kernels/cpu/mlp.h, loss.h: their hidden h, dg, du and dlogits rounded to bf16): sharded at
+// P = 2, 4 they equal the untiled P = 1 bf16 run within bf16's tolerance.
+TEST_CASE("thread sp: bf16 Llama with runtime.tiled_mlp and tiled_loss at P = 2, 4 equals the untiled P = 1 run",
+          "[threads][autosp][bf16]") {
+  const Config cfg_p1 = make_config(kLlamaGqa, 1);
+  const ParamMap params = init_params(cfg_p1.model, 12, DType::f32);
+  const Batch batch = random_batch(2, 32, cfg_p1.model.vocab_size, 7);
+  const LossAndGrads ref = run_reference(cfg_p1, batch, params, DType::bf16);
+  for (const int P : {2, 4}) {
+    INFO("P = " << P);
+    Config cfg = make_config(kLlamaGqa, P);
+    cfg.runtime.tiled_mlp = cfg.runtime.tiled_loss = true;
+    for (const auto& got : run_sp_threads(P, cfg, batch, params, DType::bf16)) check_equal_bf16(got, ref);
   }
 }
 

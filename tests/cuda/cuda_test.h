@@ -190,15 +190,7 @@ std::vector<H> absolute(std::vector<H> v) {
   return v;
 }
 
-// ‖got − ref‖ / ‖ref‖ (an error measure that sums over many rounded elements).
-inline double relative_l2(const naive::Vec& got, const naive::Vec& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (got[i] - ref[i]) * (got[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
+using test::relative_l2;  // kernels/kernel_test.h
 
 // Bitwise equality (determinism checks, exact kernels).
 template <class H>

@@ -59,6 +59,16 @@ void check_close(const std::vector<T>& got, const naive::Vec& ref, double tolera
   CHECK(worst <= tolerance);
 }
 
+// ‖got − ref‖ / ‖ref‖ (an error measure that sums over many rounded elements).
+inline double relative_l2(const naive::Vec& got, const naive::Vec& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
 // Σ a·b, accumulated in long double so that the loss of a central difference adds little rounding
 // of its own.
 inline double dot(const naive::Vec& a, const naive::Vec& b) {

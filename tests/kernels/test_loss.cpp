@@ -13,6 +13,7 @@
 #include "common/naive.h"
 #include "kernel_test.h"
 #include "kernels/cpu/loss.h"
+#include "kernels/bf16_test.h"
 #include "tensor/check.h"
 
 namespace {
@@ -241,4 +242,34 @@ TEST_CASE("linear_cross_entropy_backward agrees with central differences of its 
   };
   test::check_directional(x, naive::random_normal(rows * C, seed++), dx, loss);
   test::check_directional(w, naive::random_normal(V * C, seed++), dw, loss);
+}
+
+// The bf16 head + loss against the naive one on the same bf16 values: the loss (f32 logits, a sum
+// in double) within f32's tolerance, the predictions exact, dx and dw (dlogits rounded to bf16 as
+// the GEMMs' operand, each output once) within the CUDA tests' bf16 bound, relative L2 5e-3. On
+// each bf16 GEMM path the CPU has (a path it lacks says SKIPPED).
+TEST_CASE("linear_cross_entropy on bf16 matches the naive head + loss", "[kernels][loss][bf16]") {
+  test::for_each_bf16_path([](cpu::Bf16Gemm path) {
+    uint32_t seed = 3300;
+    for (const int64_t chunk : {int64_t(7), int64_t(0)}) {
+      INFO("chunk " << chunk);
+      const int64_t rows = 17, C = 40, V = 1003;
+      const std::vector<uint16_t> x = test::to_bf16(naive::random_normal(rows * C, seed++, 1.0));
+      const std::vector<uint16_t> w = test::to_bf16(naive::random_normal(V * C, seed++, 0.5));
+      const auto labels = random_labels(rows, V, seed++, cpu::kIgnoreIndex);
+      const double grad = 0.31;
+      const HeadLossRef ref = head_loss_ref(test::widen_bf16(x), test::widen_bf16(w), labels, rows, C, V, grad);
+      std::vector<float> scratch(size_t(chunk > 0 ? chunk * V : cpu::linear_ce_scratch_elems(rows, V)));
+      std::vector<int64_t> pred(size_t(rows), -1);
+      const double got = cpu::linear_cross_entropy_sum_bf16(path, x.data(), w.data(), labels.data(), pred.data(),
+                                                             scratch.data(), rows, C, V, cpu::kIgnoreIndex, chunk);
+      test::check_close(std::vector<double>{got}, {ref.loss}, test::tol<float>());
+      CHECK(pred == ref.predictions);
+      std::vector<uint16_t> dx(x.size()), dw(w.size());
+      cpu::linear_cross_entropy_backward_bf16(path, x.data(), w.data(), labels.data(), grad, dx.data(), dw.data(),
+                                              scratch.data(), rows, C, V, cpu::kIgnoreIndex, chunk);
+      CHECK(test::relative_l2(test::widen_bf16(dx), ref.dx) <= 5e-3);
+      CHECK(test::relative_l2(test::widen_bf16(dw), ref.dw) <= 5e-3);
+    }
+  });
 }

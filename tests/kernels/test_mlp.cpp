@@ -2,13 +2,15 @@
 // over more rows than one chunk (2.5 · kMlpChunkRows, so a partial last chunk and weight gradients
 // accumulated over three chunks), forward and all four gradients; a small explicit chunk size over
 // an odd row count; the gradient against central differences of the forward kernel; and the
-// weight gradients bitwise across thread counts.
+// weight gradients bitwise across thread counts. The bf16 versions against the same loops.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "common/naive.h"
 #include "kernel_test.h"
+#include "kernels/bf16_test.h"
 #include "kernels/cpu/mlp.h"
 
 namespace {
@@ -126,5 +128,37 @@ TEST_CASE("swiglu_mlp's gradients are the same bits at any thread count", "[kern
     CHECK(g.dwg == first.dwg);
     CHECK(g.dwu == first.dwu);
     CHECK(g.dwd == first.dwd);
+  });
+}
+
+// The bf16 versions against the naive loops on the same bf16 values, within the CUDA MLP tests'
+// bf16 bound (relative L2 error 5e-3, tests/cuda/emulate_mlp.cpp): h, dg and du are rounded to
+// bf16 between the GEMMs (as there), every output once. On each bf16 GEMM path the CPU has (a path
+// it lacks says SKIPPED).
+TEST_CASE("swiglu_mlp on bf16 matches the naive MLP within bf16 tolerance", "[kernels][mlp][bf16]") {
+  test::for_each_bf16_path([](cpu::Bf16Gemm path) {
+    for (const int64_t chunk : {int64_t(7), cpu::kMlpChunkRows}) {
+      INFO("chunk " << chunk);
+      Mlp m(chunk == 7 ? 19 : cpu::kMlpChunkRows * 5 / 2, 24, 40, 90);
+      const auto x = test::to_bf16(m.x), wg = test::to_bf16(m.wg), wu = test::to_bf16(m.wu), wd = test::to_bf16(m.wd),
+                 dy = test::to_bf16(m.dy);
+      for (auto [v, b] : {std::pair{&m.x, &x}, {&m.wg, &wg}, {&m.wu, &wu}, {&m.wd, &wd}, {&m.dy, &dy}})
+        *v = test::widen_bf16(*b);  // the values the kernels see
+      std::vector<uint16_t> y(x.size()), dx(x.size()), dwg(wg.size()), dwu(wu.size()), dwd(wd.size());
+      cpu::swiglu_mlp_forward_bf16(path, x.data(), wg.data(), wu.data(), wd.data(), y.data(), m.R, m.C, m.I, chunk);
+      cpu::swiglu_mlp_backward_bf16(path, dy.data(), x.data(), wg.data(), wu.data(), wd.data(), dx.data(), dwg.data(),
+                                    dwu.data(), dwd.data(), m.R, m.C, m.I, chunk);
+      naive::Vec rdx, rdwg, rdwu, rdwd;
+      naive::swiglu_mlp_backward(m.dy, m.x, m.wg, m.wu, m.wd, m.R, m.C, m.I, rdx, rdwg, rdwu, rdwd);
+      const double e_y =
+          test::relative_l2(test::widen_bf16(y), naive::swiglu_mlp(m.x, m.wg, m.wu, m.wd, m.R, m.C, m.I));
+      const double e_dx = test::relative_l2(test::widen_bf16(dx), rdx);
+      const double e_dwg = test::relative_l2(test::widen_bf16(dwg), rdwg);
+      const double e_dwu = test::relative_l2(test::widen_bf16(dwu), rdwu);
+      const double e_dwd = test::relative_l2(test::widen_bf16(dwd), rdwd);
+      INFO("relative L2 error of y " << e_y << ", dx " << e_dx << ", dWg " << e_dwg << ", dWu " << e_dwu << ", dWd "
+                                     << e_dwd);
+      CHECK(std::max({e_y, e_dx, e_dwg, e_dwu, e_dwd}) <= 5e-3);
+    }
   });
 }

@@ -408,6 +408,181 @@ size_t linear_cross_entropy_workspace(const Node& n, const Bindings& b) {
   return elem * static_cast<size_t>(cpu::linear_ce_scratch_elems(shape_numel(x) / x.back(), w[0]));
 }
 
+// ---- bf16 without whole f32 copies: the GEMM-bound ops on the bf16 GEMM, chunked elementwise ops ----
+
+// A bf16 matmul on the CPU's bf16 GEMM (kernels/cpu/matmul.h: vdpbf16ps where the CPU has
+// AVX512-BF16): the operands are read as bf16, the products accumulate in f32 into a scratch C,
+// which is rounded once into the output (the numerics of the emulation and of cuBLASLt).
+Tensor matmul_bf16(const KernelCall& c) {
+  const Tensor a = arg(c, 0), b = arg(c, 1);
+  const MatmulGemm g = matmul_gemm(c, a, b);
+  Tensor y = out_like(c, DType::bf16);
+  if (y.numel() == 0) return y;
+  Tensor acc = Tensor::empty(y.shape(), DType::f32, c.alloc);
+  cpu::gemm_bf16_batched(cpu::bf16_gemm_best(), g.ta, g.tb, g.batch, g.M, g.N, g.K, 1.0f, a.data<uint16_t>(),
+                         g.stride_a, b.data<uint16_t>(), g.stride_b, 0.0f, acc.data<float>(), g.stride_c);
+  convert(acc, y);
+  return y;
+}
+
+// The tiled MLP on bf16 tensors (kernels/cpu/mlp.h: swiglu_mlp_forward_bf16), its launchers'
+// contracts as above.
+Tensor swiglu_mlp_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), wg = arg(c, 1), wu = arg(c, 2), wd = arg(c, 3);
+  const int64_t C = x.dim(-1), I = wg.dim(0);
+  Tensor y = out_like(c, DType::bf16);
+  cpu::swiglu_mlp_forward_bf16(cpu::bf16_gemm_best(), x.data<uint16_t>(), wg.data<uint16_t>(), wu.data<uint16_t>(),
+                               wd.data<uint16_t>(), y.data<uint16_t>(), x.numel() / C, C, I);
+  return y;
+}
+
+Tensor swiglu_mlp_backward_bf16(const KernelCall& c) {
+  std::vector<Tensor> t;
+  for (const Tensor& x : c.in) t.push_back(x.contiguous());
+  const Tensor &dy = t[0], &x = t[1], &wg = t[2], &wu = t[3], &wd = t[4];
+  const int64_t C = x.dim(-1), I = wg.dim(0);
+  Tensor dx = out_like(c, DType::bf16);
+  for (const Tensor& w : {wg, wu, wd}) c.extras.push_back(extra_like(c, w.shape(), DType::bf16));
+  cpu::swiglu_mlp_backward_bf16(cpu::bf16_gemm_best(), dy.data<uint16_t>(), x.data<uint16_t>(), wg.data<uint16_t>(),
+                                wu.data<uint16_t>(), wd.data<uint16_t>(), dx.data<uint16_t>(),
+                                c.extras[0].data<uint16_t>(), c.extras[1].data<uint16_t>(),
+                                c.extras[2].data<uint16_t>(), x.numel() / C, C, I);
+  return dx;
+}
+
+// The tiled head + loss on bf16 x and w (kernels/cpu/loss.h: linear_cross_entropy_sum_bf16), its
+// launchers' contracts as above; the logits chunk is f32, as the emulation's.
+Tensor linear_cross_entropy_sum_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
+  Tensor y = out_like(c, DType::f32);  // the op table keeps a bf16 model's loss in f32
+  c.extras.push_back(extra_like(c, labels.shape(), DType::i64));
+  Tensor own;
+  *y.data<float>() = static_cast<float>(cpu::linear_cross_entropy_sum_bf16(
+      cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(), labels.data<int64_t>(), c.extras[0].data<int64_t>(),
+      logits_chunk<float>(c, rows, V, own), rows, C, V, c.node.attrs().i("ignore_index")));
+  return y;
+}
+
+Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
+  const double g = c.in[3].to_doubles()[0];
+  const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
+  Tensor dx = out_like(c, DType::bf16);
+  c.extras.push_back(extra_like(c, w.shape(), DType::bf16));
+  Tensor own;
+  cpu::linear_cross_entropy_backward_bf16(cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(),
+                                          labels.data<int64_t>(), g, dx.data<uint16_t>(),
+                                          c.extras[0].data<uint16_t>(), logits_chunk<float>(c, rows, V, own), rows, C,
+                                          V, c.node.attrs().i("ignore_index"));
+  return dx;
+}
+
+// Elementwise ops on bf16 in cache-sized chunks: each chunk of the operands widened into the
+// thread's f32 buffers, the op's f32 kernel run on it, the result rounded into the output. The
+// emulation's numbers (the same f32 kernel, one rounding per result) in one pass, without whole
+// f32 copies of the operands and the result. Chunks are a multiple of 16 long, so the f32
+// kernels' 16-lane runs start where they do on the whole tensor (the same bits).
+constexpr int64_t kBf16Chunk = 4096;
+
+// f(in, out, m): the f32 kernel on m elements of kIn operands.
+template <size_t kIn, class F>
+void by_chunks_bf16(const std::array<const uint16_t*, kIn>& in, uint16_t* out, int64_t n, F f) {
+  const int64_t chunks = (n + kBf16Chunk - 1) / kBf16Chunk;
+#pragma omp parallel if (chunks > 1)
+  {
+    std::vector<float> buf(size_t(kBf16Chunk * (kIn + 1)));  // kIn operands, then the result
+    std::array<const float*, kIn> widened;
+    for (size_t k = 0; k < kIn; ++k) widened[k] = buf.data() + k * kBf16Chunk;
+    float* result = buf.data() + kIn * kBf16Chunk;
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int64_t i0 = ch * kBf16Chunk, m = std::min(kBf16Chunk, n - i0);
+      for (size_t k = 0; k < kIn; ++k) cpu::cast<uint16_t, float>(in[k] + i0, buf.data() + k * kBf16Chunk, m);
+      f(widened, result, m);
+      cpu::cast<float, uint16_t>(result, out + i0, m);
+    }
+  }
+}
+
+// a, b and the output of one shape (else a broadcast: emulated).
+template <kernels::Binary kOp>
+Tensor binary_bf16(const KernelCall& c) {
+  if (c.in[0].shape() != c.out_shape || c.in[1].shape() != c.out_shape) return bf16_via_f32(c, binary<kOp>);
+  const Tensor a = arg(c, 0), b = arg(c, 1);
+  Tensor y = out_like(c, DType::bf16);
+  by_chunks_bf16<2>({a.data<uint16_t>(), b.data<uint16_t>()}, y.data<uint16_t>(), y.numel(),
+                    [](const std::array<const float*, 2>& in, float* out, int64_t m) {
+                      const int64_t unit = 1;
+                      cpu::binary<float>(kOp, 1, &m, in[0], &unit, in[1], &unit, out);
+                    });
+  return y;
+}
+
+template <kernels::Unary kOp>
+Tensor unary_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const double factor = kOp == kernels::Unary::scale ? c.node.attrs().f("factor") : 0.0;
+  Tensor y = out_like(c, DType::bf16);
+  by_chunks_bf16<1>({x.data<uint16_t>()}, y.data<uint16_t>(), y.numel(),
+                    [factor](const std::array<const float*, 1>& in, float* out, int64_t m) {
+                      cpu::unary<float>(kOp, in[0], out, m, factor);
+                    });
+  return y;
+}
+
+// dx = dy · f'(x). Inputs: dy, x.
+template <kernels::UnaryGrad kOp>
+Tensor unary_backward_bf16(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1);
+  Tensor dx = out_like(c, DType::bf16);
+  by_chunks_bf16<2>({dy.data<uint16_t>(), x.data<uint16_t>()}, dx.data<uint16_t>(), dx.numel(),
+                    [](const std::array<const float*, 2>& in, float* out, int64_t m) {
+                      cpu::unary_backward<float>(kOp, in[0], in[1], out, m);
+                    });
+  return dx;
+}
+
+// The ops computed natively where their first `bf16_inputs` inputs are bf16 (else emulated); the
+// rest are ids or the loss's f32 gradient, and the outputs have the types the op table gives. The
+// GEMM-bound ones (`gemm`) only where the CPU's bf16 GEMM beats widening (AVX512-BF16), the
+// chunked elementwise ones everywhere.
+struct NativeBf16Row {
+  Op op;
+  KernelFn run;
+  size_t bf16_inputs;
+  bool gemm;
+};
+constexpr NativeBf16Row kNativeBf16[] = {
+    {Op::matmul, matmul_bf16, 2, true},
+    {Op::swiglu_mlp, swiglu_mlp_bf16, 4, true},
+    {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16, 5, true},
+    {Op::linear_cross_entropy_sum, linear_cross_entropy_sum_bf16, 2, true},
+    {Op::linear_cross_entropy_backward, linear_cross_entropy_backward_bf16, 2, true},
+    {Op::add, binary_bf16<Binary::add>, 2, false},
+    {Op::sub, binary_bf16<Binary::sub>, 2, false},
+    {Op::mul, binary_bf16<Binary::mul>, 2, false},
+    {Op::div, binary_bf16<Binary::div>, 2, false},
+    {Op::scale, unary_bf16<Unary::scale>, 1, false},
+    {Op::neg, unary_bf16<Unary::neg>, 1, false},
+    {Op::exp, unary_bf16<Unary::exp>, 1, false},
+    {Op::gelu_tanh, unary_bf16<Unary::gelu_tanh>, 1, false},
+    {Op::silu, unary_bf16<Unary::silu>, 1, false},
+    {Op::gelu_tanh_backward, unary_backward_bf16<UnaryGrad::gelu_tanh>, 2, false},
+    {Op::silu_backward, unary_backward_bf16<UnaryGrad::silu>, 2, false},
+};
+
+KernelFn native_bf16(const KernelCall& c) {
+  for (const NativeBf16Row& row : kNativeBf16) {
+    if (row.op != c.node.op()) continue;
+    if (row.gemm && cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return nullptr;  // widening is as fast
+    const auto bf16 = [](const Tensor& t) { return t.dtype() == DType::bf16; };
+    return c.in.size() >= row.bf16_inputs && std::all_of(c.in.begin(), c.in.begin() + row.bf16_inputs, bf16) ? row.run
+                                                                                                             : nullptr;
+  }
+  return nullptr;
+}
+
 // bf16 emulation (engine/launchers.h): a node with a bf16 input or output runs its f32 kernel on inputs
 // widened to f32, and each result is rounded once to its (bf16) type: the numerics of the CUDA
 // kernels (f32 compute, one rounding per result), not their speed. Ops that only move bytes, and

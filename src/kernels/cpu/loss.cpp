@@ -21,6 +21,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
+#include "tensor/convert.h"
 
 namespace autosp::cpu {
 namespace {
@@ -172,9 +173,15 @@ int64_t count_valid(const int64_t* labels, int64_t n, int64_t ignore_index) {
   return count;
 }
 
-template <class T>
-double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
-                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows) {
+namespace {
+
+// The tiled head + loss over the chunk GEMMs of an element type: `logits(x_c, r, scratch)` writes a
+// chunk's logits [r, V] = x_c · wᵀ into scratch; `back(x_c, r, r0, scratch, dx_c, first)` runs the
+// backward's two GEMMs from the chunk's dlogits in scratch (dx_c, and dw overwritten when `first`,
+// else accumulated). T is the type of the logits chunk, X the stored x.
+template <class T, class X, class Logits>
+double linear_ce_sum(const X* x, const int64_t* labels, int64_t* predictions, T* scratch, int64_t rows, int64_t C,
+                     int64_t V, int64_t ignore_index, int64_t chunk_rows, const Logits& logits) {
   AUTOSP_ASSERT(C > 0 && chunk_rows >= 0, "linear_cross_entropy C ", C, " chunk ", chunk_rows);
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   check_labels(labels, rows, V, ignore_index);
@@ -182,8 +189,7 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
   std::vector<double> terms(size_t(std::min(rows, chunk)));  // each row's term, summed in order
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r = std::min(chunk, rows - r0);
-    // logits [r, V] = x_c [r, C] · wᵀ
-    gemm_batched<T>(false, true, 1, r, V, C, T(1), x + r0 * C, 0, w, 0, T(0), scratch, 0);
+    logits(x + r0 * C, r, scratch);  // [r, V]
 #pragma omp parallel for schedule(static) if (r * V > (1 << 14))
     for (int64_t i = 0; i < r; ++i) {
       const T* row = scratch + i * V;
@@ -197,17 +203,15 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
   return total;
 }
 
-template <class T>
-void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
-                                   T* scratch, int64_t rows, int64_t C, int64_t V, int64_t ignore_index,
-                                   int64_t chunk_rows) {
+template <class T, class X, class Logits, class Back>
+void linear_ce_backward(const X* x, const int64_t* labels, double grad, T* scratch, int64_t rows, int64_t C, int64_t V,
+                        int64_t ignore_index, int64_t chunk_rows, const Logits& logits, const Back& back) {
   AUTOSP_ASSERT(C > 0 && chunk_rows >= 0, "linear_cross_entropy_backward C ", C, " chunk ", chunk_rows);
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
-  if (rows == 0) std::fill(dw, dw + V * C, T(0));  // no rows: no gradient
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r = std::min(chunk, rows - r0);
-    const T* x_c = x + r0 * C;
-    gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), scratch, 0);
+    const X* x_c = x + r0 * C;
+    logits(x_c, r, scratch);
 #pragma omp parallel for schedule(static) if (r * V > (1 << 14))
     for (int64_t i = 0; i < r; ++i) {
       T* row = scratch + i * V;  // logits, then dlogits
@@ -222,10 +226,64 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
       row_scaled_exp(row, V, m, T(g));
       row[y] -= T(grad);
     }
-    // dx_c [r, C] = dlogits [r, V] · w [V, C]; dw [V, C] (+)= dlogitsᵀ [V, r] · x_c [r, C]
-    gemm_batched<T>(false, false, 1, r, C, V, T(1), scratch, 0, w, 0, T(0), dx + r0 * C, 0);
-    gemm_batched<T>(true, false, 1, V, C, r, T(1), scratch, 0, x_c, 0, r0 == 0 ? T(0) : T(1), dw, 0);
+    back(x_c, r, r0, scratch, r0 == 0);
   }
+}
+
+}  // namespace
+
+template <class T>
+double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
+                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows) {
+  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows,
+                       [&](const T* x_c, int64_t r, T* logits) {
+                         gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), logits, 0);
+                       });
+}
+
+template <class T>
+void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
+                                   T* scratch, int64_t rows, int64_t C, int64_t V, int64_t ignore_index,
+                                   int64_t chunk_rows) {
+  if (rows == 0) std::fill(dw, dw + V * C, T(0));  // no rows: no gradient
+  const auto logits = [&](const T* x_c, int64_t r, T* out) {
+    gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), out, 0);
+  };
+  // dx_c [r, C] = dlogits [r, V] · w [V, C]; dw [V, C] (+)= dlogitsᵀ [V, r] · x_c [r, C]
+  const auto back = [&](const T* x_c, int64_t r, int64_t r0, const T* dlogits, bool first) {
+    gemm_batched<T>(false, false, 1, r, C, V, T(1), dlogits, 0, w, 0, T(0), dx + r0 * C, 0);
+    gemm_batched<T>(true, false, 1, V, C, r, T(1), dlogits, 0, x_c, 0, first ? T(0) : T(1), dw, 0);
+  };
+  linear_ce_backward(x, labels, grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
+}
+
+double linear_cross_entropy_sum_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
+                                     int64_t* predictions, float* scratch, int64_t rows, int64_t C, int64_t V,
+                                     int64_t ignore_index, int64_t chunk_rows) {
+  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows,
+                       [&](const uint16_t* x_c, int64_t r, float* logits) {
+                         gemm_bf16_batched(path, false, true, 1, r, V, C, 1.0f, x_c, 0, w, 0, 0.0f, logits, 0);
+                       });
+}
+
+void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
+                                        double grad, uint16_t* dx, uint16_t* dw, float* scratch, int64_t rows,
+                                        int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows) {
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
+  std::vector<uint16_t> dlogits16(size_t(std::min(rows, chunk) * V));
+  std::vector<float> dx_c(size_t(std::min(rows, chunk) * C)), dw32(size_t(V * C));  // dw summed in f32 (0: no rows)
+  const auto logits = [&](const uint16_t* x_c, int64_t r, float* out) {
+    gemm_bf16_batched(path, false, true, 1, r, V, C, 1.0f, x_c, 0, w, 0, 0.0f, out, 0);
+  };
+  const auto back = [&](const uint16_t* x_c, int64_t r, int64_t r0, const float* dlogits, bool first) {
+    cast<float, uint16_t>(dlogits, dlogits16.data(), r * V);  // what the GEMMs read
+    gemm_bf16_batched(path, false, false, 1, r, C, V, 1.0f, dlogits16.data(), 0, w, 0, 0.0f, dx_c.data(), 0);
+    cast<float, uint16_t>(dx_c.data(), dx + r0 * C, r * C);
+    gemm_bf16_batched(path, true, false, 1, V, C, r, 1.0f, dlogits16.data(), 0, x_c, 0, first ? 0.0f : 1.0f,
+                      dw32.data(), 0);
+  };
+  linear_ce_backward(x, labels, grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
+  cast<float, uint16_t>(dw32.data(), dw, V * C);
 }
 
 template double cross_entropy_sum<float>(const float*, const int64_t*, int64_t, int64_t, int64_t);

@@ -4,7 +4,8 @@
 
 #include <cstdint>
 
-#include "kernels/kinds.h"  // kIgnoreIndex
+#include "kernels/cpu/matmul.h"  // Bf16Gemm
+#include "kernels/kinds.h"        // kIgnoreIndex
 
 namespace autosp::cpu {
 
@@ -55,5 +56,17 @@ template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
                                    T* scratch, int64_t rows, int64_t C, int64_t V,
                                    int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0);
+
+// The same on bf16 x, w, dx, dw (raw uint16_t bits) with the GEMMs on the CPU's bf16 GEMM `path`
+// (gemm_bf16_batched: f32 accumulation): the logits chunk and its row work in f32 (scratch as
+// for float), dlogits rounded to bf16 once as the GEMMs' operand (as the CUDA kernels hold it), dw
+// summed over the chunks in f32 and rounded once.
+double linear_cross_entropy_sum_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
+                                     int64_t* predictions, float* scratch, int64_t rows, int64_t C, int64_t V,
+                                     int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0);
+void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
+                                        double grad, uint16_t* dx, uint16_t* dw, float* scratch, int64_t rows,
+                                        int64_t C, int64_t V, int64_t ignore_index = kIgnoreIndex,
+                                        int64_t chunk_rows = 0);
 
 }  // namespace autosp::cpu

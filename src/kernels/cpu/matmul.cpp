@@ -1,6 +1,7 @@
 // CPU GEMM launchers: batched row-major GEMM, f32 on AVX-512 through our packed sgemm and
-// everything else on OpenBLAS, and the thread count shared by OpenMP regions and OpenBLAS. Knows
-// nothing of graphs or tensors.
+// everything else on OpenBLAS; bf16 GEMMs through the same packed driver on AVX512-BF16
+// (matmul_bf16.inc.h), else widened to f32; and the thread count shared by OpenMP regions and
+// OpenBLAS. Knows nothing of graphs or tensors.
 //
 // Packed sgemm (f32 where the CPU has AVX-512F; GotoBLAS/BLIS loop order). OpenBLAS is held to its
 // 8-lane AVX2 kernels in this environment (OPENBLAS_CORETYPE=Haswell), and its AVX-512 kernels are
@@ -37,7 +38,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 #include <type_traits>
 
 #include "kernels/cpu/vec16.h"
@@ -78,14 +82,16 @@ class Scratch {
   int64_t n_ = 0;
 };
 
-// Row-major op(A) [M, K] and op(B) [K, N] of one GEMM.
-struct Operands {
+// Row-major op(A) [M, K] and op(B) [K, N] of one GEMM, stored as E.
+template <class E>
+struct GemmOperands {
   bool ta, tb;
-  const float* a;
+  const E* a;
   int64_t lda;
-  const float* b;
+  const E* b;
   int64_t ldb;
 };
+using Operands = GemmOperands<float>;
 
 // The A block at (i0, p0): op(A)[i0 + q·kMR + r][p0 + k] → ap[q·kc·kMR + k·kMR + r] for the mc
 // rows of the block, 0 in the rows of its last micro-panel past mc. Stored [M, K], 16 × 16 blocks
@@ -170,9 +176,19 @@ __attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, in
   }
 }
 
+// C tile [rows, cols] (ldc) = alpha · tile + beta · C from a scratch tile of kNR columns (an edge tile).
+void edge_out(const float* tile, float alpha, float beta, float* c, int64_t ldc, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      float& y = c[r * ldc + j];
+      y = beta == 0.0f ? alpha * tile[r * kNR + j] : alpha * tile[r * kNR + j] + beta * y;
+    }
+}
+
 // C tile [rows ≤ kMR, cols ≤ kNR] (ldc) = alpha · Ap · Bp + beta · C over packed panels of depth kc.
-__attribute__((target("avx512f"))) void kernel(int64_t kc, float alpha, const float* ap, const float* bp,
-                                               float beta, float* c, int64_t ldc, int64_t rows, int64_t cols) {
+__attribute__((target("avx512f"))) void kernel(const Operands&, int64_t kc, float alpha, const float* ap,
+                                               const float* bp, float beta, float* c, int64_t ldc, int64_t rows,
+                                               int64_t cols) {
   if (rows == kMR && cols == kNR)
     return vec16::micro_tile<kMR, kNR / 16>(kc, alpha, ap, 1, kMR, bp, kNR, beta, c, ldc);
   // An edge tile: into a scratch tile, computing only the rows it has (4, 8 or all kMR): the last
@@ -181,16 +197,17 @@ __attribute__((target("avx512f"))) void kernel(int64_t kc, float alpha, const fl
   if (rows <= 4) vec16::micro_tile<4, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
   else if (rows <= 8) vec16::micro_tile<8, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
   else vec16::micro_tile<kMR, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) {
-      float& y = c[r * ldc + j];
-      y = beta == 0.0f ? alpha * tile[r * kNR + j] : alpha * tile[r * kNR + j] + beta * y;
-    }
+  edge_out(tile, alpha, beta, c, ldc, rows, cols);
 }
 
+#include "kernels/cpu/matmul_bf16.inc.h"  // the bf16 operands' packing and tiles (Bf16Operands)
+
 // This thread's part of C [M, N] (ldc) = alpha · op(A) · op(B) + beta · C, with `threads` threads
-// of the enclosing region (1 outside one) running the same call.
-void sgemm_thread(const Operands& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
+// of the enclosing region (1 outside one) running the same call. O is Operands (f32; K in floats)
+// or Bf16Operands (K in bf16 pairs, the packed depth): the packers and the tile kernel are
+// overloaded on it, the loops are one.
+template <class O>
+void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
                   int64_t ldc, int thread, int threads) {
   static thread_local Scratch a_scratch, b_scratch;
   float* ap = a_scratch.get(kMC * kKC);
@@ -217,13 +234,44 @@ void sgemm_thread(const Operands& o, int64_t M, int64_t N, int64_t K, float alph
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t j = jc + q * kNR, cols = std::min(kNR, N - j);
           for (int64_t ir = 0; ir < mc; ir += kMR)
-            kernel(kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c + (ic + ir) * ldc + j, ldc,
+            kernel(o, kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c + (ic + ir) * ldc + j, ldc,
                    std::min(kMR, mc - ir), cols);
         }
       }
     }
   }
 }
+
+// One GEMM on `threads` threads (in the calling thread alone inside a parallel region).
+template <class O>
+void run_threads(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c, int64_t ldc,
+                 int threads) {
+  if (threads == 1 || omp_in_parallel()) return gemm_thread(o, M, N, K, alpha, beta, c, ldc, 0, 1);
+#pragma omp parallel num_threads(threads)
+  gemm_thread(o, M, N, K, alpha, beta, c, ldc, omp_get_thread_num(), omp_get_num_threads());
+}
+
+// one(p, threads) for each batch entry p: spread over the batch, one thread each (`over_batch`),
+// else one after another, each on `threads` threads. Not `parallel for if (over_batch)`: an
+// inactive region around a threaded call would make its region a nested team (new threads, while
+// the outer pool's idle threads spin).
+template <class F>
+void for_batch(bool over_batch, int64_t batch, int threads, const F& one) {
+  if (over_batch) {
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < batch; ++p) one(p, 1);
+  } else {
+    for (int64_t p = 0; p < batch; ++p) one(p, threads);
+  }
+}
+
+// Whether a batch of GEMMs of M·N·K = mnk is spread over the batch (mid-sized ones; stride_c == 0
+// accumulates into one C in batch order, so it must stay sequential), and else how many threads
+// one call takes.
+bool spread_over_batch(int64_t batch, double mnk, int64_t stride_c) {
+  return batch > 1 && stride_c != 0 && mnk >= kMinBatchMNK && mnk <= kSmallMNK && !omp_in_parallel();
+}
+int threads_inside(double mnk) { return mnk <= kSmallMNK || omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
 }  // namespace
 
@@ -236,9 +284,7 @@ void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                 threads);
   if (M == 0 || N == 0) return;
   const Operands o{trans_a, trans_b, a, lda, b, ldb};
-  if (threads == 1 || omp_in_parallel()) return sgemm_thread(o, M, N, K, alpha, beta, c, ldc, 0, 1);
-#pragma omp parallel num_threads(threads)
-  sgemm_thread(o, M, N, K, alpha, beta, c, ldc, omp_get_thread_num(), omp_get_num_threads());
+  run_threads(o, M, N, K, alpha, beta, c, ldc, threads);
 }
 
 namespace {
@@ -276,37 +322,62 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   const blasint lda = blasint(trans_a ? M : K), ldb = blasint(trans_b ? K : N), ldc = blasint(N);
   const double mnk = double(M) * double(N) * double(K);
-  // stride_c == 0 accumulates into one C in batch order, so it must stay sequential.
-  const bool over_batch = batch > 1 && stride_c != 0 && mnk >= kMinBatchMNK && mnk <= kSmallMNK &&
-                          !omp_in_parallel();
+  const bool over_batch = spread_over_batch(batch, mnk, stride_c);
   if constexpr (std::is_same_v<T, float>) {
     if (packed_sgemm_available() && mnk >= kMinPackedMNK) {
-      // Not `parallel for if (over_batch)`: an inactive region around the threaded call would make
-      // its region a nested team (new threads, while the outer pool's idle threads spin).
-      auto one = [&](int64_t p, int threads) {
+      for_batch(over_batch, batch, threads_inside(mnk), [&](int64_t p, int threads) {
         packed_sgemm(trans_a, trans_b, M, N, K, alpha, a + p * stride_a, lda, b + p * stride_b, ldb, beta,
                      c + p * stride_c, ldc, threads);
-      };
-      if (over_batch) {
-#pragma omp parallel for schedule(static)
-        for (int64_t p = 0; p < batch; ++p) one(p, 1);
-      } else {
-        const int threads = mnk <= kSmallMNK || omp_in_parallel() ? 1 : omp_get_max_threads();
-        for (int64_t p = 0; p < batch; ++p) one(p, threads);
-      }
+      });
       return;
     }
   }
-  if (over_batch) {
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < batch; ++p)
-      gemm_one(ta, tb, blasint(M), blasint(N), blasint(K), alpha, a + p * stride_a, lda,
-               b + p * stride_b, ldb, beta, c + p * stride_c, ldc);
-  } else {
-    for (int64_t p = 0; p < batch; ++p)
-      gemm_one(ta, tb, blasint(M), blasint(N), blasint(K), alpha, a + p * stride_a, lda,
-               b + p * stride_b, ldb, beta, c + p * stride_c, ldc);
+  // OpenBLAS threads a large call itself.
+  for_batch(over_batch, batch, 1, [&](int64_t p, int) {
+    gemm_one(ta, tb, blasint(M), blasint(N), blasint(K), alpha, a + p * stride_a, lda, b + p * stride_b, ldb, beta,
+             c + p * stride_c, ldc);
+  });
+}
+
+// ---- bf16 ----
+
+bool bf16_gemm_available(Bf16Gemm path) {
+  static const bool dp = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl");
+  return path == Bf16Gemm::f32 || (path == Bf16Gemm::avx512_bf16 && dp);
+}
+
+Bf16Gemm bf16_gemm_best() {
+  return bf16_gemm_available(Bf16Gemm::avx512_bf16) ? Bf16Gemm::avx512_bf16 : Bf16Gemm::f32;
+}
+
+const char* bf16_gemm_name(Bf16Gemm path) {
+  return path == Bf16Gemm::avx512_bf16 ? "AVX512-BF16 (vdpbf16ps, f32 accumulation)" : "f32 (bf16 widened to f32)";
+}
+
+void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
+                       float alpha, const uint16_t* a, int64_t stride_a, const uint16_t* b, int64_t stride_b,
+                       float beta, float* c, int64_t stride_c) {
+  AUTOSP_ASSERT(bf16_gemm_available(path), "bf16 GEMM path ", bf16_gemm_name(path), " is not available on this CPU");
+  AUTOSP_ASSERT(batch >= 0 && M >= 0 && N >= 0 && K >= 0, "gemm sizes ", batch, " ", M, " ", N, " ", K);
+  if (batch == 0 || M == 0 || N == 0) return;
+  if (path == Bf16Gemm::f32 || K == 0) {  // widened exactly; K = 0 is gemm_batched's C = beta · C
+    auto widen = [&](const uint16_t* x, int64_t stride, int64_t n) {
+      std::vector<float> w(size_t(stride == 0 ? n : (batch - 1) * stride + n));
+#pragma omp parallel for schedule(static) if (w.size() > 65536)
+      for (size_t i = 0; i < w.size(); ++i) w[i] = std::bit_cast<float>(uint32_t(x[i]) << 16);  // bf16 → f32: exact
+      return w;
+    };
+    const std::vector<float> aw = widen(a, stride_a, M * K), bw = widen(b, stride_b, K * N);
+    return gemm_batched<float>(trans_a, trans_b, batch, M, N, K, alpha, aw.data(), stride_a, bw.data(), stride_b, beta,
+                               c, stride_c);
   }
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N;
+  const double mnk = double(M) * double(N) * double(K);
+  for_batch(spread_over_batch(batch, mnk, stride_c), batch, threads_inside(mnk), [&](int64_t p, int threads) {
+    const Bf16Operands o = bf16_operands(trans_a, trans_b, a + p * stride_a, lda, b + p * stride_b, ldb, K);
+    run_threads(o, M, N, (K + 1) / 2, alpha, beta, c + p * stride_c, ldc, threads);
+  });
 }
 
 void set_num_threads(int threads) {

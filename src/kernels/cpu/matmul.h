@@ -1,4 +1,5 @@
-// CPU GEMM launchers over raw pointers (our packed AVX-512 sgemm, OpenBLAS). Knows nothing of graphs or tensors.
+// CPU GEMM launchers over raw pointers (our packed AVX-512 sgemm, our packed AVX512-BF16 GEMM,
+// OpenBLAS). Knows nothing of graphs or tensors.
 //
 // Row-major throughout. For b in [0, batch):
 //   C[b] (M×N) = alpha · op(A[b]) · op(B[b]) + beta · C[b]
@@ -23,6 +24,23 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
 bool packed_sgemm_available();
 void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads);
+
+// bf16 GEMMs: A and B bf16 (raw uint16_t bits), f32 accumulation, C f32 (the caller rounds it
+// once to bf16 where it wants bf16). The paths, best first; bf16_gemm_best() is the best the
+// running CPU has (cpuid, checked once). AMX tiles are not written (docs/decisions.md 125): a CPU
+// with AMX has AVX512-BF16 too and runs that.
+//   avx512_bf16  vdpbf16ps: bf16 pairs multiplied exactly and added into f32 lanes, in the packed
+//                driver of the f32 sgemm (micro-panels of bf16 pairs; a 14 × 32 f32 tile)
+//   f32          A and B widened to f32 (exact), then gemm_batched<float>: any x86-64 CPU
+enum class Bf16Gemm { avx512_bf16, f32 };
+bool bf16_gemm_available(Bf16Gemm path);
+Bf16Gemm bf16_gemm_best();
+const char* bf16_gemm_name(Bf16Gemm path);
+
+// gemm_batched's contract on bf16 A, B and f32 C, on `path` (which must be available).
+void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
+                       float alpha, const uint16_t* a, int64_t stride_a, const uint16_t* b, int64_t stride_b,
+                       float beta, float* c, int64_t stride_c);
 
 // Number of threads used by OpenMP regions and OpenBLAS (0 = leave as is).
 void set_num_threads(int threads);

@@ -12,7 +12,8 @@
 
 #include <cstdint>
 
-#include "kernels/kinds.h"  // kMlpChunkRows (the CUDA launcher runs the same chunks)
+#include "kernels/cpu/matmul.h"  // Bf16Gemm
+#include "kernels/kinds.h"        // kMlpChunkRows (the CUDA launcher runs the same chunks)
 
 namespace autosp::cpu {
 
@@ -29,5 +30,17 @@ template <class T>
 void swiglu_mlp_backward(const T* dy, const T* x, const T* w_gate, const T* w_up, const T* w_down, T* dx, T* dw_gate,
                          T* dw_up, T* dw_down, int64_t rows, int64_t C, int64_t I,
                          int64_t chunk_rows = kMlpChunkRows);
+
+// The same on bf16 tensors (raw uint16_t bits) with every GEMM on the CPU's bf16 GEMM `path`
+// (gemm_bf16_batched: f32 accumulation). g, u, dh and the chunk's outputs are f32; what a GEMM
+// reads is bf16, so h, dg and du are rounded to bf16 once (as the CUDA kernels hold them); the
+// weight gradients are summed over the chunks in f32 and each output is rounded once at the end.
+void swiglu_mlp_forward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w_gate, const uint16_t* w_up,
+                             const uint16_t* w_down, uint16_t* y, int64_t rows, int64_t C, int64_t I,
+                             int64_t chunk_rows = kMlpChunkRows);
+void swiglu_mlp_backward_bf16(Bf16Gemm path, const uint16_t* dy, const uint16_t* x, const uint16_t* w_gate,
+                              const uint16_t* w_up, const uint16_t* w_down, uint16_t* dx, uint16_t* dw_gate,
+                              uint16_t* dw_up, uint16_t* dw_down, int64_t rows, int64_t C, int64_t I,
+                              int64_t chunk_rows = kMlpChunkRows);
 
 }  // namespace autosp::cpu
