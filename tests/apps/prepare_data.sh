@@ -202,8 +202,13 @@ row() {
   rows=$((rows + 1))
   timeout -k 5 60 "${prep[@]}" "$@" >"$tmp/out" 2>&1 </dev/null
   local rc=$?
-  if [ $rc -ne 2 ] || [ "$(wc -l <"$tmp/out")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/out"; then
-    echo "FAIL [$rows] $*: exit $rc, expected 2 and one line, 'error:' containing '$needle'; output:"
+  # Besides the one error: line, only the stage lines of prepare_data.py's progress (not on a
+  # terminal: "STAGE: N UNIT" when a stage starts, "STAGE: N/M UNIT in M:SS (R UNIT/s)" when it ends).
+  local other
+  other=$(grep -v '^error: ' "$tmp/out" | grep -Ev '^[a-z][a-z ()-]*: [0-9]+(/[0-9]+)? [a-z]+( in [0-9:]+ \([0-9.]+ [a-z]+/s\))?$')
+  if [ $rc -ne 2 ] || [ "$(grep -c '^error: ' "$tmp/out")" -ne 1 ] || [ -n "$other" ] ||
+     ! grep -q "^error: .*$needle" "$tmp/out"; then
+    echo "FAIL [$rows] $*: exit $rc, expected 2 and one line, 'error:' containing '$needle' (progress lines aside); output:"
     tail -3 "$tmp/out" | sed 's/^/    /'
     fail=1
   else
