@@ -24,6 +24,7 @@
 #include "comm/communicator.h"
 #include "comm/job_comms.h"
 #include "models/family.h"
+#include "models/lora.h"
 #include "tools/cli.h"
 #include "tools/model_flags.h"
 #include "tools/options.h"
@@ -70,7 +71,17 @@ std::vector<int64_t> shard_filler(const Config& cfg, const std::string& shards) 
   return {ids.data<int64_t>(), ids.data<int64_t>() + ids.numel()};
 }
 
-int run_passkey(const Config& cfg, const TrainArgs& weights, const cxxopts::ParseResult& args, Communicator& world) {
+// The weights to evaluate. A config with a lora section (lora.from: a PEFT adapter directory) has its
+// adapter folded into the base, W + scale·B·A, as autosp-sample and --merge-lora do: the programs
+// are the plain model's (eval_config drops the section from the config they are built from).
+ParamMap eval_params(const Config& with_adapter, const TrainArgs& weights) {
+  ParamMap params = starting_params(with_adapter, weights, master_dtype(with_adapter.runtime.dtype));
+  if (with_adapter.lora.enabled) params = merge_lora(with_adapter.model, params, with_adapter.lora.scale());
+  return params;
+}
+
+int run_passkey(const Config& cfg, const Config& with_adapter, const TrainArgs& weights,
+                const cxxopts::ParseResult& args, Communicator& world) {
   auto opt = [&](const char* k) { return flag_text(args, k); };
   PasskeyOptions o;
   const int64_t S = cfg.data.seq_len;
@@ -92,7 +103,7 @@ int run_passkey(const Config& cfg, const TrainArgs& weights, const cxxopts::Pars
   const Device dev = pick_device(cfg);
   const std::unique_ptr<JobComms> comms =
       make_job_comms(world, dev, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
-  ParamMap params = starting_params(cfg, weights, master_dtype(cfg.runtime.dtype));
+  ParamMap params = eval_params(with_adapter, weights);
   to_run_device(params, dev);
   const bool lead = world.rank() == 0;
   Progress progress("passkey", "prompts", lead && !args.count("quiet"));
@@ -155,7 +166,12 @@ int main(int argc, char** argv) {
       sets.push_back("data.source=tokens");
     }
     const ModelFlags model = model_from_flags(args, sets);
-    const Config cfg = eval_config(model.cfg);
+    const Config with_adapter = eval_config(model.cfg);
+    if (with_adapter.lora.enabled && with_adapter.model_from.empty() && model.args.init_from.empty())
+      throw UsageError("a LoRA adapter needs its base model: give --model BASE_DIR --set lora.from=ADAPTER_DIR, or "
+                       "--config with model.from and lora.from");
+    Config cfg = with_adapter;
+    cfg.lora = LoraConfig{};  // the adapter is folded into the weights (eval_params)
     // --out may not overwrite what the evaluation reads (checked before anything runs).
     if (args.count("out")) {
       RunFiles reads{{opt("config"), opt("init-from"), model.args.resume, opt("model"), opt("data"), opt("tokenizer")}, ""};
@@ -185,13 +201,13 @@ int main(int argc, char** argv) {
       if (lead) write_json(j, opt("out"));
       return 0;
     }
-    if (pass) return run_passkey(cfg, model.args, args, *world);
+    if (pass) return run_passkey(cfg, with_adapter, model.args, args, *world);
     // Everything the flags and data can get wrong is refused before the weights load.
     const int64_t N = eval_sequences(cfg, po);
     const Device dev = pick_device(cfg);
     const std::unique_ptr<JobComms> comms =
         make_job_comms(*world, dev, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
-    ParamMap params = starting_params(cfg, model.args, master_dtype(cfg.runtime.dtype));
+    ParamMap params = eval_params(with_adapter, model.args);
     to_run_device(params, dev);
     Progress progress("perplexity by position", "sequences", lead && !args.count("quiet"));
     po.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       if (!pos.refused.empty()) throw UsageError(pos.refused);
       if (!pos.warning.empty()) spdlog::warn("{}", pos.warning);
     }
-    cfg = resolve_auto(cfg, world, run_cluster(cfg, world));  // "auto" layout keys, as autosp-train resolves them
+    if (!cfg.auto_keys.empty()) cfg = resolve_auto(cfg, world, run_cluster(cfg, world));  // "auto" layout keys, as autosp-train resolves them
     const RankLayout layout =
         rank_layout(world, rank, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
     RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, layout);  // a stage or a pass name

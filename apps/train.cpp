@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
                            ta.config_path);
     // "auto" layout keys: the same search on every rank (the same inputs, so the same answer).
     const int64_t ranks = thread_ranks > 0 ? thread_ranks : world->size();
-    cfg = resolve_auto(cfg, ranks, run_cluster(cfg, ranks));
+    if (!cfg.auto_keys.empty()) cfg = resolve_auto(cfg, ranks, run_cluster(cfg, ranks));
     if (args.count("print-config")) {
       if (world->rank() == 0) std::cout << cfg.resolved.dump(2) << std::endl;
       return 0;

@@ -415,6 +415,9 @@ Config resolve_auto(Config cfg, int64_t world, const Cluster& cluster) {
 
 Cluster run_cluster(const Config& cfg, int64_t world) {
   if (cfg.runtime.device == DeviceKind::cpu) return for_ranks(find_device("cpu"), world);
+  if (cuda_device_count() < 1)  // sized by the device itself: without one there is nothing to size
+    throw UsageError("runtime.device \"cuda\" with \"auto\" layout keys: no CUDA device to size the search for "
+                     "(give the keys values, or plan with autosp-plan --device NAME)");
   Cluster c = find_device("H200");
   c.device = "cuda";
   c.memory_bytes = static_cast<double>(device_memory_bytes(0));

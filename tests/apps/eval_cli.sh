@@ -135,6 +135,35 @@ for cell in res["cells"]:
         assert a["said_ids"] == greedy[:n], (cell["length"], cell["depth"], a, greedy)
 PY
 
+# ---- a LoRA adapter: --model BASE --set lora.from=ADAPTER equals the merged model (--merge-lora, whose
+# loss PEFT's merge reproduces: ref.hf_lora), and differs from the base alone ----------------------------
+tr=$1/autosp-train
+"$tr" --config "$tmp/cfg.json" --steps 1 --set train.checkpoint_dir="$tmp/base_run" --quiet >/dev/null 2>"$tmp/err_base" ||
+  { echo "FAIL: base run"; cat "$tmp/err_base"; fail=1; }
+basedir=$(ls -d "$tmp"/base_run/step_* | tail -1)
+lora_sets=(--set lora.r=4 --set lora.lora_alpha=8 --set lora.init_lora_weights=false --set lora.target_modules=all-linear)
+"$tr" --config "$tmp/cfg.json" --set model.from="$basedir" "${lora_sets[@]}" --steps 1 \
+  --set train.checkpoint_dir="$tmp/lora_run" --quiet >/dev/null 2>"$tmp/err_lora" || { echo "FAIL: LoRA run"; cat "$tmp/err_lora"; fail=1; }
+adapter=$(ls -d "$tmp"/lora_run/step_* | tail -1)
+"$tr" --config "$tmp/cfg.json" --set model.from="$basedir" --set lora.from="$adapter" --merge-lora "$tmp/merged" \
+  >/dev/null 2>"$tmp/err_merge" || { echo "FAIL: --merge-lora"; cat "$tmp/err_merge"; fail=1; }
+lev=(--data "$tmp/tok.bin" --perplexity-by-position --bucket-width 16 --sequences 3 --quiet --set runtime.dtype=float64)
+"$bin" --model "$basedir" --set lora.from="$adapter" "${lev[@]}" --out "$tmp/l_adapter.json" 2>"$tmp/err_la" ||
+  { echo "FAIL: eval with the adapter"; cat "$tmp/err_la"; fail=1; }
+mpirun --oversubscribe -np 2 "$bin" --model "$basedir" --set lora.from="$adapter" "${lev[@]}" \
+  --set sequence_parallel.autosp_size=2 --out "$tmp/l_adapter2.json" 2>/dev/null || { echo "FAIL: eval with the adapter, P = 2"; fail=1; }
+"$bin" --model "$tmp/merged" "${lev[@]}" --out "$tmp/l_merged.json" 2>/dev/null || { echo "FAIL: eval of the merge"; fail=1; }
+"$bin" --model "$basedir" "${lev[@]}" --out "$tmp/l_base.json" 2>/dev/null || { echo "FAIL: eval of the base"; fail=1; }
+check "LoRA: base + adapter equals the merged model (P = 1, 2), not the base" $py - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+a, a2, m, b = (json.load(open(f"{d}/l_{n}.json"))["buckets"] for n in ("adapter", "adapter2", "merged", "base"))
+for x, y, z in zip(a, a2, m):  # the merge is stored in the checkpoint's dtype: f32 rounding apart
+    assert abs(x["loss"] - z["loss"]) <= 1e-6 * abs(z["loss"]), (x, z)
+    assert abs(x["loss"] - y["loss"]) <= 1e-12 * abs(x["loss"]), (x, y)
+assert max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b)) > 1e-4, "the adapter changed nothing"
+PY
+
 # ---- bad input ----------------------------------------------------------------------------------
 bad() {  # bad TEXT ARGS...: exit 2 and an error: line containing TEXT
   timeout 20 "$bin" "${@:2}" >/dev/null 2>"$tmp/bad_err"
@@ -143,6 +172,7 @@ bad() {  # bad TEXT ARGS...: exit 2 and an error: line containing TEXT
   else echo "FAIL: bad input '$1': exit $rc"; cat "$tmp/bad_err"; fail=1; fi
 }
 base=(--config "$tmp/cfg.json" --data "$tmp/tok.bin" --perplexity-by-position)
+bad "a LoRA adapter needs its base model" --config "$tmp/cfg.json" --set lora.from="$adapter" "${lev[@]}"
 bad "--bucket-width 0: expected ≥ 1" "${base[@]}" --bucket-width 0
 bad "--bucket-width -4: expected ≥ 1" "${base[@]}" --bucket-width -4
 bad "--bucket-width 'x': expected an integer" "${base[@]}" --bucket-width x
