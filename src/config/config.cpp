@@ -645,7 +645,8 @@ void check_lora(Config& c, const std::function<void(const std::string&)>& bad) {
   if (l.lora_dropout > 0)
     bad(str("lora.lora_dropout ", l.lora_dropout, ": only 0 (PEFT's default) is supported so far; the adapters see ",
             "the projections' inputs undropped"));
-  const std::vector<std::string> modules = model_modules(c.model);
+  // The model's modules come from its graph (models/lora.h): built only when there is a name to check.
+  const std::vector<std::string> modules = l.modules_to_save.empty() ? std::vector<std::string>{} : model_modules(c.model);
   for (const std::string& k : l.modules_to_save) {
     if (std::none_of(modules.begin(), modules.end(), [&](const std::string& m) { return saved_module_matches(m, k); })) {
       std::vector<std::string> outside;  // the modules outside the layers: what LongLoRA and its kin save
