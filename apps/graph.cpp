@@ -54,12 +54,9 @@ int main(int argc, char** argv) {
         "plan-memory", "instead of the graph, print the memory plan of the training program (or of --stage) for "
         "sizes like S=16384,B=1 (JSON)",
         cxxopts::value<std::string>())("h,help", "show help");
-    auto args = opts.parse(argc, argv);
-    if (args.count("help")) {
-      std::cout << opts.help() << std::endl;
-      return 0;
-    }
-    if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
+    const auto parsed = parse_flags(opts, argc, argv);
+    if (!parsed) return 0;  // --help
+    const cxxopts::ParseResult& args = *parsed;
     if (!args.count("config")) throw UsageError("--config is required");
     std::vector<std::string> sets;
     if (args.count("set")) sets = args["set"].as<std::vector<std::string>>();

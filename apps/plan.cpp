@@ -120,12 +120,9 @@ int main(int argc, char** argv) {
         "write-config", "also write the first layout's whole config (resolved, JSON) to this file",
         cxxopts::value<std::string>())(
         "format", "text|json", cxxopts::value<std::string>()->default_value("text"))("h,help", "show help");
-    auto args = opts.parse(argc, argv);
-    if (args.count("help")) {
-      std::cout << opts.help() << std::endl;
-      return 0;
-    }
-    if (!args.unmatched().empty()) throw UsageError(str("unexpected argument '", args.unmatched()[0], "'"));
+    const auto parsed = parse_flags(opts, argc, argv);
+    if (!parsed) return 0;  // --help
+    const cxxopts::ParseResult& args = *parsed;
     if (!args.count("config")) throw UsageError("--config is required");
     if (!args.count("ranks")) throw UsageError("--ranks is required");
     const bool longest = args.count("longest") > 0;
