@@ -23,16 +23,8 @@ if ! /usr/bin/python3 -c 'import json,math,sys; r=json.loads(sys.argv[1]); asser
   fail=1
 fi
 
-expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
-  local needle=$1
-  shift
-  "$bin" "$@" >/dev/null 2>"$tmp/err"
-  local rc=$?
-  if [ $rc -ne 2 ] || [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/err"; then
-    echo "FAIL: autosp-bench $* exited $rc with: $(cat "$tmp/err") (expected exit 2, one 'error:' line naming '$needle')"
-    fail=1
-  fi
-}
+. "$(dirname "$0")/lib/refusals.sh"
+expect_usage_error() { refused_alone "$1" "$bin" "${@:2}"; }  # expect_usage_error NEEDLE ARGS...
 expect_usage_error "config is required"
 expect_usage_error "--mode" --config "$src/configs/llama-tiny.json" --mode sideways
 expect_usage_error "--iters" --config "$src/configs/llama-tiny.json" --iters 0

@@ -165,12 +165,8 @@ assert max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b)) > 1e-4, "the adapte
 PY
 
 # ---- bad input ----------------------------------------------------------------------------------
-bad() {  # bad TEXT ARGS...: exit 2 and an error: line containing TEXT
-  timeout 20 "$bin" "${@:2}" >/dev/null 2>"$tmp/bad_err"
-  local rc=$?
-  if [ "$rc" = 2 ] && grep -q "^error: .*$1" "$tmp/bad_err"; then echo "ok: bad input: $1"
-  else echo "FAIL: bad input '$1': exit $rc"; cat "$tmp/bad_err"; fail=1; fi
-}
+. "$(dirname "$0")/lib/refusals.sh"
+bad() { refused "$1" "$bin" "${@:2}"; }  # bad TEXT ARGS...: exit 2 and an error: line containing TEXT
 base=(--config "$tmp/cfg.json" --data "$tmp/tok.bin" --perplexity-by-position)
 bad "a LoRA adapter needs its base model" --config "$tmp/cfg.json" --set lora.from="$adapter" "${lev[@]}"
 bad "--bucket-width 0: expected ≥ 1" "${base[@]}" --bucket-width 0

@@ -33,19 +33,8 @@ expect_lacks() {  # expect_lacks NEEDLE ARGS...: runs, and the output does not h
   fi
 }
 
-expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
-  local needle=$1
-  shift
-  "$bin" "$@" >/dev/null 2>"$tmp/err"
-  local rc=$?
-  if [ $rc -ne 2 ]; then
-    echo "FAIL: autosp-graph $* exited $rc, expected 2"
-    fail=1
-  elif [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/err"; then
-    echo "FAIL: autosp-graph $* stderr was: $(cat "$tmp/err") (expected one 'error:' line naming '$needle')"
-    fail=1
-  fi
-}
+. "$(dirname "$0")/lib/refusals.sh"
+expect_usage_error() { refused_alone "$1" "$bin" "${@:2}"; }  # expect_usage_error NEEDLE ARGS...
 
 expect_ok "sdpa(%l0.q_rope, %l0.k_rope, %l0.v, causal=true" --config "$src/configs/llama-tiny.json"
 expect_ok "f32[B, 4, S, 16]" --config "$src/configs/llama-tiny.json" --world 2 --rank 1

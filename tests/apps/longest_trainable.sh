@@ -68,16 +68,8 @@ EOF
   fail=1
 fi
 
-expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
-  local needle=$1
-  shift
-  /usr/bin/python3 "$script" "$@" >/dev/null 2>"$tmp/err"
-  local rc=$?
-  if [ $rc -ne 2 ] || [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/err"; then
-    echo "FAIL: longest_trainable.py $* exited $rc with: $(cat "$tmp/err") (expected exit 2, one 'error:' line naming '$needle')"
-    fail=1
-  fi
-}
+. "$(dirname "$0")/lib/refusals.sh"
+expect_usage_error() { refused_alone "$1" /usr/bin/python3 "$script" "${@:2}"; }  # expect_usage_error NEEDLE ARGS...
 cfg=$src/configs/llama-tiny.json
 expect_usage_error "budget-gib" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 0
 expect_usage_error "budget-gib" --impl autosp --bin "$bin" --config "$cfg" --budget-gib nan

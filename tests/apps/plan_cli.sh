@@ -15,19 +15,8 @@ trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cfg=$src/configs/llama-tiny.json
 
-expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
-  local needle=$1
-  shift
-  "$bin" "$@" >/dev/null 2>"$tmp/err"
-  local rc=$?
-  if [ $rc -ne 2 ]; then
-    echo "FAIL: autosp-plan $* exited $rc, expected 2"
-    fail=1
-  elif [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/err"; then
-    echo "FAIL: autosp-plan $* stderr was: $(cat "$tmp/err") (expected one 'error:' line naming '$needle')"
-    fail=1
-  fi
-}
+. "$(dirname "$0")/lib/refusals.sh"
+expect_usage_error() { refused_alone "$1" "$bin" "${@:2}"; }  # expect_usage_error NEEDLE ARGS...
 
 # Bad input.
 ok=(--config "$cfg" --seq-len 1024 --ranks 4)

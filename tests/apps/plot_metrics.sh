@@ -44,12 +44,8 @@ import sys; d = open('$tmp/png/run-$name.png', 'rb').read(); sys.exit(0 if d[:8]
 done
 check "it prints the paths it wrote" [ "$(wc -l <"$tmp/written")" = 6 ]
 
-bad() {  # bad TEXT ARGS...
-  timeout 60 $py "$plot" "${@:2}" --out-dir "$tmp/bad" >/dev/null 2>"$tmp/bad_err"
-  local rc=$?
-  if [ "$rc" = 2 ] && grep -q "^error: .*$1" "$tmp/bad_err"; then echo "ok: bad input: $1"
-  else echo "FAIL: bad input '$1': exit $rc"; cat "$tmp/bad_err"; fail=1; fi
-}
+. "$(dirname "$0")/lib/refusals.sh"
+bad() { refused "$1" $py "$plot" "${@:2}" --out-dir "$tmp/bad"; }  # bad TEXT ARGS...
 printf '\x00\x01garbage' >"$tmp/garbage.jsonl"
 printf 'P,seq\n1,2\n' >"$tmp/bench.csv"
 echo '{"task": "perplexity_by_position", "buckets": [{"start": "x"}]}' >"$tmp/shape.json"

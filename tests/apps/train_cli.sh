@@ -80,16 +80,8 @@ assert [r["step"] for r in res] == [3, 4], res
 assert all(r["loss"] == full[r["step"]] for r in res), (res, full)
 PY
 
-expect_usage_error() {  # expect_usage_error NEEDLE ARGS...
-  local needle=$1
-  shift
-  "$@" >/dev/null 2>"$tmp/err"
-  local rc=$?
-  if [ $rc -ne 2 ] || ! grep -q "^error: .*$needle" "$tmp/err"; then
-    echo "FAIL: $* exited $rc with: $(grep -m3 . "$tmp/err") (expected exit 2 and an 'error:' line naming '$needle')"
-    fail=1
-  fi
-}
+. "$(dirname "$0")/lib/refusals.sh"
+expect_usage_error() { refused "$@"; }  # expect_usage_error NEEDLE COMMAND...
 head -c 4000 /dev/urandom >"$tmp/garbage.safetensors"
 mkdir -p "$tmp/notackpt"
 expect_usage_error "config is required" "$bin"
