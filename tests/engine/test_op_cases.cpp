@@ -161,6 +161,101 @@ TEST_CASE("bf16 elementwise ops in chunks equal the f32 kernels rounded once", "
   }
 }
 
+// Norms and rope on bf16 run in widened chunks of whole rows (engine/cpu/launchers.cpp
+// norm_bf16, rope_bf16): over many chunks, rope's chunks crossing (b, n) planes, and across
+// threads, each result is exactly the f32 kernel's on the whole tensor, rounded once. The norms'
+// parameter gradients are summed over blocks of 256 rows in f32 partials: within one bf16 step
+// (2^-7 of the largest entry) of that.
+TEST_CASE("bf16 norms and rope in row chunks equal the f32 kernels rounded once", "[ops][executor][bf16]") {
+  const int64_t R = 700, C = 96;  // x [3, R, C]: 2,100 rows (9 blocks of 256), 42 rows a chunk
+  struct Case {
+    std::string name;
+    std::function<std::vector<Node*>(Builder&, Node*, Node*, Node*, Node*)> build;  // x, y, w, b
+    size_t inexact_from;  // outputs from this index sum over rows
+  };
+  const std::vector<Case> cases = {
+      {"rmsnorm", [](Builder& b, Node* x, Node*, Node* w, Node*) { return std::vector{b.rmsnorm(x, w, 1e-6)}; }, 9},
+      {"layernorm", [](Builder& b, Node* x, Node*, Node* w, Node* bb) { return std::vector{b.layernorm(x, w, bb, 1e-5)}; }, 9},
+      {"add_rmsnorm", [](Builder& b, Node* x, Node* y, Node* w, Node*) {
+         Node* n = b.add_rmsnorm(x, y, w, 1e-6);
+         return std::vector{n, b.output(n, 1, "sum")};
+       }, 9},
+      {"add_layernorm", [](Builder& b, Node* x, Node* y, Node* w, Node* bb) {
+         Node* n = b.add_layernorm(x, y, w, bb, 1e-5);
+         return std::vector{n, b.output(n, 1, "sum")};
+       }, 9},
+      {"rmsnorm_backward", [](Builder& b, Node* x, Node* y, Node* w, Node*) {
+         Node* n = b.rmsnorm_backward(y, x, w, 1e-6);
+         return std::vector{n, b.output(n, 1, "dw")};
+       }, 1},
+      {"layernorm_backward", [](Builder& b, Node* x, Node* y, Node* w, Node*) {
+         Node* n = b.layernorm_backward(y, x, w, 1e-5);
+         return std::vector{n, b.output(n, 1, "dw"), b.output(n, 2, "db")};
+       }, 1},
+  };
+  const Shape shape{3, R, C};
+  const Vec xs = naive::random_normal(3 * R * C, 51, 2.0), ys = naive::random_normal(3 * R * C, 52);
+  const Vec ws = naive::random_normal(C, 53), bs = naive::random_normal(C, 54);
+  auto feeds_of = [&](DType dt) {
+    auto t = [&](Shape sh, const Vec& v) {  // bf16 values, in dt
+      return Tensor::from_vector(sh, v).to(DType::bf16).to(dt);
+    };
+    return TensorMap{{"x", t(shape, xs)}, {"y", t(shape, ys)}, {"w", t({C}, ws)}, {"b", t({C}, bs)}};
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      auto run = [&](DType dt) {
+        Graph g;
+        Builder b(g);
+        Node* x = b.input("x", dt, {3, R, C}, Role::none);
+        Node* y = b.input("y", dt, {3, R, C}, Role::none);
+        Node* w = b.input("w", dt, {C}, Role::none);
+        Node* bb = b.input("b", dt, {C}, Role::none);
+        const std::vector<Node*> outs = c.build(b, x, y, w, bb);
+        for (Node* o : outs) g.add_output(o);
+        const TensorMap got = Executor(g).run(feeds_of(dt), single_groups()).outputs;
+        std::vector<Vec> v;
+        for (Node* o : outs) v.push_back(got.at(o->name()).to_doubles());
+        return v;
+      };
+      std::vector<Vec> want = run(DType::f32);
+      for (Vec& v : want) v = naive::map(v, naive::round_bf16);
+      test::with_threads({1, 2}, [&](int t) {
+        const std::vector<Vec> got = run(DType::bf16);
+        REQUIRE(got.size() == want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          INFO("threads " << t << ", output " << i);
+          if (i < c.inexact_from) CHECK(got[i] == want[i]);
+          else CHECK(max_rel_error(got[i], want[i]) <= 0x1p-7);
+        }
+      });
+    }
+  }
+  for (const bool backward : {false, true}) {
+    DYNAMIC_SECTION((backward ? "rope_backward" : "rope")) {
+      const int64_t B = 2, N = 3, S = 50, D = 64;  // planes of 3,200 elements; chunks of 4,096
+      std::vector<int64_t> pos(size_t(B * S));
+      for (size_t i = 0; i < pos.size(); ++i) pos[i] = int64_t((i * 37) % 301);
+      const Vec v = naive::random_normal(B * N * S * D, 55);
+      auto run = [&](DType dt) {
+        Graph g;
+        Builder b(g);
+        Node* x = b.input("x", dt, {B, N, S, D}, Role::none);
+        Node* p = b.input("pos", DType::i64, {B, S}, Role::none);
+        g.add_output(backward ? b.rope_backward(x, p, 10000.0) : b.rope(x, p, 10000.0));
+        const TensorMap feeds{{"x", Tensor::from_vector({B, N, S, D}, v).to(DType::bf16).to(dt)},
+                              {"pos", Tensor::from_vector({B, S}, pos)}};
+        return Executor(g).run(feeds, single_groups()).outputs.begin()->second.to_doubles();
+      };
+      const Vec want = naive::map(run(DType::f32), naive::round_bf16);
+      test::with_threads({1, 2}, [&](int t) {
+        INFO("threads " << t);
+        CHECK(run(DType::bf16) == want);
+      });
+    }
+  }
+}
+
 TEST_CASE("the executor binds symbols and rejects inconsistent feeds", "[executor]") {
   const OpCase& c = op_cases().front();  // embedding: weight [11, 4], ids [B, S]
   auto p = prepare(c, DType::f32, 3);

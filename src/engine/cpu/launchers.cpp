@@ -478,31 +478,43 @@ Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
   return dx;
 }
 
-// Elementwise ops on bf16 in cache-sized chunks: each chunk of the operands widened into the
-// thread's f32 buffers, the op's f32 kernel run on it, the result rounded into the output. The
-// emulation's numbers (the same f32 kernel, one rounding per result) in one pass, without whole
-// f32 copies of the operands and the result. Chunks are a multiple of 16 long, so the f32
-// kernels' 16-lane runs start where they do on the whole tensor (the same bits).
+// Elementwise and row-wise ops on bf16 in cache-sized chunks: each chunk of the operands widened
+// into the thread's f32 buffers, the op's f32 kernel run on it, the results rounded into the
+// outputs. The emulation's numbers (the same f32 kernel, one rounding per result) in one pass,
+// without whole f32 copies of the operands and the results. A chunk is a whole number of rows of
+// `row` elements: for elementwise ops rows of 16, so the f32 kernels' 16-lane runs start where they
+// do on the whole tensor; for the norms rows of C, so each row is normalised as on the whole tensor
+// (the same bits). A chunk's rows run on one thread, below the kernels' own threading grain.
 constexpr int64_t kBf16Chunk = 4096;
 
-// f(in, out, m): the f32 kernel on m elements of kIn operands.
-template <size_t kIn, class F>
-void by_chunks_bf16(const std::array<const uint16_t*, kIn>& in, uint16_t* out, int64_t n, F f) {
-  const int64_t chunks = (n + kBf16Chunk - 1) / kBf16Chunk;
+// f(in, out, i0, m): the f32 kernel on elements [i0, i0 + m) of kIn operands into kOut results.
+template <size_t kIn, size_t kOut, class F>
+void by_chunks_bf16(const std::array<const uint16_t*, kIn>& in, const std::array<uint16_t*, kOut>& out, int64_t n,
+                    int64_t row, F f) {
+  const int64_t chunk = std::max<int64_t>(1, kBf16Chunk / row) * row;
+  const int64_t chunks = (n + chunk - 1) / chunk;
 #pragma omp parallel if (chunks > 1)
   {
-    std::vector<float> buf(size_t(kBf16Chunk * (kIn + 1)));  // kIn operands, then the result
+    std::vector<float> buf(size_t(chunk * (kIn + kOut)));  // kIn operands, then the results
     std::array<const float*, kIn> widened;
-    for (size_t k = 0; k < kIn; ++k) widened[k] = buf.data() + k * kBf16Chunk;
-    float* result = buf.data() + kIn * kBf16Chunk;
+    std::array<float*, kOut> results;
+    for (size_t k = 0; k < kIn; ++k) widened[k] = buf.data() + k * chunk;
+    for (size_t k = 0; k < kOut; ++k) results[k] = buf.data() + (kIn + k) * chunk;
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < chunks; ++ch) {
-      const int64_t i0 = ch * kBf16Chunk, m = std::min(kBf16Chunk, n - i0);
-      for (size_t k = 0; k < kIn; ++k) cpu::cast<uint16_t, float>(in[k] + i0, buf.data() + k * kBf16Chunk, m);
-      f(widened, result, m);
-      cpu::cast<float, uint16_t>(result, out + i0, m);
+      const int64_t i0 = ch * chunk, m = std::min(chunk, n - i0);
+      for (size_t k = 0; k < kIn; ++k) cpu::cast<uint16_t, float>(in[k] + i0, buf.data() + k * chunk, m);
+      f(widened, results, i0, m);
+      for (size_t k = 0; k < kOut; ++k) cpu::cast<float, uint16_t>(results[k], out[k] + i0, m);
     }
   }
+}
+
+// A small operand (a norm's weight or bias [C]) widened whole; empty for a missing one.
+std::vector<float> widened(const Tensor& t) {
+  std::vector<float> w(t.defined() ? size_t(t.numel()) : 0);
+  if (!w.empty()) cpu::cast<uint16_t, float>(t.data<uint16_t>(), w.data(), t.numel());
+  return w;
 }
 
 // a, b and the output of one shape (else a broadcast: emulated).
@@ -511,10 +523,10 @@ Tensor binary_bf16(const KernelCall& c) {
   if (c.in[0].shape() != c.out_shape || c.in[1].shape() != c.out_shape) return bf16_via_f32(c, binary<kOp>);
   const Tensor a = arg(c, 0), b = arg(c, 1);
   Tensor y = out_like(c, DType::bf16);
-  by_chunks_bf16<2>({a.data<uint16_t>(), b.data<uint16_t>()}, y.data<uint16_t>(), y.numel(),
-                    [](const std::array<const float*, 2>& in, float* out, int64_t m) {
-                      const int64_t unit = 1;
-                      cpu::binary<float>(kOp, 1, &m, in[0], &unit, in[1], &unit, out);
+  by_chunks_bf16<2, 1>({a.data<uint16_t>(), b.data<uint16_t>()}, {y.data<uint16_t>()}, y.numel(), 16,
+                       [](const std::array<const float*, 2>& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+                         const int64_t unit = 1;
+                         cpu::binary<float>(kOp, 1, &m, in[0], &unit, in[1], &unit, out[0]);
                     });
   return y;
 }
@@ -524,9 +536,9 @@ Tensor unary_bf16(const KernelCall& c) {
   const Tensor x = arg(c, 0);
   const double factor = kOp == kernels::Unary::scale ? c.node.attrs().f("factor") : 0.0;
   Tensor y = out_like(c, DType::bf16);
-  by_chunks_bf16<1>({x.data<uint16_t>()}, y.data<uint16_t>(), y.numel(),
-                    [factor](const std::array<const float*, 1>& in, float* out, int64_t m) {
-                      cpu::unary<float>(kOp, in[0], out, m, factor);
+  by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, y.numel(), 16,
+                       [factor](const std::array<const float*, 1>& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+                         cpu::unary<float>(kOp, in[0], out[0], m, factor);
                     });
   return y;
 }
@@ -536,11 +548,120 @@ template <kernels::UnaryGrad kOp>
 Tensor unary_backward_bf16(const KernelCall& c) {
   const Tensor dy = arg(c, 0), x = arg(c, 1);
   Tensor dx = out_like(c, DType::bf16);
-  by_chunks_bf16<2>({dy.data<uint16_t>(), x.data<uint16_t>()}, dx.data<uint16_t>(), dx.numel(),
-                    [](const std::array<const float*, 2>& in, float* out, int64_t m) {
-                      cpu::unary_backward<float>(kOp, in[0], in[1], out, m);
+  by_chunks_bf16<2, 1>({dy.data<uint16_t>(), x.data<uint16_t>()}, {dx.data<uint16_t>()}, dx.numel(), 16,
+                       [](const std::array<const float*, 2>& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+                         cpu::unary_backward<float>(kOp, in[0], in[1], out[0], m);
                     });
   return dx;
+}
+
+// ---- norms and rope on bf16: rows widened by chunks ----
+
+// y = norm(x) over the last dim C. Inputs: x, w (, b): w and b [C] widened whole.
+template <bool kRms>
+Tensor norm_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const std::vector<float> w = widened(arg(c, 1)), b = kRms ? std::vector<float>{} : widened(arg(c, 2));
+  const int64_t C = x.dim(-1);
+  const double eps = c.node.attrs().f("eps");
+  Tensor y = out_like(c, DType::bf16);
+  by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), C,
+                       [&](const std::array<const float*, 1>& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+                         if constexpr (kRms) cpu::rmsnorm_forward<float>(in[0], w.data(), out[0], nullptr, m / C, C, eps);
+                         else cpu::layernorm_forward<float>(in[0], w.data(), b.data(), out[0], nullptr, nullptr, m / C, C, eps);
+                       });
+  return y;
+}
+
+// y = norm(x + r); extra output 1: x + r (as the f32 kernel keeps it: the norm reads the f32 sum).
+// Inputs: x, r, w (, b).
+template <bool kRms>
+Tensor add_norm_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), r = arg(c, 1);
+  const std::vector<float> w = widened(arg(c, 2)), b = kRms ? std::vector<float>{} : widened(arg(c, 3));
+  const int64_t C = x.dim(-1);
+  const double eps = c.node.attrs().f("eps");
+  Tensor y = out_like(c, DType::bf16);
+  Tensor sum = extra_like(c, x.shape(), DType::bf16);
+  c.extras.push_back(sum);
+  by_chunks_bf16<2, 2>({x.data<uint16_t>(), r.data<uint16_t>()}, {y.data<uint16_t>(), sum.data<uint16_t>()}, x.numel(),
+                       C, [&](const std::array<const float*, 2>& in, const std::array<float*, 2>& out, int64_t, int64_t m) {
+                         cpu::add_norm_forward<float>(in[0], in[1], w.data(), kRms ? nullptr : b.data(), out[0], out[1],
+                                                      m / C, C, eps, kRms);
+                       });
+  return y;
+}
+
+// dx; extra outputs dw (, db). Inputs: dy, x, w. dx by chunks of rows as above; dw and db are sums
+// over all rows: each fixed block of kNormParamRows rows (the split depends on the sizes alone)
+// is widened and summed by the f32 kernel into its own f32 partial, and the partials are added in
+// block order in double and rounded once. So a result does not depend on the thread count; it
+// differs from the whole-tensor f32 kernel's by the partials' f32 rounding (far below bf16's).
+constexpr int64_t kNormParamRows = 256;
+
+template <bool kRms>
+Tensor norm_backward_bf16(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1);
+  const std::vector<float> w = widened(arg(c, 2));
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const double eps = c.node.attrs().f("eps");
+  Tensor dx = out_like(c, DType::bf16);
+  by_chunks_bf16<2, 1>({dy.data<uint16_t>(), x.data<uint16_t>()}, {dx.data<uint16_t>()}, x.numel(), C,
+                       [&](const std::array<const float*, 2>& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+                         if constexpr (kRms) cpu::rmsnorm_backward_input<float>(in[0], in[1], w.data(), out[0], m / C, C, eps);
+                         else cpu::layernorm_backward_input<float>(in[0], in[1], w.data(), out[0], m / C, C, eps);
+                       });
+  const int nacc = kRms ? 1 : 2;  // dw (, db)
+  const int64_t blocks = (rows + kNormParamRows - 1) / kNormParamRows;
+  std::vector<float> part(size_t(blocks * nacc * C));  // [blocks, nacc, C]
+#pragma omp parallel if (blocks > 1)
+  {
+    std::vector<float> buf(size_t(2 * kNormParamRows * C));  // dy, x
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < blocks; ++k) {
+      const int64_t r0 = k * kNormParamRows, m = std::min(kNormParamRows, rows - r0);
+      float* p = part.data() + k * nacc * C;
+      cpu::cast<uint16_t, float>(dy.data<uint16_t>() + r0 * C, buf.data(), m * C);
+      cpu::cast<uint16_t, float>(x.data<uint16_t>() + r0 * C, buf.data() + m * C, m * C);
+      if constexpr (kRms) cpu::rmsnorm_backward_weight<float>(buf.data(), buf.data() + m * C, p, m, C, eps);
+      else cpu::layernorm_backward_params<float>(buf.data(), buf.data() + m * C, p, p + C, m, C, eps);
+    }
+  }
+  for (int a = 0; a < nacc; ++a) {
+    std::vector<double> total(size_t(C), 0.0);
+    for (int64_t k = 0; k < blocks; ++k)
+      for (int64_t j = 0; j < C; ++j) total[j] += part[size_t((k * nacc + a) * C + j)];
+    Tensor g = extra_like(c, {C}, DType::bf16);
+    for (int64_t j = 0; j < C; ++j) g.data<uint16_t>()[j] = cpu::f64_to_bf16(static_cast<double>(static_cast<float>(total[j])));
+    c.extras.push_back(g);
+  }
+  return dx;
+}
+
+// Rotary embedding (and its backward) on bf16: x [B, N, S, D], position_ids [B, S]. A chunk may
+// span (b, n) planes: each plane's part is rotated with that plane's positions.
+template <bool kBackward>
+Tensor rope_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), pos = ids64(c, 1);
+  check_head_dim(c, x.dim(3), kRopeMaxHeadDim, "rope");
+  const kernels::RopeScaling scaling = rope_scaling_of(c.node);
+  const double theta = c.node.attrs().f("theta");
+  const int64_t N = x.dim(1), S = x.dim(2), D = x.dim(3);
+  const int64_t* ids = pos.data<int64_t>();
+  Tensor y = out_like(c, DType::bf16);
+  by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), D,
+                       [&](const std::array<const float*, 1>& in, const std::array<float*, 1>& out, int64_t i0, int64_t m) {
+                         for (int64_t done = 0; done < m;) {  // the part of one (b, n) plane
+                           const int64_t i = i0 + done, plane = i / (S * D), s0 = i % (S * D) / D;
+                           const int64_t rows = std::min((m - done) / D, S - s0);
+                           const int64_t* p = ids + plane / N * S + s0;
+                           if constexpr (kBackward)
+                             cpu::rope_backward<float>(in[0] + done, p, out[0] + done, 1, 1, rows, D, theta, scaling);
+                           else cpu::rope_forward<float>(in[0] + done, p, out[0] + done, 1, 1, rows, D, theta, scaling);
+                           done += rows * D;
+                         }
+                       });
+  return y;
 }
 
 // The ops computed natively where their first `bf16_inputs` inputs are bf16 (else emulated); the
@@ -570,6 +691,14 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::silu, unary_bf16<Unary::silu>, 1, false},
     {Op::gelu_tanh_backward, unary_backward_bf16<UnaryGrad::gelu_tanh>, 2, false},
     {Op::silu_backward, unary_backward_bf16<UnaryGrad::silu>, 2, false},
+    {Op::layernorm, norm_bf16<false>, 3, false},
+    {Op::rmsnorm, norm_bf16<true>, 2, false},
+    {Op::add_layernorm, add_norm_bf16<false>, 4, false},
+    {Op::add_rmsnorm, add_norm_bf16<true>, 3, false},
+    {Op::layernorm_backward, norm_backward_bf16<false>, 3, false},
+    {Op::rmsnorm_backward, norm_backward_bf16<true>, 3, false},
+    {Op::rope, rope_bf16<false>, 1, false},
+    {Op::rope_backward, rope_bf16<true>, 1, false},
 };
 
 KernelFn native_bf16(const KernelCall& c) {
