@@ -20,6 +20,7 @@
 #include "common/sp_case.h"
 #include "graph/builder.h"
 #include "graph/passes/autosp/autosp.h"
+#include "kernels/cpu/attention.h"
 
 namespace autosp::test {
 namespace {
@@ -238,6 +239,68 @@ TEST_CASE("ring: ring_attention in the zigzag and the contiguous layout equals a
       }
     }
   }
+}
+
+// A sliding window (with a softcap) that crosses the chunk boundaries: ring_attention at R = 2 and
+// 4 in the zigzag layout equals the float64 CPU kernel over the whole sequence (itself checked
+// against a naive attention in tests/kernels/test_attention_variants.cpp), forward and backward.
+// The window cuts: w = 5 < S; and with w = 2 some chunk pairs are skipped outright.
+TEST_CASE("ring: a sliding window across chunk boundaries equals the whole sequence's windowed attention",
+          "[threads][ring][variants]") {
+  const int64_t B = 2, N = 2, Nkv = 1, D = 3, c = 3;
+  const double scale = 0.4;
+  for (const int64_t R : {2, 4})
+    for (const int64_t window : {2, 5, 9}) {
+      INFO("R = " << R << ", window " << window);
+      const int64_t S = 2 * R * c, L = 2 * c;
+      const AttentionAttrs attrs{window, 3.0};
+      const naive::Vec q = naive::random_normal(B * N * S * D, 11), k = naive::random_normal(B * Nkv * S * D, 12),
+                       v = naive::random_normal(B * Nkv * S * D, 13), dout = naive::random_normal(B * N * S * D, 14);
+      const AttentionVariant<double> var{.window = window, .softcap = 3.0};
+      naive::Vec want_o(q.size()), lse(size_t(B * N * S)), want_dq(q.size()), want_dk(k.size()), want_dv(v.size());
+      cpu::sdpa_forward<double>(q.data(), k.data(), v.data(), want_o.data(), lse.data(), B, N, Nkv, S, S, D, scale, true,
+                                nullptr, var);
+      cpu::sdpa_backward<double>(q.data(), k.data(), v.data(), want_o.data(), lse.data(), dout.data(), want_dq.data(),
+                                 want_dk.data(), want_dv.data(), B, N, Nkv, S, S, D, scale, true, nullptr, nullptr, var);
+      auto local = [&](const naive::Vec& x, int64_t H, int64_t r) {
+        naive::Vec out;
+        const RankChunks ch = zigzag_chunks(r, R);
+        for (int64_t bh = 0; bh < B * H; ++bh)
+          for (int64_t chunk : {ch.first, ch.second})
+            out.insert(out.end(), x.begin() + (bh * S + chunk * c) * D, x.begin() + (bh * S + chunk * c + c) * D);
+        return out;
+      };
+      Graph g;
+      Builder b(g);
+      Node* qn = b.input("q", DType::f64, {B, N, L, D}, Role::none);
+      Node* kn = b.input("k", DType::f64, {B, Nkv, L, D}, Role::none);
+      Node* vn = b.input("v", DType::f64, {B, Nkv, L, D}, Role::none);
+      Node* dn = b.input("dout", DType::f64, {B, N, L, D}, Role::none);
+      Node* o = b.ring_attention(qn, kn, vn, true, scale, "ring", R, "o");
+      set_attention_attrs(o, attrs);
+      Node* dq = b.ring_attention_backward(qn, kn, vn, o, b.output(o, 1, "lse"), dn, true, scale, "ring", R, "dq");
+      set_attention_attrs(dq, attrs);
+      for (Node* out : {o, dq, b.output(dq, 1, "dk"), b.output(dq, 2, "dv")}) g.add_output(out);
+      std::vector<TensorMap> got(static_cast<size_t>(R));
+      run_thread_ranks(int(R), [&](ThreadCommunicator& w) {
+        const int64_t r = w.rank();
+        const TensorMap feeds{{"q", Tensor::from_vector({B, N, L, D}, local(q, N, r))},
+                              {"k", Tensor::from_vector({B, Nkv, L, D}, local(k, Nkv, r))},
+                              {"v", Tensor::from_vector({B, Nkv, L, D}, local(v, Nkv, r))},
+                              {"dout", Tensor::from_vector({B, N, L, D}, local(dout, N, r))}};
+        got[size_t(r)] = Executor(g).run(feeds, {{"ring", &w}}).outputs;
+      });
+      for (int64_t r = 0; r < R; ++r) {
+        INFO("ring rank " << r);
+        const TensorMap& out = got[size_t(r)];
+        CHECK(max_abs_diff(out.at("o").to_doubles(), local(want_o, N, r)) < 1e-12);
+        CHECK(max_abs_diff(out.at("dq").to_doubles(), local(want_dq, N, r)) < 1e-12);
+        CHECK(max_abs_diff(out.at("dk").to_doubles(), local(want_dk, Nkv, r)) < 1e-12);
+        CHECK(max_abs_diff(out.at("dv").to_doubles(), local(want_dv, Nkv, r)) < 1e-12);
+      }
+      // The window changes the answer (full causal attention differs).
+      CHECK(max_abs_diff(want_o, naive::sdpa(q, k, v, B, N, Nkv, S, S, D, scale, true)) > 1e-3);
+    }
 }
 
 

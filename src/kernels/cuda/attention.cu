@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 
 namespace autosp::cuda {
 
@@ -798,12 +799,40 @@ void backward_mma(const bf16* q, const bf16* k, const bf16* v, const float* lse,
 
 }  // namespace
 
+namespace {
+
+// A window's per-row key starts [B, Sq]: max(doc_start[r], i + shift - window + 1), i = r % Sq.
+__global__ void window_starts_kernel(const int64_t* docs, int64_t* out, int64_t total, int64_t Sq, int64_t shift,
+                                     int64_t window) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= total) return;
+  const int64_t first = r % Sq + shift - window + 1;
+  out[r] = docs == nullptr ? first : max64(docs[r], first);
+}
+
+// The starts the kernels read for this call: the document starts, or the window's (in `buf`).
+const int64_t* variant_starts(const char* what, const int64_t* docs, int64_t B, int64_t Sq, int64_t Skv, bool causal,
+                              const AttentionVariant<float>& var, std::optional<Scratch>& buf, cudaStream_t stream) {
+  AUTOSP_ASSERT(var.softcap == 0 && var.sinks == nullptr, what, ": the softcap and sinks have no CUDA kernel");
+  AUTOSP_ASSERT(var.window >= 0 && (var.offset == 0 || !causal), what, " window ", var.window, " offset ", var.offset,
+                " causal ", causal);
+  if (var.window == 0 || B * Sq == 0) return docs;
+  buf.emplace(size_t(B * Sq) * sizeof(int64_t), stream);
+  launch_kernel(window_starts_kernel, grid_for(B * Sq, 256), 256, 0, stream, docs, buf.as<int64_t>(), B * Sq, Sq,
+                Skv - Sq + var.offset, var.window);
+  return buf->as<int64_t>();
+}
+
+}  // namespace
+
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
                   int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream, SdpaKernel kernel,
-                  const int64_t* docs) {
+                  const int64_t* doc_start, const AttentionVariant<float>& var) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   if (B == 0 || Sq == 0) return;
+  std::optional<Scratch> window_buf;
+  const int64_t* docs = variant_starts("sdpa", doc_start, B, Sq, Skv, causal, var, window_buf, stream);
   const float sc = float(scale);
   if constexpr (std::is_same_v<T, bf16>) {
     if (use_mma<T>(kernel, D, {q, k, v, o})) {
@@ -825,9 +854,11 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t 
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv,
                    int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                   cudaStream_t stream, SdpaKernel kernel, const int64_t* docs) {
+                   cudaStream_t stream, SdpaKernel kernel, const int64_t* doc_start, const AttentionVariant<float>& var) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   if (B == 0) return;
+  std::optional<Scratch> window_buf;
+  const int64_t* docs = variant_starts("sdpa_backward", doc_start, B, Sq, Skv, causal, var, window_buf, stream);
   const float sc = float(scale);
   const int64_t rows = B * N * Sq;
   Scratch delta(size_t(rows) * sizeof(float), stream);  // Δ [B, N, Sq]
@@ -892,15 +923,19 @@ void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T val
 }
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
-                                  int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*);
+                                  int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void sdpa_forward<bf16>(const bf16*, const bf16*, const bf16*, bf16*, float*, int64_t, int64_t, int64_t,
-                                 int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*);
+                                 int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void sdpa_backward<float>(const float*, const float*, const float*, const float*, const float*, const float*,
                                    float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double,
-                                   bool, cudaStream_t, SdpaKernel, const int64_t*);
+                                   bool, cudaStream_t, SdpaKernel, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void sdpa_backward<bf16>(const bf16*, const bf16*, const bf16*, const bf16*, const float*, const bf16*, bf16*,
                                   bf16*, bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
-                                  cudaStream_t, SdpaKernel, const int64_t*);
+                                  cudaStream_t, SdpaKernel, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void merge_attention<float>(float*, float*, const float*, const float*, int64_t, int64_t, cudaStream_t);
 template void merge_attention<bf16>(float*, float*, const bf16*, const float*, int64_t, int64_t, cudaStream_t);
 template void causal_mask<float>(const float*, float*, int64_t, int64_t, int64_t, float, cudaStream_t);
