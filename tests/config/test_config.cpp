@@ -210,7 +210,7 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"model": {"from": "/nonexistent/autosp-hf"}})", {}, "not a directory (model.from"},
       {R"({"model": {"arch": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2}}})", {}, "rope_type \"dynamic\""},
       {R"({"model": {"arch": "qwen2", "rope_scaling": {"rope_type": "yarn", "factor": 0}}})", {}, "\"factor\" = 0"},
-      {R"({"model": {"arch": "mistral", "sliding_window": 8}})", {"data.seq_len=9"}, "model.sliding_window 8 is shorter"},
+      {R"({"model": {"arch": "qwen2", "sliding_window": 8}})", {"data.seq_len=9"}, "model.sliding_window 8 is shorter"},
       {R"({"model": {"arch": "qwen3", "head_dim": 5}})", {}, "model.head_dim 5 must be even"},
       {R"({"model": {"arch": "llama", "sliding_window": 4096}})", {}, "model.sliding_window is a mistral"},
       {R"({"model": {"arch": "llama", "rope_scaling": [1]}})", {}, "model.rope_scaling"},

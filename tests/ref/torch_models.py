@@ -112,6 +112,9 @@ class ModelConfig:
                 raise ConfigError(f"model.tie_word_embeddings: expected true or false, got {t!r}")
             self.tie_word_embeddings = t
             self.rope_scaling = d.get("rope_scaling")
+            # Mistral's sliding window (every layer): transformers 4.44's eager mask hides key j from
+            # query i when j <= i - sliding_window.
+            self.sliding_window = d.get("sliding_window") if arch == "mistral" else None
 
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -204,15 +207,18 @@ def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def causal_attention(q, k, v, mask=None):
+def causal_attention(q, k, v, mask=None, window=None):
     """q, k, v [B, N, S, D] -> [B, N, S, D]; materialised causal softmax(q k^T / sqrt(D)) v.
-    mask: bool [B, S, S] (True = visible), used instead of the causal mask when given."""
+    mask: bool [B, S, S] (True = visible), used instead of the causal mask when given.
+    window: keys j <= i - window are hidden from query i too (HF's sliding_window)."""
     S, D = q.shape[-2], q.shape[-1]
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
     if mask is None:
         visible = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
     else:
         visible = mask[:, None]
+    if window is not None:
+        visible = visible & ~torch.ones(S, S, dtype=torch.bool, device=q.device).tril(diagonal=-window)
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v)
@@ -354,7 +360,7 @@ def llama_layer(cfg, p, i, x, cos, sin, mask=None):
     k = apply_rope(k, cos, sin)
     k = repeat_kv(k, N // Nkv)
     v = repeat_kv(v, N // Nkv)
-    o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, N * D)
+    o = causal_attention(q, k, v, mask, cfg.sliding_window).transpose(1, 2).reshape(B, S, N * D)
     x = x + linear(o, "self_attn.o_proj")
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
     g = F.silu(linear(h, "mlp.gate_proj")) * linear(h, "mlp.up_proj")

@@ -818,7 +818,7 @@ const int64_t* variant_starts(const char* what, const int64_t* docs, int64_t B, 
                 " causal ", causal);
   if (var.window == 0 || B * Sq == 0) return docs;
   buf.emplace(size_t(B * Sq) * sizeof(int64_t), stream);
-  launch_kernel(window_starts_kernel, grid_for(B * Sq, 256), 256, 0, stream, docs, buf.as<int64_t>(), B * Sq, Sq,
+  launch_kernel(window_starts_kernel, grid_for(B * Sq, 256), 256, 0, stream, docs, buf->as<int64_t>(), B * Sq, Sq,
                 Skv - Sq + var.offset, var.window);
   return buf->as<int64_t>();
 }
