@@ -127,6 +127,39 @@ TEST_CASE("ring: dp 2 x ring 2 with one head equals the float64 P = 1 run on the
   }
 }
 
+// Mistral with sliding_window 5 (it cuts: S = 32) at P = 4 as Ulysses 4, ring 4 (chunks of 4
+// tokens: the window crosses every boundary), Ulysses 2 x ring 2, and dp 2 x ring 2, with and
+// without packed documents (a key must be in the window and the document): every rank's loss and
+// gradients equal the float64 P = 1 run, whose own windowed attention tests/ref/hf_windows.py
+// checks against transformers.
+TEST_CASE("ring: a windowed Mistral equals the float64 P = 1 run under Ulysses, ring and dp x sp",
+          "[threads][ring][variants]") {
+  json model = llama(4, 2, 16);
+  model["arch"] = "mistral";
+  model["sliding_window"] = 5;
+  for (const bool documents : {false, true}) {
+    const Config cfg1 = ring_config(model, 1, 1, 32, 2, documents);
+    const ParamMap params = init_params(cfg1.model, 33, DType::f64);
+    const Batch batch = ring_batch(2, 32, 60, documents);
+    const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
+    for (const int64_t ring : {1, 4, 2}) {
+      INFO("P = 4, ring " << ring << (documents ? ", packed documents" : ""));
+      const Config cfg = ring_config(model, 4, ring, 32, 2, documents);
+      for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
+    }
+    INFO("dp 2 x ring 2" << (documents ? ", packed documents" : ""));
+    const Config cfg = ring_config(model, 2, 2, 32, 1, documents);
+    auto row = [](const Tensor& t, int64_t d) {
+      return t.defined() ? t.as_strided({1, 32}, t.strides(), d * 32).contiguous() : Tensor();
+    };
+    const auto got = run_ranks(4, cfg, [&](int r) {
+      const int64_t d = r / 2;
+      return Batch{row(batch.input_ids, d), row(batch.labels, d), row(batch.position_ids, d), row(batch.doc_start, d)};
+    }, params);
+    for (const auto& g : got) check_close(g, ref, kTol64);
+  }
+}
+
 // Activation checkpointing recomputes the forward's ring attention (it rings again); the tiled
 // loss is token-wise. bf16: the ring runs in f32 (the CPU's bf16 emulation), within the bars of
 // the Ulysses bf16 tests.
