@@ -380,8 +380,12 @@ TEST_CASE("ring: CountingCommunicator counts the ring's bytes as the formula say
     json model;
     int64_t P, R, kv_local, D;
   };
+  // The last shape has a sliding window of 4 (a Mistral): the ring skips the chunk pairs outside
+  // it but still moves every block (decision 142), so its bytes are the formula's too.
+  json windowed = llama(4, 2, 32);
+  windowed.update({{"arch", "mistral"}, {"sliding_window", 4}});
   for (const Shape& s : {Shape{llama(1, 1, 16), 2, 2, 1, 16}, Shape{llama(2, 1, 16), 4, 2, 1, 8},
-                         Shape{llama(4, 2, 32), 4, 4, 2, 8}}) {
+                         Shape{llama(4, 2, 32), 4, 4, 2, 8}, Shape{windowed, 4, 4, 2, 8}}) {
     const int64_t B = 2, S = 32, L = 2;
     const Config cfg = ring_config(s.model, s.P, s.R, S, B, false);
     const ParamMap params = init_params(cfg.model, 34, DType::f64);
@@ -393,7 +397,7 @@ TEST_CASE("ring: CountingCommunicator counts the ring's bytes as the formula say
       stats[size_t(w.rank())] = counted.stats().send_recv;
     });
     const int64_t block = 2 * B * s.kv_local * (S / s.R) * s.D * int64_t(sizeof(double));
-    INFO("P = " << s.P << ", R = " << s.R);
+    INFO("P = " << s.P << ", R = " << s.R << ", " << s.model.value("arch", ""));
     for (const auto& st : stats) {
       CHECK(st.calls == L * (3 * s.R - 2));
       CHECK(st.bytes == L * (3 * s.R - 2) * block);
