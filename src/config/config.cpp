@@ -907,13 +907,10 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad(str(m.head_dim_config > 0 ? "model.head_dim " : "the head dim ", m.head_dim(), " must be even for RoPE"));
   if (c.runtime.tiled_mlp && f.mlp == Mlp::swiglu && present(f.mlp_bias, m.mlp_bias))
     bad("runtime.tiled_mlp: the tiled MLP has no biases (model.mlp_bias is true)");
-  // Mistral's window applies to every layer (the attention's window attribute). Qwen's, switched
-  // on by use_sliding_window, applies only to the layers max_window_layers says, which autosp does
-  // not read yet: there a window is accepted only where it changes nothing.
-  if (f.window == Window::switched && m.sliding_window > 0 && m.sliding_window < c.data.seq_len)
-    bad(str("model.sliding_window ", m.sliding_window, " is shorter than data.seq_len ", c.data.seq_len,
-            ": autosp applies a ", f.name, " window to no layer yet (max_window_layers is not read), so only a window "
-            "at least the sequence's length (which changes nothing) is accepted"));
+  // The window's layers (ModelConfig::layer_window): layer_types names every layer once.
+  if (!m.layer_types.empty() && static_cast<int64_t>(m.layer_types.size()) != m.num_hidden_layers)
+    bad(str("model.layer_types has ", m.layer_types.size(), " entries for model.num_hidden_layers ",
+            m.num_hidden_layers, ": expected one per layer"));
   for (const std::string& r : refused) bad(r);
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty() && c.data.mix.empty())
     bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\" (or data.mix)"));

@@ -206,7 +206,7 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     Node* v = heads(linear(a, h + "self_attn.v_proj", Nkv * D, C, qkv_bias, "v_proj"), Nkv, "", "v");
     q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m);
     k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m);
-    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start, {.window = m.sliding_window});
+    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start, {.window = m.layer_window(l)});
     Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, o_bias, "o_proj");
     x = b.add(x, proj, "res1");
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]

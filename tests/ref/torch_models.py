@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 _KNOWN_MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta",
                      "norm_eps", "tie_word_embeddings", "head_dim", "attention_bias", "mlp_bias", "rope_scaling",
-                     "sliding_window"}
+                     "sliding_window", "max_window_layers", "layer_types"}
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -112,9 +112,22 @@ class ModelConfig:
                 raise ConfigError(f"model.tie_word_embeddings: expected true or false, got {t!r}")
             self.tie_word_embeddings = t
             self.rope_scaling = d.get("rope_scaling")
-            # Mistral's sliding window (every layer): transformers 4.44's eager mask hides key j from
-            # query i when j <= i - sliding_window.
-            self.sliding_window = d.get("sliding_window") if arch == "mistral" else None
+            # The sliding window: transformers 4.44's eager mask hides key j from query i when
+            # j <= i - sliding_window. Its layers: layer_types (transformers 5) when given, else every
+            # Mistral layer and the Qwen layers i >= max_window_layers (Qwen2's flash-attention rule;
+            # its default 28).
+            self.sliding_window = d.get("sliding_window")
+            types = d.get("layer_types")
+            if self.sliding_window is None:
+                self.layer_windows = [None] * self.num_hidden_layers
+            elif types is not None:
+                self.layer_windows = [self.sliding_window if t == "sliding_attention" else None for t in types]
+            elif arch == "mistral":
+                self.layer_windows = [self.sliding_window] * self.num_hidden_layers
+            else:
+                first = d.get("max_window_layers", 28)
+                self.layer_windows = [self.sliding_window if i >= first else None
+                                      for i in range(self.num_hidden_layers)]
 
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -360,7 +373,7 @@ def llama_layer(cfg, p, i, x, cos, sin, mask=None):
     k = apply_rope(k, cos, sin)
     k = repeat_kv(k, N // Nkv)
     v = repeat_kv(v, N // Nkv)
-    o = causal_attention(q, k, v, mask, cfg.sliding_window).transpose(1, 2).reshape(B, S, N * D)
+    o = causal_attention(q, k, v, mask, cfg.layer_windows[i]).transpose(1, 2).reshape(B, S, N * D)
     x = x + linear(o, "self_attn.o_proj")
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
     g = F.silu(linear(h, "mlp.gate_proj")) * linear(h, "mlp.up_proj")
