@@ -37,8 +37,7 @@
 //   attend<T>(s, ...), attend_backward<T>(s, ...)   the device's flash attention forward and
 //                         backward on one call's operands (kernels/cpu/attention.h's arguments)
 //   variant_of<T>(c, offset)   the node's window and softcap (graph/builder.h AttentionAttrs) as
-//                         the kernels' AttentionVariant (a ring chunk pair's key offset added);
-//                         CUDA refuses what its kernels lack (the softcap) naming the node
+//                         the kernels' AttentionVariant (a ring chunk pair's key offset added)
 //   host_ids(c, ids)      device ids readable on the host
 //   pair_doc_start(c, dh, buf, s)   a chunk pair's document starts (dh, on the host) where the
 //                         kernels read them (on CUDA uploaded into buf)

@@ -29,6 +29,7 @@ struct Case {
   bool causal;
   int64_t doc_len = 0;  // packed documents (Sq == Skv, causal): lengths cycling doc_len, doc_len / 3 + 1, …; 0: none
   int64_t window = 0, offset = 0;  // a sliding window (kernels/attention_variant.h), with a ring pair's offset
+  double softcap = 0;
 };
 
 // Document starts [B, Sq] of documents whose lengths cycle through doc_len, doc_len / 3 + 1 and
@@ -94,8 +95,9 @@ template <class T, bool kMma>
 void check_emulated(const Case& c, uint32_t seed) {
   INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv << " D " << c.D
             << " causal " << c.causal << " documents " << c.doc_len << " window " << c.window << " offset " << c.offset
+            << " softcap " << c.softcap
             << (kMma ? " mma" : " simt"));
-  const AttentionVariant<float> var{.window = c.window, .offset = c.offset};
+  const AttentionVariant<float> var{.window = c.window, .softcap = c.softcap, .offset = c.offset};
   const std::vector<int64_t> starts_v = c.doc_len > 0 ? document_starts(c) : std::vector<int64_t>();
   const int64_t* starts = c.doc_len > 0 ? starts_v.data() : nullptr;
   const cuda::SdpaKernel kernel = kMma ? cuda::SdpaKernel::automatic : cuda::SdpaKernel::simt;
@@ -188,6 +190,15 @@ TEST_CASE("emulated attention with a sliding window matches the CPU", "[cuda-emu
   check_emulated<float, false>(Case{2, 2, 1, 90, 90, 16, true, 0, 7}, seed += 4);
   check_emulated<float, false>(Case{1, 2, 2, 100, 100, 64, true, 40, 33}, seed += 4);
   check_emulated<float, false>(Case{1, 2, 1, 40, 40, 8, false, 0, 20, 30}, seed += 4);
+}
+
+TEST_CASE("emulated attention with a logit softcap matches the CPU", "[cuda-emulation][attention][variants]") {
+  uint32_t seed = 1700;
+  // The SIMT path (bf16 at D = 64 too: a softcap keeps it off the tensor cores), with a window and
+  // documents; a small cap, so that it bends the logits.
+  check_emulated<float, false>(Case{1, 2, 1, 70, 70, 16, true, 0, 0, 0, 0.5}, seed += 4);
+  check_emulated<float, false>(Case{2, 2, 2, 90, 90, 32, true, 25, 30, 0, 1.0}, seed += 4);
+  check_emulated<bf16, true>(Case{1, 2, 1, 80, 80, 64, true, 0, 40, 0, 0.7}, seed += 4);
 }
 
 // Ring attention's merge by log-sum-exp (one thread per row) against the CPU's, on the same values:

@@ -160,14 +160,12 @@ Tensor by_attention_float(const KernelCall& c, DType dt, F&& f) {
 }
 Tensor lse_input(const KernelCall& c, size_t i) { return gpu::cast(input(c, i), DType::f32, c.alloc, stream(c)); }
 
-// The node's window (graph/builder.h AttentionAttrs) as the kernels' variant, with a ring chunk
-// pair's key offset. The softcap has no CUDA kernel: refused here, naming the node.
+// The node's window and softcap (graph/builder.h AttentionAttrs) as the kernels' variant, with a
+// ring chunk pair's key offset.
 template <class T>
 AttentionVariant<float> variant_of(const KernelCall& c, int64_t offset = 0) {
   const AttentionAttrs a = attention_attrs(c.node);
-  if (a.softcap != 0)
-    throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": the attention softcap has no CUDA kernel"));
-  return {.window = a.window, .offset = offset};
+  return {.window = a.window, .softcap = a.softcap, .offset = offset};
 }
 
 template <class T>

@@ -32,8 +32,9 @@ enum class SdpaKernel { automatic, simt };
 
 // Variants (kernels/attention_variant.h): the window (with var.offset when not causal) becomes
 // per-row key starts, max(doc_start[i], i + shift - window + 1), which both paths already skip
-// and mask by (a [B, Sq] i64 scratch). The softcap and sinks have no CUDA kernel yet (asserted;
-// the launchers refuse such nodes first), nor an offset under causal masking.
+// and mask by (a [B, Sq] i64 scratch). A softcap runs on the SIMT path (the tensor-core kernels do
+// not take it), capping each score and folding 1 - tanh² into dS. Sinks have no CUDA kernel yet
+// (asserted; nothing in the IR sets them), nor does an offset under causal masking.
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
                   int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream,
