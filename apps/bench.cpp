@@ -7,7 +7,7 @@
 //                [--out results.csv|.jsonl] [--mode step] [--compare-pytorch]
 //   autosp-bench --project [--project-config P.json] [--compute-tflops X | --compute-from results.jsonl]
 //   autosp-bench --mode attention [--attn-seq 1024,4096] [--attn-dims 16,64,128] [--attn-hidden C] [--attn-group G]
-//                [--attn-full] [--attn-doc-len L] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]
+//                [--attn-full] [--attn-doc-len L] [--attn-window W] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]
 //                (tools/bench_attention.h)
 //   autosp-bench --mode ring [--attn-seq 4096,16384] [--ring-sizes 4] [--attn-dims 64] [--attn-hidden C]
 //                [--attn-group G] [--threads T] [--pairs K]   (tools/bench_ring.h: each ring rank's
@@ -106,6 +106,8 @@ int main(int argc, char** argv) {
         "attn-full", "--mode attention: no causal mask")(
         "attn-doc-len", "--mode attention: also time packed documents of this mean length (document mask)",
         cxxopts::value<std::string>())(
+        "attn-window", "--mode attention: also time a sliding window of this many keys (and PyTorch's flex attention)",
+        cxxopts::value<std::string>())(
         "threads", "--mode attention, gemm, ring: threads (default: all cores; ring: 1)", cxxopts::value<std::string>())(
         "ring-sizes", "--mode ring: ring sizes R (default 4)", cxxopts::value<std::string>())(
         "pairs", "alternated turns of each side", cxxopts::value<std::string>())(
@@ -160,6 +162,11 @@ int main(int argc, char** argv) {
         ao.doc_len = parse_int_list("attn-doc-len", args["attn-doc-len"].as<std::string>()).at(0);
         if (!ao.causal) throw UsageError("--attn-doc-len: the document mask is causal; drop --attn-full");
       }
+      if (args.count("attn-window")) {
+        ao.window = parse_int_list("attn-window", args["attn-window"].as<std::string>()).at(0);
+        if (ao.window <= 0) throw UsageError(str("--attn-window ", ao.window, ": expected a window of at least 1 key"));
+        if (!ao.causal) throw UsageError("--attn-window: the sliding window is causal; drop --attn-full");
+      }
       ao.compare_pytorch = args.count("compare-pytorch") > 0;
       ao.check = args.count("no-check") == 0;
       ao.source_dir = AUTOSP_SOURCE_DIR;
@@ -170,7 +177,7 @@ int main(int argc, char** argv) {
     if (args.count("mode") && args["mode"].as<std::string>() == "ring") {
       if (sweep || point || args.count("config") || args.count("compare-pytorch"))
         throw UsageError("--mode ring takes no --config, sweep or PyTorch flags");
-      for (const char* f : {"attn-full", "attn-doc-len", "no-check"})
+      for (const char* f : {"attn-full", "attn-doc-len", "attn-window", "no-check"})
         if (args.count(f)) throw UsageError(str("--", f, " is not a --mode ring flag"));
       RingBenchOptions ro;
       if (args.count("attn-seq")) ro.seqs = parse_int_list("attn-seq", args["attn-seq"].as<std::string>());

@@ -10,6 +10,12 @@ Reads one JSON request per line on stdin and answers one JSON line on stdout:
     as raw little-endian float32 in [B, N|Nkv, S, D] layout; PyTorch then runs on those tensors and
     max_err holds max |ours - PyTorch| of o, dq, dk, dv, each over max |PyTorch| of that tensor.
 EOF or {"quit": true} ends it. float32, contiguous [B, N, S, D] tensors, scale 1/sqrt(D).
+With "window": W, query i sees keys i - W < j <= i (Hugging Face's sliding_window): fwd_ms, bwd_ms
+time scaled_dot_product_attention with that boolean mask ([S, S], broadcast; its CPU flash kernel
+takes it but visits every block), and flex_fwd_ms the forward of flex_attention (torch.compile'd, as
+its docs ask; the first call compiles) with the sliding-window block mask, which skips the blocks
+outside the window; flex_attention has no CPU backward. GQA: K and V repeated for the masked SDPA,
+enable_gqa for flex.
 
 GQA (N > Nkv): torch >= 2.5 takes enable_gqa=True; whether its CPU flash kernel or the math fallback
 runs depends on the version, so the first GQA request times both that and the repeat_interleave of
@@ -39,6 +45,34 @@ def make_call(mode, group, causal):
         return lambda q, k, v: F.scaled_dot_product_attention(
             q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=causal)
     return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def window_calls(S, W, group):
+    """(masked SDPA, compiled flex_attention forward) for a sliding window of W keys."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    i = torch.arange(S)
+    visible = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - W)
+
+    def sdpa(q, k, v):
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
+    mask = create_block_mask(lambda b, h, qi, ki: (ki <= qi) & (ki > qi - W), B=None, H=None, Q_LEN=S, KV_LEN=S,
+                             device="cpu")
+    flex = torch.compile(flex_attention)
+    return sdpa, lambda q, k, v: flex(q, k, v, block_mask=mask, enable_gqa=group > 1)
+
+
+def time_forward(call, q, k, v, warmup, iters):
+    ms = []
+    with torch.no_grad():
+        for i in range(warmup + iters):
+            t0 = time.perf_counter()
+            call(q, k, v)
+            if i >= warmup:
+                ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
 
 
 def time_call(call, q, k, v, dout, warmup, iters):
@@ -86,6 +120,13 @@ def main():
         for t in (q, k, v):
             t.requires_grad_(True)
         out = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+        if req.get("window"):
+            sdpa, flex = window_calls(S, int(req["window"]), group)
+            fwd, bwd, _ = time_call(sdpa, q, k, v, dout, warmup, iters)
+            out.update({"fwd_ms": fwd, "bwd_ms": bwd, "flex_fwd_ms": time_forward(flex, q.detach(), k.detach(), v.detach(), max(warmup, 1), iters),
+                        "gqa": "repeat_kv" if group > 1 else "plain"})
+            print(json.dumps(out), flush=True)
+            continue
         if group == 1:
             mode = "plain"
         elif gqa_mode is None:

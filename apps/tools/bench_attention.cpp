@@ -70,18 +70,19 @@ std::pair<std::vector<int64_t>, double> packed_documents(int64_t B, int64_t S, i
 }
 
 // Our forward then backward, warmup + iters times; returns the medians (forward, backward) in ms.
-std::pair<double, double> time_ours(Problem& p, int warmup, int iters, const int64_t* doc_start = nullptr) {
+std::pair<double, double> time_ours(Problem& p, int warmup, int iters, const int64_t* doc_start = nullptr,
+                                    const AttentionVariant<float>& var = {}) {
   const double scale = 1.0 / std::sqrt(double(p.D));
   std::vector<double> fwd, bwd;
   for (int i = 0; i < warmup + iters; ++i) {
     auto t0 = Clock::now();
     cpu::sdpa_forward<float>(p.q.data(), p.k.data(), p.v.data(), p.o.data(), p.lse.data(), p.B, p.N, p.Nkv, p.S, p.S,
-                             p.D, scale, p.causal, doc_start);
+                             p.D, scale, p.causal, doc_start, var);
     const double f = ms_since(t0);
     t0 = Clock::now();
     cpu::sdpa_backward<float>(p.q.data(), p.k.data(), p.v.data(), p.o.data(), p.lse.data(), p.dout.data(),
                               p.dq.data(), p.dk.data(), p.dv.data(), p.B, p.N, p.Nkv, p.S, p.S, p.D, scale, p.causal,
-                              doc_start);
+                              doc_start, nullptr, var);
     const double b = ms_since(t0);
     if (i >= warmup) fwd.push_back(f), bwd.push_back(b);
   }
@@ -115,7 +116,7 @@ void run_attention_bench(const AttentionBenchOptions& opt, const std::function<v
 
       const auto [starts, doc_pairs] =
           opt.doc_len > 0 ? packed_documents(p.B, S, opt.doc_len, 14) : std::pair{std::vector<int64_t>(), 0.0};
-      std::vector<double> of, ob, tf, tb, gemm, r, rf, rb, mf, mb, mr;
+      std::vector<double> of, ob, tf, tb, gemm, r, rf, rb, mf, mb, mr, wf, wb, wr, pwf, pwb, pwr, flex, flexr;
       json extra;
       for (int turn = 0; turn < opt.pairs; ++turn) {
         const auto [f, b] = time_ours(p, opt.warmup, opt.iters);
@@ -123,6 +124,17 @@ void run_attention_bench(const AttentionBenchOptions& opt, const std::function<v
         if (opt.doc_len > 0) {  // the same tensors with the document mask, alternated with the unmasked run
           const auto [fm, bm] = time_ours(p, opt.warmup, opt.iters, starts.data());
           mf.push_back(fm), mb.push_back(bm), mr.push_back((f + b) / (fm + bm));
+        }
+        if (opt.window > 0) {  // the same tensors with a sliding window, then PyTorch's flex attention with it
+          const auto [fw, bw] = time_ours(p, opt.warmup, opt.iters, nullptr, {.window = opt.window});
+          wf.push_back(fw), wb.push_back(bw), wr.push_back((f + b) / (fw + bw));
+          if (torch) {
+            const json t = torch->request({{"B", p.B}, {"N", p.N}, {"Nkv", p.Nkv}, {"S", S}, {"D", D}, {"causal", true},
+                                           {"window", opt.window}, {"warmup", opt.warmup}, {"iters", opt.iters}});
+            pwf.push_back(t["fwd_ms"].get<double>()), pwb.push_back(t["bwd_ms"].get<double>());
+            pwr.push_back((pwf.back() + pwb.back()) / (fw + bw));
+            flex.push_back(t["flex_fwd_ms"].get<double>()), flexr.push_back(flex.back() / fw);
+          }
         }
         if (torch) {
           json req = {{"B", p.B}, {"N", p.N}, {"Nkv", p.Nkv}, {"S", S}, {"D", D}, {"causal", p.causal},
@@ -155,6 +167,20 @@ void run_attention_bench(const AttentionBenchOptions& opt, const std::function<v
                     {"masked_fwd_ms", median(mf)}, {"masked_bwd_ms", median(mb)}, {"mask_speedup", median(mr)},
                     {"mask_speedup_min", *std::min_element(mr.begin(), mr.end())},
                     {"mask_speedup_max", *std::max_element(mr.begin(), mr.end())}});
+      if (opt.window > 0) {
+        const double w = double(std::min(opt.window, S));
+        const double pairs = w * double(S) - w * (w - 1) / 2;  // Σ_i min(i + 1, w)
+        row.update({{"window", opt.window}, {"window_gflop", 4.0 * double(p.B * p.N * D) * pairs / 1e9 * 3.5},
+                    {"window_fwd_ms", median(wf)}, {"window_bwd_ms", median(wb)}, {"window_speedup", median(wr)},
+                    {"window_speedup_min", *std::min_element(wr.begin(), wr.end())},
+                    {"window_speedup_max", *std::max_element(wr.begin(), wr.end())}});
+        if (torch)
+          row.update({{"pytorch_window_fwd_ms", median(pwf)}, {"pytorch_window_bwd_ms", median(pwb)},
+                      {"window_vs_pytorch", median(pwr)},
+                      {"window_vs_pytorch_min", *std::min_element(pwr.begin(), pwr.end())},
+                      {"window_vs_pytorch_max", *std::max_element(pwr.begin(), pwr.end())},
+                      {"flex_window_fwd_ms", median(flex)}, {"window_fwd_vs_flex", median(flexr)}});
+      }
       if (torch) {
         const double pt = (gflop_fwd + gflop_bwd) / (median(tf) + median(tb)) * 1e3;
         row.update({{"pytorch_fwd_ms", median(tf)}, {"pytorch_bwd_ms", median(tb)}, {"pytorch_gflops", pt},

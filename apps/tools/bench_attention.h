@@ -9,6 +9,12 @@
 // With doc_len, each turn also times ours on packed documents (lengths drawn uniformly from
 // [1, 2·doc_len - 1], a document mask): the row adds masked_{fwd,bwd}_ms, the visible pairs
 // Σ len·(len+1)/2 as masked_gflop, and mask_speedup = unmasked ÷ masked time.
+// With window, each turn also times ours with that sliding window (kernels/attention_variant.h)
+// and, with compare_pytorch, PyTorch's SDPA with the window as a boolean mask (forward and
+// backward) and flex_attention's forward with a sliding-window block mask (no CPU backward): the row
+// adds window_{fwd,bwd}_ms, window_gflop (its visible pairs), window_speedup = our full causal ÷
+// our windowed time, pytorch_window_{fwd,bwd}_ms with window_vs_pytorch = PyTorch's masked ÷ our
+// windowed time, and flex_window_fwd_ms with window_fwd_vs_flex = flex's forward ÷ ours (medians).
 // Knows nothing of models or graphs.
 #pragma once
 
@@ -27,6 +33,7 @@ struct AttentionBenchOptions {
   int64_t batch = 1, hidden = 256, group = 2;
   bool causal = true;
   int64_t doc_len = 0;         // > 0: also time a document mask of this mean document length
+  int64_t window = 0;          // > 0: also time a sliding window of this many keys (ours and PyTorch's flex)
   int threads = 0;             // 0: the machine's cores
   int warmup = 1, iters = 2;   // per turn
   int pairs = 3;               // alternated turns of each side per shape

@@ -907,10 +907,10 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad(str(m.head_dim_config > 0 ? "model.head_dim " : "the head dim ", m.head_dim(), " must be even for RoPE"));
   if (c.runtime.tiled_mlp && f.mlp == Mlp::swiglu && present(f.mlp_bias, m.mlp_bias))
     bad("runtime.tiled_mlp: the tiled MLP has no biases (model.mlp_bias is true)");
-  // autosp attends over the whole sequence: a window only where it changes nothing.
-  if (m.sliding_window > 0 && m.sliding_window < c.data.seq_len)
-    bad(str("model.sliding_window ", m.sliding_window, " is shorter than data.seq_len ", c.data.seq_len,
-            ": autosp's attention is full causal (a window at least the sequence's length changes nothing)"));
+  // The window's layers (ModelConfig::layer_window): layer_types names every layer once.
+  if (!m.layer_types.empty() && static_cast<int64_t>(m.layer_types.size()) != m.num_hidden_layers)
+    bad(str("model.layer_types has ", m.layer_types.size(), " entries for model.num_hidden_layers ",
+            m.num_hidden_layers, ": expected one per layer"));
   for (const std::string& r : refused) bad(r);
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty() && c.data.mix.empty())
     bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\" (or data.mix)"));

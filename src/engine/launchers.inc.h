@@ -36,6 +36,8 @@
 //   lse_input(c, i)       an attention backward's saved log-sum-exp, contiguous in attn_acc_t
 //   attend<T>(s, ...), attend_backward<T>(s, ...)   the device's flash attention forward and
 //                         backward on one call's operands (kernels/cpu/attention.h's arguments)
+//   variant_of<T>(c, offset)   the node's window and softcap (graph/builder.h AttentionAttrs) as
+//                         the kernels' AttentionVariant (a ring chunk pair's key offset added)
 //   host_ids(c, ids)      device ids readable on the host
 //   pair_doc_start(c, dh, buf, s)   a chunk pair's document starts (dh, on the host) where the
 //                         kernels read them (on CUDA uploaded into buf)
@@ -545,7 +547,8 @@ Tensor ring_attention(const KernelCall& c) {
                        if (!g.visits(a, b, diagonal, dh)) continue;
                        attend<T>(s, ptr<T>(qh) + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b), ptr<T>(o_blk),
                                  ptr<A>(lse_blk), g.B, g.N, g.Nkv, g.c, g.c, g.D, scale, diagonal,
-                                 g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr);
+                                 g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
+                                 variant_of<T>(c, g.offset(a, b)));
                        call(s, dev::merge_attention<T>, ptr<A>(o) + g.q_half(a), ptr<A>(lse) + g.lse_half(a),
                             ptr<T>(o_blk), ptr<A>(lse_blk), g.B * g.N * g.c, g.D);
                        progress();
@@ -604,7 +607,8 @@ Tensor ring_attention_backward(const KernelCall& c) {
               attend_backward<T>(s, ptr<T>(qh) + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
                                  ptr<T>(oh) + g.q_half(a), ptr<A>(lseh) + g.lse_half(a), ptr<T>(doh) + g.q_half(a),
                                  ptr<T>(dq_blk), dkb, dkb + pair, g.B, g.N, g.Nkv, g.c, g.c, g.D, scale, diagonal,
-                                 g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr);
+                                 g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
+                                 variant_of<T>(c, g.offset(a, b)));
               add_into<T>(ptr<A>(dqh) + g.q_half(a), ptr<T>(dq_blk), dq_blk.numel(), scratch, s);
               add_into<T>(dkp + g.kv_half(b), dkb, pair, scratch, s);
               add_into<T>(dvp + g.kv_half(b), dkb + pair, pair, scratch, s);

@@ -43,6 +43,7 @@ bool RingChunks::visits(int a, int b, bool& diagonal, std::vector<int64_t>& docs
   const int64_t qa = a == 0 ? q.first : q.second, kb = b == 0 ? k.first : k.second;
   if (causal && kb > qa) return false;
   diagonal = causal && kb == qa;
+  if (window > 0 && (qa - kb) * c >= c + window - 1) return false;  // last key kb·c + c - 1 < qa·c - window + 1
   if (doc_start == nullptr) return true;
   docs.resize(static_cast<size_t>(B * c));
   int64_t first = c;
@@ -70,7 +71,7 @@ RingChunks ring_chunks(const KernelCall& c, const Tensor& q, const Tensor& k, co
     if (name == "contiguous") layout = RingLayout::contiguous;
   }
   RingChunks g{q.dim(0), q.dim(1), k.dim(1), q.dim(2) / 2, q.dim(3), c.node.attrs().b("causal"), {}, {}, doc_start,
-               layout, R};
+               layout, R, c.node.attrs().has("window") ? c.node.attrs().i("window") : 0};
   g.q = g.chunks_of(c.comm->rank());
   g.k = g.chunks_of(0);
   return g;

@@ -55,6 +55,7 @@ struct RingChunks {
   const int64_t* doc_start;
   RingLayout layout = RingLayout::zigzag;
   int64_t ring_size = 1;
+  int64_t window = 0;  // the node's sliding window (0: none); a pair wholly before it is skipped
 
   // The chunks of the block ring rank `owner` sends around (what `k` is set to at each step).
   RankChunks chunks_of(int owner) const { return ring_rank_chunks(owner, ring_size, layout); }
@@ -62,8 +63,11 @@ struct RingChunks {
   int64_t q_half(int a) const { return B * N * c * D * a; }     // element offsets into halves of q, o, dout
   int64_t lse_half(int a) const { return B * N * c * a; }
   int64_t kv_half(int b) const { return B * Nkv * c * D * b; }  // of k (v: + 2·kv_half(1))
+  // How far query chunk a starts after key chunk b (the kernels' AttentionVariant::offset).
+  int64_t offset(int a, int b) const { return ((a == 0 ? q.first : q.second) - (b == 0 ? k.first : k.second)) * c; }
   // Whether query chunk a meets key chunk b at all (a later key chunk is skipped under causal
-  // masking; with documents, one whose keys all lie before every query's document start); if so
+  // masking; with a window, one whose keys all lie before its first query's window; with
+  // documents, one whose keys all lie before every query's document start); if so
   // whether it is the causal diagonal, and the document starts of chunk a relative to key chunk b
   // in `docs` [B, c] (when there are documents).
   bool visits(int a, int b, bool& diagonal, std::vector<int64_t>& docs) const;

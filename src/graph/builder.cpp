@@ -82,10 +82,22 @@ Node* Builder::linear_cross_entropy_sum(Node* x, Node* w, Node* labels, const st
 Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
   return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
 }
-Node* Builder::sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name, Node* doc_start) {
+Node* Builder::sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name, Node* doc_start,
+                    const AttentionAttrs& variant) {
   std::vector<Node*> in{q, k, v};
   if (doc_start) in.push_back(doc_start);
-  return op(Op::sdpa, std::move(in), {{"causal", causal}, {"scale", scale}}, name);
+  Attrs attrs{{"causal", causal}, {"scale", scale}};
+  if (variant.window > 0) attrs.set("window", variant.window);
+  if (variant.softcap != 0) attrs.set("softcap", variant.softcap);
+  return op(Op::sdpa, std::move(in), std::move(attrs), name);
+}
+void set_attention_attrs(Node* n, const AttentionAttrs& a) {
+  if (a.window != 0) n->attrs().set("window", a.window);
+  if (a.softcap != 0) n->attrs().set("softcap", a.softcap);
+}
+AttentionAttrs attention_attrs(const Node& n) {
+  const Attrs& a = n.attrs();
+  return {a.has("window") ? a.i("window") : 0, a.has("softcap") ? a.f("softcap") : 0.0};
 }
 Node* Builder::ring_attention(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& group,
                               int64_t group_size, const std::string& name, Node* doc_start) {

@@ -10,6 +10,19 @@
 
 namespace autosp {
 
+// The attention variants beyond causal softmax attention, as optional attributes of sdpa,
+// ring_attention and their backwards (the kernels' meaning: kernels/attention_variant.h): "window"
+// (int > 0: a query sees itself and the window - 1 keys before it, Hugging Face's sliding_window)
+// and "softcap" (float > 0: logits become softcap · tanh(logit / softcap)). Absent: none, so
+// plain attention's IR is unchanged. The verifier rejects other values (graph/ops.cpp).
+struct AttentionAttrs {
+  int64_t window = 0;
+  double softcap = 0;
+  bool operator==(const AttentionAttrs&) const = default;
+};
+void set_attention_attrs(Node* n, const AttentionAttrs& a);
+AttentionAttrs attention_attrs(const Node& n);
+
 class Builder {
  public:
   explicit Builder(Graph& g) : g_(g) {}
@@ -46,8 +59,10 @@ class Builder {
   Node* softmax(Node* x, const std::string& name = "softmax");
   Node* rope(Node* x, Node* position_ids, double theta, const std::string& name = "rope");
   // doc_start (optional, i64 [B, S]): query i sees only keys j ≥ doc_start[i] (packed documents).
+  // variant: a sliding window and a logit softcap, as the node's optional attributes
+  // (AttentionAttrs below).
   Node* sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name = "attn",
-             Node* doc_start = nullptr);
+             Node* doc_start = nullptr, const AttentionAttrs& variant = {});
   // sdpa over the `group_size` ranks of a ring group, each holding its zigzag chunks of the
   // sequence (graph/passes/autosp/insert_ring_attention).
   Node* ring_attention(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& group,

@@ -216,8 +216,17 @@ void check_doc_start(const Node& n, size_t i, const ShapeContext& ctx) {
     fail(n, str("doc_start ", in(n, i).str(), " vs k ", in(n, 1).str(), ": expected [B, Skv]"));
 }
 
+// The optional attention variants (graph/builder.h AttentionAttrs): window an integer > 0,
+// softcap a number > 0.
+void check_attention_attrs(const Node& n) {
+  const Attrs& a = n.attrs();
+  if (a.has("window") && a.i("window") <= 0) fail(n, str("window ", a.i("window"), " must be > 0"));
+  if (a.has("softcap") && !(a.f("softcap") > 0)) fail(n, str("softcap ", a.f("softcap"), " must be > 0"));
+}
+
 // q [B, N, S, D], k, v [B, Nkv, S, D] with N % Nkv == 0, [doc_start [B, S]]
 TensorType sdpa_rule(const Node& n, const ShapeContext& ctx) {
+  check_attention_attrs(n);
   for (size_t i = 0; i < 3; ++i) {
     expect_float(n, i);
     expect_rank(n, i, 4);
@@ -334,6 +343,7 @@ std::vector<TensorType> sdpa_extra(const Node& n) {
 
 // q, k, v, o, lse, dout, [doc_start] → dq (extras: dk, dv)
 TensorType sdpa_backward_rule(const Node& n, const ShapeContext& ctx) {
+  check_attention_attrs(n);
   const auto& q = in(n, 0);
   for (size_t i : {3, 5}) {
     const auto& t = in(n, i);

@@ -116,6 +116,7 @@ void sdpa(VjpContext& c) {
   Node* doc_start = c.node->inputs().size() > 3 ? c.in(3) : nullptr;  // integer: no gradient
   Node* bwd = c.b.sdpa_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"), "dq",
                                 doc_start);
+  set_attention_attrs(bwd, attention_attrs(*c.node));
   c.input_grads = {bwd, c.b.output(bwd, 1, "dk"), c.b.output(bwd, 2, "dv")};
   if (doc_start) c.input_grads.push_back(nullptr);
 }
@@ -128,6 +129,7 @@ void ring_attention(VjpContext& c) {
   Node* doc_start = c.node->inputs().size() > 3 ? c.in(3) : nullptr;  // integer: no gradient
   Node* bwd = c.b.ring_attention_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"),
                                           a.s("group"), a.i("group_size"), "dq", doc_start);
+  set_attention_attrs(bwd, attention_attrs(*c.node));
   c.input_grads = {bwd, c.b.output(bwd, 1, "dk"), c.b.output(bwd, 2, "dv")};
   if (doc_start) c.input_grads.push_back(nullptr);
 }

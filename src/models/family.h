@@ -30,8 +30,8 @@ enum class Mlp { gelu, swiglu };         // gelu: [C, 4C] then [4C, C]; swiglu: 
 // model.mlp_bias, model.tie_word_embeddings).
 enum class Presence { never, always, by_key };
 // The sliding window: none (the HF config has no window), a key that applies whenever it is set
-// (Mistral's sliding_window), or one switched on by use_sliding_window (Qwen2, Qwen3). A window is
-// only accepted where it changes nothing (config/: at least data.seq_len).
+// (Mistral's sliding_window, every layer), or one switched on by use_sliding_window (Qwen2, Qwen3:
+// the layers from max_window_layers on). ModelConfig::layer_window says which layers have it.
 enum class Window { none, key, switched };
 
 struct Family {

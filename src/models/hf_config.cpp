@@ -41,9 +41,6 @@ const std::set<std::string>& math_free_keys() {
       "summary_first_dropout", "n_ctx", "reorder_and_upcast_attn",
       // Llama: pretraining_tp splits the projections into slices whose sum is the same product.
       "pretraining_tp",
-      // Qwen: the layers past which the sliding window applies; the windows autosp accepts (at least
-      // the sequence) change nothing.
-      "max_window_layers",
       // Hub metadata other tools write and transformers ignores: SmolLM's marker from its nanotron
       // conversion and its transformers.js (ONNX) export settings; GPT-2's legacy keys from the
       // original OpenAI GPT double-heads model (special tokens GPT-2 never had).
@@ -372,19 +369,27 @@ void window_from_hf(const json& hf, const Family& f, HfImport& out) {
 
 void window_to_hf(const ModelConfig& m, const Family& f, json& hf) {
   hf["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
-  if (f.window != Window::switched) return;
-  hf["use_sliding_window"] = m.sliding_window > 0;
-  // 5.x derives layer_types from the window when it is absent; without one, every layer is full.
-  if (m.sliding_window == 0) hf["layer_types"] = std::vector<std::string>(size_t(m.num_hidden_layers), "full_attention");
+  if (f.window == Window::switched) hf["use_sliding_window"] = m.sliding_window > 0;
+  // Every layer's kind, as transformers 5 reads it (4.x keeps it as an unused attribute).
+  std::vector<std::string> kinds;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l)
+    kinds.push_back(m.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+  if (f.window == Window::switched || !m.layer_types.empty()) hf["layer_types"] = kinds;
 }
 
 namespace {
 
-// transformers 5's layer_types: every layer's attention, which must be full causal here.
-void check_layer_types(const json& hf, const json& m, HfImport& out) {
+// transformers 5's layer_types: every layer's attention. A windowed family (Family::window) with a
+// window keeps it as model.layer_types ("sliding_attention" layers get the window); otherwise
+// every layer must be full causal.
+void check_layer_types(const json& hf, const Family& f, json& m, HfImport& out) {
   out.used.insert("layer_types");
   if (!hf.contains("layer_types") || hf["layer_types"].is_null()) return;
   const json& lt = hf["layer_types"];
+  if (f.window != Window::none && m.contains("sliding_window") && lt.is_array()) {
+    m["layer_types"] = lt;  // its kinds and length are checked with the model section
+    return;
+  }
   const int64_t layers = m.value("num_hidden_layers", json()).is_number_integer() ? m["num_hidden_layers"].get<int64_t>() : 0;
   if (!lt.is_array()) {
     out.errors.push_back(str("layer_types = ", lt.dump(), ": expected a list of \"full_attention\""));
@@ -496,7 +501,7 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
     if (!inner.is_null() && !(m["hidden_size"].is_number_integer() && inner == 4 * m["hidden_size"].get<int64_t>()))
       errors.push_back(str("n_inner = ", inner.dump(), ": autosp's GPT-2 MLP is 4·n_embd (n_inner null)"));
   }
-  if (f.layout == Layout::llama) check_layer_types(hf, m, in);
+  if (f.layout == Layout::llama) check_layer_types(hf, f, m, in);
   for (const auto& [a, b] : kTwoSpellings)
     if (hf.contains(a) && hf.contains(b) && !hf[a].is_null() && !hf[b].is_null() && !same_value(hf[a], hf[b]))
       errors.push_back(str(a, " = ", hf[a].dump(), " differs from ", b, " = ", hf[b].dump(),

@@ -36,11 +36,13 @@ Inputs make_inputs(Builder& b, ForwardMode mode, bool document_mask) {
 // sequence's own K, V [B, Nkv, S, D]; decode over the cache ++ its own, [B, Nkv, T + S, D], with no
 // mask (its S = 1 query may see every cached key); training with packed documents also keeps each
 // query inside its document (doc_start). Generation modes output K, V as the layer's
-// present cache (a decode step: the cache it was given plus its own positions).
+// present cache (a decode step: the cache it was given plus its own positions). `variant`: the
+// layer's sliding window (graph/builder.h AttentionAttrs; bottom-right aligned, so a decode step's
+// window counts back from its own position too).
 Node* attend(Builder& b, ForwardMode mode, int64_t l, Node* q, Node* k, Node* v, int64_t Nkv, int64_t D,
-             DType dt, Node* doc_start) {
+             DType dt, Node* doc_start, const AttentionAttrs& variant = {}) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  if (mode == ForwardMode::train) return b.sdpa(q, k, v, true, scale, "attn", doc_start);
+  if (mode == ForwardMode::train) return b.sdpa(q, k, v, true, scale, "attn", doc_start, variant);
   Graph& g = b.graph();
   if (mode == ForwardMode::decode) {
     Node* past_k = b.input(kv_past_name(l, false), dt, {B, Nkv, T, D}, Role::none);
@@ -53,7 +55,7 @@ Node* attend(Builder& b, ForwardMode mode, int64_t l, Node* q, Node* k, Node* v,
   }
   g.add_output(k);
   g.add_output(v);
-  return b.sdpa(q, k, v, mode == ForwardMode::prefill, scale, "attn");
+  return b.sdpa(q, k, v, mode == ForwardMode::prefill, scale, "attn", nullptr, variant);
 }
 
 // [B, S, H·D] → [B, H, S, D]
@@ -204,7 +206,7 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     Node* v = heads(linear(a, h + "self_attn.v_proj", Nkv * D, C, qkv_bias, "v_proj"), Nkv, "", "v");
     q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m);
     k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m);
-    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start);
+    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start, {.window = m.layer_window(l)});
     Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, o_bias, "o_proj");
     x = b.add(x, proj, "res1");
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "models/family.h"
 
@@ -43,6 +44,20 @@ struct ModelConfig {
   int64_t head_dim_config = 0;
   bool attention_bias = false, mlp_bias = false;
   int64_t sliding_window = 0;
+  // Which layers the window applies to (docs/decisions.md 143): layer_types (transformers 5: one
+  // "full_attention" or "sliding_attention" per layer) when given; else every layer of a
+  // Window::key family (Mistral), and the layers l >= max_window_layers of a Window::switched one
+  // (Qwen: transformers' rule; 28, Qwen2Config's default).
+  int64_t max_window_layers = 28;
+  std::vector<std::string> layer_types;
+
+  // Layer l's window: sliding_window where it applies, else 0 (full causal attention).
+  int64_t layer_window(int64_t l) const {
+    if (sliding_window == 0) return 0;
+    if (!layer_types.empty()) return layer_types.at(size_t(l)) == "sliding_attention" ? sliding_window : 0;
+    const Window w = family(arch).window;
+    return w == Window::key || (w == Window::switched && l >= max_window_layers) ? sliding_window : 0;
+  }
 
   int64_t head_dim() const { return head_dim_config > 0 ? head_dim_config : hidden_size / num_attention_heads; }
   int64_t mlp_width() const { return family(arch).mlp == Mlp::gelu ? 4 * hidden_size : intermediate_size; }

@@ -20,6 +20,20 @@ bool tie_by_key(const Family& f) { return f.tied_head == Presence::by_key; }
 bool attention_bias_by_key(const Family& f) { return f.qkv_bias == Presence::by_key || f.o_bias == Presence::by_key; }
 bool mlp_bias_by_key(const Family& f) { return f.mlp_bias == Presence::by_key; }
 bool windowed(const Family& f) { return f.window != Window::none; }
+bool switched_window(const Family& f) { return f.window == Window::switched; }
+
+// model.layer_types: a list of transformers 5's kinds (its length is checked against the layers
+// with the other cross-key rules).
+void set_layer_types(ModelConfig& m, const json& v) {
+  m.layer_types.clear();
+  if (v.is_null()) return;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string() || (v[i] != "full_attention" && v[i] != "sliding_attention"))
+      throw UsageError(str("model.layer_types[", i, "] = ", v[i].dump(),
+                           ": expected \"full_attention\" or \"sliding_attention\""));
+    m.layer_types.push_back(v[i].get<std::string>());
+  }
+}
 
 // A ModelConfig member as a key's setter and getter.
 template <class T>
@@ -104,6 +118,14 @@ std::vector<ModelKey> make_keys() {
        .set = [](ModelConfig& m, const json& v) { m.sliding_window = v.is_null() ? 0 : v.get<int64_t>(); },
        .get = [](const ModelConfig& m) { return m.sliding_window > 0 ? json(m.sliding_window) : json(); },
        .hf = "sliding_window", .from_hf = window_from_hf, .to_hf = window_to_hf},
+      // Qwen's windowed layers (ModelConfig::layer_window); config.json's layer_types is read with
+      // the window (models/hf_config.cpp check_layer_types) and written from layer_window.
+      {.name = "max_window_layers", .kind = K::integer, .lo = 0, .hi = 1 << 30, .applies = switched_window,
+       .set = set_field(&ModelConfig::max_window_layers), .get = get_field(&ModelConfig::max_window_layers),
+       .at_default = [](const json& s) { return s.value("max_window_layers", json()) == json(28); },
+       .hf = "max_window_layers"},
+      {.name = "layer_types", .kind = K::list, .applies = windowed, .set = set_layer_types,
+       .get = [](const ModelConfig& m) { return m.layer_types.empty() ? json() : json(m.layer_types); }},
   };
 }
 

@@ -90,7 +90,7 @@ hfdir("hf_dynamic", dict(llama, rope_scaling={"rope_type": "dynamic", "factor": 
 hfdir("hf_yarn_factor", dict(llama, model_type="qwen2", rope_parameters={"rope_type": "yarn", "factor": 0.0, "rope_theta": 1e6}))
 hfdir("hf_head_dim", dict(llama, model_type="qwen3", head_dim=7))
 hfdir("hf_layer_types", dict(llama, model_type="qwen3", layer_types=["sliding_attention"]))
-hfdir("hf_window", dict(llama, model_type="mistral", sliding_window=8))
+hfdir("hf_window", dict(llama, model_type="mistral", sliding_window=8, layer_types=["sliding_attention", "local"]))
 hfdir("hf_unknown", dict(llama, n_experts=8))
 hfdir("hf_dtypes", dict(llama, torch_dtype="float32", dtype="bfloat16"))
 hfdir("hf_heads", dict(llama, num_attention_heads=8, num_key_value_heads=8))
@@ -421,7 +421,10 @@ row 'rope_type "dynamic" is not supported' "${c[@]}" --set "model.from=$tmp/hf_d
 row 'rope_parameters: "factor" = 0: expected a number >= 1' "${c[@]}" --set "model.from=$tmp/hf_yarn_factor"
 row 'head_dim = 7: expected an even positive integer' "${c[@]}" --set "model.from=$tmp/hf_head_dim"
 row 'layer_types\[0\] = "sliding_attention" is not supported (layer 0' "${c[@]}" --set "model.from=$tmp/hf_layer_types"
-row 'model.sliding_window 8 is shorter than data.seq_len 16' "${c[@]}" --set "model.from=$tmp/hf_window"
+row 'model.layer_types\[1\] = "local": expected "full_attention" or "sliding_attention"' "${c[@]}" --set "model.from=$tmp/hf_window"
+row 'model.layer_types has 1 entries for model.num_hidden_layers 2' "${c[@]}" --set model.arch=mistral --set model.sliding_window=8 --set model.num_hidden_layers=2 --set 'model.layer_types=["full_attention"]'
+row 'model.max_window_layers = -1: expected an integer' "${c[@]}" --set model.arch=qwen2 --set model.max_window_layers=-1
+row 'model.sliding_window = 0: expected an integer' "${c[@]}" --set model.arch=mistral --set model.sliding_window=0
 row 'model.head_dim 3 must be even for RoPE' "${c[@]}" --set model.head_dim=3
 row 'model.mlp_bias is a llama setting, not qwen2' "${c[@]}" --set model.arch=qwen2 --set model.mlp_bias=true
 row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"

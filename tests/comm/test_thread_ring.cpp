@@ -20,6 +20,7 @@
 #include "common/sp_case.h"
 #include "graph/builder.h"
 #include "graph/passes/autosp/autosp.h"
+#include "kernels/cpu/attention.h"
 
 namespace autosp::test {
 namespace {
@@ -126,6 +127,39 @@ TEST_CASE("ring: dp 2 x ring 2 with one head equals the float64 P = 1 run on the
   }
 }
 
+// Mistral with sliding_window 5 (it cuts: S = 32) at P = 4 as Ulysses 4, ring 4 (chunks of 4
+// tokens: the window crosses every boundary), Ulysses 2 x ring 2, and dp 2 x ring 2, with and
+// without packed documents (a key must be in the window and the document): every rank's loss and
+// gradients equal the float64 P = 1 run, whose own windowed attention tests/ref/hf_windows.py
+// checks against transformers.
+TEST_CASE("ring: a windowed Mistral equals the float64 P = 1 run under Ulysses, ring and dp x sp",
+          "[threads][ring][variants]") {
+  json model = llama(4, 2, 16);
+  model["arch"] = "mistral";
+  model["sliding_window"] = 5;
+  for (const bool documents : {false, true}) {
+    const Config cfg1 = ring_config(model, 1, 1, 32, 2, documents);
+    const ParamMap params = init_params(cfg1.model, 33, DType::f64);
+    const Batch batch = ring_batch(2, 32, 60, documents);
+    const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
+    for (const int64_t ring : {1, 4, 2}) {
+      INFO("P = 4, ring " << ring << (documents ? ", packed documents" : ""));
+      const Config cfg = ring_config(model, 4, ring, 32, 2, documents);
+      for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
+    }
+    INFO("dp 2 x ring 2" << (documents ? ", packed documents" : ""));
+    const Config cfg = ring_config(model, 2, 2, 32, 1, documents);
+    auto row = [](const Tensor& t, int64_t d) {
+      return t.defined() ? t.as_strided({1, 32}, t.strides(), d * 32).contiguous() : Tensor();
+    };
+    const auto got = run_ranks(4, cfg, [&](int r) {
+      const int64_t d = r / 2;
+      return Batch{row(batch.input_ids, d), row(batch.labels, d), row(batch.position_ids, d), row(batch.doc_start, d)};
+    }, params);
+    for (const auto& g : got) check_close(g, ref, kTol64);
+  }
+}
+
 // Activation checkpointing recomputes the forward's ring attention (it rings again); the tiled
 // loss is token-wise. bf16: the ring runs in f32 (the CPU's bf16 emulation), within the bars of
 // the Ulysses bf16 tests.
@@ -180,66 +214,107 @@ double max_abs_diff(const naive::Vec& a, const naive::Vec& b) {
   return m;
 }
 
+// Full-sequence tensors [B, H, S, D] and the expected outputs, against which ring_attention and its
+// backward run on R thread ranks (each fed its two chunks of c tokens, layout `layout`, the node's
+// attention attributes `attrs`) are checked rank by rank (f64, to 1e-12).
+struct RingOpCase {
+  int64_t B, N, Nkv, D, c, R;
+  double scale;
+  std::string layout;
+  AttentionAttrs attrs;
+  naive::Vec q, k, v, dout, want_o, want_dq, want_dk, want_dv;
+};
+
+void check_ring_op(const RingOpCase& t) {
+  const int64_t B = t.B, N = t.N, Nkv = t.Nkv, D = t.D, c = t.c, R = t.R, S = 2 * R * c, L = 2 * c;
+  // Rows [B, H, S, D] → this rank's [B, H, L, D]: its two chunks side by side.
+  auto local = [&](const naive::Vec& x, int64_t H, int64_t r) {
+    const RankChunks ch = ring_rank_chunks(r, R, t.layout == "zigzag" ? RingLayout::zigzag : RingLayout::contiguous);
+    naive::Vec out;
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      for (int64_t chunk : {ch.first, ch.second})
+        out.insert(out.end(), x.begin() + (bh * S + chunk * c) * D, x.begin() + (bh * S + chunk * c + c) * D);
+    return out;
+  };
+  Graph g;
+  Builder b(g);
+  Node* qn = b.input("q", DType::f64, {B, N, L, D}, Role::none);
+  Node* kn = b.input("k", DType::f64, {B, Nkv, L, D}, Role::none);
+  Node* vn = b.input("v", DType::f64, {B, Nkv, L, D}, Role::none);
+  Node* dn = b.input("dout", DType::f64, {B, N, L, D}, Role::none);
+  Node* o = b.ring_attention(qn, kn, vn, true, t.scale, "ring", R, "o");
+  Node* dq = b.ring_attention_backward(qn, kn, vn, o, b.output(o, 1, "lse"), dn, true, t.scale, "ring", R, "dq");
+  for (Node* n : {o, dq}) {
+    n->attrs().set("layout", t.layout);
+    set_attention_attrs(n, t.attrs);
+  }
+  for (Node* out : {o, dq, b.output(dq, 1, "dk"), b.output(dq, 2, "dv")}) g.add_output(out);
+  std::vector<TensorMap> got(static_cast<size_t>(R));
+  run_thread_ranks(int(R), [&](ThreadCommunicator& w) {
+    const int64_t r = w.rank();
+    const TensorMap feeds{{"q", Tensor::from_vector({B, N, L, D}, local(t.q, N, r))},
+                          {"k", Tensor::from_vector({B, Nkv, L, D}, local(t.k, Nkv, r))},
+                          {"v", Tensor::from_vector({B, Nkv, L, D}, local(t.v, Nkv, r))},
+                          {"dout", Tensor::from_vector({B, N, L, D}, local(t.dout, N, r))}};
+    got[size_t(r)] = Executor(g).run(feeds, {{"ring", &w}}).outputs;
+  });
+  for (int64_t r = 0; r < R; ++r) {
+    INFO("ring rank " << r);
+    const TensorMap& out = got[size_t(r)];
+    CHECK(max_abs_diff(out.at("o").to_doubles(), local(t.want_o, N, r)) < 1e-12);
+    CHECK(max_abs_diff(out.at("dq").to_doubles(), local(t.want_dq, N, r)) < 1e-12);
+    CHECK(max_abs_diff(out.at("dk").to_doubles(), local(t.want_dk, Nkv, r)) < 1e-12);
+    CHECK(max_abs_diff(out.at("dv").to_doubles(), local(t.want_dv, Nkv, r)) < 1e-12);
+  }
+}
+
 // The ring_attention op and its backward on R thread ranks, each holding its two chunks of the
 // sequence in `layout` (engine/ring.h), against naive float64 attention over the whole sequence:
 // every rank's o, dq and its chunks' dk, dv. GQA (4 query heads, 2 KV heads), causal, B = 2.
 TEST_CASE("ring: ring_attention in the zigzag and the contiguous layout equals attention over the whole sequence",
           "[threads][ring]") {
   const int64_t B = 2, N = 4, Nkv = 2, D = 3, c = 3;
-  const double scale = 0.4;
   for (const int64_t R : {2, 3}) {
     for (const std::string layout : {"zigzag", "contiguous"}) {
       INFO("R = " << R << ", " << layout);
-      const int64_t S = 2 * R * c, L = 2 * c;
-      const naive::Vec q = naive::random_normal(B * N * S * D, 1), k = naive::random_normal(B * Nkv * S * D, 2),
-                       v = naive::random_normal(B * Nkv * S * D, 3), dout = naive::random_normal(B * N * S * D, 4);
-      naive::Vec want_dq, want_dk, want_dv;
-      const naive::Vec want_o = naive::sdpa(q, k, v, B, N, Nkv, S, S, D, scale, true);
-      naive::sdpa_backward(q, k, v, dout, B, N, Nkv, S, S, D, scale, true, want_dq, want_dk, want_dv);
-      // Rows [B, H, S, D] → this rank's [B, H, L, D]: its two chunks side by side (and back).
-      auto chunks_of = [&](int64_t r) {
-        const RankChunks ch = ring_rank_chunks(r, R, layout == "zigzag" ? RingLayout::zigzag : RingLayout::contiguous);
-        return std::vector<int64_t>{ch.first, ch.second};
-      };
-      auto local = [&](const naive::Vec& x, int64_t H, int64_t r) {
-        naive::Vec out;
-        for (int64_t bh = 0; bh < B * H; ++bh)
-          for (int64_t chunk : chunks_of(r))
-            out.insert(out.end(), x.begin() + (bh * S + chunk * c) * D, x.begin() + (bh * S + chunk * c + c) * D);
-        return out;
-      };
-      Graph g;
-      Builder b(g);
-      Node* qn = b.input("q", DType::f64, {B, N, L, D}, Role::none);
-      Node* kn = b.input("k", DType::f64, {B, Nkv, L, D}, Role::none);
-      Node* vn = b.input("v", DType::f64, {B, Nkv, L, D}, Role::none);
-      Node* dn = b.input("dout", DType::f64, {B, N, L, D}, Role::none);
-      Node* o = b.ring_attention(qn, kn, vn, true, scale, "ring", R, "o");
-      o->attrs().set("layout", layout);
-      Node* dq = b.ring_attention_backward(qn, kn, vn, o, b.output(o, 1, "lse"), dn, true, scale, "ring", R, "dq");
-      dq->attrs().set("layout", layout);
-      for (Node* out : {o, dq, b.output(dq, 1, "dk"), b.output(dq, 2, "dv")}) g.add_output(out);
-      std::vector<TensorMap> got(static_cast<size_t>(R));
-      run_thread_ranks(int(R), [&](ThreadCommunicator& w) {
-        const int64_t r = w.rank();
-        const TensorMap feeds{{"q", Tensor::from_vector({B, N, L, D}, local(q, N, r))},
-                              {"k", Tensor::from_vector({B, Nkv, L, D}, local(k, Nkv, r))},
-                              {"v", Tensor::from_vector({B, Nkv, L, D}, local(v, Nkv, r))},
-                              {"dout", Tensor::from_vector({B, N, L, D}, local(dout, N, r))}};
-        got[size_t(r)] = Executor(g).run(feeds, {{"ring", &w}}).outputs;
-      });
-      for (int64_t r = 0; r < R; ++r) {
-        INFO("ring rank " << r);
-        const TensorMap& out = got[size_t(r)];
-        CHECK(max_abs_diff(out.at("o").to_doubles(), local(want_o, N, r)) < 1e-12);
-        CHECK(max_abs_diff(out.at("dq").to_doubles(), local(want_dq, N, r)) < 1e-12);
-        CHECK(max_abs_diff(out.at("dk").to_doubles(), local(want_dk, Nkv, r)) < 1e-12);
-        CHECK(max_abs_diff(out.at("dv").to_doubles(), local(want_dv, Nkv, r)) < 1e-12);
-      }
+      const int64_t S = 2 * R * c;
+      RingOpCase t{B, N, Nkv, D, c, R, 0.4, layout, {}, naive::random_normal(B * N * S * D, 1),
+                   naive::random_normal(B * Nkv * S * D, 2), naive::random_normal(B * Nkv * S * D, 3),
+                   naive::random_normal(B * N * S * D, 4), {}, {}, {}, {}};
+      t.want_o = naive::sdpa(t.q, t.k, t.v, B, N, Nkv, S, S, D, t.scale, true);
+      naive::sdpa_backward(t.q, t.k, t.v, t.dout, B, N, Nkv, S, S, D, t.scale, true, t.want_dq, t.want_dk, t.want_dv);
+      check_ring_op(t);
     }
   }
 }
 
+// A sliding window (with a softcap) that crosses the chunk boundaries: ring_attention at R = 2 and
+// 4 in the zigzag layout equals the float64 CPU kernel over the whole sequence (itself checked
+// against a naive attention in tests/kernels/test_attention_variants.cpp), forward and backward.
+// The window cuts: w = 5 < S; and with w = 2 some chunk pairs are skipped outright.
+TEST_CASE("ring: a sliding window across chunk boundaries equals the whole sequence's windowed attention",
+          "[threads][ring][variants]") {
+  const int64_t B = 2, N = 2, Nkv = 1, D = 3, c = 3;
+  for (const int64_t R : {2, 4})
+    for (const int64_t window : {2, 5, 9}) {
+      INFO("R = " << R << ", window " << window);
+      const int64_t S = 2 * R * c;
+      RingOpCase t{B, N, Nkv, D, c, R, 0.4, "zigzag", {window, 3.0}, naive::random_normal(B * N * S * D, 11),
+                   naive::random_normal(B * Nkv * S * D, 12), naive::random_normal(B * Nkv * S * D, 13),
+                   naive::random_normal(B * N * S * D, 14), {}, {}, {}, {}};
+      const AttentionVariant<double> var{.window = window, .softcap = 3.0};
+      naive::Vec lse(size_t(B * N * S));
+      t.want_o.resize(t.q.size()), t.want_dq.resize(t.q.size()), t.want_dk.resize(t.k.size()), t.want_dv.resize(t.v.size());
+      cpu::sdpa_forward<double>(t.q.data(), t.k.data(), t.v.data(), t.want_o.data(), lse.data(), B, N, Nkv, S, S, D,
+                                t.scale, true, nullptr, var);
+      cpu::sdpa_backward<double>(t.q.data(), t.k.data(), t.v.data(), t.want_o.data(), lse.data(), t.dout.data(),
+                                 t.want_dq.data(), t.want_dk.data(), t.want_dv.data(), B, N, Nkv, S, S, D, t.scale,
+                                 true, nullptr, nullptr, var);
+      check_ring_op(t);
+      // The window changes the answer (full causal attention differs).
+      CHECK(max_abs_diff(t.want_o, naive::sdpa(t.q, t.k, t.v, B, N, Nkv, S, S, D, t.scale, true)) > 1e-3);
+    }
+}
 
 // The positions each rank holds, written out by hand from the zigzag rule (ring rank ρ of R holds
 // chunks ρ and 2R-1-ρ of 2R; its U Ulysses ranks split those two chunks side by side).
@@ -284,8 +359,12 @@ TEST_CASE("ring: CountingCommunicator counts the ring's bytes as the formula say
     json model;
     int64_t P, R, kv_local, D;
   };
+  // The last shape has a sliding window of 4 (a Mistral): the ring skips the chunk pairs outside
+  // it but still moves every block (decision 142), so its bytes are the formula's too.
+  json windowed = llama(4, 2, 32);
+  windowed.update({{"arch", "mistral"}, {"sliding_window", 4}});
   for (const Shape& s : {Shape{llama(1, 1, 16), 2, 2, 1, 16}, Shape{llama(2, 1, 16), 4, 2, 1, 8},
-                         Shape{llama(4, 2, 32), 4, 4, 2, 8}}) {
+                         Shape{llama(4, 2, 32), 4, 4, 2, 8}, Shape{windowed, 4, 4, 2, 8}}) {
     const int64_t B = 2, S = 32, L = 2;
     const Config cfg = ring_config(s.model, s.P, s.R, S, B, false);
     const ParamMap params = init_params(cfg.model, 34, DType::f64);
@@ -297,7 +376,7 @@ TEST_CASE("ring: CountingCommunicator counts the ring's bytes as the formula say
       stats[size_t(w.rank())] = counted.stats().send_recv;
     });
     const int64_t block = 2 * B * s.kv_local * (S / s.R) * s.D * int64_t(sizeof(double));
-    INFO("P = " << s.P << ", R = " << s.R);
+    INFO("P = " << s.P << ", R = " << s.R << ", " << s.model.value("arch", ""));
     for (const auto& st : stats) {
       CHECK(st.calls == L * (3 * s.R - 2));
       CHECK(st.bytes == L * (3 * s.R - 2) * block);

@@ -77,10 +77,11 @@ TEST_CASE("Hugging Face config.json files as the hub has them", "[config][hf][re
     std::vector<std::string> refused = {};
   };
   const std::vector<Row> rows = {
-      // Qwen2.5 base and its distillations: use_mrope false is the 1-D RoPE autosp computes.
-      {"qwen2.5-0.5b.json", nullptr, "qwen2", 494032768, {"max_window_layers", "torch_dtype"}},
-      {"qwen2.5-3b.json", nullptr, "qwen2", 0, {"max_window_layers"}},
-      {"deepseek-r1-distill-qwen-7b.json", nullptr, "qwen2", 0, {"_name_or_path", "max_window_layers"}},
+      // Qwen2.5 base and its distillations: use_mrope false is the 1-D RoPE autosp computes (and
+      // max_window_layers is read: model.max_window_layers, with use_sliding_window false inert).
+      {"qwen2.5-0.5b.json", nullptr, "qwen2", 494032768, {"torch_dtype"}},
+      {"qwen2.5-3b.json", nullptr, "qwen2", 0, {}},
+      {"deepseek-r1-distill-qwen-7b.json", nullptr, "qwen2", 0, {"_name_or_path"}},
       // SmolLM2: nanotron's marker and transformers.js's settings are hub metadata; rope_interleaved
       // false is rotate_half.
       {"smollm2-135m.json", nullptr, "llama", 134515008, {"is_llama_config", "transformers.js_config", "pretraining_tp"}},

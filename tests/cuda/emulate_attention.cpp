@@ -28,6 +28,8 @@ struct Case {
   int64_t B, N, Nkv, Sq, Skv, D;
   bool causal;
   int64_t doc_len = 0;  // packed documents (Sq == Skv, causal): lengths cycling doc_len, doc_len / 3 + 1, …; 0: none
+  int64_t window = 0, offset = 0;  // a sliding window (kernels/attention_variant.h), with a ring pair's offset
+  double softcap = 0;
 };
 
 // Document starts [B, Sq] of documents whose lengths cycle through doc_len, doc_len / 3 + 1 and
@@ -92,7 +94,10 @@ naive::Vec widen(const std::vector<T>& x) {
 template <class T, bool kMma>
 void check_emulated(const Case& c, uint32_t seed) {
   INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv << " D " << c.D
-            << " causal " << c.causal << " documents " << c.doc_len << (kMma ? " mma" : " simt"));
+            << " causal " << c.causal << " documents " << c.doc_len << " window " << c.window << " offset " << c.offset
+            << " softcap " << c.softcap
+            << (kMma ? " mma" : " simt"));
+  const AttentionVariant<float> var{.window = c.window, .softcap = c.softcap, .offset = c.offset};
   const std::vector<int64_t> starts_v = c.doc_len > 0 ? document_starts(c) : std::vector<int64_t>();
   const int64_t* starts = c.doc_len > 0 ? starts_v.data() : nullptr;
   const cuda::SdpaKernel kernel = kMma ? cuda::SdpaKernel::automatic : cuda::SdpaKernel::simt;
@@ -107,11 +112,11 @@ void check_emulated(const Case& c, uint32_t seed) {
   // CPU reference (float, on the values the kernel sees)
   std::vector<float> o_ref(static_cast<size_t>(nq)), lse_ref(static_cast<size_t>(nl));
   cpu::sdpa_forward<float>(qf.data(), kf.data(), vf.data(), o_ref.data(), lse_ref.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv,
-                           c.D, scale, c.causal, starts);
+                           c.D, scale, c.causal, starts, var);
   std::vector<T> o(static_cast<size_t>(nq));
   std::vector<float> lse(static_cast<size_t>(nl));
   cuda::sdpa_forward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale,
-                        c.causal, nullptr, kernel, starts);
+                        c.causal, nullptr, kernel, starts, var);
   test::check_close(widen(o), widen(o_ref), tol);
   test::check_close(widen(lse), widen(lse_ref), tol);
 
@@ -121,10 +126,11 @@ void check_emulated(const Case& c, uint32_t seed) {
   std::vector<float> gq_ref(static_cast<size_t>(nq)), gk_ref(static_cast<size_t>(nkv)),
       gv_ref(static_cast<size_t>(nkv));
   cpu::sdpa_backward<float>(qf.data(), kf.data(), vf.data(), o_seen.data(), lse_ref.data(), dof.data(), gq_ref.data(),
-                            gk_ref.data(), gv_ref.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, starts);
+                            gk_ref.data(), gv_ref.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, starts,
+                            nullptr, var);
   std::vector<T> gq(static_cast<size_t>(nq)), gk(static_cast<size_t>(nkv)), gv(static_cast<size_t>(nkv));
   cuda::sdpa_backward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), gq.data(), gk.data(),
-                         gv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, nullptr, kernel, starts);
+                         gv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, c.causal, nullptr, kernel, starts, var);
   {
     INFO("dq");
     test::check_close(widen(gq), widen(gq_ref), tol);
@@ -172,6 +178,27 @@ TEST_CASE("emulated attention with a document mask matches the CPU", "[cuda-emul
   check_emulated<float, false>(Case{2, 2, 1, 90, 90, 16, true, 7}, seed += 4);
   check_emulated<float, false>(Case{1, 2, 2, 100, 100, 64, true, 40}, seed += 4);
   check_emulated<bf16, false>(Case{1, 2, 1, 70, 70, 64, true, 1}, seed += 4);
+}
+
+TEST_CASE("emulated attention with a sliding window matches the CPU", "[cuda-emulation][attention][variants]") {
+  uint32_t seed = 1600;
+  // The window becomes per-row key starts (kernels/cuda/attention.cuh): windows shorter than,
+  // across and longer than the tiles, with documents too, and a ring pair's offset (not causal).
+  check_emulated<bf16, true>(Case{1, 4, 2, 200, 200, 64, true, 0, 50}, seed += 4);
+  check_emulated<bf16, true>(Case{1, 2, 1, 260, 260, 64, true, 70, 100}, seed += 4);
+  check_emulated<bf16, true>(Case{1, 2, 2, 64, 64, 128, false, 0, 40, 64}, seed += 4);
+  check_emulated<float, false>(Case{2, 2, 1, 90, 90, 16, true, 0, 7}, seed += 4);
+  check_emulated<float, false>(Case{1, 2, 2, 100, 100, 64, true, 40, 33}, seed += 4);
+  check_emulated<float, false>(Case{1, 2, 1, 40, 40, 8, false, 0, 20, 30}, seed += 4);
+}
+
+TEST_CASE("emulated attention with a logit softcap matches the CPU", "[cuda-emulation][attention][variants]") {
+  uint32_t seed = 1700;
+  // The SIMT path (bf16 at D = 64 too: a softcap keeps it off the tensor cores), with a window and
+  // documents; a small cap, so that it bends the logits.
+  check_emulated<float, false>(Case{1, 2, 1, 70, 70, 16, true, 0, 0, 0, 0.5}, seed += 4);
+  check_emulated<float, false>(Case{2, 2, 2, 90, 90, 32, true, 25, 30, 0, 1.0}, seed += 4);
+  check_emulated<bf16, true>(Case{1, 2, 1, 80, 80, 64, true, 0, 40, 0, 0.7}, seed += 4);
 }
 
 // Ring attention's merge by log-sum-exp (one thread per row) against the CPU's, on the same values:

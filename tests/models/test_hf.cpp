@@ -257,28 +257,45 @@ TEST_CASE("the families' unsupported settings are named", "[models][hf]") {
     INFO(bad.dump());
     CHECK_THROWS_WITH(translate_hf_config(bad, "x.json"), Catch::StartsWith("x.json: ") && Catch::Contains(r.message));
   }
-  // A sliding window is kept, and refused where it would change the attention: shorter than the sequence.
+  // A sliding window is kept, also where it cuts (shorter than the sequence): every Mistral layer has it.
   json window = fixture("tf5", "mistral");
   window["sliding_window"] = 16;
+  window.erase("layer_types");
   const json m = translate_hf_config(window, "w").model;
   CHECK(m["sliding_window"] == 16);
-  CHECK(parse_config({{"model", m}, {"data", {{"seq_len", 16}}}}, {}, "c.json").model.sliding_window == 16);
-  CHECK_THROWS_WITH(parse_config({{"model", m}, {"data", {{"seq_len", 17}}}}, {}, "c.json"),
-                    Catch::Contains("model.sliding_window 16 is shorter than data.seq_len 17"));
+  const Config mc = parse_config({{"model", m}, {"data", {{"seq_len", 17}}}}, {}, "c.json");
+  CHECK(mc.model.sliding_window == 16);
+  CHECK(mc.model.layer_window(0) == 16);
   // Qwen's window is off unless use_sliding_window.
   json qwen = fixture("tf4", "qwen2");
   qwen["sliding_window"] = 4;
   CHECK_FALSE(translate_hf_config(qwen, "q").model.contains("sliding_window"));
   // Switched on without a sliding_window key, it is Qwen2Config's and Qwen3Config's default, 4096
-  // (transformers 4.44), not none: refused at data.seq_len 4100 as the written-out 4096 is.
+  // (transformers 4.44), not none; without max_window_layers (Qwen2Config's 28) it reaches no layer
+  // of these two-layer models, and with max_window_layers 1 the second layer.
   for (const char* name : {"qwen2", "qwen3"}) {
     json on = fixture("tf5", name);
     on["use_sliding_window"] = true;
     on.erase("sliding_window");
+    on.erase("max_window_layers");
+    on.erase("layer_types");
     const json m = translate_hf_config(on, "q").model;
     CHECK(m["sliding_window"] == 4096);
-    CHECK_THROWS_WITH(parse_config({{"model", m}, {"data", {{"seq_len", 4100}}}}, {}, "c.json"),
-                      Catch::Contains("model.sliding_window 4096 is shorter than data.seq_len 4100"));
+    const Config c = parse_config({{"model", m}, {"data", {{"seq_len", 4100}}}}, {}, "c.json");
+    CHECK(c.model.layer_window(0) == 0);
+    CHECK(c.model.layer_window(1) == 0);
+    on["max_window_layers"] = 1;
+    const Config c1 = parse_config({{"model", translate_hf_config(on, "q").model}}, {}, "c.json");
+    CHECK(c1.model.layer_window(0) == 0);
+    CHECK(c1.model.layer_window(1) == 4096);
+    // transformers 5's layer_types, when present, says which layers; an unknown kind is named.
+    on["layer_types"] = {"sliding_attention", "full_attention"};
+    const Config c2 = parse_config({{"model", translate_hf_config(on, "q").model}}, {}, "c.json");
+    CHECK(c2.model.layer_window(0) == 4096);
+    CHECK(c2.model.layer_window(1) == 0);
+    on["layer_types"] = {"sliding_attention", "chunked_attention"};
+    CHECK_THROWS_WITH(parse_config({{"model", translate_hf_config(on, "q").model}}, {}, "c.json"),
+                      Catch::Contains("model.layer_types[1] = \"chunked_attention\""));
   }
 }
 
@@ -330,13 +347,13 @@ TEST_CASE("model.from takes the directory's config; keys beside it override", "[
 }
 
 TEST_CASE("model.from: null beside sliding_window lifts the directory's window", "[config][hf]") {
-  // Mistral-7B-v0.1's window of 4096, trained past it: refused as it is, full attention with null.
+  // Mistral-7B-v0.1's window of 4096, trained past it: windowed attention as it is, full with null.
   TempDir d("window");
   json mistral = fixture("tf5", "mistral");
   mistral["sliding_window"] = 32;
   write(d / "config.json", mistral.dump());
   const json run = {{"model", {{"from", d.dir.string()}}}, {"data", {{"seq_len", 64}}}};
-  CHECK_THROWS_WITH(parse_config(run, {}, "c.json"), Catch::Contains("model.sliding_window 32 is shorter than data.seq_len 64"));
+  CHECK(parse_config(run, {}, "c.json").model.layer_window(1) == 32);
   const Config c = parse_config(run, {"model.sliding_window=null"}, "c.json");
   CHECK(c.model.sliding_window == 0);
   bool noted = false;

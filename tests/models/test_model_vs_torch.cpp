@@ -100,6 +100,19 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
                       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096},
                                         {"mscale", 1.0}, {"mscale_all_dim", 0.5}, {"truncate", false}}}}},
       // Llama with every bias and a head_dim apart from hidden / heads (transformers >= 4.45 reads it).
+      // Mistral's sliding window, 8 keys of the 37: it cuts (full attention would differ).
+      {"mistral-window", {{"arch", "mistral"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
+                          {"sliding_window", 8}}},
+      // Qwen2's rule: the layers from max_window_layers on (here 1 and 2 of 3) get the window; and
+      // Qwen3 with transformers 5's layer_types (the first layer windowed, the second full).
+      {"qwen2-window-layers", {{"arch", "qwen2"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 3},
+                               {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
+                               {"sliding_window", 6}, {"max_window_layers", 1}}},
+      {"qwen3-layer-types", {{"arch", "qwen3"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                             {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 8},
+                             {"intermediate_size", 48}, {"sliding_window", 5},
+                             {"layer_types", {"sliding_attention", "full_attention"}}}},
       {"llama-bias-head-dim", {{"arch", "llama"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 1},
                                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 12},
                                {"intermediate_size", 48}, {"attention_bias", true}, {"mlp_bias", true}}},

@@ -60,11 +60,11 @@ def reference(model, tokens, S):
     return buckets
 
 
-def run_eval(bin_dir, src, shard, S, P):
+def run_eval(bin_dir, src, shard, S, P, extra=()):
     cmd = [os.path.join(bin_dir, "autosp-eval"), "--model", src, "--data", shard, "--seq-len", str(S),
            "--perplexity-by-position", "--bucket-width", str(WIDTH), "--sequences", str(SEQUENCES), "--quiet",
            "--set", "runtime.dtype=float64", "--set", "data.batch_size=1",
-           "--set", f"sequence_parallel.autosp_size={P}"]
+           "--set", f"sequence_parallel.autosp_size={P}", *extra]
     if P > 1:
         cmd = ["mpirun", "--oversubscribe", "-np", str(P), *cmd]
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

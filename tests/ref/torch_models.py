@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 _KNOWN_MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta",
                      "norm_eps", "tie_word_embeddings", "head_dim", "attention_bias", "mlp_bias", "rope_scaling",
-                     "sliding_window"}
+                     "sliding_window", "max_window_layers", "layer_types"}
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -112,6 +112,22 @@ class ModelConfig:
                 raise ConfigError(f"model.tie_word_embeddings: expected true or false, got {t!r}")
             self.tie_word_embeddings = t
             self.rope_scaling = d.get("rope_scaling")
+            # The sliding window: transformers 4.44's eager mask hides key j from query i when
+            # j <= i - sliding_window. Its layers: layer_types (transformers 5) when given, else every
+            # Mistral layer and the Qwen layers i >= max_window_layers (Qwen2's flash-attention rule;
+            # its default 28).
+            self.sliding_window = d.get("sliding_window")
+            types = d.get("layer_types")
+            if self.sliding_window is None:
+                self.layer_windows = [None] * self.num_hidden_layers
+            elif types is not None:
+                self.layer_windows = [self.sliding_window if t == "sliding_attention" else None for t in types]
+            elif arch == "mistral":
+                self.layer_windows = [self.sliding_window] * self.num_hidden_layers
+            else:
+                first = d.get("max_window_layers", 28)
+                self.layer_windows = [self.sliding_window if i >= first else None
+                                      for i in range(self.num_hidden_layers)]
 
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -204,15 +220,18 @@ def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def causal_attention(q, k, v, mask=None):
+def causal_attention(q, k, v, mask=None, window=None):
     """q, k, v [B, N, S, D] -> [B, N, S, D]; materialised causal softmax(q k^T / sqrt(D)) v.
-    mask: bool [B, S, S] (True = visible), used instead of the causal mask when given."""
+    mask: bool [B, S, S] (True = visible), used instead of the causal mask when given.
+    window: keys j <= i - window are hidden from query i too (HF's sliding_window)."""
     S, D = q.shape[-2], q.shape[-1]
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
     if mask is None:
         visible = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
     else:
         visible = mask[:, None]
+    if window is not None:
+        visible = visible & ~torch.ones(S, S, dtype=torch.bool, device=q.device).tril(diagonal=-window)
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v)
@@ -354,7 +373,7 @@ def llama_layer(cfg, p, i, x, cos, sin, mask=None):
     k = apply_rope(k, cos, sin)
     k = repeat_kv(k, N // Nkv)
     v = repeat_kv(v, N // Nkv)
-    o = causal_attention(q, k, v, mask).transpose(1, 2).reshape(B, S, N * D)
+    o = causal_attention(q, k, v, mask, cfg.layer_windows[i]).transpose(1, 2).reshape(B, S, N * D)
     x = x + linear(o, "self_attn.o_proj")
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
     g = F.silu(linear(h, "mlp.gate_proj")) * linear(h, "mlp.up_proj")

@@ -16,6 +16,7 @@
 
 #include "engine/executor.h"
 #include "engine/ring.h"
+#include "graph/builder.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -152,16 +153,24 @@ Tensor by_attention_float(const KernelCall& c, DType dt, F&& f) {
 }
 Tensor lse_input(const KernelCall& c, size_t i) { return arg(c, i); }
 
+// The node's window and softcap (graph/builder.h AttentionAttrs) as the kernels' variant, with a
+// ring chunk pair's key offset.
+template <class T>
+AttentionVariant<T> variant_of(const KernelCall& c, int64_t offset = 0) {
+  const AttentionAttrs a = attention_attrs(c.node);
+  return {.window = a.window, .softcap = a.softcap, .offset = offset};
+}
+
 template <class T>
 void attend(Stream, const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
-            int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start) {
-  cpu::sdpa_forward<T>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start);
+            int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start, const AttentionVariant<T>& var) {
+  cpu::sdpa_forward<T>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
 }
 template <class T>
 void attend_backward(Stream, const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                      T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                     bool causal, const int64_t* doc_start) {
-  cpu::sdpa_backward<T>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start);
+                     bool causal, const int64_t* doc_start, const AttentionVariant<T>& var) {
+  cpu::sdpa_backward<T>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, nullptr, var);
 }
 
 // Ids already on the host.
@@ -232,7 +241,7 @@ Tensor sdpa(const KernelCall& c) {
     Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, q.dtype());
     cpu::sdpa_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), y.data<T>(), lse.data<T>(), q.dim(0), q.dim(1),
                          k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
-                         args.doc_start());
+                         args.doc_start(), variant_of<T>(c));
     c.extras.push_back(lse);
     return y;
   });
@@ -252,7 +261,7 @@ Tensor sdpa_backward(const KernelCall& c) {
     cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), args.o.data<T>(), args.lse.data<T>(),
                           args.dout.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1),
                           k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"),
-                          c.node.attrs().b("causal"), args.doc_start(), workspace);
+                          c.node.attrs().b("causal"), args.doc_start(), workspace, variant_of<T>(c));
     return dq;
   });
 }

@@ -36,6 +36,7 @@
 #include "device/cuda/copy.h"
 #include "device/cuda/device.h"
 #include "engine/ring.h"
+#include "graph/builder.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cudnn_attention.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -159,18 +160,27 @@ Tensor by_attention_float(const KernelCall& c, DType dt, F&& f) {
 }
 Tensor lse_input(const KernelCall& c, size_t i) { return gpu::cast(input(c, i), DType::f32, c.alloc, stream(c)); }
 
+// The node's window and softcap (graph/builder.h AttentionAttrs) as the kernels' variant, with a
+// ring chunk pair's key offset.
+template <class T>
+AttentionVariant<float> variant_of(const KernelCall& c, int64_t offset = 0) {
+  const AttentionAttrs a = attention_attrs(c.node);
+  return {.window = a.window, .softcap = a.softcap, .offset = offset};
+}
+
 template <class T>
 void attend(Stream s, const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv,
-            int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start) {
+            int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
+            const AttentionVariant<float>& var) {
   cuda::sdpa_forward<T>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, s, cuda::SdpaKernel::automatic,
-                        doc_start);
+                        doc_start, var);
 }
 template <class T>
 void attend_backward(Stream s, const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq,
                      T* dk, T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                     bool causal, const int64_t* doc_start) {
+                     bool causal, const int64_t* doc_start, const AttentionVariant<float>& var) {
   cuda::sdpa_backward<T>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, s,
-                         cuda::SdpaKernel::automatic, doc_start);
+                         cuda::SdpaKernel::automatic, doc_start, var);
 }
 
 // Device int64 ids on the host (the stream drained first).
@@ -249,8 +259,9 @@ template <class T>
 bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
   if (c.attention == AttentionBackend::flash) return false;
   const bool documents = c.in.size() > (c.node.op() == Op::sdpa ? 3u : 6u);  // config.cpp refuses it with "cudnn"
-  const std::string why = documents ? std::string("a document mask (doc_start)")
-                                    : cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
+  const std::string why = documents                                 ? std::string("a document mask (doc_start)")
+                          : !(attention_attrs(c.node) == AttentionAttrs{}) ? std::string("a sliding window or softcap")
+                                                                    : cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
                                                                       q.dim(3), c.node.attrs().b("causal"));
   if (why.empty()) return true;
   if (c.attention == AttentionBackend::automatic) return false;
@@ -282,7 +293,7 @@ Tensor sdpa(const KernelCall& c) {
     else
       cuda::sdpa_forward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse32), q.dim(0), q.dim(1), k.dim(1),
                             q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c), cuda::SdpaKernel::automatic,
-                            docs.defined() ? ptr<int64_t>(docs) : nullptr);
+                            docs.defined() ? ptr<int64_t>(docs) : nullptr, variant_of<T>(c));
     settle_scalar(lse32, lse, stream(c));
     c.extras.push_back(lse);
     return o;
@@ -309,7 +320,8 @@ Tensor sdpa_backward(const KernelCall& c) {
     else
       cuda::sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout), ptr<T>(dq),
                              ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale,
-                             causal, stream(c), cuda::SdpaKernel::automatic, docs.defined() ? ptr<int64_t>(docs) : nullptr);
+                             causal, stream(c), cuda::SdpaKernel::automatic, docs.defined() ? ptr<int64_t>(docs) : nullptr,
+                             variant_of<T>(c));
     return dq;
   });
 }

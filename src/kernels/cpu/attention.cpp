@@ -169,6 +169,54 @@ void probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale,
   std::fill(ds + n, ds + width, 0.0);
 }
 
+// Softcap (kernels/attention_variant.h): s[j] = cap · tanh(scale · s[j] / cap) for j < n, with
+// tanh(y) = sign(y) · (1 - 2 / (e^(2|y|) + 1)) on exp16 (absolute error ~1e-7 in tanh).
+[[gnu::always_inline]] inline f32x16 tanh16(f32x16 y) {
+  const f32x16 a = y < 0 ? -y : y;
+  const f32x16 t = 1.0f - 2.0f / (exp16(a + a) + 1.0f);
+  return y < 0 ? -t : t;
+}
+AUTOSP_VEC16_CLONES void softcap_row(float* s, int64_t n, float scale, float cap) {
+  const float k = scale / cap;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) store(s + j, tanh16(load(s + j) * k) * cap);
+  if (j < n) store_part(s + j, tanh16(load_part(s + j, n - j, 0.0f) * k) * cap, n - j);
+}
+void softcap_row(double* s, int64_t n, double scale, double cap) {
+  for (int64_t j = 0; j < n; ++j) s[j] = cap * std::tanh(scale * s[j] / cap);
+}
+
+// probs_and_ds under a softcap: with t = tanh(scale · p[j] / cap), p[j] = exp(cap · t - lse) and
+// ds[j] = p[j] · (ds[j] - delta) · (1 - t²) (the cap's derivative; the caller's dq, dk GEMMs apply
+// the scale); both 0 for n ≤ j < width.
+AUTOSP_VEC16_CLONES void capped_probs_and_ds(float* p, float* ds, int64_t n, int64_t width, float scale, float cap,
+                                             float lse, float delta) {
+  const float k = scale / cap;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const f32x16 t = tanh16(load(p + j) * k), pj = exp16(t * cap - lse);
+    store(p + j, pj);
+    store(ds + j, pj * (load(ds + j) - delta) * (1.0f - t * t));
+  }
+  if (j < n) {
+    const f32x16 t = tanh16(load_part(p + j, n - j, 0.0f) * k), pj = exp16(t * cap - lse);
+    store_part(p + j, pj, n - j);
+    store_part(ds + j, pj * (load_part(ds + j, n - j, 0.0f) - delta) * (1.0f - t * t), n - j);
+  }
+  std::fill(p + n, p + width, 0.0f);
+  std::fill(ds + n, ds + width, 0.0f);
+}
+void capped_probs_and_ds(double* p, double* ds, int64_t n, int64_t width, double scale, double cap, double lse,
+                         double delta) {
+  for (int64_t j = 0; j < n; ++j) {
+    const double t = std::tanh(scale * p[j] / cap);
+    p[j] = std::exp(cap * t - lse);
+    ds[j] = p[j] * (ds[j] - delta) * (1 - t * t);
+  }
+  std::fill(p + n, p + width, 0.0);
+  std::fill(ds + n, ds + width, 0.0);
+}
+
 // ---- tile GEMMs ----
 //
 // f32 on a machine with AVX-512: our own register-tiled micro-kernel (below), which reads B
@@ -286,25 +334,36 @@ void row_strips(int64_t M, int64_t bk, Limit limit, F f) {
   }
 }
 
-// Keys a query block [i0, i0 + bq) can see at all (causal: j ≤ i + shift), and the first key a
-// row i0 + i misses inside the block starting at j0 (`lim` keys of it are visible).
-int64_t visible_end(bool causal, int64_t i0, int64_t bq, int64_t shift, int64_t Skv) {
-  return causal ? std::clamp<int64_t>(i0 + bq + shift, 0, Skv) : Skv;
-}
-int64_t row_limit(bool causal, int64_t i, int64_t shift, int64_t j0, int64_t bk) {
-  return causal ? std::clamp<int64_t>(i + shift + 1 - j0, 0, bk) : bk;
-}
-// Document masking: the first key a query block [i0, i0 + bq) can see (its rows' earliest
-// document start; 0 without doc_start), and the first key row i sees inside the block at j0.
-int64_t visible_begin(const int64_t* doc_start, int64_t i0, int64_t bq, int64_t Skv) {
-  if (doc_start == nullptr) return 0;
-  int64_t first = Skv;
-  for (int64_t i = 0; i < bq; ++i) first = std::min(first, doc_start[i0 + i]);
-  return std::clamp<int64_t>(first, 0, Skv);
-}
-int64_t row_begin(const int64_t* doc_start, int64_t i, int64_t j0, int64_t bk) {
-  return doc_start == nullptr ? 0 : std::clamp<int64_t>(doc_start[i] - j0, 0, bk);
-}
+// Which keys a query row sees (kernels/attention_variant.h): causal (j ≤ i + shift), the window
+// (j > i + shift - window) and the document (j ≥ doc_start[i]). Block skipping reads it twice: the
+// keys [begin, end) a query block [i0, i0 + bq) can see at all are the only ones visited, and inside
+// a key block at j0 a row sees [row_begin, row_limit). Both bounds are nondecreasing in i except
+// for document starts that decrease (handled by taking the block's minimum).
+struct Mask {
+  bool causal = false;
+  int64_t shift = 0, window = 0, Skv = 0;
+  const int64_t* doc_start = nullptr;  // [Sq] of one batch, or null
+
+  int64_t end(int64_t i0, int64_t bq) const { return causal ? std::clamp<int64_t>(i0 + bq + shift, 0, Skv) : Skv; }
+  int64_t row_limit(int64_t i, int64_t j0, int64_t bk) const {
+    return causal ? std::clamp<int64_t>(i + shift + 1 - j0, 0, bk) : bk;
+  }
+  // The first key row i sees, in key coordinates (may be < 0 or ≥ Skv).
+  int64_t first(int64_t i) const {
+    int64_t f = window > 0 ? i + shift - window + 1 : 0;
+    if (doc_start != nullptr) f = std::max(f, doc_start[i]);
+    return f;
+  }
+  int64_t begin(int64_t i0, int64_t bq) const {
+    if (doc_start == nullptr && window == 0) return 0;
+    int64_t lo = Skv;
+    if (doc_start == nullptr) lo = first(i0);  // the window's bound grows with i
+    else
+      for (int64_t i = 0; i < bq; ++i) lo = std::min(lo, first(i0 + i));
+    return std::clamp<int64_t>(lo, 0, Skv);
+  }
+  int64_t row_begin(int64_t i, int64_t j0, int64_t bk) const { return std::clamp<int64_t>(first(i) - j0, 0, bk); }
+};
 
 void check_sizes(const char* what, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D) {
   AUTOSP_ASSERT(B >= 0 && Sq >= 0 && Skv >= 0 && D > 0, what, " sizes B ", B, " Sq ", Sq, " Skv ", Skv, " D ", D);
@@ -313,17 +372,44 @@ void check_sizes(const char* what, int64_t B, int64_t N, int64_t Nkv, int64_t Sq
                 " Skv ", Skv);
 }
 
+template <class T>
+void check_variant(const char* what, const AttentionVariant<T>& var) {
+  AUTOSP_ASSERT(var.window >= 0 && var.softcap >= 0, what, " window ", var.window, " softcap ", var.softcap);
+}
+
+// dsinks[h] = -Σ_{b,i} exp(sink_h - lse_i) · Δ_i (kernels/attention_variant.h), per head in a fixed
+// order (deterministic), in double.
+template <class T>
+void sink_grads(const T* o, const T* lse, const T* dout, int64_t B, int64_t N, int64_t Sq, int64_t D,
+                const AttentionVariant<T>& var) {
+#pragma omp parallel for schedule(static)
+  for (int64_t h = 0; h < N; ++h) {
+    double sum = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Sq; ++i) {
+        const int64_t row = (b * N + h) * Sq + i;
+        double delta = 0;
+        for (int64_t d = 0; d < D; ++d) delta += double(dout[row * D + d]) * double(o[row * D + d]);
+        sum += std::exp(double(var.sinks[h]) - double(lse[row])) * delta;
+      }
+    var.dsinks[h] = T(-sum);
+  }
+}
+
 }  // namespace
 
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
-                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start) {
+                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
+                  const AttentionVariant<T>& var) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
+  check_variant("sdpa", var);
   const int64_t group = N / Nkv;  // query heads per kv head
   const int64_t BQ = kForwardBlockQ, BK = kForwardBlockK, LT = BK + kTilePad;
   const int64_t nqb = (Sq + BQ - 1) / BQ;
-  const int64_t shift = Skv - Sq;  // causal: query i sees keys j ≤ i + shift (bottom-right)
-  const T sc = T(scale);
+  const int64_t shift = Skv - Sq + var.offset;  // causal: query i sees keys j ≤ i + shift
+  // With a softcap the row is capped first (scale folded in), then exponentiated at scale 1.
+  const T sc = var.softcap > 0 ? T(1) : T(scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
 #pragma omp parallel
@@ -343,9 +429,8 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
       const T* qp = q + (bh * Sq + i0) * D;                    // [bq, D]
       const T* kp = k + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
       const T* vp = v + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
-      const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
-      const int64_t kend = visible_end(causal, i0, bq, shift, Skv);
-      const int64_t kbeg = visible_begin(starts, i0, bq, Skv);
+      const Mask mask{causal, shift, var.window, Skv, doc_start == nullptr ? nullptr : doc_start + b * Sq};
+      const int64_t kend = mask.end(i0, bq), kbeg = mask.begin(i0, bq);
 
       std::fill(m.begin(), m.begin() + bq, neg_inf);
       std::fill(l.begin(), l.begin() + bq, 0.0);
@@ -353,7 +438,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 
       for (int64_t j0 = kbeg; j0 < kend; j0 += BK) {
         const int64_t bk = std::min(BK, kend - j0);
-        const auto limit = [&](int64_t i) { return row_limit(causal, i0 + i, shift, j0, bk); };
+        const auto limit = [&](int64_t i) { return mask.row_limit(i0 + i, j0, bk); };
         // s [bq, bk] = q [bq, D] · k[j0 : j0+bk]ᵀ, each row up to its limit at least
         keys_panel(bk, D, kp + j0 * D, panel.data(), LT);
         row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
@@ -362,10 +447,11 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
         for (int64_t i = 0; i < bq; ++i) {
           T* si = s.data() + i * LT;
           const int64_t lim = limit(i);
-          const int64_t lo = std::min(row_begin(starts, i0 + i, j0, bk), lim);  // keys [lo, lim) are visible
+          const int64_t lo = std::min(mask.row_begin(i0 + i, j0, bk), lim);  // keys [lo, lim) are visible
           std::fill(si, si + lo, T(0));
           std::fill(si + lim, si + bk, T(0));
           if (lim == lo) continue;  // the row sees nothing here: p = 0, state unchanged
+          if (var.softcap > 0) softcap_row(si + lo, lim - lo, T(scale), T(var.softcap));
           const T m_new = std::max(m[i], max_scaled(si + lo, lim - lo, sc));
           const T alpha = std::exp(m[i] - m_new);  // 0 on the row's first visible block
           l[i] = l[i] * double(alpha) + double(exp_sum(si + lo, lim - lo, sc, m_new));
@@ -383,10 +469,16 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 
       T* op = o + (bh * Sq + i0) * D;  // [bq, D]
       for (int64_t i = 0; i < bq; ++i) {
-        const double inv = l[i] > 0 ? 1.0 / l[i] : 0.0;
+        // The sink's exp(sink) joins the denominator: l' = l · e^(m - m') + e^(sink - m'), m' = max(m, sink).
+        double mi = double(m[i]), li = l[i], rescale = 1.0;
+        if (var.sinks != nullptr) {
+          const double sink = double(var.sinks[h]), m2 = li > 0 ? std::max(mi, sink) : sink;
+          rescale = li > 0 ? std::exp(mi - m2) : 0.0;
+          li = li * rescale + std::exp(sink - m2), mi = m2;
+        }
+        const double inv = li > 0 ? rescale / li : 0.0;
         for (int64_t d = 0; d < D; ++d) op[i * D + d] = T(double(acc[i * D + d]) * inv);
-        if (lse != nullptr)
-          lse[bh * Sq + i0 + i] = l[i] > 0 ? T(double(m[i]) + std::log(l[i])) : neg_inf;
+        if (lse != nullptr) lse[bh * Sq + i0 + i] = li > 0 ? T(mi + std::log(li)) : neg_inf;
       }
     }
   }
@@ -402,7 +494,7 @@ namespace {
 struct BackwardChunks {
   int64_t nqb = 0, C = 1, rows = 0;
   std::vector<int64_t> key_end, part_row;
-  BackwardChunks(int64_t B, int64_t Nkv, int64_t Sq, int64_t Skv, bool causal) {
+  BackwardChunks(int64_t B, int64_t Nkv, int64_t Sq, int64_t Skv, bool causal, int64_t shift) {
     const int64_t BQ = kBackwardBlockQ;
     nqb = (Sq + BQ - 1) / BQ;
     C = std::clamp<int64_t>((kMinTasks + B * Nkv - 1) / std::max<int64_t>(B * Nkv, 1), 1,
@@ -411,7 +503,8 @@ struct BackwardChunks {
     part_row.resize(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; ++c) {
       const int64_t qb1 = blocks(c).second;
-      key_end[c] = qb1 == 0 ? 0 : visible_end(causal, (qb1 - 1) * BQ, std::min(BQ, Sq - (qb1 - 1) * BQ), Skv - Sq, Skv);
+      const Mask mask{causal, shift, 0, Skv, nullptr};
+      key_end[c] = qb1 == 0 ? 0 : mask.end((qb1 - 1) * BQ, std::min(BQ, Sq - (qb1 - 1) * BQ));
       part_row[c] = rows;
       if (c < C - 1) rows += key_end[c];
     }
@@ -422,21 +515,24 @@ struct BackwardChunks {
 }  // namespace
 
 int64_t sdpa_backward_workspace(int64_t B, int64_t, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, bool causal) {
-  return 2 * B * Nkv * BackwardChunks(B, Nkv, Sq, Skv, causal).rows * D;
+  return 2 * B * Nkv * BackwardChunks(B, Nkv, Sq, Skv, causal, Skv - Sq).rows * D;
 }
 
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                    T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal, const int64_t* doc_start, T* workspace) {
+                   bool causal, const int64_t* doc_start, T* workspace, const AttentionVariant<T>& var) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
+  check_variant("sdpa_backward", var);
+  // The workspace is sized for offset 0 (sdpa_backward_workspace); ring chunk pairs bring none.
+  AUTOSP_ASSERT(var.offset == 0 || workspace == nullptr, "sdpa_backward: a workspace with offset ", var.offset);
   const int64_t group = N / Nkv;  // query heads per kv head
   const int64_t BQ = kBackwardBlockQ, BK = kBackwardBlockK, LT = BK + kTilePad;
-  const int64_t shift = Skv - Sq;  // causal: query i sees keys j ≤ i + shift (bottom-right)
-  const T sc = T(scale);
+  const int64_t shift = Skv - Sq + var.offset;  // causal: query i sees keys j ≤ i + shift
+  const T sc = T(scale), cap = T(var.softcap);
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
-  const BackwardChunks ch(B, Nkv, Sq, Skv, causal);
+  const BackwardChunks ch(B, Nkv, Sq, Skv, causal, shift);
   const int64_t C = ch.C, rows = ch.rows;
   const int64_t stride = B * Nkv * rows * D;
   // Not value-initialised: each chunk zeroes the rows it accumulates into.
@@ -461,7 +557,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
       std::fill(dkp, dkp + (last ? Skv : ch.key_end[c]) * D, T(0));
       std::fill(dvp, dvp + (last ? Skv : ch.key_end[c]) * D, T(0));
       const auto [qb0, qb1] = ch.blocks(c);
-      const int64_t* starts = doc_start == nullptr ? nullptr : doc_start + b * Sq;  // [Sq] of batch b
+      const Mask mask{causal, shift, var.window, Skv, doc_start == nullptr ? nullptr : doc_start + b * Sq};
       for (int64_t h = (bkv % Nkv) * group; h < (bkv % Nkv + 1) * group; ++h) {
         const int64_t bh = b * N + h;
         for (int64_t qb = qb0; qb < qb1; ++qb) {
@@ -477,10 +573,10 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
             for (int64_t d = 0; d < D; ++d) acc += double(dop[i * D + d]) * double(orow[i * D + d]);
             delta[size_t(i)] = T(acc);
           }
-          const int64_t kend = visible_end(causal, i0, bq, shift, Skv);
-          for (int64_t j0 = visible_begin(starts, i0, bq, Skv); j0 < kend; j0 += BK) {
+          const int64_t kend = mask.end(i0, bq);
+          for (int64_t j0 = mask.begin(i0, bq); j0 < kend; j0 += BK) {
             const int64_t bk = std::min(BK, kend - j0);
-            const auto limit = [&](int64_t i) { return row_limit(causal, i0 + i, shift, j0, bk); };
+            const auto limit = [&](int64_t i) { return mask.row_limit(i0 + i, j0, bk); };
             keys_panel(bk, D, kp + j0 * D, panel.data(), LT);  // p = q · kᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
               scores(r1 - r0, n, D, qp + r0 * D, kp + j0 * D, panel.data(), LT, p.data() + r0 * LT, LT);
@@ -491,12 +587,15 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
             });
             for (int64_t i = 0; i < bq; ++i) {
               const int64_t lim = lp[i] == neg_inf ? 0 : limit(i);
-              const int64_t lo = std::min(row_begin(starts, i0 + i, j0, bk), lim);  // keys [lo, lim) are visible
+              const int64_t lo = std::min(mask.row_begin(i0 + i, j0, bk), lim);  // keys [lo, lim) are visible
               T* pi = p.data() + i * LT;
               T* dsi = ds.data() + i * LT;
               std::fill(pi, pi + lo, T(0));
               std::fill(dsi, dsi + lo, T(0));
-              probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, lp[i], delta[size_t(i)]);
+              if (var.softcap > 0)
+                capped_probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, cap, lp[i], delta[size_t(i)]);
+              else
+                probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, lp[i], delta[size_t(i)]);
             }
             // Keys [c0, c1) are seen by the rows from the first whose limit passes c0 (p, ds are 0 above).
             const bool whole = limit(0) >= bk;
@@ -534,18 +633,23 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
       }
     }
   }
+  if (var.sinks != nullptr && var.dsinks != nullptr) sink_grads(o, lse, dout, B, N, Sq, D, var);
 }
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t,
-                                  int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*);
+                                  int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void sdpa_forward<double>(const double*, const double*, const double*, double*, double*,
-                                   int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*);
+                                   int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*,
+                                   const AttentionVariant<double>&);
 template void sdpa_backward<float>(const float*, const float*, const float*, const float*, const float*,
                                    const float*, float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
-                                   int64_t, int64_t, double, bool, const int64_t*, float*);
+                                   int64_t, int64_t, double, bool, const int64_t*, float*,
+                                   const AttentionVariant<float>&);
 template void sdpa_backward<double>(const double*, const double*, const double*, const double*, const double*,
                                     const double*, double*, double*, double*, int64_t, int64_t, int64_t, int64_t,
-                                    int64_t, int64_t, double, bool, const int64_t*, double*);
+                                    int64_t, int64_t, double, bool, const int64_t*, double*,
+                                    const AttentionVariant<double>&);
 
 template <class T>
 void merge_attention(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t rows, int64_t D) {

@@ -10,15 +10,22 @@
 // j ≥ doc_start[b·Sq + i] (its document's first token). Key blocks before the earliest start of a
 // query block are never visited, so the cost falls from ~S²/2 to ~Σ (document length)²/2. Any
 // values are safe (a row that sees no key gets o = 0, lse = -inf); nondecreasing starts skip best.
+// Variants (kernels/attention_variant.h: window, softcap, sinks, a ring pair's offset): a window
+// skips the key blocks before its first row's reach like a document start does, so windowed
+// attention costs O(Sq · window), not O(Sq · Skv); with sinks a row that sees no key gets o = 0,
+// lse = sink.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/attention_variant.h"
 
 namespace autosp::cpu {
 
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
-                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start = nullptr);
+                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start = nullptr,
+                  const AttentionVariant<T>& var = {});
 
 // Backward of sdpa_forward from its saved lse (FlashAttention-2 style): the probabilities are
 // recomputed blockwise as P = exp(scale · q·kᵀ - lse), with Δ_i = Σ_d dout_i · o_i;
@@ -26,11 +33,14 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 // GQA: dk, dv of a kv head sum over the query heads that read it. Never allocates Sq×Skv;
 // deterministic (no atomics). dq [B, N, Sq, D], dk, dv [B, Nkv, Skv, D] are overwritten.
 // `workspace` (may be null: then the kernel allocates it) holds sdpa_backward_workspace(...)
-// elements: the partial dK, dV of the query chunks that run in parallel with the last one.
+// elements: the partial dK, dV of the query chunks that run in parallel with the last one (sized
+// for var.offset = 0: a call with an offset passes none). With var.sinks and var.dsinks, dsinks [N]
+// is overwritten with the sinks' gradient.
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
                    T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal, const int64_t* doc_start = nullptr, T* workspace = nullptr);
+                   bool causal, const int64_t* doc_start = nullptr, T* workspace = nullptr,
+                   const AttentionVariant<T>& var = {});
 
 // The elements of sdpa_backward's workspace for these sizes (0 when it needs none); they depend on
 // the sizes only, so a memory planner can place them.

@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 
 namespace autosp::cuda {
 
@@ -150,11 +151,20 @@ __device__ __forceinline__ float simt_dot(const float* a, const float* b) {
   return s;
 }
 
+// The logit of a scaled score s under a softcap (kernels/attention_variant.h; cap 0: none) and
+// its derivative d logit / d s.
+__device__ __forceinline__ float capped(float s, float cap, float& deriv) {
+  if (cap == 0.f) return deriv = 1.f, s;
+  const float t = tanhf(s / cap);
+  deriv = 1.f - t * t;
+  return cap * t;
+}
+
 // grid (ceil(Sq / 8), B·N), block 256: warp w owns query row blockIdx·8 + w.
 template <class T, int DPL>
 __global__ void __launch_bounds__(kSimtWarps* kWarp)
     sdpa_forward_simt_kernel(const T* q, const T* k, const T* v, T* o, float* lse, int N, int Nkv, int64_t Sq,
-                             int64_t Skv, int D, float scale, bool causal, const int64_t* doc_start) {
+                             int64_t Skv, int D, float scale, bool causal, const int64_t* doc_start, float softcap) {
   constexpr int W = kWarp * DPL;
   __shared__ float ks[kSimtTile][W + 1], vs[kSimtTile][W + 1];
   __shared__ float qs[kSimtWarps][W];
@@ -177,7 +187,8 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
     simt_load_tile<T, DPL>(vs, vp, j0, Skv, D);
     __syncthreads();
     const bool visible = j0 + lane < row_end && j0 + lane >= row_begin;
-    const float s = visible ? simt_dot<DPL>(qs[warp], ks[lane]) * scale : -INFINITY;
+    float deriv;
+    const float s = visible ? capped(simt_dot<DPL>(qs[warp], ks[lane]) * scale, softcap, deriv) : -INFINITY;
     const float tmax = warp_max(s);
     if (tmax == -INFINITY) continue;  // uniform over the warp: nothing visible in this tile
     const float m_new = fmaxf(m, tmax);
@@ -209,7 +220,7 @@ template <class T, int DPL>
 __global__ void __launch_bounds__(kSimtWarps* kWarp)
     sdpa_backward_kv_simt_kernel(const T* q, const T* k, const T* v, const float* lse, const float* delta,
                                  const T* dout, T* dk, T* dv, int N, int Nkv, int64_t Sq, int64_t Skv, int D,
-                                 float scale, bool causal, const int64_t* doc_start) {
+                                 float scale, bool causal, const int64_t* doc_start, float softcap) {
   constexpr int W = kWarp * DPL;
   __shared__ float qs[kSimtTile][W + 1], dos[kSimtTile][W + 1];
   __shared__ float ks[kSimtWarps][W], vs[kSimtWarps][W];
@@ -246,8 +257,9 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
       if (!__any_sync(0xffffffffu, visible)) continue;
       float p = 0.f, ds = 0.f;
       if (visible) {
-        p = expf(simt_dot<DPL>(qs[lane], ks[warp]) * scale - li);
-        ds = p * (simt_dot<DPL>(dos[lane], vs[warp]) - delta_s[lane]);
+        float deriv;
+        p = expf(capped(simt_dot<DPL>(qs[lane], ks[warp]) * scale, softcap, deriv) - li);
+        ds = p * (simt_dot<DPL>(dos[lane], vs[warp]) - delta_s[lane]) * deriv;
       }
       for (int ii = 0; ii < kSimtTile; ++ii) {
         const float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
@@ -276,7 +288,7 @@ template <class T, int DPL>
 __global__ void __launch_bounds__(kSimtWarps* kWarp)
     sdpa_backward_q_simt_kernel(const T* q, const T* k, const T* v, const float* lse, const float* delta, const T* dout,
                                 T* dq, int N, int Nkv, int64_t Sq, int64_t Skv, int D, float scale, bool causal,
-                                const int64_t* doc_start) {
+                                const int64_t* doc_start, float softcap) {
   constexpr int W = kWarp * DPL;
   __shared__ float ks[kSimtTile][W + 1], vs[kSimtTile][W + 1];
   __shared__ float qs[kSimtWarps][W], dos[kSimtWarps][W];
@@ -304,8 +316,9 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
     if (!__any_sync(0xffffffffu, visible)) continue;
     float ds = 0.f;
     if (visible) {
-      const float p = expf(simt_dot<DPL>(qs[warp], ks[lane]) * scale - li);
-      ds = p * (simt_dot<DPL>(dos[warp], vs[lane]) - di);
+      float deriv;
+      const float p = expf(capped(simt_dot<DPL>(qs[warp], ks[lane]) * scale, softcap, deriv) - li);
+      ds = p * (simt_dot<DPL>(dos[warp], vs[lane]) - di) * deriv;
     }
     for (int jj = 0; jj < kSimtTile; ++jj) {
       const float dsj = __shfl_sync(0xffffffffu, ds, jj);
@@ -746,24 +759,25 @@ unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per 
 
 template <class T, int DPL>
 void forward_simt(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
-                  int64_t Skv, int64_t D, float scale, bool causal, const int64_t* docs, cudaStream_t stream) {
+                  int64_t Skv, int64_t D, float scale, bool causal, const int64_t* docs, float softcap,
+                  cudaStream_t stream) {
   launch_kernel(sdpa_forward_simt_kernel<T, DPL>, dim3(blocks(Sq, kSimtWarps), unsigned(B * N)), kSimtWarps * kWarp, 0,
-                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, int(D), scale, causal, docs);
+                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, int(D), scale, causal, docs, softcap);
 }
 
 template <class T, int DPL>
 void backward_simt(const T* q, const T* k, const T* v, const float* lse, const float* delta, const T* dout, T* dq,
                    T* dk, T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, float scale,
-                   bool causal, const int64_t* docs, cudaStream_t stream) {
+                   bool causal, const int64_t* docs, float softcap, cudaStream_t stream) {
   if (Skv > 0) {
     launch_kernel(sdpa_backward_kv_simt_kernel<T, DPL>, dim3(blocks(Skv, kSimtWarps), unsigned(B * Nkv)),
                   kSimtWarps * kWarp, 0, stream, q, k, v, lse, delta, dout, dk, dv, int(N), int(Nkv), Sq, Skv, int(D),
-                  scale, causal, docs);
+                  scale, causal, docs, softcap);
   }
   if (Sq > 0) {
     launch_kernel(sdpa_backward_q_simt_kernel<T, DPL>, dim3(blocks(Sq, kSimtWarps), unsigned(B * N)),
                   kSimtWarps * kWarp, 0, stream, q, k, v, lse, delta, dout, dq, int(N), int(Nkv), Sq, Skv, int(D),
-                  scale, causal, docs);
+                  scale, causal, docs, softcap);
   }
 }
 
@@ -798,15 +812,43 @@ void backward_mma(const bf16* q, const bf16* k, const bf16* v, const float* lse,
 
 }  // namespace
 
+namespace {
+
+// A window's per-row key starts [B, Sq]: max(doc_start[r], i + shift - window + 1), i = r % Sq.
+__global__ void window_starts_kernel(const int64_t* docs, int64_t* out, int64_t total, int64_t Sq, int64_t shift,
+                                     int64_t window) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= total) return;
+  const int64_t first = r % Sq + shift - window + 1;
+  out[r] = docs == nullptr ? first : max64(docs[r], first);
+}
+
+// The starts the kernels read for this call: the document starts, or the window's (in `buf`).
+const int64_t* variant_starts(const char* what, const int64_t* docs, int64_t B, int64_t Sq, int64_t Skv, bool causal,
+                              const AttentionVariant<float>& var, std::optional<Scratch>& buf, cudaStream_t stream) {
+  AUTOSP_ASSERT(var.softcap >= 0 && var.sinks == nullptr, what, ": sinks have no CUDA kernel (softcap ", var.softcap, ")");
+  AUTOSP_ASSERT(var.window >= 0 && (var.offset == 0 || !causal), what, " window ", var.window, " offset ", var.offset,
+                " causal ", causal);
+  if (var.window == 0 || B * Sq == 0) return docs;
+  buf.emplace(size_t(B * Sq) * sizeof(int64_t), stream);
+  launch_kernel(window_starts_kernel, grid_for(B * Sq, 256), 256, 0, stream, docs, buf->as<int64_t>(), B * Sq, Sq,
+                Skv - Sq + var.offset, var.window);
+  return buf->as<int64_t>();
+}
+
+}  // namespace
+
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
                   int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream, SdpaKernel kernel,
-                  const int64_t* docs) {
+                  const int64_t* doc_start, const AttentionVariant<float>& var) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   if (B == 0 || Sq == 0) return;
-  const float sc = float(scale);
+  std::optional<Scratch> window_buf;
+  const int64_t* docs = variant_starts("sdpa", doc_start, B, Sq, Skv, causal, var, window_buf, stream);
+  const float sc = float(scale), cap = float(var.softcap);
   if constexpr (std::is_same_v<T, bf16>) {
-    if (use_mma<T>(kernel, D, {q, k, v, o})) {
+    if (var.softcap == 0 && use_mma<T>(kernel, D, {q, k, v, o})) {
       if (D == 64)
         forward_mma<64>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, docs, stream);
       else
@@ -815,20 +857,22 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t 
     }
   }
   if (D <= 32)
-    forward_simt<T, 1>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
+    forward_simt<T, 1>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, stream);
   else if (D <= 64)
-    forward_simt<T, 2>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
+    forward_simt<T, 2>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, stream);
   else
-    forward_simt<T, 4>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
+    forward_simt<T, 4>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, stream);
 }
 
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv,
                    int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                   cudaStream_t stream, SdpaKernel kernel, const int64_t* docs) {
+                   cudaStream_t stream, SdpaKernel kernel, const int64_t* doc_start, const AttentionVariant<float>& var) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   if (B == 0) return;
-  const float sc = float(scale);
+  std::optional<Scratch> window_buf;
+  const int64_t* docs = variant_starts("sdpa_backward", doc_start, B, Sq, Skv, causal, var, window_buf, stream);
+  const float sc = float(scale), cap = float(var.softcap);
   const int64_t rows = B * N * Sq;
   Scratch delta(size_t(rows) * sizeof(float), stream);  // Δ [B, N, Sq]
   if (rows > 0) {
@@ -836,7 +880,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* 
                   int(D));
   }
   if constexpr (std::is_same_v<T, bf16>) {
-    if (use_mma<T>(kernel, D, {q, k, v, dout, dq, dk, dv})) {
+    if (var.softcap == 0 && use_mma<T>(kernel, D, {q, k, v, dout, dq, dk, dv})) {
       if (D == 64)
         backward_mma<64>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, sc, causal, docs, stream);
       else
@@ -845,11 +889,14 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* 
     }
   }
   if (D <= 32)
-    backward_simt<T, 1>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
+    backward_simt<T, 1>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap,
+                        stream);
   else if (D <= 64)
-    backward_simt<T, 2>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
+    backward_simt<T, 2>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap,
+                        stream);
   else
-    backward_simt<T, 4>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, stream);
+    backward_simt<T, 4>(q, k, v, lse, delta.as<float>(), dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap,
+                        stream);
 }
 
 namespace {
@@ -892,15 +939,19 @@ void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T val
 }
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
-                                  int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*);
+                                  int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void sdpa_forward<bf16>(const bf16*, const bf16*, const bf16*, bf16*, float*, int64_t, int64_t, int64_t,
-                                 int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*);
+                                 int64_t, int64_t, int64_t, double, bool, cudaStream_t, SdpaKernel, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void sdpa_backward<float>(const float*, const float*, const float*, const float*, const float*, const float*,
                                    float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double,
-                                   bool, cudaStream_t, SdpaKernel, const int64_t*);
+                                   bool, cudaStream_t, SdpaKernel, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void sdpa_backward<bf16>(const bf16*, const bf16*, const bf16*, const bf16*, const float*, const bf16*, bf16*,
                                   bf16*, bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
-                                  cudaStream_t, SdpaKernel, const int64_t*);
+                                  cudaStream_t, SdpaKernel, const int64_t*,
+                                  const AttentionVariant<float>&);
 template void merge_attention<float>(float*, float*, const float*, const float*, int64_t, int64_t, cudaStream_t);
 template void merge_attention<bf16>(float*, float*, const bf16*, const float*, int64_t, int64_t, cudaStream_t);
 template void causal_mask<float>(const float*, float*, int64_t, int64_t, int64_t, float, cudaStream_t);

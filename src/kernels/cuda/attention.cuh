@@ -23,16 +23,23 @@
 // Both are deterministic: dq is computed by its own pass over the keys (no atomics).
 #pragma once
 
+#include "kernels/attention_variant.h"
 #include "kernels/cuda/common.cuh"
 
 namespace autosp::cuda {
 
 enum class SdpaKernel { automatic, simt };
 
+// Variants (kernels/attention_variant.h): the window (with var.offset when not causal) becomes
+// per-row key starts, max(doc_start[i], i + shift - window + 1), which both paths already skip
+// and mask by (a [B, Sq] i64 scratch). A softcap runs on the SIMT path (the tensor-core kernels do
+// not take it), capping each score and folding 1 - tanh² into dS. Sinks have no CUDA kernel yet
+// (asserted; nothing in the IR sets them), nor does an offset under causal masking.
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
                   int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream,
-                  SdpaKernel kernel = SdpaKernel::automatic, const int64_t* doc_start = nullptr);
+                  SdpaKernel kernel = SdpaKernel::automatic, const int64_t* doc_start = nullptr,
+                  const AttentionVariant<float>& var = {});
 
 // Backward of sdpa_forward from its saved lse (FlashAttention-2): with Δ_i = Σ_d dout_i · o_i and
 // P = exp(scale · q·kᵀ - lse) recomputed per tile,
@@ -42,7 +49,8 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t 
 template <class T>
 void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv,
                    int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                   cudaStream_t stream, SdpaKernel kernel = SdpaKernel::automatic, const int64_t* doc_start = nullptr);
+                   cudaStream_t stream, SdpaKernel kernel = SdpaKernel::automatic, const int64_t* doc_start = nullptr,
+                   const AttentionVariant<float>& var = {});
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]).
 // x and y may alias. T is float, double or bf16.

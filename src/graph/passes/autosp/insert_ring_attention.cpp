@@ -9,6 +9,8 @@
 // without a ring.
 #include "graph/passes/autosp/autosp.h"
 
+#include "graph/builder.h"
+
 namespace autosp::passes {
 
 PassResult insert_ring_attention(Graph& g, const PassContext& ctx) {
@@ -24,6 +26,7 @@ PassResult insert_ring_attention(Graph& g, const PassContext& ctx) {
                                  {"group", std::string("ring")},
                                  {"group_size", ctx.ring_size}},
                                 n->name() + ".ring", Role::none, n->type());
+    set_attention_attrs(ring, attention_attrs(*n));
     g.replace_all_uses_with(n, ring, ring);
     g.erase(n);
     res.changed = true;
