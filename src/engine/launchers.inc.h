@@ -625,6 +625,38 @@ Tensor ring_attention_backward(const KernelCall& c) {
   });
 }
 
+// ---- the mixture-of-experts layer's experts (kernels/cpu/moe.h; routing: kernels/moe_routing.h) ----
+
+// x [..., C] as rows [R, C], probs [R, E], w_gate, w_up [E, I, C], w_down [E, C, I] → y [..., C].
+Tensor moe_experts(const KernelCall& c) {
+  const Tensor x = arg(c, 0), p = arg(c, 1), wg = arg(c, 2), wu = arg(c, 3), wd = arg(c, 4);
+  const int64_t C = x.dim(-1), E = wg.dim(0), I = wg.dim(1), R = x.numel() / C;
+  const int64_t k = c.node.attrs().i("top_k");
+  const bool norm = c.node.attrs().b("norm_topk_prob");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(stream(c), dev::moe_experts_forward<T>, ptr<T>(x), ptr<T>(p), ptr<T>(wg), ptr<T>(wu), ptr<T>(wd), ptr<T>(y),
+         R, C, E, I, k, norm);
+    return y;
+  });
+}
+
+// dx; extra outputs dprobs, dw_gate, dw_up, dw_down. Inputs: dy, x, probs, w_gate, w_up, w_down.
+Tensor moe_experts_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), p = arg(c, 2), wg = arg(c, 3), wu = arg(c, 4), wd = arg(c, 5);
+  const int64_t C = x.dim(-1), E = wg.dim(0), I = wg.dim(1), R = x.numel() / C;
+  const int64_t k = c.node.attrs().i("top_k");
+  const bool norm = c.node.attrs().b("norm_topk_prob");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, x.dtype());
+    for (const Tensor& t : {p, wg, wu, wd}) c.extras.push_back(extra_like(c, t.shape(), t.dtype()));
+    call(stream(c), dev::moe_experts_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(p), ptr<T>(wg), ptr<T>(wu),
+         ptr<T>(wd), ptr<T>(dx), ptr<T>(c.extras[0]), ptr<T>(c.extras[1]), ptr<T>(c.extras[2]), ptr<T>(c.extras[3]), R,
+         C, E, I, k, norm);
+    return dx;
+  });
+}
+
 // ---- the launchers each device file defines after this file (their work differs per device) ----
 
 Tensor concat(const KernelCall& c);
@@ -708,6 +740,8 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::swiglu_mlp_backward, swiglu_mlp_backward},
     {Op::linear_cross_entropy_sum, linear_cross_entropy_sum},
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward},
+    {Op::moe_experts, moe_experts},
+    {Op::moe_experts_backward, moe_experts_backward},
 }};
 
 constexpr bool launchers_in_order() {

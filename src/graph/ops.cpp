@@ -442,6 +442,45 @@ TensorType swiglu_mlp_backward_rule(const Node& n, const ShapeContext& ctx) {
 }
 std::vector<TensorType> swiglu_mlp_backward_extra(const Node& n) { return {in(n, 2), in(n, 3), in(n, 4)}; }
 
+// x [..., C], probs [..., E], w_gate and w_up [E, I, C], w_down [E, C, I] (inputs x .. x + 4); top_k
+// in [1, E].
+void expect_moe_inputs(const Node& n, size_t x, const ShapeContext& ctx) {
+  expect_float(n, x);
+  const auto& xt = in(n, x);
+  const auto& pt = in(n, x + 1);
+  for (size_t i = x + 1; i < x + 5; ++i) expect_same_dtype(n, x, i);
+  for (size_t i = x + 2; i < x + 5; ++i) expect_rank(n, i, 3);
+  if (xt.rank() < 1 || pt.rank() != xt.rank())
+    fail(n, str("x ", xt.str(), " and probs ", pt.str(), ": expected x [..., C] and probs [..., E]"));
+  for (int d = 0; d + 1 < xt.rank(); ++d)
+    if (!ctx.same(xt.shape[d], pt.shape[d])) fail(n, str("x ", xt.str(), " and probs ", pt.str(), " differ in dim ", d));
+  const Dim& C = xt.shape.back();
+  const auto& g = in(n, x + 2).shape;
+  const auto& u = in(n, x + 3).shape;
+  const auto& d = in(n, x + 4).shape;
+  const Dim& E = pt.shape.back();
+  if (!ctx.same(g[0], E) || !ctx.same(u[0], E) || !ctx.same(d[0], E) || !ctx.same(g[2], C) || !ctx.same(u[2], C) ||
+      !ctx.same(u[1], g[1]) || !ctx.same(d[1], C) || !ctx.same(d[2], g[1]))
+    fail(n, str("x ", xt.str(), ", probs ", pt.str(), ", w_gate ", in(n, x + 2).str(), ", w_up ", in(n, x + 3).str(),
+                ", w_down ", in(n, x + 4).str(),
+                ": expected x [..., C], probs [..., E], w_gate and w_up [E, I, C], w_down [E, C, I]"));
+  const int64_t k = n.attrs().i("top_k");
+  if (k < 1 || (E.is_const() && k > E.value())) fail(n, str("top_k ", k, " is not in [1, ", E.str(), "]"));
+}
+TensorType moe_experts_rule(const Node& n, const ShapeContext& ctx) {
+  expect_moe_inputs(n, 0, ctx);
+  return in(n, 0);
+}
+// dy, x [..., C], probs, w_gate, w_up, w_down → dx [..., C] (extras: dprobs, dw_gate, dw_up, dw_down)
+TensorType moe_experts_backward_rule(const Node& n, const ShapeContext& ctx) {
+  TensorType t = same_as_second(n, ctx);
+  expect_moe_inputs(n, 1, ctx);
+  return t;
+}
+std::vector<TensorType> moe_experts_backward_extra(const Node& n) {
+  return {in(n, 2), in(n, 3), in(n, 4), in(n, 5)};
+}
+
 // x [..., C], w [V, C], labels [...] (inputs x, x + 1, x + 2), the type checks both ops share.
 void expect_head_and_labels(const Node& n, size_t x, const ShapeContext& ctx) {
   expect_float(n, x);
@@ -658,6 +697,17 @@ SeqVerdict seq_mlp(const Node& n, std::span<const int> in, std::string_view) {
   return {in[0]};
 }
 
+// moe_experts routes each token by its own probabilities: token-wise like the MLP, when x and probs
+// hold the sequence in the same dim.
+SeqVerdict seq_moe(const Node& n, std::span<const int> in, std::string_view) {
+  for (size_t i = 2; i < in.size(); ++i)
+    if (in[i] != kNoSeq) return {in[i], "contracts over"};
+  const int last = n.type().rank() - 1;
+  if (in[0] == last) return {in[0], "contracts over"};
+  if (in[1] == last || (in[0] != kNoSeq && in[1] != kNoSeq && in[0] != in[1])) return {in[1], "routes over"};
+  return {in[0] != kNoSeq ? in[0] : in[1]};
+}
+
 // The loss sums over the sequence; normalize_loss makes it exact across ranks.
 SeqVerdict seq_loss(const Node&, std::span<const int>, std::string_view) { return {kNoSeq}; }
 // The tiled head + loss likewise, unless the head would contract over the sequence (x's channel
@@ -774,6 +824,10 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {.op = Op::linear_cross_entropy_backward, .name = "linear_cross_entropy_backward", .arity = 4,
      .attrs = "ignore_index", .infer = linear_cross_entropy_backward_rule,
      .extra = linear_cross_entropy_backward_extra, .backward_only = true},
+    {.op = Op::moe_experts, .name = "moe_experts", .arity = 5, .attrs = "top_k,norm_topk_prob",
+     .infer = moe_experts_rule, .vjp = vjp::moe_experts, .seq = seq_moe},
+    {.op = Op::moe_experts_backward, .name = "moe_experts_backward", .arity = 6, .attrs = "top_k,norm_topk_prob",
+     .infer = moe_experts_backward_rule, .extra = moe_experts_backward_extra, .backward_only = true},
 }};
 
 constexpr bool table_in_order() {

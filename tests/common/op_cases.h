@@ -316,6 +316,19 @@ inline const std::vector<OpCase>& op_cases() {
                const Vec logits = naive::gemm(false, true, rows, 9, 6, 1.0, in[0], in[1], 0.0, {});
                return Vec{naive::cross_entropy(logits, as_ids(in[2]), rows, 9)};
              }},
+      // A mixture-of-experts layer's experts, x [B, S, C = 6], probs [B, S, E = 4], I = 5, top 2;
+      // Mixtral's renormalised weights and Qwen's raw ones (tests/kernels/test_moe.cpp: softmax
+      // probabilities, more experts, gradients against a per-token loop).
+      OpCase{"moe_experts_norm", Op::moe_experts, {{{B, S, 6}}, {{B, S, 4}}, {{4, 5, 6}}, {{4, 5, 6}}, {{4, 6, 5}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.moe_experts(x[0], x[1], x[2], x[3], x[4], 2, true); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::moe_experts(in[0], in[1], in[2], in[3], in[4], naive::numel(sh[0]) / 6, 6, 4, 5, 2, true);
+             }},
+      OpCase{"moe_experts", Op::moe_experts, {{{B, S, 6}}, {{B, S, 4}}, {{4, 5, 6}}, {{4, 5, 6}}, {{4, 6, 5}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.moe_experts(x[0], x[1], x[2], x[3], x[4], 2, false); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::moe_experts(in[0], in[1], in[2], in[3], in[4], naive::numel(sh[0]) / 6, 6, 4, 5, 2, false);
+             }},
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {
