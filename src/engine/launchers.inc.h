@@ -627,32 +627,56 @@ Tensor ring_attention_backward(const KernelCall& c) {
 
 // ---- the mixture-of-experts layer's experts (kernels/cpu/moe.h; routing: kernels/moe_routing.h) ----
 
-// x [..., C] as rows [R, C], probs [R, E], w_gate, w_up [E, I, C], w_down [E, C, I] → y [..., C].
+// The expert weights of a moe_experts node from input `first` on (E gates, E ups, E downs), as
+// pointer arrays, and their sizes: E experts of width I.
+template <class T>
+struct ExpertWeights {
+  std::vector<Tensor> held;  // contiguous copies where an input was a view
+  std::vector<const T*> gate, up, down;
+  int64_t E = 0, I = 0;
+  ExpertWeights(const KernelCall& c, size_t first) {
+    E = (static_cast<int64_t>(c.in.size()) - static_cast<int64_t>(first)) / 3;
+    for (size_t i = first; i < c.in.size(); ++i) held.push_back(arg(c, i));
+    I = held[0].dim(0);
+    for (int64_t e = 0; e < E; ++e) {
+      gate.push_back(ptr<T>(held[e]));
+      up.push_back(ptr<T>(held[E + e]));
+      down.push_back(ptr<T>(held[2 * E + e]));
+    }
+  }
+};
+
+// x [..., C] as rows [R, C], probs [R, E], the expert weights (w_gate[e], w_up[e] [I, C], w_down[e]
+// [C, I]) → y [..., C].
 Tensor moe_experts(const KernelCall& c) {
-  const Tensor x = arg(c, 0), p = arg(c, 1), wg = arg(c, 2), wu = arg(c, 3), wd = arg(c, 4);
-  const int64_t C = x.dim(-1), E = wg.dim(0), I = wg.dim(1), R = x.numel() / C;
+  const Tensor x = arg(c, 0), p = arg(c, 1);
+  const int64_t C = x.dim(-1), R = x.numel() / C;
   const int64_t k = c.node.attrs().i("top_k");
   const bool norm = c.node.attrs().b("norm_topk_prob");
   return by_float(c, x.dtype(), [&]<class T>() {
+    const ExpertWeights<T> w(c, 2);
     Tensor y = out_like(c, x.dtype());
-    call(stream(c), dev::moe_experts_forward<T>, ptr<T>(x), ptr<T>(p), ptr<T>(wg), ptr<T>(wu), ptr<T>(wd), ptr<T>(y),
-         R, C, E, I, k, norm);
+    call(stream(c), dev::moe_experts_forward<T>, ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(), w.down.data(),
+         ptr<T>(y), R, C, w.E, w.I, k, norm);
     return y;
   });
 }
 
-// dx; extra outputs dprobs, dw_gate, dw_up, dw_down. Inputs: dy, x, probs, w_gate, w_up, w_down.
+// dx; extra outputs dprobs, then each expert weight's gradient. Inputs: dy, x, probs, the weights.
 Tensor moe_experts_backward(const KernelCall& c) {
-  const Tensor dy = arg(c, 0), x = arg(c, 1), p = arg(c, 2), wg = arg(c, 3), wu = arg(c, 4), wd = arg(c, 5);
-  const int64_t C = x.dim(-1), E = wg.dim(0), I = wg.dim(1), R = x.numel() / C;
+  const Tensor dy = arg(c, 0), x = arg(c, 1), p = arg(c, 2);
+  const int64_t C = x.dim(-1), R = x.numel() / C;
   const int64_t k = c.node.attrs().i("top_k");
   const bool norm = c.node.attrs().b("norm_topk_prob");
   return by_float(c, x.dtype(), [&]<class T>() {
+    const ExpertWeights<T> w(c, 3);
     Tensor dx = out_like(c, x.dtype());
-    for (const Tensor& t : {p, wg, wu, wd}) c.extras.push_back(extra_like(c, t.shape(), t.dtype()));
-    call(stream(c), dev::moe_experts_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(p), ptr<T>(wg), ptr<T>(wu),
-         ptr<T>(wd), ptr<T>(dx), ptr<T>(c.extras[0]), ptr<T>(c.extras[1]), ptr<T>(c.extras[2]), ptr<T>(c.extras[3]), R,
-         C, E, I, k, norm);
+    for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
+    std::vector<T*> dw;
+    for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
+    call(stream(c), dev::moe_experts_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(),
+         w.down.data(), ptr<T>(dx), ptr<T>(c.extras[0]), dw.data(), dw.data() + w.E, dw.data() + 2 * w.E, R, C, w.E,
+         w.I, k, norm);
     return dx;
   });
 }

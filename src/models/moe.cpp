@@ -8,13 +8,6 @@
 namespace autosp {
 namespace {
 
-// Expert weights [rows, cols] each, stacked into [E, rows, cols].
-Node* stack(Builder& b, const std::vector<Node*>& w, int64_t rows, int64_t cols, const std::string& name) {
-  std::vector<Node*> parts;
-  for (size_t e = 0; e < w.size(); ++e) parts.push_back(b.reshape(w[e], {1, rows, cols}, str(name, ".", e)));
-  return parts.size() == 1 ? parts[0] : b.concat(parts, 0, name);
-}
-
 // sigmoid(z) = 1 / (1 + exp(-z))
 Node* sigmoid(Builder& b, Node* z, const std::string& name) {
   Node* one = b.full({1}, 1.0, z->dtype(), name + ".one");
@@ -49,12 +42,9 @@ MoeBlock moe_block(Builder& b, const ModelConfig& m, const std::string& layer, N
       const bool down = which == 2;
       w[which].push_back(p(moe_expert_weight(m, layer, e, which), down ? SymShape{C, I} : SymShape{I, C}));
     }
-  Node* w_gate = stack(b, w[0], I, C, "experts_gate");
-  Node* w_up = stack(b, w[1], I, C, "experts_up");
-  Node* w_down = stack(b, w[2], C, I, "experts_down");
   const bool norm = f.moe == Moe::mixtral || m.norm_topk_prob;
   Node* routed = narrow ? b.cast(probs, dt, "router_weights") : probs;  // transformers: .to(hidden dtype)
-  Node* y = b.moe_experts(x, routed, w_gate, w_up, w_down, m.num_experts_per_tok, norm, "experts");
+  Node* y = b.moe_experts(x, routed, w[0], w[1], w[2], m.num_experts_per_tok, norm, "experts");
   if (f.shared_expert) {  // Qwen2-MoE: every token also takes the shared expert, gated
     const int64_t Is = m.shared_expert_intermediate_size;
     const std::string se = layer + "mlp.shared_expert.";

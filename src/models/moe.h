@@ -8,8 +8,8 @@
 //   Qwen2-MoE: y += sigmoid(x · shared_expert_gateᵀ) ∘ shared_expert(x)
 //
 // The experts' parameters keep Hugging Face's per-expert names and shapes ([I, C] and [C, I]), so
-// checkpoints, the loader, ZeRO and the optimizer see ordinary tensors; the graph stacks them into
-// [E, I, C] and [E, C, I] with one concat each (whose vjp hands each expert its slice back).
+// checkpoints, the loader, ZeRO and the optimizer see ordinary tensors, and moe_experts takes them
+// as they are (3E inputs): no stacked copy of the experts is ever made or kept for the backward.
 #pragma once
 
 #include <functional>

@@ -33,12 +33,22 @@ struct Moe {
   naive::Vec reference() const { return naive::moe_experts(x, probs, wg, wu, wd, R, C, E, I, k, norm); }
 };
 
+// Pointers to expert e's [rows·cols] block of each stacked weight.
+template <class T>
+std::vector<T*> experts(std::vector<T>& w, int64_t E) {
+  std::vector<T*> out;
+  for (int64_t e = 0; e < E; ++e) out.push_back(w.data() + e * static_cast<int64_t>(w.size()) / E);
+  return out;
+}
+
 template <class T>
 std::vector<T> forward(const Moe& m) {
   std::vector<T> y(m.x.size());
   const auto x = test::cast<T>(m.x), p = test::cast<T>(m.probs);
-  const auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
-  cpu::moe_experts_forward<T>(x.data(), p.data(), wg.data(), wu.data(), wd.data(), y.data(), m.R, m.C, m.E, m.I, m.k,
+  auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
+  const auto g = experts(wg, m.E), u = experts(wu, m.E), d = experts(wd, m.E);
+  const std::vector<const T*> gc(g.begin(), g.end()), uc(u.begin(), u.end()), dc(d.begin(), d.end());
+  cpu::moe_experts_forward<T>(x.data(), p.data(), gc.data(), uc.data(), dc.data(), y.data(), m.R, m.C, m.E, m.I, m.k,
                               m.norm);
   return y;
 }
@@ -53,9 +63,12 @@ Grads<T> backward(const Moe& m) {
   Grads<T> g{std::vector<T>(m.x.size()), std::vector<T>(m.probs.size()), std::vector<T>(m.wg.size()),
              std::vector<T>(m.wu.size()), std::vector<T>(m.wd.size())};
   const auto dy = test::cast<T>(m.dy), x = test::cast<T>(m.x), p = test::cast<T>(m.probs);
-  const auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
-  cpu::moe_experts_backward<T>(dy.data(), x.data(), p.data(), wg.data(), wu.data(), wd.data(), g.dx.data(),
-                               g.dp.data(), g.dwg.data(), g.dwu.data(), g.dwd.data(), m.R, m.C, m.E, m.I, m.k, m.norm);
+  auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
+  const auto eg = experts(wg, m.E), eu = experts(wu, m.E), ed = experts(wd, m.E);
+  const std::vector<const T*> gc(eg.begin(), eg.end()), uc(eu.begin(), eu.end()), dc(ed.begin(), ed.end());
+  cpu::moe_experts_backward<T>(dy.data(), x.data(), p.data(), gc.data(), uc.data(), dc.data(), g.dx.data(),
+                               g.dp.data(), experts(g.dwg, m.E).data(), experts(g.dwu, m.E).data(),
+                               experts(g.dwd, m.E).data(), m.R, m.C, m.E, m.I, m.k, m.norm);
   return g;
 }
 

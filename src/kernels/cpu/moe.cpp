@@ -26,8 +26,8 @@ void gather(const kernels::MoeRouting& r, int64_t e, const T* src, T* xe, int64_
 }  // namespace
 
 template <class T>
-void moe_experts_forward(const T* x, const T* probs, const T* w_gate, const T* w_up, const T* w_down, T* y,
-                         int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
+void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   const int64_t n_max = r.max_rows();
   std::vector<T> xe(size_t(n_max * C)), ye(size_t(n_max * C));
@@ -36,7 +36,7 @@ void moe_experts_forward(const T* x, const T* probs, const T* w_gate, const T* w
     const int64_t n = r.rows_of(e), s0 = r.offset[e];
     if (n == 0) continue;
     gather(r, e, x, xe.data(), C);
-    swiglu_mlp_forward<T>(xe.data(), w_gate + e * I * C, w_up + e * I * C, w_down + e * C * I, ye.data(), n, C, I);
+    swiglu_mlp_forward<T>(xe.data(), w_gate[e], w_up[e], w_down[e], ye.data(), n, C, I);
     const T* yp = ye.data();
 #pragma omp parallel for schedule(static) if (n * C > kGrain)
     for (int64_t a = 0; a < n; ++a) {
@@ -49,9 +49,9 @@ void moe_experts_forward(const T* x, const T* probs, const T* w_gate, const T* w
 }
 
 template <class T>
-void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* w_gate, const T* w_up, const T* w_down,
-                          T* dx, T* dprobs, T* dw_gate, T* dw_up, T* dw_down, int64_t R, int64_t C, int64_t E,
-                          int64_t I, int64_t k, bool norm) {
+void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                          const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
+                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   const int64_t n_max = r.max_rows();
   std::vector<T> xe(size_t(n_max * C)), ye(size_t(n_max * C)), dye(size_t(n_max * C)), dxe(size_t(n_max * C));
@@ -59,11 +59,9 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* w_ga
   std::fill(dx, dx + R * C, T(0));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = r.rows_of(e), s0 = r.offset[e];
-    const T *wg = w_gate + e * I * C, *wu = w_up + e * I * C, *wd = w_down + e * C * I;
+    const T *wg = w_gate[e], *wu = w_up[e], *wd = w_down[e];
     if (n == 0) {  // no tokens: the expert's weight gradients are zero
-      std::fill(dw_gate + e * I * C, dw_gate + (e + 1) * I * C, T(0));
-      std::fill(dw_up + e * I * C, dw_up + (e + 1) * I * C, T(0));
-      std::fill(dw_down + e * C * I, dw_down + (e + 1) * C * I, T(0));
+      for (T* dw : {dw_gate[e], dw_up[e], dw_down[e]}) std::fill(dw, dw + I * C, T(0));
       continue;
     }
     gather(r, e, x, xe.data(), C);
@@ -83,8 +81,7 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* w_ga
       }
       g[s] = double(dot);
     }
-    swiglu_mlp_backward<T>(dye.data(), xe.data(), wg, wu, wd, dxe.data(), dw_gate + e * I * C, dw_up + e * I * C,
-                           dw_down + e * C * I, n, C, I);
+    swiglu_mlp_backward<T>(dye.data(), xe.data(), wg, wu, wd, dxe.data(), dw_gate[e], dw_up[e], dw_down[e], n, C, I);
     const T* dxp = dxe.data();
 #pragma omp parallel for schedule(static) if (n * C > kGrain)
     for (int64_t a = 0; a < n; ++a) {
@@ -96,10 +93,11 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* w_ga
 }
 
 #define AUTOSP_MOE(T)                                                                                                \
-  template void moe_experts_forward<T>(const T*, const T*, const T*, const T*, const T*, T*, int64_t, int64_t,       \
-                                       int64_t, int64_t, int64_t, bool);                                             \
-  template void moe_experts_backward<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*, \
-                                        T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool);
+  template void moe_experts_forward<T>(const T*, const T*, const T* const*, const T* const*, const T* const*, T*,    \
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, bool);                           \
+  template void moe_experts_backward<T>(const T*, const T*, const T*, const T* const*, const T* const*,             \
+                                        const T* const*, T*, T*, T* const*, T* const*, T* const*, int64_t, int64_t, \
+                                        int64_t, int64_t, int64_t, bool);
 AUTOSP_MOE(float)
 AUTOSP_MOE(double)
 #undef AUTOSP_MOE

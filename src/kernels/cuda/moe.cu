@@ -106,8 +106,9 @@ struct DeviceRouting {
 }  // namespace
 
 template <class T>
-void moe_experts_forward(const T* x, const T* probs, const T* w_gate, const T* w_up, const T* w_down, T* y,
-                         int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm, cudaStream_t s) {
+void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                         cudaStream_t s) {
   const kernels::MoeRouting r = route(probs, R, E, k, norm, s);
   const DeviceRouting<T> d(r, s);
   const int64_t n_max = std::max<int64_t>(1, r.max_rows()), chunk = kernels::kMlpChunkRows;
@@ -120,17 +121,17 @@ void moe_experts_forward(const T* x, const T* probs, const T* w_gate, const T* w
     if (n == 0) continue;
     const int64_t* slot = d.slot.template as<int64_t>() + r.offset[e];
     launch_kernel(gather_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, x, slot, xe.as<T>(), n, C, k);
-    swiglu_mlp<T>(xe.as<T>(), w_gate + e * I * C, w_up + e * I * C, w_down + e * C * I, ye.as<T>(), n, C, I, chunk,
-                  g.as<T>(), u.as<T>(), s);
+    swiglu_mlp<T>(xe.as<T>(), w_gate[e], w_up[e], w_down[e], ye.as<T>(), n, C, I, chunk, g.as<T>(), u.as<T>(), s);
     launch_kernel(scatter_add_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, ye.as<T>(), slot,
                   d.weight.template as<acc_t<T>>(), y, n, C, k);
   }
 }
 
 template <class T>
-void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* w_gate, const T* w_up, const T* w_down,
-                          T* dx, T* dprobs, T* dw_gate, T* dw_up, T* dw_down, int64_t R, int64_t C, int64_t E,
-                          int64_t I, int64_t k, bool norm, cudaStream_t s) {
+void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                          const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
+                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                          cudaStream_t s) {
   const kernels::MoeRouting r = route(probs, R, E, k, norm, s);
   const DeviceRouting<T> d(r, s);
   const int64_t n_max = std::max<int64_t>(1, r.max_rows()), chunk = kernels::kMlpChunkRows;
@@ -146,12 +147,12 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* w_ga
   CUDA_CHECK(cudaMemsetAsync(dx, 0, R * C * sizeof(T), s));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = r.rows_of(e);
-    T *dwg = dw_gate + e * I * C, *dwu = dw_up + e * I * C, *dwd = dw_down + e * C * I;
+    T *dwg = dw_gate[e], *dwu = dw_up[e], *dwd = dw_down[e];
     if (n == 0) {  // no tokens: the expert's weight gradients are zero
       for (T* p : {dwg, dwu, dwd}) CUDA_CHECK(cudaMemsetAsync(p, 0, I * C * sizeof(T), s));
       continue;
     }
-    const T *wg = w_gate + e * I * C, *wu = w_up + e * I * C, *wd = w_down + e * C * I;
+    const T *wg = w_gate[e], *wu = w_up[e], *wd = w_down[e];
     const int64_t* slot = d.slot.template as<int64_t>() + r.offset[e];
     launch_kernel(gather_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, x, slot, xe.as<T>(), n, C, k);
     swiglu_mlp<T>(xe.as<T>(), wg, wu, wd, ye.as<T>(), n, C, I, chunk, bufs[0], bufs[1], s);
@@ -177,10 +178,11 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* w_ga
 }
 
 #define AUTOSP_INSTANTIATE(T)                                                                                       \
-  template void moe_experts_forward<T>(const T*, const T*, const T*, const T*, const T*, T*, int64_t, int64_t,      \
-                                       int64_t, int64_t, int64_t, bool, cudaStream_t);                              \
-  template void moe_experts_backward<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, T*, T*, \
-                                        T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, cudaStream_t);
+  template void moe_experts_forward<T>(const T*, const T*, const T* const*, const T* const*, const T* const*, T*,  \
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, bool, cudaStream_t);            \
+  template void moe_experts_backward<T>(const T*, const T*, const T*, const T* const*, const T* const*,           \
+                                        const T* const*, T*, T*, T* const*, T* const*, T* const*, int64_t,         \
+                                        int64_t, int64_t, int64_t, int64_t, bool, cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)
 AUTOSP_INSTANTIATE(bf16)

@@ -5,8 +5,8 @@
 // grouped GEMM over all experts, on-device routing and expert parallelism are left for later).
 // Knows nothing of graphs or tensors.
 //
-// x, y, dy, dx [R, C]; probs, dprobs [R, E]; w_gate, w_up [E, I, C]; w_down [E, C, I]. T is float,
-// double or bf16.
+// x, y, dy, dx [R, C]; probs, dprobs [R, E]; per expert e (host arrays of device pointers)
+// w_gate[e], w_up[e] [I, C], w_down[e] [C, I] and their gradients. T is float, double or bf16.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -14,12 +14,14 @@
 namespace autosp::cuda {
 
 template <class T>
-void moe_experts_forward(const T* x, const T* probs, const T* w_gate, const T* w_up, const T* w_down, T* y,
-                         int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm, cudaStream_t stream);
+void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                         cudaStream_t stream);
 
 template <class T>
-void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* w_gate, const T* w_up, const T* w_down,
-                          T* dx, T* dprobs, T* dw_gate, T* dw_up, T* dw_down, int64_t R, int64_t C, int64_t E,
-                          int64_t I, int64_t k, bool norm, cudaStream_t stream);
+void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                          const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
+                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                          cudaStream_t stream);
 
 }  // namespace autosp::cuda
