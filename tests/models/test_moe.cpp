@@ -5,11 +5,13 @@
 // noise in a config.json, and an expert tensor missing or misshaped in a weights file.
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <set>
 
 #include "common/temp_dir.h"
 #include "config/config.h"
 #include "models/hf_config.h"
+#include "models/flops.h"
 #include "models/model.h"
 #include "models/moe.h"
 #include "models/weights.h"
@@ -107,4 +109,17 @@ TEST_CASE("a weights file without an expert's tensor, or with one misshaped, is 
   CHECK_THROWS_WITH(load_weights(path, m, DType::f32), Catch::Contains("[24, 16]") && Catch::Contains("[16, 24]"));
   save_safetensors(path, good);
   CHECK(load_weights(path, m, DType::f32).size() == good.size());
+}
+
+TEST_CASE("Qwen3-30B-A3B's config.json has its 30.5 B parameters, 3.35 B of them active", "[models][moe][scaling]") {
+  std::ifstream f(std::string(AUTOSP_SOURCE_DIR) + "/configs/hf/qwen3-30b-a3b.json");
+  const ModelConfig m = parse(translate_hf_config(json::parse(f), "qwen3-30b-a3b.json").model).model;
+  // Per layer: q, o 2048·4096; k, v 2048·512; norms 2·2048 + q/k norms 2·128; router 128·2048;
+  // 128 experts of 3·2048·768. Embedding and untied head 151936·2048 each, final norm 2048.
+  const int64_t attn = 2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 2048 + 2 * 128, expert = 3 * 2048 * 768;
+  const int64_t outer = 2 * int64_t(151936) * 2048 + 2048;
+  CHECK(param_count(m) == outer + 48 * (attn + 128 * 2048 + 128 * expert));
+  CHECK(param_count(m) == 30532122624);
+  // FLOPs count the head, not the embedding lookup, and 8 experts per token.
+  CHECK(flop_param_count(m) == outer - int64_t(151936) * 2048 + 48 * (attn + 128 * 2048 + 8 * expert));
 }
