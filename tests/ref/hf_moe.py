@@ -8,8 +8,9 @@ For a tiny Mixtral (top-2 of 4 experts, renormalised) and a tiny Qwen2-MoE (top-
 norm_topk_prob, a shared expert and its sigmoid gate, one dense layer by mlp_only_layers), saved by
 save_pretrained in float32 with per-expert tensors:
   1. autosp-train with "model": {"from": DIR} in float64 has HF's loss on the same tokens at step 1
-     at P = 1, at P = 2 with Ulysses and with ring attention (sequence_parallel.ring_size 2), and on
-     4 ranks as dp 2 × sp 2 (HF's loss over both data-parallel ranks' sequences);
+     at P = 1, at P = 2 with Ulysses, with ring attention (sequence_parallel.ring_size 2) and with
+     ZeRO-3 and activation checkpointing, and on 4 ranks as dp 2 × sp 2 (HF's loss over both
+     data-parallel ranks' sequences);
   2. at P = 1 its first-step gradients (--dump-grads), the router's and every expert's among them,
      equal torch autograd's through transformers' modeling code (relative 1e-5: transformers computes RoPE's
      cos and sin in float32 even for a float64 model, which moves the loss by ~1e-8);
@@ -77,18 +78,20 @@ def main():
             ref = load_hf(src)
             x0 = batch_tokens(tokens, 0)
             want = hf_loss(ref, x0)
-            for P, ring, dp in ((2, 2, 1), (2, 1, 2)):  # ring attention; dp 2 × sp 2 on 4 ranks
+            # ring attention; dp 2 × sp 2 on 4 ranks; ZeRO-3 with activation checkpointing at P = 2
+            for P, ring, dp, zero in ((2, 2, 1, 0), (2, 1, 2, 0), (2, 1, 1, 3)):
                 config = {
                     "model": {"from": src},
                     "data": {"source": "tokens", "path": os.path.join(work, "tokens.bin"), "seq_len": SEQ,
                              "batch_size": BATCH},
                     "train": {"steps": 1, "lr": 1e-3, "warmup_steps": 0, "log_every": 1},
-                    "runtime": {"dtype": "float64"},
+                    "runtime": {"dtype": "float64", "activation_checkpointing": zero == 3},
                     "sequence_parallel": {"autosp_size": P, "ring_size": ring},
+                    "zero_optimization": {"stage": zero},
                 }
-                m = run_autosp(bin_dir, work, config, np_=P * dp, name=f"{name}-p{P}-r{ring}-dp{dp}")
+                m = run_autosp(bin_dir, work, config, np_=P * dp, name=f"{name}-p{P}-r{ring}-dp{dp}-z{zero}")
                 rows = torch.cat([batch_tokens(tokens, 0, dp=dp, rank=r) for r in range(dp)])
-                check(f"{name} P={P} ring={ring} dp={dp} step 1", m[0]["loss"], hf_loss(ref, rows))
+                check(f"{name} P={P} ring={ring} dp={dp} zero={zero} step 1", m[0]["loss"], hf_loss(ref, rows))
             for P in (1, 2):
                 ckpt = os.path.join(work, f"{name}-ckpt-p{P}")
                 grads = os.path.join(work, f"{name}-grads.safetensors")
