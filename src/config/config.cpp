@@ -804,6 +804,27 @@ std::vector<std::string> config_key_paths() {
   return paths;
 }
 
+namespace {
+
+// A mixture of experts' cross-key rules (Family::moe): k of E experts, the layers mlp_only_layers
+// names, and the load-balancing loss's switch.
+void check_moe(const ModelConfig& m, const std::function<void(const std::string&)>& bad) {
+  const Family& f = family(m.arch);
+  if (f.moe == Moe::none) return;
+  const char* experts = f.moe == Moe::mixtral ? "model.num_local_experts" : "model.num_experts";
+  if (m.num_experts_per_tok > m.num_experts)
+    bad(str("model.num_experts_per_tok ", m.num_experts_per_tok, " exceeds ", experts, " ", m.num_experts,
+            " (each token chooses that many distinct experts)"));
+  for (int64_t l : m.mlp_only_layers)
+    if (l >= m.num_hidden_layers)
+      bad(str("model.mlp_only_layers names layer ", l, ", but model.num_hidden_layers is ", m.num_hidden_layers));
+  if (m.output_router_logits)
+    bad("model.output_router_logits: the load-balancing loss is not implemented yet; set it false (the LM loss "
+        "alone is what transformers computes then)");
+}
+
+}  // namespace
+
 Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin,
                     bool cross_key_rules) {
   if (!input.is_object()) throw UsageError(str(origin, ": expected a JSON object at the top level"));
@@ -912,6 +933,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad(str("model.layer_types has ", m.layer_types.size(), " entries for model.num_hidden_layers ",
             m.num_hidden_layers, ": expected one per layer"));
   for (const std::string& r : refused) bad(r);
+  check_moe(m, bad);
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty() && c.data.mix.empty())
     bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\" (or data.mix)"));
   if (!c.data.mix.empty()) {

@@ -629,6 +629,62 @@ Tensor ring_attention_backward(const KernelCall& c) {
   });
 }
 
+// ---- the mixture-of-experts layer's experts (kernels/cpu/moe.h; routing: kernels/moe_routing.h) ----
+
+// The expert weights of a moe_experts node from input `first` on (E gates, E ups, E downs), as
+// pointer arrays, and their sizes: E experts of width I.
+template <class T>
+struct ExpertWeights {
+  std::vector<Tensor> held;  // contiguous copies where an input was a view
+  std::vector<const T*> gate, up, down;
+  int64_t E = 0, I = 0;
+  ExpertWeights(const KernelCall& c, size_t first) {
+    E = (static_cast<int64_t>(c.in.size()) - static_cast<int64_t>(first)) / 3;
+    for (size_t i = first; i < c.in.size(); ++i) held.push_back(arg(c, i));
+    I = held[0].dim(0);
+    for (int64_t e = 0; e < E; ++e) {
+      gate.push_back(ptr<T>(held[e]));
+      up.push_back(ptr<T>(held[E + e]));
+      down.push_back(ptr<T>(held[2 * E + e]));
+    }
+  }
+};
+
+// x [..., C] as rows [R, C], probs [R, E], the expert weights (w_gate[e], w_up[e] [I, C], w_down[e]
+// [C, I]) → y [..., C].
+Tensor moe_experts(const KernelCall& c) {
+  const Tensor x = arg(c, 0), p = arg(c, 1);
+  const int64_t C = x.dim(-1), R = x.numel() / C;
+  const int64_t k = c.node.attrs().i("top_k");
+  const bool norm = c.node.attrs().b("norm_topk_prob");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    const ExpertWeights<T> w(c, 2);
+    Tensor y = out_like(c, x.dtype());
+    call(stream(c), dev::moe_experts_forward<T>, ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(), w.down.data(),
+         ptr<T>(y), R, C, w.E, w.I, k, norm);
+    return y;
+  });
+}
+
+// dx; extra outputs dprobs, then each expert weight's gradient. Inputs: dy, x, probs, the weights.
+Tensor moe_experts_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), p = arg(c, 2);
+  const int64_t C = x.dim(-1), R = x.numel() / C;
+  const int64_t k = c.node.attrs().i("top_k");
+  const bool norm = c.node.attrs().b("norm_topk_prob");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    const ExpertWeights<T> w(c, 3);
+    Tensor dx = out_like(c, x.dtype());
+    for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
+    std::vector<T*> dw;
+    for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
+    call(stream(c), dev::moe_experts_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(),
+         w.down.data(), ptr<T>(dx), ptr<T>(c.extras[0]), dw.data(), dw.data() + w.E, dw.data() + 2 * w.E, R, C, w.E,
+         w.I, k, norm);
+    return dx;
+  });
+}
+
 // ---- the launchers each device file defines after this file (their work differs per device) ----
 
 Tensor concat(const KernelCall& c);
@@ -712,6 +768,8 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::swiglu_mlp_backward, swiglu_mlp_backward},
     {Op::linear_cross_entropy_sum, linear_cross_entropy_sum},
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward},
+    {Op::moe_experts, moe_experts},
+    {Op::moe_experts_backward, moe_experts_backward},
 }};
 
 constexpr bool launchers_in_order() {

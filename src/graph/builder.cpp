@@ -79,6 +79,13 @@ Node* Builder::swiglu_mlp(Node* x, Node* w_gate, Node* w_up, Node* w_down, const
 Node* Builder::linear_cross_entropy_sum(Node* x, Node* w, Node* labels, const std::string& name) {
   return op(Op::linear_cross_entropy_sum, {x, w, labels}, {{"ignore_index", kIgnoreIndex}}, name);
 }
+Node* Builder::moe_experts(Node* x, Node* probs, const std::vector<Node*>& w_gate, const std::vector<Node*>& w_up,
+                           const std::vector<Node*>& w_down, int64_t top_k, bool norm_topk_prob,
+                           const std::string& name) {
+  std::vector<Node*> in{x, probs};
+  for (const auto* w : {&w_gate, &w_up, &w_down}) in.insert(in.end(), w->begin(), w->end());
+  return op(Op::moe_experts, std::move(in), {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}}, name);
+}
 Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
   return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
 }
@@ -196,6 +203,12 @@ Node* Builder::cross_entropy_backward(Node* logits, Node* labels, Node* grad, in
 Node* Builder::swiglu_mlp_backward(Node* dy, Node* x, Node* w_gate, Node* w_up, Node* w_down,
                                   const std::string& name) {
   return op(Op::swiglu_mlp_backward, {dy, x, w_gate, w_up, w_down}, {}, name);
+}
+Node* Builder::moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, int64_t top_k, bool norm_topk_prob,
+                                    const std::string& name) {
+  std::vector<Node*> in{dy};
+  in.insert(in.end(), inputs.begin(), inputs.end());
+  return op(Op::moe_experts_backward, std::move(in), {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}}, name);
 }
 Node* Builder::linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,
                                              const std::string& name) {

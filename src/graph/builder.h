@@ -95,6 +95,13 @@ class Builder {
   // cross_entropy_sum(x · wᵀ, labels) with no [..., V] logits: x [..., C], w [V, C]; extra output 1
   // is each row's argmax over V (i64 [...], read with output(node, 1)).
   Node* linear_cross_entropy_sum(Node* x, Node* w, Node* labels, const std::string& name = "loss_sum");
+  // A mixture-of-experts layer's experts: each token of x [..., C] goes to the top_k experts of
+  // its router probabilities probs [..., E] (weights renormalised over the k when norm_topk_prob),
+  // y = Σ weight · (silu(x·w_gate[e]ᵀ) ∘ (x·w_up[e]ᵀ))·w_down[e]ᵀ; E weights each, w_gate[e] and
+  // w_up[e] [I, C], w_down[e] [C, I] (kernels/cpu/moe.h). Inputs: x, probs, the gates, ups, downs.
+  Node* moe_experts(Node* x, Node* probs, const std::vector<Node*>& w_gate, const std::vector<Node*>& w_up,
+                    const std::vector<Node*>& w_down, int64_t top_k, bool norm_topk_prob,
+                    const std::string& name = "moe");
 
   // Backward-only ops, used by vjp rules.
   Node* sum_to(Node* x, SymShape shape, const std::string& name = "sum_to");
@@ -118,6 +125,10 @@ class Builder {
   // dx; extra outputs dw_gate, dw_up, dw_down (read with output(node, 1..3)).
   Node* swiglu_mlp_backward(Node* dy, Node* x, Node* w_gate, Node* w_up, Node* w_down,
                             const std::string& name = "mlp_bwd");
+  // dx; extra outputs dprobs, then each expert weight's gradient in the input order (1 + 3E).
+  // Inputs: dy, then moe_experts' inputs.
+  Node* moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, int64_t top_k, bool norm_topk_prob,
+                             const std::string& name = "moe_bwd");
   // dx; extra output dw (read with output(node, 1)).
   Node* linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,
                                       const std::string& name = "loss_bwd");

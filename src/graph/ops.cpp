@@ -452,6 +452,52 @@ TensorType swiglu_mlp_backward_rule(const Node& n, const ShapeContext& ctx) {
 }
 std::vector<TensorType> swiglu_mlp_backward_extra(const Node& n) { return {in(n, 2), in(n, 3), in(n, 4)}; }
 
+// x [..., C], probs [..., E], then per expert w_gate [I, C] (E inputs), w_up [I, C] (E), w_down
+// [C, I] (E), from input x on; top_k in [1, E].
+void expect_moe_inputs(const Node& n, size_t x, const ShapeContext& ctx) {
+  expect_float(n, x);
+  const auto& xt = in(n, x);
+  const auto& pt = in(n, x + 1);
+  if (xt.rank() < 1 || pt.rank() != xt.rank() || !pt.shape.back().is_const())
+    fail(n, str("x ", xt.str(), " and probs ", pt.str(), ": expected x [..., C] and probs [..., E], E a number"));
+  for (int d = 0; d + 1 < xt.rank(); ++d)
+    if (!ctx.same(xt.shape[d], pt.shape[d])) fail(n, str("x ", xt.str(), " and probs ", pt.str(), " differ in dim ", d));
+  const int64_t E = pt.shape.back().value();
+  if (n.inputs().size() != x + 2 + 3 * size_t(E))
+    fail(n, str("probs ", pt.str(), " has ", E, " experts: expected ", 3 * E, " expert weights (gate, up, down each), got ",
+                n.inputs().size() - x - 2));
+  const Dim& C = xt.shape.back();
+  const Dim I = in(n, x + 2).shape.size() == 2 ? in(n, x + 2).shape[0] : Dim(0);
+  for (size_t i = x + 1; i < n.inputs().size(); ++i) expect_same_dtype(n, x, i);
+  for (int64_t e = 0; e < E; ++e)
+    for (int which = 0; which < 3; ++which) {
+      const size_t i = x + 2 + size_t(which * E + e);
+      expect_rank(n, i, 2);
+      const auto& w = in(n, i).shape;
+      const bool ok = which < 2 ? ctx.same(w[0], I) && ctx.same(w[1], C) : ctx.same(w[0], C) && ctx.same(w[1], I);
+      if (!ok)
+        fail(n, str("x ", xt.str(), ", expert ", e, "'s ", which == 0 ? "w_gate " : which == 1 ? "w_up " : "w_down ",
+                    in(n, i).str(), ": expected x [..., C], w_gate and w_up [I, C], w_down [C, I] (I = ", I.str(), ")"));
+    }
+  const int64_t k = n.attrs().i("top_k");
+  if (k < 1 || k > E) fail(n, str("top_k ", k, " is not in [1, ", E, "]"));
+}
+TensorType moe_experts_rule(const Node& n, const ShapeContext& ctx) {
+  expect_moe_inputs(n, 0, ctx);
+  return in(n, 0);
+}
+// dy, x [..., C], probs, the expert weights → dx [..., C] (extras: dprobs, then each weight's gradient)
+TensorType moe_experts_backward_rule(const Node& n, const ShapeContext& ctx) {
+  TensorType t = same_as_second(n, ctx);
+  expect_moe_inputs(n, 1, ctx);
+  return t;
+}
+std::vector<TensorType> moe_experts_backward_extra(const Node& n) {
+  std::vector<TensorType> out;
+  for (size_t i = 2; i < n.inputs().size(); ++i) out.push_back(in(n, i));
+  return out;
+}
+
 // x [..., C], w [V, C], labels [...] (inputs x, x + 1, x + 2), the type checks both ops share.
 void expect_head_and_labels(const Node& n, size_t x, const ShapeContext& ctx) {
   expect_float(n, x);
@@ -668,6 +714,17 @@ SeqVerdict seq_mlp(const Node& n, std::span<const int> in, std::string_view) {
   return {in[0]};
 }
 
+// moe_experts routes each token by its own probabilities: token-wise like the MLP, when x and probs
+// hold the sequence in the same dim.
+SeqVerdict seq_moe(const Node& n, std::span<const int> in, std::string_view) {
+  for (size_t i = 2; i < in.size(); ++i)
+    if (in[i] != kNoSeq) return {in[i], "contracts over"};
+  const int last = n.type().rank() - 1;
+  if (in[0] == last) return {in[0], "contracts over"};
+  if (in[1] == last || (in[0] != kNoSeq && in[1] != kNoSeq && in[0] != in[1])) return {in[1], "routes over"};
+  return {in[0] != kNoSeq ? in[0] : in[1]};
+}
+
 // The loss sums over the sequence; normalize_loss makes it exact across ranks.
 SeqVerdict seq_loss(const Node&, std::span<const int>, std::string_view) { return {kNoSeq}; }
 // The tiled head + loss likewise, unless the head would contract over the sequence (x's channel
@@ -784,6 +841,10 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {.op = Op::linear_cross_entropy_backward, .name = "linear_cross_entropy_backward", .arity = 4,
      .attrs = "ignore_index", .infer = linear_cross_entropy_backward_rule,
      .extra = linear_cross_entropy_backward_extra, .backward_only = true},
+    {.op = Op::moe_experts, .name = "moe_experts", .arity = -1, .attrs = "top_k,norm_topk_prob",
+     .infer = moe_experts_rule, .vjp = vjp::moe_experts, .seq = seq_moe},
+    {.op = Op::moe_experts_backward, .name = "moe_experts_backward", .arity = -1, .attrs = "top_k,norm_topk_prob",
+     .infer = moe_experts_backward_rule, .extra = moe_experts_backward_extra, .backward_only = true},
 }};
 
 constexpr bool table_in_order() {

@@ -67,6 +67,11 @@ enum class Op : uint16_t {
   // rows, so no [S, V] logits are planned (extra output: each row's argmax); its backward computes
   // the logits again, chunk by chunk (extra output: dw)
   linear_cross_entropy_sum, linear_cross_entropy_backward,
+  // a mixture-of-experts layer's experts (Mixtral, Qwen2-MoE, Qwen3-MoE): top-k routing of each
+  // token by the router's probabilities, then per expert its tokens through a SwiGLU MLP, weighted
+  // and summed back; its backward recomputes the experts' outputs (extra outputs: dprobs, dw_gate,
+  // dw_up, dw_down)
+  moe_experts, moe_experts_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

@@ -209,6 +209,17 @@ void swiglu_mlp(VjpContext& c) {
   c.input_grads = {bwd, c.b.output(bwd, 1, "dw_gate"), c.b.output(bwd, 2, "dw_up"), c.b.output(bwd, 3, "dw_down")};
 }
 
+// y = moe_experts(x, probs, the expert weights): one backward node, which routes again and
+// recomputes each expert's output, gives dx, with dprobs (through the top-k weights) and each
+// expert weight's gradient as its extra outputs.
+void moe_experts(VjpContext& c) {
+  const Attrs& a = c.node->attrs();
+  Node* bwd = c.b.moe_experts_backward(c.grad, c.node->inputs(), a.i("top_k"), a.b("norm_topk_prob"), "dx");
+  c.input_grads = {bwd, c.b.output(bwd, 1, "dprobs")};
+  for (size_t i = 2; i < c.node->inputs().size(); ++i)
+    c.input_grads.push_back(c.b.output(bwd, static_cast<int64_t>(i), "dw" + std::to_string(i - 2)));
+}
+
 // loss = linear_cross_entropy_sum(x, w, labels): one backward node, which computes the logits
 // again from x chunk by chunk, gives dx, with dw as its extra output; labels get none.
 void linear_cross_entropy_sum(VjpContext& c) {

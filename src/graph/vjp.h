@@ -39,6 +39,7 @@ void add_layernorm(VjpContext&);
 void add_rmsnorm(VjpContext&);
 void bias_gelu_tanh(VjpContext&);
 void swiglu_mlp(VjpContext&);
+void moe_experts(VjpContext&);
 void linear_cross_entropy_sum(VjpContext&);
 void no_gradient(VjpContext&);  // count_valid, full: nothing flows to the inputs
 

@@ -65,7 +65,27 @@ constexpr Family qwen3() {
   return f;
 }
 
-constexpr std::array<Family, kNumArchs> kFamilies{kGpt2, kLlama, mistral(), qwen2(), qwen3()};
+// The mixtures of experts: Mixtral is Mistral with sparse MLPs; Qwen2-MoE and Qwen3-MoE are Qwen2 and
+// Qwen3 with Qwen's sparse MLPs (Qwen2-MoE's with a shared expert).
+constexpr Family mixtral() {
+  Family f = member(mistral(), Arch::mixtral, "mixtral", "MixtralConfig", "MixtralForCausalLM");
+  f.moe = Moe::mixtral;
+  return f;
+}
+constexpr Family qwen2_moe() {
+  Family f = member(qwen2(), Arch::qwen2_moe, "qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM");
+  f.moe = Moe::qwen;
+  f.shared_expert = true;
+  return f;
+}
+constexpr Family qwen3_moe() {
+  Family f = member(qwen3(), Arch::qwen3_moe, "qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM");
+  f.moe = Moe::qwen;
+  return f;
+}
+
+constexpr std::array<Family, kNumArchs> kFamilies{kGpt2,     kLlama,      mistral(),   qwen2(),
+                                                  qwen3(),   mixtral(),   qwen2_moe(), qwen3_moe()};
 
 constexpr bool rows_in_order() {
   for (size_t i = 0; i < kFamilies.size(); ++i)

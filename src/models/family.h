@@ -16,8 +16,8 @@
 namespace autosp {
 
 // The architectures, named as Hugging Face's model_type (Family::name), in the table's order.
-enum class Arch { gpt2, llama, mistral, qwen2, qwen3 };
-inline constexpr size_t kNumArchs = static_cast<size_t>(Arch::qwen3) + 1;  // name the last value here
+enum class Arch { gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe };
+inline constexpr size_t kNumArchs = static_cast<size_t>(Arch::qwen3_moe) + 1;  // name the last value here
 
 // Which builder records the graph: GPT-2's (wpe, LayerNorm, one fused c_attn Conv1D, GELU MLP,
 // names under "transformer.") or the Llama family's (RoPE, RMSNorm, q/k/v/o Linear, SwiGLU MLP,
@@ -33,6 +33,10 @@ enum class Presence { never, always, by_key };
 // (Mistral's sliding_window, every layer), or one switched on by use_sliding_window (Qwen2, Qwen3:
 // the layers from max_window_layers on). ModelConfig::layer_window says which layers have it.
 enum class Window { none, key, switched };
+// A mixture-of-experts MLP (models/moe.h): none (dense), Mixtral's (every layer sparse, names under
+// block_sparse_moe, experts w1/w3/w2, top-k weights always renormalised) or Qwen's (names under
+// mlp, experts gate_proj/up_proj/down_proj, norm_topk_prob, decoder_sparse_step, mlp_only_layers).
+enum class Moe { none, mixtral, qwen };
 
 struct Family {
   Arch arch;
@@ -48,6 +52,8 @@ struct Family {
   bool gqa;            // num_key_value_heads is a setting (else every head has its own K and V)
   Presence tied_head;  // the LM head is the embedding: always, or as model.tie_word_embeddings says (default false)
   Window window;
+  Moe moe = Moe::none;
+  bool shared_expert = false;  // Qwen2-MoE: a dense SwiGLU expert every token takes, scaled by a sigmoid gate
   double norm_eps;     // model.norm_eps when the config leaves it out (HF's default)
   // Names.
   std::string_view embedding;       // the token embedding's parameter, which a tied head reuses

@@ -14,19 +14,36 @@ namespace {
 // Parameters of one norm over `dim` values.
 int64_t norm_params(const Family& f, int64_t dim) { return f.norm == Norm::layernorm ? 2 * dim : dim; }
 
-// Parameters of one transformer layer, from the family row: q and o [C, N·D], k and v [C, Nkv·D],
-// the MLP's two (GELU) or three (SwiGLU) matrices, the biases the family has, two norms, and q/k
-// norms [D] where it has them.
-int64_t layer_params(const ModelConfig& m) {
+// The MLP parameters of layer l: GELU's two or SwiGLU's three matrices, or a mixture of experts'
+// router [E, C], E experts of three [I, C] matrices each (`active`: the k a token uses) and
+// Qwen2-MoE's shared expert and its gate [1, C].
+int64_t mlp_params(const ModelConfig& m, int64_t l, bool active) {
+  const Family& f = family(m.arch);
+  const int64_t C = m.hidden_size;
+  if (!m.sparse_layer(l)) return (f.mlp == Mlp::swiglu ? 3 : 2) * C * m.mlp_width();
+  const int64_t experts = active ? m.num_experts_per_tok : m.num_experts;
+  const int64_t shared = f.shared_expert ? 3 * C * m.shared_expert_intermediate_size + C : 0;
+  return m.num_experts * C + experts * 3 * C * m.expert_width() + shared;
+}
+
+// Parameters of transformer layer l, from the family row: q and o [C, N·D], k and v [C, Nkv·D],
+// the MLP's (mlp_params), the biases the family has, two norms, and q/k norms [D] where it has them.
+int64_t layer_params(const ModelConfig& m, int64_t l, bool active) {
   const Family& f = family(m.arch);
   const ModelDims d = model_dims(m);
   const int64_t attn = d.C * d.N * d.D * 2 + d.C * d.Nkv * d.D * 2;
-  const int64_t mlp = (f.mlp == Mlp::swiglu ? 3 : 2) * d.C * d.M;
   int64_t biases = 0;
   if (present(f.qkv_bias, m.attention_bias)) biases += d.N * d.D + 2 * d.Nkv * d.D;
   if (present(f.o_bias, m.attention_bias)) biases += d.C;
   if (present(f.mlp_bias, m.mlp_bias)) biases += (f.mlp == Mlp::swiglu ? 2 : 1) * d.M + d.C;
-  return attn + mlp + biases + 2 * norm_params(f, d.C) + (f.qk_norm ? 2 * d.D : 0);
+  return attn + mlp_params(m, l, active) + biases + 2 * norm_params(f, d.C) + (f.qk_norm ? 2 * d.D : 0);
+}
+
+// Every layer's parameters (active: a mixture of experts' k experts per layer, what a token computes with).
+int64_t layers_params(const ModelConfig& m, bool active) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) n += layer_params(m, l, active);
+  return n;
 }
 
 // The position table (learned positions) and the untied head: parameters besides the embedding,
@@ -42,10 +59,12 @@ int64_t head_params(const ModelConfig& m) {
 
 int64_t param_count(const ModelConfig& m) {
   const ModelDims d = model_dims(m);
-  return d.V * d.C + position_params(m) + d.L * layer_params(m) + norm_params(family(m.arch), d.C) + head_params(m);
+  return d.V * d.C + position_params(m) + layers_params(m, false) + norm_params(family(m.arch), d.C) + head_params(m);
 }
 
-int64_t flop_param_count(const ModelConfig& m) { return param_count(m) - position_params(m) - head_params(m); }
+int64_t flop_param_count(const ModelConfig& m) {
+  return param_count(m) - position_params(m) - head_params(m) - layers_params(m, false) + layers_params(m, true);
+}
 
 double step_flops(const ModelConfig& m, int64_t batch, int64_t seq) {
   const double B = static_cast<double>(batch), S = static_cast<double>(seq);

@@ -109,6 +109,11 @@ json with_defaults(json d) {
   d.update(kLlamaFamilyDefaults);
   return d;
 }
+// A mixture-of-experts class's defaults: its own (they differ from Llama's), and the aux loss's.
+json moe_defaults(json d) {
+  d.update({{"tie_word_embeddings", false}, {"output_router_logits", false}, {"router_aux_loss_coef", 0.001}});
+  return d;
+}
 const json kSiluWritten = {{"hidden_act", "silu"}, {"attention_dropout", 0.0}};
 // A Llama-layout family's refused settings: its activation (silu), the layout's, and `more`.
 std::vector<Required> llama_required(const char* act, std::vector<Required> more = {}) {
@@ -153,6 +158,31 @@ const std::vector<HfFamily>& hf_families() {
                                   {"max_position_embeddings", 32768}, {"norm_eps", 1e-6}, {"head_dim", 128},
                                   {"attention_bias", false}, {"sliding_window", 4096}}),
        .required = llama_required("autosp's Qwen MLP is SwiGLU (silu)"),
+       .written = kSiluWritten},
+      // The mixtures of experts (MixtralConfig, Qwen2MoeConfig; Qwen3MoeConfig of 4.51+).
+      {.defaults = moe_defaults({{"vocab_size", 32000}, {"hidden_size", 4096}, {"intermediate_size", 14336},
+                                 {"num_hidden_layers", 32}, {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+                                 {"max_position_embeddings", 4096 * 32}, {"rope_theta", 1e6}, {"norm_eps", 1e-5},
+                                 {"sliding_window", nullptr}, {"num_local_experts", 8}, {"num_experts_per_tok", 2}}),
+       .required = llama_required("autosp's Mixtral experts are SwiGLU (silu)",
+                                  {{"router_jitter_noise", {0, 0.0}, "the router has no jitter noise (transformers "
+                                    "multiplies the hidden states by noise in training)", "set it to 0"}}),
+       .written = {{"hidden_act", "silu"}, {"attention_dropout", 0.0}, {"router_jitter_noise", 0.0}}},
+      {.defaults = moe_defaults({{"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 5632},
+                                 {"num_hidden_layers", 24}, {"num_attention_heads", 16}, {"num_key_value_heads", 16},
+                                 {"max_position_embeddings", 32768}, {"rope_theta", 10000.0}, {"norm_eps", 1e-6},
+                                 {"sliding_window", 4096}, {"num_experts", 60}, {"num_experts_per_tok", 4},
+                                 {"moe_intermediate_size", 1408}, {"shared_expert_intermediate_size", 5632},
+                                 {"decoder_sparse_step", 1}, {"norm_topk_prob", false}, {"mlp_only_layers", nullptr}}),
+       .required = llama_required("autosp's Qwen2-MoE experts are SwiGLU (silu)"),
+       .written = kSiluWritten},
+      {.defaults = moe_defaults({{"vocab_size", 151936}, {"hidden_size", 2048}, {"intermediate_size", 6144},
+                                 {"num_hidden_layers", 24}, {"num_attention_heads", 32}, {"num_key_value_heads", 4},
+                                 {"max_position_embeddings", 32768}, {"rope_theta", 10000.0}, {"norm_eps", 1e-6},
+                                 {"head_dim", 128}, {"attention_bias", false}, {"sliding_window", 4096},
+                                 {"num_experts", 128}, {"num_experts_per_tok", 8}, {"moe_intermediate_size", 768},
+                                 {"decoder_sparse_step", 1}, {"norm_topk_prob", false}, {"mlp_only_layers", nullptr}}),
+       .required = llama_required("autosp's Qwen3-MoE experts are SwiGLU (silu)"),
        .written = kSiluWritten},
   };
   return rows;

@@ -1,4 +1,5 @@
-// The two graph builders, GPT-2's and the Llama family's (Llama, Mistral, Qwen2, Qwen3), each reading
+// The two graph builders, GPT-2's and the Llama family's (Llama, Mistral, Qwen2, Qwen3 and the
+// mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, whose sparse MLPs models/moe.h records), each reading
 // the family row (models/family.h) for what its members change. Shapes: B = batch,
 // S = sequence, C = hidden, N = heads, Nkv = key/value heads, D = head dim, V = vocab, I = MLP width.
 #include "models/model.h"
@@ -7,6 +8,7 @@
 #include <random>
 
 #include "graph/builder.h"
+#include "models/moe.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -212,7 +214,9 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
     Node* mm = rmsnorm(x, h + "post_attention_layernorm", C, "norm2");
     Node* down = nullptr;
-    if (opt.tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
+    if (m.sparse_layer(l)) {  // a mixture of experts (models/moe.h)
+      down = moe_block(b, m, h, mm, p).y;
+    } else if (opt.tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
       if (mlp_bias) throw UsageError("runtime.tiled_mlp: the MLP has biases (mlp_bias true); the tiled MLP has none");
       Node* w_gate = p(h + "mlp.gate_proj.weight", {I, C});
       Node* w_up = p(h + "mlp.up_proj.weight", {I, C});

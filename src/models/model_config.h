@@ -58,9 +58,31 @@ struct ModelConfig {
     const Window w = family(arch).window;
     return w == Window::key || (w == Window::switched && l >= max_window_layers) ? sliding_window : 0;
   }
+  // Mixtures of experts (Family::moe; models/moe.h builds the layer): num_experts experts, the top
+  // num_experts_per_tok per token. Qwen: the experts' width moe_intermediate_size (Mixtral's is
+  // intermediate_size; Qwen's dense layers keep intermediate_size), the sparse layers (every
+  // decoder_sparse_step-th, less mlp_only_layers), norm_topk_prob (Mixtral always renormalises) and
+  // Qwen2-MoE's shared expert width. The load-balancing loss: router_aux_loss_coef × it is added to
+  // the loss when output_router_logits.
+  int64_t num_experts = 8, num_experts_per_tok = 2, moe_intermediate_size = 1408;
+  int64_t shared_expert_intermediate_size = 5632, decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  bool norm_topk_prob = false, output_router_logits = false;
+  double router_aux_loss_coef = 0.001;
 
   int64_t head_dim() const { return head_dim_config > 0 ? head_dim_config : hidden_size / num_attention_heads; }
   int64_t mlp_width() const { return family(arch).mlp == Mlp::gelu ? 4 * hidden_size : intermediate_size; }
+  // Whether layer l's MLP is a mixture of experts (transformers' Qwen2MoeDecoderLayer rule;
+  // Mixtral: every layer), and the experts' width.
+  bool sparse_layer(int64_t l) const {
+    const Moe moe = family(arch).moe;
+    if (moe == Moe::none) return false;
+    if (moe == Moe::mixtral) return true;
+    for (int64_t o : mlp_only_layers)
+      if (o == l) return false;
+    return num_experts > 0 && (l + 1) % decoder_sparse_step == 0;
+  }
+  int64_t expert_width() const { return family(arch).moe == Moe::qwen ? moe_intermediate_size : intermediate_size; }
 };
 
 }  // namespace autosp

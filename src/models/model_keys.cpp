@@ -34,6 +34,10 @@ void set_layer_types(ModelConfig& m, const json& v) {
     m.layer_types.push_back(v[i].get<std::string>());
   }
 }
+bool moe(const Family& f) { return f.moe != Moe::none; }
+bool mixtral_moe(const Family& f) { return f.moe == Moe::mixtral; }
+bool qwen_moe(const Family& f) { return f.moe == Moe::qwen; }
+bool shared_expert(const Family& f) { return f.shared_expert; }
 
 // A ModelConfig member as a key's setter and getter.
 template <class T>
@@ -43,6 +47,13 @@ auto set_field(T ModelConfig::*member) {
 template <class T>
 auto get_field(T ModelConfig::*member) {
   return [member](const ModelConfig& m) { return json(m.*member); };
+}
+
+// The getter of a setting only some families have (the mixtures of experts'): null (left out) for
+// the others, whose resolved config never had it.
+template <class T>
+auto field_if(bool (*applies)(const Family&), T ModelConfig::*member) {
+  return [applies, member](const ModelConfig& m) { return applies(family(m.arch)) ? json(m.*member) : json(); };
 }
 
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
@@ -126,6 +137,54 @@ std::vector<ModelKey> make_keys() {
        .hf = "max_window_layers"},
       {.name = "layer_types", .kind = K::list, .applies = windowed, .set = set_layer_types,
        .get = [](const ModelConfig& m) { return m.layer_types.empty() ? json() : json(m.layer_types); }},
+      // Mixtures of experts, by HF's names: Mixtral's num_local_experts is Qwen's num_experts.
+      {.name = "num_local_experts", .kind = K::integer, .lo = 1, .hi = 1 << 16, .applies = mixtral_moe,
+       .set = set_field(&ModelConfig::num_experts), .get = field_if(mixtral_moe, &ModelConfig::num_experts),
+       .hf = "num_local_experts"},
+      {.name = "num_experts", .kind = K::integer, .lo = 1, .hi = 1 << 16, .applies = qwen_moe,
+       .set = set_field(&ModelConfig::num_experts), .get = field_if(qwen_moe, &ModelConfig::num_experts), .hf = "num_experts"},
+      {.name = "num_experts_per_tok", .kind = K::integer, .lo = 1, .hi = 1 << 16, .applies = moe,
+       .set = set_field(&ModelConfig::num_experts_per_tok), .get = field_if(moe, &ModelConfig::num_experts_per_tok),
+       .hf = "num_experts_per_tok", .aliases = "moe_top_k top_k_experts"},
+      {.name = "moe_intermediate_size", .kind = K::integer, .lo = 1, .hi = 1 << 20, .applies = qwen_moe,
+       .set = set_field(&ModelConfig::moe_intermediate_size), .get = field_if(qwen_moe, &ModelConfig::moe_intermediate_size),
+       .hf = "moe_intermediate_size"},
+      {.name = "shared_expert_intermediate_size", .kind = K::integer, .lo = 1, .hi = 1 << 20, .applies = shared_expert,
+       .set = set_field(&ModelConfig::shared_expert_intermediate_size),
+       .get = field_if(shared_expert, &ModelConfig::shared_expert_intermediate_size), .hf = "shared_expert_intermediate_size"},
+      {.name = "decoder_sparse_step", .kind = K::integer, .lo = 1, .hi = 1024, .applies = qwen_moe,
+       .set = set_field(&ModelConfig::decoder_sparse_step), .get = field_if(qwen_moe, &ModelConfig::decoder_sparse_step),
+       .hf = "decoder_sparse_step"},
+      // A list of layer indices; null (HF's default) is none.
+      {.name = "mlp_only_layers", .kind = K::list, .applies = qwen_moe,
+       .set = [](ModelConfig& m, const json& v) {
+         m.mlp_only_layers.clear();
+         if (v.is_null()) return;
+         for (const json& e : v) {
+           if (!e.is_number_integer() || e.get<int64_t>() < 0)
+             throw UsageError(str("model.mlp_only_layers: ", e.dump(), " is not a layer index (an integer >= 0)"));
+           m.mlp_only_layers.push_back(e.get<int64_t>());
+         }
+       },
+       .get = field_if(qwen_moe, &ModelConfig::mlp_only_layers),
+       .at_default = [](const json& s) { return s.value("mlp_only_layers", json()) == json::array(); },
+       .hf = "mlp_only_layers",
+       .hf_valid = [](const json& v) {
+         if (v.is_null()) return true;
+         if (!v.is_array()) return false;
+         for (const json& e : v)
+           if (!e.is_number_integer() || e.get<int64_t>() < 0) return false;
+         return true;
+       },
+       .hf_expects = "a list of layer indices (integers >= 0) or null"},
+      {.name = "norm_topk_prob", .kind = K::boolean, .applies = qwen_moe, .set = set_field(&ModelConfig::norm_topk_prob),
+       .get = field_if(qwen_moe, &ModelConfig::norm_topk_prob), .hf = "norm_topk_prob"},
+      {.name = "output_router_logits", .kind = K::boolean, .applies = moe,
+       .set = set_field(&ModelConfig::output_router_logits), .get = field_if(moe, &ModelConfig::output_router_logits),
+       .hf = "output_router_logits"},
+      {.name = "router_aux_loss_coef", .kind = K::number, .lo = 0, .hi = 1e6, .applies = moe,
+       .set = set_field(&ModelConfig::router_aux_loss_coef), .get = field_if(moe, &ModelConfig::router_aux_loss_coef),
+       .hf = "router_aux_loss_coef"},
   };
 }
 

@@ -587,6 +587,38 @@ inline void swiglu_mlp_backward(const Vec& dy, const Vec& x, const Vec& wg, cons
   }
 }
 
+// ---- mixture-of-experts experts (transformers' MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock) ---
+
+// x [R, C], probs [R, E], wg, wu [E, I, C], wd [E, C, I]: one token at a time, its k largest
+// probabilities (ties: lower index), weights renormalised over them when `norm`, and
+// y[r] = Σ weight · swiglu_mlp of expert e on x[r].
+inline Vec moe_experts(const Vec& x, const Vec& probs, const Vec& wg, const Vec& wu, const Vec& wd, int64_t R,
+                       int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
+  Vec y(size_t(R * C), 0.0);
+  auto slice = [](const Vec& v, int64_t at, int64_t n) { return Vec(v.begin() + at, v.begin() + at + n); };
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<bool> taken(size_t(E), false);
+    std::vector<int64_t> chosen;
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (!taken[e] && (best < 0 || probs[r * E + e] > probs[r * E + best])) best = e;
+      taken[best] = true;
+      chosen.push_back(best);
+      sum += probs[r * E + best];
+    }
+    const Vec xr = slice(x, r * C, C);
+    for (int64_t e : chosen) {
+      const double w = norm ? probs[r * E + e] / sum : probs[r * E + e];
+      const Vec ye = swiglu_mlp(xr, slice(wg, e * I * C, I * C), slice(wu, e * I * C, I * C), slice(wd, e * C * I, C * I),
+                                1, C, I);
+      for (int64_t c = 0; c < C; ++c) y[r * C + c] += w * ye[c];
+    }
+  }
+  return y;
+}
+
 // ---- optimizer ---------------------------------------------------------------------------------
 
 // One AdamW step as written in the torch.optim.AdamW documentation (amsgrad = false, t from 1):

@@ -67,6 +67,26 @@ inline const std::vector<OpCase>& op_cases() {
                     return naive::broadcast_binary(in[0], sh[0], in[1], sh[1], f);
                   }};
   };
+  // x [B, S, 6], probs [B, S, 4], then 4 gates, 4 ups [5, 6] and 4 downs [6, 5]; the reference
+  // stacks them.
+  auto moe_case = [](std::string name, bool norm) {
+    std::vector<InputSpec> in{{{B, S, 6}}, {{B, S, 4}}};
+    for (int i = 0; i < 12; ++i) in.push_back({i < 8 ? SymShape{5, 6} : SymShape{6, 5}});
+    return OpCase{name, Op::moe_experts, in,
+                  [norm](Builder& b, const std::vector<Node*>& x) {
+                    const std::vector<Node*> g(x.begin() + 2, x.begin() + 6), u(x.begin() + 6, x.begin() + 10),
+                        d(x.begin() + 10, x.end());
+                    return b.moe_experts(x[0], x[1], g, u, d, 2, norm);
+                  },
+                  [norm](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+                    Vec w[3];
+                    for (int i = 0; i < 12; ++i) w[i / 4].insert(w[i / 4].end(), in[2 + i].begin(), in[2 + i].end());
+                    return naive::moe_experts(in[0], in[1], w[0], w[1], w[2], naive::numel(sh[0]) / 6, 6, 4, 5, 2, norm);
+                  },
+                  // The CUDA kernel runs swiglu_mlp's bf16 chunks per expert (6e-2 there, measured) and
+                  // rounds y to bf16 after each expert's scatter; not yet run on a GPU.
+                  6e-2};
+  };
   auto gemm_case = [](std::string name, SymShape sa, SymShape sb, bool ta, bool tb) {
     return OpCase{name, Op::matmul, {{sa}, {sb}},
                   [ta, tb](Builder& b, const std::vector<Node*>& x) { return b.matmul(x[0], x[1], ta, tb); },
@@ -316,6 +336,11 @@ inline const std::vector<OpCase>& op_cases() {
                const Vec logits = naive::gemm(false, true, rows, 9, 6, 1.0, in[0], in[1], 0.0, {});
                return Vec{naive::cross_entropy(logits, as_ids(in[2]), rows, 9)};
              }},
+      // A mixture-of-experts layer's experts, x [B, S, C = 6], probs [B, S, E = 4], I = 5, top 2;
+      // Mixtral's renormalised weights and Qwen's raw ones (tests/kernels/test_moe.cpp: softmax
+      // probabilities, more experts, gradients against a per-token loop).
+      moe_case("moe_experts_norm", true),
+      moe_case("moe_experts", false),
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

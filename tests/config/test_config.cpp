@@ -84,7 +84,7 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
   CHECK(d.resolved["zero_optimization"]["stage"] == 0);
   CHECK(parse_config(json::object(), {"zero_optimization.stage=2"}).zero_optimization.stage == 2);
   // The error names every accepted value, in this order.
-  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama|mistral|qwen2|qwen3"));
+  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"data.source=csv"}),
                     Catch::EndsWith("expected one of synthetic|tokens|text"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.device=tpu"}), Catch::EndsWith("expected one of cpu|cuda"));

@@ -56,8 +56,8 @@ TEST_CASE("the family table has one row per architecture, named once", "[models]
     CHECK(translate_hf_config({{"architectures", {f.hf_model_class}}}, "t").model["arch"] == f.name);
   }
   CHECK(i == kNumArchs);
-  CHECK_THROWS_WITH(parse_config({{"model", {{"arch", "mixtral"}}}}),
-                    Catch::Contains("expected one of gpt2|llama|mistral|qwen2|qwen3"));
+  CHECK_THROWS_WITH(parse_config({{"model", {{"arch", "deepseek_v3"}}}}),
+                    Catch::Contains("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe"));
 }
 
 TEST_CASE("each family's graph has the parameters its row says", "[models][family]") {
@@ -77,7 +77,11 @@ TEST_CASE("each family's graph has the parameters its row says", "[models][famil
       CHECK(names.count("transformer.wpe.weight") == (f.positions == Positions::learned ? 1u : 0u));
       CHECK(names.count(std::string(f.embedding)) == 1);
       CHECK(names.count("lm_head.weight") == (f.tied_head == Presence::always ? 0u : 1u));  // small(): untied
-      CHECK(has_suffix(names, "mlp.up_proj.weight") == (f.mlp == Mlp::swiglu));
+      // A mixture of experts' sparse layers (every layer here) have experts and a router instead.
+      CHECK(has_suffix(names, "mlp.up_proj.weight") == (f.mlp == Mlp::swiglu && f.moe == Moe::none));
+      CHECK(has_suffix(names, "experts.1.w3.weight") == (f.moe == Moe::mixtral));
+      CHECK(has_suffix(names, "mlp.experts.1.up_proj.weight") == (f.moe == Moe::qwen));
+      CHECK(has_suffix(names, "mlp.shared_expert_gate.weight") == f.shared_expert);
       const std::vector<std::string> scopes = layer_scopes(m);
       REQUIRE(scopes.size() == 2);
       CHECK(scopes[1] == std::string(f.layer_scope) + "1.");

@@ -105,7 +105,7 @@ TEST_CASE("unsupported HF settings are named, all at once", "[models][hf]") {
                     Catch::Contains("n_inner = 100"));
   CHECK_THROWS_WITH(translate_hf_config({{"model_type", "gpt2"}, {"tie_word_embeddings", false}}, "g.json"),
                     Catch::Contains("tie_word_embeddings = false"));
-  CHECK_THROWS_WITH(translate_hf_config({{"model_type", "qwen2_moe"}}, "m.json"), Catch::Contains("\"qwen2_moe\""));
+  CHECK_THROWS_WITH(translate_hf_config({{"model_type", "deepseek_v3"}}, "m.json"), Catch::Contains("\"deepseek_v3\""));
 }
 
 // The fixtures: the same tiny models' config.json as transformers 5.24 and 4.44.2 wrote them
@@ -204,10 +204,22 @@ TEST_CASE("an HF config.json keeps every key through autosp and back, for every 
                                 {"initializer_range", 0.02},  {"tie_word_embeddings", true},
                                 {"task_specific_params", {{"text-generation", {{"max_length", 50}}}}}}};
   for (const char* version : {"tf4", "tf5"})
-    for (const char* name : {"llama", "mistral", "qwen2", "qwen3"})
+    for (const char* name : {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe"})
       if (fs::exists(std::string(AUTOSP_SOURCE_DIR) + "/tests/models/fixtures/hf_config/" + version + "/" + name + ".json"))
         sources.push_back(fixture(version, name));
-  REQUIRE(sources.size() == 8);
+  REQUIRE(sources.size() == 10);
+  // Qwen3-MoE (not in transformers 4.44): Qwen3-30B-A3B's config.json, made tiny.
+  sources.push_back({{"model_type", "qwen3_moe"}, {"architectures", {"Qwen3MoeForCausalLM"}},
+                     {"vocab_size", 96}, {"hidden_size", 32}, {"intermediate_size", 48},
+                     {"moe_intermediate_size", 12}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                     {"num_key_value_heads", 2}, {"head_dim", 16}, {"num_experts", 8},
+                     {"num_experts_per_tok", 2}, {"norm_topk_prob", true}, {"decoder_sparse_step", 1},
+                     {"mlp_only_layers", json::array()}, {"output_router_logits", false},
+                     {"router_aux_loss_coef", 0.001}, {"max_position_embeddings", 256},
+                     {"rope_theta", 1000000.0}, {"rope_scaling", nullptr}, {"rms_norm_eps", 1e-6},
+                     {"hidden_act", "silu"}, {"attention_bias", false}, {"attention_dropout", 0.0},
+                     {"use_sliding_window", false}, {"sliding_window", nullptr}, {"max_window_layers", 48},
+                     {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}});
   std::set<std::string> families_seen;
   for (const json& src : sources) {
     INFO(src.dump());

@@ -99,6 +99,13 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
                       {"attention_bias", true}, {"max_position_embeddings", 1024}, {"rope_theta", 100.0},
                       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096},
                                         {"mscale", 1.0}, {"mscale_all_dim", 0.5}, {"truncate", false}}}}},
+      // Qwen3-MoE (transformers 4.44 lacks it): q/k norms, head_dim 16, 5 experts of width 12, top 2
+      // renormalised, layer 1 dense (mlp_only_layers) and layer 2 sparse, against the reference's
+      // transcription of Qwen3MoeSparseMoeBlock.
+      {"qwen3-moe", {{"arch", "qwen3_moe"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 3},
+                     {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 48},
+                     {"num_experts", 5}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 12},
+                     {"norm_topk_prob", true}, {"mlp_only_layers", {1}}, {"max_position_embeddings", 128}}},
       // Llama with every bias and a head_dim apart from hidden / heads (transformers >= 4.45 reads it).
       // Mistral's sliding window, 8 keys of the 37: it cuts (full attention would differ).
       {"mistral-window", {{"arch", "mistral"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},

@@ -3,8 +3,9 @@
 // restarted position ids and the ignored EOS targets by hand from the raw tokens. Our side runs the
 // data loader's mark_documents, pads like the trainer, and runs the joint f32 program on P = 1, 2,
 // 3 and 4 ranks (groups split from the world; P = 3 needs 4 ranks), GPT-2 and a Llama with one
-// kv head (GQA, kv < P: replicated K/V), at dp 2 × sp 2 (np 4), with S = 48 and S = 47 (which no
-// P > 1 divides). Bars: loss within 1e-5 relative, every gradient within 1e-3.
+// kv head (GQA, kv < P: replicated K/V) and a Qwen3-MoE (top 2 of 4 experts), at dp 2 × sp 2 (np 4),
+// with S = 48 and S = 47 (which no P > 1 divides). Bars: loss within 1e-5 relative, every gradient
+// within 1e-3.
 //
 // Rank 0 writes the case and runs the reference once per (model, S); every rank reads its output.
 #include <catch2/catch.hpp>
@@ -33,6 +34,11 @@ const json kDocGpt2 = {{"arch", "gpt2"}, {"vocab_size", kVocab}, {"hidden_size",
                     {"num_attention_heads", 12}, {"max_position_embeddings", 64}};
 const json kDocLlama = {{"arch", "llama"}, {"vocab_size", kVocab}, {"hidden_size", 48}, {"num_hidden_layers", 2},
                         {"num_attention_heads", 12}, {"num_key_value_heads", 1}, {"intermediate_size", 64}};
+// A mixture of experts: Qwen3-MoE's top 2 of 4 experts, renormalised, on every layer.
+const json kDocQwen3Moe = {{"arch", "qwen3_moe"}, {"vocab_size", kVocab}, {"hidden_size", 48}, {"num_hidden_layers", 2},
+                           {"num_attention_heads", 12}, {"num_key_value_heads", 1}, {"intermediate_size", 64},
+                           {"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 16},
+                           {"norm_topk_prob", true}};
 
 Config doc_config(const json& model, int64_t sp, int64_t seq_len, int64_t batch) {
   return parse_config({{"model", model},
@@ -73,7 +79,7 @@ TEST_CASE("documents: loss and gradients equal the hand-built float64 reference 
   const fs::path& dir = tmp.dir;
   const int64_t B = 2;
   int case_id = 0;
-  for (const json& model : {kDocGpt2, kDocLlama}) {
+  for (const json& model : {kDocGpt2, kDocLlama, kDocQwen3Moe}) {
     for (int64_t S : {int64_t{48}, int64_t{47}}) {
       const fs::path c = dir / std::to_string(case_id++);
       const Config cfg1 = doc_config(model, 1, S, B);

@@ -17,6 +17,11 @@ Parameters are a dict of tensors keyed by *canonical* Hugging Face names:
   qwen3: attention_bias as llama's, and self_attn.{q,k}_norm.weight [D], an RMSNorm over each
   head's D of q and k before RoPE. head_dim (D) may differ from hidden_size / heads. rope_scaling
   linear, llama3 and yarn (transformers 5's _compute_yarn_parameters, written out below).
+  qwen3_moe (modeling_qwen3_moe.py's Qwen3MoeSparseMoeBlock): Qwen3 whose sparse layers (every
+  decoder_sparse_step-th, less mlp_only_layers) have mlp.gate.weight [E,C] and
+  mlp.experts.{e}.{gate,up,down}_proj.weight; each token takes the top num_experts_per_tok of the
+  router's softmax (renormalised when norm_topk_prob), experts in index order. transformers takes
+  that softmax in float32 even for a float64 model; here it is in the working dtype.
 
 Everything is computed in the dtype of the parameters (the "working dtype"); attention materialises
 the S x S score matrix like Hugging Face's eager attention.
@@ -35,8 +40,9 @@ class ConfigError(ValueError):
 _KNOWN_MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta",
                      "norm_eps", "tie_word_embeddings", "head_dim", "attention_bias", "mlp_bias", "rope_scaling",
-                     "sliding_window", "max_window_layers", "layer_types"}
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+                     "sliding_window", "max_window_layers", "layer_types", "num_experts", "num_experts_per_tok",
+                     "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 
 
 class ModelConfig:
@@ -80,10 +86,17 @@ class ModelConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         self.rope_scaling = None
         bias = bool(d.get("attention_bias", False))
-        self.qkv_bias = {"llama": bias, "qwen3": bias, "qwen2": True}.get(arch, False)
-        self.o_bias = {"llama": bias, "qwen3": bias}.get(arch, False)
+        self.qkv_bias = {"llama": bias, "qwen3": bias, "qwen3_moe": bias, "qwen2": True}.get(arch, False)
+        self.o_bias = {"llama": bias, "qwen3": bias, "qwen3_moe": bias}.get(arch, False)
         self.mlp_bias = arch == "llama" and bool(d.get("mlp_bias", False))
-        self.qk_norm = arch == "qwen3"
+        self.qk_norm = arch in ("qwen3", "qwen3_moe")
+        moe = arch == "qwen3_moe"
+        self.num_experts = pos_int("num_experts", 128) if moe else 0
+        self.num_experts_per_tok = pos_int("num_experts_per_tok", 8) if moe else 0
+        self.moe_intermediate_size = pos_int("moe_intermediate_size", 768) if moe else 0
+        self.norm_topk_prob = bool(d.get("norm_topk_prob", False))
+        self.decoder_sparse_step = pos_int("decoder_sparse_step", 1) if moe else 1
+        self.mlp_only_layers = list(d.get("mlp_only_layers") or [])
         if arch == "gpt2":
             self.max_position_embeddings = pos_int("max_position_embeddings", 1024)
             self.num_key_value_heads = self.num_attention_heads
@@ -129,6 +142,11 @@ class ModelConfig:
                 self.layer_windows = [self.sliding_window if i >= first else None
                                       for i in range(self.num_hidden_layers)]
 
+    def sparse(self, i):
+        """Whether layer i's MLP is a mixture of experts (Qwen3MoeDecoderLayer's rule)."""
+        return (self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
+
     def as_dict(self):
         return {k: v for k, v in vars(self).items() if v is not None}
 
@@ -173,6 +191,13 @@ def param_shapes(cfg):
             if cfg.o_bias:
                 s[p + "self_attn.o_proj.bias"] = (C,)
             s[p + "post_attention_layernorm.weight"] = (C,)
+            if cfg.sparse(i):
+                E, Ie = cfg.num_experts, cfg.moe_intermediate_size
+                s[p + "mlp.gate.weight"] = (E, C)
+                for e in range(E):
+                    for proj, shape in (("gate", (Ie, C)), ("up", (Ie, C)), ("down", (C, Ie))):
+                        s[p + f"mlp.experts.{e}.{proj}_proj.weight"] = shape
+                continue
             for proj, shape in (("gate", (I, C)), ("up", (I, C)), ("down", (C, I))):
                 s[p + f"mlp.{proj}_proj.weight"] = shape
                 if cfg.mlp_bias:
@@ -376,8 +401,29 @@ def llama_layer(cfg, p, i, x, cos, sin, mask=None):
     o = causal_attention(q, k, v, mask, cfg.layer_windows[i]).transpose(1, 2).reshape(B, S, N * D)
     x = x + linear(o, "self_attn.o_proj")
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+    if cfg.sparse(i):
+        return x + sparse_moe_block(cfg, p, pre, h)
     g = F.silu(linear(h, "mlp.gate_proj")) * linear(h, "mlp.up_proj")
     return x + linear(g, "mlp.down_proj")
+
+
+def sparse_moe_block(cfg, p, pre, h):
+    """Qwen3MoeSparseMoeBlock.forward on h [B, S, C], transcribed (softmax in the working dtype)."""
+    B, S, C = h.shape
+    hidden = h.reshape(-1, C)
+    probs = F.softmax(F.linear(hidden, p[pre + "mlp.gate.weight"]), dim=1)
+    weights, selected = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)
+    if cfg.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(hidden)
+    mask = F.one_hot(selected, num_classes=cfg.num_experts).permute(2, 1, 0)
+    for e in range(cfg.num_experts):
+        idx, top_x = torch.where(mask[e])
+        x_e = hidden[top_x]
+        w = lambda proj: p[pre + f"mlp.experts.{e}.{proj}_proj.weight"]  # noqa: E731
+        y_e = F.linear(F.silu(F.linear(x_e, w("gate"))) * F.linear(x_e, w("up")), w("down"))
+        out = out.index_add(0, top_x, y_e * weights[top_x, idx, None])
+    return out.reshape(B, S, C)
 
 
 def _run_layer(checkpoint, layer, *args):

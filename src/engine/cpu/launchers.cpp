@@ -23,6 +23,7 @@
 #include "kernels/cpu/loss.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/mlp.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 

@@ -44,6 +44,7 @@
 #include "kernels/cuda/loss.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/mlp.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/kinds.h"

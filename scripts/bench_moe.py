@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""CPU training step of a tiny Mixtral: autosp against PyTorch eager transformers, alternated.
+
+  PYTHONPATH=DEPS PYTHON scripts/bench_moe.py BIN_DIR [--rounds R] [--steps N] [--threads T]
+
+PYTHON is a current PyTorch 2.x with transformers importable (DEPS: a pip --target folder of
+transformers 4.44.2 when the venv lacks it). One tiny Mixtral (4 layers, hidden 256, 8 heads, 4
+key/value heads, 8 experts of width 512, top 2, vocab 512), random weights (seed 0) saved with
+save_pretrained in float32, trained on the same llm.c token shard by both sides: autosp-train with
+"model": {"from": DIR} (float32, data.batch_size 2, data.seq_len 512), and MixtralForCausalLM in
+train mode (its default attention, sdpa) with torch.optim.AdamW, gradients clipped to 1.0 like
+autosp's default. Each round runs N steps of one side, then of the other (A B A B ...); a side's
+time is the median step time of its rounds' steps after the first two. Prints one JSON line per
+round and the ratio. A benchmark, not a test: nothing here asserts a speed.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from transformers import MixtralConfig, MixtralForCausalLM
+
+VOCAB, SEQ, BATCH = 512, 512, 2
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    cfg = MixtralConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                        num_attention_heads=8, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2,
+                        max_position_embeddings=SEQ, sliding_window=None, tie_word_embeddings=False)
+    model = MixtralForCausalLM(cfg)
+    work = tempfile.mkdtemp(prefix="autosp-bench-moe-")
+    src = os.path.join(work, "mixtral")
+    model.save_pretrained(src, safe_serialization=True)
+    n = BATCH * (SEQ + 1) * (a.steps + 1) * a.rounds + 1
+    tokens = np.random.default_rng(1).integers(0, VOCAB, size=n, dtype=np.uint16)
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, n
+    shard = os.path.join(work, "tokens.bin")
+    with open(shard, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+    config = {"model": {"from": src},
+              "data": {"source": "tokens", "path": shard, "seq_len": SEQ, "batch_size": BATCH},
+              "train": {"steps": a.steps, "lr": 1e-4, "warmup_steps": 0, "log_every": 1},
+              "runtime": {"dtype": "float32", "threads": a.threads}}
+    cfg_path = os.path.join(work, "run.json")
+    with open(cfg_path, "w") as f:
+        json.dump(config, f)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+    t = torch.from_numpy(tokens.astype(np.int64))
+
+    def ours():
+        metrics = os.path.join(work, "m.jsonl")
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        subprocess.run([os.path.join(a.bin_dir, "autosp-train"), "--config", cfg_path, "--metrics", metrics, "--quiet"],
+                       check=True, env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)))
+        with open(metrics) as f:
+            return [json.loads(line)["step_ms"] for line in f if line.strip()]
+
+    def theirs():
+        out = []
+        for s in range(a.steps):
+            x = t[s * BATCH * SEQ:(s + 1) * BATCH * SEQ + 1]
+            ids, labels = x[:-1].view(BATCH, SEQ), x[1:].view(BATCH, SEQ)
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            logits = model(input_ids=ids).logits
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), labels.reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            out.append((time.perf_counter() - start) * 1e3)
+        return out
+
+    times = {"autosp": [], "pytorch": []}
+    for r in range(a.rounds):
+        for name, run in (("autosp", ours), ("pytorch", theirs)):
+            ms = run()[2:]
+            times[name] += ms
+            print(json.dumps({"round": r, "impl": name, "step_ms": [round(v, 1) for v in ms]}))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tok = BATCH * SEQ
+    print(json.dumps({"torch": torch.__version__, "autosp_step_ms": round(med["autosp"], 1),
+                      "pytorch_step_ms": round(med["pytorch"], 1),
+                      "autosp_tok_s": round(tok / med["autosp"] * 1e3), "pytorch_tok_s": round(tok / med["pytorch"] * 1e3),
+                      "speedup": round(med["pytorch"] / med["autosp"], 2)}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

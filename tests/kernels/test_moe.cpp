@@ -1,0 +1,125 @@
+// CPU grouped expert MLP (kernels/cpu/moe.h) against a naive per-token loop (tests/common/naive.h
+// moe_experts: each token's top-k and one SwiGLU MLP per chosen expert), with softmax router
+// probabilities and an expert that no token chooses; its backward against float64 central
+// differences of that naive loop (not of the kernel), for Mixtral's renormalised weights and
+// Qwen's raw ones; the gradients bitwise across thread counts.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "common/naive.h"
+#include "kernel_test.h"
+#include "kernels/cpu/moe.h"
+
+namespace {
+
+using namespace autosp;
+
+struct Moe {
+  int64_t R, C, E, I, k;
+  bool norm;
+  naive::Vec x, probs, wg, wu, wd, dy;
+  Moe(int64_t rows, int64_t c, int64_t e, int64_t i, int64_t top, bool nrm, uint32_t seed)
+      : R(rows), C(c), E(e), I(i), k(top), norm(nrm) {
+    x = naive::random_normal(R * C, seed);
+    naive::Vec logits = naive::random_normal(R * E, seed + 1);
+    for (int64_t r = 0; r < R; ++r) logits[r * E + E - 1] = -30;  // the last expert gets no token
+    probs = naive::softmax(logits, R, E);
+    wg = naive::random_normal(E * I * C, seed + 2, 0.3);
+    wu = naive::random_normal(E * I * C, seed + 3, 0.3);
+    wd = naive::random_normal(E * C * I, seed + 4, 0.3);
+    dy = naive::random_normal(R * C, seed + 5);
+  }
+  naive::Vec reference() const { return naive::moe_experts(x, probs, wg, wu, wd, R, C, E, I, k, norm); }
+};
+
+// Pointers to expert e's [rows·cols] block of each stacked weight.
+template <class T>
+std::vector<T*> experts(std::vector<T>& w, int64_t E) {
+  std::vector<T*> out;
+  for (int64_t e = 0; e < E; ++e) out.push_back(w.data() + e * static_cast<int64_t>(w.size()) / E);
+  return out;
+}
+
+template <class T>
+std::vector<T> forward(const Moe& m) {
+  std::vector<T> y(m.x.size());
+  const auto x = test::cast<T>(m.x), p = test::cast<T>(m.probs);
+  auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
+  const auto g = experts(wg, m.E), u = experts(wu, m.E), d = experts(wd, m.E);
+  const std::vector<const T*> gc(g.begin(), g.end()), uc(u.begin(), u.end()), dc(d.begin(), d.end());
+  cpu::moe_experts_forward<T>(x.data(), p.data(), gc.data(), uc.data(), dc.data(), y.data(), m.R, m.C, m.E, m.I, m.k,
+                              m.norm);
+  return y;
+}
+
+template <class T>
+struct Grads {
+  std::vector<T> dx, dp, dwg, dwu, dwd;
+};
+
+template <class T>
+Grads<T> backward(const Moe& m) {
+  Grads<T> g{std::vector<T>(m.x.size()), std::vector<T>(m.probs.size()), std::vector<T>(m.wg.size()),
+             std::vector<T>(m.wu.size()), std::vector<T>(m.wd.size())};
+  const auto dy = test::cast<T>(m.dy), x = test::cast<T>(m.x), p = test::cast<T>(m.probs);
+  auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
+  const auto eg = experts(wg, m.E), eu = experts(wu, m.E), ed = experts(wd, m.E);
+  const std::vector<const T*> gc(eg.begin(), eg.end()), uc(eu.begin(), eu.end()), dc(ed.begin(), ed.end());
+  cpu::moe_experts_backward<T>(dy.data(), x.data(), p.data(), gc.data(), uc.data(), dc.data(), g.dx.data(),
+                               g.dp.data(), experts(g.dwg, m.E).data(), experts(g.dwu, m.E).data(),
+                               experts(g.dwd, m.E).data(), m.R, m.C, m.E, m.I, m.k, m.norm);
+  return g;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("moe_experts matches a naive per-token loop", "[kernels][moe]", float, double) {
+  using T = TestType;
+  for (const bool norm : {true, false}) {
+    for (const int64_t k : {1, 2, 3}) {
+      INFO("norm_topk_prob " << norm << ", top_k " << k);
+      Moe m(37, 8, 6, 12, k, norm, 11);
+      for (naive::Vec* v : {&m.x, &m.probs, &m.wg, &m.wu, &m.wd}) *v = test::widen(test::cast<T>(*v));
+      test::check_close(forward<T>(m), m.reference(), sizeof(T) == 4 ? 2e-5 : 1e-12);
+    }
+  }
+}
+
+TEST_CASE("moe_experts_backward is the gradient of the naive loop (float64 central differences)", "[kernels][moe]") {
+  for (const bool norm : {true, false}) {
+    INFO("norm_topk_prob " << norm);
+    Moe m(23, 6, 5, 7, 2, norm, 21);
+    const naive::Vec r = naive::random_normal(m.R * m.C, 30);  // loss = <y, r>
+    m.dy = r;
+    const Grads<double> g = backward<double>(m);
+    auto loss = [&] { return test::dot(m.reference(), r); };
+    uint32_t seed = 40;
+    auto direction = [&](size_t n) { return naive::random_normal(static_cast<int64_t>(n), seed++); };
+    test::check_directional(m.x, direction(m.x.size()), test::widen(g.dx), loss);
+    test::check_directional(m.probs, direction(m.probs.size()), test::widen(g.dp), loss);
+    test::check_directional(m.wg, direction(m.wg.size()), test::widen(g.dwg), loss);
+    test::check_directional(m.wu, direction(m.wu.size()), test::widen(g.dwu), loss);
+    test::check_directional(m.wd, direction(m.wd.size()), test::widen(g.dwd), loss);
+    // The expert no token chose has zero weight gradients (overwritten, not left as they were).
+    const int64_t e = m.E - 1;
+    for (int64_t i = e * m.I * m.C; i < (e + 1) * m.I * m.C; ++i) REQUIRE(g.dwg[i] == 0.0);
+  }
+}
+
+TEST_CASE("moe_experts' gradients are the same bits at any thread count", "[kernels][moe]") {
+  const Moe m(600, 32, 8, 40, 2, true, 50);
+  Grads<float> first;
+  test::with_threads({1, 2, 3}, [&](int t) {
+    INFO("threads " << t);
+    Grads<float> g = backward<float>(m);
+    if (t == 1) {
+      first = std::move(g);
+      return;
+    }
+    CHECK(g.dx == first.dx);
+    CHECK(g.dp == first.dp);
+    CHECK(g.dwg == first.dwg);
+    CHECK(g.dwd == first.dwd);
+  });
+}
