@@ -36,6 +36,8 @@ enum class Op : uint16_t {
   embedding, matmul,
   // elementwise (binary ops broadcast, numpy rules)
   add, sub, mul, div, scale, neg, exp, gelu_tanh, silu,
+  // inverted dropout with a counter-based mask (LoRA's lora_dropout): x [..., C] by token_index [...]
+  dropout,
   // layout (explicit symbolic shapes)
   reshape, transpose, permute, slice, concat,
   // normalisation, position, attention

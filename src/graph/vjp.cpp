@@ -58,6 +58,11 @@ void div(VjpContext& c) {
   c.input_grads[1] = c.b.neg(c.b.div(c.b.mul(c.grad, c.node, "Gy"), c.in(1), "Gy_b"), "dB");
 }
 void scale(VjpContext& c) { c.input_grads[0] = c.b.scale(c.grad, c.node->attrs().f("factor"), "dx"); }
+// y = x · mask / (1 - p) is linear in x with the same mask: dx = dropout(G) by the same token
+// indices and attributes (the token indices get no gradient).
+void dropout(VjpContext& c) {
+  c.input_grads[0] = c.b.dropout(c.grad, c.in(1), c.node->attrs().f("p"), c.node->attrs().i("seed"), "dx");
+}
 void neg(VjpContext& c) { c.input_grads[0] = c.b.neg(c.grad, "dx"); }
 void exp(VjpContext& c) { c.input_grads[0] = c.b.mul(c.grad, c.node, "dx"); }
 void gelu_tanh(VjpContext& c) { c.input_grads[0] = c.b.gelu_tanh_backward(c.grad, c.in(0), "dx"); }

@@ -156,7 +156,8 @@ class DataCursor {
  public:
   DataCursor(const Config& cfg, const DataSource& data, const StartState& start, const ProcessMesh& mesh)
       : data_(data), start_step_(start.step),
-        per_rank_(cfg.data.batch_size * cfg.train.gradient_accumulation_steps), global_(per_rank_ * mesh.dp) {
+        per_rank_(cfg.data.batch_size * cfg.train.gradient_accumulation_steps), global_(per_rank_ * mesh.dp),
+        token_index_(cfg.lora.enabled && cfg.lora.lora_dropout > 0) {
     if (start.meta.is_null()) return;
     const nlohmann::json& saved = start.meta.contains("data_position") ? start.meta["data_position"] : nlohmann::json();
     if (saved.is_object()) {
@@ -172,7 +173,13 @@ class DataCursor {
     }
   }
   const std::string& log() const { return log_; }
-  Batch read(int64_t step, int64_t dp_rank) const { return data_.read(next(step) + dp_rank * per_rank_, per_rank_); }
+  // With lora_dropout, each token's index in the read order too (the dropout's mask counter).
+  Batch read(int64_t step, int64_t dp_rank) const {
+    const int64_t first = next(step) + dp_rank * per_rank_;
+    Batch b = data_.read(first, per_rank_);
+    if (token_index_) set_token_index(b, first);
+    return b;
+  }
   int64_t next(int64_t steps_done) const { return start_ + (steps_done - start_step_) * global_; }  // g(steps_done)
   // What a checkpoint after `steps_done` steps records (meta.json "data_position").
   nlohmann::json position(int64_t steps_done) const {
@@ -185,6 +192,7 @@ class DataCursor {
  private:
   const DataSource& data_;
   int64_t start_step_, per_rank_, global_;
+  bool token_index_;
   int64_t start_ = 0;
   std::string log_;
 };

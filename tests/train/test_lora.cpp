@@ -1,7 +1,7 @@
 // LoRA (graph/passes/lora.h, models/lora.h, train/adapter.h, the config's lora section):
 //   - every bad lora value is a UsageError naming its key: r out of range, an unknown module, a
 //     module of another family, PEFT's regex form, an empty target list, a modules_to_save entry
-//     the model lacks or that is also a target, dropout, unsupported initialisations, the tiled
+//     the model lacks or that is also a target, a dropout outside [0, 1), unsupported initialisations, the tiled
 //     MLP with an MLP target, a lora.from that is not an adapter directory;
 //   - the rewrite freezes the base: the joint program's gradients are exactly the adapters (and
 //     modules_to_save), the frozen parameters have no gradient, and --plan-memory's optimizer and
@@ -69,8 +69,10 @@ TEST_CASE("lora: every bad value is an error naming its key", "[lora][config]") 
       {kLlama, {{"modules_to_save", {"lm_heads"}}}, {}, "lora.modules_to_save: 'lm_heads' names no module"},
       {kLlama, {{"modules_to_save", {"q_proj"}}}, {}, "lora.modules_to_save: 'q_proj' is also in lora.target_modules"},
       {kLlama, {{"modules_to_save", "norm"}}, {}, "lora.modules_to_save = \"norm\": expected a list"},
-      {kLlama, {{"lora_dropout", 0.05}}, {}, "lora.lora_dropout 0.05: only 0"},
       {kLlama, {{"lora_dropout", 1.5}}, {}, "lora.lora_dropout = 1.5: expected a value in"},
+      {kLlama, {{"lora_dropout", 1.0}}, {}, "lora.lora_dropout = 1.0: expected a value in"},
+      {kLlama, {{"lora_dropout", -0.1}}, {}, "lora.lora_dropout = -0.1: expected a value in"},
+      {kLlama, {{"lora_dropout", "0.1"}}, {}, "lora.lora_dropout = \"0.1\": expected a number"},
       {kLlama, {{"lora_alpha", -1}}, {}, "lora.lora_alpha = -1"},
       {kLlama, {{"init_lora_weights", "pissa"}}, {}, "lora.init_lora_weights = \"pissa\": expected true, false or"},
       {kLlama, {{"use_rslora", "yes"}}, {}, "lora.use_rslora = \"yes\": expected true or false"},

@@ -13,7 +13,9 @@ namespace autosp {
 namespace passes {
 // The rewrite above; nothing when ctx.lora.r is 0. A target's matmuls are those whose right operand
 // is its weight parameter; the adapter reads the same x, so a sharded sequence, a bf16 cast or a
-// ZeRO-3 gather reach it as they reach W. A target weight the graph lacks, or one no matmul reads
+// ZeRO-3 gather reach it as they reach W. With plan.dropout > 0 the adapter reads
+// dropout(x) instead (Op::dropout, one seed per target), masked by a new token_index input
+// (Role::token_index, [B, S] like input_ids) that AutoSP slices like position_ids. A target weight the graph lacks, or one no matmul reads
 // (the tiled MLP's fused op hides its projections), is an error naming it.
 PassResult lora(Graph&, const PassContext&);
 }  // namespace passes
