@@ -63,16 +63,16 @@ PassResult lora(Graph& g, const PassContext& ctx) {
       it->second = {g.insert_before(mm, Op::parameter, {}, {}, t.a, Role::parameter, TensorType{w->dtype(), {r, in}}),
                     g.insert_before(mm, Op::parameter, {}, {}, t.b, Role::parameter, TensorType{w->dtype(), {out, r}})};
     auto [a, b] = it->second;
-    // xa [..., r] = x · Aᵀ; xab [..., out] = xa · Bᵀ; y + scale · xab
+    // xa [..., r] = x · Aᵀ, scaled there (r columns, not out: forward and backward); xab [..., out] = xa · Bᵀ; y + xab
     const Attrs tb{{"trans_a", false}, {"trans_b", true}};
     Node* xd = x;  // PEFT's lora_dropout(x), this target's own mask (its seed)
     if (tokens)
       xd = g.insert_after(mm, Op::dropout, {x, tokens}, {{"p", plan.dropout}, {"seed", dropout_seed(plan.seed, t.weight)}},
                           mm->name() + ".lora_dropout");
     Node* xa = g.insert_after(xd == x ? mm : xd, Op::matmul, {xd, a}, tb, mm->name() + ".lora_a");
-    Node* xab = g.insert_after(xa, Op::matmul, {xa, b}, tb, mm->name() + ".lora_b");
-    Node* scaled = g.insert_after(xab, Op::scale, {xab}, {{"factor", plan.scale}}, mm->name() + ".lora_scale");
-    Node* sum = g.insert_after(scaled, Op::add, {mm, scaled}, {}, mm->name() + ".lora");
+    Node* scaled = g.insert_after(xa, Op::scale, {xa}, {{"factor", plan.scale}}, mm->name() + ".lora_scale");
+    Node* xab = g.insert_after(scaled, Op::matmul, {scaled, b}, tb, mm->name() + ".lora_b");
+    Node* sum = g.insert_after(xab, Op::add, {mm, xab}, {}, mm->name() + ".lora");
     g.replace_all_uses_with(mm, sum, sum);
   }
   return {true};

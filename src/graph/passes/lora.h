@@ -1,5 +1,6 @@
 // LoRA as a graph rewrite (PEFT's LoraLayer, docs/decisions.md 113): every projection the plan
-// targets, y = x · W (+ b), becomes y = x · W (+ b) + scale · (x · Aᵀ) · Bᵀ, with A [r, in] and
+// targets, y = x · W (+ b), becomes y = x · W (+ b) + (scale · (x · Aᵀ)) · Bᵀ (scaled on the r
+// columns, the narrow side), with A [r, in] and
 // B [out, r] new parameters (the plan names them: models/lora.h), and every other parameter
 // frozen (Role::frozen: fed, never differentiated, no optimizer state) unless the plan lists it as
 // trainable. It runs first, on the model's forward graph, so every later pass (mixed precision,
