@@ -488,7 +488,11 @@ TensorType linear_cross_entropy_backward_rule(const Node& n, const ShapeContext&
                 " scalar for x ", in(n, 0).str()));
   return in(n, 0);
 }
-std::vector<TensorType> linear_cross_entropy_backward_extra(const Node& n) { return {in(n, 1)}; }
+// dw, or nothing ([0]) with weight_grad false (a frozen head).
+std::vector<TensorType> linear_cross_entropy_backward_extra(const Node& n) {
+  if (!linear_ce_weight_grad(n)) return {{in(n, 1).dtype, {Dim(0)}}};
+  return {in(n, 1)};
+}
 
 // scores [..., Sq, Skv]: entries with j > i + (Skv - Sq) set to `value`.
 TensorType causal_mask_rule(const Node& n, const ShapeContext&) {
@@ -835,6 +839,8 @@ const std::vector<std::string>& op_required_attrs(Op op) {
   }();
   return split.at(static_cast<size_t>(op));
 }
+
+bool linear_ce_weight_grad(const Node& n) { return !n.attrs().has("weight_grad") || n.attrs().b("weight_grad"); }
 
 std::vector<TensorType> extra_types(const Node& n) {
   const OpInfo& info = op_info(n.op());

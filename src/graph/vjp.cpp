@@ -213,10 +213,16 @@ void swiglu_mlp(VjpContext& c) {
 }
 
 // loss = linear_cross_entropy_sum(x, w, labels): one backward node, which computes the logits
-// again from x chunk by chunk, gives dx, with dw as its extra output; labels get none.
+// again from x chunk by chunk, gives dx, with dw as its extra output; labels get none. A frozen
+// head (LoRA) gets weight_grad = false: the node computes no dw (its extra output is empty).
 void linear_cross_entropy_sum(VjpContext& c) {
   Node* bwd =
       c.b.linear_cross_entropy_backward(c.in(0), c.in(1), c.in(2), c.grad, c.node->attrs().i("ignore_index"), "dx");
+  if (!c.needs_grad[1]) {
+    bwd->attrs().set("weight_grad", false);
+    c.input_grads = {bwd, nullptr, nullptr};
+    return;
+  }
   c.input_grads = {bwd, c.b.output(bwd, 1, "dw"), nullptr};
 }
 

@@ -116,9 +116,13 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
     // In the graph's dtype: bf16 under mixed precision (the frozen base needs no f32 master copy).
     for (const std::string& name : prog.frozen_names)
       s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
-    if (lead && args.init_from.empty() && cfg.model_from.empty())
-      spdlog::warn("lora: the base model is randomly initialised (no model.from or --init-from): the adapters "
-                   "train on a random base");
+    if (lead && args.init_from.empty() && cfg.model_from.empty()) {
+      // --quiet keeps it off stderr; the run's log file (train.log) still has it.
+      const auto log = args.quiet ? spdlog::get("train.log") : spdlog::default_logger();
+      if (log)
+        log->warn("lora: the base model is randomly initialised (no model.from or --init-from): the adapters "
+                  "train on a random base");
+    }
     if (lead)
       spdlog::info("lora: r {}, scale {}, {} frozen base tensors; the adapters {}", cfg.lora.r, cfg.lora.scale(),
                    prog.frozen_names.size(),
