@@ -12,7 +12,8 @@ llm.c shard; batch `--batch` of `--seq` tokens), float32, with gradient clipping
 on the adapters only. A round runs autosp-train for `--steps` steps (its step_ms from --metrics) and
 then PEFT's steps in this process (forward with labels, backward, clip_grad_norm_, AdamW.step);
 the first step of each side in a round is a warm-up and is left out. Prints one JSON line per side
-per round and a last line with the medians and their ratio (PEFT's step time / autosp's).
+per round and a last line with the medians and their ratio (PEFT's step time / autosp's), and the
+fastest steps and their ratio (on a shared machine, each side's least disturbed step).
 """
 import argparse
 import json
@@ -125,7 +126,8 @@ def main():
         theirs += t
         print(json.dumps({"round": k, "impl": "pytorch+peft", "step_ms": t}), flush=True)
     mo, mt = statistics.median(ours), statistics.median(theirs)
-    print(json.dumps({"autosp_step_ms": mo, "peft_step_ms": mt, "ratio": mt / mo, "seq": a.seq, "batch": a.batch,
+    print(json.dumps({"autosp_step_ms": mo, "peft_step_ms": mt, "ratio": mt / mo, "autosp_min_ms": min(ours),
+                      "peft_min_ms": min(theirs), "ratio_min": min(theirs) / min(ours), "seq": a.seq, "batch": a.batch,
                       "r": a.r, "targets": a.targets, "threads": a.threads, "torch": torch.__version__,
                       "transformers": transformers.__version__, "trainable": sum(p.numel() for p in trainable),
                       "loadavg_1m": os.getloadavg()[0]}))

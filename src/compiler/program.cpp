@@ -23,12 +23,16 @@ namespace autosp {
 namespace {
 
 // The lora section as the rewrite's plan: the weights its targets select, their adapters' names,
-// the scale and the parameters modules_to_save keeps trainable (r = 0 without the section).
-LoraPlan lora_plan(const Config& cfg) {
+// the scale and the parameters modules_to_save keeps trainable (r = 0 without the section), and
+// lora_dropout when the program trains (a forward-only program, validation or evaluation, is
+// PEFT's model.eval(): no dropout).
+LoraPlan lora_plan(const Config& cfg, bool training) {
   LoraPlan plan;
   if (!cfg.lora.enabled) return plan;
   plan.r = cfg.lora.r;
   plan.scale = cfg.lora.scale();
+  plan.dropout = training ? cfg.lora.lora_dropout : 0.0;
+  plan.seed = cfg.train.seed;
   for (const std::string& w : lora_target_weights(cfg.model, cfg.lora.target_modules))
     plan.targets.push_back({w, lora_a_name(w), lora_b_name(w)});
   plan.trainable = lora_saved_params(cfg.model, cfg.lora.modules_to_save);
@@ -38,7 +42,7 @@ LoraPlan lora_plan(const Config& cfg) {
 // What every pass of the rank's program reads: where the rank sits, whether the ZeRO mode shards
 // the parameters (the mode is decided once per program, by build_program; program_passes reads it
 // from the context), and from the config the fusion and checkpointing settings.
-PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode mode) {
+PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode mode, bool training) {
   PassContext ctx;
   ctx.sp_size = layout.sp;
   ctx.sp_rank = layout.sp_rank;
@@ -49,7 +53,7 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   // passes/fuse_elementwise.h).
   ctx.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
   ctx.layer_scopes = layer_scopes(cfg.model);
-  ctx.lora = lora_plan(cfg);
+  ctx.lora = lora_plan(cfg, training);
   return ctx;
 }
 
@@ -125,7 +129,7 @@ RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const Ran
     throw UsageError(str(*cfg.auto_keys.begin(), " is \"auto\": autosp-train and autosp-graph resolve it for the job's "
                          "world at start-up (autosp-plan shows the choice); give a value here"));
   const ZeroMode mode = zero_mode(cfg.zero_optimization, layout.world_size);
-  const PassContext ctx = pass_context(cfg, layout, mode);
+  const PassContext ctx = pass_context(cfg, layout, mode, stage == Stage::joint);
   std::vector<Pass> passes;
   for (const ProgramPass& p : program_passes(cfg, dtype, ctx))
     if (p.stage <= stage) passes.push_back(p.pass);
@@ -137,7 +141,7 @@ RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_
   for (Stage s : {Stage::forward, Stage::rank_forward, Stage::joint})
     if (stop_after == stage_name(s)) return build_program(cfg, dtype, s, layout);
   const ZeroMode mode = zero_mode(cfg.zero_optimization, layout.world_size);
-  const PassContext ctx = pass_context(cfg, layout, mode);
+  const PassContext ctx = pass_context(cfg, layout, mode, true);
   std::vector<Pass> passes;
   std::string names;
   for (const ProgramPass& p : program_passes(cfg, dtype, ctx)) {

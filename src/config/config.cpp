@@ -617,7 +617,7 @@ std::string and_list(const std::vector<std::string>& items) {
 
 // The lora section against the model: its targets resolved ("all-linear", or PEFT's default for
 // the family when left out) and each one a projection of the family, each modules_to_save entry a
-// module of the model, and what the rewrite cannot take (the tiled MLP's hidden projections, dropout).
+// module of the model, and what the rewrite cannot take (the tiled MLP's hidden projections).
 void check_lora(Config& c, const std::function<void(const std::string&)>& bad) {
   LoraConfig& l = c.lora;
   const Family& f = family(c.model.arch);
@@ -642,9 +642,6 @@ void check_lora(Config& c, const std::function<void(const std::string&)>& bad) {
               "; ", f.name, "'s projections are ", and_list(own), ", or \"all-linear\""));
     }
   }
-  if (l.lora_dropout > 0)
-    bad(str("lora.lora_dropout ", l.lora_dropout, ": only 0 (PEFT's default) is supported so far; the adapters see ",
-            "the projections' inputs undropped"));
   // The model's modules come from its graph (models/lora.h): built only when there is a name to check.
   const std::vector<std::string> modules = l.modules_to_save.empty() ? std::vector<std::string>{} : model_modules(c.model);
   for (const std::string& k : l.modules_to_save) {

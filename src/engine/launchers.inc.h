@@ -192,6 +192,21 @@ Tensor unary(const KernelCall& c) {
   });
 }
 
+// Inverted dropout: x [..., C] masked by token_index [...] (kernels/kinds.h). Its backward is
+// itself (the vjp applies the same mask to dy).
+Tensor dropout(const KernelCall& c) {
+  const Tensor x = arg(c, 0), token = ids64(c, 1);
+  const int64_t C = x.dim(-1), rows = x.numel() / C;
+  const double p = c.node.attrs().f("p");
+  const uint64_t seed = static_cast<uint64_t>(c.node.attrs().i("seed")), threshold = kernels::dropout_threshold(p);
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, x.dtype());
+    call(s, dev::dropout<T>, ptr<T>(x), ptr<int64_t>(token), ptr<T>(y), rows, C, seed, threshold, 1.0 / (1.0 - p));
+    return y;
+  });
+}
+
 // dx = dy · f'(x). Inputs: dy, x.
 template <kernels::UnaryGrad kOp>
 Tensor unary_backward(const KernelCall& c) {
@@ -727,6 +742,7 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::exp, unary<Unary::exp>},
     {Op::gelu_tanh, unary<Unary::gelu_tanh>},
     {Op::silu, unary<Unary::silu>},
+    {Op::dropout, dropout},
     {Op::reshape, reshape},
     {Op::transpose, permute},
     {Op::permute, permute},

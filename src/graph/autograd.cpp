@@ -63,9 +63,11 @@ std::vector<Node*> build_backward(Graph& g, Node* loss, const std::vector<Node*>
     if (!info.vjp)
       throw UsageError(str("autograd: [", node->op_name(), "] %", node->name(), " is not differentiable"));
     b.set_prefix("d." + node->name() + ".");
+    std::vector<bool> needs;
+    for (Node* in : node->inputs()) needs.push_back(from_param[g.position(in)]);
     VjpContext ctx{b, node, it == grad.end() ? nullptr : it->second,
                    xt == extra_grad.end() ? std::vector<Node*>{} : xt->second,
-                   std::vector<Node*>(node->inputs().size(), nullptr)};
+                   std::vector<Node*>(node->inputs().size(), nullptr), std::move(needs)};
     info.vjp(ctx);
     for (size_t k = 0; k < node->inputs().size(); ++k) {
       Node* in = node->input(k);

@@ -20,6 +20,7 @@ struct VjpContext {
                // differentiable extras whose primary output does not reach the loss)
   std::vector<Node*> output_grads;  // [i]: gradient of extra output i (1, 2, ...) or null; index 0 unused
   std::vector<Node*> input_grads;  // set by the rule; nullptr = no gradient for that input
+  std::vector<bool> needs_grad;    // [i]: input i depends on a parameter (a frozen one does not)
 
   Node* in(size_t i) const { return node->input(i); }
   const SymShape& in_shape(size_t i) const { return node->input(i)->shape(); }

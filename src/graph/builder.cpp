@@ -29,6 +29,9 @@ Node* Builder::sub(Node* a, Node* b, const std::string& name) { return op(Op::su
 Node* Builder::mul(Node* a, Node* b, const std::string& name) { return op(Op::mul, {a, b}, {}, name); }
 Node* Builder::div(Node* a, Node* b, const std::string& name) { return op(Op::div, {a, b}, {}, name); }
 Node* Builder::scale(Node* x, double f, const std::string& name) { return op(Op::scale, {x}, {{"factor", f}}, name); }
+Node* Builder::dropout(Node* x, Node* token_index, double p, int64_t seed, const std::string& name) {
+  return op(Op::dropout, {x, token_index}, {{"p", p}, {"seed", seed}}, name);
+}
 Node* Builder::neg(Node* x, const std::string& name) { return op(Op::neg, {x}, {}, name); }
 Node* Builder::exp(Node* x, const std::string& name) { return op(Op::exp, {x}, {}, name); }
 Node* Builder::gelu_tanh(Node* x, const std::string& name) { return op(Op::gelu_tanh, {x}, {}, name); }

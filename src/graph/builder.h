@@ -43,6 +43,8 @@ class Builder {
   Node* mul(Node* a, Node* b, const std::string& name = "mul");
   Node* div(Node* a, Node* b, const std::string& name = "div");
   Node* scale(Node* x, double factor, const std::string& name = "scale");
+  // Inverted dropout of x [..., C] with the mask of (seed, token_index [...], feature): graph/ops.h.
+  Node* dropout(Node* x, Node* token_index, double p, int64_t seed, const std::string& name = "dropout");
   Node* neg(Node* x, const std::string& name = "neg");
   Node* exp(Node* x, const std::string& name = "exp");
   Node* gelu_tanh(Node* x, const std::string& name = "gelu");

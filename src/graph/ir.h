@@ -31,6 +31,7 @@ enum class Role : uint8_t {
   none, input_ids, labels, position_ids, parameter, logits, loss, gradient,
   doc_start,  // packed documents: where each token's document begins (sdpa's document mask)
   frozen,     // a parameter that is fed but not trained: no gradient, no optimizer state (LoRA's base)
+  token_index,  // each token's index in the run's read order, i64 [B, S] (the dropout mask's counter)
 };
 std::string_view role_name(Role r);
 

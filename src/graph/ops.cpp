@@ -191,6 +191,21 @@ TensorType rmsnorm_rule(const Node& n, const ShapeContext& ctx) {
 }
 
 // x [B, N, S, D], position_ids [B, S]
+// x [..., C], token_index [...] (x's leading dims): y = x with the elements the mask drops zeroed
+// and the rest scaled by 1 / (1 - p).
+TensorType dropout_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_int(n, 1);
+  const auto& x = in(n, 0).shape;
+  const auto& t = in(n, 1).shape;
+  bool same = x.size() == t.size() + 1;
+  for (size_t i = 0; same && i < t.size(); ++i) same = ctx.same(x[i], t[i]);
+  if (!same) fail(n, str("x ", in(n, 0).str(), " [..., C] vs token_index ", in(n, 1).str(), " [...]: x's leading dims"));
+  const double p = n.attrs().f("p");
+  if (!(p >= 0 && p < 1)) fail(n, str("p = ", p, ": expected a probability in [0, 1)"));
+  return in(n, 0);
+}
+
 TensorType rope_rule(const Node& n, const ShapeContext& ctx) {
   expect_float(n, 0);
   expect_rank(n, 0, 4);
@@ -529,7 +544,11 @@ TensorType linear_cross_entropy_backward_rule(const Node& n, const ShapeContext&
                 " scalar for x ", in(n, 0).str()));
   return in(n, 0);
 }
-std::vector<TensorType> linear_cross_entropy_backward_extra(const Node& n) { return {in(n, 1)}; }
+// dw, or nothing ([0]) with weight_grad false (a frozen head).
+std::vector<TensorType> linear_cross_entropy_backward_extra(const Node& n) {
+  if (!linear_ce_weight_grad(n)) return {{in(n, 1).dtype, {Dim(0)}}};
+  return {in(n, 1)};
+}
 
 // scores [..., Sq, Skv]: entries with j > i + (Skv - Sq) set to `value`.
 TensorType causal_mask_rule(const Node& n, const ShapeContext&) {
@@ -691,6 +710,15 @@ SeqVerdict seq_norm(const Node& n, std::span<const int> in, std::string_view) {
   return {in[0]};
 }
 
+// x [..., C] masked by token_index [...]: token-wise (each token's mask comes from its own index),
+// unless the sequence were the feature dim.
+SeqVerdict seq_dropout(const Node& n, std::span<const int> in, std::string_view) {
+  const int features = n.type().rank() - 1;
+  if (in[0] == features) return {in[0], "masks along"};
+  if (in[1] != kNoSeq && in[0] != kNoSeq && in[1] != in[0]) return {in[1], "masks along"};
+  return {in[0] == kNoSeq ? in[1] : in[0]};
+}
+
 // x [B, N, S, D]: the rotation angle comes from position_ids [B, S], so S is dim 2.
 SeqVerdict seq_rope(const Node&, std::span<const int> in, std::string_view) {
   if (in[0] != kNoSeq && in[0] != 2) return {in[0], "rotates along"};
@@ -759,6 +787,8 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .seq = seq_same, .in_place = true},
     {.op = Op::silu, .name = "silu", .arity = 1, .infer = unary_rule, .vjp = vjp::silu, .seq = seq_same,
      .in_place = true},
+    {.op = Op::dropout, .name = "dropout", .arity = 2, .attrs = "p,seed", .infer = dropout_rule, .vjp = vjp::dropout,
+     .seq = seq_dropout, .in_place = true},
     {.op = Op::reshape, .name = "reshape", .arity = 1, .attrs = "shape", .infer = reshape_rule, .vjp = vjp::reshape,
      .seq = seq_reshape, .numerics = Numerics::moves},
     {.op = Op::transpose, .name = "transpose", .arity = 1, .attrs = "dim0,dim1", .infer = transpose_rule,
@@ -880,6 +910,8 @@ const std::vector<std::string>& op_required_attrs(Op op) {
   }();
   return split.at(static_cast<size_t>(op));
 }
+
+bool linear_ce_weight_grad(const Node& n) { return !n.attrs().has("weight_grad") || n.attrs().b("weight_grad"); }
 
 std::vector<TensorType> extra_types(const Node& n) {
   const OpInfo& info = op_info(n.op());

@@ -36,6 +36,8 @@ enum class Op : uint16_t {
   embedding, matmul,
   // elementwise (binary ops broadcast, numpy rules)
   add, sub, mul, div, scale, neg, exp, gelu_tanh, silu,
+  // inverted dropout with a counter-based mask (LoRA's lora_dropout): x [..., C] by token_index [...]
+  dropout,
   // layout (explicit symbolic shapes)
   reshape, transpose, permute, slice, concat,
   // normalisation, position, attention
@@ -143,6 +145,9 @@ DType accumulate_dtype(DType t);
 
 // Infer `n`'s output type from its inputs and attributes (the op's shape rule).
 TensorType infer_type(const Node& n, const std::vector<Divisibility>& assumptions);
+// Whether a linear_cross_entropy_backward node computes dw (its optional weight_grad attribute,
+// false for a frozen head; absent = true).
+bool linear_ce_weight_grad(const Node& n);
 // Types of `n`'s extra outputs (empty for single-output ops).
 std::vector<TensorType> extra_types(const Node& n);
 

@@ -58,6 +58,11 @@ void div(VjpContext& c) {
   c.input_grads[1] = c.b.neg(c.b.div(c.b.mul(c.grad, c.node, "Gy"), c.in(1), "Gy_b"), "dB");
 }
 void scale(VjpContext& c) { c.input_grads[0] = c.b.scale(c.grad, c.node->attrs().f("factor"), "dx"); }
+// y = x · mask / (1 - p) is linear in x with the same mask: dx = dropout(G) by the same token
+// indices and attributes (the token indices get no gradient).
+void dropout(VjpContext& c) {
+  c.input_grads[0] = c.b.dropout(c.grad, c.in(1), c.node->attrs().f("p"), c.node->attrs().i("seed"), "dx");
+}
 void neg(VjpContext& c) { c.input_grads[0] = c.b.neg(c.grad, "dx"); }
 void exp(VjpContext& c) { c.input_grads[0] = c.b.mul(c.grad, c.node, "dx"); }
 void gelu_tanh(VjpContext& c) { c.input_grads[0] = c.b.gelu_tanh_backward(c.grad, c.in(0), "dx"); }
@@ -221,10 +226,16 @@ void moe_experts(VjpContext& c) {
 }
 
 // loss = linear_cross_entropy_sum(x, w, labels): one backward node, which computes the logits
-// again from x chunk by chunk, gives dx, with dw as its extra output; labels get none.
+// again from x chunk by chunk, gives dx, with dw as its extra output; labels get none. A frozen
+// head (LoRA) gets weight_grad = false: the node computes no dw (its extra output is empty).
 void linear_cross_entropy_sum(VjpContext& c) {
   Node* bwd =
       c.b.linear_cross_entropy_backward(c.in(0), c.in(1), c.in(2), c.grad, c.node->attrs().i("ignore_index"), "dx");
+  if (!c.needs_grad[1]) {
+    bwd->attrs().set("weight_grad", false);
+    c.input_grads = {bwd, nullptr, nullptr};
+    return;
+  }
   c.input_grads = {bwd, c.b.output(bwd, 1, "dw"), nullptr};
 }
 

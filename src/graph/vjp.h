@@ -13,6 +13,7 @@ void sub(VjpContext&);
 void mul(VjpContext&);
 void div(VjpContext&);
 void scale(VjpContext&);
+void dropout(VjpContext&);
 void neg(VjpContext&);
 void exp(VjpContext&);
 void gelu_tanh(VjpContext&);

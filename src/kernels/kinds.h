@@ -17,6 +17,29 @@ enum class Binary { add, sub, mul, div, max, min };
 // unary_backward: dx = dy · f'(x) for the activation f.
 enum class UnaryGrad { gelu_tanh, silu };
 
+// Dropout's mask (LoRA's lora_dropout), a counter-based hash that both backends compute alike, so
+// the mask depends only on (seed, token index, feature) and never on which rank or device holds
+// the token: element c of token t is kept when the top 32 bits of
+//   mix64(dropout_row(seed, t) + c · golden)   (mix64: splitmix64's finaliser)
+// are ≥ dropout_threshold(p) = round(p · 2^32), so P(drop) = p to 2^-32. Kept elements are scaled
+// by 1 / (1 − p) (inverted dropout).
+constexpr uint64_t kGolden64 = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+constexpr uint64_t dropout_row(uint64_t seed, int64_t token) {
+  return mix64(mix64(seed) ^ (static_cast<uint64_t>(token) * kGolden64 + 0x632BE59BD9B4E019ull));
+}
+constexpr bool dropout_keep(uint64_t row, int64_t c, uint64_t threshold) {
+  return (mix64(row + static_cast<uint64_t>(c) * kGolden64) >> 32) >= threshold;
+}
+inline uint64_t dropout_threshold(double p) {
+  AUTOSP_ASSERT(p >= 0 && p < 1, "dropout p ", p);
+  return static_cast<uint64_t>(p * 4294967296.0 + 0.5);
+}
+
 // Labels with this value are not scored (PyTorch's ignore_index).
 inline constexpr int64_t kIgnoreIndex = -100;
 

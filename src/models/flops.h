@@ -27,6 +27,9 @@ int64_t flop_param_count(const ModelConfig& m);
 //   6 · flop_param_count · batch · seq  +  12 · layers · seq² · hidden · batch · ½ (causal).
 // The first term is 2 FLOPs per weight per token forward and 4 backward; the second is attention's
 // QKᵀ and PV (2·2·S²·hidden forward, twice that backward), halved because attention is causal.
-double step_flops(const ModelConfig& m, int64_t batch, int64_t seq);
+// With LoRA, `frozen` of the counted parameters are frozen (their weight-gradient GEMMs are not run:
+// 4 FLOPs per weight per token, forward and input gradient) and `added` adapter parameters train
+// (6 each): 6 · (counted − frozen + added) + 4 · frozen per token, plus attention.
+double step_flops(const ModelConfig& m, int64_t batch, int64_t seq, int64_t frozen = 0, int64_t added = 0);
 
 }  // namespace autosp

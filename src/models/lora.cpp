@@ -7,6 +7,7 @@
 #include <set>
 
 #include "models/family.h"
+#include "models/flops.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -72,6 +73,22 @@ std::map<std::string, Shape> lora_shapes(const ModelConfig& m, const std::vector
     out[lora_a_name(w)] = {r, conv1d ? s[0] : s[1]};
     out[lora_b_name(w)] = {conv1d ? s[1] : s[0], r};
   }
+  return out;
+}
+
+LoraFlopParams lora_flop_params(const ModelConfig& m, const std::vector<std::string>& targets,
+                                const std::vector<std::string>& modules_to_save, int64_t r) {
+  LoraFlopParams out;
+  for (const auto& [name, shape] : lora_shapes(m, lora_target_weights(m, targets), r)) out.adapters += shape_numel(shape);
+  int64_t trained = 0;  // modules_to_save, but for an input embedding (a lookup, not in the count)
+  const std::vector<std::string> saved = lora_saved_params(m, modules_to_save);
+  for (const ParamSpec& p : param_specs(m)) {
+    const std::string_view module = module_of(p.name);
+    const bool lookup = module.ends_with("embed_tokens") || module.ends_with("wpe") ||
+                        (module.ends_with("wte") && !m.tie_word_embeddings);
+    if (!lookup && std::find(saved.begin(), saved.end(), p.name) != saved.end()) trained += shape_numel(p.shape);
+  }
+  out.frozen = std::max<int64_t>(0, flop_param_count(m) - trained);
   return out;
 }
 

@@ -37,6 +37,14 @@ bool is_lora_param(std::string_view name);
 // "<module>.lora_B.weight" [out, r] (GPT-2's Conv1D weights are [in, out], nn.Linear's [out, in]).
 std::map<std::string, Shape> lora_shapes(const ModelConfig& m, const std::vector<std::string>& weights, int64_t r);
 
+// What LoRA changes in the step's FLOP count (models/flops.h step_flops): the parameters the FLOP
+// formula counts that are frozen (every one but those modules_to_save trains; the input
+// embedding's lookup is not counted), and the adapters' parameters at rank r.
+struct LoraFlopParams {
+  int64_t frozen = 0, adapters = 0;
+};
+LoraFlopParams lora_flop_params(const ModelConfig& m, const std::vector<std::string>& targets,
+                                const std::vector<std::string>& modules_to_save, int64_t r);
 // W + scale · B·A for each adapted weight (Conv1D: W + scale · (B·A)ᵀ): the adapters folded into
 // `params` (which holds the base, the adapters and the modules_to_save), as PEFT's merge_and_unload.
 // The result holds the model's own parameters only.

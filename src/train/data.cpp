@@ -838,6 +838,14 @@ std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab
                         make_stream(cfg, cfg.val_path, cfg.val_loss_mask_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull, Order{}));
 }
 
+void set_token_index(Batch& b, int64_t first) {
+  const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1);
+  std::vector<int64_t> index(static_cast<size_t>(B * S));
+  for (int64_t i = 0; i < B; ++i)
+    for (int64_t t = 0; t < S; ++t) index[static_cast<size_t>(i * S + t)] = (first + i) * S + t;
+  b.token_index = Tensor::from_vector<int64_t>({B, S}, index);
+}
+
 Batch pad_to_multiple(const Batch& b, int64_t p) {
   const int64_t B = b.input_ids.dim(0), S = b.input_ids.dim(1), Sp = (S + p - 1) / p * p;
   if (Sp == S) return b;
@@ -850,6 +858,7 @@ Batch pad_to_multiple(const Batch& b, int64_t p) {
   };
   Batch out{pad(b.input_ids, 0), pad(b.labels, kIgnore), pad(b.position_ids, 0)};
   if (b.doc_start.defined()) out.doc_start = pad(b.doc_start, S);
+  if (b.token_index.defined()) out.token_index = pad(b.token_index, -1);  // the padding's mask never matters
   return out;
 }
 
@@ -857,6 +866,7 @@ std::map<std::string, Tensor> batch_feeds(const Batch& b) {
   std::map<std::string, Tensor> feeds = {
       {"input_ids", b.input_ids}, {"labels", b.labels}, {"position_ids", b.position_ids}};
   if (b.doc_start.defined()) feeds["doc_start"] = b.doc_start;
+  if (b.token_index.defined()) feeds["token_index"] = b.token_index;
   return feeds;
 }
 

@@ -66,7 +66,13 @@ namespace autosp {
 struct Batch {
   Tensor input_ids, labels, position_ids;  // i64 [batch, seq_len]
   Tensor doc_start = {};                   // i64 [batch, seq_len] with data.document_mask, else undefined
+  Tensor token_index = {};                 // i64 [batch, seq_len] with lora_dropout (set_token_index), else undefined
 };
+
+// Sets b.token_index: token t of row i, sequence g = first + i of the read order, is g·seq_len + t,
+// its index in the run's token stream. The dropout mask is a function of it (kernels/kinds.h), so
+// every layout that reads sequence g drops the same elements of it.
+void set_token_index(Batch& b, int64_t first);
 
 // Marks the documents of `b` (input_ids and labels set) as above: sets doc_start, restarts
 // position_ids, ignores the targets of `eos`.
@@ -84,7 +90,7 @@ void check_doc_start(const Tensor& doc_start);
 // document (it starts at S), so no padded query attends to a real key either.
 Batch pad_to_multiple(const Batch& b, int64_t p);
 
-// The graph's inputs (input_ids, labels, position_ids, and doc_start with packed documents) by
+// The graph's inputs (input_ids, labels, position_ids, and doc_start and token_index when set) by
 // their names in the model's graph.
 std::map<std::string, Tensor> batch_feeds(const Batch& b);
 

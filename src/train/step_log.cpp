@@ -9,6 +9,7 @@
 #include "device/cuda/device.h"
 #include "engine/dispatch.h"
 #include "models/flops.h"
+#include "models/lora.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -45,7 +46,9 @@ StepLog::StepLog(const TrainArgs& args, int64_t start, int64_t total, const Conf
 StepThroughput::StepThroughput(const Config& cfg, int64_t dp, int world, Device dev) {
   const int64_t sequences = cfg.data.batch_size * cfg.train.gradient_accumulation_steps * dp;
   tokens_ = static_cast<double>(sequences * cfg.data.seq_len);
-  flops_ = step_flops(cfg.model, sequences, cfg.data.seq_len);
+  LoraFlopParams lora;  // LoRA: the frozen base runs no weight-gradient GEMMs; the adapters train
+  if (cfg.lora.enabled) lora = lora_flop_params(cfg.model, cfg.lora.target_modules, cfg.lora.modules_to_save, cfg.lora.r);
+  flops_ = step_flops(cfg.model, sequences, cfg.data.seq_len, lora.frozen, lora.adapters);
   const double device_peak = cfg.runtime.peak_tflops > 0       ? cfg.runtime.peak_tflops
                              : dev.kind == DeviceKind::cuda ? dense_bf16_peak_tflops(dev.index)
                                                             : 0;

@@ -116,9 +116,13 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
     // In the graph's dtype: bf16 under mixed precision (the frozen base needs no f32 master copy).
     for (const std::string& name : prog.frozen_names)
       s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
-    if (lead && args.init_from.empty() && cfg.model_from.empty())
-      spdlog::warn("lora: the base model is randomly initialised (no model.from or --init-from): the adapters "
-                   "train on a random base");
+    if (lead && args.init_from.empty() && cfg.model_from.empty()) {
+      // --quiet keeps it off stderr; the run's log file (train.log) still has it.
+      const auto log = args.quiet ? spdlog::get("train.log") : spdlog::default_logger();
+      if (log)
+        log->warn("lora: the base model is randomly initialised (no model.from or --init-from): the adapters "
+                  "train on a random base");
+    }
     if (lead)
       spdlog::info("lora: r {}, scale {}, {} frozen base tensors; the adapters {}", cfg.lora.r, cfg.lora.scale(),
                    prog.frozen_names.size(),
@@ -156,7 +160,8 @@ class DataCursor {
  public:
   DataCursor(const Config& cfg, const DataSource& data, const StartState& start, const ProcessMesh& mesh)
       : data_(data), start_step_(start.step),
-        per_rank_(cfg.data.batch_size * cfg.train.gradient_accumulation_steps), global_(per_rank_ * mesh.dp) {
+        per_rank_(cfg.data.batch_size * cfg.train.gradient_accumulation_steps), global_(per_rank_ * mesh.dp),
+        token_index_(cfg.lora.enabled && cfg.lora.lora_dropout > 0) {
     if (start.meta.is_null()) return;
     const nlohmann::json& saved = start.meta.contains("data_position") ? start.meta["data_position"] : nlohmann::json();
     if (saved.is_object()) {
@@ -172,7 +177,13 @@ class DataCursor {
     }
   }
   const std::string& log() const { return log_; }
-  Batch read(int64_t step, int64_t dp_rank) const { return data_.read(next(step) + dp_rank * per_rank_, per_rank_); }
+  // With lora_dropout, each token's index in the read order too (the dropout's mask counter).
+  Batch read(int64_t step, int64_t dp_rank) const {
+    const int64_t first = next(step) + dp_rank * per_rank_;
+    Batch b = data_.read(first, per_rank_);
+    if (token_index_) set_token_index(b, first);
+    return b;
+  }
   int64_t next(int64_t steps_done) const { return start_ + (steps_done - start_step_) * global_; }  // g(steps_done)
   // What a checkpoint after `steps_done` steps records (meta.json "data_position").
   nlohmann::json position(int64_t steps_done) const {
@@ -185,6 +196,7 @@ class DataCursor {
  private:
   const DataSource& data_;
   int64_t start_step_, per_rank_, global_;
+  bool token_index_;
   int64_t start_ = 0;
   std::string log_;
 };

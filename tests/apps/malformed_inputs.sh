@@ -237,7 +237,9 @@ row 'sequence_parallel.ring_size 2 with autosp_size 4 leaves Ulysses 2 ranks for
 row 'lora.r = 0: expected an integer in \[1, 65536\]' "${c[@]}" --set lora.r=0
 row "lora.target_modules: unknown module 'q_prj' (did you mean 'q_proj'?)" "${c[@]}" --set 'lora.target_modules=["q_prj"]'
 row "lora.target_modules: 'c_fc' is a projection of gpt2, not of llama" "${c[@]}" --set 'lora.target_modules=["c_fc"]'
-row 'lora.lora_dropout 0.1: only 0' "${c[@]}" --set lora.lora_dropout=0.1
+row 'lora.lora_dropout = 1: expected a value in \[0, 0.999999\]' "${c[@]}" --set lora.lora_dropout=1
+row 'lora.lora_dropout = -0.1: expected a value in' "${c[@]}" --set lora.lora_dropout=-0.1
+row 'lora.lora_dropout = "x": expected a number' "${c[@]}" --set lora.lora_dropout=x
 row "lora.modules_to_save: 'lm_heads' names no module" "${c[@]}" --set 'lora.modules_to_save=["lm_heads"]'
 row 'lora.from: .*adir/adapter_config.json: cannot open' "${c[@]}" --set lora.from="$tmp/adir"
 mkdir -p "$tmp/bad_adapter" && echo '{"peft_type": "LORA", "r": 8, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}' \

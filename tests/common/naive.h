@@ -91,6 +91,33 @@ inline double relu(double x) { return x > 0 ? x : 0.0; }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 
 // y[i] = f(x[i]).
+// ---- dropout -------------------------------------------------------------------------------------
+// The mask as kernels/kinds.h specifies it, written out from that spec (splitmix64's finaliser,
+// Steele et al. 2014): element c of token t is kept when the top 32 bits of
+// f(f(f(seed) ^ (t·φ + k)) + c·φ) are ≥ round(p·2^32); kept values are x / (1 − p).
+inline uint64_t splitmix64_finalise(uint64_t z) {
+  z ^= z >> 30;
+  z *= 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 27;
+  z *= 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z;
+}
+inline bool dropout_kept(uint64_t seed, int64_t token, int64_t c, double p) {
+  const uint64_t phi = 0x9E3779B97F4A7C15ull;
+  const uint64_t row =
+      splitmix64_finalise(splitmix64_finalise(seed) ^ (uint64_t(token) * phi + 0x632BE59BD9B4E019ull));
+  const uint64_t bits = splitmix64_finalise(row + uint64_t(c) * phi) >> 32;
+  return double(bits) >= std::round(p * 4294967296.0);
+}
+// x [rows, C], token [rows]
+inline Vec dropout(const Vec& x, const std::vector<int64_t>& token, int64_t C, double p, uint64_t seed) {
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = dropout_kept(seed, token[i / size_t(C)], int64_t(i % size_t(C)), p) ? x[i] / (1 - p) : 0.0;
+  return y;
+}
+
 inline Vec map(const Vec& x, const std::function<double(double)>& f) {
   Vec y(x.size(), 0.0);
   for (size_t i = 0; i < x.size(); ++i) y[i] = f(x[i]);

@@ -130,6 +130,12 @@ inline const std::vector<OpCase>& op_cases() {
       unary("exp", Op::exp, [](double v) { return std::exp(v); }),
       unary("gelu_tanh", Op::gelu_tanh, naive::gelu_tanh),
       unary("silu", Op::silu, naive::silu),
+      // token indices in [0, 1000): some elements of x [B, S, 6] dropped, the rest scaled by 1/(1-p)
+      OpCase{"dropout", Op::dropout, {{{B, S, 6}}, {{B, S}, true, 1000}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.dropout(x[0], x[1], 0.375, 77); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) {
+               return naive::dropout(in[0], as_ids(in[1]), 6, 0.375, 77);
+             }},
       OpCase{"reshape", Op::reshape, {{{B, S, 6}}},
              [](Builder& b, const std::vector<Node*>& x) { return b.reshape(x[0], {B * S, 2, 3}); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) { return in[0]; }},

@@ -117,3 +117,25 @@ TEMPLATE_TEST_CASE("emulated fused bias + GELU matches the CPU", "[cuda-emulatio
     check_against<T>(from_storage(y), ref);
   }
 }
+
+// Dropout (LoRA's lora_dropout): the CUDA kernel draws the CPU kernel's mask (kernels/kinds.h).
+TEMPLATE_TEST_CASE("emulated dropout draws the CPU's mask", "[cuda-emulation][elementwise][dropout]", float, double,
+                   cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  const int64_t rows = 33, C = 19;
+  const size_t n = static_cast<size_t>(rows * C);
+  const auto x = values<T>(naive::random_normal(int64_t(n), 2300, 2.0));
+  const auto xs = to_storage<T>(x);
+  std::vector<int64_t> token(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) token[size_t(r)] = 1000 + 37 * r;
+  std::vector<T> y(n);
+  std::vector<H> ref(n);
+  for (double p : {0.0, 0.3, 0.75}) {
+    INFO("p " << p);
+    const uint64_t threshold = kernels::dropout_threshold(p);
+    cpu::dropout<H>(x.data(), token.data(), ref.data(), rows, C, 99, threshold, 1.0 / (1.0 - p));
+    cuda::dropout<T>(xs.data(), token.data(), y.data(), rows, C, 99, threshold, 1.0 / (1.0 - p), nullptr);
+    check_against<T>(from_storage(y), ref);
+  }
+}

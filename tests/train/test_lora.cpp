@@ -1,12 +1,14 @@
 // LoRA (graph/passes/lora.h, models/lora.h, train/adapter.h, the config's lora section):
 //   - every bad lora value is a UsageError naming its key: r out of range, an unknown module, a
 //     module of another family, PEFT's regex form, an empty target list, a modules_to_save entry
-//     the model lacks or that is also a target, dropout, unsupported initialisations, the tiled
+//     the model lacks or that is also a target, a dropout outside [0, 1), unsupported initialisations, the tiled
 //     MLP with an MLP target, a lora.from that is not an adapter directory;
 //   - the rewrite freezes the base: the joint program's gradients are exactly the adapters (and
 //     modules_to_save), the frozen parameters have no gradient, and --plan-memory's optimizer and
 //     gradient bytes are those of the adapters alone, the frozen base counted apart; under bf16
 //     the frozen base is bf16 itself, the adapters f32 master weights;
+//   - under the tiled loss a frozen head gets no dw (weight_grad false) and the run is unchanged;
+//     the step's FLOPs count the frozen base at 4 per weight and token (no weight gradient);
 //   - the adapted forward equals the base forward with W + scale·B·A (merge_lora, summed in
 //     double here) and B = 0 gives the base's loss exactly;
 //   - a LoRA run resumed from its checkpoint (an adapter directory) continues bit for bit, and a
@@ -24,6 +26,7 @@
 #include "compiler/program.h"
 #include "config/config.h"
 #include "engine/executor.h"
+#include "models/flops.h"
 #include "models/lora.h"
 #include "models/weights.h"
 #include "tensor/check.h"
@@ -69,8 +72,10 @@ TEST_CASE("lora: every bad value is an error naming its key", "[lora][config]") 
       {kLlama, {{"modules_to_save", {"lm_heads"}}}, {}, "lora.modules_to_save: 'lm_heads' names no module"},
       {kLlama, {{"modules_to_save", {"q_proj"}}}, {}, "lora.modules_to_save: 'q_proj' is also in lora.target_modules"},
       {kLlama, {{"modules_to_save", "norm"}}, {}, "lora.modules_to_save = \"norm\": expected a list"},
-      {kLlama, {{"lora_dropout", 0.05}}, {}, "lora.lora_dropout 0.05: only 0"},
       {kLlama, {{"lora_dropout", 1.5}}, {}, "lora.lora_dropout = 1.5: expected a value in"},
+      {kLlama, {{"lora_dropout", 1.0}}, {}, "lora.lora_dropout = 1.0: expected a value in"},
+      {kLlama, {{"lora_dropout", -0.1}}, {}, "lora.lora_dropout = -0.1: expected a value in"},
+      {kLlama, {{"lora_dropout", "0.1"}}, {}, "lora.lora_dropout = \"0.1\": expected a number"},
       {kLlama, {{"lora_alpha", -1}}, {}, "lora.lora_alpha = -1"},
       {kLlama, {{"init_lora_weights", "pissa"}}, {}, "lora.init_lora_weights = \"pissa\": expected true, false or"},
       {kLlama, {{"use_rslora", "yes"}}, {}, "lora.use_rslora = \"yes\": expected true or false"},
@@ -153,6 +158,59 @@ TEST_CASE("lora: the frozen base has no gradient and no optimizer state", "[lora
     for (Node* n : mp.graph->with_role(Role::parameter)) CHECK(n->dtype() == DType::f32);
     for (const std::string& g : mp.grad_names) CHECK(mp.graph->find(g)->dtype() == DType::f32);
   }
+}
+
+// The tiled loss's backward computes the head's dw only when the head trains: a frozen head gets
+// weight_grad = false and an empty extra output, and the run trains the adapters exactly as
+// without the tiled loss.
+TEST_CASE("lora: a frozen head costs the tiled loss no weight gradient", "[lora]") {
+  for (bool saved : {false, true}) {
+    INFO("lm_head " << (saved ? "in modules_to_save" : "frozen"));
+    json lora = {{"r", 4}, {"target_modules", "all-linear"}, {"init_lora_weights", false}};
+    if (saved) lora["modules_to_save"] = {"lm_head"};
+    const Config tiled = config(kLlama, lora, {"runtime.tiled_loss=true", "train.steps=3"});
+    const RankProgram p = build_program(tiled, DType::f64, Stage::joint);
+    int found = 0;
+    for (const auto& n : p.graph->nodes())
+      if (n->op() == Op::linear_cross_entropy_backward) {
+        ++found;
+        CHECK(linear_ce_weight_grad(*n) == saved);
+        CHECK(extra_types(*n)[0].shape.size() == (saved ? 2u : 1u));
+      }
+    CHECK(found == 1);
+    TrainArgs args;
+    args.quiet = true;
+    args.accuracy = false;
+    auto single = make_single_process_communicator();
+    const TrainResult a = train(tiled, args, *single);
+    const TrainResult b = train(config(kLlama, lora, {"runtime.tiled_loss=false", "train.steps=3"}), args, *single);
+    REQUIRE(a.params.size() == b.params.size());
+    for (const auto& [name, t] : b.params) {
+      const std::vector<double> x = a.params.at(name).to_doubles(), y = t.to_doubles();
+      for (size_t i = 0; i < x.size(); ++i) REQUIRE(std::abs(x[i] - y[i]) < 1e-12);
+    }
+  }
+}
+
+// The step's FLOPs (the trainer's TFLOP/s and MFU) with a frozen base, counted by hand for a one-layer
+// Llama (C 32, 4 heads of 8, 2 K/V heads, MLP 48, vocab 64, untied) with q_proj and v_proj adapters
+// at r 4: every counted weight is frozen (4 FLOPs per token: forward and input gradient), the
+// adapters train (6 each).
+TEST_CASE("lora: the step's FLOPs count no weight gradients for the frozen base", "[lora]") {
+  json model = kLlama;
+  model["num_hidden_layers"] = 1;
+  const Config cfg = config(model, {{"r", 4}, {"target_modules", {"q_proj", "v_proj"}}});
+  const int64_t weights = 32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 32 * 48 + 2 * 32 + 32 + 64 * 32;  // no embed lookup
+  const int64_t adapters = 4 * (32 + 32) + 4 * (32 + 16);
+  const LoraFlopParams f = lora_flop_params(cfg.model, cfg.lora.target_modules, cfg.lora.modules_to_save, 4);
+  CHECK(f.frozen == weights);
+  CHECK(f.adapters == adapters);
+  const double attention = 12.0 * 1 * 16 * 16 * 32 * 2 * 0.5;  // B 2, S 16
+  CHECK(step_flops(cfg.model, 2, 16, f.frozen, f.adapters) == Approx((4.0 * weights + 6.0 * adapters) * 32 + attention));
+  CHECK(step_flops(cfg.model, 2, 16) == Approx(6.0 * weights * 32 + attention));  // full training
+  // A saved module trains whole: the final norm's 32 weights cost 6 again.
+  const Config saved = config(model, {{"r", 4}, {"target_modules", {"q_proj"}}, {"modules_to_save", {"model.norm"}}});
+  CHECK(lora_flop_params(saved.model, saved.lora.target_modules, saved.lora.modules_to_save, 4).frozen == weights - 32);
 }
 
 // The loss of `cfg`'s program fed `params` on one fixed batch.

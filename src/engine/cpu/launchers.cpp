@@ -403,10 +403,11 @@ Tensor linear_cross_entropy_backward(const KernelCall& c) {
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor dx = out_like(c, x.dtype());
-    c.extras.push_back(extra_like(c, w.shape(), w.dtype()));
+    const bool dw = linear_ce_weight_grad(c.node);  // false: a frozen head, no dw
+    c.extras.push_back(extra_like(c, dw ? w.shape() : Shape{0}, w.dtype()));
     Tensor own;
     cpu::linear_cross_entropy_backward<T>(x.data<T>(), w.data<T>(), labels.data<int64_t>(), g, dx.data<T>(),
-                                          c.extras[0].data<T>(), logits_chunk<T>(c, rows, V, own), rows, C, V,
+                                          dw ? c.extras[0].data<T>() : nullptr, logits_chunk<T>(c, rows, V, own), rows, C, V,
                                           c.node.attrs().i("ignore_index"));
     return dx;
   });
@@ -479,11 +480,12 @@ Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
   const double g = c.in[3].to_doubles()[0];
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
   Tensor dx = out_like(c, DType::bf16);
-  c.extras.push_back(extra_like(c, w.shape(), DType::bf16));
+  const bool dw = linear_ce_weight_grad(c.node);  // false: a frozen head, no dw
+  c.extras.push_back(extra_like(c, dw ? w.shape() : Shape{0}, DType::bf16));
   Tensor own;
   cpu::linear_cross_entropy_backward_bf16(cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(),
                                           labels.data<int64_t>(), g, dx.data<uint16_t>(),
-                                          c.extras[0].data<uint16_t>(), logits_chunk<float>(c, rows, V, own), rows, C,
+                                          dw ? c.extras[0].data<uint16_t>() : nullptr, logits_chunk<float>(c, rows, V, own), rows, C,
                                           V, c.node.attrs().i("ignore_index"));
   return dx;
 }

@@ -490,11 +490,12 @@ Tensor linear_cross_entropy_backward(const KernelCall& c) {
   return by_float(c, x.dtype(), [&]<class T>() {
     const Tensor g = gpu::cast(input(c, 3), acc_dtype<T>(), c.alloc, s);
     Tensor dx = out_like(c, x.dtype());
-    c.extras.push_back(extra_like(c, w.shape(), w.dtype()));
+    const bool dw = linear_ce_weight_grad(c.node);  // false: a frozen head, no dw
+    c.extras.push_back(extra_like(c, dw ? w.shape() : Shape{0}, w.dtype()));
     const Tensor logits = Tensor::empty({kernels::linear_ce_scratch_elems(rows, V)}, x.dtype(), c.alloc);
-    const Tensor acc = f32_scratch(c, cuda::ChunkedGradient<T>::acc_elems(V, C));
+    const Tensor acc = f32_scratch(c, dw ? cuda::ChunkedGradient<T>::acc_elems(V, C) : 0);
     cuda::linear_cross_entropy_backward<T>(ptr<T>(x), ptr<T>(w), ptr<int64_t>(labels), ptr<cuda::acc_t<T>>(g),
-                                           ptr<T>(dx), ptr<T>(c.extras[0]), rows, C, V, chunk,
+                                           ptr<T>(dx), dw ? ptr<T>(c.extras[0]) : nullptr, rows, C, V, chunk,
                                            c.node.attrs().i("ignore_index"), ptr<T>(logits),
                                            acc.defined() ? ptr<float>(acc) : nullptr, s);
     return dx;

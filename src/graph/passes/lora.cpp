@@ -8,6 +8,25 @@
 
 namespace autosp {
 namespace passes {
+namespace {
+
+// The token_index input [B, S] (Role::token_index) beside input_ids, which it shares its dims with.
+Node* token_index_input(Graph& g) {
+  const std::vector<Node*> ids = g.with_role(Role::input_ids);
+  if (ids.size() != 1) throw UsageError("lora: lora_dropout needs the model's one input_ids input");
+  return g.insert_after(ids[0], Op::input, {}, {}, "token_index", Role::token_index,
+                        TensorType{DType::i64, ids[0]->shape()});
+}
+
+// A target's mask seed: the run's seed and the weight's name (FNV-1a), so each adapter (each
+// layer and module) drops its own elements, as PEFT's per-module nn.Dropout does.
+int64_t dropout_seed(uint64_t seed, const std::string& weight) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : weight) h = (h ^ ch) * 0x100000001b3ull;
+  return static_cast<int64_t>(h ^ (seed * 0x9E3779B97F4A7C15ull));
+}
+
+}  // namespace
 
 PassResult lora(Graph& g, const PassContext& ctx) {
   const LoraPlan& plan = ctx.lora;
@@ -30,6 +49,7 @@ PassResult lora(Graph& g, const PassContext& ctx) {
     if (std::none_of(matmuls.begin(), matmuls.end(), [&](const Node* m) { return m->input(1) == w; }))
       throw UsageError(str("lora: no matmul reads ", t->weight, " (a fused op, such as the tiled MLP's, hides it)"));
   std::map<const Node*, std::pair<Node*, Node*>> adapter_of;  // weight → its A and B, made at its first matmul
+  Node* tokens = plan.dropout > 0 ? token_index_input(g) : nullptr;
   for (Node* mm : matmuls) {
     // x [..., in] · W, W [out, in] (trans_b: nn.Linear) or [in, out] (GPT-2's Conv1D) → y [..., out]
     Node* x = mm->input(0);
@@ -43,12 +63,16 @@ PassResult lora(Graph& g, const PassContext& ctx) {
       it->second = {g.insert_before(mm, Op::parameter, {}, {}, t.a, Role::parameter, TensorType{w->dtype(), {r, in}}),
                     g.insert_before(mm, Op::parameter, {}, {}, t.b, Role::parameter, TensorType{w->dtype(), {out, r}})};
     auto [a, b] = it->second;
-    // xa [..., r] = x · Aᵀ; xab [..., out] = xa · Bᵀ; y + scale · xab
+    // xa [..., r] = x · Aᵀ, scaled there (r columns, not out: forward and backward); xab [..., out] = xa · Bᵀ; y + xab
     const Attrs tb{{"trans_a", false}, {"trans_b", true}};
-    Node* xa = g.insert_after(mm, Op::matmul, {x, a}, tb, mm->name() + ".lora_a");
-    Node* xab = g.insert_after(xa, Op::matmul, {xa, b}, tb, mm->name() + ".lora_b");
-    Node* scaled = g.insert_after(xab, Op::scale, {xab}, {{"factor", plan.scale}}, mm->name() + ".lora_scale");
-    Node* sum = g.insert_after(scaled, Op::add, {mm, scaled}, {}, mm->name() + ".lora");
+    Node* xd = x;  // PEFT's lora_dropout(x), this target's own mask (its seed)
+    if (tokens)
+      xd = g.insert_after(mm, Op::dropout, {x, tokens}, {{"p", plan.dropout}, {"seed", dropout_seed(plan.seed, t.weight)}},
+                          mm->name() + ".lora_dropout");
+    Node* xa = g.insert_after(xd == x ? mm : xd, Op::matmul, {xd, a}, tb, mm->name() + ".lora_a");
+    Node* scaled = g.insert_after(xa, Op::scale, {xa}, {{"factor", plan.scale}}, mm->name() + ".lora_scale");
+    Node* xab = g.insert_after(scaled, Op::matmul, {scaled, b}, tb, mm->name() + ".lora_b");
+    Node* sum = g.insert_after(xab, Op::add, {mm, xab}, {}, mm->name() + ".lora");
     g.replace_all_uses_with(mm, sum, sum);
   }
   return {true};

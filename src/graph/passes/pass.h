@@ -23,6 +23,9 @@ struct LoraPlan {
   double scale = 0;  // lora_alpha / r, or lora_alpha / sqrt(r) with rsLoRA
   std::vector<Target> targets;
   std::vector<std::string> trainable;  // base parameters that train whole (PEFT's modules_to_save)
+  // lora_dropout on the adapters' input, training programs only (0: none); the mask's seed.
+  double dropout = 0;
+  uint64_t seed = 0;
 };
 
 struct PassContext {

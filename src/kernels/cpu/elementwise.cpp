@@ -313,6 +313,20 @@ void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t
 }
 
 template <class T>
+void dropout(const T* x, const int64_t* token, T* y, int64_t rows, int64_t C, uint64_t seed, uint64_t threshold,
+             double scale) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, "dropout rows ", rows, " C ", C);
+  const T s = T(scale);
+#pragma omp parallel for schedule(static) if (rows * C > kGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t row = kernels::dropout_row(seed, token[r]);
+    const T* xr = x + r * C;  // [C]
+    T* yr = y + r * C;
+    for (int64_t c = 0; c < C; ++c) yr[c] = kernels::dropout_keep(row, c, threshold) ? xr[c] * s : T(0);
+  }
+}
+
+template <class T>
 double sum_squares(const T* x, int64_t n) {
   AUTOSP_ASSERT(n >= 0, "sum_squares n ", n);
   return chunked_sum(x, n, [](double v) { return v * v; });
@@ -377,6 +391,7 @@ void fill(T* dst, int64_t n, T value) {
   template void bias_gelu_tanh<T>(const T*, const T*, T*, int64_t, int64_t);                        \
   template void bias_gelu_tanh_backward<T>(const T*, const T*, const T*, T*, int64_t, int64_t);     \
   template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*);                       \
+  template void dropout<T>(const T*, const int64_t*, T*, int64_t, int64_t, uint64_t, uint64_t, double); \
   template double sum_squares<T>(const T*, int64_t);
 AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)

@@ -30,6 +30,13 @@ template <class T>
 void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int64_t* a_strides,
             const T* b, const int64_t* b_strides, T* out);
 
+// Inverted dropout (kernels/kinds.h): y[r, c] = x[r, c] / (1 − p) where dropout_keep(dropout_row(seed,
+// token[r]), c, threshold), else 0, over x, y [rows, C] and token [rows]; `scale` = 1 / (1 − p).
+// x and y may alias.
+template <class T>
+void dropout(const T* x, const int64_t* token, T* y, int64_t rows, int64_t C, uint64_t seed, uint64_t threshold,
+             double scale);
+
 // dst[i] = value for i < n.
 template <class T>
 void fill(T* dst, int64_t n, T value);

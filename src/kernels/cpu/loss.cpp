@@ -245,14 +245,14 @@ template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
                                    T* scratch, int64_t rows, int64_t C, int64_t V, int64_t ignore_index,
                                    int64_t chunk_rows) {
-  if (rows == 0) std::fill(dw, dw + V * C, T(0));  // no rows: no gradient
+  if (rows == 0 && dw) std::fill(dw, dw + V * C, T(0));  // no rows: no gradient
   const auto logits = [&](const T* x_c, int64_t r, T* out) {
     gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), out, 0);
   };
   // dx_c [r, C] = dlogits [r, V] · w [V, C]; dw [V, C] (+)= dlogitsᵀ [V, r] · x_c [r, C]
   const auto back = [&](const T* x_c, int64_t r, int64_t r0, const T* dlogits, bool first) {
     gemm_batched<T>(false, false, 1, r, C, V, T(1), dlogits, 0, w, 0, T(0), dx + r0 * C, 0);
-    gemm_batched<T>(true, false, 1, V, C, r, T(1), dlogits, 0, x_c, 0, first ? T(0) : T(1), dw, 0);
+    if (dw) gemm_batched<T>(true, false, 1, V, C, r, T(1), dlogits, 0, x_c, 0, first ? T(0) : T(1), dw, 0);
   };
   linear_ce_backward(x, labels, grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
 }
@@ -271,7 +271,7 @@ void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const 
                                         int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows) {
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   std::vector<uint16_t> dlogits16(size_t(std::min(rows, chunk) * V));
-  std::vector<float> dx_c(size_t(std::min(rows, chunk) * C)), dw32(size_t(V * C));  // dw summed in f32 (0: no rows)
+  std::vector<float> dx_c(size_t(std::min(rows, chunk) * C)), dw32(dw ? size_t(V * C) : 0);  // dw summed in f32 (0: no rows)
   const auto logits = [&](const uint16_t* x_c, int64_t r, float* out) {
     gemm_bf16_batched(path, false, true, 1, r, V, C, 1.0f, x_c, 0, w, 0, 0.0f, out, 0);
   };
@@ -279,11 +279,12 @@ void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const 
     cast<float, uint16_t>(dlogits, dlogits16.data(), r * V);  // what the GEMMs read
     gemm_bf16_batched(path, false, false, 1, r, C, V, 1.0f, dlogits16.data(), 0, w, 0, 0.0f, dx_c.data(), 0);
     cast<float, uint16_t>(dx_c.data(), dx + r0 * C, r * C);
-    gemm_bf16_batched(path, true, false, 1, V, C, r, 1.0f, dlogits16.data(), 0, x_c, 0, first ? 0.0f : 1.0f,
-                      dw32.data(), 0);
+    if (dw)
+      gemm_bf16_batched(path, true, false, 1, V, C, r, 1.0f, dlogits16.data(), 0, x_c, 0, first ? 0.0f : 1.0f,
+                        dw32.data(), 0);
   };
   linear_ce_backward(x, labels, grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
-  cast<float, uint16_t>(dw32.data(), dw, V * C);
+  if (dw) cast<float, uint16_t>(dw32.data(), dw, V * C);
 }
 
 template double cross_entropy_sum<float>(const float*, const int64_t*, int64_t, int64_t, int64_t);

@@ -52,6 +52,7 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
 // The gradients of `grad` · that sum: per chunk the logits are computed again, turned into
 // dlogits = grad · (softmax - onehot(label)) (0 on ignored rows) in place, then
 // dx_c [r, C] = dlogits · w and dw [V, C] += dlogitsᵀ · x_c (overwritten by the first chunk).
+// dw may be null (a frozen head): then only dx is computed (also in the bf16 form below).
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
                                    T* scratch, int64_t rows, int64_t C, int64_t V,

@@ -75,6 +75,16 @@ __global__ void bias_gelu_tanh_backward_kernel(const T* dy, const T* x, const T*
   AUTOSP_GRID_STRIDE(i, n) store(dx, i, load(dy, i) * gelu_tanh_grad(load(x, i) + load(b, i % C)));
 }
 
+// y = x / (1 − p) where the mask keeps element i = r·C + c, else 0: grid-stride over n = rows·C.
+template <class T>
+__global__ void dropout_kernel(const T* x, const int64_t* token, T* y, int64_t n, int64_t C, uint64_t seed,
+                               uint64_t threshold, acc_t<T> scale) {
+  AUTOSP_GRID_STRIDE(i, n) {
+    const bool keep = kernels::dropout_keep(kernels::dropout_row(seed, token[i / C]), i % C, threshold);
+    store(y, i, keep ? load(x, i) * scale : acc_t<T>(0));
+  }
+}
+
 template <class T>
 __global__ void unary_kernel(Unary op, const T* x, T* y, int64_t n, acc_t<T> s) {
   using A = acc_t<T>;
@@ -341,6 +351,16 @@ void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C, cudaS
 }
 
 template <class T>
+void dropout(const T* x, const int64_t* token, T* y, int64_t rows, int64_t C, uint64_t seed, uint64_t threshold,
+             double scale, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, "dropout rows ", rows, " C ", C);
+  const int64_t n = rows * C;
+  if (n == 0) return;
+  launch_kernel(dropout_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, x, token, y, n, C, seed, threshold,
+                acc_t<T>(scale));
+}
+
+template <class T>
 void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C, cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "bias_gelu_tanh_backward rows ", rows, " C ", C);
   const int64_t n = rows * C;
@@ -479,6 +499,8 @@ void sum_squares(const T* x, int64_t n, double* out, cudaStream_t stream) {
   template void unary<T>(Unary, const T*, T*, int64_t, double, cudaStream_t);                                  \
   template void unary_backward<T>(UnaryGrad, const T*, const T*, T*, int64_t, cudaStream_t);                   \
   template void bias_gelu_tanh<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);                     \
+  template void dropout<T>(const T*, const int64_t*, T*, int64_t, int64_t, uint64_t, uint64_t, double,          \
+                           cudaStream_t);                                                                       \
   template void bias_gelu_tanh_backward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, cudaStream_t);  \
   template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*, const int64_t*, T*, \
                           cudaStream_t);                                                                       \

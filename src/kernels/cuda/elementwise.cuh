@@ -34,6 +34,12 @@ void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C, cudaS
 template <class T>
 void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C, cudaStream_t stream);
 
+// Inverted dropout, as kernels/cpu/elementwise.h dropout (the same mask: kernels/kinds.h). x and y
+// may alias.
+template <class T>
+void dropout(const T* x, const int64_t* token, T* y, int64_t rows, int64_t C, uint64_t seed, uint64_t threshold,
+             double scale, cudaStream_t stream);
+
 // out[idx] = a[idx·a_strides] op b[idx·b_strides] over the row-major index space `out_shape`
 // (out is contiguous). max/min propagate NaN like torch.maximum.
 template <class T>

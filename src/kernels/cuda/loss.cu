@@ -203,9 +203,9 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
     gemm_batched<T>(false, true, 1, r, V, C, 1.0, x_c, 0, w, 0, 0.0, logits, 0, stream);
     cross_entropy_backward<T>(logits, labels + r0, logits, r, V, grad, ignore_index, stream);
     gemm_batched<T>(false, false, 1, r, C, V, 1.0, logits, 0, w, 0, 0.0, dx + r0 * C, 0, stream);
-    gw.add(true, false, r, logits, x_c, stream);
+    if (dw) gw.add(true, false, r, logits, x_c, stream);
   }
-  gw.finish(stream);  // zeros when rows = 0
+  if (dw) gw.finish(stream);  // zeros when rows = 0 (no dw: a frozen head)
 }
 
 #define AUTOSP_INSTANTIATE(T)                                                                                       \

@@ -48,7 +48,8 @@ void sum_row_losses(const double* row_loss, int64_t rows, A* loss, cudaStream_t 
 // (overwritten). Per chunk of `chunk` rows: the logits x_c·wᵀ again into `logits` (scratch
 // [chunk, V]), dlogits in place (cross_entropy_backward with g = *grad), dx_c = dlogits·w, and
 // dw += dlogitsᵀ·x_c, summed over the chunks by matmul.cuh's ChunkedGradient (in f32 for bf16:
-// `acc` holds ChunkedGradient<T>::acc_elems(V, C) floats, null when that is 0).
+// `acc` holds ChunkedGradient<T>::acc_elems(V, C) floats, null when that is 0). dw null (a frozen
+// head): only dx.
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, const acc_t<T>* grad, T* dx, T* dw,
                                    int64_t rows, int64_t C, int64_t V, int64_t chunk, int64_t ignore_index, T* logits,

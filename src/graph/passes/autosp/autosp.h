@@ -4,7 +4,7 @@
 //   prepare_autosp_inputs         find the tagged inputs, their symbolic sequence dim, assume S % P == 0
 //   shard_seq_dim                 S → S//P in the attributes of every consumer; reject nodes that
 //                                 reduce or contract over the sequence outside attention
-//   shard_input_ids, shard_label_ids, shard_position_ids, shard_doc_start
+//   shard_input_ids, shard_label_ids, shard_position_ids, shard_doc_start, shard_token_index
 //                                 slice [r·(S//P), (r+1)·(S//P)) of each tagged input
 //   normalize_loss                loss = local_sum / all_reduce(count); reported loss all-reduced
 //   insert_attention_all_to_all   Ulysses all-to-alls around every sdpa (GQA: all-to-all'd or replicated K/V;
@@ -38,6 +38,7 @@ PassResult shard_input_ids(Graph&, const PassContext&);
 PassResult shard_label_ids(Graph&, const PassContext&);
 PassResult shard_position_ids(Graph&, const PassContext&);
 PassResult shard_doc_start(Graph&, const PassContext&);
+PassResult shard_token_index(Graph&, const PassContext&);
 PassResult normalize_loss(Graph&, const PassContext&);
 PassResult insert_attention_all_to_all(Graph&, const PassContext&);
 PassResult insert_ring_attention(Graph&, const PassContext&);

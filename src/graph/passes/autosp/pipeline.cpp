@@ -12,6 +12,7 @@ const std::vector<Pass>& autosp_pipeline() {
       {"shard_label_ids", passes::shard_label_ids, false},
       {"shard_position_ids", passes::shard_position_ids, false},
       {"shard_doc_start", passes::shard_doc_start, false},
+      {"shard_token_index", passes::shard_token_index, false},
       {"normalize_loss", passes::normalize_loss, false},
       {"insert_attention_all_to_all", passes::insert_attention_all_to_all, false},
       {"propagate_shapes", passes::propagate_shapes, true},
