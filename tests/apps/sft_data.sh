@@ -196,7 +196,7 @@ row '\-\-chat needs \-\-tokenizer DIR' --out "$tmp/bad" --train-tokenizer --voca
 row '\-\-seq-len 0' --out "$tmp/bad" --tokenizer "$tmp/chatml" --chat "$tmp/conv.jsonl"
 row '\-\-seq-len 1' "${o[@]}" --seq-len 1 --chat "$tmp/conv.jsonl"
 row '\-\-chat and \-\-completion exclude each other' "${o[@]}" --chat --completion "$tmp/conv.jsonl"
-row '\-\-seq-len and \-\-long apply to \-\-chat and \-\-completion' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 64 "$tmp/plain.txt"
+row '\-\-seq-len and \-\-long apply to \-\-chat, \-\-completion and \-\-preference' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 64 "$tmp/plain.txt"
 row "argument \-\-long: invalid choice: 'cut'" "${o[@]}" --chat --long cut "$tmp/conv.jsonl"
 row 'every train example is longer than \-\-seq-len 8' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 8 --long drop --chat "$tmp/conv.jsonl"
 # Conversations without an assistant turn (issue 48): --chat learns only the assistant's tokens, so a
