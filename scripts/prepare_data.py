@@ -60,10 +60,10 @@ Preference pairs (--preference, with --seq-len S and --tokenizer a model directo
   lists (conversational: the prompt's messages, and the chosen and rejected answers' messages,
   rendered with the directory's chat template as --chat does; without "prompt", the longest common
   leading run of messages of chosen and rejected is the prompt, TRL's implicit prompt). Each pair
-  gives two sequences, as TRL's DPOTrainer tokenizes them: prompt tokens (BOS first where the
-  tokenizer puts one and the rendering does not already start with it) + completion tokens + EOS
-  (not added again where the completion ends with it), prompt and completion tokenized apart, the
-  mask 1 on the completion's tokens and its EOS. Conversational rows render the prompt with the
+  gives two sequences, as TRL's DPOTrainer tokenizes them for a decoder-only model: prompt tokens +
+  completion tokens + EOS (not added again where the completion ends with it), prompt and completion
+  tokenized apart, no special tokens added (no BOS: TRL adds none; a chat template writes its own),
+  the mask 1 on the completion's tokens and its EOS. Conversational rows render the prompt with the
   generation prompt and prompt + answer without it; the answer is what the latter adds to the former.
   Both sequences of a pair go whole into one window, the chosen one first (so they are in one
   micro-batch: data.document_mask keeps them apart); a pair longer than S is left out (counted in
@@ -467,7 +467,7 @@ def completion_example(hf, bos, prompt, completion, eos):
     return bos + list(enc["input_ids"]) + [eos], [0] * len(bos) + mask + [1]
 
 
-def preference_example(hf, bos, row, eos, where):
+def preference_example(hf, row, eos, where):
     """[(ids, mask), (ids, mask)]: the chosen and the rejected sequence of one pair (see the module's
     help): prompt tokens + completion tokens + EOS, the mask 1 on the completion and its EOS."""
     form, prompt, chosen, rejected = row
@@ -484,8 +484,6 @@ def preference_example(hf, bos, row, eos, where):
             answers.append(whole[len(text):])
         chosen, rejected, prompt = answers[0], answers[1], text
     p_ids = list(hf(prompt, add_special_tokens=False)["input_ids"])
-    if bos and p_ids[:len(bos)] != bos:
-        p_ids = bos + p_ids
     seqs = []
     for key, completion in (("chosen", chosen), ("rejected", rejected)):
         c_ids = list(hf(completion, add_special_tokens=False)["input_ids"])
@@ -723,7 +721,7 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
             elif mode == "completion":
                 seqs = [completion_example(hf, bos, row[0], row[1], eos)]
             else:
-                seqs = preference_example(hf, bos, row, eos, origin)
+                seqs = preference_example(hf, row, eos, origin)
             top = max(max(ids) for ids, _ in seqs)
             if top >= vocab:
                 fail(f"{origin}: token id {top} is outside the tokenizer's vocabulary of {vocab}")

@@ -3,8 +3,9 @@
 # tests/ref/chat_fixture.py, made offline:
 #   - every pair's chosen and rejected sequences equal TRL's DPOTrainer tokenization, written out here
 #     from TRL's rules (maybe_extract_prompt, maybe_apply_chat_template, tokenize_row: prompt and
-#     completion tokenized apart, EOS after the completion), for string rows, explicit conversational
-#     rows and implicit-prompt rows; the mask is 1 exactly on the completion and its EOS;
+#     completion tokenized apart, EOS after the completion, no BOS for a decoder-only model, also
+#     where the tokenizer has one), for string rows, explicit conversational rows and implicit-prompt
+#     rows; the mask is 1 exactly on the completion and its EOS;
 #   - both sequences of a pair lie in one window, chosen first, with pair ids k + 1 / -(k + 1);
 #     padding has id 0 and mask 0; a pair longer than the window is left out and counted;
 #   - garbage rows and flags: exit 2 with one `error:` line naming the line or flag.
@@ -39,6 +40,12 @@ a() { printf '{"role": "assistant", "content": "%s"}' "$1"; }
 "${prep[@]}" --out "$tmp/p" --tokenizer "$tmp/chatml" --val-fraction 0 --preference --seq-len 64 --shard-tokens 100 \
   "$tmp/pairs.jsonl" >"$tmp/p.out" 2>&1
 check $? "prepare_data.py --preference: $(tail -c 150 "$tmp/p.out")"
+mkdir -p "$tmp/bos" && cp "$tmp/chatml/tokenizer.json" "$tmp/bos/" &&
+  "$py" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(bos_token="<|im_start|>", add_bos_token=True)
+json.dump(c, open(sys.argv[2], "w"))' "$tmp/chatml/tokenizer_config.json" "$tmp/bos/tokenizer_config.json" &&
+  "${prep[@]}" --out "$tmp/pb" --tokenizer "$tmp/bos" --val-fraction 0 --preference --seq-len 64 --shard-tokens 100 "$tmp/pairs.jsonl" >/dev/null 2>&1 &&
+  cmp -s "$tmp/p/train_000000.bin" "$tmp/pb/train_000000.bin"
+check $? "a tokenizer with a BOS (add_bos_token): the same tokens, no BOS added (TRL adds none for a decoder-only model)"
 
 "$py" - "$tmp" <<'PY'
 import glob, json, os, struct, sys
@@ -72,8 +79,7 @@ def trl(row):
         prompt = hf.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
         row = {"prompt": prompt, **{k: hf.apply_chat_template(row["prompt"] + row[k], tokenize=False)[len(prompt):]
                                     for k in ("chosen", "rejected")}}
-    p = hf(row["prompt"], add_special_tokens=False)["input_ids"]
-    p = ([hf.bos_token_id] if hf.bos_token_id is not None else []) + p
+    p = hf(row["prompt"], add_special_tokens=False)["input_ids"]  # add_special_tokens: only encoder-decoders
     return [(p, hf(row[k], add_special_tokens=False)["input_ids"] + [eos]) for k in ("chosen", "rejected")]
 
 rows = [json.loads(l) for l in open(os.path.join(d, "pairs.jsonl"))]
