@@ -13,17 +13,7 @@
 #   preference_data.sh BIN_DIR SOURCE_DIR
 set -u
 src=$2
-py=$(bash "$src/scripts/hf-venv.sh" --check 2>/dev/null) || { echo "skip: no $src/.venv-hf (scripts/hf-venv.sh)"; exit 77; }
-prep=("$py" "$src/scripts/prepare_data.py")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONWARNINGS=ignore
-fail=0
-rows=0
-check() {
-  rows=$((rows + 1))
-  if [ "$1" -ne 0 ]; then echo "FAIL [$rows] $2"; fail=1; else echo "ok   [$rows] $2"; fi
-}
+. "$src/tests/apps/lib/prep_checks.sh"  # py, prep, tmp; check and row
 
 "$py" "$src/tests/ref/chat_fixture.py" "$tmp/chatml"
 check $? "the fixture: a byte-level BPE with ChatML specials and its chat template"
@@ -110,20 +100,6 @@ PY
 check $? "--preference: tokens and masks equal TRL's tokenization, pairs whole in a window, pair ids"
 
 # ---- garbage -----------------------------------------------------------------------------------
-row() {  # row 'NEEDLE' ARGS...
-  local needle=$1
-  shift
-  rows=$((rows + 1))
-  timeout -k 5 60 "${prep[@]}" "$@" >"$tmp/out" 2>&1 </dev/null
-  local rc=$?
-  if [ $rc -ne 2 ] || [ "$(grep -c '^error: ' "$tmp/out")" -ne 1 ] || ! grep -q "^error: .*$needle" "$tmp/out"; then
-    echo "FAIL [$rows] $*: exit $rc, expected 2 and one line 'error:' containing '$needle'; output:"
-    tail -3 "$tmp/out" | sed 's/^/    /'
-    fail=1
-  else
-    echo "ok   [$rows] $(grep -m1 '^error:' "$tmp/out" | cut -c1-150)"
-  fi
-}
 good='{"prompt": "hi", "chosen": " ok", "rejected": " no"}'
 bad() { printf '%s\n%s\n' "$good" "$2" >"$tmp/$1.jsonl"; }
 bad nochosen '{"prompt": "hi", "rejected": " no"}'
