@@ -98,6 +98,14 @@ expect(all(m == 0 for m, v in zip(mask, pair) if v == 0), "tokens outside pairs 
 sys.exit(1 if failed else 0)
 PY
 check $? "--preference: tokens and masks equal TRL's tokenization, pairs whole in a window, pair ids"
+"${prep[@]}" --out "$tmp/v" --tokenizer "$tmp/chatml" --val-fraction 0.4 --preference --seq-len 64 "$tmp/pairs.jsonl" \
+  >"$tmp/v.out" 2>&1 &&
+  "$py" -c 'import json, sys, numpy as np
+d = sys.argv[1]; info = json.load(open(d + "/data.json"))
+ids = {s: sorted(set(np.load(f"{d}/pairs_{s}_000000.npy").tolist()) - {0}) for s in ("train", "val")}
+assert info["val_pairs_path"] == d + "/pairs_val_*.npy" and info["examples"] == {"train": 2, "val": 2}, info
+assert ids == {"train": [-2, -1, 1, 2], "val": [-2, -1, 1, 2]}, ids' "$tmp/v"
+check $? "--val-fraction: the validation split has its own pair ids (from 1) in pairs_val_*.npy: $(tail -c 120 "$tmp/v.out")"
 
 # ---- garbage -----------------------------------------------------------------------------------
 good='{"prompt": "hi", "chosen": " ok", "rejected": " no"}'
