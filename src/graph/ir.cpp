@@ -10,9 +10,10 @@
 namespace autosp {
 
 namespace {
-constexpr std::array<std::string_view, 10> kRoleNames{"none",   "input_ids", "labels",    "position_ids", "parameter",
-                                                      "logits", "loss",      "gradient",  "doc_start",    "frozen"};
-static_assert(kRoleNames.size() == static_cast<size_t>(Role::frozen) + 1, "every role needs a name");
+constexpr std::array<std::string_view, 11> kRoleNames{"none",   "input_ids", "labels",    "position_ids", "parameter",
+                                                      "logits", "loss",      "gradient",  "doc_start",    "frozen",
+                                                      "pair_ids"};
+static_assert(kRoleNames.size() == static_cast<size_t>(Role::pair_ids) + 1, "every role needs a name");
 }  // namespace
 
 std::string_view role_name(Role r) { return kRoleNames.at(static_cast<size_t>(r)); }

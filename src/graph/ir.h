@@ -31,6 +31,7 @@ enum class Role : uint8_t {
   none, input_ids, labels, position_ids, parameter, logits, loss, gradient,
   doc_start,  // packed documents: where each token's document begins (sdpa's document mask)
   frozen,     // a parameter that is fed but not trained: no gradient, no optimizer state (LoRA's base)
+  pair_ids,   // preference training: each target's pair slot (sharded with the labels)
 };
 std::string_view role_name(Role r);
 

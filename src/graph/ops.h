@@ -67,6 +67,10 @@ enum class Op : uint16_t {
   // rows, so no [S, V] logits are planned (extra output: each row's argmax); its backward computes
   // the logits again, chunk by chunk (extra output: dw)
   linear_cross_entropy_sum, linear_cross_entropy_backward,
+  // preference training (train.objective "dpo", graph/passes/autosp/normalize_loss): each sequence's
+  // summed completion log-probability [B, 2, K] (chosen, rejected of slot k) from logits, labels and
+  // the targets' pair slots; the DPO loss over those and the reference's; their backwards
+  sequence_logps, dpo_loss, sequence_logps_backward, dpo_loss_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

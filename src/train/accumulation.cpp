@@ -24,7 +24,8 @@ Batch micro_batch(const Batch& b, int64_t i, int64_t k) {
   AUTOSP_ASSERT(k >= 1 && i >= 0 && i < k && B % k == 0 && b.input_ids.is_contiguous(), "micro-batch ", i, " of ", k,
                 " of a batch of ", B);
   if (k == 1) return b;
-  return {rows(b.input_ids, i, k), rows(b.labels, i, k), rows(b.position_ids, i, k), rows(b.doc_start, i, k)};
+  return {rows(b.input_ids, i, k), rows(b.labels, i, k), rows(b.position_ids, i, k), rows(b.doc_start, i, k),
+          rows(b.pair_ids, i, k)};
 }
 
 int64_t global_target_count(const Batch& b, const ProcessMesh& mesh, Communicator& host) {
