@@ -672,7 +672,8 @@ void check_dpo(const Config& c, const std::function<void(const std::string&)>& b
     bad("dpo.precompute_ref: not built yet; the reference's log-probabilities are computed each step (leave it false)");
   if (c.runtime.tiled_loss) bad("train.objective \"dpo\" reads the logits: runtime.tiled_loss must be false");
   if (c.runtime.dtype == DType::bf16) bad("train.objective \"dpo\" runs in runtime.dtype float32 or float64 for now");
-  if (c.runtime.device != DeviceKind::cpu) bad("train.objective \"dpo\" has CPU kernels only: runtime.device \"cpu\"");
+  if (c.runtime.device != DeviceKind::cpu)
+    bad("train.objective \"dpo\" runs on runtime.device \"cpu\" for now (its CUDA kernels have not run on a GPU yet)");
   if (c.train.eval_every > 0 || !c.data.val_path.empty())
     bad("train.objective \"dpo\": validation (train.eval_every, data.val_path) is not built for DPO yet");
 }

@@ -9,7 +9,8 @@ first-step gradients (--dump-grads) equal the reference's, computed from the pac
 per-sequence log-probabilities (dpo_ref.packed_sequence_logps, checked equal to TRL's per-sequence
 forward by ref.dpo_packing) through autograd:
   - full fine-tuning (the reference: the starting weights; at step 1 policy = reference, so z = 0),
-    sigmoid, at P = 1, 2 (Ulysses), 2 (ring), 4 (dp 2 × sp 2) and with 2 micro-batches;
+    sigmoid, at P = 1, 2 (Ulysses), 2 (ring), 4 (dp 2 × sp 2; also ZeRO-1 and ZeRO-3) and with 2
+    micro-batches;
   - Llama with a PEFT adapter (lora.from; random A and B, so the policy differs from the reference,
     the base with the adapters off): sigmoid with label smoothing, IPO, and rpo_alpha, at P = 1 and 2;
   - Qwen2, sigmoid, at P = 1.
@@ -121,7 +122,7 @@ def main():
         qwen.save_pretrained(qwen_dir, safe_serialization=True)
         qwen = AutoModelForCausalLM.from_pretrained(qwen_dir, torch_dtype=torch.float64, attn_implementation="eager")
 
-        def config(model_dir, batch, k=1, sp=1, ring=1, **dpo):
+        def config(model_dir, batch, k=1, sp=1, ring=1, zero=0, **dpo):
             return {"model": {"from": model_dir},
                     "data": {"source": "tokens", "path": info["data"]["path"],
                              "loss_mask_path": info["data"]["loss_mask_path"], "pairs_path": info["pairs_path"],
@@ -129,6 +130,7 @@ def main():
                     "train": {"steps": 1, "log_every": 1, "objective": "dpo", "gradient_accumulation_steps": k},
                     "dpo": dict({"beta": 0.1}, **dpo),
                     "sequence_parallel": {"autosp_size": sp, "ring_size": ring},
+                    "zero_optimization": {"stage": zero},
                     "runtime": {"dtype": "float64", "threads": 1}}
 
         want = reference(llama, data, {})
@@ -136,8 +138,10 @@ def main():
                                  ("llama P=2 Ulysses", config(fx, windows, sp=2), 2),
                                  ("llama P=2 ring", config(fx, windows, sp=2, ring=2), 2),
                                  ("llama dp 2 x sp 2", config(fx, windows // 2, sp=2), 4),
+                                 ("llama dp 2 x sp 2, ZeRO-1", config(fx, windows // 2, sp=2, zero=1), 4),
+                                 ("llama dp 2 x sp 2, ZeRO-3", config(fx, windows // 2, sp=2, zero=3), 4),
                                  ("llama 2 micro-batches", config(fx, windows // 2, k=2), 1)):
-            failed += not compare(what, *run(bin_dir, work, cfg, what.replace(" ", "_"), ranks), *want)
+            failed += not compare(what, *run(bin_dir, work, cfg, what.replace(" ", "_").replace(",", ""), ranks), *want)
         want = reference(qwen, data, {})
         failed += not compare("qwen2 P=1", *run(bin_dir, work, config(qwen_dir, windows), "qwen2"), *want)
 
