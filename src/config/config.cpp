@@ -668,8 +668,6 @@ void check_dpo(const Config& c, const std::function<void(const std::string&)>& b
     bad(str("dpo.loss_type \"", c.dpo.loss_type, "\": expected \"sigmoid\" (DPO) or \"ipo\""));
   if (c.dpo.loss_type == "ipo" && c.dpo.label_smoothing != 0)
     bad("dpo.label_smoothing applies to dpo.loss_type \"sigmoid\" (TRL's conservative DPO), not \"ipo\"");
-  if (c.dpo.precompute_ref)
-    bad("dpo.precompute_ref: not built yet; the reference's log-probabilities are computed each step (leave it false)");
   if (c.runtime.tiled_loss) bad("train.objective \"dpo\" reads the logits: runtime.tiled_loss must be false");
   if (c.runtime.dtype == DType::bf16) bad("train.objective \"dpo\" runs in runtime.dtype float32 or float64 for now");
   if (c.runtime.device != DeviceKind::cpu)

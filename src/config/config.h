@@ -216,7 +216,7 @@ std::string_view zero_mode_name(ZeroMode m);  // "replicated", "sharded_moments"
 // The dpo section (train.objective "dpo"; TRL's DPOConfig names): the loss's beta, its loss_type
 // ("sigmoid": DPO, "ipo"), label_smoothing (conservative DPO), rpo_alpha (the NLL of the chosen
 // completions added with this weight; 0: none), and precompute_ref (the reference's log-probabilities
-// computed in one pass before training: not built yet, a UsageError).
+// computed in one pass over the data before training, then the reference dropped: train/preference.h).
 struct DpoConfig {
   double beta = 0.1;
   std::string loss_type = "sigmoid";

@@ -97,26 +97,69 @@ ParamMap dpo_reference_params(const Config& cfg, const RankProgram& prog, const 
   return out;
 }
 
-DpoReference::DpoReference(const Config& cfg, const ProcessMesh& mesh, ParamMap params)
-    : prog_(build_program(cfg, cfg.runtime.dtype, Stage::rank_forward, mesh)), params_(std::move(params)) {
+DpoReference::DpoReference(const Config& cfg, const ProcessMesh& mesh, ParamMap params, Device dev)
+    : prog_(build_program(cfg, cfg.runtime.dtype, Stage::rank_forward, mesh)), params_(std::move(params)), dev_(dev),
+      dtype_(prog_.graph->find("ref_logps")->dtype()), slots_(prog_.graph->find("seq_tokens")->shape()[2].value()) {
   if (prog_.zero_mode == ZeroMode::sharded_parameters)
     for (auto& [name, t] : params_) t = parameter_shard(t, mesh.world_size, mesh.world_rank);
+  to_run_device(params_, dev_);
   ExecOptions exec{.attention = cfg.runtime.attention};
   exec.transient_outputs.insert("logits");
   ex_ = std::make_unique<Executor>(*prog_.graph, std::move(exec));
   output_ = prog_.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
 }
 
-DType DpoReference::dtype() const { return prog_.graph->find("ref_logps")->dtype(); }
+size_t DpoReference::precompute(const DataSource& data, int64_t batch, int64_t seq_multiple,
+                                const CommGroups& groups) {
+  const int64_t n = data.sequences_per_epoch();
+  AUTOSP_ASSERT(n > 0, "precomputing the reference needs a dataset with epochs");
+  for (int64_t first = 0; first < n; first += batch) {
+    const Batch b = pad_to_multiple(data.read(first, std::min(batch, n - first)), seq_multiple);
+    std::map<std::string, Tensor> feeds = batch_feeds(b);
+    to_run_device(feeds, dev_);
+    const Tensor norms = Tensor::from_vector<double>({2}, {1, 1}).to(dtype_);
+    const std::vector<double> ref = host_copy(run(feeds, b, norms, groups)).to_doubles();
+    const Tensor labels = b.labels.contiguous(), pairs = b.pair_ids.contiguous();
+    const int64_t rows = labels.dim(0), S = labels.dim(1);
+    for (int64_t r = 0; r < rows; ++r)
+      for (const auto& [id, k] : row_slots(labels.data<int64_t>() + r * S, pairs.data<int64_t>() + r * S, S, r, slots_))
+        table_[id] = {ref[size_t((r * 2) * slots_ + k)], ref[size_t((r * 2 + 1) * slots_ + k)]};
+  }
+  ex_.reset();  // the step holds one model from here on
+  params_.clear();
+  prog_ = RankProgram();
+  return table_.size();
+}
 
 Tensor DpoReference::feed(std::map<std::string, Tensor>& feeds, const Batch& micro, const Tensor& norms,
                           const CommGroups& groups) const {
+  if (ex_) return run(feeds, micro, norms, groups);
+  std::map<std::string, Tensor> add = dpo_feeds(micro, slots_, dtype_);  // the table's sums by slot
+  const Tensor labels = micro.labels.contiguous(), pairs = micro.pair_ids.contiguous();
+  const int64_t rows = labels.dim(0), S = labels.dim(1);
+  std::vector<double> ref(size_t(rows * 2 * slots_), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (const auto& [id, k] : row_slots(labels.data<int64_t>() + r * S, pairs.data<int64_t>() + r * S, S, r, slots_)) {
+      const auto it = table_.find(id);
+      AUTOSP_ASSERT(it != table_.end(), "pair id ", id, " has no precomputed reference");
+      ref[size_t((r * 2) * slots_ + k)] = it->second.first;
+      ref[size_t((r * 2 + 1) * slots_ + k)] = it->second.second;
+    }
+  add["ref_logps"] = Tensor::from_vector<double>({rows, 2, slots_}, ref).to(dtype_);
+  add["dpo_norms"] = norms;
+  to_run_device(add, feeds.at("input_ids").device());
+  for (const auto& [name, t] : add) feeds[name] = t;
+  return feeds.at("ref_logps");
+}
+
+Tensor DpoReference::run(std::map<std::string, Tensor>& feeds, const Batch& micro, const Tensor& norms,
+                         const CommGroups& groups) const {
   const Device dev = feeds.at("input_ids").device();
-  std::map<std::string, Tensor> add = dpo_feeds(micro, prog_.graph->find("seq_tokens")->shape()[2].value(), dtype());
+  std::map<std::string, Tensor> add = dpo_feeds(micro, slots_, dtype_);
   add["dpo_norms"] = norms;
   add["ref_logps"] = Tensor::from_vector<double>(add["seq_tokens"].shape(),
                                                  std::vector<double>(size_t(add["seq_tokens"].numel()), 0.0))
-                         .to(dtype());
+                         .to(dtype_);
   to_run_device(add, dev);
   std::map<std::string, Tensor> own = feeds;  // the data (on the device), then the reference's weights
   for (const auto& [name, t] : add) own[name] = feeds[name] = t;

@@ -40,22 +40,35 @@ Tensor dpo_norms(const Batch& step_batch, const ProcessMesh& mesh, Communicator&
 // fed the starting weights, or with LoRA the frozen base with every lora_B zero (the adapters off,
 // as PEFT's disable_adapter). It runs each micro-batch before the policy and hands its sequence
 // sums to the policy's graph as ref_logps.
+//
+// With dpo.precompute_ref, precompute() runs the reference once over every window of the data
+// (each rank all of them, so every SP group's collectives line up; dp ranks repeat the work) and
+// keeps each pair's two sums by pair id; the reference's program and weights are then dropped, so
+// the step holds one model, and feed() looks the sums up instead of running it.
 class DpoReference {
  public:
-  DpoReference(const Config& cfg, const ProcessMesh& mesh, ParamMap params);
+  DpoReference(const Config& cfg, const ProcessMesh& mesh, ParamMap params, Device dev);
+  // The number of pairs precomputed.
+  size_t precompute(const DataSource& data, int64_t batch, int64_t seq_multiple, const CommGroups& groups);
   // Adds a micro-batch's DPO inputs to the policy's `feeds` (its data and parameters are there, on
-  // the run device):
-  // pair_slots, seq_tokens (dpo_feeds), the step's dpo_norms, and ref_logps, which the reference
-  // computes here (a collective under sequence parallelism). Returns ref_logps.
+  // the run device): pair_slots, seq_tokens (dpo_feeds), the step's dpo_norms (given on the host),
+  // and ref_logps, which the reference computes here (a collective under sequence parallelism) or
+  // the precomputed table gives. Returns ref_logps.
   Tensor feed(std::map<std::string, Tensor>& feeds, const Batch& micro, const Tensor& norms,
-              const CommGroups& groups) const;  // norms on the host
-  DType dtype() const;  // the DPO inputs' dtype
+              const CommGroups& groups) const;
+  DType dtype() const { return dtype_; }  // the DPO inputs' dtype
 
  private:
+  Tensor run(std::map<std::string, Tensor>& feeds, const Batch& micro, const Tensor& norms,
+             const CommGroups& groups) const;
   RankProgram prog_;
   std::unique_ptr<Executor> ex_;
   ParamMap params_;
   std::string output_;
+  Device dev_;
+  DType dtype_;
+  int64_t slots_;
+  std::map<int64_t, std::pair<double, double>> table_;  // precomputed: |pair id| → (chosen, rejected)
 };
 
 // The reference's weights from a run's starting point: `base` (the model before any training:

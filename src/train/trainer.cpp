@@ -312,7 +312,12 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     reference = std::make_unique<DpoReference>(
         cfg, mesh,
         dpo_reference_params(cfg, prog, cfg.lora.enabled ? start.frozen : base_params(cfg, args, master_dtype(cfg.runtime.dtype)),
-                             start.params));
+                             start.params),
+        dev);
+  if (dpo && cfg.dpo.precompute_ref) {
+    const size_t pairs = reference->precompute(*data, cfg.data.batch_size, mesh.seq_multiple(), comms->groups);
+    if (world.rank() == 0) spdlog::info("dpo: the reference's log-probabilities of {} pairs precomputed", pairs);
+  }
   const std::string policy_logps = prog.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
   DpoMetrics dpo_metrics(cfg);
   if (prog.zero_mode == ZeroMode::sharded_parameters)  // ZeRO-3 shards LoRA's frozen base like the parameters

@@ -332,7 +332,7 @@ row 'dpo.beta 0 must be > 0' "${d[@]}" "${p[@]}" --set dpo.beta=0
 row 'dpo.beta = -1: expected a value in \[0, 1e+06\]' "${d[@]}" "${p[@]}" --set dpo.beta=-1
 row 'dpo.loss_type = "hinge": expected one of sigmoid|ipo' "${d[@]}" "${p[@]}" --set dpo.loss_type=hinge
 row 'dpo.label_smoothing applies to dpo.loss_type "sigmoid"' "${d[@]}" "${p[@]}" --set dpo.loss_type=ipo --set dpo.label_smoothing=0.1
-row 'dpo.precompute_ref: not built yet' "${d[@]}" "${p[@]}" --set dpo.precompute_ref=true
+row 'dpo.precompute_ref = "yes": expected' "${d[@]}" "${p[@]}" --set dpo.precompute_ref=yes
 row 'train.objective "dpo" reads the logits: runtime.tiled_loss must be false' "${d[@]}" "${p[@]}" --set runtime.tiled_loss=true
 row "good.npy: dtype '|u1': pair ids are little-endian int32" "${d[@]}" --set "data.pairs_path=$tmp/good.npy"
 row 'short_pairs.npy: the pair-id file holds 99 values but its token file .*good.bin holds 100 tokens' "${d[@]}" \

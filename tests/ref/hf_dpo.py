@@ -10,9 +10,10 @@ per-sequence log-probabilities (dpo_ref.packed_sequence_logps, checked equal to 
 forward by ref.dpo_packing) through autograd:
   - full fine-tuning (the reference: the starting weights; at step 1 policy = reference, so z = 0),
     sigmoid, at P = 1, 2 (Ulysses), 2 (ring), 4 (dp 2 × sp 2; also ZeRO-1 and ZeRO-3) and with 2
-    micro-batches;
+    micro-batches, and with dpo.precompute_ref at P = 2 and at dp 2 × sp 2 with 2 micro-batches;
   - Llama with a PEFT adapter (lora.from; random A and B, so the policy differs from the reference,
-    the base with the adapters off): sigmoid with label smoothing, IPO, and rpo_alpha, at P = 1 and 2;
+    the base with the adapters off): sigmoid with label smoothing, IPO, and rpo_alpha, at P = 1 and 2,
+    and at P = 2 with dpo.precompute_ref;
   - Qwen2, sigmoid, at P = 1.
 Tolerances as tests/ref/hf_lora.py: transformers 4.44 takes RoPE's cos and sin in float32.
 
@@ -140,7 +141,9 @@ def main():
                                  ("llama dp 2 x sp 2", config(fx, windows // 2, sp=2), 4),
                                  ("llama dp 2 x sp 2, ZeRO-1", config(fx, windows // 2, sp=2, zero=1), 4),
                                  ("llama dp 2 x sp 2, ZeRO-3", config(fx, windows // 2, sp=2, zero=3), 4),
-                                 ("llama 2 micro-batches", config(fx, windows // 2, k=2), 1)):
+                                 ("llama 2 micro-batches", config(fx, windows // 2, k=2), 1),
+                                 ("llama P=2 precompute_ref", config(fx, windows, sp=2, precompute_ref=True), 2),
+                                 ("llama dp 2 x sp 2 precompute_ref", config(fx, 2, k=2, sp=2, precompute_ref=True), 4)):
             failed += not compare(what, *run(bin_dir, work, cfg, what.replace(" ", "_").replace(",", ""), ranks), *want)
         want = reference(qwen, data, {})
         failed += not compare("qwen2 P=1", *run(bin_dir, work, config(qwen_dir, windows), "qwen2"), *want)
@@ -154,11 +157,11 @@ def main():
                                ("ipo", {"loss_type": "ipo"}, {"loss_type": "ipo"}),
                                ("rpo_alpha 0.5", {"rpo_alpha": 0.5}, {"rpo_alpha": 0.5})):
             want = reference(lora, data, kw, lora=True)
-            for ranks in (1, 2):
-                cfg = config(fx, windows, sp=ranks, **keys)
+            for ranks, pre in ((1, False), (2, False), (2, True)):
+                cfg = config(fx, windows, sp=ranks, precompute_ref=pre, **keys)
                 cfg["lora"] = {"from": adapter}
-                failed += not compare(f"llama + LoRA {kind} P={ranks}",
-                                      *run(bin_dir, work, cfg, f"lora_{kind.split()[0]}_{ranks}", ranks), *want)
+                what = f"llama + LoRA {kind} P={ranks}" + (" precompute_ref" if pre else "")
+                failed += not compare(what, *run(bin_dir, work, cfg, f"lora_{kind.split()[0]}_{ranks}_{pre}", ranks), *want)
     print("FAILED" if failed else "DPO equals TRL's formulas (loss, metrics, gradients)")
     return 1 if failed else 0
 
