@@ -308,12 +308,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   // DPO's reference (train/preference.h): the starting model, or with LoRA the base, adapters off.
   const bool dpo = cfg.train.objective == Objective::dpo;
   std::unique_ptr<DpoReference> reference;
-  if (dpo)
-    reference = std::make_unique<DpoReference>(
-        cfg, mesh,
-        dpo_reference_params(cfg, prog, cfg.lora.enabled ? start.frozen : base_params(cfg, args, master_dtype(cfg.runtime.dtype)),
-                             start.params),
-        dev);
+  if (dpo) {
+    const ParamMap base = cfg.lora.enabled ? start.frozen : base_params(cfg, args, master_dtype(cfg.runtime.dtype));
+    reference = std::make_unique<DpoReference>(cfg, mesh, dpo_reference_params(cfg, prog, base, start.params), dev);
+  }
   if (dpo && cfg.dpo.precompute_ref) {
     const size_t pairs = reference->precompute(*data, cfg.data.batch_size, mesh.seq_multiple(), comms->groups);
     if (world.rank() == 0) spdlog::info("dpo: the reference's log-probabilities of {} pairs precomputed", pairs);
@@ -382,7 +380,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
           if (last) state->offer(n, v);
         });
         rec.loss += host_copy(r.outputs.at(prog.loss)).to_doubles()[0];  // k > 1: this micro-batch's share
-        if (dpo && mesh.sp_rank == 0) dpo_metrics.add(host_copy(r.outputs.at(policy_logps)), host_copy(ref_logps), seq_tokens);
+        if (dpo && mesh.sp_rank == 0)
+          dpo_metrics.add(host_copy(r.outputs.at(policy_logps)), host_copy(ref_logps), host_copy(seq_tokens));
         rec.peak_bytes = std::max(rec.peak_bytes, r.peak_bytes);
       }
       if (dpo) rec.objective_metrics = dpo_metrics.finish(*comms->host_world);
