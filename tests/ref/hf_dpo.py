@@ -9,7 +9,7 @@ first-step gradients (--dump-grads) equal the reference's, computed from the pac
 per-sequence log-probabilities (dpo_ref.packed_sequence_logps, checked equal to TRL's per-sequence
 forward by ref.dpo_packing) through autograd:
   - full fine-tuning (the reference: the starting weights; at step 1 policy = reference, so z = 0),
-    sigmoid, at P = 1, 2 (Ulysses), 2 (ring), 4 (dp 2 × sp 2; also ZeRO-1 and ZeRO-3) and with 2
+    sigmoid, at P = 1, 2 (Ulysses), 2 (ring), 4 (dp 2 × sp 2; also ZeRO-1, 2 and 3) and with 2
     micro-batches, and with dpo.precompute_ref at P = 2 and at dp 2 × sp 2 with 2 micro-batches;
   - Llama with a PEFT adapter (lora.from; random A and B, so the policy differs from the reference,
     the base with the adapters off): sigmoid with label smoothing, IPO, and rpo_alpha, at P = 1 and 2,
@@ -142,6 +142,7 @@ def main():
                                  ("llama P=2 ring", config(fx, windows, sp=2, ring=2), 2),
                                  ("llama dp 2 x sp 2", config(fx, windows // 2, sp=2), 4),
                                  ("llama dp 2 x sp 2, ZeRO-1", config(fx, windows // 2, sp=2, zero=1), 4),
+                                 ("llama dp 2 x sp 2, ZeRO-2", config(fx, windows // 2, sp=2, zero=2), 4),
                                  ("llama dp 2 x sp 2, ZeRO-3", config(fx, windows // 2, sp=2, zero=3), 4),
                                  ("llama 2 micro-batches", config(fx, windows // 2, k=2), 1),
                                  ("llama P=2 precompute_ref", config(fx, windows, sp=2, precompute_ref=True), 2),
