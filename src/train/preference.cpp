@@ -88,7 +88,7 @@ ParamMap dpo_reference_params(const Config& cfg, const RankProgram& prog, const 
   for (const auto& [name, t] : adapters) {
     const Node* n = prog.graph->find(name);
     AUTOSP_ASSERT(n, "adapter tensor ", name, " is not in the program");
-    if (!out.count(name)) out[name] = t.to(n->dtype());  // modules_to_save keep the base's tensor
+    if (!out.count(name)) out[name] = t.to(n->dtype());  // lora_A, lora_B (modules_to_save: the base's)
   }
   for (const std::string& w : lora_target_weights(cfg.model, cfg.lora.target_modules)) {
     Tensor& b = out.at(lora_b_name(w));

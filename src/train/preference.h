@@ -72,8 +72,9 @@ class DpoReference {
 };
 
 // The reference's weights from a run's starting point: `base` (the model before any training:
-// model.from, --init-from or the seed's initialisation) in the program's dtypes; with LoRA plus
-// `adapters` (their shapes) with each lora_B zero.
+// model.from, --init-from or the seed's initialisation; with LoRA the frozen base and the base
+// values of the modules_to_save tensors) in the program's dtypes; with LoRA plus `adapters`
+// (their shapes) with each lora_B zero.
 ParamMap dpo_reference_params(const Config& cfg, const RankProgram& prog, const ParamMap& base,
                               const ParamMap& adapters);
 

@@ -309,7 +309,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const bool dpo = cfg.train.objective == Objective::dpo;
   std::unique_ptr<DpoReference> reference;
   if (dpo) {
-    const ParamMap base = cfg.lora.enabled ? start.frozen : base_params(cfg, args, master_dtype(cfg.runtime.dtype));
+    ParamMap base = cfg.lora.enabled ? start.frozen : base_params(cfg, args, master_dtype(cfg.runtime.dtype));
+    if (cfg.lora.enabled && !cfg.lora.modules_to_save.empty())  // their base values, not the trained copies
+      for (auto& [name, t] : base_params(cfg, args, master_dtype(cfg.runtime.dtype)))
+        if (start.params.count(name)) base[name] = t;
     reference = std::make_unique<DpoReference>(cfg, mesh, dpo_reference_params(cfg, prog, base, start.params), dev);
   }
   if (dpo && cfg.dpo.precompute_ref) {

@@ -13,7 +13,8 @@ forward by ref.dpo_packing) through autograd:
     micro-batches, and with dpo.precompute_ref at P = 2 and at dp 2 × sp 2 with 2 micro-batches;
   - Llama with a PEFT adapter (lora.from; random A and B, so the policy differs from the reference,
     the base with the adapters off): sigmoid with label smoothing, IPO, and rpo_alpha, at P = 1 and 2,
-    and at P = 2 with dpo.precompute_ref; sigmoid with label smoothing also in bfloat16 at P = 2,
+    and at P = 2 with dpo.precompute_ref, and an adapter with modules_to_save (a norm moved off its
+    base, which the reference must not read) at P = 2; sigmoid with label smoothing also in bfloat16 at P = 2,
     within bf16's error (2e-3 of the loss and metrics, 2e-2 of the largest gradient);
   - Qwen2, sigmoid, at P = 1.
 Tolerances as tests/ref/hf_lora.py: transformers 4.44 takes RoPE's cos and sin in float32.
@@ -170,6 +171,23 @@ def main():
                 cfg["lora"] = {"from": adapter}
                 failed += not compare(f"llama + LoRA {kind} P=2 bfloat16", *run(bin_dir, work, cfg, "lora_bf16", 2),
                                       *want, tol=BF16_TOL, rel=BF16_REL)
+        # modules_to_save (a norm, moved off its base values): PEFT's disable_adapter() reads the base's
+        # module, so the reference must too.
+        llama = AutoModelForCausalLM.from_pretrained(fx, torch_dtype=torch.float64, attn_implementation="eager")
+        saved_adapter = os.path.join(work, "adapter_saved")
+        torch.manual_seed(2)
+        lora = get_peft_model(llama, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                                                modules_to_save=["norm"], init_lora_weights=False))
+        with torch.no_grad():
+            for name, p in lora.named_parameters():
+                if "modules_to_save" in name:
+                    p.add_(0.05 * torch.randn_like(p))
+        lora.save_pretrained(saved_adapter)
+        want = reference(lora, data, {}, lora=True)
+        want = (want[0], want[1], {k.replace(".modules_to_save", ""): g for k, g in want[2].items()})
+        cfg = config(fx, windows, sp=2)
+        cfg["lora"] = {"from": saved_adapter}
+        failed += not compare("llama + LoRA, modules_to_save norm P=2", *run(bin_dir, work, cfg, "lora_saved", 2), *want)
     print("FAILED" if failed else "DPO equals TRL's formulas (loss, metrics, gradients)")
     return 1 if failed else 0
 
