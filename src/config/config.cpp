@@ -662,6 +662,9 @@ void check_dpo(const Config& c, const std::function<void(const std::string&)>& b
     bad("train.objective \"dpo\" needs data.pairs_path: the pair ids beside the token shards (scripts/prepare_data.py "
         "--preference writes them; its data.json names them)");
   if (!c.data.mix.empty()) bad("train.objective \"dpo\" reads data.path, not data.mix");
+  if (c.data.loss_mask_path.empty())
+    bad("train.objective \"dpo\" needs data.loss_mask_path: the completion masks (without them the prompts would "
+        "score too; scripts/prepare_data.py --preference writes them)");
   if (c.data.source != DataSourceKind::tokens) bad("train.objective \"dpo\" needs data.source \"tokens\"");
   if (c.dpo.beta <= 0) bad(str("dpo.beta ", c.dpo.beta, " must be > 0"));
   if (c.dpo.loss_type != "sigmoid" && c.dpo.loss_type != "ipo")

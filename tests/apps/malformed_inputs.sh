@@ -323,10 +323,12 @@ row 'train.eval_every 1 needs data.val_path' "${c[@]}" "${tokens[@]}$tmp/good.bi
 row 'data.val_path does not apply to data.source "synthetic"' "${c[@]}" --set "data.val_path=$tmp/good.bin"
 row 'train.eval_batches = 0' "${c[@]}" --set train.eval_batches=0
 # DPO (issue 44): the objective and its section, pair-id files, a pair its window cuts
-d=("${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.objective=dpo)
+d=("${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.objective=dpo --set "data.loss_mask_path=$tmp/good.npy")
 p=(--set "data.pairs_path=$tmp/good_pairs.npy")
 row 'train.objective = "ppo": expected one of lm|dpo' "${c[@]}" --set train.objective=ppo
 row 'train.objective "dpo" needs data.pairs_path' "${d[@]}"
+row 'train.objective "dpo" needs data.loss_mask_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.objective=dpo \
+    --set "data.pairs_path=$tmp/good_pairs.npy"
 row 'data.pairs_path and data.val_pairs_path are for train.objective "dpo"' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${p[@]}"
 row 'dpo.beta 0 must be > 0' "${d[@]}" "${p[@]}" --set dpo.beta=0
 row 'dpo.beta = -1: expected a value in \[0, 1e+06\]' "${d[@]}" "${p[@]}" --set dpo.beta=-1

@@ -456,6 +456,7 @@ TEST_CASE("the resolved config holds every key, and parsing it again gives it ba
   // without it the dpo keys are left out (as lora's are).
   CHECK(!parse_config(json::object()).resolved.contains("dpo"));
   const Config dpo = parse_config(json::object(), {"data.source=tokens", "data.path=t/*.bin", "data.pairs_path=p/*.npy",
+                                                   "data.loss_mask_path=t/*.npy",
                                                    "train.objective=dpo", "dpo.beta=0.25", "dpo.loss_type=ipo",
                                                    "dpo.rpo_alpha=0.5"});
   CHECK(key_paths({{"dpo", dpo.resolved["dpo"]}}) ==
