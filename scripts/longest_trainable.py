@@ -5,6 +5,7 @@
       [--checkpoint | --no-checkpoint] [--threads T] [--bin build/bin] [--python PY]
       [--multiple 1024] [--fit 8192,16384] [--margin 0.03] [--data random|config]
       [--grow 1.25] [--[no-]drop-caches] [--from S] [--probe S1,S2,...] [--set k=v ...] [--out probes.jsonl]
+      [--pairs]
 
 Each probe is one process that runs one training step (forward, backward, gradient clipping, AdamW)
 of the config's model at batch 1 and sequence length S:
@@ -12,7 +13,8 @@ of the config's model at batch 1 and sequence length S:
            --set runtime.activation_checkpointing=... --set data.source=tokens --set data.path=F, where F
            is an llm.c token shard of random tokens the script writes (--data config: the config's
            own data instead; the synthetic task keeps its logits to score accuracy, costing
-           B·S·V·4 bytes more)
+           B·S·V·4 bytes more; --pairs adds a loss mask and pair ids beside it and trains
+           train.objective "dpo" on one pair a window, each sequence S/2 tokens, half of it completion)
   pytorch  PY scripts/bench_pytorch.py --config CFG --batch 1 --seq S --warmup 0 --iters 1 --[no-]checkpoint
            (PY: a current PyTorch, scripts/pytorch-venv.sh prints it)
 
@@ -139,6 +141,30 @@ def token_shard(a, S):
     return path
 
 
+def npy(path, descr, values, fmt):
+    """A one-dimensional .npy file (format 1.0) of `values`."""
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (descr, len(values))
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode()
+                + struct.pack(f"<{len(values)}{fmt}", *values))
+
+
+def pair_files(a, S):
+    """--pairs: the loss mask and pair ids (scripts/prepare_data.py --preference's files) beside
+    token_shard(a, S): one pair, chosen = tokens [0, S/2), rejected = [S/2, S), each's second half its
+    completion; token S (no target of the window) a pad."""
+    half = S // 2
+    masks, pairs = os.path.join(a.scratch, f"tokens-{S}.npy"), os.path.join(a.scratch, f"pairs-{S}.npy")
+    if not os.path.exists(pairs):
+        ids = [1] * half + [-1] * (S - half) + [0]
+        mask = [1 if (t % half) >= half // 2 else 0 for t in range(S)] + [0]
+        npy(masks, "|u1", mask, "B")
+        npy(pairs, "<i4", ids, "i")
+    return ["--set", f"data.loss_mask_path={masks}", "--set", f"data.pairs_path={pairs}",
+            "--set", "train.objective=dpo"]
+
+
 def drop_page_cache():
     """Drop the clean page cache (root only), so that the next probe's libraries are read, and
     charged, inside its cgroup. Returns whether it was dropped."""
@@ -156,6 +182,7 @@ def probe_command(a, S):
     ck = a.checkpoint
     if a.impl == "autosp":
         data = [] if a.data == "config" else ["--set", "data.source=tokens", "--set", f"data.path={token_shard(a, S)}"]
+        data += pair_files(a, S) if a.pairs else []
         cmd = [os.path.join(a.bin, "autosp-train"), "--config", cfg, "--steps", "1",
                "--set", f"data.seq_len={S}", "--set", "data.batch_size=1",
                "--set", f"model.max_position_embeddings={max(S, 1)}",
@@ -225,6 +252,8 @@ def main():
                     help="a length an earlier run of this budget found to fit: the search starts one --margin "
                          "above it instead of at the prediction")
     ap.add_argument("--data", choices=["random", "config"], default="random")
+    ap.add_argument("--pairs", action="store_true",
+                    help="autosp with --data random: train.objective dpo on one preference pair a window")
     ap.add_argument("--drop-caches", action=argparse.BooleanOptionalAction, default=True,
                     help="drop the page cache before each probe in a cgroup (root only)")
     ap.add_argument("--probe", help="only probe these lengths (comma-separated), no search")
@@ -239,6 +268,8 @@ def main():
         fit = []
     if a.known is not None and a.known < 1:
         fail(f"--from {a.known}: expected a positive length")
+    if a.pairs and (a.impl != "autosp" or a.data != "random"):
+        fail("--pairs: DPO probes are autosp-train's on the script's own data (--impl autosp --data random)")
     probes = None
     if a.probe is not None:
         try:

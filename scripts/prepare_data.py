@@ -54,6 +54,25 @@ per token; each piece after the first starts a window without the context before
 target. Beside each shard <split>_NNNNNN.bin is <split>_NNNNNN.npy, the one-dimensional uint8 mask
 of its tokens (data.loss_mask_path / data.val_loss_mask_path), and data.json names them with
 seq_len, eos_token_id and document_mask: true.
+
+Preference pairs (--preference, with --seq-len S and --tokenizer a model directory), for DPO:
+  .jsonl rows in TRL's preference format: {"prompt", "chosen", "rejected"} as strings, or as message
+  lists (conversational: the prompt's messages, and the chosen and rejected answers' messages,
+  rendered with the directory's chat template as --chat does; without "prompt", the longest common
+  leading run of messages of chosen and rejected is the prompt, TRL's implicit prompt). Each pair
+  gives two sequences, as TRL's DPOTrainer tokenizes them for a decoder-only model: prompt tokens +
+  completion tokens + EOS (not added again where the completion ends with it), prompt and completion
+  tokenized apart, no special tokens added (no BOS: TRL adds none; a chat template writes its own),
+  the mask 1 on the completion's tokens and its EOS. Conversational rows render the prompt with the
+  generation prompt and prompt + answer without it; the answer is what the latter adds to the former.
+  Both sequences of a pair go whole into one window, the chosen one first (so they are in one
+  micro-batch: data.document_mask keeps them apart); a pair longer than S is left out (counted in
+  data.json; --long split does not apply). Beside each shard <split>_NNNNNN.bin and its mask is
+  pairs_<split>_NNNNNN.npy, one int32 per token: k + 1 on the tokens of pair k's chosen sequence,
+  -(k + 1) on its rejected one, 0 on padding (k counts the split's pairs from 0). data.json names
+  them (pairs_path, val_pairs_path). A row without prompt (string form), chosen or rejected, a value
+  of the wrong type, an empty completion, or a prompt that renders differently before chosen than
+  before rejected is an error naming the line.
 """
 import argparse
 import glob
@@ -68,7 +87,8 @@ EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 HEADER_INTS = 256
 # What a run writes into --out: the shards (and their temporary names), tokenizer.json, data.json.
 OUTPUTS = ("train_*.bin", "val_*.bin", "train_*.bin.tmp", "val_*.bin.tmp", "train_*.npy", "val_*.npy",
-           "train_*.npy.tmp", "val_*.npy.tmp", "tokenizer.json", "data.json")
+           "train_*.npy.tmp", "val_*.npy.tmp", "pairs_train_*.npy", "pairs_val_*.npy", "pairs_train_*.npy.tmp",
+           "pairs_val_*.npy.tmp", "tokenizer.json", "data.json")
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -109,9 +129,14 @@ def chat_row(obj, where):
     string content."""
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
         fail(f"{where}: expected an object with a non-empty list 'messages' of {{role, content}} (--chat)")
+    return checked_messages(obj["messages"], where, "messages")
+
+
+def checked_messages(messages, where, key):
+    """A list of {role, content} messages, each with a known role and string content."""
     out = []
-    for i, m in enumerate(obj["messages"]):
-        at = f"{where}: messages[{i}]"
+    for i, m in enumerate(messages):
+        at = f"{where}: {key}[{i}]"
         if not isinstance(m, dict):
             fail(f"{at}: expected an object {{role, content}}, got {json.dumps(m)[:60]}")
         if "role" not in m:
@@ -152,6 +177,42 @@ def completion_row(obj, where):
     return checked_text(obj["prompt"], where, "'prompt'"), checked_text(obj["completion"], where, "'completion'")
 
 
+def preference_row(obj, where):
+    """--preference: ("text", prompt, chosen, rejected) of strings, or ("chat", prompt, chosen, rejected)
+    of message lists (checked as --chat checks them; an implicit prompt is taken from chosen and
+    rejected here)."""
+    if not isinstance(obj, dict):
+        fail(f"{where}: expected an object {{prompt, chosen, rejected}} (--preference)")
+    for key in ("chosen", "rejected"):
+        if key not in obj:
+            fail(f"{where}: no '{key}' (--preference reads TRL's {{prompt, chosen, rejected}})")
+    if all(isinstance(obj.get(k), str) for k in ("chosen", "rejected")):
+        if not isinstance(obj.get("prompt"), str):
+            fail(f"{where}: 'prompt' must be a string like 'chosen' and 'rejected', got "
+                 f"{json.dumps(obj.get('prompt'))[:60]} (--preference)")
+        return ("text",) + tuple(checked_text(obj[k], where, f"'{k}'") for k in ("prompt", "chosen", "rejected"))
+    if not all(isinstance(obj.get(k), list) for k in ("chosen", "rejected")) or \
+            ("prompt" in obj and not isinstance(obj["prompt"], list)):
+        fail(f"{where}: 'prompt', 'chosen' and 'rejected' must all be strings or all lists of messages "
+             f"(--preference)")
+    chosen, rejected = (checked_messages(obj[k], where, k) for k in ("chosen", "rejected"))
+    if "prompt" in obj:
+        prompt = checked_messages(obj["prompt"], where, "prompt")
+    else:
+        n = 0  # TRL's implicit prompt: the messages chosen and rejected share from the start
+        while n < min(len(chosen), len(rejected)) - 1 and chosen[n] == rejected[n]:
+            n += 1
+        if n == 0:
+            fail(f"{where}: no 'prompt', and 'chosen' and 'rejected' share no leading message to take as the prompt "
+                 f"(--preference)")
+        prompt, chosen, rejected = chosen[:n], chosen[n:], rejected[n:]
+    for key, answer in (("chosen", chosen), ("rejected", rejected)):
+        if not any(m["content"] for m in answer):
+            fail(f"{where}: '{key}' is an empty completion (no message with content), so it has no log-probability "
+                 f"to compare")
+    return "chat", prompt, chosen, rejected
+
+
 def jsonl_rows(path, parse):
     """(origin, parse(obj, origin)) for every non-blank line of a .jsonl file."""
     docs = []
@@ -186,7 +247,8 @@ def text_documents(path, paragraphs):
 
 def documents(paths, text_key, paragraphs, mode=None):
     """(origin, text) for every document of the inputs, in order; each input must hold one. With mode
-    "chat" or "completion" (only .jsonl inputs) the rows' messages or (prompt, completion) instead."""
+    "chat", "completion" or "preference" (only .jsonl inputs) the rows' messages, (prompt, completion) or
+    preference pairs instead."""
     docs = []
     for path in paths:
         if not os.path.isfile(path):
@@ -195,7 +257,8 @@ def documents(paths, text_key, paragraphs, mode=None):
             fail(f"{path}: --{mode} reads .jsonl files")
         try:
             if mode:
-                found = jsonl_rows(path, chat_row if mode == "chat" else completion_row)
+                found = jsonl_rows(path, {"chat": chat_row, "completion": completion_row,
+                                          "preference": preference_row}[mode])
             else:
                 found = jsonl_documents(path, text_key) if path.endswith(".jsonl") else text_documents(path, paragraphs)
         except OSError as e:
@@ -283,27 +346,38 @@ def train_tokenizer(texts, vocab_size):
 
 class ShardWriter:
     """Tokens into DIR/<split>_NNNNNN.bin files of at most shard_tokens each; with masks, each
-    shard's loss mask beside it in DIR/<split>_NNNNNN.npy (uint8, one dimension, the same length)."""
+    shard's loss mask beside it in DIR/<split>_NNNNNN.npy (uint8, one dimension, the same length);
+    with pairs, each shard's pair ids in DIR/pairs_<split>_NNNNNN.npy (int32, the same length)."""
 
-    def __init__(self, out, split, shard_tokens, wide, masks=False):
+    def __init__(self, out, split, shard_tokens, wide, masks=False, pairs=False):
         self.out, self.split, self.limit, self.wide = out, split, shard_tokens, wide
-        self.buf, self.mbuf, self.masks, self.files, self.total, self.targets = [], [], masks, [], 0, 0
+        self.buf, self.mbuf, self.pbuf, self.files, self.total, self.targets = [], [], [], [], 0, 0
+        self.masks, self.pairs = masks, pairs
 
-    def add(self, ids, mask=None):
+    def add(self, ids, mask=None, pair=0):
         self.buf.extend(ids)
         if self.masks:
             self.mbuf.extend(mask)
             self.targets += sum(mask)
+        if self.pairs:
+            self.pbuf.extend([pair] * len(ids))
         while len(self.buf) >= self.limit:
-            self._write(self.buf[:self.limit], self.mbuf[:self.limit])
-            self.buf, self.mbuf = self.buf[self.limit:], self.mbuf[self.limit:]
+            self._write(self.buf[:self.limit], self.mbuf[:self.limit], self.pbuf[:self.limit])
+            self.buf, self.mbuf, self.pbuf = self.buf[self.limit:], self.mbuf[self.limit:], self.pbuf[self.limit:]
 
     def close(self):
         if self.buf or not self.files:
-            self._write(self.buf, self.mbuf)
-        self.buf, self.mbuf = [], []
+            self._write(self.buf, self.mbuf, self.pbuf)
+        self.buf, self.mbuf, self.pbuf = [], [], []
 
-    def _write(self, ids, mask):
+    @staticmethod
+    def _save_npy(path, array):
+        import numpy as np
+        with open(path + ".tmp", "wb") as f:
+            np.save(f, array)
+        os.replace(path + ".tmp", path)
+
+    def _write(self, ids, mask, pair):
         import numpy as np
         path = os.path.join(self.out, f"{self.split}_{len(self.files):06d}.bin")
         header = np.zeros(HEADER_INTS, dtype="<i4")
@@ -313,10 +387,10 @@ class ShardWriter:
             f.write(header.tobytes())
             f.write(np.asarray(ids, dtype="<u4" if self.wide else "<u2").tobytes())
         if self.masks:
-            npy = path[:-len(".bin")] + ".npy"
-            with open(npy + ".tmp", "wb") as f:
-                np.save(f, np.asarray(mask, dtype=np.uint8))
-            os.replace(npy + ".tmp", npy)
+            self._save_npy(path[:-len(".bin")] + ".npy", np.asarray(mask, dtype=np.uint8))
+        if self.pairs:
+            name = os.path.basename(path)[:-len(".bin")]
+            self._save_npy(os.path.join(self.out, f"pairs_{name}.npy"), np.asarray(pair, dtype="<i4"))
         os.replace(path + ".tmp", path)
         self.files.append(path)
         self.total += len(ids)
@@ -393,6 +467,34 @@ def completion_example(hf, bos, prompt, completion, eos):
     return bos + list(enc["input_ids"]) + [eos], [0] * len(bos) + mask + [1]
 
 
+def preference_example(hf, row, eos, where):
+    """[(ids, mask), (ids, mask)]: the chosen and the rejected sequence of one pair (see the module's
+    help): prompt tokens + completion tokens + EOS, the mask 1 on the completion and its EOS."""
+    form, prompt, chosen, rejected = row
+    if form == "chat":
+        if not hf.chat_template:
+            fail(f"{where}: conversational pair, but the tokenizer's tokenizer_config.json has no chat_template")
+        text = render(hf, prompt, True, where)
+        answers = []
+        for key, answer in (("chosen", chosen), ("rejected", rejected)):
+            whole = render(hf, prompt + answer, False, where)
+            if not whole.startswith(text):
+                fail(f"{where}: the prompt renders differently before '{key}' than alone with the generation "
+                     f"prompt, so the pair has no common prompt (the chat template rewrites it by what follows)")
+            answers.append(whole[len(text):])
+        chosen, rejected, prompt = answers[0], answers[1], text
+    p_ids = list(hf(prompt, add_special_tokens=False)["input_ids"])
+    seqs = []
+    for key, completion in (("chosen", chosen), ("rejected", rejected)):
+        c_ids = list(hf(completion, add_special_tokens=False)["input_ids"])
+        if not c_ids:
+            fail(f"{where}: '{key}' is an empty completion (no token), so it has no log-probability to compare")
+        if c_ids[-1] != eos:
+            c_ids.append(eos)
+        seqs.append((p_ids + c_ids, [0] * len(p_ids) + [1] * len(c_ids)))
+    return seqs
+
+
 class Packer:
     """Examples into windows of seq_len tokens (see the module's help): whole where they fit, after
     EOS padding (mask 0) of the rest of the window where they do not; longer ones cut into windows
@@ -418,6 +520,18 @@ class Packer:
             self.pad()
         self.w.add(ids, mask)
         self.used = (self.used + len(ids)) % self.S
+        self.examples += 1
+
+    def add_pair(self, seqs):
+        """A preference pair: both sequences whole in one window, or left out when longer than it."""
+        if sum(len(ids) for ids, _ in seqs) > self.S:
+            self.dropped += 1
+            return
+        if self.used + sum(len(ids) for ids, _ in seqs) > self.S:
+            self.pad()
+        for sign, (ids, mask) in zip((1, -1), seqs):
+            self.w.add(ids, mask, sign * (self.examples + 1))
+            self.used = (self.used + len(ids)) % self.S
         self.examples += 1
 
     def finish(self):
@@ -478,14 +592,22 @@ def main():
                     "rendered with the model's chat template, masked to the assistant's tokens")
     ap.add_argument("--completion", action="store_true", help="JSONL rows {prompt, completion}, masked to the "
                     "completion")
-    ap.add_argument("--seq-len", type=int, default=0, help="with --chat / --completion: the window (data.seq_len)")
+    ap.add_argument("--preference", action="store_true", help="JSONL preference pairs {prompt, chosen, rejected} "
+                    "(TRL's format, strings or message lists), for DPO: both sequences of a pair in one window, "
+                    "masked to the completions, with their pair ids")
+    ap.add_argument("--seq-len", type=int, default=0,
+                    help="with --chat / --completion / --preference: the window (data.seq_len)")
     ap.add_argument("--long", choices=("split", "drop"), default=None,
                     help="with --chat / --completion: an example longer than --seq-len is cut into windows "
-                    "(split, the default) or left out (drop)")
+                    "(split, the default) or left out (drop); --preference always drops such a pair")
     a = ap.parse_args()
-    mode = "chat" if a.chat else "completion" if a.completion else None
-    if a.chat and a.completion:
-        fail("--chat and --completion exclude each other")
+    modes = [m for m in ("chat", "completion", "preference") if getattr(a, m)]
+    if len(modes) > 1:
+        fail(f"{' and '.join('--' + m for m in modes)} exclude each other")
+    mode = modes[0] if modes else None
+    if mode == "preference" and a.long == "split":
+        fail("--long split: a preference pair is never cut (its two sequences must share one window); a pair "
+             "longer than --seq-len is left out")
     if mode:
         if not a.tokenizer:
             fail(f"--{mode} needs --tokenizer DIR: a model directory with its tokenizer (and, for --chat, its "
@@ -493,7 +615,7 @@ def main():
         if not 2 <= a.seq_len <= 2**26:
             fail(f"--seq-len {a.seq_len}: --{mode} packs examples into windows of data.seq_len tokens; give 2 .. 2^26")
     elif a.seq_len or a.long:
-        fail("--seq-len and --long apply to --chat and --completion")
+        fail("--seq-len and --long apply to --chat, --completion and --preference")
 
     if bool(a.tokenizer) == bool(a.train_tokenizer):
         fail("give one of --tokenizer FILE or --train-tokenizer --vocab-size N")
@@ -587,23 +709,29 @@ def save_outputs(out, tok, info):
 
 def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wide):
     """--chat / --completion: the examples packed into windows, shards with their masks, data.json."""
+    pairs = mode == "preference"
     try:
-        writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide, masks=True) for s in ("train", "val")}
-        packers = {s: Packer(writers[s], a.seq_len, eos, a.long or "split") for s in writers}
+        writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide, masks=True, pairs=pairs) for s in ("train", "val")}
+        packers = {s: Packer(writers[s], a.seq_len, eos, a.long or ("drop" if pairs else "split")) for s in writers}
         progress = Progress(f"rendering ({mode})", len(docs), "examples")
         for i, (origin, row) in enumerate(docs):
             progress.update(i)
             if mode == "chat":
-                ids, mask = chat_example(hf, row, eos, origin)
+                seqs = [chat_example(hf, row, eos, origin)]
+            elif mode == "completion":
+                seqs = [completion_example(hf, bos, row[0], row[1], eos)]
             else:
-                ids, mask = completion_example(hf, bos, row[0], row[1], eos)
-            if max(ids) >= vocab:
-                fail(f"{origin}: token id {max(ids)} is outside the tokenizer's vocabulary of {vocab}")
-            packers["val" if i in val_docs else "train"].add(ids, mask)
+                seqs = preference_example(hf, row, eos, origin)
+            top = max(max(ids) for ids, _ in seqs)
+            if top >= vocab:
+                fail(f"{origin}: token id {top} is outside the tokenizer's vocabulary of {vocab}")
+            packer = packers["val" if i in val_docs else "train"]
+            packer.add_pair(seqs) if pairs else packer.add(*seqs[0])
         progress.update(len(docs))
         progress.finish()
         if not packers["train"].examples:
-            fail(f"every train example is longer than --seq-len {a.seq_len} and --long drop left all out")
+            what = "pair (both sequences together)" if pairs else "example"
+            fail(f"every train {what} is longer than --seq-len {a.seq_len} and --long drop left all out")
         for s in ("train", "val"):
             packers[s].finish()
             if s == "train" or packers[s].examples:
@@ -626,6 +754,8 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
                      "seq_len": a.seq_len, "eos_token_id": eos, "document_mask": True},
             "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None),
             "mode": mode,
+            **({"pairs_path": os.path.join(a.out, "pairs_train_*.npy"),
+                "val_pairs_path": os.path.join(a.out, "pairs_val_*.npy") if has_val else ""} if pairs else {}),
             "examples": {s: packers[s].examples for s in ("train", "val")},
             "longer_than_seq_len": {"split": packers["train"].split + packers["val"].split,
                                     "dropped": packers["train"].dropped + packers["val"].dropped},

@@ -32,7 +32,7 @@ cmake --build build-asan -j"$(nproc)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 asan=abort_on_error=0:strict_string_checks=1
-skip='app\.train_script|mpi\.np4|models\.test_model_gradcheck|ref\.selftest|app\.bench_cli|app\.graph_cli|app\.longest_trainable|app\.fine_tuning|app\.sft_data|models\.test_tiled_loss|models\.test_model_vs_torch|app\.kernel_ab'
+skip='app\.train_script|mpi\.np4|models\.test_model_gradcheck|ref\.selftest|app\.bench_cli|app\.graph_cli|app\.longest_trainable|app\.fine_tuning|app\.sft_data|app\.preference_data|models\.test_tiled_loss|models\.test_model_vs_torch|app\.kernel_ab'
 status=0
 ASAN_OPTIONS=$asan:detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$(nproc)" \
   -R '^(tensor|graph|kernels|models|config|engine|device|train|tools|comm|fuzz)\.|^cuda\.emulate_' -E "^($skip)\$" "$@" || status=1

@@ -3,6 +3,7 @@
 // gathers → canonicalize, as one pipeline. The one place a PassContext is made (pass_context).
 #include "compiler/program.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "graph/autograd.h"
@@ -71,7 +72,7 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
   if (ctx.world_size > 1)
     for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::rank_forward});
   if (ctx.shard_parameters) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::rank_forward});
-  if (cfg.train.gradient_accumulation_steps > 1)
+  if (cfg.train.gradient_accumulation_steps > 1 && cfg.train.objective == Objective::lm)  // DPO feeds its norms
     out.push_back({{"feed_target_count", passes::feed_target_count, true}, Stage::joint});
   if (cfg.runtime.fuse_kernels) out.push_back({{"fuse_elementwise", passes::fuse_elementwise, true}, Stage::joint});
   out.push_back({{"autograd", passes::autograd, true}, Stage::joint});
@@ -90,8 +91,11 @@ RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>&
   p.zero_mode = mode;
   const auto t0 = std::chrono::steady_clock::now();
   p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train,
-                          {.document_mask = cfg.data.document_mask, .tiled_mlp = cfg.runtime.tiled_mlp,
-                           .tiled_loss = cfg.runtime.tiled_loss});
+                          {.document_mask = cfg.data.document_mask || !cfg.data.pairs_path.empty(),
+                           .tiled_mlp = cfg.runtime.tiled_mlp,
+                           .tiled_loss = cfg.runtime.tiled_loss, .dpo_slots = dpo_slots(cfg),
+                           .dpo = {.beta = cfg.dpo.beta, .loss_type = cfg.dpo.loss_type,
+                                   .label_smoothing = cfg.dpo.label_smoothing, .rpo_alpha = cfg.dpo.rpo_alpha}});
   p.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   run_pipeline(*p.graph, passes, ctx, &p.pass_times);
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
@@ -121,6 +125,10 @@ std::string_view stage_name(Stage s) {
 }
 
 }  // namespace
+
+int64_t dpo_slots(const Config& cfg) {
+  return cfg.train.objective == Objective::dpo ? std::max<int64_t>(1, cfg.data.seq_len / 2) : 0;
+}
 
 DType master_dtype(DType run) { return run == DType::bf16 ? DType::f32 : run; }
 

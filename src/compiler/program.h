@@ -38,6 +38,10 @@ struct RankProgram {
   std::vector<PassTime> pass_times;
 };
 
+// train.objective "dpo": the pair slots a sequence holds at most (models/model.h
+// GraphOptions::dpo_slots; a pair takes at least two tokens); 0 for "lm".
+int64_t dpo_slots(const Config& cfg);
+
 // The dtype of the parameters, their gradients, the optimizer state, checkpoints and --init-from
 // weights for a run dtype: f32 master weights for a bf16 run, else the run dtype itself.
 DType master_dtype(DType run);

@@ -31,6 +31,8 @@ std::string_view data_source_name(DataSourceKind s) {
   return "unknown source";
 }
 
+std::string_view objective_name(Objective o) { return o == Objective::dpo ? "dpo" : "lm"; }
+
 std::string_view lr_schedule_name(LrSchedule s) {
   switch (s) {
     case LrSchedule::cosine: return "cosine";
@@ -170,6 +172,7 @@ constexpr std::array kSchedules{LrSchedule::cosine, LrSchedule::cosine_with_min_
                                 LrSchedule::ds_warmup, LrSchedule::ds_warmup_decay, LrSchedule::ds_warmup_cosine};
 constexpr std::array kDecayTypes{DecayType::cosine, DecayType::linear, DecayType::one_minus_sqrt};
 constexpr std::array kWarmupTypes{WarmupType::log, WarmupType::linear};
+constexpr std::array kObjectives{Objective::lm, Objective::dpo};
 
 // F(section, name): a row's setter and getter of the field Config::section.name.
 template <class S, class M>
@@ -227,6 +230,27 @@ std::vector<Key> model_rows() {
                     [&k](Config& c, const json& v) { k.set(c.model, v); },
                     [&k](const Config& c) { return model_json(c.model).value(k.name, json()); }});
   return rows;
+}
+
+// The dpo.* rows (TRL's DPOConfig names); like lora's, null unless train.objective is "dpo".
+std::vector<Key> dpo_rows() {
+  auto on = [](const Config& c, json v) { return c.train.objective == Objective::dpo ? v : json(); };
+  return {
+      {"dpo.beta", Kind::number, 0, 1e6, "", nullptr, [](Config& c, const json& v) { c.dpo.beta = v.get<double>(); },
+       [on](const Config& c) { return on(c, c.dpo.beta); }},
+      {"dpo.loss_type", Kind::string, 0, 0, "sigmoid|ipo", nullptr,
+       [](Config& c, const json& v) { c.dpo.loss_type = v.get<std::string>(); },
+       [on](const Config& c) { return on(c, c.dpo.loss_type); }},
+      {"dpo.label_smoothing", Kind::number, 0, 0.5, "", nullptr,
+       [](Config& c, const json& v) { c.dpo.label_smoothing = v.get<double>(); },
+       [on](const Config& c) { return on(c, c.dpo.label_smoothing); }},
+      {"dpo.rpo_alpha", Kind::number, 0, 1e6, "", nullptr,
+       [](Config& c, const json& v) { c.dpo.rpo_alpha = v.get<double>(); },
+       [on](const Config& c) { return on(c, c.dpo.rpo_alpha); }},
+      {"dpo.precompute_ref", Kind::boolean, 0, 0, "", nullptr,
+       [](Config& c, const json& v) { c.dpo.precompute_ref = v.get<bool>(); },
+       [on](const Config& c) { return on(c, c.dpo.precompute_ref); }},
+  };
 }
 
 // The lora.* rows (PEFT's LoraConfig names). Their getters give null unless the section is given, so
@@ -308,6 +332,12 @@ const std::vector<Key>& schema() {
       {"data.loss_mask_path", Kind::string, 0, 0, "", nullptr,
        [](Config& c, const json& v) { c.data.loss_mask_path = v.get<std::string>(); },
        [](const Config& c) { return c.data.loss_mask_path.empty() ? json() : json(c.data.loss_mask_path); }},
+      {"data.pairs_path", Kind::string, 0, 0, "", nullptr,
+       [](Config& c, const json& v) { c.data.pairs_path = v.get<std::string>(); },
+       [](const Config& c) { return c.data.pairs_path.empty() ? json() : json(c.data.pairs_path); }},
+      {"data.val_pairs_path", Kind::string, 0, 0, "", nullptr,
+       [](Config& c, const json& v) { c.data.val_pairs_path = v.get<std::string>(); },
+       [](const Config& c) { return c.data.val_pairs_path.empty() ? json() : json(c.data.val_pairs_path); }},
       {"data.val_loss_mask_path", Kind::string, 0, 0, "", nullptr,
        [](Config& c, const json& v) { c.data.val_loss_mask_path = v.get<std::string>(); },
        [](const Config& c) { return c.data.val_loss_mask_path.empty() ? json() : json(c.data.val_loss_mask_path); }},
@@ -316,6 +346,7 @@ const std::vector<Key>& schema() {
       {"train.lr", Kind::number, 0, 10, "", nullptr, F(train, lr)},
       {"train.min_lr", Kind::number, 0, 10, "", nullptr, F(train, min_lr)},
       {"train.warmup_steps", Kind::integer, 0, kBig, "", nullptr, F(train, warmup_steps)},
+      enum_key("train.objective", &Config::train, &TrainConfig::objective, kObjectives, objective_name),
       enum_key("train.lr_schedule", &Config::train, &TrainConfig::lr_schedule, kSchedules, lr_schedule_name),
       {"train.schedule_steps", Kind::integer, 0, kBig, "", nullptr, F(train, schedule_steps)},
       {"train.decay_fraction", Kind::number, 0, 1, "", nullptr, F(train, decay_fraction)},
@@ -366,6 +397,7 @@ const std::vector<Key>& schema() {
        AUTO("zero_optimization.stage", zero_optimization, stage)},
     };
     for (Key& row : lora_rows()) rest.push_back(std::move(row));
+    for (Key& row : dpo_rows()) rest.push_back(std::move(row));
     k.insert(k.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
     return k;
   }();
@@ -613,6 +645,34 @@ std::string and_list(const std::vector<std::string>& items) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += str(i == 0 ? "" : i + 1 == items.size() ? " and " : ", ", items[i]);
   return out;
+}
+
+// train.objective "dpo" and its section: what the DPO objective needs and what it does not take yet.
+void check_dpo(const Config& c, const std::function<void(const std::string&)>& bad) {
+  const bool dpo = c.train.objective == Objective::dpo;
+  if (!dpo) {
+    if (!c.data.pairs_path.empty() || !c.data.val_pairs_path.empty())
+      bad("data.pairs_path and data.val_pairs_path are for train.objective \"dpo\" (train.objective is \"lm\")");
+    return;
+  }
+  if (c.data.pairs_path.empty())
+    bad("train.objective \"dpo\" needs data.pairs_path: the pair ids beside the token shards (scripts/prepare_data.py "
+        "--preference writes them; its data.json names them)");
+  if (!c.data.mix.empty()) bad("train.objective \"dpo\" reads data.path, not data.mix");
+  if (c.data.loss_mask_path.empty())
+    bad("train.objective \"dpo\" needs data.loss_mask_path: the completion masks (without them the prompts would "
+        "score too; scripts/prepare_data.py --preference writes them)");
+  if (c.data.source != DataSourceKind::tokens) bad("train.objective \"dpo\" needs data.source \"tokens\"");
+  if (c.dpo.beta <= 0) bad(str("dpo.beta ", c.dpo.beta, " must be > 0"));
+  if (c.dpo.loss_type != "sigmoid" && c.dpo.loss_type != "ipo")
+    bad(str("dpo.loss_type \"", c.dpo.loss_type, "\": expected \"sigmoid\" (DPO) or \"ipo\""));
+  if (c.dpo.loss_type == "ipo" && c.dpo.label_smoothing != 0)
+    bad("dpo.label_smoothing applies to dpo.loss_type \"sigmoid\" (TRL's conservative DPO), not \"ipo\"");
+  if (c.runtime.tiled_loss) bad("train.objective \"dpo\" reads the logits: runtime.tiled_loss must be false");
+  if (c.runtime.device != DeviceKind::cpu)
+    bad("train.objective \"dpo\" runs on runtime.device \"cpu\" for now (its CUDA kernels have not run on a GPU yet)");
+  if (c.train.eval_every > 0 || !c.data.val_path.empty())
+    bad("train.objective \"dpo\": validation (train.eval_every, data.val_path) is not built for DPO yet");
 }
 
 // The lora section against the model: its targets resolved ("all-linear", or PEFT's default for
@@ -992,6 +1052,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   if (c.runtime.tiled_mlp && f.mlp != Mlp::swiglu)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", f.name, "\" has none"));
   if (c.lora.enabled) check_lora(c, bad);
+  check_dpo(c, bad);
   if (cross_key_rules) {
     check_schedule(c, problems);
     for (std::string& w : unread_settings(c, c.given, origin)) c.warnings.push_back(std::move(w));

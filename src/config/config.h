@@ -61,6 +61,11 @@ struct DataConfig {
   // bool), one per token file of `path` (val_path) in the same sorted order and of the same length;
   // mask[t] = 0 ignores token t as a target (Hugging Face's labels[t] = -100; train/data.h).
   std::string loss_mask_path, val_loss_mask_path;
+  // Preference pairs (train.objective "dpo"): a file or glob of one-dimensional int32 .npy files,
+  // one per token file of `path` (val_path) in the same sorted order and of the same length, as
+  // scripts/prepare_data.py --preference writes them: k + 1 on pair k's chosen sequence, −(k + 1)
+  // on its rejected one, 0 elsewhere (train/data.h).
+  std::string pairs_path, val_pairs_path;
 };
 
 // train.lr_schedule (train/schedule.h gives each one's formula). The Hugging Face names are
@@ -78,7 +83,13 @@ std::string_view decay_type_name(DecayType d);  // "cosine", "linear", "1-sqrt"
 enum class WarmupType { log, linear };
 std::string_view warmup_type_name(WarmupType w);  // "log", "linear"
 
+// train.objective: the language-model loss (the token mean of the cross entropy), or DPO on
+// preference pairs (data.pairs_path; the dpo section).
+enum class Objective { lm, dpo };
+std::string_view objective_name(Objective o);  // "lm", "dpo"
+
 struct TrainConfig {
+  Objective objective = Objective::lm;
   // The run's step count, the one place that holds it: autosp-train's --steps sets it (after every
   // --set), library callers with with_steps; every rule that depends on it (the schedule's) reads it.
   int64_t steps = 100;
@@ -202,6 +213,17 @@ enum class ZeroMode {
 ZeroMode zero_mode(const ZeroConfig& z, int world_size);
 std::string_view zero_mode_name(ZeroMode m);  // "replicated", "sharded_moments", ...
 
+// The dpo section (train.objective "dpo"; TRL's DPOConfig names): the loss's beta, its loss_type
+// ("sigmoid": DPO, "ipo"), label_smoothing (conservative DPO), rpo_alpha (the NLL of the chosen
+// completions added with this weight; 0: none), and precompute_ref (the reference's log-probabilities
+// computed in one pass over the data before training, then the reference dropped: train/preference.h).
+struct DpoConfig {
+  double beta = 0.1;
+  std::string loss_type = "sigmoid";
+  double label_smoothing = 0, rpo_alpha = 0;
+  bool precompute_ref = false;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -216,6 +238,7 @@ struct Config {
   // a config that still has any.
   std::set<std::string> auto_keys;
   LoraConfig lora;
+  DpoConfig dpo;
   // Every schema key with its value after defaults and overrides (model.rope_scaling only when
   // set), as the log echoes it and a checkpoint's meta.json records it; parsing it again gives it
   // back. Code reads the typed sections above, not this.

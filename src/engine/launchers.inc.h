@@ -72,6 +72,13 @@ kernels::RopeScaling rope_scaling_of(const Node& n) {
   return s;
 }
 
+// A dpo_loss node's attributes as its kernels take them (kernels/dpo.h).
+kernels::DpoArgs dpo_args(const Node& n) {
+  const auto& a = n.attrs();
+  return {.beta = a.f("beta"), .ipo = a.s("loss_type") == "ipo", .label_smoothing = a.f("label_smoothing"),
+          .rpo_alpha = a.f("rpo_alpha"), .share = a.f("share")};
+}
+
 // A head dim the device's kernels do not take, as a UsageError naming the node (kernels only assert).
 void check_head_dim(const KernelCall& c, int64_t D, int64_t max, const char* kernel) {
   if (D > max)
@@ -715,6 +722,10 @@ Tensor swiglu_mlp(const KernelCall& c);
 Tensor swiglu_mlp_backward(const KernelCall& c);
 Tensor linear_cross_entropy_sum(const KernelCall& c);
 Tensor linear_cross_entropy_backward(const KernelCall& c);
+Tensor sequence_logps(const KernelCall& c);
+Tensor dpo_loss(const KernelCall& c);
+Tensor sequence_logps_backward(const KernelCall& c);
+Tensor dpo_loss_backward(const KernelCall& c);
 
 // ---- the launcher table: one row per op, in Op enum order ----
 
@@ -786,6 +797,10 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward},
     {Op::moe_experts, moe_experts},
     {Op::moe_experts_backward, moe_experts_backward},
+    {Op::sequence_logps, sequence_logps},
+    {Op::dpo_loss, dpo_loss},
+    {Op::sequence_logps_backward, sequence_logps_backward},
+    {Op::dpo_loss_backward, dpo_loss_backward},
 }};
 
 constexpr bool launchers_in_order() {

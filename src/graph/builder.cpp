@@ -1,6 +1,8 @@
 // Builder: one method per op, each a thin call to Graph::add with the op's attributes.
 #include "graph/builder.h"
 
+#include "tensor/check.h"
+
 
 
 namespace autosp {
@@ -116,6 +118,31 @@ Node* Builder::ring_attention(Node* q, Node* k, Node* v, bool causal, double sca
   return op(Op::ring_attention, std::move(in),
             {{"causal", causal}, {"scale", scale}, {"group", group}, {"group_size", group_size}}, name);
 }
+Node* Builder::sequence_logps(Node* logits, Node* labels, Node* pair_slots, int64_t slots, const std::string& name) {
+  return op(Op::sequence_logps, {logits, labels, pair_slots}, {{"slots", slots}, {"ignore_index", kIgnoreIndex}}, name);
+}
+
+Node* Builder::dpo_loss(Node* policy, Node* reference, Node* tokens, Node* norms, const DpoLoss& spec,
+                        const std::string& name) {
+  return op(Op::dpo_loss, {policy, reference, tokens, norms},
+            {{"beta", spec.beta}, {"loss_type", spec.loss_type}, {"label_smoothing", spec.label_smoothing},
+             {"rpo_alpha", spec.rpo_alpha}, {"share", 1.0}},
+            name);
+}
+
+Node* Builder::sequence_logps_backward(Node* forward, Node* grad, const std::string& name) {
+  AUTOSP_ASSERT(forward->op() == Op::sequence_logps, forward->name(), " is no sequence_logps");
+  return op(Op::sequence_logps_backward, {forward->input(0), forward->input(1), forward->input(2), grad},
+            forward->attrs(), name);
+}
+
+Node* Builder::dpo_loss_backward(Node* forward, Node* grad, const std::string& name) {
+  AUTOSP_ASSERT(forward->op() == Op::dpo_loss, forward->name(), " is no dpo_loss");
+  std::vector<Node*> inputs = forward->inputs();
+  inputs.push_back(grad);
+  return op(Op::dpo_loss_backward, std::move(inputs), forward->attrs(), name);
+}
+
 Node* Builder::cross_entropy_sum(Node* logits, Node* labels, const std::string& name) {
   return op(Op::cross_entropy_sum, {logits, labels}, {{"ignore_index", kIgnoreIndex}}, name);
 }

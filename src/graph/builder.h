@@ -22,6 +22,13 @@ struct AttentionAttrs {
 };
 void set_attention_attrs(Node* n, const AttentionAttrs& a);
 AttentionAttrs attention_attrs(const Node& n);
+// dpo_loss's attributes: TRL's DPOConfig beta, loss_type ("sigmoid" or "ipo"), label_smoothing and
+// rpo_alpha (0: none).
+struct DpoLoss {
+  double beta = 0.1;
+  std::string loss_type = "sigmoid";
+  double label_smoothing = 0, rpo_alpha = 0;
+};
 
 class Builder {
  public:
@@ -104,6 +111,17 @@ class Builder {
   Node* moe_experts(Node* x, Node* probs, const std::vector<Node*>& w_gate, const std::vector<Node*>& w_up,
                     const std::vector<Node*>& w_down, int64_t top_k, bool norm_topk_prob,
                     const std::string& name = "moe");
+  // Preference training (train.objective "dpo"): each sequence's summed completion log-probability,
+  // [B, 2, slots] (chosen, rejected of pair slot k), from logits [B, S, V], labels [B, S] and the
+  // targets' slots [B, S] (+(k + 1) chosen, -(k + 1) rejected, 0 none) ...
+  Node* sequence_logps(Node* logits, Node* labels, Node* pair_slots, int64_t slots,
+                       const std::string& name = "sequence_logps");
+  // ... and TRL's DPO loss on them: policy, reference and completion tokens [B, 2, K], norms [2] =
+  // (the step's pairs, its chosen completion tokens); the loss is Σ over present pairs of the
+  // pair's loss / norms[0], plus rpo_alpha · (−Σ chosen log-probabilities) / norms[1], times
+  // `share` (normalize_loss sets 1/P for a sequence-parallel group of P ranks).
+  Node* dpo_loss(Node* policy, Node* reference, Node* tokens, Node* norms, const DpoLoss& spec,
+                 const std::string& name = "loss");
 
   // Backward-only ops, used by vjp rules.
   Node* sum_to(Node* x, SymShape shape, const std::string& name = "sum_to");
@@ -134,6 +152,10 @@ class Builder {
   // dx; extra output dw (read with output(node, 1)).
   Node* linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,
                                       const std::string& name = "loss_bwd");
+  // The gradients of sequence_logps and dpo_loss node `forward`'s first input (its other inputs and
+  // attributes as the forward's) from `grad`, the gradient of its output.
+  Node* sequence_logps_backward(Node* forward, Node* grad, const std::string& name = "dlogits");
+  Node* dpo_loss_backward(Node* forward, Node* grad, const std::string& name = "dlogps");
 
  private:
   Node* op(Op op, std::vector<Node*> inputs, Attrs attrs, const std::string& name);

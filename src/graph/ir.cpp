@@ -10,10 +10,10 @@
 namespace autosp {
 
 namespace {
-constexpr std::array<std::string_view, 11> kRoleNames{"none",     "input_ids", "labels",   "position_ids",
+constexpr std::array<std::string_view, 12> kRoleNames{"none",     "input_ids", "labels",   "position_ids",
                                                       "parameter", "logits",   "loss",     "gradient",
-                                                      "doc_start", "frozen",   "token_index"};
-static_assert(kRoleNames.size() == static_cast<size_t>(Role::token_index) + 1, "every role needs a name");
+                                                      "doc_start", "frozen",   "token_index", "pair_ids"};
+static_assert(kRoleNames.size() == static_cast<size_t>(Role::pair_ids) + 1, "every role needs a name");
 }  // namespace
 
 std::string_view role_name(Role r) { return kRoleNames.at(static_cast<size_t>(r)); }

@@ -32,6 +32,7 @@ enum class Role : uint8_t {
   doc_start,  // packed documents: where each token's document begins (sdpa's document mask)
   frozen,     // a parameter that is fed but not trained: no gradient, no optimizer state (LoRA's base)
   token_index,  // each token's index in the run's read order, i64 [B, S] (the dropout mask's counter)
+  pair_ids,   // preference training: each target's pair slot (sharded with the labels)
 };
 std::string_view role_name(Role r);
 

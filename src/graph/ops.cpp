@@ -550,6 +550,58 @@ std::vector<TensorType> linear_cross_entropy_backward_extra(const Node& n) {
   return {in(n, 1)};
 }
 
+// ---- preference training (train.objective "dpo") ----
+// logits [B, S, V], labels [B, S], slots [B, S] (target t's pair slot: +(k + 1) chosen, -(k + 1)
+// rejected, 0 none) → [B, 2, K] (K = the attribute "slots"), each sequence's summed log-probability
+// in the loss's dtype (f32 for bf16 logits)
+void expect_logits_labels_slots(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_int(n, 1);
+  expect_int(n, 2);
+  const auto& l = in(n, 0).shape;
+  const auto& y = in(n, 1).shape;
+  bool ok = l.size() == 3 && y.size() == 2 && in(n, 2).shape.size() == 2;
+  for (size_t i = 0; ok && i < 2; ++i) ok = ctx.same(l[i], y[i]) && ctx.same(y[i], in(n, 2).shape[i]);
+  if (!ok)
+    fail(n, str("logits ", in(n, 0).str(), ", labels ", in(n, 1).str(), ", slots ", in(n, 2).str(),
+                ": expected [B, S, V], [B, S] and [B, S]"));
+  if (n.attrs().i("slots") < 1) fail(n, str("slots ", n.attrs().i("slots"), " must be at least 1"));
+}
+SymShape sequence_shape(const Node& n) { return {in(n, 0).shape[0], Dim(2), Dim(n.attrs().i("slots"))}; }
+TensorType sequence_logps_rule(const Node& n, const ShapeContext& ctx) {
+  expect_logits_labels_slots(n, ctx);
+  return {accumulate_dtype(in(n, 0).dtype), sequence_shape(n)};
+}
+// logits, labels, slots, grad [B, 2, K] → dlogits like logits
+TensorType sequence_logps_backward_rule(const Node& n, const ShapeContext& ctx) {
+  expect_logits_labels_slots(n, ctx);
+  const TensorType want{accumulate_dtype(in(n, 0).dtype), sequence_shape(n)};
+  if (in(n, 3).dtype != want.dtype || in(n, 3).rank() != 3)
+    fail(n, str("gradient ", in(n, 3).str(), " must be ", want.str()));
+  return in(n, 0);
+}
+// policy, reference, tokens [B, 2, K] (one dtype), norms [2] (the step's pairs and chosen tokens)
+// → the loss [] (dpo_loss), or (with grad [] last) its gradient like policy (dpo_loss_backward)
+TensorType dpo_loss_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  for (size_t i = 1; i < 4; ++i) expect_same_dtype(n, 0, i);
+  bool ok = in(n, 0).rank() == 3 && in(n, 3).rank() == 1 && in(n, 3).shape[0].is_const() &&
+            in(n, 3).shape[0].value() == 2;
+  for (size_t i = 1; ok && i < 3; ++i) {
+    ok = in(n, i).rank() == 3;
+    for (size_t d = 0; ok && d < 3; ++d) ok = ctx.same(in(n, 0).shape[d], in(n, i).shape[d]);
+  }
+  if (!ok)
+    fail(n, str("policy ", in(n, 0).str(), ", reference ", in(n, 1).str(), ", tokens ", in(n, 2).str(), ", norms ",
+                in(n, 3).str(), ": expected three [B, 2, K] and a [2]"));
+  const std::string& type = n.attrs().s("loss_type");
+  if (type != "sigmoid" && type != "ipo") fail(n, str("loss_type '", type, "': expected sigmoid or ipo"));
+  if (n.op() == Op::dpo_loss) return {in(n, 0).dtype, {}};
+  if (in(n, 4).rank() != 0 || in(n, 4).dtype != in(n, 0).dtype)
+    fail(n, str("loss gradient ", in(n, 4).str(), " must be a ", dtype_name(in(n, 0).dtype), " scalar"));
+  return in(n, 0);
+}
+
 // scores [..., Sq, Skv]: entries with j > i + (Skv - Sq) set to `value`.
 TensorType causal_mask_rule(const Node& n, const ShapeContext&) {
   expect_float(n, 0);
@@ -875,6 +927,15 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .infer = moe_experts_rule, .vjp = vjp::moe_experts, .seq = seq_moe},
     {.op = Op::moe_experts_backward, .name = "moe_experts_backward", .arity = -1, .attrs = "top_k,norm_topk_prob",
      .infer = moe_experts_backward_rule, .extra = moe_experts_backward_extra, .backward_only = true},
+    {.op = Op::sequence_logps, .name = "sequence_logps", .arity = 3, .attrs = "slots,ignore_index",
+     .infer = sequence_logps_rule, .vjp = vjp::sequence_logps, .seq = seq_loss},
+    {.op = Op::dpo_loss, .name = "dpo_loss", .arity = 4,
+     .attrs = "beta,loss_type,label_smoothing,rpo_alpha,share", .infer = dpo_loss_rule, .vjp = vjp::dpo_loss,
+     .seq = seq_loss},
+    {.op = Op::sequence_logps_backward, .name = "sequence_logps_backward", .arity = 4,
+     .attrs = "slots,ignore_index", .infer = sequence_logps_backward_rule, .backward_only = true},
+    {.op = Op::dpo_loss_backward, .name = "dpo_loss_backward", .arity = 5,
+     .attrs = "beta,loss_type,label_smoothing,rpo_alpha,share", .infer = dpo_loss_rule, .backward_only = true},
 }};
 
 constexpr bool table_in_order() {

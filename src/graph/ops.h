@@ -74,6 +74,10 @@ enum class Op : uint16_t {
   // and summed back; its backward recomputes the experts' outputs (extra outputs: dprobs, dw_gate,
   // dw_up, dw_down)
   moe_experts, moe_experts_backward,
+  // preference training (train.objective "dpo", graph/passes/autosp/normalize_loss): each sequence's
+  // summed completion log-probability [B, 2, K] (chosen, rejected of slot k) from logits, labels and
+  // the targets' pair slots; the DPO loss over those and the reference's; their backwards
+  sequence_logps, dpo_loss, sequence_logps_backward, dpo_loss_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

@@ -144,6 +144,11 @@ void cross_entropy_sum(VjpContext& c) {
       c.b.cross_entropy_backward(c.in(0), c.in(1), c.grad, c.node->attrs().i("ignore_index"), "dlogits");
 }
 
+// Only the logits (the policy's log-probabilities) take a gradient; labels, slots, the reference,
+// the token counts and the norms are data.
+void sequence_logps(VjpContext& c) { c.input_grads[0] = c.b.sequence_logps_backward(c.node, c.grad, "dlogits"); }
+void dpo_loss(VjpContext& c) { c.input_grads[0] = c.b.dpo_loss_backward(c.node, c.grad, "dlogps"); }
+
 // Masked entries get no gradient: the same mask with 0.
 void causal_mask(VjpContext& c) { c.input_grads[0] = c.b.causal_mask(c.grad, 0.0, "dx"); }
 

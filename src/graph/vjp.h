@@ -42,6 +42,8 @@ void bias_gelu_tanh(VjpContext&);
 void swiglu_mlp(VjpContext&);
 void moe_experts(VjpContext&);
 void linear_cross_entropy_sum(VjpContext&);
+void sequence_logps(VjpContext&);
+void dpo_loss(VjpContext&);
 void no_gradient(VjpContext&);  // count_valid, full: nothing flows to the inputs
 
 }  // namespace autosp::vjp

@@ -69,13 +69,38 @@ Node* from_heads(Builder& b, Node* x, int64_t N, int64_t D, const std::string& n
   return b.reshape(b.transpose(x, 1, 2, name + ".t"), {B, S, N * D}, name);
 }
 
+// The DPO loss (GraphOptions::dpo_slots) over the logits [B, S, V]: K = slots pairs per sequence.
+Node* dpo_loss(Builder& b, Node* logits, Node* labels, DType dtype, const GraphOptions& opt) {
+  Graph& g = b.graph();
+  const Dim K(opt.dpo_slots);
+  Node* slots = b.input("pair_slots", DType::i64, {B, S}, Role::pair_ids);
+  Node* ref = b.input("ref_logps", dtype, {B, Dim(2), K}, Role::none);
+  Node* tokens = b.input("seq_tokens", dtype, {B, Dim(2), K}, Role::none);
+  Node* norms = b.input("dpo_norms", dtype, {Dim(2)}, Role::none);
+  Node* policy = b.sequence_logps(logits, labels, slots, opt.dpo_slots, "sequence_logps");
+  g.add_output(policy);
+  return b.dpo_loss(policy, ref, tokens, norms, opt.dpo, "loss");
+}
+
 // The head and the token-mean loss over x [B, S, C] (after the final norm) and head [V, C]: the
 // logits x · headᵀ as an output, or with `tiled` one linear_cross_entropy_sum (no logits; its
-// argmax "predictions" [B, S] is the output instead). Generation graphs output the logits only.
-void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DType dtype, bool tiled) {
+// argmax "predictions" [B, S] is the output instead); with opt.dpo_slots the DPO loss instead.
+// Generation graphs output the logits only.
+void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DType dtype, const GraphOptions& opt) {
   Graph& g = b.graph();
   b.set_prefix("");
+  const bool tiled = opt.tiled_loss;
   Node* sum = nullptr;
+  if (mode == ForwardMode::train && opt.dpo_slots > 0) {
+    AUTOSP_ASSERT(!tiled, "the DPO loss reads the logits (no tiled loss)");
+    Node* logits = b.matmul(x, head, false, true, "logits");
+    logits->set_role(Role::logits);
+    g.add_output(logits);
+    Node* loss = dpo_loss(b, logits, labels, dtype, opt);
+    loss->set_role(Role::loss);
+    g.add_output(loss);
+    return;
+  }
   if (mode == ForwardMode::train && tiled) {
     sum = b.linear_cross_entropy_sum(x, head, labels, "loss_sum");
     g.add_output(b.output(sum, 1, "predictions"));
@@ -136,7 +161,7 @@ std::unique_ptr<Graph> build_gpt2(const ModelConfig& m, DType dt, ForwardMode mo
   }
   b.set_prefix("");
   x = layernorm(x, "transformer.ln_f", "ln_f");
-  finish(b, mode, x, wte, in.labels, dt, opt.tiled_loss);  // tied head: x · wteᵀ
+  finish(b, mode, x, wte, in.labels, dt, opt);  // tied head: x · wteᵀ
   return g;
 }
 
@@ -232,7 +257,7 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
   b.set_prefix("");
   x = rmsnorm(x, "model.norm", C, "norm_f");
   Node* head = m.tie_word_embeddings ? embed : p("lm_head.weight", {V, C});
-  finish(b, mode, x, head, in.labels, dt, opt.tiled_loss);
+  finish(b, mode, x, head, in.labels, dt, opt);
   return g;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/builder.h"  // DpoLoss
 #include "graph/ir.h"
 #include "models/model_config.h"
 #include "tensor/tensor.h"
@@ -47,6 +48,15 @@ struct GraphOptions {
   // "loss_sum", over the final norm's output and the same head weight; the graph outputs its
   // extra output "predictions" (each position's argmax, i64 [B, S]) instead of the logits.
   bool tiled_loss = false;
+  // train.objective "dpo" (train mode, untiled loss): dpo_slots > 0 pair slots a sequence holds at
+  // most. The graph then has the inputs pair_slots [B, S] (tagged pair_ids: target t's slot,
+  // +(k + 1) on chosen, −(k + 1) on rejected, 0 none), and ref_logps, seq_tokens [B, 2, K] and
+  // dpo_norms [2] (the reference's sums, each sequence's completion targets, the step's pairs and
+  // chosen targets: Builder::dpo_loss), and its loss is
+  //   loss = dpo_loss(sequence_logps(logits, labels, pair_slots), ref_logps, seq_tokens, dpo_norms)
+  // with the policy's sums "sequence_logps" an output too.
+  int64_t dpo_slots = 0;
+  DpoLoss dpo;
 };
 
 // The forward graph in `dtype` (f32 or f64).

@@ -25,7 +25,7 @@ Batch micro_batch(const Batch& b, int64_t i, int64_t k) {
                 " of a batch of ", B);
   if (k == 1) return b;
   return {rows(b.input_ids, i, k), rows(b.labels, i, k), rows(b.position_ids, i, k), rows(b.doc_start, i, k),
-          rows(b.token_index, i, k)};
+          rows(b.token_index, i, k), rows(b.pair_ids, i, k)};
 }
 
 int64_t global_target_count(const Batch& b, const ProcessMesh& mesh, Communicator& host) {

@@ -29,6 +29,7 @@ namespace {
 
 constexpr int64_t kIgnore = -100;  // label of a position that is not scored
 constexpr int64_t kMaskValues = 2;  // a loss mask holds 0 (not a target) or 1
+constexpr int64_t kNoBound = int64_t{1} << 40;  // pair ids: any int32 value
 
 // Check the shape parameters every source relies on (the config schema checks them too; a source
 // built directly must not divide by zero or allocate a negative size).
@@ -237,9 +238,12 @@ bool copy_tokens(const Segment& s, int64_t from, int64_t n, int64_t* out) {
 class StreamSource final : public DataSource {
  public:
   // `masks`: none, or one loss mask per segment of the same count (make_masks has checked them).
+  // `pairs`: none, or one pair-id file per segment likewise.
   StreamSource(std::vector<Segment> segments, std::vector<Segment> masks, const DataConfig& cfg,
-               const std::string& path, int64_t vocab, Order order, std::string description)
-      : DataSource(cfg.batch_size), segments_(std::move(segments)), masks_(std::move(masks)), seq_len_(cfg.seq_len),
+               const std::string& path, int64_t vocab, Order order, std::string description,
+               std::vector<Segment> pairs = {})
+      : DataSource(cfg.batch_size), segments_(std::move(segments)), masks_(std::move(masks)), pairs_(std::move(pairs)),
+        seq_len_(cfg.seq_len),
         vocab_(vocab), order_(order), path_(path), source_(data_source_name(cfg.source)) {
     install_sigbus_handler();
     AUTOSP_ASSERT(masks_.empty() || masks_.size() == segments_.size(), path, ": ", masks_.size(), " masks for ",
@@ -256,12 +260,28 @@ class StreamSource final : public DataSource {
     const int64_t S = seq_len_;
     std::vector<int64_t> input(static_cast<size_t>(count * S)), labels(input.size());
     std::vector<int64_t> window(static_cast<size_t>(S + 1)), mask(masks_.empty() ? 0 : window.size());
+    std::vector<int64_t> pairs(pairs_.empty() ? 0 : input.size()), pair(pairs_.empty() ? 0 : window.size());
+    std::vector<int64_t> starts(pairs.size());
     std::vector<char> checked(segments_.size(), 0), checked_masks(masks_.size(), 0);  // files checked unchanged
+    std::vector<char> checked_pairs(pairs_.size(), 0);
     for (int64_t b = 0; b < count; ++b) {
       const int64_t at = window_of(first + b) * S;
       read_window(segments_, at, window, checked, vocab_);
       std::copy(window.begin(), window.end() - 1, input.begin() + b * S);
       std::copy(window.begin() + 1, window.end(), labels.begin() + b * S);
+      if (!pairs_.empty()) {  // int32 values, read as their uint32 bits
+        read_window(pairs_, at, pair, checked_pairs, kNoBound);
+        for (int64_t& v : pair) v = static_cast<int32_t>(static_cast<uint32_t>(v));
+        for (int64_t t = 0; t < S; ++t) {
+          const size_t i = static_cast<size_t>(b * S + t);
+          pairs[i] = pair[size_t(t + 1)];
+          // The pair ids delimit the documents: a sequence is a run of one id, a pad (0) is one of
+          // its own, and the target of a sequence's last token (the next one's first) is ignored.
+          const bool starts_here = t == 0 || pair[size_t(t)] == 0 || pair[size_t(t)] != pair[size_t(t - 1)];
+          starts[i] = starts_here ? t : starts[i - 1];
+          if (pair[size_t(t + 1)] == 0 || pair[size_t(t + 1)] != pair[size_t(t)]) labels[i] = kIgnore;
+        }
+      }
       if (masks_.empty()) continue;
       // The label at t predicts token t + 1 of the window: mask[t + 1] = 0 ignores it (HF's
       // labels[t + 1] = -100 before the model's shift). The window's first token is no target.
@@ -269,7 +289,14 @@ class StreamSource final : public DataSource {
       for (int64_t t = 0; t < S; ++t)
         if (mask[static_cast<size_t>(t + 1)] == 0) labels[static_cast<size_t>(b * S + t)] = kIgnore;
     }
-    return make_batch(count, S, std::move(input), std::move(labels));
+    Batch out = make_batch(count, S, std::move(input), std::move(labels));
+    if (pairs_.empty()) return out;
+    std::vector<int64_t> pos(starts.size());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i) % S - starts[i];
+    out.pair_ids = Tensor::from_vector<int64_t>({count, S}, pairs);
+    out.doc_start = Tensor::from_vector<int64_t>({count, S}, starts);
+    out.position_ids = Tensor::from_vector<int64_t>({count, S}, pos);
+    return out;
   }
   int64_t sequences_per_epoch() const override { return windows_; }
   std::vector<EpochProgress> epochs(int64_t g) const override {
@@ -325,6 +352,7 @@ class StreamSource final : public DataSource {
   }
 
   std::vector<Segment> segments_, masks_;  // masks_: empty, or segments_'s loss masks (same firsts and counts)
+  std::vector<Segment> pairs_;             // empty, or segments_'s pair ids likewise
   int64_t seq_len_, vocab_, total_ = 0, windows_ = 0;
   Order order_;
   std::string path_, source_, description_;
@@ -403,8 +431,8 @@ std::string printable(const std::string& text) {
 // 1.0, 2.0 or 3.0: the magic, a version, the header's length, then a Python dict literal with
 // 'descr', 'fortran_order' and 'shape'), then map it like a shard of 1-byte tokens. A mask is one
 // dimension of uint8 or bool; its values are checked (0 or 1) when a batch reads them.
-Segment open_mask(const std::string& path, const std::string& tokens) {
-  const std::string of = str(" (the loss mask of ", tokens, ")");
+Segment open_mask(const std::string& path, const std::string& tokens, bool pairs = false) {
+  const std::string of = str(pairs ? " (the pair ids of " : " (the loss mask of ", tokens, ")");
   Fd file(path);
   const int64_t size = open_regular(path, file);
   constexpr int64_t kMaxHeader = 1 << 16;  // NumPy itself refuses headers over 10000 bytes
@@ -430,7 +458,9 @@ Segment open_mask(const std::string& path, const std::string& tokens) {
     throw UsageError(str(path, ": malformed .npy header '", printable(header),
                          "' (expected {'descr': ..., 'fortran_order': ..., 'shape': (...)})", of));
   const std::string dtype = descr.substr(1, descr.size() - 2);
-  if (dtype != "|u1" && dtype != "u1" && dtype != "<u1" && dtype != ">u1" && dtype != "|b1" && dtype != "b1")
+  if (pairs && dtype != "<i4")
+    throw UsageError(str(path, ": dtype '", printable(dtype), "': pair ids are little-endian int32 ('<i4')", of));
+  if (!pairs && dtype != "|u1" && dtype != "u1" && dtype != "<u1" && dtype != ">u1" && dtype != "|b1" && dtype != "b1")
     throw UsageError(str(path, ": dtype '", printable(dtype), "': a loss mask is uint8 ('|u1') or bool ('|b1')", of));
   // (n,): digits, then a comma, nothing else but spaces.
   const std::string inner = shape.substr(1, shape.size() - 2);
@@ -442,8 +472,8 @@ Segment open_mask(const std::string& path, const std::string& tokens) {
   s.path = path;
   s.offset = prefix + header_len;
   s.count = std::stoll(inner.substr(d0, d1 - d0));
-  s.token_size = 1;
-  if (s.count != size - s.offset)
+  s.token_size = pairs ? 4 : 1;
+  if (s.count != (size - s.offset) / s.token_size || (size - s.offset) % s.token_size != 0)
     throw UsageError(str(path, ": shape (", s.count, ",) but the file holds ", size - s.offset,
                          " bytes of data after its header", of));
   if (s.count > 0) s.map = std::make_unique<Mapping>(path, file, size);
@@ -454,18 +484,19 @@ Segment open_mask(const std::string& path, const std::string& tokens) {
 // included) from the files `mask_path` names, paired in sorted order: equal numbers of files, and
 // each mask as long as its token file. Masks of empty files are dropped with them.
 std::vector<Segment> make_masks(const std::string& mask_path, const std::string& path,
-                                const std::vector<Segment>& files) {
+                                const std::vector<Segment>& files, bool pairs = false) {
   if (mask_path.empty()) return {};
   const std::vector<std::string> names = expand_path(mask_path);
+  const char* what = pairs ? " pair-id file" : " loss mask";
   if (names.size() != files.size())
-    throw UsageError(str(mask_path, ": ", names.size(), names.size() == 1 ? " loss mask" : " loss masks", " for the ",
+    throw UsageError(str(mask_path, ": ", names.size(), what, names.size() == 1 ? "" : "s", " for the ",
                          files.size(), files.size() == 1 ? " token file" : " token files", " of ", path,
-                         " (one mask per file, in the same sorted order)"));
+                         " (one per file, in the same sorted order)"));
   std::vector<Segment> masks;
   for (size_t k = 0; k < names.size(); ++k) {
-    Segment m = open_mask(names[k], files[k].path);
+    Segment m = open_mask(names[k], files[k].path, pairs);
     if (m.count != files[k].count)
-      throw UsageError(str(names[k], ": the loss mask holds ", m.count, " values but its token file ", files[k].path,
+      throw UsageError(str(names[k], ": the", what, " holds ", m.count, " values but its token file ", files[k].path,
                            " holds ", files[k].count, " tokens"));
     if (m.count == 0) continue;
     m.first = files[k].first;
@@ -475,7 +506,8 @@ std::vector<Segment> make_masks(const std::string& mask_path, const std::string&
 }
 
 std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std::string& path,
-                                               const std::string& mask_path, int64_t vocab_size, Order order) {
+                                               const std::string& mask_path, int64_t vocab_size, Order order,
+                                               const std::string& pairs_path = "") {
   if (path.empty()) throw UsageError("data.path: required for data.source 'tokens'");
   std::vector<Segment> files, shards;
   int64_t total = 0;
@@ -488,6 +520,7 @@ std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std:
     files.push_back(std::move(s));
   }
   std::vector<Segment> masks = make_masks(mask_path, path, files);
+  std::vector<Segment> pairs = make_masks(pairs_path, path, files, /*pairs=*/true);
   for (Segment& s : files)
     if (s.count > 0) shards.push_back(std::move(s));  // an empty shard adds nothing to the stream
   if (total < cfg.seq_len + 1)
@@ -495,9 +528,10 @@ std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std:
                          cfg.seq_len + 1));
   const char* kind = u16 && u32 ? "uint16 and uint32" : u16 ? "uint16" : "uint32";
   std::string desc = str("tokens: ", shards.size(), shards.size() == 1 ? " shard, " : " shards, ", total,
-                         " tokens (", kind, ") from ", path, mask_path.empty() ? "" : ", loss masks from " + mask_path);
+                         " tokens (", kind, ") from ", path, mask_path.empty() ? "" : ", loss masks from " + mask_path,
+                         pairs_path.empty() ? "" : ", pair ids from " + pairs_path);
   return std::make_unique<StreamSource>(std::move(shards), std::move(masks), cfg, path, vocab_size, order,
-                                        std::move(desc));
+                                        std::move(desc), std::move(pairs));
 }
 
 std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::string& path,
@@ -744,10 +778,11 @@ namespace {
 // The token stream of `path` (data.path, a data.mix entry or data.val_path), or the synthetic task.
 // `mask_path`: its loss masks ("" = none).
 std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const std::string& path, const std::string& mask_path,
-                                        int64_t vocab_size, uint64_t seed, Order order) {
+                                        int64_t vocab_size, uint64_t seed, Order order,
+                                        const std::string& pairs_path = "") {
   switch (cfg.source) {
     case DataSourceKind::synthetic: return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
-    case DataSourceKind::tokens: return make_tokens_source(cfg, path, mask_path, vocab_size, order);
+    case DataSourceKind::tokens: return make_tokens_source(cfg, path, mask_path, vocab_size, order, pairs_path);
     case DataSourceKind::text: return make_text_source(cfg, path, mask_path, vocab_size, order);
   }
   AUTOSP_ASSERT(false, "data.source ", static_cast<int>(cfg.source));
@@ -756,7 +791,7 @@ std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const std::string
 
 // `source` with its documents marked when data.document_mask asks for it.
 std::unique_ptr<DataSource> with_documents(const DataConfig& cfg, int64_t vocab_size, std::unique_ptr<DataSource> source) {
-  if (!cfg.document_mask) return source;
+  if (!cfg.document_mask || !cfg.pairs_path.empty()) return source;  // pair ids mark their own documents
   if (cfg.eos_token_id < 0 || cfg.eos_token_id >= vocab_size)
     throw UsageError(str("data.document_mask needs data.eos_token_id in [0, ", vocab_size, "), got ", cfg.eos_token_id));
   return std::make_unique<DocumentSource>(std::move(source), cfg.eos_token_id);
@@ -766,7 +801,9 @@ std::unique_ptr<DataSource> with_documents(const DataConfig& cfg, int64_t vocab_
 std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
   const Order order{cfg.shuffle, cfg.seed >= 0 ? static_cast<uint64_t>(cfg.seed) : seed};
-  if (cfg.mix.empty()) return with_documents(cfg, vocab_size, make_stream(cfg, cfg.path, cfg.loss_mask_path, vocab_size, seed, order));
+  if (cfg.mix.empty())
+    return with_documents(cfg, vocab_size,
+                          make_stream(cfg, cfg.path, cfg.loss_mask_path, vocab_size, seed, order, cfg.pairs_path));
   if (cfg.source == DataSourceKind::synthetic)
     throw UsageError("data.mix does not apply to data.source \"synthetic\"");
   std::vector<std::unique_ptr<DataSource>> streams;
@@ -788,7 +825,7 @@ std::vector<std::string> data_input_paths(const DataConfig& cfg) {
   if (!cfg.val_path.empty()) paths.push_back(cfg.val_path);
   for (const DataMixEntry& e : cfg.mix)
     if (!e.loss_mask_path.empty()) paths.push_back(e.loss_mask_path);
-  for (const std::string* m : {&cfg.loss_mask_path, &cfg.val_loss_mask_path})
+  for (const std::string* m : {&cfg.loss_mask_path, &cfg.val_loss_mask_path, &cfg.pairs_path, &cfg.val_pairs_path})
     if (!m->empty()) paths.push_back(*m);
   return paths;
 }
@@ -859,6 +896,7 @@ Batch pad_to_multiple(const Batch& b, int64_t p) {
   Batch out{pad(b.input_ids, 0), pad(b.labels, kIgnore), pad(b.position_ids, 0)};
   if (b.doc_start.defined()) out.doc_start = pad(b.doc_start, S);
   if (b.token_index.defined()) out.token_index = pad(b.token_index, -1);  // the padding's mask never matters
+  if (b.pair_ids.defined()) out.pair_ids = pad(b.pair_ids, 0);
   return out;
 }
 

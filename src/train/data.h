@@ -44,6 +44,14 @@
 // UsageError naming the mask and its token file. The loss is then the mean over the unmasked
 // targets of the whole step (normalize_loss and train/accumulation count them globally).
 //
+// Preference pairs (data.pairs_path, with data.path of a "tokens" source; train.objective "dpo"): a
+// file or glob of one-dimensional int32 (<i4) .npy files beside the shards, paired with them like
+// loss masks and read with the window like them: Batch::pair_ids[t] is the pair id of window token
+// t + 1. The pair ids delimit the documents (not EOS, which a chat template may put inside a
+// prompt; decision 150): a sequence is a run of one id, each pad (0) a document of its own, and
+// doc_start, position_ids and the ignored boundary targets are set as for packed documents, whether
+// or not data.document_mask is set. A mismatch in count, length or dtype is a UsageError naming the file.
+//
 // Packed documents (data.document_mask with data.eos_token_id, tokens and text sources): a document
 // ends with its EOS, which belongs to it; a sequence's first token starts one. Then position_ids
 // restart at 0 at each document's first token, doc_start[t] is the position where token t's
@@ -67,6 +75,10 @@ struct Batch {
   Tensor input_ids, labels, position_ids;  // i64 [batch, seq_len]
   Tensor doc_start = {};                   // i64 [batch, seq_len] with data.document_mask, else undefined
   Tensor token_index = {};                 // i64 [batch, seq_len] with lora_dropout (set_token_index), else undefined
+  // i64 [batch, seq_len] with data.pairs_path, else undefined: the pair id of the token label[t]
+  // predicts (shifted like the labels), k + 1 on pair k's chosen sequence, −(k + 1) on its
+  // rejected one, 0 elsewhere.
+  Tensor pair_ids = {};
 };
 
 // Sets b.token_index: token t of row i, sequence g = first + i of the read order, is g·seq_len + t,

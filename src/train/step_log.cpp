@@ -126,11 +126,13 @@ void StepLog::step(const StepRecord& rec) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began_).count();
     const double eta = elapsed / static_cast<double>(rec.step - start_) * static_cast<double>(total_ - rec.step);
     // A skipped step has no loss, norm or throughput: it says so instead.
+    std::string objective;  // DPO's rewards and log-probabilities
+    for (const auto& [name, v] : rec.objective_metrics) objective += fmt::format(" | {} {:.4f}", name, v);
     const std::string work =
         rec.skipped ? std::string("skipped: no targets")
-                    : fmt::format("loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s", rec.loss,
-                                  rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", rec.lr,
-                                  rec.grad_norm, rec.tokens_per_sec);
+                    : fmt::format("loss {:.4f}{}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s", rec.loss,
+                                  rec.accuracy >= 0 ? fmt::format(" | acc {:.3f}", rec.accuracy) : "", objective,
+                                  rec.lr, rec.grad_norm, rec.tokens_per_sec);
     const std::string line = fmt::format(
         "step {}/{} | {}{} | targets {}{} | {:.1f} ms (sync {:.1f}, data {:.1f}) | peak {:.1f} MiB{} | eta {}m{:02d}s",
         rec.step, total_, work, rec.skipped ? fmt::format(" | lr {:.3e}", rec.lr) : "", rec.targets,
@@ -159,6 +161,7 @@ void StepLog::step(const StepRecord& rec) {
     if (!rec.epochs.empty()) m["epochs"] = rec.epochs;
     if (rec.accuracy >= 0) m["accuracy"] = rec.accuracy;
     if (rec.skipped) m["skipped"] = true;  // its loss and norm are NaN (null in JSON)
+    for (const auto& [name, v] : rec.objective_metrics) m[name] = v;
     if (rec.evaluated) {  // without targets there is neither: both null
       m["val_loss"] = rec.val_targets > 0 ? nlohmann::json(rec.val_loss) : nlohmann::json();
       m["val_accuracy"] = rec.val_targets > 0 ? nlohmann::json(rec.val_accuracy) : nlohmann::json();

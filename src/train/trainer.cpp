@@ -33,6 +33,7 @@
 #include "train/fault.h"
 #include "train/outputs.h"
 #include "train/preempt.h"
+#include "train/preference.h"
 #include "train/run_device.h"
 #include "train/schedule.h"
 #include "train/step_log.h"
@@ -316,6 +317,22 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   std::optional<Validation> validation = make_validation(cfg, cfg.runtime.dtype, mesh);
   StartState start = start_state(cfg, args, prog, *comms->host_world);
+  // DPO's reference (train/preference.h): the starting model, or with LoRA the base, adapters off.
+  const bool dpo = cfg.train.objective == Objective::dpo;
+  std::unique_ptr<DpoReference> reference;
+  if (dpo) {
+    ParamMap base = cfg.lora.enabled ? start.frozen : base_params(cfg, args, master_dtype(cfg.runtime.dtype));
+    if (cfg.lora.enabled && !cfg.lora.modules_to_save.empty())  // their base values, not the trained copies
+      for (auto& [name, t] : base_params(cfg, args, master_dtype(cfg.runtime.dtype)))
+        if (start.params.count(name)) base[name] = t;
+    reference = std::make_unique<DpoReference>(cfg, mesh, dpo_reference_params(cfg, prog, base, start.params), dev);
+  }
+  if (dpo && cfg.dpo.precompute_ref) {
+    const size_t pairs = reference->precompute(*data, cfg.data.batch_size, mesh.seq_multiple(), comms->groups);
+    if (world.rank() == 0) spdlog::info("dpo: the reference's log-probabilities of {} pairs precomputed", pairs);
+  }
+  const std::string policy_logps = prog.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
+  DpoMetrics dpo_metrics(cfg);
   if (prog.zero_mode == ZeroMode::sharded_parameters)  // ZeRO-3 shards LoRA's frozen base like the parameters
     for (auto& [name, t] : start.frozen) t = parameter_shard(t, world.size(), world.rank());
   to_run_device(start.frozen, dev);
@@ -354,18 +371,22 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     // its block. The step's targets are counted over the world before any backward.
     const Batch batch = pad_to_multiple(cursor.read(step, mesh.dp_rank), mesh.seq_multiple());
     rec.targets = global_target_count(batch, mesh, *comms->host_world);
+    const Tensor norms = dpo ? dpo_norms(batch, mesh, *comms->host_world, reference->dtype()) : Tensor();
     rec.data_ms = ms_since(t0);
     rec.skipped = rec.targets == 0;  // no scored position anywhere: the loss would be 0/0
     rec.lr = lr_at(cfg.train, step, total);
     const GradSyncStats synced_before = state->sync_stats();
     if (!rec.skipped) {
       RunResult r;
-      const Tensor count = k > 1 ? target_count_feed(prog, rec.targets, dev) : Tensor();
+      const Tensor count = k > 1 && !dpo ? target_count_feed(prog, rec.targets, dev) : Tensor();
       for (int64_t i = 0; i < k; ++i) {  // the micro-batches; only the last one's gradients are synchronised
         const bool last = i == k - 1;
         r = RunResult();  // the previous micro-batch's outputs are not held through this one's run
-        ParamMap feeds = run_feeds(micro_batch(batch, i, k), graph_params(), cfg.model.vocab_size, dev);
-        if (k > 1) feeds[passes::kTargetCount] = count;
+        const Batch micro = micro_batch(batch, i, k);
+        ParamMap feeds = run_feeds(micro, graph_params(), cfg.model.vocab_size, dev);
+        if (k > 1 && !dpo) feeds[passes::kTargetCount] = count;
+        const Tensor ref_logps = dpo ? reference->feed(feeds, micro, norms, comms->groups) : Tensor();
+        const Tensor seq_tokens = dpo ? feeds.at("seq_tokens") : Tensor();
         r = ex.run(std::move(feeds), comms->groups, [&](const Node& n, const Tensor& v) {
           if (gradients.count(&n)) {
             if (i == 0) inject_nan_into(fault, world.rank(), rec.step, v);
@@ -374,8 +395,11 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
           if (last) state->offer(n, v);
         });
         rec.loss += host_copy(r.outputs.at(prog.loss)).to_doubles()[0];  // k > 1: this micro-batch's share
+        if (dpo && mesh.sp_rank == 0)
+          dpo_metrics.add(host_copy(r.outputs.at(policy_logps)), host_copy(ref_logps), host_copy(seq_tokens));
         rec.peak_bytes = std::max(rec.peak_bytes, r.peak_bytes);
       }
+      if (dpo) rec.objective_metrics = dpo_metrics.finish(*comms->host_world);
       state->finish_backward(r);
       comms->synchronize_device();  // device results are read on the host once every collective has finished
       if (step == start.step && !args.dump_grads.empty()) {

@@ -44,6 +44,10 @@ struct StepRecord {
   double grad_sync_wait_ms = 0;  // the part of it after the backward (GradSyncStats::wait_seconds)
   size_t peak_bytes = 0;
   double accuracy = -1;  // synthetic task accuracy on this batch (-1 for other sources or when not scored)
+  // What the objective reports besides the loss, in order (train.objective "dpo": TRL's
+  // rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen,
+  // logps/rejected, means over the step's pairs; train/preference.h). Empty for "lm".
+  std::vector<std::pair<std::string, double>> objective_metrics;
   // No rank's batch had a scored position (every label -100), so the loss would be 0/0: the step
   // ran no graph and made no update (the data and the learning-rate schedule move on); loss, norm
   // and the throughput (tokens_per_sec, tflops) are NaN, mfu -1; tokens still counts what was read.

@@ -68,6 +68,14 @@ EOF
   fail=1
 fi
 
+# --pairs: a DPO step (train.objective "dpo" on one pair a window) trains at a short length.
+if ! /usr/bin/python3 "$script" --impl autosp --bin "$bin" --config "$src/configs/llama-tiny.json" --pairs \
+    --budget-gib "$budget" --probe 1024 --threads 1 --no-drop-caches >"$tmp/probe-pairs" 2>"$tmp/err" ||
+    ! grep -q '"fit": \[1024\]' "$tmp/probe-pairs"; then
+  echo "FAIL: --pairs --probe 1024: $(cat "$tmp/probe-pairs" "$tmp/err")"
+  fail=1
+fi
+
 . "$(dirname "$0")/lib/refusals.sh"
 expect_usage_error() { refused_alone "$1" /usr/bin/python3 "$script" "${@:2}"; }  # expect_usage_error NEEDLE ARGS...
 cfg=$src/configs/llama-tiny.json
@@ -81,6 +89,7 @@ expect_usage_error "--fit" --impl autosp --bin "$bin" --config "$cfg" --budget-g
 expect_usage_error "--probe" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --probe x
 expect_usage_error "--probe" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --probe 1024,0
 expect_usage_error "--from" --impl autosp --bin "$bin" --config "$cfg" --budget-gib 1 --from 0
+expect_usage_error "--pairs" --impl pytorch --config "$cfg" --budget-gib 1 --pairs
 expect_usage_error "no such file" --impl autosp --bin "$bin" --config "$tmp/none.json" --budget-gib 1
 expect_usage_error "not found" --impl autosp --bin "$tmp" --config "$cfg" --budget-gib 1
 expect_usage_error "not found" --impl pytorch --python "$tmp/python" --config "$cfg" --budget-gib 1

@@ -118,6 +118,11 @@ write("value_mask.npy", npy("|u1", "(100,)", bytes([1, 7] * 50)))
 write("zero_mask.npy", npy("|b1", "(100,)", bytes(100)))
 write("v9_mask.npy", npy("|u1", "(100,)", bytes(100), version=9))
 write("garbage_mask.npy", bytes((i * 31 + 7) % 256 for i in range(300)))
+# Pair ids (train.objective "dpo") beside good.bin: pair 1's chosen sequence is 20 tokens, so the
+# first window of 16 holds it alone (its rejected one is in the next window).
+pairs = ([1] * 20 + [-1] * 10 + [2] * 30 + [-2] * 40)[:100]
+write("good_pairs.npy", npy("<i4", "(100,)", struct.pack("<100i", *pairs)))
+write("short_pairs.npy", npy("<i4", "(99,)", struct.pack("<99i", *pairs[:99])))
 PY
 mkfifo "$tmp/fifo" "$tmp/fifo.index.json"
 mkdir -p "$tmp/hf_fifo" && mkfifo "$tmp/hf_fifo/config.json"
@@ -319,6 +324,24 @@ row 'big_token.bin: token 32 at index 51 is ≥ vocab_size 32' "${c[@]}" "${toke
 row 'train.eval_every 1 needs data.val_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.eval_every=1
 row 'data.val_path does not apply to data.source "synthetic"' "${c[@]}" --set "data.val_path=$tmp/good.bin"
 row 'train.eval_batches = 0' "${c[@]}" --set train.eval_batches=0
+# DPO (issue 44): the objective and its section, pair-id files, a pair its window cuts
+d=("${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.objective=dpo --set "data.loss_mask_path=$tmp/good.npy")
+p=(--set "data.pairs_path=$tmp/good_pairs.npy")
+row 'train.objective = "ppo": expected one of lm|dpo' "${c[@]}" --set train.objective=ppo
+row 'train.objective "dpo" needs data.pairs_path' "${d[@]}"
+row 'train.objective "dpo" needs data.loss_mask_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set train.objective=dpo \
+    --set "data.pairs_path=$tmp/good_pairs.npy"
+row 'data.pairs_path and data.val_pairs_path are for train.objective "dpo"' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${p[@]}"
+row 'dpo.beta 0 must be > 0' "${d[@]}" "${p[@]}" --set dpo.beta=0
+row 'dpo.beta = -1: expected a value in \[0, 1e+06\]' "${d[@]}" "${p[@]}" --set dpo.beta=-1
+row 'dpo.loss_type = "hinge": expected one of sigmoid|ipo' "${d[@]}" "${p[@]}" --set dpo.loss_type=hinge
+row 'dpo.label_smoothing applies to dpo.loss_type "sigmoid"' "${d[@]}" "${p[@]}" --set dpo.loss_type=ipo --set dpo.label_smoothing=0.1
+row 'dpo.precompute_ref = "yes": expected' "${d[@]}" "${p[@]}" --set dpo.precompute_ref=yes
+row 'train.objective "dpo" reads the logits: runtime.tiled_loss must be false' "${d[@]}" "${p[@]}" --set runtime.tiled_loss=true
+row "good.npy: dtype '|u1': pair ids are little-endian int32" "${d[@]}" --set "data.pairs_path=$tmp/good.npy"
+row 'short_pairs.npy: the pair-id file holds 99 values but its token file .*good.bin holds 100 tokens' "${d[@]}" \
+    --set "data.pairs_path=$tmp/short_pairs.npy"
+row 'pair id 1 in sequence 0 of the batch has completion targets on its chosen side only' "${d[@]}" "${p[@]}"
 # loss masks (issue 27): the keys, then each malformed .npy named with its token file
 m=(--set "data.loss_mask_path=$tmp")  # the mask file is appended per row
 row 'data.loss_mask_path and data.val_loss_mask_path do not apply to data.source "synthetic"' "${c[@]}" --set "data.loss_mask_path=$tmp/good.npy"

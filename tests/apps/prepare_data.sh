@@ -14,17 +14,7 @@
 set -u
 bin=$1
 src=$2
-py=$(bash "$src/scripts/hf-venv.sh" --check 2>/dev/null) || { echo "skip: no $src/.venv-hf (scripts/hf-venv.sh)"; exit 77; }
-prep=("$py" "$src/scripts/prepare_data.py")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
-fail=0
-rows=0
-check() {  # check STATUS NAME: the status first, so `check $? "... $(cmd)"` sees the row's, not cmd's
-  rows=$((rows + 1))
-  if [ "$1" -ne 0 ]; then echo "FAIL [$rows] $2"; fail=1; else echo "ok   [$rows] $2"; fi
-}
+. "$src/tests/apps/lib/prep_checks.sh"  # py, prep, tmp; check and row
 
 "$py" - "$tmp" <<'PY'
 import json, os, sys
@@ -195,26 +185,6 @@ print("BOS as transformers puts it: llama3 yes, llama2 (add_bos_token false) no,
 PY
 check $? "documents begin with BOS exactly where transformers' tokenizer(text) puts one"
 
-# row 'NEEDLE' ARGS...   (ARGS follow prepare_data.py)
-row() {
-  local needle=$1
-  shift
-  rows=$((rows + 1))
-  timeout -k 5 60 "${prep[@]}" "$@" >"$tmp/out" 2>&1 </dev/null
-  local rc=$?
-  # Besides the one error: line, only the stage lines of prepare_data.py's progress (not on a
-  # terminal: "STAGE: N UNIT" when a stage starts, "STAGE: N/M UNIT in M:SS (R UNIT/s)" when it ends).
-  local other
-  other=$(grep -v '^error: ' "$tmp/out" | grep -Ev '^[a-z][a-z ()-]*: [0-9]+(/[0-9]+)? [a-z]+( in [0-9:]+ \([0-9.]+ [a-z]+/s\))?$')
-  if [ $rc -ne 2 ] || [ "$(grep -c '^error: ' "$tmp/out")" -ne 1 ] || [ -n "$other" ] ||
-     ! grep -q "^error: .*$needle" "$tmp/out"; then
-    echo "FAIL [$rows] $*: exit $rc, expected 2 and one line, 'error:' containing '$needle' (progress lines aside); output:"
-    tail -3 "$tmp/out" | sed 's/^/    /'
-    fail=1
-  else
-    echo "ok   [$rows] $(grep -m1 '^error:' "$tmp/out" | cut -c1-150)"
-  fi
-}
 printf '{"text": "fine"}\n{"text": \n' >"$tmp/broken.jsonl"
 printf '{"body": "no text key"}\n' >"$tmp/nokey.jsonl"
 printf '\xff\xfe\x00bad' >"$tmp/binary.txt"

@@ -14,17 +14,7 @@
 #   sft_data.sh BIN_DIR SOURCE_DIR
 set -u
 src=$2
-py=$(bash "$src/scripts/hf-venv.sh" --check 2>/dev/null) || { echo "skip: no $src/.venv-hf (scripts/hf-venv.sh)"; exit 77; }
-prep=("$py" "$src/scripts/prepare_data.py")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONWARNINGS=ignore
-fail=0
-rows=0
-check() {
-  rows=$((rows + 1))
-  if [ "$1" -ne 0 ]; then echo "FAIL [$rows] $2"; fail=1; else echo "ok   [$rows] $2"; fi
-}
+. "$src/tests/apps/lib/prep_checks.sh"  # py, prep, tmp; check and row
 
 "$py" "$src/tests/ref/chat_fixture.py" "$tmp/chatml" --conversations "$tmp/conv.jsonl" 12 &&
   "$py" "$src/tests/ref/chat_fixture.py" "$tmp/inst" --template inst
@@ -142,25 +132,6 @@ PY
 check $? "--chat masks equal transformers' return_assistant_tokens_mask (markers) and the hand-written answers (no markers); --completion; packing"
 
 # ---- garbage -----------------------------------------------------------------------------------
-row() {  # row 'NEEDLE' ARGS...
-  local needle=$1
-  shift
-  rows=$((rows + 1))
-  timeout -k 5 60 "${prep[@]}" "$@" >"$tmp/out" 2>&1 </dev/null
-  local rc=$?
-  # Besides the one error: line, only the stage lines of prepare_data.py's progress (not on a
-  # terminal: "STAGE: N UNIT" when a stage starts, "STAGE: N/M UNIT in M:SS (R UNIT/s)" when it ends).
-  local other
-  other=$(grep -v '^error: ' "$tmp/out" | grep -Ev '^[a-z][a-z ()-]*: [0-9]+(/[0-9]+)? [a-z]+( in [0-9:]+ \([0-9.]+ [a-z]+/s\))?$')
-  if [ $rc -ne 2 ] || [ "$(grep -c '^error: ' "$tmp/out")" -ne 1 ] || [ -n "$other" ] ||
-     ! grep -q "^error: .*$needle" "$tmp/out"; then
-    echo "FAIL [$rows] $*: exit $rc, expected 2 and one line, 'error:' containing '$needle' (progress lines aside); output:"
-    tail -3 "$tmp/out" | sed 's/^/    /'
-    fail=1
-  else
-    echo "ok   [$rows] $(grep -m1 '^error:' "$tmp/out" | cut -c1-150)"
-  fi
-}
 good='{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}'
 printf '%s\n%s\n' "$good" '{"messages": [{"content": "hi"}]}' >"$tmp/norole.jsonl"
 printf '%s\n%s\n' "$good" '{"messages": [{"role": "user", "content": 5}]}' >"$tmp/nonstr.jsonl"
@@ -196,7 +167,7 @@ row '\-\-chat needs \-\-tokenizer DIR' --out "$tmp/bad" --train-tokenizer --voca
 row '\-\-seq-len 0' --out "$tmp/bad" --tokenizer "$tmp/chatml" --chat "$tmp/conv.jsonl"
 row '\-\-seq-len 1' "${o[@]}" --seq-len 1 --chat "$tmp/conv.jsonl"
 row '\-\-chat and \-\-completion exclude each other' "${o[@]}" --chat --completion "$tmp/conv.jsonl"
-row '\-\-seq-len and \-\-long apply to \-\-chat and \-\-completion' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 64 "$tmp/plain.txt"
+row '\-\-seq-len and \-\-long apply to \-\-chat, \-\-completion and \-\-preference' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 64 "$tmp/plain.txt"
 row "argument \-\-long: invalid choice: 'cut'" "${o[@]}" --chat --long cut "$tmp/conv.jsonl"
 row 'every train example is longer than \-\-seq-len 8' --out "$tmp/bad" --tokenizer "$tmp/chatml" --seq-len 8 --long drop --chat "$tmp/conv.jsonl"
 # Conversations without an assistant turn (issue 48): --chat learns only the assistant's tokens, so a

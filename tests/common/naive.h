@@ -537,6 +537,43 @@ inline double cross_entropy(const Vec& logits, const std::vector<int64_t>& label
   return total;
 }
 
+// Preference training, written out from the definitions: out [B, 2, K] = Σ log softmax(logits[b, t])
+// at labels[b, t] over the targets with slot +(k + 1) (side 0) or −(k + 1) (side 1).
+inline Vec sequence_logps(const Vec& logits, const std::vector<int64_t>& labels, const std::vector<int64_t>& slots,
+                          int64_t B, int64_t S, int64_t V, int64_t K) {
+  Vec out(size_t(B * 2 * K), 0.0);
+  for (int64_t r = 0; r < B * S; ++r) {
+    const int64_t s = slots[size_t(r)];
+    if (labels[size_t(r)] == -100 || s == 0) continue;
+    const Vec row(logits.begin() + r * V, logits.begin() + (r + 1) * V);
+    out[size_t(((r / S) * 2 + (s > 0 ? 0 : 1)) * K + std::abs(s) - 1)] -=
+        cross_entropy(row, {labels[size_t(r)]}, 1, V);
+  }
+  return out;
+}
+
+struct Dpo {
+  double beta;
+  bool ipo;
+  double label_smoothing, rpo_alpha;
+};
+// TRL's DPO loss over policy [B, 2, K] with a constant reference and completion length `tokens`,
+// normalised by norms = (pairs, chosen tokens).
+inline double dpo_loss(const Vec& policy, double ref, double tokens, std::pair<double, double> norms, const Dpo& d) {
+  const size_t K = 3, pairs = policy.size() / 2;
+  double loss = 0, chosen = 0;
+  for (size_t p = 0; p < pairs; ++p) {
+    const double pc = policy[(p / K) * 2 * K + p % K], pr = policy[(p / K) * 2 * K + K + p % K];
+    const double avg = d.ipo ? tokens : 1;
+    const double z = (pc / avg - pr / avg) - (ref / avg - ref / avg);
+    auto logsig = [](double x) { return -std::log(1 + std::exp(-x)); };
+    loss += d.ipo ? std::pow(z - 1 / (2 * d.beta), 2)
+                  : -(1 - d.label_smoothing) * logsig(d.beta * z) - d.label_smoothing * logsig(-d.beta * z);
+    chosen += pc;
+  }
+  return loss / norms.first + d.rpo_alpha * -chosen / norms.second;
+}
+
 // weight [V, C], ids [n] → out [n, C]. Ids must be valid (the reference does not check).
 inline Vec embedding(const Vec& weight, const std::vector<int64_t>& ids, int64_t C) {
   Vec out(ids.size() * size_t(C), 0.0);

@@ -23,6 +23,7 @@ struct InputSpec {
   bool ids = false;      // integer input (i64) with values in [0, hi)
   int64_t hi = 0;
   bool ignore = false;   // some ids are set to -100 (labels)
+  int64_t lo = 0;        // integer inputs' values are in [lo, hi)
 };
 
 struct OpCase {
@@ -51,6 +52,17 @@ inline const CommGroups& single_groups() {
 }
 
 inline std::vector<int64_t> as_ids(const Vec& v) { return std::vector<int64_t>(v.begin(), v.end()); }
+
+// dpo_loss over `policy` [B, 2, 3] with the reference 0.25, 3 completion tokens per sequence and
+// norms (4, 5) as constants.
+inline Node* dpo_case(Builder& b, Node* policy, const DpoLoss& spec) {
+  const SymShape s = policy->shape();
+  return b.dpo_loss(policy, b.full(s, 0.25, policy->dtype(), "ref"), b.full(s, 3, policy->dtype(), "tokens"),
+                    b.graph().add(Op::concat, {b.full({1}, 4, policy->dtype(), "pairs"),
+                                               b.full({1}, 5, policy->dtype(), "chosen")},
+                                  {{"dim", int64_t{0}}}, "norms"),
+                    spec);
+}
 
 inline const std::vector<OpCase>& op_cases() {
   using naive::Shape;
@@ -347,6 +359,23 @@ inline const std::vector<OpCase>& op_cases() {
       // probabilities, more experts, gradients against a per-token loop).
       moe_case("moe_experts_norm", true),
       moe_case("moe_experts", false),
+      // Preference training: slots in [-2, 2] (K = 2; 0 is no sequence), some labels ignored.
+      OpCase{"sequence_logps", Op::sequence_logps, {{{B, S, 7}}, {{B, S}, true, 7, true}, {{B, S}, true, 3, false, -2}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.sequence_logps(x[0], x[1], x[2], 2); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::sequence_logps(in[0], as_ids(in[1]), as_ids(in[2]), sh[1][0], sh[1][1], 7, 2);
+             }},
+      // policy [B, 2, K = 3]; the reference, completion tokens and norms are data (constants here).
+      OpCase{"dpo_loss_sigmoid", Op::dpo_loss, {{{B, 2, 3}}},
+             [](Builder& b, const std::vector<Node*>& x) { return dpo_case(b, x[0], {0.5, "sigmoid", 0.2, 0}); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) {
+               return Vec{naive::dpo_loss(in[0], 0.25, 3, {4, 5}, {0.5, false, 0.2, 0})};
+             }},
+      OpCase{"dpo_loss_ipo_rpo", Op::dpo_loss, {{{B, 2, 3}}},
+             [](Builder& b, const std::vector<Node*>& x) { return dpo_case(b, x[0], {0.5, "ipo", 0, 0.7}); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) {
+               return Vec{naive::dpo_loss(in[0], 0.25, 3, {4, 5}, {0.5, true, 0, 0.7})};
+             }},
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

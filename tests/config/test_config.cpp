@@ -387,7 +387,7 @@ const json kEveryKey = {
                            {{"path", "b.bin"}, {"weight", 0.25}}})},
       {"shuffle", true}, {"seed", 5}, {"val_loss_mask_path", "val.npy"}}},
     {"train",
-     {{"steps", 7}, {"gradient_accumulation_steps", 3}, {"lr", 0.5}, {"min_lr", 0.25}, {"warmup_steps", 2}, {"weight_decay", 0.5}, {"beta1", 0.8},
+     {{"objective", "lm"}, {"steps", 7}, {"gradient_accumulation_steps", 3}, {"lr", 0.5}, {"min_lr", 0.25}, {"warmup_steps", 2}, {"weight_decay", 0.5}, {"beta1", 0.8},
       {"beta2", 0.9}, {"eps", 1e-6}, {"grad_clip", 2.0}, {"seed", 7}, {"log_every", 2}, {"eval_every", 3},
       {"eval_batches", 2}, {"checkpoint_dir", "ckpt"}, {"tensorboard_dir", "tb"}, {"csv_dir", "csv"}, {"checkpoint_every", 4}, {"keep_checkpoints", 1},
       {"max_shard_mb", 0.5}, {"save_timeout", 5.0}, {"gradient_accumulation_steps", 2},
@@ -462,6 +462,21 @@ TEST_CASE("the resolved config holds every key, and parsing it again gives it ba
   const Config masked = parse_config(json::object(), {"data.source=tokens", "data.path=t/*.bin", "data.loss_mask_path=t/*.npy"});
   CHECK(masked.resolved["data"]["loss_mask_path"] == "t/*.npy");
   CHECK(parse_config(masked.resolved).data.loss_mask_path == "t/*.npy");
+  // train.objective "dpo": its section and data.pairs_path recorded, and read back (issue 44);
+  // without it the dpo keys are left out (as lora's are).
+  CHECK(!parse_config(json::object()).resolved.contains("dpo"));
+  const Config dpo = parse_config(json::object(), {"data.source=tokens", "data.path=t/*.bin", "data.pairs_path=p/*.npy",
+                                                   "data.loss_mask_path=t/*.npy",
+                                                   "train.objective=dpo", "dpo.beta=0.25", "dpo.loss_type=ipo",
+                                                   "dpo.rpo_alpha=0.5"});
+  CHECK(key_paths({{"dpo", dpo.resolved["dpo"]}}) ==
+        std::set<std::string>{"dpo.beta", "dpo.label_smoothing", "dpo.loss_type", "dpo.precompute_ref", "dpo.rpo_alpha"});
+  const Config dpo_back = parse_config(dpo.resolved);
+  CHECK(dpo_back.train.objective == Objective::dpo);
+  CHECK(dpo_back.data.pairs_path == "p/*.npy");
+  CHECK(dpo_back.dpo.beta == 0.25);
+  CHECK(dpo_back.dpo.loss_type == "ipo");
+  CHECK(dpo_back.dpo.rpo_alpha == 0.5);
   std::vector<Config> configs = {c, masked, parse_config(json::object()),
                                  parse_config(json::object(), {"model.arch=llama", "runtime.dtype=bfloat16"})};
   for (const auto& e : std::filesystem::directory_iterator(std::string(AUTOSP_SOURCE_DIR) + "/configs"))

@@ -49,7 +49,7 @@ std::unique_ptr<Built> build(const OpCase& c, DType dt, uint32_t seed) {
     for (const auto& d : spec.shape) shape.push_back(d.eval(op_case_bindings()));
     const int64_t n = naive::numel(shape);
     if (spec.ids) {
-      Vec v = naive::random_uniform(n, seed + i, 0, static_cast<double>(spec.hi));
+      Vec v = naive::random_uniform(n, seed + i, static_cast<double>(spec.lo), static_cast<double>(spec.hi));
       for (auto& e : v) e = std::floor(e);
       if (spec.ignore)
         for (size_t j = 0; j < v.size(); j += 3) v[j] = -100;

@@ -41,7 +41,7 @@ std::unique_ptr<Prepared> prepare(const OpCase& c, DType dt, uint32_t seed) {
     naive::Shape shape;
     for (const auto& d : spec.shape) shape.push_back(d.eval(op_case_bindings()));
     const int64_t n = naive::numel(shape);
-    Vec v = spec.ids ? naive::random_uniform(n, seed + i, 0, static_cast<double>(spec.hi))
+    Vec v = spec.ids ? naive::random_uniform(n, seed + i, static_cast<double>(spec.lo), static_cast<double>(spec.hi))
                      : naive::random_normal(n, seed + i);
     if (spec.ids) {
       for (auto& x : v) x = std::floor(x);

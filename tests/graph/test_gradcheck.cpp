@@ -38,9 +38,9 @@ std::unique_ptr<Check> build(const OpCase& c, uint32_t seed) {
     for (const auto& d : spec.shape) shape.push_back(d.eval(op_case_bindings()));
     const int64_t n = naive::numel(shape);
     if (spec.ids) {
-      Vec v = naive::random_uniform(n, seed + i, 0, static_cast<double>(spec.hi));
+      Vec v = naive::random_uniform(n, seed + i, static_cast<double>(spec.lo), static_cast<double>(spec.hi));
       std::vector<int64_t> ids;
-      for (size_t j = 0; j < v.size(); ++j) ids.push_back(spec.ignore && j % 3 == 0 ? -100 : static_cast<int64_t>(v[j]));
+      for (size_t j = 0; j < v.size(); ++j) ids.push_back(spec.ignore && j % 3 == 0 ? -100 : static_cast<int64_t>(std::floor(v[j])));
       k->feeds[name] = Tensor::from_vector(shape, ids);
     } else {
       k->feeds[name] = Tensor::from_vector(shape, naive::random_normal(n, seed + i));

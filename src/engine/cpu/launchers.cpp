@@ -25,6 +25,7 @@
 #include "kernels/cpu/mlp.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/norm.h"
+#include "kernels/cpu/preference.h"
 #include "kernels/cpu/rope.h"
 
 namespace autosp::cpu_ops {
@@ -410,6 +411,52 @@ Tensor linear_cross_entropy_backward(const KernelCall& c) {
                                           dw ? c.extras[0].data<T>() : nullptr, logits_chunk<T>(c, rows, V, own), rows, C, V,
                                           c.node.attrs().i("ignore_index"));
     return dx;
+  });
+}
+
+// Preference training (kernels/cpu/preference.h). sequence_logps: logits [B, S, V], labels, slots
+// [B, S] → [B, 2, K]; its backward takes the gradient [B, 2, K] fourth.
+Tensor sequence_logps(const KernelCall& c) {
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1), slots = ids64(c, 2);
+  return by_float(c, logits.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, logits.dtype());
+    cpu::sequence_logps<T>(logits.data<T>(), labels.data<int64_t>(), slots.data<int64_t>(), y.data<T>(),
+                           logits.dim(0), logits.dim(1), logits.dim(2), y.dim(2), c.node.attrs().i("ignore_index"));
+    return y;
+  });
+}
+
+Tensor sequence_logps_backward(const KernelCall& c) {
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1), slots = ids64(c, 2), grad = arg(c, 3);
+  return by_float(c, logits.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, logits.dtype());
+    cpu::sequence_logps_backward<T>(logits.data<T>(), labels.data<int64_t>(), slots.data<int64_t>(), grad.data<T>(),
+                                    dx.data<T>(), logits.dim(0), logits.dim(1), logits.dim(2), grad.dim(2),
+                                    c.node.attrs().i("ignore_index"));
+    return dx;
+  });
+}
+
+// dpo_loss: policy, reference, tokens [B, 2, K], norms [2] → []; its backward takes the loss's
+// gradient [] fifth and returns the policy's.
+Tensor dpo_loss(const KernelCall& c) {
+  const Tensor policy = arg(c, 0), reference = arg(c, 1), tokens = arg(c, 2), norms = arg(c, 3);
+  return by_float(c, policy.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, policy.dtype());
+    *y.data<T>() = static_cast<T>(cpu::dpo_loss<T>(policy.data<T>(), reference.data<T>(), tokens.data<T>(),
+                                                   norms.data<T>(), policy.dim(0), policy.dim(2), dpo_args(c.node)));
+    return y;
+  });
+}
+
+Tensor dpo_loss_backward(const KernelCall& c) {
+  const Tensor policy = arg(c, 0), reference = arg(c, 1), tokens = arg(c, 2), norms = arg(c, 3);
+  const double g = c.in[4].to_doubles()[0];
+  return by_float(c, policy.dtype(), [&]<class T>() {
+    Tensor d = out_like(c, policy.dtype());
+    cpu::dpo_loss<T>(policy.data<T>(), reference.data<T>(), tokens.data<T>(), norms.data<T>(), policy.dim(0),
+                     policy.dim(2), dpo_args(c.node), d.data<T>(), g);
+    return d;
   });
 }
 

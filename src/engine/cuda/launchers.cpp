@@ -46,6 +46,7 @@
 #include "kernels/cuda/mlp.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/preference.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/kinds.h"
 
@@ -341,6 +342,53 @@ Tensor cross_entropy_sum(const KernelCall& c) {
                                c.node.attrs().i("ignore_index"), stream(c));
     settle_scalar(acc, y, stream(c));
     return y;
+  });
+}
+
+// ---- preference training (kernels/cuda/preference.cuh) ----
+
+Tensor sequence_logps(const KernelCall& c) {
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1), slots = ids64(c, 2);
+  return by_float(c, logits.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, c.node.dtype());
+    cuda::sequence_logps<T>(ptr<T>(logits), ptr<int64_t>(labels), ptr<int64_t>(slots), ptr<cuda::acc_t<T>>(y),
+                            logits.dim(0), logits.dim(1), logits.dim(2), y.dim(2), c.node.attrs().i("ignore_index"),
+                            stream(c));
+    return y;
+  });
+}
+
+Tensor sequence_logps_backward(const KernelCall& c) {
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1), slots = ids64(c, 2), grad = arg(c, 3);
+  return by_float(c, logits.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, logits.dtype());
+    cuda::sequence_logps_backward<T>(ptr<T>(logits), ptr<int64_t>(labels), ptr<int64_t>(slots),
+                                     ptr<cuda::acc_t<T>>(grad), ptr<T>(dx), logits.dim(0), logits.dim(1), logits.dim(2),
+                                     grad.dim(2), c.node.attrs().i("ignore_index"), stream(c));
+    return dx;
+  });
+}
+
+// dpo_loss and its backward: the inputs are in the loss's dtype (f32 or f64, never bf16).
+Tensor dpo_loss(const KernelCall& c) {
+  const Tensor policy = arg(c, 0), reference = arg(c, 1), tokens = arg(c, 2), norms = arg(c, 3);
+  return by_float(c, policy.dtype(), [&]<class T>() {
+    using A = cuda::acc_t<T>;
+    Tensor y = out_like(c, c.node.dtype());
+    cuda::dpo_loss<A>(ptr<A>(policy), ptr<A>(reference), ptr<A>(tokens), ptr<A>(norms), policy.dim(0), policy.dim(2),
+                      dpo_args(c.node), ptr<A>(y), nullptr, nullptr, stream(c));
+    return y;
+  });
+}
+
+Tensor dpo_loss_backward(const KernelCall& c) {
+  const Tensor policy = arg(c, 0), reference = arg(c, 1), tokens = arg(c, 2), norms = arg(c, 3), grad = arg(c, 4);
+  return by_float(c, policy.dtype(), [&]<class T>() {
+    using A = cuda::acc_t<T>;
+    Tensor d = out_like(c, c.node.dtype());
+    cuda::dpo_loss<A>(ptr<A>(policy), ptr<A>(reference), ptr<A>(tokens), ptr<A>(norms), policy.dim(0), policy.dim(2),
+                      dpo_args(c.node), nullptr, ptr<A>(d), ptr<A>(grad), stream(c));
+    return d;
   });
 }
 

@@ -118,7 +118,7 @@ __global__ void linear_ce_rows_kernel(const T* logits, const int64_t* labels, do
 
 template <class T>
 __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* labels, T* dlogits, int64_t V,
-                                              const acc_t<T>* grad, int64_t ignore_index) {
+                                              const acc_t<T>* grad, int64_t grad_stride, int64_t ignore_index) {
   using A = acc_t<T>;
   __shared__ A shared[kWarp];
   const int64_t r = blockIdx.x, y = labels[r];
@@ -131,7 +131,7 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* la
   }
   A m, s;
   row_logsumexp(xr, V, shared, m, s);
-  const A g = *grad, gs = g / s;
+  const A g = grad[r * grad_stride], gs = g / s;  // one gradient for all rows (stride 0), or each row's
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
     A d = dexp(load(xr, j) - m) * gs;
     if (j == y) d -= g;
@@ -171,7 +171,16 @@ void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, 
   AUTOSP_ASSERT(rows < (int64_t(1) << 31), "cross_entropy_backward rows ", rows, " exceed the grid");
   if (rows == 0) return;
   launch_kernel(cross_entropy_backward_kernel<T>, unsigned(rows), kRowBlock, 0, stream, logits, labels, dlogits, V,
-                grad, ignore_index);
+                grad, int64_t{0}, ignore_index);
+}
+
+template <class T>
+void cross_entropy_backward_rows(const T* logits, const int64_t* labels, T* dlogits, int64_t rows, int64_t V,
+                                 const acc_t<T>* row_grads, int64_t ignore_index, cudaStream_t stream) {
+  AUTOSP_ASSERT(rows >= 0 && rows < (int64_t(1) << 31) && V > 0, "cross_entropy_backward_rows rows ", rows, " V ", V);
+  if (rows == 0) return;
+  launch_kernel(cross_entropy_backward_kernel<T>, unsigned(rows), kRowBlock, 0, stream, logits, labels, dlogits, V,
+                row_grads, int64_t{1}, ignore_index);
 }
 
 template <class T>
@@ -214,6 +223,8 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
   template void cross_entropy_sum<T>(const T*, const int64_t*, acc_t<T>*, int64_t, int64_t, int64_t, cudaStream_t); \
   template void cross_entropy_backward<T>(const T*, const int64_t*, T*, int64_t, int64_t, const acc_t<T>*, int64_t, \
                                           cudaStream_t);                                                            \
+  template void cross_entropy_backward_rows<T>(const T*, const int64_t*, T*, int64_t, int64_t, const acc_t<T>*,      \
+                                               int64_t, cudaStream_t);                                              \
   template void linear_cross_entropy_backward<T>(const T*, const T*, const int64_t*, const acc_t<T>*, T*, T*,        \
                                                  int64_t, int64_t, int64_t, int64_t, int64_t, T*, float*, cudaStream_t);
 AUTOSP_INSTANTIATE(float)

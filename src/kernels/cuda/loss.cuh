@@ -34,6 +34,11 @@ template <class T>
 void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, int64_t rows, int64_t V,
                             const acc_t<T>* grad, int64_t ignore_index, cudaStream_t stream);
 
+// The same with each row's own gradient: g = row_grads[r] (preference training's per-sequence sums).
+template <class T>
+void cross_entropy_backward_rows(const T* logits, const int64_t* labels, T* dlogits, int64_t rows, int64_t V,
+                                 const acc_t<T>* row_grads, int64_t ignore_index, cudaStream_t stream);
+
 // The tiled head + loss's row pass over one chunk of logits [rows, V]: row_loss[r] is row r's
 // term of cross_entropy_sum (0 when ignored, NaN for a label outside [0, V)), predictions[r] its
 // argmax (first maximum). One block per row.

@@ -38,7 +38,7 @@ PassResult shard_seq_dim(Graph& g, const PassContext& ctx) {
   PassResult res;
   if (ctx.sp_size == 1) return res;
   std::map<const Node*, int> seq;  // consumers of the tagged inputs → their sequence dim
-  for (Role role : {Role::input_ids, Role::labels, Role::position_ids})
+  for (Role role : {Role::input_ids, Role::labels, Role::position_ids, Role::pair_ids})
     for (Node* n : g.with_role(role)) seq[n] = 1;
   for (const auto& up : g.nodes()) {
     Node& n = *up;

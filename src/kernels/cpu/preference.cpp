@@ -1,0 +1,98 @@
+// CPU kernels of preference training. The per-target log-probability is one row of the
+// cross-entropy kernels (kernels/cpu/loss.h) negated, so both losses score a token alike; rows run
+// across threads, and the sums into sequences run in order, so nothing depends on the thread count.
+#include "kernels/cpu/preference.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/cpu/loss.h"
+#include "tensor/check.h"
+
+namespace autosp::cpu {
+namespace {
+
+// The index into a [B, 2, K] table of row b's slot s (≠ 0), or a UsageError naming it.
+int64_t slot_index(int64_t s, int64_t b, int64_t t, int64_t K) {
+  if (s < -K || s > K)
+    throw UsageError(str("[sequence_logps] pair slot ", s, " at row ", b, ", position ", t, " is outside [-", K, ", ",
+                         K, "]"));
+  return (b * 2 + (s > 0 ? 0 : 1)) * K + std::llabs(s) - 1;
+}
+
+bool scored(const int64_t* labels, const int64_t* slots, int64_t r, int64_t ignore_index) {
+  return labels[r] != ignore_index && slots[r] != 0;
+}
+
+}  // namespace
+
+template <class T>
+void sequence_logps(const T* logits, const int64_t* labels, const int64_t* slots, T* out, int64_t B, int64_t S,
+                    int64_t V, int64_t K, int64_t ignore_index) {
+  const int64_t rows = B * S;
+  std::vector<int64_t> at(static_cast<size_t>(rows), -1);  // each target's table index, -1: not summed
+  for (int64_t r = 0; r < rows; ++r)
+    if (scored(labels, slots, r, ignore_index)) at[size_t(r)] = slot_index(slots[r], r / S, r % S, K);
+  std::vector<double> lp(static_cast<size_t>(rows), 0.0);
+#pragma omp parallel for schedule(static) if (rows * V > (1 << 14))
+  for (int64_t r = 0; r < rows; ++r)
+    if (at[size_t(r)] >= 0) lp[size_t(r)] = -cross_entropy_sum<T>(logits + r * V, labels + r, 1, V, ignore_index);
+  std::vector<double> sum(static_cast<size_t>(B * 2 * K), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    if (at[size_t(r)] >= 0) sum[size_t(at[size_t(r)])] += lp[size_t(r)];
+  for (size_t i = 0; i < sum.size(); ++i) out[i] = static_cast<T>(sum[i]);
+}
+
+template <class T>
+void sequence_logps_backward(const T* logits, const int64_t* labels, const int64_t* slots, const T* grad, T* dlogits,
+                             int64_t B, int64_t S, int64_t V, int64_t K, int64_t ignore_index) {
+  const int64_t rows = B * S;
+#pragma omp parallel for schedule(static) if (rows * V > (1 << 14))
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!scored(labels, slots, r, ignore_index)) {
+      std::fill(dlogits + r * V, dlogits + (r + 1) * V, T(0));
+      continue;
+    }
+    const double g = double(grad[slot_index(slots[r], r / S, r % S, K)]);
+    cross_entropy_backward<T>(logits + r * V, labels + r, dlogits + r * V, 1, V, -g, ignore_index);
+  }
+}
+
+template <class T>
+double dpo_loss(const T* policy, const T* reference, const T* tokens, const T* norms, int64_t B, int64_t K,
+                const DpoArgs& a, T* dpolicy, double grad) {
+  const double pairs = double(norms[0]), chosen_tokens = double(norms[1]);
+  double pair_losses = 0, chosen_logps = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t c = b * 2 * K + k, r = c + K;  // the chosen and rejected sequence of slot k
+      const double nc = double(tokens[c]), nr = double(tokens[r]);
+      if (dpolicy) dpolicy[c] = dpolicy[r] = T(0);
+      if (nc <= 0 || nr <= 0) continue;  // no pair in this slot
+      const kernels::DpoPair p = kernels::dpo_pair(double(policy[c]), double(policy[r]), double(reference[c]),
+                                                   double(reference[r]), nc, nr, a);
+      pair_losses += p.loss;
+      chosen_logps += double(policy[c]);
+      if (dpolicy) {
+        const double rpo = a.rpo_alpha != 0 ? -a.rpo_alpha / chosen_tokens : 0;
+        dpolicy[c] = T(grad * a.share * (p.dz * p.wc / pairs + rpo));
+        dpolicy[r] = T(grad * a.share * (-p.dz * p.wr / pairs));
+      }
+    }
+  const double rpo = a.rpo_alpha != 0 ? a.rpo_alpha * -chosen_logps / chosen_tokens : 0;
+  return a.share * (pair_losses / pairs + rpo);
+}
+
+#define AUTOSP_PREFERENCE(T)                                                                                    \
+  template void sequence_logps<T>(const T*, const int64_t*, const int64_t*, T*, int64_t, int64_t, int64_t,    \
+                                  int64_t, int64_t);                                                           \
+  template void sequence_logps_backward<T>(const T*, const int64_t*, const int64_t*, const T*, T*, int64_t,   \
+                                           int64_t, int64_t, int64_t, int64_t);                                \
+  template double dpo_loss<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, const DpoArgs&, T*,    \
+                              double);
+AUTOSP_PREFERENCE(float)
+AUTOSP_PREFERENCE(double)
+#undef AUTOSP_PREFERENCE
+
+}  // namespace autosp::cpu
