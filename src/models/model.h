@@ -56,7 +56,7 @@ struct GraphOptions {
   //   loss = dpo_loss(sequence_logps(logits, labels, pair_slots), ref_logps, seq_tokens, dpo_norms)
   // with the policy's sums "sequence_logps" an output too.
   int64_t dpo_slots = 0;
-  DpoLoss dpo;
+  DpoLoss dpo = {};
 };
 
 // The forward graph in `dtype` (f32 or f64).
