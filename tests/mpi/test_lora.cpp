@@ -38,6 +38,20 @@ Config lora_config(int64_t sp, int64_t ring, int64_t stage, int64_t batch, doubl
       5);
 }
 
+// The largest relative loss difference over the steps and the largest difference of a trained tensor.
+std::pair<double, double> distance(const TrainResult& r, const TrainResult& ref) {
+  double loss = 0, weight = 0;
+  REQUIRE(r.steps.size() == ref.steps.size());
+  for (size_t k = 0; k < r.steps.size(); ++k)
+    loss = std::max(loss, std::abs(r.steps[k].loss - ref.steps[k].loss) / std::abs(ref.steps[k].loss));
+  REQUIRE(r.params.size() == ref.params.size());
+  for (const auto& [name, t] : ref.params) {
+    const std::vector<double> x = r.params.at(name).to_doubles(), y = t.to_doubles();
+    for (size_t i = 0; i < x.size(); ++i) weight = std::max(weight, std::abs(x[i] - y[i]));
+  }
+  return {loss, weight};
+}
+
 TEST_CASE("lora: every mesh, ring and ZeRO stage trains like one process", "[mpi][lora]") {
   Communicator& w = test_world();
   const int64_t W = w.size();
@@ -57,15 +71,7 @@ TEST_CASE("lora: every mesh, ring and ZeRO stage trains like one process", "[mpi
       if (ring > 1 && sp < 2) continue;
       for (int64_t stage : {0, 1, 2, 3}) {
         const TrainResult r = train(lora_config(sp, ring, stage, 2), args, w);
-        double loss = 0, weight = 0;
-        REQUIRE(r.steps.size() == ref.steps.size());
-        for (size_t k = 0; k < r.steps.size(); ++k)
-          loss = std::max(loss, std::abs(r.steps[k].loss - ref.steps[k].loss) / std::abs(ref.steps[k].loss));
-        REQUIRE(r.params.size() == ref.params.size());
-        for (const auto& [name, t] : ref.params) {
-          const std::vector<double> x = r.params.at(name).to_doubles(), y = t.to_doubles();
-          for (size_t i = 0; i < x.size(); ++i) weight = std::max(weight, std::abs(x[i] - y[i]));
-        }
+        const auto [loss, weight] = distance(r, ref);
         INFO("dp " << dp << " x sp " << sp << ", ring " << ring << ", stage " << stage << ": loss " << loss
                    << ", adapters " << weight);
         CHECK(loss < 1e-12);
@@ -83,20 +89,6 @@ TEST_CASE("lora: every mesh, ring and ZeRO stage trains like one process", "[mpi
       }
     }
   }
-}
-
-// The largest relative loss difference over the steps and the largest difference of a trained tensor.
-std::pair<double, double> distance(const TrainResult& r, const TrainResult& ref) {
-  double loss = 0, weight = 0;
-  REQUIRE(r.steps.size() == ref.steps.size());
-  for (size_t k = 0; k < r.steps.size(); ++k)
-    loss = std::max(loss, std::abs(r.steps[k].loss - ref.steps[k].loss) / std::abs(ref.steps[k].loss));
-  REQUIRE(r.params.size() == ref.params.size());
-  for (const auto& [name, t] : ref.params) {
-    const std::vector<double> x = r.params.at(name).to_doubles(), y = t.to_doubles();
-    for (size_t i = 0; i < x.size(); ++i) weight = std::max(weight, std::abs(x[i] - y[i]));
-  }
-  return {loss, weight};
 }
 
 // lora_dropout's mask is a function of each token's index in the read order (kernels/kinds.h), so
