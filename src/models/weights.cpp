@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/fused_experts.h"
 #include "models/hf_config.h"
 #include "tensor/safetensors.h"
 
@@ -151,6 +152,7 @@ SafetensorsFile load_any(const std::string& path, const ModelConfig& m, bool che
 
 ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype, bool check_dir_config) {
   SafetensorsFile file = load_any(path, m, check_dir_config);
+  split_fused_experts(file.tensors, m, path);  // transformers 5's fused experts, when the file has them
   std::map<std::string, Shape> expected;
   for (const auto& s : param_specs(m)) expected[s.name] = s.shape;
   const std::string head = tied_head(m);
