@@ -65,7 +65,7 @@ std::vector<int64_t> shard_filler(const Config& cfg, const std::string& shards) 
   d.source = DataSourceKind::tokens;
   d.path = d.val_path = shards;
   d.mix.clear();
-  d.loss_mask_path = d.val_loss_mask_path = "";
+  d.loss_mask_path = d.val_loss_mask_path = d.doc_ids_path = d.val_doc_ids_path = "";
   d.document_mask = false;
   const Tensor ids = make_val_source(d, cfg.model.vocab_size, 0)->read(0, 1).input_ids.contiguous();
   return {ids.data<int64_t>(), ids.data<int64_t>() + ids.numel()};
@@ -161,7 +161,9 @@ int main(int argc, char** argv) {
     }
     if (args.count("data") && !pass) {  // --passkey reads --data as its filler
       // The config's own evaluation data and masks are for other files.
-      for (const char* key : {"data.val_path=", "data.loss_mask_path=", "data.val_loss_mask_path="}) sets.push_back(key);
+      for (const char* key : {"data.val_path=", "data.loss_mask_path=", "data.val_loss_mask_path=", "data.doc_ids_path=",
+                              "data.val_doc_ids_path="})
+        sets.push_back(key);
       sets.push_back(str("data.path=", opt("data")));
       sets.push_back("data.source=tokens");
     }

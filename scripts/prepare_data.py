@@ -52,8 +52,11 @@ is cut at window boundaries into consecutive windows (--long split, the default:
 per token; each piece after the first starts a window without the context before it) or left out
 (--long drop); data.json counts both. The stream ends with one EOS so its last window has its last
 target. Beside each shard <split>_NNNNNN.bin is <split>_NNNNNN.npy, the one-dimensional uint8 mask
-of its tokens (data.loss_mask_path / data.val_loss_mask_path), and data.json names them with
-seq_len, eos_token_id and document_mask: true.
+of its tokens (data.loss_mask_path / data.val_loss_mask_path), and docs_<split>_NNNNNN.npy, one
+int32 per token: k + 1 on example k's tokens (its EOS included), 0 on padding (data.doc_ids_path /
+data.val_doc_ids_path). Under data.document_mask the document ids, not the EOS tokens, delimit the
+documents, so a chat template that ends each turn with EOS (Llama 2, Mistral, Zephyr) leaves a
+conversation one document. data.json names them with seq_len, eos_token_id and document_mask: true.
 
 Preference pairs (--preference, with --seq-len S and --tokenizer a model directory), for DPO:
   .jsonl rows in TRL's preference format: {"prompt", "chosen", "rejected"} as strings, or as message
@@ -88,7 +91,8 @@ HEADER_INTS = 256
 # What a run writes into --out: the shards (and their temporary names), tokenizer.json, data.json.
 OUTPUTS = ("train_*.bin", "val_*.bin", "train_*.bin.tmp", "val_*.bin.tmp", "train_*.npy", "val_*.npy",
            "train_*.npy.tmp", "val_*.npy.tmp", "pairs_train_*.npy", "pairs_val_*.npy", "pairs_train_*.npy.tmp",
-           "pairs_val_*.npy.tmp", "tokenizer.json", "data.json")
+           "pairs_val_*.npy.tmp", "docs_train_*.npy", "docs_val_*.npy", "docs_train_*.npy.tmp", "docs_val_*.npy.tmp",
+           "tokenizer.json", "data.json")
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -347,12 +351,13 @@ def train_tokenizer(texts, vocab_size):
 class ShardWriter:
     """Tokens into DIR/<split>_NNNNNN.bin files of at most shard_tokens each; with masks, each
     shard's loss mask beside it in DIR/<split>_NNNNNN.npy (uint8, one dimension, the same length);
-    with pairs, each shard's pair ids in DIR/pairs_<split>_NNNNNN.npy (int32, the same length)."""
+    with ids ("pairs" or "docs"), each shard's pair ids or document ids in
+    DIR/<ids>_<split>_NNNNNN.npy (int32, the same length)."""
 
-    def __init__(self, out, split, shard_tokens, wide, masks=False, pairs=False):
+    def __init__(self, out, split, shard_tokens, wide, masks=False, ids=None):
         self.out, self.split, self.limit, self.wide = out, split, shard_tokens, wide
         self.buf, self.mbuf, self.pbuf, self.files, self.total, self.targets = [], [], [], [], 0, 0
-        self.masks, self.pairs = masks, pairs
+        self.masks, self.pairs = masks, ids
 
     def add(self, ids, mask=None, pair=0):
         self.buf.extend(ids)
@@ -390,7 +395,7 @@ class ShardWriter:
             self._save_npy(path[:-len(".bin")] + ".npy", np.asarray(mask, dtype=np.uint8))
         if self.pairs:
             name = os.path.basename(path)[:-len(".bin")]
-            self._save_npy(os.path.join(self.out, f"pairs_{name}.npy"), np.asarray(pair, dtype="<i4"))
+            self._save_npy(os.path.join(self.out, f"{self.pairs}_{name}.npy"), np.asarray(pair, dtype="<i4"))
         os.replace(path + ".tmp", path)
         self.files.append(path)
         self.total += len(ids)
@@ -518,7 +523,7 @@ class Packer:
             self.split += 1
         if self.used + len(ids) > self.S:
             self.pad()
-        self.w.add(ids, mask)
+        self.w.add(ids, mask, self.examples + 1)  # its document id: an EOS inside it does not end it
         self.used = (self.used + len(ids)) % self.S
         self.examples += 1
 
@@ -711,7 +716,8 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
     """--chat / --completion: the examples packed into windows, shards with their masks, data.json."""
     pairs = mode == "preference"
     try:
-        writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide, masks=True, pairs=pairs) for s in ("train", "val")}
+        writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide, masks=True, ids="pairs" if pairs else "docs")
+                   for s in ("train", "val")}
         packers = {s: Packer(writers[s], a.seq_len, eos, a.long or ("drop" if pairs else "split")) for s in writers}
         progress = Progress(f"rendering ({mode})", len(docs), "examples")
         for i, (origin, row) in enumerate(docs):
@@ -751,6 +757,8 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
                      "loss_mask_path": os.path.join(a.out, "train_*.npy"),
                      "val_path": os.path.join(a.out, "val_*.bin") if has_val else "",
                      "val_loss_mask_path": os.path.join(a.out, "val_*.npy") if has_val else "",
+                     **({} if pairs else {"doc_ids_path": os.path.join(a.out, "docs_train_*.npy"),
+                                          "val_doc_ids_path": os.path.join(a.out, "docs_val_*.npy") if has_val else ""}),
                      "seq_len": a.seq_len, "eos_token_id": eos, "document_mask": True},
             "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None),
             "mode": mode,

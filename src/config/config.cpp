@@ -127,8 +127,8 @@ std::vector<DataMixEntry> parse_data_mix(const json& v) {
     const std::string form = R"(expected {"path": "file or glob", "weight": number > 0})";
     if (!e.is_object()) throw UsageError(str(at, " = ", e.dump(), ": ", form));
     for (auto& [key, value] : e.items())
-      if (key != "path" && key != "weight" && key != "loss_mask_path")
-        throw UsageError(str(at, ": unknown key '", key, "' (", form, ", optionally \"loss_mask_path\")"));
+      if (key != "path" && key != "weight" && key != "loss_mask_path" && key != "doc_ids_path")
+        throw UsageError(str(at, ": unknown key '", key, "' (", form, R"(, optionally "loss_mask_path" and "doc_ids_path"))"));
     if (!e.contains("path") || !e["path"].is_string() || e["path"].get<std::string>().empty())
       throw UsageError(str(at, ".path: ", form));
     DataMixEntry entry;
@@ -145,6 +145,12 @@ std::vector<DataMixEntry> parse_data_mix(const json& v) {
         throw UsageError(str(at, ".loss_mask_path = ", m.dump(), ": expected a file or a glob of .npy loss masks"));
       entry.loss_mask_path = m.get<std::string>();
     }
+    if (e.contains("doc_ids_path")) {
+      const json& d = e["doc_ids_path"];
+      if (!d.is_string() || d.get<std::string>().empty())
+        throw UsageError(str(at, ".doc_ids_path = ", d.dump(), ": expected a file or a glob of .npy document ids"));
+      entry.doc_ids_path = d.get<std::string>();
+    }
     mix.push_back(std::move(entry));
   }
   return mix;
@@ -156,6 +162,7 @@ json data_mix_json(const std::vector<DataMixEntry>& mix) {
   for (const DataMixEntry& e : mix) {
     json entry = {{"path", e.path}, {"weight", e.weight}};
     if (!e.loss_mask_path.empty()) entry["loss_mask_path"] = e.loss_mask_path;
+    if (!e.doc_ids_path.empty()) entry["doc_ids_path"] = e.doc_ids_path;
     out.push_back(std::move(entry));
   }
   return out;
@@ -338,6 +345,12 @@ const std::vector<Key>& schema() {
       {"data.val_pairs_path", Kind::string, 0, 0, "", nullptr,
        [](Config& c, const json& v) { c.data.val_pairs_path = v.get<std::string>(); },
        [](const Config& c) { return c.data.val_pairs_path.empty() ? json() : json(c.data.val_pairs_path); }},
+      {"data.doc_ids_path", Kind::string, 0, 0, "", nullptr,
+       [](Config& c, const json& v) { c.data.doc_ids_path = v.get<std::string>(); },
+       [](const Config& c) { return c.data.doc_ids_path.empty() ? json() : json(c.data.doc_ids_path); }},
+      {"data.val_doc_ids_path", Kind::string, 0, 0, "", nullptr,
+       [](Config& c, const json& v) { c.data.val_doc_ids_path = v.get<std::string>(); },
+       [](const Config& c) { return c.data.val_doc_ids_path.empty() ? json() : json(c.data.val_doc_ids_path); }},
       {"data.val_loss_mask_path", Kind::string, 0, 0, "", nullptr,
        [](Config& c, const json& v) { c.data.val_loss_mask_path = v.get<std::string>(); },
        [](const Config& c) { return c.data.val_loss_mask_path.empty() ? json() : json(c.data.val_loss_mask_path); }},
@@ -1007,6 +1020,22 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
                                  "\"loss_mask_path\""));
   if (!c.data.val_loss_mask_path.empty() && c.data.val_path.empty())
     bad("data.val_loss_mask_path needs data.val_path (the validation token files it masks)");
+  // Document ids: where they apply, and what they do.
+  bool doc_ids = !c.data.doc_ids_path.empty() || !c.data.val_doc_ids_path.empty();
+  for (const DataMixEntry& e : c.data.mix) doc_ids = doc_ids || !e.doc_ids_path.empty();
+  if (doc_ids && c.data.source != DataSourceKind::tokens)
+    bad(str("data.doc_ids_path applies to data.source \"tokens\" (the shards scripts/prepare_data.py writes), not \"",
+            data_source_name(c.data.source), "\""));
+  if (!c.data.doc_ids_path.empty() && c.data.path.empty())
+    bad(c.data.mix.empty() ? str("data.doc_ids_path needs data.path (the token files whose documents it marks)")
+                           : str("data.doc_ids_path goes with data.path; with data.mix give each entry its own "
+                                 "\"doc_ids_path\""));
+  if (!c.data.val_doc_ids_path.empty() && c.data.val_path.empty())
+    bad("data.val_doc_ids_path needs data.val_path (the validation token files whose documents it marks)");
+  if (doc_ids && c.train.objective == Objective::dpo)
+    bad("data.doc_ids_path does not apply to train.objective \"dpo\": its pair ids (data.pairs_path) delimit the documents");
+  if (doc_ids && !c.data.document_mask)
+    c.warnings.push_back("data.doc_ids_path is set but data.document_mask is false: the document ids are not used");
   if (c.data.shuffle && c.data.source == DataSourceKind::synthetic)
     c.warnings.push_back("data.shuffle does nothing for data.source \"synthetic\" (every sequence is drawn at random)");
   if (c.data.source == DataSourceKind::synthetic && !c.data.val_path.empty())

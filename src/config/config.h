@@ -35,6 +35,7 @@ struct DataMixEntry {
   std::string path;
   double weight = 1;
   std::string loss_mask_path;  // its loss masks, as data.loss_mask_path for data.path ("" = none)
+  std::string doc_ids_path;    // its document ids, as data.doc_ids_path for data.path ("" = none)
 };
 
 struct DataConfig {
@@ -66,6 +67,12 @@ struct DataConfig {
   // scripts/prepare_data.py --preference writes them: k + 1 on pair k's chosen sequence, −(k + 1)
   // on its rejected one, 0 elsewhere (train/data.h).
   std::string pairs_path, val_pairs_path;
+  // Document ids (supervised fine-tuning under document_mask): int32 .npy files beside the token
+  // files as for pairs_path, as scripts/prepare_data.py --chat and --completion write them: k + 1 on
+  // example k's tokens, 0 on padding. Under document_mask a document is a run of one id (a 0 is one
+  // of its own), not what lies between EOS tokens, so a chat template that ends turns with EOS
+  // (Llama 2, Mistral, Zephyr) keeps a conversation one document (train/data.h).
+  std::string doc_ids_path, val_doc_ids_path;
 };
 
 // train.lr_schedule (train/schedule.h gives each one's formula). The Hugging Face names are

@@ -200,6 +200,13 @@ void install_sigbus_handler() {
   (void)installed;
 }
 
+// The files beside a token file: its loss mask (uint8 or bool), its pair ids (DPO) or its
+// document ids (SFT under data.document_mask), both int32.
+enum class SideFile { mask, pairs, docs };
+const char* side_file_name(SideFile k) {
+  return k == SideFile::mask ? "loss mask" : k == SideFile::pairs ? "pair ids" : "document ids";
+}
+
 // One file of a token stream: its mapping, where its tokens start in it, their count and size
 // (1: text bytes, 2: uint16, 4: uint32), and the index of its first token in the whole stream.
 struct Segment {
@@ -238,12 +245,12 @@ bool copy_tokens(const Segment& s, int64_t from, int64_t n, int64_t* out) {
 class StreamSource final : public DataSource {
  public:
   // `masks`: none, or one loss mask per segment of the same count (make_masks has checked them).
-  // `pairs`: none, or one pair-id file per segment likewise.
+  // `ids`: none, or one pair-id or document-id file (`ids_kind`) per segment likewise.
   StreamSource(std::vector<Segment> segments, std::vector<Segment> masks, const DataConfig& cfg,
                const std::string& path, int64_t vocab, Order order, std::string description,
-               std::vector<Segment> pairs = {})
-      : DataSource(cfg.batch_size), segments_(std::move(segments)), masks_(std::move(masks)), pairs_(std::move(pairs)),
-        seq_len_(cfg.seq_len),
+               std::vector<Segment> ids = {}, SideFile ids_kind = SideFile::pairs)
+      : DataSource(cfg.batch_size), segments_(std::move(segments)), masks_(std::move(masks)), pairs_(std::move(ids)),
+        pair_ids_(ids_kind == SideFile::pairs), seq_len_(cfg.seq_len),
         vocab_(vocab), order_(order), path_(path), source_(data_source_name(cfg.source)) {
     install_sigbus_handler();
     AUTOSP_ASSERT(masks_.empty() || masks_.size() == segments_.size(), path, ": ", masks_.size(), " masks for ",
@@ -275,8 +282,9 @@ class StreamSource final : public DataSource {
         for (int64_t t = 0; t < S; ++t) {
           const size_t i = static_cast<size_t>(b * S + t);
           pairs[i] = pair[size_t(t + 1)];
-          // The pair ids delimit the documents: a sequence is a run of one id, a pad (0) is one of
-          // its own, and the target of a sequence's last token (the next one's first) is ignored.
+          // The pair (or document) ids delimit the documents: a sequence is a run of one id, a pad
+          // (0) is one of its own, and the target of a sequence's last token (the next one's
+          // first) is ignored.
           const bool starts_here = t == 0 || pair[size_t(t)] == 0 || pair[size_t(t)] != pair[size_t(t - 1)];
           starts[i] = starts_here ? t : starts[i - 1];
           if (pair[size_t(t + 1)] == 0 || pair[size_t(t + 1)] != pair[size_t(t)]) labels[i] = kIgnore;
@@ -293,7 +301,7 @@ class StreamSource final : public DataSource {
     if (pairs_.empty()) return out;
     std::vector<int64_t> pos(starts.size());
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i) % S - starts[i];
-    out.pair_ids = Tensor::from_vector<int64_t>({count, S}, pairs);
+    if (pair_ids_) out.pair_ids = Tensor::from_vector<int64_t>({count, S}, pairs);
     out.doc_start = Tensor::from_vector<int64_t>({count, S}, starts);
     out.position_ids = Tensor::from_vector<int64_t>({count, S}, pos);
     return out;
@@ -352,7 +360,8 @@ class StreamSource final : public DataSource {
   }
 
   std::vector<Segment> segments_, masks_;  // masks_: empty, or segments_'s loss masks (same firsts and counts)
-  std::vector<Segment> pairs_;             // empty, or segments_'s pair ids likewise
+  std::vector<Segment> pairs_;             // empty, or segments_'s pair or document ids likewise
+  bool pair_ids_;                          // pairs_ are pair ids (the batch carries them), else document ids
   int64_t seq_len_, vocab_, total_ = 0, windows_ = 0;
   Order order_;
   std::string path_, source_, description_;
@@ -430,9 +439,11 @@ std::string printable(const std::string& text) {
 // Read and check the header of the loss mask `path` of token file `tokens` (NumPy's .npy format
 // 1.0, 2.0 or 3.0: the magic, a version, the header's length, then a Python dict literal with
 // 'descr', 'fortran_order' and 'shape'), then map it like a shard of 1-byte tokens. A mask is one
-// dimension of uint8 or bool; its values are checked (0 or 1) when a batch reads them.
-Segment open_mask(const std::string& path, const std::string& tokens, bool pairs = false) {
-  const std::string of = str(pairs ? " (the pair ids of " : " (the loss mask of ", tokens, ")");
+// dimension of uint8 or bool; its values are checked (0 or 1) when a batch reads them. Pair ids and
+// document ids (`ids`) are one dimension of little-endian int32, mapped like 4-byte tokens.
+Segment open_mask(const std::string& path, const std::string& tokens, SideFile kind = SideFile::mask) {
+  const bool pairs = kind != SideFile::mask;
+  const std::string of = str(" (the ", side_file_name(kind), " of ", tokens, ")");
   Fd file(path);
   const int64_t size = open_regular(path, file);
   constexpr int64_t kMaxHeader = 1 << 16;  // NumPy itself refuses headers over 10000 bytes
@@ -459,7 +470,8 @@ Segment open_mask(const std::string& path, const std::string& tokens, bool pairs
                          "' (expected {'descr': ..., 'fortran_order': ..., 'shape': (...)})", of));
   const std::string dtype = descr.substr(1, descr.size() - 2);
   if (pairs && dtype != "<i4")
-    throw UsageError(str(path, ": dtype '", printable(dtype), "': pair ids are little-endian int32 ('<i4')", of));
+    throw UsageError(str(path, ": dtype '", printable(dtype), "': ", side_file_name(kind),
+                         " are little-endian int32 ('<i4')", of));
   if (!pairs && dtype != "|u1" && dtype != "u1" && dtype != "<u1" && dtype != ">u1" && dtype != "|b1" && dtype != "b1")
     throw UsageError(str(path, ": dtype '", printable(dtype), "': a loss mask is uint8 ('|u1') or bool ('|b1')", of));
   // (n,): digits, then a comma, nothing else but spaces.
@@ -484,17 +496,17 @@ Segment open_mask(const std::string& path, const std::string& tokens, bool pairs
 // included) from the files `mask_path` names, paired in sorted order: equal numbers of files, and
 // each mask as long as its token file. Masks of empty files are dropped with them.
 std::vector<Segment> make_masks(const std::string& mask_path, const std::string& path,
-                                const std::vector<Segment>& files, bool pairs = false) {
+                                const std::vector<Segment>& files, SideFile kind = SideFile::mask) {
   if (mask_path.empty()) return {};
   const std::vector<std::string> names = expand_path(mask_path);
-  const char* what = pairs ? " pair-id file" : " loss mask";
+  const char* what = kind == SideFile::pairs ? " pair-id file" : kind == SideFile::docs ? " document-id file" : " loss mask";
   if (names.size() != files.size())
     throw UsageError(str(mask_path, ": ", names.size(), what, names.size() == 1 ? "" : "s", " for the ",
                          files.size(), files.size() == 1 ? " token file" : " token files", " of ", path,
                          " (one per file, in the same sorted order)"));
   std::vector<Segment> masks;
   for (size_t k = 0; k < names.size(); ++k) {
-    Segment m = open_mask(names[k], files[k].path, pairs);
+    Segment m = open_mask(names[k], files[k].path, kind);
     if (m.count != files[k].count)
       throw UsageError(str(names[k], ": the", what, " holds ", m.count, " values but its token file ", files[k].path,
                            " holds ", files[k].count, " tokens"));
@@ -507,7 +519,7 @@ std::vector<Segment> make_masks(const std::string& mask_path, const std::string&
 
 std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std::string& path,
                                                const std::string& mask_path, int64_t vocab_size, Order order,
-                                               const std::string& pairs_path = "") {
+                                               const std::string& ids_path = "", SideFile ids_kind = SideFile::pairs) {
   if (path.empty()) throw UsageError("data.path: required for data.source 'tokens'");
   std::vector<Segment> files, shards;
   int64_t total = 0;
@@ -520,7 +532,7 @@ std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std:
     files.push_back(std::move(s));
   }
   std::vector<Segment> masks = make_masks(mask_path, path, files);
-  std::vector<Segment> pairs = make_masks(pairs_path, path, files, /*pairs=*/true);
+  std::vector<Segment> ids = make_masks(ids_path, path, files, ids_kind);
   for (Segment& s : files)
     if (s.count > 0) shards.push_back(std::move(s));  // an empty shard adds nothing to the stream
   if (total < cfg.seq_len + 1)
@@ -529,9 +541,9 @@ std::unique_ptr<DataSource> make_tokens_source(const DataConfig& cfg, const std:
   const char* kind = u16 && u32 ? "uint16 and uint32" : u16 ? "uint16" : "uint32";
   std::string desc = str("tokens: ", shards.size(), shards.size() == 1 ? " shard, " : " shards, ", total,
                          " tokens (", kind, ") from ", path, mask_path.empty() ? "" : ", loss masks from " + mask_path,
-                         pairs_path.empty() ? "" : ", pair ids from " + pairs_path);
+                         ids_path.empty() ? "" : str(", ", side_file_name(ids_kind), " from ", ids_path));
   return std::make_unique<StreamSource>(std::move(shards), std::move(masks), cfg, path, vocab_size, order,
-                                        std::move(desc), std::move(pairs));
+                                        std::move(desc), std::move(ids), ids_kind);
 }
 
 std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::string& path,
@@ -572,14 +584,21 @@ class MixSource final : public DataSource {
   Batch read(int64_t first, int64_t count) const override {
     check_read_args(first, count);
     const int64_t S = seq_len_;
-    std::vector<int64_t> input(static_cast<size_t>(count * S)), labels(input.size());
+    std::vector<int64_t> input(static_cast<size_t>(count * S)), labels(input.size()), pos(input.size()), starts;
     for (int64_t b = 0; b < count; ++b) {
       const MixSchedule::Slot slot = schedule_.at(first + b);
       const Batch one = streams_[static_cast<size_t>(slot.dataset)]->read(slot.index, 1);
       std::copy_n(one.input_ids.data<int64_t>(), S, input.begin() + b * S);
       std::copy_n(one.labels.data<int64_t>(), S, labels.begin() + b * S);
+      std::copy_n(one.position_ids.contiguous().data<int64_t>(), S, pos.begin() + b * S);
+      if (!one.doc_start.defined()) continue;  // under data.document_mask every dataset marks its documents
+      starts.resize(input.size());
+      std::copy_n(one.doc_start.contiguous().data<int64_t>(), S, starts.begin() + b * S);
     }
-    return make_batch(count, S, std::move(input), std::move(labels));
+    Batch out = make_batch(count, S, std::move(input), std::move(labels));
+    out.position_ids = Tensor::from_vector<int64_t>({count, S}, pos);
+    if (!starts.empty()) out.doc_start = Tensor::from_vector<int64_t>({count, S}, starts);
+    return out;
   }
   int64_t sequences_per_epoch() const override { return 0; }  // each dataset has its own
   std::vector<EpochProgress> epochs(int64_t g) const override {
@@ -775,23 +794,30 @@ std::vector<std::string> expand_path(const std::string& pattern) {
 
 
 namespace {
-// The token stream of `path` (data.path, a data.mix entry or data.val_path), or the synthetic task.
-// `mask_path`: its loss masks ("" = none).
-std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const std::string& path, const std::string& mask_path,
-                                        int64_t vocab_size, uint64_t seed, Order order,
-                                        const std::string& pairs_path = "") {
-  switch (cfg.source) {
-    case DataSourceKind::synthetic: return std::make_unique<SyntheticSource>(cfg, vocab_size, seed);
-    case DataSourceKind::tokens: return make_tokens_source(cfg, path, mask_path, vocab_size, order, pairs_path);
-    case DataSourceKind::text: return make_text_source(cfg, path, mask_path, vocab_size, order);
-  }
-  AUTOSP_ASSERT(false, "data.source ", static_cast<int>(cfg.source));
-  return nullptr;
-}
+// The files of one stream: its tokens (data.path, a data.mix entry or data.val_path), their loss
+// masks, pair ids and document ids ("" = none).
+struct StreamFiles {
+  std::string path, mask_path, pairs_path, doc_ids_path;
+};
 
-// `source` with its documents marked when data.document_mask asks for it.
-std::unique_ptr<DataSource> with_documents(const DataConfig& cfg, int64_t vocab_size, std::unique_ptr<DataSource> source) {
-  if (!cfg.document_mask || !cfg.pairs_path.empty()) return source;  // pair ids mark their own documents
+// The token stream of `f`, or the synthetic task, with its documents marked under
+// data.document_mask: by the pair ids (always: DPO's sequences are its documents) or the document
+// ids when it has them, else by the EOS tokens.
+std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const StreamFiles& f, int64_t vocab_size, uint64_t seed,
+                                        Order order) {
+  const bool docs = cfg.document_mask && !f.doc_ids_path.empty();
+  const std::string& ids = !f.pairs_path.empty() ? f.pairs_path : docs ? f.doc_ids_path : f.pairs_path;
+  std::unique_ptr<DataSource> source;
+  switch (cfg.source) {
+    case DataSourceKind::synthetic: source = std::make_unique<SyntheticSource>(cfg, vocab_size, seed); break;
+    case DataSourceKind::tokens:
+      source = make_tokens_source(cfg, f.path, f.mask_path, vocab_size, order, ids,
+                                  f.pairs_path.empty() ? SideFile::docs : SideFile::pairs);
+      break;
+    case DataSourceKind::text: source = make_text_source(cfg, f.path, f.mask_path, vocab_size, order); break;
+  }
+  AUTOSP_ASSERT(source, "data.source ", static_cast<int>(cfg.source));
+  if (!cfg.document_mask || !ids.empty()) return source;
   if (cfg.eos_token_id < 0 || cfg.eos_token_id >= vocab_size)
     throw UsageError(str("data.document_mask needs data.eos_token_id in [0, ", vocab_size, "), got ", cfg.eos_token_id));
   return std::make_unique<DocumentSource>(std::move(source), cfg.eos_token_id);
@@ -802,8 +828,7 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t voca
   check_sizes(cfg, vocab_size);
   const Order order{cfg.shuffle, cfg.seed >= 0 ? static_cast<uint64_t>(cfg.seed) : seed};
   if (cfg.mix.empty())
-    return with_documents(cfg, vocab_size,
-                          make_stream(cfg, cfg.path, cfg.loss_mask_path, vocab_size, seed, order, cfg.pairs_path));
+    return make_stream(cfg, {cfg.path, cfg.loss_mask_path, cfg.pairs_path, cfg.doc_ids_path}, vocab_size, seed, order);
   if (cfg.source == DataSourceKind::synthetic)
     throw UsageError("data.mix does not apply to data.source \"synthetic\"");
   std::vector<std::unique_ptr<DataSource>> streams;
@@ -811,10 +836,11 @@ std::unique_ptr<DataSource> make_data_source(const DataConfig& cfg, int64_t voca
   for (size_t k = 0; k < cfg.mix.size(); ++k) {
     if (cfg.mix[k].path.empty()) throw UsageError(str("data.mix[", k, "].path: expected a file or a glob"));
     const Order own{order.shuffle, dataset_seed(order.seed, static_cast<int64_t>(k))};
-    streams.push_back(make_stream(cfg, cfg.mix[k].path, cfg.mix[k].loss_mask_path, vocab_size, seed, own));
+    streams.push_back(make_stream(cfg, {cfg.mix[k].path, cfg.mix[k].loss_mask_path, "", cfg.mix[k].doc_ids_path},
+                                  vocab_size, seed, own));
     weights.push_back(cfg.mix[k].weight);
   }
-  return with_documents(cfg, vocab_size, std::make_unique<MixSource>(cfg, std::move(streams), weights, order.seed));
+  return std::make_unique<MixSource>(cfg, std::move(streams), weights, order.seed);
 }
 
 std::vector<std::string> data_input_paths(const DataConfig& cfg) {
@@ -824,8 +850,10 @@ std::vector<std::string> data_input_paths(const DataConfig& cfg) {
   for (const DataMixEntry& e : cfg.mix) paths.push_back(e.path);
   if (!cfg.val_path.empty()) paths.push_back(cfg.val_path);
   for (const DataMixEntry& e : cfg.mix)
-    if (!e.loss_mask_path.empty()) paths.push_back(e.loss_mask_path);
-  for (const std::string* m : {&cfg.loss_mask_path, &cfg.val_loss_mask_path, &cfg.pairs_path, &cfg.val_pairs_path})
+    for (const std::string* m : {&e.loss_mask_path, &e.doc_ids_path})
+      if (!m->empty()) paths.push_back(*m);
+  for (const std::string* m : {&cfg.loss_mask_path, &cfg.val_loss_mask_path, &cfg.pairs_path, &cfg.val_pairs_path,
+                               &cfg.doc_ids_path, &cfg.val_doc_ids_path})
     if (!m->empty()) paths.push_back(*m);
   return paths;
 }
@@ -871,8 +899,8 @@ void check_doc_start(const Tensor& doc_start) {
 std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
   // Synthetic: a stream no training seed reaches but by a 2^-64 chance.
-  return with_documents(cfg, vocab_size,
-                        make_stream(cfg, cfg.val_path, cfg.val_loss_mask_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull, Order{}));
+  return make_stream(cfg, {cfg.val_path, cfg.val_loss_mask_path, "", cfg.val_doc_ids_path}, vocab_size,
+                     seed ^ 0x7A1DA7E5EED0F00Dull, Order{});
 }
 
 void set_token_index(Batch& b, int64_t first) {

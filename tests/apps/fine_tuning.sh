@@ -39,7 +39,9 @@ check $? "prepare_data.py --chat: $(tail -c 160 prep.out)"
 cat >sft.json <<'JSON'
 {"model": {"from": "model"},
  "data": {"source": "tokens", "path": "data/train_*.bin", "loss_mask_path": "data/train_*.npy",
+          "doc_ids_path": "data/docs_train_*.npy",
           "val_path": "data/val_*.bin", "val_loss_mask_path": "data/val_*.npy",
+          "val_doc_ids_path": "data/docs_val_*.npy",
           "seq_len": 64, "batch_size": 8, "eos_token_id": 0, "document_mask": true, "shuffle": true},
  "train": {"steps": 200, "lr": 2e-2, "min_lr": 2e-3, "warmup_steps": 10, "log_every": 50,
            "eval_every": 200, "eval_batches": 1, "checkpoint_dir": "runs/chat"},
@@ -80,7 +82,7 @@ for p in glob.glob("data/train_*.npy"):
     np.save(p, np.zeros_like(np.load(p)))
 PY
 mpirun --oversubscribe -np 2 "$bin/autosp-train" --config sft.json --set train.steps=2 --set train.eval_every=0 \
-  --set train.checkpoint_dir= --set data.val_path= --set data.val_loss_mask_path= >masked.out 2>&1 &&
+  --set train.checkpoint_dir= --set data.val_path= --set data.val_loss_mask_path= --set data.val_doc_ids_path= >masked.out 2>&1 &&
   [ "$(grep -c 'no position of the batch is scored.*skipped without an update' masked.out)" -eq 2 ] &&
   grep -q 'only 0 of 512 input tokens (0.000%) after step 1 are targets: the loss masks and document mask remove nearly everything' masked.out
 check $? "all masked: every step skipped with a log line, and the few-targets warning"

@@ -358,6 +358,12 @@ row 'good.bin: not a .npy file' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/g
 row "$tmp/\*_mask.npy: 8 loss masks for the 1 token file of" "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/*_mask.npy"
 row 'short_mask.npy: the loss mask holds 99 values' "${c[@]}" "${tokens[@]}$tmp/good.bin" --set "data.val_path=$tmp/good.bin" --set "data.val_loss_mask_path=$tmp/short_mask.npy" --set train.eval_every=1
 row mpi 'short_mask.npy: the loss mask holds 99 values' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${m[@]}/short_mask.npy"
+# document ids (decision 181): an id file of the wrong dtype or length, and the keys where they do not apply
+dm=(--set data.document_mask=true --set data.eos_token_id=0)
+row "good.npy: dtype '|u1': document ids are little-endian int32 .*(the document ids of .*good.bin)" "${c[@]}" "${tokens[@]}$tmp/good.bin" "${dm[@]}" --set "data.doc_ids_path=$tmp/good.npy"
+row 'short_pairs.npy: the document-id file holds 99 values but its token file .*good.bin holds 100 tokens' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${dm[@]}" --set "data.doc_ids_path=$tmp/short_pairs.npy"
+row 'data.val_doc_ids_path needs data.val_path' "${c[@]}" "${tokens[@]}$tmp/good.bin" "${dm[@]}" --set "data.val_doc_ids_path=$tmp/short_pairs.npy"
+row 'data.doc_ids_path applies to data.source "tokens"' "${c[@]}" --set "data.doc_ids_path=$tmp/short_pairs.npy"
 # data.shuffle, data.seed, data.mix (issue 26): the keys, then every path of a mix read like data.path
 # A list holds commas, which --set (cxxopts) splits at: the mixes go into config files.
 mixcfg() {  # mixcfg 'MIX JSON' [SOURCE]: a config file of cfg.json with data.mix and data.source; prints its path

@@ -5,7 +5,8 @@
 #     the shards equal transformers' apply_chat_template(..., return_assistant_tokens_mask=True),
 #     whole in its window;
 #   - on a template without markers ([INST] ... [/INST] answer<eos>), the masked tokens decode to the
-#     hand-written answers, and nothing else is masked;
+#     hand-written answers, and nothing else is masked; each conversation is one document id, its
+#     first turn's EOS included;
 #   - --completion masks the completion and its EOS;
 #   - packing: examples never cross a window unless longer than it, the stream is N·S + 1 tokens, and
 #     --long split / drop count what they did;
@@ -39,7 +40,7 @@ import numpy as np
 from transformers import AutoTokenizer
 d = sys.argv[1]
 
-def stream(name):
+def stream(name, docs=None):
     ids, mask = [], []
     for p in sorted(glob.glob(os.path.join(d, name, "train_*.bin"))):
         raw = open(p, "rb").read()
@@ -48,6 +49,10 @@ def stream(name):
         m = np.load(p[:-4] + ".npy")
         assert m.dtype == np.uint8 and m.shape == (n,), (p, m.dtype, m.shape)
         mask += [int(v) for v in m]
+        doc = np.load(os.path.join(d, name, "docs_" + os.path.basename(p)[:-4] + ".npy"))
+        assert doc.dtype == np.dtype("<i4") and doc.shape == (n,), (p, doc.dtype, doc.shape)
+        if docs is not None:
+            docs += [int(v) for v in doc]
     return ids, mask, json.load(open(os.path.join(d, name, "data.json")))
 
 def masked_runs(hf, ids, mask):
@@ -82,9 +87,12 @@ def markers():
 
 def no_markers():
     """[INST] ... [/INST] answer<|endoftext|>: the masked runs are exactly the hand-written answers with
-    their EOS, and the conversation ends with that EOS (none added)."""
+    their EOS, and the conversation ends with that EOS (none added). Its document id covers the whole
+    conversation, the first turn's EOS included (EOS marking would split it there)."""
     hf = AutoTokenizer.from_pretrained(os.path.join(d, "inst"))
-    ids, mask, info = stream("in")
+    docs = []
+    ids, mask, info = stream("in", docs)
+    assert info["data"]["doc_ids_path"] == os.path.join(d, "in", "docs_train_*.npy"), info["data"]
     at = 0
     for i, msgs in enumerate(convs):
         a1, a2 = msgs[2]["content"], msgs[4]["content"]
@@ -94,8 +102,10 @@ def no_markers():
         assert hf.decode(ids[at:at + n]) == want_text, hf.decode(ids[at:at + n])
         runs = masked_runs(hf, ids[at:at + n], mask[at:at + n])
         assert runs == [f" {a1}<|endoftext|>", f" {a2}<|endoftext|>"], f"conversation {i}: masked runs {runs}"
+        assert set(docs[at:at + n]) == {i + 1}, f"conversation {i}: document ids {set(docs[at:at + n])}"
+        assert ids[at:at + n - 1].count(info["eos_token_id"]) == 1  # the first turn's EOS, inside the document
         at += n
-    assert set(ids[at:]) == {info["eos_token_id"]} and set(mask[at:]) == {0}
+    assert set(ids[at:]) == {info["eos_token_id"]} and set(mask[at:]) == {0} and set(docs[at:]) == {0}
 
 def completion():
     """--completion: the completion and its EOS are the masked runs."""

@@ -49,4 +49,12 @@ inline Bytes npy_mask(const std::vector<int64_t>& m, const std::string& descr = 
   return npy(descr, "(" + std::to_string(m.size()) + ",)", data, major);
 }
 
+// One-dimensional int32 ids (pair ids, document ids) as np.save of a '<i4' array writes them.
+inline Bytes npy_i32(const std::vector<int32_t>& ids) {
+  Bytes data;
+  for (int32_t v : ids)
+    for (int k = 0; k < 4; ++k) data.push_back(static_cast<unsigned char>(static_cast<uint32_t>(v) >> (8 * k)));
+  return npy("<i4", "(" + std::to_string(ids.size()) + ",)", data);
+}
+
 }  // namespace autosp::test

@@ -143,7 +143,7 @@ TEST_CASE("loss mask: a mix reads each dataset's masks with its windows", "[data
   write_split(tmp, "a", a, {40, 57});
   write_split(tmp, "b", b, {131});
   DataConfig cfg = tokens_cfg("", "", 8, 4);
-  cfg.mix = {{tmp.path("a_*.bin"), 1.0, tmp.path("a_*.npy")}, {tmp.path("b_*.bin"), 2.0, tmp.path("b_*.npy")}};
+  cfg.mix = {{tmp.path("a_*.bin"), 1.0, tmp.path("a_*.npy"), ""}, {tmp.path("b_*.bin"), 2.0, tmp.path("b_*.npy"), ""}};
   cfg.shuffle = true;
   cfg.seed = 9;
   auto src = make_data_source(cfg, 1000, 0);

@@ -20,14 +20,6 @@ std::vector<int64_t> values(const Tensor& t) {
   return {c.data<int64_t>(), c.data<int64_t>() + c.numel()};
 }
 
-// int32 pair ids as NumPy writes them ('<i4').
-test::Bytes npy_pairs(const std::vector<int32_t>& ids) {
-  test::Bytes data;
-  for (int32_t v : ids)
-    for (int k = 0; k < 4; ++k) data.push_back(static_cast<unsigned char>(static_cast<uint32_t>(v) >> (8 * k)));
-  return test::npy("<i4", "(" + std::to_string(ids.size()) + ",)", data);
-}
-
 }  // namespace
 
 TEST_CASE("pair ids delimit the documents of a window, and ride on it like the labels", "[data][dpo]") {
@@ -37,7 +29,7 @@ TEST_CASE("pair ids delimit the documents of a window, and ride on it like the l
   test::write_shard(tmp.path("t.bin"), tokens);
   // Window 0 is tokens 0..8: pair 1's chosen (0..2) and rejected (3, 4), a pad (5), pair 2's chosen
   // (6, 7) and its rejected from token 8 on.
-  test::write_bytes(tmp.path("p.npy"), npy_pairs({1, 1, 1, -1, -1, 0, 2, 2, -2, -2, -2, 0, 0, 0, 0, 0, 0}));
+  test::write_bytes(tmp.path("p.npy"), test::npy_i32({1, 1, 1, -1, -1, 0, 2, 2, -2, -2, -2, 0, 0, 0, 0, 0, 0}));
   DataConfig cfg;
   cfg.source = DataSourceKind::tokens;
   cfg.path = tmp.path("t.bin");
