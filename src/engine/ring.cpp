@@ -52,11 +52,17 @@ std::vector<Round> window_rounds(const RingChunks& g, int rank, int R) {
 // The first `n` elements of `buf`, flat.
 Tensor prefix(const Tensor& buf, int64_t n) { return Tensor::view_bytes(buf, 0, {n}, buf.dtype()); }
 
+// The elements of the largest message `size(round)` of any round (at least 1).
+int64_t largest(const std::vector<Round>& rounds, const std::function<int64_t(const Round&)>& size) {
+  int64_t n = 1;
+  for (const Round& r : rounds) n = std::max(n, size(r));
+  return n;
+}
+
 // Two buffers (alternate rounds) of the largest message `size(round)` of any round.
 std::array<Tensor, 2> round_buffers(const std::vector<Round>& rounds, const std::function<int64_t(const Round&)>& size,
                                     const std::function<Tensor(int64_t)>& make) {
-  int64_t n = 1;
-  for (const Round& r : rounds) n = std::max(n, size(r));
+  const int64_t n = largest(rounds, size);
   return {make(n), make(n)};
 }
 
@@ -208,7 +214,7 @@ void window_backward(Communicator& ring, const RingChunks& g, const Tensor& own,
   // parts: the gradients of the tails received (this round's, and the last one's still being
   // sent back); back: the gradients of this rank's tails that a receiver returns.
   std::array<Tensor, 2> parts = round_buffers(rounds, [&](const Round& r) { return g.elements(r.recv); }, grad_buffer);
-  const Tensor back = round_buffers(rounds, [&](const Round& r) { return g.elements(r.send); }, grad_buffer)[0];
+  const Tensor back = grad_buffer(largest(rounds, [&](const Round& r) { return g.elements(r.send); }));
   std::unique_ptr<PendingCollective> moving = start_round(ring, g, rounds, 0, io, send, recv), returning;
   grad_step(ring.rank(), whole_block(g.c), own, own_grad, progress_of(moving));
   for (size_t i = 0; i < rounds.size(); ++i) {
