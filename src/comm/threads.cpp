@@ -338,8 +338,11 @@ std::unique_ptr<PendingCollective> ThreadCommunicator::send_recv_async(const Ten
     publish("send_recv_async", &from, &into, false);
     AUTOSP_ASSERT(group_->slot(src).dest == rank_, "send_recv_async: rank ", rank_, " receives from rank ", src,
                   ", which sends to rank ", group_->slot(src).dest);
-    AUTOSP_ASSERT(group_->slot(src).in_bytes == into.nbytes(), "send_recv_async: rank ", rank_, " receives ",
-                  into.nbytes(), " bytes from rank ", src, ", which sends ", group_->slot(src).in_bytes);
+    for (int i = 0; i < size(); ++i) {  // every rank checks every pair alike, so a mismatch throws on all
+      const Slot& p = group_->slot(i);
+      AUTOSP_ASSERT(group_->slot(p.dest).out_bytes == p.in_bytes, "send_recv_async: rank ", i, " sends ", p.in_bytes,
+                    " bytes to rank ", p.dest, ", which receives ", group_->slot(p.dest).out_bytes);
+    }
     copy_bytes(into.raw(), group_->slot(src).in, into.nbytes(), into.device());
     finish("send_recv_async");
   }));
