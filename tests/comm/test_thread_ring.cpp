@@ -196,6 +196,19 @@ TEST_CASE("ring: activation checkpointing with the tiled loss (f64), and bf16, a
     check_equal_bf16(got, ref);
 }
 
+// bf16 through the windowed exchange (the CPU runs the ring in f32, so the tails and their
+// gradients travel as f32): a Mistral with sliding_window 5 as a ring of 4 with packed documents,
+// within the bars of the Ulysses bf16 tests.
+TEST_CASE("ring: a windowed Mistral in bf16 as a ring of 4 matches the P = 1 bf16 run", "[threads][ring][variants]") {
+  json model = llama(4, 2, 16);
+  model.update({{"arch", "mistral"}, {"sliding_window", 5}});
+  const Config cfg1 = ring_config(model, 1, 1, 32, 2, true), cfg = ring_config(model, 4, 4, 32, 2, true);
+  const ParamMap params = init_params(cfg1.model, 35, DType::f32);
+  const Batch batch = ring_batch(2, 32, 61, true);
+  const LossAndGrads ref = run_reference(cfg1, batch, params, DType::bf16);
+  for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params, DType::bf16)) check_equal_bf16(got, ref);
+}
+
 TEST_CASE("ring: train() at Ulysses 2 x ring 2 and ZeRO-3 gives the P = 1 loss curve", "[threads][ring]") {
   const json data = {{"source", "synthetic"}, {"seq_len", 30}, {"batch_size", 2}};  // 30: padded to 32
   const json opt = {{"steps", 3}, {"lr", 1e-2}, {"warmup_steps", 1}, {"min_lr", 1e-4}};
