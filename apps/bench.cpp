@@ -10,8 +10,9 @@
 //                [--attn-full] [--attn-doc-len L] [--attn-window W] [--threads T] [--pairs K] [--compare-pytorch] [--no-check]
 //                (tools/bench_attention.h)
 //   autosp-bench --mode ring [--attn-seq 4096,16384] [--ring-sizes 4] [--attn-dims 64] [--attn-hidden C]
-//                [--attn-group G] [--threads T] [--pairs K]   (tools/bench_ring.h: each ring rank's
-//                attention time, zigzag against contiguous chunks)
+//                [--attn-group G] [--attn-window W] [--threads T] [--pairs K]   (tools/bench_ring.h: each
+//                ring rank's attention time, zigzag against contiguous chunks, or without against
+//                with a window, and the bytes each rank sends)
 //   autosp-bench --mode gemm [--threads T] [--pairs K] [--iters I] [--warmup W]   (tools/bench_gemm.h)
 //   autosp-bench --mode compile --config F [--set k=v]... [--compile-layers 32,64,128] [--compile-world W]
 //                [--iters I]   (tools/bench_compile.h: each pass's time as the model deepens)
@@ -106,7 +107,9 @@ int main(int argc, char** argv) {
         "attn-full", "--mode attention: no causal mask")(
         "attn-doc-len", "--mode attention: also time packed documents of this mean length (document mask)",
         cxxopts::value<std::string>())(
-        "attn-window", "--mode attention: also time a sliding window of this many keys (and PyTorch's flex attention)",
+        "attn-window",
+        "--mode attention: also time a sliding window of this many keys (and PyTorch's flex attention); "
+        "--mode ring: the ring without and with this window, and the bytes each rank sends",
         cxxopts::value<std::string>())(
         "threads", "--mode attention, gemm, ring: threads (default: all cores; ring: 1)", cxxopts::value<std::string>())(
         "ring-sizes", "--mode ring: ring sizes R (default 4)", cxxopts::value<std::string>())(
@@ -177,7 +180,7 @@ int main(int argc, char** argv) {
     if (args.count("mode") && args["mode"].as<std::string>() == "ring") {
       if (sweep || point || args.count("config") || args.count("compare-pytorch"))
         throw UsageError("--mode ring takes no --config, sweep or PyTorch flags");
-      for (const char* f : {"attn-full", "attn-doc-len", "attn-window", "no-check"})
+      for (const char* f : {"attn-full", "attn-doc-len", "no-check"})
         if (args.count(f)) throw UsageError(str("--", f, " is not a --mode ring flag"));
       RingBenchOptions ro;
       if (args.count("attn-seq")) ro.seqs = parse_int_list("attn-seq", args["attn-seq"].as<std::string>());
@@ -187,6 +190,10 @@ int main(int argc, char** argv) {
       if (args.count("attn-group")) ro.group = parse_int_list("attn-group", args["attn-group"].as<std::string>()).at(0);
       if (args.count("threads")) ro.threads = int(parse_int_list("threads", args["threads"].as<std::string>()).at(0));
       if (args.count("pairs")) ro.pairs = int(parse_int_list("pairs", args["pairs"].as<std::string>()).at(0));
+      if (args.count("attn-window")) {
+        ro.window = parse_int_list("attn-window", args["attn-window"].as<std::string>()).at(0);
+        if (ro.window <= 0) throw UsageError(str("--attn-window ", ro.window, ": expected a window of at least 1 key"));
+      }
       ro.warmup = int(parse_int_flag("warmup", args["warmup"].as<std::string>()));
       if (args.count("iters")) ro.iters = int(parse_int_list("iters", args["iters"].as<std::string>()).at(0));
       run_ring_bench(ro, [](const nlohmann::json& row) { std::cout << row.dump() << std::endl; });

@@ -268,7 +268,9 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
   const PointTiming t = opt.mode == "step" ? time_steps(cfg, opt, counted) : time_forward(cfg, opt, counted, layout);
   const size_t rss = rss_peak_since(rss0);
   const CommStats s = counted.stats();
-  const auto peaks = max_over_ranks(world, {static_cast<int64_t>(t.peak_bytes), static_cast<int64_t>(rss)});
+  // The last: ring attention's point-to-point bytes per step, on the rank that sends the most.
+  const auto peaks = max_over_ranks(world, {static_cast<int64_t>(t.peak_bytes), static_cast<int64_t>(rss),
+                                            s.send_recv.bytes / t.runs});
 
   const int64_t P = layout.sp, dp = layout.dp;
   // A training step reads k micro-batches (train.gradient_accumulation_steps); a forward one batch.
@@ -296,6 +298,7 @@ json run_point(const Config& cfg, const BenchOptions& opt, Communicator& world) 
               {"all_to_all_bytes", s.all_to_all.bytes / t.runs},
               {"all_reduce_bytes", s.all_reduce.bytes / t.runs},
               {"all_to_all_calls", s.all_to_all.calls / t.runs},
+              {"send_recv_bytes", peaks[2]},
               {"comm_share", t.total_ms > 0 ? comm_s * 1000.0 / t.total_ms : 0.0},
               {"grad_sync_ms", t.grad_sync_ms},
               {"grad_sync_wait_ms", t.grad_sync_wait_ms}};

@@ -74,10 +74,11 @@ class Communicator {
     return finished_collective();
   }
   // Point to point, started and returned without waiting: `send` goes to rank `dest` while `recv`
-  // (the same byte size) receives what rank `src` sends here; `send` and `recv` stay alive and
-  // untouched until it finishes. Every rank of the group calls it in the same round with the same
-  // byte size (a shift around a ring: ring attention's K/V blocks; MPI_Isend + MPI_Irecv, NCCL's
-  // grouped send/recv). The default, for backends without it, throws RuntimeFailure.
+  // receives what rank `src` sends here (exactly recv's bytes; either side may be empty, and an
+  // empty one is no message); `send` and `recv` stay alive and untouched until it finishes. Every
+  // rank of the group calls it in the same round (a shift around a ring: ring attention's K/V
+  // blocks, or the tails its window needs; MPI_Isend + MPI_Irecv, NCCL's grouped send/recv). The
+  // default, for backends without it, throws RuntimeFailure.
   virtual std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src);
   virtual void barrier() = 0;
   // A sub-group of the ranks with the same `color`, ordered by `key` (MPI_Comm_split).

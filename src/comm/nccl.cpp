@@ -250,15 +250,17 @@ class NcclComm final : public NcclCommunicator {
   std::unique_ptr<PendingCollective> send_recv_async(const Tensor& send, int dest, Tensor& recv, int src) override {
     check_device("send_recv_async", send);
     check_device("send_recv_async", recv);
-    AUTOSP_ASSERT(send.nbytes() == recv.nbytes() && send.raw() != recv.raw(), "NCCL send_recv_async: ", send.str(),
-                  " into ", recv.str());
+    AUTOSP_ASSERT(send.raw() != recv.raw() || send.nbytes() == 0 || recv.nbytes() == 0, "NCCL send_recv_async: ",
+                  send.str(), " into ", recv.str());
     AUTOSP_ASSERT(dest >= 0 && dest < size_ && src >= 0 && src < size_, "NCCL send_recv_async to rank ", dest,
                   " from rank ", src, " of ", size_);
     begin();
-    if (send.nbytes() > 0) {
+    if (send.nbytes() > 0 || recv.nbytes() > 0) {  // an empty side is no message (its peer skips it alike)
       NCCL_CALL(comm_, timeout_s_, &aborted_, ncclGroupStart());
-      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclSend(send.raw(), send.nbytes(), ncclUint8, dest, comm_, stream_));
-      NCCL_CALL(comm_, timeout_s_, &aborted_, ncclRecv(recv.raw(), recv.nbytes(), ncclUint8, src, comm_, stream_));
+      if (send.nbytes() > 0)
+        NCCL_CALL(comm_, timeout_s_, &aborted_, ncclSend(send.raw(), send.nbytes(), ncclUint8, dest, comm_, stream_));
+      if (recv.nbytes() > 0)
+        NCCL_CALL(comm_, timeout_s_, &aborted_, ncclRecv(recv.raw(), recv.nbytes(), ncclUint8, src, comm_, stream_));
       NCCL_CALL(comm_, timeout_s_, &aborted_, ncclGroupEnd());
     }
     return std::make_unique<NcclPending>(*this, record_done(), "send_recv_async");

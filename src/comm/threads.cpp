@@ -327,7 +327,6 @@ void ThreadCommunicator::gather_into(const Tensor& in, Tensor& out, const char* 
 
 std::unique_ptr<PendingCollective> ThreadCommunicator::send_recv_async(const Tensor& send, int dest, Tensor& recv,
                                                                      int src) {
-  AUTOSP_ASSERT(send.nbytes() == recv.nbytes(), "send_recv_async: ", send.str(), " vs ", recv.str());
   AUTOSP_ASSERT(dest >= 0 && dest < size() && src >= 0 && src < size(), "send_recv_async to rank ", dest, " from rank ",
                 src, " of ", size());
   AUTOSP_ASSERT(send.raw() != recv.raw() || send.nbytes() == 0, "send_recv_async: recv aliases send");
@@ -336,9 +335,14 @@ std::unique_ptr<PendingCollective> ThreadCommunicator::send_recv_async(const Ten
     if (into.device().kind == DeviceKind::cuda) use_device(into.device().index);
     Slot& mine = group_->slot(rank_);
     mine.dest = dest;  // every rank's `src` must send to it
-    publish("send_recv_async", &from, &into);
+    publish("send_recv_async", &from, &into, false);
     AUTOSP_ASSERT(group_->slot(src).dest == rank_, "send_recv_async: rank ", rank_, " receives from rank ", src,
                   ", which sends to rank ", group_->slot(src).dest);
+    for (int i = 0; i < size(); ++i) {  // every rank checks every pair alike, so a mismatch throws on all
+      const Slot& p = group_->slot(i);
+      AUTOSP_ASSERT(group_->slot(p.dest).out_bytes == p.in_bytes, "send_recv_async: rank ", i, " sends ", p.in_bytes,
+                    " bytes to rank ", p.dest, ", which receives ", group_->slot(p.dest).out_bytes);
+    }
     copy_bytes(into.raw(), group_->slot(src).in, into.nbytes(), into.device());
     finish("send_recv_async");
   }));
@@ -381,8 +385,9 @@ void ThreadCommunicator::drain() {
 }
 
 // Round start: this rank's buffers into its slot, the barrier, the checks every rank makes alike
-// (so a mismatch throws on all of them), and for CUDA tensors the wait for every peer's inputs.
-void ThreadCommunicator::publish(const char* what, const Tensor* in, const Tensor* out) {
+// (so a mismatch throws on all of them: one dtype and device, and unless !same_size, one input
+// size), and for CUDA tensors the wait for every peer's inputs.
+void ThreadCommunicator::publish(const char* what, const Tensor* in, const Tensor* out, bool same_size) {
   Slot& s = group_->slot(rank_);
   s.in = in ? in->raw() : nullptr;
   s.out = out ? out->raw() : nullptr;
@@ -400,7 +405,8 @@ void ThreadCommunicator::publish(const char* what, const Tensor* in, const Tenso
   for (int i = 0; i < size(); ++i) {
     const Slot& p = group_->slot(i);
     // Every collective here takes inputs of one size on all ranks.
-    AUTOSP_ASSERT(p.dtype == s.dtype && p.device.kind == s.device.kind && p.in_bytes == s.in_bytes, what, ": rank ", i,
+    AUTOSP_ASSERT(p.dtype == s.dtype && p.device.kind == s.device.kind && (p.in_bytes == s.in_bytes || !same_size),
+                  what, ": rank ", i,
                   " has ", p.in_bytes, " bytes of ", dtype_name(p.dtype), " on ", p.device.str(), ", rank ", rank_, " ",
                   s.in_bytes, " bytes of ", dtype_name(s.dtype), " on ", s.device.str());
     if (i != rank_) wait_event(p.ready);

@@ -70,7 +70,7 @@ class ThreadCommunicator final : public Communicator {
 
  private:
   void drain();
-  void publish(const char* what, const Tensor* in, const Tensor* out);
+  void publish(const char* what, const Tensor* in, const Tensor* out, bool same_size = true);
   void finish(const char* what);
   void reduce_into(const Tensor& in, Tensor& out, bool chunk_of_rank, const char* what);
   void gather_into(const Tensor& in, Tensor& out, const char* what);

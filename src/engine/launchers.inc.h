@@ -504,37 +504,90 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
   });
 }
 
-// ---- ring attention (engine/ring.h: the schedule and the zigzag layout) ----
+// ---- ring attention (engine/ring.h: the schedule, the zigzag layout, the windowed exchange) ----
 //
-// The launchers keep every operand in halves: x [B, H, L, D] (L = 2c, this rank's zigzag chunks
-// side by side) as [2, B, H, c, D], so each chunk is a contiguous sdpa operand; a K/V block is one
-// buffer [k | v] of such halves, sent around the ring as one message (NCCL's send/recv on its own
-// stream overlaps the current block's kernels). Each step attends the two query chunks to the two
-// key chunks of the block it holds, chunk pair by chunk pair: a key chunk after the query chunk is
-// skipped (causal), the same chunk is the causal diagonal, an earlier one is full; with document
-// starts (read to the host once per call, where the skips are decided), a pair whose keys all lie
-// before every query's document is skipped too (never visited, not masked). The running output,
-// its log-sum-exp and the gradients are summed in attn_acc_t (on CUDA f32 for every T: a bf16
-// model's blocks are merged and summed in f32, the dK/dV partials travel in f32, and each result
-// is rounded once at the end).
+// The launchers keep the query-side operands in halves: x [B, H, L, D] (L = 2c, this rank's zigzag
+// chunks side by side) as [2, B, H, c, D], so each chunk is a contiguous sdpa operand; a K/V block
+// is one buffer [chunk 0: k | v][chunk 1: k | v], sent around the ring as one message (NCCL's
+// send/recv on its own stream overlaps the current block's kernels), and under a window only
+// the tails of its chunks a rank needs travel, as messages of [k | v] per tail. Each step attends
+// the two query chunks to the key chunks (or tails) it holds, chunk pair by chunk pair: a key
+// chunk after the query chunk is skipped (causal), the same chunk is the causal diagonal, an
+// earlier one is full or cut by the window; with document starts (read to the host once per
+// call, where the skips are decided), a pair whose keys all lie before every query's document is
+// skipped too (never visited, not masked). The running output, its log-sum-exp and the gradients
+// are summed in attn_acc_t (on CUDA f32 for every T: a bf16 model's blocks are merged and summed
+// in f32, the dK/dV partials travel in f32, and each result is rounded once at the end).
 namespace {
 
-// [k | v] of one block, each in halves, as one buffer.
+// Rows [first, first + n) of dim 2 of x [B, H, L, D], as a strided view [B, H, n, D].
+Tensor rows_view(const Tensor& x, int64_t first, int64_t n) {
+  const int64_t H = x.dim(1), L = x.dim(2), D = x.dim(3);
+  return x.as_strided({x.dim(0), H, n, D}, {H * L * D, L * D, D, 1}, first * D);
+}
+
+// This rank's block (engine/ring.h's layout) from k, v [B, Nkv, 2c, D].
 Tensor kv_block(const KernelCall& c, const Tensor& k, const Tensor& v, Stream s) {
-  const Shape halves{2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)};
-  Tensor kv = Tensor::empty({2, 2, k.dim(0), k.dim(1), k.dim(2) / 2, k.dim(3)}, k.dtype(), c.alloc);
-  copy_strided(halves_view(k), Tensor::view_bytes(kv, 0, halves, k.dtype()), s);
-  copy_strided(halves_view(v), Tensor::view_bytes(kv, k.nbytes(), halves, v.dtype()), s);
+  const int64_t half = k.dim(2) / 2;
+  const Shape chunk{k.dim(0), k.dim(1), half, k.dim(3)};
+  Tensor kv = Tensor::empty({2, 2, k.dim(0), k.dim(1), half, k.dim(3)}, k.dtype(), c.alloc);
+  const size_t bytes = k.nbytes() / 2;
+  for (int64_t b = 0; b < 2; ++b) {
+    copy_strided(rows_view(k, b * half, half), Tensor::view_bytes(kv, size_t(2 * b) * bytes, chunk, k.dtype()), s);
+    copy_strided(rows_view(v, b * half, half), Tensor::view_bytes(kv, size_t(2 * b + 1) * bytes, chunk, v.dtype()), s);
+  }
   return kv;
 }
 
-// halves [2, B, H, c(, D)] (the sums) into the node's tensor `dst` [B, H, 2c(, D)] of its dtype.
-void from_halves(const KernelCall& c, const Tensor& halves, const Tensor& dst, Stream s) {
-  const Shape inter{halves.dim(1), halves.dim(2), 2, halves.dim(3), halves.dim(4)};
-  if (dst.dtype() == halves.dtype()) return copy_strided(interleaved_view(halves), dst.reshape(inter), s);
-  Tensor same = Tensor::empty(inter, halves.dtype(), c.alloc);
-  copy_strided(interleaved_view(halves), same, s);
+// k (which = 0) or v (1) of a block [2, 2, B, H, c, D] seen as [B, H, 2, c, D] (no data moves).
+Tensor block_part(const Tensor& block, int which) {
+  const int64_t B = block.dim(2), H = block.dim(3), c = block.dim(4), D = block.dim(5);
+  return block.as_strided({B, H, 2, c, D}, {H * c * D, c * D, 2 * B * H * c * D, D, 1}, which * B * H * c * D);
+}
+
+// The tails of this rank's block `kv` into the message `msg`.
+void pack_tails(const RingChunks& g, const Tensor& kv, const std::vector<ChunkTail>& tails, Tensor& msg, Stream s) {
+  const size_t es = dtype_size(kv.dtype());
+  size_t at = 0;
+  for (const ChunkTail& t : tails)
+    for (int which = 0; which < 2; ++which) {
+      const Tensor whole = Tensor::view_bytes(kv, size_t((2 * t.chunk + which) * g.kv_rows(g.c)) * es,
+                                              {g.B, g.Nkv, g.c, g.D}, kv.dtype());
+      copy_strided(rows_view(whole, g.c - t.keys, t.keys),
+                   Tensor::view_bytes(msg, at, {g.B, g.Nkv, t.keys, g.D}, kv.dtype()), s);
+      at += size_t(g.kv_rows(t.keys)) * es;
+    }
+}
+
+// own (a block's gradient, attn_acc_t) += the message `part` of gradients of its tails.
+template <class A>
+void add_tails(const RingChunks& g, Tensor& own, const std::vector<ChunkTail>& tails, const Tensor& part, Stream s) {
+  const A* from = ptr<A>(part);
+  for (const ChunkTail& t : tails)
+    for (int which = 0; which < 2; ++which) {
+      A* into = ptr<A>(own) + (2 * t.chunk + which) * g.kv_rows(g.c) + (g.c - t.keys) * g.D;
+      for (int64_t row = 0; row < g.B * g.Nkv; ++row)  // one head's tail is contiguous
+        add_into<A>(into + row * g.c * g.D, from + row * t.keys * g.D, t.keys * g.D, nullptr, s);
+      from += g.kv_rows(t.keys);
+    }
+}
+
+// A [B, H, 2, c(, D)] view of the sums (attn_acc_t) into the node's tensor `dst` [B, H, 2c(, D)] of its dtype.
+void from_interleaved(const KernelCall& c, const Tensor& sums, const Tensor& dst, Stream s) {
+  const Shape inter = sums.shape();
+  if (dst.dtype() == sums.dtype()) return copy_strided(sums, dst.reshape(inter), s);
+  Tensor same = Tensor::empty(inter, sums.dtype(), c.alloc);
+  copy_strided(sums, same, s);
   convert(same, dst.reshape(inter), s);
+}
+
+// Calls f(tail, k, v) for each tail of a message at p ([k | v] of each).
+template <class T, class F>
+void for_tails(const RingChunks& g, const std::vector<ChunkTail>& tails, T* p, F&& f) {
+  for (const ChunkTail& t : tails) {
+    f(t, p, p + g.kv_rows(t.keys));
+    p += 2 * g.kv_rows(t.keys);
+  }
 }
 
 }  // namespace
@@ -558,28 +611,36 @@ Tensor ring_attention(const KernelCall& c) {
     Tensor lse_blk = Tensor::empty({g.B, g.N, g.c}, dtype_of<A>, c.alloc);
     Tensor kv = kv_block(c, k, v, s), docs_blk;
     std::vector<int64_t> dh;
-    ring_forward(*c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc),
-                 [&](int owner, const Tensor& block, const std::function<void()>& progress) {
-                   g.k = g.chunks_of(owner);
-                   const T* kp = ptr<T>(block);
-                   const T* vp = kp + 2 * g.kv_half(1);
-                   for (int a = 0; a < 2; ++a)
-                     for (int b = 0; b < 2; ++b) {
-                       bool diagonal = false;
-                       if (!g.visits(a, b, diagonal, dh)) continue;
-                       attend<T>(s, ptr<T>(qh) + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b), ptr<T>(o_blk),
-                                 ptr<A>(lse_blk), g.B, g.N, g.Nkv, g.c, g.c, g.D, scale, diagonal,
-                                 g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
-                                 variant_of<T>(c, g.offset(a, b)));
-                       call(s, dev::merge_attention<T>, ptr<A>(o) + g.q_half(a), ptr<A>(lse) + g.lse_half(a),
-                            ptr<T>(o_blk), ptr<A>(lse_blk), g.B * g.N * g.c, g.D);
-                       progress();
-                     }
-                 });
+    const auto step = [&](int owner, const std::vector<ChunkTail>& tails, const Tensor& msg,
+                          const std::function<void()>& progress) {
+      g.k = g.chunks_of(owner);
+      for_tails(g, tails, ptr<T>(msg), [&](const ChunkTail& t, const T* kp, const T* vp) {
+        for (int a = 0; a < 2; ++a) {
+          bool diagonal = false;
+          if (!g.visits(a, t.chunk, diagonal, dh, t.keys)) continue;
+          attend<T>(s, ptr<T>(qh) + g.q_half(a), kp, vp, ptr<T>(o_blk), ptr<A>(lse_blk), g.B, g.N, g.Nkv, g.c, t.keys,
+                    g.D, scale, diagonal, g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
+                    variant_of<T>(c, g.offset(a, t.chunk)));
+          call(s, dev::merge_attention<T>, ptr<A>(o) + g.q_half(a), ptr<A>(lse) + g.lse_half(a), ptr<T>(o_blk),
+               ptr<A>(lse_blk), g.B * g.N * g.c, g.D);
+          progress();
+        }
+      });
+    };
+    if (g.windowed())
+      window_forward(*c.comm, g, kv,
+                     {[&](int64_t n) { return Tensor::empty({n}, kv.dtype(), c.alloc); },
+                      [&](const std::vector<ChunkTail>& tails, Tensor& msg) { pack_tails(g, kv, tails, msg, s); }},
+                     step);
+    else
+      ring_forward(*c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc),
+                   [&](int owner, const Tensor& block, const std::function<void()>& progress) {
+                     step(owner, whole_block(g.c), block, progress);
+                   });
     Tensor y = out_like(c, q.dtype());
-    from_halves(c, o, y, s);
+    from_interleaved(c, interleaved_view(o), y, s);
     Tensor lse_out = extra_like(c, {g.B, g.N, 2 * g.c}, extra_types(c.node).at(0).dtype);
-    from_halves(c, lse.reshape({2, g.B, g.N, g.c, 1}), lse_out, s);
+    from_interleaved(c, interleaved_view(lse.reshape({2, g.B, g.N, g.c, 1})), lse_out, s);
     c.extras.push_back(lse_out);
     return y;
   });
@@ -608,45 +669,60 @@ Tensor ring_attention_backward(const KernelCall& c) {
                                                                 dtype_of<A>, c.alloc);
     A* const scratch = widened.defined() ? ptr<A>(widened) : nullptr;
     Tensor kv = kv_block(c, k, v, s), docs_blk;
-    Tensor grads[3] = {Tensor::empty(kv.shape(), dtype_of<A>, c.alloc), Tensor::empty(kv.shape(), dtype_of<A>, c.alloc),
-                       Tensor::empty(kv.shape(), dtype_of<A>, c.alloc)};
-    const int64_t pair = g.B * g.Nkv * g.c * g.D;  // elements of one chunk's dk (or dv)
     std::vector<int64_t> dh;
-    ring_backward(
-        *c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc), grads,
-        [&](int owner, const Tensor& block, Tensor& part, const std::function<void()>& progress) {
-          g.k = g.chunks_of(owner);
-          const T* kp = ptr<T>(block);
-          const T* vp = kp + 2 * g.kv_half(1);
-          A* dkp = ptr<A>(part);
-          A* dvp = dkp + 2 * g.kv_half(1);
-          call(s, dev::fill<A>, dkp, part.numel(), A(0));
-          for (int a = 0; a < 2; ++a)
-            for (int b = 0; b < 2; ++b) {
-              bool diagonal = false;
-              if (!g.visits(a, b, diagonal, dh)) continue;
-              T* dkb = ptr<T>(dkv_blk);
-              attend_backward<T>(s, ptr<T>(qh) + g.q_half(a), kp + g.kv_half(b), vp + g.kv_half(b),
-                                 ptr<T>(oh) + g.q_half(a), ptr<A>(lseh) + g.lse_half(a), ptr<T>(doh) + g.q_half(a),
-                                 ptr<T>(dq_blk), dkb, dkb + pair, g.B, g.N, g.Nkv, g.c, g.c, g.D, scale, diagonal,
-                                 g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
-                                 variant_of<T>(c, g.offset(a, b)));
-              add_into<T>(ptr<A>(dqh) + g.q_half(a), ptr<T>(dq_blk), dq_blk.numel(), scratch, s);
-              add_into<T>(dkp + g.kv_half(b), dkb, pair, scratch, s);
-              add_into<T>(dvp + g.kv_half(b), dkb + pair, pair, scratch, s);
-              progress();
-            }
-        },
-        [&](Tensor& into, const Tensor& from) { add_into<A>(ptr<A>(into), ptr<A>(from), into.numel(), nullptr, s); });
+    // The dK, dV of a message of tails into `part` (a message of the same tails in A).
+    const auto grad_step = [&](int owner, const std::vector<ChunkTail>& tails, const Tensor& msg, Tensor& part,
+                               const std::function<void()>& progress) {
+      g.k = g.chunks_of(owner);
+      call(s, dev::fill<A>, ptr<A>(part), part.numel(), A(0));
+      A* dkp = ptr<A>(part);
+      for_tails(g, tails, ptr<T>(msg), [&](const ChunkTail& t, const T* kp, const T* vp) {
+        const int64_t n = g.kv_rows(t.keys);
+        for (int a = 0; a < 2; ++a) {
+          bool diagonal = false;
+          if (!g.visits(a, t.chunk, diagonal, dh, t.keys)) continue;
+          T* dkb = ptr<T>(dkv_blk);
+          attend_backward<T>(s, ptr<T>(qh) + g.q_half(a), kp, vp, ptr<T>(oh) + g.q_half(a),
+                             ptr<A>(lseh) + g.lse_half(a), ptr<T>(doh) + g.q_half(a), ptr<T>(dq_blk), dkb, dkb + n,
+                             g.B, g.N, g.Nkv, g.c, t.keys, g.D, scale, diagonal,
+                             g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
+                             variant_of<T>(c, g.offset(a, t.chunk)));
+          add_into<T>(ptr<A>(dqh) + g.q_half(a), ptr<T>(dq_blk), dq_blk.numel(), scratch, s);
+          add_into<T>(dkp, dkb, n, scratch, s);
+          add_into<T>(dkp + n, dkb + n, n, scratch, s);
+          progress();
+        }
+        dkp += 2 * n;
+      });
+    };
+    const auto grad_buffer = [&](int64_t n) { return Tensor::empty({n}, dtype_of<A>, c.alloc); };
+    Tensor own = Tensor::empty(kv.shape(), dtype_of<A>, c.alloc);  // this rank's whole dK, dV, in the block's layout
+    if (g.windowed()) {
+      window_backward(*c.comm, g, kv,
+                      {[&](int64_t n) { return Tensor::empty({n}, kv.dtype(), c.alloc); },
+                       [&](const std::vector<ChunkTail>& tails, Tensor& msg) { pack_tails(g, kv, tails, msg, s); }},
+                      grad_buffer, own, grad_step,
+                      [&](Tensor& into, const std::vector<ChunkTail>& tails, const Tensor& part) {
+                        add_tails<A>(g, into, tails, part, s);
+                      });
+    } else {
+      Tensor grads[3] = {own, Tensor::empty(kv.shape(), dtype_of<A>, c.alloc),
+                         Tensor::empty(kv.shape(), dtype_of<A>, c.alloc)};
+      ring_backward(
+          *c.comm, kv, Tensor::empty(kv.shape(), kv.dtype(), c.alloc), grads,
+          [&](int owner, const Tensor& block, Tensor& part, const std::function<void()>& progress) {
+            grad_step(owner, whole_block(g.c), block, part, progress);
+          },
+          [&](Tensor& into, const Tensor& from) { add_into<A>(ptr<A>(into), ptr<A>(from), into.numel(), nullptr, s); });
+    }
     Tensor dq = out_like(c, q.dtype());
-    from_halves(c, dqh, dq, s);
+    from_interleaved(c, interleaved_view(dqh), dq, s);
     Tensor dk = extra_like(c, k.shape(), k.dtype());
     c.extras.push_back(dk);
     Tensor dv = extra_like(c, v.shape(), v.dtype());
     c.extras.push_back(dv);
-    const Shape halves{2, g.B, g.Nkv, g.c, g.D};  // [dk | dv] of this rank's own block, in grads[0]
-    from_halves(c, Tensor::view_bytes(grads[0], 0, halves, dtype_of<A>), dk, s);
-    from_halves(c, Tensor::view_bytes(grads[0], size_t(2 * pair) * sizeof(A), halves, dtype_of<A>), dv, s);
+    from_interleaved(c, block_part(own, 0), dk, s);
+    from_interleaved(c, block_part(own, 1), dv, s);
     return dq;
   });
 }

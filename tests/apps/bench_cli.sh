@@ -100,6 +100,18 @@ if ! /usr/bin/python3 -c 'import json,sys; rs=[json.loads(l) for l in sys.argv[1
   echo "FAIL: ring rows: $rows"
   fail=1
 fi
+# With --attn-window: the zigzag ring without and with the window; the windowed one sends less
+# (S 256, R 4: chunks of 32; w 16 reaches 15 keys of one neighbour chunk per side).
+rows=$("$bin" --mode ring --attn-seq 256 --ring-sizes 4 --attn-hidden 64 --attn-dims 16 --attn-window 16 --pairs 1 --iters 1 --warmup 0 2>/dev/null) || {
+  echo "FAIL: --mode ring --attn-window exited non-zero"
+  fail=1
+}
+if ! /usr/bin/python3 -c 'import json,sys; rs=[json.loads(l) for l in sys.argv[1].splitlines()]; assert [r["window"] for r in rs]==[0,16] and all(len(r["bytes_per_rank"])==4 for r in rs) and all(w*4<f for w,f in zip(rs[1]["bytes_per_rank"],rs[0]["bytes_per_rank"])), rs' "$rows"; then
+  echo "FAIL: windowed ring rows: $rows"
+  fail=1
+fi
+expect_usage_error "--attn-window" --mode ring --attn-window 0
+expect_usage_error "--attn-window" --mode ring --attn-window many
 expect_usage_error "S a multiple of 2R" --mode ring --attn-seq 1000 --ring-sizes 3
 expect_usage_error "R ≥ 2" --mode ring --attn-seq 1024 --ring-sizes 1
 expect_usage_error "not a --mode ring flag" --mode ring --attn-full

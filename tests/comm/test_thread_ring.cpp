@@ -7,7 +7,9 @@
 // bf16, and ZeRO-3 through train(). Also: the ring_attention op itself in both chunk layouts
 // (zigzag, and the contiguous one autosp-bench --mode ring times) against naive attention over the
 // whole sequence, the zigzag layout against hand-written position lists,
-// the ring's bytes (CountingCommunicator) against the formula, and the pass's IR.
+// the ring's bytes (CountingCommunicator) against the formula, a windowed model's exchange
+// (decision 135: only the keys the window reaches move) against a count over the positions, the
+// tails a window needs against every query and key, and the pass's IR.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -127,36 +129,47 @@ TEST_CASE("ring: dp 2 x ring 2 with one head equals the float64 P = 1 run on the
   }
 }
 
-// Mistral with sliding_window 5 (it cuts: S = 32) at P = 4 as Ulysses 4, ring 4 (chunks of 4
-// tokens: the window crosses every boundary), Ulysses 2 x ring 2, and dp 2 x ring 2, with and
-// without packed documents (a key must be in the window and the document): every rank's loss and
-// gradients equal the float64 P = 1 run, whose own windowed attention tests/ref/hf_windows.py
-// checks against transformers.
+// Mistral with sliding_window 5 and 12 (they cut: S = 32) at P = 4 as Ulysses 4, ring 4 (chunks
+// of 4 tokens: the window crosses every boundary, and reaches one or three chunks back), Ulysses
+// 2 x ring 2 (chunks of 8: w = 5 within one chunk back), ring 4 under activation checkpointing
+// (the recomputed forward exchanges again), and dp 2 x ring 2, with and without packed documents
+// (a key must be in the window and the document): every rank's loss and gradients equal the
+// float64 P = 1 run, whose own windowed attention tests/ref/hf_windows.py checks against
+// transformers. The ring moves only what the window reaches (decision 135).
 TEST_CASE("ring: a windowed Mistral equals the float64 P = 1 run under Ulysses, ring and dp x sp",
           "[threads][ring][variants]") {
-  json model = llama(4, 2, 16);
-  model["arch"] = "mistral";
-  model["sliding_window"] = 5;
-  for (const bool documents : {false, true}) {
-    const Config cfg1 = ring_config(model, 1, 1, 32, 2, documents);
-    const ParamMap params = init_params(cfg1.model, 33, DType::f64);
-    const Batch batch = ring_batch(2, 32, 60, documents);
-    const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
-    for (const int64_t ring : {1, 4, 2}) {
-      INFO("P = 4, ring " << ring << (documents ? ", packed documents" : ""));
-      const Config cfg = ring_config(model, 4, ring, 32, 2, documents);
-      for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
+  for (const int64_t window : {5, 12}) {
+    for (const bool documents : {false, true}) {
+      json model = llama(4, 2, 16);
+      model["arch"] = "mistral";
+      model["sliding_window"] = window;
+      INFO("sliding_window " << window);
+      const Config cfg1 = ring_config(model, 1, 1, 32, 2, documents);
+      const ParamMap params = init_params(cfg1.model, 33, DType::f64);
+      const Batch batch = ring_batch(2, 32, 60, documents);
+      const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
+      for (const int64_t ring : {1, 4, 2}) {
+        INFO("P = 4, ring " << ring << (documents ? ", packed documents" : ""));
+        const Config cfg = ring_config(model, 4, ring, 32, 2, documents);
+        for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
+      }
+      {
+        INFO("ring 4 under activation checkpointing" << (documents ? ", packed documents" : ""));
+        Config cfg = ring_config(model, 4, 4, 32, 2, documents);
+        cfg.runtime.activation_checkpointing = true;
+        for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
+      }
+      INFO("dp 2 x ring 2" << (documents ? ", packed documents" : ""));
+      const Config cfg = ring_config(model, 2, 2, 32, 1, documents);
+      auto row = [](const Tensor& t, int64_t d) {
+        return t.defined() ? t.as_strided({1, 32}, t.strides(), d * 32).contiguous() : Tensor();
+      };
+      const auto got = run_ranks(4, cfg, [&](int r) {
+        const int64_t d = r / 2;
+        return Batch{row(batch.input_ids, d), row(batch.labels, d), row(batch.position_ids, d), row(batch.doc_start, d)};
+      }, params);
+      for (const auto& g : got) check_close(g, ref, kTol64);
     }
-    INFO("dp 2 x ring 2" << (documents ? ", packed documents" : ""));
-    const Config cfg = ring_config(model, 2, 2, 32, 1, documents);
-    auto row = [](const Tensor& t, int64_t d) {
-      return t.defined() ? t.as_strided({1, 32}, t.strides(), d * 32).contiguous() : Tensor();
-    };
-    const auto got = run_ranks(4, cfg, [&](int r) {
-      const int64_t d = r / 2;
-      return Batch{row(batch.input_ids, d), row(batch.labels, d), row(batch.position_ids, d), row(batch.doc_start, d)};
-    }, params);
-    for (const auto& g : got) check_close(g, ref, kTol64);
   }
 }
 
@@ -181,6 +194,19 @@ TEST_CASE("ring: activation checkpointing with the tiled loss (f64), and bf16, a
   for (const auto& got : run_ranks(4, ring_config(model, 4, 2, 32, 2, true), [&](int) { return batch; }, params,
                                    DType::bf16))
     check_equal_bf16(got, ref);
+}
+
+// bf16 through the windowed exchange (the CPU runs the ring in f32, so the tails and their
+// gradients travel as f32): a Mistral with sliding_window 5 as a ring of 4 with packed documents,
+// within the bars of the Ulysses bf16 tests.
+TEST_CASE("ring: a windowed Mistral in bf16 as a ring of 4 matches the P = 1 bf16 run", "[threads][ring][variants]") {
+  json model = llama(4, 2, 16);
+  model.update({{"arch", "mistral"}, {"sliding_window", 5}});
+  const Config cfg1 = ring_config(model, 1, 1, 32, 2, true), cfg = ring_config(model, 4, 4, 32, 2, true);
+  const ParamMap params = init_params(cfg1.model, 35, DType::f32);
+  const Batch batch = ring_batch(2, 32, 61, true);
+  const LossAndGrads ref = run_reference(cfg1, batch, params, DType::bf16);
+  for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params, DType::bf16)) check_equal_bf16(got, ref);
 }
 
 TEST_CASE("ring: train() at Ulysses 2 x ring 2 and ZeRO-3 gives the P = 1 loss curve", "[threads][ring]") {
@@ -291,12 +317,13 @@ TEST_CASE("ring: ring_attention in the zigzag and the contiguous layout equals a
 // A sliding window (with a softcap) that crosses the chunk boundaries: ring_attention at R = 2 and
 // 4 in the zigzag layout equals the float64 CPU kernel over the whole sequence (itself checked
 // against a naive attention in tests/kernels/test_attention_variants.cpp), forward and backward.
-// The window cuts: w = 5 < S; and with w = 2 some chunk pairs are skipped outright.
+// The window cuts: w = 5 < S; with w = 2 some chunk pairs are skipped outright, and with w = 1
+// (each query sees itself) no rank needs anything of another: the windowed exchange has no round.
 TEST_CASE("ring: a sliding window across chunk boundaries equals the whole sequence's windowed attention",
           "[threads][ring][variants]") {
   const int64_t B = 2, N = 2, Nkv = 1, D = 3, c = 3;
   for (const int64_t R : {2, 4})
-    for (const int64_t window : {2, 5, 9}) {
+    for (const int64_t window : {1, 2, 5, 9}) {
       INFO("R = " << R << ", window " << window);
       const int64_t S = 2 * R * c;
       RingOpCase t{B, N, Nkv, D, c, R, 0.4, "zigzag", {window, 3.0}, naive::random_normal(B * N * S * D, 11),
@@ -359,12 +386,8 @@ TEST_CASE("ring: CountingCommunicator counts the ring's bytes as the formula say
     json model;
     int64_t P, R, kv_local, D;
   };
-  // The last shape has a sliding window of 4 (a Mistral): the ring skips the chunk pairs outside
-  // it but still moves every block (decision 142), so its bytes are the formula's too.
-  json windowed = llama(4, 2, 32);
-  windowed.update({{"arch", "mistral"}, {"sliding_window", 4}});
   for (const Shape& s : {Shape{llama(1, 1, 16), 2, 2, 1, 16}, Shape{llama(2, 1, 16), 4, 2, 1, 8},
-                         Shape{llama(4, 2, 32), 4, 4, 2, 8}, Shape{windowed, 4, 4, 2, 8}}) {
+                         Shape{llama(4, 2, 32), 4, 4, 2, 8}}) {
     const int64_t B = 2, S = 32, L = 2;
     const Config cfg = ring_config(s.model, s.P, s.R, S, B, false);
     const ParamMap params = init_params(cfg.model, 34, DType::f64);
@@ -376,12 +399,109 @@ TEST_CASE("ring: CountingCommunicator counts the ring's bytes as the formula say
       stats[size_t(w.rank())] = counted.stats().send_recv;
     });
     const int64_t block = 2 * B * s.kv_local * (S / s.R) * s.D * int64_t(sizeof(double));
-    INFO("P = " << s.P << ", R = " << s.R << ", " << s.model.value("arch", ""));
+    INFO("P = " << s.P << ", R = " << s.R);
     for (const auto& st : stats) {
       CHECK(st.calls == L * (3 * s.R - 2));
       CHECK(st.bytes == L * (3 * s.R - 2) * block);
     }
   }
+}
+
+// With a sliding window the ring moves only what the window reaches (decision 135). A pure ring
+// of 4 on S = 32 has chunks of c = 4 tokens (rank r: chunks r and 7 - r). With w = 4, a query
+// reaches back 3 keys, so rank r needs the last 3 keys of chunk r - 1 (rank r - 1's first chunk)
+// and of chunk 8 - r (rank r + 1's second chunk; rank 3's late chunk 4 follows its own chunk 3):
+// per layer two rounds (d = 1 and d = 3; nobody needs anything of the rank two away), each
+// moving one tail of 3 keys, 2 · B · Nkv · 3 · D elements, to a rank that needs it. The end ranks
+// 0 and 3 send one tail per round pair, the middle ones two. Backward: the same K/V again, and
+// every tail's dK, dV back to its owner (as many as the rank received: 1, 2, 2, 1). So per layer
+// 2 + 4 calls and 3 · tails · tail bytes. With w = 9 (> 2c) the window reaches 8 keys back: two
+// chunks and a tail; the bytes are counted from the same rule by a loop over the positions.
+// Either way, below the full ring's (3R - 2) blocks of 2 · B · Nkv · 8 · D elements (with w = 4,
+// less than a quarter).
+TEST_CASE("ring: with a window, each rank moves only the keys the window reaches", "[threads][ring][variants]") {
+  const int64_t B = 2, S = 32, L = 2, R = 4, c = 4, D = 8, Nkv = 2;
+  for (const int64_t w : {4, 9}) {
+    json model = llama(4, 2, 32);
+    model.update({{"arch", "mistral"}, {"sliding_window", w}});
+    const Config cfg = ring_config(model, R, R, S, B, false);
+    const ParamMap params = init_params(cfg.model, 34, DType::f64);
+    const Batch batch = ring_batch(B, S, 70, false);
+    std::vector<CollectiveStats> stats(static_cast<size_t>(R));
+    run_thread_ranks(int(R), [&](ThreadCommunicator& wc) {
+      CountingCommunicator counted(wc);
+      (void)run_sp_on(counted, cfg, batch, params, DType::f64);
+      stats[size_t(wc.rank())] = counted.stats().send_recv;
+    });
+    // Keys of rank o's chunks that rank r's queries see through the window, position by position.
+    auto chunk_of = [&](int64_t t) { return t / c; };
+    auto owner = [&](int64_t chunk) { return chunk < R ? chunk : 2 * R - 1 - chunk; };
+    auto keys_sent = [&](int64_t o, int64_t r) {  // distinct (chunk, first key needed) -> key count
+      int64_t n = 0;
+      for (int64_t chunk = 0; chunk < 2 * R; ++chunk) {
+        if (owner(chunk) != o) continue;
+        int64_t first = c;  // the earliest key of this chunk any query of rank r sees
+        for (int64_t qi = 0; qi < S; ++qi)
+          if (owner(chunk_of(qi)) == r)
+            for (int64_t kj = chunk * c; kj < chunk * c + c; ++kj)
+              if (kj <= qi && kj > qi - w) first = std::min(first, kj - chunk * c);
+        n += c - first;
+      }
+      return n;
+    };
+    const int64_t row = 2 * B * Nkv * D * int64_t(sizeof(double));  // K and V of one key
+    const int64_t ring_bytes = L * (3 * R - 2) * 2 * B * Nkv * (S / R) * D * int64_t(sizeof(double));
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t sent = 0, returned = 0, rounds = 0;
+      for (int64_t d = 1; d < R; ++d) {
+        bool any = false;
+        for (int64_t x = 0; x < R; ++x) any = any || keys_sent((x - d + R) % R, x) > 0;
+        rounds += any;
+        sent += keys_sent(r, (r + d) % R);
+        returned += keys_sent((r - d + R) % R, r);
+      }
+      INFO("w = " << w << ", ring rank " << r << ": " << stats[size_t(r)].bytes << " bytes vs the full ring's "
+                  << ring_bytes);
+      CHECK(stats[size_t(r)].calls == L * 3 * rounds);
+      CHECK(stats[size_t(r)].bytes == L * (2 * sent + returned) * row);
+      CHECK(stats[size_t(r)].bytes < ring_bytes);
+      if (w == 4) {
+        CHECK(rounds == 2);
+        CHECK(sent == (r == 0 || r == R - 1 ? 3 : 6));
+        CHECK(stats[size_t(r)].bytes * 4 < ring_bytes);  // 18 keys' K, V at most, against 80
+      }
+    }
+  }
+}
+
+// What a ring rank needs of another (RingChunks::tails) against a loop over the positions: for
+// every pair of ranks of rings of 2 to 5, chunk lengths 1 to 5 and windows 1 to 2S.
+TEST_CASE("ring: the tails a window needs, against every query and key position", "[ring]") {
+  for (int64_t R = 2; R <= 5; ++R)
+    for (int64_t c = 1; c <= 5; ++c)
+      for (int64_t w = 1; w <= 4 * R * c; ++w) {
+        const int64_t S = 2 * R * c;
+        RingChunks g{1, 1, 1, c, 1, true, {}, {}, nullptr, RingLayout::zigzag, R, w};
+        for (int o = 0; o < R; ++o)
+          for (int r = 0; r < R; ++r) {
+            const RankChunks oc = g.chunks_of(o), rc = g.chunks_of(r);
+            std::vector<ChunkTail> want;
+            for (int b = 0; b < 2; ++b) {
+              const int64_t kb = b == 0 ? oc.first : oc.second;
+              int64_t first = c;
+              for (int64_t qi = 0; qi < S; ++qi) {
+                if (qi / c != rc.first && qi / c != rc.second) continue;
+                for (int64_t kj = kb * c; kj < kb * c + c; ++kj)
+                  if (kj <= qi && kj > qi - w) first = std::min(first, kj - kb * c);
+              }
+              if (o == r) first = 0;  // a rank's own block is whole
+              if (first < c) want.push_back({b, c - first});
+            }
+            INFO("R = " << R << ", c = " << c << ", w = " << w << ", rank " << r << " of rank " << o);
+            CHECK(g.tails(o, r) == want);
+            if (g.tails(o, r) != want) return;
+          }
+      }
 }
 
 TEST_CASE("ring: the rank's graph has ring attention over the ring, all-to-alls over the Ulysses group",

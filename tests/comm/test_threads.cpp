@@ -301,5 +301,43 @@ TEST_CASE("threads: mismatched sizes on two ranks are an error on every rank", "
   CHECK(failed == 2);
 }
 
+// Point to point (ring attention's windowed exchange, decision 135): each side has its own size,
+// and an empty side is no message. A receiver that expects other bytes than its sender sends is
+// an error on every rank, not a hang.
+TEST_CASE("threads: send_recv_async sides of different sizes, empty ones, and a size mismatch", "[threads]") {
+  // A ring of 3: rank r sends r + 1 floats (value 10r + i) to r + 1 and receives its predecessor's.
+  run_thread_ranks(3, [&](ThreadCommunicator& w) {
+    const int r = w.rank(), from = (r + 2) % 3;
+    std::vector<float> out;
+    for (int i = 0; i <= r; ++i) out.push_back(float(10 * r + i));
+    const Tensor send = Tensor::from_vector<float>({r + 1}, out);
+    Tensor recv = Tensor::zeros({from + 1}, DType::f32);
+    w.send_recv_async(send, (r + 1) % 3, recv, from)->wait();
+    for (int i = 0; i <= from; ++i) CHECK(recv.data<float>()[i] == float(10 * from + i));
+  });
+  // Two ranks: rank 0 sends 3 floats and receives nothing; rank 1 the other way round.
+  run_thread_ranks(2, [&](ThreadCommunicator& w) {
+    const Tensor send = Tensor::from_vector<float>({w.rank() == 0 ? 3 : 0}, w.rank() == 0 ? std::vector<float>{1, 2, 3}
+                                                                                         : std::vector<float>{});
+    Tensor recv = Tensor::zeros({w.rank() == 0 ? 0 : 3}, DType::f32);
+    w.send_recv_async(send, 1 - w.rank(), recv, 1 - w.rank())->wait();
+    if (w.rank() == 1) CHECK(recv.to_doubles() == std::vector<double>{1, 2, 3});
+  });
+  int failed = 0;
+  std::mutex mu;
+  CHECK_THROWS_WITH(run_thread_ranks(2, [&](ThreadCommunicator& w) {
+    try {
+      const Tensor send = Tensor::zeros({2}, DType::f32);
+      Tensor recv = Tensor::zeros({w.rank() == 0 ? 2 : 3}, DType::f32);  // rank 1 expects 3 floats
+      w.send_recv_async(send, 1 - w.rank(), recv, 1 - w.rank())->wait();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++failed;
+      throw;
+    }
+  }), Catch::Contains("rank 0 sends 8 bytes to rank 1, which receives 12"));
+  CHECK(failed == 2);
+}
+
 }  // namespace
 }  // namespace autosp

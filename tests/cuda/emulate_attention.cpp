@@ -190,6 +190,10 @@ TEST_CASE("emulated attention with a sliding window matches the CPU", "[cuda-emu
   check_emulated<float, false>(Case{2, 2, 1, 90, 90, 16, true, 0, 7}, seed += 4);
   check_emulated<float, false>(Case{1, 2, 2, 100, 100, 64, true, 40, 33}, seed += 4);
   check_emulated<float, false>(Case{1, 2, 1, 40, 40, 8, false, 0, 20, 30}, seed += 4);
+  // A windowed ring's tail (decision 135): a query chunk against only the last w - 1 keys of an
+  // earlier chunk (Skv < Sq), placed by the chunks' offset.
+  check_emulated<bf16, true>(Case{1, 2, 2, 64, 20, 64, false, 0, 21, 64}, seed += 4);
+  check_emulated<float, false>(Case{1, 2, 1, 40, 7, 8, false, 0, 8, 40}, seed += 4);
 }
 
 TEST_CASE("emulated attention with a logit softcap matches the CPU", "[cuda-emulation][attention][variants]") {

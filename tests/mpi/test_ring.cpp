@@ -1,6 +1,7 @@
 // Ring attention over MPI (MPI_Isend / MPI_Irecv, comm/mpi.cpp): at np 4 Ulysses 2 × ring 2 with
-// 2 heads, at np 2 a pure ring of 2, each with packed documents; the loss and every world-summed
-// gradient equal the unsharded float64 P = 1 program (bars 1e-10). The same cases over thread
+// 2 heads, at np 2 a pure ring of 2, each with packed documents; and a windowed Mistral as a pure
+// ring of np (the windowed exchange, decision 135: messages of different sizes, and empty ones);
+// the loss and every world-summed gradient equal the unsharded float64 P = 1 program (bars 1e-10). The same cases over thread
 // ranks, and the rest of the ring's contract, are tests/comm/test_thread_ring.cpp.
 #include <catch2/catch.hpp>
 
@@ -40,6 +41,34 @@ TEST_CASE("ring over MPI: loss and gradients equal the float64 P = 1 run", "[aut
   const Batch batch = marked_documents(2, 30, 42);  // 30: padded to a multiple of 2P
   const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
   const LossAndGrads got = run_sp_on(w, cfg, pad_to_multiple(batch, 2 * P), params, DType::f64);
+  INFO("P = " << P << ": loss " << got.loss << " vs " << ref.loss);
+  CHECK(std::abs(got.loss - ref.loss) <= 1e-10 * std::abs(ref.loss));
+  for (const auto& [name, want] : ref.grads) {
+    INFO("gradient of " << name);
+    CHECK(rel_err(got.grads.at(name), want) < 1e-10);
+  }
+}
+
+TEST_CASE("ring over MPI: a sliding window's exchange equals the float64 P = 1 run", "[autosp][ring]") {
+  Communicator& w = test_world();
+  const int64_t P = w.size();
+  if (P < 2) return;
+  // w = 5 on chunks of 32 / 2P tokens (4 at np 4, 8 at np 2): it crosses the shard boundaries and cuts.
+  const json model = {{"arch", "mistral"},      {"vocab_size", 64},         {"hidden_size", 16},
+                      {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+                      {"intermediate_size", 32}, {"sliding_window", 5}};
+  auto config = [&](int64_t sp) {
+    return parse_config({{"model", model},
+                         {"data", {{"source", "tokens"}, {"path", "unused.bin"}, {"seq_len", 32}, {"batch_size", 2},
+                                   {"eos_token_id", kEos}, {"document_mask", true}}},
+                         {"runtime", {{"dtype", "float64"}, {"threads", 1}}},
+                         {"sequence_parallel", {{"autosp_size", sp}, {"ring_size", sp}}}});
+  };
+  const Config cfg1 = config(1), cfg = config(P);
+  const ParamMap params = init_params(cfg1.model, 43, DType::f64);
+  const Batch batch = marked_documents(2, 32, 44);
+  const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
+  const LossAndGrads got = run_sp_on(w, cfg, batch, params, DType::f64);
   INFO("P = " << P << ": loss " << got.loss << " vs " << ref.loss);
   CHECK(std::abs(got.loss - ref.loss) <= 1e-10 * std::abs(ref.loss));
   for (const auto& [name, want] : ref.grads) {
