@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""The load-balancing loss (model.output_router_logits) against transformers 4.44 in float64.
+
+Run with the venv of scripts/hf-venv.sh:  .venv-hf/bin/python tests/ref/hf_moe_aux.py BIN_DIR
+Exits 77 (skipped) when transformers is not importable.
+
+For hf_moe.py's tiny Mixtral and Qwen2-MoE (one dense layer by mlp_only_layers) with
+output_router_logits and router_aux_loss_coef 0.05, autosp-train's first step (--thread-ranks,
+"model": {"from": DIR}, float64) is compared with transformers' modeling code on the same tokens:
+the loss (the LM loss plus the coefficient times load_balancing_loss_func over the MoE layers'
+router logits, as MixtralForCausalLM.forward adds it), moe/aux_loss (the loss before the
+coefficient), moe/expert_load (the worst layer's max / mean tokens per expert, from the router
+logits' top-k) and every first-step gradient (--dump-grads, against torch autograd). A "batch" of
+the load-balancing loss is one micro-batch of one data-parallel rank (docs/decisions.md): the
+reference computes it per (rank, micro-batch) and averages, and the LM loss over all targets.
+Runs: P = 1; Ulysses P = 2 and 4; ring attention (P = 2); dp 2 x sp 2; ZeRO-3 with activation
+checkpointing; 2 micro-batches of gradient accumulation at P = 2; loss masks (data.loss_mask_path,
+which the load-balancing loss ignores as transformers' does: it reads only the attention mask) at
+P = 1 and 4; and router_aux_loss_coef 0 (the LM loss alone, the aux loss still logged, a note).
+Tolerances as hf_moe.py's: transformers computes RoPE's cos and sin in float32 even for a float64
+model, which moves the loss by ~1e-7 and, through the hidden states the routers read, the aux loss
+by ~1e-9 (measured: loss within 1e-7, aux within 5e-9, gradients within 1.4e-6 relative); the
+expert load is counted exactly.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_roundtrip import SEQ, load_hf, write_tokens  # noqa: E402
+import safetensors_io  # noqa: E402
+
+try:
+    from hf_moe import VOCAB, tiny_models
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+except ImportError as e:
+    print(f"skipped: transformers is not importable ({e}); run scripts/hf-venv.sh", file=sys.stderr)
+    sys.exit(77)
+
+COEF = 0.05
+ROWS = 4  # sequences per data-parallel rank and step
+
+
+def windows(tokens, mask, dp, rank, rows):
+    """x [rows, SEQ + 1] and HF's labels [rows, SEQ] of data-parallel rank `rank` at step 0 (the llm.c
+    order of hf_roundtrip.batch_tokens); a label is -100 where the mask removes its token."""
+    x, labels = [], []
+    for b in range(rows):
+        start = (rank * rows + b) * SEQ
+        idx = [(start + i) % len(tokens) for i in range(SEQ + 1)]
+        x.append([tokens[i] for i in idx])
+        labels.append([tokens[i] if mask[i] else -100 for i in idx[1:]])
+    return torch.tensor(x, dtype=torch.int64), torch.tensor(labels, dtype=torch.int64)
+
+
+def reference(model, tokens, mask, dp, k, coef):
+    """transformers' loss, aux loss, expert load and gradients for a step of dp ranks x k micro-batches."""
+    cfg = model.config
+    E = getattr(cfg, "num_local_experts", None) or cfg.num_experts
+    model.zero_grad()
+    ce, targets, auxes, counts = 0.0, 0, [], None
+    for rank in range(dp):
+        x, labels = windows(tokens, mask, dp, rank, ROWS)
+        for i in range(k):
+            rows = slice(i * ROWS // k, (i + 1) * ROWS // k)
+            out = model.base_model(input_ids=x[rows, :-1], output_router_logits=True)
+            logits = model.get_output_embeddings()(out[0])
+            ce = ce + torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                        labels[rows].reshape(-1), ignore_index=-100, reduction="sum")
+            targets += int((labels[rows] != -100).sum())
+            auxes.append(load_balancing_loss_func(out.router_logits, E, cfg.num_experts_per_tok, None))
+            layer_counts = torch.stack([torch.nn.functional.one_hot(
+                torch.topk(torch.softmax(r, -1), cfg.num_experts_per_tok, -1)[1], E).sum((0, 1))
+                for r in out.router_logits]).double()
+            counts = layer_counts if counts is None else counts + layer_counts
+    aux = sum(auxes) / len(auxes)
+    loss = ce / targets + coef * aux
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    load = (counts.max(1).values / counts.mean(1)).max().item()
+    return loss.item(), aux.item(), load, grads
+
+
+def run(bin_dir, work, config, ranks, name):
+    cfg_path, metrics = os.path.join(work, name + ".json"), os.path.join(work, name + ".jsonl")
+    grads = os.path.join(work, name + ".grads.safetensors")
+    with open(cfg_path, "w") as f:
+        json.dump(config, f)
+    cmd = [os.path.join(bin_dir, "autosp-train"), "--config", cfg_path, "--metrics", metrics, "--quiet",
+           "--dump-grads", grads]
+    if ranks > 1:
+        cmd += ["--thread-ranks", str(ranks)]
+    p = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    with open(metrics) as f:
+        return json.loads(f.readline()), safetensors_io.load(grads)[0], p.stdout + p.stderr
+
+
+# (name, P, ring, dp, micro-batches, ZeRO stage, loss mask, coefficient)
+RUNS = [("p1", 1, 1, 1, 1, 0, False, COEF), ("p2", 2, 1, 1, 1, 0, False, COEF), ("p4", 4, 1, 1, 1, 0, False, COEF),
+        ("ring2", 2, 2, 1, 1, 0, False, COEF), ("dp2sp2", 2, 1, 2, 1, 0, False, COEF),
+        ("zero3", 2, 1, 1, 1, 3, False, COEF), ("accum2", 2, 1, 1, 2, 0, False, COEF),
+        ("mask-p1", 1, 1, 1, 1, 0, True, COEF), ("mask-p4", 4, 1, 1, 1, 0, True, COEF),
+        ("coef0", 2, 1, 1, 1, 0, False, 0.0)]
+
+
+def main():
+    bin_dir = sys.argv[1] if len(sys.argv) > 1 else "build/bin"
+    work = tempfile.mkdtemp(prefix="autosp-moe-aux-")
+    failures = []
+    try:
+        tokens = write_tokens(os.path.join(work, "tokens.bin"), 4096, VOCAB)
+        mask = (np.random.default_rng(3).random(len(tokens)) < 0.6).astype(np.uint8)  # 40% of targets removed
+        np.save(os.path.join(work, "mask.npy"), mask)
+        everything = np.ones_like(mask)
+        for family, model in tiny_models().items():
+            model.config.output_router_logits = True
+            src = os.path.join(work, f"{family}-hf")
+            model.save_pretrained(src, safe_serialization=True)
+            ref = load_hf(src)
+            # The reference's aux loss is the model's own (its forward returns it with output_router_logits).
+            x, _ = windows(tokens, everything, 1, 0, ROWS)
+            with torch.no_grad():
+                own = ref(input_ids=x[:, :-1]).aux_loss.item()
+            assert abs(own - reference(ref, tokens, everything, 1, 1, COEF)[1]) < 1e-12, "reference aux loss"
+            for name, P, ring, dp, k, zero, masked, coef in RUNS:
+                want_loss, want_aux, want_load, want_grads = reference(ref, tokens, mask if masked else everything,
+                                                                       dp, k, coef)
+                data = {"source": "tokens", "path": os.path.join(work, "tokens.bin"), "seq_len": SEQ,
+                        "batch_size": ROWS // k}
+                if masked:
+                    data["loss_mask_path"] = os.path.join(work, "mask.npy")
+                config = {"model": {"from": src, "router_aux_loss_coef": coef}, "data": data,
+                          "train": {"steps": 1, "lr": 1e-3, "warmup_steps": 0, "log_every": 1,
+                                    "gradient_accumulation_steps": k},
+                          "runtime": {"dtype": "float64", "threads": 1, "activation_checkpointing": zero == 3},
+                          "sequence_parallel": {"autosp_size": P, "ring_size": ring},
+                          "zero_optimization": {"stage": zero}}
+                rec, grads, log = run(bin_dir, work, config, P * dp, f"{family}-{name}")
+                worst = max(float((grads[n].double() - g).abs().max() / g.abs().max().clamp_min(1e-30))
+                            for n, g in want_grads.items())
+                line = (f"{family} {name}: loss {rec['loss']:.12f} (|diff| {abs(rec['loss'] - want_loss):.1e}), "
+                        f"aux {rec['moe/aux_loss']:.12f} (|diff| {abs(rec['moe/aux_loss'] - want_aux):.1e}), "
+                        f"load {rec['moe/expert_load']:.6f} vs {want_load:.6f}, worst gradient rel. error {worst:.1e}")
+                print(line)
+                ok = (abs(rec["loss"] - want_loss) < 1e-6 and abs(rec["moe/aux_loss"] - want_aux) < 1e-8
+                      and abs(rec["moe/expert_load"] - want_load) < 1e-12 and worst < 1e-5
+                      and set(grads) == set(want_grads))
+                if coef == 0:
+                    ok = ok and "router_aux_loss_coef 0" in log
+                if not ok:
+                    failures.append(line)
+        if failures:
+            print("FAILED:\n  " + "\n  ".join(failures))
+            return 1
+        print("hf moe aux: ok")
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
