@@ -16,7 +16,10 @@ reference computes it per (rank, micro-batch) and averages, and the LM loss over
 Runs: P = 1; Ulysses P = 2 and 4; ring attention (P = 2); dp 2 x sp 2; ZeRO-3 with activation
 checkpointing; 2 micro-batches of gradient accumulation at P = 2; loss masks (data.loss_mask_path,
 which the load-balancing loss ignores as transformers' does: it reads only the attention mask) at
-P = 1 and 4; and router_aux_loss_coef 0 (the LM loss alone, the aux loss still logged, a note).
+P = 1 and 4; router_aux_loss_coef 0 (the LM loss alone, the aux loss still logged, a note); and
+packed documents (data.document_mask) at P = 1, 2, 4 against each document run on its own, the
+router logits of all of them in the one loss (what transformers computes on packed rows given no
+attention mask).
 Tolerances as hf_moe.py's: transformers computes RoPE's cos and sin in float32 even for a float64
 model, which moves the loss by ~1e-7 and, through the hidden states the routers read, the aux loss
 by ~1e-9 (measured: loss within 1e-7, aux within 5e-9, gradients within 1.4e-6 relative); the
@@ -44,7 +47,17 @@ except ImportError as e:
     sys.exit(77)
 
 COEF = 0.05
+EOS = 3  # packed documents' separator
 ROWS = 4  # sequences per data-parallel rank and step
+
+
+def write_shard(path, tokens):
+    """tokens as an llm.c token shard (hf_roundtrip.write_tokens' format)."""
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype(np.uint16).tobytes())
 
 
 def windows(tokens, mask, dp, rank, rows):
@@ -85,6 +98,35 @@ def reference(model, tokens, mask, dp, k, coef):
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     load = (counts.max(1).values / counts.mean(1)).max().item()
     return loss.item(), aux.item(), load, grads
+
+
+def reference_documents(model, tokens, eos, coef):
+    """The same for packed documents (data.document_mask, one data-parallel rank, one micro-batch):
+    each document of each window (ending with its EOS, whose target is ignored) through the model on
+    its own, as transformers sees packed sequences without an attention mask; the load-balancing
+    loss over every document's router logits, concatenated per layer."""
+    cfg = model.config
+    E = getattr(cfg, "num_local_experts", None) or cfg.num_experts
+    model.zero_grad()
+    x, labels = windows(tokens, np.ones(len(tokens), dtype=np.uint8), 1, 0, ROWS)
+    ce, targets, layers = 0.0, 0, None
+    for r in range(ROWS):
+        ids, lab = x[r, :-1].clone(), labels[r].clone()
+        lab[ids == eos] = -100
+        ends = [i + 1 for i in range(SEQ) if ids[i] == eos and i + 1 < SEQ] + [SEQ]
+        start = 0
+        for end in ends:
+            out = model.base_model(input_ids=ids[None, start:end], output_router_logits=True)
+            logits = model.get_output_embeddings()(out[0])[0]
+            ce = ce + torch.nn.functional.cross_entropy(logits, lab[start:end], ignore_index=-100, reduction="sum")
+            targets += int((lab[start:end] != -100).sum())
+            layers = [[g] for g in out.router_logits] if layers is None else \
+                [have + [g] for have, g in zip(layers, out.router_logits)]
+            start = end
+    aux = load_balancing_loss_func(tuple(torch.cat(g, 0) for g in layers), E, cfg.num_experts_per_tok, None)
+    loss = ce / targets + coef * aux
+    loss.backward()
+    return loss.item(), aux.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
 def run(bin_dir, work, config, ranks, name):
@@ -156,6 +198,28 @@ def main():
                 if coef == 0:
                     ok = ok and "router_aux_loss_coef 0" in log
                 if not ok:
+                    failures.append(line)
+            # Packed documents (an EOS every ~4 tokens) at P = 1, 2 and 4.
+            docs = tokens.copy()
+            docs[np.random.default_rng(5).random(len(docs)) < 0.25] = EOS
+            write_shard(os.path.join(work, "docs.bin"), docs)
+            want_loss, want_aux, want_grads = reference_documents(ref, docs, EOS, COEF)
+            for P in (1, 2, 4):
+                config = {"model": {"from": src, "router_aux_loss_coef": COEF},
+                          "data": {"source": "tokens", "path": os.path.join(work, "docs.bin"), "seq_len": SEQ,
+                                   "batch_size": ROWS, "eos_token_id": EOS, "document_mask": True},
+                          "train": {"steps": 1, "lr": 1e-3, "warmup_steps": 0, "log_every": 1},
+                          "runtime": {"dtype": "float64", "threads": 1},
+                          "sequence_parallel": {"autosp_size": P}}
+                rec, grads, _ = run(bin_dir, work, config, P, f"{family}-docs-p{P}")
+                worst = max(float((grads[n].double() - g).abs().max() / g.abs().max().clamp_min(1e-30))
+                            for n, g in want_grads.items())
+                line = (f"{family} documents P={P}: loss {rec['loss']:.12f} (|diff| {abs(rec['loss'] - want_loss):.1e}), "
+                        f"aux {rec['moe/aux_loss']:.12f} (|diff| {abs(rec['moe/aux_loss'] - want_aux):.1e}), "
+                        f"worst gradient rel. error {worst:.1e}")
+                print(line)
+                if not (abs(rec["loss"] - want_loss) < 1e-6 and abs(rec["moe/aux_loss"] - want_aux) < 1e-8
+                        and worst < 1e-5):
                     failures.append(line)
         if failures:
             print("FAILED:\n  " + "\n  ".join(failures))
