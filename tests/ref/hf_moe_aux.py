@@ -16,7 +16,7 @@ reference computes it per (rank, micro-batch) and averages, and the LM loss over
 Runs: P = 1; Ulysses P = 2 and 4; ring attention (P = 2); dp 2 x sp 2; ZeRO-3 with activation
 checkpointing; 2 micro-batches of gradient accumulation at P = 2; loss masks (data.loss_mask_path,
 which the load-balancing loss ignores as transformers' does: it reads only the attention mask) at
-P = 1 and 4; router_aux_loss_coef 0 (the LM loss alone, the aux loss still logged, a note); and
+P = 1 and 4; router_aux_loss_coef 0 (the LM loss alone, the aux loss still logged); and
 packed documents (data.document_mask) at P = 1, 2, 4 against each document run on its own, the
 router logits of all of them in the one loss (what transformers computes on packed rows given no
 attention mask).
@@ -25,10 +25,8 @@ model, which moves the loss by ~1e-7 and, through the hidden states the routers 
 by ~1e-9 (measured: loss within 1e-7, aux within 5e-9, gradients within 1.4e-6 relative); the
 expert load is counted exactly.
 """
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -37,10 +35,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_roundtrip import SEQ, load_hf, write_tokens  # noqa: E402
-import safetensors_io  # noqa: E402
 
 try:
     from hf_moe import VOCAB, tiny_models
+    from hf_sft import run
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 except ImportError as e:
     print(f"skipped: transformers is not importable ({e}); run scripts/hf-venv.sh", file=sys.stderr)
@@ -129,20 +127,18 @@ def reference_documents(model, tokens, eos, coef):
     return loss.item(), aux.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def run(bin_dir, work, config, ranks, name):
-    cfg_path, metrics = os.path.join(work, name + ".json"), os.path.join(work, name + ".jsonl")
-    grads = os.path.join(work, name + ".grads.safetensors")
-    with open(cfg_path, "w") as f:
-        json.dump(config, f)
-    cmd = [os.path.join(bin_dir, "autosp-train"), "--config", cfg_path, "--metrics", metrics, "--quiet",
-           "--dump-grads", grads]
-    if ranks > 1:
-        cmd += ["--thread-ranks", str(ranks)]
-    p = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
-    with open(metrics) as f:
-        return json.loads(f.readline()), safetensors_io.load(grads)[0], p.stdout + p.stderr
+def compare(what, rec, grads, want_loss, want_aux, want_grads, want_load=None):
+    """Prints our first step against the reference; returns the line when it is off, else None."""
+    worst = max(float((grads[n].double() - g).abs().max() / g.abs().max().clamp_min(1e-30))
+                for n, g in want_grads.items())
+    line = (f"{what}: loss {rec['loss']:.12f} (|diff| {abs(rec['loss'] - want_loss):.1e}), "
+            f"aux {rec['moe/aux_loss']:.12f} (|diff| {abs(rec['moe/aux_loss'] - want_aux):.1e}), "
+            f"load {rec['moe/expert_load']:.6f}" + (f" vs {want_load:.6f}" if want_load is not None else "") +
+            f", worst gradient rel. error {worst:.1e}")
+    print(line)
+    ok = (abs(rec["loss"] - want_loss) < 1e-6 and abs(rec["moe/aux_loss"] - want_aux) < 1e-8 and worst < 1e-5
+          and set(grads) == set(want_grads) and (want_load is None or abs(rec["moe/expert_load"] - want_load) < 1e-12))
+    return None if ok else line
 
 
 # (name, P, ring, dp, micro-batches, ZeRO stage, loss mask, coefficient)
@@ -185,20 +181,8 @@ def main():
                           "runtime": {"dtype": "float64", "threads": 1, "activation_checkpointing": zero == 3},
                           "sequence_parallel": {"autosp_size": P, "ring_size": ring},
                           "zero_optimization": {"stage": zero}}
-                rec, grads, log = run(bin_dir, work, config, P * dp, f"{family}-{name}")
-                worst = max(float((grads[n].double() - g).abs().max() / g.abs().max().clamp_min(1e-30))
-                            for n, g in want_grads.items())
-                line = (f"{family} {name}: loss {rec['loss']:.12f} (|diff| {abs(rec['loss'] - want_loss):.1e}), "
-                        f"aux {rec['moe/aux_loss']:.12f} (|diff| {abs(rec['moe/aux_loss'] - want_aux):.1e}), "
-                        f"load {rec['moe/expert_load']:.6f} vs {want_load:.6f}, worst gradient rel. error {worst:.1e}")
-                print(line)
-                ok = (abs(rec["loss"] - want_loss) < 1e-6 and abs(rec["moe/aux_loss"] - want_aux) < 1e-8
-                      and abs(rec["moe/expert_load"] - want_load) < 1e-12 and worst < 1e-5
-                      and set(grads) == set(want_grads))
-                if coef == 0:
-                    ok = ok and "router_aux_loss_coef 0" in log
-                if not ok:
-                    failures.append(line)
+                rec, grads = run(bin_dir, work, config, f"{family}-{name}", ranks=P * dp)
+                failures.append(compare(f"{family} {name}", rec, grads, want_loss, want_aux, want_grads, want_load))
             # Packed documents (an EOS every ~4 tokens) at P = 1, 2 and 4.
             docs = tokens.copy()
             docs[np.random.default_rng(5).random(len(docs)) < 0.25] = EOS
@@ -211,16 +195,9 @@ def main():
                           "train": {"steps": 1, "lr": 1e-3, "warmup_steps": 0, "log_every": 1},
                           "runtime": {"dtype": "float64", "threads": 1},
                           "sequence_parallel": {"autosp_size": P}}
-                rec, grads, _ = run(bin_dir, work, config, P, f"{family}-docs-p{P}")
-                worst = max(float((grads[n].double() - g).abs().max() / g.abs().max().clamp_min(1e-30))
-                            for n, g in want_grads.items())
-                line = (f"{family} documents P={P}: loss {rec['loss']:.12f} (|diff| {abs(rec['loss'] - want_loss):.1e}), "
-                        f"aux {rec['moe/aux_loss']:.12f} (|diff| {abs(rec['moe/aux_loss'] - want_aux):.1e}), "
-                        f"worst gradient rel. error {worst:.1e}")
-                print(line)
-                if not (abs(rec["loss"] - want_loss) < 1e-6 and abs(rec["moe/aux_loss"] - want_aux) < 1e-8
-                        and worst < 1e-5):
-                    failures.append(line)
+                rec, grads = run(bin_dir, work, config, f"{family}-docs-p{P}", ranks=P)
+                failures.append(compare(f"{family} documents P={P}", rec, grads, want_loss, want_aux, want_grads))
+        failures = [f for f in failures if f]
         if failures:
             print("FAILED:\n  " + "\n  ".join(failures))
             return 1
