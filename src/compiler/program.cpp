@@ -55,6 +55,7 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   ctx.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
   ctx.layer_scopes = layer_scopes(cfg.model);
   ctx.lora = lora_plan(cfg, training);
+  ctx.accumulation_steps = cfg.train.gradient_accumulation_steps;
   return ctx;
 }
 
@@ -86,7 +87,7 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
 }
 
 RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>& passes, const PassContext& ctx,
-                        ZeroMode mode) {
+                        ZeroMode mode, bool training) {
   RankProgram p;
   p.zero_mode = mode;
   const auto t0 = std::chrono::steady_clock::now();
@@ -95,10 +96,15 @@ RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>&
                            .tiled_mlp = cfg.runtime.tiled_mlp,
                            .tiled_loss = cfg.runtime.tiled_loss, .dpo_slots = dpo_slots(cfg),
                            .dpo = {.beta = cfg.dpo.beta, .loss_type = cfg.dpo.loss_type,
-                                   .label_smoothing = cfg.dpo.label_smoothing, .rpo_alpha = cfg.dpo.rpo_alpha}});
+                                   .label_smoothing = cfg.dpo.label_smoothing, .rpo_alpha = cfg.dpo.rpo_alpha},
+                           .router_aux_loss = training && cfg.model.output_router_logits});
   p.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   run_pipeline(*p.graph, passes, ctx, &p.pass_times);
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
+  if (p.graph->find("aux_loss")) {  // the load-balancing loss (models/moe.h) and its statistics
+    p.aux_loss = p.graph->find("aux_loss.global") ? "aux_loss.global" : "aux_loss";
+    p.router_stats = p.graph->find("router_stats.global") ? "router_stats.global" : "router_stats";
+  }
   for (Node* f : p.graph->with_role(Role::frozen)) p.frozen_names.push_back(f->name());
   // Gradients are the graph's Role::gradient outputs, in the order of the parameters (autograd).
   std::vector<Node*> grads;
@@ -141,7 +147,7 @@ RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const Ran
   std::vector<Pass> passes;
   for (const ProgramPass& p : program_passes(cfg, dtype, ctx))
     if (p.stage <= stage) passes.push_back(p.pass);
-  return run_program(cfg, dtype, passes, ctx, mode);
+  return run_program(cfg, dtype, passes, ctx, mode, stage == Stage::joint);
 }
 
 RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_after, const RankLayout& layout) {
@@ -154,7 +160,7 @@ RankProgram build_program(const Config& cfg, DType dtype, std::string_view stop_
   std::string names;
   for (const ProgramPass& p : program_passes(cfg, dtype, ctx)) {
     passes.push_back(p.pass);
-    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, ctx, mode);
+    if (p.pass.name == stop_after) return run_program(cfg, dtype, passes, ctx, mode, true);
     names += (names.empty() ? "" : ", ") + std::string(p.pass.name);
   }
   throw UsageError(str("--stage '", stop_after, "': expected forward, rank_forward (or autosp), joint or a pass ",

@@ -29,6 +29,10 @@ struct RankProgram {
   std::vector<std::string> param_names, grad_names;  // parallel lists (joint stage): the trained parameters
   std::vector<std::string> frozen_names;  // parameters fed but not trained (LoRA's base: Role::frozen)
   std::string loss;  // the output holding the reported (global) loss
+  // With a load-balancing loss (model.output_router_logits; models/moe.h): the outputs holding its
+  // reported value (the raw loss, before router_aux_loss_coef; the world's mean) and the router
+  // statistics [L, 2, E] (summed over the world); empty without.
+  std::string aux_loss, router_stats;
   // The ZeRO mode the program was built for (decided once, from zero_optimization.stage and the
   // world size): the training state the trainer makes for it, and what --plan-memory counts.
   ZeroMode zero_mode = ZeroMode::replicated;

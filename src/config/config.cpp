@@ -888,9 +888,19 @@ void check_moe(const ModelConfig& m, const std::function<void(const std::string&
   for (int64_t l : m.mlp_only_layers)
     if (l >= m.num_hidden_layers)
       bad(str("model.mlp_only_layers names layer ", l, ", but model.num_hidden_layers is ", m.num_hidden_layers));
-  if (m.output_router_logits)
-    bad("model.output_router_logits: the load-balancing loss is not implemented yet; set it false (the LM loss "
-        "alone is what transformers computes then)");
+}
+
+// The load-balancing loss (model.output_router_logits): for the LM objective; a zero coefficient
+// trains on the LM loss alone but still computes and logs the loss (a note says so).
+void check_router_aux_loss(Config& c, const std::function<void(const std::string&)>& bad) {
+  const ModelConfig& m = c.model;
+  if (family(m.arch).moe == Moe::none || !m.output_router_logits) return;
+  if (c.train.objective == Objective::dpo)
+    bad("model.output_router_logits: the load-balancing loss is for train.objective \"lm\"; with \"dpo\" set it "
+        "false");
+  if (m.router_aux_loss_coef == 0)
+    c.notes.push_back("model.output_router_logits with model.router_aux_loss_coef 0: the load-balancing loss is "
+                      "computed and logged (moe/aux_loss) but adds nothing to the loss or the gradients");
 }
 
 }  // namespace
@@ -1004,6 +1014,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
             m.num_hidden_layers, ": expected one per layer"));
   for (const std::string& r : refused) bad(r);
   check_moe(m, bad);
+  check_router_aux_loss(c, bad);
   if (c.data.source != DataSourceKind::synthetic && c.data.path.empty() && c.data.mix.empty())
     bad(str("data.path is required for data.source \"", data_source_name(c.data.source), "\" (or data.mix)"));
   if (!c.data.mix.empty()) {

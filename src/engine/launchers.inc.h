@@ -6,7 +6,8 @@
 // it once, inside their namespace (cpu_ops, cuda_ops), after the includes it needs and the
 // vocabulary below, so every launcher here is compiled once per device against that device's
 // kernels. Launchers whose work differs per device (sdpa, the scalar losses, the tiled MLP and
-// loss, concat, two collectives) are declared before the table and defined in the device files
+// loss, concat, two collectives, the load-balancing loss) are declared before the table and
+// defined in the device files
 // after it. Knows nothing of either device beyond the vocabulary.
 //
 // The vocabulary each device file defines (and says what it means there):
@@ -802,6 +803,9 @@ Tensor sequence_logps(const KernelCall& c);
 Tensor dpo_loss(const KernelCall& c);
 Tensor sequence_logps_backward(const KernelCall& c);
 Tensor dpo_loss_backward(const KernelCall& c);
+Tensor moe_router_stats(const KernelCall& c);
+Tensor moe_aux_loss(const KernelCall& c);
+Tensor moe_aux_loss_backward(const KernelCall& c);
 
 // ---- the launcher table: one row per op, in Op enum order ----
 
@@ -877,6 +881,9 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::dpo_loss, dpo_loss},
     {Op::sequence_logps_backward, sequence_logps_backward},
     {Op::dpo_loss_backward, dpo_loss_backward},
+    {Op::moe_router_stats, moe_router_stats},
+    {Op::moe_aux_loss, moe_aux_loss},
+    {Op::moe_aux_loss_backward, moe_aux_loss_backward},
 }};
 
 constexpr bool launchers_in_order() {

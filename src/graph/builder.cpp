@@ -130,6 +130,19 @@ Node* Builder::dpo_loss(Node* policy, Node* reference, Node* tokens, Node* norms
             name);
 }
 
+Node* Builder::moe_router_stats(Node* probs, int64_t top_k, const std::string& name) {
+  return op(Op::moe_router_stats, {probs}, {{"top_k", top_k}}, name);
+}
+
+Node* Builder::moe_aux_loss(Node* stats, int64_t top_k, const std::string& name) {
+  return op(Op::moe_aux_loss, {stats}, {{"top_k", top_k}, {"share", 1.0}}, name);
+}
+
+Node* Builder::moe_aux_loss_backward(Node* forward, Node* grad, const std::string& name) {
+  AUTOSP_ASSERT(forward->op() == Op::moe_aux_loss, forward->name(), " is no moe_aux_loss");
+  return op(Op::moe_aux_loss_backward, {forward->input(0), grad}, forward->attrs(), name);
+}
+
 Node* Builder::sequence_logps_backward(Node* forward, Node* grad, const std::string& name) {
   AUTOSP_ASSERT(forward->op() == Op::sequence_logps, forward->name(), " is no sequence_logps");
   return op(Op::sequence_logps_backward, {forward->input(0), forward->input(1), forward->input(2), grad},

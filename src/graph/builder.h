@@ -122,6 +122,13 @@ class Builder {
   // `share` (normalize_loss sets 1/P for a sequence-parallel group of P ranks).
   Node* dpo_loss(Node* policy, Node* reference, Node* tokens, Node* norms, const DpoLoss& spec,
                  const std::string& name = "loss");
+  // A mixture-of-experts layer's router statistics [2, E] from its probs [..., E]: row 0 counts the
+  // tokens whose top-k chose each expert (piecewise constant: no gradient), row 1 sums each
+  // expert's probability over the tokens ...
+  Node* moe_router_stats(Node* probs, int64_t top_k, const std::string& name = "router_stats");
+  // ... and transformers' load-balancing loss over the layers' stats [L, 2, E], times `share`:
+  //   E · Σ_e (c_e / N) · (p_e / N),  c, p summed over the layers, N = Σ_e c_e / k  (tokens × layers)
+  Node* moe_aux_loss(Node* stats, int64_t top_k, const std::string& name = "aux_loss");
 
   // Backward-only ops, used by vjp rules.
   Node* sum_to(Node* x, SymShape shape, const std::string& name = "sum_to");
@@ -156,6 +163,8 @@ class Builder {
   // attributes as the forward's) from `grad`, the gradient of its output.
   Node* sequence_logps_backward(Node* forward, Node* grad, const std::string& name = "dlogits");
   Node* dpo_loss_backward(Node* forward, Node* grad, const std::string& name = "dlogps");
+  // The gradient of moe_aux_loss node `forward`'s stats (its row 0, the counts, gets 0) from `grad`.
+  Node* moe_aux_loss_backward(Node* forward, Node* grad, const std::string& name = "dstats");
 
  private:
   Node* op(Op op, std::vector<Node*> inputs, Attrs attrs, const std::string& name);

@@ -3,6 +3,7 @@
 #include "graph/ops.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "graph/ir.h"
 #include "graph/vjp.h"
@@ -289,13 +290,26 @@ TensorType full_rule(const Node& n, const ShapeContext&) {
   return {*t, n.attrs().dims("shape")};
 }
 
+// moe_experts_backward's extra output i alone (its input i + 1: dprobs, then each weight's
+// gradient). It has 1 + 3E extras, each read by its own output node, so building the whole list
+// per output node would make typing a layer quadratic in the experts (18,432 weights of
+// Qwen3-30B-A3B: most of --plan-memory's time).
+std::optional<TensorType> moe_backward_extra_at(const Node& src, int64_t i) {
+  if (i < 1 || i + 1 >= static_cast<int64_t>(src.inputs().size())) return std::nullopt;
+  return in(src, static_cast<size_t>(i + 1));
+}
+
 TensorType output_rule(const Node& n, const ShapeContext&) {
   const Node& src = *n.input(0);
-  auto extras = extra_types(src);
-  int64_t i = n.attrs().i("index");
-  if (i < 1 || i > static_cast<int64_t>(extras.size()))
-    fail(n, str("%", src.name(), " (", src.op_name(), ") has no output ", i));
-  return extras[i - 1];
+  const int64_t i = n.attrs().i("index");
+  std::optional<TensorType> t;
+  if (src.op() == Op::moe_experts_backward) {
+    t = moe_backward_extra_at(src, i);
+  } else if (auto extras = extra_types(src); i >= 1 && i <= static_cast<int64_t>(extras.size())) {
+    t = std::move(extras[static_cast<size_t>(i - 1)]);
+  }
+  if (!t) fail(n, str("%", src.name(), " (", src.op_name(), ") has no output ", i));
+  return *t;
 }
 
 // x [..] summed down to `shape` (right-aligned; each target dim equals x's or is 1).
@@ -600,6 +614,32 @@ TensorType dpo_loss_rule(const Node& n, const ShapeContext& ctx) {
   if (in(n, 4).rank() != 0 || in(n, 4).dtype != in(n, 0).dtype)
     fail(n, str("loss gradient ", in(n, 4).str(), " must be a ", dtype_name(in(n, 0).dtype), " scalar"));
   return in(n, 0);
+}
+
+// probs [..., E] (a router's softmax) → [2, E]: each expert's top-k token count, its summed
+// probability (in f32 for bf16 probs: a count in bf16 is exact only to 256)
+TensorType moe_router_stats_rule(const Node& n, const ShapeContext&) {
+  expect_float(n, 0);
+  const TensorType& p = in(n, 0);
+  if (p.rank() < 2 || !p.shape.back().is_const()) fail(n, str("probs ", p.str(), ": expected [..., E], E a constant"));
+  const int64_t E = p.shape.back().value(), k = n.attrs().i("top_k");
+  if (k < 1 || k > E) fail(n, str("top_k ", k, " is not in [1, ", E, "]"));
+  return {accumulate_dtype(p.dtype), {Dim(2), p.shape.back()}};
+}
+// stats [L, 2, E] (the layers' moe_router_stats) → the loss [] (moe_aux_loss), or (with grad []
+// second) its gradient like stats (moe_aux_loss_backward)
+TensorType moe_aux_loss_rule(const Node& n, const ShapeContext&) {
+  expect_float(n, 0);
+  const TensorType& s = in(n, 0);
+  if (s.rank() != 3 || !s.shape[1].is_const() || s.shape[1].value() != 2 || !s.shape[2].is_const())
+    fail(n, str("stats ", s.str(), ": expected [L, 2, E]"));
+  const int64_t E = s.shape[2].value(), k = n.attrs().i("top_k");
+  if (k < 1 || k > E) fail(n, str("top_k ", k, " is not in [1, ", E, "]"));
+  n.attrs().f("share");
+  if (n.op() == Op::moe_aux_loss) return {s.dtype, {}};
+  if (in(n, 1).rank() != 0 || in(n, 1).dtype != s.dtype)
+    fail(n, str("loss gradient ", in(n, 1).str(), " must be a ", dtype_name(s.dtype), " scalar"));
+  return s;
 }
 
 // scores [..., Sq, Skv]: entries with j > i + (Skv - Sq) set to `value`.
@@ -936,6 +976,12 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .attrs = "slots,ignore_index", .infer = sequence_logps_backward_rule, .backward_only = true},
     {.op = Op::dpo_loss_backward, .name = "dpo_loss_backward", .arity = 5,
      .attrs = "beta,loss_type,label_smoothing,rpo_alpha,share", .infer = dpo_loss_rule, .backward_only = true},
+    {.op = Op::moe_router_stats, .name = "moe_router_stats", .arity = 1, .attrs = "top_k",
+     .infer = moe_router_stats_rule, .vjp = vjp::moe_router_stats, .seq = seq_loss},
+    {.op = Op::moe_aux_loss, .name = "moe_aux_loss", .arity = 1, .attrs = "top_k,share", .infer = moe_aux_loss_rule,
+     .vjp = vjp::moe_aux_loss},
+    {.op = Op::moe_aux_loss_backward, .name = "moe_aux_loss_backward", .arity = 2, .attrs = "top_k,share",
+     .infer = moe_aux_loss_rule, .backward_only = true},
 }};
 
 constexpr bool table_in_order() {

@@ -78,6 +78,10 @@ enum class Op : uint16_t {
   // summed completion log-probability [B, 2, K] (chosen, rejected of slot k) from logits, labels and
   // the targets' pair slots; the DPO loss over those and the reference's; their backwards
   sequence_logps, dpo_loss, sequence_logps_backward, dpo_loss_backward,
+  // a mixture-of-experts layer's router statistics [2, E] (each expert's top-k token count, not
+  // differentiated, and its summed probability) and transformers' load-balancing loss over the
+  // layers' statistics [L, 2, E] (models/moe.h; graph/passes/autosp/normalize_loss); its backward
+  moe_router_stats, moe_aux_loss, moe_aux_loss_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

@@ -148,6 +148,16 @@ void cross_entropy_sum(VjpContext& c) {
 // the token counts and the norms are data.
 void sequence_logps(VjpContext& c) { c.input_grads[0] = c.b.sequence_logps_backward(c.node, c.grad, "dlogits"); }
 void dpo_loss(VjpContext& c) { c.input_grads[0] = c.b.dpo_loss_backward(c.node, c.grad, "dlogps"); }
+void moe_aux_loss(VjpContext& c) { c.input_grads[0] = c.b.moe_aux_loss_backward(c.node, c.grad, "dstats"); }
+
+// stats [2, E] = moe_router_stats(probs [..., E]): the counts (row 0) are piecewise constant; each
+// token's probabilities get the sums' gradient (row 1), broadcast over the tokens.
+void moe_router_stats(VjpContext& c) {
+  Node* probs = c.in(0);
+  Node* dsums = c.b.slice(c.grad, 0, Dim(1), Dim(2), "dsums");  // [1, E], f32 for bf16 probs
+  if (dsums->dtype() != probs->dtype()) dsums = c.b.cast(dsums, probs->dtype(), "dsums.cast");
+  c.input_grads[0] = c.b.add(c.b.full(probs->shape(), 0.0, probs->dtype(), "dprobs.zero"), dsums, "dprobs");
+}
 
 // Masked entries get no gradient: the same mask with 0.
 void causal_mask(VjpContext& c) { c.input_grads[0] = c.b.causal_mask(c.grad, 0.0, "dx"); }

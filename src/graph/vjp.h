@@ -44,6 +44,8 @@ void moe_experts(VjpContext&);
 void linear_cross_entropy_sum(VjpContext&);
 void sequence_logps(VjpContext&);
 void dpo_loss(VjpContext&);
+void moe_router_stats(VjpContext&);
+void moe_aux_loss(VjpContext&);
 void no_gradient(VjpContext&);  // count_valid, full: nothing flows to the inputs
 
 }  // namespace autosp::vjp

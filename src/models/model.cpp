@@ -86,7 +86,11 @@ Node* dpo_loss(Builder& b, Node* logits, Node* labels, DType dtype, const GraphO
 // logits x · headᵀ as an output, or with `tiled` one linear_cross_entropy_sum (no logits; its
 // argmax "predictions" [B, S] is the output instead); with opt.dpo_slots the DPO loss instead.
 // Generation graphs output the logits only.
-void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DType dtype, const GraphOptions& opt) {
+//
+// `aux` (training with model.output_router_logits): the weighted load-balancing term
+// (models/moe.h), added to the token-mean loss: loss = add(lm_loss, aux), as transformers adds it.
+void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DType dtype, const GraphOptions& opt,
+            Node* aux = nullptr) {
   Graph& g = b.graph();
   b.set_prefix("");
   const bool tiled = opt.tiled_loss;
@@ -112,7 +116,8 @@ void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DTy
     sum = b.cross_entropy_sum(logits, labels, "loss_sum");
   }
   Node* count = b.count_valid(labels, dtype, "valid_tokens");
-  Node* loss = b.div(sum, count, "loss");
+  Node* loss = b.div(sum, count, aux ? "lm_loss" : "loss");
+  if (aux) loss = b.add(loss, aux, "loss");
   loss->set_role(Role::loss);
   g.add_output(loss);
 }
@@ -221,6 +226,9 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     if (!norm.empty()) view = rmsnorm(view, norm, D, name + "_norm");
     return b.transpose(view, 1, 2, name);
   };
+  // The load-balancing loss's statistics, one per MoE layer (GraphOptions::router_aux_loss).
+  const bool aux_loss = opt.router_aux_loss && mode == ForwardMode::train && family(m.arch).moe != Moe::none;
+  std::vector<Node*> router_stats;
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
     const std::string h = llama_layer(l);
     b.set_prefix(str(f.layer_scope, l, "."));
@@ -240,7 +248,9 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     Node* mm = rmsnorm(x, h + "post_attention_layernorm", C, "norm2");
     Node* down = nullptr;
     if (m.sparse_layer(l)) {  // a mixture of experts (models/moe.h)
-      down = moe_block(b, m, h, mm, p).y;
+      const MoeBlock moe = moe_block(b, m, h, mm, p);
+      down = moe.y;
+      if (aux_loss) router_stats.push_back(moe_layer_stats(b, m, moe.probs));
     } else if (opt.tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
       if (mlp_bias) throw UsageError("runtime.tiled_mlp: the MLP has biases (mlp_bias true); the tiled MLP has none");
       Node* w_gate = p(h + "mlp.gate_proj.weight", {I, C});
@@ -257,7 +267,8 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
   b.set_prefix("");
   x = rmsnorm(x, "model.norm", C, "norm_f");
   Node* head = m.tie_word_embeddings ? embed : p("lm_head.weight", {V, C});
-  finish(b, mode, x, head, in.labels, dt, opt);
+  Node* aux = router_stats.empty() ? nullptr : moe_weighted_aux_loss(b, m, router_stats);
+  finish(b, mode, x, head, in.labels, dt, opt, aux);
   return g;
 }
 

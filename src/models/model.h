@@ -57,6 +57,11 @@ struct GraphOptions {
   // with the policy's sums "sequence_logps" an output too.
   int64_t dpo_slots = 0;
   DpoLoss dpo = {};
+  // model.output_router_logits in a training program (train mode, a mixture of experts): the loss
+  // is add(lm_loss, router_aux_loss_coef × aux_loss), the load-balancing loss over every MoE
+  // layer's router statistics (models/moe.h), and "aux_loss" and "router_stats" are outputs too.
+  // Validation and autosp-eval leave it out: their loss is the LM loss (perplexity).
+  bool router_aux_loss = false;
 };
 
 // The forward graph in `dtype` (f32 or f64).

@@ -58,4 +58,20 @@ MoeBlock moe_block(Builder& b, const ModelConfig& m, const std::string& layer, N
   return {y, probs};
 }
 
+// ---- the load-balancing loss (models/moe.h; kernels/moe_aux.h) ----
+
+Node* moe_layer_stats(Builder& b, const ModelConfig& m, Node* probs) {
+  Node* stats = b.moe_router_stats(probs, m.num_experts_per_tok, "router_stats");  // [2, E]
+  return b.reshape(stats, {Dim(1), Dim(2), Dim(m.num_experts)}, "router_stats.row");
+}
+
+Node* moe_weighted_aux_loss(Builder& b, const ModelConfig& m, const std::vector<Node*>& layer_stats) {
+  AUTOSP_ASSERT(!layer_stats.empty(), "the load-balancing loss needs a mixture-of-experts layer");
+  Node* stats = b.concat(layer_stats, 0, "router_stats");  // [L, 2, E]
+  b.graph().add_output(stats);
+  Node* aux = b.moe_aux_loss(stats, m.num_experts_per_tok, "aux_loss");
+  b.graph().add_output(aux);
+  return b.scale(aux, m.router_aux_loss_coef, "aux_loss.weighted");
+}
+
 }  // namespace autosp

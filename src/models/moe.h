@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "graph/builder.h"
 #include "models/model_config.h"
@@ -31,6 +32,16 @@ using MakeParam = std::function<Node*(const std::string& name, SymShape shape)>;
 // The sparse MLP of the layer whose parameters are named under `layer` ("model.layers.3."), over
 // x [B, S, C] (the post-attention norm's output).
 MoeBlock moe_block(Builder& b, const ModelConfig& m, const std::string& layer, Node* x, const MakeParam& p);
+
+// The load-balancing loss (model.output_router_logits; transformers' load_balancing_loss_func):
+// each MoE layer's router statistics [1, 2, E] from its probs (top-k token counts and summed
+// probabilities, Builder::moe_router_stats) ...
+Node* moe_layer_stats(Builder& b, const ModelConfig& m, Node* probs);
+// ... and the loss over the layers' statistics stacked [L, 2, E]: the node "aux_loss" (the loss
+// itself, a graph output; graph/passes/autosp/normalize_loss reduces its statistics over the SP
+// group and sets its share) times router_aux_loss_coef, the term the model adds to the LM loss.
+// The stacked statistics "router_stats" are a graph output too (the expert load in the metrics).
+Node* moe_weighted_aux_loss(Builder& b, const ModelConfig& m, const std::vector<Node*>& layer_stats);
 
 // The names of expert e's gate, up and down projection weights, and of the router's, under `layer`.
 std::string moe_expert_weight(const ModelConfig& m, const std::string& layer, int64_t e, int which);

@@ -34,6 +34,7 @@
 #include "train/outputs.h"
 #include "train/preempt.h"
 #include "train/preference.h"
+#include "train/router_metrics.h"
 #include "train/run_device.h"
 #include "train/schedule.h"
 #include "train/step_log.h"
@@ -377,6 +378,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.lr = lr_at(cfg.train, step, total);
     const GradSyncStats synced_before = state->sync_stats();
     if (!rec.skipped) {
+      RouterMetrics router(prog, cfg.model);  // a mixture of experts' load-balancing loss and expert load
       RunResult r;
       const Tensor count = k > 1 && !dpo ? target_count_feed(prog, rec.targets, dev) : Tensor();
       for (int64_t i = 0; i < k; ++i) {  // the micro-batches; only the last one's gradients are synchronised
@@ -395,11 +397,13 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
           if (last) state->offer(n, v);
         });
         rec.loss += host_copy(r.outputs.at(prog.loss)).to_doubles()[0];  // k > 1: this micro-batch's share
+        router.add(r);
         if (dpo && mesh.sp_rank == 0)
           dpo_metrics.add(host_copy(r.outputs.at(policy_logps)), host_copy(ref_logps), host_copy(seq_tokens));
         rec.peak_bytes = std::max(rec.peak_bytes, r.peak_bytes);
       }
       if (dpo) rec.objective_metrics = dpo_metrics.finish(*comms->host_world);
+      for (auto& m : router.finish()) rec.objective_metrics.push_back(std::move(m));
       state->finish_backward(r);
       comms->synchronize_device();  // device results are read on the host once every collective has finished
       if (step == start.step && !args.dump_grads.empty()) {

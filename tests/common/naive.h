@@ -653,25 +653,31 @@ inline void swiglu_mlp_backward(const Vec& dy, const Vec& x, const Vec& wg, cons
 
 // ---- mixture-of-experts experts (transformers' MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock) ---
 
+// Row r's k largest probabilities of probs [R, E], largest first (ties: lower index).
+inline std::vector<int64_t> topk_experts(const Vec& probs, int64_t r, int64_t E, int64_t k) {
+  std::vector<bool> taken(size_t(E), false);
+  std::vector<int64_t> chosen;
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e)
+      if (!taken[e] && (best < 0 || probs[r * E + e] > probs[r * E + best])) best = e;
+    taken[best] = true;
+    chosen.push_back(best);
+  }
+  return chosen;
+}
+
 // x [R, C], probs [R, E], wg, wu [E, I, C], wd [E, C, I]: one token at a time, its k largest
-// probabilities (ties: lower index), weights renormalised over them when `norm`, and
+// probabilities (topk_experts), weights renormalised over them when `norm`, and
 // y[r] = Σ weight · swiglu_mlp of expert e on x[r].
 inline Vec moe_experts(const Vec& x, const Vec& probs, const Vec& wg, const Vec& wu, const Vec& wd, int64_t R,
                        int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
   Vec y(size_t(R * C), 0.0);
   auto slice = [](const Vec& v, int64_t at, int64_t n) { return Vec(v.begin() + at, v.begin() + at + n); };
   for (int64_t r = 0; r < R; ++r) {
-    std::vector<bool> taken(size_t(E), false);
-    std::vector<int64_t> chosen;
+    const std::vector<int64_t> chosen = topk_experts(probs, r, E, k);
     double sum = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < E; ++e)
-        if (!taken[e] && (best < 0 || probs[r * E + e] > probs[r * E + best])) best = e;
-      taken[best] = true;
-      chosen.push_back(best);
-      sum += probs[r * E + best];
-    }
+    for (int64_t e : chosen) sum += probs[r * E + e];
     const Vec xr = slice(x, r * C, C);
     for (int64_t e : chosen) {
       const double w = norm ? probs[r * E + e] / sum : probs[r * E + e];
@@ -681,6 +687,34 @@ inline Vec moe_experts(const Vec& x, const Vec& probs, const Vec& wg, const Vec&
     }
   }
   return y;
+}
+
+// The router statistics [2, E] of probs [R, E]: each expert's top-k row count, its summed probability.
+inline Vec moe_router_stats(const Vec& probs, int64_t R, int64_t E, int64_t k) {
+  Vec y(size_t(2 * E), 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t e : topk_experts(probs, r, E, k)) y[e] += 1;
+    for (int64_t e = 0; e < E; ++e) y[E + e] += probs[r * E + e];
+  }
+  return y;
+}
+
+// transformers 4.44's load_balancing_loss_func without an attention mask, as written there: the
+// layers' probabilities [L·R, E] concatenated, tokens_per_expert [k, E] = mean over rows of the
+// top-k one-hots, router_prob_per_expert [E] = mean over rows, E · Σ tokens_per_expert · router_prob.
+inline double load_balancing_loss(const std::vector<Vec>& layer_probs, int64_t R, int64_t E, int64_t k) {
+  Vec tokens(size_t(k * E), 0.0), prob(size_t(E), 0.0);
+  const double N = double(R) * double(layer_probs.size());
+  for (const Vec& p : layer_probs)
+    for (int64_t r = 0; r < R; ++r) {
+      const std::vector<int64_t> chosen = topk_experts(p, r, E, k);
+      for (int64_t j = 0; j < k; ++j) tokens[j * E + chosen[j]] += 1 / N;
+      for (int64_t e = 0; e < E; ++e) prob[e] += p[r * E + e] / N;
+    }
+  double loss = 0;
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t e = 0; e < E; ++e) loss += tokens[j * E + e] * prob[e];
+  return loss * double(E);
 }
 
 // ---- optimizer ---------------------------------------------------------------------------------

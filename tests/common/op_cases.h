@@ -376,6 +376,26 @@ inline const std::vector<OpCase>& op_cases() {
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {
                return Vec{naive::dpo_loss(in[0], 0.25, 3, {4, 5}, {0.5, true, 0, 0.7})};
              }},
+      // The load-balancing loss: router statistics of x [B, S, 5] (top-2; the counts have no
+      // gradient, which finite differences agree with away from ties), and transformers'
+      // formula over two layers' probabilities x and y through their statistics (any values:
+      // the formula needs no softmax, and so bf16 rounds only the inputs).
+      OpCase{"moe_router_stats", Op::moe_router_stats, {{{B, S, 5}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.moe_router_stats(x[0], 2); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               return naive::moe_router_stats(in[0], sh[0][0] * sh[0][1], 5, 2);
+             }},
+      OpCase{"moe_aux_loss", Op::moe_aux_loss, {{{B, S, 4}}, {{B, S, 4}}},
+             [](Builder& b, const std::vector<Node*>& x) {
+               auto layer = [&](Node* probs) { return b.reshape(b.moe_router_stats(probs, 2), {1, 2, 4}); };
+               Node* first = layer(x[0]);
+               Node* second = layer(x[1]);
+               return b.moe_aux_loss(b.concat({first, second}, 0), 2);
+             },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+               const int64_t R = sh[0][0] * sh[0][1];
+               return Vec{naive::load_balancing_loss({in[0], in[1]}, R, 4, 2)};
+             }},
       OpCase{"count_valid", Op::count_valid, {{{B, S}, true, 9, true}},
              [](Builder& b, const std::vector<Node*>& x) { return b.count_valid(x[0], DType::f32); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

@@ -85,6 +85,30 @@ TEST_CASE("swiglu_mlp shape rules", "[ops][mlp]") {
   CHECK_THROWS_WITH(f.b.swiglu_mlp_backward(f.x({B, S, 4}), x, wg, wu, wd), Catch::Contains("does not match"));
 }
 
+// output(node, i) of moe_experts_backward is typed from its input i + 1 alone (not the whole list
+// of 1 + 3E extras per output node: quadratic in the experts), the same as extra_types says.
+TEST_CASE("moe_experts_backward's outputs are its extra types, and none past the last", "[ops][moe]") {
+  Fixture f;
+  Node* x = f.x({B, S, 8});
+  Node* probs = f.x({B, S, 2});
+  std::vector<Node*> gate, up, down;
+  for (int e = 0; e < 2; ++e) {
+    gate.push_back(f.x({6, 8}));
+    up.push_back(f.x({6, 8}));
+    down.push_back(f.x({8, 6}));
+  }
+  Node* y = f.b.moe_experts(x, probs, gate, up, down, 1, false);
+  Node* dx = f.b.moe_experts_backward(f.x({B, S, 8}), y->inputs(), 1, false);
+  const auto extras = extra_types(*dx);
+  REQUIRE(extras.size() == 7);  // dprobs, then 2 gates, 2 ups, 2 downs
+  for (int64_t i = 1; i <= 7; ++i) CHECK(f.b.output(dx, i)->type() == extras[static_cast<size_t>(i - 1)]);
+  CHECK(f.b.output(dx, 1)->type().str() == "f32[B, S, 2]");
+  CHECK(f.b.output(dx, 7)->type().str() == "f32[8, 6]");
+  CHECK_THROWS_WITH(f.b.output(dx, 8), Catch::Contains("has no output 8"));
+  CHECK_THROWS_WITH(f.b.output(dx, 0), Catch::Contains("has no output 0"));
+  CHECK_THROWS_WITH(f.b.output(y, 1), Catch::Contains("has no output 1"));
+}
+
 TEST_CASE("broadcasting follows numpy rules on symbolic dims", "[ops]") {
   Fixture f;
   CHECK(f.b.add(f.x({B, S, 64}), f.x({64}))->type().str() == "f32[B, S, 64]");

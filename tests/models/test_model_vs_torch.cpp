@@ -1,5 +1,6 @@
 // Forward logits and loss, and every parameter gradient, of GPT-2, Llama (GQA, untied head; with
-// biases and a decoupled head_dim) and Qwen3 (q/k norms, yarn)
+// biases and a decoupled head_dim), Qwen3 (q/k norms, yarn) and Qwen3-MoE (with and without the
+// load-balancing loss)
 // against the independent PyTorch reference tests/ref/model_ref.py (Debian's python3-torch, run as
 // /usr/bin/python3), from the same safetensors weights and tokens: logits and loss within 1e-5
 // relative in f32 and 1e-10 in f64; gradients within 1e-4 in f32 and 1e-9 in f64. The Llama cases
@@ -106,6 +107,14 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
                      {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 48},
                      {"num_experts", 5}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 12},
                      {"norm_topk_prob", true}, {"mlp_only_layers", {1}}, {"max_position_embeddings", 128}}},
+      // The same with the load-balancing loss (coefficient 0.3, so it moves the loss and every
+      // gradient): over the sparse layers 0 and 2, every token counted, the -100 labels too.
+      {"qwen3-moe-aux", {{"arch", "qwen3_moe"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 3},
+                         {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+                         {"intermediate_size", 48}, {"num_experts", 5}, {"num_experts_per_tok", 2},
+                         {"moe_intermediate_size", 12}, {"norm_topk_prob", true}, {"mlp_only_layers", {1}},
+                         {"max_position_embeddings", 128}, {"output_router_logits", true},
+                         {"router_aux_loss_coef", 0.3}}},
       // Llama with every bias and a head_dim apart from hidden / heads (transformers >= 4.45 reads it).
       // Mistral's sliding window, 8 keys of the 37: it cuts (full attention would differ).
       {"mistral-window", {{"arch", "mistral"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
@@ -153,7 +162,9 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
         // Our side loads the same file (exercising the loader's name handling) in the run dtype.
         ParamMap params = load_weights((dir / "w.safetensors").string(), cfg.model, dt);
         auto g = build_forward(cfg.model, dt, ForwardMode::train,
-                               {.tiled_mlp = cfg.runtime.tiled_mlp, .tiled_loss = cfg.runtime.tiled_loss});
+                               {.tiled_mlp = cfg.runtime.tiled_mlp, .tiled_loss = cfg.runtime.tiled_loss,
+                                .router_aux_loss = cfg.model.output_router_logits});
+        CHECK((g->find("aux_loss") != nullptr) == cfg.model.output_router_logits);
         CHECK((g->find("l0.mlp") != nullptr) == c.tiled_mlp);
         CHECK((g->find("logits") == nullptr) == c.tiled_loss);
         std::vector<Node*> param_nodes = g->with_role(Role::parameter);

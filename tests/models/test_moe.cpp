@@ -1,14 +1,17 @@
 // The mixtures of experts' model side (models/moe.h, the family rows, the model keys): which layers
 // are sparse (transformers' rule, written out here), the parameters a sparse layer has, and the
 // bad input each path refuses with a message naming the key or the tensor: k above the experts,
-// a layer index past the last, the aux-loss switch (not implemented yet), a router with jitter
-// noise in a config.json, and an expert tensor missing or misshaped in a weights file.
+// a layer index past the last, the aux-loss switch with DPO or a bad coefficient, a router with
+// jitter noise in a config.json, and an expert tensor missing or misshaped in a weights file; and
+// the load-balancing loss's graph: its terms, outputs and reduction over the SP group
+// (its values and gradients against transformers: tests/ref/hf_moe_aux.py).
 #include <catch2/catch.hpp>
 
 #include <fstream>
 #include <set>
 
 #include "common/temp_dir.h"
+#include "compiler/program.h"
 #include "config/config.h"
 #include "models/hf_config.h"
 #include "models/flops.h"
@@ -80,8 +83,16 @@ TEST_CASE("mixture-of-experts settings that cannot work are named errors", "[mod
   CHECK_THROWS_WITH(parse(moe_model("qwen2_moe", {{"mlp_only_layers", {-1}}})), Catch::Contains("not a layer index"));
   CHECK_THROWS_WITH(parse(moe_model("qwen2_moe", {{"mlp_only_layers", 3}})), Catch::Contains("model.mlp_only_layers"));
   CHECK_THROWS_WITH(parse(moe_model("qwen2_moe", {{"num_experts", 0}})), Catch::Contains("model.num_experts"));
-  CHECK_THROWS_WITH(parse(moe_model("mixtral", {{"output_router_logits", true}})),
-                    Catch::Contains("model.output_router_logits") && Catch::Contains("not implemented"));
+  // The load-balancing loss: not with DPO; a coefficient that is no number or negative.
+  CHECK_THROWS_WITH(parse_config({{"model", moe_model("mixtral", {{"output_router_logits", true}})},
+                                  {"data", {{"seq_len", 8}}}, {"train", {{"objective", "dpo"}}}}),
+                    Catch::Contains("model.output_router_logits") && Catch::Contains("\"dpo\""));
+  CHECK_THROWS_WITH(parse(moe_model("mixtral", {{"output_router_logits", true}, {"router_aux_loss_coef", -1}})),
+                    Catch::Contains("model.router_aux_loss_coef"));
+  CHECK_THROWS_WITH(parse(moe_model("qwen3_moe", {{"output_router_logits", "yes"}})),
+                    Catch::Contains("model.output_router_logits"));
+  CHECK_THROWS_WITH(parse(moe_model("qwen3_moe", {{"router_aux_loss_coef", "big"}})),
+                    Catch::Contains("model.router_aux_loss_coef"));
   // A key of another family.
   CHECK_THROWS_WITH(parse(moe_model("mixtral", {{"num_experts", 4}})), Catch::Contains("model.num_experts"));
   // config.json: Mixtral's router jitter noise, and a k larger than the experts (through model.from's keys).
@@ -122,4 +133,76 @@ TEST_CASE("Qwen3-30B-A3B's config.json has its 30.5 B parameters, 3.35 B of them
   CHECK(param_count(m) == 30532122624);
   // FLOPs count the head, not the embedding lookup, and 8 experts per token.
   CHECK(flop_param_count(m) == outer - int64_t(151936) * 2048 + 48 * (attn + 128 * 2048 + 8 * expert));
+}
+
+namespace {
+
+const Node* only(const Graph& g, Op op) {
+  const Node* found = nullptr;
+  for (const auto& n : g.nodes())
+    if (n->op() == op) {
+      REQUIRE(found == nullptr);
+      found = n.get();
+    }
+  REQUIRE(found != nullptr);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("output_router_logits adds the load-balancing loss to training graphs", "[models][moe][graph]") {
+  // Qwen2-MoE with layer 1 dense: three MoE layers of 3 experts, top-2.
+  json model = moe_model("qwen2_moe", {{"num_experts", 3}, {"moe_intermediate_size", 8},
+                                       {"shared_expert_intermediate_size", 12}, {"mlp_only_layers", {1}},
+                                       {"output_router_logits", true}, {"router_aux_loss_coef", 0.25}});
+  const Config cfg = parse(model);
+  CHECK(cfg.notes.empty());
+  const RankProgram p = build_program(cfg, DType::f32, Stage::joint);
+  const Graph& g = *p.graph;
+  const Node* aux = only(g, Op::moe_aux_loss);
+  CHECK(aux->attrs().i("top_k") == 2);
+  CHECK(aux->attrs().f("share") == 1.0);
+  CHECK(aux->input(0)->name() == "router_stats");
+  CHECK(aux->input(0)->type().str() == "f32[3, 2, 3]");
+  const Node* loss = g.with_role(Role::loss)[0];
+  REQUIRE(loss->op() == Op::add);
+  CHECK(loss->input(0)->name() == "lm_loss");
+  CHECK(loss->input(1)->op() == Op::scale);
+  CHECK(loss->input(1)->attrs().f("factor") == 0.25);
+  CHECK(p.aux_loss == "aux_loss");
+  CHECK(p.router_stats == "router_stats");
+  int stats = 0;
+  for (const auto& n : g.nodes()) stats += n->op() == Op::moe_router_stats;
+  CHECK(stats == 3);
+  // Validation's program (forward only) has the LM loss alone; so has a run without the switch.
+  CHECK(build_program(cfg, DType::f32, Stage::rank_forward).aux_loss.empty());
+  model["output_router_logits"] = false;
+  CHECK(build_program(parse(model), DType::f32, Stage::joint).aux_loss.empty());
+  // A zero coefficient is fine, and said.
+  model["output_router_logits"] = true;
+  model["router_aux_loss_coef"] = 0;
+  const Config zero = parse(model);
+  REQUIRE(zero.notes.size() == 1);
+  CHECK_THAT(zero.notes[0], Catch::Contains("router_aux_loss_coef 0") && Catch::Contains("logged"));
+}
+
+TEST_CASE("under SP the router statistics are summed over the group before the loss", "[models][moe][graph]") {
+  Config cfg = parse(moe_model("mixtral", {{"num_local_experts", 4}, {"output_router_logits", true}}));
+  cfg.sequence_parallel.autosp_size = 2;
+  cfg.train.gradient_accumulation_steps = 3;
+  // dp 2 x sp 2 with 3 micro-batches: each term is 1/(4 · 3) of the group's loss.
+  const RankProgram p = build_program(cfg, DType::f32, Stage::joint, rank_layout(4, 1, 2));
+  const Graph& g = *p.graph;
+  const Node* aux = only(g, Op::moe_aux_loss);
+  CHECK(aux->attrs().f("share") == Approx(1.0 / 12));
+  REQUIRE(aux->input(0)->op() == Op::all_reduce);
+  CHECK(aux->input(0)->attrs().s("group") == "sp");
+  CHECK(aux->input(0)->input(0)->name() == "router_stats");
+  CHECK(p.aux_loss == "aux_loss.global");
+  CHECK(p.router_stats == "router_stats.global");
+  CHECK(g.find("router_stats.global")->attrs().s("group") == "world");
+  // The router's gradient reaches every layer's probabilities through the statistics' all-reduce.
+  int stats_grads = 0;
+  for (const auto& n : g.nodes()) stats_grads += n->op() == Op::moe_aux_loss_backward;
+  CHECK(stats_grads == 1);
 }

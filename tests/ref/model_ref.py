@@ -21,7 +21,8 @@ OUT        logits [B,S,V], loss [], loss_sum [] (in --dtype), valid_count [] (I6
            window, -100 where the mask is 0, then shifted by one (the model's shift), so mask[t] = 0
            removes the target token t. Before --eos. OUT then also holds the labels used.
 
-loss = loss_sum / valid_count = F.cross_entropy(ignore_index=-100, reduction="mean").
+loss = loss_sum / valid_count = F.cross_entropy(ignore_index=-100, reduction="mean"), plus
+router_aux_loss_coef × torch_models.load_balancing_loss when the model has output_router_logits.
 Threads: torch.set_num_threads($OMP_NUM_THREADS) when that is set.
 Exit codes: 0 ok; 2 bad usage/config/input (one "error: ..." line on stderr).
 """
@@ -185,8 +186,12 @@ def masked_labels(batch, tensors, path):
 def run(cfg, params, batch, want_grads, mask=None):
     """Returns (logits, loss, loss_sum, valid_count, {canonical name: grad} or None)."""
     with torch.set_grad_enabled(want_grads):
-        logits = tm.forward(cfg, params, batch["input_ids"], batch["position_ids"], mask)
+        router = [] if cfg.output_router_logits else None
+        logits = tm.forward(cfg, params, batch["input_ids"], batch["position_ids"], mask, router=router)
         loss, loss_sum, valid = tm.token_loss(logits, batch["labels"])
+        if router:  # the load-balancing loss, as transformers adds it to the loss
+            loss = loss + cfg.router_aux_loss_coef * tm.load_balancing_loss(router, cfg.num_experts,
+                                                                              cfg.num_experts_per_tok)
     grads = None
     if want_grads:
         names = list(params)

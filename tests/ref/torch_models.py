@@ -41,7 +41,8 @@ _KNOWN_MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_hidden_layers", "
                      "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta",
                      "norm_eps", "tie_word_embeddings", "head_dim", "attention_bias", "mlp_bias", "rope_scaling",
                      "sliding_window", "max_window_layers", "layer_types", "num_experts", "num_experts_per_tok",
-                     "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}
+                     "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                     "output_router_logits", "router_aux_loss_coef"}
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 
 
@@ -97,6 +98,9 @@ class ModelConfig:
         self.norm_topk_prob = bool(d.get("norm_topk_prob", False))
         self.decoder_sparse_step = pos_int("decoder_sparse_step", 1) if moe else 1
         self.mlp_only_layers = list(d.get("mlp_only_layers") or [])
+        # the load-balancing loss (load_balancing_loss below), added by the caller
+        self.output_router_logits = moe and bool(d.get("output_router_logits", False))
+        self.router_aux_loss_coef = float(d.get("router_aux_loss_coef", 0.001))
         if arch == "gpt2":
             self.max_position_embeddings = pos_int("max_position_embeddings", 1024)
             self.num_key_value_heads = self.num_attention_heads
@@ -375,7 +379,7 @@ def gpt2_layer(cfg, p, i, x, mask=None):
     return x + conv1d(h, p[pre + "mlp.c_proj.weight"], p[pre + "mlp.c_proj.bias"])
 
 
-def llama_layer(cfg, p, i, x, cos, sin, mask=None):
+def llama_layer(cfg, p, i, x, cos, sin, mask=None, router=None):
     """One Llama decoder layer: x [B, S, C] -> [B, S, C]."""
     B, S, _ = x.shape
     N, Nkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.norm_eps
@@ -402,16 +406,19 @@ def llama_layer(cfg, p, i, x, cos, sin, mask=None):
     x = x + linear(o, "self_attn.o_proj")
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
     if cfg.sparse(i):
-        return x + sparse_moe_block(cfg, p, pre, h)
+        return x + sparse_moe_block(cfg, p, pre, h, router)
     g = F.silu(linear(h, "mlp.gate_proj")) * linear(h, "mlp.up_proj")
     return x + linear(g, "mlp.down_proj")
 
 
-def sparse_moe_block(cfg, p, pre, h):
-    """Qwen3MoeSparseMoeBlock.forward on h [B, S, C], transcribed (softmax in the working dtype)."""
+def sparse_moe_block(cfg, p, pre, h, router=None):
+    """Qwen3MoeSparseMoeBlock.forward on h [B, S, C], transcribed (softmax in the working dtype);
+    appends the router's probabilities [B·S, E] to the list `router` when one is given."""
     B, S, C = h.shape
     hidden = h.reshape(-1, C)
     probs = F.softmax(F.linear(hidden, p[pre + "mlp.gate.weight"]), dim=1)
+    if router is not None:
+        router.append(probs)
     weights, selected = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)
     if cfg.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -446,24 +453,36 @@ def gpt2_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False):
     return F.linear(x, wte)
 
 
-def llama_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False):
+def llama_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False, router=None):
     emb = p["model.embed_tokens.weight"]
     x = F.embedding(input_ids, emb)
     cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling,
                             cfg.max_position_embeddings)
     for i in range(cfg.num_hidden_layers):
-        x = _run_layer(checkpoint, lambda x, i=i: llama_layer(cfg, p, i, x, cos, sin, mask), x)
+        x = _run_layer(checkpoint, lambda x, i=i: llama_layer(cfg, p, i, x, cos, sin, mask, router), x)
     x = rms_norm(x, p["model.norm.weight"], cfg.norm_eps)
     head = emb if cfg.tie_word_embeddings else p["lm_head.weight"]
     return F.linear(x, head)
 
 
-def forward(cfg, params, input_ids, position_ids, mask=None, checkpoint=False):
+def forward(cfg, params, input_ids, position_ids, mask=None, checkpoint=False, router=None):
     """logits [B, S, V] in the parameters' dtype; mask: see causal_attention; checkpoint: recompute
-    each layer in the backward instead of keeping its activations."""
+    each layer in the backward instead of keeping its activations; router: a list that gets each
+    sparse layer's router probabilities (load_balancing_loss)."""
     if cfg.arch == "gpt2":
         return gpt2_forward(cfg, params, input_ids, position_ids, mask, checkpoint)
-    return llama_forward(cfg, params, input_ids, position_ids, mask, checkpoint)
+    return llama_forward(cfg, params, input_ids, position_ids, mask, checkpoint, router)
+
+
+def load_balancing_loss(router_probs, num_experts, top_k):
+    """transformers' load_balancing_loss_func without an attention mask, written from its
+    definition (Switch Transformer eq. 4-6): the layers' router probabilities concatenated
+    [L·T, E]; E · Σ (each top-k slot's share of the rows on each expert) · (each expert's mean
+    probability). Every token counts; the labels never enter."""
+    probs = torch.cat(router_probs, 0)
+    chosen = torch.topk(probs, top_k, dim=-1).indices
+    tokens_per_expert = F.one_hot(chosen, num_experts).to(probs.dtype).mean(0)  # [k, E]
+    return num_experts * (tokens_per_expert * probs.mean(0)).sum()
 
 
 def token_loss(logits, labels):

@@ -24,6 +24,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/mlp.h"
 #include "kernels/cpu/moe.h"
+#include "kernels/moe_aux.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/preference.h"
 #include "kernels/cpu/rope.h"
@@ -456,6 +457,41 @@ Tensor dpo_loss_backward(const KernelCall& c) {
     Tensor d = out_like(c, policy.dtype());
     cpu::dpo_loss<T>(policy.data<T>(), reference.data<T>(), tokens.data<T>(), norms.data<T>(), policy.dim(0),
                      policy.dim(2), dpo_args(c.node), d.data<T>(), g);
+    return d;
+  });
+}
+
+// ---- the load-balancing loss (kernels/moe_aux.h) ----
+
+// probs [..., E] → stats [2, E] (bf16 probs arrive as f32: the CPU emulates bf16)
+Tensor moe_router_stats(const KernelCall& c) {
+  const Tensor p = arg(c, 0);
+  const int64_t E = p.dim(-1);
+  return by_float(c, p.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, p.dtype());
+    kernels::moe_router_stats<T>(p.data<T>(), p.numel() / E, E, c.node.attrs().i("top_k"), y.data<T>());
+    return y;
+  });
+}
+
+// stats [L, 2, E] → the loss []; its backward takes the loss's gradient [] second and returns dstats.
+Tensor moe_aux_loss(const KernelCall& c) {
+  const Tensor s = arg(c, 0);
+  return by_float(c, s.dtype(), [&]<class T>() {
+    Tensor y = out_like(c, s.dtype());
+    *y.data<T>() = static_cast<T>(kernels::moe_aux_loss<T>(s.data<T>(), s.dim(0), s.dim(2), c.node.attrs().i("top_k"),
+                                                           c.node.attrs().f("share")));
+    return y;
+  });
+}
+
+Tensor moe_aux_loss_backward(const KernelCall& c) {
+  const Tensor s = arg(c, 0);
+  const double g = c.in[1].to_doubles()[0];
+  return by_float(c, s.dtype(), [&]<class T>() {
+    Tensor d = out_like(c, s.dtype());
+    kernels::moe_aux_loss<T>(s.data<T>(), s.dim(0), s.dim(2), c.node.attrs().i("top_k"), c.node.attrs().f("share"),
+                             d.data<T>(), g);
     return d;
   });
 }

@@ -49,6 +49,7 @@
 #include "kernels/cuda/preference.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/kinds.h"
+#include "kernels/moe_aux.h"
 
 namespace autosp::cuda_ops {
 
@@ -342,6 +343,70 @@ Tensor cross_entropy_sum(const KernelCall& c) {
                                c.node.attrs().i("ignore_index"), stream(c));
     settle_scalar(acc, y, stream(c));
     return y;
+  });
+}
+
+// ---- the load-balancing loss (kernels/moe_aux.h), on the host ----
+// Its inputs are one layer's router probabilities [R, E] (read once per step) and the layers'
+// statistics [L, 2, E]: copied to the host in acc_t (bf16 widened to f32 on the device first),
+// computed by the CPU's code and copied back, one stream synchronisation per call, as the experts
+// route (docs/decisions.md).
+
+template <class A>
+std::vector<A> host_values(const KernelCall& c, const Tensor& t) {
+  const Tensor w = t.dtype() == dtype_of<A> ? t : gpu::cast(t, dtype_of<A>, c.alloc, stream(c));
+  std::vector<A> h(static_cast<size_t>(w.numel()));
+  CUDA_CHECK(cudaMemcpyAsync(h.data(), w.raw(), w.nbytes(), cudaMemcpyDeviceToHost, stream(c)));
+  CUDA_CHECK(cudaStreamSynchronize(stream(c)));
+  return h;
+}
+
+// The host values h into y (narrowed on the device when y is bf16); returns y.
+template <class A>
+Tensor upload_into(const KernelCall& c, const std::vector<A>& h, Tensor y) {
+  const Tensor buf = y.dtype() == dtype_of<A> ? y : Tensor::empty(y.shape(), dtype_of<A>, c.alloc);
+  CUDA_CHECK(cudaMemcpyAsync(buf.raw(), h.data(), buf.nbytes(), cudaMemcpyHostToDevice, stream(c)));
+  settle_scalar(buf, y, stream(c));
+  CUDA_CHECK(cudaStreamSynchronize(stream(c)));  // h is freed on return
+  return y;
+}
+
+// probs [..., E] → stats [2, E]
+Tensor moe_router_stats(const KernelCall& c) {
+  const Tensor p = arg(c, 0);
+  const int64_t E = p.dim(-1);
+  return by_float(c, p.dtype(), [&]<class T>() {
+    using A = cuda::acc_t<T>;
+    const std::vector<A> probs = host_values<A>(c, p);
+    std::vector<A> stats(static_cast<size_t>(2 * E));
+    kernels::moe_router_stats<A>(probs.data(), p.numel() / E, E, c.node.attrs().i("top_k"), stats.data());
+    return upload_into<A>(c, stats, out_like(c, c.node.dtype()));  // f32 for bf16 probs
+  });
+}
+
+// stats [L, 2, E] → the loss []; its backward takes the loss's gradient [] second and returns dstats.
+Tensor moe_aux_loss(const KernelCall& c) {
+  const Tensor s = arg(c, 0);
+  return by_float(c, s.dtype(), [&]<class T>() {
+    using A = cuda::acc_t<T>;
+    const std::vector<A> stats = host_values<A>(c, s);
+    const std::vector<A> loss{static_cast<A>(kernels::moe_aux_loss<A>(stats.data(), s.dim(0), s.dim(2),
+                                                                      c.node.attrs().i("top_k"),
+                                                                      c.node.attrs().f("share")))};
+    return upload_into<A>(c, loss, out_like(c, s.dtype()));
+  });
+}
+
+Tensor moe_aux_loss_backward(const KernelCall& c) {
+  const Tensor s = arg(c, 0);
+  return by_float(c, s.dtype(), [&]<class T>() {
+    using A = cuda::acc_t<T>;
+    const std::vector<A> stats = host_values<A>(c, s);
+    const double g = static_cast<double>(host_values<A>(c, arg(c, 1))[0]);
+    std::vector<A> d(stats.size());
+    kernels::moe_aux_loss<A>(stats.data(), s.dim(0), s.dim(2), c.node.attrs().i("top_k"), c.node.attrs().f("share"),
+                             d.data(), g);
+    return upload_into<A>(c, d, out_like(c, s.dtype()));
   });
 }
 

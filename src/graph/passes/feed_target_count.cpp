@@ -2,6 +2,8 @@
 // scalar input, and erase the graph's own count. Any other loss is an error that names it.
 #include "graph/passes/feed_target_count.h"
 
+#include "graph/passes/loss_parts.h"
+
 #include "tensor/check.h"
 
 namespace autosp::passes {
@@ -27,10 +29,10 @@ void erase_chain(Graph& g, Node* n) {
 
 }  // namespace
 
-PassResult feed_target_count(Graph& g, const PassContext&) {
+PassResult feed_target_count(Graph& g, const PassContext& ctx) {
   auto losses = g.with_role(Role::loss);
   if (losses.size() != 1) throw UsageError(str("feed_target_count: expected one node tagged loss, found ", losses.size()));
-  Node* loss = losses[0];
+  Node* loss = token_mean_of(losses[0]);
   if (loss->op() != Op::div || !is_target_count(loss->input(1)))
     throw UsageError(str("feed_target_count: cannot normalize loss %", loss->name(), " (", loss->op_name(),
                          ") over the step's micro-batches; expected div(cross_entropy_sum, count_valid), a "
@@ -40,6 +42,10 @@ PassResult feed_target_count(Graph& g, const PassContext&) {
                               TensorType{count->dtype(), {}});
   g.replace_input(loss, 1, fed);
   erase_chain(g, count);
+  // A load-balancing term (models/moe.h) is each micro-batch's own: its mean over the step's
+  // micro-batches, as a DDP gradient averages them.
+  if (Node* aux = aux_loss_of(losses[0]))
+    aux->attrs().set("share", aux->attrs().f("share") / static_cast<double>(ctx.accumulation_steps));
   return {.changed = true};
 }
 

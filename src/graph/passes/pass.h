@@ -47,6 +47,8 @@ struct PassContext {
   // (world_size shards) and regather_parameters gathers it per use.
   bool shard_parameters = false;
   LoraPlan lora;
+  // train.gradient_accumulation_steps (feed_target_count: a load-balancing loss's share per micro-batch).
+  int64_t accumulation_steps = 1;
 };
 
 struct PassResult {
