@@ -163,8 +163,8 @@ TEST_CASE("bf16 elementwise ops in chunks equal the f32 kernels rounded once", "
   }
 }
 
-// Norms and rope on bf16 run in widened chunks of whole rows (engine/cpu/launchers.cpp
-// norm_bf16, rope_bf16): over many chunks, rope's chunks crossing (b, n) planes, and across
+// Norms, softmax and rope on bf16 run in widened chunks of whole rows (engine/cpu/launchers.cpp
+// norm_bf16, softmax_bf16, rope_bf16): over many chunks, rope's chunks crossing (b, n) planes, and across
 // threads, each result is exactly the f32 kernel's on the whole tensor, rounded once. The norms'
 // parameter gradients are summed over blocks of 256 rows in f32 partials: within one bf16 step
 // (2^-7 of the largest entry) of that.
@@ -194,6 +194,10 @@ TEST_CASE("bf16 norms and rope in row chunks equal the f32 kernels rounded once"
          Node* n = b.layernorm_backward(y, x, w, 1e-5);
          return std::vector{n, b.output(n, 1, "dw"), b.output(n, 2, "db")};
        }, 1},
+      {"softmax", [](Builder& b, Node* x, Node*, Node*, Node*) { return std::vector{b.softmax(x)}; }, 9},
+      {"softmax_backward", [](Builder& b, Node* x, Node* y, Node*, Node*) {  // x stands for the softmax's output
+         return std::vector{b.softmax_backward(y, x)};
+       }, 9},
   };
   const Shape shape{3, R, C};
   const Vec xs = naive::random_normal(3 * R * C, 51, 2.0), ys = naive::random_normal(3 * R * C, 52);

@@ -738,6 +738,23 @@ Tensor norm_backward_bf16(const KernelCall& c) {
   return dx;
 }
 
+// Softmax over the last dim C, and its backward (inputs dy, y), on bf16: whole rows widened by chunks.
+template <bool kBackward>
+Tensor softmax_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const int64_t C = x.dim(-1);
+  if (C == 0 || x.numel() == 0) return bf16_via_f32(c, kBackward ? softmax_backward : softmax);
+  Tensor y = out_like(c, DType::bf16);
+  const auto f32_rows = [C](const auto& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+    if constexpr (kBackward) cpu::softmax_backward<float>(in[0], in[1], out[0], m / C, C);
+    else cpu::softmax_forward<float>(in[0], out[0], m / C, C);
+  };
+  if constexpr (kBackward)
+    by_chunks_bf16<2, 1>({x.data<uint16_t>(), arg(c, 1).data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), C, f32_rows);
+  else by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), C, f32_rows);
+  return y;
+}
+
 // Rotary embedding (and its backward) on bf16: x [B, N, S, D], position_ids [B, S]. A chunk may
 // span (b, n) planes: each plane's part is rotated with that plane's positions.
 template <bool kBackward>
@@ -799,6 +816,8 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::add_rmsnorm, add_norm_bf16<true>, 3, false},
     {Op::layernorm_backward, norm_backward_bf16<false>, 3, false},
     {Op::rmsnorm_backward, norm_backward_bf16<true>, 3, false},
+    {Op::softmax, softmax_bf16<false>, 1, false},
+    {Op::softmax_backward, softmax_bf16<true>, 2, false},
     {Op::rope, rope_bf16<false>, 1, false},
     {Op::rope_backward, rope_bf16<true>, 1, false},
 };
