@@ -8,8 +8,10 @@
 #include "common/op_cases.h"
 #include "graph/verify.h"
 #include "engine/executor.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/kernel_test.h"
+#include "tensor/convert.h"
 
 using namespace autosp;
 using namespace autosp::testing;
@@ -127,6 +129,43 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
       else
         CHECK(got == want32);
     }
+  }
+}
+
+// A bf16 sdpa node runs the bf16 attention kernel (its bits) where the CPU has it and the head dim
+// is even, and the emulation (the f32 kernel on widened values, rounded once) otherwise: the two
+// differ (P is rounded to bf16 in one), so the bits tell which ran.
+TEST_CASE("bf16 sdpa nodes run on the bf16 attention where the CPU offers it", "[ops][executor][bf16]") {
+  for (const int64_t D : {int64_t(16), int64_t(15)}) {
+    const int64_t B = 1, N = 2, S = 40, n = B * N * S * D;
+    Graph g;
+    Builder b(g);
+    Node* q = b.input("q", DType::bf16, {B, N, S, D}, Role::none);
+    Node* k = b.input("k", DType::bf16, {B, N, S, D}, Role::none);
+    Node* v = b.input("v", DType::bf16, {B, N, S, D}, Role::none);
+    g.add_output(b.sdpa(q, k, v, true, 0.25));
+    TensorMap feeds;
+    for (auto [name, seed] : {std::pair{"q", 61u}, {"k", 62u}, {"v", 63u}})
+      feeds.emplace(name, Tensor::from_vector({B, N, S, D}, naive::random_normal(n, seed, 2.0)).to(DType::bf16));
+    const Tensor got = Executor(g).run(feeds, single_groups()).outputs.begin()->second;
+    std::vector<uint16_t> native(static_cast<size_t>(n)), emulated(static_cast<size_t>(n));
+    std::vector<float> lse(static_cast<size_t>(B * N * S)), wide(static_cast<size_t>(n));
+    const auto bits = [&](const char* name) { return feeds.at(name).data<uint16_t>(); };
+    const auto f32 = [&](const char* name) { return feeds.at(name).to(DType::f32); };
+    const Tensor qf = f32("q"), kf = f32("k"), vf = f32("v");
+    cpu::sdpa_forward<float>(qf.data<float>(), kf.data<float>(), vf.data<float>(), wide.data(), lse.data(), B, N, N, S,
+                             S, D, 0.25, true);
+    cpu::cast<float, uint16_t>(wide.data(), emulated.data(), n);
+    const std::vector<uint16_t> out(got.data<uint16_t>(), got.data<uint16_t>() + n);
+    INFO("D " << D);
+    if (!cpu::sdpa_bf16_native(D)) {
+      if (D % 2 == 0) WARN("SKIPPED: the bf16 attention (this CPU lacks AVX512-BF16); checking the emulation");
+      CHECK(out == emulated);
+      continue;
+    }
+    cpu::sdpa_forward_bf16(bits("q"), bits("k"), bits("v"), native.data(), lse.data(), B, N, N, S, S, D, 0.25, true);
+    REQUIRE(native != emulated);  // else the check below could not tell the paths apart
+    CHECK(out == native);
   }
 }
 
