@@ -102,6 +102,8 @@ std::pair<double, double> time_ours_bf16(const Problem& p, int warmup, int iters
   const std::vector<uint16_t> q = bf16(p.q), k = bf16(p.k), v = bf16(p.v), dout = bf16(p.dout);
   std::vector<uint16_t> o(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
   std::vector<float> lse(p.lse.size());
+  // The backward's f32 workspace, allocated once (a training step's memory plan places it).
+  std::vector<float> workspace(size_t(cpu::sdpa_backward_bf16_workspace(p.B, p.N, p.Nkv, p.S, p.S, p.D, p.causal)));
   const double scale = 1.0 / std::sqrt(double(p.D));
   std::vector<double> fwd, bwd;
   for (int i = 0; i < warmup + iters; ++i) {
@@ -111,7 +113,7 @@ std::pair<double, double> time_ours_bf16(const Problem& p, int warmup, int iters
     const double f = ms_since(t0);
     t0 = Clock::now();
     cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
-                            dv.data(), p.B, p.N, p.Nkv, p.S, p.S, p.D, scale, p.causal);
+                            dv.data(), p.B, p.N, p.Nkv, p.S, p.S, p.D, scale, p.causal, nullptr, workspace.data());
     const double b = ms_since(t0);
     if (i >= warmup) fwd.push_back(f), bwd.push_back(b);
   }

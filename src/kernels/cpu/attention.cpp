@@ -422,6 +422,11 @@ void check_variant(const char* what, const AttentionVariant<T>& var) {
 double as_double(double x) { return x; }
 double as_double(float x) { return x; }
 double as_double(uint16_t x) { return bf16_to_f32(x); }
+// y[i] = x[i] rounded to bf16, in the calling thread (cast's loop would open a nested parallel
+// region per call inside the kernels' own).
+void round_into(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+}
 template <class S>
 S narrow(double x) {
   if constexpr (std::is_same_v<S, uint16_t>) return f64_to_bf16(x);
@@ -691,7 +696,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
               tiles.times_values(r1 - r0, n, sc, ds.data() + r0 * LT, dqa + r0 * D);
             });
           }
-          if constexpr (!wide) cast<float, uint16_t>(dqa, dqp, bq * D);
+          if constexpr (!wide) round_into(dqa, dqp, bq * D);
         }
       }
     }
@@ -713,7 +718,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           const T* pv = pk + stride;
           for (int64_t d = 0; d < D; ++d) dkr[d] += pk[d], dvr[d] += pv[d];
         }
-        if constexpr (!wide) cast<float, uint16_t>(dkr, dk + row * D, D), cast<float, uint16_t>(dvr, dv + row * D, D);
+        if constexpr (!wide) round_into(dkr, dk + row * D, D), round_into(dvr, dv + row * D, D);
       }
     }
   }
