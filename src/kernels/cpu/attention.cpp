@@ -6,8 +6,9 @@
 // region: f32 on an AVX-512 machine through our register-tiled micro-kernel (gemm_avx512; the key
 // block of Kᵀ or Vᵀ is transposed per tile into a per-thread panel), otherwise through OpenBLAS,
 // whose OpenMP build runs a call made inside a parallel region in the calling thread
-// (num_cpu_avail() is 1 when omp_in_parallel()), so no GEMM is threaded twice. The work between the GEMMs (row
-// max, exp, row sums; the backward's P = exp(scale·s - lse) and dS = P ∘ (dP - Δ)) runs over tile
+// (num_cpu_avail() is 1 when omp_in_parallel()), so no GEMM is threaded twice. bf16 q, k, v run
+// the same bodies with their products on vdpbf16ps (Bf16Tiles, attention_bf16.inc.h). The work
+// between the GEMMs (row max, exp, row sums; the backward's P = exp(scale·s - lse) and dS = P ∘ (dP - Δ)) runs over tile
 // rows in vector helpers: a polynomial exp for f32 (Cephes' expf, ~1 ulp), compiled per ISA with
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
 // x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
