@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
         "warmup", "untimed iterations", cxxopts::value<std::string>()->default_value("1"))(
         "iters", "timed iterations (the median is reported)", cxxopts::value<std::string>()->default_value("5"))(
         "compare-pytorch", "also run the same model in PyTorch 2.x eager (the .venv-bench venv, made on first use by "
-        "scripts/pytorch-venv.sh), alternated; sweeps: P = 1 points, not alternated")(
+        "scripts/pytorch-venv.sh), alternated; with runtime.dtype=bfloat16 PyTorch runs under "
+        "torch.autocast bfloat16 (column pytorch_precision); sweeps: P = 1 points, not alternated")(
         "pytorch-compile", "--compare-pytorch: also PyTorch 2.x under torch.compile")(
         "pytorch-debian", "--compare-pytorch: also Debian's PyTorch 1.13 (/usr/bin/python3)")(
         "sweep-seq", "sweep these sequence lengths (comma-separated)", cxxopts::value<std::string>())(

@@ -170,9 +170,15 @@ def main(argv=None):
 
     if args.attention == "sdpa":
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        # torch_models.causal_attention(q, k, v, mask=None): mask [B, S, S] (True = visible) or causal
-        tm.causal_attention = lambda q, k, v, mask=None: (
-            sdpa(q, k, v, is_causal=True) if mask is None else sdpa(q, k, v, attn_mask=mask[:, None]))
+        materialised = tm.causal_attention
+
+        # torch_models.causal_attention(q, k, v, mask=None, window=None): mask [B, S, S] (True =
+        # visible) or causal; a sliding window keeps the materialised reference.
+        def sdpa_attention(q, k, v, mask=None, window=None):
+            if window is not None:
+                return materialised(q, k, v, mask, window)
+            return sdpa(q, k, v, is_causal=True) if mask is None else sdpa(q, k, v, attn_mask=mask[:, None])
+        tm.causal_attention = sdpa_attention
     clip = args.clip if args.clip is not None else float(train.get("grad_clip", 1.0))
     checkpoint = bool(runtime.get("activation_checkpointing", False)) if args.checkpoint is None else args.checkpoint
 

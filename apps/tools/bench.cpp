@@ -374,6 +374,8 @@ json run_bench(const Config& cfg, const BenchOptions& opt) {
     row[p + "tokens_per_sec"] = tokens / (median(s.ms) / 1e3);
     row[p + "peak_bytes"] = s.last["peak_bytes"];  // the worker's high-water since its setup: every turn
     row[p + "torch"] = s.last["torch"];
+    // What the baseline ran: bf16 is autocast over f32 masters (decision 127), as ours keeps them.
+    row[p + "precision"] = s.last.value("dtype", "") == "bfloat16" ? "torch.autocast bfloat16" : s.last.value("dtype", "");
     row[p == "pytorch_" ? "speedup" : p + "speedup"] = median(s.ratio);
     row[p + "speedup_min"] = *std::min_element(s.ratio.begin(), s.ratio.end());
     row[p + "speedup_max"] = *std::max_element(s.ratio.begin(), s.ratio.end());

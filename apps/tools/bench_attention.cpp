@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "tensor/check.h"
+#include "tensor/convert.h"
 #include "tools/bench.h"
 #include "tools/py_worker.h"
 
@@ -89,6 +90,36 @@ std::pair<double, double> time_ours(Problem& p, int warmup, int iters, const int
   return {median(fwd), median(bwd)};
 }
 
+// The bf16 kernels (sdpa_forward_bf16 / sdpa_backward_bf16, the CPU's bf16 units) on p's tensors
+// rounded to bf16, timed as time_ours; {0, 0} where the CPU lacks them.
+std::pair<double, double> time_ours_bf16(const Problem& p, int warmup, int iters) {
+  if (!cpu::sdpa_bf16_native(p.D)) return {0.0, 0.0};
+  const auto bf16 = [](const std::vector<float>& x) {
+    std::vector<uint16_t> y(x.size());
+    cpu::cast<float, uint16_t>(x.data(), y.data(), int64_t(x.size()));
+    return y;
+  };
+  const std::vector<uint16_t> q = bf16(p.q), k = bf16(p.k), v = bf16(p.v), dout = bf16(p.dout);
+  std::vector<uint16_t> o(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
+  std::vector<float> lse(p.lse.size());
+  // The backward's f32 workspace, allocated once (a training step's memory plan places it).
+  std::vector<float> workspace(size_t(cpu::sdpa_backward_bf16_workspace(p.B, p.N, p.Nkv, p.S, p.S, p.D, p.causal)));
+  const double scale = 1.0 / std::sqrt(double(p.D));
+  std::vector<double> fwd, bwd;
+  for (int i = 0; i < warmup + iters; ++i) {
+    auto t0 = Clock::now();
+    cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), p.B, p.N, p.Nkv, p.S, p.S, p.D, scale,
+                           p.causal);
+    const double f = ms_since(t0);
+    t0 = Clock::now();
+    cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                            dv.data(), p.B, p.N, p.Nkv, p.S, p.S, p.D, scale, p.causal, nullptr, workspace.data());
+    const double b = ms_since(t0);
+    if (i >= warmup) fwd.push_back(f), bwd.push_back(b);
+  }
+  return {median(fwd), median(bwd)};
+}
+
 }  // namespace
 
 void run_attention_bench(const AttentionBenchOptions& opt, const std::function<void(const json&)>& emit) {
@@ -116,11 +147,15 @@ void run_attention_bench(const AttentionBenchOptions& opt, const std::function<v
 
       const auto [starts, doc_pairs] =
           opt.doc_len > 0 ? packed_documents(p.B, S, opt.doc_len, 14) : std::pair{std::vector<int64_t>(), 0.0};
-      std::vector<double> of, ob, tf, tb, gemm, r, rf, rb, mf, mb, mr, wf, wb, wr, pwf, pwb, pwr, flex, flexr;
+      std::vector<double> of, ob, tf, tb, gemm, r, rf, rb, mf, mb, mr, wf, wb, wr, pwf, pwb, pwr, flex, flexr, hf, hb, hr;
       json extra;
       for (int turn = 0; turn < opt.pairs; ++turn) {
         const auto [f, b] = time_ours(p, opt.warmup, opt.iters);
         of.push_back(f), ob.push_back(b);
+        if (cpu::sdpa_bf16_native(D)) {  // our bf16 kernels on the same values rounded, alternated with f32
+          const auto [fh, bh] = time_ours_bf16(p, opt.warmup, opt.iters);
+          hf.push_back(fh), hb.push_back(bh), hr.push_back((f + b) / (fh + bh));
+        }
         if (opt.doc_len > 0) {  // the same tensors with the document mask, alternated with the unmasked run
           const auto [fm, bm] = time_ours(p, opt.warmup, opt.iters, starts.data());
           mf.push_back(fm), mb.push_back(bm), mr.push_back((f + b) / (fm + bm));
@@ -162,6 +197,10 @@ void run_attention_bench(const AttentionBenchOptions& opt, const std::function<v
                   {"ours_fwd_ms", median(of)}, {"ours_bwd_ms", median(ob)}, {"ours_gflops", ours},
                   {"ours_fwd_gflops", gflop_fwd / median(of) * 1e3}, {"ours_bwd_gflops", gflop_bwd / median(ob) * 1e3},
                   {"sgemm_gflops", sg}, {"ours_of_sgemm", ours / sg}};
+      if (!hr.empty())
+        row.update({{"bf16_fwd_ms", median(hf)}, {"bf16_bwd_ms", median(hb)}, {"bf16_speedup", median(hr)},
+                    {"bf16_speedup_min", *std::min_element(hr.begin(), hr.end())},
+                    {"bf16_speedup_max", *std::max_element(hr.begin(), hr.end())}});
       if (opt.doc_len > 0)
         row.update({{"doc_len", opt.doc_len}, {"masked_gflop", 4.0 * double(p.B * p.N * D) * doc_pairs / 1e9 * 3.5},
                     {"masked_fwd_ms", median(mf)}, {"masked_bwd_ms", median(mb)}, {"mask_speedup", median(mr)},

@@ -47,6 +47,9 @@ struct AttentionBenchOptions {
 // pytorch_{fwd,bwd}_ms, ours_gflops / pytorch_gflops (forward + backward), sgemm_gflops (a
 // 2048³ sgemm through cpu::gemm_batched at the same threads), ours_of_sgemm / pytorch_of_sgemm,
 // and speedup / speedup_fwd / speedup_bwd: the median over the turns of PyTorch's time ÷ ours.
+// Where the CPU has the bf16 attention (AVX512-BF16, even D): bf16_{fwd,bwd}_ms of our bf16 kernels
+// on the same values rounded, each turn right after the f32 run, and bf16_speedup (with _min,
+// _max): the median over the turns of f32 time ÷ bf16 time.
 void run_attention_bench(const AttentionBenchOptions& opt, const std::function<void(const nlohmann::json&)>& emit);
 
 }  // namespace autosp

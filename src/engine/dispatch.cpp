@@ -54,7 +54,7 @@ Tensor dispatch(const KernelCall& call, DeviceKind device) {
 std::string cpu_bf16_numerics() {
   const cpu::Bf16Gemm path = cpu::bf16_gemm_best();
   if (path == cpu::Bf16Gemm::f32) return "emulated on cpu: f32 kernels, each result rounded to bf16 (no AVX512-BF16)";
-  return str("on cpu: matmuls and the tiled MLP on ", cpu::bf16_gemm_name(path),
+  return str("on cpu: matmuls, the tiled MLP and loss and the attention's tile products on ", cpu::bf16_gemm_name(path),
              ", each result rounded to bf16; other ops emulated: f32 kernels, each result rounded to bf16");
 }
 

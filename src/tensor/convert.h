@@ -5,12 +5,19 @@
 // kernels that use them. Knows nothing of graphs, kernels or devices.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 namespace autosp::cpu {
 
-float bf16_to_f32(uint16_t h);
-uint16_t f32_to_bf16(float f);
+// Inline: the CPU kernels call these per element in their own loops.
+inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
+inline uint16_t f32_to_bf16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x0040u);  // NaN stays (quiet) NaN
+  // Round to nearest even on the 16 dropped bits; a carry moves into the exponent (→ inf at the top).
+  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 // double → bf16 rounded once, to nearest even (not through f32, which would round twice).

@@ -8,8 +8,10 @@
 #include "common/op_cases.h"
 #include "graph/verify.h"
 #include "engine/executor.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/kernel_test.h"
+#include "tensor/convert.h"
 
 using namespace autosp;
 using namespace autosp::testing;
@@ -97,8 +99,9 @@ TEST_CASE("ops match naive references through the executor", "[ops][executor]") 
 // values, and within one bf16 rounding (unit roundoff 2^-8, relative to the largest entry) of the
 // float64 reference. Outputs the op table keeps in f32 (a loss sum, a count) are not rounded. The
 // ops the CPU computes on its bf16 units where it has them (engine/launchers.h native_bf16: the
-// matmul sums in another order than the f32 GEMM; the tiled MLP also rounds its hidden h to bf16)
-// are within one bf16 step (2^-7 of the largest entry) of that instead.
+// matmul sums in another order than the f32 GEMM; the tiled MLP also rounds its hidden h to bf16;
+// the attention its probabilities and dS) are within one bf16 step (2^-7 of the largest entry) of
+// that instead.
 TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][bf16]") {
   for (const auto& c : op_cases()) {
     DYNAMIC_SECTION(c.name) {
@@ -120,11 +123,49 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
       Vec want32 = Executor(p32->g).run(p32->feeds, single_groups()).outputs.at(out32->name()).to_doubles();
       if (out.dtype() == DType::bf16 && out32->dtype() != DType::bf16) want32 = naive::map(want32, naive::round_bf16);
       INFO("bf16 output " << out.str() << " vs the f32 kernel's " << out32->type().str());
-      if ((c.op == Op::matmul || c.op == Op::swiglu_mlp) && cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32)
+      const bool native = c.op == Op::matmul || c.op == Op::swiglu_mlp || c.op == Op::sdpa || c.op == Op::sdpa_backward;
+      if (native && cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32)
         CHECK(max_rel_error(got, want32) <= 0x1p-7);
       else
         CHECK(got == want32);
     }
+  }
+}
+
+// A bf16 sdpa node runs the bf16 attention kernel (its bits) where the CPU has it and the head dim
+// is even, and the emulation (the f32 kernel on widened values, rounded once) otherwise: the two
+// differ (P is rounded to bf16 in one), so the bits tell which ran.
+TEST_CASE("bf16 sdpa nodes run on the bf16 attention where the CPU offers it", "[ops][executor][bf16]") {
+  for (const int64_t D : {int64_t(16), int64_t(15)}) {
+    const int64_t B = 1, N = 2, S = 40, n = B * N * S * D;
+    Graph g;
+    Builder b(g);
+    Node* q = b.input("q", DType::bf16, {B, N, S, D}, Role::none);
+    Node* k = b.input("k", DType::bf16, {B, N, S, D}, Role::none);
+    Node* v = b.input("v", DType::bf16, {B, N, S, D}, Role::none);
+    g.add_output(b.sdpa(q, k, v, true, 0.25));
+    TensorMap feeds;
+    for (auto [name, seed] : {std::pair{"q", 61u}, {"k", 62u}, {"v", 63u}})
+      feeds.emplace(name, Tensor::from_vector({B, N, S, D}, naive::random_normal(n, seed, 2.0)).to(DType::bf16));
+    const Tensor got = Executor(g).run(feeds, single_groups()).outputs.begin()->second;
+    std::vector<uint16_t> native(static_cast<size_t>(n)), emulated(static_cast<size_t>(n));
+    std::vector<float> lse(static_cast<size_t>(B * N * S)), wide(static_cast<size_t>(n));
+    const auto bits = [&](const char* name) { return feeds.at(name).data<uint16_t>(); };
+    const auto f32 = [&](const char* name) { return feeds.at(name).to(DType::f32); };
+    const Tensor qf = f32("q"), kf = f32("k"), vf = f32("v");
+    cpu::sdpa_forward<float>(qf.data<float>(), kf.data<float>(), vf.data<float>(), wide.data(), lse.data(), B, N, N, S,
+                             S, D, 0.25, true);
+    cpu::cast<float, uint16_t>(wide.data(), emulated.data(), n);
+    const std::vector<uint16_t> out(got.data<uint16_t>(), got.data<uint16_t>() + n);
+    INFO("D " << D);
+    if (!cpu::sdpa_bf16_native(D)) {
+      if (D % 2 == 0) WARN("SKIPPED: the bf16 attention (this CPU lacks AVX512-BF16); checking the emulation");
+      CHECK(out == emulated);
+      continue;
+    }
+    cpu::sdpa_forward_bf16(bits("q"), bits("k"), bits("v"), native.data(), lse.data(), B, N, N, S, S, D, 0.25, true);
+    REQUIRE(native != emulated);  // else the check below could not tell the paths apart
+    CHECK(out == native);
   }
 }
 
@@ -161,8 +202,8 @@ TEST_CASE("bf16 elementwise ops in chunks equal the f32 kernels rounded once", "
   }
 }
 
-// Norms and rope on bf16 run in widened chunks of whole rows (engine/cpu/launchers.cpp
-// norm_bf16, rope_bf16): over many chunks, rope's chunks crossing (b, n) planes, and across
+// Norms, softmax and rope on bf16 run in widened chunks of whole rows (engine/cpu/launchers.cpp
+// norm_bf16, softmax_bf16, rope_bf16): over many chunks, rope's chunks crossing (b, n) planes, and across
 // threads, each result is exactly the f32 kernel's on the whole tensor, rounded once. The norms'
 // parameter gradients are summed over blocks of 256 rows in f32 partials: within one bf16 step
 // (2^-7 of the largest entry) of that.
@@ -192,6 +233,10 @@ TEST_CASE("bf16 norms and rope in row chunks equal the f32 kernels rounded once"
          Node* n = b.layernorm_backward(y, x, w, 1e-5);
          return std::vector{n, b.output(n, 1, "dw"), b.output(n, 2, "db")};
        }, 1},
+      {"softmax", [](Builder& b, Node* x, Node*, Node*, Node*) { return std::vector{b.softmax(x)}; }, 9},
+      {"softmax_backward", [](Builder& b, Node* x, Node* y, Node*, Node*) {  // x stands for the softmax's output
+         return std::vector{b.softmax_backward(y, x)};
+       }, 9},
   };
   const Shape shape{3, R, C};
   const Vec xs = naive::random_normal(3 * R * C, 51, 2.0), ys = naive::random_normal(3 * R * C, 52);

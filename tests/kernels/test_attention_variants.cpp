@@ -6,6 +6,9 @@
 // packed documents. The naive backward is itself checked against central differences of the
 // naive forward, and the f64 kernel's against central differences of the kernel's forward. A
 // window that cuts must differ from full attention (so the tests would catch a window ignored).
+// The bf16 kernels (AVX512-BF16 tile products) against the same naive attention on the bf16
+// values, within the CUDA attention tests' bf16 tolerance (1e-2), on every variant and on plain
+// causal and non-causal GQA attention across tiles (SKIPPED where the CPU lacks AVX512-BF16).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -14,6 +17,7 @@
 
 #include "common/naive.h"
 #include "kernel_test.h"
+#include "kernels/bf16_test.h"
 #include "kernels/cpu/attention.h"
 
 namespace {
@@ -57,8 +61,9 @@ bool visible(const VarCase& c, const std::vector<int64_t>* starts, int64_t b, in
 struct Naive {
   Vec o, lse, dq, dk, dv, dsinks;
 };
+// o_seen (may be null): the o the backward reads (a bf16 kernel's stored o), else the naive o.
 Naive naive_attention(const VarCase& c, const Vec& q, const Vec& k, const Vec& v, const Vec& sinks, const Vec* dout,
-                      const std::vector<int64_t>* starts, double scale) {
+                      const std::vector<int64_t>* starts, double scale, const Vec* o_seen = nullptr) {
   Naive r;
   r.o.assign(size_t(c.B * c.N * c.Sq * c.D), 0.0);
   r.lse.assign(size_t(c.B * c.N * c.Sq), 0.0);
@@ -101,7 +106,8 @@ Naive naive_attention(const VarCase& c, const Vec& q, const Vec& k, const Vec& v
         }
         if (!dout) continue;
         double delta = 0;  // dout_i · o_i
-        for (int64_t d = 0; d < c.D; ++d) delta += (*dout)[qo + size_t(d)] * r.o[qo + size_t(d)];
+        const Vec& o = o_seen ? *o_seen : r.o;
+        for (int64_t d = 0; d < c.D; ++d) delta += (*dout)[qo + size_t(d)] * o[qo + size_t(d)];
         if (c.sinks) r.dsinks[size_t(h)] -= std::exp(sinks[size_t(h)] - r.lse[row]) * delta;
         for (int64_t j = 0; j < c.Skv; ++j) {
           if (p[size_t(j)] == 0) continue;
@@ -238,4 +244,93 @@ TEST_CASE("windowed attention skips the keys outside the window (it cannot read 
   cpu::sdpa_forward<float>(q.data(), kq.data(), vq.data(), o.data(), lse.data(), 1, 1, 1, Sq, S, D, 0.25, true, nullptr,
                            var);
   for (int64_t i = 0; i < Sq * D; ++i) REQUIRE(std::isfinite(o[size_t(i)]));
+}
+
+namespace {
+
+// Rounds x to bf16 in place; returns the bf16 bits.
+std::vector<uint16_t> round_to_bf16(Vec& x) {
+  const std::vector<uint16_t> b = test::to_bf16(x);
+  x = test::widen_bf16(b);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 sdpa on the bf16 units matches the naive float64 attention", "[kernels][attention][variants][bf16]") {
+  if (!cpu::sdpa_bf16_native(16)) {
+    WARN("SKIPPED: the bf16 attention's tile products (this CPU lacks AVX512-BF16)");
+    return;
+  }
+  std::vector<VarCase> cases(std::begin(kCases), std::end(kCases));
+  cases.push_back({1, 4, 2, 700, 700, 64, 0, 0, false, 0, 0});   // plain GQA across the 128 × 512 and 64 × 256 tiles
+  cases.push_back({2, 2, 1, 131, 131, 6, 0, 0, false, 0, 0});    // D = 6: the columns past 16·k plainly; odd rows
+  cases.push_back({1, 2, 2, 257, 257, 128, 0, 0, false, 0, 57}); // D = 128, documents, odd key blocks
+  uint32_t seed = 9100;
+  for (const VarCase& c : cases) {
+    INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv << " D " << c.D
+              << " window " << c.window << " softcap " << c.softcap << " sinks " << c.sinks << " offset " << c.offset
+              << " documents " << c.doc_len);
+    const double scale = 1.0 / std::sqrt(double(c.D));
+    Inputs in = inputs(c, seed);
+    seed += 10;
+    const auto q = round_to_bf16(in.q), k = round_to_bf16(in.k), v = round_to_bf16(in.v), dout = round_to_bf16(in.dout);
+    const auto sinks = test::cast<float>(in.sinks);
+    in.sinks = test::widen(sinks);
+    const auto starts = c.doc_len > 0 ? document_starts(c) : std::vector<int64_t>{};
+    const std::vector<int64_t>* docs = c.doc_len > 0 ? &starts : nullptr;
+    std::vector<float> dsinks(size_t(c.N), -777.0f);
+    const AttentionVariant<float> var = variant_of<float>(c, &sinks, &dsinks);
+    std::vector<uint16_t> o(q.size(), 0xffff);
+    std::vector<float> lse(size_t(c.B * c.N * c.Sq), -777.0f);
+    cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale,
+                           true, docs ? starts.data() : nullptr, var);
+    const double tol = 1e-2;
+    const Vec o_seen = test::widen_bf16(o);  // the backward reads o as stored (as the CUDA tests' reference does)
+    const Naive ref = naive_attention(c, in.q, in.k, in.v, in.sinks, &in.dout, docs, scale, &o_seen);
+    test::check_close(o_seen, ref.o, tol);
+    test::check_close(lse, ref.lse, 1e-3);  // f32, from scores of bf16 values: only f32 sums
+    std::vector<uint16_t> dq(q.size(), 0xffff), dk(k.size(), 0xffff), dv(v.size(), 0xffff);
+    cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                            dv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, true, docs ? starts.data() : nullptr,
+                            nullptr, var);
+    test::check_close(test::widen_bf16(dq), ref.dq, tol);
+    test::check_close(test::widen_bf16(dk), ref.dk, tol);
+    test::check_close(test::widen_bf16(dv), ref.dv, tol);
+    if (c.sinks) test::check_close(dsinks, ref.dsinks, tol);
+    const double e = std::max({test::relative_l2(test::widen_bf16(o), ref.o), test::relative_l2(test::widen_bf16(dq), ref.dq),
+                               test::relative_l2(test::widen_bf16(dk), ref.dk), test::relative_l2(test::widen_bf16(dv), ref.dv)});
+    INFO("largest relative L2 error " << e);
+    CHECK(e <= 5e-3);
+  }
+}
+
+TEST_CASE("bf16 sdpa without causal masking, and with the planned workspace, matches the naive attention",
+          "[kernels][attention][bf16]") {
+  if (!cpu::sdpa_bf16_native(32)) {
+    WARN("SKIPPED: the bf16 attention's tile products (this CPU lacks AVX512-BF16)");
+    return;
+  }
+  const int64_t B = 1, N = 4, Nkv = 2, Sq = 300, Skv = 333, D = 32;  // Sq ≠ Skv: keys past one tile
+  const double scale = 0.2;
+  Vec qd = naive::random_normal(B * N * Sq * D, 31), kd = naive::random_normal(B * Nkv * Skv * D, 32);
+  Vec vd = naive::random_normal(B * Nkv * Skv * D, 33), dod = naive::random_normal(B * N * Sq * D, 34);
+  const auto q = round_to_bf16(qd), k = round_to_bf16(kd), v = round_to_bf16(vd), dout = round_to_bf16(dod);
+  for (const bool causal : {false, true}) {
+    INFO("causal " << causal);
+    Vec rlse, rdq, rdk, rdv;
+    const Vec ro = naive::sdpa(qd, kd, vd, B, N, Nkv, Sq, Skv, D, scale, causal, &rlse);
+    naive::sdpa_backward(qd, kd, vd, dod, B, N, Nkv, Sq, Skv, D, scale, causal, rdq, rdk, rdv);
+    std::vector<uint16_t> o(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    std::vector<float> lse(size_t(B * N * Sq));
+    cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), B, N, Nkv, Sq, Skv, D, scale, causal);
+    std::vector<float> workspace(size_t(cpu::sdpa_backward_bf16_workspace(B, N, Nkv, Sq, Skv, D, causal)), NAN);
+    cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                            dv.data(), B, N, Nkv, Sq, Skv, D, scale, causal, nullptr, workspace.data());
+    test::check_close(test::widen_bf16(o), ro, 1e-2);
+    test::check_close(lse, rlse, 1e-3);
+    test::check_close(test::widen_bf16(dq), rdq, 1e-2);
+    test::check_close(test::widen_bf16(dk), rdk, 1e-2);
+    test::check_close(test::widen_bf16(dv), rdv, 1e-2);
+  }
 }

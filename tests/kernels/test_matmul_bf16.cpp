@@ -16,6 +16,7 @@
 #include "common/naive.h"
 #include "kernel_test.h"
 #include "kernels/bf16_test.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 
 namespace {
@@ -109,6 +110,9 @@ TEST_CASE("the bf16 GEMM dispatch picks the best path the CPU offers", "[kernels
   CHECK(cpu::bf16_gemm_best() == (dp ? cpu::Bf16Gemm::avx512_bf16 : cpu::Bf16Gemm::f32));
   CHECK(cpu::bf16_gemm_available(cpu::Bf16Gemm::avx512_bf16) == dp);
   CHECK(cpu::bf16_gemm_available(cpu::Bf16Gemm::f32));
+  // The attention's tile products take the same units (pair words: an even head dim).
+  CHECK(cpu::sdpa_bf16_native(64) == dp);
+  CHECK_FALSE(cpu::sdpa_bf16_native(63));
 }
 
 TEST_CASE("every bf16 GEMM path matches a float64 loop", "[kernels][matmul][bf16]") {

@@ -269,10 +269,15 @@ Tensor sdpa_backward(const KernelCall& c) {
   });
 }
 
+// f32 or f64 elements; a bf16 node's f32 partial sums (with the last chunk's, which the bf16
+// kernel keeps in f32 too: a superset of what its emulation needs).
 size_t sdpa_backward_workspace(const Node& n, const Bindings& b) {
   const Shape q = eval_shape(n.input(0)->shape(), b), k = eval_shape(n.input(1)->shape(), b);
+  const bool causal = n.attrs().b("causal");
+  if (n.input(0)->dtype() == DType::bf16)
+    return sizeof(float) * static_cast<size_t>(cpu::sdpa_backward_bf16_workspace(q[0], q[1], k[1], q[2], k[2], q[3], causal));
   const size_t elem = n.input(0)->dtype() == DType::f64 ? sizeof(double) : sizeof(float);
-  return elem * static_cast<size_t>(cpu::sdpa_backward_workspace(q[0], q[1], k[1], q[2], k[2], q[3], n.attrs().b("causal")));
+  return elem * static_cast<size_t>(cpu::sdpa_backward_workspace(q[0], q[1], k[1], q[2], k[2], q[3], causal));
 }
 
 Tensor cross_entropy_sum(const KernelCall& c) {
@@ -573,6 +578,42 @@ Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
   return dx;
 }
 
+// The attention on bf16 q, k, v (and o, dout) with its tile products on the bf16 units
+// (kernels/cpu/attention.h: sdpa_forward_bf16); lse and the backward's workspace f32. An odd head
+// dim (the products read pairs of it) or a non-bf16 o or dout stays emulated.
+Tensor sdpa_bf16(const KernelCall& c) {
+  const AttentionArgs args = attention_args(c, false);
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
+  if (!cpu::sdpa_bf16_native(q.dim(3))) return bf16_via_f32(c, sdpa);
+  Tensor y = out_like(c, DType::bf16);
+  Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, DType::f32);
+  cpu::sdpa_forward_bf16(q.data<uint16_t>(), k.data<uint16_t>(), v.data<uint16_t>(), y.data<uint16_t>(),
+                         lse.data<float>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
+                         c.node.attrs().f("scale"), c.node.attrs().b("causal"), args.doc_start(), variant_of<float>(c));
+  c.extras.push_back(lse);
+  return y;
+}
+
+Tensor sdpa_backward_bf16(const KernelCall& c) {
+  const AttentionArgs args = attention_args(c, true);
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
+  if (!cpu::sdpa_bf16_native(q.dim(3)) || args.o.dtype() != DType::bf16 || args.dout.dtype() != DType::bf16 ||
+      args.lse.dtype() != DType::f32)
+    return bf16_via_f32(c, sdpa_backward);
+  Tensor dq = out_like(c, DType::bf16);
+  Tensor dk = extra_like(c, k.shape(), DType::bf16);
+  c.extras.push_back(dk);
+  Tensor dv = extra_like(c, v.shape(), DType::bf16);
+  c.extras.push_back(dv);
+  float* workspace = planned_workspace<float>(c, sdpa_backward_workspace(c.node, c.bindings));
+  cpu::sdpa_backward_bf16(q.data<uint16_t>(), k.data<uint16_t>(), v.data<uint16_t>(), args.o.data<uint16_t>(),
+                          args.lse.data<float>(), args.dout.data<uint16_t>(), dq.data<uint16_t>(), dk.data<uint16_t>(),
+                          dv.data<uint16_t>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
+                          c.node.attrs().f("scale"), c.node.attrs().b("causal"), args.doc_start(), workspace,
+                          variant_of<float>(c));
+  return dq;
+}
+
 // Elementwise and row-wise ops on bf16 in cache-sized chunks: each chunk of the operands widened
 // into the thread's f32 buffers, the op's f32 kernel run on it, the results rounded into the
 // outputs. The emulation's numbers (the same f32 kernel, one rounding per result) in one pass,
@@ -733,6 +774,23 @@ Tensor norm_backward_bf16(const KernelCall& c) {
   return dx;
 }
 
+// Softmax over the last dim C, and its backward (inputs dy, y), on bf16: whole rows widened by chunks.
+template <bool kBackward>
+Tensor softmax_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  const int64_t C = x.dim(-1);
+  if (C == 0 || x.numel() == 0) return bf16_via_f32(c, kBackward ? softmax_backward : softmax);
+  Tensor y = out_like(c, DType::bf16);
+  const auto f32_rows = [C](const auto& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+    if constexpr (kBackward) cpu::softmax_backward<float>(in[0], in[1], out[0], m / C, C);
+    else cpu::softmax_forward<float>(in[0], out[0], m / C, C);
+  };
+  if constexpr (kBackward)
+    by_chunks_bf16<2, 1>({x.data<uint16_t>(), arg(c, 1).data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), C, f32_rows);
+  else by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), C, f32_rows);
+  return y;
+}
+
 // Rotary embedding (and its backward) on bf16: x [B, N, S, D], position_ids [B, S]. A chunk may
 // span (b, n) planes: each plane's part is rotated with that plane's positions.
 template <bool kBackward>
@@ -775,6 +833,8 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16, 5, true},
     {Op::linear_cross_entropy_sum, linear_cross_entropy_sum_bf16, 2, true},
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward_bf16, 2, true},
+    {Op::sdpa, sdpa_bf16, 3, true},
+    {Op::sdpa_backward, sdpa_backward_bf16, 3, true},
     {Op::add, binary_bf16<Binary::add>, 2, false},
     {Op::sub, binary_bf16<Binary::sub>, 2, false},
     {Op::mul, binary_bf16<Binary::mul>, 2, false},
@@ -792,6 +852,8 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::add_rmsnorm, add_norm_bf16<true>, 3, false},
     {Op::layernorm_backward, norm_backward_bf16<false>, 3, false},
     {Op::rmsnorm_backward, norm_backward_bf16<true>, 3, false},
+    {Op::softmax, softmax_bf16<false>, 1, false},
+    {Op::softmax_backward, softmax_bf16<true>, 2, false},
     {Op::rope, rope_bf16<false>, 1, false},
     {Op::rope_backward, rope_bf16<true>, 1, false},
 };

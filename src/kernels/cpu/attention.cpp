@@ -6,8 +6,9 @@
 // region: f32 on an AVX-512 machine through our register-tiled micro-kernel (gemm_avx512; the key
 // block of Kᵀ or Vᵀ is transposed per tile into a per-thread panel), otherwise through OpenBLAS,
 // whose OpenMP build runs a call made inside a parallel region in the calling thread
-// (num_cpu_avail() is 1 when omp_in_parallel()), so no GEMM is threaded twice. The work between the GEMMs (row
-// max, exp, row sums; the backward's P = exp(scale·s - lse) and dS = P ∘ (dP - Δ)) runs over tile
+// (num_cpu_avail() is 1 when omp_in_parallel()), so no GEMM is threaded twice. bf16 q, k, v run
+// the same bodies with their products on vdpbf16ps (Bf16Tiles, attention_bf16.inc.h). The work
+// between the GEMMs (row max, exp, row sums; the backward's P = exp(scale·s - lse) and dS = P ∘ (dP - Δ)) runs over tile
 // rows in vector helpers: a polynomial exp for f32 (Cephes' expf, ~1 ulp), compiled per ISA with
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
 // x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
@@ -44,15 +45,22 @@
 
 #include <cblas.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/dp16.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
+#include "tensor/convert.h"
 
 namespace autosp::cpu {
 
@@ -314,6 +322,40 @@ void scores(int64_t M, int64_t n, int64_t D, const double* a, const double* rows
   gemm(false, true, M, n, D, 1.0, a, D, rows, D, 0.0, c, ldc);
 }
 
+// The tile products of the kernel bodies below on f32 or f64 operands, per thread (Bf16Tiles is
+// the same contract on bf16 operands): keys() prepares a key block for scores(); values() a block
+// of V (forward) or K (backward) for times_values(); queries() and probs() a query block and a
+// finished P, dS tile for key_grads().
+template <class T>
+struct WideTiles {
+  int64_t D, LT;
+  std::vector<T> panel;  // [D, BK] a key block transposed (row stride LT)
+  const T* key_rows = nullptr;
+  const T* value_rows = nullptr;
+  const T *q = nullptr, *dout = nullptr, *p = nullptr, *ds = nullptr;
+
+  WideTiles(int64_t D, int64_t, int64_t LT) : D(D), LT(LT), panel(size_t(D * LT)) {}
+  void keys(int64_t bk, const T* rows) {
+    keys_panel(bk, D, rows, panel.data(), LT);
+    key_rows = rows;
+  }
+  void scores(int64_t M, int64_t n, const T* a, T* c) {
+    autosp::cpu::scores(M, n, D, a, key_rows, panel.data(), LT, c, LT);
+  }
+  void values(int64_t, const T* rows) { value_rows = rows; }
+  void times_values(int64_t M, int64_t n, T alpha, const T* pt, T* acc) {
+    gemm(false, false, M, D, n, alpha, pt, LT, value_rows, D, T(1), acc, D);
+  }
+  void queries(int64_t, const T* qp, const T* dop) { q = qp, dout = dop; }
+  void probs(int64_t, int64_t, const T* pt, const T* dst) { p = pt, ds = dst; }
+  void key_grads(int64_t c0, int64_t c1, int64_t r0, int64_t bq, T scale, T* dv, T* dk) {
+    gemm(true, false, c1 - c0, D, bq - r0, T(1), p + r0 * LT + c0, LT, dout + r0 * D, D, T(1), dv, D);  // dv += pᵀ · dO
+    gemm(true, false, c1 - c0, D, bq - r0, scale, ds + r0 * LT + c0, LT, q + r0 * D, D, T(1), dk, D);  // dk += scale · dsᵀ · q
+  }
+};
+
+#include "kernels/cpu/attention_bf16.inc.h"  // Bf16Tiles: the tile products on bf16 operands
+
 // A tile the causal diagonal crosses is cut into strips of kStrip rows (or keys), and each strip's
 // GEMMs stop at its own limit: rows see more keys the later they are, so strip [r0, r1) needs the
 // keys [0, limit(r1 - 1)) only, and keys [c0, c1) are seen by rows from the first whose limit
@@ -377,10 +419,25 @@ void check_variant(const char* what, const AttentionVariant<T>& var) {
   AUTOSP_ASSERT(var.window >= 0 && var.softcap >= 0, what, " window ", var.window, " softcap ", var.softcap);
 }
 
+// Storage values: f32, f64 or bf16 (raw bits), read as double and written rounded once.
+double as_double(double x) { return x; }
+double as_double(float x) { return x; }
+double as_double(uint16_t x) { return bf16_to_f32(x); }
+// y[i] = x[i] rounded to bf16, in the calling thread (cast's loop would open a nested parallel
+// region per call inside the kernels' own).
+void round_into(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+}
+template <class S>
+S narrow(double x) {
+  if constexpr (std::is_same_v<S, uint16_t>) return f64_to_bf16(x);
+  else return S(x);
+}
+
 // dsinks[h] = -Σ_{b,i} exp(sink_h - lse_i) · Δ_i (kernels/attention_variant.h), per head in a fixed
 // order (deterministic), in double.
-template <class T>
-void sink_grads(const T* o, const T* lse, const T* dout, int64_t B, int64_t N, int64_t Sq, int64_t D,
+template <class T, class S>
+void sink_grads(const S* o, const T* lse, const S* dout, int64_t B, int64_t N, int64_t Sq, int64_t D,
                 const AttentionVariant<T>& var) {
 #pragma omp parallel for schedule(static)
   for (int64_t h = 0; h < N; ++h) {
@@ -389,7 +446,7 @@ void sink_grads(const T* o, const T* lse, const T* dout, int64_t B, int64_t N, i
       for (int64_t i = 0; i < Sq; ++i) {
         const int64_t row = (b * N + h) * Sq + i;
         double delta = 0;
-        for (int64_t d = 0; d < D; ++d) delta += double(dout[row * D + d]) * double(o[row * D + d]);
+        for (int64_t d = 0; d < D; ++d) delta += as_double(dout[row * D + d]) * as_double(o[row * D + d]);
         sum += std::exp(double(var.sinks[h]) - double(lse[row])) * delta;
       }
     var.dsinks[h] = T(-sum);
@@ -398,10 +455,12 @@ void sink_grads(const T* o, const T* lse, const T* dout, int64_t B, int64_t N, i
 
 }  // namespace
 
-template <class T>
-void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
-                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
-                  const AttentionVariant<T>& var) {
+namespace {
+
+// sdpa_forward on storage S (T, or bf16 with T = f32) with the tile products of Tiles.
+template <class T, class S, class Tiles>
+void forward(const S* q, const S* k, const S* v, S* o, T* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
+             int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start, const AttentionVariant<T>& var) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   check_variant("sdpa", var);
   const int64_t group = N / Nkv;  // query heads per kv head
@@ -415,7 +474,7 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
 #pragma omp parallel
   {
     std::vector<T> s(static_cast<size_t>(BQ * LT));    // [BQ, BK] scores, then probabilities (row stride LT)
-    std::vector<T> panel(static_cast<size_t>(D * LT)); // [D, BK] a key block transposed (row stride LT)
+    Tiles tiles(D, BQ, LT);
     std::vector<T> acc(static_cast<size_t>(BQ * D));   // [BQ, D] unnormalised output
     std::vector<T> m(static_cast<size_t>(BQ));         // [BQ] running max of scaled scores
     std::vector<double> l(static_cast<size_t>(BQ));    // [BQ] running Σ exp(score - m)
@@ -426,9 +485,9 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
       const int64_t qb = nqb - 1 - task % nqb, bh = task / nqb;
       const int64_t b = bh / N, h = bh % N;
       const int64_t i0 = qb * BQ, bq = std::min(BQ, Sq - i0);
-      const T* qp = q + (bh * Sq + i0) * D;                    // [bq, D]
-      const T* kp = k + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
-      const T* vp = v + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
+      const S* qp = q + (bh * Sq + i0) * D;                    // [bq, D]
+      const S* kp = k + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
+      const S* vp = v + (b * Nkv + h / group) * Skv * D;       // [Skv, D]
       const Mask mask{causal, shift, var.window, Skv, doc_start == nullptr ? nullptr : doc_start + b * Sq};
       const int64_t kend = mask.end(i0, bq), kbeg = mask.begin(i0, bq);
 
@@ -440,9 +499,9 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
         const int64_t bk = std::min(BK, kend - j0);
         const auto limit = [&](int64_t i) { return mask.row_limit(i0 + i, j0, bk); };
         // s [bq, bk] = q [bq, D] · k[j0 : j0+bk]ᵀ, each row up to its limit at least
-        keys_panel(bk, D, kp + j0 * D, panel.data(), LT);
+        tiles.keys(bk, kp + j0 * D);
         row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
-          scores(r1 - r0, n, D, qp + r0 * D, kp + j0 * D, panel.data(), LT, s.data() + r0 * LT, LT);
+          tiles.scores(r1 - r0, n, qp + r0 * D, s.data() + r0 * LT);
         });
         for (int64_t i = 0; i < bq; ++i) {
           T* si = s.data() + i * LT;
@@ -462,12 +521,13 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
           }
         }
         // acc [bq, D] += p [bq, bk] · v[j0 : j0+bk] [bk, D] (p is 0 past each row's limit)
+        tiles.values(bk, vp + j0 * D);
         row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
-          gemm(false, false, r1 - r0, D, n, T(1), s.data() + r0 * LT, LT, vp + j0 * D, D, T(1), acc.data() + r0 * D, D);
+          tiles.times_values(r1 - r0, n, T(1), s.data() + r0 * LT, acc.data() + r0 * D);
         });
       }
 
-      T* op = o + (bh * Sq + i0) * D;  // [bq, D]
+      S* op = o + (bh * Sq + i0) * D;  // [bq, D]
       for (int64_t i = 0; i < bq; ++i) {
         // The sink's exp(sink) joins the denominator: l' = l · e^(m - m') + e^(sink - m'), m' = max(m, sink).
         double mi = double(m[i]), li = l[i], rescale = 1.0;
@@ -477,24 +537,34 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, i
           li = li * rescale + std::exp(sink - m2), mi = m2;
         }
         const double inv = li > 0 ? rescale / li : 0.0;
-        for (int64_t d = 0; d < D; ++d) op[i * D + d] = T(double(acc[i * D + d]) * inv);
+        for (int64_t d = 0; d < D; ++d) op[i * D + d] = narrow<S>(double(acc[i * D + d]) * inv);
         if (lse != nullptr) lse[bh * Sq + i0 + i] = li > 0 ? T(mi + std::log(li)) : neg_inf;
       }
     }
   }
 }
 
+}  // namespace
+
+template <class T>
+void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
+                  int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
+                  const AttentionVariant<T>& var) {
+  forward<T, T, WideTiles<T>>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
+}
+
 namespace {
 
 // The backward's query chunks per (b, kv head), from the sizes alone: chunk c holds query blocks
 // [c·nqb/C, (c+1)·nqb/C) and sees keys [0, key_end[c]). The last chunk (it sees every key)
-// accumulates its dK, dV in dk, dv themselves; each earlier chunk c in its own key_end[c] rows of
-// the workspace, at part_row[c] within its (b, kv head)'s `rows` (all dK parts first, then the
+// accumulates its dK, dV in dk, dv themselves (in the workspace too, after the others, with
+// `last_too`: the bf16 kernel accumulates in f32); each earlier chunk c in its own key_end[c] rows
+// of the workspace, at part_row[c] within its (b, kv head)'s `rows` (all dK parts first, then the
 // dV parts, B·Nkv·rows·D apart).
 struct BackwardChunks {
   int64_t nqb = 0, C = 1, rows = 0;
   std::vector<int64_t> key_end, part_row;
-  BackwardChunks(int64_t B, int64_t Nkv, int64_t Sq, int64_t Skv, bool causal, int64_t shift) {
+  BackwardChunks(int64_t B, int64_t Nkv, int64_t Sq, int64_t Skv, bool causal, int64_t shift, bool last_too = false) {
     const int64_t BQ = kBackwardBlockQ;
     nqb = (Sq + BQ - 1) / BQ;
     C = std::clamp<int64_t>((kMinTasks + B * Nkv - 1) / std::max<int64_t>(B * Nkv, 1), 1,
@@ -507,6 +577,7 @@ struct BackwardChunks {
       key_end[c] = qb1 == 0 ? 0 : mask.end((qb1 - 1) * BQ, std::min(BQ, Sq - (qb1 - 1) * BQ));
       part_row[c] = rows;
       if (c < C - 1) rows += key_end[c];
+      else if (last_too) rows += Skv;
     }
   }
   std::pair<int64_t, int64_t> blocks(int64_t c) const { return {c * nqb / C, (c + 1) * nqb / C}; }
@@ -514,14 +585,23 @@ struct BackwardChunks {
 
 }  // namespace
 
+int64_t sdpa_backward_bf16_workspace(int64_t B, int64_t, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, bool causal) {
+  return 2 * B * Nkv * BackwardChunks(B, Nkv, Sq, Skv, causal, Skv - Sq, true).rows * D;
+}
+
 int64_t sdpa_backward_workspace(int64_t B, int64_t, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, bool causal) {
   return 2 * B * Nkv * BackwardChunks(B, Nkv, Sq, Skv, causal, Skv - Sq).rows * D;
 }
 
-template <class T>
-void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
-                   T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                   bool causal, const int64_t* doc_start, T* workspace, const AttentionVariant<T>& var) {
+namespace {
+
+// sdpa_backward on storage S (T, or bf16 with T = f32: then dq, dk, dv accumulate in T, dk and dv
+// in the workspace) with the tile products of Tiles.
+template <class T, class S, class Tiles>
+void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, const S* dout, S* dq, S* dk, S* dv,
+              int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
+              const int64_t* doc_start, T* workspace, const AttentionVariant<T>& var) {
+  constexpr bool wide = std::is_same_v<S, T>;
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   check_variant("sdpa_backward", var);
   // The workspace is sized for offset 0 (sdpa_backward_workspace); ring chunk pairs bring none.
@@ -532,7 +612,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
   const T sc = T(scale), cap = T(var.softcap);
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
-  const BackwardChunks ch(B, Nkv, Sq, Skv, causal, shift);
+  const BackwardChunks ch(B, Nkv, Sq, Skv, causal, shift, !wide);
   const int64_t C = ch.C, rows = ch.rows;
   const int64_t stride = B * Nkv * rows * D;
   // Not value-initialised: each chunk zeroes the rows it accumulates into.
@@ -542,18 +622,21 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
 #pragma omp parallel
   {
     std::vector<T> p(static_cast<size_t>(BQ * LT)), ds(static_cast<size_t>(BQ * LT));  // [BQ, BK] tiles, stride LT
-    std::vector<T> panel(static_cast<size_t>(D * LT));                                // [D, BK] Kᵀ or Vᵀ, stride LT
     std::vector<T> delta(static_cast<size_t>(BQ));                                    // [BQ] Δ
+    std::vector<T> dq_acc(wide ? 0 : static_cast<size_t>(BQ * D));                    // [BQ, D] dq in T
+    Tiles tiles(D, BQ, LT);
 
     // Chunks late in the sequence see the most keys under causal masking: hand them out first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * Nkv * C; ++task) {
       const int64_t c = C - 1 - task % C, bkv = task / C, b = bkv / Nkv;
       const bool last = c == C - 1;
-      const T* kp = k + bkv * Skv * D;  // [Skv, D]
-      const T* vp = v + bkv * Skv * D;
-      T* dkp = last ? dk + bkv * Skv * D : part + (bkv * rows + ch.part_row[c]) * D;  // row j at dkp + j·D
-      T* dvp = last ? dv + bkv * Skv * D : dkp + stride;
+      const S* kp = k + bkv * Skv * D;  // [Skv, D]
+      const S* vp = v + bkv * Skv * D;
+      T* dkp = part + (bkv * rows + ch.part_row[c]) * D;  // row j at dkp + j·D
+      T* dvp = dkp + stride;
+      if constexpr (wide)
+        if (last) dkp = dk + bkv * Skv * D, dvp = dv + bkv * Skv * D;
       std::fill(dkp, dkp + (last ? Skv : ch.key_end[c]) * D, T(0));
       std::fill(dvp, dvp + (last ? Skv : ch.key_end[c]) * D, T(0));
       const auto [qb0, qb1] = ch.blocks(c);
@@ -562,28 +645,31 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
         const int64_t bh = b * N + h;
         for (int64_t qb = qb0; qb < qb1; ++qb) {
           const int64_t i0 = qb * BQ, bq = std::min(BQ, Sq - i0);
-          const T* qp = q + (bh * Sq + i0) * D;      // [bq, D]
-          const T* dop = dout + (bh * Sq + i0) * D;  // [bq, D]
-          const T* orow = o + (bh * Sq + i0) * D;
+          const S* qp = q + (bh * Sq + i0) * D;      // [bq, D]
+          const S* dop = dout + (bh * Sq + i0) * D;  // [bq, D]
+          const S* orow = o + (bh * Sq + i0) * D;
           const T* lp = lse + bh * Sq + i0;          // [bq]
-          T* dqp = dq + (bh * Sq + i0) * D;          // [bq, D]
-          std::fill(dqp, dqp + bq * D, T(0));
+          S* dqp = dq + (bh * Sq + i0) * D;          // [bq, D]
+          T* dqa = dq_acc.data();                    // dq's accumulator
+          if constexpr (wide) dqa = dqp;
+          std::fill(dqa, dqa + bq * D, T(0));
           for (int64_t i = 0; i < bq; ++i) {  // Δ_i = Σ_d dO_i · O_i
             double acc = 0;
-            for (int64_t d = 0; d < D; ++d) acc += double(dop[i * D + d]) * double(orow[i * D + d]);
+            for (int64_t d = 0; d < D; ++d) acc += as_double(dop[i * D + d]) * as_double(orow[i * D + d]);
             delta[size_t(i)] = T(acc);
           }
+          tiles.queries(bq, qp, dop);
           const int64_t kend = mask.end(i0, bq);
           for (int64_t j0 = mask.begin(i0, bq); j0 < kend; j0 += BK) {
             const int64_t bk = std::min(BK, kend - j0);
             const auto limit = [&](int64_t i) { return mask.row_limit(i0 + i, j0, bk); };
-            keys_panel(bk, D, kp + j0 * D, panel.data(), LT);  // p = q · kᵀ
+            tiles.keys(bk, kp + j0 * D);  // p = q · kᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
-              scores(r1 - r0, n, D, qp + r0 * D, kp + j0 * D, panel.data(), LT, p.data() + r0 * LT, LT);
+              tiles.scores(r1 - r0, n, qp + r0 * D, p.data() + r0 * LT);
             });
-            keys_panel(bk, D, vp + j0 * D, panel.data(), LT);  // ds = dO · vᵀ
+            tiles.keys(bk, vp + j0 * D);  // ds = dO · vᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
-              scores(r1 - r0, n, D, dop + r0 * D, vp + j0 * D, panel.data(), LT, ds.data() + r0 * LT, LT);
+              tiles.scores(r1 - r0, n, dop + r0 * D, ds.data() + r0 * LT);
             });
             for (int64_t i = 0; i < bq; ++i) {
               const int64_t lim = lp[i] == neg_inf ? 0 : limit(i);
@@ -597,43 +683,76 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
               else
                 probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, lp[i], delta[size_t(i)]);
             }
+            tiles.probs(bq, bk, p.data(), ds.data());
             // Keys [c0, c1) are seen by the rows from the first whose limit passes c0 (p, ds are 0 above).
             const bool whole = limit(0) >= bk;
             for (int64_t c0 = 0; c0 < bk; c0 += whole ? bk : kStrip) {
               const int64_t c1 = whole ? bk : std::min(bk, c0 + kStrip);
               const int64_t r0 = whole ? 0 : std::clamp<int64_t>(c0 + j0 - i0 - shift, 0, bq);
               if (r0 == bq) continue;
-              gemm(true, false, c1 - c0, D, bq - r0, T(1), p.data() + r0 * LT + c0, LT, dop + r0 * D, D, T(1),
-                   dvp + (j0 + c0) * D, D);  // dv += pᵀ · dO
-              gemm(true, false, c1 - c0, D, bq - r0, sc, ds.data() + r0 * LT + c0, LT, qp + r0 * D, D, T(1),
-                   dkp + (j0 + c0) * D, D);  // dk += scale · dsᵀ · q
+              tiles.key_grads(c0, c1, r0, bq, sc, dvp + (j0 + c0) * D, dkp + (j0 + c0) * D);
             }
+            tiles.values(bk, kp + j0 * D);
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {  // dq += scale · ds · k
-              gemm(false, false, r1 - r0, D, n, sc, ds.data() + r0 * LT, LT, kp + j0 * D, D, T(1), dqp + r0 * D, D);
+              tiles.times_values(r1 - r0, n, sc, ds.data() + r0 * LT, dqa + r0 * D);
             });
           }
+          if constexpr (!wide) round_into(dqa, dqp, bq * D);
         }
       }
     }
 
     // dk, dv = the last chunk's dK, dV + Σ_{c < C-1} (chunk c's) in chunk order, over the keys
     // chunk c sees: an order that depends on the sizes only.
-    if (C > 1) {
+    // Without `wide`, the last chunk's sums are in the workspace too: they start the sum, and each
+    // result is rounded once.
+    if (C > 1 || !wide) {
 #pragma omp for schedule(static)
       for (int64_t row = 0; row < B * Nkv * Skv; ++row) {
         const int64_t bkv = row / Skv, j = row % Skv;
-        T* dkr = dk + row * D;
-        T* dvr = dv + row * D;
+        T* dkr = part + (bkv * rows + ch.part_row[C - 1] + j) * D;
+        T* dvr = dkr + stride;
+        if constexpr (wide) dkr = dk + row * D, dvr = dv + row * D;
         for (int64_t c = 0; c < C - 1; ++c) {
           if (j >= ch.key_end[c]) continue;
           const T* pk = part + (bkv * rows + ch.part_row[c] + j) * D;
           const T* pv = pk + stride;
           for (int64_t d = 0; d < D; ++d) dkr[d] += pk[d], dvr[d] += pv[d];
         }
+        if constexpr (!wide) round_into(dkr, dk + row * D, D), round_into(dvr, dv + row * D, D);
       }
     }
   }
   if (var.sinks != nullptr && var.dsinks != nullptr) sink_grads(o, lse, dout, B, N, Sq, D, var);
+}
+
+}  // namespace
+
+template <class T>
+void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
+                   T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
+                   bool causal, const int64_t* doc_start, T* workspace, const AttentionVariant<T>& var) {
+  backward<T, T, WideTiles<T>>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start,
+                               workspace, var);
+}
+
+bool sdpa_bf16_native(int64_t D) { return D % 2 == 0 && bf16_gemm_best() == Bf16Gemm::avx512_bf16; }
+
+void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t B,
+                       int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
+                       const int64_t* doc_start, const AttentionVariant<float>& var) {
+  AUTOSP_ASSERT(sdpa_bf16_native(D), "sdpa_forward_bf16: needs AVX512-BF16 and an even head dim, D ", D);
+  forward<float, uint16_t, Bf16Tiles>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
+}
+
+void sdpa_backward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* o, const float* lse,
+                        const uint16_t* dout, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t B, int64_t N,
+                        int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
+                        const int64_t* doc_start, float* workspace, const AttentionVariant<float>& var) {
+  AUTOSP_ASSERT(sdpa_bf16_native(D), "sdpa_backward_bf16: needs AVX512-BF16 and an even head dim, D ", D);
+  AUTOSP_ASSERT(var.offset == 0 || workspace == nullptr, "sdpa_backward_bf16: a workspace with offset ", var.offset);
+  backward<float, uint16_t, Bf16Tiles>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal,
+                                       doc_start, workspace, var);
 }
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t,

@@ -44,6 +44,7 @@
 #include <vector>
 #include <type_traits>
 
+#include "kernels/cpu/dp16.h"
 #include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
 

@@ -39,16 +39,7 @@ uint32_t pair_word(const uint16_t* x, int64_t ld, int64_t i, int64_t p, int64_t 
   return at(2 * p) | at(2 * p + 1) << 16;
 }
 
-// Words (X[i + t][2p], X[i + t][2p + 1]) for the lanes t of `lanes` (0 elsewhere), x stored [K, rows].
-__attribute__((target("avx512f,avx512bw,avx512vl"))) __m512i pair_words16(const uint16_t* x, int64_t ld, int64_t i,
-                                                                         int64_t p, int64_t K, __mmask16 lanes) {
-  const __m256i lo = _mm256_maskz_loadu_epi16(lanes, x + 2 * p * ld + i);
-  const __m256i hi = 2 * p + 1 < K ? _mm256_maskz_loadu_epi16(lanes, x + (2 * p + 1) * ld + i) : _mm256_setzero_si256();
-  // The maskz forms: GCC 12's unmasked ones start from _mm512_undefined_epi32, which -Wmaybe-uninitialized flags.
-  const __mmask16 all = 0xffff;
-  return _mm512_or_si512(_mm512_maskz_cvtepu16_epi32(all, lo),
-                         _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, hi), 16));
-}
+using dp16::pair_words16;  // two rows of X [K, ·] interleaved into pair words
 
 // A word into packed scratch (floats by type; the bits are what matter).
 void put_word(float* dst, uint32_t w) { std::memcpy(dst, &w, sizeof w); }
@@ -98,32 +89,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b(const Bf16Opera
 
 // vec16::micro_tile's contract on packed bf16 panels: R rows × 16·V columns over kc pairs.
 template <int R, int V>
-__attribute__((target("avx512f,avx512bf16"))) [[gnu::always_inline]] inline void dp_tile(int64_t kc, float alpha, const float* ap, const float* bp, float beta,
-                                           float* c, int64_t ldc) {
-  __m512 acc[R][V];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kc; ++k) {
-    __m512bh bk[V];
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) bk[v] = (__m512bh)_mm512_loadu_ps(bp + k * 16 * V + 16 * v);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512bh ar = (__m512bh)_mm512_set1_ps(ap[k * kMR + r]);  // the word, its bits broadcast
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bk[v]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      float* cp = c + r * ldc + 16 * v;
-      const __m512 y = _mm512_mul_ps(_mm512_set1_ps(alpha), acc[r][v]);
-      _mm512_storeu_ps(cp, beta == 0.0f ? y : _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(cp), y));
-    }
+__attribute__((target("avx512f,avx512bf16"))) [[gnu::always_inline]] inline void dp_tile(int64_t kc, float alpha,
+                                                                                          const float* ap, const float* bp,
+                                                                                          float beta, float* c, int64_t ldc) {
+  dp16::tile<R, V>(kc, alpha, ap, 1, kMR, bp, 16 * V, beta, c, ldc);
 }
 
 // kernel's contract on packed bf16 panels (kc pairs).
