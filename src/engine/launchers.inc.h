@@ -801,6 +801,7 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::dpo_loss, dpo_loss},
     {Op::sequence_logps_backward, sequence_logps_backward},
     {Op::dpo_loss_backward, dpo_loss_backward},
+    {Op::tanh, unary<Unary::tanh>},
 }};
 
 constexpr bool launchers_in_order() {

@@ -936,6 +936,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .attrs = "slots,ignore_index", .infer = sequence_logps_backward_rule, .backward_only = true},
     {.op = Op::dpo_loss_backward, .name = "dpo_loss_backward", .arity = 5,
      .attrs = "beta,loss_type,label_smoothing,rpo_alpha,share", .infer = dpo_loss_rule, .backward_only = true},
+    {.op = Op::tanh, .name = "tanh", .arity = 1, .infer = unary_rule, .vjp = vjp::tanh, .seq = seq_same, .in_place = true},
 }};
 
 constexpr bool table_in_order() {

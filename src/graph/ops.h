@@ -78,6 +78,8 @@ enum class Op : uint16_t {
   // summed completion log-probability [B, 2, K] (chosen, rejected of slot k) from logits, labels and
   // the targets' pair slots; the DPO loss over those and the reference's; their backwards
   sequence_logps, dpo_loss, sequence_logps_backward, dpo_loss_backward,
+  // elementwise tanh (Gemma's final logit softcap: cap · tanh(logits / cap))
+  tanh,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);
