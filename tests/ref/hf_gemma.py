@@ -11,7 +11,8 @@ head_dim, both softcaps small enough to bend, windows of 4 on layers 0 and 2 of 
   2. its checkpoint after step 1 loads in from_pretrained with no missing or unexpected keys, and
      transformers' loss with those weights is autosp's at step 2;
   3. with packed documents (data.document_mask), P = 2 (Ulysses), P = 4 as a ring of 4 and as
-     Ulysses 2 x ring 2, and dp 2 x sp 2 have P = 1's loss and gradients (within 1e-10).
+     Ulysses 2 x ring 2, and dp 2 x sp 2 have P = 1's loss and gradients (within 1e-10), for this
+     Gemma 2 and for a Gemma 3 (text) of autosp's own random initialisation.
 transformers' Gemma2RMSNorm computes in float32 even in a float64 model; the reference computes it
 in float64 (hf_windows.float64_gemma_norms), as autosp does for float64. pad_token_id is None: with
 Gemma2Config's default 0, nn.Embedding(padding_idx=0) leaves row 0 out of the embedding lookup's
@@ -128,22 +129,32 @@ def main():
         with torch.no_grad():
             check("gemma2 from_pretrained(step_1) at step 2", m[1]["loss"], loss_of(back, batch_tokens(tokens, 1, BATCH, SEQ)).item())
 
-        # 3. sequence parallel with packed documents: P = 1's loss and gradients
+        # 3. sequence parallel with packed documents: P = 1's loss and gradients, for this Gemma 2
+        # and for a Gemma 3 of autosp's own initialisation (q/k norms, local RoPE base, linear
+        # scaling on the global layer; transformers 4.44 has no Gemma 3)
         eos = int(torch.tensor(tokens[:4 * BATCH * SEQ]).bincount().argmax())  # a frequent token: documents are short
-        base = None
-        for ranks, sp, ring in LAYOUTS:
-            dp = ranks // sp
-            path = os.path.join(work, f"grads-{ranks}-{sp}-{ring}.safetensors")
-            c = config(work, src, batch=2 * BATCH // dp, data={"document_mask": True, "eos_token_id": eos},
-                       sequence_parallel={"autosp_size": sp, "ring_size": ring})
-            got = run_autosp(bin_dir, work, c, np_=ranks, extra=["--dump-grads", path], name=f"docs-{ranks}-{sp}-{ring}")
-            g = {n: t.to(torch.float64) for n, t in load_file(path).items()}
-            if base is None:
-                base = (got[0]["loss"], g)
-                continue
-            what = f"packed documents, {ranks} ranks: dp {dp} x Ulysses {sp // ring} x ring {ring}"
-            check(what, got[0]["loss"], base[0], tol=1e-10 * abs(base[0]))
-            compare_grads(what, g, base[1], 1e-10)
+        gemma3 = {"arch": "gemma3_text", "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48,
+                  "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                  "sliding_window": WINDOW, "sliding_window_pattern": 3, "rope_local_base_freq": 50.0,
+                  "rope_scaling": {"rope_type": "linear", "factor": 4.0}, "query_pre_attn_scalar": 12,
+                  "final_logit_softcapping": 3.0}
+        for name, model in (("gemma2", {"from": src}), ("gemma3_text", gemma3)):
+            base = None
+            for ranks, sp, ring in LAYOUTS:
+                dp = ranks // sp
+                path = os.path.join(work, f"grads-{name}-{ranks}-{sp}-{ring}.safetensors")
+                c = config(work, src, batch=2 * BATCH // dp, data={"document_mask": True, "eos_token_id": eos},
+                           sequence_parallel={"autosp_size": sp, "ring_size": ring})
+                c["model"] = model
+                got = run_autosp(bin_dir, work, c, np_=ranks, extra=["--dump-grads", path],
+                                 name=f"docs-{name}-{ranks}-{sp}-{ring}")
+                g = {n: t.to(torch.float64) for n, t in load_file(path).items()}
+                if base is None:
+                    base = (got[0]["loss"], g)
+                    continue
+                what = f"{name} packed documents, {ranks} ranks: dp {dp} x Ulysses {sp // ring} x ring {ring} (against P = 1)"
+                check(what, got[0]["loss"], base[0], tol=1e-10 * abs(base[0]))
+                compare_grads(what, g, base[1], 1e-10)
         print("hf gemma: ok")
     finally:
         shutil.rmtree(work, ignore_errors=True)
