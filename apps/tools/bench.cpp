@@ -127,7 +127,7 @@ std::vector<std::string> pytorch_args(const Config& cfg, const BenchOptions& opt
                                 cfg.runtime.activation_checkpointing ? "--checkpoint" : "--no-checkpoint", "--dtype",
                                 cfg.runtime.dtype == DType::bf16 ? "bfloat16" : "float32"};
   const Family& f = family(m.arch);
-  if (f.qk_norm)  // its baseline would need q/k norm and head_dim flags
+  if (f.qk_norm || f.sandwich_norms)  // its baseline would need q/k norm, head_dim and Gemma's flags
     throw UsageError(str("the PyTorch baseline (scripts/bench_pytorch.py) has no ", f.name,
                          " model yet: bench it without --compare-pytorch"));
   if (f.tied_head == Presence::by_key) a.push_back(m.tie_word_embeddings ? "--tie" : "--no-tie");

@@ -978,8 +978,9 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   auto& m = c.model;
   if (!f.gqa || !given("num_key_value_heads")) m.num_key_value_heads = m.num_attention_heads;
   if (f.tied_head != Presence::by_key) m.tie_word_embeddings = f.tied_head == Presence::always;
-  else if (!given("tie_word_embeddings")) m.tie_word_embeddings = false;
+  else if (!given("tie_word_embeddings")) m.tie_word_embeddings = f.tie_default;
   if (!given("norm_eps")) m.norm_eps = f.norm_eps;
+  if (!given("sliding_window_pattern")) m.sliding_window_pattern = f.window_pattern;
   // A key of another layout at the value autosp uses anyway (GPT-2's tie_word_embeddings true, as
   // the resolved config and a translated config.json write it) is silent; another value is not
   // applied, and says so.
@@ -1091,6 +1092,8 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
             auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads)));
   if (c.runtime.tiled_mlp && f.mlp != Mlp::swiglu)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", f.name, "\" has none"));
+  if (c.runtime.tiled_loss && f.softcaps && m.final_logit_softcapping > 0)
+    bad("runtime.tiled_loss has no final logit softcap: set it false, or model.final_logit_softcapping null");
   if (c.lora.enabled) check_lora(c, bad);
   check_dpo(c, bad);
   if (cross_key_rules) {

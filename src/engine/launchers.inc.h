@@ -884,6 +884,7 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::moe_router_stats, moe_router_stats},
     {Op::moe_aux_loss, moe_aux_loss},
     {Op::moe_aux_loss_backward, moe_aux_loss_backward},
+    {Op::tanh, unary<Unary::tanh>},
 }};
 
 constexpr bool launchers_in_order() {

@@ -36,6 +36,7 @@ Node* Builder::dropout(Node* x, Node* token_index, double p, int64_t seed, const
 }
 Node* Builder::neg(Node* x, const std::string& name) { return op(Op::neg, {x}, {}, name); }
 Node* Builder::exp(Node* x, const std::string& name) { return op(Op::exp, {x}, {}, name); }
+Node* Builder::tanh(Node* x, const std::string& name) { return op(Op::tanh, {x}, {}, name); }
 Node* Builder::gelu_tanh(Node* x, const std::string& name) { return op(Op::gelu_tanh, {x}, {}, name); }
 Node* Builder::silu(Node* x, const std::string& name) { return op(Op::silu, {x}, {}, name); }
 Node* Builder::reshape(Node* x, SymShape shape, const std::string& name) {

@@ -54,6 +54,7 @@ class Builder {
   Node* dropout(Node* x, Node* token_index, double p, int64_t seed, const std::string& name = "dropout");
   Node* neg(Node* x, const std::string& name = "neg");
   Node* exp(Node* x, const std::string& name = "exp");
+  Node* tanh(Node* x, const std::string& name = "tanh");
   Node* gelu_tanh(Node* x, const std::string& name = "gelu");
   Node* silu(Node* x, const std::string& name = "silu");
   Node* reshape(Node* x, SymShape shape, const std::string& name = "reshape");

@@ -982,6 +982,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .vjp = vjp::moe_aux_loss},
     {.op = Op::moe_aux_loss_backward, .name = "moe_aux_loss_backward", .arity = 2, .attrs = "top_k,share",
      .infer = moe_aux_loss_rule, .backward_only = true},
+    {.op = Op::tanh, .name = "tanh", .arity = 1, .infer = unary_rule, .vjp = vjp::tanh, .seq = seq_same, .in_place = true},
 }};
 
 constexpr bool table_in_order() {

@@ -82,6 +82,8 @@ enum class Op : uint16_t {
   // differentiated, and its summed probability) and transformers' load-balancing loss over the
   // layers' statistics [L, 2, E] (models/moe.h; graph/passes/autosp/normalize_loss); its backward
   moe_router_stats, moe_aux_loss, moe_aux_loss_backward,
+  // elementwise tanh (Gemma's final logit softcap: cap · tanh(logits / cap))
+  tanh,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

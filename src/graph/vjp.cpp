@@ -65,6 +65,10 @@ void dropout(VjpContext& c) {
 }
 void neg(VjpContext& c) { c.input_grads[0] = c.b.neg(c.grad, "dx"); }
 void exp(VjpContext& c) { c.input_grads[0] = c.b.mul(c.grad, c.node, "dx"); }
+// y = tanh(x): dx = dy · (1 − y²) = dy − (dy · y) · y
+void tanh(VjpContext& c) {
+  c.input_grads[0] = c.b.sub(c.grad, c.b.mul(c.b.mul(c.grad, c.node, "dy_y"), c.node, "dy_yy"), "dx");
+}
 void gelu_tanh(VjpContext& c) { c.input_grads[0] = c.b.gelu_tanh_backward(c.grad, c.in(0), "dx"); }
 void silu(VjpContext& c) { c.input_grads[0] = c.b.silu_backward(c.grad, c.in(0), "dx"); }
 

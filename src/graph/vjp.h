@@ -16,6 +16,7 @@ void scale(VjpContext&);
 void dropout(VjpContext&);
 void neg(VjpContext&);
 void exp(VjpContext&);
+void tanh(VjpContext&);
 void gelu_tanh(VjpContext&);
 void silu(VjpContext&);
 void reshape(VjpContext&);

@@ -84,8 +84,29 @@ constexpr Family qwen3_moe() {
   return f;
 }
 
-constexpr std::array<Family, kNumArchs> kFamilies{kGpt2,     kLlama,      mistral(),   qwen2(),
-                                                  qwen3(),   mixtral(),   qwen2_moe(), qwen3_moe()};
+// Gemma 2: Llama with GeGLU, (1 + w) RMSNorms, norms before and after attention and MLP, a scaled
+// embedding, softcaps, query_pre_attn_scalar, a tied head and alternating windows; Gemma 3's text
+// model drops nothing of it (its attention softcap is null by default) and adds q/k norms and a
+// local RoPE base.
+constexpr Family gemma2() {
+  Family f = member(kLlama, Arch::gemma2, "gemma2", "Gemma2Config", "Gemma2ForCausalLM");
+  f.mlp = Mlp::geglu;
+  f.mlp_bias = Presence::never;
+  f.tie_default = true;
+  f.window = Window::pattern;
+  f.unit_offset_norm = f.sandwich_norms = f.scaled_embedding = f.softcaps = f.query_pre_attn_scalar = true;
+  return f;
+}
+constexpr Family gemma3_text() {
+  Family f = member(gemma2(), Arch::gemma3_text, "gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM");
+  f.qk_norm = true;
+  f.local_rope = true;
+  f.window_pattern = 6;
+  return f;
+}
+
+constexpr std::array<Family, kNumArchs> kFamilies{kGpt2,     kLlama,      mistral(),   qwen2(),    qwen3(),
+                                                  mixtral(), qwen2_moe(), qwen3_moe(), gemma2(), gemma3_text()};
 
 constexpr bool rows_in_order() {
   for (size_t i = 0; i < kFamilies.size(); ++i)

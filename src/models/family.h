@@ -16,8 +16,8 @@
 namespace autosp {
 
 // The architectures, named as Hugging Face's model_type (Family::name), in the table's order.
-enum class Arch { gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe };
-inline constexpr size_t kNumArchs = static_cast<size_t>(Arch::qwen3_moe) + 1;  // name the last value here
+enum class Arch { gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3_text };
+inline constexpr size_t kNumArchs = static_cast<size_t>(Arch::gemma3_text) + 1;  // name the last value here
 
 // Which builder records the graph: GPT-2's (wpe, LayerNorm, one fused c_attn Conv1D, GELU MLP,
 // names under "transformer.") or the Llama family's (RoPE, RMSNorm, q/k/v/o Linear, SwiGLU MLP,
@@ -25,14 +25,18 @@ inline constexpr size_t kNumArchs = static_cast<size_t>(Arch::qwen3_moe) + 1;  /
 enum class Layout { gpt2, llama };
 enum class Norm { layernorm, rmsnorm };  // layernorm: a weight and a bias [C]; rmsnorm: a weight [C]
 enum class Positions { learned, rope };  // learned: a table [max_position_embeddings, C] indexed by position_ids
-enum class Mlp { gelu, swiglu };         // gelu: [C, 4C] then [4C, C]; swiglu: gate, up [I, C], down [C, I]
+// gelu: [C, 4C] then [4C, C]; swiglu: gate, up [I, C], down [C, I]; geglu: the same with the tanh GELU
+// in place of silu (Gemma's gelu_pytorch_tanh)
+enum class Mlp { gelu, swiglu, geglu };
 // Whether a family has a setting: never, always, or as a config key says (model.attention_bias,
 // model.mlp_bias, model.tie_word_embeddings).
 enum class Presence { never, always, by_key };
 // The sliding window: none (the HF config has no window), a key that applies whenever it is set
 // (Mistral's sliding_window, every layer), or one switched on by use_sliding_window (Qwen2, Qwen3:
-// the layers from max_window_layers on). ModelConfig::layer_window says which layers have it.
-enum class Window { none, key, switched };
+// the layers from max_window_layers on), or a pattern of local and global layers (Gemma: layer l
+// slides unless (l + 1) is a multiple of sliding_window_pattern; Gemma 2 alternates, 2).
+// ModelConfig::layer_window says which layers have it.
+enum class Window { none, key, switched, pattern };
 // A mixture-of-experts MLP (models/moe.h): none (dense), Mixtral's (every layer sparse, names under
 // block_sparse_moe, experts w1/w3/w2, top-k weights always renormalised) or Qwen's (names under
 // mlp, experts gate_proj/up_proj/down_proj, norm_topk_prob, decoder_sparse_step, mlp_only_layers).
@@ -50,10 +54,26 @@ struct Family {
   Presence mlp_bias;   // by_key: model.mlp_bias
   bool qk_norm;        // an RMSNorm over each head's D of q and k, before RoPE (weights q_norm, k_norm [D])
   bool gqa;            // num_key_value_heads is a setting (else every head has its own K and V)
-  Presence tied_head;  // the LM head is the embedding: always, or as model.tie_word_embeddings says (default false)
+  Presence tied_head;  // the LM head is the embedding: always, or as model.tie_word_embeddings says (default tie_default)
   Window window;
   Moe moe = Moe::none;
   bool shared_expert = false;  // Qwen2-MoE: a dense SwiGLU expert every token takes, scaled by a sigmoid gate
+  // Gemma. unit_offset_norm: every RMSNorm (q/k norms too) multiplies by (1 + w), its weights
+  // stored as w, computed in f32 at least (HF's Gemma2RMSNorm). sandwich_norms: post-norms on the
+  // attention's and the MLP's outputs (post_attention_layernorm, post_feedforward_layernorm) and
+  // the MLP's pre-norm named pre_feedforward_layernorm. scaled_embedding: the embedding times
+  // √hidden_size rounded to the model's dtype. softcaps: model.attn_logit_softcapping (sdpa's
+  // softcap) and model.final_logit_softcapping (cap · tanh(logits / cap)) are settings.
+  // query_pre_attn_scalar: the attention scale is model.query_pre_attn_scalar^-0.5. local_rope:
+  // sliding layers rotate with model.rope_local_base_freq and no rope_scaling.
+  bool unit_offset_norm = false;
+  bool sandwich_norms = false;
+  bool scaled_embedding = false;
+  bool softcaps = false;
+  bool query_pre_attn_scalar = false;
+  bool local_rope = false;
+  int64_t window_pattern = 2;
+  bool tie_default = false;    // model.tie_word_embeddings when the config leaves it out (Gemma: true)  // model.sliding_window_pattern when the config leaves it out (Window::pattern)
   double norm_eps;     // model.norm_eps when the config leaves it out (HF's default)
   // Names.
   std::string_view embedding;       // the token embedding's parameter, which a tied head reuses

@@ -20,14 +20,15 @@ int64_t norm_params(const Family& f, int64_t dim) { return f.norm == Norm::layer
 int64_t mlp_params(const ModelConfig& m, int64_t l, bool active) {
   const Family& f = family(m.arch);
   const int64_t C = m.hidden_size;
-  if (!m.sparse_layer(l)) return (f.mlp == Mlp::swiglu ? 3 : 2) * C * m.mlp_width();
+  if (!m.sparse_layer(l)) return (f.mlp == Mlp::gelu ? 2 : 3) * C * m.mlp_width();
   const int64_t experts = active ? m.num_experts_per_tok : m.num_experts;
   const int64_t shared = f.shared_expert ? 3 * C * m.shared_expert_intermediate_size + C : 0;
   return m.num_experts * C + experts * 3 * C * m.expert_width() + shared;
 }
 
 // Parameters of transformer layer l, from the family row: q and o [C, N·D], k and v [C, Nkv·D],
-// the MLP's (mlp_params), the biases the family has, two norms, and q/k norms [D] where it has them.
+// the MLP's (mlp_params), the biases the family has, two norms (four with Gemma's post-norms), and
+// q/k norms [D] where it has them.
 int64_t layer_params(const ModelConfig& m, int64_t l, bool active) {
   const Family& f = family(m.arch);
   const ModelDims d = model_dims(m);
@@ -35,8 +36,9 @@ int64_t layer_params(const ModelConfig& m, int64_t l, bool active) {
   int64_t biases = 0;
   if (present(f.qkv_bias, m.attention_bias)) biases += d.N * d.D + 2 * d.Nkv * d.D;
   if (present(f.o_bias, m.attention_bias)) biases += d.C;
-  if (present(f.mlp_bias, m.mlp_bias)) biases += (f.mlp == Mlp::swiglu ? 2 : 1) * d.M + d.C;
-  return attn + mlp_params(m, l, active) + biases + 2 * norm_params(f, d.C) + (f.qk_norm ? 2 * d.D : 0);
+  if (present(f.mlp_bias, m.mlp_bias)) biases += (f.mlp == Mlp::gelu ? 1 : 2) * d.M + d.C;
+  const int64_t norms = f.sandwich_norms ? 4 : 2;
+  return attn + mlp_params(m, l, active) + biases + norms * norm_params(f, d.C) + (f.qk_norm ? 2 * d.D : 0);
 }
 
 // Every layer's parameters (active: a mixture of experts' k experts per layer, what a token computes with).

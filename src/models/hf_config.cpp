@@ -44,7 +44,9 @@ const std::set<std::string>& math_free_keys() {
       // Hub metadata other tools write and transformers ignores: SmolLM's marker from its nanotron
       // conversion and its transformers.js (ONNX) export settings; GPT-2's legacy keys from the
       // original OpenAI GPT double-heads model (special tokens GPT-2 never had).
-      "is_llama_config", "transformers.js_config", "n_special", "predict_special_tokens"};
+      "is_llama_config", "transformers.js_config", "n_special", "predict_special_tokens",
+      // Gemma: the kind of KV cache generate() makes ("hybrid": local layers keep their window).
+      "cache_implementation"};
   return k;
 }
 
@@ -123,6 +125,19 @@ std::vector<Required> llama_required(const char* act, std::vector<Required> more
   return r;
 }
 
+// Gemma's MLP: hidden_activation is what its MLP reads (Gemma2Config's hidden_act is unused);
+// Gemma 3's bidirectional attention (EmbeddingGemma's) is not causal.
+std::vector<Required> gemma_required() {
+  std::vector<Required> r = {
+      {"hidden_activation", {"gelu_pytorch_tanh"}, "autosp's Gemma MLP is GeGLU with the tanh GELU (gelu_pytorch_tanh)"},
+      {"hidden_act", {"gelu_pytorch_tanh", "gelu", nullptr}, "Gemma's MLP reads hidden_activation"},
+      {"use_bidirectional_attention", {false, nullptr}, "autosp's attention is causal"}};
+  r.insert(r.end(), kLlamaLayoutRequired.begin(), kLlamaLayoutRequired.end());
+  return r;
+}
+const json kGemmaWritten = {{"hidden_activation", "gelu_pytorch_tanh"}, {"hidden_act", "gelu_pytorch_tanh"},
+                            {"attention_dropout", 0.0}};
+
 // In Arch order (checked by hf_family).
 const std::vector<HfFamily>& hf_families() {
   static const std::vector<HfFamily> rows = {
@@ -184,6 +199,22 @@ const std::vector<HfFamily>& hf_families() {
                                  {"decoder_sparse_step", 1}, {"norm_topk_prob", false}, {"mlp_only_layers", nullptr}}),
        .required = llama_required("autosp's Qwen3-MoE experts are SwiGLU (silu)"),
        .written = kSiluWritten},
+      // Gemma2Config (4.44) and Gemma3TextConfig (4.50+): Gemma 3 has no softcaps by default.
+      {.defaults = {{"vocab_size", 256000}, {"hidden_size", 3072}, {"intermediate_size", 24576},
+                    {"num_hidden_layers", 28}, {"num_attention_heads", 16}, {"num_key_value_heads", 16},
+                    {"head_dim", 256}, {"max_position_embeddings", 8192}, {"rope_theta", 10000.0}, {"norm_eps", 1e-6},
+                    {"attention_bias", false}, {"sliding_window", 4096}, {"sliding_window_pattern", 2},
+                    {"query_pre_attn_scalar", 224}, {"attn_logit_softcapping", 50.0},
+                    {"final_logit_softcapping", 30.0}, {"tie_word_embeddings", true}},
+       .required = gemma_required(),
+       .written = kGemmaWritten},
+      {.defaults = {{"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216},
+                    {"num_hidden_layers", 26}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+                    {"head_dim", 256}, {"max_position_embeddings", 131072}, {"rope_theta", 1e6}, {"norm_eps", 1e-6},
+                    {"attention_bias", false}, {"sliding_window", 4096}, {"sliding_window_pattern", 6},
+                    {"query_pre_attn_scalar", 256}, {"rope_local_base_freq", 10000.0}, {"tie_word_embeddings", true}},
+       .required = gemma_required(),
+       .written = kGemmaWritten},
   };
   return rows;
 }
@@ -385,7 +416,8 @@ void rope_to_hf(const ModelConfig& m, const Family&, json& hf) {
 // model.sliding_window (config/ refuses one shorter than the sequence).
 void window_from_hf(const json& hf, const Family& f, HfImport& out) {
   out.used.insert({"sliding_window", "use_sliding_window"});
-  const bool applies = f.window == Window::key || (hf.contains("use_sliding_window") && hf["use_sliding_window"] == true);
+  const bool applies = f.window == Window::key || f.window == Window::pattern ||
+                       (hf.contains("use_sliding_window") && hf["use_sliding_window"] == true);
   if (hf.contains("use_sliding_window") && !hf["use_sliding_window"].is_boolean())
     out.errors.push_back(str("use_sliding_window = ", hf["use_sliding_window"].dump(), ": expected true or false"));
   const json w = hf.contains("sliding_window") ? hf["sliding_window"] : out.defaults.value("sliding_window", json());
@@ -404,19 +436,32 @@ void window_to_hf(const ModelConfig& m, const Family& f, json& hf) {
   std::vector<std::string> kinds;
   for (int64_t l = 0; l < m.num_hidden_layers; ++l)
     kinds.push_back(m.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
-  if (f.window == Window::switched || !m.layer_types.empty()) hf["layer_types"] = kinds;
+  if (f.window == Window::switched || f.window == Window::pattern || !m.layer_types.empty()) hf["layer_types"] = kinds;
 }
 
 namespace {
 
+// The layer_types that Gemma's sliding_window_pattern (the model section's, else the family's) gives
+// `layers` layers.
+json pattern_kinds(const json& m, const Family& f, size_t layers) {
+  const json p = m.value("sliding_window_pattern", json());
+  const int64_t pattern = p.is_number_integer() && p.get<int64_t>() > 0 ? p.get<int64_t>() : f.window_pattern;
+  json kinds = json::array();
+  for (size_t l = 0; l < layers; ++l)
+    kinds.push_back((static_cast<int64_t>(l) + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
+  return kinds;
+}
+
 // transformers 5's layer_types: every layer's attention. A windowed family (Family::window) with a
-// window keeps it as model.layer_types ("sliding_attention" layers get the window); otherwise
-// every layer must be full causal.
+// window keeps it as model.layer_types ("sliding_attention" layers get the window), unless it is
+// what Gemma's pattern says anyway (so that a checkpoint's config.json reads back as it was
+// written); otherwise every layer must be full causal.
 void check_layer_types(const json& hf, const Family& f, json& m, HfImport& out) {
   out.used.insert("layer_types");
   if (!hf.contains("layer_types") || hf["layer_types"].is_null()) return;
   const json& lt = hf["layer_types"];
   if (f.window != Window::none && m.contains("sliding_window") && lt.is_array()) {
+    if (f.window == Window::pattern && lt == pattern_kinds(m, f, lt.size())) return;  // what the pattern says
     m["layer_types"] = lt;  // its kinds and length are checked with the model section
     return;
   }

@@ -10,12 +10,23 @@
 #include "graph/builder.h"
 #include "models/moe.h"
 #include "tensor/check.h"
+#include "tensor/convert.h"
 
 namespace autosp {
 namespace {
 
 // T: the cached positions a decode step attends to besides its own (ForwardMode::decode).
 const Dim B = Dim::sym("B"), S = Dim::sym("S"), T = Dim::sym("T");
+
+// v as a value of dtype dt holds it (torch.tensor(v, dtype=dt)).
+double round_to(double v, DType dt) {
+  switch (dt) {
+    case DType::f32: return static_cast<float>(v);
+    case DType::bf16: return cpu::bf16_to_f32(cpu::f64_to_bf16(v));
+    case DType::f16: return cpu::f16_to_f32(cpu::f32_to_f16(static_cast<float>(v)));
+    default: return v;
+  }
+}
 
 std::string gpt2_layer(int64_t l) { return "transformer.h." + std::to_string(l) + "."; }
 std::string llama_layer(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
@@ -42,8 +53,8 @@ Inputs make_inputs(Builder& b, ForwardMode mode, bool document_mask) {
 // layer's sliding window (graph/builder.h AttentionAttrs; bottom-right aligned, so a decode step's
 // window counts back from its own position too).
 Node* attend(Builder& b, ForwardMode mode, int64_t l, Node* q, Node* k, Node* v, int64_t Nkv, int64_t D,
-             DType dt, Node* doc_start, const AttentionAttrs& variant = {}) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+             DType dt, Node* doc_start, const AttentionAttrs& variant = {}, double scale = 0) {
+  if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
   if (mode == ForwardMode::train) return b.sdpa(q, k, v, true, scale, "attn", doc_start, variant);
   Graph& g = b.graph();
   if (mode == ForwardMode::decode) {
@@ -85,19 +96,25 @@ Node* dpo_loss(Builder& b, Node* logits, Node* labels, DType dtype, const GraphO
 // The head and the token-mean loss over x [B, S, C] (after the final norm) and head [V, C]: the
 // logits x · headᵀ as an output, or with `tiled` one linear_cross_entropy_sum (no logits; its
 // argmax "predictions" [B, S] is the output instead); with opt.dpo_slots the DPO loss instead.
+// softcap > 0 (Gemma's final_logit_softcapping): the logits are softcap · tanh(logits / softcap).
 // Generation graphs output the logits only.
 //
 // `aux` (training with model.output_router_logits): the weighted load-balancing term
 // (models/moe.h), added to the token-mean loss: loss = add(lm_loss, aux), as transformers adds it.
 void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DType dtype, const GraphOptions& opt,
-            Node* aux = nullptr) {
+            double softcap = 0, Node* aux = nullptr) {
   Graph& g = b.graph();
   b.set_prefix("");
   const bool tiled = opt.tiled_loss;
+  auto head_logits = [&] {
+    Node* logits = b.matmul(x, head, false, true, softcap > 0 ? "raw_logits" : "logits");
+    if (softcap > 0) logits = b.scale(b.tanh(b.scale(logits, 1.0 / softcap, "capped"), "capped_tanh"), softcap, "logits");
+    return logits;
+  };
   Node* sum = nullptr;
   if (mode == ForwardMode::train && opt.dpo_slots > 0) {
     AUTOSP_ASSERT(!tiled, "the DPO loss reads the logits (no tiled loss)");
-    Node* logits = b.matmul(x, head, false, true, "logits");
+    Node* logits = head_logits();
     logits->set_role(Role::logits);
     g.add_output(logits);
     Node* loss = dpo_loss(b, logits, labels, dtype, opt);
@@ -106,10 +123,12 @@ void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DTy
     return;
   }
   if (mode == ForwardMode::train && tiled) {
+    if (softcap > 0)
+      throw UsageError("runtime.tiled_loss: the tiled loss has no final logit softcap (model.final_logit_softcapping)");
     sum = b.linear_cross_entropy_sum(x, head, labels, "loss_sum");
     g.add_output(b.output(sum, 1, "predictions"));
   } else {
-    Node* logits = b.matmul(x, head, false, true, "logits");
+    Node* logits = head_logits();
     logits->set_role(Role::logits);
     g.add_output(logits);
     if (mode != ForwardMode::train) return;
@@ -209,7 +228,9 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
   auto in = make_inputs(b, mode, opt.document_mask);
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   Node* embed = p(std::string(f.embedding), {V, C});
-  Node* x = b.embedding(embed, in.ids, "x");
+  Node* x = b.embedding(embed, in.ids, f.scaled_embedding ? "tok_emb" : "x");
+  // Gemma: times √C as a tensor of the model's dtype (HF's normalizer), so bf16 rounds it first.
+  if (f.scaled_embedding) x = b.scale(x, round_to(std::sqrt(static_cast<double>(C)), dt), "x");
   auto linear = [&](Node* v, const std::string& pname, int64_t out_dim, int64_t in_dim, bool bias,
                     const std::string& name) {
     Node* w = p(pname + ".weight", {out_dim, in_dim});  // nn.Linear: [out, in]
@@ -218,7 +239,15 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
   };
   auto rmsnorm = [&](Node* v, const std::string& pname, int64_t dim, const std::string& name) {
     Node* w = p(pname + ".weight", {dim});
-    return b.rmsnorm(v, w, m.norm_eps, name);
+    if (!f.unit_offset_norm) return b.rmsnorm(v, w, m.norm_eps, name);
+    // Gemma's RMSNorm as HF's Gemma2RMSNorm: in f32 (f64 stays f64), times (1 + w), cast back.
+    const DType ct = dt == DType::f64 ? DType::f64 : DType::f32;
+    if (ct != dt) {
+      v = b.cast(v, ct, name + ".in");
+      w = b.cast(w, ct, name + ".w");
+    }
+    Node* y = b.rmsnorm(v, b.add(w, b.full({dim}, 1.0, ct, name + ".one"), name + ".1pw"), m.norm_eps, name);
+    return ct != dt ? b.cast(y, dt, name + ".out") : y;
   };
   // [B, S, H·D] → [B, H, S, D], with Qwen3's per-head RMSNorm over D on the [B, S, H, D] view
   auto heads = [&](Node* v, int64_t H, const std::string& norm, const std::string& name) {
@@ -239,13 +268,21 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     Node* k = heads(linear(a, h + "self_attn.k_proj", Nkv * D, C, qkv_bias, "k_proj"), Nkv,
                     f.qk_norm ? h + "self_attn.k_norm" : "", "k");
     Node* v = heads(linear(a, h + "self_attn.v_proj", Nkv * D, C, qkv_bias, "v_proj"), Nkv, "", "v");
-    q = with_rope_scaling(b.rope(q, in.pos, m.rope_theta, "q_rope"), m);
-    k = with_rope_scaling(b.rope(k, in.pos, m.rope_theta, "k_rope"), m);
-    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start, {.window = m.layer_window(l)});
+    // Gemma 3's local layers: their own RoPE base, never scaled.
+    const bool local = f.local_rope && m.layer_sliding(l);
+    auto rope = [&](Node* t, const std::string& name) {
+      Node* r = b.rope(t, in.pos, local ? m.rope_local_base_freq : m.rope_theta, name);
+      return local ? r : with_rope_scaling(r, m);
+    };
+    q = rope(q, "q_rope");
+    k = rope(k, "k_rope");
+    const AttentionAttrs variant{.window = m.layer_window(l), .softcap = f.softcaps ? m.attn_logit_softcapping : 0.0};
+    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start, variant, m.attention_scale());
     Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, o_bias, "o_proj");
+    if (f.sandwich_norms) proj = rmsnorm(proj, h + "post_attention_layernorm", C, "post_attn_norm");
     x = b.add(x, proj, "res1");
-    // SwiGLU MLP: [B, S, C] → [B, S, I] → [B, S, C]
-    Node* mm = rmsnorm(x, h + "post_attention_layernorm", C, "norm2");
+    // SwiGLU (GeGLU) MLP: [B, S, C] → [B, S, I] → [B, S, C]
+    Node* mm = rmsnorm(x, h + (f.sandwich_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm"), C, "norm2");
     Node* down = nullptr;
     if (m.sparse_layer(l)) {  // a mixture of experts (models/moe.h)
       const MoeBlock moe = moe_block(b, m, h, mm, p);
@@ -253,22 +290,25 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
       if (aux_loss) router_stats.push_back(moe_layer_stats(b, m, moe.probs));
     } else if (opt.tiled_mlp) {  // one op over chunks of rows, the same parameters (kernels/cpu/mlp.h)
       if (mlp_bias) throw UsageError("runtime.tiled_mlp: the MLP has biases (mlp_bias true); the tiled MLP has none");
+      if (f.mlp != Mlp::swiglu) throw UsageError(str("runtime.tiled_mlp: ", f.name, "'s MLP is not SwiGLU"));
       Node* w_gate = p(h + "mlp.gate_proj.weight", {I, C});
       Node* w_up = p(h + "mlp.up_proj.weight", {I, C});
       down = b.swiglu_mlp(mm, w_gate, w_up, p(h + "mlp.down_proj.weight", {C, I}), "mlp");
     } else {
       Node* gate = linear(mm, h + "mlp.gate_proj", I, C, mlp_bias, "gate");
       Node* up = linear(mm, h + "mlp.up_proj", I, C, mlp_bias, "up");
-      Node* act = b.mul(b.silu(gate, "silu"), up, "swiglu");
+      Node* act = f.mlp == Mlp::geglu ? b.mul(b.gelu_tanh(gate, "gelu"), up, "geglu")
+                                      : b.mul(b.silu(gate, "silu"), up, "swiglu");
       down = linear(act, h + "mlp.down_proj", C, I, mlp_bias, "down");
     }
+    if (f.sandwich_norms) down = rmsnorm(down, h + "post_feedforward_layernorm", C, "post_mlp_norm");
     x = b.add(x, down, "res2");
   }
   b.set_prefix("");
   x = rmsnorm(x, "model.norm", C, "norm_f");
   Node* head = m.tie_word_embeddings ? embed : p("lm_head.weight", {V, C});
   Node* aux = router_stats.empty() ? nullptr : moe_weighted_aux_loss(b, m, router_stats);
-  finish(b, mode, x, head, in.labels, dt, opt, aux);
+  finish(b, mode, x, head, in.labels, dt, opt, f.softcaps ? m.final_logit_softcapping : 0.0, aux);
   return g;
 }
 
@@ -320,8 +360,8 @@ ParamMap init_params(const ModelConfig& m, uint64_t seed, DType dtype) {
     bool is_norm = n.find("ln_") != std::string::npos || n.find("layernorm") != std::string::npos ||
                    ends("_norm.weight") || n == "model.norm.weight";
     std::vector<double> v(static_cast<size_t>(shape_numel(spec.shape)));
-    if (is_norm && ends(".weight")) {
-      std::fill(v.begin(), v.end(), 1.0);
+    if (is_norm && ends(".weight")) {  // Gemma's (1 + w) norms start at w = 0, as HF initialises them
+      std::fill(v.begin(), v.end(), family(m.arch).unit_offset_norm ? 0.0 : 1.0);
     } else if (ends(".bias")) {
       std::fill(v.begin(), v.end(), 0.0);
     } else {

@@ -5,6 +5,7 @@
 // validated with the rest of the config by src/config.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -48,16 +49,28 @@ struct ModelConfig {
   // "full_attention" or "sliding_attention" per layer) when given; else every layer of a
   // Window::key family (Mistral), and the layers l >= max_window_layers of a Window::switched one
   // (Qwen: transformers' rule; 28, Qwen2Config's default).
+  // Window::pattern (Gemma): layer l slides unless (l + 1) % sliding_window_pattern == 0.
   int64_t max_window_layers = 28;
+  int64_t sliding_window_pattern = 2;
   std::vector<std::string> layer_types;
 
-  // Layer l's window: sliding_window where it applies, else 0 (full causal attention).
-  int64_t layer_window(int64_t l) const {
-    if (sliding_window == 0) return 0;
-    if (!layer_types.empty()) return layer_types.at(size_t(l)) == "sliding_attention" ? sliding_window : 0;
-    const Window w = family(arch).window;
-    return w == Window::key || (w == Window::switched && l >= max_window_layers) ? sliding_window : 0;
+  // Whether layer l is a local (sliding) layer: its layer_types kind, else the family's rule.
+  bool layer_sliding(int64_t l) const {
+    if (!layer_types.empty()) return layer_types.at(size_t(l)) == "sliding_attention";
+    switch (family(arch).window) {
+      case Window::none: return false;
+      case Window::key: return true;
+      case Window::switched: return l >= max_window_layers;
+      case Window::pattern: return (l + 1) % sliding_window_pattern != 0;
+    }
+    return false;
   }
+  // Layer l's window: sliding_window where it applies, else 0 (full causal attention).
+  int64_t layer_window(int64_t l) const { return sliding_window > 0 && layer_sliding(l) ? sliding_window : 0; }
+  // Gemma (Family::softcaps, query_pre_attn_scalar, local_rope): 0 = none (HF's null) for the
+  // softcaps; query_pre_attn_scalar 0 = the head dim (the usual 1/√D scale); the local layers' RoPE base.
+  double attn_logit_softcapping = 0, final_logit_softcapping = 0, query_pre_attn_scalar = 0;
+  double rope_local_base_freq = 10000.0;
   // Mixtures of experts (Family::moe; models/moe.h builds the layer): num_experts experts, the top
   // num_experts_per_tok per token. Qwen: the experts' width moe_intermediate_size (Mixtral's is
   // intermediate_size; Qwen's dense layers keep intermediate_size), the sparse layers (every
@@ -72,6 +85,12 @@ struct ModelConfig {
 
   int64_t head_dim() const { return head_dim_config > 0 ? head_dim_config : hidden_size / num_attention_heads; }
   int64_t mlp_width() const { return family(arch).mlp == Mlp::gelu ? 4 * hidden_size : intermediate_size; }
+  // The attention's scale: query_pre_attn_scalar^-0.5 where the family has it (Gemma), else 1/√D.
+  double attention_scale() const {
+    const double d = family(arch).query_pre_attn_scalar && query_pre_attn_scalar > 0 ? query_pre_attn_scalar
+                                                                                      : static_cast<double>(head_dim());
+    return 1.0 / std::sqrt(d);
+  }
   // Whether layer l's MLP is a mixture of experts (transformers' Qwen2MoeDecoderLayer rule;
   // Mixtral: every layer), and the experts' width.
   bool sparse_layer(int64_t l) const {

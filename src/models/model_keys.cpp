@@ -13,7 +13,7 @@ using json = nlohmann::json;
 
 // Which families a key is a setting of (Family's columns).
 bool gqa(const Family& f) { return f.gqa; }
-bool swiglu(const Family& f) { return f.mlp == Mlp::swiglu; }
+bool gated_mlp(const Family& f) { return f.mlp != Mlp::gelu; }
 bool rope(const Family& f) { return f.positions == Positions::rope; }
 bool llama_layout(const Family& f) { return f.layout == Layout::llama; }
 bool tie_by_key(const Family& f) { return f.tied_head == Presence::by_key; }
@@ -21,6 +21,20 @@ bool attention_bias_by_key(const Family& f) { return f.qkv_bias == Presence::by_
 bool mlp_bias_by_key(const Family& f) { return f.mlp_bias == Presence::by_key; }
 bool windowed(const Family& f) { return f.window != Window::none; }
 bool switched_window(const Family& f) { return f.window == Window::switched; }
+bool pattern_window(const Family& f) { return f.window == Window::pattern; }
+bool softcaps(const Family& f) { return f.softcaps; }
+bool query_scalar(const Family& f) { return f.query_pre_attn_scalar; }
+bool local_rope(const Family& f) { return f.local_rope; }
+
+// A softcap (Gemma's attn_logit_softcapping, final_logit_softcapping): a positive number, or null
+// (0 in ModelConfig) for none.
+ModelKey softcap_key(std::string_view name, double ModelConfig::*member) {
+  return {.name = std::string(name), .kind = ValueKind::number, .lo = 1e-6, .hi = 1e6, .nullable = true,
+          .applies = softcaps,
+          .set = [member](ModelConfig& m, const json& v) { m.*member = v.is_null() ? 0.0 : v.get<double>(); },
+          .get = [member](const ModelConfig& m) { return m.*member > 0 ? json(m.*member) : json(); },
+          .hf = name};
+}
 
 // model.layer_types: a list of transformers 5's kinds (its length is checked against the layers
 // with the other cross-key rules).
@@ -87,7 +101,7 @@ std::vector<ModelKey> make_keys() {
       {.name = "num_key_value_heads", .kind = K::integer, .lo = 1, .hi = 1024, .applies = gqa,
        .set = set_field(&ModelConfig::num_key_value_heads), .get = get_field(&ModelConfig::num_key_value_heads),
        .hf = "num_key_value_heads", .aliases = "num_kv_heads n_kv_heads"},
-      {.name = "intermediate_size", .kind = K::integer, .lo = 1, .hi = 1 << 20, .applies = swiglu,
+      {.name = "intermediate_size", .kind = K::integer, .lo = 1, .hi = 1 << 20, .applies = gated_mlp,
        .set = set_field(&ModelConfig::intermediate_size), .get = get_field(&ModelConfig::intermediate_size),
        .hf = "intermediate_size", .aliases = "n_inner ffn_dim"},
       {.name = "max_position_embeddings", .kind = K::integer, .lo = 1, .hi = 1 << 24,
@@ -137,6 +151,24 @@ std::vector<ModelKey> make_keys() {
        .hf = "max_window_layers"},
       {.name = "layer_types", .kind = K::list, .applies = windowed, .set = set_layer_types,
        .get = [](const ModelConfig& m) { return m.layer_types.empty() ? json() : json(m.layer_types); }},
+      // Gemma's local and global layers (ModelConfig::layer_sliding); written with the family's
+      // default (Family::window_pattern) too, so that a checkpoint never depends on it.
+      {.name = "sliding_window_pattern", .kind = K::integer, .lo = 1, .hi = 1 << 20, .applies = pattern_window,
+       .set = set_field(&ModelConfig::sliding_window_pattern),
+       .get = field_if(pattern_window, &ModelConfig::sliding_window_pattern), .hf = "sliding_window_pattern"},
+      softcap_key("attn_logit_softcapping", &ModelConfig::attn_logit_softcapping),
+      softcap_key("final_logit_softcapping", &ModelConfig::final_logit_softcapping),
+      // Gemma's attention scale query_pre_attn_scalar^-0.5; written as the head dim when not set.
+      {.name = "query_pre_attn_scalar", .kind = K::number, .lo = 1e-6, .hi = 1e12, .applies = query_scalar,
+       .set = set_field(&ModelConfig::query_pre_attn_scalar),
+       .get = [](const ModelConfig& m) {
+         if (!query_scalar(family(m.arch))) return json();
+         return m.query_pre_attn_scalar > 0 ? json(m.query_pre_attn_scalar) : json(m.head_dim());
+       },
+       .hf = "query_pre_attn_scalar"},
+      {.name = "rope_local_base_freq", .kind = K::number, .lo = 1, .hi = 1e12, .applies = local_rope,
+       .set = set_field(&ModelConfig::rope_local_base_freq), .get = field_if(local_rope, &ModelConfig::rope_local_base_freq),
+       .hf = "rope_local_base_freq"},
       // Mixtures of experts, by HF's names: Mixtral's num_local_experts is Qwen's num_experts.
       {.name = "num_local_experts", .kind = K::integer, .lo = 1, .hi = 1 << 16, .applies = mixtral_moe,
        .set = set_field(&ModelConfig::num_experts), .get = field_if(mixtral_moe, &ModelConfig::num_experts),

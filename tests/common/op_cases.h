@@ -140,6 +140,7 @@ inline const std::vector<OpCase>& op_cases() {
              }},
       unary("neg", Op::neg, [](double v) { return -v; }),
       unary("exp", Op::exp, [](double v) { return std::exp(v); }),
+      unary("tanh", Op::tanh, [](double v) { return std::tanh(v); }),
       unary("gelu_tanh", Op::gelu_tanh, naive::gelu_tanh),
       unary("silu", Op::silu, naive::silu),
       // token indices in [0, 1000): some elements of x [B, S, 6] dropped, the rest scaled by 1/(1-p)

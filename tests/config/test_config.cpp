@@ -84,7 +84,7 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
   CHECK(d.resolved["zero_optimization"]["stage"] == 0);
   CHECK(parse_config(json::object(), {"zero_optimization.stage=2"}).zero_optimization.stage == 2);
   // The error names every accepted value, in this order.
-  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe"));
+  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3_text"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"data.source=csv"}),
                     Catch::EndsWith("expected one of synthetic|tokens|text"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.device=tpu"}), Catch::EndsWith("expected one of cpu|cuda"));
@@ -245,6 +245,24 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"model": {"arch": "mistral"}})", {"model.sliding_window=none"}, "model.sliding_window = \"none\""},
       {R"({"model": {"arch": "mistral"}})", {"model.sliding_window=0"}, "model.sliding_window = 0: expected an integer in"},
       {R"({"model": {"arch": "llama"}})", {"model.sliding_window=4096"}, "model.sliding_window is a mistral"},
+      // Gemma: softcaps and the attention scalar are positive (null: no softcap); its layer_types
+      // and window pattern are checked like the others; the tiled MLP and loss refuse it by name.
+      {R"({"model": {"arch": "gemma2", "attn_logit_softcapping": 0}})", {}, "model.attn_logit_softcapping = 0"},
+      {R"({"model": {"arch": "gemma3_text"}})", {"model.final_logit_softcapping=-30"}, "model.final_logit_softcapping = -30"},
+      {R"({"model": {"arch": "gemma2", "final_logit_softcapping": "30"}})", {}, "model.final_logit_softcapping"},
+      {R"({"model": {"arch": "gemma2", "query_pre_attn_scalar": 0}})", {}, "model.query_pre_attn_scalar = 0"},
+      {R"({"model": {"arch": "gemma3_text", "query_pre_attn_scalar": -256}})", {}, "model.query_pre_attn_scalar = -256"},
+      {R"({"model": {"arch": "gemma2", "sliding_window_pattern": 0}})", {}, "model.sliding_window_pattern = 0"},
+      {R"({"model": {"arch": "gemma3_text", "sliding_window": 8, "layer_types": ["sliding_attention"]}})", {},
+       "model.layer_types has 1 entries for model.num_hidden_layers 2"},
+      {R"({"model": {"arch": "gemma2", "sliding_window": 8, "layer_types": ["full_attention", "chunked_attention"]}})",
+       {}, "model.layer_types[1] = \"chunked_attention\""},
+      {R"({"model": {"arch": "llama", "attn_logit_softcapping": 50}})", {}, "model.attn_logit_softcapping is a gemma2"},
+      {R"({"model": {"arch": "qwen3", "rope_local_base_freq": 10000}})", {}, "model.rope_local_base_freq is a gemma3_text"},
+      {R"({"model": {"arch": "gemma2", "final_logit_softcapping": 30}, "runtime": {"tiled_loss": true}})", {},
+       "runtime.tiled_loss has no final logit softcap"},
+      {R"({"model": {"arch": "gemma3_text"}, "runtime": {"tiled_mlp": true}})", {},
+       "runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"gemma3_text\""},
   };
   for (const auto& t : table) {
     INFO(t.json);

@@ -25,6 +25,7 @@ ModelConfig small(const Family& f, bool biases) {
   for (const char* k : {"attention_bias", "mlp_bias"})
     if (key_applies(*find_model_key(k), f)) m[k] = biases;
   if (f.gqa) m["num_key_value_heads"] = 2;
+  if (key_applies(*find_model_key("tie_word_embeddings"), f)) m["tie_word_embeddings"] = false;
   return parse_config({{"model", m}, {"data", {{"seq_len", 16}}}}).model;
 }
 
@@ -57,7 +58,7 @@ TEST_CASE("the family table has one row per architecture, named once", "[models]
   }
   CHECK(i == kNumArchs);
   CHECK_THROWS_WITH(parse_config({{"model", {{"arch", "deepseek_v3"}}}}),
-                    Catch::Contains("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe"));
+                    Catch::Contains("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3_text"));
 }
 
 TEST_CASE("each family's graph has the parameters its row says", "[models][family]") {
@@ -78,7 +79,10 @@ TEST_CASE("each family's graph has the parameters its row says", "[models][famil
       CHECK(names.count(std::string(f.embedding)) == 1);
       CHECK(names.count("lm_head.weight") == (f.tied_head == Presence::always ? 0u : 1u));  // small(): untied
       // A mixture of experts' sparse layers (every layer here) have experts and a router instead.
-      CHECK(has_suffix(names, "mlp.up_proj.weight") == (f.mlp == Mlp::swiglu && f.moe == Moe::none));
+      CHECK(has_suffix(names, "mlp.up_proj.weight") == (f.mlp != Mlp::gelu && f.moe == Moe::none));
+      // Gemma's post-norms around attention and MLP.
+      CHECK(has_suffix(names, "pre_feedforward_layernorm.weight") == f.sandwich_norms);
+      CHECK(has_suffix(names, "post_feedforward_layernorm.weight") == f.sandwich_norms);
       CHECK(has_suffix(names, "experts.1.w3.weight") == (f.moe == Moe::mixtral));
       CHECK(has_suffix(names, "mlp.experts.1.up_proj.weight") == (f.moe == Moe::qwen));
       CHECK(has_suffix(names, "mlp.shared_expert_gate.weight") == f.shared_expert);

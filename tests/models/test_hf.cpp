@@ -5,6 +5,7 @@
 // model directory.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -204,10 +205,22 @@ TEST_CASE("an HF config.json keeps every key through autosp and back, for every 
                                 {"initializer_range", 0.02},  {"tie_word_embeddings", true},
                                 {"task_specific_params", {{"text-generation", {{"max_length", 50}}}}}}};
   for (const char* version : {"tf4", "tf5"})
-    for (const char* name : {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe"})
+    for (const char* name : {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "gemma2"})
       if (fs::exists(std::string(AUTOSP_SOURCE_DIR) + "/tests/models/fixtures/hf_config/" + version + "/" + name + ".json"))
         sources.push_back(fixture(version, name));
-  REQUIRE(sources.size() == 10);
+  REQUIRE(sources.size() == 11);
+  // Gemma 3's text model (not in transformers 4.44): gemma-3-1b's config.json, made tiny, with linear
+  // rope scaling (its larger siblings') and the local layers' RoPE base.
+  sources.push_back({{"model_type", "gemma3_text"}, {"architectures", {"Gemma3ForCausalLM"}}, {"vocab_size", 96},
+                     {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 3},
+                     {"num_attention_heads", 4}, {"num_key_value_heads", 1}, {"head_dim", 8},
+                     {"hidden_activation", "gelu_pytorch_tanh"}, {"max_position_embeddings", 256},
+                     {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0}, {"rope_local_base_freq", 10000.0},
+                     {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}, {"attention_bias", false},
+                     {"attention_dropout", 0.0}, {"query_pre_attn_scalar", 8}, {"sliding_window", 4},
+                     {"sliding_window_pattern", 3}, {"final_logit_softcapping", nullptr},
+                     {"attn_logit_softcapping", nullptr}, {"cache_implementation", "hybrid"}, {"bos_token_id", 2},
+                     {"eos_token_id", 1}, {"pad_token_id", 0}, {"torch_dtype", "bfloat16"}, {"use_cache", true}});
   // Qwen3-MoE (not in transformers 4.44): Qwen3-30B-A3B's config.json, made tiny.
   sources.push_back({{"model_type", "qwen3_moe"}, {"architectures", {"Qwen3MoeForCausalLM"}},
                      {"vocab_size", 96}, {"hidden_size", 32}, {"intermediate_size", 48},
@@ -263,12 +276,27 @@ TEST_CASE("the families' unsupported settings are named", "[models][hf]") {
            {"mistral", {{"hidden_act", "gelu"}}, "hidden_act = \"gelu\""},
            {"mistral", {{"attention_bias", true}}, "unknown key 'attention_bias'"},
            {"qwen2", {{"use_sliding_window", true}, {"sliding_window", -3}}, "sliding_window = -3"},
+           {"gemma2", {{"hidden_activation", "gelu"}}, "hidden_activation = \"gelu\" is not supported"},
+           {"gemma2", {{"use_bidirectional_attention", true}}, "use_bidirectional_attention = true is not supported"},
+           {"gemma2", {{"attn_logit_softcapping", "50"}}, "attn_logit_softcapping = \"50\": expected a number"},
+           {"gemma2", {{"mlp_bias", true}}, "unknown key 'mlp_bias'"},
+           {"gemma2", {{"layer_types", "sliding_attention"}}, "layer_types"},
        }) {
-    json bad = fixture("tf5", r.fixture);
+    json bad = fixture(std::string(r.fixture) == "gemma2" ? "tf4" : "tf5", r.fixture);  // 4.44's Gemma 2
     bad.merge_patch(r.patch);
     INFO(bad.dump());
     CHECK_THROWS_WITH(translate_hf_config(bad, "x.json"), Catch::StartsWith("x.json: ") && Catch::Contains(r.message));
   }
+  // Gemma 2's layers alternate, local first (transformers 4.44: layer l slides when l is even); a
+  // softcap or scalar out of range in config.json is named by the model section's check.
+  const Config g = parse_config({{"model", translate_hf_config(fixture("tf4", "gemma2"), "g").model}}, {}, "c.json");
+  CHECK(g.model.layer_window(0) == 8);
+  CHECK(g.model.layer_window(1) == 0);
+  CHECK(g.model.attention_scale() == 1.0 / std::sqrt(24.0));
+  json bad_cap = fixture("tf4", "gemma2");
+  bad_cap["final_logit_softcapping"] = -1.0;
+  CHECK_THROWS_WITH(parse_config({{"model", translate_hf_config(bad_cap, "g").model}}, {}, "c.json"),
+                    Catch::Contains("model.final_logit_softcapping = -1"));
   // A sliding window is kept, also where it cuts (shorter than the sequence): every Mistral layer has it.
   json window = fixture("tf5", "mistral");
   window["sliding_window"] = 16;

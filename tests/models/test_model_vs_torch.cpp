@@ -1,6 +1,6 @@
 // Forward logits and loss, and every parameter gradient, of GPT-2, Llama (GQA, untied head; with
-// biases and a decoupled head_dim), Qwen3 (q/k norms, yarn) and Qwen3-MoE (with and without the
-// load-balancing loss)
+// biases and a decoupled head_dim), Qwen3 (q/k norms, yarn), Qwen3-MoE (with and without the
+// load-balancing loss) and Gemma 2 and 3
 // against the independent PyTorch reference tests/ref/model_ref.py (Debian's python3-torch, run as
 // /usr/bin/python3), from the same safetensors weights and tokens: logits and loss within 1e-5
 // relative in f32 and 1e-10 in f64; gradients within 1e-4 in f32 and 1e-9 in f64. The Llama cases
@@ -132,6 +132,20 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
       {"llama-bias-head-dim", {{"arch", "llama"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 1},
                                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 12},
                                {"intermediate_size", 48}, {"attention_bias", true}, {"mlp_bias", true}}},
+      // Gemma 2: (1 + w) norms before and after attention and MLP, GeGLU, the scaled embedding, both
+      // softcaps (small, so that they bend the logits), query_pre_attn_scalar apart from the head
+      // dim, and windows of 6 on layers 0 and 2 of 3 (37 tokens: they cut).
+      {"gemma2", {{"arch", "gemma2"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 3},
+                  {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16}, {"intermediate_size", 48},
+                  {"sliding_window", 6}, {"query_pre_attn_scalar", 24}, {"attn_logit_softcapping", 0.5},
+                  {"final_logit_softcapping", 1.5}}},
+      // Gemma 3: q/k norms, local layers 0 and 1 of 3 (pattern 3) with their own RoPE base,
+      // linear rope scaling on the global layer only, no attention softcap.
+      {"gemma3", {{"arch", "gemma3_text"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 3},
+                  {"num_attention_heads", 4}, {"num_key_value_heads", 1}, {"head_dim", 8}, {"intermediate_size", 48},
+                  {"sliding_window", 5}, {"sliding_window_pattern", 3}, {"rope_theta", 1e5},
+                  {"rope_local_base_freq", 50.0}, {"rope_scaling", {{"rope_type", "linear"}, {"factor", 4.0}}},
+                  {"query_pre_attn_scalar", 8}, {"final_logit_softcapping", 2.0}}},
   };
   for (const auto& c : cases) {
     for (const std::string dtype : {"float32", "float64"}) {
@@ -249,4 +263,26 @@ TEST_CASE("weights files that do not fit the model are named errors", "[model]")
 
   std::ofstream(path, std::ios::trunc) << "not a safetensors file";
   CHECK_THROWS_AS(load_weights(path, m, DType::f32), UsageError);
+
+  // Gemma's extra norms: a missing or misshaped one is named.
+  ModelConfig gm;
+  gm.arch = Arch::gemma2;
+  gm.vocab_size = 16;
+  gm.hidden_size = 8;
+  gm.num_hidden_layers = 2;
+  gm.num_attention_heads = 2;
+  gm.num_key_value_heads = 2;
+  gm.intermediate_size = 12;
+  ParamMap gemma = random_weights(gm, 2);
+  REQUIRE(gemma.count("model.layers.1.pre_feedforward_layernorm.weight"));
+  ParamMap no_norm = gemma;
+  no_norm.erase("model.layers.1.post_feedforward_layernorm.weight");
+  save_safetensors(path, no_norm);
+  CHECK_THROWS_WITH(load_weights(path, gm, DType::f32),
+                    Catch::Contains("missing tensor 'model.layers.1.post_feedforward_layernorm.weight'"));
+  ParamMap bad_norm = gemma;
+  bad_norm["model.layers.0.pre_feedforward_layernorm.weight"] = Tensor::zeros({8, 1}, DType::f32);
+  save_safetensors(path, bad_norm);
+  CHECK_THROWS_WITH(load_weights(path, gm, DType::f32),
+                    Catch::Contains("model.layers.0.pre_feedforward_layernorm.weight") && Catch::Contains("[8, 1]"));
 }

@@ -10,18 +10,18 @@ under mpirun at P = 2 and 4. Needs the venv of scripts/hf-venv.sh (exit 77, a ct
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import launch, skip  # noqa: E402
 
 try:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 except ImportError as e:
-    print(f"skipped: transformers is not importable ({e}); run scripts/hf-venv.sh", file=sys.stderr)
-    sys.exit(77)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    skip(e)
 from hf_roundtrip import write_tokens  # noqa: E402  (an llm.c shard of random tokens)
 
 VOCAB, SEQUENCES, WIDTH = 80, 3, 16
@@ -53,6 +53,9 @@ def reference(model, tokens, S):
         with torch.no_grad():
             hidden = model.base_model(input_ids=x[:, :-1])[0]
             logits = model.get_output_embeddings()(hidden)  # float64 (the model's forward casts to float32)
+            cap = getattr(model.config, "final_logit_softcapping", None)  # Gemma's, as its forward applies it
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
             loss = torch.nn.functional.cross_entropy(logits[0], x[0, 1:], reduction="none")
         for t, v in enumerate(loss.tolist()):
             buckets[t // WIDTH][0] += v
@@ -65,13 +68,7 @@ def run_eval(bin_dir, src, shard, S, P, extra=()):
            "--perplexity-by-position", "--bucket-width", str(WIDTH), "--sequences", str(SEQUENCES), "--quiet",
            "--set", "runtime.dtype=float64", "--set", "data.batch_size=1",
            "--set", f"sequence_parallel.autosp_size={P}", *extra]
-    if P > 1:
-        cmd = ["mpirun", "--oversubscribe", "-np", str(P), *cmd]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr}")
-    return json.loads(p.stdout)
+    return json.loads(launch(cmd, P))
 
 
 def main():

@@ -23,11 +23,13 @@ modules_to_save on a norm; rsLoRA on one family) and saved by PEFT, then
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import launch, skip  # noqa: E402
 
 try:
     import peft
@@ -35,10 +37,8 @@ try:
     from peft import LoraConfig, PeftModel, get_peft_model
     from safetensors.torch import load_file
 except ImportError as e:
-    print(f"skipped: transformers or peft is not importable ({e}); run scripts/hf-venv.sh", file=sys.stderr)
-    sys.exit(77)
+    skip(e, "transformers or peft")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_roundtrip import VOCAB, batch_tokens, check, load_hf, run_autosp, tiny_models, write_tokens  # noqa: E402
 
 SEQ, BATCH = 16, 2
@@ -147,9 +147,7 @@ def main():
             check(f"{name} PeftModel.from_pretrained(step_2) at step 3 ({len(keys)} tensors)", m[2]["loss"], got, tol=tol)
             merged_dir = os.path.join(work, f"{name}-merged")
             merge_cfg = os.path.join(work, f"{name}-lora.json")  # run_autosp wrote it
-            p = subprocess.run([os.path.join(bin_dir, "autosp-train"), "--config", merge_cfg, "--merge-lora", merged_dir],
-                               capture_output=True, text=True, timeout=120)
-            assert p.returncode == 0, f"--merge-lora exited {p.returncode}: {p.stderr}"
+            launch([os.path.join(bin_dir, "autosp-train"), "--config", merge_cfg, "--merge-lora", merged_dir], timeout=120)
             with torch.no_grad():
                 merged = loss_of(load_hf(merged_dir), x0).item()
             check(f"{name} --merge-lora into from_pretrained", merged, want, tol=tol)

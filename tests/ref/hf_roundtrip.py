@@ -20,20 +20,21 @@ checks too (greedy generate against autosp's sampler).
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import launch, skip  # noqa: E402
+
 try:
     import transformers
     from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                               MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 except ImportError as e:  # the venv is missing: skipped, not failed
-    print(f"skipped: transformers is not importable ({e}); run scripts/hf-venv.sh", file=sys.stderr)
-    sys.exit(77)
+    skip(e)
 
 VOCAB, SEQ, BATCH = 96, 16, 2
 TOL = 1e-6
@@ -128,14 +129,9 @@ def run_autosp(bin_dir, work, config, np_=1, extra=(), name="run"):
     with open(cfg_path, "w") as f:
         json.dump(config, f)
     cmd = [os.path.join(bin_dir, "autosp-train"), "--config", cfg_path, "--metrics", metrics, "--quiet", *extra]
-    if np_ > 1:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *cmd]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     if os.path.exists(metrics):
         os.remove(metrics)
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    launch(cmd, np_)
     with open(metrics) as f:
         return [json.loads(line) for line in f if line.strip()]
 

@@ -22,6 +22,14 @@ Parameters are a dict of tensors keyed by *canonical* Hugging Face names:
   mlp.experts.{e}.{gate,up,down}_proj.weight; each token takes the top num_experts_per_tok of the
   router's softmax (renormalised when norm_topk_prob), experts in index order. transformers takes
   that softmax in float32 even for a float64 model; here it is in the working dtype.
+  gemma2 (transformers 4.44's modeling_gemma2.py) and gemma3_text (modeling_gemma3.py's
+  Gemma3ForCausalLM): RMSNorms times (1 + w) computed in float32 at least; norms before and after
+  attention and MLP (input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
+  post_feedforward_layernorm); GeGLU with the tanh GELU; the embedding times sqrt(hidden) in the
+  working dtype; attention scale query_pre_attn_scalar^-0.5; attention logits softcapped
+  (attn_logit_softcapping) and final logits too (final_logit_softcapping); a tied head; layer i
+  slides unless (i + 1) % sliding_window_pattern == 0 (or per layer_types). Gemma 3 adds q_norm /
+  k_norm and rotates its sliding layers with rope_local_base_freq, unscaled.
 
 Everything is computed in the dtype of the parameters (the "working dtype"); attention materialises
 the S x S score matrix like Hugging Face's eager attention.
@@ -42,8 +50,11 @@ _KNOWN_MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_hidden_layers", "
                      "norm_eps", "tie_word_embeddings", "head_dim", "attention_bias", "mlp_bias", "rope_scaling",
                      "sliding_window", "max_window_layers", "layer_types", "num_experts", "num_experts_per_tok",
                      "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-                     "output_router_logits", "router_aux_loss_coef"}
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+                     "output_router_logits", "router_aux_loss_coef",
+                     "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
+                     "sliding_window_pattern", "rope_local_base_freq"}
+GEMMA = ("gemma2", "gemma3_text")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe") + GEMMA
 
 
 class ModelConfig:
@@ -90,7 +101,12 @@ class ModelConfig:
         self.qkv_bias = {"llama": bias, "qwen3": bias, "qwen3_moe": bias, "qwen2": True}.get(arch, False)
         self.o_bias = {"llama": bias, "qwen3": bias, "qwen3_moe": bias}.get(arch, False)
         self.mlp_bias = arch == "llama" and bool(d.get("mlp_bias", False))
-        self.qk_norm = arch in ("qwen3", "qwen3_moe")
+        self.qk_norm = arch in ("qwen3", "qwen3_moe", "gemma3_text")
+        self.gemma = arch in GEMMA
+        self.attn_softcap = d.get("attn_logit_softcapping") if self.gemma else None
+        self.final_softcap = d.get("final_logit_softcapping") if self.gemma else None
+        self.query_pre_attn_scalar = d.get("query_pre_attn_scalar") if self.gemma else None
+        self.rope_local_base_freq = d.get("rope_local_base_freq", 10000.0) if arch == "gemma3_text" else None
         moe = arch == "qwen3_moe"
         self.num_experts = pos_int("num_experts", 128) if moe else 0
         self.num_experts_per_tok = pos_int("num_experts_per_tok", 8) if moe else 0
@@ -124,7 +140,7 @@ class ModelConfig:
             self.rope_theta = pos_float("rope_theta", 10000.0)
             if self.head_dim % 2:
                 raise ConfigError(f"model: head dim {self.head_dim} must be even for RoPE")
-            t = d.get("tie_word_embeddings", False)
+            t = d.get("tie_word_embeddings", self.gemma)  # Gemma's configs tie by default
             if not isinstance(t, bool):
                 raise ConfigError(f"model.tie_word_embeddings: expected true or false, got {t!r}")
             self.tie_word_embeddings = t
@@ -141,6 +157,10 @@ class ModelConfig:
                 self.layer_windows = [self.sliding_window if t == "sliding_attention" else None for t in types]
             elif arch == "mistral":
                 self.layer_windows = [self.sliding_window] * self.num_hidden_layers
+            elif self.gemma:
+                pattern = d.get("sliding_window_pattern", 6 if arch == "gemma3_text" else 2)
+                self.layer_windows = [self.sliding_window if (i + 1) % pattern else None
+                                      for i in range(self.num_hidden_layers)]
             else:
                 first = d.get("max_window_layers", 28)
                 self.layer_windows = [self.sliding_window if i >= first else None
@@ -195,6 +215,9 @@ def param_shapes(cfg):
             if cfg.o_bias:
                 s[p + "self_attn.o_proj.bias"] = (C,)
             s[p + "post_attention_layernorm.weight"] = (C,)
+            if cfg.gemma:
+                s[p + "pre_feedforward_layernorm.weight"] = (C,)
+                s[p + "post_feedforward_layernorm.weight"] = (C,)
             if cfg.sparse(i):
                 E, Ie = cfg.num_experts, cfg.moe_intermediate_size
                 s[p + "mlp.gate.weight"] = (E, C)
@@ -249,12 +272,23 @@ def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def causal_attention(q, k, v, mask=None, window=None):
-    """q, k, v [B, N, S, D] -> [B, N, S, D]; materialised causal softmax(q k^T / sqrt(D)) v.
+def gemma_rms_norm(x, w, eps):
+    """Gemma2RMSNorm / Gemma3RMSNorm: in float32 (float64 stays float64), times (1 + w), cast back."""
+    t = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = x.to(t)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * (1.0 + w.to(t))).to(x.dtype)
+
+
+def causal_attention(q, k, v, mask=None, window=None, scale=None, softcap=None):
+    """q, k, v [B, N, S, D] -> [B, N, S, D]; materialised causal softmax(q k^T · scale) v.
     mask: bool [B, S, S] (True = visible), used instead of the causal mask when given.
-    window: keys j <= i - window are hidden from query i too (HF's sliding_window)."""
+    window: keys j <= i - window are hidden from query i too (HF's sliding_window).
+    scale: 1/sqrt(D) when None; softcap: scores become softcap · tanh(scores / softcap)."""
     S, D = q.shape[-2], q.shape[-1]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D) if scale is None else scale)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         visible = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
     else:
@@ -380,10 +414,15 @@ def gpt2_layer(cfg, p, i, x, mask=None):
 
 
 def llama_layer(cfg, p, i, x, cos, sin, mask=None, router=None):
-    """One Llama decoder layer: x [B, S, C] -> [B, S, C]."""
+    """One Llama (or Gemma) decoder layer: x [B, S, C] -> [B, S, C]. cos, sin: Gemma 3's local
+    layers take the second of a pair. router: a list the MoE layers append their router logits to."""
     B, S, _ = x.shape
     N, Nkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.norm_eps
     pre = f"model.layers.{i}."
+    rms_norm = gemma_rms_norm if cfg.gemma else globals()["rms_norm"]
+    if isinstance(cos, tuple):
+        local = cfg.layer_windows[i] is not None
+        cos, sin = cos[local], sin[local]
 
     def linear(v, name):
         return F.linear(v, p[pre + name + ".weight"], p.get(pre + name + ".bias"))
@@ -402,8 +441,15 @@ def llama_layer(cfg, p, i, x, cos, sin, mask=None, router=None):
     k = apply_rope(k, cos, sin)
     k = repeat_kv(k, N // Nkv)
     v = repeat_kv(v, N // Nkv)
-    o = causal_attention(q, k, v, mask, cfg.layer_windows[i]).transpose(1, 2).reshape(B, S, N * D)
-    x = x + linear(o, "self_attn.o_proj")
+    scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar else None
+    o = causal_attention(q, k, v, mask, cfg.layer_windows[i], scale, cfg.attn_softcap)
+    o = linear(o.transpose(1, 2).reshape(B, S, N * D), "self_attn.o_proj")
+    if cfg.gemma:
+        x = x + rms_norm(o, p[pre + "post_attention_layernorm.weight"], eps)
+        h = rms_norm(x, p[pre + "pre_feedforward_layernorm.weight"], eps)
+        g = gelu_tanh(linear(h, "mlp.gate_proj")) * linear(h, "mlp.up_proj")
+        return x + rms_norm(linear(g, "mlp.down_proj"), p[pre + "post_feedforward_layernorm.weight"], eps)
+    x = x + o
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
     if cfg.sparse(i):
         return x + sparse_moe_block(cfg, p, pre, h, router)
@@ -456,13 +502,21 @@ def gpt2_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False):
 def llama_forward(cfg, p, input_ids, position_ids, mask=None, checkpoint=False, router=None):
     emb = p["model.embed_tokens.weight"]
     x = F.embedding(input_ids, emb)
+    if cfg.gemma:  # the normalizer is a tensor of the working dtype
+        x = x * torch.tensor(cfg.hidden_size ** 0.5, dtype=x.dtype)
     cos, sin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling,
                             cfg.max_position_embeddings)
+    if cfg.rope_local_base_freq is not None:  # Gemma 3: (global, local) pairs
+        lcos, lsin = rope_cos_sin(position_ids, cfg.head_dim, cfg.rope_local_base_freq, x.dtype)
+        cos, sin = (cos, lcos), (sin, lsin)
     for i in range(cfg.num_hidden_layers):
         x = _run_layer(checkpoint, lambda x, i=i: llama_layer(cfg, p, i, x, cos, sin, mask, router), x)
-    x = rms_norm(x, p["model.norm.weight"], cfg.norm_eps)
+    x = (gemma_rms_norm if cfg.gemma else rms_norm)(x, p["model.norm.weight"], cfg.norm_eps)
     head = emb if cfg.tie_word_embeddings else p["lm_head.weight"]
-    return F.linear(x, head)
+    logits = F.linear(x, head)
+    if cfg.final_softcap:
+        logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+    return logits
 
 
 def forward(cfg, params, input_ids, position_ids, mask=None, checkpoint=False, router=None):

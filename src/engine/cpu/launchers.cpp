@@ -842,6 +842,7 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::scale, unary_bf16<Unary::scale>, 1, false},
     {Op::neg, unary_bf16<Unary::neg>, 1, false},
     {Op::exp, unary_bf16<Unary::exp>, 1, false},
+    {Op::tanh, unary_bf16<Unary::tanh>, 1, false},
     {Op::gelu_tanh, unary_bf16<Unary::gelu_tanh>, 1, false},
     {Op::silu, unary_bf16<Unary::silu>, 1, false},
     {Op::gelu_tanh_backward, unary_backward_bf16<UnaryGrad::gelu_tanh>, 2, false},

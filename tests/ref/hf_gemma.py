@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Gemma 2 training against Hugging Face transformers (4.44, float64) and under sequence parallelism.
+
+A tiny Gemma2ForCausalLM (GQA, head_dim apart from hidden / heads, query_pre_attn_scalar apart from
+head_dim, both softcaps small enough to bend, windows of 4 on layers 0 and 2 of 3 over sequences of
+32: the window cuts) saved by save_pretrained; then
+  1. autosp-train with model.from in float64 has transformers' loss at step 1 (within 1e-6) and,
+     by --dump-grads, its gradient of every parameter (within 1e-5 of the largest: transformers
+     computes RoPE's cos and sin in float32); the same run with model.sliding_window null (full
+     causal attention) does not;
+  2. its checkpoint after step 1 loads in from_pretrained with no missing or unexpected keys, and
+     transformers' loss with those weights is autosp's at step 2;
+  3. with packed documents (data.document_mask), P = 2 (Ulysses), P = 4 as a ring of 4 and as
+     Ulysses 2 x ring 2, and dp 2 x sp 2 have P = 1's loss and gradients (within 1e-10), for this
+     Gemma 2 and for a Gemma 3 (text) of autosp's own random initialisation.
+transformers' Gemma2RMSNorm computes in float32 even in a float64 model; the reference computes it
+in float64 (hf_windows.float64_gemma_norms), as autosp does for float64. pad_token_id is None: with
+Gemma2Config's default 0, nn.Embedding(padding_idx=0) leaves row 0 out of the embedding lookup's
+gradient, which autosp does not (docs/decisions.md 149).
+  hf_gemma.py BIN_DIR
+"""
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import skip  # noqa: E402
+
+try:
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+except ImportError as e:
+    skip(e)
+from hf_roundtrip import batch_tokens, check, run_autosp, write_tokens  # noqa: E402
+from hf_windows import float64_gemma_norms  # noqa: E402
+
+VOCAB, SEQ, BATCH, WINDOW = 96, 32, 2, 4
+# (ranks, autosp_size, ring_size): P = 1 first
+LAYOUTS = ((1, 1, 1), (2, 2, 1), (4, 4, 4), (4, 4, 2), (4, 2, 1))
+
+
+def gemma2():
+    torch.manual_seed(0)
+    m = Gemma2ForCausalLM(Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=500.0,
+                                       max_position_embeddings=64, sliding_window=WINDOW, query_pre_attn_scalar=24,
+                                       attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                                       pad_token_id=None, attn_implementation="eager"))
+    with torch.no_grad():  # the norms' weights are w of (1 + w)
+        for p in m.parameters():
+            p.normal_(0.0, 0.2) if p.dim() >= 2 else p.normal_(0.0, 0.1)
+    return m
+
+
+def load_hf(path):
+    """from_pretrained in float64 with eager attention (4.44's SDPA path drops the attention
+    softcap), refusing missing, unexpected or mismatched keys."""
+    model, info = Gemma2ForCausalLM.from_pretrained(path, torch_dtype=torch.float64, attn_implementation="eager",
+                                                    output_loading_info=True)
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert not info[kind], f"{path}: from_pretrained reports {kind} {info[kind]}"
+    return model.eval()
+
+
+def loss_of(model, x):
+    """Token-mean loss of x [B, S + 1] with Gemma's final softcap, in the model's dtype (the
+    forward would cast the logits to float32)."""
+    hidden = model.model(input_ids=x[:, :-1], use_cache=False)[0]
+    logits = model.lm_head(hidden)
+    cap = model.config.final_logit_softcapping
+    logits = torch.tanh(logits / cap) * cap
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+
+
+def compare_grads(what, ours, theirs, rel):
+    assert set(ours) == set(theirs), f"{what}: names differ: {sorted(set(ours) ^ set(theirs))}"
+    scale = max(t.abs().max().item() for t in theirs.values())
+    diffs = {n: (ours[n].to(torch.float64) - theirs[n]).abs().max().item() for n in theirs}
+    worst = max(diffs.values())
+    for n in sorted(diffs, key=diffs.get)[-3:] if worst > rel * scale else []:
+        print(f"  {n}: {diffs[n]:.2e}")
+    print(f"{what}: {len(theirs)} gradients, largest difference {worst:.2e} of largest {scale:.2e}")
+    assert worst <= rel * scale, f"{what}: gradients differ by {worst} > {rel} x {scale}"
+
+
+def config(work, src, steps=1, batch=BATCH, **more):
+    c = {"model": {"from": src},
+         "data": {"source": "tokens", "path": os.path.join(work, "tokens.bin"), "seq_len": SEQ, "batch_size": batch},
+         "train": {"steps": steps, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "log_every": 1},
+         "runtime": {"dtype": "float64"}}
+    for k, v in more.items():
+        c[k] = dict(c.get(k, {}), **v)
+    return c
+
+
+def main():
+    bin_dir = sys.argv[1] if len(sys.argv) > 1 else "build/bin"
+    transformers.utils.logging.disable_progress_bar()
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    float64_gemma_norms()
+    work = tempfile.mkdtemp(prefix="autosp-hf-gemma-")
+    try:
+        tokens = write_tokens(os.path.join(work, "tokens.bin"), 4096, VOCAB)
+        src = os.path.join(work, "gemma2")
+        gemma2().save_pretrained(src, safe_serialization=True)
+        ref = load_hf(src)
+        x = batch_tokens(tokens, 0, BATCH, SEQ)
+        loss = loss_of(ref, x)
+        loss.backward()
+        theirs = {n: p.grad for n, p in ref.named_parameters()}
+
+        # 1. loss and gradients; full causal attention differs
+        grads = os.path.join(work, "grads.safetensors")
+        ckpt = os.path.join(work, "ckpt")
+        m = run_autosp(bin_dir, work, config(work, src, steps=2, train={"checkpoint_dir": ckpt, "checkpoint_every": 1,
+                                                                           "keep_checkpoints": 0}),
+                       extra=["--dump-grads", grads], name="p1")
+        check("gemma2 step 1 (model.from)", m[0]["loss"], loss.item())
+        compare_grads("gemma2 step 1 gradients", load_file(grads), theirs, 1e-5)
+        full = run_autosp(bin_dir, work, config(work, src, model={"sliding_window": None}), name="full")[0]["loss"]
+        print(f"gemma2 with full causal attention: {full:.12f}")
+        assert abs(full - loss.item()) > 1e-3, "the window does not change the loss"
+
+        # 2. the checkpoint in from_pretrained
+        back = load_hf(os.path.join(ckpt, "step_00000001"))
+        with torch.no_grad():
+            check("gemma2 from_pretrained(step_1) at step 2", m[1]["loss"], loss_of(back, batch_tokens(tokens, 1, BATCH, SEQ)).item())
+
+        # 3. sequence parallel with packed documents: P = 1's loss and gradients, for this Gemma 2
+        # and for a Gemma 3 of autosp's own initialisation (q/k norms, local RoPE base, linear
+        # scaling on the global layer; transformers 4.44 has no Gemma 3)
+        eos = int(torch.tensor(tokens[:4 * BATCH * SEQ]).bincount().argmax())  # a frequent token: documents are short
+        gemma3 = {"arch": "gemma3_text", "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48,
+                  "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                  "sliding_window": WINDOW, "sliding_window_pattern": 3, "rope_local_base_freq": 50.0,
+                  "rope_scaling": {"rope_type": "linear", "factor": 4.0}, "query_pre_attn_scalar": 12,
+                  "final_logit_softcapping": 3.0}
+        for name, model in (("gemma2", {"from": src}), ("gemma3_text", gemma3)):
+            base = None
+            for ranks, sp, ring in LAYOUTS:
+                dp = ranks // sp
+                path = os.path.join(work, f"grads-{name}-{ranks}-{sp}-{ring}.safetensors")
+                c = config(work, src, batch=2 * BATCH // dp, data={"document_mask": True, "eos_token_id": eos},
+                           sequence_parallel={"autosp_size": sp, "ring_size": ring})
+                c["model"] = model
+                got = run_autosp(bin_dir, work, c, np_=ranks, extra=["--dump-grads", path],
+                                 name=f"docs-{name}-{ranks}-{sp}-{ring}")
+                g = {n: t.to(torch.float64) for n, t in load_file(path).items()}
+                if base is None:
+                    base = (got[0]["loss"], g)
+                    continue
+                what = f"{name} packed documents, {ranks} ranks: dp {dp} x Ulysses {sp // ring} x ring {ring} (against P = 1)"
+                diff = abs(got[0]["loss"] - base[0])
+                print(f"{what}: loss {got[0]['loss']:.12f}, P = 1's {base[0]:.12f}, |diff| {diff:.2e}")
+                assert diff <= 1e-10 * abs(base[0]), f"{what}: the loss differs from P = 1's by {diff}"
+                compare_grads(what, g, base[1], 1e-10)
+        print("hf gemma: ok")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
