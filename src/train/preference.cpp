@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "models/lora.h"
 #include "train/optimizer.h"  // parameter_shard
@@ -125,10 +126,40 @@ size_t DpoReference::precompute(const DataSource& data, int64_t batch, int64_t s
       for (const auto& [id, k] : row_slots(labels.data<int64_t>() + r * S, pairs.data<int64_t>() + r * S, S, r, slots_))
         table_[id] = {ref[size_t((r * 2) * slots_ + k)], ref[size_t((r * 2 + 1) * slots_ + k)]};
   }
+  use(std::move(table_));
+  return table_.size();
+}
+
+void DpoReference::use(RefLogps table) {
+  table_ = std::move(table);
   ex_.reset();  // the step holds one model from here on
   params_.clear();
   prog_ = RankProgram();
-  return table_.size();
+}
+
+std::string precompute_reference(DpoReference& reference, const std::string& path, const RefLogpsKey& key,
+                                 const DataSource& data, int64_t batch, int64_t seq_multiple,
+                                 const CommGroups& groups, Communicator& host) {
+  std::string why;
+  std::optional<RefLogps> stored = load_ref_logps(path, key, why);
+  Tensor found = Tensor::from_vector<double>({1}, {stored ? 1.0 : 0.0});
+  host.all_reduce_sum(found);  // every rank reads before rank 0 may write
+  if (found.to_doubles()[0] == host.size()) {
+    reference.use(std::move(*stored));
+    return str("dpo: the reference's log-probabilities of ", reference.table().size(), " pairs read from ", path);
+  }
+  if (why.empty()) why = "another rank did not find it";
+  const size_t pairs = reference.precompute(data, batch, seq_multiple, groups);
+  std::string stored_at = str("; stored in ", path);
+  if (host.rank() == 0) {
+    try {
+      save_ref_logps(path, key, reference.table());
+    } catch (const std::exception& e) {
+      stored_at = str("; not stored (", e.what(), "): a restart computes them again");
+    }
+  }
+  return str("dpo: the reference's log-probabilities of ", pairs, " pairs precomputed (", path, ": ", why, ")",
+             stored_at);
 }
 
 Tensor DpoReference::feed(std::map<std::string, Tensor>& feeds, const Batch& micro, const Tensor& norms,

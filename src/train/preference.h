@@ -24,6 +24,7 @@
 #include "engine/executor.h"
 #include "tensor/tensor.h"
 #include "train/data.h"
+#include "train/dpo_ref_file.h"
 
 namespace autosp {
 
@@ -43,13 +44,16 @@ Tensor dpo_norms(const Batch& step_batch, const ProcessMesh& mesh, Communicator&
 //
 // With dpo.precompute_ref, precompute() runs the reference once over every window of the data
 // (each rank all of them, so every SP group's collectives line up; dp ranks repeat the work) and
-// keeps each pair's two sums by pair id; the reference's program and weights are then dropped, so
-// the step holds one model, and feed() looks the sums up instead of running it.
+// keeps each pair's two sums by pair id (or use() takes them from dpo.precompute_ref's file); the
+// reference's program and weights are then dropped, so the step holds one model, and feed() looks
+// the sums up instead of running it.
 class DpoReference {
  public:
   DpoReference(const Config& cfg, const ProcessMesh& mesh, ParamMap params, Device dev);
   // The number of pairs precomputed.
   size_t precompute(const DataSource& data, int64_t batch, int64_t seq_multiple, const CommGroups& groups);
+  void use(RefLogps table);  // precomputed sums (a file's), instead of precompute()
+  const RefLogps& table() const { return table_; }
   // Adds a micro-batch's DPO inputs to the policy's `feeds` (its data and parameters are there, on
   // the run device): pair_slots, seq_tokens (dpo_feeds), the step's dpo_norms (given on the host),
   // and ref_logps, which the reference computes here (a collective under sequence parallelism) or
@@ -68,8 +72,16 @@ class DpoReference {
   Device dev_;
   DType dtype_;
   int64_t slots_;
-  std::map<int64_t, std::pair<double, double>> table_;  // precomputed: |pair id| → (chosen, rejected)
+  RefLogps table_;  // precomputed: |pair id| → (chosen, rejected)
 };
+
+// dpo.precompute_ref on every rank (a collective on `host`): the sums from `path` when every rank
+// finds it there under `key` (train/dpo_ref_file.h), else precomputed by every rank and written by
+// world rank 0 (a file it cannot write is a warning: the sums stay in memory). Returns a line for
+// the log that says which, and why.
+std::string precompute_reference(DpoReference& reference, const std::string& path, const RefLogpsKey& key,
+                                 const DataSource& data, int64_t batch, int64_t seq_multiple,
+                                 const CommGroups& groups, Communicator& host);
 
 // The reference's weights from a run's starting point: `base` (the model before any training:
 // model.from, --init-from or the seed's initialisation; with LoRA the frozen base and the base

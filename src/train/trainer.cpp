@@ -325,11 +325,17 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     if (cfg.lora.enabled && !cfg.lora.modules_to_save.empty())  // their base values, not the trained copies
       for (auto& [name, t] : base_params(cfg, args, master_dtype(cfg.runtime.dtype)))
         if (start.params.count(name)) base[name] = t;
-    reference = std::make_unique<DpoReference>(cfg, mesh, dpo_reference_params(cfg, prog, base, start.params), dev);
-  }
-  if (dpo && cfg.dpo.precompute_ref) {
-    const size_t pairs = reference->precompute(*data, cfg.data.batch_size, mesh.seq_multiple(), comms->groups);
-    if (world.rank() == 0) spdlog::info("dpo: the reference's log-probabilities of {} pairs precomputed", pairs);
+    ParamMap weights = dpo_reference_params(cfg, prog, base, start.params);
+    const RefLogpsKey key = cfg.dpo.precompute_ref ? ref_logps_key(cfg, weights, {cfg.data.path, cfg.data.loss_mask_path,
+                                                                                  cfg.data.pairs_path})
+                                                   : RefLogpsKey();
+    reference = std::make_unique<DpoReference>(cfg, mesh, std::move(weights), dev);
+    if (cfg.dpo.precompute_ref) {
+      const std::string line = precompute_reference(*reference, ref_logps_path(cfg.data.pairs_path), key, *data,
+                                                    cfg.data.batch_size, mesh.seq_multiple(), comms->groups,
+                                                    *comms->host_world);
+      if (world.rank() == 0) spdlog::info("{}", line);
+    }
   }
   const std::string policy_logps = prog.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
   DpoMetrics dpo_metrics(cfg);
