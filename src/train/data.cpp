@@ -872,7 +872,8 @@ std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab
   check_sizes(cfg, vocab_size);
   // Synthetic: a stream no training seed reaches but by a 2^-64 chance.
   return with_documents(cfg, vocab_size,
-                        make_stream(cfg, cfg.val_path, cfg.val_loss_mask_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull, Order{}));
+                        make_stream(cfg, cfg.val_path, cfg.val_loss_mask_path, vocab_size, seed ^ 0x7A1DA7E5EED0F00Dull, Order{},
+                                    cfg.val_pairs_path));
 }
 
 void set_token_index(Batch& b, int64_t first) {

@@ -348,6 +348,11 @@ row 'dpo.precompute_ref = "yes": expected' "${d[@]}" "${p[@]}" --set dpo.precomp
 row 'dpo/ref_logps_train.safetensors: ' "${c[@]}" "${tokens[@]}$tmp/dpo/train_*.bin" --set train.objective=dpo \
     --set "data.loss_mask_path=$tmp/dpo/train_*.npy" --set "data.pairs_path=$tmp/dpo/pairs_train_*.npy" \
     --set dpo.precompute_ref=true
+row 'train.objective "dpo" with data.val_path needs data.val_pairs_path' "${d[@]}" "${p[@]}" \
+    --set "data.val_path=$tmp/good.bin" --set "data.val_loss_mask_path=$tmp/good.npy"
+row 'train.objective "dpo" with data.val_path needs data.val_loss_mask_path' "${d[@]}" "${p[@]}" \
+    --set "data.val_path=$tmp/good.bin" --set "data.val_pairs_path=$tmp/good_pairs.npy"
+row 'data.val_pairs_path needs data.val_path' "${d[@]}" "${p[@]}" --set "data.val_pairs_path=$tmp/good_pairs.npy"
 row 'train.objective "dpo" reads the logits: runtime.tiled_loss must be false' "${d[@]}" "${p[@]}" --set runtime.tiled_loss=true
 row "good.npy: dtype '|u1': pair ids are little-endian int32" "${d[@]}" --set "data.pairs_path=$tmp/good.npy"
 row 'short_pairs.npy: the pair-id file holds 99 values but its token file .*good.bin holds 100 tokens' "${d[@]}" \

@@ -45,8 +45,8 @@ void write_pairs(const test::TempDir& dir) {
   test::write_bytes(dir.path("pairs_train_000000.npy"), npy_i32(pairs));
 }
 
-Config dpo_config(const test::TempDir& dir, int64_t seed) {
-  return parse_config({{"model", {{"arch", "llama"}, {"vocab_size", 64}, {"hidden_size", 16}, {"num_hidden_layers", 1},
+nlohmann::json dpo_json(const test::TempDir& dir, int64_t seed) {
+  return nlohmann::json({{"model", {{"arch", "llama"}, {"vocab_size", 64}, {"hidden_size", 16}, {"num_hidden_layers", 1},
                                   {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"intermediate_size", 32},
                                   {"max_position_embeddings", 32}}},
                        {"data", {{"source", "tokens"}, {"path", dir.path("train_*.bin")},
@@ -57,12 +57,16 @@ Config dpo_config(const test::TempDir& dir, int64_t seed) {
                        {"runtime", {{"dtype", "float64"}, {"threads", 1}}}});
 }
 
-double step1_loss(const Config& cfg) {
+Config dpo_config(const test::TempDir& dir, int64_t seed) { return parse_config(dpo_json(dir, seed)); }
+
+StepRecord step1(const Config& cfg) {
   auto world = make_single_process_communicator();
   TrainArgs args;
   args.quiet = true;
-  return train(cfg, args, *world).steps.at(0).loss;
+  return train(cfg, args, *world).steps.at(0);
 }
+
+double step1_loss(const Config& cfg) { return step1(cfg).loss; }
 
 }  // namespace
 
@@ -100,6 +104,37 @@ TEST_CASE("dpo.precompute_ref's file: written, read on a restart, recomputed whe
   test::write_bytes(file, {'n', 'o', 't', ' ', 'a', ' ', 'f', 'i', 'l', 'e', 0, 0, 0, 0, 0, 0});
   CHECK_THROWS_AS(step1_loss(dpo_config(dir, 2)), UsageError);
   CHECK_THROWS_WITH(step1_loss(dpo_config(dir, 2)), Catch::StartsWith(file));
+}
+
+TEST_CASE("DPO validation: the loss and TRL's eval_ metrics; with dpo.precompute_ref the split's own file",
+          "[trainer][dpo]") {
+  // The validation split is a copy of the training one, and lr is 0: the policy that validates is
+  // the reference, so the loss is log 2 and every reward 0, while the log-probabilities are the
+  // training step's own (its logps/ metrics). tests/ref/hf_dpo.py checks the values against TRL.
+  const test::TempDir dir("dpo-val");
+  write_pairs(dir);
+  for (const char* f : {"000000.bin", "000000.npy"}) fs::copy_file(dir.path(std::string("train_") + f), dir.path(std::string("val_") + f));
+  fs::copy_file(dir.path("pairs_train_000000.npy"), dir.path("pairs_val_000000.npy"));
+  for (const bool precompute : {false, true}) {
+    nlohmann::json j = dpo_json(dir, 1);
+    j.merge_patch({{"data", {{"val_path", dir.path("val_*.bin")}, {"val_loss_mask_path", dir.path("val_*.npy")},
+                             {"val_pairs_path", dir.path("pairs_val_*.npy")}}},
+                   {"train", {{"lr", 0}, {"min_lr", 0}, {"eval_every", 1}, {"eval_batches", 2}}},
+                   {"dpo", {{"precompute_ref", precompute}}}});
+    const StepRecord rec = step1(parse_config(j));
+    REQUIRE(rec.evaluated);
+    CHECK(std::abs(rec.val_loss - std::log(2.0)) < 1e-12);
+    CHECK(rec.val_accuracy == -1);
+    std::map<std::string, double> train, val;
+    for (const auto& [name, v] : rec.objective_metrics) train[name] = v;
+    for (const auto& [name, v] : rec.val_objective_metrics) val[name] = v;
+    REQUIRE(val.size() == 6);
+    for (const char* reward : {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"})
+      CHECK(std::abs(val.at(std::string("eval_") + reward)) < 1e-12);
+    for (const char* logps : {"logps/chosen", "logps/rejected"})
+      CHECK(std::abs(val.at(std::string("eval_") + logps) - train.at(logps)) < 1e-12);
+    CHECK(fs::exists(dir.path("ref_logps_val.safetensors")) == precompute);
+  }
 }
 
 TEST_CASE("dpo.precompute_ref's file: each key entry that differs is named; wrong contents are refused",
