@@ -62,26 +62,7 @@ void sequence_logps_backward(const T* logits, const int64_t* labels, const int64
 template <class T>
 double dpo_loss(const T* policy, const T* reference, const T* tokens, const T* norms, int64_t B, int64_t K,
                 const DpoArgs& a, T* dpolicy, double grad) {
-  const double pairs = double(norms[0]), chosen_tokens = double(norms[1]);
-  double pair_losses = 0, chosen_logps = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t c = b * 2 * K + k, r = c + K;  // the chosen and rejected sequence of slot k
-      const double nc = double(tokens[c]), nr = double(tokens[r]);
-      if (dpolicy) dpolicy[c] = dpolicy[r] = T(0);
-      if (nc <= 0 || nr <= 0) continue;  // no pair in this slot
-      const kernels::DpoPair p = kernels::dpo_pair(double(policy[c]), double(policy[r]), double(reference[c]),
-                                                   double(reference[r]), nc, nr, a);
-      pair_losses += p.loss;
-      chosen_logps += double(policy[c]);
-      if (dpolicy) {
-        const double rpo = a.rpo_alpha != 0 ? -a.rpo_alpha / chosen_tokens : 0;
-        dpolicy[c] = T(grad * a.share * (p.dz * p.wc / pairs + rpo));
-        dpolicy[r] = T(grad * a.share * (-p.dz * p.wr / pairs));
-      }
-    }
-  const double rpo = a.rpo_alpha != 0 ? a.rpo_alpha * -chosen_logps / chosen_tokens : 0;
-  return a.share * (pair_losses / pairs + rpo);
+  return kernels::dpo_table(policy, reference, tokens, norms, B, K, a, dpolicy, grad);
 }
 
 #define AUTOSP_PREFERENCE(T)                                                                                    \
