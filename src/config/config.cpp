@@ -668,7 +668,6 @@ void check_dpo(const Config& c, const std::function<void(const std::string&)>& b
     bad(str("dpo.loss_type \"", c.dpo.loss_type, "\": expected \"sigmoid\" (DPO) or \"ipo\""));
   if (c.dpo.loss_type == "ipo" && c.dpo.label_smoothing != 0)
     bad("dpo.label_smoothing applies to dpo.loss_type \"sigmoid\" (TRL's conservative DPO), not \"ipo\"");
-  if (c.runtime.tiled_loss) bad("train.objective \"dpo\" reads the logits: runtime.tiled_loss must be false");
   if (c.runtime.device != DeviceKind::cpu)
     bad("train.objective \"dpo\" runs on runtime.device \"cpu\" for now (its CUDA kernels have not run on a GPU yet)");
   if (!c.data.val_path.empty() && c.data.val_pairs_path.empty())

@@ -69,22 +69,32 @@ Node* from_heads(Builder& b, Node* x, int64_t N, int64_t D, const std::string& n
   return b.reshape(b.transpose(x, 1, 2, name + ".t"), {B, S, N * D}, name);
 }
 
-// The DPO loss (GraphOptions::dpo_slots) over the logits [B, S, V]: K = slots pairs per sequence.
-Node* dpo_loss(Builder& b, Node* logits, Node* labels, DType dtype, const GraphOptions& opt) {
+// The DPO loss (GraphOptions::dpo_slots; K = slots pairs per sequence) over the policy's sums: from
+// the logits x · headᵀ [B, S, V] (an output), or with the tiled loss from x [B, S, C] and the head
+// through the tiled head's DPO form, with no logits.
+Node* dpo_loss(Builder& b, Node* x, Node* head, Node* labels, DType dtype, const GraphOptions& opt) {
   Graph& g = b.graph();
+  Node* logits = nullptr;
+  if (!opt.tiled_loss) {
+    logits = b.matmul(x, head, false, true, "logits");
+    logits->set_role(Role::logits);
+    g.add_output(logits);
+  }
   const Dim K(opt.dpo_slots);
   Node* slots = b.input("pair_slots", DType::i64, {B, S}, Role::pair_ids);
   Node* ref = b.input("ref_logps", dtype, {B, Dim(2), K}, Role::none);
   Node* tokens = b.input("seq_tokens", dtype, {B, Dim(2), K}, Role::none);
   Node* norms = b.input("dpo_norms", dtype, {Dim(2)}, Role::none);
-  Node* policy = b.sequence_logps(logits, labels, slots, opt.dpo_slots, "sequence_logps");
+  Node* policy = logits ? b.sequence_logps(logits, labels, slots, opt.dpo_slots, "sequence_logps")
+                        : b.linear_sequence_logps(x, head, labels, slots, opt.dpo_slots, "sequence_logps");
   g.add_output(policy);
   return b.dpo_loss(policy, ref, tokens, norms, opt.dpo, "loss");
 }
 
 // The head and the token-mean loss over x [B, S, C] (after the final norm) and head [V, C]: the
 // logits x · headᵀ as an output, or with `tiled` one linear_cross_entropy_sum (no logits; its
-// argmax "predictions" [B, S] is the output instead); with opt.dpo_slots the DPO loss instead.
+// argmax "predictions" [B, S] is the output instead); with opt.dpo_slots the DPO loss instead (tiled
+// or not).
 // Generation graphs output the logits only.
 void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DType dtype, const GraphOptions& opt) {
   Graph& g = b.graph();
@@ -92,11 +102,7 @@ void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DTy
   const bool tiled = opt.tiled_loss;
   Node* sum = nullptr;
   if (mode == ForwardMode::train && opt.dpo_slots > 0) {
-    AUTOSP_ASSERT(!tiled, "the DPO loss reads the logits (no tiled loss)");
-    Node* logits = b.matmul(x, head, false, true, "logits");
-    logits->set_role(Role::logits);
-    g.add_output(logits);
-    Node* loss = dpo_loss(b, logits, labels, dtype, opt);
+    Node* loss = dpo_loss(b, x, head, labels, dtype, opt);
     loss->set_role(Role::loss);
     g.add_output(loss);
     return;

@@ -353,7 +353,6 @@ row 'train.objective "dpo" with data.val_path needs data.val_pairs_path' "${d[@]
 row 'train.objective "dpo" with data.val_path needs data.val_loss_mask_path' "${d[@]}" "${p[@]}" \
     --set "data.val_path=$tmp/good.bin" --set "data.val_pairs_path=$tmp/good_pairs.npy"
 row 'data.val_pairs_path needs data.val_path' "${d[@]}" "${p[@]}" --set "data.val_pairs_path=$tmp/good_pairs.npy"
-row 'train.objective "dpo" reads the logits: runtime.tiled_loss must be false' "${d[@]}" "${p[@]}" --set runtime.tiled_loss=true
 row "good.npy: dtype '|u1': pair ids are little-endian int32" "${d[@]}" --set "data.pairs_path=$tmp/good.npy"
 row 'short_pairs.npy: the pair-id file holds 99 values but its token file .*good.bin holds 100 tokens' "${d[@]}" \
     --set "data.pairs_path=$tmp/short_pairs.npy"

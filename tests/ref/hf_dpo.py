@@ -18,6 +18,9 @@ forward by ref.dpo_packing) through autograd:
     base, which the reference must not read) at P = 2; sigmoid with label smoothing also in bfloat16 at P = 2,
     within bf16's error (2e-3 of the loss and metrics, 2e-2 of the largest gradient);
   - Qwen2, sigmoid, at P = 1;
+  - runtime.tiled_loss (the sums through the tiled head, no [B, S, V] logits): full fine-tuning at
+    P = 1, 2 (ring) and dp 2 × sp 2, Qwen2 at P = 2, every LoRA loss at P = 2 (a frozen head: no dw)
+    and bfloat16 LoRA at P = 2;
   - validation (train.eval_every) with the adapter and lr 0: the DPO loss and TRL's eval_ metrics on a
     validation split, at P = 1, 2 (Ulysses), 2 (ring), dp 2 × sp 2 and with dpo.precompute_ref.
 Tolerances as tests/ref/hf_lora.py: transformers 4.44 takes RoPE's cos and sin in float32.
@@ -173,7 +176,7 @@ def main():
         qwen.save_pretrained(qwen_dir, safe_serialization=True)
         qwen = AutoModelForCausalLM.from_pretrained(qwen_dir, torch_dtype=torch.float64, attn_implementation="eager")
 
-        def config(model_dir, batch, k=1, sp=1, ring=1, zero=0, dtype="float64", **dpo):
+        def config(model_dir, batch, k=1, sp=1, ring=1, zero=0, dtype="float64", tiled=False, **dpo):
             return {"model": {"from": model_dir},
                     "data": {"source": "tokens", "path": info["data"]["path"],
                              "loss_mask_path": info["data"]["loss_mask_path"], "pairs_path": info["pairs_path"],
@@ -182,7 +185,7 @@ def main():
                     "dpo": dict({"beta": 0.1}, **dpo),
                     "sequence_parallel": {"autosp_size": sp, "ring_size": ring},
                     "zero_optimization": {"stage": zero},
-                    "runtime": {"dtype": dtype, "threads": 1}}
+                    "runtime": {"dtype": dtype, "threads": 1, "tiled_loss": tiled}}
 
         want = reference(llama, data, {})
         for what, cfg, ranks in (("llama P=1", config(fx, windows), 1),
@@ -193,6 +196,9 @@ def main():
                                  ("llama dp 2 x sp 2, ZeRO-2", config(fx, windows // 2, sp=2, zero=2), 4),
                                  ("llama dp 2 x sp 2, ZeRO-3", config(fx, windows // 2, sp=2, zero=3), 4),
                                  ("llama 2 micro-batches", config(fx, windows // 2, k=2), 1),
+                                 ("llama P=1 tiled loss", config(fx, windows, tiled=True), 1),
+                                 ("llama P=2 ring tiled loss", config(fx, windows, sp=2, ring=2, tiled=True), 2),
+                                 ("llama dp 2 x sp 2 tiled loss", config(fx, windows // 2, sp=2, tiled=True), 4),
                                  ("llama P=2 precompute_ref", config(fx, windows, sp=2, precompute_ref=True), 2),
                                  ("llama dp 2 x sp 2 precompute_ref", config(fx, 2, k=2, sp=2, precompute_ref=True), 4)):
             if what.startswith("llama dp 2 x sp 2 precompute_ref"):
@@ -203,6 +209,8 @@ def main():
             failed += not compare(what, *run(bin_dir, work, cfg, what.replace(" ", "_").replace(",", ""), ranks), *want)
         want = reference(qwen, data, {})
         failed += not compare("qwen2 P=1", *run(bin_dir, work, config(qwen_dir, windows), "qwen2"), *want)
+        failed += not compare("qwen2 P=2 tiled loss", *run(bin_dir, work, config(qwen_dir, windows, sp=2, tiled=True),
+                                                           "qwen2_tiled", 2), *want)
 
         adapter = os.path.join(work, "adapter")
         torch.manual_seed(1)
@@ -213,16 +221,20 @@ def main():
                                ("ipo", {"loss_type": "ipo"}, {"loss_type": "ipo"}),
                                ("rpo_alpha 0.5", {"rpo_alpha": 0.5}, {"rpo_alpha": 0.5})):
             want = reference(lora, data, kw, lora=True)
-            for ranks, pre in ((1, False), (2, False), (2, True)):
-                cfg = config(fx, windows, sp=ranks, precompute_ref=pre, **keys)
+            for ranks, pre, tiled in ((1, False, False), (2, False, False), (2, True, False), (2, False, True)):
+                cfg = config(fx, windows, sp=ranks, precompute_ref=pre, tiled=tiled, **keys)
                 cfg["lora"] = {"from": adapter}
-                what = f"llama + LoRA {kind} P={ranks}" + (" precompute_ref" if pre else "")
-                failed += not compare(what, *run(bin_dir, work, cfg, f"lora_{kind.split()[0]}_{ranks}_{pre}", ranks), *want)
+                what = f"llama + LoRA {kind} P={ranks}" + (" precompute_ref" if pre else "") + (" tiled loss" if tiled else "")
+                name = f"lora_{kind.split()[0]}_{ranks}_{pre}_{tiled}"
+                failed += not compare(what, *run(bin_dir, work, cfg, name, ranks), *want)
             if kind.startswith("sigmoid"):  # bf16 (f32 masters, bf16 compute): close to the float64 reference
                 cfg = config(fx, windows, sp=2, dtype="bfloat16", **keys)
                 cfg["lora"] = {"from": adapter}
                 failed += not compare(f"llama + LoRA {kind} P=2 bfloat16", *run(bin_dir, work, cfg, "lora_bf16", 2),
                                       *want, tol=BF16_TOL, rel=BF16_REL)
+                cfg["runtime"]["tiled_loss"] = True
+                failed += not compare(f"llama + LoRA {kind} P=2 bfloat16 tiled loss",
+                                      *run(bin_dir, work, cfg, "lora_bf16_tiled", 2), *want, tol=BF16_TOL, rel=BF16_REL)
         # Validation (train.eval_every) on the validation split of the same rows: lr 0, so the policy
         # that validates is the adapter's; the DPO loss and TRL's eval_ metrics of one batch holding
         # every validation window, at P = 1, 2 (Ulysses), 2 (ring), dp 2 × sp 2 (one batch across
