@@ -230,7 +230,11 @@ int main(int argc, char** argv) {
                        last.accuracy >= 0 ? fmt::format(", accuracy {:.3f}", last.accuracy) : "");
           if (last.evaluated && last.val_targets == 0)
             spdlog::info("validation after step {}: no targets (the validation masks remove every one)", last.step);
-          else if (last.evaluated)
+          else if (last.evaluated && !last.val_objective_metrics.empty()) {  // DPO: TRL's eval_ metrics
+            std::string metrics;
+            for (const auto& [name, v] : last.val_objective_metrics) metrics += fmt::format(", {} {:.4f}", name, v);
+            spdlog::info("validation after step {}: loss {:.4f}{}", last.step, last.val_loss, metrics);
+          } else if (last.evaluated)
             spdlog::info("validation after step {}: loss {:.4f}, accuracy {:.3f}; example: {}", last.step,
                          last.val_loss, last.val_accuracy, example_line(cfg, r.val_example));
         }

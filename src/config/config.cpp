@@ -681,11 +681,15 @@ void check_dpo(const Config& c, const std::function<void(const std::string&)>& b
     bad(str("dpo.loss_type \"", c.dpo.loss_type, "\": expected \"sigmoid\" (DPO) or \"ipo\""));
   if (c.dpo.loss_type == "ipo" && c.dpo.label_smoothing != 0)
     bad("dpo.label_smoothing applies to dpo.loss_type \"sigmoid\" (TRL's conservative DPO), not \"ipo\"");
-  if (c.runtime.tiled_loss) bad("train.objective \"dpo\" reads the logits: runtime.tiled_loss must be false");
   if (c.runtime.device != DeviceKind::cpu)
     bad("train.objective \"dpo\" runs on runtime.device \"cpu\" for now (its CUDA kernels have not run on a GPU yet)");
-  if (c.train.eval_every > 0 || !c.data.val_path.empty())
-    bad("train.objective \"dpo\": validation (train.eval_every, data.val_path) is not built for DPO yet");
+  if (!c.data.val_path.empty() && c.data.val_pairs_path.empty())
+    bad("train.objective \"dpo\" with data.val_path needs data.val_pairs_path: the validation pairs' ids "
+        "(scripts/prepare_data.py --preference writes them; its data.json names them)");
+  if (!c.data.val_path.empty() && c.data.val_loss_mask_path.empty())
+    bad("train.objective \"dpo\" with data.val_path needs data.val_loss_mask_path: the validation completions' masks");
+  if (!c.data.val_pairs_path.empty() && c.data.val_path.empty())
+    bad("data.val_pairs_path needs data.val_path (the validation token files it pairs)");
 }
 
 // The lora section against the model: its targets resolved ("all-linear", or PEFT's default for

@@ -85,6 +85,9 @@ Node* Builder::swiglu_mlp(Node* x, Node* w_gate, Node* w_up, Node* w_down, const
 Node* Builder::linear_cross_entropy_sum(Node* x, Node* w, Node* labels, const std::string& name) {
   return op(Op::linear_cross_entropy_sum, {x, w, labels}, {{"ignore_index", kIgnoreIndex}}, name);
 }
+Node* Builder::linear_sequence_logps(Node* x, Node* w, Node* labels, Node* slots, int64_t K, const std::string& name) {
+  return op(Op::linear_cross_entropy_sum, {x, w, labels, slots}, {{"ignore_index", kIgnoreIndex}, {"slots", K}}, name);
+}
 Node* Builder::moe_experts(Node* x, Node* probs, const std::vector<Node*>& w_gate, const std::vector<Node*>& w_up,
                            const std::vector<Node*>& w_down, int64_t top_k, bool norm_topk_prob,
                            const std::string& name) {
@@ -255,8 +258,10 @@ Node* Builder::moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, 
   return op(Op::moe_experts_backward, std::move(in), {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}}, name);
 }
 Node* Builder::linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,
-                                             const std::string& name) {
-  return op(Op::linear_cross_entropy_backward, {x, w, labels, grad}, {{"ignore_index", ignore_index}}, name);
+                                             const std::string& name, Node* slots, int64_t K) {
+  if (!slots) return op(Op::linear_cross_entropy_backward, {x, w, labels, grad}, {{"ignore_index", ignore_index}}, name);
+  return op(Op::linear_cross_entropy_backward, {x, w, labels, grad, slots},
+            {{"ignore_index", ignore_index}, {"slots", K}}, name);
 }
 
 }  // namespace autosp

@@ -105,6 +105,10 @@ class Builder {
   // cross_entropy_sum(x · wᵀ, labels) with no [..., V] logits: x [..., C], w [V, C]; extra output 1
   // is each row's argmax over V (i64 [...], read with output(node, 1)).
   Node* linear_cross_entropy_sum(Node* x, Node* w, Node* labels, const std::string& name = "loss_sum");
+  // Its DPO form: sequence_logps(x · wᵀ, labels, slots) [B, 2, K] with no [B, S, V] logits (the same
+  // op with the pair slots fourth; its extra output is still the argmax).
+  Node* linear_sequence_logps(Node* x, Node* w, Node* labels, Node* slots, int64_t K,
+                              const std::string& name = "sequence_logps");
   // A mixture-of-experts layer's experts: each token of x [..., C] goes to the top_k experts of
   // its router probabilities probs [..., E] (weights renormalised over the k when norm_topk_prob),
   // y = Σ weight · (silu(x·w_gate[e]ᵀ) ∘ (x·w_up[e]ᵀ))·w_down[e]ᵀ; E weights each, w_gate[e] and
@@ -158,8 +162,9 @@ class Builder {
   Node* moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, int64_t top_k, bool norm_topk_prob,
                              const std::string& name = "moe_bwd");
   // dx; extra output dw (read with output(node, 1)).
+  // With `slots` (the DPO form), grad is [B, 2, K].
   Node* linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,
-                                      const std::string& name = "loss_bwd");
+                                      const std::string& name = "loss_bwd", Node* slots = nullptr, int64_t K = 0);
   // The gradients of sequence_logps and dpo_loss node `forward`'s first input (its other inputs and
   // attributes as the forward's) from `grad`, the gradient of its output.
   Node* sequence_logps_backward(Node* forward, Node* grad, const std::string& name = "dlogits");

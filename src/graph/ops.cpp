@@ -542,17 +542,38 @@ void expect_head_and_labels(const Node& n, size_t x, const ShapeContext& ctx) {
     fail(n, str("x ", in(n, x).str(), ", w ", in(n, x + 1).str(), ", labels ", in(n, x + 2).str(),
                 ": expected x [..., C], w [V, C] and labels [...]"));
 }
-// x, w, labels → the summed loss [] (f32 for bf16 x), as cross_entropy_sum(x · wᵀ, labels)
+// The DPO form's pair slots (input `i`, train.objective "dpo" with runtime.tiled_loss): i64 like
+// the labels [B, S], and the attribute "slots" K ≥ 1; its sums are [B, 2, K] as sequence_logps's.
+SymShape head_slots_shape(const Node& n, size_t i, const ShapeContext& ctx) {
+  expect_int(n, i);
+  const auto& y = in(n, 2).shape;
+  bool ok = y.size() == 2 && in(n, i).shape.size() == 2;
+  for (size_t d = 0; ok && d < 2; ++d) ok = ctx.same(y[d], in(n, i).shape[d]);
+  if (!ok) fail(n, str("labels ", in(n, 2).str(), ", slots ", in(n, i).str(), ": expected [B, S] and [B, S]"));
+  if (!n.attrs().has("slots") || n.attrs().i("slots") < 1) fail(n, "the pair slots need an attribute slots >= 1");
+  return {y[0], Dim(2), Dim(n.attrs().i("slots"))};
+}
+// x, w, labels → the summed loss [] (f32 for bf16 x), as cross_entropy_sum(x · wᵀ, labels); with the
+// pair slots fourth, each sequence's summed log-probability [B, 2, K] instead, as
+// sequence_logps(x · wᵀ, labels, slots) (DPO's policy sums without the [B, S, V] logits)
 TensorType linear_cross_entropy_rule(const Node& n, const ShapeContext& ctx) {
   expect_head_and_labels(n, 0, ctx);
+  if (n.inputs().size() == 4) return {accumulate_dtype(in(n, 0).dtype), head_slots_shape(n, 3, ctx)};
   return {accumulate_dtype(in(n, 0).dtype), {}};
 }
 // extra output 1: the argmax over the vocabulary of each row's logits, i64 [...] like labels
 std::vector<TensorType> linear_cross_entropy_extra(const Node& n) { return {{DType::i64, in(n, 2).shape}}; }
-// x, w, labels, grad [] (the loss's dtype) → dx like x (extra: dw like w)
+// x, w, labels, grad [] (the loss's dtype) → dx like x (extra: dw like w); the DPO form takes the
+// slots fifth and grad [B, 2, K]
 TensorType linear_cross_entropy_backward_rule(const Node& n, const ShapeContext& ctx) {
   expect_head_and_labels(n, 0, ctx);
   const auto& g = in(n, 3);
+  if (n.inputs().size() == 5) {
+    head_slots_shape(n, 4, ctx);
+    if (g.rank() != 3 || g.dtype != accumulate_dtype(in(n, 0).dtype))
+      fail(n, str("gradient ", g.str(), " must be ", dtype_name(accumulate_dtype(in(n, 0).dtype)), " [B, 2, K]"));
+    return in(n, 0);
+  }
   if (g.rank() != 0 || g.dtype != accumulate_dtype(in(n, 0).dtype))
     fail(n, str("loss gradient ", g.str(), " must be a ", dtype_name(accumulate_dtype(in(n, 0).dtype)),
                 " scalar for x ", in(n, 0).str()));
@@ -957,10 +978,11 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .seq = seq_mlp},
     {.op = Op::swiglu_mlp_backward, .name = "swiglu_mlp_backward", .arity = 5, .infer = swiglu_mlp_backward_rule,
      .extra = swiglu_mlp_backward_extra, .backward_only = true},
-    {.op = Op::linear_cross_entropy_sum, .name = "linear_cross_entropy_sum", .arity = 3, .attrs = "ignore_index",
+    {.op = Op::linear_cross_entropy_sum, .name = "linear_cross_entropy_sum", .arity = 3, .optional = 1,
+     .attrs = "ignore_index",
      .infer = linear_cross_entropy_rule, .extra = linear_cross_entropy_extra, .vjp = vjp::linear_cross_entropy_sum,
      .seq = seq_head_loss},
-    {.op = Op::linear_cross_entropy_backward, .name = "linear_cross_entropy_backward", .arity = 4,
+    {.op = Op::linear_cross_entropy_backward, .name = "linear_cross_entropy_backward", .arity = 4, .optional = 1,
      .attrs = "ignore_index", .infer = linear_cross_entropy_backward_rule,
      .extra = linear_cross_entropy_backward_extra, .backward_only = true},
     {.op = Op::moe_experts, .name = "moe_experts", .arity = -1, .attrs = "top_k,norm_topk_prob",

@@ -247,15 +247,19 @@ void moe_experts(VjpContext& c) {
 // loss = linear_cross_entropy_sum(x, w, labels): one backward node, which computes the logits
 // again from x chunk by chunk, gives dx, with dw as its extra output; labels get none. A frozen
 // head (LoRA) gets weight_grad = false: the node computes no dw (its extra output is empty).
+// The DPO form (pair slots fourth) hands its slots and "slots" attribute to the backward, whose
+// gradient is then [B, 2, K].
 void linear_cross_entropy_sum(VjpContext& c) {
-  Node* bwd =
-      c.b.linear_cross_entropy_backward(c.in(0), c.in(1), c.in(2), c.grad, c.node->attrs().i("ignore_index"), "dx");
+  const bool dpo = c.node->inputs().size() == 4;
+  Node* bwd = c.b.linear_cross_entropy_backward(c.in(0), c.in(1), c.in(2), c.grad, c.node->attrs().i("ignore_index"),
+                                                "dx", dpo ? c.in(3) : nullptr, dpo ? c.node->attrs().i("slots") : 0);
+  c.input_grads.assign(c.node->inputs().size(), nullptr);
+  c.input_grads[0] = bwd;
   if (!c.needs_grad[1]) {
     bwd->attrs().set("weight_grad", false);
-    c.input_grads = {bwd, nullptr, nullptr};
     return;
   }
-  c.input_grads = {bwd, c.b.output(bwd, 1, "dw"), nullptr};
+  c.input_grads[1] = c.b.output(bwd, 1, "dw");
 }
 
 }  // namespace autosp::vjp

@@ -80,23 +80,27 @@ Node* from_heads(Builder& b, Node* x, int64_t N, int64_t D, const std::string& n
   return b.reshape(b.transpose(x, 1, 2, name + ".t"), {B, S, N * D}, name);
 }
 
-// The DPO loss (GraphOptions::dpo_slots) over the logits [B, S, V]: K = slots pairs per sequence.
-Node* dpo_loss(Builder& b, Node* logits, Node* labels, DType dtype, const GraphOptions& opt) {
+// The DPO loss (GraphOptions::dpo_slots; K = slots pairs per sequence) over the policy's sums: from
+// `logits` [B, S, V] (the head's, an output), or when it is null (the tiled loss) from x [B, S, C]
+// and the head through the tiled head's DPO form, with no logits.
+Node* dpo_loss(Builder& b, Node* x, Node* head, Node* logits, Node* labels, DType dtype, const GraphOptions& opt) {
   Graph& g = b.graph();
   const Dim K(opt.dpo_slots);
   Node* slots = b.input("pair_slots", DType::i64, {B, S}, Role::pair_ids);
   Node* ref = b.input("ref_logps", dtype, {B, Dim(2), K}, Role::none);
   Node* tokens = b.input("seq_tokens", dtype, {B, Dim(2), K}, Role::none);
   Node* norms = b.input("dpo_norms", dtype, {Dim(2)}, Role::none);
-  Node* policy = b.sequence_logps(logits, labels, slots, opt.dpo_slots, "sequence_logps");
+  Node* policy = logits ? b.sequence_logps(logits, labels, slots, opt.dpo_slots, "sequence_logps")
+                        : b.linear_sequence_logps(x, head, labels, slots, opt.dpo_slots, "sequence_logps");
   g.add_output(policy);
   return b.dpo_loss(policy, ref, tokens, norms, opt.dpo, "loss");
 }
 
 // The head and the token-mean loss over x [B, S, C] (after the final norm) and head [V, C]: the
 // logits x · headᵀ as an output, or with `tiled` one linear_cross_entropy_sum (no logits; its
-// argmax "predictions" [B, S] is the output instead); with opt.dpo_slots the DPO loss instead.
-// softcap > 0 (Gemma's final_logit_softcapping): the logits are softcap · tanh(logits / softcap).
+// argmax "predictions" [B, S] is the output instead); with opt.dpo_slots the DPO loss instead (tiled
+// or not). softcap > 0 (Gemma's final_logit_softcapping): the logits are softcap · tanh(logits /
+// softcap), which the tiled loss does not compute.
 // Generation graphs output the logits only.
 //
 // `aux` (training with model.output_router_logits): the weighted load-balancing term
@@ -112,19 +116,21 @@ void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DTy
     return logits;
   };
   Node* sum = nullptr;
+  if (mode == ForwardMode::train && tiled && softcap > 0)
+    throw UsageError("runtime.tiled_loss: the tiled loss has no final logit softcap (model.final_logit_softcapping)");
   if (mode == ForwardMode::train && opt.dpo_slots > 0) {
-    AUTOSP_ASSERT(!tiled, "the DPO loss reads the logits (no tiled loss)");
-    Node* logits = head_logits();
-    logits->set_role(Role::logits);
-    g.add_output(logits);
-    Node* loss = dpo_loss(b, logits, labels, dtype, opt);
+    Node* logits = nullptr;
+    if (!tiled) {
+      logits = head_logits();
+      logits->set_role(Role::logits);
+      g.add_output(logits);
+    }
+    Node* loss = dpo_loss(b, x, head, logits, labels, dtype, opt);
     loss->set_role(Role::loss);
     g.add_output(loss);
     return;
   }
   if (mode == ForwardMode::train && tiled) {
-    if (softcap > 0)
-      throw UsageError("runtime.tiled_loss: the tiled loss has no final logit softcap (model.final_logit_softcapping)");
     sum = b.linear_cross_entropy_sum(x, head, labels, "loss_sum");
     g.add_output(b.output(sum, 1, "predictions"));
   } else {

@@ -899,7 +899,7 @@ void check_doc_start(const Tensor& doc_start) {
 std::unique_ptr<DataSource> make_val_source(const DataConfig& cfg, int64_t vocab_size, uint64_t seed) {
   check_sizes(cfg, vocab_size);
   // Synthetic: a stream no training seed reaches but by a 2^-64 chance.
-  return make_stream(cfg, {cfg.val_path, cfg.val_loss_mask_path, "", cfg.val_doc_ids_path}, vocab_size,
+  return make_stream(cfg, {cfg.val_path, cfg.val_loss_mask_path, cfg.val_pairs_path, cfg.val_doc_ids_path}, vocab_size,
                      seed ^ 0x7A1DA7E5EED0F00Dull, Order{});
 }
 

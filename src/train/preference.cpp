@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "models/lora.h"
 #include "train/optimizer.h"  // parameter_shard
@@ -109,8 +110,9 @@ DpoReference::DpoReference(const Config& cfg, const ProcessMesh& mesh, ParamMap 
   output_ = prog_.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
 }
 
-size_t DpoReference::precompute(const DataSource& data, int64_t batch, int64_t seq_multiple,
+size_t DpoReference::precompute(DpoSplit split, const DataSource& data, int64_t batch, int64_t seq_multiple,
                                 const CommGroups& groups) {
+  RefLogps& table = tables_[size_t(split)];
   const int64_t n = data.sequences_per_epoch();
   AUTOSP_ASSERT(n > 0, "precomputing the reference needs a dataset with epochs");
   for (int64_t first = 0; first < n; first += batch) {
@@ -123,16 +125,46 @@ size_t DpoReference::precompute(const DataSource& data, int64_t batch, int64_t s
     const int64_t rows = labels.dim(0), S = labels.dim(1);
     for (int64_t r = 0; r < rows; ++r)
       for (const auto& [id, k] : row_slots(labels.data<int64_t>() + r * S, pairs.data<int64_t>() + r * S, S, r, slots_))
-        table_[id] = {ref[size_t((r * 2) * slots_ + k)], ref[size_t((r * 2 + 1) * slots_ + k)]};
+        table[id] = {ref[size_t((r * 2) * slots_ + k)], ref[size_t((r * 2 + 1) * slots_ + k)]};
   }
+  return table.size();
+}
+
+void DpoReference::drop_model() {
   ex_.reset();  // the step holds one model from here on
   params_.clear();
   prog_ = RankProgram();
-  return table_.size();
+}
+
+std::string precompute_reference(DpoReference& reference, DpoSplit split, const std::string& path,
+                                 const RefLogpsKey& key,
+                                 const DataSource& data, int64_t batch, int64_t seq_multiple,
+                                 const CommGroups& groups, Communicator& host) {
+  std::string why;
+  std::optional<RefLogps> stored = load_ref_logps(path, key, why);
+  Tensor found = Tensor::from_vector<double>({1}, {stored ? 1.0 : 0.0});
+  host.all_reduce_sum(found);  // every rank reads before rank 0 may write
+  if (found.to_doubles()[0] == host.size()) {
+    reference.use(split, std::move(*stored));
+    return str("dpo: the reference's log-probabilities of ", reference.table(split).size(), " pairs read from ", path);
+  }
+  if (why.empty()) why = "another rank did not find it";
+  const size_t pairs = reference.precompute(split, data, batch, seq_multiple, groups);
+  std::string stored_at = str("; stored in ", path);
+  if (host.rank() == 0) {
+    try {
+      save_ref_logps(path, key, reference.table(split));
+    } catch (const std::exception& e) {
+      stored_at = str("; not stored (", e.what(), "): a restart computes them again");
+    }
+  }
+  return str("dpo: the reference's log-probabilities of ", pairs, " pairs precomputed (", path, ": ", why, ")",
+             stored_at);
 }
 
 Tensor DpoReference::feed(std::map<std::string, Tensor>& feeds, const Batch& micro, const Tensor& norms,
-                          const CommGroups& groups) const {
+                          const CommGroups& groups, DpoSplit split) const {
+  const RefLogps& table = tables_[size_t(split)];
   if (ex_) return run(feeds, micro, norms, groups);
   std::map<std::string, Tensor> add = dpo_feeds(micro, slots_, dtype_);  // the table's sums by slot
   const Tensor labels = micro.labels.contiguous(), pairs = micro.pair_ids.contiguous();
@@ -140,8 +172,8 @@ Tensor DpoReference::feed(std::map<std::string, Tensor>& feeds, const Batch& mic
   std::vector<double> ref(size_t(rows * 2 * slots_), 0.0);
   for (int64_t r = 0; r < rows; ++r)
     for (const auto& [id, k] : row_slots(labels.data<int64_t>() + r * S, pairs.data<int64_t>() + r * S, S, r, slots_)) {
-      const auto it = table_.find(id);
-      AUTOSP_ASSERT(it != table_.end(), "pair id ", id, " has no precomputed reference");
+      const auto it = table.find(id);
+      AUTOSP_ASSERT(it != table.end(), "pair id ", id, " has no precomputed reference");
       ref[size_t((r * 2) * slots_ + k)] = it->second.first;
       ref[size_t((r * 2 + 1) * slots_ + k)] = it->second.second;
     }

@@ -12,6 +12,7 @@
 // targets) are counted on the host before the first micro-batch runs, like the LM loss's targets.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "engine/executor.h"
 #include "tensor/tensor.h"
 #include "train/data.h"
+#include "train/dpo_ref_file.h"
 
 namespace autosp {
 
@@ -41,21 +43,29 @@ Tensor dpo_norms(const Batch& step_batch, const ProcessMesh& mesh, Communicator&
 // as PEFT's disable_adapter). It runs each micro-batch before the policy and hands its sequence
 // sums to the policy's graph as ref_logps.
 //
-// With dpo.precompute_ref, precompute() runs the reference once over every window of the data
-// (each rank all of them, so every SP group's collectives line up; dp ranks repeat the work) and
-// keeps each pair's two sums by pair id; the reference's program and weights are then dropped, so
-// the step holds one model, and feed() looks the sums up instead of running it.
+// With dpo.precompute_ref, precompute() runs the reference once over every window of a split's
+// data (each rank all of them, so every SP group's collectives line up; dp ranks repeat the work)
+// and keeps each pair's two sums by pair id (or use() takes them from dpo.precompute_ref's file);
+// drop_model() then frees the reference's program and weights, so the step holds one model, and
+// feed() looks the sums up instead of running it. A split's pair ids are its own (the training
+// and the validation pairs both count from 1), so each split has its table.
+enum class DpoSplit { train, val };
+
 class DpoReference {
  public:
   DpoReference(const Config& cfg, const ProcessMesh& mesh, ParamMap params, Device dev);
   // The number of pairs precomputed.
-  size_t precompute(const DataSource& data, int64_t batch, int64_t seq_multiple, const CommGroups& groups);
+  size_t precompute(DpoSplit split, const DataSource& data, int64_t batch, int64_t seq_multiple,
+                    const CommGroups& groups);
+  void use(DpoSplit split, RefLogps table) { tables_[size_t(split)] = std::move(table); }  // a file's sums
+  const RefLogps& table(DpoSplit split) const { return tables_[size_t(split)]; }
+  void drop_model();  // after the precomputation: feed() reads the tables from here on
   // Adds a micro-batch's DPO inputs to the policy's `feeds` (its data and parameters are there, on
   // the run device): pair_slots, seq_tokens (dpo_feeds), the step's dpo_norms (given on the host),
   // and ref_logps, which the reference computes here (a collective under sequence parallelism) or
   // the precomputed table gives. Returns ref_logps.
   Tensor feed(std::map<std::string, Tensor>& feeds, const Batch& micro, const Tensor& norms,
-              const CommGroups& groups) const;
+              const CommGroups& groups, DpoSplit split = DpoSplit::train) const;
   DType dtype() const { return dtype_; }  // the DPO inputs' dtype
 
  private:
@@ -68,8 +78,17 @@ class DpoReference {
   Device dev_;
   DType dtype_;
   int64_t slots_;
-  std::map<int64_t, std::pair<double, double>> table_;  // precomputed: |pair id| → (chosen, rejected)
+  std::array<RefLogps, 2> tables_;  // precomputed, by DpoSplit: |pair id| → (chosen, rejected)
 };
+
+// dpo.precompute_ref on every rank (a collective on `host`): the sums from `path` when every rank
+// finds it there under `key` (train/dpo_ref_file.h), else precomputed by every rank and written by
+// world rank 0 (a file it cannot write is a warning: the sums stay in memory). Returns a line for
+// the log that says which, and why.
+std::string precompute_reference(DpoReference& reference, DpoSplit split, const std::string& path,
+                                 const RefLogpsKey& key,
+                                 const DataSource& data, int64_t batch, int64_t seq_multiple,
+                                 const CommGroups& groups, Communicator& host);
 
 // The reference's weights from a run's starting point: `base` (the model before any training:
 // model.from, --init-from or the seed's initialisation; with LoRA the frozen base and the base

@@ -17,6 +17,13 @@ namespace autosp {
 namespace {
 
 // Three significant digits whatever the scale: a CPU's 0.0123 TFLOP/s and a node's 3210.
+// " | name value" for each of an objective's metrics (DPO's rewards and log-probabilities).
+std::string metrics_text(const std::vector<std::pair<std::string, double>>& metrics) {
+  std::string out;
+  for (const auto& [name, v] : metrics) out += fmt::format(" | {} {:.4f}", name, v);
+  return out;
+}
+
 std::string tflops_text(double t) { return t >= 100 ? fmt::format("{:.0f}", t) : fmt::format("{:.3g}", t); }
 
 // What made targets few, to check: the loss masks that were given (by key and path) and the
@@ -126,8 +133,7 @@ void StepLog::step(const StepRecord& rec) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - began_).count();
     const double eta = elapsed / static_cast<double>(rec.step - start_) * static_cast<double>(total_ - rec.step);
     // A skipped step has no loss, norm or throughput: it says so instead.
-    std::string objective;  // DPO's rewards and log-probabilities
-    for (const auto& [name, v] : rec.objective_metrics) objective += fmt::format(" | {} {:.4f}", name, v);
+    const std::string objective = metrics_text(rec.objective_metrics);  // DPO's rewards and log-probabilities
     const std::string work =
         rec.skipped ? std::string("skipped: no targets")
                     : fmt::format("loss {:.4f}{}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s", rec.loss,
@@ -143,8 +149,9 @@ void StepLog::step(const StepRecord& rec) {
     const std::string val =
         !rec.evaluated         ? ""
         : rec.val_targets == 0 ? fmt::format("step {}/{} | val: no targets (the masks remove every one)", rec.step, total_)
-                               : fmt::format("step {}/{} | val loss {:.4f} | val acc {:.3f}", rec.step, total_,
-                                             rec.val_loss, rec.val_accuracy);
+                               : fmt::format("step {}/{} | val loss {:.4f}{}", rec.step, total_, rec.val_loss,
+                                             rec.val_accuracy >= 0 ? fmt::format(" | val acc {:.3f}", rec.val_accuracy)
+                                                                   : metrics_text(rec.val_objective_metrics));
     if (!quiet_) spdlog::info("{}", line);
     else file_log->info("{}", line);
     if (!val.empty() && !quiet_) spdlog::info("{}", val);
@@ -164,7 +171,8 @@ void StepLog::step(const StepRecord& rec) {
     for (const auto& [name, v] : rec.objective_metrics) m[name] = v;
     if (rec.evaluated) {  // without targets there is neither: both null
       m["val_loss"] = rec.val_targets > 0 ? nlohmann::json(rec.val_loss) : nlohmann::json();
-      m["val_accuracy"] = rec.val_targets > 0 ? nlohmann::json(rec.val_accuracy) : nlohmann::json();
+      m["val_accuracy"] = rec.val_targets > 0 && rec.val_accuracy >= 0 ? nlohmann::json(rec.val_accuracy) : nlohmann::json();
+      for (const auto& [name, v] : rec.val_objective_metrics) m[name] = v;
       m["val_targets"] = rec.val_targets;
     }
     metrics_ << m.dump() << "\n" << std::flush;

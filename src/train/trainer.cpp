@@ -326,11 +326,30 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     if (cfg.lora.enabled && !cfg.lora.modules_to_save.empty())  // their base values, not the trained copies
       for (auto& [name, t] : base_params(cfg, args, master_dtype(cfg.runtime.dtype)))
         if (start.params.count(name)) base[name] = t;
-    reference = std::make_unique<DpoReference>(cfg, mesh, dpo_reference_params(cfg, prog, base, start.params), dev);
-  }
-  if (dpo && cfg.dpo.precompute_ref) {
-    const size_t pairs = reference->precompute(*data, cfg.data.batch_size, mesh.seq_multiple(), comms->groups);
-    if (world.rank() == 0) spdlog::info("dpo: the reference's log-probabilities of {} pairs precomputed", pairs);
+    ParamMap weights = dpo_reference_params(cfg, prog, base, start.params);
+    // dpo.precompute_ref: each split's sums, from its file beside the pairs or computed (train/dpo_ref_file.h).
+    struct Split {
+      DpoSplit split;
+      const DataSource* data;
+      std::vector<std::string> files;  // tokens, masks, pair ids
+      RefLogpsKey key;
+    };
+    std::vector<Split> splits;
+    if (cfg.dpo.precompute_ref) {
+      splits.push_back({DpoSplit::train, data.get(), {cfg.data.path, cfg.data.loss_mask_path, cfg.data.pairs_path}, {}});
+      if (validation)
+        splits.push_back({DpoSplit::val, validation->data.get(),
+                          {cfg.data.val_path, cfg.data.val_loss_mask_path, cfg.data.val_pairs_path}, {}});
+      for (Split& s : splits) s.key = ref_logps_key(cfg, weights, s.files);
+    }
+    reference = std::make_unique<DpoReference>(cfg, mesh, std::move(weights), dev);
+    for (const Split& s : splits) {
+      const std::string line = precompute_reference(*reference, s.split, ref_logps_path(s.files[2]), s.key, *s.data,
+                                                    cfg.data.batch_size, mesh.seq_multiple(), comms->groups,
+                                                    *comms->host_world);
+      if (world.rank() == 0) spdlog::info("{}", line);
+    }
+    if (cfg.dpo.precompute_ref) reference->drop_model();
   }
   const std::string policy_logps = prog.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
   DpoMetrics dpo_metrics(cfg);
@@ -424,7 +443,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     rec.grad_sync_ms = (state->sync_stats().exposed_seconds - synced_before.exposed_seconds) * 1000.0;
     rec.grad_sync_wait_ms = (state->sync_stats().wait_seconds - synced_before.wait_seconds) * 1000.0;
     if (validation && validation_due(cfg, rec.step, total))
-      evaluate(*validation, cfg, graph_params(), *comms, dev, rec, &result.val_example);
+      evaluate(*validation, cfg, graph_params(), *comms, dev, rec, dpo ? nullptr : &result.val_example, reference.get());
     result.steps.push_back(rec);
     log.step(rec);
     const bool saved = checkpoint_due(cfg, rec.step, total);

@@ -60,6 +60,9 @@ struct StepRecord {
   // training's parameters, optimizer state and data order are untouched.
   bool evaluated = false;
   double val_loss = 0, val_accuracy = -1;
+  // train.objective "dpo": TRL's metrics on the validation pairs, eval_ prefixed
+  // (eval_rewards/chosen, ...; train/validation.h), and no val_accuracy (-1). Empty for "lm".
+  std::vector<std::pair<std::string, double>> val_objective_metrics;
   int64_t val_targets = 0, val_tokens = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "graph/passes/autosp/autosp.h"
+#include "train/accumulation.h"
 #include "train/run_device.h"
 
 namespace autosp {
@@ -56,6 +57,44 @@ ValExample first_example(const Tensor& logits, const Batch& batch, int64_t S, co
   ValExample ex{row(batch.input_ids, pick), row(batch.labels, pick), row(pred, pick), ""};
   if (synthetic) ex.formatted = format_example(ex.input, ex.labels, ex.predicted);
   return ex;
+}
+
+// evaluate() for train.objective "dpo" (train/validation.h).
+void evaluate_dpo(Validation& v, const Config& cfg, const ParamMap& params, const DpoReference& reference,
+                  JobComms& comms, Device dev, StepRecord& rec) {
+  const ProcessMesh& mesh = comms.mesh;
+  const std::string policy = v.prog.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
+  std::vector<std::pair<std::string, double>> sums;  // each metric summed over the batches with pairs
+  double loss_sum = 0;
+  int64_t batches = 0, tokens = 0;
+  rec.evaluated = true;
+  rec.val_targets = 0;
+  for (int64_t k = 0; k < cfg.train.eval_batches; ++k) {
+    const Batch raw = v.data->get(k, mesh.dp_rank, mesh.dp);
+    const Batch batch = pad_to_multiple(raw, mesh.seq_multiple());
+    tokens += raw.input_ids.numel();
+    rec.val_targets += global_target_count(batch, mesh, *comms.host_world);
+    const Tensor norms = dpo_norms(batch, mesh, *comms.host_world, reference.dtype());
+    if (norms.to_doubles()[0] == 0) continue;  // no pair in any rank's batch k: no loss (the same on every rank)
+    std::map<std::string, Tensor> feeds = run_feeds(batch, params, cfg.model.vocab_size, dev);
+    const Tensor ref = reference.feed(feeds, batch, norms, comms.groups, DpoSplit::val);
+    const Tensor seq_tokens = feeds.at("seq_tokens");
+    const RunResult r = v.ex->run(std::move(feeds), comms.groups);
+    comms.synchronize_device();
+    loss_sum += host_copy(r.outputs.at(v.prog.loss)).to_doubles()[0];
+    DpoMetrics metrics(cfg);
+    if (mesh.sp_rank == 0) metrics.add(host_copy(r.outputs.at(policy)), host_copy(ref), host_copy(seq_tokens));
+    const std::vector<std::pair<std::string, double>> means = metrics.finish(*comms.host_world);
+    if (sums.empty())
+      for (const auto& [name, value] : means) sums.emplace_back("eval_" + name, 0.0);
+    for (size_t i = 0; i < means.size(); ++i) sums[i].second += means[i].second;
+    ++batches;
+  }
+  rec.val_tokens = tokens * mesh.dp;  // the ranks of an SP group read the same sequences
+  rec.val_loss = batches > 0 ? loss_sum / static_cast<double>(batches) : std::numeric_limits<double>::quiet_NaN();
+  rec.val_accuracy = -1;
+  for (auto& [name, sum] : sums) sum /= static_cast<double>(batches);
+  rec.val_objective_metrics = std::move(sums);
 }
 
 }  // namespace
@@ -111,7 +150,9 @@ std::optional<Validation> make_validation(const Config& cfg, DType dtype, const 
   if (cfg.train.eval_every <= 0) return std::nullopt;
   Validation v;
   v.prog = build_program(cfg, dtype, Stage::rank_forward, layout);
-  v.ex = std::make_unique<Executor>(*v.prog.graph, ExecOptions{.attention = cfg.runtime.attention});
+  ExecOptions exec{.attention = cfg.runtime.attention};
+  if (cfg.train.objective == Objective::dpo) exec.transient_outputs.insert("logits");  // it reads the sums
+  v.ex = std::make_unique<Executor>(*v.prog.graph, std::move(exec));
   v.data = make_val_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   return v;
 }
@@ -121,7 +162,8 @@ bool validation_due(const Config& cfg, int64_t step, int64_t total) {
 }
 
 void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms& comms, Device dev,
-              StepRecord& rec, ValExample* example) {
+              StepRecord& rec, ValExample* example, const DpoReference* reference) {
+  if (reference) return evaluate_dpo(v, cfg, params, *reference, comms, dev, rec);
   const RankLayout& layout = comms.mesh;
   const int64_t K = cfg.train.eval_batches;
   std::vector<double> losses;

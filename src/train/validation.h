@@ -15,6 +15,7 @@
 #include "config/config.h"
 #include "engine/executor.h"
 #include "train/data.h"
+#include "train/preference.h"
 #include "train/trainer.h"
 
 namespace autosp {
@@ -49,9 +50,12 @@ bool validation_due(const Config& cfg, int64_t step, int64_t total);
 
 // Validation loss and accuracy with `params` (what the graph's parameter nodes are fed) into
 // `rec`; `example` receives rank 0's first sequence (the first one it got entirely right) when
-// non-null.
+// non-null. With train.objective "dpo", `reference` gives the reference's sums of the validation
+// pairs, and `rec` gets the DPO loss and TRL's metrics (eval_rewards/chosen, ...; no accuracy and
+// no example): each the mean over the validation batches of the batch's mean over its pairs (every
+// dp rank's batch k together), as TRL's evaluation logs them.
 void evaluate(Validation& v, const Config& cfg, const ParamMap& params, JobComms& comms, Device dev,
-              StepRecord& rec, ValExample* example);
+              StepRecord& rec, ValExample* example, const DpoReference* reference = nullptr);
 
 // The synthetic task's accuracy on a training step's batch over the world, from the step's
 // outputs (this rank's logits, or predictions under runtime.tiled_loss).

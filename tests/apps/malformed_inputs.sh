@@ -123,6 +123,14 @@ write("garbage_mask.npy", bytes((i * 31 + 7) % 256 for i in range(300)))
 pairs = ([1] * 20 + [-1] * 10 + [2] * 30 + [-2] * 40)[:100]
 write("good_pairs.npy", npy("<i4", "(100,)", struct.pack("<100i", *pairs)))
 write("short_pairs.npy", npy("<i4", "(99,)", struct.pack("<99i", *pairs[:99])))
+# A whole DPO split in dpo/ (six windows of 16, a pair each, 8 + 8 tokens), and garbage where
+# dpo.precompute_ref keeps the reference's sums beside it.
+os.mkdir(os.path.join(d, "dpo"))
+write("dpo/train_000000.bin", shard(tokens=good))
+write("dpo/train_000000.npy", npy("|u1", "(100,)", bytes([1] * 96 + [0] * 4)))
+dpo_pairs = [(k // 16 + 1) * (1 if k % 16 < 8 else -1) for k in range(96)] + [0] * 4
+write("dpo/pairs_train_000000.npy", npy("<i4", "(100,)", struct.pack("<100i", *dpo_pairs)))
+write("dpo/ref_logps_train.safetensors", bytes((i * 17 + 3) % 256 for i in range(64)))
 PY
 mkfifo "$tmp/fifo" "$tmp/fifo.index.json"
 mkdir -p "$tmp/hf_fifo" && mkfifo "$tmp/hf_fifo/config.json"
@@ -337,7 +345,14 @@ row 'dpo.beta = -1: expected a value in \[0, 1e+06\]' "${d[@]}" "${p[@]}" --set 
 row 'dpo.loss_type = "hinge": expected one of sigmoid|ipo' "${d[@]}" "${p[@]}" --set dpo.loss_type=hinge
 row 'dpo.label_smoothing applies to dpo.loss_type "sigmoid"' "${d[@]}" "${p[@]}" --set dpo.loss_type=ipo --set dpo.label_smoothing=0.1
 row 'dpo.precompute_ref = "yes": expected' "${d[@]}" "${p[@]}" --set dpo.precompute_ref=yes
-row 'train.objective "dpo" reads the logits: runtime.tiled_loss must be false' "${d[@]}" "${p[@]}" --set runtime.tiled_loss=true
+row 'dpo/ref_logps_train.safetensors: ' "${c[@]}" "${tokens[@]}$tmp/dpo/train_*.bin" --set train.objective=dpo \
+    --set "data.loss_mask_path=$tmp/dpo/train_*.npy" --set "data.pairs_path=$tmp/dpo/pairs_train_*.npy" \
+    --set dpo.precompute_ref=true
+row 'train.objective "dpo" with data.val_path needs data.val_pairs_path' "${d[@]}" "${p[@]}" \
+    --set "data.val_path=$tmp/good.bin" --set "data.val_loss_mask_path=$tmp/good.npy"
+row 'train.objective "dpo" with data.val_path needs data.val_loss_mask_path' "${d[@]}" "${p[@]}" \
+    --set "data.val_path=$tmp/good.bin" --set "data.val_pairs_path=$tmp/good_pairs.npy"
+row 'data.val_pairs_path needs data.val_path' "${d[@]}" "${p[@]}" --set "data.val_pairs_path=$tmp/good_pairs.npy"
 row "good.npy: dtype '|u1': pair ids are little-endian int32" "${d[@]}" --set "data.pairs_path=$tmp/good.npy"
 row 'short_pairs.npy: the pair-id file holds 99 values but its token file .*good.bin holds 100 tokens' "${d[@]}" \
     --set "data.pairs_path=$tmp/short_pairs.npy"

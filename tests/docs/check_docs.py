@@ -11,7 +11,8 @@ Every ```sh / ```bash block in README.md and docs/*.md is a command block, and t
   <!-- docs-check: run | "A" -> "B" | ... -->    run with A replaced by B (a small size for a long run)
   <!-- docs-check: run | given book.txt x.jsonl | "A" -> "B" -->
                                                  and with those input files made first (text made from
-                                                 this repository's own pages; .jsonl as {"text": ...} rows)
+                                                 this repository's own pages; .jsonl as {"text": ...} rows,
+                                                 *pairs.jsonl as {"prompt", "chosen", "rejected"} rows)
   <!-- docs-check: by FILE [FILE...] -->         run by those scripts or tests; the file name of what
                                                  each command runs must appear in one of them
   <!-- docs-check: skip: REASON -->              cannot run here (a GPU, several nodes, SLURM); the page
@@ -229,7 +230,11 @@ def make_given(scratch, name, src):
     paragraphs = paragraphs[:200]  # about 60 kB: enough to train a tokenizer and a few steps, quickly
     path = scratch / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    if name.endswith(".jsonl"):
+    if name.endswith("pairs.jsonl"):  # TRL's preference rows: a paragraph's start, then two endings
+        import json
+        path.write_text("".join(json.dumps({"prompt": p[:60], "chosen": p[60:120], "rejected": q[60:100]}) + "\n"
+                                for p, q in zip(paragraphs[::2], paragraphs[1::2])))
+    elif name.endswith(".jsonl"):
         import json
         path.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
     else:

@@ -273,3 +273,32 @@ TEST_CASE("linear_cross_entropy on bf16 matches the naive head + loss", "[kernel
     }
   });
 }
+
+TEST_CASE("linear_cross_entropy's row terms and row gradients (DPO's tiled sums) equal each row's naive head + loss",
+          "[kernels][loss][dpo]") {
+  // 11 rows in chunks of 4 (4, 4, 3); each row's term, and the backward with a gradient per row
+  // (0 on some, as DPO's rows outside every sequence), against the naive head + loss of that row
+  // alone with that gradient: dx row by row, dw the sum over the rows.
+  const int64_t rows = 11, C = 5, V = 29, chunk = 4;
+  const auto x = naive::random_normal(rows * C, 4100, 1.0), w = naive::random_normal(V * C, 4101, 1.5);
+  const auto labels = random_labels(rows, V, 4102, cpu::kIgnoreIndex);
+  std::vector<double> row_grad(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) row_grad[size_t(r)] = r % 3 == 0 ? 0.0 : 0.1 * double(r) - 0.45;
+  std::vector<double> scratch(size_t(chunk * V)), row_loss(size_t(rows), -1.0), dx(x.size()), dw(w.size());
+  std::vector<int64_t> pred(static_cast<size_t>(rows));
+  cpu::linear_cross_entropy_sum<double>(x.data(), w.data(), labels.data(), pred.data(), scratch.data(), rows, C, V,
+                                        cpu::kIgnoreIndex, chunk, row_loss.data());
+  cpu::linear_cross_entropy_backward<double>(x.data(), w.data(), labels.data(), 0.0, dx.data(), dw.data(),
+                                             scratch.data(), rows, C, V, cpu::kIgnoreIndex, chunk, row_grad.data());
+  std::vector<double> want_dx, want_dw(w.size(), 0.0), want_loss;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<double> xr(x.begin() + r * C, x.begin() + (r + 1) * C);
+    const HeadLossRef ref = head_loss_ref(xr, w, {labels[size_t(r)]}, 1, C, V, row_grad[size_t(r)]);
+    want_loss.push_back(ref.loss);
+    want_dx.insert(want_dx.end(), ref.dx.begin(), ref.dx.end());
+    for (size_t i = 0; i < w.size(); ++i) want_dw[i] += ref.dw[i];
+  }
+  test::check_close(row_loss, want_loss, 1e-12);
+  test::check_close(dx, want_dx, 1e-12);
+  test::check_close(dw, want_dw, 1e-12);
+}

@@ -388,25 +388,61 @@ T* logits_chunk(const KernelCall& c, int64_t rows, int64_t V, Tensor& own) {
   return own.data<T>();
 }
 
+// The tiled head's DPO form (pair slots at input `i`): each row's cross entropy, for the sums into
+// the [B, 2, K] table (forward) or each row's gradient from the table's (backward).
+struct HeadSlots {
+  Tensor slots;                 // i64 [B, S]
+  int64_t B = 0, S = 0, K = 0;  // K = 0: not the DPO form
+  std::vector<double> rows;     // per-row loss (forward) or gradient (backward)
+};
+HeadSlots head_slots(const KernelCall& c, size_t i, const Tensor& labels) {
+  HeadSlots h;
+  if (c.in.size() <= i) return h;
+  h.slots = ids64(c, i);
+  h.B = labels.dim(0), h.S = labels.dim(1), h.K = c.node.attrs().i("slots");
+  h.rows.assign(size_t(labels.numel()), 0.0);
+  return h;
+}
+// The forward's result: the scalar sum, or the DPO form's [B, 2, K] sums of its rows' losses.
+template <class T>
+void head_loss_out(Tensor& y, double sum, const HeadSlots& h, const Tensor& labels) {
+  if (!h.K) *y.data<T>() = static_cast<T>(sum);
+  else cpu::slot_sums<T>(h.rows.data(), labels.data<int64_t>(), h.slots.data<int64_t>(), y.data<T>(), h.B, h.S, h.K);
+}
+// The backward's row gradients from the table's gradient g [B, 2, K] (the DPO form; else none).
+const double* head_row_grads(const KernelCall& c, HeadSlots& h, const Tensor& labels) {
+  if (!h.K) return nullptr;
+  const Tensor g = c.in[3].contiguous().to(DType::f64);
+  cpu::slot_row_grads<double>(labels.data<int64_t>(), h.slots.data<int64_t>(), g.data<double>(), h.rows.data(), h.B,
+                              h.S, h.K);
+  return h.rows.data();
+}
+
 // x [..., C], w [V, C], labels [...] → the summed loss; extra output: the rows' argmax, i64 [...].
+// With the pair slots fourth (the DPO form), x [B, S, C] → each sequence's log-probability [B, 2, K].
 Tensor linear_cross_entropy_sum(const KernelCall& c) {
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
+  HeadSlots h = head_slots(c, 3, labels);
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, x.dtype());
     c.extras.push_back(extra_like(c, labels.shape(), DType::i64));
     Tensor own;
-    *y.data<T>() = static_cast<T>(cpu::linear_cross_entropy_sum<T>(
+    const double sum = cpu::linear_cross_entropy_sum<T>(
         x.data<T>(), w.data<T>(), labels.data<int64_t>(), c.extras[0].data<int64_t>(), logits_chunk<T>(c, rows, V, own),
-        rows, C, V, c.node.attrs().i("ignore_index")));
+        rows, C, V, c.node.attrs().i("ignore_index"), 0, h.K ? h.rows.data() : nullptr);
+    head_loss_out<T>(y, sum, h, labels);
     return y;
   });
 }
 
-// dx; extra output dw. Inputs: x, w, labels, g (the loss's gradient, a scalar).
+// dx; extra output dw. Inputs: x, w, labels, g (the loss's gradient, a scalar; [B, 2, K] in the DPO
+// form, with the slots fifth).
 Tensor linear_cross_entropy_backward(const KernelCall& c) {
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
-  const double g = c.in[3].to_doubles()[0];
+  HeadSlots h = head_slots(c, 4, labels);
+  const double g = h.K ? 0.0 : c.in[3].to_doubles()[0];
+  const double* row_grad = head_row_grads(c, h, labels);
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor dx = out_like(c, x.dtype());
@@ -415,7 +451,7 @@ Tensor linear_cross_entropy_backward(const KernelCall& c) {
     Tensor own;
     cpu::linear_cross_entropy_backward<T>(x.data<T>(), w.data<T>(), labels.data<int64_t>(), g, dx.data<T>(),
                                           dw ? c.extras[0].data<T>() : nullptr, logits_chunk<T>(c, rows, V, own), rows, C, V,
-                                          c.node.attrs().i("ignore_index"));
+                                          c.node.attrs().i("ignore_index"), 0, row_grad);
     return dx;
   });
 }
@@ -554,18 +590,23 @@ Tensor swiglu_mlp_backward_bf16(const KernelCall& c) {
 Tensor linear_cross_entropy_sum_bf16(const KernelCall& c) {
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
+  HeadSlots h = head_slots(c, 3, labels);
   Tensor y = out_like(c, DType::f32);  // the op table keeps a bf16 model's loss in f32
   c.extras.push_back(extra_like(c, labels.shape(), DType::i64));
   Tensor own;
-  *y.data<float>() = static_cast<float>(cpu::linear_cross_entropy_sum_bf16(
+  const double sum = cpu::linear_cross_entropy_sum_bf16(
       cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(), labels.data<int64_t>(), c.extras[0].data<int64_t>(),
-      logits_chunk<float>(c, rows, V, own), rows, C, V, c.node.attrs().i("ignore_index")));
+      logits_chunk<float>(c, rows, V, own), rows, C, V, c.node.attrs().i("ignore_index"), 0,
+      h.K ? h.rows.data() : nullptr);
+  head_loss_out<float>(y, sum, h, labels);
   return y;
 }
 
 Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
-  const double g = c.in[3].to_doubles()[0];
+  HeadSlots h = head_slots(c, 4, labels);
+  const double g = h.K ? 0.0 : c.in[3].to_doubles()[0];
+  const double* row_grad = head_row_grads(c, h, labels);
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel();
   Tensor dx = out_like(c, DType::bf16);
   const bool dw = linear_ce_weight_grad(c.node);  // false: a frozen head, no dw
@@ -574,7 +615,7 @@ Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
   cpu::linear_cross_entropy_backward_bf16(cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(),
                                           labels.data<int64_t>(), g, dx.data<uint16_t>(),
                                           dw ? c.extras[0].data<uint16_t>() : nullptr, logits_chunk<float>(c, rows, V, own), rows, C,
-                                          V, c.node.attrs().i("ignore_index"));
+                                          V, c.node.attrs().i("ignore_index"), 0, row_grad);
   return dx;
 }
 

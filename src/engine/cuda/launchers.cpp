@@ -572,7 +572,14 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
 // x [..., C], w [V, C], labels [...] → the summed loss; extra output: the rows' argmax, i64 [...].
 // Per chunk: logits = x_c · wᵀ into the [chunk, V] scratch, then each row's loss term and argmax;
 // the row terms of all chunks are summed at the end in row order.
+// The DPO form (pair slots fourth, train.objective "dpo" with runtime.tiled_loss) has none yet.
+void no_cuda_dpo_form(const KernelCall& c, size_t slots_input) {
+  if (c.in.size() > slots_input)
+    throw RuntimeFailure(str(c.node.op_name(), " with pair slots (DPO's tiled loss) has no CUDA kernel"));
+}
+
 Tensor linear_cross_entropy_sum(const KernelCall& c) {
+  no_cuda_dpo_form(c, 3);
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = kernels::linear_ce_chunk_rows(rows, V);
   const cudaStream_t s = stream(c);
@@ -597,6 +604,7 @@ Tensor linear_cross_entropy_sum(const KernelCall& c) {
 // dx; extra output dw. Inputs: x, w, labels, g (a device scalar). Per chunk the logits again, then
 // dlogits in place, dx_c = dlogits · w, dw += dlogitsᵀ · x_c (kernels/cuda/loss.cuh).
 Tensor linear_cross_entropy_backward(const KernelCall& c) {
+  no_cuda_dpo_form(c, 4);
   const Tensor x = arg(c, 0), w = arg(c, 1), labels = ids64(c, 2);
   const int64_t C = x.dim(-1), V = w.dim(0), rows = labels.numel(), chunk = kernels::linear_ce_chunk_rows(rows, V);
   const cudaStream_t s = stream(c);

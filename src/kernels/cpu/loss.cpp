@@ -181,7 +181,7 @@ namespace {
 // else accumulated). T is the type of the logits chunk, X the stored x.
 template <class T, class X, class Logits>
 double linear_ce_sum(const X* x, const int64_t* labels, int64_t* predictions, T* scratch, int64_t rows, int64_t C,
-                     int64_t V, int64_t ignore_index, int64_t chunk_rows, const Logits& logits) {
+                     int64_t V, int64_t ignore_index, int64_t chunk_rows, double* row_loss, const Logits& logits) {
   AUTOSP_ASSERT(C > 0 && chunk_rows >= 0, "linear_cross_entropy C ", C, " chunk ", chunk_rows);
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   check_labels(labels, rows, V, ignore_index);
@@ -199,13 +199,15 @@ double linear_ce_sum(const X* x, const int64_t* labels, int64_t* predictions, T*
       terms[size_t(i)] = y == ignore_index ? 0.0 : double(m) + std::log(row_sum_exp(row, V, m)) - double(row[y]);
     }
     for (int64_t i = 0; i < r; ++i) total += terms[size_t(i)];  // in row order: the same at any thread count
+    if (row_loss) std::copy(terms.begin(), terms.begin() + r, row_loss + r0);
   }
   return total;
 }
 
 template <class T, class X, class Logits, class Back>
-void linear_ce_backward(const X* x, const int64_t* labels, double grad, T* scratch, int64_t rows, int64_t C, int64_t V,
-                        int64_t ignore_index, int64_t chunk_rows, const Logits& logits, const Back& back) {
+void linear_ce_backward(const X* x, const int64_t* labels, double grad, const double* row_grad, T* scratch, int64_t rows,
+                        int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows, const Logits& logits,
+                        const Back& back) {
   AUTOSP_ASSERT(C > 0 && chunk_rows >= 0, "linear_cross_entropy_backward C ", C, " chunk ", chunk_rows);
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -216,15 +218,16 @@ void linear_ce_backward(const X* x, const int64_t* labels, double grad, T* scrat
     for (int64_t i = 0; i < r; ++i) {
       T* row = scratch + i * V;  // logits, then dlogits
       const int64_t y = labels[r0 + i];
-      if (y == ignore_index) {
+      const double gr = row_grad ? row_grad[r0 + i] : grad;  // this row's loss gradient
+      if (y == ignore_index || gr == 0) {
         std::fill(row, row + V, T(0));
         continue;
       }
       AUTOSP_ASSERT(y >= 0 && y < V, "linear_cross_entropy_backward label ", y, " at row ", r0 + i);
       const T m = row_max(row, V);
-      const double g = grad / row_sum_exp(row, V, m);
+      const double g = gr / row_sum_exp(row, V, m);
       row_scaled_exp(row, V, m, T(g));
-      row[y] -= T(grad);
+      row[y] -= T(gr);
     }
     back(x_c, r, r0, scratch, r0 == 0);
   }
@@ -234,8 +237,9 @@ void linear_ce_backward(const X* x, const int64_t* labels, double grad, T* scrat
 
 template <class T>
 double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
-                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows) {
-  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows,
+                                int64_t rows, int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows,
+                                double* row_loss) {
+  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows, row_loss,
                        [&](const T* x_c, int64_t r, T* logits) {
                          gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), logits, 0);
                        });
@@ -244,7 +248,7 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
                                    T* scratch, int64_t rows, int64_t C, int64_t V, int64_t ignore_index,
-                                   int64_t chunk_rows) {
+                                   int64_t chunk_rows, const double* row_grad) {
   if (rows == 0 && dw) std::fill(dw, dw + V * C, T(0));  // no rows: no gradient
   const auto logits = [&](const T* x_c, int64_t r, T* out) {
     gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), out, 0);
@@ -254,13 +258,13 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
     gemm_batched<T>(false, false, 1, r, C, V, T(1), dlogits, 0, w, 0, T(0), dx + r0 * C, 0);
     if (dw) gemm_batched<T>(true, false, 1, V, C, r, T(1), dlogits, 0, x_c, 0, first ? T(0) : T(1), dw, 0);
   };
-  linear_ce_backward(x, labels, grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
+  linear_ce_backward(x, labels, grad, row_grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
 }
 
 double linear_cross_entropy_sum_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
                                      int64_t* predictions, float* scratch, int64_t rows, int64_t C, int64_t V,
-                                     int64_t ignore_index, int64_t chunk_rows) {
-  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows,
+                                     int64_t ignore_index, int64_t chunk_rows, double* row_loss) {
+  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows, row_loss,
                        [&](const uint16_t* x_c, int64_t r, float* logits) {
                          gemm_bf16_batched(path, false, true, 1, r, V, C, 1.0f, x_c, 0, w, 0, 0.0f, logits, 0);
                        });
@@ -268,7 +272,8 @@ double linear_cross_entropy_sum_bf16(Bf16Gemm path, const uint16_t* x, const uin
 
 void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
                                         double grad, uint16_t* dx, uint16_t* dw, float* scratch, int64_t rows,
-                                        int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows) {
+                                        int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows,
+                                        const double* row_grad) {
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   std::vector<uint16_t> dlogits16(size_t(std::min(rows, chunk) * V));
   std::vector<float> dx_c(size_t(std::min(rows, chunk) * C)), dw32(dw ? size_t(V * C) : 0);  // dw summed in f32 (0: no rows)
@@ -283,7 +288,7 @@ void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const 
       gemm_bf16_batched(path, true, false, 1, V, C, r, 1.0f, dlogits16.data(), 0, x_c, 0, first ? 0.0f : 1.0f,
                         dw32.data(), 0);
   };
-  linear_ce_backward(x, labels, grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
+  linear_ce_backward(x, labels, grad, row_grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
   if (dw) cast<float, uint16_t>(dw32.data(), dw, V * C);
 }
 
@@ -295,9 +300,9 @@ template void cross_entropy_backward<double>(const double*, const int64_t*, doub
                                              int64_t);
 #define AUTOSP_INSTANTIATE_LINEAR_CE(T)                                                                            \
   template double linear_cross_entropy_sum<T>(const T*, const T*, const int64_t*, int64_t*, T*, int64_t, int64_t,  \
-                                              int64_t, int64_t, int64_t);                                        \
+                                              int64_t, int64_t, int64_t, double*);                               \
   template void linear_cross_entropy_backward<T>(const T*, const T*, const int64_t*, double, T*, T*, T*, int64_t, \
-                                                 int64_t, int64_t, int64_t, int64_t);
+                                                 int64_t, int64_t, int64_t, int64_t, const double*);
 AUTOSP_INSTANTIATE_LINEAR_CE(float)
 AUTOSP_INSTANTIATE_LINEAR_CE(double)
 #undef AUTOSP_INSTANTIATE_LINEAR_CE

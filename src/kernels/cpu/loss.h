@@ -42,21 +42,25 @@ using kernels::linear_ce_chunk_rows;
 using kernels::linear_ce_scratch_elems;
 
 // Returns Σ over valid rows of logsumexp(x_r · wᵀ) - x_r · w[label_r] (each row's sum in double),
-// and writes predictions[r] = argmax_j (x_r · wᵀ)_j (first maximum on ties) for every row. A label
+// and writes predictions[r] = argmax_j (x_r · wᵀ)_j (first maximum on ties) for every row, and with
+// `row_loss` [rows] each row's term (0 on ignored rows: DPO sums them by sequence). A label
 // outside [0, V) that is not ignore_index throws autosp::UsageError naming it, before any work.
 template <class T>
 double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
                                 int64_t rows, int64_t C, int64_t V, int64_t ignore_index = kIgnoreIndex,
-                                int64_t chunk_rows = 0);
+                                int64_t chunk_rows = 0, double* row_loss = nullptr);
 
 // The gradients of `grad` · that sum: per chunk the logits are computed again, turned into
 // dlogits = grad · (softmax - onehot(label)) (0 on ignored rows) in place, then
 // dx_c [r, C] = dlogits · w and dw [V, C] += dlogitsᵀ · x_c (overwritten by the first chunk).
-// dw may be null (a frozen head): then only dx is computed (also in the bf16 form below).
+// dw may be null (a frozen head): then only dx is computed (also in the bf16 form below). With
+// `row_grad` [rows], row r's term has the gradient row_grad[r] instead of `grad` (DPO's per-sequence
+// gradients; a row of 0 gets dlogits 0 without its softmax).
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
                                    T* scratch, int64_t rows, int64_t C, int64_t V,
-                                   int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0);
+                                   int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0,
+                                   const double* row_grad = nullptr);
 
 // The same on bf16 x, w, dx, dw (raw uint16_t bits) with the GEMMs on the CPU's bf16 GEMM `path`
 // (gemm_bf16_batched: f32 accumulation): the logits chunk and its row work in f32 (scratch as
@@ -64,10 +68,11 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
 // summed over the chunks in f32 and rounded once.
 double linear_cross_entropy_sum_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
                                      int64_t* predictions, float* scratch, int64_t rows, int64_t C, int64_t V,
-                                     int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0);
+                                     int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0,
+                                     double* row_loss = nullptr);
 void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
                                         double grad, uint16_t* dx, uint16_t* dw, float* scratch, int64_t rows,
                                         int64_t C, int64_t V, int64_t ignore_index = kIgnoreIndex,
-                                        int64_t chunk_rows = 0);
+                                        int64_t chunk_rows = 0, const double* row_grad = nullptr);
 
 }  // namespace autosp::cpu

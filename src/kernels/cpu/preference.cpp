@@ -25,23 +25,44 @@ bool scored(const int64_t* labels, const int64_t* slots, int64_t r, int64_t igno
   return labels[r] != ignore_index && slots[r] != 0;
 }
 
+// Each target's index into the [B, 2, K] table, −1 where it is not summed.
+std::vector<int64_t> table_index(const int64_t* labels, const int64_t* slots, int64_t B, int64_t S, int64_t K,
+                                 int64_t ignore_index) {
+  std::vector<int64_t> at(static_cast<size_t>(B * S), -1);
+  for (int64_t r = 0; r < B * S; ++r)
+    if (scored(labels, slots, r, ignore_index)) at[size_t(r)] = slot_index(slots[r], r / S, r % S, K);
+  return at;
+}
+
 }  // namespace
+
+template <class T>
+void slot_sums(const double* row_loss, const int64_t* labels, const int64_t* slots, T* out, int64_t B, int64_t S,
+               int64_t K, int64_t ignore_index) {
+  const std::vector<int64_t> at = table_index(labels, slots, B, S, K, ignore_index);
+  std::vector<double> sum(static_cast<size_t>(B * 2 * K), 0.0);
+  for (size_t r = 0; r < at.size(); ++r)
+    if (at[r] >= 0) sum[size_t(at[r])] -= row_loss[r];
+  for (size_t i = 0; i < sum.size(); ++i) out[i] = static_cast<T>(sum[i]);
+}
+
+template <class T>
+void slot_row_grads(const int64_t* labels, const int64_t* slots, const T* grad, double* row_grad, int64_t B, int64_t S,
+                    int64_t K, int64_t ignore_index) {
+  const std::vector<int64_t> at = table_index(labels, slots, B, S, K, ignore_index);
+  for (size_t r = 0; r < at.size(); ++r) row_grad[r] = at[r] >= 0 ? -double(grad[at[r]]) : 0.0;
+}
 
 template <class T>
 void sequence_logps(const T* logits, const int64_t* labels, const int64_t* slots, T* out, int64_t B, int64_t S,
                     int64_t V, int64_t K, int64_t ignore_index) {
   const int64_t rows = B * S;
-  std::vector<int64_t> at(static_cast<size_t>(rows), -1);  // each target's table index, -1: not summed
-  for (int64_t r = 0; r < rows; ++r)
-    if (scored(labels, slots, r, ignore_index)) at[size_t(r)] = slot_index(slots[r], r / S, r % S, K);
-  std::vector<double> lp(static_cast<size_t>(rows), 0.0);
+  const std::vector<int64_t> at = table_index(labels, slots, B, S, K, ignore_index);
+  std::vector<double> ce(static_cast<size_t>(rows), 0.0);  // each summed target's cross entropy
 #pragma omp parallel for schedule(static) if (rows * V > (1 << 14))
   for (int64_t r = 0; r < rows; ++r)
-    if (at[size_t(r)] >= 0) lp[size_t(r)] = -cross_entropy_sum<T>(logits + r * V, labels + r, 1, V, ignore_index);
-  std::vector<double> sum(static_cast<size_t>(B * 2 * K), 0.0);
-  for (int64_t r = 0; r < rows; ++r)
-    if (at[size_t(r)] >= 0) sum[size_t(at[size_t(r)])] += lp[size_t(r)];
-  for (size_t i = 0; i < sum.size(); ++i) out[i] = static_cast<T>(sum[i]);
+    if (at[size_t(r)] >= 0) ce[size_t(r)] = cross_entropy_sum<T>(logits + r * V, labels + r, 1, V, ignore_index);
+  slot_sums(ce.data(), labels, slots, out, B, S, K, ignore_index);
 }
 
 template <class T>
@@ -62,26 +83,7 @@ void sequence_logps_backward(const T* logits, const int64_t* labels, const int64
 template <class T>
 double dpo_loss(const T* policy, const T* reference, const T* tokens, const T* norms, int64_t B, int64_t K,
                 const DpoArgs& a, T* dpolicy, double grad) {
-  const double pairs = double(norms[0]), chosen_tokens = double(norms[1]);
-  double pair_losses = 0, chosen_logps = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t c = b * 2 * K + k, r = c + K;  // the chosen and rejected sequence of slot k
-      const double nc = double(tokens[c]), nr = double(tokens[r]);
-      if (dpolicy) dpolicy[c] = dpolicy[r] = T(0);
-      if (nc <= 0 || nr <= 0) continue;  // no pair in this slot
-      const kernels::DpoPair p = kernels::dpo_pair(double(policy[c]), double(policy[r]), double(reference[c]),
-                                                   double(reference[r]), nc, nr, a);
-      pair_losses += p.loss;
-      chosen_logps += double(policy[c]);
-      if (dpolicy) {
-        const double rpo = a.rpo_alpha != 0 ? -a.rpo_alpha / chosen_tokens : 0;
-        dpolicy[c] = T(grad * a.share * (p.dz * p.wc / pairs + rpo));
-        dpolicy[r] = T(grad * a.share * (-p.dz * p.wr / pairs));
-      }
-    }
-  const double rpo = a.rpo_alpha != 0 ? a.rpo_alpha * -chosen_logps / chosen_tokens : 0;
-  return a.share * (pair_losses / pairs + rpo);
+  return kernels::dpo_table(policy, reference, tokens, norms, B, K, a, dpolicy, grad);
 }
 
 #define AUTOSP_PREFERENCE(T)                                                                                    \
@@ -90,7 +92,11 @@ double dpo_loss(const T* policy, const T* reference, const T* tokens, const T* n
   template void sequence_logps_backward<T>(const T*, const int64_t*, const int64_t*, const T*, T*, int64_t,   \
                                            int64_t, int64_t, int64_t, int64_t);                                \
   template double dpo_loss<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, const DpoArgs&, T*,    \
-                              double);
+                              double);                                                                         \
+  template void slot_sums<T>(const double*, const int64_t*, const int64_t*, T*, int64_t, int64_t, int64_t,       \
+                             int64_t);                                                                         \
+  template void slot_row_grads<T>(const int64_t*, const int64_t*, const T*, double*, int64_t, int64_t, int64_t,  \
+                                  int64_t);
 AUTOSP_PREFERENCE(float)
 AUTOSP_PREFERENCE(double)
 #undef AUTOSP_PREFERENCE

@@ -25,6 +25,18 @@ template <class T>
 void sequence_logps_backward(const T* logits, const int64_t* labels, const int64_t* slots, const T* grad, T* dlogits,
                              int64_t B, int64_t S, int64_t V, int64_t K, int64_t ignore_index = kernels::kIgnoreIndex);
 
+// The same sums from each row's cross entropy `row_loss` [B·S] (the tiled head's,
+// linear_cross_entropy_sum's row_loss): out[b, side, k] = −Σ row_loss over those targets.
+template <class T>
+void slot_sums(const double* row_loss, const int64_t* labels, const int64_t* slots, T* out, int64_t B, int64_t S,
+               int64_t K, int64_t ignore_index = kernels::kIgnoreIndex);
+
+// Its backward as each row's cross-entropy gradient: row_grad[r] = −grad[b, side, k] on the targets
+// slot_sums summed into (side, k), 0 elsewhere (linear_cross_entropy_backward's row_grad).
+template <class T>
+void slot_row_grads(const int64_t* labels, const int64_t* slots, const T* grad, double* row_grad, int64_t B, int64_t S,
+                    int64_t K, int64_t ignore_index = kernels::kIgnoreIndex);
+
 using kernels::DpoArgs;
 
 // Over policy, reference and tokens [B, 2, K] (tokens: each sequence's completion targets; a slot is

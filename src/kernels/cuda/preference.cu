@@ -1,8 +1,8 @@
 // CUDA kernels of preference training. The rows' log-probabilities come from the cross-entropy
 // row pass (kernels/cuda/loss.cuh linear_ce_rows: one block per row), the sums into sequences from
 // one thread per table entry walking its row in order, the backward from cross_entropy_backward_rows
-// with each row's gradient; the DPO loss over the small table is one thread, with the pair's
-// arithmetic of kernels/dpo.h that the CPU kernel shares. Deterministic.
+// with each row's gradient; the DPO loss over the small table is one thread running the table loop
+// of kernels/dpo.h (dpo_table) that the CPU kernel runs too. Deterministic.
 #include "kernels/cuda/preference.cuh"
 
 #include "kernels/cuda/loss.cuh"
@@ -43,26 +43,8 @@ __global__ void row_grads_kernel(const int64_t* labels, const int64_t* slots, co
 template <class A>
 __global__ void dpo_loss_kernel(const A* policy, const A* reference, const A* tokens, const A* norms, int64_t B,
                                 int64_t K, kernels::DpoArgs a, A* loss, A* dpolicy, const A* grad) {
-  const double pairs = double(norms[0]), chosen_tokens = double(norms[1]);
-  const double g = dpolicy ? double(*grad) : 0.0;
-  double pair_losses = 0, chosen_logps = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t c = b * 2 * K + k, r = c + K;
-      const double nc = double(tokens[c]), nr = double(tokens[r]);
-      if (dpolicy) dpolicy[c] = dpolicy[r] = A(0);
-      if (nc <= 0 || nr <= 0) continue;
-      const kernels::DpoPair p = kernels::dpo_pair(double(policy[c]), double(policy[r]), double(reference[c]),
-                                                   double(reference[r]), nc, nr, a);
-      pair_losses += p.loss;
-      chosen_logps += double(policy[c]);
-      if (dpolicy) {
-        const double rpo = a.rpo_alpha != 0 ? -a.rpo_alpha / chosen_tokens : 0;
-        dpolicy[c] = A(g * a.share * (p.dz * p.wc / pairs + rpo));
-        dpolicy[r] = A(g * a.share * (-p.dz * p.wr / pairs));
-      }
-    }
-  if (loss) *loss = A(a.share * (pair_losses / pairs + (a.rpo_alpha != 0 ? a.rpo_alpha * -chosen_logps / chosen_tokens : 0)));
+  const double l = kernels::dpo_table(policy, reference, tokens, norms, B, K, a, dpolicy, dpolicy ? double(*grad) : 0.0);
+  if (loss) *loss = A(l);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 // so that the gradients, summed over the world, are those of the global token mean; and
 //   loss.global = all_reduce(loss)                        (the reported loss, a graph output)
 // The DPO loss  loss = dpo_loss(sequence_logps(logits, labels, slots), ...)  (train.objective
-// "dpo") needs each sequence's whole sum, whose targets sit on the P ranks of an SP group: it becomes
+// "dpo"; with runtime.tiled_loss the sums are the tiled head's DPO form, linear_cross_entropy_sum
+// with the pair slots) needs each sequence's whole sum, whose targets sit on the P ranks of an SP
+// group: it becomes
 //   sequence_logps.global = all_reduce(sequence_logps, group sp)   (a graph output: the policy's sums)
 //   loss = dpo_loss(sequence_logps.global, ...) with share 1/P
 // Every rank of the group then computes the same loss; its 1/P share makes the world's sum of
@@ -29,9 +31,10 @@ namespace {
 
 void reduce_sequence_sums(Graph& g, const PassContext& ctx, Node* loss) {
   Node* sums = loss->input(0);
-  if (sums->op() != Op::sequence_logps)
+  const bool tiled = sums->op() == Op::linear_cross_entropy_sum && sums->inputs().size() == 4;
+  if (sums->op() != Op::sequence_logps && !tiled)
     throw UsageError(str("normalize_loss: dpo_loss %", loss->name(), " reads %", sums->name(), " (", sums->op_name(),
-                         "); expected sequence_logps"));
+                         "); expected sequence_logps or the tiled head's linear_cross_entropy_sum with pair slots"));
   if (ctx.sp_size == 1) return;
   Node* global = g.insert_after(sums, Op::all_reduce, {sums}, {{"group", std::string("sp")}}, sums->name() + ".global");
   g.replace_input(loss, 0, global);
