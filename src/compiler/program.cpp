@@ -11,6 +11,7 @@
 #include "graph/passes/checkpoint_activations.h"
 #include "graph/passes/feed_target_count.h"
 #include "graph/passes/concat_slice_grads.h"
+#include "graph/passes/expert_parallel.h"
 #include "graph/passes/fuse_elementwise.h"
 #include "graph/passes/lora.h"
 #include "graph/passes/mixed_precision.h"
@@ -49,6 +50,12 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   ctx.sp_rank = layout.sp_rank;
   ctx.ring_size = layout.ring;
   ctx.world_size = layout.world_size;
+  // Expert groups: E consecutive world ranks (comm/mesh.h; the mesh's own check names the key too).
+  ctx.ep_size = cfg.moe.expert_parallel_size;
+  if (layout.world_size % ctx.ep_size != 0)
+    throw UsageError(str("moe.expert_parallel_size ", ctx.ep_size, " does not divide the world size ",
+                         layout.world_size, " (an expert group is that many consecutive ranks)"));
+  ctx.ep_rank = layout.world_rank % ctx.ep_size;
   ctx.shard_parameters = mode == ZeroMode::sharded_parameters;
   // No residual + norm fusion under activation checkpointing (it would cost memory there:
   // passes/fuse_elementwise.h).
@@ -71,6 +78,7 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
   if (dtype == DType::bf16) out.push_back({{"mixed_precision", passes::mixed_precision, true}, Stage::forward});
   if (ctx.world_size > 1)
     for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::rank_forward});
+  if (ctx.ep_size > 1) out.push_back({{"expert_parallel", passes::expert_parallel, true}, Stage::rank_forward});
   if (ctx.shard_parameters) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::rank_forward});
   if (cfg.train.gradient_accumulation_steps > 1 && cfg.train.objective == Objective::lm)  // DPO feeds its norms
     out.push_back({{"feed_target_count", passes::feed_target_count, true}, Stage::joint});

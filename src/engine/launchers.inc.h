@@ -718,6 +718,8 @@ Tensor count_valid(const KernelCall& c);
 Tensor full(const KernelCall& c);
 Tensor all_to_all(const KernelCall& c);
 Tensor all_reduce(const KernelCall& c);
+Tensor moe_experts_ep(const KernelCall& c);  // the CPU's exchange (engine/expert_parallel.h); none on CUDA
+Tensor moe_experts_ep_backward(const KernelCall& c);
 Tensor swiglu_mlp(const KernelCall& c);
 Tensor swiglu_mlp_backward(const KernelCall& c);
 Tensor linear_cross_entropy_sum(const KernelCall& c);
@@ -797,6 +799,8 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward},
     {Op::moe_experts, moe_experts},
     {Op::moe_experts_backward, moe_experts_backward},
+    {Op::moe_experts_ep, moe_experts_ep},
+    {Op::moe_experts_ep_backward, moe_experts_ep_backward},
     {Op::sequence_logps, sequence_logps},
     {Op::dpo_loss, dpo_loss},
     {Op::sequence_logps_backward, sequence_logps_backward},

@@ -15,6 +15,7 @@
 #include <span>
 
 #include "engine/executor.h"
+#include "engine/expert_parallel.h"
 #include "engine/ring.h"
 #include "graph/builder.h"
 #include "kernels/cpu/attention.h"
@@ -342,6 +343,42 @@ Tensor all_reduce(const KernelCall& c) {
   std::memcpy(y.raw(), c.in[0].contiguous().raw(), y.nbytes());
   c.comm->all_reduce_sum(y);
   return y;
+}
+
+// ---- the experts over an expert group (engine/expert_parallel.h: the exchange) ----
+
+// x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights → y [..., C].
+Tensor moe_experts_ep(const KernelCall& c) {
+  const Tensor x = arg(c, 0), p = arg(c, 1);
+  const int64_t C = x.dim(-1), R = x.numel() / C, E = p.dim(-1);
+  const int64_t k = c.node.attrs().i("top_k");
+  const bool norm = c.node.attrs().b("norm_topk_prob");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    const ExpertWeights<T> w(c, 2);
+    Tensor y = out_like(c, x.dtype());
+    moe_ep_forward<T>(group(c), c.alloc, ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(), w.down.data(), ptr<T>(y),
+                      R, C, E, w.I, k, norm);
+    return y;
+  });
+}
+
+// dx; extra outputs dprobs, then each local expert weight's gradient. Inputs: dy, x, probs, the weights.
+Tensor moe_experts_ep_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), x = arg(c, 1), p = arg(c, 2);
+  const int64_t C = x.dim(-1), R = x.numel() / C, E = p.dim(-1);
+  const int64_t k = c.node.attrs().i("top_k");
+  const bool norm = c.node.attrs().b("norm_topk_prob");
+  return by_float(c, x.dtype(), [&]<class T>() {
+    const ExpertWeights<T> w(c, 3);
+    Tensor dx = out_like(c, x.dtype());
+    for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
+    std::vector<T*> dw;
+    for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
+    moe_ep_backward<T>(group(c), c.alloc, ptr<T>(dy), ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(),
+                       w.down.data(), ptr<T>(dx), ptr<T>(c.extras[0]), dw.data(), dw.data() + w.E,
+                       dw.data() + 2 * w.E, R, C, E, w.I, k, norm);
+    return dx;
+  });
 }
 
 // x [..., C] as rows [R, C]; w_gate, w_up [I, C], w_down [C, I] → y [..., C].
