@@ -672,6 +672,16 @@ struct ExpertWeights {
   }
 };
 
+// A moe backward node's outputs past dx, placed: extra output 1 (dprobs, like probs, input 2) and
+// one gradient per expert weight (inputs 3 on); the weights' as pointer arrays (gates, ups, downs).
+template <class T>
+std::vector<T*> expert_weight_grads(const KernelCall& c) {
+  for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
+  std::vector<T*> dw;
+  for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
+  return dw;
+}
+
 // x [..., C] as rows [R, C], probs [R, E], the expert weights (w_gate[e], w_up[e] [I, C], w_down[e]
 // [C, I]) → y [..., C].
 Tensor moe_experts(const KernelCall& c) {
@@ -697,9 +707,7 @@ Tensor moe_experts_backward(const KernelCall& c) {
   return by_float(c, x.dtype(), [&]<class T>() {
     const ExpertWeights<T> w(c, 3);
     Tensor dx = out_like(c, x.dtype());
-    for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
-    std::vector<T*> dw;
-    for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
+    const std::vector<T*> dw = expert_weight_grads<T>(c);
     call(stream(c), dev::moe_experts_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(),
          w.down.data(), ptr<T>(dx), ptr<T>(c.extras[0]), dw.data(), dw.data() + w.E, dw.data() + 2 * w.E, R, C, w.E,
          w.I, k, norm);

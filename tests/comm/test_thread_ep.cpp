@@ -1,8 +1,8 @@
 // Expert parallelism (moe.expert_parallel_size G; graph/passes/expert_parallel.h,
 // engine/expert_parallel.h) with ranks as threads: each rank holds 1/G of every MoE layer's
 // experts, and the loss and every gradient equal the unsharded one-process run on the same global
-// batch (tests/common/sp_case.h's reference and tolerance) for Mixtral and Qwen2-MoE (shared
-// expert), with G = 2 and 4 under Ulysses SP, Ulysses × ring, dp × sp and activation
+// batch (tests/common/sp_case.h's reference and tolerance) for Mixtral, Qwen2-MoE (shared expert)
+// and Qwen3-MoE, with G = 2 and 4 under Ulysses SP, Ulysses × ring, dp × sp and activation
 // checkpointing. Dense gradients are summed over the world, a local expert's over the ranks that
 // hold the same experts (the "ep_replica" group), as the trainer does.
 #include <catch2/catch.hpp>
@@ -11,108 +11,32 @@
 #include <vector>
 
 #include "comm/threads.h"
-#include "common/sp_case.h"
+#include "common/ep_case.h"
 
 namespace autosp::test {
 namespace {
 
-const json kMixtral = {{"arch", "mixtral"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
-                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 24},
-                       {"num_local_experts", 4}, {"num_experts_per_tok", 2}};
-const json kQwen2Moe = {{"arch", "qwen2_moe"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
-                        {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
-                        {"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 16},
-                        {"shared_expert_intermediate_size", 24}, {"norm_topk_prob", false}};
-
-bool is_expert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
-
-struct Layout {
-  int world;
-  int64_t sp, ring, ep;
-  bool checkpointing = false;
-};
-
-// The joint program of this thread rank with its mesh, on its dp rank's rows of `global`.
-LossAndGrads run_ep_rank(ThreadCommunicator& w, const json& model, const Layout& l, const Batch& global,
-                         const ParamMap& params) {
-  const int64_t dp = l.world / l.sp, rows_each = global.input_ids.dim(0) / dp, S = global.input_ids.dim(1);
-  Config cfg = make_config(model, l.sp, {{"seq_len", S}, {"batch_size", rows_each}});
-  cfg.sequence_parallel.ring_size = l.ring;
-  cfg.moe.expert_parallel_size = l.ep;
-  cfg.runtime.activation_checkpointing = l.checkpointing;
-  ProcessMesh mesh = make_mesh(w, l.sp, l.ring, l.ep);
-  const int64_t d = mesh.dp_rank;
-  auto rows = [&](const Tensor& t) { return t.as_strided({rows_each, S}, t.strides(), d * rows_each * S).contiguous(); };
-  const Batch mine{rows(global.input_ids), rows(global.labels), rows(global.position_ids)};
-  RankProgram prog = build_program(cfg, DType::f32, Stage::joint, mesh);
-  Executor ex(*prog.graph);
-  TensorMap feeds = batch_feeds(mine);
-  for (const std::string& name : prog.param_names) feeds[name] = params.at(name);
-  RunResult r = ex.run(feeds, mesh.groups(w));
-  std::vector<Tensor> dense, experts;
-  std::vector<std::string> dense_names, expert_names;
-  for (size_t i = 0; i < prog.param_names.size(); ++i) {
-    const bool e = is_expert(prog.param_names[i]);
-    (e ? experts : dense).push_back(r.outputs.at(prog.grad_names[i]));
-    (e ? expert_names : dense_names).push_back(prog.param_names[i]);
-  }
-  all_reduce_bucketed(w, dense);
-  if (l.ep > 1) all_reduce_bucketed(*mesh.ep_replica_group, experts);
-  else all_reduce_bucketed(w, experts);
-  LossAndGrads out;
-  out.loss = r.outputs.at(prog.loss).to_doubles().at(0);
-  for (size_t i = 0; i < dense.size(); ++i) out.grads[dense_names[i]] = dense[i];
-  for (size_t i = 0; i < experts.size(); ++i) out.grads[expert_names[i]] = experts[i];
-  return out;
-}
-
-// Every rank's loss and gradients against `ref`: the dense ones all there, the experts' exactly
-// this rank's 1/G (experts [g·L, (g+1)·L) of each layer, g = rank % G), each within kTol.
-void check_layout(const json& model, const Layout& l, const Batch& global, const ParamMap& params,
+// Every rank's result of the layout's programs, run as threads, each checked against `ref`.
+void check_layout(const json& model, const EpLayout& l, const Batch& global, const ParamMap& params,
                   const LossAndGrads& ref) {
   std::vector<LossAndGrads> out(static_cast<size_t>(l.world));
   run_thread_ranks(l.world, [&](ThreadCommunicator& w) {
     out[static_cast<size_t>(w.rank())] = run_ep_rank(w, model, l, global, params);
   });
-  const int64_t E = 4, L = E / l.ep;
-  for (int r = 0; r < l.world; ++r) {
-    INFO("rank " << r);
-    const LossAndGrads& got = out[static_cast<size_t>(r)];
-    CHECK(std::abs(got.loss - ref.loss) / std::abs(ref.loss) < kTol);
-    size_t experts = 0;
-    for (const auto& [name, want] : ref.grads) {
-      INFO("gradient of " << name);
-      auto it = got.grads.find(name);
-      if (is_expert(name)) {  // "...experts.<e>.": held here exactly when e is one of this rank's
-        const size_t at = name.find(".experts.") + 9;
-        const int64_t e = std::stoll(name.substr(at, name.find('.', at) - at));
-        const bool local = e / L == r % l.ep;
-        CHECK((it != got.grads.end()) == local);
-        if (it == got.grads.end()) continue;
-        ++experts;
-      }
-      CHECK(it != got.grads.end());
-      if (it == got.grads.end()) continue;
-      CHECK(rel_err(it->second, want) < kTol);
-    }
-    CHECK(experts == size_t(2 * 3 * L));  // 2 layers × (gate, up, down) × L
-    CHECK(got.grads.size() == ref.grads.size() - size_t(2 * 3 * (E - L)));
-  }
+  for (int r = 0; r < l.world; ++r) check_ep_rank(out[static_cast<size_t>(r)], r, l, ref);
 }
 
 }  // namespace
 
-TEST_CASE("thread ep: G = 2 and 4 equal one process for Mixtral and Qwen2-MoE under Ulysses, ring and dp x sp",
+TEST_CASE("thread ep: G = 2 and 4 equal one process for the three MoE families under Ulysses, ring and dp x sp",
           "[threads][moe][ep]") {
-  for (const json& model : {kMixtral, kQwen2Moe}) {
+  for (const json& model : {kMixtral, kQwen2Moe, kQwen3Moe}) {
     const Config cfg1 = make_config(model, 1, {{"seq_len", 16}, {"batch_size", 2}});
     const ParamMap params = init_params(cfg1.model, 17, DType::f32);
     const Batch global = random_batch(2, 16, cfg1.model.vocab_size, 9);
     const LossAndGrads ref = run_reference(cfg1, global, params);
-    for (const Layout& l : {Layout{2, 2, 1, 2}, Layout{4, 4, 1, 2}, Layout{4, 4, 1, 4}, Layout{4, 4, 2, 4},
-                            Layout{4, 2, 1, 4}, Layout{4, 2, 1, 2}, Layout{4, 4, 1, 4, true}}) {
-      INFO(model_name(model) << ": world " << l.world << ", sp " << l.sp << ", ring " << l.ring << ", ep " << l.ep
-                             << (l.checkpointing ? ", activation checkpointing" : ""));
+    for (const EpLayout& l : ep_layouts()) {
+      INFO(model_name(model) << ": " << describe(l));
       check_layout(model, l, global, params, ref);
     }
   }

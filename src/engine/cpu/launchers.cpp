@@ -371,9 +371,7 @@ Tensor moe_experts_ep_backward(const KernelCall& c) {
   return by_float(c, x.dtype(), [&]<class T>() {
     const ExpertWeights<T> w(c, 3);
     Tensor dx = out_like(c, x.dtype());
-    for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
-    std::vector<T*> dw;
-    for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
+    const std::vector<T*> dw = expert_weight_grads<T>(c);
     moe_ep_backward<T>(group(c), c.alloc, ptr<T>(dy), ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(),
                        w.down.data(), ptr<T>(dx), ptr<T>(c.extras[0]), dw.data(), dw.data() + w.E,
                        dw.data() + 2 * w.E, R, C, E, w.I, k, norm);
