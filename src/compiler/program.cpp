@@ -50,12 +50,10 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   ctx.sp_rank = layout.sp_rank;
   ctx.ring_size = layout.ring;
   ctx.world_size = layout.world_size;
-  // Expert groups: E consecutive world ranks (comm/mesh.h; the mesh's own check names the key too).
+  // Expert groups (moe.expert_parallel_size): E consecutive world ranks, as the mesh lays them out
+  // (rank_layout checks E against the world size).
   ctx.ep_size = cfg.moe.expert_parallel_size;
-  if (layout.world_size % ctx.ep_size != 0)
-    throw UsageError(str("moe.expert_parallel_size ", ctx.ep_size, " does not divide the world size ",
-                         layout.world_size, " (an expert group is that many consecutive ranks)"));
-  ctx.ep_rank = layout.world_rank % ctx.ep_size;
+  ctx.ep_rank = rank_layout(layout.world_size, layout.world_rank, layout.sp, layout.ring, ctx.ep_size).ep_rank;
   ctx.shard_parameters = mode == ZeroMode::sharded_parameters;
   // No residual + norm fusion under activation checkpointing (it would cost memory there:
   // passes/fuse_elementwise.h).

@@ -31,13 +31,10 @@ void check_layout(const json& model, const EpLayout& l, const Batch& global, con
 TEST_CASE("thread ep: G = 2 and 4 equal one process for the three MoE families under Ulysses, ring and dp x sp",
           "[threads][moe][ep]") {
   for (const json& model : {kMixtral, kQwen2Moe, kQwen3Moe}) {
-    const Config cfg1 = make_config(model, 1, {{"seq_len", 16}, {"batch_size", 2}});
-    const ParamMap params = init_params(cfg1.model, 17, DType::f32);
-    const Batch global = random_batch(2, 16, cfg1.model.vocab_size, 9);
-    const LossAndGrads ref = run_reference(cfg1, global, params);
+    const EpCase c = ep_case(model);
     for (const EpLayout& l : ep_layouts()) {
       INFO(model_name(model) << ": " << describe(l));
-      check_layout(model, l, global, params, ref);
+      check_layout(model, l, c.global, c.params, c.ref);
     }
   }
 }

@@ -96,6 +96,19 @@ inline void check_ep_rank(const LossAndGrads& got, int rank, const EpLayout& l, 
   CHECK(got.grads.size() == ref.grads.size() - size_t(2 * 3 * (E - L)));
 }
 
+// One model's case: its weights, the global batch, and the one-process run on it.
+struct EpCase {
+  ParamMap params;
+  Batch global;
+  LossAndGrads ref;
+};
+inline EpCase ep_case(const json& model) {
+  const Config cfg1 = make_config(model, 1, {{"seq_len", 16}, {"batch_size", 2}});
+  EpCase c{init_params(cfg1.model, 17, DType::f32), random_batch(2, 16, cfg1.model.vocab_size, 9), {}};
+  c.ref = run_reference(cfg1, c.global, c.params);
+  return c;
+}
+
 // The layouts both tests run: Ulysses, Ulysses × ring, dp × sp, activation checkpointing.
 inline const std::vector<EpLayout>& ep_layouts() {
   static const std::vector<EpLayout> l{{2, 2, 1, 2}, {4, 4, 1, 2}, {4, 4, 1, 4}, {4, 4, 2, 4},

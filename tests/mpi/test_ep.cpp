@@ -13,14 +13,11 @@ namespace autosp::test {
 TEST_CASE("mpi ep: G = 2 and 4 equal one process for Mixtral, Qwen2-MoE and Qwen3-MoE", "[mpi][moe][ep]") {
   Communicator& w = test_world();
   for (const json& model : {kMixtral, kQwen2Moe, kQwen3Moe}) {
-    const Config cfg1 = make_config(model, 1, {{"seq_len", 16}, {"batch_size", 2}});
-    const ParamMap params = init_params(cfg1.model, 17, DType::f32);
-    const Batch global = random_batch(2, 16, cfg1.model.vocab_size, 9);
-    const LossAndGrads ref = run_reference(cfg1, global, params);
+    const EpCase c = ep_case(model);
     for (const EpLayout& l : ep_layouts()) {
       if (l.world != w.size()) continue;
       INFO(model_name(model) << ": " << describe(l));
-      check_ep_rank(run_ep_rank(w, model, l, global, params), w.rank(), l, ref);
+      check_ep_rank(run_ep_rank(w, model, l, c.global, c.params), w.rank(), l, c.ref);
     }
   }
   w.barrier();

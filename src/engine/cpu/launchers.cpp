@@ -349,33 +349,22 @@ Tensor all_reduce(const KernelCall& c) {
 
 // x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights → y [..., C].
 Tensor moe_experts_ep(const KernelCall& c) {
-  const Tensor x = arg(c, 0), p = arg(c, 1);
-  const int64_t C = x.dim(-1), R = x.numel() / C, E = p.dim(-1);
-  const int64_t k = c.node.attrs().i("top_k");
-  const bool norm = c.node.attrs().b("norm_topk_prob");
-  return by_float(c, x.dtype(), [&]<class T>() {
-    const ExpertWeights<T> w(c, 2);
-    Tensor y = out_like(c, x.dtype());
-    moe_ep_forward<T>(group(c), c.alloc, ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(), w.down.data(), ptr<T>(y),
-                      R, C, E, w.I, k, norm);
-    return y;
+  return by_float(c, c.in[0].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, false);
+    moe_ep_forward<T>(group(c), c.alloc, ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(), m.w.down.data(),
+                      ptr<T>(m.out), m.R, m.C, m.E, m.w.I, m.k, m.norm);
+    return m.out;
   });
 }
 
 // dx; extra outputs dprobs, then each local expert weight's gradient. Inputs: dy, x, probs, the weights.
 Tensor moe_experts_ep_backward(const KernelCall& c) {
-  const Tensor dy = arg(c, 0), x = arg(c, 1), p = arg(c, 2);
-  const int64_t C = x.dim(-1), R = x.numel() / C, E = p.dim(-1);
-  const int64_t k = c.node.attrs().i("top_k");
-  const bool norm = c.node.attrs().b("norm_topk_prob");
-  return by_float(c, x.dtype(), [&]<class T>() {
-    const ExpertWeights<T> w(c, 3);
-    Tensor dx = out_like(c, x.dtype());
-    const std::vector<T*> dw = expert_weight_grads<T>(c);
-    moe_ep_backward<T>(group(c), c.alloc, ptr<T>(dy), ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(),
-                       w.down.data(), ptr<T>(dx), ptr<T>(c.extras[0]), dw.data(), dw.data() + w.E,
-                       dw.data() + 2 * w.E, R, C, E, w.I, k, norm);
-    return dx;
+  return by_float(c, c.in[1].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, true);
+    moe_ep_backward<T>(group(c), c.alloc, ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
+                       m.w.down.data(), ptr<T>(m.out), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
+                       m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm);
+    return m.out;
   });
 }
 
