@@ -114,8 +114,7 @@ class ExpertParallelState final : public TrainState {
  public:
   ExpertParallelState(const RankProgram& prog, ParamMap params, AdamW opt, const Config& cfg, JobComms& comms,
                       Device dev)
-      : ep_(*comms.ep) {
-    AUTOSP_ASSERT(comms.ep && comms.ep_replica, "expert parallelism without its groups");
+      : ep_(ep_group(comms)) {
     const std::set<std::string> mine(prog.param_names.begin(), prog.param_names.end());
     const int64_t L = cfg.model.num_experts / ep_.size();
     for (auto& [name, t] : params) {
@@ -138,6 +137,10 @@ class ExpertParallelState final : public TrainState {
     auto is_expert = [this](const std::string& n) { return owner_.count(n) > 0; };
     dense_.emplace(prog, params_, cfg, ZeroMode::replicated, *comms.world, [&](const std::string& n) { return !is_expert(n); });
     experts_.emplace(prog, params_, cfg, ZeroMode::replicated, *comms.ep_replica, is_expert);
+  }
+  static Communicator& ep_group(const JobComms& comms) {
+    AUTOSP_ASSERT(comms.ep && comms.ep_replica, "expert parallelism without its groups");
+    return *comms.ep;
   }
   // The expert index in a parameter's name ("...experts.<e>...."), or -1 for a dense parameter.
   static int64_t expert_of(const std::string& name) {
