@@ -102,7 +102,8 @@ int run_passkey(const Config& cfg, const Config& with_adapter, const TrainArgs& 
   check_passkey(cfg, o);  // before the weights load
   const Device dev = pick_device(cfg);
   const std::unique_ptr<JobComms> comms =
-      make_job_comms(world, dev, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
+      make_job_comms(world, dev, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size,
+                     cfg.moe.expert_parallel_size);
   ParamMap params = eval_params(with_adapter, weights);
   to_run_device(params, dev);
   const bool lead = world.rank() == 0;
@@ -208,7 +209,8 @@ int main(int argc, char** argv) {
     const int64_t N = eval_sequences(cfg, po);
     const Device dev = pick_device(cfg);
     const std::unique_ptr<JobComms> comms =
-        make_job_comms(*world, dev, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
+        make_job_comms(*world, dev, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size,
+                       cfg.moe.expert_parallel_size);
     ParamMap params = eval_params(with_adapter, model.args);
     to_run_device(params, dev);
     Progress progress("perplexity by position", "sequences", lead && !args.count("quiet"));

@@ -216,7 +216,7 @@ PointTiming time_forward(const Config& cfg, const BenchOptions& opt, Communicato
     throw UsageError(str("--mode forward: data.seq_len ", cfg.data.seq_len, " is not a multiple of ",
                          layout.seq_multiple(), " (P = ", layout.sp, ", ring ", layout.ring,
                          "; only the training step pads)"));
-  ProcessMesh mesh = make_mesh(world, layout.sp, layout.ring);
+  ProcessMesh mesh = make_mesh(world, layout.sp, layout.ring, cfg.moe.expert_parallel_size);
   const CommGroups groups = mesh.groups(world);
   RankProgram prog = build_program(cfg, dt, Stage::rank_forward, mesh);
   TensorMap feeds = random_batch(cfg.data.batch_size, cfg.data.seq_len, cfg.model.vocab_size,

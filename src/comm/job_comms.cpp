@@ -11,7 +11,7 @@ void JobComms::synchronize_device() {
   if (nccl) nccl->synchronize();
 }
 
-std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int64_t sp, int64_t ring) {
+std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int64_t sp, int64_t ring, int64_t ep) {
   auto c = std::make_unique<JobComms>();
   // Thread ranks (comm/threads.h) move device tensors themselves: NCCL would refuse several ranks
   // on one GPU anyway.
@@ -23,7 +23,7 @@ std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int
     c->nccl = make_nccl_communicator(world, compute_stream(device.index), collective_timeout_from_env());
   }
   c->device_world = c->nccl ? static_cast<Communicator*>(c->nccl.get()) : &world;
-  c->mesh = make_mesh(*c->device_world, sp, ring);
+  c->mesh = make_mesh(*c->device_world, sp, ring, ep);
   c->watchdog = std::make_unique<Watchdog>(
       collective_timeout_from_env(), world.rank(),
       [&world](const std::string& msg) {
@@ -46,6 +46,12 @@ std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int
     c->ring = std::make_unique<GuardedCommunicator>(*c->mesh.ring_group, w, "ring");
     c->groups["ulysses"] = c->ulysses.get();
     c->groups["ring"] = c->ring.get();
+  }
+  if (c->mesh.ep_group) {
+    c->ep = std::make_unique<GuardedCommunicator>(*c->mesh.ep_group, w, "ep");
+    c->ep_replica = std::make_unique<GuardedCommunicator>(*c->mesh.ep_replica_group, w, "ep_replica");
+    c->groups["ep"] = c->ep.get();
+    c->groups["ep_replica"] = c->ep_replica.get();
   }
   return c;
 }

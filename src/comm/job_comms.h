@@ -32,9 +32,10 @@ struct JobComms {
   std::unique_ptr<Watchdog> watchdog;
   std::unique_ptr<GuardedCommunicator> world, sp, dp;  // the device world and the mesh's groups
   std::unique_ptr<GuardedCommunicator> ulysses, ring;  // with ring attention only (else null)
+  std::unique_ptr<GuardedCommunicator> ep, ep_replica;  // with expert parallelism only (else null)
   std::unique_ptr<GuardedCommunicator> host;           // the world, when the device world is not
   Communicator* host_world = nullptr;                  // host tensors: `host`, else `world`
-  CommGroups groups;  // {"world", "sp", "dp"} (and "ulysses", "ring" with a ring): the executor's
+  CommGroups groups;  // {"world", "sp", "dp"} (+ "ulysses", "ring" with a ring, "ep", "ep_replica" with EP)
 
   // Waits until the device world's collectives have finished (a no-op without NCCL): read device
   // results on the host only after it, so a hung peer fails NCCL's deadline instead of blocking a
@@ -44,6 +45,7 @@ struct JobComms {
 
 // `device`: where this rank computes (its CUDA device is already the current one). A CUDA job of
 // several ranks in a build without NCCL is a UsageError; a malformed AUTOSP_COLLECTIVE_TIMEOUT too.
-std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int64_t sp, int64_t ring = 1);
+std::unique_ptr<JobComms> make_job_comms(Communicator& world, Device device, int64_t sp, int64_t ring = 1,
+                                         int64_t ep = 1);
 
 }  // namespace autosp

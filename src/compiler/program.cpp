@@ -11,6 +11,7 @@
 #include "graph/passes/checkpoint_activations.h"
 #include "graph/passes/feed_target_count.h"
 #include "graph/passes/concat_slice_grads.h"
+#include "graph/passes/expert_parallel.h"
 #include "graph/passes/fuse_elementwise.h"
 #include "graph/passes/lora.h"
 #include "graph/passes/mixed_precision.h"
@@ -49,6 +50,13 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   ctx.sp_rank = layout.sp_rank;
   ctx.ring_size = layout.ring;
   ctx.world_size = layout.world_size;
+  // Expert groups (moe.expert_parallel_size): E consecutive world ranks, as the mesh lays them out
+  // (rank_layout checks E against the world size).
+  ctx.ep_size = cfg.moe.expert_parallel_size;
+  ctx.ep_rank = rank_layout(layout.world_size, layout.world_rank, layout.sp, layout.ring, ctx.ep_size).ep_rank;
+  if (ctx.ep_size > 1 && mode != ZeroMode::replicated)  // "auto" resolved to a sharding stage (decision 165)
+    throw UsageError(str("moe.expert_parallel_size ", ctx.ep_size, " with zero_optimization.stage ",
+                         cfg.zero_optimization.stage, ": expert parallelism runs with ZeRO stage 0 only so far"));
   ctx.shard_parameters = mode == ZeroMode::sharded_parameters;
   // No residual + norm fusion under activation checkpointing (it would cost memory there:
   // passes/fuse_elementwise.h).
@@ -72,6 +80,7 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
   if (dtype == DType::bf16) out.push_back({{"mixed_precision", passes::mixed_precision, true}, Stage::forward});
   if (ctx.world_size > 1)
     for (const Pass& p : autosp_pipeline()) out.push_back({p, Stage::rank_forward});
+  if (ctx.ep_size > 1) out.push_back({{"expert_parallel", passes::expert_parallel, true}, Stage::rank_forward});
   if (ctx.shard_parameters) out.push_back({{"shard_parameters", passes::shard_parameters, true}, Stage::rank_forward});
   if (cfg.train.gradient_accumulation_steps > 1 && cfg.train.objective == Objective::lm)  // DPO feeds its norms
     out.push_back({{"feed_target_count", passes::feed_target_count, true}, Stage::joint});

@@ -56,7 +56,8 @@ DType master_dtype(DType run);
 //            so every later pass sees plain matmuls and parameters), mixed_precision (bf16 runs: before AutoSP, which shards whatever dtype flows, and
 //            autograd, which differentiates the casts so f32 parameters get f32 gradients)
 //   rank_forward  the AutoSP pipeline (graph/passes/autosp/autosp.h; worlds of more than one
-//            rank), then shard_parameters (ZeroMode::sharded_parameters, i.e. stage 3 on such
+//            rank), expert_parallel (moe.expert_parallel_size > 1: graph/passes/expert_parallel.h),
+//            then shard_parameters (ZeroMode::sharded_parameters, i.e. stage 3 on such
 //            worlds: graph/passes/shard_parameters.h)
 //   joint    feed_target_count (train.gradient_accumulation_steps > 1: the loss's denominator is fed,
 //            graph/passes/feed_target_count.h), fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused

@@ -408,6 +408,7 @@ const std::vector<Key>& schema() {
        }},
       {"zero_optimization.stage", Kind::integer_or_auto, 0, 3, "", nullptr,
        AUTO("zero_optimization.stage", zero_optimization, stage)},
+      {"moe.expert_parallel_size", Kind::integer, 1, 1 << 16, "", nullptr, F(moe, expert_parallel_size)},
     };
     for (Key& row : lora_rows()) rest.push_back(std::move(row));
     for (Key& row : dpo_rows()) rest.push_back(std::move(row));
@@ -907,6 +908,28 @@ void check_router_aux_loss(Config& c, const std::function<void(const std::string
                       "computed and logged (moe/aux_loss) but adds nothing to the loss or the gradients");
 }
 
+// moe.expert_parallel_size (decision 162): E splits a mixture of experts' experts, so the model
+// has experts and E divides them; the world size is checked when the mesh is made (comm/mesh.h).
+// EP runs on the CPU kernels and with ZeRO stage 0 (decision 165).
+void check_expert_parallel(const Config& c, const std::function<void(const std::string&)>& bad) {
+  const int64_t E = c.moe.expert_parallel_size;
+  if (E == 1) return;
+  const Family& f = family(c.model.arch);
+  if (f.moe == Moe::none) {
+    bad(str("moe.expert_parallel_size ", E, " needs a mixture of experts; model.arch \"", f.name, "\" has none"));
+    return;
+  }
+  const char* experts = f.moe == Moe::mixtral ? "model.num_local_experts" : "model.num_experts";
+  if (c.model.num_experts % E != 0)
+    bad(str("moe.expert_parallel_size ", E, " does not divide ", experts, " ", c.model.num_experts,
+            " (each rank of an expert group holds the same number of experts)"));
+  if (c.zero_optimization.stage > 0 && !c.auto_keys.count("zero_optimization.stage"))
+    bad(str("moe.expert_parallel_size ", E, " with zero_optimization.stage ", c.zero_optimization.stage,
+            ": expert parallelism runs with ZeRO stage 0 only so far"));
+  if (c.runtime.device == DeviceKind::cuda)
+    bad(str("moe.expert_parallel_size ", E, " on runtime.device \"cuda\": the expert exchange has no CUDA path yet"));
+}
+
 }  // namespace
 
 Config parse_config(const json& input, const std::vector<std::string>& overrides, const std::string& origin,
@@ -1100,6 +1123,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
     bad("runtime.tiled_loss has no final logit softcap: set it false, or model.final_logit_softcapping null");
   if (c.lora.enabled) check_lora(c, bad);
   check_dpo(c, bad);
+  check_expert_parallel(c, bad);
   if (cross_key_rules) {
     check_schedule(c, problems);
     for (std::string& w : unread_settings(c, c.given, origin)) c.warnings.push_back(std::move(w));

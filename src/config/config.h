@@ -187,6 +187,13 @@ struct ZeroConfig {
   int64_t stage = 0;
 };
 
+// moe (a mixture of experts' parallelism): expert_parallel_size E > 1 splits every MoE layer's
+// experts over E consecutive ranks, tokens travelling to their experts by all-to-all
+// (graph/passes/expert_parallel.h; decision 162). It must divide the experts and the world size.
+struct MoeParallelConfig {
+  int64_t expert_parallel_size = 1;
+};
+
 // lora (PEFT's LoraConfig, its names and meanings; graph/passes/lora.h): a section given is a LoRA
 // run, the base frozen and low-rank adapters trained on the target projections. Absent: every
 // parameter trains, as before.
@@ -238,6 +245,7 @@ struct Config {
   RuntimeConfig runtime;
   SequenceParallelConfig sequence_parallel;
   ZeroConfig zero_optimization;
+  MoeParallelConfig moe;
   // The layout keys written "auto" (sequence_parallel.autosp_size, zero_optimization.stage,
   // runtime.activation_checkpointing, runtime.tiled_mlp, runtime.tiled_loss; decision 124): their
   // typed values above are placeholders until the layout search (apps/tools/layout_search.h

@@ -749,38 +749,49 @@ struct ExpertWeights {
   }
 };
 
+// A moe node's call unpacked, for moe_experts, moe_experts_ep (engine/cpu/launchers.cpp) and their
+// backwards (`backward`: inputs dy, x, probs, the weights): x as rows [R, C], probs [R, E] (E: all
+// the experts; the weights may be fewer, an expert group's), top_k and norm_topk_prob, the weights,
+// the output placed and, for a backward, its extra outputs: dprobs (extra 0, like probs) and one
+// gradient per weight (extras 1 on, also as pointer arrays: dw[0, E'), gates; ups; downs).
+template <class T>
+struct MoeCall {
+  Tensor dy, x, p;
+  ExpertWeights<T> w;
+  int64_t C, R, E, k;
+  bool norm;
+  Tensor out;
+  std::vector<T*> dw;
+  MoeCall(const KernelCall& c, bool backward)
+      : dy(backward ? arg(c, 0) : Tensor()), x(arg(c, backward ? 1 : 0)), p(arg(c, backward ? 2 : 1)),
+        w(c, backward ? 3 : 2), C(x.dim(-1)), R(x.numel() / C), E(p.dim(-1)), k(c.node.attrs().i("top_k")),
+        norm(c.node.attrs().b("norm_topk_prob")), out(out_like(c, x.dtype())) {
+    if (!backward) return;
+    for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
+    for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
+  }
+  T* dprobs(const KernelCall& c) const { return ptr<T>(c.extras[0]); }
+};
+
 // x [..., C] as rows [R, C], probs [R, E], the expert weights (w_gate[e], w_up[e] [I, C], w_down[e]
 // [C, I]) → y [..., C].
 Tensor moe_experts(const KernelCall& c) {
-  const Tensor x = arg(c, 0), p = arg(c, 1);
-  const int64_t C = x.dim(-1), R = x.numel() / C;
-  const int64_t k = c.node.attrs().i("top_k");
-  const bool norm = c.node.attrs().b("norm_topk_prob");
-  return by_float(c, x.dtype(), [&]<class T>() {
-    const ExpertWeights<T> w(c, 2);
-    Tensor y = out_like(c, x.dtype());
-    call(stream(c), dev::moe_experts_forward<T>, ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(), w.down.data(),
-         ptr<T>(y), R, C, w.E, w.I, k, norm);
-    return y;
+  return by_float(c, c.in[0].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, false);
+    call(stream(c), dev::moe_experts_forward<T>, ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
+         m.w.down.data(), ptr<T>(m.out), m.R, m.C, m.w.E, m.w.I, m.k, m.norm);
+    return m.out;
   });
 }
 
 // dx; extra outputs dprobs, then each expert weight's gradient. Inputs: dy, x, probs, the weights.
 Tensor moe_experts_backward(const KernelCall& c) {
-  const Tensor dy = arg(c, 0), x = arg(c, 1), p = arg(c, 2);
-  const int64_t C = x.dim(-1), R = x.numel() / C;
-  const int64_t k = c.node.attrs().i("top_k");
-  const bool norm = c.node.attrs().b("norm_topk_prob");
-  return by_float(c, x.dtype(), [&]<class T>() {
-    const ExpertWeights<T> w(c, 3);
-    Tensor dx = out_like(c, x.dtype());
-    for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
-    std::vector<T*> dw;
-    for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
-    call(stream(c), dev::moe_experts_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(p), w.gate.data(), w.up.data(),
-         w.down.data(), ptr<T>(dx), ptr<T>(c.extras[0]), dw.data(), dw.data() + w.E, dw.data() + 2 * w.E, R, C, w.E,
-         w.I, k, norm);
-    return dx;
+  return by_float(c, c.in[1].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, true);
+    call(stream(c), dev::moe_experts_backward<T>, ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(),
+         m.w.up.data(), m.w.down.data(), ptr<T>(m.out), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
+         m.dw.data() + 2 * m.w.E, m.R, m.C, m.w.E, m.w.I, m.k, m.norm);
+    return m.out;
   });
 }
 
@@ -795,6 +806,8 @@ Tensor count_valid(const KernelCall& c);
 Tensor full(const KernelCall& c);
 Tensor all_to_all(const KernelCall& c);
 Tensor all_reduce(const KernelCall& c);
+Tensor moe_experts_ep(const KernelCall& c);  // the CPU's exchange (engine/expert_parallel.h); none on CUDA
+Tensor moe_experts_ep_backward(const KernelCall& c);
 Tensor swiglu_mlp(const KernelCall& c);
 Tensor swiglu_mlp_backward(const KernelCall& c);
 Tensor linear_cross_entropy_sum(const KernelCall& c);
@@ -877,6 +890,8 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward},
     {Op::moe_experts, moe_experts},
     {Op::moe_experts_backward, moe_experts_backward},
+    {Op::moe_experts_ep, moe_experts_ep},
+    {Op::moe_experts_ep_backward, moe_experts_ep_backward},
     {Op::sequence_logps, sequence_logps},
     {Op::dpo_loss, dpo_loss},
     {Op::sequence_logps_backward, sequence_logps_backward},

@@ -95,6 +95,15 @@ Node* Builder::moe_experts(Node* x, Node* probs, const std::vector<Node*>& w_gat
   for (const auto* w : {&w_gate, &w_up, &w_down}) in.insert(in.end(), w->begin(), w->end());
   return op(Op::moe_experts, std::move(in), {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}}, name);
 }
+Node* Builder::moe_experts_ep(Node* x, Node* probs, const std::vector<Node*>& weights, int64_t top_k,
+                              bool norm_topk_prob, const std::string& group, int64_t group_size,
+                              const std::string& name) {
+  std::vector<Node*> in{x, probs};
+  in.insert(in.end(), weights.begin(), weights.end());
+  return op(Op::moe_experts_ep, std::move(in),
+            {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}, {"group", group}, {"group_size", group_size}},
+            name);
+}
 Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
   return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
 }
@@ -256,6 +265,12 @@ Node* Builder::moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, 
   std::vector<Node*> in{dy};
   in.insert(in.end(), inputs.begin(), inputs.end());
   return op(Op::moe_experts_backward, std::move(in), {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}}, name);
+}
+Node* Builder::moe_experts_ep_backward(Node* dy, const std::vector<Node*>& inputs, const Attrs& forward,
+                                       const std::string& name) {
+  std::vector<Node*> in{dy};
+  in.insert(in.end(), inputs.begin(), inputs.end());
+  return op(Op::moe_experts_ep_backward, std::move(in), forward, name);
 }
 Node* Builder::linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,
                                              const std::string& name, Node* slots, int64_t K) {

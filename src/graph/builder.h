@@ -116,6 +116,10 @@ class Builder {
   Node* moe_experts(Node* x, Node* probs, const std::vector<Node*>& w_gate, const std::vector<Node*>& w_up,
                     const std::vector<Node*>& w_down, int64_t top_k, bool norm_topk_prob,
                     const std::string& name = "moe");
+  // The same over an expert group (graph/passes/expert_parallel.h): `weights` are this rank's
+  // E / group_size local experts' (gates, ups, downs), the group named `group`.
+  Node* moe_experts_ep(Node* x, Node* probs, const std::vector<Node*>& weights, int64_t top_k, bool norm_topk_prob,
+                       const std::string& group, int64_t group_size, const std::string& name = "moe");
   // Preference training (train.objective "dpo"): each sequence's summed completion log-probability,
   // [B, 2, slots] (chosen, rejected of pair slot k), from logits [B, S, V], labels [B, S] and the
   // targets' slots [B, S] (+(k + 1) chosen, -(k + 1) rejected, 0 none) ...
@@ -161,6 +165,9 @@ class Builder {
   // Inputs: dy, then moe_experts' inputs.
   Node* moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, int64_t top_k, bool norm_topk_prob,
                              const std::string& name = "moe_bwd");
+  // moe_experts_ep's backward (its outputs as moe_experts_backward's), with the forward's attributes.
+  Node* moe_experts_ep_backward(Node* dy, const std::vector<Node*>& inputs, const Attrs& forward,
+                                const std::string& name = "moe_bwd");
   // dx; extra output dw (read with output(node, 1)).
   // With `slots` (the DPO form), grad is [B, 2, K].
   Node* linear_cross_entropy_backward(Node* x, Node* w, Node* labels, Node* grad, int64_t ignore_index,

@@ -482,7 +482,8 @@ TensorType swiglu_mlp_backward_rule(const Node& n, const ShapeContext& ctx) {
 std::vector<TensorType> swiglu_mlp_backward_extra(const Node& n) { return {in(n, 2), in(n, 3), in(n, 4)}; }
 
 // x [..., C], probs [..., E], then per expert w_gate [I, C] (E inputs), w_up [I, C] (E), w_down
-// [C, I] (E), from input x on; top_k in [1, E].
+// [C, I] (E), from input x on; top_k in [1, E]. The expert-parallel ops (group_size G) take the
+// weights of their E / G local experts only.
 void expect_moe_inputs(const Node& n, size_t x, const ShapeContext& ctx) {
   expect_float(n, x);
   const auto& xt = in(n, x);
@@ -491,10 +492,13 @@ void expect_moe_inputs(const Node& n, size_t x, const ShapeContext& ctx) {
     fail(n, str("x ", xt.str(), " and probs ", pt.str(), ": expected x [..., C] and probs [..., E], E a number"));
   for (int d = 0; d + 1 < xt.rank(); ++d)
     if (!ctx.same(xt.shape[d], pt.shape[d])) fail(n, str("x ", xt.str(), " and probs ", pt.str(), " differ in dim ", d));
-  const int64_t E = pt.shape.back().value();
+  const int64_t all = pt.shape.back().value();
+  const int64_t G = n.attrs().has("group_size") ? n.attrs().i("group_size") : 1;
+  if (G < 1 || all % G != 0) fail(n, str("probs ", pt.str(), ": ", all, " experts do not split over ", G, " ranks"));
+  const int64_t E = all / G;  // the experts whose weights the node takes
   if (n.inputs().size() != x + 2 + 3 * size_t(E))
-    fail(n, str("probs ", pt.str(), " has ", E, " experts: expected ", 3 * E, " expert weights (gate, up, down each), got ",
-                n.inputs().size() - x - 2));
+    fail(n, str("probs ", pt.str(), " has ", all, " experts (", E, " on this rank): expected ", 3 * E,
+                " expert weights (gate, up, down each), got ", n.inputs().size() - x - 2));
   const Dim& C = xt.shape.back();
   const Dim I = in(n, x + 2).shape.size() == 2 ? in(n, x + 2).shape[0] : Dim(0);
   for (size_t i = x + 1; i < n.inputs().size(); ++i) expect_same_dtype(n, x, i);
@@ -509,7 +513,7 @@ void expect_moe_inputs(const Node& n, size_t x, const ShapeContext& ctx) {
                     in(n, i).str(), ": expected x [..., C], w_gate and w_up [I, C], w_down [C, I] (I = ", I.str(), ")"));
     }
   const int64_t k = n.attrs().i("top_k");
-  if (k < 1 || k > E) fail(n, str("top_k ", k, " is not in [1, ", E, "]"));
+  if (k < 1 || k > all) fail(n, str("top_k ", k, " is not in [1, ", all, "]"));
 }
 TensorType moe_experts_rule(const Node& n, const ShapeContext& ctx) {
   expect_moe_inputs(n, 0, ctx);
@@ -989,6 +993,11 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .infer = moe_experts_rule, .vjp = vjp::moe_experts, .seq = seq_moe},
     {.op = Op::moe_experts_backward, .name = "moe_experts_backward", .arity = -1, .attrs = "top_k,norm_topk_prob",
      .infer = moe_experts_backward_rule, .extra = moe_experts_backward_extra, .backward_only = true},
+    {.op = Op::moe_experts_ep, .name = "moe_experts_ep", .arity = -1, .attrs = "top_k,norm_topk_prob,group,group_size",
+     .infer = moe_experts_rule, .vjp = vjp::moe_experts_ep, .seq = seq_moe, .collective = true},
+    {.op = Op::moe_experts_ep_backward, .name = "moe_experts_ep_backward", .arity = -1,
+     .attrs = "top_k,norm_topk_prob,group,group_size", .infer = moe_experts_backward_rule,
+     .extra = moe_experts_backward_extra, .backward_only = true, .collective = true},
     {.op = Op::sequence_logps, .name = "sequence_logps", .arity = 3, .attrs = "slots,ignore_index",
      .infer = sequence_logps_rule, .vjp = vjp::sequence_logps, .seq = seq_loss},
     {.op = Op::dpo_loss, .name = "dpo_loss", .arity = 4,

@@ -74,6 +74,9 @@ enum class Op : uint16_t {
   // and summed back; its backward recomputes the experts' outputs (extra outputs: dprobs, dw_gate,
   // dw_up, dw_down)
   moe_experts, moe_experts_backward,
+  // the same over an expert group (graph/passes/expert_parallel): the node takes this rank's 1/G of
+  // the experts' weights, tokens travel to their experts' ranks and back by all-to-all
+  moe_experts_ep, moe_experts_ep_backward,
   // preference training (train.objective "dpo", graph/passes/autosp/normalize_loss): each sequence's
   // summed completion log-probability [B, 2, K] (chosen, rejected of slot k) from logits, labels and
   // the targets' pair slots; the DPO loss over those and the reference's; their backwards

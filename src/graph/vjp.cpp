@@ -235,13 +235,20 @@ void swiglu_mlp(VjpContext& c) {
 
 // y = moe_experts(x, probs, the expert weights): one backward node, which routes again and
 // recomputes each expert's output, gives dx, with dprobs (through the top-k weights) and each
-// expert weight's gradient as its extra outputs.
-void moe_experts(VjpContext& c) {
-  const Attrs& a = c.node->attrs();
-  Node* bwd = c.b.moe_experts_backward(c.grad, c.node->inputs(), a.i("top_k"), a.b("norm_topk_prob"), "dx");
+// expert weight's gradient as its extra outputs. moe_experts_ep likewise, over its expert group.
+namespace {
+void moe_grads(VjpContext& c, Node* bwd) {
   c.input_grads = {bwd, c.b.output(bwd, 1, "dprobs")};
   for (size_t i = 2; i < c.node->inputs().size(); ++i)
     c.input_grads.push_back(c.b.output(bwd, static_cast<int64_t>(i), "dw" + std::to_string(i - 2)));
+}
+}  // namespace
+void moe_experts(VjpContext& c) {
+  const Attrs& a = c.node->attrs();
+  moe_grads(c, c.b.moe_experts_backward(c.grad, c.node->inputs(), a.i("top_k"), a.b("norm_topk_prob"), "dx"));
+}
+void moe_experts_ep(VjpContext& c) {
+  moe_grads(c, c.b.moe_experts_ep_backward(c.grad, c.node->inputs(), c.node->attrs(), "dx"));
 }
 
 // loss = linear_cross_entropy_sum(x, w, labels): one backward node, which computes the logits

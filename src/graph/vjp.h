@@ -42,6 +42,7 @@ void add_rmsnorm(VjpContext&);
 void bias_gelu_tanh(VjpContext&);
 void swiglu_mlp(VjpContext&);
 void moe_experts(VjpContext&);
+void moe_experts_ep(VjpContext&);
 void linear_cross_entropy_sum(VjpContext&);
 void sequence_logps(VjpContext&);
 void dpo_loss(VjpContext&);

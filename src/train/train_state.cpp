@@ -3,6 +3,8 @@
 #include "train/train_state.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <numeric>
 #include <unordered_map>
 
@@ -16,11 +18,12 @@ namespace {
 // on several ranks, their bucketed all-reduce or reduce-scatter (train/grad_sync.h).
 class BucketedGradients {
  public:
+  // `take`: which parameters' gradients it synchronises (all when null).
   BucketedGradients(const RankProgram& prog, const ParamMap& params, const Config& cfg, ZeroMode mode,
-                    Communicator& world)
+                    Communicator& world, const std::function<bool(const std::string&)>& take = nullptr)
       : prog_(prog) {
-    order_.resize(prog.grad_names.size());
-    std::iota(order_.begin(), order_.end(), size_t{0});
+    for (size_t i = 0; i < prog.grad_names.size(); ++i)
+      if (!take || take(prog.param_names[i])) order_.push_back(i);
     auto position = [&](size_t i) { return prog.graph->position(prog.graph->find(prog.grad_names[i])); };
     std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return position(a) < position(b); });
     if (world.size() == 1) return;
@@ -46,8 +49,7 @@ class BucketedGradients {
       std::vector<Tensor> summed = sync_->finish();
       for (size_t k = 0; k < order_.size(); ++k) grads[prog_.param_names[order_[k]]] = summed[k];
     } else {
-      for (size_t i = 0; i < prog_.param_names.size(); ++i)
-        grads[prog_.param_names[i]] = r.outputs.at(prog_.grad_names[i]);
+      for (size_t i : order_) grads[prog_.param_names[i]] = r.outputs.at(prog_.grad_names[i]);
     }
     return grads;
   }
@@ -99,6 +101,110 @@ class ReplicatedState final : public TrainState {
   ParamMap params_;
   AdamW opt_;
   std::optional<BucketedGradients> grads_;
+  ParamMap step_grads_;
+};
+
+// Expert parallelism (moe.expert_parallel_size G > 1, ZeRO off; decision 162): this rank holds the
+// dense parameters whole and its expert group's 1/G of the experts (the program's parameters), with
+// their AdamW state. Dense gradients are all-reduced over the world, this rank's experts' over the
+// ranks holding the same experts ("ep_replica"); the norm adds the expert group's sum of squares.
+// Whole tensors (checkpoints, --dump-grads) take every other expert from its owner in the expert
+// group (a broadcast per tensor, in name order on every rank).
+class ExpertParallelState final : public TrainState {
+ public:
+  ExpertParallelState(const RankProgram& prog, ParamMap params, AdamW opt, const Config& cfg, JobComms& comms,
+                      Device dev)
+      : ep_(ep_group(comms)) {
+    const std::set<std::string> mine(prog.param_names.begin(), prog.param_names.end());
+    const int64_t L = cfg.model.num_experts / ep_.size();
+    for (auto& [name, t] : params) {
+      const int64_t e = expert_of(name);
+      if (e >= 0) owner_[name] = static_cast<int>(e / L);
+      AUTOSP_ASSERT((e < 0 || owner_[name] == ep_.rank()) == (mine.count(name) > 0), name,
+                    ": the program and the expert split disagree");
+      if (!mine.count(name)) {
+        shapes_[name] = t.shape();
+        continue;
+      }
+      params_[name] = std::move(t);
+      opt_.exp_avg[name] = std::move(opt.exp_avg.at(name));
+      opt_.exp_avg_sq[name] = std::move(opt.exp_avg_sq.at(name));
+    }
+    opt_.step = opt.step;
+    to_run_device(params_, dev);
+    to_run_device(opt_.exp_avg, dev);
+    to_run_device(opt_.exp_avg_sq, dev);
+    auto is_expert = [this](const std::string& n) { return owner_.count(n) > 0; };
+    dense_.emplace(prog, params_, cfg, ZeroMode::replicated, *comms.world, [&](const std::string& n) { return !is_expert(n); });
+    experts_.emplace(prog, params_, cfg, ZeroMode::replicated, *comms.ep_replica, is_expert);
+  }
+  static Communicator& ep_group(const JobComms& comms) {
+    AUTOSP_ASSERT(comms.ep && comms.ep_replica, "expert parallelism without its groups");
+    return *comms.ep;
+  }
+  // The expert index in a parameter's name ("...experts.<e>...."), or -1 for a dense parameter.
+  static int64_t expert_of(const std::string& name) {
+    const size_t at = name.find(".experts.");
+    if (at == std::string::npos) return -1;
+    return std::stoll(name.substr(at + 9, name.find('.', at + 9) - at - 9));
+  }
+  const ParamMap& graph_params() const override { return params_; }
+  void offer(const Node& n, const Tensor& v) override {
+    dense_->offer(n, v);
+    experts_->offer(n, v);
+  }
+  void finish_backward(const RunResult& r) override {
+    step_grads_ = dense_->collect(r);
+    for (auto& [name, g] : experts_->collect(r)) step_grads_[name] = g;
+  }
+  double grad_norm(Communicator&) override {
+    ParamMap dense, experts;
+    for (const auto& [name, g] : step_grads_) (owner_.count(name) ? experts : dense)[name] = g;
+    const double d = global_grad_norm(dense);
+    Tensor e = Tensor::from_vector<double>({1}, {std::pow(global_grad_norm(experts), 2)});
+    ep_.all_reduce_sum(e);  // the expert group's experts are distinct: their squares add up
+    return std::sqrt(d * d + e.data<double>()[0]);
+  }
+  void update(const TrainConfig& t, double norm, double lr) override {
+    clip_grads(step_grads_, norm, t.grad_clip);
+    opt_.update(params_, step_grads_, t, lr);
+  }
+  ParamMap whole_params() override { return whole(params_); }
+  ParamMap whole_grads() override { return whole(step_grads_); }
+  AdamW checkpoint_state() override {
+    AdamW w;
+    w.exp_avg = whole(opt_.exp_avg);
+    w.exp_avg_sq = whole(opt_.exp_avg_sq);
+    w.step = opt_.step;
+    return w;
+  }
+  size_t state_bytes() const override { return opt_.state_bytes(); }
+  size_t grad_bucket_bytes() const override { return dense_->bucket_bytes() + experts_->bucket_bytes(); }
+  GradSyncStats sync_stats() const override {
+    GradSyncStats s = dense_->stats();
+    const GradSyncStats e = experts_->stats();
+    s.calls += e.calls, s.bytes += e.bytes, s.exposed_seconds += e.exposed_seconds, s.wait_seconds += e.wait_seconds;
+    return s;
+  }
+
+ private:
+  // `held` (this rank's tensors by name) with every expert of the model, each broadcast by its owner.
+  ParamMap whole(const ParamMap& held) {
+    ParamMap out = held;
+    for (const auto& [name, owner] : owner_) {
+      Tensor t = owner == ep_.rank() ? held.at(name) : Tensor::empty(shapes_.at(name), held.begin()->second.dtype());
+      ep_.broadcast(t, owner);
+      out[name] = t;
+    }
+    return out;
+  }
+
+  Communicator& ep_;
+  ParamMap params_;
+  AdamW opt_;
+  std::map<std::string, int> owner_;     // every expert parameter of the model: its rank in the expert group
+  std::map<std::string, Shape> shapes_;  // the shapes of those this rank does not hold
+  std::optional<BucketedGradients> dense_, experts_;
   ParamMap step_grads_;
 };
 
@@ -177,6 +283,8 @@ std::unique_ptr<TrainState> make_train_state(ZeroMode mode, const RankProgram& p
                                              const Config& cfg, JobComms& comms, Device device) {
   switch (mode) {
     case ZeroMode::replicated:
+      if (cfg.moe.expert_parallel_size > 1)
+        return std::make_unique<ExpertParallelState>(prog, std::move(params), std::move(opt), cfg, comms, device);
       return std::make_unique<ReplicatedState>(prog, std::move(params), std::move(opt), cfg, comms, device);
     case ZeroMode::sharded_moments:
     case ZeroMode::sharded_gradients:

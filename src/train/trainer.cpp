@@ -307,7 +307,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const std::optional<Fault> fault = fault_from_env(world.size());  // AUTOSP_FAULT: failures for tests
   // NCCL or the world for device tensors, the mesh, every collective under the watchdog.
   const std::unique_ptr<JobComms> comms = make_job_comms(world, dev, cfg.sequence_parallel.autosp_size,
-                                                         cfg.sequence_parallel.ring_size);
+                                                         cfg.sequence_parallel.ring_size,
+                                                         cfg.moe.expert_parallel_size);
   const ProcessMesh& mesh = comms->mesh;
   set_host_threads(static_cast<int>(cfg.runtime.threads));  // 0: OpenMP's default
   const std::unique_ptr<DirLock> lock = prepare_run(cfg, args, world.rank() == 0);

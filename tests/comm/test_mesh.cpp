@@ -30,6 +30,22 @@ TEST_CASE("rank_layout: consecutive SP groups, dp = world / sp", "[comm]") {
   }
 }
 
+TEST_CASE("rank_layout: expert groups are E consecutive ranks; an E the world size refuses names the key",
+          "[comm]") {
+  for (int rank = 0; rank < 8; ++rank) {
+    const RankLayout l = rank_layout(8, rank, 2, 1, 4);
+    CHECK(l.ep == 4);
+    CHECK(l.ep_rank == rank % 4);
+    CHECK(l.sp_rank == rank % 2);  // independent of the SP layout
+  }
+  CHECK(rank_layout(4, 3, 4).ep == 1);
+  CHECK_THROWS_WITH(rank_layout(6, 0, 2, 1, 4),
+                    "moe.expert_parallel_size 4 does not divide the world size 6 (an expert group is that many "
+                    "consecutive ranks)");
+  CHECK_THROWS_AS(rank_layout(4, 0, 1, 1, 0), UsageError);
+  CHECK_THROWS_AS(rank_layout(4, 0, 1, 1, -4), UsageError);
+}
+
 TEST_CASE("rank_layout: a world sp does not divide, or a rank outside it, is a usage error", "[comm]") {
   CHECK_THROWS_WITH(rank_layout(6, 0, 4),
                     "sequence_parallel.autosp_size 4 does not divide the world size 6 (world = dp x sp)");

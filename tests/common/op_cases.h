@@ -47,7 +47,7 @@ inline const Bindings& op_case_bindings() {
 // The op cases' collectives run over groups of one.
 inline const CommGroups& single_groups() {
   static auto comm = make_single_process_communicator();
-  static const CommGroups groups{{"sp", comm.get()}, {"world", comm.get()}, {"ring", comm.get()}};
+  static const CommGroups groups{{"sp", comm.get()}, {"world", comm.get()}, {"ring", comm.get()}, {"ep", comm.get()}};
   return groups;
 }
 
@@ -81,13 +81,16 @@ inline const std::vector<OpCase>& op_cases() {
   };
   // x [B, S, 6], probs [B, S, 4], then 4 gates, 4 ups [5, 6] and 4 downs [6, 5]; the reference
   // stacks them.
-  auto moe_case = [](std::string name, bool norm) {
+  // With `ep`, the expert-parallel op over an expert group of one (every expert local; its
+  // exchange runs, through a single-process communicator; tests/comm/test_thread_ep.cpp has G > 1).
+  auto moe_case = [](std::string name, bool norm, bool ep = false) {
     std::vector<InputSpec> in{{{B, S, 6}}, {{B, S, 4}}};
     for (int i = 0; i < 12; ++i) in.push_back({i < 8 ? SymShape{5, 6} : SymShape{6, 5}});
-    return OpCase{name, Op::moe_experts, in,
-                  [norm](Builder& b, const std::vector<Node*>& x) {
+    return OpCase{name, ep ? Op::moe_experts_ep : Op::moe_experts, in,
+                  [norm, ep](Builder& b, const std::vector<Node*>& x) {
                     const std::vector<Node*> g(x.begin() + 2, x.begin() + 6), u(x.begin() + 6, x.begin() + 10),
                         d(x.begin() + 10, x.end());
+                    if (ep) return b.moe_experts_ep(x[0], x[1], {x.begin() + 2, x.end()}, 2, norm, "ep", 1);
                     return b.moe_experts(x[0], x[1], g, u, d, 2, norm);
                   },
                   [norm](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
@@ -360,6 +363,7 @@ inline const std::vector<OpCase>& op_cases() {
       // probabilities, more experts, gradients against a per-token loop).
       moe_case("moe_experts_norm", true),
       moe_case("moe_experts", false),
+      moe_case("moe_experts_ep_norm", true, true),
       // Preference training: slots in [-2, 2] (K = 2; 0 is no sequence), some labels ignored.
       OpCase{"sequence_logps", Op::sequence_logps, {{{B, S, 7}}, {{B, S}, true, 7, true}, {{B, S}, true, 3, false, -2}},
              [](Builder& b, const std::vector<Node*>& x) { return b.sequence_logps(x[0], x[1], x[2], 2); },

@@ -189,6 +189,14 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"zero_optimization": {"stage": -1}})", {}, "zero_optimization.stage"},
       {R"({"zero_optimization": {"stage": 1.5}})", {}, "zero_optimization.stage"},
       {R"({"zero_optimization": {"stage": "2"}})", {}, "zero_optimization.stage"},
+      {R"({"moe": {"expert_parallel_size": 0}})", {}, "moe.expert_parallel_size"},
+      {R"({"moe": {"expert_parallel_size": 1.5}})", {}, "moe.expert_parallel_size"},
+      {R"({"moe": {"expert_parallel_size": "2"}})", {}, "moe.expert_parallel_size"},
+      {R"({"moe": {"expert_parallel_size": 2}})", {},
+       "moe.expert_parallel_size 2 needs a mixture of experts; model.arch \"gpt2\" has none"},
+      {R"({"model": {"arch": "qwen3_moe", "num_experts": 6, "num_experts_per_tok": 2},
+          "moe": {"expert_parallel_size": 4}})", {}, "moe.expert_parallel_size 4 does not divide model.num_experts 6"},
+      {R"({"moe": {"expert_parallel_size": 2, "capacity_factor": 1}})", {}, "unknown key 'moe.capacity_factor'"},
       {R"({"zero_optimization": {"offload_optimizer": true}})", {}, "unknown key 'zero_optimization.offload_optimizer'"},
       {R"({})", {"train.lr"}, "expected key.path=value"},
       {R"({})", {"lr=3"}, "expected section.key"},
@@ -417,6 +425,7 @@ const json kEveryKey = {
       {"overlap_grad_sync", false}, {"grad_bucket_mb", 8.0}, {"peak_tflops", 989.0}, {"profile_ops", true}}},
     {"sequence_parallel", {{"autosp_size", 2}, {"ring_size", 2}}},
     {"zero_optimization", {{"stage", 3}}},
+    {"moe", {{"expert_parallel_size", 1}}},  // > 1 needs experts, ZeRO 0 and the CPU (tests/apps/expert_parallel_cli.sh)
     // lora.from (an adapter directory that must exist) is tested with the adapters (tests/train/test_lora.cpp).
     {"lora",
      {{"r", 4}, {"lora_alpha", 8.0}, {"lora_dropout", 0.0}, {"target_modules", {"q_proj", "v_proj", "o_proj"}},

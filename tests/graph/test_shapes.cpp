@@ -44,7 +44,8 @@ TEST_CASE("the collective ops are exactly those that name a process group", "[op
     if (op_info(op).collective) collectives.push_back(op_name(op));
   }
   CHECK(collectives == std::vector<std::string_view>{"all_to_all", "all_reduce", "all_gather", "reduce_scatter",
-                                                     "ring_attention", "ring_attention_backward"});
+                                                     "ring_attention", "ring_attention_backward", "moe_experts_ep",
+                                                     "moe_experts_ep_backward"});
 }
 
 TEST_CASE("matmul shape rules", "[ops]") {

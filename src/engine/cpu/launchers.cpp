@@ -15,6 +15,7 @@
 #include <span>
 
 #include "engine/executor.h"
+#include "engine/expert_parallel.h"
 #include "engine/ring.h"
 #include "graph/builder.h"
 #include "kernels/cpu/attention.h"
@@ -348,6 +349,29 @@ Tensor all_reduce(const KernelCall& c) {
   std::memcpy(y.raw(), c.in[0].contiguous().raw(), y.nbytes());
   c.comm->all_reduce_sum(y);
   return y;
+}
+
+// ---- the experts over an expert group (engine/expert_parallel.h: the exchange) ----
+
+// x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights → y [..., C].
+Tensor moe_experts_ep(const KernelCall& c) {
+  return by_float(c, c.in[0].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, false);
+    moe_ep_forward<T>(group(c), c.alloc, ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(), m.w.down.data(),
+                      ptr<T>(m.out), m.R, m.C, m.E, m.w.I, m.k, m.norm);
+    return m.out;
+  });
+}
+
+// dx; extra outputs dprobs, then each local expert weight's gradient. Inputs: dy, x, probs, the weights.
+Tensor moe_experts_ep_backward(const KernelCall& c) {
+  return by_float(c, c.in[1].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, true);
+    moe_ep_backward<T>(group(c), c.alloc, ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
+                       m.w.down.data(), ptr<T>(m.out), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
+                       m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm);
+    return m.out;
+  });
 }
 
 // x [..., C] as rows [R, C]; w_gate, w_up [I, C], w_down [C, I] → y [..., C].

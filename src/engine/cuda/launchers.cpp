@@ -518,6 +518,14 @@ Tensor all_to_all(const KernelCall& c) {
   return copy_view(c, launch::all_to_all_recv_view(c, recv)).reshape(c.out_shape);
 }
 
+// Expert parallelism's exchange runs on the CPU only (engine/expert_parallel.h; config refuses
+// moe.expert_parallel_size > 1 with runtime.device "cuda").
+Tensor moe_experts_ep(const KernelCall& c) {
+  throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), " has no CUDA kernel (moe.expert_parallel_size > 1 "
+                       "runs on the CPU)"));
+}
+Tensor moe_experts_ep_backward(const KernelCall& c) { return moe_experts_ep(c); }
+
 Tensor all_reduce(const KernelCall& c) {
   Communicator& comm = group(c);
   const Tensor x = arg(c, 0);

@@ -35,6 +35,10 @@ struct PassContext {
   // graph/passes/autosp/insert_ring_attention)
   int64_t ring_size = 1;
   int64_t world_size = 1;
+  // Expert parallelism (moe.expert_parallel_size): G ranks of an expert group, this rank's index in
+  // it (graph/passes/expert_parallel.h); 1: every rank holds every expert.
+  int64_t ep_size = 1;
+  int64_t ep_rank = 0;
   std::string seq = "S";  // the sequence symbol
   // fuse_elementwise: whether residual add + norm pairs are fused (off under activation
   // checkpointing, where they would cost activation memory: docs/decisions.md).

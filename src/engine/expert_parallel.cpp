@@ -1,0 +1,207 @@
+// Expert parallelism's exchange (engine/expert_parallel.h): counts, payloads, the local experts on
+// the CPU kernels (kernels/cpu/mlp.h), and the weighted scatter-add back at the source.
+#include "engine/expert_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/mlp.h"
+#include "kernels/moe_routing.h"
+#include "tensor/check.h"
+#include "tensor/tensor.h"
+
+namespace autosp {
+namespace {
+
+// Who sends what to whom, known alike on every rank of the group: G ranks, this one g, E experts,
+// L local ones each; counts [G, E] every rank's rows per expert; M the most rows a rank sends
+// another (the all-to-all's chunk, in rows).
+struct Exchange {
+  int G = 1, g = 0;
+  int64_t E = 0, L = 0, M = 0;
+  std::vector<int64_t> counts;
+  int64_t rows(int src, int64_t e) const { return counts[size_t(src * E + e)]; }
+  // Rows rank `src` sends rank `dst` (its rows for dst's experts).
+  int64_t pair(int src, int dst) const {
+    int64_t n = 0;
+    for (int64_t e = dst * L; e < (dst + 1) * L; ++e) n += rows(src, e);
+    return n;
+  }
+  // Where local expert j's rows from `src` start in src's chunk (its rows are by expert).
+  int64_t start(int src, int64_t j) const {
+    int64_t n = 0;
+    for (int64_t e = g * L; e < g * L + j; ++e) n += rows(src, e);
+    return n;
+  }
+};
+
+Exchange exchange_counts(Communicator& ep, const kernels::MoeRouting& r) {
+  Exchange x;
+  x.G = ep.size(), x.g = ep.rank(), x.E = r.E, x.L = r.E / x.G;
+  AUTOSP_ASSERT(x.L * x.G == r.E, "expert parallelism: ", r.E, " experts over ", x.G, " ranks");
+  Tensor mine = Tensor::empty({r.E}, DType::i64), all = Tensor::empty({x.G, r.E}, DType::i64);
+  for (int64_t e = 0; e < r.E; ++e) mine.data<int64_t>()[e] = r.rows_of(e);
+  ep.all_gather(mine, all);
+  x.counts.assign(all.data<int64_t>(), all.data<int64_t>() + x.G * r.E);
+  for (int s = 0; s < x.G; ++s)
+    for (int d = 0; d < x.G; ++d) x.M = std::max(x.M, x.pair(s, d));
+  return x;
+}
+
+// The send buffer [G, M, width]: row a of this rank's rows for rank d's experts (slot order, so by
+// expert, then by token) is filled by fill(slot, dst) with `width` elements.
+template <class T, class Fill>
+Tensor pack(const Exchange& x, const kernels::MoeRouting& r, Allocator& alloc, int64_t width, const Fill& fill) {
+  Tensor t = Tensor::empty({x.G, x.M, width}, dtype_of<T>, alloc);
+  std::memset(t.raw(), 0, t.nbytes());
+  T* p = t.data<T>();
+  for (int d = 0; d < x.G; ++d) {
+    const int64_t a0 = r.offset[size_t(d * x.L)], a1 = r.offset[size_t((d + 1) * x.L)];
+    for (int64_t a = a0; a < a1; ++a) fill(r.slot[size_t(a)], p + (d * x.M + a - a0) * width);
+  }
+  return t;
+}
+
+// The same rows of the buffer the exchange brought back: use(slot, src) for each.
+template <class T, class Use>
+void unpack(const Exchange& x, const kernels::MoeRouting& r, const Tensor& t, int64_t width, const Use& use) {
+  const T* p = t.data<T>();
+  for (int d = 0; d < x.G; ++d) {
+    const int64_t a0 = r.offset[size_t(d * x.L)], a1 = r.offset[size_t((d + 1) * x.L)];
+    for (int64_t a = a0; a < a1; ++a) use(r.slot[size_t(a)], p + (d * x.M + a - a0) * width);
+  }
+}
+
+Tensor exchange(Communicator& ep, const Tensor& send, Allocator& alloc) {
+  Tensor recv = Tensor::empty(send.shape(), send.dtype(), alloc);
+  ep.all_to_all(send, recv);
+  return recv;
+}
+
+// Local expert j's received rows as one contiguous block: each row's elements [from, from + n)
+// (source rank order, then as sent) into `dst` [rows, n], or back from `src` into the buffer.
+template <class T>
+int64_t gather_local(const Exchange& x, int64_t j, const Tensor& recv, int64_t width, int64_t from, int64_t n, T* dst) {
+  const T* p = recv.data<T>();
+  int64_t row = 0;
+  for (int s = 0; s < x.G; ++s) {
+    const int64_t a0 = x.start(s, j), cnt = x.rows(s, x.g * x.L + j);
+    for (int64_t a = 0; a < cnt; ++a, ++row) std::copy_n(p + (s * x.M + a0 + a) * width + from, n, dst + row * n);
+  }
+  return row;
+}
+template <class T>
+void scatter_local(const Exchange& x, int64_t j, Tensor& buf, int64_t width, int64_t from, int64_t n, const T* src) {
+  T* p = buf.data<T>();
+  int64_t row = 0;
+  for (int s = 0; s < x.G; ++s) {
+    const int64_t a0 = x.start(s, j), cnt = x.rows(s, x.g * x.L + j);
+    for (int64_t a = 0; a < cnt; ++a, ++row) std::copy_n(src + row * n, n, p + (s * x.M + a0 + a) * width + from);
+  }
+}
+
+// The most rows any local expert receives.
+int64_t max_local_rows(const Exchange& x) {
+  int64_t m = 0;
+  for (int64_t j = 0; j < x.L; ++j) {
+    int64_t n = 0;
+    for (int s = 0; s < x.G; ++s) n += x.rows(s, x.g * x.L + j);
+    m = std::max(m, n);
+  }
+  return m;
+}
+
+}  // namespace
+
+template <class T>
+void moe_ep_forward(Communicator& ep, Allocator& alloc, const T* x, const T* probs, const T* const* w_gate,
+                    const T* const* w_up, const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I,
+                    int64_t k, bool norm) {
+  const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
+  const Exchange ex = exchange_counts(ep, r);
+  std::fill(y, y + R * C, T(0));
+  if (ex.M == 0) return;  // no rank routed any token (every rank knows it)
+  const Tensor sent = pack<T>(ex, r, alloc, C, [&](int64_t s, T* dst) { std::copy_n(x + (s / k) * C, C, dst); });
+  const Tensor recv = exchange(ep, sent, alloc);
+  Tensor out = Tensor::empty(recv.shape(), recv.dtype(), alloc);
+  std::memset(out.raw(), 0, out.nbytes());
+  const int64_t n_max = max_local_rows(ex);
+  std::vector<T> xe(size_t(n_max * C)), ye(size_t(n_max * C));
+  for (int64_t j = 0; j < ex.L; ++j) {
+    const int64_t n = gather_local(ex, j, recv, C, 0, C, xe.data());
+    if (n == 0) continue;
+    cpu::swiglu_mlp_forward<T>(xe.data(), w_gate[j], w_up[j], w_down[j], ye.data(), n, C, I);
+    scatter_local(ex, j, out, C, 0, C, ye.data());
+  }
+  const Tensor back = exchange(ep, out, alloc);
+  unpack<T>(ex, r, back, C, [&](int64_t s, const T* ys) {  // experts in index order, as moe_experts
+    const T w = T(r.weight[size_t(s)]);
+    T* yr = y + (s / k) * C;
+    for (int64_t c = 0; c < C; ++c) yr[c] += w * ys[c];
+  });
+}
+
+template <class T>
+void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x, const T* probs,
+                     const T* const* w_gate, const T* const* w_up, const T* const* w_down, T* dx, T* dprobs,
+                     T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I,
+                     int64_t k, bool norm) {
+  const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
+  const Exchange ex = exchange_counts(ep, r);
+  std::fill(dx, dx + R * C, T(0));
+  std::vector<double> g(size_t(R * k), 0.0);  // the gradient of each slot's weight
+  const int64_t n_max = ex.M == 0 ? 0 : max_local_rows(ex);
+  Tensor recv, out;
+  if (ex.M > 0) {  // rows out: [x | w·dy]
+    const Tensor sent = pack<T>(ex, r, alloc, 2 * C, [&](int64_t s, T* dst) {
+      const T w = T(r.weight[size_t(s)]);
+      const T* dyr = dy + (s / k) * C;
+      std::copy_n(x + (s / k) * C, C, dst);
+      for (int64_t c = 0; c < C; ++c) dst[C + c] = w * dyr[c];
+    });
+    recv = exchange(ep, sent, alloc);
+    out = Tensor::empty(recv.shape(), recv.dtype(), alloc);
+    std::memset(out.raw(), 0, out.nbytes());
+  }
+  std::vector<T> xe(size_t(n_max * C)), dye(size_t(n_max * C)), ye(size_t(n_max * C)), dxe(size_t(n_max * C));
+  for (int64_t j = 0; j < ex.L; ++j) {
+    const int64_t n = ex.M == 0 ? 0 : gather_local(ex, j, recv, 2 * C, 0, C, xe.data());
+    if (n == 0) {  // no tokens: the expert's weight gradients are zero
+      for (T* dw : {dw_gate[j], dw_up[j], dw_down[j]}) std::fill(dw, dw + I * C, T(0));
+      continue;
+    }
+    gather_local(ex, j, recv, 2 * C, C, C, dye.data());
+    cpu::swiglu_mlp_forward<T>(xe.data(), w_gate[j], w_up[j], w_down[j], ye.data(), n, C, I);
+    cpu::swiglu_mlp_backward<T>(dye.data(), xe.data(), w_gate[j], w_up[j], w_down[j], dxe.data(), dw_gate[j],
+                                dw_up[j], dw_down[j], n, C, I);
+    scatter_local(ex, j, out, 2 * C, 0, C, ye.data());  // rows back: [output | dx]
+    scatter_local(ex, j, out, 2 * C, C, C, dxe.data());
+  }
+  if (ex.M > 0) {
+    const Tensor back = exchange(ep, out, alloc);
+    unpack<T>(ex, r, back, 2 * C, [&](int64_t s, const T* row) {
+      const T* dyr = dy + (s / k) * C;
+      T* dxr = dx + (s / k) * C;
+      T dot = T(0);
+      for (int64_t c = 0; c < C; ++c) {
+        dot += dyr[c] * row[c];
+        dxr[c] += row[C + c];
+      }
+      g[size_t(s)] = double(dot);
+    });
+  }
+  kernels::moe_probs_grad(r, norm, g.data(), dprobs);
+}
+
+#define AUTOSP_MOE_EP(T)                                                                                             \
+  template void moe_ep_forward<T>(Communicator&, Allocator&, const T*, const T*, const T* const*, const T* const*,  \
+                                  const T* const*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool);           \
+  template void moe_ep_backward<T>(Communicator&, Allocator&, const T*, const T*, const T*, const T* const*,        \
+                                   const T* const*, const T* const*, T*, T*, T* const*, T* const*, T* const*,        \
+                                   int64_t, int64_t, int64_t, int64_t, int64_t, bool);
+AUTOSP_MOE_EP(float)
+AUTOSP_MOE_EP(double)
+#undef AUTOSP_MOE_EP
+
+}  // namespace autosp

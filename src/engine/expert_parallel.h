@@ -1,0 +1,42 @@
+// Expert parallelism's exchange (the moe_experts_ep and moe_experts_ep_backward ops, made by
+// graph/passes/expert_parallel): a rank of an expert group of G ranks holds L = E / G of a layer's
+// E experts (ep rank g: experts [g·L, (g+1)·L)) and its own tokens. Each call, on the CPU:
+//
+//   1. route locally: top-k of this rank's probabilities, as moe_experts (kernels/moe_routing.h);
+//   2. counts first: every rank's rows per expert, [G, E], all-gathered over the group, so every
+//      rank knows what each pair of ranks sends (a pair's rows: Σ over the receiver's experts);
+//   3. payloads: one all-to-all of [G, M, width] (M = the largest pair's rows; shorter pairs are
+//      padded), the rows to rank d being this rank's rows for d's experts, by expert then by row;
+//   4. the owner runs each local expert's SwiGLU MLP on its rows from every source (source rank
+//      order, then row order) and sends the results back the same way (a second all-to-all);
+//   5. the source weights and scatter-adds them, experts in index order, as moe_experts does.
+//
+// Forward: x rows go out, expert outputs come back; the routing weights never travel (the source
+// applies them). Backward: [x | w·dy] rows go out; the owner recomputes the output and runs the
+// MLP's backward, its weight gradients summed over every row it received (the expert group's
+// tokens), and sends [output | dx] rows back; the source forms g = dy · output per slot for the
+// router's gradient (moe_probs_grad, exact as without EP) and adds dx. Knows nothing of graphs.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/communicator.h"
+#include "tensor/allocator.h"
+
+namespace autosp {
+
+// x, y [R, C], probs [R, E]; w_gate[j], w_up[j] [I, C], w_down[j] [C, I] for this rank's L local
+// experts (E = L · ep.size()).
+template <class T>
+void moe_ep_forward(Communicator& ep, Allocator& alloc, const T* x, const T* probs, const T* const* w_gate,
+                    const T* const* w_up, const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I,
+                    int64_t k, bool norm);
+
+// dx [R, C], dprobs [R, E], dw_*[j] the local experts' weight gradients (overwritten).
+template <class T>
+void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x, const T* probs,
+                     const T* const* w_gate, const T* const* w_up, const T* const* w_down, T* dx, T* dprobs,
+                     T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I,
+                     int64_t k, bool norm);
+
+}  // namespace autosp

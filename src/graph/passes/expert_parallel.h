@@ -1,0 +1,23 @@
+// expert_parallel (moe.expert_parallel_size G > 1; after the AutoSP passes, before ZeRO-3 and
+// autograd): every mixture-of-experts node
+//   y = moe_experts(x, probs, E gates, E ups, E downs)            x [B, S/P, C], probs [B, S/P, E]
+// becomes
+//   y = moe_experts_ep(x, probs, L gates, L ups, L downs, group=ep, group_size=G)
+// with L = E / G: rank g of its expert group keeps experts [g·L, (g+1)·L) and the other experts'
+// parameter nodes are erased, so the rank holds and trains 1/G of the experts (checkpoints still
+// hold them all: train/train_state.cpp ExpertParallelState gathers them). The
+// router is untouched (every rank routes its own tokens over all E experts, so the router's
+// gradient is exact); the op's launcher sends each token to its experts' rank and back
+// (engine/expert_parallel.h), and its vjp does the same for the backward. A local expert's weight
+// gradient is then the sum over the expert group's tokens; the trainer sums it over the ranks
+// holding the same experts (the "ep_replica" group, comm/mesh.h). G must divide every MoE node's
+// experts (the config says so first, naming moe.expert_parallel_size). A no-op at G = 1.
+#pragma once
+
+#include "graph/passes/pass.h"
+
+namespace autosp::passes {
+
+PassResult expert_parallel(Graph& g, const PassContext& ctx);
+
+}  // namespace autosp::passes
