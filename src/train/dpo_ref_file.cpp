@@ -3,14 +3,13 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "models/hf_config.h"
 #include "models/lora.h"
 #include "tensor/check.h"
 #include "tensor/safetensors.h"
+#include "train/checkpoint.h"
 #include "train/data.h"
 
 namespace autosp {
@@ -19,74 +18,40 @@ namespace {
 
 constexpr const char* kFormat = "autosp-dpo-ref-logps/1";
 
-// A 64-bit hash of a byte stream, word by word through splitmix64's finaliser: it only has to tell
-// two inputs apart, not resist an adversary.
-class Hasher {
- public:
-  void add(const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    size_t i = 0;
-    for (; filled_ == 0 && i + 8 <= n; i += 8) {  // whole words (little-endian, as the bytes below)
-      std::memcpy(&word_, b + i, 8);
-      flush();
-    }
-    for (; i < n; ++i) {
-      word_ |= static_cast<uint64_t>(b[i]) << (8 * filled_);
-      if (++filled_ == 8) flush();
-    }
-  }
-  void add(const std::string& s) {
-    add_u64(s.size());
-    add(s.data(), s.size());
-  }
-  void add_u64(uint64_t v) { add(&v, sizeof v); }
-  std::string hex() {
-    if (filled_) flush();
-    char buf[17];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h_));
-    return buf;
-  }
+// The key's hashes are CRC-32C (train/checkpoint.h, the checkpoints' checksum), continued over
+// each part: they only have to tell two inputs apart, not resist an adversary.
+uint32_t crc_of(const std::string& s, uint32_t crc) {
+  const uint64_t n = s.size();
+  return crc32c(s.data(), s.size(), crc32c(&n, sizeof n, crc));
+}
 
- private:
-  void flush() {
-    uint64_t z = h_ ^ word_;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    h_ = (z ^ (z >> 31)) + 0x9E3779B97F4A7C15ull;
-    word_ = 0;
-    filled_ = 0;
-  }
-  uint64_t h_ = 0x6A09E667F3BCC908ull, word_ = 0;
-  int filled_ = 0;
-};
+std::string hex(uint32_t crc) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", crc);
+  return buf;
+}
 
 std::string weights_hash(const ParamMap& reference) {
-  Hasher h;
+  uint32_t crc = 0;
   for (const auto& [name, t] : reference) {
     if (is_lora_param(name)) continue;  // the adapters are off in the reference
     const Tensor c = t.contiguous();
-    h.add(name);
-    h.add(std::string(dtype_name(c.dtype())));
-    for (int64_t d : c.shape()) h.add_u64(static_cast<uint64_t>(d));
-    h.add(c.raw(), c.nbytes());
+    crc = crc_of(std::string(dtype_name(c.dtype())), crc_of(name, crc));
+    for (int64_t d : c.shape()) crc = crc32c(&d, sizeof d, crc);
+    crc = crc32c(c.raw(), c.nbytes(), crc);
   }
-  return h.hex();
+  return hex(crc);
 }
 
 std::string files_hash(const std::vector<std::string>& patterns) {
-  Hasher h;
-  std::vector<char> buf(size_t(1) << 20);
+  uint32_t crc = 0;
   for (const std::string& pattern : patterns)
     for (const std::string& file : expand_path(pattern)) {
-      std::ifstream f(file, std::ios::binary);
-      if (!f) throw UsageError(str(file, ": cannot open"));
-      h.add_u64(std::filesystem::file_size(file));
-      while (f) {
-        f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-        h.add(buf.data(), static_cast<size_t>(f.gcount()));
-      }
+      uint64_t size = 0;
+      const uint32_t own = crc32c_file(file, &size);
+      crc = crc32c(&own, sizeof own, crc32c(&size, sizeof size, crc));
     }
-  return h.hex();
+  return hex(crc);
 }
 
 // What each key entry means, for the reason a file is stale.
@@ -113,9 +78,7 @@ std::string ref_logps_path(const std::string& pairs_pattern) {
 }
 
 RefLogpsKey ref_logps_key(const Config& cfg, const ParamMap& reference, const std::vector<std::string>& data_patterns) {
-  Hasher model;
-  model.add(hf_config_json(cfg.model, DType::f32).dump());
-  return {{"model", model.hex()},
+  return {{"model", hex(crc_of(hf_config_json(cfg.model, DType::f32).dump(), 0))},
           {"weights", weights_hash(reference)},
           {"data", files_hash(data_patterns)},
           {"seq_len", std::to_string(cfg.data.seq_len)},
