@@ -805,14 +805,14 @@ struct StreamFiles {
 // ids when it has them, else by the EOS tokens.
 std::unique_ptr<DataSource> make_stream(const DataConfig& cfg, const StreamFiles& f, int64_t vocab_size, uint64_t seed,
                                         Order order) {
-  const bool docs = cfg.document_mask && !f.doc_ids_path.empty();
-  const std::string& ids = !f.pairs_path.empty() ? f.pairs_path : docs ? f.doc_ids_path : f.pairs_path;
+  const bool pairs = !f.pairs_path.empty();
+  const std::string ids = pairs ? f.pairs_path : cfg.document_mask ? f.doc_ids_path : "";
   std::unique_ptr<DataSource> source;
   switch (cfg.source) {
     case DataSourceKind::synthetic: source = std::make_unique<SyntheticSource>(cfg, vocab_size, seed); break;
     case DataSourceKind::tokens:
       source = make_tokens_source(cfg, f.path, f.mask_path, vocab_size, order, ids,
-                                  f.pairs_path.empty() ? SideFile::docs : SideFile::pairs);
+                                  pairs ? SideFile::pairs : SideFile::docs);
       break;
     case DataSourceKind::text: source = make_text_source(cfg, f.path, f.mask_path, vocab_size, order); break;
   }
