@@ -172,12 +172,15 @@ def main(argv=None):
         sdpa = torch.nn.functional.scaled_dot_product_attention
         materialised = tm.causal_attention
 
-        # torch_models.causal_attention(q, k, v, mask=None, window=None): mask [B, S, S] (True =
-        # visible) or causal; a sliding window keeps the materialised reference.
-        def sdpa_attention(q, k, v, mask=None, window=None):
-            if window is not None:
-                return materialised(q, k, v, mask, window)
-            return sdpa(q, k, v, is_causal=True) if mask is None else sdpa(q, k, v, attn_mask=mask[:, None])
+        # torch_models.causal_attention(q, k, v, mask=None, window=None, scale=None, softcap=None,
+        # ...): mask [B, S, S] (True = visible) or causal; a sliding window, a softcap or any variant
+        # argument added there later keeps the materialised reference (SDPA takes none of them).
+        def sdpa_attention(q, k, v, mask=None, window=None, scale=None, *rest, **variant):
+            if window is not None or any(x is not None for x in rest) or any(x is not None for x in variant.values()):
+                return materialised(q, k, v, mask, window, scale, *rest, **variant)
+            if mask is None:
+                return sdpa(q, k, v, is_causal=True, scale=scale)
+            return sdpa(q, k, v, attn_mask=mask[:, None], scale=scale)
         tm.causal_attention = sdpa_attention
     clip = args.clip if args.clip is not None else float(train.get("grad_clip", 1.0))
     checkpoint = bool(runtime.get("activation_checkpointing", False)) if args.checkpoint is None else args.checkpoint
