@@ -1051,6 +1051,7 @@ const std::vector<std::string>& op_required_attrs(Op op) {
 }
 
 bool linear_ce_weight_grad(const Node& n) { return !n.attrs().has("weight_grad") || n.attrs().b("weight_grad"); }
+double linear_ce_softcap(const Node& n) { return n.attrs().has("softcap") ? n.attrs().f("softcap") : 0.0; }
 
 std::vector<TensorType> extra_types(const Node& n) {
   const OpInfo& info = op_info(n.op());

@@ -161,6 +161,9 @@ TensorType infer_type(const Node& n, const std::vector<Divisibility>& assumption
 // Whether a linear_cross_entropy_backward node computes dw (its optional weight_grad attribute,
 // false for a frozen head; absent = true).
 bool linear_ce_weight_grad(const Node& n);
+// A linear_cross_entropy_sum / _backward node's final logit softcap (its optional softcap
+// attribute, Gemma's final_logit_softcapping; absent = 0, no cap).
+double linear_ce_softcap(const Node& n);
 // Types of `n`'s extra outputs (empty for single-output ops).
 std::vector<TensorType> extra_types(const Node& n);
 

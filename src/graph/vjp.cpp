@@ -255,11 +255,12 @@ void moe_experts_ep(VjpContext& c) {
 // again from x chunk by chunk, gives dx, with dw as its extra output; labels get none. A frozen
 // head (LoRA) gets weight_grad = false: the node computes no dw (its extra output is empty).
 // The DPO form (pair slots fourth) hands its slots and "slots" attribute to the backward, whose
-// gradient is then [B, 2, K].
+// gradient is then [B, 2, K]; a final logit softcap goes with it too.
 void linear_cross_entropy_sum(VjpContext& c) {
   const bool dpo = c.node->inputs().size() == 4;
   Node* bwd = c.b.linear_cross_entropy_backward(c.in(0), c.in(1), c.in(2), c.grad, c.node->attrs().i("ignore_index"),
                                                 "dx", dpo ? c.in(3) : nullptr, dpo ? c.node->attrs().i("slots") : 0);
+  if (const double cap = linear_ce_softcap(*c.node); cap > 0) bwd->attrs().set("softcap", cap);
   c.input_grads.assign(c.node->inputs().size(), nullptr);
   c.input_grads[0] = bwd;
   if (!c.needs_grad[1]) {

@@ -82,8 +82,9 @@ Node* from_heads(Builder& b, Node* x, int64_t N, int64_t D, const std::string& n
 
 // The DPO loss (GraphOptions::dpo_slots; K = slots pairs per sequence) over the policy's sums: from
 // `logits` [B, S, V] (the head's, an output), or when it is null (the tiled loss) from x [B, S, C]
-// and the head through the tiled head's DPO form, with no logits.
-Node* dpo_loss(Builder& b, Node* x, Node* head, Node* logits, Node* labels, DType dtype, const GraphOptions& opt) {
+// and the head through the tiled head's DPO form, with no logits (capped by `softcap` > 0 there).
+Node* dpo_loss(Builder& b, Node* x, Node* head, Node* logits, Node* labels, DType dtype, const GraphOptions& opt,
+               double softcap) {
   Graph& g = b.graph();
   const Dim K(opt.dpo_slots);
   Node* slots = b.input("pair_slots", DType::i64, {B, S}, Role::pair_ids);
@@ -92,6 +93,7 @@ Node* dpo_loss(Builder& b, Node* x, Node* head, Node* logits, Node* labels, DTyp
   Node* norms = b.input("dpo_norms", dtype, {Dim(2)}, Role::none);
   Node* policy = logits ? b.sequence_logps(logits, labels, slots, opt.dpo_slots, "sequence_logps")
                         : b.linear_sequence_logps(x, head, labels, slots, opt.dpo_slots, "sequence_logps");
+  if (!logits && softcap > 0) policy->attrs().set("softcap", softcap);
   g.add_output(policy);
   return b.dpo_loss(policy, ref, tokens, norms, opt.dpo, "loss");
 }
@@ -100,7 +102,7 @@ Node* dpo_loss(Builder& b, Node* x, Node* head, Node* logits, Node* labels, DTyp
 // logits x · headᵀ as an output, or with `tiled` one linear_cross_entropy_sum (no logits; its
 // argmax "predictions" [B, S] is the output instead); with opt.dpo_slots the DPO loss instead (tiled
 // or not). softcap > 0 (Gemma's final_logit_softcapping): the logits are softcap · tanh(logits /
-// softcap), which the tiled loss does not compute.
+// softcap); the tiled loss caps each chunk of logits itself (its softcap attribute).
 // Generation graphs output the logits only.
 //
 // `aux` (training with model.output_router_logits): the weighted load-balancing term
@@ -116,8 +118,6 @@ void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DTy
     return logits;
   };
   Node* sum = nullptr;
-  if (mode == ForwardMode::train && tiled && softcap > 0)
-    throw UsageError("runtime.tiled_loss: the tiled loss has no final logit softcap (model.final_logit_softcapping)");
   if (mode == ForwardMode::train && opt.dpo_slots > 0) {
     Node* logits = nullptr;
     if (!tiled) {
@@ -125,13 +125,14 @@ void finish(Builder& b, ForwardMode mode, Node* x, Node* head, Node* labels, DTy
       logits->set_role(Role::logits);
       g.add_output(logits);
     }
-    Node* loss = dpo_loss(b, x, head, logits, labels, dtype, opt);
+    Node* loss = dpo_loss(b, x, head, logits, labels, dtype, opt, softcap);
     loss->set_role(Role::loss);
     g.add_output(loss);
     return;
   }
   if (mode == ForwardMode::train && tiled) {
     sum = b.linear_cross_entropy_sum(x, head, labels, "loss_sum");
+    if (softcap > 0) sum->attrs().set("softcap", softcap);
     g.add_output(b.output(sum, 1, "predictions"));
   } else {
     Node* logits = head_logits();

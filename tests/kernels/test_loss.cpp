@@ -140,20 +140,27 @@ TEST_CASE("cross_entropy_backward agrees with central differences of cross_entro
 namespace {
 
 // The naive reference of the tiled head + loss: logits = x · wᵀ in double, then the naive loss,
-// its gradient and each row's first maximum; dx = dlogits · w, dw = dlogitsᵀ · x.
+// its gradient and each row's first maximum; dx = dlogits · w, dw = dlogitsᵀ · x. With softcap c > 0
+// the loss is taken on c · tanh(logits / c), and its gradient times tanh's derivative at the raw
+// logits, 1 - tanh²(logits / c) (the chain rule from the raw logits, not from the capped ones).
 struct HeadLossRef {
   double loss;
   std::vector<int64_t> predictions;
   naive::Vec dx, dw;
 };
 HeadLossRef head_loss_ref(const naive::Vec& x, const naive::Vec& w, const std::vector<int64_t>& labels, int64_t rows,
-                          int64_t C, int64_t V, double grad) {
-  const naive::Vec logits = naive::gemm(false, true, rows, V, C, 1.0, x, w, 0.0, {});
+                          int64_t C, int64_t V, double grad, double softcap = 0) {
+  const naive::Vec raw = naive::gemm(false, true, rows, V, C, 1.0, x, w, 0.0, {});
+  naive::Vec logits = raw;
+  if (softcap > 0)
+    for (double& z : logits) z = softcap * std::tanh(z / softcap);
   HeadLossRef r{naive::cross_entropy(logits, labels, rows, V), {}, {}, {}};
   for (int64_t i = 0; i < rows; ++i)
     r.predictions.push_back(std::max_element(logits.begin() + i * V, logits.begin() + (i + 1) * V) -
                             (logits.begin() + i * V));
-  const naive::Vec d = naive::cross_entropy_backward(logits, labels, rows, V, grad);
+  naive::Vec d = naive::cross_entropy_backward(logits, labels, rows, V, grad);
+  if (softcap > 0)
+    for (size_t i = 0; i < d.size(); ++i) d[i] *= 1 - std::pow(std::tanh(raw[i] / softcap), 2);
   r.dx = naive::gemm(false, false, rows, C, V, 1.0, d, w, 0.0, {});
   r.dw = naive::gemm(true, false, V, C, rows, 1.0, d, x, 0.0, {});
   return r;
@@ -271,6 +278,60 @@ TEST_CASE("linear_cross_entropy on bf16 matches the naive head + loss", "[kernel
       CHECK(test::relative_l2(test::widen_bf16(dx), ref.dx) <= 5e-3);
       CHECK(test::relative_l2(test::widen_bf16(dw), ref.dw) <= 5e-3);
     }
+  });
+}
+
+// Gemma's final softcap inside the tiled loss (decision 178): the loss, the argmax, dx and dw against
+// the naive capped head + loss, over chunks of rows and at 1 and 2 threads, in double, float and
+// bf16; the cap bends these logits enough that the uncapped loss is far off (so the cap is applied).
+TEMPLATE_TEST_CASE("linear_cross_entropy with a final logit softcap matches the naive capped head + loss",
+                   "[kernels][loss][softcap]", float, double) {
+  using T = TestType;
+  const int64_t rows = 13, C = 6, V = 531, chunk = 5;
+  const double cap = 3.0, grad = 0.27;
+  const auto x = test::cast<T>(naive::random_normal(rows * C, 3400, 1.0));
+  const auto w = test::cast<T>(naive::random_normal(V * C, 3401, 1.5));
+  const auto labels = random_labels(rows, V, 3402, cpu::kIgnoreIndex);
+  const HeadLossRef ref = head_loss_ref(test::widen(x), test::widen(w), labels, rows, C, V, grad, cap);
+  const HeadLossRef uncapped = head_loss_ref(test::widen(x), test::widen(w), labels, rows, C, V, grad);
+  REQUIRE(std::abs(uncapped.loss - ref.loss) > 0.1 * std::abs(ref.loss));
+  std::vector<T> scratch(size_t(chunk * V));
+  test::with_threads({1, 2}, [&](int t) {
+    INFO("threads " << t);
+    std::vector<int64_t> pred(size_t(rows), -1);
+    const double got = cpu::linear_cross_entropy_sum<T>(x.data(), w.data(), labels.data(), pred.data(), scratch.data(),
+                                                        rows, C, V, cpu::kIgnoreIndex, chunk, nullptr, cap);
+    test::check_close(std::vector<double>{got}, {ref.loss}, test::tol<T>());
+    CHECK(pred == ref.predictions);
+    std::vector<T> dx(x.size(), T(-777)), dw(w.size(), T(-777));
+    cpu::linear_cross_entropy_backward<T>(x.data(), w.data(), labels.data(), grad, dx.data(), dw.data(),
+                                          scratch.data(), rows, C, V, cpu::kIgnoreIndex, chunk, nullptr, cap);
+    test::check_close(dx, ref.dx);
+    test::check_close(dw, ref.dw);
+  });
+}
+
+TEST_CASE("linear_cross_entropy on bf16 with a final logit softcap matches the naive capped head + loss",
+          "[kernels][loss][bf16][softcap]") {
+  test::for_each_bf16_path([](cpu::Bf16Gemm path) {
+    const int64_t rows = 17, C = 40, V = 1003, chunk = 7;
+    const double cap = 2.5, grad = 0.31;
+    const std::vector<uint16_t> x = test::to_bf16(naive::random_normal(rows * C, 3500, 1.0));
+    const std::vector<uint16_t> w = test::to_bf16(naive::random_normal(V * C, 3501, 0.5));
+    const auto labels = random_labels(rows, V, 3502, cpu::kIgnoreIndex);
+    const HeadLossRef ref = head_loss_ref(test::widen_bf16(x), test::widen_bf16(w), labels, rows, C, V, grad, cap);
+    std::vector<float> scratch(size_t(chunk * V));
+    std::vector<int64_t> pred(size_t(rows), -1);
+    const double got = cpu::linear_cross_entropy_sum_bf16(path, x.data(), w.data(), labels.data(), pred.data(),
+                                                           scratch.data(), rows, C, V, cpu::kIgnoreIndex, chunk,
+                                                           nullptr, cap);
+    test::check_close(std::vector<double>{got}, {ref.loss}, test::tol<float>());
+    CHECK(pred == ref.predictions);
+    std::vector<uint16_t> dx(x.size()), dw(w.size());
+    cpu::linear_cross_entropy_backward_bf16(path, x.data(), w.data(), labels.data(), grad, dx.data(), dw.data(),
+                                            scratch.data(), rows, C, V, cpu::kIgnoreIndex, chunk, nullptr, cap);
+    CHECK(test::relative_l2(test::widen_bf16(dx), ref.dx) <= 5e-3);
+    CHECK(test::relative_l2(test::widen_bf16(dw), ref.dw) <= 5e-3);
   });
 }
 

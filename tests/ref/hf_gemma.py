@@ -6,8 +6,9 @@ head_dim, both softcaps small enough to bend, windows of 4 on layers 0 and 2 of 
 32: the window cuts) saved by save_pretrained; then
   1. autosp-train with model.from in float64 has transformers' loss at step 1 (within 1e-6) and,
      by --dump-grads, its gradient of every parameter (within 1e-5 of the largest: transformers
-     computes RoPE's cos and sin in float32); the same run with model.sliding_window null (full
-     causal attention) does not;
+     computes RoPE's cos and sin in float32), also with runtime.tiled_loss (the final softcap
+     inside the tiled loss); the same run with model.sliding_window null (full causal attention)
+     does not;
   2. its checkpoint after step 1 loads in from_pretrained with no missing or unexpected keys, and
      transformers' loss with those weights is autosp's at step 2;
   3. with packed documents (data.document_mask), P = 2 (Ulysses), P = 4 as a ring of 4 and as
@@ -120,6 +121,13 @@ def main():
                        extra=["--dump-grads", grads], name="p1")
         check("gemma2 step 1 (model.from)", m[0]["loss"], loss.item())
         compare_grads("gemma2 step 1 gradients", load_file(grads), theirs, 1e-5)
+        # the tiled loss caps its chunks of logits itself (decision 178): the same loss and gradients,
+        # with no [B, S, V] logits
+        tiled_grads = os.path.join(work, "grads-tiled.safetensors")
+        tiled = run_autosp(bin_dir, work, config(work, src, runtime={"tiled_loss": True}),
+                           extra=["--dump-grads", tiled_grads], name="tiled")
+        check("gemma2 step 1, runtime.tiled_loss", tiled[0]["loss"], loss.item())
+        compare_grads("gemma2 step 1 gradients, runtime.tiled_loss", load_file(tiled_grads), theirs, 1e-5)
         full = run_autosp(bin_dir, work, config(work, src, model={"sliding_window": None}), name="full")[0]["loss"]
         print(f"gemma2 with full causal attention: {full:.12f}")
         assert abs(full - loss.item()) > 1e-3, "the window does not change the loss"

@@ -454,7 +454,7 @@ Tensor linear_cross_entropy_sum(const KernelCall& c) {
     Tensor own;
     const double sum = cpu::linear_cross_entropy_sum<T>(
         x.data<T>(), w.data<T>(), labels.data<int64_t>(), c.extras[0].data<int64_t>(), logits_chunk<T>(c, rows, V, own),
-        rows, C, V, c.node.attrs().i("ignore_index"), 0, h.K ? h.rows.data() : nullptr);
+        rows, C, V, c.node.attrs().i("ignore_index"), 0, h.K ? h.rows.data() : nullptr, linear_ce_softcap(c.node));
     head_loss_out<T>(y, sum, h, labels);
     return y;
   });
@@ -475,7 +475,7 @@ Tensor linear_cross_entropy_backward(const KernelCall& c) {
     Tensor own;
     cpu::linear_cross_entropy_backward<T>(x.data<T>(), w.data<T>(), labels.data<int64_t>(), g, dx.data<T>(),
                                           dw ? c.extras[0].data<T>() : nullptr, logits_chunk<T>(c, rows, V, own), rows, C, V,
-                                          c.node.attrs().i("ignore_index"), 0, row_grad);
+                                          c.node.attrs().i("ignore_index"), 0, row_grad, linear_ce_softcap(c.node));
     return dx;
   });
 }
@@ -621,7 +621,7 @@ Tensor linear_cross_entropy_sum_bf16(const KernelCall& c) {
   const double sum = cpu::linear_cross_entropy_sum_bf16(
       cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(), labels.data<int64_t>(), c.extras[0].data<int64_t>(),
       logits_chunk<float>(c, rows, V, own), rows, C, V, c.node.attrs().i("ignore_index"), 0,
-      h.K ? h.rows.data() : nullptr);
+      h.K ? h.rows.data() : nullptr, linear_ce_softcap(c.node));
   head_loss_out<float>(y, sum, h, labels);
   return y;
 }
@@ -639,7 +639,7 @@ Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
   cpu::linear_cross_entropy_backward_bf16(cpu::bf16_gemm_best(), x.data<uint16_t>(), w.data<uint16_t>(),
                                           labels.data<int64_t>(), g, dx.data<uint16_t>(),
                                           dw ? c.extras[0].data<uint16_t>() : nullptr, logits_chunk<float>(c, rows, V, own), rows, C,
-                                          V, c.node.attrs().i("ignore_index"), 0, row_grad);
+                                          V, c.node.attrs().i("ignore_index"), 0, row_grad, linear_ce_softcap(c.node));
   return dx;
 }
 

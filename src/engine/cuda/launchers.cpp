@@ -580,10 +580,14 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
 // x [..., C], w [V, C], labels [...] → the summed loss; extra output: the rows' argmax, i64 [...].
 // Per chunk: logits = x_c · wᵀ into the [chunk, V] scratch, then each row's loss term and argmax;
 // the row terms of all chunks are summed at the end in row order.
-// The DPO form (pair slots fourth, train.objective "dpo" with runtime.tiled_loss) has none yet.
+// The DPO form (pair slots fourth, train.objective "dpo" with runtime.tiled_loss) and the final
+// logit softcap (Gemma's, with runtime.tiled_loss) have none yet.
 void no_cuda_dpo_form(const KernelCall& c, size_t slots_input) {
   if (c.in.size() > slots_input)
     throw RuntimeFailure(str(c.node.op_name(), " with pair slots (DPO's tiled loss) has no CUDA kernel"));
+  if (linear_ce_softcap(c.node) > 0)
+    throw UsageError(str("runtime.tiled_loss with model.final_logit_softcapping has no CUDA kernel yet (",
+                         c.node.op_name(), "); set runtime.tiled_loss false on runtime.device \"cuda\""));
 }
 
 Tensor linear_cross_entropy_sum(const KernelCall& c) {

@@ -111,6 +111,26 @@ void row_scaled_exp(double* x, int64_t V, double m, double g) {
   for (int64_t j = 0; j < V; ++j) x[j] = g * std::exp(x[j] - m);
 }
 
+// Gemma's final softcap on a row of logits, in place: x[j] = c · tanh(x[j] · (1/c)) (the untiled
+// graph's scale, tanh, scale, each in T).
+template <class T>
+void cap_row(T* x, int64_t V, double softcap) {
+  const T inv = T(1.0 / softcap), c = T(softcap);
+  for (int64_t j = 0; j < V; ++j) x[j] = std::tanh(x[j] * inv) * c;
+}
+
+// The dlogits of a capped row x (the capped logits, max m), in place, through the cap:
+// x[j] = (g · exp(x[j] - m) - [j = y] · gr) · (1 - (x[j] / c)²), tanh's derivative from the capped value.
+template <class T>
+void row_capped_grad(T* x, int64_t V, T m, double g, int64_t y, double gr, double softcap) {
+  const T inv = T(1.0 / softcap);
+  for (int64_t j = 0; j < V; ++j) {
+    const T t = x[j] * inv;
+    const double d = g * double(std::exp(x[j] - m)) - (j == y ? gr : 0.0);
+    x[j] = T(d * double(T(1) - t * t));
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -181,7 +201,8 @@ namespace {
 // else accumulated). T is the type of the logits chunk, X the stored x.
 template <class T, class X, class Logits>
 double linear_ce_sum(const X* x, const int64_t* labels, int64_t* predictions, T* scratch, int64_t rows, int64_t C,
-                     int64_t V, int64_t ignore_index, int64_t chunk_rows, double* row_loss, const Logits& logits) {
+                     int64_t V, int64_t ignore_index, int64_t chunk_rows, double* row_loss, double softcap,
+                     const Logits& logits) {
   AUTOSP_ASSERT(C > 0 && chunk_rows >= 0, "linear_cross_entropy C ", C, " chunk ", chunk_rows);
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   check_labels(labels, rows, V, ignore_index);
@@ -192,7 +213,8 @@ double linear_ce_sum(const X* x, const int64_t* labels, int64_t* predictions, T*
     logits(x + r0 * C, r, scratch);  // [r, V]
 #pragma omp parallel for schedule(static) if (r * V > (1 << 14))
     for (int64_t i = 0; i < r; ++i) {
-      const T* row = scratch + i * V;
+      T* row = scratch + i * V;
+      if (softcap > 0) cap_row(row, V, softcap);
       const T m = row_max(row, V);
       predictions[r0 + i] = first_index_of(row, V, m);
       const int64_t y = labels[r0 + i];
@@ -206,8 +228,8 @@ double linear_ce_sum(const X* x, const int64_t* labels, int64_t* predictions, T*
 
 template <class T, class X, class Logits, class Back>
 void linear_ce_backward(const X* x, const int64_t* labels, double grad, const double* row_grad, T* scratch, int64_t rows,
-                        int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows, const Logits& logits,
-                        const Back& back) {
+                        int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows, double softcap,
+                        const Logits& logits, const Back& back) {
   AUTOSP_ASSERT(C > 0 && chunk_rows >= 0, "linear_cross_entropy_backward C ", C, " chunk ", chunk_rows);
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -224,8 +246,13 @@ void linear_ce_backward(const X* x, const int64_t* labels, double grad, const do
         continue;
       }
       AUTOSP_ASSERT(y >= 0 && y < V, "linear_cross_entropy_backward label ", y, " at row ", r0 + i);
+      if (softcap > 0) cap_row(row, V, softcap);
       const T m = row_max(row, V);
       const double g = gr / row_sum_exp(row, V, m);
+      if (softcap > 0) {
+        row_capped_grad(row, V, m, g, y, gr, softcap);
+        continue;
+      }
       row_scaled_exp(row, V, m, T(g));
       row[y] -= T(gr);
     }
@@ -238,8 +265,8 @@ void linear_ce_backward(const X* x, const int64_t* labels, double grad, const do
 template <class T>
 double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
                                 int64_t rows, int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows,
-                                double* row_loss) {
-  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows, row_loss,
+                                double* row_loss, double softcap) {
+  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows, row_loss, softcap,
                        [&](const T* x_c, int64_t r, T* logits) {
                          gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), logits, 0);
                        });
@@ -248,7 +275,7 @@ double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, i
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
                                    T* scratch, int64_t rows, int64_t C, int64_t V, int64_t ignore_index,
-                                   int64_t chunk_rows, const double* row_grad) {
+                                   int64_t chunk_rows, const double* row_grad, double softcap) {
   if (rows == 0 && dw) std::fill(dw, dw + V * C, T(0));  // no rows: no gradient
   const auto logits = [&](const T* x_c, int64_t r, T* out) {
     gemm_batched<T>(false, true, 1, r, V, C, T(1), x_c, 0, w, 0, T(0), out, 0);
@@ -258,13 +285,13 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
     gemm_batched<T>(false, false, 1, r, C, V, T(1), dlogits, 0, w, 0, T(0), dx + r0 * C, 0);
     if (dw) gemm_batched<T>(true, false, 1, V, C, r, T(1), dlogits, 0, x_c, 0, first ? T(0) : T(1), dw, 0);
   };
-  linear_ce_backward(x, labels, grad, row_grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
+  linear_ce_backward(x, labels, grad, row_grad, scratch, rows, C, V, ignore_index, chunk_rows, softcap, logits, back);
 }
 
 double linear_cross_entropy_sum_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
                                      int64_t* predictions, float* scratch, int64_t rows, int64_t C, int64_t V,
-                                     int64_t ignore_index, int64_t chunk_rows, double* row_loss) {
-  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows, row_loss,
+                                     int64_t ignore_index, int64_t chunk_rows, double* row_loss, double softcap) {
+  return linear_ce_sum(x, labels, predictions, scratch, rows, C, V, ignore_index, chunk_rows, row_loss, softcap,
                        [&](const uint16_t* x_c, int64_t r, float* logits) {
                          gemm_bf16_batched(path, false, true, 1, r, V, C, 1.0f, x_c, 0, w, 0, 0.0f, logits, 0);
                        });
@@ -273,7 +300,7 @@ double linear_cross_entropy_sum_bf16(Bf16Gemm path, const uint16_t* x, const uin
 void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
                                         double grad, uint16_t* dx, uint16_t* dw, float* scratch, int64_t rows,
                                         int64_t C, int64_t V, int64_t ignore_index, int64_t chunk_rows,
-                                        const double* row_grad) {
+                                        const double* row_grad, double softcap) {
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : linear_ce_chunk_rows(rows, V);
   std::vector<uint16_t> dlogits16(size_t(std::min(rows, chunk) * V));
   std::vector<float> dx_c(size_t(std::min(rows, chunk) * C)), dw32(dw ? size_t(V * C) : 0);  // dw summed in f32 (0: no rows)
@@ -288,7 +315,7 @@ void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const 
       gemm_bf16_batched(path, true, false, 1, V, C, r, 1.0f, dlogits16.data(), 0, x_c, 0, first ? 0.0f : 1.0f,
                         dw32.data(), 0);
   };
-  linear_ce_backward(x, labels, grad, row_grad, scratch, rows, C, V, ignore_index, chunk_rows, logits, back);
+  linear_ce_backward(x, labels, grad, row_grad, scratch, rows, C, V, ignore_index, chunk_rows, softcap, logits, back);
   if (dw) cast<float, uint16_t>(dw32.data(), dw, V * C);
 }
 
@@ -300,9 +327,9 @@ template void cross_entropy_backward<double>(const double*, const int64_t*, doub
                                              int64_t);
 #define AUTOSP_INSTANTIATE_LINEAR_CE(T)                                                                            \
   template double linear_cross_entropy_sum<T>(const T*, const T*, const int64_t*, int64_t*, T*, int64_t, int64_t,  \
-                                              int64_t, int64_t, int64_t, double*);                               \
+                                              int64_t, int64_t, int64_t, double*, double);                       \
   template void linear_cross_entropy_backward<T>(const T*, const T*, const int64_t*, double, T*, T*, T*, int64_t, \
-                                                 int64_t, int64_t, int64_t, int64_t, const double*);
+                                                 int64_t, int64_t, int64_t, int64_t, const double*, double);
 AUTOSP_INSTANTIATE_LINEAR_CE(float)
 AUTOSP_INSTANTIATE_LINEAR_CE(double)
 #undef AUTOSP_INSTANTIATE_LINEAR_CE

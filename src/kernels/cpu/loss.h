@@ -41,6 +41,11 @@ using kernels::kLinearCeChunkRows;
 using kernels::linear_ce_chunk_rows;
 using kernels::linear_ce_scratch_elems;
 
+// With softcap c > 0 (Gemma's final_logit_softcapping) every logit z of a chunk becomes
+// c · tanh(z · (1/c)) in place before the row work (the untiled graph's scale, tanh, scale), and the
+// backward multiplies each dlogit by the cap's derivative 1 - tanh² (the capped logit over c,
+// squared); the argmax is the capped row's, the same index, as the cap is increasing.
+//
 // Returns Σ over valid rows of logsumexp(x_r · wᵀ) - x_r · w[label_r] (each row's sum in double),
 // and writes predictions[r] = argmax_j (x_r · wᵀ)_j (first maximum on ties) for every row, and with
 // `row_loss` [rows] each row's term (0 on ignored rows: DPO sums them by sequence). A label
@@ -48,7 +53,7 @@ using kernels::linear_ce_scratch_elems;
 template <class T>
 double linear_cross_entropy_sum(const T* x, const T* w, const int64_t* labels, int64_t* predictions, T* scratch,
                                 int64_t rows, int64_t C, int64_t V, int64_t ignore_index = kIgnoreIndex,
-                                int64_t chunk_rows = 0, double* row_loss = nullptr);
+                                int64_t chunk_rows = 0, double* row_loss = nullptr, double softcap = 0);
 
 // The gradients of `grad` · that sum: per chunk the logits are computed again, turned into
 // dlogits = grad · (softmax - onehot(label)) (0 on ignored rows) in place, then
@@ -60,7 +65,7 @@ template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, double grad, T* dx, T* dw,
                                    T* scratch, int64_t rows, int64_t C, int64_t V,
                                    int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0,
-                                   const double* row_grad = nullptr);
+                                   const double* row_grad = nullptr, double softcap = 0);
 
 // The same on bf16 x, w, dx, dw (raw uint16_t bits) with the GEMMs on the CPU's bf16 GEMM `path`
 // (gemm_bf16_batched: f32 accumulation): the logits chunk and its row work in f32 (scratch as
@@ -69,10 +74,11 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
 double linear_cross_entropy_sum_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
                                      int64_t* predictions, float* scratch, int64_t rows, int64_t C, int64_t V,
                                      int64_t ignore_index = kIgnoreIndex, int64_t chunk_rows = 0,
-                                     double* row_loss = nullptr);
+                                     double* row_loss = nullptr, double softcap = 0);
 void linear_cross_entropy_backward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w, const int64_t* labels,
                                         double grad, uint16_t* dx, uint16_t* dw, float* scratch, int64_t rows,
                                         int64_t C, int64_t V, int64_t ignore_index = kIgnoreIndex,
-                                        int64_t chunk_rows = 0, const double* row_grad = nullptr);
+                                        int64_t chunk_rows = 0, const double* row_grad = nullptr,
+                                        double softcap = 0);
 
 }  // namespace autosp::cpu
