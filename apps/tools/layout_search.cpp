@@ -62,7 +62,9 @@ StepCost estimate_step(const Config& cfg, const ParallelLayout& l, int64_t seq, 
   // Compute of one micro-batch on one rank: step_flops over the SP group, plus what is computed
   // again: checkpointing the layers' forward (a third of their step FLOPs), the tiled MLP the gate
   // and up projections (2·2·C·M a token and layer), the tiled loss the logits (2·C·V a token).
-  const double attention = 12.0 * L * Sd * Sd * static_cast<double>(d.N * d.D) * b * 0.5;
+  double pairs = 0;  // every layer's query-key pairs (a windowed layer's band: models/flops.h)
+  for (int64_t layer = 0; layer < d.L; ++layer) pairs += attention_pairs(m, layer, Sd);
+  const double attention = 12.0 * pairs * static_cast<double>(d.N * d.D) * b;
   const double head = 6.0 * static_cast<double>(d.V * d.C) * b * Sd;
   double flops = step_flops(m, l.micro_batch, S);
   if (l.checkpointing) flops += (flops - head) / 3.0;
@@ -85,13 +87,22 @@ StepCost estimate_step(const Config& cfg, const ParallelLayout& l, int64_t seq, 
   }
   // Ring: per layer (3R − 2) K/V blocks of 2·b·Nkv_local·(S/R)·D between neighbours U ranks apart
   // (R − 1 more where checkpointing recomputes the forward), overlapped with the attention of the
-  // ring steps; only what outlasts that attention is charged.
+  // ring steps; only what outlasts that attention is charged. A windowed layer (decision 135) moves
+  // only the w keys before each of a rank's two zigzag chunks instead: K/V tails forward, again in
+  // the backward, and their dK/dV back (and once more where checkpointing recomputes), each of
+  // 2·b·Nkv_local·w·D, and never more than the full ring.
   if (R > 1) {
     const Link& link = P <= c.ranks_per_node ? c.intra : c.inter;
     const double kv_local = static_cast<double>(d.Nkv >= U ? d.Nkv / U : 1);
-    const double block = 2.0 * b * kv_local * Sd / static_cast<double>(R) * static_cast<double>(d.D) * act;
+    const double per_key = 2.0 * b * kv_local * static_cast<double>(d.D) * act;
+    const double block = per_key * Sd / static_cast<double>(R);
     const double blocks = 3.0 * static_cast<double>(R) - 2.0 + (l.checkpointing ? static_cast<double>(R) - 1.0 : 0.0);
-    const double transfers = L * blocks * on_link(link, block);
+    const double full = blocks * on_link(link, block), tails = 2.0 * (l.checkpointing ? 4.0 : 3.0);
+    double transfers = 0;
+    for (int64_t layer = 0; layer < d.L; ++layer) {
+      const double w = std::min(static_cast<double>(m.layer_window(layer)), Sd);
+      transfers += w > 0 ? std::min(full, tails * on_link(link, per_key * w)) : full;
+    }
     const double attention_s = attention * (l.checkpointing ? 4.0 / 3.0 : 1.0) / static_cast<double>(P) / rate;
     s.ring_s = k * std::max(0.0, transfers - attention_s);
   }

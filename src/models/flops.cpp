@@ -68,13 +68,18 @@ int64_t flop_param_count(const ModelConfig& m) {
   return param_count(m) - position_params(m) - head_params(m) - layers_params(m, false) + layers_params(m, true);
 }
 
+double attention_pairs(const ModelConfig& m, int64_t l, double seq) {
+  const double w = static_cast<double>(m.layer_window(l));
+  return w > 0 && w < seq ? seq * w - w * w * 0.5 : seq * seq * 0.5;
+}
+
 double step_flops(const ModelConfig& m, int64_t batch, int64_t seq, int64_t frozen, int64_t added) {
   const double B = static_cast<double>(batch), S = static_cast<double>(seq);
   const double trained = static_cast<double>(flop_param_count(m) - frozen + added);
   const double dense = (6.0 * trained + 4.0 * static_cast<double>(frozen)) * B * S;
-  const double attention = 12.0 * static_cast<double>(m.num_hidden_layers) * S * S *
-                           static_cast<double>(m.num_attention_heads * m.head_dim()) * B * 0.5;
-  return dense + attention;
+  double pairs = 0;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) pairs += attention_pairs(m, l, S);
+  return dense + 12.0 * pairs * static_cast<double>(m.num_attention_heads * m.head_dim()) * B;
 }
 
 }  // namespace autosp

@@ -23,10 +23,17 @@ int64_t param_count(const ModelConfig& m);
 // (Llama's embed_tokens when untied, GPT-2's wpe); a tied embedding counts once, as the LM head.
 int64_t flop_param_count(const ModelConfig& m);
 
+// The query-key pairs layer l's causal attention computes over `seq` tokens, as the FLOP formula
+// counts them: seq²/2 with full causal attention; with a sliding window w < seq (a query sees itself
+// and the w − 1 keys before it: ModelConfig::layer_window) seq·w − w²/2, the area under min(i, w),
+// which meets seq²/2 at w = seq.
+double attention_pairs(const ModelConfig& m, int64_t l, double seq);
+
 // FLOPs of one training step (forward + backward) on `batch` sequences of `seq` tokens:
-//   6 · flop_param_count · batch · seq  +  12 · layers · seq² · hidden · batch · ½ (causal).
+//   6 · flop_param_count · batch · seq  +  12 · heads · head_dim · batch · Σ_l attention_pairs(l).
 // The first term is 2 FLOPs per weight per token forward and 4 backward; the second is attention's
-// QKᵀ and PV (2·2·S²·hidden forward, twice that backward), halved because attention is causal.
+// QKᵀ and PV (2·2·hidden per query-key pair forward, twice that backward) over the pairs the mask
+// leaves: half the S² square when causal, a band of width w under a sliding window.
 // With LoRA, `frozen` of the counted parameters are frozen (their weight-gradient GEMMs are not run:
 // 4 FLOPs per weight per token, forward and input gradient) and `added` adapter parameters train
 // (6 each): 6 · (counted − frozen + added) + 4 · frozen per token, plus attention.

@@ -162,6 +162,36 @@ TEST_CASE("layout search: the cost model's bytes and FLOPs are step_comm_volume'
 
 namespace autosp {
 
+// A windowed layer (decision 135) is charged the tails its window reaches, not the full ring: a
+// Mistral of 2 layers (4 K/V heads of 16, f32) as a ring of 4 at S = 1,024, bytes counted at one byte
+// a second with no compute to hide behind. By hand: a key's K and V are 2·4·16·4 = 512 bytes; the
+// full ring moves 3·4 − 2 = 10 blocks of 256 keys a layer, 1,310,720 bytes; with w = 32 a rank moves
+// the 32 keys before each of its 2 chunks forward, backward and as dK/dV back, 6·32·512 = 98,304.
+// A window as long as the sequence cuts nothing and costs the full ring.
+TEST_CASE("layout search: a windowed ring is charged the window's tails", "[layout_search][window]") {
+  auto mistral = [](nlohmann::json window) {
+    return parse_config({{"model", {{"arch", "mistral"}, {"vocab_size", 256}, {"hidden_size", 128},
+                                    {"num_hidden_layers", 2}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+                                    {"intermediate_size", 256}, {"max_position_embeddings", 65536},
+                                    {"sliding_window", window}}},
+                         {"data", {{"seq_len", 1024}, {"batch_size", 1}}}});
+  };
+  Cluster c;
+  c.peak_tflops = 1e30;  // attention hides nothing
+  c.achieved_fraction = 1;
+  c.ranks_per_node = 8;
+  c.intra = c.inter = {0, 1};
+  ParallelLayout l;
+  l.sp = 4;
+  l.ring = 4;
+  CHECK(estimate_step(mistral(nullptr), l, 1024, c).ring_s == Approx(2 * 1310720.0));
+  CHECK(estimate_step(mistral(32), l, 1024, c).ring_s == Approx(2 * 98304.0));
+  CHECK(estimate_step(mistral(1024), l, 1024, c).ring_s == Approx(2 * 1310720.0));
+  // The compute falls with the attention's pairs (step_flops).
+  c.peak_tflops = 1e-12;
+  CHECK(estimate_step(mistral(32), l, 1024, c).compute_s < estimate_step(mistral(nullptr), l, 1024, c).compute_s);
+}
+
 TEST_CASE("layout search: \"auto\" layout keys are resolved by the search, and garbage is refused", "[layout_search]") {
   const std::vector<std::string> autos = {"sequence_parallel.autosp_size=auto", "sequence_parallel.ring_size=auto",
                                           "zero_optimization.stage=auto", "runtime.activation_checkpointing=auto",

@@ -4,6 +4,9 @@
 // real training step moves in tests/mpi/test_comm_volume.cpp.)
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <string>
+
 #include "config/config.h"
 #include "models/model.h"
 #include "tools/scaling.h"
@@ -81,6 +84,33 @@ TEST_CASE("scaling: FLOPs of a training step", "[scaling]") {
   CHECK(step_flops(gpt2_tiny(), 4, 256) == 21828206592.0);
   // Doubling S doubles the dense part and quadruples attention.
   CHECK(step_flops(llama_tiny(), 1, 2048) == 2 * 2017198080.0 + 4 * 1610612736.0);
+}
+
+// A windowed layer's attention FLOPs are its band's query-key pairs, counted here one pair at a time:
+// Mistral v0.1's shape (every layer windowed) and Gemma 2's (every other layer), w = 64 at S = 1,024.
+// The formula's continuous count (S·w − w²/2, and S²/2 for full layers) is within 1/S of the
+// pairs (it leaves out the diagonal's half); charging the windowed layers S²/2 would be 7× off.
+TEST_CASE("scaling: a sliding window's attention FLOPs are the pairs its band keeps", "[scaling][window]") {
+  const int64_t S = 1024, w = 64;
+  for (const char* arch : {"mistral", "gemma2"}) {
+    INFO(arch);
+    const ModelConfig m = parse_config({{"model", {{"arch", arch}, {"vocab_size", 256}, {"hidden_size", 128},
+                                                    {"num_hidden_layers", 4}, {"num_attention_heads", 8},
+                                                    {"num_key_value_heads", 4}, {"intermediate_size", 256},
+                                                    {"head_dim", 16}, {"sliding_window", w}}}})
+                              .model;
+    double pairs = 0;  // (query i, key j) with j ≤ i, and j > i − w where the layer has a window
+    int64_t windowed = 0;
+    for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+      windowed += m.layer_window(l) == w;
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j <= i; ++j) pairs += m.layer_window(l) == 0 || j > i - w;
+    }
+    CHECK(windowed == (std::string(arch) == "mistral" ? 4 : 2));
+    const double attention = step_flops(m, 1, S) - 6.0 * static_cast<double>(flop_param_count(m)) * S;
+    const double want = 12.0 * pairs * 8 * 16;
+    CHECK(std::abs(attention - want) <= want / S);
+  }
 }
 
 TEST_CASE("scaling: communication volume per rank and step", "[scaling]") {
