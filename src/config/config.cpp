@@ -1119,9 +1119,6 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
             auto_ring_size(sp.autosp_size, m.num_attention_heads, m.num_key_value_heads)));
   if (c.runtime.tiled_mlp && f.mlp != Mlp::swiglu)
     bad(str("runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"", f.name, "\" has none"));
-  if (c.runtime.tiled_loss && f.softcaps && m.final_logit_softcapping > 0 && c.runtime.device == DeviceKind::cuda)
-    bad("runtime.tiled_loss with model.final_logit_softcapping on runtime.device \"cuda\": the CUDA tiled loss has "
-        "no softcap yet; set runtime.tiled_loss false there");
   if (c.lora.enabled) check_lora(c, bad);
   check_dpo(c, bad);
   check_expert_parallel(c, bad);

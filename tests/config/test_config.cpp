@@ -267,8 +267,6 @@ TEST_CASE("malformed configs are named errors", "[config]") {
        {}, "model.layer_types[1] = \"chunked_attention\""},
       {R"({"model": {"arch": "llama", "attn_logit_softcapping": 50}})", {}, "model.attn_logit_softcapping is a gemma2"},
       {R"({"model": {"arch": "qwen3", "rope_local_base_freq": 10000}})", {}, "model.rope_local_base_freq is a gemma3_text"},
-      {R"({"model": {"arch": "gemma2", "final_logit_softcapping": 30}, "runtime": {"tiled_loss": true, "device": "cuda"}})",
-       {}, "runtime.tiled_loss with model.final_logit_softcapping on runtime.device \"cuda\""},
       {R"({"model": {"arch": "gemma3_text"}, "runtime": {"tiled_mlp": true}})", {},
        "runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"gemma3_text\""},
   };

@@ -7,6 +7,7 @@
 #include "kernels/cpu/loss.h"
 
 #include <algorithm>
+#include <cmath>
 
 using namespace autosp;
 using namespace autosp::cudatest;
@@ -104,6 +105,60 @@ TEMPLATE_TEST_CASE("emulated linear_cross_entropy_backward: dw summed over 256 c
                                          chunk, cpu::kIgnoreIndex, scratch.data(), acc.empty() ? nullptr : acc.data(),
                                          nullptr);
   const double bound = std::is_same_v<T, float> ? 1e-5 : 5e-3;
+  const double e_dw = relative_l2(widen(from_storage(dw)), rdw), e_dx = relative_l2(widen(from_storage(dx)), rdx);
+  INFO(type_name<T>() << ": relative L2 error of dw " << e_dw << ", dx " << e_dx);
+  CHECK(e_dw <= bound);
+  CHECK(e_dx <= bound);
+}
+
+// Gemma's final softcap in the tiled loss (decision 178): the forward's chunk capped by cap_logits,
+// then linear_ce_rows, against the naive loss of c·tanh(z/c) in float64; the backward
+// (linear_cross_entropy_backward with the cap, chunks of 4 rows) against the float64 chain rule
+// through the cap, whose derivative is taken at the raw logits. The cap bends these logits: the
+// uncapped loss is far off.
+TEMPLATE_TEST_CASE("emulated tiled loss with a final logit softcap matches float64", "[cuda-emulation][loss][softcap]",
+                   float, cuda::bf16) {
+  using T = TestType;
+  using A = cuda::acc_t<T>;
+  const int64_t rows = 10, C = 16, V = 40, chunk = 4;
+  const double cap = 2.0;
+  const auto x = values<T>(naive::random_normal(rows * C, 2500, 1.0)), w = values<T>(naive::random_normal(V * C, 2501, 0.8));
+  std::vector<int64_t> labels(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) labels[size_t(r)] = r % 7 == 3 ? cpu::kIgnoreIndex : (r * 31) % V;
+  const A g = A(0.25);
+  naive::Vec raw(size_t(rows * V), 0.0), capped, rdx(size_t(rows * C), 0.0), rdw(size_t(V * C), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t c = 0; c < C; ++c) raw[size_t(r * V + v)] += double(x[size_t(r * C + c)]) * w[size_t(v * C + c)];
+  for (const double z : raw) capped.push_back(cap * std::tanh(z / cap));
+  const double want = naive::cross_entropy(capped, labels, rows, V);
+  REQUIRE(std::abs(naive::cross_entropy(raw, labels, rows, V) - want) > 0.1 * want);
+  naive::Vec d = naive::cross_entropy_backward(capped, labels, rows, V, double(g));
+  for (size_t i = 0; i < d.size(); ++i) d[i] *= 1 - std::pow(std::tanh(raw[i] / cap), 2);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t c = 0; c < C; ++c) {
+        rdx[size_t(r * C + c)] += d[size_t(r * V + v)] * w[size_t(v * C + c)];
+        rdw[size_t(v * C + c)] += d[size_t(r * V + v)] * x[size_t(r * C + c)];
+      }
+  // forward: the raw chunk as the GEMM leaves it, capped in place, then the row pass
+  auto chunk_logits = to_storage<T>(values<T>(raw));
+  cuda::cap_logits<T>(chunk_logits.data(), rows * V, cap, nullptr);
+  std::vector<double> row_loss(size_t(rows), -1.0);
+  std::vector<int64_t> pred(size_t(rows), -1);
+  cuda::linear_ce_rows<T>(chunk_logits.data(), labels.data(), row_loss.data(), pred.data(), rows, V, cpu::kIgnoreIndex,
+                          nullptr);
+  A loss = -1;
+  cuda::sum_row_losses<A>(row_loss.data(), rows, &loss, nullptr);
+  CHECK(std::abs(double(loss) - want) <= (std::is_same_v<T, float> ? 1e-5 : 2e-2) * want);
+  // backward
+  const auto xs = to_storage<T>(x), ws = to_storage<T>(w);
+  std::vector<T> dx(size_t(rows * C)), dw(size_t(V * C)), scratch(size_t(chunk * V));
+  std::vector<float> acc(size_t(cuda::ChunkedGradient<T>::acc_elems(V, C)));
+  cuda::linear_cross_entropy_backward<T>(xs.data(), ws.data(), labels.data(), &g, dx.data(), dw.data(), rows, C, V,
+                                         chunk, cpu::kIgnoreIndex, scratch.data(), acc.empty() ? nullptr : acc.data(),
+                                         nullptr, cap);
+  const double bound = std::is_same_v<T, float> ? 1e-5 : 1e-2;
   const double e_dw = relative_l2(widen(from_storage(dw)), rdw), e_dx = relative_l2(widen(from_storage(dx)), rdx);
   INFO(type_name<T>() << ": relative L2 error of dw " << e_dw << ", dx " << e_dx);
   CHECK(e_dw <= bound);

@@ -580,14 +580,11 @@ Tensor swiglu_mlp_backward(const KernelCall& c) {
 // x [..., C], w [V, C], labels [...] → the summed loss; extra output: the rows' argmax, i64 [...].
 // Per chunk: logits = x_c · wᵀ into the [chunk, V] scratch, then each row's loss term and argmax;
 // the row terms of all chunks are summed at the end in row order.
-// The DPO form (pair slots fourth, train.objective "dpo" with runtime.tiled_loss) and the final
-// logit softcap (Gemma's, with runtime.tiled_loss) have none yet.
+// The DPO form (pair slots fourth, train.objective "dpo" with runtime.tiled_loss) has none yet.
+// A final logit softcap (Gemma's) caps each chunk after its GEMM (cuda::cap_logits).
 void no_cuda_dpo_form(const KernelCall& c, size_t slots_input) {
   if (c.in.size() > slots_input)
     throw RuntimeFailure(str(c.node.op_name(), " with pair slots (DPO's tiled loss) has no CUDA kernel"));
-  if (linear_ce_softcap(c.node) > 0)
-    throw UsageError(str("runtime.tiled_loss with model.final_logit_softcapping has no CUDA kernel yet (",
-                         c.node.op_name(), "); set runtime.tiled_loss false on runtime.device \"cuda\""));
 }
 
 Tensor linear_cross_entropy_sum(const KernelCall& c) {
@@ -603,6 +600,7 @@ Tensor linear_cross_entropy_sum(const KernelCall& c) {
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t r = std::min(chunk, rows - r0);
       cuda::gemm_batched<T>(false, true, 1, r, V, C, 1.0, ptr<T>(x) + r0 * C, 0, ptr<T>(w), 0, 0.0, ptr<T>(logits), 0, s);
+      if (const double cap = linear_ce_softcap(c.node); cap > 0) cuda::cap_logits<T>(ptr<T>(logits), r * V, cap, s);
       cuda::linear_ce_rows<T>(ptr<T>(logits), ptr<int64_t>(labels) + r0, ptr<double>(row_loss) + r0,
                               ptr<int64_t>(c.extras[0]) + r0, r, V, c.node.attrs().i("ignore_index"), s);
     }
@@ -630,7 +628,7 @@ Tensor linear_cross_entropy_backward(const KernelCall& c) {
     cuda::linear_cross_entropy_backward<T>(ptr<T>(x), ptr<T>(w), ptr<int64_t>(labels), ptr<cuda::acc_t<T>>(g),
                                            ptr<T>(dx), dw ? ptr<T>(c.extras[0]) : nullptr, rows, C, V, chunk,
                                            c.node.attrs().i("ignore_index"), ptr<T>(logits),
-                                           acc.defined() ? ptr<float>(acc) : nullptr, s);
+                                           acc.defined() ? ptr<float>(acc) : nullptr, s, linear_ce_softcap(c.node));
     return dx;
   });
 }

@@ -116,9 +116,19 @@ __global__ void linear_ce_rows_kernel(const T* logits, const int64_t* labels, do
   row_loss[r] = y == ignore_index ? 0.0 : y < 0 || y >= V ? NAN : double(m) + log(double(s)) - double(load(xr, y));
 }
 
+// Gemma's final softcap on n logits in place: x = c · tanh(x · (1/c)), in the accumulation type.
+template <class T>
+__global__ void cap_logits_kernel(T* x, int64_t n, acc_t<T> inv, acc_t<T> c) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    store(x, i, tanh(load(x, i) * inv) * c);
+}
+
+// With softcap c > 0 the row holds capped logits z, and each dlogit is also multiplied by the
+// cap's derivative 1 − (z/c)² (read from the same element before it is overwritten).
 template <class T>
 __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* labels, T* dlogits, int64_t V,
-                                              const acc_t<T>* grad, int64_t grad_stride, int64_t ignore_index) {
+                                              const acc_t<T>* grad, int64_t grad_stride, int64_t ignore_index,
+                                              acc_t<T> softcap) {
   using A = acc_t<T>;
   __shared__ A shared[kWarp];
   const int64_t r = blockIdx.x, y = labels[r];
@@ -132,9 +142,12 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* la
   A m, s;
   row_logsumexp(xr, V, shared, m, s);
   const A g = grad[r * grad_stride], gs = g / s;  // one gradient for all rows (stride 0), or each row's
+  const A inv = softcap > A(0) ? A(1) / softcap : A(0);
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    A d = dexp(load(xr, j) - m) * gs;
+    const A z = load(xr, j);
+    A d = dexp(z - m) * gs;
     if (j == y) d -= g;
+    if (softcap > A(0)) d *= A(1) - (z * inv) * (z * inv);
     store(dr, j, d);
   }
 }
@@ -171,7 +184,7 @@ void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, 
   AUTOSP_ASSERT(rows < (int64_t(1) << 31), "cross_entropy_backward rows ", rows, " exceed the grid");
   if (rows == 0) return;
   launch_kernel(cross_entropy_backward_kernel<T>, unsigned(rows), kRowBlock, 0, stream, logits, labels, dlogits, V,
-                grad, int64_t{0}, ignore_index);
+                grad, int64_t{0}, ignore_index, acc_t<T>(0));
 }
 
 template <class T>
@@ -180,7 +193,16 @@ void cross_entropy_backward_rows(const T* logits, const int64_t* labels, T* dlog
   AUTOSP_ASSERT(rows >= 0 && rows < (int64_t(1) << 31) && V > 0, "cross_entropy_backward_rows rows ", rows, " V ", V);
   if (rows == 0) return;
   launch_kernel(cross_entropy_backward_kernel<T>, unsigned(rows), kRowBlock, 0, stream, logits, labels, dlogits, V,
-                row_grads, int64_t{1}, ignore_index);
+                row_grads, int64_t{1}, ignore_index, acc_t<T>(0));
+}
+
+template <class T>
+void cap_logits(T* logits, int64_t n, double softcap, cudaStream_t stream) {
+  AUTOSP_ASSERT(n >= 0 && softcap > 0, "cap_logits n ", n, " softcap ", softcap);
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kRowBlock - 1) / kRowBlock, 65535);
+  launch_kernel(cap_logits_kernel<T>, unsigned(blocks), kRowBlock, 0, stream, logits, n, acc_t<T>(1.0 / softcap),
+                acc_t<T>(softcap));
 }
 
 template <class T>
@@ -203,14 +225,20 @@ template void sum_row_losses<double>(const double*, int64_t, double*, cudaStream
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, const acc_t<T>* grad, T* dx, T* dw,
                                    int64_t rows, int64_t C, int64_t V, int64_t chunk, int64_t ignore_index, T* logits,
-                                   float* acc, cudaStream_t stream) {
+                                   float* acc, cudaStream_t stream, double softcap) {
   AUTOSP_ASSERT(rows >= 0 && chunk > 0, "linear_cross_entropy_backward rows ", rows, " chunk ", chunk);
   ChunkedGradient<T> gw{dw, acc, V, C};
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r = std::min(chunk, rows - r0);
     const T* x_c = x + r0 * C;
     gemm_batched<T>(false, true, 1, r, V, C, 1.0, x_c, 0, w, 0, 0.0, logits, 0, stream);
-    cross_entropy_backward<T>(logits, labels + r0, logits, r, V, grad, ignore_index, stream);
+    if (softcap > 0) {
+      cap_logits<T>(logits, r * V, softcap, stream);
+      launch_kernel(cross_entropy_backward_kernel<T>, unsigned(r), kRowBlock, 0, stream, logits, labels + r0, logits, V,
+                    grad, int64_t{0}, ignore_index, acc_t<T>(softcap));
+    } else {
+      cross_entropy_backward<T>(logits, labels + r0, logits, r, V, grad, ignore_index, stream);
+    }
     gemm_batched<T>(false, false, 1, r, C, V, 1.0, logits, 0, w, 0, 0.0, dx + r0 * C, 0, stream);
     if (dw) gw.add(true, false, r, logits, x_c, stream);
   }
@@ -226,7 +254,9 @@ void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels
   template void cross_entropy_backward_rows<T>(const T*, const int64_t*, T*, int64_t, int64_t, const acc_t<T>*,      \
                                                int64_t, cudaStream_t);                                              \
   template void linear_cross_entropy_backward<T>(const T*, const T*, const int64_t*, const acc_t<T>*, T*, T*,        \
-                                                 int64_t, int64_t, int64_t, int64_t, int64_t, T*, float*, cudaStream_t);
+                                                 int64_t, int64_t, int64_t, int64_t, int64_t, T*, float*, cudaStream_t, \
+                                                 double);                                                           \
+  template void cap_logits<T>(T*, int64_t, double, cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)
 AUTOSP_INSTANTIATE(bf16)

@@ -45,6 +45,9 @@ void cross_entropy_backward_rows(const T* logits, const int64_t* labels, T* dlog
 template <class T>
 void linear_ce_rows(const T* logits, const int64_t* labels, double* row_loss, int64_t* predictions, int64_t rows,
                     int64_t V, int64_t ignore_index, cudaStream_t stream);
+// Gemma's final softcap on n logits in place (the tiled loss's chunk): x = c · tanh(x · (1/c)), c > 0.
+template <class T>
+void cap_logits(T* logits, int64_t n, double softcap, cudaStream_t stream);
 // *loss (device) = Σ row_loss[0, rows), one block in a fixed order (0 for no rows). A is float or double.
 template <class A>
 void sum_row_losses(const double* row_loss, int64_t rows, A* loss, cudaStream_t stream);
@@ -54,10 +57,11 @@ void sum_row_losses(const double* row_loss, int64_t rows, A* loss, cudaStream_t 
 // [chunk, V]), dlogits in place (cross_entropy_backward with g = *grad), dx_c = dlogits·w, and
 // dw += dlogitsᵀ·x_c, summed over the chunks by matmul.cuh's ChunkedGradient (in f32 for bf16:
 // `acc` holds ChunkedGradient<T>::acc_elems(V, C) floats, null when that is 0). dw null (a frozen
-// head): only dx.
+// head): only dx. softcap c > 0: each chunk is capped (cap_logits) and dlogits carry the cap's
+// derivative 1 − (capped / c)².
 template <class T>
 void linear_cross_entropy_backward(const T* x, const T* w, const int64_t* labels, const acc_t<T>* grad, T* dx, T* dw,
                                    int64_t rows, int64_t C, int64_t V, int64_t chunk, int64_t ignore_index, T* logits,
-                                   float* acc, cudaStream_t stream);
+                                   float* acc, cudaStream_t stream, double softcap = 0);
 
 }  // namespace autosp::cuda
