@@ -1040,6 +1040,10 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   if (!m.layer_types.empty() && static_cast<int64_t>(m.layer_types.size()) != m.num_hidden_layers)
     bad(str("model.layer_types has ", m.layer_types.size(), " entries for model.num_hidden_layers ",
             m.num_hidden_layers, ": expected one per layer"));
+  // nn.Embedding(V, C, padding_idx) takes an index in [-V, V) (a negative one from the end).
+  if (m.pad_token_id && f.padding_idx && (*m.pad_token_id < -m.vocab_size || *m.pad_token_id >= m.vocab_size))
+    bad(str("model.pad_token_id ", *m.pad_token_id, " is outside [-", m.vocab_size, ", ", m.vocab_size,
+            ") (model.vocab_size; it is the embedding's padding_idx)"));
   for (const std::string& r : refused) bad(r);
   check_moe(m, bad);
   check_router_aux_loss(c, bad);

@@ -15,9 +15,12 @@ Dim product(const SymShape& s, size_t from, size_t to) {
 
 void no_gradient(VjpContext&) {}
 
-// out [..., C] = weight [V, C] gathered by ids [...]
+// out [..., C] = weight [V, C] gathered by ids [...]. A padding_idx attribute (HF's nn.Embedding
+// padding_idx) goes to the backward, which leaves that row's gradient 0.
 void embedding(VjpContext& c) {
-  c.input_grads[0] = c.b.embedding_backward(c.grad, c.in(1), c.in_shape(0)[0]);
+  Node* dw = c.b.embedding_backward(c.grad, c.in(1), c.in_shape(0)[0]);
+  if (c.node->attrs().has("padding_idx")) dw->attrs().set("padding_idx", c.node->attrs().i("padding_idx"));
+  c.input_grads[0] = dw;
 }
 
 // C = op(A) · op(B). dop(A) = G · op(B)ᵀ, dop(B) = op(A)ᵀ · G; a transposed operand's gradient is

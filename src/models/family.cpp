@@ -30,7 +30,8 @@ constexpr Family kLlama{
     .arch = Arch::llama, .name = "llama", .layout = Layout::llama, .norm = Norm::rmsnorm,
     .positions = Positions::rope, .mlp = Mlp::swiglu, .qkv_bias = Presence::by_key, .o_bias = Presence::by_key,
     .mlp_bias = Presence::by_key, .qk_norm = false, .gqa = true, .tied_head = Presence::by_key,
-    .window = Window::none, .norm_eps = 1e-6, .embedding = "model.embed_tokens.weight", .optional_prefix = "",
+    .window = Window::none, .padding_idx = true, .norm_eps = 1e-6, .embedding = "model.embed_tokens.weight",
+    .optional_prefix = "",
     .buffers = {}, .layer_scope = "l", .hf_config_class = "LlamaConfig", .hf_model_class = "LlamaForCausalLM",
     .hf_class_prefix = "Llama", .linear_modules = kLlamaLinear, .lora_default_targets = kLlamaLoraDefault};
 

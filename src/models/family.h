@@ -73,6 +73,9 @@ struct Family {
   bool query_pre_attn_scalar = false;
   bool local_rope = false;
   int64_t window_pattern = 2;
+  // The token embedding is nn.Embedding(V, C, padding_idx=pad_token_id) (every Llama-layout family;
+  // GPT-2's wte has none): model.pad_token_id's row gets no gradient from the lookup.
+  bool padding_idx = false;
   bool tie_default = false;    // model.tie_word_embeddings when the config leaves it out (Gemma: true)  // model.sliding_window_pattern when the config leaves it out (Window::pattern)
   double norm_eps;     // model.norm_eps when the config leaves it out (HF's default)
   // Names.

@@ -236,6 +236,7 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
   auto p = [&](const std::string& name, SymShape s) { return b.parameter(name, dt, std::move(s)); };
   Node* embed = p(std::string(f.embedding), {V, C});
   Node* x = b.embedding(embed, in.ids, f.scaled_embedding ? "tok_emb" : "x");
+  if (const int64_t pad = m.padding_row(); pad >= 0) x->attrs().set("padding_idx", pad);  // HF's padding_idx
   // Gemma: times √C as a tensor of the model's dtype (HF's normalizer), so bf16 rounds it first.
   if (f.scaled_embedding) x = b.scale(x, round_to(std::sqrt(static_cast<double>(C)), dt), "x");
   auto linear = [&](Node* v, const std::string& pname, int64_t out_dim, int64_t in_dim, bool bias,

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,15 @@ struct ModelConfig {
   // (Family::qkv_bias, o_bias, mlp_bias). sliding_window: 0 = none (Family::window).
   int64_t head_dim_config = 0;
   bool attention_bias = false, mlp_bias = false;
+  // HF's pad_token_id where the family's embedding is nn.Embedding(V, C, padding_idx=pad_token_id)
+  // (Family::padding_idx): that row gets no gradient from the lookup. nullopt: none (HF's None);
+  // negative as PyTorch takes it, from the end (-1: row V - 1).
+  std::optional<int64_t> pad_token_id;
+  // The embedding row the lookup leaves out of the gradient, or -1 for none.
+  int64_t padding_row() const {
+    if (!pad_token_id || !family(arch).padding_idx) return -1;
+    return *pad_token_id < 0 ? vocab_size + *pad_token_id : *pad_token_id;
+  }
   int64_t sliding_window = 0;
   // Which layers the window applies to (docs/decisions.md 143): layer_types (transformers 5: one
   // "full_attention" or "sliding_attention" per layer) when given; else every layer of a

@@ -25,6 +25,7 @@ bool pattern_window(const Family& f) { return f.window == Window::pattern; }
 bool softcaps(const Family& f) { return f.softcaps; }
 bool query_scalar(const Family& f) { return f.query_pre_attn_scalar; }
 bool local_rope(const Family& f) { return f.local_rope; }
+bool padding_idx(const Family& f) { return f.padding_idx; }
 
 // A softcap (Gemma's attn_logit_softcapping, final_logit_softcapping): a positive number, or null
 // (0 in ModelConfig) for none.
@@ -112,6 +113,13 @@ std::vector<ModelKey> make_keys() {
       {.name = "norm_eps", .kind = K::number, .lo = 0, .hi = 1, .set = set_field(&ModelConfig::norm_eps),
        .get = get_field(&ModelConfig::norm_eps), .hf = "rms_norm_eps", .hf_gpt2 = "layer_norm_epsilon",
        .aliases = "layer_norm_eps"},
+      {.name = "pad_token_id", .kind = K::integer, .lo = -(1 << 30), .hi = 1 << 30, .nullable = true,
+       .applies = padding_idx,
+       .set = [](ModelConfig& m, const json& v) {
+         m.pad_token_id = v.is_null() ? std::nullopt : std::optional<int64_t>(v.get<int64_t>());
+       },
+       .get = [](const ModelConfig& m) { return m.pad_token_id ? json(*m.pad_token_id) : json(); },
+       .hf = "pad_token_id"},
       {.name = "tie_word_embeddings", .kind = K::boolean, .applies = tie_by_key,
        .set = set_field(&ModelConfig::tie_word_embeddings), .get = get_field(&ModelConfig::tie_word_embeddings),
        .hf = "tie_word_embeddings", .aliases = "tie_embeddings"},

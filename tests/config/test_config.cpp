@@ -267,6 +267,11 @@ TEST_CASE("malformed configs are named errors", "[config]") {
        {}, "model.layer_types[1] = \"chunked_attention\""},
       {R"({"model": {"arch": "llama", "attn_logit_softcapping": 50}})", {}, "model.attn_logit_softcapping is a gemma2"},
       {R"({"model": {"arch": "qwen3", "rope_local_base_freq": 10000}})", {}, "model.rope_local_base_freq is a gemma3_text"},
+      {R"({"model": {"arch": "llama", "vocab_size": 100, "pad_token_id": 100}})", {},
+       "model.pad_token_id 100 is outside [-100, 100)"},
+      {R"({"model": {"arch": "llama", "vocab_size": 100, "pad_token_id": -101}})", {},
+       "model.pad_token_id -101 is outside [-100, 100)"},
+      {R"({"model": {"arch": "gemma2", "pad_token_id": "zero"}})", {}, "model.pad_token_id"},
       {R"({"model": {"arch": "gemma3_text"}, "runtime": {"tiled_mlp": true}})", {},
        "runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"gemma3_text\""},
   };

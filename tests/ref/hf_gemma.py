@@ -17,7 +17,8 @@ head_dim, both softcaps small enough to bend, windows of 4 on layers 0 and 2 of 
 transformers' Gemma2RMSNorm computes in float32 even in a float64 model; the reference computes it
 in float64 (hf_windows.float64_gemma_norms), as autosp does for float64. pad_token_id is None: with
 Gemma2Config's default 0, nn.Embedding(padding_idx=0) leaves row 0 out of the embedding lookup's
-gradient, which autosp does not (docs/decisions.md 149).
+gradient; step 1 also runs with model.pad_token_id 0 against transformers with padding_idx 0
+(docs/decisions.md 183).
   hf_gemma.py BIN_DIR
 """
 import os
@@ -128,6 +129,18 @@ def main():
                            extra=["--dump-grads", tiled_grads], name="tiled")
         check("gemma2 step 1, runtime.tiled_loss", tiled[0]["loss"], loss.item())
         compare_grads("gemma2 step 1 gradients, runtime.tiled_loss", load_file(tiled_grads), theirs, 1e-5)
+        # HF's padding_idx (decision 183): with pad_token_id 0, nn.Embedding leaves row 0 out of the
+        # lookup's gradient (the tied head still trains it); the tokens hold 0, so row 0 differs
+        padded = load_hf(src)
+        padded.model.embed_tokens.padding_idx = 0
+        loss_of(padded, x).backward()
+        theirs_pad = {n: p.grad for n, p in padded.named_parameters()}
+        emb = "model.embed_tokens.weight"
+        assert (theirs_pad[emb][0] - theirs[emb][0]).abs().max() > 1e-3, "token 0 does not reach the lookup"
+        pad_grads = os.path.join(work, "grads-pad.safetensors")
+        run_autosp(bin_dir, work, config(work, src, model={"pad_token_id": 0}), extra=["--dump-grads", pad_grads],
+                   name="pad")
+        compare_grads("gemma2 step 1 gradients, model.pad_token_id 0", load_file(pad_grads), theirs_pad, 1e-5)
         full = run_autosp(bin_dir, work, config(work, src, model={"sliding_window": None}), name="full")[0]["loss"]
         print(f"gemma2 with full causal attention: {full:.12f}")
         assert abs(full - loss.item()) > 1e-3, "the window does not change the loss"
