@@ -923,9 +923,6 @@ void check_expert_parallel(const Config& c, const std::function<void(const std::
   if (c.model.num_experts % E != 0)
     bad(str("moe.expert_parallel_size ", E, " does not divide ", experts, " ", c.model.num_experts,
             " (each rank of an expert group holds the same number of experts)"));
-  if (c.zero_optimization.stage > 0 && !c.auto_keys.count("zero_optimization.stage"))
-    bad(str("moe.expert_parallel_size ", E, " with zero_optimization.stage ", c.zero_optimization.stage,
-            ": expert parallelism runs with ZeRO stage 0 only so far"));
   if (c.runtime.device == DeviceKind::cuda)
     bad(str("moe.expert_parallel_size ", E, " on runtime.device \"cuda\": the expert exchange has no CUDA path yet"));
 }

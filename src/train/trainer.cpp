@@ -30,6 +30,7 @@
 #include "train/adapter.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/expert_split.h"
 #include "train/fault.h"
 #include "train/outputs.h"
 #include "train/preempt.h"
@@ -355,7 +356,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const std::string policy_logps = prog.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
   DpoMetrics dpo_metrics(cfg);
   if (prog.zero_mode == ZeroMode::sharded_parameters)  // ZeRO-3 shards LoRA's frozen base like the parameters
-    for (auto& [name, t] : start.frozen) t = parameter_shard(t, world.size(), world.rank());
+    start.frozen = ExpertSplit(cfg, mesh).zero3_shards(start.frozen);
   to_run_device(start.frozen, dev);
   const DataCursor cursor(cfg, *data, start, mesh);
   if (world.rank() == 0 && !cursor.log().empty()) spdlog::info("{}", cursor.log());

@@ -12,12 +12,25 @@
 // gradient is then the sum over the expert group's tokens; the trainer sums it over the ranks
 // holding the same experts (the "ep_replica" group, comm/mesh.h). G must divide every MoE node's
 // experts (the config says so first, naming moe.expert_parallel_size). A no-op at G = 1.
+//
+// Under ZeRO (decision 185) an expert parameter's data-parallel group is its expert-replica group,
+// not the world: shard_parameters shards and gathers it there, and the trainer's states shard its
+// moments there. expert_of is the one rule that says which parameters are experts.
 #pragma once
+
+#include <cstdint>
+#include <string_view>
 
 #include "graph/passes/pass.h"
 
-namespace autosp::passes {
+namespace autosp {
 
+// The expert index in a parameter's name ("...experts.<e>...." as every MoE family names its
+// expert weights: models/moe.h moe_expert_weight), or -1 for any other parameter.
+int64_t expert_of(std::string_view name);
+
+namespace passes {
 PassResult expert_parallel(Graph& g, const PassContext& ctx);
+}  // namespace passes
 
-}  // namespace autosp::passes
+}  // namespace autosp
