@@ -69,6 +69,9 @@ ep "moe.expert_parallel_size 8 does not divide" --set moe.expert_parallel_size=8
 ep "moe.expert_parallel_size 2 on runtime.device" --set moe.expert_parallel_size=2 --set runtime.device=cuda
 refused_alone "moe.expert_parallel_size 2 does not divide the world size 3" "$bin" --config "$tmp/moe.json" \
   --world 3 --rank 0 --set moe.expert_parallel_size=2
+# With ZeRO 3 too (the experts' shards live on world / E ranks): the same refusal, before any sharding.
+refused_alone "moe.expert_parallel_size 4 does not divide the world size 6" "$bin" --config "$tmp/moe.json" \
+  --world 6 --rank 0 --set moe.expert_parallel_size=4 --set zero_optimization.stage=3
 refused_alone "moe.expert_parallel_size 2 needs a mixture of experts" "$bin" --config "$src/configs/llama-tiny.json" \
   --world 2 --rank 0 --set moe.expert_parallel_size=2
 

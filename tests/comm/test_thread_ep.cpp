@@ -39,43 +39,23 @@ TEST_CASE("thread ep: G = 2 and 4 equal one process for the three MoE families u
   }
 }
 
-// Through train() (train/train_state.cpp ExpertParallelState): the loss and gradient norm of every
+// Through train() (ZeRO 0: train/train_state.cpp ReplicatedState over ParamGroups): the loss and gradient norm of every
 // step and the final whole parameters (each expert broadcast from its owner) equal the one-process
 // run's, so the expert-replica all-reduce, the norm over the expert group and the AdamW update of
 // the local experts are those of one process.
 TEST_CASE("thread ep: train() with G = 2 and 4 gives the one-process losses, norms and final weights",
           "[threads][moe][ep]") {
-  const json data = {{"source", "synthetic"}, {"seq_len", 16}, {"batch_size", 2}};
   const json opt = {{"steps", 4}, {"lr", 1e-2}, {"warmup_steps", 1}, {"min_lr", 1e-4}, {"grad_clip", 0.5}};
-  TrainArgs args;
-  args.quiet = true;
-  auto single = make_single_process_communicator();
-  const TrainResult ref = train(make_config(kQwen2Moe, 1, data, opt), args, *single);
+  const TrainResult ref = train_one_process(kQwen2Moe, opt);
   REQUIRE(ref.steps.size() == 4);
   for (const int P : {2, 4}) {
     std::vector<TrainResult> got(static_cast<size_t>(P));
     run_thread_ranks(P, [&](ThreadCommunicator& w) {
-      Config cfg = make_config(kQwen2Moe, P, data, opt);
-      cfg.moe.expert_parallel_size = P;
-      got[static_cast<size_t>(w.rank())] = train(cfg, args, w);
+      got[static_cast<size_t>(w.rank())] = train(ep_train_config(kQwen2Moe, {P, P, 1, P}, 0, opt), quiet_args(), w);
     });
     for (const auto& rank : got) {
       INFO("P = G = " << P);
-      REQUIRE(rank.steps.size() == 4);
-      for (size_t k = 0; k < ref.steps.size(); ++k) {
-        INFO("step " << k + 1);
-        CHECK(std::abs(rank.steps[k].loss - ref.steps[k].loss) < kTol * std::abs(ref.steps[k].loss));
-        CHECK(std::abs(rank.steps[k].grad_norm - ref.steps[k].grad_norm) < 1e-4 * ref.steps[k].grad_norm);
-      }
-      CHECK(rank.params.size() == ref.params.size());
-      for (const auto& [name, want] : ref.params) {
-        INFO(name);
-        auto it = rank.params.find(name);
-        CHECK(it != rank.params.end());
-        // 1e-3: AdamW's early steps move an element by about lr whatever its gradient's size, so
-        // a gradient element near zero turns float noise (the sums' order under SP) into weight.
-        if (it != rank.params.end()) CHECK(rel_err(it->second, want) < 1e-3);
-      }
+      check_train_like(rank, ref);
     }
   }
 }

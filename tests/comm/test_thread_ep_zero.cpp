@@ -20,53 +20,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TrainArgs quiet() {
-  TrainArgs a;
-  a.quiet = true;
-  return a;
-}
-
-const json kOpt = {{"steps", 3}, {"lr", 1e-2}, {"warmup_steps", 1}, {"min_lr", 1e-4}, {"grad_clip", 0.5}};
-
-// Every rank's train() under `l` (batch_size rows per dp rank: the one-process run's 2 rows in all).
-std::vector<TrainResult> train_ep(const json& model, const EpLayout& l, int64_t stage, const json& opt = kOpt,
-                                  const TrainArgs& args = quiet()) {
-  const int64_t dp = l.world / l.sp;
+// Every rank's train() under `l` at ZeRO `stage`.
+std::vector<TrainResult> train_ep(const json& model, const EpLayout& l, int64_t stage,
+                                  const json& opt = kEpTrainOpt, const TrainArgs& args = quiet_args()) {
   std::vector<TrainResult> got(static_cast<size_t>(l.world));
   run_thread_ranks(l.world, [&](ThreadCommunicator& w) {
-    Config cfg = make_config(model, l.sp, {{"source", "synthetic"}, {"seq_len", 16}, {"batch_size", 2 / dp}}, opt);
-    cfg.moe.expert_parallel_size = l.ep;
-    cfg.zero_optimization.stage = stage;
-    cfg.runtime.activation_checkpointing = l.checkpointing;
-    cfg.runtime.grad_bucket_mb = 0.01;  // several buckets per group
-    got[static_cast<size_t>(w.rank())] = train(cfg, args, w);
+    got[static_cast<size_t>(w.rank())] = train(ep_train_config(model, l, stage, opt), args, w);
   });
   return got;
-}
-
-TrainResult train_one(const json& model, const json& opt = kOpt) {
-  const TrainArgs args = quiet();
-  auto single = make_single_process_communicator();
-  return train(make_config(model, 1, {{"source", "synthetic"}, {"seq_len", 16}, {"batch_size", 2}}, opt), args,
-               *single);
-}
-
-void check_like(const TrainResult& got, const TrainResult& ref) {
-  REQUIRE(got.steps.size() == ref.steps.size());
-  for (size_t k = 0; k < ref.steps.size(); ++k) {
-    INFO("step " << k + 1);
-    CHECK(std::abs(got.steps[k].loss - ref.steps[k].loss) < kTol * std::abs(ref.steps[k].loss));
-    CHECK(std::abs(got.steps[k].grad_norm - ref.steps[k].grad_norm) < 1e-4 * ref.steps[k].grad_norm);
-  }
-  CHECK(got.params.size() == ref.params.size());
-  for (const auto& [name, want] : ref.params) {
-    INFO(name);
-    auto it = got.params.find(name);
-    CHECK(it != got.params.end());
-    // 1e-3 as the ZeRO 0 test (test_thread_ep.cpp): AdamW's first steps turn the sums' rounding
-    // in a near-zero gradient element into a move of about lr.
-    if (it != got.params.end()) CHECK(rel_err(it->second, want) < 1e-3);
-  }
 }
 
 }  // namespace
@@ -75,13 +36,13 @@ TEST_CASE("thread ep x zero: ZeRO 1, 2, 3 with E = 2 and 4 give the one-process 
           "[threads][moe][ep][zero]") {
   const std::vector<EpLayout> layouts{{2, 2, 1, 2}, {4, 2, 1, 2}, {4, 4, 1, 4, true}, {4, 2, 1, 4}};
   for (const json& model : {kMixtral, kQwen2Moe}) {
-    const TrainResult ref = train_one(model);
+    const TrainResult ref = train_one_process(model);
     REQUIRE(ref.steps.size() == 3);
     for (const EpLayout& l : layouts)
       for (int64_t stage = 1; stage <= 3; ++stage) {
         INFO(model_name(model) << ": " << describe(l) << ", ZeRO " << stage);
         const std::vector<TrainResult> got = train_ep(model, l, stage);
-        for (const TrainResult& rank : got) check_like(rank, ref);
+        for (const TrainResult& rank : got) check_train_like(rank, ref);
         // 1/W of the moments on every rank (plus the shards' padding): the dense ones sharded over
         // the W ranks, the experts 1/E per rank and that sharded over the W / E replicas.
         for (const TrainResult& rank : got) {
@@ -102,8 +63,8 @@ TEST_CASE("thread ep x zero: a checkpoint under E = 2 and ZeRO 3 is whole, and a
   REQUIRE(fs::exists(tmp.dir / "ck" / "step_00000002" / "meta.json"));
 
   // Whole: the one-process model's every tensor, the experts too, equal to the run's final weights.
-  const TrainResult one = train_one(kQwen2Moe, {{"steps", 1}});
-  const Config cfg1 = make_config(kQwen2Moe, 1, {{"source", "synthetic"}, {"seq_len", 16}, {"batch_size", 2}});
+  const TrainResult one = train_one_process(kQwen2Moe, {{"steps", 1}});
+  const Config cfg1 = ep_train_config(kQwen2Moe, {1, 1, 1, 1}, 0);
   const Checkpoint last = load_checkpoint((tmp.dir / "ck" / "step_00000004").string(), cfg1, DType::f32);
   CHECK(last.params.size() == one.params.size());
   CHECK(last.optimizer.exp_avg.size() == one.params.size());
@@ -116,7 +77,7 @@ TEST_CASE("thread ep x zero: a checkpoint under E = 2 and ZeRO 3 is whole, and a
   // Resumed at step 2 under the same layout and stage: steps 3 and 4 and the weights bit for bit.
   json opt2 = opt;
   opt2["checkpoint_dir"] = (tmp.dir / "ck2").string();
-  TrainArgs resume = quiet();
+  TrainArgs resume = quiet_args();
   resume.resume = (tmp.dir / "ck" / "step_00000002").string();
   const std::vector<TrainResult> tail = train_ep(kQwen2Moe, l, 3, opt2, resume);
   for (size_t r = 0; r < tail.size(); ++r) {
