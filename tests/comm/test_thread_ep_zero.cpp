@@ -13,6 +13,7 @@
 #include "comm/threads.h"
 #include "common/ep_case.h"
 #include "common/temp_dir.h"
+#include "tensor/safetensors.h"
 #include "train/checkpoint.h"
 
 namespace autosp::test {
@@ -94,6 +95,30 @@ TEST_CASE("thread ep x zero: a checkpoint under E = 2 and ZeRO 3 is whole, and a
 }  // namespace autosp::test
 
 namespace autosp::test {
+
+// --dump-grads under EP × ZeRO 2 and 3 (each group unsharded over its own communicator, then every
+// expert broadcast by its owner): every tensor of the one-process run's first-step gradients.
+TEST_CASE("thread ep x zero: --dump-grads at ZeRO 2 and 3 writes the one-process gradients", "[threads][moe][ep][zero]") {
+  const TempDir tmp("ep-zero-grads");
+  TrainArgs one = quiet_args();
+  one.dump_grads = (tmp.dir / "one.safetensors").string();
+  auto single = make_single_process_communicator();
+  (void)train(ep_train_config(kMixtral, {1, 1, 1, 1}, 0, {{"steps", 1}}), one, *single);
+  const SafetensorsFile want = load_safetensors(one.dump_grads);
+  for (int64_t stage : {2, 3}) {
+    TrainArgs args = quiet_args();
+    args.dump_grads = (tmp.dir / ("zero" + std::to_string(stage) + ".safetensors")).string();
+    (void)train_ep(kMixtral, {4, 2, 1, 2}, stage, {{"steps", 1}}, args);
+    const SafetensorsFile got = load_safetensors(args.dump_grads);
+    INFO("ZeRO " << stage);
+    CHECK(got.tensors.size() == want.tensors.size());
+    for (const auto& [name, t] : want.tensors) {
+      INFO(name);
+      REQUIRE(got.tensors.count(name) == 1);
+      CHECK(rel_err(got.tensors.at(name), t) < kTol);
+    }
+  }
+}
 
 // LoRA on the attention with the experts frozen (train/expert_split.h zero3_shards feeds ZeRO-3
 // the frozen experts' shards over their replica group; no expert trains, so the states keep one
