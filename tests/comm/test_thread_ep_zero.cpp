@@ -124,8 +124,8 @@ TEST_CASE("thread ep x zero: --dump-grads at ZeRO 2 and 3 writes the one-process
 // the frozen experts' shards over their replica group; no expert trains, so the states keep one
 // group): dp 2 × sp 2, E 2 at ZeRO 3 gives ZeRO 0's losses, norms and adapters. Against ZeRO 0
 // rather than one process, and the adapters only: LoRA under EP already differs from one process
-// at ZeRO 0 (step 1's loss 4.15816 against 4.15974 here, before decision 185 too: the trainer's
-// start state keeps the other ranks' frozen experts among the trained tensors), left open.
+// at ZeRO 0 (step 1's loss 4.15816 against 4.15974 here, before decision 185 too; decision 187),
+// left open.
 TEST_CASE("thread ep x zero: LoRA with frozen experts at ZeRO 3 trains like ZeRO 0", "[threads][moe][ep][zero]") {
   auto with_lora = [](Config cfg) {
     cfg.lora.enabled = true;
