@@ -4,7 +4,8 @@
 // final whole parameters equal the one-process run (E = 1, ZeRO 0) on the same global batch, for
 // Mixtral and Qwen2-MoE with E = 2 and 4 under Ulysses, dp × sp and activation checkpointing. A
 // checkpoint written under EP × ZeRO-3 holds every expert whole, and a run resumed from it
-// continues like the uninterrupted one.
+// continues like the uninterrupted one; validation, --dump-grads and LoRA with frozen experts work
+// under it too.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -95,6 +96,24 @@ TEST_CASE("thread ep x zero: a checkpoint under E = 2 and ZeRO 3 is whole, and a
 }  // namespace autosp::test
 
 namespace autosp::test {
+
+// Validation under EP × ZeRO 3: its forward program shards the experts like the training one
+// and is fed the same shards; every step's validation loss equals the one-process run's.
+TEST_CASE("thread ep x zero: validation at ZeRO 3 gives the one-process validation loss", "[threads][moe][ep][zero]") {
+  json opt = kEpTrainOpt;
+  opt["eval_every"] = 1;
+  const TrainResult ref = train_one_process(kQwen2Moe, opt);
+  const std::vector<TrainResult> got = train_ep(kQwen2Moe, {4, 2, 1, 2}, 3, opt);
+  REQUIRE(ref.steps.size() == 3);
+  for (const TrainResult& rank : got) {
+    REQUIRE(rank.steps.size() == 3);
+    for (size_t k = 0; k < 3; ++k) {
+      INFO("step " << k + 1);
+      REQUIRE(ref.steps[k].evaluated);
+      CHECK(std::abs(rank.steps[k].val_loss - ref.steps[k].val_loss) < kTol * std::abs(ref.steps[k].val_loss));
+    }
+  }
+}
 
 // --dump-grads under EP × ZeRO 2 and 3 (each group unsharded over its own communicator, then every
 // expert broadcast by its owner): every tensor of the one-process run's first-step gradients.
