@@ -115,6 +115,24 @@ TEST_CASE("thread ep x zero: validation at ZeRO 3 gives the one-process validati
   }
 }
 
+// Under bf16 ZeRO-3 casts an expert's shard and gathers the bf16 copy over its replica group, and
+// sums its gradient in f32 there (regather_parameters): the first step's loss is ZeRO 0's (the same
+// bf16 weights), the later ones within bf16's rounding of the sums' order.
+TEST_CASE("thread ep x zero: bf16 at ZeRO 3 gives ZeRO 0's losses", "[threads][moe][ep][zero]") {
+  std::vector<std::vector<TrainResult>> got(4, std::vector<TrainResult>(4));
+  for (int64_t stage : {0, 3})
+    run_thread_ranks(4, [&](ThreadCommunicator& w) {
+      Config cfg = ep_train_config(kMixtral, {4, 2, 1, 2}, stage);
+      cfg.runtime.dtype = DType::bf16;
+      got[size_t(stage)][size_t(w.rank())] = train(cfg, quiet_args(), w);
+    });
+  const TrainResult &z0 = got[0][0], &z3 = got[3][0];
+  REQUIRE(z0.steps.size() == 3);
+  REQUIRE(z3.steps.size() == 3);
+  CHECK(z3.steps[0].loss == Approx(z0.steps[0].loss).epsilon(1e-6));
+  for (size_t k = 1; k < 3; ++k) CHECK(z3.steps[k].loss == Approx(z0.steps[k].loss).epsilon(1e-2));
+}
+
 // --dump-grads under EP × ZeRO 2 and 3 (each group unsharded over its own communicator, then every
 // expert broadcast by its owner): every tensor of the one-process run's first-step gradients.
 TEST_CASE("thread ep x zero: --dump-grads at ZeRO 2 and 3 writes the one-process gradients", "[threads][moe][ep][zero]") {
