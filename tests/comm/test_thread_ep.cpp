@@ -12,6 +12,7 @@
 
 #include "comm/threads.h"
 #include "common/ep_case.h"
+#include "graph/passes/expert_parallel.h"
 
 namespace autosp::test {
 namespace {
@@ -81,6 +82,18 @@ TEST_CASE("thread ep: expert_parallel keeps this rank's experts and erases the o
     INFO(w);
     CHECK((p.graph->find(w) != nullptr) == (e >= 2));  // ep rank 1 of 2 holds experts 2 and 3
   }
+}
+
+// The one rule for which parameters are experts (ZeRO shards them over their replica group).
+TEST_CASE("thread ep: expert_of reads the expert index and nothing else", "[moe][ep]") {
+  CHECK(expert_of("model.layers.0.block_sparse_moe.experts.3.w1.weight") == 3);
+  CHECK(expert_of("model.layers.11.mlp.experts.127.down_proj.weight") == 127);
+  CHECK(expert_of("model.layers.0.mlp.shared_expert.gate_proj.weight") == -1);
+  CHECK(expert_of("model.layers.0.block_sparse_moe.gate.weight") == -1);
+  CHECK(expert_of("model.layers.0.mlp.experts.gate_up_proj") == -1);  // transformers 5's fused tensor
+  CHECK(expert_of("model.layers.0.mlp.experts..w1") == -1);
+  CHECK(expert_of("model.layers.0.mlp.experts.7") == 7);
+  CHECK(expert_of("") == -1);
 }
 
 }  // namespace autosp::test

@@ -2,7 +2,8 @@
 // dense parameters' state is sharded over the world and the experts' over their expert-replica
 // group (ZeRO-3 gathers an expert there too), and every step's loss and gradient norm and the
 // final whole parameters equal the one-process run (E = 1, ZeRO 0) on the same global batch, for
-// Mixtral and Qwen2-MoE with E = 2 and 4 under Ulysses, dp × sp and activation checkpointing. A
+// Mixtral and Qwen2-MoE with E = 2 and 4 under Ulysses, Ulysses × ring, dp × sp and activation
+// checkpointing. A
 // checkpoint written under EP × ZeRO-3 holds every expert whole, and a run resumed from it
 // continues like the uninterrupted one; validation, --dump-grads and LoRA with frozen experts work
 // under it too.
@@ -36,7 +37,7 @@ std::vector<TrainResult> train_ep(const json& model, const EpLayout& l, int64_t 
 
 TEST_CASE("thread ep x zero: ZeRO 1, 2, 3 with E = 2 and 4 give the one-process losses, norms and weights",
           "[threads][moe][ep][zero]") {
-  const std::vector<EpLayout> layouts{{2, 2, 1, 2}, {4, 2, 1, 2}, {4, 4, 1, 4, true}, {4, 2, 1, 4}};
+  const std::vector<EpLayout> layouts{{2, 2, 1, 2}, {4, 2, 1, 2}, {4, 4, 1, 4, true}, {4, 2, 1, 4}, {4, 4, 2, 2}};
   for (const json& model : {kMixtral, kQwen2Moe}) {
     const TrainResult ref = train_one_process(model);
     REQUIRE(ref.steps.size() == 3);
