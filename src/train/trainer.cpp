@@ -8,6 +8,7 @@
 // and the directory's lifecycle), train/preempt (signals), train/fault (injected failures).
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -131,8 +132,14 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
                    prog.frozen_names.size(),
                    !args.resume.empty() ? "from --resume" : !cfg.lora.from.empty() ? "from " + cfg.lora.from : "fresh");
     if (args.resume.empty()) {
+      // The base trains only where modules_to_save keeps it. Not prog.frozen_names alone: under
+      // expert parallelism the other ranks' experts are not in this rank's program.
+      const std::vector<std::string> saved = lora_saved_params(cfg.model, cfg.lora.modules_to_save);
+      std::vector<std::string> frozen;
+      for (const auto& [name, t] : base)
+        if (std::find(saved.begin(), saved.end(), name) == saved.end()) frozen.push_back(name);
       s.params = with_adapters(std::move(base), start_adapters(cfg, master));
-      for (const std::string& name : prog.frozen_names) s.params.erase(name);
+      for (const std::string& name : frozen) s.params.erase(name);
       s.opt.init(s.params);
     }
     for (auto& [name, p] : s.frozen) host_world.broadcast(p, 0);
