@@ -117,6 +117,9 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
   StartState s;
   if (cfg.lora.enabled) {
     ParamMap base = base_params(cfg, args, master);
+    // Rank 0's base, tensor by tensor in name order: the whole base, whose names every rank has
+    // (under expert parallelism a rank's program, and so its frozen names, hold its own experts only).
+    for (auto& [name, p] : base) host_world.broadcast(p, 0);
     // In the graph's dtype: bf16 under mixed precision (the frozen base needs no f32 master copy).
     for (const std::string& name : prog.frozen_names)
       s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
@@ -142,7 +145,6 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
       for (const std::string& name : frozen) s.params.erase(name);
       s.opt.init(s.params);
     }
-    for (auto& [name, p] : s.frozen) host_world.broadcast(p, 0);
   }
   if (!args.resume.empty()) {
     Checkpoint ck = load_checkpoint(args.resume, cfg, master);
