@@ -910,7 +910,7 @@ void check_router_aux_loss(Config& c, const std::function<void(const std::string
 
 // moe.expert_parallel_size (decision 162): E splits a mixture of experts' experts, so the model
 // has experts and E divides them; the world size is checked when the mesh is made (comm/mesh.h).
-// EP runs on the CPU kernels and with ZeRO stage 0 (decision 165).
+// EP runs on the CPU kernels (decision 164); any ZeRO stage composes with it (decision 185).
 void check_expert_parallel(const Config& c, const std::function<void(const std::string&)>& bad) {
   const int64_t E = c.moe.expert_parallel_size;
   if (E == 1) return;

@@ -5,7 +5,7 @@
 //   y = moe_experts_ep(x, probs, L gates, L ups, L downs, group=ep, group_size=G)
 // with L = E / G: rank g of its expert group keeps experts [g·L, (g+1)·L) and the other experts'
 // parameter nodes are erased, so the rank holds and trains 1/G of the experts (checkpoints still
-// hold them all: train/train_state.cpp ExpertParallelState gathers them). The
+// hold them all: train/train_state.cpp ParamGroups gathers them). The
 // router is untouched (every rank routes its own tokens over all E experts, so the router's
 // gradient is exact); the op's launcher sends each token to its experts' rank and back
 // (engine/expert_parallel.h), and its vjp does the same for the backward. A local expert's weight
