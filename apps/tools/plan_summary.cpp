@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "graph/passes/expert_parallel.h"  // expert_of
 #include "tensor/check.h"
 #include "train/train_state.h"
 
@@ -12,17 +13,33 @@ PlannedBytes planned_bytes(const RankProgram& prog, const Bindings& b, int world
   const Graph& g = *prog.graph;
   PlannedBytes p;
   p.plan = plan_memory(g, b, device);
-  size_t grads = 0;
+  // Under expert parallelism (moe_experts_ep, group_size E) the experts' gradients and state belong
+  // to the world / E ranks holding them, the dense ones' to the world (decision 185).
+  int64_t ep = 1;
+  for (const auto& n : g.nodes())
+    if (n->op() == Op::moe_experts_ep) ep = n->attrs().i("group_size");
+  auto expert = [&](const std::string& name) { return ep > 1 && expert_of(name) >= 0; };
+  auto bytes_of = [&](const Node& n) {
+    size_t bytes = dtype_size(n.dtype());
+    for (const auto& d : n.shape()) bytes *= static_cast<size_t>(d.eval(b));
+    return bytes;
+  };
+  size_t trained[2] = {0, 0}, grads[2] = {0, 0};  // [dense, experts]
   for (const auto& n : g.nodes()) {
-    size_t bytes = dtype_size(n->dtype());
-    for (const auto& d : n->shape()) bytes *= static_cast<size_t>(d.eval(b));
+    const size_t bytes = bytes_of(*n);
     if (n->op() == Op::parameter) p.params += bytes;
     else if (n->op() == Op::input) p.inputs += bytes;
     if (n->role() == Role::frozen) p.frozen += bytes;
+    if (n->op() == Op::parameter && n->role() != Role::frozen) trained[expert(n->name())] += bytes;
     if (g.is_output(n.get())) p.outputs += bytes;
-    if (g.is_output(n.get()) && n->role() == Role::gradient) grads += bytes;
   }
-  const PlannedStateBytes state = planned_state_bytes(mode, p.params - p.frozen, grads, world);
+  for (size_t i = 0; i < prog.grad_names.size(); ++i)
+    grads[expert(prog.param_names[i])] += bytes_of(*g.find(prog.grad_names[i]));
+  PlannedStateBytes state = planned_state_bytes(mode, trained[0], grads[0], world);
+  const PlannedStateBytes experts = planned_state_bytes(mode, trained[1], grads[1], static_cast<int>(world / ep));
+  state.optimizer += experts.optimizer;
+  state.grad_buckets += experts.grad_buckets;
+  state.freed_outputs += experts.freed_outputs;
   p.outputs -= state.freed_outputs;
   p.optimizer = state.optimizer;
   p.grad_buckets = state.grad_buckets;

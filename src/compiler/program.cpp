@@ -54,9 +54,6 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   // (rank_layout checks E against the world size).
   ctx.ep_size = cfg.moe.expert_parallel_size;
   ctx.ep_rank = rank_layout(layout.world_size, layout.world_rank, layout.sp, layout.ring, ctx.ep_size).ep_rank;
-  if (ctx.ep_size > 1 && mode != ZeroMode::replicated)  // "auto" resolved to a sharding stage (decision 165)
-    throw UsageError(str("moe.expert_parallel_size ", ctx.ep_size, " with zero_optimization.stage ",
-                         cfg.zero_optimization.stage, ": expert parallelism runs with ZeRO stage 0 only so far"));
   ctx.shard_parameters = mode == ZeroMode::sharded_parameters;
   // No residual + norm fusion under activation checkpointing (it would cost memory there:
   // passes/fuse_elementwise.h).

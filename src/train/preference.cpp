@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "models/lora.h"
-#include "train/optimizer.h"  // parameter_shard
+#include "train/expert_split.h"
 #include "train/run_device.h"
 #include "tensor/check.h"
 
@@ -102,7 +102,7 @@ DpoReference::DpoReference(const Config& cfg, const ProcessMesh& mesh, ParamMap 
     : prog_(build_program(cfg, cfg.runtime.dtype, Stage::rank_forward, mesh)), params_(std::move(params)), dev_(dev),
       dtype_(prog_.graph->find("ref_logps")->dtype()), slots_(prog_.graph->find("seq_tokens")->shape()[2].value()) {
   if (prog_.zero_mode == ZeroMode::sharded_parameters)
-    for (auto& [name, t] : params_) t = parameter_shard(t, mesh.world_size, mesh.world_rank);
+    params_ = ExpertSplit(cfg, mesh).zero3_shards(params_);
   to_run_device(params_, dev_);
   ExecOptions exec{.attention = cfg.runtime.attention};
   exec.transient_outputs.insert("logits");

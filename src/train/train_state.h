@@ -11,8 +11,10 @@
 //                       once reduce-scattered
 //   sharded_parameters  ZeRO-3: Zero3State holds this rank's shards of the parameters and moments;
 //                       the graph gathers and reduce-scatters (graph/passes/shard_parameters.h)
-// and, with moe.expert_parallel_size > 1 (ZeRO off), replicated with this rank's 1/E of the experts,
-// whose gradients are all-reduced over the ranks holding the same experts (decision 162).
+// Each holds its parameters in groups: every parameter over the world, or with
+// moe.expert_parallel_size E > 1 the dense parameters over the world and this rank's 1/E of the
+// experts over the ranks holding the same experts ("ep_replica"), whose gradients are summed and
+// whose state is sharded there (decisions 162, 185).
 // planned_state_bytes gives autosp-graph --plan-memory the same rules as figures. A new ZeRO-like
 // state is one more class in train_state.cpp, one ZeroMode value and its case in both switches.
 // Knows nothing of data, logging or checkpoint files.

@@ -8,6 +8,7 @@
 // and the directory's lifecycle), train/preempt (signals), train/fault (injected failures).
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -30,6 +31,7 @@
 #include "train/adapter.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/expert_split.h"
 #include "train/fault.h"
 #include "train/outputs.h"
 #include "train/preempt.h"
@@ -115,6 +117,9 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
   StartState s;
   if (cfg.lora.enabled) {
     ParamMap base = base_params(cfg, args, master);
+    // Rank 0's base, tensor by tensor in name order: the whole base, whose names every rank has
+    // (under expert parallelism a rank's program, and so its frozen names, hold its own experts only).
+    for (auto& [name, p] : base) host_world.broadcast(p, 0);
     // In the graph's dtype: bf16 under mixed precision (the frozen base needs no f32 master copy).
     for (const std::string& name : prog.frozen_names)
       s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
@@ -130,11 +135,16 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
                    prog.frozen_names.size(),
                    !args.resume.empty() ? "from --resume" : !cfg.lora.from.empty() ? "from " + cfg.lora.from : "fresh");
     if (args.resume.empty()) {
+      // The base trains only where modules_to_save keeps it. Not prog.frozen_names alone: under
+      // expert parallelism the other ranks' experts are not in this rank's program.
+      const std::vector<std::string> saved = lora_saved_params(cfg.model, cfg.lora.modules_to_save);
+      std::vector<std::string> frozen;
+      for (const auto& [name, t] : base)
+        if (std::find(saved.begin(), saved.end(), name) == saved.end()) frozen.push_back(name);
       s.params = with_adapters(std::move(base), start_adapters(cfg, master));
-      for (const std::string& name : prog.frozen_names) s.params.erase(name);
+      for (const std::string& name : frozen) s.params.erase(name);
       s.opt.init(s.params);
     }
-    for (auto& [name, p] : s.frozen) host_world.broadcast(p, 0);
   }
   if (!args.resume.empty()) {
     Checkpoint ck = load_checkpoint(args.resume, cfg, master);
@@ -355,7 +365,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const std::string policy_logps = prog.graph->find("sequence_logps.global") ? "sequence_logps.global" : "sequence_logps";
   DpoMetrics dpo_metrics(cfg);
   if (prog.zero_mode == ZeroMode::sharded_parameters)  // ZeRO-3 shards LoRA's frozen base like the parameters
-    for (auto& [name, t] : start.frozen) t = parameter_shard(t, world.size(), world.rank());
+    start.frozen = ExpertSplit(cfg, mesh).zero3_shards(start.frozen);
   to_run_device(start.frozen, dev);
   const DataCursor cursor(cfg, *data, start, mesh);
   if (world.rank() == 0 && !cursor.log().empty()) spdlog::info("{}", cursor.log());

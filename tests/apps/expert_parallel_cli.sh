@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # moe.expert_parallel_size through autosp-graph: the rank's program holds moe_experts_ep over its
 # own experts, --plan-memory's parameter bytes lose exactly (E - 1) / E of the experts' bytes, and
-# bad values (E < 1, not an integer, not dividing the experts or the ranks, on a dense model, with
-# ZeRO or CUDA) give one `error:` line naming the key and exit code 2.
+# with ZeRO 1 and 3 the dense state is sharded over the world and the experts' over the world / E
+# ranks holding them (decision 185), and bad values (E < 1, not an integer, not dividing the experts
+# or the ranks, on a dense model, on CUDA) give one `error:` line naming the key and exit code 2.
 #   expert_parallel_cli.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1/autosp-graph
@@ -42,16 +43,35 @@ print(("ok" if ok else "FAIL") + f": parameter bytes at E = 1, 2, 4: {p[1]}, {p[
 sys.exit(0 if ok else 1)
 PY
 
+for z in 1 3; do
+  "$bin" "${moe[@]}" --rank 0 --set moe.expert_parallel_size=2 --set zero_optimization.stage=$z \
+    --plan-memory S=16,B=1 >"$tmp/zero$z.json" 2>"$tmp/err" \
+    || { echo "FAIL: --plan-memory at E = 2, ZeRO $z: $(cat "$tmp/err")"; fail=1; }
+done
+python3 - "$tmp" <<'PY' || fail=1
+import json, sys
+z = {s: json.load(open(f"{sys.argv[1]}/zero{s}.json")) for s in (1, 3)}
+experts = 2 * 2 * 3 * 24 * 32 * 4  # this rank's 2 of 4 experts in 2 layers, f32
+dense = z[1]["parameter_bytes"] - experts
+shard = dense // 4 + experts // 2  # the dense over the 4 ranks, the experts over their 2 replicas
+ok = z[1]["optimizer_bytes"] == 2 * shard and z[3]["parameter_bytes"] == shard and z[3]["optimizer_bytes"] == 2 * shard
+print(("ok" if ok else "FAIL") + f": E = 2 x ZeRO 1, 3 on 4 ranks: {shard} bytes of parameter shards, "
+      f"optimizer {z[1]['optimizer_bytes']}, {z[3]['optimizer_bytes']}; ZeRO-3 parameters {z[3]['parameter_bytes']}")
+sys.exit(0 if ok else 1)
+PY
+
 ep() { refused_alone "$1" "$bin" "${moe[@]}" --rank 0 "${@:2}"; }
 ep "moe.expert_parallel_size" --set moe.expert_parallel_size=0
 ep "moe.expert_parallel_size" --set moe.expert_parallel_size=-2
 ep "moe.expert_parallel_size" --set moe.expert_parallel_size=x
 ep "moe.expert_parallel_size 3 does not divide model.num_local_experts 4" --set moe.expert_parallel_size=3
 ep "moe.expert_parallel_size 8 does not divide" --set moe.expert_parallel_size=8
-ep "moe.expert_parallel_size 2 with zero_optimization.stage 3" --set moe.expert_parallel_size=2 --set zero_optimization.stage=3
 ep "moe.expert_parallel_size 2 on runtime.device" --set moe.expert_parallel_size=2 --set runtime.device=cuda
 refused_alone "moe.expert_parallel_size 2 does not divide the world size 3" "$bin" --config "$tmp/moe.json" \
   --world 3 --rank 0 --set moe.expert_parallel_size=2
+# With ZeRO 3 too (the experts' shards live on world / E ranks): the same refusal, before any sharding.
+refused_alone "moe.expert_parallel_size 4 does not divide the world size 6" "$bin" --config "$tmp/moe.json" \
+  --world 6 --rank 0 --set moe.expert_parallel_size=4 --set zero_optimization.stage=3
 refused_alone "moe.expert_parallel_size 2 needs a mixture of experts" "$bin" --config "$src/configs/llama-tiny.json" \
   --world 2 --rank 0 --set moe.expert_parallel_size=2
 

@@ -12,6 +12,7 @@
 
 #include "comm/threads.h"
 #include "common/ep_case.h"
+#include "graph/passes/expert_parallel.h"
 
 namespace autosp::test {
 namespace {
@@ -39,43 +40,23 @@ TEST_CASE("thread ep: G = 2 and 4 equal one process for the three MoE families u
   }
 }
 
-// Through train() (train/train_state.cpp ExpertParallelState): the loss and gradient norm of every
+// Through train() (ZeRO 0: train/train_state.cpp ReplicatedState over ParamGroups): the loss and gradient norm of every
 // step and the final whole parameters (each expert broadcast from its owner) equal the one-process
 // run's, so the expert-replica all-reduce, the norm over the expert group and the AdamW update of
 // the local experts are those of one process.
 TEST_CASE("thread ep: train() with G = 2 and 4 gives the one-process losses, norms and final weights",
           "[threads][moe][ep]") {
-  const json data = {{"source", "synthetic"}, {"seq_len", 16}, {"batch_size", 2}};
   const json opt = {{"steps", 4}, {"lr", 1e-2}, {"warmup_steps", 1}, {"min_lr", 1e-4}, {"grad_clip", 0.5}};
-  TrainArgs args;
-  args.quiet = true;
-  auto single = make_single_process_communicator();
-  const TrainResult ref = train(make_config(kQwen2Moe, 1, data, opt), args, *single);
+  const TrainResult ref = train_one_process(kQwen2Moe, opt);
   REQUIRE(ref.steps.size() == 4);
   for (const int P : {2, 4}) {
     std::vector<TrainResult> got(static_cast<size_t>(P));
     run_thread_ranks(P, [&](ThreadCommunicator& w) {
-      Config cfg = make_config(kQwen2Moe, P, data, opt);
-      cfg.moe.expert_parallel_size = P;
-      got[static_cast<size_t>(w.rank())] = train(cfg, args, w);
+      got[static_cast<size_t>(w.rank())] = train(ep_train_config(kQwen2Moe, {P, P, 1, P}, 0, opt), quiet_args(), w);
     });
     for (const auto& rank : got) {
       INFO("P = G = " << P);
-      REQUIRE(rank.steps.size() == 4);
-      for (size_t k = 0; k < ref.steps.size(); ++k) {
-        INFO("step " << k + 1);
-        CHECK(std::abs(rank.steps[k].loss - ref.steps[k].loss) < kTol * std::abs(ref.steps[k].loss));
-        CHECK(std::abs(rank.steps[k].grad_norm - ref.steps[k].grad_norm) < 1e-4 * ref.steps[k].grad_norm);
-      }
-      CHECK(rank.params.size() == ref.params.size());
-      for (const auto& [name, want] : ref.params) {
-        INFO(name);
-        auto it = rank.params.find(name);
-        CHECK(it != rank.params.end());
-        // 1e-3: AdamW's early steps move an element by about lr whatever its gradient's size, so
-        // a gradient element near zero turns float noise (the sums' order under SP) into weight.
-        if (it != rank.params.end()) CHECK(rel_err(it->second, want) < 1e-3);
-      }
+      check_train_like(rank, ref);
     }
   }
 }
@@ -96,15 +77,23 @@ TEST_CASE("thread ep: expert_parallel keeps this rank's experts and erases the o
     CHECK(n->inputs().size() == 2 + 3 * 2);
   }
   CHECK(ep_nodes == 2);
-  // A ZeRO stage that "auto" resolved to (past the config's own check) is refused by name too.
-  cfg.zero_optimization.stage = 2;
-  CHECK_THROWS_WITH(build_program(cfg, DType::f32, Stage::rank_forward, rank_layout(2, 1, 2, 1, 2)),
-                    Catch::Contains("moe.expert_parallel_size 2 with zero_optimization.stage 2"));
   for (int e = 0; e < 4; ++e) {
     const std::string w = "model.layers.0.block_sparse_moe.experts." + std::to_string(e) + ".w1.weight";
     INFO(w);
     CHECK((p.graph->find(w) != nullptr) == (e >= 2));  // ep rank 1 of 2 holds experts 2 and 3
   }
+}
+
+// The one rule for which parameters are experts (ZeRO shards them over their replica group).
+TEST_CASE("thread ep: expert_of reads the expert index and nothing else", "[moe][ep]") {
+  CHECK(expert_of("model.layers.0.block_sparse_moe.experts.3.w1.weight") == 3);
+  CHECK(expert_of("model.layers.11.mlp.experts.127.down_proj.weight") == 127);
+  CHECK(expert_of("model.layers.0.mlp.shared_expert.gate_proj.weight") == -1);
+  CHECK(expert_of("model.layers.0.block_sparse_moe.gate.weight") == -1);
+  CHECK(expert_of("model.layers.0.mlp.experts.gate_up_proj") == -1);  // transformers 5's fused tensor
+  CHECK(expert_of("model.layers.0.mlp.experts..w1") == -1);
+  CHECK(expert_of("model.layers.0.mlp.experts.7") == 7);
+  CHECK(expert_of("") == -1);
 }
 
 }  // namespace autosp::test

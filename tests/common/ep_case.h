@@ -4,7 +4,9 @@
 // global batch with dense gradients summed over the world and its experts' over the "ep_replica"
 // group (as the trainer sums them), and the comparison with the one-process run (sp_case.h's reference and
 // tolerance): every dense gradient, exactly this rank's 1/G of the experts' (CHECK-based: call it
-// on the thread that runs Catch).
+// on the thread that runs Catch). Also, through train() at any ZeRO stage (decision 185): a rank's
+// config on the synthetic task, the one-process run, and the comparison of losses, norms and
+// final whole weights.
 #pragma once
 
 #include <string>
@@ -119,6 +121,49 @@ inline const std::vector<EpLayout>& ep_layouts() {
 inline std::string describe(const EpLayout& l) {
   return "world " + std::to_string(l.world) + ", sp " + std::to_string(l.sp) + ", ring " + std::to_string(l.ring) +
          ", ep " + std::to_string(l.ep) + (l.checkpointing ? ", activation checkpointing" : "");
+}
+
+// A rank's train() config under `l` at ZeRO `stage` on the synthetic task: the one-process run's
+// 2 rows per step in all (2 / dp per dp rank), a bucket small enough for several per group.
+inline const json kEpTrainOpt = {{"steps", 3}, {"lr", 1e-2}, {"warmup_steps", 1}, {"min_lr", 1e-4}, {"grad_clip", 0.5}};
+inline Config ep_train_config(const json& model, const EpLayout& l, int64_t stage, const json& opt = kEpTrainOpt) {
+  const int64_t dp = l.world / l.sp;
+  Config cfg = make_config(model, l.sp, {{"source", "synthetic"}, {"seq_len", 16}, {"batch_size", 2 / dp}}, opt);
+  cfg.sequence_parallel.ring_size = l.ring;
+  cfg.moe.expert_parallel_size = l.ep;
+  cfg.zero_optimization.stage = stage;
+  cfg.runtime.activation_checkpointing = l.checkpointing;
+  cfg.runtime.grad_bucket_mb = 0.01;
+  return cfg;
+}
+inline TrainArgs quiet_args() {
+  TrainArgs a;
+  a.quiet = true;
+  return a;
+}
+// The one-process run (E = 1, ZeRO 0) of the same steps.
+inline TrainResult train_one_process(const json& model, const json& opt = kEpTrainOpt) {
+  auto single = make_single_process_communicator();
+  return train(ep_train_config(model, {1, 1, 1, 1}, 0, opt), quiet_args(), *single);
+}
+// A rank's run against the one-process one: every step's loss (kTol) and gradient norm (1e-4), and
+// every final whole weight within 1e-3 (AdamW's first steps move an element by about lr whatever
+// its gradient's size, so a gradient element near zero turns float noise, the sums' order under
+// SP, into weight).
+inline void check_train_like(const TrainResult& got, const TrainResult& ref) {
+  REQUIRE(got.steps.size() == ref.steps.size());
+  for (size_t k = 0; k < ref.steps.size(); ++k) {
+    INFO("step " << k + 1);
+    CHECK(std::abs(got.steps[k].loss - ref.steps[k].loss) < kTol * std::abs(ref.steps[k].loss));
+    CHECK(std::abs(got.steps[k].grad_norm - ref.steps[k].grad_norm) < 1e-4 * ref.steps[k].grad_norm);
+  }
+  CHECK(got.params.size() == ref.params.size());
+  for (const auto& [name, want] : ref.params) {
+    INFO(name);
+    auto it = got.params.find(name);
+    CHECK(it != got.params.end());
+    if (it != got.params.end()) CHECK(rel_err(it->second, want) < 1e-3);
+  }
 }
 
 }  // namespace autosp::test

@@ -428,7 +428,7 @@ const json kEveryKey = {
       {"overlap_grad_sync", false}, {"grad_bucket_mb", 8.0}, {"peak_tflops", 989.0}, {"profile_ops", true}}},
     {"sequence_parallel", {{"autosp_size", 2}, {"ring_size", 2}}},
     {"zero_optimization", {{"stage", 3}}},
-    {"moe", {{"expert_parallel_size", 1}}},  // > 1 needs experts, ZeRO 0 and the CPU (tests/apps/expert_parallel_cli.sh)
+    {"moe", {{"expert_parallel_size", 1}}},  // > 1 needs experts and the CPU (tests/apps/expert_parallel_cli.sh)
     // lora.from (an adapter directory that must exist) is tested with the adapters (tests/train/test_lora.cpp).
     {"lora",
      {{"r", 4}, {"lora_alpha", 8.0}, {"lora_dropout", 0.0}, {"target_modules", {"q_proj", "v_proj", "o_proj"}},

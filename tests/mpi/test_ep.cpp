@@ -2,7 +2,10 @@
 // tests/common/ep_case.h whose world is this run's (np 2: Ulysses 2 with G = 2; np 4: Ulysses,
 // Ulysses × ring, dp × sp and activation checkpointing with G = 2 and 4), for Mixtral, Qwen2-MoE
 // and Qwen3-MoE; each rank checks its loss, its dense gradients and its own experts' gradients
-// against the one-process run it computes itself.
+// against the one-process run it computes itself. Through train() with ZeRO 1, 2 and 3 (decision
+// 185): E = world (np 2: Ulysses 2; np 4: dp 2 × sp 2) and, at np 4, E = 2 with the experts'
+// state sharded over 2 replicas; every rank's losses, norms and final whole weights equal the
+// one-process run's.
 #include <catch2/catch.hpp>
 
 #include "common/ep_case.h"
@@ -20,6 +23,20 @@ TEST_CASE("mpi ep: G = 2 and 4 equal one process for Mixtral, Qwen2-MoE and Qwen
       check_ep_rank(run_ep_rank(w, model, l, c.global, c.params), w.rank(), l, c.ref);
     }
   }
+  w.barrier();
+}
+
+TEST_CASE("mpi ep: train() with ZeRO 1, 2 and 3 equals one process", "[mpi][moe][ep][zero]") {
+  Communicator& w = test_world();
+  const TrainResult ref = train_one_process(kQwen2Moe);
+  const int W = w.size();
+  std::vector<EpLayout> layouts{{W, W == 4 ? 2 : W, 1, W}};
+  if (W == 4) layouts.push_back({4, 4, 1, 2, true});
+  for (const EpLayout& l : layouts)
+    for (int64_t stage = 1; stage <= 3; ++stage) {
+      INFO(describe(l) << ", ZeRO " << stage);
+      check_train_like(train(ep_train_config(kQwen2Moe, l, stage), quiet_args(), w), ref);
+    }
   w.barrier();
 }
 

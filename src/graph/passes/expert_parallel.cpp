@@ -8,7 +8,21 @@
 #include "graph/builder.h"
 #include "tensor/check.h"
 
-namespace autosp::passes {
+namespace autosp {
+
+int64_t expert_of(std::string_view name) {
+  const size_t at = name.find(".experts.");
+  if (at == std::string_view::npos) return -1;
+  const size_t from = at + 9, end = name.find('.', from);
+  int64_t e = 0;
+  for (size_t i = from; i < end && i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    e = e * 10 + (name[i] - '0');
+  }
+  return end == from ? -1 : e;
+}
+
+namespace passes {
 namespace {
 
 // Erases `n` when nothing reads it, then its inputs that nothing reads any more (a dropped
@@ -53,4 +67,5 @@ PassResult expert_parallel(Graph& g, const PassContext& ctx) {
   return res;
 }
 
-}  // namespace autosp::passes
+}  // namespace passes
+}  // namespace autosp

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "graph/autograd.h"
+#include "graph/passes/expert_parallel.h"  // expert_of
 #include "tensor/tensor.h"  // shard_numel
 
 namespace autosp {
@@ -47,10 +48,14 @@ PassResult shard_parameters(Graph& g, const PassContext& ctx) {
   std::vector<Node*> params = g.with_role(Role::parameter), frozen = g.with_role(Role::frozen);
   params.insert(params.end(), frozen.begin(), frozen.end());
   for (Node* p : params) {
+    // Under expert parallelism an expert is sharded over the ranks holding it (decision 185).
+    const bool expert = ctx.ep_size > 1 && expert_of(p->name()) >= 0;
+    const std::string group = expert ? "ep_replica" : "world";
+    const int64_t ranks = expert ? ctx.world_size / ctx.ep_size : ctx.world_size;
     const TensorType whole = p->type();
     int64_t numel = 1;
     for (const Dim& d : whole.shape) numel *= d.value();
-    p->set_type({whole.dtype, {Dim(shard_numel(numel, ctx.world_size))}});
+    p->set_type({whole.dtype, {Dim(shard_numel(numel, ranks))}});
     if (p->users().empty()) continue;
     // Places are compared with Graph::before: positions would rebuild the order after every edit.
     Node* first_user = *std::min_element(p->users().begin(), p->users().end(),
@@ -70,7 +75,7 @@ PassResult shard_parameters(Graph& g, const PassContext& ctx) {
       g.move_before(src, at);
     }
     Node* gather = g.insert_before(at, Op::all_gather, {src},
-                                   {{"group", std::string("world")}, {"group_size", ctx.world_size}, {"shape", whole.shape}},
+                                   {{"group", group}, {"group_size", ranks}, {"shape", whole.shape}},
                                    p->name() + ".gather");
     g.replace_all_uses_with(src, gather, gather);
   }

@@ -1,5 +1,7 @@
 // ZeRO-3 (zero_optimization.stage 3) as two graph passes, the way DeepCompile does it: every
-// parameter is sharded over the world and gathered where it is used.
+// parameter is sharded over the world and gathered where it is used (under expert parallelism an
+// expert parameter over its "ep_replica" group instead, the ranks holding the same experts:
+// decision 185).
 //
 // shard_parameters (after AutoSP, before autograd): each parameter node (LoRA's frozen ones too, which
 // then get no reduce-scatter: autograd does not differentiate them) becomes this rank's shard,
