@@ -124,7 +124,8 @@ TEST_CASE("moe_experts' gradients are the same bits at any thread count", "[kern
   });
 }
 
-TEST_CASE("moe_experts in float (the 16-lane activation) and over several chunks of an expert's rows", "[kernels][moe]") {
+TEST_CASE("moe_experts in float (the 16-lane activation) and over several chunks of an expert's rows",
+          "[kernels][moe]") {
   // I = 37: two full 16-lane vectors and a tail; an expert with 2100 rows runs three chunks of
   // kMlpChunkRows = 1024, its weight gradients summed over them.
   struct Case {
