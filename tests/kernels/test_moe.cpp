@@ -123,3 +123,32 @@ TEST_CASE("moe_experts' gradients are the same bits at any thread count", "[kern
     CHECK(g.dwd == first.dwd);
   });
 }
+
+TEST_CASE("moe_experts in float (the 16-lane activation) and over several chunks of an expert's rows",
+          "[kernels][moe]") {
+  // I = 37: two full 16-lane vectors and a tail; an expert with 2100 rows runs three chunks of
+  // kMlpChunkRows = 1024, its weight gradients summed over them.
+  struct Case {
+    int64_t R, C, E, I;
+  };
+  for (const Case s : {Case{41, 8, 4, 37}, Case{2100, 4, 2, 5}}) {
+    INFO("R " << s.R << " I " << s.I);
+    Moe m(s.R, s.C, s.E, s.I, 2, true, 60);
+    for (naive::Vec* v : {&m.x, &m.probs, &m.wg, &m.wu, &m.wd, &m.dy}) *v = test::widen(test::cast<float>(*v));
+    test::check_close(forward<float>(m), m.reference(), 2e-5);
+    const Grads<float> g = backward<float>(m);
+    const Grads<double> g64 = backward<double>(m);
+    const naive::Vec r = m.dy;
+    auto loss = [&] { return test::dot(m.reference(), r); };
+    uint32_t seed = 70;
+    auto direction = [&](size_t n) { return naive::random_normal(static_cast<int64_t>(n), seed++); };
+    // float gradients: within f32 rounding of the central differences (float64, of the naive loop)
+    test::check_directional(m.x, direction(m.x.size()), test::widen(g.dx), loss, 1e-4);
+    test::check_directional(m.probs, direction(m.probs.size()), test::widen(g.dp), loss, 1e-4);
+    test::check_directional(m.wg, direction(m.wg.size()), test::widen(g.dwg), loss, 1e-4);
+    test::check_directional(m.wu, direction(m.wu.size()), test::widen(g.dwu), loss, 1e-4);
+    test::check_directional(m.wd, direction(m.wd.size()), test::widen(g.dwd), loss, 1e-4);
+    test::check_directional(m.wd, direction(m.wd.size()), test::widen(g64.dwd), loss);
+    test::check_directional(m.wg, direction(m.wg.size()), test::widen(g64.dwg), loss);
+  }
+}
