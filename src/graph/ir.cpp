@@ -258,11 +258,17 @@ void Graph::replace_all_uses_with(Node* from, Node* to, const Node* except) {
     for (size_t i = 0; i < u->inputs_.size(); ++i)
       if (u->inputs_[i] == from) replace_input(u, i, to);
   }
-  if (!from->is_output_) return;
-  for (auto& o : outputs_)
-    if (o == from) o = to;
-  from->is_output_ = false;
-  to->is_output_ = true;
+  if (from->output_ < 0) return;
+  if (outputs_unique_ && to->output_ < 0) {
+    outputs_[static_cast<size_t>(from->output_)] = to;  // O(1): a gradient per parameter is an output
+    to->output_ = from->output_;
+  } else {
+    for (auto& o : outputs_)
+      if (o == from) o = to;
+    to->output_ = to->output_ < 0 ? from->output_ : std::min(to->output_, from->output_);
+    outputs_unique_ = false;
+  }
+  from->output_ = -1;
 }
 
 void Graph::erase(Node* n) {
@@ -311,8 +317,8 @@ std::vector<Node*> Graph::with_role(Role r) const {
 
 void Graph::add_output(Node* n) {
   check_member(n);
-  if (n->is_output_) return;
-  n->is_output_ = true;
+  if (n->output_ >= 0) return;
+  n->output_ = static_cast<int>(outputs_.size());
   outputs_.push_back(n);
 }
 
