@@ -310,8 +310,16 @@ Node* Graph::find(std::string_view name) const {
 
 std::vector<Node*> Graph::with_role(Role r) const {
   std::vector<Node*> out;
-  for (Node* n = head_; n; n = n->next_)
-    if (n->role_ == r) out.push_back(n);
+  if (unordered_) {  // the list, rather than rebuilding the order for this
+    for (Node* n = head_; n; n = n->next_)
+      if (n->role_ == r) out.push_back(n);
+    return out;
+  }
+  // The order vector: every node's address is known ahead, so the reads overlap; a walk of the list
+  // waits for each node before it can read the next (11 % of planning a 48-layer MoE under ZeRO-3,
+  // decision 189).
+  for (const auto& n : nodes_)
+    if (n->role_ == r) out.push_back(n.get());
   return out;
 }
 
