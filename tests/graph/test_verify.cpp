@@ -262,3 +262,30 @@ TEST_CASE("a pipeline verified once names the pass that broke the graph", "[veri
   CHECK_THROWS_WITH(run_pipeline_verified_once(make, bad, {}),
                     Catch::Contains("%t") && Catch::Contains("in pass breaks after [a]"));
 }
+
+// with_role (the order vector when it is current, else the list) against a filter of nodes() by
+// hand, with the order current and right after edits in the middle.
+TEST_CASE("with_role finds the nodes of a role in order", "[verify][ir]") {
+  Graph g;
+  Builder b(g);
+  Node* x = b.input("x", DType::f32, {Dim(4)}, Role::none);
+  std::mt19937 rng(5);
+  auto by_hand = [&](Role r) {
+    std::vector<Node*> out;
+    for (const auto& n : g.nodes())
+      if (n->role() == r) out.push_back(n.get());
+    return out;
+  };
+  std::vector<Node*> nodes = {x};
+  for (int step = 0; step < 300; ++step) {
+    const Role role = rng() % 3 ? Role::none : Role::gradient;
+    Node* at = nodes[rng() % nodes.size()];
+    nodes.push_back(rng() % 2 ? g.add(Op::scale, {x}, {{"factor", 1.0}}, "n", role)
+                              : g.insert_after(at, Op::scale, {x}, {{"factor", 1.0}}, "m", role));
+    if (step % 7 == 0) nodes.back()->set_role(Role::loss);
+    const std::vector<Node*> unordered = g.with_role(Role::gradient);  // before nodes() rebuilds the order
+    REQUIRE(unordered == by_hand(Role::gradient));
+    REQUIRE(g.with_role(Role::gradient) == by_hand(Role::gradient));  // from the order vector
+    REQUIRE(g.with_role(Role::loss) == by_hand(Role::loss));
+  }
+}
