@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     const RankLayout layout =
         rank_layout(world, rank, cfg.sequence_parallel.autosp_size, cfg.sequence_parallel.ring_size);
     RankProgram prog = build_program(cfg, cfg.runtime.dtype, stage, layout);  // a stage or a pass name
-    const Graph* g = prog.graph.get();  // verified after each pass (types wait for propagate_shapes)
+    const Graph* g = prog.graph.get();  // verified (graph/passes/pass.h: after each pass, or once in Release)
     if (args.count("plan-memory")) {
       std::cout << plan_summary(prog, b, cfg, static_cast<int>(world), cfg.runtime.device).dump() << "\n";
       return 0;

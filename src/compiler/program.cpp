@@ -96,16 +96,26 @@ RankProgram run_program(const Config& cfg, DType dtype, const std::vector<Pass>&
                         ZeroMode mode, bool training) {
   RankProgram p;
   p.zero_mode = mode;
-  const auto t0 = std::chrono::steady_clock::now();
-  p.graph = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train,
-                          {.document_mask = cfg.data.document_mask || !cfg.data.pairs_path.empty(),
-                           .tiled_mlp = cfg.runtime.tiled_mlp,
-                           .tiled_loss = cfg.runtime.tiled_loss, .dpo_slots = dpo_slots(cfg),
-                           .dpo = {.beta = cfg.dpo.beta, .loss_type = cfg.dpo.loss_type,
-                                   .label_smoothing = cfg.dpo.label_smoothing, .rpo_alpha = cfg.dpo.rpo_alpha},
-                           .router_aux_loss = training && cfg.model.output_router_logits});
-  p.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto make = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto g = build_forward(cfg.model, master_dtype(dtype), ForwardMode::train,
+                           {.document_mask = cfg.data.document_mask || !cfg.data.pairs_path.empty(),
+                            .tiled_mlp = cfg.runtime.tiled_mlp,
+                            .tiled_loss = cfg.runtime.tiled_loss, .dpo_slots = dpo_slots(cfg),
+                            .dpo = {.beta = cfg.dpo.beta, .loss_type = cfg.dpo.loss_type,
+                                    .label_smoothing = cfg.dpo.label_smoothing, .rpo_alpha = cfg.dpo.rpo_alpha},
+                            .router_aux_loss = training && cfg.model.output_router_logits});
+    p.model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return g;
+  };
+  // Release builds verify the program once, after its last pass (decision 188); Debug builds after
+  // every pass, so that a pass's intermediate graph is checked as well.
+#ifdef NDEBUG
+  p.graph = run_pipeline_verified_once(make, passes, ctx, &p.pass_times);
+#else
+  p.graph = make();
   run_pipeline(*p.graph, passes, ctx, &p.pass_times);
+#endif
   p.loss = p.graph->find("loss.global") ? "loss.global" : "loss";
   if (p.graph->find("aux_loss")) {  // the load-balancing loss (models/moe.h) and its statistics
     p.aux_loss = p.graph->find("aux_loss.global") ? "aux_loss.global" : "aux_loss";

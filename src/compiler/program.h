@@ -70,7 +70,9 @@ DType master_dtype(DType run);
 // and the layout; the ZeRO mode (config/config.h zero_mode) is decided there, once.
 //
 // The model built in master_dtype(dtype), then every pass of the program up to `stage`, through
-// one run_pipeline (the verifier after each pass; an error says "in pass X after [...]"), for the
+// one pipeline (verified after each pass, or in Release builds once after the last and after each
+// only on a failure: graph/passes/pass.h run_pipeline_verified_once; an error says "in pass X after
+// [...]"), for the
 // rank `layout` places (comm/mesh.h: rank_layout(W, r, cfg.sequence_parallel.autosp_size), or the
 // trainer's ProcessMesh; the default is a world of one rank). AutoSP shards for the layout's sp.
 RankProgram build_program(const Config& cfg, DType dtype, Stage stage, const RankLayout& layout = {});

@@ -110,10 +110,10 @@ class Node {
   uint64_t label_ = 0;     // order label: a before b iff a.label_ < b.label_
   Node* prev_ = nullptr;   // execution order, as a list
   Node* next_ = nullptr;
-  bool is_output_ = false;
+  int output_ = -1;  // its index in the graph's outputs (the first, should it be there twice); -1: none
   Op op_ = Op::input;
+  Role role_ = Role::none;  // beside next_: with_role walks the list reading only these
   std::string name_;
-  Role role_ = Role::none;
   std::vector<Node*> inputs_;
   std::vector<Node*> users_;
   Attrs attrs_;
@@ -160,7 +160,7 @@ class Graph {
   // Graph outputs (loss, logits, gradients): kept alive by DCE and fetched by the executor.
   const std::vector<Node*>& outputs() const { return outputs_; }
   void add_output(Node* n);
-  bool is_output(const Node* n) const { return n->is_output_; }
+  bool is_output(const Node* n) const { return n->output_ >= 0; }
 
   const std::vector<Divisibility>& assumptions() const { return assumptions_; }
   void assume(Divisibility d);
@@ -192,6 +192,9 @@ class Graph {
   Node* tail_ = nullptr;
   size_t count_ = 0;
   std::vector<Node*> outputs_;
+  // Whether no node is in outputs_ twice (replace_all_uses_with onto an output makes it so): then a
+  // node's output_ is its only index there.
+  bool outputs_unique_ = true;
   std::vector<Divisibility> assumptions_;
   mutable size_t checked_assumptions_ = SIZE_MAX;  // assumptions_.size() at the last full verify
   // Hashed by name (find with a string_view too): an ordered map compares long common prefixes

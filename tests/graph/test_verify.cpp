@@ -1,8 +1,10 @@
 // The verifier accepts well-formed graphs and rejects each kind of malformed one, naming the node.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <random>
 
 #include "graph/builder.h"
+#include "graph/passes/pass.h"
 #include "graph/verify.h"
 #include "tensor/check.h"
 #include "models/model.h"
@@ -199,4 +201,91 @@ TEST_CASE("the graph's order follows edits in the middle", "[verify][ir]") {
   const std::string name = a->name();
   g.erase(a);
   CHECK(g.add(Op::scale, {x}, {{"factor", 1.0}}, "n")->name() == name);
+}
+
+// The graph's outputs under replace_all_uses_with (each output's slot kept in its node, ir.h)
+// against a std::vector kept by hand with the scan the Graph used to do: 400 random replacements
+// of outputs and non-outputs, onto new nodes and onto nodes that are outputs already.
+TEST_CASE("the graph's outputs follow replace_all_uses_with", "[verify][ir]") {
+  Graph g;
+  Builder b(g);
+  Node* x = b.input("x", DType::f32, {Dim(4)}, Role::none);
+  std::vector<Node*> nodes, ref;
+  std::mt19937 rng(11);
+  for (int i = 0; i < 40; ++i) {
+    nodes.push_back(g.add(Op::scale, {x}, {{"factor", 1.0}}, "n"));
+    if (rng() % 2) {
+      g.add_output(nodes.back());
+      ref.push_back(nodes.back());
+    }
+  }
+  for (int step = 0; step < 400; ++step) {
+    Node* from = nodes[rng() % nodes.size()];
+    Node* to = rng() % 4 ? g.add(Op::scale, {x}, {{"factor", 1.0}}, "m") : nodes[rng() % nodes.size()];
+    if (to == from) continue;
+    if (std::find(nodes.begin(), nodes.end(), to) == nodes.end()) nodes.push_back(to);
+    g.replace_all_uses_with(from, to);
+    for (Node*& o : ref)
+      if (o == from) o = to;
+    REQUIRE(g.outputs() == ref);
+    for (Node* n : nodes) REQUIRE(g.is_output(n) == (std::find(ref.begin(), ref.end(), n) != ref.end()));
+  }
+}
+
+namespace {
+PassResult no_edit(Graph&, const PassContext&) { return {}; }
+PassResult wrong_type(Graph& g, const PassContext&) {  // breaks the graph: t's type disagrees with its rule
+  g.find("t")->set_type({DType::f32, {B, S, 4, 4}});
+  return {true};
+}
+}  // namespace
+
+// A pipeline verified once (a rank's program in Release builds) finds what the verifier after each
+// pass finds, and run_pipeline_verified_once still names the pass that broke the graph.
+TEST_CASE("a pipeline verified once names the pass that broke the graph", "[verify]") {
+  const std::vector<Pass> good = {{"a", no_edit, true}, {"b", no_edit, true}};
+  const std::vector<Pass> bad = {{"a", no_edit, true}, {"breaks", wrong_type, true}, {"c", no_edit, true}};
+  auto make = [] {
+    Small s;
+    return std::make_unique<Graph>(std::move(s.g));
+  };
+  std::vector<PassTime> times;
+  auto g = run_pipeline_verified_once(make, good, {}, &times);
+  REQUIRE(g);
+  CHECK(g->find("s"));
+  REQUIRE(times.size() == 3);
+  CHECK(times.back().name == "verify");
+  CHECK_THROWS_WITH(run_pipeline(*make(), bad, {}, nullptr, VerifyWhen::once),
+                    Catch::Contains("%t") && Catch::Contains("(after the passes [a, breaks, c])"));
+  CHECK_THROWS_WITH(run_pipeline(*make(), bad, {}, nullptr, VerifyWhen::each_pass),
+                    Catch::Contains("%t") && Catch::Contains("in pass breaks after [a]"));
+  CHECK_THROWS_WITH(run_pipeline_verified_once(make, bad, {}),
+                    Catch::Contains("%t") && Catch::Contains("in pass breaks after [a]"));
+}
+
+// with_role (the order vector when it is current, else the list) against a filter of nodes() by
+// hand, with the order current and right after edits in the middle.
+TEST_CASE("with_role finds the nodes of a role in order", "[verify][ir]") {
+  Graph g;
+  Builder b(g);
+  Node* x = b.input("x", DType::f32, {Dim(4)}, Role::none);
+  std::mt19937 rng(5);
+  auto by_hand = [&](Role r) {
+    std::vector<Node*> out;
+    for (const auto& n : g.nodes())
+      if (n->role() == r) out.push_back(n.get());
+    return out;
+  };
+  std::vector<Node*> nodes = {x};
+  for (int step = 0; step < 300; ++step) {
+    const Role role = rng() % 3 ? Role::none : Role::gradient;
+    Node* at = nodes[rng() % nodes.size()];
+    nodes.push_back(rng() % 2 ? g.add(Op::scale, {x}, {{"factor", 1.0}}, "n", role)
+                              : g.insert_after(at, Op::scale, {x}, {{"factor", 1.0}}, "m", role));
+    if (step % 7 == 0) nodes.back()->set_role(Role::loss);
+    const std::vector<Node*> unordered = g.with_role(Role::gradient);  // before nodes() rebuilds the order
+    REQUIRE(unordered == by_hand(Role::gradient));
+    REQUIRE(g.with_role(Role::gradient) == by_hand(Role::gradient));  // from the order vector
+    REQUIRE(g.with_role(Role::loss) == by_hand(Role::loss));
+  }
 }

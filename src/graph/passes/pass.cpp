@@ -38,21 +38,45 @@ int ScopeIndex::first(std::string_view name) const {
   return best;
 }
 
-void run_pipeline(Graph& g, const std::vector<Pass>& passes, const PassContext& ctx, std::vector<PassTime>* times) {
+void run_pipeline(Graph& g, const std::vector<Pass>& passes, const PassContext& ctx, std::vector<PassTime>* times,
+                  VerifyWhen when) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  auto level = [](const Pass& p) { return p.types_valid_after ? VerifyLevel::full : VerifyLevel::structure; };
   std::string before;
   for (const Pass& p : passes) {
     try {
       const auto t0 = Clock::now();
       p.run(g, ctx);
       const auto t1 = Clock::now();
-      verify(g, p.types_valid_after ? VerifyLevel::full : VerifyLevel::structure);
+      if (when == VerifyWhen::each_pass) verify(g, level(p));
       if (times) times->push_back({p.name, seconds(t0, t1), seconds(t1, Clock::now())});
     } catch (const UsageError& e) {
       throw UsageError(str(e.what(), " (in pass ", p.name, " after [", before, "])"));
     }
     before += (before.empty() ? "" : ", ") + std::string(p.name);
+  }
+  if (when == VerifyWhen::each_pass || passes.empty()) return;
+  try {
+    const auto t0 = Clock::now();
+    verify(g, level(passes.back()));
+    if (times) times->push_back({"verify", 0, seconds(t0, Clock::now())});
+  } catch (const UsageError& e) {
+    throw UsageError(str(e.what(), " (after the passes [", before, "])"));
+  }
+}
+
+std::unique_ptr<Graph> run_pipeline_verified_once(const std::function<std::unique_ptr<Graph>()>& make,
+                                                  const std::vector<Pass>& passes, const PassContext& ctx,
+                                                  std::vector<PassTime>* times) {
+  std::unique_ptr<Graph> g = make();
+  try {
+    run_pipeline(*g, passes, ctx, times, VerifyWhen::once);
+    return g;
+  } catch (const UsageError&) {
+    g = make();  // again, to find the pass
+    run_pipeline(*g, passes, ctx, nullptr, VerifyWhen::each_pass);
+    throw;  // a pass that broke the graph and one that mended it: the one verify's error
   }
 }
 

@@ -1,9 +1,13 @@
 // Graph passes: one file and one function each, `PassResult run(Graph&, const PassContext&)`,
 // registered by name in a pipeline (the AutoSP pipeline, graph/passes/autosp/pipeline.cpp; a rank's
-// whole program, compiler/program.cpp). A pipeline runs passes in order and verifies the graph after each; a failure
-// names the pass and the passes before it. Passes edit only through the Graph API.
+// whole program, compiler/program.cpp). A pipeline runs passes in order and verifies the graph after each
+// (a rank's program in Release builds: once, after the last, and after each only when that fails;
+// run_pipeline_verified_once); a failure names the pass and the passes before it. Passes edit only
+// through the Graph API.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -84,14 +88,29 @@ class ScopeIndex {
 };
 
 // What one pass of a pipeline cost: its run and the verifier after it, in seconds of wall time.
+// A pipeline verified once ends with an entry named "verify" (run_s 0) for that verify.
 struct PassTime {
   std::string_view name;
   double run_s = 0, verify_s = 0;
 };
 
-// Runs `passes` in order with the verifier after each. Any error becomes a UsageError
-// "<pass>: ... (in pass <pass> after [a, b])". With `times`, appends each pass's PassTime.
+// When a pipeline runs the verifier: after every pass, or once, after the last one.
+enum class VerifyWhen { each_pass, once };
+
+// Runs `passes` in order with the verifier after each, or with `once` after the last only. Any
+// error becomes a UsageError "<pass>: ... (in pass <pass> after [a, b])", a failure of the one
+// verify "verify: ... (after the passes [a, b])". With `times`, appends each pass's PassTime.
 void run_pipeline(Graph& g, const std::vector<Pass>& passes, const PassContext& ctx,
-                  std::vector<PassTime>* times = nullptr);
+                  std::vector<PassTime>* times = nullptr, VerifyWhen when = VerifyWhen::each_pass);
+
+// The graph `make` builds, with `passes` run on it and verified once (the verifier walks the whole
+// graph: after each of a 48-layer MoE's ~20 passes it was a third of the build, decision 188). If
+// anything fails, builds the graph again and runs the passes with the verifier after each, which
+// then throws the error naming the pass that broke the graph, as run_pipeline does; `times` holds
+// the first run's. Same result and errors as run_pipeline with `each_pass`, except for a pass that
+// breaks the graph and a later one that mends it.
+std::unique_ptr<Graph> run_pipeline_verified_once(const std::function<std::unique_ptr<Graph>()>& make,
+                                                  const std::vector<Pass>& passes, const PassContext& ctx,
+                                                  std::vector<PassTime>* times = nullptr);
 
 }  // namespace autosp

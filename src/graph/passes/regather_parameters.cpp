@@ -8,17 +8,19 @@ namespace autosp::passes {
 
 PassResult regather_parameters(Graph& g, const PassContext& ctx) {
   if (!ctx.shard_parameters) return {};
-  std::vector<Node*> gathers;
+  std::vector<Node*> gathers, scatters;
   // A parameter's gather reads the shard, or under mixed precision the shard's cast
   // (shard_parameters).
   auto shard_of = [](const Node* gather) {
     const Node* in = gather->input(0);
     return in->op() == Op::cast ? in->input(0) : in;
   };
-  for (const auto& n : g.nodes())
+  for (const auto& n : g.nodes()) {
     if (n->op() == Op::all_gather &&
         (shard_of(n.get())->role() == Role::parameter || shard_of(n.get())->role() == Role::frozen))
       gathers.push_back(n.get());
+    if (n->op() == Op::reduce_scatter) scatters.push_back(n.get());  // the gradients' (none is inserted below)
+  }
   const ParameterUnits units(g, ctx);  // before anything is inserted
   // Places are compared with Graph::before and found with next: positions would rebuild the
   // order after every insertion.
@@ -67,9 +69,6 @@ PassResult regather_parameters(Graph& g, const PassContext& ctx) {
   }
   // Autograd reaches the gathers, the graph's first nodes, last: each gradient's reduce_scatter
   // moves up to right after the whole gradient is complete, which then dies there.
-  std::vector<Node*> scatters;
-  for (const auto& n : g.nodes())
-    if (n->op() == Op::reduce_scatter) scatters.push_back(n.get());
   // A gather of a cast shard differentiates into cast(reduce_scatter(dW)): summed over the ranks
   // in the compute dtype. Gradients are summed in the master dtype, as the other stages do: one
   // reduce_scatter(dW, sum_dtype=f32), whose launcher casts dW to f32 in bounded pieces (no whole

@@ -13,6 +13,7 @@ ParameterUnits::ParameterUnits(const Graph& g, const PassContext& ctx) {
   const size_t backward = backward_begin(g);
   const ScopeIndex scopes(ctx.layer_scopes);
   int unit = 0, scope = -1;
+  unit_of_.reserve(g.size());
   for (size_t i = 0; i < g.size(); ++i) {
     Node* n = g.nodes()[i].get();
     bool starts = i == backward;
