@@ -44,6 +44,10 @@ struct ModelConfig {
   // (Family::qkv_bias, o_bias, mlp_bias). sliding_window: 0 = none (Family::window).
   int64_t head_dim_config = 0;
   bool attention_bias = false, mlp_bias = false;
+  // gpt-oss's attention sinks: a learned logit per query head in every softmax denominator, the
+  // parameter model.layers.{i}.self_attn.sinks [num_attention_heads] (docs/decisions.md 174). A
+  // model key for now; gpt-oss's family row will set it.
+  bool attention_sinks = false;
   int64_t sliding_window = 0;
   // Which layers the window applies to (docs/decisions.md 143): layer_types (transformers 5: one
   // "full_attention" or "sliding_attention" per layer) when given; else every layer of a

@@ -1,7 +1,8 @@
 // Ring attention over MPI (MPI_Isend / MPI_Irecv, comm/mpi.cpp): at np 4 Ulysses 2 × ring 2 with
 // 2 heads, at np 2 a pure ring of 2, each with packed documents; and a windowed Mistral as a pure
 // ring of np (the windowed exchange, decision 135: messages of different sizes, and empty ones);
-// the loss and every world-summed gradient equal the unsharded float64 P = 1 program (bars 1e-10). The same cases over thread
+// the loss and every world-summed gradient equal the unsharded float64 P = 1 program (bars 1e-10);
+// and gpt-oss's attention sinks on the windowed Mistral. The same cases over thread
 // ranks, and the rest of the ring's contract, are tests/comm/test_thread_ring.cpp.
 #include <catch2/catch.hpp>
 
@@ -71,6 +72,42 @@ TEST_CASE("ring over MPI: a sliding window's exchange equals the float64 P = 1 r
   const LossAndGrads got = run_sp_on(w, cfg, batch, params, DType::f64);
   INFO("P = " << P << ": loss " << got.loss << " vs " << ref.loss);
   CHECK(std::abs(got.loss - ref.loss) <= 1e-10 * std::abs(ref.loss));
+  for (const auto& [name, want] : ref.grads) {
+    INFO("gradient of " << name);
+    CHECK(rel_err(got.grads.at(name), want) < 1e-10);
+  }
+}
+
+// gpt-oss's attention sinks (decision 175) through MPI: the windowed Mistral above with sinks, at
+// np 4 as Ulysses 2 x ring 2 (each rank's heads' slice of the sinks, the sink joining on its
+// own chunk's pair), at np 2 as a pure ring of 2.
+TEST_CASE("ring over MPI: attention sinks equal the float64 P = 1 run", "[autosp][ring]") {
+  Communicator& w = test_world();
+  const int64_t P = w.size();
+  if (P < 2) return;
+  const json model = {{"arch", "mistral"},      {"vocab_size", 64},          {"hidden_size", 16},
+                      {"num_hidden_layers", 2}, {"num_attention_heads", 4},  {"num_key_value_heads", 2},
+                      {"intermediate_size", 32}, {"sliding_window", 5},      {"attention_sinks", true}};
+  auto config = [&](int64_t sp) {
+    return parse_config({{"model", model},
+                         {"data", {{"source", "tokens"}, {"path", "unused.bin"}, {"seq_len", 32}, {"batch_size", 2},
+                                   {"eos_token_id", kEos}, {"document_mask", true}}},
+                         {"runtime", {{"dtype", "float64"}, {"threads", 1}}},
+                         {"sequence_parallel", {{"autosp_size", sp}, {"ring_size", 2}}}});
+  };
+  const Config cfg1 = parse_config({{"model", model}, {"data", {{"source", "tokens"}, {"path", "unused.bin"},
+                                    {"seq_len", 32}, {"batch_size", 2}, {"eos_token_id", kEos}, {"document_mask", true}}},
+                                    {"runtime", {{"dtype", "float64"}, {"threads", 1}}}});
+  ParamMap params = init_params(cfg1.model, 45, DType::f64);
+  for (int l = 0; l < 2; ++l)
+    for (int64_t h = 0; h < 4; ++h)
+      params.at(str("model.layers.", l, ".self_attn.sinks")).data<double>()[h] = 1.0 + 0.5 * double(h - 2 * l);
+  const Batch batch = marked_documents(2, 32, 46);
+  const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
+  const LossAndGrads got = run_sp_on(w, config(P), batch, params, DType::f64);
+  INFO("P = " << P << ": loss " << got.loss << " vs " << ref.loss);
+  CHECK(std::abs(got.loss - ref.loss) <= 1e-10 * std::abs(ref.loss));
+  REQUIRE(ref.grads.count("model.layers.1.self_attn.sinks"));
   for (const auto& [name, want] : ref.grads) {
     INFO("gradient of " << name);
     CHECK(rel_err(got.grads.at(name), want) < 1e-10);
