@@ -31,6 +31,7 @@
 //   group(c)              the node's communicator, checked to carry this device's tensors
 //   kRopeMaxHeadDim, kAttentionMaxHeadDim   the largest head dims the kernels take
 //   kDeviceName           "CPU", "CUDA" (in messages)
+//   kAttentionSinks       whether the device's attention kernels take sinks (AttentionVariant::sinks)
 // and for attention (sdpa's own launchers and ring attention's chunk pairs):
 //   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T;
 //                         CUDA's: float), in which ring attention also sums its blocks
@@ -96,10 +97,10 @@ Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true)
 }
 
 // The operands sdpa and ring_attention share, contiguous on the device and checked: q, k, v and the
-// optional document starts (input 3, as i64); their backward adds o, lse (lse_input) and dout
-// (inputs 3-5) and has the starts at input 6.
+// optional document starts (as i64) and sinks (graph/builder.h attention_inputs); their backward
+// adds o, lse (lse_input) and dout (inputs 3-5) before the optional ones.
 struct AttentionArgs {
-  Tensor q, k, v, o, lse, dout, docs;
+  Tensor q, k, v, o, lse, dout, docs, sinks;
   const int64_t* doc_start() const { return docs.defined() ? ptr<int64_t>(docs) : nullptr; }
 };
 AttentionArgs attention_args(const KernelCall& c, bool backward) {
@@ -107,15 +108,32 @@ AttentionArgs attention_args(const KernelCall& c, bool backward) {
   args.q = arg(c, 0);
   args.k = arg(c, 1);
   args.v = arg(c, 2);
-  const size_t docs_at = backward ? 6 : 3;
   if (backward) {
     args.o = arg(c, 3);
     args.lse = lse_input(c, 4);
     args.dout = arg(c, 5);
   }
-  if (c.in.size() > docs_at) args.docs = ids64(c, docs_at);
+  const AttentionInputs opt = attention_inputs(c.node);
+  size_t i = opt.first;
+  if (opt.doc_start) args.docs = ids64(c, i++);
+  if (opt.sinks) {
+    if (!kAttentionSinks)
+      throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": attention sinks have no ", kDeviceName,
+                           " kernel yet"));
+    args.sinks = arg(c, i);
+  }
   check_head_dim(c, args.q.dim(3), kAttentionMaxHeadDim, "attention");
   return args;
+}
+
+// The variant with the sinks (when the node has them) and where their gradient goes (null: not
+// computed). V is the kernels' variant type, which the caller has the sinks in.
+template <class V>
+AttentionVariant<V> with_sinks(AttentionVariant<V> var, const AttentionArgs& args, V* dsinks = nullptr) {
+  if (!args.sinks.defined()) return var;
+  var.sinks = ptr<V>(args.sinks);
+  var.dsinks = dsinks;
+  return var;
 }
 
 }  // namespace
@@ -521,9 +539,12 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
 // chunk after the query chunk is skipped (causal), the same chunk is the causal diagonal, an
 // earlier one is full or cut by the window; with document starts (read to the host once per
 // call, where the skips are decided), a pair whose keys all lie before every query's document is
-// skipped too (never visited, not masked). The running output, its log-sum-exp and the gradients
-// are summed in attn_acc_t (on CUDA f32 for every T: a bf16 model's blocks are merged and summed
-// in f32, the dK/dV partials travel in f32, and each result is rounded once at the end).
+// skipped too (never visited, not masked). Sinks go with each query chunk's own pair only
+// (RingChunks::own): its block's log-sum-exp includes exp(sink), so the merged one counts it once;
+// the backward reads the merged lse and o, so that pair's dsinks is the whole sum for its rows.
+// The running output, its log-sum-exp and the gradients are summed in attn_acc_t (on CUDA f32 for
+// every T: a bf16 model's blocks are merged and summed in f32, the dK/dV partials travel in f32,
+// and each result is rounded once at the end).
 namespace {
 
 // Rows [first, first + n) of dim 2 of x [B, H, L, D], as a strided view [B, H, n, D].
@@ -624,9 +645,10 @@ Tensor ring_attention(const KernelCall& c) {
         for (int a = 0; a < 2; ++a) {
           bool diagonal = false;
           if (!g.visits(a, t.chunk, diagonal, dh, t.keys)) continue;
+          const auto var = variant_of<T>(c, g.offset(a, t.chunk));
           attend<T>(s, ptr<T>(qh) + g.q_half(a), kp, vp, ptr<T>(o_blk), ptr<A>(lse_blk), g.B, g.N, g.Nkv, g.c, t.keys,
                     g.D, scale, diagonal, g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
-                    variant_of<T>(c, g.offset(a, t.chunk)));
+                    g.own(a, t.chunk) ? with_sinks(var, args) : var);
           call(s, dev::merge_attention<T>, ptr<A>(o) + g.q_half(a), ptr<A>(lse) + g.lse_half(a), ptr<T>(o_blk),
                ptr<A>(lse_blk), g.B * g.N * g.c, g.D);
           progress();
@@ -652,7 +674,7 @@ Tensor ring_attention(const KernelCall& c) {
   });
 }
 
-// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
+// dq; extra outputs dk, dv (, dsinks). Inputs: q, k, v, o, lse, dout (, document starts) (, sinks).
 Tensor ring_attention_backward(const KernelCall& c) {
   const AttentionArgs args = attention_args(c, true);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
@@ -676,6 +698,13 @@ Tensor ring_attention_backward(const KernelCall& c) {
     A* const scratch = widened.defined() ? ptr<A>(widened) : nullptr;
     Tensor kv = kv_block(c, k, v, s), docs_blk;
     std::vector<int64_t> dh;
+    // dsinks: each own pair's (overwritten by the kernel) added into their sum
+    Tensor dsinks, dsinks_blk;
+    if (args.sinks.defined()) {
+      dsinks = Tensor::empty(args.sinks.shape(), dtype_of<A>, c.alloc);
+      dsinks_blk = Tensor::empty(args.sinks.shape(), dtype_of<A>, c.alloc);
+      call(s, dev::fill<A>, ptr<A>(dsinks), dsinks.numel(), A(0));
+    }
     // The dK, dV of a message of tails into `part` (a message of the same tails in A).
     const auto grad_step = [&](int owner, const std::vector<ChunkTail>& tails, const Tensor& msg, Tensor& part,
                                const std::function<void()>& progress) {
@@ -688,11 +717,14 @@ Tensor ring_attention_backward(const KernelCall& c) {
           bool diagonal = false;
           if (!g.visits(a, t.chunk, diagonal, dh, t.keys)) continue;
           T* dkb = ptr<T>(dkv_blk);
+          const bool sinks = dsinks.defined() && g.own(a, t.chunk);
+          const auto var = variant_of<T>(c, g.offset(a, t.chunk));
           attend_backward<T>(s, ptr<T>(qh) + g.q_half(a), kp, vp, ptr<T>(oh) + g.q_half(a),
                              ptr<A>(lseh) + g.lse_half(a), ptr<T>(doh) + g.q_half(a), ptr<T>(dq_blk), dkb, dkb + n,
                              g.B, g.N, g.Nkv, g.c, t.keys, g.D, scale, diagonal,
                              g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
-                             variant_of<T>(c, g.offset(a, t.chunk)));
+                             sinks ? with_sinks(var, args, ptr<A>(dsinks_blk)) : var);
+          if (sinks) add_into<A>(ptr<A>(dsinks), ptr<A>(dsinks_blk), dsinks.numel(), nullptr, s);
           add_into<T>(ptr<A>(dqh) + g.q_half(a), ptr<T>(dq_blk), dq_blk.numel(), scratch, s);
           add_into<T>(dkp, dkb, n, scratch, s);
           add_into<T>(dkp + n, dkb + n, n, scratch, s);
@@ -729,6 +761,10 @@ Tensor ring_attention_backward(const KernelCall& c) {
     c.extras.push_back(dv);
     from_interleaved(c, block_part(own, 0), dk, s);
     from_interleaved(c, block_part(own, 1), dv, s);
+    if (dsinks.defined()) {
+      c.extras.push_back(extra_like(c, dsinks.shape(), args.sinks.dtype()));
+      convert(dsinks, c.extras.back(), s);
+    }
     return dq;
   });
 }

@@ -83,6 +83,9 @@ struct RingChunks {
   int64_t q_half(int a) const { return B * N * c * D * a; }  // element offsets into halves of q, o, dout
   int64_t lse_half(int a) const { return B * N * c * a; }
   int64_t kv_rows(int64_t keys) const { return B * Nkv * keys * D; }  // elements of k (or v) of `keys` keys
+  // Whether key chunk b is query chunk a itself: the one pair of each query that carries the
+  // sinks, so exp(sink) joins its softmax denominator once (every query sees its own chunk).
+  bool own(int a, int b) const { return (a == 0 ? q.first : q.second) == (b == 0 ? k.first : k.second); }
   // How far query chunk a starts after key chunk b (the kernels' AttentionVariant::offset).
   int64_t offset(int a, int b) const { return ((a == 0 ? q.first : q.second) - (b == 0 ? k.first : k.second)) * c; }
   // Whether query chunk a meets key chunk b at all (a later key chunk is skipped under causal

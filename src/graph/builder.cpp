@@ -107,10 +107,17 @@ Node* Builder::moe_experts_ep(Node* x, Node* probs, const std::vector<Node*>& we
 Node* Builder::rope(Node* x, Node* pos, double theta, const std::string& name) {
   return op(Op::rope, {x, pos}, {{"theta", theta}}, name);
 }
-Node* Builder::sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name, Node* doc_start,
-                    const AttentionAttrs& variant) {
-  std::vector<Node*> in{q, k, v};
+namespace {
+std::vector<Node*> attention_operands(std::vector<Node*> in, Node* doc_start, Node* sinks) {
   if (doc_start) in.push_back(doc_start);
+  if (sinks) in.push_back(sinks);
+  return in;
+}
+}  // namespace
+
+Node* Builder::sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name, Node* doc_start,
+                    const AttentionAttrs& variant, Node* sinks) {
+  std::vector<Node*> in = attention_operands({q, k, v}, doc_start, sinks);
   Attrs attrs{{"causal", causal}, {"scale", scale}};
   if (variant.window > 0) attrs.set("window", variant.window);
   if (variant.softcap != 0) attrs.set("softcap", variant.softcap);
@@ -124,10 +131,16 @@ AttentionAttrs attention_attrs(const Node& n) {
   const Attrs& a = n.attrs();
   return {a.has("window") ? a.i("window") : 0, a.has("softcap") ? a.f("softcap") : 0.0};
 }
+AttentionInputs attention_inputs(const Node& n) {
+  AttentionInputs a;
+  a.first = n.op() == Op::sdpa_backward || n.op() == Op::ring_attention_backward ? 6 : 3;
+  for (size_t i = a.first; i < n.inputs().size(); ++i)
+    (is_floating(n.input(i)->dtype()) ? a.sinks : a.doc_start) = n.input(i);
+  return a;
+}
 Node* Builder::ring_attention(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& group,
-                              int64_t group_size, const std::string& name, Node* doc_start) {
-  std::vector<Node*> in{q, k, v};
-  if (doc_start) in.push_back(doc_start);
+                              int64_t group_size, const std::string& name, Node* doc_start, Node* sinks) {
+  std::vector<Node*> in = attention_operands({q, k, v}, doc_start, sinks);
   return op(Op::ring_attention, std::move(in),
             {{"causal", causal}, {"scale", scale}, {"group", group}, {"group_size", group_size}}, name);
 }
@@ -238,16 +251,14 @@ Node* Builder::rope_backward(Node* dy, Node* pos, double theta, const std::strin
   return op(Op::rope_backward, {dy, pos}, {{"theta", theta}}, name);
 }
 Node* Builder::sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
-                             const std::string& name, Node* doc_start) {
-  std::vector<Node*> in{q, k, v, o, lse, dout};
-  if (doc_start) in.push_back(doc_start);
+                             const std::string& name, Node* doc_start, Node* sinks) {
+  std::vector<Node*> in = attention_operands({q, k, v, o, lse, dout}, doc_start, sinks);
   return op(Op::sdpa_backward, std::move(in), {{"causal", causal}, {"scale", scale}}, name);
 }
 Node* Builder::ring_attention_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal,
                                        double scale, const std::string& group, int64_t group_size,
-                                       const std::string& name, Node* doc_start) {
-  std::vector<Node*> in{q, k, v, o, lse, dout};
-  if (doc_start) in.push_back(doc_start);
+                                       const std::string& name, Node* doc_start, Node* sinks) {
+  std::vector<Node*> in = attention_operands({q, k, v, o, lse, dout}, doc_start, sinks);
   return op(Op::ring_attention_backward, std::move(in),
             {{"causal", causal}, {"scale", scale}, {"group", group}, {"group_size", group_size}}, name);
 }

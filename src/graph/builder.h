@@ -22,6 +22,15 @@ struct AttentionAttrs {
 };
 void set_attention_attrs(Node* n, const AttentionAttrs& a);
 AttentionAttrs attention_attrs(const Node& n);
+// The optional trailing inputs of an attention node (sdpa, ring_attention: after q, k, v; their
+// backwards: after q, k, v, o, lse, dout): the document starts (integer) and the sinks (float),
+// each absent or present, in that order; told apart by dtype.
+struct AttentionInputs {
+  Node* doc_start = nullptr;
+  Node* sinks = nullptr;
+  size_t first = 3;  // the index of the first optional input
+};
+AttentionInputs attention_inputs(const Node& n);
 // dpo_loss's attributes: TRL's DPOConfig beta, loss_type ("sigmoid" or "ipo"), label_smoothing and
 // rpo_alpha (0: none).
 struct DpoLoss {
@@ -70,13 +79,15 @@ class Builder {
   Node* rope(Node* x, Node* position_ids, double theta, const std::string& name = "rope");
   // doc_start (optional, i64 [B, S]): query i sees only keys j ≥ doc_start[i] (packed documents).
   // variant: a sliding window and a logit softcap, as the node's optional attributes
-  // (AttentionAttrs below).
+  // (AttentionAttrs below). sinks (optional, [N] of q's dtype): gpt-oss's learned logit per query
+  // head, in every softmax denominator (kernels/attention_variant.h), the last input.
   Node* sdpa(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& name = "attn",
-             Node* doc_start = nullptr, const AttentionAttrs& variant = {});
+             Node* doc_start = nullptr, const AttentionAttrs& variant = {}, Node* sinks = nullptr);
   // sdpa over the `group_size` ranks of a ring group, each holding its zigzag chunks of the
   // sequence (graph/passes/autosp/insert_ring_attention).
   Node* ring_attention(Node* q, Node* k, Node* v, bool causal, double scale, const std::string& group,
-                       int64_t group_size, const std::string& name = "ring_attn", Node* doc_start = nullptr);
+                       int64_t group_size, const std::string& name = "ring_attn", Node* doc_start = nullptr,
+                       Node* sinks = nullptr);
   Node* cross_entropy_sum(Node* logits, Node* labels, const std::string& name = "ce_sum");
   Node* count_valid(Node* labels, DType dtype, const std::string& name = "valid");
   Node* full(SymShape shape, double value, DType dtype, const std::string& name = "full");
@@ -152,10 +163,10 @@ class Builder {
   Node* softmax_backward(Node* dy, Node* y, const std::string& name = "softmax_bwd");
   Node* rope_backward(Node* dy, Node* position_ids, double theta, const std::string& name = "rope_bwd");
   Node* sdpa_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
-                      const std::string& name = "attn_bwd", Node* doc_start = nullptr);
+                      const std::string& name = "attn_bwd", Node* doc_start = nullptr, Node* sinks = nullptr);
   Node* ring_attention_backward(Node* q, Node* k, Node* v, Node* o, Node* lse, Node* dout, bool causal, double scale,
                                 const std::string& group, int64_t group_size, const std::string& name = "ring_attn_bwd",
-                                Node* doc_start = nullptr);
+                                Node* doc_start = nullptr, Node* sinks = nullptr);
   Node* cross_entropy_backward(Node* logits, Node* labels, Node* grad, int64_t ignore_index,
                                const std::string& name = "ce_bwd");
   // dx; extra outputs dw_gate, dw_up, dw_down (read with output(node, 1..3)).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "graph/builder.h"  // attention_inputs
 #include "graph/ir.h"
 #include "graph/vjp.h"
 #include "tensor/check.h"
@@ -220,16 +221,30 @@ TensorType rope_rule(const Node& n, const ShapeContext& ctx) {
   return in(n, 0);
 }
 
-// The optional document starts of sdpa (input 3) and sdpa_backward (input 6): i64 [B, Skv] against
-// k [B, Nkv, Skv, D].
-void check_doc_start(const Node& n, size_t i, const ShapeContext& ctx) {
-  if (n.inputs().size() <= i) return;
-  expect_int(n, i);
-  expect_rank(n, i, 2);
-  const auto& d = in(n, i).shape;
-  const auto& k = in(n, 1).shape;
-  if (!ctx.same(d[0], k[0]) || !ctx.same(d[1], k[2]))
-    fail(n, str("doc_start ", in(n, i).str(), " vs k ", in(n, 1).str(), ": expected [B, Skv]"));
+// The optional trailing inputs of an attention node (graph/builder.h attention_inputs): the
+// document starts i64 [B, Skv] against k [B, Nkv, Skv, D] (only with causal attention), and the
+// sinks [N] of q's dtype against q [B, N, Sq, D]; at most one of each, the starts first.
+void check_attention_inputs(const Node& n, const ShapeContext& ctx) {
+  const AttentionInputs a = attention_inputs(n);
+  const size_t given = n.inputs().size() - a.first;
+  if (given != size_t(a.doc_start != nullptr) + size_t(a.sinks != nullptr) ||
+      (a.sinks && n.inputs().back() != a.sinks))
+    fail(n, "expected the optional inputs doc_start (integer) then sinks (float), at most one of each");
+  if (a.doc_start) {
+    const size_t i = a.first;
+    expect_rank(n, i, 2);
+    const auto& d = in(n, i).shape;
+    const auto& k = in(n, 1).shape;
+    if (!ctx.same(d[0], k[0]) || !ctx.same(d[1], k[2]))
+      fail(n, str("doc_start ", in(n, i).str(), " vs k ", in(n, 1).str(), ": expected [B, Skv]"));
+    if (!n.attrs().b("causal")) fail(n, "a document mask (doc_start) needs causal attention");
+  }
+  if (a.sinks) {
+    const TensorType& t = a.sinks->type();
+    const TensorType& q = in(n, 0);
+    if (t.dtype != q.dtype || t.rank() != 1 || !ctx.same(t.shape[0], q.shape[1]))
+      fail(n, str("sinks ", t.str(), " vs q ", q.str(), ": expected [N] of q's dtype, one per query head"));
+  }
 }
 
 // The optional attention variants (graph/builder.h AttentionAttrs): window an integer > 0,
@@ -240,7 +255,7 @@ void check_attention_attrs(const Node& n) {
   if (a.has("softcap") && !(a.f("softcap") > 0)) fail(n, str("softcap ", a.f("softcap"), " must be > 0"));
 }
 
-// q [B, N, S, D], k, v [B, Nkv, S, D] with N % Nkv == 0, [doc_start [B, S]]
+// q [B, N, S, D], k, v [B, Nkv, S, D] with N % Nkv == 0, [doc_start [B, S]], [sinks [N]]
 TensorType sdpa_rule(const Node& n, const ShapeContext& ctx) {
   check_attention_attrs(n);
   for (size_t i = 0; i < 3; ++i) {
@@ -258,9 +273,7 @@ TensorType sdpa_rule(const Node& n, const ShapeContext& ctx) {
   if (!ok)
     fail(n, str("q ", in(n, 0).str(), ", k ", in(n, 1).str(), ", v ", in(n, 2).str(),
                 ": expected [B, N, S, D] and [B, Nkv, S, D] with N % Nkv == 0"));
-  if (n.inputs().size() > 3 && !n.attrs().b("causal"))
-    fail(n, "a document mask (doc_start) needs causal attention");
-  check_doc_start(n, 3, ctx);
+  check_attention_inputs(n, ctx);
   return in(n, 0);
 }
 
@@ -370,7 +383,7 @@ std::vector<TensorType> sdpa_extra(const Node& n) {
   return {{accumulate_dtype(in(n, 0).dtype), {q[0], q[1], q[2]}}};
 }
 
-// q, k, v, o, lse, dout, [doc_start] → dq (extras: dk, dv)
+// q, k, v, o, lse, dout, [doc_start], [sinks] → dq (extras: dk, dv, [dsinks])
 TensorType sdpa_backward_rule(const Node& n, const ShapeContext& ctx) {
   check_attention_attrs(n);
   const auto& q = in(n, 0);
@@ -383,10 +396,15 @@ TensorType sdpa_backward_rule(const Node& n, const ShapeContext& ctx) {
   const auto& lse = in(n, 4);
   if (lse.dtype != accumulate_dtype(q.dtype) || lse.rank() != 3)
     fail(n, str("lse ", lse.str(), " must be ", dtype_name(accumulate_dtype(q.dtype)), "[B, N, Sq] for q ", q.str()));
-  check_doc_start(n, 6, ctx);
+  check_attention_inputs(n, ctx);
   return q;
 }
-std::vector<TensorType> sdpa_backward_extra(const Node& n) { return {in(n, 1), in(n, 2)}; }
+// dk, dv (, dsinks)
+std::vector<TensorType> sdpa_backward_extra(const Node& n) {
+  std::vector<TensorType> extra{in(n, 1), in(n, 2)};
+  if (Node* sinks = attention_inputs(n).sinks) extra.push_back(sinks->type());
+  return extra;
+}
 
 // logits [..., V], labels [...], grad [] (the loss's dtype: f32 for bf16 logits) → dlogits
 TensorType cross_entropy_backward_rule(const Node& n, const ShapeContext&) {
@@ -923,7 +941,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {.op = Op::softmax, .name = "softmax", .arity = 1, .infer = unary_rule, .vjp = vjp::softmax, .seq = seq_norm},
     {.op = Op::rope, .name = "rope", .arity = 2, .attrs = "theta", .infer = rope_rule, .vjp = vjp::rope,
      .seq = seq_rope},
-    {.op = Op::sdpa, .name = "sdpa", .arity = 3, .optional = 1, .attrs = "causal,scale", .infer = sdpa_rule, .extra = sdpa_extra,
+    {.op = Op::sdpa, .name = "sdpa", .arity = 3, .optional = 2, .attrs = "causal,scale", .infer = sdpa_rule, .extra = sdpa_extra,
      .vjp = vjp::sdpa, .seq = seq_sdpa},
     {.op = Op::cross_entropy_sum, .name = "cross_entropy_sum", .arity = 2, .attrs = "ignore_index",
      .infer = cross_entropy_rule, .vjp = vjp::cross_entropy_sum, .seq = seq_loss},
@@ -942,7 +960,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .infer = all_gather_rule, .vjp = vjp::all_gather, .collective = true, .numerics = Numerics::moves},
     {.op = Op::reduce_scatter, .name = "reduce_scatter", .arity = 1, .attrs = "group,group_size",
      .infer = reduce_scatter_rule, .vjp = vjp::reduce_scatter, .collective = true, .numerics = Numerics::converts},
-    {.op = Op::ring_attention, .name = "ring_attention", .arity = 3, .optional = 1,
+    {.op = Op::ring_attention, .name = "ring_attention", .arity = 3, .optional = 2,
      .attrs = "causal,scale,group,group_size", .infer = sdpa_rule, .extra = sdpa_extra, .vjp = vjp::ring_attention,
      .seq = seq_sdpa, .collective = true},
     {.op = Op::sum_to, .name = "sum_to", .arity = 1, .attrs = "shape", .infer = sum_to_rule, .backward_only = true},
@@ -961,9 +979,9 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .backward_only = true},
     {.op = Op::rope_backward, .name = "rope_backward", .arity = 2, .attrs = "theta", .infer = rope_rule,
      .backward_only = true},
-    {.op = Op::sdpa_backward, .name = "sdpa_backward", .arity = 6, .optional = 1, .attrs = "causal,scale",
+    {.op = Op::sdpa_backward, .name = "sdpa_backward", .arity = 6, .optional = 2, .attrs = "causal,scale",
      .infer = sdpa_backward_rule, .extra = sdpa_backward_extra, .backward_only = true},
-    {.op = Op::ring_attention_backward, .name = "ring_attention_backward", .arity = 6, .optional = 1,
+    {.op = Op::ring_attention_backward, .name = "ring_attention_backward", .arity = 6, .optional = 2,
      .attrs = "causal,scale,group,group_size", .infer = sdpa_backward_rule, .extra = sdpa_backward_extra,
      .backward_only = true, .collective = true},
     {.op = Op::cross_entropy_backward, .name = "cross_entropy_backward", .arity = 3, .attrs = "ignore_index",

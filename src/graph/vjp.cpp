@@ -120,30 +120,35 @@ void rope(VjpContext& c) {
   c.input_grads[0] = dx;
 }
 
-// o = sdpa(q, k, v): the backward recomputes probabilities from the forward's saved log-sum-exp
-// (extra output 1 of the sdpa node) and yields dq, with dk and dv as extra outputs.
-void sdpa(VjpContext& c) {
-  const auto& a = c.node->attrs();
-  Node* lse = c.b.output(c.node, 1, "lse");
-  Node* doc_start = c.node->inputs().size() > 3 ? c.in(3) : nullptr;  // integer: no gradient
-  Node* bwd = c.b.sdpa_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"), "dq",
-                                doc_start);
+// o = sdpa(q, k, v [, doc_start] [, sinks]): the backward recomputes probabilities from the
+// forward's saved log-sum-exp (extra output 1 of the sdpa node) and yields dq, with dk, dv (and
+// dsinks) as extra outputs. The document starts are integers: no gradient.
+namespace {
+void attention_grads(VjpContext& c, Node* bwd, const AttentionInputs& in) {
   set_attention_attrs(bwd, attention_attrs(*c.node));
   c.input_grads = {bwd, c.b.output(bwd, 1, "dk"), c.b.output(bwd, 2, "dv")};
-  if (doc_start) c.input_grads.push_back(nullptr);
+  if (in.doc_start) c.input_grads.push_back(nullptr);
+  if (in.sinks) c.input_grads.push_back(c.b.output(bwd, 3, "dsinks"));
+}
+}  // namespace
+
+void sdpa(VjpContext& c) {
+  const auto& a = c.node->attrs();
+  const AttentionInputs in = attention_inputs(*c.node);
+  Node* lse = c.b.output(c.node, 1, "lse");
+  attention_grads(c, c.b.sdpa_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"),
+                                       "dq", in.doc_start, in.sinks), in);
 }
 
-// o = ring_attention(q, k, v): the same from the saved log-sum-exp, with the key/value blocks
+// o = ring_attention(q, k, v ...): the same from the saved log-sum-exp, with the key/value blocks
 // passed around the ring again and dK, dV travelling with them back to their owners.
 void ring_attention(VjpContext& c) {
   const auto& a = c.node->attrs();
+  const AttentionInputs in = attention_inputs(*c.node);
   Node* lse = c.b.output(c.node, 1, "lse");
-  Node* doc_start = c.node->inputs().size() > 3 ? c.in(3) : nullptr;  // integer: no gradient
-  Node* bwd = c.b.ring_attention_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"), a.f("scale"),
-                                          a.s("group"), a.i("group_size"), "dq", doc_start);
-  set_attention_attrs(bwd, attention_attrs(*c.node));
-  c.input_grads = {bwd, c.b.output(bwd, 1, "dk"), c.b.output(bwd, 2, "dv")};
-  if (doc_start) c.input_grads.push_back(nullptr);
+  attention_grads(c, c.b.ring_attention_backward(c.in(0), c.in(1), c.in(2), c.node, lse, c.grad, a.b("causal"),
+                                                 a.f("scale"), a.s("group"), a.i("group_size"), "dq", in.doc_start,
+                                                 in.sinks), in);
 }
 
 void cross_entropy_sum(VjpContext& c) {

@@ -27,8 +27,8 @@ int64_t mlp_params(const ModelConfig& m, int64_t l, bool active) {
 }
 
 // Parameters of transformer layer l, from the family row: q and o [C, N·D], k and v [C, Nkv·D],
-// the MLP's (mlp_params), the biases the family has, two norms (four with Gemma's post-norms), and
-// q/k norms [D] where it has them.
+// the MLP's (mlp_params), the biases the family has, two norms (four with Gemma's post-norms),
+// q/k norms [D] where it has them, and gpt-oss's sinks [N].
 int64_t layer_params(const ModelConfig& m, int64_t l, bool active) {
   const Family& f = family(m.arch);
   const ModelDims d = model_dims(m);
@@ -38,7 +38,8 @@ int64_t layer_params(const ModelConfig& m, int64_t l, bool active) {
   if (present(f.o_bias, m.attention_bias)) biases += d.C;
   if (present(f.mlp_bias, m.mlp_bias)) biases += (f.mlp == Mlp::gelu ? 1 : 2) * d.M + d.C;
   const int64_t norms = f.sandwich_norms ? 4 : 2;
-  return attn + mlp_params(m, l, active) + biases + norms * norm_params(f, d.C) + (f.qk_norm ? 2 * d.D : 0);
+  return attn + mlp_params(m, l, active) + biases + norms * norm_params(f, d.C) + (f.qk_norm ? 2 * d.D : 0) +
+         (m.attention_sinks ? d.N : 0);
 }
 
 // Every layer's parameters (active: a mixture of experts' k experts per layer, what a token computes with).

@@ -51,11 +51,11 @@ Inputs make_inputs(Builder& b, ForwardMode mode, bool document_mask) {
 // query inside its document (doc_start). Generation modes output K, V as the layer's
 // present cache (a decode step: the cache it was given plus its own positions). `variant`: the
 // layer's sliding window (graph/builder.h AttentionAttrs; bottom-right aligned, so a decode step's
-// window counts back from its own position too).
+// window counts back from its own position too). `sinks` [N]: gpt-oss's per-head sink logits.
 Node* attend(Builder& b, ForwardMode mode, int64_t l, Node* q, Node* k, Node* v, int64_t Nkv, int64_t D,
-             DType dt, Node* doc_start, const AttentionAttrs& variant = {}, double scale = 0) {
+             DType dt, Node* doc_start, const AttentionAttrs& variant = {}, double scale = 0, Node* sinks = nullptr) {
   if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
-  if (mode == ForwardMode::train) return b.sdpa(q, k, v, true, scale, "attn", doc_start, variant);
+  if (mode == ForwardMode::train) return b.sdpa(q, k, v, true, scale, "attn", doc_start, variant, sinks);
   Graph& g = b.graph();
   if (mode == ForwardMode::decode) {
     Node* past_k = b.input(kv_past_name(l, false), dt, {B, Nkv, T, D}, Role::none);
@@ -68,7 +68,7 @@ Node* attend(Builder& b, ForwardMode mode, int64_t l, Node* q, Node* k, Node* v,
   }
   g.add_output(k);
   g.add_output(v);
-  return b.sdpa(q, k, v, mode == ForwardMode::prefill, scale, "attn", nullptr, variant);
+  return b.sdpa(q, k, v, mode == ForwardMode::prefill, scale, "attn", nullptr, variant, sinks);
 }
 
 // [B, S, H·D] → [B, H, S, D]
@@ -285,7 +285,8 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     q = rope(q, "q_rope");
     k = rope(k, "k_rope");
     const AttentionAttrs variant{.window = m.layer_window(l), .softcap = f.softcaps ? m.attn_logit_softcapping : 0.0};
-    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start, variant, m.attention_scale());
+    Node* sinks = m.attention_sinks ? p(h + "self_attn.sinks", {N}) : nullptr;  // gpt-oss
+    Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start, variant, m.attention_scale(), sinks);
     Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, o_bias, "o_proj");
     if (f.sandwich_norms) proj = rmsnorm(proj, h + "post_attention_layernorm", C, "post_attn_norm");
     x = b.add(x, proj, "res1");

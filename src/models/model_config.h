@@ -54,6 +54,10 @@ struct ModelConfig {
     if (!pad_token_id || !family(arch).padding_idx) return -1;
     return *pad_token_id < 0 ? vocab_size + *pad_token_id : *pad_token_id;
   }
+  // gpt-oss's attention sinks: a learned logit per query head in every softmax denominator, the
+  // parameter model.layers.{i}.self_attn.sinks [num_attention_heads] (docs/decisions.md 174). A
+  // model key for now; gpt-oss's family row will set it.
+  bool attention_sinks = false;
   int64_t sliding_window = 0;
   // Which layers the window applies to (docs/decisions.md 143): layer_types (transformers 5: one
   // "full_attention" or "sliding_attention" per layer) when given; else every layer of a

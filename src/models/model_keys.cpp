@@ -146,6 +146,10 @@ std::vector<ModelKey> make_keys() {
       {.name = "mlp_bias", .kind = K::boolean, .applies = mlp_bias_by_key, .set = set_field(&ModelConfig::mlp_bias),
        .get = get_field(&ModelConfig::mlp_bias),
        .at_default = [](const json& s) { return is_false(s.value("mlp_bias", json())); }, .hf = "mlp_bias"},
+      // autosp's own key (config.json has none: gpt-oss's model type implies it).
+      {.name = "attention_sinks", .kind = K::boolean, .applies = llama_layout,
+       .set = set_field(&ModelConfig::attention_sinks), .get = get_field(&ModelConfig::attention_sinks),
+       .at_default = [](const json& s) { return is_false(s.value("attention_sinks", json())); }},
       // 0 (none) is null, left out; null lifts a window (a Mistral or Qwen model.from's).
       {.name = "sliding_window", .kind = K::integer, .lo = 1, .hi = 1 << 30, .nullable = true, .applies = windowed,
        .set = [](ModelConfig& m, const json& v) { m.sliding_window = v.is_null() ? 0 : v.get<int64_t>(); },

@@ -67,6 +67,7 @@ write("overlap.safetensors", st({"model.norm.weight": norm(), "x": norm(data_off
 write("wrong_name.safetensors", st({"transformer.wte.weight": norm()}, f32(32)))
 write("missing.safetensors", st({"model.norm.weight": norm()}, f32(32)))
 write("wrong_shape.safetensors", st({"model.norm.weight": norm(shape=[4, 8])}, f32(32)))
+write("sinks_shape.safetensors", st({"model.layers.0.self_attn.sinks": norm(shape=[3], data_offsets=[0, 12])}, f32(3)))
 write("int_dtype.safetensors", st({"model.norm.weight": norm(dtype="I32")}, f32(32)))
 write("nan.safetensors", st({"model.norm.weight": norm()}, struct.pack("<32f", *([1.0] * 7 + [float("nan")] + [1.0] * 24))))
 # Hugging Face directories and the files beside safetensors (model.from, --init-from)
@@ -442,6 +443,9 @@ row 'overlap' "${c[@]}" --init-from "$tmp/overlap.safetensors"
 row "tensor 'transformer.wte.weight' is not a parameter of this llama model" "${c[@]}" --init-from "$tmp/wrong_name.safetensors"
 row "missing tensor 'lm_head.weight' \[32, 32\]" "${c[@]}" --init-from "$tmp/missing.safetensors"
 row "'model.norm.weight' has shape \[4, 8\], the model expects \[32\]" "${c[@]}" --init-from "$tmp/wrong_shape.safetensors"
+row "'model.layers.0.self_attn.sinks' has shape \[3\], the model expects \[4\]" "${c[@]}" --set model.attention_sinks=true --init-from "$tmp/sinks_shape.safetensors"
+row 'model.attention_sinks = "yes": expected true or false' "${c[@]}" --set model.attention_sinks=yes
+row 'model.attention_sinks = 1: expected true or false' "${c[@]}" --set model.attention_sinks=1
 row "'model.norm.weight' is i32, expected a float dtype" "${c[@]}" --init-from "$tmp/int_dtype.safetensors"
 row "nan.safetensors: tensor 'model.norm.weight' holds a non-finite value (nan) at index 7" "${c[@]}" --init-from "$tmp/nan.safetensors"
 row 'fifo: not a regular file' "${c[@]}" --init-from "$tmp/fifo"

@@ -9,7 +9,8 @@
 // whole sequence, the zigzag layout against hand-written position lists,
 // the ring's bytes (CountingCommunicator) against the formula, a windowed model's exchange
 // (decision 135: only the keys the window reaches move) against a count over the positions, the
-// tails a window needs against every query and key, and the pass's IR.
+// tails a window needs against every query and key, and the pass's IR. gpt-oss's attention sinks
+// under all of it, in f64 and bf16.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -80,6 +81,28 @@ std::vector<LossAndGrads> run_ranks(int W, const Config& cfg, const std::functio
   return out;
 }
 
+// dp 2 x sp 2 on 4 ranks: dp rank d = r / 2 reads row d of `batch` (2 rows of S).
+std::vector<LossAndGrads> run_dp2(const Config& cfg, const Batch& batch, const ParamMap& params, int64_t S) {
+  auto row = [&](const Tensor& t, int64_t d) {
+    return t.defined() ? t.as_strided({1, S}, t.strides(), d * S).contiguous() : Tensor();
+  };
+  return run_ranks(4, cfg, [&](int r) {
+    const int64_t d = r / 2;
+    return Batch{row(batch.input_ids, d), row(batch.labels, d), row(batch.position_ids, d), row(batch.doc_start, d)};
+  }, params);
+}
+
+// gpt-oss's sinks spread around 1 (1 + 0.5·(h − 2l) for head h of layer l): init_params' N(0, 0.02)
+// would barely move a softmax.
+void spread_sinks(ParamMap& params, int layers, int heads) {
+  for (int l = 0; l < layers; ++l) {
+    Tensor& t = params.at(str("model.layers.", l, ".self_attn.sinks"));
+    std::vector<double> v;
+    for (int h = 0; h < heads; ++h) v.push_back(1.0 + 0.5 * double(h - 2 * l));
+    t = Tensor::from_vector({heads}, v).to(t.dtype());
+  }
+}
+
 struct RingCase {
   std::string name;
   json model;
@@ -117,13 +140,7 @@ TEST_CASE("ring: dp 2 x ring 2 with one head equals the float64 P = 1 run on the
     const Config cfg1 = ring_config(model, 1, 1, 32, 2, documents), cfg = ring_config(model, 2, 2, 32, 1, documents);
     const ParamMap params = init_params(cfg1.model, 32, DType::f64);
     const Batch global = ring_batch(2, 32, 50, documents);
-    auto row = [](const Tensor& t, int64_t d) {
-      return t.defined() ? t.as_strided({1, 32}, t.strides(), d * 32).contiguous() : Tensor();
-    };
-    const auto got = run_ranks(4, cfg, [&](int r) {
-      const int64_t d = r / 2;  // dp rank d reads sequence d
-      return Batch{row(global.input_ids, d), row(global.labels, d), row(global.position_ids, d), row(global.doc_start, d)};
-    }, params);
+    const auto got = run_dp2(cfg, global, params, 32);
     const LossAndGrads ref = run_reference(cfg1, global, params, DType::f64);
     for (const auto& g : got) check_close(g, ref, kTol64);
   }
@@ -160,16 +177,66 @@ TEST_CASE("ring: a windowed Mistral equals the float64 P = 1 run under Ulysses, 
         for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
       }
       INFO("dp 2 x ring 2" << (documents ? ", packed documents" : ""));
-      const Config cfg = ring_config(model, 2, 2, 32, 1, documents);
-      auto row = [](const Tensor& t, int64_t d) {
-        return t.defined() ? t.as_strided({1, 32}, t.strides(), d * 32).contiguous() : Tensor();
-      };
-      const auto got = run_ranks(4, cfg, [&](int r) {
-        const int64_t d = r / 2;
-        return Batch{row(batch.input_ids, d), row(batch.labels, d), row(batch.position_ids, d), row(batch.doc_start, d)};
-      }, params);
-      for (const auto& g : got) check_close(g, ref, kTol64);
+      for (const auto& g : run_dp2(ring_config(model, 2, 2, 32, 1, documents), batch, params, 32))
+        check_close(g, ref, kTol64);
     }
+  }
+}
+
+// gpt-oss's attention sinks (model.attention_sinks; decision 175): Ulysses slices each rank's heads'
+// sinks and the ring adds exp(sink) once per query, on its own chunk's pair. A Mistral with 4 heads
+// and 2 kv heads, full (the whole ring) and with a window of 5 (the windowed exchange), with and
+// without packed documents, at P = 4 as Ulysses 4, ring 4, Ulysses 2 x ring 2, ring 4 under
+// activation checkpointing, and dp 2 x ring 2, at P = 2 as a pure ring: every rank's loss and
+// gradients, the sinks' included, equal the float64 P = 1 run (whose attention
+// tests/models/test_model_vs_torch.cpp checks against gpt-oss's eager attention).
+TEST_CASE("ring: attention sinks equal the float64 P = 1 run under Ulysses, ring and dp x sp",
+          "[threads][ring][variants]") {
+  for (const int64_t window : {0, 5}) {
+    for (const bool documents : {false, true}) {
+      json model = llama(4, 2, 16);
+      model.update({{"arch", "mistral"}, {"attention_sinks", true}});
+      if (window > 0) model["sliding_window"] = window;
+      INFO("sliding_window " << window << (documents ? ", packed documents" : ""));
+      const Config cfg1 = ring_config(model, 1, 1, 32, 2, documents);
+      ParamMap params = init_params(cfg1.model, 36, DType::f64);
+      spread_sinks(params, 2, 4);
+      const Batch batch = ring_batch(2, 32, 62, documents);
+      const LossAndGrads ref = run_reference(cfg1, batch, params, DType::f64);
+      for (const auto& [P, ring] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {4, 4}, {4, 2}, {2, 2}}) {
+        INFO("P = " << P << ", ring " << ring);
+        const Config cfg = ring_config(model, P, ring, 32, 2, documents);
+        for (const auto& got : run_ranks(int(P), cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
+      }
+      {
+        INFO("ring 4 under activation checkpointing");
+        Config cfg = ring_config(model, 4, 4, 32, 2, documents);
+        cfg.runtime.activation_checkpointing = true;
+        for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params)) check_close(got, ref, kTol64);
+      }
+      INFO("dp 2 x ring 2");
+      for (const auto& g : run_dp2(ring_config(model, 2, 2, 32, 1, documents), batch, params, 32))
+        check_close(g, ref, kTol64);
+    }
+  }
+}
+
+// The same sinks in bf16 (the CPU runs the ring in f32; sdpa in the bf16 kernels where the CPU has
+// them, the sinks widened to f32 and dsinks rounded), a windowed Mistral with packed documents at
+// Ulysses 4, Ulysses 2 x ring 2 and as a ring of 4, within the bars of the other bf16 tests.
+TEST_CASE("ring: attention sinks in bf16 match the P = 1 bf16 run", "[threads][ring][variants]") {
+  json model = llama(4, 2, 16);
+  model.update({{"arch", "mistral"}, {"sliding_window", 5}, {"attention_sinks", true}});
+  const Config cfg1 = ring_config(model, 1, 1, 32, 2, true);
+  ParamMap params = init_params(cfg1.model, 37, DType::f32);
+  spread_sinks(params, 2, 4);
+  const Batch batch = ring_batch(2, 32, 63, true);
+  const LossAndGrads ref = run_reference(cfg1, batch, params, DType::bf16);
+  for (const int64_t ring : {1, 2, 4}) {
+    INFO("P = 4, ring " << ring);
+    for (const auto& got : run_ranks(4, ring_config(model, 4, ring, 32, 2, true), [&](int) { return batch; }, params,
+                                     DType::bf16))
+      check_equal_bf16(got, ref);
   }
 }
 

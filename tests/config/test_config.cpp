@@ -408,7 +408,7 @@ const json kEveryKey = {
       {"rope_scaling",
        {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
         {"original_max_position_embeddings", 64}}},
-      {"head_dim", 16}, {"attention_bias", true}}},
+      {"head_dim", 16}, {"attention_bias", true}, {"attention_sinks", true}}},
     {"data",
      {{"source", "tokens"}, {"path", ""}, {"val_path", "val.bin"}, {"seq_len", 32}, {"batch_size", 3},
       {"eos_token_id", 0}, {"document_mask", true},
@@ -478,10 +478,10 @@ TEST_CASE("the resolved config holds every key, and parsing it again gives it ba
   CHECK(c.resolved == kEveryKey);
 
   // GPT-2 and the defaults: the llama-only keys are still recorded (their defaults); rope_scaling,
-  // head_dim, attention_bias, mlp_bias and sliding_window (a mistral / qwen key, so not in
-  // kEveryKey) are left out at their defaults.
+  // head_dim, attention_bias, attention_sinks, mlp_bias and sliding_window (a mistral / qwen key,
+  // so not in kEveryKey) are left out at their defaults.
   std::set<std::string> without_rope = key_paths(kEveryKey);
-  for (const char* k : {"model.rope_scaling", "model.head_dim", "model.attention_bias", "data.mix",
+  for (const char* k : {"model.rope_scaling", "model.head_dim", "model.attention_bias", "model.attention_sinks", "data.mix",
                         "data.val_loss_mask_path"})
     without_rope.erase(k);
   for (const std::string& k : key_paths(kEveryKey))  // no lora section: no lora keys

@@ -1,6 +1,6 @@
 // Forward logits and loss, and every parameter gradient, of GPT-2, Llama (GQA, untied head; with
 // biases and a decoupled head_dim), Qwen3 (q/k norms, yarn), Qwen3-MoE (with and without the
-// load-balancing loss) and Gemma 2 and 3
+// load-balancing loss), Gemma 2 and 3, and attention sinks (gpt-oss's)
 // against the independent PyTorch reference tests/ref/model_ref.py (Debian's python3-torch, run as
 // /usr/bin/python3), from the same safetensors weights and tokens: logits and loss within 1e-5
 // relative in f32 and 1e-10 in f64; gradients within 1e-4 in f32 and 1e-9 in f64. The Llama cases
@@ -120,6 +120,12 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
       {"mistral-window", {{"arch", "mistral"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
                           {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
                           {"sliding_window", 8}}},
+      // gpt-oss's attention sinks (model.attention_sinks, values around 1 so they take a real share
+      // of each softmax) with GQA and a window of 8 that cuts: the reference transcribes
+      // modeling_gpt_oss.py's eager attention (the sink as an extra logit column), dsinks included.
+      {"mistral-window-sinks", {{"arch", "mistral"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 48},
+                                {"sliding_window", 8}, {"attention_sinks", true}}},
       // Qwen2's rule: the layers from max_window_layers on (here 1 and 2 of 3) get the window; and
       // Qwen3 with transformers 5's layer_types (the first layer windowed, the second full).
       {"qwen2-window-layers", {{"arch", "qwen2"}, {"vocab_size", 96}, {"hidden_size", 32}, {"num_hidden_layers", 3},
@@ -285,4 +291,20 @@ TEST_CASE("weights files that do not fit the model are named errors", "[model]")
   save_safetensors(path, bad_norm);
   CHECK_THROWS_WITH(load_weights(path, gm, DType::f32),
                     Catch::Contains("model.layers.0.pre_feedforward_layernorm.weight") && Catch::Contains("[8, 1]"));
+
+  // gpt-oss's sinks: one per query head, else named; absent from a model with sinks, named too.
+  ModelConfig sm = gm;
+  sm.arch = Arch::mistral;
+  sm.attention_sinks = true;
+  ParamMap sinks = random_weights(sm, 3);
+  REQUIRE(sinks.count("model.layers.1.self_attn.sinks"));
+  save_safetensors(path, sinks);
+  CHECK(load_weights(path, sm, DType::f32).size() == sinks.size());
+  sinks["model.layers.1.self_attn.sinks"] = Tensor::zeros({3}, DType::f32);
+  save_safetensors(path, sinks);
+  CHECK_THROWS_WITH(load_weights(path, sm, DType::f32), Catch::Contains("'model.layers.1.self_attn.sinks' has shape [3]") &&
+                                                            Catch::Contains("expects [2]"));
+  sinks.erase("model.layers.1.self_attn.sinks");
+  save_safetensors(path, sinks);
+  CHECK_THROWS_WITH(load_weights(path, sm, DType::f32), Catch::Contains("missing tensor 'model.layers.1.self_attn.sinks'"));
 }

@@ -52,7 +52,7 @@ _KNOWN_MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_hidden_layers", "
                      "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
                      "output_router_logits", "router_aux_loss_coef",
                      "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
-                     "sliding_window_pattern", "rope_local_base_freq"}
+                     "sliding_window_pattern", "rope_local_base_freq", "attention_sinks"}
 GEMMA = ("gemma2", "gemma3_text")
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe") + GEMMA
 
@@ -102,6 +102,7 @@ class ModelConfig:
         self.o_bias = {"llama": bias, "qwen3": bias, "qwen3_moe": bias}.get(arch, False)
         self.mlp_bias = arch == "llama" and bool(d.get("mlp_bias", False))
         self.qk_norm = arch in ("qwen3", "qwen3_moe", "gemma3_text")
+        self.sinks = arch != "gpt2" and bool(d.get("attention_sinks", False))  # gpt-oss's, as autosp's model key
         self.gemma = arch in GEMMA
         self.attn_softcap = d.get("attn_logit_softcapping") if self.gemma else None
         self.final_softcap = d.get("final_logit_softcapping") if self.gemma else None
@@ -212,6 +213,8 @@ def param_shapes(cfg):
                 s[p + "self_attn.q_norm.weight"] = (D,)
                 s[p + "self_attn.k_norm.weight"] = (D,)
             s[p + "self_attn.o_proj.weight"] = (C, N * D)
+            if cfg.sinks:
+                s[p + "self_attn.sinks"] = (N,)
             if cfg.o_bias:
                 s[p + "self_attn.o_proj.bias"] = (C,)
             s[p + "post_attention_layernorm.weight"] = (C,)
@@ -280,11 +283,13 @@ def gemma_rms_norm(x, w, eps):
     return (y * (1.0 + w.to(t))).to(x.dtype)
 
 
-def causal_attention(q, k, v, mask=None, window=None, scale=None, softcap=None):
+def causal_attention(q, k, v, mask=None, window=None, scale=None, softcap=None, sinks=None):
     """q, k, v [B, N, S, D] -> [B, N, S, D]; materialised causal softmax(q k^T · scale) v.
     mask: bool [B, S, S] (True = visible), used instead of the causal mask when given.
     window: keys j <= i - window are hidden from query i too (HF's sliding_window).
-    scale: 1/sqrt(D) when None; softcap: scores become softcap · tanh(scores / softcap)."""
+    scale: 1/sqrt(D) when None; softcap: scores become softcap · tanh(scores / softcap).
+    sinks [N]: gpt-oss's eager_attention_forward (modeling_gpt_oss.py): the head's sink logit as one
+    more column of every score row, the row's max subtracted, softmax, the column dropped."""
     S, D = q.shape[-2], q.shape[-1]
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D) if scale is None else scale)
     if softcap is not None:
@@ -296,6 +301,12 @@ def causal_attention(q, k, v, mask=None, window=None, scale=None, softcap=None):
     if window is not None:
         visible = visible & ~torch.ones(S, S, dtype=torch.bool, device=q.device).tril(diagonal=-window)
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+    if sinks is not None:
+        column = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)
+        combined = torch.cat([scores, column], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined, dim=-1)[..., :-1]
+        return torch.matmul(probs, v)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v)
 
@@ -442,7 +453,8 @@ def llama_layer(cfg, p, i, x, cos, sin, mask=None, router=None):
     k = repeat_kv(k, N // Nkv)
     v = repeat_kv(v, N // Nkv)
     scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar else None
-    o = causal_attention(q, k, v, mask, cfg.layer_windows[i], scale, cfg.attn_softcap)
+    o = causal_attention(q, k, v, mask, cfg.layer_windows[i], scale, cfg.attn_softcap,
+                         p[pre + "self_attn.sinks"] if cfg.sinks else None)
     o = linear(o.transpose(1, 2).reshape(B, S, N * D), "self_attn.o_proj")
     if cfg.gemma:
         x = x + rms_norm(o, p[pre + "post_attention_layernorm.weight"], eps)

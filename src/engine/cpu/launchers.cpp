@@ -148,6 +148,7 @@ Communicator& group(const KernelCall& c) {
 constexpr int64_t kRopeMaxHeadDim = std::numeric_limits<int64_t>::max();
 constexpr int64_t kAttentionMaxHeadDim = std::numeric_limits<int64_t>::max();
 constexpr const char* kDeviceName = "CPU";
+constexpr bool kAttentionSinks = true;
 
 // Attention: the CPU kernels keep the log-sum-exp in the compute type T (f32 or f64), and ring
 // attention sums its blocks in T.
@@ -235,8 +236,8 @@ Tensor concat(const KernelCall& c) {
   return y;
 }
 
-// o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (saved for the backward). Input 3 (optional):
-// the document starts [B, Sq].
+// o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (saved for the backward). Optional inputs: the
+// document starts [B, Sq], the sinks [N].
 Tensor sdpa(const KernelCall& c) {
   const AttentionArgs args = attention_args(c, false);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
@@ -245,13 +246,13 @@ Tensor sdpa(const KernelCall& c) {
     Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, q.dtype());
     cpu::sdpa_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), y.data<T>(), lse.data<T>(), q.dim(0), q.dim(1),
                          k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"), c.node.attrs().b("causal"),
-                         args.doc_start(), variant_of<T>(c));
+                         args.doc_start(), with_sinks(variant_of<T>(c), args));
     c.extras.push_back(lse);
     return y;
   });
 }
 
-// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, document starts).
+// dq; extra outputs dk, dv (, dsinks). Inputs: q, k, v, o, lse, dout (, document starts) (, sinks).
 Tensor sdpa_backward(const KernelCall& c) {
   const AttentionArgs args = attention_args(c, true);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
@@ -261,11 +262,14 @@ Tensor sdpa_backward(const KernelCall& c) {
     c.extras.push_back(dk);
     Tensor dv = extra_like(c, v.shape(), v.dtype());
     c.extras.push_back(dv);
+    Tensor dsinks;
+    if (args.sinks.defined()) c.extras.push_back(dsinks = extra_like(c, args.sinks.shape(), args.sinks.dtype()));
     T* workspace = planned_workspace<T>(c, sdpa_backward_workspace(c.node, c.bindings));
     cpu::sdpa_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), args.o.data<T>(), args.lse.data<T>(),
                           args.dout.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), q.dim(0), q.dim(1),
                           k.dim(1), q.dim(2), k.dim(2), q.dim(3), c.node.attrs().f("scale"),
-                          c.node.attrs().b("causal"), args.doc_start(), workspace, variant_of<T>(c));
+                          c.node.attrs().b("causal"), args.doc_start(), workspace,
+                          with_sinks(variant_of<T>(c), args, dsinks.defined() ? dsinks.data<T>() : nullptr));
     return dq;
   });
 }
@@ -646,21 +650,31 @@ Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
 // The attention on bf16 q, k, v (and o, dout) with its tile products on the bf16 units
 // (kernels/cpu/attention.h: sdpa_forward_bf16); lse and the backward's workspace f32. An odd head
 // dim (the products read pairs of it) or a non-bf16 o or dout stays emulated.
+// The sinks widened to f32, as the bf16 kernels read them (sinks a [N] of bf16: a copy of N).
+AttentionArgs with_f32_sinks(AttentionArgs args, const KernelCall& c) {
+  if (!args.sinks.defined()) return args;
+  Tensor f = Tensor::empty(args.sinks.shape(), DType::f32, c.alloc);
+  convert(args.sinks, f);
+  args.sinks = f;
+  return args;
+}
+
 Tensor sdpa_bf16(const KernelCall& c) {
-  const AttentionArgs args = attention_args(c, false);
+  const AttentionArgs args = with_f32_sinks(attention_args(c, false), c);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
   if (!cpu::sdpa_bf16_native(q.dim(3))) return bf16_via_f32(c, sdpa);
   Tensor y = out_like(c, DType::bf16);
   Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, DType::f32);
   cpu::sdpa_forward_bf16(q.data<uint16_t>(), k.data<uint16_t>(), v.data<uint16_t>(), y.data<uint16_t>(),
                          lse.data<float>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
-                         c.node.attrs().f("scale"), c.node.attrs().b("causal"), args.doc_start(), variant_of<float>(c));
+                         c.node.attrs().f("scale"), c.node.attrs().b("causal"), args.doc_start(),
+                         with_sinks(variant_of<float>(c), args));
   c.extras.push_back(lse);
   return y;
 }
 
 Tensor sdpa_backward_bf16(const KernelCall& c) {
-  const AttentionArgs args = attention_args(c, true);
+  const AttentionArgs args = with_f32_sinks(attention_args(c, true), c);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
   if (!cpu::sdpa_bf16_native(q.dim(3)) || args.o.dtype() != DType::bf16 || args.dout.dtype() != DType::bf16 ||
       args.lse.dtype() != DType::f32)
@@ -670,12 +684,18 @@ Tensor sdpa_backward_bf16(const KernelCall& c) {
   c.extras.push_back(dk);
   Tensor dv = extra_like(c, v.shape(), DType::bf16);
   c.extras.push_back(dv);
+  Tensor dsinks;  // f32, rounded into the node's bf16 dsinks after the kernel
+  if (args.sinks.defined()) dsinks = Tensor::empty(args.sinks.shape(), DType::f32, c.alloc);
   float* workspace = planned_workspace<float>(c, sdpa_backward_workspace(c.node, c.bindings));
   cpu::sdpa_backward_bf16(q.data<uint16_t>(), k.data<uint16_t>(), v.data<uint16_t>(), args.o.data<uint16_t>(),
                           args.lse.data<float>(), args.dout.data<uint16_t>(), dq.data<uint16_t>(), dk.data<uint16_t>(),
                           dv.data<uint16_t>(), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3),
                           c.node.attrs().f("scale"), c.node.attrs().b("causal"), args.doc_start(), workspace,
-                          variant_of<float>(c));
+                          with_sinks(variant_of<float>(c), args, dsinks.defined() ? dsinks.data<float>() : nullptr));
+  if (dsinks.defined()) {
+    c.extras.push_back(extra_like(c, dsinks.shape(), DType::bf16));
+    convert(dsinks, c.extras.back());
+  }
   return dq;
 }
 

@@ -154,6 +154,7 @@ Communicator& group(const KernelCall& c) {
 constexpr int64_t kRopeMaxHeadDim = 256;       // kernels/cuda/rope.cuh
 constexpr int64_t kAttentionMaxHeadDim = 128;  // kernels/cuda/attention.cuh
 constexpr const char* kDeviceName = "CUDA";
+constexpr bool kAttentionSinks = false;  // kernels/cuda/attention.cu asserts none (decision 141)
 
 // Attention: f32 and bf16 (no f64 kernels); the kernels (ours and cuDNN's) keep the log-sum-exp in
 // f32 whatever T is, and ring attention sums its blocks in f32.
@@ -261,7 +262,7 @@ namespace {
 template <class T>
 bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
   if (c.attention == AttentionBackend::flash) return false;
-  const bool documents = c.in.size() > (c.node.op() == Op::sdpa ? 3u : 6u);  // config.cpp refuses it with "cudnn"
+  const bool documents = attention_inputs(c.node).doc_start != nullptr;  // config.cpp refuses it with "cudnn"
   const std::string why = documents                                 ? std::string("a document mask (doc_start)")
                           : !(attention_attrs(c.node) == AttentionAttrs{}) ? std::string("a sliding window or softcap")
                                                                     : cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),

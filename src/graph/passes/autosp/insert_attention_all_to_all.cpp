@@ -7,12 +7,16 @@
 //   doc_start [B, S/P] (packed documents, sdpa's input 3): every rank needs the full [B, S] for the
 //     heads it holds, so once per graph: [B, 1, S/P] → P copies [B, P, S/P] → all_to_all(scatter
 //     1, gather 2) → [B, 1, S] → [B, S], read by every sdpa (B·S integers, against B·N·S·D values)
+//   sinks [N] (gpt-oss, the last optional input): Ulysses rank u holds query heads [u·N/P, (u+1)·N/P),
+//     so it reads that slice of them; the slice's vjp writes its heads' gradient into a zero [N],
+//     which the world's gradient all-reduce sums into the whole
 // A graph without attention is an error: AutoSP has nothing to parallelise.
 // With a ring (ring_size R > 1) all of this runs over the U = P/R ranks of the Ulysses group
 // ("ulysses"), gathering the ring rank's zigzag chunks, and insert_ring_attention then rings sdpa.
 #include "graph/passes/autosp/autosp.h"
 #include <map>
 
+#include "graph/builder.h"  // attention_inputs
 #include "tensor/check.h"
 
 namespace autosp::passes {
@@ -74,11 +78,11 @@ PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
   const std::string group = ulysses_group(ctx);
   std::map<Node*, Node*> gathered;  // document starts [B, S/P] → their full [B, S]
   for (Node* n : attn) {
-    if (n->inputs().size() > 3) {
-      Node* d = n->input(3);
+    const AttentionInputs opt = attention_inputs(*n);
+    if (Node* d = opt.doc_start) {
       auto it = gathered.find(d);
       if (it == gathered.end()) it = gathered.emplace(d, gather_seq(g, d, p, ctx)).first;
-      g.replace_input(n, 3, it->second);
+      g.replace_input(n, opt.first, it->second);
     }
     Node *q = n->input(0), *k = n->input(1);
     const Dim& nq = q->shape()[1];
@@ -90,6 +94,13 @@ PassResult insert_attention_all_to_all(Graph& g, const PassContext& ctx) {
       throw UsageError(str("insert_attention_all_to_all: %", n->name(), " has ", heads, " attention heads, not divisible by ",
                            degree(ctx, p), ring_hint(ctx)));
     g.replace_input(n, 0, a2a(g, q, q, 1, 2, p, group, q->name() + ".a2a"));
+    if (Node* sinks = opt.sinks) {
+      const int64_t u = ctx.sp_rank % p, own = heads / p;  // comm/mesh.h: ulysses_rank = sp_rank % U
+      g.replace_input(n, n->inputs().size() - 1,
+                      g.insert_after(sinks, Op::slice, {sinks},
+                                     {{"dim", int64_t{0}}, {"start", Dim(u * own)}, {"end", Dim((u + 1) * own)}},
+                                     sinks->name() + ".heads"));
+    }
     for (size_t i : {size_t{1}, size_t{2}}) {
       Node* x = n->input(i);
       Node* src = x;

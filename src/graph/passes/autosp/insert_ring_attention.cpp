@@ -1,11 +1,12 @@
 // insert_ring_attention: with a ring (ring_size R > 1), every attention node
-//   o = sdpa(q, k, v [, doc_start])        q [B, N/U, S/R, D], k, v [B, Nkv/U (or 1), S/R, D]
+//   o = sdpa(q, k, v [, doc_start] [, sinks])   q [B, N/U, S/R, D], k, v [B, Nkv/U (or 1), S/R, D]
 // (after the Ulysses all-to-alls, which gave each rank its ring rank's zigzag chunks) becomes
-//   o = ring_attention(q, k, v [, doc_start], group=ring, group_size=R)
+//   o = ring_attention(q, k, v [, doc_start] [, sinks], group=ring, group_size=R)
 // whose kernel passes the K/V blocks around the R ranks of the ring group (engine/ring.h) at their
 // own width (GQA: never replicated for the ring) and merges the partial results by log-sum-exp.
 // Its vjp is ring_attention_backward (dK, dV travel back around the ring). Document starts are
-// global positions, so the ring compares them with each block's place in the sequence. A no-op
+// global positions, so the ring compares them with each block's place in the sequence. Sinks join
+// each query's softmax once, on the chunk pair of its own chunk (engine/ring.h). A no-op
 // without a ring.
 #include "graph/passes/autosp/autosp.h"
 
