@@ -31,7 +31,7 @@ inline naive::Vec widen_bf16(const std::vector<uint16_t>& b) {
 // f(path) for each bf16 GEMM path this CPU has; a WARN saying SKIPPED for each it lacks.
 template <class F>
 void for_each_bf16_path(F&& f) {
-  for (const cpu::Bf16Gemm path : {cpu::Bf16Gemm::avx512_bf16, cpu::Bf16Gemm::f32}) {
+  for (const cpu::Bf16Gemm path : {cpu::Bf16Gemm::amx, cpu::Bf16Gemm::avx512_bf16, cpu::Bf16Gemm::f32}) {
     if (!cpu::bf16_gemm_available(path)) {
       WARN("SKIPPED: the bf16 GEMM path " << cpu::bf16_gemm_name(path) << " (this CPU lacks it)");
       continue;
