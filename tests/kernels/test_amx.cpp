@@ -86,7 +86,8 @@ void run_cases(bool emulated) {
     };
     const naive::Vec aw = widen(a), bw = widen(b);
     const naive::Vec cw = test::widen(c0);
-    const naive::Vec ref = reference(g, lda, ldb, ldc, aw, bw, cw, false), mag = reference(g, lda, ldb, ldc, aw, bw, cw, true);
+    const naive::Vec ref = reference(g, lda, ldb, ldc, aw, bw, cw, false);
+    const naive::Vec mag = reference(g, lda, ldb, ldc, aw, bw, cw, true);
     std::vector<float> got;
     naive::Vec ref_in, mag_in;
     for (int64_t i = 0; i < g.M; ++i)

@@ -86,7 +86,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a(const AmxOperan
 // The four products of one 16-pair step: A tiles from a (rows 16 apart, lda words), B from b
 // (16 pair rows of kNR words).
 template <class Tiles>
-__attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-bf16"))) [[gnu::always_inline]] inline void amx_step(const float* a, int64_t lda, const float* b) {
+__attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-bf16"))) [[gnu::always_inline]] inline void amx_step(
+    const float* a, int64_t lda, const float* b) {
   Tiles::template load<4>(a, lda * 4);
   Tiles::template load<5>(a + 16 * lda, lda * 4);
   Tiles::template load<6>(b, kNR * 4);

@@ -110,8 +110,8 @@ void EmulatedTiles::dpbf16ps_tiles(int c, int a, int b) {
   AUTOSP_ASSERT(c != a && c != b && a != b, "AMX emulation: TDPBF16PS needs three distinct tiles");
   AUTOSP_ASSERT(cfg.colsb[c] % 4 == 0 && cfg.colsb[a] % 4 == 0 && cfg.colsb[b] == cfg.colsb[c] &&
                     cfg.colsb[a] / 4 == cfg.rows[b] && cfg.rows[a] == cfg.rows[c],
-                "AMX emulation: TDPBF16PS shapes C ", int(cfg.rows[c]), "×", cfg.colsb[c], " A ", int(cfg.rows[a]), "×",
-                cfg.colsb[a], " B ", int(cfg.rows[b]), "×", cfg.colsb[b]);
+                "AMX emulation: TDPBF16PS shapes C ", int(cfg.rows[c]), "×", cfg.colsb[c], " A ", int(cfg.rows[a]),
+                "×", cfg.colsb[a], " B ", int(cfg.rows[b]), "×", cfg.colsb[b]);
   const int n_out = cfg.colsb[c] / 4, n_pairs = cfg.colsb[a] / 4;
   for (int m = 0; m < cfg.rows[c]; ++m) {
     float even[kMaxColsb / 4] = {}, odd[kMaxColsb / 4] = {};

@@ -1,6 +1,6 @@
 // CPU GEMM launchers: batched row-major GEMM, f32 on AVX-512 through our packed sgemm and
-// everything else on OpenBLAS; bf16 GEMMs through the same packed driver on AVX512-BF16
-// (matmul_bf16.inc.h), else widened to f32; and the thread count shared by OpenMP regions and
+// everything else on OpenBLAS; bf16 GEMMs through the same packed driver on AMX tiles
+// (amx_gemm.inc.h) or AVX512-BF16 (matmul_bf16.inc.h), else widened to f32; and the thread count shared by OpenMP regions and
 // OpenBLAS. Knows nothing of graphs or tensors.
 //
 // Packed sgemm (f32 where the CPU has AVX-512F; GotoBLAS/BLIS loop order). OpenBLAS is held to its
@@ -398,8 +398,9 @@ void amx_gemm(bool emulated_tiles, bool trans_a, bool trans_b, int64_t M, int64_
   AUTOSP_ASSERT(M >= 0 && N >= 0 && K > 0 && threads >= 1, "amx_gemm sizes ", M, " ", N, " ", K, " threads ", threads);
   if (M == 0 || N == 0) return;
   const Bf16Operands o = bf16_operands(trans_a, trans_b, a, lda, b, ldb, K);
-  if (emulated_tiles) return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, (K + 1) / 2, alpha, beta, c, ldc, threads);
-  run_threads(AmxOperands<amx::HwTiles>{o}, M, N, (K + 1) / 2, alpha, beta, c, ldc, threads);
+  const int64_t pairs = (K + 1) / 2;
+  if (emulated_tiles) return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
+  run_threads(AmxOperands<amx::HwTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
 }
 
 void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
