@@ -68,6 +68,18 @@ float bf16(const uint8_t* p) {
   return daz(std::bit_cast<float>(uint32_t(h) << 16));
 }
 
+// TDPBF16PS's row loop on widened operands: even[n], odd[n] = the two sums over the pairs k of
+// a[2k + e] · b[k][2n + e] (e = 0, 1), each step one fused multiply-add, flushed. Cloned for FMA so
+// that std::fma is one instruction where the CPU has it (a libm call otherwise).
+__attribute__((target_clones("fma", "default"))) void pair_sums(const float* a, const float* b, int n_pairs,
+                                                                  int n_out, float* even, float* odd) {
+  for (int k = 0; k < n_pairs; ++k)
+    for (int n = 0; n < n_out; ++n) {
+      even[n] = ftz(std::fma(a[2 * k], b[k * kMaxColsb / 2 + 2 * n], even[n]));
+      odd[n] = ftz(std::fma(a[2 * k + 1], b[k * kMaxColsb / 2 + 2 * n + 1], odd[n]));
+    }
+}
+
 }  // namespace
 
 void EmulatedTiles::configure(const TileConfig& c) {
@@ -113,16 +125,14 @@ void EmulatedTiles::dpbf16ps_tiles(int c, int a, int b) {
                 "AMX emulation: TDPBF16PS shapes C ", int(cfg.rows[c]), "×", cfg.colsb[c], " A ", int(cfg.rows[a]),
                 "×", cfg.colsb[a], " B ", int(cfg.rows[b]), "×", cfg.colsb[b]);
   const int n_out = cfg.colsb[c] / 4, n_pairs = cfg.colsb[a] / 4;
+  constexpr int kHalves = kMaxColsb / 2;  // bf16 per tile row
+  float bw[kMaxRows * kHalves];           // B's bf16 widened (denormals 0), row k: pairs (2n, 2n + 1)
+  for (int k = 0; k < n_pairs; ++k)
+    for (int h = 0; h < 2 * n_out; ++h) bw[k * kHalves + h] = bf16(tb + k * kMaxColsb + 2 * h);
   for (int m = 0; m < cfg.rows[c]; ++m) {
-    float even[kMaxColsb / 4] = {}, odd[kMaxColsb / 4] = {};
-    const uint8_t* arow = ta + m * kMaxColsb;
-    for (int k = 0; k < n_pairs; ++k) {
-      const uint8_t* brow = tb + k * kMaxColsb;
-      for (int n = 0; n < n_out; ++n) {
-        even[n] = ftz(std::fma(bf16(arow + 4 * k), bf16(brow + 4 * n), even[n]));
-        odd[n] = ftz(std::fma(bf16(arow + 4 * k + 2), bf16(brow + 4 * n + 2), odd[n]));
-      }
-    }
+    float aw[kHalves], even[kMaxColsb / 4] = {}, odd[kMaxColsb / 4] = {};
+    for (int h = 0; h < 2 * n_pairs; ++h) aw[h] = bf16(ta + m * kMaxColsb + 2 * h);
+    pair_sums(aw, bw, n_pairs, n_out, even, odd);
     float* crow = reinterpret_cast<float*>(dst + m * kMaxColsb);
     for (int n = 0; n < n_out; ++n) crow[n] = ftz(daz(crow[n]) + ftz(even[n] + odd[n]));
     std::memset(dst + m * kMaxColsb + cfg.colsb[c], 0, size_t(kMaxColsb - cfg.colsb[c]));

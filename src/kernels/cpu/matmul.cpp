@@ -366,6 +366,7 @@ bool bf16_gemm_available(Bf16Gemm path) {
     case Bf16Gemm::amx: return tiles;
     case Bf16Gemm::avx512_bf16: return dp;
     case Bf16Gemm::f32: return true;
+    case Bf16Gemm::amx_emulated: return amx_gemm_available(true);
   }
   return false;
 }
@@ -380,6 +381,7 @@ const char* bf16_gemm_name(Bf16Gemm path) {
   switch (path) {
     case Bf16Gemm::amx: return "AMX (tdpbf16ps tiles, f32 accumulation)";
     case Bf16Gemm::avx512_bf16: return "AVX512-BF16 (vdpbf16ps, f32 accumulation)";
+    case Bf16Gemm::amx_emulated: return "AMX kernel on emulated tiles (a test tool)";
     case Bf16Gemm::f32: break;
   }
   return "emulated (bf16 widened to f32)";
@@ -424,9 +426,12 @@ void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch,
   const double mnk = double(M) * double(N) * double(K);
   for_batch(spread_over_batch(batch, mnk, stride_c), batch, threads_inside(mnk), [&](int64_t p, int threads) {
     const Bf16Operands o = bf16_operands(trans_a, trans_b, a + p * stride_a, lda, b + p * stride_b, ldb, K);
-    if (path == Bf16Gemm::amx) return run_threads(AmxOperands<amx::HwTiles>{o}, M, N, (K + 1) / 2, alpha, beta,
-                                                  c + p * stride_c, ldc, threads);
-    run_threads(o, M, N, (K + 1) / 2, alpha, beta, c + p * stride_c, ldc, threads);
+    const int64_t pairs = (K + 1) / 2;
+    float* cp = c + p * stride_c;
+    if (path == Bf16Gemm::amx) return run_threads(AmxOperands<amx::HwTiles>{o}, M, N, pairs, alpha, beta, cp, ldc, threads);
+    if (path == Bf16Gemm::amx_emulated)
+      return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, pairs, alpha, beta, cp, ldc, threads);
+    run_threads(o, M, N, pairs, alpha, beta, cp, ldc, threads);
   });
 }
 

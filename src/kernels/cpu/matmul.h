@@ -34,7 +34,9 @@ void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 //   avx512_bf16  vdpbf16ps: bf16 pairs multiplied exactly and added into f32 lanes, in the packed
 //                driver of the f32 sgemm (micro-panels of bf16 pairs; a 14 × 32 f32 tile)
 //   f32          "emulated": A and B widened to f32 (exact), then gemm_batched<float>: any x86-64 CPU
-enum class Bf16Gemm { amx, avx512_bf16, f32 };
+// and, never the best, amx_emulated: the amx path's code on a software model of the tiles
+// (kernels/cpu/amx_tiles.h), for tests of the AMX kernel and its callers on CPUs without AMX; slow.
+enum class Bf16Gemm { amx, avx512_bf16, f32, amx_emulated };
 bool bf16_gemm_available(Bf16Gemm path);
 Bf16Gemm bf16_gemm_best();
 const char* bf16_gemm_name(Bf16Gemm path);
