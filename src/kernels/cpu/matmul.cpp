@@ -1,7 +1,7 @@
 // CPU GEMM launchers: batched row-major GEMM, f32 on AVX-512 through our packed sgemm and
 // everything else on OpenBLAS; bf16 GEMMs through the same packed driver on AMX tiles
-// (amx_gemm.inc.h) or AVX512-BF16 (matmul_bf16.inc.h), else widened to f32; and the thread count shared by OpenMP regions and
-// OpenBLAS. Knows nothing of graphs or tensors.
+// (amx_gemm.inc.h) or AVX512-BF16 (matmul_bf16.inc.h), else widened to f32; and the thread count
+// shared by OpenMP regions and OpenBLAS. Knows nothing of graphs or tensors.
 //
 // Packed sgemm (f32 where the CPU has AVX-512F; GotoBLAS/BLIS loop order). OpenBLAS is held to its
 // 8-lane AVX2 kernels in this environment (OPENBLAS_CORETYPE=Haswell), and its AVX-512 kernels are
@@ -216,9 +216,9 @@ int use_tiles(const O&) {
 #include "kernels/cpu/amx_gemm.inc.h"     // the same on AMX tiles (AmxOperands)
 
 // This thread's part of C [M, N] (ldc) = alpha · op(A) · op(B) + beta · C, with `threads` threads
-// of the enclosing region (1 outside one) running the same call. O is Operands (f32; K in floats)
-// or Bf16Operands (K in bf16 pairs, the packed depth): the packers and the tile kernel are
-// overloaded on it, the loops are one.
+// of the enclosing region (1 outside one) running the same call. O is Operands (f32; K in floats),
+// Bf16Operands or AmxOperands (K in bf16 pairs, the packed depth): the packers and the tile kernel
+// are overloaded on it (and the micro-panel rows, kPanelRows), the loops are one.
 template <class O>
 void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
                   int64_t ldc, int thread, int threads) {
@@ -287,6 +287,17 @@ bool spread_over_batch(int64_t batch, double mnk, int64_t stride_c) {
   return batch > 1 && stride_c != 0 && mnk >= kMinBatchMNK && mnk <= kSmallMNK && !omp_in_parallel();
 }
 int threads_inside(double mnk) { return mnk <= kSmallMNK || omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+// One bf16 GEMM (K > 0) on `path`'s packed kernel (amx, amx_emulated or avx512_bf16), depth in pairs.
+void run_bf16(Bf16Gemm path, const Bf16Operands& o, int64_t M, int64_t N, float alpha, float beta, float* c,
+              int64_t ldc, int threads) {
+  const int64_t pairs = (o.K + 1) / 2;
+  if (path == Bf16Gemm::amx)
+    return run_threads(AmxOperands<amx::HwTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
+  if (path == Bf16Gemm::amx_emulated)
+    return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
+  run_threads(o, M, N, pairs, alpha, beta, c, ldc, threads);
+}
 
 }  // namespace
 
@@ -399,10 +410,8 @@ void amx_gemm(bool emulated_tiles, bool trans_a, bool trans_b, int64_t M, int64_
                 emulated_tiles ? "AVX-512BW/VL" : "AMX tiles");
   AUTOSP_ASSERT(M >= 0 && N >= 0 && K > 0 && threads >= 1, "amx_gemm sizes ", M, " ", N, " ", K, " threads ", threads);
   if (M == 0 || N == 0) return;
-  const Bf16Operands o = bf16_operands(trans_a, trans_b, a, lda, b, ldb, K);
-  const int64_t pairs = (K + 1) / 2;
-  if (emulated_tiles) return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
-  run_threads(AmxOperands<amx::HwTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
+  run_bf16(emulated_tiles ? Bf16Gemm::amx_emulated : Bf16Gemm::amx, bf16_operands(trans_a, trans_b, a, lda, b, ldb, K),
+           M, N, alpha, beta, c, ldc, threads);
 }
 
 void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
@@ -425,13 +434,8 @@ void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch,
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N;
   const double mnk = double(M) * double(N) * double(K);
   for_batch(spread_over_batch(batch, mnk, stride_c), batch, threads_inside(mnk), [&](int64_t p, int threads) {
-    const Bf16Operands o = bf16_operands(trans_a, trans_b, a + p * stride_a, lda, b + p * stride_b, ldb, K);
-    const int64_t pairs = (K + 1) / 2;
-    float* cp = c + p * stride_c;
-    if (path == Bf16Gemm::amx) return run_threads(AmxOperands<amx::HwTiles>{o}, M, N, pairs, alpha, beta, cp, ldc, threads);
-    if (path == Bf16Gemm::amx_emulated)
-      return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, pairs, alpha, beta, cp, ldc, threads);
-    run_threads(o, M, N, pairs, alpha, beta, cp, ldc, threads);
+    run_bf16(path, bf16_operands(trans_a, trans_b, a + p * stride_a, lda, b + p * stride_b, ldb, K), M, N, alpha, beta,
+             c + p * stride_c, ldc, threads);
   });
 }
 
