@@ -2,8 +2,8 @@
 // values: on a software model of the tile instructions on every CPU (kernels/cpu/amx_tiles.h
 // EmulatedTiles), so the packing, the 32 × 32 blocking, the zero-padded last step of a k-block,
 // the edges and the direct or scratch C paths are tested here; and on the real tiles where the CPU
-// has AMX (SKIPPED, saying why, where it does not). Every case runs at 1 and 2 threads, which must
-// give the same bits. Also the tile model itself, one instruction at a time, against hand-worked
+// has AMX (SKIPPED, saying why, where it does not). Every case runs at 1, 2 and 3 threads, which
+// must give the same bits; on hardware, outputs that differ from the tile model's are counted. Also the tile model itself, one instruction at a time, against hand-worked
 // values from the SDM's description.
 #include <catch2/catch.hpp>
 
@@ -63,8 +63,10 @@ naive::Vec reference(const AmxCase& g, int64_t lda, int64_t ldb, int64_t ldc, co
   return c;
 }
 
-// Runs every case on the emulated or the hardware tiles, at 1 and 2 threads.
-void run_cases(bool emulated) {
+// Runs every case on the emulated or the hardware tiles, at 1, 2 and 3 threads; returns how many
+// outputs of the hardware's (1-thread) results differ in any bit from the emulation's.
+int64_t run_cases(bool emulated) {
+  int64_t differ = 0;
   uint32_t seed = 900;
   for (const AmxCase& g : kCases) {
     INFO("ta " << g.ta << " tb " << g.tb << " M " << g.M << " N " << g.N << " K " << g.K << " pad " << g.pad
@@ -74,12 +76,21 @@ void run_cases(bool emulated) {
     const auto b = test::to_bf16(naive::random_normal(g.offset + (g.tb ? g.N : g.K) * ldb, seed++));
     auto c0 = test::cast<float>(naive::random_normal(g.M * ldc, seed++));
     if (g.beta == 0) std::fill(c0.begin(), c0.end(), std::nanf(""));  // must be overwritten, not read
-    std::vector<float> c1 = c0, c2 = c0;
-    cpu::amx_gemm(emulated, g.ta, g.tb, g.M, g.N, g.K, float(g.alpha), a.data() + g.offset, lda, b.data() + g.offset,
-                  ldb, float(g.beta), c1.data(), ldc, 1);
-    cpu::amx_gemm(emulated, g.ta, g.tb, g.M, g.N, g.K, float(g.alpha), a.data() + g.offset, lda, b.data() + g.offset,
-                  ldb, float(g.beta), c2.data(), ldc, 2);
-    CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);  // the thread count changes no bit
+    const auto run = [&](bool on_emulated, int threads) {
+      std::vector<float> c = c0;
+      cpu::amx_gemm(on_emulated, g.ta, g.tb, g.M, g.N, g.K, float(g.alpha), a.data() + g.offset, lda,
+                    b.data() + g.offset, ldb, float(g.beta), c.data(), ldc, threads);
+      return c;
+    };
+    const std::vector<float> c1 = run(emulated, 1);
+    for (const int threads : {2, 3}) {  // the thread count changes no bit
+      INFO("threads " << threads);
+      CHECK(std::memcmp(c1.data(), run(emulated, threads).data(), c1.size() * sizeof(float)) == 0);
+    }
+    if (!emulated) {
+      const std::vector<float> model = run(true, 1);
+      for (size_t i = 0; i < c1.size(); ++i) differ += std::memcmp(&c1[i], &model[i], sizeof(float)) != 0;
+    }
     const auto widen = [&](const std::vector<uint16_t>& x) {  // from the operand's first element
       const naive::Vec w = test::widen_bf16(x);
       return naive::Vec(w.begin() + g.offset, w.end());
@@ -103,6 +114,7 @@ void run_cases(bool emulated) {
       }
     test::check_close(got, ref_in, test::tol<float>(), &mag_in);
   }
+  return differ;
 }
 
 // A bf16 value's bits.
@@ -123,7 +135,10 @@ TEST_CASE("the AMX GEMM on the hardware tiles matches a float64 loop", "[kernels
     WARN("SKIPPED: this CPU (or its kernel) offers no AMX bf16 tiles; the same kernel ran on emulated tiles above");
     return;
   }
-  run_cases(false);
+  // The SDM's and the intrinsics guide's descriptions of TDPBF16PS add a pair's two products in
+  // different orders, so the model may differ from the hardware in last bits: reported, not failed.
+  const int64_t differ = run_cases(false);
+  if (differ > 0) WARN(differ << " outputs of the hardware tiles differ in some bit from the tile model's");
 }
 
 TEST_CASE("the tile model follows the SDM's TDPBF16PS, TILELOADD and TILESTORED", "[kernels][bf16][amx]") {
