@@ -10,6 +10,8 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <random>
 #include <vector>
 
 #include "common/naive.h"
@@ -63,12 +65,23 @@ naive::Vec reference(const AmxCase& g, int64_t lda, int64_t ldb, int64_t ldc, co
   return c;
 }
 
+// Twelve fixed cases and 40 drawn ones: sizes 1–80, any transposition, padding and offset.
+std::vector<AmxCase> all_cases() {
+  std::vector<AmxCase> cases(std::begin(kCases), std::end(kCases));
+  std::mt19937 gen(49);
+  const auto draw = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen); };
+  for (int i = 0; i < 40; ++i)
+    cases.push_back({draw(0, 1) == 1, draw(0, 1) == 1, draw(1, 80), draw(1, 80), draw(1, 80), draw(0, 3), draw(0, 1),
+                     draw(0, 3) == 0 ? 0.5 : 1.0, double(draw(0, 2)) - 0.5 * double(draw(0, 1))});
+  return cases;
+}
+
 // Runs every case on the emulated or the hardware tiles, at 1, 2 and 3 threads; returns how many
 // outputs of the hardware's (1-thread) results differ in any bit from the emulation's.
 int64_t run_cases(bool emulated) {
   int64_t differ = 0;
   uint32_t seed = 900;
-  for (const AmxCase& g : kCases) {
+  for (const AmxCase& g : all_cases()) {
     INFO("ta " << g.ta << " tb " << g.tb << " M " << g.M << " N " << g.N << " K " << g.K << " pad " << g.pad
                << " offset " << g.offset << " alpha " << g.alpha << " beta " << g.beta);
     const int64_t lda = (g.ta ? g.M : g.K) + g.pad, ldb = (g.tb ? g.K : g.N) + g.pad, ldc = g.N + g.pad;
