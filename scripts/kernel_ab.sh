@@ -31,8 +31,11 @@ g++ $flags -Dautosp=autosp_old -DWRAPNAME=run_old -c "$root/scripts/kernel_ab/wr
 g++ $flags -c "$root/$file" -o "$work/new.o"
 g++ $flags -c "$root/$other" -o "$work/new_other.o"
 g++ $flags -DWRAPNAME=run_new -c "$root/scripts/kernel_ab/wrap.cpp" -o "$work/wrap_new.o"
-# The element conversions both kernel files may call (tensor/convert.cpp), once per side.
-g++ $flags -Dautosp=autosp_old -c "$root/src/tensor/convert.cpp" -o "$work/old_convert.o"
-g++ $flags -c "$root/src/tensor/convert.cpp" -o "$work/new_convert.o"
+# The element conversions both kernel files may call (tensor/convert.cpp) and the AMX tiles that
+# matmul.cpp's bf16 GEMM uses (kernels/cpu/amx_tiles.cpp), once per side.
+for dep in src/tensor/convert.cpp src/kernels/cpu/amx_tiles.cpp; do
+  g++ $flags -Dautosp=autosp_old -c "$root/$dep" -o "$work/old_$(basename "$dep" .cpp).o"
+  g++ $flags -c "$root/$dep" -o "$work/new_$(basename "$dep" .cpp).o"
+done
 g++ $flags "$root/scripts/kernel_ab/main.cpp" "$work"/*.o -o "$work/kernel_ab" -L$blas -lopenblas
 LD_LIBRARY_PATH=$blas OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$work/kernel_ab" "$kind" "$@"

@@ -1,5 +1,6 @@
 // The GEMM benchmark: gemm_batched<float> (our packed sgemm) against cblas_sgemm and our bf16 GEMM
-// (gemm_bf16_batched on the CPU's best path), alternated.
+// (gemm_bf16_batched on the CPU's best path), alternated; where that path is AMX, the AVX512-BF16
+// path too, in the same rounds (amx_speedup: AVX512-BF16's time over AMX's).
 #include "tools/bench_gemm.h"
 
 #include <cblas.h>
@@ -63,6 +64,7 @@ void run_gemm_bench(const GemmBenchOptions& opt, const std::function<void(const 
   std::mt19937_64 gen(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   const cpu::Bf16Gemm bf16_path = cpu::bf16_gemm_best();
+  const bool vs_dp = bf16_path == cpu::Bf16Gemm::amx && cpu::bf16_gemm_available(cpu::Bf16Gemm::avx512_bf16);
   for (const GemmShape& s : gpt2_tiny_shapes()) {
     std::vector<float> a(size_t(s.M * s.K)), b(size_t(s.K * s.N)), ours(size_t(s.M * s.N)), blas(ours.size()),
         bf16_out(ours.size());
@@ -80,17 +82,22 @@ void run_gemm_bench(const GemmBenchOptions& opt, const std::function<void(const 
                   blasint(s.N), blasint(s.K), 1.0f, a.data(), blasint(lda), b.data(), blasint(ldb), 0.0f,
                   blas.data(), blasint(s.N));
     };
-    auto run_bf16 = [&] {
-      cpu::gemm_bf16_batched(bf16_path, s.ta, s.tb, 1, s.M, s.N, s.K, 1.0f, a16.data(), 0, b16.data(), 0, 0.0f,
-                             bf16_out.data(), 0);
+    const auto bf16_on = [&](cpu::Bf16Gemm path) {
+      return [&, path] {
+        cpu::gemm_bf16_batched(path, s.ta, s.tb, 1, s.M, s.N, s.K, 1.0f, a16.data(), 0, b16.data(), 0, 0.0f,
+                               bf16_out.data(), 0);
+      };
     };
-    std::vector<double> ours_ms, blas_ms, bf16_ms, ratio, bf16_ratio;
+    std::vector<double> ours_ms, blas_ms, bf16_ms, ratio, bf16_ratio, dp_ms, amx_ratio;
     for (int p = 0; p < opt.pairs; ++p) {
       ours_ms.push_back(time_ms(opt.warmup, opt.iters, run_ours));
       blas_ms.push_back(time_ms(opt.warmup, opt.iters, run_blas));
-      bf16_ms.push_back(time_ms(opt.warmup, opt.iters, run_bf16));
+      bf16_ms.push_back(time_ms(opt.warmup, opt.iters, bf16_on(bf16_path)));
       ratio.push_back(blas_ms.back() / ours_ms.back());
       bf16_ratio.push_back(ours_ms.back() / bf16_ms.back());
+      if (!vs_dp) continue;
+      dp_ms.push_back(time_ms(opt.warmup, opt.iters, bf16_on(cpu::Bf16Gemm::avx512_bf16)));
+      amx_ratio.push_back(dp_ms.back() / bf16_ms.back());
     }
     double diff = 0, scale = 0;
     for (size_t i = 0; i < ours.size(); ++i) {
@@ -99,11 +106,13 @@ void run_gemm_bench(const GemmBenchOptions& opt, const std::function<void(const 
     }
     const double gflop = 2.0 * double(s.M) * double(s.N) * double(s.K) / 1e9;
     const double om = median(ours_ms), bm = median(blas_ms), hm = median(bf16_ms);
-    emit({{"mode", "gemm"}, {"ta", s.ta}, {"tb", s.tb}, {"M", s.M}, {"N", s.N}, {"K", s.K}, {"threads", threads},
+    nlohmann::json row = {{"mode", "gemm"}, {"ta", s.ta}, {"tb", s.tb}, {"M", s.M}, {"N", s.N}, {"K", s.K}, {"threads", threads},
           {"ours_ms", om}, {"openblas_ms", bm}, {"ours_gflops", gflop / om * 1e3}, {"openblas_gflops", gflop / bm * 1e3},
           {"speedup", median(ratio)}, {"packed", cpu::packed_sgemm_available()},
           {"max_rel_diff", scale > 0 ? diff / scale : 0.0}, {"bf16_path", cpu::bf16_gemm_name(bf16_path)},
-          {"bf16_ms", hm}, {"bf16_gflops", gflop / hm * 1e3}, {"bf16_speedup", median(bf16_ratio)}});
+          {"bf16_ms", hm}, {"bf16_gflops", gflop / hm * 1e3}, {"bf16_speedup", median(bf16_ratio)}};
+    if (vs_dp) row["avx512_bf16_ms"] = median(dp_ms), row["amx_speedup"] = median(amx_ratio);
+    emit(row);
   }
 }
 

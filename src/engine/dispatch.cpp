@@ -53,8 +53,14 @@ Tensor dispatch(const KernelCall& call, DeviceKind device) {
 
 std::string cpu_bf16_numerics() {
   const cpu::Bf16Gemm path = cpu::bf16_gemm_best();
-  if (path == cpu::Bf16Gemm::f32) return "emulated on cpu: f32 kernels, each result rounded to bf16 (no AVX512-BF16)";
-  return str("on cpu: matmuls, the tiled MLP and loss and the attention's tile products on ", cpu::bf16_gemm_name(path),
+  if (path == cpu::Bf16Gemm::f32)
+    return "emulated on cpu: f32 kernels, each result rounded to bf16 (no AMX, no AVX512-BF16)";
+  const char* dp = cpu::bf16_gemm_name(cpu::Bf16Gemm::avx512_bf16);  // the attention's products run there
+  const std::string units = path == cpu::Bf16Gemm::amx
+                                ? str("matmuls and the tiled MLP and loss on ", cpu::bf16_gemm_name(path),
+                                      ", the attention's tile products on ", dp)
+                                : str("matmuls, the tiled MLP and loss and the attention's tile products on ", dp);
+  return str("on cpu: ", units,
              ", each result rounded to bf16; other ops emulated: f32 kernels, each result rounded to bf16");
 }
 

@@ -122,7 +122,8 @@ using WorkspaceFn = size_t (*)(const Node&, const Bindings&);
 Tensor dispatch(const KernelCall& call, DeviceKind device);
 
 // How the CPU computes bf16 nodes on this machine, for the run log: which ops run on its bf16
-// units (and which path: kernels/cpu/matmul.h bf16_gemm_best), and that the rest are emulated.
+// units (and which path: kernels/cpu/matmul.h bf16_gemm_best, "AMX", "AVX512-BF16" or "emulated"),
+// and that the rest are emulated.
 std::string cpu_bf16_numerics();
 
 // The scratch `node` wants on `device` at bindings `b` (engine/dispatch.cpp: the few ops that want

@@ -1,6 +1,6 @@
 // Helpers of the CPU bf16 kernel tests: bf16 values (raw uint16_t bits) to and from the float64
 // reference, and a loop over the bf16 GEMM paths that runs the ones this CPU has and says SKIPPED
-// for the others.
+// for the others (the AMX kernel on emulated tiles among them, so its callers are tested anywhere).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -31,7 +31,8 @@ inline naive::Vec widen_bf16(const std::vector<uint16_t>& b) {
 // f(path) for each bf16 GEMM path this CPU has; a WARN saying SKIPPED for each it lacks.
 template <class F>
 void for_each_bf16_path(F&& f) {
-  for (const cpu::Bf16Gemm path : {cpu::Bf16Gemm::avx512_bf16, cpu::Bf16Gemm::f32}) {
+  for (const cpu::Bf16Gemm path :
+       {cpu::Bf16Gemm::amx, cpu::Bf16Gemm::avx512_bf16, cpu::Bf16Gemm::f32, cpu::Bf16Gemm::amx_emulated}) {
     if (!cpu::bf16_gemm_available(path)) {
       WARN("SKIPPED: the bf16 GEMM path " << cpu::bf16_gemm_name(path) << " (this CPU lacks it)");
       continue;

@@ -3,8 +3,11 @@
 // cases, odd K (the last pair half empty), odd sizes and offsets (the word-at-a-time packing),
 // stride-0 broadcasts, alpha/beta, K across k-blocks and sizes that split over threads. Accumulation
 // is f32, so the f32 tolerance applies, scaled by Σ|a·b|. And that the dispatch picks the best
-// path the CPU offers, judged from /proc/cpuinfo's flags (not the code's own cpuid test).
+// path the CPU offers, judged from /proc/cpuinfo's flags (not the code's own cpuid test), and
+// that every lower path it has runs when asked for.
 #include <catch2/catch.hpp>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -104,13 +107,23 @@ TEST_CASE("the bf16 GEMM dispatch picks the best path the CPU offers", "[kernels
     WARN("SKIPPED: no /proc/cpuinfo flags to judge the CPU by");
     return;
   }
-  const bool dp = flags.count("avx512_bf16") && flags.count("avx512bw") && flags.count("avx512vl");
-  if (flags.count("amx_bf16"))
-    WARN("this CPU has AMX tiles, which autosp does not use yet (docs/decisions.md 125): AVX512-BF16 runs instead");
-  CHECK(cpu::bf16_gemm_best() == (dp ? cpu::Bf16Gemm::avx512_bf16 : cpu::Bf16Gemm::f32));
+  const bool avx512 = flags.count("avx512bw") && flags.count("avx512vl");
+  const bool dp = flags.count("avx512_bf16") && avx512;
+  // AMX needs the CPU's tiles and Linux's leave to use their state (asked here directly).
+  const bool amx = flags.count("amx_bf16") && flags.count("amx_tile") && avx512 &&
+                   syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  if (!amx) WARN("this CPU (or its kernel) has no AMX bf16 tiles: the AMX path is checked absent only");
+  const cpu::Bf16Gemm best = amx ? cpu::Bf16Gemm::amx : dp ? cpu::Bf16Gemm::avx512_bf16 : cpu::Bf16Gemm::f32;
+  CHECK(cpu::bf16_gemm_best() == best);
+  CHECK(cpu::bf16_gemm_available(cpu::Bf16Gemm::amx) == amx);
   CHECK(cpu::bf16_gemm_available(cpu::Bf16Gemm::avx512_bf16) == dp);
   CHECK(cpu::bf16_gemm_available(cpu::Bf16Gemm::f32));
-  // The attention's tile products take the same units (pair words: an even head dim).
+  CHECK(cpu::bf16_gemm_available(cpu::Bf16Gemm::amx_emulated) == avx512);  // a test tool, never the best
+  // The log's names for the three.
+  CHECK(std::string(cpu::bf16_gemm_name(cpu::Bf16Gemm::amx)).rfind("AMX", 0) == 0);
+  CHECK(std::string(cpu::bf16_gemm_name(cpu::Bf16Gemm::avx512_bf16)).rfind("AVX512-BF16", 0) == 0);
+  CHECK(std::string(cpu::bf16_gemm_name(cpu::Bf16Gemm::f32)).rfind("emulated", 0) == 0);
+  // The attention's tile products take AVX512-BF16 (pair words: an even head dim), AMX or not.
   CHECK(cpu::sdpa_bf16_native(64) == dp);
   CHECK_FALSE(cpu::sdpa_bf16_native(63));
 }

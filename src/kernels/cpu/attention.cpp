@@ -736,7 +736,7 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
                                workspace, var);
 }
 
-bool sdpa_bf16_native(int64_t D) { return D % 2 == 0 && bf16_gemm_best() == Bf16Gemm::avx512_bf16; }
+bool sdpa_bf16_native(int64_t D) { return D % 2 == 0 && bf16_gemm_available(Bf16Gemm::avx512_bf16); }
 
 void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t B,
                        int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,

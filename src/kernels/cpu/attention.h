@@ -51,7 +51,8 @@ int64_t sdpa_backward_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, i
 // (vdpbf16ps) and accumulates in f32; the probabilities P (and the backward's dS) are rounded to
 // bf16 once, where a product reads them, as PyTorch's bf16 flash attention does; the softmax,
 // lse and the accumulators of o, dq, dk, dv are f32, each output rounded once. Needs
-// sdpa_bf16_native(D): AVX512-BF16 (kernels/cpu/matmul.h bf16_gemm_best) and an even head dim.
+// sdpa_bf16_native(D): AVX512-BF16 (kernels/cpu/matmul.h bf16_gemm_available; on a CPU with AMX
+// too, the products stay on AVX512-BF16) and an even head dim.
 // The backward's workspace (may be null) holds sdpa_backward_bf16_workspace(...) floats: the
 // chunks' f32 dK, dV, the last chunk's included.
 bool sdpa_bf16_native(int64_t D);

@@ -1,7 +1,7 @@
 // CPU GEMM launchers: batched row-major GEMM, f32 on AVX-512 through our packed sgemm and
-// everything else on OpenBLAS; bf16 GEMMs through the same packed driver on AVX512-BF16
-// (matmul_bf16.inc.h), else widened to f32; and the thread count shared by OpenMP regions and
-// OpenBLAS. Knows nothing of graphs or tensors.
+// everything else on OpenBLAS; bf16 GEMMs through the same packed driver on AMX tiles
+// (amx_gemm.inc.h) or AVX512-BF16 (matmul_bf16.inc.h), else widened to f32; and the thread count
+// shared by OpenMP regions and OpenBLAS. Knows nothing of graphs or tensors.
 //
 // Packed sgemm (f32 where the CPU has AVX-512F; GotoBLAS/BLIS loop order). OpenBLAS is held to its
 // 8-lane AVX2 kernels in this environment (OPENBLAS_CORETYPE=Haswell), and its AVX-512 kernels are
@@ -44,6 +44,7 @@
 #include <vector>
 #include <type_traits>
 
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/dp16.h"
 #include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
@@ -201,27 +202,40 @@ __attribute__((target("avx512f"))) void kernel(const Operands&, int64_t kc, floa
   edge_out(tile, alpha, beta, c, ldc, rows, cols);
 }
 
+// The rows of an A micro-panel (the kernel's tile) for operands O; AMX's differ (amx_gemm.inc.h).
+template <class O>
+constexpr int64_t kPanelRows = kMR;
+
+// Whatever a thread holds while its kernel runs, for operands O: nothing but on AMX (its tiles).
+template <class O>
+int use_tiles(const O&) {
+  return 0;
+}
+
 #include "kernels/cpu/matmul_bf16.inc.h"  // the bf16 operands' packing and tiles (Bf16Operands)
+#include "kernels/cpu/amx_gemm.inc.h"     // the same on AMX tiles (AmxOperands)
 
 // This thread's part of C [M, N] (ldc) = alpha · op(A) · op(B) + beta · C, with `threads` threads
-// of the enclosing region (1 outside one) running the same call. O is Operands (f32; K in floats)
-// or Bf16Operands (K in bf16 pairs, the packed depth): the packers and the tile kernel are
-// overloaded on it, the loops are one.
+// of the enclosing region (1 outside one) running the same call. O is Operands (f32; K in floats),
+// Bf16Operands or AmxOperands (K in bf16 pairs, the packed depth): the packers and the tile kernel
+// are overloaded on it (and the micro-panel rows, kPanelRows), the loops are one.
 template <class O>
 void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
                   int64_t ldc, int thread, int threads) {
+  constexpr int64_t mr = kPanelRows<O>, mc_max = kMC / mr * mr;
+  [[maybe_unused]] const auto tiles = use_tiles(o);
   static thread_local Scratch a_scratch, b_scratch;
   float* ap = a_scratch.get(kMC * kKC);
   float* bp = b_scratch.get(std::min(kKC, K) * ((std::min(kNC, N) + kNR - 1) / kNR * kNR));
   // Split by rows when every thread gets at least two micro-panels of them, else by B micro-panels;
   // of the two, the one whose busiest thread has fewer micro-tiles (rows on a tie): at M = 256,
   // 19 row panels split 9 / 10 between two threads, while 24 column panels split 12 / 12.
-  const int64_t row_panels = (M + kMR - 1) / kMR, col_panels = (N + kNR - 1) / kNR;
+  const int64_t row_panels = (M + mr - 1) / mr, col_panels = (N + kNR - 1) / kNR;
   const auto busiest = [threads](int64_t panels) { return (panels + threads - 1) / threads; };
   const bool by_rows =
       row_panels >= 2 * threads && busiest(row_panels) * col_panels <= row_panels * busiest(col_panels);
-  const int64_t m0 = by_rows ? std::min(M, row_panels * thread / threads * kMR) : 0;
-  const int64_t m1 = by_rows ? std::min(M, row_panels * (thread + 1) / threads * kMR) : M;
+  const int64_t m0 = by_rows ? std::min(M, row_panels * thread / threads * mr) : 0;
+  const int64_t m1 = by_rows ? std::min(M, row_panels * (thread + 1) / threads * mr) : M;
   for (int64_t jc = 0; jc < N; jc += kNC) {
     const int64_t nc = std::min(kNC, N - jc), panels = (nc + kNR - 1) / kNR;
     const int64_t q0 = by_rows ? 0 : panels * thread / threads, q1 = by_rows ? panels : panels * (thread + 1) / threads;
@@ -229,14 +243,14 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
       const int64_t kc = std::min(kKC, K - pc);
       const float beta_pc = pc == 0 ? beta : 1.0f;
       pack_b(o, pc, kc, jc, nc, q0, q1, bp);  // the panels this thread reads
-      for (int64_t ic = m0; ic < m1; ic += kMC) {
-        const int64_t mc = std::min(kMC, m1 - ic);
+      for (int64_t ic = m0; ic < m1; ic += mc_max) {
+        const int64_t mc = std::min(mc_max, m1 - ic);
         pack_a(o, ic, mc, pc, kc, ap);
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t j = jc + q * kNR, cols = std::min(kNR, N - j);
-          for (int64_t ir = 0; ir < mc; ir += kMR)
+          for (int64_t ir = 0; ir < mc; ir += mr)
             kernel(o, kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c + (ic + ir) * ldc + j, ldc,
-                   std::min(kMR, mc - ir), cols);
+                   std::min(mr, mc - ir), cols);
         }
       }
     }
@@ -273,6 +287,17 @@ bool spread_over_batch(int64_t batch, double mnk, int64_t stride_c) {
   return batch > 1 && stride_c != 0 && mnk >= kMinBatchMNK && mnk <= kSmallMNK && !omp_in_parallel();
 }
 int threads_inside(double mnk) { return mnk <= kSmallMNK || omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+// One bf16 GEMM (K > 0) on `path`'s packed kernel (amx, amx_emulated or avx512_bf16), depth in pairs.
+void run_bf16(Bf16Gemm path, const Bf16Operands& o, int64_t M, int64_t N, float alpha, float beta, float* c,
+              int64_t ldc, int threads) {
+  const int64_t pairs = (o.K + 1) / 2;
+  if (path == Bf16Gemm::amx)
+    return run_threads(AmxOperands<amx::HwTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
+  if (path == Bf16Gemm::amx_emulated)
+    return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
+  run_threads(o, M, N, pairs, alpha, beta, c, ldc, threads);
+}
 
 }  // namespace
 
@@ -345,15 +370,48 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t 
 bool bf16_gemm_available(Bf16Gemm path) {
   static const bool dp = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl");
-  return path == Bf16Gemm::f32 || (path == Bf16Gemm::avx512_bf16 && dp);
+  // The AMX path packs and writes edges with AVX-512 (every CPU with AMX has it).
+  static const bool tiles = amx::amx_tiles_granted() && __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl");
+  switch (path) {
+    case Bf16Gemm::amx: return tiles;
+    case Bf16Gemm::avx512_bf16: return dp;
+    case Bf16Gemm::f32: return true;
+    case Bf16Gemm::amx_emulated: return amx_gemm_available(true);
+  }
+  return false;
 }
 
 Bf16Gemm bf16_gemm_best() {
-  return bf16_gemm_available(Bf16Gemm::avx512_bf16) ? Bf16Gemm::avx512_bf16 : Bf16Gemm::f32;
+  for (const Bf16Gemm path : {Bf16Gemm::amx, Bf16Gemm::avx512_bf16})
+    if (bf16_gemm_available(path)) return path;
+  return Bf16Gemm::f32;
 }
 
 const char* bf16_gemm_name(Bf16Gemm path) {
-  return path == Bf16Gemm::avx512_bf16 ? "AVX512-BF16 (vdpbf16ps, f32 accumulation)" : "f32 (bf16 widened to f32)";
+  switch (path) {
+    case Bf16Gemm::amx: return "AMX (tdpbf16ps tiles, f32 accumulation)";
+    case Bf16Gemm::avx512_bf16: return "AVX512-BF16 (vdpbf16ps, f32 accumulation)";
+    case Bf16Gemm::amx_emulated: return "AMX kernel on emulated tiles (a test tool)";
+    case Bf16Gemm::f32: break;
+  }
+  return "emulated (bf16 widened to f32)";
+}
+
+bool amx_gemm_available(bool emulated_tiles) {
+  return emulated_tiles ? __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
+                        : bf16_gemm_available(Bf16Gemm::amx);
+}
+
+void amx_gemm(bool emulated_tiles, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc,
+              int threads) {
+  AUTOSP_ASSERT(amx_gemm_available(emulated_tiles), "amx_gemm: this CPU lacks ",
+                emulated_tiles ? "AVX-512BW/VL" : "AMX tiles");
+  AUTOSP_ASSERT(M >= 0 && N >= 0 && K > 0 && threads >= 1, "amx_gemm sizes ", M, " ", N, " ", K, " threads ", threads);
+  if (M == 0 || N == 0) return;
+  run_bf16(emulated_tiles ? Bf16Gemm::amx_emulated : Bf16Gemm::amx, bf16_operands(trans_a, trans_b, a, lda, b, ldb, K),
+           M, N, alpha, beta, c, ldc, threads);
 }
 
 void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
@@ -376,8 +434,8 @@ void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch,
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N;
   const double mnk = double(M) * double(N) * double(K);
   for_batch(spread_over_batch(batch, mnk, stride_c), batch, threads_inside(mnk), [&](int64_t p, int threads) {
-    const Bf16Operands o = bf16_operands(trans_a, trans_b, a + p * stride_a, lda, b + p * stride_b, ldb, K);
-    run_threads(o, M, N, (K + 1) / 2, alpha, beta, c + p * stride_c, ldc, threads);
+    run_bf16(path, bf16_operands(trans_a, trans_b, a + p * stride_a, lda, b + p * stride_b, ldb, K), M, N, alpha, beta,
+             c + p * stride_c, ldc, threads);
   });
 }
 

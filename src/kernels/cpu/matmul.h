@@ -27,15 +27,28 @@ void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 
 // bf16 GEMMs: A and B bf16 (raw uint16_t bits), f32 accumulation, C f32 (the caller rounds it
 // once to bf16 where it wants bf16). The paths, best first; bf16_gemm_best() is the best the
-// running CPU has (cpuid, checked once). AMX tiles are not written (docs/decisions.md 125): a CPU
-// with AMX has AVX512-BF16 too and runs that.
+// running CPU has (cpuid, checked once), and bf16_gemm_name() is what the log calls it.
+//   amx          tdpbf16ps on AMX tiles (Sapphire Rapids and later; the process asks Linux for
+//                the tile state), in the same packed driver: a 32 × 32 micro-tile of four C tiles
+//                (kernels/cpu/amx_gemm.inc.h)
 //   avx512_bf16  vdpbf16ps: bf16 pairs multiplied exactly and added into f32 lanes, in the packed
 //                driver of the f32 sgemm (micro-panels of bf16 pairs; a 14 × 32 f32 tile)
-//   f32          A and B widened to f32 (exact), then gemm_batched<float>: any x86-64 CPU
-enum class Bf16Gemm { avx512_bf16, f32 };
+//   f32          "emulated": A and B widened to f32 (exact), then gemm_batched<float>: any x86-64 CPU
+// and, never the best, amx_emulated: the amx path's code on a software model of the tiles
+// (kernels/cpu/amx_tiles.h), for tests of the AMX kernel and its callers on CPUs without AMX; slow.
+enum class Bf16Gemm { amx, avx512_bf16, f32, amx_emulated };
 bool bf16_gemm_available(Bf16Gemm path);
 Bf16Gemm bf16_gemm_best();
 const char* bf16_gemm_name(Bf16Gemm path);
+
+// The AMX path's GEMM, exposed for its tests and benchmark: packed_sgemm's contract on bf16 A, B
+// (leading dimensions in elements) and f32 C, on the hardware tiles or, with `emulated_tiles`, on
+// a software model of the tile instructions (kernels/cpu/amx_tiles.h; slow, for tests on CPUs
+// without AMX). amx_gemm_available(emulated_tiles): whether this CPU can run it so.
+bool amx_gemm_available(bool emulated_tiles);
+void amx_gemm(bool emulated_tiles, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc,
+              int threads);
 
 // gemm_batched's contract on bf16 A, B and f32 C, on `path` (which must be available).
 void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
