@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -126,6 +127,21 @@ TEST_CASE("the bf16 GEMM dispatch picks the best path the CPU offers", "[kernels
   // The attention's tile products take AVX512-BF16 (pair words: an even head dim), AMX or not.
   CHECK(cpu::sdpa_bf16_native(64) == dp);
   CHECK_FALSE(cpu::sdpa_bf16_native(63));
+}
+
+// AUTOSP_BF16_GEMM caps the dispatch (a way round a path that misbehaves on some machine, as
+// oneDNN's ONEDNN_MAX_CPU_ISA): f32 always gives the emulated path, avx512_bf16 leaves AMX out, and
+// anything else is refused by name.
+TEST_CASE("AUTOSP_BF16_GEMM caps the bf16 GEMM path, and garbage is refused", "[kernels][matmul][bf16]") {
+  const bool dp = cpu::bf16_gemm_available(cpu::Bf16Gemm::avx512_bf16);
+  ::setenv("AUTOSP_BF16_GEMM", "f32", 1);
+  CHECK(cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32);
+  ::setenv("AUTOSP_BF16_GEMM", "avx512_bf16", 1);
+  CHECK(cpu::bf16_gemm_best() == (dp ? cpu::Bf16Gemm::avx512_bf16 : cpu::Bf16Gemm::f32));
+  ::setenv("AUTOSP_BF16_GEMM", "sse2", 1);
+  CHECK_THROWS_WITH(cpu::bf16_gemm_best(), Catch::Contains("AUTOSP_BF16_GEMM=sse2"));
+  ::unsetenv("AUTOSP_BF16_GEMM");
+  CHECK(cpu::bf16_gemm_best() != cpu::Bf16Gemm::amx_emulated);
 }
 
 TEST_CASE("every bf16 GEMM path matches a float64 loop", "[kernels][matmul][bf16]") {

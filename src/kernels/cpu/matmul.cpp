@@ -42,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cpu/amx_tiles.h"
@@ -382,9 +383,18 @@ bool bf16_gemm_available(Bf16Gemm path) {
   return false;
 }
 
+// The best path at or below AUTOSP_BF16_GEMM's cap (matmul.h).
 Bf16Gemm bf16_gemm_best() {
-  for (const Bf16Gemm path : {Bf16Gemm::amx, Bf16Gemm::avx512_bf16})
-    if (bf16_gemm_available(path)) return path;
+  const char* env = std::getenv("AUTOSP_BF16_GEMM");
+  const std::string cap = env ? env : "amx";
+  const std::vector<Bf16Gemm> order = {Bf16Gemm::amx, Bf16Gemm::avx512_bf16};
+  size_t first = 0;
+  if (cap == "avx512_bf16") first = 1;
+  else if (cap == "f32") first = order.size();
+  else if (cap != "amx")
+    throw UsageError(str("AUTOSP_BF16_GEMM=", cap, ": expected amx, avx512_bf16 or f32 (the best bf16 GEMM path to allow)"));
+  for (size_t i = first; i < order.size(); ++i)
+    if (bf16_gemm_available(order[i])) return order[i];
   return Bf16Gemm::f32;
 }
 

@@ -36,6 +36,8 @@ void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 //   f32          "emulated": A and B widened to f32 (exact), then gemm_batched<float>: any x86-64 CPU
 // and, never the best, amx_emulated: the amx path's code on a software model of the tiles
 // (kernels/cpu/amx_tiles.h), for tests of the AMX kernel and its callers on CPUs without AMX; slow.
+// The environment variable AUTOSP_BF16_GEMM caps the choice, as oneDNN's ONEDNN_MAX_CPU_ISA does:
+// "amx" (no cap), "avx512_bf16" (AMX left out) or "f32"; another value is a UsageError naming it.
 enum class Bf16Gemm { amx, avx512_bf16, f32, amx_emulated };
 bool bf16_gemm_available(Bf16Gemm path);
 Bf16Gemm bf16_gemm_best();
