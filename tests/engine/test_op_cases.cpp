@@ -354,9 +354,11 @@ TEST_CASE("bf16 broadcasting binary ops equal the f32 kernels rounded once", "[o
 
 // GPT-2's bf16 ops that read bf16 without a whole widened copy (engine/cpu/launchers.cpp:
 // bias_gelu_tanh_bf16 by chunks of rows; sum_to, embedding and its backward in kernels that read
-// bf16 and sum in double): at 1 and 2 threads each result is exactly the f32 kernel's on the
-// widened values, rounded once, and within one bf16 rounding of the float64 reference.
-TEST_CASE("bf16 bias + GELU, sum_to and the embedding equal the f32 kernels rounded once", "[ops][executor][bf16]") {
+// bf16 and sum in double; the untiled loss row by row): at 1 and 2 threads each result is exactly
+// the f32 kernel's on the widened values, rounded once (the loss sum kept f32, not rounded), and
+// within one bf16 rounding of the float64 reference.
+TEST_CASE("bf16 bias + GELU, sum_to, the embedding and the loss equal the f32 kernels rounded once",
+          "[ops][executor][bf16]") {
   const int64_t R = 700, C = 96, V = 50;  // x [3, R, C]: 2,100 rows, 42 rows a chunk
   const naive::Shape shape{3, R, C};
   const Vec xs = naive::random_normal(3 * R * C, 71, 2.0), ys = naive::random_normal(3 * R * C, 72);
@@ -398,6 +400,13 @@ TEST_CASE("bf16 bias + GELU, sum_to and the embedding equal the f32 kernels roun
       {"embedding_backward",
        [V](Builder& b, Node*, Node* y, Node*, Node*, Node* ids) { return b.embedding_backward(y, ids, V); },
        embedding_grad},
+      {"cross_entropy_sum", [](Builder& b, Node* x, Node*, Node*, Node*, Node* ids) { return b.cross_entropy_sum(x, ids); },
+       [&] { return Vec{naive::cross_entropy(x, ids, 3 * R, C)}; }},
+      {"cross_entropy_backward",
+       [](Builder& b, Node* x, Node*, Node*, Node*, Node* ids) {
+         return b.cross_entropy_backward(x, ids, b.full({}, 0.5, DType::f32), -100);
+       },
+       [&] { return naive::cross_entropy_backward(x, ids, 3 * R, C, 0.5); }},
   };
   for (const Case& c : cases) {
     DYNAMIC_SECTION(c.name) {
@@ -412,13 +421,15 @@ TEST_CASE("bf16 bias + GELU, sum_to and the embedding equal the f32 kernels roun
                               {"b", Tensor::from_vector({C}, bias).to(dt)}, {"w", Tensor::from_vector({V, C}, w).to(dt)},
                               {"ids", Tensor::from_vector({3, R}, ids)}};
         const Tensor t = Executor(g).run(feeds, single_groups()).outputs.at(out->name());
-        CHECK(t.dtype() == dt);
+        CHECK(t.dtype() == (c.name == "cross_entropy_sum" ? DType::f32 : dt));  // the loss stays f32
         return t.to_doubles();
       };
-      const Vec want = naive::map(run(DType::f32), naive::round_bf16);
-      CHECK(max_rel_error(want, c.ref()) < 4e-3);
-      test::with_threads({1, 2}, [&](int t) {
+      const Vec ref = c.ref();
+      test::with_threads({1, 2}, [&](int t) {  // the f32 loss sum's bits depend on the thread count
         INFO("threads " << t);
+        Vec want = run(DType::f32);
+        if (c.name != "cross_entropy_sum") want = naive::map(want, naive::round_bf16);
+        CHECK(max_rel_error(want, ref) < 4e-3);
         CHECK(mismatches(run(DType::bf16), want) == 0);
       });
     }

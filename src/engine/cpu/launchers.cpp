@@ -921,6 +921,27 @@ Tensor bias_gelu_tanh_bf16(const KernelCall& c) {
 
 // ---- sums and the embedding on bf16: the kernels read bf16 themselves ----
 
+// The untiled loss on bf16 logits (kernels/cpu/loss.h: rows widened one at a time, the f32
+// kernel's row work and its sum over rows): the loss f32 as the op table keeps it, dlogits bf16.
+Tensor cross_entropy_sum_bf16(const KernelCall& c) {
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1);
+  if (c.node.dtype() != DType::f32) return bf16_via_f32(c, cross_entropy_sum);
+  Tensor y = out_like(c, DType::f32);
+  *y.data<float>() = static_cast<float>(cpu::cross_entropy_sum<uint16_t>(
+      logits.data<uint16_t>(), labels.data<int64_t>(), labels.numel(), logits.dim(-1), c.node.attrs().i("ignore_index")));
+  return y;
+}
+
+Tensor cross_entropy_backward_bf16(const KernelCall& c) {
+  if (c.node.dtype() != DType::bf16) return bf16_via_f32(c, cross_entropy_backward);
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1);
+  Tensor dx = out_like(c, DType::bf16);
+  cpu::cross_entropy_backward<uint16_t>(logits.data<uint16_t>(), labels.data<int64_t>(), dx.data<uint16_t>(),
+                                        labels.numel(), logits.dim(-1), c.in[2].to_doubles()[0],
+                                        c.node.attrs().i("ignore_index"));
+  return dx;
+}
+
 // sum_to (a bias gradient) reads x as bf16 and sums in double as the f32 kernel does
 // (kernels/cpu/elementwise.h: the emulation's bits). A result kept in another dtype is emulated.
 Tensor sum_to_bf16(const KernelCall& c) {
@@ -1019,6 +1040,8 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::sum_to, sum_to_bf16, 1, false},
     {Op::embedding, embedding_bf16<false>, 1, false},
     {Op::embedding_backward, embedding_bf16<true>, 1, false},
+    {Op::cross_entropy_sum, cross_entropy_sum_bf16, 1, false},
+    {Op::cross_entropy_backward, cross_entropy_backward_bf16, 1, false},
 };
 
 KernelFn native_bf16(const KernelCall& c) {
