@@ -436,6 +436,41 @@ TEST_CASE("bf16 bias + GELU, sum_to, the embedding and the loss equal the f32 ke
   }
 }
 
+// DPO's sequence sums on bf16 logits (engine/cpu/launchers.cpp sequence_logps_bf16): the f32 sums
+// exactly the f32 kernel's on the widened logits, dlogits its bits rounded once, at 1 and 2
+// threads; the sums within f32 rounding of the float64 reference.
+TEST_CASE("bf16 sequence_logps and its backward equal the f32 kernels", "[ops][executor][bf16]") {
+  const int64_t B = 3, S = 40, V = 300, K = 2;  // 120 rows of 300 logits
+  const Vec logits = naive::map(naive::random_normal(B * S * V, 75, 2.0), naive::round_bf16);
+  const Vec grad = naive::random_normal(B * 2 * K, 76);
+  std::vector<int64_t> labels(size_t(B * S)), slots(size_t(B * S));
+  for (size_t i = 0; i < labels.size(); ++i) {
+    labels[i] = i % 7 == 3 ? -100 : int64_t((i * 31) % size_t(V));
+    slots[i] = int64_t(i % 5) - 2;  // −2 … 2: both sides of both slots, and unscored rows
+  }
+  auto run = [&](DType dt, bool backward) {
+    Graph g;
+    Builder b(g);
+    Node* fwd = b.sequence_logps(b.input("logits", dt, {B, S, V}, Role::none), b.input("labels", DType::i64, {B, S}, Role::none),
+                                 b.input("slots", DType::i64, {B, S}, Role::none), K);
+    Node* out = backward ? b.sequence_logps_backward(fwd, b.input("grad", DType::f32, {B, 2, K}, Role::none)) : fwd;
+    g.add_output(out);
+    TensorMap feeds{{"logits", Tensor::from_vector({B, S, V}, logits).to(dt)},
+                    {"labels", Tensor::from_vector({B, S}, labels)},
+                    {"slots", Tensor::from_vector({B, S}, slots)}};
+    if (backward) feeds.emplace("grad", Tensor::from_vector({B, 2, K}, grad).to(DType::f32));
+    const Tensor t = Executor(g).run(feeds, single_groups()).outputs.at(out->name());
+    CHECK(t.dtype() == (backward ? dt : DType::f32));
+    return t.to_doubles();
+  };
+  CHECK(max_rel_error(run(DType::f32, false), naive::sequence_logps(logits, labels, slots, B, S, V, K)) < 2e-6);
+  test::with_threads({1, 2}, [&](int t) {
+    INFO("threads " << t);
+    CHECK(run(DType::bf16, false) == run(DType::f32, false));
+    CHECK(mismatches(run(DType::bf16, true), naive::map(run(DType::f32, true), naive::round_bf16)) == 0);
+  });
+}
+
 TEST_CASE("the executor binds symbols and rejects inconsistent feeds", "[executor]") {
   const OpCase& c = op_cases().front();  // embedding: weight [11, 4], ids [B, S]
   auto p = prepare(c, DType::f32, 3);

@@ -921,6 +921,27 @@ Tensor bias_gelu_tanh_bf16(const KernelCall& c) {
 
 // ---- sums and the embedding on bf16: the kernels read bf16 themselves ----
 
+// DPO's sequence sums on bf16 logits (kernels/cpu/preference.h): the sums and their gradient f32
+// (accumulate_dtype), the logits read a row at a time, dlogits bf16.
+Tensor sequence_logps_bf16(const KernelCall& c) {
+  if (c.node.dtype() != DType::f32) return bf16_via_f32(c, sequence_logps);
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1), slots = ids64(c, 2);
+  Tensor y = out_like(c, DType::f32);
+  cpu::sequence_logps_bf16(logits.data<uint16_t>(), labels.data<int64_t>(), slots.data<int64_t>(), y.data<float>(),
+                           logits.dim(0), logits.dim(1), logits.dim(2), y.dim(2), c.node.attrs().i("ignore_index"));
+  return y;
+}
+
+Tensor sequence_logps_backward_bf16(const KernelCall& c) {
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1), slots = ids64(c, 2), grad = arg(c, 3);
+  if (c.node.dtype() != DType::bf16 || grad.dtype() != DType::f32) return bf16_via_f32(c, sequence_logps_backward);
+  Tensor dx = out_like(c, DType::bf16);
+  cpu::sequence_logps_backward_bf16(logits.data<uint16_t>(), labels.data<int64_t>(), slots.data<int64_t>(),
+                                    grad.data<float>(), dx.data<uint16_t>(), logits.dim(0), logits.dim(1),
+                                    logits.dim(2), grad.dim(2), c.node.attrs().i("ignore_index"));
+  return dx;
+}
+
 // The untiled loss on bf16 logits (kernels/cpu/loss.h: rows widened one at a time, the f32
 // kernel's row work and its sum over rows): the loss f32 as the op table keeps it, dlogits bf16.
 Tensor cross_entropy_sum_bf16(const KernelCall& c) {
@@ -1042,6 +1063,8 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::embedding_backward, embedding_bf16<true>, 1, false},
     {Op::cross_entropy_sum, cross_entropy_sum_bf16, 1, false},
     {Op::cross_entropy_backward, cross_entropy_backward_bf16, 1, false},
+    {Op::sequence_logps, sequence_logps_bf16, 1, false},
+    {Op::sequence_logps_backward, sequence_logps_backward_bf16, 1, false},
 };
 
 KernelFn native_bf16(const KernelCall& c) {
