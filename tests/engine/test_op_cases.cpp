@@ -25,6 +25,13 @@ double max_rel_error(const std::vector<double>& got, const std::vector<double>& 
   return err / scale;
 }
 
+// How many entries of got differ from want (a readable failure for tensors too large to print).
+size_t mismatches(const std::vector<double>& got, const std::vector<double>& want) {
+  size_t n = got.size() == want.size() ? 0 : std::max(got.size(), want.size());
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) n += got[i] != want[i];
+  return n;
+}
+
 struct Prepared {
   Graph g;
   TensorMap feeds;
@@ -299,6 +306,169 @@ TEST_CASE("bf16 norms and rope in row chunks equal the f32 kernels rounded once"
       });
     }
   }
+}
+
+// Broadcasting add, sub, mul, div on bf16 (engine/cpu/launchers.cpp broadcast_binary_bf16): chunks
+// of whole output rows, each operand's part widened (a bias [C], a gate [.., 1], leading and middle
+// broadcasts, either operand broadcast). At 1 and 2 threads each result is exactly the f32
+// kernel's on the widened values, rounded once, and within one bf16 rounding of float64.
+TEST_CASE("bf16 broadcasting binary ops equal the f32 kernels rounded once", "[ops][executor][bf16]") {
+  const int64_t R = 700, C = 96;
+  const naive::Shape full{3, R, C};
+  const std::vector<std::pair<naive::Shape, naive::Shape>> shapes = {
+      {full, {C}}, {full, {3, R, 1}}, {{3, 1, C}, full}, {full, {R, C}}, {{3, R, 1}, {1, 1, C}}};
+  const std::vector<std::pair<std::string, char>> ops = {{"add", '+'}, {"sub", '-'}, {"mul", '*'}, {"div", '/'}};
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    for (const auto& [name, op] : ops) {
+      const auto& [sa, sb] = shapes[k];
+      DYNAMIC_SECTION(name << " shapes " << k) {
+        const Vec a = naive::map(naive::random_normal(naive::numel(sa), 81 + uint32_t(k), 2.0), naive::round_bf16);
+        Vec b = naive::map(naive::random_normal(naive::numel(sb), 91 + uint32_t(k)), naive::round_bf16);
+        if (op == '/') b = naive::map(b, [](double v) { return v < 0 ? v - 0.5 : v + 0.5; });  // away from 0
+        b = naive::map(b, naive::round_bf16);
+        auto run = [&](DType dt) {
+          Graph g;
+          Builder bld(g);
+          auto sym = [](const naive::Shape& s) { return SymShape(s.begin(), s.end()); };
+          Node* x = bld.input("a", dt, sym(sa), Role::none);
+          Node* y = bld.input("b", dt, sym(sb), Role::none);
+          Node* out = op == '+' ? bld.add(x, y) : op == '-' ? bld.sub(x, y)
+                    : op == '*' ? bld.mul(x, y) : bld.div(x, y);
+          g.add_output(out);
+          const TensorMap feeds{{"a", Tensor::from_vector(sa, a).to(dt)}, {"b", Tensor::from_vector(sb, b).to(dt)}};
+          return Executor(g).run(feeds, single_groups()).outputs.at(out->name()).to_doubles();
+        };
+        const auto f = [op](double u, double v) {
+          return op == '+' ? u + v : op == '-' ? u - v : op == '*' ? u * v : u / v;
+        };
+        const Vec want = naive::map(run(DType::f32), naive::round_bf16);
+        CHECK(max_rel_error(want, naive::broadcast_binary(a, sa, b, sb, f)) < 4e-3);
+        test::with_threads({1, 2}, [&](int t) {
+          INFO("threads " << t);
+          CHECK(mismatches(run(DType::bf16), want) == 0);
+        });
+      }
+    }
+  }
+}
+
+// GPT-2's bf16 ops that read bf16 without a whole widened copy (engine/cpu/launchers.cpp:
+// bias_gelu_tanh_bf16 by chunks of rows; sum_to, embedding and its backward in kernels that read
+// bf16 and sum in double; the untiled loss row by row): at 1 and 2 threads each result is exactly
+// the f32 kernel's on the widened values, rounded once (the loss sum kept f32, not rounded), and
+// within one bf16 rounding of the float64 reference.
+TEST_CASE("bf16 bias + GELU, sum_to, the embedding and the loss equal the f32 kernels rounded once",
+          "[ops][executor][bf16]") {
+  const int64_t R = 700, C = 96, V = 50;  // x [3, R, C]: 2,100 rows, 42 rows a chunk
+  const naive::Shape shape{3, R, C};
+  const Vec xs = naive::random_normal(3 * R * C, 71, 2.0), ys = naive::random_normal(3 * R * C, 72);
+  const Vec bs = naive::random_normal(C, 73), ws = naive::random_normal(V * C, 74);
+  std::vector<int64_t> ids(size_t(3 * R));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t((i * 7 + i / 13) % size_t(V - 3));  // 3 rows unused
+  const auto bf16_values = [](const Vec& v) { return naive::map(v, naive::round_bf16); };
+  const Vec x = bf16_values(xs), y = bf16_values(ys), bias = bf16_values(bs), w = bf16_values(ws);
+  const auto embedding_grad = [&] {
+    Vec g(size_t(V * C), 0.0);
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (int64_t c = 0; c < C; ++c) g[size_t(ids[i] * C + c)] += y[i * size_t(C) + size_t(c)];
+    return g;
+  };
+  const auto per_element = [&](const std::function<double(size_t)>& f) {
+    Vec out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = f(i);
+    return out;
+  };
+  struct Case {
+    std::string name;
+    std::function<Node*(Builder&, Node*, Node*, Node*, Node*, Node*)> build;  // x, y, b, w, ids
+    std::function<Vec()> ref;
+  };
+  const std::vector<Case> cases = {
+      {"bias_gelu_tanh", [](Builder& b, Node* x, Node*, Node* bb, Node*, Node*) { return b.bias_gelu_tanh(x, bb); },
+       [&] { return per_element([&](size_t i) { return naive::gelu_tanh(x[i] + bias[i % size_t(C)]); }); }},
+      {"bias_gelu_tanh_backward",
+       [](Builder& b, Node* x, Node* y, Node* bb, Node*, Node*) { return b.bias_gelu_tanh_backward(y, x, bb); },
+       [&] { return per_element([&](size_t i) { return y[i] * naive::gelu_tanh_grad(x[i] + bias[i % size_t(C)]); }); }},
+      {"sum_to bias", [C](Builder& b, Node* x, Node*, Node*, Node*, Node*) { return b.sum_to(x, {C}); },
+       [&] { return naive::sum_to(x, shape, {1, 1, C}); }},
+      {"sum_to rows", [](Builder& b, Node* x, Node*, Node*, Node*, Node*) { return b.sum_to(x, {3, 1, 1}); },
+       [&] { return naive::sum_to(x, shape, {3, 1, 1}); }},
+      {"sum_to all", [](Builder& b, Node* x, Node*, Node*, Node*, Node*) { return b.sum_to(x, {}); },
+       [&] { return naive::sum_to(x, shape, {1, 1, 1}); }},
+      {"embedding", [](Builder& b, Node*, Node*, Node*, Node* w, Node* ids) { return b.embedding(w, ids); },
+       [&] { return naive::embedding(w, ids, C); }},
+      {"embedding_backward",
+       [V](Builder& b, Node*, Node* y, Node*, Node*, Node* ids) { return b.embedding_backward(y, ids, V); },
+       embedding_grad},
+      {"cross_entropy_sum", [](Builder& b, Node* x, Node*, Node*, Node*, Node* ids) { return b.cross_entropy_sum(x, ids); },
+       [&] { return Vec{naive::cross_entropy(x, ids, 3 * R, C)}; }},
+      {"cross_entropy_backward",
+       [](Builder& b, Node* x, Node*, Node*, Node*, Node* ids) {
+         return b.cross_entropy_backward(x, ids, b.full({}, 0.5, DType::f32), -100);
+       },
+       [&] { return naive::cross_entropy_backward(x, ids, 3 * R, C, 0.5); }},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      auto run = [&](DType dt) {
+        Graph g;
+        Builder b(g);
+        Node* out = c.build(b, b.input("x", dt, {3, R, C}, Role::none), b.input("y", dt, {3, R, C}, Role::none),
+                            b.input("b", dt, {C}, Role::none), b.input("w", dt, {V, C}, Role::none),
+                            b.input("ids", DType::i64, {3, R}, Role::none));
+        g.add_output(out);
+        const TensorMap feeds{{"x", Tensor::from_vector(shape, x).to(dt)}, {"y", Tensor::from_vector(shape, y).to(dt)},
+                              {"b", Tensor::from_vector({C}, bias).to(dt)}, {"w", Tensor::from_vector({V, C}, w).to(dt)},
+                              {"ids", Tensor::from_vector({3, R}, ids)}};
+        const Tensor t = Executor(g).run(feeds, single_groups()).outputs.at(out->name());
+        CHECK(t.dtype() == (c.name == "cross_entropy_sum" ? DType::f32 : dt));  // the loss stays f32
+        return t.to_doubles();
+      };
+      const Vec ref = c.ref();
+      test::with_threads({1, 2}, [&](int t) {  // the f32 loss sum's bits depend on the thread count
+        INFO("threads " << t);
+        Vec want = run(DType::f32);
+        if (c.name != "cross_entropy_sum") want = naive::map(want, naive::round_bf16);
+        CHECK(max_rel_error(want, ref) < 4e-3);
+        CHECK(mismatches(run(DType::bf16), want) == 0);
+      });
+    }
+  }
+}
+
+// DPO's sequence sums on bf16 logits (engine/cpu/launchers.cpp sequence_logps_bf16): the f32 sums
+// exactly the f32 kernel's on the widened logits, dlogits its bits rounded once, at 1 and 2
+// threads; the sums within f32 rounding of the float64 reference.
+TEST_CASE("bf16 sequence_logps and its backward equal the f32 kernels", "[ops][executor][bf16]") {
+  const int64_t B = 3, S = 40, V = 300, K = 2;  // 120 rows of 300 logits
+  const Vec logits = naive::map(naive::random_normal(B * S * V, 75, 2.0), naive::round_bf16);
+  const Vec grad = naive::random_normal(B * 2 * K, 76);
+  std::vector<int64_t> labels(size_t(B * S)), slots(size_t(B * S));
+  for (size_t i = 0; i < labels.size(); ++i) {
+    labels[i] = i % 7 == 3 ? -100 : int64_t((i * 31) % size_t(V));
+    slots[i] = int64_t(i % 5) - 2;  // −2 … 2: both sides of both slots, and unscored rows
+  }
+  auto run = [&](DType dt, bool backward) {
+    Graph g;
+    Builder b(g);
+    Node* fwd = b.sequence_logps(b.input("logits", dt, {B, S, V}, Role::none), b.input("labels", DType::i64, {B, S}, Role::none),
+                                 b.input("slots", DType::i64, {B, S}, Role::none), K);
+    Node* out = backward ? b.sequence_logps_backward(fwd, b.input("grad", DType::f32, {B, 2, K}, Role::none)) : fwd;
+    g.add_output(out);
+    TensorMap feeds{{"logits", Tensor::from_vector({B, S, V}, logits).to(dt)},
+                    {"labels", Tensor::from_vector({B, S}, labels)},
+                    {"slots", Tensor::from_vector({B, S}, slots)}};
+    if (backward) feeds.emplace("grad", Tensor::from_vector({B, 2, K}, grad).to(DType::f32));
+    const Tensor t = Executor(g).run(feeds, single_groups()).outputs.at(out->name());
+    CHECK(t.dtype() == (backward ? dt : DType::f32));
+    return t.to_doubles();
+  };
+  CHECK(max_rel_error(run(DType::f32, false), naive::sequence_logps(logits, labels, slots, B, S, V, K)) < 2e-6);
+  test::with_threads({1, 2}, [&](int t) {
+    INFO("threads " << t);
+    CHECK(run(DType::bf16, false) == run(DType::f32, false));
+    CHECK(mismatches(run(DType::bf16, true), naive::map(run(DType::f32, true), naive::round_bf16)) == 0);
+  });
 }
 
 TEST_CASE("the executor binds symbols and rejects inconsistent feeds", "[executor]") {

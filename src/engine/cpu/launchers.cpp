@@ -738,10 +738,54 @@ std::vector<float> widened(const Tensor& t) {
   return w;
 }
 
-// a, b and the output of one shape (else a broadcast: emulated).
+// a and b broadcast to the output (a bias [C] over [..., C], a gate [..., 1]): chunks of whole
+// output rows (its last dim L); each operand's part of a row is widened into the chunk's buffer
+// (a broadcast one, stride 0 along the row, filled with its value), the f32 kernel runs on the
+// chunk, one rounding. Elementwise, so the emulation's bits; the operands are never widened whole.
+template <kernels::Binary kOp>
+Tensor broadcast_binary_bf16(const KernelCall& c) {
+  const Tensor a = arg(c, 0), b = arg(c, 1);
+  const Shape& out = c.out_shape;
+  const int rank = static_cast<int>(out.size());
+  Tensor y = out_like(c, DType::bf16);
+  if (y.numel() == 0) return y;
+  const std::array<Shape, 2> strides{launch::broadcast_strides(a, out), launch::broadcast_strides(b, out)};
+  const std::array<const uint16_t*, 2> in{a.data<uint16_t>(), b.data<uint16_t>()};
+  const int64_t L = out.back(), rows = y.numel() / L, chunk_rows = std::max<int64_t>(1, kBf16Chunk / L);
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+#pragma omp parallel if (chunks > 1)
+  {
+    std::vector<float> buf(size_t(3 * chunk_rows * L));  // a, b, the result
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const int64_t r0 = ch * chunk_rows, m = std::min(chunk_rows, rows - r0) * L;
+      for (int64_t r = r0; r < r0 + m / L; ++r) {
+        for (size_t k = 0; k < 2; ++k) {
+          int64_t off = 0;  // operand k's first element of output row r
+          for (int64_t rem = r, d = rank - 2; d >= 0; --d) {
+            off += rem % out[size_t(d)] * strides[k][size_t(d)];
+            rem /= out[size_t(d)];
+          }
+          const uint16_t* src = in[k] + off;
+          float* dst = buf.data() + k * chunk_rows * L + (r - r0) * L;
+          if (strides[k].back() == 0) std::fill(dst, dst + L, cpu::bf16_to_f32(*src));
+          else for (int64_t i = 0; i < L; ++i) dst[i] = cpu::bf16_to_f32(src[i]);
+        }
+      }
+      const int64_t unit = 1;
+      float* res = buf.data() + 2 * chunk_rows * L;
+      cpu::binary<float>(kOp, 1, &m, buf.data(), &unit, buf.data() + chunk_rows * L, &unit, res);
+      cpu::cast<float, uint16_t>(res, y.data<uint16_t>() + r0 * L, m);
+    }
+  }
+  return y;
+}
+
+// a, b and the output of one shape, else a broadcast (above); a scalar output is emulated.
 template <kernels::Binary kOp>
 Tensor binary_bf16(const KernelCall& c) {
-  if (c.in[0].shape() != c.out_shape || c.in[1].shape() != c.out_shape) return bf16_via_f32(c, binary<kOp>);
+  if (c.out_shape.empty()) return bf16_via_f32(c, binary<kOp>);
+  if (c.in[0].shape() != c.out_shape || c.in[1].shape() != c.out_shape) return broadcast_binary_bf16<kOp>(c);
   const Tensor a = arg(c, 0), b = arg(c, 1);
   Tensor y = out_like(c, DType::bf16);
   by_chunks_bf16<2, 1>({a.data<uint16_t>(), b.data<uint16_t>()}, {y.data<uint16_t>()}, y.numel(), 16,
@@ -876,6 +920,96 @@ Tensor softmax_bf16(const KernelCall& c) {
   return y;
 }
 
+// GPT-2's fused bias + tanh-GELU (x [..., C], b [C]) and its backward (inputs dy, x, b) on bf16:
+// rows of C widened by chunks, b widened whole, the f32 kernel, one rounding (the emulation's bits).
+template <bool kBackward>
+Tensor bias_gelu_tanh_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, kBackward ? 1 : 0);
+  const std::vector<float> b = widened(arg(c, kBackward ? 2 : 1));
+  const int64_t C = x.dim(-1);
+  if (C == 0 || x.numel() == 0) return bf16_via_f32(c, kBackward ? bias_gelu_tanh_backward : bias_gelu_tanh);
+  Tensor y = out_like(c, DType::bf16);
+  const auto f32_rows = [&](const auto& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+    if constexpr (kBackward) cpu::bias_gelu_tanh_backward<float>(in[0], in[1], b.data(), out[0], m / C, C);
+    else cpu::bias_gelu_tanh<float>(in[0], b.data(), out[0], m / C, C);
+  };
+  if constexpr (kBackward)
+    by_chunks_bf16<2, 1>({arg(c, 0).data<uint16_t>(), x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), C, f32_rows);
+  else by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), C, f32_rows);
+  return y;
+}
+
+// ---- sums and the embedding on bf16: the kernels read bf16 themselves ----
+
+// DPO's sequence sums on bf16 logits (kernels/cpu/preference.h): the sums and their gradient f32
+// (accumulate_dtype), the logits read a row at a time, dlogits bf16.
+Tensor sequence_logps_bf16(const KernelCall& c) {
+  if (c.node.dtype() != DType::f32) return bf16_via_f32(c, sequence_logps);
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1), slots = ids64(c, 2);
+  Tensor y = out_like(c, DType::f32);
+  cpu::sequence_logps_bf16(logits.data<uint16_t>(), labels.data<int64_t>(), slots.data<int64_t>(), y.data<float>(),
+                           logits.dim(0), logits.dim(1), logits.dim(2), y.dim(2), c.node.attrs().i("ignore_index"));
+  return y;
+}
+
+Tensor sequence_logps_backward_bf16(const KernelCall& c) {
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1), slots = ids64(c, 2), grad = arg(c, 3);
+  if (c.node.dtype() != DType::bf16 || grad.dtype() != DType::f32) return bf16_via_f32(c, sequence_logps_backward);
+  Tensor dx = out_like(c, DType::bf16);
+  cpu::sequence_logps_backward_bf16(logits.data<uint16_t>(), labels.data<int64_t>(), slots.data<int64_t>(),
+                                    grad.data<float>(), dx.data<uint16_t>(), logits.dim(0), logits.dim(1),
+                                    logits.dim(2), grad.dim(2), c.node.attrs().i("ignore_index"));
+  return dx;
+}
+
+// The untiled loss on bf16 logits (kernels/cpu/loss.h: rows widened one at a time, the f32
+// kernel's row work and its sum over rows): the loss f32 as the op table keeps it, dlogits bf16.
+Tensor cross_entropy_sum_bf16(const KernelCall& c) {
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1);
+  if (c.node.dtype() != DType::f32) return bf16_via_f32(c, cross_entropy_sum);
+  Tensor y = out_like(c, DType::f32);
+  *y.data<float>() = static_cast<float>(cpu::cross_entropy_sum<uint16_t>(
+      logits.data<uint16_t>(), labels.data<int64_t>(), labels.numel(), logits.dim(-1), c.node.attrs().i("ignore_index")));
+  return y;
+}
+
+Tensor cross_entropy_backward_bf16(const KernelCall& c) {
+  if (c.node.dtype() != DType::bf16) return bf16_via_f32(c, cross_entropy_backward);
+  const Tensor logits = arg(c, 0), labels = ids64(c, 1);
+  Tensor dx = out_like(c, DType::bf16);
+  cpu::cross_entropy_backward<uint16_t>(logits.data<uint16_t>(), labels.data<int64_t>(), dx.data<uint16_t>(),
+                                        labels.numel(), logits.dim(-1), c.in[2].to_doubles()[0],
+                                        c.node.attrs().i("ignore_index"));
+  return dx;
+}
+
+// sum_to (a bias gradient) reads x as bf16 and sums in double as the f32 kernel does
+// (kernels/cpu/elementwise.h: the emulation's bits). A result kept in another dtype is emulated.
+Tensor sum_to_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0);
+  if (c.node.dtype() != DType::bf16 || x.rank() == 0) return bf16_via_f32(c, sum_to);
+  Shape out_full(static_cast<size_t>(x.rank()) - c.out_shape.size(), 1);
+  out_full.insert(out_full.end(), c.out_shape.begin(), c.out_shape.end());
+  Tensor y = out_like(c, DType::bf16);
+  cpu::sum_to<uint16_t>(x.data<uint16_t>(), x.rank(), x.shape().data(), out_full.data(), y.data<uint16_t>());
+  return y;
+}
+
+// The embedding's rows copied as bf16 (no widened copy of the [V, C] table); its backward reads
+// dy as bf16 and rounds each double sum once through f32 (kernels/cpu/embedding.h).
+template <bool kBackward>
+Tensor embedding_bf16(const KernelCall& c) {
+  if (c.node.dtype() != DType::bf16) return bf16_via_f32(c, kBackward ? embedding_backward : embedding);
+  const Tensor x = arg(c, 0), ids = ids64(c, 1);
+  Tensor y = out_like(c, DType::bf16);
+  if constexpr (kBackward)
+    cpu::embedding_backward<uint16_t>(x.data<uint16_t>(), ids.data<int64_t>(), y.data<uint16_t>(), ids.numel(),
+                                      c.out_shape[0], c.out_shape[1]);
+  else cpu::embedding_forward<uint16_t>(x.data<uint16_t>(), ids.data<int64_t>(), y.data<uint16_t>(), ids.numel(),
+                                        x.dim(0), x.dim(1));
+  return y;
+}
+
 // Rotary embedding (and its backward) on bf16: x [B, N, S, D], position_ids [B, S]. A chunk may
 // span (b, n) planes: each plane's part is rotated with that plane's positions.
 template <bool kBackward>
@@ -942,6 +1076,15 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::softmax_backward, softmax_bf16<true>, 2, false},
     {Op::rope, rope_bf16<false>, 1, false},
     {Op::rope_backward, rope_bf16<true>, 1, false},
+    {Op::bias_gelu_tanh, bias_gelu_tanh_bf16<false>, 2, false},
+    {Op::bias_gelu_tanh_backward, bias_gelu_tanh_bf16<true>, 3, false},
+    {Op::sum_to, sum_to_bf16, 1, false},
+    {Op::embedding, embedding_bf16<false>, 1, false},
+    {Op::embedding_backward, embedding_bf16<true>, 1, false},
+    {Op::cross_entropy_sum, cross_entropy_sum_bf16, 1, false},
+    {Op::cross_entropy_backward, cross_entropy_backward_bf16, 1, false},
+    {Op::sequence_logps, sequence_logps_bf16, 1, false},
+    {Op::sequence_logps_backward, sequence_logps_backward_bf16, 1, false},
 };
 
 KernelFn native_bf16(const KernelCall& c) {

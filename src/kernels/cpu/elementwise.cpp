@@ -147,8 +147,8 @@ double run_sum(const T* x, int64_t n, F f) {
   double s[4] = {0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 4 <= n; i += 4)
-    for (int k = 0; k < 4; ++k) s[k] += f(double(x[i + k]));
-  for (; i < n; ++i) s[0] += f(double(x[i]));
+    for (int k = 0; k < 4; ++k) s[k] += f(detail::sum_input(x[i + k]));
+  for (; i < n; ++i) s[0] += f(detail::sum_input(x[i]));
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
@@ -226,7 +226,7 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
     return copy_strided(1, &x_numel, x, &unit, out);
   }
   if (n == 1) {  // everything is summed
-    out[0] = T(chunked_sum(x, x_numel, [](double v) { return v; }));
+    out[0] = detail::sum_output<T>(chunked_sum(x, x_numel, [](double v) { return v; }));
     return;
   }
 
@@ -272,7 +272,7 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
         if (inner_summed) {
           a[0] += run_sum(xr, run, [](double v) { return v; });
         } else {
-          for (int64_t w = w0; w < w1; ++w) a[w] += double(xr[w]);
+          for (int64_t w = w0; w < w1; ++w) a[w] += detail::sum_input(xr[w]);
         }
         for (int d = ns - 1; d >= 0; --d) {
           off += sstride[d];
@@ -285,7 +285,7 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
   };
   detail::sum_rows(L, tail_out, 1, tail_runs * (inner_summed ? run : 1), acc_out.data(), add);
 #pragma omp parallel for schedule(static) if (tail_out > kGrain)
-  for (int64_t i = 0; i < tail_out; ++i) out[i] = T(acc_out[i]);
+  for (int64_t i = 0; i < tail_out; ++i) out[i] = detail::sum_output<T>(acc_out[i]);
 }
 
 template <class T>
@@ -397,6 +397,7 @@ AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)
 #undef AUTOSP_INSTANTIATE_FLOAT
 
+template void sum_to<uint16_t>(const uint16_t*, int, const int64_t*, const int64_t*, uint16_t*);
 template void fill<float>(float*, int64_t, float);
 template void fill<double>(double*, int64_t, double);
 template void fill<int32_t>(int32_t*, int64_t, int32_t);

@@ -57,7 +57,9 @@ void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t
 
 // Sum x (row-major `x_shape`, rank ≤ kMaxRank) down to `out_shape` (same rank; each dim either
 // equal to x's or 1, which is summed over). Deterministic; float sums accumulate in double.
-// This is the one place gradients are summed over broadcast dims.
+// This is the one place gradients are summed over broadcast dims. T is float, double or uint16_t
+// (bf16 bits: read exactly, the double sum rounded to f32 and then to bf16, the bits of the f32
+// kernel on x widened, without the widened copy).
 template <class T>
 void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_shape, T* out);
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/reduce.h"
 #include "tensor/check.h"
 
 namespace autosp::cpu {
@@ -61,9 +62,9 @@ void embedding_backward(const T* dy, const int64_t* ids, T* dweight, int64_t n, 
         std::fill(acc, acc + w, 0.0);
         for (int64_t p = start[v]; p < start[v + 1]; ++p) {
           const T* g = dy + order[p] * C + c0;  // [w] of position order[p]
-          for (int64_t c = 0; c < w; ++c) acc[c] += double(g[c]);
+          for (int64_t c = 0; c < w; ++c) acc[c] += detail::sum_input(g[c]);
         }
-        for (int64_t c = 0; c < w; ++c) out[c] = T(acc[c]);
+        for (int64_t c = 0; c < w; ++c) out[c] = detail::sum_output<T>(acc[c]);
       }
     }
   }
@@ -75,5 +76,8 @@ template void embedding_forward<double>(const double*, const int64_t*, double*, 
 
 template void embedding_backward<float>(const float*, const int64_t*, float*, int64_t, int64_t, int64_t);
 template void embedding_backward<double>(const double*, const int64_t*, double*, int64_t, int64_t, int64_t);
+template void embedding_forward<uint16_t>(const uint16_t*, const int64_t*, uint16_t*, int64_t, int64_t, int64_t);
+template void embedding_backward<uint16_t>(const uint16_t*, const int64_t*, uint16_t*, int64_t, int64_t,
+                                           int64_t);
 
 }  // namespace autosp::cpu

@@ -1,5 +1,8 @@
 // CPU embedding lookup. Knows nothing of graphs.
 // weight [V, C], ids [n] int64, out [n, C]. An id outside [0, V) throws autosp::UsageError naming it.
+// T is float, double or uint16_t (bf16 bits: the forward copies them; the backward reads them
+// exactly and rounds each double sum to f32 and then to bf16, the bits of the f32 kernel on dy
+// widened).
 #pragma once
 
 #include <cstdint>

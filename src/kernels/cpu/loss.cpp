@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -133,25 +134,66 @@ void row_capped_grad(T* x, int64_t V, T m, double g, int64_t y, double gr, doubl
 
 }  // namespace
 
+namespace {
+
+// The type a row is computed in (bf16 rows, uint16_t bits, are widened to f32 per row), and row r
+// of logits in it: in place, or widened into the thread's buffer.
+template <class T>
+using row_t = std::conditional_t<std::is_same_v<T, uint16_t>, float, T>;
+template <class T>
+const row_t<T>* row_of(const T* x, int64_t V, std::vector<row_t<T>>& buf) {
+  if constexpr (!std::is_same_v<T, uint16_t>) return x;
+  else {
+    for (int64_t j = 0; j < V; ++j) buf[size_t(j)] = bf16_to_f32(x[j]);
+    return buf.data();
+  }
+}
+
+// logsumexp(x) - x[label] over one row [V].
+template <class C>
+double row_loss(const C* xr, int64_t label, int64_t V) {
+  C m = xr[0];
+  for (int64_t j = 1; j < V; ++j) m = std::max(m, xr[j]);
+  double s[4] = {0, 0, 0, 0};  // partial sums of exp(x - max)
+  int64_t j = 0;
+  for (; j + 4 <= V; j += 4)
+    for (int k = 0; k < 4; ++k) s[k] += double(std::exp(xr[j + k] - m));
+  for (; j < V; ++j) s[0] += double(std::exp(xr[j] - m));
+  const double lse = double(m) + std::log((s[0] + s[1]) + (s[2] + s[3]));
+  return lse - double(xr[label]);
+}
+
+// dr = grad · (softmax(xr) - onehot(label)) over one row [V]; dr may alias xr.
+template <class C>
+void row_loss_backward(const C* xr, C* dr, int64_t label, int64_t V, double grad) {
+  C m = xr[0];
+  for (int64_t j = 1; j < V; ++j) m = std::max(m, xr[j]);
+  for (int64_t j = 0; j < V; ++j) dr[j] = std::exp(xr[j] - m);
+  double s[4] = {0, 0, 0, 0};  // partial sums of exp(x - max)
+  int64_t j = 0;
+  for (; j + 4 <= V; j += 4)
+    for (int k = 0; k < 4; ++k) s[k] += double(dr[j + k]);
+  for (; j < V; ++j) s[0] += double(dr[j]);
+  const double g = grad / ((s[0] + s[1]) + (s[2] + s[3]));
+  const double p_label = double(dr[label]) * g;  // grad · softmax at the label, before the onehot
+  for (j = 0; j < V; ++j) dr[j] = C(double(dr[j]) * g);
+  dr[label] = C(p_label - grad);
+}
+
+}  // namespace
+
 template <class T>
 double cross_entropy_sum(const T* logits, const int64_t* labels, int64_t rows, int64_t V,
                          int64_t ignore_index) {
   AUTOSP_ASSERT(rows >= 0 && V > 0, "cross_entropy rows ", rows, " V ", V);
   check_labels(labels, rows, V, ignore_index);
   double total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total) if (rows * V > (1 << 14))
-  for (int64_t r = 0; r < rows; ++r) {
-    if (labels[r] == ignore_index) continue;
-    const T* xr = logits + r * V;  // [V]
-    T m = xr[0];
-    for (int64_t j = 1; j < V; ++j) m = std::max(m, xr[j]);
-    double s[4] = {0, 0, 0, 0};  // partial sums of exp(x - max)
-    int64_t j = 0;
-    for (; j + 4 <= V; j += 4)
-      for (int k = 0; k < 4; ++k) s[k] += double(std::exp(xr[j + k] - m));
-    for (; j < V; ++j) s[0] += double(std::exp(xr[j] - m));
-    const double lse = double(m) + std::log((s[0] + s[1]) + (s[2] + s[3]));
-    total += lse - double(xr[labels[r]]);
+#pragma omp parallel reduction(+ : total) if (rows * V > (1 << 14))
+  {
+    std::vector<row_t<T>> buf(std::is_same_v<T, uint16_t> ? size_t(V) : 0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      if (labels[r] != ignore_index) total += row_loss(row_of(logits + r * V, V, buf), labels[r], V);
   }
   return total;
 }
@@ -163,27 +205,23 @@ void cross_entropy_backward(const T* logits, const int64_t* labels, T* dlogits, 
   for (int64_t r = 0; r < rows; ++r)
     AUTOSP_ASSERT(labels[r] == ignore_index || (labels[r] >= 0 && labels[r] < V), "cross_entropy_backward label ",
                   labels[r], " at row ", r);
-#pragma omp parallel for schedule(static) if (rows * V > (1 << 14))
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = logits + r * V;  // [V]
-    T* dr = dlogits + r * V;       // [V]; may alias logits
-    if (labels[r] == ignore_index) {
-      std::fill(dr, dr + V, T(0));
-      continue;
+#pragma omp parallel if (rows * V > (1 << 14))
+  {
+    std::vector<row_t<T>> buf(std::is_same_v<T, uint16_t> ? size_t(V) : 0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* dr = dlogits + r * V;  // [V]; may alias logits
+      if (labels[r] == ignore_index) {
+        std::fill(dr, dr + V, T(0));
+        continue;
+      }
+      if constexpr (std::is_same_v<T, uint16_t>) {  // the f32 row in the buffer, rounded once
+        row_loss_backward(row_of(logits + r * V, V, buf), buf.data(), labels[r], V, grad);
+        for (int64_t j = 0; j < V; ++j) dr[j] = f32_to_bf16(buf[size_t(j)]);
+      } else {
+        row_loss_backward(logits + r * V, dr, labels[r], V, grad);
+      }
     }
-    T m = xr[0];
-    for (int64_t j = 1; j < V; ++j) m = std::max(m, xr[j]);
-    for (int64_t j = 0; j < V; ++j) dr[j] = std::exp(xr[j] - m);
-    double s[4] = {0, 0, 0, 0};  // partial sums of exp(x - max)
-    int64_t j = 0;
-    for (; j + 4 <= V; j += 4)
-      for (int k = 0; k < 4; ++k) s[k] += double(dr[j + k]);
-    for (; j < V; ++j) s[0] += double(dr[j]);
-    const double g = grad / ((s[0] + s[1]) + (s[2] + s[3]));
-    const int64_t y = labels[r];
-    const double p_label = double(dr[y]) * g;  // grad · softmax at the label, before the onehot
-    for (j = 0; j < V; ++j) dr[j] = T(double(dr[j]) * g);
-    dr[y] = T(p_label - grad);
   }
 }
 
@@ -325,6 +363,9 @@ template void cross_entropy_backward<float>(const float*, const int64_t*, float*
                                             int64_t);
 template void cross_entropy_backward<double>(const double*, const int64_t*, double*, int64_t, int64_t, double,
                                              int64_t);
+template double cross_entropy_sum<uint16_t>(const uint16_t*, const int64_t*, int64_t, int64_t, int64_t);
+template void cross_entropy_backward<uint16_t>(const uint16_t*, const int64_t*, uint16_t*, int64_t, int64_t, double,
+                                               int64_t);
 #define AUTOSP_INSTANTIATE_LINEAR_CE(T)                                                                            \
   template double linear_cross_entropy_sum<T>(const T*, const T*, const int64_t*, int64_t*, T*, int64_t, int64_t,  \
                                               int64_t, int64_t, int64_t, double*, double);                       \

@@ -11,6 +11,9 @@ namespace autosp::cpu {
 
 using kernels::kIgnoreIndex;
 
+// The untiled loss. T is float, double or uint16_t (bf16 bits: each row widened into a per-thread
+// f32 buffer and computed as the f32 kernel computes it, so the same bits as the f32 kernel on the
+// widened logits at the same thread count; dlogits rounded once per entry).
 // Returns Σ over valid rows of (logsumexp(logits[r]) - logits[r, label[r]]), accumulated in double.
 // A label outside [0, V) that is not ignore_index throws autosp::UsageError naming it.
 template <class T>

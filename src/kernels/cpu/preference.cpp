@@ -53,31 +53,60 @@ void slot_row_grads(const int64_t* labels, const int64_t* slots, const T* grad, 
   for (size_t r = 0; r < at.size(); ++r) row_grad[r] = at[r] >= 0 ? -double(grad[at[r]]) : 0.0;
 }
 
-template <class T>
-void sequence_logps(const T* logits, const int64_t* labels, const int64_t* slots, T* out, int64_t B, int64_t S,
-                    int64_t V, int64_t K, int64_t ignore_index) {
+namespace {
+
+// L: the logits' storage (float, double, uint16_t = bf16 bits: the row kernels widen each row),
+// O: the sums' and the gradient's type.
+template <class L, class O>
+void logps(const L* logits, const int64_t* labels, const int64_t* slots, O* out, int64_t B, int64_t S, int64_t V,
+           int64_t K, int64_t ignore_index) {
   const int64_t rows = B * S;
   const std::vector<int64_t> at = table_index(labels, slots, B, S, K, ignore_index);
   std::vector<double> ce(static_cast<size_t>(rows), 0.0);  // each summed target's cross entropy
 #pragma omp parallel for schedule(static) if (rows * V > (1 << 14))
   for (int64_t r = 0; r < rows; ++r)
-    if (at[size_t(r)] >= 0) ce[size_t(r)] = cross_entropy_sum<T>(logits + r * V, labels + r, 1, V, ignore_index);
+    if (at[size_t(r)] >= 0) ce[size_t(r)] = cross_entropy_sum<L>(logits + r * V, labels + r, 1, V, ignore_index);
   slot_sums(ce.data(), labels, slots, out, B, S, K, ignore_index);
+}
+
+template <class L, class O>
+void logps_backward(const L* logits, const int64_t* labels, const int64_t* slots, const O* grad, L* dlogits,
+                    int64_t B, int64_t S, int64_t V, int64_t K, int64_t ignore_index) {
+  const int64_t rows = B * S;
+#pragma omp parallel for schedule(static) if (rows * V > (1 << 14))
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!scored(labels, slots, r, ignore_index)) {
+      std::fill(dlogits + r * V, dlogits + (r + 1) * V, L(0));
+      continue;
+    }
+    const double g = double(grad[slot_index(slots[r], r / S, r % S, K)]);
+    cross_entropy_backward<L>(logits + r * V, labels + r, dlogits + r * V, 1, V, -g, ignore_index);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void sequence_logps(const T* logits, const int64_t* labels, const int64_t* slots, T* out, int64_t B, int64_t S,
+                    int64_t V, int64_t K, int64_t ignore_index) {
+  logps(logits, labels, slots, out, B, S, V, K, ignore_index);
 }
 
 template <class T>
 void sequence_logps_backward(const T* logits, const int64_t* labels, const int64_t* slots, const T* grad, T* dlogits,
                              int64_t B, int64_t S, int64_t V, int64_t K, int64_t ignore_index) {
-  const int64_t rows = B * S;
-#pragma omp parallel for schedule(static) if (rows * V > (1 << 14))
-  for (int64_t r = 0; r < rows; ++r) {
-    if (!scored(labels, slots, r, ignore_index)) {
-      std::fill(dlogits + r * V, dlogits + (r + 1) * V, T(0));
-      continue;
-    }
-    const double g = double(grad[slot_index(slots[r], r / S, r % S, K)]);
-    cross_entropy_backward<T>(logits + r * V, labels + r, dlogits + r * V, 1, V, -g, ignore_index);
-  }
+  logps_backward(logits, labels, slots, grad, dlogits, B, S, V, K, ignore_index);
+}
+
+void sequence_logps_bf16(const uint16_t* logits, const int64_t* labels, const int64_t* slots, float* out, int64_t B,
+                         int64_t S, int64_t V, int64_t K, int64_t ignore_index) {
+  logps(logits, labels, slots, out, B, S, V, K, ignore_index);
+}
+
+void sequence_logps_backward_bf16(const uint16_t* logits, const int64_t* labels, const int64_t* slots,
+                                  const float* grad, uint16_t* dlogits, int64_t B, int64_t S, int64_t V, int64_t K,
+                                  int64_t ignore_index) {
+  logps_backward(logits, labels, slots, grad, dlogits, B, S, V, K, ignore_index);
 }
 
 template <class T>

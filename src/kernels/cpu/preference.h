@@ -25,6 +25,15 @@ template <class T>
 void sequence_logps_backward(const T* logits, const int64_t* labels, const int64_t* slots, const T* grad, T* dlogits,
                              int64_t B, int64_t S, int64_t V, int64_t K, int64_t ignore_index = kernels::kIgnoreIndex);
 
+// The same two on bf16 logits (uint16_t bits) with the f32 sums and gradient a bf16 graph keeps:
+// each row widened once into the f32 kernel's row work (kernels/cpu/loss.h), so the bits of the f32
+// kernels on the widened logits, dlogits rounded once.
+void sequence_logps_bf16(const uint16_t* logits, const int64_t* labels, const int64_t* slots, float* out, int64_t B,
+                         int64_t S, int64_t V, int64_t K, int64_t ignore_index);
+void sequence_logps_backward_bf16(const uint16_t* logits, const int64_t* labels, const int64_t* slots,
+                                  const float* grad, uint16_t* dlogits, int64_t B, int64_t S, int64_t V, int64_t K,
+                                  int64_t ignore_index);
+
 // The same sums from each row's cross entropy `row_loss` [B·S] (the tiled head's,
 // linear_cross_entropy_sum's row_loss): out[b, side, k] = −Σ row_loss over those targets.
 template <class T>

@@ -10,9 +10,26 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "tensor/convert.h"
+
 namespace autosp::cpu::detail {
+
+// A summed element read as double, and a double sum stored as T, for T in {float, double,
+// uint16_t = bf16 bits}. bf16 is read exactly and stored through f32 (rounded to f32, then to
+// bf16), as the bf16 emulation rounds the f32 kernel's result: the same bits without widening x.
+template <class T>
+inline double sum_input(T v) {
+  if constexpr (std::is_same_v<T, uint16_t>) return double(bf16_to_f32(v));
+  else return double(v);
+}
+template <class T>
+inline T sum_output(double s) {
+  if constexpr (std::is_same_v<T, uint16_t>) return f32_to_bf16(float(s));
+  else return T(s);
+}
 
 inline constexpr int64_t kReduceGrain = 1 << 15;     // elements of work below which one thread runs
 inline constexpr int64_t kReduceTasks = 64;          // tasks to aim for (chunks × column blocks)
