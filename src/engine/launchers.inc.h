@@ -412,8 +412,15 @@ Tensor sum_to(const KernelCall& c) {
   });
 }
 
-// dy [..., C], ids [...] → dweight [V, C]; with a padding_idx attribute (HF's nn.Embedding
-// padding_idx) that row is 0.
+// An embedding_backward node's padding_idx attribute (HF's nn.Embedding padding_idx): that row of
+// its dweight y [V, C] is set to 0 (every launcher of the op calls this after its kernel).
+void zero_padding_row(const KernelCall& c, const Tensor& y, Stream s) {
+  if (!c.node.attrs().has("padding_idx")) return;
+  const int64_t row = c.node.attrs().i("padding_idx"), C = c.out_shape[1];
+  zero(Tensor::view_bytes(y, size_t(row * C) * dtype_size(y.dtype()), {C}, y.dtype()), s);
+}
+
+// dy [..., C], ids [...] → dweight [V, C] (the padding_idx row 0)
 Tensor embedding_backward(const KernelCall& c) {
   const Tensor dy = arg(c, 0), ids = ids64(c, 1);
   const Stream s = stream(c);
@@ -421,10 +428,7 @@ Tensor embedding_backward(const KernelCall& c) {
     Tensor y = out_like(c, dy.dtype());
     call(s, dev::embedding_backward<T>, ptr<T>(dy), ptr<int64_t>(ids), ptr<T>(y), ids.numel(), c.out_shape[0],
          c.out_shape[1]);
-    if (c.node.attrs().has("padding_idx")) {
-      const int64_t row = c.node.attrs().i("padding_idx"), C = c.out_shape[1];
-      zero(Tensor::view_bytes(y, size_t(row * C) * dtype_size(y.dtype()), {C}, y.dtype()), s);
-    }
+    zero_padding_row(c, y, s);
     return y;
   });
 }

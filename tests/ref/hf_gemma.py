@@ -141,6 +141,18 @@ def main():
         run_autosp(bin_dir, work, config(work, src, model={"pad_token_id": 0}), extra=["--dump-grads", pad_grads],
                    name="pad")
         compare_grads("gemma2 step 1 gradients, model.pad_token_id 0", load_file(pad_grads), theirs_pad, 1e-5)
+        # bf16 (its own embedding launcher): row 0 loses the lookup's part, transformers' row-0
+        # difference, within bf16's rounding (5% of that difference's size)
+        rows0 = []
+        for pad in (None, 0):
+            path = os.path.join(work, f"grads-bf16-pad{pad}.safetensors")
+            run_autosp(bin_dir, work, config(work, src, model={"pad_token_id": pad}, runtime={"dtype": "bfloat16"}),
+                       extra=["--dump-grads", path], name=f"bf16-pad{pad}")
+            rows0.append(load_file(path)[emb][0].to(torch.float64))
+        want = theirs[emb][0] - theirs_pad[emb][0]
+        err = ((rows0[0] - rows0[1]) - want).norm() / want.norm()
+        print(f"gemma2 bf16, model.pad_token_id 0: row 0's lookup gradient removed, relative error {err:.2e}")
+        assert err < 5e-2, f"bf16 padding_idx: row 0 changed by {rows0[0] - rows0[1]}, transformers' {want}"
         full = run_autosp(bin_dir, work, config(work, src, model={"sliding_window": None}), name="full")[0]["loss"]
         print(f"gemma2 with full causal attention: {full:.12f}")
         assert abs(full - loss.item()) > 1e-3, "the window does not change the loss"

@@ -1002,10 +1002,11 @@ Tensor embedding_bf16(const KernelCall& c) {
   if (c.node.dtype() != DType::bf16) return bf16_via_f32(c, kBackward ? embedding_backward : embedding);
   const Tensor x = arg(c, 0), ids = ids64(c, 1);
   Tensor y = out_like(c, DType::bf16);
-  if constexpr (kBackward)
+  if constexpr (kBackward) {
     cpu::embedding_backward<uint16_t>(x.data<uint16_t>(), ids.data<int64_t>(), y.data<uint16_t>(), ids.numel(),
                                       c.out_shape[0], c.out_shape[1]);
-  else cpu::embedding_forward<uint16_t>(x.data<uint16_t>(), ids.data<int64_t>(), y.data<uint16_t>(), ids.numel(),
+    zero_padding_row(c, y, stream(c));
+  } else cpu::embedding_forward<uint16_t>(x.data<uint16_t>(), ids.data<int64_t>(), y.data<uint16_t>(), ids.numel(),
                                         x.dim(0), x.dim(1));
   return y;
 }
