@@ -161,6 +161,20 @@ ParamMap taken(const ParamMap& m, const ParamGroups::Group& g) {
 }
 void merge(ParamMap& into, ParamMap from) { into.merge(from); }
 
+// The AdamW state of every part (a parameter group's consolidated moments, `consolidate(part)`)
+// merged into one, by name.
+template <class Parts, class Consolidate>
+AdamW merged_state(Parts& parts, const Consolidate& consolidate) {
+  AdamW out;
+  for (auto& p : parts) {
+    AdamW part = consolidate(p);
+    merge(out.exp_avg, std::move(part.exp_avg));
+    merge(out.exp_avg_sq, std::move(part.exp_avg_sq));
+    out.step = part.step;
+  }
+  return out;
+}
+
 // The norm of gradient shards summed over `host` (each element of every shard is on one rank).
 double sharded_norm(const std::vector<Tensor>& shards, Communicator& host) {
   Tensor sq = Tensor::from_vector<double>({1}, {grads_sum_of_squares(shards)});  // the padding is zero
@@ -254,14 +268,7 @@ class ShardedMomentsState final : public TrainState {
     return groups_.whole(std::move(out));
   }
   AdamW checkpoint_state() override {
-    AdamW out;
-    for (Part& p : parts_) {
-      AdamW part = p.zopt.consolidate(p.comm);
-      merge(out.exp_avg, std::move(part.exp_avg));
-      merge(out.exp_avg_sq, std::move(part.exp_avg_sq));
-      out.step = part.step;
-    }
-    return groups_.whole(std::move(out));
+    return groups_.whole(merged_state(parts_, [](Part& p) { return p.zopt.consolidate(p.comm); }));
   }
   size_t state_bytes() const override {
     size_t n = 0;
@@ -345,14 +352,7 @@ class ShardedParamsState final : public TrainState {
     return groups_.whole(std::move(out));
   }
   AdamW checkpoint_state() override {
-    AdamW out;
-    for (Part& p : parts_) {
-      AdamW part = p.z3.consolidate(p.group.comm);
-      merge(out.exp_avg, std::move(part.exp_avg));
-      merge(out.exp_avg_sq, std::move(part.exp_avg_sq));
-      out.step = part.step;
-    }
-    return groups_.whole(std::move(out));
+    return groups_.whole(merged_state(parts_, [](Part& p) { return p.z3.consolidate(p.group.comm); }));
   }
   size_t state_bytes() const override {
     size_t n = 0;
