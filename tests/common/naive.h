@@ -68,6 +68,27 @@ inline Vec gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, dou
   return out;
 }
 
+// The same with leading dimensions, for a case `g` with ta, tb, M, N, K, alpha and beta: C = alpha ·
+// op(A) · op(B) + beta · C0 written into a copy of C0 (its padding kept); with `magnitude` the same
+// over absolute values (the bound the tolerances scale by). beta = 0 ignores C0's values (they may
+// be NaN).
+template <class Case>
+Vec strided_gemm(const Case& g, int64_t lda, int64_t ldb, int64_t ldc, const Vec& a, const Vec& b, const Vec& c0,
+                 bool magnitude) {
+  Vec c = c0;
+  for (int64_t i = 0; i < g.M; ++i)
+    for (int64_t j = 0; j < g.N; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < g.K; ++k) {
+        const double x = g.ta ? a[k * lda + i] : a[i * lda + k], y = g.tb ? b[j * ldb + k] : b[k * ldb + j];
+        sum += magnitude ? std::abs(x * y) : x * y;
+      }
+      const double old = g.beta == 0 ? 0.0 : g.beta * c0[i * ldc + j];
+      c[i * ldc + j] = magnitude ? std::abs(g.alpha) * sum + std::abs(old) : g.alpha * sum + old;
+    }
+  return c;
+}
+
 // ---- elementwise -------------------------------------------------------------------------------
 
 inline double gelu_tanh(double x) {

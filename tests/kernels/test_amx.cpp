@@ -48,23 +48,6 @@ const AmxCase kCases[] = {
     {false, true, 3, 2100, 20, 0, 0, 1.0, 0.0},      // past a B block (2048 columns): split by columns
 };
 
-// C = alpha · op(A) · op(B) + beta · C0 in float64 (magnitude: the same over absolute values).
-naive::Vec reference(const AmxCase& g, int64_t lda, int64_t ldb, int64_t ldc, const naive::Vec& a,
-                     const naive::Vec& b, const naive::Vec& c0, bool magnitude) {
-  naive::Vec c = c0;
-  for (int64_t i = 0; i < g.M; ++i)
-    for (int64_t j = 0; j < g.N; ++j) {
-      double sum = 0;
-      for (int64_t k = 0; k < g.K; ++k) {
-        const double x = g.ta ? a[k * lda + i] : a[i * lda + k], y = g.tb ? b[j * ldb + k] : b[k * ldb + j];
-        sum += magnitude ? std::abs(x * y) : x * y;
-      }
-      const double old = g.beta == 0 ? 0.0 : g.beta * c0[i * ldc + j];  // beta = 0: C0 may be NaN
-      c[i * ldc + j] = magnitude ? std::abs(g.alpha) * sum + std::abs(old) : g.alpha * sum + old;
-    }
-  return c;
-}
-
 // Twelve fixed cases and 40 drawn ones: sizes 1–80, any transposition, padding and offset.
 std::vector<AmxCase> all_cases() {
   std::vector<AmxCase> cases(std::begin(kCases), std::end(kCases));
@@ -110,8 +93,8 @@ int64_t run_cases(bool emulated) {
     };
     const naive::Vec aw = widen(a), bw = widen(b);
     const naive::Vec cw = test::widen(c0);
-    const naive::Vec ref = reference(g, lda, ldb, ldc, aw, bw, cw, false);
-    const naive::Vec mag = reference(g, lda, ldb, ldc, aw, bw, cw, true);
+    const naive::Vec ref = naive::strided_gemm(g, lda, ldb, ldc, aw, bw, cw, false);
+    const naive::Vec mag = naive::strided_gemm(g, lda, ldb, ldc, aw, bw, cw, true);
     std::vector<float> got;
     naive::Vec ref_in, mag_in;
     for (int64_t i = 0; i < g.M; ++i)

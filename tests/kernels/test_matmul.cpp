@@ -98,23 +98,6 @@ const PackedCase kPackedCases[] = {
     {false, false, 256, 768, 40, 0, 1.0, 0.0, 2},   // M = 256: 19 row panels, 24 column panels: by columns
 };
 
-// C = alpha · op(A) · op(B) + beta · C0 with leading dimensions, in float64.
-naive::Vec strided_gemm(const PackedCase& g, int64_t lda, int64_t ldb, int64_t ldc, const naive::Vec& a,
-                        const naive::Vec& b, const naive::Vec& c0, bool magnitude) {
-  naive::Vec c = c0;
-  for (int64_t i = 0; i < g.M; ++i)
-    for (int64_t j = 0; j < g.N; ++j) {
-      double sum = 0;
-      for (int64_t k = 0; k < g.K; ++k) {
-        const double x = g.ta ? a[k * lda + i] : a[i * lda + k], y = g.tb ? b[j * ldb + k] : b[k * ldb + j];
-        sum += magnitude ? std::abs(x * y) : x * y;
-      }
-      const double old = g.beta == 0 ? 0.0 : g.beta * c0[i * ldc + j];  // beta = 0: C0 may be NaN
-      c[i * ldc + j] = magnitude ? std::abs(g.alpha) * sum + std::abs(old) : g.alpha * sum + old;
-    }
-  return c;
-}
-
 }  // namespace
 
 TEST_CASE("packed_sgemm matches a float64 loop", "[kernels][matmul]") {
@@ -134,8 +117,8 @@ TEST_CASE("packed_sgemm matches a float64 loop", "[kernels][matmul]") {
     const naive::Vec aw = test::widen(a), bw = test::widen(b), c0 = test::widen(c);
     cpu::packed_sgemm(g.ta, g.tb, g.M, g.N, g.K, float(g.alpha), a.data(), lda, b.data(), ldb, float(g.beta),
                       c.data(), ldc, g.threads);
-    naive::Vec ref = strided_gemm(g, lda, ldb, ldc, aw, bw, c0, false);
-    naive::Vec mag = strided_gemm(g, lda, ldb, ldc, aw, bw, c0, true);
+    naive::Vec ref = naive::strided_gemm(g, lda, ldb, ldc, aw, bw, c0, false);
+    naive::Vec mag = naive::strided_gemm(g, lda, ldb, ldc, aw, bw, c0, true);
     // The padding columns of C are never written: they keep C0 (NaN where beta = 0).
     std::vector<float> got;
     naive::Vec ref_in, mag_in;
