@@ -1088,6 +1088,12 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::sequence_logps_backward, sequence_logps_backward_bf16, 1, false},
 };
 
+bool has_native_bf16(Op op) {
+  for (const NativeBf16Row& row : kNativeBf16)
+    if (row.op == op) return !row.gemm || cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
+  return false;
+}
+
 KernelFn native_bf16(const KernelCall& c) {
   for (const NativeBf16Row& row : kNativeBf16) {
     if (row.op != c.node.op()) continue;
