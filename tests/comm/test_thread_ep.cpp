@@ -221,6 +221,8 @@ TEST_CASE("thread ep: expert_parallel keeps gpt-oss's biases and activation with
 TEST_CASE("thread ep: expert_of reads the expert index and nothing else", "[moe][ep]") {
   CHECK(expert_of("model.layers.0.block_sparse_moe.experts.3.w1.weight") == 3);
   CHECK(expert_of("model.layers.11.mlp.experts.127.down_proj.weight") == 127);
+  CHECK(expert_of("model.layers.3.mlp.experts.31.down_proj.bias") == 31);  // gpt-oss's biases are experts too
+  CHECK(expert_of("model.layers.3.mlp.experts.0.gate_proj.bias") == 0);
   CHECK(expert_of("model.layers.0.mlp.shared_expert.gate_proj.weight") == -1);
   CHECK(expert_of("model.layers.0.block_sparse_moe.gate.weight") == -1);
   CHECK(expert_of("model.layers.0.mlp.experts.gate_up_proj") == -1);  // transformers 5's fused tensor
