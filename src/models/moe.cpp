@@ -25,7 +25,11 @@ std::string moe_expert_weight(const ModelConfig& m, const std::string& layer, in
 }
 
 std::string moe_router_weight(const ModelConfig& m, const std::string& layer) {
-  return family(m.arch).moe == Moe::mixtral ? layer + "block_sparse_moe.gate.weight" : layer + "mlp.gate.weight";
+  switch (family(m.arch).moe) {
+    case Moe::mixtral: return layer + "block_sparse_moe.gate.weight";
+    case Moe::gpt_oss: return layer + "mlp.router.weight";
+    default: return layer + "mlp.gate.weight";
+  }
 }
 
 MoeBlock moe_block(Builder& b, const ModelConfig& m, const std::string& layer, Node* x, const MakeParam& p) {
