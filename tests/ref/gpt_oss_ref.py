@@ -256,9 +256,8 @@ TINY = {"model_type": "gpt_oss", "vocab_size": 40, "hidden_size": 16, "intermedi
                          "truncate": False, "original_max_position_embeddings": 8}}
 
 
-def tiny_case(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    cfg = Config(TINY)
+def random_params(cfg, g):
+    """float64 parameters of every shape: norms around 1, sinks around 0 with a real share, the rest 0.3 N(0, 1)."""
     params = {}
     for n, shape in param_shapes(cfg).items():
         if n.endswith("norm.weight"):
@@ -267,6 +266,13 @@ def tiny_case(seed=0):
             params[n] = torch.randn(shape, generator=g, dtype=torch.float64)
         else:
             params[n] = 0.3 * torch.randn(shape, generator=g, dtype=torch.float64)
+    return params
+
+
+def tiny_case(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cfg = Config(TINY)
+    params = random_params(cfg, g)
     B, S = 2, 9
     ids = torch.randint(0, cfg.vocab_size, (B, S), generator=g)
     labels = torch.randint(0, cfg.vocab_size, (B, S), generator=g)
