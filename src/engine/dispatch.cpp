@@ -4,6 +4,8 @@
 // launchers: a node on a CUDA device says its op has no CUDA kernel.
 #include "engine/dispatch.h"
 
+#include <set>
+
 #include "engine/launchers.h"
 #include "kernels/cpu/matmul.h"
 #include "tensor/check.h"
@@ -51,17 +53,33 @@ Tensor dispatch(const KernelCall& call, DeviceKind device) {
   return native ? native(call) : cpu_ops::bf16_via_f32(call, f);
 }
 
-std::string cpu_bf16_numerics() {
+std::vector<std::string> cpu_bf16_emulated_ops(const Graph& program) {
+  std::set<std::string> ops;
+  for (const std::unique_ptr<Node>& n : program.nodes()) {
+    const Op op = n->op();
+    if (op == Op::input || op == Op::parameter || op == Op::output) continue;  // not dispatched
+    if (op_info(op).numerics != Numerics::computes || cpu_ops::has_native_bf16(op)) continue;
+    bool bf16 = n->dtype() == DType::bf16;
+    for (const Node* in : n->inputs()) bf16 = bf16 || in->dtype() == DType::bf16;
+    if (bf16) ops.insert(std::string(n->op_name()));
+  }
+  return {ops.begin(), ops.end()};
+}
+
+std::string cpu_bf16_numerics(const Graph& program) {
   const cpu::Bf16Gemm path = cpu::bf16_gemm_best();
+  const std::vector<std::string> emulated = cpu_bf16_emulated_ops(program);
+  std::string rest = emulated.empty() ? "every other op reads and writes bf16 itself"
+                                      : "emulated (f32 kernels on widened copies, each result rounded to bf16): ";
+  for (size_t i = 0; i < emulated.size(); ++i) rest += (i ? ", " : "") + emulated[i];
   if (path == cpu::Bf16Gemm::f32)
-    return "emulated on cpu: f32 kernels, each result rounded to bf16 (no AMX, no AVX512-BF16)";
+    return str("on cpu without AMX or AVX512-BF16: the GEMM-bound ops widen to f32 (as fast here); ", rest);
   const char* dp = cpu::bf16_gemm_name(cpu::Bf16Gemm::avx512_bf16);  // the attention's products run there
   const std::string units = path == cpu::Bf16Gemm::amx
                                 ? str("matmuls and the tiled MLP and loss on ", cpu::bf16_gemm_name(path),
                                       ", the attention's tile products on ", dp)
                                 : str("matmuls, the tiled MLP and loss and the attention's tile products on ", dp);
-  return str("on cpu: ", units,
-             ", each result rounded to bf16; other ops emulated: f32 kernels, each result rounded to bf16");
+  return str("on cpu: ", units, ", each result rounded to bf16; ", rest);
 }
 
 }  // namespace autosp

@@ -121,10 +121,13 @@ using WorkspaceFn = size_t (*)(const Node&, const Bindings&);
 // an extra output kept by the executor) are not dispatched.
 Tensor dispatch(const KernelCall& call, DeviceKind device);
 
-// How the CPU computes bf16 nodes on this machine, for the run log: which ops run on its bf16
-// units (and which path: kernels/cpu/matmul.h bf16_gemm_best, "AMX", "AVX512-BF16" or "emulated"),
-// and that the rest are emulated.
-std::string cpu_bf16_numerics();
+// How the CPU computes the bf16 nodes of `program` on this machine, for the run log: which ops run
+// on its bf16 units (and which path: kernels/cpu/matmul.h bf16_gemm_best, "AMX", "AVX512-BF16" or
+// "emulated"), and by name the program's ops that are emulated (f32 kernels on widened copies).
+std::string cpu_bf16_numerics(const Graph& program);
+// The ops of `program` that compute on bf16 (a bf16 input or output) and have no bf16 launcher on
+// this machine, by name, sorted: they run through bf16_via_f32.
+std::vector<std::string> cpu_bf16_emulated_ops(const Graph& program);
 
 // The scratch `node` wants on `device` at bindings `b` (engine/dispatch.cpp: the few ops that want
 // one, per device; 0 for the others). Known in every build, so a build without CUDA plans a CUDA

@@ -1,12 +1,13 @@
 // Expert parallelism's exchange (engine/expert_parallel.h): counts, payloads, the local experts on
-// the CPU kernels (kernels/cpu/mlp.h), and the weighted scatter-add back at the source.
+// the CPU MoE kernel's per-expert code (kernels/cpu/moe.h expert_rows_*), and the weighted
+// scatter-add back at the source.
 #include "engine/expert_parallel.h"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/mlp.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/moe_routing.h"
 #include "tensor/check.h"
 #include "tensor/tensor.h"
@@ -117,7 +118,7 @@ int64_t max_local_rows(const Exchange& x) {
 template <class T>
 void moe_ep_forward(Communicator& ep, Allocator& alloc, const T* x, const T* probs, const T* const* w_gate,
                     const T* const* w_up, const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I,
-                    int64_t k, bool norm) {
+                    int64_t k, bool norm, const kernels::MoeOptions<T>& opt) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   const Exchange ex = exchange_counts(ep, r);
   std::fill(y, y + R * C, T(0));
@@ -131,7 +132,8 @@ void moe_ep_forward(Communicator& ep, Allocator& alloc, const T* x, const T* pro
   for (int64_t j = 0; j < ex.L; ++j) {
     const int64_t n = gather_local(ex, j, recv, C, 0, C, xe.data());
     if (n == 0) continue;
-    cpu::swiglu_mlp_forward<T>(xe.data(), w_gate[j], w_up[j], w_down[j], ye.data(), n, C, I);
+    std::fill(ye.begin(), ye.end(), T(0));
+    cpu::expert_rows_forward<T>(xe.data(), cpu::Expert<T>::of(w_gate, w_up, w_down, opt, j), ye.data(), n, C, I);
     scatter_local(ex, j, out, C, 0, C, ye.data());
   }
   const Tensor back = exchange(ep, out, alloc);
@@ -146,49 +148,48 @@ template <class T>
 void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x, const T* probs,
                      const T* const* w_gate, const T* const* w_up, const T* const* w_down, T* dx, T* dprobs,
                      T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I,
-                     int64_t k, bool norm) {
+                     int64_t k, bool norm, const kernels::MoeOptions<T>& opt) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   const Exchange ex = exchange_counts(ep, r);
   std::fill(dx, dx + R * C, T(0));
   std::vector<double> g(size_t(R * k), 0.0);  // the gradient of each slot's weight
-  const int64_t n_max = ex.M == 0 ? 0 : max_local_rows(ex);
+  const int64_t n_max = ex.M == 0 ? 0 : max_local_rows(ex), W = 2 * C + 1;
   Tensor recv, out;
-  if (ex.M > 0) {  // rows out: [x | w·dy]
-    const Tensor sent = pack<T>(ex, r, alloc, 2 * C, [&](int64_t s, T* dst) {
-      const T w = T(r.weight[size_t(s)]);
-      const T* dyr = dy + (s / k) * C;
+  if (ex.M > 0) {  // rows out: [x | dy | w], the slot's routing weight w in T (as the kernel applies it)
+    const Tensor sent = pack<T>(ex, r, alloc, W, [&](int64_t s, T* dst) {
       std::copy_n(x + (s / k) * C, C, dst);
-      for (int64_t c = 0; c < C; ++c) dst[C + c] = w * dyr[c];
+      std::copy_n(dy + (s / k) * C, C, dst + C);
+      dst[2 * C] = T(r.weight[size_t(s)]);
     });
     recv = exchange(ep, sent, alloc);
-    out = Tensor::empty(recv.shape(), recv.dtype(), alloc);
+    out = Tensor::empty({ex.G, ex.M, C + 1}, recv.dtype(), alloc);
     std::memset(out.raw(), 0, out.nbytes());
   }
-  std::vector<T> xe(size_t(n_max * C)), dye(size_t(n_max * C)), ye(size_t(n_max * C)), dxe(size_t(n_max * C));
-  for (int64_t j = 0; j < ex.L; ++j) {
-    const int64_t n = ex.M == 0 ? 0 : gather_local(ex, j, recv, 2 * C, 0, C, xe.data());
-    if (n == 0) {  // no tokens: the expert's weight gradients are zero
-      for (T* dw : {dw_gate[j], dw_up[j], dw_down[j]}) std::fill(dw, dw + I * C, T(0));
-      continue;
+  const size_t rows = static_cast<size_t>(n_max);
+  std::vector<T> xe(rows * C), dye(rows * C), dxe(rows * C), we(rows), ge(rows);
+  std::vector<double> wd(rows), gd(rows);
+  for (int64_t j = 0; j < ex.L; ++j) {  // the local experts' backward (kernels/cpu/moe.h), rows from every source
+    const int64_t n = ex.M == 0 ? 0 : gather_local(ex, j, recv, W, 0, C, xe.data());
+    if (n > 0) {
+      gather_local(ex, j, recv, W, C, C, dye.data());
+      gather_local(ex, j, recv, W, 2 * C, 1, we.data());
     }
-    gather_local(ex, j, recv, 2 * C, C, C, dye.data());
-    cpu::swiglu_mlp_forward<T>(xe.data(), w_gate[j], w_up[j], w_down[j], ye.data(), n, C, I);
-    cpu::swiglu_mlp_backward<T>(dye.data(), xe.data(), w_gate[j], w_up[j], w_down[j], dxe.data(), dw_gate[j],
-                                dw_up[j], dw_down[j], n, C, I);
-    scatter_local(ex, j, out, 2 * C, 0, C, ye.data());  // rows back: [output | dx]
-    scatter_local(ex, j, out, 2 * C, C, C, dxe.data());
+    std::transform(we.begin(), we.begin() + n, wd.begin(), [](T v) { return double(v); });
+    std::fill(dxe.begin(), dxe.end(), T(0));
+    cpu::Expert<T> e = cpu::Expert<T>::of(w_gate, w_up, w_down, opt, j);
+    e.dwg = dw_gate[j], e.dwu = dw_up[j], e.dwd = dw_down[j];
+    cpu::expert_rows_backward<T>(dye.data(), xe.data(), wd.data(), e, dxe.data(), gd.data(), n, C, I);
+    if (n == 0) continue;
+    std::transform(gd.begin(), gd.begin() + n, ge.begin(), [](double v) { return T(v); });
+    scatter_local(ex, j, out, C + 1, 0, C, dxe.data());  // rows back: [dx | g]
+    scatter_local(ex, j, out, C + 1, C, 1, ge.data());
   }
   if (ex.M > 0) {
     const Tensor back = exchange(ep, out, alloc);
-    unpack<T>(ex, r, back, 2 * C, [&](int64_t s, const T* row) {
-      const T* dyr = dy + (s / k) * C;
+    unpack<T>(ex, r, back, C + 1, [&](int64_t s, const T* row) {
       T* dxr = dx + (s / k) * C;
-      T dot = T(0);
-      for (int64_t c = 0; c < C; ++c) {
-        dot += dyr[c] * row[c];
-        dxr[c] += row[C + c];
-      }
-      g[size_t(s)] = double(dot);
+      for (int64_t c = 0; c < C; ++c) dxr[c] += row[c];
+      g[size_t(s)] = double(row[C]);
     });
   }
   kernels::moe_probs_grad(r, norm, g.data(), dprobs);
@@ -196,10 +197,11 @@ void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x
 
 #define AUTOSP_MOE_EP(T)                                                                                             \
   template void moe_ep_forward<T>(Communicator&, Allocator&, const T*, const T*, const T* const*, const T* const*,  \
-                                  const T* const*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool);           \
+                                  const T* const*, T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,            \
+                                  const kernels::MoeOptions<T>&);                                                    \
   template void moe_ep_backward<T>(Communicator&, Allocator&, const T*, const T*, const T*, const T* const*,        \
                                    const T* const*, const T* const*, T*, T*, T* const*, T* const*, T* const*,        \
-                                   int64_t, int64_t, int64_t, int64_t, int64_t, bool);
+                                   int64_t, int64_t, int64_t, int64_t, int64_t, bool, const kernels::MoeOptions<T>&);
 AUTOSP_MOE_EP(float)
 AUTOSP_MOE_EP(double)
 #undef AUTOSP_MOE_EP

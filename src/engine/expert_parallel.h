@@ -7,36 +7,41 @@
 //      rank knows what each pair of ranks sends (a pair's rows: Σ over the receiver's experts);
 //   3. payloads: one all-to-all of [G, M, width] (M = the largest pair's rows; shorter pairs are
 //      padded), the rows to rank d being this rank's rows for d's experts, by expert then by row;
-//   4. the owner runs each local expert's SwiGLU MLP on its rows from every source (source rank
-//      order, then row order) and sends the results back the same way (a second all-to-all);
+//   4. the owner runs each local expert (kernels/cpu/moe.h's per-expert code, gpt-oss's options
+//      included: the owner applies the biases and the activation) on its rows from every source
+//      (source rank order, then row order) and sends the results back the same way (a second
+//      all-to-all);
 //   5. the source weights and scatter-adds them, experts in index order, as moe_experts does.
 //
 // Forward: x rows go out, expert outputs come back; the routing weights never travel (the source
-// applies them). Backward: [x | w·dy] rows go out; the owner recomputes the output and runs the
-// MLP's backward, its weight gradients summed over every row it received (the expert group's
-// tokens), and sends [output | dx] rows back; the source forms g = dy · output per slot for the
-// router's gradient (moe_probs_grad, exact as without EP) and adds dx. Knows nothing of graphs.
+// applies them). Backward: [x | dy | w] rows go out (w the slot's routing weight); the owner runs
+// the MoE kernel's seven-GEMM backward of the expert on them, its weight and bias gradients summed
+// over every row it received (the expert group's tokens), and sends [dx | g] rows back, g = dy ·
+// output the slot's weight gradient; the source forms the router's gradient from g
+// (moe_probs_grad, exact as without EP) and adds dx. Knows nothing of graphs.
 #pragma once
 
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "kernels/kinds.h"
 #include "tensor/allocator.h"
 
 namespace autosp {
 
 // x, y [R, C], probs [R, E]; w_gate[j], w_up[j] [I, C], w_down[j] [C, I] for this rank's L local
-// experts (E = L · ep.size()).
+// experts (E = L · ep.size()), and the options' biases likewise.
 template <class T>
 void moe_ep_forward(Communicator& ep, Allocator& alloc, const T* x, const T* probs, const T* const* w_gate,
                     const T* const* w_up, const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I,
-                    int64_t k, bool norm);
+                    int64_t k, bool norm, const kernels::MoeOptions<T>& opt);
 
-// dx [R, C], dprobs [R, E], dw_*[j] the local experts' weight gradients (overwritten).
+// dx [R, C], dprobs [R, E], dw_*[j] the local experts' weight gradients and opt.db_*[j] their
+// biases' (overwritten).
 template <class T>
 void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x, const T* probs,
                      const T* const* w_gate, const T* const* w_up, const T* const* w_down, T* dx, T* dprobs,
                      T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I,
-                     int64_t k, bool norm);
+                     int64_t k, bool norm, const kernels::MoeOptions<T>& opt);
 
 }  // namespace autosp

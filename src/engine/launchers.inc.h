@@ -32,6 +32,7 @@
 //   kRopeMaxHeadDim, kAttentionMaxHeadDim   the largest head dims the kernels take
 //   kDeviceName           "CPU", "CUDA" (in messages)
 //   kAttentionSinks       whether the device's attention kernels take sinks (AttentionVariant::sinks)
+//   kMoeOptions           whether the device's MoE kernels take gpt-oss's options (kernels/kinds.h MoeOptions)
 // and for attention (sdpa's own launchers and ring attention's chunk pairs):
 //   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T;
 //                         CUDA's: float), in which ring attention also sums its blocks
@@ -775,30 +776,31 @@ Tensor ring_attention_backward(const KernelCall& c) {
 
 // ---- the mixture-of-experts layer's experts (kernels/cpu/moe.h; routing: kernels/moe_routing.h) ----
 
-// The expert weights of a moe_experts node from input `first` on (E gates, E ups, E downs), as
-// pointer arrays, and their sizes: E experts of width I.
+// The expert parameters of a moe_experts node from input `first` on (E gates, E ups, E downs, then
+// with biases E gate, E up and E down biases), as pointer arrays, and their sizes: E experts of
+// width I.
 template <class T>
 struct ExpertWeights {
   std::vector<Tensor> held;  // contiguous copies where an input was a view
-  std::vector<const T*> gate, up, down;
+  std::vector<const T*> gate, up, down, b_gate, b_up, b_down;
   int64_t E = 0, I = 0;
   ExpertWeights(const KernelCall& c, size_t first) {
-    E = (static_cast<int64_t>(c.in.size()) - static_cast<int64_t>(first)) / 3;
+    E = (static_cast<int64_t>(c.in.size()) - static_cast<int64_t>(first)) / moe_params_per_expert(c.node);
     for (size_t i = first; i < c.in.size(); ++i) held.push_back(arg(c, i));
     I = held[0].dim(0);
-    for (int64_t e = 0; e < E; ++e) {
-      gate.push_back(ptr<T>(held[e]));
-      up.push_back(ptr<T>(held[E + e]));
-      down.push_back(ptr<T>(held[2 * E + e]));
-    }
+    std::vector<const T*>* lists[] = {&gate, &up, &down, &b_gate, &b_up, &b_down};
+    for (size_t i = 0; i < held.size(); ++i) lists[i / size_t(E)]->push_back(ptr<T>(held[i]));
   }
 };
 
 // A moe node's call unpacked, for moe_experts, moe_experts_ep (engine/cpu/launchers.cpp) and their
 // backwards (`backward`: inputs dy, x, probs, the weights): x as rows [R, C], probs [R, E] (E: all
 // the experts; the weights may be fewer, an expert group's), top_k and norm_topk_prob, the weights,
-// the output placed and, for a backward, its extra outputs: dprobs (extra 0, like probs) and one
-// gradient per weight (extras 1 on, also as pointer arrays: dw[0, E'), gates; ups; downs).
+// gpt-oss's options (biases, the activation; kernels/kinds.h MoeOptions), the output placed and,
+// for a backward, its extra outputs: dprobs (extra 0, like probs) and one gradient per weight and
+// bias (extras 1 on, also as pointer arrays: dw[0, E'), gates; ups; downs; then the biases').
+// A device whose kernels take no options (kMoeOptions false) refuses them here, by name, before
+// any kernel runs.
 template <class T>
 struct MoeCall {
   Tensor dy, x, p;
@@ -807,35 +809,43 @@ struct MoeCall {
   bool norm;
   Tensor out;
   std::vector<T*> dw;
+  kernels::MoeOptions<T> opt;
   MoeCall(const KernelCall& c, bool backward)
       : dy(backward ? arg(c, 0) : Tensor()), x(arg(c, backward ? 1 : 0)), p(arg(c, backward ? 2 : 1)),
         w(c, backward ? 3 : 2), C(x.dim(-1)), R(x.numel() / C), E(p.dim(-1)), k(c.node.attrs().i("top_k")),
         norm(c.node.attrs().b("norm_topk_prob")), out(out_like(c, x.dtype())) {
+    if (moe_biased(c.node)) opt.b_gate = w.b_gate.data(), opt.b_up = w.b_up.data(), opt.b_down = w.b_down.data();
+    if (moe_clamped(c.node)) opt.clamped = true, opt.alpha = c.node.attrs().f("alpha"), opt.limit = c.node.attrs().f("limit");
+    if (!kMoeOptions && !opt.plain())
+      throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": gpt-oss experts (biases, clamped_swiglu) "
+                           "have no ", kDeviceName, " kernel yet"));
     if (!backward) return;
     for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
     for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
+    if (opt.b_gate) opt.db_gate = dw.data() + 3 * w.E, opt.db_up = dw.data() + 4 * w.E, opt.db_down = dw.data() + 5 * w.E;
   }
   T* dprobs(const KernelCall& c) const { return ptr<T>(c.extras[0]); }
 };
 
 // x [..., C] as rows [R, C], probs [R, E], the expert weights (w_gate[e], w_up[e] [I, C], w_down[e]
-// [C, I]) → y [..., C].
+// [C, I]) and biases → y [..., C].
 Tensor moe_experts(const KernelCall& c) {
   return by_float(c, c.in[0].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, false);
     call(stream(c), dev::moe_experts_forward<T>, ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
-         m.w.down.data(), ptr<T>(m.out), m.R, m.C, m.w.E, m.w.I, m.k, m.norm);
+         m.w.down.data(), ptr<T>(m.out), m.R, m.C, m.w.E, m.w.I, m.k, m.norm, m.opt);
     return m.out;
   });
 }
 
-// dx; extra outputs dprobs, then each expert weight's gradient. Inputs: dy, x, probs, the weights.
+// dx; extra outputs dprobs, then each expert weight's and bias's gradient. Inputs: dy, x, probs,
+// the weights, the biases.
 Tensor moe_experts_backward(const KernelCall& c) {
   return by_float(c, c.in[1].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, true);
     call(stream(c), dev::moe_experts_backward<T>, ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(),
          m.w.up.data(), m.w.down.data(), ptr<T>(m.out), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
-         m.dw.data() + 2 * m.w.E, m.R, m.C, m.w.E, m.w.I, m.k, m.norm);
+         m.dw.data() + 2 * m.w.E, m.R, m.C, m.w.E, m.w.I, m.k, m.norm, m.opt);
     return m.out;
   });
 }

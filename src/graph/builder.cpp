@@ -90,10 +90,27 @@ Node* Builder::linear_sequence_logps(Node* x, Node* w, Node* labels, Node* slots
 }
 Node* Builder::moe_experts(Node* x, Node* probs, const std::vector<Node*>& w_gate, const std::vector<Node*>& w_up,
                            const std::vector<Node*>& w_down, int64_t top_k, bool norm_topk_prob,
-                           const std::string& name) {
+                           const std::string& name, const MoeExpertOptions& opt) {
   std::vector<Node*> in{x, probs};
   for (const auto* w : {&w_gate, &w_up, &w_down}) in.insert(in.end(), w->begin(), w->end());
-  return op(Op::moe_experts, std::move(in), {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}}, name);
+  Attrs a{{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}};
+  const bool biased = !opt.b_gate.empty() || !opt.b_up.empty() || !opt.b_down.empty();
+  if (biased) {
+    for (const auto* b : {&opt.b_gate, &opt.b_up, &opt.b_down}) {
+      if (b->size() != w_gate.size())
+        throw UsageError(str("[moe_experts] ", prefix_, name, ": ", w_gate.size(), " experts but ", opt.b_gate.size(),
+                             " gate, ", opt.b_up.size(), " up and ", opt.b_down.size(),
+                             " down biases (expected all or none)"));
+      in.insert(in.end(), b->begin(), b->end());
+    }
+    a.set("biases", true);
+  }
+  if (opt.act == MoeActivation::clamped_swiglu) {
+    a.set("activation", std::string("clamped_swiglu"));
+    a.set("alpha", opt.alpha);
+    a.set("limit", opt.limit);
+  }
+  return op(Op::moe_experts, std::move(in), std::move(a), name);
 }
 Node* Builder::moe_experts_ep(Node* x, Node* probs, const std::vector<Node*>& weights, int64_t top_k,
                               bool norm_topk_prob, const std::string& group, int64_t group_size,
@@ -273,9 +290,13 @@ Node* Builder::swiglu_mlp_backward(Node* dy, Node* x, Node* w_gate, Node* w_up, 
 }
 Node* Builder::moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, int64_t top_k, bool norm_topk_prob,
                                     const std::string& name) {
+  return moe_experts_backward(dy, inputs, {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}}, name);
+}
+Node* Builder::moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, const Attrs& forward,
+                                    const std::string& name) {
   std::vector<Node*> in{dy};
   in.insert(in.end(), inputs.begin(), inputs.end());
-  return op(Op::moe_experts_backward, std::move(in), {{"top_k", top_k}, {"norm_topk_prob", norm_topk_prob}}, name);
+  return op(Op::moe_experts_backward, std::move(in), forward, name);
 }
 Node* Builder::moe_experts_ep_backward(Node* dy, const std::vector<Node*>& inputs, const Attrs& forward,
                                        const std::string& name) {

@@ -38,6 +38,13 @@ struct DpoLoss {
   std::string loss_type = "sigmoid";
   double label_smoothing = 0, rpo_alpha = 0;
 };
+// gpt-oss's expert options for moe_experts (models/moe.cpp sets them from the family row).
+enum class MoeActivation { swiglu, clamped_swiglu };
+struct MoeExpertOptions {
+  std::vector<Node*> b_gate, b_up, b_down;  // empty (no biases), or one per expert: [I], [I], [C]
+  MoeActivation act = MoeActivation::swiglu;
+  double alpha = 1.702, limit = 7.0;        // clamped_swiglu's (gpt-oss: alpha 1.702, swiglu_limit)
+};
 
 class Builder {
  public:
@@ -123,10 +130,16 @@ class Builder {
   // A mixture-of-experts layer's experts: each token of x [..., C] goes to the top_k experts of
   // its router probabilities probs [..., E] (weights renormalised over the k when norm_topk_prob),
   // y = Σ weight · (silu(x·w_gate[e]ᵀ) ∘ (x·w_up[e]ᵀ))·w_down[e]ᵀ; E weights each, w_gate[e] and
-  // w_up[e] [I, C], w_down[e] [C, I] (kernels/cpu/moe.h). Inputs: x, probs, the gates, ups, downs.
+  // w_up[e] [I, C], w_down[e] [C, I] (kernels/cpu/moe.h). Inputs: x, probs, the gates, ups, downs,
+  // then with opt's biases the gate, up and down biases; the options' attributes: "biases" (set
+  // when there are biases), "activation", "alpha", "limit" (set for clamped_swiglu; ops.h moe_biased).
+  // With opt (gpt-oss), per expert g = x·w_gateᵀ + b_gate, u = x·w_upᵀ + b_up, and
+  //   swiglu:         h = silu(g) ∘ u
+  //   clamped_swiglu: h = (clamp(u, −limit, limit) + 1) ∘ gc ∘ σ(alpha·gc), gc = min(g, limit)
+  // out = h·w_downᵀ + b_down (a clamp's gradient as torch.clamp's: 1 inside, bounds included).
   Node* moe_experts(Node* x, Node* probs, const std::vector<Node*>& w_gate, const std::vector<Node*>& w_up,
                     const std::vector<Node*>& w_down, int64_t top_k, bool norm_topk_prob,
-                    const std::string& name = "moe");
+                    const std::string& name = "moe", const MoeExpertOptions& opt = {});
   // The same over an expert group (graph/passes/expert_parallel.h): `weights` are this rank's
   // E / group_size local experts' (gates, ups, downs), the group named `group`.
   Node* moe_experts_ep(Node* x, Node* probs, const std::vector<Node*>& weights, int64_t top_k, bool norm_topk_prob,
@@ -175,6 +188,9 @@ class Builder {
   // dx; extra outputs dprobs, then each expert weight's gradient in the input order (1 + 3E).
   // Inputs: dy, then moe_experts' inputs.
   Node* moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, int64_t top_k, bool norm_topk_prob,
+                             const std::string& name = "moe_bwd");
+  // The same with the forward's attributes (gpt-oss's options among them).
+  Node* moe_experts_backward(Node* dy, const std::vector<Node*>& inputs, const Attrs& forward,
                              const std::string& name = "moe_bwd");
   // moe_experts_ep's backward (its outputs as moe_experts_backward's), with the forward's attributes.
   Node* moe_experts_ep_backward(Node* dy, const std::vector<Node*>& inputs, const Attrs& forward,

@@ -3,6 +3,7 @@
 #include "graph/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "graph/builder.h"  // attention_inputs
@@ -500,8 +501,9 @@ TensorType swiglu_mlp_backward_rule(const Node& n, const ShapeContext& ctx) {
 std::vector<TensorType> swiglu_mlp_backward_extra(const Node& n) { return {in(n, 2), in(n, 3), in(n, 4)}; }
 
 // x [..., C], probs [..., E], then per expert w_gate [I, C] (E inputs), w_up [I, C] (E), w_down
-// [C, I] (E), from input x on; top_k in [1, E]. The expert-parallel ops (group_size G) take the
-// weights of their E / G local experts only.
+// [C, I] (E), and with biases b_gate [I] (E), b_up [I] (E), b_down [C] (E), from input x on; top_k
+// in [1, E]; the activation swiglu or clamped_swiglu (alpha finite, limit > 0). The expert-parallel
+// ops (group_size G) take the parameters of their E / G local experts only.
 void expect_moe_inputs(const Node& n, size_t x, const ShapeContext& ctx) {
   expect_float(n, x);
   const auto& xt = in(n, x);
@@ -513,25 +515,41 @@ void expect_moe_inputs(const Node& n, size_t x, const ShapeContext& ctx) {
   const int64_t all = pt.shape.back().value();
   const int64_t G = n.attrs().has("group_size") ? n.attrs().i("group_size") : 1;
   if (G < 1 || all % G != 0) fail(n, str("probs ", pt.str(), ": ", all, " experts do not split over ", G, " ranks"));
-  const int64_t E = all / G;  // the experts whose weights the node takes
-  if (n.inputs().size() != x + 2 + 3 * size_t(E))
-    fail(n, str("probs ", pt.str(), " has ", all, " experts (", E, " on this rank): expected ", 3 * E,
-                " expert weights (gate, up, down each), got ", n.inputs().size() - x - 2));
+  const int64_t E = all / G;  // the experts whose parameters the node takes
+  const int64_t per = moe_params_per_expert(n);
+  if (n.inputs().size() != x + 2 + size_t(per * E))
+    fail(n, str("probs ", pt.str(), " has ", all, " experts (", E, " on this rank): expected ", per * E,
+                per == 3 ? " expert weights (gate, up, down each), got " : " expert weights and biases (gate, up, "
+                "down, their biases each), got ", n.inputs().size() - x - 2));
   const Dim& C = xt.shape.back();
   const Dim I = in(n, x + 2).shape.size() == 2 ? in(n, x + 2).shape[0] : Dim(0);
   for (size_t i = x + 1; i < n.inputs().size(); ++i) expect_same_dtype(n, x, i);
+  static constexpr const char* kNames[] = {"w_gate ", "w_up ", "w_down ", "b_gate ", "b_up ", "b_down "};
   for (int64_t e = 0; e < E; ++e)
-    for (int which = 0; which < 3; ++which) {
+    for (int which = 0; which < per; ++which) {
       const size_t i = x + 2 + size_t(which * E + e);
-      expect_rank(n, i, 2);
+      expect_rank(n, i, which < 3 ? 2 : 1);
       const auto& w = in(n, i).shape;
-      const bool ok = which < 2 ? ctx.same(w[0], I) && ctx.same(w[1], C) : ctx.same(w[0], C) && ctx.same(w[1], I);
+      const bool ok = which < 2    ? ctx.same(w[0], I) && ctx.same(w[1], C)
+                      : which == 2 ? ctx.same(w[0], C) && ctx.same(w[1], I)
+                                   : ctx.same(w[0], which < 5 ? I : C);
       if (!ok)
-        fail(n, str("x ", xt.str(), ", expert ", e, "'s ", which == 0 ? "w_gate " : which == 1 ? "w_up " : "w_down ",
-                    in(n, i).str(), ": expected x [..., C], w_gate and w_up [I, C], w_down [C, I] (I = ", I.str(), ")"));
+        fail(n, str("x ", xt.str(), ", expert ", e, "'s ", kNames[which], in(n, i).str(),
+                    ": expected x [..., C], w_gate and w_up [I, C], w_down [C, I], b_gate and b_up [I], b_down [C] "
+                    "(I = ", I.str(), ")"));
     }
   const int64_t k = n.attrs().i("top_k");
   if (k < 1 || k > all) fail(n, str("top_k ", k, " is not in [1, ", all, "]"));
+  if (n.attrs().has("activation")) {
+    const std::string& act = n.attrs().s("activation");
+    if (act != "swiglu" && act != "clamped_swiglu")
+      fail(n, str("activation '", act, "': expected swiglu or clamped_swiglu"));
+    if (act == "clamped_swiglu") {
+      const double alpha = n.attrs().f("alpha"), limit = n.attrs().f("limit");
+      if (!std::isfinite(alpha) || !(limit > 0) || !std::isfinite(limit))
+        fail(n, str("clamped_swiglu alpha ", alpha, ", limit ", limit, ": expected a finite alpha and limit > 0"));
+    }
+  }
 }
 TensorType moe_experts_rule(const Node& n, const ShapeContext& ctx) {
   expect_moe_inputs(n, 0, ctx);
@@ -1067,6 +1085,9 @@ const std::vector<std::string>& op_required_attrs(Op op) {
   }();
   return split.at(static_cast<size_t>(op));
 }
+
+bool moe_biased(const Node& n) { return n.attrs().has("biases") && n.attrs().b("biases"); }
+bool moe_clamped(const Node& n) { return n.attrs().has("activation") && n.attrs().s("activation") == "clamped_swiglu"; }
 
 bool linear_ce_weight_grad(const Node& n) { return !n.attrs().has("weight_grad") || n.attrs().b("weight_grad"); }
 double linear_ce_softcap(const Node& n) { return n.attrs().has("softcap") ? n.attrs().f("softcap") : 0.0; }

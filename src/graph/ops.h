@@ -70,9 +70,9 @@ enum class Op : uint16_t {
   // the logits again, chunk by chunk (extra output: dw)
   linear_cross_entropy_sum, linear_cross_entropy_backward,
   // a mixture-of-experts layer's experts (Mixtral, Qwen2-MoE, Qwen3-MoE): top-k routing of each
-  // token by the router's probabilities, then per expert its tokens through a SwiGLU MLP, weighted
-  // and summed back; its backward recomputes the experts' outputs (extra outputs: dprobs, dw_gate,
-  // dw_up, dw_down)
+  // token by the router's probabilities, then per expert its tokens through a SwiGLU MLP (gpt-oss:
+  // with biases, clamped; moe_biased), weighted and summed back; its backward recomputes the gate
+  // and up projections (extra outputs: dprobs, then each weight's and bias's gradient)
   moe_experts, moe_experts_backward,
   // the same over an expert group (graph/passes/expert_parallel): the node takes this rank's 1/G of
   // the experts' weights, tokens travel to their experts' ranks and back by all-to-all
@@ -164,6 +164,13 @@ bool linear_ce_weight_grad(const Node& n);
 // A linear_cross_entropy_sum / _backward node's final logit softcap (its optional softcap
 // attribute, Gemma's final_logit_softcapping; absent = 0, no cap).
 double linear_ce_softcap(const Node& n);
+// A moe_experts* node's gpt-oss options (graph/builder.h MoeExpertOptions), optional attributes:
+// "biases" (true: E gate, E up and E down biases follow the 3E weights) and "activation"
+// ("swiglu" when absent, or "clamped_swiglu" with "alpha" and "limit").
+bool moe_biased(const Node& n);
+bool moe_clamped(const Node& n);
+// The parameter inputs per expert of a moe_experts* node: 3, or 6 with biases.
+inline int64_t moe_params_per_expert(const Node& n) { return moe_biased(n) ? 6 : 3; }
 // Types of `n`'s extra outputs (empty for single-output ops).
 std::vector<TensorType> extra_types(const Node& n);
 

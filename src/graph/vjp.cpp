@@ -241,9 +241,10 @@ void swiglu_mlp(VjpContext& c) {
   c.input_grads = {bwd, c.b.output(bwd, 1, "dw_gate"), c.b.output(bwd, 2, "dw_up"), c.b.output(bwd, 3, "dw_down")};
 }
 
-// y = moe_experts(x, probs, the expert weights): one backward node, which routes again and
-// recomputes each expert's output, gives dx, with dprobs (through the top-k weights) and each
-// expert weight's gradient as its extra outputs. moe_experts_ep likewise, over its expert group.
+// y = moe_experts(x, probs, the expert weights[, biases]): one backward node, which routes again
+// and recomputes each expert's gate and up projections, gives dx, with dprobs (through the top-k
+// weights) and each expert weight's and bias's gradient as its extra outputs; it takes the
+// forward's attributes (the activation with them). moe_experts_ep likewise, over its expert group.
 namespace {
 void moe_grads(VjpContext& c, Node* bwd) {
   c.input_grads = {bwd, c.b.output(bwd, 1, "dprobs")};
@@ -252,8 +253,7 @@ void moe_grads(VjpContext& c, Node* bwd) {
 }
 }  // namespace
 void moe_experts(VjpContext& c) {
-  const Attrs& a = c.node->attrs();
-  moe_grads(c, c.b.moe_experts_backward(c.grad, c.node->inputs(), a.i("top_k"), a.b("norm_topk_prob"), "dx"));
+  moe_grads(c, c.b.moe_experts_backward(c.grad, c.node->inputs(), c.node->attrs(), "dx"));
 }
 void moe_experts_ep(VjpContext& c) {
   moe_grads(c, c.b.moe_experts_ep_backward(c.grad, c.node->inputs(), c.node->attrs(), "dx"));

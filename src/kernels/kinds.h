@@ -1,7 +1,7 @@
 // The kinds and constants both kernel backends take (kernels/cpu and kernels/cuda), so neither
 // includes the other: the elementwise op kinds, the ignored label, the tiled MLP's and tiled
-// loss's chunks, Llama's rope_scaling. Enums, constants and host arithmetic; knows nothing of
-// graphs, tensors or devices.
+// loss's chunks, the MoE experts' options, Llama's rope_scaling. Enums, constants and host
+// arithmetic; knows nothing of graphs, tensors or devices.
 #pragma once
 
 #include <algorithm>
@@ -47,6 +47,26 @@ inline constexpr int64_t kIgnoreIndex = -100;
 // large enough to run at full speed (M = 1024) while the scratch, 3 · 1024 · I elements, stays a
 // few MB for Llama-sized I and is independent of S.
 inline constexpr int64_t kMlpChunkRows = 1024;
+
+// A mixture-of-experts expert's options beyond Mixtral's (kernels/cpu/moe.h, kernels/cuda/moe.cuh;
+// gpt-oss's experts): per-expert biases, host arrays of E pointers (null: none), b_gate[e], b_up[e]
+// [I] and b_down[e] [C], with a backward's gradients of them; and the activation, SwiGLU
+// h = silu(g) ∘ u or gpt-oss's clamped SwiGLU
+//   gc = min(g, limit), uc = clamp(u, −limit, limit), h = (uc + 1) ∘ gc ∘ σ(alpha · gc)
+// (g, u: the gate and up projections with their biases; a clamp's derivative is 1 inside its
+// bounds, equality included, and 0 outside, as torch.clamp's).
+template <class T>
+struct MoeOptions {
+  const T* const* b_gate = nullptr;
+  const T* const* b_up = nullptr;
+  const T* const* b_down = nullptr;
+  T* const* db_gate = nullptr;
+  T* const* db_up = nullptr;
+  T* const* db_down = nullptr;
+  bool clamped = false;
+  double alpha = 1.702, limit = 7.0;
+  bool plain() const { return b_gate == nullptr && !clamped; }  // Mixtral's experts
+};
 
 // The tiled head + loss's chunk of rows (both backends run the same chunks): logits elements a
 // chunk may hold (256 MiB in f32: 523 rows of Llama 3's 128,256 tokens), and at most

@@ -82,7 +82,7 @@ void StepLog::run_end(const TrainResult& result) const {
   spdlog::info("{}", op_profile_table(result.op_profile, static_cast<int64_t>(result.steps.size()), step_ms));
 }
 
-void StepLog::run_start(Device dev, const std::string& data, size_t num_params,
+void StepLog::run_start(Device dev, const Graph& program, const std::string& data, size_t num_params,
                         const std::string& validation_data) const {
   if (!lead_) return;
   if (dev.kind == DeviceKind::cuda)
@@ -93,7 +93,7 @@ void StepLog::run_start(Device dev, const std::string& data, size_t num_params,
                  cfg_.train.eval_batches, validation_data);
   if (cfg_.runtime.dtype == DType::bf16)
     spdlog::info("dtype: bf16 mixed precision (f32 master weights and AdamW state, bf16 compute){}",
-                 dev.kind == DeviceKind::cpu ? "; " + cpu_bf16_numerics() : "");
+                 dev.kind == DeviceKind::cpu ? "; " + cpu_bf16_numerics(program) : "");
 }
 
 void StepLog::step(const StepRecord& rec) {

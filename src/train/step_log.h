@@ -35,7 +35,8 @@ class StepLog {
   StepLog(const TrainArgs& args, int64_t start, int64_t total, const Config& cfg, bool lead);
 
   // The run's opening lines.
-  void run_start(Device dev, const std::string& data, size_t num_params, const std::string& validation_data) const;
+  void run_start(Device dev, const Graph& program, const std::string& data, size_t num_params,
+                 const std::string& validation_data) const;
   // Rank 0's lines for `rec` when it is a step to log; a failed metrics write is a RuntimeFailure.
   // Warns once, at the first or the last step, when under kFewTargets of the run's input tokens so
   // far were targets (loss masks or document masks that remove nearly everything), and once when

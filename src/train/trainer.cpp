@@ -385,7 +385,7 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   const std::unordered_set<const Node*> gradients = gradient_nodes(prog);
   GradAccumulator accumulated;
   StepLog log(args, start.step, total, cfg, world.rank() == 0);
-  log.run_start(dev, data->describe(), num_params, validation ? validation->data->describe() : "");
+  log.run_start(dev, *prog.graph, data->describe(), num_params, validation ? validation->data->describe() : "");
   const StepThroughput throughput(cfg, mesh.dp, world.size(), dev);
   // Everything the run needs has been read and validated, on every rank (the barrier): only now may
   // the start move checkpoints aside (--start-over, a branch), so a refused run changed nothing.

@@ -710,6 +710,39 @@ inline Vec moe_experts(const Vec& x, const Vec& probs, const Vec& wg, const Vec&
   return y;
 }
 
+// gpt-oss's experts (tests/ref/gpt_oss_ref.py `expert`, `experts`): as moe_experts, each expert
+// with biases bg, bu [E, I], bd [E, C] and the clamped SwiGLU: g = Wg·x + bg, u = Wu·x + bu,
+// out = Wd·((clamp(u, −limit, limit) + 1)·min(g, limit)·σ(alpha·min(g, limit))) + bd.
+inline Vec gpt_oss_experts(const Vec& x, const Vec& probs, const Vec& wg, const Vec& wu, const Vec& wd, const Vec& bg,
+                           const Vec& bu, const Vec& bd, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k,
+                           bool norm, double alpha, double limit) {
+  Vec y(size_t(R * C), 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    const std::vector<int64_t> chosen = topk_experts(probs, r, E, k);
+    double sum = 0;
+    for (int64_t e : chosen) sum += probs[r * E + e];
+    for (int64_t e : chosen) {
+      const double w = norm ? probs[r * E + e] / sum : probs[r * E + e];
+      Vec h(static_cast<size_t>(I));
+      for (int64_t i = 0; i < I; ++i) {
+        double g = bg[e * I + i], u = bu[e * I + i];
+        for (int64_t c = 0; c < C; ++c) {
+          g += wg[(e * I + i) * C + c] * x[r * C + c];
+          u += wu[(e * I + i) * C + c] * x[r * C + c];
+        }
+        g = std::min(g, limit), u = std::max(-limit, std::min(u, limit));
+        h[i] = (u + 1) * g / (1 + std::exp(-alpha * g));
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        double out = bd[e * C + c];
+        for (int64_t i = 0; i < I; ++i) out += wd[(e * C + c) * I + i] * h[i];
+        y[r * C + c] += w * out;
+      }
+    }
+  }
+  return y;
+}
+
 // The router statistics [2, E] of probs [R, E]: each expert's top-k row count, its summed probability.
 inline Vec moe_router_stats(const Vec& probs, int64_t R, int64_t E, int64_t k) {
   Vec y(size_t(2 * E), 0.0);

@@ -102,6 +102,34 @@ inline const std::vector<OpCase>& op_cases() {
                   // rounds y to bf16 after each expert's scatter; not yet run on a GPU.
                   6e-2};
   };
+  // gpt-oss's experts: moe_case's with 4 gate, 4 up [5] and 4 down [6] biases after the weights
+  // and the clamped SwiGLU at limit 1.5 (crossed by these N(0, 1) data; tests/kernels/
+  // test_moe_gptoss.cpp has the ties at the limit). With `ep`, the expert-parallel op over a group
+  // of one, with the same attributes (as graph/passes/expert_parallel makes it).
+  auto gpt_oss_case = [](std::string name, bool ep) {
+    std::vector<InputSpec> in{{{B, S, 6}}, {{B, S, 4}}};
+    for (int i = 0; i < 24; ++i)
+      in.push_back({i < 8 ? SymShape{5, 6} : i < 12 ? SymShape{6, 5} : i < 20 ? SymShape{5} : SymShape{6}});
+    return OpCase{name, ep ? Op::moe_experts_ep : Op::moe_experts, in,
+                  [ep](Builder& b, const std::vector<Node*>& x) {
+                    auto part = [&](int i) { return std::vector<Node*>(x.begin() + 2 + 4 * i, x.begin() + 6 + 4 * i); };
+                    const MoeExpertOptions opt{part(3), part(4), part(5), MoeActivation::clamped_swiglu, 1.702, 1.5};
+                    Node* y = b.moe_experts(x[0], x[1], part(0), part(1), part(2), 2, true, "moe", opt);
+                    if (!ep) return y;
+                    Attrs a = y->attrs();
+                    a.set("group", std::string("ep"));
+                    a.set("group_size", int64_t{1});
+                    Node* y_ep = b.graph().add(Op::moe_experts_ep, y->inputs(), a, "moe_ep");
+                    b.graph().erase(y);
+                    return y_ep;
+                  },
+                  [](const std::vector<Vec>& in, const std::vector<Shape>& sh) {
+                    Vec w[6];
+                    for (int i = 0; i < 24; ++i) w[i / 4].insert(w[i / 4].end(), in[2 + i].begin(), in[2 + i].end());
+                    return naive::gpt_oss_experts(in[0], in[1], w[0], w[1], w[2], w[3], w[4], w[5],
+                                                  naive::numel(sh[0]) / 6, 6, 4, 5, 2, true, 1.702, 1.5);
+                  }};
+  };
   auto gemm_case = [](std::string name, SymShape sa, SymShape sb, bool ta, bool tb) {
     return OpCase{name, Op::matmul, {{sa}, {sb}},
                   [ta, tb](Builder& b, const std::vector<Node*>& x) { return b.matmul(x[0], x[1], ta, tb); },
@@ -364,6 +392,8 @@ inline const std::vector<OpCase>& op_cases() {
       moe_case("moe_experts_norm", true),
       moe_case("moe_experts", false),
       moe_case("moe_experts_ep_norm", true, true),
+      gpt_oss_case("moe_experts_gptoss", false),
+      gpt_oss_case("moe_experts_ep_gptoss", true),
       // Preference training: slots in [-2, 2] (K = 2; 0 is no sequence), some labels ignored.
       OpCase{"sequence_logps", Op::sequence_logps, {{{B, S, 7}}, {{B, S}, true, 7, true}, {{B, S}, true, 3, false, -2}},
              [](Builder& b, const std::vector<Node*>& x) { return b.sequence_logps(x[0], x[1], x[2], 2); },

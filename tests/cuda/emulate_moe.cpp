@@ -29,7 +29,7 @@ TEST_CASE("emulated moe_experts matches the naive loop, and its backward the CPU
   for (int i = 0; i < 3; ++i) ww[i].assign(wf[i].begin(), wf[i].end());
   std::vector<float> y(size_t(R * C));
   cuda::moe_experts_forward<float>(x.data(), p.data(), wp[0].data(), wp[1].data(), wp[2].data(), y.data(), R, C, E, I,
-                                   k, true, nullptr);
+                                   k, true, {}, nullptr);
   const naive::Vec want = naive::moe_experts(xw, pw, ww[0], ww[1], ww[2], R, C, E, I, k, true);
   CHECK(relative_l2(naive::Vec(y.begin(), y.end()), want) < 1e-5);
 
@@ -43,7 +43,7 @@ TEST_CASE("emulated moe_experts matches the naive loop, and its backward the CPU
   auto g = experts(dw, 0), u = experts(dw, 1), d = experts(dw, 2);
   auto gc = experts(dw_cpu, 0), uc = experts(dw_cpu, 1), dc = experts(dw_cpu, 2);
   cuda::moe_experts_backward<float>(dy.data(), x.data(), p.data(), wp[0].data(), wp[1].data(), wp[2].data(), dx.data(),
-                                    dp.data(), g.data(), u.data(), d.data(), R, C, E, I, k, true, nullptr);
+                                    dp.data(), g.data(), u.data(), d.data(), R, C, E, I, k, true, {}, nullptr);
   cpu::moe_experts_backward<float>(dy.data(), x.data(), p.data(), wp[0].data(), wp[1].data(), wp[2].data(),
                                    dx_cpu.data(), dp_cpu.data(), gc.data(), uc.data(), dc.data(), R, C, E, I, k, true);
   auto vec = [](const std::vector<float>& v) { return naive::Vec(v.begin(), v.end()); };

@@ -84,13 +84,15 @@ std::unique_ptr<Built> build(const OpCase& c, DType dt, uint32_t seed) {
 
 // Ops whose CUDA launcher refuses by name: expert parallelism's exchange (docs/decisions.md 164).
 bool cpu_only(Op op) { return op == Op::moe_experts_ep || op == Op::moe_experts_ep_backward; }
+// Cases CUDA refuses by name: those, and gpt-oss's experts (decision 198; checked below).
+bool cpu_only(const OpCase& c) { return cpu_only(c.op) || c.name.find("gptoss") != std::string::npos; }
 
 }  // namespace
 
 TEST_CASE("every op case runs on CUDA through dispatch and matches the CPU, forward and backward", "[dispatch]") {
   for (DType dt : {DType::f32, DType::bf16}) {
     for (const auto& c : op_cases()) {
-      if (cpu_only(c.op)) continue;
+      if (cpu_only(c)) continue;
       DYNAMIC_SECTION(c.name << " " << dtype_name(dt)) {
         auto k = build(c, dt, 11);
         // A graph without leaves runs where its (absent) feeds are, on the CPU (engine/executor.cpp
@@ -125,7 +127,7 @@ TEST_CASE("every op has a CUDA launcher: none says it has no CUDA kernel", "[dis
   std::set<Op> ran;
   for (DType dt : {DType::f32}) {
     for (const auto& c : op_cases()) {
-      if (cpu_only(c.op)) continue;
+      if (cpu_only(c)) continue;
       auto k = build(c, dt, 5);
       for (const auto& n : k->g.nodes()) ran.insert(n->op());
       CHECK_NOTHROW(Executor(k->g).run(upload(k->feeds), single_groups()));
@@ -136,6 +138,15 @@ TEST_CASE("every op has a CUDA launcher: none says it has no CUDA kernel", "[dis
     if (cpu_only(static_cast<Op>(i))) continue;
     INFO("op " << op_name(static_cast<Op>(i)) << " is not reached by any op case or its backward");
     CHECK(ran.count(static_cast<Op>(i)) == 1);
+  }
+}
+
+TEST_CASE("gpt-oss's experts are refused on CUDA by name before any kernel runs", "[dispatch][moe]") {
+  for (const auto& c : op_cases()) {
+    if (c.name != "moe_experts_gptoss") continue;
+    auto k = build(c, DType::f32, 5);
+    CHECK_THROWS_WITH(Executor(k->g).run(upload(k->feeds), single_groups()),
+                      Catch::Contains("[moe_experts] moe") && Catch::Contains("have no CUDA kernel yet"));
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "common/op_cases.h"
 #include "graph/verify.h"
+#include "engine/dispatch.h"
 #include "engine/executor.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
@@ -520,4 +521,29 @@ TEST_CASE("the executor frees intermediates after their last use", "[executor]")
   RunResult r = ex.run({{"x", in}});
   CHECK(r.peak_bytes >= 3 * in.nbytes());
   CHECK(r.peak_bytes < 4 * in.nbytes());  // input + at most two live values
+}
+
+// The run log names the bf16 program's ops that are emulated (engine/dispatch.h
+// cpu_bf16_emulated_ops): here a silu (read bf16 everywhere), a matmul (on the bf16 units where the
+// CPU has them, else widened) and the router statistics (no bf16 launcher); an f32 program has none.
+TEST_CASE("the bf16 run log names the program's emulated ops", "[executor][bf16]") {
+  for (const DType dt : {DType::bf16, DType::f32}) {
+    Graph g;
+    Builder b(g);
+    Node* x = b.input("x", dt, {8, 4}, Role::none);
+    Node* w = b.input("w", dt, {4, 4}, Role::none);
+    Node* y = b.matmul(b.silu(x), w, false, true);
+    g.add_output(y);
+    g.add_output(b.moe_router_stats(b.softmax(y), 2));
+    std::vector<std::string> want;
+    if (dt == DType::bf16) {
+      if (cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) want.push_back("matmul");
+      want.push_back("moe_router_stats");
+    }
+    INFO(dtype_name(dt));
+    CHECK(cpu_bf16_emulated_ops(g) == want);
+    const std::string line = cpu_bf16_numerics(g);
+    for (const std::string& op : want) CHECK_THAT(line, Catch::Contains(op));
+    CHECK_THAT(line, !Catch::Contains("silu"));
+  }
 }

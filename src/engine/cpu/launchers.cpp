@@ -201,6 +201,8 @@ T* planned_workspace(const KernelCall& c, size_t bytes) {
                                                                 : nullptr;
 }
 
+constexpr bool kMoeOptions = true;  // kernels/cpu/moe.h takes gpt-oss's expert options
+
 }  // namespace
 
 #include "engine/launchers.inc.h"  // the shared launchers and the launcher table
@@ -357,23 +359,24 @@ Tensor all_reduce(const KernelCall& c) {
 
 // ---- the experts over an expert group (engine/expert_parallel.h: the exchange) ----
 
-// x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights → y [..., C].
+// x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights (and biases) → y [..., C].
 Tensor moe_experts_ep(const KernelCall& c) {
   return by_float(c, c.in[0].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, false);
     moe_ep_forward<T>(group(c), c.alloc, ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(), m.w.down.data(),
-                      ptr<T>(m.out), m.R, m.C, m.E, m.w.I, m.k, m.norm);
+                      ptr<T>(m.out), m.R, m.C, m.E, m.w.I, m.k, m.norm, m.opt);
     return m.out;
   });
 }
 
-// dx; extra outputs dprobs, then each local expert weight's gradient. Inputs: dy, x, probs, the weights.
+// dx; extra outputs dprobs, then each local expert weight's and bias's gradient. Inputs: dy, x,
+// probs, the weights, the biases.
 Tensor moe_experts_ep_backward(const KernelCall& c) {
   return by_float(c, c.in[1].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, true);
     moe_ep_backward<T>(group(c), c.alloc, ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
                        m.w.down.data(), ptr<T>(m.out), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
-                       m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm);
+                       m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm, m.opt);
     return m.out;
   });
 }
@@ -1087,6 +1090,12 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::sequence_logps, sequence_logps_bf16, 1, false},
     {Op::sequence_logps_backward, sequence_logps_backward_bf16, 1, false},
 };
+
+bool has_native_bf16(Op op) {
+  for (const NativeBf16Row& row : kNativeBf16)
+    if (row.op == op) return !row.gemm || cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
+  return false;
+}
 
 KernelFn native_bf16(const KernelCall& c) {
   for (const NativeBf16Row& row : kNativeBf16) {

@@ -45,12 +45,13 @@ PassResult expert_parallel(Graph& g, const PassContext& ctx) {
   const int64_t G = ctx.ep_size, r = ctx.ep_rank;
   for (Node* n : moe) {
     const std::vector<Node*> in = n->inputs();
-    const int64_t E = static_cast<int64_t>(in.size() - 2) / 3;
+    const int64_t per = moe_params_per_expert(*n);  // weights, and gpt-oss's biases
+    const int64_t E = static_cast<int64_t>(in.size() - 2) / per;
     if (E % G != 0)
       throw UsageError(str("moe.expert_parallel_size ", G, " does not divide the ", E, " experts of ", n->name()));
     const int64_t L = E / G;
     std::vector<Node*> kept{in[0], in[1]}, dropped;
-    for (int64_t which = 0; which < 3; ++which)
+    for (int64_t which = 0; which < per; ++which)
       for (int64_t e = 0; e < E; ++e) {
         Node* w = in[size_t(2 + which * E + e)];
         (e / L == r ? kept : dropped).push_back(w);

@@ -3,6 +3,8 @@
 //   y = moe_experts(x, probs, E gates, E ups, E downs)            x [B, S/P, C], probs [B, S/P, E]
 // becomes
 //   y = moe_experts_ep(x, probs, L gates, L ups, L downs, group=ep, group_size=G)
+// (gpt-oss's experts: their L gate, up and down biases after the weights, and the activation's
+// attributes kept, so the owner applies them: engine/expert_parallel.h)
 // with L = E / G: rank g of its expert group keeps experts [g·L, (g+1)·L) and the other experts'
 // parameter nodes are erased, so the rank holds and trains 1/G of the experts (checkpoints still
 // hold them all: train/train_state.cpp ParamGroups gathers them). The

@@ -8,6 +8,8 @@
 // The backward computes each slot's weight gradient g = dy·ye = (dy·Wd)·h from the same block as
 // the MLP's backward (d = dy·Wd unweighted, then dh = w·d), so an expert costs seven GEMMs: gate
 // and up recomputed, d, dWd, dx twice, dWg and dWu; the expert's output ye is never rebuilt.
+// gpt-oss's options (kinds.h MoeOptions) add the biases in passes over the GEMMs' outputs and
+// pick the clamped activation; Mixtral's experts run exactly the code they ran before.
 #include "kernels/cpu/moe.h"
 
 #include <algorithm>
@@ -90,6 +92,78 @@ double swiglu_grad_row(double* g, double* u, const double* d, double* h, double 
   return dot;
 }
 
+// gpt-oss's clamped SwiGLU (kernels/kinds.h MoeOptions), lane by lane as above, with the alpha and
+// limit as vectors A and L: gc = min(g, L), uc = clamp(u, −L, L), h = (uc + 1)·gc·σ(A·gc).
+template <class V>
+[[gnu::always_inline]] inline V clamped_glu(V g, V u, V A, V L) {
+  const V gc = g > L ? L : g, uc = u > L ? L : (u < -L ? -L : u);
+  return (uc + 1) * gc * sigmoid(A * gc);
+}
+// Its backward pass, as swiglu_grad: dgc = dh·(uc + 1)·s·(1 + A·gc·(1 − s)) with s = σ(A·gc),
+// duc = dh·gc·s, each 0 where its clamp cut (g > L; u outside [−L, L]: torch.clamp's gradient).
+template <class V>
+[[gnu::always_inline]] inline V clamped_glu_grad(V& g, V& u, V d, V& h, V w, V A, V L) {
+  const V gc = g > L ? L : g, uc = u > L ? L : (u < -L ? -L : u);
+  const V s = sigmoid(A * gc), glu = gc * s, dh = w * d;
+  const V hv = (uc + 1) * glu, dot = d * hv;
+  h = w * hv;
+  const V dg = dh * (uc + 1) * (s * (1 + A * gc * (1 - s)));
+  const V du = dh * glu;
+  const V zero{};
+  g = g <= L ? dg : zero;
+  u = (u >= -L) & (u <= L) ? du : zero;
+  return dot;
+}
+AUTOSP_VEC16_CLONES void clamped_row(const float* g, const float* u, float* h, int64_t I, float alpha, float limit) {
+  const f32x16 A = splat(alpha), L = splat(limit);
+  int64_t i = 0;
+  for (; i + 16 <= I; i += 16) store(h + i, clamped_glu(load(g + i), load(u + i), A, L));
+  if (i < I) store_part(h + i, clamped_glu(load_part(g + i, I - i, 0.0f), load_part(u + i, I - i, 0.0f), A, L), I - i);
+}
+void clamped_row(const double* g, const double* u, double* h, int64_t I, double alpha, double limit) {
+  for (int64_t i = 0; i < I; ++i) h[i] = clamped_glu(g[i], u[i], alpha, limit);
+}
+AUTOSP_VEC16_CLONES double clamped_grad_row(float* g, float* u, const float* d, float* h, float w, int64_t I,
+                                            float alpha, float limit) {
+  const f32x16 A = splat(alpha), L = splat(limit);
+  f32x16 dot = splat(0.0f);
+  int64_t i = 0;
+  for (; i + 16 <= I; i += 16) {
+    f32x16 gv = load(g + i), uv = load(u + i), hv;
+    dot += clamped_glu_grad(gv, uv, load(d + i), hv, splat(w), A, L);
+    store(g + i, gv), store(u + i, uv), store(h + i, hv);
+  }
+  if (i < I) {  // the padding lanes are 0: they add 0 to the dot
+    const int64_t n = I - i;
+    f32x16 gv = load_part(g + i, n, 0.0f), uv = load_part(u + i, n, 0.0f), hv;
+    dot += clamped_glu_grad(gv, uv, load_part(d + i, n, 0.0f), hv, splat(w), A, L);
+    store_part(g + i, gv, n), store_part(u + i, uv, n), store_part(h + i, hv, n);
+  }
+  float sum = 0.0f;
+  for (int l = 0; l < 16; ++l) sum += dot[l];
+  return double(sum);
+}
+double clamped_grad_row(double* g, double* u, const double* d, double* h, double w, int64_t I, double alpha,
+                        double limit) {
+  double dot = 0;
+  for (int64_t i = 0; i < I; ++i) dot += clamped_glu_grad(g[i], u[i], d[i], h[i], w, alpha, limit);
+  return dot;
+}
+
+// The expert's activation over row a of the [r, I] blocks: h = act(g, u) (h may alias g) ...
+template <class T>
+void activate_row(const Expert<T>& ex, const T* g, const T* u, T* h, int64_t I) {
+  if (ex.clamped)
+    clamped_row(g, u, h, I, T(ex.alpha), T(ex.limit));
+  else
+    swiglu_row(g, u, h, I);
+}
+// ... and its backward (g ← dg, u ← du, h ← w·h; returns d·h).
+template <class T>
+double activate_grad_row(const Expert<T>& ex, T* g, T* u, const T* d, T* h, T w, int64_t I) {
+  return ex.clamped ? clamped_grad_row(g, u, d, h, w, I, T(ex.alpha), T(ex.limit)) : swiglu_grad_row(g, u, d, h, w, I);
+}
+
 // ---- one expert ----
 
 // One expert's share of the routing: its slots slot[0, n) (row = slot / k) and their weights.
@@ -119,48 +193,82 @@ void scatter_add(const Rows& rows, const T* src, T* out, int64_t C, bool weighte
   }
 }
 
+// m [r, n] += the bias b [n] on every row (b null: nothing).
+template <class T>
+void add_bias(T* m, const T* b, int64_t r, int64_t n) {
+  if (!b) return;
+#pragma omp parallel for schedule(static) if (r * n > kGrain)
+  for (int64_t a = 0; a < r; ++a)
+    for (int64_t i = 0; i < n; ++i) m[a * n + i] += b[i];
+}
+
+// acc [n] += Σ_a scale(a) · m[a, :] over the rows of m [r, n] (a bias's gradient), each column
+// summed in row order by one thread, so the sums do not depend on the thread count.
+template <class T, class Scale>
+void sum_rows(const T* m, int64_t r, int64_t n, const Scale& scale, double* acc) {
+  constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static) if (r * n > kGrain)
+  for (int64_t i0 = 0; i0 < n; i0 += kCols)
+    for (int64_t a = 0; a < r; ++a) {
+      const double sa = scale(a);
+      for (int64_t i = i0; i < std::min(n, i0 + kCols); ++i) acc[i] += sa * double(m[a * n + i]);
+    }
+}
+
 // C [M, N] = op(A) · op(B) + beta · C, one GEMM.
 template <class T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, const T* b, T beta, T* c) {
   gemm_batched<T>(ta, tb, 1, M, N, K, T(1), a, 0, b, 0, beta, c, 0);
 }
 
-// The scratch of one chunk of up to `rows` rows: g, u, d, h [rows, I]; xe, ye [rows, C].
+// The scratch of one chunk of up to `rows` rows: g, u, d, h [rows, I]; xe, ye [rows, C]; the
+// backward's bias gradient sums (I, I, C).
 template <class T>
 struct Scratch {
   std::vector<T> g, u, d, h, xe, ye;
+  std::vector<double> dbg, dbu, dbd;
   Scratch(int64_t rows, int64_t C, int64_t I, bool backward)
       : g(size_t(rows * I)), u(g.size()), d(backward ? g.size() : 0), h(backward ? g.size() : 0),
         xe(size_t(rows * C)), ye(xe.size()) {}
 };
 
-// y[row] += w · swiglu_e(x[row]) for the expert's rows, a chunk at a time.
+// The gate and up projections of the chunk's rows xe [r, C], with their biases: g, u [r, I].
 template <class T>
-void expert_forward(const Rows& all, const T* x, const T* wg, const T* wu, const T* wd, T* y, Scratch<T>& s,
-                    int64_t C, int64_t I) {
+void project(const Expert<T>& ex, Scratch<T>& s, int64_t r, int64_t C, int64_t I) {
+  gemm<T>(false, true, r, I, C, s.xe.data(), ex.wg, T(0), s.g.data());  // g = xe · Wgᵀ + bg
+  gemm<T>(false, true, r, I, C, s.xe.data(), ex.wu, T(0), s.u.data());  // u = xe · Wuᵀ + bu
+  add_bias(s.g.data(), ex.bg, r, I);
+  add_bias(s.u.data(), ex.bu, r, I);
+}
+
+// y[row] += w · expert(x[row]) for the expert's rows, a chunk at a time.
+template <class T>
+void expert_forward(const Rows& all, const T* x, const Expert<T>& ex, T* y, Scratch<T>& s, int64_t C, int64_t I) {
   for (int64_t r0 = 0; r0 < all.n; r0 += kernels::kMlpChunkRows) {
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
     gather(rows, x, s.xe.data(), C);
-    gemm<T>(false, true, r, I, C, s.xe.data(), wg, T(0), s.g.data());  // g = xe · Wgᵀ
-    gemm<T>(false, true, r, I, C, s.xe.data(), wu, T(0), s.u.data());  // u = xe · Wuᵀ
+    project(ex, s, r, C, I);
     T *g = s.g.data(), *u = s.u.data();
 #pragma omp parallel for schedule(static) if (r * I > kGrain)
-    for (int64_t a = 0; a < r; ++a) swiglu_row(g + a * I, u + a * I, g + a * I, I);
-    gemm<T>(false, true, r, C, I, g, wd, T(0), s.ye.data());  // ye = h · Wdᵀ
+    for (int64_t a = 0; a < r; ++a) activate_row(ex, g + a * I, u + a * I, g + a * I, I);
+    gemm<T>(false, true, r, C, I, g, ex.wd, T(0), s.ye.data());  // ye = h · Wdᵀ + bd
+    add_bias(s.ye.data(), ex.bd, r, C);
     scatter_add(rows, s.ye.data(), y, C, true);
   }
 }
 
 // The expert's part of the backward: dx[row] += its dx rows, grad[slot] = dy[row] · ye[slot], and
-// its weight gradients (overwritten; zero without rows), a chunk at a time.
+// its weight and bias gradients (overwritten; zero without rows), a chunk at a time.
 template <class T>
-void expert_backward(const Rows& all, const T* dy, const T* x, const T* wg, const T* wu, const T* wd, T* dx,
-                     double* grad, T* dwg, T* dwu, T* dwd, Scratch<T>& s, int64_t C, int64_t I) {
-  if (all.n == 0) {
-    for (T* dw : {dwg, dwu, dwd}) std::fill(dw, dw + I * C, T(0));
-    return;
+void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& ex, T* dx, double* grad,
+                     Scratch<T>& s, int64_t C, int64_t I) {
+  const bool biased = ex.bg != nullptr;
+  if (biased) {
+    s.dbg.assign(size_t(I), 0.0), s.dbu.assign(size_t(I), 0.0), s.dbd.assign(size_t(C), 0.0);
   }
+  if (all.n == 0)
+    for (T* dw : {ex.dwg, ex.dwu, ex.dwd}) std::fill(dw, dw + I * C, T(0));
   for (int64_t r0 = 0; r0 < all.n; r0 += kernels::kMlpChunkRows) {
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
@@ -168,20 +276,32 @@ void expert_backward(const Rows& all, const T* dy, const T* x, const T* wg, cons
     T *g = s.g.data(), *u = s.u.data(), *d = s.d.data(), *h = s.h.data(), *xe = s.xe.data(), *de = s.ye.data();
     gather(rows, x, xe, C);
     gather(rows, dy, de, C);
-    gemm<T>(false, true, r, I, C, xe, wg, T(0), g);   // g = xe · Wgᵀ
-    gemm<T>(false, true, r, I, C, xe, wu, T(0), u);   // u = xe · Wuᵀ
-    gemm<T>(false, false, r, I, C, de, wd, T(0), d);  // d = dy_e · Wd
+    project(ex, s, r, C, I);
+    gemm<T>(false, false, r, I, C, de, ex.wd, T(0), d);  // d = dy_e · Wd
 #pragma omp parallel for schedule(static) if (r * I > kGrain)
     for (int64_t a = 0; a < r; ++a) {
       const int64_t slot = rows.slot[a];
-      grad[slot] = swiglu_grad_row(g + a * I, u + a * I, d + a * I, h + a * I, T(rows.weight[slot]), I);
+      double dot = activate_grad_row(ex, g + a * I, u + a * I, d + a * I, h + a * I, T(rows.weight[slot]), I);
+      if (biased)  // ye = h · Wdᵀ + bd: the bias's share of dy · ye
+        for (int64_t c = 0; c < C; ++c) dot += double(de[a * C + c]) * double(ex.bd[c]);
+      grad[slot] = dot;
     }
-    gemm<T>(true, false, C, I, r, de, h, beta, dwd);  // dWd += dy_eᵀ · (w ∘ h)
-    gemm<T>(false, false, r, C, I, g, wg, T(0), de);  // dx_e = dg · Wg + du · Wu (into dy_e's buffer)
-    gemm<T>(false, false, r, C, I, u, wu, T(1), de);
-    gemm<T>(true, false, I, C, r, g, xe, beta, dwg);  // dWg += dgᵀ · xe
-    gemm<T>(true, false, I, C, r, u, xe, beta, dwu);  // dWu += duᵀ · xe
+    if (biased) {  // dbd = Σ w·dy_e, dbg = Σ dg, dbu = Σ du
+      sum_rows(de, r, C, [&](int64_t a) { return double(T(rows.weight[rows.slot[a]])); }, s.dbd.data());
+      sum_rows(g, r, I, [](int64_t) { return 1.0; }, s.dbg.data());
+      sum_rows(u, r, I, [](int64_t) { return 1.0; }, s.dbu.data());
+    }
+    gemm<T>(true, false, C, I, r, de, h, beta, ex.dwd);  // dWd += dy_eᵀ · (w ∘ h)
+    gemm<T>(false, false, r, C, I, g, ex.wg, T(0), de);  // dx_e = dg · Wg + du · Wu (into dy_e's buffer)
+    gemm<T>(false, false, r, C, I, u, ex.wu, T(1), de);
+    gemm<T>(true, false, I, C, r, g, xe, beta, ex.dwg);  // dWg += dgᵀ · xe
+    gemm<T>(true, false, I, C, r, u, xe, beta, ex.dwu);  // dWu += duᵀ · xe
     scatter_add(rows, de, dx, C, false);
+  }
+  if (biased) {
+    std::transform(s.dbg.begin(), s.dbg.end(), ex.dbg, [](double v) { return T(v); });
+    std::transform(s.dbu.begin(), s.dbu.end(), ex.dbu, [](double v) { return T(v); });
+    std::transform(s.dbd.begin(), s.dbd.end(), ex.dbd, [](double v) { return T(v); });
   }
 }
 
@@ -189,39 +309,85 @@ Rows rows_of(const kernels::MoeRouting& r, int64_t e) {
   return Rows{r.slot.data() + r.offset[e], r.rows_of(e), r.k, r.weight.data()};
 }
 
-int64_t chunk_rows(const kernels::MoeRouting& r) { return std::min(r.max_rows(), kernels::kMlpChunkRows); }
+int64_t chunk_rows(int64_t rows) { return std::min(rows, kernels::kMlpChunkRows); }
+
+// The rows 0 .. n − 1 of a contiguous block as Rows (slot a is row a), weights w (null: 1).
+struct Block {
+  std::vector<int64_t> slot;
+  std::vector<double> ones;
+  Rows rows;
+  Block(int64_t n, const double* w) : slot(size_t(n)), ones(w ? 0 : size_t(n), 1.0) {
+    for (int64_t a = 0; a < n; ++a) slot[size_t(a)] = a;
+    rows = Rows{slot.data(), n, 1, w ? w : ones.data()};
+  }
+};
 
 }  // namespace
 
 template <class T>
+Expert<T> Expert<T>::of(const T* const* w_gate, const T* const* w_up, const T* const* w_down,
+                        const kernels::MoeOptions<T>& opt, int64_t e) {
+  Expert<T> ex{.wg = w_gate[e], .wu = w_up[e], .wd = w_down[e]};
+  if (opt.b_gate) ex.bg = opt.b_gate[e], ex.bu = opt.b_up[e], ex.bd = opt.b_down[e];
+  if (opt.db_gate) ex.dbg = opt.db_gate[e], ex.dbu = opt.db_up[e], ex.dbd = opt.db_down[e];
+  ex.clamped = opt.clamped, ex.alpha = opt.alpha, ex.limit = opt.limit;
+  return ex;
+}
+
+template <class T>
 void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
-                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
+                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                         const kernels::MoeOptions<T>& opt) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
-  Scratch<T> s(chunk_rows(r), C, I, false);
+  Scratch<T> s(chunk_rows(r.max_rows()), C, I, false);
   std::fill(y, y + R * C, T(0));
-  for (int64_t e = 0; e < E; ++e) expert_forward(rows_of(r, e), x, w_gate[e], w_up[e], w_down[e], y, s, C, I);
+  for (int64_t e = 0; e < E; ++e)
+    expert_forward(rows_of(r, e), x, Expert<T>::of(w_gate, w_up, w_down, opt, e), y, s, C, I);
 }
 
 template <class T>
 void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
                           const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
-                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
+                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                          const kernels::MoeOptions<T>& opt) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
-  Scratch<T> s(chunk_rows(r), C, I, true);
+  Scratch<T> s(chunk_rows(r.max_rows()), C, I, true);
   std::vector<double> g(size_t(R * k));  // the gradient of each slot's weight
   std::fill(dx, dx + R * C, T(0));
-  for (int64_t e = 0; e < E; ++e)
-    expert_backward(rows_of(r, e), dy, x, w_gate[e], w_up[e], w_down[e], dx, g.data(), dw_gate[e], dw_up[e],
-                    dw_down[e], s, C, I);
+  for (int64_t e = 0; e < E; ++e) {
+    Expert<T> ex = Expert<T>::of(w_gate, w_up, w_down, opt, e);
+    ex.dwg = dw_gate[e], ex.dwu = dw_up[e], ex.dwd = dw_down[e];
+    expert_backward(rows_of(r, e), dy, x, ex, dx, g.data(), s, C, I);
+  }
   kernels::moe_probs_grad(r, norm, g.data(), dprobs);
 }
 
+template <class T>
+void expert_rows_forward(const T* x, const Expert<T>& ex, T* y, int64_t n, int64_t C, int64_t I) {
+  const Block b(n, nullptr);
+  Scratch<T> s(chunk_rows(n), C, I, false);
+  expert_forward(b.rows, x, ex, y, s, C, I);
+}
+
+template <class T>
+void expert_rows_backward(const T* dy, const T* x, const double* w, const Expert<T>& ex, T* dx, double* g, int64_t n,
+                          int64_t C, int64_t I) {
+  const Block b(n, w);
+  Scratch<T> s(chunk_rows(n), C, I, true);
+  expert_backward(b.rows, dy, x, ex, dx, g, s, C, I);
+}
+
 #define AUTOSP_MOE(T)                                                                                                \
+  template struct Expert<T>;                                                                                         \
   template void moe_experts_forward<T>(const T*, const T*, const T* const*, const T* const*, const T* const*, T*,    \
-                                       int64_t, int64_t, int64_t, int64_t, int64_t, bool);                           \
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, bool,                            \
+                                       const kernels::MoeOptions<T>&);                                               \
   template void moe_experts_backward<T>(const T*, const T*, const T*, const T* const*, const T* const*,             \
                                         const T* const*, T*, T*, T* const*, T* const*, T* const*, int64_t, int64_t, \
-                                        int64_t, int64_t, int64_t, bool);
+                                        int64_t, int64_t, int64_t, bool, const kernels::MoeOptions<T>&);             \
+  template void expert_rows_forward<T>(const T*, const Expert<T>&, T*, int64_t, int64_t, int64_t);                  \
+  template void expert_rows_backward<T>(const T*, const T*, const double*, const Expert<T>&, T*, double*, int64_t,  \
+                                        int64_t, int64_t);
 AUTOSP_MOE(float)
 AUTOSP_MOE(double)
 #undef AUTOSP_MOE

@@ -10,22 +10,56 @@
 // rows: gather them, the SwiGLU MLP's GEMMs on them (the dense matmul's gemm_batched) with the
 // activation in one vectorised pass, then the weighted scatter-add into y, experts in index order
 // (transformers' loop), so the sums do not depend on the thread count.
+//
+// gpt-oss's experts take kernels/kinds.h MoeOptions: per-expert biases (b_gate, b_up added to the
+// projections before the activation, b_down to the expert's output, so the router's gradient
+// dy · output includes dy · b_down) and the clamped SwiGLU. The backward writes the biases'
+// gradients (each summed over the expert's rows, in double) where the options point.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/kinds.h"
+
 namespace autosp::cpu {
+
+// One expert's parameters (biases null: none), for a backward the gradients it writes, and the
+// activation: what the per-expert functions below take.
+template <class T>
+struct Expert {
+  const T *wg = nullptr, *wu = nullptr, *wd = nullptr, *bg = nullptr, *bu = nullptr, *bd = nullptr;
+  T *dwg = nullptr, *dwu = nullptr, *dwd = nullptr, *dbg = nullptr, *dbu = nullptr, *dbd = nullptr;
+  bool clamped = false;
+  double alpha = 1.702, limit = 7.0;
+  // Expert e of the weight arrays and the options (its biases and bias gradients where they point).
+  static Expert of(const T* const* w_gate, const T* const* w_up, const T* const* w_down,
+                   const kernels::MoeOptions<T>& opt, int64_t e);
+};
 
 template <class T>
 void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
-                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm);
+                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                         const kernels::MoeOptions<T>& opt = {});
 
 // dx [R, C], dprobs [R, E], per expert dw_gate[e], dw_up[e] [I, C], dw_down[e] [C, I] (overwritten). Each expert's
 // gate and up projections are recomputed from x (seven GEMMs per expert); dprobs is moe_probs_grad of
-// g = dy[r] · swiglu_e(x[r]), taken as (dy[r] · w_down[e]) · h, so the expert's output is not rebuilt.
+// g = dy[r] · expert_e(x[r]), taken as (dy[r] · w_down[e]) · h (+ dy[r] · b_down[e]), so the
+// expert's output is not rebuilt.
 template <class T>
 void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
                           const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
-                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm);
+                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                          const kernels::MoeOptions<T>& opt = {});
+
+// One expert on n rows held contiguously (expert parallelism's owner, engine/expert_parallel.h),
+// by the same chunked code: y [n, C] += expert(x[a]) ...
+template <class T>
+void expert_rows_forward(const T* x, const Expert<T>& ex, T* y, int64_t n, int64_t C, int64_t I);
+// ... and its backward: dx [n, C] += the rows' dx, g[a] = dy[a] · expert(x[a]) (the gradient of
+// row a's routing weight), the expert's weight and bias gradients (overwritten); dy [n, C] is
+// unweighted, w [n] the rows' routing weights.
+template <class T>
+void expert_rows_backward(const T* dy, const T* x, const double* w, const Expert<T>& ex, T* dx, double* g, int64_t n,
+                          int64_t C, int64_t I);
 
 }  // namespace autosp::cpu

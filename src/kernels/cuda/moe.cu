@@ -108,7 +108,8 @@ struct DeviceRouting {
 template <class T>
 void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
                          const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
-                         cudaStream_t s) {
+                         const kernels::MoeOptions<T>& opt, cudaStream_t s) {
+  AUTOSP_ASSERT(opt.plain(), "moe_experts_forward: gpt-oss's expert options have no CUDA kernel");
   const kernels::MoeRouting r = route(probs, R, E, k, norm, s);
   const DeviceRouting<T> d(r, s);
   const int64_t n_max = std::max<int64_t>(1, r.max_rows()), chunk = kernels::kMlpChunkRows;
@@ -131,7 +132,8 @@ template <class T>
 void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
                           const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
                           T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
-                          cudaStream_t s) {
+                          const kernels::MoeOptions<T>& opt, cudaStream_t s) {
+  AUTOSP_ASSERT(opt.plain(), "moe_experts_backward: gpt-oss's expert options have no CUDA kernel");
   const kernels::MoeRouting r = route(probs, R, E, k, norm, s);
   const DeviceRouting<T> d(r, s);
   const int64_t n_max = std::max<int64_t>(1, r.max_rows()), chunk = kernels::kMlpChunkRows;
@@ -179,10 +181,12 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
 
 #define AUTOSP_INSTANTIATE(T)                                                                                       \
   template void moe_experts_forward<T>(const T*, const T*, const T* const*, const T* const*, const T* const*, T*,  \
-                                       int64_t, int64_t, int64_t, int64_t, int64_t, bool, cudaStream_t);            \
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, bool,                          \
+                                       const kernels::MoeOptions<T>&, cudaStream_t);                               \
   template void moe_experts_backward<T>(const T*, const T*, const T*, const T* const*, const T* const*,           \
                                         const T* const*, T*, T*, T* const*, T* const*, T* const*, int64_t,         \
-                                        int64_t, int64_t, int64_t, int64_t, bool, cudaStream_t);
+                                        int64_t, int64_t, int64_t, int64_t, bool, const kernels::MoeOptions<T>&,   \
+                                        cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)
 AUTOSP_INSTANTIATE(bf16)

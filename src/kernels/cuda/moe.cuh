@@ -7,21 +7,24 @@
 //
 // x, y, dy, dx [R, C]; probs, dprobs [R, E]; per expert e (host arrays of device pointers)
 // w_gate[e], w_up[e] [I, C], w_down[e] [C, I] and their gradients. T is float, double or bf16.
+// gpt-oss's options (kernels/kinds.h MoeOptions: biases, the clamped SwiGLU) have no CUDA kernel
+// yet: the launcher refuses them by name (decision 198), and these assert `opt.plain()`.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/kinds.h"
 
 namespace autosp::cuda {
 
 template <class T>
 void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
                          const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
-                         cudaStream_t stream);
+                         const kernels::MoeOptions<T>& opt, cudaStream_t stream);
 
 template <class T>
 void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
                           const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
                           T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
-                          cudaStream_t stream);
+                          const kernels::MoeOptions<T>& opt, cudaStream_t stream);
 
 }  // namespace autosp::cuda
