@@ -85,6 +85,8 @@ TEST_CASE("each family's graph has the parameters its row says", "[models][famil
       CHECK(has_suffix(names, "post_feedforward_layernorm.weight") == f.sandwich_norms);
       CHECK(has_suffix(names, "experts.1.w3.weight") == (f.moe == Moe::mixtral));
       CHECK(has_suffix(names, "mlp.experts.1.up_proj.weight") == (f.moe == Moe::qwen || f.moe == Moe::gpt_oss));
+      CHECK(has_suffix(names, "mlp.experts.1.up_proj.bias") == (f.moe == Moe::gpt_oss));  // gpt-oss's experts' biases
+      CHECK(has_suffix(names, "mlp.router.bias") == (f.moe == Moe::gpt_oss));
       CHECK(has_suffix(names, "self_attn.sinks") == present(f.sinks, false));
       CHECK(has_suffix(names, "mlp.shared_expert_gate.weight") == f.shared_expert);
       const std::vector<std::string> scopes = layer_scopes(m);
