@@ -886,7 +886,7 @@ namespace {
 void check_moe(const ModelConfig& m, const std::function<void(const std::string&)>& bad) {
   const Family& f = family(m.arch);
   if (f.moe == Moe::none) return;
-  const char* experts = f.moe == Moe::mixtral ? "model.num_local_experts" : "model.num_experts";
+  const std::string experts = str("model.", experts_key(f.moe));
   if (m.num_experts_per_tok > m.num_experts)
     bad(str("model.num_experts_per_tok ", m.num_experts_per_tok, " exceeds ", experts, " ", m.num_experts,
             " (each token chooses that many distinct experts)"));
@@ -919,7 +919,7 @@ void check_expert_parallel(const Config& c, const std::function<void(const std::
     bad(str("moe.expert_parallel_size ", E, " needs a mixture of experts; model.arch \"", f.name, "\" has none"));
     return;
   }
-  const char* experts = f.moe == Moe::mixtral ? "model.num_local_experts" : "model.num_experts";
+  const std::string experts = str("model.", experts_key(f.moe));
   if (c.model.num_experts % E != 0)
     bad(str("moe.expert_parallel_size ", E, " does not divide ", experts, " ", c.model.num_experts,
             " (each rank of an expert group holds the same number of experts)"));

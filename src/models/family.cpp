@@ -29,8 +29,8 @@ constexpr Family kGpt2{
 constexpr Family kLlama{
     .arch = Arch::llama, .name = "llama", .layout = Layout::llama, .norm = Norm::rmsnorm,
     .positions = Positions::rope, .mlp = Mlp::swiglu, .qkv_bias = Presence::by_key, .o_bias = Presence::by_key,
-    .mlp_bias = Presence::by_key, .qk_norm = false, .gqa = true, .tied_head = Presence::by_key,
-    .window = Window::none, .padding_idx = true, .norm_eps = 1e-6, .embedding = "model.embed_tokens.weight",
+    .mlp_bias = Presence::by_key, .sinks = Presence::by_key, .qk_norm = false, .gqa = true,
+    .tied_head = Presence::by_key, .window = Window::none, .padding_idx = true, .norm_eps = 1e-6, .embedding = "model.embed_tokens.weight",
     .optional_prefix = "",
     .buffers = {}, .layer_scope = "l", .hf_config_class = "LlamaConfig", .hf_model_class = "LlamaForCausalLM",
     .hf_class_prefix = "Llama", .linear_modules = kLlamaLinear, .lora_default_targets = kLlamaLoraDefault};
@@ -106,8 +106,22 @@ constexpr Family gemma3_text() {
   return f;
 }
 
-constexpr std::array<Family, kNumArchs> kFamilies{kGpt2,     kLlama,      mistral(),   qwen2(),    qwen3(),
-                                                  mixtral(), qwen2_moe(), qwen3_moe(), gemma2(), gemma3_text()};
+// gpt-oss: Llama with q/k/v/o biases (GptOssConfig's attention_bias, which every gpt-oss sets),
+// sinks, alternating 128-token windows and its own mixture of experts (models/moe.h).
+constexpr Family gpt_oss() {
+  Family f = member(kLlama, Arch::gpt_oss, "gpt_oss", "GptOssConfig", "GptOssForCausalLM");
+  f.qkv_bias = f.o_bias = Presence::always;
+  f.mlp_bias = Presence::never;
+  f.sinks = Presence::always;
+  f.window = Window::alternating;
+  f.moe = Moe::gpt_oss;
+  f.norm_eps = 1e-5;
+  return f;
+}
+
+constexpr std::array<Family, kNumArchs> kFamilies{kGpt2,     kLlama,      mistral(),   qwen2(),  qwen3(),
+                                                  mixtral(), qwen2_moe(), qwen3_moe(), gemma2(), gemma3_text(),
+                                                  gpt_oss()};
 
 constexpr bool rows_in_order() {
   for (size_t i = 0; i < kFamilies.size(); ++i)

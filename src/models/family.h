@@ -16,8 +16,8 @@
 namespace autosp {
 
 // The architectures, named as Hugging Face's model_type (Family::name), in the table's order.
-enum class Arch { gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3_text };
-inline constexpr size_t kNumArchs = static_cast<size_t>(Arch::gemma3_text) + 1;  // name the last value here
+enum class Arch { gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3_text, gpt_oss };
+inline constexpr size_t kNumArchs = static_cast<size_t>(Arch::gpt_oss) + 1;  // name the last value here
 
 // Which builder records the graph: GPT-2's (wpe, LayerNorm, one fused c_attn Conv1D, GELU MLP,
 // names under "transformer.") or the Llama family's (RoPE, RMSNorm, q/k/v/o Linear, SwiGLU MLP,
@@ -34,13 +34,17 @@ enum class Presence { never, always, by_key };
 // The sliding window: none (the HF config has no window), a key that applies whenever it is set
 // (Mistral's sliding_window, every layer), or one switched on by use_sliding_window (Qwen2, Qwen3:
 // the layers from max_window_layers on), or a pattern of local and global layers (Gemma: layer l
-// slides unless (l + 1) is a multiple of sliding_window_pattern; Gemma 2 alternates, 2).
-// ModelConfig::layer_window says which layers have it.
-enum class Window { none, key, switched, pattern };
+// slides unless (l + 1) is a multiple of sliding_window_pattern; Gemma 2 alternates, 2), or
+// alternating layers with no key for the pattern (gpt-oss: GptOssConfig's layer_types default,
+// sliding on even layers, full on odd ones). ModelConfig::layer_window says which layers have it.
+enum class Window { none, key, switched, pattern, alternating };
 // A mixture-of-experts MLP (models/moe.h): none (dense), Mixtral's (every layer sparse, names under
 // block_sparse_moe, experts w1/w3/w2, top-k weights always renormalised) or Qwen's (names under
-// mlp, experts gate_proj/up_proj/down_proj, norm_topk_prob, decoder_sparse_step, mlp_only_layers).
-enum class Moe { none, mixtral, qwen };
+// mlp, experts gate_proj/up_proj/down_proj, norm_topk_prob, decoder_sparse_step, mlp_only_layers)
+// or gpt-oss's (every layer sparse, names under mlp: the router mlp.router with a bias, experts
+// gate_proj/up_proj/down_proj with biases, the clamped SwiGLU of swiglu_limit and swiglu_alpha;
+// softmax over the top-k logits, which is top-k renormalised; models/moe.h).
+enum class Moe { none, mixtral, qwen, gpt_oss };
 
 struct Family {
   Arch arch;
@@ -52,6 +56,9 @@ struct Family {
   Presence qkv_bias;   // the q, k, v projections (GPT-2: c_attn); by_key: model.attention_bias
   Presence o_bias;     // the attention's output projection; by_key: model.attention_bias
   Presence mlp_bias;   // by_key: model.mlp_bias
+  // gpt-oss's attention sinks, a learned logit per query head (model.layers.{i}.self_attn.sinks [N]);
+  // by_key: model.attention_sinks, autosp's own key (docs/decisions.md 174).
+  Presence sinks = Presence::never;
   bool qk_norm;        // an RMSNorm over each head's D of q and k, before RoPE (weights q_norm, k_norm [D])
   bool gqa;            // num_key_value_heads is a setting (else every head has its own K and V)
   Presence tied_head;  // the LM head is the embedding: always, or as model.tie_word_embeddings says (default tie_default)
@@ -97,6 +104,10 @@ const Family& family(Arch a);
 std::span<const Family> families();  // in Arch order
 
 inline std::string_view arch_name(Arch a) { return family(a).name; }
+
+// The model key that counts a mixture of experts' experts: Qwen's num_experts, Mixtral's and
+// gpt-oss's num_local_experts.
+inline std::string_view experts_key(Moe moe) { return moe == Moe::qwen ? "num_experts" : "num_local_experts"; }
 
 // A setting of presence `p` whose config key (when p is by_key) holds `key`: is it there?
 inline bool present(Presence p, bool key) { return p == Presence::always || (p == Presence::by_key && key); }

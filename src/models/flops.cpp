@@ -39,7 +39,7 @@ int64_t layer_params(const ModelConfig& m, int64_t l, bool active) {
   if (present(f.mlp_bias, m.mlp_bias)) biases += (f.mlp == Mlp::gelu ? 1 : 2) * d.M + d.C;
   const int64_t norms = f.sandwich_norms ? 4 : 2;
   return attn + mlp_params(m, l, active) + biases + norms * norm_params(f, d.C) + (f.qk_norm ? 2 * d.D : 0) +
-         (m.attention_sinks ? d.N : 0);
+         (m.has_sinks() ? d.N : 0);
 }
 
 // Every layer's parameters (active: a mixture of experts' k experts per layer, what a token computes with).

@@ -1,6 +1,7 @@
 // transformers 5's fused experts split into per-expert tensors (models/fused_experts.h).
 #include "models/fused_experts.h"
 
+#include "models/gpt_oss_experts.h"
 #include "models/moe.h"
 #include "tensor/check.h"
 
@@ -28,6 +29,7 @@ void rename(std::map<std::string, Tensor>& tensors, const std::string& from, con
 
 void split_fused_experts(std::map<std::string, Tensor>& tensors, const ModelConfig& m, const std::string& path) {
   const Family& f = family(m.arch);
+  if (f.moe == Moe::gpt_oss) return split_gpt_oss_experts(tensors, m, path);  // its own stacked layout
   if (f.moe == Moe::none) return;
   const int64_t E = m.num_experts, I = m.expert_width(), C = m.hidden_size;
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {

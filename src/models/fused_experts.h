@@ -21,7 +21,8 @@ namespace autosp {
 // the per-expert tensors under their 4.x names, and Mixtral's router under mlp.gate by its
 // block_sparse_moe name. A layer in the per-expert layout is left as it is. Throws UsageError naming
 // `path` and the tensor: a fused tensor without its partner, one of the wrong shape, or a layer
-// holding an expert in both layouts.
+// holding an expert in both layouts. gpt-oss's stacked experts are split by split_gpt_oss_experts
+// (models/gpt_oss_experts.h), called from here.
 void split_fused_experts(std::map<std::string, Tensor>& tensors, const ModelConfig& m, const std::string& path);
 
 }  // namespace autosp

@@ -46,7 +46,10 @@ const std::set<std::string>& math_free_keys() {
       // original OpenAI GPT double-heads model (special tokens GPT-2 never had).
       "is_llama_config", "transformers.js_config", "n_special", "predict_special_tokens",
       // Gemma: the kind of KV cache generate() makes ("hybrid": local layers keep their window).
-      "cache_implementation"};
+      "cache_implementation",
+      // gpt-oss's hub config.json: keys of OpenAI's own format that GptOssConfig does not read
+      // (num_experts_per_tok and rope_scaling's original_max_position_embeddings say them).
+      "experts_per_token", "initial_context_length"};
   return k;
 }
 
@@ -103,6 +106,10 @@ struct HfFamily {
   json defaults;
   std::vector<Required> required;
   json written;
+  // The quantization_config.quant_method the loader dequantizes (gpt-oss's "mxfp4":
+  // models/mxfp4.h), accepted on load and not written back (a checkpoint is dequantized); none:
+  // every quantization_config is refused.
+  const char* quantization = nullptr;
 };
 
 const json kLlamaFamilyDefaults = {{"hidden_size", 4096},       {"num_hidden_layers", 32}, {"num_attention_heads", 32},
@@ -216,6 +223,20 @@ const std::vector<HfFamily>& hf_families() {
                     {"pad_token_id", 0}},
        .required = gemma_required(),
        .written = kGemmaWritten},
+      // GptOssConfig (transformers 5's defaults; its rope_parameters default is this yarn).
+      {.defaults = moe_defaults({{"vocab_size", 201088}, {"hidden_size", 2880}, {"intermediate_size", 2880},
+                                 {"num_hidden_layers", 36}, {"num_attention_heads", 64}, {"num_key_value_heads", 8},
+                                 {"head_dim", 64}, {"max_position_embeddings", 131072}, {"rope_theta", 150000.0},
+                                 {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0},
+                                                   {"beta_slow", 1.0}, {"truncate", false},
+                                                   {"original_max_position_embeddings", 4096}}},
+                                 {"norm_eps", 1e-5}, {"sliding_window", 128},
+                                 {"num_local_experts", 128}, {"num_experts_per_tok", 4}, {"swiglu_limit", 7.0},
+                                 {"swiglu_alpha", 1.702}}),
+       .required = llama_required("gpt-oss's config says silu (its experts' clamped SwiGLU does not read it)",
+                                  {{"attention_bias", {true}, "gpt-oss's attention has q/k/v/o biases"}}),
+       .written = {{"hidden_act", "silu"}, {"attention_dropout", 0.0}, {"attention_bias", true}},
+       .quantization = "mxfp4"},
   };
   return rows;
 }
@@ -399,6 +420,8 @@ void rope_from_hf(const json& hf, const Family&, HfImport& out) {
       return;
     }
   }
+  // Neither spelling: the class's default (GptOssConfig's yarn), else none.
+  if (!scaling && out.defaults.contains("rope_scaling")) scaling = parse_rope_scaling(out.defaults["rope_scaling"], "rope_scaling");
   if (scaling && !scaling->rope_type.empty()) m["rope_scaling"] = rope_scaling_json(*scaling);
 }
 
@@ -417,7 +440,7 @@ void rope_to_hf(const ModelConfig& m, const Family&, json& hf) {
 // model.sliding_window (config/ refuses one shorter than the sequence).
 void window_from_hf(const json& hf, const Family& f, HfImport& out) {
   out.used.insert({"sliding_window", "use_sliding_window"});
-  const bool applies = f.window == Window::key || f.window == Window::pattern ||
+  const bool applies = f.window == Window::key || f.window == Window::pattern || f.window == Window::alternating ||
                        (hf.contains("use_sliding_window") && hf["use_sliding_window"] == true);
   if (hf.contains("use_sliding_window") && !hf["use_sliding_window"].is_boolean())
     out.errors.push_back(str("use_sliding_window = ", hf["use_sliding_window"].dump(), ": expected true or false"));
@@ -437,16 +460,18 @@ void window_to_hf(const ModelConfig& m, const Family& f, json& hf) {
   std::vector<std::string> kinds;
   for (int64_t l = 0; l < m.num_hidden_layers; ++l)
     kinds.push_back(m.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
-  if (f.window == Window::switched || f.window == Window::pattern || !m.layer_types.empty()) hf["layer_types"] = kinds;
+  if (f.window != Window::none && f.window != Window::key) hf["layer_types"] = kinds;
+  else if (!m.layer_types.empty()) hf["layer_types"] = kinds;
 }
 
 namespace {
 
 // The layer_types that Gemma's sliding_window_pattern (the model section's, else the family's) gives
-// `layers` layers.
+// `layers` layers; gpt-oss's alternation is the pattern 2.
 json pattern_kinds(const json& m, const Family& f, size_t layers) {
   const json p = m.value("sliding_window_pattern", json());
-  const int64_t pattern = p.is_number_integer() && p.get<int64_t>() > 0 ? p.get<int64_t>() : f.window_pattern;
+  const int64_t pattern = f.window == Window::alternating ? 2
+                          : p.is_number_integer() && p.get<int64_t>() > 0 ? p.get<int64_t>() : f.window_pattern;
   json kinds = json::array();
   for (size_t l = 0; l < layers; ++l)
     kinds.push_back((static_cast<int64_t>(l) + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
@@ -462,7 +487,10 @@ void check_layer_types(const json& hf, const Family& f, json& m, HfImport& out) 
   if (!hf.contains("layer_types") || hf["layer_types"].is_null()) return;
   const json& lt = hf["layer_types"];
   if (f.window != Window::none && m.contains("sliding_window") && lt.is_array()) {
-    if (f.window == Window::pattern && lt == pattern_kinds(m, f, lt.size())) return;  // what the pattern says
+    // what the pattern says for every layer (a list of another length is refused with the model section)
+    const bool patterned = f.window == Window::pattern || f.window == Window::alternating;
+    const json layers = m.value("num_hidden_layers", json());
+    if (patterned && layers == json(lt.size()) && lt == pattern_kinds(m, f, lt.size())) return;
     m["layer_types"] = lt;  // its kinds and length are checked with the model section
     return;
   }
@@ -516,6 +544,18 @@ std::string unknown_key(const std::string& key, const Family& f, const std::set<
   if (!hint.empty()) return str("unknown key '", key, "' (did you mean '", hint, "'?)");
   return str("unknown key '", key, "' (not a ", f.hf_config_class, " setting autosp knows: a setting it cannot train, "
              "or a misspelt one; remove it only if the model does not use it)");
+}
+
+// A quantization_config the family's loader dequantizes: accepted when its quant_method is
+// `method`, left to the common rows (refused) when absent or null, else refused naming it.
+void check_quantization(const json& hf, const char* method, std::set<std::string>& used, std::vector<std::string>& errors) {
+  if (!hf.contains("quantization_config") || hf["quantization_config"].is_null()) return;
+  used.insert("quantization_config");
+  const json& q = hf["quantization_config"];
+  const json kind = q.is_object() ? q.value("quant_method", json()) : json();
+  if (kind != method)
+    errors.push_back(str("quantization_config.quant_method = ", kind.dump(), " is not supported (autosp dequantizes \"",
+                         method, "\" expert weights on load; any other quantization: dequantize the model first)"));
 }
 
 std::string supported_types() {
@@ -585,6 +625,7 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
   erase_defaults(m);  // our keys at their default are left out, as model_json leaves them
   auto check_required = [&](const std::vector<Required>& rows) {
     for (const Required& r : rows) {
+      if (row.quantization && std::string_view(r.key) == "quantization_config") continue;  // check_quantization's
       used.insert(r.key);
       if (!hf.contains(r.key)) continue;
       bool ok = false;
@@ -595,6 +636,7 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
     }
   };
   check_required(row.required);
+  if (row.quantization) check_quantization(hf, row.quantization, used, errors);
   check_required(kCommonRequired);
   for (const char* d : kDropouts) {
     used.insert(d);

@@ -285,7 +285,7 @@ std::unique_ptr<Graph> build_llama(const ModelConfig& m, DType dt, ForwardMode m
     q = rope(q, "q_rope");
     k = rope(k, "k_rope");
     const AttentionAttrs variant{.window = m.layer_window(l), .softcap = f.softcaps ? m.attn_logit_softcapping : 0.0};
-    Node* sinks = m.attention_sinks ? p(h + "self_attn.sinks", {N}) : nullptr;  // gpt-oss
+    Node* sinks = m.has_sinks() ? p(h + "self_attn.sinks", {N}) : nullptr;  // gpt-oss
     Node* o = attend(b, mode, l, q, k, v, Nkv, D, dt, in.doc_start, variant, m.attention_scale(), sinks);
     Node* proj = linear(from_heads(b, o, N, D, "attn_out"), h + "self_attn.o_proj", C, N * D, o_bias, "o_proj");
     if (f.sandwich_norms) proj = rmsnorm(proj, h + "post_attention_layernorm", C, "post_attn_norm");

@@ -54,16 +54,18 @@ struct ModelConfig {
     if (!pad_token_id || !family(arch).padding_idx) return -1;
     return *pad_token_id < 0 ? vocab_size + *pad_token_id : *pad_token_id;
   }
-  // gpt-oss's attention sinks: a learned logit per query head in every softmax denominator, the
-  // parameter model.layers.{i}.self_attn.sinks [num_attention_heads] (docs/decisions.md 174). A
-  // model key for now; gpt-oss's family row will set it.
+  // Attention sinks: a learned logit per query head in every softmax denominator, the parameter
+  // model.layers.{i}.self_attn.sinks [num_attention_heads] (docs/decisions.md 174): gpt-oss's
+  // always (its family row), another Llama-layout model's with model.attention_sinks.
   bool attention_sinks = false;
+  bool has_sinks() const { return present(family(arch).sinks, attention_sinks); }
   int64_t sliding_window = 0;
   // Which layers the window applies to (docs/decisions.md 143): layer_types (transformers 5: one
   // "full_attention" or "sliding_attention" per layer) when given; else every layer of a
   // Window::key family (Mistral), and the layers l >= max_window_layers of a Window::switched one
   // (Qwen: transformers' rule; 28, Qwen2Config's default).
-  // Window::pattern (Gemma): layer l slides unless (l + 1) % sliding_window_pattern == 0.
+  // Window::pattern (Gemma): layer l slides unless (l + 1) % sliding_window_pattern == 0;
+  // Window::alternating (gpt-oss): the even layers slide.
   int64_t max_window_layers = 28;
   int64_t sliding_window_pattern = 2;
   std::vector<std::string> layer_types;
@@ -76,6 +78,7 @@ struct ModelConfig {
       case Window::key: return true;
       case Window::switched: return l >= max_window_layers;
       case Window::pattern: return (l + 1) % sliding_window_pattern != 0;
+      case Window::alternating: return l % 2 == 0;
     }
     return false;
   }
@@ -96,6 +99,9 @@ struct ModelConfig {
   std::vector<int64_t> mlp_only_layers;
   bool norm_topk_prob = false, output_router_logits = false;
   double router_aux_loss_coef = 0.001;
+  // gpt-oss's experts (Moe::gpt_oss): the clamped SwiGLU's limit and sigmoid gain (GptOssConfig's
+  // swiglu_limit and swiglu_alpha; models/moe.h).
+  double swiglu_limit = 7.0, swiglu_alpha = 1.702;
 
   int64_t head_dim() const { return head_dim_config > 0 ? head_dim_config : hidden_size / num_attention_heads; }
   int64_t mlp_width() const { return family(arch).mlp == Mlp::gelu ? 4 * hidden_size : intermediate_size; }
@@ -106,11 +112,11 @@ struct ModelConfig {
     return 1.0 / std::sqrt(d);
   }
   // Whether layer l's MLP is a mixture of experts (transformers' Qwen2MoeDecoderLayer rule;
-  // Mixtral: every layer), and the experts' width.
+  // Mixtral, gpt-oss: every layer), and the experts' width.
   bool sparse_layer(int64_t l) const {
     const Moe moe = family(arch).moe;
     if (moe == Moe::none) return false;
-    if (moe == Moe::mixtral) return true;
+    if (moe == Moe::mixtral || moe == Moe::gpt_oss) return true;
     for (int64_t o : mlp_only_layers)
       if (o == l) return false;
     return num_experts > 0 && (l + 1) % decoder_sparse_step == 0;

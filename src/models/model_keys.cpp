@@ -37,6 +37,15 @@ ModelKey softcap_key(std::string_view name, double ModelConfig::*member) {
           .hf = name};
 }
 
+// A positive number of the families `applies` names, by the same name in config.json.
+ModelKey positive_key(std::string_view name, double ModelConfig::*member, bool (*applies)(const Family&)) {
+  return {.name = std::string(name), .kind = ValueKind::number, .lo = 1e-6, .hi = 1e6, .applies = applies,
+          .set = [member](ModelConfig& m, const json& v) { m.*member = v.get<double>(); },
+          .get = [member, applies](const ModelConfig& m) { return applies(family(m.arch)) ? json(m.*member) : json(); },
+          .hf = name, .hf_valid = [](const json& v) { return v.is_number() && v.get<double>() > 0; },
+          .hf_expects = "a positive number"};
+}
+
 // model.layer_types: a list of transformers 5's kinds (its length is checked against the layers
 // with the other cross-key rules).
 void set_layer_types(ModelConfig& m, const json& v) {
@@ -50,8 +59,10 @@ void set_layer_types(ModelConfig& m, const json& v) {
   }
 }
 bool moe(const Family& f) { return f.moe != Moe::none; }
-bool mixtral_moe(const Family& f) { return f.moe == Moe::mixtral; }
+bool local_experts(const Family& f) { return f.moe != Moe::none && experts_key(f.moe) == "num_local_experts"; }
 bool qwen_moe(const Family& f) { return f.moe == Moe::qwen; }
+bool gpt_oss_moe(const Family& f) { return f.moe == Moe::gpt_oss; }
+bool sinks_by_key(const Family& f) { return f.sinks == Presence::by_key; }
 bool shared_expert(const Family& f) { return f.shared_expert; }
 
 // A ModelConfig member as a key's setter and getter.
@@ -147,7 +158,7 @@ std::vector<ModelKey> make_keys() {
        .get = get_field(&ModelConfig::mlp_bias),
        .at_default = [](const json& s) { return is_false(s.value("mlp_bias", json())); }, .hf = "mlp_bias"},
       // autosp's own key (config.json has none: gpt-oss's model type implies it).
-      {.name = "attention_sinks", .kind = K::boolean, .applies = llama_layout,
+      {.name = "attention_sinks", .kind = K::boolean, .applies = sinks_by_key,
        .set = set_field(&ModelConfig::attention_sinks), .get = get_field(&ModelConfig::attention_sinks),
        .at_default = [](const json& s) { return is_false(s.value("attention_sinks", json())); }},
       // 0 (none) is null, left out; null lifts a window (a Mistral or Qwen model.from's).
@@ -181,9 +192,9 @@ std::vector<ModelKey> make_keys() {
       {.name = "rope_local_base_freq", .kind = K::number, .lo = 1, .hi = 1e12, .applies = local_rope,
        .set = set_field(&ModelConfig::rope_local_base_freq), .get = field_if(local_rope, &ModelConfig::rope_local_base_freq),
        .hf = "rope_local_base_freq"},
-      // Mixtures of experts, by HF's names: Mixtral's num_local_experts is Qwen's num_experts.
-      {.name = "num_local_experts", .kind = K::integer, .lo = 1, .hi = 1 << 16, .applies = mixtral_moe,
-       .set = set_field(&ModelConfig::num_experts), .get = field_if(mixtral_moe, &ModelConfig::num_experts),
+      // Mixtures of experts, by HF's names: Mixtral's and gpt-oss's num_local_experts is Qwen's num_experts.
+      {.name = "num_local_experts", .kind = K::integer, .lo = 1, .hi = 1 << 16, .applies = local_experts,
+       .set = set_field(&ModelConfig::num_experts), .get = field_if(local_experts, &ModelConfig::num_experts),
        .hf = "num_local_experts"},
       {.name = "num_experts", .kind = K::integer, .lo = 1, .hi = 1 << 16, .applies = qwen_moe,
        .set = set_field(&ModelConfig::num_experts), .get = field_if(qwen_moe, &ModelConfig::num_experts), .hf = "num_experts"},
@@ -229,6 +240,9 @@ std::vector<ModelKey> make_keys() {
       {.name = "router_aux_loss_coef", .kind = K::number, .lo = 0, .hi = 1e6, .applies = moe,
        .set = set_field(&ModelConfig::router_aux_loss_coef), .get = field_if(moe, &ModelConfig::router_aux_loss_coef),
        .hf = "router_aux_loss_coef"},
+      // gpt-oss's clamped SwiGLU (models/moe.h): both positive, read from config.json as such.
+      positive_key("swiglu_limit", &ModelConfig::swiglu_limit, gpt_oss_moe),
+      positive_key("swiglu_alpha", &ModelConfig::swiglu_alpha, gpt_oss_moe),
   };
 }
 

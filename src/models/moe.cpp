@@ -1,6 +1,7 @@
 // The mixture-of-experts MLP (models/moe.h), by the family row's Moe column: Mixtral's names under
 // block_sparse_moe (experts w1 = gate, w3 = up, w2 = down; weights always renormalised), Qwen's
-// under mlp (gate_proj, up_proj, down_proj; norm_topk_prob), Qwen2-MoE's shared expert.
+// under mlp (gate_proj, up_proj, down_proj; norm_topk_prob), Qwen2-MoE's shared expert, gpt-oss's
+// (Qwen's names, the router mlp.router with a bias, experts with biases, the clamped SwiGLU).
 #include "models/moe.h"
 
 #include "tensor/check.h"
@@ -24,27 +25,51 @@ std::string moe_expert_weight(const ModelConfig& m, const std::string& layer, in
   return str(layer, "mlp.experts.", e, ".", qwen[which], ".weight");
 }
 
+std::string moe_expert_bias(const ModelConfig& m, const std::string& layer, int64_t e, int which) {
+  const std::string w = moe_expert_weight(m, layer, e, which);
+  return w.substr(0, w.size() - std::string("weight").size()) + "bias";
+}
+
 std::string moe_router_weight(const ModelConfig& m, const std::string& layer) {
-  return family(m.arch).moe == Moe::mixtral ? layer + "block_sparse_moe.gate.weight" : layer + "mlp.gate.weight";
+  switch (family(m.arch).moe) {
+    case Moe::mixtral: return layer + "block_sparse_moe.gate.weight";
+    case Moe::gpt_oss: return layer + "mlp.router.weight";
+    default: return layer + "mlp.gate.weight";
+  }
 }
 
 MoeBlock moe_block(Builder& b, const ModelConfig& m, const std::string& layer, Node* x, const MakeParam& p) {
   const Family& f = family(m.arch);
   const int64_t C = m.hidden_size, E = m.num_experts, I = m.expert_width();
   const DType dt = x->dtype();
-  // router: x [B, S, C] · routerᵀ [C, E] → probs [B, S, E], softmax in f32
-  Node* logits = b.linear(x, p(moe_router_weight(m, layer), {E, C}), nullptr, true, "router");
+  const bool gpt_oss = f.moe == Moe::gpt_oss;  // the router's and the experts' biases, the clamped SwiGLU
+  // router: x [B, S, C] · routerᵀ [C, E] (+ bias [E]) → probs [B, S, E], softmax in f32
+  Node* router_w = p(moe_router_weight(m, layer), {E, C});
+  Node* router_b = gpt_oss ? p(layer + "mlp.router.bias", {E}) : nullptr;
+  Node* logits = b.linear(x, router_w, router_b, true, "router");
   const bool narrow = dt != DType::f32 && dt != DType::f64;
   Node* probs = b.softmax(narrow ? b.cast(logits, DType::f32, "router_f32") : logits, "router_probs");
   std::vector<Node*> w[3];
-  for (int64_t e = 0; e < E; ++e)
+  MoeExpertOptions opt;
+  for (int64_t e = 0; e < E; ++e) {
     for (int which = 0; which < 3; ++which) {
       const bool down = which == 2;
       w[which].push_back(p(moe_expert_weight(m, layer, e, which), down ? SymShape{C, I} : SymShape{I, C}));
     }
-  const bool norm = f.moe == Moe::mixtral || m.norm_topk_prob;
+    if (!gpt_oss) continue;
+    opt.b_gate.push_back(p(moe_expert_bias(m, layer, e, 0), {I}));
+    opt.b_up.push_back(p(moe_expert_bias(m, layer, e, 1), {I}));
+    opt.b_down.push_back(p(moe_expert_bias(m, layer, e, 2), {C}));
+  }
+  if (gpt_oss) {
+    opt.act = MoeActivation::clamped_swiglu;
+    opt.alpha = m.swiglu_alpha;
+    opt.limit = m.swiglu_limit;
+  }
+  // gpt-oss's softmax over the top-k logits is the top-k probabilities renormalised (decision 201).
+  const bool norm = f.moe == Moe::mixtral || gpt_oss || m.norm_topk_prob;
   Node* routed = narrow ? b.cast(probs, dt, "router_weights") : probs;  // transformers: .to(hidden dtype)
-  Node* y = b.moe_experts(x, routed, w[0], w[1], w[2], m.num_experts_per_tok, norm, "experts");
+  Node* y = b.moe_experts(x, routed, w[0], w[1], w[2], m.num_experts_per_tok, norm, "experts", opt);
   if (f.shared_expert) {  // Qwen2-MoE: every token also takes the shared expert, gated
     const int64_t Is = m.shared_expert_intermediate_size;
     const std::string se = layer + "mlp.shared_expert.";

@@ -5,6 +5,8 @@
 //
 //   probs = softmax(f32(x · routerᵀ))                 [B, S, E]  (the router in f32, as transformers)
 //   y     = moe_experts(x, probs, w_gate, w_up, w_down)          (top-k, dropless; graph/ops.h)
+//   gpt-oss: the router's logits + bias [E]; each expert's projections with biases and the clamped
+//   SwiGLU (MoeExpertOptions: swiglu_limit, swiglu_alpha); top-k always renormalised (decision 201)
 //   Qwen2-MoE: y += sigmoid(x · shared_expert_gateᵀ) ∘ shared_expert(x)
 //
 // The experts' parameters keep Hugging Face's per-expert names and shapes ([I, C] and [C, I]), so
@@ -46,5 +48,7 @@ Node* moe_weighted_aux_loss(Builder& b, const ModelConfig& m, const std::vector<
 // The names of expert e's gate, up and down projection weights, and of the router's, under `layer`.
 std::string moe_expert_weight(const ModelConfig& m, const std::string& layer, int64_t e, int which);
 std::string moe_router_weight(const ModelConfig& m, const std::string& layer);
+// gpt-oss's expert biases: expert e's gate, up [I] and down [C] bias, beside its weights.
+std::string moe_expert_bias(const ModelConfig& m, const std::string& layer, int64_t e, int which);
 
 }  // namespace autosp

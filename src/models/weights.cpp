@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/fused_experts.h"
+#include "models/gpt_oss_experts.h"
 #include "models/hf_config.h"
 #include "tensor/safetensors.h"
 
@@ -86,7 +87,7 @@ void refuse_other_formats(const std::string& path) {
 SafetensorsFile load_file(const std::string& path) {
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) refuse_other_formats(path);
-  return load_safetensors(path);
+  return load_safetensors(path, /*with_bytes=*/true);  // U8: MXFP4 experts (dequantize_gpt_oss_experts)
 }
 
 json read_index(const std::string& path) {
@@ -115,13 +116,17 @@ SafetensorsFile load_sharded(const std::string& index_path) {
   for (const auto& [shard, names] : by_shard) {
     const std::string path = (dir / shard).string();
     SafetensorsFile f = load_file(path);
-    for (auto& [name, t] : f.tensors) {
-      if (!names.count(name))
-        throw UsageError(str(path, ": tensor '", name, "' is not mapped to this shard by ", index_path));
-      out.tensors.emplace(name, std::move(t));
-    }
+    auto take = [&](auto& from, auto& to) {
+      for (auto& [name, t] : from) {
+        if (!names.count(name))
+          throw UsageError(str(path, ": tensor '", name, "' is not mapped to this shard by ", index_path));
+        to.emplace(name, std::move(t));
+      }
+    };
+    take(f.tensors, out.tensors);
+    take(f.bytes, out.bytes);
     for (const auto& name : names)
-      if (!out.tensors.count(name))
+      if (!out.tensors.count(name) && !out.bytes.count(name))
         throw UsageError(str(path, ": has no tensor '", name, "', which ", index_path, " maps to it"));
   }
   return out;
@@ -152,7 +157,8 @@ SafetensorsFile load_any(const std::string& path, const ModelConfig& m, bool che
 
 ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype, bool check_dir_config) {
   SafetensorsFile file = load_any(path, m, check_dir_config);
-  split_fused_experts(file.tensors, m, path);  // transformers 5's fused experts, when the file has them
+  dequantize_gpt_oss_experts(file, m, path);  // MXFP4 experts (the only U8 tensors read)
+  split_fused_experts(file.tensors, m, path);  // transformers 5's fused experts, gpt-oss's stacked ones
   std::map<std::string, Shape> expected;
   for (const auto& s : param_specs(m)) expected[s.name] = s.shape;
   const std::string head = tied_head(m);
@@ -193,6 +199,12 @@ ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype
 
 void save_weights(const std::string& path, const ParamMap& params) {
   save_safetensors(path, params, {{"format", "pt"}});
+}
+
+std::vector<std::string> save_hf_model(const std::string& dir, ParamMap params, const ModelConfig& m,
+                                       uint64_t max_shard_bytes) {
+  fuse_gpt_oss_experts(params, m);  // gpt-oss's stacked layout; the other families' per expert
+  return save_hf_weights(dir, params, max_shard_bytes);
 }
 
 std::vector<std::string> save_hf_weights(const std::string& dir, const ParamMap& params, uint64_t max_shard_bytes) {

@@ -29,4 +29,9 @@ void save_weights(const std::string& path, const ParamMap& params);
 // written, in order.
 std::vector<std::string> save_hf_weights(const std::string& dir, const ParamMap& params, uint64_t max_shard_bytes);
 
+// A model's parameters as transformers lays out its checkpoint (save_hf_weights after putting
+// gpt-oss's experts back into its stacked tensors: models/gpt_oss_experts.h).
+std::vector<std::string> save_hf_model(const std::string& dir, ParamMap params, const ModelConfig& m,
+                                       uint64_t max_shard_bytes);
+
 }  // namespace autosp

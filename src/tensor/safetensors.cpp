@@ -94,12 +94,14 @@ bool write_all(int fd, const void* buf, size_t n) {
 // One validated header entry.
 struct Entry {
   std::string name;
-  DType dtype;
+  DType dtype;  // unused when `bytes`
+  bool bytes;   // a "U8" tensor (ByteTensor)
   Shape shape;
   uint64_t begin, end;
 };
 
-Entry parse_entry(const std::string& path, const std::string& name, const json& e, uint64_t data_size) {
+Entry parse_entry(const std::string& path, const std::string& name, const json& e, uint64_t data_size,
+                  bool with_bytes) {
   const std::string where = str(path, ": tensor '", clip(name), "' ");
   if (!e.is_object()) fail(where, "entry is not an object (got ", brief(e), ")");
   for (const char* field : {"dtype", "shape", "data_offsets"})
@@ -108,9 +110,10 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   const json& jd = e["dtype"];
   if (!jd.is_string()) fail(where, "dtype is not a string (got ", brief(jd), ")");
   const std::string& dname = jd.get_ref<const std::string&>();
-  std::optional<DType> dtype = dtype_from_safetensors(dname);
+  const bool bytes = with_bytes && dname == "U8";
+  std::optional<DType> dtype = bytes ? DType::f32 : dtype_from_safetensors(dname);
   if (!dtype) fail(where, "has unsupported dtype '", clip(dname), "' (supported: ", supported_dtypes(), ")");
-  const uint64_t esize = dtype_size(*dtype);
+  const uint64_t esize = bytes ? 1 : dtype_size(*dtype);
 
   // Every dim and the product of the nonzero dims (in bytes) must fit int64, so that numel,
   // nbytes and contiguous strides computed later cannot overflow.
@@ -141,9 +144,9 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   if (begin > end) fail(where, offsets, " have begin > end");
   if (end > data_size) fail(where, offsets, " exceed the data section (", data_size, " bytes)");
   if (end - begin != nbytes)
-    fail(where, offsets, " hold ", end - begin, " bytes but ", dtype_name(*dtype), shape_str(shape),
+    fail(where, offsets, " hold ", end - begin, " bytes but ", bytes ? "u8" : dtype_name(*dtype), shape_str(shape),
          " needs ", nbytes);
-  return {name, *dtype, std::move(shape), begin, end};
+  return {name, *dtype, bytes, std::move(shape), begin, end};
 }
 
 std::map<std::string, std::string> parse_metadata(const std::string& path, const json& m) {
@@ -164,7 +167,7 @@ std::string quoted(const std::string& s) { return json(s).dump(); }
 
 }  // namespace
 
-SafetensorsFile load_safetensors(const std::string& path) {
+SafetensorsFile load_safetensors(const std::string& path, bool with_bytes) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO must not block the open
   if (fd.get() < 0) fail(path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
@@ -219,7 +222,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
     if (it.key() == kMetadataKey)
       out.metadata = parse_metadata(path, *it);
     else
-      entries.push_back(parse_entry(path, it.key(), *it, data_size));
+      entries.push_back(parse_entry(path, it.key(), *it, data_size, with_bytes));
   }
   std::vector<const Entry*> by_offset;
   for (const Entry& e : entries)
@@ -235,6 +238,12 @@ SafetensorsFile load_safetensors(const std::string& path) {
 
   // Non-overlapping and inside the file, so the total allocated is at most the file size.
   for (const Entry& e : entries) {
+    if (e.bytes) {
+      ByteTensor t{e.shape, std::vector<uint8_t>(e.end - e.begin)};
+      if (e.end > e.begin) read_or_throw(t.data.data(), t.data.size(), data_start + e.begin);
+      out.bytes.emplace(e.name, std::move(t));
+      continue;
+    }
     Tensor t = Tensor::empty(e.shape, e.dtype);
     if (e.end > e.begin) read_or_throw(t.raw(), e.end - e.begin, data_start + e.begin);
     out.tensors.emplace(e.name, std::move(t));

@@ -123,7 +123,7 @@ void write_merged_model(const std::string& dir, const Config& cfg, const ParamMa
   fs::create_directories(dir, ec);
   if (ec) throw UsageError(str("--merge-lora ", dir, ": cannot create: ", ec.message()));
   const ParamMap merged = merge_lora(cfg.model, params, cfg.lora.scale());
-  save_hf_weights(dir, merged, static_cast<uint64_t>(cfg.train.max_shard_mb * 1e6));
+  save_hf_model(dir, merged, cfg.model, static_cast<uint64_t>(cfg.train.max_shard_mb * 1e6));
   const std::string path = (fs::path(dir) / "config.json").string();
   std::ofstream f(path);
   f << hf_config_json(cfg.model, merged.begin()->second.dtype(), cfg.hf_carried).dump(2) << "\n";

@@ -288,7 +288,7 @@ std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& 
   // A LoRA run's trained tensors are a PEFT adapter directory (train/adapter.h).
   std::vector<std::string> names =
       cfg.lora.enabled ? save_adapter(tmp.string(), params, cfg)
-                       : save_hf_weights(tmp.string(), params, static_cast<uint64_t>(cfg.train.max_shard_mb * 1e6));
+                       : save_hf_model(tmp.string(), params, cfg.model, static_cast<uint64_t>(cfg.train.max_shard_mb * 1e6));
   for (const std::string& name : names) fsync_path(tmp / name);  // the index is written without one
   if (!params.empty() && !cfg.lora.enabled) {
     const std::string path = (tmp / "config.json").string();

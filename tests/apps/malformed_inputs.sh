@@ -104,6 +104,10 @@ hfdir("hf_interleaved", dict(llama, rope_interleaved=1))
 hfdir("hf_dca", dict(llama, model_type="qwen2", dual_chunk_attention_config=[1, 2]))
 hfdir("hf_typo", dict(llama, rms_norm_epsilon=1e-5))
 hfdir("hf_many", dict(llama, model_type="qwen2", use_mrope=True, rope_interleaved=True, n_expertz=3))
+gptoss = dict(llama, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=8)
+hfdir("hf_gptoss_limit", dict(gptoss, swiglu_limit=0))
+hfdir("hf_gptoss_quant", dict(gptoss, quantization_config={"quant_method": "gptq", "bits": 4}))
+hfdir("hf_gptoss_topk", dict(gptoss, num_experts_per_tok=5))
 
 # Loss masks (.npy, NumPy's format 1.0) beside good.bin (100 tokens).
 def npy(descr, shape, data, version=1):
@@ -478,6 +482,10 @@ row 'model.sliding_window = 0: expected an integer' "${c[@]}" --set model.arch=m
 row 'model.head_dim 3 must be even for RoPE' "${c[@]}" --set model.head_dim=3
 row 'model.mlp_bias is a llama setting, not qwen2' "${c[@]}" --set model.arch=qwen2 --set model.mlp_bias=true
 row "unknown key 'n_experts'" "${c[@]}" --set "model.from=$tmp/hf_unknown"
+row 'swiglu_limit = 0: expected a positive number' "${c[@]}" --set "model.from=$tmp/hf_gptoss_limit"
+row 'quantization_config.quant_method = "gptq" is not supported' "${c[@]}" --set "model.from=$tmp/hf_gptoss_quant"
+row 'model.num_experts_per_tok 5 exceeds model.num_local_experts 4' "${c[@]}" --set "model.from=$tmp/hf_gptoss_topk" --set model.arch=gpt_oss
+row 'model.swiglu_limit = -1: expected a value in' "${c[@]}" --set model.arch=gpt_oss --set model.swiglu_limit=-1
 row 'hf_dtypes/config.json: torch_dtype = "float32" differs from dtype = "bfloat16"' "${c[@]}" --set "model.from=$tmp/hf_dtypes"
 row "hf_noweights: holds neither" "${c[@]}" --set "model.from=$tmp/hf_noweights"
 row "hf_as_config.json: unknown key 'qkv_bias'" --config "$tmp/hf_as_config.json"

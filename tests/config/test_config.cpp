@@ -84,7 +84,7 @@ TEST_CASE("string keys with fixed values become enums and resolve to the same st
   CHECK(d.resolved["zero_optimization"]["stage"] == 0);
   CHECK(parse_config(json::object(), {"zero_optimization.stage=2"}).zero_optimization.stage == 2);
   // The error names every accepted value, in this order.
-  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3_text"));
+  CHECK_THROWS_WITH(parse_config(json::object(), {"model.arch=bert"}), Catch::EndsWith("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3_text|gpt_oss"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"data.source=csv"}),
                     Catch::EndsWith("expected one of synthetic|tokens|text"));
   CHECK_THROWS_WITH(parse_config(json::object(), {"runtime.device=tpu"}), Catch::EndsWith("expected one of cpu|cuda"));
@@ -274,6 +274,13 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({"model": {"arch": "gemma2", "pad_token_id": "zero"}})", {}, "model.pad_token_id"},
       {R"({"model": {"arch": "gemma3_text"}, "runtime": {"tiled_mlp": true}})", {},
        "runtime.tiled_mlp is for Llama's SwiGLU MLP; model.arch \"gemma3_text\""},
+      // gpt-oss: the clamped SwiGLU's limit and gain are positive; k of E experts.
+      {R"({"model": {"arch": "gpt_oss", "swiglu_limit": 0}})", {}, "model.swiglu_limit = 0"},
+      {R"({"model": {"arch": "gpt_oss"}})", {"model.swiglu_limit=-7"}, "model.swiglu_limit = -7"},
+      {R"({"model": {"arch": "gpt_oss", "swiglu_alpha": 0}})", {}, "model.swiglu_alpha = 0"},
+      {R"({"model": {"arch": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 5}})", {},
+       "model.num_experts_per_tok 5 exceeds model.num_local_experts 4"},
+      {R"({"model": {"arch": "llama", "swiglu_limit": 7}})", {}, "model.swiglu_limit is a gpt_oss"},
   };
   for (const auto& t : table) {
     INFO(t.json);

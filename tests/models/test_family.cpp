@@ -58,7 +58,7 @@ TEST_CASE("the family table has one row per architecture, named once", "[models]
   }
   CHECK(i == kNumArchs);
   CHECK_THROWS_WITH(parse_config({{"model", {{"arch", "deepseek_v3"}}}}),
-                    Catch::Contains("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3_text"));
+                    Catch::Contains("expected one of gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|gemma2|gemma3_text|gpt_oss"));
 }
 
 TEST_CASE("each family's graph has the parameters its row says", "[models][family]") {
@@ -84,7 +84,10 @@ TEST_CASE("each family's graph has the parameters its row says", "[models][famil
       CHECK(has_suffix(names, "pre_feedforward_layernorm.weight") == f.sandwich_norms);
       CHECK(has_suffix(names, "post_feedforward_layernorm.weight") == f.sandwich_norms);
       CHECK(has_suffix(names, "experts.1.w3.weight") == (f.moe == Moe::mixtral));
-      CHECK(has_suffix(names, "mlp.experts.1.up_proj.weight") == (f.moe == Moe::qwen));
+      CHECK(has_suffix(names, "mlp.experts.1.up_proj.weight") == (f.moe == Moe::qwen || f.moe == Moe::gpt_oss));
+      CHECK(has_suffix(names, "mlp.experts.1.up_proj.bias") == (f.moe == Moe::gpt_oss));  // gpt-oss's experts' biases
+      CHECK(has_suffix(names, "mlp.router.bias") == (f.moe == Moe::gpt_oss));
+      CHECK(has_suffix(names, "self_attn.sinks") == present(f.sinks, false));
       CHECK(has_suffix(names, "mlp.shared_expert_gate.weight") == f.shared_expert);
       const std::vector<std::string> scopes = layer_scopes(m);
       REQUIRE(scopes.size() == 2);

@@ -233,6 +233,26 @@ TEST_CASE("an HF config.json keeps every key through autosp and back, for every 
                      {"hidden_act", "silu"}, {"attention_bias", false}, {"attention_dropout", 0.0},
                      {"use_sliding_window", false}, {"sliding_window", nullptr}, {"max_window_layers", 48},
                      {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}});
+  // gpt-oss (not in transformers 4.44): openai/gpt-oss-20b's config.json, made tiny; its MXFP4
+  // quantization_config is read on load and dropped on save (a checkpoint is dequantized).
+  const json gpt_oss_hub = {{"model_type", "gpt_oss"}, {"architectures", {"GptOssForCausalLM"}},
+                     {"attention_bias", true}, {"attention_dropout", 0.0}, {"eos_token_id", 200002},
+                     {"experts_per_token", 2}, {"head_dim", 8}, {"hidden_act", "silu"}, {"hidden_size", 32},
+                     {"initial_context_length", 64}, {"initializer_range", 0.02}, {"intermediate_size", 32},
+                     {"layer_types", {"sliding_attention", "full_attention"}}, {"max_position_embeddings", 256},
+                     {"num_attention_heads", 4}, {"num_experts_per_tok", 2}, {"num_hidden_layers", 2},
+                     {"num_key_value_heads", 2}, {"num_local_experts", 4}, {"output_router_logits", false},
+                     {"pad_token_id", 95},
+                     {"quantization_config", {{"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}},
+                                              {"quant_method", "mxfp4"}}},
+                     {"rms_norm_eps", 1e-5},
+                     {"rope_scaling", {{"beta_fast", 32.0}, {"beta_slow", 1.0}, {"factor", 4.0},
+                                       {"original_max_position_embeddings", 64}, {"rope_type", "yarn"},
+                                       {"truncate", false}}},
+                     {"rope_theta", 150000}, {"router_aux_loss_coef", 0.9}, {"sliding_window", 4},
+                     {"swiglu_limit", 7.0}, {"tie_word_embeddings", false}, {"transformers_version", "4.55.0.dev0"},
+                     {"use_cache", true}, {"vocab_size", 96}};
+  sources.push_back(gpt_oss_hub);
   std::set<std::string> families_seen;
   for (const json& src : sources) {
     INFO(src.dump());
@@ -244,6 +264,10 @@ TEST_CASE("an HF config.json keeps every key through autosp and back, for every 
       const std::string& key = it.key();
       INFO(key);
       if (key == "transformers_version" || key == "dtype" || key == "torch_dtype") continue;  // the writer's
+      if (key == "quantization_config") {  // dequantized on load: the checkpoint is not quantized
+        CHECK(!out.contains(key));
+        continue;
+      }
       REQUIRE(out.contains(key));
       // Qwen's window off: its sliding_window value is kept as none (null), which is what it means.
       if (key == "sliding_window" && src.value("use_sliding_window", true) == false) continue;

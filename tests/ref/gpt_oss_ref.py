@@ -157,12 +157,27 @@ def eager_attention(q, k, v, sinks, vis, scaling):
     return torch.matmul(probs[..., :-1], v)
 
 
-def router(cfg, p, pre, x):
-    """GptOssTopKRouter: x [T, C] -> scores [T, E] (softmax over the top-k logits, scattered), indices [T, k]."""
+def router(cfg, p, pre, x, logits_out=None):
+    """GptOssTopKRouter: x [T, C] -> scores [T, E] (softmax over the top-k logits, scattered), indices [T, k].
+    logits_out: a list the router logits [T, E] (with the bias) are appended to (output_router_logits)."""
     logits = F.linear(x, p[pre + "mlp.router.weight"], p[pre + "mlp.router.bias"])
+    if logits_out is not None:
+        logits_out.append(logits)
     top, idx = torch.topk(logits, cfg.num_experts_per_tok, dim=-1)
     top = F.softmax(top, dim=1, dtype=top.dtype)
     return torch.zeros_like(logits).scatter_(1, idx, top), idx
+
+
+def load_balancing_loss(router_logits, num_experts, top_k):
+    """transformers' load_balancing_loss_func without an attention mask, on every layer's router
+    logits [T, E] (GptOssForCausalLM adds router_aux_loss_coef times it to the loss): the softmax
+    over all experts, each expert's share of the top-k slots and its mean probability, over the
+    tokens of all layers together, summed and times E."""
+    logits = torch.cat(router_logits, dim=0)
+    weights = F.softmax(logits, dim=-1)
+    _, selected = torch.topk(weights, top_k, dim=-1)
+    mask = F.one_hot(selected, num_experts).to(weights.dtype)  # [T, k, E]
+    return (mask.mean(dim=0) * weights.mean(dim=0)[None]).sum() * num_experts
 
 
 def expert(cfg, p, pre, e, x):
@@ -199,8 +214,8 @@ def experts_dense(cfg, p, pre, x, scores):
     return (y * scores.transpose(0, 1)[..., None]).sum(dim=0)
 
 
-def forward(cfg, p, input_ids, position_ids, doc_start=None):
-    """logits [B, S, V] in the parameters' dtype."""
+def forward(cfg, p, input_ids, position_ids, doc_start=None, router_logits=None):
+    """logits [B, S, V] in the parameters' dtype; router_logits: a list that gets every layer's."""
     B, S = input_ids.shape
     N, Nkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
     dt = p["model.embed_tokens.weight"].dtype
@@ -223,7 +238,7 @@ def forward(cfg, p, input_ids, position_ids, doc_start=None):
         o = eager_attention(q, k, v, p[pre + "self_attn.sinks"], visible(S, window, doc_start), D ** -0.5)
         x = x + linear(o.transpose(1, 2).reshape(B, S, N * D), "self_attn.o_proj")
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps).reshape(B * S, -1)
-        scores, idx = router(cfg, p, pre, h)
+        scores, idx = router(cfg, p, pre, h, router_logits)
         x = x + experts(cfg, p, pre, h, scores, idx).view(B, S, -1)
     x = rms_norm(x, p["model.norm.weight"], eps)
     return F.linear(x, p["lm_head.weight"])
@@ -256,9 +271,8 @@ TINY = {"model_type": "gpt_oss", "vocab_size": 40, "hidden_size": 16, "intermedi
                          "truncate": False, "original_max_position_embeddings": 8}}
 
 
-def tiny_case(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    cfg = Config(TINY)
+def random_params(cfg, g):
+    """float64 parameters of every shape: norms around 1, sinks around 0 with a real share, the rest 0.3 N(0, 1)."""
     params = {}
     for n, shape in param_shapes(cfg).items():
         if n.endswith("norm.weight"):
@@ -267,6 +281,13 @@ def tiny_case(seed=0):
             params[n] = torch.randn(shape, generator=g, dtype=torch.float64)
         else:
             params[n] = 0.3 * torch.randn(shape, generator=g, dtype=torch.float64)
+    return params
+
+
+def tiny_case(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cfg = Config(TINY)
+    params = random_params(cfg, g)
     B, S = 2, 9
     ids = torch.randint(0, cfg.vocab_size, (B, S), generator=g)
     labels = torch.randint(0, cfg.vocab_size, (B, S), generator=g)
@@ -315,6 +336,16 @@ def selfcheck():
             assert abs(float(scores[t, e]) - (float(w[top.index(e)]) if e in top else 0.0)) < 1e-14
     assert torch.allclose(experts(cfg, params, pre, x, scores, idx), experts_dense(cfg, params, pre, x, scores),
                           rtol=1e-12, atol=1e-12)
+    # the load-balancing loss against counting by hand: E · Σ_e (top-k slots of e / (T·k) · k) · mean p_e
+    got = load_balancing_loss([x @ params[pre + "mlp.router.weight"].t() + params[pre + "mlp.router.bias"]] * 2,
+                              cfg.num_local_experts, cfg.num_experts_per_tok)
+    probs = torch.softmax(x @ params[pre + "mlp.router.weight"].t() + params[pre + "mlp.router.bias"], dim=-1)
+    want = 0.0
+    for e in range(cfg.num_local_experts):
+        slots = sum(e in sorted(range(cfg.num_local_experts), key=lambda j: -float(probs[t, j]))[:cfg.num_experts_per_tok]
+                    for t in range(x.shape[0]))
+        want += slots / x.shape[0] * float(probs[:, e].mean())
+    assert abs(float(got) - cfg.num_local_experts * want) < 1e-12, (float(got), cfg.num_local_experts * want)
 
     # windows and documents really cut: without them the logits differ
     logits = forward(cfg, params, ids, pos, doc)

@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_common import skip  # noqa: E402
+from hf_common import compare_grads, skip  # noqa: E402
 
 try:
     import torch
@@ -75,17 +75,6 @@ def loss_of(model, x):
     cap = model.config.final_logit_softcapping
     logits = torch.tanh(logits / cap) * cap
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-
-
-def compare_grads(what, ours, theirs, rel):
-    assert set(ours) == set(theirs), f"{what}: names differ: {sorted(set(ours) ^ set(theirs))}"
-    scale = max(t.abs().max().item() for t in theirs.values())
-    diffs = {n: (ours[n].to(torch.float64) - theirs[n]).abs().max().item() for n in theirs}
-    worst = max(diffs.values())
-    for n in sorted(diffs, key=diffs.get)[-3:] if worst > rel * scale else []:
-        print(f"  {n}: {diffs[n]:.2e}")
-    print(f"{what}: {len(theirs)} gradients, largest difference {worst:.2e} of largest {scale:.2e}")
-    assert worst <= rel * scale, f"{what}: gradients differ by {worst} > {rel} x {scale}"
 
 
 def config(work, src, steps=1, batch=BATCH, **more):

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_common import launch, skip  # noqa: E402
+from hf_common import launch, skip, write_tokens  # noqa: E402,F401  (write_tokens: for the scripts importing it from here)
 
 try:
     import transformers
@@ -81,17 +81,6 @@ def save_sharded_bf16(model, path, shard="20KB"):
     model.to(torch.bfloat16).save_pretrained(path, max_shard_size=shard, safe_serialization=True)
     model.to(torch.float32)
     assert os.path.exists(os.path.join(path, "model.safetensors.index.json")), f"{path}: not sharded"
-
-
-def write_tokens(path, n, vocab, seed=1):
-    """An llm.c token shard (magic 20240520, version 1, uint16 tokens); returns the tokens."""
-    tokens = np.random.default_rng(seed).integers(0, vocab, size=n, dtype=np.uint16)
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, n
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.tobytes())
-    return tokens.astype(np.int64)
 
 
 def batch_tokens(tokens, step, batch=BATCH, seq=SEQ, dp=1, rank=0):
