@@ -63,21 +63,27 @@ std::string attr_str(const AttrValue& v) {
 
 std::string_view Node::op_name() const { return autosp::op_name(op_); }
 
-std::string Graph::unique_name(std::string base) {
-  if (base.empty()) base = "v";
-  if (!by_name_.count(base)) return base;
-  // The first free "<base>.<i>", i >= 1; next_suffix_ remembers where the taken ones end.
+// n->name_ becomes base, or the first free "<base>.<i>" (i >= 1; next_suffix_ remembers where the
+// taken ones end), and is entered in the name index: one lookup per candidate, which enters it
+// when it is free.
+void Graph::name_uniquely(Node* n, std::string base) {
+  n->name_ = base.empty() ? "v" : std::move(base);
+  if (by_name_.insert(n)) return;
+  base = n->name_;
   auto hint = next_suffix_.find(base);
   for (int i = hint == next_suffix_.end() ? 1 : hint->second;; ++i) {
-    std::string s = base + "." + std::to_string(i);
-    if (!by_name_.count(s)) {
-      next_suffix_[base] = i + 1;
-      return s;
+    n->name_ = base + "." + std::to_string(i);
+    if (by_name_.insert(n)) {
+      if (hint != next_suffix_.end())
+        hint->second = i + 1;
+      else
+        next_suffix_.emplace(std::move(base), i + 1);
+      return;
     }
   }
 }
 
-// "<base>.<k>" is free again: unique_name's search for base starts at k at the latest.
+// "<base>.<k>" is free again: name_uniquely's search for base starts at k at the latest.
 void Graph::name_freed(const std::string& name) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos || dot + 1 == name.size() || name.size() - dot - 1 > 9 ||
@@ -147,13 +153,17 @@ void Graph::unlink(Node* n) {
   n->prev_ = n->next_ = nullptr;
 }
 
+// The list's nodes, in order, become the storage. Ownership passes from the old slots to the new
+// ones in two sweeps (the old slots let go in storage order, the list takes its nodes back): a
+// node's old slot, somewhere in the storage, is not read per node (a cache miss each, 500k nodes).
 void Graph::materialize() const {
   if (!unordered_) return;
   std::vector<std::unique_ptr<Node>> order;
-  order.reserve(count_);
+  order.reserve(count_);  // before any slot lets go: the one step here that may throw
+  for (auto& slot : nodes_) (void)slot.release();  // each live one is in the list
   for (Node* n = head_; n; n = n->next_) {
-    order.push_back(std::move(nodes_[static_cast<size_t>(n->id_)]));
-    n->id_ = static_cast<int>(order.size() - 1);
+    n->id_ = static_cast<int>(order.size());
+    order.emplace_back(n);
   }
   nodes_ = std::move(order);
   unordered_ = false;
@@ -202,7 +212,7 @@ Node* Graph::make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string nam
   auto node = std::make_unique<Node>();
   Node* n = node.get();
   n->op_ = op;
-  n->name_ = unique_name(std::move(name));
+  name_uniquely(n, std::move(name));
   n->role_ = role;
   n->inputs_ = std::move(inputs);
   n->attrs_ = std::move(attrs);
@@ -211,13 +221,13 @@ Node* Graph::make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string nam
     n->type_ = infer_type(*n, assumptions_);
   } catch (...) {
     name_freed(n->name_);
+    by_name_.erase(n);
     throw;
   }
   n->type_checked_ = true;  // inferred just now
   unordered_ = unordered_ || after != tail_;  // an append keeps the order vector current
   link(n, after);
   for (Node* i : n->inputs_) i->users_.push_back(n);
-  by_name_[n->name_] = n;
   n->id_ = static_cast<int>(nodes_.size());
   nodes_.push_back(std::move(node));
   ++count_;
@@ -280,7 +290,7 @@ void Graph::erase(Node* n) {
     iu.erase(std::find(iu.begin(), iu.end(), n));
   }
   name_freed(n->name_);
-  by_name_.erase(n->name_);
+  by_name_.erase(n);
   const bool at_end = n == tail_ && !unordered_;
   unlink(n);
   --count_;
@@ -303,10 +313,7 @@ void Graph::move_before(Node* n, Node* pos) {
   for (Node* u : n->users_) AUTOSP_ASSERT(before(n, u), "move of ", n->name(), " past its user ", u->name());
 }
 
-Node* Graph::find(std::string_view name) const {
-  auto it = by_name_.find(name);
-  return it == by_name_.end() ? nullptr : it->second;
-}
+Node* Graph::find(std::string_view name) const { return by_name_.find(name); }
 
 std::vector<Node*> Graph::with_role(Role r) const {
   std::vector<Node*> out;

@@ -21,6 +21,7 @@
 #include <variant>
 #include <vector>
 
+#include "graph/name_index.h"
 #include "graph/ops.h"
 #include "graph/sym.h"
 #include "tensor/dtype.h"
@@ -175,7 +176,7 @@ class Graph {
  private:
   Node* make(Op op, std::vector<Node*> inputs, Attrs attrs, std::string name, Role role,
              std::optional<TensorType> type, Node* after);
-  std::string unique_name(std::string base);
+  void name_uniquely(Node* n, std::string base);
   void name_freed(const std::string& name);
   void check_member(const Node* n) const;
   void link(Node* n, Node* after);  // into the list after `after` (null: at the head), labelled
@@ -197,15 +198,16 @@ class Graph {
   bool outputs_unique_ = true;
   std::vector<Divisibility> assumptions_;
   mutable size_t checked_assumptions_ = SIZE_MAX;  // assumptions_.size() at the last full verify
-  // Hashed by name (find with a string_view too): an ordered map compares long common prefixes
-  // ("l12.mlp.…") at every level.
+  // Hashed by name: an ordered map compares long common prefixes ("l12.mlp.…") at every level. Its
+  // key is each node's own name_ (a node never moves and its name never changes), so it holds no
+  // second copy of every name (decisions 206, 207).
+  NameIndex by_name_;
+  // name_uniquely: for a base, a suffix below which every "<base>.<i>" is taken (a lower bound that
+  // erase lowers again), so that uniquing many values of one base does not probe from 1 each time.
   struct NameHash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
-  std::unordered_map<std::string, Node*, NameHash, std::equal_to<>> by_name_;
-  // unique_name: for a base, a suffix below which every "<base>.<i>" is taken (a lower bound that
-  // erase lowers again), so that uniquing many values of one base does not probe from 1 each time.
   std::unordered_map<std::string, int, NameHash, std::equal_to<>> next_suffix_;
 };
 

@@ -16,7 +16,9 @@
 #include "config/config.h"
 #include "compiler/program.h"
 #include "graph/autograd.h"
+#include "graph/passes/shard_parameters.h"
 #include "graph/printer.h"
+#include "models/model.h"
 
 namespace autosp {
 namespace {
@@ -170,6 +172,37 @@ TEST_CASE("ZeRO stages 0-2, and stage 3 on one rank, leave the program without p
   for (int64_t stage : {0, 1, 2}) CHECK(count(*joint(zero3_config("llama", 2, 2, stage), 2, 0).graph) == 0);
   CHECK(count(*joint(zero3_config("llama", 2, 1, 3), 1, 0).graph) == 0);
   CHECK(count(*joint(zero3_config("llama", 2, 1, 3), 2, 0).graph) > 0);
+}
+
+// ParameterUnits finds a node's unit by the node's id (its position when the units were taken):
+// inserts, moves and erasures after that leave every unit where it was, and a node made after, or
+// renumbered by reading the order again, is refused rather than given another node's unit.
+TEST_CASE("ZeRO-3's units keep each node's unit through edits and refuse later nodes", "[zero3]") {
+  const Config cfg = zero3_config("llama", 3, 2, 3);
+  RankProgram p = build_program(cfg, DType::f32, "autograd", rank_layout(2, 0, 2));
+  Graph& g = *p.graph;
+  PassContext ctx;
+  ctx.layer_scopes = layer_scopes(cfg.model);
+  const ParameterUnits units(g, ctx);
+  std::vector<Node*> nodes;
+  std::vector<int> before;
+  for (const auto& n : g.nodes()) {
+    nodes.push_back(n.get());
+    before.push_back(units.unit_of(n.get()));
+  }
+  REQUIRE(before.back() > 4);  // the forward's and the backward's layers
+  // Edits in the middle: a node inserted after every 7th from a parameter, one erased again, a leaf moved.
+  Node* x = g.with_role(Role::parameter).at(0);
+  std::vector<Node*> made;
+  for (size_t i = g.position(x); i + 1 < nodes.size(); i += 7)
+    made.push_back(g.insert_after(nodes[i], Op::scale, {x}, {{"factor", 2.0}}, "extra"));
+  g.erase(made.back());
+  made.pop_back();
+  g.move_before(g.with_role(Role::parameter).back(), nodes.front());  // a leaf: its users come later
+  for (size_t i = 0; i < nodes.size(); ++i) REQUIRE(units.unit_of(nodes[i]) == before[i]);
+  for (Node* m : made) CHECK_THROWS(units.unit_of(m));
+  (void)g.nodes();  // renumbers: every node after the first insert has another id now
+  CHECK_THROWS(units.unit_of(nodes.back()));
 }
 
 }  // namespace autosp

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <random>
+#include <set>
 
 #include "graph/builder.h"
 #include "graph/passes/pass.h"
@@ -287,5 +288,57 @@ TEST_CASE("with_role finds the nodes of a role in order", "[verify][ir]") {
     REQUIRE(unordered == by_hand(Role::gradient));
     REQUIRE(g.with_role(Role::gradient) == by_hand(Role::gradient));  // from the order vector
     REQUIRE(g.with_role(Role::loss) == by_hand(Role::loss));
+  }
+}
+
+// Names against a naive uniquing (a set of the live names, scanned from "<base>.1" each time):
+// 3000 random adds, inserts, erasures and failed adds (a shape rule that throws), with bases that
+// are each other's suffixed names ("a", "a.1", "a.1.1") and explicit names ahead of the counter
+// ("a.7"), so the index's keys (views of the nodes' own names) and the per-base counter are both
+// exercised. Every node is found under its name; an erased or failed name is found no more.
+TEST_CASE("names are the first free <base>.<i>, as a naive scan finds", "[verify][ir]") {
+  Graph g;
+  Builder b(g);
+  Node* x = b.input("x", DType::f32, {Dim(4)}, Role::none);
+  std::set<std::string> live = {"x"};
+  std::vector<Node*> nodes;
+  auto naive = [&](std::string base) {
+    if (base.empty()) base = "v";
+    if (!live.count(base)) return base;
+    for (int i = 1;; ++i)
+      if (!live.count(base + "." + std::to_string(i))) return base + "." + std::to_string(i);
+  };
+  const std::vector<std::string> bases = {"a", "a.1", "a.1.1", "a.7", "a.10", "b", "", "v", "v.2",
+                                          "l0.mlp.experts.3.gate_proj.weight.gather"};
+  std::mt19937 rng(13);
+  for (int step = 0; step < 3000; ++step) {
+    const std::string base = bases[rng() % bases.size()];
+    const int what = static_cast<int>(rng() % 10);
+    if (what < 5 || nodes.empty()) {
+      const std::string want = naive(base);
+      Node* n = rng() % 2 || nodes.empty() ? g.add(Op::scale, {x}, {{"factor", 1.0}}, base)
+                                           : g.insert_after(nodes[rng() % nodes.size()], Op::scale, {x},
+                                                            {{"factor", 1.0}}, base);
+      REQUIRE(n->name() == want);
+      live.insert(want);
+      nodes.push_back(n);
+    } else if (what < 9) {
+      const size_t at = rng() % nodes.size();
+      const std::string name = nodes[at]->name();
+      g.erase(nodes[at]);
+      nodes.erase(nodes.begin() + static_cast<std::ptrdiff_t>(at));
+      live.erase(name);
+      REQUIRE(g.find(name) == nullptr);
+    } else {  // a node its shape rule rejects takes no name
+      const std::string want = naive(base);
+      REQUIRE_THROWS(g.add(Op::matmul, {x, x}, {}, base));
+      REQUIRE(g.find(want) == nullptr);
+    }
+    if (step % 101 == 0 || step == 2999) {
+      REQUIRE(g.size() == live.size());
+      REQUIRE(g.name_index_size() == live.size());
+      for (Node* n : nodes) REQUIRE(g.find(n->name()) == n);
+      verify(g, VerifyLevel::full);
+    }
   }
 }

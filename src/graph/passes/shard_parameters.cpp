@@ -5,6 +5,7 @@
 
 #include "graph/autograd.h"
 #include "graph/passes/expert_parallel.h"  // expert_of
+#include "tensor/check.h"
 #include "tensor/tensor.h"  // shard_numel
 
 namespace autosp {
@@ -13,7 +14,8 @@ ParameterUnits::ParameterUnits(const Graph& g, const PassContext& ctx) {
   const size_t backward = backward_begin(g);
   const ScopeIndex scopes(ctx.layer_scopes);
   int unit = 0, scope = -1;
-  unit_of_.reserve(g.size());
+  node_at_.reserve(g.size());
+  unit_at_.reserve(g.size());
   for (size_t i = 0; i < g.size(); ++i) {
     Node* n = g.nodes()[i].get();
     bool starts = i == backward;
@@ -31,8 +33,15 @@ ParameterUnits::ParameterUnits(const Graph& g, const PassContext& ctx) {
     }
     if (starts && i > 0) ++unit;  // one new unit, whatever started it
     if (static_cast<size_t>(unit) == first_of_.size()) first_of_.push_back(n);
-    unit_of_[n] = unit;
+    node_at_.push_back(n);
+    unit_at_.push_back(unit);
   }
+}
+
+int ParameterUnits::unit_of(const Node* n) const {
+  const auto i = static_cast<size_t>(n->id());
+  AUTOSP_ASSERT(i < node_at_.size() && node_at_[i] == n, "node ", n->name(), " was made or renumbered after its units");
+  return unit_at_[i];
 }
 
 Node* ParameterUnits::prefetch_point(const Node* reader) const {

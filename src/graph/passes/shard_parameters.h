@@ -32,7 +32,6 @@
 // while this layer computes, and at most two units' whole parameters are alive at once.
 #pragma once
 
-#include <unordered_map>
 #include <vector>
 
 #include "graph/passes/pass.h"
@@ -43,17 +42,21 @@ namespace autosp {
 // keeps node pointers): a node of layer scope s (its name, less a leading "d.", starts with
 // ctx.layer_scopes[s]) starts a new unit where the scope changes; the first node of the backward
 // (graph/autograd.h) starts one; other nodes belong to the unit they run in.
+// A node's unit is found by its Node::id(), its position when the units were taken: inserts, moves
+// and erasures keep the ids of the nodes already there, only reading the order after them
+// (Graph::nodes, position) renumbers, and unit_of asserts that the id still names the node.
 class ParameterUnits {
  public:
   ParameterUnits(const Graph& g, const PassContext& ctx);
-  int unit_of(const Node* n) const { return unit_of_.at(n); }
+  int unit_of(const Node* n) const;
   // Where a gather for `reader` goes: the first node of the unit before reader's (the prefetch),
   // or `reader` itself in the first unit.
   Node* prefetch_point(const Node* reader) const;
 
  private:
   std::vector<Node*> first_of_;  // per unit (numbers start at 0 and have no gaps)
-  std::unordered_map<const Node*, int> unit_of_;
+  std::vector<const Node*> node_at_;  // by id, when the units were taken
+  std::vector<int> unit_at_;          // the unit of node_at_[id]
 };
 
 namespace passes {
