@@ -533,6 +533,30 @@ Tensor bias_gelu_tanh_backward(const KernelCall& c) {
   });
 }
 
+// silu(g) · u: g, u of one shape.
+Tensor swiglu(const KernelCall& c) {
+  const Tensor g = arg(c, 0), u = arg(c, 1);
+  const Stream s = stream(c);
+  return by_float(c, g.dtype(), [&]<class T>() {
+    Tensor h = out_like(c, g.dtype());
+    call(s, dev::swiglu<T>, ptr<T>(g), ptr<T>(u), ptr<T>(h), g.numel());
+    return h;
+  });
+}
+
+// dg; extra output du. Inputs: dy, g, u.
+Tensor swiglu_backward(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), g = arg(c, 1), u = arg(c, 2);
+  const Stream s = stream(c);
+  return by_float(c, g.dtype(), [&]<class T>() {
+    Tensor dg = out_like(c, g.dtype());
+    Tensor du = extra_like(c, u.shape(), g.dtype());
+    c.extras.push_back(du);
+    call(s, dev::swiglu_backward<T>, ptr<T>(dy), ptr<T>(g), ptr<T>(u), ptr<T>(dg), ptr<T>(du), g.numel());
+    return dg;
+  });
+}
+
 // ---- ring attention (engine/ring.h: the schedule, the zigzag layout, the windowed exchange) ----
 //
 // The launchers keep the query-side operands in halves: x [B, H, L, D] (L = 2c, this rank's zigzag
@@ -955,6 +979,8 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::moe_aux_loss, moe_aux_loss},
     {Op::moe_aux_loss_backward, moe_aux_loss_backward},
     {Op::tanh, unary<Unary::tanh>},
+    {Op::swiglu, swiglu},
+    {Op::swiglu_backward, swiglu_backward},
 }};
 
 constexpr bool launchers_in_order() {

@@ -79,6 +79,7 @@ Node* Builder::add_rmsnorm(Node* x, Node* r, Node* w, double eps, const std::str
 Node* Builder::bias_gelu_tanh(Node* x, Node* b, const std::string& name) {
   return op(Op::bias_gelu_tanh, {x, b}, {}, name);
 }
+Node* Builder::swiglu(Node* g, Node* u, const std::string& name) { return op(Op::swiglu, {g, u}, {}, name); }
 Node* Builder::swiglu_mlp(Node* x, Node* w_gate, Node* w_up, Node* w_down, const std::string& name) {
   return op(Op::swiglu_mlp, {x, w_gate, w_up, w_down}, {}, name);
 }
@@ -250,6 +251,9 @@ Node* Builder::gelu_tanh_backward(Node* dy, Node* x, const std::string& name) {
 Node* Builder::silu_backward(Node* dy, Node* x, const std::string& name) { return op(Op::silu_backward, {dy, x}, {}, name); }
 Node* Builder::bias_gelu_tanh_backward(Node* dy, Node* x, Node* b, const std::string& name) {
   return op(Op::bias_gelu_tanh_backward, {dy, x, b}, {}, name);
+}
+Node* Builder::swiglu_backward(Node* dy, Node* g, Node* u, const std::string& name) {
+  return op(Op::swiglu_backward, {dy, g, u}, {}, name);
 }
 Node* Builder::slice_backward(Node* dy, int64_t dim, Dim start, Dim end, Dim size, const std::string& name) {
   return op(Op::slice_backward, {dy},

@@ -117,6 +117,8 @@ class Builder {
   Node* add_layernorm(Node* x, Node* r, Node* w, Node* b, double eps, const std::string& name = "add_ln");
   Node* add_rmsnorm(Node* x, Node* r, Node* w, double eps, const std::string& name = "add_rms");
   Node* bias_gelu_tanh(Node* x, Node* b, const std::string& name = "bias_gelu");
+  // silu(g) · u, g and u of one shape (Llama's SwiGLU activation, made by fuse_elementwise).
+  Node* swiglu(Node* g, Node* u, const std::string& name = "swiglu");
   // Llama's MLP as one tiled op: (silu(x·w_gateᵀ) ∘ (x·w_upᵀ))·w_downᵀ, x [..., C], w_gate and
   // w_up [I, C], w_down [C, I] (nn.Linear layout); computed over chunks of rows (kernels/cpu/mlp.h).
   Node* swiglu_mlp(Node* x, Node* w_gate, Node* w_up, Node* w_down, const std::string& name = "mlp");
@@ -170,6 +172,8 @@ class Builder {
   Node* silu_backward(Node* dy, Node* x, const std::string& name = "silu_bwd");
   // dx = dy · gelu_tanh'(x + b); b's gradient is dx summed to [C] (by autograd).
   Node* bias_gelu_tanh_backward(Node* dy, Node* x, Node* b, const std::string& name = "bias_gelu_bwd");
+  // dg; extra output 1: du.
+  Node* swiglu_backward(Node* dy, Node* g, Node* u, const std::string& name = "swiglu_bwd");
   Node* slice_backward(Node* dy, int64_t dim, Dim start, Dim end, Dim size, const std::string& name = "slice_bwd");
   Node* layernorm_backward(Node* dy, Node* x, Node* w, double eps, const std::string& name = "ln_bwd");
   Node* rmsnorm_backward(Node* dy, Node* x, Node* w, double eps, const std::string& name = "rms_bwd");

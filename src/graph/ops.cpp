@@ -452,6 +452,22 @@ TensorType add_rmsnorm_rule(const Node& n, const ShapeContext& ctx) {
 }
 std::vector<TensorType> residual_extra(const Node& n) { return {in(n, 0)}; }
 
+// g, u [...] of one shape and float dtype → silu(g) · u [...]
+TensorType swiglu_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  return same_as_second(n, ctx);
+}
+// dy, g, u [...] → dg [...] (extra output du [...])
+TensorType swiglu_backward_rule(const Node& n, const ShapeContext& ctx) {
+  TensorType t = same_as_second(n, ctx);
+  const auto& u = in(n, 2);
+  bool ok = u.dtype == t.dtype && u.rank() == t.rank();
+  for (size_t i = 0; ok && i < u.shape.size(); ++i) ok = ctx.same(u.shape[i], t.shape[i]);
+  if (!ok) fail(n, str("up ", u.str(), " does not match gate ", t.str()));
+  return t;
+}
+std::vector<TensorType> swiglu_backward_extra(const Node& n) { return {in(n, 2)}; }
+
 // x [..., C], b [C] → gelu_tanh(x + b) [..., C]
 TensorType bias_gelu_tanh_rule(const Node& n, const ShapeContext& ctx) {
   expect_float(n, 0);
@@ -1050,6 +1066,10 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {.op = Op::moe_aux_loss_backward, .name = "moe_aux_loss_backward", .arity = 2, .attrs = "top_k,share",
      .infer = moe_aux_loss_rule, .backward_only = true},
     {.op = Op::tanh, .name = "tanh", .arity = 1, .infer = unary_rule, .vjp = vjp::tanh, .seq = seq_same, .in_place = true},
+    {.op = Op::swiglu, .name = "swiglu", .arity = 2, .infer = swiglu_rule, .vjp = vjp::swiglu, .seq = seq_broadcast,
+     .in_place = true},
+    {.op = Op::swiglu_backward, .name = "swiglu_backward", .arity = 3, .infer = swiglu_backward_rule,
+     .extra = swiglu_backward_extra, .backward_only = true, .in_place = true},
 }};
 
 constexpr bool table_in_order() {

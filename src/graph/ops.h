@@ -87,6 +87,9 @@ enum class Op : uint16_t {
   moe_router_stats, moe_aux_loss, moe_aux_loss_backward,
   // elementwise tanh (Gemma's final logit softcap: cap · tanh(logits / cap))
   tanh,
+  // Llama's SwiGLU activation (made by passes/fuse_elementwise from silu(gate) · up): silu(g) · u in
+  // one pass, and its backward in one pass (dg; extra output: du)
+  swiglu, swiglu_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

@@ -234,6 +234,12 @@ void bias_gelu_tanh(VjpContext& c) {
   c.input_grads = {dx, dx};
 }
 
+// y = silu(g) · u: one backward pass gives dg, with du as its extra output.
+void swiglu(VjpContext& c) {
+  Node* dg = c.b.swiglu_backward(c.grad, c.in(0), c.in(1), "dg");
+  c.input_grads = {dg, c.b.output(dg, 1, "du")};
+}
+
 // y = swiglu_mlp(x, w_gate, w_up, w_down): one backward node, which recomputes gate and up from
 // the saved x chunk by chunk, gives dx, with dw_gate, dw_up, dw_down as its extra outputs.
 void swiglu_mlp(VjpContext& c) {

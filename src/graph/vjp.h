@@ -40,6 +40,7 @@ void cast(VjpContext&);
 void add_layernorm(VjpContext&);
 void add_rmsnorm(VjpContext&);
 void bias_gelu_tanh(VjpContext&);
+void swiglu(VjpContext&);
 void swiglu_mlp(VjpContext&);
 void moe_experts(VjpContext&);
 void moe_experts_ep(VjpContext&);

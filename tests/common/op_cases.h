@@ -365,6 +365,13 @@ inline const std::vector<OpCase>& op_cases() {
                return naive::map(naive::broadcast_binary(in[0], sh[0], in[1], sh[1], std::plus<double>()),
                                  naive::gelu_tanh);
              }},
+      OpCase{"swiglu", Op::swiglu, {{{B, S, 6}}, {{B, S, 6}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.swiglu(x[0], x[1]); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>&) {
+               Vec h(in[0].size());
+               for (size_t i = 0; i < h.size(); ++i) h[i] = naive::silu(in[0][i]) * in[1][i];
+               return h;
+             }},
       // Llama's MLP, x [B, S, C = 6], I = 10 (one chunk of rows here; tests/kernels/test_mlp.cpp
       // crosses chunk boundaries).
       OpCase{"swiglu_mlp", Op::swiglu_mlp, {{{B, S, 6}}, {{10, 6}}, {{10, 6}}, {{6, 10}}},

@@ -118,6 +118,30 @@ TEMPLATE_TEST_CASE("emulated fused bias + GELU matches the CPU", "[cuda-emulatio
   }
 }
 
+TEMPLATE_TEST_CASE("emulated fused SwiGLU matches the CPU", "[cuda-emulation][elementwise][fuse]", float, double,
+                   cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{1500}}) {
+    INFO("n " << n);
+    const size_t m = static_cast<size_t>(n);
+    auto gv = naive::random_normal(n, 2300, 3.0);
+    if (n > 2) gv[0] = 95.0, gv[1] = -95.0;  // saturated sigmoid
+    const auto g = values<T>(gv), u = values<T>(naive::random_normal(n, 2301));
+    const auto dy = values<T>(naive::random_normal(n, 2302));
+    const auto gs = to_storage<T>(g), us = to_storage<T>(u), dys = to_storage<T>(dy);
+    std::vector<T> y(m), y2(m);
+    std::vector<H> ref(m), ref2(m);
+    cpu::swiglu<H>(g.data(), u.data(), ref.data(), n);
+    cuda::swiglu<T>(gs.data(), us.data(), y.data(), n, nullptr);
+    check_against<T>(from_storage(y), ref);
+    cpu::swiglu_backward<H>(dy.data(), g.data(), u.data(), ref.data(), ref2.data(), n);
+    cuda::swiglu_backward<T>(dys.data(), gs.data(), us.data(), y.data(), y2.data(), n, nullptr);
+    check_against<T>(from_storage(y), ref);
+    check_against<T>(from_storage(y2), ref2);
+  }
+}
+
 // Dropout (LoRA's lora_dropout): the CUDA kernel draws the CPU kernel's mask (kernels/kinds.h).
 TEMPLATE_TEST_CASE("emulated dropout draws the CPU's mask", "[cuda-emulation][elementwise][dropout]", float, double,
                    cuda::bf16) {

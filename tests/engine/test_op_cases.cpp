@@ -187,6 +187,9 @@ TEST_CASE("bf16 elementwise ops in chunks equal the f32 kernels rounded once", "
       {"silu", [](Builder& b, Node* x, Node*) { return b.silu(x); }},
       {"gelu_tanh", [](Builder& b, Node* x, Node*) { return b.gelu_tanh(x); }},
       {"silu_backward", [](Builder& b, Node* x, Node* y) { return b.silu_backward(y, x); }},
+      {"swiglu", [](Builder& b, Node* x, Node* y) { return b.swiglu(x, y); }},
+      {"swiglu_backward dg", [](Builder& b, Node* x, Node* y) { return b.swiglu_backward(y, x, y); }},
+      {"swiglu_backward du", [](Builder& b, Node* x, Node* y) { return b.output(b.swiglu_backward(y, x, y), 1, "du"); }},
   };
   const Shape shape{3, 5000};  // 15,000 elements: three chunks of 4096 and one of 2712
   for (const auto& [name, build] : ops) {

@@ -101,6 +101,9 @@ TEST_CASE("fuse_elementwise fuses every residual add + norm and bias + GELU of t
     auto llama = fused_forward(tiny("llama", L, true));
     CHECK(count(*llama, Op::add_rmsnorm) == size_t(2 * L));
     CHECK(count(*llama, Op::rmsnorm) == 1);  // layer 0's input norm reads the embedding
+    CHECK(count(*llama, Op::swiglu) == size_t(L));  // silu(gate) · up
+    CHECK(count(*llama, Op::silu) == 0);
+    CHECK(count(*llama, Op::mul) == 0);
     // Under activation checkpointing: bias + GELU only.
     auto checkpointed = fused_forward(tiny("gpt2", L, true), false);
     CHECK(count(*checkpointed, Op::add_layernorm) == 0);
@@ -127,7 +130,11 @@ TEST_CASE("fuse_elementwise leaves patterns it cannot fuse exactly", "[fuse]") {
   Node* u = b.add(x, bias, "u");
   Node* gl = b.gelu_tanh(u, "gl");
   Node* keep = b.neg(u, "keep");
-  for (Node* o : {early, n1, n2, gl, keep}) g.add_output(o);
+  // 4. the silu has another user, or the mul broadcasts its other operand (row [S, 8]): no SwiGLU.
+  Node* sl = b.silu(x, "sl");
+  Node* m1 = b.mul(sl, r, "m1");
+  Node* m2 = b.mul(b.silu(r, "sl2"), row, "m2");
+  for (Node* o : {early, n1, n2, gl, keep, sl, m1, m2}) g.add_output(o);
   CHECK_FALSE(passes::fuse_elementwise(g, PassContext{}).changed);
   verify(g);
 
@@ -141,10 +148,17 @@ TEST_CASE("fuse_elementwise leaves patterns it cannot fuse exactly", "[fuse]") {
   Node* sum = c.add(hx, hr, "sum");
   Node* y = c.layernorm(sum, hw, hb, 1e-5, "y");
   h.add_output(c.add(sum, c.gelu_tanh(c.add(y, hb, "yb"), "g"), "out"));
+  h.add_output(c.mul(hr, c.silu(hx, "gate_act"), "act"));  // up · silu(gate): either operand order
   CHECK(passes::fuse_elementwise(h, PassContext{}).changed);
   verify(h);
   CHECK(count(h, Op::add_layernorm) == 1);
   CHECK(count(h, Op::bias_gelu_tanh) == 1);
+  CHECK(count(h, Op::swiglu) == 1);
+  CHECK(count(h, Op::silu) == 0);
+  const Node* act = h.find("act.fused");
+  REQUIRE(act != nullptr);
+  CHECK(act->input(0) == hx);  // swiglu(gate, up)
+  CHECK(act->input(1) == hr);
   const Node* s = h.find("sum.s");
   REQUIRE(s != nullptr);
   CHECK(s->op() == Op::output);

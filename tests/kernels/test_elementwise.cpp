@@ -464,6 +464,47 @@ TEMPLATE_TEST_CASE("bias_gelu_tanh and its backward match the naive gelu of x + 
   }
 }
 
+// The fused SwiGLU (passes/fuse_elementwise) against silu(g)·u and its derivatives written out in
+// float64, and its backward against float64 finite differences of the forward.
+TEMPLATE_TEST_CASE("swiglu and its backward match the naive silu(g)·u", "[kernels][elementwise][backward]", float,
+                   double) {
+  using T = TestType;
+  // 5 and 37 end in a partial vector of 16 lanes; 70,000 crosses runs of 4096 split across threads.
+  for (const int64_t n : {int64_t{5}, int64_t{37}, int64_t{70000}}) {
+    INFO("n " << n);
+    naive::Vec gs = naive::random_normal(n, 1700 + uint32_t(n), 3.0);
+    gs[0] = 95.0, gs[1] = -95.0, gs[2] = 20.0, gs[3] = -20.0;  // saturated sigmoid (and exp16's clamp): no NaN
+    const auto g = test::cast<T>(gs), u = test::cast<T>(naive::random_normal(n, 1800));
+    const auto dy = test::cast<T>(naive::random_normal(n, 1900));
+    std::vector<T> h(static_cast<size_t>(n), T(-777)), dg(h), du(h);
+    cpu::swiglu<T>(g.data(), u.data(), h.data(), n);
+    cpu::swiglu_backward<T>(dy.data(), g.data(), u.data(), dg.data(), du.data(), n);
+    naive::Vec ref(static_cast<size_t>(n)), dgref(ref.size()), duref(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double gv = double(g[i]), uv = double(u[i]), d = double(dy[i]);
+      ref[i] = naive::silu(gv) * uv;
+      dgref[i] = d * uv * naive::silu_grad(gv);
+      duref[i] = d * naive::silu(gv);
+    }
+    test::check_close(h, ref);
+    test::check_close(dg, dgref);
+    test::check_close(du, duref);
+    if constexpr (std::is_same_v<T, double>) {
+      if (n > 100) continue;
+      // <dy, h(g + t·a, u + t·b)>'s derivative at t = 0 is <dg, a> + <du, b>.
+      const naive::Vec a = naive::random_normal(n, 2000), bdir = naive::random_normal(n, 2100);
+      auto loss = [&](double t) {
+        std::vector<double> gt(g), ut(u), ht(gt.size());
+        for (size_t i = 0; i < gt.size(); ++i) gt[i] += t * a[i], ut[i] += t * bdir[i];
+        cpu::swiglu<double>(gt.data(), ut.data(), ht.data(), n);
+        return test::dot(ht, dy);
+      };
+      const double eps = 1e-6, fd = (loss(eps) - loss(-eps)) / (2 * eps);
+      CHECK(fd == Approx(test::dot(dg, a) + test::dot(du, bdir)).epsilon(1e-7));
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("sum_to matches the naive sum over broadcast dims", "[kernels][elementwise][backward]", float,
                    double) {
   using T = TestType;

@@ -942,6 +942,30 @@ Tensor bias_gelu_tanh_bf16(const KernelCall& c) {
   return y;
 }
 
+// silu(g) · u (inputs g, u) and its backward (inputs dy, g, u; outputs dg, du) on bf16: chunks
+// widened, the f32 kernel, one rounding per output (the emulation's bits).
+Tensor swiglu_bf16(const KernelCall& c) {
+  const Tensor g = arg(c, 0), u = arg(c, 1);
+  Tensor h = out_like(c, DType::bf16);
+  by_chunks_bf16<2, 1>({g.data<uint16_t>(), u.data<uint16_t>()}, {h.data<uint16_t>()}, h.numel(), 16,
+                       [](const std::array<const float*, 2>& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
+                         cpu::swiglu<float>(in[0], in[1], out[0], m);
+                       });
+  return h;
+}
+Tensor swiglu_backward_bf16(const KernelCall& c) {
+  const Tensor dy = arg(c, 0), g = arg(c, 1), u = arg(c, 2);
+  Tensor dg = out_like(c, DType::bf16);
+  Tensor du = extra_like(c, u.shape(), DType::bf16);
+  c.extras.push_back(du);
+  by_chunks_bf16<3, 2>({dy.data<uint16_t>(), g.data<uint16_t>(), u.data<uint16_t>()},
+                       {dg.data<uint16_t>(), du.data<uint16_t>()}, dg.numel(), 16,
+                       [](const std::array<const float*, 3>& in, const std::array<float*, 2>& out, int64_t, int64_t m) {
+                         cpu::swiglu_backward<float>(in[0], in[1], in[2], out[0], out[1], m);
+                       });
+  return dg;
+}
+
 // ---- sums and the embedding on bf16: the kernels read bf16 themselves ----
 
 // DPO's sequence sums on bf16 logits (kernels/cpu/preference.h): the sums and their gradient f32
@@ -1082,6 +1106,8 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::rope_backward, rope_bf16<true>, 1, false},
     {Op::bias_gelu_tanh, bias_gelu_tanh_bf16<false>, 2, false},
     {Op::bias_gelu_tanh_backward, bias_gelu_tanh_bf16<true>, 3, false},
+    {Op::swiglu, swiglu_bf16, 2, false},
+    {Op::swiglu_backward, swiglu_backward_bf16, 3, false},
     {Op::sum_to, sum_to_bf16, 1, false},
     {Op::embedding, embedding_bf16<false>, 1, false},
     {Op::embedding_backward, embedding_bf16<true>, 1, false},

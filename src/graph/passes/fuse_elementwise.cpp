@@ -11,6 +11,9 @@
 //   spanning two layers makes both keep extra checkpoints, and inside a layer the recomputed sum
 //   can no longer be written over its dying input (the memory plan does that for a primary output
 //   only), so either way the checkpointed run would hold one more [B, S, C] buffer.
+// - silu → mul: the silu is one mul operand and has no other user, the other operand (up) has the
+//   mul's shape (no broadcast). The silu's output is then never stored (the backward recomputes it
+//   from the gate, which it reads anyway).
 #include "graph/passes/fuse_elementwise.h"
 
 namespace autosp {
@@ -52,6 +55,19 @@ bool fuse_bias_gelu(Graph& g, Node* gelu) {
   return true;
 }
 
+bool fuse_swiglu(Graph& g, Node* silu) {
+  if (silu->users().size() != 1 || g.is_output(silu)) return false;
+  Node* m = silu->users().front();
+  if (m->op() != Op::mul) return false;
+  Node* up = m->input(0) == silu ? m->input(1) : m->input(0);
+  if (up == silu || !same_shape(up, m) || !same_shape(silu, m)) return false;
+  Node* fused = g.insert_after(m, Op::swiglu, {silu->input(0), up}, {}, m->name() + ".fused", m->role());
+  g.replace_all_uses_with(m, fused, fused);
+  g.erase(m);
+  g.erase(silu);
+  return true;
+}
+
 }  // namespace
 
 namespace passes {
@@ -61,10 +77,13 @@ PassResult fuse_elementwise(Graph& g, const PassContext& ctx) {
   std::vector<Node*> candidates;
   for (const auto& n : g.nodes()) {
     const bool norm = n->op() == Op::layernorm || n->op() == Op::rmsnorm;
-    if (n->op() == Op::gelu_tanh || (norm && ctx.fuse_residual_norms)) candidates.push_back(n.get());
+    if (n->op() == Op::gelu_tanh || n->op() == Op::silu || (norm && ctx.fuse_residual_norms))
+      candidates.push_back(n.get());
   }
   for (Node* n : candidates) {
-    const bool fused = n->op() == Op::gelu_tanh ? fuse_bias_gelu(g, n) : fuse_add_norm(g, n);
+    const bool fused = n->op() == Op::gelu_tanh ? fuse_bias_gelu(g, n)
+                       : n->op() == Op::silu    ? fuse_swiglu(g, n)
+                                                : fuse_add_norm(g, n);
     res.changed = res.changed || fused;
   }
   return res;

@@ -2,7 +2,8 @@
 // write each tensor once (docs/decisions.md):
 //   add(x, r) → layernorm / rmsnorm        ⇒ add_layernorm / add_rmsnorm (x, r [..., C] same shape);
 //       the add's other users read the sum from the fused node's extra output 1 (`output(·, 1)`);
-//   add(x, b [C]) → gelu_tanh (the add has no other user) ⇒ bias_gelu_tanh(x, b).
+//   add(x, b [C]) → gelu_tanh (the add has no other user) ⇒ bias_gelu_tanh(x, b);
+//   silu(g) → mul(·, u) (the silu has no other user, u the mul's shape) ⇒ swiglu(g, u).
 // Run after AutoSP and before autograd (compiler/program.cpp: program_passes), so the backward is built from the
 // fused ops' vjps. Edits through the Graph API only; the replaced nodes are erased.
 #pragma once

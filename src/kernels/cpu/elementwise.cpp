@@ -83,7 +83,50 @@ AUTOSP_VEC16_CLONES void gelu_tanh_grad_run(const float* dy, const float* x, con
     vec16::store_part(dx + i, load_part(dy + i, n - i, 0.0f) * gelu_tanh_grad16(v), n - i);
   }
 }
-constexpr int64_t kRun = 4096;  // plain (bias-free) f32 gelu: threads take runs of this many entries
+constexpr int64_t kRun = 4096;  // plain (bias-free) f32 gelu and SwiGLU: threads take runs of this many entries
+
+// SwiGLU and its gradient at one entry (T = double, the gradient-check dtype) or 16 lanes (f32,
+// exp16, compiled per ISA): the same formulas, so the scalar and vector paths read alike.
+// s = sigmoid(g); h = g·s·u; dg = dy·u·s·(1 + g·(1 - s)), du = dy·g·s. exp16 is 0 below -87.3
+// and clamps above 88.4, so s saturates to 0 or 1 without NaN.
+template <class V>
+[[gnu::always_inline]] inline V sigmoid_of(V v) {
+  if constexpr (std::is_same_v<V, f32x16>) return 1.0f / (1.0f + vec16::exp16(-v));
+  else return V(1) / (V(1) + std::exp(-v));
+}
+template <class V>
+[[gnu::always_inline]] inline void swiglu_grad_at(V g, V u, V dy, V& dg, V& du) {
+  const V s = sigmoid_of(g);
+  dg = dy * u * (s * (1 + g * (1 - s)));
+  du = dy * (g * s);
+}
+AUTOSP_VEC16_CLONES void swiglu_run(const float* g, const float* u, float* h, int64_t n) {
+  using vec16::load, vec16::load_part;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const f32x16 gv = load(g + i);
+    vec16::store(h + i, gv * sigmoid_of(gv) * load(u + i));
+  }
+  if (i < n) {
+    const f32x16 gv = load_part(g + i, n - i, 0.0f);
+    vec16::store_part(h + i, gv * sigmoid_of(gv) * load_part(u + i, n - i, 0.0f), n - i);
+  }
+}
+AUTOSP_VEC16_CLONES void swiglu_grad_run(const float* dy, const float* g, const float* u, float* dg, float* du,
+                                         int64_t n) {
+  using vec16::load, vec16::load_part;
+  f32x16 dgv, duv;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    swiglu_grad_at(load(g + i), load(u + i), load(dy + i), dgv, duv);
+    vec16::store(dg + i, dgv), vec16::store(du + i, duv);
+  }
+  if (i < n) {
+    const int64_t m = n - i;
+    swiglu_grad_at(load_part(g + i, m, 0.0f), load_part(u + i, m, 0.0f), load_part(dy + i, m, 0.0f), dgv, duv);
+    vec16::store_part(dg + i, dgv, m), vec16::store_part(du + i, duv, m);
+  }
+}
 
 
 template <class T, class F>
@@ -313,6 +356,28 @@ void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t
 }
 
 template <class T>
+void swiglu(const T* g, const T* u, T* h, int64_t n) {
+  AUTOSP_ASSERT(n >= 0, "swiglu n ", n);
+#pragma omp parallel for schedule(static) if (n > kGrain)
+  for (int64_t i = 0; i < n; i += kRun) {
+    const int64_t m = std::min(kRun, n - i);
+    if constexpr (std::is_same_v<T, float>) swiglu_run(g + i, u + i, h + i, m);
+    else for (int64_t j = i; j < i + m; ++j) h[j] = g[j] * sigmoid_of(g[j]) * u[j];
+  }
+}
+
+template <class T>
+void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n) {
+  AUTOSP_ASSERT(n >= 0, "swiglu_backward n ", n);
+#pragma omp parallel for schedule(static) if (n > kGrain)
+  for (int64_t i = 0; i < n; i += kRun) {
+    const int64_t m = std::min(kRun, n - i);
+    if constexpr (std::is_same_v<T, float>) swiglu_grad_run(dy + i, g + i, u + i, dg + i, du + i, m);
+    else for (int64_t j = i; j < i + m; ++j) swiglu_grad_at(g[j], u[j], dy[j], dg[j], du[j]);
+  }
+}
+
+template <class T>
 void dropout(const T* x, const int64_t* token, T* y, int64_t rows, int64_t C, uint64_t seed, uint64_t threshold,
              double scale) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "dropout rows ", rows, " C ", C);
@@ -390,6 +455,8 @@ void fill(T* dst, int64_t n, T value) {
   template void unary_backward<T>(UnaryGrad, const T*, const T*, T*, int64_t);                      \
   template void bias_gelu_tanh<T>(const T*, const T*, T*, int64_t, int64_t);                        \
   template void bias_gelu_tanh_backward<T>(const T*, const T*, const T*, T*, int64_t, int64_t);     \
+  template void swiglu<T>(const T*, const T*, T*, int64_t);                                         \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                  \
   template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*);                       \
   template void dropout<T>(const T*, const int64_t*, T*, int64_t, int64_t, uint64_t, uint64_t, double); \
   template double sum_squares<T>(const T*, int64_t);

@@ -55,6 +55,15 @@ void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C);
 template <class T>
 void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C);
 
+// Llama's SwiGLU activation in one pass (passes/fuse_elementwise: silu(gate) · up): h = silu(g) · u
+// over n entries, silu(g) = g · sigmoid(g). h may alias g or u.
+template <class T>
+void swiglu(const T* g, const T* u, T* h, int64_t n);
+// Its backward in one pass, with s = sigmoid(g): dg = dy · u · s · (1 + g · (1 - s)), du = dy · g · s.
+// dg may alias dy or g, du may alias u.
+template <class T>
+void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n);
+
 // Sum x (row-major `x_shape`, rank ≤ kMaxRank) down to `out_shape` (same rank; each dim either
 // equal to x's or 1, which is summed over). Deterministic; float sums accumulate in double.
 // This is the one place gradients are summed over broadcast dims. T is float, double or uint16_t

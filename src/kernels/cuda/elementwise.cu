@@ -75,6 +75,26 @@ __global__ void bias_gelu_tanh_backward_kernel(const T* dy, const T* x, const T*
   AUTOSP_GRID_STRIDE(i, n) store(dx, i, load(dy, i) * gelu_tanh_grad(load(x, i) + load(b, i % C)));
 }
 
+// h = silu(g) · u and its gradient (dg, du) in acc_t<T>, one rounding per output: grid-stride over n.
+template <class T>
+__global__ void swiglu_kernel(const T* g, const T* u, T* h, int64_t n) {
+  using A = acc_t<T>;
+  AUTOSP_GRID_STRIDE(i, n) {
+    const A gv = load(g, i);
+    store(h, i, gv / (A(1) + dexp(-gv)) * load(u, i));
+  }
+}
+template <class T>
+__global__ void swiglu_backward_kernel(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n) {
+  using A = acc_t<T>;
+  AUTOSP_GRID_STRIDE(i, n) {
+    const A gv = load(g, i), uv = load(u, i), d = load(dy, i);
+    const A s = A(1) / (A(1) + dexp(-gv));
+    store(dg, i, d * uv * (s * (A(1) + gv * (A(1) - s))));
+    store(du, i, d * (gv * s));
+  }
+}
+
 // y = x / (1 − p) where the mask keeps element i = r·C + c, else 0: grid-stride over n = rows·C.
 template <class T>
 __global__ void dropout_kernel(const T* x, const int64_t* token, T* y, int64_t n, int64_t C, uint64_t seed,
@@ -351,6 +371,20 @@ void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C, cudaS
 }
 
 template <class T>
+void swiglu(const T* g, const T* u, T* h, int64_t n, cudaStream_t stream) {
+  AUTOSP_ASSERT(n >= 0, "swiglu n ", n);
+  if (n == 0) return;
+  launch_kernel(swiglu_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, g, u, h, n);
+}
+
+template <class T>
+void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n, cudaStream_t stream) {
+  AUTOSP_ASSERT(n >= 0, "swiglu_backward n ", n);
+  if (n == 0) return;
+  launch_kernel(swiglu_backward_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, dy, g, u, dg, du, n);
+}
+
+template <class T>
 void dropout(const T* x, const int64_t* token, T* y, int64_t rows, int64_t C, uint64_t seed, uint64_t threshold,
              double scale, cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "dropout rows ", rows, " C ", C);
@@ -502,6 +536,8 @@ void sum_squares(const T* x, int64_t n, double* out, cudaStream_t stream) {
   template void dropout<T>(const T*, const int64_t*, T*, int64_t, int64_t, uint64_t, uint64_t, double,          \
                            cudaStream_t);                                                                       \
   template void bias_gelu_tanh_backward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, cudaStream_t);  \
+  template void swiglu<T>(const T*, const T*, T*, int64_t, cudaStream_t);                                      \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, cudaStream_t);               \
   template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*, const int64_t*, T*, \
                           cudaStream_t);                                                                       \
   template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*, cudaStream_t);                    \

@@ -34,6 +34,13 @@ void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C, cudaS
 template <class T>
 void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C, cudaStream_t stream);
 
+// h = silu(g) · u and its backward (dg, du) in one pass each, in acc_t<T>, one rounding per output
+// (kernels/cpu/elementwise.h swiglu). h may alias g or u; dg may alias dy or g, du may alias u.
+template <class T>
+void swiglu(const T* g, const T* u, T* h, int64_t n, cudaStream_t stream);
+template <class T>
+void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n, cudaStream_t stream);
+
 // Inverted dropout, as kernels/cpu/elementwise.h dropout (the same mask: kernels/kinds.h). x and y
 // may alias.
 template <class T>
