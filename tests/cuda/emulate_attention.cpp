@@ -337,14 +337,14 @@ TEST_CASE("emulated attention with sinks matches gpt-oss's eager attention", "[c
   // Tensor cores (bf16, D 64 and 128): GQA, several query and key tiles of 64, a window that cuts,
   // packed documents, and causal rows that see no key (Sq > Skv: o = 0, lse = the sink).
   check_with_sinks<bf16, true>(Case{2, 4, 2, 150, 150, 64, true, 0, 50}, seed += 4);
-  check_with_sinks<bf16, true>(Case{1, 4, 2, 140, 140, 64, true, 40}, seed += 4, true);
+  check_with_sinks<bf16, true>(Case{1, 2, 1, 130, 130, 64, true, 40}, seed += 4);
   check_with_sinks<bf16, true>(Case{1, 2, 1, 100, 70, 128, true}, seed += 4);
   // SIMT (f32; bf16 too): tiles of 32 keys and 8 query rows, window and documents together, a
   // softcap, and a windowed ring pair's tail (not causal, offset).
   check_with_sinks<float, false>(Case{2, 4, 2, 90, 90, 16, true, 20, 30}, seed += 4, true);
   check_with_sinks<float, false>(Case{1, 2, 1, 70, 70, 32, true, 0, 25, 0, 1.5}, seed += 4);
   check_with_sinks<float, false>(Case{1, 2, 2, 40, 12, 8, false, 0, 16, 40}, seed += 4);
-  check_with_sinks<bf16, false>(Case{1, 5, 1, 70, 70, 64, true, 0, 25}, seed += 4);
+  check_with_sinks<bf16, false>(Case{1, 5, 1, 70, 70, 64, true, 0, 25}, seed += 4, true);
 }
 
 // Ring attention's merge by log-sum-exp (one thread per row) against the CPU's, on the same values:
