@@ -92,6 +92,31 @@ naive::Vec widen(const std::vector<T>& x) {
   return out;
 }
 
+// A case's operands: q, k, v, dout in storage T (normal, from `seed` on), the floats the kernels
+// see (qf, …), the document starts (null without documents) and the kernels to run (kMma: the
+// launchers' automatic choice, which is the tensor cores for bf16 at D 64/128; else SIMT).
+template <class T, bool kMma>
+struct Operands {
+  int64_t nq, nkv, nl;  // elements of q (and dout), of k (and v), rows of lse
+  std::vector<float> qf, kf, vf, dof;
+  std::vector<T> q, k, v, dout;
+  std::vector<int64_t> starts_v;
+  const int64_t* starts;
+  cuda::SdpaKernel kernel = kMma ? cuda::SdpaKernel::automatic : cuda::SdpaKernel::simt;
+  double scale;
+  Operands(const Case& c, uint32_t seed)
+      : nq(c.B * c.N * c.Sq * c.D),
+        nkv(c.B * c.Nkv * c.Skv * c.D),
+        nl(c.B * c.N * c.Sq),
+        q(store<T>(naive::random_normal(nq, seed), qf)),
+        k(store<T>(naive::random_normal(nkv, seed + 1), kf)),
+        v(store<T>(naive::random_normal(nkv, seed + 2), vf)),
+        dout(store<T>(naive::random_normal(nq, seed + 3), dof)),
+        starts_v(c.doc_len > 0 ? document_starts(c) : std::vector<int64_t>()),
+        starts(c.doc_len > 0 ? starts_v.data() : nullptr),
+        scale(1.0 / std::sqrt(double(c.D))) {}
+};
+
 // Runs sdpa_forward / sdpa_backward (the launchers, so also their choice of kernel and launch
 // geometry) under emulation and compares with the CPU kernels. kMma: the tensor-core path
 // (automatic, bf16, D 64/128) or the SIMT path.
@@ -102,16 +127,13 @@ void check_emulated(const Case& c, uint32_t seed) {
             << " softcap " << c.softcap
             << (kMma ? " mma" : " simt"));
   const AttentionVariant<float> var{.window = c.window, .softcap = c.softcap, .offset = c.offset};
-  const std::vector<int64_t> starts_v = c.doc_len > 0 ? document_starts(c) : std::vector<int64_t>();
-  const int64_t* starts = c.doc_len > 0 ? starts_v.data() : nullptr;
-  const cuda::SdpaKernel kernel = kMma ? cuda::SdpaKernel::automatic : cuda::SdpaKernel::simt;
-  const double tol = std::is_same_v<T, bf16> ? 1e-2 : 1e-5;
-  const double scale = 1.0 / std::sqrt(double(c.D));
-  const int64_t nq = c.B * c.N * c.Sq * c.D, nkv = c.B * c.Nkv * c.Skv * c.D, nl = c.B * c.N * c.Sq;
-  std::vector<float> qf, kf, vf, dof;
-  const auto q = store<T>(naive::random_normal(nq, seed), qf), k = store<T>(naive::random_normal(nkv, seed + 1), kf);
-  const auto v = store<T>(naive::random_normal(nkv, seed + 2), vf);
-  const auto dout = store<T>(naive::random_normal(nq, seed + 3), dof);
+  const Operands<T, kMma> in(c, seed);
+  const auto &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+  const auto &qf = in.qf, &kf = in.kf, &vf = in.vf, &dof = in.dof;
+  const int64_t nq = in.nq, nkv = in.nkv, nl = in.nl;
+  const int64_t* starts = in.starts;
+  const cuda::SdpaKernel kernel = in.kernel;
+  const double scale = in.scale, tol = std::is_same_v<T, bf16> ? 1e-2 : 1e-5;
 
   // CPU reference (float, on the values the kernel sees)
   std::vector<float> o_ref(static_cast<size_t>(nq)), lse_ref(static_cast<size_t>(nl));
@@ -222,23 +244,22 @@ void check_with_sinks(const Case& c, uint32_t seed, bool repeat = false) {
   INFO("sinks: B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv << " D " << c.D
                    << " causal " << c.causal << " documents " << c.doc_len << " window " << c.window << " offset "
                    << c.offset << " softcap " << c.softcap << (kMma ? " mma" : " simt"));
-  const std::vector<int64_t> starts_v = c.doc_len > 0 ? document_starts(c) : std::vector<int64_t>();
-  const int64_t* starts = c.doc_len > 0 ? starts_v.data() : nullptr;
-  const cuda::SdpaKernel kernel = kMma ? cuda::SdpaKernel::automatic : cuda::SdpaKernel::simt;
+  const Operands<T, kMma> in(c, seed);
+  const auto &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+  const int64_t nq = in.nq, nkv = in.nkv, nl = in.nl;
+  const int64_t* starts = in.starts;
+  const cuda::SdpaKernel kernel = in.kernel;
+  const double scale = in.scale;
   // f32: within 4e-7 seen. bf16: the kernels round P (tensor cores) and o to bf16 and read the
   // rounded o in Δ, while the reference is exact: within 9e-3 seen (scaled by 1 + |ref|).
   const double tol = std::is_same_v<T, bf16> ? 2e-2 : 1e-5;
-  const double scale = 1.0 / std::sqrt(double(c.D));
-  const int64_t nq = c.B * c.N * c.Sq * c.D, nkv = c.B * c.Nkv * c.Skv * c.D, nl = c.B * c.N * c.Sq;
-  std::vector<float> qf, kf, vf, dof, sinks;
-  const auto q = store<T>(naive::random_normal(nq, seed), qf), k = store<T>(naive::random_normal(nkv, seed + 1), kf);
-  const auto v = store<T>(naive::random_normal(nkv, seed + 2), vf);
-  const auto dout = store<T>(naive::random_normal(nq, seed + 3), dof);
   const double kSinks[] = {1.5, -3.0, 8.0, 0.25, 3.5};
   naive::Vec sink_values(size_t(c.N));
   for (int64_t h = 0; h < c.N; ++h) sink_values[size_t(h)] = kSinks[size_t(h) % 5];
+  std::vector<float> sinks;
   store<T>(sink_values, sinks);  // the kernels read f32 sinks; a bf16 model's are bf16 values
-  const Eager ref = eager_attention(c, widen(qf), widen(kf), widen(vf), widen(sinks), widen(dof), starts, scale);
+  const Eager ref =
+      eager_attention(c, widen(in.qf), widen(in.kf), widen(in.vf), widen(sinks), widen(in.dof), starts, scale);
 
   std::vector<float> dsinks(size_t(c.N), -777.f);
   const AttentionVariant<float> var{
