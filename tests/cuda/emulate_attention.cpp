@@ -366,6 +366,8 @@ TEST_CASE("emulated attention with sinks matches gpt-oss's eager attention", "[c
   check_with_sinks<float, false>(Case{1, 2, 1, 70, 70, 32, true, 0, 25, 0, 1.5}, seed += 4);
   check_with_sinks<float, false>(Case{1, 2, 2, 40, 12, 8, false, 0, 16, 40}, seed += 4);
   check_with_sinks<bf16, false>(Case{1, 5, 1, 70, 70, 64, true, 0, 25}, seed += 4, true);
+  // No queries: dsinks is still written (0), dk and dv too.
+  check_with_sinks<float, false>(Case{1, 2, 1, 0, 5, 16, false}, seed += 4);
 }
 
 // Ring attention's merge by log-sum-exp (one thread per row) against the CPU's, on the same values:
