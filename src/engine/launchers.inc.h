@@ -31,12 +31,13 @@
 //   group(c)              the node's communicator, checked to carry this device's tensors
 //   kRopeMaxHeadDim, kAttentionMaxHeadDim   the largest head dims the kernels take
 //   kDeviceName           "CPU", "CUDA" (in messages)
-//   kAttentionSinks       whether the device's attention kernels take sinks (AttentionVariant::sinks)
 //   kMoeOptions           whether the device's MoE kernels take gpt-oss's options (kernels/kinds.h MoeOptions)
 // and for attention (sdpa's own launchers and ring attention's chunk pairs):
 //   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T;
 //                         CUDA's: float), in which ring attention also sums its blocks
 //   lse_input(c, i)       an attention backward's saved log-sum-exp, contiguous in attn_acc_t
+//   sinks_input(c, i)     an attention node's sinks [N], contiguous on the device, where the
+//                         kernels' AttentionVariant reads them (the CPU: as they are; CUDA: f32)
 //   attend<T>(s, ...), attend_backward<T>(s, ...)   the device's flash attention forward and
 //                         backward on one call's operands (kernels/cpu/attention.h's arguments)
 //   variant_of<T>(c, offset)   the node's window and softcap (graph/builder.h AttentionAttrs) as
@@ -98,8 +99,8 @@ Tensor copy_view(const KernelCall& c, const Tensor& view, bool as_output = true)
 }
 
 // The operands sdpa and ring_attention share, contiguous on the device and checked: q, k, v and the
-// optional document starts (as i64) and sinks (graph/builder.h attention_inputs); their backward
-// adds o, lse (lse_input) and dout (inputs 3-5) before the optional ones.
+// optional document starts (as i64) and sinks (sinks_input; graph/builder.h attention_inputs);
+// their backward adds o, lse (lse_input) and dout (inputs 3-5) before the optional ones.
 struct AttentionArgs {
   Tensor q, k, v, o, lse, dout, docs, sinks;
   const int64_t* doc_start() const { return docs.defined() ? ptr<int64_t>(docs) : nullptr; }
@@ -117,12 +118,7 @@ AttentionArgs attention_args(const KernelCall& c, bool backward) {
   const AttentionInputs opt = attention_inputs(c.node);
   size_t i = opt.first;
   if (opt.doc_start) args.docs = ids64(c, i++);
-  if (opt.sinks) {
-    if (!kAttentionSinks)
-      throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": attention sinks have no ", kDeviceName,
-                           " kernel yet"));
-    args.sinks = arg(c, i);
-  }
+  if (opt.sinks) args.sinks = sinks_input(c, i);
   check_head_dim(c, args.q.dim(3), kAttentionMaxHeadDim, "attention");
   return args;
 }
@@ -790,8 +786,8 @@ Tensor ring_attention_backward(const KernelCall& c) {
     c.extras.push_back(dv);
     from_interleaved(c, block_part(own, 0), dk, s);
     from_interleaved(c, block_part(own, 1), dv, s);
-    if (dsinks.defined()) {
-      c.extras.push_back(extra_like(c, dsinks.shape(), args.sinks.dtype()));
+    if (dsinks.defined()) {  // in the node's dtype (args.sinks may be widened)
+      c.extras.push_back(extra_like(c, dsinks.shape(), attention_inputs(c.node).sinks->dtype()));
       convert(dsinks, c.extras.back(), s);
     }
     return dq;

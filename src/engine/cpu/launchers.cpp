@@ -148,7 +148,6 @@ Communicator& group(const KernelCall& c) {
 constexpr int64_t kRopeMaxHeadDim = std::numeric_limits<int64_t>::max();
 constexpr int64_t kAttentionMaxHeadDim = std::numeric_limits<int64_t>::max();
 constexpr const char* kDeviceName = "CPU";
-constexpr bool kAttentionSinks = true;
 
 // Attention: the CPU kernels keep the log-sum-exp in the compute type T (f32 or f64), and ring
 // attention sums its blocks in T.
@@ -157,6 +156,7 @@ Tensor by_attention_float(const KernelCall& c, DType dt, F&& f) {
   return by_float(c, dt, std::forward<F>(f));
 }
 Tensor lse_input(const KernelCall& c, size_t i) { return arg(c, i); }
+Tensor sinks_input(const KernelCall& c, size_t i) { return arg(c, i); }
 
 // The node's window and softcap (graph/builder.h AttentionAttrs) as the kernels' variant, with a
 // ring chunk pair's key offset.

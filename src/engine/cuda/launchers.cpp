@@ -154,7 +154,6 @@ Communicator& group(const KernelCall& c) {
 constexpr int64_t kRopeMaxHeadDim = 256;       // kernels/cuda/rope.cuh
 constexpr int64_t kAttentionMaxHeadDim = 128;  // kernels/cuda/attention.cuh
 constexpr const char* kDeviceName = "CUDA";
-constexpr bool kAttentionSinks = false;  // kernels/cuda/attention.cu asserts none (decision 141)
 
 // Attention: f32 and bf16 (no f64 kernels); the kernels (ours and cuDNN's) keep the log-sum-exp in
 // f32 whatever T is, and ring attention sums its blocks in f32.
@@ -163,6 +162,8 @@ Tensor by_attention_float(const KernelCall& c, DType dt, F&& f) {
   return by_float<false>(c, dt, std::forward<F>(f));
 }
 Tensor lse_input(const KernelCall& c, size_t i) { return gpu::cast(input(c, i), DType::f32, c.alloc, stream(c)); }
+// The kernels read the sinks in f32 whatever T is (a bf16 model's [N] sinks: a copy of N).
+Tensor sinks_input(const KernelCall& c, size_t i) { return gpu::cast(input(c, i), DType::f32, c.alloc, stream(c)); }
 
 // The node's window and softcap (graph/builder.h AttentionAttrs) as the kernels' variant, with a
 // ring chunk pair's key offset.
@@ -257,18 +258,21 @@ Tensor concat(const KernelCall& c) {
 
 namespace {
 // Whether this attention node runs on cuDNN's fused SDPA: runtime.attention (the executor's
-// options, carried by the KernelCall) is "auto" or "cudnn", there is no document mask, and cuDNN
-// supports the sizes (kernels/cuda/cudnn_attention.cuh). Otherwise our flash attention runs:
-// silently under "auto" (decision 129), with one warning per distinct reason under "cudnn". Both
-// write the same f32 lse, so forward and backward may differ.
+// options, carried by the KernelCall) is "auto" or "cudnn", there is no document mask, window,
+// softcap or sinks (cuDNN's SDPA graph has no sink column: a node with sinks always runs ours),
+// and cuDNN supports the sizes (kernels/cuda/cudnn_attention.cuh). Otherwise our flash attention
+// runs: silently under "auto" (decision 129), with one warning per distinct reason under "cudnn".
+// Both write the same f32 lse, so forward and backward may differ.
 template <class T>
 bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
   if (c.attention == AttentionBackend::flash) return false;
-  const bool documents = attention_inputs(c.node).doc_start != nullptr;  // config.cpp refuses it with "cudnn"
-  const std::string why = documents                                 ? std::string("a document mask (doc_start)")
-                          : !(attention_attrs(c.node) == AttentionAttrs{}) ? std::string("a sliding window or softcap")
-                                                                    : cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
-                                                                      q.dim(3), c.node.attrs().b("causal"));
+  const AttentionInputs opt = attention_inputs(c.node);
+  const std::string why = opt.doc_start ? std::string("a document mask (doc_start)")  // config.cpp refuses it with "cudnn"
+                          : opt.sinks   ? std::string("attention sinks")
+                          : !(attention_attrs(c.node) == AttentionAttrs{})
+                              ? std::string("a sliding window or softcap")
+                              : cuda::cudnn_sdpa_unsupported<T>(q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
+                                                                q.dim(3), c.node.attrs().b("causal"));
   if (why.empty()) return true;
   if (c.attention == AttentionBackend::automatic) return false;
   static std::mutex mu;
@@ -282,10 +286,10 @@ bool use_cudnn(const KernelCall& c, const Tensor& q, const Tensor& k) {
 }  // namespace
 
 // o [B, N, Sq, D]; extra output 1: lse [B, N, Sq] (written in f32; cast when the op table declares
-// another dtype). Input 3 (optional): the document starts [B, Sq], i64.
+// another dtype). Optional inputs: the document starts [B, Sq], the sinks [N].
 Tensor sdpa(const KernelCall& c) {
   const AttentionArgs args = attention_args(c, false);
-  const Tensor &q = args.q, &k = args.k, &v = args.v, &docs = args.docs;
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
   return by_attention_float(c, q.dtype(), [&]<class T>() {
     Tensor o = out_like(c, q.dtype());
     const Shape lse_shape{q.dim(0), q.dim(1), q.dim(2)};
@@ -299,17 +303,17 @@ Tensor sdpa(const KernelCall& c) {
     else
       cuda::sdpa_forward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse32), q.dim(0), q.dim(1), k.dim(1),
                             q.dim(2), k.dim(2), q.dim(3), scale, causal, stream(c), cuda::SdpaKernel::automatic,
-                            docs.defined() ? ptr<int64_t>(docs) : nullptr, variant_of<T>(c));
+                            args.doc_start(), with_sinks(variant_of<T>(c), args));
     settle_scalar(lse32, lse, stream(c));
     c.extras.push_back(lse);
     return o;
   });
 }
 
-// dq; extra outputs dk, dv. Inputs: q, k, v, o, lse, dout (, the document starts).
+// dq; extra outputs dk, dv (, dsinks). Inputs: q, k, v, o, lse, dout (, document starts) (, sinks).
 Tensor sdpa_backward(const KernelCall& c) {
   const AttentionArgs args = attention_args(c, true);
-  const Tensor &q = args.q, &k = args.k, &v = args.v, &docs = args.docs;
+  const Tensor &q = args.q, &k = args.k, &v = args.v;
   const Tensor &o = args.o, &lse = args.lse, &dout = args.dout;
   return by_attention_float(c, q.dtype(), [&]<class T>() {
     Tensor dq = out_like(c, q.dtype());
@@ -317,6 +321,12 @@ Tensor sdpa_backward(const KernelCall& c) {
     c.extras.push_back(dk);
     Tensor dv = extra_like(c, v.shape(), v.dtype());
     c.extras.push_back(dv);
+    Tensor dsinks;  // the kernels write f32; the node's dsinks has the sinks' dtype
+    if (args.sinks.defined()) {
+      const DType dt = attention_inputs(c.node).sinks->dtype();
+      c.extras.push_back(extra_like(c, args.sinks.shape(), dt));
+      dsinks = dt == DType::f32 ? c.extras.back() : Tensor::empty(args.sinks.shape(), DType::f32, c.alloc);
+    }
     const double scale = c.node.attrs().f("scale");
     const bool causal = c.node.attrs().b("causal");
     if (use_cudnn<T>(c, q, k))
@@ -326,8 +336,9 @@ Tensor sdpa_backward(const KernelCall& c) {
     else
       cuda::sdpa_backward<T>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(o), ptr<float>(lse), ptr<T>(dout), ptr<T>(dq),
                              ptr<T>(dk), ptr<T>(dv), q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), scale,
-                             causal, stream(c), cuda::SdpaKernel::automatic, docs.defined() ? ptr<int64_t>(docs) : nullptr,
-                             variant_of<T>(c));
+                             causal, stream(c), cuda::SdpaKernel::automatic, args.doc_start(),
+                             with_sinks(variant_of<T>(c), args, dsinks.defined() ? ptr<float>(dsinks) : nullptr));
+    if (dsinks.defined()) settle_scalar(dsinks, c.extras.back(), stream(c));
     return dq;
   });
 }

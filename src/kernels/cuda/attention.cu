@@ -35,6 +35,9 @@
 // tiles before a block's earliest document start (forward, dq), stops dk/dv at the first query
 // tile whose first query starts past the block's last key (every later tile starts later still),
 // and masks per element inside the others, with the tile's starts staged in shared memory (dk/dv).
+// Sinks: a row's sink joins its denominator after its last tile (join_sink), in both forward
+// kernels; the backward kernels are unchanged (the lse they read includes the sink) and dsinks is
+// its own small kernel over lse and Δ (sdpa_sinks_grad_kernel).
 #include "kernels/cuda/attention.cuh"
 
 #include <algorithm>
@@ -82,6 +85,23 @@ __global__ void sdpa_delta_kernel(const T* o, const T* dout, float* delta, int64
   for (int d = lane; d < D; d += kWarp) s += to_acc(dout[r * D + d]) * to_acc(o[r * D + d]);
   s = warp_sum(s);
   if (lane == 0) delta[r] = s;
+}
+
+// dsinks[h] = -Σ_{b,i} exp(sinks[h] - lse[b, h, i]) · Δ[b, h, i] (kernels/attention_variant.h).
+// grid N, block 256: thread t sums rows t, t + 256, … of the head's B·Sq in order, then block_sum's
+// fixed tree, so the result does not depend on scheduling.
+__global__ void sdpa_sinks_grad_kernel(const float* lse, const float* delta, const float* sinks, float* dsinks,
+                                       int64_t B, int N, int64_t Sq) {
+  __shared__ float part[kWarp];
+  const int64_t h = blockIdx.x;
+  const float sink = sinks[h];
+  float s = 0.f;
+  for (int64_t r = threadIdx.x; r < B * Sq; r += blockDim.x) {
+    const int64_t row = ((r / Sq) * N + h) * Sq + r % Sq;
+    s += expf(sink - lse[row]) * delta[row];  // lse ≥ sink: never -inf with a sink
+  }
+  s = block_sum(s, part);
+  if (threadIdx.x == 0) dsinks[h] = -s;
 }
 
 template <class T>
@@ -160,11 +180,25 @@ __device__ __forceinline__ float capped(float s, float cap, float& deriv) {
   return cap * t;
 }
 
+// A sink joins a finished row's denominator once (kernels/attention_variant.h): with m' = max(m, sink),
+// l' = l · e^(m - m') + e^(sink - m'), and the row's accumulator is to be scaled by the returned
+// e^(m - m') (0 when the row saw no key: o = 0, lse = sink). kLog2: m and sink in log2 units (the
+// tensor-core kernels), else natural.
+template <bool kLog2>
+__device__ __forceinline__ float join_sink(float sink, float& m, float& l) {
+  const float m2 = l > 0.f ? fmaxf(m, sink) : sink;
+  const float rescale = l > 0.f ? (kLog2 ? exp2f(m - m2) : expf(m - m2)) : 0.f;
+  l = l * rescale + (kLog2 ? exp2f(sink - m2) : expf(sink - m2));
+  m = m2;
+  return rescale;
+}
+
 // grid (ceil(Sq / 8), B·N), block 256: warp w owns query row blockIdx·8 + w.
 template <class T, int DPL>
 __global__ void __launch_bounds__(kSimtWarps* kWarp)
     sdpa_forward_simt_kernel(const T* q, const T* k, const T* v, T* o, float* lse, int N, int Nkv, int64_t Sq,
-                             int64_t Skv, int D, float scale, bool causal, const int64_t* doc_start, float softcap) {
+                             int64_t Skv, int D, float scale, bool causal, const int64_t* doc_start, float softcap,
+                             const float* sinks) {
   constexpr int W = kWarp * DPL;
   __shared__ float ks[kSimtTile][W + 1], vs[kSimtTile][W + 1];
   __shared__ float qs[kSimtWarps][W];
@@ -205,7 +239,8 @@ __global__ void __launch_bounds__(kSimtWarps* kWarp)
     m = m_new;
   }
   if (i < Sq) {
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float rescale = sinks != nullptr ? join_sink<false>(sinks[bh % N], m, l) : 1.f;
+    const float inv = l > 0.f ? rescale / l : 0.f;
 #pragma unroll
     for (int e = 0; e < DPL; ++e) {
       const int d = lane + kWarp * e;
@@ -425,7 +460,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <int D>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     sdpa_forward_mma_kernel(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int N, int Nkv,
-                            int64_t Sq, int64_t Skv, float scale_log2, bool causal, const int64_t* doc_start) {
+                            int64_t Sq, int64_t Skv, float scale_log2, bool causal, const int64_t* doc_start,
+                            const float* sinks) {
   constexpr int LD = D + 8, NT = kMmaKeys / 8, DT = D / 8;
   bf16* qs = reinterpret_cast<bf16*>(attention_smem);  // [64][LD]
   bf16* ks = qs + kMmaRows * LD;                       // [64][LD]
@@ -513,7 +549,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= Sq) continue;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const float rescale = sinks != nullptr ? join_sink<true>(sinks[bh % N] * kLog2e, m[r], l[r]) : 1.f;
+    const float inv = l[r] > 0.f ? rescale / l[r] : 0.f;
     bf16* orow = o + (bh * Sq + row[r]) * D;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
@@ -760,9 +797,9 @@ unsigned blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per 
 template <class T, int DPL>
 void forward_simt(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
                   int64_t Skv, int64_t D, float scale, bool causal, const int64_t* docs, float softcap,
-                  cudaStream_t stream) {
+                  const float* sinks, cudaStream_t stream) {
   launch_kernel(sdpa_forward_simt_kernel<T, DPL>, dim3(blocks(Sq, kSimtWarps), unsigned(B * N)), kSimtWarps * kWarp, 0,
-                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, int(D), scale, causal, docs, softcap);
+                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, int(D), scale, causal, docs, softcap, sinks);
 }
 
 template <class T, int DPL>
@@ -783,11 +820,12 @@ void backward_simt(const T* q, const T* k, const T* v, const float* lse, const f
 
 template <int D>
 void forward_mma(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int64_t B, int64_t N, int64_t Nkv,
-                 int64_t Sq, int64_t Skv, float scale, bool causal, const int64_t* docs, cudaStream_t stream) {
+                 int64_t Sq, int64_t Skv, float scale, bool causal, const int64_t* docs, const float* sinks,
+                 cudaStream_t stream) {
   const size_t smem = size_t(kMmaRows + 2 * kMmaKeys) * (D + 8) * sizeof(bf16);
   set_smem(sdpa_forward_mma_kernel<D>, smem);
   launch_kernel(sdpa_forward_mma_kernel<D>, dim3(blocks(Sq, kMmaRows), unsigned(B * N)), kMmaWarps * kWarp, smem,
-                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, scale * kLog2e, causal, docs);
+                stream, q, k, v, o, lse, int(N), int(Nkv), Sq, Skv, scale * kLog2e, causal, docs, sinks);
 }
 
 template <int D>
@@ -826,7 +864,7 @@ __global__ void window_starts_kernel(const int64_t* docs, int64_t* out, int64_t 
 // The starts the kernels read for this call: the document starts, or the window's (in `buf`).
 const int64_t* variant_starts(const char* what, const int64_t* docs, int64_t B, int64_t Sq, int64_t Skv, bool causal,
                               const AttentionVariant<float>& var, std::optional<Scratch>& buf, cudaStream_t stream) {
-  AUTOSP_ASSERT(var.softcap >= 0 && var.sinks == nullptr, what, ": sinks have no CUDA kernel (softcap ", var.softcap, ")");
+  AUTOSP_ASSERT(var.softcap >= 0, what, " softcap ", var.softcap);
   AUTOSP_ASSERT(var.window >= 0 && (var.offset == 0 || !causal), what, " window ", var.window, " offset ", var.offset,
                 " causal ", causal);
   if (var.window == 0 || B * Sq == 0) return docs;
@@ -847,21 +885,22 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t 
   std::optional<Scratch> window_buf;
   const int64_t* docs = variant_starts("sdpa", doc_start, B, Sq, Skv, causal, var, window_buf, stream);
   const float sc = float(scale), cap = float(var.softcap);
+  const float* sinks = var.sinks;
   if constexpr (std::is_same_v<T, bf16>) {
     if (var.softcap == 0 && use_mma<T>(kernel, D, {q, k, v, o})) {
       if (D == 64)
-        forward_mma<64>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, docs, stream);
+        forward_mma<64>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, docs, sinks, stream);
       else
-        forward_mma<128>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, docs, stream);
+        forward_mma<128>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, sc, causal, docs, sinks, stream);
       return;
     }
   }
   if (D <= 32)
-    forward_simt<T, 1>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, stream);
+    forward_simt<T, 1>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, sinks, stream);
   else if (D <= 64)
-    forward_simt<T, 2>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, stream);
+    forward_simt<T, 2>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, sinks, stream);
   else
-    forward_simt<T, 4>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, stream);
+    forward_simt<T, 4>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, sc, causal, docs, cap, sinks, stream);
 }
 
 template <class T>
@@ -869,16 +908,19 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const float* 
                    int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
                    cudaStream_t stream, SdpaKernel kernel, const int64_t* doc_start, const AttentionVariant<float>& var) {
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
-  if (B == 0) return;
-  std::optional<Scratch> window_buf;
-  const int64_t* docs = variant_starts("sdpa_backward", doc_start, B, Sq, Skv, causal, var, window_buf, stream);
-  const float sc = float(scale), cap = float(var.softcap);
   const int64_t rows = B * N * Sq;
   Scratch delta(size_t(rows) * sizeof(float), stream);  // Δ [B, N, Sq]
   if (rows > 0) {
     launch_kernel(sdpa_delta_kernel<T>, blocks(rows, 8), 8 * kWarp, 0, stream, o, dout, delta.as<float>(), rows,
                   int(D));
   }
+  if (var.sinks != nullptr && var.dsinks != nullptr)  // written even when there are no rows (then 0)
+    launch_kernel(sdpa_sinks_grad_kernel, dim3(unsigned(N)), 256, 0, stream, lse, delta.as<float>(), var.sinks,
+                  var.dsinks, B, int(N), Sq);
+  if (B == 0) return;
+  std::optional<Scratch> window_buf;
+  const int64_t* docs = variant_starts("sdpa_backward", doc_start, B, Sq, Skv, causal, var, window_buf, stream);
+  const float sc = float(scale), cap = float(var.softcap);
   if constexpr (std::is_same_v<T, bf16>) {
     if (var.softcap == 0 && use_mma<T>(kernel, D, {q, k, v, dout, dq, dk, dv})) {
       if (D == 64)

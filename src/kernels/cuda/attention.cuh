@@ -33,8 +33,11 @@ enum class SdpaKernel { automatic, simt };
 // Variants (kernels/attention_variant.h): the window (with var.offset when not causal) becomes
 // per-row key starts, max(doc_start[i], i + shift - window + 1), which both paths already skip
 // and mask by (a [B, Sq] i64 scratch). A softcap runs on the SIMT path (the tensor-core kernels do
-// not take it), capping each score and folding 1 - tanh² into dS. Sinks have no CUDA kernel yet
-// (asserted; nothing in the IR sets them), nor does an offset under causal masking.
+// not take it), capping each score and folding 1 - tanh² into dS. Sinks (var.sinks [N], f32 on the
+// device whatever T is) run on both paths: each finished row's online softmax takes exp(sink) into
+// its denominator once, so o and the saved lse include it; the backward's dq, dk, dv read that lse
+// and need nothing new, and var.dsinks [N] (f32, overwritten; null: not computed) is one pass over
+// lse and Δ per head in a fixed order. An offset under causal masking has no CUDA kernel.
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
                   int64_t Skv, int64_t D, double scale, bool causal, cudaStream_t stream,
@@ -43,7 +46,8 @@ void sdpa_forward(const T* q, const T* k, const T* v, T* o, float* lse, int64_t 
 
 // Backward of sdpa_forward from its saved lse (FlashAttention-2): with Δ_i = Σ_d dout_i · o_i and
 // P = exp(scale · q·kᵀ - lse) recomputed per tile,
-//   dv = Pᵀ · dout,  dS = P ∘ (dout · vᵀ - Δ),  dq = scale · dS · k,  dk = scale · dSᵀ · q.
+//   dv = Pᵀ · dout,  dS = P ∘ (dout · vᵀ - Δ),  dq = scale · dS · k,  dk = scale · dSᵀ · q,
+//   dsinks_h = -Σ_{b,i} exp(sink_h - lse_i) · Δ_i (the sink's column of dS: it attends to nothing).
 // GQA: dk, dv of a kv head sum over the query heads that read it. dq, dk, dv are overwritten.
 // Scratch: Δ [B, N, Sq] floats from the stream-ordered pool.
 template <class T>
