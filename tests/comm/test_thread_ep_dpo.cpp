@@ -1,0 +1,79 @@
+// DPO under expert parallelism with ranks as threads, through train(): a tiny Mixtral and
+// Qwen2-MoE (4 experts, top 2) with E = 2 under Ulysses (world 2), dp 2 (world 2) and dp 2 × sp 2
+// (world 4, also at ZeRO 3) give the one-process run's (E = 1, ZeRO 0) losses, gradient norms,
+// TRL's metrics and final weights (tests/common/ep_dpo_case.h), with the reference run on each
+// micro-batch and with dpo.precompute_ref (its table computed by the sharded reference program),
+// and with LoRA on the attention (the reference: the same program with every lora_B zero,
+// decision 153; the experts frozen and split 1/E).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "comm/threads.h"
+#include "common/ep_dpo_case.h"
+
+namespace autosp::test {
+namespace {
+
+// Each run computes its own reference sums: dpo.precompute_ref's file from the run before (the same
+// key: the layout is not in it, decision 167) would otherwise hand the sharded run the one-process sums.
+void forget_ref_logps(const TempDir& dir) { std::filesystem::remove(dir.path("ref_logps_train.safetensors")); }
+
+std::vector<TrainResult> train_dpo_ep(const TempDir& dir, const json& model, const EpLayout& l, int64_t stage,
+                                      const json& extra) {
+  forget_ref_logps(dir);
+  std::vector<TrainResult> got(static_cast<size_t>(l.world));
+  run_thread_ranks(l.world, [&](ThreadCommunicator& w) {
+    got[static_cast<size_t>(w.rank())] = train(ep_dpo_config(dir, model, l, stage, extra), quiet_args(), w);
+  });
+  return got;
+}
+
+TrainResult train_dpo_one(const TempDir& dir, const json& model, const json& extra) {
+  forget_ref_logps(dir);
+  auto single = make_single_process_communicator();
+  return train(ep_dpo_config(dir, model, {1, 1, 1, 1}, 0, extra), quiet_args(), *single);
+}
+
+}  // namespace
+
+TEST_CASE("thread ep x dpo: E = 2 gives the one-process losses, norms, TRL's metrics and weights",
+          "[threads][moe][ep][dpo]") {
+  const TempDir dir("ep-dpo");
+  write_ep_pairs(dir);
+  for (const json& model : {kMixtral, kQwen2Moe})
+    for (const bool precompute : {false, true}) {
+      const json extra = {{"dpo", {{"precompute_ref", precompute}}}};
+      const TrainResult ref = train_dpo_one(dir, model, extra);
+      REQUIRE(ref.steps.size() == 3);
+      REQUIRE(ref.steps[2].objective_metrics.at(2).first == "rewards/margins");
+      CHECK(std::abs(ref.steps[2].objective_metrics.at(2).second) > 1e-3);  // moved off 0: the comparison bites
+      for (const auto& [l, stage] : std::vector<std::pair<EpLayout, int64_t>>{
+               {{2, 2, 1, 2}, 0}, {{2, 1, 1, 2}, 0}, {{4, 2, 1, 2}, 0}, {{4, 2, 1, 2}, 3}}) {
+        INFO(model_name(model) << ": " << describe(l) << ", ZeRO " << stage << ", precompute_ref " << precompute);
+        for (const TrainResult& rank : train_dpo_ep(dir, model, l, stage, extra)) check_dpo_like(rank, ref);
+      }
+    }
+}
+
+TEST_CASE("thread ep x dpo: LoRA with frozen experts, reference = adapters off, equals one process",
+          "[threads][moe][ep][dpo]") {
+  const TempDir dir("ep-dpo-lora");
+  write_ep_pairs(dir);
+  const json lora = {{"lora", {{"r", 4}, {"lora_alpha", 8}, {"target_modules", {"q_proj", "v_proj"}}}}};
+  for (const bool precompute : {false, true}) {
+    json extra = lora;
+    extra["dpo"] = {{"precompute_ref", precompute}};
+    const TrainResult ref = train_dpo_one(dir, kMixtral, extra);
+    REQUIRE(ref.steps.size() == 3);
+    CHECK(ref.params.size() == 2 * 2 * 2);  // the adapters: 2 layers × (q, v) × (A, B)
+    for (const auto& [l, stage] : std::vector<std::pair<EpLayout, int64_t>>{{{2, 2, 1, 2}, 0}, {{4, 2, 1, 2}, 3}}) {
+      INFO(describe(l) << ", ZeRO " << stage << ", precompute_ref " << precompute);
+      for (const TrainResult& rank : train_dpo_ep(dir, kMixtral, l, stage, extra)) check_dpo_like(rank, ref);
+    }
+  }
+}
+
+}  // namespace autosp::test
