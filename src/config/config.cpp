@@ -408,7 +408,8 @@ const std::vector<Key>& schema() {
        }},
       {"zero_optimization.stage", Kind::integer_or_auto, 0, 3, "", nullptr,
        AUTO("zero_optimization.stage", zero_optimization, stage)},
-      {"moe.expert_parallel_size", Kind::integer, 1, 1 << 16, "", nullptr, F(moe, expert_parallel_size)},
+      {"moe.expert_parallel_size", Kind::integer_or_auto, 1, 1 << 16, "", nullptr,
+       AUTO("moe.expert_parallel_size", moe, expert_parallel_size)},
     };
     for (Key& row : lora_rows()) rest.push_back(std::move(row));
     for (Key& row : dpo_rows()) rest.push_back(std::move(row));
