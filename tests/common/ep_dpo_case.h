@@ -4,7 +4,8 @@
 // one pair, chosen then rejected, a 3-token prompt each, and a pad), a rank's DPO config under an
 // EpLayout (tests/common/ep_case.h) on them, and the comparison with the one-process run: every
 // step's loss and gradient norm, TRL's metrics the step logs (rewards/chosen, rejected, margins,
-// accuracies, logps/chosen, rejected) and the final whole weights (check_train_like). The
+// accuracies, logps/chosen, rejected) and the final whole weights (check_train_like; CHECK-based
+// past its step count, so an MPI rank that fails still meets the others' collectives). The
 // one-process DPO run is itself checked against TRL's formulas by tests/ref/hf_dpo.py, and the
 // one-process MoE against transformers by tests/ref/hf_moe.py.
 #pragma once
@@ -68,13 +69,13 @@ inline void check_dpo_like(const TrainResult& got, const TrainResult& ref) {
   for (size_t k = 0; k < ref.steps.size() && k < got.steps.size(); ++k) {
     INFO("step " << k + 1);
     std::map<std::string, double> mine(got.steps[k].objective_metrics.begin(), got.steps[k].objective_metrics.end());
-    REQUIRE(ref.steps[k].objective_metrics.size() == 6);
+    CHECK(ref.steps[k].objective_metrics.size() == 6);
     CHECK(mine.size() == 6);
     for (const auto& [name, want] : ref.steps[k].objective_metrics) {
       INFO(name);
       if (name == "rewards/accuracies" && k == 0) continue;
-      REQUIRE(mine.count(name) == 1);
-      CHECK(std::abs(mine.at(name) - want) < 1e-4 * (1 + std::abs(want)));
+      CHECK(mine.count(name) == 1);
+      if (mine.count(name)) CHECK(std::abs(mine.at(name) - want) < 1e-4 * (1 + std::abs(want)));
     }
   }
 }
