@@ -252,9 +252,9 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 
 // Whether the model takes a saver: the config's own rules, asked once.
-bool accepts(const Config& cfg, const std::string& set) {
+bool accepts(const Config& cfg, const std::vector<std::string>& sets) {
   try {
-    parse_config(cfg.resolved, {set}, "autosp-plan");
+    parse_config(cfg.resolved, sets, "autosp-plan");
     return true;
   } catch (const UsageError&) {
     return false;
@@ -293,7 +293,7 @@ Knobs knobs(const SearchRequest& r, std::vector<std::string>& notes) {
   const Config& cfg = r.config;
   auto flags = [&](bool vary, bool value, const std::string& key) -> std::vector<bool> {
     if (!vary) return {value};
-    if (accepts(cfg, key + "=true")) return {false, true};
+    if (accepts(cfg, {key + "=true"})) return {false, true};
     notes.push_back(str(key, ": not available for this model (", key, "=true is refused), left off"));
     return {false};
   };
@@ -303,16 +303,20 @@ Knobs knobs(const SearchRequest& r, std::vector<std::string>& notes) {
   k.tiled_loss = flags(r.vary_tiled_loss, cfg.runtime.tiled_loss, "runtime.tiled_loss");
   k.stages = {cfg.zero_optimization.stage};
   if (r.vary_zero) k.stages = r.ranks > 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0};
-  // Expert parallelism: every E dividing the ranks that the config takes (a mixture of experts whose
-  // experts E divides, on the CPU); a dense model keeps E = 1 without a note.
+  // Expert parallelism: every E dividing the ranks that the config takes on the device the layouts
+  // run on (a mixture of experts whose experts E divides; on a GPU cluster the run is "cuda", which
+  // has no expert exchange yet: decision 187); a dense model keeps E = 1 without a note.
   k.eps = {cfg.moe.expert_parallel_size};
   if (r.vary_ep) {
     k.eps = {1};
-    for (int64_t E : divisors(r.ranks))
-      if (E > 1 && cfg.model.num_experts % E == 0 && accepts(cfg, str("moe.expert_parallel_size=", E))) k.eps.push_back(E);
+    for (int64_t E : divisors(r.ranks)) {
+      std::vector<std::string> sets{str("moe.expert_parallel_size=", E)};
+      if (r.cluster.device != "cpu") sets.push_back("runtime.device=cuda");
+      if (E > 1 && cfg.model.num_experts % E == 0 && accepts(cfg, sets)) k.eps.push_back(E);
+    }
     if (k.eps.size() == 1 && family(cfg.model.arch).moe != Moe::none && r.ranks > 1)
-      notes.push_back("moe.expert_parallel_size: no E > 1 both divides the experts and the ranks and is accepted "
-                      "(runtime.device \"cuda\" has no expert exchange yet), left at 1");
+      notes.push_back(str("moe.expert_parallel_size: left at 1 (no E > 1 divides both the ", cfg.model.num_experts,
+                          " experts and the ", r.ranks, " ranks, or the run's device has no expert exchange)"));
   }
   return k;
 }
