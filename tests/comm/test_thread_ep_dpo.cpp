@@ -4,7 +4,8 @@
 // TRL's metrics and final weights (tests/common/ep_dpo_case.h), with the reference run on each
 // micro-batch and with dpo.precompute_ref (its table computed by the sharded reference program),
 // and with LoRA on the attention (the reference: the same program with every lora_B zero,
-// decision 153; the experts frozen and split 1/E).
+// decision 153; the experts frozen and split 1/E). output_router_logits with DPO is refused by
+// name (decision 216).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -74,6 +75,17 @@ TEST_CASE("thread ep x dpo: LoRA with frozen experts, reference = adapters off, 
       for (const TrainResult& rank : train_dpo_ep(dir, kMixtral, l, stage, extra)) check_dpo_like(rank, ref);
     }
   }
+}
+
+// The load-balancing loss with DPO is refused by name with its reason (decision 216): TRL counts
+// the non-padding tokens only, and a window's padding would enter the router statistics here.
+TEST_CASE("thread ep x dpo: output_router_logits with DPO is refused, naming why", "[moe][dpo][config]") {
+  const TempDir dir("ep-dpo-aux");
+  write_ep_pairs(dir);
+  CHECK_THROWS_WITH(ep_dpo_config(dir, kMixtral, {1, 1, 1, 1}, 0, {{"model", {{"output_router_logits", true}}}}),
+                    Catch::Contains("model.output_router_logits with train.objective \"dpo\"") &&
+                        Catch::Contains("non-padding tokens"));
+  CHECK_NOTHROW(ep_dpo_config(dir, kMixtral, {1, 1, 1, 1}, 0, {{"model", {{"output_router_logits", false}}}}));
 }
 
 }  // namespace autosp::test
