@@ -1,10 +1,11 @@
 // DPO under expert parallelism with ranks as threads, through train(): a tiny Mixtral and
-// Qwen2-MoE (4 experts, top 2) with E = 2 under Ulysses (world 2), dp 2 (world 2) and dp 2 × sp 2
-// (world 4, also at ZeRO 3) give the one-process run's (E = 1, ZeRO 0) losses, gradient norms,
+// Qwen2-MoE (4 experts, top 2) with E = 2 under Ulysses (world 2, also with activation
+// checkpointing), dp 2 (world 2), dp 2 × sp 2 (world 4, also at ZeRO 3) and Ulysses 2 × ring 2 give the one-process run's (E = 1, ZeRO 0) losses, gradient norms,
 // TRL's metrics and final weights (tests/common/ep_dpo_case.h), with the reference run on each
 // micro-batch and with dpo.precompute_ref (its table computed by the sharded reference program),
 // and with LoRA on the attention (the reference: the same program with every lora_B zero,
-// decision 153; the experts frozen and split 1/E). output_router_logits with DPO is refused by
+// decision 153; the experts frozen and split 1/E). DPO validation (decision 168) under E = 2 gives
+// the one-process validation loss and TRL's eval_ metrics. output_router_logits with DPO is refused by
 // name (decision 216).
 #include <catch2/catch.hpp>
 
@@ -52,7 +53,8 @@ TEST_CASE("thread ep x dpo: E = 2 gives the one-process losses, norms, TRL's met
       REQUIRE(ref.steps[2].objective_metrics.at(2).first == "rewards/margins");
       CHECK(std::abs(ref.steps[2].objective_metrics.at(2).second) > 1e-3);  // moved off 0: the comparison bites
       for (const auto& [l, stage] : std::vector<std::pair<EpLayout, int64_t>>{
-               {{2, 2, 1, 2}, 0}, {{2, 1, 1, 2}, 0}, {{4, 2, 1, 2}, 0}, {{4, 2, 1, 2}, 3}}) {
+               {{2, 2, 1, 2}, 0}, {{2, 1, 1, 2}, 0}, {{4, 2, 1, 2}, 0}, {{4, 2, 1, 2}, 3}, {{4, 4, 2, 2}, 0},
+               {{2, 2, 1, 2, true}, 0}}) {
         INFO(model_name(model) << ": " << describe(l) << ", ZeRO " << stage << ", precompute_ref " << precompute);
         for (const TrainResult& rank : train_dpo_ep(dir, model, l, stage, extra)) check_dpo_like(rank, ref);
       }
@@ -86,6 +88,44 @@ TEST_CASE("thread ep x dpo: output_router_logits with DPO is refused, naming why
                     Catch::Contains("model.output_router_logits with train.objective \"dpo\"") &&
                         Catch::Contains("non-padding tokens"));
   CHECK_NOTHROW(ep_dpo_config(dir, kMixtral, {1, 1, 1, 1}, 0, {{"model", {{"output_router_logits", false}}}}));
+}
+
+// DPO validation (train.eval_every; the validation split a copy of the training one) under
+// dp 2 × sp 2, E 2: the reference program's or the precomputed table's sums, the policy's
+// rank_forward sharded like the training program; val_loss and the six eval_ metrics equal the
+// one-process run's at every step.
+TEST_CASE("thread ep x dpo: validation gives the one-process loss and eval_ metrics", "[threads][moe][ep][dpo]") {
+  const TempDir dir("ep-dpo-val");
+  write_ep_pairs(dir);
+  for (const char* f : {"000000.bin", "000000.npy"})
+    std::filesystem::copy_file(dir.path(std::string("train_") + f), dir.path(std::string("val_") + f));
+  std::filesystem::copy_file(dir.path("pairs_train_000000.npy"), dir.path("pairs_val_000000.npy"));
+  for (const bool precompute : {false, true}) {
+    const json extra = {{"data", {{"val_path", dir.path("val_*.bin")}, {"val_loss_mask_path", dir.path("val_*.npy")},
+                                  {"val_pairs_path", dir.path("pairs_val_*.npy")}}},
+                        {"train", {{"eval_every", 1}, {"eval_batches", 2}}},
+                        {"dpo", {{"precompute_ref", precompute}}}};
+    std::filesystem::remove(dir.path("ref_logps_val.safetensors"));
+    const TrainResult ref = train_dpo_one(dir, kQwen2Moe, extra);
+    std::filesystem::remove(dir.path("ref_logps_val.safetensors"));
+    const std::vector<TrainResult> got = train_dpo_ep(dir, kQwen2Moe, {4, 2, 1, 2}, 0, extra);
+    for (const TrainResult& rank : got) {
+      INFO("precompute_ref " << precompute);
+      REQUIRE(rank.steps.size() == 3);
+      for (size_t k = 0; k < 3; ++k) {
+        INFO("step " << k + 1);
+        REQUIRE(ref.steps[k].evaluated);
+        CHECK(std::abs(rank.steps[k].val_loss - ref.steps[k].val_loss) < kTol * std::abs(ref.steps[k].val_loss));
+        std::map<std::string, double> mine(rank.steps[k].val_objective_metrics.begin(),
+                                           rank.steps[k].val_objective_metrics.end());
+        CHECK(ref.steps[k].val_objective_metrics.size() == 6);
+        for (const auto& [name, want] : ref.steps[k].val_objective_metrics) {
+          INFO(name);
+          CHECK(std::abs(mine.at(name) - want) < 1e-4 * (1 + std::abs(want)));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace autosp::test
