@@ -12,14 +12,9 @@ fail=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib/refusals.sh"
+. "$(dirname "$0")/lib/tiny_mixtral.sh"
 
-cat >"$tmp/moe.json" <<'JSON'
-{"model": {"arch": "mixtral", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24,
-           "num_local_experts": 4, "num_experts_per_tok": 2},
- "data": {"seq_len": 16, "batch_size": 2}, "train": {"steps": 1, "log_every": 1},
- "runtime": {"threads": 1}}
-JSON
+tiny_mixtral "$tmp/moe.json"
 c=(--config "$tmp/moe.json")
 
 refused_alone "model.num_experts_per_tok 5 exceeds model.num_local_experts 4" "$bin" "${c[@]}" --set model.num_experts_per_tok=5

@@ -12,14 +12,9 @@ fail=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/lib/refusals.sh"
+. "$(dirname "$0")/lib/tiny_mixtral.sh"
 
-cat >"$tmp/moe.json" <<'JSON'
-{"model": {"arch": "mixtral", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24,
-           "num_local_experts": 4, "num_experts_per_tok": 2},
- "data": {"seq_len": 16, "batch_size": 2}, "train": {"steps": 2, "log_every": 1},
- "runtime": {"threads": 1}}
-JSON
+tiny_mixtral "$tmp/moe.json"
 
 plan() { "$bin/autosp-plan" --ranks 4 --seq-len 16 --device cpu --memory 1GiB --top 40 --format json "$@"; }
 plan --config "$tmp/moe.json" >"$tmp/moe_plan.json" 2>"$tmp/err" || { echo "FAIL: autosp-plan (Mixtral): $(cat "$tmp/err")"; fail=1; }
@@ -38,7 +33,7 @@ print(("ok" if ok else "FAIL") + f": autosp-plan lists E = {eps} for the Mixtral
 sys.exit(0 if ok else 1)
 PY
 
-"$bin/autosp-train" --config "$tmp/moe.json" --thread-ranks 2 --set moe.expert_parallel_size=auto \
+"$bin/autosp-train" --config "$tmp/moe.json" --thread-ranks 2 --steps 2 --set moe.expert_parallel_size=auto \
   --metrics "$tmp/m.jsonl" >"$tmp/out" 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then echo "FAIL: autosp-train with moe.expert_parallel_size auto exited $rc: $(tail -3 "$tmp/out")"; fail=1
