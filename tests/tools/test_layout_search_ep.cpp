@@ -2,7 +2,8 @@
 // mixture of experts it also varies moe.expert_parallel_size over the E that divide the experts and
 // the ranks, with the memory planner's bytes (the experts' parameters and AdamW state fall by E,
 // counted here by hand from the shapes) and the exchanges' cost (worked out here by hand); a dense
-// model never gets E > 1, nor a GPU cluster (no CUDA exchange yet); "auto" for the key picks the E that fits, and the chosen layout trains
+// model never gets E > 1, nor a GPU cluster (no CUDA exchange yet); --longest reaches further with
+// E where the experts are most of the memory; "auto" for the key picks the E that fits, and the chosen layout trains
 // like one process on thread ranks.
 #include <catch2/catch.hpp>
 
@@ -178,6 +179,29 @@ TEST_CASE("layout search x ep: \"auto\" picks the E that fits, and the chosen la
   auto single = make_single_process_communicator();
   const TrainResult one = train(moe_config(), test::quiet_args(), *single);
   for (const TrainResult& r : ranks) test::check_train_like(r, one);
+}
+
+// --longest: E frees the experts' state for activations, so where the experts are most of the
+// memory the longest S that fits is longer with E varied, and its layout has E > 1.
+TEST_CASE("layout search x ep: --longest reaches further with the experts split", "[layout_search][ep]") {
+  const Config cfg = moe_config({"model.intermediate_size=1024", "data.batch_size=1"});
+  MemoryOracle oracle(cfg, 4, DeviceKind::cpu);
+  ParallelLayout l;
+  l.dp = 4;
+  l.micro_batch = 1;
+  l.checkpointing = l.tiled_mlp = l.tiled_loss = true;
+  l.zero_stage = 3;
+  const double fixed = oracle.peak_bytes(l, 16, true);  // mostly the experts' state, whatever S
+  SearchRequest r = request(cfg, 4, 1.5 * fixed / 0.9);
+  r.top = 1;
+  r.vary_sp = r.vary_ring = false;
+  const LongestResult with = search_longest(r, 64, 1 << 16);
+  r.vary_ep = false;
+  const LongestResult without = search_longest(r, 64, 1 << 16);
+  REQUIRE(with.seq > 0);
+  REQUIRE(without.seq > 0);
+  CHECK(with.seq > without.seq);
+  CHECK(with.at.best.at(0).layout.ep > 1);
 }
 
 }  // namespace autosp
