@@ -3,8 +3,8 @@
 // the ranks, with the memory planner's bytes (the experts' parameters and AdamW state fall by E,
 // counted here by hand from the shapes) and the exchanges' cost (worked out here by hand); a dense
 // model never gets E > 1, nor a GPU cluster (no CUDA exchange yet); --longest reaches further with
-// E where the experts are most of the memory; "auto" for the key picks the E that fits, and the chosen layout trains
-// like one process on thread ranks.
+// E where the experts are most of the memory; "auto" for the key picks the E that fits, and the
+// chosen layout trains like one process on thread ranks.
 #include <catch2/catch.hpp>
 
 #include <set>
