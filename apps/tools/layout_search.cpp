@@ -50,11 +50,16 @@ namespace {
 // One collective step of `bytes` per rank over a link.
 double on_link(const Link& l, double bytes) { return bytes > 0 ? l.alpha_s + bytes / l.bytes_per_s : 0; }
 
-// The experts' parameters: every MoE layer's E gate, up and down projections of [I, C].
-double expert_params(const ModelConfig& m) {
+// The layers with a mixture of experts.
+double moe_layers(const ModelConfig& m) {
   double layers = 0;
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) layers += m.sparse_layer(l);
-  return layers * static_cast<double>(m.num_experts * 3 * m.expert_width() * m.hidden_size);
+  return layers;
+}
+
+// The experts' parameters: every MoE layer's E gate, up and down projections of [I, C].
+double expert_params(const ModelConfig& m) {
+  return moe_layers(m) * static_cast<double>(m.num_experts * 3 * m.expert_width() * m.hidden_size);
 }
 
 }  // namespace
@@ -62,8 +67,6 @@ double expert_params(const ModelConfig& m) {
 double expert_exchange_s(const Config& cfg, const ParallelLayout& l, int64_t seq, const Cluster& c) {
   const ModelConfig& m = cfg.model;
   if (l.ep <= 1) return 0;
-  double layers = 0;
-  for (int64_t i = 0; i < m.num_hidden_layers; ++i) layers += m.sparse_layer(i);
   const Link& link = l.ep <= c.ranks_per_node ? c.intra : c.inter;
   const double E = static_cast<double>(l.ep), act = static_cast<double>(dtype_size(cfg.runtime.dtype));
   // rows · k · C elements of this rank's tokens, (E − 1)/E of them for another rank's experts
@@ -72,7 +75,7 @@ double expert_exchange_s(const Config& cfg, const ParallelLayout& l, int64_t seq
   const double counts = on_link(link, E * static_cast<double>(m.num_experts) * 8);  // [E, experts] int64
   const double forward = counts + 2 * on_link(link, payload), backward = counts + 2 * on_link(link, 2 * payload);
   const double per_layer = (l.checkpointing ? 2 : 1) * forward + backward;
-  return static_cast<double>(l.accumulation) * layers * per_layer;
+  return static_cast<double>(l.accumulation) * moe_layers(m) * per_layer;
 }
 
 StepCost estimate_step(const Config& cfg, const ParallelLayout& l, int64_t seq, const Cluster& c) {
