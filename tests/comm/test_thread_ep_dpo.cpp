@@ -5,7 +5,8 @@
 // micro-batch and with dpo.precompute_ref (its table computed by the sharded reference program),
 // and with LoRA on the attention (the reference: the same program with every lora_B zero,
 // decision 153; the experts frozen and split 1/E). DPO validation (decision 168) under E = 2 gives
-// the one-process validation loss and TRL's eval_ metrics. output_router_logits with DPO is refused by
+// the one-process validation loss and TRL's eval_ metrics, and bf16 the one-process bf16 losses.
+// output_router_logits with DPO is refused by
 // name (decision 216).
 #include <catch2/catch.hpp>
 
@@ -125,6 +126,22 @@ TEST_CASE("thread ep x dpo: validation gives the one-process loss and eval_ metr
         }
       }
     }
+  }
+}
+
+// bf16 (f32 masters, bf16 compute; the DPO sums in f32, decision 151): E = 2 under dp 2 × sp 2
+// against the one-process bf16 run: step 1 is the same bf16 weights (the loss to 1e-6: log 2 up to
+// the sums' rounding), the later steps within bf16's rounding of the sums' order.
+TEST_CASE("thread ep x dpo: bf16 at E = 2 gives the one-process bf16 losses", "[threads][moe][ep][dpo]") {
+  const TempDir dir("ep-dpo-bf16");
+  write_ep_pairs(dir);
+  const json extra = {{"runtime", {{"dtype", "bfloat16"}}}};
+  const TrainResult ref = train_dpo_one(dir, kMixtral, extra);
+  REQUIRE(ref.steps.size() == 3);
+  for (const TrainResult& rank : train_dpo_ep(dir, kMixtral, {4, 2, 1, 2}, 0, extra)) {
+    REQUIRE(rank.steps.size() == 3);
+    CHECK(rank.steps[0].loss == Approx(ref.steps[0].loss).epsilon(1e-6));
+    for (size_t k = 1; k < 3; ++k) CHECK(rank.steps[k].loss == Approx(ref.steps[k].loss).epsilon(1e-2));
   }
 }
 
