@@ -76,6 +76,7 @@ std::string gb(double bytes) {
 
 std::string describe(const ParallelLayout& l) {
   std::string sp = l.ring > 1 ? str("sp ", l.sp, " = Ulysses ", l.sp / l.ring, " x ring ", l.ring) : str("sp ", l.sp);
+  if (l.ep > 1) sp += str(" (experts over ", l.ep, " ranks)");
   return str(sp, ", dp ", l.dp, " | ZeRO ", l.zero_stage, ", checkpointing ", l.checkpointing ? "on" : "off",
              ", tiled MLP ", l.tiled_mlp ? "on" : "off", ", tiled loss ", l.tiled_loss ? "on" : "off", " | micro-batch ",
              l.micro_batch, " x accumulation ", l.accumulation);
@@ -83,12 +84,13 @@ std::string describe(const ParallelLayout& l) {
 
 nlohmann::json to_json(const Candidate& c, int64_t seq, const std::vector<std::string>& sets) {
   const ParallelLayout& l = c.layout;
-  return {{"sp", l.sp}, {"ulysses", l.sp / l.ring}, {"ring", l.ring}, {"dp", l.dp}, {"zero_stage", l.zero_stage},
+  return {{"sp", l.sp}, {"ulysses", l.sp / l.ring}, {"ring", l.ring}, {"dp", l.dp}, {"expert_parallel_size", l.ep},
+          {"zero_stage", l.zero_stage},
           {"activation_checkpointing", l.checkpointing}, {"tiled_mlp", l.tiled_mlp}, {"tiled_loss", l.tiled_loss},
           {"micro_batch", l.micro_batch}, {"accumulation", l.accumulation}, {"seq_len", seq},
           {"padded_seq_len", padded_seq(l, seq)}, {"peak_bytes", c.peak_bytes}, {"full_plan", c.full_plan},
           {"step_s", c.cost.step_s}, {"compute_s", c.cost.compute_s}, {"all_to_all_s", c.cost.all_to_all_s},
-          {"ring_s", c.cost.ring_s}, {"zero_s", c.cost.zero_s}, {"tokens_per_s", c.cost.tokens_per_s}, {"set", sets}};
+          {"ring_s", c.cost.ring_s}, {"expert_s", c.cost.expert_s}, {"zero_s", c.cost.zero_s}, {"tokens_per_s", c.cost.tokens_per_s}, {"set", sets}};
 }
 
 }  // namespace
@@ -165,7 +167,8 @@ int main(int argc, char** argv) {
     r.top = static_cast<int>(top);
     if (args.count("only-config")) {
       if (args.count("global-batch")) throw UsageError("--only-config takes the batch from the config, not --global-batch");
-      r.vary_sp = r.vary_ring = r.vary_zero = r.vary_checkpointing = r.vary_tiled_mlp = r.vary_tiled_loss = false;
+      r.vary_sp = r.vary_ring = r.vary_zero = r.vary_checkpointing = r.vary_tiled_mlp = r.vary_tiled_loss = r.vary_ep =
+          false;
     }
 
     const auto t0 = std::chrono::steady_clock::now();
@@ -236,7 +239,8 @@ int main(int argc, char** argv) {
       for (const Candidate& cand : res.best) {
         std::cout << "\n" << ++i << ". " << describe(cand.layout) << "\n   peak " << gb(cand.peak_bytes)
                   << " per rank (planned) | step " << cand.cost.step_s << " s (compute " << cand.cost.compute_s
-                  << ", all-to-all " << cand.cost.all_to_all_s << ", ring " << cand.cost.ring_s << ", ZeRO "
+                  << ", all-to-all " << cand.cost.all_to_all_s << ", ring " << cand.cost.ring_s
+                  << (cand.layout.ep > 1 ? str(", experts ", cand.cost.expert_s) : std::string()) << ", ZeRO "
                   << cand.cost.zero_s << ") | " << std::llround(cand.cost.tokens_per_s) << " tokens/s\n   "
                   << (r.ranks > 1 ? str("mpirun -np ", r.ranks, " ") : std::string()) << "build/bin/autosp-train --config "
                   << config_path;

@@ -8,6 +8,7 @@
 
 #include "compiler/program.h"
 #include "device/cuda/device.h"
+#include "models/family.h"
 #include "models/flops.h"
 #include "tensor/check.h"
 #include "tools/plan_summary.h"
@@ -18,7 +19,8 @@ std::vector<std::string> ParallelLayout::sets() const {
   return {str("sequence_parallel.autosp_size=", sp), str("sequence_parallel.ring_size=", ring),
           str("zero_optimization.stage=", zero_stage), str("runtime.activation_checkpointing=", checkpointing ? "true" : "false"),
           str("runtime.tiled_mlp=", tiled_mlp ? "true" : "false"), str("runtime.tiled_loss=", tiled_loss ? "true" : "false"),
-          str("data.batch_size=", micro_batch), str("train.gradient_accumulation_steps=", accumulation)};
+          str("data.batch_size=", micro_batch), str("train.gradient_accumulation_steps=", accumulation),
+          str("moe.expert_parallel_size=", ep)};
 }
 
 Config ParallelLayout::apply(Config c) const {
@@ -31,6 +33,7 @@ Config ParallelLayout::apply(Config c) const {
   c.runtime.tiled_loss = tiled_loss;
   c.data.batch_size = micro_batch;
   c.train.gradient_accumulation_steps = accumulation;
+  c.moe.expert_parallel_size = ep;
   c.auto_keys.clear();  // every layout key now has a value
   return c;
 }
@@ -47,7 +50,33 @@ namespace {
 // One collective step of `bytes` per rank over a link.
 double on_link(const Link& l, double bytes) { return bytes > 0 ? l.alpha_s + bytes / l.bytes_per_s : 0; }
 
+// The layers with a mixture of experts.
+double moe_layers(const ModelConfig& m) {
+  double layers = 0;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) layers += m.sparse_layer(l);
+  return layers;
+}
+
+// The experts' parameters: every MoE layer's E gate, up and down projections of [I, C].
+double expert_params(const ModelConfig& m) {
+  return moe_layers(m) * static_cast<double>(m.num_experts * 3 * m.expert_width() * m.hidden_size);
+}
+
 }  // namespace
+
+double expert_exchange_s(const Config& cfg, const ParallelLayout& l, int64_t seq, const Cluster& c) {
+  const ModelConfig& m = cfg.model;
+  if (l.ep <= 1) return 0;
+  const Link& link = l.ep <= c.ranks_per_node ? c.intra : c.inter;
+  const double E = static_cast<double>(l.ep), act = static_cast<double>(dtype_size(cfg.runtime.dtype));
+  // rows · k · C elements of this rank's tokens, (E − 1)/E of them for another rank's experts
+  const double rows = static_cast<double>(l.micro_batch * padded_seq(l, seq) / l.sp);
+  const double payload = rows * static_cast<double>(m.num_experts_per_tok * m.hidden_size) * act * (E - 1) / E;
+  const double counts = on_link(link, E * static_cast<double>(m.num_experts) * 8);  // [E, experts] int64
+  const double forward = counts + 2 * on_link(link, payload), backward = counts + 2 * on_link(link, 2 * payload);
+  const double per_layer = (l.checkpointing ? 2 : 1) * forward + backward;
+  return static_cast<double>(l.accumulation) * moe_layers(m) * per_layer;
+}
 
 StepCost estimate_step(const Config& cfg, const ParallelLayout& l, int64_t seq, const Cluster& c) {
   const ModelConfig& m = cfg.model;
@@ -110,10 +139,16 @@ StepCost estimate_step(const Config& cfg, const ParallelLayout& l, int64_t seq, 
   // all-gather: the same bytes), 2·(W−1)/W of them, while the backward of the last micro-batch runs
   // (two thirds of its compute); stage 3 gathers the parameters for the forward and the backward
   // (and the recompute) and reduce-scatters each gradient, every micro-batch, in the background.
+  // Under expert parallelism a rank's 1/E of the experts is summed (and sharded, gathered) over the
+  // W / E ranks holding the same experts (decision 185), the rest over the world: `params` is the
+  // dense count plus the experts' 1/E weighted by their group's share over the world's, so that
+  // share · params is what a rank moves.
   if (W > 1) {
     const Link& link = W <= c.ranks_per_node ? c.intra : c.inter;
-    const double params = static_cast<double>(param_count(m)), w = static_cast<double>(W);
-    const double grads = params * 4.0, share = (w - 1.0) / w;
+    const double w = static_cast<double>(W), E = static_cast<double>(l.ep), we = w / E;
+    const double experts = l.ep > 1 ? expert_params(m) : 0.0, share = (w - 1.0) / w;
+    const double params = static_cast<double>(param_count(m)) - experts + experts / E * ((we - 1.0) / we) / share;
+    const double grads = params * 4.0;
     if (l.zero_stage < 3) {
       const double t = 2.0 * share * grads / link.bytes_per_s + 2.0 * (w - 1.0) * link.alpha_s;
       s.zero_s = std::max(0.0, t - 2.0 / 3.0 * compute);
@@ -124,7 +159,8 @@ StepCost estimate_step(const Config& cfg, const ParallelLayout& l, int64_t seq, 
       s.zero_s = k * std::max(0.0, t - compute);
     }
   }
-  s.step_s = s.compute_s + s.all_to_all_s + s.ring_s + s.zero_s;
+  s.expert_s = expert_exchange_s(cfg, l, seq, c);
+  s.step_s = s.compute_s + s.all_to_all_s + s.ring_s + s.zero_s + s.expert_s;
   s.tokens_per_s = static_cast<double>(l.dp) * b * k * static_cast<double>(seq) / s.step_s;
   return s;
 }
@@ -139,13 +175,13 @@ const MemoryOracle::Built& MemoryOracle::program(const ParallelLayout& l, int64_
   // Stages 0-2 run one graph (only stage 3 shards the parameters in it): one program for the three.
   const bool sharded = l.zero_stage == 3 && ranks_ > 1;
   const auto key = std::make_tuple(l.sp, l.ring, int64_t{sharded}, int(l.checkpointing), int(l.tiled_mlp), int(l.tiled_loss),
-                                   int64_t{l.accumulation > 1}, layers);
+                                   int64_t{l.accumulation > 1}, layers, l.ep);
   auto& slot = programs_[key];
   if (!slot) {
     Config c = l.apply(cfg_);
     c.zero_optimization.stage = sharded ? 3 : 0;
     c.model.num_hidden_layers = layers;
-    const RankLayout at = rank_layout(ranks_, 0, l.sp, l.ring);
+    const RankLayout at = rank_layout(ranks_, 0, l.sp, l.ring, l.ep);
     slot = std::make_shared<Built>(Built{build_program(c, c.runtime.dtype, Stage::joint, at)});
     ++built_;
   }
@@ -219,9 +255,9 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 
 // Whether the model takes a saver: the config's own rules, asked once.
-bool accepts(const Config& cfg, const std::string& set) {
+bool accepts(const Config& cfg, const std::vector<std::string>& sets) {
   try {
-    parse_config(cfg.resolved, {set}, "autosp-plan");
+    parse_config(cfg.resolved, sets, "autosp-plan");
     return true;
   } catch (const UsageError&) {
     return false;
@@ -246,7 +282,7 @@ int savers(const ParallelLayout& l) { return (l.zero_stage > 0) + l.checkpointin
 // one that saves the most memory).
 struct Knobs {
   std::vector<bool> checkpointing, tiled_mlp, tiled_loss;
-  std::vector<int64_t> stages;
+  std::vector<int64_t> stages, eps;
   ParallelLayout least(ParallelLayout l) const {
     l.zero_stage = stages.back();
     l.checkpointing = checkpointing.back();
@@ -260,7 +296,7 @@ Knobs knobs(const SearchRequest& r, std::vector<std::string>& notes) {
   const Config& cfg = r.config;
   auto flags = [&](bool vary, bool value, const std::string& key) -> std::vector<bool> {
     if (!vary) return {value};
-    if (accepts(cfg, key + "=true")) return {false, true};
+    if (accepts(cfg, {key + "=true"})) return {false, true};
     notes.push_back(str(key, ": not available for this model (", key, "=true is refused), left off"));
     return {false};
   };
@@ -270,6 +306,21 @@ Knobs knobs(const SearchRequest& r, std::vector<std::string>& notes) {
   k.tiled_loss = flags(r.vary_tiled_loss, cfg.runtime.tiled_loss, "runtime.tiled_loss");
   k.stages = {cfg.zero_optimization.stage};
   if (r.vary_zero) k.stages = r.ranks > 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0};
+  // Expert parallelism: every E dividing the ranks that the config takes on the device the layouts
+  // run on (a mixture of experts whose experts E divides; on a GPU cluster the run is "cuda", which
+  // has no expert exchange yet: decision 187); a dense model keeps E = 1 without a note.
+  k.eps = {cfg.moe.expert_parallel_size};
+  if (r.vary_ep) {
+    k.eps = {1};
+    for (int64_t E : divisors(r.ranks)) {
+      std::vector<std::string> sets{str("moe.expert_parallel_size=", E)};
+      if (r.cluster.device != "cpu") sets.push_back("runtime.device=cuda");
+      if (E > 1 && cfg.model.num_experts % E == 0 && accepts(cfg, sets)) k.eps.push_back(E);
+    }
+    if (k.eps.size() == 1 && family(cfg.model.arch).moe != Moe::none && r.ranks > 1)
+      notes.push_back(str("moe.expert_parallel_size: left at 1 (no E > 1 divides both the ", cfg.model.num_experts,
+                          " experts and the ", r.ranks, " ranks, or the run's device has no expert exchange)"));
+  }
   return k;
 }
 
@@ -301,19 +352,21 @@ std::vector<Candidate> enumerate(const SearchRequest& r, const Knobs& k) {
         for (int64_t mb : divisors(per)) batches.push_back({mb, per / mb});
       }
       for (auto [mb, acc] : batches)
-        for (int64_t z : k.stages)
-          for (bool ck : k.checkpointing)
-            for (bool tm : k.tiled_mlp)
-              for (bool tl : k.tiled_loss) {
-                ParallelLayout l = base;
-                l.micro_batch = mb;
-                l.accumulation = acc;
-                l.zero_stage = z;
-                l.checkpointing = ck;
-                l.tiled_mlp = tm;
-                l.tiled_loss = tl;
-                all.push_back({l, estimate_step(cfg, l, r.seq_len, r.cluster)});
-              }
+        for (int64_t ep : k.eps)
+          for (int64_t z : k.stages)
+            for (bool ck : k.checkpointing)
+              for (bool tm : k.tiled_mlp)
+                for (bool tl : k.tiled_loss) {
+                  ParallelLayout l = base;
+                  l.micro_batch = mb;
+                  l.accumulation = acc;
+                  l.ep = ep;
+                  l.zero_stage = z;
+                  l.checkpointing = ck;
+                  l.tiled_mlp = tm;
+                  l.tiled_loss = tl;
+                  all.push_back({l, estimate_step(cfg, l, r.seq_len, r.cluster)});
+                }
     }
   }
   std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
@@ -338,15 +391,16 @@ SearchResult search_layouts(const SearchRequest& r, MemoryOracle& oracle) {
   const std::vector<Candidate> all = enumerate(r, k);
   out.layouts = static_cast<int64_t>(all.size());
 
-  // Fastest first. A group (sp, ring, micro-batch) is tried once with every saver it may use on:
+  // Fastest first. A group (sp, ring, micro-batch, E) is tried once with every saver it may use on:
   // the least memory it can take; a group that does not fit so is skipped whole.
   const double usable = r.cluster.usable_bytes();
-  std::map<std::tuple<int64_t, int64_t, int64_t>, bool> group_fits, group_done;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<ParallelLayout>> group_failed;
+  using Group = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+  std::map<Group, bool> group_fits, group_done;
+  std::map<Group, std::vector<ParallelLayout>> group_failed;
   for (const Candidate& cand : all) {
     if (static_cast<int>(out.best.size()) >= r.top) break;
     const ParallelLayout& l = cand.layout;
-    const auto group = std::make_tuple(l.sp, l.ring, l.micro_batch);
+    const Group group{l.sp, l.ring, l.micro_batch, l.ep};
     if (group_done[group]) continue;
     if (!group_fits.count(group)) {
       const ParallelLayout least = k.least(l);
@@ -393,6 +447,7 @@ Config resolve_auto(Config cfg, int64_t world, const Cluster& cluster) {
   r.vary_checkpointing = is_auto("runtime.activation_checkpointing");
   r.vary_tiled_mlp = is_auto("runtime.tiled_mlp");
   r.vary_tiled_loss = is_auto("runtime.tiled_loss");
+  r.vary_ep = is_auto("moe.expert_parallel_size");
   std::string keys;
   for (const std::string& k : cfg.auto_keys) keys += (keys.empty() ? "" : ", ") + k;
   const SearchResult res = search_layouts(r);
@@ -449,7 +504,7 @@ LongestResult search_longest(SearchRequest r, int64_t multiple, int64_t max_seq)
   for (const Candidate& c : enumerate(r, k)) {
     const ParallelLayout least = k.least(c.layout);
     const bool seen = std::any_of(leasts.begin(), leasts.end(), [&](const ParallelLayout& x) {
-      return x.sp == least.sp && x.ring == least.ring && x.micro_batch == least.micro_batch;
+      return x.sp == least.sp && x.ring == least.ring && x.micro_batch == least.micro_batch && x.ep == least.ep;
     });
     if (!seen) leasts.push_back(least);
   }

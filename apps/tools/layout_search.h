@@ -1,7 +1,8 @@
 // autosp-plan's search (and "auto" in a config): given a model, a sequence length, a number of ranks
 // and a cluster (tools/cluster.h), the parallel layouts that are valid (dp × sp = ranks, sp = U × R
 // Ulysses × ring ranks that the heads allow, the micro-batch and accumulation of a target global
-// batch) with each memory saver (ZeRO 0–3, activation checkpointing, tiled MLP, tiled loss), ranked by
+// batch, and for a mixture of experts the expert-parallel sizes E that divide the experts and the
+// ranks) with each memory saver (ZeRO 0–3, activation checkpointing, tiled MLP, tiled loss), ranked by
 // an estimated step time, with the planned peak bytes per rank of the real memory planner
 // (tools/plan_summary.h over compiler/program.h's program). docs/scaling.md ("Choosing a layout")
 // writes the cost model down.
@@ -27,9 +28,10 @@
 
 namespace autosp {
 
-// One way to run the job. sp = U × R ranks per sequence (ring R), dp = ranks / sp copies.
+// One way to run the job. sp = U × R ranks per sequence (ring R), dp = ranks / sp copies; E
+// consecutive ranks share a mixture of experts' experts (moe.expert_parallel_size).
 struct ParallelLayout {
-  int64_t sp = 1, ring = 1, dp = 1;
+  int64_t sp = 1, ring = 1, dp = 1, ep = 1;
   int64_t zero_stage = 0;
   bool checkpointing = false, tiled_mlp = false, tiled_loss = false;
   int64_t micro_batch = 1, accumulation = 1;  // data.batch_size, train.gradient_accumulation_steps
@@ -44,6 +46,7 @@ struct StepCost {
   double compute_s = 0;     // FLOPs (step_flops, plus what checkpointing and tiling compute again) / rate
   double all_to_all_s = 0;  // Ulysses' all-to-alls (on the critical path)
   double ring_s = 0;        // the ring's exchanges beyond the attention they overlap
+  double expert_s = 0;      // expert parallelism's exchanges (counts, then two all-to-alls each way)
   double zero_s = 0;        // gradient all-reduce / reduce-scatter + gather, ZeRO-3's gathers: exposed part
   double step_s = 0;
   double tokens_per_s = 0;  // of the whole job: global batch × S / step_s
@@ -63,9 +66,9 @@ struct SearchRequest {
   int64_t ranks = 1;
   Cluster cluster;
   int64_t global_batch = 0;  // sequences per optimizer step; 0: data.batch_size × accumulation × dp
-  int top = 5;               // how many distinct layouts (sp, ring, micro-batch) to return
+  int top = 5;               // how many distinct layouts (sp, ring, micro-batch, E) to return
   bool vary_sp = true, vary_ring = true, vary_zero = true, vary_checkpointing = true, vary_tiled_mlp = true,
-       vary_tiled_loss = true;
+       vary_tiled_loss = true, vary_ep = true;
 };
 
 struct SearchResult {
@@ -79,6 +82,11 @@ struct SearchResult {
 // The padded S a layout runs (a multiple of sp, or 2·sp with a ring).
 int64_t padded_seq(const ParallelLayout& l, int64_t seq);
 StepCost estimate_step(const Config& cfg, const ParallelLayout& l, int64_t seq, const Cluster& c);
+// Expert parallelism's exchanges in one step (StepCost::expert_s; docs/scaling.md): per MoE layer and
+// micro-batch, the counts' all-gather and two all-to-alls of rows·k·C elements each way forward (the
+// tokens to their experts, the outputs back) and of rows·k·2C backward, (E − 1)/E of each leaving
+// the rank (balanced routing), the forward twice where checkpointing recomputes it. 0 at E = 1.
+double expert_exchange_s(const Config& cfg, const ParallelLayout& l, int64_t seq, const Cluster& c);
 
 // Plans programs and keeps them: the search and --longest ask the same layout at many S.
 class MemoryOracle {
@@ -94,7 +102,8 @@ class MemoryOracle {
   Config cfg_;
   int64_t ranks_;
   DeviceKind device_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t>, std::shared_ptr<Built>> programs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t>, std::shared_ptr<Built>>
+      programs_;
   int64_t built_ = 0;
 };
 
@@ -111,7 +120,8 @@ struct LongestResult {
 LongestResult search_longest(SearchRequest r, int64_t multiple, int64_t max_seq);
 
 // "auto" layout keys (Config::auto_keys, decision 124): the fastest layout of `world` ranks that fits
-// on `cluster` at data.seq_len, searched over the keys written "auto" only (sequence_parallel.ring_size
+// on `cluster` at data.seq_len, searched over the keys written "auto" only (moe.expert_parallel_size
+// among them; sequence_parallel.ring_size
 // too when it and autosp_size are both "auto"); the others keep their values. Returns the config
 // with them set, auto_keys empty, the resolved config and a note saying what was chosen; none
 // fitting is a UsageError naming the keys and the closest layout.

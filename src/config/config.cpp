@@ -408,7 +408,8 @@ const std::vector<Key>& schema() {
        }},
       {"zero_optimization.stage", Kind::integer_or_auto, 0, 3, "", nullptr,
        AUTO("zero_optimization.stage", zero_optimization, stage)},
-      {"moe.expert_parallel_size", Kind::integer, 1, 1 << 16, "", nullptr, F(moe, expert_parallel_size)},
+      {"moe.expert_parallel_size", Kind::integer_or_auto, 1, 1 << 16, "", nullptr,
+       AUTO("moe.expert_parallel_size", moe, expert_parallel_size)},
     };
     for (Key& row : lora_rows()) rest.push_back(std::move(row));
     for (Key& row : dpo_rows()) rest.push_back(std::move(row));
@@ -900,9 +901,11 @@ void check_moe(const ModelConfig& m, const std::function<void(const std::string&
 void check_router_aux_loss(Config& c, const std::function<void(const std::string&)>& bad) {
   const ModelConfig& m = c.model;
   if (family(m.arch).moe == Moe::none || !m.output_router_logits) return;
-  if (c.train.objective == Objective::dpo)
-    bad("model.output_router_logits: the load-balancing loss is for train.objective \"lm\"; with \"dpo\" set it "
-        "false");
+  if (c.train.objective == Objective::dpo)  // decision 216
+    bad("model.output_router_logits with train.objective \"dpo\": TRL adds router_aux_loss_coef x the "
+        "load-balancing loss over the non-padding tokens of the chosen and rejected rows, but the router statistics "
+        "here count every token of a window, its padding too; not built yet: set it false (TRL: "
+        "router_aux_loss_coef 0)");
   if (m.router_aux_loss_coef == 0)
     c.notes.push_back("model.output_router_logits with model.router_aux_loss_coef 0: the load-balancing loss is "
                       "computed and logged (moe/aux_loss) but adds nothing to the loss or the gradients");

@@ -247,7 +247,8 @@ struct Config {
   ZeroConfig zero_optimization;
   MoeParallelConfig moe;
   // The layout keys written "auto" (sequence_parallel.autosp_size, zero_optimization.stage,
-  // runtime.activation_checkpointing, runtime.tiled_mlp, runtime.tiled_loss; decision 124): their
+  // runtime.activation_checkpointing, runtime.tiled_mlp, runtime.tiled_loss,
+  // moe.expert_parallel_size; decisions 124, 217): their
   // typed values above are placeholders until the layout search (apps/tools/layout_search.h
   // resolve_auto) sets them for the job's world at start-up and empties this. build_program refuses
   // a config that still has any.
