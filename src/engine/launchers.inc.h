@@ -31,7 +31,6 @@
 //   group(c)              the node's communicator, checked to carry this device's tensors
 //   kRopeMaxHeadDim, kAttentionMaxHeadDim   the largest head dims the kernels take
 //   kDeviceName           "CPU", "CUDA" (in messages)
-//   kMoeOptions           whether the device's MoE kernels take gpt-oss's options (kernels/kinds.h MoeOptions)
 // and for attention (sdpa's own launchers and ring attention's chunk pairs):
 //   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T;
 //                         CUDA's: float), in which ring attention also sums its blocks
@@ -819,8 +818,6 @@ struct ExpertWeights {
 // gpt-oss's options (biases, the activation; kernels/kinds.h MoeOptions), the output placed and,
 // for a backward, its extra outputs: dprobs (extra 0, like probs) and one gradient per weight and
 // bias (extras 1 on, also as pointer arrays: dw[0, E'), gates; ups; downs; then the biases').
-// A device whose kernels take no options (kMoeOptions false) refuses them here, by name, before
-// any kernel runs.
 template <class T>
 struct MoeCall {
   Tensor dy, x, p;
@@ -836,9 +833,6 @@ struct MoeCall {
         norm(c.node.attrs().b("norm_topk_prob")), out(out_like(c, x.dtype())) {
     if (moe_biased(c.node)) opt.b_gate = w.b_gate.data(), opt.b_up = w.b_up.data(), opt.b_down = w.b_down.data();
     if (moe_clamped(c.node)) opt.clamped = true, opt.alpha = c.node.attrs().f("alpha"), opt.limit = c.node.attrs().f("limit");
-    if (!kMoeOptions && !opt.plain())
-      throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), ": gpt-oss experts (biases, clamped_swiglu) "
-                           "have no ", kDeviceName, " kernel yet"));
     if (!backward) return;
     for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
     for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));

@@ -201,7 +201,6 @@ T* planned_workspace(const KernelCall& c, size_t bytes) {
                                                                 : nullptr;
 }
 
-constexpr bool kMoeOptions = true;  // kernels/cpu/moe.h takes gpt-oss's expert options
 
 }  // namespace
 

@@ -228,7 +228,6 @@ void settle_scalar(const Tensor& src, const Tensor& dst, cudaStream_t s) {
   if (src.raw() != dst.raw()) gpu::cast_into(src, dst, s);
 }
 
-constexpr bool kMoeOptions = false;  // gpt-oss's experts have no CUDA kernel yet (decision 198)
 
 }  // namespace
 
