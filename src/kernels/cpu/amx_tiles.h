@@ -39,8 +39,11 @@ bool amx_tiles_granted();
 // amx-bf16. Loads and the product clobber "memory": the operands were written by ordinary stores
 // just before (GCC's own macros take only the address, which would let those stores sink past).
 struct HwTiles {
+  // Not GCC's _tile_loadconfig: its asm names only the first 8 bytes of the configuration as read,
+  // so the compiler dropped the stores of the rows and bytes per row as dead and LDTILECFG read
+  // stack garbage (#GP on the first AMX machine this ran on). The operand here is the whole struct.
   __attribute__((target("amx-tile"))) [[gnu::always_inline]] static inline void configure(const TileConfig& c) {
-    _tile_loadconfig(&c);
+    __asm__ volatile("ldtilecfg %0" ::"m"(c));
   }
   __attribute__((target("amx-tile"))) [[gnu::always_inline]] static inline void release() { _tile_release(); }
   template <int T>
