@@ -15,15 +15,18 @@ namespace {
 int64_t norm_params(const Family& f, int64_t dim) { return f.norm == Norm::layernorm ? 2 * dim : dim; }
 
 // The MLP parameters of layer l: GELU's two or SwiGLU's three matrices, or a mixture of experts'
-// router [E, C], E experts of three [I, C] matrices each (`active`: the k a token uses) and
-// Qwen2-MoE's shared expert and its gate [1, C].
+// router [E, C], E experts of three [I, C] matrices each (`active`: the k a token uses),
+// Qwen2-MoE's shared expert and its gate [1, C], and gpt-oss's biases (the router's [E], each
+// expert's gate and up [I] and down [C]).
 int64_t mlp_params(const ModelConfig& m, int64_t l, bool active) {
   const Family& f = family(m.arch);
-  const int64_t C = m.hidden_size;
+  const int64_t C = m.hidden_size, I = m.expert_width();
   if (!m.sparse_layer(l)) return (f.mlp == Mlp::gelu ? 2 : 3) * C * m.mlp_width();
   const int64_t experts = active ? m.num_experts_per_tok : m.num_experts;
   const int64_t shared = f.shared_expert ? 3 * C * m.shared_expert_intermediate_size + C : 0;
-  return m.num_experts * C + experts * 3 * C * m.expert_width() + shared;
+  const bool biased = f.moe == Moe::gpt_oss;
+  const int64_t router = m.num_experts * (C + (biased ? 1 : 0));
+  return router + experts * (3 * C * I + (biased ? 2 * I + C : 0)) + shared;
 }
 
 // Parameters of transformer layer l, from the family row: q and o [C, N·D], k and v [C, Nkv·D],
