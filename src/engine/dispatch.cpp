@@ -7,6 +7,7 @@
 #include <set>
 
 #include "engine/launchers.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "tensor/check.h"
 
@@ -74,11 +75,9 @@ std::string cpu_bf16_numerics(const Graph& program) {
   for (size_t i = 0; i < emulated.size(); ++i) rest += (i ? ", " : "") + emulated[i];
   if (path == cpu::Bf16Gemm::f32)
     return str("on cpu without AMX or AVX512-BF16: the GEMM-bound ops widen to f32 (as fast here); ", rest);
-  const char* dp = cpu::bf16_gemm_name(cpu::Bf16Gemm::avx512_bf16);  // the attention's products run there
-  const std::string units = path == cpu::Bf16Gemm::amx
-                                ? str("matmuls and the tiled MLP and loss on ", cpu::bf16_gemm_name(path),
-                                      ", the attention's tile products on ", dp)
-                                : str("matmuls, the tiled MLP and loss and the attention's tile products on ", dp);
+  // The attention's tile products follow the GEMM's path (kernels/cpu/attention.h sdpa_bf16_path).
+  const std::string units = str("matmuls, the tiled MLP and loss and the attention's tile products on ",
+                                cpu::bf16_gemm_name(cpu::sdpa_bf16_path()));
   return str("on cpu: ", units, ", each result rounded to bf16; ", rest);
 }
 

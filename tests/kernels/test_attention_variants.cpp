@@ -255,6 +255,16 @@ std::vector<uint16_t> round_to_bf16(Vec& x) {
   return b;
 }
 
+// The tile products' paths of the bf16 attention this CPU runs: AVX512-BF16, AMX where it has the
+// tiles, and the AMX code on the software tiles (every CPU with AVX-512; slow, so `small` cases).
+std::vector<cpu::Bf16Gemm> attention_paths() {
+  std::vector<cpu::Bf16Gemm> paths;
+  for (cpu::Bf16Gemm p : {cpu::Bf16Gemm::avx512_bf16, cpu::Bf16Gemm::amx, cpu::Bf16Gemm::amx_emulated})
+    if (cpu::bf16_gemm_available(p)) paths.push_back(p);
+  if (!cpu::bf16_gemm_available(cpu::Bf16Gemm::amx)) WARN("SKIPPED: the bf16 attention on AMX tiles (this CPU has none)");
+  return paths;
+}
+
 }  // namespace
 
 TEST_CASE("bf16 sdpa on the bf16 units matches the naive float64 attention", "[kernels][attention][variants][bf16]") {
@@ -266,14 +276,19 @@ TEST_CASE("bf16 sdpa on the bf16 units matches the naive float64 attention", "[k
   cases.push_back({1, 4, 2, 700, 700, 64, 0, 0, false, 0, 0});   // plain GQA across the 128 × 512 and 64 × 256 tiles
   cases.push_back({2, 2, 1, 131, 131, 6, 0, 0, false, 0, 0});    // D = 6: the columns past 16·k plainly; odd rows
   cases.push_back({1, 2, 2, 257, 257, 128, 0, 0, false, 0, 57}); // D = 128, documents, odd key blocks
-  uint32_t seed = 9100;
-  for (const VarCase& c : cases) {
+  cases.push_back({1, 2, 1, 200, 200, 40, 0, 0, false, 0, 0});   // D = 40: 20 pairs, a partial AMX tile of depth
+  for (const cpu::Bf16Gemm path : attention_paths())
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const VarCase& c = cases[ci];
+    const uint32_t seed = 9100 + 10 * uint32_t(ci);  // each case's inputs, the same on every path
+    // The software tiles take ~1 µs per tile product: the cases up to 300 queries (every variant).
+    if (path == cpu::Bf16Gemm::amx_emulated && c.Sq * c.N * c.B > 1200) continue;
+    INFO("path " << cpu::bf16_gemm_name(path));
     INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv << " D " << c.D
               << " window " << c.window << " softcap " << c.softcap << " sinks " << c.sinks << " offset " << c.offset
               << " documents " << c.doc_len);
     const double scale = 1.0 / std::sqrt(double(c.D));
     Inputs in = inputs(c, seed);
-    seed += 10;
     const auto q = round_to_bf16(in.q), k = round_to_bf16(in.k), v = round_to_bf16(in.v), dout = round_to_bf16(in.dout);
     const auto sinks = test::cast<float>(in.sinks);
     in.sinks = test::widen(sinks);
@@ -284,7 +299,7 @@ TEST_CASE("bf16 sdpa on the bf16 units matches the naive float64 attention", "[k
     std::vector<uint16_t> o(q.size(), 0xffff);
     std::vector<float> lse(size_t(c.B * c.N * c.Sq), -777.0f);
     cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale,
-                           true, docs ? starts.data() : nullptr, var);
+                           true, docs ? starts.data() : nullptr, var, path);
     const double tol = 1e-2;
     const Vec o_seen = test::widen_bf16(o);  // the backward reads o as stored (as the CUDA tests' reference does)
     const Naive ref = naive_attention(c, in.q, in.k, in.v, in.sinks, &in.dout, docs, scale, &o_seen);
@@ -293,7 +308,7 @@ TEST_CASE("bf16 sdpa on the bf16 units matches the naive float64 attention", "[k
     std::vector<uint16_t> dq(q.size(), 0xffff), dk(k.size(), 0xffff), dv(v.size(), 0xffff);
     cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
                             dv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, true, docs ? starts.data() : nullptr,
-                            nullptr, var);
+                            nullptr, var, path);
     test::check_close(test::widen_bf16(dq), ref.dq, tol);
     test::check_close(test::widen_bf16(dk), ref.dk, tol);
     test::check_close(test::widen_bf16(dv), ref.dv, tol);
@@ -316,21 +331,55 @@ TEST_CASE("bf16 sdpa without causal masking, and with the planned workspace, mat
   Vec qd = naive::random_normal(B * N * Sq * D, 31), kd = naive::random_normal(B * Nkv * Skv * D, 32);
   Vec vd = naive::random_normal(B * Nkv * Skv * D, 33), dod = naive::random_normal(B * N * Sq * D, 34);
   const auto q = round_to_bf16(qd), k = round_to_bf16(kd), v = round_to_bf16(vd), dout = round_to_bf16(dod);
+  for (const cpu::Bf16Gemm path : attention_paths())
   for (const bool causal : {false, true}) {
-    INFO("causal " << causal);
+    INFO("path " << cpu::bf16_gemm_name(path) << " causal " << causal);
     Vec rlse, rdq, rdk, rdv;
     const Vec ro = naive::sdpa(qd, kd, vd, B, N, Nkv, Sq, Skv, D, scale, causal, &rlse);
     naive::sdpa_backward(qd, kd, vd, dod, B, N, Nkv, Sq, Skv, D, scale, causal, rdq, rdk, rdv);
     std::vector<uint16_t> o(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
     std::vector<float> lse(size_t(B * N * Sq));
-    cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), B, N, Nkv, Sq, Skv, D, scale, causal);
+    cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), B, N, Nkv, Sq, Skv, D, scale, causal,
+                           nullptr, {}, path);
     std::vector<float> workspace(size_t(cpu::sdpa_backward_bf16_workspace(B, N, Nkv, Sq, Skv, D, causal)), NAN);
     cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
-                            dv.data(), B, N, Nkv, Sq, Skv, D, scale, causal, nullptr, workspace.data());
+                            dv.data(), B, N, Nkv, Sq, Skv, D, scale, causal, nullptr, workspace.data(), {}, path);
     test::check_close(test::widen_bf16(o), ro, 1e-2);
     test::check_close(lse, rlse, 1e-3);
     test::check_close(test::widen_bf16(dq), rdq, 1e-2);
     test::check_close(test::widen_bf16(dk), rdk, 1e-2);
     test::check_close(test::widen_bf16(dv), rdv, 1e-2);
   }
+}
+
+TEST_CASE("bf16 sdpa on the AMX hardware gives the software tiles' bits", "[kernels][attention][bf16][amx]") {
+  if (!cpu::bf16_gemm_available(cpu::Bf16Gemm::amx) || !cpu::sdpa_bf16_native(128)) {
+    WARN("SKIPPED: the bf16 attention on AMX tiles (this CPU has none)");
+    return;
+  }
+  const VarCase c{1, 2, 2, 257, 257, 128, 0, 0, false, 0, 57};  // D = 128, documents, odd key blocks
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  Inputs in = inputs(c, 9300);
+  const auto q = round_to_bf16(in.q), k = round_to_bf16(in.k), v = round_to_bf16(in.v), dout = round_to_bf16(in.dout);
+  const auto starts = document_starts(c);
+  struct Out {
+    std::vector<uint16_t> o, dq, dk, dv;
+    std::vector<float> lse;
+  };
+  auto run = [&](cpu::Bf16Gemm path) {
+    Out r{std::vector<uint16_t>(q.size()), std::vector<uint16_t>(q.size()), std::vector<uint16_t>(k.size()),
+          std::vector<uint16_t>(v.size()), std::vector<float>(size_t(c.B * c.N * c.Sq))};
+    cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), r.o.data(), r.lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D,
+                           scale, true, starts.data(), {}, path);
+    cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), r.o.data(), r.lse.data(), dout.data(), r.dq.data(),
+                            r.dk.data(), r.dv.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, true, starts.data(),
+                            nullptr, {}, path);
+    return r;
+  };
+  const Out hw = run(cpu::Bf16Gemm::amx), model = run(cpu::Bf16Gemm::amx_emulated);
+  CHECK(hw.o == model.o);
+  CHECK(hw.lse == model.lse);
+  CHECK(hw.dq == model.dq);
+  CHECK(hw.dk == model.dk);
+  CHECK(hw.dv == model.dv);
 }

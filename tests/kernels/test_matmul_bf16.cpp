@@ -124,9 +124,11 @@ TEST_CASE("the bf16 GEMM dispatch picks the best path the CPU offers", "[kernels
   CHECK(std::string(cpu::bf16_gemm_name(cpu::Bf16Gemm::amx)).rfind("AMX", 0) == 0);
   CHECK(std::string(cpu::bf16_gemm_name(cpu::Bf16Gemm::avx512_bf16)).rfind("AVX512-BF16", 0) == 0);
   CHECK(std::string(cpu::bf16_gemm_name(cpu::Bf16Gemm::f32)).rfind("emulated", 0) == 0);
-  // The attention's tile products take AVX512-BF16 (pair words: an even head dim), AMX or not.
+  // The attention's tile products need AVX512-BF16 (its packing; pair words: an even head dim) and
+  // run on AMX where the GEMM does.
   CHECK(cpu::sdpa_bf16_native(64) == dp);
   CHECK_FALSE(cpu::sdpa_bf16_native(63));
+  if (dp) CHECK(cpu::sdpa_bf16_path() == (amx ? cpu::Bf16Gemm::amx : cpu::Bf16Gemm::avx512_bf16));
 }
 
 // AUTOSP_BF16_GEMM caps the dispatch (a way round a path that misbehaves on some machine, as

@@ -15,7 +15,7 @@
 //            16-pair scratch (the tile shapes are fixed by one configuration per thread and call)
 // The C tiles start from C itself (beta = 1) or zero (beta = 0) and are stored into C where the
 // micro-tile is whole and alpha = 1; otherwise they go to a scratch tile and edge_out applies
-// alpha and beta. A thread configures its tiles once per GEMM (TileUse) and releases them after.
+// alpha and beta. A thread configures its tiles once per GEMM (amx::TileUse) and releases them after.
 
 constexpr int64_t kAmxRows = 32;  // micro-tile rows: two A tiles
 constexpr int64_t kAmxStep = 16;  // pairs per TDPBF16PS: an A tile's 64-byte rows
@@ -30,18 +30,7 @@ constexpr int64_t kPanelRows<AmxOperands<Tiles>> = kAmxRows;
 
 // This thread's tiles configured for the kernel while it lives.
 template <class Tiles>
-struct TileUse {
-  __attribute__((target("amx-tile"))) TileUse() {
-    amx::TileConfig cfg;
-    for (int t = 0; t < amx::kTiles; ++t) cfg.rows[t] = amx::kMaxRows, cfg.colsb[t] = amx::kMaxColsb;
-    Tiles::configure(cfg);
-  }
-  __attribute__((target("amx-tile"))) ~TileUse() { Tiles::release(); }
-  TileUse(const TileUse&) = delete;
-  TileUse& operator=(const TileUse&) = delete;
-};
-template <class Tiles>
-TileUse<Tiles> use_tiles(const AmxOperands<Tiles>&) {
+amx::TileUse<Tiles> use_tiles(const AmxOperands<Tiles>&) {
   return {};
 }
 

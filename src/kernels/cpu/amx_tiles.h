@@ -86,4 +86,18 @@ struct EmulatedTiles {
   static void dpbf16ps_tiles(int c, int a, int b);
 };
 
+// This thread's tiles configured while it lives: all eight 16 rows × 64 bytes (what the GEMM and
+// the attention's products use), released after.
+template <class Tiles>
+struct TileUse {
+  __attribute__((target("amx-tile"))) TileUse() {
+    TileConfig cfg;
+    for (int t = 0; t < kTiles; ++t) cfg.rows[t] = kMaxRows, cfg.colsb[t] = kMaxColsb;
+    Tiles::configure(cfg);
+  }
+  __attribute__((target("amx-tile"))) ~TileUse() { Tiles::release(); }
+  TileUse(const TileUse&) = delete;
+  TileUse& operator=(const TileUse&) = delete;
+};
+
 }  // namespace autosp::cpu::amx

@@ -56,6 +56,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/dp16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec16.h"
@@ -738,21 +739,42 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
 
 bool sdpa_bf16_native(int64_t D) { return D % 2 == 0 && bf16_gemm_available(Bf16Gemm::avx512_bf16); }
 
+Bf16Gemm sdpa_bf16_path() { return bf16_gemm_best() == Bf16Gemm::amx ? Bf16Gemm::amx : Bf16Gemm::avx512_bf16; }
+
+namespace {
+
+// f.template operator()<Products>() with the tile products of `path` (amx, amx_emulated or avx512_bf16).
+template <class F>
+void with_products(Bf16Gemm path, F&& f) {
+  AUTOSP_ASSERT(path != Bf16Gemm::f32 && bf16_gemm_available(path), "bf16 attention: the tile products' path ",
+                bf16_gemm_name(path), " is not available here");
+  if (path == Bf16Gemm::amx) return f.template operator()<AmxProducts<amx::HwTiles>>();
+  if (path == Bf16Gemm::amx_emulated) return f.template operator()<AmxProducts<amx::EmulatedTiles>>();
+  f.template operator()<DpProducts>();
+}
+
+}  // namespace
+
 void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t B,
                        int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                       const int64_t* doc_start, const AttentionVariant<float>& var) {
+                       const int64_t* doc_start, const AttentionVariant<float>& var, Bf16Gemm path) {
   AUTOSP_ASSERT(sdpa_bf16_native(D), "sdpa_forward_bf16: needs AVX512-BF16 and an even head dim, D ", D);
-  forward<float, uint16_t, Bf16Tiles>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
+  with_products(path, [&]<class P>() {
+    forward<float, uint16_t, Bf16Tiles<P>>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
+  });
 }
 
 void sdpa_backward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* o, const float* lse,
                         const uint16_t* dout, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t B, int64_t N,
                         int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                        const int64_t* doc_start, float* workspace, const AttentionVariant<float>& var) {
+                        const int64_t* doc_start, float* workspace, const AttentionVariant<float>& var,
+                        Bf16Gemm path) {
   AUTOSP_ASSERT(sdpa_bf16_native(D), "sdpa_backward_bf16: needs AVX512-BF16 and an even head dim, D ", D);
   AUTOSP_ASSERT(var.offset == 0 || workspace == nullptr, "sdpa_backward_bf16: a workspace with offset ", var.offset);
-  backward<float, uint16_t, Bf16Tiles>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal,
-                                       doc_start, workspace, var);
+  with_products(path, [&]<class P>() {
+    backward<float, uint16_t, Bf16Tiles<P>>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal,
+                                            doc_start, workspace, var);
+  });
 }
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t,

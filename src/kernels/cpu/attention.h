@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/attention_variant.h"
+#include "kernels/cpu/matmul.h"  // Bf16Gemm
 
 namespace autosp::cpu {
 
@@ -48,22 +49,26 @@ int64_t sdpa_backward_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, i
 
 // bf16 attention on the CPU's bf16 units: q, k, v, o, dout, dq, dk, dv bf16 (raw bits), lse f32,
 // the contracts of sdpa_forward and sdpa_backward. Every tile product multiplies bf16 values
-// (vdpbf16ps) and accumulates in f32; the probabilities P (and the backward's dS) are rounded to
-// bf16 once, where a product reads them, as PyTorch's bf16 flash attention does; the softmax,
-// lse and the accumulators of o, dq, dk, dv are f32, each output rounded once. Needs
-// sdpa_bf16_native(D): AVX512-BF16 (kernels/cpu/matmul.h bf16_gemm_available; on a CPU with AMX
-// too, the products stay on AVX512-BF16) and an even head dim.
+// and accumulates in f32, on `path`: AMX tiles (TDPBF16PS; amx_emulated: the same code on the
+// software tiles, for tests) or AVX512-BF16 (vdpbf16ps); sdpa_bf16_path() is AMX where the bf16
+// GEMM runs there (kernels/cpu/matmul.h bf16_gemm_best, so AUTOSP_BF16_GEMM caps it too), else
+// AVX512-BF16. The probabilities P (and the backward's dS) are rounded to bf16 once, where a
+// product reads them, as PyTorch's bf16 flash attention does; the softmax, lse and the
+// accumulators of o, dq, dk, dv are f32, each output rounded once. Needs sdpa_bf16_native(D):
+// AVX512-BF16 (for the packing's conversions; every CPU with AMX has it) and an even head dim.
 // The backward's workspace (may be null) holds sdpa_backward_bf16_workspace(...) floats: the
 // chunks' f32 dK, dV, the last chunk's included.
 bool sdpa_bf16_native(int64_t D);
+Bf16Gemm sdpa_bf16_path();
 void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t B,
                        int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                       const int64_t* doc_start = nullptr, const AttentionVariant<float>& var = {});
+                       const int64_t* doc_start = nullptr, const AttentionVariant<float>& var = {},
+                       Bf16Gemm path = sdpa_bf16_path());
 void sdpa_backward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* o, const float* lse,
                         const uint16_t* dout, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t B, int64_t N,
                         int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
                         const int64_t* doc_start = nullptr, float* workspace = nullptr,
-                        const AttentionVariant<float>& var = {});
+                        const AttentionVariant<float>& var = {}, Bf16Gemm path = sdpa_bf16_path());
 int64_t sdpa_backward_bf16_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, bool causal);
 
 // Ring attention's merge of two partial attentions over disjoint key sets by their log-sum-exp:
