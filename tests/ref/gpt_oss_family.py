@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_oss_ref as ref  # noqa: E402
 import safetensors_io  # noqa: E402
-from hf_common import compare_grads, launch, write_tokens  # noqa: E402
+from hf_common import compare_grads, launch, train_config, write_tokens  # noqa: E402
 
 VOCAB, SEQ, BATCH, WINDOW = 64, 16, 2, 4
 CONFIG = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "vocab_size": VOCAB, "hidden_size": 32,
@@ -129,13 +129,7 @@ def run(bin_dir, work, config, ranks=1, extra=(), name="run"):
 
 
 def config(work, src, steps=1, batch_size=BATCH, **more):
-    c = {"model": {"from": src},
-         "data": {"source": "tokens", "path": os.path.join(work, "tokens.bin"), "seq_len": SEQ, "batch_size": batch_size},
-         "train": {"steps": steps, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "log_every": 1},
-         "runtime": {"dtype": "float64"}}
-    for k, v in more.items():
-        c[k] = dict(c.get(k, {}), **v)
-    return c
+    return train_config(work, src, SEQ, batch_size, steps, **more)
 
 
 def check(what, ours, theirs, rel=1e-6):

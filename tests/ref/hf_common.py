@@ -41,6 +41,18 @@ def compare_grads(what, ours, theirs, rel):
     assert worst <= rel * scale, f"{what}: gradients differ by {worst} > {rel} x {scale}"
 
 
+
+def train_config(work, src, seq, batch, steps=1, **more):
+    """An autosp-train config of one float64 run of the HF directory `src` on work/tokens.bin (lr 1e-3,
+    no warmup, a line a step), each keyword's dict merged into that section."""
+    c = {"model": {"from": src},
+         "data": {"source": "tokens", "path": os.path.join(work, "tokens.bin"), "seq_len": seq, "batch_size": batch},
+         "train": {"steps": steps, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "log_every": 1},
+         "runtime": {"dtype": "float64"}}
+    for k, v in more.items():
+        c[k] = dict(c.get(k, {}), **v)
+    return c
+
 def launch(cmd, ranks=1, timeout=300):
     """Runs cmd (a list) on `ranks` processes; returns its stdout, or raises naming the command."""
     if ranks > 1:

@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_common import compare_grads, skip  # noqa: E402
+from hf_common import compare_grads, skip, train_config  # noqa: E402
 
 try:
     import torch
@@ -78,13 +78,7 @@ def loss_of(model, x):
 
 
 def config(work, src, steps=1, batch=BATCH, **more):
-    c = {"model": {"from": src},
-         "data": {"source": "tokens", "path": os.path.join(work, "tokens.bin"), "seq_len": SEQ, "batch_size": batch},
-         "train": {"steps": steps, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 0, "log_every": 1},
-         "runtime": {"dtype": "float64"}}
-    for k, v in more.items():
-        c[k] = dict(c.get(k, {}), **v)
-    return c
+    return train_config(work, src, SEQ, batch, steps, **more)
 
 
 def main():
