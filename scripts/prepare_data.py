@@ -82,8 +82,10 @@ import glob
 import json
 import os
 import random
+import shutil
 import struct
 import sys
+import tempfile
 import time
 
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
@@ -659,16 +661,43 @@ def main():
     tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, not a document end
     tok_name = a.tokenizer or "the trained tokenizer"
 
+    # The new files are written into a staging folder inside --out and moved into place only when
+    # every one is written: a refusal or a failed write part-way leaves the earlier run's files as
+    # they were (and no half-written new ones).
     try:
-        for p in old:  # --overwrite: nothing of the earlier run may match the new train_*.bin / val_*.bin
-            os.remove(p)
         os.makedirs(a.out, exist_ok=True)
+        a.stage = tempfile.mkdtemp(prefix=".prepare_data-", dir=a.out)
     except OSError as e:
         fail(f"--out {a.out}: cannot prepare it ({e})")
-    if mode:
-        return write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wide)
     try:
-        writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide) for s in ("train", "val")}
+        if mode:
+            info = write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wide)
+        else:
+            info = write_documents(a, docs, val_docs, n_val, tok, tok_name, eos, bos, vocab, wide)
+        save_outputs(a, tok, info)
+        publish(a, old)
+    finally:
+        shutil.rmtree(a.stage, ignore_errors=True)
+    print(json.dumps(info))
+
+
+def publish(a, old):
+    """The staged files into --out: the earlier run's files removed (--overwrite: nothing of it may
+    match the new train_*.bin / val_*.bin), then each new file moved in."""
+    try:
+        for p in old:
+            os.remove(p)
+        for name in sorted(os.listdir(a.stage)):
+            os.replace(os.path.join(a.stage, name), os.path.join(a.out, name))
+    except OSError as e:
+        fail(f"--out {a.out}: cannot move the new files into place ({e})", code=3)
+
+
+def write_documents(a, docs, val_docs, n_val, tok, tok_name, eos, bos, vocab, wide):
+    """Plain text: each document tokenized, with BOS and EOS, into train / val shards; data.json's
+    content."""
+    try:
+        writers = {s: ShardWriter(a.stage, s, a.shard_tokens, wide) for s in ("train", "val")}
         chunk = 1024
         progress = Progress("tokenizing", len(docs), "documents")
         for start in range(0, len(docs), chunk):
@@ -697,26 +726,26 @@ def main():
             "eos_token_id": eos, "bos_token_id": bos[0] if len(bos) == 1 else (bos or None), "documents": {"train": len(docs) - n_val, "val": n_val},
             "tokens": {"train": writers["train"].total, "val": writers["val"].total},
             "token_dtype": "uint32" if wide else "uint16"}
-    save_outputs(a.out, tok, info)
+    return info
 
 
-def save_outputs(out, tok, info):
-    """tokenizer.json (as it was given) and data.json into --out, then data.json's text on stdout."""
+def save_outputs(a, tok, info):
+    """tokenizer.json (as it was given) and data.json into the staging folder."""
     try:
         tok.encode_special_tokens = False
-        tok.save(os.path.join(out, "tokenizer.json"))
-        with open(os.path.join(out, "data.json"), "w") as f:
+        tok.save(os.path.join(a.stage, "tokenizer.json"))
+        with open(os.path.join(a.stage, "data.json"), "w") as f:
             json.dump(info, f, indent=1)
     except OSError as e:
-        fail(f"--out {out}: write failed ({e})", code=3)
-    print(json.dumps(info))
+        fail(f"--out {a.out}: write failed ({e})", code=3)
 
 
 def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wide):
-    """--chat / --completion: the examples packed into windows, shards with their masks, data.json."""
+    """--chat / --completion / --preference: the examples packed into windows, shards with their masks;
+    data.json's content."""
     pairs = mode == "preference"
     try:
-        writers = {s: ShardWriter(a.out, s, a.shard_tokens, wide, masks=True, ids="pairs" if pairs else "docs")
+        writers = {s: ShardWriter(a.stage, s, a.shard_tokens, wide, masks=True, ids="pairs" if pairs else "docs")
                    for s in ("train", "val")}
         packers = {s: Packer(writers[s], a.seq_len, eos, a.long or ("drop" if pairs else "split")) for s in writers}
         progress = Progress(f"rendering ({mode})", len(docs), "examples")
@@ -771,7 +800,7 @@ def write_examples(a, mode, docs, val_docs, n_val, tok, hf, eos, bos, vocab, wid
             "targets": {s: writers[s].targets for s in ("train", "val")},
             "target_fraction": round((writers["train"].targets + writers["val"].targets) / max(1, total), 6),
             "token_dtype": "uint32" if wide else "uint16"}
-    save_outputs(a.out, tok, info)
+    return info
 
 
 if __name__ == "__main__":

@@ -147,5 +147,12 @@ row '\-\-preference needs \-\-tokenizer DIR' --out "$tmp/bad" --train-tokenizer 
   --preference "$tmp/pairs.jsonl"
 row 'every train pair (both sequences together) is longer than \-\-seq-len 8' --out "$tmp/bad" --overwrite \
   --tokenizer "$tmp/chatml" --seq-len 8 --preference "$tmp/pairs.jsonl"
+# That refusal comes while the new shards are being written: with --overwrite over an earlier run's
+# output, the earlier files stay exactly as they were and nothing of the refused run is left.
+cp -r "$tmp/p" "$tmp/keep"
+row 'every train pair (both sequences together) is longer than \-\-seq-len 8' --out "$tmp/p" --overwrite \
+  --tokenizer "$tmp/chatml" --seq-len 8 --preference "$tmp/pairs.jsonl"
+diff -r "$tmp/keep" "$tmp/p" >/dev/null && [ -z "$(find "$tmp/p" -name '.prepare_data-*')" ]
+check $? "a refused --overwrite run leaves the earlier output as it was, and no staging folder"
 echo "$rows rows"
 exit $fail
