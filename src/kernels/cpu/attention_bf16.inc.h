@@ -122,7 +122,7 @@ struct AmxProducts {
   // words at a time through registers; returns its row stride in words.
   __attribute__((target("avx512f"))) int64_t transpose_a(int64_t M, int64_t K, const void* a, int64_t acs) {
     const int64_t kp = (K + 15) / 16 * 16;
-    a_rows.assign(size_t(M * kp), 0u);
+    a_rows.resize(size_t(M * kp));  // every word is written below, the padding past K as 0
     int64_t m = 0;
     for (; m + 16 <= M; m += 16)
       for (int64_t k0 = 0; k0 < K; k0 += 16) {
@@ -133,7 +133,7 @@ struct AmxProducts {
         for (int64_t r = 0; r < 16; ++r) vec16::store(reinterpret_cast<float*>(a_rows.data()) + (m + r) * kp + k0, v[r]);
       }
     for (; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) a_rows[size_t(m * kp + k)] = dp16::word(a, k * acs + m);
+      for (int64_t k = 0; k < kp; ++k) a_rows[size_t(m * kp + k)] = k < K ? dp16::word(a, k * acs + m) : 0u;
     return kp;
   }
 
