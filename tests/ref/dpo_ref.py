@@ -134,14 +134,27 @@ def sequences(d, split="train"):
     return out
 
 
+def pair_logps(table, sign, average):
+    """Each pair's chosen (sign 1) or rejected (-1) log-probability from {pair id: (sum, tokens)},
+    in pair order; `average`: over the completion's tokens (TRL's IPO)."""
+    keys = sorted(k for k in table if k > 0)
+    return torch.stack([table[sign * k][0] / (table[sign * k][1] if average else 1) for k in keys])
+
+
+def dpo_rewards(policy, reference, beta=0.1, loss_type="sigmoid"):
+    """TRL's chosen and rejected rewards per pair: beta · (policy − reference) log-probabilities."""
+    avg = loss_type == "ipo"  # TRL averages the log-probabilities over the completion for IPO
+    return (beta * (pair_logps(policy, 1, avg) - pair_logps(reference, 1, avg)),
+            beta * (pair_logps(policy, -1, avg) - pair_logps(reference, -1, avg)))
+
+
 def trl_dpo(policy, reference, beta=0.1, loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=None):
     """TRL's DPOTrainer.dpo_loss (+ rpo_alpha · NLL of the chosen completions) over the pairs of
     `policy` and `reference` ({pair id: (sum, tokens)}): the mean loss and TRL's metrics."""
     keys = sorted(k for k in policy if k > 0)
-    def logps(table, sign, average):
-        return torch.stack([table[sign * k][0] / (table[sign * k][1] if average else 1) for k in keys])
-    avg = loss_type == "ipo"  # TRL averages the log-probabilities over the completion for IPO
-    pc, pr, rc, rr = logps(policy, 1, avg), logps(policy, -1, avg), logps(reference, 1, avg), logps(reference, -1, avg)
+    avg = loss_type == "ipo"
+    pc, pr = pair_logps(policy, 1, avg), pair_logps(policy, -1, avg)
+    rc, rr = pair_logps(reference, 1, avg), pair_logps(reference, -1, avg)
     logits = (pc - pr) - (rc - rr)
     if loss_type == "sigmoid":
         losses = -F.logsigmoid(beta * logits) * (1 - label_smoothing) - F.logsigmoid(-beta * logits) * label_smoothing
@@ -152,11 +165,12 @@ def trl_dpo(policy, reference, beta=0.1, loss_type="sigmoid", label_smoothing=0.
     loss = losses.mean()
     if rpo_alpha is not None:  # the NLL over every chosen completion token of the batch
         loss = loss + rpo_alpha * -sum(policy[k][0] for k in keys) / sum(policy[k][1] for k in keys)
-    chosen, rejected = beta * (pc - rc), beta * (pr - rr)
+    chosen, rejected = dpo_rewards(policy, reference, beta, loss_type)
     return loss, {"rewards/chosen": chosen.mean(), "rewards/rejected": rejected.mean(),
                   "rewards/margins": (chosen - rejected).mean(),
                   "rewards/accuracies": (chosen > rejected).double().mean(),
-                  "logps/chosen": logps(policy, 1, False).mean(), "logps/rejected": logps(policy, -1, False).mean()}
+                  "logps/chosen": pair_logps(policy, 1, False).mean(),
+                  "logps/rejected": pair_logps(policy, -1, False).mean()}
 
 
 def models(fixture, vocab):

@@ -37,7 +37,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dpo_ref import float64_softmax, packed_sequence_logps, read_split, trl_dpo  # noqa: E402  (77 without PEFT)
+from dpo_ref import dpo_rewards, float64_softmax, packed_sequence_logps, read_split, trl_dpo  # noqa: E402  (77 without PEFT)
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
@@ -79,20 +79,19 @@ def reference(model, data, loss_kw, lora=False):
     grads = torch.autograd.grad(loss, [p for _, p in named])
     key = lambda n: n.replace("base_model.model.", "", 1).replace(".default", "")
     metrics = {k: float(v) for k, v in metrics.items()}
-    metrics[ACCURACY_RANGE] = accuracy_range(policy, ref, loss_kw.get("loss_type") == "ipo")
+    metrics[ACCURACY_RANGE] = accuracy_range(policy, ref, loss_kw.get("loss_type", "sigmoid"))
     return float(loss), metrics, {key(n): g for (n, _), g in zip(named, grads)}
 
 
-def accuracy_range(policy, ref, average, beta=0.1, tie=1e-9):
+def accuracy_range(policy, ref, loss_type, tie=1e-9):
     """The lowest and highest rewards/accuracies (the share of pairs whose chosen reward beats the
     rejected one) that rounding can give: a pair whose margin is within `tie` of 0 may count either
     way. Where the policy is the reference (step 1 without LoRA) every margin is 0 in exact
     arithmetic, so the count is the rounding's, which the batch layout, the kernels' summation order
     and the CPU (AMX or not) tip either way; elsewhere the range is one value."""
-    keys = sorted(k for k in policy if k > 0)
-    def lp(table, k):
-        return float(table[k][0]) / (table[k][1] if average else 1)
-    margins = [beta * ((lp(policy, k) - lp(ref, k)) - (lp(policy, -k) - lp(ref, -k))) for k in keys]
+    with torch.no_grad():
+        chosen, rejected = dpo_rewards(policy, ref, 0.1, loss_type)
+        margins = (chosen - rejected).tolist()
     return (sum(m > tie for m in margins) / len(margins), sum(m > -tie for m in margins) / len(margins))
 
 
