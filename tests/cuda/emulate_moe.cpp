@@ -61,17 +61,18 @@ template <class T>
 struct GptOssExperts {
   static constexpr int64_t R = 37, C = 8, E = 4, I = 6, k = 2;
   static constexpr double kLimit = 0.75, kAlpha = 1.702;
+  // Each expert's elements of gate, up, down, b_gate, b_up, b_down.
+  static constexpr int64_t kSizes[6] = {I * C, I * C, C * I, I, I, C};
   naive::Vec x, dy, probs, w[6];  // w: gate, up [E, I, C]; down [E, C, I]; b_gate, b_up [E, I]; b_down [E, C]
   std::vector<T> xt, dyt, pt, wt[6];
   std::vector<const T*> wp[6];
   GptOssExperts() {
     x = naive::random_normal(R * C, 5200), dy = naive::random_normal(R * C, 5201);
     probs = naive::softmax(naive::random_normal(R * E, 5202), R, E);
-    const int64_t sizes[6] = {I * C, I * C, C * I, I, I, C};
     for (int i = 0; i < 6; ++i) {
-      w[i] = naive::random_normal(E * sizes[i], 5203 + i, 0.5);
+      w[i] = naive::random_normal(E * kSizes[i], 5203 + i, 0.5);
       wt[i].assign(w[i].begin(), w[i].end());
-      for (int64_t e = 0; e < E; ++e) wp[i].push_back(wt[i].data() + e * sizes[i]);
+      for (int64_t e = 0; e < E; ++e) wp[i].push_back(wt[i].data() + e * kSizes[i]);
     }
     xt.assign(x.begin(), x.end()), dyt.assign(dy.begin(), dy.end()), pt.assign(probs.begin(), probs.end());
   }
@@ -84,13 +85,12 @@ struct GptOssExperts {
     std::vector<T> dx = std::vector<T>(size_t(R * C)), dp = std::vector<T>(size_t(R * E)), all;
     std::vector<T*> p[6];
     Grads() {
-      const int64_t sizes[6] = {I * C, I * C, C * I, I, I, C};
       int64_t total = 0;
-      for (int64_t s : sizes) total += E * s;
+      for (int64_t s : kSizes) total += E * s;
       all.assign(size_t(total), T(-7));  // garbage: every gradient must be written
       T* at = all.data();
       for (int i = 0; i < 6; ++i)
-        for (int64_t e = 0; e < E; ++e, at += sizes[i]) p[i].push_back(at);
+        for (int64_t e = 0; e < E; ++e, at += kSizes[i]) p[i].push_back(at);
     }
     kernels::MoeOptions<T> options(const kernels::MoeOptions<T>& o) {
       kernels::MoeOptions<T> r = o;
@@ -138,13 +138,12 @@ TEMPLATE_TEST_CASE("emulated gpt-oss experts (biases, clamped SwiGLU) match the 
                                M::E, M::I, M::k, true, oc);
   CHECK(relative_l2(doubles(gpu.dx), doubles(cpu.dx)) < tol);
   CHECK(relative_l2(doubles(gpu.dp), doubles(cpu.dp)) < tol);
-  const int64_t sizes[6] = {M::I * M::C, M::I * M::C, M::C * M::I, M::I, M::I, M::C};
   const char* names[6] = {"dw_gate", "dw_up", "dw_down", "db_gate", "db_up", "db_down"};
   for (int i = 0; i < 6; ++i) {
     INFO(names[i]);
     naive::Vec a, b;
     for (int64_t e = 0; e < M::E; ++e)
-      for (int64_t j = 0; j < sizes[i]; ++j) a.push_back(double(gpu.p[i][e][j])), b.push_back(double(cpu.p[i][e][j]));
+      for (int64_t j = 0; j < M::kSizes[i]; ++j) a.push_back(double(gpu.p[i][e][j])), b.push_back(double(cpu.p[i][e][j]));
     CHECK(relative_l2(a, b) < tol);
   }
 }
