@@ -64,6 +64,7 @@ const Bf16Case kCases[] = {
     {false, true, 1, 3, 2100, 20, false, false, 0, 1.0, 0.0},      // past a B block, split by columns
     {true, false, 1, 64, 96, 1024, false, false, 0, 1.0, 1.0},     // a weight gradient's shape
     {true, false, 2, 6, 10, 0, false, false, 0, 1.0, 0.5},         // K = 0: C = beta · C
+    {false, true, 1, 40, 70, 4101, false, false, 0, 1.0, 0.0},     // three of AMX's k-blocks (1024 pairs)
 };
 
 void run_case(cpu::Bf16Gemm path, const Bf16Case& g, uint32_t seed) {
@@ -150,5 +151,69 @@ TEST_CASE("every bf16 GEMM path matches a float64 loop", "[kernels][matmul][bf16
   test::for_each_bf16_path([](cpu::Bf16Gemm path) {
     uint32_t seed = 500;
     for (const Bf16Case& g : kCases) run_case(path, g, seed += 3);
+  });
+}
+
+// gemm_bf16_batched_rounded: each output is the f32 C of gemm_bf16_batched rounded once (the
+// scalar f32_to_bf16 of tensor/convert.h, bit for bit, NaN and ±inf included), written straight
+// into bf16 by the last k-block, and within a bf16 step of the float64 loop. The partial sums
+// are asked for exactly where the depth takes several k-blocks (their scratch is filled with NaN
+// first: only what the GEMM wrote may be read), and nothing outside Y is written.
+TEST_CASE("a bf16 C from the bf16 GEMM is its f32 C rounded once, on every path", "[kernels][matmul][bf16]") {
+  test::for_each_bf16_path([](cpu::Bf16Gemm path) {
+    uint32_t seed = 900;
+    for (const Bf16Case& g : kCases) {
+      if (g.beta != 0.0 || (g.bcast_a && g.bcast_b)) continue;
+      for (const bool specials : {false, true}) {
+        INFO("ta " << g.ta << " tb " << g.tb << " batch " << g.batch << " M " << g.M << " N " << g.N << " K " << g.K
+                   << " offset " << g.offset << " alpha " << g.alpha << " specials " << specials);
+        const int64_t sa = g.bcast_a ? 0 : g.M * g.K, sb = g.bcast_b ? 0 : g.K * g.N, sc = g.M * g.N;
+        auto a = test::to_bf16(naive::random_normal(g.offset + (g.bcast_a ? g.M * g.K : g.batch * sa), seed += 3));
+        const auto b = test::to_bf16(naive::random_normal(g.offset + (g.bcast_b ? g.K * g.N : g.batch * sb), seed + 1));
+        if (specials && g.K > 0) {  // a NaN, an inf and a huge value in three rows of A
+          a[size_t(g.offset)] = 0x7fc0;                      // NaN
+          a[a.size() - 1] = 0xff80;                          // -inf
+          a[size_t(g.offset + (a.size() - g.offset) / 2)] = 0x7f7f;  // the largest bf16: sums may reach inf
+        }
+        std::vector<float> c(size_t(g.batch * sc));
+        cpu::gemm_bf16_batched(path, g.ta, g.tb, g.batch, g.M, g.N, g.K, float(g.alpha), a.data() + g.offset, sa,
+                               b.data() + g.offset, sb, 0.0f, c.data(), sc);
+        const int64_t sums = cpu::gemm_bf16_partials(path, g.batch, g.M, g.N, g.K);
+        const bool amx = path == cpu::Bf16Gemm::amx || path == cpu::Bf16Gemm::amx_emulated;
+        const bool one_block = path != cpu::Bf16Gemm::f32 && g.K <= (amx ? 2048 : 512);  // 1024 or 256 pairs a k-block
+        CHECK(sums == (g.K == 0 || one_block ? 0 : g.batch * sc));
+        std::vector<float> partials(size_t(sums), std::nanf(""));
+        constexpr int64_t kGuard = 5;
+        std::vector<uint16_t> y(size_t(g.batch * sc + kGuard), 0x1234);
+        cpu::gemm_bf16_batched_rounded(path, g.ta, g.tb, g.batch, g.M, g.N, g.K, float(g.alpha), a.data() + g.offset,
+                                       sa, b.data() + g.offset, sb, y.data(), sc, sums > 0 ? partials.data() : nullptr);
+        int64_t differ = 0;
+        for (size_t i = 0; i < c.size(); ++i) differ += y[i] != cpu::f32_to_bf16(c[i]);
+        CHECK(differ == 0);
+        for (int64_t i = 0; i < kGuard; ++i) CHECK(y[size_t(g.batch * sc + i)] == 0x1234);
+        if (specials) continue;
+        naive::Vec ref, mag;
+        for (int64_t p = 0; p < g.batch; ++p) {
+          const auto widen = [](const std::vector<uint16_t>& x, int64_t at, int64_t n, bool abs) {
+            naive::Vec w;
+            for (int64_t i = at; i < at + n; ++i)
+              w.push_back(abs ? std::abs(cpu::bf16_to_f32(x[i])) : cpu::bf16_to_f32(x[i]));
+            return w;
+          };
+          const naive::Vec zero(size_t(sc), 0.0);
+          const auto gemm = [&](bool abs) {
+            return naive::gemm(g.ta, g.tb, g.M, g.N, g.K, abs ? std::abs(g.alpha) : g.alpha,
+                               widen(a, g.offset + p * sa, g.M * g.K, abs), widen(b, g.offset + p * sb, g.K * g.N, abs),
+                               0.0, zero);
+          };
+          const naive::Vec r = gemm(false), m = gemm(true);
+          ref.insert(ref.end(), r.begin(), r.end());
+          mag.insert(mag.end(), m.begin(), m.end());
+        }
+        std::vector<float> yf;
+        for (size_t i = 0; i < c.size(); ++i) yf.push_back(cpu::bf16_to_f32(y[i]));
+        test::check_close(yf, ref, 1.0 / 256, &mag);  // one rounding (≤ 2^-9) over the f32 sum's error
+      }
+    }
   });
 }

@@ -575,18 +575,21 @@ size_t linear_cross_entropy_workspace(const Node& n, const Bindings& b) {
 
 // ---- bf16 without whole f32 copies: the GEMM-bound ops on the bf16 GEMM, chunked elementwise ops ----
 
-// A bf16 matmul on the CPU's bf16 GEMM (kernels/cpu/matmul.h: vdpbf16ps where the CPU has
-// AVX512-BF16): the operands are read as bf16, the products accumulate in f32 into a scratch C,
-// which is rounded once into the output (the numerics of the emulation and of cuBLASLt).
+// A bf16 matmul on the CPU's bf16 GEMM (kernels/cpu/matmul.h: AMX or vdpbf16ps where the CPU has
+// them): the operands are read as bf16, the products accumulate in f32, and each output is
+// rounded once into the bf16 output by the GEMM's last k-block (the numerics of the emulation and
+// of cuBLASLt); a depth of several k-blocks keeps the earlier blocks' f32 sums in scratch.
 Tensor matmul_bf16(const KernelCall& c) {
   const Tensor a = arg(c, 0), b = arg(c, 1);
   const MatmulGemm g = matmul_gemm(c, a, b);
   Tensor y = out_like(c, DType::bf16);
   if (y.numel() == 0) return y;
-  Tensor acc = Tensor::empty(y.shape(), DType::f32, c.alloc);
-  cpu::gemm_bf16_batched(cpu::bf16_gemm_best(), g.ta, g.tb, g.batch, g.M, g.N, g.K, 1.0f, a.data<uint16_t>(),
-                         g.stride_a, b.data<uint16_t>(), g.stride_b, 0.0f, acc.data<float>(), g.stride_c);
-  convert(acc, y);
+  const cpu::Bf16Gemm path = cpu::bf16_gemm_best();
+  const int64_t sums = cpu::gemm_bf16_partials(path, g.batch, g.M, g.N, g.K);
+  Tensor partials = sums > 0 ? Tensor::empty({sums}, DType::f32, c.alloc) : Tensor();
+  cpu::gemm_bf16_batched_rounded(path, g.ta, g.tb, g.batch, g.M, g.N, g.K, 1.0f, a.data<uint16_t>(), g.stride_a,
+                                 b.data<uint16_t>(), g.stride_b, y.data<uint16_t>(), g.stride_c,
+                                 sums > 0 ? partials.data<float>() : nullptr);
   return y;
 }
 

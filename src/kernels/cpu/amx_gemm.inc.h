@@ -13,13 +13,15 @@
 //            "VNNI" layout TDPBF16PS reads, a tile 16 words wide and kNR words apart
 //   last step of a k-block whose kc is not a multiple of 16: its pairs copied into zero-padded
 //            16-pair scratch (the tile shapes are fixed by one configuration per thread and call)
-// The C tiles start from C itself (beta = 1) or zero (beta = 0) and are stored into C where the
-// micro-tile is whole and alpha = 1; otherwise they go to a scratch tile and edge_out applies
-// alpha and beta. A thread configures its tiles once per GEMM (amx::TileUse) and releases them after.
+// The C tiles start from C itself (beta = 1) or zero (beta = 0) and are stored into the kernel's
+// Out (C, or gemm_thread's strip when the result is bf16) where the micro-tile is whole and
+// alpha = 1; otherwise they go to a scratch tile and edge_out applies alpha and beta. A thread
+// configures its tiles once per GEMM (amx::TileUse) and releases them after. The blocks are
+// deeper than the other paths' (kDepth, kBlockRows below).
 
 constexpr int64_t kAmxRows = 32;  // micro-tile rows: two A tiles
 constexpr int64_t kAmxStep = 16;  // pairs per TDPBF16PS: an A tile's 64-byte rows
-static_assert(kNR == 32 && kKC % kAmxStep == 0);
+static_assert(kNR == 32);
 
 // Bf16Operands whose kernel runs on Tiles (amx::HwTiles or amx::EmulatedTiles).
 template <class Tiles>
@@ -27,6 +29,16 @@ struct AmxOperands : Bf16Operands {};
 
 template <class Tiles>
 constexpr int64_t kPanelRows<AmxOperands<Tiles>> = kAmxRows;
+// k-blocks of up to 1024 pairs (K ≤ 2048 in one block) in A blocks of 160 rows (640 KiB; a B
+// micro-panel is 128 KiB, both in L2): TDPBF16PS reads its tiles from L2 fast enough, and a bf16 C
+// (gemm_bf16_batched_rounded) of that depth needs no f32 partial sums at all. Against 256 pairs
+// and 320 rows, the Llama-768 step's GEMM shapes took 91–93 ms instead of 156–157 ms with a bf16
+// C, most of the difference the f32 sums' scratch (docs/performance.md, 2026-12-05).
+template <class Tiles>
+constexpr int64_t kDepth<AmxOperands<Tiles>> = 1024;
+template <class Tiles>
+constexpr int64_t kBlockRows<AmxOperands<Tiles>> = 160;
+static_assert(kDepth<AmxOperands<amx::HwTiles>> % kAmxStep == 0 && kBlockRows<AmxOperands<amx::HwTiles>> % kAmxRows == 0);
 
 // This thread's tiles configured for the kernel while it lives.
 template <class Tiles>
@@ -87,18 +99,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-bf16"))) [[gnu::al
   Tiles::template dpbf16ps<3, 5, 7>();
 }
 
-// kernel's contract on AMX panels (kc pairs): C tile [rows ≤ 32, cols ≤ 32] = alpha · Ap · Bp + beta · C.
+// kernel's contract on AMX panels (kc pairs; tiles of up to 32 × 32). A whole micro-tile with
+// alpha = 1 and beta 0 or 1 starts its C tiles from C or zero and stores them into Out; any other
+// goes through a scratch tile and edge_out.
 template <class Tiles>
 __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-bf16"))) void kernel(
-    const AmxOperands<Tiles>&, int64_t kc, float alpha, const float* ap, const float* bp, float beta, float* c,
-    int64_t ldc, int64_t rows, int64_t cols) {
+    const AmxOperands<Tiles>&, int64_t kc, float alpha, const float* ap, const float* bp, float beta, const float* c,
+    int64_t ldc, int64_t rows, int64_t cols, float* out, int64_t ldo) {
   const bool direct = rows == kAmxRows && cols == kNR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
-  const auto c_tile = [&](int t) { return c + (t / 2) * 16 * ldc + (t % 2) * 16; };
+  const auto at = [](auto* x, int64_t ld, int t) { return x + (t / 2) * 16 * ld + (t % 2) * 16; };
   if (direct && beta == 1.0f) {
-    Tiles::template load<0>(c_tile(0), ldc * 4);
-    Tiles::template load<1>(c_tile(1), ldc * 4);
-    Tiles::template load<2>(c_tile(2), ldc * 4);
-    Tiles::template load<3>(c_tile(3), ldc * 4);
+    Tiles::template load<0>(at(c, ldc, 0), ldc * 4);
+    Tiles::template load<1>(at(c, ldc, 1), ldc * 4);
+    Tiles::template load<2>(at(c, ldc, 2), ldc * 4);
+    Tiles::template load<3>(at(c, ldc, 3), ldc * 4);
   } else {
     Tiles::template zero<0>();
     Tiles::template zero<1>();
@@ -115,10 +129,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-bf16"))) void kern
     amx_step<Tiles>(a_tail, kAmxStep, b_tail);
   }
   if (direct) {
-    Tiles::template store<0>(c_tile(0), ldc * 4);
-    Tiles::template store<1>(c_tile(1), ldc * 4);
-    Tiles::template store<2>(c_tile(2), ldc * 4);
-    Tiles::template store<3>(c_tile(3), ldc * 4);
+    Tiles::template store<0>(at(out, ldo, 0), ldo * 4);
+    Tiles::template store<1>(at(out, ldo, 1), ldo * 4);
+    Tiles::template store<2>(at(out, ldo, 2), ldo * 4);
+    Tiles::template store<3>(at(out, ldo, 3), ldo * 4);
     return;
   }
   alignas(64) float tile[kAmxRows * kNR];
@@ -126,5 +140,5 @@ __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-bf16"))) void kern
   Tiles::template store<1>(tile + 16, kNR * 4);
   Tiles::template store<2>(tile + 16 * kNR, kNR * 4);
   Tiles::template store<3>(tile + 16 * kNR + 16, kNR * 4);
-  edge_out(tile, alpha, beta, c, ldc, rows, cols);
+  edge_out(tile, alpha, beta, c, ldc, rows, cols, out, ldo);
 }

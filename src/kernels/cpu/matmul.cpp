@@ -1,13 +1,15 @@
 // CPU GEMM launchers: batched row-major GEMM, f32 on AVX-512 through our packed sgemm and
 // everything else on OpenBLAS; bf16 GEMMs through the same packed driver on AMX tiles
-// (amx_gemm.inc.h) or AVX512-BF16 (matmul_bf16.inc.h), else widened to f32; and the thread count
+// (amx_gemm.inc.h) or AVX512-BF16 (matmul_bf16.inc.h), else widened to f32, into an f32 C or a bf16
+// one rounded by the last k-block (gemm_bf16_batched_rounded); and the thread count
 // shared by OpenMP regions and OpenBLAS. Knows nothing of graphs or tensors.
 //
 // Packed sgemm (f32 where the CPU has AVX-512F; GotoBLAS/BLIS loop order). OpenBLAS is held to its
 // 8-lane AVX2 kernels in this environment (OPENBLAS_CORETYPE=Haswell), and its AVX-512 kernels are
 // not in every build; this one is ~2× faster here on the model's linear layers (docs/performance.md).
 //   for jc over N in kNC columns:            B block  [kc, nc]  (the micro-panels a thread reads)
-//     for pc over K in kKC:                  (k-blocks after the first accumulate: beta = 1)
+//     for pc over K in kKC:                  (k-blocks after the first accumulate: beta = 1;
+//                                             AMX's blocks are deeper: kDepth, kBlockRows)
 //       pack B[pc, jc] into kNR-column micro-panels [kc][kNR], zero-padded       (each thread its own)
 //       for ic over this thread's rows in kMC: pack A[ic, pc] into kMR-row micro-panels [kc][kMR]
 //         for jr over the B micro-panels:    one panel (kc · kNR · 4 B = 32 KiB) stays in L1
@@ -49,6 +51,7 @@
 #include "kernels/cpu/dp16.h"
 #include "kernels/cpu/vec16.h"
 #include "tensor/check.h"
+#include "tensor/convert.h"
 
 namespace autosp::cpu {
 
@@ -179,33 +182,80 @@ __attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, in
   }
 }
 
-// C tile [rows, cols] (ldc) = alpha · tile + beta · C from a scratch tile of kNR columns (an edge tile).
-void edge_out(const float* tile, float alpha, float beta, float* c, int64_t ldc, int64_t rows, int64_t cols) {
+// 16 floats rounded to bf16, to nearest even, NaN kept a quiet NaN: tensor/convert.h's
+// f32_to_bf16, lane by lane (the same bits). (The maskz forms with every lane on: GCC 12's plain
+// shift and narrowing intrinsics start from an "undefined" vector that -Wmaybe-uninitialized flags.)
+__attribute__((target("avx512f"))) [[gnu::always_inline]] inline __m256i round_bf16(__m512 v) {
+  constexpr __mmask16 kAll = 0xffff;
+  const __m512i x = _mm512_castps_si512(v), hi = _mm512_maskz_srli_epi32(kAll, x, 16);
+  const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i sum = _mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i bits = _mm512_mask_mov_epi32(_mm512_maskz_srli_epi32(kAll, sum, 16), nan,
+                                             _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  return _mm512_maskz_cvtepi32_epi16(kAll, bits);
+}
+
+// Out tile [rows, cols] (ldo) = alpha · tile + beta · C (ldc) from a scratch tile of kNR columns (an
+// edge tile); Out may be C. The same operations per element as a scalar alpha · t + beta · c.
+__attribute__((target("avx512f"))) void edge_out(const float* tile, float alpha, float beta, const float* c,
+                                                 int64_t ldc, int64_t rows, int64_t cols, float* out, int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) {
-      float& y = c[r * ldc + j];
-      y = beta == 0.0f ? alpha * tile[r * kNR + j] : alpha * tile[r * kNR + j] + beta * y;
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 m = __mmask16((1u << std::min<int64_t>(16, cols - j)) - 1);
+      __m512 v = _mm512_mul_ps(_mm512_set1_ps(alpha), _mm512_maskz_loadu_ps(m, tile + r * kNR + j));
+      if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, c + r * ldc + j)));
+      _mm512_mask_storeu_ps(out + r * ldo + j, m, v);
     }
 }
 
-// C tile [rows ≤ kMR, cols ≤ kNR] (ldc) = alpha · Ap · Bp + beta · C over packed panels of depth kc.
+// The kernels' contract, on packed panels of depth kc: Out tile [rows ≤ mr, cols ≤ kNR] (ldo) =
+// alpha · Ap · Bp + beta · C tile (ldc); Out is C itself but where a bf16 C is being written
+// (gemm_thread's strip). beta == 0 never reads C.
 __attribute__((target("avx512f"))) void kernel(const Operands&, int64_t kc, float alpha, const float* ap,
-                                               const float* bp, float beta, float* c, int64_t ldc, int64_t rows,
-                                               int64_t cols) {
-  if (rows == kMR && cols == kNR)
-    return vec16::micro_tile<kMR, kNR / 16>(kc, alpha, ap, 1, kMR, bp, kNR, beta, c, ldc);
+                                               const float* bp, float beta, const float* c, int64_t ldc, int64_t rows,
+                                               int64_t cols, float* out, int64_t ldo) {
+  if (rows == kMR && cols == kNR && out == c)
+    return vec16::micro_tile<kMR, kNR / 16>(kc, alpha, ap, 1, kMR, bp, kNR, beta, out, ldo);
   // An edge tile: into a scratch tile, computing only the rows it has (4, 8 or all kMR): the last
   // panel of M = 256 has 4 rows, and a full 14-row product there wasted 4% of the weight gradients.
   alignas(64) float tile[kMR * kNR];
   if (rows <= 4) vec16::micro_tile<4, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
   else if (rows <= 8) vec16::micro_tile<8, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
   else vec16::micro_tile<kMR, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
-  edge_out(tile, alpha, beta, c, ldc, rows, cols);
+  edge_out(tile, alpha, beta, c, ldc, rows, cols, out, ldo);
+}
+
+// y [rows, cols] (ldy) = the strip [rows, cols] (kNR floats a row) rounded to bf16.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void round_strip(const float* strip, int64_t rows, int64_t cols,
+                                                                     uint16_t* y, int64_t ldy) {
+  static_assert(kNR == 32);
+  if (cols == kNR) {  // a whole row of the strip is one 64-byte store
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512i lo = _mm512_castsi256_si512(round_bf16(_mm512_loadu_ps(strip + r * kNR)));
+      const __m512i v = _mm512_inserti64x4(lo, round_bf16(_mm512_loadu_ps(strip + r * kNR + 16)), 1);
+      _mm512_storeu_si512(y + r * ldy, v);
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 m = __mmask16((1u << std::min<int64_t>(16, cols - j)) - 1);
+      _mm256_mask_storeu_epi16(y + r * ldy + j, m, round_bf16(_mm512_maskz_loadu_ps(m, strip + r * kNR + j)));
+    }
 }
 
 // The rows of an A micro-panel (the kernel's tile) for operands O; AMX's differ (amx_gemm.inc.h).
 template <class O>
 constexpr int64_t kPanelRows = kMR;
+
+// The most pairs (f32: floats) of a k-block and the rows of an A block for operands O; AMX's
+// differ (amx_gemm.inc.h).
+template <class O>
+constexpr int64_t kDepth = kKC;
+template <class O>
+constexpr int64_t kBlockRows = kMC;
 
 // Whatever a thread holds while its kernel runs, for operands O: nothing but on AMX (its tiles).
 template <class O>
@@ -220,14 +270,22 @@ int use_tiles(const O&) {
 // of the enclosing region (1 outside one) running the same call. O is Operands (f32; K in floats),
 // Bf16Operands or AmxOperands (K in bf16 pairs, the packed depth): the packers and the tile kernel
 // are overloaded on it (and the micro-panel rows, kPanelRows), the loops are one.
+// With y, the last k-block's sums go to y (ldc) rounded to bf16 instead of to C, and C holds
+// only the earlier k-blocks' sums (null where K is one block and beta = 0): the last block's
+// tiles of one B micro-panel's column strip of the A block go to a thread-local strip, rounded
+// into y once the strip is whole. (Rounding each AMX tile right after TILESTORED wrote it made a
+// multi-block GEMM slower than writing the f32 C and rounding it in a pass of its own: the
+// vector loads wait for the tile stores.)
 template <class O>
 void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
-                  int64_t ldc, int thread, int threads) {
-  constexpr int64_t mr = kPanelRows<O>, mc_max = kMC / mr * mr;
+                  int64_t ldc, uint16_t* y, int thread, int threads) {
+  constexpr int64_t mr = kPanelRows<O>, mc_max = kBlockRows<O> / mr * mr, kc_max = kDepth<O>;
   [[maybe_unused]] const auto tiles = use_tiles(o);
   static thread_local Scratch a_scratch, b_scratch;
-  float* ap = a_scratch.get(kMC * kKC);
-  float* bp = b_scratch.get(std::min(kKC, K) * ((std::min(kNC, N) + kNR - 1) / kNR * kNR));
+  float* ap = a_scratch.get(mc_max * kc_max);
+  float* bp = b_scratch.get(std::min(kc_max, K) * ((std::min(kNC, N) + kNR - 1) / kNR * kNR));
+  static thread_local Scratch strip_scratch;
+  float* strip = y ? strip_scratch.get(mc_max * kNR) : nullptr;
   // Split by rows when every thread gets at least two micro-panels of them, else by B micro-panels;
   // of the two, the one whose busiest thread has fewer micro-tiles (rows on a tie): at M = 256,
   // 19 row panels split 9 / 10 between two threads, while 24 column panels split 12 / 12.
@@ -240,18 +298,22 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
   for (int64_t jc = 0; jc < N; jc += kNC) {
     const int64_t nc = std::min(kNC, N - jc), panels = (nc + kNR - 1) / kNR;
     const int64_t q0 = by_rows ? 0 : panels * thread / threads, q1 = by_rows ? panels : panels * (thread + 1) / threads;
-    for (int64_t pc = 0; pc < K; pc += kKC) {
-      const int64_t kc = std::min(kKC, K - pc);
+    for (int64_t pc = 0; pc < K; pc += kc_max) {
+      const int64_t kc = std::min(kc_max, K - pc);
       const float beta_pc = pc == 0 ? beta : 1.0f;
+      uint16_t* y_pc = pc + kc >= K ? y : nullptr;
       pack_b(o, pc, kc, jc, nc, q0, q1, bp);  // the panels this thread reads
       for (int64_t ic = m0; ic < m1; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m1 - ic);
         pack_a(o, ic, mc, pc, kc, ap);
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t j = jc + q * kNR, cols = std::min(kNR, N - j);
-          for (int64_t ir = 0; ir < mc; ir += mr)
-            kernel(o, kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c + (ic + ir) * ldc + j, ldc,
-                   std::min(mr, mc - ir), cols);
+          for (int64_t ir = 0; ir < mc; ir += mr) {
+            const int64_t at = (ic + ir) * ldc + j;
+            kernel(o, kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c ? c + at : nullptr, ldc,
+                   std::min(mr, mc - ir), cols, y_pc ? strip + ir * kNR : c + at, y_pc ? kNR : ldc);
+          }
+          if (y_pc) round_strip(strip, mc, cols, y_pc + ic * ldc + j, ldc);
         }
       }
     }
@@ -261,10 +323,10 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
 // One GEMM on `threads` threads (in the calling thread alone inside a parallel region).
 template <class O>
 void run_threads(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c, int64_t ldc,
-                 int threads) {
-  if (threads == 1 || omp_in_parallel()) return gemm_thread(o, M, N, K, alpha, beta, c, ldc, 0, 1);
+                 int threads, uint16_t* y = nullptr) {
+  if (threads == 1 || omp_in_parallel()) return gemm_thread(o, M, N, K, alpha, beta, c, ldc, y, 0, 1);
 #pragma omp parallel num_threads(threads)
-  gemm_thread(o, M, N, K, alpha, beta, c, ldc, omp_get_thread_num(), omp_get_num_threads());
+  gemm_thread(o, M, N, K, alpha, beta, c, ldc, y, omp_get_thread_num(), omp_get_num_threads());
 }
 
 // one(p, threads) for each batch entry p: spread over the batch, one thread each (`over_batch`),
@@ -289,15 +351,23 @@ bool spread_over_batch(int64_t batch, double mnk, int64_t stride_c) {
 }
 int threads_inside(double mnk) { return mnk <= kSmallMNK || omp_in_parallel() ? 1 : omp_get_max_threads(); }
 
-// One bf16 GEMM (K > 0) on `path`'s packed kernel (amx, amx_emulated or avx512_bf16), depth in pairs.
+// One bf16 GEMM (K > 0) on `path`'s packed kernel (amx, amx_emulated or avx512_bf16), depth in pairs;
+// with y, rounded into y (run_threads).
 void run_bf16(Bf16Gemm path, const Bf16Operands& o, int64_t M, int64_t N, float alpha, float beta, float* c,
-              int64_t ldc, int threads) {
+              int64_t ldc, int threads, uint16_t* y = nullptr) {
   const int64_t pairs = (o.K + 1) / 2;
   if (path == Bf16Gemm::amx)
-    return run_threads(AmxOperands<amx::HwTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
+    return run_threads(AmxOperands<amx::HwTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads, y);
   if (path == Bf16Gemm::amx_emulated)
-    return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads);
-  run_threads(o, M, N, pairs, alpha, beta, c, ldc, threads);
+    return run_threads(AmxOperands<amx::EmulatedTiles>{o}, M, N, pairs, alpha, beta, c, ldc, threads, y);
+  run_threads(o, M, N, pairs, alpha, beta, c, ldc, threads, y);
+}
+
+// Whether a bf16 GEMM of depth K on `path` runs in one k-block (so a bf16 C needs no f32 sums).
+bool one_k_block(Bf16Gemm path, int64_t K) {
+  const int64_t pairs = (K + 1) / 2;
+  if (path == Bf16Gemm::amx || path == Bf16Gemm::amx_emulated) return pairs <= kDepth<AmxOperands<amx::HwTiles>>;
+  return path != Bf16Gemm::f32 && pairs <= kDepth<Bf16Operands>;
 }
 
 }  // namespace
@@ -446,6 +516,36 @@ void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch,
   for_batch(spread_over_batch(batch, mnk, stride_c), batch, threads_inside(mnk), [&](int64_t p, int threads) {
     run_bf16(path, bf16_operands(trans_a, trans_b, a + p * stride_a, lda, b + p * stride_b, ldb, K), M, N, alpha, beta,
              c + p * stride_c, ldc, threads);
+  });
+}
+
+int64_t gemm_bf16_partials(Bf16Gemm path, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  return K == 0 || one_k_block(path, K) ? 0 : batch * M * N;
+}
+
+void gemm_bf16_batched_rounded(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N,
+                               int64_t K, float alpha, const uint16_t* a, int64_t stride_a, const uint16_t* b,
+                               int64_t stride_b, uint16_t* y, int64_t stride_y, float* partials) {
+  AUTOSP_ASSERT(bf16_gemm_available(path), "bf16 GEMM path ", bf16_gemm_name(path), " is not available on this CPU");
+  AUTOSP_ASSERT(batch >= 0 && M >= 0 && N >= 0 && K >= 0, "gemm sizes ", batch, " ", M, " ", N, " ", K);
+  AUTOSP_ASSERT(stride_y != 0 || batch <= 1, "a bf16 C takes no accumulation over the batch (stride_y 0)");
+  if (batch == 0 || M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum
+    for (int64_t p = 0; p < batch; ++p) std::memset(y + p * stride_y, 0, size_t(M * N) * sizeof(uint16_t));
+    return;
+  }
+  const int64_t sums = gemm_bf16_partials(path, batch, M, N, K);
+  AUTOSP_ASSERT(sums == 0 || partials != nullptr, "gemm_bf16_batched_rounded needs ", sums, " floats of partial sums");
+  if (path == Bf16Gemm::f32) {  // widened: the whole f32 C, then rounded
+    gemm_bf16_batched(path, trans_a, trans_b, batch, M, N, K, alpha, a, stride_a, b, stride_b, 0.0f, partials, M * N);
+    for (int64_t p = 0; p < batch; ++p) cast<float, uint16_t>(partials + p * M * N, y + p * stride_y, M * N);
+    return;
+  }
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  const double mnk = double(M) * double(N) * double(K);
+  for_batch(spread_over_batch(batch, mnk, stride_y), batch, threads_inside(mnk), [&](int64_t p, int threads) {
+    run_bf16(path, bf16_operands(trans_a, trans_b, a + p * stride_a, lda, b + p * stride_b, ldb, K), M, N, alpha, 0.0f,
+             sums > 0 ? partials + p * M * N : nullptr, N, threads, y + p * stride_y);
   });
 }
 

@@ -25,8 +25,8 @@ bool packed_sgemm_available();
 void packed_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads);
 
-// bf16 GEMMs: A and B bf16 (raw uint16_t bits), f32 accumulation, C f32 (the caller rounds it
-// once to bf16 where it wants bf16). The paths, best first; bf16_gemm_best() is the best the
+// bf16 GEMMs: A and B bf16 (raw uint16_t bits), f32 accumulation, C f32 (or bf16, rounded once:
+// gemm_bf16_batched_rounded). The paths, best first; bf16_gemm_best() is the best the
 // running CPU has (cpuid, checked once), and bf16_gemm_name() is what the log calls it.
 //   amx          tdpbf16ps on AMX tiles (Sapphire Rapids and later; the process asks Linux for
 //                the tile state), in the same packed driver: a 32 × 32 micro-tile of four C tiles
@@ -56,6 +56,17 @@ void amx_gemm(bool emulated_tiles, bool trans_a, bool trans_b, int64_t M, int64_
 void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N, int64_t K,
                        float alpha, const uint16_t* a, int64_t stride_a, const uint16_t* b, int64_t stride_b,
                        float beta, float* c, int64_t stride_c);
+
+// gemm_bf16_batched's contract with beta = 0 and a bf16 C: Y[b] (M×N, batch stride stride_y ≠ 0
+// unless batch is 1) = alpha · op(A[b]) · op(B[b]), each element rounded once to bf16 (to nearest
+// even) from its f32 sum: the bits of gemm_bf16_batched's f32 C rounded by tensor/convert.h, but
+// written by the GEMM's last k-block, with no f32 C in memory. Where the depth takes several
+// k-blocks (or on the f32 path), the f32 sums before the last block go to `partials`, the caller's
+// scratch of gemm_bf16_partials(...) floats; where that is 0, partials may be null.
+int64_t gemm_bf16_partials(Bf16Gemm path, int64_t batch, int64_t M, int64_t N, int64_t K);
+void gemm_bf16_batched_rounded(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch, int64_t M, int64_t N,
+                               int64_t K, float alpha, const uint16_t* a, int64_t stride_a, const uint16_t* b,
+                               int64_t stride_b, uint16_t* y, int64_t stride_y, float* partials);
 
 // Number of threads used by OpenMP regions and OpenBLAS (0 = leave as is).
 void set_num_threads(int threads);

@@ -97,12 +97,13 @@ __attribute__((target("avx512f,avx512bf16"))) [[gnu::always_inline]] inline void
 
 // kernel's contract on packed bf16 panels (kc pairs).
 __attribute__((target("avx512f,avx512bf16"))) void kernel(const Bf16Operands&, int64_t kc, float alpha,
-                                                          const float* ap, const float* bp, float beta, float* c,
-                                                          int64_t ldc, int64_t rows, int64_t cols) {
-  if (rows == kMR && cols == kNR) return dp_tile<kMR, kNR / 16>(kc, alpha, ap, bp, beta, c, ldc);
+                                                          const float* ap, const float* bp, float beta, const float* c,
+                                                          int64_t ldc, int64_t rows, int64_t cols, float* out,
+                                                          int64_t ldo) {
+  if (rows == kMR && cols == kNR && out == c) return dp_tile<kMR, kNR / 16>(kc, alpha, ap, bp, beta, out, ldo);
   alignas(64) float tile[kMR * kNR];
   if (rows <= 4) dp_tile<4, kNR / 16>(kc, 1.0f, ap, bp, 0.0f, tile, kNR);
   else if (rows <= 8) dp_tile<8, kNR / 16>(kc, 1.0f, ap, bp, 0.0f, tile, kNR);
   else dp_tile<kMR, kNR / 16>(kc, 1.0f, ap, bp, 0.0f, tile, kNR);
-  edge_out(tile, alpha, beta, c, ldc, rows, cols);
+  edge_out(tile, alpha, beta, c, ldc, rows, cols, out, ldo);
 }
