@@ -1040,26 +1040,25 @@ Tensor embedding_bf16(const KernelCall& c) {
   return y;
 }
 
-// Rotary embedding (and its backward) on bf16: x [B, N, S, D], position_ids [B, S]. A chunk may
-// span (b, n) planes: each plane's part is rotated with that plane's positions.
+// Rotary embedding (and its backward) on bf16: x [B, N, S, D], position_ids [B, S]. The cos and
+// sin of every position are computed once (rope_factors), not per head; a chunk may span (b, n)
+// planes: each plane's part is rotated with that plane's positions' factors.
 template <bool kBackward>
 Tensor rope_bf16(const KernelCall& c) {
   const Tensor x = arg(c, 0), pos = ids64(c, 1);
   check_head_dim(c, x.dim(3), kRopeMaxHeadDim, "rope");
-  const kernels::RopeScaling scaling = rope_scaling_of(c.node);
-  const double theta = c.node.attrs().f("theta");
-  const int64_t N = x.dim(1), S = x.dim(2), D = x.dim(3);
-  const int64_t* ids = pos.data<int64_t>();
+  const int64_t N = x.dim(1), S = x.dim(2), D = x.dim(3), H = D / 2;
+  std::vector<float> cos_f(size_t(pos.numel() * H)), sin_f(cos_f.size());  // [B·S, D/2]
+  cpu::rope_factors<float>(pos.data<int64_t>(), pos.numel(), D, c.node.attrs().f("theta"), rope_scaling_of(c.node),
+                           cos_f.data(), sin_f.data());
   Tensor y = out_like(c, DType::bf16);
   by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), D,
                        [&](const std::array<const float*, 1>& in, const std::array<float*, 1>& out, int64_t i0, int64_t m) {
                          for (int64_t done = 0; done < m;) {  // the part of one (b, n) plane
                            const int64_t i = i0 + done, plane = i / (S * D), s0 = i % (S * D) / D;
-                           const int64_t rows = std::min((m - done) / D, S - s0);
-                           const int64_t* p = ids + plane / N * S + s0;
-                           if constexpr (kBackward)
-                             cpu::rope_backward<float>(in[0] + done, p, out[0] + done, 1, 1, rows, D, theta, scaling);
-                           else cpu::rope_forward<float>(in[0] + done, p, out[0] + done, 1, 1, rows, D, theta, scaling);
+                           const int64_t rows = std::min((m - done) / D, S - s0), f = (plane / N * S + s0) * H;
+                           cpu::rope_apply<float>(in[0] + done, cos_f.data() + f, sin_f.data() + f, out[0] + done, rows,
+                                                  D, kBackward);
                            done += rows * D;
                          }
                        });
