@@ -862,12 +862,14 @@ Tensor add_norm_bf16(const KernelCall& c) {
   return y;
 }
 
-// dx; extra outputs dw (, db). Inputs: dy, x, w. dx by chunks of rows as above; dw and db are sums
-// over all rows: each fixed block of kNormParamRows rows (the split depends on the sizes alone)
-// is widened and summed by the f32 kernel into its own f32 partial, and the partials are added in
-// block order in double and rounded once. So a result does not depend on the thread count; it
-// differs from the whole-tensor f32 kernel's by the partials' f32 rounding (far below bf16's).
-constexpr int64_t kNormParamRows = 256;
+// dx; extra outputs dw (, db). Inputs: dy, x, w. One pass over fixed blocks of kNormParamRows
+// rows (the split depends on the sizes alone): each block's dy and x are widened once, the f32
+// kernels give its dx (each row as on the whole tensor, rounded once into dx) and its own f32
+// partial of dw (and db), and the partials are added in block order in double and rounded once.
+// So no result depends on the thread count; dw and db differ from the whole-tensor f32 kernel's
+// by the partials' f32 rounding (far below bf16's). (dx and the sums used to be two passes, each
+// widening dy and x.)
+constexpr int64_t kNormParamRows = 64;
 
 template <bool kRms>
 Tensor norm_backward_bf16(const KernelCall& c) {
@@ -876,25 +878,26 @@ Tensor norm_backward_bf16(const KernelCall& c) {
   const int64_t C = x.dim(-1), rows = x.numel() / C;
   const double eps = c.node.attrs().f("eps");
   Tensor dx = out_like(c, DType::bf16);
-  by_chunks_bf16<2, 1>({dy.data<uint16_t>(), x.data<uint16_t>()}, {dx.data<uint16_t>()}, x.numel(), C,
-                       [&](const std::array<const float*, 2>& in, const std::array<float*, 1>& out, int64_t, int64_t m) {
-                         if constexpr (kRms) cpu::rmsnorm_backward_input<float>(in[0], in[1], w.data(), out[0], m / C, C, eps);
-                         else cpu::layernorm_backward_input<float>(in[0], in[1], w.data(), out[0], m / C, C, eps);
-                       });
   const int nacc = kRms ? 1 : 2;  // dw (, db)
   const int64_t blocks = (rows + kNormParamRows - 1) / kNormParamRows;
   std::vector<float> part(size_t(blocks * nacc * C));  // [blocks, nacc, C]
 #pragma omp parallel if (blocks > 1)
   {
-    std::vector<float> buf(size_t(2 * kNormParamRows * C));  // dy, x
+    std::vector<float> buf(size_t(3 * kNormParamRows * C));  // dy, x, dx
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < blocks; ++k) {
       const int64_t r0 = k * kNormParamRows, m = std::min(kNormParamRows, rows - r0);
-      float* p = part.data() + k * nacc * C;
-      cpu::cast<uint16_t, float>(dy.data<uint16_t>() + r0 * C, buf.data(), m * C);
-      cpu::cast<uint16_t, float>(x.data<uint16_t>() + r0 * C, buf.data() + m * C, m * C);
-      if constexpr (kRms) cpu::rmsnorm_backward_weight<float>(buf.data(), buf.data() + m * C, p, m, C, eps);
-      else cpu::layernorm_backward_params<float>(buf.data(), buf.data() + m * C, p, p + C, m, C, eps);
+      float *dyf = buf.data(), *xf = dyf + m * C, *dxf = xf + m * C, *p = part.data() + k * nacc * C;
+      cpu::cast<uint16_t, float>(dy.data<uint16_t>() + r0 * C, dyf, m * C);
+      cpu::cast<uint16_t, float>(x.data<uint16_t>() + r0 * C, xf, m * C);
+      if constexpr (kRms) {
+        cpu::rmsnorm_backward_input<float>(dyf, xf, w.data(), dxf, m, C, eps);
+        cpu::rmsnorm_backward_weight<float>(dyf, xf, p, m, C, eps);
+      } else {
+        cpu::layernorm_backward_input<float>(dyf, xf, w.data(), dxf, m, C, eps);
+        cpu::layernorm_backward_params<float>(dyf, xf, p, p + C, m, C, eps);
+      }
+      cpu::cast<float, uint16_t>(dxf, dx.data<uint16_t>() + r0 * C, m * C);
     }
   }
   for (int a = 0; a < nacc; ++a) {
