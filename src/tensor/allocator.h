@@ -40,7 +40,9 @@ class Allocator {
   std::atomic<size_t> live_{0}, peak_{0};
 };
 
-// 64-byte aligned host memory.
+// 64-byte aligned host memory; blocks of 1 MiB or more are kept on free and handed out again for
+// the same size (page-rounded), up to the peak of live bytes (allocator.cpp says why).
 Allocator& cpu_allocator();
+size_t cpu_allocator_cached_bytes();  // what the CPU allocator holds freed, for tests
 
 }  // namespace autosp
