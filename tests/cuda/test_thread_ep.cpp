@@ -1,7 +1,7 @@
 // Expert parallelism on one GPU: train() on P = G = 2 and 4 rank threads (comm/threads.h) on CUDA
 // device 0, the experts exchanged by engine/cuda/expert_parallel.h (the rank threads' collectives
 // are device copies), against the one-process CPU run (E = 1, ZeRO 0) of the same steps, for a
-// tiny Mixtral, Qwen2-MoE and gpt-oss (biases, clamped SwiGLU), at ZeRO 0 and 3. The tolerances are
+// tiny Mixtral, Qwen2-MoE and gpt-oss (biases, clamped SwiGLU), at ZeRO 0 (and Mixtral at 3). The tolerances are
 // the SP GPU test's (tests/cuda/sp_equivalence.h). The exchange's forward and every gradient are
 // checked without a GPU under the kernel emulation (tests/cuda/emulate_moe.cpp); this is the
 // check that the device buffers, streams and the caching allocator hold up on the hardware.
@@ -32,6 +32,7 @@ TEST_CASE("thread ep on one GPU: train() with G = 2 and 4 equals one CPU process
     REQUIRE(!ref.steps.empty());
     for (const int P : {2, 4})
       for (const int64_t stage : {0, 3}) {
+        if (stage == 3 && model != &kMixtral) continue;  // ZeRO 3 once: the kit gives a file 60 s
         std::vector<TrainResult> got(static_cast<size_t>(P));
         run_thread_ranks(P, [&](ThreadCommunicator& w) {
           Config c = ep_train_config(*model, {P, P, 1, P}, stage);

@@ -69,9 +69,9 @@ void moe_rows_forward(const T* x, const MoeRows<T>& rows, const T* const* w_gate
                       const T* const* w_down, T* y, int64_t C, int64_t I, const kernels::MoeOptions<T>& opt,
                       cudaStream_t stream);
 
-// The backward of moe_rows_forward with the weight applied (the seven GEMMs): dx rows += (not
-// zeroed), grad[slot[a]] = the gradient of the slot's weight, dw_*[j] and opt.db_*[j] overwritten
-// (zeros for an expert without rows).
+// The backward of moe_rows_forward with the weight applied (the seven GEMMs; rows.weight is
+// required here): dx rows += (not zeroed), grad[slot[a]] = the gradient of the slot's weight,
+// dw_*[j] and opt.db_*[j] overwritten (zeros for an expert without rows).
 template <class T>
 void moe_rows_backward(const T* dy, const T* x, const MoeRows<T>& rows, const T* const* w_gate, const T* const* w_up,
                        const T* const* w_down, T* dx, acc_t<T>* grad, T* const* dw_gate, T* const* dw_up,
