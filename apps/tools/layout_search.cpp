@@ -307,8 +307,8 @@ Knobs knobs(const SearchRequest& r, std::vector<std::string>& notes) {
   k.stages = {cfg.zero_optimization.stage};
   if (r.vary_zero) k.stages = r.ranks > 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0};
   // Expert parallelism: every E dividing the ranks that the config takes on the device the layouts
-  // run on (a mixture of experts whose experts E divides; on a GPU cluster the run is "cuda", which
-  // has no expert exchange yet: decision 187); a dense model keeps E = 1 without a note.
+  // run on (a mixture of experts whose experts E divides; on a GPU cluster the run is "cuda", whose
+  // exchange is decision 225's); a dense model keeps E = 1 without a note.
   k.eps = {cfg.moe.expert_parallel_size};
   if (r.vary_ep) {
     k.eps = {1};
@@ -319,7 +319,7 @@ Knobs knobs(const SearchRequest& r, std::vector<std::string>& notes) {
     }
     if (k.eps.size() == 1 && family(cfg.model.arch).moe != Moe::none && r.ranks > 1)
       notes.push_back(str("moe.expert_parallel_size: left at 1 (no E > 1 divides both the ", cfg.model.num_experts,
-                          " experts and the ", r.ranks, " ranks, or the run's device has no expert exchange)"));
+                          " experts and the ", r.ranks, " ranks, or the config refuses it on the run's device)"));
   }
   return k;
 }

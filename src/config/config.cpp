@@ -913,7 +913,7 @@ void check_router_aux_loss(Config& c, const std::function<void(const std::string
 
 // moe.expert_parallel_size (decision 162): E splits a mixture of experts' experts, so the model
 // has experts and E divides them; the world size is checked when the mesh is made (comm/mesh.h).
-// EP runs on the CPU kernels (decision 164); any ZeRO stage composes with it (decision 185).
+// EP runs on the CPU and on CUDA (decision 225); any ZeRO stage composes with it (decision 185).
 void check_expert_parallel(const Config& c, const std::function<void(const std::string&)>& bad) {
   const int64_t E = c.moe.expert_parallel_size;
   if (E == 1) return;
@@ -926,8 +926,6 @@ void check_expert_parallel(const Config& c, const std::function<void(const std::
   if (c.model.num_experts % E != 0)
     bad(str("moe.expert_parallel_size ", E, " does not divide ", experts, " ", c.model.num_experts,
             " (each rank of an expert group holds the same number of experts)"));
-  if (c.runtime.device == DeviceKind::cuda)
-    bad(str("moe.expert_parallel_size ", E, " on runtime.device \"cuda\": the expert exchange has no CUDA path yet"));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // the CPU MoE kernel's per-expert code (kernels/cpu/moe.h expert_rows_*), and the weighted
 // scatter-add back at the source.
 #include "engine/expert_parallel.h"
+#include "engine/expert_parallel_layout.h"
 
 #include <algorithm>
 #include <cstring>
@@ -15,39 +16,15 @@
 namespace autosp {
 namespace {
 
-// Who sends what to whom, known alike on every rank of the group: G ranks, this one g, E experts,
-// L local ones each; counts [G, E] every rank's rows per expert; M the most rows a rank sends
-// another (the all-to-all's chunk, in rows).
-struct Exchange {
-  int G = 1, g = 0;
-  int64_t E = 0, L = 0, M = 0;
-  std::vector<int64_t> counts;
-  int64_t rows(int src, int64_t e) const { return counts[size_t(src * E + e)]; }
-  // Rows rank `src` sends rank `dst` (its rows for dst's experts).
-  int64_t pair(int src, int dst) const {
-    int64_t n = 0;
-    for (int64_t e = dst * L; e < (dst + 1) * L; ++e) n += rows(src, e);
-    return n;
-  }
-  // Where local expert j's rows from `src` start in src's chunk (its rows are by expert).
-  int64_t start(int src, int64_t j) const {
-    int64_t n = 0;
-    for (int64_t e = g * L; e < g * L + j; ++e) n += rows(src, e);
-    return n;
-  }
-};
+using Exchange = EpLayout;
 
 Exchange exchange_counts(Communicator& ep, const kernels::MoeRouting& r) {
-  Exchange x;
-  x.G = ep.size(), x.g = ep.rank(), x.E = r.E, x.L = r.E / x.G;
-  AUTOSP_ASSERT(x.L * x.G == r.E, "expert parallelism: ", r.E, " experts over ", x.G, " ranks");
-  Tensor mine = Tensor::empty({r.E}, DType::i64), all = Tensor::empty({x.G, r.E}, DType::i64);
+  const int G = ep.size();
+  AUTOSP_ASSERT(r.E % G == 0, "expert parallelism: ", r.E, " experts over ", G, " ranks");
+  Tensor mine = Tensor::empty({r.E}, DType::i64), all = Tensor::empty({G, r.E}, DType::i64);
   for (int64_t e = 0; e < r.E; ++e) mine.data<int64_t>()[e] = r.rows_of(e);
   ep.all_gather(mine, all);
-  x.counts.assign(all.data<int64_t>(), all.data<int64_t>() + x.G * r.E);
-  for (int s = 0; s < x.G; ++s)
-    for (int d = 0; d < x.G; ++d) x.M = std::max(x.M, x.pair(s, d));
-  return x;
+  return Exchange(G, ep.rank(), r.E, std::vector<int64_t>(all.data<int64_t>(), all.data<int64_t>() + G * r.E));
 }
 
 // The send buffer [G, M, width]: row a of this rank's rows for rank d's experts (slot order, so by
@@ -102,17 +79,6 @@ void scatter_local(const Exchange& x, int64_t j, Tensor& buf, int64_t width, int
   }
 }
 
-// The most rows any local expert receives.
-int64_t max_local_rows(const Exchange& x) {
-  int64_t m = 0;
-  for (int64_t j = 0; j < x.L; ++j) {
-    int64_t n = 0;
-    for (int s = 0; s < x.G; ++s) n += x.rows(s, x.g * x.L + j);
-    m = std::max(m, n);
-  }
-  return m;
-}
-
 }  // namespace
 
 template <class T>
@@ -127,7 +93,7 @@ void moe_ep_forward(Communicator& ep, Allocator& alloc, const T* x, const T* pro
   const Tensor recv = exchange(ep, sent, alloc);
   Tensor out = Tensor::empty(recv.shape(), recv.dtype(), alloc);
   std::memset(out.raw(), 0, out.nbytes());
-  const int64_t n_max = max_local_rows(ex);
+  const int64_t n_max = ex.max_local_rows();
   std::vector<T> xe(size_t(n_max * C)), ye(size_t(n_max * C));
   for (int64_t j = 0; j < ex.L; ++j) {
     const int64_t n = gather_local(ex, j, recv, C, 0, C, xe.data());
@@ -153,7 +119,7 @@ void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x
   const Exchange ex = exchange_counts(ep, r);
   std::fill(dx, dx + R * C, T(0));
   std::vector<double> g(size_t(R * k), 0.0);  // the gradient of each slot's weight
-  const int64_t n_max = ex.M == 0 ? 0 : max_local_rows(ex), W = 2 * C + 1;
+  const int64_t n_max = ex.M == 0 ? 0 : ex.max_local_rows(), W = 2 * C + 1;
   Tensor recv, out;
   if (ex.M > 0) {  // rows out: [x | dy | w], the slot's routing weight w in T (as the kernel applies it)
     const Tensor sent = pack<T>(ex, r, alloc, W, [&](int64_t s, T* dst) {

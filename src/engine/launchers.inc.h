@@ -812,7 +812,7 @@ struct ExpertWeights {
   }
 };
 
-// A moe node's call unpacked, for moe_experts, moe_experts_ep (engine/cpu/launchers.cpp) and their
+// A moe node's call unpacked, for moe_experts, moe_experts_ep (each device's launchers) and their
 // backwards (`backward`: inputs dy, x, probs, the weights): x as rows [R, C], probs [R, E] (E: all
 // the experts; the weights may be fewer, an expert group's), top_k and norm_topk_prob, the weights,
 // gpt-oss's options (biases, the activation; kernels/kinds.h MoeOptions), the output placed and,
@@ -875,7 +875,7 @@ Tensor count_valid(const KernelCall& c);
 Tensor full(const KernelCall& c);
 Tensor all_to_all(const KernelCall& c);
 Tensor all_reduce(const KernelCall& c);
-Tensor moe_experts_ep(const KernelCall& c);  // the CPU's exchange (engine/expert_parallel.h); none on CUDA
+Tensor moe_experts_ep(const KernelCall& c);  // the exchange: engine/expert_parallel.h, engine/cuda/expert_parallel.h
 Tensor moe_experts_ep_backward(const KernelCall& c);
 Tensor swiglu_mlp(const KernelCall& c);
 Tensor swiglu_mlp_backward(const KernelCall& c);

@@ -3,7 +3,7 @@
 # own experts, --plan-memory's parameter bytes lose exactly (E - 1) / E of the experts' bytes, and
 # with ZeRO 1 and 3 the dense state is sharded over the world and the experts' over the world / E
 # ranks holding them (decision 185), and bad values (E < 1, not an integer, not dividing the experts
-# or the ranks, on a dense model, on CUDA) give one `error:` line naming the key and exit code 2.
+# or the ranks, on a dense model) give one `error:` line naming the key and exit code 2.
 #   expert_parallel_cli.sh BIN_DIR SOURCE_DIR
 set -u
 bin=$1/autosp-graph
@@ -21,6 +21,13 @@ cat >"$tmp/moe.json" <<'JSON'
  "data": {"seq_len": 16, "batch_size": 1}}
 JSON
 moe=(--config "$tmp/moe.json" --world 4 --set sequence_parallel.autosp_size=4)
+
+# On CUDA too (decision 225): the same rank program, its MoE nodes moe_experts_ep.
+out=$("$bin" "${moe[@]}" --rank 1 --set moe.expert_parallel_size=2 --set runtime.device=cuda --stage autosp 2>"$tmp/err")
+if [ $? -ne 0 ]; then echo "FAIL: autosp-graph with moe.expert_parallel_size=2 on cuda: $(cat "$tmp/err")"; fail=1
+elif [ "$(grep -c "moe_experts_ep(" <<<"$out")" -ne 2 ] || grep -q "moe_experts(" <<<"$out"; then
+  echo "FAIL: the CUDA EP program's two MoE nodes are not moe_experts_ep"; fail=1
+fi
 
 out=$("$bin" "${moe[@]}" --rank 3 --set moe.expert_parallel_size=2 --stage autosp 2>"$tmp/err")
 if [ $? -ne 0 ]; then echo "FAIL: autosp-graph with moe.expert_parallel_size=2: $(cat "$tmp/err")"; fail=1
@@ -66,7 +73,6 @@ ep "moe.expert_parallel_size" --set moe.expert_parallel_size=-2
 ep "moe.expert_parallel_size" --set moe.expert_parallel_size=x
 ep "moe.expert_parallel_size 3 does not divide model.num_local_experts 4" --set moe.expert_parallel_size=3
 ep "moe.expert_parallel_size 8 does not divide" --set moe.expert_parallel_size=8
-ep "moe.expert_parallel_size 2 on runtime.device" --set moe.expert_parallel_size=2 --set runtime.device=cuda
 refused_alone "moe.expert_parallel_size 2 does not divide the world size 3" "$bin" --config "$tmp/moe.json" \
   --world 3 --rank 0 --set moe.expert_parallel_size=2
 # With ZeRO 3 too (the experts' shards live on world / E ranks): the same refusal, before any sharding.

@@ -2,12 +2,18 @@
 // naive per-token loop of tests/common/naive.h: host routing, the gather, weight-gradient and
 // activation and scatter kernels on the emulated GEMMs, forward, and the backward's dx, dprobs and
 // weight gradients against the CPU kernel (kernels/cpu/moe.h), in f32; gpt-oss's experts (biases,
-// the clamped SwiGLU) in f32 and f64, the forward against the naive float64 loop.
+// the clamped SwiGLU) in f32 and f64, the forward against the naive float64 loop. And expert
+// parallelism's exchange on device buffers (engine/cuda/expert_parallel.cpp) on thread ranks, its
+// forward and every gradient against the one-process kernel and the CPU exchange.
 #include "cuda/emulation.h"
 //
 #include "kernels/cuda/moe.cu"
 //
+#include "engine/cuda/expert_parallel.cpp"
+//
+#include "comm/threads.h"
 #include "cuda/cuda_test.h"
+#include "engine/expert_parallel.h"
 #include "kernels/cpu/moe.h"
 
 using namespace autosp;
@@ -145,5 +151,227 @@ TEMPLATE_TEST_CASE("emulated gpt-oss experts (biases, clamped SwiGLU) match the 
     for (int64_t e = 0; e < M::E; ++e)
       for (int64_t j = 0; j < M::kSizes[i]; ++j) a.push_back(double(gpu.p[i][e][j])), b.push_back(double(cpu.p[i][e][j]));
     CHECK(relative_l2(a, b) < tol);
+  }
+}
+
+// ---- expert parallelism on device buffers (engine/cuda/expert_parallel.h) ----
+
+namespace {
+
+// One MoE layer's inputs over G ranks of Rg rows each: x, dy [G·Rg, C], probs [G·Rg, E], and every
+// expert's parameters (params[which · E + e], which: gate, up, down and, for gpt-oss's experts,
+// b_gate, b_up, b_down). Uneven: rank 0's rows choose only experts 0 and 1 (so rank 0 sends
+// nothing to the ranks holding experts 2 and 3) and no row chooses expert 3 (its owner receives
+// nothing, and its gradients are zeros).
+struct EpCase {
+  static constexpr int64_t C = 8, E = 4, I = 6, k = 2;
+  static constexpr double kAlpha = 1.702, kLimit = 0.75;
+  int64_t R = 0;
+  bool gptoss = false;
+  naive::Vec x, dy, probs;
+  std::vector<naive::Vec> params;
+  static int64_t size(int which) { return which < 3 ? I * C : which < 5 ? I : C; }
+  int weights() const { return gptoss ? 6 : 3; }
+  EpCase(int64_t rows, int rank0_rows, bool gpt_oss, bool uneven) : R(rows), gptoss(gpt_oss) {
+    x = naive::random_normal(R * C, 5300), dy = naive::random_normal(R * C, 5301);
+    naive::Vec logits = naive::random_normal(R * E, 5302);
+    if (uneven)
+      for (int64_t r = 0; r < R; ++r) {
+        logits[size_t(r * E + 3)] -= 30;
+        if (r < rank0_rows) logits[size_t(r * E + 2)] -= 30;
+      }
+    probs = naive::softmax(logits, R, E);
+    for (int which = 0; which < weights(); ++which)
+      for (int64_t e = 0; e < E; ++e)
+        params.push_back(naive::random_normal(size(which), 5310 + uint32_t(which * E + e), 0.5));
+  }
+};
+
+template <class T>
+T to_t(double v) {
+  if constexpr (std::is_same_v<T, cuda::bf16>)
+    return __double2bfloat16(v);
+  else
+    return T(v);
+}
+template <class T>
+double from_t(T v) {
+  if constexpr (std::is_same_v<T, cuda::bf16>)
+    return double(__bfloat162float(v));
+  else
+    return double(v);
+}
+template <class T>
+std::vector<T> to_ts(const double* v, int64_t n) {
+  std::vector<T> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[size_t(i)] = to_t<T>(v[i]);
+  return r;
+}
+template <class T>
+naive::Vec from_ts(const std::vector<T>& v) {
+  naive::Vec r;
+  for (const T& a : v) r.push_back(from_t(a));
+  return r;
+}
+
+// Experts [e0, e0 + n) of a case in T, with their gradients (garbage before: each must be written)
+// and the pointer arrays and options the kernels take.
+template <class T>
+struct ExpertSet {
+  std::vector<std::vector<T>> w, g;  // [which · n + j]
+  std::vector<const T*> wp[6];
+  std::vector<T*> gp[6];
+  kernels::MoeOptions<T> opt;
+  ExpertSet(const EpCase& c, int64_t e0, int64_t n) {
+    for (int which = 0; which < c.weights(); ++which)
+      for (int64_t e = e0; e < e0 + n; ++e) {
+        w.push_back(to_ts<T>(c.params[size_t(which * c.E + e)].data(), EpCase::size(which)));
+        g.push_back(std::vector<T>(size_t(EpCase::size(which)), to_t<T>(-7)));
+      }
+    for (int which = 0; which < c.weights(); ++which)
+      for (int64_t j = 0; j < n; ++j) {
+        wp[which].push_back(w[size_t(which * n + j)].data());
+        gp[which].push_back(g[size_t(which * n + j)].data());
+      }
+    if (c.gptoss) {
+      opt.b_gate = wp[3].data(), opt.b_up = wp[4].data(), opt.b_down = wp[5].data();
+      opt.db_gate = gp[3].data(), opt.db_up = gp[4].data(), opt.db_down = gp[5].data();
+      opt.clamped = true, opt.alpha = EpCase::kAlpha, opt.limit = EpCase::kLimit;
+    }
+  }
+};
+
+// One run's outputs on a rank: y, dx, dprobs and its experts' gradients.
+template <class T>
+struct EpOut {
+  std::vector<T> y, dx, dp;
+  std::vector<std::vector<T>> g;
+};
+
+// The layer on G thread ranks (rank g: rows [g·Rg, (g+1)·Rg), experts [g·L, (g+1)·L)) through the
+// CUDA exchange and, where `cpu` (f32, f64), through the CPU exchange on the same ranks.
+template <class T>
+void run_ep(const EpCase& c, int G, std::vector<EpOut<T>>& dev, std::vector<EpOut<T>>& cpu_out, bool cpu) {
+  const int64_t Rg = c.R / G, L = c.E / G, C = c.C, E = c.E, I = c.I, k = c.k;
+  dev.assign(size_t(G), {}), cpu_out.assign(size_t(G), {});
+  run_thread_ranks(G, [&](ThreadCommunicator& comm) {
+    const int g = comm.rank();
+    const std::vector<T> x = to_ts<T>(c.x.data() + g * Rg * C, Rg * C), dy = to_ts<T>(c.dy.data() + g * Rg * C, Rg * C),
+                         p = to_ts<T>(c.probs.data() + g * Rg * E, Rg * E);
+    auto one = [&](EpOut<T>& out, bool on_device) {
+      ExpertSet<T> m(c, g * L, L);
+      out.y.assign(size_t(Rg * C), to_t<T>(-7)), out.dx = out.y, out.dp.assign(size_t(Rg * E), to_t<T>(-7));
+      if (on_device) {
+        cuda::moe_ep_forward<T>(comm, cpu_allocator(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
+                                m.wp[2].data(), out.y.data(), Rg, C, E, I, k, true, m.opt, nullptr);
+        cuda::moe_ep_backward<T>(comm, cpu_allocator(), dy.data(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
+                                 m.wp[2].data(), out.dx.data(), out.dp.data(), m.gp[0].data(), m.gp[1].data(),
+                                 m.gp[2].data(), Rg, C, E, I, k, true, m.opt, nullptr);
+      } else if constexpr (!std::is_same_v<T, cuda::bf16>) {
+        moe_ep_forward<T>(comm, cpu_allocator(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(), m.wp[2].data(),
+                          out.y.data(), Rg, C, E, I, k, true, m.opt);
+        moe_ep_backward<T>(comm, cpu_allocator(), dy.data(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
+                           m.wp[2].data(), out.dx.data(), out.dp.data(), m.gp[0].data(), m.gp[1].data(),
+                           m.gp[2].data(), Rg, C, E, I, k, true, m.opt);
+      }
+      out.g = m.g;
+    };
+    one(dev[size_t(g)], true);
+    if (cpu) one(cpu_out[size_t(g)], false);
+  });
+}
+
+// The one-process CUDA kernel (emulated) on every row and expert.
+template <class T>
+EpOut<T> run_one(const EpCase& c) {
+  const int64_t R = c.R, C = c.C, E = c.E, I = c.I, k = c.k;
+  const std::vector<T> x = to_ts<T>(c.x.data(), R * C), dy = to_ts<T>(c.dy.data(), R * C),
+                       p = to_ts<T>(c.probs.data(), R * E);
+  ExpertSet<T> m(c, 0, E);
+  EpOut<T> out;
+  out.y.resize(size_t(R * C)), out.dx.resize(size_t(R * C)), out.dp.resize(size_t(R * E));
+  cuda::moe_experts_forward<T>(x.data(), p.data(), m.wp[0].data(), m.wp[1].data(), m.wp[2].data(), out.y.data(), R, C,
+                               E, I, k, true, m.opt, nullptr);
+  cuda::moe_experts_backward<T>(dy.data(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(), m.wp[2].data(),
+                                out.dx.data(), out.dp.data(), m.gp[0].data(), m.gp[1].data(), m.gp[2].data(), R, C, E,
+                                I, k, true, m.opt, nullptr);
+  out.g = m.g;
+  return out;
+}
+
+// The largest |a - b| / (1 + |b|) over a slice.
+template <class T>
+double worst(const std::vector<T>& a, const std::vector<T>& b, int64_t b0, int64_t n) {
+  double w = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double got = from_t(a[size_t(i)]), want = from_t(b[size_t(b0 + i)]);
+    w = std::max(w, std::abs(got - want) / (1 + std::abs(want)));
+  }
+  return w;
+}
+
+// Every rank's y, dx, dprobs slices and its experts' gradients against `ref`: the one process
+// (expert e of rank g is ref's expert g·L + j), or another EP run on the same ranks (`same_ranks`).
+template <class T>
+void check_ranks(const EpCase& c, int G, const std::vector<EpOut<T>>& got, const std::vector<EpOut<T>>* ranks,
+                 const EpOut<T>* one, double tol) {
+  const int64_t Rg = c.R / G, L = c.E / G;
+  for (int g = 0; g < G; ++g) {
+    INFO("G = " << G << ", rank " << g << (ranks ? " against the CPU exchange" : " against one process"));
+    const EpOut<T>& o = got[size_t(g)];
+    const EpOut<T>& r = ranks ? (*ranks)[size_t(g)] : *one;
+    const int64_t row0 = ranks ? 0 : g * Rg;
+    CHECK(worst(o.y, r.y, row0 * c.C, Rg * c.C) < tol);
+    CHECK(worst(o.dx, r.dx, row0 * c.C, Rg * c.C) < tol);
+    CHECK(worst(o.dp, r.dp, row0 * c.E, Rg * c.E) < tol);
+    for (int which = 0; which < c.weights(); ++which)
+      for (int64_t j = 0; j < L; ++j) {
+        INFO("parameter " << which << " of expert " << g * L + j);
+        const std::vector<T>& want = ranks ? r.g[size_t(which * L + j)] : r.g[size_t(which * c.E + g * L + j)];
+        CHECK(worst(o.g[size_t(which * L + j)], want, 0, int64_t(want.size())) < tol);
+      }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("emulated expert parallelism on device buffers equals one process and the CPU exchange",
+                   "[cuda-emulation][moe][ep]", float, double) {
+  using T = TestType;
+  const double tol = std::is_same_v<T, double> ? 1e-12 : 2e-5;
+  for (const bool gptoss : {false, true})
+    for (const bool uneven : {false, true})
+      for (const int G : {2, 4}) {
+        INFO((gptoss ? "gpt-oss" : "Mixtral") << " experts, " << (uneven ? "uneven" : "random") << " routing");
+        const int64_t Rg = 7;
+        const EpCase c(G * Rg, int(Rg), gptoss, uneven);
+        if (uneven) {  // the premise: expert 3 gets no row, and rank 0's rows only experts 0 and 1
+          const kernels::MoeRouting r = kernels::moe_route(c.probs.data(), c.R, c.E, c.k, true);
+          CHECK(r.rows_of(3) == 0);
+          for (int64_t s = 0; s < Rg * c.k; ++s) CHECK(r.expert[size_t(s)] < 2);
+        }
+        const EpOut<T> one = run_one<T>(c);
+        std::vector<EpOut<T>> dev, cpu;
+        run_ep<T>(c, G, dev, cpu, true);
+        check_ranks<T>(c, G, dev, nullptr, &one, tol);
+        check_ranks<T>(c, G, dev, &cpu, nullptr, tol);
+        if (uneven) {  // expert 3 received nothing: its gradients are zeros (not the garbage they held)
+          const EpOut<T>& owner = dev[size_t(G - 1)];
+          const int64_t L = c.E / G;
+          for (int which = 0; which < c.weights(); ++which)
+            for (const T& v : owner.g[size_t(which * L + L - 1)]) CHECK(from_t(v) == 0.0);
+        }
+      }
+}
+
+TEST_CASE("emulated expert parallelism in bf16 stays within bf16 rounding of one process", "[cuda-emulation][moe][ep]") {
+  for (const bool gptoss : {false, true}) {
+    INFO((gptoss ? "gpt-oss" : "Mixtral") << " experts");
+    const int G = 2;
+    const EpCase c(G * 7, 7, gptoss, true);
+    const EpOut<cuda::bf16> one = run_one<cuda::bf16>(c);
+    std::vector<EpOut<cuda::bf16>> dev, unused;
+    run_ep<cuda::bf16>(c, G, dev, unused, false);
+    check_ranks<cuda::bf16>(c, G, dev, nullptr, &one, 2e-2);
   }
 }

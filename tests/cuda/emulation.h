@@ -38,6 +38,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -196,7 +197,12 @@ inline void trampoline() {
 
 // Runs body() as every thread of every block of `grid` (blocks of block.x × block.y threads);
 // `kernel` is the kernel function (its static shared arrays are poisoned and counted), or nullptr.
+// Launches from several host threads (ranks as threads: tests/cuda/emulate_moe.cpp's expert
+// parallelism) run one at a time, as the emulation's state (threadIdx, the block, the static
+// shared arrays) is global.
 inline void launch(dim3 grid, dim3 block, size_t dynamic_smem, const void* kernel, const std::function<void()>& body) {
+  static std::mutex one_at_a_time;
+  const std::lock_guard<std::mutex> hold(one_at_a_time);
   constexpr size_t kStack = 64 * 1024;
   const std::vector<StaticShared>& statics = static_shared_of(kernel);
   check_launch(grid, block, dynamic_smem, statics);
@@ -267,8 +273,8 @@ void emulated_launch(dim3 grid, dim3 block, size_t dynamic_smem, const void* ker
 // The runtime calls of the launchers, on host memory. (After the CUDA headers, so their
 // declarations stay intact.)
 #define CUDA_CHECK(expr) ::emu::check((expr), #expr)
-#define cudaMemcpyAsync(dst, src, bytes, kind, stream) (std::memcpy((dst), (src), (bytes)), cudaSuccess)
-#define cudaMemsetAsync(dst, value, bytes, stream) (std::memset((dst), (value), (bytes)), cudaSuccess)
+#define cudaMemcpyAsync(dst, src, bytes, kind, stream) ((void)(stream), std::memcpy((dst), (src), (bytes)), cudaSuccess)
+#define cudaMemsetAsync(dst, value, bytes, stream) ((void)(stream), std::memset((dst), (value), (bytes)), cudaSuccess)
 #define cudaStreamSynchronize(stream) ((void)(stream), cudaSuccess)  // every call above has finished
 #define cudaFuncSetAttribute(kernel, attr, value) ((void)(kernel), (void)(value), cudaSuccess)
 #define cudaGetDevice(dev) (*(dev) = 0, cudaSuccess)

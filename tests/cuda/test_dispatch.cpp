@@ -82,16 +82,11 @@ std::unique_ptr<Built> build(const OpCase& c, DType dt, uint32_t seed) {
   return k;
 }
 
-// Ops whose CUDA launcher refuses by name: expert parallelism's exchange (docs/decisions.md 164).
-bool cpu_only(Op op) { return op == Op::moe_experts_ep || op == Op::moe_experts_ep_backward; }
-bool cpu_only(const OpCase& c) { return cpu_only(c.op); }
-
 }  // namespace
 
 TEST_CASE("every op case runs on CUDA through dispatch and matches the CPU, forward and backward", "[dispatch]") {
   for (DType dt : {DType::f32, DType::bf16}) {
     for (const auto& c : op_cases()) {
-      if (cpu_only(c)) continue;
       DYNAMIC_SECTION(c.name << " " << dtype_name(dt)) {
         auto k = build(c, dt, 11);
         // A graph without leaves runs where its (absent) feeds are, on the CPU (engine/executor.cpp
@@ -126,7 +121,6 @@ TEST_CASE("every op has a CUDA launcher: none says it has no CUDA kernel", "[dis
   std::set<Op> ran;
   for (DType dt : {DType::f32}) {
     for (const auto& c : op_cases()) {
-      if (cpu_only(c)) continue;
       auto k = build(c, dt, 5);
       for (const auto& n : k->g.nodes()) ran.insert(n->op());
       CHECK_NOTHROW(Executor(k->g).run(upload(k->feeds), single_groups()));
@@ -134,7 +128,6 @@ TEST_CASE("every op has a CUDA launcher: none says it has no CUDA kernel", "[dis
   }
   for (size_t i = 0; i < kNumOps; ++i) {
     if (static_cast<Op>(i) == Op::input || static_cast<Op>(i) == Op::parameter) continue;  // not dispatched
-    if (cpu_only(static_cast<Op>(i))) continue;
     INFO("op " << op_name(static_cast<Op>(i)) << " is not reached by any op case or its backward");
     CHECK(ran.count(static_cast<Op>(i)) == 1);
   }

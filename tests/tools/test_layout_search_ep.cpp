@@ -57,13 +57,15 @@ TEST_CASE("layout search x ep: a mixture of experts is searched over E, a dense 
   for (const Candidate& c : search_layouts(request(moe_config({"model.num_local_experts=6"}), 4, 1e9)).best)
     eps.insert(c.layout.ep);
   CHECK(eps == std::set<int64_t>{1, 2});
-  // On GPUs the run is "cuda", which refuses E > 1 (no expert exchange yet): E = 1, and a note says why.
+  // On GPUs the run is "cuda", which has the expert exchange too (decision 225): the same E, no note.
   SearchRequest gpu = request(moe, 4, 1e9);
   gpu.cluster = for_ranks(find_device("H100-80GB"), 4);
   const SearchResult g = search_layouts(gpu);
   REQUIRE(!g.best.empty());
-  for (const Candidate& c : g.best) CHECK(c.layout.ep == 1);
-  CHECK(g.notes.size() == 1);
+  eps.clear();
+  for (const Candidate& c : g.best) eps.insert(c.layout.ep);
+  CHECK(eps == std::set<int64_t>{1, 2, 4});
+  CHECK(g.notes.empty());
   // A dense model: E stays 1 and nothing is noted.
   const Config dense = parse_config({{"model", {{"arch", "llama"}, {"vocab_size", 64}, {"hidden_size", 32},
                                                 {"num_hidden_layers", 2}, {"num_attention_heads", 4},

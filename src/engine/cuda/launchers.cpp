@@ -2,9 +2,11 @@
 // are written once in engine/launchers.inc.h, which this file includes after defining the vocabulary
 // it is written against (below: the CUDA kernels, the compute stream, device pointers and dtypes);
 // then the launchers whose work differs on CUDA (cuDNN's sdpa, the device scalars of the losses,
-// the tiled MLP and loss's chunk scratch, concat's 2-D copies, the collectives of a group of one).
-// Every kernel is enqueued on the compute stream of the tensors' device (device/cuda/device.h);
-// nothing synchronises with the host. Compiled only in CUDA builds; knows nothing of the CPU kernels.
+// the tiled MLP and loss's chunk scratch, concat's 2-D copies, the collectives of a group of one,
+// expert parallelism's exchange). Every kernel is enqueued on the compute stream of the tensors'
+// device (device/cuda/device.h); nothing synchronises with the host but the MoE ops, which route on
+// the host (kernels/cuda/moe.cuh; expert parallelism reads its counts back too). Compiled only in
+// CUDA builds; knows nothing of the CPU kernels.
 //
 // Dtypes: f32 and bf16 everywhere, f64 where the kernel has it (not attention); any other is a
 // UsageError naming the op and the dtype. Scalars a bf16 op produces (loss, token count, the
@@ -35,6 +37,7 @@
 
 #include "device/cuda/copy.h"
 #include "device/cuda/device.h"
+#include "engine/cuda/expert_parallel.h"
 #include "engine/ring.h"
 #include "graph/builder.h"
 #include "kernels/cuda/attention.cuh"
@@ -531,13 +534,31 @@ Tensor all_to_all(const KernelCall& c) {
   return copy_view(c, launch::all_to_all_recv_view(c, recv)).reshape(c.out_shape);
 }
 
-// Expert parallelism's exchange runs on the CPU only (engine/expert_parallel.h; config refuses
-// moe.expert_parallel_size > 1 with runtime.device "cuda").
+// ---- the experts over an expert group (engine/cuda/expert_parallel.h: the exchange on device buffers) ----
+
+// x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights (and biases) → y [..., C].
 Tensor moe_experts_ep(const KernelCall& c) {
-  throw UsageError(str("[", c.node.op_name(), "] ", c.node.name(), " has no CUDA kernel (moe.expert_parallel_size > 1 "
-                       "runs on the CPU)"));
+  Communicator& comm = group(c);
+  return by_float(c, c.in[0].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, false);
+    cuda::moe_ep_forward<T>(comm, c.alloc, ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(), m.w.down.data(),
+                            ptr<T>(m.out), m.R, m.C, m.E, m.w.I, m.k, m.norm, m.opt, stream(c));
+    return m.out;
+  });
 }
-Tensor moe_experts_ep_backward(const KernelCall& c) { return moe_experts_ep(c); }
+
+// dx; extra outputs dprobs, then each local expert weight's and bias's gradient. Inputs: dy, x,
+// probs, the weights, the biases.
+Tensor moe_experts_ep_backward(const KernelCall& c) {
+  Communicator& comm = group(c);
+  return by_float(c, c.in[1].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, true);
+    cuda::moe_ep_backward<T>(comm, c.alloc, ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
+                             m.w.down.data(), ptr<T>(m.out), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
+                             m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm, m.opt, stream(c));
+    return m.out;
+  });
+}
 
 Tensor all_reduce(const KernelCall& c) {
   Communicator& comm = group(c);

@@ -5,7 +5,9 @@
 // CPU: gate and up recomputed, d = dy·Wd (unweighted), dWd, dx twice, dWg and dWu; each slot's
 // routing-weight gradient is (dy·Wd)·h (+ dy·b_down) from the same pass that forms dg and du, so the
 // expert's output is never rebuilt. An expert's rows are distinct tokens, so its scatter has no
-// races; experts run one after another in index order, as on the CPU.
+// races; experts run one after another in index order, as on the CPU. The per-expert loops take a
+// list of rows (MoeRows: slots, per-expert offsets, k, weights), so expert parallelism's owner
+// (engine/cuda/expert_parallel.cpp) runs them on the rows it received (k = 1, a slot per row).
 #include "kernels/cuda/moe.cuh"
 
 #include <algorithm>
@@ -53,12 +55,12 @@ struct Activation {
 
 // ---- kernels ----
 
-// xe [n, C] = src rows slot[a] / k.
+// xe [n, C] = src rows slot[a] / k (zeros where slot[a] < 0: an exchange's padding).
 template <class T>
 __global__ void gather_rows(const T* src, const int64_t* slot, T* xe, int64_t n, int64_t C, int64_t k) {
   AUTOSP_GRID_STRIDE(i, n * C) {
-    const int64_t a = i / C, c = i % C;
-    xe[i] = src[(slot[a] / k) * C + c];
+    const int64_t a = i / C, c = i % C, s = slot[a];
+    xe[i] = s < 0 ? T{} : src[(s / k) * C + c];
   }
 }
 
@@ -159,24 +161,6 @@ kernels::MoeRouting route(const T* probs, int64_t R, int64_t E, int64_t k, bool 
   }
 }
 
-// The routing's slots and weights on the device (weights in acc_t<T>).
-template <class T>
-struct DeviceRouting {
-  Scratch slot, weight;
-  DeviceRouting(const kernels::MoeRouting& r, cudaStream_t s)
-      : slot(std::max<size_t>(1, r.slot.size()) * sizeof(int64_t), s),
-        weight(std::max<size_t>(1, r.weight.size()) * sizeof(acc_t<T>), s) {
-    const std::vector<acc_t<T>> w(r.weight.begin(), r.weight.end());
-    if (r.slot.empty()) return;
-    CUDA_CHECK(cudaMemcpyAsync(slot.as<int64_t>(), r.slot.data(), r.slot.size() * sizeof(int64_t),
-                               cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(weight.as<acc_t<T>>(), w.data(), w.size() * sizeof(acc_t<T>), cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));  // w is a host temporary
-  }
-  const int64_t* slots() const { return slot.as<int64_t>(); }
-  const acc_t<T>* weights() const { return weight.as<acc_t<T>>(); }
-};
-
 // One expert's parameters and options (kinds.h MoeOptions; biases null: none).
 template <class T>
 struct Expert {
@@ -207,11 +191,136 @@ void project(const Expert<T>& ex, const T* xe, T* g, T* u, int64_t r, int64_t C,
   gemm_batched<T>(false, true, 1, r, I, C, 1.0, xe, 0, ex.wu, 0, 0.0, u, 0, s);
 }
 
-int64_t chunk_rows(const kernels::MoeRouting& r) {
-  return std::max<int64_t>(1, std::min(r.max_rows(), kernels::kMlpChunkRows));
+// The chunk: the most rows any expert of `rows` gets, at most kMlpChunkRows (at least 1).
+int64_t chunk_rows(const std::vector<int64_t>& offset) {
+  int64_t m = 0;
+  for (size_t e = 0; e + 1 < offset.size(); ++e) m = std::max(m, offset[e + 1] - offset[e]);
+  return std::max<int64_t>(1, std::min(m, kernels::kMlpChunkRows));
 }
 
 }  // namespace
+
+template <class T>
+DeviceRouting<T>::DeviceRouting(const kernels::MoeRouting& r, cudaStream_t s)
+    : slot(std::max<size_t>(1, r.slot.size()) * sizeof(int64_t), s),
+      weight(std::max<size_t>(1, r.weight.size()) * sizeof(acc_t<T>), s) {
+  const std::vector<acc_t<T>> w(r.weight.begin(), r.weight.end());
+  if (r.slot.empty()) return;
+  CUDA_CHECK(cudaMemcpyAsync(slot.as<int64_t>(), r.slot.data(), r.slot.size() * sizeof(int64_t),
+                             cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemcpyAsync(weight.as<acc_t<T>>(), w.data(), w.size() * sizeof(acc_t<T>), cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));  // w is a host temporary
+}
+
+template <class T>
+kernels::MoeRouting moe_route(const T* probs, int64_t R, int64_t E, int64_t k, bool norm, cudaStream_t s) {
+  return route(probs, R, E, k, norm, s);
+}
+
+template <class T>
+void moe_rows_forward(const T* x, const MoeRows<T>& rows, const T* const* w_gate, const T* const* w_up,
+                      const T* const* w_down, T* y, int64_t C, int64_t I, const kernels::MoeOptions<T>& opt,
+                      cudaStream_t s) {
+  const std::vector<int64_t>& offset = *rows.offset;
+  const int64_t chunk = chunk_rows(offset);
+  ChunkScratch<T> sc(chunk, C, I, false, s);
+  T *xe = sc.xe.template as<T>(), *ye = sc.dxe.template as<T>(), *g = sc.g.template as<T>(), *u = sc.u.template as<T>();
+  for (size_t e = 0; e + 1 < offset.size(); ++e) {
+    const Expert<T> ex(w_gate, w_up, w_down, opt, int64_t(e));
+    const int64_t count = offset[e + 1] - offset[e];
+    for (int64_t r0 = 0; r0 < count; r0 += chunk) {
+      const int64_t n = std::min(chunk, count - r0);
+      const int64_t* slot = rows.slot + offset[e] + r0;
+      launch_kernel(gather_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, x, slot, xe, n, C, rows.k);
+      project(ex, xe, g, u, n, C, I, s);
+      launch_kernel(activate<T>, grid_for(n * I, kBlock), kBlock, 0, s, g, u, ex.bg, ex.bu, n, I, ex.act);
+      gemm_batched<T>(false, true, 1, n, C, I, 1.0, g, 0, ex.wd, 0, 0.0, ye, 0, s);  // ye = h · Wdᵀ
+      launch_kernel(scatter_add_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, ye, ex.bd, slot, rows.weight, y, n, C,
+                    rows.k);
+    }
+  }
+}
+
+template <class T>
+void moe_rows_backward(const T* dy, const T* x, const MoeRows<T>& rows, const T* const* w_gate, const T* const* w_up,
+                       const T* const* w_down, T* dx, acc_t<T>* grad, T* const* dw_gate, T* const* dw_up,
+                       T* const* dw_down, int64_t C, int64_t I, const kernels::MoeOptions<T>& opt, cudaStream_t s) {
+  using A = acc_t<T>;
+  const std::vector<int64_t>& offset = *rows.offset;
+  const int64_t chunk = chunk_rows(offset);
+  ChunkScratch<T> sc(chunk, C, I, true, s);
+  T *xe = sc.xe.template as<T>(), *de = sc.de.template as<T>(), *dxe = sc.dxe.template as<T>();
+  T *g = sc.g.template as<T>(), *u = sc.u.template as<T>(), *dd = sc.d.template as<T>(), *h = sc.h.template as<T>();
+  const int64_t n_acc = ChunkedGradient<T>::acc_elems(I, C);
+  Scratch acc(std::max<int64_t>(1, 3 * n_acc) * sizeof(float), s);  // bf16: the weight gradients' f32 sums
+  Scratch bias_acc((2 * I + C) * sizeof(A), s);                     // the bias gradients' sums: dbg, dbu, dbd
+  A *dbg_acc = bias_acc.as<A>(), *dbu_acc = dbg_acc + I, *dbd_acc = dbu_acc + I;
+  for (size_t e = 0; e + 1 < offset.size(); ++e) {
+    const Expert<T> ex(w_gate, w_up, w_down, opt, int64_t(e));
+    float* af = n_acc > 0 ? acc.as<float>() : nullptr;
+    ChunkedGradient<T> gwg{dw_gate[e], af, I, C}, gwu{dw_up[e], af ? af + n_acc : nullptr, I, C},
+        gwd{dw_down[e], af ? af + 2 * n_acc : nullptr, C, I};
+    if (ex.bg) CUDA_CHECK(cudaMemsetAsync(dbg_acc, 0, (2 * I + C) * sizeof(A), s));
+    const int64_t count = offset[e + 1] - offset[e];
+    for (int64_t r0 = 0; r0 < count; r0 += chunk) {
+      const int64_t n = std::min(chunk, count - r0);
+      const int64_t* slot = rows.slot + offset[e] + r0;
+      launch_kernel(gather_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, x, slot, xe, n, C, rows.k);
+      launch_kernel(gather_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, dy, slot, de, n, C, rows.k);
+      project(ex, xe, g, u, n, C, I, s);
+      gemm_batched<T>(false, false, 1, n, I, C, 1.0, de, 0, ex.wd, 0, 0.0, dd, 0, s);  // d = dy_e · Wd
+      launch_kernel(activate_backward<T>, dim3(unsigned(n)), kBlock, 0, s, g, u, dd, h, de, ex.bg, ex.bu, ex.bd, slot,
+                    rows.weight, grad, I, C, ex.act);
+      gwd.add(true, false, n, de, h, s);                                               // dWd += dy_eᵀ · (w ∘ h)
+      gemm_batched<T>(false, false, 1, n, C, I, 1.0, g, 0, ex.wg, 0, 0.0, dxe, 0, s);  // dx_e = dg · Wg
+      gemm_batched<T>(false, false, 1, n, C, I, 1.0, u, 0, ex.wu, 0, 1.0, dxe, 0, s);  //      + du · Wu
+      gwg.add(true, false, n, g, xe, s);                                               // dWg += dgᵀ · xe
+      gwu.add(true, false, n, u, xe, s);                                               // dWu += duᵀ · xe
+      if (ex.bg) {  // dbd += Σ w·dy_e, dbg += Σ dg, dbu += Σ du
+        const A* none = nullptr;
+        launch_kernel(sum_rows<T>, grid_for(C, kBlock), kBlock, 0, s, de, n, C, slot, rows.weight, dbd_acc);
+        launch_kernel(sum_rows<T>, grid_for(I, kBlock), kBlock, 0, s, g, n, I, slot, none, dbg_acc);
+        launch_kernel(sum_rows<T>, grid_for(I, kBlock), kBlock, 0, s, u, n, I, slot, none, dbu_acc);
+      }
+      launch_kernel(scatter_add_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, dxe, static_cast<const T*>(nullptr),
+                    slot, static_cast<const A*>(nullptr), dx, n, C, rows.k);
+    }
+    for (ChunkedGradient<T>* gw : {&gwg, &gwu, &gwd}) gw->finish(s);  // zeros for an expert without rows
+    if (ex.bg) {
+      launch_kernel(store_sums<T>, grid_for(I, kBlock), kBlock, 0, s, dbg_acc, opt.db_gate[e], I);
+      launch_kernel(store_sums<T>, grid_for(I, kBlock), kBlock, 0, s, dbu_acc, opt.db_up[e], I);
+      launch_kernel(store_sums<T>, grid_for(C, kBlock), kBlock, 0, s, dbd_acc, opt.db_down[e], C);
+    }
+  }
+}
+
+template <class V>
+void moe_gather_rows(const V* src, const int64_t* slot, V* dst, int64_t n, int64_t C, int64_t k, cudaStream_t s) {
+  if (n * C > 0) launch_kernel(gather_rows<V>, grid_for(n * C, kBlock), kBlock, 0, s, src, slot, dst, n, C, k);
+}
+
+template <class T>
+void moe_scatter_add_rows(const T* src, const int64_t* slot, const acc_t<T>* weight, T* dst, int64_t n, int64_t C,
+                          int64_t k, cudaStream_t s) {
+  if (n * C > 0)
+    launch_kernel(scatter_add_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, src, static_cast<const T*>(nullptr), slot,
+                  weight, dst, n, C, k);
+}
+
+template <class T>
+void moe_probs_grad(const kernels::MoeRouting& r, bool norm, const acc_t<T>* grad, T* dprobs, cudaStream_t s) {
+  using A = acc_t<T>;
+  std::vector<A> gh(r.slot.size());
+  if (!gh.empty()) CUDA_CHECK(cudaMemcpyAsync(gh.data(), grad, gh.size() * sizeof(A), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  const std::vector<double> gw(gh.begin(), gh.end());
+  std::vector<double> dp(size_t(r.R * r.E));
+  kernels::moe_probs_grad(r, norm, gw.data(), dp.data());
+  std::vector<T> dph(dp.size());
+  for (size_t i = 0; i < dp.size(); ++i) dph[i] = device_value<T>(dp[i]);
+  if (!dph.empty()) CUDA_CHECK(cudaMemcpyAsync(dprobs, dph.data(), dph.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));  // dph is a host temporary
+}
 
 template <class T>
 void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
@@ -219,23 +328,8 @@ void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, con
                          const kernels::MoeOptions<T>& opt, cudaStream_t s) {
   const kernels::MoeRouting r = route(probs, R, E, k, norm, s);
   const DeviceRouting<T> d(r, s);
-  const int64_t chunk = chunk_rows(r);
-  ChunkScratch<T> sc(chunk, C, I, false, s);
-  T *xe = sc.xe.template as<T>(), *ye = sc.dxe.template as<T>(), *g = sc.g.template as<T>(), *u = sc.u.template as<T>();
   CUDA_CHECK(cudaMemsetAsync(y, 0, R * C * sizeof(T), s));
-  for (int64_t e = 0; e < E; ++e) {
-    const Expert<T> ex(w_gate, w_up, w_down, opt, e);
-    for (int64_t r0 = 0; r0 < r.rows_of(e); r0 += chunk) {
-      const int64_t n = std::min(chunk, r.rows_of(e) - r0);
-      const int64_t* slot = d.slots() + r.offset[e] + r0;
-      launch_kernel(gather_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, x, slot, xe, n, C, k);
-      project(ex, xe, g, u, n, C, I, s);
-      launch_kernel(activate<T>, grid_for(n * I, kBlock), kBlock, 0, s, g, u, ex.bg, ex.bu, n, I, ex.act);
-      gemm_batched<T>(false, true, 1, n, C, I, 1.0, g, 0, ex.wd, 0, 0.0, ye, 0, s);  // ye = h · Wdᵀ
-      launch_kernel(scatter_add_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, ye, ex.bd, slot, d.weights(), y, n, C,
-                    k);
-    }
-  }
+  moe_rows_forward<T>(x, {d.slots(), &r.offset, k, d.weights()}, w_gate, w_up, w_down, y, C, I, opt, s);
 }
 
 template <class T>
@@ -246,63 +340,11 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
   using A = acc_t<T>;
   const kernels::MoeRouting r = route(probs, R, E, k, norm, s);
   const DeviceRouting<T> d(r, s);
-  const int64_t chunk = chunk_rows(r);
-  ChunkScratch<T> sc(chunk, C, I, true, s);
-  T *xe = sc.xe.template as<T>(), *de = sc.de.template as<T>(), *dxe = sc.dxe.template as<T>();
-  T *g = sc.g.template as<T>(), *u = sc.u.template as<T>(), *dd = sc.d.template as<T>(), *h = sc.h.template as<T>();
-  const int64_t n_acc = ChunkedGradient<T>::acc_elems(I, C);
-  Scratch acc(std::max<int64_t>(1, 3 * n_acc) * sizeof(float), s);   // bf16: the weight gradients' f32 sums
-  Scratch bias_acc((2 * I + C) * sizeof(A), s);                      // the bias gradients' sums: dbg, dbu, dbd
-  Scratch gd(std::max<size_t>(1, r.slot.size()) * sizeof(A), s);     // each slot's weight gradient
-  A *dbg_acc = bias_acc.as<A>(), *dbu_acc = dbg_acc + I, *dbd_acc = dbu_acc + I;
+  Scratch gd(std::max<size_t>(1, r.slot.size()) * sizeof(A), s);  // each slot's weight gradient
   CUDA_CHECK(cudaMemsetAsync(dx, 0, R * C * sizeof(T), s));
-  for (int64_t e = 0; e < E; ++e) {
-    const Expert<T> ex(w_gate, w_up, w_down, opt, e);
-    float* af = n_acc > 0 ? acc.as<float>() : nullptr;
-    ChunkedGradient<T> gwg{dw_gate[e], af, I, C}, gwu{dw_up[e], af ? af + n_acc : nullptr, I, C},
-        gwd{dw_down[e], af ? af + 2 * n_acc : nullptr, C, I};
-    if (ex.bg) CUDA_CHECK(cudaMemsetAsync(dbg_acc, 0, (2 * I + C) * sizeof(A), s));
-    for (int64_t r0 = 0; r0 < r.rows_of(e); r0 += chunk) {
-      const int64_t n = std::min(chunk, r.rows_of(e) - r0);
-      const int64_t* slot = d.slots() + r.offset[e] + r0;
-      launch_kernel(gather_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, x, slot, xe, n, C, k);
-      launch_kernel(gather_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, dy, slot, de, n, C, k);
-      project(ex, xe, g, u, n, C, I, s);
-      gemm_batched<T>(false, false, 1, n, I, C, 1.0, de, 0, ex.wd, 0, 0.0, dd, 0, s);  // d = dy_e · Wd
-      launch_kernel(activate_backward<T>, dim3(unsigned(n)), kBlock, 0, s, g, u, dd, h, de, ex.bg, ex.bu, ex.bd, slot,
-                    d.weights(), gd.as<A>(), I, C, ex.act);
-      gwd.add(true, false, n, de, h, s);                                               // dWd += dy_eᵀ · (w ∘ h)
-      gemm_batched<T>(false, false, 1, n, C, I, 1.0, g, 0, ex.wg, 0, 0.0, dxe, 0, s);  // dx_e = dg · Wg
-      gemm_batched<T>(false, false, 1, n, C, I, 1.0, u, 0, ex.wu, 0, 1.0, dxe, 0, s);  //      + du · Wu
-      gwg.add(true, false, n, g, xe, s);                                               // dWg += dgᵀ · xe
-      gwu.add(true, false, n, u, xe, s);                                               // dWu += duᵀ · xe
-      if (ex.bg) {  // dbd += Σ w·dy_e, dbg += Σ dg, dbu += Σ du
-        const A* none = nullptr;
-        launch_kernel(sum_rows<T>, grid_for(C, kBlock), kBlock, 0, s, de, n, C, slot, d.weights(), dbd_acc);
-        launch_kernel(sum_rows<T>, grid_for(I, kBlock), kBlock, 0, s, g, n, I, slot, none, dbg_acc);
-        launch_kernel(sum_rows<T>, grid_for(I, kBlock), kBlock, 0, s, u, n, I, slot, none, dbu_acc);
-      }
-      launch_kernel(scatter_add_rows<T>, grid_for(n * C, kBlock), kBlock, 0, s, dxe, static_cast<const T*>(nullptr),
-                    slot, static_cast<const A*>(nullptr), dx, n, C, k);
-    }
-    for (ChunkedGradient<T>* gw : {&gwg, &gwu, &gwd}) gw->finish(s);  // zeros for an expert without rows
-    if (ex.bg) {
-      launch_kernel(store_sums<T>, grid_for(I, kBlock), kBlock, 0, s, dbg_acc, opt.db_gate[e], I);
-      launch_kernel(store_sums<T>, grid_for(I, kBlock), kBlock, 0, s, dbu_acc, opt.db_up[e], I);
-      launch_kernel(store_sums<T>, grid_for(C, kBlock), kBlock, 0, s, dbd_acc, opt.db_down[e], C);
-    }
-  }
-  // dprobs from the slots' weight gradients, on the host (moe_probs_grad), then uploaded.
-  std::vector<A> gh(r.slot.size());
-  if (!gh.empty()) CUDA_CHECK(cudaMemcpyAsync(gh.data(), gd.as<A>(), gh.size() * sizeof(A), cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  const std::vector<double> gw(gh.begin(), gh.end());
-  std::vector<double> dp(size_t(R * E));
-  kernels::moe_probs_grad(r, norm, gw.data(), dp.data());
-  std::vector<T> dph(dp.size());
-  for (size_t i = 0; i < dp.size(); ++i) dph[i] = device_value<T>(dp[i]);
-  if (!dph.empty()) CUDA_CHECK(cudaMemcpyAsync(dprobs, dph.data(), dph.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));  // dph is a host temporary
+  moe_rows_backward<T>(dy, x, {d.slots(), &r.offset, k, d.weights()}, w_gate, w_up, w_down, dx, gd.as<A>(), dw_gate,
+                       dw_up, dw_down, C, I, opt, s);
+  moe_probs_grad<T>(r, norm, gd.as<A>(), dprobs, s);  // dprobs from the slots' weight gradients, on the host
 }
 
 #define AUTOSP_INSTANTIATE(T)                                                                                       \
@@ -312,7 +354,18 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
   template void moe_experts_backward<T>(const T*, const T*, const T*, const T* const*, const T* const*,           \
                                         const T* const*, T*, T*, T* const*, T* const*, T* const*, int64_t,         \
                                         int64_t, int64_t, int64_t, int64_t, bool, const kernels::MoeOptions<T>&,   \
-                                        cudaStream_t);
+                                        cudaStream_t);                                                             \
+  template struct DeviceRouting<T>;                                                                               \
+  template kernels::MoeRouting moe_route<T>(const T*, int64_t, int64_t, int64_t, bool, cudaStream_t);              \
+  template void moe_rows_forward<T>(const T*, const MoeRows<T>&, const T* const*, const T* const*, const T* const*, \
+                                    T*, int64_t, int64_t, const kernels::MoeOptions<T>&, cudaStream_t);            \
+  template void moe_rows_backward<T>(const T*, const T*, const MoeRows<T>&, const T* const*, const T* const*,      \
+                                     const T* const*, T*, acc_t<T>*, T* const*, T* const*, T* const*, int64_t,     \
+                                     int64_t, const kernels::MoeOptions<T>&, cudaStream_t);                        \
+  template void moe_gather_rows<T>(const T*, const int64_t*, T*, int64_t, int64_t, int64_t, cudaStream_t);         \
+  template void moe_scatter_add_rows<T>(const T*, const int64_t*, const acc_t<T>*, T*, int64_t, int64_t, int64_t,  \
+                                        cudaStream_t);                                                             \
+  template void moe_probs_grad<T>(const kernels::MoeRouting&, bool, const acc_t<T>*, T*, cudaStream_t);
 AUTOSP_INSTANTIATE(float)
 AUTOSP_INSTANTIATE(double)
 AUTOSP_INSTANTIATE(bf16)
