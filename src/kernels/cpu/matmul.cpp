@@ -227,23 +227,20 @@ __attribute__((target("avx512f"))) void kernel(const Operands&, int64_t kc, floa
   edge_out(tile, alpha, beta, c, ldc, rows, cols, out, ldo);
 }
 
-// y [rows, cols] (ldy) = the strip [rows, cols] (kNR floats a row) rounded to bf16.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void round_strip(const float* strip, int64_t rows, int64_t cols,
-                                                                     uint16_t* y, int64_t ldy) {
-  static_assert(kNR == 32);
-  if (cols == kNR) {  // a whole row of the strip is one 64-byte store
-    for (int64_t r = 0; r < rows; ++r) {
-      const __m512i lo = _mm512_castsi256_si512(round_bf16(_mm512_loadu_ps(strip + r * kNR)));
-      const __m512i v = _mm512_inserti64x4(lo, round_bf16(_mm512_loadu_ps(strip + r * kNR + 16)), 1);
-      _mm512_storeu_si512(y + r * ldy, v);
+// y [rows, cols] (ldy) = the f32 block [rows, cols] (lds) rounded to bf16, a row at a time.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void round_block(const float* block, int64_t lds, int64_t rows,
+                                                                     int64_t cols, uint16_t* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t j = 0;
+    for (; j + 32 <= cols; j += 32) {  // 64 bytes of y at a time
+      const __m512i lo = _mm512_castsi256_si512(round_bf16(_mm512_loadu_ps(block + r * lds + j)));
+      _mm512_storeu_si512(y + r * ldy + j, _mm512_inserti64x4(lo, round_bf16(_mm512_loadu_ps(block + r * lds + j + 16)), 1));
     }
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; j += 16) {
+    for (; j < cols; j += 16) {
       const __mmask16 m = __mmask16((1u << std::min<int64_t>(16, cols - j)) - 1);
-      _mm256_mask_storeu_epi16(y + r * ldy + j, m, round_bf16(_mm512_maskz_loadu_ps(m, strip + r * kNR + j)));
+      _mm256_mask_storeu_epi16(y + r * ldy + j, m, round_bf16(_mm512_maskz_loadu_ps(m, block + r * lds + j)));
     }
+  }
 }
 
 // The rows of an A micro-panel (the kernel's tile) for operands O; AMX's differ (amx_gemm.inc.h).
@@ -272,10 +269,9 @@ int use_tiles(const O&) {
 // are overloaded on it (and the micro-panel rows, kPanelRows), the loops are one.
 // With y, the last k-block's sums go to y (ldc) rounded to bf16 instead of to C, and C holds
 // only the earlier k-blocks' sums (null where K is one block and beta = 0): the last block's
-// tiles of one B micro-panel's column strip of the A block go to a thread-local strip, rounded
-// into y once the strip is whole. (Rounding each AMX tile right after TILESTORED wrote it made a
-// multi-block GEMM slower than writing the f32 C and rounding it in a pass of its own: the
-// vector loads wait for the tile stores.)
+// tiles of an A block go to a thread-local f32 block [mc, this thread's columns of nc], rounded
+// into y row by row once the block is whole, so that y is written in runs of whole rows (a
+// 32-column strip at a time wrote y 64 bytes a row, 4–23% of the GEMM's time; decision 240).
 template <class O>
 void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
                   int64_t ldc, uint16_t* y, int thread, int threads) {
@@ -284,8 +280,8 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
   static thread_local Scratch a_scratch, b_scratch;
   float* ap = a_scratch.get(mc_max * kc_max);
   float* bp = b_scratch.get(std::min(kc_max, K) * ((std::min(kNC, N) + kNR - 1) / kNR * kNR));
-  static thread_local Scratch strip_scratch;
-  float* strip = y ? strip_scratch.get(mc_max * kNR) : nullptr;
+  static thread_local Scratch block_scratch;
+  float* block = y ? block_scratch.get(mc_max * kNC) : nullptr;  // [mc, nc] (ld kNC) of the last k-block
   // Split by rows when every thread gets at least two micro-panels of them, else by B micro-panels;
   // of the two, the one whose busiest thread has fewer micro-tiles (rows on a tie): at M = 256,
   // 19 row panels split 9 / 10 between two threads, while 24 column panels split 12 / 12.
@@ -311,9 +307,12 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
           for (int64_t ir = 0; ir < mc; ir += mr) {
             const int64_t at = (ic + ir) * ldc + j;
             kernel(o, kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c ? c + at : nullptr, ldc,
-                   std::min(mr, mc - ir), cols, y_pc ? strip + ir * kNR : c + at, y_pc ? kNR : ldc);
+                   std::min(mr, mc - ir), cols, y_pc ? block + ir * kNC + (q - q0) * kNR : c + at, y_pc ? kNC : ldc);
           }
-          if (y_pc) round_strip(strip, mc, cols, y_pc + ic * ldc + j, ldc);
+        }
+        if (y_pc) {  // this thread's columns of the block, row by row
+          const int64_t j0 = jc + q0 * kNR, cols = std::min(N, jc + q1 * kNR) - j0;
+          round_block(block, kNC, mc, cols, y_pc + ic * ldc + j0, ldc);
         }
       }
     }
