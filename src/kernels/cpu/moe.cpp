@@ -224,15 +224,24 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, const T
   gemm_batched<T>(ta, tb, 1, M, N, K, T(1), a, 0, b, 0, beta, c, 0);
 }
 
-// The scratch of one chunk of up to `rows` rows: g, u, d, h [rows, I]; xe, ye [rows, C]; the
-// backward's bias gradient sums (I, I, C).
+// n values left uninitialised (every use below writes them before it reads them): no pass that
+// zeroes megabytes per call.
+template <class T>
+struct Buf {
+  std::unique_ptr<T[]> p;
+  explicit Buf(int64_t n) : p(n > 0 ? std::make_unique_for_overwrite<T[]>(size_t(n)) : nullptr) {}
+  T* data() const { return p.get(); }
+};
+
+// The scratch of one chunk of up to `rows` rows: g, u, d, h [rows, I]; xe, ye [rows, C] (ye only
+// where the expert's output goes through it: not `out`); the backward's bias gradient sums (I, I, C).
 template <class T>
 struct Scratch {
-  std::vector<T> g, u, d, h, xe, ye;
+  Buf<T> g, u, d, h, xe, ye;
   std::vector<double> dbg, dbu, dbd;
-  Scratch(int64_t rows, int64_t C, int64_t I, bool backward)
-      : g(size_t(rows * I)), u(g.size()), d(backward ? g.size() : 0), h(backward ? g.size() : 0),
-        xe(size_t(rows * C)), ye(xe.size()) {}
+  Scratch(int64_t rows, int64_t C, int64_t I, bool backward, bool ye_too = true)
+      : g(rows * I), u(rows * I), d(backward ? rows * I : 0), h(backward ? rows * I : 0), xe(rows * C),
+        ye(backward || ye_too ? rows * C : 0) {}
 };
 
 // The gate and up projections of the chunk's rows xe [r, C], with their biases: g, u [r, I].
@@ -404,19 +413,19 @@ void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, con
                          const kernels::MoeOptions<T>& opt) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   if (const int threads = side_by_side<T>(r, C, I, false); threads > 1) {
-    const std::unique_ptr<T[]> buf(new T[size_t(R * k * C)]);
+    const Buf<T> buf(R * k * C);
     const std::vector<int64_t> order = by_rows(r);
 #pragma omp parallel num_threads(threads)
     {
-      Scratch<T> s(chunk_rows(r.max_rows()), C, I, false);
+      Scratch<T> s(chunk_rows(r.max_rows()), C, I, false, false);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < E; ++i) {
         const int64_t e = order[size_t(i)];
         expert_forward(rows_of(r, e), x, Expert<T>::of(w_gate, w_up, w_down, opt, e), y, s, C, I,
-                       buf.get() + r.offset[e] * C);
+                       buf.data() + r.offset[e] * C);
       }
     }
-    return combine(r, buf.get(), y, C, true);
+    return combine(r, buf.data(), y, C, true);
   }
   Scratch<T> s(chunk_rows(r.max_rows()), C, I, false);
   std::fill(y, y + R * C, T(0));
@@ -437,7 +446,7 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
     return ex;
   };
   if (const int threads = side_by_side<T>(r, C, I, true); threads > 1) {
-    const std::unique_ptr<T[]> buf(new T[size_t(R * k * C)]);
+    const Buf<T> buf(R * k * C);
     const std::vector<int64_t> order = by_rows(r);
 #pragma omp parallel num_threads(threads)
     {
@@ -445,10 +454,10 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < E; ++i) {
         const int64_t e = order[size_t(i)];
-        expert_backward(rows_of(r, e), dy, x, expert(e), dx, g.data(), s, C, I, buf.get() + r.offset[e] * C);
+        expert_backward(rows_of(r, e), dy, x, expert(e), dx, g.data(), s, C, I, buf.data() + r.offset[e] * C);
       }
     }
-    combine(r, buf.get(), dx, C, false);
+    combine(r, buf.data(), dx, C, false);
   } else {
     Scratch<T> s(chunk_rows(r.max_rows()), C, I, true);
     std::fill(dx, dx + R * C, T(0));
