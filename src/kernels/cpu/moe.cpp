@@ -224,33 +224,61 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, const T
   gemm_batched<T>(ta, tb, 1, M, N, K, T(1), a, 0, b, 0, beta, c, 0);
 }
 
-// n values left uninitialised (every use below writes them before it reads them): no pass that
-// zeroes megabytes per call.
+// n values, uninitialised (every use below writes them before it reads them). Where n values fit
+// in kHeldBytes they are the calling thread's held block for `role`, kept from call to call as the
+// packed sgemm keeps its panels: the experts' scratch is the same size step after step, so its
+// pages are faulted in once, not at every call; larger ones are allocated per call.
+constexpr int64_t kHeldBytes = int64_t(8) << 20;
+enum class Role { chunk, rows };  // the chunk's scratch; the side-by-side buffer of R·k rows
+
 template <class T>
-struct Buf {
-  std::unique_ptr<T[]> p;
-  explicit Buf(int64_t n) : p(n > 0 ? std::make_unique_for_overwrite<T[]>(size_t(n)) : nullptr) {}
-  T* data() const { return p.get(); }
+class Storage {
+ public:
+  Storage(int64_t n, Role role) {
+    static thread_local std::vector<T> held[2];
+    static thread_local bool busy[2];
+    const int i = int(role);
+    if (n * int64_t(sizeof(T)) <= kHeldBytes && !busy[i]) {
+      if (held[i].size() < size_t(n)) held[i].resize(size_t(n));
+      p_ = held[i].data(), busy_ = &busy[i], *busy_ = true;
+    } else if (n > 0) {
+      own_ = std::make_unique_for_overwrite<T[]>(size_t(n)), p_ = own_.get();
+    }
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (busy_) *busy_ = false;
+  }
+  T* data() const { return p_; }
+
+ private:
+  std::unique_ptr<T[]> own_;
+  T* p_ = nullptr;
+  bool* busy_ = nullptr;
 };
 
 // The scratch of one chunk of up to `rows` rows: g, u, d, h [rows, I]; xe, ye [rows, C] (ye only
 // where the expert's output goes through it: not `out`); the backward's bias gradient sums (I, I, C).
 template <class T>
 struct Scratch {
-  Buf<T> g, u, d, h, xe, ye;
+  int64_t gi, dh, xc, yc;  // the sizes of g and u, d and h, xe, ye
+  Storage<T> all;
+  T *g, *u, *d, *h, *xe, *ye;
   std::vector<double> dbg, dbu, dbd;
   Scratch(int64_t rows, int64_t C, int64_t I, bool backward, bool ye_too = true)
-      : g(rows * I), u(rows * I), d(backward ? rows * I : 0), h(backward ? rows * I : 0), xe(rows * C),
-        ye(backward || ye_too ? rows * C : 0) {}
+      : gi(rows * I), dh(backward ? gi : 0), xc(rows * C), yc(backward || ye_too ? xc : 0),
+        all(2 * gi + 2 * dh + xc + yc, Role::chunk), g(all.data()), u(g + gi), d(u + gi), h(d + dh), xe(h + dh),
+        ye(xe + xc) {}
 };
 
 // The gate and up projections of the chunk's rows xe [r, C], with their biases: g, u [r, I].
 template <class T>
 void project(const Expert<T>& ex, Scratch<T>& s, int64_t r, int64_t C, int64_t I) {
-  gemm<T>(false, true, r, I, C, s.xe.data(), ex.wg, T(0), s.g.data());  // g = xe · Wgᵀ + bg
-  gemm<T>(false, true, r, I, C, s.xe.data(), ex.wu, T(0), s.u.data());  // u = xe · Wuᵀ + bu
-  add_bias(s.g.data(), ex.bg, r, I);
-  add_bias(s.u.data(), ex.bu, r, I);
+  gemm<T>(false, true, r, I, C, s.xe, ex.wg, T(0), s.g);  // g = xe · Wgᵀ + bg
+  gemm<T>(false, true, r, I, C, s.xe, ex.wu, T(0), s.u);  // u = xe · Wuᵀ + bu
+  add_bias(s.g, ex.bg, r, I);
+  add_bias(s.u, ex.bu, r, I);
 }
 
 // y[row] += w · expert(x[row]) for the expert's rows, a chunk at a time; or, with `out` [n, C],
@@ -261,9 +289,9 @@ void expert_forward(const Rows& all, const T* x, const Expert<T>& ex, T* y, Scra
   for (int64_t r0 = 0; r0 < all.n; r0 += kernels::kMlpChunkRows) {
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
-    gather(rows, x, s.xe.data(), C);
+    gather(rows, x, s.xe, C);
     project(ex, s, r, C, I);
-    T *g = s.g.data(), *u = s.u.data(), *ye = out ? out + r0 * C : s.ye.data();
+    T *g = s.g, *u = s.u, *ye = out ? out + r0 * C : s.ye;
 #pragma omp parallel for schedule(static) if (r * I > kGrain)
     for (int64_t a = 0; a < r; ++a) activate_row(ex, g + a * I, u + a * I, g + a * I, I);
     gemm<T>(false, true, r, C, I, g, ex.wd, T(0), ye);  // ye = h · Wdᵀ + bd
@@ -288,7 +316,7 @@ void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& 
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
     const T beta = r0 == 0 ? T(0) : T(1);  // the first chunk overwrites the weight gradients
-    T *g = s.g.data(), *u = s.u.data(), *d = s.d.data(), *h = s.h.data(), *xe = s.xe.data(), *de = s.ye.data();
+    T *g = s.g, *u = s.u, *d = s.d, *h = s.h, *xe = s.xe, *de = s.ye;
     gather(rows, x, xe, C);
     gather(rows, dy, de, C);
     project(ex, s, r, C, I);
@@ -413,7 +441,7 @@ void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, con
                          const kernels::MoeOptions<T>& opt) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   if (const int threads = side_by_side<T>(r, C, I, false); threads > 1) {
-    const Buf<T> buf(R * k * C);
+    const Storage<T> buf(R * k * C, Role::rows);
     const std::vector<int64_t> order = by_rows(r);
 #pragma omp parallel num_threads(threads)
     {
@@ -446,7 +474,7 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
     return ex;
   };
   if (const int threads = side_by_side<T>(r, C, I, true); threads > 1) {
-    const Buf<T> buf(R * k * C);
+    const Storage<T> buf(R * k * C, Role::rows);
     const std::vector<int64_t> order = by_rows(r);
 #pragma omp parallel num_threads(threads)
     {
