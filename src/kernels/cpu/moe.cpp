@@ -3,7 +3,9 @@
 // threaded inside each call) with the activation fused into one pass over the [rows, I] block, and
 // a scatter back. An expert's rows are distinct tokens, so its scatter runs in parallel without
 // races; the experts follow one another in index order, and the weight gradients sum over the
-// chunks in chunk order, so results do not depend on the thread count.
+// chunks in chunk order, so results do not depend on the thread count. Where every thread gets
+// two experts with rows, the experts run side by side instead, one thread each, into a buffer
+// that a last pass sums per token in expert order: the same bits (see "the experts side by side").
 //
 // The backward computes each slot's weight gradient g = dy·ye = (dy·Wd)·h from the same block as
 // the MLP's backward (d = dy·Wd unweighted, then dh = w·d), so an expert costs seven GEMMs: gate
