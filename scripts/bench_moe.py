@@ -13,7 +13,7 @@ train mode (its default attention, sdpa) with torch.optim.AdamW, gradients clipp
 autosp's default. Each round runs N steps of one side, then of the other (A B A B ...); a side's
 time is the median step time of its rounds' steps after the first two. Prints one JSON line per
 round and the ratio, of the medians and of the fastest steps (on a loaded machine the fastest step
-is the one least disturbed). A benchmark, not a test: nothing here asserts a speed.
+is the one least disturbed), with the one-minute load average before and after (`load`). A benchmark, not a test: nothing here asserts a speed.
 
 --against dense: both sides are autosp-train on the same tokens and config, the Mixtral against a
 dense Mistral with the same attention, embeddings and head whose MLP is as wide as the k experts a
@@ -122,6 +122,7 @@ def main():
 
     if a.against == "dense":
         return against_dense(a, cfg, config, work, train, ours)
+    load_before = os.getloadavg()[0]
     times = {"autosp": [], "pytorch": []}
     for r in range(a.rounds):
         for name, run in (("autosp", ours), ("pytorch", theirs)):
@@ -136,7 +137,8 @@ def main():
                       "min_step_ms": {k: round(v, 1) for k, v in low.items()},
                       "speedup_of_min": round(low["pytorch"] / low["autosp"], 2),
                       "autosp_tok_s": round(tok / med["autosp"] * 1e3), "pytorch_tok_s": round(tok / med["pytorch"] * 1e3),
-                      "speedup": round(med["pytorch"] / med["autosp"], 2)}))
+                      "speedup": round(med["pytorch"] / med["autosp"], 2),
+                      "load": [round(load_before, 2), round(os.getloadavg()[0], 2)]}))
 
 
 def write_config(work, name, config):

@@ -107,21 +107,36 @@ TEST_CASE("moe_experts_backward is the gradient of the naive loop (float64 centr
   }
 }
 
-TEST_CASE("moe_experts' gradients are the same bits at any thread count", "[kernels][moe]") {
-  const Moe m(600, 32, 8, 40, 2, true, 50);
-  Grads<float> first;
-  test::with_threads({1, 2, 3}, [&](int t) {
-    INFO("threads " << t);
-    Grads<float> g = backward<float>(m);
-    if (t == 1) {
-      first = std::move(g);
-      return;
-    }
-    CHECK(g.dx == first.dx);
-    CHECK(g.dp == first.dp);
-    CHECK(g.dwg == first.dwg);
-    CHECK(g.dwd == first.dwd);
-  });
+TEST_CASE("moe_experts' output and gradients are the same bits at any thread count", "[kernels][moe]") {
+  // At 1 thread the experts run one after another; at 2 and 3 (7 experts with rows: at least two
+  // per thread) side by side, one thread per expert, their rows summed per token at the end (top 3:
+  // the order of a row's three terms shows). The second case runs two chunks of kMlpChunkRows per
+  // expert side by side.
+  struct Case {
+    int64_t R, C, E, I, k;
+  };
+  for (const Case s : {Case{600, 32, 8, 40, 3}, Case{4000, 4, 5, 5, 2}}) {
+    INFO("R " << s.R << " E " << s.E << " top_k " << s.k);
+    const Moe m(s.R, s.C, s.E, s.I, s.k, true, 50);
+    std::vector<float> y1;
+    Grads<float> first;
+    test::with_threads({1, 2, 3}, [&](int t) {
+      INFO("threads " << t);
+      std::vector<float> y = forward<float>(m);
+      Grads<float> g = backward<float>(m);
+      if (t == 1) {
+        test::check_close(y, m.reference(), 1e-4);  // within f32 rounding of the float64 naive loop
+        y1 = std::move(y), first = std::move(g);
+        return;
+      }
+      CHECK(y == y1);
+      CHECK(g.dx == first.dx);
+      CHECK(g.dp == first.dp);
+      CHECK(g.dwg == first.dwg);
+      CHECK(g.dwu == first.dwu);
+      CHECK(g.dwd == first.dwd);
+    });
+  }
 }
 
 TEST_CASE("moe_experts in float (the 16-lane activation) and over several chunks of an expert's rows",

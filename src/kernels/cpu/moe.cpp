@@ -3,7 +3,9 @@
 // threaded inside each call) with the activation fused into one pass over the [rows, I] block, and
 // a scatter back. An expert's rows are distinct tokens, so its scatter runs in parallel without
 // races; the experts follow one another in index order, and the weight gradients sum over the
-// chunks in chunk order, so results do not depend on the thread count.
+// chunks in chunk order, so results do not depend on the thread count. Where every thread gets
+// two experts with rows, the experts run side by side instead, one thread each, into a buffer
+// that a last pass sums per token in expert order: the same bits (see "the experts side by side").
 //
 // The backward computes each slot's weight gradient g = dy·ye = (dy·Wd)·h from the same block as
 // the MLP's backward (d = dy·Wd unweighted, then dh = w·d), so an expert costs seven GEMMs: gate
@@ -14,7 +16,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
+
+#include <omp.h>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec16.h"
@@ -221,48 +226,88 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, const T
   gemm_batched<T>(ta, tb, 1, M, N, K, T(1), a, 0, b, 0, beta, c, 0);
 }
 
-// The scratch of one chunk of up to `rows` rows: g, u, d, h [rows, I]; xe, ye [rows, C]; the
-// backward's bias gradient sums (I, I, C).
+// n values, uninitialised (every use below writes them before it reads them). Where n values fit
+// in kHeldBytes they are the calling thread's held block for `role`, kept from call to call as the
+// packed sgemm keeps its panels: the experts' scratch is the same size step after step, so its
+// pages are faulted in once, not at every call; larger ones are allocated per call.
+constexpr int64_t kHeldBytes = int64_t(8) << 20;
+enum class Role { chunk, rows };  // the chunk's scratch; the side-by-side buffer of R·k rows
+
+template <class T>
+class Storage {
+ public:
+  Storage(int64_t n, Role role) {
+    static thread_local std::vector<T> held[2];
+    static thread_local bool busy[2];
+    const int i = int(role);
+    if (n * int64_t(sizeof(T)) <= kHeldBytes && !busy[i]) {
+      if (held[i].size() < size_t(n)) held[i].resize(size_t(n));
+      p_ = held[i].data(), busy_ = &busy[i], *busy_ = true;
+    } else if (n > 0) {
+      own_ = std::make_unique_for_overwrite<T[]>(size_t(n)), p_ = own_.get();
+    }
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (busy_) *busy_ = false;
+  }
+  T* data() const { return p_; }
+
+ private:
+  std::unique_ptr<T[]> own_;
+  T* p_ = nullptr;
+  bool* busy_ = nullptr;
+};
+
+// The scratch of one chunk of up to `rows` rows: g, u, d, h [rows, I]; xe, ye [rows, C] (ye only
+// where the expert's output goes through it: not `out`); the backward's bias gradient sums (I, I, C).
 template <class T>
 struct Scratch {
-  std::vector<T> g, u, d, h, xe, ye;
+  int64_t gi, dh, xc, yc;  // the sizes of g and u, d and h, xe, ye
+  Storage<T> all;
+  T *g, *u, *d, *h, *xe, *ye;
   std::vector<double> dbg, dbu, dbd;
-  Scratch(int64_t rows, int64_t C, int64_t I, bool backward)
-      : g(size_t(rows * I)), u(g.size()), d(backward ? g.size() : 0), h(backward ? g.size() : 0),
-        xe(size_t(rows * C)), ye(xe.size()) {}
+  Scratch(int64_t rows, int64_t C, int64_t I, bool backward, bool ye_too = true)
+      : gi(rows * I), dh(backward ? gi : 0), xc(rows * C), yc(backward || ye_too ? xc : 0),
+        all(2 * gi + 2 * dh + xc + yc, Role::chunk), g(all.data()), u(g + gi), d(u + gi), h(d + dh), xe(h + dh),
+        ye(xe + xc) {}
 };
 
 // The gate and up projections of the chunk's rows xe [r, C], with their biases: g, u [r, I].
 template <class T>
 void project(const Expert<T>& ex, Scratch<T>& s, int64_t r, int64_t C, int64_t I) {
-  gemm<T>(false, true, r, I, C, s.xe.data(), ex.wg, T(0), s.g.data());  // g = xe · Wgᵀ + bg
-  gemm<T>(false, true, r, I, C, s.xe.data(), ex.wu, T(0), s.u.data());  // u = xe · Wuᵀ + bu
-  add_bias(s.g.data(), ex.bg, r, I);
-  add_bias(s.u.data(), ex.bu, r, I);
+  gemm<T>(false, true, r, I, C, s.xe, ex.wg, T(0), s.g);  // g = xe · Wgᵀ + bg
+  gemm<T>(false, true, r, I, C, s.xe, ex.wu, T(0), s.u);  // u = xe · Wuᵀ + bu
+  add_bias(s.g, ex.bg, r, I);
+  add_bias(s.u, ex.bu, r, I);
 }
 
-// y[row] += w · expert(x[row]) for the expert's rows, a chunk at a time.
+// y[row] += w · expert(x[row]) for the expert's rows, a chunk at a time; or, with `out` [n, C],
+// out[a] = expert(x[row(a)]) (unweighted, in the rows' order) and y untouched.
 template <class T>
-void expert_forward(const Rows& all, const T* x, const Expert<T>& ex, T* y, Scratch<T>& s, int64_t C, int64_t I) {
+void expert_forward(const Rows& all, const T* x, const Expert<T>& ex, T* y, Scratch<T>& s, int64_t C, int64_t I,
+                    T* out = nullptr) {
   for (int64_t r0 = 0; r0 < all.n; r0 += kernels::kMlpChunkRows) {
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
-    gather(rows, x, s.xe.data(), C);
+    gather(rows, x, s.xe, C);
     project(ex, s, r, C, I);
-    T *g = s.g.data(), *u = s.u.data();
+    T *g = s.g, *u = s.u, *ye = out ? out + r0 * C : s.ye;
 #pragma omp parallel for schedule(static) if (r * I > kGrain)
     for (int64_t a = 0; a < r; ++a) activate_row(ex, g + a * I, u + a * I, g + a * I, I);
-    gemm<T>(false, true, r, C, I, g, ex.wd, T(0), s.ye.data());  // ye = h · Wdᵀ + bd
-    add_bias(s.ye.data(), ex.bd, r, C);
-    scatter_add(rows, s.ye.data(), y, C, true);
+    gemm<T>(false, true, r, C, I, g, ex.wd, T(0), ye);  // ye = h · Wdᵀ + bd
+    add_bias(ye, ex.bd, r, C);
+    if (!out) scatter_add(rows, ye, y, C, true);
   }
 }
 
-// The expert's part of the backward: dx[row] += its dx rows, grad[slot] = dy[row] · ye[slot], and
-// its weight and bias gradients (overwritten; zero without rows), a chunk at a time.
+// The expert's part of the backward: dx[row] += its dx rows (or, with `out` [n, C], out[a] = row
+// a's dx, dx untouched), grad[slot] = dy[row] · ye[slot], and its weight and bias gradients
+// (overwritten; zero without rows), a chunk at a time.
 template <class T>
 void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& ex, T* dx, double* grad,
-                     Scratch<T>& s, int64_t C, int64_t I) {
+                     Scratch<T>& s, int64_t C, int64_t I, T* out = nullptr) {
   const bool biased = ex.bg != nullptr;
   if (biased) {
     s.dbg.assign(size_t(I), 0.0), s.dbu.assign(size_t(I), 0.0), s.dbd.assign(size_t(C), 0.0);
@@ -273,7 +318,7 @@ void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& 
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
     const T beta = r0 == 0 ? T(0) : T(1);  // the first chunk overwrites the weight gradients
-    T *g = s.g.data(), *u = s.u.data(), *d = s.d.data(), *h = s.h.data(), *xe = s.xe.data(), *de = s.ye.data();
+    T *g = s.g, *u = s.u, *d = s.d, *h = s.h, *xe = s.xe, *de = s.ye;
     gather(rows, x, xe, C);
     gather(rows, dy, de, C);
     project(ex, s, r, C, I);
@@ -292,11 +337,12 @@ void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& 
       sum_rows(u, r, I, [](int64_t) { return 1.0; }, s.dbu.data());
     }
     gemm<T>(true, false, C, I, r, de, h, beta, ex.dwd);  // dWd += dy_eᵀ · (w ∘ h)
-    gemm<T>(false, false, r, C, I, g, ex.wg, T(0), de);  // dx_e = dg · Wg + du · Wu (into dy_e's buffer)
-    gemm<T>(false, false, r, C, I, u, ex.wu, T(1), de);
+    T* dxe = out ? out + r0 * C : de;  // dx_e = dg · Wg + du · Wu (into dy_e's buffer without `out`)
+    gemm<T>(false, false, r, C, I, g, ex.wg, T(0), dxe);
+    gemm<T>(false, false, r, C, I, u, ex.wu, T(1), dxe);
     gemm<T>(true, false, I, C, r, g, xe, beta, ex.dwg);  // dWg += dgᵀ · xe
     gemm<T>(true, false, I, C, r, u, xe, beta, ex.dwu);  // dWu += duᵀ · xe
-    scatter_add(rows, de, dx, C, false);
+    if (!out) scatter_add(rows, de, dx, C, false);
   }
   if (biased) {
     std::transform(s.dbg.begin(), s.dbg.end(), ex.dbg, [](double v) { return T(v); });
@@ -322,6 +368,63 @@ struct Block {
   }
 };
 
+// ---- the experts side by side ----
+
+// Side by side, each thread runs whole experts (their GEMMs on that thread alone) and writes
+// their output rows to a buffer of R·k rows of C, which a last pass sums per row; one after
+// another, each GEMM is split over the threads instead (rows or B panels: either way every
+// element of C is the same sum), which at a few hundred rows per expert packs the operands twice
+// and waits at a barrier per GEMM. Side by side where every thread gets at least two experts with
+// rows and the buffer and the threads' scratch stay under kSideBySideBytes. The GEMMs' bits do
+// not depend on their split and the last pass sums in expert order as the scatter does, so both
+// ways give the same bits.
+constexpr int64_t kSideBySideBytes = int64_t(64) << 20;
+
+// The threads to run r's experts side by side on (1: one after another).
+template <class T>
+int side_by_side(const kernels::MoeRouting& r, int64_t C, int64_t I, bool backward) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads < 2) return 1;
+  int64_t busy = 0;
+  for (int64_t e = 0; e < r.E; ++e) busy += r.rows_of(e) > 0;
+  const int64_t scratch = chunk_rows(r.max_rows()) * ((backward ? 4 : 2) * I + 2 * C);
+  const int64_t bytes = (r.R * r.k * C + threads * scratch) * int64_t(sizeof(T));
+  return busy >= 2 * int64_t(threads) && bytes <= kSideBySideBytes ? threads : 1;
+}
+
+// The experts in the order threads take them: the most rows first (ties: index order).
+std::vector<int64_t> by_rows(const kernels::MoeRouting& r) {
+  std::vector<int64_t> order(size_t(r.E));
+  for (int64_t e = 0; e < r.E; ++e) order[size_t(e)] = e;
+  std::stable_sort(order.begin(), order.end(), [&r](int64_t a, int64_t b) { return r.rows_of(a) > r.rows_of(b); });
+  return order;
+}
+
+// out [R, C] = Σ over each row's slots, in expert order, of (weighted ? w : 1) · buf[p] (p the
+// slot's place in r.slot, where buf holds its expert's output): the sums scatter_add makes expert
+// after expert, in the same order (slots sorted by place are sorted by expert).
+template <class T>
+void combine(const kernels::MoeRouting& r, const T* buf, T* out, int64_t C, bool weighted) {
+  std::vector<int64_t> place(r.slot.size());
+  for (size_t p = 0; p < r.slot.size(); ++p) place[size_t(r.slot[p])] = int64_t(p);
+#pragma omp parallel
+  {
+    std::vector<int64_t> ps(size_t(r.k));
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < r.R; ++row) {
+      for (int64_t j = 0; j < r.k; ++j) ps[size_t(j)] = place[size_t(row * r.k + j)];
+      std::sort(ps.begin(), ps.end());
+      T* o = out + row * C;
+      std::fill(o, o + C, T(0));
+      for (const int64_t p : ps) {
+        const T w = weighted ? T(r.weight[size_t(r.slot[size_t(p)])]) : T(1);
+        const T* b = buf + p * C;
+        for (int64_t c = 0; c < C; ++c) o[c] += w * b[c];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -339,6 +442,21 @@ void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, con
                          const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
                          const kernels::MoeOptions<T>& opt) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
+  if (const int threads = side_by_side<T>(r, C, I, false); threads > 1) {
+    const Storage<T> buf(R * k * C, Role::rows);
+    const std::vector<int64_t> order = by_rows(r);
+#pragma omp parallel num_threads(threads)
+    {
+      Scratch<T> s(chunk_rows(r.max_rows()), C, I, false, false);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < E; ++i) {
+        const int64_t e = order[size_t(i)];
+        expert_forward(rows_of(r, e), x, Expert<T>::of(w_gate, w_up, w_down, opt, e), y, s, C, I,
+                       buf.data() + r.offset[e] * C);
+      }
+    }
+    return combine(r, buf.data(), y, C, true);
+  }
   Scratch<T> s(chunk_rows(r.max_rows()), C, I, false);
   std::fill(y, y + R * C, T(0));
   for (int64_t e = 0; e < E; ++e)
@@ -351,13 +469,29 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
                           T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
                           const kernels::MoeOptions<T>& opt) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
-  Scratch<T> s(chunk_rows(r.max_rows()), C, I, true);
   std::vector<double> g(size_t(R * k));  // the gradient of each slot's weight
-  std::fill(dx, dx + R * C, T(0));
-  for (int64_t e = 0; e < E; ++e) {
+  const auto expert = [&](int64_t e) {
     Expert<T> ex = Expert<T>::of(w_gate, w_up, w_down, opt, e);
     ex.dwg = dw_gate[e], ex.dwu = dw_up[e], ex.dwd = dw_down[e];
-    expert_backward(rows_of(r, e), dy, x, ex, dx, g.data(), s, C, I);
+    return ex;
+  };
+  if (const int threads = side_by_side<T>(r, C, I, true); threads > 1) {
+    const Storage<T> buf(R * k * C, Role::rows);
+    const std::vector<int64_t> order = by_rows(r);
+#pragma omp parallel num_threads(threads)
+    {
+      Scratch<T> s(chunk_rows(r.max_rows()), C, I, true);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < E; ++i) {
+        const int64_t e = order[size_t(i)];
+        expert_backward(rows_of(r, e), dy, x, expert(e), dx, g.data(), s, C, I, buf.data() + r.offset[e] * C);
+      }
+    }
+    combine(r, buf.data(), dx, C, false);
+  } else {
+    Scratch<T> s(chunk_rows(r.max_rows()), C, I, true);
+    std::fill(dx, dx + R * C, T(0));
+    for (int64_t e = 0; e < E; ++e) expert_backward(rows_of(r, e), dy, x, expert(e), dx, g.data(), s, C, I);
   }
   kernels::moe_probs_grad(r, norm, g.data(), dprobs);
 }

@@ -9,7 +9,9 @@
 // with the routing of kernels/moe_routing.h (dropless). Per expert, in chunks of kMlpChunkRows of its
 // rows: gather them, the SwiGLU MLP's GEMMs on them (the dense matmul's gemm_batched) with the
 // activation in one vectorised pass, then the weighted scatter-add into y, experts in index order
-// (transformers' loop), so the sums do not depend on the thread count.
+// (transformers' loop), so the sums do not depend on the thread count. With enough experts per
+// thread they run side by side, one thread each, and each token's rows are summed afterwards in
+// that same order: the same bits.
 //
 // gpt-oss's experts take kernels/kinds.h MoeOptions: per-expert biases (b_gate, b_up added to the
 // projections before the activation, b_down to the expert's output, so the router's gradient
