@@ -299,6 +299,90 @@ __attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_
     }
 }
 
+// exp16 (vec16.h) for an AVX-512 caller, with the same reduction and polynomial, so the same bits:
+// 2^n is applied by vscalefps, zero-masked below -87.3 (where exp16 gives 0, and where a subnormal
+// result would cost a microcode assist per vector), in place of exp16's clamp, select and building
+// of 2^n's bits: 15 instructions instead of 19. An input of -inf (a hidden score) gives 0.
+[[gnu::always_inline, gnu::target("avx512f")]] inline f32x16 exp16_avx512(f32x16 x) {
+  const float magic = 12582912.0f;  // 1.5 · 2^23: adding it rounds to an integer in the low bits
+  const __mmask16 normal = _mm512_cmp_ps_mask(__m512(x), _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);
+  const f32x16 t = x * 1.44269504088896341f + magic;
+  const f32x16 n = t - magic;
+  const f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
+  f32x16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const f32x16 er = p * r * r + r + 1.0f;
+  return f32x16(_mm512_maskz_scalef_ps(normal, __m512(er), __m512(n)));
+}
+
+// The backward's score products with the elementwise work fused into their register tiles:
+// C = epi(A · B) for A [M, K] (rows a + m·ars), B [K, N] (rows b + k·ldb), N a multiple of 16, as
+// gemm_avx512's strips; each finished 16-lane vector x of row m goes to epi(m, its place in C, x).
+// ProbsEpi writes P = exp(scale · x - lse_m), DsEpi dS = P ∘ (x - Δ_m), the same expressions as
+// probs_and_ds on the stored scores, so the same bits, without a pass over the two tiles.
+struct ProbsEpi {
+  float scale;
+  const float* lse;  // [M]
+  [[gnu::always_inline, gnu::target("avx512f")]] void operator()(int64_t m, float* c, f32x16 x) const {
+    store(c, exp16_avx512(x * scale - lse[m]));
+  }
+};
+struct DsEpi {
+  const float* p;      // P, laid out as C
+  const float* ds;     // C's start
+  const float* delta;  // [M]
+  [[gnu::always_inline]] void operator()(int64_t m, float* c, f32x16 x) const {
+    store(c, load(p + (c - ds)) * (x - delta[m]));
+  }
+};
+
+template <int R, int V, class Epi>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void epi_tile(int64_t m0, int64_t K, const float* a, int64_t ars, const float* b,
+                                            int64_t ldb, float* c, int64_t ldc, const Epi& epi) {
+  f32x16 acc[R][V];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t k = 0; k < K; ++k) {
+    f32x16 bk[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) bk[v] = load(b + k * ldb + 16 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float ar = a[r * ars + k];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] += ar * bk[v];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) epi(m0 + r, c + r * ldc + 16 * v, acc[r][v]);
+}
+
+template <int R, int V, class Epi>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void epi_strip(int64_t M, int64_t K, const float* a, int64_t ars, const float* b,
+                                             int64_t ldb, float* c, int64_t ldc, const Epi& epi) {
+  int64_t m = 0;
+  for (; m + R <= M; m += R) epi_tile<R, V>(m, K, a + m * ars, ars, b, ldb, c + m * ldc, ldc, epi);
+  for (; m + 4 <= M; m += 4) epi_tile<4, V>(m, K, a + m * ars, ars, b, ldb, c + m * ldc, ldc, epi);
+  for (; m < M; ++m) epi_tile<1, V>(m, K, a + m * ars, ars, b, ldb, c + m * ldc, ldc, epi);
+}
+
+template <class Epi>
+__attribute__((target("avx512f"))) void gemm_epi(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars,
+                                                 const float* b, int64_t ldb, float* c, int64_t ldc, const Epi& epi) {
+  int64_t n = 0;
+  for (; n + 64 <= N; n += 64) epi_strip<6, 4>(M, K, a, ars, b + n, ldb, c + n, ldc, epi);
+  for (; n + 32 <= N; n += 32) epi_strip<12, 2>(M, K, a, ars, b + n, ldb, c + n, ldc, epi);
+  for (; n + 16 <= N; n += 16) epi_strip<8, 1>(M, K, a, ars, b + n, ldb, c + n, ldc, epi);
+}
+
 // C[M×N] (ldc) = alpha · op(A) · op(B) + beta · C; op(A) is M×K, op(B) is K×N (row-major).
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -376,6 +460,23 @@ struct WideTiles {
   }
   void scores(int64_t M, int64_t n, const T* a, T* c) {
     autosp::cpu::scores(M, n, D, a, key_rows, panel.data(), LT, c, LT);
+  }
+  // The backward's P and dS of a tile every row sees whole (keys [0, bk)), from q, dO [bq, D] and
+  // the key and value rows [bk, D], their elementwise work fused into the products (ProbsEpi,
+  // DsEpi); false where that path is absent (f64, or no AVX-512): then the caller runs scores()
+  // and probs_and_ds. p, ds [bq, LT]; their columns from bk up to a multiple of 16 hold garbage.
+  bool fused_probs(int64_t bq, int64_t bk, const T* qp, const T* dop, const T* krows, const T* vrows, T scale,
+                   const T* lse, const T* delta, T* p, T* ds) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!use_micro_kernel()) return false;
+      const int64_t n = (bk + 15) / 16 * 16;
+      keys(bk, krows);
+      gemm_epi(bq, n, D, qp, D, panel.data(), LT, p, LT, ProbsEpi{scale, lse});
+      keys(bk, vrows);
+      gemm_epi(bq, n, D, dop, D, panel.data(), LT, ds, LT, DsEpi{p, ds, delta});
+      return true;
+    }
+    return false;
   }
   void values(int64_t, const T* rows) { value_rows = rows; }
   void times_values(int64_t M, int64_t n, T alpha, const T* pt, T* acc) {
@@ -608,7 +709,7 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
           const f32x16 m_use = m_new == neg_inf ? splat(0.0f) : m_new;
           f32x16 sum = splat(0.0f);
           for (r = 0; r < bk; ++r) {
-            const f32x16 p = exp16(load(t + r * LQ + c) * sc - m_use);
+            const f32x16 p = exp16_avx512(load(t + r * LQ + c) * sc - m_use);
             store(t + r * LQ + c, p);
             sum += p;
           }
@@ -847,9 +948,20 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           }
           tiles.queries(bq, qp, dop);
           const int64_t kend = mask.end(i0, bq);
+          // A key block from first_max on that every row sees up to its end is whole: with every
+          // row's lse finite, its P and dS may come from the fused products.
+          int64_t first_max = 0;
+          bool seen = var.softcap == 0;
+          for (int64_t i = 0; i < bq; ++i) first_max = std::max(first_max, mask.first(i0 + i)), seen &= lp[i] != neg_inf;
           for (int64_t j0 = mask.begin(i0, bq); j0 < kend; j0 += BK) {
             const int64_t bk = std::min(BK, kend - j0);
             const auto limit = [&](int64_t i) { return mask.row_limit(i0 + i, j0, bk); };
+            bool fused = false;
+            if constexpr (requires { tiles.fused_probs(bq, bk, qp, dop, kp, vp, sc, lp, lp, p.data(), ds.data()); })
+              fused = seen && j0 >= first_max && limit(0) >= bk &&
+                      tiles.fused_probs(bq, bk, qp, dop, kp + j0 * D, vp + j0 * D, sc, lp, delta.data(), p.data(),
+                                        ds.data());
+            if (!fused) {
             tiles.keys(bk, kp + j0 * D);  // p = q · kᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
               tiles.scores(r1 - r0, n, qp + r0 * D, p.data() + r0 * LT);
@@ -869,6 +981,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
                 capped_probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, cap, lp[i], delta[size_t(i)]);
               else
                 probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, lp[i], delta[size_t(i)]);
+            }
             }
             tiles.probs(bq, bk, p.data(), ds.data());
             // Keys [c0, c1) are seen by the rows from the first whose limit passes c0 (p, ds are 0 above).
