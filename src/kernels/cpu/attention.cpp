@@ -13,6 +13,13 @@
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
 // x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
 //
+// Small head dims (D < 32, f32 on AVX-512; decisions 230, 231), where a product with D columns is
+// one or two vectors wide and pays a broadcast per FMA: the forward runs transposed tiles, keys ×
+// queries (forward_small_d: Sᵀ = K·Qᵀ, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the backward
+// accumulates a task's dK, dV transposed ([D, keys], from dOᵀ·P and Qᵀ·dS) and, in tiles every row
+// sees whole, writes P and dS straight from the score products' register tiles (gemm_epi). Every
+// tile is 64-byte aligned (AlignedTile). The backward's bits are those of the row form.
+//
 // Causal masking: key blocks past a query block's last visible key are never visited; only the
 // tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
 // keys) that stop at the strip's own limit, so the products above the diagonal are mostly
