@@ -348,8 +348,9 @@ struct DsEpi {
 };
 
 template <int R, int V, class Epi>
-[[gnu::always_inline, gnu::target("avx512f")]] inline void epi_tile(int64_t m0, int64_t K, const float* a, int64_t ars, const float* b,
-                                            int64_t ldb, float* c, int64_t ldc, const Epi& epi) {
+[[gnu::always_inline, gnu::target("avx512f")]] inline void epi_tile(int64_t m0, int64_t K, const float* a, int64_t ars,
+                                                                    const float* b, int64_t ldb, float* c, int64_t ldc,
+                                                                    const Epi& epi) {
   f32x16 acc[R][V];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -373,8 +374,9 @@ template <int R, int V, class Epi>
 }
 
 template <int R, int V, class Epi>
-[[gnu::always_inline, gnu::target("avx512f")]] inline void epi_strip(int64_t M, int64_t K, const float* a, int64_t ars, const float* b,
-                                             int64_t ldb, float* c, int64_t ldc, const Epi& epi) {
+[[gnu::always_inline, gnu::target("avx512f")]] inline void epi_strip(int64_t M, int64_t K, const float* a, int64_t ars,
+                                                                     const float* b, int64_t ldb, float* c, int64_t ldc,
+                                                                     const Epi& epi) {
   int64_t m = 0;
   for (; m + R <= M; m += R) epi_tile<R, V>(m, K, a + m * ars, ars, b, ldb, c + m * ldc, ldc, epi);
   for (; m + 4 <= M; m += 4) epi_tile<4, V>(m, K, a + m * ars, ars, b, ldb, c + m * ldc, ldc, epi);
@@ -625,9 +627,9 @@ void sink_grads(const S* o, const T* lse, const S* dout, int64_t B, int64_t N, i
 
 namespace {
 
-// The forward for small head dims (D < 32) in f32 on the micro-kernel path, without a softcap:
-// the tiles are transposed, keys × queries. Sᵀ = K·Qᵀ reads the key rows as
-// they are (Qᵀ is transposed once per query block, not a key panel per tile); the online softmax runs
+// The forward for small head dims (D < 32) in f32 on the micro-kernel path, without a softcap
+// (decision 230): the tiles are transposed, keys × queries. Sᵀ = K·Qᵀ reads the key rows as they
+// are (Qᵀ is transposed once per query block, not a key panel per tile); the online softmax runs
 // down the columns, 16 queries to a vector (no per-row calls, no horizontal reductions); and the
 // output accumulates transposed, Oᵀ [D, BQ] += Vᵀ·Pᵀ, whose products stream P's rows 64 queries
 // wide instead of D = 16 columns with a broadcast per FMA. A tile that holds hidden keys (the
@@ -652,10 +654,9 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
 #pragma omp parallel
   {
     AlignedTile<float> scratch((BK + 2 * D) * LQ);
-    float* const st = scratch.data();
-    float* const qt = st + BK * LQ;      // [D, BQ] the query block transposed
-    float* const ot = qt + D * LQ;       // [D, BQ] unnormalised output, transposed
-    // st: [BK, BQ] scores, then probabilities (row stride LQ)
+    float* const st = scratch.data();  // [BK, BQ] scores, then probabilities (row stride LQ)
+    float* const qt = st + BK * LQ;    // [D, BQ] the query block transposed
+    float* const ot = qt + D * LQ;     // [D, BQ] unnormalised output, transposed
     std::vector<float> m(static_cast<size_t>(LQ));        // [BQ] running max of scaled scores
     std::vector<double> l(static_cast<size_t>(LQ));       // [BQ] running Σ exp(score - m)
     std::vector<int32_t> lo(static_cast<size_t>(LQ)), hi(lo.size());  // [BQ] query i sees keys [lo, hi)
