@@ -1,6 +1,7 @@
 // CPU flash-style sdpa_forward against the naive attention that materialises every score: GQA,
 // causal (bottom-right aligned, including Sq > Skv rows that see no key) and non-causal, Sq ≠ Skv,
-// lengths that are not multiples of the blocks, odd head dims, and the optional lse output.
+// lengths that are not multiples of the blocks, odd head dims, head dims below 32 (the transposed
+// tiles), and the optional lse output.
 // Backward: against the naive textbook backward on the materialised probabilities over the same
 // kind of table, against central differences of sdpa_forward (double), and bitwise across thread
 // counts.
@@ -46,6 +47,10 @@ const SdpaCase kSdpaCases[] = {
     {1, 2, 1, 300, 1100, 16, true, 0},
     {1, 1, 1, 530, 530, 64, false, 0},
     {1, 2, 2, 700, 700, 128, true, 0},
+    // Head dims below 32 run transposed tiles (keys x queries): GQA over 6 query blocks and 2 key
+    // blocks, and D = 24, not a multiple of the vector width.
+    {1, 4, 2, 700, 700, 16, true, 0},
+    {1, 4, 2, 700, 700, 24, true, 0},
 };
 
 }  // namespace
@@ -112,6 +117,10 @@ const SdpaCase kSdpaBackwardCases[] = {
     // Several 64 x 256 tiles of the backward, partial last tiles, causal blocks skipped.
     {1, 2, 1, 150, 600, 16, true, 0},
     {1, 1, 1, 300, 300, 64, false, 0},
+    // Head dims below 32 accumulate dK, dV transposed and fuse P, dS into the score products of
+    // whole tiles: GQA over 11 query blocks in several chunks, and D = 24.
+    {1, 4, 2, 700, 700, 16, true, 0},
+    {1, 4, 2, 700, 700, 24, true, 0},
 };
 
 }  // namespace

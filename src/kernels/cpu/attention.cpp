@@ -13,6 +13,13 @@
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
 // x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
 //
+// Small head dims (D < 32, f32 on AVX-512; decisions 230, 231), where a product with D columns is
+// one or two vectors wide and pays a broadcast per FMA: the forward runs transposed tiles, keys ×
+// queries (forward_small_d: Sᵀ = K·Qᵀ, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the backward
+// accumulates a task's dK, dV transposed ([D, keys], from dOᵀ·P and Qᵀ·dS) and, in tiles every row
+// sees whole, writes P and dS straight from the score products' register tiles (gemm_epi). Every
+// tile is 64-byte aligned (AlignedTile). The backward's bits are those of the row form.
+//
 // Causal masking: key blocks past a query block's last visible key are never visited; only the
 // tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
 // keys) that stop at the strip's own limit, so the products above the diagonal are mostly
@@ -51,6 +58,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <type_traits>
@@ -77,6 +85,33 @@ constexpr int64_t kTilePad = 16;
 constexpr int64_t kMinTasks = 8;     // backward: chunks per (b, kv head) until there are this many tasks (decision 86)
 constexpr int64_t kMaxChunks = 8;
 
+// A tile the causal diagonal crosses is cut into strips of kStrip rows (or keys), and each strip's
+// GEMMs stop at its own limit: rows see more keys the later they are, so strip [r0, r1) needs the
+// keys [0, limit(r1 - 1)) only, and keys [c0, c1) are seen by rows from the first whose limit
+// passes c0. Without it the diagonal tile of a short sequence computed up to twice the products it
+// kept (S = 256: 1.49× in the forward's 128-row blocks, 1.25× in the backward's 64-row ones). A
+// multiple of 6 and 8, the micro-kernel's row counts.
+constexpr int64_t kStrip = 24;
+
+// A per-thread tile of n elements whose start is 64-byte aligned, so that each 16-float vector of a
+// row (the row strides are multiples of 16 floats) is one cache line, not two: a vector's first
+// element is only 16-byte aligned, and a tile read across line splits ran ~25% slower (D = 16).
+template <class T>
+class AlignedTile {
+ public:
+  explicit AlignedTile(int64_t n = 0) { resize(n); }
+  void resize(int64_t n) {
+    buf_.assign(size_t(n) + 64 / sizeof(T), T(0));
+    data_ = buf_.data() + (64 - reinterpret_cast<uintptr_t>(buf_.data()) % 64) % 64 / sizeof(T);
+  }
+  T* data() { return data_; }
+  T& operator[](int64_t i) { return data_[i]; }
+
+ private:
+  std::vector<T> buf_;
+  T* data_ = nullptr;
+};
+
 // ---- vector helpers over one tile row (f32: one clone per ISA; f64: plain loops) ----
 //
 // The f32 helpers are written with GCC vector extensions over 16 lanes, which each clone lowers to
@@ -96,6 +131,11 @@ using vec16::store_part;
 using vec16::vmin;
 
 [[gnu::always_inline]] inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
+[[gnu::always_inline]] inline vec16::i32x16 load_i32(const int32_t* p) {
+  vec16::i32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 [[gnu::always_inline]] inline float hmax(f32x16 v) {
   float m = v[0];
   for (int l = 1; l < 16; ++l) m = std::max(m, v[l]);
@@ -266,6 +306,92 @@ __attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_
     }
 }
 
+// exp16 (vec16.h) for an AVX-512 caller, with the same reduction and polynomial, so the same bits:
+// 2^n is applied by vscalefps, zero-masked below -87.3 (where exp16 gives 0, and where a subnormal
+// result would cost a microcode assist per vector), in place of exp16's clamp, select and building
+// of 2^n's bits: 15 instructions instead of 19. An input of -inf (a hidden score) gives 0.
+[[gnu::always_inline, gnu::target("avx512f")]] inline f32x16 exp16_avx512(f32x16 x) {
+  const float magic = 12582912.0f;  // 1.5 · 2^23: adding it rounds to an integer in the low bits
+  const __mmask16 normal = _mm512_cmp_ps_mask(__m512(x), _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);
+  const f32x16 t = x * 1.44269504088896341f + magic;
+  const f32x16 n = t - magic;
+  const f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
+  f32x16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const f32x16 er = p * r * r + r + 1.0f;
+  return f32x16(_mm512_maskz_scalef_ps(normal, __m512(er), __m512(n)));
+}
+
+// The backward's score products with the elementwise work fused into their register tiles:
+// C = epi(A · B) for A [M, K] (rows a + m·ars), B [K, N] (rows b + k·ldb), N a multiple of 16, as
+// gemm_avx512's strips; each finished 16-lane vector x of row m goes to epi(m, its place in C, x).
+// ProbsEpi writes P = exp(scale · x - lse_m), DsEpi dS = P ∘ (x - Δ_m), the same expressions as
+// probs_and_ds on the stored scores, so the same bits, without a pass over the two tiles.
+struct ProbsEpi {
+  float scale;
+  const float* lse;  // [M]
+  [[gnu::always_inline, gnu::target("avx512f")]] void operator()(int64_t m, float* c, f32x16 x) const {
+    store(c, exp16_avx512(x * scale - lse[m]));
+  }
+};
+struct DsEpi {
+  const float* p;      // P, laid out as C
+  const float* ds;     // C's start
+  const float* delta;  // [M]
+  [[gnu::always_inline]] void operator()(int64_t m, float* c, f32x16 x) const {
+    store(c, load(p + (c - ds)) * (x - delta[m]));
+  }
+};
+
+template <int R, int V, class Epi>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void epi_tile(int64_t m0, int64_t K, const float* a, int64_t ars,
+                                                                    const float* b, int64_t ldb, float* c, int64_t ldc,
+                                                                    const Epi& epi) {
+  f32x16 acc[R][V];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = splat(0.0f);
+  for (int64_t k = 0; k < K; ++k) {
+    f32x16 bk[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) bk[v] = load(b + k * ldb + 16 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float ar = a[r * ars + k];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] += ar * bk[v];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) epi(m0 + r, c + r * ldc + 16 * v, acc[r][v]);
+}
+
+template <int R, int V, class Epi>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void epi_strip(int64_t M, int64_t K, const float* a, int64_t ars,
+                                                                     const float* b, int64_t ldb, float* c, int64_t ldc,
+                                                                     const Epi& epi) {
+  int64_t m = 0;
+  for (; m + R <= M; m += R) epi_tile<R, V>(m, K, a + m * ars, ars, b, ldb, c + m * ldc, ldc, epi);
+  for (; m + 4 <= M; m += 4) epi_tile<4, V>(m, K, a + m * ars, ars, b, ldb, c + m * ldc, ldc, epi);
+  for (; m < M; ++m) epi_tile<1, V>(m, K, a + m * ars, ars, b, ldb, c + m * ldc, ldc, epi);
+}
+
+template <class Epi>
+__attribute__((target("avx512f"))) void gemm_epi(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars,
+                                                 const float* b, int64_t ldb, float* c, int64_t ldc, const Epi& epi) {
+  int64_t n = 0;
+  for (; n + 64 <= N; n += 64) epi_strip<6, 4>(M, K, a, ars, b + n, ldb, c + n, ldc, epi);
+  for (; n + 32 <= N; n += 32) epi_strip<12, 2>(M, K, a, ars, b + n, ldb, c + n, ldc, epi);
+  for (; n + 16 <= N; n += 16) epi_strip<8, 1>(M, K, a, ars, b + n, ldb, c + n, ldc, epi);
+}
+
 // C[M×N] (ldc) = alpha · op(A) · op(B) + beta · C; op(A) is M×K, op(B) is K×N (row-major).
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -330,18 +456,36 @@ void scores(int64_t M, int64_t n, int64_t D, const double* a, const double* rows
 template <class T>
 struct WideTiles {
   int64_t D, LT;
-  std::vector<T> panel;  // [D, BK] a key block transposed (row stride LT)
+  AlignedTile<T> panel;  // [D, BK] a key block transposed (row stride LT)
   const T* key_rows = nullptr;
   const T* value_rows = nullptr;
   const T *q = nullptr, *dout = nullptr, *p = nullptr, *ds = nullptr;
 
-  WideTiles(int64_t D, int64_t, int64_t LT) : D(D), LT(LT), panel(size_t(D * LT)) {}
+  WideTiles(int64_t D, int64_t, int64_t LT)
+      : D(D), LT(LT), panel(D * LT), transposed(std::is_same_v<T, float> && D < 32 && use_micro_kernel()) {}
   void keys(int64_t bk, const T* rows) {
     keys_panel(bk, D, rows, panel.data(), LT);
     key_rows = rows;
   }
   void scores(int64_t M, int64_t n, const T* a, T* c) {
     autosp::cpu::scores(M, n, D, a, key_rows, panel.data(), LT, c, LT);
+  }
+  // The backward's P and dS of a tile every row sees whole (keys [0, bk)), from q, dO [bq, D] and
+  // the key and value rows [bk, D], their elementwise work fused into the products (ProbsEpi,
+  // DsEpi); false where that path is absent (f64, or no AVX-512): then the caller runs scores()
+  // and probs_and_ds. p, ds [bq, LT]; their columns from bk up to a multiple of 16 hold garbage.
+  bool fused_probs(int64_t bq, int64_t bk, const T* qp, const T* dop, const T* krows, const T* vrows, T scale,
+                   const T* lse, const T* delta, T* p, T* ds) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!use_micro_kernel()) return false;
+      const int64_t n = (bk + 15) / 16 * 16;
+      keys(bk, krows);
+      gemm_epi(bq, n, D, qp, D, panel.data(), LT, p, LT, ProbsEpi{scale, lse});
+      keys(bk, vrows);
+      gemm_epi(bq, n, D, dop, D, panel.data(), LT, ds, LT, DsEpi{p, ds, delta});
+      return true;
+    }
+    return false;
   }
   void values(int64_t, const T* rows) { value_rows = rows; }
   void times_values(int64_t M, int64_t n, T alpha, const T* pt, T* acc) {
@@ -350,20 +494,45 @@ struct WideTiles {
   void queries(int64_t, const T* qp, const T* dop) { q = qp, dout = dop; }
   void probs(int64_t, int64_t, const T* pt, const T* dst) { p = pt, ds = dst; }
   void key_grads(int64_t c0, int64_t c1, int64_t r0, int64_t bq, T scale, T* dv, T* dk) {
+    if constexpr (std::is_same_v<T, float>)
+      if (transposed) {  // dvᵀ [D, keys] += dOᵀ · p,  dkᵀ += scale · qᵀ · ds
+        const int64_t j = (dv - dv_rows) / D;
+        gemm_avx512(D, c1 - c0, bq - r0, 1.0f, dout + r0 * D, 1, D, p + r0 * LT + c0, LT, 1.0f, dvt.data() + j, ldt);
+        gemm_avx512(D, c1 - c0, bq - r0, scale, q + r0 * D, 1, D, ds + r0 * LT + c0, LT, 1.0f, dkt.data() + j, ldt);
+        return;
+      }
     gemm(true, false, c1 - c0, D, bq - r0, T(1), p + r0 * LT + c0, LT, dout + r0 * D, D, T(1), dv, D);  // dv += pᵀ · dO
     gemm(true, false, c1 - c0, D, bq - r0, scale, ds + r0 * LT + c0, LT, q + r0 * D, D, T(1), dk, D);  // dk += scale · dsᵀ · q
+  }
+
+  // Small head dims (D < 32) accumulate a task's dK, dV transposed, [D, keys], which turns the
+  // key gradients' products from D columns (one or two vectors, a broadcast per FMA) into key
+  // columns read from the p, ds rows (4 vectors per broadcast); end_task transposes them into the
+  // task's rows. Each element sums the same products in the same order either way, so the bits are
+  // those of the row form. Key strips on the diagonal are then a multiple of 16 keys (key_strip).
+  bool transposed = false;
+  AlignedTile<T> dkt, dvt;  // [D, ldt]
+  int64_t capacity = 0;     // of dkt, dvt
+  int64_t ldt = 0, task_keys = 0;
+  T *dk_rows = nullptr, *dv_rows = nullptr;
+  int64_t key_strip() const { return transposed ? 32 : kStrip; }
+  void begin_task(T* dkp, T* dvp, int64_t n) {
+    if (!transposed) return;
+    dk_rows = dkp, dv_rows = dvp, task_keys = n;
+    ldt = (n + 15) / 16 * 16 + kTilePad;
+    if (capacity < D * ldt) capacity = D * ldt, dkt.resize(capacity), dvt.resize(capacity);
+    std::fill(dkt.data(), dkt.data() + D * ldt, T(0));
+    std::fill(dvt.data(), dvt.data() + D * ldt, T(0));
+  }
+  void end_task() {
+    if (!transposed) return;
+    for (int64_t j = 0; j < task_keys; ++j)
+      for (int64_t d = 0; d < D; ++d) dk_rows[j * D + d] = dkt[d * ldt + j], dv_rows[j * D + d] = dvt[d * ldt + j];
   }
 };
 
 #include "kernels/cpu/attention_bf16.inc.h"  // Bf16Tiles: the tile products on bf16 operands
 
-// A tile the causal diagonal crosses is cut into strips of kStrip rows (or keys), and each strip's
-// GEMMs stop at its own limit: rows see more keys the later they are, so strip [r0, r1) needs the
-// keys [0, limit(r1 - 1)) only, and keys [c0, c1) are seen by rows from the first whose limit
-// passes c0. Without it the diagonal tile of a short sequence computed up to twice the products it
-// kept (S = 256: 1.49× in the forward's 128-row blocks, 1.25× in the backward's 64-row ones). A
-// multiple of 6 and 8, the micro-kernel's row counts.
-constexpr int64_t kStrip = 24;
 
 // f(r0, r1, n) over the rows [0, M) of a tile bk keys wide: in one piece (n = bk) where its first
 // row sees all bk keys, else strip by strip with n = limit(r1 - 1) (limit is non-decreasing).
@@ -458,12 +627,135 @@ void sink_grads(const S* o, const T* lse, const S* dout, int64_t B, int64_t N, i
 
 namespace {
 
+// The forward for small head dims (D < 32) in f32 on the micro-kernel path, without a softcap
+// (decision 230): the tiles are transposed, keys × queries. Sᵀ = K·Qᵀ reads the key rows as they
+// are (Qᵀ is transposed once per query block, not a key panel per tile); the online softmax runs
+// down the columns, 16 queries to a vector (no per-row calls, no horizontal reductions); and the
+// output accumulates transposed, Oᵀ [D, BQ] += Vᵀ·Pᵀ, whose products stream P's rows 64 queries
+// wide instead of D = 16 columns with a broadcast per FMA. A tile that holds hidden keys (the
+// causal diagonal crosses it, or a document start or the window's reach) is computed whole and its
+// hidden scores set to -inf; key blocks no query of the block sees are skipped as in forward().
+constexpr int64_t kSmallBlockQ = 128, kSmallBlockK = 512;
+
+bool small_d_forward(int64_t D, double scale, const AttentionVariant<float>& var) {
+  return D < 32 && use_micro_kernel() && scale > 0 && var.softcap == 0;
+}
+
+__attribute__((target("avx512f"))) void forward_small_d(const float* q, const float* k, const float* v, float* o,
+                                                         float* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
+                                                         int64_t Skv, int64_t D, double scale, bool causal,
+                                                         const int64_t* doc_start, const AttentionVariant<float>& var) {
+  const int64_t group = N / Nkv;
+  const int64_t BQ = kSmallBlockQ, BK = kSmallBlockK, LQ = BQ + kTilePad;
+  const int64_t nqb = (Sq + BQ - 1) / BQ;
+  const int64_t shift = Skv - Sq + var.offset;  // causal: query i sees keys j ≤ i + shift
+  const float sc = float(scale), neg_inf = -std::numeric_limits<float>::infinity();
+
+#pragma omp parallel
+  {
+    AlignedTile<float> scratch((BK + 2 * D) * LQ);
+    float* const st = scratch.data();  // [BK, BQ] scores, then probabilities (row stride LQ)
+    float* const qt = st + BK * LQ;    // [D, BQ] the query block transposed
+    float* const ot = qt + D * LQ;     // [D, BQ] unnormalised output, transposed
+    std::vector<float> m(static_cast<size_t>(LQ));        // [BQ] running max of scaled scores
+    std::vector<double> l(static_cast<size_t>(LQ));       // [BQ] running Σ exp(score - m)
+    std::vector<int32_t> lo(static_cast<size_t>(LQ)), hi(lo.size());  // [BQ] query i sees keys [lo, hi)
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * N * nqb; ++task) {
+      // Late query blocks carry the most keys under causal masking: hand them out first.
+      const int64_t qb = nqb - 1 - task % nqb, bh = task / nqb;
+      const int64_t b = bh / N, h = bh % N;
+      const int64_t i0 = qb * BQ, bq = std::min(BQ, Sq - i0), nq = (bq + 15) / 16 * 16;  // nq columns computed
+      const float* qp = q + (bh * Sq + i0) * D;               // [bq, D]
+      const float* kp = k + (b * Nkv + h / group) * Skv * D;  // [Skv, D]
+      const float* vp = v + (b * Nkv + h / group) * Skv * D;  // [Skv, D]
+      const Mask mask{causal, shift, var.window, Skv, doc_start == nullptr ? nullptr : doc_start + b * Sq};
+      const int64_t kend = mask.end(i0, bq), kbeg = mask.begin(i0, bq);
+      int64_t lo_max = 0, hi_min = Skv;  // a key block inside [lo_max, hi_min) needs no mask
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t a = i < bq ? std::clamp<int64_t>(mask.first(i0 + i), 0, Skv) : 0;
+        const int64_t e = i < bq ? std::max(a, mask.row_limit(i0 + i, 0, Skv)) : Skv;
+        lo[size_t(i)] = int32_t(a), hi[size_t(i)] = int32_t(e);
+        lo_max = std::max(lo_max, a), hi_min = std::min(hi_min, e);
+      }
+
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t i = 0; i < nq; ++i) qt[d * LQ + i] = i < bq ? qp[i * D + d] : 0.0f;
+      std::fill(m.begin(), m.begin() + nq, neg_inf);
+      std::fill(l.begin(), l.begin() + nq, 0.0);
+      std::fill(ot, ot + D * LQ, 0.0f);
+
+      for (int64_t j0 = kbeg; j0 < kend; j0 += BK) {
+        const int64_t bk = std::min(BK, kend - j0);
+        float* t = st;
+        gemm_avx512(bk, nq, D, 1.0f, kp + j0 * D, D, 1, qt, LQ, 0.0f, t, LQ);  // sᵀ = k · qᵀ
+        // Key j0 + r is hidden from the queries with j0 + r ∉ [lo, hi); only the rows r outside
+        // [lo_max - j0, hi_min - j0) hide any. Causal alone hides a prefix of the row's queries.
+        for (int64_t r = 0; r < bk; r = r + 1 == lo_max - j0 ? std::max(r + 1, hi_min - j0) : r + 1) {
+          if (j0 + r >= lo_max && j0 + r < hi_min) continue;
+          float* tr = t + r * LQ;
+          if (doc_start == nullptr && var.window == 0) {
+            std::fill(tr, tr + std::clamp<int64_t>(j0 + r - i0 - shift, 0, nq), neg_inf);
+            continue;
+          }
+          const vec16::i32x16 key = vec16::i32x16{} + int32_t(j0 + r);
+          for (int64_t c = 0; c < nq; c += 16)
+            store(tr + c, (key < load_i32(lo.data() + c)) | (key >= load_i32(hi.data() + c)) ? splat(neg_inf)
+                                                                                             : load(tr + c));
+        }
+        for (int64_t c = 0; c < nq; c += 16) {
+          f32x16 hi[4] = {splat(neg_inf), splat(neg_inf), splat(neg_inf), splat(neg_inf)};
+          int64_t r = 0;
+          for (; r + 4 <= bk; r += 4)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; ++u) hi[u] = vmax(hi[u], load(t + (r + u) * LQ + c));
+          for (; r < bk; ++r) hi[0] = vmax(hi[0], load(t + r * LQ + c));
+          const f32x16 m_old = load(m.data() + c);
+          const f32x16 m_new = vmax(m_old, vmax(vmax(hi[0], hi[1]), vmax(hi[2], hi[3])) * sc);
+          // A column that has seen no key yet keeps m = -inf; its p = exp(-inf) = 0 against m 0.
+          const f32x16 m_use = m_new == neg_inf ? splat(0.0f) : m_new;
+          f32x16 sum = splat(0.0f);
+          for (r = 0; r < bk; ++r) {
+            const f32x16 p = exp16_avx512(load(t + r * LQ + c) * sc - m_use);
+            store(t + r * LQ + c, p);
+            sum += p;
+          }
+          const f32x16 alpha = exp16(m_old - m_use);  // 0 where the column saw no key before
+          store(m.data() + c, m_new);
+          for (int64_t d = 0; d < D; ++d) store(ot + d * LQ + c, load(ot + d * LQ + c) * alpha);
+          for (int lane = 0; lane < 16; ++lane)
+            l[size_t(c + lane)] = l[size_t(c + lane)] * double(alpha[lane]) + double(sum[lane]);
+        }
+        gemm_avx512(D, nq, bk, 1.0f, vp + j0 * D, 1, D, t, LQ, 1.0f, ot, LQ);  // oᵀ += vᵀ · pᵀ
+      }
+
+      float* op = o + (bh * Sq + i0) * D;  // [bq, D]
+      for (int64_t i = 0; i < bq; ++i) {
+        // The sink's exp(sink) joins the denominator: l' = l · e^(m - m') + e^(sink - m'), m' = max(m, sink).
+        double mi = double(m[size_t(i)]), li = l[size_t(i)], rescale = 1.0;
+        if (var.sinks != nullptr) {
+          const double sink = double(var.sinks[h]), m2 = li > 0 ? std::max(mi, sink) : sink;
+          rescale = li > 0 ? std::exp(mi - m2) : 0.0;
+          li = li * rescale + std::exp(sink - m2), mi = m2;
+        }
+        const double inv = li > 0 ? rescale / li : 0.0;
+        for (int64_t d = 0; d < D; ++d) op[i * D + d] = float(double(ot[d * LQ + i]) * inv);
+        if (lse != nullptr) lse[bh * Sq + i0 + i] = li > 0 ? float(mi + std::log(li)) : neg_inf;
+      }
+    }
+  }
+}
+
 // sdpa_forward on storage S (T, or bf16 with T = f32) with the tile products of Tiles.
 template <class T, class S, class Tiles>
 void forward(const S* q, const S* k, const S* v, S* o, T* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
              int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start, const AttentionVariant<T>& var) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   check_variant("sdpa", var);
+  if constexpr (std::is_same_v<S, float>)
+    if (small_d_forward(D, scale, var))
+      return forward_small_d(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
   const int64_t group = N / Nkv;  // query heads per kv head
   const int64_t BQ = kForwardBlockQ, BK = kForwardBlockK, LT = BK + kTilePad;
   const int64_t nqb = (Sq + BQ - 1) / BQ;
@@ -474,7 +766,7 @@ void forward(const S* q, const S* k, const S* v, S* o, T* lse, int64_t B, int64_
 
 #pragma omp parallel
   {
-    std::vector<T> s(static_cast<size_t>(BQ * LT));    // [BQ, BK] scores, then probabilities (row stride LT)
+    AlignedTile<T> s(BQ * LT);    // [BQ, BK] scores, then probabilities (row stride LT)
     Tiles tiles(D, BQ, LT);
     std::vector<T> acc(static_cast<size_t>(BQ * D));   // [BQ, D] unnormalised output
     std::vector<T> m(static_cast<size_t>(BQ));         // [BQ] running max of scaled scores
@@ -622,10 +914,12 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
 
 #pragma omp parallel
   {
-    std::vector<T> p(static_cast<size_t>(BQ * LT)), ds(static_cast<size_t>(BQ * LT));  // [BQ, BK] tiles, stride LT
+    AlignedTile<T> p(BQ * LT), ds(BQ * LT);  // [BQ, BK] tiles, stride LT
     std::vector<T> delta(static_cast<size_t>(BQ));                                    // [BQ] Δ
     std::vector<T> dq_acc(wide ? 0 : static_cast<size_t>(BQ * D));                    // [BQ, D] dq in T
     Tiles tiles(D, BQ, LT);
+    int64_t key_strip = kStrip;  // keys per strip of a diagonal tile's key gradients
+    if constexpr (requires { tiles.key_strip(); }) key_strip = tiles.key_strip();
 
     // Chunks late in the sequence see the most keys under causal masking: hand them out first.
 #pragma omp for schedule(dynamic, 1)
@@ -640,6 +934,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
         if (last) dkp = dk + bkv * Skv * D, dvp = dv + bkv * Skv * D;
       std::fill(dkp, dkp + (last ? Skv : ch.key_end[c]) * D, T(0));
       std::fill(dvp, dvp + (last ? Skv : ch.key_end[c]) * D, T(0));
+      if constexpr (requires { tiles.begin_task(dkp, dvp, 0); }) tiles.begin_task(dkp, dvp, last ? Skv : ch.key_end[c]);
       const auto [qb0, qb1] = ch.blocks(c);
       const Mask mask{causal, shift, var.window, Skv, doc_start == nullptr ? nullptr : doc_start + b * Sq};
       for (int64_t h = (bkv % Nkv) * group; h < (bkv % Nkv + 1) * group; ++h) {
@@ -661,9 +956,20 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           }
           tiles.queries(bq, qp, dop);
           const int64_t kend = mask.end(i0, bq);
+          // A key block from first_max on that every row sees up to its end is whole: with every
+          // row's lse finite, its P and dS may come from the fused products.
+          int64_t first_max = 0;
+          bool seen = var.softcap == 0;
+          for (int64_t i = 0; i < bq; ++i) first_max = std::max(first_max, mask.first(i0 + i)), seen &= lp[i] != neg_inf;
           for (int64_t j0 = mask.begin(i0, bq); j0 < kend; j0 += BK) {
             const int64_t bk = std::min(BK, kend - j0);
             const auto limit = [&](int64_t i) { return mask.row_limit(i0 + i, j0, bk); };
+            bool fused = false;
+            if constexpr (requires { tiles.fused_probs(bq, bk, qp, dop, kp, vp, sc, lp, lp, p.data(), ds.data()); })
+              fused = seen && j0 >= first_max && limit(0) >= bk &&
+                      tiles.fused_probs(bq, bk, qp, dop, kp + j0 * D, vp + j0 * D, sc, lp, delta.data(), p.data(),
+                                        ds.data());
+            if (!fused) {
             tiles.keys(bk, kp + j0 * D);  // p = q · kᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
               tiles.scores(r1 - r0, n, qp + r0 * D, p.data() + r0 * LT);
@@ -684,11 +990,12 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
               else
                 probs_and_ds(pi + lo, dsi + lo, lim - lo, bk - lo, sc, lp[i], delta[size_t(i)]);
             }
+            }
             tiles.probs(bq, bk, p.data(), ds.data());
             // Keys [c0, c1) are seen by the rows from the first whose limit passes c0 (p, ds are 0 above).
             const bool whole = limit(0) >= bk;
-            for (int64_t c0 = 0; c0 < bk; c0 += whole ? bk : kStrip) {
-              const int64_t c1 = whole ? bk : std::min(bk, c0 + kStrip);
+            for (int64_t c0 = 0; c0 < bk; c0 += whole ? bk : key_strip) {
+              const int64_t c1 = whole ? bk : std::min(bk, c0 + key_strip);
               const int64_t r0 = whole ? 0 : std::clamp<int64_t>(c0 + j0 - i0 - shift, 0, bq);
               if (r0 == bq) continue;
               tiles.key_grads(c0, c1, r0, bq, sc, dvp + (j0 + c0) * D, dkp + (j0 + c0) * D);
@@ -701,6 +1008,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           if constexpr (!wide) round_into(dqa, dqp, bq * D);
         }
       }
+      if constexpr (requires { tiles.end_task(); }) tiles.end_task();
     }
 
     // dk, dv = the last chunk's dK, dV + Σ_{c < C-1} (chunk c's) in chunk order, over the keys
