@@ -5,15 +5,22 @@
 // the clamped SwiGLU) in f32 and f64, the forward against the naive float64 loop. And expert
 // parallelism's exchange on device buffers (engine/cuda/expert_parallel.cpp) on thread ranks, its
 // forward and every gradient against the one-process kernel and the CPU exchange.
+//
+// The expert-parallel cases are compiled only where the build has no CUDA (the sanitizer stage's
+// build, a CPU-only build): their thread ranks (comm/threads.cpp) copy through the device runtime,
+// which in a CUDA build links the real CUDA helpers (kernels/cuda/common.cu), whose Scratch
+// collides with the emulation's (tests/cuda/emulation.cpp) at link time.
 #include "cuda/emulation.h"
 //
 #include "kernels/cuda/moe.cu"
 //
+#ifndef AUTOSP_WITH_CUDA
 #include "engine/cuda/expert_parallel.cpp"
 //
 #include "comm/threads.h"
-#include "cuda/cuda_test.h"
 #include "engine/expert_parallel.h"
+#endif
+#include "cuda/cuda_test.h"
 #include "kernels/cpu/moe.h"
 
 using namespace autosp;
@@ -155,6 +162,7 @@ TEMPLATE_TEST_CASE("emulated gpt-oss experts (biases, clamped SwiGLU) match the 
 }
 
 // ---- expert parallelism on device buffers (engine/cuda/expert_parallel.h) ----
+#ifndef AUTOSP_WITH_CUDA
 
 namespace {
 
@@ -375,3 +383,4 @@ TEST_CASE("emulated expert parallelism in bf16 stays within bf16 rounding of one
     check_ranks<cuda::bf16>(c, G, dev, nullptr, &one, 2e-2);
   }
 }
+#endif  // AUTOSP_WITH_CUDA
