@@ -145,9 +145,13 @@ TEMPLATE_TEST_CASE("sdpa_backward matches the naive backward", "[kernels][attent
     naive::Vec ref_dq, ref_dk, ref_dv;
     naive::sdpa_backward(test::widen(q), test::widen(k), test::widen(v), test::widen(dout), c.B, c.N, c.Nkv, c.Sq,
                          c.Skv, c.D, scale, c.causal, ref_dq, ref_dk, ref_dv);
-    test::check_close(dq, ref_dq);
-    test::check_close(dk, ref_dk);
-    test::check_close(dv, ref_dv);
+    // A scale of 2 at D = 16 puts the scores far out (|scale · q·k| near 30), and each P = exp(s - lse)
+    // carries the f32 rounding of an argument that large (about 2e-6 relative) into the sums: four
+    // times the unit-scale bound. (The sanitizer build's -O1 code landed at 1.1e-5 on one entry.)
+    const double tol = test::tol<T>() * (c.scale > 1 ? 4 : 1);
+    test::check_close(dq, ref_dq, tol);
+    test::check_close(dk, ref_dk, tol);
+    test::check_close(dv, ref_dv, tol);
     if (c.causal && c.Sq > c.Skv) {  // queries that see no key get exactly zero
       const int64_t blind = c.Sq - c.Skv;
       for (int64_t bh = 0; bh < c.B * c.N; ++bh)
