@@ -1053,7 +1053,7 @@ Tensor rope_bf16(const KernelCall& c) {
   const int64_t N = x.dim(1), S = x.dim(2), D = x.dim(3), H = D / 2;
   std::vector<float> cos_f(size_t(pos.numel() * H)), sin_f(cos_f.size());  // [B·S, D/2]
   cpu::rope_factors<float>(pos.data<int64_t>(), pos.numel(), D, c.node.attrs().f("theta"), rope_scaling_of(c.node),
-                           cos_f.data(), sin_f.data());
+                           kBackward, cos_f.data(), sin_f.data());
   Tensor y = out_like(c, DType::bf16);
   by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), D,
                        [&](const std::array<const float*, 1>& in, const std::array<float*, 1>& out, int64_t i0, int64_t m) {
@@ -1061,7 +1061,7 @@ Tensor rope_bf16(const KernelCall& c) {
                            const int64_t i = i0 + done, plane = i / (S * D), s0 = i % (S * D) / D;
                            const int64_t rows = std::min((m - done) / D, S - s0), f = (plane / N * S + s0) * H;
                            cpu::rope_apply<float>(in[0] + done, cos_f.data() + f, sin_f.data() + f, out[0] + done, rows,
-                                                  D, kBackward);
+                                                  D);
                            done += rows * D;
                          }
                        });

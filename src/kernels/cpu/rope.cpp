@@ -97,34 +97,27 @@ void rope_backward(const T* dy, const int64_t* position_ids, T* dx, int64_t B, i
 
 template <class T>
 void rope_factors(const int64_t* position_ids, int64_t positions, int64_t D, double theta, const RopeScaling& scaling,
-                  T* cos_f, T* sin_f) {
+                  bool backward, T* cos_f, T* sin_f) {
   const int64_t H = D / 2;
   const std::vector<T> inv_freq = inv_freq_of<T>(D, theta, scaling);
   const T attention = T(kernels::rope_attention_factor(scaling));
 #pragma omp parallel for schedule(static) if (positions * H > (1 << 13))
   for (int64_t p = 0; p < positions; ++p)
-    factors_of(T(position_ids[p]), inv_freq.data(), H, attention, T(1), cos_f + p * H, sin_f + p * H);
+    factors_of(T(position_ids[p]), inv_freq.data(), H, attention, T(backward ? -1 : 1), cos_f + p * H, sin_f + p * H);
 }
 
 template <class T>
-void rope_apply(const T* x, const T* cos_f, const T* sin_f, T* y, int64_t rows, int64_t D, bool backward) {
+void rope_apply(const T* x, const T* cos_f, const T* sin_f, T* y, int64_t rows, int64_t D) {
   AUTOSP_ASSERT(x != y, "rope x and y may not alias");
   const int64_t H = D / 2;
-  if (!backward) {
-    for (int64_t r = 0; r < rows; ++r) rotate_row(x + r * D, cos_f + r * H, sin_f + r * H, y + r * D, H);
-    return;
-  }
-  std::vector<T> sn(static_cast<size_t>(H));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < H; ++i) sn[i] = -sin_f[r * H + i];  // sign · (sin · attention): exact
-    rotate_row(x + r * D, cos_f + r * H, sn.data(), y + r * D, H);
-  }
+  for (int64_t r = 0; r < rows; ++r) rotate_row(x + r * D, cos_f + r * H, sin_f + r * H, y + r * D, H);
 }
 
-template void rope_factors<float>(const int64_t*, int64_t, int64_t, double, const RopeScaling&, float*, float*);
-template void rope_factors<double>(const int64_t*, int64_t, int64_t, double, const RopeScaling&, double*, double*);
-template void rope_apply<float>(const float*, const float*, const float*, float*, int64_t, int64_t, bool);
-template void rope_apply<double>(const double*, const double*, const double*, double*, int64_t, int64_t, bool);
+template void rope_factors<float>(const int64_t*, int64_t, int64_t, double, const RopeScaling&, bool, float*, float*);
+template void rope_factors<double>(const int64_t*, int64_t, int64_t, double, const RopeScaling&, bool, double*,
+                                   double*);
+template void rope_apply<float>(const float*, const float*, const float*, float*, int64_t, int64_t);
+template void rope_apply<double>(const double*, const double*, const double*, double*, int64_t, int64_t);
 template void rope_forward<float>(const float*, const int64_t*, float*, int64_t, int64_t, int64_t,
                                   int64_t, double, const RopeScaling&);
 template void rope_forward<double>(const double*, const int64_t*, double*, int64_t, int64_t,

@@ -27,13 +27,13 @@ void rope_backward(const T* dy, const int64_t* position_ids, T* dx, int64_t B, i
 
 // The same two steps apart, for callers that rotate a position's rows in pieces (the bf16 chunks):
 // rope_factors gives each of `positions` positions its D/2 cos and sin (times yarn's attention
-// factor) exactly as rope_forward computes them, [positions, D/2] each; rope_apply rotates rows
-// [rows, D] of x into y, row r by factor row r (backward: by -angle), with rope_forward's
-// arithmetic, so the two together give its bits.
+// factor; the sin negated for the backward) exactly as rope_forward and rope_backward compute
+// them, [positions, D/2] each; rope_apply rotates rows [rows, D] of x into y, row r by factor row
+// r, with their arithmetic, so the two together give their bits.
 template <class T>
 void rope_factors(const int64_t* position_ids, int64_t positions, int64_t D, double theta, const RopeScaling& scaling,
-                  T* cos_f, T* sin_f);
+                  bool backward, T* cos_f, T* sin_f);
 template <class T>
-void rope_apply(const T* x, const T* cos_f, const T* sin_f, T* y, int64_t rows, int64_t D, bool backward);
+void rope_apply(const T* x, const T* cos_f, const T* sin_f, T* y, int64_t rows, int64_t D);
 
 }  // namespace autosp::cpu
