@@ -14,7 +14,7 @@
 //   last step of a k-block whose kc is not a multiple of 16: its pairs copied into zero-padded
 //            16-pair scratch (the tile shapes are fixed by one configuration per thread and call)
 // The C tiles start from C itself (beta = 1) or zero (beta = 0) and are stored into the kernel's
-// Out (C, or gemm_thread's strip when the result is bf16) where the micro-tile is whole and
+// Out (C, or gemm_thread's f32 block when the result is bf16) where the micro-tile is whole and
 // alpha = 1; otherwise they go to a scratch tile and edge_out applies alpha and beta. A thread
 // configures its tiles once per GEMM (amx::TileUse) and releases them after. The blocks are
 // deeper than the other paths' (kDepth, kBlockRows below).

@@ -183,7 +183,9 @@ __attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, in
 }
 
 // 16 floats rounded to bf16, to nearest even, NaN kept a quiet NaN: tensor/convert.h's
-// f32_to_bf16, lane by lane (the same bits). (The maskz forms with every lane on: GCC 12's plain
+// f32_to_bf16, lane by lane (the same bits). round_block's rows could call convert.h's cast
+// instead; that measured 8–9 ms slower over the Llama-768 shapes' 84–88 ms (one thread, three
+// alternated rounds), so the rounding stays here, with one 64-byte store per 32 outputs. (The maskz forms with every lane on: GCC 12's plain
 // shift and narrowing intrinsics start from an "undefined" vector that -Wmaybe-uninitialized flags.)
 __attribute__((target("avx512f"))) [[gnu::always_inline]] inline __m256i round_bf16(__m512 v) {
   constexpr __mmask16 kAll = 0xffff;
@@ -212,7 +214,7 @@ __attribute__((target("avx512f"))) void edge_out(const float* tile, float alpha,
 
 // The kernels' contract, on packed panels of depth kc: Out tile [rows ≤ mr, cols ≤ kNR] (ldo) =
 // alpha · Ap · Bp + beta · C tile (ldc); Out is C itself but where a bf16 C is being written
-// (gemm_thread's strip). beta == 0 never reads C.
+// (gemm_thread's f32 block). beta == 0 never reads C.
 __attribute__((target("avx512f"))) void kernel(const Operands&, int64_t kc, float alpha, const float* ap,
                                                const float* bp, float beta, const float* c, int64_t ldc, int64_t rows,
                                                int64_t cols, float* out, int64_t ldo) {
@@ -234,7 +236,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void round_block(const floa
     int64_t j = 0;
     for (; j + 32 <= cols; j += 32) {  // 64 bytes of y at a time
       const __m512i lo = _mm512_castsi256_si512(round_bf16(_mm512_loadu_ps(block + r * lds + j)));
-      _mm512_storeu_si512(y + r * ldy + j, _mm512_inserti64x4(lo, round_bf16(_mm512_loadu_ps(block + r * lds + j + 16)), 1));
+      _mm512_storeu_si512(y + r * ldy + j, _mm512_maskz_inserti64x4(0xff, lo, round_bf16(_mm512_loadu_ps(block + r * lds + j + 16)), 1));
     }
     for (; j < cols; j += 16) {
       const __mmask16 m = __mmask16((1u << std::min<int64_t>(16, cols - j)) - 1);
