@@ -73,7 +73,11 @@ double expert_exchange_s(const Config& cfg, const ParallelLayout& l, int64_t seq
   const double rows = static_cast<double>(l.micro_batch * padded_seq(l, seq) / l.sp);
   const double payload = rows * static_cast<double>(m.num_experts_per_tok * m.hidden_size) * act * (E - 1) / E;
   const double counts = on_link(link, E * static_cast<double>(m.num_experts) * 8);  // [E, experts] int64
-  const double forward = counts + 2 * on_link(link, payload), backward = counts + 2 * on_link(link, 2 * payload);
+  // forward: x out, the experts' outputs back; backward: [x | dy] out, dx back (the routing weights
+  // and their gradients, R·k scalars, ride in the same messages: engine/expert_parallel.cpp and its
+  // CUDA twin send one message each way)
+  const double forward = counts + 2 * on_link(link, payload),
+               backward = counts + on_link(link, 2 * payload) + on_link(link, payload);
   const double per_layer = (l.checkpointing ? 2 : 1) * forward + backward;
   return static_cast<double>(l.accumulation) * moe_layers(m) * per_layer;
 }

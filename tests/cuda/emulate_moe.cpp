@@ -17,6 +17,7 @@
 #ifndef AUTOSP_WITH_CUDA
 #include "engine/cuda/expert_parallel.cpp"
 //
+#include "comm/counting.h"
 #include "comm/threads.h"
 #include "engine/expert_parallel.h"
 #endif
@@ -254,6 +255,7 @@ template <class T>
 struct EpOut {
   std::vector<T> y, dx, dp;
   std::vector<std::vector<T>> g;
+  int64_t forward_all_to_alls = 0, backward_all_to_alls = 0;  // the exchange's messages each way and back
 };
 
 // The layer on G thread ranks (rank g: rows [g·Rg, (g+1)·Rg), experts [g·L, (g+1)·L)) through the
@@ -267,20 +269,31 @@ void run_ep(const EpCase& c, int G, std::vector<EpOut<T>>& dev, std::vector<EpOu
     const std::vector<T> x = to_ts<T>(c.x.data() + g * Rg * C, Rg * C), dy = to_ts<T>(c.dy.data() + g * Rg * C, Rg * C),
                          p = to_ts<T>(c.probs.data() + g * Rg * E, Rg * E);
     auto one = [&](EpOut<T>& out, bool on_device) {
+      CountingCommunicator counted(comm);
+      Communicator& ep = counted;
+      const auto all_to_alls = [&] {
+        const int64_t n = counted.stats().all_to_all.calls;
+        counted.reset_stats();
+        return n;
+      };
       ExpertSet<T> m(c, g * L, L);
       out.y.assign(size_t(Rg * C), to_t<T>(-7)), out.dx = out.y, out.dp.assign(size_t(Rg * E), to_t<T>(-7));
       if (on_device) {
-        cuda::moe_ep_forward<T>(comm, cpu_allocator(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
+        cuda::moe_ep_forward<T>(ep, cpu_allocator(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
                                 m.wp[2].data(), out.y.data(), Rg, C, E, I, k, true, m.opt, nullptr);
-        cuda::moe_ep_backward<T>(comm, cpu_allocator(), dy.data(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
+        out.forward_all_to_alls = all_to_alls();
+        cuda::moe_ep_backward<T>(ep, cpu_allocator(), dy.data(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
                                  m.wp[2].data(), out.dx.data(), out.dp.data(), m.gp[0].data(), m.gp[1].data(),
                                  m.gp[2].data(), Rg, C, E, I, k, true, m.opt, nullptr);
+        out.backward_all_to_alls = all_to_alls();
       } else if constexpr (!std::is_same_v<T, cuda::bf16>) {
-        moe_ep_forward<T>(comm, cpu_allocator(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(), m.wp[2].data(),
+        moe_ep_forward<T>(ep, cpu_allocator(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(), m.wp[2].data(),
                           out.y.data(), Rg, C, E, I, k, true, m.opt);
-        moe_ep_backward<T>(comm, cpu_allocator(), dy.data(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
+        out.forward_all_to_alls = all_to_alls();
+        moe_ep_backward<T>(ep, cpu_allocator(), dy.data(), x.data(), p.data(), m.wp[0].data(), m.wp[1].data(),
                            m.wp[2].data(), out.dx.data(), out.dp.data(), m.gp[0].data(), m.gp[1].data(),
                            m.gp[2].data(), Rg, C, E, I, k, true, m.opt);
+        out.backward_all_to_alls = all_to_alls();
       }
       out.g = m.g;
     };
@@ -363,6 +376,13 @@ TEMPLATE_TEST_CASE("emulated expert parallelism on device buffers equals one pro
         run_ep<T>(c, G, dev, cpu, true);
         check_ranks<T>(c, G, dev, nullptr, &one, tol);
         check_ranks<T>(c, G, dev, &cpu, nullptr, tol);
+        for (int g = 0; g < G; ++g) {  // one message out and one back each way, as the layout search prices
+          INFO("rank " << g);
+          CHECK(dev[size_t(g)].forward_all_to_alls == 2);
+          CHECK(dev[size_t(g)].backward_all_to_alls == 2);
+          CHECK(cpu[size_t(g)].forward_all_to_alls == 2);
+          CHECK(cpu[size_t(g)].backward_all_to_alls == 2);
+        }
         if (uneven) {  // expert 3 received nothing: its gradients are zeros (not the garbage they held)
           const EpOut<T>& owner = dev[size_t(G - 1)];
           const int64_t L = c.E / G;
@@ -381,6 +401,7 @@ TEST_CASE("emulated expert parallelism in bf16 stays within bf16 rounding of one
     std::vector<EpOut<cuda::bf16>> dev, unused;
     run_ep<cuda::bf16>(c, G, dev, unused, false);
     check_ranks<cuda::bf16>(c, G, dev, nullptr, &one, 2e-2);
+    for (int g = 0; g < G; ++g) CHECK(dev[size_t(g)].backward_all_to_alls == 2);  // bf16 rows with f32 weights
   }
 }
 #endif  // AUTOSP_WITH_CUDA

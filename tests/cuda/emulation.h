@@ -258,6 +258,12 @@ inline float bf16_bits_to_float(uint32_t h) {
 inline float bf16_lo(uint32_t r) { return bf16_bits_to_float(r & 0xffffu); }
 inline float bf16_hi(uint32_t r) { return bf16_bits_to_float(r >> 16); }
 
+// cudaMemcpy2DAsync's rows, on host memory.
+inline void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
+  for (size_t r = 0; r < height; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+}
+
 inline void check(cudaError_t err, const char* expr) {
   if (err != cudaSuccess) throw std::runtime_error(std::string("emulated CUDA call failed: ") + expr);
 }
@@ -274,6 +280,8 @@ void emulated_launch(dim3 grid, dim3 block, size_t dynamic_smem, const void* ker
 // declarations stay intact.)
 #define CUDA_CHECK(expr) ::emu::check((expr), #expr)
 #define cudaMemcpyAsync(dst, src, bytes, kind, stream) ((void)(stream), std::memcpy((dst), (src), (bytes)), cudaSuccess)
+#define cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream) \
+  ((void)(stream), ::emu::copy_2d((dst), (dpitch), (src), (spitch), (width), (height)), cudaSuccess)
 #define cudaMemsetAsync(dst, value, bytes, stream) ((void)(stream), std::memset((dst), (value), (bytes)), cudaSuccess)
 #define cudaStreamSynchronize(stream) ((void)(stream), cudaSuccess)  // every call above has finished
 #define cudaFuncSetAttribute(kernel, attr, value) ((void)(kernel), (void)(value), cudaSuccess)

@@ -76,6 +76,45 @@ Tensor pack(const EpLayout& ex, const Tensor& send_slot, const V* src, int64_t C
   return t;
 }
 
+// One message of several row sets: each row of the message is its parts' rows side by side
+// ([x | dy | w] out, [dx | g] back), so the backward's exchange is one all-to-all each way, as
+// the CPU's (decision 226). `parts` are contiguous tensors of the same row count; their row bytes
+// may differ (a bf16 x and an f32 w). The message is bytes in rows of the summed widths, padded to
+// 8 bytes (NCCL moves it as bytes).
+struct Message {
+  std::vector<size_t> width, offset;  // bytes of each part's row, and where it starts in a row
+  size_t pitch = 0;                   // bytes of a message row
+  int64_t rows = 0;
+};
+
+Message message_of(const std::vector<const Tensor*>& parts, int64_t rows) {
+  Message m;
+  m.rows = rows;
+  for (const Tensor* t : parts) {
+    m.offset.push_back(m.pitch);
+    m.width.push_back(rows == 0 ? 0 : t->nbytes() / size_t(rows));
+    m.pitch += m.width.back();
+  }
+  m.pitch = (m.pitch + 7) / 8 * 8;
+  return m;
+}
+
+// [G, M] message rows of m.pitch bytes, as int64 words (the all-to-all moves bytes).
+Tensor pack_message(const EpLayout& ex, const Message& m, const std::vector<const Tensor*>& parts, Allocator& alloc,
+                    cudaStream_t s) {
+  Tensor t = Tensor::empty({ex.G, ex.M, int64_t(m.pitch / 8)}, DType::i64, alloc);
+  for (size_t i = 0; i < parts.size(); ++i)
+    CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(t.raw()) + m.offset[i], m.pitch, parts[i]->raw(), m.width[i],
+                                 m.width[i], size_t(m.rows), cudaMemcpyDeviceToDevice, s));
+  return t;
+}
+
+void unpack_message(const Message& m, const Tensor& t, const std::vector<Tensor*>& parts, cudaStream_t s) {
+  for (size_t i = 0; i < parts.size(); ++i)
+    CUDA_CHECK(cudaMemcpy2DAsync(parts[i]->raw(), m.width[i], static_cast<const char*>(t.raw()) + m.offset[i],
+                                 m.pitch, m.width[i], size_t(m.rows), cudaMemcpyDeviceToDevice, s));
+}
+
 }  // namespace
 
 template <class T>
@@ -117,12 +156,17 @@ void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x
   ex.local_rows(own, offset);
   const Tensor own_rows = upload(own, alloc, s);
   Tensor rx, rdy, rw, dxo, go;
-  if (ex.M > 0) {  // out: x, dy and the slot's routing weight (in acc_t<T>, as the kernel applies it)
+  if (ex.M > 0) {  // out: [x | dy | the slot's routing weight] (w in acc_t<T>, as the kernel applies it)
     const Tensor send_slot = upload(ex.send_slots(r), alloc, s);
     CUDA_CHECK(cudaStreamSynchronize(s));  // the lists are host temporaries
-    rx = exchange(ep, pack<T>(ex, send_slot, x, C, k, alloc, s), alloc);
-    rdy = exchange(ep, pack<T>(ex, send_slot, dy, C, k, alloc, s), alloc);
-    rw = exchange(ep, pack<A>(ex, send_slot, d.weights(), 1, 1, alloc, s), alloc);
+    const Tensor px = pack<T>(ex, send_slot, x, C, k, alloc, s), pdy = pack<T>(ex, send_slot, dy, C, k, alloc, s);
+    const Tensor pw = pack<A>(ex, send_slot, d.weights(), 1, 1, alloc, s);
+    const Message out = message_of({&px, &pdy, &pw}, ex.G * ex.M);
+    const Tensor recv = exchange(ep, pack_message(ex, out, {&px, &pdy, &pw}, alloc, s), alloc);
+    rx = Tensor::empty(px.shape(), px.dtype(), alloc);
+    rdy = Tensor::empty(pdy.shape(), pdy.dtype(), alloc);
+    rw = Tensor::empty(pw.shape(), pw.dtype(), alloc);
+    unpack_message(out, recv, {&rx, &rdy, &rw}, s);
     dxo = zeros({ex.G, ex.M, C}, dtype_for<T>(), alloc, s);
     go = zeros({ex.G, ex.M}, dtype_for<A>(), alloc, s);
   } else {
@@ -134,8 +178,11 @@ void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x
   moe_rows_backward<T>(ex.M > 0 ? at<T>(rdy) : nullptr, ex.M > 0 ? at<T>(rx) : nullptr, rows, w_gate, w_up, w_down,
                        ex.M > 0 ? at<T>(dxo) : nullptr, ex.M > 0 ? at<A>(go) : nullptr, dw_gate, dw_up, dw_down, C, I,
                        opt, s);
-  if (ex.M > 0) {  // back: dx rows and each slot's weight gradient, added at the source
-    const Tensor bdx = exchange(ep, dxo, alloc), bg = exchange(ep, go, alloc);
+  if (ex.M > 0) {  // back: [dx | the slot's weight gradient], added at the source
+    const Message back = message_of({&dxo, &go}, ex.G * ex.M);
+    const Tensor recv = exchange(ep, pack_message(ex, back, {&dxo, &go}, alloc, s), alloc);
+    Tensor bdx = Tensor::empty(dxo.shape(), dxo.dtype(), alloc), bg = Tensor::empty(go.shape(), go.dtype(), alloc);
+    unpack_message(back, recv, {&bdx, &bg}, s);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t row = ex.back_row(r, e), n = r.rows_of(e);
       const int64_t* slot = d.slots() + r.offset[size_t(e)];
