@@ -2,6 +2,7 @@
 // the naive double-precision references of the op-case table (tests/common/op_cases.h).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <set>
 
@@ -212,6 +213,40 @@ TEST_CASE("bf16 elementwise ops in chunks equal the f32 kernels rounded once", "
       });
     }
   }
+}
+
+// Dropout on bf16 (LoRA's lora_dropout on a bf16 base) runs in widened chunks of whole rows with
+// each chunk's token indices (engine/cpu/launchers.cpp dropout_bf16): over many chunks and across
+// threads, each result is exactly the f32 kernel's on the whole tensor rounded once, within one
+// bf16 rounding of the float64 mask, and the run log no longer calls dropout emulated.
+TEST_CASE("bf16 dropout in row chunks equals the f32 kernel rounded once", "[ops][executor][bf16]") {
+  const int64_t B = 3, R = 700, C = 96, n = B * R * C;  // 42 rows a chunk: 50 chunks
+  std::vector<double> ids(static_cast<size_t>(B * R));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = double((i * 7919 + 13) % 100003);
+  const auto build = [&](Graph& g, DType dt) {
+    Builder b(g);
+    g.add_output(b.dropout(b.input("x", dt, {B, R, C}, Role::none), b.input("t", DType::i64, {B, R}, Role::none),
+                           0.375, 77));
+  };
+  const auto run = [&](DType dt, const TensorMap& feeds) {
+    Graph g;
+    build(g, dt);
+    return Executor(g).run(feeds, single_groups()).outputs.begin()->second.to_doubles();
+  };
+  const Tensor x = Tensor::from_vector({B, R, C}, naive::random_normal(n, 43, 2.0)).to(DType::bf16);
+  const Tensor t = Tensor::from_vector({B, R}, as_ids(ids));
+  const Vec want = naive::map(run(DType::f32, {{"x", x.to(DType::f32)}, {"t", t}}), naive::round_bf16);
+  const Vec exact = naive::dropout(x.to_doubles(), as_ids(ids), C, 0.375, 77);
+  REQUIRE(std::count(exact.begin(), exact.end(), 0.0) > n / 4);  // the mask drops about 3/8
+  test::with_threads({1, 2}, [&](int threads) {
+    INFO("threads " << threads);
+    const Vec got = run(DType::bf16, {{"x", x}, {"t", t}});
+    CHECK(got == want);
+    CHECK(max_rel_error(got, exact) < 0x1p-8);
+  });
+  Graph g;
+  build(g, DType::bf16);
+  CHECK(cpu_bf16_emulated_ops(g).empty());
 }
 
 // Norms, softmax and rope on bf16 run in widened chunks of whole rows (engine/cpu/launchers.cpp

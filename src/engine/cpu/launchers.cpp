@@ -947,6 +947,24 @@ Tensor bias_gelu_tanh_bf16(const KernelCall& c) {
   return y;
 }
 
+// Inverted dropout on bf16 (LoRA's lora_dropout on a bf16 base; its own backward): chunks of whole
+// rows of x [..., C] widened, the f32 kernel with each chunk's token indices, one rounding per
+// output (the emulation's bits: a kept element is x · 1/(1 − p) in f32, rounded once).
+Tensor dropout_bf16(const KernelCall& c) {
+  const Tensor x = arg(c, 0), token = ids64(c, 1);
+  const int64_t C = x.dim(-1);
+  const double p = c.node.attrs().f("p");
+  const uint64_t seed = static_cast<uint64_t>(c.node.attrs().i("seed")), threshold = kernels::dropout_threshold(p);
+  const int64_t* tokens = token.data<int64_t>();
+  Tensor y = out_like(c, DType::bf16);
+  by_chunks_bf16<1, 1>({x.data<uint16_t>()}, {y.data<uint16_t>()}, x.numel(), C,
+                       [&](const std::array<const float*, 1>& in, const std::array<float*, 1>& out, int64_t i0,
+                           int64_t m) {
+                         cpu::dropout<float>(in[0], tokens + i0 / C, out[0], m / C, C, seed, threshold, 1.0 / (1.0 - p));
+                       });
+  return y;
+}
+
 // silu(g) · u (inputs g, u) and its backward (inputs dy, g, u; outputs dg, du) on bf16: chunks
 // widened, the f32 kernel, one rounding per output (the emulation's bits).
 Tensor swiglu_bf16(const KernelCall& c) {
@@ -1091,6 +1109,7 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::mul, binary_bf16<Binary::mul>, 2, false},
     {Op::div, binary_bf16<Binary::div>, 2, false},
     {Op::scale, unary_bf16<Unary::scale>, 1, false},
+    {Op::dropout, dropout_bf16, 1, false},
     {Op::neg, unary_bf16<Unary::neg>, 1, false},
     {Op::exp, unary_bf16<Unary::exp>, 1, false},
     {Op::tanh, unary_bf16<Unary::tanh>, 1, false},
