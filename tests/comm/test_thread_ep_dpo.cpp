@@ -130,18 +130,30 @@ TEST_CASE("thread ep x dpo: validation gives the one-process loss and eval_ metr
 }
 
 // bf16 (f32 masters, bf16 compute; the DPO sums in f32, decision 151): E = 2 under dp 2 × sp 2
-// against the one-process bf16 run: step 1 is the same bf16 weights (the loss to 1e-6: log 2 up to
-// the sums' rounding), the later steps within bf16's rounding of the sums' order.
+// against the one-process bf16 run and both against the one-process f32 run. The one process's
+// experts run the bf16 kernel (kernels/cpu/moe_bf16.h: h, dg, du rounded to bf16 for the GEMMs)
+// while the exchange's local experts run the emulation (f32 on widened copies; decision 229), so
+// the two bf16 runs are two bf16 approximations of the f32 one, not the same bits. Measured
+// (2026-12-05), steps 1–3: f32 0.693147, 0.760132, 0.914776; bf16 one process 0.693117, 0.772947,
+// 0.901272; bf16 E = 2 0.693403, 0.769368, 0.913410. Step 1 (the same weights: log 2 up to the
+// sums' rounding) within 1e-3; the later steps within 3e-2 of f32 and of each other (the DPO loss
+// is a difference of summed log-probabilities, so bf16's rounding shows at the percent level).
 TEST_CASE("thread ep x dpo: bf16 at E = 2 gives the one-process bf16 losses", "[threads][moe][ep][dpo]") {
   const TempDir dir("ep-dpo-bf16");
   write_ep_pairs(dir);
   const json extra = {{"runtime", {{"dtype", "bfloat16"}}}};
+  const TrainResult f32 = train_dpo_one(dir, kMixtral, json::object());
   const TrainResult ref = train_dpo_one(dir, kMixtral, extra);
   REQUIRE(ref.steps.size() == 3);
+  REQUIRE(f32.steps.size() == 3);
+  for (size_t k = 0; k < 3; ++k) CHECK(ref.steps[k].loss == Approx(f32.steps[k].loss).epsilon(k == 0 ? 1e-3 : 3e-2));
   for (const TrainResult& rank : train_dpo_ep(dir, kMixtral, {4, 2, 1, 2}, 0, extra)) {
     REQUIRE(rank.steps.size() == 3);
-    CHECK(rank.steps[0].loss == Approx(ref.steps[0].loss).epsilon(1e-6));
-    for (size_t k = 1; k < 3; ++k) CHECK(rank.steps[k].loss == Approx(ref.steps[k].loss).epsilon(1e-2));
+    CHECK(rank.steps[0].loss == Approx(ref.steps[0].loss).epsilon(1e-3));
+    for (size_t k = 1; k < 3; ++k) {
+      CHECK(rank.steps[k].loss == Approx(ref.steps[k].loss).epsilon(3e-2));
+      CHECK(rank.steps[k].loss == Approx(f32.steps[k].loss).epsilon(3e-2));
+    }
   }
 }
 

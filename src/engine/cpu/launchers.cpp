@@ -25,6 +25,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/mlp.h"
 #include "kernels/cpu/moe.h"
+#include "kernels/cpu/moe_bf16.h"
 #include "kernels/moe_aux.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/preference.h"
@@ -618,6 +619,34 @@ Tensor swiglu_mlp_backward_bf16(const KernelCall& c) {
   return dx;
 }
 
+// A mixture-of-experts layer's experts on bf16 (kernels/cpu/moe_bf16.h): every input bf16 and the
+// plain SwiGLU; gpt-oss's biased, clamped experts and mixed dtypes stay on the emulation.
+bool moe_bf16_native(const KernelCall& c) {
+  const auto bf16 = [](const Tensor& t) { return t.dtype() == DType::bf16; };
+  return !moe_biased(c.node) && !moe_clamped(c.node) && std::all_of(c.in.begin(), c.in.end(), bf16);
+}
+
+// y [..., C]. Inputs: x, probs, the E gate, E up and E down weights.
+Tensor moe_experts_bf16(const KernelCall& c) {
+  if (!moe_bf16_native(c)) return bf16_via_f32(c, moe_experts);
+  const MoeCall<uint16_t> m(c, false);
+  cpu::moe_experts_forward_bf16(cpu::bf16_gemm_best(), m.x.data<uint16_t>(), m.p.data<uint16_t>(), m.w.gate.data(),
+                                m.w.up.data(), m.w.down.data(), m.out.data<uint16_t>(), m.R, m.C, m.E, m.w.I, m.k,
+                                m.norm);
+  return m.out;
+}
+
+// dx; extra outputs dprobs and each weight's gradient. Inputs: dy, x, probs, the weights.
+Tensor moe_experts_backward_bf16(const KernelCall& c) {
+  if (!moe_bf16_native(c)) return bf16_via_f32(c, moe_experts_backward);
+  const MoeCall<uint16_t> m(c, true);
+  cpu::moe_experts_backward_bf16(cpu::bf16_gemm_best(), m.dy.data<uint16_t>(), m.x.data<uint16_t>(),
+                                 m.p.data<uint16_t>(), m.w.gate.data(), m.w.up.data(), m.w.down.data(),
+                                 m.out.data<uint16_t>(), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
+                                 m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm);
+  return m.out;
+}
+
 // The tiled head + loss on bf16 x and w (kernels/cpu/loss.h: linear_cross_entropy_sum_bf16), its
 // launchers' contracts as above; the logits chunk is f32, as the emulation's.
 Tensor linear_cross_entropy_sum_bf16(const KernelCall& c) {
@@ -1100,6 +1129,8 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::matmul, matmul_bf16, 2, true},
     {Op::swiglu_mlp, swiglu_mlp_bf16, 4, true},
     {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16, 5, true},
+    {Op::moe_experts, moe_experts_bf16, 2, true},
+    {Op::moe_experts_backward, moe_experts_backward_bf16, 3, true},
     {Op::linear_cross_entropy_sum, linear_cross_entropy_sum_bf16, 2, true},
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward_bf16, 2, true},
     {Op::sdpa, sdpa_bf16, 3, true},
