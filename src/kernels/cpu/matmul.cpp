@@ -295,11 +295,6 @@ int use_tiles(const O&) {
 #include "kernels/cpu/matmul_bf16.inc.h"  // the bf16 operands' packing and tiles (Bf16Operands)
 #include "kernels/cpu/amx_gemm.inc.h"     // the same on AMX tiles (AmxOperands)
 
-// Floats of the two shared f32 B blocks of a GEMM of N columns and depth K (gemm_thread).
-int64_t shared_b_floats(int64_t N, int64_t K) {
-  return 2 * std::min(kKC, K) * ((std::min(kNC, N) + kNR - 1) / kNR * kNR);
-}
-
 // This thread's part of C [M, N] (ldc) = alpha · op(A) · op(B) + beta · C, with `threads` threads
 // of the enclosing region (1 outside one) running the same call. O is Operands (f32; K in floats),
 // Bf16Operands or AmxOperands (K in bf16 pairs, the packed depth): the packers and the tile kernel
@@ -309,16 +304,9 @@ int64_t shared_b_floats(int64_t N, int64_t K) {
 // tiles of an A block go to a thread-local f32 block [mc, this thread's columns of nc], rounded
 // into y row by row once the block is whole, so that y is written in runs of whole rows (a
 // 32-column strip at a time wrote y 64 bytes a row, 4–23% of the GEMM's time; decision 240).
-//
-// f32 split by rows on several threads (`shared_b`, the caller's scratch of shared_b_floats(...)):
-// the threads pack the B block together, each its share of the micro-panels, into one of two
-// shared buffers (alternating by k-block), and wait at a barrier before reading it. A thread packs
-// block s + 2 only after that barrier of block s + 1, which every thread reaches after its last read
-// of block s: one barrier per k-block (GPT-2 tiny's K = 256 GEMMs: one per GEMM), where each thread
-// packing the whole block for itself packed the same K·N floats twice (decision 250).
 template <class O>
 void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c,
-                  int64_t ldc, uint16_t* y, int thread, int threads, float* shared_b = nullptr) {
+                  int64_t ldc, uint16_t* y, int thread, int threads) {
   constexpr int64_t mr = kPanelRows<O>, mc_max = kBlockRows<O> / mr * mr, kc_max = kDepth<O>;
   [[maybe_unused]] const auto tiles = use_tiles(o);
   static thread_local Scratch a_scratch, b_scratch;
@@ -335,24 +323,14 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
       row_panels >= 2 * threads && busiest(row_panels) * col_panels <= row_panels * busiest(col_panels);
   const int64_t m0 = by_rows ? std::min(M, row_panels * thread / threads * mr) : 0;
   const int64_t m1 = by_rows ? std::min(M, row_panels * (thread + 1) / threads * mr) : M;
-  const bool share = shared_b != nullptr && by_rows && threads > 1;
-  int64_t step = 0;  // k-blocks so far (which shared buffer)
   for (int64_t jc = 0; jc < N; jc += kNC) {
     const int64_t nc = std::min(kNC, N - jc), panels = (nc + kNR - 1) / kNR;
     const int64_t q0 = by_rows ? 0 : panels * thread / threads, q1 = by_rows ? panels : panels * (thread + 1) / threads;
-    // The micro-panels this thread packs: its share of the block where shared, else all it reads.
-    const int64_t pq0 = share ? panels * thread / threads : q0, pq1 = share ? panels * (thread + 1) / threads : q1;
-    for (int64_t pc = 0; pc < K; pc += kc_max, ++step) {
+    for (int64_t pc = 0; pc < K; pc += kc_max) {
       const int64_t kc = std::min(kc_max, K - pc);
       const float beta_pc = pc == 0 ? beta : 1.0f;
       uint16_t* y_pc = pc + kc >= K ? y : nullptr;
-      if (share) {
-        bp = shared_b + step % 2 * shared_b_floats(N, K) / 2;
-        pack_b(o, pc, kc, jc, nc, pq0, pq1, bp);
-#pragma omp barrier
-      } else {
-        pack_b(o, pc, kc, jc, nc, q0, q1, bp);  // the panels this thread reads
-      }
+      pack_b(o, pc, kc, jc, nc, q0, q1, bp);  // the panels this thread reads
       for (int64_t ic = m0; ic < m1; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m1 - ic);
         pack_a(o, ic, mc, pc, kc, ap);
@@ -361,13 +339,13 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
         const bool next_rows = ic + mc_max < m1;
         const int64_t next_i = next_rows ? ic + mc_max : m0, next_p = next_rows ? pc : pc + kc;
         const int64_t next_mc = std::min(mc_max, m1 - next_i), next_kc = std::min(kc_max, K - next_p);
-        const int64_t my_nc = std::min(nc, pq1 * kNR) - pq0 * kNR;
+        const int64_t my_nc = std::min(nc, q1 * kNR) - q0 * kNR;
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t j = jc + q * kNR, cols = std::min(kNR, N - j);
           if constexpr (std::is_same_v<O, Operands>) {
             if (next_kc > 0 && next_mc > 0) prefetch_a(o, next_i, next_mc, next_p, next_kc, q - q0, q1 - q0);
             if (!next_rows && next_kc > 0 && next_kc * my_nc <= kMaxPrefetchB)  // this thread's part of the next B block
-              prefetch_b(o, next_p, next_kc, jc + pq0 * kNR, my_nc, q - q0, q1 - q0);
+              prefetch_b(o, next_p, next_kc, jc + q0 * kNR, my_nc, q - q0, q1 - q0);
           }
           for (int64_t ir = 0; ir < mc; ir += mr) {
             const int64_t at = (ic + ir) * ldc + j;
@@ -389,13 +367,8 @@ template <class O>
 void run_threads(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float beta, float* c, int64_t ldc,
                  int threads, uint16_t* y = nullptr) {
   if (threads == 1 || omp_in_parallel()) return gemm_thread(o, M, N, K, alpha, beta, c, ldc, y, 0, 1);
-  float* shared_b = nullptr;  // f32: the threads' shared B blocks (gemm_thread)
-  if constexpr (std::is_same_v<O, Operands>) {
-    static thread_local Scratch shared_scratch;
-    shared_b = shared_scratch.get(shared_b_floats(N, K));
-  }
 #pragma omp parallel num_threads(threads)
-  gemm_thread(o, M, N, K, alpha, beta, c, ldc, y, omp_get_thread_num(), omp_get_num_threads(), shared_b);
+  gemm_thread(o, M, N, K, alpha, beta, c, ldc, y, omp_get_thread_num(), omp_get_num_threads());
 }
 
 // one(p, threads) for each batch entry p: spread over the batch, one thread each (`over_batch`),
