@@ -68,7 +68,8 @@ constexpr int64_t kMR = 14, kNR = 32;  // micro tile: 14 × 2 zmm accumulators, 
 constexpr int64_t kKC = 256;           // B micro-panel kKC × kNR floats = 32 KiB (L1: 32 KiB Zen 4, 48 Zen 5)
 constexpr int64_t kMC = 24 * kMR;      // A block kMC × kKC floats = 336 KiB (L2 is 1 MiB)
 constexpr int64_t kNC = 2048;          // B block kKC × kNC floats = 2 MiB, shared
-constexpr int64_t kMaxPrefetchB = 128 * 1024;  // the largest next B block prefetched: 512 KiB (L2 is 2 MiB here)
+constexpr int64_t kPrefetchB = 128 * 1024;  // the largest next B block prefetched (floats: 512 KiB; L2 is 2 MiB)
+constexpr int64_t kPrefetchA = 256 * 1024;  // no A prefetch while a larger B block is in use (floats: 1 MiB)
 static_assert(kNR % 16 == 0 && kNC % kNR == 0 && kMC % kMR == 0);
 
 // Grow-only 64-byte-aligned scratch, one per thread and role.
@@ -148,8 +149,9 @@ __attribute__((target("avx512f"))) void pack_a(const Operands& o, int64_t i0, in
 // read across the thread's panels, panel by panel: 8 sequential streams, and each panel's stores
 // are 1 KiB in a row (the panel-at-a-time order over all kc rows read 128 bytes from each of kc
 // rows ldb apart: a new page per row once ldb ≥ 1024 floats, which the prefetcher does not follow;
-// a whole row at a time stored into every panel at once, 32 KiB apart, all in the same L1 sets). Stored [N, K], each column is consecutive over k: 16 columns by 16 k are transposed
-// in registers (a float at a time, kNR apart, every store missed L1: the panel is L1's size).
+// a whole row at a time stored into every panel at once, 32 KiB apart, all in the same L1 sets).
+// Stored [N, K], each column is consecutive over k: 16 columns by 16 k are transposed in
+// registers (a float at a time, kNR apart, every store missed L1: the panel is L1's size).
 __attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
                                                int64_t q0, int64_t q1, float* bp) {
   if (o.tb) {
@@ -175,19 +177,19 @@ __attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, in
   }
   constexpr int64_t kRun = 8;  // rows per sweep
   for (int64_t k0 = 0; k0 < kc; k0 += kRun)
-  for (int64_t q = q0; q < q1; ++q)
-    for (int64_t k = k0; k < std::min(kc, k0 + kRun); ++k) {
-      const float* src = o.b + (p0 + k) * o.ldb + j0;
-      float* dst = bp + q * kc * kNR + k * kNR;
-      const int64_t cols = std::min(kNR, nc - q * kNR);
-      if (cols == kNR) {
+    for (int64_t q = q0; q < q1; ++q)
+      for (int64_t k = k0; k < std::min(kc, k0 + kRun); ++k) {
+        const float* src = o.b + (p0 + k) * o.ldb + j0;
+        float* dst = bp + q * kc * kNR + k * kNR;
+        const int64_t cols = std::min(kNR, nc - q * kNR);
+        if (cols == kNR) {
 #pragma GCC unroll 4
-        for (int64_t v = 0; v < kNR / 16; ++v) vec16::store(dst + 16 * v, vec16::load(src + q * kNR + 16 * v));
-        continue;
+          for (int64_t v = 0; v < kNR / 16; ++v) vec16::store(dst + 16 * v, vec16::load(src + q * kNR + 16 * v));
+          continue;
+        }
+        for (int64_t c = 0; c < cols; ++c) dst[c] = src[q * kNR + c];
+        for (int64_t c = cols; c < kNR; ++c) dst[c] = 0.0f;
       }
-      for (int64_t c = 0; c < cols; ++c) dst[c] = src[q * kNR + c];
-      for (int64_t c = cols; c < kNR; ++c) dst[c] = 0.0f;
-    }
 }
 
 // 16 floats rounded to bf16, to nearest even, NaN kept a quiet NaN: tensor/convert.h's
@@ -238,7 +240,7 @@ __attribute__((target("avx512f"))) void kernel(const Operands&, int64_t kc, floa
 }
 
 // Part `part` of `parts` of the cache lines of the B block at (p0, j0) [kc, nc], prefetched into
-// L2 as prefetch_a does (gemm_thread does so only for blocks of up to kMaxPrefetchB floats: a 2 MiB
+// L2 as prefetch_a does (gemm_thread does so only for blocks of up to kPrefetchB floats: a 2 MiB
 // block pushed the current one out of L2, and the 2048-column Llama shapes ran 3–7% slower).
 void prefetch_b(const Operands& o, int64_t p0, int64_t kc, int64_t j0, int64_t nc, int64_t part, int64_t parts) {
   const int64_t rows = o.tb ? nc : kc, len = o.tb ? kc : nc;
@@ -345,9 +347,9 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t j = jc + q * kNR, cols = std::min(kNR, N - j);
           if constexpr (std::is_same_v<O, Operands>) {
-            if (next_kc > 0 && next_mc > 0 && kc * my_nc <= 2 * kMaxPrefetchB)
+            if (next_kc > 0 && next_mc > 0 && kc * my_nc <= kPrefetchA)
               prefetch_a(o, next_i, next_mc, next_p, next_kc, q - q0, q1 - q0);
-            if (!next_rows && next_kc > 0 && next_kc * my_nc <= kMaxPrefetchB)  // this thread's part of the next B block
+            if (!next_rows && next_kc > 0 && next_kc * my_nc <= kPrefetchB)  // this thread's part of the next B block
               prefetch_b(o, next_p, next_kc, jc + q0 * kNR, my_nc, q - q0, q1 - q0);
           }
           for (int64_t ir = 0; ir < mc; ir += mr) {
