@@ -96,6 +96,14 @@ const PackedCase kPackedCases[] = {
     {false, false, 200, 64, 64, 0, 1.0, 0.0, 3},    // more threads than the machine has cores
     {true, false, 70, 128, 300, 1, 1.0, 0.5, 2},    // 5 row panels split 3 / 2, 4 column panels 2 / 2: by columns
     {false, false, 256, 768, 40, 0, 1.0, 0.0, 2},   // M = 256: 19 row panels, 24 column panels: by columns
+    // A stored [K, M] is packed 16 k at a time and B stored [K, N] 8 rows at a time: depths with a
+    // tail in the last k-block (600 = 2 · 256 + 5 · 16 + 8, 523 = 2 · 256 + 8 + 3), several A blocks
+    // per thread (the next block's prefetch crosses to the next k-block), both splits, beta 0 and 1.
+    {true, false, 700, 96, 600, 0, 1.0, 0.0, 1},
+    {true, false, 700, 96, 523, 2, 1.0, 1.0, 2},
+    {false, false, 1030, 64, 523, 1, -1.0, 0.0, 2},
+    {false, false, 50, 200, 600, 3, 0.5, 1.0, 2},   // M too small to split: by B micro-panels
+    {true, true, 380, 70, 300, 0, 1.0, 0.0, 2},
 };
 
 }  // namespace

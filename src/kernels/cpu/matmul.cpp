@@ -12,6 +12,7 @@
 //                                             AMX's blocks are deeper: kDepth, kBlockRows)
 //       pack B[pc, jc] into kNR-column micro-panels [kc][kNR], zero-padded       (each thread its own)
 //       for ic over this thread's rows in kMC: pack A[ic, pc] into kMR-row micro-panels [kc][kMR]
+//                                            (f32: while prefetching the next A block into L2)
 //         for jr over the B micro-panels:    one panel (kc · kNR · 4 B = 32 KiB) stays in L1
 //           for ir over the A micro-panels:  vec16::micro_tile<kMR, kNR / 16> into C (a full tile),
 //                                            or into a scratch tile copied out at the M, N edges
@@ -67,6 +68,8 @@ constexpr int64_t kMR = 14, kNR = 32;  // micro tile: 14 × 2 zmm accumulators, 
 constexpr int64_t kKC = 256;           // B micro-panel kKC × kNR floats = 32 KiB (L1: 32 KiB Zen 4, 48 Zen 5)
 constexpr int64_t kMC = 24 * kMR;      // A block kMC × kKC floats = 336 KiB (L2 is 1 MiB)
 constexpr int64_t kNC = 2048;          // B block kKC × kNC floats = 2 MiB, shared
+constexpr int64_t kPrefetchB = 128 * 1024;  // the largest next B block prefetched (floats: 512 KiB; L2 is 2 MiB)
+constexpr int64_t kPrefetchA = 256 * 1024;  // no A prefetch while a larger B block is in use (floats: 1 MiB)
 static_assert(kNR % 16 == 0 && kNC % kNR == 0 && kMC % kMR == 0);
 
 // Grow-only 64-byte-aligned scratch, one per thread and role.
@@ -103,19 +106,23 @@ using Operands = GemmOperands<float>;
 // rows of the block, 0 in the rows of its last micro-panel past mc. Stored [M, K], 16 × 16 blocks
 // (kMR rows and two of zeros, by 16 k) are transposed in registers: each source cache line is read
 // once and used whole, where reading kMR rows side by side a float at a time missed L1 at K = 1024
-// (rows 4 KiB apart share one L1 set; 17% of the GEMM). Stored [K, M], row k is read across all of
-// the block's micro-panels in one sweep.
+// (rows 4 KiB apart share one L1 set; 17% of the GEMM). Stored [K, M], each k's kMR values are
+// side by side: 16 rows k at a time are copied micro-panel by micro-panel, so that the stores run
+// through one panel at a time (a whole row k across the block's panels wrote 24 panels 14 KiB
+// apart, two L1 sets, at once: pack_a was 14% of the 1024 × 256 × 1024 weight gradient, now 7%).
 __attribute__((target("avx512f"))) void pack_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
                                                float* ap) {
   constexpr __mmask16 kPanel = (1u << kMR) - 1;
   if (o.ta) {
-    for (int64_t q = 0; q * kMR < mc; ++q) {
-      const __mmask16 rows = __mmask16((1u << std::min(kMR, mc - q * kMR)) - 1);
-      const float* src = o.a + p0 * o.lda + i0 + q * kMR;
-      float* dst = ap + q * kc * kMR;
-      for (int64_t k = 0; k < kc; ++k)
-        _mm512_mask_storeu_ps(dst + k * kMR, kPanel, _mm512_maskz_loadu_ps(rows, src + k * o.lda));
-    }
+    constexpr int64_t kRun = 16;  // k per sweep
+    for (int64_t k0 = 0; k0 < kc; k0 += kRun)
+      for (int64_t q = 0; q * kMR < mc; ++q) {
+        const __mmask16 rows = __mmask16((1u << std::min(kMR, mc - q * kMR)) - 1);
+        const float* src = o.a + p0 * o.lda + i0 + q * kMR;
+        float* dst = ap + q * kc * kMR;
+        for (int64_t k = k0; k < std::min(kc, k0 + kRun); ++k)
+          _mm512_mask_storeu_ps(dst + k * kMR, kPanel, _mm512_maskz_loadu_ps(rows, src + k * o.lda));
+      }
     return;
   }
   for (int64_t q = 0; q * kMR < mc; ++q) {
@@ -138,11 +145,13 @@ __attribute__((target("avx512f"))) void pack_a(const Operands& o, int64_t i0, in
 }
 
 // Micro-panels [q0, q1) of the B block at (p0, j0) of width nc: op(B)[p0 + k][j0 + q·kNR + j] →
-// bp[q·kc·kNR + k·kNR + j], 0 past the block's last column. Stored [K, N], each row k of the
-// thread's panels is read in one contiguous sweep (the panel-at-a-time order read 128 bytes from
-// each of kc rows ldb apart: a new page per row once ldb ≥ 1024 floats, which the prefetcher does
-// not follow). Stored [N, K], each column is consecutive over k: 16 columns by 16 k are transposed
-// in registers (a float at a time, kNR apart, every store missed L1: the panel is L1's size).
+// bp[q·kc·kNR + k·kNR + j], 0 past the block's last column. Stored [K, N], 8 rows k at a time are
+// read across the thread's panels, panel by panel: 8 sequential streams, and each panel's stores
+// are 1 KiB in a row (the panel-at-a-time order over all kc rows read 128 bytes from each of kc
+// rows ldb apart: a new page per row once ldb ≥ 1024 floats, which the prefetcher does not follow;
+// a whole row at a time stored into every panel at once, 32 KiB apart, all in the same L1 sets).
+// Stored [N, K], each column is consecutive over k: 16 columns by 16 k are transposed in
+// registers (a float at a time, kNR apart, every store missed L1: the panel is L1's size).
 __attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
                                                int64_t q0, int64_t q1, float* bp) {
   if (o.tb) {
@@ -166,20 +175,21 @@ __attribute__((target("avx512f"))) void pack_b(const Operands& o, int64_t p0, in
     }
     return;
   }
-  for (int64_t k = 0; k < kc; ++k) {
-    const float* src = o.b + (p0 + k) * o.ldb + j0;
-    for (int64_t q = q0; q < q1; ++q) {
-      float* dst = bp + q * kc * kNR + k * kNR;
-      const int64_t cols = std::min(kNR, nc - q * kNR);
-      if (cols == kNR) {
+  constexpr int64_t kRun = 8;  // rows per sweep
+  for (int64_t k0 = 0; k0 < kc; k0 += kRun)
+    for (int64_t q = q0; q < q1; ++q)
+      for (int64_t k = k0; k < std::min(kc, k0 + kRun); ++k) {
+        const float* src = o.b + (p0 + k) * o.ldb + j0;
+        float* dst = bp + q * kc * kNR + k * kNR;
+        const int64_t cols = std::min(kNR, nc - q * kNR);
+        if (cols == kNR) {
 #pragma GCC unroll 4
-        for (int64_t v = 0; v < kNR / 16; ++v) vec16::store(dst + 16 * v, vec16::load(src + q * kNR + 16 * v));
-        continue;
+          for (int64_t v = 0; v < kNR / 16; ++v) vec16::store(dst + 16 * v, vec16::load(src + q * kNR + 16 * v));
+          continue;
+        }
+        for (int64_t c = 0; c < cols; ++c) dst[c] = src[q * kNR + c];
+        for (int64_t c = cols; c < kNR; ++c) dst[c] = 0.0f;
       }
-      for (int64_t c = 0; c < cols; ++c) dst[c] = src[q * kNR + c];
-      for (int64_t c = cols; c < kNR; ++c) dst[c] = 0.0f;
-    }
-  }
 }
 
 // 16 floats rounded to bf16, to nearest even, NaN kept a quiet NaN: tensor/convert.h's
@@ -227,6 +237,28 @@ __attribute__((target("avx512f"))) void kernel(const Operands&, int64_t kc, floa
   else if (rows <= 8) vec16::micro_tile<8, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
   else vec16::micro_tile<kMR, kNR / 16>(kc, 1.0f, ap, 1, kMR, bp, kNR, 0.0f, tile, kNR);
   edge_out(tile, alpha, beta, c, ldc, rows, cols, out, ldo);
+}
+
+// Part `part` of `parts` of the cache lines of the B block at (p0, j0) [kc, nc], prefetched into
+// L2 as prefetch_a does (gemm_thread does so only for blocks of up to kPrefetchB floats: a 2 MiB
+// block pushed the current one out of L2, and the 2048-column Llama shapes ran 3–7% slower).
+void prefetch_b(const Operands& o, int64_t p0, int64_t kc, int64_t j0, int64_t nc, int64_t part, int64_t parts) {
+  const int64_t rows = o.tb ? nc : kc, len = o.tb ? kc : nc;
+  const float* base = o.tb ? o.b + j0 * o.ldb + p0 : o.b + p0 * o.ldb + j0;
+  for (int64_t r = rows * part / parts; r < rows * (part + 1) / parts; ++r)
+    for (int64_t x = 0; x < len; x += 16) _mm_prefetch(reinterpret_cast<const char*>(base + r * o.ldb + x), _MM_HINT_T1);
+}
+
+// Part `part` of `parts` of the cache lines of the A block at (i0, p0) [mc, kc], prefetched into
+// L2 while the kernel runs on the block before it (gemm_thread spreads the parts over its B
+// micro-panels). Packing reads A once, from L3 for the model's activations; without the prefetch
+// pack_a waited on it: 10% of the 1024 × 256 × 768 forward, 6.6% with it (perf, one thread).
+void prefetch_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int64_t part, int64_t parts) {
+  // Stored [M, K]: mc rows of kc floats; stored [K, M]: kc rows of mc floats.
+  const int64_t rows = o.ta ? kc : mc, len = o.ta ? mc : kc;
+  const float* base = o.ta ? o.a + p0 * o.lda + i0 : o.a + i0 * o.lda + p0;
+  for (int64_t r = rows * part / parts; r < rows * (part + 1) / parts; ++r)
+    for (int64_t x = 0; x < len; x += 16) _mm_prefetch(reinterpret_cast<const char*>(base + r * o.lda + x), _MM_HINT_T1);
 }
 
 // y [rows, cols] (ldy) = the f32 block [rows, cols] (lds) rounded to bf16, a row at a time.
@@ -304,8 +336,22 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
       for (int64_t ic = m0; ic < m1; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m1 - ic);
         pack_a(o, ic, mc, pc, kc, ap);
+        // f32: the next A block (the next rows at this depth, else the first rows at the next
+        // depth) and, before the next depth, this thread's part of its B block are prefetched,
+        // where the B block in use leaves room in L2 (at 2048 columns, 2 MiB, the A prefetch
+        // evicted it: the Llama-768 2048-column shapes ran 4–5% slower).
+        const bool next_rows = ic + mc_max < m1;
+        const int64_t next_i = next_rows ? ic + mc_max : m0, next_p = next_rows ? pc : pc + kc;
+        const int64_t next_mc = std::min(mc_max, m1 - next_i), next_kc = std::min(kc_max, K - next_p);
+        const int64_t my_nc = std::min(nc, q1 * kNR) - q0 * kNR;
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t j = jc + q * kNR, cols = std::min(kNR, N - j);
+          if constexpr (std::is_same_v<O, Operands>) {
+            if (next_kc > 0 && next_mc > 0 && kc * my_nc <= kPrefetchA)
+              prefetch_a(o, next_i, next_mc, next_p, next_kc, q - q0, q1 - q0);
+            if (!next_rows && next_kc > 0 && next_kc * my_nc <= kPrefetchB)  // this thread's part of the next B block
+              prefetch_b(o, next_p, next_kc, jc + q0 * kNR, my_nc, q - q0, q1 - q0);
+          }
           for (int64_t ir = 0; ir < mc; ir += mr) {
             const int64_t at = (ic + ir) * ldc + j;
             kernel(o, kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c ? c + at : nullptr, ldc,
