@@ -32,11 +32,12 @@
 //   kRopeMaxHeadDim, kAttentionMaxHeadDim   the largest head dims the kernels take
 //   kDeviceName           "CPU", "CUDA" (in messages)
 // and for attention (sdpa's own launchers and ring attention's chunk pairs):
-//   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T;
-//                         CUDA's: float), in which ring attention also sums its blocks
+//   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T,
+//                         float for bf16; CUDA's: float), in which ring attention also sums its blocks
 //   lse_input(c, i)       an attention backward's saved log-sum-exp, contiguous in attn_acc_t
 //   sinks_input(c, i)     an attention node's sinks [N], contiguous on the device, where the
-//                         kernels' AttentionVariant reads them (the CPU: as they are; CUDA: f32)
+//                         kernels' AttentionVariant reads them (in attn_acc_t: the CPU's f32 and
+//                         f64 as they are, bf16 widened; CUDA: f32)
 //   attend<T>(s, ...), attend_backward<T>(s, ...)   the device's flash attention forward and
 //                         backward on one call's operands (kernels/cpu/attention.h's arguments)
 //   variant_of<T>(c, offset)   the node's window and softcap (graph/builder.h AttentionAttrs) as
@@ -566,9 +567,9 @@ Tensor swiglu_backward(const KernelCall& c) {
 // skipped too (never visited, not masked). Sinks go with each query chunk's own pair only
 // (RingChunks::own): its block's log-sum-exp includes exp(sink), so the merged one counts it once;
 // the backward reads the merged lse and o, so that pair's dsinks is the whole sum for its rows.
-// The running output, its log-sum-exp and the gradients are summed in attn_acc_t (on CUDA f32 for
-// every T: a bf16 model's blocks are merged and summed in f32, the dK/dV partials travel in f32,
-// and each result is rounded once at the end).
+// The running output, its log-sum-exp and the gradients are summed in attn_acc_t (f32 for bf16 on
+// both devices, and on CUDA for every T: a bf16 model's blocks are merged and summed in f32, the
+// dK/dV partials travel in f32, and each result is rounded once at the end).
 namespace {
 
 // Rows [first, first + n) of dim 2 of x [B, H, L, D], as a strided view [B, H, n, D].

@@ -17,11 +17,17 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention_variant.h"
 #include "kernels/cpu/matmul.h"  // Bf16Gemm
 
 namespace autosp::cpu {
+
+// The type the kernels keep the log-sum-exp in for T: T for f32 and f64, f32 for bf16 (T =
+// uint16_t, raw bits: the bf16 kernels below).
+template <class T>
+using attention_acc_t = std::conditional_t<std::is_same_v<T, uint16_t>, float, T>;
 
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
@@ -74,9 +80,12 @@ int64_t sdpa_backward_bf16_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t 
 // Ring attention's merge of two partial attentions over disjoint key sets by their log-sum-exp:
 // rows of (o [rows, D], lse [rows]) become the attention over both key sets,
 //   lse' = log(e^lse + e^lse_blk),  o' = o · e^(lse - lse') + o_blk · e^(lse_blk - lse').
-// A row with lse_blk = -inf (it saw no key of the block) is left as it is.
+// A row with lse_blk = -inf (it saw no key of the block) is left as it is. o_blk is in T; o, lse
+// and lse_blk in attention_acc_t<T> (for bf16, T = uint16_t: the bf16 kernels' block output
+// merged into an f32 running attention, as on CUDA).
 template <class T>
-void merge_attention(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t rows, int64_t D);
+void merge_attention(attention_acc_t<T>* o, attention_acc_t<T>* lse, const T* o_blk, const attention_acc_t<T>* lse_blk,
+                     int64_t rows, int64_t D);
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]);
 // the mask of composite (matmul → softmax → matmul) attention. x and y may alias.
