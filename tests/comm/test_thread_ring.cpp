@@ -485,11 +485,12 @@ TEST_CASE("ring: a sliding window across chunk boundaries equals the whole seque
 // (5 < c, 11 > c, with a softcap), packed documents and sinks, against the float64 CPU kernel over
 // the whole sequence on the same (bf16) values (itself checked against a naive attention in
 // tests/kernels/test_attention_variants.cpp), forward and backward, within the bars of the bf16
-// sdpa tests. Where the CPU has the bf16 attention, the ring runs on it: its bits differ from the
-// emulation's (the f32 ring on the widened values, each result rounded), which runs elsewhere.
+// sdpa tests. Where the CPU has the bf16 attention and prefers it (head dim 32: sdpa_bf16_preferred),
+// the ring runs on it: its bits differ from the emulation's (the f32 ring on the widened values,
+// each result rounded), which runs elsewhere and at head dim 16.
 TEST_CASE("ring: bf16 ring_attention on the bf16 attention kernels matches the float64 attention",
           "[threads][ring][variants][bf16]") {
-  const int64_t B = 2, N = 4, Nkv = 2, D = 16, c = 8;
+  const int64_t B = 2, N = 4, Nkv = 2, c = 8;
   struct Variant {
     const char* name;
     AttentionAttrs attrs;
@@ -501,69 +502,76 @@ TEST_CASE("ring: bf16 ring_attention on the bf16 attention kernels matches the f
                               {"documents", {}, true, false},
                               {"sinks", {}, false, true},
                               {"window 5, documents and sinks", {5, 0}, true, true}};
-  const bool native = cpu::sdpa_bf16_native(D) && cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
-  if (!native) WARN("SKIPPED: the bf16 attention kernels (this CPU has no bf16 GEMM path); checking the emulation");
+  if (!cpu::sdpa_bf16_preferred(32) || cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32)
+    WARN("SKIPPED: the bf16 attention kernels (this CPU has no bf16 GEMM path); checking the emulation");
   const auto bf16 = [](const naive::Vec& x) { return naive::map(x, naive::round_bf16); };
-  for (const int64_t R : {2, 4})
-    for (const Variant& var : variants) {
-      INFO("R = " << R << ", " << var.name);
-      const int64_t S = 2 * R * c;
-      // The bf16 sdpa tests' inputs: q of deviation 2, the rest 1, scale 1/√D (logits of deviation 2).
-      RingOpCase t{B, N, Nkv, D, c, R, 0.25, "zigzag", var.attrs, bf16(naive::random_normal(B * N * S * D, 21, 2.0)),
-                   bf16(naive::random_normal(B * Nkv * S * D, 22)), bf16(naive::random_normal(B * Nkv * S * D, 23)),
-                   bf16(naive::random_normal(B * N * S * D, 24)), {}, {}, {}, {}};
-      if (var.docs)  // documents of 1 to 11 tokens, a different cut in each row
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t i = 0, start = 0; i < S; ++i) {
-            if ((i * 7 + b * 3) % 11 == 0) start = i;
-            t.docs.push_back(start);
-          }
-      if (var.sinks) t.sinks = {1.0, 1.5, 0.5, 2.0}, t.want_dsinks.assign(size_t(N), 0.0);
-      const AttentionVariant<double> v{.window = var.attrs.window, .softcap = var.attrs.softcap,
-                                       .sinks = var.sinks ? t.sinks.data() : nullptr,
-                                       .dsinks = var.sinks ? t.want_dsinks.data() : nullptr};
-      naive::Vec lse(size_t(B * N * S));
-      t.want_o.resize(t.q.size()), t.want_dq.resize(t.q.size()), t.want_dk.resize(t.k.size()), t.want_dv.resize(t.v.size());
-      const int64_t* docs = var.docs ? t.docs.data() : nullptr;
-      cpu::sdpa_forward<double>(t.q.data(), t.k.data(), t.v.data(), t.want_o.data(), lse.data(), B, N, Nkv, S, S, D,
-                                t.scale, true, docs, v);
-      // The backward reads o as the ring stored it (bf16), as the bf16 sdpa tests' reference does.
-      const std::vector<TensorMap> got = run_ring_op(t, DType::bf16);
-      const naive::Vec o_seen = gather_o(t, got);
-      cpu::sdpa_backward<double>(t.q.data(), t.k.data(), t.v.data(), o_seen.data(), lse.data(), t.dout.data(),
-                                 t.want_dq.data(), t.want_dk.data(), t.want_dv.data(), B, N, Nkv, S, S, D, t.scale,
-                                 true, docs, nullptr, v);
-      check_ring_op(t, DType::bf16, &got);
-      // Which path ran, by the bits of every rank's o (the backward's differ anyway: the f32 ring's
-      // reads an unrounded o).
-      const std::vector<TensorMap> wide = run_ring_op(t, DType::f32);
-      bool same = true;
-      for (int64_t r = 0; r < R; ++r) {
-        const Tensor x = got[size_t(r)].at("o"), e = wide[size_t(r)].at("o").to(DType::bf16);
-        same = same && std::equal(x.data<uint16_t>(), x.data<uint16_t>() + x.numel(), e.data<uint16_t>());
+  for (const int64_t D : {32, 16})
+    for (const int64_t R : {2, 4})
+      for (const Variant& var : variants) {
+        INFO("D = " << D << ", R = " << R << ", " << var.name);
+        const bool native = D >= 32 && cpu::sdpa_bf16_native(D) && cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
+        const int64_t S = 2 * R * c;
+        // The bf16 sdpa tests' inputs: q of deviation 2, the rest 1, scale 1/√D (logits of deviation 2).
+        RingOpCase t{B, N, Nkv, D, c, R, 1 / std::sqrt(double(D)), "zigzag", var.attrs,
+                     bf16(naive::random_normal(B * N * S * D, 21, 2.0)),
+                     bf16(naive::random_normal(B * Nkv * S * D, 22)), bf16(naive::random_normal(B * Nkv * S * D, 23)),
+                     bf16(naive::random_normal(B * N * S * D, 24)), {}, {}, {}, {}};
+        if (var.docs)  // documents of 1 to 11 tokens, a different cut in each row
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0, start = 0; i < S; ++i) {
+              if ((i * 7 + b * 3) % 11 == 0) start = i;
+              t.docs.push_back(start);
+            }
+        if (var.sinks) t.sinks = {1.0, 1.5, 0.5, 2.0}, t.want_dsinks.assign(size_t(N), 0.0);
+        const AttentionVariant<double> v{.window = var.attrs.window, .softcap = var.attrs.softcap,
+                                         .sinks = var.sinks ? t.sinks.data() : nullptr,
+                                         .dsinks = var.sinks ? t.want_dsinks.data() : nullptr};
+        naive::Vec lse(size_t(B * N * S));
+        t.want_o.resize(t.q.size()), t.want_dq.resize(t.q.size());
+        t.want_dk.resize(t.k.size()), t.want_dv.resize(t.v.size());
+        const int64_t* docs = var.docs ? t.docs.data() : nullptr;
+        cpu::sdpa_forward<double>(t.q.data(), t.k.data(), t.v.data(), t.want_o.data(), lse.data(), B, N, Nkv, S, S, D,
+                                  t.scale, true, docs, v);
+        // The backward reads o as the ring stored it (bf16), as the bf16 sdpa tests' reference does.
+        const std::vector<TensorMap> got = run_ring_op(t, DType::bf16);
+        const naive::Vec o_seen = gather_o(t, got);
+        cpu::sdpa_backward<double>(t.q.data(), t.k.data(), t.v.data(), o_seen.data(), lse.data(), t.dout.data(),
+                                   t.want_dq.data(), t.want_dk.data(), t.want_dv.data(), B, N, Nkv, S, S, D, t.scale,
+                                   true, docs, nullptr, v);
+        check_ring_op(t, DType::bf16, &got);
+        // Which path ran, by the bits of every rank's o (the backward's differ anyway: the f32
+        // ring's reads an unrounded o).
+        const std::vector<TensorMap> wide = run_ring_op(t, DType::f32);
+        bool same = true;
+        for (int64_t r = 0; r < R; ++r) {
+          const Tensor x = got[size_t(r)].at("o"), e = wide[size_t(r)].at("o").to(DType::bf16);
+          same = same && std::equal(x.data<uint16_t>(), x.data<uint16_t>() + x.numel(), e.data<uint16_t>());
+        }
+        CHECK(same == !native);
       }
-      CHECK(same == !native);
-    }
 }
 
 // A bf16 program's ring attention and its backward run on the bf16 attention kernels wherever its
-// sdpa does (the CPU has a bf16 GEMM path): the run log's emulated ops (engine/dispatch.h
-// cpu_bf16_emulated_ops) name them exactly where they name sdpa.
+// sdpa does (the CPU has a bf16 GEMM path, the head dim is at least 32): the run log's emulated
+// ops (engine/dispatch.h cpu_bf16_emulated_ops) name them exactly where they name sdpa.
 TEST_CASE("ring: the dispatch runs bf16 ring attention natively where it runs bf16 sdpa natively", "[ring][bf16]") {
-  Graph g;
-  RingOpCase t{1, 2, 2, 16, 4, 2, 0.3, "zigzag", {5, 0}, {}, {}, {}, {}, {}, {}, {}, {}};
-  t.docs.assign(8, 0), t.sinks = {1.0, 2.0};
-  build_ring_op(g, t, DType::bf16);
-  Builder b(g);
-  Node* q = b.input("q2", DType::bf16, {1, 2, 8, 16}, Role::none);
-  g.add_output(b.sdpa(q, q, q, true, 0.3));
-  const std::vector<std::string> ops = cpu_bf16_emulated_ops(g);
-  const auto emulated = [&](const char* op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
-  const bool gemm = cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
-  CHECK(emulated("sdpa") == !gemm);
-  CHECK(emulated("ring_attention") == !gemm);
-  CHECK(emulated("ring_attention_backward") == !gemm);
-  CHECK(cpu_bf16_emulated_ops(g).size() == (gemm ? 0u : 3u));
+  for (const int64_t D : {32, 16}) {
+    INFO("head dim " << D);
+    Graph g;
+    RingOpCase t{1, 2, 2, D, 4, 2, 0.3, "zigzag", {5, 0}, {}, {}, {}, {}, {}, {}, {}, {}};
+    t.docs.assign(8, 0), t.sinks = {1.0, 2.0};
+    build_ring_op(g, t, DType::bf16);
+    Builder b(g);
+    Node* q = b.input("q2", DType::bf16, {1, 2, 8, D}, Role::none);
+    g.add_output(b.sdpa(q, q, q, true, 0.3));
+    const std::vector<std::string> ops = cpu_bf16_emulated_ops(g);
+    const auto emulated = [&](const char* op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
+    const bool native = cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32 && D >= 32 && cpu::sdpa_bf16_native(D);
+    CHECK(emulated("sdpa") == !native);
+    CHECK(emulated("ring_attention") == !native);
+    CHECK(emulated("ring_attention_backward") == !native);
+    CHECK(ops.size() == (native ? 0u : 3u));
+  }
 }
 
 // The positions each rank holds, written out by hand from the zigzag rule (ring rank ρ of R holds

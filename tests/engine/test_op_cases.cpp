@@ -143,10 +143,11 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
 }
 
 // A bf16 sdpa node runs the bf16 attention kernel (its bits) where the CPU has it and the head dim
-// is even, and the emulation (the f32 kernel on widened values, rounded once) otherwise: the two
-// differ (P is rounded to bf16 in one), so the bits tell which ran.
+// is even and at least 32 (kernels/cpu/attention.h sdpa_bf16_preferred), and the emulation (the
+// f32 kernel on widened values, rounded once) otherwise: the two differ (P is rounded to bf16 in
+// one), so the bits tell which ran.
 TEST_CASE("bf16 sdpa nodes run on the bf16 attention where the CPU offers it", "[ops][executor][bf16]") {
-  for (const int64_t D : {int64_t(16), int64_t(15)}) {
+  for (const int64_t D : {int64_t(32), int64_t(16), int64_t(15)}) {
     const int64_t B = 1, N = 2, S = 40, n = B * N * S * D;
     Graph g;
     Builder b(g);
@@ -168,8 +169,9 @@ TEST_CASE("bf16 sdpa nodes run on the bf16 attention where the CPU offers it", "
     cpu::cast<float, uint16_t>(wide.data(), emulated.data(), n);
     const std::vector<uint16_t> out(got.data<uint16_t>(), got.data<uint16_t>() + n);
     INFO("D " << D);
-    if (!cpu::sdpa_bf16_native(D)) {
-      if (D % 2 == 0) WARN("SKIPPED: the bf16 attention (this CPU lacks AVX512-BF16); checking the emulation");
+    CHECK(cpu::sdpa_bf16_preferred(D) == (D >= 32 && cpu::sdpa_bf16_native(D)));
+    if (!cpu::sdpa_bf16_preferred(D)) {
+      if (D == 32) WARN("SKIPPED: the bf16 attention (this CPU lacks AVX512-BF16); checking the emulation");
       CHECK(out == emulated);
       continue;
     }

@@ -679,12 +679,12 @@ Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
 
 // The attention on bf16 q, k, v (and o, dout) with its tile products on the bf16 units
 // (kernels/cpu/attention.h: sdpa_forward_bf16); lse, the sinks (sinks_input widens them) and the
-// backward's workspace f32. An odd head dim (the products read pairs of it) or a non-bf16 o or
-// dout stays emulated.
+// backward's workspace f32. An odd head dim (the products read pairs of it), one below 32 (the
+// f32 kernels are faster there: sdpa_bf16_preferred) or a non-bf16 o or dout stays emulated.
 Tensor sdpa_bf16(const KernelCall& c) {
   const AttentionArgs args = attention_args(c, false);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
-  if (!cpu::sdpa_bf16_native(q.dim(3))) return bf16_via_f32(c, sdpa);
+  if (!cpu::sdpa_bf16_preferred(q.dim(3))) return bf16_via_f32(c, sdpa);
   Tensor y = out_like(c, DType::bf16);
   Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, DType::f32);
   cpu::sdpa_forward_bf16(q.data<uint16_t>(), k.data<uint16_t>(), v.data<uint16_t>(), y.data<uint16_t>(),
@@ -698,7 +698,7 @@ Tensor sdpa_bf16(const KernelCall& c) {
 Tensor sdpa_backward_bf16(const KernelCall& c) {
   const AttentionArgs args = attention_args(c, true);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
-  if (!cpu::sdpa_bf16_native(q.dim(3)) || args.o.dtype() != DType::bf16 || args.dout.dtype() != DType::bf16 ||
+  if (!cpu::sdpa_bf16_preferred(q.dim(3)) || args.o.dtype() != DType::bf16 || args.dout.dtype() != DType::bf16 ||
       args.lse.dtype() != DType::f32)
     return bf16_via_f32(c, sdpa_backward);
   Tensor dq = out_like(c, DType::bf16);
@@ -725,15 +725,15 @@ Tensor sdpa_backward_bf16(const KernelCall& c) {
 // with T = bf16, as on CUDA: each chunk pair on the bf16 units (its q, k, v, o, dout bf16, and the
 // o, dq, dk, dv it writes rounded to bf16), the log-sum-exp, the running output and the gradients
 // summed in f32 (the dK, dV partials travel in f32), each result rounded once at the end. Where
-// sdpa_bf16 would be emulated (an odd head dim; the backward's o or dout not bf16, or its lse not
-// f32), so is the ring.
+// sdpa_bf16 would be emulated (an odd head dim or one below 32; the backward's o or dout not
+// bf16, or its lse not f32), so is the ring.
 Tensor ring_attention_bf16(const KernelCall& c) {
-  if (!cpu::sdpa_bf16_native(c.in[0].dim(3))) return bf16_via_f32(c, ring_attention);
+  if (!cpu::sdpa_bf16_preferred(c.in[0].dim(3))) return bf16_via_f32(c, ring_attention);
   return ring_attention(c);
 }
 
 Tensor ring_attention_backward_bf16(const KernelCall& c) {
-  if (!cpu::sdpa_bf16_native(c.in[0].dim(3)) || c.in[3].dtype() != DType::bf16 || c.in[5].dtype() != DType::bf16 ||
+  if (!cpu::sdpa_bf16_preferred(c.in[0].dim(3)) || c.in[3].dtype() != DType::bf16 || c.in[5].dtype() != DType::bf16 ||
       c.in[4].dtype() != DType::f32)
     return bf16_via_f32(c, ring_attention_backward);
   return ring_attention_backward(c);
@@ -1106,12 +1106,14 @@ Tensor rope_bf16(const KernelCall& c) {
 // The ops computed natively where their first `bf16_inputs` inputs are bf16 (else emulated); the
 // rest are ids or the loss's f32 gradient, and the outputs have the types the op table gives. The
 // GEMM-bound ones (`gemm`) only where the CPU's bf16 GEMM beats widening (AVX512-BF16), the
-// chunked elementwise ones everywhere.
+// chunked elementwise ones everywhere; the attention ones (`attention`) only at the head dims
+// (input 0's dim 3) cpu::sdpa_bf16_preferred takes, which their launchers check.
 struct NativeBf16Row {
   Op op;
   KernelFn run;
   size_t bf16_inputs;
   bool gemm;
+  bool attention = false;
 };
 constexpr NativeBf16Row kNativeBf16[] = {
     {Op::matmul, matmul_bf16, 2, true},
@@ -1119,10 +1121,10 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16, 5, true},
     {Op::linear_cross_entropy_sum, linear_cross_entropy_sum_bf16, 2, true},
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward_bf16, 2, true},
-    {Op::sdpa, sdpa_bf16, 3, true},
-    {Op::sdpa_backward, sdpa_backward_bf16, 3, true},
-    {Op::ring_attention, ring_attention_bf16, 3, true},
-    {Op::ring_attention_backward, ring_attention_backward_bf16, 3, true},
+    {Op::sdpa, sdpa_bf16, 3, true, true},
+    {Op::sdpa_backward, sdpa_backward_bf16, 3, true, true},
+    {Op::ring_attention, ring_attention_bf16, 3, true, true},
+    {Op::ring_attention_backward, ring_attention_backward_bf16, 3, true, true},
     {Op::add, binary_bf16<Binary::add>, 2, false},
     {Op::sub, binary_bf16<Binary::sub>, 2, false},
     {Op::mul, binary_bf16<Binary::mul>, 2, false},
@@ -1158,9 +1160,13 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::sequence_logps_backward, sequence_logps_backward_bf16, 1, false},
 };
 
-bool has_native_bf16(Op op) {
-  for (const NativeBf16Row& row : kNativeBf16)
-    if (row.op == op) return !row.gemm || cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
+bool has_native_bf16(const Node& n) {
+  for (const NativeBf16Row& row : kNativeBf16) {
+    if (row.op != n.op()) continue;
+    if (row.gemm && cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return false;
+    const Dim& D = n.input(0)->shape().back();  // q [B, N, S, D]
+    return !row.attention || !D.is_const() || cpu::sdpa_bf16_preferred(D.value());
+  }
   return false;
 }
 

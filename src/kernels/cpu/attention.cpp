@@ -1047,6 +1047,8 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
 
 bool sdpa_bf16_native(int64_t D) { return D % 2 == 0 && bf16_gemm_available(Bf16Gemm::avx512_bf16); }
 
+bool sdpa_bf16_preferred(int64_t D) { return D >= 32 && sdpa_bf16_native(D); }
+
 Bf16Gemm sdpa_bf16_path() { return bf16_gemm_best() == Bf16Gemm::amx ? Bf16Gemm::amx : Bf16Gemm::avx512_bf16; }
 
 namespace {

@@ -65,6 +65,12 @@ int64_t sdpa_backward_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, i
 // The backward's workspace (may be null) holds sdpa_backward_bf16_workspace(...) floats: the
 // chunks' f32 dK, dV, the last chunk's included.
 bool sdpa_bf16_native(int64_t D);
+// Whether bf16 attention at head dim D should run on these kernels rather than on the f32 ones on
+// widened copies (what the dispatch asks, engine/cpu/launchers.cpp): sdpa_bf16_native(D) and D ≥
+// 32. Below 32 the f32 kernels' transposed small-head-dim tiles (decision 230) beat the bf16 tile
+// products, whose depth D is then one or two pair steps (decision 248: at D = 16, fwd + bwd, 740
+// against 572 ms for sdpa and 748 against 558 for a ring of 2; at D = 32, 314 against 523).
+bool sdpa_bf16_preferred(int64_t D);
 Bf16Gemm sdpa_bf16_path();
 void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t B,
                        int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
