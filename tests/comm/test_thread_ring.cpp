@@ -224,10 +224,9 @@ TEST_CASE("ring: attention sinks equal the float64 P = 1 run under Ulysses, ring
   }
 }
 
-// The same sinks in bf16 (the ring and sdpa on the bf16 attention kernels where the CPU has them,
-// the sinks widened to f32 and dsinks rounded; else emulated), a windowed Mistral with packed
-// documents at Ulysses 4, Ulysses 2 x ring 2 and as a ring of 4, within the bars of the other bf16
-// tests.
+// The same sinks in bf16 (at this head dim, 4, the CPU emulates the ring and sdpa: decision 248),
+// a windowed Mistral with packed documents at Ulysses 4, Ulysses 2 x ring 2 and as a ring of 4,
+// within the bars of the other bf16 tests.
 TEST_CASE("ring: attention sinks in bf16 match the P = 1 bf16 run", "[threads][ring][variants]") {
   json model = llama(4, 2, 16);
   model.update({{"arch", "mistral"}, {"sliding_window", 5}, {"attention_sinks", true}});
@@ -245,8 +244,8 @@ TEST_CASE("ring: attention sinks in bf16 match the P = 1 bf16 run", "[threads][r
 }
 
 // Activation checkpointing recomputes the forward's ring attention (it rings again); the tiled
-// loss is token-wise. bf16: the ring on the bf16 attention kernels where the CPU has them (else
-// emulated), within the bars of the Ulysses bf16 tests.
+// loss is token-wise. bf16 (at head dim 8 the CPU emulates the ring: decision 248), within the
+// bars of the Ulysses bf16 tests.
 TEST_CASE("ring: activation checkpointing with the tiled loss (f64), and bf16, at Ulysses 2 x ring 2",
           "[threads][ring]") {
   const json model = llama(2, 1, 16);
@@ -267,8 +266,10 @@ TEST_CASE("ring: activation checkpointing with the tiled loss (f64), and bf16, a
     check_equal_bf16(got, ref);
 }
 
-// bf16 through the windowed exchange (the tails travel in bf16, their gradients in f32): a Mistral with sliding_window 5 as a ring of 4 with packed documents,
-// within the bars of the Ulysses bf16 tests.
+// bf16 through the windowed exchange: a Mistral with sliding_window 5 as a ring of 4 with packed
+// documents, within the bars of the Ulysses bf16 tests. At its head dim (4) the CPU emulates the
+// ring (decision 248: the f32 ring, so the tails and their gradients travel as f32); the test
+// below runs a bf16 model's ring on the bf16 kernels.
 TEST_CASE("ring: a windowed Mistral in bf16 as a ring of 4 matches the P = 1 bf16 run", "[threads][ring][variants]") {
   json model = llama(4, 2, 16);
   model.update({{"arch", "mistral"}, {"sliding_window", 5}});
@@ -277,6 +278,37 @@ TEST_CASE("ring: a windowed Mistral in bf16 as a ring of 4 matches the P = 1 bf1
   const Batch batch = ring_batch(2, 32, 61, true);
   const LossAndGrads ref = run_reference(cfg1, batch, params, DType::bf16);
   for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params, DType::bf16)) check_equal_bf16(got, ref);
+}
+
+// A bf16 model whose ring runs on the bf16 attention kernels (head dim 32, decisions 247, 248): a
+// Mistral with 2 heads of 32, 2 kv heads, sliding_window 5, sinks and packed documents, as a ring
+// of 4 and as Ulysses 2 x ring 2, against the P = 1 bf16 run (sdpa on the bf16 kernels), within the
+// bars of the other bf16 tests; the run log names no attention op as emulated.
+TEST_CASE("ring: a bf16 Mistral at head dim 32 (the ring on the bf16 kernels) matches the P = 1 bf16 run",
+          "[threads][ring][variants][bf16]") {
+  json model = llama(2, 2, 64);
+  model.update({{"arch", "mistral"}, {"sliding_window", 5}, {"attention_sinks", true}});
+  const Config cfg1 = ring_config(model, 1, 1, 32, 2, true);
+  ParamMap params = init_params(cfg1.model, 38, DType::f32);
+  spread_sinks(params, 2, 2);
+  const Batch batch = ring_batch(2, 32, 64, true);
+  const LossAndGrads ref = run_reference(cfg1, batch, params, DType::bf16);
+  const Config cfg = ring_config(model, 4, 4, 32, 2, true);
+  const RankProgram prog = build_program(cfg, DType::bf16, Stage::joint, rank_layout(4, 0, 4, 4));
+  int rings = 0;
+  for (const auto& n : prog.graph->nodes()) rings += n->op() == Op::ring_attention_backward;
+  CHECK(rings == 2);
+  if (cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32 && cpu::sdpa_bf16_native(32))
+    for (const std::string& op : cpu_bf16_emulated_ops(*prog.graph)) {
+      INFO("emulated: " << op);
+      CHECK(op.find("attention") == std::string::npos);
+    }
+  for (const int64_t ring : {4, 2}) {
+    INFO("P = 4, ring " << ring);
+    for (const auto& got : run_ranks(4, ring_config(model, 4, ring, 32, 2, true), [&](int) { return batch; }, params,
+                                     DType::bf16))
+      check_equal_bf16(got, ref);
+  }
 }
 
 TEST_CASE("ring: train() at Ulysses 2 x ring 2 and ZeRO-3 gives the P = 1 loss curve", "[threads][ring]") {
