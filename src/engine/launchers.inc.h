@@ -46,6 +46,8 @@
 //   pair_doc_start(c, dh, buf, s)   a chunk pair's document starts (dh, on the host) where the
 //                         kernels read them (on CUDA uploaded into buf)
 //   add_into<T>(y, x, n, scratch, s)   y (attn_acc_t) += x (T) over n elements
+//   kAddIntoWidens        whether add_into needs `scratch` (n attn_acc_t) to widen a T that is
+//                         not attn_acc_t (CUDA: it casts, then adds; the CPU widens as it reads)
 
 namespace {
 
@@ -716,10 +718,10 @@ Tensor ring_attention_backward(const KernelCall& c) {
     call(s, dev::fill<A>, ptr<A>(dqh), dqh.numel(), A(0));
     Tensor dq_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
     Tensor dkv_blk = Tensor::empty({2, g.B, g.Nkv, g.c, g.D}, q.dtype(), c.alloc);  // dk, dv of one chunk pair
-    // Where add_into widens a block's T to A (none when they are the same type).
-    const Tensor widened = std::is_same_v<A, T> ? Tensor()
-                                                : Tensor::empty({std::max(dq_blk.numel(), dkv_blk.numel())},
-                                                                dtype_of<A>, c.alloc);
+    // Where add_into widens a block's T to A (none when they are the same type or it needs none).
+    const Tensor widened = std::is_same_v<A, T> || !kAddIntoWidens
+                               ? Tensor()
+                               : Tensor::empty({std::max(dq_blk.numel(), dkv_blk.numel())}, dtype_of<A>, c.alloc);
     A* const scratch = widened.defined() ? ptr<A>(widened) : nullptr;
     Tensor kv = kv_block(c, k, v, s), docs_blk;
     std::vector<int64_t> dh;

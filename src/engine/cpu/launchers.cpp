@@ -217,6 +217,7 @@ void add_into(attn_acc_t<T>* y, const T* x, int64_t n, attn_acc_t<T>*, Stream) {
     else y[i] += x[i];
   }
 }
+constexpr bool kAddIntoWidens = false;
 
 // The memory plan's workspace for the node (KernelCall::workspace) as T scratch, when there is one
 // of at least `bytes` (a bf16 node's runs in f32); else nullptr.
