@@ -1165,8 +1165,9 @@ bool has_native_bf16(const Node& n) {
   for (const NativeBf16Row& row : kNativeBf16) {
     if (row.op != n.op()) continue;
     if (row.gemm && cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return false;
-    const Dim& D = n.input(0)->shape().back();  // q [B, N, S, D]
-    return !row.attention || !D.is_const() || cpu::sdpa_bf16_preferred(D.value());
+    if (!row.attention) return true;
+    const Dim& D = n.input(0)->shape().at(3);  // q [B, N, S, D]
+    return !D.is_const() || cpu::sdpa_bf16_preferred(D.value());
   }
   return false;
 }
