@@ -59,7 +59,7 @@ std::vector<std::string> cpu_bf16_emulated_ops(const Graph& program) {
   for (const std::unique_ptr<Node>& n : program.nodes()) {
     const Op op = n->op();
     if (op == Op::input || op == Op::parameter || op == Op::output) continue;  // not dispatched
-    if (op_info(op).numerics != Numerics::computes || cpu_ops::has_native_bf16(op)) continue;
+    if (op_info(op).numerics != Numerics::computes || cpu_ops::has_native_bf16(*n)) continue;
     bool bf16 = n->dtype() == DType::bf16;
     for (const Node* in : n->inputs()) bf16 = bf16 || in->dtype() == DType::bf16;
     if (bf16) ops.insert(std::string(n->op_name()));

@@ -33,9 +33,11 @@ Tensor bf16_via_f32(const KernelCall& c, KernelFn f32_launcher);
 // bf16_gemm_best, where it beats widening), same-shape elementwise ops in widened chunks; else
 // nullptr (then it is emulated).
 KernelFn native_bf16(const KernelCall& c);
-// Whether `op` has such a launcher on this machine (a GEMM-bound one only where the bf16 GEMM
-// beats widening). Its launcher may still emulate a call it cannot take (sdpa with an odd head dim).
-bool has_native_bf16(Op op);
+// Whether node `n`'s op has such a launcher on this machine (a GEMM-bound one only where the bf16
+// GEMM beats widening; the attention ops only at a head dim the bf16 attention takes where it is
+// faster, kernels/cpu/attention.h sdpa_bf16_preferred, when the head dim is a constant). Its
+// launcher may still emulate a call it cannot take (a backward whose o is not bf16).
+bool has_native_bf16(const Node& n);
 
 // The CPU sdpa_backward's partial dK, dV (kernels/cpu/attention.h), in bytes of its compute type
 // (f32 for bf16 nodes, which run through bf16_via_f32).

@@ -32,11 +32,12 @@
 //   kRopeMaxHeadDim, kAttentionMaxHeadDim   the largest head dims the kernels take
 //   kDeviceName           "CPU", "CUDA" (in messages)
 // and for attention (sdpa's own launchers and ring attention's chunk pairs):
-//   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T;
-//                         CUDA's: float), in which ring attention also sums its blocks
+//   attn_acc_t<T>         the type the attention kernels write the log-sum-exp in (the CPU's: T,
+//                         float for bf16; CUDA's: float), in which ring attention also sums its blocks
 //   lse_input(c, i)       an attention backward's saved log-sum-exp, contiguous in attn_acc_t
 //   sinks_input(c, i)     an attention node's sinks [N], contiguous on the device, where the
-//                         kernels' AttentionVariant reads them (the CPU: as they are; CUDA: f32)
+//                         kernels' AttentionVariant reads them (in attn_acc_t: the CPU's f32 and
+//                         f64 as they are, bf16 widened; CUDA: f32)
 //   attend<T>(s, ...), attend_backward<T>(s, ...)   the device's flash attention forward and
 //                         backward on one call's operands (kernels/cpu/attention.h's arguments)
 //   variant_of<T>(c, offset)   the node's window and softcap (graph/builder.h AttentionAttrs) as
@@ -45,6 +46,8 @@
 //   pair_doc_start(c, dh, buf, s)   a chunk pair's document starts (dh, on the host) where the
 //                         kernels read them (on CUDA uploaded into buf)
 //   add_into<T>(y, x, n, scratch, s)   y (attn_acc_t) += x (T) over n elements
+//   kAddIntoWidens        whether add_into needs `scratch` (n attn_acc_t) to widen a T that is
+//                         not attn_acc_t (CUDA: it casts, then adds; the CPU widens as it reads)
 
 namespace {
 
@@ -566,9 +569,9 @@ Tensor swiglu_backward(const KernelCall& c) {
 // skipped too (never visited, not masked). Sinks go with each query chunk's own pair only
 // (RingChunks::own): its block's log-sum-exp includes exp(sink), so the merged one counts it once;
 // the backward reads the merged lse and o, so that pair's dsinks is the whole sum for its rows.
-// The running output, its log-sum-exp and the gradients are summed in attn_acc_t (on CUDA f32 for
-// every T: a bf16 model's blocks are merged and summed in f32, the dK/dV partials travel in f32,
-// and each result is rounded once at the end).
+// The running output, its log-sum-exp and the gradients are summed in attn_acc_t (f32 for bf16 on
+// both devices, and on CUDA for every T: a bf16 model's blocks are merged and summed in f32, the
+// dK/dV partials travel in f32, and each result is rounded once at the end).
 namespace {
 
 // Rows [first, first + n) of dim 2 of x [B, H, L, D], as a strided view [B, H, n, D].
@@ -715,10 +718,10 @@ Tensor ring_attention_backward(const KernelCall& c) {
     call(s, dev::fill<A>, ptr<A>(dqh), dqh.numel(), A(0));
     Tensor dq_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
     Tensor dkv_blk = Tensor::empty({2, g.B, g.Nkv, g.c, g.D}, q.dtype(), c.alloc);  // dk, dv of one chunk pair
-    // Where add_into widens a block's T to A (none when they are the same type).
-    const Tensor widened = std::is_same_v<A, T> ? Tensor()
-                                                : Tensor::empty({std::max(dq_blk.numel(), dkv_blk.numel())},
-                                                                dtype_of<A>, c.alloc);
+    // Where add_into widens a block's T to A (none when they are the same type or it needs none).
+    const Tensor widened = std::is_same_v<A, T> || !kAddIntoWidens
+                               ? Tensor()
+                               : Tensor::empty({std::max(dq_blk.numel(), dkv_blk.numel())}, dtype_of<A>, c.alloc);
     A* const scratch = widened.defined() ? ptr<A>(widened) : nullptr;
     Tensor kv = kv_block(c, k, v, s), docs_blk;
     std::vector<int64_t> dh;

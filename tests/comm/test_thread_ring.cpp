@@ -14,16 +14,19 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/counting.h"
 #include "comm/threads.h"
+#include "engine/dispatch.h"
 #include "engine/ring.h"
 #include "common/naive.h"
 #include "common/sp_case.h"
 #include "graph/builder.h"
 #include "graph/passes/autosp/autosp.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/kernel_test.h"
 
 namespace autosp::test {
 namespace {
@@ -221,9 +224,9 @@ TEST_CASE("ring: attention sinks equal the float64 P = 1 run under Ulysses, ring
   }
 }
 
-// The same sinks in bf16 (the CPU runs the ring in f32; sdpa in the bf16 kernels where the CPU has
-// them, the sinks widened to f32 and dsinks rounded), a windowed Mistral with packed documents at
-// Ulysses 4, Ulysses 2 x ring 2 and as a ring of 4, within the bars of the other bf16 tests.
+// The same sinks in bf16 (at this head dim, 4, the CPU emulates the ring and sdpa: decision 248),
+// a windowed Mistral with packed documents at Ulysses 4, Ulysses 2 x ring 2 and as a ring of 4,
+// within the bars of the other bf16 tests.
 TEST_CASE("ring: attention sinks in bf16 match the P = 1 bf16 run", "[threads][ring][variants]") {
   json model = llama(4, 2, 16);
   model.update({{"arch", "mistral"}, {"sliding_window", 5}, {"attention_sinks", true}});
@@ -241,8 +244,8 @@ TEST_CASE("ring: attention sinks in bf16 match the P = 1 bf16 run", "[threads][r
 }
 
 // Activation checkpointing recomputes the forward's ring attention (it rings again); the tiled
-// loss is token-wise. bf16: the ring runs in f32 (the CPU's bf16 emulation), within the bars of
-// the Ulysses bf16 tests.
+// loss is token-wise. bf16 (at head dim 8 the CPU emulates the ring: decision 248), within the
+// bars of the Ulysses bf16 tests.
 TEST_CASE("ring: activation checkpointing with the tiled loss (f64), and bf16, at Ulysses 2 x ring 2",
           "[threads][ring]") {
   const json model = llama(2, 1, 16);
@@ -263,9 +266,10 @@ TEST_CASE("ring: activation checkpointing with the tiled loss (f64), and bf16, a
     check_equal_bf16(got, ref);
 }
 
-// bf16 through the windowed exchange (the CPU runs the ring in f32, so the tails and their
-// gradients travel as f32): a Mistral with sliding_window 5 as a ring of 4 with packed documents,
-// within the bars of the Ulysses bf16 tests.
+// bf16 through the windowed exchange: a Mistral with sliding_window 5 as a ring of 4 with packed
+// documents, within the bars of the Ulysses bf16 tests. At its head dim (4) the CPU emulates the
+// ring (decision 248: the f32 ring, so the tails and their gradients travel as f32); the test
+// below runs a bf16 model's ring on the bf16 kernels.
 TEST_CASE("ring: a windowed Mistral in bf16 as a ring of 4 matches the P = 1 bf16 run", "[threads][ring][variants]") {
   json model = llama(4, 2, 16);
   model.update({{"arch", "mistral"}, {"sliding_window", 5}});
@@ -274,6 +278,37 @@ TEST_CASE("ring: a windowed Mistral in bf16 as a ring of 4 matches the P = 1 bf1
   const Batch batch = ring_batch(2, 32, 61, true);
   const LossAndGrads ref = run_reference(cfg1, batch, params, DType::bf16);
   for (const auto& got : run_ranks(4, cfg, [&](int) { return batch; }, params, DType::bf16)) check_equal_bf16(got, ref);
+}
+
+// A bf16 model whose ring runs on the bf16 attention kernels (head dim 32, decisions 247, 248): a
+// Mistral with 2 heads of 32, 2 kv heads, sliding_window 5, sinks and packed documents, as a ring
+// of 4 and as Ulysses 2 x ring 2, against the P = 1 bf16 run (sdpa on the bf16 kernels), within the
+// bars of the other bf16 tests; the run log names no attention op as emulated.
+TEST_CASE("ring: a bf16 Mistral at head dim 32 (the ring on the bf16 kernels) matches the P = 1 bf16 run",
+          "[threads][ring][variants][bf16]") {
+  json model = llama(2, 2, 64);
+  model.update({{"arch", "mistral"}, {"sliding_window", 5}, {"attention_sinks", true}});
+  const Config cfg1 = ring_config(model, 1, 1, 32, 2, true);
+  ParamMap params = init_params(cfg1.model, 38, DType::f32);
+  spread_sinks(params, 2, 2);
+  const Batch batch = ring_batch(2, 32, 64, true);
+  const LossAndGrads ref = run_reference(cfg1, batch, params, DType::bf16);
+  const Config cfg = ring_config(model, 4, 4, 32, 2, true);
+  const RankProgram prog = build_program(cfg, DType::bf16, Stage::joint, rank_layout(4, 0, 4, 4));
+  int rings = 0;
+  for (const auto& n : prog.graph->nodes()) rings += n->op() == Op::ring_attention_backward;
+  CHECK(rings == 2);
+  if (cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32 && cpu::sdpa_bf16_native(32))
+    for (const std::string& op : cpu_bf16_emulated_ops(*prog.graph)) {
+      INFO("emulated: " << op);
+      CHECK(op.find("attention") == std::string::npos);
+    }
+  for (const int64_t ring : {4, 2}) {
+    INFO("P = 4, ring " << ring);
+    for (const auto& got : run_ranks(4, ring_config(model, 4, ring, 32, 2, true), [&](int) { return batch; }, params,
+                                     DType::bf16))
+      check_equal_bf16(got, ref);
+  }
 }
 
 TEST_CASE("ring: train() at Ulysses 2 x ring 2 and ZeRO-3 gives the P = 1 loss curve", "[threads][ring]") {
@@ -309,56 +344,122 @@ double max_abs_diff(const naive::Vec& a, const naive::Vec& b) {
 
 // Full-sequence tensors [B, H, S, D] and the expected outputs, against which ring_attention and its
 // backward run on R thread ranks (each fed its two chunks of c tokens, layout `layout`, the node's
-// attention attributes `attrs`) are checked rank by rank (f64, to 1e-12).
+// attention attributes `attrs`, optionally document starts [B, S] and sinks [N]) are checked rank
+// by rank: in f64 to 1e-12; in bf16 (the inputs already bf16 values) within the bars of the bf16
+// sdpa tests (tests/kernels/test_attention_variants.cpp: relative L2 error 5e-3, each element
+// 1e-2 · (1 + |ref|)), except that an element may be off by 2e-2 · (1 + |ref|): the ring rounds each
+// chunk pair's o, dq, dk, dv to bf16 before it sums them in f32 (as on CUDA), one more rounding
+// of partials that may cancel (measured: 1.3e-2 at most).
 struct RingOpCase {
   int64_t B, N, Nkv, D, c, R;
   double scale;
   std::string layout;
   AttentionAttrs attrs;
   naive::Vec q, k, v, dout, want_o, want_dq, want_dk, want_dv;
+  std::vector<int64_t> docs = {};           // [B, S] global positions, or none
+  naive::Vec sinks = {}, want_dsinks = {};  // [N], or none
 };
 
-void check_ring_op(const RingOpCase& t) {
-  const int64_t B = t.B, N = t.N, Nkv = t.Nkv, D = t.D, c = t.c, R = t.R, S = 2 * R * c, L = 2 * c;
-  // Rows [B, H, S, D] → this rank's [B, H, L, D]: its two chunks side by side.
-  auto local = [&](const naive::Vec& x, int64_t H, int64_t r) {
-    const RankChunks ch = ring_rank_chunks(r, R, t.layout == "zigzag" ? RingLayout::zigzag : RingLayout::contiguous);
-    naive::Vec out;
-    for (int64_t bh = 0; bh < B * H; ++bh)
-      for (int64_t chunk : {ch.first, ch.second})
-        out.insert(out.end(), x.begin() + (bh * S + chunk * c) * D, x.begin() + (bh * S + chunk * c + c) * D);
-    return out;
-  };
-  Graph g;
+// Rows of x [B, H, S, w] → ring rank r's [B, H, L, w]: its two chunks side by side.
+template <class V>
+V local_rows(const RingOpCase& t, const V& x, int64_t H, int64_t r, int64_t w) {
+  const int64_t S = 2 * t.R * t.c, c = t.c;
+  const RankChunks ch = ring_rank_chunks(r, t.R, t.layout == "zigzag" ? RingLayout::zigzag : RingLayout::contiguous);
+  V out;
+  for (int64_t bh = 0; bh < t.B * H; ++bh)
+    for (int64_t chunk : {ch.first, ch.second})
+      out.insert(out.end(), x.begin() + (bh * S + chunk * c) * w, x.begin() + (bh * S + chunk * c + c) * w);
+  return out;
+}
+
+// A rank's ring op and its backward in `dt`: inputs q, k, v, dout (, docs) (, sinks), outputs o,
+// dq, dk, dv (, dsinks).
+void build_ring_op(Graph& g, const RingOpCase& t, DType dt) {
+  const int64_t B = t.B, N = t.N, Nkv = t.Nkv, D = t.D, R = t.R, L = 2 * t.c;
   Builder b(g);
-  Node* qn = b.input("q", DType::f64, {B, N, L, D}, Role::none);
-  Node* kn = b.input("k", DType::f64, {B, Nkv, L, D}, Role::none);
-  Node* vn = b.input("v", DType::f64, {B, Nkv, L, D}, Role::none);
-  Node* dn = b.input("dout", DType::f64, {B, N, L, D}, Role::none);
-  Node* o = b.ring_attention(qn, kn, vn, true, t.scale, "ring", R, "o");
-  Node* dq = b.ring_attention_backward(qn, kn, vn, o, b.output(o, 1, "lse"), dn, true, t.scale, "ring", R, "dq");
+  Node* qn = b.input("q", dt, {B, N, L, D}, Role::none);
+  Node* kn = b.input("k", dt, {B, Nkv, L, D}, Role::none);
+  Node* vn = b.input("v", dt, {B, Nkv, L, D}, Role::none);
+  Node* dn = b.input("dout", dt, {B, N, L, D}, Role::none);
+  Node* docs = t.docs.empty() ? nullptr : b.input("docs", DType::i64, {B, L}, Role::none);
+  Node* sinks = t.sinks.empty() ? nullptr : b.input("sinks", dt, {N}, Role::none);
+  Node* o = b.ring_attention(qn, kn, vn, true, t.scale, "ring", R, "o", docs, sinks);
+  Node* dq = b.ring_attention_backward(qn, kn, vn, o, b.output(o, 1, "lse"), dn, true, t.scale, "ring", R, "dq", docs,
+                                       sinks);
   for (Node* n : {o, dq}) {
     n->attrs().set("layout", t.layout);
     set_attention_attrs(n, t.attrs);
   }
   for (Node* out : {o, dq, b.output(dq, 1, "dk"), b.output(dq, 2, "dv")}) g.add_output(out);
-  std::vector<TensorMap> got(static_cast<size_t>(R));
-  run_thread_ranks(int(R), [&](ThreadCommunicator& w) {
+  if (sinks) g.add_output(b.output(dq, 3, "dsinks"));
+}
+
+// Each rank's outputs o, dq, dk, dv (and dsinks) of the ring op in `dt`.
+std::vector<TensorMap> run_ring_op(const RingOpCase& t, DType dt) {
+  const int64_t B = t.B, N = t.N, Nkv = t.Nkv, D = t.D, L = 2 * t.c;
+  Graph g;
+  build_ring_op(g, t, dt);
+  std::vector<TensorMap> got(static_cast<size_t>(t.R));
+  run_thread_ranks(int(t.R), [&](ThreadCommunicator& w) {
     const int64_t r = w.rank();
-    const TensorMap feeds{{"q", Tensor::from_vector({B, N, L, D}, local(t.q, N, r))},
-                          {"k", Tensor::from_vector({B, Nkv, L, D}, local(t.k, Nkv, r))},
-                          {"v", Tensor::from_vector({B, Nkv, L, D}, local(t.v, Nkv, r))},
-                          {"dout", Tensor::from_vector({B, N, L, D}, local(t.dout, N, r))}};
+    const auto in = [&](const naive::Vec& x, int64_t H) {
+      return Tensor::from_vector({B, H, L, D}, local_rows(t, x, H, r, D)).to(dt);
+    };
+    TensorMap feeds{{"q", in(t.q, N)}, {"k", in(t.k, Nkv)}, {"v", in(t.v, Nkv)}, {"dout", in(t.dout, N)}};
+    if (!t.docs.empty()) feeds.emplace("docs", Tensor::from_vector({B, L}, local_rows(t, t.docs, 1, r, 1)));
+    if (!t.sinks.empty()) feeds.emplace("sinks", Tensor::from_vector({N}, t.sinks).to(dt));
     got[size_t(r)] = Executor(g).run(feeds, {{"ring", &w}}).outputs;
   });
-  for (int64_t r = 0; r < R; ++r) {
+  return got;
+}
+
+// The ranks' o as the whole sequence's [B, N, S, D] (the inverse of local_rows).
+naive::Vec gather_o(const RingOpCase& t, const std::vector<TensorMap>& got) {
+  const int64_t S = 2 * t.R * t.c;
+  naive::Vec whole(size_t(t.B * t.N * S * t.D));
+  for (int64_t r = 0; r < t.R; ++r) {
+    naive::Vec positions(size_t(t.B * t.N * S * t.D));
+    for (size_t i = 0; i < positions.size(); ++i) positions[i] = double(i);
+    const naive::Vec at = local_rows(t, positions, t.N, r, t.D), o = got[size_t(r)].at("o").to_doubles();
+    for (size_t i = 0; i < at.size(); ++i) whole[size_t(at[i])] = o[i];
+  }
+  return whole;
+}
+
+// `got` (run_ring_op's in `dt`; run here when null) against the case's expected outputs.
+void check_ring_op(const RingOpCase& t, DType dt = DType::f64, const std::vector<TensorMap>* outputs = nullptr) {
+  const std::vector<TensorMap> got = outputs ? *outputs : run_ring_op(t, dt);
+  const auto check = [&](const Tensor& out, const naive::Vec& want) {
+    CHECK(out.dtype() == dt);
+    const naive::Vec x = out.to_doubles();
+    if (dt == DType::f64) {
+      CHECK(max_abs_diff(x, want) < 1e-12);
+      return;
+    }
+    test::check_close(x, want, 2e-2);
+    INFO("relative L2 error");
+    CHECK(test::relative_l2(x, want) <= 5e-3);
+  };
+  for (int64_t r = 0; r < t.R; ++r) {
     INFO("ring rank " << r);
     const TensorMap& out = got[size_t(r)];
-    CHECK(max_abs_diff(out.at("o").to_doubles(), local(t.want_o, N, r)) < 1e-12);
-    CHECK(max_abs_diff(out.at("dq").to_doubles(), local(t.want_dq, N, r)) < 1e-12);
-    CHECK(max_abs_diff(out.at("dk").to_doubles(), local(t.want_dk, Nkv, r)) < 1e-12);
-    CHECK(max_abs_diff(out.at("dv").to_doubles(), local(t.want_dv, Nkv, r)) < 1e-12);
+    for (const auto& [name, want, H] : {std::tuple{"o", &t.want_o, t.N}, {"dq", &t.want_dq, t.N},
+                                        {"dk", &t.want_dk, t.Nkv}, {"dv", &t.want_dv, t.Nkv}}) {
+      INFO(name);
+      check(out.at(name), local_rows(t, *want, H, r, t.D));
+    }
   }
+  if (t.sinks.empty()) return;
+  // dsinks: each rank's own rows' share (a model all-reduces them), summed over the ranks.
+  naive::Vec dsinks(t.sinks.size(), 0.0);
+  for (const TensorMap& out : got) {
+    CHECK(out.at("dsinks").dtype() == dt);
+    const naive::Vec x = out.at("dsinks").to_doubles();
+    for (size_t h = 0; h < x.size(); ++h) dsinks[h] += x[h];
+  }
+  INFO("dsinks summed over the ranks");
+  if (dt == DType::f64) CHECK(max_abs_diff(dsinks, t.want_dsinks) < 1e-12);
+  else test::check_close(dsinks, t.want_dsinks, 2e-2);
 }
 
 // The ring_attention op and its backward on R thread ranks, each holding its two chunks of the
@@ -408,6 +509,101 @@ TEST_CASE("ring: a sliding window across chunk boundaries equals the whole seque
       // The window changes the answer (full causal attention differs).
       CHECK(max_abs_diff(t.want_o, naive::sdpa(t.q, t.k, t.v, B, N, Nkv, S, S, D, t.scale, true)) > 1e-3);
     }
+}
+
+// The bf16 ring (engine/cpu/launchers.cpp ring_attention_bf16: each chunk pair on the bf16
+// attention kernels, the running output, log-sum-exp and gradients in f32, each result rounded
+// once) at R = 2 and 4 in the zigzag layout: causal, with windows that cross the chunk boundaries
+// (5 < c, 11 > c, with a softcap), packed documents and sinks, against the float64 CPU kernel over
+// the whole sequence on the same (bf16) values (itself checked against a naive attention in
+// tests/kernels/test_attention_variants.cpp), forward and backward, within the bars of the bf16
+// sdpa tests. Where the CPU has the bf16 attention and prefers it (head dim 32: sdpa_bf16_preferred),
+// the ring runs on it: its bits differ from the emulation's (the f32 ring on the widened values,
+// each result rounded), which runs elsewhere and at head dim 16.
+TEST_CASE("ring: bf16 ring_attention on the bf16 attention kernels matches the float64 attention",
+          "[threads][ring][variants][bf16]") {
+  const int64_t B = 2, N = 4, Nkv = 2, c = 8;
+  struct Variant {
+    const char* name;
+    AttentionAttrs attrs;
+    bool docs, sinks;
+  };
+  const Variant variants[] = {{"causal", {}, false, false},
+                              {"window 5", {5, 0}, false, false},
+                              {"window 11, softcap 3", {11, 3.0}, false, false},
+                              {"documents", {}, true, false},
+                              {"sinks", {}, false, true},
+                              {"window 5, documents and sinks", {5, 0}, true, true}};
+  if (!cpu::sdpa_bf16_preferred(32) || cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32)
+    WARN("SKIPPED: the bf16 attention kernels (this CPU has no bf16 GEMM path); checking the emulation");
+  const auto bf16 = [](const naive::Vec& x) { return naive::map(x, naive::round_bf16); };
+  for (const int64_t D : {32, 16})
+    for (const int64_t R : {2, 4})
+      for (const Variant& var : variants) {
+        INFO("D = " << D << ", R = " << R << ", " << var.name);
+        const bool native = D >= 32 && cpu::sdpa_bf16_native(D) && cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
+        const int64_t S = 2 * R * c;
+        // The bf16 sdpa tests' inputs: q of deviation 2, the rest 1, scale 1/√D (logits of deviation 2).
+        RingOpCase t{B, N, Nkv, D, c, R, 1 / std::sqrt(double(D)), "zigzag", var.attrs,
+                     bf16(naive::random_normal(B * N * S * D, 21, 2.0)),
+                     bf16(naive::random_normal(B * Nkv * S * D, 22)), bf16(naive::random_normal(B * Nkv * S * D, 23)),
+                     bf16(naive::random_normal(B * N * S * D, 24)), {}, {}, {}, {}};
+        if (var.docs)  // documents of 1 to 11 tokens, a different cut in each row
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0, start = 0; i < S; ++i) {
+              if ((i * 7 + b * 3) % 11 == 0) start = i;
+              t.docs.push_back(start);
+            }
+        if (var.sinks) t.sinks = {1.0, 1.5, 0.5, 2.0}, t.want_dsinks.assign(size_t(N), 0.0);
+        const AttentionVariant<double> v{.window = var.attrs.window, .softcap = var.attrs.softcap,
+                                         .sinks = var.sinks ? t.sinks.data() : nullptr,
+                                         .dsinks = var.sinks ? t.want_dsinks.data() : nullptr};
+        naive::Vec lse(size_t(B * N * S));
+        t.want_o.resize(t.q.size()), t.want_dq.resize(t.q.size());
+        t.want_dk.resize(t.k.size()), t.want_dv.resize(t.v.size());
+        const int64_t* docs = var.docs ? t.docs.data() : nullptr;
+        cpu::sdpa_forward<double>(t.q.data(), t.k.data(), t.v.data(), t.want_o.data(), lse.data(), B, N, Nkv, S, S, D,
+                                  t.scale, true, docs, v);
+        // The backward reads o as the ring stored it (bf16), as the bf16 sdpa tests' reference does.
+        const std::vector<TensorMap> got = run_ring_op(t, DType::bf16);
+        const naive::Vec o_seen = gather_o(t, got);
+        cpu::sdpa_backward<double>(t.q.data(), t.k.data(), t.v.data(), o_seen.data(), lse.data(), t.dout.data(),
+                                   t.want_dq.data(), t.want_dk.data(), t.want_dv.data(), B, N, Nkv, S, S, D, t.scale,
+                                   true, docs, nullptr, v);
+        check_ring_op(t, DType::bf16, &got);
+        // Which path ran, by the bits of every rank's o (the backward's differ anyway: the f32
+        // ring's reads an unrounded o).
+        const std::vector<TensorMap> wide = run_ring_op(t, DType::f32);
+        bool same = true;
+        for (int64_t r = 0; r < R; ++r) {
+          const Tensor x = got[size_t(r)].at("o"), e = wide[size_t(r)].at("o").to(DType::bf16);
+          same = same && std::equal(x.data<uint16_t>(), x.data<uint16_t>() + x.numel(), e.data<uint16_t>());
+        }
+        CHECK(same == !native);
+      }
+}
+
+// A bf16 program's ring attention and its backward run on the bf16 attention kernels wherever its
+// sdpa does (the CPU has a bf16 GEMM path, the head dim is at least 32): the run log's emulated
+// ops (engine/dispatch.h cpu_bf16_emulated_ops) name them exactly where they name sdpa.
+TEST_CASE("ring: the dispatch runs bf16 ring attention natively where it runs bf16 sdpa natively", "[ring][bf16]") {
+  for (const int64_t D : {32, 16}) {
+    INFO("head dim " << D);
+    Graph g;
+    RingOpCase t{1, 2, 2, D, 4, 2, 0.3, "zigzag", {5, 0}, {}, {}, {}, {}, {}, {}, {}, {}};
+    t.docs.assign(8, 0), t.sinks = {1.0, 2.0};
+    build_ring_op(g, t, DType::bf16);
+    Builder b(g);
+    Node* q = b.input("q2", DType::bf16, {1, 2, 8, D}, Role::none);
+    g.add_output(b.sdpa(q, q, q, true, 0.3));
+    const std::vector<std::string> ops = cpu_bf16_emulated_ops(g);
+    const auto emulated = [&](const char* op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
+    const bool native = cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32 && D >= 32 && cpu::sdpa_bf16_native(D);
+    CHECK(emulated("sdpa") == !native);
+    CHECK(emulated("ring_attention") == !native);
+    CHECK(emulated("ring_attention_backward") == !native);
+    CHECK(ops.size() == (native ? 0u : 3u));
+  }
 }
 
 // The positions each rank holds, written out by hand from the zigzag rule (ring rank ρ of R holds

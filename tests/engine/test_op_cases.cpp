@@ -109,7 +109,8 @@ TEST_CASE("ops match naive references through the executor", "[ops][executor]") 
 // float64 reference. Outputs the op table keeps in f32 (a loss sum, a count) are not rounded. The
 // ops the CPU computes on its bf16 units where it has them (engine/launchers.h native_bf16: the
 // matmul and the tiled loss's logits sum in another order than the f32 GEMM; the tiled MLP also
-// rounds its hidden h to bf16; the attention its probabilities and dS) are within one bf16 step
+// rounds its hidden h to bf16; the attention, ring attention's too, its probabilities and dS) are
+// within one bf16 step
 // (2^-7 of the largest entry) of that instead.
 TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][bf16]") {
   for (const auto& c : op_cases()) {
@@ -133,7 +134,8 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
       if (out.dtype() == DType::bf16 && out32->dtype() != DType::bf16) want32 = naive::map(want32, naive::round_bf16);
       INFO("bf16 output " << out.str() << " vs the f32 kernel's " << out32->type().str());
       const bool native = c.op == Op::matmul || c.op == Op::swiglu_mlp || c.op == Op::sdpa || c.op == Op::sdpa_backward ||
-                          c.op == Op::linear_cross_entropy_sum || (c.op == Op::moe_experts && c.name.find("gptoss") == std::string::npos);
+                          c.op == Op::ring_attention || c.op == Op::linear_cross_entropy_sum ||
+                          (c.op == Op::moe_experts && c.name.find("gptoss") == std::string::npos);
       if (native && cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32)
         CHECK(max_rel_error(got, want32) <= 0x1p-7);
       else
@@ -143,10 +145,11 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
 }
 
 // A bf16 sdpa node runs the bf16 attention kernel (its bits) where the CPU has it and the head dim
-// is even, and the emulation (the f32 kernel on widened values, rounded once) otherwise: the two
-// differ (P is rounded to bf16 in one), so the bits tell which ran.
+// is even and at least 32 (kernels/cpu/attention.h sdpa_bf16_preferred), and the emulation (the
+// f32 kernel on widened values, rounded once) otherwise: the two differ (P is rounded to bf16 in
+// one), so the bits tell which ran.
 TEST_CASE("bf16 sdpa nodes run on the bf16 attention where the CPU offers it", "[ops][executor][bf16]") {
-  for (const int64_t D : {int64_t(16), int64_t(15)}) {
+  for (const int64_t D : {int64_t(32), int64_t(16), int64_t(15)}) {
     const int64_t B = 1, N = 2, S = 40, n = B * N * S * D;
     Graph g;
     Builder b(g);
@@ -168,8 +171,9 @@ TEST_CASE("bf16 sdpa nodes run on the bf16 attention where the CPU offers it", "
     cpu::cast<float, uint16_t>(wide.data(), emulated.data(), n);
     const std::vector<uint16_t> out(got.data<uint16_t>(), got.data<uint16_t>() + n);
     INFO("D " << D);
-    if (!cpu::sdpa_bf16_native(D)) {
-      if (D % 2 == 0) WARN("SKIPPED: the bf16 attention (this CPU lacks AVX512-BF16); checking the emulation");
+    CHECK(cpu::sdpa_bf16_preferred(D) == (D >= 32 && cpu::sdpa_bf16_native(D)));
+    if (!cpu::sdpa_bf16_preferred(D)) {
+      if (D == 32) WARN("SKIPPED: the bf16 attention (this CPU lacks AVX512-BF16); checking the emulation");
       CHECK(out == emulated);
       continue;
     }

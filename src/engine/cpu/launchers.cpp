@@ -2,9 +2,10 @@
 // written once in engine/launchers.inc.h, which this file includes after defining the vocabulary
 // it is written against (below: the CPU's kernels, pointers and dtypes); then the launchers whose
 // work differs on the CPU, and the bf16 emulation. The CPU kernels are the reference the CUDA
-// ones match. Dtypes: f32 and f64, bf16 emulated (bf16_via_f32, at the end). Every output is a
-// contiguous tensor in its planned place (c.out, c.extra_out) or fresh from c.alloc, except
-// reshape, which is a view of its contiguous input. Knows nothing of CUDA.
+// ones match. Dtypes: f32 and f64; bf16 natively where kNativeBf16 (at the end) has a launcher,
+// else emulated (bf16_via_f32). Every output is a contiguous tensor in its planned place (c.out,
+// c.extra_out) or fresh from c.alloc, except reshape, which is a view of its contiguous input.
+// Knows nothing of CUDA.
 #include "engine/launchers.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <span>
+#include <type_traits>
 
 #include "engine/executor.h"
 #include "engine/expert_parallel.h"
@@ -37,7 +39,7 @@ namespace autosp::cpu_ops {
 
 namespace dev = autosp::cpu;  // the kernels
 template <class T>
-using attn_acc_t = T;
+using attn_acc_t = cpu::attention_acc_t<T>;  // T for f32 and f64; f32 for bf16 (raw bits, uint16_t)
 
 // The CPU runs each kernel in the calling thread (its OpenMP regions inside): no stream.
 struct Stream {};
@@ -150,33 +152,52 @@ constexpr int64_t kRopeMaxHeadDim = std::numeric_limits<int64_t>::max();
 constexpr int64_t kAttentionMaxHeadDim = std::numeric_limits<int64_t>::max();
 constexpr const char* kDeviceName = "CPU";
 
-// Attention: the CPU kernels keep the log-sum-exp in the compute type T (f32 or f64), and ring
-// attention sums its blocks in T.
+// Attention: the f32 and f64 kernels keep the log-sum-exp in the compute type T, and ring
+// attention sums its blocks in T; the bf16 kernels (T = uint16_t) keep it in f32, and ring
+// attention sums in f32. A bf16 node reaches the shared launchers only through its native bf16
+// launcher (kNativeBf16: where the CPU has the bf16 attention), else it arrives widened.
 template <class F>
 Tensor by_attention_float(const KernelCall& c, DType dt, F&& f) {
+  if (dt == DType::bf16) return f.template operator()<uint16_t>();
   return by_float(c, dt, std::forward<F>(f));
 }
 Tensor lse_input(const KernelCall& c, size_t i) { return arg(c, i); }
-Tensor sinks_input(const KernelCall& c, size_t i) { return arg(c, i); }
+// The kernels read the sinks in attn_acc_t: a bf16 node's [N] sinks widened to f32 (a copy of N).
+Tensor sinks_input(const KernelCall& c, size_t i) {
+  if (c.in[i].dtype() != DType::bf16) return arg(c, i);
+  Tensor f = Tensor::empty(c.in[i].shape(), DType::f32, c.alloc);
+  convert(c.in[i].contiguous(), f);
+  return f;
+}
 
 // The node's window and softcap (graph/builder.h AttentionAttrs) as the kernels' variant, with a
 // ring chunk pair's key offset.
 template <class T>
-AttentionVariant<T> variant_of(const KernelCall& c, int64_t offset = 0) {
+AttentionVariant<attn_acc_t<T>> variant_of(const KernelCall& c, int64_t offset = 0) {
   const AttentionAttrs a = attention_attrs(c.node);
   return {.window = a.window, .softcap = a.softcap, .offset = offset};
 }
 
+// The flash attention of one call: f32 and f64 on the T kernels, bf16 (raw bits) on the bf16 units.
 template <class T>
-void attend(Stream, const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
-            int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start, const AttentionVariant<T>& var) {
-  cpu::sdpa_forward<T>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
+void attend(Stream, const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse, int64_t B, int64_t N, int64_t Nkv,
+            int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
+            const AttentionVariant<attn_acc_t<T>>& var) {
+  if constexpr (std::is_same_v<T, uint16_t>)
+    cpu::sdpa_forward_bf16(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
+  else
+    cpu::sdpa_forward<T>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
 }
 template <class T>
-void attend_backward(Stream, const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout, T* dq, T* dk,
-                     T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                     bool causal, const int64_t* doc_start, const AttentionVariant<T>& var) {
-  cpu::sdpa_backward<T>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, nullptr, var);
+void attend_backward(Stream, const T* q, const T* k, const T* v, const T* o, const attn_acc_t<T>* lse, const T* dout,
+                     T* dq, T* dk, T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D,
+                     double scale, bool causal, const int64_t* doc_start, const AttentionVariant<attn_acc_t<T>>& var) {
+  if constexpr (std::is_same_v<T, uint16_t>)
+    cpu::sdpa_backward_bf16(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, nullptr,
+                            var);
+  else
+    cpu::sdpa_backward<T>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, nullptr,
+                          var);
 }
 
 // Ids already on the host.
@@ -188,11 +209,16 @@ std::span<const int64_t> host_ids(const KernelCall&, const Tensor& ids) {
 // The kernels read a chunk pair's document starts where they are.
 const int64_t* pair_doc_start(const KernelCall&, const std::vector<int64_t>& dh, Tensor&, Stream) { return dh.data(); }
 
+// y (attn_acc_t) += x (T; bf16 widened as it is read: no scratch).
 template <class T>
-void add_into(T* y, const T* x, int64_t n, T*, Stream) {
+void add_into(attn_acc_t<T>* y, const T* x, int64_t n, attn_acc_t<T>*, Stream) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, uint16_t>) y[i] += cpu::bf16_to_f32(x[i]);
+    else y[i] += x[i];
+  }
 }
+constexpr bool kAddIntoWidens = false;
 
 // The memory plan's workspace for the node (KernelCall::workspace) as T scratch, when there is one
 // of at least `bytes` (a bf16 node's runs in f32); else nullptr.
@@ -682,21 +708,13 @@ Tensor linear_cross_entropy_backward_bf16(const KernelCall& c) {
 }
 
 // The attention on bf16 q, k, v (and o, dout) with its tile products on the bf16 units
-// (kernels/cpu/attention.h: sdpa_forward_bf16); lse and the backward's workspace f32. An odd head
-// dim (the products read pairs of it) or a non-bf16 o or dout stays emulated.
-// The sinks widened to f32, as the bf16 kernels read them (sinks a [N] of bf16: a copy of N).
-AttentionArgs with_f32_sinks(AttentionArgs args, const KernelCall& c) {
-  if (!args.sinks.defined()) return args;
-  Tensor f = Tensor::empty(args.sinks.shape(), DType::f32, c.alloc);
-  convert(args.sinks, f);
-  args.sinks = f;
-  return args;
-}
-
+// (kernels/cpu/attention.h: sdpa_forward_bf16); lse, the sinks (sinks_input widens them) and the
+// backward's workspace f32. An odd head dim (the products read pairs of it), one below 32 (the
+// f32 kernels are faster there: sdpa_bf16_preferred) or a non-bf16 o or dout stays emulated.
 Tensor sdpa_bf16(const KernelCall& c) {
-  const AttentionArgs args = with_f32_sinks(attention_args(c, false), c);
+  const AttentionArgs args = attention_args(c, false);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
-  if (!cpu::sdpa_bf16_native(q.dim(3))) return bf16_via_f32(c, sdpa);
+  if (!cpu::sdpa_bf16_preferred(q.dim(3))) return bf16_via_f32(c, sdpa);
   Tensor y = out_like(c, DType::bf16);
   Tensor lse = extra_like(c, {q.dim(0), q.dim(1), q.dim(2)}, DType::f32);
   cpu::sdpa_forward_bf16(q.data<uint16_t>(), k.data<uint16_t>(), v.data<uint16_t>(), y.data<uint16_t>(),
@@ -708,9 +726,9 @@ Tensor sdpa_bf16(const KernelCall& c) {
 }
 
 Tensor sdpa_backward_bf16(const KernelCall& c) {
-  const AttentionArgs args = with_f32_sinks(attention_args(c, true), c);
+  const AttentionArgs args = attention_args(c, true);
   const Tensor &q = args.q, &k = args.k, &v = args.v;
-  if (!cpu::sdpa_bf16_native(q.dim(3)) || args.o.dtype() != DType::bf16 || args.dout.dtype() != DType::bf16 ||
+  if (!cpu::sdpa_bf16_preferred(q.dim(3)) || args.o.dtype() != DType::bf16 || args.dout.dtype() != DType::bf16 ||
       args.lse.dtype() != DType::f32)
     return bf16_via_f32(c, sdpa_backward);
   Tensor dq = out_like(c, DType::bf16);
@@ -731,6 +749,24 @@ Tensor sdpa_backward_bf16(const KernelCall& c) {
     convert(dsinks, c.extras.back());
   }
   return dq;
+}
+
+// Ring attention on the bf16 attention kernels: the shared launchers (engine/launchers.inc.h)
+// with T = bf16, as on CUDA: each chunk pair on the bf16 units (its q, k, v, o, dout bf16, and the
+// o, dq, dk, dv it writes rounded to bf16), the log-sum-exp, the running output and the gradients
+// summed in f32 (the dK, dV partials travel in f32), each result rounded once at the end. Where
+// sdpa_bf16 would be emulated (an odd head dim or one below 32; the backward's o or dout not
+// bf16, or its lse not f32), so is the ring.
+Tensor ring_attention_bf16(const KernelCall& c) {
+  if (!cpu::sdpa_bf16_preferred(c.in[0].dim(3))) return bf16_via_f32(c, ring_attention);
+  return ring_attention(c);
+}
+
+Tensor ring_attention_backward_bf16(const KernelCall& c) {
+  if (!cpu::sdpa_bf16_preferred(c.in[0].dim(3)) || c.in[3].dtype() != DType::bf16 || c.in[5].dtype() != DType::bf16 ||
+      c.in[4].dtype() != DType::f32)
+    return bf16_via_f32(c, ring_attention_backward);
+  return ring_attention_backward(c);
 }
 
 // Elementwise and row-wise ops on bf16 in cache-sized chunks: each chunk of the operands widened
@@ -1118,12 +1154,14 @@ Tensor rope_bf16(const KernelCall& c) {
 // The ops computed natively where their first `bf16_inputs` inputs are bf16 (else emulated); the
 // rest are ids or the loss's f32 gradient, and the outputs have the types the op table gives. The
 // GEMM-bound ones (`gemm`) only where the CPU's bf16 GEMM beats widening (AVX512-BF16), the
-// chunked elementwise ones everywhere.
+// chunked elementwise ones everywhere; the attention ones (`attention`) only at the head dims
+// (input 0's dim 3) cpu::sdpa_bf16_preferred takes, which their launchers check.
 struct NativeBf16Row {
   Op op;
   KernelFn run;
   size_t bf16_inputs;
   bool gemm;
+  bool attention = false;
 };
 constexpr NativeBf16Row kNativeBf16[] = {
     {Op::matmul, matmul_bf16, 2, true},
@@ -1133,8 +1171,10 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::moe_experts_backward, moe_experts_backward_bf16, 3, true},
     {Op::linear_cross_entropy_sum, linear_cross_entropy_sum_bf16, 2, true},
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward_bf16, 2, true},
-    {Op::sdpa, sdpa_bf16, 3, true},
-    {Op::sdpa_backward, sdpa_backward_bf16, 3, true},
+    {Op::sdpa, sdpa_bf16, 3, true, true},
+    {Op::sdpa_backward, sdpa_backward_bf16, 3, true, true},
+    {Op::ring_attention, ring_attention_bf16, 3, true, true},
+    {Op::ring_attention_backward, ring_attention_backward_bf16, 3, true, true},
     {Op::add, binary_bf16<Binary::add>, 2, false},
     {Op::sub, binary_bf16<Binary::sub>, 2, false},
     {Op::mul, binary_bf16<Binary::mul>, 2, false},
@@ -1171,9 +1211,14 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::sequence_logps_backward, sequence_logps_backward_bf16, 1, false},
 };
 
-bool has_native_bf16(Op op) {
-  for (const NativeBf16Row& row : kNativeBf16)
-    if (row.op == op) return !row.gemm || cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
+bool has_native_bf16(const Node& n) {
+  for (const NativeBf16Row& row : kNativeBf16) {
+    if (row.op != n.op()) continue;
+    if (row.gemm && cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return false;
+    if (!row.attention) return true;
+    const Dim& D = n.input(0)->shape().at(3);  // q [B, N, S, D]
+    return !D.is_const() || cpu::sdpa_bf16_preferred(D.value());
+  }
   return false;
 }
 

@@ -219,6 +219,7 @@ void add_into(float* y, const T* x, int64_t n, float* scratch, Stream s) {
   const int64_t one = 1;
   cuda::binary<float>(kernels::Binary::add, 1, &n, y, &one, xf, &one, y, s);
 }
+constexpr bool kAddIntoWidens = true;
 
 // The dtype a kernel over T writes its scalars in (acc_t<T>).
 template <class T>

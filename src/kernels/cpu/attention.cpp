@@ -1047,6 +1047,8 @@ void sdpa_backward(const T* q, const T* k, const T* v, const T* o, const T* lse,
 
 bool sdpa_bf16_native(int64_t D) { return D % 2 == 0 && bf16_gemm_available(Bf16Gemm::avx512_bf16); }
 
+bool sdpa_bf16_preferred(int64_t D) { return D >= 32 && sdpa_bf16_native(D); }
+
 Bf16Gemm sdpa_bf16_path() { return bf16_gemm_best() == Bf16Gemm::amx ? Bf16Gemm::amx : Bf16Gemm::avx512_bf16; }
 
 namespace {
@@ -1101,27 +1103,30 @@ template void sdpa_backward<double>(const double*, const double*, const double*,
                                     const AttentionVariant<double>&);
 
 template <class T>
-void merge_attention(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t rows, int64_t D) {
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+void merge_attention(attention_acc_t<T>* o, attention_acc_t<T>* lse, const T* o_blk, const attention_acc_t<T>* lse_blk,
+                     int64_t rows, int64_t D) {
+  using A = attention_acc_t<T>;
+  const A neg_inf = -std::numeric_limits<A>::infinity();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const double lb = double(lse_blk[r]), la = double(lse[r]);
     if (lse_blk[r] == neg_inf) continue;
-    T* orow = o + r * D;
+    A* orow = o + r * D;
     const T* brow = o_blk + r * D;
     if (lse[r] == neg_inf) {
-      std::copy(brow, brow + D, orow);
+      for (int64_t d = 0; d < D; ++d) orow[d] = A(as_double(brow[d]));
       lse[r] = lse_blk[r];
       continue;
     }
     const double m = std::max(la, lb), wa = std::exp(la - m), wb = std::exp(lb - m), sum = wa + wb;
-    for (int64_t d = 0; d < D; ++d) orow[d] = T((double(orow[d]) * wa + double(brow[d]) * wb) / sum);
-    lse[r] = T(m + std::log(sum));
+    for (int64_t d = 0; d < D; ++d) orow[d] = A((double(orow[d]) * wa + as_double(brow[d]) * wb) / sum);
+    lse[r] = A(m + std::log(sum));
   }
 }
 
 template void merge_attention<float>(float*, float*, const float*, const float*, int64_t, int64_t);
 template void merge_attention<double>(double*, double*, const double*, const double*, int64_t, int64_t);
+template void merge_attention<uint16_t>(float*, float*, const uint16_t*, const float*, int64_t, int64_t);
 
 template <class T>
 void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value) {

@@ -17,11 +17,17 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention_variant.h"
 #include "kernels/cpu/matmul.h"  // Bf16Gemm
 
 namespace autosp::cpu {
+
+// The type the kernels keep the log-sum-exp in for T: T for f32 and f64, f32 for bf16 (T =
+// uint16_t, raw bits: the bf16 kernels below).
+template <class T>
+using attention_acc_t = std::conditional_t<std::is_same_v<T, uint16_t>, float, T>;
 
 template <class T>
 void sdpa_forward(const T* q, const T* k, const T* v, T* o, T* lse, int64_t B, int64_t N, int64_t Nkv,
@@ -59,6 +65,12 @@ int64_t sdpa_backward_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, i
 // The backward's workspace (may be null) holds sdpa_backward_bf16_workspace(...) floats: the
 // chunks' f32 dK, dV, the last chunk's included.
 bool sdpa_bf16_native(int64_t D);
+// Whether bf16 attention at head dim D should run on these kernels rather than on the f32 ones on
+// widened copies (what the dispatch asks, engine/cpu/launchers.cpp): sdpa_bf16_native(D) and D ≥
+// 32. Below 32 the f32 kernels' transposed small-head-dim tiles (decision 230) beat the bf16 tile
+// products, whose depth D is then one or two pair steps (decision 248: at D = 16, fwd + bwd, 740
+// against 572 ms for sdpa and 748 against 558 for a ring of 2; at D = 32, 314 against 523).
+bool sdpa_bf16_preferred(int64_t D);
 Bf16Gemm sdpa_bf16_path();
 void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t B,
                        int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
@@ -74,9 +86,12 @@ int64_t sdpa_backward_bf16_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t 
 // Ring attention's merge of two partial attentions over disjoint key sets by their log-sum-exp:
 // rows of (o [rows, D], lse [rows]) become the attention over both key sets,
 //   lse' = log(e^lse + e^lse_blk),  o' = o · e^(lse - lse') + o_blk · e^(lse_blk - lse').
-// A row with lse_blk = -inf (it saw no key of the block) is left as it is.
+// A row with lse_blk = -inf (it saw no key of the block) is left as it is. o_blk is in T; o, lse
+// and lse_blk in attention_acc_t<T> (for bf16, T = uint16_t: the bf16 kernels' block output
+// merged into an f32 running attention, as on CUDA).
 template <class T>
-void merge_attention(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t rows, int64_t D);
+void merge_attention(attention_acc_t<T>* o, attention_acc_t<T>* lse, const T* o_blk, const attention_acc_t<T>* lse_blk,
+                     int64_t rows, int64_t D);
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]);
 // the mask of composite (matmul → softmax → matmul) attention. x and y may alias.
