@@ -9,11 +9,13 @@
 
 #include "common/naive.h"
 #include "kernel_test.h"
+#include "moe_test.h"
 #include "kernels/cpu/moe.h"
 
 namespace {
 
 using namespace autosp;
+using test::experts;
 
 struct Moe {
   int64_t R, C, E, I, k;
@@ -32,14 +34,6 @@ struct Moe {
   }
   naive::Vec reference() const { return naive::moe_experts(x, probs, wg, wu, wd, R, C, E, I, k, norm); }
 };
-
-// Pointers to expert e's [rows·cols] block of each stacked weight.
-template <class T>
-std::vector<T*> experts(std::vector<T>& w, int64_t E) {
-  std::vector<T*> out;
-  for (int64_t e = 0; e < E; ++e) out.push_back(w.data() + e * static_cast<int64_t>(w.size()) / E);
-  return out;
-}
 
 template <class T>
 std::vector<T> forward(const Moe& m) {

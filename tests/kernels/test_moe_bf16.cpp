@@ -12,6 +12,7 @@
 #include "bf16_test.h"
 #include "common/naive.h"
 #include "kernel_test.h"
+#include "moe_test.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/moe_bf16.h"
 #include "kernels/kinds.h"
@@ -19,19 +20,8 @@
 namespace {
 
 using namespace autosp;
-
-// Pointers to expert e's block of a stacked weight.
-template <class T>
-std::vector<T*> experts(std::vector<T>& w, int64_t E) {
-  std::vector<T*> out;
-  for (int64_t e = 0; e < E; ++e) out.push_back(w.data() + e * static_cast<int64_t>(w.size()) / E);
-  return out;
-}
-template <class T>
-std::vector<const T*> experts_const(std::vector<T>& w, int64_t E) {
-  const std::vector<T*> p = experts(w, E);
-  return {p.begin(), p.end()};
-}
+using test::experts;
+using test::experts_const;
 
 struct Case {
   int64_t R, C, E, I, k;

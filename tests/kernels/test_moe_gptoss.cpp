@@ -16,11 +16,14 @@
 
 #include "common/naive.h"
 #include "kernel_test.h"
+#include "moe_test.h"
 #include "kernels/cpu/moe.h"
 
 namespace {
 
 using namespace autosp;
+using test::experts;
+using test::experts_const;
 using naive::Vec;
 
 constexpr double kAlpha = 1.702;
@@ -132,19 +135,6 @@ Naive naive_experts(const GptOss& m) {
     }
   }
   return n;
-}
-
-// Pointers to expert e's block of a stacked [E, ...] array.
-template <class T>
-std::vector<T*> experts(std::vector<T>& w, int64_t E) {
-  std::vector<T*> out;
-  for (int64_t e = 0; e < E; ++e) out.push_back(w.data() + e * static_cast<int64_t>(w.size()) / E);
-  return out;
-}
-template <class T>
-std::vector<const T*> experts_const(std::vector<T>& w, int64_t E) {
-  const std::vector<T*> p = experts(w, E);
-  return {p.begin(), p.end()};
 }
 
 template <class T>
