@@ -2,9 +2,12 @@
 // moe_experts: each token's top-k and one SwiGLU MLP per chosen expert), with softmax router
 // probabilities and an expert that no token chooses; its backward against float64 central
 // differences of that naive loop (not of the kernel), for Mixtral's renormalised weights and
-// Qwen's raw ones; the gradients bitwise across thread counts.
+// Qwen's raw ones; the gradients bitwise across thread counts; the forward's kept gate and up
+// block against float64 projections, and the backward from it the same bits as recomputing.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "common/naive.h"
@@ -36,14 +39,18 @@ struct Moe {
 };
 
 template <class T>
-std::vector<T> forward(const Moe& m) {
+std::vector<T> forward(const Moe& m, T* kept = nullptr) {
   std::vector<T> y(m.x.size());
   const auto x = test::cast<T>(m.x), p = test::cast<T>(m.probs);
   auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
   const auto g = experts(wg, m.E), u = experts(wu, m.E), d = experts(wd, m.E);
   const std::vector<const T*> gc(g.begin(), g.end()), uc(u.begin(), u.end()), dc(d.begin(), d.end());
-  cpu::moe_experts_forward<T>(x.data(), p.data(), gc.data(), uc.data(), dc.data(), y.data(), m.R, m.C, m.E, m.I, m.k,
-                              m.norm);
+  if (kept)
+    cpu::moe_experts_forward_keeping<T>(x.data(), p.data(), gc.data(), uc.data(), dc.data(), y.data(), m.R, m.C, m.E,
+                                        m.I, m.k, m.norm, {}, kept);
+  else
+    cpu::moe_experts_forward<T>(x.data(), p.data(), gc.data(), uc.data(), dc.data(), y.data(), m.R, m.C, m.E, m.I, m.k,
+                                m.norm);
   return y;
 }
 
@@ -53,16 +60,21 @@ struct Grads {
 };
 
 template <class T>
-Grads<T> backward(const Moe& m) {
+Grads<T> backward(const Moe& m, T* kept = nullptr) {
   Grads<T> g{std::vector<T>(m.x.size()), std::vector<T>(m.probs.size()), std::vector<T>(m.wg.size()),
              std::vector<T>(m.wu.size()), std::vector<T>(m.wd.size())};
   const auto dy = test::cast<T>(m.dy), x = test::cast<T>(m.x), p = test::cast<T>(m.probs);
   auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
   const auto eg = experts(wg, m.E), eu = experts(wu, m.E), ed = experts(wd, m.E);
   const std::vector<const T*> gc(eg.begin(), eg.end()), uc(eu.begin(), eu.end()), dc(ed.begin(), ed.end());
-  cpu::moe_experts_backward<T>(dy.data(), x.data(), p.data(), gc.data(), uc.data(), dc.data(), g.dx.data(),
-                               g.dp.data(), experts(g.dwg, m.E).data(), experts(g.dwu, m.E).data(),
-                               experts(g.dwd, m.E).data(), m.R, m.C, m.E, m.I, m.k, m.norm);
+  if (kept)
+    cpu::moe_experts_backward_from_kept<T>(dy.data(), x.data(), p.data(), gc.data(), uc.data(), dc.data(), g.dx.data(),
+                                           g.dp.data(), experts(g.dwg, m.E).data(), experts(g.dwu, m.E).data(),
+                                           experts(g.dwd, m.E).data(), m.R, m.C, m.E, m.I, m.k, m.norm, {}, kept);
+  else
+    cpu::moe_experts_backward<T>(dy.data(), x.data(), p.data(), gc.data(), uc.data(), dc.data(), g.dx.data(),
+                                 g.dp.data(), experts(g.dwg, m.E).data(), experts(g.dwu, m.E).data(),
+                                 experts(g.dwd, m.E).data(), m.R, m.C, m.E, m.I, m.k, m.norm);
   return g;
 }
 
@@ -159,5 +171,55 @@ TEST_CASE("moe_experts in float (the 16-lane activation) and over several chunks
     test::check_directional(m.wd, direction(m.wd.size()), test::widen(g.dwd), loss, 1e-4);
     test::check_directional(m.wd, direction(m.wd.size()), test::widen(g64.dwd), loss);
     test::check_directional(m.wg, direction(m.wg.size()), test::widen(g64.dwg), loss);
+  }
+}
+
+TEST_CASE("moe_experts' kept gate and up block: each assignment's projections, and the backward's same bits",
+          "[kernels][moe]") {
+  // kept [2, R·k, I]: place p runs expert after expert, each expert's rows in row order (the
+  // routing's grouping), written here from the naive top-k, not from kernels/moe_routing.h. The
+  // second case has experts of more than one chunk (kMlpChunkRows = 1024 rows), so the kept rows of
+  // a later chunk are at their offset. At 2 threads the first runs side by side (7 experts with
+  // rows), the second one expert after another (2 with rows).
+  struct Case {
+    int64_t R, C, E, I, k;
+  };
+  for (const Case s : {Case{600, 32, 8, 40, 3}, Case{2100, 4, 3, 5, 2}}) {
+    INFO("R " << s.R << " E " << s.E << " top_k " << s.k);
+    Moe m(s.R, s.C, s.E, s.I, s.k, true, 80);
+    for (naive::Vec* v : {&m.x, &m.probs, &m.wg, &m.wu, &m.wd, &m.dy}) *v = test::widen(test::cast<float>(*v));
+    const int64_t slots = m.R * m.k;
+    // The expected block, in float64.
+    naive::Vec want(size_t(2 * slots * m.I));
+    int64_t p = 0;
+    for (int64_t e = 0; e < m.E; ++e)
+      for (int64_t r = 0; r < m.R; ++r) {
+        const std::vector<int64_t> chosen = naive::topk_experts(m.probs, r, m.E, m.k);
+        if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) continue;
+        for (int64_t i = 0; i < m.I; ++i) {
+          double g = 0, u = 0;
+          for (int64_t c = 0; c < m.C; ++c) {
+            g += m.wg[size_t((e * m.I + i) * m.C + c)] * m.x[size_t(r * m.C + c)];
+            u += m.wu[size_t((e * m.I + i) * m.C + c)] * m.x[size_t(r * m.C + c)];
+          }
+          want[size_t(p * m.I + i)] = g, want[size_t((slots + p) * m.I + i)] = u;
+        }
+        ++p;
+      }
+    REQUIRE(p == slots);
+    test::with_threads({1, 2}, [&](int t) {
+      INFO("threads " << t);
+      const std::vector<float> y = forward<float>(m);
+      const Grads<float> g = backward<float>(m);
+      std::vector<float> kept(size_t(2 * slots * m.I), std::nanf(""));
+      CHECK(forward<float>(m, kept.data()) == y);
+      test::check_close(kept, want, 1e-5);
+      const Grads<float> from_kept = backward<float>(m, kept.data());
+      CHECK(from_kept.dx == g.dx);
+      CHECK(from_kept.dp == g.dp);
+      CHECK(from_kept.dwg == g.dwg);
+      CHECK(from_kept.dwu == g.dwu);
+      CHECK(from_kept.dwd == g.dwd);
+    });
   }
 }

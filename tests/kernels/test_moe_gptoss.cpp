@@ -142,9 +142,10 @@ struct Kernel {
   std::vector<T> y, dx, dp, dwg, dwu, dwd, dbg, dbu, dbd;
 };
 
-// The kernel's forward and backward in T on m's data.
+// The kernel's forward and backward in T on m's data; with `keep`, the backward from the forward's
+// kept gate and up block (moe.h) instead of recomputing them.
 template <class T>
-Kernel<T> run_kernel(const GptOss& m) {
+Kernel<T> run_kernel(const GptOss& m, bool keep = false) {
   auto x = test::cast<T>(m.x), p = test::cast<T>(m.probs), dy = test::cast<T>(m.dy);
   auto wg = test::cast<T>(m.wg), wu = test::cast<T>(m.wu), wd = test::cast<T>(m.wd);
   auto bg = test::cast<T>(m.bg), bu = test::cast<T>(m.bu), bd = test::cast<T>(m.bd);
@@ -157,6 +158,16 @@ Kernel<T> run_kernel(const GptOss& m) {
   kernels::MoeOptions<T> opt{.b_gate = cbg.data(), .b_up = cbu.data(), .b_down = cbd.data(), .db_gate = dbg.data(),
                              .db_up = dbu.data(), .db_down = dbd.data(), .clamped = true, .alpha = kAlpha,
                              .limit = m.limit};
+  std::vector<T> kept(keep ? size_t(2 * m.R * m.k * m.I) : 0);
+  T* kp = keep ? kept.data() : nullptr;
+  if (keep) {
+    cpu::moe_experts_forward_keeping<T>(x.data(), p.data(), g.data(), u.data(), d.data(), k.y.data(), m.R, m.C, m.E,
+                                        m.I, m.k, m.norm, opt, kp);
+    cpu::moe_experts_backward_from_kept<T>(dy.data(), x.data(), p.data(), g.data(), u.data(), d.data(), k.dx.data(),
+                                           k.dp.data(), experts(k.dwg, m.E).data(), experts(k.dwu, m.E).data(),
+                                           experts(k.dwd, m.E).data(), m.R, m.C, m.E, m.I, m.k, m.norm, opt, kp);
+    return k;
+  }
   cpu::moe_experts_forward<T>(x.data(), p.data(), g.data(), u.data(), d.data(), k.y.data(), m.R, m.C, m.E, m.I, m.k,
                               m.norm, opt);
   cpu::moe_experts_backward<T>(dy.data(), x.data(), p.data(), g.data(), u.data(), d.data(), k.dx.data(), k.dp.data(),
@@ -260,5 +271,25 @@ TEST_CASE("gpt-oss experts' gradients are the same bits at any thread count", "[
     CHECK(k.dbg == first.dbg);
     CHECK(k.dbu == first.dbu);
     CHECK(k.dbd == first.dbd);
+  });
+}
+
+TEST_CASE("gpt-oss experts' backward from the kept gate and up block is the same bits as recomputing",
+          "[kernels][moe][gpt-oss]") {
+  // The kept projections include the biases; the clamped activation's backward reads them as it
+  // reads the recomputed ones. At 2 threads the 4 experts run side by side.
+  GptOss m(1500, 32, 4, 40, 2, true, 1.0, 610);
+  test::with_threads({1, 2}, [&](int t) {
+    INFO("threads " << t);
+    const Kernel<float> a = run_kernel<float>(m), b = run_kernel<float>(m, true);
+    CHECK(b.y == a.y);
+    CHECK(b.dx == a.dx);
+    CHECK(b.dp == a.dp);
+    CHECK(b.dwg == a.dwg);
+    CHECK(b.dwu == a.dwu);
+    CHECK(b.dwd == a.dwd);
+    CHECK(b.dbg == a.dbg);
+    CHECK(b.dbu == a.dbu);
+    CHECK(b.dbd == a.dbd);
   });
 }

@@ -9,7 +9,9 @@
 //
 // The backward computes each slot's weight gradient g = dy·ye = (dy·Wd)·h from the same block as
 // the MLP's backward (d = dy·Wd unweighted, then dh = w·d), so an expert costs seven GEMMs: gate
-// and up recomputed, d, dWd, dx twice, dWg and dWu; the expert's output ye is never rebuilt.
+// and up recomputed, d, dWd, dx twice, dWg and dWu; the expert's output ye is never rebuilt. Where
+// the caller keeps the forward's gate and up projections (moe.h's `kept`), the forward's GEMMs
+// write them there and the backward starts from them: five GEMMs.
 // gpt-oss's options (kinds.h MoeOptions) add the biases in passes over the GEMMs' outputs and
 // pick the clamped activation; Mixtral's experts run exactly the code they ran before.
 #include "kernels/cpu/moe.h"
@@ -25,6 +27,7 @@
 #include "kernels/cpu/vec16.h"
 #include "kernels/kinds.h"  // kMlpChunkRows
 #include "kernels/moe_routing.h"
+#include "tensor/check.h"
 
 namespace autosp::cpu {
 namespace {
@@ -276,27 +279,37 @@ struct Scratch {
 
 // The gate and up projections of the chunk's rows xe [r, C], with their biases: g, u [r, I].
 template <class T>
-void project(const Expert<T>& ex, Scratch<T>& s, int64_t r, int64_t C, int64_t I) {
-  gemm<T>(false, true, r, I, C, s.xe, ex.wg, T(0), s.g);  // g = xe · Wgᵀ + bg
-  gemm<T>(false, true, r, I, C, s.xe, ex.wu, T(0), s.u);  // u = xe · Wuᵀ + bu
-  add_bias(s.g, ex.bg, r, I);
-  add_bias(s.u, ex.bu, r, I);
+void project(const Expert<T>& ex, const T* xe, T* g, T* u, int64_t r, int64_t C, int64_t I) {
+  gemm<T>(false, true, r, I, C, xe, ex.wg, T(0), g);  // g = xe · Wgᵀ + bg
+  gemm<T>(false, true, r, I, C, xe, ex.wu, T(0), u);  // u = xe · Wuᵀ + bu
+  add_bias(g, ex.bg, r, I);
+  add_bias(u, ex.bu, r, I);
 }
 
+// Where an expert's gate and up projections are kept from the forward for the backward: its rows'
+// [n, I] blocks of g and u (moe.h's kept[0] and kept[1] from the expert's first place on); null: not kept.
+template <class T>
+struct Kept {
+  T *g = nullptr, *u = nullptr;
+  Kept at(int64_t r0, int64_t I) const { return g ? Kept{g + r0 * I, u + r0 * I} : Kept{}; }
+};
+
 // y[row] += w · expert(x[row]) for the expert's rows, a chunk at a time; or, with `out` [n, C],
-// out[a] = expert(x[row(a)]) (unweighted, in the rows' order) and y untouched.
+// out[a] = expert(x[row(a)]) (unweighted, in the rows' order) and y untouched. With `kept`, g and u
+// go there (and h to the scratch) instead of into the scratch.
 template <class T>
 void expert_forward(const Rows& all, const T* x, const Expert<T>& ex, T* y, Scratch<T>& s, int64_t C, int64_t I,
-                    T* out = nullptr) {
+                    T* out = nullptr, Kept<T> kept = {}) {
   for (int64_t r0 = 0; r0 < all.n; r0 += kernels::kMlpChunkRows) {
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
+    const Kept<T> k = kept.at(r0, I);
+    T *g = k.g ? k.g : s.g, *u = k.g ? k.u : s.u, *h = s.g, *ye = out ? out + r0 * C : s.ye;
     gather(rows, x, s.xe, C);
-    project(ex, s, r, C, I);
-    T *g = s.g, *u = s.u, *ye = out ? out + r0 * C : s.ye;
+    project(ex, s.xe, g, u, r, C, I);
 #pragma omp parallel for schedule(static) if (r * I > kGrain)
-    for (int64_t a = 0; a < r; ++a) activate_row(ex, g + a * I, u + a * I, g + a * I, I);
-    gemm<T>(false, true, r, C, I, g, ex.wd, T(0), ye);  // ye = h · Wdᵀ + bd
+    for (int64_t a = 0; a < r; ++a) activate_row(ex, g + a * I, u + a * I, h + a * I, I);
+    gemm<T>(false, true, r, C, I, h, ex.wd, T(0), ye);  // ye = h · Wdᵀ + bd
     add_bias(ye, ex.bd, r, C);
     if (!out) scatter_add(rows, ye, y, C, true);
   }
@@ -304,10 +317,11 @@ void expert_forward(const Rows& all, const T* x, const Expert<T>& ex, T* y, Scra
 
 // The expert's part of the backward: dx[row] += its dx rows (or, with `out` [n, C], out[a] = row
 // a's dx, dx untouched), grad[slot] = dy[row] · ye[slot], and its weight and bias gradients
-// (overwritten; zero without rows), a chunk at a time.
+// (overwritten; zero without rows), a chunk at a time. With `kept`, g and u are read from there
+// (and overwritten by dg, du) instead of recomputed into the scratch.
 template <class T>
 void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& ex, T* dx, double* grad,
-                     Scratch<T>& s, int64_t C, int64_t I, T* out = nullptr) {
+                     Scratch<T>& s, int64_t C, int64_t I, T* out = nullptr, Kept<T> kept = {}) {
   const bool biased = ex.bg != nullptr;
   if (biased) {
     s.dbg.assign(size_t(I), 0.0), s.dbu.assign(size_t(I), 0.0), s.dbd.assign(size_t(C), 0.0);
@@ -318,10 +332,11 @@ void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& 
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
     const T beta = r0 == 0 ? T(0) : T(1);  // the first chunk overwrites the weight gradients
-    T *g = s.g, *u = s.u, *d = s.d, *h = s.h, *xe = s.xe, *de = s.ye;
+    const Kept<T> k = kept.at(r0, I);
+    T *g = k.g ? k.g : s.g, *u = k.g ? k.u : s.u, *d = s.d, *h = s.h, *xe = s.xe, *de = s.ye;
     gather(rows, x, xe, C);
     gather(rows, dy, de, C);
-    project(ex, s, r, C, I);
+    if (!k.g) project(ex, xe, g, u, r, C, I);
     gemm<T>(false, false, r, I, C, de, ex.wd, T(0), d);  // d = dy_e · Wd
 #pragma omp parallel for schedule(static) if (r * I > kGrain)
     for (int64_t a = 0; a < r; ++a) {
@@ -353,6 +368,13 @@ void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& 
 
 Rows rows_of(const kernels::MoeRouting& r, int64_t e) {
   return Rows{r.slot.data() + r.offset[e], r.rows_of(e), r.k, r.weight.data()};
+}
+
+// Expert e's part of moe.h's kept block [2, R·k, I] (null: none).
+template <class T>
+Kept<T> kept_of(const kernels::MoeRouting& r, T* kept, int64_t e, int64_t I) {
+  if (!kept) return {};
+  return Kept<T>{kept + r.offset[e] * I, kept + (r.R * r.k + r.offset[e]) * I};
 }
 
 int64_t chunk_rows(int64_t rows) { return std::min(rows, kernels::kMlpChunkRows); }
@@ -437,10 +459,13 @@ Expert<T> Expert<T>::of(const T* const* w_gate, const T* const* w_up, const T* c
   return ex;
 }
 
+namespace {
+
+// moe_experts_forward, keeping gate and up where `kept` points (null: not kept).
 template <class T>
-void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
-                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
-                         const kernels::MoeOptions<T>& opt) {
+void experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up, const T* const* w_down,
+                     T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                     const kernels::MoeOptions<T>& opt, T* kept) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   if (const int threads = side_by_side<T>(r, C, I, false); threads > 1) {
     const Storage<T> buf(R * k * C, Role::rows);
@@ -452,7 +477,7 @@ void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, con
       for (int64_t i = 0; i < E; ++i) {
         const int64_t e = order[size_t(i)];
         expert_forward(rows_of(r, e), x, Expert<T>::of(w_gate, w_up, w_down, opt, e), y, s, C, I,
-                       buf.data() + r.offset[e] * C);
+                       buf.data() + r.offset[e] * C, kept_of(r, kept, e, I));
       }
     }
     return combine(r, buf.data(), y, C, true);
@@ -460,14 +485,16 @@ void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, con
   Scratch<T> s(chunk_rows(r.max_rows()), C, I, false);
   std::fill(y, y + R * C, T(0));
   for (int64_t e = 0; e < E; ++e)
-    expert_forward(rows_of(r, e), x, Expert<T>::of(w_gate, w_up, w_down, opt, e), y, s, C, I);
+    expert_forward(rows_of(r, e), x, Expert<T>::of(w_gate, w_up, w_down, opt, e), y, s, C, I, static_cast<T*>(nullptr),
+                   kept_of(r, kept, e, I));
 }
 
+// moe_experts_backward, from gate and up kept where `kept` points (null: recomputed).
 template <class T>
-void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
-                          const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
-                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
-                          const kernels::MoeOptions<T>& opt) {
+void experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                      const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up, T* const* dw_down,
+                      int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                      const kernels::MoeOptions<T>& opt, T* kept) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   std::vector<double> g(size_t(R * k));  // the gradient of each slot's weight
   const auto expert = [&](int64_t e) {
@@ -484,16 +511,56 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < E; ++i) {
         const int64_t e = order[size_t(i)];
-        expert_backward(rows_of(r, e), dy, x, expert(e), dx, g.data(), s, C, I, buf.data() + r.offset[e] * C);
+        expert_backward(rows_of(r, e), dy, x, expert(e), dx, g.data(), s, C, I, buf.data() + r.offset[e] * C,
+                        kept_of(r, kept, e, I));
       }
     }
     combine(r, buf.data(), dx, C, false);
   } else {
     Scratch<T> s(chunk_rows(r.max_rows()), C, I, true);
     std::fill(dx, dx + R * C, T(0));
-    for (int64_t e = 0; e < E; ++e) expert_backward(rows_of(r, e), dy, x, expert(e), dx, g.data(), s, C, I);
+    for (int64_t e = 0; e < E; ++e)
+      expert_backward(rows_of(r, e), dy, x, expert(e), dx, g.data(), s, C, I, static_cast<T*>(nullptr),
+                      kept_of(r, kept, e, I));
   }
   kernels::moe_probs_grad(r, norm, g.data(), dprobs);
+}
+
+}  // namespace
+
+template <class T>
+void moe_experts_forward(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                         const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                         const kernels::MoeOptions<T>& opt) {
+  experts_forward(x, probs, w_gate, w_up, w_down, y, R, C, E, I, k, norm, opt, static_cast<T*>(nullptr));
+}
+
+template <class T>
+void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                          const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up,
+                          T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                          const kernels::MoeOptions<T>& opt) {
+  experts_backward(dy, x, probs, w_gate, w_up, w_down, dx, dprobs, dw_gate, dw_up, dw_down, R, C, E, I, k, norm, opt,
+                   static_cast<T*>(nullptr));
+}
+
+template <class T>
+void moe_experts_forward_keeping(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
+                                 const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k,
+                                 bool norm, const kernels::MoeOptions<T>& opt, T* kept) {
+  AUTOSP_ASSERT(kept != nullptr, "moe_experts_forward_keeping without a kept block");
+  experts_forward(x, probs, w_gate, w_up, w_down, y, R, C, E, I, k, norm, opt, kept);
+}
+
+template <class T>
+void moe_experts_backward_from_kept(const T* dy, const T* x, const T* probs, const T* const* w_gate,
+                                    const T* const* w_up, const T* const* w_down, T* dx, T* dprobs,
+                                    T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C,
+                                    int64_t E, int64_t I, int64_t k, bool norm, const kernels::MoeOptions<T>& opt,
+                                    T* kept) {
+  AUTOSP_ASSERT(kept != nullptr, "moe_experts_backward_from_kept without a kept block");
+  experts_backward(dy, x, probs, w_gate, w_up, w_down, dx, dprobs, dw_gate, dw_up, dw_down, R, C, E, I, k, norm, opt,
+                   kept);
 }
 
 template <class T>
@@ -519,6 +586,13 @@ void expert_rows_backward(const T* dy, const T* x, const double* w, const Expert
   template void moe_experts_backward<T>(const T*, const T*, const T*, const T* const*, const T* const*,             \
                                         const T* const*, T*, T*, T* const*, T* const*, T* const*, int64_t, int64_t, \
                                         int64_t, int64_t, int64_t, bool, const kernels::MoeOptions<T>&);             \
+  template void moe_experts_forward_keeping<T>(const T*, const T*, const T* const*, const T* const*,                \
+                                               const T* const*, T*, int64_t, int64_t, int64_t, int64_t, int64_t,    \
+                                               bool, const kernels::MoeOptions<T>&, T*);                            \
+  template void moe_experts_backward_from_kept<T>(const T*, const T*, const T*, const T* const*, const T* const*,   \
+                                                  const T* const*, T*, T*, T* const*, T* const*, T* const*,         \
+                                                  int64_t, int64_t, int64_t, int64_t, int64_t, bool,                \
+                                                  const kernels::MoeOptions<T>&, T*);                               \
   template void expert_rows_forward<T>(const T*, const Expert<T>&, T*, int64_t, int64_t, int64_t);                  \
   template void expert_rows_backward<T>(const T*, const T*, const double*, const Expert<T>&, T*, double*, int64_t,  \
                                         int64_t, int64_t);
