@@ -12,10 +12,12 @@
 #include "graph/passes/feed_target_count.h"
 #include "graph/passes/concat_slice_grads.h"
 #include "graph/passes/expert_parallel.h"
+#include "graph/passes/keep_moe_projections.h"
 #include "graph/passes/fuse_elementwise.h"
 #include "graph/passes/lora.h"
 #include "graph/passes/mixed_precision.h"
 #include "graph/passes/shard_parameters.h"
+#include "models/family.h"
 #include "models/lora.h"
 #include "models/model.h"
 #include "tensor/check.h"
@@ -61,6 +63,7 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   ctx.layer_scopes = layer_scopes(cfg.model);
   ctx.lora = lora_plan(cfg, training);
   ctx.accumulation_steps = cfg.train.gradient_accumulation_steps;
+  ctx.keep_moe_projections = cfg.runtime.moe_keep_projections && cfg.runtime.device == DeviceKind::cpu;
   return ctx;
 }
 
@@ -82,6 +85,8 @@ std::vector<ProgramPass> program_passes(const Config& cfg, DType dtype, const Pa
   if (cfg.train.gradient_accumulation_steps > 1 && cfg.train.objective == Objective::lm)  // DPO feeds its norms
     out.push_back({{"feed_target_count", passes::feed_target_count, true}, Stage::joint});
   if (cfg.runtime.fuse_kernels) out.push_back({{"fuse_elementwise", passes::fuse_elementwise, true}, Stage::joint});
+  if (ctx.keep_moe_projections && family(cfg.model.arch).moe != Moe::none)
+    out.push_back({{"keep_moe_projections", passes::keep_moe_projections, true}, Stage::joint});
   out.push_back({{"autograd", passes::autograd, true}, Stage::joint});
   if (cfg.runtime.fuse_kernels)
     out.push_back({{"concat_slice_grads", passes::concat_slice_grads, true}, Stage::joint});

@@ -392,6 +392,7 @@ const std::vector<Key>& schema() {
       {"runtime.tiled_mlp", Kind::boolean_or_auto, 0, 0, "", nullptr, AUTO("runtime.tiled_mlp", runtime, tiled_mlp)},
       {"runtime.tiled_loss", Kind::boolean_or_auto, 0, 0, "", nullptr, AUTO("runtime.tiled_loss", runtime, tiled_loss)},
       {"runtime.fuse_kernels", Kind::boolean, 0, 0, "", nullptr, F(runtime, fuse_kernels)},
+      {"runtime.moe_keep_projections", Kind::boolean, 0, 0, "", nullptr, F(runtime, moe_keep_projections)},
       {"runtime.overlap_grad_sync", Kind::boolean, 0, 0, "", nullptr, F(runtime, overlap_grad_sync)},
       {"runtime.grad_bucket_mb", Kind::number, 0.001, 1 << 20, "", nullptr, F(runtime, grad_bucket_mb)},
       {"runtime.peak_tflops", Kind::number, 0, 1e9, "", nullptr, F(runtime, peak_tflops)},

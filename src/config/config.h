@@ -148,6 +148,11 @@ struct RuntimeConfig {
   // [S, vocab] logits are planned, the backward computes them again chunk by chunk; the graph
   // outputs each position's argmax ("predictions") instead of the logits.
   bool tiled_loss = false;
+  // A mixture-of-experts layer keeps each token's gate and up projections for its backward instead
+  // of computing them again (graph/passes/keep_moe_projections: CPU, f32 and f64 experts; +[2,
+  // rows · top_k, expert width] per MoE layer from forward to backward, as PyTorch's autograd keeps
+  // them). false: the backward recomputes them (less memory, two more GEMMs per expert).
+  bool moe_keep_projections = true;
   // Fused kernels (residual add + norm, bias + GELU) by passes/fuse_elementwise before autograd.
   bool fuse_kernels = true;
   // Gradient all-reduce: buckets of about grad_bucket_mb MiB (DDP's bucket_cap_mb), each started

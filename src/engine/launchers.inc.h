@@ -806,9 +806,9 @@ struct ExpertWeights {
   std::vector<Tensor> held;  // contiguous copies where an input was a view
   std::vector<const T*> gate, up, down, b_gate, b_up, b_down;
   int64_t E = 0, I = 0;
-  ExpertWeights(const KernelCall& c, size_t first) {
-    E = (static_cast<int64_t>(c.in.size()) - static_cast<int64_t>(first)) / moe_params_per_expert(c.node);
-    for (size_t i = first; i < c.in.size(); ++i) held.push_back(arg(c, i));
+  ExpertWeights(const KernelCall& c, size_t first, size_t end) {
+    E = (static_cast<int64_t>(end) - static_cast<int64_t>(first)) / moe_params_per_expert(c.node);
+    for (size_t i = first; i < end; ++i) held.push_back(arg(c, i));
     I = held[0].dim(0);
     std::vector<const T*>* lists[] = {&gate, &up, &down, &b_gate, &b_up, &b_down};
     for (size_t i = 0; i < held.size(); ++i) lists[i / size_t(E)]->push_back(ptr<T>(held[i]));
@@ -816,7 +816,8 @@ struct ExpertWeights {
 };
 
 // A moe node's call unpacked, for moe_experts, moe_experts_ep (each device's launchers) and their
-// backwards (`backward`: inputs dy, x, probs, the weights): x as rows [R, C], probs [R, E] (E: all
+// backwards (`backward`: inputs dy, x, probs, the weights, and last the kept projections where
+// the node keeps them, graph/ops.h moe_keeps): x as rows [R, C], probs [R, E] (E: all
 // the experts; the weights may be fewer, an expert group's), top_k and norm_topk_prob, the weights,
 // gpt-oss's options (biases, the activation; kernels/kinds.h MoeOptions), the output placed and,
 // for a backward, its extra outputs: dprobs (extra 0, like probs) and one gradient per weight and
@@ -832,21 +833,33 @@ struct MoeCall {
   kernels::MoeOptions<T> opt;
   MoeCall(const KernelCall& c, bool backward)
       : dy(backward ? arg(c, 0) : Tensor()), x(arg(c, backward ? 1 : 0)), p(arg(c, backward ? 2 : 1)),
-        w(c, backward ? 3 : 2), C(x.dim(-1)), R(x.numel() / C), E(p.dim(-1)), k(c.node.attrs().i("top_k")),
+        w(c, backward ? 3 : 2, weights_end(c, backward)), C(x.dim(-1)), R(x.numel() / C), E(p.dim(-1)), k(c.node.attrs().i("top_k")),
         norm(c.node.attrs().b("norm_topk_prob")), out(out_like(c, x.dtype())) {
     if (moe_biased(c.node)) opt.b_gate = w.b_gate.data(), opt.b_up = w.b_up.data(), opt.b_down = w.b_down.data();
     if (moe_clamped(c.node)) opt.clamped = true, opt.alpha = c.node.attrs().f("alpha"), opt.limit = c.node.attrs().f("limit");
     if (!backward) return;
-    for (size_t i = 2; i < c.in.size(); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
+    for (size_t i = 2; i < weights_end(c, true); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
     for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
     if (opt.b_gate) opt.db_gate = dw.data() + 3 * w.E, opt.db_up = dw.data() + 4 * w.E, opt.db_down = dw.data() + 5 * w.E;
   }
   T* dprobs(const KernelCall& c) const { return ptr<T>(c.extras[0]); }
+  // Where the weights and biases end: a backward's kept projections come after them.
+  static size_t weights_end(const KernelCall& c, bool backward) {
+    return c.in.size() - (backward && moe_keeps(c.node) ? 1 : 0);
+  }
 };
 
 // x [..., C] as rows [R, C], probs [R, E], the expert weights (w_gate[e], w_up[e] [I, C], w_down[e]
 // [C, I]) and biases → y [..., C].
+// A node that keeps its gate and up projections (graph/passes/keep_moe_projections): each device
+// file defines these (the CPU runs kernels/cpu/moe.h's keeping pair; CUDA refuses the attribute,
+// which the program builder sets for CPU runs only). Outputs and inputs as below, with the kept
+// block [2, R·k, I] the forward's extra output 1 and the backward's last input.
+Tensor moe_experts_keeping(const KernelCall& c);
+Tensor moe_experts_backward_kept(const KernelCall& c);
+
 Tensor moe_experts(const KernelCall& c) {
+  if (moe_keeps(c.node)) return moe_experts_keeping(c);
   return by_float(c, c.in[0].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, false);
     call(stream(c), dev::moe_experts_forward<T>, ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
@@ -858,6 +871,7 @@ Tensor moe_experts(const KernelCall& c) {
 // dx; extra outputs dprobs, then each expert weight's and bias's gradient. Inputs: dy, x, probs,
 // the weights, the biases.
 Tensor moe_experts_backward(const KernelCall& c) {
+  if (moe_keeps(c.node)) return moe_experts_backward_kept(c);
   return by_float(c, c.in[1].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, true);
     call(stream(c), dev::moe_experts_backward<T>, ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(),

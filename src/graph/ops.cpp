@@ -309,7 +309,8 @@ TensorType full_rule(const Node& n, const ShapeContext&) {
 // per output node would make typing a layer quadratic in the experts (18,432 weights of
 // Qwen3-30B-A3B: most of --plan-memory's time).
 std::optional<TensorType> moe_backward_extra_at(const Node& src, int64_t i) {
-  if (i < 1 || i + 1 >= static_cast<int64_t>(src.inputs().size())) return std::nullopt;
+  const int64_t end = static_cast<int64_t>(src.inputs().size()) - (moe_keeps(src) ? 1 : 0);
+  if (i < 1 || i + 1 >= end) return std::nullopt;
   return in(src, static_cast<size_t>(i + 1));
 }
 
@@ -533,13 +534,19 @@ void expect_moe_inputs(const Node& n, size_t x, const ShapeContext& ctx) {
   if (G < 1 || all % G != 0) fail(n, str("probs ", pt.str(), ": ", all, " experts do not split over ", G, " ranks"));
   const int64_t E = all / G;  // the experts whose parameters the node takes
   const int64_t per = moe_params_per_expert(n);
-  if (n.inputs().size() != x + 2 + size_t(per * E))
+  const size_t kept = x == 1 && moe_keeps(n) ? 1 : 0;  // a backward's block of the kept projections, last
+  if (n.inputs().size() != x + 2 + size_t(per * E) + kept)
     fail(n, str("probs ", pt.str(), " has ", all, " experts (", E, " on this rank): expected ", per * E,
                 per == 3 ? " expert weights (gate, up, down each), got " : " expert weights and biases (gate, up, "
                 "down, their biases each), got ", n.inputs().size() - x - 2));
   const Dim& C = xt.shape.back();
   const Dim I = in(n, x + 2).shape.size() == 2 ? in(n, x + 2).shape[0] : Dim(0);
   for (size_t i = x + 1; i < n.inputs().size(); ++i) expect_same_dtype(n, x, i);
+  if (kept) {
+    const auto& ks = in(n, n.inputs().size() - 1).shape;
+    if (ks.size() != 3 || !ks[0].is_const() || ks[0].value() != 2 || !ctx.same(ks[2], I))
+      fail(n, str("kept ", in(n, n.inputs().size() - 1).str(), ": expected the forward's [2, rows · top_k, I] block"));
+  }
   static constexpr const char* kNames[] = {"w_gate ", "w_up ", "w_down ", "b_gate ", "b_up ", "b_down "};
   for (int64_t e = 0; e < E; ++e)
     for (int which = 0; which < per; ++which) {
@@ -571,6 +578,15 @@ TensorType moe_experts_rule(const Node& n, const ShapeContext& ctx) {
   expect_moe_inputs(n, 0, ctx);
   return in(n, 0);
 }
+// With "keep": each assignment's gate and up projections [2, rows · top_k, I] (kernels/cpu/moe.h
+// moe_experts_forward_keeping), the backward's last input.
+std::vector<TensorType> moe_experts_extra(const Node& n) {
+  if (!moe_keeps(n)) return {};
+  const TensorType& x = in(n, 0);
+  Dim rows(n.attrs().i("top_k"));
+  for (int d = 0; d + 1 < x.rank(); ++d) rows = rows * x.shape[static_cast<size_t>(d)];
+  return {TensorType{x.dtype, {Dim(2), rows, in(n, 2).shape[0]}}};
+}
 // dy, x [..., C], probs, the expert weights → dx [..., C] (extras: dprobs, then each weight's gradient)
 TensorType moe_experts_backward_rule(const Node& n, const ShapeContext& ctx) {
   TensorType t = same_as_second(n, ctx);
@@ -579,7 +595,8 @@ TensorType moe_experts_backward_rule(const Node& n, const ShapeContext& ctx) {
 }
 std::vector<TensorType> moe_experts_backward_extra(const Node& n) {
   std::vector<TensorType> out;
-  for (size_t i = 2; i < n.inputs().size(); ++i) out.push_back(in(n, i));
+  const size_t end = n.inputs().size() - (moe_keeps(n) ? 1 : 0);  // the kept block has no gradient
+  for (size_t i = 2; i < end; ++i) out.push_back(in(n, i));
   return out;
 }
 
@@ -1042,7 +1059,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .attrs = "ignore_index", .infer = linear_cross_entropy_backward_rule,
      .extra = linear_cross_entropy_backward_extra, .backward_only = true},
     {.op = Op::moe_experts, .name = "moe_experts", .arity = -1, .attrs = "top_k,norm_topk_prob",
-     .infer = moe_experts_rule, .vjp = vjp::moe_experts, .seq = seq_moe},
+     .infer = moe_experts_rule, .extra = moe_experts_extra, .vjp = vjp::moe_experts, .seq = seq_moe},
     {.op = Op::moe_experts_backward, .name = "moe_experts_backward", .arity = -1, .attrs = "top_k,norm_topk_prob",
      .infer = moe_experts_backward_rule, .extra = moe_experts_backward_extra, .backward_only = true},
     {.op = Op::moe_experts_ep, .name = "moe_experts_ep", .arity = -1, .attrs = "top_k,norm_topk_prob,group,group_size",
@@ -1108,6 +1125,7 @@ const std::vector<std::string>& op_required_attrs(Op op) {
 
 bool moe_biased(const Node& n) { return n.attrs().has("biases") && n.attrs().b("biases"); }
 bool moe_clamped(const Node& n) { return n.attrs().has("activation") && n.attrs().s("activation") == "clamped_swiglu"; }
+bool moe_keeps(const Node& n) { return n.attrs().has("keep") && n.attrs().b("keep"); }
 
 bool linear_ce_weight_grad(const Node& n) { return !n.attrs().has("weight_grad") || n.attrs().b("weight_grad"); }
 double linear_ce_softcap(const Node& n) { return n.attrs().has("softcap") ? n.attrs().f("softcap") : 0.0; }

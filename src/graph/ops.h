@@ -172,6 +172,10 @@ double linear_ce_softcap(const Node& n);
 // ("swiglu" when absent, or "clamped_swiglu" with "alpha" and "limit").
 bool moe_biased(const Node& n);
 bool moe_clamped(const Node& n);
+// Whether a moe_experts node keeps each assignment's gate and up projections for its backward (the
+// optional attribute "keep", set by graph/passes/keep_moe_projections): then its extra output 1 is
+// that block [2, rows · top_k, I], and its moe_experts_backward takes it as a last input.
+bool moe_keeps(const Node& n);
 // The parameter inputs per expert of a moe_experts* node: 3, or 6 with biases.
 inline int64_t moe_params_per_expert(const Node& n) { return moe_biased(n) ? 6 : 3; }
 // Types of `n`'s extra outputs (empty for single-output ops).

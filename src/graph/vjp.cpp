@@ -259,7 +259,9 @@ void moe_grads(VjpContext& c, Node* bwd) {
 }
 }  // namespace
 void moe_experts(VjpContext& c) {
-  moe_grads(c, c.b.moe_experts_backward(c.grad, c.node->inputs(), c.node->attrs(), "dx"));
+  std::vector<Node*> in = c.node->inputs();
+  if (moe_keeps(*c.node)) in.push_back(c.b.output(c.node, 1, "kept"));  // the projections, not recomputed
+  moe_grads(c, c.b.moe_experts_backward(c.grad, in, c.node->attrs(), "dx"));
 }
 void moe_experts_ep(VjpContext& c) {
   moe_grads(c, c.b.moe_experts_ep_backward(c.grad, c.node->inputs(), c.node->attrs(), "dx"));

@@ -386,6 +386,36 @@ Tensor all_reduce(const KernelCall& c) {
 // ---- the experts over an expert group (engine/expert_parallel.h: the exchange) ----
 
 // x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights (and biases) → y [..., C].
+// moe_experts keeping each assignment's gate and up projections (kernels/cpu/moe.h
+// moe_experts_forward_keeping): the block is the node's extra output 1.
+Tensor moe_experts_keeping(const KernelCall& c) {
+  return by_float(c, c.in[0].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, false);
+    c.extras.push_back(extra_like(c, {2, m.R * m.k, m.w.I}, m.x.dtype()));
+    cpu::moe_experts_forward_keeping<T>(ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(), m.w.down.data(),
+                                        ptr<T>(m.out), m.R, m.C, m.w.E, m.w.I, m.k, m.norm, m.opt,
+                                        ptr<T>(c.extras.back()));
+    return m.out;
+  });
+}
+
+// Its backward from the kept block, the last input (moe_experts_backward_from_kept). The kernel
+// overwrites the block it reads with dg and du, so it works on a copy: the node's inputs stay as
+// they were.
+Tensor moe_experts_backward_kept(const KernelCall& c) {
+  return by_float(c, c.in[1].dtype(), [&]<class T>() {
+    const MoeCall<T> m(c, true);
+    const Tensor kept = arg(c, c.in.size() - 1);
+    Tensor work = Tensor::empty(kept.shape(), kept.dtype(), c.alloc);
+    if (kept.nbytes() > 0) std::memcpy(work.raw(), kept.raw(), kept.nbytes());
+    cpu::moe_experts_backward_from_kept<T>(ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
+                                           m.w.down.data(), ptr<T>(m.out), m.dprobs(c), m.dw.data(),
+                                           m.dw.data() + m.w.E, m.dw.data() + 2 * m.w.E, m.R, m.C, m.w.E, m.w.I,
+                                           m.k, m.norm, m.opt, ptr<T>(work));
+    return m.out;
+  });
+}
+
 Tensor moe_experts_ep(const KernelCall& c) {
   return by_float(c, c.in[0].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, false);
@@ -649,7 +679,7 @@ Tensor swiglu_mlp_backward_bf16(const KernelCall& c) {
 // plain SwiGLU; gpt-oss's biased, clamped experts and mixed dtypes stay on the emulation.
 bool moe_bf16_native(const KernelCall& c) {
   const auto bf16 = [](const Tensor& t) { return t.dtype() == DType::bf16; };
-  return !moe_biased(c.node) && !moe_clamped(c.node) && std::all_of(c.in.begin(), c.in.end(), bf16);
+  return !moe_biased(c.node) && !moe_clamped(c.node) && !moe_keeps(c.node) && std::all_of(c.in.begin(), c.in.end(), bf16);
 }
 
 // y [..., C]. Inputs: x, probs, the E gate, E up and E down weights.

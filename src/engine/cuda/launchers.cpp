@@ -538,6 +538,14 @@ Tensor all_to_all(const KernelCall& c) {
 // ---- the experts over an expert group (engine/cuda/expert_parallel.h: the exchange on device buffers) ----
 
 // x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights (and biases) → y [..., C].
+// Keeping the experts' projections is the CPU kernel's (graph/passes/keep_moe_projections runs for
+// CPU runs only); a program that asks for it on CUDA is refused.
+Tensor moe_experts_keeping(const KernelCall& c) {
+  throw RuntimeFailure(str("[", c.node.op_name(), "] ", c.node.name(),
+                           ": keeping the experts' projections (runtime.moe_keep_projections) is CPU-only"));
+}
+Tensor moe_experts_backward_kept(const KernelCall& c) { return moe_experts_keeping(c); }
+
 Tensor moe_experts_ep(const KernelCall& c) {
   Communicator& comm = group(c);
   return by_float(c, c.in[0].dtype(), [&]<class T>() {

@@ -57,6 +57,9 @@ struct PassContext {
   LoraPlan lora;
   // train.gradient_accumulation_steps (feed_target_count: a load-balancing loss's share per micro-batch).
   int64_t accumulation_steps = 1;
+  // keep_moe_projections: the moe_experts nodes (f32, f64) keep their gate and up projections for
+  // the backward (runtime.moe_keep_projections on a CPU run).
+  bool keep_moe_projections = false;
 };
 
 struct PassResult {
