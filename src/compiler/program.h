@@ -62,6 +62,8 @@ DType master_dtype(DType run);
 //   joint    feed_target_count (train.gradient_accumulation_steps > 1: the loss's denominator is fed,
 //            graph/passes/feed_target_count.h), fuse_elementwise (runtime.fuse_kernels: after AutoSP, whose passes never see fused
 //            ops, and before autograd, so the backward comes from the fused ops' vjps),
+//            keep_moe_projections (a mixture of experts on the CPU with runtime.moe_keep_projections:
+//            graph/passes/keep_moe_projections.h; before autograd, whose vjp hands the kept block on),
 //            autograd, concat_slice_grads (runtime.fuse_kernels: a split tensor's gradient is
 //            one concat, graph/passes/concat_slice_grads.h), checkpoint_activations
 //            (runtime.activation_checkpointing),
