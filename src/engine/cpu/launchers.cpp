@@ -383,9 +383,6 @@ Tensor all_reduce(const KernelCall& c) {
   return y;
 }
 
-// ---- the experts over an expert group (engine/expert_parallel.h: the exchange) ----
-
-// x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights (and biases) → y [..., C].
 // moe_experts keeping each assignment's gate and up projections (kernels/cpu/moe.h
 // moe_experts_forward_keeping): the block is the node's extra output 1.
 Tensor moe_experts_keeping(const KernelCall& c) {
@@ -416,6 +413,9 @@ Tensor moe_experts_backward_kept(const KernelCall& c) {
   });
 }
 
+// ---- the experts over an expert group (engine/expert_parallel.h: the exchange) ----
+
+// x [..., C] as rows [R, C], probs [R, E], this rank's local expert weights (and biases) → y [..., C].
 Tensor moe_experts_ep(const KernelCall& c) {
   return by_float(c, c.in[0].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, false);
