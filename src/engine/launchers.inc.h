@@ -833,24 +833,18 @@ struct MoeCall {
   kernels::MoeOptions<T> opt;
   MoeCall(const KernelCall& c, bool backward)
       : dy(backward ? arg(c, 0) : Tensor()), x(arg(c, backward ? 1 : 0)), p(arg(c, backward ? 2 : 1)),
-        w(c, backward ? 3 : 2, weights_end(c, backward)), C(x.dim(-1)), R(x.numel() / C), E(p.dim(-1)), k(c.node.attrs().i("top_k")),
+        w(c, backward ? 3 : 2, moe_weights_end(c.node)), C(x.dim(-1)), R(x.numel() / C), E(p.dim(-1)), k(c.node.attrs().i("top_k")),
         norm(c.node.attrs().b("norm_topk_prob")), out(out_like(c, x.dtype())) {
     if (moe_biased(c.node)) opt.b_gate = w.b_gate.data(), opt.b_up = w.b_up.data(), opt.b_down = w.b_down.data();
     if (moe_clamped(c.node)) opt.clamped = true, opt.alpha = c.node.attrs().f("alpha"), opt.limit = c.node.attrs().f("limit");
     if (!backward) return;
-    for (size_t i = 2; i < weights_end(c, true); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
+    for (size_t i = 2; i < moe_weights_end(c.node); ++i) c.extras.push_back(extra_like(c, c.in[i].shape(), c.in[i].dtype()));
     for (size_t i = 1; i < c.extras.size(); ++i) dw.push_back(ptr<T>(c.extras[i]));
     if (opt.b_gate) opt.db_gate = dw.data() + 3 * w.E, opt.db_up = dw.data() + 4 * w.E, opt.db_down = dw.data() + 5 * w.E;
   }
   T* dprobs(const KernelCall& c) const { return ptr<T>(c.extras[0]); }
-  // Where the weights and biases end: a backward's kept projections come after them.
-  static size_t weights_end(const KernelCall& c, bool backward) {
-    return c.in.size() - (backward && moe_keeps(c.node) ? 1 : 0);
-  }
 };
 
-// x [..., C] as rows [R, C], probs [R, E], the expert weights (w_gate[e], w_up[e] [I, C], w_down[e]
-// [C, I]) and biases → y [..., C].
 // A node that keeps its gate and up projections (graph/passes/keep_moe_projections): each device
 // file defines these (the CPU runs kernels/cpu/moe.h's keeping pair; CUDA refuses the attribute,
 // which the program builder sets for CPU runs only). Outputs and inputs as below, with the kept
@@ -858,6 +852,8 @@ struct MoeCall {
 Tensor moe_experts_keeping(const KernelCall& c);
 Tensor moe_experts_backward_kept(const KernelCall& c);
 
+// x [..., C] as rows [R, C], probs [R, E], the expert weights (w_gate[e], w_up[e] [I, C], w_down[e]
+// [C, I]) and biases → y [..., C].
 Tensor moe_experts(const KernelCall& c) {
   if (moe_keeps(c.node)) return moe_experts_keeping(c);
   return by_float(c, c.in[0].dtype(), [&]<class T>() {

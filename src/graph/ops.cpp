@@ -309,8 +309,7 @@ TensorType full_rule(const Node& n, const ShapeContext&) {
 // per output node would make typing a layer quadratic in the experts (18,432 weights of
 // Qwen3-30B-A3B: most of --plan-memory's time).
 std::optional<TensorType> moe_backward_extra_at(const Node& src, int64_t i) {
-  const int64_t end = static_cast<int64_t>(src.inputs().size()) - (moe_keeps(src) ? 1 : 0);
-  if (i < 1 || i + 1 >= end) return std::nullopt;
+  if (i < 1 || i + 1 >= static_cast<int64_t>(moe_weights_end(src))) return std::nullopt;
   return in(src, static_cast<size_t>(i + 1));
 }
 
@@ -595,8 +594,7 @@ TensorType moe_experts_backward_rule(const Node& n, const ShapeContext& ctx) {
 }
 std::vector<TensorType> moe_experts_backward_extra(const Node& n) {
   std::vector<TensorType> out;
-  const size_t end = n.inputs().size() - (moe_keeps(n) ? 1 : 0);  // the kept block has no gradient
-  for (size_t i = 2; i < end; ++i) out.push_back(in(n, i));
+  for (size_t i = 2; i < moe_weights_end(n); ++i) out.push_back(in(n, i));
   return out;
 }
 
@@ -1126,6 +1124,9 @@ const std::vector<std::string>& op_required_attrs(Op op) {
 bool moe_biased(const Node& n) { return n.attrs().has("biases") && n.attrs().b("biases"); }
 bool moe_clamped(const Node& n) { return n.attrs().has("activation") && n.attrs().s("activation") == "clamped_swiglu"; }
 bool moe_keeps(const Node& n) { return n.attrs().has("keep") && n.attrs().b("keep"); }
+size_t moe_weights_end(const Node& n) {
+  return n.inputs().size() - (n.op() == Op::moe_experts_backward && moe_keeps(n) ? 1 : 0);
+}
 
 bool linear_ce_weight_grad(const Node& n) { return !n.attrs().has("weight_grad") || n.attrs().b("weight_grad"); }
 double linear_ce_softcap(const Node& n) { return n.attrs().has("softcap") ? n.attrs().f("softcap") : 0.0; }

@@ -176,6 +176,9 @@ bool moe_clamped(const Node& n);
 // optional attribute "keep", set by graph/passes/keep_moe_projections): then its extra output 1 is
 // that block [2, rows · top_k, I], and its moe_experts_backward takes it as a last input.
 bool moe_keeps(const Node& n);
+// Where a moe_experts* node's weight and bias inputs end: its input count, less a backward's kept
+// block (its last input, which has no gradient).
+size_t moe_weights_end(const Node& n);
 // The parameter inputs per expert of a moe_experts* node: 3, or 6 with biases.
 inline int64_t moe_params_per_expert(const Node& n) { return moe_biased(n) ? 6 : 3; }
 // Types of `n`'s extra outputs (empty for single-output ops).
