@@ -133,14 +133,17 @@ TEST_CASE("the bf16 GEMM dispatch picks the best path the CPU offers", "[kernels
 }
 
 // AUTOSP_BF16_GEMM caps the dispatch (a way round a path that misbehaves on some machine, as
-// oneDNN's ONEDNN_MAX_CPU_ISA): f32 always gives the emulated path, avx512_bf16 leaves AMX out, and
-// anything else is refused by name.
+// oneDNN's ONEDNN_MAX_CPU_ISA): f32 always gives the emulated path, avx512_bf16 leaves AMX out, empty
+// is no cap, and anything else is refused by name.
 TEST_CASE("AUTOSP_BF16_GEMM caps the bf16 GEMM path, and garbage is refused", "[kernels][matmul][bf16]") {
   const bool dp = cpu::bf16_gemm_available(cpu::Bf16Gemm::avx512_bf16);
   ::setenv("AUTOSP_BF16_GEMM", "f32", 1);
   CHECK(cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32);
   ::setenv("AUTOSP_BF16_GEMM", "avx512_bf16", 1);
   CHECK(cpu::bf16_gemm_best() == (dp ? cpu::Bf16Gemm::avx512_bf16 : cpu::Bf16Gemm::f32));
+  ::setenv("AUTOSP_BF16_GEMM", "", 1);  // `AUTOSP_BF16_GEMM= cmd` is no cap, as unset
+  CHECK(cpu::bf16_gemm_best() == (cpu::bf16_gemm_available(cpu::Bf16Gemm::amx) ? cpu::Bf16Gemm::amx
+                                  : dp ? cpu::Bf16Gemm::avx512_bf16 : cpu::Bf16Gemm::f32));
   ::setenv("AUTOSP_BF16_GEMM", "sse2", 1);
   CHECK_THROWS_WITH(cpu::bf16_gemm_best(), Catch::Contains("AUTOSP_BF16_GEMM=sse2"));
   ::unsetenv("AUTOSP_BF16_GEMM");

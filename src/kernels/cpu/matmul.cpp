@@ -503,7 +503,7 @@ bool bf16_gemm_available(Bf16Gemm path) {
 // The best path at or below AUTOSP_BF16_GEMM's cap (matmul.h).
 Bf16Gemm bf16_gemm_best() {
   const char* env = std::getenv("AUTOSP_BF16_GEMM");
-  const std::string cap = env ? env : "amx";
+  const std::string cap = env && *env ? env : "amx";  // set but empty: no cap, as unset
   const std::vector<Bf16Gemm> order = {Bf16Gemm::amx, Bf16Gemm::avx512_bf16};
   size_t first = 0;
   if (cap == "avx512_bf16") first = 1;
