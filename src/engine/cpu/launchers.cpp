@@ -396,19 +396,16 @@ Tensor moe_experts_keeping(const KernelCall& c) {
   });
 }
 
-// Its backward from the kept block, the last input (moe_experts_backward_from_kept). The kernel
-// overwrites the block it reads with dg and du, so it works on a copy: the node's inputs stay as
-// they were.
+// Its backward from the kept block, the last input (moe_experts_backward_from_kept), which the
+// kernel only reads.
 Tensor moe_experts_backward_kept(const KernelCall& c) {
   return by_float(c, c.in[1].dtype(), [&]<class T>() {
     const MoeCall<T> m(c, true);
     const Tensor kept = arg(c, c.in.size() - 1);
-    Tensor work = Tensor::empty(kept.shape(), kept.dtype(), c.alloc);
-    if (kept.nbytes() > 0) std::memcpy(work.raw(), kept.raw(), kept.nbytes());
     cpu::moe_experts_backward_from_kept<T>(ptr<T>(m.dy), ptr<T>(m.x), ptr<T>(m.p), m.w.gate.data(), m.w.up.data(),
                                            m.w.down.data(), ptr<T>(m.out), m.dprobs(c), m.dw.data(),
                                            m.dw.data() + m.w.E, m.dw.data() + 2 * m.w.E, m.R, m.C, m.w.E, m.w.I,
-                                           m.k, m.norm, m.opt, ptr<T>(work));
+                                           m.k, m.norm, m.opt, ptr<T>(kept));
     return m.out;
   });
 }

@@ -201,6 +201,13 @@ void scatter_add(const Rows& rows, const T* src, T* out, int64_t C, bool weighte
   }
 }
 
+// dst [r, n] = src [r, n], the rows split over the threads as gather's.
+template <class T>
+void copy_rows(const T* src, T* dst, int64_t r, int64_t n) {
+#pragma omp parallel for schedule(static) if (r * n > kGrain)
+  for (int64_t a = 0; a < r; ++a) std::copy_n(src + a * n, n, dst + a * n);
+}
+
 // m [r, n] += the bias b [n] on every row (b null: nothing).
 template <class T>
 void add_bias(T* m, const T* b, int64_t r, int64_t n) {
@@ -317,11 +324,12 @@ void expert_forward(const Rows& all, const T* x, const Expert<T>& ex, T* y, Scra
 
 // The expert's part of the backward: dx[row] += its dx rows (or, with `out` [n, C], out[a] = row
 // a's dx, dx untouched), grad[slot] = dy[row] · ye[slot], and its weight and bias gradients
-// (overwritten; zero without rows), a chunk at a time. With `kept`, g and u are read from there
-// (and overwritten by dg, du) instead of recomputed into the scratch.
+// (overwritten; zero without rows), a chunk at a time. With `kept`, g and u are copied from there
+// into the scratch (which dg and du then overwrite, as recomputed ones) instead of recomputed: a
+// chunk's copy is read back from the cache, where one of the whole block would go through memory.
 template <class T>
 void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& ex, T* dx, double* grad,
-                     Scratch<T>& s, int64_t C, int64_t I, T* out = nullptr, Kept<T> kept = {}) {
+                     Scratch<T>& s, int64_t C, int64_t I, T* out = nullptr, Kept<const T> kept = {}) {
   const bool biased = ex.bg != nullptr;
   if (biased) {
     s.dbg.assign(size_t(I), 0.0), s.dbu.assign(size_t(I), 0.0), s.dbd.assign(size_t(C), 0.0);
@@ -332,11 +340,16 @@ void expert_backward(const Rows& all, const T* dy, const T* x, const Expert<T>& 
     const Rows rows{all.slot + r0, std::min(kernels::kMlpChunkRows, all.n - r0), all.k, all.weight};
     const int64_t r = rows.n;
     const T beta = r0 == 0 ? T(0) : T(1);  // the first chunk overwrites the weight gradients
-    const Kept<T> k = kept.at(r0, I);
-    T *g = k.g ? k.g : s.g, *u = k.g ? k.u : s.u, *d = s.d, *h = s.h, *xe = s.xe, *de = s.ye;
+    const Kept<const T> k = kept.at(r0, I);
+    T *g = s.g, *u = s.u, *d = s.d, *h = s.h, *xe = s.xe, *de = s.ye;
     gather(rows, x, xe, C);
     gather(rows, dy, de, C);
-    if (!k.g) project(ex, xe, g, u, r, C, I);
+    if (k.g) {
+      copy_rows(k.g, g, r, I);
+      copy_rows(k.u, u, r, I);
+    } else {
+      project(ex, xe, g, u, r, C, I);
+    }
     gemm<T>(false, false, r, I, C, de, ex.wd, T(0), d);  // d = dy_e · Wd
 #pragma omp parallel for schedule(static) if (r * I > kGrain)
     for (int64_t a = 0; a < r; ++a) {
@@ -494,7 +507,7 @@ template <class T>
 void experts_backward(const T* dy, const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
                       const T* const* w_down, T* dx, T* dprobs, T* const* dw_gate, T* const* dw_up, T* const* dw_down,
                       int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
-                      const kernels::MoeOptions<T>& opt, T* kept) {
+                      const kernels::MoeOptions<T>& opt, const T* kept) {
   const kernels::MoeRouting r = kernels::moe_route(probs, R, E, k, norm);
   std::vector<double> g(size_t(R * k));  // the gradient of each slot's weight
   const auto expert = [&](int64_t e) {
@@ -541,7 +554,7 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
                           T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
                           const kernels::MoeOptions<T>& opt) {
   experts_backward(dy, x, probs, w_gate, w_up, w_down, dx, dprobs, dw_gate, dw_up, dw_down, R, C, E, I, k, norm, opt,
-                   static_cast<T*>(nullptr));
+                   static_cast<const T*>(nullptr));
 }
 
 template <class T>
@@ -557,7 +570,7 @@ void moe_experts_backward_from_kept(const T* dy, const T* x, const T* probs, con
                                     const T* const* w_up, const T* const* w_down, T* dx, T* dprobs,
                                     T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C,
                                     int64_t E, int64_t I, int64_t k, bool norm, const kernels::MoeOptions<T>& opt,
-                                    T* kept) {
+                                    const T* kept) {
   AUTOSP_ASSERT(kept != nullptr, "moe_experts_backward_from_kept without a kept block");
   experts_backward(dy, x, probs, w_gate, w_up, w_down, dx, dprobs, dw_gate, dw_up, dw_down, R, C, E, I, k, norm, opt,
                    kept);
@@ -592,7 +605,7 @@ void expert_rows_backward(const T* dy, const T* x, const double* w, const Expert
   template void moe_experts_backward_from_kept<T>(const T*, const T*, const T*, const T* const*, const T* const*,   \
                                                   const T* const*, T*, T*, T* const*, T* const*, T* const*,         \
                                                   int64_t, int64_t, int64_t, int64_t, int64_t, bool,                \
-                                                  const kernels::MoeOptions<T>&, T*);                               \
+                                                  const kernels::MoeOptions<T>&, const T*);                         \
   template void expert_rows_forward<T>(const T*, const Expert<T>&, T*, int64_t, int64_t, int64_t);                  \
   template void expert_rows_backward<T>(const T*, const T*, const double*, const Expert<T>&, T*, double*, int64_t,  \
                                         int64_t, int64_t);

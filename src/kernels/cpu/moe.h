@@ -53,13 +53,13 @@ void moe_experts_backward(const T* dy, const T* x, const T* probs, const T* cons
                           T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
                           const kernels::MoeOptions<T>& opt = {});
 
-// The same pair keeping the gate and up projections from the forward for the backward (not yet
-// used by the op: decision 245). kept [2, R·k, I]: moe_experts_forward_keeping writes there each
+// The same pair keeping the gate and up projections from the forward for the backward (the op's
+// runtime.moe_keep_projections: decisions 245, 253). kept [2, R·k, I]: moe_experts_forward_keeping writes there each
 // assignment's gate projection (kept[0]) and up projection (kept[1]), biases included, at the
 // assignment's place p in the routing (kernels/moe_routing.h: slot[p], expert after expert, each
 // expert's rows in row order); moe_experts_backward_from_kept, given that block for the same x,
-// probs and weights, reads them instead of recomputing (five GEMMs per expert instead of seven)
-// and overwrites the block (it holds their gradients after). The same bits as the pair above.
+// probs and weights, reads them instead of recomputing (five GEMMs per expert instead of seven).
+// The same bits as the pair above.
 template <class T>
 void moe_experts_forward_keeping(const T* x, const T* probs, const T* const* w_gate, const T* const* w_up,
                                  const T* const* w_down, T* y, int64_t R, int64_t C, int64_t E, int64_t I, int64_t k,
@@ -69,7 +69,7 @@ void moe_experts_backward_from_kept(const T* dy, const T* x, const T* probs, con
                                     const T* const* w_up, const T* const* w_down, T* dx, T* dprobs,
                                     T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C,
                                     int64_t E, int64_t I, int64_t k, bool norm, const kernels::MoeOptions<T>& opt,
-                                    T* kept);
+                                    const T* kept);
 
 // One expert on n rows held contiguously (expert parallelism's owner, engine/expert_parallel.h),
 // by the same chunked code: y [n, C] += expert(x[a]) ...
