@@ -423,6 +423,28 @@ __device__ __forceinline__ void frag_b_kn(uint32_t (&b)[2], const bf16* z, int l
   b[1] = pack_raw(p[8 * ld], p[9 * ld]);
 }
 
+// Two products at once, over D: c1 += X1 [16 rows from r0] · Y1ᵀ and c2 += X2 · Y2ᵀ, each Y's first
+// 8·NT rows (frag_b_nk), all four tiles in shared memory with leading dim ld. The backward's score
+// pairs (S and dP, or Sᵀ and dPᵀ): their fragments loaded and their MMAs issued side by side.
+template <int D, int NT>
+__device__ __forceinline__ void mma_pair_nk(float (&c1)[NT][4], float (&c2)[NT][4], const bf16* x1, const bf16* y1,
+                                            const bf16* x2, const bf16* y2, int ld, int r0, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a1[4], a2[4];
+    frag_a(a1, x1, ld, r0, kk * 16, g, t);
+    frag_a(a2, x2, ld, r0, kk * 16, g, t);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t b1[2], b2[2];
+      frag_b_nk(b1, y1, ld, nt * 8, kk * 16, g, t);
+      frag_b_nk(b2, y2, ld, nt * 8, kk * 16, g, t);
+      mma_bf16(c1[nt], a1, b1);
+      mma_bf16(c2[nt], a2, b2);
+    }
+  }
+}
+
 // A fragments of a 16×16 chunk kc of a 16×(8·NT) accumulator tile (C layout) as bf16: the
 // FlashAttention-2 register reuse of P (or dS) as the A operand of the next product.
 template <int NT>
@@ -602,20 +624,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       __syncthreads();
       // Sᵀ [16 × BQ] = K [16 × D] · Qᵀ and dPᵀ [16 × BQ] = V [16 × D] · doutᵀ
       float st[NT][4] = {}, dpt[NT][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ak[4], av[4];
-        frag_a(ak, ks, LD, warp * 16, kk * 16, g, t);
-        frag_a(av, vs, LD, warp * 16, kk * 16, g, t);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bq[2], bo[2];
-          frag_b_nk(bq, qs, LD, nt * 8, kk * 16, g, t);
-          frag_b_nk(bo, dos, LD, nt * 8, kk * 16, g, t);
-          mma_bf16(st[nt], ak, bq);
-          mma_bf16(dpt[nt], av, bo);
-        }
-      }
+      mma_pair_nk<D>(st, dpt, ks, qs, vs, dos, LD, warp * 16, g, t);
       // Pᵀ and dSᵀ (element (key, query))
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -702,20 +711,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     __syncthreads();
     // S [16 × 64] = Q · Kᵀ and dP [16 × 64] = dout · Vᵀ
     float s[NT][4] = {}, dp[NT][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t aq[4], ao[4];
-      frag_a(aq, qs, LD, warp * 16, kk * 16, g, t);
-      frag_a(ao, dos, LD, warp * 16, kk * 16, g, t);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bk[2], bv[2];
-        frag_b_nk(bk, ks, LD, nt * 8, kk * 16, g, t);
-        frag_b_nk(bv, vs, LD, nt * 8, kk * 16, g, t);
-        mma_bf16(s[nt], aq, bk);
-        mma_bf16(dp[nt], ao, bv);
-      }
-    }
+    mma_pair_nk<D>(s, dp, qs, ks, dos, vs, LD, warp * 16, g, t);
     // dS = P ∘ (dP - Δ), into s
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
