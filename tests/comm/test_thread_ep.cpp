@@ -16,7 +16,11 @@
 #include "engine/expert_parallel.h"
 #include "graph/builder.h"
 #include "graph/passes/expert_parallel.h"
+#include "kernels/bf16_test.h"
 #include "kernels/cpu/moe.h"
+#include "kernels/cpu/moe_bf16.h"
+#include "kernels/kernel_test.h"
+#include "kernels/moe_test.h"
 
 namespace autosp::test {
 namespace {
@@ -173,6 +177,108 @@ TEST_CASE("thread ep: gpt-oss experts (biases, clamped SwiGLU) over G = 2 and 4 
           CHECK(close(got.data(), want.data(), int64_t(want.size())) < 1e-12);
         }
     }
+  }
+}
+
+// The bf16 exchange (engine/expert_parallel.h moe_ep_*_bf16, decision 264): G = 2 and 4 ranks, each
+// with its R / G tokens and its E / G experts, on every bf16 GEMM path this CPU has. The owner runs
+// the one-process bf16 kernel's per-expert code (kernels/cpu/moe_bf16.h ExpertBf16) on rows that
+// arrive in the one-process order (source rank order is token order here, one chunk per expert), and
+// the outputs, dx and g come back in f32, so y, dx and every weight gradient are the one-process
+// bf16 kernel's bits, and dprobs (g crossed as f32, not double) within 1e-6; all of them within
+// bf16 rounding (relative L2 5e-3) of the float64 references on the same bf16 values. The
+// emulation (the f32 exchange on widened values, rounded once: what these ops ran before) is
+// checked to be 1e-4 or more away in y, so the bits tell which ran.
+TEST_CASE("thread ep: bf16 experts over G = 2 and 4 give the one-process bf16 kernel's bits",
+          "[threads][moe][ep][bf16]") {
+  struct Case {
+    int64_t R, C, E, I, k;
+    bool norm;
+  };
+  for (const Case& c : {Case{48, 32, 8, 40, 2, true}, Case{40, 24, 4, 32, 1, false}}) {
+    const auto bf = [](const naive::Vec& v) { return test::to_bf16(v); };
+    std::vector<uint16_t> x = bf(naive::random_normal(c.R * c.C, 900)), dy = bf(naive::random_normal(c.R * c.C, 901));
+    std::vector<uint16_t> probs = bf(naive::softmax(naive::random_normal(c.R * c.E, 902), c.R, c.E));
+    std::vector<uint16_t> wg = bf(naive::random_normal(c.E * c.I * c.C, 903, 0.3)),
+                          wu = bf(naive::random_normal(c.E * c.I * c.C, 904, 0.3)),
+                          wd = bf(naive::random_normal(c.E * c.C * c.I, 905, 0.3));
+    const auto g_all = experts_const(wg, c.E), u_all = experts_const(wu, c.E), d_all = experts_const(wd, c.E);
+    const int64_t n_w = c.I * c.C;
+    test::for_each_bf16_path([&](cpu::Bf16Gemm path) {
+      INFO("R " << c.R << " C " << c.C << " E " << c.E << " I " << c.I << " top " << c.k << " norm " << c.norm);
+      // One process.
+      std::vector<uint16_t> y(x.size()), dx(x.size()), dp(probs.size()), dwg(wg.size()), dwu(wu.size()), dwd(wd.size());
+      cpu::moe_experts_forward_bf16(path, x.data(), probs.data(), g_all.data(), u_all.data(), d_all.data(), y.data(),
+                                    c.R, c.C, c.E, c.I, c.k, c.norm);
+      cpu::moe_experts_backward_bf16(path, dy.data(), x.data(), probs.data(), g_all.data(), u_all.data(), d_all.data(),
+                                     dx.data(), dp.data(), experts(dwg, c.E).data(), experts(dwu, c.E).data(),
+                                     experts(dwd, c.E).data(), c.R, c.C, c.E, c.I, c.k, c.norm);
+      // The float64 references on the same bf16 values.
+      const naive::Vec xd = test::widen_bf16(x), pd = test::widen_bf16(probs), dyd = test::widen_bf16(dy),
+                       wgd = test::widen_bf16(wg), wud = test::widen_bf16(wu), wdd = test::widen_bf16(wd);
+      naive::Vec y64 = naive::moe_experts(xd, pd, wgd, wud, wdd, c.R, c.C, c.E, c.I, c.k, c.norm);
+      naive::Vec dx64(xd.size()), dp64(pd.size()), dwg64(wgd.size()), dwu64(wud.size()), dwd64(wdd.size());
+      {
+        naive::Vec a = wgd, b = wud, d = wdd;
+        const auto ca = experts_const(a, c.E), cb = experts_const(b, c.E), cd = experts_const(d, c.E);
+        cpu::moe_experts_backward<double>(dyd.data(), xd.data(), pd.data(), ca.data(), cb.data(), cd.data(),
+                                          dx64.data(), dp64.data(), experts(dwg64, c.E).data(),
+                                          experts(dwu64, c.E).data(), experts(dwd64, c.E).data(), c.R, c.C, c.E, c.I,
+                                          c.k, c.norm);
+      }
+      // The emulation's y: the f32 exchange's kernel on the widened values, rounded once.
+      std::vector<float> xf(xd.begin(), xd.end()), pf(pd.begin(), pd.end()), wgf(wgd.begin(), wgd.end()),
+          wuf(wud.begin(), wud.end()), wdf(wdd.begin(), wdd.end()), yf(x.size());
+      cpu::moe_experts_forward<float>(xf.data(), pf.data(), experts_const(wgf, c.E).data(),
+                                      experts_const(wuf, c.E).data(), experts_const(wdf, c.E).data(), yf.data(), c.R,
+                                      c.C, c.E, c.I, c.k, c.norm);
+      std::vector<uint16_t> y_emulated(yf.size());
+      cpu::cast<float, uint16_t>(yf.data(), y_emulated.data(), int64_t(yf.size()));
+      CHECK(test::relative_l2(test::widen_bf16(y_emulated), test::widen_bf16(y)) >= 1e-4);
+      const auto slice = [](const naive::Vec& v, int64_t from, int64_t n) {
+        return naive::Vec(v.begin() + from, v.begin() + from + n);
+      };
+      const auto slice16 = [](const std::vector<uint16_t>& v, int64_t from, int64_t n) {
+        return std::vector<uint16_t>(v.begin() + from, v.begin() + from + n);
+      };
+      for (const int G : {2, 4}) {
+        const int64_t Rg = c.R / G, L = c.E / G;
+        const size_t ranks = static_cast<size_t>(G);
+        std::vector<std::vector<uint16_t>> ys(ranks), dxs(ranks), dps(ranks), dwgs(ranks), dwus(ranks), dwds(ranks);
+        run_thread_ranks(G, [&](ThreadCommunicator& w) {
+          const size_t g = size_t(w.rank());
+          const int64_t e0 = int64_t(g) * L;
+          std::vector<const uint16_t*> gm(g_all.begin() + e0, g_all.begin() + e0 + L),
+              um(u_all.begin() + e0, u_all.begin() + e0 + L), dm(d_all.begin() + e0, d_all.begin() + e0 + L);
+          ys[g].assign(size_t(Rg * c.C), 0), dxs[g].assign(size_t(Rg * c.C), 0), dps[g].assign(size_t(Rg * c.E), 0);
+          for (auto* v : {&dwgs[g], &dwus[g], &dwds[g]}) v->assign(size_t(L * n_w), 0x7fc0);  // NaN: all written
+          const uint16_t *xg = x.data() + int64_t(g) * Rg * c.C, *dyg = dy.data() + int64_t(g) * Rg * c.C,
+                         *pg = probs.data() + int64_t(g) * Rg * c.E;
+          moe_ep_forward_bf16(w, cpu_allocator(), path, xg, pg, gm.data(), um.data(), dm.data(), ys[g].data(), Rg, c.C,
+                              c.E, c.I, c.k, c.norm);
+          moe_ep_backward_bf16(w, cpu_allocator(), path, dyg, xg, pg, gm.data(), um.data(), dm.data(), dxs[g].data(),
+                               dps[g].data(), experts(dwgs[g], L).data(), experts(dwus[g], L).data(),
+                               experts(dwds[g], L).data(), Rg, c.C, c.E, c.I, c.k, c.norm);
+        });
+        for (int g = 0; g < G; ++g) {
+          INFO("G = " << G << ", rank " << g);
+          const int64_t r0 = g * Rg, w0 = g * L * n_w;
+          CHECK(ys[size_t(g)] == slice16(y, r0 * c.C, Rg * c.C));
+          CHECK(dxs[size_t(g)] == slice16(dx, r0 * c.C, Rg * c.C));
+          CHECK(test::relative_l2(test::widen_bf16(dps[size_t(g)]), test::widen_bf16(slice16(dp, r0 * c.E, Rg * c.E))) <=
+                1e-6);
+          CHECK(dwgs[size_t(g)] == slice16(dwg, w0, L * n_w));
+          CHECK(dwus[size_t(g)] == slice16(dwu, w0, L * n_w));
+          CHECK(dwds[size_t(g)] == slice16(dwd, w0, L * n_w));
+          CHECK(test::relative_l2(test::widen_bf16(ys[size_t(g)]), slice(y64, r0 * c.C, Rg * c.C)) <= 5e-3);
+          CHECK(test::relative_l2(test::widen_bf16(dxs[size_t(g)]), slice(dx64, r0 * c.C, Rg * c.C)) <= 5e-3);
+          CHECK(test::relative_l2(test::widen_bf16(dps[size_t(g)]), slice(dp64, r0 * c.E, Rg * c.E)) <= 5e-3);
+          CHECK(test::relative_l2(test::widen_bf16(dwgs[size_t(g)]), slice(dwg64, w0, L * n_w)) <= 5e-3);
+          CHECK(test::relative_l2(test::widen_bf16(dwus[size_t(g)]), slice(dwu64, w0, L * n_w)) <= 5e-3);
+          CHECK(test::relative_l2(test::widen_bf16(dwds[size_t(g)]), slice(dwd64, w0, L * n_w)) <= 5e-3);
+        }
+      }
+    });
   }
 }
 
