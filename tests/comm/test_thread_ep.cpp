@@ -337,4 +337,57 @@ TEST_CASE("thread ep: expert_of reads the expert index and nothing else", "[moe]
   CHECK(expert_of("") == -1);
 }
 
+// bf16 programs (f32 parameters, bf16 compute) under every layout above, E = G against E = 1 on the
+// same layout: the local experts run the one-process bf16 kernel's code and dx crosses back in f32
+// (decision 264), so the loss and every dense gradient are the same bits (what reaches them is the
+// experts' dx, the same at any E); an expert's gradient differs by where it is rounded to bf16 (at
+// E = 1 each rank's partial sum over its tokens, summed in f32 over the world; at E = G the owner's
+// sum over the expert group's tokens), within 1e-2 of the largest entry (measured ≤ 6.1e-3). The
+// emulation these ops ran before moved the loss by 1e-6 to 1.5e-5 and the dense gradients by
+// 5e-3 to 1e-2. Without activation checkpointing both stay within the bf16 bars of the
+// one-process bf16 run (sp_case.h check_equal_bf16).
+TEST_CASE("thread ep: bf16 programs at G = 2 and 4 give the E = 1 loss and dense gradients' bits",
+          "[threads][moe][ep][bf16]") {
+  for (const json& model : {kMixtral, kQwen2Moe, kQwen3Moe}) {
+    const Config cfg1 = make_config(model, 1, {{"seq_len", 16}, {"batch_size", 2}});
+    const ParamMap params = init_params(cfg1.model, 17, DType::f32);
+    const Batch global = random_batch(2, 16, cfg1.model.vocab_size, 9);
+    const LossAndGrads one = run_reference(cfg1, global, params, DType::bf16);
+    for (const EpLayout& l : ep_layouts()) {
+      INFO(model_name(model) << ": " << describe(l));
+      const auto run = [&](int64_t ep) {
+        EpLayout m = l;
+        m.ep = ep;
+        std::vector<LossAndGrads> out(static_cast<size_t>(l.world));
+        run_thread_ranks(l.world, [&](ThreadCommunicator& w) {
+          out[static_cast<size_t>(w.rank())] = run_ep_rank(w, model, m, global, params, DType::bf16);
+        });
+        return out;
+      };
+      const std::vector<LossAndGrads> e1 = run(1), eg = run(l.ep);
+      for (size_t r = 0; r < eg.size(); ++r) {
+        INFO("rank " << r);
+        CHECK(std::abs(eg[r].loss - e1[r].loss) <= 1e-7 * std::abs(e1[r].loss));
+        size_t experts = 0;
+        for (const auto& [name, got] : eg[r].grads) {
+          INFO("gradient of " << name);
+          const double e = rel_err(got, e1[r].grads.at(name));
+          if (is_expert(name)) ++experts;
+          CHECK(e <= (is_expert(name) ? 1e-2 : 1e-6));
+        }
+        CHECK(experts == size_t(2 * 3 * 4 / l.ep));  // 2 layers × (gate, up, down) × L
+        // With activation checkpointing the bf16 SP program is further from the one-process run
+        // at E = 1 as well (Mixtral's router gradient 1.08e-2 relative L2, Qwen2-MoE's gradients
+        // up to 0.3 of the largest entry, measured 2026-12-05): not expert parallelism's (E = G
+        // has E = 1's bits above), left to its own look.
+        if (l.checkpointing) continue;
+        LossAndGrads whole = eg[r];  // this rank's experts only: compare those
+        for (const auto& [name, want] : one.grads)
+          if (!whole.grads.count(name)) whole.grads[name] = want;
+        check_equal_bf16(whole, one);
+      }
+    }
+  }
+}
+
 }  // namespace autosp::test
