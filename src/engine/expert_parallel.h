@@ -19,11 +19,19 @@
 // over every row it received (the expert group's tokens), and sends [dx | g] rows back, g = dy ·
 // output the slot's weight gradient; the source forms the router's gradient from g
 // (moe_probs_grad, exact as without EP) and adds dx. Knows nothing of graphs.
+//
+// Each direction is one message of rows whose parts keep their own types (decision 226's layout):
+// x and dy travel in the tokens' type; the routing weight w, the expert's output, dx and g in the
+// accumulation type (f32 for bf16 tokens), the types the one-process kernel holds them in. So in
+// bf16 (moe_ep_*_bf16: the owner runs kernels/cpu/moe_bf16.h's ExpertBf16, the one-process bf16
+// kernel's per-expert code) E > 1 and one process round alike and differ only by the order of f32
+// sums (decision 264).
 #pragma once
 
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/matmul.h"  // Bf16Gemm
 #include "kernels/kinds.h"
 #include "tensor/allocator.h"
 
@@ -43,5 +51,17 @@ void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x
                      const T* const* w_gate, const T* const* w_up, const T* const* w_down, T* dx, T* dprobs,
                      T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I,
                      int64_t k, bool norm, const kernels::MoeOptions<T>& opt);
+
+// The same on bf16 bits (uint16_t), every GEMM on the bf16 GEMM `path`; Mixtral's, Qwen2-MoE's and
+// Qwen3-MoE's experts (gpt-oss's biased, clamped ones stay on the emulation, as moe_experts').
+void moe_ep_forward_bf16(Communicator& ep, Allocator& alloc, cpu::Bf16Gemm path, const uint16_t* x,
+                         const uint16_t* probs, const uint16_t* const* w_gate, const uint16_t* const* w_up,
+                         const uint16_t* const* w_down, uint16_t* y, int64_t R, int64_t C, int64_t E, int64_t I,
+                         int64_t k, bool norm);
+void moe_ep_backward_bf16(Communicator& ep, Allocator& alloc, cpu::Bf16Gemm path, const uint16_t* dy,
+                          const uint16_t* x, const uint16_t* probs, const uint16_t* const* w_gate,
+                          const uint16_t* const* w_up, const uint16_t* const* w_down, uint16_t* dx, uint16_t* dprobs,
+                          uint16_t* const* dw_gate, uint16_t* const* dw_up, uint16_t* const* dw_down, int64_t R,
+                          int64_t C, int64_t E, int64_t I, int64_t k, bool norm);
 
 }  // namespace autosp

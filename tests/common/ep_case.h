@@ -40,7 +40,7 @@ struct EpLayout {
 
 // The joint program of rank w.rank() with its mesh, on its dp rank's rows of `global`.
 inline LossAndGrads run_ep_rank(Communicator& w, const json& model, const EpLayout& l, const Batch& global,
-                         const ParamMap& params) {
+                         const ParamMap& params, DType dt = DType::f32) {
   const int64_t dp = l.world / l.sp, rows_each = global.input_ids.dim(0) / dp, S = global.input_ids.dim(1);
   Config cfg = make_config(model, l.sp, {{"seq_len", S}, {"batch_size", rows_each}});
   cfg.sequence_parallel.ring_size = l.ring;
@@ -50,7 +50,7 @@ inline LossAndGrads run_ep_rank(Communicator& w, const json& model, const EpLayo
   const int64_t d = mesh.dp_rank;
   auto rows = [&](const Tensor& t) { return t.as_strided({rows_each, S}, t.strides(), d * rows_each * S).contiguous(); };
   const Batch mine{rows(global.input_ids), rows(global.labels), rows(global.position_ids)};
-  RankProgram prog = build_program(cfg, DType::f32, Stage::joint, mesh);
+  RankProgram prog = build_program(cfg, dt, Stage::joint, mesh);
   Executor ex(*prog.graph);
   TensorMap feeds = batch_feeds(mine);
   for (const std::string& name : prog.param_names) feeds[name] = params.at(name);

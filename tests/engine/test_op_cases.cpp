@@ -135,13 +135,40 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
       INFO("bf16 output " << out.str() << " vs the f32 kernel's " << out32->type().str());
       const bool native = c.op == Op::matmul || c.op == Op::swiglu_mlp || c.op == Op::sdpa || c.op == Op::sdpa_backward ||
                           c.op == Op::ring_attention || c.op == Op::linear_cross_entropy_sum ||
-                          (c.op == Op::moe_experts && c.name.find("gptoss") == std::string::npos);
+                          ((c.op == Op::moe_experts || c.op == Op::moe_experts_ep) &&
+                           c.name.find("gptoss") == std::string::npos);
       if (native && cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32)
         CHECK(max_rel_error(got, want32) <= 0x1p-7);
       else
         CHECK(got == want32);
     }
   }
+}
+
+// A bf16 moe_experts_ep node (here over an expert group of one: its exchange runs through the
+// single-process communicator) runs the bf16 experts natively (engine/expert_parallel.h
+// moe_ep_forward_bf16, decision 264): the bits of the bf16 moe_experts node on the same values, and
+// the run log does not list it; gpt-oss's biased, clamped experts stay on the emulation, listed.
+TEST_CASE("bf16 moe_experts_ep nodes run the bf16 experts natively, gpt-oss's emulated", "[ops][executor][bf16][ep]") {
+  const auto find = [](const std::string& name) {
+    for (const OpCase& c : op_cases())
+      if (c.name == name) return c;
+    FAIL("no op case " << name);
+    return op_cases().front();
+  };
+  const auto output = [](Prepared& p) {
+    return Executor(p.g).run(p.feeds, single_groups()).outputs.at(p.g.outputs()[0]->name()).to_doubles();
+  };
+  const bool native = cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
+  auto one = prepare(find("moe_experts_norm"), DType::bf16, 11);
+  auto ep = prepare(find("moe_experts_ep_norm"), DType::bf16, 11);
+  CHECK(output(*ep) == output(*one));
+  const std::vector<std::string> none, ep_op{"moe_experts_ep"};
+  CHECK(cpu_bf16_emulated_ops(ep->g) == (native ? none : ep_op));
+  auto gptoss = prepare(find("moe_experts_ep_gptoss"), DType::bf16, 11);
+  CHECK(cpu_bf16_emulated_ops(gptoss->g) == ep_op);
+  auto gptoss_one = prepare(find("moe_experts_gptoss"), DType::bf16, 11);
+  CHECK(cpu_bf16_emulated_ops(gptoss_one->g) == std::vector<std::string>{"moe_experts"});
 }
 
 // A bf16 sdpa node runs the bf16 attention kernel (its bits) where the CPU has it and the head dim

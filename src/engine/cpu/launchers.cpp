@@ -672,11 +672,13 @@ Tensor swiglu_mlp_backward_bf16(const KernelCall& c) {
   return dx;
 }
 
-// A mixture-of-experts layer's experts on bf16 (kernels/cpu/moe_bf16.h): every input bf16 and the
-// plain SwiGLU; gpt-oss's biased, clamped experts and mixed dtypes stay on the emulation.
+// A mixture-of-experts layer's experts on bf16 (kernels/cpu/moe_bf16.h; over an expert group
+// engine/expert_parallel.h's bf16 exchange): every input bf16 and the plain SwiGLU; gpt-oss's
+// biased, clamped experts and mixed dtypes stay on the emulation.
+bool moe_bf16_node(const Node& n) { return !moe_biased(n) && !moe_clamped(n) && !moe_keeps(n); }
 bool moe_bf16_native(const KernelCall& c) {
   const auto bf16 = [](const Tensor& t) { return t.dtype() == DType::bf16; };
-  return !moe_biased(c.node) && !moe_clamped(c.node) && !moe_keeps(c.node) && std::all_of(c.in.begin(), c.in.end(), bf16);
+  return moe_bf16_node(c.node) && std::all_of(c.in.begin(), c.in.end(), bf16);
 }
 
 // y [..., C]. Inputs: x, probs, the E gate, E up and E down weights.
@@ -697,6 +699,26 @@ Tensor moe_experts_backward_bf16(const KernelCall& c) {
                                  m.p.data<uint16_t>(), m.w.gate.data(), m.w.up.data(), m.w.down.data(),
                                  m.out.data<uint16_t>(), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
                                  m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm);
+  return m.out;
+}
+
+// moe_experts_ep's and its backward's contracts as above, with this rank's local experts.
+Tensor moe_experts_ep_bf16(const KernelCall& c) {
+  if (!moe_bf16_native(c)) return bf16_via_f32(c, moe_experts_ep);
+  const MoeCall<uint16_t> m(c, false);
+  moe_ep_forward_bf16(group(c), c.alloc, cpu::bf16_gemm_best(), m.x.data<uint16_t>(), m.p.data<uint16_t>(),
+                      m.w.gate.data(), m.w.up.data(), m.w.down.data(), m.out.data<uint16_t>(), m.R, m.C, m.E, m.w.I,
+                      m.k, m.norm);
+  return m.out;
+}
+
+Tensor moe_experts_ep_backward_bf16(const KernelCall& c) {
+  if (!moe_bf16_native(c)) return bf16_via_f32(c, moe_experts_ep_backward);
+  const MoeCall<uint16_t> m(c, true);
+  moe_ep_backward_bf16(group(c), c.alloc, cpu::bf16_gemm_best(), m.dy.data<uint16_t>(), m.x.data<uint16_t>(),
+                       m.p.data<uint16_t>(), m.w.gate.data(), m.w.up.data(), m.w.down.data(), m.out.data<uint16_t>(),
+                       m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E, m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I,
+                       m.k, m.norm);
   return m.out;
 }
 
@@ -1196,6 +1218,8 @@ constexpr NativeBf16Row kNativeBf16[] = {
     {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16, 5, true},
     {Op::moe_experts, moe_experts_bf16, 2, true},
     {Op::moe_experts_backward, moe_experts_backward_bf16, 3, true},
+    {Op::moe_experts_ep, moe_experts_ep_bf16, 2, true},
+    {Op::moe_experts_ep_backward, moe_experts_ep_backward_bf16, 3, true},
     {Op::linear_cross_entropy_sum, linear_cross_entropy_sum_bf16, 2, true},
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward_bf16, 2, true},
     {Op::sdpa, sdpa_bf16, 3, true, true},
@@ -1242,6 +1266,9 @@ bool has_native_bf16(const Node& n) {
   for (const NativeBf16Row& row : kNativeBf16) {
     if (row.op != n.op()) continue;
     if (row.gemm && cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return false;
+    if (row.run == moe_experts_bf16 || row.run == moe_experts_backward_bf16 || row.run == moe_experts_ep_bf16 ||
+        row.run == moe_experts_ep_backward_bf16)
+      return moe_bf16_node(n);  // gpt-oss's experts stay emulated
     if (!row.attention) return true;
     const Dim& D = n.input(0)->shape().at(3);  // q [B, N, S, D]
     return !D.is_const() || cpu::sdpa_bf16_preferred(D.value());

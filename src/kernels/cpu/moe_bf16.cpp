@@ -23,13 +23,6 @@ void gemm16(Bf16Gemm path, bool ta, bool tb, int64_t M, int64_t N, int64_t K, co
   gemm_bf16_batched(path, ta, tb, 1, M, N, K, 1.0f, a, 0, b, 0, beta, c, 0);
 }
 
-// The routing of bf16 probs [R, E], on the probabilities widened to f32 (exact).
-kernels::MoeRouting route(const uint16_t* probs, int64_t R, int64_t E, int64_t k, bool norm) {
-  std::vector<float> p(size_t(R * E));
-  cast<uint16_t, float>(probs, p.data(), R * E);
-  return kernels::moe_route<float>(p.data(), R, E, k, norm);
-}
-
 // A chunk of expert e's rows: n slots from `slot` (slot / k is the token's row).
 struct Chunk {
   const int64_t* slot;
@@ -65,22 +58,88 @@ void for_chunks(const kernels::MoeRouting& r, F&& f) {
 
 }  // namespace
 
+kernels::MoeRouting moe_route_bf16(const uint16_t* probs, int64_t R, int64_t E, int64_t k, bool norm) {
+  std::vector<float> p(size_t(R * E));
+  cast<uint16_t, float>(probs, p.data(), R * E);
+  return kernels::moe_route<float>(p.data(), R, E, k, norm);
+}
+
+void moe_probs_grad_bf16(const kernels::MoeRouting& r, bool norm, const double* g, uint16_t* dprobs) {
+  std::vector<float> dp(size_t(r.R * r.E));
+  kernels::moe_probs_grad<float>(r, norm, g, dp.data());
+  cast<float, uint16_t>(dp.data(), dprobs, r.R * r.E);
+}
+
+ExpertBf16::ExpertBf16(Bf16Gemm path, int64_t rows, int64_t C, int64_t I)
+    : path_(path), C_(C), I_(I), g_(size_t(rows * I)), u_(g_.size()), h16_(g_.size()) {
+  AUTOSP_ASSERT(rows >= 0 && rows <= kernels::kMlpChunkRows && C > 0 && I > 0, "ExpertBf16: rows ", rows, " C ", C,
+                " I ", I);
+}
+
+void ExpertBf16::forward(const uint16_t* wg, const uint16_t* wu, const uint16_t* wd, const uint16_t* xe, int64_t n,
+                         float* ye) {
+  const int64_t C = C_, I = I_;
+  AUTOSP_ASSERT(n >= 0 && n * I <= int64_t(g_.size()), "ExpertBf16::forward: ", n, " rows");
+  gemm16(path_, false, true, n, I, C, xe, wg, 0.0f, g_.data());  // g = xe · Wgᵀ
+  gemm16(path_, false, true, n, I, C, xe, wu, 0.0f, u_.data());  // u = xe · Wuᵀ
+  swiglu<float>(g_.data(), u_.data(), g_.data(), n * I);
+  cast<float, uint16_t>(g_.data(), h16_.data(), n * I);
+  gemm16(path_, false, true, n, C, I, h16_.data(), wd, 0.0f, ye);  // ye = h · Wdᵀ
+}
+
+void ExpertBf16::backward(const uint16_t* wg, const uint16_t* wu, const uint16_t* wd, const uint16_t* xe,
+                          const uint16_t* dye, const float* w, int64_t n, bool first, double* grad, float* dxe) {
+  const int64_t C = C_, I = I_, m = n * I;
+  AUTOSP_ASSERT(n >= 0 && m <= int64_t(g_.size()), "ExpertBf16::backward: ", n, " rows");
+  if (d_.empty()) {  // the backward's scratch, on its first call
+    d_.resize(g_.size()), h_.resize(g_.size()), dg16_.resize(g_.size()), du16_.resize(g_.size());
+    dwg_.resize(size_t(I * C)), dwu_.resize(dwg_.size()), dwd_.resize(dwg_.size());
+  }
+  const float beta = first ? 0.0f : 1.0f;  // an expert's first chunk overwrites its sums
+  gemm16(path_, false, true, n, I, C, xe, wg, 0.0f, g_.data());   // g = xe · Wgᵀ
+  gemm16(path_, false, true, n, I, C, xe, wu, 0.0f, u_.data());   // u = xe · Wuᵀ
+  gemm16(path_, false, false, n, I, C, dye, wd, 0.0f, d_.data());  // d = dy_e · Wd
+  swiglu<float>(g_.data(), u_.data(), h_.data(), m);              // h = silu(g) · u, unweighted
+#pragma omp parallel for schedule(static) if (m > kGrain)
+  for (int64_t a = 0; a < n; ++a) {  // the row's weight gradient Σ d·h, then h ← w·h, d ← w·d
+    float* ha = h_.data() + a * I;
+    float* da = d_.data() + a * I;
+    double dot = 0;
+    for (int64_t i = 0; i < I; ++i) dot += double(da[i]) * double(ha[i]);
+    grad[a] = dot;
+    for (int64_t i = 0; i < I; ++i) ha[i] *= w[a], da[i] *= w[a];
+  }
+  cast<float, uint16_t>(h_.data(), h16_.data(), m);
+  swiglu_backward<float>(d_.data(), g_.data(), u_.data(), g_.data(), u_.data(), m);  // dg, du (from w·d)
+  cast<float, uint16_t>(g_.data(), dg16_.data(), m);
+  cast<float, uint16_t>(u_.data(), du16_.data(), m);
+  gemm16(path_, true, false, C, I, n, dye, h16_.data(), beta, dwd_.data());  // dWd += dy_eᵀ · (w·h)
+  gemm16(path_, false, false, n, C, I, dg16_.data(), wg, 0.0f, dxe);         // dx_e = dg · Wg + du · Wu
+  gemm16(path_, false, false, n, C, I, du16_.data(), wu, 1.0f, dxe);
+  gemm16(path_, true, false, I, C, n, dg16_.data(), xe, beta, dwg_.data());  // dWg += dgᵀ · xe
+  gemm16(path_, true, false, I, C, n, du16_.data(), xe, beta, dwu_.data());  // dWu += duᵀ · xe
+}
+
+void ExpertBf16::finish(uint16_t* dwg, uint16_t* dwu, uint16_t* dwd) const {
+  const int64_t n = I_ * C_;
+  cast<float, uint16_t>(dwg_.data(), dwg, n);
+  cast<float, uint16_t>(dwu_.data(), dwu, n);
+  cast<float, uint16_t>(dwd_.data(), dwd, n);
+}
+
 void moe_experts_forward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* probs, const uint16_t* const* w_gate,
                               const uint16_t* const* w_up, const uint16_t* const* w_down, uint16_t* y, int64_t R,
                               int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
   AUTOSP_ASSERT(R >= 0 && C > 0 && E > 0 && I > 0 && k > 0 && k <= E, "moe_experts_forward_bf16: R ", R, " C ", C,
                 " E ", E, " I ", I, " k ", k);
-  const kernels::MoeRouting r = route(probs, R, E, k, norm);
+  const kernels::MoeRouting r = moe_route_bf16(probs, R, E, k, norm);
   const int64_t rows = std::min(r.max_rows(), kernels::kMlpChunkRows);
-  std::vector<float> sums(size_t(R * C), 0.0f), g(size_t(rows * I)), u(g.size()), ye(size_t(rows * C));
-  std::vector<uint16_t> xe(size_t(rows * C)), h(g.size());
+  ExpertBf16 ex(path, rows, C, I);
+  std::vector<float> sums(size_t(R * C), 0.0f), ye(size_t(rows * C));
+  std::vector<uint16_t> xe(size_t(rows * C));
   for_chunks(r, [&](int64_t e, const Chunk& ch, bool) {
     gather(ch, x, xe.data(), C);
-    gemm16(path, false, true, ch.n, I, C, xe.data(), w_gate[e], 0.0f, g.data());  // g = xe · Wgᵀ
-    gemm16(path, false, true, ch.n, I, C, xe.data(), w_up[e], 0.0f, u.data());    // u = xe · Wuᵀ
-    swiglu<float>(g.data(), u.data(), g.data(), ch.n * I);
-    cast<float, uint16_t>(g.data(), h.data(), ch.n * I);
-    gemm16(path, false, true, ch.n, C, I, h.data(), w_down[e], 0.0f, ye.data());  // ye = h · Wdᵀ
+    ex.forward(w_gate[e], w_up[e], w_down[e], xe.data(), ch.n, ye.data());
     scatter_add(ch, ye.data(), r.weight.data(), sums.data(), C);
   });
   cast<float, uint16_t>(sums.data(), y, R * C);
@@ -93,59 +152,30 @@ void moe_experts_backward_bf16(Bf16Gemm path, const uint16_t* dy, const uint16_t
                                int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
   AUTOSP_ASSERT(R >= 0 && C > 0 && E > 0 && I > 0 && k > 0 && k <= E, "moe_experts_backward_bf16: R ", R, " C ", C,
                 " E ", E, " I ", I, " k ", k);
-  const kernels::MoeRouting r = route(probs, R, E, k, norm);
+  const kernels::MoeRouting r = moe_route_bf16(probs, R, E, k, norm);
   const int64_t rows = std::min(r.max_rows(), kernels::kMlpChunkRows);
-  std::vector<float> dx_sums(size_t(R * C), 0.0f), g(size_t(rows * I)), u(g.size()), d(g.size()), hv(g.size());
-  std::vector<float> dxe(size_t(rows * C)), dwg(size_t(I * C)), dwu(dwg.size()), dwd(dwg.size());
-  std::vector<uint16_t> xe(size_t(rows * C)), dye(xe.size()), hw(g.size()), dg(g.size()), du(g.size());
-  std::vector<double> grad(size_t(R * k), 0.0);  // each slot's weight gradient: dy · the expert's output
-  const auto round_into = [](const std::vector<float>& from, uint16_t* to, int64_t n) {
-    cast<float, uint16_t>(from.data(), to, n);
-  };
+  ExpertBf16 ex(path, rows, C, I);
+  std::vector<float> dx_sums(size_t(R * C), 0.0f), dxe(size_t(rows * C)), w(static_cast<size_t>(rows));
+  std::vector<uint16_t> xe(size_t(rows * C)), dye(xe.size());
+  // each slot's weight gradient (dy · the expert's output), and a chunk's
+  std::vector<double> grad(size_t(R * k), 0.0), gc(static_cast<size_t>(rows));
   int64_t last = -1;  // the expert whose gradients the f32 sums hold
-  const auto finish = [&](int64_t e) {
-    round_into(dwg, dw_gate[e], I * C), round_into(dwu, dw_up[e], I * C), round_into(dwd, dw_down[e], C * I);
-  };
   for (int64_t e = 0; e < E; ++e)  // an expert no row reached gets zero gradients
     if (r.rows_of(e) == 0)
       for (uint16_t* const* dw : {dw_gate, dw_up, dw_down}) std::fill(dw[e], dw[e] + I * C, uint16_t(0));
   for_chunks(r, [&](int64_t e, const Chunk& ch, bool first) {
-    if (first && last >= 0) finish(last);
+    if (first && last >= 0) ex.finish(dw_gate[last], dw_up[last], dw_down[last]);
     last = e;
-    const int64_t n = ch.n * I;
-    const float beta = first ? 0.0f : 1.0f;  // an expert's first chunk overwrites its sums
     gather(ch, x, xe.data(), C);
     gather(ch, dy, dye.data(), C);
-    gemm16(path, false, true, ch.n, I, C, xe.data(), w_gate[e], 0.0f, g.data());  // g = xe · Wgᵀ
-    gemm16(path, false, true, ch.n, I, C, xe.data(), w_up[e], 0.0f, u.data());    // u = xe · Wuᵀ
-    gemm16(path, false, false, ch.n, I, C, dye.data(), w_down[e], 0.0f, d.data());  // d = dy_e · Wd
-    swiglu<float>(g.data(), u.data(), hv.data(), n);  // h = silu(g) · u, unweighted
-#pragma omp parallel for schedule(static) if (n > kGrain)
-    for (int64_t a = 0; a < ch.n; ++a) {  // the slot's weight gradient Σ d·h, then h ← w·h, d ← w·d
-      const float w = float(r.weight[size_t(ch.slot[a])]);
-      float* ha = hv.data() + a * I;
-      float* da = d.data() + a * I;
-      double dot = 0;
-      for (int64_t i = 0; i < I; ++i) dot += double(da[i]) * double(ha[i]);
-      grad[size_t(ch.slot[a])] = dot;
-      for (int64_t i = 0; i < I; ++i) ha[i] *= w, da[i] *= w;
-    }
-    cast<float, uint16_t>(hv.data(), hw.data(), n);
-    swiglu_backward<float>(d.data(), g.data(), u.data(), g.data(), u.data(), n);  // dg, du (from w·d)
-    cast<float, uint16_t>(g.data(), dg.data(), n);
-    cast<float, uint16_t>(u.data(), du.data(), n);
-    gemm16(path, true, false, C, I, ch.n, dye.data(), hw.data(), beta, dwd.data());  // dWd += dy_eᵀ · (w·h)
-    gemm16(path, false, false, ch.n, C, I, dg.data(), w_gate[e], 0.0f, dxe.data());  // dx_e = dg · Wg + du · Wu
-    gemm16(path, false, false, ch.n, C, I, du.data(), w_up[e], 1.0f, dxe.data());
-    gemm16(path, true, false, I, C, ch.n, dg.data(), xe.data(), beta, dwg.data());  // dWg += dgᵀ · xe
-    gemm16(path, true, false, I, C, ch.n, du.data(), xe.data(), beta, dwu.data());  // dWu += duᵀ · xe
+    for (int64_t a = 0; a < ch.n; ++a) w[size_t(a)] = float(r.weight[size_t(ch.slot[a])]);
+    ex.backward(w_gate[e], w_up[e], w_down[e], xe.data(), dye.data(), w.data(), ch.n, first, gc.data(), dxe.data());
+    for (int64_t a = 0; a < ch.n; ++a) grad[size_t(ch.slot[a])] = gc[size_t(a)];
     scatter_add(ch, dxe.data(), nullptr, dx_sums.data(), C);
   });
-  if (last >= 0) finish(last);
+  if (last >= 0) ex.finish(dw_gate[last], dw_up[last], dw_down[last]);
   cast<float, uint16_t>(dx_sums.data(), dx, R * C);
-  std::vector<float> dp(size_t(R * E));
-  kernels::moe_probs_grad<float>(r, norm, grad.data(), dp.data());
-  cast<float, uint16_t>(dp.data(), dprobs, R * E);
+  moe_probs_grad_bf16(r, norm, grad.data(), dprobs);
 }
 
 }  // namespace autosp::cpu
