@@ -376,11 +376,6 @@ TEST_CASE("thread ep: bf16 programs at G = 2 and 4 give the E = 1 loss and dense
           CHECK(e <= (is_expert(name) ? 1e-2 : 1e-6));
         }
         CHECK(experts == size_t(2 * 3 * 4 / l.ep));  // 2 layers × (gate, up, down) × L
-        // A bf16 program with activation checkpointing is not its own bits without it, even in one
-        // process (Qwen2-MoE: loss 2.4e-5, an expert's gradient 0.755 of its largest entry;
-        // measured 2026-12-05, decision 267): not expert parallelism's (E = G has E = 1's bits
-        // above), left to its own look.
-        if (l.checkpointing) continue;
         LossAndGrads whole = eg[r];  // this rank's experts only: compare those
         for (const auto& [name, want] : one.grads)
           if (!whole.grads.count(name)) whole.grads[name] = want;

@@ -1,6 +1,8 @@
 // The CUDA norm launchers (layernorm, RMSNorm, softmax; forward, input and parameter gradients)
 // run on the CPU by emulation.h, against the CPU kernels. Small shapes; autosp-cuda-tests runs the
 // large ones on a GPU.
+#include <cstring>
+
 #include "cuda/emulation.h"
 //
 #include "kernels/cuda/norm.cu"
@@ -92,6 +94,12 @@ TEMPLATE_TEST_CASE("emulated fused add + norm matches the CPU", "[cuda-emulation
                                 1e-5, rms, nullptr);
       check_against<T>(from_storage(y), ry);
       check_against<T>(from_storage(s), rsum);
+      // y is the plain norm of s as stored (for bf16 the rounded sum), bit for bit: the unfused
+      // add + norm's result, which activation checkpointing (no fusion) gives.
+      std::vector<T> plain(n);
+      if (rms) cuda::rmsnorm_forward<T>(s.data(), ws.data(), plain.data(), nullptr, rows, C, 1e-5, nullptr);
+      else cuda::layernorm_forward<T>(s.data(), ws.data(), bs.data(), plain.data(), nullptr, nullptr, rows, C, 1e-5, nullptr);
+      CHECK(std::memcmp(plain.data(), y.data(), n * sizeof(T)) == 0);
     }
   }
 }

@@ -957,8 +957,9 @@ Tensor norm_bf16(const KernelCall& c) {
   return y;
 }
 
-// y = norm(x + r); extra output 1: x + r (as the f32 kernel keeps it: the norm reads the f32 sum).
-// Inputs: x, r, w (, b).
+// y = norm(s), s = x + r; extra output 1: s. The norm reads s rounded to bf16, as the unfused add
+// stores it and the unfused norm reads it, so fusing (which activation checkpointing turns off)
+// changes no bit (decision 270). Inputs: x, r, w (, b).
 template <bool kRms>
 Tensor add_norm_bf16(const KernelCall& c) {
   const Tensor x = arg(c, 0), r = arg(c, 1);
@@ -968,10 +969,14 @@ Tensor add_norm_bf16(const KernelCall& c) {
   Tensor y = out_like(c, DType::bf16);
   Tensor sum = extra_like(c, x.shape(), DType::bf16);
   c.extras.push_back(sum);
-  by_chunks_bf16<2, 2>({x.data<uint16_t>(), r.data<uint16_t>()}, {y.data<uint16_t>(), sum.data<uint16_t>()}, x.numel(),
-                       C, [&](const std::array<const float*, 2>& in, const std::array<float*, 2>& out, int64_t, int64_t m) {
-                         cpu::add_norm_forward<float>(in[0], in[1], w.data(), kRms ? nullptr : b.data(), out[0], out[1],
-                                                      m / C, C, eps, kRms);
+  uint16_t* s = sum.data<uint16_t>();
+  by_chunks_bf16<2, 2>({x.data<uint16_t>(), r.data<uint16_t>()}, {y.data<uint16_t>(), s}, x.numel(), C,
+                       [&](const std::array<const float*, 2>& in, const std::array<float*, 2>& out, int64_t i0, int64_t m) {
+                         for (int64_t i = 0; i < m; ++i) out[1][i] = in[0][i] + in[1][i];
+                         cpu::cast<float, uint16_t>(out[1], s + i0, m);  // s rounded, then read back
+                         cpu::cast<uint16_t, float>(s + i0, out[1], m);
+                         if constexpr (kRms) cpu::rmsnorm_forward<float>(out[1], w.data(), out[0], nullptr, m / C, C, eps);
+                         else cpu::layernorm_forward<float>(out[1], w.data(), b.data(), out[0], nullptr, nullptr, m / C, C, eps);
                        });
   return y;
 }

@@ -6,8 +6,9 @@
 // Statistics are two-pass (mean, then Σ(x - mean)²) in acc_t<T>; a row is re-read from global
 // memory for each pass (it stays in L1/L2). Layernorm and RMSNorm share their kernels (rms = no
 // mean, no bias). The fused add + norm (add_norm_forward) is the same warp-per-row kernel over
-// v = x + r: the first pass also writes s, later passes re-read x and r (L1/L2) rather than the
-// rounded s, so a bf16 y is normalised from the f32 sum.
+// v = x + r: the first pass also writes s and later passes read s back (L1/L2), so a bf16 y is
+// normalised from the rounded sum that the unfused add would store and the unfused norm read: fused
+// and unfused give the same bits (decision 270).
 //
 // Parameter gradients sum over rows, deterministically and without atomics:
 //   1. one warp per row writes (mean, rstd) in acc_t to scratch [rows];
@@ -77,7 +78,8 @@ __global__ void norm_forward_kernel(const T* x, const T* w, const T* b, T* y, T*
   }
 }
 
-// y = norm(x + r), s = x + r: one warp per row.
+// y = norm(s), s = x + r: one warp per row. s is written, then read back by the plain norm's code
+// (each lane reads the elements it wrote): for bf16 the rounded s, as the unfused norm reads it.
 template <class T>
 __global__ void add_norm_forward_kernel(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows,
                                         int64_t C, acc_t<T> eps, bool rms) {
@@ -87,21 +89,11 @@ __global__ void add_norm_forward_kernel(const T* x, const T* r, const T* w, cons
   if (row >= rows) return;  // the whole warp leaves
   const T *xr = x + row * C, *rr = r + row * C;  // [C]
   T *sr = s + row * C, *yr = y + row * C;
-  A sum = A(0);
+  for (int64_t c = lane; c < C; c += kWarp) store(sr, c, load(xr, c) + load(rr, c));
+  A mu, rs;
+  row_stats(sr, C, rms, eps, lane, mu, rs);
   for (int64_t c = lane; c < C; c += kWarp) {
-    const A v = load(xr, c) + load(rr, c);
-    store(sr, c, v);
-    sum += v;
-  }
-  const A mu = rms ? A(0) : warp_sum(sum) / A(C);
-  A sq = A(0);
-  for (int64_t c = lane; c < C; c += kWarp) {
-    const A d = load(xr, c) + load(rr, c) - mu;
-    sq += d * d;
-  }
-  const A rs = A(1) / dsqrt(warp_sum(sq) / A(C) + eps);
-  for (int64_t c = lane; c < C; c += kWarp) {
-    A v = (load(xr, c) + load(rr, c) - mu) * rs * load(w, c);
+    A v = (load(sr, c) - mu) * rs * load(w, c);
     if (b != nullptr) v += load(b, c);
     store(yr, c, v);
   }
