@@ -57,6 +57,12 @@ void gemm_bf16_batched(Bf16Gemm path, bool trans_a, bool trans_b, int64_t batch,
                        float alpha, const uint16_t* a, int64_t stride_a, const uint16_t* b, int64_t stride_b,
                        float beta, float* c, int64_t stride_c);
 
+// One of them, alpha 1: C [M, N] (f32) = op(A) · op(B) + beta · C (the bf16 kernels' per-chunk GEMMs).
+inline void gemm_bf16(Bf16Gemm path, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* a,
+                      const uint16_t* b, float beta, float* c) {
+  gemm_bf16_batched(path, trans_a, trans_b, 1, M, N, K, 1.0f, a, 0, b, 0, beta, c, 0);
+}
+
 // gemm_bf16_batched's contract with beta = 0 and a bf16 C: Y[b] (M×N, batch stride stride_y ≠ 0
 // unless batch is 1) = alpha · op(A[b]) · op(B[b]), each element rounded once to bf16 (to nearest
 // even) from its f32 sum: the bits of gemm_bf16_batched's f32 C rounded by tensor/convert.h, but

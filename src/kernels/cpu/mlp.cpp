@@ -106,17 +106,11 @@ void swiglu_mlp_backward(const T* dy, const T* x, const T* w_gate, const T* w_up
 
 namespace {
 
-// C [M, N] (f32) = op(A) · op(B) + beta · C over bf16 A, B.
-void gemm16(Bf16Gemm path, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, const uint16_t* b,
-            float beta, float* c) {
-  gemm_bf16_batched(path, ta, tb, 1, M, N, K, 1.0f, a, 0, b, 0, beta, c, 0);
-}
-
 // g, u [r, I] (f32) = x_c · Wgᵀ, x_c · Wuᵀ, and h = silu(g) ∘ u rounded to bf16.
 void gate_up_h16(Bf16Gemm path, const uint16_t* x_c, const uint16_t* w_gate, const uint16_t* w_up, float* g, float* u,
                  uint16_t* h, int64_t r, int64_t C, int64_t I) {
-  gemm16(path, false, true, r, I, C, x_c, w_gate, 0.0f, g);
-  gemm16(path, false, true, r, I, C, x_c, w_up, 0.0f, u);
+  gemm_bf16(path, false, true, r, I, C, x_c, w_gate, 0.0f, g);
+  gemm_bf16(path, false, true, r, I, C, x_c, w_up, 0.0f, u);
 #pragma omp parallel for schedule(static) if (r * I > kGrain)
   for (int64_t i = 0; i < r * I; ++i) h[i] = f32_to_bf16(g[i] * sigmoid(g[i]) * u[i]);
 }
@@ -133,7 +127,7 @@ void swiglu_mlp_forward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* w
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t r = std::min(chunk_rows, rows - r0);
     gate_up_h16(path, x + r0 * C, w_gate, w_up, g.data(), u.data(), h.data(), r, C, I);
-    gemm16(path, false, true, r, C, I, h.data(), w_down, 0.0f, y_c.data());  // h · Wdᵀ
+    gemm_bf16(path, false, true, r, C, I, h.data(), w_down, 0.0f, y_c.data());  // h · Wdᵀ
     cast<float, uint16_t>(y_c.data(), y + r0 * C, r * C);
   }
 }
@@ -153,19 +147,19 @@ void swiglu_mlp_backward_bf16(Bf16Gemm path, const uint16_t* dy, const uint16_t*
     const uint16_t* dy_c = dy + r0 * C;
     const float beta = r0 == 0 ? 0.0f : 1.0f;
     gate_up_h16(path, x_c, w_gate, w_up, g.data(), u.data(), h.data(), r, C, I);
-    gemm16(path, true, false, C, I, r, dy_c, h.data(), beta, dwd.data());      // dWd += dy_cᵀ · h
-    gemm16(path, false, false, r, I, C, dy_c, w_down, 0.0f, dh.data());        // dh = dy_c · Wd
+    gemm_bf16(path, true, false, C, I, r, dy_c, h.data(), beta, dwd.data());      // dWd += dy_cᵀ · h
+    gemm_bf16(path, false, false, r, I, C, dy_c, w_down, 0.0f, dh.data());        // dh = dy_c · Wd
 #pragma omp parallel for schedule(static) if (n > kGrain)
     for (int64_t i = 0; i < n; ++i) {
       float dgi, dui;
       swiglu_grad(g[i], u[i], dh[i], dgi, dui);
       dg[i] = f32_to_bf16(dgi), du[i] = f32_to_bf16(dui);
     }
-    gemm16(path, false, false, r, C, I, dg.data(), w_gate, 0.0f, dx_c.data());  // dx_c = dg · Wg + du · Wu
-    gemm16(path, false, false, r, C, I, du.data(), w_up, 1.0f, dx_c.data());
+    gemm_bf16(path, false, false, r, C, I, dg.data(), w_gate, 0.0f, dx_c.data());  // dx_c = dg · Wg + du · Wu
+    gemm_bf16(path, false, false, r, C, I, du.data(), w_up, 1.0f, dx_c.data());
     cast<float, uint16_t>(dx_c.data(), dx + r0 * C, r * C);
-    gemm16(path, true, false, I, C, r, dg.data(), x_c, beta, dwg.data());      // dWg, dWu += dgᵀ, duᵀ · x_c
-    gemm16(path, true, false, I, C, r, du.data(), x_c, beta, dwu.data());
+    gemm_bf16(path, true, false, I, C, r, dg.data(), x_c, beta, dwg.data());      // dWg, dWu += dgᵀ, duᵀ · x_c
+    gemm_bf16(path, true, false, I, C, r, du.data(), x_c, beta, dwu.data());
   }
   cast<float, uint16_t>(dwg.data(), dw_gate, I * C);
   cast<float, uint16_t>(dwu.data(), dw_up, I * C);

@@ -17,12 +17,6 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;  // elements below which the row loops stay serial
 
-// C [M, N] (f32) = op(A) · op(B) + beta · C over bf16 A, B.
-void gemm16(Bf16Gemm path, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, const uint16_t* b,
-            float beta, float* c) {
-  gemm_bf16_batched(path, ta, tb, 1, M, N, K, 1.0f, a, 0, b, 0, beta, c, 0);
-}
-
 // A chunk of expert e's rows: n slots from `slot` (slot / k is the token's row).
 struct Chunk {
   const int64_t* slot;
@@ -80,11 +74,11 @@ void ExpertBf16::forward(const uint16_t* wg, const uint16_t* wu, const uint16_t*
                          float* ye) {
   const int64_t C = C_, I = I_;
   AUTOSP_ASSERT(n >= 0 && n * I <= int64_t(g_.size()), "ExpertBf16::forward: ", n, " rows");
-  gemm16(path_, false, true, n, I, C, xe, wg, 0.0f, g_.data());  // g = xe · Wgᵀ
-  gemm16(path_, false, true, n, I, C, xe, wu, 0.0f, u_.data());  // u = xe · Wuᵀ
+  gemm_bf16(path_, false, true, n, I, C, xe, wg, 0.0f, g_.data());  // g = xe · Wgᵀ
+  gemm_bf16(path_, false, true, n, I, C, xe, wu, 0.0f, u_.data());  // u = xe · Wuᵀ
   swiglu<float>(g_.data(), u_.data(), g_.data(), n * I);
   cast<float, uint16_t>(g_.data(), h16_.data(), n * I);
-  gemm16(path_, false, true, n, C, I, h16_.data(), wd, 0.0f, ye);  // ye = h · Wdᵀ
+  gemm_bf16(path_, false, true, n, C, I, h16_.data(), wd, 0.0f, ye);  // ye = h · Wdᵀ
 }
 
 void ExpertBf16::backward(const uint16_t* wg, const uint16_t* wu, const uint16_t* wd, const uint16_t* xe,
@@ -96,9 +90,9 @@ void ExpertBf16::backward(const uint16_t* wg, const uint16_t* wu, const uint16_t
     dwg_.resize(size_t(I * C)), dwu_.resize(dwg_.size()), dwd_.resize(dwg_.size());
   }
   const float beta = first ? 0.0f : 1.0f;  // an expert's first chunk overwrites its sums
-  gemm16(path_, false, true, n, I, C, xe, wg, 0.0f, g_.data());   // g = xe · Wgᵀ
-  gemm16(path_, false, true, n, I, C, xe, wu, 0.0f, u_.data());   // u = xe · Wuᵀ
-  gemm16(path_, false, false, n, I, C, dye, wd, 0.0f, d_.data());  // d = dy_e · Wd
+  gemm_bf16(path_, false, true, n, I, C, xe, wg, 0.0f, g_.data());   // g = xe · Wgᵀ
+  gemm_bf16(path_, false, true, n, I, C, xe, wu, 0.0f, u_.data());   // u = xe · Wuᵀ
+  gemm_bf16(path_, false, false, n, I, C, dye, wd, 0.0f, d_.data());  // d = dy_e · Wd
   swiglu<float>(g_.data(), u_.data(), h_.data(), m);              // h = silu(g) · u, unweighted
 #pragma omp parallel for schedule(static) if (m > kGrain)
   for (int64_t a = 0; a < n; ++a) {  // the row's weight gradient Σ d·h, then h ← w·h, d ← w·d
@@ -113,11 +107,11 @@ void ExpertBf16::backward(const uint16_t* wg, const uint16_t* wu, const uint16_t
   swiglu_backward<float>(d_.data(), g_.data(), u_.data(), g_.data(), u_.data(), m);  // dg, du (from w·d)
   cast<float, uint16_t>(g_.data(), dg16_.data(), m);
   cast<float, uint16_t>(u_.data(), du16_.data(), m);
-  gemm16(path_, true, false, C, I, n, dye, h16_.data(), beta, dwd_.data());  // dWd += dy_eᵀ · (w·h)
-  gemm16(path_, false, false, n, C, I, dg16_.data(), wg, 0.0f, dxe);         // dx_e = dg · Wg + du · Wu
-  gemm16(path_, false, false, n, C, I, du16_.data(), wu, 1.0f, dxe);
-  gemm16(path_, true, false, I, C, n, dg16_.data(), xe, beta, dwg_.data());  // dWg += dgᵀ · xe
-  gemm16(path_, true, false, I, C, n, du16_.data(), xe, beta, dwu_.data());  // dWu += duᵀ · xe
+  gemm_bf16(path_, true, false, C, I, n, dye, h16_.data(), beta, dwd_.data());  // dWd += dy_eᵀ · (w·h)
+  gemm_bf16(path_, false, false, n, C, I, dg16_.data(), wg, 0.0f, dxe);         // dx_e = dg · Wg + du · Wu
+  gemm_bf16(path_, false, false, n, C, I, du16_.data(), wu, 1.0f, dxe);
+  gemm_bf16(path_, true, false, I, C, n, dg16_.data(), xe, beta, dwg_.data());  // dWg += dgᵀ · xe
+  gemm_bf16(path_, true, false, I, C, n, du16_.data(), xe, beta, dwu_.data());  // dWu += duᵀ · xe
 }
 
 void ExpertBf16::finish(uint16_t* dwg, uint16_t* dwu, uint16_t* dwd) const {
