@@ -13,12 +13,14 @@
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
 // x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
 //
-// Small head dims (D < 32, f32 on AVX-512; decisions 230, 231), where a product with D columns is
-// one or two vectors wide and pays a broadcast per FMA: the forward runs transposed tiles, keys ×
-// queries (forward_small_d: Sᵀ = K·Qᵀ, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the backward
+// Small head dims (D < 32, f32 on AVX-512; decisions 230, 231, 254, 255), where a product with D
+// columns is one or two vectors wide and pays a broadcast per FMA: the forward runs transposed
+// tiles, keys × queries (forward_small_d: Sᵀ = K·Qᵀ, whose register tiles give the column maxima
+// where the tile hides no key, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the backward
 // accumulates a task's dK, dV transposed ([D, keys], from dOᵀ·P and Qᵀ·dS) and, in tiles every row
 // sees whole, writes P and dS straight from the score products' register tiles (gemm_epi). Every
-// tile is 64-byte aligned (AlignedTile). The backward's bits are those of the row form.
+// tile is 64-byte aligned (AlignedTile). The exps of both run as 2^y with log2 e folded into the
+// scale (exp2_avx512, within ~1 ulp of exp16); the products' bits are those of the row form.
 //
 // Causal masking: key blocks past a query block's last visible key are never visited; only the
 // tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
@@ -333,8 +335,9 @@ constexpr float kLog2e = 1.44269504088896341f;
 // The backward's score products with the elementwise work fused into their register tiles:
 // C = epi(A · B) for A [M, K] (rows a + m·ars), B [K, N] (rows b + k·ldb), N a multiple of 16, as
 // gemm_avx512's strips; each finished 16-lane vector x of row m goes to epi(m, its place in C, x).
-// ProbsEpi writes P = exp(scale · x - lse_m), DsEpi dS = P ∘ (x - Δ_m), the same expressions as
-// probs_and_ds on the stored scores, so the same bits, without a pass over the two tiles.
+// ProbsEpi writes P = exp(scale · x - lse_m), DsEpi dS = P ∘ (x - Δ_m), the expressions of
+// probs_and_ds on the stored scores without a pass over the two tiles; P's exp is exp2_avx512's
+// (decision 255), within ~1 ulp of probs_and_ds's exp16, not the same bits.
 struct ProbsEpi {
   float scale2;       // scale · log2 e
   const float* lse2;  // [M] lse · log2 e
