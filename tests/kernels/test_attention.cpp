@@ -91,6 +91,32 @@ TEST_CASE("sdpa_forward causal masking hides future keys", "[kernels][attention]
   for (int64_t i = 0; i < S; ++i) CHECK(o[size_t(i)] == Approx(double(i) / 2).epsilon(1e-12));
 }
 
+TEST_CASE("sdpa_forward at D < 32: a dominant key sets the row maximum wherever it lies in a tile",
+          "[kernels][attention]") {
+  // Every query is 3·(1, ..., 1) and one key 10·(1, ..., 1): its scaled score is 120, the others'
+  // about N(0, 3²), so the softmax holds it alone (o = its value row) and only a running max that
+  // includes it keeps exp(score - max) finite: a max that misses one row of a tile (the transposed
+  // forward takes it from the score product's register tiles) turns the output into inf or NaN.
+  // The key moves through the rows of the 6- and 4-row register tiles of both key blocks (the second
+  // one partial), in causal and full attention.
+  const int64_t S = 700, D = 16, N = 2;
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (const bool causal : {false, true})
+    for (const int64_t hot : {0, 5, 6, 11, 100, 509, 511, 512, 517, 690, 699}) {
+      INFO("causal " << causal << " dominant key " << hot);
+      std::vector<float> q(size_t(N * S * D), 3.0f), o(q.size()), lse(size_t(N * S));
+      auto k = test::cast<float>(naive::random_normal(S * D, 4100 + uint32_t(hot)));
+      const auto v = test::cast<float>(naive::random_normal(S * D, 4200 + uint32_t(hot)));
+      for (int64_t d = 0; d < D; ++d) k[size_t(hot * D + d)] = 10.0f;
+      cpu::sdpa_forward<float>(q.data(), k.data(), v.data(), o.data(), lse.data(), 1, N, 1, S, S, D, scale, causal);
+      naive::Vec ref_lse;
+      const naive::Vec ref = naive::sdpa(test::widen(q), test::widen(k), test::widen(v), 1, N, 1, S, S, D, scale,
+                                         causal, &ref_lse);
+      test::check_close(o, ref);
+      test::check_close(lse, ref_lse);
+    }
+}
+
 // ---- backward ----------------------------------------------------------------------------------
 
 namespace {

@@ -13,12 +13,14 @@
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
 // x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
 //
-// Small head dims (D < 32, f32 on AVX-512; decisions 230, 231), where a product with D columns is
-// one or two vectors wide and pays a broadcast per FMA: the forward runs transposed tiles, keys ×
-// queries (forward_small_d: Sᵀ = K·Qᵀ, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the backward
+// Small head dims (D < 32, f32 on AVX-512; decisions 230, 231, 254, 255), where a product with D
+// columns is one or two vectors wide and pays a broadcast per FMA: the forward runs transposed
+// tiles, keys × queries (forward_small_d: Sᵀ = K·Qᵀ, whose register tiles give the column maxima
+// where the tile hides no key, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the backward
 // accumulates a task's dK, dV transposed ([D, keys], from dOᵀ·P and Qᵀ·dS) and, in tiles every row
 // sees whole, writes P and dS straight from the score products' register tiles (gemm_epi). Every
-// tile is 64-byte aligned (AlignedTile). The backward's bits are those of the row form.
+// tile is 64-byte aligned (AlignedTile). The exps of both run as 2^y with log2 e folded into the
+// scale (exp2_avx512, within ~1 ulp of exp16); the products' bits are those of the row form.
 //
 // Causal masking: key blocks past a query block's last visible key are never visited; only the
 // tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
@@ -61,6 +63,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <numbers>
 #include <type_traits>
 #include <vector>
 
@@ -306,36 +309,40 @@ __attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_
     }
 }
 
-// exp16 (vec16.h) for an AVX-512 caller, with the same reduction and polynomial, so the same bits:
-// 2^n is applied by vscalefps, zero-masked below -87.3 (where exp16 gives 0, and where a subnormal
-// result would cost a microcode assist per vector), in place of exp16's clamp, select and building
-// of 2^n's bits: 15 instructions instead of 19. An input of -inf (a hidden score) gives 0.
-[[gnu::always_inline, gnu::target("avx512f")]] inline f32x16 exp16_avx512(f32x16 x) {
-  const float magic = 12582912.0f;  // 1.5 · 2^23: adding it rounds to an integer in the low bits
-  const __mmask16 normal = _mm512_cmp_ps_mask(__m512(x), _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);
-  const f32x16 t = x * 1.44269504088896341f + magic;
-  const f32x16 n = t - magic;
-  const f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts
-  f32x16 p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const f32x16 er = p * r * r + r + 1.0f;
-  return f32x16(_mm512_maskz_scalef_ps(normal, __m512(er), __m512(n)));
+// 2^y for an AVX-512 caller, where a caller's exp(x) becomes 2^(x · log2 e) with the log2 e folded
+// into a multiply it does anyway (exp(scale · s - m) = 2^(s · scale·log2 e - m·log2 e): one FMA
+// either way): y = n + r with n = floor(y) (vrndscaleps) and r in [0, 1), 2^r by a degree-6
+// polynomial (relative minimax on [0, 1), error 2e-9, below 1 ulp after f32 rounding), 2^n applied
+// by vscalefps, zero-masked below -126 (where exp16 gives 0, and where a subnormal result would cost
+// a microcode assist per vector): 11 instructions against 15 for exp16's reduction and polynomial
+// with vscalefps, which multiplied by log2 e inside.
+// -inf (a hidden score) gives 0.
+constexpr float kLog2e = 1.44269504088896341f;
+[[gnu::always_inline, gnu::target("avx512f")]] inline f32x16 exp2_avx512(f32x16 y) {
+  const __mmask16 normal = _mm512_cmp_ps_mask(__m512(y), _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+  const f32x16 n = f32x16(_mm512_roundscale_ps(__m512(y), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+  const f32x16 r = y - n;
+  f32x16 p = splat(2.16128523e-4f);
+  p = p * r + 1.24678633e-3f;
+  p = p * r + 9.67544969e-3f;
+  p = p * r + 5.54852821e-2f;
+  p = p * r + 2.40229309e-1f;
+  p = p * r + 6.93147063e-1f;
+  p = p * r + 1.0f;
+  return f32x16(_mm512_maskz_scalef_ps(normal, __m512(p), __m512(n)));
 }
 
 // The backward's score products with the elementwise work fused into their register tiles:
 // C = epi(A · B) for A [M, K] (rows a + m·ars), B [K, N] (rows b + k·ldb), N a multiple of 16, as
 // gemm_avx512's strips; each finished 16-lane vector x of row m goes to epi(m, its place in C, x).
-// ProbsEpi writes P = exp(scale · x - lse_m), DsEpi dS = P ∘ (x - Δ_m), the same expressions as
-// probs_and_ds on the stored scores, so the same bits, without a pass over the two tiles.
+// ProbsEpi writes P = exp(scale · x - lse_m), DsEpi dS = P ∘ (x - Δ_m), the expressions of
+// probs_and_ds on the stored scores without a pass over the two tiles; P's exp is exp2_avx512's
+// (decision 255), within ~1 ulp of probs_and_ds's exp16, not the same bits.
 struct ProbsEpi {
-  float scale;
-  const float* lse;  // [M]
+  float scale2;       // scale · log2 e
+  const float* lse2;  // [M] lse · log2 e
   [[gnu::always_inline, gnu::target("avx512f")]] void operator()(int64_t m, float* c, f32x16 x) const {
-    store(c, exp16_avx512(x * scale - lse[m]));
+    store(c, exp2_avx512(x * scale2 - lse2[m]));  // exp(scale · x - lse)
   }
 };
 struct DsEpi {
@@ -344,6 +351,21 @@ struct DsEpi {
   const float* delta;  // [M]
   [[gnu::always_inline]] void operator()(int64_t m, float* c, f32x16 x) const {
     store(c, load(p + (c - ds)) * (x - delta[m]));
+  }
+};
+
+// The forward's transposed scores (forward_small_d) with their column maxima: C = A·B as it is,
+// and hi[n] = max(hi[n], C[m][n]) over the rows, from the register tiles (each tile's rows are
+// reduced in registers first), so that no pass reads the tile for its maxima. The maxima of the
+// same values, so the same bits as a pass over the stored tile.
+struct MaxEpi {
+  const float* c0;  // C's start
+  int64_t ldc;
+  float* hi;        // [N]
+  [[gnu::always_inline]] void operator()(int64_t, float* c, f32x16 x) const { store(c, x); }
+  [[gnu::always_inline]] void column_max(int64_t m0, const float* c, f32x16 x) const {
+    float* h = hi + ((c - c0) - m0 * ldc);
+    store(h, vmax(load(h), x));
   }
 };
 
@@ -371,6 +393,14 @@ template <int R, int V, class Epi>
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) epi(m0 + r, c + r * ldc + 16 * v, acc[r][v]);
+  if constexpr (requires { epi.column_max(m0, c, acc[0][0]); })
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      f32x16 hi = acc[0][v];
+#pragma GCC unroll 16
+      for (int r = 1; r < R; ++r) hi = vmax(hi, acc[r][v]);
+      epi.column_max(m0, c + 16 * v, hi);
+    }
 }
 
 template <int R, int V, class Epi>
@@ -480,7 +510,9 @@ struct WideTiles {
       if (!use_micro_kernel()) return false;
       const int64_t n = (bk + 15) / 16 * 16;
       keys(bk, krows);
-      gemm_epi(bq, n, D, qp, D, panel.data(), LT, p, LT, ProbsEpi{scale, lse});
+      float lse2[kBackwardBlockQ];
+      for (int64_t i = 0; i < bq; ++i) lse2[i] = lse[i] * kLog2e;
+      gemm_epi(bq, n, D, qp, D, panel.data(), LT, p, LT, ProbsEpi{float(scale * std::numbers::log2e), lse2});
       keys(bk, vrows);
       gemm_epi(bq, n, D, dop, D, panel.data(), LT, ds, LT, DsEpi{p, ds, delta});
       return true;
@@ -650,6 +682,7 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
   const int64_t nqb = (Sq + BQ - 1) / BQ;
   const int64_t shift = Skv - Sq + var.offset;  // causal: query i sees keys j ≤ i + shift
   const float sc = float(scale), neg_inf = -std::numeric_limits<float>::infinity();
+  const float sc2 = float(scale * std::numbers::log2e);  // the exp's multiply by log2 e, folded
 
 #pragma omp parallel
   {
@@ -660,6 +693,7 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
     std::vector<float> m(static_cast<size_t>(LQ));        // [BQ] running max of scaled scores
     std::vector<double> l(static_cast<size_t>(LQ));       // [BQ] running Σ exp(score - m)
     std::vector<int32_t> lo(static_cast<size_t>(LQ)), hi(lo.size());  // [BQ] query i sees keys [lo, hi)
+    std::vector<float> cmax(static_cast<size_t>(LQ));                   // [BQ] a tile's column maxima
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * N * nqb; ++task) {
@@ -689,7 +723,14 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
       for (int64_t j0 = kbeg; j0 < kend; j0 += BK) {
         const int64_t bk = std::min(BK, kend - j0);
         float* t = st;
-        gemm_avx512(bk, nq, D, 1.0f, kp + j0 * D, D, 1, qt, LQ, 0.0f, t, LQ);  // sᵀ = k · qᵀ
+        // sᵀ = k · qᵀ; a tile that hides no key takes its column maxima from the product's registers.
+        const bool open = j0 >= lo_max && j0 + bk <= hi_min;
+        if (open) {
+          std::fill(cmax.begin(), cmax.begin() + nq, neg_inf);
+          gemm_epi(bk, nq, D, kp + j0 * D, D, qt, LQ, t, LQ, MaxEpi{t, LQ, cmax.data()});
+        } else {
+          gemm_avx512(bk, nq, D, 1.0f, kp + j0 * D, D, 1, qt, LQ, 0.0f, t, LQ);
+        }
         // Key j0 + r is hidden from the queries with j0 + r ∉ [lo, hi); only the rows r outside
         // [lo_max - j0, hi_min - j0) hide any. Causal alone hides a prefix of the row's queries.
         for (int64_t r = 0; r < bk; r = r + 1 == lo_max - j0 ? std::max(r + 1, hi_min - j0) : r + 1) {
@@ -707,17 +748,21 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
         for (int64_t c = 0; c < nq; c += 16) {
           f32x16 hi[4] = {splat(neg_inf), splat(neg_inf), splat(neg_inf), splat(neg_inf)};
           int64_t r = 0;
-          for (; r + 4 <= bk; r += 4)
+          if (open) hi[0] = load(cmax.data() + c);
+          else {
+            for (; r + 4 <= bk; r += 4)
 #pragma GCC unroll 4
-            for (int u = 0; u < 4; ++u) hi[u] = vmax(hi[u], load(t + (r + u) * LQ + c));
-          for (; r < bk; ++r) hi[0] = vmax(hi[0], load(t + r * LQ + c));
+              for (int u = 0; u < 4; ++u) hi[u] = vmax(hi[u], load(t + (r + u) * LQ + c));
+            for (; r < bk; ++r) hi[0] = vmax(hi[0], load(t + r * LQ + c));
+          }
           const f32x16 m_old = load(m.data() + c);
           const f32x16 m_new = vmax(m_old, vmax(vmax(hi[0], hi[1]), vmax(hi[2], hi[3])) * sc);
           // A column that has seen no key yet keeps m = -inf; its p = exp(-inf) = 0 against m 0.
           const f32x16 m_use = m_new == neg_inf ? splat(0.0f) : m_new;
+          const f32x16 m_use2 = m_use * kLog2e;  // exp(sc·s - m) = 2^(sc2·s - m2)
           f32x16 sum = splat(0.0f);
           for (r = 0; r < bk; ++r) {
-            const f32x16 p = exp16_avx512(load(t + r * LQ + c) * sc - m_use);
+            const f32x16 p = exp2_avx512(load(t + r * LQ + c) * sc2 - m_use2);
             store(t + r * LQ + c, p);
             sum += p;
           }
