@@ -535,14 +535,16 @@ Tensor qkv_heads(const KernelCall& c) {
   });
 }
 
-// dx [B, S, 3·N·D] from dq, dk, dv [B, N, S, D].
+// dx [B, S, 3·N·D] from dq, dk, dv [B, N, S, D]; extra output 1: db [3·N·D].
 Tensor qkv_heads_backward(const KernelCall& c) {
   const Tensor dq = arg(c, 0), dk = arg(c, 1), dv = arg(c, 2);
   const int64_t B = dq.dim(0), N = dq.dim(1), S = dq.dim(2), D = dq.dim(3);
   const Stream s = stream(c);
   return by_float(c, dq.dtype(), [&]<class T>() {
     Tensor dx = out_like(c, dq.dtype());
-    call(s, dev::qkv_heads_backward<T>, ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), ptr<T>(dx), B, S, N, D);
+    Tensor db = extra_like(c, {3 * N * D}, dq.dtype());
+    c.extras.push_back(db);
+    call(s, dev::qkv_heads_backward<T>, ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), ptr<T>(dx), ptr<T>(db), B, S, N, D);
     return dx;
   });
 }

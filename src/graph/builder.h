@@ -175,7 +175,7 @@ class Builder {
   Node* silu_backward(Node* dy, Node* x, const std::string& name = "silu_bwd");
   // dx = dy · gelu_tanh'(x + b); b's gradient is dx summed to [C] (by autograd).
   Node* bias_gelu_tanh_backward(Node* dy, Node* x, Node* b, const std::string& name = "bias_gelu_bwd");
-  // dq, dk, dv [B, N, S, D] side by side as dx [B, S, 3·N·D].
+  // dq, dk, dv [B, N, S, D] side by side as dx [B, S, 3·N·D]; extra output 1: db, dx summed to [3·N·D].
   Node* qkv_heads_backward(Node* dq, Node* dk, Node* dv, const std::string& name = "qkv_heads_bwd");
   // dg; extra output 1: du.
   Node* swiglu_backward(Node* dy, Node* g, Node* u, const std::string& name = "swiglu_bwd");

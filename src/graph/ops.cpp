@@ -506,7 +506,7 @@ std::vector<TensorType> qkv_heads_extra(const Node& n) {
   const TensorType q{x.dtype, {x.shape[0], Dim(N), x.shape[1], Dim(x.shape[2].value() / (3 * N))}};
   return {q, q};
 }
-// dq, dk, dv [B, N, S, D] → dx [B, S, 3·N·D]
+// dq, dk, dv [B, N, S, D] → dx [B, S, 3·N·D] (extra output 1: db [3·N·D])
 TensorType qkv_heads_backward_rule(const Node& n, const ShapeContext& ctx) {
   expect_float(n, 0);
   const TensorType& q = in(n, 0);
@@ -518,6 +518,11 @@ TensorType qkv_heads_backward_rule(const Node& n, const ShapeContext& ctx) {
     if (!ok) fail(n, str("input ", i, " ", t.str(), " does not match dq ", q.str()));
   }
   return {q.dtype, {q.shape[0], q.shape[2], Dim(3 * q.shape[1].value() * q.shape[3].value())}};
+}
+// extra output 1: the bias gradient db [3·N·D] (dx summed over B and S)
+std::vector<TensorType> qkv_heads_backward_extra(const Node& n) {
+  const TensorType& q = in(n, 0);
+  return {{q.dtype, {Dim(3 * q.shape[1].value() * q.shape[3].value())}}};
 }
 
 // x [..., C], w_gate [I, C], w_up [I, C], w_down [C, I] → (silu(x·w_gateᵀ) ∘ (x·w_upᵀ))·w_downᵀ [..., C]
@@ -1127,7 +1132,7 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
     {.op = Op::qkv_heads, .name = "qkv_heads", .arity = 2, .attrs = "heads", .infer = qkv_heads_rule,
      .extra = qkv_heads_extra, .vjp = vjp::qkv_heads, .seq = seq_qkv_heads, .differentiable_extras = true},
     {.op = Op::qkv_heads_backward, .name = "qkv_heads_backward", .arity = 3, .infer = qkv_heads_backward_rule,
-     .backward_only = true},
+     .extra = qkv_heads_backward_extra, .backward_only = true},
 }};
 
 constexpr bool table_in_order() {

@@ -235,8 +235,8 @@ void bias_gelu_tanh(VjpContext& c) {
 }
 
 // q, k, v = the heads of x + b (qkv_heads): one backward pass lays dq, dk, dv side by side as
-// d(x + b) [B, S, 3·N·D]; autograd sums it to b's [3·N·D]. A part whose gradient is missing (it does
-// not reach the loss) gets zeros.
+// d(x + b) [B, S, 3·N·D] and sums it over B and S into db [3·N·D] (its extra output 1, the bits of
+// sum_to). A part whose gradient is missing (it does not reach the loss) gets zeros.
 void qkv_heads(VjpContext& c) {
   Node* g[3] = {c.grad, c.output_grads.size() > 1 ? c.output_grads[1] : nullptr,
                 c.output_grads.size() > 2 ? c.output_grads[2] : nullptr};
@@ -244,7 +244,7 @@ void qkv_heads(VjpContext& c) {
     if (!g[i])
       g[i] = c.b.full(c.node->shape(), 0.0, c.node->dtype(), "zero" + std::to_string(i));
   Node* dx = c.b.qkv_heads_backward(g[0], g[1], g[2], "dx");
-  c.input_grads = {dx, dx};
+  c.input_grads = {dx, c.b.output(dx, 1, "db")};
 }
 
 // y = silu(g) · u: one backward pass gives dg, with du as its extra output.

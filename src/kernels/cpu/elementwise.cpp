@@ -491,40 +491,53 @@ void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int
   AUTOSP_ASSERT(false, "unknown binary op ", int(op));
 }
 
-// One (b, s) row per iteration: its 3·N·D inputs are read in order, each head's D run written to
-// [b, n, s, :] of its part (the backward the other way round). One parallel region per call.
+// Blocks of kRows positions of one sequence per task: for each part and head, the block's D runs
+// are copied between the rows of x (kRows · 3·N·D, which stay in cache) and one contiguous
+// [kRows, D] stretch of the head's [S, D], so both sides stream. One parallel region per call.
+constexpr int64_t kHeadRows = 32;
+
 template <class T>
 void qkv_heads(const T* x, const T* b, T* q, T* k, T* v, int64_t B, int64_t S, int64_t N, int64_t D) {
   AUTOSP_ASSERT(B >= 0 && S >= 0 && N > 0 && D > 0, "qkv_heads B ", B, " S ", S, " N ", N, " D ", D);
-  const int64_t C = N * D;
+  const int64_t C = N * D, blocks = (S + kHeadRows - 1) / kHeadRows;
   T* out[3] = {q, k, v};
 #pragma omp parallel for schedule(static) if (B * S * 3 * C > kGrain)
-  for (int64_t row = 0; row < B * S; ++row) {
-    const int64_t bi = row / S, si = row % S;
-    const T* xr = x + row * 3 * C;  // [3, N, D]
-    for (int p = 0; p < 3; ++p)
+  for (int64_t task = 0; task < B * blocks; ++task) {
+    const int64_t bi = task / blocks, s0 = (task % blocks) * kHeadRows, s1 = std::min(S, s0 + kHeadRows);
+    for (int64_t p = 0; p < 3; ++p)
       for (int64_t n = 0; n < N; ++n) {
-        const T* xs = xr + p * C + n * D;
-        const T* bs = b + p * C + n * D;
-        T* o = out[p] + ((bi * N + n) * S + si) * D;  // [D]
-        for (int64_t d = 0; d < D; ++d) o[d] = xs[d] + bs[d];
+        const T* bs = b + p * C + n * D;  // [D]
+        T* o = out[p] + (bi * N + n) * S * D;  // [S, D]
+        for (int64_t si = s0; si < s1; ++si) {
+          const T* xs = x + (bi * S + si) * 3 * C + p * C + n * D;
+          T* os = o + si * D;
+          for (int64_t d = 0; d < D; ++d) os[d] = xs[d] + bs[d];
+        }
       }
   }
 }
 
+// The backward row by row inside sum_rows (the bias gradient's chunks and column blocks, as
+// sum_to's over [B·S, 3·N·D]): each row's columns [c0, c1) are copied from the heads, then added.
 template <class T>
-void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, int64_t B, int64_t S, int64_t N, int64_t D) {
+void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, T* db, int64_t B, int64_t S, int64_t N,
+                        int64_t D) {
   AUTOSP_ASSERT(B >= 0 && S >= 0 && N > 0 && D > 0, "qkv_heads_backward B ", B, " S ", S, " N ", N, " D ", D);
-  const int64_t C = N * D;
+  const int64_t C = N * D, W = 3 * C;
   const T* in[3] = {dq, dk, dv};
-#pragma omp parallel for schedule(static) if (B * S * 3 * C > kGrain)
-  for (int64_t row = 0; row < B * S; ++row) {
-    const int64_t bi = row / S, si = row % S;
-    T* xr = dx + row * 3 * C;  // [3, N, D]
-    for (int p = 0; p < 3; ++p)
-      for (int64_t n = 0; n < N; ++n)
-        std::memcpy(xr + p * C + n * D, in[p] + ((bi * N + n) * S + si) * D, size_t(D) * sizeof(T));
-  }
+  std::vector<double> acc_out(static_cast<size_t>(W), 0.0);  // [3·N·D]
+  detail::sum_rows(B * S, W, 1, 1, acc_out.data(), [&](int64_t r, int64_t c0, int64_t c1, double* acc) {
+    const int64_t bi = r / S, si = r % S;
+    T* xr = dx + r * W;
+    for (int64_t c = c0; c < c1;) {  // one head's run of D (or what of it lies in [c0, c1))
+      const int64_t p = c / C, h = (c % C) / D, d = c % D, len = std::min(D - d, c1 - c);
+      std::memcpy(xr + c, in[p] + ((bi * N + h) * S + si) * D + d, size_t(len) * sizeof(T));
+      c += len;
+    }
+    if constexpr (std::is_same_v<T, float>) add_row_f32(xr + c0, acc + c0, c1 - c0);
+    else for (int64_t c = c0; c < c1; ++c) acc[c] += double(xr[c]);
+  });
+  for (int64_t c = 0; c < W; ++c) db[c] = detail::sum_output<T>(acc_out[c]);
 }
 
 template <class T>
@@ -550,7 +563,7 @@ void fill(T* dst, int64_t n, T value) {
   template void dropout<T>(const T*, const int64_t*, T*, int64_t, int64_t, uint64_t, uint64_t, double); \
   template double sum_squares<T>(const T*, int64_t);                                                 \
   template void qkv_heads<T>(const T*, const T*, T*, T*, T*, int64_t, int64_t, int64_t, int64_t);   \
-  template void qkv_heads_backward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t);
+  template void qkv_heads_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);
 AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)
 #undef AUTOSP_INSTANTIATE_FLOAT

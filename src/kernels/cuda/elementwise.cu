@@ -403,12 +403,14 @@ void qkv_heads(const T* x, const T* b, T* q, T* k, T* v, int64_t B, int64_t S, i
 }
 
 template <class T>
-void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, int64_t B, int64_t S, int64_t N, int64_t D,
-                        cudaStream_t stream) {
+void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, T* db, int64_t B, int64_t S, int64_t N,
+                        int64_t D, cudaStream_t stream) {
   AUTOSP_ASSERT(B >= 0 && S >= 0 && N > 0 && D > 0, "qkv_heads_backward B ", B, " S ", S, " N ", N, " D ", D);
   const int64_t n = B * S * 3 * N * D;
-  if (n == 0) return;
-  launch_kernel(qkv_heads_backward_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, dq, dk, dv, dx, n, S, N, D);
+  if (n > 0)
+    launch_kernel(qkv_heads_backward_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, dq, dk, dv, dx, n, S, N, D);
+  const int64_t x_shape[2] = {B * S, 3 * N * D}, out_shape[2] = {1, 3 * N * D};
+  sum_to(dx, 2, x_shape, out_shape, db, stream);
 }
 
 template <class T>
@@ -584,8 +586,8 @@ void sum_squares(const T* x, int64_t n, double* out, cudaStream_t stream) {
   template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*, cudaStream_t);                    \
   template void sum_squares<T>(const T*, int64_t, double*, cudaStream_t);                                  \
   template void qkv_heads<T>(const T*, const T*, T*, T*, T*, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
-  template void qkv_heads_backward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t,   \
-                                      cudaStream_t);
+  template void qkv_heads_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t,       \
+                                      int64_t, cudaStream_t);
 AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)
 AUTOSP_INSTANTIATE_FLOAT(bf16)
