@@ -326,8 +326,8 @@ Tensor layernorm_backward(const KernelCall& c) {
     c.extras.push_back(dw);
     Tensor db = extra_like(c, {C}, x.dtype());
     c.extras.push_back(db);
-    call(s, dev::layernorm_backward_input<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(dx), rows, C, eps);
-    call(s, dev::layernorm_backward_params<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(dw), ptr<T>(db), rows, C, eps);
+    call(s, dev::layernorm_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(dx), ptr<T>(dw), ptr<T>(db), rows, C,
+         eps);
     return dx;
   });
 }
