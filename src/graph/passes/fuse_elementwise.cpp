@@ -137,9 +137,8 @@ namespace passes {
 
 PassResult fuse_elementwise(Graph& g, const PassContext& ctx) {
   PassResult res;
-  std::vector<Node*> candidates, qkv_adds;
+  std::vector<Node*> candidates;
   for (const auto& n : g.nodes()) {
-    if (ctx.fuse_qkv_heads && n->op() == Op::add) qkv_adds.push_back(n.get());
     const bool norm = n->op() == Op::layernorm || n->op() == Op::rmsnorm;
     if (n->op() == Op::gelu_tanh || n->op() == Op::silu || (norm && ctx.fuse_residual_norms))
       candidates.push_back(n.get());
@@ -150,7 +149,12 @@ PassResult fuse_elementwise(Graph& g, const PassContext& ctx) {
                                                 : fuse_add_norm(g, n);
     res.changed = res.changed || fused;
   }
-  for (Node* a : qkv_adds) res.changed = fuse_qkv_heads(g, a) || res.changed;
+  if (!ctx.fuse_qkv_heads) return res;
+  // The adds that remain (the fusions above erase theirs), collected before any is erased here.
+  std::vector<Node*> adds;
+  for (const auto& n : g.nodes())
+    if (n->op() == Op::add) adds.push_back(n.get());
+  for (Node* a : adds) res.changed = fuse_qkv_heads(g, a) || res.changed;
   return res;
 }
 
