@@ -326,8 +326,8 @@ Tensor layernorm_backward(const KernelCall& c) {
     c.extras.push_back(dw);
     Tensor db = extra_like(c, {C}, x.dtype());
     c.extras.push_back(db);
-    call(s, dev::layernorm_backward_input<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(dx), rows, C, eps);
-    call(s, dev::layernorm_backward_params<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(dw), ptr<T>(db), rows, C, eps);
+    call(s, dev::layernorm_backward<T>, ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(dx), ptr<T>(dw), ptr<T>(db), rows, C,
+         eps);
     return dx;
   });
 }
@@ -516,6 +516,36 @@ Tensor bias_gelu_tanh(const KernelCall& c) {
     Tensor y = out_like(c, x.dtype());
     call(s, dev::bias_gelu_tanh<T>, ptr<T>(x), ptr<T>(b), ptr<T>(y), rows, C);
     return y;
+  });
+}
+
+// q, k, v [B, N, S, D] from x [B, S, 3·N·D] + b [3·N·D] (k and v the extra outputs 1, 2).
+Tensor qkv_heads(const KernelCall& c) {
+  const Tensor x = arg(c, 0), b = arg(c, 1);
+  const int64_t B = c.out_shape[0], N = c.out_shape[1], S = c.out_shape[2], D = c.out_shape[3];
+  const Stream s = stream(c);
+  return by_float(c, x.dtype(), [&]<class T>() {
+    Tensor q = out_like(c, x.dtype());
+    Tensor k = extra_like(c, q.shape(), x.dtype());  // extra_like places extras in push order
+    c.extras.push_back(k);
+    Tensor v = extra_like(c, q.shape(), x.dtype());
+    c.extras.push_back(v);
+    call(s, dev::qkv_heads<T>, ptr<T>(x), ptr<T>(b), ptr<T>(q), ptr<T>(k), ptr<T>(v), B, S, N, D);
+    return q;
+  });
+}
+
+// dx [B, S, 3·N·D] from dq, dk, dv [B, N, S, D]; extra output 1: db [3·N·D].
+Tensor qkv_heads_backward(const KernelCall& c) {
+  const Tensor dq = arg(c, 0), dk = arg(c, 1), dv = arg(c, 2);
+  const int64_t B = dq.dim(0), N = dq.dim(1), S = dq.dim(2), D = dq.dim(3);
+  const Stream s = stream(c);
+  return by_float(c, dq.dtype(), [&]<class T>() {
+    Tensor dx = out_like(c, dq.dtype());
+    Tensor db = extra_like(c, {3 * N * D}, dq.dtype());
+    c.extras.push_back(db);
+    call(s, dev::qkv_heads_backward<T>, ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), ptr<T>(dx), ptr<T>(db), B, S, N, D);
+    return dx;
   });
 }
 
@@ -984,6 +1014,8 @@ constexpr std::array<LauncherRow, kNumOps> kLaunchers{{
     {Op::tanh, unary<Unary::tanh>},
     {Op::swiglu, swiglu},
     {Op::swiglu_backward, swiglu_backward},
+    {Op::qkv_heads, qkv_heads},
+    {Op::qkv_heads_backward, qkv_heads_backward},
 }};
 
 constexpr bool launchers_in_order() {

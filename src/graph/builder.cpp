@@ -252,6 +252,12 @@ Node* Builder::silu_backward(Node* dy, Node* x, const std::string& name) { retur
 Node* Builder::bias_gelu_tanh_backward(Node* dy, Node* x, Node* b, const std::string& name) {
   return op(Op::bias_gelu_tanh_backward, {dy, x, b}, {}, name);
 }
+Node* Builder::qkv_heads(Node* x, Node* b, int64_t heads, const std::string& name) {
+  return op(Op::qkv_heads, {x, b}, {{"heads", heads}}, name);
+}
+Node* Builder::qkv_heads_backward(Node* dq, Node* dk, Node* dv, const std::string& name) {
+  return op(Op::qkv_heads_backward, {dq, dk, dv}, {}, name);
+}
 Node* Builder::swiglu_backward(Node* dy, Node* g, Node* u, const std::string& name) {
   return op(Op::swiglu_backward, {dy, g, u}, {}, name);
 }

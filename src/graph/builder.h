@@ -117,6 +117,9 @@ class Builder {
   Node* add_layernorm(Node* x, Node* r, Node* w, Node* b, double eps, const std::string& name = "add_ln");
   Node* add_rmsnorm(Node* x, Node* r, Node* w, double eps, const std::string& name = "add_rms");
   Node* bias_gelu_tanh(Node* x, Node* b, const std::string& name = "bias_gelu");
+  // GPT-2's qkv into heads (made by fuse_elementwise): x [B, S, 3·N·D] + b → q [B, N, S, D], extra
+  // outputs 1, 2: k, v (read them with output(node, i)).
+  Node* qkv_heads(Node* x, Node* b, int64_t heads, const std::string& name = "qkv_heads");
   // silu(g) · u, g and u of one shape (Llama's SwiGLU activation, made by fuse_elementwise).
   Node* swiglu(Node* g, Node* u, const std::string& name = "swiglu");
   // Llama's MLP as one tiled op: (silu(x·w_gateᵀ) ∘ (x·w_upᵀ))·w_downᵀ, x [..., C], w_gate and
@@ -172,6 +175,8 @@ class Builder {
   Node* silu_backward(Node* dy, Node* x, const std::string& name = "silu_bwd");
   // dx = dy · gelu_tanh'(x + b); b's gradient is dx summed to [C] (by autograd).
   Node* bias_gelu_tanh_backward(Node* dy, Node* x, Node* b, const std::string& name = "bias_gelu_bwd");
+  // dq, dk, dv [B, N, S, D] side by side as dx [B, S, 3·N·D]; extra output 1: db, dx summed to [3·N·D].
+  Node* qkv_heads_backward(Node* dq, Node* dk, Node* dv, const std::string& name = "qkv_heads_bwd");
   // dg; extra output 1: du.
   Node* swiglu_backward(Node* dy, Node* g, Node* u, const std::string& name = "swiglu_bwd");
   Node* slice_backward(Node* dy, int64_t dim, Dim start, Dim end, Dim size, const std::string& name = "slice_bwd");

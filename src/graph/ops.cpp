@@ -487,6 +487,44 @@ TensorType bias_gelu_tanh_backward_rule(const Node& n, const ShapeContext& ctx) 
   return t;
 }
 
+// x [B, S, 3·N·D], b [3·N·D] (attribute heads = N) → q [B, N, S, D]; extra outputs k, v of q's type.
+TensorType qkv_heads_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  expect_same_dtype(n, 0, 1);
+  const TensorType& x = in(n, 0);
+  const int64_t N = n.attrs().i("heads");
+  if (x.rank() != 3 || !x.shape[2].is_const() || N <= 0 || x.shape[2].value() % (3 * N) != 0)
+    fail(n, str("x ", x.str(), " must be [B, S, 3·N·D] with N = heads = ", N));
+  const auto& b = in(n, 1);
+  if (b.rank() != 1 || !ctx.same(b.shape[0], x.shape[2]))
+    fail(n, str("bias ", b.str(), " does not match the last dim of ", x.str()));
+  return {x.dtype, {x.shape[0], Dim(N), x.shape[1], Dim(x.shape[2].value() / (3 * N))}};
+}
+std::vector<TensorType> qkv_heads_extra(const Node& n) {
+  const TensorType& x = in(n, 0);
+  const int64_t N = n.attrs().i("heads");
+  const TensorType q{x.dtype, {x.shape[0], Dim(N), x.shape[1], Dim(x.shape[2].value() / (3 * N))}};
+  return {q, q};
+}
+// dq, dk, dv [B, N, S, D] → dx [B, S, 3·N·D] (extra output 1: db [3·N·D])
+TensorType qkv_heads_backward_rule(const Node& n, const ShapeContext& ctx) {
+  expect_float(n, 0);
+  const TensorType& q = in(n, 0);
+  if (q.rank() != 4 || !q.shape[1].is_const() || !q.shape[3].is_const()) fail(n, str("dq ", q.str(), " must be [B, N, S, D]"));
+  for (size_t i = 1; i < 3; ++i) {
+    const TensorType& t = in(n, i);
+    bool ok = t.dtype == q.dtype && t.rank() == 4;
+    for (size_t d = 0; ok && d < 4; ++d) ok = ctx.same(t.shape[d], q.shape[d]);
+    if (!ok) fail(n, str("input ", i, " ", t.str(), " does not match dq ", q.str()));
+  }
+  return {q.dtype, {q.shape[0], q.shape[2], Dim(3 * q.shape[1].value() * q.shape[3].value())}};
+}
+// extra output 1: the bias gradient db [3·N·D] (dx summed over B and S)
+std::vector<TensorType> qkv_heads_backward_extra(const Node& n) {
+  const TensorType& q = in(n, 0);
+  return {{q.dtype, {Dim(3 * q.shape[1].value() * q.shape[3].value())}}};
+}
+
 // x [..., C], w_gate [I, C], w_up [I, C], w_down [C, I] → (silu(x·w_gateᵀ) ∘ (x·w_upᵀ))·w_downᵀ [..., C]
 void expect_mlp_weights(const Node& n, size_t x, const ShapeContext& ctx) {
   expect_float(n, x);
@@ -939,6 +977,12 @@ SeqVerdict seq_moe(const Node& n, std::span<const int> in, std::string_view) {
 
 // The loss sums over the sequence; normalize_loss makes it exact across ranks.
 SeqVerdict seq_loss(const Node&, std::span<const int>, std::string_view) { return {kNoSeq}; }
+// qkv_heads: x's sequence dim (1) becomes the heads' dim 2.
+SeqVerdict seq_qkv_heads(const Node&, std::span<const int> in, std::string_view) {
+  if (in[0] == kNoSeq) return {kNoSeq};
+  if (in[0] != 1) return {in[0], "splits heads out of"};
+  return {2};
+}
 // The tiled head + loss likewise, unless the head would contract over the sequence (x's channel
 // dim, or the weight).
 SeqVerdict seq_head_loss(const Node& n, std::span<const int> in, std::string_view) {
@@ -1085,6 +1129,10 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .in_place = true},
     {.op = Op::swiglu_backward, .name = "swiglu_backward", .arity = 3, .infer = swiglu_backward_rule,
      .extra = swiglu_backward_extra, .backward_only = true, .in_place = true},
+    {.op = Op::qkv_heads, .name = "qkv_heads", .arity = 2, .attrs = "heads", .infer = qkv_heads_rule,
+     .extra = qkv_heads_extra, .vjp = vjp::qkv_heads, .seq = seq_qkv_heads, .differentiable_extras = true},
+    {.op = Op::qkv_heads_backward, .name = "qkv_heads_backward", .arity = 3, .infer = qkv_heads_backward_rule,
+     .extra = qkv_heads_backward_extra, .backward_only = true},
 }};
 
 constexpr bool table_in_order() {

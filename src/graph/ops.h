@@ -90,6 +90,11 @@ enum class Op : uint16_t {
   // Llama's SwiGLU activation (made by passes/fuse_elementwise from silu(gate) · up): silu(g) · u in
   // one pass, and its backward in one pass (dg; extra output: du)
   swiglu, swiglu_backward,
+  // GPT-2's fused qkv into attention heads (made by passes/fuse_elementwise on CPU programs from
+  // add(qkv, b) → three slices → reshape [B, S, N, D] → transpose(1, 2)): x [B, S, 3·N·D] + b [3·N·D]
+  // → q [B, N, S, D] in one pass (extra outputs 1, 2: k, v); its backward lays dq, dk, dv back
+  // side by side as dx [B, S, 3·N·D] and sums the bias gradient in the same pass (extra output 1)
+  qkv_heads, qkv_heads_backward,
   kCount
 };
 inline constexpr size_t kNumOps = static_cast<size_t>(Op::kCount);

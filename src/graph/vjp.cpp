@@ -234,6 +234,19 @@ void bias_gelu_tanh(VjpContext& c) {
   c.input_grads = {dx, dx};
 }
 
+// q, k, v = the heads of x + b (qkv_heads): one backward pass lays dq, dk, dv side by side as
+// d(x + b) [B, S, 3·N·D] and sums it over B and S into db [3·N·D] (its extra output 1, the bits of
+// sum_to). A part whose gradient is missing (it does not reach the loss) gets zeros.
+void qkv_heads(VjpContext& c) {
+  Node* g[3] = {c.grad, c.output_grads.size() > 1 ? c.output_grads[1] : nullptr,
+                c.output_grads.size() > 2 ? c.output_grads[2] : nullptr};
+  for (int i = 0; i < 3; ++i)
+    if (!g[i])
+      g[i] = c.b.full(c.node->shape(), 0.0, c.node->dtype(), "zero" + std::to_string(i));
+  Node* dx = c.b.qkv_heads_backward(g[0], g[1], g[2], "dx");
+  c.input_grads = {dx, c.b.output(dx, 1, "db")};
+}
+
 // y = silu(g) · u: one backward pass gives dg, with du as its extra output.
 void swiglu(VjpContext& c) {
   Node* dg = c.b.swiglu_backward(c.grad, c.in(0), c.in(1), "dg");

@@ -38,6 +38,7 @@ void all_gather(VjpContext&);
 void reduce_scatter(VjpContext&);
 void cast(VjpContext&);
 void add_layernorm(VjpContext&);
+void qkv_heads(VjpContext&);
 void add_rmsnorm(VjpContext&);
 void bias_gelu_tanh(VjpContext&);
 void swiglu(VjpContext&);

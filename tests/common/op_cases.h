@@ -64,6 +64,20 @@ inline Node* dpo_case(Builder& b, Node* policy, const DpoLoss& spec) {
                     spec);
 }
 
+// Part p of x + b, x [B, S, 3, N = 2, D = 3], as [B, N, S, D] (the qkv_heads cases).
+inline Vec naive_qkv_head(const std::vector<Vec>& in, const std::vector<naive::Shape>& sh, int64_t p) {
+  const int64_t B = sh[0][0], S = sh[0][1], N = 2, D = 3, C = N * D;
+  Vec out(static_cast<size_t>(B * N * S * D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t c = p * C + n * D + d;
+          out[size_t(((b * N + n) * S + s) * D + d)] = in[0][size_t((b * S + s) * 3 * C + c)] + in[1][size_t(c)];
+        }
+  return out;
+}
+
 inline const std::vector<OpCase>& op_cases() {
   using naive::Shape;
   static const Dim B = Dim::sym("B"), S = Dim::sym("S");
@@ -365,6 +379,17 @@ inline const std::vector<OpCase>& op_cases() {
                return naive::map(naive::broadcast_binary(in[0], sh[0], in[1], sh[1], std::plus<double>()),
                                  naive::gelu_tanh);
              }},
+      // GPT-2's qkv into heads, x [B, S, 3·N·D] with N = 2, D = 3, and the bias: part p of x + b as
+      // [B, N, S, D] (q the node itself, k and v its extra outputs 1, 2).
+      OpCase{"qkv_heads", Op::qkv_heads, {{{B, S, 18}}, {{18}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.qkv_heads(x[0], x[1], 2); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) { return naive_qkv_head(in, sh, 0); }},
+      OpCase{"qkv_heads_k", Op::qkv_heads, {{{B, S, 18}}, {{18}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.output(b.qkv_heads(x[0], x[1], 2), 1, "k"); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) { return naive_qkv_head(in, sh, 1); }},
+      OpCase{"qkv_heads_v", Op::qkv_heads, {{{B, S, 18}}, {{18}}},
+             [](Builder& b, const std::vector<Node*>& x) { return b.output(b.qkv_heads(x[0], x[1], 2), 2, "v"); },
+             [](const std::vector<Vec>& in, const std::vector<Shape>& sh) { return naive_qkv_head(in, sh, 2); }},
       OpCase{"swiglu", Op::swiglu, {{{B, S, 6}}, {{B, S, 6}}},
              [](Builder& b, const std::vector<Node*>& x) { return b.swiglu(x[0], x[1]); },
              [](const std::vector<Vec>& in, const std::vector<Shape>&) {

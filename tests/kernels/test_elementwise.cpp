@@ -570,7 +570,7 @@ TEMPLATE_TEST_CASE("sum_to and sum_squares do not depend on the thread count",
 
 TEMPLATE_TEST_CASE("sum_squares matches the naive sum", "[kernels][elementwise][backward]", float, double) {
   using T = TestType;
-  for (const int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(100003)}) {
+  for (const int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(31), int64_t(45), int64_t(100003)}) {
     INFO("n " << n);
     const auto x = test::cast<T>(naive::random_normal(n, 1800 + uint32_t(n)));
     double ref = 0;

@@ -126,6 +126,15 @@ TEMPLATE_TEST_CASE("layernorm backward matches the naive Jacobian", "[kernels][n
       std::vector<T> dw2(size_t(sh.C), T(-777));  // db is optional
       cpu::layernorm_backward_params<T>(dy.data(), x.data(), dw2.data(), nullptr, sh.rows, sh.C, 1e-5);
       CHECK(dw2 == dw);
+      // The one-pass form (the op's) against the reference, and the same values as the two calls.
+      std::vector<T> dx1(x.size(), T(-777)), dw1(size_t(sh.C), T(-777)), db1(size_t(sh.C), T(-777));
+      cpu::layernorm_backward<T>(dy.data(), x.data(), w.data(), dx1.data(), dw1.data(), db1.data(), sh.rows, sh.C, 1e-5);
+      test::check_close(dx1, ref_dx);
+      test::check_close(dw1, ref_dw);
+      test::check_close(db1, ref_db);
+      CHECK(dx1 == dx);
+      CHECK(dw1 == dw);
+      CHECK(db1 == db);
     }
   }
 }
@@ -218,6 +227,13 @@ TEMPLATE_TEST_CASE("norm parameter gradients do not depend on the thread count",
       std::vector<T> dw(static_cast<size_t>(sh.C)), db(static_cast<size_t>(sh.C)), rw(static_cast<size_t>(sh.C));
       cpu::layernorm_backward_params<T>(dy.data(), x.data(), dw.data(), db.data(), sh.rows, sh.C, 1e-5);
       cpu::rmsnorm_backward_weight<T>(dy.data(), x.data(), rw.data(), sh.rows, sh.C, 1e-6);
+      // The one-pass form keeps each row's statistics from its dx pass: the same sums.
+      const std::vector<T> w(static_cast<size_t>(sh.C), T(1.5));
+      std::vector<T> dx(x.size()), dw_one(static_cast<size_t>(sh.C)), db_one(static_cast<size_t>(sh.C));
+      cpu::layernorm_backward<T>(dy.data(), x.data(), w.data(), dx.data(), dw_one.data(), db_one.data(), sh.rows, sh.C,
+                                 1e-5);
+      CHECK(dw_one == dw);
+      CHECK(db_one == db);
       if (threads == 1) {
         dw1 = dw, db1 = db, rw1 = rw;
       } else {

@@ -14,6 +14,14 @@
 // - silu → mul: the silu is one mul operand and has no other user, the other operand (up) has the
 //   mul's shape (no broadcast). The silu's output is then never stored (the backward recomputes it
 //   from the gate, which it reads anyway).
+// - add → 3 slices → reshape → transpose ⇒ qkv_heads (with fuse_qkv_heads: CPU programs): the add
+//   is x [B, S, 3C] (f32 or f64) + a rank-1 bias [3C] and has exactly three users, slices of the
+//   last dim at [0, C), [C, 2C), [2C, 3C) with constant bounds; each slice's only user is a reshape
+//   to [B, S, N, D] (the same N for all three, N·D = C) and each reshape's only user a
+//   transpose(1, 2); no node of the chain is a graph output. The transposes' users then read q
+//   from the fused node and k, v from its extra outputs 1, 2, which are placed right after it.
+//   The values are the same bits (x + b rounded once, then moved); the backward's transposes and
+//   concat become one qkv_heads_backward.
 #include "graph/passes/fuse_elementwise.h"
 
 namespace autosp {
@@ -68,6 +76,61 @@ bool fuse_swiglu(Graph& g, Node* silu) {
   return true;
 }
 
+// The transpose(1, 2) of reshape(slice) [B, S, N, D] for one slice of the qkv add (null if the
+// chain is not exactly that); sets *heads to N.
+Node* head_transpose(const Graph& g, Node* slice, const Node* a, int64_t* heads) {
+  if (slice->users().size() != 1 || g.is_output(slice)) return nullptr;
+  Node* r = slice->users().front();
+  if (r->op() != Op::reshape || r->users().size() != 1 || g.is_output(r)) return nullptr;
+  const SymShape& rs = r->shape();
+  if (rs.size() != 4 || !(rs[0] == a->shape()[0]) || !(rs[1] == a->shape()[1]) || !rs[2].is_const()) return nullptr;
+  Node* t = r->users().front();
+  if (t->op() != Op::transpose || g.is_output(t)) return nullptr;
+  const int64_t d0 = t->attrs().i("dim0"), d1 = t->attrs().i("dim1");
+  if (!((d0 == 1 && d1 == 2) || (d0 == 2 && d1 == 1))) return nullptr;
+  *heads = rs[2].value();
+  return t;
+}
+
+bool fuse_qkv_heads(Graph& g, Node* a) {
+  if (a->users().size() != 3 || g.is_output(a) || a->shape().size() != 3 || !a->shape()[2].is_const()) return false;
+  if (a->dtype() != DType::f32 && a->dtype() != DType::f64) return false;
+  Node *x = a->input(0), *b = a->input(1);
+  const int64_t W = a->shape()[2].value();
+  auto is_bias = [&](const Node* n) { return n->shape().size() == 1 && n->shape()[0] == a->shape()[2]; };
+  if (!is_bias(b) || !same_shape(x, a)) std::swap(x, b);
+  if (!is_bias(b) || !same_shape(x, a) || W % 3 != 0) return false;
+  const int64_t C = W / 3;
+  Node* heads_of[3] = {nullptr, nullptr, nullptr};
+  int64_t N = -1;
+  for (Node* s : a->users()) {
+    if (s->op() != Op::slice || s->input(0) != a) return false;
+    const int64_t dim = s->attrs().i("dim");
+    const Dim &start = s->attrs().dim("start"), &end = s->attrs().dim("end");
+    if ((dim != 2 && dim != -1) || !start.is_const() || !end.is_const()) return false;
+    const int64_t p = start.value() / C;
+    if (start.value() % C != 0 || p < 0 || p > 2 || end.value() != start.value() + C || heads_of[p]) return false;
+    int64_t n = 0;
+    heads_of[p] = head_transpose(g, s, a, &n);
+    if (!heads_of[p] || (N != -1 && n != N) || n <= 0 || C % n != 0) return false;
+    N = n;
+  }
+  Node* fused = g.insert_after(a, Op::qkv_heads, {x, b}, {{"heads", N}}, heads_of[0]->name() + ".h", a->role());
+  Node* k = g.insert_after(fused, Op::output, {fused}, {{"index", int64_t{1}}}, heads_of[1]->name() + ".h", Role::none);
+  Node* v = g.insert_after(k, Op::output, {fused}, {{"index", int64_t{2}}}, heads_of[2]->name() + ".h", Role::none);
+  Node* parts[3] = {fused, k, v};
+  std::vector<Node*> dead;
+  for (int p = 0; p < 3; ++p) {
+    Node* t = heads_of[p];
+    g.replace_all_uses_with(t, parts[p], parts[p]);
+    Node* r = t->input(0);
+    dead.insert(dead.end(), {t, r, r->input(0)});
+  }
+  for (Node* n : dead) g.erase(n);
+  g.erase(a);
+  return true;
+}
+
 }  // namespace
 
 namespace passes {
@@ -86,6 +149,12 @@ PassResult fuse_elementwise(Graph& g, const PassContext& ctx) {
                                                 : fuse_add_norm(g, n);
     res.changed = res.changed || fused;
   }
+  if (!ctx.fuse_qkv_heads) return res;
+  // The adds that remain (the fusions above erase theirs), collected before any is erased here.
+  std::vector<Node*> adds;
+  for (const auto& n : g.nodes())
+    if (n->op() == Op::add) adds.push_back(n.get());
+  for (Node* a : adds) res.changed = fuse_qkv_heads(g, a) || res.changed;
   return res;
 }
 

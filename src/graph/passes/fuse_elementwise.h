@@ -3,7 +3,10 @@
 //   add(x, r) → layernorm / rmsnorm        ⇒ add_layernorm / add_rmsnorm (x, r [..., C] same shape);
 //       the add's other users read the sum from the fused node's extra output 1 (`output(·, 1)`);
 //   add(x, b [C]) → gelu_tanh (the add has no other user) ⇒ bias_gelu_tanh(x, b);
-//   silu(g) → mul(·, u) (the silu has no other user, u the mul's shape) ⇒ swiglu(g, u).
+//   silu(g) → mul(·, u) (the silu has no other user, u the mul's shape) ⇒ swiglu(g, u);
+//   add(x, b [3C]) → slices [0, C), [C, 2C), [2C, 3C) of the last dim → reshape [B, S, N, D] →
+//       transpose(1, 2) (GPT-2's attention inputs; with PassContext::fuse_qkv_heads) ⇒ qkv_heads(x, b),
+//       k and v as its extra outputs 1, 2.
 // Run after AutoSP and before autograd (compiler/program.cpp: program_passes), so the backward is built from the
 // fused ops' vjps. Edits through the Graph API only; the replaced nodes are erased.
 #pragma once

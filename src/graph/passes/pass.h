@@ -47,6 +47,10 @@ struct PassContext {
   // fuse_elementwise: whether residual add + norm pairs are fused (off under activation
   // checkpointing, where they would cost activation memory: docs/decisions.md).
   bool fuse_residual_norms = true;
+  // fuse_elementwise: whether GPT-2's qkv bias add, split and head transposes become one qkv_heads
+  // node (CPU programs: the op's CUDA kernel is not yet measured on a GPU; not under activation
+  // checkpointing, where the recomputed q, k, v placed 2% more arena at gpt2-tiny.json's sizes).
+  bool fuse_qkv_heads = false;
   // checkpoint_activations: the name prefixes of the scopes (transformer layers) to recompute;
   // also the units ZeRO-3 gathers parameters by (graph/passes/shard_parameters.h).
   std::vector<std::string> layer_scopes;

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -184,6 +185,51 @@ void binary_op(Op op, int rank, const int64_t* out_shape, const T* a, const int6
 
 // ---- reductions ------------------------------------------------------------------------------
 
+// f32 runs summed in double over 8-lane vectors (one clone per ISA, vec16.h): each f32 is widened
+// exactly and added (or its square fused) into 32 double lanes, 4 vectors of 8, summed in a fixed
+// order at the end, so the bits do not depend on the clone. 3.5M squares (GPT-2 tiny's gradient
+// norm) take ~0.5 ms instead of ~1.2 with four scalar partial sums (docs/decisions.md 259).
+using f32x8 = float __attribute__((vector_size(32)));
+using f64x8 = double __attribute__((vector_size(64)));
+[[gnu::always_inline]] inline f64x8 widen8(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return __builtin_convertvector(v, f64x8);
+}
+template <bool kSquare>
+[[gnu::always_inline]] inline double run_sum_f32_body(const float* x, int64_t n) {
+  f64x8 s[4] = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      const f64x8 v = widen8(x + i + 8 * k);
+      s[k] += kSquare ? v * v : v;
+    }
+  for (; i + 8 <= n; i += 8) {
+    const f64x8 v = widen8(x + i);
+    s[0] += kSquare ? v * v : v;
+  }
+  const f64x8 t = (s[0] + s[1]) + (s[2] + s[3]);
+  double total = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+  for (; i < n; ++i) total += kSquare ? double(x[i]) * double(x[i]) : double(x[i]);
+  return total;
+}
+AUTOSP_VEC16_CLONES double run_sum_f32(const float* x, int64_t n, bool square) {
+  return square ? run_sum_f32_body<true>(x, n) : run_sum_f32_body<false>(x, n);
+}
+// acc[i] += x[i] widened, for a bias gradient's rows: the same additions, in the same order per
+// column, as the scalar loop, so the same bits, 8 lanes at a time.
+AUTOSP_VEC16_CLONES void add_row_f32(const float* x, double* acc, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    f64x8 a;
+    std::memcpy(&a, acc + i, sizeof a);
+    a += widen8(x + i);
+    std::memcpy(acc + i, &a, sizeof a);
+  }
+  for (; i < n; ++i) acc[i] += double(x[i]);
+}
+
 // Σ_{i < n} f(x[i]) in double, four partial sums.
 template <class T, class F>
 double run_sum(const T* x, int64_t n, F f) {
@@ -197,12 +243,17 @@ double run_sum(const T* x, int64_t n, F f) {
 
 // Σ_{i < n} f(x[i]) over fixed chunks (from n alone) summed in parallel and added in chunk order.
 template <class T, class F>
-double chunked_sum(const T* x, int64_t n, F f) {
+double chunked_sum(const T* x, int64_t n, F f, int f32_square = -1) {
   const int64_t nchunks = std::clamp<int64_t>(n / kGrain, 1, 64);
   std::vector<double> part(static_cast<size_t>(nchunks));
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (int64_t ch = 0; ch < nchunks; ++ch) {
     const int64_t lo = n * ch / nchunks, hi = n * (ch + 1) / nchunks;
+    if constexpr (std::is_same_v<T, float>)
+      if (f32_square >= 0) {
+        part[ch] = run_sum_f32(x + lo, hi - lo, f32_square == 1);
+        continue;
+      }
     part[ch] = run_sum(x + lo, hi - lo, f);
   }
   double total = 0;
@@ -269,7 +320,7 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
     return copy_strided(1, &x_numel, x, &unit, out);
   }
   if (n == 1) {  // everything is summed
-    out[0] = detail::sum_output<T>(chunked_sum(x, x_numel, [](double v) { return v; }));
+    out[0] = detail::sum_output<T>(chunked_sum(x, x_numel, [](double v) { return v; }, 0));
     return;
   }
 
@@ -314,6 +365,8 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
         const T* xr = x + off;
         if (inner_summed) {
           a[0] += run_sum(xr, run, [](double v) { return v; });
+        } else if constexpr (std::is_same_v<T, float>) {
+          add_row_f32(xr + w0, a + w0, w1 - w0);
         } else {
           for (int64_t w = w0; w < w1; ++w) a[w] += detail::sum_input(xr[w]);
         }
@@ -394,7 +447,7 @@ void dropout(const T* x, const int64_t* token, T* y, int64_t rows, int64_t C, ui
 template <class T>
 double sum_squares(const T* x, int64_t n) {
   AUTOSP_ASSERT(n >= 0, "sum_squares n ", n);
-  return chunked_sum(x, n, [](double v) { return v * v; });
+  return chunked_sum(x, n, [](double v) { return v * v; }, 1);
 }
 
 template <class T>
@@ -438,6 +491,55 @@ void binary(Binary op, int rank, const int64_t* out_shape, const T* a, const int
   AUTOSP_ASSERT(false, "unknown binary op ", int(op));
 }
 
+// Blocks of kRows positions of one sequence per task: for each part and head, the block's D runs
+// are copied between the rows of x (kRows · 3·N·D, which stay in cache) and one contiguous
+// [kRows, D] stretch of the head's [S, D], so both sides stream. One parallel region per call.
+constexpr int64_t kHeadRows = 32;
+
+template <class T>
+void qkv_heads(const T* x, const T* b, T* q, T* k, T* v, int64_t B, int64_t S, int64_t N, int64_t D) {
+  AUTOSP_ASSERT(B >= 0 && S >= 0 && N > 0 && D > 0, "qkv_heads B ", B, " S ", S, " N ", N, " D ", D);
+  const int64_t C = N * D, blocks = (S + kHeadRows - 1) / kHeadRows;
+  T* out[3] = {q, k, v};
+#pragma omp parallel for schedule(static) if (B * S * 3 * C > kGrain)
+  for (int64_t task = 0; task < B * blocks; ++task) {
+    const int64_t bi = task / blocks, s0 = (task % blocks) * kHeadRows, s1 = std::min(S, s0 + kHeadRows);
+    for (int64_t p = 0; p < 3; ++p)
+      for (int64_t n = 0; n < N; ++n) {
+        const T* bs = b + p * C + n * D;  // [D]
+        T* o = out[p] + (bi * N + n) * S * D;  // [S, D]
+        for (int64_t si = s0; si < s1; ++si) {
+          const T* xs = x + (bi * S + si) * 3 * C + p * C + n * D;
+          T* os = o + si * D;
+          for (int64_t d = 0; d < D; ++d) os[d] = xs[d] + bs[d];
+        }
+      }
+  }
+}
+
+// The backward row by row inside sum_rows (the bias gradient's chunks and column blocks, as
+// sum_to's over [B·S, 3·N·D]): each row's columns [c0, c1) are copied from the heads, then added.
+template <class T>
+void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, T* db, int64_t B, int64_t S, int64_t N,
+                        int64_t D) {
+  AUTOSP_ASSERT(B >= 0 && S >= 0 && N > 0 && D > 0, "qkv_heads_backward B ", B, " S ", S, " N ", N, " D ", D);
+  const int64_t C = N * D, W = 3 * C;
+  const T* in[3] = {dq, dk, dv};
+  std::vector<double> acc_out(static_cast<size_t>(W), 0.0);  // [3·N·D]
+  detail::sum_rows(B * S, W, 1, 1, acc_out.data(), [&](int64_t r, int64_t c0, int64_t c1, double* acc) {
+    const int64_t bi = r / S, si = r % S;
+    T* xr = dx + r * W;
+    for (int64_t c = c0; c < c1;) {  // one head's run of D (or what of it lies in [c0, c1))
+      const int64_t p = c / C, h = (c % C) / D, d = c % D, len = std::min(D - d, c1 - c);
+      std::memcpy(xr + c, in[p] + ((bi * N + h) * S + si) * D + d, size_t(len) * sizeof(T));
+      c += len;
+    }
+    if constexpr (std::is_same_v<T, float>) add_row_f32(xr + c0, acc + c0, c1 - c0);
+    else for (int64_t c = c0; c < c1; ++c) acc[c] += double(xr[c]);
+  });
+  for (int64_t c = 0; c < W; ++c) db[c] = detail::sum_output<T>(acc_out[c]);
+}
+
 template <class T>
 void fill(T* dst, int64_t n, T value) {
 #pragma omp parallel if (n > kGrain)
@@ -459,7 +561,9 @@ void fill(T* dst, int64_t n, T value) {
   template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);                  \
   template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*);                       \
   template void dropout<T>(const T*, const int64_t*, T*, int64_t, int64_t, uint64_t, uint64_t, double); \
-  template double sum_squares<T>(const T*, int64_t);
+  template double sum_squares<T>(const T*, int64_t);                                                 \
+  template void qkv_heads<T>(const T*, const T*, T*, T*, T*, int64_t, int64_t, int64_t, int64_t);   \
+  template void qkv_heads_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t, int64_t);
 AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)
 #undef AUTOSP_INSTANTIATE_FLOAT

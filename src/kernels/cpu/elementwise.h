@@ -64,6 +64,16 @@ void swiglu(const T* g, const T* u, T* h, int64_t n);
 template <class T>
 void swiglu_backward(const T* dy, const T* g, const T* u, T* dg, T* du, int64_t n);
 
+// GPT-2's qkv into attention heads in one pass (passes/fuse_elementwise): x [B, S, 3, N, D] + b
+// [3, N, D] → q, k, v [B, N, S, D] (part 0, 1, 2), each element the one rounded sum x + b. Its
+// backward lays dq, dk, dv back as dx [B, S, 3, N, D] (a copy) and sums dx over B and S into the
+// bias gradient db [3, N, D] as sum_to does (the same chunks: the same bits, any thread count).
+template <class T>
+void qkv_heads(const T* x, const T* b, T* q, T* k, T* v, int64_t B, int64_t S, int64_t N, int64_t D);
+template <class T>
+void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, T* db, int64_t B, int64_t S, int64_t N,
+                        int64_t D);
+
 // Sum x (row-major `x_shape`, rank ≤ kMaxRank) down to `out_shape` (same rank; each dim either
 // equal to x's or 1, which is summed over). Deterministic; float sums accumulate in double.
 // This is the one place gradients are summed over broadcast dims. T is float, double or uint16_t

@@ -91,6 +91,26 @@ template <class T>
   norm_row(s, w, b, y, C, eps, rms, mu, rs);
 }
 
+// Layernorm's dx of one row from its statistics mu, rs (norm_backward_row below; the one-pass
+// layernorm_backward, which keeps them for dw and db).
+template <class T>
+[[gnu::always_inline]] inline void layernorm_backward_row_from(const T* dy, const T* x, const T* w, T* dx, int64_t C,
+                                                               double mu, double rs) {
+  double sg = 0, sgx = 0;
+#pragma omp simd reduction(+ : sg, sgx)
+  for (int64_t c = 0; c < C; ++c) {
+    const double g = double(dy[c]) * double(w[c]);
+    sg += g;
+    sgx += g * (double(x[c]) - mu);
+  }
+  const double mean_g = sg / double(C), mean_gx = sgx * rs / double(C);
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) {
+    const double xhat = (double(x[c]) - mu) * rs;
+    dx[c] = T(rs * (double(dy[c]) * double(w[c]) - mean_g - xhat * mean_gx));
+  }
+}
+
 // dx of one row: layernorm dx = rs · (g - mean(g) - xhat · mean(g · xhat)), g = dy · w; RMSNorm
 // (`rms`) dx = rs · g - x · rs³ · mean(g · x).
 template <class T>
@@ -108,19 +128,7 @@ template <class T>
   }
   double mu, rs;
   layernorm_stats(x, C, eps, mu, rs);
-  double sg = 0, sgx = 0;
-#pragma omp simd reduction(+ : sg, sgx)
-  for (int64_t c = 0; c < C; ++c) {
-    const double g = double(dy[c]) * double(w[c]);
-    sg += g;
-    sgx += g * (double(x[c]) - mu);
-  }
-  const double mean_g = sg / double(C), mean_gx = sgx * rs / double(C);
-#pragma omp simd
-  for (int64_t c = 0; c < C; ++c) {
-    const double xhat = (double(x[c]) - mu) * rs;
-    dx[c] = T(rs * (double(dy[c]) * double(w[c]) - mean_g - xhat * mean_gx));
-  }
+  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs);
 }
 
 // acc[c] += dy[c] · (x[c] - mu) · rs over [c0, c1), and db's acc[C + c] += dy[c] when `with_db`.
@@ -148,6 +156,11 @@ AUTOSP_VEC16_CLONES void add_norm_row_f32(const float* x, const float* r, const 
 AUTOSP_VEC16_CLONES void norm_backward_row_f32(const float* dy, const float* x, const float* w, float* dx, int64_t C,
                                                double eps, bool rms) {
   norm_backward_row(dy, x, w, dx, C, eps, rms);
+}
+AUTOSP_VEC16_CLONES void layernorm_backward_row_stats_f32(const float* dy, const float* x, const float* w, float* dx,
+                                                          int64_t C, double eps, double& mu, double& rs) {
+  layernorm_stats(x, C, eps, mu, rs);
+  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs);
 }
 AUTOSP_VEC16_CLONES void norm_stats_f32(const float* x, int64_t C, double eps, bool rms, double& mu, double& rs) {
   row_stats(x, C, eps, rms, mu, rs);
@@ -187,12 +200,21 @@ void norm_backward_rows(const T* dy, const T* x, const T* w, T* dx, int64_t rows
 }
 
 // dw (and db when not null; never for RMSNorm) summed over rows, deterministically (sum_rows).
+// `stats`: each row's mu and rs already computed ([2, rows]: the one-pass layernorm backward's);
+// null: computed here.
 template <class T>
-void norm_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps, bool rms) {
+void norm_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps, bool rms,
+                 const std::vector<double>* stats = nullptr) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, rms ? "rmsnorm_backward" : "layernorm_backward", " rows ", rows, " C ", C);
-  std::vector<double> mu(static_cast<size_t>(rows)), rs(static_cast<size_t>(rows));  // [rows]
+  std::vector<double> own;
+  if (!stats) {
+    own.resize(static_cast<size_t>(2 * rows));
 #pragma omp parallel for schedule(static) if (rows * C > kGrain)
-  for (int64_t r = 0; r < rows; ++r) norm_stats(x + r * C, C, eps, rms, mu[r], rs[r]);
+    for (int64_t r = 0; r < rows; ++r) norm_stats(x + r * C, C, eps, rms, own[size_t(r)], own[size_t(rows + r)]);
+    stats = &own;
+  }
+  const double* mu = stats->data();          // [rows]
+  const double* rs = stats->data() + rows;  // [rows]
   const bool with_db = db != nullptr;
   std::vector<double> out(static_cast<size_t>((with_db ? 2 : 1) * C));  // [dw | db]
   detail::sum_rows(rows, C, with_db ? 2 : 1, 1, out.data(), [&](int64_t r, int64_t c0, int64_t c1, double* acc) {
@@ -263,6 +285,27 @@ void layernorm_backward_params(const T* dy, const T* x, T* dw, T* db, int64_t ro
   norm_params(dy, x, dw, db, rows, C, eps, false);
 }
 
+// One pass of rows computes each row's statistics once, writes its dx and keeps mu and rs for the
+// parameter sums (the two-call form computes them twice): 5 passes over x instead of 7.
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t rows, int64_t C,
+                        double eps) {
+  AUTOSP_ASSERT(rows >= 0 && C > 0, "layernorm_backward rows ", rows, " C ", C);
+  std::vector<double> stats(static_cast<size_t>(2 * rows));  // [mu | rs]
+#pragma omp parallel for schedule(static) if (rows * C > kGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    double& mu = stats[size_t(r)];
+    double& rs = stats[size_t(rows + r)];
+    if constexpr (std::is_same_v<T, float>)
+      layernorm_backward_row_stats_f32(dy + r * C, x + r * C, w, dx + r * C, C, eps, mu, rs);
+    else {
+      layernorm_stats(x + r * C, C, eps, mu, rs);
+      layernorm_backward_row_from(dy + r * C, x + r * C, w, dx + r * C, C, mu, rs);
+    }
+  }
+  norm_params(dy, x, dw, db, rows, C, eps, false, &stats);
+}
+
 template <class T>
 void rmsnorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_t rows, int64_t C, double eps) {
   norm_backward_rows(dy, x, w, dx, rows, C, eps, true);
@@ -305,6 +348,7 @@ template void softmax_forward<double>(const double*, double*, int64_t, int64_t);
 #define AUTOSP_INSTANTIATE_BACKWARD(T)                                                              \
   template void layernorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double); \
   template void layernorm_backward_params<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);    \
+  template void layernorm_backward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double); \
   template void rmsnorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double);   \
   template void rmsnorm_backward_weight<T>(const T*, const T*, T*, int64_t, int64_t, double);           \
   template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t);

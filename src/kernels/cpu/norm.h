@@ -34,6 +34,11 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_
 // dw[c] = Σ_r dy[r, c] · xhat[r, c]; db[c] = Σ_r dy[r, c] (db may be null). Deterministic.
 template <class T>
 void layernorm_backward_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps);
+// Both in one pass of rows (what the layernorm_backward op runs): each row's statistics computed
+// once for dx, dw and db; the same values as the two calls.
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t rows, int64_t C,
+                        double eps);
 // dx of rmsnorm: dx = rstd · (g - xhat · mean(g · xhat)), g = dy · w, xhat = x · rstd.
 template <class T>
 void rmsnorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_t rows, int64_t C, double eps);

@@ -75,6 +75,29 @@ __global__ void bias_gelu_tanh_backward_kernel(const T* dy, const T* x, const T*
   AUTOSP_GRID_STRIDE(i, n) store(dx, i, load(dy, i) * gelu_tanh_grad(load(x, i) + load(b, i % C)));
 }
 
+// qkv_heads: one thread per element of x [B, S, 3, N, D] (grid-stride over n = B·S·3·N·D), which
+// goes to [b, n, s, d] of its part; the backward reads it back from there.
+template <class T>
+__global__ void qkv_heads_kernel(const T* x, const T* b, T* q, T* k, T* v, int64_t n, int64_t S, int64_t N,
+                                 int64_t D) {
+  AUTOSP_GRID_STRIDE(i, n) {
+    const int64_t C = N * D, c = i % (3 * C), row = i / (3 * C), bi = row / S, si = row % S;
+    const int64_t p = c / C, h = (c % C) / D, d = c % D;
+    T* out = p == 0 ? q : (p == 1 ? k : v);
+    store(out, ((bi * N + h) * S + si) * D + d, load(x, i) + load(b, c));
+  }
+}
+template <class T>
+__global__ void qkv_heads_backward_kernel(const T* dq, const T* dk, const T* dv, T* dx, int64_t n, int64_t S,
+                                          int64_t N, int64_t D) {
+  AUTOSP_GRID_STRIDE(i, n) {
+    const int64_t C = N * D, c = i % (3 * C), row = i / (3 * C), bi = row / S, si = row % S;
+    const int64_t p = c / C, h = (c % C) / D, d = c % D;
+    const T* in = p == 0 ? dq : (p == 1 ? dk : dv);
+    dx[i] = in[((bi * N + h) * S + si) * D + d];
+  }
+}
+
 // h = silu(g) · u and its gradient (dg, du) in acc_t<T>, one rounding per output: grid-stride over n.
 template <class T>
 __global__ void swiglu_kernel(const T* g, const T* u, T* h, int64_t n) {
@@ -371,6 +394,26 @@ void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C, cudaS
 }
 
 template <class T>
+void qkv_heads(const T* x, const T* b, T* q, T* k, T* v, int64_t B, int64_t S, int64_t N, int64_t D,
+               cudaStream_t stream) {
+  AUTOSP_ASSERT(B >= 0 && S >= 0 && N > 0 && D > 0, "qkv_heads B ", B, " S ", S, " N ", N, " D ", D);
+  const int64_t n = B * S * 3 * N * D;
+  if (n == 0) return;
+  launch_kernel(qkv_heads_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, x, b, q, k, v, n, S, N, D);
+}
+
+template <class T>
+void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, T* db, int64_t B, int64_t S, int64_t N,
+                        int64_t D, cudaStream_t stream) {
+  AUTOSP_ASSERT(B >= 0 && S >= 0 && N > 0 && D > 0, "qkv_heads_backward B ", B, " S ", S, " N ", N, " D ", D);
+  const int64_t n = B * S * 3 * N * D;
+  if (n > 0)
+    launch_kernel(qkv_heads_backward_kernel<T>, grid_for(n, kBlock), kBlock, 0, stream, dq, dk, dv, dx, n, S, N, D);
+  const int64_t x_shape[2] = {B * S, 3 * N * D}, out_shape[2] = {1, 3 * N * D};
+  sum_to(dx, 2, x_shape, out_shape, db, stream);
+}
+
+template <class T>
 void swiglu(const T* g, const T* u, T* h, int64_t n, cudaStream_t stream) {
   AUTOSP_ASSERT(n >= 0, "swiglu n ", n);
   if (n == 0) return;
@@ -541,7 +584,10 @@ void sum_squares(const T* x, int64_t n, double* out, cudaStream_t stream) {
   template void binary<T>(Binary, int, const int64_t*, const T*, const int64_t*, const T*, const int64_t*, T*, \
                           cudaStream_t);                                                                       \
   template void sum_to<T>(const T*, int, const int64_t*, const int64_t*, T*, cudaStream_t);                    \
-  template void sum_squares<T>(const T*, int64_t, double*, cudaStream_t);
+  template void sum_squares<T>(const T*, int64_t, double*, cudaStream_t);                                  \
+  template void qkv_heads<T>(const T*, const T*, T*, T*, T*, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
+  template void qkv_heads_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, int64_t, int64_t,       \
+                                      int64_t, cudaStream_t);
 AUTOSP_INSTANTIATE_FLOAT(float)
 AUTOSP_INSTANTIATE_FLOAT(double)
 AUTOSP_INSTANTIATE_FLOAT(bf16)

@@ -34,6 +34,16 @@ void bias_gelu_tanh(const T* x, const T* b, T* y, int64_t rows, int64_t C, cudaS
 template <class T>
 void bias_gelu_tanh_backward(const T* dy, const T* x, const T* b, T* dx, int64_t rows, int64_t C, cudaStream_t stream);
 
+// GPT-2's qkv into heads (kernels/cpu/elementwise.h qkv_heads): x [B, S, 3, N, D] + b [3, N, D] →
+// q, k, v [B, N, S, D], the sum in acc_t<T>, one rounding; the backward lays dq, dk, dv back as dx
+// and sums dx over B and S into db [3, N, D] (sum_to).
+template <class T>
+void qkv_heads(const T* x, const T* b, T* q, T* k, T* v, int64_t B, int64_t S, int64_t N, int64_t D,
+               cudaStream_t stream);
+template <class T>
+void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, T* db, int64_t B, int64_t S, int64_t N,
+                        int64_t D, cudaStream_t stream);
+
 // h = silu(g) · u and its backward (dg, du) in one pass each, in acc_t<T>, one rounding per output
 // (kernels/cpu/elementwise.h swiglu). h may alias g or u; dg may alias dy or g, du may alias u.
 template <class T>

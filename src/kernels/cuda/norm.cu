@@ -299,6 +299,13 @@ void layernorm_backward_params(const T* dy, const T* x, T* dw, T* db, int64_t ro
 }
 
 template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t rows, int64_t C, double eps,
+                        cudaStream_t stream) {
+  layernorm_backward_input(dy, x, w, dx, rows, C, eps, stream);
+  layernorm_backward_params(dy, x, dw, db, rows, C, eps, stream);
+}
+
+template <class T>
 void rmsnorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_t rows, int64_t C, double eps,
                             cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "rmsnorm_backward rows ", rows, " C ", C);
@@ -329,6 +336,8 @@ void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t C, c
   template void softmax_forward<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                      \
   template void layernorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t); \
   template void layernorm_backward_params<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t);      \
+  template void layernorm_backward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double,            \
+                                      cudaStream_t);                                                                 \
   template void rmsnorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t);   \
   template void rmsnorm_backward_weight<T>(const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t);            \
   template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, cudaStream_t);

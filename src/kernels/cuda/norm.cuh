@@ -41,6 +41,10 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_
 template <class T>
 void layernorm_backward_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps,
                                cudaStream_t stream);
+// Both (the op's launcher): the two kernels above, one after the other.
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t rows, int64_t C, double eps,
+                        cudaStream_t stream);
 template <class T>
 void rmsnorm_backward_input(const T* dy, const T* x, const T* w, T* dx, int64_t rows, int64_t C, double eps,
                             cudaStream_t stream);
