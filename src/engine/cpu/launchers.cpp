@@ -1208,29 +1208,34 @@ Tensor rope_bf16(const KernelCall& c) {
 // The ops computed natively where their first `bf16_inputs` inputs are bf16 (else emulated); the
 // rest are ids or the loss's f32 gradient, and the outputs have the types the op table gives. The
 // GEMM-bound ones (`gemm`) only where the CPU's bf16 GEMM beats widening (AVX512-BF16), the
-// chunked elementwise ones everywhere; the attention ones (`attention`) only at the head dims
-// (input 0's dim 3) cpu::sdpa_bf16_preferred takes, which their launchers check.
+// chunked elementwise ones everywhere; and where a row names `node_native`, only for the nodes it
+// takes, as its launcher decides: the attention at the head dims cpu::sdpa_bf16_preferred takes,
+// the experts but gpt-oss's.
+bool attention_bf16_node(const Node& n) {
+  const Dim& D = n.input(0)->shape().at(3);  // q [B, N, S, D]
+  return !D.is_const() || cpu::sdpa_bf16_preferred(D.value());
+}
 struct NativeBf16Row {
   Op op;
   KernelFn run;
   size_t bf16_inputs;
   bool gemm;
-  bool attention = false;
+  bool (*node_native)(const Node&) = nullptr;
 };
 constexpr NativeBf16Row kNativeBf16[] = {
     {Op::matmul, matmul_bf16, 2, true},
     {Op::swiglu_mlp, swiglu_mlp_bf16, 4, true},
     {Op::swiglu_mlp_backward, swiglu_mlp_backward_bf16, 5, true},
-    {Op::moe_experts, moe_experts_bf16, 2, true},
-    {Op::moe_experts_backward, moe_experts_backward_bf16, 3, true},
-    {Op::moe_experts_ep, moe_experts_ep_bf16, 2, true},
-    {Op::moe_experts_ep_backward, moe_experts_ep_backward_bf16, 3, true},
+    {Op::moe_experts, moe_experts_bf16, 2, true, moe_bf16_node},
+    {Op::moe_experts_backward, moe_experts_backward_bf16, 3, true, moe_bf16_node},
+    {Op::moe_experts_ep, moe_experts_ep_bf16, 2, true, moe_bf16_node},
+    {Op::moe_experts_ep_backward, moe_experts_ep_backward_bf16, 3, true, moe_bf16_node},
     {Op::linear_cross_entropy_sum, linear_cross_entropy_sum_bf16, 2, true},
     {Op::linear_cross_entropy_backward, linear_cross_entropy_backward_bf16, 2, true},
-    {Op::sdpa, sdpa_bf16, 3, true, true},
-    {Op::sdpa_backward, sdpa_backward_bf16, 3, true, true},
-    {Op::ring_attention, ring_attention_bf16, 3, true, true},
-    {Op::ring_attention_backward, ring_attention_backward_bf16, 3, true, true},
+    {Op::sdpa, sdpa_bf16, 3, true, attention_bf16_node},
+    {Op::sdpa_backward, sdpa_backward_bf16, 3, true, attention_bf16_node},
+    {Op::ring_attention, ring_attention_bf16, 3, true, attention_bf16_node},
+    {Op::ring_attention_backward, ring_attention_backward_bf16, 3, true, attention_bf16_node},
     {Op::add, binary_bf16<Binary::add>, 2, false},
     {Op::sub, binary_bf16<Binary::sub>, 2, false},
     {Op::mul, binary_bf16<Binary::mul>, 2, false},
@@ -1271,12 +1276,7 @@ bool has_native_bf16(const Node& n) {
   for (const NativeBf16Row& row : kNativeBf16) {
     if (row.op != n.op()) continue;
     if (row.gemm && cpu::bf16_gemm_best() == cpu::Bf16Gemm::f32) return false;
-    if (row.run == moe_experts_bf16 || row.run == moe_experts_backward_bf16 || row.run == moe_experts_ep_bf16 ||
-        row.run == moe_experts_ep_backward_bf16)
-      return moe_bf16_node(n);  // gpt-oss's experts stay emulated
-    if (!row.attention) return true;
-    const Dim& D = n.input(0)->shape().at(3);  // q [B, N, S, D]
-    return !D.is_const() || cpu::sdpa_bf16_preferred(D.value());
+    return row.node_native == nullptr || row.node_native(n);
   }
   return false;
 }
