@@ -241,20 +241,20 @@ double run_sum(const T* x, int64_t n, F f) {
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-// Σ_{i < n} f(x[i]) over fixed chunks (from n alone) summed in parallel and added in chunk order.
-template <class T, class F>
-double chunked_sum(const T* x, int64_t n, F f, int f32_square = -1) {
+// Σ_{i < n} x[i] (or x[i]², `square`) over fixed chunks (from n alone) summed in parallel and added
+// in chunk order; f32 chunks over double lanes (run_sum_f32), others by run_sum.
+template <class T>
+double chunked_sum(const T* x, int64_t n, bool square) {
   const int64_t nchunks = std::clamp<int64_t>(n / kGrain, 1, 64);
   std::vector<double> part(static_cast<size_t>(nchunks));
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (int64_t ch = 0; ch < nchunks; ++ch) {
     const int64_t lo = n * ch / nchunks, hi = n * (ch + 1) / nchunks;
     if constexpr (std::is_same_v<T, float>)
-      if (f32_square >= 0) {
-        part[ch] = run_sum_f32(x + lo, hi - lo, f32_square == 1);
-        continue;
-      }
-    part[ch] = run_sum(x + lo, hi - lo, f);
+      part[ch] = run_sum_f32(x + lo, hi - lo, square);
+    else
+      part[ch] = square ? run_sum(x + lo, hi - lo, [](double v) { return v * v; })
+                        : run_sum(x + lo, hi - lo, [](double v) { return v; });
   }
   double total = 0;
   for (double p : part) total += p;
@@ -320,7 +320,7 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
     return copy_strided(1, &x_numel, x, &unit, out);
   }
   if (n == 1) {  // everything is summed
-    out[0] = detail::sum_output<T>(chunked_sum(x, x_numel, [](double v) { return v; }, 0));
+    out[0] = detail::sum_output<T>(chunked_sum(x, x_numel, false));
     return;
   }
 
@@ -447,7 +447,7 @@ void dropout(const T* x, const int64_t* token, T* y, int64_t rows, int64_t C, ui
 template <class T>
 double sum_squares(const T* x, int64_t n) {
   AUTOSP_ASSERT(n >= 0, "sum_squares n ", n);
-  return chunked_sum(x, n, [](double v) { return v * v; }, 1);
+  return chunked_sum(x, n, true);
 }
 
 template <class T>
