@@ -488,6 +488,11 @@ TensorType bias_gelu_tanh_backward_rule(const Node& n, const ShapeContext& ctx) 
 }
 
 // x [B, S, 3·N·D], b [3·N·D] (attribute heads = N) → q [B, N, S, D]; extra outputs k, v of q's type.
+TensorType qkv_head_type(const Node& n) {
+  const TensorType& x = in(n, 0);
+  const int64_t N = n.attrs().i("heads");
+  return {x.dtype, {x.shape[0], Dim(N), x.shape[1], Dim(x.shape[2].value() / (3 * N))}};
+}
 TensorType qkv_heads_rule(const Node& n, const ShapeContext& ctx) {
   expect_float(n, 0);
   expect_same_dtype(n, 0, 1);
@@ -498,12 +503,10 @@ TensorType qkv_heads_rule(const Node& n, const ShapeContext& ctx) {
   const auto& b = in(n, 1);
   if (b.rank() != 1 || !ctx.same(b.shape[0], x.shape[2]))
     fail(n, str("bias ", b.str(), " does not match the last dim of ", x.str()));
-  return {x.dtype, {x.shape[0], Dim(N), x.shape[1], Dim(x.shape[2].value() / (3 * N))}};
+  return qkv_head_type(n);
 }
 std::vector<TensorType> qkv_heads_extra(const Node& n) {
-  const TensorType& x = in(n, 0);
-  const int64_t N = n.attrs().i("heads");
-  const TensorType q{x.dtype, {x.shape[0], Dim(N), x.shape[1], Dim(x.shape[2].value() / (3 * N))}};
+  const TensorType q = qkv_head_type(n);
   return {q, q};
 }
 // dq, dk, dv [B, N, S, D] → dx [B, S, 3·N·D] (extra output 1: db [3·N·D])
