@@ -56,47 +56,46 @@ __device__ __forceinline__ void row_stats(const T* xr, int64_t C, bool rms, acc_
   rs = A(1) / dsqrt(warp_sum(sq) / A(C) + eps);
 }
 
+// One row's y = norm(x) by its warp (row_stats, then each lane's elements); mu and rs are returned.
 template <class T>
-__global__ void norm_forward_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
-                                    acc_t<T> eps, bool rms) {
+__device__ __forceinline__ void norm_row(const T* xr, const T* w, const T* b, T* yr, int64_t C, acc_t<T> eps, bool rms,
+                                         int lane, acc_t<T>& mu, acc_t<T>& rs) {
   using A = acc_t<T>;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (r >= rows) return;    // the whole warp leaves
-  const T* xr = x + r * C;  // [C]
-  T* yr = y + r * C;
-  A mu, rs;
   row_stats(xr, C, rms, eps, lane, mu, rs);
   for (int64_t c = lane; c < C; c += kWarp) {
     A v = (load(xr, c) - mu) * rs * load(w, c);
     if (b != nullptr) v += load(b, c);
     store(yr, c, v);
   }
+}
+
+template <class T>
+__global__ void norm_forward_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t rows, int64_t C,
+                                    acc_t<T> eps, bool rms) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (r >= rows) return;  // the whole warp leaves
+  acc_t<T> mu, rs;
+  norm_row(x + r * C, w, b, y + r * C, C, eps, rms, lane, mu, rs);
   if (lane == 0) {
     if (mean != nullptr) store(mean, r, mu);
     if (rstd != nullptr) store(rstd, r, rs);
   }
 }
 
-// y = norm(s), s = x + r: one warp per row. s is written, then read back by the plain norm's code
+// y = norm(s), s = x + r: one warp per row. s is written, then read back by the plain norm's row
 // (each lane reads the elements it wrote): for bf16 the rounded s, as the unfused norm reads it.
 template <class T>
 __global__ void add_norm_forward_kernel(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows,
                                         int64_t C, acc_t<T> eps, bool rms) {
-  using A = acc_t<T>;
   const int lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;  // the whole warp leaves
   const T *xr = x + row * C, *rr = r + row * C;  // [C]
-  T *sr = s + row * C, *yr = y + row * C;
+  T* sr = s + row * C;
   for (int64_t c = lane; c < C; c += kWarp) store(sr, c, load(xr, c) + load(rr, c));
-  A mu, rs;
-  row_stats(sr, C, rms, eps, lane, mu, rs);
-  for (int64_t c = lane; c < C; c += kWarp) {
-    A v = (load(sr, c) - mu) * rs * load(w, c);
-    if (b != nullptr) v += load(b, c);
-    store(yr, c, v);
-  }
+  acc_t<T> mu, rs;
+  norm_row<T>(sr, w, b, y + row * C, C, eps, rms, lane, mu, rs);
 }
 
 template <class T>
