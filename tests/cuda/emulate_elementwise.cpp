@@ -142,6 +142,31 @@ TEMPLATE_TEST_CASE("emulated fused SwiGLU matches the CPU", "[cuda-emulation][el
   }
 }
 
+// GPT-2's qkv into heads (qkv_heads) and back with the bias gradient (qkv_heads_backward).
+TEMPLATE_TEST_CASE("emulated qkv_heads and its backward match the CPU", "[cuda-emulation][elementwise][fuse]", float,
+                   double, cuda::bf16) {
+  using T = TestType;
+  using H = Host<T>;
+  const int64_t B = 2, S = 5, N = 3, D = 4, W = 3 * N * D, n = B * S * W, m = n / 3;
+  const auto x = values<T>(naive::random_normal(n, 2400)), b = values<T>(naive::random_normal(W, 2401));
+  const auto dq = values<T>(naive::random_normal(m, 2402)), dk = values<T>(naive::random_normal(m, 2403));
+  const auto dv = values<T>(naive::random_normal(m, 2404));
+  const auto xs = to_storage<T>(x), bs = to_storage<T>(b);
+  const auto dqs = to_storage<T>(dq), dks = to_storage<T>(dk), dvs = to_storage<T>(dv);
+  const size_t heads = static_cast<size_t>(m), rows = static_cast<size_t>(n), width = static_cast<size_t>(W);
+  std::vector<H> rq(heads), rk(heads), rv(heads), rdx(rows), rdb(width);
+  std::vector<T> q(heads), k(heads), v(heads), dx(rows), db(width);
+  cpu::qkv_heads<H>(x.data(), b.data(), rq.data(), rk.data(), rv.data(), B, S, N, D);
+  cuda::qkv_heads<T>(xs.data(), bs.data(), q.data(), k.data(), v.data(), B, S, N, D, nullptr);
+  check_against<T>(from_storage(q), rq);
+  check_against<T>(from_storage(k), rk);
+  check_against<T>(from_storage(v), rv);
+  cpu::qkv_heads_backward<H>(dq.data(), dk.data(), dv.data(), rdx.data(), rdb.data(), B, S, N, D);
+  cuda::qkv_heads_backward<T>(dqs.data(), dks.data(), dvs.data(), dx.data(), db.data(), B, S, N, D, nullptr);
+  check_against<T>(from_storage(dx), rdx);
+  check_against<T>(from_storage(db), rdb);
+}
+
 // Dropout (LoRA's lora_dropout): the CUDA kernel draws the CPU kernel's mask (kernels/kinds.h).
 TEMPLATE_TEST_CASE("emulated dropout draws the CPU's mask", "[cuda-emulation][elementwise][dropout]", float, double,
                    cuda::bf16) {
