@@ -75,26 +75,31 @@ __global__ void bias_gelu_tanh_backward_kernel(const T* dy, const T* x, const T*
   AUTOSP_GRID_STRIDE(i, n) store(dx, i, load(dy, i) * gelu_tanh_grad(load(x, i) + load(b, i % C)));
 }
 
-// qkv_heads: one thread per element of x [B, S, 3, N, D] (grid-stride over n = B·S·3·N·D), which
+// qkv_heads: one thread per element i of x [B, S, 3, N, D] (grid-stride over n = B·S·3·N·D), which
 // goes to [b, n, s, d] of its part; the backward reads it back from there.
+struct HeadPlace {
+  int64_t part, at;  // q, k or v; the element's offset in that [B, N, S, D]
+};
+__device__ __forceinline__ HeadPlace head_place(int64_t i, int64_t S, int64_t N, int64_t D) {
+  const int64_t C = N * D, c = i % (3 * C), row = i / (3 * C), bi = row / S, si = row % S;
+  return {c / C, ((bi * N + (c % C) / D) * S + si) * D + c % D};
+}
 template <class T>
 __global__ void qkv_heads_kernel(const T* x, const T* b, T* q, T* k, T* v, int64_t n, int64_t S, int64_t N,
                                  int64_t D) {
   AUTOSP_GRID_STRIDE(i, n) {
-    const int64_t C = N * D, c = i % (3 * C), row = i / (3 * C), bi = row / S, si = row % S;
-    const int64_t p = c / C, h = (c % C) / D, d = c % D;
-    T* out = p == 0 ? q : (p == 1 ? k : v);
-    store(out, ((bi * N + h) * S + si) * D + d, load(x, i) + load(b, c));
+    const HeadPlace h = head_place(i, S, N, D);
+    T* out = h.part == 0 ? q : (h.part == 1 ? k : v);
+    store(out, h.at, load(x, i) + load(b, i % (3 * N * D)));
   }
 }
 template <class T>
 __global__ void qkv_heads_backward_kernel(const T* dq, const T* dk, const T* dv, T* dx, int64_t n, int64_t S,
                                           int64_t N, int64_t D) {
   AUTOSP_GRID_STRIDE(i, n) {
-    const int64_t C = N * D, c = i % (3 * C), row = i / (3 * C), bi = row / S, si = row % S;
-    const int64_t p = c / C, h = (c % C) / D, d = c % D;
-    const T* in = p == 0 ? dq : (p == 1 ? dk : dv);
-    dx[i] = in[((bi * N + h) * S + si) * D + d];
+    const HeadPlace h = head_place(i, S, N, D);
+    const T* in = h.part == 0 ? dq : (h.part == 1 ? dk : dv);
+    dx[i] = in[h.at];
   }
 }
 
