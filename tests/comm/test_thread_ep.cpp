@@ -478,7 +478,8 @@ TEST_CASE("thread ep: bf16 programs at G = 2 and 4 give the E = 1 loss and dense
 // gpt-oss (biased, clamped experts: decision 279's bf16 kernel, also at the owner) as the bf16
 // program test above: E = G against E = 1 on the same layout, the loss and every dense gradient the
 // same bits, each expert's weight and bias gradient within 1e-2 of its largest entry (rounded to
-// bf16 at another place, decision 267; measured ≤ 5.1e-3). A tiny gpt-oss: 4 experts, top 2, sinks, sliding window.
+// bf16 at another place, decision 267; measured ≤ 5.1e-3). A tiny gpt-oss: 4 experts, top 2,
+// sinks, a sliding window.
 TEST_CASE("thread ep: bf16 gpt-oss programs at G = 2 and 4 give the E = 1 loss and dense gradients' bits",
           "[threads][moe][ep][bf16][gpt-oss]") {
   const json model = {{"arch", "gpt_oss"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},

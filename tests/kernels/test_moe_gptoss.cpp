@@ -301,7 +301,8 @@ TEST_CASE("gpt-oss experts' backward from the kept gate and up block is the same
 // has: the data rounded to bf16, and every output (y, dx, dprobs, the weights' and the biases'
 // gradients) against the naive float64 loop on those values within the bf16 MoE kernel's relative
 // L2 bound (test_moe_bf16.cpp's). Every output buffer starts as NaN, so each must be written.
-TEST_CASE("gpt-oss experts on bf16 match the naive float64 loop within bf16 rounding", "[kernels][moe][gpt-oss][bf16]") {
+TEST_CASE("gpt-oss experts on bf16 match the naive float64 loop within bf16 rounding",
+          "[kernels][moe][gpt-oss][bf16]") {
   struct Shape {
     int64_t R, C, E, I;
     bool norm, ties;
