@@ -151,7 +151,8 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
 // single-process communicator) runs the bf16 experts natively (engine/expert_parallel.h
 // moe_ep_forward_bf16, decision 264): the bits of the bf16 moe_experts node on the same values, and
 // the run log does not list it; gpt-oss's biased, clamped experts too (decision 279), in both ops.
-TEST_CASE("bf16 moe_experts_ep nodes run the bf16 experts natively, gpt-oss's too", "[ops][executor][bf16][ep]") {
+TEST_CASE("bf16 moe_experts_ep and moe_experts nodes run the bf16 experts natively (gpt-oss's too)",
+          "[ops][executor][bf16][ep]") {
   const auto find = [](const std::string& name) {
     for (const OpCase& c : op_cases())
       if (c.name == name) return c;
