@@ -251,12 +251,13 @@ void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x
 void moe_ep_forward_bf16(Communicator& ep, Allocator& alloc, cpu::Bf16Gemm path, const uint16_t* x,
                          const uint16_t* probs, const uint16_t* const* w_gate, const uint16_t* const* w_up,
                          const uint16_t* const* w_down, uint16_t* y, int64_t R, int64_t C, int64_t E, int64_t I,
-                         int64_t k, bool norm) {
+                         int64_t k, bool norm, const kernels::MoeOptions<uint16_t>& opt) {
   const kernels::MoeRouting r = cpu::moe_route_bf16(probs, R, E, k, norm);
   cpu::ExpertBf16 ex(path, kernels::kMlpChunkRows, C, I);
   ep_forward<Bf16>(ep, alloc, r, x, y, C, [&](int64_t j, const Bf16* xe, int64_t n, float* ye) {
+    const cpu::ExpertBits e = cpu::ExpertBits::of(w_gate, w_up, w_down, opt, j);
     for (int64_t a0 = 0; a0 < n; a0 += kernels::kMlpChunkRows)  // the kernel's chunks of an expert's rows
-      ex.forward(w_gate[j], w_up[j], w_down[j], xe + a0 * C, std::min(kernels::kMlpChunkRows, n - a0), ye + a0 * C);
+      ex.forward(e, xe + a0 * C, std::min(kernels::kMlpChunkRows, n - a0), ye + a0 * C);
   });
 }
 
@@ -264,22 +265,22 @@ void moe_ep_backward_bf16(Communicator& ep, Allocator& alloc, cpu::Bf16Gemm path
                           const uint16_t* x, const uint16_t* probs, const uint16_t* const* w_gate,
                           const uint16_t* const* w_up, const uint16_t* const* w_down, uint16_t* dx, uint16_t* dprobs,
                           uint16_t* const* dw_gate, uint16_t* const* dw_up, uint16_t* const* dw_down, int64_t R,
-                          int64_t C, int64_t E, int64_t I, int64_t k, bool norm) {
+                          int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                          const kernels::MoeOptions<uint16_t>& opt) {
   const kernels::MoeRouting r = cpu::moe_route_bf16(probs, R, E, k, norm);
   cpu::ExpertBf16 ex(path, kernels::kMlpChunkRows, C, I);
   std::vector<double> gd;
   const std::vector<double> g = ep_backward<Bf16>(
       ep, alloc, r, dy, x, dx, C,
       [&](int64_t j, const Bf16* xe, const Bf16* dye, const float* we, int64_t n, float* dxe, float* ge) {
-        if (n == 0) {  // an expert no row reached gets zero gradients
-          for (uint16_t* const* dw : {dw_gate, dw_up, dw_down}) std::fill(dw[j], dw[j] + I * C, Bf16(0));
-          return;
-        }
+        cpu::ExpertBits e = cpu::ExpertBits::of(w_gate, w_up, w_down, opt, j);
+        e.dwg = dw_gate[j], e.dwu = dw_up[j], e.dwd = dw_down[j];
+        if (n == 0) return cpu::zero_expert_grads_bf16(e, C, I);  // an expert no row reached
         gd.resize(size_t(n));
         for (int64_t a0 = 0; a0 < n; a0 += kernels::kMlpChunkRows)
-          ex.backward(w_gate[j], w_up[j], w_down[j], xe + a0 * C, dye + a0 * C, we + a0,
-                      std::min(kernels::kMlpChunkRows, n - a0), a0 == 0, gd.data() + a0, dxe + a0 * C);
-        ex.finish(dw_gate[j], dw_up[j], dw_down[j]);
+          ex.backward(e, xe + a0 * C, dye + a0 * C, we + a0, std::min(kernels::kMlpChunkRows, n - a0), a0 == 0,
+                      gd.data() + a0, dxe + a0 * C);
+        ex.finish(e);
         std::transform(gd.begin(), gd.end(), ge, [](double v) { return float(v); });
       });
   cpu::moe_probs_grad_bf16(r, norm, g.data(), dprobs);

@@ -52,16 +52,17 @@ void moe_ep_backward(Communicator& ep, Allocator& alloc, const T* dy, const T* x
                      T* const* dw_gate, T* const* dw_up, T* const* dw_down, int64_t R, int64_t C, int64_t E, int64_t I,
                      int64_t k, bool norm, const kernels::MoeOptions<T>& opt);
 
-// The same on bf16 bits (uint16_t), every GEMM on the bf16 GEMM `path`; Mixtral's, Qwen2-MoE's and
-// Qwen3-MoE's experts (gpt-oss's biased, clamped ones stay on the emulation, as moe_experts').
+// The same on bf16 bits (uint16_t), every GEMM on the bf16 GEMM `path` (the owner runs
+// kernels/cpu/moe_bf16.h's ExpertBf16, gpt-oss's options included: biases, clamped SwiGLU).
 void moe_ep_forward_bf16(Communicator& ep, Allocator& alloc, cpu::Bf16Gemm path, const uint16_t* x,
                          const uint16_t* probs, const uint16_t* const* w_gate, const uint16_t* const* w_up,
                          const uint16_t* const* w_down, uint16_t* y, int64_t R, int64_t C, int64_t E, int64_t I,
-                         int64_t k, bool norm);
+                         int64_t k, bool norm, const kernels::MoeOptions<uint16_t>& opt = {});
 void moe_ep_backward_bf16(Communicator& ep, Allocator& alloc, cpu::Bf16Gemm path, const uint16_t* dy,
                           const uint16_t* x, const uint16_t* probs, const uint16_t* const* w_gate,
                           const uint16_t* const* w_up, const uint16_t* const* w_down, uint16_t* dx, uint16_t* dprobs,
                           uint16_t* const* dw_gate, uint16_t* const* dw_up, uint16_t* const* dw_down, int64_t R,
-                          int64_t C, int64_t E, int64_t I, int64_t k, bool norm);
+                          int64_t C, int64_t E, int64_t I, int64_t k, bool norm,
+                          const kernels::MoeOptions<uint16_t>& opt = {});
 
 }  // namespace autosp

@@ -135,8 +135,7 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
       INFO("bf16 output " << out.str() << " vs the f32 kernel's " << out32->type().str());
       const bool native = c.op == Op::matmul || c.op == Op::swiglu_mlp || c.op == Op::sdpa || c.op == Op::sdpa_backward ||
                           c.op == Op::ring_attention || c.op == Op::linear_cross_entropy_sum ||
-                          ((c.op == Op::moe_experts || c.op == Op::moe_experts_ep) &&
-                           c.name.find("gptoss") == std::string::npos);
+                          c.op == Op::moe_experts || c.op == Op::moe_experts_ep;
       // The fused add + norms normalise their bf16-rounded sum (decision 270): exact against that
       // composition in the row-chunk test below, within one bf16 step of the f32 kernel here.
       const bool rounds_sum = c.op == Op::add_layernorm || c.op == Op::add_rmsnorm;
@@ -151,8 +150,9 @@ TEST_CASE("ops on bf16 inputs compute in f32 and round once", "[ops][executor][b
 // A bf16 moe_experts_ep node (here over an expert group of one: its exchange runs through the
 // single-process communicator) runs the bf16 experts natively (engine/expert_parallel.h
 // moe_ep_forward_bf16, decision 264): the bits of the bf16 moe_experts node on the same values, and
-// the run log does not list it; gpt-oss's biased, clamped experts stay on the emulation, listed.
-TEST_CASE("bf16 moe_experts_ep nodes run the bf16 experts natively, gpt-oss's emulated", "[ops][executor][bf16][ep]") {
+// the run log does not list it; gpt-oss's biased, clamped experts too (decision 279), in both ops.
+TEST_CASE("bf16 moe_experts_ep and moe_experts nodes run the bf16 experts natively (gpt-oss's too)",
+          "[ops][executor][bf16][ep]") {
   const auto find = [](const std::string& name) {
     for (const OpCase& c : op_cases())
       if (c.name == name) return c;
@@ -163,15 +163,15 @@ TEST_CASE("bf16 moe_experts_ep nodes run the bf16 experts natively, gpt-oss's em
     return Executor(p.g).run(p.feeds, single_groups()).outputs.at(p.g.outputs()[0]->name()).to_doubles();
   };
   const bool native = cpu::bf16_gemm_best() != cpu::Bf16Gemm::f32;
-  auto one = prepare(find("moe_experts_norm"), DType::bf16, 11);
-  auto ep = prepare(find("moe_experts_ep_norm"), DType::bf16, 11);
-  CHECK(output(*ep) == output(*one));
-  const std::vector<std::string> none, ep_op{"moe_experts_ep"};
-  CHECK(cpu_bf16_emulated_ops(ep->g) == (native ? none : ep_op));
-  auto gptoss = prepare(find("moe_experts_ep_gptoss"), DType::bf16, 11);
-  CHECK(cpu_bf16_emulated_ops(gptoss->g) == ep_op);
-  auto gptoss_one = prepare(find("moe_experts_gptoss"), DType::bf16, 11);
-  CHECK(cpu_bf16_emulated_ops(gptoss_one->g) == std::vector<std::string>{"moe_experts"});
+  const std::vector<std::string> none, ep_op{"moe_experts_ep"}, one_op{"moe_experts"};
+  for (const std::string suffix : {"norm", "gptoss"}) {
+    INFO(suffix);
+    auto one = prepare(find("moe_experts_" + suffix), DType::bf16, 11);
+    auto ep = prepare(find("moe_experts_ep_" + suffix), DType::bf16, 11);
+    CHECK(output(*ep) == output(*one));
+    CHECK(cpu_bf16_emulated_ops(ep->g) == (native ? none : ep_op));
+    CHECK(cpu_bf16_emulated_ops(one->g) == (native ? none : one_op));
+  }
 }
 
 // A bf16 sdpa node runs the bf16 attention kernel (its bits) where the CPU has it and the head dim

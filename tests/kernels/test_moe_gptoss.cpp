@@ -8,16 +8,19 @@
 // The data make values cross the limit, and one token hits g = L, u = −L and u = +L exactly in
 // each expert it goes to. E = 4, k = 2, with rows of several kMlpChunkRows chunks; forward and every
 // gradient (dx, dprobs, the weights', the biases'), f64 and f32; once against float64 central
-// differences of the naive forward; the gradients the same bits at any thread count.
+// differences of the naive forward; the gradients the same bits at any thread count. The bf16
+// kernel (kernels/cpu/moe_bf16.h with the same options) against the same naive loop on bf16 values.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <vector>
 
+#include "bf16_test.h"
 #include "common/naive.h"
 #include "kernel_test.h"
 #include "moe_test.h"
 #include "kernels/cpu/moe.h"
+#include "kernels/cpu/moe_bf16.h"
 
 namespace {
 
@@ -292,4 +295,58 @@ TEST_CASE("gpt-oss experts' backward from the kept gate and up block is the same
     CHECK(b.dbu == a.dbu);
     CHECK(b.dbd == a.dbd);
   });
+}
+
+// The bf16 kernel (kernels/cpu/moe_bf16.h) with gpt-oss's options on every bf16 GEMM path this CPU
+// has: the data rounded to bf16, and every output (y, dx, dprobs, the weights' and the biases'
+// gradients) against the naive float64 loop on those values within the bf16 MoE kernel's relative
+// L2 bound (test_moe_bf16.cpp's). Every output buffer starts as NaN, so each must be written.
+TEST_CASE("gpt-oss experts on bf16 match the naive float64 loop within bf16 rounding",
+          "[kernels][moe][gpt-oss][bf16]") {
+  struct Shape {
+    int64_t R, C, E, I;
+    bool norm, ties;
+  };
+  // The first: rows of several chunks per expert and the planted ties (exact in bf16 too); the
+  // others wider rows (the GEMMs' tiles), limit 1 crossed both ways.
+  for (const Shape& sh : {Shape{2600, 8, 4, 6, true, true}, Shape{96, 32, 4, 40, false, false},
+                          Shape{80, 48, 4, 24, true, false}}) {
+    GptOss m(sh.R, sh.C, sh.E, sh.I, 2, sh.norm, 1.0, 700);
+    if (sh.ties) m.plant_ties();
+    for (Vec* v : {&m.x, &m.probs, &m.wg, &m.wu, &m.wd, &m.bg, &m.bu, &m.bd, &m.dy})
+      *v = test::widen_bf16(test::to_bf16(*v));
+    const Naive n = naive_experts(m);
+    auto x = test::to_bf16(m.x), p = test::to_bf16(m.probs), dy = test::to_bf16(m.dy);
+    auto wg = test::to_bf16(m.wg), wu = test::to_bf16(m.wu), wd = test::to_bf16(m.wd);
+    auto bg = test::to_bf16(m.bg), bu = test::to_bf16(m.bu), bd = test::to_bf16(m.bd);
+    const auto g = experts_const(wg, m.E), u = experts_const(wu, m.E), d = experts_const(wd, m.E);
+    const auto cbg = experts_const(bg, m.E), cbu = experts_const(bu, m.E), cbd = experts_const(bd, m.E);
+    test::for_each_bf16_path([&](cpu::Bf16Gemm path) {
+      INFO("R " << m.R << " C " << m.C << " I " << m.I << " norm " << m.norm);
+      const uint16_t nan = 0x7fc0;
+      std::vector<uint16_t> y(x.size(), nan), dx(x.size(), nan), dp(p.size(), nan), dwg(wg.size(), nan),
+          dwu(wu.size(), nan), dwd(wd.size(), nan), dbg(bg.size(), nan), dbu(bu.size(), nan), dbd(bd.size(), nan);
+      const auto pdbg = experts(dbg, m.E), pdbu = experts(dbu, m.E), pdbd = experts(dbd, m.E);
+      const kernels::MoeOptions<uint16_t> opt{.b_gate = cbg.data(), .b_up = cbu.data(), .b_down = cbd.data(),
+                                              .db_gate = pdbg.data(), .db_up = pdbu.data(), .db_down = pdbd.data(),
+                                              .clamped = true, .alpha = kAlpha, .limit = m.limit};
+      cpu::moe_experts_forward_bf16(path, x.data(), p.data(), g.data(), u.data(), d.data(), y.data(), m.R, m.C, m.E,
+                                    m.I, m.k, m.norm, opt);
+      cpu::moe_experts_backward_bf16(path, dy.data(), x.data(), p.data(), g.data(), u.data(), d.data(), dx.data(),
+                                     dp.data(), experts(dwg, m.E).data(), experts(dwu, m.E).data(),
+                                     experts(dwd, m.E).data(), m.R, m.C, m.E, m.I, m.k, m.norm, opt);
+      struct Pair {
+        const char* name;
+        const std::vector<uint16_t>& got;
+        const Vec& want;
+      };
+      for (const Pair& q : {Pair{"y", y, n.y}, Pair{"dx", dx, n.dx}, Pair{"dprobs", dp, n.dprobs},
+                            Pair{"dw_gate", dwg, n.dwg}, Pair{"dw_up", dwu, n.dwu}, Pair{"dw_down", dwd, n.dwd},
+                            Pair{"db_gate", dbg, n.dbg}, Pair{"db_up", dbu, n.dbu}, Pair{"db_down", dbd, n.dbd}}) {
+        const double e = test::relative_l2(test::widen_bf16(q.got), q.want);
+        INFO(q.name << ": relative L2 error " << e);
+        CHECK(e <= 5e-3);
+      }
+    });
+  }
 }

@@ -673,32 +673,34 @@ Tensor swiglu_mlp_backward_bf16(const KernelCall& c) {
 }
 
 // A mixture-of-experts layer's experts on bf16 (kernels/cpu/moe_bf16.h; over an expert group
-// engine/expert_parallel.h's bf16 exchange): every input bf16 and the plain SwiGLU; gpt-oss's
-// biased, clamped experts and mixed dtypes stay on the emulation.
-bool moe_bf16_node(const Node& n) { return !moe_biased(n) && !moe_clamped(n) && !moe_keeps(n); }
+// engine/expert_parallel.h's bf16 exchange): every input bf16, gpt-oss's biases and clamped SwiGLU
+// included (MoeCall's options); a keeping node (f32 and f64 only: keep_moe_projections) and mixed
+// dtypes stay on the emulation.
+bool moe_bf16_node(const Node& n) { return !moe_keeps(n); }
 bool moe_bf16_native(const KernelCall& c) {
   const auto bf16 = [](const Tensor& t) { return t.dtype() == DType::bf16; };
   return moe_bf16_node(c.node) && std::all_of(c.in.begin(), c.in.end(), bf16);
 }
 
-// y [..., C]. Inputs: x, probs, the E gate, E up and E down weights.
+// y [..., C]. Inputs: x, probs, the E gate, E up and E down weights (then gpt-oss's biases).
 Tensor moe_experts_bf16(const KernelCall& c) {
   if (!moe_bf16_native(c)) return bf16_via_f32(c, moe_experts);
   const MoeCall<uint16_t> m(c, false);
   cpu::moe_experts_forward_bf16(cpu::bf16_gemm_best(), m.x.data<uint16_t>(), m.p.data<uint16_t>(), m.w.gate.data(),
                                 m.w.up.data(), m.w.down.data(), m.out.data<uint16_t>(), m.R, m.C, m.E, m.w.I, m.k,
-                                m.norm);
+                                m.norm, m.opt);
   return m.out;
 }
 
-// dx; extra outputs dprobs and each weight's gradient. Inputs: dy, x, probs, the weights.
+// dx; extra outputs dprobs and each weight's (and bias's) gradient. Inputs: dy, x, probs, the
+// weights, the biases.
 Tensor moe_experts_backward_bf16(const KernelCall& c) {
   if (!moe_bf16_native(c)) return bf16_via_f32(c, moe_experts_backward);
   const MoeCall<uint16_t> m(c, true);
   cpu::moe_experts_backward_bf16(cpu::bf16_gemm_best(), m.dy.data<uint16_t>(), m.x.data<uint16_t>(),
                                  m.p.data<uint16_t>(), m.w.gate.data(), m.w.up.data(), m.w.down.data(),
                                  m.out.data<uint16_t>(), m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E,
-                                 m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm);
+                                 m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I, m.k, m.norm, m.opt);
   return m.out;
 }
 
@@ -708,7 +710,7 @@ Tensor moe_experts_ep_bf16(const KernelCall& c) {
   const MoeCall<uint16_t> m(c, false);
   moe_ep_forward_bf16(group(c), c.alloc, cpu::bf16_gemm_best(), m.x.data<uint16_t>(), m.p.data<uint16_t>(),
                       m.w.gate.data(), m.w.up.data(), m.w.down.data(), m.out.data<uint16_t>(), m.R, m.C, m.E, m.w.I,
-                      m.k, m.norm);
+                      m.k, m.norm, m.opt);
   return m.out;
 }
 
@@ -718,7 +720,7 @@ Tensor moe_experts_ep_backward_bf16(const KernelCall& c) {
   moe_ep_backward_bf16(group(c), c.alloc, cpu::bf16_gemm_best(), m.dy.data<uint16_t>(), m.x.data<uint16_t>(),
                        m.p.data<uint16_t>(), m.w.gate.data(), m.w.up.data(), m.w.down.data(), m.out.data<uint16_t>(),
                        m.dprobs(c), m.dw.data(), m.dw.data() + m.w.E, m.dw.data() + 2 * m.w.E, m.R, m.C, m.E, m.w.I,
-                       m.k, m.norm);
+                       m.k, m.norm, m.opt);
   return m.out;
 }
 

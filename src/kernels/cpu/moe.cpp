@@ -612,5 +612,19 @@ void expert_rows_backward(const T* dy, const T* x, const double* w, const Expert
 AUTOSP_MOE(float)
 AUTOSP_MOE(double)
 #undef AUTOSP_MOE
+template struct Expert<uint16_t>;  // the bf16 kernel's experts (kernels/cpu/moe_bf16.h): bf16 bits
+
+void expert_activation_row(bool clamped, float alpha, float limit, const float* g, const float* u, float* h,
+                           int64_t I) {
+  if (clamped)
+    clamped_row(g, u, h, I, alpha, limit);
+  else
+    swiglu_row(g, u, h, I);
+}
+
+double expert_activation_grad_row(bool clamped, float alpha, float limit, float* g, float* u, const float* d,
+                                  float* h, float w, int64_t I) {
+  return clamped ? clamped_grad_row(g, u, d, h, w, I, alpha, limit) : swiglu_grad_row(g, u, d, h, w, I);
+}
 
 }  // namespace autosp::cpu

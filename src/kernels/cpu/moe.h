@@ -82,4 +82,14 @@ template <class T>
 void expert_rows_backward(const T* dy, const T* x, const double* w, const Expert<T>& ex, T* dx, double* g, int64_t n,
                           int64_t C, int64_t I);
 
+// The expert's activation over one row of I f32 entries, as the kernels above run it (Expert<T>'s
+// `clamped`, `alpha` and `limit`), for the bf16 kernel (kernels/cpu/moe_bf16.h) on gpt-oss's
+// experts: h = act(g, u) (h may alias g) ...
+void expert_activation_row(bool clamped, float alpha, float limit, const float* g, const float* u, float* h,
+                           int64_t I);
+// ... and its backward from d = dy·Wd (unweighted) of a row of routing weight w: g ← dg, u ← du
+// (of w·d; zero where a clamp cut), h ← w·h; returns Σ d·h (the weight's gradient without the bias).
+double expert_activation_grad_row(bool clamped, float alpha, float limit, float* g, float* u, const float* d,
+                                  float* h, float w, int64_t I);
+
 }  // namespace autosp::cpu
