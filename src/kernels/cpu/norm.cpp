@@ -8,9 +8,11 @@
 // on the Zen 4 VM the GPT-2 tiny step's layernorm backward fell from 3.9 to 2.2–2.6 ms.
 //
 // Backward: the input gradients recompute each row's statistics from x (nothing is saved by the
-// forward) and are again split by rows. The parameter gradients sum over rows: row statistics
-// are computed once into [rows] arrays, then detail::sum_rows adds fixed row chunks into double
-// partials combined in chunk order, so dw and db do not depend on the thread count.
+// forward) and are again split by rows. The parameter gradients sum over rows in fixed row chunks
+// (detail::sum_row_blocks) into double partials combined in chunk order, so dw and db do not depend
+// on the thread count. The one-pass layernorm_backward (what GPT-2 runs) adds a row's terms of dw
+// and db while the row is in cache from its dx, a chunk of whole rows per task: x and dy are read
+// once. The separate parameter kernels compute the row statistics into [rows] arrays first.
 #include "kernels/cpu/norm.h"
 
 #include <algorithm>
@@ -91,11 +93,12 @@ template <class T>
   norm_row(s, w, b, y, C, eps, rms, mu, rs);
 }
 
-// Layernorm's dx of one row from its statistics mu, rs (norm_backward_row below; the one-pass
-// layernorm_backward, which keeps them for dw and db).
+// Layernorm's dx of one row from its statistics mu, rs. With `acc` (not null) the row's terms of
+// the parameter sums are added while it is in cache: dw's acc[c] += dy[c] · xhat[c] and db's
+// acc[C + c] += dy[c], the values norm_params_row adds (the one-pass layernorm_backward).
 template <class T>
 [[gnu::always_inline]] inline void layernorm_backward_row_from(const T* dy, const T* x, const T* w, T* dx, int64_t C,
-                                                               double mu, double rs) {
+                                                               double mu, double rs, double* acc) {
   double sg = 0, sgx = 0;
 #pragma omp simd reduction(+ : sg, sgx)
   for (int64_t c = 0; c < C; ++c) {
@@ -104,10 +107,20 @@ template <class T>
     sgx += g * (double(x[c]) - mu);
   }
   const double mean_g = sg / double(C), mean_gx = sgx * rs / double(C);
+  if (acc == nullptr) {
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      const double xhat = (double(x[c]) - mu) * rs;
+      dx[c] = T(rs * (double(dy[c]) * double(w[c]) - mean_g - xhat * mean_gx));
+    }
+    return;
+  }
 #pragma omp simd
   for (int64_t c = 0; c < C; ++c) {
     const double xhat = (double(x[c]) - mu) * rs;
     dx[c] = T(rs * (double(dy[c]) * double(w[c]) - mean_g - xhat * mean_gx));
+    acc[c] += double(dy[c]) * xhat;
+    acc[C + c] += double(dy[c]);
   }
 }
 
@@ -128,7 +141,7 @@ template <class T>
   }
   double mu, rs;
   layernorm_stats(x, C, eps, mu, rs);
-  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs);
+  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs, nullptr);
 }
 
 // acc[c] += dy[c] · (x[c] - mu) · rs over [c0, c1), and db's acc[C + c] += dy[c] when `with_db`.
@@ -157,10 +170,13 @@ AUTOSP_VEC16_CLONES void norm_backward_row_f32(const float* dy, const float* x, 
                                                double eps, bool rms) {
   norm_backward_row(dy, x, w, dx, C, eps, rms);
 }
-AUTOSP_VEC16_CLONES void layernorm_backward_row_stats_f32(const float* dy, const float* x, const float* w, float* dx,
-                                                          int64_t C, double eps, double& mu, double& rs) {
+// Layernorm's whole backward of one row (the one-pass layernorm_backward): statistics, dx, and the
+// parameter sums' terms into acc.
+AUTOSP_VEC16_CLONES void layernorm_backward_row_sums_f32(const float* dy, const float* x, const float* w, float* dx,
+                                                         int64_t C, double eps, double* acc) {
+  double mu, rs;
   layernorm_stats(x, C, eps, mu, rs);
-  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs);
+  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs, acc);
 }
 AUTOSP_VEC16_CLONES void norm_stats_f32(const float* x, int64_t C, double eps, bool rms, double& mu, double& rs) {
   row_stats(x, C, eps, rms, mu, rs);
@@ -199,29 +215,28 @@ void norm_backward_rows(const T* dy, const T* x, const T* w, T* dx, int64_t rows
   }
 }
 
-// dw (and db when not null; never for RMSNorm) summed over rows, deterministically (sum_rows).
-// `stats`: each row's mu and rs already computed ([2, rows]: the one-pass layernorm backward's);
-// null: computed here.
+// dw (and db when not null; never for RMSNorm) summed over rows, deterministically (sum_row_blocks):
+// each row's mu and rs computed first into [rows] arrays. Layernorm's rows are cut into the chunks
+// of whole rows that the one-pass layernorm_backward uses, so the two forms give the same bits;
+// RMSNorm's chunks may also split the columns.
 template <class T>
-void norm_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps, bool rms,
-                 const std::vector<double>* stats = nullptr) {
+void norm_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps, bool rms) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, rms ? "rmsnorm_backward" : "layernorm_backward", " rows ", rows, " C ", C);
-  std::vector<double> own;
-  if (!stats) {
-    own.resize(static_cast<size_t>(2 * rows));
+  std::vector<double> stats(static_cast<size_t>(2 * rows));  // [mu | rs]
 #pragma omp parallel for schedule(static) if (rows * C > kGrain)
-    for (int64_t r = 0; r < rows; ++r) norm_stats(x + r * C, C, eps, rms, own[size_t(r)], own[size_t(rows + r)]);
-    stats = &own;
-  }
-  const double* mu = stats->data();          // [rows]
-  const double* rs = stats->data() + rows;  // [rows]
+  for (int64_t r = 0; r < rows; ++r) norm_stats(x + r * C, C, eps, rms, stats[size_t(r)], stats[size_t(rows + r)]);
+  const double* mu = stats.data();         // [rows]
+  const double* rs = stats.data() + rows;  // [rows]
   const bool with_db = db != nullptr;
   std::vector<double> out(static_cast<size_t>((with_db ? 2 : 1) * C));  // [dw | db]
-  detail::sum_rows(rows, C, with_db ? 2 : 1, 1, out.data(), [&](int64_t r, int64_t c0, int64_t c1, double* acc) {
-    if constexpr (std::is_same_v<T, float>)
-      norm_params_row_f32(dy + r * C, x + r * C, mu[r], rs[r], c0, c1, C, with_db, acc);
-    else norm_params_row(dy + r * C, x + r * C, mu[r], rs[r], c0, c1, C, with_db, acc);
-  });
+  detail::sum_row_blocks(rows, C, with_db ? 2 : 1, 1, !rms, out.data(),
+                         [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, double* acc) {
+                           for (int64_t r = r0; r < r1; ++r) {
+                             if constexpr (std::is_same_v<T, float>)
+                               norm_params_row_f32(dy + r * C, x + r * C, mu[r], rs[r], c0, c1, C, with_db, acc);
+                             else norm_params_row(dy + r * C, x + r * C, mu[r], rs[r], c0, c1, C, with_db, acc);
+                           }
+                         });
   for (int64_t c = 0; c < C; ++c) dw[c] = T(out[c]);
   if (with_db)
     for (int64_t c = 0; c < C; ++c) db[c] = T(out[C + c]);
@@ -285,25 +300,27 @@ void layernorm_backward_params(const T* dy, const T* x, T* dw, T* db, int64_t ro
   norm_params(dy, x, dw, db, rows, C, eps, false);
 }
 
-// One pass of rows computes each row's statistics once, writes its dx and keeps mu and rs for the
-// parameter sums (the two-call form computes them twice): 5 passes over x instead of 7.
+// One pass of rows: each row's statistics, dx, and its terms of dw and db while the row is in cache
+// (sum_row_blocks' fixed chunks of whole rows, so dw and db do not depend on the thread count).
+// x and dy are read once; the two-call form reads them twice and computes the statistics twice.
 template <class T>
 void layernorm_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t rows, int64_t C,
                         double eps) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "layernorm_backward rows ", rows, " C ", C);
-  std::vector<double> stats(static_cast<size_t>(2 * rows));  // [mu | rs]
-#pragma omp parallel for schedule(static) if (rows * C > kGrain)
-  for (int64_t r = 0; r < rows; ++r) {
-    double& mu = stats[size_t(r)];
-    double& rs = stats[size_t(rows + r)];
-    if constexpr (std::is_same_v<T, float>)
-      layernorm_backward_row_stats_f32(dy + r * C, x + r * C, w, dx + r * C, C, eps, mu, rs);
-    else {
-      layernorm_stats(x + r * C, C, eps, mu, rs);
-      layernorm_backward_row_from(dy + r * C, x + r * C, w, dx + r * C, C, mu, rs);
+  std::vector<double> out(static_cast<size_t>(2 * C));  // [dw | db]
+  detail::sum_row_blocks(rows, C, 2, 1, true, out.data(), [&](int64_t r0, int64_t r1, int64_t, int64_t, double* acc) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if constexpr (std::is_same_v<T, float>) {
+        layernorm_backward_row_sums_f32(dy + r * C, x + r * C, w, dx + r * C, C, eps, acc);
+      } else {
+        double mu, rs;
+        layernorm_stats(x + r * C, C, eps, mu, rs);
+        layernorm_backward_row_from(dy + r * C, x + r * C, w, dx + r * C, C, mu, rs, acc);
+      }
     }
-  }
-  norm_params(dy, x, dw, db, rows, C, eps, false, &stats);
+  });
+  for (int64_t c = 0; c < C; ++c) dw[c] = T(out[c]);
+  for (int64_t c = 0; c < C; ++c) db[c] = T(out[C + c]);
 }
 
 template <class T>
