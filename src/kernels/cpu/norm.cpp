@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -35,26 +36,82 @@ constexpr int64_t kGrain = 1 << 14;  // elements below which a kernel runs on on
 // Each kernel's work on one row [C] is an always-inlined template. The f32 kernels call it through
 // a wrapper compiled per ISA (AUTOSP_VEC16_CLONES: AVX-512, AVX2, the baseline), so that on an
 // AVX-512 machine the double arithmetic runs 8 lanes wide; the sums are `omp simd` reductions, which
-// let the compiler keep one partial sum per lane. Still in double for every T.
+// let the compiler keep one partial sum per lane, except the f32 row statistics (sums8 below, four
+// vectors of partials). Still in double for every T.
+
+// The f32 rows' sums in double over explicit vectors: 8 lanes (f64x8) and 4 accumulators, so a
+// row's additions are 4 independent chains instead of one (an `omp simd` reduction keeps a single
+// vector of partials, and its C/8 dependent adds left the short rows of GPT-2 waiting on add
+// latency). sums8<K>(C, f, total) computes K sums at once: f(c, n, acc) adds the terms of the
+// columns [c, c + n), n ≤ 8, into acc[0..K); load8 reads n floats widened, the other lanes set to a
+// `fill` chosen so that they add 0. The lanes and accumulators are added in a fixed order: the
+// result depends on C alone, never on the thread count.
+using f32x8 = float __attribute__((vector_size(32)));
+using f64x8 = double __attribute__((vector_size(64)));
+[[gnu::always_inline]] inline f64x8 load8(const float* p, int64_t n, double fill) {
+  if (n == 8) {
+    f32x8 v;
+    std::memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, f64x8);
+  }
+  f64x8 v = f64x8{} + fill;
+  for (int64_t i = 0; i < n; ++i) v[i] = double(p[i]);
+  return v;
+}
+template <int K, class F>
+[[gnu::always_inline]] inline void sums8(int64_t C, F f, double (&total)[K]) {
+  f64x8 s[4][K] = {};
+  int64_t c = 0;
+  for (; c + 32 <= C; c += 32)
+    for (int u = 0; u < 4; ++u) f(c + 8 * u, int64_t(8), s[u]);
+  for (; c < C; c += 8) f(c, std::min<int64_t>(8, C - c), s[0]);
+  for (int k = 0; k < K; ++k) {
+    const f64x8 t = (s[0][k] + s[1][k]) + (s[2][k] + s[3][k]);
+    total[k] = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+  }
+}
 
 // The forward's statistics of one row x [C]: mean (0 for RMSNorm) and rstd, in double.
 template <class T>
 [[gnu::always_inline]] inline void layernorm_stats(const T* x, int64_t C, double eps, double& mu, double& rs) {
-  double s = 0;
+  double s = 0, sq = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    double t[1];
+    sums8<1>(C, [&](int64_t c, int64_t n, f64x8* a) { a[0] += load8(x + c, n, 0.0); }, t);
+    s = t[0];
+  } else {
 #pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < C; ++c) s += double(x[c]);
+    for (int64_t c = 0; c < C; ++c) s += double(x[c]);
+  }
   const double m = s / double(C);
-  double sq = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    double t[1];
+    sums8<1>(C, [&](int64_t c, int64_t n, f64x8* a) {
+      const f64x8 d = load8(x + c, n, m) - m;
+      a[0] += d * d;
+    }, t);
+    sq = t[0];
+  } else {
 #pragma omp simd reduction(+ : sq)
-  for (int64_t c = 0; c < C; ++c) sq += (double(x[c]) - m) * (double(x[c]) - m);
+    for (int64_t c = 0; c < C; ++c) sq += (double(x[c]) - m) * (double(x[c]) - m);
+  }
   mu = m;
   rs = 1.0 / std::sqrt(sq / double(C) + eps);
 }
 template <class T>
 [[gnu::always_inline]] inline double rmsnorm_rstd(const T* x, int64_t C, double eps) {
   double sq = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    double t[1];
+    sums8<1>(C, [&](int64_t c, int64_t n, f64x8* a) {
+      const f64x8 v = load8(x + c, n, 0.0);
+      a[0] += v * v;
+    }, t);
+    sq = t[0];
+  } else {
 #pragma omp simd reduction(+ : sq)
-  for (int64_t c = 0; c < C; ++c) sq += double(x[c]) * double(x[c]);
+    for (int64_t c = 0; c < C; ++c) sq += double(x[c]) * double(x[c]);
+  }
   return 1.0 / std::sqrt(sq / double(C) + eps);
 }
 // Either norm's statistics: layernorm's, or RMSNorm's (`rms`: mu = 0).
