@@ -381,6 +381,7 @@ const SumToCase kSumToCases[] = {
     {{4, 33, 130}, {1, 1, 130}},
     {{4096, 33}, {1, 33}},                                     // many rows, chunked
     {{300, 3000}, {1, 3000}},                                  // chunks × column blocks
+    {{1000, 203}, {1, 203}},                                   // chunks; columns by 64, 8 and one
     {{3, 100000}, {1, 100000}},                                // column blocks only
     {{65, 130}, {65, 1}},                                      // trailing dim
     {{2000, 70}, {2000, 1}},
@@ -461,6 +462,50 @@ TEMPLATE_TEST_CASE("bias_gelu_tanh and its backward match the naive gelu of x + 
       }
     test::check_close(y, ref);
     test::check_close(dx, dref);
+  }
+}
+
+// GPT-2's qkv_heads backward: dx [B, S, 3, N, D] laid back from dq, dk, dv [B, N, S, D], and the
+// bias gradient db = dx summed over B and S, against float64 loops; db is also sum_to's over dx
+// (the same chunks, the same bits) at any thread count. The sizes make row chunks that cross a
+// sequence's end, column blocks that cut a head's run (3·N·D = 1440 > 1024), and runs of D = 83
+// and 40 that end in blocks of 8 and single columns.
+TEMPLATE_TEST_CASE("qkv_heads_backward lays the heads back and sums the bias", "[kernels][elementwise][backward]",
+                   float, double) {
+  using T = TestType;
+  struct Dims {
+    int64_t B, S, N, D;
+  };
+  uint32_t seed = 1800;
+  for (const Dims& z : {Dims{2, 5, 3, 4}, Dims{3, 200, 4, 24}, Dims{2, 300, 12, 40}, Dims{2, 100, 2, 83}}) {
+    INFO("B " << z.B << " S " << z.S << " N " << z.N << " D " << z.D);
+    const int64_t C = z.N * z.D, W = 3 * C, m = z.B * z.S * C;
+    std::vector<T> in[3];
+    for (auto& h : in) h = test::cast<T>(naive::random_normal(m, seed++));
+    naive::Vec ref(size_t(z.B * z.S * W)), dref(size_t(W), 0.0);
+    for (int64_t b = 0; b < z.B; ++b)
+      for (int64_t s = 0; s < z.S; ++s)
+        for (int64_t p = 0; p < 3; ++p)
+          for (int64_t n = 0; n < z.N; ++n)
+            for (int64_t d = 0; d < z.D; ++d) {
+              const double v = double(in[p][size_t(((b * z.N + n) * z.S + s) * z.D + d)]);
+              ref[size_t((b * z.S + s) * W + p * C + n * z.D + d)] = v;
+              dref[size_t(p * C + n * z.D + d)] += v;
+            }
+    std::vector<T> first;
+    test::with_threads({1, 2, 3}, [&](int threads) {
+      INFO("threads " << threads);
+      std::vector<T> dx(ref.size(), T(-777)), db(size_t(W), T(-777));
+      cpu::qkv_heads_backward<T>(in[0].data(), in[1].data(), in[2].data(), dx.data(), db.data(), z.B, z.S, z.N, z.D);
+      CHECK(test::widen(dx) == ref);  // a copy: exact
+      test::check_close(db, dref);
+      std::vector<T> summed(static_cast<size_t>(W));
+      const int64_t x_shape[2] = {z.B * z.S, W}, out_shape[2] = {1, W};
+      cpu::sum_to<T>(dx.data(), 2, x_shape, out_shape, summed.data());
+      CHECK(db == summed);
+      if (threads == 1) first = db;
+      else CHECK(db == first);
+    });
   }
 }
 

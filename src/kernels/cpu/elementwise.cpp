@@ -15,7 +15,9 @@
 // or both summed) and then reads x as [L, tail]: L is a leading summed dim (1 if none), split into
 // row chunks by sum_rows; the tail's output elements are split into column blocks, each summing
 // its contiguous runs. The common cases: same shape is a copy; a bias gradient [rows, C] → [C] is
-// L = rows with a contiguous tail; summing everything is one chunked contiguous sum.
+// L = rows with a contiguous tail, whose chunk of rows is summed a block of 64 columns at a time in
+// registers (add_rows_f32: acc is read and written once per block, not once per row); summing
+// everything is one chunked contiguous sum.
 #include "kernels/cpu/elementwise.h"
 
 #include <omp.h>
@@ -229,6 +231,31 @@ AUTOSP_VEC16_CLONES void add_row_f32(const float* x, double* acc, int64_t n) {
   }
   for (; i < n; ++i) acc[i] += double(x[i]);
 }
+// acc[c] += Σ_{r < nrows} x[r·ld + c] for c < n, the rows added in order: the same additions per
+// column as add_row_f32 over the rows one after another (the same bits), but each block of 64
+// columns is summed over all the rows in registers, so acc is read and written once per block
+// instead of once per row.
+AUTOSP_VEC16_CLONES void add_rows_f32(const float* x, int64_t ld, int64_t nrows, double* acc, int64_t n) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    f64x8 a[8];
+    std::memcpy(a, acc + i, sizeof a);
+    for (int64_t r = 0; r < nrows; ++r)
+      for (int k = 0; k < 8; ++k) a[k] += widen8(x + r * ld + i + 8 * k);
+    std::memcpy(acc + i, a, sizeof a);
+  }
+  for (; i + 8 <= n; i += 8) {
+    f64x8 a;
+    std::memcpy(&a, acc + i, sizeof a);
+    for (int64_t r = 0; r < nrows; ++r) a += widen8(x + r * ld + i);
+    std::memcpy(acc + i, &a, sizeof a);
+  }
+  for (; i < n; ++i) {
+    double a = acc[i];
+    for (int64_t r = 0; r < nrows; ++r) a += double(x[r * ld + i]);
+    acc[i] = a;
+  }
+}
 
 // Σ_{i < n} f(x[i]) in double, four partial sums.
 template <class T, class F>
@@ -379,7 +406,21 @@ void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_sha
       }
     }
   };
-  detail::sum_rows(L, tail_out, 1, tail_runs * (inner_summed ? run : 1), acc_out.data(), add);
+  if (ns == 0 && nk == 0 && !inner_summed) {
+    // x = [L, W] (a bias gradient): a chunk's rows at once, the same additions as `add` row by row.
+    detail::sum_row_blocks(L, W, 1, 1, false, acc_out.data(),
+                           [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, double* acc) {
+                             const T* xr = x + r0 * W + c0;  // [r1 - r0, W]
+                             if constexpr (std::is_same_v<T, float>) {
+                               add_rows_f32(xr, W, r1 - r0, acc + c0, c1 - c0);
+                             } else {
+                               for (int64_t r = 0; r < r1 - r0; ++r)
+                                 for (int64_t c = 0; c < c1 - c0; ++c) acc[c0 + c] += detail::sum_input(xr[r * W + c]);
+                             }
+                           });
+  } else {
+    detail::sum_rows(L, tail_out, 1, tail_runs * (inner_summed ? run : 1), acc_out.data(), add);
+  }
 #pragma omp parallel for schedule(static) if (tail_out > kGrain)
   for (int64_t i = 0; i < tail_out; ++i) out[i] = detail::sum_output<T>(acc_out[i]);
 }
@@ -517,8 +558,10 @@ void qkv_heads(const T* x, const T* b, T* q, T* k, T* v, int64_t B, int64_t S, i
   }
 }
 
-// The backward row by row inside sum_rows (the bias gradient's chunks and column blocks, as
-// sum_to's over [B·S, 3·N·D]): each row's columns [c0, c1) are copied from the heads, then added.
+// The backward by blocks of rows inside sum_row_blocks (the bias gradient's chunks and column
+// blocks, as sum_to's over [B·S, 3·N·D]: the same bits): for the rows of one sequence in a chunk,
+// each head's run of D columns is one contiguous [rows, D] stretch of dq, dk or dv, copied into
+// dx's rows and summed over its rows in registers, so both sides stream as in the forward.
 template <class T>
 void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, T* db, int64_t B, int64_t S, int64_t N,
                         int64_t D) {
@@ -526,16 +569,25 @@ void qkv_heads_backward(const T* dq, const T* dk, const T* dv, T* dx, T* db, int
   const int64_t C = N * D, W = 3 * C;
   const T* in[3] = {dq, dk, dv};
   std::vector<double> acc_out(static_cast<size_t>(W), 0.0);  // [3·N·D]
-  detail::sum_rows(B * S, W, 1, 1, acc_out.data(), [&](int64_t r, int64_t c0, int64_t c1, double* acc) {
-    const int64_t bi = r / S, si = r % S;
-    T* xr = dx + r * W;
-    for (int64_t c = c0; c < c1;) {  // one head's run of D (or what of it lies in [c0, c1))
-      const int64_t p = c / C, h = (c % C) / D, d = c % D, len = std::min(D - d, c1 - c);
-      std::memcpy(xr + c, in[p] + ((bi * N + h) * S + si) * D + d, size_t(len) * sizeof(T));
-      c += len;
+  detail::sum_row_blocks(B * S, W, 1, 1, false, acc_out.data(),
+                         [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, double* acc) {
+    for (int64_t r = r0; r < r1;) {  // the chunk's rows of one sequence: [r, r + m)
+      const int64_t bi = r / S, si = r % S, m = std::min(r1 - r, S - si);
+      for (int64_t c = c0; c < c1;) {  // one head's run of D (or what of it lies in [c0, c1))
+        const int64_t p = c / C, h = (c % C) / D, d = c % D, len = std::min(D - d, c1 - c);
+        const T* src = in[p] + ((bi * N + h) * S + si) * D + d;  // [m, D], `len` columns of each row
+        T* dst = dx + r * W + c;                                 // [m, W]
+        for (int64_t i = 0; i < m; ++i) std::copy_n(src + i * D, len, dst + i * W);
+        if constexpr (std::is_same_v<T, float>) {
+          add_rows_f32(src, D, m, acc + c, len);
+        } else {
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < len; ++j) acc[c + j] += double(src[i * D + j]);
+        }
+        c += len;
+      }
+      r += m;
     }
-    if constexpr (std::is_same_v<T, float>) add_row_f32(xr + c0, acc + c0, c1 - c0);
-    else for (int64_t c = c0; c < c1; ++c) acc[c] += double(xr[c]);
   });
   for (int64_t c = 0; c < W; ++c) db[c] = detail::sum_output<T>(acc_out[c]);
 }

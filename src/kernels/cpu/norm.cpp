@@ -8,13 +8,16 @@
 // on the Zen 4 VM the GPT-2 tiny step's layernorm backward fell from 3.9 to 2.2–2.6 ms.
 //
 // Backward: the input gradients recompute each row's statistics from x (nothing is saved by the
-// forward) and are again split by rows. The parameter gradients sum over rows: row statistics
-// are computed once into [rows] arrays, then detail::sum_rows adds fixed row chunks into double
-// partials combined in chunk order, so dw and db do not depend on the thread count.
+// forward) and are again split by rows. The parameter gradients sum over rows in fixed row chunks
+// (detail::sum_row_blocks) into double partials combined in chunk order, so dw and db do not depend
+// on the thread count. The one-pass layernorm_backward (what GPT-2 runs) adds a row's terms of dw
+// and db while the row is in cache from its dx, a chunk of whole rows per task: x and dy are read
+// once. The separate parameter kernels compute the row statistics into [rows] arrays first.
 #include "kernels/cpu/norm.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -33,26 +36,82 @@ constexpr int64_t kGrain = 1 << 14;  // elements below which a kernel runs on on
 // Each kernel's work on one row [C] is an always-inlined template. The f32 kernels call it through
 // a wrapper compiled per ISA (AUTOSP_VEC16_CLONES: AVX-512, AVX2, the baseline), so that on an
 // AVX-512 machine the double arithmetic runs 8 lanes wide; the sums are `omp simd` reductions, which
-// let the compiler keep one partial sum per lane. Still in double for every T.
+// let the compiler keep one partial sum per lane, except the f32 row statistics (sums8 below, four
+// vectors of partials). Still in double for every T.
+
+// The f32 rows' sums in double over explicit vectors: 8 lanes (f64x8) and 4 accumulators, so a
+// row's additions are 4 independent chains instead of one (an `omp simd` reduction keeps a single
+// vector of partials, and its C/8 dependent adds left the short rows of GPT-2 waiting on add
+// latency). sums8<K>(C, f, total) computes K sums at once: f(c, n, acc) adds the terms of the
+// columns [c, c + n), n ≤ 8, into acc[0..K); load8 reads n floats widened, the other lanes set to a
+// `fill` chosen so that they add 0. The lanes and accumulators are added in a fixed order: the
+// result depends on C alone, never on the thread count.
+using f32x8 = float __attribute__((vector_size(32)));
+using f64x8 = double __attribute__((vector_size(64)));
+[[gnu::always_inline]] inline f64x8 load8(const float* p, int64_t n, double fill) {
+  if (n == 8) {
+    f32x8 v;
+    std::memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, f64x8);
+  }
+  f64x8 v = f64x8{} + fill;
+  for (int64_t i = 0; i < n; ++i) v[i] = double(p[i]);
+  return v;
+}
+template <int K, class F>
+[[gnu::always_inline]] inline void sums8(int64_t C, F f, double (&total)[K]) {
+  f64x8 s[4][K] = {};
+  int64_t c = 0;
+  for (; c + 32 <= C; c += 32)
+    for (int u = 0; u < 4; ++u) f(c + 8 * u, int64_t(8), s[u]);
+  for (; c < C; c += 8) f(c, std::min<int64_t>(8, C - c), s[0]);
+  for (int k = 0; k < K; ++k) {
+    const f64x8 t = (s[0][k] + s[1][k]) + (s[2][k] + s[3][k]);
+    total[k] = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+  }
+}
 
 // The forward's statistics of one row x [C]: mean (0 for RMSNorm) and rstd, in double.
 template <class T>
 [[gnu::always_inline]] inline void layernorm_stats(const T* x, int64_t C, double eps, double& mu, double& rs) {
-  double s = 0;
+  double s = 0, sq = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    double t[1];
+    sums8<1>(C, [&](int64_t c, int64_t n, f64x8* a) { a[0] += load8(x + c, n, 0.0); }, t);
+    s = t[0];
+  } else {
 #pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < C; ++c) s += double(x[c]);
+    for (int64_t c = 0; c < C; ++c) s += double(x[c]);
+  }
   const double m = s / double(C);
-  double sq = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    double t[1];
+    sums8<1>(C, [&](int64_t c, int64_t n, f64x8* a) {
+      const f64x8 d = load8(x + c, n, m) - m;
+      a[0] += d * d;
+    }, t);
+    sq = t[0];
+  } else {
 #pragma omp simd reduction(+ : sq)
-  for (int64_t c = 0; c < C; ++c) sq += (double(x[c]) - m) * (double(x[c]) - m);
+    for (int64_t c = 0; c < C; ++c) sq += (double(x[c]) - m) * (double(x[c]) - m);
+  }
   mu = m;
   rs = 1.0 / std::sqrt(sq / double(C) + eps);
 }
 template <class T>
 [[gnu::always_inline]] inline double rmsnorm_rstd(const T* x, int64_t C, double eps) {
   double sq = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    double t[1];
+    sums8<1>(C, [&](int64_t c, int64_t n, f64x8* a) {
+      const f64x8 v = load8(x + c, n, 0.0);
+      a[0] += v * v;
+    }, t);
+    sq = t[0];
+  } else {
 #pragma omp simd reduction(+ : sq)
-  for (int64_t c = 0; c < C; ++c) sq += double(x[c]) * double(x[c]);
+    for (int64_t c = 0; c < C; ++c) sq += double(x[c]) * double(x[c]);
+  }
   return 1.0 / std::sqrt(sq / double(C) + eps);
 }
 // Either norm's statistics: layernorm's, or RMSNorm's (`rms`: mu = 0).
@@ -91,11 +150,12 @@ template <class T>
   norm_row(s, w, b, y, C, eps, rms, mu, rs);
 }
 
-// Layernorm's dx of one row from its statistics mu, rs (norm_backward_row below; the one-pass
-// layernorm_backward, which keeps them for dw and db).
+// Layernorm's dx of one row from its statistics mu, rs. With `acc` (not null) the row's terms of
+// the parameter sums are added while it is in cache: dw's acc[c] += dy[c] · xhat[c] and db's
+// acc[C + c] += dy[c], the values norm_params_row adds (the one-pass layernorm_backward).
 template <class T>
 [[gnu::always_inline]] inline void layernorm_backward_row_from(const T* dy, const T* x, const T* w, T* dx, int64_t C,
-                                                               double mu, double rs) {
+                                                               double mu, double rs, double* acc) {
   double sg = 0, sgx = 0;
 #pragma omp simd reduction(+ : sg, sgx)
   for (int64_t c = 0; c < C; ++c) {
@@ -104,10 +164,20 @@ template <class T>
     sgx += g * (double(x[c]) - mu);
   }
   const double mean_g = sg / double(C), mean_gx = sgx * rs / double(C);
+  if (acc == nullptr) {
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      const double xhat = (double(x[c]) - mu) * rs;
+      dx[c] = T(rs * (double(dy[c]) * double(w[c]) - mean_g - xhat * mean_gx));
+    }
+    return;
+  }
 #pragma omp simd
   for (int64_t c = 0; c < C; ++c) {
     const double xhat = (double(x[c]) - mu) * rs;
     dx[c] = T(rs * (double(dy[c]) * double(w[c]) - mean_g - xhat * mean_gx));
+    acc[c] += double(dy[c]) * xhat;
+    acc[C + c] += double(dy[c]);
   }
 }
 
@@ -128,7 +198,7 @@ template <class T>
   }
   double mu, rs;
   layernorm_stats(x, C, eps, mu, rs);
-  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs);
+  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs, nullptr);
 }
 
 // acc[c] += dy[c] · (x[c] - mu) · rs over [c0, c1), and db's acc[C + c] += dy[c] when `with_db`.
@@ -157,10 +227,13 @@ AUTOSP_VEC16_CLONES void norm_backward_row_f32(const float* dy, const float* x, 
                                                double eps, bool rms) {
   norm_backward_row(dy, x, w, dx, C, eps, rms);
 }
-AUTOSP_VEC16_CLONES void layernorm_backward_row_stats_f32(const float* dy, const float* x, const float* w, float* dx,
-                                                          int64_t C, double eps, double& mu, double& rs) {
+// Layernorm's whole backward of one row (the one-pass layernorm_backward): statistics, dx, and the
+// parameter sums' terms into acc.
+AUTOSP_VEC16_CLONES void layernorm_backward_row_sums_f32(const float* dy, const float* x, const float* w, float* dx,
+                                                         int64_t C, double eps, double* acc) {
+  double mu, rs;
   layernorm_stats(x, C, eps, mu, rs);
-  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs);
+  layernorm_backward_row_from(dy, x, w, dx, C, mu, rs, acc);
 }
 AUTOSP_VEC16_CLONES void norm_stats_f32(const float* x, int64_t C, double eps, bool rms, double& mu, double& rs) {
   row_stats(x, C, eps, rms, mu, rs);
@@ -199,29 +272,28 @@ void norm_backward_rows(const T* dy, const T* x, const T* w, T* dx, int64_t rows
   }
 }
 
-// dw (and db when not null; never for RMSNorm) summed over rows, deterministically (sum_rows).
-// `stats`: each row's mu and rs already computed ([2, rows]: the one-pass layernorm backward's);
-// null: computed here.
+// dw (and db when not null; never for RMSNorm) summed over rows, deterministically (sum_row_blocks):
+// each row's mu and rs computed first into [rows] arrays. Layernorm's rows are cut into the chunks
+// of whole rows that the one-pass layernorm_backward uses, so the two forms give the same bits;
+// RMSNorm's chunks may also split the columns.
 template <class T>
-void norm_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps, bool rms,
-                 const std::vector<double>* stats = nullptr) {
+void norm_params(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t C, double eps, bool rms) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, rms ? "rmsnorm_backward" : "layernorm_backward", " rows ", rows, " C ", C);
-  std::vector<double> own;
-  if (!stats) {
-    own.resize(static_cast<size_t>(2 * rows));
+  std::vector<double> stats(static_cast<size_t>(2 * rows));  // [mu | rs]
 #pragma omp parallel for schedule(static) if (rows * C > kGrain)
-    for (int64_t r = 0; r < rows; ++r) norm_stats(x + r * C, C, eps, rms, own[size_t(r)], own[size_t(rows + r)]);
-    stats = &own;
-  }
-  const double* mu = stats->data();          // [rows]
-  const double* rs = stats->data() + rows;  // [rows]
+  for (int64_t r = 0; r < rows; ++r) norm_stats(x + r * C, C, eps, rms, stats[size_t(r)], stats[size_t(rows + r)]);
+  const double* mu = stats.data();         // [rows]
+  const double* rs = stats.data() + rows;  // [rows]
   const bool with_db = db != nullptr;
   std::vector<double> out(static_cast<size_t>((with_db ? 2 : 1) * C));  // [dw | db]
-  detail::sum_rows(rows, C, with_db ? 2 : 1, 1, out.data(), [&](int64_t r, int64_t c0, int64_t c1, double* acc) {
-    if constexpr (std::is_same_v<T, float>)
-      norm_params_row_f32(dy + r * C, x + r * C, mu[r], rs[r], c0, c1, C, with_db, acc);
-    else norm_params_row(dy + r * C, x + r * C, mu[r], rs[r], c0, c1, C, with_db, acc);
-  });
+  detail::sum_row_blocks(rows, C, with_db ? 2 : 1, 1, !rms, out.data(),
+                         [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, double* acc) {
+                           for (int64_t r = r0; r < r1; ++r) {
+                             if constexpr (std::is_same_v<T, float>)
+                               norm_params_row_f32(dy + r * C, x + r * C, mu[r], rs[r], c0, c1, C, with_db, acc);
+                             else norm_params_row(dy + r * C, x + r * C, mu[r], rs[r], c0, c1, C, with_db, acc);
+                           }
+                         });
   for (int64_t c = 0; c < C; ++c) dw[c] = T(out[c]);
   if (with_db)
     for (int64_t c = 0; c < C; ++c) db[c] = T(out[C + c]);
@@ -285,25 +357,27 @@ void layernorm_backward_params(const T* dy, const T* x, T* dw, T* db, int64_t ro
   norm_params(dy, x, dw, db, rows, C, eps, false);
 }
 
-// One pass of rows computes each row's statistics once, writes its dx and keeps mu and rs for the
-// parameter sums (the two-call form computes them twice): 5 passes over x instead of 7.
+// One pass of rows: each row's statistics, dx, and its terms of dw and db while the row is in cache
+// (sum_row_blocks' fixed chunks of whole rows, so dw and db do not depend on the thread count).
+// x and dy are read once; the two-call form reads them twice and computes the statistics twice.
 template <class T>
 void layernorm_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t rows, int64_t C,
                         double eps) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, "layernorm_backward rows ", rows, " C ", C);
-  std::vector<double> stats(static_cast<size_t>(2 * rows));  // [mu | rs]
-#pragma omp parallel for schedule(static) if (rows * C > kGrain)
-  for (int64_t r = 0; r < rows; ++r) {
-    double& mu = stats[size_t(r)];
-    double& rs = stats[size_t(rows + r)];
-    if constexpr (std::is_same_v<T, float>)
-      layernorm_backward_row_stats_f32(dy + r * C, x + r * C, w, dx + r * C, C, eps, mu, rs);
-    else {
-      layernorm_stats(x + r * C, C, eps, mu, rs);
-      layernorm_backward_row_from(dy + r * C, x + r * C, w, dx + r * C, C, mu, rs);
+  std::vector<double> out(static_cast<size_t>(2 * C));  // [dw | db]
+  detail::sum_row_blocks(rows, C, 2, 1, true, out.data(), [&](int64_t r0, int64_t r1, int64_t, int64_t, double* acc) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if constexpr (std::is_same_v<T, float>) {
+        layernorm_backward_row_sums_f32(dy + r * C, x + r * C, w, dx + r * C, C, eps, acc);
+      } else {
+        double mu, rs;
+        layernorm_stats(x + r * C, C, eps, mu, rs);
+        layernorm_backward_row_from(dy + r * C, x + r * C, w, dx + r * C, C, mu, rs, acc);
+      }
     }
-  }
-  norm_params(dy, x, dw, db, rows, C, eps, false, &stats);
+  });
+  for (int64_t c = 0; c < C; ++c) dw[c] = T(out[c]);
+  for (int64_t c = 0; c < C; ++c) db[c] = T(out[C + c]);
 }
 
 template <class T>
