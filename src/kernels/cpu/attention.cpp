@@ -13,17 +13,19 @@
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
 // x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
 //
-// Small head dims (D < 32, f32 on AVX-512; decisions 230, 231, 254, 255), where a product with D
-// columns is one or two vectors wide and pays a broadcast per FMA: the forward runs transposed
-// tiles, keys × queries (forward_small_d: Sᵀ = K·Qᵀ, whose register tiles give the column maxima
-// where the tile hides no key, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the backward
-// accumulates a task's dK, dV transposed ([D, keys], from dOᵀ·P and Qᵀ·dS) and, in tiles every row
-// sees whole, writes P and dS straight from the score products' register tiles (gemm_epi). Every
-// tile is 64-byte aligned (AlignedTile). The exps of both run as 2^y with log2 e folded into the
-// scale (exp2_avx512, within ~1 ulp of exp16); the products' bits are those of the row form.
+// Small head dims (f32 on AVX-512; decisions 230, 231, 254, 255, 271), where a product with D
+// columns is one or two vectors wide and pays a broadcast per FMA: the forward (D ≤ 32) runs
+// transposed tiles, keys × queries (forward_small_d: Sᵀ = K·Qᵀ, whose register tiles give the
+// column maxima where the tile hides no key, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the
+// backward (D < 32) accumulates a task's dK, dV transposed ([D, keys], from dOᵀ·P and Qᵀ·dS). The
+// f32 backward at any D writes P and dS straight from the score products' register tiles
+// (gemm_epi), masked in the tiles with hidden keys. Every tile is 64-byte aligned (AlignedTile).
+// The exps of both run as 2^y with log2 e folded into the scale (exp2_avx512, within ~1 ulp of
+// exp16); the products' bits are those of the row form.
 //
-// Causal masking: key blocks past a query block's last visible key are never visited; only the
-// tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
+// Causal masking: key blocks past a query block's last visible key are never visited; a key block
+// that reaches past the keys every row of the query block sees is cut there (whole_cut), and only
+// the tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
 // keys) that stop at the strip's own limit, so the products above the diagonal are mostly
 // skipped. A query row that sees no key at all (causal with Sq > Skv, or Skv == 0) gets o = 0,
 // lse = -inf, and adds nothing in the backward (dq = 0).
@@ -338,19 +340,35 @@ constexpr float kLog2e = 1.44269504088896341f;
 // ProbsEpi writes P = exp(scale · x - lse_m), DsEpi dS = P ∘ (x - Δ_m), the expressions of
 // probs_and_ds on the stored scores without a pass over the two tiles; P's exp is exp2_avx512's
 // (decision 255), within ~1 ulp of probs_and_ds's exp16, not the same bits.
+// A tile with hidden keys (the causal diagonal, a document start, the window) runs them `masked`:
+// row m keeps the columns [lo_m, hi_m), the others get P = 0 and dS = 0 (decision 271).
+template <bool masked = false>
 struct ProbsEpi {
   float scale2;       // scale · log2 e
   const float* lse2;  // [M] lse · log2 e
+  const float* c0 = nullptr;  // masked: C's start, its row stride, and each row's visible columns
+  int64_t ldc = 0;
+  const int32_t *lo = nullptr, *hi = nullptr;  // [M]
   [[gnu::always_inline, gnu::target("avx512f")]] void operator()(int64_t m, float* c, f32x16 x) const {
-    store(c, exp2_avx512(x * scale2 - lse2[m]));  // exp(scale · x - lse)
+    const f32x16 p = exp2_avx512(x * scale2 - lse2[m]);  // exp(scale · x - lse)
+    if constexpr (masked) {
+      constexpr vec16::i32x16 lane{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+      const vec16::i32x16 col = lane + int32_t((c - c0) - m * ldc);
+      store(c, (col >= lo[m]) & (col < hi[m]) ? p : splat(0.0f));
+    } else {
+      store(c, p);
+    }
   }
 };
+template <bool masked = false>
 struct DsEpi {
   const float* p;      // P, laid out as C
   const float* ds;     // C's start
   const float* delta;  // [M]
   [[gnu::always_inline]] void operator()(int64_t m, float* c, f32x16 x) const {
-    store(c, load(p + (c - ds)) * (x - delta[m]));
+    const f32x16 pj = load(p + (c - ds));
+    if constexpr (masked) store(c, pj == 0.0f ? splat(0.0f) : pj * (x - delta[m]));  // 0 where hidden
+    else store(c, pj * (x - delta[m]));
   }
 };
 
@@ -500,21 +518,49 @@ struct WideTiles {
   void scores(int64_t M, int64_t n, const T* a, T* c) {
     autosp::cpu::scores(M, n, D, a, key_rows, panel.data(), LT, c, LT);
   }
-  // The backward's P and dS of a tile every row sees whole (keys [0, bk)), from q, dO [bq, D] and
-  // the key and value rows [bk, D], their elementwise work fused into the products (ProbsEpi,
-  // DsEpi); false where that path is absent (f64, or no AVX-512): then the caller runs scores()
-  // and probs_and_ds. p, ds [bq, LT]; their columns from bk up to a multiple of 16 hold garbage.
+  // The backward's P and dS of a tile from q, dO [bq, D] and the key and value rows [bk, D], their
+  // elementwise work fused into the products (ProbsEpi, DsEpi); false where that path is absent
+  // (f64, or no AVX-512): then the caller runs scores() and probs_and_ds. p, ds [bq, LT]. A tile
+  // every row sees whole passes lo = hi = null; its columns from bk up to a multiple of 16 hold
+  // garbage. Otherwise row i sees the keys [lo[i], hi[i]) of the tile (lo ≤ hi ≤ bk): the rows run
+  // in strips of kStrip, each up to its rows' last visible key, and every other column up to a
+  // multiple of 16 gets P = dS = 0.
   bool fused_probs(int64_t bq, int64_t bk, const T* qp, const T* dop, const T* krows, const T* vrows, T scale,
-                   const T* lse, const T* delta, T* p, T* ds) {
+                   const T* lse, const T* delta, T* p, T* ds, const int32_t* lo = nullptr,
+                   const int32_t* hi = nullptr) {
     if constexpr (std::is_same_v<T, float>) {
       if (!use_micro_kernel()) return false;
       const int64_t n = (bk + 15) / 16 * 16;
-      keys(bk, krows);
+      const float scale2 = float(scale * std::numbers::log2e);
       float lse2[kBackwardBlockQ];
       for (int64_t i = 0; i < bq; ++i) lse2[i] = lse[i] * kLog2e;
-      gemm_epi(bq, n, D, qp, D, panel.data(), LT, p, LT, ProbsEpi{float(scale * std::numbers::log2e), lse2});
+      if (lo == nullptr) {
+        keys(bk, krows);
+        gemm_epi(bq, n, D, qp, D, panel.data(), LT, p, LT, ProbsEpi<>{scale2, lse2});
+        keys(bk, vrows);
+        gemm_epi(bq, n, D, dop, D, panel.data(), LT, ds, LT, DsEpi<>{p, ds, delta});
+        return true;
+      }
+      // The strips' widths: keys [0, w) of rows [r0, r1), w the strip's last visible key rounded up.
+      int64_t width[(kBackwardBlockQ + kStrip - 1) / kStrip];
+      for (int64_t r0 = 0; r0 < bq; r0 += kStrip) {
+        int64_t w = 0;
+        for (int64_t i = r0; i < std::min(bq, r0 + kStrip); ++i) w = std::max<int64_t>(w, hi[i]);
+        width[r0 / kStrip] = (w + 15) / 16 * 16;
+      }
+      const auto strips = [&](const float* a, float* c, auto epi_at) {
+        for (int64_t r0 = 0; r0 < bq; r0 += kStrip) {
+          const int64_t r1 = std::min(bq, r0 + kStrip), w = width[r0 / kStrip];
+          if (w > 0) gemm_epi(r1 - r0, w, D, a + r0 * D, D, panel.data(), LT, c + r0 * LT, LT, epi_at(r0));
+          for (int64_t i = r0; i < r1; ++i) std::fill(c + i * LT + w, c + i * LT + n, 0.0f);
+        }
+      };
+      keys(bk, krows);
+      strips(qp, p, [&](int64_t r0) {
+        return ProbsEpi<true>{scale2, lse2 + r0, p + r0 * LT, LT, lo + r0, hi + r0};
+      });
       keys(bk, vrows);
-      gemm_epi(bq, n, D, dop, D, panel.data(), LT, ds, LT, DsEpi{p, ds, delta});
+      strips(dop, ds, [&](int64_t r0) { return DsEpi<true>{p + r0 * LT, ds + r0 * LT, delta + r0}; });
       return true;
     }
     return false;
@@ -576,6 +622,19 @@ void row_strips(int64_t M, int64_t bk, Limit limit, F f) {
     const int64_t r1 = std::min(M, r0 + kStrip), n = limit(r1 - 1);
     if (n > 0) f(r0, r1, n);
   }
+}
+
+// The keys of a block from j0 (bk of them) that a query block visits as one tile, where every row
+// of it sees the keys [begin, end): a block that starts before begin stops there, and one that
+// starts inside stops at end rounded down to 16 keys, so that the keys every row sees form tiles
+// of their own (the backward's fused products, the transposed forward's column maxima) and only
+// the keys that the diagonal, a document start or the window crosses remain in masked tiles.
+// Without it the causal query blocks of a short sequence, whose keys all fit one block, were one
+// masked tile each: at S = 256 every tile of the backward.
+int64_t whole_cut(int64_t j0, int64_t bk, int64_t begin, int64_t end) {
+  if (j0 < begin) return std::min(bk, begin - j0);
+  const int64_t whole = (end - j0) / 16 * 16;
+  return whole > 0 && whole < bk ? whole : bk;
 }
 
 // Which keys a query row sees (kernels/attention_variant.h): causal (j ≤ i + shift), the window
@@ -659,18 +718,20 @@ void sink_grads(const S* o, const T* lse, const S* dout, int64_t B, int64_t N, i
 
 namespace {
 
-// The forward for small head dims (D < 32) in f32 on the micro-kernel path, without a softcap
-// (decision 230): the tiles are transposed, keys × queries. Sᵀ = K·Qᵀ reads the key rows as they
+// The forward for small head dims (D ≤ 32) in f32 on the micro-kernel path, without a softcap
+// (decisions 230, 271): the tiles are transposed, keys × queries. Sᵀ = K·Qᵀ reads the key rows as they
 // are (Qᵀ is transposed once per query block, not a key panel per tile); the online softmax runs
 // down the columns, 16 queries to a vector (no per-row calls, no horizontal reductions); and the
 // output accumulates transposed, Oᵀ [D, BQ] += Vᵀ·Pᵀ, whose products stream P's rows 64 queries
 // wide instead of D = 16 columns with a broadcast per FMA. A tile that holds hidden keys (the
 // causal diagonal crosses it, or a document start or the window's reach) is computed whole and its
 // hidden scores set to -inf; key blocks no query of the block sees are skipped as in forward().
-constexpr int64_t kSmallBlockQ = 128, kSmallBlockK = 512;
+// Query blocks of 64 (decision 271): at S = 256 the diagonal tiles, computed whole, cost 1.25× the
+// visible products where 128 cost 1.5×, and 16k runs no slower.
+constexpr int64_t kSmallBlockQ = 64, kSmallBlockK = 512;
 
 bool small_d_forward(int64_t D, double scale, const AttentionVariant<float>& var) {
-  return D < 32 && use_micro_kernel() && scale > 0 && var.softcap == 0;
+  return D <= 32 && use_micro_kernel() && scale > 0 && var.softcap == 0;
 }
 
 __attribute__((target("avx512f"))) void forward_small_d(const float* q, const float* k, const float* v, float* o,
@@ -720,8 +781,8 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
       std::fill(l.begin(), l.begin() + nq, 0.0);
       std::fill(ot, ot + D * LQ, 0.0f);
 
-      for (int64_t j0 = kbeg; j0 < kend; j0 += BK) {
-        const int64_t bk = std::min(BK, kend - j0);
+      for (int64_t j0 = kbeg, bk = 0; j0 < kend; j0 += bk) {
+        bk = whole_cut(j0, std::min(BK, kend - j0), lo_max, hi_min);
         float* t = st;
         // sᵀ = k · qᵀ; a tile that hides no key takes its column maxima from the product's registers.
         const bool open = j0 >= lo_max && j0 + bk <= hi_min;
@@ -961,6 +1022,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
   {
     AlignedTile<T> p(BQ * LT), ds(BQ * LT);  // [BQ, BK] tiles, stride LT
     std::vector<T> delta(static_cast<size_t>(BQ));                                    // [BQ] Δ
+    std::vector<int32_t> lo(static_cast<size_t>(BQ)), hi(lo.size());                  // [BQ] a masked tile's rows' keys
     std::vector<T> dq_acc(wide ? 0 : static_cast<size_t>(BQ * D));                    // [BQ, D] dq in T
     Tiles tiles(D, BQ, LT);
     int64_t key_strip = kStrip;  // keys per strip of a diagonal tile's key gradients
@@ -1006,14 +1068,23 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           int64_t first_max = 0;
           bool seen = var.softcap == 0;
           for (int64_t i = 0; i < bq; ++i) first_max = std::max(first_max, mask.first(i0 + i)), seen &= lp[i] != neg_inf;
-          for (int64_t j0 = mask.begin(i0, bq); j0 < kend; j0 += BK) {
-            const int64_t bk = std::min(BK, kend - j0);
+          for (int64_t j0 = mask.begin(i0, bq), bk = 0; j0 < kend; j0 += bk) {
+            bk = whole_cut(j0, std::min(BK, kend - j0), first_max, j0 + mask.row_limit(i0, j0, BK));
             const auto limit = [&](int64_t i) { return mask.row_limit(i0 + i, j0, bk); };
             bool fused = false;
-            if constexpr (requires { tiles.fused_probs(bq, bk, qp, dop, kp, vp, sc, lp, lp, p.data(), ds.data()); })
-              fused = seen && j0 >= first_max && limit(0) >= bk &&
-                      tiles.fused_probs(bq, bk, qp, dop, kp + j0 * D, vp + j0 * D, sc, lp, delta.data(), p.data(),
-                                        ds.data());
+            if constexpr (requires { tiles.fused_probs(bq, bk, qp, dop, kp, vp, sc, lp, lp, p.data(), ds.data()); }) {
+              if (seen && j0 >= first_max && limit(0) >= bk) {
+                fused = tiles.fused_probs(bq, bk, qp, dop, kp + j0 * D, vp + j0 * D, sc, lp, delta.data(), p.data(),
+                                          ds.data());
+              } else if (var.softcap == 0) {  // row i sees the keys [lo, hi) of the tile; none if lse = -inf
+                for (int64_t i = 0; i < bq; ++i) {
+                  const int64_t lim = lp[i] == neg_inf ? 0 : limit(i);
+                  hi[size_t(i)] = int32_t(lim), lo[size_t(i)] = int32_t(std::min(mask.row_begin(i0 + i, j0, bk), lim));
+                }
+                fused = tiles.fused_probs(bq, bk, qp, dop, kp + j0 * D, vp + j0 * D, sc, lp, delta.data(), p.data(),
+                                          ds.data(), lo.data(), hi.data());
+              }
+            }
             if (!fused) {
             tiles.keys(bk, kp + j0 * D);  // p = q · kᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
