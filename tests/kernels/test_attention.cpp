@@ -155,6 +155,9 @@ const SdpaCase kSdpaBackwardCases[] = {
     // A short causal sequence: each query block's keys are one block, cut into the keys every row
     // sees (fused products) and the diagonal tile (masked fused products, decision 271).
     {2, 4, 2, 256, 256, 32, true, 0},
+    // A task's keys and values transposed once (decision 272) take 2 · 128 · 4216 floats, past the
+    // 2^18 of the task panels: each tile transposes its own keys.
+    {1, 2, 1, 70, 4200, 128, false, 0},
 };
 
 }  // namespace

@@ -89,6 +89,10 @@ constexpr int64_t kBackwardBlockQ = 64, kBackwardBlockK = 256;
 constexpr int64_t kTilePad = 16;
 constexpr int64_t kMinTasks = 8;     // backward: chunks per (b, kv head) until there are this many tasks (decision 86)
 constexpr int64_t kMaxChunks = 8;
+// The backward's task panels (WideTiles::task_panels): at most this many floats per thread (1 MiB,
+// so that they stay in L2; at S = 16k, D = 16 the 2 MiB panels ran no faster than per-tile
+// transposes, decision 272).
+constexpr int64_t kTaskPanelFloats = int64_t(1) << 18;
 
 // A tile the causal diagonal crosses is cut into strips of kStrip rows (or keys), and each strip's
 // GEMMs stop at its own limit: rows see more keys the later they are, so strip [r0, r1) needs the
@@ -511,12 +515,39 @@ struct WideTiles {
 
   WideTiles(int64_t D, int64_t, int64_t LT)
       : D(D), LT(LT), panel(D * LT), transposed(std::is_same_v<T, float> && D < 32 && use_micro_kernel()) {}
+  const T* pan = nullptr;  // keys()'s block transposed: panel, or a place in a task panel
+  int64_t ldpan = 0;
   void keys(int64_t bk, const T* rows) {
-    keys_panel(bk, D, rows, panel.data(), LT);
     key_rows = rows;
+    for (TaskPanel& t : task)
+      if (t.n > 0 && rows >= t.rows && rows + bk * D <= t.rows + t.n * D) {
+        pan = t.panel.data() + (rows - t.rows) / D, ldpan = t.ld;
+        return;
+      }
+    keys_panel(bk, D, rows, panel.data(), LT);
+    pan = panel.data(), ldpan = LT;
   }
-  void scores(int64_t M, int64_t n, const T* a, T* c) {
-    autosp::cpu::scores(M, n, D, a, key_rows, panel.data(), LT, c, LT);
+  void scores(int64_t M, int64_t n, const T* a, T* c) { autosp::cpu::scores(M, n, D, a, key_rows, pan, ldpan, c, LT); }
+
+  // The backward's task panels (decision 272): a task's key and value rows [n, D] transposed once,
+  // [D, n] (row stride ld), for all its query heads and query blocks, where both fit in
+  // kTaskPanelFloats; keys() then points into them instead of transposing each tile's keys again.
+  struct TaskPanel {
+    AlignedTile<T> panel;
+    const T* rows = nullptr;
+    int64_t n = 0, ld = 0, capacity = 0;
+  };
+  TaskPanel task[2];
+  void task_panels(const T* krows, const T* vrows, int64_t n) {
+    task[0].n = task[1].n = 0;
+    const int64_t ld = (n + 15) / 16 * 16 + kTilePad;
+    if (!std::is_same_v<T, float> || !use_micro_kernel() || 2 * D * ld > kTaskPanelFloats) return;
+    for (int i = 0; i < 2; ++i) {
+      TaskPanel& t = task[i];
+      if (t.capacity < D * ld) t.capacity = D * ld, t.panel.resize(t.capacity);
+      t.rows = i == 0 ? krows : vrows, t.n = n, t.ld = ld;
+      keys_panel(n, D, t.rows, t.panel.data(), ld);
+    }
   }
   // The backward's P and dS of a tile from q, dO [bq, D] and the key and value rows [bk, D], their
   // elementwise work fused into the products (ProbsEpi, DsEpi); false where that path is absent
@@ -536,9 +567,9 @@ struct WideTiles {
       for (int64_t i = 0; i < bq; ++i) lse2[i] = lse[i] * kLog2e;
       if (lo == nullptr) {
         keys(bk, krows);
-        gemm_epi(bq, n, D, qp, D, panel.data(), LT, p, LT, ProbsEpi<>{scale2, lse2});
+        gemm_epi(bq, n, D, qp, D, pan, ldpan, p, LT, ProbsEpi<>{scale2, lse2});
         keys(bk, vrows);
-        gemm_epi(bq, n, D, dop, D, panel.data(), LT, ds, LT, DsEpi<>{p, ds, delta});
+        gemm_epi(bq, n, D, dop, D, pan, ldpan, ds, LT, DsEpi<>{p, ds, delta});
         return true;
       }
       // The strips' widths: keys [0, w) of rows [r0, r1), w the strip's last visible key rounded up.
@@ -551,7 +582,7 @@ struct WideTiles {
       const auto strips = [&](const float* a, float* c, auto epi_at) {
         for (int64_t r0 = 0; r0 < bq; r0 += kStrip) {
           const int64_t r1 = std::min(bq, r0 + kStrip), w = width[r0 / kStrip];
-          if (w > 0) gemm_epi(r1 - r0, w, D, a + r0 * D, D, panel.data(), LT, c + r0 * LT, LT, epi_at(r0));
+          if (w > 0) gemm_epi(r1 - r0, w, D, a + r0 * D, D, pan, ldpan, c + r0 * LT, LT, epi_at(r0));
           for (int64_t i = r0; i < r1; ++i) std::fill(c + i * LT + w, c + i * LT + n, 0.0f);
         }
       };
@@ -695,6 +726,23 @@ S narrow(double x) {
   else return S(x);
 }
 
+// Σ_j a[j] · b[j] in double. For f32 in eight running sums (lanes j mod 8, one vector of doubles),
+// added in a fixed order at the end: a single running sum waits on its add's latency per element.
+AUTOSP_VEC16_CLONES double dot_double(const float* a, const float* b, int64_t n) {
+  double acc[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += double(a[j + l]) * double(b[j + l]);
+  for (; j < n; ++j) acc[j % 8] += double(a[j]) * double(b[j]);
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+template <class S>
+double dot_double(const S* a, const S* b, int64_t n) {
+  double acc = 0;
+  for (int64_t j = 0; j < n; ++j) acc += as_double(a[j]) * as_double(b[j]);
+  return acc;
+}
+
 // dsinks[h] = -Σ_{b,i} exp(sink_h - lse_i) · Δ_i (kernels/attention_variant.h), per head in a fixed
 // order (deterministic), in double.
 template <class T, class S>
@@ -775,8 +823,7 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
         lo_max = std::max(lo_max, a), hi_min = std::min(hi_min, e);
       }
 
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t i = 0; i < nq; ++i) qt[d * LQ + i] = i < bq ? qp[i * D + d] : 0.0f;
+      keys_panel_avx512(bq, D, qp, qt, LQ);  // qᵀ, 0 past bq
       std::fill(m.begin(), m.begin() + nq, neg_inf);
       std::fill(l.begin(), l.begin() + nq, 0.0);
       std::fill(ot, ot + D * LQ, 0.0f);
@@ -1042,6 +1089,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
       std::fill(dkp, dkp + (last ? Skv : ch.key_end[c]) * D, T(0));
       std::fill(dvp, dvp + (last ? Skv : ch.key_end[c]) * D, T(0));
       if constexpr (requires { tiles.begin_task(dkp, dvp, 0); }) tiles.begin_task(dkp, dvp, last ? Skv : ch.key_end[c]);
+      if constexpr (requires { tiles.task_panels(kp, vp, 0); }) tiles.task_panels(kp, vp, last ? Skv : ch.key_end[c]);
       const auto [qb0, qb1] = ch.blocks(c);
       const Mask mask{causal, shift, var.window, Skv, doc_start == nullptr ? nullptr : doc_start + b * Sq};
       for (int64_t h = (bkv % Nkv) * group; h < (bkv % Nkv + 1) * group; ++h) {
@@ -1056,11 +1104,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           T* dqa = dq_acc.data();                    // dq's accumulator
           if constexpr (wide) dqa = dqp;
           std::fill(dqa, dqa + bq * D, T(0));
-          for (int64_t i = 0; i < bq; ++i) {  // Δ_i = Σ_d dO_i · O_i
-            double acc = 0;
-            for (int64_t d = 0; d < D; ++d) acc += as_double(dop[i * D + d]) * as_double(orow[i * D + d]);
-            delta[size_t(i)] = T(acc);
-          }
+          for (int64_t i = 0; i < bq; ++i) delta[size_t(i)] = T(dot_double(dop + i * D, orow + i * D, D));  // Δ_i = Σ_d dO_i · O_i
           tiles.queries(bq, qp, dop);
           const int64_t kend = mask.end(i0, bq);
           // A key block from first_max on that every row sees up to its end is whole: with every
