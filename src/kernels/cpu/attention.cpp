@@ -300,9 +300,10 @@ template <int R, int V>
 // C[M×N] (ldc) = alpha · A · B + beta · C, A[m][k] = a[m·ars + k·acs], B[k][n] = b[k·ldb + n]:
 // strips of 64 columns (6 × 4 registers), then of 32 (12 × 2: a head dim of 32, read once for both
 // halves), then of 16 (8 × 1), then the last N % 16 columns plainly; leftover rows 4, then 1 at a time.
-__attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float* a,
-                                                    int64_t ars, int64_t acs, const float* b, int64_t ldb, float beta,
-                                                    float* c, int64_t ldc) {
+[[gnu::always_inline, gnu::target("avx512f")]] inline void gemm_strips(int64_t M, int64_t N, int64_t K, float alpha,
+                                                                        const float* a, int64_t ars, int64_t acs,
+                                                                        const float* b, int64_t ldb, float beta,
+                                                                        float* c, int64_t ldc) {
   int64_t n = 0;
   for (; n + 64 <= N; n += 64) micro_strip<6, 4>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
   for (; n + 32 <= N; n += 32) micro_strip<12, 2>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
@@ -313,6 +314,16 @@ __attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_
       for (int64_t k = 0; k < K; ++k) sum += a[m * ars + k * acs] * b[k * ldb + j];
       c[m * ldc + j] = beta == 0.0f ? alpha * sum : alpha * sum + beta * c[m * ldc + j];
     }
+}
+// A read down its columns (ars = 1: Pᵀ, dSᵀ, Vᵀ, dOᵀ, Qᵀ in the tiles) gets its own copy, where a
+// tile's R values of A at one k are R neighbouring floats at fixed offsets: with ars a variable
+// the 12-row strips kept the R row offsets on the stack and reloaded one per broadcast
+// (decision 273).
+__attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                                                    int64_t ars, int64_t acs, const float* b, int64_t ldb, float beta,
+                                                    float* c, int64_t ldc) {
+  if (ars == 1) return gemm_strips(M, N, K, alpha, a, 1, acs, b, ldb, beta, c, ldc);
+  gemm_strips(M, N, K, alpha, a, ars, acs, b, ldb, beta, c, ldc);
 }
 
 // 2^y for an AVX-512 caller, where a caller's exp(x) becomes 2^(x · log2 e) with the log2 e folded
