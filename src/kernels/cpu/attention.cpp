@@ -847,8 +847,16 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
         if (open) {
           std::fill(cmax.begin(), cmax.begin() + nq, neg_inf);
           gemm_epi(bk, nq, D, kp + j0 * D, D, qt, LQ, t, LQ, MaxEpi{t, LQ, cmax.data()});
-        } else {
+        } else if (!causal) {
           gemm_avx512(bk, nq, D, 1.0f, kp + j0 * D, D, 1, qt, LQ, 0.0f, t, LQ);
+        } else {
+          // Strips of kStrip keys from the first 16 queries that see the strip's first key: the
+          // queries before see none of its keys, and the mask below sets their scores to -inf.
+          for (int64_t r0 = 0; r0 < bk; r0 += kStrip) {
+            const int64_t c0 = std::clamp<int64_t>(j0 + r0 - i0 - shift, 0, nq) / 16 * 16;
+            gemm_avx512(std::min(kStrip, bk - r0), nq - c0, D, 1.0f, kp + (j0 + r0) * D, D, 1, qt + c0, LQ, 0.0f,
+                        t + r0 * LQ + c0, LQ);
+          }
         }
         // Key j0 + r is hidden from the queries with j0 + r ∉ [lo, hi); only the rows r outside
         // [lo_max - j0, hi_min - j0) hide any. Causal alone hides a prefix of the row's queries.
