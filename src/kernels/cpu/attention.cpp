@@ -49,7 +49,8 @@
 // order afterwards. The number of chunks depends only on the sizes (enough tasks for a machine's
 // threads when B·Nkv is small, 1 when it is large), so the summation order, and every bit of the
 // result, is the same for any thread count, without atomics. Scratch: two [BQ, BK] tiles and a
-// [D, BK] panel per thread and, with several chunks, the earlier chunks' dK, dV: under causal
+// [D, BK] panel per thread (f32 on AVX-512: also the task's keys and values transposed, [D, keys]
+// each, where both fit 1 MiB) and, with several chunks, the earlier chunks' dK, dV: under causal
 // masking with C chunks about (C - 1)/2 copies of dk and dv (0.5 at C = 2), in a workspace whose
 // size depends on the sizes only (sdpa_backward_workspace), which the memory plan places.
 #include "kernels/cpu/attention.h"
@@ -783,8 +784,10 @@ namespace {
 // down the columns, 16 queries to a vector (no per-row calls, no horizontal reductions); and the
 // output accumulates transposed, Oᵀ [D, BQ] += Vᵀ·Pᵀ, whose products stream P's rows 64 queries
 // wide instead of D = 16 columns with a broadcast per FMA. A tile that holds hidden keys (the
-// causal diagonal crosses it, or a document start or the window's reach) is computed whole and its
-// hidden scores set to -inf; key blocks no query of the block sees are skipped as in forward().
+// causal diagonal crosses it, or a document start or the window's reach) has its hidden scores set
+// to -inf (under causal masking its scores skip, per strip of keys, the 16-query vectors that see
+// none of them; decision 274); key blocks no query of the block sees are skipped as in forward(),
+// and a key block is cut where the keys every query sees end (whole_cut).
 // Query blocks of 64 (decision 271): at S = 256 the diagonal tiles, computed whole, cost 1.25× the
 // visible products where 128 cost 1.5×, and 16k runs no slower.
 constexpr int64_t kSmallBlockQ = 64, kSmallBlockK = 512;
