@@ -51,6 +51,11 @@ const SdpaCase kSdpaCases[] = {
     // blocks, and D = 24, not a multiple of the vector width.
     {1, 4, 2, 700, 700, 16, true, 0},
     {1, 4, 2, 700, 700, 24, true, 0},
+    // D = 32 runs them too, in query blocks of 64: a short causal sequence whose query blocks cut
+    // their one key block into the keys every row sees and the diagonal tile (decision 271), and
+    // a full one.
+    {2, 4, 2, 256, 256, 32, true, 0},
+    {1, 2, 1, 300, 300, 32, false, 0},
 };
 
 }  // namespace
@@ -147,6 +152,12 @@ const SdpaCase kSdpaBackwardCases[] = {
     // whole tiles: GQA over 11 query blocks in several chunks, and D = 24.
     {1, 4, 2, 700, 700, 16, true, 0},
     {1, 4, 2, 700, 700, 24, true, 0},
+    // A short causal sequence: each query block's keys are one block, cut into the keys every row
+    // sees (fused products) and the diagonal tile (masked fused products, decision 271).
+    {2, 4, 2, 256, 256, 32, true, 0},
+    // A task's keys and values transposed once (decision 272) take 2 · 128 · 4216 floats, past the
+    // 2^18 of the task panels: each tile transposes its own keys.
+    {1, 2, 1, 70, 4200, 128, false, 0},
 };
 
 }  // namespace

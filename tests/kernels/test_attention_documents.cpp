@@ -31,6 +31,7 @@ const DocCase kDocCases[] = {
     {1, 2, 1, 1100, 16, 100, 600},   // several key tiles of 512, partial tiles
     {2, 2, 2, 257, 128, 30, 90},     // D = 128
     {1, 1, 1, 200, 8, 200, 200},     // one document spanning the whole row
+    {2, 4, 2, 300, 32, 20, 90},      // D = 32: the transposed forward, masked fused backward tiles
 };
 
 // Document ids [B, S]: consecutive runs with random lengths, each row drawn independently.

@@ -13,17 +13,19 @@
 // GCC's target_clones (AVX-512, AVX2, the baseline) and picked at load time, so the build stays
 // x86-64-v2. f64 keeps std::exp (it is the gradient-check dtype, not a speed path).
 //
-// Small head dims (D < 32, f32 on AVX-512; decisions 230, 231, 254, 255), where a product with D
-// columns is one or two vectors wide and pays a broadcast per FMA: the forward runs transposed
-// tiles, keys × queries (forward_small_d: Sᵀ = K·Qᵀ, whose register tiles give the column maxima
-// where the tile hides no key, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the backward
-// accumulates a task's dK, dV transposed ([D, keys], from dOᵀ·P and Qᵀ·dS) and, in tiles every row
-// sees whole, writes P and dS straight from the score products' register tiles (gemm_epi). Every
-// tile is 64-byte aligned (AlignedTile). The exps of both run as 2^y with log2 e folded into the
-// scale (exp2_avx512, within ~1 ulp of exp16); the products' bits are those of the row form.
+// Small head dims (f32 on AVX-512; decisions 230, 231, 254, 255, 271), where a product with D
+// columns is one or two vectors wide and pays a broadcast per FMA: the forward (D ≤ 32) runs
+// transposed tiles, keys × queries (forward_small_d: Sᵀ = K·Qᵀ, whose register tiles give the
+// column maxima where the tile hides no key, a column-wise online softmax, Oᵀ += Vᵀ·Pᵀ); the
+// backward (D < 32) accumulates a task's dK, dV transposed ([D, keys], from dOᵀ·P and Qᵀ·dS). The
+// f32 backward at any D writes P and dS straight from the score products' register tiles
+// (gemm_epi), masked in the tiles with hidden keys. Every tile is 64-byte aligned (AlignedTile).
+// The exps of both run as 2^y with log2 e folded into the scale (exp2_avx512, within ~1 ulp of
+// exp16); the products' bits are those of the row form.
 //
-// Causal masking: key blocks past a query block's last visible key are never visited; only the
-// tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
+// Causal masking: key blocks past a query block's last visible key are never visited; a key block
+// that reaches past the keys every row of the query block sees is cut there (whole_cut), and only
+// the tiles on the diagonal apply a per-row limit, and their GEMMs run in strips of kStrip rows (or
 // keys) that stop at the strip's own limit, so the products above the diagonal are mostly
 // skipped. A query row that sees no key at all (causal with Sq > Skv, or Skv == 0) gets o = 0,
 // lse = -inf, and adds nothing in the backward (dq = 0).
@@ -47,7 +49,8 @@
 // order afterwards. The number of chunks depends only on the sizes (enough tasks for a machine's
 // threads when B·Nkv is small, 1 when it is large), so the summation order, and every bit of the
 // result, is the same for any thread count, without atomics. Scratch: two [BQ, BK] tiles and a
-// [D, BK] panel per thread and, with several chunks, the earlier chunks' dK, dV: under causal
+// [D, BK] panel per thread (f32 on AVX-512: also the task's keys and values transposed, [D, keys]
+// each, where both fit 1 MiB) and, with several chunks, the earlier chunks' dK, dV: under causal
 // masking with C chunks about (C - 1)/2 copies of dk and dv (0.5 at C = 2), in a workspace whose
 // size depends on the sizes only (sdpa_backward_workspace), which the memory plan places.
 #include "kernels/cpu/attention.h"
@@ -87,6 +90,10 @@ constexpr int64_t kBackwardBlockQ = 64, kBackwardBlockK = 256;
 constexpr int64_t kTilePad = 16;
 constexpr int64_t kMinTasks = 8;     // backward: chunks per (b, kv head) until there are this many tasks (decision 86)
 constexpr int64_t kMaxChunks = 8;
+// The backward's task panels (WideTiles::task_panels): at most this many floats per thread (1 MiB,
+// so that they stay in L2; at S = 16k, D = 16 the 2 MiB panels ran no faster than per-tile
+// transposes, decision 272).
+constexpr int64_t kTaskPanelFloats = int64_t(1) << 18;
 
 // A tile the causal diagonal crosses is cut into strips of kStrip rows (or keys), and each strip's
 // GEMMs stop at its own limit: rows see more keys the later they are, so strip [r0, r1) needs the
@@ -294,9 +301,10 @@ template <int R, int V>
 // C[M×N] (ldc) = alpha · A · B + beta · C, A[m][k] = a[m·ars + k·acs], B[k][n] = b[k·ldb + n]:
 // strips of 64 columns (6 × 4 registers), then of 32 (12 × 2: a head dim of 32, read once for both
 // halves), then of 16 (8 × 1), then the last N % 16 columns plainly; leftover rows 4, then 1 at a time.
-__attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float* a,
-                                                    int64_t ars, int64_t acs, const float* b, int64_t ldb, float beta,
-                                                    float* c, int64_t ldc) {
+[[gnu::always_inline, gnu::target("avx512f")]] inline void gemm_strips(int64_t M, int64_t N, int64_t K, float alpha,
+                                                                        const float* a, int64_t ars, int64_t acs,
+                                                                        const float* b, int64_t ldb, float beta,
+                                                                        float* c, int64_t ldc) {
   int64_t n = 0;
   for (; n + 64 <= N; n += 64) micro_strip<6, 4>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
   for (; n + 32 <= N; n += 32) micro_strip<12, 2>(M, K, alpha, a, ars, acs, b + n, ldb, beta, c + n, ldc);
@@ -307,6 +315,16 @@ __attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_
       for (int64_t k = 0; k < K; ++k) sum += a[m * ars + k * acs] * b[k * ldb + j];
       c[m * ldc + j] = beta == 0.0f ? alpha * sum : alpha * sum + beta * c[m * ldc + j];
     }
+}
+// A read down its columns (ars = 1: Pᵀ, dSᵀ, Vᵀ, dOᵀ, Qᵀ in the tiles) gets its own copy, where a
+// tile's R values of A at one k are R neighbouring floats at fixed offsets: with ars a variable
+// the 12-row strips kept the R row offsets on the stack and reloaded one per broadcast
+// (decision 273).
+__attribute__((target("avx512f"))) void gemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+                                                    int64_t ars, int64_t acs, const float* b, int64_t ldb, float beta,
+                                                    float* c, int64_t ldc) {
+  if (ars == 1) return gemm_strips(M, N, K, alpha, a, 1, acs, b, ldb, beta, c, ldc);
+  gemm_strips(M, N, K, alpha, a, ars, acs, b, ldb, beta, c, ldc);
 }
 
 // 2^y for an AVX-512 caller, where a caller's exp(x) becomes 2^(x · log2 e) with the log2 e folded
@@ -338,19 +356,35 @@ constexpr float kLog2e = 1.44269504088896341f;
 // ProbsEpi writes P = exp(scale · x - lse_m), DsEpi dS = P ∘ (x - Δ_m), the expressions of
 // probs_and_ds on the stored scores without a pass over the two tiles; P's exp is exp2_avx512's
 // (decision 255), within ~1 ulp of probs_and_ds's exp16, not the same bits.
+// A tile with hidden keys (the causal diagonal, a document start, the window) runs them `masked`:
+// row m keeps the columns [lo_m, hi_m), the others get P = 0 and dS = 0 (decision 271).
+template <bool masked = false>
 struct ProbsEpi {
   float scale2;       // scale · log2 e
   const float* lse2;  // [M] lse · log2 e
+  const float* c0 = nullptr;  // masked: C's start, its row stride, and each row's visible columns
+  int64_t ldc = 0;
+  const int32_t *lo = nullptr, *hi = nullptr;  // [M]
   [[gnu::always_inline, gnu::target("avx512f")]] void operator()(int64_t m, float* c, f32x16 x) const {
-    store(c, exp2_avx512(x * scale2 - lse2[m]));  // exp(scale · x - lse)
+    const f32x16 p = exp2_avx512(x * scale2 - lse2[m]);  // exp(scale · x - lse)
+    if constexpr (masked) {
+      constexpr vec16::i32x16 lane{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+      const vec16::i32x16 col = lane + int32_t((c - c0) - m * ldc);
+      store(c, (col >= lo[m]) & (col < hi[m]) ? p : splat(0.0f));
+    } else {
+      store(c, p);
+    }
   }
 };
+template <bool masked = false>
 struct DsEpi {
   const float* p;      // P, laid out as C
   const float* ds;     // C's start
   const float* delta;  // [M]
   [[gnu::always_inline]] void operator()(int64_t m, float* c, f32x16 x) const {
-    store(c, load(p + (c - ds)) * (x - delta[m]));
+    const f32x16 pj = load(p + (c - ds));
+    if constexpr (masked) store(c, pj == 0.0f ? splat(0.0f) : pj * (x - delta[m]));  // 0 where hidden
+    else store(c, pj * (x - delta[m]));
   }
 };
 
@@ -493,28 +527,83 @@ struct WideTiles {
 
   WideTiles(int64_t D, int64_t, int64_t LT)
       : D(D), LT(LT), panel(D * LT), transposed(std::is_same_v<T, float> && D < 32 && use_micro_kernel()) {}
+  const T* pan = nullptr;  // keys()'s block transposed: panel, or a place in a task panel
+  int64_t ldpan = 0;
   void keys(int64_t bk, const T* rows) {
-    keys_panel(bk, D, rows, panel.data(), LT);
     key_rows = rows;
+    for (TaskPanel& t : task)
+      if (t.n > 0 && rows >= t.rows && rows + bk * D <= t.rows + t.n * D) {
+        pan = t.panel.data() + (rows - t.rows) / D, ldpan = t.ld;
+        return;
+      }
+    keys_panel(bk, D, rows, panel.data(), LT);
+    pan = panel.data(), ldpan = LT;
   }
-  void scores(int64_t M, int64_t n, const T* a, T* c) {
-    autosp::cpu::scores(M, n, D, a, key_rows, panel.data(), LT, c, LT);
+  void scores(int64_t M, int64_t n, const T* a, T* c) { autosp::cpu::scores(M, n, D, a, key_rows, pan, ldpan, c, LT); }
+
+  // The backward's task panels (decision 272): a task's key and value rows [n, D] transposed once,
+  // [D, n] (row stride ld), for all its query heads and query blocks, where both fit in
+  // kTaskPanelFloats; keys() then points into them instead of transposing each tile's keys again.
+  struct TaskPanel {
+    AlignedTile<T> panel;
+    const T* rows = nullptr;
+    int64_t n = 0, ld = 0, capacity = 0;
+  };
+  TaskPanel task[2];
+  void task_panels(const T* krows, const T* vrows, int64_t n) {
+    task[0].n = task[1].n = 0;
+    const int64_t ld = (n + 15) / 16 * 16 + kTilePad;
+    if (!std::is_same_v<T, float> || !use_micro_kernel() || 2 * D * ld > kTaskPanelFloats) return;
+    for (int i = 0; i < 2; ++i) {
+      TaskPanel& t = task[i];
+      if (t.capacity < D * ld) t.capacity = D * ld, t.panel.resize(t.capacity);
+      t.rows = i == 0 ? krows : vrows, t.n = n, t.ld = ld;
+      keys_panel(n, D, t.rows, t.panel.data(), ld);
+    }
   }
-  // The backward's P and dS of a tile every row sees whole (keys [0, bk)), from q, dO [bq, D] and
-  // the key and value rows [bk, D], their elementwise work fused into the products (ProbsEpi,
-  // DsEpi); false where that path is absent (f64, or no AVX-512): then the caller runs scores()
-  // and probs_and_ds. p, ds [bq, LT]; their columns from bk up to a multiple of 16 hold garbage.
+  // The backward's P and dS of a tile from q, dO [bq, D] and the key and value rows [bk, D], their
+  // elementwise work fused into the products (ProbsEpi, DsEpi); false where that path is absent
+  // (f64, or no AVX-512): then the caller runs scores() and probs_and_ds. p, ds [bq, LT]. A tile
+  // every row sees whole passes lo = hi = null; its columns from bk up to a multiple of 16 hold
+  // garbage. Otherwise row i sees the keys [lo[i], hi[i]) of the tile (lo ≤ hi ≤ bk): the rows run
+  // in strips of kStrip, each up to its rows' last visible key, and every other column up to a
+  // multiple of 16 gets P = dS = 0.
   bool fused_probs(int64_t bq, int64_t bk, const T* qp, const T* dop, const T* krows, const T* vrows, T scale,
-                   const T* lse, const T* delta, T* p, T* ds) {
+                   const T* lse, const T* delta, T* p, T* ds, const int32_t* lo = nullptr,
+                   const int32_t* hi = nullptr) {
     if constexpr (std::is_same_v<T, float>) {
       if (!use_micro_kernel()) return false;
       const int64_t n = (bk + 15) / 16 * 16;
-      keys(bk, krows);
+      const float scale2 = float(scale * std::numbers::log2e);
       float lse2[kBackwardBlockQ];
       for (int64_t i = 0; i < bq; ++i) lse2[i] = lse[i] * kLog2e;
-      gemm_epi(bq, n, D, qp, D, panel.data(), LT, p, LT, ProbsEpi{float(scale * std::numbers::log2e), lse2});
+      if (lo == nullptr) {
+        keys(bk, krows);
+        gemm_epi(bq, n, D, qp, D, pan, ldpan, p, LT, ProbsEpi<>{scale2, lse2});
+        keys(bk, vrows);
+        gemm_epi(bq, n, D, dop, D, pan, ldpan, ds, LT, DsEpi<>{p, ds, delta});
+        return true;
+      }
+      // The strips' widths: keys [0, w) of rows [r0, r1), w the strip's last visible key rounded up.
+      int64_t width[(kBackwardBlockQ + kStrip - 1) / kStrip];
+      for (int64_t r0 = 0; r0 < bq; r0 += kStrip) {
+        int64_t w = 0;
+        for (int64_t i = r0; i < std::min(bq, r0 + kStrip); ++i) w = std::max<int64_t>(w, hi[i]);
+        width[r0 / kStrip] = (w + 15) / 16 * 16;
+      }
+      const auto strips = [&](const float* a, float* c, auto epi_at) {
+        for (int64_t r0 = 0; r0 < bq; r0 += kStrip) {
+          const int64_t r1 = std::min(bq, r0 + kStrip), w = width[r0 / kStrip];
+          if (w > 0) gemm_epi(r1 - r0, w, D, a + r0 * D, D, pan, ldpan, c + r0 * LT, LT, epi_at(r0));
+          for (int64_t i = r0; i < r1; ++i) std::fill(c + i * LT + w, c + i * LT + n, 0.0f);
+        }
+      };
+      keys(bk, krows);
+      strips(qp, p, [&](int64_t r0) {
+        return ProbsEpi<true>{scale2, lse2 + r0, p + r0 * LT, LT, lo + r0, hi + r0};
+      });
       keys(bk, vrows);
-      gemm_epi(bq, n, D, dop, D, panel.data(), LT, ds, LT, DsEpi{p, ds, delta});
+      strips(dop, ds, [&](int64_t r0) { return DsEpi<true>{p + r0 * LT, ds + r0 * LT, delta + r0}; });
       return true;
     }
     return false;
@@ -578,6 +667,19 @@ void row_strips(int64_t M, int64_t bk, Limit limit, F f) {
   }
 }
 
+// The keys of a block from j0 (bk of them) that a query block visits as one tile, where every row
+// of it sees the keys [begin, end): a block that starts before begin stops there, and one that
+// starts inside stops at end rounded down to 16 keys, so that the keys every row sees form tiles
+// of their own (the backward's fused products, the transposed forward's column maxima) and only
+// the keys that the diagonal, a document start or the window crosses remain in masked tiles.
+// Without it the causal query blocks of a short sequence, whose keys all fit one block, were one
+// masked tile each: at S = 256 every tile of the backward.
+int64_t whole_cut(int64_t j0, int64_t bk, int64_t begin, int64_t end) {
+  if (j0 < begin) return std::min(bk, begin - j0);
+  const int64_t whole = (end - j0) / 16 * 16;
+  return whole > 0 && whole < bk ? whole : bk;
+}
+
 // Which keys a query row sees (kernels/attention_variant.h): causal (j ≤ i + shift), the window
 // (j > i + shift - window) and the document (j ≥ doc_start[i]). Block skipping reads it twice: the
 // keys [begin, end) a query block [i0, i0 + bq) can see at all are the only ones visited, and inside
@@ -636,6 +738,23 @@ S narrow(double x) {
   else return S(x);
 }
 
+// Σ_j a[j] · b[j] in double. For f32 in eight running sums (lanes j mod 8, one vector of doubles),
+// added in a fixed order at the end: a single running sum waits on its add's latency per element.
+AUTOSP_VEC16_CLONES double dot_double(const float* a, const float* b, int64_t n) {
+  double acc[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += double(a[j + l]) * double(b[j + l]);
+  for (; j < n; ++j) acc[j % 8] += double(a[j]) * double(b[j]);
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+template <class S>
+double dot_double(const S* a, const S* b, int64_t n) {
+  double acc = 0;
+  for (int64_t j = 0; j < n; ++j) acc += as_double(a[j]) * as_double(b[j]);
+  return acc;
+}
+
 // dsinks[h] = -Σ_{b,i} exp(sink_h - lse_i) · Δ_i (kernels/attention_variant.h), per head in a fixed
 // order (deterministic), in double.
 template <class T, class S>
@@ -659,18 +778,22 @@ void sink_grads(const S* o, const T* lse, const S* dout, int64_t B, int64_t N, i
 
 namespace {
 
-// The forward for small head dims (D < 32) in f32 on the micro-kernel path, without a softcap
-// (decision 230): the tiles are transposed, keys × queries. Sᵀ = K·Qᵀ reads the key rows as they
+// The forward for small head dims (D ≤ 32) in f32 on the micro-kernel path, without a softcap
+// (decisions 230, 271): the tiles are transposed, keys × queries. Sᵀ = K·Qᵀ reads the key rows as they
 // are (Qᵀ is transposed once per query block, not a key panel per tile); the online softmax runs
 // down the columns, 16 queries to a vector (no per-row calls, no horizontal reductions); and the
 // output accumulates transposed, Oᵀ [D, BQ] += Vᵀ·Pᵀ, whose products stream P's rows 64 queries
 // wide instead of D = 16 columns with a broadcast per FMA. A tile that holds hidden keys (the
-// causal diagonal crosses it, or a document start or the window's reach) is computed whole and its
-// hidden scores set to -inf; key blocks no query of the block sees are skipped as in forward().
-constexpr int64_t kSmallBlockQ = 128, kSmallBlockK = 512;
+// causal diagonal crosses it, or a document start or the window's reach) has its hidden scores set
+// to -inf (under causal masking its scores skip, per strip of keys, the 16-query vectors that see
+// none of them; decision 274); key blocks no query of the block sees are skipped as in forward(),
+// and a key block is cut where the keys every query sees end (whole_cut).
+// Query blocks of 64 (decision 271): at S = 256 the diagonal tiles, computed whole, cost 1.25× the
+// visible products where 128 cost 1.5×, and 16k runs no slower.
+constexpr int64_t kSmallBlockQ = 64, kSmallBlockK = 512;
 
 bool small_d_forward(int64_t D, double scale, const AttentionVariant<float>& var) {
-  return D < 32 && use_micro_kernel() && scale > 0 && var.softcap == 0;
+  return D <= 32 && use_micro_kernel() && scale > 0 && var.softcap == 0;
 }
 
 __attribute__((target("avx512f"))) void forward_small_d(const float* q, const float* k, const float* v, float* o,
@@ -714,22 +837,29 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
         lo_max = std::max(lo_max, a), hi_min = std::min(hi_min, e);
       }
 
-      for (int64_t d = 0; d < D; ++d)
-        for (int64_t i = 0; i < nq; ++i) qt[d * LQ + i] = i < bq ? qp[i * D + d] : 0.0f;
+      keys_panel_avx512(bq, D, qp, qt, LQ);  // qᵀ, 0 past bq
       std::fill(m.begin(), m.begin() + nq, neg_inf);
       std::fill(l.begin(), l.begin() + nq, 0.0);
       std::fill(ot, ot + D * LQ, 0.0f);
 
-      for (int64_t j0 = kbeg; j0 < kend; j0 += BK) {
-        const int64_t bk = std::min(BK, kend - j0);
+      for (int64_t j0 = kbeg, bk = 0; j0 < kend; j0 += bk) {
+        bk = whole_cut(j0, std::min(BK, kend - j0), lo_max, hi_min);
         float* t = st;
         // sᵀ = k · qᵀ; a tile that hides no key takes its column maxima from the product's registers.
         const bool open = j0 >= lo_max && j0 + bk <= hi_min;
         if (open) {
           std::fill(cmax.begin(), cmax.begin() + nq, neg_inf);
           gemm_epi(bk, nq, D, kp + j0 * D, D, qt, LQ, t, LQ, MaxEpi{t, LQ, cmax.data()});
-        } else {
+        } else if (!causal) {
           gemm_avx512(bk, nq, D, 1.0f, kp + j0 * D, D, 1, qt, LQ, 0.0f, t, LQ);
+        } else {
+          // Strips of kStrip keys from the first 16 queries that see the strip's first key: the
+          // queries before see none of its keys, and the mask below sets their scores to -inf.
+          for (int64_t r0 = 0; r0 < bk; r0 += kStrip) {
+            const int64_t c0 = std::clamp<int64_t>(j0 + r0 - i0 - shift, 0, nq) / 16 * 16;
+            gemm_avx512(std::min(kStrip, bk - r0), nq - c0, D, 1.0f, kp + (j0 + r0) * D, D, 1, qt + c0, LQ, 0.0f,
+                        t + r0 * LQ + c0, LQ);
+          }
         }
         // Key j0 + r is hidden from the queries with j0 + r ∉ [lo, hi); only the rows r outside
         // [lo_max - j0, hi_min - j0) hide any. Causal alone hides a prefix of the row's queries.
@@ -961,6 +1091,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
   {
     AlignedTile<T> p(BQ * LT), ds(BQ * LT);  // [BQ, BK] tiles, stride LT
     std::vector<T> delta(static_cast<size_t>(BQ));                                    // [BQ] Δ
+    std::vector<int32_t> lo(static_cast<size_t>(BQ)), hi(lo.size());                  // [BQ] a masked tile's rows' keys
     std::vector<T> dq_acc(wide ? 0 : static_cast<size_t>(BQ * D));                    // [BQ, D] dq in T
     Tiles tiles(D, BQ, LT);
     int64_t key_strip = kStrip;  // keys per strip of a diagonal tile's key gradients
@@ -980,6 +1111,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
       std::fill(dkp, dkp + (last ? Skv : ch.key_end[c]) * D, T(0));
       std::fill(dvp, dvp + (last ? Skv : ch.key_end[c]) * D, T(0));
       if constexpr (requires { tiles.begin_task(dkp, dvp, 0); }) tiles.begin_task(dkp, dvp, last ? Skv : ch.key_end[c]);
+      if constexpr (requires { tiles.task_panels(kp, vp, 0); }) tiles.task_panels(kp, vp, last ? Skv : ch.key_end[c]);
       const auto [qb0, qb1] = ch.blocks(c);
       const Mask mask{causal, shift, var.window, Skv, doc_start == nullptr ? nullptr : doc_start + b * Sq};
       for (int64_t h = (bkv % Nkv) * group; h < (bkv % Nkv + 1) * group; ++h) {
@@ -994,11 +1126,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           T* dqa = dq_acc.data();                    // dq's accumulator
           if constexpr (wide) dqa = dqp;
           std::fill(dqa, dqa + bq * D, T(0));
-          for (int64_t i = 0; i < bq; ++i) {  // Δ_i = Σ_d dO_i · O_i
-            double acc = 0;
-            for (int64_t d = 0; d < D; ++d) acc += as_double(dop[i * D + d]) * as_double(orow[i * D + d]);
-            delta[size_t(i)] = T(acc);
-          }
+          for (int64_t i = 0; i < bq; ++i) delta[size_t(i)] = T(dot_double(dop + i * D, orow + i * D, D));  // Δ_i = Σ_d dO_i · O_i
           tiles.queries(bq, qp, dop);
           const int64_t kend = mask.end(i0, bq);
           // A key block from first_max on that every row sees up to its end is whole: with every
@@ -1006,14 +1134,23 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           int64_t first_max = 0;
           bool seen = var.softcap == 0;
           for (int64_t i = 0; i < bq; ++i) first_max = std::max(first_max, mask.first(i0 + i)), seen &= lp[i] != neg_inf;
-          for (int64_t j0 = mask.begin(i0, bq); j0 < kend; j0 += BK) {
-            const int64_t bk = std::min(BK, kend - j0);
+          for (int64_t j0 = mask.begin(i0, bq), bk = 0; j0 < kend; j0 += bk) {
+            bk = whole_cut(j0, std::min(BK, kend - j0), first_max, j0 + mask.row_limit(i0, j0, BK));
             const auto limit = [&](int64_t i) { return mask.row_limit(i0 + i, j0, bk); };
             bool fused = false;
-            if constexpr (requires { tiles.fused_probs(bq, bk, qp, dop, kp, vp, sc, lp, lp, p.data(), ds.data()); })
-              fused = seen && j0 >= first_max && limit(0) >= bk &&
-                      tiles.fused_probs(bq, bk, qp, dop, kp + j0 * D, vp + j0 * D, sc, lp, delta.data(), p.data(),
-                                        ds.data());
+            if constexpr (requires { tiles.fused_probs(bq, bk, qp, dop, kp, vp, sc, lp, lp, p.data(), ds.data()); }) {
+              if (seen && j0 >= first_max && limit(0) >= bk) {
+                fused = tiles.fused_probs(bq, bk, qp, dop, kp + j0 * D, vp + j0 * D, sc, lp, delta.data(), p.data(),
+                                          ds.data());
+              } else if (var.softcap == 0) {  // row i sees the keys [lo, hi) of the tile; none if lse = -inf
+                for (int64_t i = 0; i < bq; ++i) {
+                  const int64_t lim = lp[i] == neg_inf ? 0 : limit(i);
+                  hi[size_t(i)] = int32_t(lim), lo[size_t(i)] = int32_t(std::min(mask.row_begin(i0 + i, j0, bk), lim));
+                }
+                fused = tiles.fused_probs(bq, bk, qp, dop, kp + j0 * D, vp + j0 * D, sc, lp, delta.data(), p.data(),
+                                          ds.data(), lo.data(), hi.data());
+              }
+            }
             if (!fused) {
             tiles.keys(bk, kp + j0 * D);  // p = q · kᵀ
             row_strips(bq, bk, limit, [&](int64_t r0, int64_t r1, int64_t n) {
