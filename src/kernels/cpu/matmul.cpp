@@ -12,8 +12,8 @@
 //                                             AMX's blocks are deeper: kDepth, kBlockRows)
 //       pack B[pc, jc] into kNR-column micro-panels [kc][kNR], zero-padded       (each thread its own)
 //       for ic over this thread's rows in kMC: pack A[ic, pc] into kMR-row micro-panels [kc][kMR]
-//                                            (f32: while prefetching the next A block into L2)
 //         for jr over the B micro-panels:    one panel (kc · kNR · 4 B = 32 KiB) stays in L1
+//                                            (f32: the next panel's C lines prefetched into L2)
 //           for ir over the A micro-panels:  vec16::micro_tile<kMR, kNR / 16> into C (a full tile),
 //                                            or into a scratch tile copied out at the M, N edges
 // Threads split C by rows (kMR-panel boundaries), or by B micro-panels when M is too small to
@@ -68,8 +68,6 @@ constexpr int64_t kMR = 14, kNR = 32;  // micro tile: 14 × 2 zmm accumulators, 
 constexpr int64_t kKC = 256;           // B micro-panel kKC × kNR floats = 32 KiB (L1: 32 KiB Zen 4, 48 Zen 5)
 constexpr int64_t kMC = 24 * kMR;      // A block kMC × kKC floats = 336 KiB (L2 is 1 MiB)
 constexpr int64_t kNC = 2048;          // B block kKC × kNC floats = 2 MiB, shared
-constexpr int64_t kPrefetchB = 128 * 1024;  // the largest next B block prefetched (floats: 512 KiB; L2 is 2 MiB)
-constexpr int64_t kPrefetchA = 256 * 1024;  // no A prefetch while a larger B block is in use (floats: 1 MiB)
 static_assert(kNR % 16 == 0 && kNC % kNR == 0 && kMC % kMR == 0);
 
 // Grow-only 64-byte-aligned scratch, one per thread and role.
@@ -239,26 +237,14 @@ __attribute__((target("avx512f"))) void kernel(const Operands&, int64_t kc, floa
   edge_out(tile, alpha, beta, c, ldc, rows, cols, out, ldo);
 }
 
-// Part `part` of `parts` of the cache lines of the B block at (p0, j0) [kc, nc], prefetched into
-// L2 as prefetch_a does (gemm_thread does so only for blocks of up to kPrefetchB floats: a 2 MiB
-// block pushed the current one out of L2, and the 2048-column Llama shapes ran 3–7% slower).
-void prefetch_b(const Operands& o, int64_t p0, int64_t kc, int64_t j0, int64_t nc, int64_t part, int64_t parts) {
-  const int64_t rows = o.tb ? nc : kc, len = o.tb ? kc : nc;
-  const float* base = o.tb ? o.b + j0 * o.ldb + p0 : o.b + p0 * o.ldb + j0;
-  for (int64_t r = rows * part / parts; r < rows * (part + 1) / parts; ++r)
-    for (int64_t x = 0; x < len; x += 16) _mm_prefetch(reinterpret_cast<const char*>(base + r * o.ldb + x), _MM_HINT_T1);
-}
-
-// Part `part` of `parts` of the cache lines of the A block at (i0, p0) [mc, kc], prefetched into
-// L2 while the kernel runs on the block before it (gemm_thread spreads the parts over its B
-// micro-panels). Packing reads A once, from L3 for the model's activations; without the prefetch
-// pack_a waited on it: 10% of the 1024 × 256 × 768 forward, 6.6% with it (perf, one thread).
-void prefetch_a(const Operands& o, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int64_t part, int64_t parts) {
-  // Stored [M, K]: mc rows of kc floats; stored [K, M]: kc rows of mc floats.
-  const int64_t rows = o.ta ? kc : mc, len = o.ta ? mc : kc;
-  const float* base = o.ta ? o.a + p0 * o.lda + i0 : o.a + i0 * o.lda + p0;
-  for (int64_t r = rows * part / parts; r < rows * (part + 1) / parts; ++r)
-    for (int64_t x = 0; x < len; x += 16) _mm_prefetch(reinterpret_cast<const char*>(base + r * o.lda + x), _MM_HINT_T1);
+// The C tile [rows, cols] (ldc) at c prefetched into L2, while the kernel computes the tile beside
+// it: a tile's stores (or, after the first k-block, its loads) missed every cache, and the model's
+// GEMMs ran 7–16% slower on a C fresh from memory than on one in cache (decision 281). Always
+// inlined: GCC takes a function whose only effect is __builtin_prefetch for one without effects,
+// and drops its calls.
+[[gnu::always_inline]] inline void prefetch_c(const float* c, int64_t ldc, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t x = 0; x < cols; x += 16) _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + x), _MM_HINT_T1);
 }
 
 // y [rows, cols] (ldy) = the f32 block [rows, cols] (lds) rounded to bf16, a row at a time.
@@ -336,24 +322,13 @@ void gemm_thread(const O& o, int64_t M, int64_t N, int64_t K, float alpha, float
       for (int64_t ic = m0; ic < m1; ic += mc_max) {
         const int64_t mc = std::min(mc_max, m1 - ic);
         pack_a(o, ic, mc, pc, kc, ap);
-        // f32: the next A block (the next rows at this depth, else the first rows at the next
-        // depth) and, before the next depth, this thread's part of its B block are prefetched,
-        // where the B block in use leaves room in L2 (at 2048 columns, 2 MiB, the A prefetch
-        // evicted it: the Llama-768 2048-column shapes ran 4–5% slower).
-        const bool next_rows = ic + mc_max < m1;
-        const int64_t next_i = next_rows ? ic + mc_max : m0, next_p = next_rows ? pc : pc + kc;
-        const int64_t next_mc = std::min(mc_max, m1 - next_i), next_kc = std::min(kc_max, K - next_p);
-        const int64_t my_nc = std::min(nc, q1 * kNR) - q0 * kNR;
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t j = jc + q * kNR, cols = std::min(kNR, N - j);
-          if constexpr (std::is_same_v<O, Operands>) {
-            if (next_kc > 0 && next_mc > 0 && kc * my_nc <= kPrefetchA)
-              prefetch_a(o, next_i, next_mc, next_p, next_kc, q - q0, q1 - q0);
-            if (!next_rows && next_kc > 0 && next_kc * my_nc <= kPrefetchB)  // this thread's part of the next B block
-              prefetch_b(o, next_p, next_kc, jc + q0 * kNR, my_nc, q - q0, q1 - q0);
-          }
           for (int64_t ir = 0; ir < mc; ir += mr) {
             const int64_t at = (ic + ir) * ldc + j;
+            if constexpr (std::is_same_v<O, Operands>)  // f32: these rows of the next micro-panel's C
+              if (!y_pc && q + 1 < q1 && j + kNR < N)
+                prefetch_c(c + at + kNR, ldc, std::min(mr, mc - ir), std::min(kNR, N - j - kNR));
             kernel(o, kc, alpha, ap + ir * kc, bp + q * kc * kNR, beta_pc, c ? c + at : nullptr, ldc,
                    std::min(mr, mc - ir), cols, y_pc ? block + ir * kNC + (q - q0) * kNR : c + at, y_pc ? kNC : ldc);
           }
