@@ -2,13 +2,14 @@
 # In-process A/B of a CPU kernel file: the version at a git revision against the working tree's,
 # linked into one driver under two namespaces and alternated call by call (scripts/kernel_ab/main.cpp).
 #
-#   scripts/kernel_ab.sh REV gemm ROUNDS            src/kernels/cpu/matmul.cpp at REV vs now
+#   scripts/kernel_ab.sh REV gemm ROUNDS [cold]     src/kernels/cpu/matmul.cpp at REV vs now (cold:
+#                                                   every call's operands fresh from memory)
 #   scripts/kernel_ab.sh REV attention ROUNDS S D   src/kernels/cpu/attention.cpp at REV vs now
 #
 # Both sides are built like the library (Release flags, OpenMP, OpenBLAS's OpenMP build) against the
 # working tree's headers. Needs g++ and libopenblas-openmp-dev (scripts/setup.sh installs them).
 set -euo pipefail
-if [ $# -lt 3 ]; then sed -n 2,9p "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
+if [ $# -lt 3 ]; then sed -n 2,10p "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
 rev=$1 kind=$2
 shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)

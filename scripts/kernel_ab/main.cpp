@@ -1,7 +1,9 @@
 // The driver of scripts/kernel_ab.sh: the old and the new version of a CPU kernel in one process,
 // alternated call by call, best time of each over the rounds. On a noisy shared machine the host's
 // phases hit both sides alike, which separate processes (each its own phase) do not.
-//   kernel_ab gemm ROUNDS          GPT-2 tiny's 15 GEMM shapes, weighted by their calls per step
+//   kernel_ab gemm ROUNDS [cold]   GPT-2 tiny's 15 GEMM shapes, weighted by their calls per step;
+//                                  cold: each call on its own A, B and C of 24 sets (288 MiB),
+//                                  fresh from memory as in a step, not the last call's in cache
 //   kernel_ab attention ROUNDS S D causal attention, B 4, 8 heads, forward and backward
 #include <algorithm>
 #include <chrono>
@@ -32,7 +34,7 @@ std::vector<float> normal(size_t n, unsigned seed) {
   return v;
 }
 
-int gemm(int rounds) {
+int gemm(int rounds, bool cold) {
   struct Shape {
     long M, N, K;
     bool ta, tb;
@@ -43,8 +45,10 @@ int gemm(int rounds) {
       {1024, 256, 256, 0, 1, 4},   {256, 256, 1024, 1, 0, 4},  {1024, 1024, 256, 0, 0, 4}, {1024, 256, 1024, 0, 1, 4},
       {256, 1024, 1024, 1, 0, 4},  {1024, 256, 1024, 0, 0, 4}, {1024, 1024, 256, 0, 1, 4}, {1024, 256, 1024, 1, 0, 4},
       {1024, 512, 256, 0, 1, 1},   {1024, 256, 512, 0, 0, 1},  {512, 256, 1024, 1, 0, 1}};
-  const auto a = normal(size_t(1) << 20, 1), b = normal(size_t(1) << 20, 2);
-  std::vector<float> c(size_t(1) << 20);
+  const size_t set = size_t(1) << 20, sets = cold ? 24 : 1;  // floats per operand, operand sets
+  const auto a = normal(set * sets, 1), b = normal(set * sets, 2);
+  std::vector<float> c(set * sets);
+  size_t next = 0;  // the set the next call uses
   std::vector<double> best[2] = {std::vector<double>(shapes.size(), 1e9), std::vector<double>(shapes.size(), 1e9)};
   for (int r = 0; r < rounds; ++r)
     for (size_t s = 0; s < shapes.size(); ++s)
@@ -54,7 +58,8 @@ int gemm(int rounds) {
         const auto f = which ? run_new_gemm : run_old_gemm;
         const Shape& x = shapes[s];
         const double t0 = now();
-        for (int it = 0; it < 5; ++it) f(x.ta, x.tb, x.M, x.N, x.K, a.data(), b.data(), c.data());
+        for (int it = 0; it < 5; ++it, next = (next + 1) % sets)
+          f(x.ta, x.tb, x.M, x.N, x.K, a.data() + next * set, b.data() + next * set, c.data() + next * set);
         best[which][s] = std::min(best[which][s], (now() - t0) / 5);
       }
   double total[2] = {0, 0};
@@ -65,8 +70,8 @@ int gemm(int rounds) {
     std::printf("%5ld x %5ld x %5ld t%d%d: old %6.1f new %6.1f GFLOP/s\n", x.M, x.N, x.K, int(x.ta), int(x.tb),
                 gf / best[0][s], gf / best[1][s]);
   }
-  std::printf("the step's GEMMs, best of %d: old %.2f ms, new %.2f ms: %.3fx\n", rounds, total[0] * 1e3,
-              total[1] * 1e3, total[0] / total[1]);
+  std::printf("the step's GEMMs%s, best of %d: old %.2f ms, new %.2f ms: %.3fx\n", cold ? " (cold operands)" : "",
+              rounds, total[0] * 1e3, total[1] * 1e3, total[0] / total[1]);
   return 0;
 }
 
@@ -101,9 +106,10 @@ int attention(int rounds, long S, long D) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 3 && std::strcmp(argv[1], "gemm") == 0) return gemm(std::atoi(argv[2]));
+  if (argc >= 3 && std::strcmp(argv[1], "gemm") == 0)
+    return gemm(std::atoi(argv[2]), argc >= 4 && std::strcmp(argv[3], "cold") == 0);
   if (argc >= 5 && std::strcmp(argv[1], "attention") == 0)
     return attention(std::atoi(argv[2]), std::atol(argv[3]), std::atol(argv[4]));
-  std::fprintf(stderr, "usage: kernel_ab gemm ROUNDS | kernel_ab attention ROUNDS S D\n");
+  std::fprintf(stderr, "usage: kernel_ab gemm ROUNDS [cold] | kernel_ab attention ROUNDS S D\n");
   return 2;
 }
