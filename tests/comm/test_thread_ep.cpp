@@ -427,6 +427,37 @@ TEST_CASE("thread ep: expert_of reads the expert index and nothing else", "[moe]
   CHECK(expert_of("") == -1);
 }
 
+namespace {
+
+// Every rank's loss and gradients of a bf16 program of `model` on layout l with expert-parallel size ep.
+std::vector<LossAndGrads> run_bf16_at_ep(const json& model, EpLayout l, int64_t ep, const Batch& global,
+                                         const ParamMap& params) {
+  const int64_t world = l.world;
+  l.ep = ep;
+  std::vector<LossAndGrads> out(static_cast<size_t>(world));
+  run_thread_ranks(world, [&](ThreadCommunicator& w) {
+    out[static_cast<size_t>(w.rank())] = run_ep_rank(w, model, l, global, params, DType::bf16);
+  });
+  return out;
+}
+
+// One rank's E = G run against its E = 1 run on the same layout: the loss and every dense gradient
+// the same (1e-7, 1e-6), each expert tensor within 1e-2 of its largest entry; `experts`: how many
+// expert tensors the rank holds at E = G.
+void check_ep_against_e1(const LossAndGrads& eg, const LossAndGrads& e1, size_t experts) {
+  CHECK(std::abs(eg.loss - e1.loss) <= 1e-7 * std::abs(e1.loss));
+  size_t seen = 0;
+  for (const auto& [name, got] : eg.grads) {
+    INFO("gradient of " << name);
+    const double e = rel_err(got, e1.grads.at(name));
+    if (is_expert(name)) ++seen;
+    CHECK(e <= (is_expert(name) ? 1e-2 : 1e-6));
+  }
+  CHECK(seen == experts);
+}
+
+}  // namespace
+
 // bf16 programs (f32 parameters, bf16 compute) under every layout above, E = G against E = 1 on the
 // same layout: the local experts run the one-process bf16 kernel's code and dx crosses back in f32
 // (decision 264), so the loss and every dense gradient are the same bits (what reaches them is the
@@ -445,27 +476,11 @@ TEST_CASE("thread ep: bf16 programs at G = 2 and 4 give the E = 1 loss and dense
     const LossAndGrads one = run_reference(cfg1, global, params, DType::bf16);
     for (const EpLayout& l : ep_layouts()) {
       INFO(model_name(model) << ": " << describe(l));
-      const auto run = [&](int64_t ep) {
-        EpLayout m = l;
-        m.ep = ep;
-        std::vector<LossAndGrads> out(static_cast<size_t>(l.world));
-        run_thread_ranks(l.world, [&](ThreadCommunicator& w) {
-          out[static_cast<size_t>(w.rank())] = run_ep_rank(w, model, m, global, params, DType::bf16);
-        });
-        return out;
-      };
-      const std::vector<LossAndGrads> e1 = run(1), eg = run(l.ep);
+      const std::vector<LossAndGrads> e1 = run_bf16_at_ep(model, l, 1, global, params),
+                                      eg = run_bf16_at_ep(model, l, l.ep, global, params);
       for (size_t r = 0; r < eg.size(); ++r) {
         INFO("rank " << r);
-        CHECK(std::abs(eg[r].loss - e1[r].loss) <= 1e-7 * std::abs(e1[r].loss));
-        size_t experts = 0;
-        for (const auto& [name, got] : eg[r].grads) {
-          INFO("gradient of " << name);
-          const double e = rel_err(got, e1[r].grads.at(name));
-          if (is_expert(name)) ++experts;
-          CHECK(e <= (is_expert(name) ? 1e-2 : 1e-6));
-        }
-        CHECK(experts == size_t(2 * 3 * 4 / l.ep));  // 2 layers × (gate, up, down) × L
+        check_ep_against_e1(eg[r], e1[r], size_t(2 * 3 * 4 / l.ep));  // 2 layers × (gate, up, down) × L
         LossAndGrads whole = eg[r];  // this rank's experts only: compare those
         for (const auto& [name, want] : one.grads)
           if (!whole.grads.count(name)) whole.grads[name] = want;
@@ -491,27 +506,11 @@ TEST_CASE("thread ep: bf16 gpt-oss programs at G = 2 and 4 give the E = 1 loss a
   const Batch global = random_batch(2, 16, cfg1.model.vocab_size, 9);
   for (const EpLayout& l : {EpLayout{2, 2, 1, 2}, EpLayout{4, 2, 1, 2}, EpLayout{4, 4, 1, 4}, EpLayout{4, 4, 2, 4}}) {
     INFO("gpt-oss: " << describe(l));
-    const auto run = [&](int64_t ep) {
-      EpLayout m = l;
-      m.ep = ep;
-      std::vector<LossAndGrads> out(static_cast<size_t>(l.world));
-      run_thread_ranks(l.world, [&](ThreadCommunicator& w) {
-        out[static_cast<size_t>(w.rank())] = run_ep_rank(w, model, m, global, params, DType::bf16);
-      });
-      return out;
-    };
-    const std::vector<LossAndGrads> e1 = run(1), eg = run(l.ep);
+    const std::vector<LossAndGrads> e1 = run_bf16_at_ep(model, l, 1, global, params),
+                                    eg = run_bf16_at_ep(model, l, l.ep, global, params);
     for (size_t r = 0; r < eg.size(); ++r) {
       INFO("rank " << r);
-      CHECK(std::abs(eg[r].loss - e1[r].loss) <= 1e-7 * std::abs(e1[r].loss));
-      size_t experts = 0;
-      for (const auto& [name, got] : eg[r].grads) {
-        INFO("gradient of " << name);
-        const double e = rel_err(got, e1[r].grads.at(name));
-        if (is_expert(name)) ++experts;
-        CHECK(e <= (is_expert(name) ? 1e-2 : 1e-6));
-      }
-      CHECK(experts == size_t(2 * 6 * 4 / l.ep));  // 2 layers × (gate, up, down and their biases) × L
+      check_ep_against_e1(eg[r], e1[r], size_t(2 * 6 * 4 / l.ep));  // 2 layers × (gate, up, down and biases) × L
     }
   }
 }
