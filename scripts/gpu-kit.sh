@@ -7,8 +7,9 @@
 #   - .gpu-kit/bin: those binaries, stripped, and autosp-kit-probe (scripts/kit/probe.cu, one
 #     trivial kernel, the CUDA runtime linked statically);
 #   - .gpu-kit/lib: every shared library they load that is neither glibc nor CUDA's (spdlog, fmt,
-#     OpenBLAS, gfortran, quadmath, gomp, stdc++, gcc_s); OpenBLAS (36 MiB, every CPU's kernels) is
-#     kept xz-compressed and unpacked by run.sh, which keeps the kit under 48 MiB;
+#     OpenBLAS, gfortran, quadmath, gomp, stdc++, gcc_s); those of 1 MiB or more (OpenBLAS, 36 MiB
+#     of every CPU's kernels; gfortran; stdc++) are kept xz-compressed in lib.xz and unpacked by
+#     run.sh, which keeps the kit under 48 MiB;
 #   - run.sh (scripts/kit/run.sh), the Python sides, configs and the check (scripts/kit/check.sh);
 #   - what run.sh would otherwise compute on the GPU's time: cuda-test-files (the stems of
 #     tests/cuda/test_*.cpp, one process each there) and longest-ours.json, the longest S of the
@@ -56,9 +57,10 @@ for b in "$KIT"/bin/*; do
 done | sort -u | while read -r name path; do
   if ! [[ $name =~ $provided ]]; then cp -L "$path" "$KIT/lib/$name"; fi
 done
-# OpenBLAS carries every CPU's kernels (DYNAMIC_ARCH): compressed here, unpacked by run.sh.
-for big in "$KIT"/lib/libopenblas*.so*; do
-  [ -e "$big" ] || continue
+# The large libraries (OpenBLAS carries every CPU's kernels: DYNAMIC_ARCH) compressed here,
+# unpacked by run.sh.
+for big in "$KIT"/lib/*; do
+  [ "$(stat -c %s "$big")" -ge $((1 << 20)) ] || continue
   xz -T0 -6 -c "$big" >"$KIT/lib.xz/$(basename "$big").xz"
   rm "$big"
 done

@@ -30,7 +30,8 @@
 set -uo pipefail
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-# OpenBLAS travels xz-compressed (the kit's size cap): unpack it once, beside the other libraries.
+# The large libraries (OpenBLAS, gfortran, stdc++) travel xz-compressed (the kit's size cap):
+# unpack them once, beside the other libraries.
 unpack() {
   local z t
   for z in "$KIT"/lib.xz/*.xz; do
