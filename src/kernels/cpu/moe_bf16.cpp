@@ -74,10 +74,13 @@ ExpertBf16::ExpertBf16(Bf16Gemm path, int64_t rows, int64_t C, int64_t I)
 void ExpertBf16::add_biases(const ExpertBits& ex, int64_t n) {
   const int64_t C = C_, I = I_;
   if (!ex.bg) return;
-  bg_.resize(size_t(I)), bu_.resize(size_t(I)), bd_.resize(size_t(C));
-  cast<uint16_t, float>(ex.bg, bg_.data(), I);
-  cast<uint16_t, float>(ex.bu, bu_.data(), I);
-  cast<uint16_t, float>(ex.bd, bd_.data(), C);
+  if (ex.bg != widened_) {
+    bg_.resize(size_t(I)), bu_.resize(size_t(I)), bd_.resize(size_t(C));
+    cast<uint16_t, float>(ex.bg, bg_.data(), I);
+    cast<uint16_t, float>(ex.bu, bu_.data(), I);
+    cast<uint16_t, float>(ex.bd, bd_.data(), C);
+    widened_ = ex.bg;
+  }
 #pragma omp parallel for schedule(static) if (n * I > kGrain)
   for (int64_t a = 0; a < n; ++a)
     for (int64_t i = 0; i < I; ++i) g_[size_t(a * I + i)] += bg_[size_t(i)], u_[size_t(a * I + i)] += bu_[size_t(i)];

@@ -63,13 +63,17 @@ class ExpertBf16 {
  private:
   // Whether ex runs gpt-oss's options (else the plain SwiGLU, as before them).
   static bool options(const ExpertBits& ex) { return ex.bg != nullptr || ex.clamped; }
-  // ex's biases widened into bg_, bu_, bd_ (an expert without biases: none), and g, u [n, I] += bg_, bu_.
+  // ex's biases widened into bg_, bu_, bd_ once per expert (an expert without biases: none), and
+  // g, u [n, I] += bg_, bu_.
   void add_biases(const ExpertBits& ex, int64_t n);
   Bf16Gemm path_;
   int64_t C_, I_;
   std::vector<float> g_, u_, d_, h_, dwg_, dwu_, dwd_, bg_, bu_, bd_;
   std::vector<uint16_t> h16_, dg16_, du16_;
   std::vector<double> dbg_, dbu_, dbd_;
+  // The expert whose biases bg_, bu_, bd_ hold (its b_gate; null: none yet). An object lives for one
+  // kernel call, in which the weights do not change, so an expert's chunks widen them once.
+  const uint16_t* widened_ = nullptr;
 };
 
 void moe_experts_forward_bf16(Bf16Gemm path, const uint16_t* x, const uint16_t* probs, const uint16_t* const* w_gate,
