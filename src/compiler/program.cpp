@@ -61,6 +61,7 @@ PassContext pass_context(const Config& cfg, const RankLayout& layout, ZeroMode m
   // passes/fuse_elementwise.h).
   ctx.fuse_residual_norms = !cfg.runtime.activation_checkpointing;
   ctx.fuse_qkv_heads = cfg.runtime.device == DeviceKind::cpu && !cfg.runtime.activation_checkpointing;
+  ctx.fuse_residual_bias = cfg.runtime.device == DeviceKind::cpu;
   ctx.layer_scopes = layer_scopes(cfg.model);
   ctx.lora = lora_plan(cfg, training);
   ctx.accumulation_steps = cfg.train.gradient_accumulation_steps;

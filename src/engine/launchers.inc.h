@@ -490,19 +490,21 @@ Tensor reduce_scatter(const KernelCall& c) {
 
 // ---- fused ops (passes/fuse_elementwise) ----
 
-// y = norm(x + r); extra output 1: x + r. Inputs: x, r, w (, b).
+// y = norm(x + r (+ rb)); extra output 1: that sum. Inputs: x, r, w (, b) (, rb: r's bias).
 template <bool kRms>
 Tensor add_norm(const KernelCall& c) {
   const Tensor x = arg(c, 0), r = arg(c, 1), w = arg(c, 2);
   const Tensor b = kRms ? Tensor() : arg(c, 3);
+  const size_t rb_at = kRms ? 3 : 4;
+  const Tensor rb = c.in.size() > rb_at ? arg(c, rb_at) : Tensor();
   const int64_t C = x.dim(-1), rows = x.numel() / C;
   const Stream s = stream(c);
   return by_float(c, x.dtype(), [&]<class T>() {
     Tensor y = out_like(c, x.dtype());
     Tensor sum = extra_like(c, x.shape(), x.dtype());
     c.extras.push_back(sum);
-    call(s, dev::add_norm_forward<T>, ptr<T>(x), ptr<T>(r), ptr<T>(w), kRms ? nullptr : ptr<T>(b), ptr<T>(y),
-         ptr<T>(sum), rows, C, c.node.attrs().f("eps"), kRms);
+    call(s, dev::add_norm_forward<T>, ptr<T>(x), ptr<T>(r), rb.defined() ? ptr<T>(rb) : nullptr, ptr<T>(w),
+         kRms ? nullptr : ptr<T>(b), ptr<T>(y), ptr<T>(sum), rows, C, c.node.attrs().f("eps"), kRms);
     return y;
   });
 }

@@ -428,9 +428,10 @@ TensorType cast_rule(const Node& n, const ShapeContext&) {
 }
 
 
-// Fused residual add + norm: x, r [..., C] (the same shape, no broadcast), w (, b) [C] → y = norm(x + r);
-// extra output 1: s = x + r (the residual stream continues with it).
-void expect_residual(const Node& n, const ShapeContext& ctx) {
+// Fused residual add + norm: x, r [..., C] (the same shape, no broadcast), w (, b) [C], and last
+// the optional bias of r, rb [C] → y = norm(x + (r + rb)); extra output 1: s = x + (r + rb) (the
+// residual stream continues with it).
+TensorType add_norm_rule(const Node& n, const ShapeContext& ctx) {
   expect_float(n, 0);
   expect_same_dtype(n, 0, 1);
   const auto& x = in(n, 0).shape;
@@ -438,16 +439,7 @@ void expect_residual(const Node& n, const ShapeContext& ctx) {
   bool ok = x.size() == r.size() && !x.empty();
   for (size_t i = 0; ok && i < x.size(); ++i) ok = ctx.same(x[i], r[i]);
   if (!ok) fail(n, str("x ", in(n, 0).str(), " and r ", in(n, 1).str(), " must have the same shape [..., C]"));
-}
-TensorType add_layernorm_rule(const Node& n, const ShapeContext& ctx) {
-  expect_residual(n, ctx);
-  expect_weight(n, 2, ctx);
-  expect_weight(n, 3, ctx);
-  return in(n, 0);
-}
-TensorType add_rmsnorm_rule(const Node& n, const ShapeContext& ctx) {
-  expect_residual(n, ctx);
-  expect_weight(n, 2, ctx);
+  for (size_t i = 2; i < n.inputs().size(); ++i) expect_weight(n, i, ctx);  // w (, b) (, rb)
   return in(n, 0);
 }
 std::vector<TensorType> residual_extra(const Node& n) { return {in(n, 0)}; }
@@ -1084,9 +1076,9 @@ constexpr std::array<OpInfo, kNumOps> kOps{{
      .infer = cross_entropy_backward_rule, .backward_only = true},
     {.op = Op::cast, .name = "cast", .arity = 1, .attrs = "dtype", .infer = cast_rule, .vjp = vjp::cast,
      .seq = seq_same, .numerics = Numerics::converts},
-    {.op = Op::add_layernorm, .name = "add_layernorm", .arity = 4, .attrs = "eps", .infer = add_layernorm_rule,
+    {.op = Op::add_layernorm, .name = "add_layernorm", .arity = 4, .optional = 1, .attrs = "eps", .infer = add_norm_rule,
      .extra = residual_extra, .vjp = vjp::add_layernorm, .differentiable_extras = true},
-    {.op = Op::add_rmsnorm, .name = "add_rmsnorm", .arity = 3, .attrs = "eps", .infer = add_rmsnorm_rule,
+    {.op = Op::add_rmsnorm, .name = "add_rmsnorm", .arity = 3, .optional = 1, .attrs = "eps", .infer = add_norm_rule,
      .extra = residual_extra, .vjp = vjp::add_rmsnorm, .differentiable_extras = true},
     {.op = Op::bias_gelu_tanh, .name = "bias_gelu_tanh", .arity = 2, .infer = bias_gelu_tanh_rule,
      .vjp = vjp::bias_gelu_tanh, .in_place = true},

@@ -201,9 +201,11 @@ void reduce_scatter(VjpContext& c) {
 // The gradient goes back in the input's dtype (a bf16 gradient of an f32 master weight becomes f32).
 void cast(VjpContext& c) { c.input_grads[0] = c.b.cast(c.grad, c.in(0)->dtype(), "dx"); }
 
-// Fused residual add + norm: y = norm(s), s = x + r (extra output 1). ds = dy through the norm's
-// backward on the saved s, plus the gradient arriving at s itself; dx = dr = ds. Either gradient
-// may be missing (c.grad or output_grads[1] null) when only one output reaches the loss.
+// Fused residual add + norm: y = norm(s), s = x + (r + rb) (extra output 1; rb, r's bias, the
+// optional last input). ds = dy through the norm's backward on the saved s, plus the gradient
+// arriving at s itself; dx = dr = drb = ds (autograd sums drb to rb's [C], as the unfused bias
+// add's gradient is summed). Either gradient may be missing (c.grad or output_grads[1] null) when
+// only one output reaches the loss.
 namespace {
 void add_norm(VjpContext& c, bool rms) {
   Node* g_s = c.output_grads.size() > 1 ? c.output_grads[1] : nullptr;
@@ -223,6 +225,7 @@ void add_norm(VjpContext& c, bool rms) {
   c.input_grads[1] = ds;
   c.input_grads[2] = dw;
   if (!rms) c.input_grads[3] = db;
+  if (c.input_grads.size() == (rms ? 4u : 5u)) c.input_grads.back() = ds;  // rb
 }
 }  // namespace
 void add_layernorm(VjpContext& c) { add_norm(c, false); }

@@ -72,7 +72,9 @@ TEMPLATE_TEST_CASE("emulated norm launchers match the CPU", "[cuda-emulation][no
   }
 }
 
-// The fused residual add + norm (add_layernorm, add_rmsnorm: y and the sum s) against the CPU kernel.
+// The fused residual add + norm (add_layernorm, add_rmsnorm: y and the sum s) against the CPU
+// kernel, without and with the residual branch's bias rb: s bit for bit x + (r + rb) with each add
+// rounded to T (the unfused adds' roundings), computed here on the host.
 TEMPLATE_TEST_CASE("emulated fused add + norm matches the CPU", "[cuda-emulation][norm][fuse]", float, double,
                    cuda::bf16) {
   using T = TestType;
@@ -83,23 +85,32 @@ TEMPLATE_TEST_CASE("emulated fused add + norm matches the CPU", "[cuda-emulation
     const auto x = values<T>(naive::random_normal(int64_t(n), seed++, 2.0));
     const auto r = values<T>(naive::random_normal(int64_t(n), seed++));
     const auto w = values<T>(naive::random_normal(C, seed++)), b = values<T>(naive::random_normal(C, seed++));
+    const auto rb = values<T>(naive::random_normal(C, seed++, 0.5));
     const auto xs = to_storage<T>(x), rs = to_storage<T>(r), ws = to_storage<T>(w), bs = to_storage<T>(b);
-    for (const bool rms : {false, true}) {
-      INFO("rows " << rows << " C " << C << (rms ? " rmsnorm" : " layernorm"));
-      std::vector<T> y(n), s(n);
-      std::vector<H> ry(n), rsum(n);
-      cpu::add_norm_forward<H>(x.data(), r.data(), w.data(), rms ? nullptr : b.data(), ry.data(), rsum.data(), rows, C,
-                               1e-5, rms);
-      cuda::add_norm_forward<T>(xs.data(), rs.data(), ws.data(), rms ? nullptr : bs.data(), y.data(), s.data(), rows, C,
-                                1e-5, rms, nullptr);
-      check_against<T>(from_storage(y), ry);
-      check_against<T>(from_storage(s), rsum);
-      // y is the plain norm of s as stored (for bf16 the rounded sum), bit for bit: the unfused
-      // add + norm's result, which activation checkpointing (no fusion) gives.
-      std::vector<T> plain(n);
-      if (rms) cuda::rmsnorm_forward<T>(s.data(), ws.data(), plain.data(), nullptr, rows, C, 1e-5, nullptr);
-      else cuda::layernorm_forward<T>(s.data(), ws.data(), bs.data(), plain.data(), nullptr, nullptr, rows, C, 1e-5, nullptr);
-      CHECK(std::memcmp(plain.data(), y.data(), n * sizeof(T)) == 0);
-    }
+    const auto rbs = to_storage<T>(rb);
+    for (const bool biased : {false, true})
+      for (const bool rms : {false, true}) {
+        INFO("rows " << rows << " C " << C << (rms ? " rmsnorm" : " layernorm") << (biased ? ", r's bias" : ""));
+        std::vector<H> t(n), sum(n);  // r (+ rb) and x + that, each rounded to T
+        for (size_t i = 0; i < n; ++i) t[i] = biased ? H(r[i] + rb[i % size_t(C)]) : r[i];
+        t = from_storage<T>(to_storage<T>(t));
+        for (size_t i = 0; i < n; ++i) sum[i] = H(x[i] + t[i]);
+        const std::vector<T> want_s = to_storage<T>(sum);
+        std::vector<T> y(n), s(n);
+        std::vector<H> ry(n), rsum(n);
+        cpu::add_norm_forward<H>(x.data(), r.data(), biased ? rb.data() : nullptr, w.data(), rms ? nullptr : b.data(),
+                                 ry.data(), rsum.data(), rows, C, 1e-5, rms);
+        cuda::add_norm_forward<T>(xs.data(), rs.data(), biased ? rbs.data() : nullptr, ws.data(),
+                                  rms ? nullptr : bs.data(), y.data(), s.data(), rows, C, 1e-5, rms, nullptr);
+        check_against<T>(from_storage(y), ry);
+        check_against<T>(from_storage(s), rsum);
+        CHECK(std::memcmp(want_s.data(), s.data(), n * sizeof(T)) == 0);
+        // y is the plain norm of s as stored (for bf16 the rounded sum), bit for bit: the unfused
+        // add + norm's result, which activation checkpointing (no fusion) gives.
+        std::vector<T> plain(n);
+        if (rms) cuda::rmsnorm_forward<T>(s.data(), ws.data(), plain.data(), nullptr, rows, C, 1e-5, nullptr);
+        else cuda::layernorm_forward<T>(s.data(), ws.data(), bs.data(), plain.data(), nullptr, nullptr, rows, C, 1e-5, nullptr);
+        CHECK(std::memcmp(plain.data(), y.data(), n * sizeof(T)) == 0);
+      }
   }
 }

@@ -9,8 +9,10 @@
 
 #include "common/tiny_models.h"
 #include "common/golden.h"
+#include "graph/autograd.h"
 #include "graph/builder.h"
 #include "graph/passes/fuse_elementwise.h"
+#include "graph/passes/mixed_precision.h"
 #include "graph/printer.h"
 #include "graph/verify.h"
 #include "models/model.h"
@@ -232,6 +234,77 @@ TEST_CASE("fused and unfused models give the same loss and gradients", "[fuse][m
       CHECK(double(on.arena_bytes) <= 1.02 * double(off.arena_bytes));
     }
   }
+}
+
+namespace {
+
+// The loss and every gradient of the model's joint graph: the forward (mixed precision for bf16),
+// fuse_elementwise with or without taking the output projections' bias adds into the residual add
+// + norms, autograd; the same feeds and parameters as run(). Keyed "loss" and "d <parameter>"; sets
+// *fused_biases to the number of fused nodes that took a bias in.
+std::map<std::string, std::vector<double>> joint_values(const Config& cfg, DType dt, bool residual_bias,
+                                                        size_t* fused_biases) {
+  auto g = build_forward(cfg.model, master_dtype(dt));
+  PassContext ctx;
+  ctx.fuse_residual_bias = residual_bias;
+  std::vector<Pass> passes;
+  if (dt == DType::bf16) passes.push_back({"mixed_precision", passes::mixed_precision, true});
+  passes.push_back({"fuse_elementwise", passes::fuse_elementwise, true});
+  passes.push_back({"autograd", passes::autograd, true});
+  run_pipeline(*g, passes, ctx);
+  *fused_biases = 0;
+  for (const auto& n : g->nodes())
+    *fused_biases += (n->op() == Op::add_layernorm && n->inputs().size() == 5) ||
+                     (n->op() == Op::add_rmsnorm && n->inputs().size() == 4);
+  TensorMap feeds = testing::random_token_batch(2, 16, 64, 5);
+  ParamMap params = init_params(cfg.model, 11, master_dtype(dt));
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> nd(0.0, 0.3);
+  for (auto& [name, p] : params) {  // biases away from zero, so that adding them is seen
+    if (p.rank() != 1) continue;
+    auto v = p.to_doubles();
+    for (auto& e : v) e += nd(rng);
+    p = Tensor::from_vector(p.shape(), v).to(p.dtype());
+  }
+  for (const auto& [name, p] : params) feeds[name] = p;
+  RunResult r = Executor(*g).run(feeds);
+  // Gradients are the graph's gradient outputs in the order of the parameters (autograd).
+  std::map<std::string, std::vector<double>> out;
+  const std::vector<Node*> ps = g->with_role(Role::parameter);
+  size_t k = 0;
+  for (Node* o : g->outputs()) {
+    if (o->role() == Role::loss) out["loss"] = r.outputs.at(o->name()).to_doubles();
+    if (o->role() == Role::gradient) out["d " + ps.at(k++)->name()] = r.outputs.at(o->name()).to_doubles();
+  }
+  REQUIRE(k == ps.size());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a residual add + norm that takes in its branch's bias add changes no bit", "[fuse][model]") {
+  nlohmann::json llama = testing::tiny_model("llama", 32, 2, 48);
+  llama["attention_bias"] = true;  // o_proj's bias, as gpt-oss has (and q, k, v's)
+  llama["mlp_bias"] = true;        // down_proj's
+  for (const auto& [name, model] : {std::pair<std::string, nlohmann::json>{"gpt2", testing::tiny_model("gpt2", 32, 2, 48)},
+                                    {"llama with biases", llama}})
+    for (const DType dt : {DType::f64, DType::f32, DType::bf16}) {
+      DYNAMIC_SECTION(name << " " << dtype_name(dt)) {
+        const Config cfg = parse_config({{"model", model}, {"data", {{"seq_len", 16}, {"batch_size", 2}}}});
+        size_t with = 0, without = 0;
+        const auto on = joint_values(cfg, dt, true, &with);
+        const auto off = joint_values(cfg, dt, false, &without);
+        CHECK(with == 4);  // two layers' attention and MLP output projections
+        CHECK(without == 0);
+        REQUIRE(on.size() == off.size());
+        REQUIRE(on.size() > 10);
+        for (const auto& [out, v] : off) {
+          INFO(out);
+          REQUIRE(on.count(out) == 1);
+          CHECK(on.at(out) == v);
+        }
+      }
+    }
 }
 
 TEST_CASE("fused bf16 models track the unfused ones", "[fuse][model][bf16]") {

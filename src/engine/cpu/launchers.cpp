@@ -959,13 +959,16 @@ Tensor norm_bf16(const KernelCall& c) {
   return y;
 }
 
-// y = norm(s), s = x + r; extra output 1: s. The norm reads s rounded to bf16, as the unfused add
-// stores it and the unfused norm reads it, so fusing (which activation checkpointing turns off)
-// changes no bit (decision 270). Inputs: x, r, w (, b).
+// y = norm(s), s = x + r, or x + (r + rb); extra output 1: s. The norm reads s rounded to bf16, as
+// the unfused add stores it and the unfused norm reads it, and r + rb is rounded as the unfused
+// bias add stores it, so fusing (which activation checkpointing turns off) changes no bit
+// (decision 270). Inputs: x, r, w (, b) (, rb: r's bias).
 template <bool kRms>
 Tensor add_norm_bf16(const KernelCall& c) {
   const Tensor x = arg(c, 0), r = arg(c, 1);
   const std::vector<float> w = widened(arg(c, 2)), b = kRms ? std::vector<float>{} : widened(arg(c, 3));
+  const size_t rb_at = kRms ? 3 : 4;
+  const std::vector<float> rb = c.in.size() > rb_at ? widened(arg(c, rb_at)) : std::vector<float>{};
   const int64_t C = x.dim(-1);
   const double eps = c.node.attrs().f("eps");
   Tensor y = out_like(c, DType::bf16);
@@ -974,7 +977,14 @@ Tensor add_norm_bf16(const KernelCall& c) {
   uint16_t* s = sum.data<uint16_t>();
   by_chunks_bf16<2, 2>({x.data<uint16_t>(), r.data<uint16_t>()}, {y.data<uint16_t>(), s}, x.numel(), C,
                        [&](const std::array<const float*, 2>& in, const std::array<float*, 2>& out, int64_t i0, int64_t m) {
-                         for (int64_t i = 0; i < m; ++i) out[1][i] = in[0][i] + in[1][i];
+                         const float* rr = in[1];
+                         if (!rb.empty()) {  // r + rb, rounded (in s's place, then read back); chunks are whole rows
+                           for (int64_t i = 0; i < m; ++i) out[1][i] = in[1][i] + rb[size_t(i % C)];
+                           cpu::cast<float, uint16_t>(out[1], s + i0, m);
+                           cpu::cast<uint16_t, float>(s + i0, out[1], m);
+                           rr = out[1];
+                         }
+                         for (int64_t i = 0; i < m; ++i) out[1][i] = in[0][i] + rr[i];
                          cpu::cast<float, uint16_t>(out[1], s + i0, m);  // s rounded, then read back
                          cpu::cast<uint16_t, float>(s + i0, out[1], m);
                          if constexpr (kRms) cpu::rmsnorm_forward<float>(out[1], w.data(), out[0], nullptr, m / C, C, eps);

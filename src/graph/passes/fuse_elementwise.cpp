@@ -5,6 +5,11 @@
 // - add → norm: the add is the norm's input 0, both add operands have the add's shape (no
 //   broadcast), and every other user of the add comes after the norm (the sum is then read from
 //   the extra output, which is placed right after the fused node).
+// - add → norm taking in its residual branch's bias add (with fuse_residual_bias: CPU programs):
+//   one operand of the residual add is p = add(m, b [C]) with m of p's shape, p has no user but
+//   the residual add and is no graph output; the fused node then reads m and b (its optional last
+//   input rb) and computes s = x + (m + b), the two roundings of the unfused adds, so the bits are
+//   the same; the backward is unchanged (d(m + b) = ds, summed to b's [C]).
 // - add → gelu_tanh: one add operand is a rank-1 [C] bias matching the last dim, the other has the
 //   add's shape, and the gelu is the add's only user (otherwise the sum is still materialised).
 // - add → norm only with fuse_residual_norms (off under activation checkpointing): a fused node
@@ -29,14 +34,31 @@ namespace {
 
 bool same_shape(const Node* a, const Node* b) { return a->shape() == b->shape(); }
 
-bool fuse_add_norm(Graph& g, Node* norm) {
+bool is_bias_of(const Node* b, const Node* a) { return b->shape().size() == 1 && b->shape()[0] == a->shape().back(); }
+
+// The bias add p = add(m, b [C]) that a residual branch ends with (an output projection's), if it
+// can be taken into the fused node: p has the sum's shape and no user but the residual add, and
+// is no graph output. Then sets *m and *b.
+bool residual_bias(const Graph& g, Node* p, Node* a, Node** m, Node** b) {
+  if (p->op() != Op::add || p->users().size() != 1 || p->users().front() != a || g.is_output(p)) return false;
+  Node *pm = p->input(0), *pb = p->input(1);
+  if (!is_bias_of(pb, p) || !same_shape(pm, p)) std::swap(pm, pb);
+  if (!is_bias_of(pb, p) || !same_shape(pm, p) || !same_shape(p, a)) return false;
+  *m = pm, *b = pb;
+  return true;
+}
+
+bool fuse_add_norm(Graph& g, Node* norm, bool with_bias) {
   Node* a = norm->input(0);
   if (a->op() != Op::add || !same_shape(a->input(0), a) || !same_shape(a->input(1), a)) return false;
   for (Node* u : a->users())
     if (u != norm && g.before(u, norm)) return false;
   const bool rms = norm->op() == Op::rmsnorm;
-  std::vector<Node*> ins = {a->input(0), a->input(1), norm->input(1)};
+  Node *x = a->input(0), *r = a->input(1), *m = nullptr, *rb = nullptr;
+  if (with_bias && !residual_bias(g, r, a, &m, &rb) && residual_bias(g, x, a, &m, &rb)) std::swap(x, r);
+  std::vector<Node*> ins = {x, rb ? m : r, norm->input(1)};
   if (!rms) ins.push_back(norm->input(2));
+  if (rb) ins.push_back(rb);
   Node* fused = g.insert_after(norm, rms ? Op::add_rmsnorm : Op::add_layernorm, ins, norm->attrs(),
                                norm->name() + ".fused", norm->role());
   g.replace_all_uses_with(norm, fused, fused);
@@ -46,16 +68,16 @@ bool fuse_add_norm(Graph& g, Node* norm) {
     g.replace_all_uses_with(a, s, s);
   }
   g.erase(a);
+  if (rb) g.erase(r);
   return true;
 }
 
 bool fuse_bias_gelu(Graph& g, Node* gelu) {
   Node* a = gelu->input(0);
   if (a->op() != Op::add || a->users().size() != 1 || g.is_output(a)) return false;
-  auto is_bias = [&](const Node* b) { return b->shape().size() == 1 && b->shape()[0] == a->shape().back(); };
   Node *x = a->input(0), *b = a->input(1);
-  if (!is_bias(b) || !same_shape(x, a)) std::swap(x, b);
-  if (!is_bias(b) || !same_shape(x, a) || a->shape().size() < 2) return false;
+  if (!is_bias_of(b, a) || !same_shape(x, a)) std::swap(x, b);
+  if (!is_bias_of(b, a) || !same_shape(x, a) || a->shape().size() < 2) return false;
   Node* fused = g.insert_after(gelu, Op::bias_gelu_tanh, {x, b}, {}, gelu->name() + ".fused", gelu->role());
   g.replace_all_uses_with(gelu, fused, fused);
   g.erase(gelu);
@@ -146,7 +168,7 @@ PassResult fuse_elementwise(Graph& g, const PassContext& ctx) {
   for (Node* n : candidates) {
     const bool fused = n->op() == Op::gelu_tanh ? fuse_bias_gelu(g, n)
                        : n->op() == Op::silu    ? fuse_swiglu(g, n)
-                                                : fuse_add_norm(g, n);
+                                                : fuse_add_norm(g, n, ctx.fuse_residual_bias);
     res.changed = res.changed || fused;
   }
   if (!ctx.fuse_qkv_heads) return res;

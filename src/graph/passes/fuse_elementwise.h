@@ -2,6 +2,9 @@
 // write each tensor once (docs/decisions.md):
 //   add(x, r) → layernorm / rmsnorm        ⇒ add_layernorm / add_rmsnorm (x, r [..., C] same shape);
 //       the add's other users read the sum from the fused node's extra output 1 (`output(·, 1)`);
+//       with PassContext::fuse_residual_bias, an operand r = add(m, b [C]) read by nothing else
+//       (an output projection's bias) becomes the fused node's optional last input rb:
+//       add_layernorm / add_rmsnorm (x, m, w (, b), rb), s = x + (m + rb);
 //   add(x, b [C]) → gelu_tanh (the add has no other user) ⇒ bias_gelu_tanh(x, b);
 //   silu(g) → mul(·, u) (the silu has no other user, u the mul's shape) ⇒ swiglu(g, u);
 //   add(x, b [3C]) → slices [0, C), [C, 2C), [2C, 3C) of the last dim → reshape [B, S, N, D] →

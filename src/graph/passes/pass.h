@@ -51,6 +51,10 @@ struct PassContext {
   // node (CPU programs: the op's CUDA kernel is not yet measured on a GPU; not under activation
   // checkpointing, where the recomputed q, k, v placed 2% more arena at gpt2-tiny.json's sizes).
   bool fuse_qkv_heads = false;
+  // fuse_elementwise: whether a fused residual add + norm also takes in the bias add of its
+  // residual branch (GPT-2's and gpt-oss's output projections: add(matmul, b [C])) as its optional
+  // input rb (CPU programs: the CUDA kernel's rb is checked under the emulation only).
+  bool fuse_residual_bias = false;
   // checkpoint_activations: the name prefixes of the scopes (transformer layers) to recompute;
   // also the units ZeRO-3 gathers parameters by (graph/passes/shard_parameters.h).
   std::vector<std::string> layer_scopes;

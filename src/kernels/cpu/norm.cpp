@@ -140,12 +140,20 @@ template <class T>
   }
 }
 
-// s = x + r (added in T, like the add kernel), then norm_row over s.
+// s = x + r, or x + (r + rb) (added in T, like the add kernels), then norm_row over s.
 template <class T>
-[[gnu::always_inline]] inline void add_norm_row(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t C,
-                                                double eps, bool rms) {
+[[gnu::always_inline]] inline void add_norm_row(const T* x, const T* r, const T* rb, const T* w, const T* b, T* y,
+                                                T* s, int64_t C, double eps, bool rms) {
+  if (rb) {
 #pragma omp simd
-  for (int64_t c = 0; c < C; ++c) s[c] = x[c] + r[c];  // the row stays in cache for the norm
+    for (int64_t c = 0; c < C; ++c) {
+      const T t = r[c] + rb[c];  // the bias add's rounding
+      s[c] = x[c] + t;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) s[c] = x[c] + r[c];  // the row stays in cache for the norm
+  }
   double mu, rs;
   norm_row(s, w, b, y, C, eps, rms, mu, rs);
 }
@@ -219,9 +227,9 @@ AUTOSP_VEC16_CLONES void norm_row_f32(const float* x, const float* w, const floa
                                       bool rms, double& mu, double& rs) {
   norm_row(x, w, b, y, C, eps, rms, mu, rs);
 }
-AUTOSP_VEC16_CLONES void add_norm_row_f32(const float* x, const float* r, const float* w, const float* b, float* y,
-                                          float* s, int64_t C, double eps, bool rms) {
-  add_norm_row(x, r, w, b, y, s, C, eps, rms);
+AUTOSP_VEC16_CLONES void add_norm_row_f32(const float* x, const float* r, const float* rb, const float* w,
+                                          const float* b, float* y, float* s, int64_t C, double eps, bool rms) {
+  add_norm_row(x, r, rb, w, b, y, s, C, eps, rms);
 }
 AUTOSP_VEC16_CLONES void norm_backward_row_f32(const float* dy, const float* x, const float* w, float* dx, int64_t C,
                                                double eps, bool rms) {
@@ -315,15 +323,15 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_
 }
 
 template <class T>
-void add_norm_forward(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C,
-                      double eps, bool rms) {
+void add_norm_forward(const T* x, const T* r, const T* rb, const T* w, const T* b, T* y, T* s, int64_t rows,
+                      int64_t C, double eps, bool rms) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, rms ? "add_rmsnorm" : "add_layernorm", " rows ", rows, " C ", C);
   const T* bias = rms ? nullptr : b;
 #pragma omp parallel for schedule(static) if (rows * C > kGrain)
   for (int64_t i = 0; i < rows; ++i) {
     if constexpr (std::is_same_v<T, float>)
-      add_norm_row_f32(x + i * C, r + i * C, w, bias, y + i * C, s + i * C, C, eps, rms);
-    else add_norm_row(x + i * C, r + i * C, w, bias, y + i * C, s + i * C, C, eps, rms);
+      add_norm_row_f32(x + i * C, r + i * C, rb, w, bias, y + i * C, s + i * C, C, eps, rms);
+    else add_norm_row(x + i * C, r + i * C, rb, w, bias, y + i * C, s + i * C, C, eps, rms);
   }
 }
 
@@ -412,9 +420,9 @@ template void rmsnorm_forward<float>(const float*, const float*, float*, float*,
                                      double);
 template void rmsnorm_forward<double>(const double*, const double*, double*, double*, int64_t,
                                       int64_t, double);
-template void add_norm_forward<float>(const float*, const float*, const float*, const float*, float*, float*,
+template void add_norm_forward<float>(const float*, const float*, const float*, const float*, const float*, float*, float*,
                                       int64_t, int64_t, double, bool);
-template void add_norm_forward<double>(const double*, const double*, const double*, const double*, double*,
+template void add_norm_forward<double>(const double*, const double*, const double*, const double*, const double*, double*,
                                        double*, int64_t, int64_t, double, bool);
 template void softmax_forward<float>(const float*, float*, int64_t, int64_t);
 template void softmax_forward<double>(const double*, double*, int64_t, int64_t);

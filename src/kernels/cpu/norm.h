@@ -16,11 +16,12 @@ template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t C, double eps);
 
 // Fused residual add + norm (one pass over each row): s = x + r (added in T, like the add kernel),
-// y = layernorm(s) with w, b (b may be null) or, when `rms`, y = rmsnorm(s) with w. x, r, y, s:
-// [rows, C]; s may alias x or r.
+// or with r's bias rb [C] (not null) s = x + (r + rb), each add rounded to T as the two unfused
+// adds round; y = layernorm(s) with w, b (b may be null) or, when `rms`, y = rmsnorm(s) with w.
+// x, r, y, s: [rows, C]; s may alias x or r.
 template <class T>
-void add_norm_forward(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C,
-                      double eps, bool rms);
+void add_norm_forward(const T* x, const T* r, const T* rb, const T* w, const T* b, T* y, T* s, int64_t rows,
+                      int64_t C, double eps, bool rms);
 
 // Softmax over the last dim: y[r, :] = exp(x[r, :] - max) / sum. x and y may alias.
 template <class T>

@@ -83,17 +83,21 @@ __global__ void norm_forward_kernel(const T* x, const T* w, const T* b, T* y, T*
   }
 }
 
-// y = norm(s), s = x + r: one warp per row. s is written, then read back by the plain norm's row
-// (each lane reads the elements it wrote): for bf16 the rounded s, as the unfused norm reads it.
+// y = norm(s), s = x + r (+ rb: r's bias, rounded into r's type first as the unfused add stores
+// it): one warp per row. s is written, then read back by the plain norm's row (each lane reads the
+// elements it wrote): for bf16 the rounded s, as the unfused norm reads it.
 template <class T>
-__global__ void add_norm_forward_kernel(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows,
-                                        int64_t C, acc_t<T> eps, bool rms) {
+__global__ void add_norm_forward_kernel(const T* x, const T* r, const T* rb, const T* w, const T* b, T* y, T* s,
+                                        int64_t rows, int64_t C, acc_t<T> eps, bool rms) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;  // the whole warp leaves
   const T *xr = x + row * C, *rr = r + row * C;  // [C]
   T* sr = s + row * C;
-  for (int64_t c = lane; c < C; c += kWarp) store(sr, c, load(xr, c) + load(rr, c));
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const acc_t<T> rv = rb ? to_acc(from_acc<T>(load(rr, c) + load(rb, c))) : load(rr, c);
+    store(sr, c, load(xr, c) + rv);
+  }
   acc_t<T> mu, rs;
   norm_row<T>(sr, w, b, y + row * C, C, eps, rms, lane, mu, rs);
 }
@@ -266,11 +270,11 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_
 }
 
 template <class T>
-void add_norm_forward(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C, double eps,
-                      bool rms, cudaStream_t stream) {
+void add_norm_forward(const T* x, const T* r, const T* rb, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C,
+                      double eps, bool rms, cudaStream_t stream) {
   AUTOSP_ASSERT(rows >= 0 && C > 0, rms ? "add_rmsnorm" : "add_layernorm", " rows ", rows, " C ", C);
   if (rows == 0) return;
-  launch_kernel(add_norm_forward_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, x, r, w, b, y, s, rows,
+  launch_kernel(add_norm_forward_kernel<T>, row_blocks(rows), kRowsPerBlock * kWarp, 0, stream, x, r, rb, w, b, y, s, rows,
                 C, acc_t<T>(eps), rms);
 }
 
@@ -330,8 +334,8 @@ void softmax_backward(const T* dy, const T* y, T* dx, int64_t rows, int64_t C, c
   template void layernorm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double,               \
                                      cudaStream_t);                                                                    \
   template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t);                \
-  template void add_norm_forward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t, double, bool,   \
-                                    cudaStream_t);                                                                     \
+  template void add_norm_forward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t,      \
+                                    double, bool, cudaStream_t);                                                       \
   template void softmax_forward<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                      \
   template void layernorm_backward_input<T>(const T*, const T*, const T*, T*, int64_t, int64_t, double, cudaStream_t); \
   template void layernorm_backward_params<T>(const T*, const T*, T*, T*, int64_t, int64_t, double, cudaStream_t);      \

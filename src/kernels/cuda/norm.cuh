@@ -20,13 +20,14 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rst
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t C, double eps, cudaStream_t stream);
 
-// Fused residual add + norm: s = x + r, y = layernorm(s) with w, b (b may be null) or, when `rms`,
-// rmsnorm(s) with w; the sum is formed in acc_t<T> and rounded once into s, and y is normalised
-// from s as stored (for bf16 the rounded sum, as layernorm_forward / rmsnorm_forward on s would:
-// the same bits; decision 270). s must not alias x or r.
+// Fused residual add + norm: s = x + r, or with r's bias rb [C] (not null) s = x + (r + rb), the
+// bias sum rounded to T first as the unfused add stores it; y = layernorm(s) with w, b (b may be
+// null) or, when `rms`, rmsnorm(s) with w; the sum is formed in acc_t<T> and rounded once into s,
+// and y is normalised from s as stored (for bf16 the rounded sum, as layernorm_forward /
+// rmsnorm_forward on s would: the same bits; decision 270). s must not alias x or r.
 template <class T>
-void add_norm_forward(const T* x, const T* r, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C, double eps,
-                      bool rms, cudaStream_t stream);
+void add_norm_forward(const T* x, const T* r, const T* rb, const T* w, const T* b, T* y, T* s, int64_t rows, int64_t C,
+                      double eps, bool rms, cudaStream_t stream);
 
 // y = softmax over the last dim. x and y may alias.
 template <class T>
