@@ -11,4 +11,5 @@ bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
 ranks=${AUTOSP_RANKS:-2}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-exec mpirun --oversubscribe -np "$ranks" build/bin/autosp-train --config "$config" "$@"
+# Through the launcher, so that SIGTERM or Ctrl-C saves a checkpoint and exits 4 (docs/reliability.md).
+exec bash scripts/preemptible-mpirun.sh --oversubscribe -np "$ranks" build/bin/autosp-train --config "$config" "$@"
