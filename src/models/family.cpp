@@ -9,6 +9,9 @@ namespace autosp {
 namespace {
 
 constexpr std::string_view kGpt2Buffers[] = {".attn.bias", ".attn.masked_bias"};  // GPT-2's causal-mask buffers
+// The rotary inverse frequencies transformers before 4.31 saved in Llama-family checkpoints (its
+// loader ignores them: _keys_to_ignore_on_load_unexpected); they are recomputed from the config.
+constexpr std::string_view kRopeBuffers[] = {".rotary_emb.inv_freq"};
 // The projections (GPT-2's Conv1D c_proj is both the attention's and the MLP's output) and PEFT's
 // default targets (peft.utils.constants TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
 constexpr std::string_view kGpt2Linear[] = {"c_attn", "c_proj", "c_fc"};
@@ -32,7 +35,7 @@ constexpr Family kLlama{
     .mlp_bias = Presence::by_key, .sinks = Presence::by_key, .qk_norm = false, .gqa = true,
     .tied_head = Presence::by_key, .window = Window::none, .padding_idx = true, .norm_eps = 1e-6, .embedding = "model.embed_tokens.weight",
     .optional_prefix = "",
-    .buffers = {}, .layer_scope = "l", .hf_config_class = "LlamaConfig", .hf_model_class = "LlamaForCausalLM",
+    .buffers = kRopeBuffers, .layer_scope = "l", .hf_config_class = "LlamaConfig", .hf_model_class = "LlamaForCausalLM",
     .hf_class_prefix = "Llama", .linear_modules = kLlamaLinear, .lora_default_targets = kLlamaLoraDefault};
 
 constexpr Family member(Family f, Arch arch, std::string_view name, std::string_view config_class,

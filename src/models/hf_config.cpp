@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "models/weights.h"
 #include "tensor/check.h"
 
 namespace autosp {
@@ -683,7 +684,10 @@ HfModelConfig read_hf_model_dir(const std::string& dir) {
   if (!fs::is_directory(dir, ec))
     throw UsageError(str(dir, ": not a directory (model.from takes a Hugging Face model directory)"));
   const std::string path = (fs::path(dir) / "config.json").string();
-  if (!fs::exists(path, ec)) throw UsageError(str(path, ": cannot open (a Hugging Face model directory holds config.json)"));
+  if (!fs::exists(path, ec)) {
+    if (const std::string other = other_tool_directory(dir); !other.empty()) throw UsageError(str(dir, ": ", other));
+    throw UsageError(str(path, ": cannot open (a Hugging Face model directory holds config.json)"));
+  }
   return translate_hf_config(read_json_file(path, uint64_t{16} << 20), path);
 }
 

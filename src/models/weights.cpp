@@ -3,6 +3,7 @@
 #include "models/weights.h"
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -68,11 +69,22 @@ bool equal_values(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-// The first bytes of a file that is not safetensors, named: a PyTorch pickle or a JSON file.
+// The first bytes of a file that is not safetensors, named: llm.c's files (a 256 × int32 header:
+// magic, version), a PyTorch pickle or a JSON file.
 void refuse_other_formats(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  char head[4] = {};
-  f.read(head, 4);
+  char head[8] = {};
+  f.read(head, 8);
+  int32_t magic = 0, version = 0;
+  std::memcpy(&magic, head, 4);
+  std::memcpy(&version, head + 4, 4);
+  if (f.gcount() == 8 && magic == 20240326)
+    throw UsageError(str(path, ": an llm.c model checkpoint (magic 20240326, version ", version,
+                         "), not safetensors: export it to a Hugging Face directory with llm.c's dev/eval/export_hf.py "
+                         "and give that directory"));
+  if (f.gcount() == 8 && (magic == 20240520 || magic == 20240801))
+    throw UsageError(str(path, ": an llm.c token shard (magic ", magic,
+                         "), not model weights: token files go in data.path with data.source \"tokens\""));
   const bool zip = head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4;
   const bool pickle = static_cast<unsigned char>(head[0]) == 0x80 && head[1] >= 2 && head[1] <= 5;
   if (zip || pickle)
@@ -132,6 +144,35 @@ SafetensorsFile load_sharded(const std::string& index_path) {
   return out;
 }
 
+// A DeepSpeed checkpoint's model states file under `dir` (its global_step* tags), or empty.
+std::string deepspeed_states(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_directory(ec)) continue;
+    for (const char* f : {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"})
+      if (fs::exists(it->path() / f, ec)) return (it->path().filename() / f).string();
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string other_tool_directory(const std::string& dir) {
+  std::error_code ec;
+  const fs::path d(dir);
+  if (!fs::is_directory(d, ec)) return "";
+  if (fs::exists(d / "adapter_config.json", ec))
+    return "a PEFT adapter directory (adapter_config.json), not a model: give it as lora.from, with its base model "
+           "(adapter_config.json's base_model_name_or_path) as model.from";
+  if (const std::string states = deepspeed_states(d); !states.empty() || fs::exists(d / "zero_to_fp32.py", ec))
+    return str("a DeepSpeed checkpoint directory", states.empty() ? "" : str(" (", states, ")"),
+               ", not an autosp checkpoint or a model: consolidate its weights with the zero_to_fp32.py DeepSpeed "
+               "saves beside them (--safe_serialization), then start from them with --init-from");
+  return "";
+}
+
+namespace {
+
 // What `path` names, read: a directory (its index or its single file), an index, or a file.
 SafetensorsFile load_any(const std::string& path, const ModelConfig& m, bool check_config) {
   std::error_code ec;
@@ -144,6 +185,7 @@ SafetensorsFile load_any(const std::string& path, const ModelConfig& m, bool che
       if (fs::exists(d / pickle, ec))
         throw UsageError(str(path, ": holds PyTorch pickle weights (", pickle, "), not safetensors: convert them with "
                              "transformers' save_pretrained(dir, safe_serialization=True)"));
+    if (const std::string other = other_tool_directory(path); !other.empty()) throw UsageError(str(path, ": ", other));
     throw UsageError(str(path, ": holds neither ", kSingleName, " nor ", kIndexName));
   }
   const fs::path parent = fs::path(path).parent_path();

@@ -3,7 +3,8 @@
 // loader checks every name and shape against the model, accepts GPT-2 names with or without the
 // "transformer." prefix, ignores GPT-2's attention-mask buffers (attn.bias, attn.masked_bias),
 // checks a tied lm_head.weight against the embedding, and converts float dtypes (f32, f64, bf16,
-// f16). PyTorch pickles (pytorch_model.bin) are recognised and refused by name.
+// f16). PyTorch pickles (pytorch_model.bin), llm.c checkpoints and token shards, PEFT adapter and
+// DeepSpeed checkpoint directories are recognised and refused by name.
 #pragma once
 
 #include <string>
@@ -19,6 +20,11 @@ namespace autosp {
 // for model.from, whose config the run's model came from, overrides included). Throws UsageError
 // naming the file and the offending tensor or key.
 ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype, bool check_dir_config = true);
+
+// What a directory that holds no model is, when it is one of the things people bring from other
+// tools in its place (a PEFT adapter, a DeepSpeed checkpoint), with what to do instead; empty for
+// anything else. For the refusals of model.from, --init-from and --resume.
+std::string other_tool_directory(const std::string& dir);
 
 // One safetensors file, {"format": "pt"} in its metadata (what transformers' loader requires).
 void save_weights(const std::string& path, const ParamMap& params);

@@ -175,6 +175,7 @@ fs::path resolve(const std::string& path) {
     if (fs::exists(p / "config.json", ec))
       throw UsageError(str(path, ": a Hugging Face model directory, not a checkpoint (no meta.json): start from it "
                            "with --init-from or \"model\": {\"from\": DIR}"));
+    if (const std::string other = other_tool_directory(path); !other.empty()) throw UsageError(str(path, ": ", other));
     throw UsageError(str(path, ": holds no checkpoint (no meta.json, no step_* directory)"));
   }
   if (!fs::exists(all.front().second / "meta.json", ec))

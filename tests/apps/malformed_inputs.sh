@@ -466,6 +466,30 @@ row 'hf_pickle: holds PyTorch pickle weights (pytorch_model.bin)' "${c[@]}" --in
 row 'hf_noweights: holds neither model.safetensors nor model.safetensors.index.json' "${c[@]}" --init-from "$tmp/hf_noweights"
 row "hf_heads/config.json: num_attention_heads is 8 but this run's model.num_attention_heads is 4" "${c[@]}" --init-from "$tmp/hf_heads"
 row 'hf_noweights: a Hugging Face model directory, not a checkpoint' "${c[@]}" --resume "$tmp/hf_noweights"
+# What people bring from other tools, named for what it is: llm.c's checkpoint and token shard and a
+# torch.save zip given as weights; a PEFT adapter directory as the model, its weights or the run to
+# resume; a DeepSpeed checkpoint directory to resume or start from.
+$py - "$tmp" <<'PY'
+import os, struct, sys
+d = sys.argv[1]
+hdr = [0] * 256
+hdr[0], hdr[1], hdr[2], hdr[3] = 20240326, 3, 1024, 50257
+open(os.path.join(d, "gpt2_124M.bin"), "wb").write(struct.pack("<256i", *hdr) + bytes(64))
+open(os.path.join(d, "torch.pt"), "wb").write(b"PK\x03\x04" + bytes(60))
+os.makedirs(os.path.join(d, "peft_adapter"))
+open(os.path.join(d, "peft_adapter", "adapter_config.json"), "w").write('{"peft_type": "LORA", "r": 8}')
+os.makedirs(os.path.join(d, "ds_ckpt", "global_step100"))
+open(os.path.join(d, "ds_ckpt", "latest"), "w").write("global_step100")
+open(os.path.join(d, "ds_ckpt", "global_step100", "mp_rank_00_model_states.pt"), "wb").write(b"PK\x03\x04")
+PY
+row 'gpt2_124M.bin: an llm.c model checkpoint (magic 20240326, version 3)' "${c[@]}" --init-from "$tmp/gpt2_124M.bin"
+row 'good.bin: an llm.c token shard (magic 20240520)' "${c[@]}" --init-from "$tmp/good.bin"
+row "torch.pt: a PyTorch pickle (torch.save zip format" "${c[@]}" --init-from "$tmp/torch.pt"
+row 'peft_adapter: a PEFT adapter directory .*give it as lora.from' "${c[@]}" --set "model.from=$tmp/peft_adapter"
+row 'peft_adapter: a PEFT adapter directory' "${c[@]}" --init-from "$tmp/peft_adapter"
+row 'peft_adapter: a PEFT adapter directory' "${c[@]}" --resume "$tmp/peft_adapter"
+row 'ds_ckpt: a DeepSpeed checkpoint directory (global_step100/mp_rank_00_model_states.pt)' "${c[@]}" --resume "$tmp/ds_ckpt"
+row 'ds_ckpt: a DeepSpeed checkpoint directory' "${c[@]}" --init-from "$tmp/ds_ckpt"
 row 'nothere: not a directory (model.from' "${c[@]}" --set "model.from=$tmp/nothere"
 row 'model.from = 3: expected a Hugging Face model directory' "${c[@]}" --set model.from=3
 row 'hf_garbled/config.json: not valid JSON' "${c[@]}" --set "model.from=$tmp/hf_garbled"

@@ -225,6 +225,34 @@ TEST_CASE("model forward and gradients match the PyTorch reference", "[model][to
   }
 }
 
+// Checkpoints transformers wrote before 4.31 carry each layer's rotary inverse frequencies; its
+// loader ignores them, and so does ours (the values are recomputed from the config). Anything else
+// unknown is still refused.
+TEST_CASE("a Llama weights file with rotary_emb.inv_freq buffers loads as transformers loads it", "[model]") {
+  const test::TempDir tmp("ref-weights-inv-freq");
+  ModelConfig m;
+  m.arch = Arch::llama;
+  m.vocab_size = 16;
+  m.hidden_size = 8;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 2;
+  m.num_key_value_heads = 1;
+  m.intermediate_size = 12;
+  m.max_position_embeddings = 8;
+  const ParamMap good = random_weights(m, 3);
+  ParamMap with_buffers = good;
+  for (int l = 0; l < 2; ++l)
+    with_buffers[str("model.layers.", l, ".self_attn.rotary_emb.inv_freq")] = Tensor::zeros({2}, DType::f32);
+  const std::string path = (tmp.dir / "w.safetensors").string();
+  save_safetensors(path, with_buffers);
+  const ParamMap loaded = load_weights(path, m, DType::f32);
+  REQUIRE(loaded.size() == good.size());
+  for (const auto& [name, t] : good) CHECK(loaded.at(name).to_doubles() == t.to(DType::f32).to_doubles());
+  with_buffers["model.layers.0.self_attn.rotary_emb.scale"] = Tensor::zeros({2}, DType::f32);
+  save_safetensors(path, with_buffers);
+  CHECK_THROWS_WITH(load_weights(path, m, DType::f32), Catch::Contains("not a parameter"));
+}
+
 TEST_CASE("weights files that do not fit the model are named errors", "[model]") {
   const test::TempDir tmp("ref-weights-garbage");
   const fs::path& dir = tmp.dir;
@@ -251,6 +279,16 @@ TEST_CASE("weights files that do not fit the model are named errors", "[model]")
   extra["transformer.h.5.mlp.c_fc.weight"] = Tensor::zeros({8, 32}, DType::f32);
   save_safetensors(path, extra);
   CHECK_THROWS_WITH(load_weights(path, m, DType::f32), Catch::Contains("not a parameter"));
+
+  // Files from llm.c are named for what they are (its 256 × int32 header: magic, version, ...).
+  for (const auto& [magic, expect] : {std::pair<int32_t, std::string>{20240326, "an llm.c model checkpoint (magic 20240326, version 3)"},
+                                      {20240520, "an llm.c token shard (magic 20240520), not model weights"},
+                                      {20240801, "an llm.c token shard (magic 20240801)"}}) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = magic, header[1] = 3, header[2] = 1024;
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(header.data()), 1024);
+    CHECK_THROWS_WITH(load_weights(path, m, DType::f32), Catch::Contains(expect));
+  }
 
   ParamMap ints = good;
   ints["transformer.ln_f.bias"] = Tensor::zeros({8}, DType::i64);
