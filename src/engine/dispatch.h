@@ -51,6 +51,14 @@ namespace launch {
 int axis(int64_t d, int rank);  // a negative dim counted from the end
 // Strides of `t` broadcast (right-aligned) to `out`'s rank: 0 on broadcast dims.
 Shape broadcast_strides(const Tensor& t, const Shape& out);
+// A concat node's output y [..., Σ n_i, ...] as `outer` rows (one per index over the dims before its
+// dim), each the inputs' contiguous blocks x_i [..., n_i, ...] side by side; sizes in bytes, all 0
+// when there are no rows.
+struct ConcatRows {
+  int64_t outer = 0, row_bytes = 0;
+  std::vector<int64_t> block_bytes;  // input i's block
+};
+ConcatRows concat_rows(const KernelCall& c);
 // `x` with its dims reordered as a transpose or permute node says.
 Tensor permuted_view(const KernelCall& c, const Tensor& x);
 // The [start, end) part of `x` along a slice node's dim; bounds outside `x` are a UsageError.

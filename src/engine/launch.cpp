@@ -42,6 +42,20 @@ Shape broadcast_strides(const Tensor& t, const Shape& out) {
   return st;
 }
 
+ConcatRows concat_rows(const KernelCall& c) {
+  const int d = axis(c.node.attrs().i("dim"), c.in[0].rank());
+  const int64_t es = static_cast<int64_t>(dtype_size(c.in[0].dtype()));
+  ConcatRows r;
+  r.outer = shape_numel(std::span(c.out_shape).first(d));
+  if (r.outer == 0) {
+    r.block_bytes.assign(c.in.size(), 0);
+    return r;
+  }
+  r.row_bytes = shape_numel(c.out_shape) / r.outer * es;
+  for (const Tensor& x : c.in) r.block_bytes.push_back(x.numel() / r.outer * es);
+  return r;
+}
+
 Tensor permuted_view(const KernelCall& c, const Tensor& x) {
   std::vector<int64_t> perm;
   if (c.node.op() == Op::transpose) {

@@ -53,6 +53,37 @@ inline Space simplify_space(int rank, const int64_t* shape, int nops, const int6
   return s;
 }
 
+// sum_to's index space: contiguous x [x_shape] summed to out [out_shape] (each of its dims x's or 1),
+// with size-1 dims dropped and neighbours of the same kind (kept / summed) merged: n dims, none when
+// every dim has size 1.
+struct SumSpace {
+  int n = 0;
+  int64_t size[kMaxRank] = {};
+  bool summed[kMaxRank] = {};
+  int64_t x_numel = 1, out_numel = 1;
+};
+
+inline SumSpace simplify_sum(int rank, const int64_t* x_shape, const int64_t* out_shape) {
+  AUTOSP_ASSERT(rank >= 0 && rank <= kMaxRank, "sum_to rank ", rank);
+  SumSpace s;
+  for (int d = 0; d < rank; ++d) {
+    AUTOSP_ASSERT(x_shape[d] >= 0 && (out_shape[d] == x_shape[d] || out_shape[d] == 1), "sum_to dim ", d, ": x ",
+                  x_shape[d], " out ", out_shape[d]);
+    s.x_numel *= x_shape[d];
+    s.out_numel *= out_shape[d];
+    if (x_shape[d] == 1) continue;
+    const bool summed = out_shape[d] == 1;
+    if (s.n > 0 && s.summed[s.n - 1] == summed) {
+      s.size[s.n - 1] *= x_shape[d];
+    } else {
+      s.size[s.n] = x_shape[d];
+      s.summed[s.n] = summed;
+      ++s.n;
+    }
+  }
+  return s;
+}
+
 }  // namespace autosp
 
 namespace autosp::cpu {

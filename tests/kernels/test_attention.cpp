@@ -18,19 +18,31 @@ namespace {
 
 using namespace autosp;
 
+// Which of the table's tests take a case.
+enum class Runs { both, forward, backward };
+
 struct SdpaCase {
   int64_t B, N, Nkv, Sq, Skv, D;
   bool causal;
   double scale;  // 0: 1/sqrt(D)
+  Runs runs = Runs::both;
 };
 
+std::ostream& operator<<(std::ostream& os, const SdpaCase& c) {
+  return os << "B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv
+            << " D " << c.D << " causal " << c.causal << " scale " << c.scale;
+}
+
+// The shapes of the forward and the backward tests against the naive attention: each test takes the
+// rows it runs, in order.
 const SdpaCase kSdpaCases[] = {
     {1, 1, 1, 1, 1, 8, false, 0},
     {1, 1, 1, 1, 1, 8, true, 0},
     {2, 2, 2, 7, 7, 16, true, 0},
     {1, 8, 2, 65, 65, 64, true, 0},    // GQA
-    {1, 8, 2, 65, 65, 64, false, 0},
-    {2, 4, 4, 130, 130, 16, true, 0},
+    {1, 8, 2, 65, 65, 64, false, 0, Runs::forward},
+    {1, 6, 2, 65, 65, 32, false, 0, Runs::backward},
+    {2, 4, 4, 130, 130, 16, true, 0},  // several key and query blocks
     {1, 2, 1, 130, 130, 8, false, 0},
     {1, 2, 2, 7, 130, 16, false, 0},   // Sq < Skv
     {2, 4, 2, 65, 7, 64, false, 0},    // Sq > Skv
@@ -42,21 +54,46 @@ const SdpaCase kSdpaCases[] = {
     {1, 2, 2, 200, 200, 128, true, 0}, // D = 128: smaller query blocks
     {1, 2, 1, 65, 65, 16, true, 2.0},  // large scale: wide exp range
     {1, 1, 1, 3, 0, 8, false, 0},      // no keys at all
+    {1, 2, 1, 0, 5, 8, true, 0, Runs::backward},  // no queries at all
     // Several query and key tiles of the kernels (forward 128 x 512, backward 64 x 256), with
     // partial last tiles and causal blocks skipped on both sides of the diagonal.
-    {1, 2, 1, 300, 1100, 16, true, 0},
-    {1, 1, 1, 530, 530, 64, false, 0},
-    {1, 2, 2, 700, 700, 128, true, 0},
+    {1, 2, 1, 300, 1100, 16, true, 0, Runs::forward},
+    {1, 1, 1, 530, 530, 64, false, 0, Runs::forward},
+    {1, 2, 2, 700, 700, 128, true, 0, Runs::forward},
+    {1, 2, 1, 150, 600, 16, true, 0, Runs::backward},
+    {1, 1, 1, 300, 300, 64, false, 0, Runs::backward},
     // Head dims below 32 run transposed tiles (keys x queries): GQA over 6 query blocks and 2 key
-    // blocks, and D = 24, not a multiple of the vector width.
+    // blocks, and D = 24, not a multiple of the vector width. The backward accumulates dK, dV
+    // transposed and fuses P, dS into the score products of whole tiles (11 query blocks in several
+    // chunks).
     {1, 4, 2, 700, 700, 16, true, 0},
     {1, 4, 2, 700, 700, 24, true, 0},
     // D = 32 runs them too, in query blocks of 64: a short causal sequence whose query blocks cut
-    // their one key block into the keys every row sees and the diagonal tile (decision 271), and
-    // a full one.
+    // their one key block into the keys every row sees and the diagonal tile (fused products, masked
+    // on the diagonal in the backward; decision 271), and a full one.
     {2, 4, 2, 256, 256, 32, true, 0},
-    {1, 2, 1, 300, 300, 32, false, 0},
+    {1, 2, 1, 300, 300, 32, false, 0, Runs::forward},
+    // A task's keys and values transposed once (decision 272) take 2 · 128 · 4216 floats, past the
+    // 2^18 of the task panels: each tile transposes its own keys.
+    {1, 2, 1, 70, 4200, 128, false, 0, Runs::backward},
 };
+
+// A case's q [B, N, Sq, D], k and v [B, Nkv, Skv, D] from N(0, 1) (seeds `seed`, `seed` + 1,
+// `seed` + 2; `seed` moves past them) and its scale.
+template <class T>
+struct SdpaInputs {
+  std::vector<T> q, k, v;
+  double scale;
+};
+template <class T>
+SdpaInputs<T> sdpa_inputs(const SdpaCase& c, uint32_t& seed) {
+  SdpaInputs<T> in;
+  in.q = test::cast<T>(naive::random_normal(c.B * c.N * c.Sq * c.D, seed++));
+  in.k = test::cast<T>(naive::random_normal(c.B * c.Nkv * c.Skv * c.D, seed++));
+  in.v = test::cast<T>(naive::random_normal(c.B * c.Nkv * c.Skv * c.D, seed++));
+  in.scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
+  return in;
+}
 
 }  // namespace
 
@@ -64,12 +101,9 @@ TEMPLATE_TEST_CASE("sdpa_forward matches the naive attention", "[kernels][attent
   using T = TestType;
   uint32_t seed = 300;
   for (const SdpaCase& c : kSdpaCases) {
-    INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv
-              << " D " << c.D << " causal " << c.causal << " scale " << c.scale);
-    const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
-    const auto q = test::cast<T>(naive::random_normal(c.B * c.N * c.Sq * c.D, seed++));
-    const auto k = test::cast<T>(naive::random_normal(c.B * c.Nkv * c.Skv * c.D, seed++));
-    const auto v = test::cast<T>(naive::random_normal(c.B * c.Nkv * c.Skv * c.D, seed++));
+    if (c.runs == Runs::backward) continue;
+    INFO(c);
+    const auto [q, k, v, scale] = sdpa_inputs<T>(c, seed);
     std::vector<T> o(q.size(), T(-777)), lse(static_cast<size_t>(c.B * c.N * c.Sq), T(-777));
     cpu::sdpa_forward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq,
                          c.Skv, c.D, scale, c.causal);
@@ -124,54 +158,13 @@ TEST_CASE("sdpa_forward at D < 32: a dominant key sets the row maximum wherever 
 
 // ---- backward ----------------------------------------------------------------------------------
 
-namespace {
-
-const SdpaCase kSdpaBackwardCases[] = {
-    {1, 1, 1, 1, 1, 8, false, 0},
-    {1, 1, 1, 1, 1, 8, true, 0},
-    {2, 2, 2, 7, 7, 16, true, 0},
-    {1, 8, 2, 65, 65, 64, true, 0},    // GQA
-    {1, 6, 2, 65, 65, 32, false, 0},
-    {2, 4, 4, 130, 130, 16, true, 0},  // several key and query blocks
-    {1, 2, 1, 130, 130, 8, false, 0},
-    {1, 2, 2, 7, 130, 16, false, 0},   // Sq < Skv
-    {2, 4, 2, 65, 7, 64, false, 0},    // Sq > Skv
-    {1, 2, 2, 7, 130, 16, true, 0},    // causal, bottom-right: query i sees keys ≤ i + 123
-    {1, 4, 2, 65, 130, 8, true, 0},
-    {1, 2, 1, 130, 65, 16, true, 0},   // causal, Sq > Skv: the first 65 queries see nothing
-    {1, 3, 3, 33, 70, 3, true, 0},     // odd head dims
-    {1, 2, 2, 66, 129, 100, false, 0},
-    {1, 2, 2, 200, 200, 128, true, 0}, // D = 128: smaller query blocks
-    {1, 2, 1, 65, 65, 16, true, 2.0},  // large scale: wide exp range
-    {1, 1, 1, 3, 0, 8, false, 0},      // no keys at all
-    {1, 2, 1, 0, 5, 8, true, 0},       // no queries at all
-    // Several 64 x 256 tiles of the backward, partial last tiles, causal blocks skipped.
-    {1, 2, 1, 150, 600, 16, true, 0},
-    {1, 1, 1, 300, 300, 64, false, 0},
-    // Head dims below 32 accumulate dK, dV transposed and fuse P, dS into the score products of
-    // whole tiles: GQA over 11 query blocks in several chunks, and D = 24.
-    {1, 4, 2, 700, 700, 16, true, 0},
-    {1, 4, 2, 700, 700, 24, true, 0},
-    // A short causal sequence: each query block's keys are one block, cut into the keys every row
-    // sees (fused products) and the diagonal tile (masked fused products, decision 271).
-    {2, 4, 2, 256, 256, 32, true, 0},
-    // A task's keys and values transposed once (decision 272) take 2 · 128 · 4216 floats, past the
-    // 2^18 of the task panels: each tile transposes its own keys.
-    {1, 2, 1, 70, 4200, 128, false, 0},
-};
-
-}  // namespace
-
 TEMPLATE_TEST_CASE("sdpa_backward matches the naive backward", "[kernels][attention][backward]", float, double) {
   using T = TestType;
   uint32_t seed = 2300;
-  for (const SdpaCase& c : kSdpaBackwardCases) {
-    INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv
-              << " D " << c.D << " causal " << c.causal << " scale " << c.scale);
-    const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
-    const auto q = test::cast<T>(naive::random_normal(c.B * c.N * c.Sq * c.D, seed++));
-    const auto k = test::cast<T>(naive::random_normal(c.B * c.Nkv * c.Skv * c.D, seed++));
-    const auto v = test::cast<T>(naive::random_normal(c.B * c.Nkv * c.Skv * c.D, seed++));
+  for (const SdpaCase& c : kSdpaCases) {
+    if (c.runs == Runs::forward) continue;
+    INFO(c);
+    const auto [q, k, v, scale] = sdpa_inputs<T>(c, seed);
     const auto dout = test::cast<T>(naive::random_normal(c.B * c.N * c.Sq * c.D, seed++));
     std::vector<T> o(q.size()), lse(static_cast<size_t>(c.B * c.N * c.Sq));
     cpu::sdpa_forward<T>(q.data(), k.data(), v.data(), o.data(), lse.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D,
@@ -204,8 +197,7 @@ TEST_CASE("sdpa_backward agrees with central differences of sdpa_forward", "[ker
   };
   uint32_t seed = 2400;
   for (const SdpaCase& c : cases) {
-    INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " Sq " << c.Sq << " Skv " << c.Skv
-              << " D " << c.D << " causal " << c.causal);
+    INFO(c);
     const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.D));
     const int64_t nq = c.B * c.N * c.Sq * c.D, nkv = c.B * c.Nkv * c.Skv * c.D;
     naive::Vec q = naive::random_normal(nq, seed++), k = naive::random_normal(nkv, seed++),

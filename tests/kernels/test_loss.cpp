@@ -27,15 +27,14 @@ std::vector<int64_t> random_labels(int64_t rows, int64_t V, uint32_t seed, int64
   return labels;
 }
 
-}  // namespace
-
-TEMPLATE_TEST_CASE("cross_entropy_sum matches the naive cross-entropy", "[kernels][loss]", float,
-                   double) {
-  using T = TestType;
+// The cases of the cross-entropy tests against the naive one: odd shapes, each with N(0, 3²) logits
+// around 0 and around 1000 (stability) and random labels, a fifth of them ignore_index; the data from
+// seeds `seed`, `seed` + 1, ...; `check(rows, V, logits, labels)` runs under an INFO naming the case.
+template <class T, class F>
+void for_each_loss_case(uint32_t seed, F&& check) {
   struct Case {
     int64_t rows, V;
   };
-  uint32_t seed = 700;
   for (const Case c : {Case{1, 1}, Case{7, 10}, Case{65, 1000}, Case{130, 257}, Case{3, 50000}}) {
     for (const double offset : {0.0, 1000.0}) {
       INFO("rows " << c.rows << " V " << c.V << " offset " << offset);
@@ -43,13 +42,24 @@ TEMPLATE_TEST_CASE("cross_entropy_sum matches the naive cross-entropy", "[kernel
       for (double& x : logits) x += offset;
       const auto lt = test::cast<T>(logits);
       const auto labels = random_labels(c.rows, c.V, seed++, cpu::kIgnoreIndex);
-      const double got = cpu::cross_entropy_sum<T>(lt.data(), labels.data(), c.rows, c.V);
-      const double ref = naive::cross_entropy(test::widen(lt), labels, c.rows, c.V, cpu::kIgnoreIndex);
-      test::check_close(std::vector<double>{got}, {ref}, test::tol<T>());
-      CHECK(cpu::count_valid(labels.data(), c.rows) ==
-            std::count_if(labels.begin(), labels.end(), [](int64_t y) { return y != -100; }));
+      check(c.rows, c.V, lt, labels);
     }
   }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("cross_entropy_sum matches the naive cross-entropy", "[kernels][loss]", float,
+                   double) {
+  using T = TestType;
+  for_each_loss_case<T>(700, [](int64_t rows, int64_t V, const std::vector<T>& lt,
+                                  const std::vector<int64_t>& labels) {
+    const double got = cpu::cross_entropy_sum<T>(lt.data(), labels.data(), rows, V);
+    const double ref = naive::cross_entropy(test::widen(lt), labels, rows, V, cpu::kIgnoreIndex);
+    test::check_close(std::vector<double>{got}, {ref}, test::tol<T>());
+    CHECK(cpu::count_valid(labels.data(), rows) ==
+          std::count_if(labels.begin(), labels.end(), [](int64_t y) { return y != -100; }));
+  });
 }
 
 TEST_CASE("cross_entropy_sum skips ignored rows", "[kernels][loss]") {
@@ -89,26 +99,16 @@ TEMPLATE_TEST_CASE("cross_entropy_sum rejects a label outside [0, V)", "[kernels
 TEMPLATE_TEST_CASE("cross_entropy_backward matches the naive gradient", "[kernels][loss][backward]", float,
                    double) {
   using T = TestType;
-  struct Case {
-    int64_t rows, V;
-  };
-  uint32_t seed = 2700;
-  for (const Case c : {Case{1, 1}, Case{7, 10}, Case{65, 1000}, Case{130, 257}, Case{3, 50000}}) {
-    for (const double offset : {0.0, 1000.0}) {
-      INFO("rows " << c.rows << " V " << c.V << " offset " << offset);
-      naive::Vec logits = naive::random_normal(c.rows * c.V, seed++, 3.0);
-      for (double& x : logits) x += offset;
-      const auto lt = test::cast<T>(logits);
-      const auto labels = random_labels(c.rows, c.V, seed++, cpu::kIgnoreIndex);
-      const double grad = 0.37;
-      std::vector<T> d(lt.size(), T(-777));
-      cpu::cross_entropy_backward<T>(lt.data(), labels.data(), d.data(), c.rows, c.V, grad);
-      test::check_close(d, naive::cross_entropy_backward(test::widen(lt), labels, c.rows, c.V, grad));
-      for (int64_t r = 0; r < c.rows; ++r)  // ignored rows are exactly zero
-        if (labels[size_t(r)] == cpu::kIgnoreIndex)
-          for (int64_t j = 0; j < c.V; ++j) REQUIRE(d[size_t(r * c.V + j)] == T(0));
-    }
-  }
+  for_each_loss_case<T>(2700, [](int64_t rows, int64_t V, const std::vector<T>& lt,
+                                  const std::vector<int64_t>& labels) {
+    const double grad = 0.37;
+    std::vector<T> d(lt.size(), T(-777));
+    cpu::cross_entropy_backward<T>(lt.data(), labels.data(), d.data(), rows, V, grad);
+    test::check_close(d, naive::cross_entropy_backward(test::widen(lt), labels, rows, V, grad));
+    for (int64_t r = 0; r < rows; ++r)  // ignored rows are exactly zero
+      if (labels[size_t(r)] == cpu::kIgnoreIndex)
+        for (int64_t j = 0; j < V; ++j) REQUIRE(d[size_t(r * V + j)] == T(0));
+  });
   // A custom ignore_index.
   const std::vector<T> logits = {1, 2, 3, 4, 5, 6};
   const std::vector<int64_t> labels = {1, 0};

@@ -36,6 +36,24 @@ std::vector<int64_t> random_positions(int64_t n, uint32_t seed, int64_t max_pos)
   return pos;
 }
 
+// The float32 order tests' [1, N, S, D] rows: for head n, position s and pair i (entries lo = row + i
+// and hi = row + i + D/2), cos and sin of the angle as LlamaRotaryEmbedding computes it in float32:
+// inv_freq = 1.0 / (theta ** (arange(0, D, 2).float() / D)), freqs = inv_freq · position_ids.float().
+// `check(lo, hi, cos, sin)` runs under an INFO naming the entry.
+template <class F>
+void for_each_hf_pair(int64_t N, int64_t S, int64_t D, float theta, const std::vector<int64_t>& pos, F&& check) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(D));
+        const float angle = float(pos[size_t(s)]) * inv_freq;
+        const float c = std::cos(angle), sn = std::sin(angle);
+        const size_t row = size_t((n * S + s) * D);
+        INFO("n " << n << " s " << s << " i " << i);
+        check(row + size_t(i), row + size_t(i + D / 2), c, sn);
+      }
+}
+
 }  // namespace
 
 TEST_CASE("rope_forward<double> matches the naive RoPE", "[kernels][rope]") {
@@ -65,27 +83,19 @@ TEST_CASE("rope_forward<float> matches the naive RoPE at small positions", "[ker
 }
 
 TEST_CASE("rope_forward<float> follows Hugging Face's float32 operation order", "[kernels][rope]") {
-  // LlamaRotaryEmbedding in float32: inv_freq = 1.0 / (theta ** (arange(0, D, 2).float() / D)),
-  // freqs = inv_freq · position_ids.float(), cos/sin of freqs, q·cos + rotate_half(q)·sin.
+  // LlamaRotaryEmbedding in float32 (for_each_hf_pair's cos and sin): q·cos + rotate_half(q)·sin.
   const int64_t B = 1, N = 2, S = 5, D = 64;
   const float theta = 500000.0f;
   const std::vector<int64_t> pos = {0, 1, 17, 1000, 8191};
   const auto x = test::cast<float>(naive::random_normal(B * N * S * D, 77));
   std::vector<float> y(x.size());
   cpu::rope_forward<float>(x.data(), pos.data(), y.data(), B, N, S, D, double(theta));
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t i = 0; i < D / 2; ++i) {
-        const float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(D));
-        const float angle = float(pos[size_t(s)]) * inv_freq;
-        const float c = std::cos(angle), sn = std::sin(angle);
-        const size_t row = size_t((n * S + s) * D);
-        const float x1 = x[row + size_t(i)], x2 = x[row + size_t(i + D / 2)];
-        const float lo = x1 * c, lo_rot = -x2 * sn, hi = x2 * c, hi_rot = x1 * sn;
-        INFO("n " << n << " s " << s << " i " << i);
-        REQUIRE(y[row + size_t(i)] == lo + lo_rot);
-        REQUIRE(y[row + size_t(i + D / 2)] == hi + hi_rot);
-      }
+  for_each_hf_pair(N, S, D, theta, pos, [&](size_t l, size_t h, float c, float sn) {
+    const float x1 = x[l], x2 = x[h];
+    const float lo = x1 * c, lo_rot = -x2 * sn, hi = x2 * c, hi_rot = x1 * sn;
+    REQUIRE(y[l] == lo + lo_rot);
+    REQUIRE(y[h] == hi + hi_rot);
+  });
 }
 
 TEMPLATE_TEST_CASE("rope_backward matches the naive transposed rotation", "[kernels][rope][backward]", float,
@@ -126,19 +136,12 @@ TEST_CASE("rope_backward<float> follows PyTorch autograd's float32 operation ord
   const auto dy = test::cast<float>(naive::random_normal(B * N * S * D, 78));
   std::vector<float> dx(dy.size());
   cpu::rope_backward<float>(dy.data(), pos.data(), dx.data(), B, N, S, D, double(theta));
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t i = 0; i < D / 2; ++i) {
-        const float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(D));
-        const float angle = float(pos[size_t(s)]) * inv_freq;
-        const float c = std::cos(angle), sn = std::sin(angle);
-        const size_t row = size_t((n * S + s) * D);
-        const float g1 = dy[row + size_t(i)], g2 = dy[row + size_t(i + D / 2)];
-        const float lo = g1 * c, lo_rot = g2 * sn, hi = g2 * c, hi_rot = -(g1 * sn);
-        INFO("n " << n << " s " << s << " i " << i);
-        REQUIRE(dx[row + size_t(i)] == lo + lo_rot);
-        REQUIRE(dx[row + size_t(i + D / 2)] == hi + hi_rot);
-      }
+  for_each_hf_pair(N, S, D, theta, pos, [&](size_t l, size_t h, float c, float sn) {
+    const float g1 = dy[l], g2 = dy[h];
+    const float lo = g1 * c, lo_rot = g2 * sn, hi = g2 * c, hi_rot = -(g1 * sn);
+    REQUIRE(dx[l] == lo + lo_rot);
+    REQUIRE(dx[h] == hi + hi_rot);
+  });
 }
 
 // ---- rope_scaling (Hugging Face's linear and llama3) ------------------------------------------

@@ -52,16 +52,35 @@ std::pair<double, double> distance(const TrainResult& r, const TrainResult& ref)
   return {loss, weight};
 }
 
+// `r` trained like `ref`, a run of one process: every step's loss and every trained tensor to 1e-12.
+void check_like_one_process(const TrainResult& r, const TrainResult& ref) {
+  const auto [loss, weight] = distance(r, ref);
+  INFO("loss " << loss << ", adapters " << weight);
+  CHECK(loss < 1e-12);
+  CHECK(weight < 1e-12);
+}
+
+// Both tests' runs: quiet and without the synthetic task's accuracy, on the world's ranks or on one
+// process.
+struct Runs {
+  Communicator& world = test_world();
+  std::unique_ptr<Communicator> single = make_single_process_communicator();
+  TrainArgs args = [] {
+    TrainArgs a;
+    a.quiet = true;
+    a.accuracy = false;
+    return a;
+  }();
+  TrainResult on_world(const Config& cfg) { return train(cfg, args, world); }
+  TrainResult alone(const Config& cfg) { return train(cfg, args, *single); }
+};
+
 TEST_CASE("lora: every mesh, ring and ZeRO stage trains like one process", "[mpi][lora]") {
-  Communicator& w = test_world();
-  const int64_t W = w.size();
-  TrainArgs args;
-  args.quiet = true;
-  args.accuracy = false;
-  auto single = make_single_process_communicator();
+  Runs runs;
+  const int64_t W = runs.world.size();
   for (int64_t sp = 1; sp <= W; sp *= 2) {
     const int64_t dp = W / sp;
-    const TrainResult ref = train(lora_config(1, 1, 0, 2 * dp), args, *single);  // the same global batch
+    const TrainResult ref = runs.alone(lora_config(1, 1, 0, 2 * dp));  // the same global batch
     REQUIRE(ref.steps.size() == 5);
     CHECK(std::abs(ref.steps.back().loss - ref.steps.front().loss) > 1e-3);  // the adapters moved the loss
     // The trained tensors: 2 adapters × 7 projections × 2 layers, and every norm (PEFT's "norm").
@@ -70,12 +89,9 @@ TEST_CASE("lora: every mesh, ring and ZeRO stage trains like one process", "[mpi
     for (int64_t ring : {int64_t{1}, sp}) {
       if (ring > 1 && sp < 2) continue;
       for (int64_t stage : {0, 1, 2, 3}) {
-        const TrainResult r = train(lora_config(sp, ring, stage, 2), args, w);
-        const auto [loss, weight] = distance(r, ref);
-        INFO("dp " << dp << " x sp " << sp << ", ring " << ring << ", stage " << stage << ": loss " << loss
-                   << ", adapters " << weight);
-        CHECK(loss < 1e-12);
-        CHECK(weight < 1e-12);
+        const TrainResult r = runs.on_world(lora_config(sp, ring, stage, 2));
+        INFO("dp " << dp << " x sp " << sp << ", ring " << ring << ", stage " << stage);
+        check_like_one_process(r, ref);
         // What the run held, measured: AdamW moments of the trained tensors only (1/W of them, plus
         // padding, when sharded), and at stage 0 gradient buckets of exactly their bytes.
         size_t trained = 0;
@@ -95,29 +111,20 @@ TEST_CASE("lora: every mesh, ring and ZeRO stage trains like one process", "[mpi
 // P ranks under Ulysses, ring and dp × sp drop exactly what one process drops, and the recompute
 // under activation checkpointing draws the same mask as the forward.
 TEST_CASE("lora: dropout drops the same elements on every mesh and ring as in one process", "[mpi][lora]") {
-  Communicator& w = test_world();
-  const int64_t W = w.size();
-  TrainArgs args;
-  args.quiet = true;
-  args.accuracy = false;
-  auto single = make_single_process_communicator();
+  Runs runs;
+  const int64_t W = runs.world.size();
   for (int64_t sp = 1; sp <= W; sp *= 2) {
     const int64_t dp = W / sp;
-    const TrainResult ref = train(lora_config(1, 1, 0, 2 * dp, 0.25), args, *single);
-    const TrainResult undropped = train(lora_config(1, 1, 0, 2 * dp), args, *single);
+    const TrainResult ref = runs.alone(lora_config(1, 1, 0, 2 * dp, 0.25));
+    const TrainResult undropped = runs.alone(lora_config(1, 1, 0, 2 * dp));
     CHECK(distance(ref, undropped).first > 1e-6);  // the dropout changed the run
-    const TrainResult recomputed = train(lora_config(1, 1, 0, 2 * dp, 0.25, true), args, *single);
-    CHECK(distance(recomputed, ref).first < 1e-12);
-    CHECK(distance(recomputed, ref).second < 1e-12);
+    check_like_one_process(runs.alone(lora_config(1, 1, 0, 2 * dp, 0.25, true)), ref);  // recomputed
     for (int64_t ring : {int64_t{1}, sp}) {
       if (ring > 1 && sp < 2) continue;
       for (int64_t stage : {0, 3}) {
-        const TrainResult r = train(lora_config(sp, ring, stage, 2, 0.25, stage == 3), args, w);
-        const auto [loss, weight] = distance(r, ref);
-        INFO("dp " << dp << " x sp " << sp << ", ring " << ring << ", stage " << stage << ": loss " << loss
-                   << ", adapters " << weight);
-        CHECK(loss < 1e-12);
-        CHECK(weight < 1e-12);
+        const TrainResult r = runs.on_world(lora_config(sp, ring, stage, 2, 0.25, stage == 3));
+        INFO("dp " << dp << " x sp " << sp << ", ring " << ring << ", stage " << stage);
+        check_like_one_process(r, ref);
       }
     }
   }

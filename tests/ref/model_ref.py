@@ -200,6 +200,26 @@ def run(cfg, params, batch, want_grads, mask=None):
     return logits.detach(), loss.detach(), loss_sum.detach(), valid, grads
 
 
+def threads_from_env():
+    """torch.set_num_threads($OMP_NUM_THREADS) when that is set (a warning when it is not an integer)."""
+    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if threads:
+        try:
+            torch.set_num_threads(max(1, int(threads)))
+        except ValueError:
+            warn(f"OMP_NUM_THREADS={threads!r} is not an integer; ignored")
+
+
+def save_output(path, out, meta):
+    """Writes OUT; returns the exit code: 0, or 3 (one "error: ..." line on stderr) when it cannot."""
+    try:
+        st.save(path, out, meta)
+    except OSError as e:
+        print(f"error: {path}: cannot write output ({e.strerror})", file=sys.stderr)
+        return 3
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True)
@@ -212,12 +232,7 @@ def main(argv=None):
     ap.add_argument("--loss-mask", action="store_true", help="apply IN's loss_mask [B, S + 1] (see above)")
     args = ap.parse_args(argv)
 
-    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if threads:
-        try:
-            torch.set_num_threads(max(1, int(threads)))
-        except ValueError:
-            warn(f"OMP_NUM_THREADS={threads!r} is not an integer; ignored")
+    threads_from_env()
 
     dtype = DTYPES[args.dtype]
     try:
@@ -254,12 +269,7 @@ def main(argv=None):
             out["grad." + names[canon]] = grads[canon]
     meta = {"arch": cfg.arch, "dtype": args.dtype, "producer": "tests/ref/model_ref.py",
             "torch": torch.__version__}
-    try:
-        st.save(args.out, out, meta)
-    except OSError as e:
-        print(f"error: {args.out}: cannot write output ({e.strerror})", file=sys.stderr)
-        return 3
-    return 0
+    return save_output(args.out, out, meta)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,6 @@ Exits non-zero on failure.
 4. train_ref.py (tests/ref/selftest_train.py): LR schedule, AdamW param groups, clipping, a numpy float64
    AdamW vs torch.optim.AdamW, and the CLI.
 """
-import contextlib
-import io
-import json
 import math
 import os
 import subprocess
@@ -37,15 +34,9 @@ import torch_models as tm  # noqa: E402
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2") or 2))
 
-FAILURES = []
-CHECKS = [0]
-
-
-def check(cond, what):
-    CHECKS[0] += 1
-    if not cond:
-        FAILURES.append(what)
-        print(f"FAIL: {what}")
+# One tally for this file's checks and selftest_train.py's, which main() runs too.
+FAILURES, CHECKS, check = selftest_train.FAILURES, selftest_train.CHECKS, selftest_train.check
+write_json, run_main = selftest_train.write_json, selftest_train.run_main
 
 
 def close(a, b, rtol, atol, what):
@@ -179,20 +170,9 @@ def np_forward(cfg, W, ids, pos):
 # ---------------------------------------------------------------------------------------------------
 # helpers
 
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f)
-
-
 def run_ref(argv):
     """model_ref.main in-process; returns (rc, stderr text)."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            rc = model_ref.main(argv)
-        except SystemExit as e:  # argparse
-            rc = e.code
-    return rc, err.getvalue()
+    return run_main(model_ref.main, argv)
 
 
 def canonical_np(cfg, weights):
@@ -415,9 +395,7 @@ def main():
         print(f"  rc=0 run ok; missing weight -> rc={p.returncode} {p.stderr.strip()}")
 
     print("train_ref.py:")
-    n_train, train_failures = selftest_train.run_all()
-    CHECKS[0] += n_train
-    FAILURES.extend(train_failures)
+    selftest_train.run_all()  # counts into the same tally
 
     dt = time.time() - t_start
     print(f"{CHECKS[0]} checks, {len(FAILURES)} failures, {dt:.1f}s")

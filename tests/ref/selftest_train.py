@@ -59,15 +59,20 @@ def write_json(path, obj):
         json.dump(obj, f)
 
 
-def run_train(argv):
-    """train_ref.main in-process; returns (rc, stderr text)."""
+def run_main(main, argv):
+    """A script's main(argv) in-process; returns (rc, stderr text)."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
-            rc = train_ref.main(argv)
+            rc = main(argv)
         except SystemExit as e:  # argparse
             rc = e.code
     return rc, err.getvalue()
+
+
+def run_train(argv):
+    """train_ref.main in-process; returns (rc, stderr text)."""
+    return run_main(train_ref.main, argv)
 
 
 GPT2 = {"arch": "gpt2", "vocab_size": 37, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,

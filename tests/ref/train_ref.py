@@ -197,12 +197,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if threads:
-        try:
-            torch.set_num_threads(max(1, int(threads)))
-        except ValueError:
-            warn(f"OMP_NUM_THREADS={threads!r} is not an integer; ignored")
+    model_ref.threads_from_env()
 
     dtype = DTYPES[args.dtype]
     try:
@@ -225,12 +220,7 @@ def main(argv=None):
     meta = {"arch": cfg.arch, "dtype": args.dtype, "steps": str(args.steps),
             "train": json.dumps(tcfg.as_dict(), sort_keys=True), "producer": "tests/ref/train_ref.py",
             "torch": torch.__version__}
-    try:
-        st.save(args.out, out, meta)
-    except OSError as e:
-        print(f"error: {args.out}: cannot write output ({e.strerror})", file=sys.stderr)
-        return 3
-    return 0
+    return model_ref.save_output(args.out, out, meta)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,19 @@ namespace {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(1e-30, std::abs(b)); }
 
+// A one-layer Llama (vocabulary 32) on the synthetic task's [2, 32] batches, 2 threads, with what a
+// test changes merged in (`patch`, a JSON merge patch: its "train", a different "data" source) and
+// `overrides` applied.
+Config tiny_llama(const std::string& patch, const std::vector<std::string>& overrides = {}) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
+    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
+    "runtime": {"threads": 2}})");
+  j.merge_patch(nlohmann::json::parse(patch));
+  return parse_config(j, overrides);
+}
+
 // The steps of two quiet runs of `cfg`, with the synthetic task's accuracy scored and not, one
 // run at a time (a step's peak counts what the process holds: a finished run's parameters too).
 struct ScoredUnscored {
@@ -130,13 +143,8 @@ TEST_CASE("5 AdamW steps with warmup and clipping match torch.optim.AdamW", "[tr
 TEST_CASE("a resumed run continues exactly like the uninterrupted run", "[trainer]") {
   const test::TempDir tmp("train-resume");
   const fs::path& dir = tmp.dir;
-  Config cfg = parse_config(nlohmann::json::parse(R"({
-    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
-    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
-    "train": {"steps": 6, "warmup_steps": 2, "checkpoint_every": 3, "log_every": 100},
-    "runtime": {"threads": 2}})"),
-                            {"train.checkpoint_dir=" + (dir / "ckpt").string()});
+  Config cfg = tiny_llama(R"({"train": {"steps": 6, "warmup_steps": 2, "checkpoint_every": 3, "log_every": 100}})",
+                          {"train.checkpoint_dir=" + (dir / "ckpt").string()});
   auto world = make_single_process_communicator();
   TrainArgs ta;
   ta.quiet = true;
@@ -170,12 +178,7 @@ TEST_CASE("a resumed run continues exactly like the uninterrupted run", "[traine
 TEST_CASE("TrainArgs::accuracy off skips the synthetic task's scoring, and nothing else", "[trainer]") {
   // autosp-bench times steps with it off: scoring copies the logits to the host (2 GiB at S = 32k,
   // V = 32000 on a GPU) and must not count as step time.
-  const Config cfg = parse_config(nlohmann::json::parse(R"({
-    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
-    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
-    "train": {"steps": 2, "log_every": 100},
-    "runtime": {"threads": 2}})"));
+  const Config cfg = tiny_llama(R"({"train": {"steps": 2, "log_every": 100}})");
   const auto [scored, unscored] = run_scored_and_unscored(cfg);
   REQUIRE(scored.size() == 2);
   REQUIRE(unscored.size() == 2);
@@ -320,13 +323,9 @@ TEST_CASE("a batch with no scored position is skipped without an update, not cal
   const test::TempDir tmp("train-unscored");
   const fs::path& dir = tmp.dir;
   testing::write_llmc_shard(dir / "eos.bin", 2000, 1, 3);
-  Config cfg = parse_config(nlohmann::json::parse(R"({
-    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
-    "data": {"source": "tokens", "seq_len": 32, "batch_size": 2, "eos_token_id": 0, "document_mask": true},
-    "train": {"steps": 3, "warmup_steps": 1, "log_every": 100},
-    "runtime": {"threads": 2}})"),
-                            {"data.path=" + (dir / "eos.bin").string()});
+  Config cfg = tiny_llama(R"({"data": {"source": "tokens", "eos_token_id": 0, "document_mask": true},
+                             "train": {"steps": 3, "warmup_steps": 1, "log_every": 100}})",
+                          {"data.path=" + (dir / "eos.bin").string()});
   auto world = make_single_process_communicator();
   TrainArgs ta;
   ta.quiet = true;
@@ -349,13 +348,8 @@ TEST_CASE("a batch with no scored position is skipped without an update, not cal
 TEST_CASE("a divergence's advice names a checkpoint from before the parameters that gave it", "[trainer]") {
   const test::TempDir tmp("train-diverged");
   const fs::path& dir = tmp.dir;
-  Config cfg = parse_config(nlohmann::json::parse(R"({
-    "model": {"arch": "llama", "vocab_size": 32, "hidden_size": 32, "num_hidden_layers": 1,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32},
-    "data": {"source": "synthetic", "seq_len": 32, "batch_size": 2},
-    "train": {"steps": 6, "warmup_steps": 1, "checkpoint_every": 1, "log_every": 100},
-    "runtime": {"threads": 2}})"),
-                            {"train.checkpoint_dir=" + (dir / "ck").string()});
+  Config cfg = tiny_llama(R"({"train": {"steps": 6, "warmup_steps": 1, "checkpoint_every": 1, "log_every": 100}})",
+                          {"train.checkpoint_dir=" + (dir / "ck").string()});
   auto world = make_single_process_communicator();
   TrainArgs ta;
   ta.quiet = true;

@@ -239,19 +239,16 @@ void settle_scalar(const Tensor& src, const Tensor& dst, cudaStream_t s) {
 
 // ---- the launchers whose work differs on CUDA ----
 
-// y [..., Σ n_i, ...] from x_i [..., n_i, ...]: per index over the dims before `d`, the inputs'
-// contiguous blocks side by side (one 2-D copy per input: height = outer, width = its block).
+// y [..., Σ n_i, ...] from x_i [..., n_i, ...] (launch::concat_rows): the inputs' contiguous blocks
+// side by side in each row (one 2-D copy per input: height = outer, width = its block).
 Tensor concat(const KernelCall& c) {
-  const int d = launch::axis(c.node.attrs().i("dim"), c.in[0].rank());
   Tensor y = out_like(c, c.in[0].dtype());
-  const size_t es = dtype_size(y.dtype());
-  const int64_t outer = shape_numel(std::span(c.out_shape).first(d));
-  const int64_t y_block = outer ? y.numel() / outer : 0;
-  int64_t at = 0;  // offset of this input's block inside y's block, in elements
+  const launch::ConcatRows r = launch::concat_rows(c);
+  int64_t at = 0;  // offset of this input's block inside y's row, in bytes
   for (size_t i = 0; i < c.in.size(); ++i) {
     const Tensor x = arg(c, i);
-    const int64_t block = outer ? x.numel() / outer : 0;
-    copy_rows(static_cast<char*>(y.raw()) + at * es, y_block * es, x.raw(), block * es, block * es, outer, stream(c));
+    const int64_t block = r.block_bytes[i];
+    copy_rows(static_cast<char*>(y.raw()) + at, r.row_bytes, x.raw(), block, block, r.outer, stream(c));
     at += block;
   }
   return y;

@@ -498,27 +498,7 @@ void cast(const Src* src, Dst* dst, int64_t n, cudaStream_t stream) {
 template <class T>
 void sum_to(const T* x, int rank, const int64_t* x_shape, const int64_t* out_shape, T* out, cudaStream_t stream) {
   using A = acc_t<T>;
-  AUTOSP_ASSERT(rank >= 0 && rank <= kMaxRank, "sum_to rank ", rank);
-  // Simplified dims: size-1 dims dropped, neighbours of the same kind (kept / summed) merged.
-  int n = 0;
-  int64_t size[kMaxRank];
-  bool summed[kMaxRank];
-  int64_t x_numel = 1, out_numel = 1;
-  for (int d = 0; d < rank; ++d) {
-    AUTOSP_ASSERT(x_shape[d] >= 0 && (out_shape[d] == x_shape[d] || out_shape[d] == 1), "sum_to dim ", d, ": x ",
-                  x_shape[d], " out ", out_shape[d]);
-    x_numel *= x_shape[d];
-    out_numel *= out_shape[d];
-    if (x_shape[d] == 1) continue;
-    const bool s = out_shape[d] == 1;
-    if (n > 0 && summed[n - 1] == s) {
-      size[n - 1] *= x_shape[d];
-    } else {
-      size[n] = x_shape[d];
-      summed[n] = s;
-      ++n;
-    }
-  }
+  const auto [n, size, summed, x_numel, out_numel] = simplify_sum(rank, x_shape, out_shape);  // simplified dims
   if (out_numel == 0) return;
   if (x_numel == 0) {  // an empty sum: zeros (all-zero bits are 0 in every T)
     CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(out_numel) * sizeof(T), stream));
