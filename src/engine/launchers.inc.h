@@ -38,16 +38,21 @@
 //   sinks_input(c, i)     an attention node's sinks [N], contiguous on the device, where the
 //                         kernels' AttentionVariant reads them (in attn_acc_t: the CPU's f32 and
 //                         f64 as they are, bf16 widened; CUDA: f32)
+//   attn_pair_t<T>        the type attend and attend_backward write a ring chunk pair's o, dq, dk,
+//                         dv in, before the ring merges and sums them in attn_acc_t (the CPU's:
+//                         attn_acc_t, so a bf16 pair's results are summed unrounded; CUDA's: T)
 //   attend<T>(s, ...), attend_backward<T>(s, ...)   the device's flash attention forward and
-//                         backward on one call's operands (kernels/cpu/attention.h's arguments)
+//                         backward on one chunk pair's operands (kernels/cpu/attention.h's
+//                         arguments; the outputs in attn_pair_t)
 //   variant_of<T>(c, offset)   the node's window and softcap (graph/builder.h AttentionAttrs) as
 //                         the kernels' AttentionVariant (a ring chunk pair's key offset added)
 //   host_ids(c, ids)      device ids readable on the host
 //   pair_doc_start(c, dh, buf, s)   a chunk pair's document starts (dh, on the host) where the
 //                         kernels read them (on CUDA uploaded into buf)
-//   add_into<T>(y, x, n, scratch, s)   y (attn_acc_t) += x (T) over n elements
-//   kAddIntoWidens        whether add_into needs `scratch` (n attn_acc_t) to widen a T that is
-//                         not attn_acc_t (CUDA: it casts, then adds; the CPU widens as it reads)
+//   add_into<P>(y, x, n, scratch, s)   y (attn_acc_t) += x (P: attn_pair_t or attn_acc_t) over n
+//                         elements
+//   kAddIntoWidens        whether add_into needs `scratch` (n attn_acc_t) to widen a P that is
+//                         not attn_acc_t (CUDA: it casts, then adds; the CPU's P is attn_acc_t)
 
 namespace {
 
@@ -603,7 +608,9 @@ Tensor swiglu_backward(const KernelCall& c) {
 // the backward reads the merged lse and o, so that pair's dsinks is the whole sum for its rows.
 // The running output, its log-sum-exp and the gradients are summed in attn_acc_t (f32 for bf16 on
 // both devices, and on CUDA for every T: a bf16 model's blocks are merged and summed in f32, the
-// dK/dV partials travel in f32, and each result is rounded once at the end).
+// dK/dV partials travel in f32, and each result is rounded once at the end). A pair's own o, dq,
+// dk, dv come in attn_pair_t: on the CPU in attn_acc_t too (unrounded), on CUDA in T (a bf16
+// pair's rounded to bf16 before they are summed).
 namespace {
 
 // Rows [first, first + n) of dim 2 of x [B, H, L, D], as a strided view [B, H, n, D].
@@ -658,6 +665,12 @@ void add_tails(const RingChunks& g, Tensor& own, const std::vector<ChunkTail>& t
     }
 }
 
+// The dtype of a chunk pair's outputs (attn_pair_t<T>) for a node of dtype dt (T's).
+template <class T>
+DType pair_dtype(DType dt) {
+  return std::is_same_v<attn_pair_t<T>, T> ? dt : dtype_of<attn_pair_t<T>>;
+}
+
 // A [B, H, 2, c(, D)] view of the sums (attn_acc_t) into the node's tensor `dst` [B, H, 2c(, D)] of its dtype.
 void from_interleaved(const KernelCall& c, const Tensor& sums, const Tensor& dst, Stream s) {
   const Shape inter = sums.shape();
@@ -687,13 +700,14 @@ Tensor ring_attention(const KernelCall& c) {
   const auto starts = host_ids(c, args.docs);
   return by_attention_float(c, q.dtype(), [&]<class T>() {
     using A = attn_acc_t<T>;
+    using P = attn_pair_t<T>;
     RingChunks g = ring_chunks(c, q, k, starts.empty() ? nullptr : starts.data());
     const double scale = c.node.attrs().f("scale");
     const Tensor qh = copy_view(c, halves_view(q), false);
     Tensor o = Tensor::empty(qh.shape(), dtype_of<A>, c.alloc), lse = Tensor::empty({2, g.B, g.N, g.c}, dtype_of<A>, c.alloc);
     call(s, dev::fill<A>, ptr<A>(o), o.numel(), A(0));
     call(s, dev::fill<A>, ptr<A>(lse), lse.numel(), -std::numeric_limits<A>::infinity());
-    Tensor o_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
+    Tensor o_blk = Tensor::empty({g.B, g.N, g.c, g.D}, pair_dtype<T>(q.dtype()), c.alloc);
     Tensor lse_blk = Tensor::empty({g.B, g.N, g.c}, dtype_of<A>, c.alloc);
     Tensor kv = kv_block(c, k, v, s), docs_blk;
     std::vector<int64_t> dh;
@@ -705,10 +719,10 @@ Tensor ring_attention(const KernelCall& c) {
           bool diagonal = false;
           if (!g.visits(a, t.chunk, diagonal, dh, t.keys)) continue;
           const auto var = variant_of<T>(c, g.offset(a, t.chunk));
-          attend<T>(s, ptr<T>(qh) + g.q_half(a), kp, vp, ptr<T>(o_blk), ptr<A>(lse_blk), g.B, g.N, g.Nkv, g.c, t.keys,
+          attend<T>(s, ptr<T>(qh) + g.q_half(a), kp, vp, ptr<P>(o_blk), ptr<A>(lse_blk), g.B, g.N, g.Nkv, g.c, t.keys,
                     g.D, scale, diagonal, g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
                     g.own(a, t.chunk) ? with_sinks(var, args) : var);
-          call(s, dev::merge_attention<T>, ptr<A>(o) + g.q_half(a), ptr<A>(lse) + g.lse_half(a), ptr<T>(o_blk),
+          call(s, dev::merge_attention<P>, ptr<A>(o) + g.q_half(a), ptr<A>(lse) + g.lse_half(a), ptr<P>(o_blk),
                ptr<A>(lse_blk), g.B * g.N * g.c, g.D);
           progress();
         }
@@ -741,6 +755,7 @@ Tensor ring_attention_backward(const KernelCall& c) {
   const auto starts = host_ids(c, args.docs);
   return by_attention_float(c, q.dtype(), [&]<class T>() {
     using A = attn_acc_t<T>;
+    using P = attn_pair_t<T>;
     RingChunks g = ring_chunks(c, q, k, starts.empty() ? nullptr : starts.data());
     const double scale = c.node.attrs().f("scale");
     const Tensor qh = copy_view(c, halves_view(q), false), oh = copy_view(c, halves_view(args.o), false);
@@ -748,10 +763,10 @@ Tensor ring_attention_backward(const KernelCall& c) {
     const Tensor lseh = copy_view(c, halves_view(args.lse.reshape({g.B, g.N, 2 * g.c, 1})), false);
     Tensor dqh = Tensor::empty(qh.shape(), dtype_of<A>, c.alloc);
     call(s, dev::fill<A>, ptr<A>(dqh), dqh.numel(), A(0));
-    Tensor dq_blk = Tensor::empty({g.B, g.N, g.c, g.D}, q.dtype(), c.alloc);
-    Tensor dkv_blk = Tensor::empty({2, g.B, g.Nkv, g.c, g.D}, q.dtype(), c.alloc);  // dk, dv of one chunk pair
-    // Where add_into widens a block's T to A (none when they are the same type or it needs none).
-    const Tensor widened = std::is_same_v<A, T> || !kAddIntoWidens
+    Tensor dq_blk = Tensor::empty({g.B, g.N, g.c, g.D}, pair_dtype<T>(q.dtype()), c.alloc);
+    Tensor dkv_blk = Tensor::empty({2, g.B, g.Nkv, g.c, g.D}, pair_dtype<T>(q.dtype()), c.alloc);  // one pair's dk, dv
+    // Where add_into widens a block's P to A (none when they are the same type or it needs none).
+    const Tensor widened = std::is_same_v<A, P> || !kAddIntoWidens
                                ? Tensor()
                                : Tensor::empty({std::max(dq_blk.numel(), dkv_blk.numel())}, dtype_of<A>, c.alloc);
     A* const scratch = widened.defined() ? ptr<A>(widened) : nullptr;
@@ -775,18 +790,18 @@ Tensor ring_attention_backward(const KernelCall& c) {
         for (int a = 0; a < 2; ++a) {
           bool diagonal = false;
           if (!g.visits(a, t.chunk, diagonal, dh, t.keys)) continue;
-          T* dkb = ptr<T>(dkv_blk);
+          P* dkb = ptr<P>(dkv_blk);
           const bool sinks = dsinks.defined() && g.own(a, t.chunk);
           const auto var = variant_of<T>(c, g.offset(a, t.chunk));
           attend_backward<T>(s, ptr<T>(qh) + g.q_half(a), kp, vp, ptr<T>(oh) + g.q_half(a),
-                             ptr<A>(lseh) + g.lse_half(a), ptr<T>(doh) + g.q_half(a), ptr<T>(dq_blk), dkb, dkb + n,
+                             ptr<A>(lseh) + g.lse_half(a), ptr<T>(doh) + g.q_half(a), ptr<P>(dq_blk), dkb, dkb + n,
                              g.B, g.N, g.Nkv, g.c, t.keys, g.D, scale, diagonal,
                              g.doc_start ? pair_doc_start(c, dh, docs_blk, s) : nullptr,
                              sinks ? with_sinks(var, args, ptr<A>(dsinks_blk)) : var);
           if (sinks) add_into<A>(ptr<A>(dsinks), ptr<A>(dsinks_blk), dsinks.numel(), nullptr, s);
-          add_into<T>(ptr<A>(dqh) + g.q_half(a), ptr<T>(dq_blk), dq_blk.numel(), scratch, s);
-          add_into<T>(dkp, dkb, n, scratch, s);
-          add_into<T>(dkp + n, dkb + n, n, scratch, s);
+          add_into<P>(ptr<A>(dqh) + g.q_half(a), ptr<P>(dq_blk), dq_blk.numel(), scratch, s);
+          add_into<P>(dkp, dkb, n, scratch, s);
+          add_into<P>(dkp + n, dkb + n, n, scratch, s);
           progress();
         }
         dkp += 2 * n;

@@ -345,11 +345,16 @@ double max_abs_diff(const naive::Vec& a, const naive::Vec& b) {
 // Full-sequence tensors [B, H, S, D] and the expected outputs, against which ring_attention and its
 // backward run on R thread ranks (each fed its two chunks of c tokens, layout `layout`, the node's
 // attention attributes `attrs`, optionally document starts [B, S] and sinks [N]) are checked rank
-// by rank: in f64 to 1e-12; in bf16 (the inputs already bf16 values) within the bars of the bf16
-// sdpa tests (tests/kernels/test_attention_variants.cpp: relative L2 error 5e-3, each element
-// 1e-2 · (1 + |ref|)), except that an element may be off by 2e-2 · (1 + |ref|): the ring rounds each
-// chunk pair's o, dq, dk, dv to bf16 before it sums them in f32 (as on CUDA), one more rounding
-// of partials that may cancel (measured: 1.3e-2 at most).
+// by rank: in f64 to 1e-12; in bf16 (the inputs already bf16 values) within bars that hold for one
+// process's bf16 sdpa on the same values, where each result is rounded once (decision 284). The
+// ring sums its chunk pairs' o, dq, dk, dv in f32 unrounded, so its errors are one process's:
+// measured on the bf16 test's values, the worst relative L2 error of an output 2.57e-3 (one
+// process: the same), an element of o 2.85e-3 · (1 + |ref|) (2.96e-3), of dq, dk, dv 1.07e-2
+// (the same element, 1.07e-2, in one process: the bf16 products' rounding of P, which sdpa's own
+// tests' 1e-2 does not meet on these values), dsinks 4.5e-3. Rounding each pair's results to bf16
+// before the sum (as CUDA does) measured 3.09e-3, 4.01e-3, 1.17e-2 and 7.8e-3: the bars below
+// (L2 2.8e-3, o 3.5e-3, dsinks 6e-3) fail it; the element bar of the gradients does not tell
+// the two apart (1.25e-2, sdpa's 1e-2 with room for that one element).
 struct RingOpCase {
   int64_t B, N, Nkv, D, c, R;
   double scale;
@@ -429,16 +434,16 @@ naive::Vec gather_o(const RingOpCase& t, const std::vector<TensorMap>& got) {
 // `got` (run_ring_op's in `dt`; run here when null) against the case's expected outputs.
 void check_ring_op(const RingOpCase& t, DType dt = DType::f64, const std::vector<TensorMap>* outputs = nullptr) {
   const std::vector<TensorMap> got = outputs ? *outputs : run_ring_op(t, dt);
-  const auto check = [&](const Tensor& out, const naive::Vec& want) {
+  const auto check = [&](const Tensor& out, const naive::Vec& want, bool is_o) {
     CHECK(out.dtype() == dt);
     const naive::Vec x = out.to_doubles();
     if (dt == DType::f64) {
       CHECK(max_abs_diff(x, want) < 1e-12);
       return;
     }
-    test::check_close(x, want, 2e-2);
+    test::check_close(x, want, is_o ? 3.5e-3 : 1.25e-2);
     INFO("relative L2 error");
-    CHECK(test::relative_l2(x, want) <= 5e-3);
+    CHECK(test::relative_l2(x, want) <= 2.8e-3);
   };
   for (int64_t r = 0; r < t.R; ++r) {
     INFO("ring rank " << r);
@@ -446,7 +451,7 @@ void check_ring_op(const RingOpCase& t, DType dt = DType::f64, const std::vector
     for (const auto& [name, want, H] : {std::tuple{"o", &t.want_o, t.N}, {"dq", &t.want_dq, t.N},
                                         {"dk", &t.want_dk, t.Nkv}, {"dv", &t.want_dv, t.Nkv}}) {
       INFO(name);
-      check(out.at(name), local_rows(t, *want, H, r, t.D));
+      check(out.at(name), local_rows(t, *want, H, r, t.D), std::string(name) == "o");
     }
   }
   if (t.sinks.empty()) return;
@@ -459,7 +464,7 @@ void check_ring_op(const RingOpCase& t, DType dt = DType::f64, const std::vector
   }
   INFO("dsinks summed over the ranks");
   if (dt == DType::f64) CHECK(max_abs_diff(dsinks, t.want_dsinks) < 1e-12);
-  else test::check_close(dsinks, t.want_dsinks, 2e-2);
+  else test::check_close(dsinks, t.want_dsinks, 6e-3);
 }
 
 // The ring_attention op and its backward on R thread ranks, each holding its two chunks of the
@@ -512,12 +517,12 @@ TEST_CASE("ring: a sliding window across chunk boundaries equals the whole seque
 }
 
 // The bf16 ring (engine/cpu/launchers.cpp ring_attention_bf16: each chunk pair on the bf16
-// attention kernels, the running output, log-sum-exp and gradients in f32, each result rounded
-// once) at R = 2 and 4 in the zigzag layout: causal, with windows that cross the chunk boundaries
-// (5 < c, 11 > c, with a softcap), packed documents and sinks, against the float64 CPU kernel over
-// the whole sequence on the same (bf16) values (itself checked against a naive attention in
-// tests/kernels/test_attention_variants.cpp), forward and backward, within the bars of the bf16
-// sdpa tests. Where the CPU has the bf16 attention and prefers it (head dim 32: sdpa_bf16_preferred),
+// attention kernels with f32 outputs, the running output, log-sum-exp and gradients in f32, each
+// result rounded once) at R = 2 and 4 in the zigzag layout: causal, with windows that cross the
+// chunk boundaries (5 < c, 11 > c, with a softcap), packed documents and sinks, against the
+// float64 CPU kernel over the whole sequence on the same (bf16) values (itself checked against a
+// naive attention in tests/kernels/test_attention_variants.cpp), forward and backward, within
+// one process's bars (check_ring_op). Where the CPU has the bf16 attention and prefers it (head dim 32: sdpa_bf16_preferred),
 // the ring runs on it: its bits differ from the emulation's (the f32 ring on the widened values,
 // each result rounded), which runs elsewhere and at head dim 16.
 TEST_CASE("ring: bf16 ring_attention on the bf16 attention kernels matches the float64 attention",

@@ -320,6 +320,82 @@ TEST_CASE("bf16 sdpa on the bf16 units matches the naive float64 attention", "[k
   }
 }
 
+// The bf16 kernels' f32 outputs (O = float: what ring attention sums its chunk pairs in, decision
+// 284) are their bf16 outputs before the rounding: dq, dk, dv round to the bf16 outputs' bits (both
+// round the same f32 sums), o to within half a bf16 ulp (the bf16 o is rounded from the double
+// quotient, so f32 then bf16 may round a tie the other way), lse and dsinks are the same; and the
+// f32 outputs match the naive float64 attention. On ring pairs (offsets), several backward chunks
+// (S 700: the last chunk's sums then start dk, dv in place), documents, and every variant at once,
+// with and without the workspace. The gradients' element bar is the ring test's (check_ring_op in
+// tests/comm/test_thread_ring.cpp), not sdpa's 1e-2, which one element on these values exceeds.
+TEST_CASE("bf16 sdpa's f32 outputs are its bf16 outputs before their rounding", "[kernels][attention][variants][bf16]") {
+  if (!cpu::sdpa_bf16_native(8)) {
+    WARN("SKIPPED: the bf16 attention's tile products (this CPU lacks AVX512-BF16)");
+    return;
+  }
+  const VarCase cases[] = {
+      {1, 2, 1, 64, 64, 8, 50, 3.0, true, 64, 0},         // a ring pair: keys 64 before the queries
+      {1, 1, 1, 40, 40, 8, 20, 0, true, 30, 0},           // offset: the window reaches into the chunk
+      {2, 4, 2, 600, 600, 16, 128, 2.0, true, 0, 0},      // window, softcap and sinks
+      {1, 4, 2, 700, 700, 64, 0, 0, false, 0, 0},         // several backward chunks
+      {1, 2, 2, 257, 257, 128, 0, 0, false, 0, 57},       // D = 128, documents
+  };
+  for (const VarCase& c : cases)
+    for (const bool planned : {false, true}) {
+      if (planned && c.offset != 0) continue;  // a ring pair (an offset) brings no workspace
+      INFO("B " << c.B << " N " << c.N << " Nkv " << c.Nkv << " S " << c.Sq << " D " << c.D << " window " << c.window
+                << " softcap " << c.softcap << " sinks " << c.sinks << " offset " << c.offset << " documents "
+                << c.doc_len << " workspace " << planned);
+      const double scale = 1.0 / std::sqrt(double(c.D));
+      Inputs in = inputs(c, 9400);
+      const auto q = round_to_bf16(in.q), k = round_to_bf16(in.k), v = round_to_bf16(in.v), dout = round_to_bf16(in.dout);
+      const auto sinks = test::cast<float>(in.sinks);
+      in.sinks = test::widen(sinks);
+      const auto starts = c.doc_len > 0 ? document_starts(c) : std::vector<int64_t>{};
+      const int64_t* docs = c.doc_len > 0 ? starts.data() : nullptr;
+      std::vector<float> ws(planned ? size_t(cpu::sdpa_backward_bf16_workspace(c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, true))
+                                    : 0, NAN);
+      float* workspace = planned ? ws.data() : nullptr;
+      std::vector<float> ds16(size_t(c.N), -777.0f), ds32(size_t(c.N), -777.0f);
+      std::vector<uint16_t> o16(q.size()), dq16(q.size()), dk16(k.size()), dv16(v.size());
+      std::vector<float> o32(q.size(), NAN), dq32(q.size(), NAN), dk32(k.size(), NAN), dv32(v.size(), NAN);
+      std::vector<float> lse16(size_t(c.B * c.N * c.Sq)), lse32(lse16.size());
+      cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), o16.data(), lse16.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D,
+                             scale, true, docs, variant_of<float>(c, &sinks, &ds16));
+      cpu::sdpa_forward_bf16(q.data(), k.data(), v.data(), o32.data(), lse32.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D,
+                             scale, true, docs, variant_of<float>(c, &sinks, &ds32));
+      // Both backwards read the stored bf16 o (as a ring's backward reads the node's o).
+      cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), o16.data(), lse16.data(), dout.data(), dq16.data(),
+                              dk16.data(), dv16.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, true, docs, workspace,
+                              variant_of<float>(c, &sinks, &ds16));
+      cpu::sdpa_backward_bf16(q.data(), k.data(), v.data(), o16.data(), lse16.data(), dout.data(), dq32.data(),
+                              dk32.data(), dv32.data(), c.B, c.N, c.Nkv, c.Sq, c.Skv, c.D, scale, true, docs, workspace,
+                              variant_of<float>(c, &sinks, &ds32));
+      const auto rounded = [](const std::vector<float>& x) {
+        std::vector<uint16_t> b(x.size());
+        for (size_t i = 0; i < x.size(); ++i) b[i] = cpu::f32_to_bf16(x[i]);
+        return b;
+      };
+      CHECK(rounded(dq32) == dq16);
+      CHECK(rounded(dk32) == dk16);
+      CHECK(rounded(dv32) == dv16);
+      CHECK(lse32 == lse16);
+      if (c.sinks) CHECK(ds32 == ds16);
+      double o_off = 0;  // |o16 - o32| in half bf16 ulps of o16 (f32's own rounding allowed for)
+      for (size_t i = 0; i < o32.size(); ++i) {
+        const double b = cpu::bf16_to_f32(o16[i]), half_ulp = std::ldexp(1.0, std::ilogb(b == 0 ? 1e-30 : b) - 8);
+        o_off = std::max(o_off, std::abs(b - double(o32[i])) / (half_ulp + std::ldexp(std::abs(double(o32[i])), -24)));
+      }
+      CHECK(o_off <= 1.0);
+      const Vec o_seen = test::widen_bf16(o16);
+      const Naive ref = naive_attention(c, in.q, in.k, in.v, in.sinks, &in.dout, docs ? &starts : nullptr, scale, &o_seen);
+      test::check_close(o32, ref.o, 1e-2);
+      test::check_close(dq32, ref.dq, 1.25e-2);  // measured 1.12e-2 on these values (products' rounding of P, dS)
+      test::check_close(dk32, ref.dk, 1.25e-2);
+      test::check_close(dv32, ref.dv, 1.25e-2);
+    }
+}
+
 TEST_CASE("bf16 sdpa without causal masking, and with the planned workspace, matches the naive attention",
           "[kernels][attention][bf16]") {
   if (!cpu::sdpa_bf16_native(32)) {

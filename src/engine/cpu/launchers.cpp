@@ -40,6 +40,10 @@ namespace autosp::cpu_ops {
 namespace dev = autosp::cpu;  // the kernels
 template <class T>
 using attn_acc_t = cpu::attention_acc_t<T>;  // T for f32 and f64; f32 for bf16 (raw bits, uint16_t)
+// A ring chunk pair's o, dq, dk, dv in attn_acc_t too: the bf16 kernels write them unrounded in f32
+// (kernels/cpu/attention.h), so a bf16 ring rounds each result once, at the end, as sdpa does.
+template <class T>
+using attn_pair_t = attn_acc_t<T>;
 
 // The CPU runs each kernel in the calling thread (its OpenMP regions inside): no stream.
 struct Stream {};
@@ -178,10 +182,11 @@ AttentionVariant<attn_acc_t<T>> variant_of(const KernelCall& c, int64_t offset =
   return {.window = a.window, .softcap = a.softcap, .offset = offset};
 }
 
-// The flash attention of one call: f32 and f64 on the T kernels, bf16 (raw bits) on the bf16 units.
+// The flash attention of one ring chunk pair: f32 and f64 on the T kernels, bf16 (raw bits) on the
+// bf16 units with f32 outputs (attn_pair_t).
 template <class T>
-void attend(Stream, const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse, int64_t B, int64_t N, int64_t Nkv,
-            int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
+void attend(Stream, const T* q, const T* k, const T* v, attn_pair_t<T>* o, attn_acc_t<T>* lse, int64_t B, int64_t N,
+            int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
             const AttentionVariant<attn_acc_t<T>>& var) {
   if constexpr (std::is_same_v<T, uint16_t>)
     cpu::sdpa_forward_bf16(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
@@ -190,8 +195,9 @@ void attend(Stream, const T* q, const T* k, const T* v, T* o, attn_acc_t<T>* lse
 }
 template <class T>
 void attend_backward(Stream, const T* q, const T* k, const T* v, const T* o, const attn_acc_t<T>* lse, const T* dout,
-                     T* dq, T* dk, T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D,
-                     double scale, bool causal, const int64_t* doc_start, const AttentionVariant<attn_acc_t<T>>& var) {
+                     attn_pair_t<T>* dq, attn_pair_t<T>* dk, attn_pair_t<T>* dv, int64_t B, int64_t N, int64_t Nkv,
+                     int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
+                     const AttentionVariant<attn_acc_t<T>>& var) {
   if constexpr (std::is_same_v<T, uint16_t>)
     cpu::sdpa_backward_bf16(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, nullptr,
                             var);
@@ -209,14 +215,12 @@ std::span<const int64_t> host_ids(const KernelCall&, const Tensor& ids) {
 // The kernels read a chunk pair's document starts where they are.
 const int64_t* pair_doc_start(const KernelCall&, const std::vector<int64_t>& dh, Tensor&, Stream) { return dh.data(); }
 
-// y (attn_acc_t) += x (T; bf16 widened as it is read: no scratch).
+// y += x (T = attn_acc_t<T>: the ring's pairs write their results in it, so nothing is widened).
 template <class T>
 void add_into(attn_acc_t<T>* y, const T* x, int64_t n, attn_acc_t<T>*, Stream) {
+  static_assert(std::is_same_v<T, attn_acc_t<T>>, "add_into: the CPU's ring sums attn_acc_t");
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, uint16_t>) y[i] += cpu::bf16_to_f32(x[i]);
-    else y[i] += x[i];
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 constexpr bool kAddIntoWidens = false;
 

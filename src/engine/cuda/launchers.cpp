@@ -61,6 +61,10 @@ namespace autosp::cuda_ops {
 namespace dev = autosp::cuda;  // the kernels
 template <class T>
 using attn_acc_t = float;
+// A ring chunk pair's o, dq, dk, dv in T: the kernels write a bf16 pair's outputs rounded to bf16
+// before the ring merges and sums them in f32.
+template <class T>
+using attn_pair_t = T;
 
 namespace {
 
@@ -177,16 +181,17 @@ AttentionVariant<float> variant_of(const KernelCall& c, int64_t offset = 0) {
 }
 
 template <class T>
-void attend(Stream s, const T* q, const T* k, const T* v, T* o, float* lse, int64_t B, int64_t N, int64_t Nkv,
-            int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
+void attend(Stream s, const T* q, const T* k, const T* v, attn_pair_t<T>* o, float* lse, int64_t B, int64_t N,
+            int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
             const AttentionVariant<float>& var) {
   cuda::sdpa_forward<T>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, s, cuda::SdpaKernel::automatic,
                         doc_start, var);
 }
 template <class T>
-void attend_backward(Stream s, const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout, T* dq,
-                     T* dk, T* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale,
-                     bool causal, const int64_t* doc_start, const AttentionVariant<float>& var) {
+void attend_backward(Stream s, const T* q, const T* k, const T* v, const T* o, const float* lse, const T* dout,
+                     attn_pair_t<T>* dq, attn_pair_t<T>* dk, attn_pair_t<T>* dv, int64_t B, int64_t N, int64_t Nkv,
+                     int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start,
+                     const AttentionVariant<float>& var) {
   cuda::sdpa_backward<T>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal, s,
                          cuda::SdpaKernel::automatic, doc_start, var);
 }

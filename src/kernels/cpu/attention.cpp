@@ -922,9 +922,10 @@ __attribute__((target("avx512f"))) void forward_small_d(const float* q, const fl
   }
 }
 
-// sdpa_forward on storage S (T, or bf16 with T = f32) with the tile products of Tiles.
-template <class T, class S, class Tiles>
-void forward(const S* q, const S* k, const S* v, S* o, T* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
+// sdpa_forward on storage S (T, or bf16 with T = f32) with the tile products of Tiles, o in O (S,
+// or f32 for bf16: unrounded).
+template <class T, class S, class Tiles, class O = S>
+void forward(const S* q, const S* k, const S* v, O* o, T* lse, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
              int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start, const AttentionVariant<T>& var) {
   check_sizes("sdpa", B, N, Nkv, Sq, Skv, D);
   check_variant("sdpa", var);
@@ -995,7 +996,7 @@ void forward(const S* q, const S* k, const S* v, S* o, T* lse, int64_t B, int64_
         });
       }
 
-      S* op = o + (bh * Sq + i0) * D;  // [bq, D]
+      O* op = o + (bh * Sq + i0) * D;  // [bq, D]
       for (int64_t i = 0; i < bq; ++i) {
         // The sink's exp(sink) joins the denominator: l' = l · e^(m - m') + e^(sink - m'), m' = max(m, sink).
         double mi = double(m[i]), li = l[i], rescale = 1.0;
@@ -1005,7 +1006,7 @@ void forward(const S* q, const S* k, const S* v, S* o, T* lse, int64_t B, int64_
           li = li * rescale + std::exp(sink - m2), mi = m2;
         }
         const double inv = li > 0 ? rescale / li : 0.0;
-        for (int64_t d = 0; d < D; ++d) op[i * D + d] = narrow<S>(double(acc[i * D + d]) * inv);
+        for (int64_t d = 0; d < D; ++d) op[i * D + d] = narrow<O>(double(acc[i * D + d]) * inv);
         if (lse != nullptr) lse[bh * Sq + i0 + i] = li > 0 ? T(mi + std::log(li)) : neg_inf;
       }
     }
@@ -1063,13 +1064,14 @@ int64_t sdpa_backward_workspace(int64_t B, int64_t, int64_t Nkv, int64_t Sq, int
 
 namespace {
 
-// sdpa_backward on storage S (T, or bf16 with T = f32: then dq, dk, dv accumulate in T, dk and dv
-// in the workspace) with the tile products of Tiles.
-template <class T, class S, class Tiles>
-void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, const S* dout, S* dq, S* dk, S* dv,
+// sdpa_backward on storage S (T, or bf16 with T = f32) with the tile products of Tiles, dq, dk, dv
+// in O (S, or f32 for bf16: unrounded). Outputs in T (`wide`) are accumulated in place; bf16 ones
+// accumulate in T (dq per query block, dk and dv in the workspace) and are rounded once.
+template <class T, class S, class Tiles, class O = S>
+void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, const S* dout, O* dq, O* dk, O* dv,
               int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
               const int64_t* doc_start, T* workspace, const AttentionVariant<T>& var) {
-  constexpr bool wide = std::is_same_v<S, T>;
+  constexpr bool wide = std::is_same_v<O, T>;
   check_sizes("sdpa_backward", B, N, Nkv, Sq, Skv, D);
   check_variant("sdpa_backward", var);
   // The workspace is sized for offset 0 (sdpa_backward_workspace); ring chunk pairs bring none.
@@ -1122,7 +1124,7 @@ void backward(const S* q, const S* k, const S* v, const S* o, const T* lse, cons
           const S* dop = dout + (bh * Sq + i0) * D;  // [bq, D]
           const S* orow = o + (bh * Sq + i0) * D;
           const T* lp = lse + bh * Sq + i0;          // [bq]
-          S* dqp = dq + (bh * Sq + i0) * D;          // [bq, D]
+          O* dqp = dq + (bh * Sq + i0) * D;          // [bq, D]
           T* dqa = dq_acc.data();                    // dq's accumulator
           if constexpr (wide) dqa = dqp;
           std::fill(dqa, dqa + bq * D, T(0));
@@ -1247,27 +1249,43 @@ void with_products(Bf16Gemm path, F&& f) {
 
 }  // namespace
 
-void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t B,
+template <class O>
+void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, O* o, float* lse, int64_t B,
                        int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
                        const int64_t* doc_start, const AttentionVariant<float>& var, Bf16Gemm path) {
   AUTOSP_ASSERT(sdpa_bf16_native(D), "sdpa_forward_bf16: needs AVX512-BF16 and an even head dim, D ", D);
   with_products(path, [&]<class P>() {
-    forward<float, uint16_t, Bf16Tiles<P>>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
+    forward<float, uint16_t, Bf16Tiles<P>, O>(q, k, v, o, lse, B, N, Nkv, Sq, Skv, D, scale, causal, doc_start, var);
   });
 }
 
+template <class O>
 void sdpa_backward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* o, const float* lse,
-                        const uint16_t* dout, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t B, int64_t N,
-                        int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                        const int64_t* doc_start, float* workspace, const AttentionVariant<float>& var,
-                        Bf16Gemm path) {
+                        const uint16_t* dout, O* dq, O* dk, O* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
+                        int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start, float* workspace,
+                        const AttentionVariant<float>& var, Bf16Gemm path) {
   AUTOSP_ASSERT(sdpa_bf16_native(D), "sdpa_backward_bf16: needs AVX512-BF16 and an even head dim, D ", D);
   AUTOSP_ASSERT(var.offset == 0 || workspace == nullptr, "sdpa_backward_bf16: a workspace with offset ", var.offset);
   with_products(path, [&]<class P>() {
-    backward<float, uint16_t, Bf16Tiles<P>>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale, causal,
-                                            doc_start, workspace, var);
+    backward<float, uint16_t, Bf16Tiles<P>, O>(q, k, v, o, lse, dout, dq, dk, dv, B, N, Nkv, Sq, Skv, D, scale,
+                                               causal, doc_start, workspace, var);
   });
 }
+
+template void sdpa_forward_bf16<uint16_t>(const uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, float*,
+                                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
+                                          const int64_t*, const AttentionVariant<float>&, Bf16Gemm);
+template void sdpa_forward_bf16<float>(const uint16_t*, const uint16_t*, const uint16_t*, float*, float*, int64_t,
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*,
+                                       const AttentionVariant<float>&, Bf16Gemm);
+template void sdpa_backward_bf16<uint16_t>(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*,
+                                           const float*, const uint16_t*, uint16_t*, uint16_t*, uint16_t*, int64_t,
+                                           int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*,
+                                           float*, const AttentionVariant<float>&, Bf16Gemm);
+template void sdpa_backward_bf16<float>(const uint16_t*, const uint16_t*, const uint16_t*, const uint16_t*,
+                                        const float*, const uint16_t*, float*, float*, float*, int64_t, int64_t,
+                                        int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*, float*,
+                                        const AttentionVariant<float>&, Bf16Gemm);
 
 template void sdpa_forward<float>(const float*, const float*, const float*, float*, float*, int64_t,
                                   int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, const int64_t*,
@@ -1285,30 +1303,27 @@ template void sdpa_backward<double>(const double*, const double*, const double*,
                                     const AttentionVariant<double>&);
 
 template <class T>
-void merge_attention(attention_acc_t<T>* o, attention_acc_t<T>* lse, const T* o_blk, const attention_acc_t<T>* lse_blk,
-                     int64_t rows, int64_t D) {
-  using A = attention_acc_t<T>;
-  const A neg_inf = -std::numeric_limits<A>::infinity();
+void merge_attention(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t rows, int64_t D) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const double lb = double(lse_blk[r]), la = double(lse[r]);
     if (lse_blk[r] == neg_inf) continue;
-    A* orow = o + r * D;
+    T* orow = o + r * D;
     const T* brow = o_blk + r * D;
     if (lse[r] == neg_inf) {
-      for (int64_t d = 0; d < D; ++d) orow[d] = A(as_double(brow[d]));
+      std::copy(brow, brow + D, orow);
       lse[r] = lse_blk[r];
       continue;
     }
     const double m = std::max(la, lb), wa = std::exp(la - m), wb = std::exp(lb - m), sum = wa + wb;
-    for (int64_t d = 0; d < D; ++d) orow[d] = A((double(orow[d]) * wa + as_double(brow[d]) * wb) / sum);
-    lse[r] = A(m + std::log(sum));
+    for (int64_t d = 0; d < D; ++d) orow[d] = T((double(orow[d]) * wa + double(brow[d]) * wb) / sum);
+    lse[r] = T(m + std::log(sum));
   }
 }
 
 template void merge_attention<float>(float*, float*, const float*, const float*, int64_t, int64_t);
 template void merge_attention<double>(double*, double*, const double*, const double*, int64_t, int64_t);
-template void merge_attention<uint16_t>(float*, float*, const uint16_t*, const float*, int64_t, int64_t);
 
 template <class T>
 void causal_mask(const T* x, T* y, int64_t batch, int64_t Sq, int64_t Skv, T value) {

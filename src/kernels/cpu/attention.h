@@ -64,6 +64,10 @@ int64_t sdpa_backward_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, i
 // AVX512-BF16 (for the packing's conversions; every CPU with AMX has it) and an even head dim.
 // The backward's workspace (may be null) holds sdpa_backward_bf16_workspace(...) floats: the
 // chunks' f32 dK, dV, the last chunk's included.
+// The outputs (o; dq, dk, dv) are in O: bf16 (uint16_t: sdpa's outputs) or f32 (float: the
+// accumulators unrounded, as ring attention sums its chunk pairs' results, rounding them once at
+// the end as one process does; the values are those bf16 outputs before their rounding, and the
+// backward's last chunk accumulates in dk, dv themselves, so a workspace of that size is ample).
 bool sdpa_bf16_native(int64_t D);
 // Whether bf16 attention at head dim D should run on these kernels rather than on the f32 ones on
 // widened copies (what the dispatch asks, engine/cpu/launchers.cpp): sdpa_bf16_native(D) and D ≥
@@ -72,26 +76,26 @@ bool sdpa_bf16_native(int64_t D);
 // against 572 ms for sdpa and 748 against 558 for a ring of 2; at D = 32, 314 against 523).
 bool sdpa_bf16_preferred(int64_t D);
 Bf16Gemm sdpa_bf16_path();
-void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* o, float* lse, int64_t B,
+template <class O>
+void sdpa_forward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, O* o, float* lse, int64_t B,
                        int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
                        const int64_t* doc_start = nullptr, const AttentionVariant<float>& var = {},
                        Bf16Gemm path = sdpa_bf16_path());
+template <class O>
 void sdpa_backward_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* o, const float* lse,
-                        const uint16_t* dout, uint16_t* dq, uint16_t* dk, uint16_t* dv, int64_t B, int64_t N,
-                        int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, double scale, bool causal,
-                        const int64_t* doc_start = nullptr, float* workspace = nullptr,
-                        const AttentionVariant<float>& var = {}, Bf16Gemm path = sdpa_bf16_path());
+                        const uint16_t* dout, O* dq, O* dk, O* dv, int64_t B, int64_t N, int64_t Nkv, int64_t Sq,
+                        int64_t Skv, int64_t D, double scale, bool causal, const int64_t* doc_start = nullptr,
+                        float* workspace = nullptr, const AttentionVariant<float>& var = {},
+                        Bf16Gemm path = sdpa_bf16_path());
 int64_t sdpa_backward_bf16_workspace(int64_t B, int64_t N, int64_t Nkv, int64_t Sq, int64_t Skv, int64_t D, bool causal);
 
 // Ring attention's merge of two partial attentions over disjoint key sets by their log-sum-exp:
 // rows of (o [rows, D], lse [rows]) become the attention over both key sets,
 //   lse' = log(e^lse + e^lse_blk),  o' = o · e^(lse - lse') + o_blk · e^(lse_blk - lse').
-// A row with lse_blk = -inf (it saw no key of the block) is left as it is. o_blk is in T; o, lse
-// and lse_blk in attention_acc_t<T> (for bf16, T = uint16_t: the bf16 kernels' block output
-// merged into an f32 running attention, as on CUDA).
+// A row with lse_blk = -inf (it saw no key of the block) is left as it is. T is f32 or f64 (a bf16
+// ring's blocks come from sdpa_forward_bf16 in f32, merged into an f32 running attention).
 template <class T>
-void merge_attention(attention_acc_t<T>* o, attention_acc_t<T>* lse, const T* o_blk, const attention_acc_t<T>* lse_blk,
-                     int64_t rows, int64_t D);
+void merge_attention(T* o, T* lse, const T* o_blk, const T* lse_blk, int64_t rows, int64_t D);
 
 // y = x with entries j > i + (Skv - Sq) of each [Sq, Skv] matrix set to `value` (x [batch, Sq, Skv]);
 // the mask of composite (matmul → softmax → matmul) attention. x and y may alias.
