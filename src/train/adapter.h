@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "config/config.h"
 #include "tensor/tensor.h"
 
@@ -27,10 +29,31 @@ std::vector<std::string> save_adapter(const std::string& dir, const ParamMap& pa
 
 // The adapter in `dir` as parameters named like the graph's, in `dtype`. Its adapter_config.json
 // must agree with cfg.lora (r, lora_alpha, use_rslora, the targets, modules_to_save) and its base
-// (base_model_name_or_path, where that directory exists) with the run's model; every tensor must
-// be one the run trains, with its shape, and none may be missing: otherwise a UsageError naming
-// the file and the key.
-ParamMap load_adapter(const std::string& dir, const Config& cfg, DType dtype);
+// (base_model_name_or_path, where that directory exists) with the run's model; a PEFT setting that
+// changes the math and that autosp does not do (DoRA, lora_bias, per-module ranks, layer subsets,
+// exclude_modules that exclude a target, a base-changing init_lora_weights such as PiSSA,
+// trainable_token_indices, target_parameters, ...) is refused naming the key and the value; every
+// tensor must be one the run trains, with its shape, and none may be missing: otherwise a
+// UsageError naming the file and the key. Keys PEFT's LoraConfig does not have get a warning
+// naming them (as PEFT warns), logged where `warn` is true (the trainer's rank 0).
+ParamMap load_adapter(const std::string& dir, const Config& cfg, DType dtype, bool warn = true);
+
+// The identity of a LoRA run's frozen base, which a LoRA checkpoint's meta.json records as
+// "lora_base" so that a resume continues on the same weights (decision 289): where the base came
+// from ("source": "model.from" with its "path", "--init-from" with its "path", or "random" with
+// train.seed), its tensor and element counts, and a fingerprint of its values: the CRC-32C of every
+// tensor's name, shape and 4096 evenly spaced elements (the first and the last among them) as f32,
+// in name order. `base` is the whole base as loaded (any float dtype: the samples are f32 values).
+nlohmann::json lora_base_record(const Config& cfg, const std::string& init_from, const ParamMap& base);
+
+// A resume's base (`now`, lora_base_record's) against the one the checkpoint's adapters were
+// trained on (`recorded`, from `meta_path`): another fingerprint is a UsageError naming model.from
+// and the base the checkpoint needs. Returns a line for the log where the same weights come from
+// another path (a moved base directory), else "".
+std::string check_lora_base(const nlohmann::json& recorded, const nlohmann::json& now, const std::string& meta_path);
+
+// --dump-grads' names for a LoRA run's gradients: PEFT's keys, as the adapter checkpoint writes them.
+ParamMap peft_keyed(const ParamMap& params);
 
 // --merge-lora: `cfg`'s base with its adapters folded in (models/lora.h merge_lora: W + scale·B·A)
 // written to `dir` as a Hugging Face model directory (config.json, model.safetensors or shards), which

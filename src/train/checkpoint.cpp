@@ -306,8 +306,9 @@ std::vector<std::string> write_model_files(const fs::path& tmp, const ParamMap& 
 }
 
 void write_files(const fs::path& tmp, const ParamMap& params, const std::map<std::string, Tensor>& moments,
-                 const AdamW& opt, const Config& cfg, int64_t step, const nlohmann::json& data_position,
+                 const AdamW& opt, const Config& cfg, int64_t step, const SaveOptions& options,
                  const std::function<void(const char*)>& at) {
+  const nlohmann::json& data_position = options.data_position;
   const std::vector<std::string> names = write_model_files(tmp, params, moments, cfg);
   at("files");
   // Checksums of what is on disk (read back), so a load sees exactly the bytes written here.
@@ -326,6 +327,7 @@ void write_files(const fs::path& tmp, const ParamMap& params, const std::map<std
                          {"rng", {{"seed", cfg.train.seed}, {"state", "stateless (step, seed)"}}},
                          {"files", files},
                          {"config", cfg.resolved}};
+  if (!options.lora_base.is_null()) meta["lora_base"] = options.lora_base;
   {
     std::ofstream f(tmp / "meta.json");
     f << meta.dump(2) << "\n";
@@ -401,7 +403,7 @@ std::string save_checkpoint(const std::string& root, int64_t step, const ParamMa
   fs::create_directory(tmp, ec);
   if (ec) throw RuntimeFailure(str(tmp.string(), ": cannot create: ", ec.message()));
   try {
-    write_files(tmp, params, moments, opt, cfg, step, options.data_position, at);
+    write_files(tmp, params, moments, opt, cfg, step, options, at);
     at("synced");
     if (options.before_commit) options.before_commit();
     commit(tmp, final_dir, fs::path(root), at);
@@ -525,6 +527,7 @@ Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dty
 
   Checkpoint ck;
   ck.meta = meta;
+  ck.dir = dir.string();
   ck.step = meta["step"].get<int64_t>();
   ck.params = cfg.lora.enabled ? load_adapter(dir.string(), cfg, dtype) : load_weights(dir.string(), cfg.model, dtype);
   const std::string opt_path = (dir / kOptimizerFile).string();

@@ -2,7 +2,7 @@
 // and model.safetensors ({"format": "pt"}), or model-0000i-of-0000n.safetensors shards and
 // model.safetensors.index.json above train.max_shard_mb — so from_pretrained(step_N) loads it, plus
 // optimizer.safetensors (exp_avg.<name>, exp_avg_sq.<name>) and meta.json (format, step, the
-// resolved config, data position, and the size and CRC-32C of every other file).
+// resolved config, data position, a LoRA run's base, and the size and CRC-32C of every other file).
 //
 // A checkpoint directory is written under a temporary name, fsynced and renamed into place (a
 // re-save of the same step exchanges the two directories in one rename), so a crash at any point
@@ -29,6 +29,7 @@ struct Checkpoint {
   ParamMap params;
   AdamW optimizer;
   nlohmann::json meta;
+  std::string dir;  // the step_N directory it was read from (a root given resolves to its newest)
 };
 
 struct SaveOptions {
@@ -42,6 +43,9 @@ struct SaveOptions {
   // meta.json's "data_position": where the run's data continues (train/data_order.h DataPosition,
   // as the trainer writes it); null writes the step, as checkpoints before positions did.
   nlohmann::json data_position;
+  // A LoRA run's meta.json "lora_base": which base its adapters train on (train/adapter.h
+  // lora_base_record); null writes none.
+  nlohmann::json lora_base;
 };
 
 // Returns the checkpoint's directory. `cfg` gives the model (config.json), train.max_shard_mb and

@@ -56,8 +56,9 @@ ParamMap base_params(const Config& cfg, const TrainArgs& args, DType master) {
 }
 
 // A LoRA run's trained tensors when it does not resume: the adapter lora.from names, or fresh ones.
-ParamMap start_adapters(const Config& cfg, DType master) {
-  if (!cfg.lora.from.empty()) return load_adapter(cfg.lora.from, cfg, master);
+// `warn`: log what the adapter's config holds that PEFT does not know (rank 0).
+ParamMap start_adapters(const Config& cfg, DType master, bool warn = true) {
+  if (!cfg.lora.from.empty()) return load_adapter(cfg.lora.from, cfg, master, warn);
   return init_lora_params(cfg.model, lora_target_weights(cfg.model, cfg.lora.target_modules), cfg.lora.r,
                           cfg.lora.init_lora_weights, static_cast<uint64_t>(cfg.train.seed), master);
 }
@@ -109,6 +110,7 @@ struct StartState {
   AdamW opt;
   int64_t step = 0;     // steps already done
   nlohmann::json meta;  // the checkpoint's meta.json (--resume), else null
+  nlohmann::json lora_base;  // LoRA, rank 0: the base's record, which its checkpoints carry (adapter.h)
 };
 
 StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgram& prog, Communicator& host_world) {
@@ -123,6 +125,7 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
     // In the graph's dtype: bf16 under mixed precision (the frozen base needs no f32 master copy).
     for (const std::string& name : prog.frozen_names)
       s.frozen[name] = base.at(name).to(prog.graph->find(name)->dtype());
+    if (lead) s.lora_base = lora_base_record(cfg, args.init_from, base);
     if (lead && args.init_from.empty() && cfg.model_from.empty()) {
       // --quiet keeps it off stderr; the run's log file (train.log) still has it.
       const auto log = args.quiet ? spdlog::get("train.log") : spdlog::default_logger();
@@ -141,7 +144,7 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
       std::vector<std::string> frozen;
       for (const auto& [name, t] : base)
         if (std::find(saved.begin(), saved.end(), name) == saved.end()) frozen.push_back(name);
-      s.params = with_adapters(std::move(base), start_adapters(cfg, master));
+      s.params = with_adapters(std::move(base), start_adapters(cfg, master, lead));
       for (const std::string& name : frozen) s.params.erase(name);
       s.opt.init(s.params);
     }
@@ -152,6 +155,16 @@ StartState start_state(const Config& cfg, const TrainArgs& args, const RankProgr
     s.opt = std::move(ck.optimizer);
     s.step = ck.step;
     s.meta = std::move(ck.meta);
+    // A LoRA checkpoint continues on the base its adapters were trained on, or not at all: checked
+    // before any step, so a refused resume writes no checkpoint.
+    if (lead && cfg.lora.enabled) {
+      const std::string meta_path = ck.dir + "/meta.json";
+      if (!s.meta.contains("lora_base"))
+        spdlog::warn("lora: {} records no base (written before checkpoints recorded it): the base is not checked "
+                     "against the one its adapters were trained on", meta_path);
+      else if (const std::string moved = check_lora_base(s.meta["lora_base"], s.lora_base, meta_path); !moved.empty())
+        spdlog::info("{}", moved);
+    }
     if (lead) spdlog::info("resumed from {} at step {}", args.resume, s.step);
   } else if (!cfg.lora.enabled) {
     s.params = starting_params(cfg, args, master);
@@ -263,13 +276,14 @@ std::unordered_set<const Node*> gradient_nodes(const RankProgram& prog) {
 // on every rank: a collective), keeping the newest train.keep_checkpoints. AUTOSP_FAULT
 // where:checkpoint fires once the files are durable, before the rename.
 void save_step_checkpoint(const Config& cfg, int64_t step, TrainState& state, const DataCursor& cursor,
-                          const std::optional<Fault>& fault, Communicator& world) {
+                          const nlohmann::json& lora_base, const std::optional<Fault>& fault, Communicator& world) {
   const AdamW opt = state.checkpoint_state();
   const ParamMap params = state.whole_params();
   if (world.rank() != 0) return;
   SaveOptions save;
   save.keep_last = cfg.train.keep_checkpoints;
   save.data_position = cursor.position(step);
+  save.lora_base = lora_base;
   save.before_commit = [&] { inject_fault(fault, FaultWhere::checkpoint, world.rank(), step, world); };
   spdlog::info("saved checkpoint {}", save_checkpoint(cfg.train.checkpoint_dir, step, host_copy(params),
                                                       host_copy(opt), cfg, save));
@@ -283,7 +297,7 @@ bool checkpoint_due(const Config& cfg, int64_t step, int64_t total) {
 // Preemption: every rank agrees on this step (one tiny all-reduce), rank 0 saves it unless it was
 // just saved, and all leave together once the checkpoint is on disk.
 bool preempted(const StopOnSignal& stop, const Config& cfg, int64_t step, bool saved, TrainState& state,
-               const DataCursor& cursor,
+               const DataCursor& cursor, const nlohmann::json& lora_base,
                const std::optional<Fault>& fault, JobComms& comms, Communicator& world) {
   if (!stop.stop_agreed(*comms.host_world)) return false;
   if (world.rank() == 0)
@@ -292,7 +306,7 @@ bool preempted(const StopOnSignal& stop, const Config& cfg, int64_t step, bool s
   if (cfg.train.checkpoint_dir.empty() && world.rank() == 0)
     spdlog::warn("no train.checkpoint_dir: nothing saved; the run restarts from step 0");
   else if (!cfg.train.checkpoint_dir.empty() && !saved)
-    save_step_checkpoint(cfg, step, state, cursor, fault, world);
+    save_step_checkpoint(cfg, step, state, cursor, lora_base, fault, world);
   comms.host_world->barrier();
   mark_exit_agreed();
   return true;
@@ -438,7 +452,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
       comms->synchronize_device();  // device results are read on the host once every collective has finished
       if (step == start.step && !args.dump_grads.empty()) {
         const ParamMap grads = state->whole_grads();  // whole at every ZeRO mode: a collective
-        if (world.rank() == 0) save_safetensors(args.dump_grads, host_copy(grads));
+        // Under the checkpoint's names: a LoRA run's as its adapter directory keys them (PEFT's).
+        if (world.rank() == 0) save_safetensors(args.dump_grads, host_copy(cfg.lora.enabled ? peft_keyed(grads) : grads));
       }
       rec.grad_norm = state->grad_norm(*comms->host_world);
       if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) diverged(rec, cfg);
@@ -458,8 +473,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
     result.steps.push_back(rec);
     log.step(rec);
     const bool saved = checkpoint_due(cfg, rec.step, total);
-    if (saved) save_step_checkpoint(cfg, rec.step, *state, cursor, fault, world);
-    if (preempted(stop, cfg, rec.step, saved, *state, cursor, fault, *comms, world)) {
+    if (saved) save_step_checkpoint(cfg, rec.step, *state, cursor, start.lora_base, fault, world);
+    if (preempted(stop, cfg, rec.step, saved, *state, cursor, start.lora_base, fault, *comms, world)) {
       result.preempted = true;
       break;
     }

@@ -77,7 +77,8 @@ def reference(model, data, loss_kw, lora=False):
     loss, metrics = trl_dpo(policy, ref, beta=0.1, **loss_kw)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, [p for _, p in named])
-    key = lambda n: n.replace("base_model.model.", "", 1).replace(".default", "")
+    # --dump-grads' names: the checkpoint's (with LoRA, the adapter's keys: PEFT's names less .default)
+    key = lambda n: n.replace(".modules_to_save.default", "").replace(".default", "")
     metrics = {k: float(v) for k, v in metrics.items()}
     metrics[ACCURACY_RANGE] = accuracy_range(policy, ref, loss_kw.get("loss_type", "sigmoid"))
     return float(loss), metrics, {key(n): g for (n, _), g in zip(named, grads)}

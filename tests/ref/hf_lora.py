@@ -75,14 +75,15 @@ def peft_adapter(base_dir, out_dir, targets, saved, rslora):
 
 
 def peft_grads(model, x):
-    """PEFT's loss and its gradients by autosp's names (PEFT's key less base_model.model. and .default)."""
+    """PEFT's loss and its gradients under the adapter checkpoint's names, as --dump-grads writes them
+    (PEFT's parameter names less .default: the keys of adapter_model.safetensors)."""
     model.zero_grad()
     loss = loss_of(model, x)
     loss.backward()
     grads = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            key = name.replace("base_model.model.", "", 1).replace(".modules_to_save.default", "").replace(".default", "")
+            key = name.replace(".modules_to_save.default", "").replace(".default", "")
             grads[key] = p.grad.detach().clone()
     return loss.item(), grads
 

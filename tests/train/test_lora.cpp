@@ -15,7 +15,12 @@
 //     checkpoint of the other kind (full, or LoRA for a full run) is refused;
 //   - an adapter directory round-trips through save_adapter / load_adapter, and garbage in it
 //     (bad JSON, another r, another base, a foreign or missing tensor, a wrong shape) is refused
-//     naming the file and the key.
+//     naming the file and the key; so is every PEFT setting that changes the math and that autosp
+//     does not do (lora_bias, PiSSA-like inits, trainable tokens, target_parameters, an
+//     exclude_modules that drops a target, matched as PEFT matches), while settings that leave
+//     the math alone are accepted;
+//   - a resume checks the base: the checkpoint records it (lora_base_record), and another base
+//     (another fingerprint) is refused naming model.from; the same weights elsewhere are accepted.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -299,12 +304,61 @@ TEST_CASE("lora: adapter directories round-trip, and garbage in them is refused 
        std::vector<std::tuple<std::string, json, std::string>>{
            {"use_dora", true, "use_dora true: DoRA adapters are not supported"},
            {"alpha_pattern", {{"q_proj", 16}}, "alpha_pattern {\"q_proj\":16}: per-module ranks and alphas"},
-           {"layers_to_transform", {0}, "layers_to_transform [0]: not supported"}}) {
+           {"layers_to_transform", {0}, "layers_to_transform [0]: not supported"},
+           // PEFT settings that change the math (its LoraConfig, 0.14 to 0.20): refused naming the
+           // key, the value and why, not later as a foreign or missing tensor.
+           {"lora_bias", true, "lora_bias true: lora_B has a bias"},
+           {"init_lora_weights", "pissa", "init_lora_weights \"pissa\": PEFT trains this adapter on the residual base"},
+           {"init_lora_weights", "pissa_niter_4", "init_lora_weights \"pissa_niter_4\": PEFT trains this adapter on the residual"},
+           {"init_lora_weights", "olora", "init_lora_weights \"olora\": PEFT trains this adapter on the residual base"},
+           {"init_lora_weights", "corda", "init_lora_weights \"corda\": PEFT trains this adapter on the residual base"},
+           {"init_lora_weights", "loftq", "init_lora_weights \"loftq\": LoftQ trains the adapter on a quantised base"},
+           {"init_lora_weights", "kaiming", "init_lora_weights \"kaiming\": not an initialisation autosp knows"},
+           {"init_lora_weights", 3, "init_lora_weights 3: expected true, false or a method's name"},
+           {"trainable_token_indices", {1, 2}, "trainable_token_indices [1,2]: PEFT then also trains single rows"},
+           {"trainable_token_indices", {{"embed_tokens", {1}}}, "trainable_token_indices {\"embed_tokens\":[1]}"},
+           {"target_parameters", {"mlp.experts.gate_up_proj"}, "target_parameters [\"mlp.experts.gate_up_proj\"]: LoRA on nn.Parameter"},
+           {"alora_invocation_tokens", {5, 6}, "alora_invocation_tokens [5,6]: an activated LoRA"},
+           {"use_qalora", true, "use_qalora true: QALoRA"},
+           {"target_modules", ".*q_proj", "target_modules \".*q_proj\": PEFT's regex form is not supported"},
+           // exclude_modules, matched as PEFT's check_target_module_exists does: a listed name equals
+           // the module's path or is a suffix of it after a "."; the regex string form is refused.
+           {"exclude_modules", {"q_proj"}, "exclude_modules [\"q_proj\"]: excludes model.layers.0.self_attn.q_proj and 1 more of target_modules"},
+           {"exclude_modules", {"layers.1.self_attn.v_proj"}, "exclude_modules [\"layers.1.self_attn.v_proj\"]: excludes model.layers.1.self_attn.v_proj of target_modules"},
+           {"exclude_modules", {"model.layers.0.self_attn.v_proj", "lm_head"}, "excludes model.layers.0.self_attn.v_proj of"},
+           {"exclude_modules", ".*layers\\.0.*", "exclude_modules \".*layers\\\\.0.*\": PEFT's regex form is not supported"},
+           {"exclude_modules", {1}, "exclude_modules [1]: expected a list of module names"}}) {
     std::ifstream in(dir + "/adapter_config.json");
     json a = json::parse(in);
     a[key] = value;
     write_text(dir + "/adapter_config.json", a.dump());
     refused(expected);
+  }
+  // What does not change this adapter's math is accepted: exclusions that match none of the targets
+  // (PEFT's suffix match is by whole dotted components: "proj" and "self_attn" name no q/v_proj;
+  // "lm_head" is no target), PEFT's "not given" values, initialisations that leave the base as it
+  // is, and unknown keys (a warning, as PEFT warns).
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"exclude_modules", {"proj"}},
+           {"exclude_modules", {"self_attn", "lm_head", "layers.0.self_attn.k_proj", "_proj"}},
+           {"exclude_modules", json::array()},
+           {"exclude_modules", ""},
+           {"exclude_modules", nullptr},
+           {"lora_bias", false},
+           {"trainable_token_indices", nullptr},
+           {"target_parameters", json::array()},
+           {"init_lora_weights", "gaussian"},
+           {"init_lora_weights", "eva"},
+           {"init_lora_weights", "orthogonal"},
+           {"init_lora_weights", false},
+           {"lora_alpah", 16}}) {
+    std::ifstream in(dir + "/adapter_config.json");
+    json a = json::parse(in);
+    a[key] = value;
+    write_text(dir + "/adapter_config.json", a.dump());
+    INFO(key << " " << value.dump());
+    CHECK_NOTHROW(load_adapter(dir, cfg, DType::f64));
+    save_adapter(dir, params, cfg);
   }
   save_adapter(dir, params, config(kLlama, {{"r", 8}, {"modules_to_save", {"model.norm"}}}));
   refused("adapter_config.json: r 8 differs from the run's lora.r 4");
@@ -372,6 +426,53 @@ TEST_CASE("lora: a resumed LoRA run continues exactly; a checkpoint of the other
                                                              {"lora", {{"r", 4}}}}),
                                     DType::f32),
                     Catch::Contains("adapter_config.json: r 2 differs from the run's lora.r 4"));
+}
+
+TEST_CASE("lora: the base's record tells bases apart, and a resume on another base is refused", "[lora]") {
+  const Config cfg = config(kLlama, {{"r", 2}});
+  const ParamMap base = init_params(cfg.model, 1, DType::f32);
+  const json rec = lora_base_record(cfg, "", base);
+  CHECK(rec["source"] == "random");
+  CHECK(rec["seed"] == cfg.train.seed);
+  CHECK(rec["tensors"] == base.size());
+  // The same values in f64 (another runtime.dtype's master copy) are the same base.
+  ParamMap wide;
+  for (const auto& [n, t] : base) wide[n] = t.to(DType::f64);
+  CHECK(lora_base_record(cfg, "", wide)["fingerprint"] == rec["fingerprint"]);
+  // Another seed, or one element changed (the first and the last are always sampled), is another base.
+  CHECK(lora_base_record(cfg, "", init_params(cfg.model, 2, DType::f32))["fingerprint"] != rec["fingerprint"]);
+  for (bool last : {false, true}) {
+    ParamMap edited;
+    for (const auto& [n, t] : base) edited[n] = t.clone();
+    Tensor& w = edited.at("model.layers.1.mlp.down_proj.weight");
+    w.data<float>()[last ? w.numel() - 1 : 0] += 1e-3f;
+    CHECK(lora_base_record(cfg, "", edited)["fingerprint"] != rec["fingerprint"]);
+  }
+  CHECK(check_lora_base(rec, rec, "m.json").empty());
+  json from_a = rec, from_b = rec;
+  from_a["source"] = from_b["source"] = "model.from";
+  from_a["path"] = "/models/a";
+  from_b["path"] = "/models/b";
+  from_a.erase("seed");
+  from_b.erase("seed");
+  CHECK(check_lora_base(from_a, from_b, "m.json") ==
+        "lora: the base model.from \"/models/b\" has the weights the checkpoint's adapters were trained on (the "
+        "base model.from \"/models/a\", fingerprint " + rec["fingerprint"].get<std::string>() + ")");
+  json other = from_b;
+  other["fingerprint"] = "00000000";
+  CHECK_THROWS_WITH(check_lora_base(from_a, other, "m.json"),
+                    Catch::Contains("m.json: the adapters were trained on the base model.from \"/models/a\"") &&
+                        Catch::Contains("this run's base, model.from \"/models/b\", holds other weights") &&
+                        Catch::Contains("set model.from \"/models/a\" to continue that run"));
+  json random = rec;
+  random["fingerprint"] = "00000000";
+  CHECK_THROWS_WITH(check_lora_base(from_a, random, "m.json"),
+                    Catch::Contains("this run has no model.from (its base would be randomly initialised): model.from "
+                                    "must give that base"));
+  CHECK_THROWS_WITH(check_lora_base(rec, other, "m.json"),
+                    Catch::Contains("trained on a randomly initialised base (no model.from; train.seed") &&
+                        Catch::Contains("resume without model.from"));
+  CHECK_THROWS_WITH(check_lora_base(json("x"), rec, "m.json"), Catch::Contains("m.json: 'lora_base' is not a record"));
 }
 
 }  // namespace
