@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -17,6 +16,7 @@
 #include <tuple>
 
 #include "tensor/check.h"
+#include "tensor/input_file.h"
 
 namespace autosp {
 
@@ -669,14 +669,7 @@ Config apply_deepspeed(const Config& cfg, const json& ds, int world_size, const 
 }
 
 Config load_deepspeed(const Config& cfg, const std::string& path, int world_size, const std::string& cfg_origin) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw UsageError(str(path, ": is a directory, not a DeepSpeed config"));
-  std::ifstream f(path);
-  if (!f) throw UsageError(str(path, ": cannot open the DeepSpeed config"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw UsageError(str(path, ": cannot read the DeepSpeed config"));
-  return apply_deepspeed(cfg, parse_json(ss.str(), path), world_size, path, cfg_origin);
+  return apply_deepspeed(cfg, parse_json(read_input_file(path, "a DeepSpeed config"), path), world_size, path, cfg_origin);
 }
 
 }  // namespace autosp

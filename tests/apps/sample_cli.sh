@@ -124,7 +124,11 @@ row 'max-new-tokens 31: the prompt (2 tokens) and 31 new tokens exceed' "${gck[@
 nope=(--config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors")
 row 'max-new-tokens 9223372036854775807: with the prompt' "${nope[@]}" --prompt-ids 1,2 --max-new-tokens 9223372036854775807
 row 'eos-token-id 256 is outside' "${nope[@]}" --prompt-ids 1 --eos-token-id 256
-row 'missing.json: not a file' "${ck[@]}" --prompt hi --tokenizer "$tmp/missing.json"
+row 'missing.json: no such file' "${ck[@]}" --prompt hi --tokenizer "$tmp/missing.json"
+# The tokenizer helper opens the file itself: a FIFO is refused as what it is, not waited on.
+mkdir -p "$tmp/fifo_tok" && mkfifo "$tmp/fifo_tok/tokenizer.json"
+row 'fifo_tok/tokenizer.json: not a regular file (a FIFO' "${ck[@]}" --prompt hi --tokenizer "$tmp/fifo_tok"
+row 'fifo_tok/tokenizer.json: not a regular file (a FIFO' "${ck[@]}" --prompt hi --tokenizer "$tmp/fifo_tok/tokenizer.json"
 row '\-\-checkpoint and \-\-init-from exclude each other' "${ck[@]}" --init-from "$tmp/w.safetensors" --prompt-ids 1
 row 'nope.safetensors: cannot open' --config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors" --prompt-ids 1
 row "unexpected argument 'extra'" "${ck[@]}" --prompt-ids 1 extra

@@ -211,6 +211,8 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({})", {"train.keep_checkpoints=1e300"}, "train.keep_checkpoints"},
       {R"({})", {"model.arch=\xff"}, "not valid UTF-8"},
       {R"({})", {"train.lr.x=1"}, "expected section.key"},
+      {R"({})", {"train.=3"}, "--set train.: expected section.key"},
+      {R"({})", {".lr=3"}, "--set .lr: expected section.key"},
       {R"({})", {"train/lr=1"}, "expected section.key"},
       {R"({})", {"x.9999999999999=1"}, "unknown key 'x'"},  // not an array index (fuzzer find)
       {R"({"train": 3})", {"train.lr=1"}, "'train' must be an object"},
