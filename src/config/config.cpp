@@ -958,12 +958,16 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   check_known_keys(j, origin, problems);
 
   auto given = [&](const char* model_key) { return j.contains("model") && j["model"].contains(model_key); };
-  if (given("arch")) {  // first: which keys apply depends on it
+  // First: which keys apply depends on it. An unknown arch is one more problem: the other values
+  // are still checked (which of them apply is then not asked).
+  bool arch_known = true;
+  if (given("arch")) {
     if (auto problem = value_problem(schema()[0], j["model"]["arch"])) {
       problems.add(*problem);
-      problems.raise();
+      arch_known = false;
+    } else {
+      schema()[0].set(c, j["model"]["arch"]);
     }
-    schema()[0].set(c, j["model"]["arch"]);
   }
   const Family& f = family(c.model.arch);
   std::vector<std::string> refused;  // settings of other families of this layout, given a value of their own
@@ -978,7 +982,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       problems.add(*problem);
       continue;
     }
-    if (k.model && !key_applies(*k.model, f)) {
+    if (arch_known && k.model && !key_applies(*k.model, f)) {
       // A setting of another family of the same layout (Llama's mlp_bias on Qwen2) is refused, after
       // the rules that read it, unless it holds this family's own value (false); one of another
       // layout's is ignored.
