@@ -53,6 +53,12 @@ s1=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5
 s2=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5 --seed 3 --max-new-tokens 12 2>&1)
 [ "$s1" = "$s2" ]
 check "seeded sampling repeats" $?
+# Generation runs on the CPU: runtime.device "cuda" is said to be unused, and the tokens are the CPU's.
+d0=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 2>/dev/null)
+d=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 --set runtime.device=cuda 2>"$tmp/dev.err")
+[ "$d" = "$d0" ] &&
+  grep -q 'warning.*runtime.device "cuda" (--set) is not used: autosp-sample generates on the CPU only' "$tmp/dev.err"
+check "runtime.device cuda: a warning that generation runs on the CPU" $?
 # A tiny temperature is greedy: 3e-308 once overflowed logits/T to inf − inf = NaN and picked token
 # 0 every time; subnormals (1e-310, 4.9e-324) were refused as "expected a number" (stod's ERANGE).
 g=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 2>&1)
