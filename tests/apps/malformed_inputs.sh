@@ -313,7 +313,8 @@ row "unexpected argument 'extra'" "${c[@]}" extra
 row 'exclude each other' "${c[@]}" --resume "$good_ck" --init-from "$tmp/missing.safetensors"
 row '\-\-start-over and \-\-resume exclude each other' "${c[@]}" --set "train.checkpoint_dir=$tmp/ck2" --start-over --resume "$good_ck"
 row '\-\-start-over needs train.checkpoint_dir' "${c[@]}" --start-over
-row '\-\-thread-ranks 0: expected >= 1' "${c[@]}" --thread-ranks 0
+row '\-\-thread-ranks 0: expected 1..1024' "${c[@]}" --thread-ranks 0
+row '\-\-thread-ranks 100000: expected 1..1024 (each rank is a thread of this process)' "${c[@]}" --thread-ranks 100000
 row "\-\-thread-ranks 'two': expected an integer" "${c[@]}" --thread-ranks two
 row 'autosp_size 2 does not divide the world size 3' "${c[@]}" --thread-ranks 3 --set sequence_parallel.autosp_size=2
 row mpi '\-\-thread-ranks 2 under a launcher of 2 processes: each would run its own job' "${c[@]}" --thread-ranks 2
@@ -516,6 +517,10 @@ row 'nowhere: no such checkpoint directory' "${c[@]}" --resume "$tmp/nowhere"
 row 'emptyckpt: holds no checkpoint' "${c[@]}" --resume "$tmp/emptyckpt"
 row 'nometa_root/step_00000002: the newest checkpoint has no meta.json' "${c[@]}" --resume "$tmp/nometa_root"
 row 'flipped/model.safetensors: checksum mismatch' "${c[@]}" --resume "$flipped"
+fifometa=$(ck fifometa) && rm "$fifometa/meta.json" && mkfifo "$fifometa/meta.json"
+row env:AUTOSP_PIPE_TIMEOUT=1 'fifometa/meta.json: a FIFO that nothing wrote to in 1 s' "${c[@]}" --resume "$fifometa"
+row "\-\-resume .*step_00000002: the checkpoint is at step 2, past the run's 1 steps" "${c[@]}" --resume "$good_ck" --steps 1
+row '\-\-dump-grads /nonexist/g.safetensors: /nonexist is not a directory' "${c[@]}" --dump-grads /nonexist/g.safetensors
 row 'truncated/optimizer.safetensors: 500 bytes, meta.json records' "${c[@]}" --resume "$truncated"
 row 'garbled/meta.json: not valid JSON' "${c[@]}" --resume "$garbled"
 row "nofiles/meta.json: no 'files' checksums" "${c[@]}" --resume "$nofiles"
