@@ -15,7 +15,6 @@
 // --data), or the model's bytes when it was trained on data.source "text".
 // --plan-memory prints the evaluation program's memory plan (the JSON of autosp-graph
 // --plan-memory) for this rank at data.seq_len and data.batch_size, and loads nothing.
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -179,15 +178,15 @@ int main(int argc, char** argv) {
     if (args.count("out")) {
       RunFiles reads{{opt("config"), opt("init-from"), model.args.resume, opt("model"), opt("data"), opt("tokenizer")}, ""};
       for (const std::string& p : data_input_paths(cfg.data)) reads.inputs.push_back(p);
-      check_output_path("--out", opt("out"), reads);
-      const std::filesystem::path dir = std::filesystem::path(opt("out")).parent_path();
-      std::error_code ec;
-      if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
-        throw UsageError(str("--out ", opt("out"), ": ", dir.string(), " is not a directory"));
+      check_output_path("--out", opt("out"), reads);  // (its directory too)
     }
     PositionLossOptions po;
     if (args.count("bucket-width")) po.bucket_width = parse_int_flag("bucket-width", opt("bucket-width"));
-    if (args.count("sequences")) po.sequences = parse_int_flag("sequences", opt("sequences"));
+    if (args.count("sequences")) {  // (0 is the library's "every window": leaving the flag out says that)
+      po.sequences = parse_int_flag("sequences", opt("sequences"));
+      if (po.sequences < 1)
+        throw UsageError(str("--sequences ", po.sequences, ": expected ≥ 1 (leave it out to evaluate every window)"));
+    }
 
     auto world = make_world_communicator();
     const bool lead = world->rank() == 0;

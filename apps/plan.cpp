@@ -142,7 +142,9 @@ int main(int argc, char** argv) {
     if (r.ranks < 1 || r.ranks > 65536) throw UsageError(str("--ranks ", r.ranks, ": expected 1..65536"));
     if (!longest) {
       r.seq_len = parse_int_flag("seq-len", args["seq-len"].as<std::string>());
-      if (r.seq_len < 1) throw UsageError(str("--seq-len ", r.seq_len, ": expected at least 1"));
+      constexpr int64_t kMaxSeq = int64_t{1} << 26;  // data.seq_len's range (config/config.cpp)
+      if (r.seq_len < 1 || r.seq_len > kMaxSeq)
+        throw UsageError(str("--seq-len ", r.seq_len, ": expected 1..", kMaxSeq, " (data.seq_len's range)"));
     }
     Cluster c = for_ranks(args.count("device") ? find_device(args["device"].as<std::string>()) : find_device("cpu"), r.ranks);
     if (args.count("memory")) c.memory_bytes = parse_bytes("memory", args["memory"].as<std::string>());
@@ -156,6 +158,9 @@ int main(int argc, char** argv) {
     if (args.count("ranks-per-node")) {
       c.ranks_per_node = parse_int_flag("ranks-per-node", args["ranks-per-node"].as<std::string>());
       if (c.ranks_per_node < 1) throw UsageError(str("--ranks-per-node ", c.ranks_per_node, ": expected at least 1"));
+      if (c.ranks_per_node < r.ranks && r.ranks % c.ranks_per_node != 0)
+        throw UsageError(str("--ranks-per-node ", c.ranks_per_node, " does not divide --ranks ", r.ranks,
+                             " (every node holds the same number of ranks)"));
     }
     r.cluster = c;
     if (args.count("global-batch")) {

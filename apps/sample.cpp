@@ -10,11 +10,15 @@
 // the tokenizer.json that scripts/prepare_data.py saved beside the shards (Hugging Face
 // `tokenizers`, in a Python helper under scripts/hf-venv.sh's venv), or, for a model trained on
 // data.source "text", through its bytes. Prints the prompt and new token ids and their text
-// (--json: one JSON object with them; bytes that are not UTF-8 become U+FFFD there).
+// (--json: one JSON object with them; bytes that are not UTF-8 become U+FFFD there). It runs on the
+// CPU only: runtime.device "cuda" gets a warning that it is not used.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+
+#include <spdlog/spdlog.h>
 
 #include "tools/cli.h"
 #include "tools/model_flags.h"
@@ -78,6 +82,14 @@ int main(int argc, char** argv) {
       throw UsageError("give the prompt as one of --prompt-ids 1,2,3 or --prompt TEXT");
     const Config& cfg = model.cfg;
     const TrainArgs& ta = model.args;
+    // Generation runs on the CPU in every build (train/generate.h: one process, host tensors). A
+    // device asked for is said to be unused rather than refused: a checkpoint trained on a GPU
+    // records runtime.device "cuda", and sampling from it elsewhere is the common case.
+    if (cfg.runtime.device == DeviceKind::cuda) {
+      const bool set = std::any_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("runtime.device=", 0) == 0; });
+      spdlog::warn("runtime.device \"cuda\" ({}) is not used: autosp-sample generates on the CPU only",
+                   set ? "--set" : args.count("config") ? "the config" : "the checkpoint's run config");
+    }
     const std::string dtype_text = args.count("dtype") ? opt("dtype") : "float32";
     const auto dtype = dtype_from_name(dtype_text);
     if (!dtype || (*dtype != DType::f32 && *dtype != DType::f64))

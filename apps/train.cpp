@@ -198,8 +198,13 @@ int main(int argc, char** argv) {
 
     int thread_ranks = 0;
     if (args.count("thread-ranks")) {
-      thread_ranks = static_cast<int>(parse_int_flag("thread-ranks", args["thread-ranks"].as<std::string>()));
-      if (thread_ranks < 1) throw UsageError(str("--thread-ranks ", thread_ranks, ": expected >= 1"));
+      // Each rank is a thread with its own program and training state: far past the cores, and
+      // past what a process can start, is a mistake to refuse before anything is built.
+      constexpr int64_t kMaxThreadRanks = 1024;
+      const int64_t n = parse_int_flag("thread-ranks", args["thread-ranks"].as<std::string>());
+      if (n < 1 || n > kMaxThreadRanks)
+        throw UsageError(str("--thread-ranks ", n, ": expected 1..", kMaxThreadRanks, " (each rank is a thread of this process)"));
+      thread_ranks = static_cast<int>(n);
     }
 
     // One rank: rank 0 also opens the run log, echoes the config and prints the summary.

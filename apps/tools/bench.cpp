@@ -20,6 +20,7 @@
 #include "comm/mesh.h"
 #include "kernels/cpu/matmul.h"
 #include "models/model.h"
+#include "tensor/input_file.h"
 #include "engine/executor.h"
 #include "compiler/program.h"
 #include "tools/py_worker.h"
@@ -512,8 +513,13 @@ int run_sweep(const SweepOptions& opt, const std::function<void(const json&)>& e
 }
 
 double measured_tflops(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw UsageError(str("--compute-from ", path, ": cannot open"));
+  std::string text;
+  try {
+    text = read_input_file(path, "a sweep's .jsonl output");
+  } catch (const UsageError& e) {
+    throw UsageError(str("--compute-from ", e.what()));
+  }
+  std::istringstream f(text);
   std::string line;
   double best = 0;
   int64_t best_seq = -1;

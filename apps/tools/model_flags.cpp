@@ -3,10 +3,10 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <set>
 
 #include "tensor/check.h"
+#include "tensor/input_file.h"
 #include "train/checkpoint.h"
 
 namespace autosp {
@@ -35,14 +35,26 @@ std::string step_dir(const std::string& path) {
 
 Config checkpoint_config(const std::string& dir, const std::vector<std::string>& sets) {
   const std::string meta_path = (fs::path(dir) / "meta.json").string();
-  std::ifstream f(meta_path);
-  if (!f) throw UsageError(str(meta_path, ": cannot open"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const nlohmann::json meta = parse_json(ss.str(), meta_path);
+  const nlohmann::json meta = parse_json(read_input_file(meta_path, "a checkpoint's meta.json"), meta_path);
   if (!meta.is_object() || !meta.contains("config") || !meta["config"].is_object())
     throw UsageError(str(meta_path, ": no 'config' object (not an autosp checkpoint?)"));
-  return parse_config(meta["config"], sets, meta_path);
+  Config cfg = parse_config(meta["config"], sets, meta_path);
+  // The saved config is the resolved one: it holds every key, as if each had been given, so the
+  // warnings about keys a setting leaves unread would name keys the user never wrote. Only those
+  // about keys of --set are kept.
+  std::set<std::string> set_keys;
+  for (const std::string& s : sets) set_keys.insert(s.substr(0, s.find('=')));
+  std::erase_if(cfg.warnings, [&](const std::string& w) {
+    for (const auto& [section, keys] : meta["config"].items()) {
+      if (!keys.is_object()) continue;
+      for (const auto& [name, value] : keys.items()) {
+        const std::string key = str(section, ".", name);
+        if (!set_keys.count(key) && w.rfind(str(meta_path, ": ", key, " "), 0) == 0) return true;
+      }
+    }
+    return false;
+  });
+  return cfg;
 }
 
 ModelFlags model_from_flags(const cxxopts::ParseResult& args, const std::vector<std::string>& sets) {

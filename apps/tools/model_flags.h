@@ -30,7 +30,8 @@ ModelFlags model_from_flags(const cxxopts::ParseResult& args, const std::vector<
 // The checkpoint directory `path` names: itself when it holds meta.json, else its newest step_N.
 std::string step_dir(const std::string& path);
 
-// The run config a checkpoint was written with (its meta.json), with --set overrides.
+// The run config a checkpoint was written with (its meta.json), with --set overrides. Its warnings
+// name only keys of `sets` (the saved config holds every key; the user wrote none of them).
 Config checkpoint_config(const std::string& dir, const std::vector<std::string>& sets);
 
 }  // namespace autosp

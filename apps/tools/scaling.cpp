@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <numeric>
 
 #include <spdlog/fmt/fmt.h>
@@ -11,6 +10,7 @@
 #include "config/config.h"
 #include "models/flops.h"
 #include "tensor/check.h"
+#include "tensor/input_file.h"
 
 namespace autosp {
 namespace {
@@ -192,11 +192,11 @@ ZeroStateBytes zero_state_bytes(int64_t stage) {
 }
 
 ProjectionConfig load_projection_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw UsageError(str("--project-config ", path, ": cannot open"));
-  json j = json::parse(f, nullptr, false);
-  if (j.is_discarded()) throw UsageError(str("--project-config ", path, ": not valid JSON"));
-  return parse_projection_config(j, path);
+  try {
+    return parse_projection_config(parse_json(read_input_file(path, "a projection config (JSON)"), path), path);
+  } catch (const UsageError& e) {
+    throw UsageError(str("--project-config ", e.what()));
+  }
 }
 
 int64_t projection_sp(const ModelConfig& m, int64_t gpus) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "tensor/check.h"
+#include "tensor/input_file.h"
 #include "train/data.h"  // expand_path
 
 namespace autosp {
@@ -15,8 +16,13 @@ TextCodec::TextCodec(const std::string& source_dir, const std::string& given, bo
   std::error_code ec;
   // A model directory (Hugging Face's, or a checkpoint's) holds its tokenizer.json.
   const std::string tokenizer = fs::is_directory(given, ec) ? (fs::path(given) / "tokenizer.json").string() : given;
-  if (!fs::is_regular_file(tokenizer, ec))
-    throw UsageError(str("--tokenizer ", given, fs::is_directory(given, ec) ? ": no tokenizer.json in that directory" : ": not a file"));
+  // The worker opens the file itself, so a FIFO is refused here rather than waited on (it would
+  // block the worker for ever with nothing writing to it).
+  const std::string kind = file_kind(tokenizer);
+  if (kind.empty())
+    throw UsageError(str("--tokenizer ", given, tokenizer == given ? ": no such file" : ": no tokenizer.json in that directory"));
+  if (kind != "a regular file")
+    throw UsageError(str("--tokenizer ", tokenizer, ": not a regular file (", kind, "; the tokenizer is read by a helper process: give a file)"));
   worker_ = std::make_unique<PyWorker>(std::vector<std::string>{venv_python(source_dir, "hf-venv.sh"),
                                                                  source_dir + "/scripts/tokenizer_worker.py", tokenizer});
   // The worker first says whether the file loaded, so a bad file is named before anything is

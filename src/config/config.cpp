@@ -9,7 +9,6 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -19,6 +18,7 @@
 #include "models/hf_config.h"
 #include "models/lora.h"
 #include "tensor/check.h"
+#include "tensor/input_file.h"
 
 namespace autosp {
 
@@ -507,7 +507,7 @@ void apply_override(json& j, const std::string& origin, const std::string& ov) {
     throw UsageError(str(origin, ": --set ", key, ": the value is not valid UTF-8"));
   }
   const auto dot = key.find('.');
-  if (dot == std::string::npos || key.find('.', dot + 1) != std::string::npos)
+  if (dot == std::string::npos || dot == 0 || dot + 1 == key.size() || key.find('.', dot + 1) != std::string::npos)
     throw UsageError(str(origin, ": --set ", key, ": expected section.key"));
   // Plain object keys, not a JSON pointer: "/x/99999999999" would resize an array to that length.
   json& section = j[key.substr(0, dot)];
@@ -625,11 +625,13 @@ void expand_lora_from(json& j, const std::string& origin) {
   const json& from = j["lora"]["from"];
   if (!from.is_string() || from.get<std::string>().empty()) return;  // the row's own check names it
   const std::string path = (std::filesystem::path(from.get<std::string>()) / "adapter_config.json").string();
-  std::ifstream f(path);
-  if (!f) throw UsageError(str(origin, ": lora.from: ", path, ": cannot open (expected a PEFT adapter directory)"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const json a = parse_json(ss.str(), path);
+  std::string text;
+  try {
+    text = read_input_file(path, "a PEFT adapter directory's adapter_config.json");
+  } catch (const UsageError& e) {
+    throw UsageError(str(origin, ": lora.from: ", e.what()));
+  }
+  const json a = parse_json(text, path);
   if (!a.is_object()) throw UsageError(str(origin, ": lora.from: ", path, ": not a JSON object"));
   for (const char* key : {"r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "modules_to_save"})
     if (!j["lora"].contains(key) && a.contains(key) && !a[key].is_null()) j["lora"][key] = a[key];
@@ -956,12 +958,16 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
   check_known_keys(j, origin, problems);
 
   auto given = [&](const char* model_key) { return j.contains("model") && j["model"].contains(model_key); };
-  if (given("arch")) {  // first: which keys apply depends on it
+  // First: which keys apply depends on it. An unknown arch is one more problem: the other values
+  // are still checked (which of them apply is then not asked).
+  bool arch_known = true;
+  if (given("arch")) {
     if (auto problem = value_problem(schema()[0], j["model"]["arch"])) {
       problems.add(*problem);
-      problems.raise();
+      arch_known = false;
+    } else {
+      schema()[0].set(c, j["model"]["arch"]);
     }
-    schema()[0].set(c, j["model"]["arch"]);
   }
   const Family& f = family(c.model.arch);
   std::vector<std::string> refused;  // settings of other families of this layout, given a value of their own
@@ -976,7 +982,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
       problems.add(*problem);
       continue;
     }
-    if (k.model && !key_applies(*k.model, f)) {
+    if (arch_known && k.model && !key_applies(*k.model, f)) {
       // A setting of another family of the same layout (Llama's mlp_bias on Qwen2) is refused, after
       // the rules that read it, unless it holds this family's own value (false); one of another
       // layout's is ignored.
@@ -1149,14 +1155,7 @@ Config parse_config(const json& input, const std::vector<std::string>& overrides
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, bool cross_key_rules) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw UsageError(str(path, ": is a directory, not a config file"));
-  std::ifstream f(path);
-  if (!f) throw UsageError(str(path, ": cannot open config file"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw UsageError(str(path, ": cannot read config file"));
-  return parse_config(parse_json(ss.str(), path), overrides, path, cross_key_rules);
+  return parse_config(parse_json(read_input_file(path, "a config file"), path), overrides, path, cross_key_rules);
 }
 
 json parse_json(const std::string& text, const std::string& origin) {

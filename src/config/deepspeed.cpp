@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -17,6 +16,7 @@
 #include <tuple>
 
 #include "tensor/check.h"
+#include "tensor/input_file.h"
 
 namespace autosp {
 
@@ -218,13 +218,16 @@ class Mapper {
 
   // DeepSpeed's `ds_key` = `v` becomes our `ours`: checked against our schema, and against the
   // value the user set there, if any. A later set of the same key replaces an earlier one.
-  // `source` says where the value came from in the recipe (default: the file's key).
+  // `source` says where the value came from in the recipe (default: the file's key). `written` is
+  // the file's own value where `v` is its translation (bf16.enabled true → "bfloat16"), for the
+  // messages: they show what the user wrote.
   void set(const std::string& ds_key, const std::string& ours, const json& v, const std::string& how = "",
-           const std::string& source = "") {
+           const std::string& source = "", const json& written = json()) {
+    const std::string shown = written.is_null() ? v.dump() : str(written.dump(), " (our ", ours, " ", v.dump(), ")");
     if (auto problem = config_value_problem(ours, v))
-      fail(str(ds_key, " = ", v.dump(), " (our ", ours, "): ", *problem));
+      fail(str(ds_key, " = ", written.is_null() ? str(v.dump(), " (our ", ours, ")") : shown, ": ", *problem));
     if (given(ours) && !same(cfg_.given[ptr(ours)], v))
-      fail(str(ds_key, " = ", v.dump(), " conflicts with ", ours, " = ", cfg_.given[ptr(ours)].dump(),
+      fail(str(ds_key, " = ", shown, " conflicts with ", ours, " = ", cfg_.given[ptr(ours)].dump(),
                " set in the config or by --set; remove one of them"));
     std::erase_if(assigned, [&](const auto& a) { return a.first == ours; });
     std::erase_if(mapped, [&](const std::string& m) { return m.find(" → " + ours + " ") != std::string::npos; });
@@ -456,7 +459,7 @@ class Mapper {
                    hint.empty() ? "" : str(" (did you mean 'scheduler.params.", hint, "'?)")));
         });
     auto key = [](const char* k) { return str("scheduler.params.", k); };
-    guard([&] { set("scheduler.type", "train.lr_schedule", ours.at(t)); });
+    guard([&] { set("scheduler.type", "train.lr_schedule", ours.at(t), "", "", json(t)); });
     if (p.contains("last_batch_iteration") && !same(p["last_batch_iteration"], json(-1)))
       guard([&] {
         refuse(key("last_batch_iteration"), p["last_batch_iteration"], "a schedule starts at step 0",
@@ -489,9 +492,9 @@ class Mapper {
           if (!p.contains(name) && given(ours_key)) return;
           const json r = p.value(name, json(dflt));
           if (!r.is_number() || r.get<double>() < 0) fail(str(key(name), " = ", r.dump(), ": expected a number >= 0"));
-          if (p.contains(name)) set(key(name), ours_key, r.get<double>() * lr, str(" (× lr ", lr, ")"));
+          if (p.contains(name)) set(key(name), ours_key, r.get<double>() * lr, str(" (× lr ", lr, ")"), "", r);
           else set(key(name), ours_key, r.get<double>() * lr, str(" (DeepSpeed's default × lr ", lr, ")"),
-                   str("DeepSpeed's default ", name, " ", r.get<double>(), " × lr"));
+                   str("DeepSpeed's default ", name, " ", r.get<double>(), " × lr"), r);
         });
     } else {
       guard([&] { param(key("warmup_min_lr"), p, "warmup_min_lr", "train.warmup_min_lr", 0.0); });
@@ -532,7 +535,7 @@ class Mapper {
     const json enabled = b.value("enabled", json(false));
     if (is_auto(enabled)) return value(str(key, ".enabled"), enabled, "runtime.dtype");
     if (!enabled.is_boolean()) fail(str(key, ".enabled = ", enabled.dump(), ": expected true, false or \"auto\""));
-    if (enabled.get<bool>()) return set(str(key, ".enabled"), "runtime.dtype", "bfloat16");
+    if (enabled.get<bool>()) return set(str(key, ".enabled"), "runtime.dtype", "bfloat16", "", "", enabled);
     if (given("runtime.dtype") && cfg_.given[ptr("runtime.dtype")] == "bfloat16")
       fail(str(key, ".enabled = false conflicts with runtime.dtype = \"bfloat16\" set in the config or by --set"));
   }
@@ -584,7 +587,7 @@ class Mapper {
     if (!v.is_number() || v.get<double>() <= 0) fail(str(key, " = ", v.dump(), ": expected a positive number of elements"));
     const double bytes = current("runtime.dtype") == "float64" ? 8 : 4;
     set(key, "runtime.grad_bucket_mb", v.get<double>() * bytes / (1024.0 * 1024.0),
-        str(" (", bytes, "-byte gradients)"));
+        str(" (", bytes, "-byte gradients)"), "", v);
   }
 
   // compile: autosp-train always runs AutoSP (our compiler); DeepSpeed's other passes and
@@ -669,14 +672,7 @@ Config apply_deepspeed(const Config& cfg, const json& ds, int world_size, const 
 }
 
 Config load_deepspeed(const Config& cfg, const std::string& path, int world_size, const std::string& cfg_origin) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw UsageError(str(path, ": is a directory, not a DeepSpeed config"));
-  std::ifstream f(path);
-  if (!f) throw UsageError(str(path, ": cannot open the DeepSpeed config"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw UsageError(str(path, ": cannot read the DeepSpeed config"));
-  return apply_deepspeed(cfg, parse_json(ss.str(), path), world_size, path, cfg_origin);
+  return apply_deepspeed(cfg, parse_json(read_input_file(path, "a DeepSpeed config"), path), world_size, path, cfg_origin);
 }
 
 }  // namespace autosp

@@ -10,9 +10,16 @@
 namespace autosp {
 namespace {
 
+// Why, and how to get one: CMake says which (CMakeLists.txt: configured with AUTOSP_WITH_CUDA=OFF,
+// or no nvcc found).
+#ifndef AUTOSP_NO_CUDA_REASON
+#define AUTOSP_NO_CUDA_REASON "it was configured without CUDA"
+#define AUTOSP_NO_CUDA_FIX "reconfigure with -DAUTOSP_WITH_CUDA=ON"
+#endif
+
 [[noreturn]] void no_backend(const char* what) {
-  throw UsageError(str(what, ": this build has no CUDA backend (nvcc was not found at configure time); use "
-                             "runtime.device \"cpu\", or rebuild with the CUDA toolkit installed"));
+  throw UsageError(str(what, ": this build has no CUDA backend (", AUTOSP_NO_CUDA_REASON, "); use runtime.device "
+                             "\"cpu\", or ", AUTOSP_NO_CUDA_FIX));
 }
 
 }  // namespace

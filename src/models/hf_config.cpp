@@ -6,13 +6,13 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
 #include <sstream>
 
 #include "models/weights.h"
 #include "tensor/check.h"
+#include "tensor/input_file.h"
 
 namespace autosp {
 namespace {
@@ -659,18 +659,10 @@ HfModelConfig translate_hf_config(const json& hf, const std::string& origin) {
 }
 
 json read_json_file(const std::string& path, uint64_t max_bytes) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw UsageError(str(path, ": cannot open: no such file"));
-  if (!fs::is_regular_file(path, ec)) throw UsageError(str(path, ": not a regular file"));  // a FIFO would block
-  if (fs::file_size(path, ec) > max_bytes) throw UsageError(str(path, ": larger than ", max_bytes, " bytes"));
-  std::ifstream f(path);
-  if (!f) throw UsageError(str(path, ": cannot open"));
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = read_input_file(path, "a JSON file", max_bytes);
   json j;
   try {
-    j = json::parse(ss.str(), [](int depth, json::parse_event_t, json&) { return depth <= 32; });
+    j = json::parse(text, [](int depth, json::parse_event_t, json&) { return depth <= 32; });
   } catch (const json::exception& e) {
     throw UsageError(str(path, ": not valid JSON: ", e.what()));
   }

@@ -17,13 +17,13 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "models/hf_config.h"
 #include "models/weights.h"
+#include "tensor/input_file.h"
 #include "tensor/safetensors.h"
 
 namespace autosp {
@@ -188,18 +188,6 @@ std::string hex32(uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08x", v);
   return buf;
-}
-
-std::string read_small_file(const std::string& path, uint64_t limit) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw UsageError(str(path, ": cannot read: ", ec.message()));
-  if (size > limit) throw UsageError(str(path, ": ", size, " bytes is too large (limit ", limit, ")"));
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (!f) throw UsageError(str(path, ": cannot read"));
-  return ss.str();
 }
 
 // Compare each data file with the size and CRC-32C meta.json records for it: every file it lists
@@ -495,7 +483,7 @@ std::string move_aside(const std::string& root, int64_t newer_than) {
 Checkpoint load_checkpoint(const std::string& path, const Config& cfg, DType dtype) {
   const fs::path dir = resolve(path);
   const std::string meta_path = (dir / "meta.json").string();
-  nlohmann::json meta = parse_json(read_small_file(meta_path, kMaxMetaBytes), meta_path);
+  nlohmann::json meta = parse_json(read_input_file(meta_path, "a checkpoint's meta.json", kMaxMetaBytes), meta_path);
   auto bad = [&](const std::string& what) { throw UsageError(str(meta_path, ": ", what)); };
   if (!meta.is_object()) bad("not a JSON object");
   if (!meta.contains("format") || meta["format"] != kFormat)

@@ -60,6 +60,9 @@ void check_output_path(const std::string& flag, const std::string& path, const R
       if (same_file(out, root / own)) refuse(str("is the checkpoint directory's ", own));
     if (same_file(out, root)) refuse("is train.checkpoint_dir");
   }
+  // Said before the run starts, not when the file is first written (--dump-grads: after step 1).
+  if (const fs::path dir = fs::path(path).parent_path(); !dir.empty() && !fs::is_directory(dir, ec))
+    refuse(str(dir.string(), " is not a directory"));
 }
 
 }  // namespace autosp

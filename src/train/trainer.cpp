@@ -343,6 +343,10 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   auto data = make_data_source(cfg.data, cfg.model.vocab_size, static_cast<uint64_t>(cfg.train.seed));
   std::optional<Validation> validation = make_validation(cfg, cfg.runtime.dtype, mesh);
   StartState start = start_state(cfg, args, prog, *comms->host_world);
+  if (start.step > total)  // (every rank has rank 0's step: the same error everywhere, before anything is written)
+    throw UsageError(str("--resume ", args.resume, ": the checkpoint is at step ", start.step, ", past the run's ", total,
+                         " steps (train.steps, or --steps: the steps from 0, not the steps to add); give more than ",
+                         start.step));
   // DPO's reference (train/preference.h): the starting model, or with LoRA the base, adapters off.
   const bool dpo = cfg.train.objective == Objective::dpo;
   std::unique_ptr<DpoReference> reference;
@@ -400,6 +404,8 @@ TrainResult train(const Config& cfg, const TrainArgs& args, Communicator& world)
   GradAccumulator accumulated;
   StepLog log(args, start.step, total, cfg, world.rank() == 0);
   log.run_start(dev, *prog.graph, data->describe(), num_params, validation ? validation->data->describe() : "");
+  if (world.rank() == 0 && start.step == total && !args.dump_grads.empty())
+    spdlog::warn("--dump-grads {}: not written: no step runs (steps {}..{})", args.dump_grads, start.step, total);
   const StepThroughput throughput(cfg, mesh.dp, world.size(), dev);
   // Everything the run needs has been read and validated, on every rank (the barrier): only now may
   // the start move checkpoints aside (--start-over, a branch), so a refused run changed nothing.

@@ -164,6 +164,16 @@ for x, y, z in zip(a, a2, m):  # the merge is stored in the checkpoint's dtype: 
 assert max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b)) > 1e-4, "the adapter changed nothing"
 PY
 
+# ---- a checkpoint's own config: its meta.json holds every key, none of which the user wrote, so
+# no warning names one of them; a --set key that goes unread is still warned about ------------------
+"$bin" --checkpoint "$basedir" --perplexity-by-position --seq-len 32 --sequences 1 --quiet >/dev/null 2>"$tmp/err_ck" ||
+  { echo "FAIL: eval of a checkpoint"; cat "$tmp/err_ck"; fail=1; }
+check "--checkpoint: no warning about keys the user did not set" bash -c "! grep -i warn '$tmp/err_ck'"
+"$bin" --checkpoint "$basedir" --perplexity-by-position --seq-len 32 --sequences 1 --quiet --set train.decay_type=linear \
+  >/dev/null 2>"$tmp/err_ck_set" || { echo "FAIL: eval of a checkpoint with --set"; fail=1; }
+check "--checkpoint: a --set key that goes unread is warned about, and only it" bash -c \
+  "grep -q 'warning.*train.decay_type does not apply' '$tmp/err_ck_set' && [ \$(grep -ci warn '$tmp/err_ck_set') -eq 1 ]"
+
 # ---- bad input ----------------------------------------------------------------------------------
 . "$(dirname "$0")/lib/refusals.sh"
 bad() { refused "$1" "$bin" "${@:2}"; }  # bad TEXT ARGS...: exit 2 and an error: line containing TEXT
@@ -173,6 +183,12 @@ bad "--bucket-width 0: expected ≥ 1" "${base[@]}" --bucket-width 0
 bad "--bucket-width -4: expected ≥ 1" "${base[@]}" --bucket-width -4
 bad "--bucket-width 'x': expected an integer" "${base[@]}" --bucket-width x
 bad "--sequences -1" "${base[@]}" --sequences -1
+bad "--sequences 0: expected ≥ 1 (leave it out to evaluate every window)" "${base[@]}" --sequences 0
+mkdir -p "$tmp/fifo_ck" && mkfifo "$tmp/fifo_ck/meta.json"
+refused "fifo_ck/meta.json: a FIFO that nothing wrote to in 1 s: no process writes to it" \
+  env AUTOSP_PIPE_TIMEOUT=1 "$bin" --checkpoint "$tmp/fifo_ck" --perplexity-by-position
+mkdir -p "$tmp/fifo_tok" && mkfifo "$tmp/fifo_tok/tokenizer.json"
+bad "fifo_tok/tokenizer.json: not a regular file (a FIFO" --config "$tmp/cfg.json" --passkey --tokenizer "$tmp/fifo_tok"
 bad "--sequences 17: the data holds 16 windows of 62 + 1 tokens" "${base[@]}" --sequences 17
 bad "--seq-len 0" "${base[@]}" --seq-len 0
 bad "give one task" --config "$tmp/cfg.json"

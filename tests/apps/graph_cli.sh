@@ -68,6 +68,14 @@ expect_usage_error "not valid JSON" --config "$tmp/truncated.json"
 expect_usage_error "unknown key 'extra'" --config "$tmp/unknown.json"
 expect_usage_error "random.json" --config "$tmp/random.json"
 expect_usage_error "cannot open" --config "$tmp/nope.json"
+# A config through a pipe (bash's <(...)) is read; a FIFO nothing writes to is refused after the
+# wait (AUTOSP_PIPE_TIMEOUT), not waited on for ever; a device is not a config file.
+expect_ok "sdpa(%l0.q_rope" --config <(cat "$src/configs/llama-tiny.json")
+expect_ok "sdpa(%l0.q_rope" --config <(sleep 1; cat "$src/configs/llama-tiny.json")
+mkfifo "$tmp/fifo"
+refused_alone "fifo: a FIFO that nothing wrote to in 1 s: no process writes to it" \
+  env AUTOSP_PIPE_TIMEOUT=1 "$bin" --config "$tmp/fifo"
+expect_usage_error "/dev/null: not a regular file (a character device); expected a config file" --config /dev/null
 expect_usage_error "--rank" --config "$src/configs/gpt2-tiny.json" --world 2 --rank 2
 expect_usage_error "--world" --config "$src/configs/gpt2-tiny.json" --world 0
 expect_usage_error "--format" --config "$src/configs/gpt2-tiny.json" --format yaml

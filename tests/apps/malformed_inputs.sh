@@ -139,6 +139,7 @@ write("dpo/ref_logps_train.safetensors", bytes((i * 17 + 3) % 256 for i in range
 PY
 mkfifo "$tmp/fifo" "$tmp/fifo.index.json"
 mkdir -p "$tmp/hf_fifo" && mkfifo "$tmp/hf_fifo/config.json"
+mkdir -p "$tmp/fifo_adapter" && mkfifo "$tmp/fifo_adapter/adapter_config.json"
 mkdir -p "$tmp/adir" "$tmp/emptyckpt"
 "$bin" --config "$tmp/cfg.json" --set "train.checkpoint_dir=$tmp/ck" --quiet 2>"$tmp/ck.log" ||
   { echo "FAIL: could not write the checkpoint the rows corrupt: $(tail -3 "$tmp/ck.log")"; exit 1; }
@@ -265,7 +266,17 @@ mkdir -p "$tmp/bad_adapter" && echo '{"peft_type": "LORA", "r": 8, "lora_alpha":
 row 'bad_adapter/adapter_model.safetensors' "${c[@]}" --set lora.from="$tmp/bad_adapter"
 row '--merge-lora needs a lora section' "${c[@]}" --merge-lora "$tmp/merged"
 row "--merge-lora .*cfg.json: exists and is not an empty directory" "${c[@]}" --set lora.r=2 --merge-lora "$tmp/cfg.json"
-row 'nope.json: cannot open config file' --config "$tmp/nope.json"
+row 'nope.json: cannot open (No such file or directory; expected a config file)' --config "$tmp/nope.json"
+# A FIFO or pipe is read as its writer writes (bash's <(...)), each wait bounded: one with no writer is
+# an error after AUTOSP_PIPE_TIMEOUT seconds (default 10), never a hang; a device is not a file.
+row 'fifo: a FIFO that nothing wrote to in 10 s: no process writes to it' --config "$tmp/fifo"
+row env:AUTOSP_PIPE_TIMEOUT=1 'fifo: a FIFO that nothing wrote to in 1 s' --config "$tmp/fifo"
+row env:AUTOSP_PIPE_TIMEOUT=soon "AUTOSP_PIPE_TIMEOUT='soon': expected a number of seconds" --config "$tmp/fifo"
+row '/dev/null: not a regular file (a character device); expected a config file' --config /dev/null
+row '/dev/fd/[0-9]*: train.lr = -1: expected a value in' --config <(cat "$tmp/cfg.json") --set train.lr=-1
+row env:AUTOSP_PIPE_TIMEOUT=1 'lora.from: .*fifo_adapter/adapter_config.json: a FIFO that nothing wrote to' \
+  "${c[@]}" --set lora.from="$tmp/fifo_adapter"
+row '\-\-set train.: expected section.key' "${c[@]}" --set train.=3
 row 'adir: is a directory' --config "$tmp/adir"
 row "dup_section.json: duplicate key 'train'" --config "$tmp/dup_section.json"
 row "dup_key.json: duplicate key 'steps'" --config "$tmp/dup_key.json"
@@ -302,7 +313,8 @@ row "unexpected argument 'extra'" "${c[@]}" extra
 row 'exclude each other' "${c[@]}" --resume "$good_ck" --init-from "$tmp/missing.safetensors"
 row '\-\-start-over and \-\-resume exclude each other' "${c[@]}" --set "train.checkpoint_dir=$tmp/ck2" --start-over --resume "$good_ck"
 row '\-\-start-over needs train.checkpoint_dir' "${c[@]}" --start-over
-row '\-\-thread-ranks 0: expected >= 1' "${c[@]}" --thread-ranks 0
+row '\-\-thread-ranks 0: expected 1..1024' "${c[@]}" --thread-ranks 0
+row '\-\-thread-ranks 100000: expected 1..1024 (each rank is a thread of this process)' "${c[@]}" --thread-ranks 100000
 row "\-\-thread-ranks 'two': expected an integer" "${c[@]}" --thread-ranks two
 row 'autosp_size 2 does not divide the world size 3' "${c[@]}" --thread-ranks 3 --set sequence_parallel.autosp_size=2
 row mpi '\-\-thread-ranks 2 under a launcher of 2 processes: each would run its own job' "${c[@]}" --thread-ranks 2
@@ -459,8 +471,8 @@ row 'pickle_legacy.bin: a PyTorch pickle' "${c[@]}" --init-from "$tmp/pickle_leg
 row 'a_config.json: a JSON file, not safetensors' "${c[@]}" --init-from "$tmp/a_config.json"
 row "escape.index.json: weight_map\['model.norm.weight'\] = \"../good.safetensors\": expected a file name" "${c[@]}" --init-from "$tmp/escape.index.json"
 row 'absent.safetensors: cannot open' "${c[@]}" --init-from "$tmp/noshard.index.json"
-row 'fifo.index.json: not a regular file' "${c[@]}" --init-from "$tmp/fifo.index.json"
-row 'hf_fifo/config.json: not a regular file' "${c[@]}" --set "model.from=$tmp/hf_fifo"
+row env:AUTOSP_PIPE_TIMEOUT=1 'fifo.index.json: a FIFO that nothing wrote to in 1 s' "${c[@]}" --init-from "$tmp/fifo.index.json"
+row env:AUTOSP_PIPE_TIMEOUT=1 'hf_fifo/config.json: a FIFO that nothing wrote to in 1 s' "${c[@]}" --set "model.from=$tmp/hf_fifo"
 row 'nomap.index.json: not a safetensors index' "${c[@]}" --init-from "$tmp/nomap.index.json"
 row 'hf_pickle: holds PyTorch pickle weights (pytorch_model.bin)' "${c[@]}" --init-from "$tmp/hf_pickle"
 row 'hf_noweights: holds neither model.safetensors nor model.safetensors.index.json' "${c[@]}" --init-from "$tmp/hf_noweights"
@@ -529,6 +541,10 @@ row 'nowhere: no such checkpoint directory' "${c[@]}" --resume "$tmp/nowhere"
 row 'emptyckpt: holds no checkpoint' "${c[@]}" --resume "$tmp/emptyckpt"
 row 'nometa_root/step_00000002: the newest checkpoint has no meta.json' "${c[@]}" --resume "$tmp/nometa_root"
 row 'flipped/model.safetensors: checksum mismatch' "${c[@]}" --resume "$flipped"
+fifometa=$(ck fifometa) && rm "$fifometa/meta.json" && mkfifo "$fifometa/meta.json"
+row env:AUTOSP_PIPE_TIMEOUT=1 'fifometa/meta.json: a FIFO that nothing wrote to in 1 s' "${c[@]}" --resume "$fifometa"
+row "\-\-resume .*step_00000002: the checkpoint is at step 2, past the run's 1 steps" "${c[@]}" --resume "$good_ck" --steps 1
+row '\-\-dump-grads /nonexist/g.safetensors: /nonexist is not a directory' "${c[@]}" --dump-grads /nonexist/g.safetensors
 row 'truncated/optimizer.safetensors: 500 bytes, meta.json records' "${c[@]}" --resume "$truncated"
 row 'garbled/meta.json: not valid JSON' "${c[@]}" --resume "$garbled"
 row "nofiles/meta.json: no 'files' checksums" "${c[@]}" --resume "$nofiles"
@@ -549,7 +565,9 @@ row 'train.warmup_steps 10 + the decay.s 2 steps' "${c[@]}" --set train.lr_sched
 row 'train.warmup_steps 4 + the decay.s 3 steps (train.decay_fraction 0.5) exceed the schedule.s 5 steps' "${c[@]}" \
   --set train.steps=100 --set train.lr_schedule=wsd --set train.warmup_steps=4 --set train.decay_fraction=0.5 --steps 5
 # DeepSpeed configs (--deepspeed)
-row 'nope.json: cannot open the DeepSpeed config' "${c[@]}" --deepspeed "$tmp/nope.json"
+row 'nope.json: cannot open (No such file or directory; expected a DeepSpeed config)' "${c[@]}" --deepspeed "$tmp/nope.json"
+row env:AUTOSP_PIPE_TIMEOUT=1 'fifo: a FIFO that nothing wrote to in 1 s' "${c[@]}" --deepspeed "$tmp/fifo"
+row '/dev/fd/[0-9]*: gradient_clipping = "high"' "${c[@]}" --deepspeed <(cat "$tmp/ds_clip.json")
 row 'adir: is a directory, not a DeepSpeed config' "${c[@]}" --deepspeed "$tmp/adir"
 row 'ds_truncated.json: not valid JSON' "${c[@]}" --deepspeed "$tmp/ds_truncated.json"
 row 'ds_array.json: expected a JSON object at the top level' "${c[@]}" --deepspeed "$tmp/ds_array.json"

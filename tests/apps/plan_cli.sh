@@ -26,6 +26,12 @@ expect_usage_error "--ranks 'four'" --config "$cfg" --seq-len 1024 --ranks four 
 expect_usage_error "--seq-len 0" --config "$cfg" --seq-len 0 --ranks 4 --device cpu
 expect_usage_error "--seq-len -1" --config "$cfg" --seq-len -1 --ranks 4 --device cpu
 expect_usage_error "--seq-len '1e9x'" --config "$cfg" --seq-len 1e9x --ranks 4 --device cpu
+expect_usage_error "--seq-len 99999999999: expected 1..67108864 (data.seq_len's range)" \
+  --config "$cfg" --seq-len 99999999999 --ranks 4 --device cpu
+expect_usage_error "--ranks-per-node 3 does not divide --ranks 4" "${ok[@]}" --device H200 --ranks-per-node 3
+mkfifo "$tmp/fifo"
+refused_alone "fifo: a FIFO that nothing wrote to in 1 s" env AUTOSP_PIPE_TIMEOUT=1 "$bin" --config "$tmp/fifo" \
+  --seq-len 1024 --ranks 4 --device cpu
 expect_usage_error "known: H100-80GB, H200, A100-80GB" "${ok[@]}" --device TPU-v9
 expect_usage_error "--memory 'lots'" "${ok[@]}" --memory lots
 expect_usage_error "--memory '-5GB'" "${ok[@]}" --memory -5GB

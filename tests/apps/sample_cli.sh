@@ -53,6 +53,12 @@ s1=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5
 s2=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 1 --temperature 1.0 --top-k 5 --seed 3 --max-new-tokens 12 2>&1)
 [ "$s1" = "$s2" ]
 check "seeded sampling repeats" $?
+# Generation runs on the CPU: runtime.device "cuda" is said to be unused, and the tokens are the CPU's.
+d0=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 2>/dev/null)
+d=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 --set runtime.device=cuda 2>"$tmp/dev.err")
+[ "$d" = "$d0" ] &&
+  grep -q 'warning.*runtime.device "cuda" (--set) is not used: autosp-sample generates on the CPU only' "$tmp/dev.err"
+check "runtime.device cuda: a warning that generation runs on the CPU" $?
 # A tiny temperature is greedy: 3e-308 once overflowed logits/T to inf − inf = NaN and picked token
 # 0 every time; subnormals (1e-310, 4.9e-324) were refused as "expected a number" (stod's ERANGE).
 g=$("$sample" --checkpoint "$tmp/ck" --prompt-ids 116,104,101 --max-new-tokens 8 2>&1)
@@ -124,7 +130,11 @@ row 'max-new-tokens 31: the prompt (2 tokens) and 31 new tokens exceed' "${gck[@
 nope=(--config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors")
 row 'max-new-tokens 9223372036854775807: with the prompt' "${nope[@]}" --prompt-ids 1,2 --max-new-tokens 9223372036854775807
 row 'eos-token-id 256 is outside' "${nope[@]}" --prompt-ids 1 --eos-token-id 256
-row 'missing.json: not a file' "${ck[@]}" --prompt hi --tokenizer "$tmp/missing.json"
+row 'missing.json: no such file' "${ck[@]}" --prompt hi --tokenizer "$tmp/missing.json"
+# The tokenizer helper opens the file itself: a FIFO is refused as what it is, not waited on.
+mkdir -p "$tmp/fifo_tok" && mkfifo "$tmp/fifo_tok/tokenizer.json"
+row 'fifo_tok/tokenizer.json: not a regular file (a FIFO' "${ck[@]}" --prompt hi --tokenizer "$tmp/fifo_tok"
+row 'fifo_tok/tokenizer.json: not a regular file (a FIFO' "${ck[@]}" --prompt hi --tokenizer "$tmp/fifo_tok/tokenizer.json"
 row '\-\-checkpoint and \-\-init-from exclude each other' "${ck[@]}" --init-from "$tmp/w.safetensors" --prompt-ids 1
 row 'nope.safetensors: cannot open' --config "$tmp/cfg.json" --set "data.path=$tmp/text.txt" --init-from "$tmp/nope.safetensors" --prompt-ids 1
 row "unexpected argument 'extra'" "${ck[@]}" --prompt-ids 1 extra

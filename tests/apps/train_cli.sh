@@ -141,6 +141,14 @@ expect_usage_error "runtime.dtype" "$bin" --config "$tmp/cfg.json" --set runtime
 expect_usage_error "runtime.device" "$bin" --config "$tmp/cfg.json" --set runtime.device=cuda
 expect_usage_error "unknown key 'train.stepz'" "$bin" --config "$tmp/cfg.json" --set train.stepz=3
 expect_usage_error "metrics" "$bin" --config "$tmp/cfg.json" --metrics "$tmp/no/such/dir/m.jsonl"
+# --dump-grads' directory is checked before the run starts (not after step 1: exit 3); a run with no
+# step writes no gradients, and says so.
+expect_usage_error "--dump-grads $tmp/no/such/dir/g.safetensors: $tmp/no/such/dir is not a directory" \
+  "$bin" --config "$tmp/cfg.json" --dump-grads "$tmp/no/such/dir/g.safetensors"
+"$bin" --config "$tmp/cfg.json" --steps 0 --dump-grads "$tmp/g0.safetensors" >/dev/null 2>"$tmp/log0" ||
+  { echo "FAIL: --steps 0 --dump-grads: $(tail -3 "$tmp/log0")"; fail=1; }
+check "--steps 0 --dump-grads: nothing written, and a line says so" bash -c \
+  "[ ! -e '$tmp/g0.safetensors' ] && grep -q 'warning.*--dump-grads $tmp/g0.safetensors: not written: no step runs (steps 0..0)' '$tmp/log0'"
 expect_usage_error "does not divide the world size" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=4
 expect_usage_error "attention heads" mpirun --oversubscribe -np 2 "$bin" --config "$tmp/cfg.json" --set sequence_parallel.autosp_size=2 --set model.num_attention_heads=1 --set model.num_key_value_heads=1
 
@@ -173,16 +181,16 @@ check "runtime.peak_tflops gives an MFU" $py -c 'import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert rows and all(0 < r["mfu"] < 1 for r in rows), rows' "$tmp/m_text.jsonl"
 
-# A rank thread that cannot start (here the address-space limit stops thread ~100 of 4096) ends
+# A rank thread that cannot start (here the address-space limit stops thread ~100 of 1024) ends
 # the job with exit 3 naming it, after the ranks already running have stopped (it once let the
 # exception unwind past joinable threads: std::terminate, SIGABRT). Not under ASan, whose shadow
 # memory needs more address space than the limit.
 if [ -z "${ASAN_OPTIONS:-}" ]; then
-  (ulimit -v 3000000 && timeout -k 5 60 "$bin" --config "$tmp/cfg.json" --steps 1 --thread-ranks 4096 --quiet) \
+  (ulimit -v 3000000 && timeout -k 5 60 "$bin" --config "$tmp/cfg.json" --steps 1 --thread-ranks 1024 --quiet) \
     >"$tmp/threads.log" 2>&1
   rc=$?
-  if [ $rc -ne 3 ] || ! grep -q '^error: --thread-ranks 4096: rank thread [0-9]* could not start' "$tmp/threads.log"; then
-    echo "FAIL: --thread-ranks 4096 under ulimit -v: exit $rc, expected 3 with a 'could not start' line:"
+  if [ $rc -ne 3 ] || ! grep -q '^error: --thread-ranks 1024: rank thread [0-9]* could not start' "$tmp/threads.log"; then
+    echo "FAIL: --thread-ranks 1024 under ulimit -v: exit $rc, expected 3 with a 'could not start' line:"
     tail -3 "$tmp/threads.log"
     fail=1
   fi

@@ -211,6 +211,8 @@ TEST_CASE("malformed configs are named errors", "[config]") {
       {R"({})", {"train.keep_checkpoints=1e300"}, "train.keep_checkpoints"},
       {R"({})", {"model.arch=\xff"}, "not valid UTF-8"},
       {R"({})", {"train.lr.x=1"}, "expected section.key"},
+      {R"({})", {"train.=3"}, "--set train.: expected section.key"},
+      {R"({})", {".lr=3"}, "--set .lr: expected section.key"},
       {R"({})", {"train/lr=1"}, "expected section.key"},
       {R"({})", {"x.9999999999999=1"}, "unknown key 'x'"},  // not an array index (fuzzer find)
       {R"({"train": 3})", {"train.lr=1"}, "'train' must be an object"},
@@ -318,6 +320,13 @@ TEST_CASE("every problem of a config is said at once, in one block", "[config]")
                         Catch::Contains("\n  - data.seq_len 2048 exceeds model.max_position_embeddings 1024") &&
                         Catch::Contains("\n  - data.path is required for data.source \"tokens\"") &&
                         Catch::Contains("\n  - train.min_lr 0.0001 exceeds train.lr 1e-05"));
+  // An unknown arch is one more problem, not the only one (and no key is called foreign to it).
+  CHECK_THROWS_WITH(parse_config(json::parse(R"({"train": {"lr": -1}, "model": {"arch": "bert", "mlp_bias": true,
+                                                 "hidden_size": "big"}})"),
+                                 {}, "cfg.json"),
+                    Catch::StartsWith("cfg.json: 3 problems:") && Catch::Contains("\n  - model.arch = \"bert\"") &&
+                        Catch::Contains("\n  - train.lr = -1: expected a value in [0, 10]") &&
+                        Catch::Contains("\n  - model.hidden_size = \"big\": expected an integer"));
   // One problem stays one line.
   CHECK_THROWS_WITH(parse_config(json::parse(R"({"train": {"lr": -1}})"), {}, "cfg.json"),
                     Catch::Equals("cfg.json: train.lr = -1: expected a value in [0, 10]"));

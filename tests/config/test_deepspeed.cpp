@@ -189,7 +189,8 @@ TEST_CASE("scheduler: WarmupLR, WarmupDecayLR, WarmupCosineLR with DeepSpeed's d
   CHECK_THROWS_WITH(apply(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})"),
                     Catch::Contains("scheduler.params.cos_min_ratio: not a parameter of DeepSpeed's WarmupLR"));
   CHECK_THROWS_WITH(apply(R"({"scheduler": {"type": "WarmupLR"}})", 1, "{}", {"train.lr_schedule=wsd"}),
-                    Catch::Contains("scheduler.type = \"ds_warmup\" conflicts with train.lr_schedule = \"wsd\""));
+                    Catch::Contains("scheduler.type = \"WarmupLR\" (our train.lr_schedule \"ds_warmup\") conflicts with "
+                                    "train.lr_schedule = \"wsd\""));
 }
 
 TEST_CASE("gradient clipping, bf16, ZeRO, compile, steps_per_print", "[deepspeed]") {
@@ -240,6 +241,14 @@ TEST_CASE("gradient clipping, bf16, ZeRO, compile, steps_per_print", "[deepspeed
     CHECK_THROWS_WITH(apply(ds, 1, R"({"train": {"grad_clip": 2.0}, "runtime": {"dtype": "bfloat16"}})"),
                       Catch::StartsWith("ds.json: ") && Catch::Contains(expect));
   }
+  // A conflict shows the value as the file wrote it, beside its translation.
+  CHECK_THROWS_WITH(apply(R"({"bf16": {"enabled": true}})", 1, R"({"runtime": {"dtype": "float32"}})"),
+                    Catch::EndsWith("ds.json: bf16.enabled = true (our runtime.dtype \"bfloat16\") conflicts with "
+                                    "runtime.dtype = \"float32\" set in the config or by --set; remove one of them"));
+  CHECK_THROWS_WITH(apply(R"({"zero_optimization": {"reduce_bucket_size": 262144}})", 1,
+                          R"({"runtime": {"grad_bucket_mb": 2}})"),
+                    Catch::Contains("zero_optimization.reduce_bucket_size = 262144 (our runtime.grad_bucket_mb 1.0) "
+                                    "conflicts with runtime.grad_bucket_mb = 2"));
   // "bfloat16" is DeepSpeed's old name of "bf16", read only where "bf16" is absent (issue 48).
   const Config old_name = apply(R"({"bfloat16": {"enabled": true}})");
   CHECK(old_name.runtime.dtype == DType::bf16);

@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "graph/builder.h"
 #include "device/cuda/device.h"
@@ -123,6 +125,18 @@ TEST_CASE("without a CUDA device the device runtime says why", "[device]") {
   CHECK_THROWS_WITH(select_device_for_local_rank(), Catch::Contains("this build has no CUDA backend"));
   CHECK_THROWS_WITH(to_device(h, {DeviceKind::cuda, 0}), Catch::Contains("this build has no CUDA backend"));
   CHECK_THROWS_WITH(check_attention_backend(AttentionBackend::cudnn), Catch::Contains("no CUDA backend"));
+  {  // It says why, as CMake found it: configured without CUDA though nvcc is there, or no nvcc.
+    std::ifstream cache(AUTOSP_BINARY_DIR "/CMakeCache.txt");
+    std::string line, nvcc;
+    while (std::getline(cache, line))
+      if (line.rfind("CMAKE_CUDA_COMPILER:", 0) == 0) nvcc = line.substr(line.find('=') + 1);
+    const bool found = !nvcc.empty() && nvcc.find("NOTFOUND") == std::string::npos;
+    INFO("CMAKE_CUDA_COMPILER " << nvcc);
+    CHECK_THROWS_WITH(select_device_for_local_rank(),
+                      Catch::Contains(found ? "(it was configured with -DAUTOSP_WITH_CUDA=OFF, though nvcc is at " + nvcc +
+                                                  "); use runtime.device \"cpu\", or reconfigure with -DAUTOSP_WITH_CUDA=ON"
+                                            : std::string("(nvcc was not found at configure time)")));
+  }
   CHECK_NOTHROW(check_attention_backend(AttentionBackend::flash));
   CHECK_NOTHROW(check_attention_backend(AttentionBackend::automatic));  // CPU runs ignore it
 #endif

@@ -44,6 +44,7 @@ TEST_CASE("outputs may not overwrite an input or land in a checkpoint", "[output
   refused(d / "ck" / "train.log", "train.log");
   refused(d / "ck" / ".lock", ".lock");
   refused(d / "ck", "directory");
+  refused(d / "nowhere" / "m.jsonl", (d / "nowhere").string() + " is not a directory");  // checked before the run
 
   // A file written by rename may not replace a device (once /dev/full became a regular file).
   CHECK_THROWS_WITH(check_output_path("--dump-grads", "/dev/null", run, OutputKind::replaced),

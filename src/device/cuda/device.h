@@ -15,7 +15,7 @@
 //
 // Builds without CUDA have the same functions (src/device/cuda_absent.cpp): cuda_available() is
 // false, cuda_device_count() 0, and the others throw UsageError("... this build has no CUDA backend
-// (nvcc was not found at configure time)").
+// (why: configured with AUTOSP_WITH_CUDA=OFF, or nvcc not found)").
 #pragma once
 
 #include "device/cuda/caching_allocator.h"
