@@ -6,7 +6,6 @@
 #include <fstream>
 #include <functional>
 #include <set>
-#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -14,6 +13,7 @@
 #include "models/lora.h"
 #include "models/weights.h"
 #include "tensor/check.h"
+#include "tensor/input_file.h"
 #include "tensor/safetensors.h"
 #include "train/checkpoint.h"  // crc32c
 
@@ -51,12 +51,9 @@ json adapter_config(const Config& cfg) {
           {"inference_mode", true}};
 }
 
+// The bounded reader (tensor/input_file.h): a FIFO there cannot block for ever.
 std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw UsageError(str(path, ": cannot open (a PEFT adapter directory has ", kAdapterConfigFile, ")"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_input_file(path, str("a PEFT adapter's ", kAdapterConfigFile), uint64_t{16} << 20);
 }
 
 // The keys of PEFT's LoraConfig (0.12 to 0.20) and of its PeftConfig base: any other key of an
