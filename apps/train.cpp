@@ -147,7 +147,7 @@ void open_run_log(const std::string& dir, int argc, char** argv, int world_size)
 
 int main(int argc, char** argv) {
   return run_app("autosp-train", [&] {
-    cxxopts::Options opts("autosp-train", "Train a GPT-2, Llama, Mistral, Qwen2 or Qwen3 model (launch under mpirun for several ranks)");
+    cxxopts::Options opts("autosp-train", "Train a GPT-2, Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE, Gemma 2/3 or gpt-oss model (launch under mpirun for several ranks)");
     opts.add_options()("config", "config JSON file", cxxopts::value<std::string>())(
         "deepspeed", "a DeepSpeed config JSON applied onto the config (its batch, optimizer, scheduler, bf16, ZeRO keys)",
         cxxopts::value<std::string>())(
