@@ -47,7 +47,20 @@ def read(path):
         fail(f"{path}: {e.strerror or e}")
     try:
         if path.endswith(".jsonl"):
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            rows = []
+            lines = text.splitlines()
+            for n, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    # A run killed mid-write leaves its last line cut short: plot the rows before it.
+                    if n == len(lines) and not text.endswith("\n") and rows:
+                        print(f"warning: {path}: line {n} is cut short (a run stopped while writing it): "
+                              f"plotting the {len(rows)} rows before it", file=sys.stderr)
+                        break
+                    fail(f"{path}: line {n}: not JSON: {e}")
             if not rows or not all(isinstance(r, dict) and number(r.get("step")) is not None for r in rows):
                 fail(f"{path}: expected autosp-train --metrics lines (JSON objects with a step)")
             return "run", rows

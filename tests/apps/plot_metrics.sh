@@ -43,6 +43,12 @@ for name in $expected; do
 import sys; d = open('$tmp/png/run-$name.png', 'rb').read(); sys.exit(0 if d[:8] == b'\x89PNG\r\n\x1a\n' and len(d) > 2000 else 1)"
 done
 check "it prints the paths it wrote" [ "$(wc -l <"$tmp/written")" = 6 ]
+# A run killed while writing leaves its last line cut short: the rows before it are plotted, with a
+# warning that says so.
+head -c -9 "$tmp/lr1e-3.jsonl" >"$tmp/cut.jsonl"
+$py "$plot" "$tmp/cut.jsonl" --out-dir "$tmp/cut" >/dev/null 2>"$tmp/cut.err"
+check "a cut-short last line is plotted around" [ $? = 0 ]
+check "with a warning naming the line" grep -q "cut.jsonl: line 4 is cut short .*plotting the 3 rows before it" "$tmp/cut.err"
 
 . "$(dirname "$0")/lib/refusals.sh"
 bad() { refused "$1" $py "$plot" "${@:2}" --out-dir "$tmp/bad"; }  # bad TEXT ARGS...
@@ -51,7 +57,9 @@ printf 'P,seq\n1,2\n' >"$tmp/bench.csv"
 echo '{"task": "perplexity_by_position", "buckets": [{"start": "x"}]}' >"$tmp/shape.json"
 echo '{"step": "one"}' >"$tmp/nostep.jsonl"
 echo '{"task": "passkey", "cells": [{"length": 8, "depth": 0.5}]}' >"$tmp/pk_bad.json"
-bad "garbage.jsonl: not JSON" "$tmp/garbage.jsonl"
+bad "garbage.jsonl: line 1: not JSON" "$tmp/garbage.jsonl"
+{ head -1 "$tmp/lr1e-3.jsonl"; echo '{"step": 2, "loss'; tail -1 "$tmp/lr1e-3.jsonl"; } >"$tmp/mid.jsonl"
+bad "mid.jsonl: line 2: not JSON" "$tmp/mid.jsonl"
 bad "bench.csv: not JSON" "$tmp/bench.csv"
 bad "perplexity_by_position without buckets" "$tmp/shape.json"
 bad "expected autosp-train --metrics lines" "$tmp/nostep.jsonl"
