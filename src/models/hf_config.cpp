@@ -10,7 +10,6 @@
 #include <set>
 #include <sstream>
 
-#include "models/weights.h"
 #include "tensor/check.h"
 #include "tensor/input_file.h"
 
@@ -668,6 +667,37 @@ json read_json_file(const std::string& path, uint64_t max_bytes) {
   }
   if (j.is_discarded()) throw UsageError(str(path, ": JSON nested deeper than 32 levels"));
   return j;
+}
+
+namespace {
+
+// A DeepSpeed checkpoint's model states file under `dir` (its global_step* tags), or empty.
+std::string deepspeed_states(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_directory(ec)) continue;
+    for (const char* f : {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"})
+      if (fs::exists(it->path() / f, ec)) return (it->path().filename() / f).string();
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string other_tool_directory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path d(dir);
+  if (!fs::is_directory(d, ec)) return "";
+  if (fs::exists(d / "adapter_config.json", ec))
+    return "a PEFT adapter directory (adapter_config.json), not a model: give it as lora.from, with its base model "
+           "(adapter_config.json's base_model_name_or_path) as model.from";
+  if (const std::string states = deepspeed_states(d); !states.empty() || fs::exists(d / "zero_to_fp32.py", ec))
+    return str("a DeepSpeed checkpoint directory", states.empty() ? "" : str(" (", states, ")"),
+               ", not an autosp checkpoint or a model: consolidate its weights with the zero_to_fp32.py DeepSpeed "
+               "saves beside them (--safe_serialization), then start from them with --init-from");
+  return "";
 }
 
 HfModelConfig read_hf_model_dir(const std::string& dir) {

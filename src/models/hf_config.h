@@ -40,6 +40,11 @@ HfModelConfig translate_hf_config(const nlohmann::json& hf, const std::string& o
 // file, a FIFO (it would block) or invalid JSON is a UsageError naming it.
 nlohmann::json read_json_file(const std::string& path, uint64_t max_bytes);
 
+// What a directory that holds no model is, when it is one of the things people bring from other
+// tools in its place (a PEFT adapter, a DeepSpeed checkpoint), with what to do instead; empty for
+// anything else. For the refusals of model.from, --init-from and --resume.
+std::string other_tool_directory(const std::string& dir);
+
 // Reads and translates <dir>/config.json (UsageError naming it when missing or malformed).
 HfModelConfig read_hf_model_dir(const std::string& dir);
 

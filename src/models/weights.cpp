@@ -144,35 +144,6 @@ SafetensorsFile load_sharded(const std::string& index_path) {
   return out;
 }
 
-// A DeepSpeed checkpoint's model states file under `dir` (its global_step* tags), or empty.
-std::string deepspeed_states(const fs::path& dir) {
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (!it->is_directory(ec)) continue;
-    for (const char* f : {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"})
-      if (fs::exists(it->path() / f, ec)) return (it->path().filename() / f).string();
-  }
-  return "";
-}
-
-}  // namespace
-
-std::string other_tool_directory(const std::string& dir) {
-  std::error_code ec;
-  const fs::path d(dir);
-  if (!fs::is_directory(d, ec)) return "";
-  if (fs::exists(d / "adapter_config.json", ec))
-    return "a PEFT adapter directory (adapter_config.json), not a model: give it as lora.from, with its base model "
-           "(adapter_config.json's base_model_name_or_path) as model.from";
-  if (const std::string states = deepspeed_states(d); !states.empty() || fs::exists(d / "zero_to_fp32.py", ec))
-    return str("a DeepSpeed checkpoint directory", states.empty() ? "" : str(" (", states, ")"),
-               ", not an autosp checkpoint or a model: consolidate its weights with the zero_to_fp32.py DeepSpeed "
-               "saves beside them (--safe_serialization), then start from them with --init-from");
-  return "";
-}
-
-namespace {
-
 // What `path` names, read: a directory (its index or its single file), an index, or a file.
 SafetensorsFile load_any(const std::string& path, const ModelConfig& m, bool check_config) {
   std::error_code ec;

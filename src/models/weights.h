@@ -21,11 +21,6 @@ namespace autosp {
 // naming the file and the offending tensor or key.
 ParamMap load_weights(const std::string& path, const ModelConfig& m, DType dtype, bool check_dir_config = true);
 
-// What a directory that holds no model is, when it is one of the things people bring from other
-// tools in its place (a PEFT adapter, a DeepSpeed checkpoint), with what to do instead; empty for
-// anything else. For the refusals of model.from, --init-from and --resume.
-std::string other_tool_directory(const std::string& dir);
-
 // One safetensors file, {"format": "pt"} in its metadata (what transformers' loader requires).
 void save_weights(const std::string& path, const ParamMap& params);
 
