@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "tensor/check.h"
+#include "tensor/fd.h"
 
 namespace autosp {
 namespace {
@@ -29,14 +30,6 @@ std::string kind_of(mode_t m) {
   if (S_ISSOCK(m)) return "a socket";
   return "not a file";
 }
-
-// Closes the descriptor however the read ends.
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 std::string read_regular(int fd, const struct stat& st, const std::string& path, const std::string& what,
                          uint64_t max_bytes) {
@@ -120,15 +113,15 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
   if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))
     throw UsageError(str(path, ": not a regular file (", kind_of(st.st_mode), "); expected ", what));
   // O_NONBLOCK: a FIFO's open returns at once even with no writer (the read then waits, bounded).
-  Fd f{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
-  if (f.fd < 0) throw UsageError(str(path, ": cannot open (", std::strerror(errno), "; expected ", what, ")"));
-  if (::fstat(f.fd, &st) != 0) throw UsageError(str(path, ": cannot read (", std::strerror(errno), ")"));
-  if (S_ISREG(st.st_mode)) return read_regular(f.fd, st, path, what, max_bytes);
+  const Fd f(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (f.get() < 0) throw UsageError(str(path, ": cannot open (", std::strerror(errno), "; expected ", what, ")"));
+  if (::fstat(f.get(), &st) != 0) throw UsageError(str(path, ": cannot read (", std::strerror(errno), ")"));
+  if (S_ISREG(st.st_mode)) return read_regular(f.get(), st, path, what, max_bytes);
   if (!S_ISFIFO(st.st_mode))  // it changed between the stat and the open
     throw UsageError(str(path, ": not a regular file (", kind_of(st.st_mode), "); expected ", what));
   struct stat link {};
   const bool named = ::lstat(path.c_str(), &link) == 0 && S_ISFIFO(link.st_mode);  // else /dev/fd/N: a pipe
-  return read_pipe(f.fd, path, named ? "FIFO" : "pipe", max_bytes);
+  return read_pipe(f.get(), path, named ? "FIFO" : "pipe", max_bytes);
 }
 
 }  // namespace autosp

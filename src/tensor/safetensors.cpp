@@ -16,6 +16,8 @@
 #include <set>
 #include <vector>
 
+#include "tensor/fd.h"
+
 namespace autosp {
 namespace {
 
@@ -44,23 +46,6 @@ std::string supported_dtypes() {
   for (int i = 0; i < kNumDTypes; ++i) s += str(i ? ", " : "", dtype_safetensors_name(static_cast<DType>(i)));
   return s;
 }
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { close(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int close() {
-    int rc = fd_ >= 0 ? ::close(fd_) : 0;
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 // Reads exactly n bytes at `offset`. False on error (errno set) or end of file (errno 0).
 bool read_at(int fd, void* buf, size_t n, uint64_t offset) {

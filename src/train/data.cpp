@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tensor/check.h"
+#include "tensor/fd.h"
 
 namespace autosp {
 namespace {
@@ -87,29 +88,20 @@ class DocumentSource final : public DataSource {
 
 // ---- token streams (tokens and text) ----------------------------------------------------------
 
-// An open file descriptor that closes itself.
-struct Fd {
-  int fd = -1;
-  // O_NONBLOCK: opening a FIFO must not block (open_regular then rejects it).
-  explicit Fd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
+// `path` opened for reading. O_NONBLOCK: opening a FIFO must not block (open_regular then rejects it).
+int open_for_read(const std::string& path) { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK); }
 
 // Open `path` as a regular file and return its size; a missing or unreadable file is a UsageError.
 int64_t open_regular(const std::string& path, const Fd& file) {
-  if (file.fd < 0) throw UsageError(str(path, ": cannot open (", std::strerror(errno), ")"));
+  if (file.get() < 0) throw UsageError(str(path, ": cannot open (", std::strerror(errno), ")"));
   struct stat st;
-  if (fstat(file.fd, &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
+  if (fstat(file.get(), &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
   if (!S_ISREG(st.st_mode)) throw UsageError(str(path, ": not a regular file"));
   return static_cast<int64_t>(st.st_size);
 }
 
 void read_exact(const std::string& path, const Fd& file, void* dst, size_t nbytes) {
-  if (::pread(file.fd, dst, nbytes, 0) != static_cast<ssize_t>(nbytes))
+  if (::pread(file.get(), dst, nbytes, 0) != static_cast<ssize_t>(nbytes))
     throw RuntimeFailure(str(path, ": short read (the file changed while it was read?)"));
 }
 
@@ -130,9 +122,9 @@ class Mapping {
  public:
   Mapping(const std::string& path, const Fd& file, int64_t size) : size_(static_cast<size_t>(size)) {
     struct stat st;
-    if (fstat(file.fd, &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
+    if (fstat(file.get(), &st) != 0) throw RuntimeFailure(str(path, ": cannot stat (", std::strerror(errno), ")"));
     dev_ = st.st_dev, ino_ = st.st_ino;
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, file.fd, 0);
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, file.get(), 0);
     if (p == MAP_FAILED) throw RuntimeFailure(str(path, ": cannot mmap (", std::strerror(errno), ")"));
     base_ = static_cast<const unsigned char*>(p);
     ::madvise(p, size_, MADV_RANDOM);  // batches read short windows: no read-ahead of the whole file
@@ -375,7 +367,7 @@ constexpr int32_t kMagicU32 = 20240801, kVersionU32 = 7;
 // Read and check a shard's header against its file size, then map it; allocates nothing that the
 // header sizes.
 Segment open_shard(const std::string& path) {
-  Fd file(path);
+  const Fd file(open_for_read(path));
   const int64_t size = open_regular(path, file);
   if (size == 0) throw UsageError(str(path, ": empty file (expected an llm.c token shard)"));
   if (size < kHeaderBytes)
@@ -444,7 +436,7 @@ std::string printable(const std::string& text) {
 Segment open_mask(const std::string& path, const std::string& tokens, SideFile kind = SideFile::mask) {
   const bool pairs = kind != SideFile::mask;
   const std::string of = str(" (the ", side_file_name(kind), " of ", tokens, ")");
-  Fd file(path);
+  const Fd file(open_for_read(path));
   const int64_t size = open_regular(path, file);
   constexpr int64_t kMaxHeader = 1 << 16;  // NumPy itself refuses headers over 10000 bytes
   std::vector<unsigned char> raw(static_cast<size_t>(std::min(size, kMaxHeader + 12)));
@@ -552,7 +544,7 @@ std::unique_ptr<DataSource> make_text_source(const DataConfig& cfg, const std::s
   if (vocab_size < 256)
     throw UsageError(str(path, ": the text source uses bytes as tokens and needs vocab_size ≥ 256, got ",
                          vocab_size));
-  Fd file(path);
+  const Fd file(open_for_read(path));
   const int64_t size = open_regular(path, file);
   if (size == 0) throw UsageError(str(path, ": empty file"));
   if (size < cfg.seq_len + 1)
