@@ -51,10 +51,6 @@ json adapter_config(const Config& cfg) {
           {"inference_mode", true}};
 }
 
-// The bounded reader (tensor/input_file.h): a FIFO there cannot block for ever.
-std::string read_text(const std::string& path) {
-  return read_input_file(path, str("a PEFT adapter's ", kAdapterConfigFile), uint64_t{16} << 20);
-}
 
 // The keys of PEFT's LoraConfig (0.12 to 0.20) and of its PeftConfig base: any other key of an
 // adapter_config.json is unknown (PEFT warns about those and ignores them; so does autosp).
@@ -222,7 +218,8 @@ void write_merged_model(const std::string& dir, const Config& cfg, const ParamMa
 
 ParamMap load_adapter(const std::string& dir, const Config& cfg, DType dtype, bool warn) {
   const std::string config_path = (fs::path(dir) / kAdapterConfigFile).string();
-  check_adapter_config(parse_json(read_text(config_path), config_path), cfg, config_path, warn);
+  const std::string text = read_input_file(config_path, str("a PEFT adapter's ", kAdapterConfigFile), uint64_t{16} << 20);
+  check_adapter_config(parse_json(text, config_path), cfg, config_path, warn);
   const std::string path = (fs::path(dir) / kAdapterWeightsFile).string();
   const SafetensorsFile file = load_safetensors(path);
   const std::map<std::string, Shape> want = adapter_shapes(cfg);
