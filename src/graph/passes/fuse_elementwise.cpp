@@ -119,9 +119,8 @@ bool fuse_qkv_heads(Graph& g, Node* a) {
   if (a->dtype() != DType::f32 && a->dtype() != DType::f64) return false;
   Node *x = a->input(0), *b = a->input(1);
   const int64_t W = a->shape()[2].value();
-  auto is_bias = [&](const Node* n) { return n->shape().size() == 1 && n->shape()[0] == a->shape()[2]; };
-  if (!is_bias(b) || !same_shape(x, a)) std::swap(x, b);
-  if (!is_bias(b) || !same_shape(x, a) || W % 3 != 0) return false;
+  if (!is_bias_of(b, a) || !same_shape(x, a)) std::swap(x, b);
+  if (!is_bias_of(b, a) || !same_shape(x, a) || W % 3 != 0) return false;
   const int64_t C = W / 3;
   Node* heads_of[3] = {nullptr, nullptr, nullptr};
   int64_t N = -1;
