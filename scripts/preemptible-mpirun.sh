@@ -17,8 +17,7 @@ pid=$!
 trap 'kill -USR1 "$pid" 2>/dev/null' TERM INT HUP
 while :; do
   wait "$pid"
-  rc=$?
   kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupts wait; mpirun still runs
 done
-wait "$pid" 2>/dev/null && rc=0 || rc=$?  # the status mpirun exited with (not the trap's 128 + n)
-exit "$rc"
+wait "$pid"  # the status mpirun exited with (not a trap's 128 + n)
+exit $?
